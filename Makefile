@@ -1,0 +1,29 @@
+# The two commands of the quick start. Both create the environment on first use:
+# a virtual environment in .venv with the CPU build of torch 2.13.0 (pinned in
+# constraints.txt, so pip never pulls a multi-GB CUDA build) and fedge installed editable.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.fedge-installed
+FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
+export FLWR_TELEMETRY_ENABLED := 0
+export RAY_USAGE_STATS_ENABLED := 0
+
+.PHONY: quickstart test venv bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt $(FIND_LINKS) torch==2.13.0
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt $(FIND_LINKS) -e '.[test]'
+	touch $(STAMP)
+
+quickstart: $(STAMP)
+	$(VENV)/bin/fedge run quickstart
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

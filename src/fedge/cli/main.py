@@ -1,0 +1,221 @@
+"""The ``fedge`` command line.
+
+    fedge run PRESET_OR_YAML [--set key=value ...] [--out DIR]   train, write a run directory
+    fedge run --resume RUN_DIR                                   continue an interrupted run
+    fedge datasets | fedge models                                what is available here
+    fedge report RUN_DIR | fedge compare RUN_DIR RUN_DIR ...     read finished runs
+
+Bad input (unknown key, wrong type, out-of-range value, unknown name, missing data) prints
+one message naming the value and the fix and exits with status 2, writing nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from fedge.core.errors import FedgeError, MessageError  # noqa: E402
+
+app = typer.Typer(
+    name="fedge",
+    help="Federated learning on resource-constrained edge devices, measured honestly.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+out = Console()
+
+EXIT_BAD_INPUT = 2
+
+
+def _fail(exc: BaseException, code: int = EXIT_BAD_INPUT) -> None:
+    err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _default_out(source: str) -> Path:
+    stem = Path(source).stem if source.endswith((".yaml", ".yml")) else source
+    base = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, i = base, 1
+    while path.exists():
+        path, i = Path(f"{base}-{i}"), i + 1
+    return path
+
+
+class _Bar:
+    """A rich progress bar showing round, accuracy and bytes so far."""
+
+    def __init__(self, enabled: bool) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = (
+            Progress(
+                TextColumn("[bold]round"),
+                MofNCompleteColumn(),
+                BarColumn(),
+                TextColumn("{task.fields[acc]}"),
+                TextColumn("{task.fields[bytes]}"),
+                TimeElapsedColumn(),
+                console=err,
+                transient=False,
+            )
+            if enabled
+            else None
+        )
+        self.task: Any = None
+
+    def __enter__(self) -> _Bar:
+        if self.progress is not None:
+            self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+    def __call__(self, line: dict[str, Any], total: int) -> None:
+        if self.progress is None:
+            return
+        from fedge.report import format_bytes
+
+        if self.task is None:
+            self.task = self.progress.add_task("run", total=total, completed=line["round"] - 1, acc="", bytes="")
+        acc = line.get("test_accuracy")
+        moved = line["cum_bytes_down"] + line["cum_bytes_up"]
+        self.progress.update(
+            self.task,
+            completed=line["round"],
+            acc=f"acc {acc:.4f}" if acc is not None else "",
+            bytes=f"{format_bytes(moved)} moved",
+        )
+
+
+@app.command()
+def run(
+    config: Annotated[str | None, typer.Argument(help="preset name (see configs/) or path to a YAML file")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override a config key: --set rounds=20")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="run directory to write (default runs/<preset>-<time>)")] = None,
+    resume: Annotated[Path | None, typer.Option("--resume", help="continue the interrupted run in this directory")] = None,
+    measure_memory: Annotated[bool, typer.Option("--measure-memory", help="measure client peak memory")] = False,
+    workers: Annotated[int | None, typer.Option("--workers", help="client worker processes")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+) -> None:
+    """Train a federation and write its run directory."""
+    from fedge.core.config import load_config
+    from fedge.runtime.run import resume_experiment, run_experiment
+
+    overrides = list(set_ or [])
+    if measure_memory:
+        overrides.append("measure.memory=true")
+    if workers is not None:
+        overrides.append(f"clients.workers={workers}")
+    target: Path | None = None
+    try:
+        if resume is not None:
+            if config is not None or overrides:
+                _fail(ValueError("--resume takes only the run directory; its config.yaml fixes everything else"))
+            target = resume
+            with _Bar(not quiet) as bar:
+                path = resume_experiment(resume, progress=bar)
+        else:
+            if config is None:
+                _fail(ValueError("give a preset or YAML file (e.g. fedge run quickstart), or --resume RUN_DIR"))
+            cfg = load_config(config, overrides=overrides)
+            target = out_dir or _default_out(config)
+            with _Bar(not quiet) as bar:
+                path = run_experiment(cfg, out=target, progress=bar)
+    except MessageError as exc:
+        _fail(exc, code=1)
+    except FedgeError as exc:
+        _fail(exc)
+    except KeyboardInterrupt:
+        err.print(f"interrupted; continue with: fedge run --resume {target}")
+        raise typer.Exit(130) from None
+    import json
+
+    summary = json.loads((path / "summary.json").read_text())
+    acc = summary.get("final_test_accuracy")
+    out.print(f"final test accuracy: {acc:.4f}" if acc is not None else "final test accuracy: n/a")
+    out.print(f"run directory: {path}")
+
+
+@app.command()
+def datasets() -> None:
+    """List the datasets fedge knows and whether their files are available here."""
+    from fedge.data import available_datasets
+
+    table = Table("dataset", "available", "location", "description")
+    for st in available_datasets():
+        table.add_row(st.name, "yes" if st.available else "no", str(st.location or st.how_to_get), st.description)
+    out.print(table)
+
+
+@app.command()
+def models(
+    input_shape: Annotated[str, typer.Option(help="C,H,W of the input")] = "1,28,28",
+    num_classes: Annotated[int, typer.Option(help="number of classes")] = 10,
+) -> None:
+    """List the model zoo with parameter counts for an input shape."""
+    from fedge.models import list_models
+
+    try:
+        shape = tuple(int(v) for v in input_shape.split(","))
+        if len(shape) != 3:
+            raise ValueError
+    except ValueError:
+        _fail(ValueError(f"--input-shape {input_shape!r}: expected C,H,W such as 1,28,28"))
+    table = Table("model", "parameters", "defaults", "description")
+    for row in list_models(input_shape=shape, num_classes=num_classes):
+        params = row.get("params")
+        table.add_row(row["name"], f"{params:,}" if isinstance(params, int) else str(params),
+                      ", ".join(f"{k}={v}" for k, v in (row.get("defaults") or {}).items()), row["description"])
+    out.print(table)
+
+
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> None:
+    """Render report.md and report.html (with plots) for a run directory."""
+    from fedge.report import render_report
+
+    try:
+        md, html = render_report(run_dir)
+    except FedgeError as exc:
+        _fail(exc)
+    out.print(f"wrote {md}\nwrote {html}")
+
+
+@app.command()
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="two or more run directories")],
+    out_dir: Annotated[Path | None, typer.Option("--out", help="where to write the plots")] = None,
+    target: Annotated[float | None, typer.Option(help="also report bytes to reach this test accuracy (0-1)")] = None,
+) -> None:
+    """Side-by-side table and overlaid plots of several runs."""
+    from fedge.report import compare_runs
+
+    dest = out_dir or Path(f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        cmp = compare_runs(run_dirs, dest, target_accuracy=target)
+    except FedgeError as exc:
+        _fail(exc)
+    out.print(cmp.table_rich())
+    out.print(f"plots in {dest}")
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

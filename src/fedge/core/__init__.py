@@ -1,0 +1,1 @@
+"""Core pieces every method shares: errors, randomness, messages, transforms."""

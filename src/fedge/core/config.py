@@ -1,0 +1,249 @@
+"""Typed run configuration, validated at the edge.
+
+A run is described by one nested mapping (YAML preset or file, plus ``--set key=value``
+overrides). The fixed sections are pydantic models with ``extra="forbid"``; the sections
+whose keys depend on a choice (``partition``, ``model``, ``method``) are validated by the
+chosen partitioner, model or method. Every problem becomes one :class:`ConfigError` that
+names the dotted key, the bad value and the valid choices.
+
+Example:
+    >>> cfg = load_config("quickstart", overrides=["rounds=5", "method.local_epochs=2"])
+    >>> cfg.rounds
+    5
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fedge.core.errors import ConfigError
+
+__all__ = [
+    "ClientsConfig",
+    "DatasetConfig",
+    "MeasureConfig",
+    "RunConfig",
+    "apply_overrides",
+    "format_validation_error",
+    "load_config",
+    "preset_names",
+    "preset_path",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class _Open(BaseModel):
+    """A section whose extra keys are checked later by the component it names."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def options(self) -> dict[str, Any]:
+        """The extra keys (everything but ``name`` and declared fields)."""
+        return dict(self.model_extra or {})
+
+
+class ClientsConfig(_Strict):
+    num: int = Field(10, ge=1, description="number of clients the data is split into")
+    per_round: int | float = Field(10, description="clients sampled per round: a count, or a fraction in (0, 1]")
+    workers: int = Field(0, ge=0, description="client worker processes (0: run clients in this process)")
+
+    @model_validator(mode="after")
+    def _check_per_round(self) -> ClientsConfig:
+        m = self.per_round
+        if isinstance(m, float):
+            if not 0 < m <= 1:
+                raise ValueError(
+                    f"clients.per_round={m}: a float is a fraction and must be in (0, 1]; "
+                    "give an integer for a count"
+                )
+        elif not 1 <= m <= self.num:
+            raise ValueError(
+                f"clients.per_round={m} must be between 1 and clients.num={self.num}; "
+                "lower clients.per_round or raise clients.num"
+            )
+        return self
+
+    def count(self) -> int:
+        """Clients per round as a count (a fraction rounds to the nearest count, at least 1)."""
+        m = self.per_round
+        return max(1, round(m * self.num)) if isinstance(m, float) else m
+
+
+class DatasetConfig(_Strict):
+    name: str = "digits"
+    root: str | None = Field(None, description="directory holding the dataset's files")
+    resize: int | None = Field(None, ge=4, description="resize images to resize x resize")
+    limit_train: int | None = Field(None, ge=1, description="use a seeded subset of this many training samples")
+    limit_test: int | None = Field(None, ge=1, description="use a seeded subset of this many test samples")
+
+
+class PartitionConfig(_Open):
+    name: str = "iid"
+
+
+class ModelConfig(_Open):
+    name: str = "lenet"
+
+
+class MethodConfig(_Open):
+    name: str = "fedavg"
+
+
+class MeasureConfig(_Strict):
+    flops: bool = Field(True, description="count client FLOPs with torch's flop counter")
+    memory: bool = Field(False, description="measure client peak memory (tensor accounting + peak RSS)")
+
+
+class RunConfig(_Strict):
+    """The whole run. Field order is the order keys are written to ``config.yaml``."""
+
+    seed: int = 0
+    rounds: int = Field(10, ge=1)
+    eval_every: int = Field(1, ge=1, description="evaluate on the test set every N rounds (and after the last)")
+    eval_batch_size: int = Field(1000, ge=1)
+    threads: int | None = Field(None, ge=1, description="torch threads in this process (None: torch's default)")
+    clients: ClientsConfig = ClientsConfig()
+    dataset: DatasetConfig = DatasetConfig()
+    partition: PartitionConfig = PartitionConfig()
+    model: ModelConfig = ModelConfig()
+    method: MethodConfig = MethodConfig()
+    measure: MeasureConfig = MeasureConfig()
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_range(cls, v: int) -> int:
+        if not 0 <= v < 2**63:
+            raise ValueError(f"seed must be in [0, 2**63), got {v}")
+        return v
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (the resolved config written to ``config.yaml``)."""
+        return self.model_dump(mode="json")
+
+
+# ---------------------------------------------------------------- presets and overrides
+
+
+def _preset_dir() -> Path:
+    return Path(str(resources.files("fedge") / "configs"))
+
+
+def preset_names() -> list[str]:
+    """Names of the YAML presets shipped with fedge."""
+    return sorted(p.stem for p in _preset_dir().glob("*.yaml"))
+
+
+def preset_path(name_or_path: str | Path) -> Path:
+    """Resolve a preset name (``quickstart``) or a path to a YAML file."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        return p
+    cand = _preset_dir() / f"{name_or_path}.yaml"
+    if cand.is_file():
+        return cand
+    close = difflib.get_close_matches(str(name_or_path), preset_names(), n=3)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise ConfigError(
+        f"unknown preset {str(name_or_path)!r}{hint}; expected a YAML file path or one of: "
+        + ", ".join(preset_names())
+    )
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` strings (values parsed as YAML scalars) to a nested dict."""
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set rounds=20")
+        parts = key.strip().split(".")
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            elif not isinstance(nxt, dict):
+                raise ConfigError(
+                    f"--set {item!r}: {'.'.join(parts[: i + 1])!r} is a value ({nxt!r}), not a section"
+                )
+            node = nxt
+        node[parts[-1]] = _parse_value(value)
+    return out
+
+
+def _valid_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the (sub)model a validation error location points into."""
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None) if field else None
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        else:
+            return []
+    return sorted(model.model_fields)
+
+
+def format_validation_error(exc: ValidationError, model: type[BaseModel], *, prefix: str = "") -> str:
+    """One line per problem: ``config key 'a.b': <what is wrong> (got <value>)``."""
+    lines = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        key = prefix + ".".join(str(p) for p in loc) if loc else prefix.rstrip(".") or "<root>"
+        if err["type"] == "extra_forbidden":
+            valid = _valid_keys(model, loc)
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+            hint = f" (did you mean {prefix}{'.'.join(map(str, loc[:-1] + (close[0],)))}?)" if close else ""
+            lines.append(f"unknown config key {key!r}{hint}; valid keys here: {', '.join(valid)}")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"config key {key!r}: {msg} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+def validate_section(model: type[BaseModel], data: dict[str, Any], *, prefix: str) -> BaseModel:
+    """Validate ``data`` against ``model``; raise :class:`ConfigError` with dotted keys."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, model, prefix=prefix)) from None
+
+
+def load_config(source: str | Path | dict[str, Any], *, overrides: list[str] | None = None) -> RunConfig:
+    """Load a preset name, YAML path or dict, apply overrides and validate the fixed sections.
+
+    The choice-dependent sections (partition, model, method) are validated by
+    :func:`fedge.runtime.build.build_run`, which knows the registries.
+    """
+    if isinstance(source, dict):
+        raw = copy.deepcopy(source)
+    else:
+        path = preset_path(source)
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping, got {type(raw).__name__}")
+    raw = apply_overrides(raw, list(overrides or []))
+    cfg = validate_section(RunConfig, raw, prefix="")
+    assert isinstance(cfg, RunConfig)
+    return cfg

@@ -1,0 +1,49 @@
+"""One home for fedge's exceptions.
+
+Every error names the bad value, what was expected and how to fix it. They subclass
+ValueError/TypeError/etc so callers that do not know fedge can still catch them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "DataNotFoundError",
+    "FedgeError",
+    "MessageError",
+    "ResumeError",
+    "UnknownNameError",
+]
+
+
+class FedgeError(Exception):
+    """Base class of every error fedge raises on purpose."""
+
+
+class ConfigError(FedgeError, ValueError):
+    """A configuration key or value is invalid (unknown key, wrong type, out of range)."""
+
+
+class UnknownNameError(ConfigError, KeyError):
+    """A name was looked up in a registry that does not hold it."""
+
+    def __init__(self, kind: str, name: str, choices: list[str] | tuple[str, ...]) -> None:
+        self.kind, self.name, self.choices = kind, name, tuple(sorted(choices))
+        super().__init__(
+            f"unknown {kind} {name!r}; expected one of: {', '.join(self.choices)}"
+        )
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return self.args[0]
+
+
+class DataNotFoundError(FedgeError, FileNotFoundError):
+    """A dataset's files are not where fedge looked. The message lists the paths and the fix."""
+
+
+class MessageError(FedgeError, ValueError):
+    """A message is malformed, non-finite, or fails to decode."""
+
+
+class ResumeError(FedgeError, RuntimeError):
+    """A run directory cannot be resumed (missing or corrupt checkpoint, config mismatch)."""

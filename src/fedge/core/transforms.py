@@ -1,0 +1,233 @@
+"""Composable update transforms (optax-style ``init``/``update`` pairs) for server optimizers.
+
+A transform maps *gradients* to *updates*: ``updates, state = t.update(grads, state, params)``
+and the caller adds the updates to the parameters. Server optimizers in FL act on the
+pseudo-gradient ``g = -Δ`` where ``Δ`` is the weighted mean client delta (Reddi et al.,
+"Adaptive Federated Optimization", arXiv:2003.00295v5, Algorithm 2), so
+
+    sgd(lr=1.0)  applied to  g = -Δ   gives   x + Δ   — plain FedAvg.
+
+Every state is a dict/tuple of tensors and floats, so it checkpoints with ``torch.save``.
+
+Example:
+    >>> opt = chain(scale_by_adam(b1=0.9, b2=0.99), scale_by_learning_rate(0.01))
+    >>> state = opt.init(params)
+    >>> updates, state = opt.update(grads, state, params)
+    >>> params = apply_updates(params, updates)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fedge.core.errors import ConfigError
+
+__all__ = [
+    "Params",
+    "Transform",
+    "adagrad",
+    "adam",
+    "apply_updates",
+    "chain",
+    "clip_by_global_norm",
+    "ema_init",
+    "ema_update",
+    "scale",
+    "scale_by_adagrad",
+    "scale_by_adam",
+    "scale_by_learning_rate",
+    "scale_by_yogi",
+    "sgd",
+    "trace",
+    "yogi",
+]
+
+Params = dict[str, torch.Tensor]
+State = Any
+
+
+@dataclass(frozen=True)
+class Transform:
+    """An ``init(params) -> state`` / ``update(grads, state, params) -> (updates, state)`` pair."""
+
+    init: Callable[[Params], State]
+    update: Callable[[Params, State, Params], tuple[Params, State]]
+
+
+def _zeros(params: Params) -> Params:
+    return {k: torch.zeros_like(v) for k, v in params.items()}
+
+
+def _positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{name} must be > 0, got {value}")
+
+
+def _unit(name: str, value: float) -> None:
+    if not 0 <= value < 1:
+        raise ConfigError(f"{name} must be in [0, 1), got {value}")
+
+
+def chain(*transforms: Transform) -> Transform:
+    """Apply ``transforms`` in order; the state is the tuple of their states."""
+
+    def init(params: Params) -> State:
+        return tuple(t.init(params) for t in transforms)
+
+    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
+        new_state = []
+        for t, s in zip(transforms, state, strict=True):
+            grads, s = t.update(grads, s, params)
+            new_state.append(s)
+        return grads, tuple(new_state)
+
+    return Transform(init, update)
+
+
+def scale(factor: float) -> Transform:
+    """``u = factor · g``."""
+
+    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
+        return {k: g * factor for k, g in grads.items()}, state
+
+    return Transform(lambda params: (), update)
+
+
+def scale_by_learning_rate(lr: float) -> Transform:
+    """``u = -lr · g`` (descent)."""
+    _positive("learning rate", lr)
+    return scale(-lr)
+
+
+def trace(momentum: float, *, nesterov: bool = False) -> Transform:
+    """Heavy-ball momentum ``m ← μ m + g``; ``u = m`` (or ``g + μ m`` with Nesterov)."""
+    _unit("momentum", momentum)
+
+    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
+        m = {k: momentum * state[k] + g for k, g in grads.items()}
+        out = {k: grads[k] + momentum * m[k] for k in grads} if nesterov else m
+        return out, m
+
+    return Transform(_zeros, update)
+
+
+def scale_by_adam(
+    *, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, bias_correction: bool = True
+) -> Transform:
+    """Adam's direction ``m̂ / (sqrt(v̂) + eps)`` (Kingma & Ba, arXiv:1412.6980v9).
+
+    With ``bias_correction=False`` and ``eps = τ`` this is Reddi et al.'s FedAdam.
+    """
+    _unit("b1", b1)
+    _unit("b2", b2)
+    _positive("eps", eps)
+
+    def init(params: Params) -> State:
+        return {"m": _zeros(params), "v": _zeros(params), "t": 0}
+
+    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
+        t = state["t"] + 1
+        m = {k: b1 * state["m"][k] + (1 - b1) * g for k, g in grads.items()}
+        v = {k: b2 * state["v"][k] + (1 - b2) * g * g for k, g in grads.items()}
+        c1, c2 = (1 - b1**t, 1 - b2**t) if bias_correction else (1.0, 1.0)
+        out = {k: (m[k] / c1) / ((v[k] / c2).sqrt() + eps) for k in grads}
+        return out, {"m": m, "v": v, "t": t}
+
+    return Transform(init, update)
+
+
+def scale_by_yogi(
+    *, b1: float = 0.9, b2: float = 0.99, eps: float = 1e-3, initial_accumulator: float = 1e-6
+) -> Transform:
+    """Yogi (Zaheer et al. 2018) as FedYogi in Reddi et al., Algorithm 2:
+
+    ``v ← v − (1−β2) g² sign(v − g²)``,  ``u = m / (sqrt(v) + τ)``  with ``τ = eps``.
+    """
+    _unit("b1", b1)
+    _unit("b2", b2)
+    _positive("eps", eps)
+
+    def init(params: Params) -> State:
+        return {"m": _zeros(params), "v": {k: torch.full_like(p, initial_accumulator) for k, p in params.items()}}
+
+    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
+        m = {k: b1 * state["m"][k] + (1 - b1) * g for k, g in grads.items()}
+        v = {}
+        for k, g in grads.items():
+            g2 = g * g
+            v[k] = state["v"][k] - (1 - b2) * g2 * torch.sign(state["v"][k] - g2)
+        return {k: m[k] / (v[k].sqrt() + eps) for k in grads}, {"m": m, "v": v}
+
+    return Transform(init, update)
+
+
+def scale_by_adagrad(*, b1: float = 0.0, eps: float = 1e-3, initial_accumulator: float = 0.0) -> Transform:
+    """FedAdagrad (Reddi et al., Algorithm 2): ``v ← v + g²``, ``u = m / (sqrt(v) + τ)``."""
+    _unit("b1", b1)
+    _positive("eps", eps)
+
+    def init(params: Params) -> State:
+        return {"m": _zeros(params), "v": {k: torch.full_like(p, initial_accumulator) for k, p in params.items()}}
+
+    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
+        m = {k: b1 * state["m"][k] + (1 - b1) * g for k, g in grads.items()}
+        v = {k: state["v"][k] + g * g for k, g in grads.items()}
+        return {k: m[k] / (v[k].sqrt() + eps) for k in grads}, {"m": m, "v": v}
+
+    return Transform(init, update)
+
+
+def clip_by_global_norm(max_norm: float) -> Transform:
+    """Scale all gradients together so their joint L2 norm is at most ``max_norm``."""
+    _positive("max_norm", max_norm)
+
+    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
+        norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads.values()))
+        factor = min(1.0, max_norm / (float(norm) + 1e-12))
+        return {k: g * factor for k, g in grads.items()}, state
+
+    return Transform(lambda params: (), update)
+
+
+def sgd(lr: float, *, momentum: float = 0.0, nesterov: bool = False) -> Transform:
+    """SGD with optional (Nesterov) momentum. ``sgd(1.0)`` on ``-Δ`` is FedAvg."""
+    parts = [trace(momentum, nesterov=nesterov)] if momentum else []
+    return chain(*parts, scale_by_learning_rate(lr))
+
+
+def adam(lr: float, *, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, bias_correction: bool = True) -> Transform:
+    """Adam (torch.optim.Adam semantics with ``bias_correction=True``)."""
+    return chain(scale_by_adam(b1=b1, b2=b2, eps=eps, bias_correction=bias_correction), scale_by_learning_rate(lr))
+
+
+def yogi(lr: float, *, b1: float = 0.9, b2: float = 0.99, eps: float = 1e-3) -> Transform:
+    """FedYogi server optimizer."""
+    return chain(scale_by_yogi(b1=b1, b2=b2, eps=eps), scale_by_learning_rate(lr))
+
+
+def adagrad(lr: float, *, b1: float = 0.0, eps: float = 1e-3) -> Transform:
+    """FedAdagrad server optimizer."""
+    return chain(scale_by_adagrad(b1=b1, eps=eps), scale_by_learning_rate(lr))
+
+
+def apply_updates(params: Params, updates: Params) -> Params:
+    """``params + updates`` for the keys in ``updates`` (others pass through unchanged)."""
+    return {k: (p + updates[k].to(p.dtype) if k in updates else p) for k, p in params.items()}
+
+
+def ema_init(params: Params) -> dict[str, Any]:
+    """State of an exponential moving average of parameters (a copy of the start point)."""
+    return {"avg": {k: v.detach().clone() for k, v in params.items()}, "n": 0}
+
+
+def ema_update(state: dict[str, Any], params: Params, *, decay: float, warmup: bool = False) -> dict[str, Any]:
+    """``avg ← d·avg + (1−d)·params`` with ``d = decay``, or ``min(decay, (1+n)/(10+n))``
+    with ``warmup`` (the BAFFLE reference code's schedule; n counts previous updates)."""
+    n = state["n"]
+    d = min(decay, (1 + n) / (10 + n)) if warmup else decay
+    avg = {k: d * a + (1 - d) * params[k].to(a.dtype) for k, a in state["avg"].items()}
+    return {"avg": avg, "n": n + 1}

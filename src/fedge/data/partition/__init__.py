@@ -1,0 +1,182 @@
+"""Federated partitions: split a dataset's training indices across clients.
+
+>>> parts = partition("dirichlet", labels, 100, seed=0, alpha=0.1)   # list of 100 index arrays
+>>> partition_summary(parts, labels, 10)["clients"][0]["label_counts"]
+
+Registered partitioners (``PARTITIONERS[name].params`` holds each one's defaults):
+
+=========  ===========================================  ==========================================
+name       scheme                                        params (defaults)
+=========  ===========================================  ==========================================
+iid        seeded shuffle, sizes differ by at most 1     (none)
+dirichlet  label skew, per-class ``Dir(alpha)``          alpha=0.5, min_size=10, balance=True
+shards     McMahan et al. pathological label sort        shards_per_client=2
+domain     feature skew: clients grouped by domain key   (none; needs ``domains``)
+=========  ===========================================  ==========================================
+
+Every partitioner draws from ``numpy_rng(seed, "partition", name)`` only, assigns every
+sample to exactly one client, and returns one sorted int64 index array per client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from fedge.core.errors import ConfigError, UnknownNameError
+from fedge.core.rng import numpy_rng
+from fedge.data.partition import dirichlet, domain, iid, shards
+from fedge.data.partition._common import parts_from_owner
+
+__all__ = [
+    "PARTITIONERS",
+    "PartitionerSpec",
+    "partition",
+    "partition_summary",
+    "partitioner_names",
+    "resolve_partition_params",
+]
+
+
+@dataclass(frozen=True)
+class PartitionerSpec:
+    """A registry entry.
+
+    Attributes:
+        name: registry name.
+        description: one line.
+        split: ``(labels, num_clients, rng, *, domains, **params) -> owner`` (N,) client ids.
+        validate: checks a full params dict (defaults filled in), returns it normalized.
+        params: parameter names and their defaults.
+        needs_domains: whether ``domains`` must be given.
+    """
+
+    name: str
+    description: str
+    split: Callable[..., np.ndarray]
+    validate: Callable[[Mapping[str, Any]], dict[str, Any]]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    needs_domains: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
+
+
+PARTITIONERS: Mapping[str, PartitionerSpec] = MappingProxyType({
+    spec.name: spec for spec in (
+        PartitionerSpec("iid", "seeded shuffle split as evenly as possible",
+                        iid.split, iid.validate, iid.DEFAULTS),
+        PartitionerSpec("dirichlet", "label skew: per-class proportions ~ Dir(alpha) over clients",
+                        dirichlet.split, dirichlet.validate, dirichlet.DEFAULTS),
+        PartitionerSpec("shards", "McMahan et al. pathological split: label-sorted shards",
+                        shards.split, shards.validate, shards.DEFAULTS),
+        PartitionerSpec("domain", "feature skew: each client's samples come from one domain",
+                        domain.split, domain.validate, domain.DEFAULTS, needs_domains=True),
+    )
+})
+
+
+def partitioner_names() -> list[str]:
+    """Registered partitioner names, sorted."""
+    return sorted(PARTITIONERS)
+
+
+def _spec(name: str) -> PartitionerSpec:
+    try:
+        return PARTITIONERS[name]
+    except KeyError:
+        raise UnknownNameError("partitioner", name, partitioner_names()) from None
+
+
+def resolve_partition_params(name: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``params`` with defaults filled in and validated, without any data (for config checks).
+
+    Raises:
+        UnknownNameError: unknown partitioner.
+        ConfigError: an unknown parameter name (the valid ones are listed) or a bad value.
+    """
+    spec = _spec(name)
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(spec.params))
+    if unknown:
+        valid = ", ".join(sorted(spec.params)) or "(none)"
+        raise ConfigError(f"partitioner {name!r} has no parameter {', '.join(unknown)}; valid "
+                          f"parameters: {valid}")
+    return spec.validate({**spec.params, **params})
+
+
+def partition(
+    name: str,
+    labels: np.ndarray,
+    num_clients: int,
+    *,
+    seed: int,
+    domains: np.ndarray | None = None,
+    **params: Any,
+) -> list[np.ndarray]:
+    """Split sample indices ``0..N-1`` across ``num_clients`` clients.
+
+    Args:
+        name: a partitioner name (:func:`partitioner_names`).
+        labels: (N,) integer class labels (e.g. ``dataset.y_train.numpy()``).
+        num_clients: number of clients, ``1 <= num_clients <= N``.
+        seed: run seed; the partitioner draws from ``numpy_rng(seed, "partition", name)``.
+        domains: (N,) domain key per sample; required by ``domain``, ignored by the others.
+        **params: partitioner parameters (see the table in this module's docstring).
+
+    Returns:
+        ``num_clients`` sorted int64 index arrays that together hold every index exactly once.
+    """
+    params = resolve_partition_params(name, params)
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or not (np.issubdtype(labels.dtype, np.integer) or labels.size == 0):
+        raise ConfigError(f"partition: labels must be a 1-D integer array, got "
+                          f"{labels.dtype} of shape {labels.shape}")
+    n = len(labels)
+    if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) \
+            or not 1 <= num_clients <= n:
+        raise ConfigError(
+            f"partition: num_clients must be an integer in [1, {n}] (the number of samples), "
+            f"got {num_clients!r}; lower num_clients or use more data"
+        )
+    rng = numpy_rng(seed, "partition", name)
+    owner = _spec(name).split(labels, int(num_clients), rng, domains=domains, **params)
+    return parts_from_owner(owner, int(num_clients))
+
+
+def partition_summary(parts: list[np.ndarray], labels: np.ndarray,
+                      num_classes: int) -> dict[str, Any]:
+    """Per-client sizes and label histograms, plus totals; JSON-serializable.
+
+    Returns:
+        ``{"num_clients", "num_samples", "num_classes", "size_min", "size_max", "size_mean",
+        "size_std", "label_counts": [total per class], "clients": [{"client", "num_samples",
+        "num_labels", "label_counts"}, ...]}``.
+    """
+    labels = np.asarray(labels)
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ConfigError(f"partition_summary: labels must lie in [0, {num_classes}), found "
+                          f"{labels.min()}..{labels.max()}; pass the dataset's num_classes")
+    clients = []
+    total = np.zeros(num_classes, dtype=np.int64)
+    for i, part in enumerate(parts):
+        hist = np.bincount(labels[part], minlength=num_classes)
+        total += hist
+        clients.append({"client": i, "num_samples": int(len(part)),
+                        "num_labels": int(np.count_nonzero(hist)), "label_counts": hist.tolist()})
+    sizes = np.array([len(p) for p in parts], dtype=np.float64)
+    return {
+        "num_clients": len(parts),
+        "num_samples": int(sizes.sum()),
+        "num_classes": int(num_classes),
+        "size_min": int(sizes.min()) if len(parts) else 0,
+        "size_max": int(sizes.max()) if len(parts) else 0,
+        "size_mean": float(sizes.mean()) if len(parts) else 0.0,
+        "size_std": float(sizes.std()) if len(parts) else 0.0,
+        "label_counts": total.tolist(),
+        "clients": clients,
+    }

@@ -1,0 +1,47 @@
+"""Pathological non-IID split of McMahan et al. 2017 (FedAvg, arXiv:1602.05629v4, Sec. 3).
+
+Sort the samples by label, cut them into ``num_clients * shards_per_client`` contiguous shards
+(sizes as even as possible), and give each client ``shards_per_client`` shards at random.
+MNIST with 100 clients and 2 shards each gives the paper's 200 shards of 300 images, so most
+clients see only two digits. Within a label the order is shuffled first, so a shard is a random
+sample of its class. When every class size is a multiple of the shard size, each shard holds a
+single label and a client sees at most ``shards_per_client`` labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from fedge.core.errors import ConfigError
+from fedge.data.partition._common import check_int, even_sizes
+
+__all__ = ["DEFAULTS", "split", "validate"]
+
+DEFAULTS: dict[str, Any] = {"shards_per_client": 2}
+
+
+def validate(params: Mapping[str, Any]) -> dict[str, Any]:
+    return {"shards_per_client": check_int(
+        "shards", "shards_per_client", params["shards_per_client"], low=1,
+        fix="use 2 for McMahan et al.'s pathological split")}
+
+
+def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
+          domains: np.ndarray | None, shards_per_client: int) -> np.ndarray:
+    n = len(labels)
+    num_shards = num_clients * shards_per_client
+    if num_shards > n:
+        raise ConfigError(
+            f"partitioner 'shards': num_clients * shards_per_client = {num_clients} * "
+            f"{shards_per_client} = {num_shards} shards, more than the {n} samples; lower "
+            "shards_per_client or num_clients"
+        )
+    perm = rng.permutation(n)
+    by_label = perm[np.argsort(labels[perm], kind="stable")]  # sorted by label, random within
+    shard_owner = rng.permutation(np.repeat(np.arange(num_clients), shards_per_client))
+    owner = np.empty(n, dtype=np.int64)
+    owner[by_label] = np.repeat(shard_owner, even_sizes(n, num_shards))
+    return owner

@@ -1,0 +1,167 @@
+"""The dataset registry: ``load_dataset(name, ...)``, ``dataset_names()``, ``available_datasets()``.
+
+Nothing here touches the network: loaders read standard files from known places (see
+:func:`fedge.data.formats.search_dirs`) and, when they are missing, raise one
+:class:`~fedge.core.errors.DataNotFoundError` listing every place searched and how to get them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedge.core.errors import ConfigError, UnknownNameError
+from fedge.core.rng import numpy_rng
+from fedge.data import builtin, cifar, idx_datasets
+from fedge.data.dataset import Dataset, normalize_, resize_images, stratified_subset
+from fedge.data.spec import DatasetSpec, RawData, check_int
+
+__all__ = [
+    "DATASETS",
+    "DatasetStatus",
+    "available_datasets",
+    "dataset_names",
+    "get_dataset_spec",
+    "load_dataset",
+    "register_dataset",
+]
+
+_REGISTRY: dict[str, DatasetSpec] = {}
+#: name -> spec, read-only view (add entries with :func:`register_dataset`).
+DATASETS: Mapping[str, DatasetSpec] = MappingProxyType(_REGISTRY)
+
+
+def register_dataset(spec: DatasetSpec) -> DatasetSpec:
+    """Add ``spec`` to the registry; a name already taken is an error."""
+    if spec.name in _REGISTRY:
+        raise ConfigError(f"dataset {spec.name!r} is already registered; pick another name")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+for _spec in builtin.SPECS + idx_datasets.SPECS + cifar.SPECS:
+    register_dataset(_spec)
+
+
+def dataset_names() -> list[str]:
+    """Registered dataset names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_dataset_spec(name: str) -> DatasetSpec:
+    """The registry entry for ``name`` (UnknownNameError lists the valid names)."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownNameError("dataset", name, dataset_names()) from None
+
+
+@dataclass(frozen=True)
+class DatasetStatus:
+    """One row of ``fedge datasets``: whether ``name`` can be loaded now, and from where."""
+
+    name: str
+    available: bool
+    location: str | None
+    description: str
+    how_to_get: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def available_datasets(root: str | Path | None = None) -> list[DatasetStatus]:
+    """The status of every registered dataset (default options), sorted by name.
+
+    Only checks that the files exist; it does not read them.
+    """
+    out = []
+    for name in dataset_names():
+        spec = _REGISTRY[name]
+        location = spec.locate(root=root)
+        out.append(DatasetStatus(name, location is not None, location, spec.description,
+                                 spec.how_to_get))
+    return out
+
+
+def load_dataset(
+    name: str,
+    *,
+    root: str | Path | None = None,
+    resize: int | None = None,
+    limit_train: int | None = None,
+    limit_test: int | None = None,
+    seed: int = 0,
+    **options: Any,
+) -> Dataset:
+    """Load a registered dataset into memory, scaled to [0, 1] then normalized per channel.
+
+    Args:
+        name: a registry name (:func:`dataset_names`).
+        root: a directory searched first for the dataset's files.
+        resize: side length ``r``: images become (C, r, r) by bilinear interpolation
+            (e.g. ``resize=28`` makes ``digits`` MNIST-sized). None keeps the native size.
+        limit_train: keep a seeded, class-stratified random subset of this many training
+            samples (each class in proportion to its frequency, largest-remainder rounding;
+            order preserved). None, or a limit >= the split size, keeps everything.
+        limit_test: the same for the test split.
+        seed: seeds the subsets (``numpy_rng(seed, "data", name, split)``) and the
+            ``synthetic`` generator; it never changes which files are read.
+        **options: dataset-specific options (``DATASETS[name].options`` lists them with
+            their defaults), e.g. ``split="byclass"`` for EMNIST.
+
+    Returns:
+        A :class:`Dataset`; normalization statistics are computed on the returned training
+        images (after ``limit_train`` and ``resize``) and kept in ``mean``/``std``.
+
+    Raises:
+        UnknownNameError: unknown dataset name.
+        ConfigError: unknown option or out-of-range value; corrupt data files.
+        DataNotFoundError: the files are missing (the message lists where fedge looked).
+    """
+    spec = get_dataset_spec(name)
+    unknown = sorted(set(options) - set(spec.options))
+    if unknown:
+        valid = ", ".join(sorted(spec.options)) or "(none)"
+        raise ConfigError(f"dataset {name!r} has no option {', '.join(unknown)}; valid options: "
+                          f"{valid}")
+    if resize is not None:
+        resize = check_int(name, "resize", resize, low=1, fix="or None to keep the native size")
+    limits = {}
+    for split, limit in (("train", limit_train), ("test", limit_test)):
+        if limit is not None:
+            limits[split] = check_int(name, f"limit_{split}", limit, low=1,
+                                      fix="or None to keep the whole split")
+    raw = spec.load(root=root, seed=seed, **options)
+    return _prepare(name, raw, resize, limits, seed)
+
+
+def _prepare(name: str, raw: RawData, resize: int | None, limits: dict[str, int],
+             seed: int) -> Dataset:
+    splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    domains = raw.train_domains
+    for split, x, y in (("train", raw.x_train, raw.y_train), ("test", raw.x_test, raw.y_test)):
+        if split in limits and limits[split] < len(y):
+            idx = stratified_subset(y, limits[split], numpy_rng(seed, "data", name, split))
+            x, y = x[idx], y[idx]
+            if split == "train" and domains is not None:
+                domains = domains[idx]
+        # (N, C, H, W): a fresh C-contiguous float32 copy; the raw arrays are shared and read-only
+        xt = torch.from_numpy(np.array(x, dtype=np.float32, order="C"))
+        if resize is not None:
+            xt = resize_images(xt, resize)
+        splits[split] = (xt, torch.from_numpy(np.array(y, dtype=np.int64)))
+    (x_tr, y_tr), (x_te, y_te) = splits["train"], splits["test"]
+    mean, std = normalize_(x_tr, x_te, raw.scale)
+    return Dataset(
+        name=name, x_train=x_tr, y_train=y_tr, x_test=x_te, y_test=y_te,
+        num_classes=len(raw.classes), input_shape=tuple(x_tr.shape[1:]),  # type: ignore[arg-type]
+        classes=raw.classes, train_domains=None if domains is None else np.array(domains),
+        mean=mean, std=std, source=raw.source,
+    )

@@ -1,0 +1,128 @@
+"""What every method shares: the registry entry, the build environment, and the
+conversions between a model and the named arrays that travel in messages."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedge.core import transforms as T
+from fedge.core.errors import ConfigError, MessageError
+from fedge.core.messages import Message
+from fedge.core.protocols import ClientProgram, SideParty, Strategy
+
+__all__ = [
+    "MethodBuild",
+    "MethodConfigBase",
+    "MethodEnv",
+    "MethodSpec",
+    "ServerOptimizerConfig",
+    "check_reply_arrays",
+    "load_arrays",
+    "model_arrays",
+    "split_trainable",
+]
+
+
+class MethodConfigBase(BaseModel):
+    """Base of every method's config section (``method.*`` keys); unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerOptimizerConfig(MethodConfigBase):
+    """Server optimizer applied to the aggregated pseudo-gradient (Reddi et al., arXiv:2003.00295v5).
+
+    ``eps`` defaults to 1e-8 for adam and to Reddi et al.'s τ = 1e-3 for yogi/adagrad.
+    """
+
+    name: Literal["sgd", "adam", "yogi", "adagrad"] = "sgd"
+    lr: float = Field(1.0, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    b1: float = Field(0.9, ge=0, lt=1)
+    b2: float = Field(0.99, ge=0, lt=1)
+    eps: float | None = Field(None, gt=0)
+    bias_correction: bool = True
+
+    def build(self) -> T.Transform:
+        if self.name == "sgd":
+            return T.sgd(self.lr, momentum=self.momentum)
+        if self.name == "adam":
+            return T.adam(self.lr, b1=self.b1, b2=self.b2, eps=self.eps or 1e-8, bias_correction=self.bias_correction)
+        if self.name == "yogi":
+            return T.yogi(self.lr, b1=self.b1, b2=self.b2, eps=self.eps or 1e-3)
+        return T.adagrad(self.lr, b1=self.b1, eps=self.eps or 1e-3)
+
+
+@dataclass(frozen=True)
+class MethodEnv:
+    """What a method's builder may use."""
+
+    seed: int
+    model_fn: Callable[[], torch.nn.Module]  # the initial global model, same weights on every call
+    num_classes: int
+    input_shape: tuple[int, ...]
+    client_sizes: tuple[int, ...]
+    rounds: int
+
+
+@dataclass
+class MethodBuild:
+    """A built method: its two sides and any side parties (factories by name)."""
+
+    strategy: Strategy
+    program: ClientProgram
+    parties: dict[str, Callable[[int], SideParty]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """Registry entry: a config model and a builder."""
+
+    name: str
+    description: str
+    config: type[MethodConfigBase]
+    build: Callable[[Any, MethodEnv], MethodBuild]
+
+
+def model_arrays(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state (parameters and buffers) as detached CPU tensors, by name."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def load_arrays(model: torch.nn.Module, arrays: dict[str, torch.Tensor], *, who: str = "message") -> None:
+    """Copy ``arrays`` into ``model`` in place; every state entry must be present with its shape."""
+    state = model.state_dict()
+    missing = sorted(set(state) - set(arrays))
+    if missing:
+        raise MessageError(f"{who}: missing model arrays {missing[:5]}")
+    with torch.no_grad():
+        for k, v in state.items():
+            a = arrays[k]
+            if a.shape != v.shape:
+                raise MessageError(f"{who}: array {k!r} has shape {tuple(a.shape)}; expected {tuple(v.shape)}")
+            v.copy_(a)
+
+
+def split_trainable(model: torch.nn.Module) -> tuple[list[str], list[str]]:
+    """(trainable parameter names, float buffer names) in state-dict order.
+    Integer buffers (BatchNorm's ``num_batches_tracked``) belong to neither."""
+    params = [n for n, p in model.named_parameters() if p.requires_grad]
+    buffers = [n for n, b in model.named_buffers() if b.is_floating_point()]
+    return params, buffers
+
+
+def check_reply_arrays(reply: Message, expected: dict[str, torch.Size], *, who: str) -> None:
+    """Every expected array is present with its shape, and nothing else is."""
+    got = set(reply.arrays)
+    if got != set(expected):
+        extra, missing = sorted(got - set(expected)), sorted(set(expected) - got)
+        raise MessageError(f"{who}: unexpected arrays {extra[:5]}, missing arrays {missing[:5]}")
+    for k, shape in expected.items():
+        if reply.arrays[k].shape != shape:
+            raise MessageError(f"{who}: array {k!r} has shape {tuple(reply.arrays[k].shape)}; expected {tuple(shape)}")
+

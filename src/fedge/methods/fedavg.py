@@ -1,0 +1,213 @@
+"""FedAvg and FedSGD: the backpropagation baselines every seed paper compares with.
+
+- **FedAvg** (McMahan et al., arXiv:1602.05629v4, Algorithm 1): each sampled client trains
+  the global model for ``local_epochs`` epochs of mini-batch SGD (or Adam) on its data and
+  uploads its model delta ``Δ_c``; the server forms ``Δ = Σ_c (n_c / n) Δ_c`` and applies a
+  server optimizer to the pseudo-gradient ``-Δ`` (Reddi et al., arXiv:2003.00295v5,
+  Algorithm 2). ``server_optimizer: {name: sgd, lr: 1.0}`` is exactly FedAvg.
+- **FedSGD**: each client computes the gradient of one mini-batch (``batch_size``; 0 means
+  its whole local set) at the global model and uploads it; the server averages with the
+  same weights and applies the server optimizer to that gradient.
+
+Float buffers (BatchNorm running statistics) travel as deltas too and are averaged and
+added directly, never through the optimizer. Weighting is by sample count (``n_c / n``)
+or uniform.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from fedge.core import transforms as T
+from fedge.core.errors import MessageError
+from fedge.core.messages import Message
+from fedge.methods.base import (
+    MethodBuild,
+    MethodConfigBase,
+    MethodEnv,
+    ServerOptimizerConfig,
+    check_reply_arrays,
+    load_arrays,
+    model_arrays,
+    split_trainable,
+)
+from fedge.runtime.context import ClientContext
+
+__all__ = ["BackpropClient", "ClientOptimizerConfig", "DeltaAveraging", "FedAvgConfig", "FedSGDConfig", "build"]
+
+
+class ClientOptimizerConfig(MethodConfigBase):
+    name: Literal["sgd", "adam"] = "sgd"
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+
+    def build(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        if self.name == "adam":
+            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+
+
+class FedAvgConfig(MethodConfigBase):
+    name: Literal["fedavg"] = "fedavg"
+    local_epochs: int = Field(1, ge=1, description="E: local epochs per round")
+    batch_size: int = Field(32, ge=1, description="B: local mini-batch size")
+    max_steps: int | None = Field(None, ge=1, description="cap on local steps per round (None: E full epochs)")
+    weighting: Literal["samples", "uniform"] = "samples"
+    client_optimizer: ClientOptimizerConfig = ClientOptimizerConfig()
+    server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()
+
+
+class FedSGDConfig(MethodConfigBase):
+    name: Literal["fedsgd"] = "fedsgd"
+    batch_size: int = Field(64, ge=0, description="samples per client gradient (0: the whole local set)")
+    weighting: Literal["samples", "uniform"] = "samples"
+    server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig(lr=0.1)
+
+
+class BackpropClient:
+    """Client side of FedAvg (``mode="epochs"``) and FedSGD (``mode="gradient"``).
+
+    The client keeps one model instance per process (not per client) and loads the global
+    weights into it each round, so simulated clients do not multiply memory.
+    """
+
+    def __init__(self, model_fn: Any, cfg: FedAvgConfig | FedSGDConfig) -> None:
+        self.model_fn, self.cfg = model_fn, cfg
+        self._model: torch.nn.Module | None = None
+
+    def _fresh_model(self, arrays: dict[str, torch.Tensor], who: str) -> torch.nn.Module:
+        if self._model is None:
+            self._model = self.model_fn()
+        load_arrays(self._model, arrays, who=who)
+        self._model.train()
+        return self._model
+
+    def run(self, message: Message, ctx: ClientContext) -> Message:
+        model = self._fresh_model(message.arrays, f"round {ctx.rnd}, client {ctx.cid}")
+        ctx.meter.resident = model
+        params, buffers = split_trainable(model)
+        start = {k: v.detach().clone() for k, v in model.state_dict().items() if k in set(params) | set(buffers)}
+        if isinstance(self.cfg, FedAvgConfig):
+            loss = self._train_epochs(model, ctx)
+            state = model.state_dict()
+            arrays = {k: state[k].detach() - start[k] for k in start}
+        else:
+            loss, grads = self._gradient(model, ctx)
+            state = model.state_dict()
+            arrays = {**grads, **{k: state[k].detach() - start[k] for k in buffers}}
+        return Message(arrays, config={"num_samples": ctx.data.num_samples}, metrics={"train_loss": loss})
+
+    def _train_epochs(self, model: torch.nn.Module, ctx: ClientContext) -> float:
+        cfg = self.cfg
+        assert isinstance(cfg, FedAvgConfig)
+        opt = cfg.client_optimizer.build([p for p in model.parameters() if p.requires_grad])
+        total, steps = 0.0, 0
+        for _ in range(cfg.local_epochs):
+            for xb, yb in ctx.data.batches(cfg.batch_size, generator=ctx.generator):
+                opt.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(model(xb), yb)
+                loss.backward()
+                opt.step()
+                total += float(loss.detach())
+                steps += 1
+                if cfg.max_steps is not None and steps >= cfg.max_steps:
+                    return total / steps
+        return total / max(1, steps)
+
+    def _gradient(self, model: torch.nn.Module, ctx: ClientContext) -> tuple[float, dict[str, torch.Tensor]]:
+        n = ctx.data.num_samples
+        bs = self.cfg.batch_size or n
+        idx = ctx.data.indices[torch.randperm(n, generator=ctx.generator)[: min(bs, n)]]
+        xb, yb = ctx.data.x[idx], ctx.data.y[idx]
+        params = {k: p for k, p in model.named_parameters() if p.requires_grad}
+        loss = F.cross_entropy(model(xb), yb)
+        grads = torch.autograd.grad(loss, list(params.values()))
+        return float(loss.detach()), {k: g.detach() for k, g in zip(params, grads, strict=True)}
+
+
+class DeltaAveraging:
+    """Server side of FedAvg/FedSGD: broadcast the model, average the replies with weights
+    ``n_c / n`` (or uniform), apply the server optimizer.
+
+    Args:
+        model: the global model (updated in place).
+        server_tx: server optimizer as a :class:`~fedge.core.transforms.Transform`.
+        replies_are_gradients: True for FedSGD (reply = gradient), False for FedAvg
+            (reply = delta, pseudo-gradient ``-Δ``).
+        weighting: ``"samples"`` or ``"uniform"``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        server_tx: T.Transform,
+        *,
+        replies_are_gradients: bool,
+        weighting: str = "samples",
+    ) -> None:
+        self.model, self.tx = model, server_tx
+        self.gradients, self.weighting = replies_are_gradients, weighting
+        self.param_names, self.buffer_names = split_trainable(model)
+        state = model.state_dict()
+        self.expected = {k: state[k].shape for k in self.param_names + self.buffer_names}
+        self.opt_state = self.tx.init(self._params())
+
+    def _params(self) -> dict[str, torch.Tensor]:
+        state = self.model.state_dict()
+        return {k: state[k] for k in self.param_names}
+
+    def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
+        broadcast = Message(model_arrays(self.model), config={"round": rnd})
+        return dict.fromkeys(client_ids, broadcast)
+
+    def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float]:
+        weights: dict[int, float] = {}
+        for cid, reply in replies.items():
+            check_reply_arrays(reply, self.expected, who=f"round {rnd}, client {cid}")
+            n = reply.config.get("num_samples")
+            if not isinstance(n, int) or n < 1:
+                raise MessageError(f"round {rnd}, client {cid}: num_samples={n!r}; expected an int >= 1")
+            weights[cid] = float(n) if self.weighting == "samples" else 1.0
+        total = sum(weights.values())
+        mean: dict[str, torch.Tensor] = {}
+        for cid, reply in replies.items():  # incremental, in client-id order (deterministic)
+            w = weights[cid] / total
+            for k, a in reply.arrays.items():
+                mean[k] = mean[k].add_(a, alpha=w) if k in mean else a * w
+        grads = {k: (mean[k] if self.gradients else -mean[k]) for k in self.param_names}
+        updates, self.opt_state = self.tx.update(grads, self.opt_state, self._params())
+        with torch.no_grad():
+            state = self.model.state_dict()
+            for k, u in updates.items():
+                state[k].add_(u)
+            for k in self.buffer_names:
+                state[k].add_(mean[k])
+        losses = [(weights[c] / total) * float(r.metrics["train_loss"]) for c, r in replies.items() if "train_loss" in r.metrics]
+        return {"train_loss": sum(losses)} if losses else {}
+
+    def eval_model(self) -> torch.nn.Module:
+        return self.model
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": model_arrays(self.model), "opt": self.opt_state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        load_arrays(self.model, state["model"], who="checkpoint")
+        self.opt_state = state["opt"]
+
+
+def build(cfg: FedAvgConfig | FedSGDConfig, env: MethodEnv) -> MethodBuild:
+    """Build FedAvg (``FedAvgConfig``) or FedSGD (``FedSGDConfig``)."""
+    strategy = DeltaAveraging(
+        env.model_fn(),
+        cfg.server_optimizer.build(),
+        replies_are_gradients=isinstance(cfg, FedSGDConfig),
+        weighting=cfg.weighting,
+    )
+    return MethodBuild(strategy, BackpropClient(env.model_fn, cfg))

@@ -1,0 +1,190 @@
+"""The LeNet family: BAFFLE's LeNet, classic LeNet-5 and PPFL's LeNet.
+
+All three are two 5x5 conv blocks followed by a small classifier; they differ in widths,
+padding, pooling and FC sizes:
+
+``lenet`` (BAFFLE, seed 000, Sec. 4.1: "LeNet ... with two convolutional layers ... 2.7x10^4
+parameters"). We follow the BAFFLE reference code (FengHZ/BAFFLE, model/lenet.py)::
+
+    conv1  Conv(C->16, 5x5, pad 2) - GroupNorm - act - MaxPool 2x2
+    conv2  Conv(16->64, 5x5, pad 2) - GroupNorm - act
+    classifier: global average pool - FC(64 -> classes)
+
+which has 26,730 parameters on MNIST (1x28x28) and 27,530 on CIFAR-10: the paper's 2.7x10^4.
+The textbook 6/16-channel LeNet-5 with FC 120-84 is 44,426 parameters on 28x28 without padding
+(61,706 with padding 2), far from 2.7x10^4, so it is registered separately as ``lenet5``.
+GroupNorm uses ``max(2, C // 16)`` groups (2 and 4 here) with ``affine=False``, and Hardswish,
+as BAFFLE's guidelines (Sec. 3.3) prescribe. Global pooling makes the parameter count independent
+of the input size, so it builds for any input of at least 2x2 (8x8 digits included).
+
+``lenet5`` (LeCun et al. 1998; the "LeNet-5" of the NTK-pruning paper, seed 004)::
+
+    conv1  Conv(C->6, 5x5, pad ``padding``) - [norm] - act - MaxPool 2x2
+    conv2  Conv(6->16, 5x5) - [norm] - act - MaxPool 2x2
+    classifier: flatten - FC 120 - act - FC 84 - act - FC classes
+
+``padding`` defaults to 0 (62,006 parameters on 3x32x32, the common CIFAR-10 LeNet-5; 44,426 on
+1x28x28). ``padding=2`` reproduces LeCun's MNIST setting (28x28 digits padded to 32x32).
+
+``lenet-ppfl`` (PPFL, seed 001, Table 1: "C20-MP-C50-MP-FC500-FC10", 5x5 filters, every C and
+FC followed by ReLU; the Caffe MNIST LeNet)::
+
+    conv1  Conv(C->20, 5x5) - [norm] - act - MaxPool 2x2
+    conv2  Conv(20->50, 5x5) - [norm] - act - MaxPool 2x2
+    classifier: flatten - FC 500 - act - FC classes
+
+431,080 parameters on MNIST. ``lenet5`` and ``lenet-ppfl`` need inputs of at least 16x16 (less
+the padding): the second 5x5 conv must leave a 2x2 map to pool.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from torch import nn
+
+from fedge.core.errors import ConfigError
+from fedge.models.layers import GlobalAvgPool, MaxPool2x2, conv_block, make_activation, output_shape
+from fedge.models.registry import register_model
+
+__all__ = ["build_lenet", "build_lenet5", "build_lenet_ppfl"]
+
+_Shape = tuple[int, int, int]
+
+
+def _fc_classifier(
+    in_features: int, hidden: tuple[int, ...], num_classes: int, activation: str
+) -> nn.Sequential:
+    """flatten - (FC - act) per hidden size - FC out, with children fc1, fc2, ..., out."""
+    clf = nn.Sequential()
+    clf.add_module("flatten", nn.Flatten())
+    for i, h in enumerate(hidden, start=1):
+        fc = nn.Sequential(nn.Linear(in_features, h), make_activation(activation))
+        clf.add_module(f"fc{i}", fc)
+        in_features = h
+    clf.add_module("out", nn.Linear(in_features, num_classes))
+    return clf
+
+
+def _two_conv(
+    input_shape: _Shape,
+    widths: tuple[int, int],
+    *,
+    padding: tuple[int, int],
+    pool2: bool,
+    activation: str,
+    norm: str,
+    norm_affine: bool,
+) -> nn.Sequential:
+    """conv1 (with 2x2 max pool) and conv2 (pooled if ``pool2``), 5x5 kernels."""
+    c1, c2 = widths
+    common = dict(kernel_size=5, activation=activation, norm=norm, norm_affine=norm_affine)
+    return nn.Sequential(
+        OrderedDict(
+            conv1=conv_block(input_shape[0], c1, padding=padding[0], pool=MaxPool2x2(), **common),
+            conv2=conv_block(
+                c1, c2, padding=padding[1], pool=MaxPool2x2() if pool2 else None, **common
+            ),
+        )
+    )
+
+
+def _check_padding(padding: int) -> None:
+    if padding < 0:
+        raise ConfigError(f"option 'padding' must be >= 0, got {padding}")
+
+
+@register_model(
+    "lenet",
+    description="BAFFLE's LeNet: conv5x5(16)-GN-act-maxpool, conv5x5(64)-GN-act, global avgpool, FC",
+    reference="BAFFLE (seed 000) Sec. 4.1 and 3.3; FengHZ/BAFFLE model/lenet.py",
+    default_activation="hardswish",
+    default_norm="group",
+    options={"channels": (16, 64), "norm_affine": False},
+    input_shapes=((1, 28, 28), (3, 32, 32), (1, 8, 8)),
+)
+def build_lenet(
+    *,
+    input_shape: _Shape,
+    num_classes: int,
+    activation: str,
+    norm: str,
+    channels: tuple[int, ...],
+    norm_affine: bool,
+) -> tuple[nn.Sequential, nn.Sequential]:
+    if len(channels) != 2:
+        raise ConfigError(f"option 'channels' of model 'lenet' takes 2 widths, got {channels!r}")
+    features = _two_conv(
+        input_shape,
+        (channels[0], channels[1]),
+        padding=(2, 2),
+        pool2=False,
+        activation=activation,
+        norm=norm,
+        norm_affine=norm_affine,
+    )
+    output_shape(features, input_shape)  # fail early, with the input size, if too small
+    classifier = nn.Sequential(
+        OrderedDict(
+            pool=GlobalAvgPool(), out=nn.Linear(channels[1], num_classes)
+        )
+    )
+    return features, classifier
+
+
+@register_model(
+    "lenet5",
+    description="classic LeNet-5: conv5x5(6)-act-maxpool, conv5x5(16)-act-maxpool, FC 120-84",
+    reference="LeCun et al. 1998; LeNet-5 of NTK-pruning (seed 004) Sec. 5",
+    options={"padding": 0, "norm_affine": True},
+)
+def build_lenet5(
+    *,
+    input_shape: _Shape,
+    num_classes: int,
+    activation: str,
+    norm: str,
+    padding: int,
+    norm_affine: bool,
+) -> tuple[nn.Sequential, nn.Sequential]:
+    _check_padding(padding)
+    features = _two_conv(
+        input_shape,
+        (6, 16),
+        padding=(padding, 0),
+        pool2=True,
+        activation=activation,
+        norm=norm,
+        norm_affine=norm_affine,
+    )
+    c, h, w = output_shape(features, input_shape)
+    return features, _fc_classifier(c * h * w, (120, 84), num_classes, activation)
+
+
+@register_model(
+    "lenet-ppfl",
+    description="PPFL's LeNet C20-MP-C50-MP-FC500-FC10 (5x5 convs, ReLU)",
+    reference="PPFL (seed 001) Table 1",
+    options={"padding": 0, "norm_affine": True},
+)
+def build_lenet_ppfl(
+    *,
+    input_shape: _Shape,
+    num_classes: int,
+    activation: str,
+    norm: str,
+    padding: int,
+    norm_affine: bool,
+) -> tuple[nn.Sequential, nn.Sequential]:
+    _check_padding(padding)
+    features = _two_conv(
+        input_shape,
+        (20, 50),
+        padding=(padding, 0),
+        pool2=True,
+        activation=activation,
+        norm=norm,
+        norm_affine=norm_affine,
+    )
+    c, h, w = output_shape(features, input_shape)
+    return features, _fc_classifier(c * h * w, (500,), num_classes, activation)

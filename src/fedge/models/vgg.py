@@ -1,0 +1,126 @@
+"""VGG-style networks: PPFL's VGG9 and the CIFAR VGG-19 that EPPFL splits.
+
+A configuration is a list read left to right: an int is a 3x3 conv (padding 1) with that many
+filters followed by [norm] and the activation; ``"M"`` is a 2x2 max pool and a float is a
+dropout rate, both appended to the block of the conv before them. Each conv is one block of
+``features`` (``conv1``, ``conv2``, ...), the unit PPFL trains layer by layer and EPPFL cuts after.
+
+``vgg9`` (PPFL, seed 001, Table 1)::
+
+    C32-C64-MP-C128x2-MP-D0.05-C256x2-MP-D0.1-FC512x2-FC10
+
+ReLU after every C and FC (Table 1 notation). This is the VGG-9 of FedMA (Wang et al. 2020,
+PPFL's [72]): 3,491,530 parameters on CIFAR-10 (the 256x4x4 map feeds FC 512). Its dropouts
+make the forward pass random; ``dropout=False`` removes them, which forward-only (zeroth-order)
+estimation wants, since both forwards of a loss difference must see the same network.
+
+``vgg19`` (Simonyan & Zisserman 2015, configuration E, as used on CIFAR-10 by EPPFL, seed 003,
+Sec. 5, which puts the first conv + ReLU on the device)::
+
+    C64x2-MP-C128x2-MP-C256x4-MP-C512x4-MP-C512x4-MP-FC10
+
+Default norm is ``batch`` (the usual CIFAR VGG-19, 20.0M parameters; a plain 16-conv stack
+without normalisation barely trains from torch's default init); ``norm="none"`` gives the
+conv + ReLU blocks literally. Five pools: inputs must be at least 32x32.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from torch import nn
+
+from fedge.models.layers import MaxPool2x2, conv_block, make_activation, output_shape
+from fedge.models.registry import register_model
+
+__all__ = ["VGG9", "VGG19", "build_vgg19", "build_vgg9", "vgg_features"]
+
+Config = Sequence[int | float | str]
+
+VGG9: Config = (32, 64, "M", 128, 128, "M", 0.05, 256, 256, "M", 0.1)
+VGG19: Config = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M",
+                 512, 512, 512, 512, "M", 512, 512, 512, 512, "M")  # fmt: skip
+
+
+def vgg_features(
+    in_channels: int, config: Config, *, activation: str, norm: str, norm_affine: bool
+) -> nn.Sequential:
+    """The ``features`` stack for a VGG ``config`` (see the module docstring)."""
+    features = nn.Sequential()
+    block: nn.Sequential | None = None
+    for item in config:
+        if isinstance(item, int):
+            block = conv_block(
+                in_channels, item, kernel_size=3, padding=1,
+                activation=activation, norm=norm, norm_affine=norm_affine,
+            )  # fmt: skip
+            features.add_module(f"conv{len(features) + 1}", block)
+            in_channels = item
+        elif block is None:
+            raise ValueError(f"VGG config must start with a conv, got {item!r}")
+        elif item == "M":
+            block.add_module("pool", MaxPool2x2())
+        elif isinstance(item, float):
+            block.add_module("drop", nn.Dropout(item))
+        else:
+            raise ValueError(f"unknown VGG config item {item!r}")
+    return features
+
+
+@register_model(
+    "vgg9",
+    description="PPFL's VGG9: C32-C64-MP-C128x2-MP-D0.05-C256x2-MP-D0.1-FC512x2-FC10",
+    reference="PPFL (seed 001) Table 1; FedMA VGG-9",
+    options={"dropout": True, "norm_affine": True},
+)
+def build_vgg9(
+    *,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    activation: str,
+    norm: str,
+    dropout: bool,
+    norm_affine: bool,
+) -> tuple[nn.Sequential, nn.Sequential]:
+    config = VGG9 if dropout else tuple(x for x in VGG9 if not isinstance(x, float))
+    features = vgg_features(
+        input_shape[0], config, activation=activation, norm=norm, norm_affine=norm_affine
+    )
+    c, h, w = output_shape(features, input_shape)
+    classifier = nn.Sequential(
+        OrderedDict(
+            flatten=nn.Flatten(),
+            fc1=nn.Sequential(nn.Linear(c * h * w, 512), make_activation(activation)),
+            fc2=nn.Sequential(nn.Linear(512, 512), make_activation(activation)),
+            out=nn.Linear(512, num_classes),
+        )
+    )
+    return features, classifier
+
+
+@register_model(
+    "vgg19",
+    description="VGG-19 for 32x32 inputs: 16 3x3 convs (64-512) with 5 max pools, FC",
+    reference="Simonyan & Zisserman 2015 (config E); EPPFL (seed 003) Sec. 5",
+    default_norm="batch",
+    options={"norm_affine": True},
+    input_shapes=((3, 32, 32),),
+)
+def build_vgg19(
+    *,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    activation: str,
+    norm: str,
+    norm_affine: bool,
+) -> tuple[nn.Sequential, nn.Sequential]:
+    features = vgg_features(
+        input_shape[0], VGG19, activation=activation, norm=norm, norm_affine=norm_affine
+    )
+    c, h, w = output_shape(features, input_shape)
+    classifier = nn.Sequential(
+        OrderedDict(flatten=nn.Flatten(), out=nn.Linear(c * h * w, num_classes))
+    )
+    return features, classifier
+

@@ -1,0 +1,125 @@
+"""WRN-10-2: the wide residual network BAFFLE trains as its "light weight deep model".
+
+BAFFLE (seed 000) Sec. 4.1: "WideResNet (Zagoruyko & Komodakis, 2016) with depth = 10 and
+width = 2 (WRN-10-2) ... (3.0x10^5 parameters)". Depth 6n + 4 = 10 gives n = 1 pre-activation
+unit per stage; width 2 gives stages of 32, 64, 128 channels. As in the BAFFLE reference code
+(FengHZ/BAFFLE, model/wideresnet.py): a 3x3 stem conv to 16 channels with bias, bias-free convs
+inside units, a 1x1 projection shortcut where the shape changes, norms without affine
+parameters, and a final norm-act before global average pooling::
+
+    stem   Conv(C->16, 3x3)
+    unit1  norm-act -> Conv(16->32, 3x3) -> norm-act-[dropout] -> Conv(32->32, 3x3), + 1x1 shortcut
+    unit2  same, 32 -> 64, stride 2
+    unit3  same, 64 -> 128, stride 2
+    post   norm - act
+    classifier: global average pool - FC(128 -> classes)
+
+302,794 parameters on CIFAR-10 (the paper's 3.0x10^5), 302,506 on 1x28x28. The shortcut
+projection sees the pre-activated input, as in the original WRN code.
+
+Defaults: ``norm="batch"``, ``activation="relu"`` (the standard WRN). BAFFLE's own runs use
+``norm="group"`` (groups ``max(2, C // 16)``) and ``activation="hardswish"`` (Sec. 3.3): set
+them explicitly in BAFFLE presets. ``norm_affine=True`` adds the usual per-channel scale/shift
+(+ 576 parameters). Any input of at least 1x1 builds (global pooling).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+from fedge.core.errors import ConfigError
+from fedge.models.layers import GlobalAvgPool, make_activation, make_norm
+from fedge.models.registry import register_model
+
+__all__ = ["WideUnit", "build_wrn_10_2"]
+
+
+def _norm_act(norm: str, channels: int, affine: bool, activation: str) -> nn.Sequential:
+    seq = nn.Sequential()
+    n = make_norm(norm, channels, affine=affine)
+    if n is not None:
+        seq.add_module("norm", n)
+    seq.add_module("act", make_activation(activation))
+    return seq
+
+
+class WideUnit(nn.Module):
+    """Pre-activation residual unit: ``x + conv2(drop(act(norm(conv1(act(norm(x)))))))``."""
+
+    def __init__(
+        self, c_in: int, c_out: int, *, stride: int, activation: str, norm: str, affine: bool,
+        dropout: float,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.pre = _norm_act(norm, c_in, affine, activation)
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.mid = _norm_act(norm, c_out, affine, activation)
+        if dropout > 0:
+            self.mid.add_module("drop", nn.Dropout(dropout))
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.shortcut = (
+            nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False)
+            if c_in != c_out or stride != 1
+            else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C_in, H, W) -> (B, C_out, H', W')
+        o = self.pre(x)
+        y = self.conv2(self.mid(self.conv1(o)))
+        return y + (x if self.shortcut is None else self.shortcut(o))
+
+
+def _wrn(
+    input_shape: tuple[int, int, int], num_classes: int, *, depth: int, width: int,
+    activation: str, norm: str, affine: bool, dropout: float,
+) -> tuple[nn.Sequential, nn.Sequential]:  # fmt: skip
+    n = (depth - 4) // 6
+    widths = [16 * width, 32 * width, 64 * width]
+    blocks: OrderedDict[str, nn.Module] = OrderedDict(
+        stem=nn.Conv2d(input_shape[0], 16, 3, padding=1, bias=True)
+    )
+    c_in = 16
+    for s, c in enumerate(widths, start=1):
+        for b in range(1, n + 1):
+            stride = 2 if s > 1 and b == 1 else 1
+            name = f"unit{s}" if n == 1 else f"s{s}u{b}"
+            blocks[name] = WideUnit(
+                c_in, c, stride=stride, activation=activation, norm=norm, affine=affine,
+                dropout=dropout,
+            )  # fmt: skip
+            c_in = c
+    blocks["post"] = _norm_act(norm, c_in, affine, activation)
+    classifier = nn.Sequential(
+        OrderedDict(pool=GlobalAvgPool(), out=nn.Linear(c_in, num_classes))
+    )
+    return nn.Sequential(blocks), classifier
+
+
+@register_model(
+    "wrn-10-2",
+    description="WideResNet depth 10 width 2 (pre-activation, 32-64-128 channels), BAFFLE's",
+    reference=(
+        "BAFFLE (seed 000) Sec. 4.1; Zagoruyko & Komodakis 2016; FengHZ/BAFFLE model/wideresnet.py"
+    ),
+    default_norm="batch",
+    options={"dropout": 0.0, "norm_affine": False},
+    input_shapes=((3, 32, 32), (1, 28, 28), (1, 8, 8)),
+)
+def build_wrn_10_2(
+    *,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    activation: str,
+    norm: str,
+    dropout: float,
+    norm_affine: bool,
+) -> tuple[nn.Sequential, nn.Sequential]:
+    if not 0.0 <= dropout < 1.0:
+        raise ConfigError(f"option 'dropout' of model 'wrn-10-2' must be in [0, 1), got {dropout}")
+    return _wrn(
+        input_shape, num_classes, depth=10, width=2, activation=activation, norm=norm,
+        affine=norm_affine, dropout=dropout,
+    )  # fmt: skip

@@ -1,0 +1,44 @@
+"""Reading run directories and turning them into plots, reports and comparisons.
+
+- :func:`load_run` reads a run directory (finished or in progress) into a :class:`RunLog`;
+- :func:`plot_run` draws its PNG plots; :func:`render_report` writes ``report.md`` and a
+  self-contained ``report.html``;
+- :func:`compare_runs` puts several runs side by side (table + overlaid plots).
+"""
+
+from fedge.report.compare import Comparison, ComparisonWarning, compare_runs
+from fedge.report.plots import plot_comparison, plot_run
+from fedge.report.report import (
+    format_accuracy,
+    format_bytes,
+    format_duration,
+    format_flops,
+    render_report,
+)
+from fedge.report.runlog import (
+    CUM_BYTES,
+    NotARunDirError,
+    RunDirError,
+    RunLog,
+    RunLogWarning,
+    load_run,
+)
+
+__all__ = [
+    "CUM_BYTES",
+    "Comparison",
+    "ComparisonWarning",
+    "NotARunDirError",
+    "RunDirError",
+    "RunLog",
+    "RunLogWarning",
+    "compare_runs",
+    "format_accuracy",
+    "format_bytes",
+    "format_duration",
+    "format_flops",
+    "load_run",
+    "plot_comparison",
+    "plot_run",
+    "render_report",
+]

@@ -1,0 +1,388 @@
+"""Reading a run directory written by the engine.
+
+A run directory holds ``config.yaml`` (resolved config), ``partition.json`` (who got which
+data), ``metrics.jsonl`` (one JSON object per completed round, flushed every round) and, once
+the run has finished, ``summary.json`` with ``"status": "complete"``. A directory without a
+complete summary is a run in progress (or one that crashed); everything here reads it anyway
+and reports it as "incomplete (N rounds so far)".
+
+Example:
+    >>> run = load_run("runs/fedavg-cifar10")
+    >>> rounds, acc = run.series("test_accuracy")   # nulls skipped
+    >>> run.status
+    'complete'
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedge.core.errors import FedgeError
+
+__all__ = [
+    "CUM_BYTES",
+    "NotARunDirError",
+    "RunDirError",
+    "RunLog",
+    "RunLogWarning",
+    "load_run",
+]
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+PARTITION_FILE = "partition.json"
+SUMMARY_FILE = "summary.json"
+
+#: Virtual metric: cumulative bytes on the wire both ways (``cum_bytes_down + cum_bytes_up``).
+CUM_BYTES = "cum_bytes"
+
+
+class RunDirError(FedgeError, ValueError):
+    """A file in a run directory is malformed (bad JSON/YAML, wrong shape)."""
+
+
+class NotARunDirError(FedgeError, FileNotFoundError):
+    """The path does not exist or holds no ``metrics.jsonl``: it is not a fedge run directory."""
+
+
+class RunLogWarning(UserWarning):
+    """A run directory is readable but not pristine (truncated last line, repeated rounds)."""
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _finite(v: Any) -> bool:
+    return _is_number(v) and math.isfinite(v)
+
+
+@dataclass
+class RunLog:
+    """Everything a run directory says about one run.
+
+    Attributes:
+        path: the run directory.
+        config: the resolved config (nested mapping; ``{}`` if ``config.yaml`` is missing).
+        metrics: one dict per completed round, sorted by ``round`` (1-based).
+        summary: ``summary.json`` if present, else ``None``.
+        partition: ``partition.json`` if present, else ``None``.
+        name: a display name overriding :attr:`label` (e.g. to tell apart runs whose
+            directories share a name).
+    """
+
+    path: Path
+    config: dict[str, Any] = field(default_factory=dict)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+    partition: dict[str, Any] | None = None
+    name: str | None = None
+
+    # ---- identity -------------------------------------------------------------------------
+
+    @property
+    def label(self) -> str:
+        """Short name for tables and legends: :attr:`name`, else the directory name."""
+        if self.name:
+            return self.name
+        return self.path.name or self.path.resolve().name or f"{self.method}-{self.model}"
+
+    def _name(self, key: str) -> str:
+        """``method``/``model``/``dataset``: summary first, then ``config[key].name``."""
+        if self.summary and isinstance(self.summary.get(key), str):
+            return self.summary[key]
+        v = self.config.get(key)
+        if isinstance(v, dict):
+            v = v.get("name")
+        return str(v) if v is not None else "?"
+
+    @property
+    def method(self) -> str:
+        return self._name("method")
+
+    @property
+    def model(self) -> str:
+        return self._name("model")
+
+    @property
+    def dataset(self) -> str:
+        return self._name("dataset")
+
+    @property
+    def seed(self) -> int | None:
+        s = (self.summary or {}).get("seed", self.config.get("seed"))
+        return s if isinstance(s, int) else None
+
+    # ---- progress -------------------------------------------------------------------------
+
+    @property
+    def complete(self) -> bool:
+        """True iff ``summary.json`` exists and says ``"status": "complete"``."""
+        return bool(self.summary) and self.summary.get("status") == "complete"
+
+    @property
+    def rounds_done(self) -> int:
+        """The last completed round (0 before the first one finishes)."""
+        return int(self.metrics[-1]["round"]) if self.metrics else 0
+
+    @property
+    def rounds_planned(self) -> int | None:
+        """``config.rounds`` if the config says it."""
+        r = self.config.get("rounds")
+        return r if isinstance(r, int) else None
+
+    @property
+    def status(self) -> str:
+        """``"complete"`` or ``"incomplete (N rounds so far)"``."""
+        if self.complete:
+            return "complete"
+        text = f"incomplete ({self.rounds_done} rounds so far)"
+        if self.summary and self.summary.get("status") is not None:
+            text += f"; summary status {self.summary['status']!r}"
+        return text
+
+    # ---- series ---------------------------------------------------------------------------
+
+    def value(self, row: dict[str, Any], key: str) -> float | None:
+        """``row[key]`` as a finite number, else ``None``; understands :data:`CUM_BYTES`."""
+        if key == CUM_BYTES:
+            down, up = row.get("cum_bytes_down"), row.get("cum_bytes_up")
+            return down + up if _finite(down) and _finite(up) else None
+        v = row.get(key)
+        return v if _finite(v) else None
+
+    def series(self, key: str, *, x: str = "round") -> tuple[list[float], list[float]]:
+        """``(xs, ys)`` over rounds where both ``x`` and ``key`` are finite numbers.
+
+        Nulls (e.g. accuracy on rounds that were not evaluated), missing keys and non-finite
+        values are skipped, so the lists are ready to plot. ``x`` may be any metric or
+        :data:`CUM_BYTES`, e.g. ``run.series("test_accuracy", x=CUM_BYTES)``.
+        """
+        xs, ys = [], []
+        for row in self.metrics:
+            xv, yv = self.value(row, x), self.value(row, key)
+            if xv is not None and yv is not None:
+                xs.append(xv)
+                ys.append(yv)
+        return xs, ys
+
+    def numeric_keys(self) -> list[str]:
+        """Every key holding a number in at least one round, in first-seen order.
+
+        Method-specific extras (anything the engine logs beyond the standard keys) show up
+        here, so reports and plots need not know them in advance.
+        """
+        seen: dict[str, None] = {}
+        for row in self.metrics:
+            for k, v in row.items():
+                if _is_number(v):
+                    seen.setdefault(k, None)
+        return list(seen)
+
+    # ---- headline numbers (summary when complete, else from the metrics so far) -----------
+
+    def _summary_number(self, key: str) -> float | None:
+        if self.complete and _finite(self.summary.get(key)):  # type: ignore[union-attr]
+            return self.summary[key]  # type: ignore[index]
+        return None
+
+    def _last(self, key: str) -> float | None:
+        for row in reversed(self.metrics):
+            v = self.value(row, key)
+            if v is not None:
+                return v
+        return None
+
+    @property
+    def final_accuracy(self) -> float | None:
+        s = self._summary_number("final_test_accuracy")
+        return s if s is not None else self._last("test_accuracy")
+
+    @property
+    def best_accuracy(self) -> float | None:
+        s = self._summary_number("best_test_accuracy")
+        if s is not None:
+            return s
+        _, acc = self.series("test_accuracy")
+        return max(acc) if acc else None
+
+    @property
+    def best_round(self) -> int | None:
+        """The first round that reached :attr:`best_accuracy` (from the metrics)."""
+        rounds, acc = self.series("test_accuracy")
+        if not acc:
+            return None
+        return int(rounds[acc.index(max(acc))])
+
+    def _total(self, summary_key: str, cum_key: str, per_round_key: str) -> int | None:
+        s = self._summary_number(summary_key)
+        if s is not None:
+            return int(s)
+        c = self._last(cum_key)
+        if c is not None:
+            return int(c)
+        _, per_round = self.series(per_round_key)
+        return int(sum(per_round)) if per_round else None
+
+    @property
+    def total_bytes_down(self) -> int | None:
+        return self._total("total_bytes_down", "cum_bytes_down", "bytes_down")
+
+    @property
+    def total_bytes_up(self) -> int | None:
+        return self._total("total_bytes_up", "cum_bytes_up", "bytes_up")
+
+    @property
+    def total_client_flops(self) -> int | None:
+        return self._total("total_client_flops", "cum_client_flops", "client_flops")
+
+    @property
+    def wall_s(self) -> float | None:
+        s = self._summary_number("wall_s")
+        if s is not None:
+            return float(s)
+        _, w = self.series("wall_s")
+        return float(sum(w)) if w else None
+
+    @property
+    def peak_memory(self) -> int | None:
+        """Client peak memory in bytes (max over rounds), if measured."""
+        s = (self.summary or {}).get("client_peak_bytes")
+        if _finite(s):
+            return int(s)
+        _, p = self.series("client_peak_bytes")
+        return int(max(p)) if p else None
+
+    @property
+    def model_params(self) -> int | None:
+        v = (self.summary or {}).get("model_params")
+        return int(v) if _finite(v) else None
+
+    @property
+    def model_bytes(self) -> int | None:
+        v = (self.summary or {}).get("model_bytes")
+        return int(v) if _finite(v) else None
+
+    def bytes_to_accuracy(self, target: float) -> int | None:
+        """Cumulative bytes (down + up) when test accuracy first reached ``target``; else None."""
+        for row in self.metrics:
+            acc = self.value(row, "test_accuracy")
+            if acc is not None and acc >= target:
+                b = self.value(row, CUM_BYTES)
+                return int(b) if b is not None else None
+        return None
+
+
+# ---- loading --------------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunDirError(f"{path} is not valid JSON ({e}); delete or restore it") from e
+    if not isinstance(obj, dict):
+        raise RunDirError(
+            f"{path} should hold a JSON object, got {type(obj).__name__}; delete or restore it"
+        )
+    return obj
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        warnings.warn(f"{path} is missing; reporting without the config", RunLogWarning, 3)
+        return {}
+    try:
+        obj = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise RunDirError(f"{path} is not valid YAML ({e}); delete or restore it") from e
+    if obj is None:
+        return {}
+    if not isinstance(obj, dict):
+        raise RunDirError(
+            f"{path} should hold a mapping, got {type(obj).__name__}; delete or restore it"
+        )
+    return obj
+
+
+def _read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Parse ``metrics.jsonl``; a truncated *last* line (a crash mid-write) is dropped, warning.
+
+    Rows come back sorted by round; a round logged twice keeps its last row, with a warning.
+    """
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    numbered = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip()]
+    by_round: dict[int, dict[str, Any]] = {}
+    for pos, (lineno, line) in enumerate(numbered):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if pos == len(numbered) - 1:
+                warnings.warn(
+                    f"{path} line {lineno} is truncated (the run probably stopped mid-write); "
+                    "ignoring that round",
+                    RunLogWarning,
+                    3,
+                )
+                break
+            raise RunDirError(
+                f"{path} line {lineno} is not valid JSON ({e}); only the last line may be "
+                "truncated, so the file is corrupt: restore it or delete that line"
+            ) from e
+        rnd = row.get("round") if isinstance(row, dict) else None
+        if not isinstance(rnd, int) or isinstance(rnd, bool):
+            raise RunDirError(
+                f"{path} line {lineno}: expected a JSON object with an integer 'round', "
+                f"got {line[:80]!r}; restore the file or delete that line"
+            )
+        if rnd in by_round:
+            warnings.warn(
+                f"{path} logs round {rnd} more than once (a resumed run?); keeping the last",
+                RunLogWarning,
+                3,
+            )
+        by_round[rnd] = row
+    return [by_round[r] for r in sorted(by_round)]
+
+
+def load_run(run_dir: str | Path) -> RunLog:
+    """Read a run directory.
+
+    Args:
+        run_dir: a directory written by ``fedge run`` (finished or still running).
+
+    Returns:
+        A :class:`RunLog`; ``summary`` is ``None`` for a run still in progress.
+
+    Raises:
+        NotARunDirError: ``run_dir`` does not exist or has no ``metrics.jsonl``.
+        RunDirError: a file is malformed beyond a truncated last metrics line.
+    """
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise NotARunDirError(
+            f"run directory {str(path)!r} does not exist (or is not a directory); "
+            "pass a directory written by `fedge run`"
+        )
+    metrics_path = path / METRICS_FILE
+    if not metrics_path.is_file():
+        raise NotARunDirError(
+            f"{str(path)!r} is not a fedge run directory: it has no {METRICS_FILE}; "
+            "pass a directory written by `fedge run`"
+        )
+    return RunLog(
+        path=path,
+        config=_read_config(path / CONFIG_FILE),
+        metrics=_read_metrics(metrics_path),
+        summary=_read_json(path / SUMMARY_FILE),
+        partition=_read_json(path / PARTITION_FILE),
+    )

@@ -1,0 +1,37 @@
+"""Shared test fixtures: tiny, fast federations."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+torch.set_num_threads(1)
+
+
+def tiny_config(**overrides):
+    """A synthetic 8x8 federation that trains in a fraction of a second per round."""
+    cfg = {
+        "seed": 0,
+        "rounds": 3,
+        "clients": {"num": 4, "per_round": 4},
+        "dataset": {"name": "synthetic"},
+        "partition": {"name": "iid"},
+        "model": {"name": "mlp"},
+        "method": {"name": "fedavg", "local_epochs": 1, "batch_size": 32, "client_optimizer": {"lr": 0.1}},
+    }
+    for key, value in overrides.items():
+        node = cfg
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return cfg
+
+
+@pytest.fixture
+def tiny():
+    return tiny_config

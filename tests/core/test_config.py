@@ -1,0 +1,61 @@
+import pytest
+
+from fedge.core.config import apply_overrides, load_config, preset_names
+from fedge.core.errors import ConfigError
+
+
+def test_presets_load_and_validate():
+    assert {"quickstart", "fedavg-fmnist-lenet", "fedsgd-fmnist-lenet"} <= set(preset_names())
+    for name in preset_names():
+        cfg = load_config(name)
+        assert cfg.rounds >= 1
+
+
+def test_overrides_parse_yaml_scalars_and_nest():
+    raw = apply_overrides({"a": {"b": 1}}, ["a.b=2", "a.c=0.5", "d.e=true", "s=hello", "n=null"])
+    assert raw == {"a": {"b": 2, "c": 0.5}, "d": {"e": True}, "s": "hello", "n": None}
+
+
+def test_override_without_equals_is_an_error():
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        apply_overrides({}, ["rounds"])
+
+
+def test_out_of_range_names_the_key():
+    with pytest.raises(ConfigError, match="'rounds'") as exc:
+        load_config("quickstart", overrides=["rounds=-1"])
+    assert "-1" in str(exc.value)
+
+
+def test_unknown_key_lists_valid_keys():
+    with pytest.raises(ConfigError, match="no.such.key|'no'") as exc:
+        load_config("quickstart", overrides=["no.such.key=1"])
+    assert "rounds" in str(exc.value) and "valid keys" in str(exc.value)
+
+
+def test_unknown_nested_key_suggests():
+    with pytest.raises(ConfigError, match="clients.per_rond") as exc:
+        load_config("quickstart", overrides=["clients.per_rond=3"])
+    assert "clients.per_round" in str(exc.value)
+
+
+def test_per_round_above_num_is_rejected():
+    with pytest.raises(ConfigError, match="per_round"):
+        load_config("quickstart", overrides=["clients.per_round=11"])
+
+
+def test_fraction_per_round():
+    cfg = load_config("quickstart", overrides=["clients.num=100", "clients.per_round=0.1"])
+    assert cfg.clients.count() == 10
+    with pytest.raises(ConfigError):
+        load_config("quickstart", overrides=["clients.per_round=1.5"])
+
+
+def test_wrong_type_is_named():
+    with pytest.raises(ConfigError, match="'seed'"):
+        load_config("quickstart", overrides=["seed=abc"])
+
+
+def test_unknown_preset_lists_presets():
+    with pytest.raises(ConfigError, match="quickstart"):
+        load_config("quikstart")

@@ -1,0 +1,82 @@
+import pytest
+import torch
+
+from fedge.core import transforms as T
+from fedge.core.errors import ConfigError
+
+
+def _run(tx, grads_seq, params):
+    state = tx.init(params)
+    for g in grads_seq:
+        upd, state = tx.update(g, state, params)
+        params = T.apply_updates(params, upd)
+    return params
+
+
+def test_sgd_lr1_on_negative_delta_is_fedavg():
+    p = {"w": torch.tensor([1.0, 2.0])}
+    delta = torch.tensor([0.5, -1.0])
+    out = _run(T.sgd(1.0), [{"w": -delta}], p)
+    assert torch.allclose(out["w"], p["w"] + delta)
+
+
+@pytest.mark.parametrize("momentum,nesterov", [(0.0, False), (0.9, False), (0.9, True)])
+def test_sgd_matches_torch(momentum, nesterov):
+    g = torch.Generator().manual_seed(0)
+    w0 = torch.randn(5, generator=g)
+    grads = [torch.randn(5, generator=g) for _ in range(4)]
+    out = _run(T.sgd(0.1, momentum=momentum, nesterov=nesterov), [{"w": x} for x in grads], {"w": w0})
+    w = w0.clone().requires_grad_()
+    opt = torch.optim.SGD([w], lr=0.1, momentum=momentum, nesterov=nesterov)
+    for x in grads:
+        w.grad = x.clone()
+        opt.step()
+    assert torch.allclose(out["w"], w.detach(), atol=1e-6)
+
+
+def test_adam_matches_torch():
+    g = torch.Generator().manual_seed(1)
+    w0 = torch.randn(6, generator=g)
+    grads = [torch.randn(6, generator=g) for _ in range(5)]
+    out = _run(T.adam(0.01, b1=0.9, b2=0.99), [{"w": x} for x in grads], {"w": w0})
+    w = w0.clone().requires_grad_()
+    opt = torch.optim.Adam([w], lr=0.01, betas=(0.9, 0.99))
+    for x in grads:
+        w.grad = x.clone()
+        opt.step()
+    assert torch.allclose(out["w"], w.detach(), atol=1e-6)
+
+
+def test_yogi_and_adagrad_by_hand():
+    g = torch.tensor([2.0])
+    # Adagrad (b1 = 0): v = 0 + 4, u = -lr * 2 / (2 + eps)
+    (u, _) = T.adagrad(0.5, eps=1e-3).update({"w": g}, T.adagrad(0.5, eps=1e-3).init({"w": g}), {"w": g})
+    assert torch.allclose(u["w"], torch.tensor([-0.5 * 2 / (2 + 1e-3)]))
+    # Yogi first step: m = 0.1*2 = 0.2, v = 1e-6 - 0.01*4*sign(1e-6 - 4) = 0.040001
+    tx = T.yogi(1.0, b1=0.9, b2=0.99, eps=1e-3)
+    (u, _) = tx.update({"w": g}, tx.init({"w": g}), {"w": g})
+    v = 1e-6 + 0.01 * 4
+    assert torch.allclose(u["w"], torch.tensor([-0.2 / (v**0.5 + 1e-3)]))
+
+
+def test_clip_by_global_norm():
+    tx = T.clip_by_global_norm(1.0)
+    out, _ = tx.update({"a": torch.tensor([3.0]), "b": torch.tensor([4.0])}, (), {})
+    assert torch.allclose(torch.cat([out["a"], out["b"]]), torch.tensor([0.6, 0.8]))
+    same, _ = T.clip_by_global_norm(10.0).update({"a": torch.tensor([3.0])}, (), {})
+    assert torch.equal(same["a"], torch.tensor([3.0]))
+
+
+def test_ema_plain_and_warmup():
+    s = T.ema_init({"w": torch.tensor([0.0])})
+    s = T.ema_update(s, {"w": torch.tensor([1.0])}, decay=0.9)
+    assert torch.allclose(s["avg"]["w"], torch.tensor([0.1]))
+    s = T.ema_init({"w": torch.tensor([0.0])})
+    s = T.ema_update(s, {"w": torch.tensor([1.0])}, decay=0.995, warmup=True)  # d = 1/10
+    assert torch.allclose(s["avg"]["w"], torch.tensor([0.9]))
+
+
+@pytest.mark.parametrize("factory", [lambda: T.sgd(0.0), lambda: T.sgd(1.0, momentum=1.0), lambda: T.adam(0.1, b2=1.5)])
+def test_bad_hyperparameters_raise(factory):
+    with pytest.raises(ConfigError):
+        factory()

@@ -1,0 +1,116 @@
+"""layers: MaxPool2x2 against nn.MaxPool2d (values and autograd gradients), norm/act factories."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from fedge.core.errors import ConfigError, UnknownNameError
+from fedge.models.layers import (
+    GlobalAvgPool,
+    InputTooSmallError,
+    MaxPool2x2,
+    group_count,
+    make_activation,
+    make_norm,
+    output_shape,
+)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 3, 8, 8), (2, 3, 7, 9), (1, 1, 2, 2), (1, 2, 3, 3), (4, 5, 28, 28), (3, 5, 6),
+     (1, 1, 2, 11)],  # fmt: skip
+)
+def test_maxpool2x2_matches_maxpool2d_values_and_gradients(shape: tuple[int, ...]) -> None:
+    # Prepare: continuous random input (no ties), a random upstream gradient.
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    x_ref = x.clone().requires_grad_(True)
+    x_new = x.clone().requires_grad_(True)
+
+    # Execute
+    y_ref = nn.MaxPool2d(2)(x_ref)
+    y_new = MaxPool2x2()(x_new)
+    upstream = torch.randn(y_ref.shape, generator=g, dtype=torch.float64)
+    (y_ref * upstream).sum().backward()
+    (y_new * upstream).sum().backward()
+
+    # Assert: the autograd oracle (MaxPool2d) agrees exactly, odd rows/columns cropped.
+    assert y_new.shape == y_ref.shape
+    assert torch.equal(y_new, y_ref)
+    assert torch.equal(x_new.grad, x_ref.grad)
+
+
+def test_maxpool2x2_ties_split_gradient_and_conserve_it() -> None:
+    x = torch.zeros(1, 1, 2, 4, requires_grad=True)  # two windows, all entries tied
+    MaxPool2x2()(x).sum().backward()
+    assert x.grad is not None
+    # torch.maximum splits ties equally: each of the 4 tied entries gets 1/4, so each window's
+    # gradient still sums to its upstream 1 (MaxPool2d would put the whole 1 on the first entry)
+    assert torch.equal(x.grad, torch.full((1, 1, 2, 4), 0.25))
+
+
+def test_maxpool2x2_propagates_nan_like_maxpool2d() -> None:
+    x = torch.randn(1, 1, 4, 4)
+    x[0, 0, 1, 0] = float("nan")
+    assert torch.equal(MaxPool2x2()(x).isnan(), nn.MaxPool2d(2)(x).isnan())
+
+
+def test_maxpool2x2_rejects_inputs_below_2x2() -> None:
+    with pytest.raises(ValueError, match="at least 2x2"):
+        MaxPool2x2()(torch.zeros(1, 1, 1, 5))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_maxpool2x2_composes_with_torch_func() -> None:
+    x, v = torch.randn(2, 3, 6, 6), torch.randn(2, 3, 6, 6)
+    _, jvp_new = torch.func.jvp(MaxPool2x2(), (x,), (v,))
+    _, jvp_ref = torch.func.jvp(nn.MaxPool2d(2), (x,), (v,))
+    # maximum's forward derivative is other_t + mask * (self_t - other_t): equal up to rounding
+    assert torch.allclose(jvp_new, jvp_ref, rtol=0, atol=1e-6)
+    assert torch.func.vmap(MaxPool2x2())(x).shape == (2, 3, 3, 3)
+
+
+def test_global_avg_pool_is_mean_over_space() -> None:
+    x = torch.randn(2, 3, 5, 4)
+    assert torch.allclose(GlobalAvgPool()(x), nn.AdaptiveAvgPool2d(1)(x).flatten(1))
+
+
+@pytest.mark.parametrize(
+    ("channels", "groups"),
+    [(16, 2), (32, 2), (64, 4), (128, 8), (256, 16), (6, 2), (50, 2), (1, 1), (3, 1)],
+)
+def test_group_count_follows_baffle_rule(channels: int, groups: int) -> None:
+    # max(2, C // 16), lowered to a divisor of C when it does not divide (GroupNorm needs one)
+    assert group_count(channels) == groups
+    assert channels % group_count(channels) == 0
+
+
+def test_make_norm() -> None:
+    assert make_norm("none", 8, affine=True) is None
+    bn = make_norm("batch", 8, affine=False)
+    assert isinstance(bn, nn.BatchNorm2d) and bn.weight is None
+    gn = make_norm("group", 64, affine=True)
+    assert isinstance(gn, nn.GroupNorm) and gn.num_groups == 4 and gn.weight is not None
+    with pytest.raises(UnknownNameError, match="layer"):
+        make_norm("layer", 8, affine=True)
+
+
+def test_make_activation_is_fresh_and_not_inplace() -> None:
+    a, b = make_activation("relu"), make_activation("relu")
+    assert a is not b and not a.inplace
+    assert isinstance(make_activation("hardswish"), nn.Hardswish)
+    assert isinstance(make_activation("selu"), nn.SELU)
+    with pytest.raises(UnknownNameError, match="gelu"):
+        make_activation("gelu")
+
+
+def test_output_shape_and_too_small() -> None:
+    conv = nn.Sequential(nn.Conv2d(1, 4, 5), MaxPool2x2())
+    assert output_shape(conv, (1, 28, 28)) == (4, 12, 12)
+    with pytest.raises(InputTooSmallError) as e:
+        output_shape(conv, (1, 4, 4))
+    assert isinstance(e.value, ConfigError)
+    assert conv.training  # mode restored after the eval-mode dry run

@@ -1,0 +1,141 @@
+"""Registry edge validation, listing, and seeded initialisation against torch's default init."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedge.core.errors import ConfigError, UnknownNameError
+from fedge.models import build_model, list_models, model_info, model_names, reset_parameters
+from fedge.models.registry import _REGISTRY
+
+
+def test_unknown_model_lists_models() -> None:
+    with pytest.raises(UnknownNameError) as e:
+        build_model("lenet7", input_shape=(1, 28, 28), num_classes=10)
+    assert e.value.choices == tuple(model_names())
+    assert "lenet5" in str(e.value) and "wrn-10-2" in str(e.value)
+    with pytest.raises(UnknownNameError):
+        model_info("nope")
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "needles"),
+    [
+        ("lenet", {"foo": 1}, ["'foo'", "channels", "norm_affine"]),
+        ("resnet20", {"dropout": 0.1}, ["'dropout'", "norm_affine"]),
+        ("mlp", {"norm": "batch"}, ["norm='batch'", "none"]),
+        ("logreg", {"activation": "relu"}, ["takes no activation"]),
+        ("lenet", {"activation": "gelu"}, ["activation='gelu'", "hardswish, relu, selu"]),
+        ("lenet", {"norm": "layer"}, ["norm='layer'", "batch, group, none"]),
+        ("vgg9", {"dropout": "yes"}, ["'dropout'", "bool"]),
+        ("wrn-10-2", {"dropout": 1.5}, ["'dropout'", "[0, 1)"]),
+        ("lenet", {"channels": (16,)}, ["'channels'", "2 widths"]),
+        ("lenet", {"channels": (16, 0)}, ["'channels'", "positive ints"]),
+        ("lenet5", {"padding": -1}, ["'padding'", ">= 0"]),
+        ("lenet", {"seed": -1}, ["seed"]),
+        ("lenet", {"num_classes": 0}, ["num_classes"]),
+        ("lenet", {"input_shape": (28, 28)}, ["input_shape", "(1, 28, 28)"]),
+    ],
+)
+def test_bad_options_raise_config_error_naming_them(
+    name: str, kwargs: dict[str, object], needles: list[str]
+) -> None:
+    args: dict[str, object] = {"input_shape": (1, 28, 28), "num_classes": 10, **kwargs}
+    with pytest.raises(ConfigError) as e:
+        build_model(name, **args)  # type: ignore[arg-type]
+    for needle in needles:
+        assert needle in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "minimum"),
+    [("lenet5", (1, 8, 8), 16), ("lenet-ppfl", (1, 12, 12), 16), ("alexnet-ppfl", (1, 8, 8), 16),
+     ("vgg19", (3, 28, 28), 32), ("lenet", (1, 1, 1), 2), ("lenet5", (1, 15, 40), 16)],
+)  # fmt: skip
+def test_too_small_input_names_the_minimum(
+    name: str, shape: tuple[int, int, int], minimum: int
+) -> None:
+    with pytest.raises(ConfigError, match=f"at least {minimum}x{minimum}"):
+        build_model(name, input_shape=shape, num_classes=10)
+    build_model(name, input_shape=(shape[0], minimum, minimum), num_classes=10)  # and it fits
+
+
+def test_lenet5_padding_lowers_minimum() -> None:
+    with pytest.raises(ConfigError, match="at least 12x12"):
+        build_model("lenet5", input_shape=(1, 8, 8), num_classes=10, padding=2)
+
+
+def test_model_info_and_list_models() -> None:
+    info = model_info("lenet")
+    assert info.defaults == {
+        "activation": "hardswish", "norm": "group", "channels": (16, 64), "norm_affine": False
+    }
+    assert model_info("wrn-10-2").defaults["norm"] == "batch"
+    assert model_info("logreg").activations == ()
+    rows = list_models((1, 8, 8), 10)
+    assert [r["name"] for r in rows] == model_names()
+    assert set(rows[0]) == {"name", "params", "description", "defaults", "error"}
+    by = {r["name"]: r for r in rows}
+    assert by["lenet"]["params"] == 26_730 and by["lenet"]["error"] is None
+    assert by["lenet5"]["params"] is None and "at least 16x16" in by["lenet5"]["error"]
+
+
+def test_option_lists_are_accepted_as_tuples() -> None:
+    net = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=[16, 8])
+    assert net.spec.options["hidden"] == (16, 8)
+
+
+# --- initialisation -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["lenet", "lenet5", "wrn-10-2", "resnet20", "mlp", "vgg9"])
+def test_seeded_init_equals_torch_default_init(name: str) -> None:
+    # Oracle: torch's own constructors, drawing from the global generator seeded with s.
+    s, shape = 7, (3, 32, 32)
+    net = build_model(name, input_shape=shape, num_classes=10, seed=s)
+    torch.manual_seed(s)
+    info = model_info(name)
+    features, classifier = _REGISTRY[name].builder(
+        input_shape=shape, num_classes=10, activation=info.default_activation,
+        norm=info.default_norm, **info.options,
+    )  # fmt: skip
+    ref = torch.nn.Sequential(features, classifier).state_dict()  # keys "0.conv1..." / "1.out..."
+    got = net.state_dict()  # keys "features.conv1..." / "classifier.out..."
+    assert [k.split(".", 1)[1] for k in got] == [k.split(".", 1)[1] for k in ref]
+    assert all(torch.equal(a, b) for a, b in zip(got.values(), ref.values()))
+
+
+def test_seed_does_not_touch_global_rng() -> None:
+    before = torch.get_rng_state()
+    build_model("lenet", input_shape=(1, 28, 28), num_classes=10, seed=0)
+    assert torch.equal(before, torch.get_rng_state())
+
+
+def test_seed_none_draws_from_global_rng() -> None:
+    torch.manual_seed(11)
+    a = build_model("lenet", input_shape=(1, 28, 28), num_classes=10)
+    b = build_model("lenet", input_shape=(1, 28, 28), num_classes=10, seed=11)
+    assert all(torch.equal(u, v) for u, v in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_reset_parameters_regenerates_frozen_weights() -> None:
+    # FedPT: a client rebuilds the initial weights from the seed after training changed them
+    net = build_model("resnet20", input_shape=(3, 32, 32), num_classes=10, seed=3)
+    init = {k: v.clone() for k, v in net.state_dict().items()}
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(1.0)
+    net(torch.randn(4, 3, 32, 32))  # moves BatchNorm running stats
+    reset_parameters(net, torch.Generator().manual_seed(3))
+    assert all(torch.equal(init[k], v) for k, v in net.state_dict().items())
+
+
+def test_reset_parameters_refuses_unknown_parametrised_modules() -> None:
+    class Scale(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.s = torch.nn.Parameter(torch.ones(1))
+
+    with pytest.raises(TypeError, match="Scale"):
+        reset_parameters(torch.nn.Sequential(torch.nn.Linear(2, 2), Scale()), None)

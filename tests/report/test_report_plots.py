@@ -1,0 +1,72 @@
+"""plot_run / plot_comparison write real PNGs of a sane size, without touching pyplot."""
+
+from __future__ import annotations
+
+import struct
+import sys
+from pathlib import Path
+
+import matplotlib
+
+from fedge.report import load_run, plot_comparison, plot_run
+from fedge.report.plots import FIGSIZE_IN, PLOT_DPI
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from the IHDR chunk, which the PNG spec puts first."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC, f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def assert_sane_png(path: Path) -> None:
+    w, h = png_size(path)
+    expected = (FIGSIZE_IN[0] * PLOT_DPI, FIGSIZE_IN[1] * PLOT_DPI)
+    assert abs(w - expected[0]) <= 2 and abs(h - expected[1]) <= 2, (w, h)
+    assert path.stat().st_size > 5_000  # axes, lines and text, not a blank canvas
+
+
+def test_plot_run_writes_the_standard_pngs(make_run, tmp_path):
+    pyplot_loaded = "matplotlib.pyplot" in sys.modules
+    backend = matplotlib.rcParams._get("backend")
+    paths = plot_run(load_run(make_run()), tmp_path / "plots")
+    names = [p.name for p in paths]
+    assert names == [
+        "accuracy.png",
+        "accuracy_vs_bytes.png",
+        "loss.png",
+        "bytes.png",
+        "accuracy_vs_flops.png",
+    ]
+    for p in paths:
+        assert_sane_png(p)
+    # drawing went through FigureCanvasAgg: no pyplot import, the user's backend untouched
+    assert ("matplotlib.pyplot" in sys.modules) == pyplot_loaded
+    assert matplotlib.rcParams._get("backend") == backend
+
+
+def test_no_flops_plot_without_flops(make_run, tmp_path):
+    paths = plot_run(load_run(make_run(flops=0)), tmp_path / "plots")
+    assert "accuracy_vs_flops.png" not in [p.name for p in paths]
+
+
+def test_run_with_no_rounds_yet_gets_no_plots(make_run, tmp_path):
+    path = make_run(complete=False)
+    (path / "metrics.jsonl").write_text("")
+    assert plot_run(load_run(path), tmp_path / "plots") == []
+
+
+def test_plot_comparison_overlays_runs_and_draws_memory_bars(make_run, tmp_path):
+    runs = [load_run(make_run("a", peak_bytes=10**7)), load_run(make_run("b"))]
+    paths = plot_comparison(runs, tmp_path / "cmp")
+    assert [p.name for p in paths] == [
+        "accuracy.png",
+        "accuracy_vs_bytes.png",
+        "accuracy_vs_flops.png",
+        "peak_memory.png",
+    ]
+    for p in paths:
+        assert_sane_png(p)

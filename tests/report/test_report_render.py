@@ -1,0 +1,98 @@
+"""render_report: Markdown and self-contained HTML with the key numbers; number formats."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import pytest
+
+from fedge.report import (
+    format_accuracy,
+    format_bytes,
+    format_duration,
+    format_flops,
+    render_report,
+)
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(0, "0 B"), (999, "999 B"), (1_000, "1.00 kB"), (1_234_567, "1.23 MB"),
+     (56_700_000, "56.7 MB"), (123_400_000_000, "123 GB"), (-2_000, "-2.00 kB")],
+)  # fmt: skip
+def test_format_bytes(n, text):
+    assert format_bytes(n) == text
+
+
+def test_format_bytes_exact_and_missing():
+    assert format_bytes(1_234_567, exact=True) == "1.23 MB (1,234,567 B)"
+    assert format_bytes(12, exact=True) == "12 B"
+    assert format_bytes(None) == "—"
+
+
+def test_format_flops_accuracy_duration():
+    assert format_flops(2.5e9) == "2.50 GFLOP"
+    assert format_flops(10**10, exact=True) == "10.0 GFLOP (10,000,000,000)"
+    assert format_flops(512) == "512 FLOP"
+    assert format_accuracy(0.875) == "87.50%"
+    assert format_duration(12.34) == "12.3 s"
+    assert format_duration(245) == "4 min 05 s"
+    assert format_duration(7380) == "2 h 03 min"
+
+
+def test_render_report_writes_md_and_html_with_key_numbers(make_run):
+    path = make_run("fedavg-a", peak_bytes=3_500_000)
+    md_path, html_path = render_report(path)
+    assert (md_path, html_path) == (path / "report.md", path / "report.html")
+    md, page = md_path.read_text(), html_path.read_text()
+    assert md.startswith("# fedavg on cifar10 with cnn\n")
+    for text in (md, page):
+        assert "87.50%" in text  # final and best accuracy
+        assert "5.00 MB (5,000,000 B)" in text  # total bytes down
+        assert "1.25 MB (1,250,000 B)" in text  # total bytes up
+        assert "10.0 GFLOP (10,000,000,000)" in text
+        assert "62,006" in text and "248 kB (248,024 B)" in text
+        assert "3.50 MB (3,500,000 B)" in text  # peak memory
+        assert "dirichlet" in text and "complete" in text
+    assert "```yaml\nseed: 7\n" in md
+    assert "![Test accuracy per round](plots/accuracy.png)" in md
+    assert (path / "plots" / "accuracy.png").is_file()
+
+
+def test_html_is_self_contained_with_embedded_pngs(make_run):
+    _, html_path = render_report(make_run())
+    page = html_path.read_text()
+    uris = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert len(uris) == 5
+    assert all(base64.b64decode(u)[:8] == b"\x89PNG\r\n\x1a\n" for u in uris)
+    assert "<style>" in page
+    # nothing fetched from anywhere: no URLs, no linked files
+    assert not re.search(r"https?://|<link|<script|src=\"(?!data:)", page)
+
+
+def test_incomplete_run_report_says_so(make_run):
+    md_path, html_path = render_report(make_run(accuracies=(0.3, 0.6, None), complete=False))
+    assert "incomplete (3 rounds so far)" in md_path.read_text()
+    assert "incomplete (3 rounds so far)" in html_path.read_text()
+    assert "60.00%" in md_path.read_text()
+
+
+def test_long_runs_and_many_clients_are_summarized(make_run):
+    path = make_run(accuracies=[0.01 * r for r in range(1, 101)], num_clients=1000)
+    md = render_report(path)[0].read_text()
+    assert "… 90 more rounds …" in md and "… 990 more clients …" in md
+    assert md.count("\n| ") < 80  # two elided tables plus the small ones, not 1100 rows
+    assert "1.00%" in md and "100.00%" in md  # first and last rounds shown
+
+
+def test_extra_metrics_appear_in_the_round_table(make_run):
+    md = render_report(make_run(extra={"zo_grad_norm": 3.5}))[0].read_text()
+    assert "zo_grad_norm" in md and "3.5" in md
+
+
+def test_partition_summary_oracle(make_run):
+    # client i holds 10*(i+1) samples, all of class i % 3: samples 10/25/40, one class each
+    md = render_report(make_run(num_clients=4))[0].read_text()
+    assert "| samples per client (min / median / max) | 10 / 25 / 40 |" in md
+    assert "| classes present per client (min / median / max) | 1 / 1 / 1 |" in md

@@ -1,0 +1,148 @@
+"""The engine with toy strategies: accounting, sampling, determinism, side parties, pool."""
+
+import pytest
+import torch
+
+from fedge.core.errors import MessageError
+from fedge.core.messages import Message
+from fedge.runtime.context import ClientData
+from fedge.runtime.engine import EngineConfig, Simulation, sample_clients
+
+
+class EchoStrategy:
+    """Sends each client a seed-sized message; sums the clients' replies."""
+
+    def __init__(self, broadcast=True):
+        self.model = torch.nn.Linear(2, 2)
+        self.total = 0.0
+        self.broadcast = broadcast
+        self.seen = []
+
+    def configure_round(self, rnd, ids):
+        if self.broadcast:
+            m = Message(config={"seed": rnd})
+            return dict.fromkeys(ids, m)
+        return {c: Message({"x": torch.full((c + 1,), float(c))}) for c in ids}
+
+    def aggregate_round(self, rnd, replies):
+        self.seen.append(sorted(replies))
+        self.total += sum(float(r.arrays["v"].sum()) for r in replies.values())
+        return {"total": self.total}
+
+    def eval_model(self):
+        return self.model
+
+    def state_dict(self):
+        return {"total": self.total}
+
+    def load_state_dict(self, s):
+        self.total = s["total"]
+
+
+class DrawClient:
+    """Replies with a draw from its generator and a count kept in its state."""
+
+    def run(self, message, ctx):
+        ctx.state["calls"] = ctx.state.get("calls", 0) + 1
+        v = torch.randn(3, generator=ctx.generator)
+        return Message({"v": v}, config={"calls": ctx.state["calls"]})
+
+
+def _clients(n):
+    x, y = torch.randn(n * 2, 2), torch.zeros(n * 2, dtype=torch.long)
+    return [ClientData(x, y, torch.tensor([2 * i, 2 * i + 1])) for i in range(n)]
+
+
+def _sim(strategy=None, program=None, n=6, per_round=3, rounds=3, workers=0, parties=None):
+    return Simulation(
+        strategy=strategy or EchoStrategy(),
+        program=program or DrawClient(),
+        clients=_clients(n),
+        test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)),
+        num_classes=2,
+        config=EngineConfig(seed=0, rounds=rounds, per_round=per_round, workers=workers),
+        parties=parties,
+    )
+
+
+def test_sampling_is_seeded_sorted_and_varies_by_round():
+    a = sample_clients(0, 1, 100, 10)
+    assert a == sorted(a) and len(set(a)) == 10 and a == sample_clients(0, 1, 100, 10)
+    assert a != sample_clients(0, 2, 100, 10) and a != sample_clients(1, 1, 100, 10)
+    assert sample_clients(0, 1, 5, 5) == list(range(5))
+
+
+def test_bytes_are_real_serialized_lengths():
+    sim = _sim(strategy=EchoStrategy(broadcast=False), n=4, per_round=4)
+    line = sim.run_round(1)
+    down = sum(len(Message({"x": torch.full((c + 1,), float(c))}).to_bytes()) for c in range(4))
+    assert line["bytes_down"] == down
+    up = sum(len(Message({"v": torch.zeros(3)}, config={"calls": 1}).to_bytes()) for _ in range(4))
+    assert line["bytes_up"] == up
+    assert line["clients"] == 4 and line["test_accuracy"] is not None
+
+
+def test_broadcast_is_charged_to_every_client():
+    sim = _sim(n=5, per_round=5)
+    line = sim.run_round(1)
+    assert line["bytes_down"] == 5 * len(Message(config={"seed": 1}).to_bytes())
+
+
+def test_client_state_persists_and_generators_are_per_client_round():
+    sim = _sim(n=3, per_round=3)
+    sim.run_round(1)
+    sim.run_round(2)
+    from fedge.runtime.engine import decode_state
+
+    assert all(decode_state(s)["calls"] == 2 for s in sim.client_states.values())
+    sim2 = _sim(n=3, per_round=3)
+    sim2.run_round(1)
+    sim2.run_round(2)
+    assert sim.strategy.total == sim2.strategy.total
+
+
+def test_pool_equals_sequential():
+    seq, pool = _sim(n=8, per_round=5, rounds=3), _sim(n=8, per_round=5, rounds=3, workers=2)
+    seq.run()
+    pool.run()
+    assert seq.strategy.total == pool.strategy.total
+    assert seq.strategy.seen == pool.strategy.seen
+    assert seq.client_states == pool.client_states
+
+
+def test_non_finite_reply_is_rejected():
+    class Bad:
+        def run(self, message, ctx):
+            return Message({"v": torch.tensor([float("nan")])})
+
+    with pytest.raises(MessageError, match="client"):
+        _sim(program=Bad()).run_round(1)
+
+
+class Doubler:
+    def handle(self, message):
+        return Message({"y": message.arrays["x"] * 2})
+
+
+def test_side_party_traffic_is_counted():
+    class UsesParty:
+        def run(self, message, ctx):
+            y = ctx.link("edge").call(Message({"x": torch.ones(10)})).arrays["y"]
+            return Message({"v": y[:3]})
+
+    sim = _sim(program=UsesParty(), n=2, per_round=2, parties={"edge": lambda cid: Doubler()})
+    line = sim.run_round(1)
+    per = len(Message({"x": torch.ones(10)}).to_bytes())
+    assert line["side_bytes_up"] == 2 * per and line["side_bytes_down"] == 2 * per
+    assert sim.strategy.total == pytest.approx(12.0)
+
+
+def test_flops_are_counted_from_torch_formulas():
+    class MatMul:
+        def run(self, message, ctx):
+            a = torch.ones(4, 5)
+            b = torch.ones(5, 6)
+            return Message({"v": (a @ b)[0, :3]})
+
+    line = _sim(program=MatMul(), n=2, per_round=2).run_round(1)
+    assert line["client_flops"] == 2 * (2 * 4 * 5 * 6)
