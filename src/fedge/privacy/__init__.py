@@ -1,0 +1,1 @@
+"""Privacy mechanisms: secure aggregation (secagg/), differential privacy (dp/), enclaves (tee/)."""

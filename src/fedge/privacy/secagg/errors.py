@@ -1,0 +1,25 @@
+"""Errors raised by secure aggregation.
+
+They subclass :class:`fedge.core.errors.FedgeError` so a caller can catch every fedge error at
+once, and a builtin (ValueError / RuntimeError) so a caller who does not know fedge still can.
+"""
+
+from __future__ import annotations
+
+from fedge.core.errors import FedgeError
+
+__all__ = ["FixedPointRangeError", "SecAggError", "ShareDecryptionError"]
+
+
+class SecAggError(FedgeError, RuntimeError):
+    """The secure-aggregation round aborts: too few parties, a protocol step out of order, a
+    message that does not fit the protocol. Never a silently wrong sum."""
+
+
+class ShareDecryptionError(SecAggError):
+    """An encrypted Shamir share failed AES-GCM authentication (tampered, misrouted or replayed
+    from another round)."""
+
+
+class FixedPointRangeError(FedgeError, ValueError):
+    """A value is outside what the fixed-point encoding can sum without wrapping around."""

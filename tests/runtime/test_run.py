@@ -1,0 +1,105 @@
+"""Run directories: what is written, resume after interruption, nothing written on bad input."""
+
+import json
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from fedge.core.config import load_config
+from fedge.core.errors import ConfigError, DataNotFoundError, ResumeError, UnknownNameError
+from fedge.runtime.run import resume_experiment, run_experiment
+from tests_helpers import metrics_without_wall
+
+
+def test_run_writes_a_complete_directory(tmp_path, tiny):
+    out = run_experiment(load_config(tiny(rounds=2)), out=tmp_path / "run", render=False)
+    names = {p.name for p in out.iterdir()}
+    assert {"config.yaml", "partition.json", "metrics.jsonl", "summary.json", "model.safetensors", "checkpoint.pt"} <= names
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["round"] for x in lines] == [1, 2]
+    for key in ("test_accuracy", "test_loss", "bytes_down", "bytes_up", "client_flops", "wall_s"):
+        assert key in lines[0]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["rounds"] == 2
+    assert summary["total_bytes_up"] == sum(x["bytes_up"] for x in lines)
+    assert summary["final_test_accuracy"] == lines[-1]["test_accuracy"]
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    assert cfg["method"]["server_optimizer"]["name"] == "sgd"  # defaults resolved
+    part = json.loads((out / "partition.json").read_text())
+    assert sum(c["num_samples"] for c in part["clients"]) == 600
+    assert set(load_file(out / "model.safetensors"))
+
+
+def test_same_seed_same_metrics(tmp_path, tiny):
+    a = run_experiment(load_config(tiny()), out=tmp_path / "a", render=False)
+    b = run_experiment(load_config(tiny()), out=tmp_path / "b", render=False)
+    assert metrics_without_wall(a) == metrics_without_wall(b)
+    c = run_experiment(load_config(tiny(seed=1)), out=tmp_path / "c", render=False)
+    assert metrics_without_wall(a) != metrics_without_wall(c)
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_interrupted_run_resumes_to_identical_metrics(tmp_path, tiny, monkeypatch):
+    cfg = tiny(rounds=6, **{"clients.num": 6, "clients.per_round": 3})
+    full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False)
+
+    import fedge.runtime.rundir as rd
+
+    original = rd.RunDir.save_checkpoint
+
+    def crash_after_round_3(self, state):
+        original(self, state)
+        if state["record"]["round"] == 3:
+            raise Interrupt
+
+    monkeypatch.setattr(rd.RunDir, "save_checkpoint", crash_after_round_3)
+    with pytest.raises(Interrupt):
+        run_experiment(load_config(cfg), out=tmp_path / "cut", render=False)
+    monkeypatch.setattr(rd.RunDir, "save_checkpoint", original)
+    assert not (tmp_path / "cut" / "summary.json").exists()
+    # a torn line from a kill mid-write must not matter
+    with open(tmp_path / "cut" / "metrics.jsonl", "a") as f:
+        f.write('{"round": 4, "test_acc')
+    resume_experiment(tmp_path / "cut", render=False)
+    assert metrics_without_wall(tmp_path / "cut") == metrics_without_wall(full)
+    with pytest.raises(ResumeError, match="already complete"):
+        resume_experiment(tmp_path / "cut", render=False)
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tiny):
+    out = run_experiment(load_config(tiny(rounds=1)), out=tmp_path / "r", render=False)
+    (out / "summary.json").unlink()
+    (out / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ResumeError, match="corrupt"):
+        resume_experiment(out, render=False)
+
+
+@pytest.mark.parametrize(
+    "override,error",
+    [
+        ({"model.name": "no-such-model"}, UnknownNameError),
+        ({"dataset.name": "no-such-data"}, UnknownNameError),
+        ({"method.name": "no-such-method"}, UnknownNameError),
+        ({"method.local_epochs": 0}, ConfigError),
+        ({"method.bogus": 1}, ConfigError),
+        ({"partition.name": "dirichlet", "partition.alpha": -1}, ConfigError),
+        ({"model.activation": "tanh"}, ConfigError),
+        ({"dataset.name": "mnist", "dataset.root": "/nonexistent"}, DataNotFoundError),
+    ],
+)
+def test_bad_input_writes_nothing(tmp_path, tiny, override, error):
+    with pytest.raises(error):
+        run_experiment(load_config(tiny(**override)), out=tmp_path / "run", render=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_existing_output_directory_is_refused(tmp_path, tiny):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "keep.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="--resume"):
+        run_experiment(load_config(tiny()), out=tmp_path / "run", render=False)
+    assert (tmp_path / "run" / "keep.txt").read_text() == "mine"
