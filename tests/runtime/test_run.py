@@ -103,3 +103,16 @@ def test_existing_output_directory_is_refused(tmp_path, tiny):
     with pytest.raises(ConfigError, match="--resume"):
         run_experiment(load_config(tiny()), out=tmp_path / "run", render=False)
     assert (tmp_path / "run" / "keep.txt").read_text() == "mine"
+
+
+def test_worker_pool_gives_the_same_run(tmp_path, tiny):
+    seq = run_experiment(load_config(tiny(rounds=2)), out=tmp_path / "seq", render=False)
+    pool = run_experiment(load_config(tiny(rounds=2, **{"clients.workers": 2})), out=tmp_path / "pool", render=False)
+    assert metrics_without_wall(seq) == metrics_without_wall(pool)
+
+
+def test_fedsgd_and_server_adam_train(tmp_path, tiny):
+    cfg = tiny(rounds=5, method={"name": "fedsgd", "batch_size": 32, "server_optimizer": {"name": "adam", "lr": 0.01}})
+    out = run_experiment(load_config(cfg), out=tmp_path / "r", render=False)
+    lines = metrics_without_wall(out)
+    assert lines[-1]["test_loss"] < lines[0]["test_loss"]

@@ -213,6 +213,51 @@ def compare(
     out.print(f"plots in {dest}")
 
 
+bench_app = typer.Typer(help="Benchmarks: measure, print JSON, optionally update docs/benchmarks.md.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+def _command_line() -> str:
+    args = sys.argv[1:]
+    return "fedge " + " ".join(args) if args else "fedge"
+
+
+def _emit(report: dict[str, Any], json_path: Path | None) -> None:
+    import json
+
+    text = json.dumps(report, indent=2)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(text + "\n")
+        out.print(f"wrote {json_path}")
+    else:
+        out.print_json(text)
+
+
+@bench_app.command("engine")
+def bench_engine(
+    clients: Annotated[str, typer.Option(help="comma-separated clients per round")] = "10,100,1000",
+    rounds: Annotated[int, typer.Option(help="timed rounds per setting")] = 5,
+    json_path: Annotated[Path | None, typer.Option("--json", help="write the figures to this JSON file")] = None,
+    docs: Annotated[Path | None, typer.Option("--docs", help="update this Markdown file's engine section")] = None,
+) -> None:
+    """Engine overhead per client per round with trivial clients."""
+    from fedge.bench.docs import update_section
+    from fedge.bench.engine import engine_markdown, run_engine_overhead
+
+    try:
+        counts = tuple(int(c) for c in clients.split(","))
+        if not counts or min(counts) < 1:
+            raise ValueError
+    except ValueError:
+        _fail(ValueError(f"--clients {clients!r}: expected positive integers such as 10,100,1000"))
+    report = run_engine_overhead(counts, rounds=rounds)
+    _emit(report, json_path)
+    if docs is not None:
+        update_section(docs, "engine", "Engine overhead", engine_markdown(report, _command_line()))
+        out.print(f"updated {docs}")
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

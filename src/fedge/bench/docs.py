@@ -1,0 +1,39 @@
+"""Keep ``docs/benchmarks.md`` up to date: each benchmark owns one marked section."""
+
+from __future__ import annotations
+
+import platform
+import re
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["machine_line", "update_section"]
+
+HEADER = """# fedge benchmarks
+
+Every figure here was written by the command shown with it, on the machine named in its
+section. Timings on shared machines are noisy: compare ratios measured in the same run.
+Sections are rewritten in place by `fedge bench ... --docs docs/benchmarks.md`.
+"""
+
+
+def machine_line() -> str:
+    return (
+        f"Machine: {platform.machine()}, {torch.get_num_threads()} torch thread(s) of "
+        f"{__import__('os').cpu_count()} CPUs, torch {torch.__version__}, Python {platform.python_version()}; "
+        f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
+    )
+
+
+def update_section(path: str | Path, name: str, title: str, body: str) -> None:
+    """Replace (or append) the section ``name`` of the Markdown file at ``path``."""
+    p = Path(path)
+    text = p.read_text() if p.exists() else HEADER
+    begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    block = f"{begin}\n## {title}\n\n{machine_line()}\n\n{body.rstrip()}\n{end}"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)

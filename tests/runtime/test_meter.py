@@ -1,0 +1,64 @@
+import torch
+
+from fedge.runtime.evaluate import evaluate
+from fedge.runtime.meter import FlopCounter, Meter, TensorAccountant
+from torch.utils.flop_counter import FlopCounterMode
+
+
+def test_flop_counter_matches_torch_flop_counter_mode():
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3))
+    x = torch.randn(5, 1, 8, 8)
+    with FlopCounter() as lite:
+        model(x).sum().backward()
+    with FlopCounterMode(display=False) as full:
+        model(x).sum().backward()
+    assert lite.flops == full.get_total_flops() > 0
+
+
+def test_tensor_accountant_peak_of_known_allocations():
+    acc = TensorAccountant()
+    with acc:
+        a = torch.empty(1000, dtype=torch.float32)  # 4000 B
+        b = torch.empty(2000, dtype=torch.float32)  # 8000 B, both alive: 12000
+        del a
+        c = torch.empty(500, dtype=torch.float32)  # 8000 + 2000
+        v = b.view(10, 200)  # a view adds nothing
+        del b, c, v
+    assert acc.peak == 12000
+    assert acc.current == 0
+
+
+def test_tensor_accountant_sees_saved_activations():
+    lin = torch.nn.Linear(100, 100)
+    x = torch.randn(64, 100)
+    with TensorAccountant() as inference:
+        with torch.no_grad():
+            lin(torch.tanh(lin(x)))
+    with TensorAccountant() as training:
+        lin(torch.tanh(lin(x))).sum().backward()
+    assert training.peak > inference.peak
+
+
+def test_meter_reports_resident_model_plus_transient():
+    meter = Meter(flops=True, memory=True)
+    lin = torch.nn.Linear(10, 10)
+    meter.resident = lin
+    with meter.measure():
+        torch.empty(250)
+    assert meter.stats.tensor_peak_bytes == 1000 + 4 * (100 + 10)
+    assert meter.stats.wall_s > 0
+
+
+def test_evaluate_top1_top5_and_loss():
+    logits = torch.tensor([[5.0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9.0]])
+
+    class Fixed(torch.nn.Module):
+        def forward(self, x):
+            return logits[x.long().squeeze(1)]
+
+    x = torch.tensor([[0.0], [1.0]])
+    out = evaluate(Fixed(), x, torch.tensor([1, 11]), num_classes=12)
+    assert out["test_accuracy"] == 0.5 and out["test_top5"] == 1.0
+    expected = float(torch.nn.functional.cross_entropy(logits, torch.tensor([1, 11])))
+    assert abs(out["test_loss"] - expected) < 1e-6
+    assert "test_top5" not in evaluate(Fixed(), x, torch.tensor([1, 0]), num_classes=10)
