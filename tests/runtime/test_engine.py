@@ -146,3 +146,33 @@ def test_flops_are_counted_from_torch_formulas():
 
     line = _sim(program=MatMul(), n=2, per_round=2).run_round(1)
     assert line["client_flops"] == 2 * (2 * 4 * 5 * 6)
+
+
+def test_multi_phase_round_counts_every_phase():
+    from fedge.core.protocols import NextPhase
+
+    class TwoPhase(EchoStrategy):
+        def aggregate_round(self, rnd, replies):
+            if all(r.config.get("phase") == 0 for r in replies.values()):
+                # second phase only for the two lowest ids (the others "drop out")
+                keep = sorted(replies)[:2]
+                return NextPhase({c: Message(config={"go": True}) for c in keep})
+            self.seen.append(sorted(replies))
+            return {"second_phase_clients": len(replies)}
+
+    class PhaseClient:
+        def run(self, message, ctx):
+            ctx.state["phases"] = ctx.state.get("phases", "") + str(ctx.phase)
+            return Message(config={"phase": ctx.phase})
+
+    sim = _sim(strategy=TwoPhase(), program=PhaseClient(), n=4, per_round=4)
+    line = sim.run_round(1)
+    assert line["phases"] == 2 and line["second_phase_clients"] == 2
+    first = 4 * len(Message(config={"seed": 1}).to_bytes())
+    second = 2 * len(Message(config={"go": True}).to_bytes())
+    assert line["bytes_down"] == first + second
+    assert line["bytes_up"] == 4 * len(Message(config={"phase": 0}).to_bytes()) + 2 * len(Message(config={"phase": 1}).to_bytes())
+    from fedge.runtime.engine import decode_state
+
+    assert decode_state(sim.client_states[0])["phases"] == "01"
+    assert decode_state(sim.client_states[3])["phases"] == "0"

@@ -13,6 +13,7 @@ the client) on purpose, so the Flower adapter can wrap both unchanged.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
@@ -22,7 +23,18 @@ from fedge.core.messages import Message
 if TYPE_CHECKING:
     from fedge.runtime.context import ClientContext
 
-__all__ = ["ClientProgram", "SideParty", "Strategy"]
+__all__ = ["ClientProgram", "NextPhase", "SideParty", "Strategy"]
+
+
+@dataclass
+class NextPhase:
+    """Returned by ``aggregate_round`` when the round needs another exchange with clients
+    (e.g. the four steps of secure aggregation). The engine sends ``messages`` (to any
+    subset of the round's clients: the others are treated as dropped for this phase),
+    runs their programs with ``ctx.phase`` incremented, and calls ``aggregate_round``
+    again with the new replies. Bytes and FLOPs of every phase count toward the round."""
+
+    messages: dict[int, Message]
 
 
 @runtime_checkable
@@ -34,8 +46,9 @@ class Strategy(Protocol):
         marks a broadcast: it is serialized once (every client is still charged its bytes)."""
         ...
 
-    def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float]:
-        """Fold the clients' replies into the global state; return round metrics."""
+    def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float] | NextPhase:
+        """Fold the clients' replies into the global state; return round metrics
+        (or :class:`NextPhase` to exchange more messages within the round)."""
         ...
 
     def eval_model(self) -> torch.nn.Module:

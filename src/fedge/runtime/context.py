@@ -74,6 +74,7 @@ class ClientContext:
     generator: torch.Generator
     meter: Meter
     state: dict[str, Any] = field(default_factory=dict)
+    phase: int = 0
     parties: dict[str, Callable[[int], SideParty]] = field(default_factory=dict)
     _links: dict[str, Link] = field(default_factory=dict)
 

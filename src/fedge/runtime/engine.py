@@ -29,7 +29,7 @@ import torch
 
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
-from fedge.core.protocols import ClientProgram, SideParty, Strategy
+from fedge.core.protocols import ClientProgram, NextPhase, SideParty, Strategy
 from fedge.core.rng import generator
 from fedge.runtime.context import ClientContext, ClientData
 from fedge.runtime.evaluate import evaluate
@@ -79,6 +79,7 @@ def execute_client(
     *,
     cid: int,
     rnd: int,
+    phase: int = 0,
     message: bytes,
     state: bytes | None,
     seed: int,
@@ -95,6 +96,7 @@ def execute_client(
         generator=generator(seed, "client", rnd, cid),
         meter=meter,
         state=decode_state(state) if state else {},
+        phase=phase,
         parties=dict(parties),
     )
     msg = Message.from_bytes(message)
@@ -114,13 +116,40 @@ def _worker_init(program: ClientProgram, clients: list[ClientData], kwargs: dict
     _WORKER.update(program=program, clients=clients, kwargs=kwargs)
 
 
-def _worker_task(task: tuple[int, int, bytes, bytes | None]) -> tuple[bytes, bytes | None, StepStats]:
-    cid, rnd, message, state = task
+_Task = tuple[int, int, int, bytes, bytes | None]  # cid, round, phase, message, state
+
+
+def _worker_task(task: _Task) -> tuple[bytes, bytes | None, StepStats]:
+    cid, rnd, phase, message, state = task
     w = _WORKER
-    return execute_client(w["program"], w["clients"][cid], cid=cid, rnd=rnd, message=message, state=state, **w["kwargs"])
+    return execute_client(
+        w["program"], w["clients"][cid], cid=cid, rnd=rnd, phase=phase, message=message, state=state, **w["kwargs"]
+    )
 
 
 # ------------------------------------------------------------------ the simulation
+
+
+@dataclass
+class _RoundTotals:
+    bytes_down: int = 0
+    bytes_up: int = 0
+    flops: int = 0
+    side_down: int = 0
+    side_up: int = 0
+    client_wall: float = 0.0
+    peak_tensor: int | None = None
+    peak_rss: int | None = None
+
+    def add(self, stats: StepStats) -> None:
+        self.flops += stats.flops
+        self.client_wall += stats.wall_s
+        self.side_down += stats.side_bytes_down
+        self.side_up += stats.side_bytes_up
+        if stats.tensor_peak_bytes is not None:
+            self.peak_tensor = max(self.peak_tensor or 0, stats.tensor_peak_bytes)
+        if stats.rss_peak_bytes is not None:
+            self.peak_rss = max(self.peak_rss or 0, stats.rss_peak_bytes)
 
 
 @dataclass
@@ -197,7 +226,7 @@ class Simulation:
         c = self.cfg
         return dict(seed=c.seed, measure_flops=c.measure_flops, measure_memory=c.measure_memory, parties=self.parties)
 
-    def _run_clients(self, rnd: int, tasks: list[tuple[int, int, bytes, bytes | None]]) -> list[tuple[bytes, bytes | None, StepStats]]:
+    def _run_clients(self, tasks: list[_Task]) -> list[tuple[bytes, bytes | None, StepStats]]:
         if self.cfg.workers > 0 and len(tasks) > 1:
             if self._pool is None:
                 ctx = mp.get_context("fork")
@@ -206,8 +235,8 @@ class Simulation:
             return list(self._pool.imap(_worker_task, tasks, chunksize=chunk))
         kw = self._kwargs()
         return [
-            execute_client(self.program, self.clients[cid], cid=cid, rnd=r, message=m, state=s, **kw)
-            for cid, r, m, s in tasks
+            execute_client(self.program, self.clients[cid], cid=cid, rnd=r, phase=ph, message=m, state=s, **kw)
+            for cid, r, ph, m, s in tasks
         ]
 
     def run_round(self, rnd: int) -> dict[str, Any]:
@@ -218,43 +247,19 @@ class Simulation:
         missing = set(ids) - set(messages)
         if missing:
             raise MessageError(f"round {rnd}: strategy configured no message for clients {sorted(missing)[:10]}")
-        encoded: dict[int, bytes] = {}  # id(message) -> bytes: a broadcast is encoded once
-        tasks = []
-        bytes_down = 0
-        for cid in ids:
-            m = messages[cid]
-            b = encoded.get(id(m))
-            if b is None:
-                b = encoded[id(m)] = m.to_bytes()
-            bytes_down += len(b)
-            tasks.append((cid, rnd, b, self.client_states.get(cid)))
-        del encoded, messages
-        results = self._run_clients(rnd, tasks)
-        replies: dict[int, Message] = {}
-        bytes_up = flops = side_down = side_up = 0
-        peak_tensor: int | None = None
-        peak_rss: int | None = None
-        client_wall = 0.0
-        for cid, (reply, state, stats) in zip(ids, results, strict=True):
-            bytes_up += len(reply)
-            msg = Message.from_bytes(reply)
-            msg.check_finite(who=f"round {rnd}, client {cid}")
-            replies[cid] = msg
-            if state is not None:
-                self.client_states[cid] = state
-            else:
-                self.client_states.pop(cid, None)
-            flops += stats.flops
-            client_wall += stats.wall_s
-            side_down += stats.side_bytes_down
-            side_up += stats.side_bytes_up
-            if stats.tensor_peak_bytes is not None:
-                peak_tensor = max(peak_tensor or 0, stats.tensor_peak_bytes)
-            if stats.rss_peak_bytes is not None:
-                peak_rss = max(peak_rss or 0, stats.rss_peak_bytes)
-        del results
-        agg = self.strategy.aggregate_round(rnd, replies)
-        del replies
+        acc = _RoundTotals()
+        phase = 0
+        while True:
+            replies = self._exchange(rnd, phase, messages, acc)
+            agg = self.strategy.aggregate_round(rnd, replies)
+            del replies
+            if not isinstance(agg, NextPhase):
+                break
+            unknown = set(agg.messages) - set(ids)
+            if unknown:
+                raise MessageError(f"round {rnd}: next phase addresses clients {sorted(unknown)[:10]} not sampled this round")
+            messages, phase = agg.messages, phase + 1
+        bytes_down, bytes_up, flops = acc.bytes_down, acc.bytes_up, acc.flops
 
         r = self.record
         r.round = rnd
@@ -277,14 +282,43 @@ class Simulation:
             cum_bytes_up=r.cum_bytes_up,
             cum_client_flops=r.cum_client_flops,
         )
+        if phase:
+            line["phases"] = phase + 1
         if self.parties:
-            line.update(side_bytes_down=side_down, side_bytes_up=side_up)
+            line.update(side_bytes_down=acc.side_down, side_bytes_up=acc.side_up)
         if cfg.measure_memory:
-            line.update(client_tensor_peak_bytes=peak_tensor, client_peak_bytes=peak_rss)
+            line.update(client_tensor_peak_bytes=acc.peak_tensor, client_peak_bytes=acc.peak_rss)
         line.update({k: v for k, v in agg.items() if k not in line})
-        line["client_wall_s"] = client_wall
+        line["client_wall_s"] = acc.client_wall
         line["wall_s"] = time.perf_counter() - t0
         return line
+
+    def _exchange(self, rnd: int, phase: int, messages: dict[int, Message], acc: _RoundTotals) -> dict[int, Message]:
+        """Send ``messages``, run the addressed clients, return their decoded replies."""
+        encoded: dict[int, bytes] = {}  # id(message) -> bytes: a broadcast is encoded once
+        ids = sorted(messages)
+        tasks: list[_Task] = []
+        for cid in ids:
+            m = messages[cid]
+            b = encoded.get(id(m))
+            if b is None:
+                b = encoded[id(m)] = m.to_bytes()
+            acc.bytes_down += len(b)
+            tasks.append((cid, rnd, phase, b, self.client_states.get(cid)))
+        del encoded
+        results = self._run_clients(tasks)
+        replies: dict[int, Message] = {}
+        for cid, (reply, state, stats) in zip(ids, results, strict=True):
+            acc.bytes_up += len(reply)
+            msg = Message.from_bytes(reply)
+            msg.check_finite(who=f"round {rnd}, client {cid}")
+            replies[cid] = msg
+            if state is not None:
+                self.client_states[cid] = state
+            else:
+                self.client_states.pop(cid, None)
+            acc.add(stats)
+        return replies
 
     def run(self, *, start_round: int | None = None) -> RoundRecord:
         """Run rounds ``record.round + 1 .. rounds`` (after a restore, the remaining ones)."""
