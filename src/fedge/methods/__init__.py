@@ -6,7 +6,7 @@ The registry maps ``method.name`` to a :class:`~fedge.methods.base.MethodSpec`.
 from __future__ import annotations
 
 from fedge.core.errors import UnknownNameError
-from fedge.methods import fedavg
+from fedge.methods import baffle, fedavg
 from fedge.methods.base import MethodBuild, MethodEnv, MethodSpec
 
 __all__ = ["METHODS", "MethodBuild", "MethodEnv", "MethodSpec", "get_method", "register"]
@@ -29,3 +29,4 @@ def get_method(name: str) -> MethodSpec:
 
 register(MethodSpec("fedavg", "FedAvg: E local epochs of backprop, weighted delta averaging, server optimizer", fedavg.FedAvgConfig, fedavg.build))
 register(MethodSpec("fedsgd", "FedSGD: one backprop gradient per client per round, server optimizer", fedavg.FedSGDConfig, fedavg.build))
+register(MethodSpec("baffle", "BAFFLE: forward-only zeroth-order estimates, K loss differences or model deltas uploaded", baffle.BaffleConfig, baffle.build))

@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 
 from fedge.core import transforms as T
@@ -36,21 +35,10 @@ from fedge.methods.base import (
     model_arrays,
     split_trainable,
 )
+from fedge.methods.local import ClientOptimizerConfig, LocalTraining, backprop_gradient_fn
 from fedge.runtime.context import ClientContext
 
-__all__ = ["BackpropClient", "ClientOptimizerConfig", "DeltaAveraging", "FedAvgConfig", "FedSGDConfig", "build"]
-
-
-class ClientOptimizerConfig(MethodConfigBase):
-    name: Literal["sgd", "adam"] = "sgd"
-    lr: float = Field(0.05, gt=0)
-    momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
-
-    def build(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        if self.name == "adam":
-            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
-        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+__all__ = ["DeltaAveraging", "FedAvgConfig", "FedSGDClient", "FedSGDConfig", "build"]
 
 
 class FedAvgConfig(MethodConfigBase):
@@ -70,64 +58,24 @@ class FedSGDConfig(MethodConfigBase):
     server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig(lr=0.1)
 
 
-class BackpropClient:
-    """Client side of FedAvg (``mode="epochs"``) and FedSGD (``mode="gradient"``).
+class FedSGDClient:
+    """Client side of FedSGD: the gradient of one mini-batch (``batch_size``; 0 = the whole
+    local set) at the global model, plus float-buffer deltas (BatchNorm statistics)."""
 
-    The client keeps one model instance per process (not per client) and loads the global
-    weights into it each round, so simulated clients do not multiply memory. It is built
-    here, outside any measured step, so building it never counts as client compute.
-    """
-
-    def __init__(self, model_fn: Any, cfg: FedAvgConfig | FedSGDConfig) -> None:
+    def __init__(self, model_fn: Any, cfg: FedSGDConfig) -> None:
         self.cfg = cfg
-        self._model: torch.nn.Module = model_fn()
-
-    def _fresh_model(self, arrays: dict[str, torch.Tensor], who: str) -> torch.nn.Module:
-        load_arrays(self._model, arrays, who=who)
-        self._model.train()
-        return self._model
+        self.local = LocalTraining(model_fn, local_epochs=1, batch_size=1, max_steps=1, optimizer=ClientOptimizerConfig())
 
     def run(self, message: Message, ctx: ClientContext) -> Message:
-        model = self._fresh_model(message.arrays, f"round {ctx.rnd}, client {ctx.cid}")
-        ctx.meter.resident = model
-        params, buffers = split_trainable(model)
-        start = {k: v.detach().clone() for k, v in model.state_dict().items() if k in set(params) | set(buffers)}
-        if isinstance(self.cfg, FedAvgConfig):
-            loss = self._train_epochs(model, ctx)
-            state = model.state_dict()
-            arrays = {k: state[k].detach() - start[k] for k in start}
-        else:
-            loss, grads = self._gradient(model, ctx)
-            state = model.state_dict()
-            arrays = {**grads, **{k: state[k].detach() - start[k] for k in buffers}}
-        return Message(arrays, config={"num_samples": ctx.data.num_samples}, metrics={"train_loss": loss})
-
-    def _train_epochs(self, model: torch.nn.Module, ctx: ClientContext) -> float:
-        cfg = self.cfg
-        assert isinstance(cfg, FedAvgConfig)
-        opt = cfg.client_optimizer.build([p for p in model.parameters() if p.requires_grad])
-        total, steps = 0.0, 0
-        for _ in range(cfg.local_epochs):
-            for xb, yb in ctx.data.batches(cfg.batch_size, generator=ctx.generator):
-                opt.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(model(xb), yb)
-                loss.backward()
-                opt.step()
-                total += float(loss.detach())
-                steps += 1
-                if cfg.max_steps is not None and steps >= cfg.max_steps:
-                    return total / steps
-        return total / max(1, steps)
-
-    def _gradient(self, model: torch.nn.Module, ctx: ClientContext) -> tuple[float, dict[str, torch.Tensor]]:
+        model = self.local.load(message, ctx)
+        _, buffers = split_trainable(model)
+        start = {k: model.state_dict()[k].detach().clone() for k in buffers}
         n = ctx.data.num_samples
-        bs = self.cfg.batch_size or n
-        idx = ctx.data.indices[torch.randperm(n, generator=ctx.generator)[: min(bs, n)]]
-        xb, yb = ctx.data.x[idx], ctx.data.y[idx]
-        params = {k: p for k, p in model.named_parameters() if p.requires_grad}
-        loss = F.cross_entropy(model(xb), yb)
-        grads = torch.autograd.grad(loss, list(params.values()))
-        return float(loss.detach()), {k: g.detach() for k, g in zip(params, grads, strict=True)}
+        idx = ctx.data.indices[torch.randperm(n, generator=ctx.generator)[: min(self.cfg.batch_size or n, n)]]
+        loss, grads = backprop_gradient_fn(model, (ctx.data.x[idx], ctx.data.y[idx]), ctx)
+        state = model.state_dict()
+        arrays = {**grads, **{k: state[k].detach() - start[k] for k in buffers}}
+        return Message(arrays, config={"num_samples": n}, metrics={"train_loss": loss})
 
 
 class DeltaAveraging:
@@ -209,4 +157,13 @@ def build(cfg: FedAvgConfig | FedSGDConfig, env: MethodEnv) -> MethodBuild:
         replies_are_gradients=isinstance(cfg, FedSGDConfig),
         weighting=cfg.weighting,
     )
-    return MethodBuild(strategy, BackpropClient(env.model_fn, cfg))
+    if isinstance(cfg, FedSGDConfig):
+        return MethodBuild(strategy, FedSGDClient(env.model_fn, cfg))
+    program = LocalTraining(
+        env.model_fn,
+        local_epochs=cfg.local_epochs,
+        batch_size=cfg.batch_size,
+        max_steps=cfg.max_steps,
+        optimizer=cfg.client_optimizer,
+    )
+    return MethodBuild(strategy, program)

@@ -1,0 +1,38 @@
+"""Gradient estimators: the backprop oracle and BAFFLE's zeroth-order (Stein) estimate.
+
+Client: :func:`loss_differences` (forwards only). Server: :func:`estimate_gradient` from the
+same seed, after :func:`combine_loss_differences` for several clients. See
+:mod:`fedge.estimators.zeroth_order` for the schemes, constants and modes.
+"""
+
+from fedge.estimators.backprop import backprop_gradient
+from fedge.estimators.batched import register_channelwise
+from fedge.estimators.perturbation import perturbation
+from fedge.estimators.zeroth_order import (
+    Mode,
+    PrecisionWarning,
+    Scheme,
+    ZerothOrderWarning,
+    combine_loss_differences,
+    estimate_gradient,
+    forward_budget,
+    loss_differences,
+    num_differences,
+    zeroth_order_gradient,
+)
+
+__all__ = [
+    "Mode",
+    "PrecisionWarning",
+    "Scheme",
+    "ZerothOrderWarning",
+    "backprop_gradient",
+    "combine_loss_differences",
+    "estimate_gradient",
+    "forward_budget",
+    "loss_differences",
+    "num_differences",
+    "perturbation",
+    "register_channelwise",
+    "zeroth_order_gradient",
+]

@@ -1,0 +1,156 @@
+"""Lean evaluation of perturbed losses: inference memory plus one parameter's worth of noise.
+
+MeZO-style in spirit (BAFFLE Table 4, Appendix C: forwards only, nothing stored per
+perturbation) but without writing to the weights: every module that owns a selected parameter
+gets a forward pre-hook that swaps in ``W + s·δ_k`` (regenerated from the seed) and a forward
+hook that swaps the original Parameter back. So
+
+- the extra memory at any moment is the perturbed copy of the parameters of the one module
+  running (plus its noise): O(largest parameter), never K × n;
+- the stored weights are never modified, so "restoring" them is exact, with no floating-point
+  drift (in-place ``W += σz; W -= 2σz; W += σz`` drifts by an ulp or so per step), and it
+  holds even when a forward raises;
+- z is regenerated for each forward (twice per δ_k for the central scheme): the price of not
+  holding δ_k.
+
+Requirement: a parameter must be read through its module's attribute inside that module's
+forward (``self.weight``), as every torch layer does. A module that caches its weights
+elsewhere (nn.LSTM's flat weights) would see unperturbed values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from fedge.core.errors import ConfigError
+from fedge.estimators.perturbation import Selection, perturb, standard_normal
+
+__all__ = ["LeanEvaluator", "LossFn", "scalar_loss"]
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def scalar_loss(loss: Tensor) -> float:
+    """The loss as a Python float (float64), insisting it is one number."""
+    if not isinstance(loss, Tensor) or loss.numel() != 1:
+        got = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
+        raise ConfigError(
+            f"loss_fn must return a scalar (mean) loss, got {got}; "
+            "use reduction='mean' (e.g. F.cross_entropy's default)"
+        )
+    return float(loss)
+
+
+class LeanEvaluator:
+    """Losses of ``W + s·σ·z_k`` by plain forwards of ``model``; a context manager holds the hooks.
+
+    Args:
+        model: the network (its Parameters are never written to).
+        sel: the selected parameters and masks.
+        seed: perturbation seed.
+        x, loss_fn, y: the batch and the loss.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sel: Selection,
+        seed: int,
+        x: Tensor,
+        loss_fn: LossFn,
+        y: Tensor,
+    ) -> None:
+        self.model, self.sel, self.seed = model, sel, seed
+        self.x, self.loss_fn, self.y = x, loss_fn, y
+        name_of = {id(p): n for n, p in sel.params.items()}
+        self.owners: dict[nn.Module, list[tuple[str, str]]] = {}
+        for mod in model.modules():
+            hits = [
+                (attr, name_of[id(p)])
+                for attr, p in mod._parameters.items()
+                if p is not None and id(p) in name_of
+            ]
+            if hits:
+                self.owners[mod] = hits
+        self.current: tuple[int, float] | None = None  # (k, s·σ) of the running forward
+        self.swapped: list[tuple[nn.Module, str, Tensor]] = []
+        self.seen: set[str] = set()
+        self.checked = False
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def __enter__(self) -> LeanEvaluator:
+        for mod in self.owners:
+            self.handles.append(mod.register_forward_pre_hook(self._swap_in))
+            self.handles.append(mod.register_forward_hook(self._swap_out))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._restore(None)
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    def losses(
+        self, ks: list[int], blocks: tuple[float, ...], sigma: float, baseline: bool
+    ) -> Tensor:
+        """float64 losses at ``W + s·σ·z_k`` for s in ``blocks`` (outer), k in ``ks`` (inner),
+        then at ``W`` if ``baseline``. Both signs of one δ_k run back to back."""
+        by_spec: dict[tuple[int, float], float] = {}
+        for k in ks:
+            for s in blocks:
+                by_spec[(k, s)] = self._loss((k, s * sigma))
+        out = [by_spec[(k, s)] for s in blocks for k in ks]
+        if baseline:
+            out.append(self._loss(None))
+        return torch.tensor(out, dtype=torch.float64)
+
+    def _loss(self, spec: tuple[int, float] | None) -> float:
+        self.current = spec
+        try:
+            loss = scalar_loss(self.loss_fn(self.model(self.x), self.y))
+        finally:
+            self.current = None
+            self._restore(None)
+        if spec is not None and not self.checked:
+            self._check_all_used()
+        return loss
+
+    def _check_all_used(self) -> None:
+        missing = sorted(set(self.sel.params) - self.seen)
+        if missing:
+            raise ConfigError(
+                f"parameters {missing} are not used by their module's forward, so they cannot "
+                "be perturbed; drop them from `params` (the lean mode perturbs a parameter "
+                "while the module that owns it runs)"
+            )
+        self.checked = True
+
+    def _swap_in(self, mod: nn.Module, args: object) -> None:
+        if self.current is None:
+            return
+        k, scale = self.current
+        for attr, name in self.owners[mod]:
+            w = mod._parameters[attr]
+            if w is not self.sel.params[name]:  # module re-entered: already perturbed
+                continue
+            z = standard_normal(self.seed, k, name, w.shape)
+            # A plain tensor in _parameters is what `mod.weight` returns during this forward.
+            pert = perturb(w, z, scale, self.sel.masks.get(name))
+            mod._parameters[attr] = pert  # type: ignore[assignment]
+            self.swapped.append((mod, attr, w))
+            self.seen.add(name)
+
+    def _swap_out(self, mod: nn.Module, args: object, out: object) -> None:
+        self._restore(mod)
+
+    def _restore(self, mod: nn.Module | None) -> None:
+        keep = []
+        for owner, attr, w in self.swapped:
+            if mod is None or owner is mod:
+                owner._parameters[attr] = w  # type: ignore[assignment]
+            else:
+                keep.append((owner, attr, w))
+        self.swapped = keep

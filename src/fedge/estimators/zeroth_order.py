@@ -1,0 +1,437 @@
+"""Zeroth-order gradient estimate from forward passes only: BAFFLE's Stein estimator.
+
+BAFFLE (seed 000, Eq. 4-6) smooths the loss with Gaussian noise and estimates its gradient from
+loss differences on K seeded perturbations ``δ_k ~ N(0, σ² I)`` (see :mod:`.perturbation`):
+
+    ĝ = 1 / (c · K · σ²) · Σ_k ΔL_k · δ_k
+
+============  =====================================  ===  ======================  ==========
+scheme        ΔL_k                                    c   forwards for K          paper
+============  =====================================  ===  ======================  ==========
+``central``   L(W + δ_k) − L(W − δ_k)                 2   2K                      Eq. (2), (6)
+``forward``   L(W + δ_k) − L(W)                       1   K + 1 (one baseline)    Eq. (1), (13)
+============  =====================================  ===  ======================  ==========
+
+Both are unbiased for ∇L_σ (Stein's identity, Eq. (5) and its one-sided form Eq. (9)), and
+exactly unbiased for ∇L when L is linear in W (Appendix D, Eq. (13): Δ_for/σ² = Δ_ctr/(2σ²)).
+
+``k`` is always the number of loss differences (the K scalars a client uploads). The paper's
+"twice-FD" guideline (Section 4.1) compares the schemes at the same number of forwards: central
+with K differences costs ``forward_budget(K, "central") == 2K`` forwards; the forward scheme
+spends that budget on ``num_differences(2K, "forward") == 2K − 1`` differences (or on 2K
+differences at 2K + 1 forwards, the paper's rounding). A method layer picks ``k`` from the
+forward budget it wants to pay with :func:`num_differences`.
+
+Two pieces share one perturbation generator so the client and the server agree:
+:func:`loss_differences` (client: forwards only) and :func:`estimate_gradient` (server:
+regenerates δ_k from the seed). :func:`combine_loss_differences` applies BAFFLE Eq. (7): with
+perturbations shared across clients through the seed, Σ_c w_c ĝ_c is the estimate of
+Σ_c w_c ΔL_c, so the server combines K scalars per client and regenerates δ once. For
+per-client independent perturbations (one seed per client, as the reference code does), call
+:func:`estimate_gradient` once per client with that client's seed and sum ``w_c ĝ_c``: the cost
+is one regeneration per client.
+
+Modes of :func:`loss_differences` (same ΔL up to float rounding, same seed, same δ bit for bit):
+
+- ``lean`` (MeZO-style memory, BAFFLE Table 4 / Appendix C): plain forwards of the model in
+  which each selected parameter is replaced, only while its own module runs, by
+  ``W + s·δ_k`` regenerated from the seed. The stored weights are never written, so they are
+  restored exactly (no drift, even if a forward raises), and the extra memory is O(largest
+  parameter) over inference: no K × n tensor and no copy of the model. Parameters must be
+  read through their module's attribute inside that module's forward (true of torch layers;
+  not of modules that cache weights, such as nn.LSTM's flat weights).
+- ``fast``: evaluates a chunk of perturbed models in one batched pass (:mod:`.batched`); for
+  models it cannot batch it runs the lean loop (same numbers, no warning).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor, nn
+
+from fedge.core.errors import ConfigError, MessageError
+from fedge.estimators import batched
+from fedge.estimators.lean import LeanEvaluator, LossFn
+from fedge.estimators.perturbation import Selection, check_masks, select, standard_normal_chunk
+
+__all__ = [
+    "Mode",
+    "PrecisionWarning",
+    "Scheme",
+    "ZerothOrderWarning",
+    "combine_loss_differences",
+    "estimate_gradient",
+    "forward_budget",
+    "loss_differences",
+    "num_differences",
+    "zeroth_order_gradient",
+]
+
+Scheme = Literal["central", "forward"]
+Mode = Literal["lean", "fast"]
+
+# c in ĝ = Σ ΔL_k δ_k / (c K σ²): central ΔL ≈ 2 δᵀ∇L (Eq. 2), forward ΔL ≈ δᵀ∇L (Eq. 1).
+_NORMALIZER: dict[str, float] = {"central": 2.0, "forward": 1.0}
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+_DEFAULT_CHUNK = 8  # perturbations per batched pass: 16 models (central) fit L3 on LeNet, B=64
+
+
+class ZerothOrderWarning(UserWarning):
+    """A legal but unsafe zeroth-order setting (results may be noise or irreproducible)."""
+
+
+class PrecisionWarning(ZerothOrderWarning):
+    """σ is too small for the forward precision: W ± δ rounds back to W."""
+
+
+def forward_budget(k: int, scheme: Scheme) -> int:
+    """Forward passes to produce ``k`` loss differences: ``2k`` (central) or ``k + 1`` (forward)."""
+    _check_scheme(scheme)
+    _check_positive_int("k", k)
+    return 2 * k if scheme == "central" else k + 1
+
+
+def num_differences(budget: int, scheme: Scheme) -> int:
+    """The largest ``k`` whose :func:`forward_budget` fits in ``budget`` forwards.
+
+    Example (BAFFLE's equal-cost comparison of Figure 3):
+        >>> num_differences(forward_budget(100, "central"), "forward")
+        199
+    """
+    _check_scheme(scheme)
+    k = budget // 2 if scheme == "central" else budget - 1
+    if k < 1:
+        raise ConfigError(
+            f"a budget of {budget} forwards buys no {scheme} loss difference; "
+            f"it needs at least {forward_budget(1, scheme)}"
+        )
+    return k
+
+
+def loss_differences(
+    model: nn.Module,
+    loss_fn: LossFn,
+    batch: tuple[Tensor, Tensor],
+    *,
+    k: int,
+    sigma: float,
+    seed: int,
+    scheme: Scheme,
+    params: Sequence[str] | None = None,
+    masks: Mapping[str, Tensor] | None = None,
+    mode: Mode = "lean",
+    chunk: int | None = None,
+    dtype: torch.dtype | None = None,
+) -> Tensor:
+    """Client side of BAFFLE (Algorithm 1, lines 11-12): K loss differences, forwards only.
+
+    Args:
+        model: the network, in the mode (train/eval) the loss should be computed in. Its
+            parameters and buffers are left exactly as they were.
+        loss_fn: ``loss_fn(logits, y) -> scalar`` mean loss, e.g. ``F.cross_entropy``.
+        batch: ``(x, y)``.
+        k: number of loss differences returned (K); see :func:`forward_budget` for the cost.
+        sigma: perturbation scale σ (the paper uses 1e-4).
+        seed: perturbation seed (the 4 bytes the server sends, Algorithm 1 line 7).
+        scheme: ``"central"`` or ``"forward"`` (twice-FD); see the module docstring.
+        params: names of the perturbed parameters; None = every ``requires_grad`` parameter.
+        masks: optional name -> bool mask; only True coordinates are perturbed.
+        mode: ``"lean"`` (minimal memory) or ``"fast"`` (batched throughput).
+        chunk: perturbations per batched pass in fast mode (default 8); ignored by lean.
+        dtype: forward precision: None = the parameters' dtype; ``torch.bfloat16`` or
+            ``torch.float16`` run the forwards under autocast (perturbed weights are formed in
+            the parameters' dtype, then cast per layer, as a low-precision device would).
+
+    Returns:
+        float32 tensor ``(k,)``: ``ΔL_k`` for ``k = 0..K-1``, each the difference of two losses
+        taken in float64, so no extra rounding is added to the forward's own.
+
+    Warns:
+        PrecisionWarning: σ < eps(dtype) · max|W| for a selected parameter.
+        ZerothOrderWarning: dropout is active (forwards see different masks), or every ΔL is 0.
+    """
+    _check_k_sigma(k, sigma)
+    _check_scheme(scheme)
+    _check_seed(seed)
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        raise ConfigError(f"batch must be a pair (x, y), got {type(batch).__name__}")
+    if mode not in get_args(Mode):
+        raise ConfigError(f"mode must be one of {get_args(Mode)}, got {mode!r}")
+    if chunk is not None:
+        _check_positive_int("chunk", chunk)
+    sel = select(model, params, masks)
+    autocast = _autocast_dtype(sel, dtype)
+    _warn_if_unsafe(model, sel, sigma, dtype)
+    x, y = batch
+
+    blocks = (1.0, -1.0) if scheme == "central" else (1.0,)  # signs s of W + s·δ_k
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        with torch.no_grad(), _maybe_autocast(x, autocast):
+            result = None
+            if mode == "fast":
+                fast = batched.BatchedEvaluator.build(model, sel, seed, x, loss_fn, y)
+                try:
+                    if fast is not None:
+                        result = _run(fast, k, chunk or _DEFAULT_CHUNK, blocks, sigma)
+                except batched.Unsupported:  # found only at run time (e.g. a rank-3 input)
+                    result = None
+            if result is None:  # lean, or a model the batched path cannot run
+                lean = LeanEvaluator(model, sel, seed, x, loss_fn, y)
+                result = _run(lean, k, k, blocks, sigma)
+    finally:
+        for b, saved in buffers:  # e.g. BatchNorm running stats updated by train-mode forwards
+            b.copy_(saved)
+    plus, minus = result
+    diffs = (plus - minus).to(torch.float32)
+    if not bool(diffs.ne(0).any()):
+        warnings.warn(
+            "every loss difference is exactly 0: the perturbations did not change the loss; "
+            "raise sigma, use a wider dtype, or check that the model reads its parameters "
+            "inside its modules' forward",
+            ZerothOrderWarning,
+            stacklevel=2,
+        )
+    return diffs
+
+
+def estimate_gradient(
+    shapes_or_params: Mapping[str, Tensor | torch.Size | Sequence[int]],
+    loss_diffs: Tensor,
+    *,
+    sigma: float,
+    seed: int,
+    scheme: Scheme,
+    masks: Mapping[str, Tensor] | None = None,
+) -> dict[str, Tensor]:
+    """Server side of BAFFLE (Algorithm 1, line 16; Eq. 6): rebuild ĝ from K loss differences.
+
+        ĝ = 1 / (c · K · σ²) · Σ_k ΔL_k · δ_k = 1 / (c · K · σ) · Σ_k ΔL_k · z_k ⊙ m,
+
+    with c = 2 for ``central`` (ΔL ≈ 2δᵀ∇L, Eq. 2 and Eq. 6) and c = 1 for ``forward``
+    (ΔL ≈ δᵀ∇L, Eq. 1), K = ``len(loss_diffs)``.
+
+    Args:
+        shapes_or_params: name -> parameter tensor or shape; the keys are the selection and
+            must be the names the client perturbed. Tensors give the output's dtype and device;
+            shapes give float32 on the CPU.
+        loss_diffs: ``(K,)`` from :func:`loss_differences` or :func:`combine_loss_differences`.
+        sigma, seed, scheme, masks: as given to :func:`loss_differences`.
+
+    Returns:
+        name -> estimated gradient, exactly zero at masked-out coordinates.
+    """
+    _check_scheme(scheme)
+    _check_k_sigma(1, sigma)
+    _check_seed(seed)
+    diffs = _check_diffs(loss_diffs)
+    shapes = {n: _shape_of(v) for n, v in shapes_or_params.items()}
+    if not shapes:
+        raise ConfigError("shapes_or_params is empty; pass the parameters the client perturbed")
+    mask_of = check_masks(shapes, masks)
+    k = diffs.numel()
+    coef = (diffs / (_NORMALIZER[scheme] * k * sigma)).to(torch.float32)  # (K,)
+    out: dict[str, Tensor] = {}
+    for name, shape in shapes.items():
+        acc = torch.zeros(math.prod(shape))
+        for start in range(0, k, 64):  # (P, numel) noise at a time: O(64 · largest parameter)
+            ks = range(start, min(k, start + 64))
+            z = standard_normal_chunk(seed, ks, name, shape).view(len(ks), -1)
+            acc.addmv_(z.t(), coef[start : start + len(ks)])
+        g = acc.view(shape)
+        if name in mask_of:
+            g = torch.where(mask_of[name].to(g.device), g, torch.zeros((), dtype=g.dtype))
+        ref = shapes_or_params[name]
+        out[name] = g.to(ref.device, ref.dtype) if isinstance(ref, Tensor) else g
+    return out
+
+
+def combine_loss_differences(
+    loss_diffs: Sequence[Tensor], weights: Sequence[float]
+) -> Tensor:
+    """BAFFLE Eq. (7): Σ_c w_c ΔL_c with weights normalized to sum 1 (pass N_c or N_c / N).
+
+    With perturbations shared through one seed, ``estimate_gradient(combined)`` equals
+    ``Σ_c w_c · estimate_gradient(ΔL_c)`` (the estimate is linear in ΔL) at the cost of one
+    regeneration instead of C. Summed in float64, returned as float32 ``(K,)``.
+    """
+    if len(loss_diffs) != len(weights) or not loss_diffs:
+        raise ConfigError(
+            f"need one weight per client: got {len(loss_diffs)} loss-difference vectors "
+            f"and {len(weights)} weights"
+        )
+    w = torch.tensor([float(v) for v in weights], dtype=torch.float64)
+    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()) or float(w.sum()) <= 0:
+        raise ConfigError(
+            f"weights must be finite, non-negative and not all zero, got {w.tolist()}; "
+            "pass each client's sample count N_c"
+        )
+    diffs = [_check_diffs(d) for d in loss_diffs]
+    k = diffs[0].numel()
+    if any(d.numel() != k for d in diffs):
+        raise MessageError(
+            f"clients sent different numbers of loss differences: {[d.numel() for d in diffs]}; "
+            "every client of a round must use the same k"
+        )
+    total = sum(wc * d.to(torch.float64) for wc, d in zip((w / w.sum()).tolist(), diffs))
+    return torch.as_tensor(total).to(torch.float32)
+
+
+def zeroth_order_gradient(
+    model: nn.Module,
+    loss_fn: LossFn,
+    batch: tuple[Tensor, Tensor],
+    *,
+    k: int,
+    sigma: float,
+    seed: int,
+    scheme: Scheme,
+    params: Sequence[str] | None = None,
+    masks: Mapping[str, Tensor] | None = None,
+    mode: Mode = "lean",
+    chunk: int | None = None,
+    dtype: torch.dtype | None = None,
+) -> dict[str, Tensor]:
+    """Both halves on one device (BAFFLE's epoch-level mode, Section 3.2): ĝ for ``model``.
+
+    Same arguments as :func:`loss_differences`; returns name -> estimate in each parameter's
+    dtype and device, for exactly the selected parameters.
+    """
+    diffs = loss_differences(
+        model, loss_fn, batch, k=k, sigma=sigma, seed=seed, scheme=scheme, params=params,
+        masks=masks, mode=mode, chunk=chunk, dtype=dtype,
+    )  # fmt: skip
+    sel = select(model, params, masks)
+    return estimate_gradient(
+        dict(sel.params), diffs, sigma=sigma, seed=seed, scheme=scheme, masks=sel.masks
+    )
+
+
+def _run(
+    evaluator: LeanEvaluator | batched.BatchedEvaluator,
+    k: int,
+    step: int,
+    blocks: tuple[float, ...],
+    sigma: float,
+) -> tuple[Tensor, Tensor]:
+    """float64 (L(W + δ_k), L(W − δ_k) or L(W)) for k = 0..K-1, ``step`` perturbations a pass."""
+    plus = torch.empty(k, dtype=torch.float64)
+    minus = torch.empty(k, dtype=torch.float64)
+    with evaluator:
+        for start in range(0, k, step):
+            ks = list(range(start, min(k, start + step)))
+            baseline = len(blocks) == 1 and start == 0  # forward scheme: L(W) once
+            losses = evaluator.losses(ks, blocks, sigma, baseline)  # (len(blocks)·P [+ 1],)
+            n = len(ks)
+            plus[start : start + n] = losses[:n]
+            if len(blocks) == 2:
+                minus[start : start + n] = losses[n:]
+            elif baseline:
+                minus[:] = losses[n]
+    return plus, minus
+
+
+def _autocast_dtype(sel: Selection, dtype: torch.dtype | None) -> torch.dtype | None:
+    """The autocast dtype for ``dtype`` (None when the forward runs in the weights' dtype)."""
+    if dtype is None:
+        return None
+    have = {p.dtype for p in sel.params.values()}
+    if dtype in _LOW_PRECISION:
+        return None if have == {dtype} else dtype
+    if dtype == torch.float32 and have == {torch.float32}:
+        return None
+    raise ConfigError(
+        f"dtype must be None, torch.float32, torch.bfloat16 or torch.float16 (float32 only for "
+        f"a float32 model), got {dtype} for parameters in {sorted(map(str, have))}; "
+        "leave dtype=None to compute in the parameters' own dtype"
+    )
+
+
+def _maybe_autocast(x: Tensor, dtype: torch.dtype | None) -> torch.autocast:
+    return torch.autocast(x.device.type, dtype=dtype, enabled=dtype is not None)
+
+
+def _warn_if_unsafe(
+    model: nn.Module, sel: Selection, sigma: float, dtype: torch.dtype | None
+) -> None:
+    worst: tuple[float, str, float, torch.dtype] | None = None
+    for name, p in sel.params.items():
+        dt = dtype or p.dtype
+        wmax = float(p.detach().abs().max()) if p.numel() else 0.0
+        need = torch.finfo(dt).eps * wmax
+        if sigma < need and (worst is None or need > worst[0]):
+            worst = (need, name, wmax, dt)
+    if worst is not None:
+        need, name, wmax, dt = worst
+        warnings.warn(
+            f"sigma={sigma:g} is below eps({dt})·max|W| = {need:.3g} for {name!r} "
+            f"(max|W| = {wmax:.3g}): W ± δ rounds back to W for most coordinates and the loss "
+            f"differences are mostly rounding noise; raise sigma to at least {need:.2g} or use "
+            "a wider dtype",
+            PrecisionWarning,
+            stacklevel=3,
+        )
+    active = [
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0
+    ]
+    if active:
+        warnings.warn(
+            f"dropout is active in {active}: each forward draws a new dropout mask from the "
+            "global RNG, so loss differences mix perturbation and dropout noise and are not "
+            "reproducible; call model.eval() (or set p=0) before estimating",
+            ZerothOrderWarning,
+            stacklevel=3,
+        )
+
+
+def _shape_of(v: Tensor | torch.Size | Sequence[int]) -> torch.Size:
+    if isinstance(v, Tensor):
+        return v.shape
+    try:
+        return torch.Size([int(d) for d in v])
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"shapes_or_params values must be tensors or shapes, got {type(v).__name__}"
+        ) from None
+
+
+def _check_diffs(d: Tensor) -> Tensor:
+    if not isinstance(d, Tensor) or d.dim() != 1 or d.numel() == 0:
+        got = tuple(d.shape) if isinstance(d, Tensor) else type(d).__name__
+        raise MessageError(f"loss differences must be a non-empty 1-D tensor (K,), got {got}")
+    bad = ~torch.isfinite(d)
+    if bool(bad.any()):
+        first = int(bad.nonzero()[0, 0])
+        raise MessageError(
+            f"loss differences hold {int(bad.sum())} non-finite values (first at k={first}); "
+            "the client's forward overflowed: drop this client's message or lower sigma/lr"
+        )
+    return d.detach().cpu().to(torch.float64)
+
+
+def _check_scheme(scheme: str) -> None:
+    if scheme not in _NORMALIZER:
+        raise ConfigError(f"scheme must be one of {sorted(_NORMALIZER)}, got {scheme!r}")
+
+
+def _check_positive_int(what: str, v: object) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"{what} must be a positive int, got {v!r}")
+
+
+def _check_seed(seed: object) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"seed must be an int, got {seed!r}")
+
+
+def _check_k_sigma(k: int, sigma: float) -> None:
+    _check_positive_int("k", k)
+    if not isinstance(sigma, (int, float)) or not math.isfinite(sigma) or sigma <= 0:
+        raise ConfigError(f"sigma must be a finite number > 0 (BAFFLE uses 1e-4), got {sigma!r}")

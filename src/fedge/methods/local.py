@@ -1,0 +1,111 @@
+"""Local training on a client: the loop FedAvg-style methods share, with the gradient
+source pluggable (backprop for FedAvg, a zeroth-order estimate for epoch-level BAFFLE).
+
+Composition, not inheritance: a :class:`LocalTraining` client program is given a
+``gradient_fn(model, batch, ctx) -> (loss or None, {name: grad})``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from fedge.core.messages import Message
+from fedge.methods.base import MethodConfigBase, load_arrays, split_trainable
+from fedge.runtime.context import ClientContext
+
+__all__ = ["ClientOptimizerConfig", "GradientFn", "LocalTraining", "backprop_gradient_fn"]
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+GradientFn = Callable[[torch.nn.Module, Batch, ClientContext], tuple[float | None, dict[str, torch.Tensor]]]
+
+
+class ClientOptimizerConfig(MethodConfigBase):
+    """The optimizer a client runs locally (fresh each round, as in FedAvg)."""
+
+    name: Literal["sgd", "adam"] = "sgd"
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    b1: float = Field(0.9, ge=0, lt=1, description="Adam beta1")
+    b2: float = Field(0.999, ge=0, lt=1, description="Adam beta2")
+
+    def build(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        if self.name == "adam":
+            return torch.optim.Adam(params, lr=self.lr, betas=(self.b1, self.b2), weight_decay=self.weight_decay)
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+
+
+def backprop_gradient_fn(model: torch.nn.Module, batch: Batch, ctx: ClientContext) -> tuple[float, dict[str, torch.Tensor]]:
+    """Mean cross-entropy of ``batch`` and its exact gradient (autograd)."""
+    params = {k: p for k, p in model.named_parameters() if p.requires_grad}
+    loss = F.cross_entropy(model(batch[0]), batch[1])
+    grads = torch.autograd.grad(loss, list(params.values()))
+    return float(loss.detach()), dict(zip(params, grads, strict=True))
+
+
+class LocalTraining:
+    """Client program: load the global model, run local steps, upload the model delta.
+
+    Steps: ``local_epochs`` passes over the client's data in mini-batches of
+    ``batch_size`` (shuffled by the client's generator), capped at ``max_steps``. Each step
+    asks ``gradient_fn`` for gradients and applies the client optimizer. The upload is
+    ``W_local − W_global`` for trainable parameters and float buffers, plus ``num_samples``.
+
+    The model is built once per process (outside any measured step, so building it is
+    never counted as client compute) and reloaded each round: simulated clients do not
+    multiply memory.
+    """
+
+    def __init__(
+        self,
+        model_fn: Callable[[], torch.nn.Module],
+        *,
+        local_epochs: int,
+        batch_size: int,
+        max_steps: int | None,
+        optimizer: ClientOptimizerConfig,
+        gradient_fn: GradientFn = backprop_gradient_fn,
+    ) -> None:
+        self.local_epochs, self.batch_size, self.max_steps = local_epochs, batch_size, max_steps
+        self.optimizer, self.gradient_fn = optimizer, gradient_fn
+        self.model = model_fn()
+
+    def load(self, message: Message, ctx: ClientContext) -> torch.nn.Module:
+        """The process's model instance holding the global weights, in train mode."""
+        load_arrays(self.model, message.arrays, who=f"round {ctx.rnd}, client {ctx.cid}")
+        self.model.train()
+        ctx.meter.resident = self.model
+        return self.model
+
+    def run(self, message: Message, ctx: ClientContext) -> Message:
+        model = self.load(message, ctx)
+        params, buffers = split_trainable(model)
+        state = model.state_dict()
+        start = {k: state[k].detach().clone() for k in params + buffers}
+        named = dict(model.named_parameters())
+        opt = self.optimizer.build([named[k] for k in params])
+        losses: list[float] = []
+        steps = 0
+        for _ in range(self.local_epochs):
+            for batch in ctx.data.batches(self.batch_size, generator=ctx.generator):
+                loss, grads = self.gradient_fn(model, batch, ctx)
+                for k, g in grads.items():
+                    named[k].grad = g
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                if loss is not None:
+                    losses.append(loss)
+                steps += 1
+                if self.max_steps is not None and steps >= self.max_steps:
+                    break
+            if self.max_steps is not None and steps >= self.max_steps:
+                break
+        state = model.state_dict()
+        arrays = {k: state[k].detach() - start[k] for k in start}
+        metrics = {"train_loss": sum(losses) / len(losses)} if losses else {}
+        return Message(arrays, config={"num_samples": ctx.data.num_samples}, metrics=metrics)

@@ -1,0 +1,229 @@
+"""BAFFLE's Stein estimator against autograd: constants, unbiasedness, convergence, API."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedge.core.errors import ConfigError, MessageError
+from fedge.estimators import (
+    PrecisionWarning,
+    ZerothOrderWarning,
+    backprop_gradient,
+    combine_loss_differences,
+    estimate_gradient,
+    forward_budget,
+    loss_differences,
+    num_differences,
+    zeroth_order_gradient,
+)
+from fedge.estimators.perturbation import standard_normal
+
+SCHEMES = ["central", "forward"]
+
+
+def _linear_problem(n: int = 12) -> tuple[nn.Module, tuple[torch.Tensor, ...], torch.Tensor]:
+    """L(W) = W · mean(x): exactly linear in W, with gradient a = mean(x)."""
+    g = torch.Generator().manual_seed(0)
+    model = nn.Linear(n, 1, bias=False).double()
+    x = torch.randn(16, n, generator=g, dtype=torch.float64) + 0.5
+    return model, (x, torch.zeros(16)), x.mean(0)
+
+
+def _mean_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return out.mean()
+
+
+def _mlp_problem() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()  # n = 51
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 4, generator=g, dtype=torch.float64)
+    return model, (x, torch.randint(0, 3, (32,), generator=g))
+
+
+def _flat(d: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([v.reshape(-1) for v in d.values()])
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_constants_exact_on_a_linear_loss(scheme: str) -> None:
+    # On L = aᵀW both schemes give ĝ = (1/K) Σ_k z_k z_kᵀ a exactly (BAFFLE Eq. 13), for any σ.
+    model, batch, a = _linear_problem()
+    k, sigma = 20, 0.3
+    diffs = loss_differences(model, _mean_loss, batch, k=k, sigma=sigma, seed=5, scheme=scheme)
+    params = dict(model.named_parameters())
+    got = estimate_gradient(params, diffs, sigma=sigma, seed=5, scheme=scheme)
+    z = torch.stack([standard_normal(5, i, "weight", (1, 12)).reshape(-1) for i in range(k)])
+    z = z.double()
+    want = z.T @ (z @ a) / k
+    torch.testing.assert_close(got["weight"].reshape(-1), want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_unbiased_on_a_linear_loss(scheme: str) -> None:
+    # Mean over seeds → a; relative error ≈ sqrt((n + 1) / (seeds · K)) ≈ 0.06 here, while a
+    # wrong constant would be off by 0.5 (forward) or 1.0 (central).
+    model, batch, a = _linear_problem()
+    params = dict(model.named_parameters())
+    total = torch.zeros(12, dtype=torch.float64)
+    seeds = range(40)
+    for s in seeds:
+        kw = dict(sigma=1e-2, seed=s, scheme=scheme)
+        d = loss_differences(model, _mean_loss, batch, k=100, mode="fast", **kw)
+        total += estimate_gradient(params, d, **kw)["weight"].reshape(-1)
+    err = float((total / len(seeds) - a).norm() / a.norm())
+    assert err < 0.15
+
+
+def test_mean_over_seeds_converges_to_autograd() -> None:
+    model, batch = _mlp_problem()
+    true = _flat(backprop_gradient(model, F.cross_entropy, batch))
+    running, errs = torch.zeros_like(true), {}
+    for s in range(64):
+        g = zeroth_order_gradient(
+            model, F.cross_entropy, batch, k=50, sigma=1e-5, seed=s, scheme="central", mode="fast"
+        )
+        running += _flat(g)
+        if s + 1 in (4, 64):
+            errs[s + 1] = float((running / (s + 1) - true).norm() / true.norm())
+    # Expected ≈ sqrt(52 / (50 · seeds)): 0.51 at 4 seeds, 0.13 at 64.
+    assert errs[64] < errs[4] / 2
+    assert errs[64] < 0.3
+
+
+def test_cosine_with_autograd_grows_like_sqrt_k_over_n() -> None:
+    # E ĝ = g and E‖ĝ‖² = ‖g‖² (1 + (n + 1) / K), so cos ≈ (1 + (n + 1) / K)^(-1/2).
+    model, batch = _mlp_problem()
+    true = _flat(backprop_gradient(model, F.cross_entropy, batch))
+    n = true.numel()
+    cos = []
+    for k in (8, 32, 128, 512):
+        c = [
+            float(F.cosine_similarity(_flat(zeroth_order_gradient(
+                model, F.cross_entropy, batch, k=k, sigma=1e-5, seed=s, scheme="forward",
+                mode="fast", chunk=64,
+            )), true, dim=0))
+            for s in range(4)
+        ]  # fmt: skip
+        cos.append(sum(c) / len(c))
+        assert abs(cos[-1] - (1 + (n + 1) / k) ** -0.5) < 0.15
+    assert cos == sorted(cos)
+
+
+def test_budget_helpers() -> None:
+    assert forward_budget(100, "central") == 200
+    assert forward_budget(100, "forward") == 101
+    assert num_differences(200, "central") == 100
+    assert num_differences(200, "forward") == 199  # twice-FD at central's cost (Fig. 3)
+    with pytest.raises(ConfigError, match="buys no central"):
+        num_differences(1, "central")
+
+
+def test_combined_clients_equal_weighted_sum_of_estimates() -> None:
+    # BAFFLE Eq. (7): shared perturbations make Σ_c w_c ĝ_c = ĝ(Σ_c w_c ΔL_c).
+    model, _ = _mlp_problem()
+    g = torch.Generator().manual_seed(3)
+    batches = [
+        (torch.randn(8, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (8,), generator=g))
+        for _ in range(3)
+    ]
+    counts = [10, 30, 60]
+    params = dict(model.named_parameters())
+    kw = dict(sigma=1e-4, seed=11, scheme="central")
+    diffs = [loss_differences(model, F.cross_entropy, b, k=16, **kw) for b in batches]
+    combined = estimate_gradient(params, combine_loss_differences(diffs, counts), **kw)
+    separate = [estimate_gradient(params, d, **kw) for d in diffs]
+    for name in params:
+        want = sum(c / 100 * s[name] for c, s in zip(counts, separate))
+        torch.testing.assert_close(combined[name], want, rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(
+        combine_loss_differences(diffs, counts), combine_loss_differences(diffs, [0.1, 0.3, 0.6])
+    )
+
+
+def test_estimate_from_shapes_equals_from_params_and_masks_are_exact_zeros() -> None:
+    model, batch = _mlp_problem()
+    mask = torch.rand(6, 4, generator=torch.Generator().manual_seed(0)) > 0.5
+    kw = dict(sigma=1e-4, seed=2, scheme="forward")
+    d = loss_differences(model, F.cross_entropy, batch, k=8, masks={"0.weight": mask}, **kw)
+    params = dict(model.named_parameters())
+    from_params = estimate_gradient(params, d, masks={"0.weight": mask}, **kw)
+    shapes = {n: p.shape for n, p in params.items()}
+    from_shapes = estimate_gradient(shapes, d, masks={"0.weight": mask}, **kw)
+    for name, g in from_params.items():
+        assert g.dtype == torch.float64 and from_shapes[name].dtype == torch.float32
+        torch.testing.assert_close(g.float(), from_shapes[name])
+    assert bool((from_params["0.weight"][~mask] == 0).all())
+    assert bool((from_params["0.weight"][mask] != 0).all())
+
+
+def test_zeroth_order_gradient_is_both_halves() -> None:
+    model, batch = _mlp_problem()
+    kw = dict(k=6, sigma=1e-4, seed=9, scheme="central", params=["2.weight", "2.bias"])
+    g = zeroth_order_gradient(model, F.cross_entropy, batch, **kw)
+    d = loss_differences(model, F.cross_entropy, batch, **kw)
+    params = {n: p for n, p in model.named_parameters() if n.startswith("2.")}
+    want = estimate_gradient(params, d, sigma=1e-4, seed=9, scheme="central")
+    assert list(g) == ["2.weight", "2.bias"]
+    for name in g:
+        torch.testing.assert_close(g[name], want[name])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(k=0), "k must be a positive int"),
+        (dict(sigma=0.0), "sigma must be a finite number > 0"),
+        (dict(sigma=float("nan")), "sigma must be a finite number > 0"),
+        (dict(scheme="backward"), "scheme must be one of"),
+        (dict(mode="turbo"), "mode must be one of"),
+        (dict(chunk=0), "chunk must be a positive int"),
+        (dict(dtype=torch.float64), "dtype must be None"),
+    ],
+)
+def test_loss_differences_rejects_bad_arguments(kwargs: dict, match: str) -> None:
+    model, batch = _mlp_problem()
+    args = dict(k=2, sigma=1e-3, seed=0, scheme="central") | kwargs
+    with pytest.raises(ConfigError, match=match):
+        loss_differences(model, F.cross_entropy, batch, **args)
+
+
+def test_estimate_rejects_bad_client_messages() -> None:
+    shapes = {"w": (3,)}
+    with pytest.raises(MessageError, match="non-finite values \\(first at k=1\\)"):
+        bad = torch.tensor([0.1, float("nan")])
+        estimate_gradient(shapes, bad, sigma=1e-3, seed=0, scheme="forward")
+    with pytest.raises(MessageError, match="1-D tensor"):
+        estimate_gradient(shapes, torch.zeros(2, 2), sigma=1e-3, seed=0, scheme="forward")
+    with pytest.raises(MessageError, match="same k"):
+        combine_loss_differences([torch.zeros(2), torch.zeros(3)], [1, 1])
+    with pytest.raises(ConfigError, match="non-negative"):
+        combine_loss_differences([torch.zeros(2)], [-1])
+
+
+def test_precision_warning_for_sigma_below_half_precision_resolution() -> None:
+    model, batch = _mlp_problem()
+    model = model.float()
+    batch = (batch[0].float(), batch[1])
+    kw = dict(k=2, seed=0, scheme="central")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # float32 with σ = 1e-4: fine, no warning
+        loss_differences(model, F.cross_entropy, batch, sigma=1e-4, **kw)
+    with pytest.warns(PrecisionWarning, match="bfloat16"):
+        loss_differences(model, F.cross_entropy, batch, sigma=1e-4, dtype=torch.bfloat16, **kw)
+
+
+def test_dropout_in_train_mode_warns() -> None:
+    model = nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.5))
+    batch = (torch.randn(4, 4), torch.tensor([0, 1, 2, 0]))
+    with pytest.warns(ZerothOrderWarning, match="dropout is active"):
+        loss_differences(model, F.cross_entropy, batch, k=2, sigma=1e-2, seed=0, scheme="forward")
+    model.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss_differences(model, F.cross_entropy, batch, k=2, sigma=1e-2, seed=0, scheme="forward")

@@ -1,0 +1,166 @@
+"""Fast (batched) mode gives the lean mode's loss differences for the same seed."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedge.estimators import loss_differences, register_channelwise, zeroth_order
+from fedge.estimators.batched import BatchedEvaluator
+from fedge.estimators.perturbation import select
+
+
+class StridedMaxPool(nn.Module):
+    """2x2 max pooling written as a max over strided slices (as fedge's LeNet does)."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        a = torch.maximum(h[..., 0::2, 0::2], h[..., 1::2, 0::2])
+        return torch.maximum(a, torch.maximum(h[..., 0::2, 1::2], h[..., 1::2, 1::2]))
+
+
+register_channelwise(StridedMaxPool)
+
+
+def lenet_like() -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4), nn.Hardswish(), StridedMaxPool(),
+        nn.Sequential(nn.Conv2d(4, 6, 3, padding=1), nn.GroupNorm(3, 6, affine=False)),
+        nn.Hardswish(), StridedMaxPool(), nn.Flatten(), nn.Linear(6 * 2 * 2, 8),
+        nn.Hardswish(), nn.Linear(8, 3),
+    )  # fmt: skip
+
+
+def mlp() -> nn.Sequential:
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(100, 8), nn.LayerNorm(8), nn.SELU(), nn.Dropout(0.3),
+        nn.Linear(8, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3, bias=False),
+    )  # fmt: skip
+
+
+def bn_convnet() -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+        nn.Conv2d(4, 4, 3, stride=2, padding=1, groups=2), nn.MaxPool2d(2), nn.Tanh(),
+        nn.AvgPool2d(1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3),
+    )  # fmt: skip
+
+
+class Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.head = nn.Conv2d(1, 1, 3, padding=1), nn.Linear(100, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head((x + torch.tanh(self.conv(x))).flatten(1))
+
+
+def _build(make, train: bool = False) -> nn.Module:
+    torch.manual_seed(0)
+    model = make().double()
+    model.train(train)
+    return model
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 1, 10, 10, generator=g, dtype=torch.float64)
+    return x, torch.randint(0, 3, (5,), generator=g)
+
+
+def _both(model, batch, monkeypatch=None, **kw):
+    lean = loss_differences(model, F.cross_entropy, batch, mode="lean", **kw)
+    if monkeypatch is not None:  # the batched path must run, not fall back to the lean loop
+
+        def no_lean(*args, **kwargs):
+            raise AssertionError("fast mode fell back to the lean loop")
+
+        monkeypatch.setattr(zeroth_order, "LeanEvaluator", no_lean)
+    fast = loss_differences(model, F.cross_entropy, batch, mode="fast", **kw)
+    if monkeypatch is not None:
+        monkeypatch.undo()
+    return lean, fast
+
+
+def _assert_same(lean: torch.Tensor, fast: torch.Tensor) -> None:
+    assert lean.dtype == fast.dtype == torch.float32 and lean.shape == fast.shape
+    torch.testing.assert_close(fast, lean, rtol=1e-5, atol=1e-5 * float(lean.abs().max()))
+
+
+MODELS = {"lenet_like": (lenet_like, False), "mlp": (mlp, False), "bn_train": (bn_convnet, True),
+          "bn_eval": (bn_convnet, False)}  # fmt: skip
+
+
+@pytest.mark.parametrize("scheme", ["central", "forward"])
+@pytest.mark.parametrize("arch", sorted(MODELS))
+def test_fast_equals_lean(arch: str, scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    make, train = MODELS[arch]
+    model = _build(make, train)
+    x, y = _batch()
+    assert BatchedEvaluator.build(model, select(model), 0, x, F.cross_entropy, y) is not None
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    lean, fast = _both(model, (x, y), monkeypatch, k=7, sigma=1e-3, seed=3, scheme=scheme, chunk=3)
+    _assert_same(lean, fast)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("scheme", ["central", "forward"])
+def test_fast_equals_lean_with_masks_and_a_frozen_prefix(
+    scheme: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _build(lenet_like)
+    g = torch.Generator().manual_seed(2)
+    masks = {"4.0.weight": torch.rand(6, 4, 3, 3, generator=g) > 0.5,
+             "8.weight": torch.rand(8, 24, generator=g) > 0.3}  # fmt: skip
+    for params in (None, ["4.0.weight", "4.0.bias", "8.weight", "10.bias"]):
+        lean, fast = _both(model, _batch(), monkeypatch, k=5, sigma=1e-3, seed=8, scheme=scheme,
+                           chunk=2, params=params, masks=masks)  # fmt: skip
+        _assert_same(lean, fast)
+
+
+def test_chunking_does_not_change_the_result() -> None:
+    model = _build(lenet_like)
+    kw = dict(k=6, sigma=1e-3, seed=1, scheme="central", mode="fast")
+    ref = loss_differences(model, F.cross_entropy, _batch(), chunk=6, **kw)
+    for chunk in (1, 4, 50):
+        _assert_same(ref, loss_differences(model, F.cross_entropy, _batch(), chunk=chunk, **kw))
+
+
+def upsampling() -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(1, 1, 3), nn.Upsample(scale_factor=2), nn.Flatten(), nn.Linear(256, 3)
+    )
+
+
+@pytest.mark.parametrize("make", [Residual, upsampling])
+def test_unbatchable_models_fall_back_to_the_lean_loop(make) -> None:
+    model = _build(make)
+    x, y = _batch()
+    assert BatchedEvaluator.build(model, select(model), 0, x, F.cross_entropy, y) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lean, fast = _both(model, (x, y), k=4, sigma=1e-3, seed=0, scheme="central")
+    assert torch.equal(lean, fast)
+
+
+def test_float32_fast_close_to_lean() -> None:
+    torch.manual_seed(0)
+    model = lenet_like()
+    x, y = _batch()
+    lean, fast = _both(model, (x.float(), y), k=6, sigma=1e-2, seed=0, scheme="forward")
+    torch.testing.assert_close(fast, lean, rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["lean", "fast"])
+def test_low_precision_forward_runs_under_autocast(mode: str) -> None:
+    torch.manual_seed(0)
+    model = lenet_like()
+    x, y = _batch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        d = loss_differences(model, F.cross_entropy, (x.float(), y), k=4, sigma=0.05, seed=0,
+                             scheme="central", mode=mode, dtype=torch.bfloat16)  # fmt: skip
+    assert d.dtype == torch.float32 and d.shape == (4,) and bool(torch.isfinite(d).all())
