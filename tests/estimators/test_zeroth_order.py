@@ -128,10 +128,8 @@ def test_combined_clients_equal_weighted_sum_of_estimates() -> None:
     # BAFFLE Eq. (7): shared perturbations make Σ_c w_c ĝ_c = ĝ(Σ_c w_c ΔL_c).
     model, _ = _mlp_problem()
     g = torch.Generator().manual_seed(3)
-    batches = [
-        (torch.randn(8, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (8,), generator=g))
-        for _ in range(3)
-    ]
+    xs = [torch.randn(8, 4, generator=g, dtype=torch.float64) for _ in range(3)]
+    batches = [(x, torch.randint(0, 3, (8,), generator=g)) for x in xs]
     counts = [10, 30, 60]
     params = dict(model.named_parameters())
     kw = dict(sigma=1e-4, seed=11, scheme="central")
@@ -227,3 +225,14 @@ def test_dropout_in_train_mode_warns() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         loss_differences(model, F.cross_entropy, batch, k=2, sigma=1e-2, seed=0, scheme="forward")
+
+
+def test_loss_that_ignores_the_weights_warns_and_non_scalar_loss_is_an_error() -> None:
+    model, batch = _mlp_problem()
+    kw = dict(k=2, sigma=1e-3, seed=0, scheme="forward")
+    with pytest.warns(ZerothOrderWarning, match="every loss difference is exactly 0"):
+        loss_differences(model, lambda out, y: out.sum() * 0, batch, **kw)
+    per_sample = lambda out, y: F.cross_entropy(out, y, reduction="none")  # noqa: E731
+    for mode in ("lean", "fast"):
+        with pytest.raises(ConfigError, match="scalar"):
+            loss_differences(model, per_sample, batch, mode=mode, **kw)

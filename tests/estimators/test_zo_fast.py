@@ -164,3 +164,8 @@ def test_low_precision_forward_runs_under_autocast(mode: str) -> None:
         d = loss_differences(model, F.cross_entropy, (x.float(), y), k=4, sigma=0.05, seed=0,
                              scheme="central", mode=mode, dtype=torch.bfloat16)  # fmt: skip
     assert d.dtype == torch.float32 and d.shape == (4,) and bool(torch.isfinite(d).all())
+
+
+def test_register_channelwise_takes_module_types_only() -> None:
+    with pytest.raises(TypeError, match="nn.Module subclasses"):
+        register_channelwise(StridedMaxPool())  # type: ignore[arg-type]

@@ -203,13 +203,13 @@ class BaffleBatchStrategy:
     def __init__(self, model: torch.nn.Module, cfg: BaffleConfig, *, seed: int) -> None:
         assert cfg.server_optimizer is not None
         self.model, self.cfg, self.seed = model, cfg, seed
-        self.params, _ = split_trainable(model)
+        self.names, _ = split_trainable(model)
         self.tx = cfg.server_optimizer.build()
-        self.opt_state = self.tx.init(self._params())
+        self.opt_state = self.tx.init(self.params())
 
-    def _params(self) -> dict[str, torch.Tensor]:
+    def params(self) -> dict[str, torch.Tensor]:
         state = self.model.state_dict()
-        return {k: state[k] for k in self.params}
+        return {k: state[k] for k in self.names}
 
     def round_seed(self, rnd: int, cid: int | None = None) -> int:
         """s_t (shared) or s_{t,c} (per client); 62 bits, sent as an 8-byte integer."""
@@ -235,7 +235,7 @@ class BaffleBatchStrategy:
     def estimate(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, torch.Tensor]:
         """ĝ from the replies (Eq. 6-7)."""
         checked = {c: self.check_reply(rnd, c, r) for c, r in replies.items()}
-        params = self._params()
+        params = self.params()
         cfg = self.cfg
         if cfg.shared_perturbations:
             combined = combine_loss_differences([d for d, _ in checked.values()], [n for _, n in checked.values()])
@@ -250,7 +250,7 @@ class BaffleBatchStrategy:
 
     def apply(self, grads: dict[str, torch.Tensor]) -> None:
         grads = clip_inf_norm(grads, self.cfg.clip)
-        updates, self.opt_state = self.tx.update(grads, self.opt_state, self._params())
+        updates, self.opt_state = self.tx.update(grads, self.opt_state, self.params())
         with torch.no_grad():
             state = self.model.state_dict()
             for k, u in updates.items():

@@ -68,6 +68,7 @@ class MethodEnv:
     input_shape: tuple[int, ...]
     client_sizes: tuple[int, ...]
     rounds: int
+    workers: int = 0
 
 
 @dataclass

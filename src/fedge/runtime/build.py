@@ -115,6 +115,7 @@ def build_run(cfg: RunConfig) -> BuiltRun:
         input_shape=tuple(dataset.input_shape),
         client_sizes=tuple(len(idx) for idx in parts),
         rounds=cfg.rounds,
+        workers=cfg.clients.workers,
     )
     method = spec.build(method_cfg, env)
     return BuiltRun(cfg, dataset, parts, summary, method, method_cfg, clients, model_fn)
