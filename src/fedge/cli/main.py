@@ -258,6 +258,28 @@ def bench_engine(
         out.print(f"updated {docs}")
 
 
+@bench_app.command("presets")
+def bench_presets(
+    names: Annotated[list[str], typer.Argument(help="presets to run")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override a config key in every run")] = None,
+    out_root: Annotated[Path | None, typer.Option("--out", help="directory for the run directories")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="write the figures to this JSON file")] = None,
+    docs: Annotated[Path | None, typer.Option("--docs", help="update this Markdown file's presets section")] = None,
+) -> None:
+    """Run presets end to end; tabulate accuracy and per-client bytes against the model size."""
+    from fedge.bench.docs import update_section
+    from fedge.bench.presets import presets_markdown, run_presets
+
+    try:
+        report = run_presets(list(names), overrides=list(set_ or []), out_root=out_root)
+    except FedgeError as exc:
+        _fail(exc)
+    _emit(report, json_path)
+    if docs is not None:
+        update_section(docs, "presets", "Baseline presets", presets_markdown(report, _command_line()))
+        out.print(f"updated {docs}")
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 
