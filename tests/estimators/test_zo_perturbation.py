@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 
@@ -67,6 +68,22 @@ def test_bit_identical_in_a_fresh_process() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == _digest(123, range(4))
+
+
+def test_portable_kernel_agrees_to_float_noise(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # CPUs without AVX2 use libm for Box-Muller: same uniforms, z within a few 1e-6
+    # (module docstring of fedge.estimators.perturbation).
+    out = tmp_path / "z.pt"
+    code = (
+        "import torch\n"
+        "from fedge.estimators.perturbation import standard_normal\n"
+        f"torch.save(standard_normal(9, 2, '3.weight', (10, 24)), {str(out)!r})\n"
+    )
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=env)
+    torch.testing.assert_close(
+        torch.load(out), standard_normal(9, 2, "3.weight", (10, 24)), rtol=0, atol=1e-5
+    )
 
 
 def _model() -> nn.Module:
