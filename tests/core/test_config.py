@@ -59,3 +59,10 @@ def test_wrong_type_is_named():
 def test_unknown_preset_lists_presets():
     with pytest.raises(ConfigError, match="quickstart"):
         load_config("quikstart")
+
+
+def test_switching_a_choice_section_drops_the_old_choices_keys():
+    raw = {"method": {"name": "baffle", "k": 100}, "model": {"name": "lenet", "activation": "hardswish"}}
+    out = apply_overrides(raw, ["method.local_epochs=2", "method.name=fedavg", "model.name=lenet"])
+    assert out["method"] == {"name": "fedavg", "local_epochs": 2}
+    assert out["model"] == {"name": "lenet", "activation": "hardswish"}  # same name: kept

@@ -168,9 +168,23 @@ def _parse_value(text: str) -> Any:
         return text
 
 
+CHOICE_SECTIONS = ("partition", "model", "method")
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key.sub=value`` strings (values parsed as YAML scalars) to a nested dict."""
+    """Apply ``key.sub=value`` strings (values parsed as YAML scalars) to a nested dict.
+
+    Overriding the ``name`` of a choice section (``method.name=fedavg`` on a BAFFLE preset)
+    switches to another component: the section's other keys from the file belong to the old
+    choice and are dropped; the section's keys given as overrides are kept, in any order.
+    """
     out = copy.deepcopy(raw)
+    for item in overrides:
+        key, _, value = item.partition("=")
+        section, _, sub = key.strip().partition(".")
+        if section in CHOICE_SECTIONS and sub == "name" and isinstance(out.get(section), dict):
+            if out[section].get("name") != _parse_value(value):
+                out[section] = {}
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():

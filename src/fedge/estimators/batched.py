@@ -21,7 +21,8 @@ losses differ only by the float rounding of the different kernels.
 Supported after the first perturbed module: Conv2d (zero padding), Linear, GroupNorm,
 BatchNorm1d/2d, LayerNorm over the last dimension, Flatten(1, -1), Dropout when inactive,
 element-wise activations, and per-channel spatial modules (max/avg/adaptive pooling and the
-types given to :func:`register_channelwise`). Anything else, or a model that is not an
+types given to :func:`register_channelwise` or whose class sets ``channelwise = True``, such
+as fedge's ``MaxPool2x2``). Anything else, or a model that is not an
 nn.Sequential with the stock forward, runs the lean loop instead. A plain loop is near peak
 for models above ~20 MFLOP per sample (WRN), where batching gains little.
 """
@@ -74,6 +75,11 @@ def register_channelwise(*module_types: type[nn.Module]) -> None:
             raise TypeError(f"register_channelwise takes nn.Module subclasses, got {t!r}")
         if t not in _CHANNELWISE:
             _CHANNELWISE.append(t)
+
+
+def _is_channelwise(m: nn.Module) -> bool:
+    """Registered, or declared by the module's class (``channelwise = True``)."""
+    return isinstance(m, tuple(_CHANNELWISE)) or getattr(type(m), "channelwise", False) is True
 
 
 class Unsupported(Exception):
@@ -142,7 +148,7 @@ class BatchedEvaluator:
 
     @classmethod
     def _check_layer(cls, m: nn.Module) -> None:
-        if isinstance(m, _ELEMENTWISE) or isinstance(m, tuple(_CHANNELWISE)):
+        if isinstance(m, _ELEMENTWISE) or _is_channelwise(m):
             if any(True for _ in m.parameters()):
                 raise Unsupported(f"{type(m).__name__} has parameters")
             return
@@ -197,7 +203,7 @@ class BatchedEvaluator:
             if inplace is not None and kind != "shared":  # stacked activations are ours
                 return kind, inplace(m, h)
             return kind, m(h)
-        if isinstance(m, tuple(_CHANNELWISE)):
+        if _is_channelwise(m):
             if kind == "vector":
                 raise Unsupported("pooling a vector")
             if kind == "image" and isinstance(m, _TORCH_POOLING):
