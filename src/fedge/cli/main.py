@@ -258,6 +258,27 @@ def bench_engine(
         out.print(f"updated {docs}")
 
 
+@bench_app.command("comm")
+def bench_comm(
+    ks: Annotated[str, typer.Option("--k", help="comma-separated K values")] = "100,200,500",
+    json_path: Annotated[Path | None, typer.Option("--json", help="write the figures to this JSON file")] = None,
+    docs: Annotated[Path | None, typer.Option("--docs", help="update this Markdown file's section")] = None,
+) -> None:
+    """BAFFLE message sizes from real rounds: uplink 4K + framing, seed bytes, secure aggregation."""
+    from fedge.bench.comm import comm_markdown, run_comm
+    from fedge.bench.docs import update_section
+
+    try:
+        values = tuple(int(v) for v in ks.split(","))
+    except ValueError:
+        _fail(ValueError(f"--k {ks!r}: expected integers such as 100,200,500"))
+    report = run_comm(values)
+    _emit(report, json_path)
+    if docs is not None:
+        update_section(docs, "baffle-comm", "BAFFLE communication", comm_markdown(report, _command_line()))
+        out.print(f"updated {docs}")
+
+
 @bench_app.command("presets")
 def bench_presets(
     names: Annotated[list[str], typer.Argument(help="presets to run")],
