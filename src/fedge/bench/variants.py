@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from fedge.core.config import load_config
-from fedge.runtime.rundir import RunDir
 from fedge.runtime.run import resume_experiment, run_experiment
+from fedge.runtime.rundir import RunDir
 
 __all__ = ["run_variants", "variants_markdown"]
 

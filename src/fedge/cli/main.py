@@ -57,7 +57,13 @@ class _Bar:
     """A rich progress bar showing round, accuracy and bytes so far."""
 
     def __init__(self, enabled: bool) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self.progress = (
             Progress(

@@ -62,15 +62,18 @@ from fedge.core.errors import MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import NextPhase
 from fedge.core.rng import derive_seed
-from fedge.estimators import combine_loss_differences, estimate_gradient, loss_differences
+from fedge.estimators import (
+    combine_loss_differences,
+    estimate_gradient,
+    loss_differences,
+)
 from fedge.methods.base import (
+    GlobalModel,
     MethodBuild,
     MethodConfigBase,
     MethodEnv,
     ServerOptimizerConfig,
-    load_arrays,
     model_arrays,
-    split_trainable,
 )
 from fedge.methods.ema import EMAEvaluation
 from fedge.methods.fedavg import DeltaAveraging
@@ -203,13 +206,10 @@ class BaffleBatchStrategy:
     def __init__(self, model: torch.nn.Module, cfg: BaffleConfig, *, seed: int) -> None:
         assert cfg.server_optimizer is not None
         self.model, self.cfg, self.seed = model, cfg, seed
-        self.names, _ = split_trainable(model)
-        self.tx = cfg.server_optimizer.build()
-        self.opt_state = self.tx.init(self.params())
+        self.server = GlobalModel(model, cfg.server_optimizer.build())
 
     def params(self) -> dict[str, torch.Tensor]:
-        state = self.model.state_dict()
-        return {k: state[k] for k in self.names}
+        return self.server.params()
 
     def round_seed(self, rnd: int, cid: int | None = None) -> int:
         """s_t (shared) or s_{t,c} (per client); 62 bits, sent as an 8-byte integer."""
@@ -249,12 +249,7 @@ class BaffleBatchStrategy:
         return g
 
     def apply(self, grads: dict[str, torch.Tensor]) -> None:
-        grads = clip_inf_norm(grads, self.cfg.clip)
-        updates, self.opt_state = self.tx.update(grads, self.opt_state, self.params())
-        with torch.no_grad():
-            state = self.model.state_dict()
-            for k, u in updates.items():
-                state[k].add_(u)
+        self.server.step(clip_inf_norm(grads, self.cfg.clip))
 
     def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float] | NextPhase:
         g = self.estimate(rnd, replies)
@@ -265,11 +260,10 @@ class BaffleBatchStrategy:
         return self.model
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": model_arrays(self.model), "opt": self.opt_state}
+        return self.server.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        load_arrays(self.model, state["model"], who="checkpoint")
-        self.opt_state = state["opt"]
+        self.server.load_state_dict(state)
 
 
 def build(cfg: BaffleConfig, env: MethodEnv) -> MethodBuild:

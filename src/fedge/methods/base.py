@@ -11,11 +11,12 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedge.core import transforms as T
-from fedge.core.errors import ConfigError, MessageError
+from fedge.core.errors import MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import ClientProgram, SideParty, Strategy
 
 __all__ = [
+    "GlobalModel",
     "MethodBuild",
     "MethodConfigBase",
     "MethodEnv",
@@ -127,3 +128,41 @@ def check_reply_arrays(reply: Message, expected: dict[str, torch.Size], *, who: 
         if reply.arrays[k].shape != shape:
             raise MessageError(f"{who}: array {k!r} has shape {tuple(reply.arrays[k].shape)}; expected {tuple(shape)}")
 
+
+
+class GlobalModel:
+    """The server's global model and the optimizer that moves it: the part every
+    model-updating strategy shares (FedAvg/FedSGD, BAFFLE, ...).
+
+    ``step(grads)`` applies the server optimizer to (pseudo-)gradients of the trainable
+    parameters; ``add_to_buffers(deltas)`` adds averaged float-buffer deltas directly.
+    """
+
+    def __init__(self, model: torch.nn.Module, tx: T.Transform) -> None:
+        self.model, self.tx = model, tx
+        self.param_names, self.buffer_names = split_trainable(model)
+        self.opt_state = tx.init(self.params())
+
+    def params(self) -> dict[str, torch.Tensor]:
+        state = self.model.state_dict()
+        return {k: state[k] for k in self.param_names}
+
+    def step(self, grads: dict[str, torch.Tensor]) -> None:
+        updates, self.opt_state = self.tx.update(grads, self.opt_state, self.params())
+        with torch.no_grad():
+            state = self.model.state_dict()
+            for k, u in updates.items():
+                state[k].add_(u)
+
+    def add_to_buffers(self, deltas: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            state = self.model.state_dict()
+            for k in self.buffer_names:
+                state[k].add_(deltas[k])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": model_arrays(self.model), "opt": self.opt_state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        load_arrays(self.model, state["model"], who="checkpoint")
+        self.opt_state = state["opt"]

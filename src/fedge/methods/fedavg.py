@@ -26,16 +26,20 @@ from fedge.core import transforms as T
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
 from fedge.methods.base import (
+    GlobalModel,
     MethodBuild,
     MethodConfigBase,
     MethodEnv,
     ServerOptimizerConfig,
     check_reply_arrays,
-    load_arrays,
     model_arrays,
     split_trainable,
 )
-from fedge.methods.local import ClientOptimizerConfig, LocalTraining, backprop_gradient_fn
+from fedge.methods.local import (
+    ClientOptimizerConfig,
+    LocalTraining,
+    backprop_gradient_fn,
+)
 from fedge.runtime.context import ClientContext
 
 __all__ = ["DeltaAveraging", "FedAvgConfig", "FedSGDClient", "FedSGDConfig", "build"]
@@ -98,16 +102,11 @@ class DeltaAveraging:
         replies_are_gradients: bool,
         weighting: str = "samples",
     ) -> None:
-        self.model, self.tx = model, server_tx
+        self.model = model
+        self.server = GlobalModel(model, server_tx)
         self.gradients, self.weighting = replies_are_gradients, weighting
-        self.param_names, self.buffer_names = split_trainable(model)
         state = model.state_dict()
-        self.expected = {k: state[k].shape for k in self.param_names + self.buffer_names}
-        self.opt_state = self.tx.init(self._params())
-
-    def _params(self) -> dict[str, torch.Tensor]:
-        state = self.model.state_dict()
-        return {k: state[k] for k in self.param_names}
+        self.expected = {k: state[k].shape for k in self.server.param_names + self.server.buffer_names}
 
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
         broadcast = Message(model_arrays(self.model), config={"round": rnd})
@@ -127,14 +126,8 @@ class DeltaAveraging:
             w = weights[cid] / total
             for k, a in reply.arrays.items():
                 mean[k] = mean[k].add_(a, alpha=w) if k in mean else a * w
-        grads = {k: (mean[k] if self.gradients else -mean[k]) for k in self.param_names}
-        updates, self.opt_state = self.tx.update(grads, self.opt_state, self._params())
-        with torch.no_grad():
-            state = self.model.state_dict()
-            for k, u in updates.items():
-                state[k].add_(u)
-            for k in self.buffer_names:
-                state[k].add_(mean[k])
+        self.server.step({k: (mean[k] if self.gradients else -mean[k]) for k in self.server.param_names})
+        self.server.add_to_buffers(mean)
         losses = [(weights[c] / total) * float(r.metrics["train_loss"]) for c, r in replies.items() if "train_loss" in r.metrics]
         return {"train_loss": sum(losses)} if losses else {}
 
@@ -142,11 +135,10 @@ class DeltaAveraging:
         return self.model
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": model_arrays(self.model), "opt": self.opt_state}
+        return self.server.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        load_arrays(self.model, state["model"], who="checkpoint")
-        self.opt_state = state["opt"]
+        self.server.load_state_dict(state)
 
 
 def build(cfg: FedAvgConfig | FedSGDConfig, env: MethodEnv) -> MethodBuild:
