@@ -1,8 +1,8 @@
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from fedge.runtime.evaluate import evaluate
 from fedge.runtime.meter import FlopCounter, Meter, TensorAccountant
-from torch.utils.flop_counter import FlopCounterMode
 
 
 def test_flop_counter_matches_torch_flop_counter_mode():
