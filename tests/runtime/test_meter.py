@@ -62,3 +62,15 @@ def test_evaluate_top1_top5_and_loss():
     expected = float(torch.nn.functional.cross_entropy(logits, torch.tensor([1, 11])))
     assert abs(out["test_loss"] - expected) < 1e-6
     assert "test_top5" not in evaluate(Fixed(), x, torch.tensor([1, 0]), num_classes=10)
+
+
+def test_effective_flops_ratio_by_hand():
+    from fedge.runtime.meter import effective_flops_ratio
+
+    model = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.ReLU(), torch.nn.Linear(20, 5))
+    masks = {"0.weight": torch.rand(20, 10) < 2, "2.weight": torch.zeros(5, 20, dtype=torch.bool)}
+    masks["0.weight"][:10] = False  # half of layer 0 kept, none of layer 2
+    # FLOPs: layer 0: 2*10*20 = 400 per sample, layer 2: 2*20*5 = 200 per sample
+    ratio = effective_flops_ratio(model, masks, torch.zeros(3, 10))
+    assert abs(ratio - (200 / 600)) < 1e-9
+    assert effective_flops_ratio(model, {}, torch.zeros(3, 10)) == 1.0

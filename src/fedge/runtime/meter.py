@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
-__all__ = ["FlopCounter", "Meter", "StepStats", "TensorAccountant", "rss_peak_reset", "rss_peak_since_reset"]
+__all__ = ["FlopCounter", "Meter", "effective_flops_ratio", "StepStats", "TensorAccountant", "rss_peak_reset", "rss_peak_since_reset"]
 
 
 @dataclass
@@ -186,3 +186,30 @@ class Meter:
             if accountant is not None:
                 self.stats.tensor_peak_bytes = accountant.peak + module_bytes(self.resident)
                 self.stats.rss_peak_bytes = rss_peak_since_reset(start_rss)
+
+
+def effective_flops_ratio(model: torch.nn.Module, masks: dict[str, torch.Tensor], sample: torch.Tensor) -> float:
+    """Fraction of a forward's FLOPs that multiply non-zero weights, for a pruned model.
+
+    Dense kernels execute every multiply-add, so the executed FLOPs of a pruned model are
+    those of the dense one. The *effective* count scales each weight's layer by that
+    weight's density: per-module FLOPs come from torch's FlopCounterMode (module
+    attribution) on one forward of ``sample``, and a mask named ``"a.b.weight"`` scales the
+    FLOPs attributed to module ``"a.b"``. Multiply executed FLOPs by this ratio to get the
+    effective non-zero FLOPs (exact for forward passes, which is all zeroth-order clients run).
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), FlopCounterMode(display=False, depth=None) as counter:
+        model(sample)
+    counts = counter.get_flop_counts()
+    total = sum(counts.get("Global", {}).values())
+    if total == 0:
+        return 1.0
+    prefix = type(model).__name__ + "."
+    skipped = 0.0
+    for name, mask in masks.items():
+        module = name.rsplit(".", 1)[0]
+        flops = sum(counts.get(prefix + module, {}).values())
+        skipped += flops * (1.0 - float(mask.float().mean()))
+    return (total - skipped) / total
