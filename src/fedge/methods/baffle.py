@@ -73,7 +73,6 @@ from fedge.methods.base import (
     MethodConfigBase,
     MethodEnv,
     ServerOptimizerConfig,
-    model_arrays,
 )
 from fedge.methods.ema import EMAEvaluation
 from fedge.methods.fedavg import DeltaAveraging
@@ -153,14 +152,14 @@ def clip_inf_norm(grads: dict[str, torch.Tensor], max_norm: float | None) -> dic
 def zeroth_order_gradient_fn(cfg: BaffleConfig) -> Any:
     """A :data:`~fedge.methods.local.GradientFn` computing BAFFLE's local estimate."""
 
-    def gradient(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], ctx: ClientContext):
+    def gradient(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], ctx: ClientContext, masks: Any):
         seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator))
         diffs = loss_differences(
             model, F.cross_entropy, batch, k=cfg.k, sigma=cfg.sigma, seed=seed, scheme=cfg.scheme,
-            mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype,
+            masks=masks, mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype,
         )  # fmt: skip
         params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-        g = estimate_gradient(params, diffs, sigma=cfg.sigma, seed=seed, scheme=cfg.scheme)
+        g = estimate_gradient(params, diffs, sigma=cfg.sigma, seed=seed, scheme=cfg.scheme, masks=masks)
         return None, clip_inf_norm(g, cfg.clip)
 
     return gradient
@@ -187,7 +186,7 @@ class BaffleBatchClient:
         idx = ctx.data.indices[torch.randperm(n, generator=ctx.generator)[: min(cfg.batch_size, n)]]
         return loss_differences(
             model, F.cross_entropy, (ctx.data.x[idx], ctx.data.y[idx]), k=cfg.k, sigma=cfg.sigma, seed=seed,
-            scheme=cfg.scheme, mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype,
+            scheme=cfg.scheme, masks=self.local.masks, mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype,
         )  # fmt: skip
 
     def run(self, message: Message, ctx: ClientContext) -> Message:
@@ -217,7 +216,7 @@ class BaffleBatchStrategy:
         return derive_seed(self.seed, *path, bits=62)
 
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
-        arrays = model_arrays(self.model)
+        arrays = self.server.arrays()
         if self.cfg.shared_perturbations:
             return dict.fromkeys(client_ids, Message(arrays, config={"seed": self.round_seed(rnd)}))
         return {c: Message(arrays, config={"seed": self.round_seed(rnd, c)}) for c in client_ids}
@@ -239,11 +238,15 @@ class BaffleBatchStrategy:
         cfg = self.cfg
         if cfg.shared_perturbations:
             combined = combine_loss_differences([d for d, _ in checked.values()], [n for _, n in checked.values()])
-            return estimate_gradient(params, combined, sigma=cfg.sigma, seed=self.round_seed(rnd), scheme=cfg.scheme)
+            return estimate_gradient(
+                params, combined, sigma=cfg.sigma, seed=self.round_seed(rnd), scheme=cfg.scheme, masks=self.server.masks
+            )
         total = sum(n for _, n in checked.values())
         g: dict[str, torch.Tensor] = {}
         for c, (d, n) in checked.items():
-            gc = estimate_gradient(params, d, sigma=cfg.sigma, seed=self.round_seed(rnd, c), scheme=cfg.scheme)
+            gc = estimate_gradient(
+                params, d, sigma=cfg.sigma, seed=self.round_seed(rnd, c), scheme=cfg.scheme, masks=self.server.masks
+            )
             for k, v in gc.items():
                 g[k] = g[k].add_(v, alpha=n / total) if k in g else v * (n / total)
         return g

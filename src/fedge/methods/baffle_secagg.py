@@ -40,7 +40,7 @@ from fedge.core.messages import Message
 from fedge.core.protocols import NextPhase
 from fedge.core.rng import generator
 from fedge.estimators import estimate_gradient
-from fedge.methods.base import MethodEnv, model_arrays
+from fedge.methods.base import MethodEnv
 from fedge.privacy.secagg import (
     ClientState,
     FixedPoint,
@@ -153,7 +153,7 @@ class SecureBaffleStrategy:
             forwards = server.forward_shares()
             drop = self._dropouts(rnd, sorted(forwards))
             self._dropped = len(drop)
-            arrays = model_arrays(self.model)
+            arrays = self.inner.server.arrays()
             seed = self.inner.round_seed(rnd)
             return NextPhase(
                 {c: Message(arrays, config={"seed": seed, "secagg": b}) for c, b in forwards.items() if c not in drop}
@@ -168,7 +168,10 @@ class SecureBaffleStrategy:
             raise MessageError(f"round {rnd}: secure aggregation summed a total weight of {weight}; expected > 0")
         combined = torch.from_numpy(total[:-1] / weight).to(torch.float32)
         cfg = self.cfg
-        g = estimate_gradient(self.inner.params(), combined, sigma=cfg.sigma, seed=self.inner.round_seed(rnd), scheme=cfg.scheme)
+        g = estimate_gradient(
+            self.inner.params(), combined, sigma=cfg.sigma, seed=self.inner.round_seed(rnd), scheme=cfg.scheme,
+            masks=self.inner.server.masks,
+        )
         self.inner.apply(g)
         self._server = None
         return {

@@ -25,8 +25,12 @@ __all__ = [
     "check_reply_arrays",
     "load_arrays",
     "model_arrays",
+    "model_message_arrays",
     "split_trainable",
+    "unpack_model_arrays",
 ]
+
+MASK_PREFIX = "mask/"
 
 
 class MethodConfigBase(BaseModel):
@@ -96,6 +100,55 @@ def model_arrays(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def model_message_arrays(
+    model: torch.nn.Module, masks: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """The model as message arrays: dense, or — with ``masks`` — sparse with its mask.
+
+    A masked tensor travels as its kept values only (1-D, in row-major order of the kept
+    coordinates) plus its mask under ``"mask/<name>"`` in the smaller of a bitmap and an
+    index list (:func:`fedge.pruning.encode_masks`): DESIGN.md's "a sparse model travels
+    with its mask". :func:`unpack_model_arrays` inverts it.
+    """
+    arrays = model_arrays(model)
+    if not masks:
+        return arrays
+    from fedge.pruning import encode_masks
+
+    for name, mask in masks.items():
+        arrays[name] = arrays[name][mask]
+    arrays.update({MASK_PREFIX + k: v for k, v in encode_masks(masks).items()})
+    return arrays
+
+
+def unpack_model_arrays(
+    arrays: dict[str, torch.Tensor], template: dict[str, torch.Tensor], *, who: str = "message"
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+    """Dense arrays and masks (None if the model travelled dense) from message arrays;
+    ``template`` (a state dict) gives the dense shapes and dtypes."""
+    encoded = {k[len(MASK_PREFIX) :]: v for k, v in arrays.items() if k.startswith(MASK_PREFIX)}
+    if not encoded:
+        return arrays, None
+    from fedge.pruning import decode_masks
+
+    names = {k.split(":")[0] for k in encoded}
+    unknown = sorted(names - set(template))
+    if unknown:
+        raise MessageError(f"{who}: masks for unknown arrays {unknown[:5]}")
+    masks = decode_masks(encoded, {n: template[n].shape for n in names})
+    dense = {k: v for k, v in arrays.items() if not k.startswith(MASK_PREFIX)}
+    for name, mask in masks.items():
+        values = dense.get(name)
+        kept = int(mask.sum())
+        if values is None or values.dim() != 1 or values.numel() != kept:
+            got = None if values is None else tuple(values.shape)
+            raise MessageError(f"{who}: sparse array {name!r} must hold its {kept} kept values, got shape {got}")
+        full = torch.zeros(template[name].shape, dtype=values.dtype)
+        full[mask] = values
+        dense[name] = full
+    return dense, masks
+
+
 def load_arrays(model: torch.nn.Module, arrays: dict[str, torch.Tensor], *, who: str = "message") -> None:
     """Copy ``arrays`` into ``model`` in place; every state entry must be present with its shape."""
     state = model.state_dict()
@@ -138,10 +191,24 @@ class GlobalModel:
     parameters; ``add_to_buffers(deltas)`` adds averaged float-buffer deltas directly.
     """
 
-    def __init__(self, model: torch.nn.Module, tx: T.Transform) -> None:
+    def __init__(self, model: torch.nn.Module, tx: T.Transform, *, masks: dict[str, torch.Tensor] | None = None) -> None:
         self.model, self.tx = model, tx
         self.param_names, self.buffer_names = split_trainable(model)
         self.opt_state = tx.init(self.params())
+        self.masks = masks
+        self._apply_masks()
+
+    def _apply_masks(self) -> None:
+        """Pruned coordinates are exactly zero, whatever the optimizer did."""
+        if self.masks:
+            with torch.no_grad():
+                state = self.model.state_dict()
+                for k, m in self.masks.items():
+                    state[k].mul_(m.to(state[k].dtype))
+
+    def arrays(self) -> dict[str, torch.Tensor]:
+        """The model as the server sends it (sparse with its mask when pruned)."""
+        return model_message_arrays(self.model, self.masks)
 
     def params(self) -> dict[str, torch.Tensor]:
         state = self.model.state_dict()
@@ -153,6 +220,7 @@ class GlobalModel:
             state = self.model.state_dict()
             for k, u in updates.items():
                 state[k].add_(u)
+        self._apply_masks()
 
     def add_to_buffers(self, deltas: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():

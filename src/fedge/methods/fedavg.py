@@ -32,7 +32,6 @@ from fedge.methods.base import (
     MethodEnv,
     ServerOptimizerConfig,
     check_reply_arrays,
-    model_arrays,
     split_trainable,
 )
 from fedge.methods.local import (
@@ -76,7 +75,7 @@ class FedSGDClient:
         start = {k: model.state_dict()[k].detach().clone() for k in buffers}
         n = ctx.data.num_samples
         idx = ctx.data.indices[torch.randperm(n, generator=ctx.generator)[: min(self.cfg.batch_size or n, n)]]
-        loss, grads = backprop_gradient_fn(model, (ctx.data.x[idx], ctx.data.y[idx]), ctx)
+        loss, grads = backprop_gradient_fn(model, (ctx.data.x[idx], ctx.data.y[idx]), ctx, self.local.masks)
         state = model.state_dict()
         arrays = {**grads, **{k: state[k].detach() - start[k] for k in buffers}}
         return Message(arrays, config={"num_samples": n}, metrics={"train_loss": loss})
@@ -109,7 +108,7 @@ class DeltaAveraging:
         self.expected = {k: state[k].shape for k in self.server.param_names + self.server.buffer_names}
 
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
-        broadcast = Message(model_arrays(self.model), config={"round": rnd})
+        broadcast = Message(self.server.arrays(), config={"round": rnd})
         return dict.fromkeys(client_ids, broadcast)
 
     def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float]:

@@ -15,13 +15,14 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from fedge.core.messages import Message
-from fedge.methods.base import MethodConfigBase, load_arrays, split_trainable
+from fedge.methods.base import MethodConfigBase, load_arrays, split_trainable, unpack_model_arrays
 from fedge.runtime.context import ClientContext
 
 __all__ = ["ClientOptimizerConfig", "GradientFn", "LocalTraining", "backprop_gradient_fn"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-GradientFn = Callable[[torch.nn.Module, Batch, ClientContext], tuple[float | None, dict[str, torch.Tensor]]]
+Masks = dict[str, torch.Tensor] | None
+GradientFn = Callable[[torch.nn.Module, Batch, ClientContext, Masks], tuple[float | None, dict[str, torch.Tensor]]]
 
 
 class ClientOptimizerConfig(MethodConfigBase):
@@ -40,12 +41,16 @@ class ClientOptimizerConfig(MethodConfigBase):
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
 
-def backprop_gradient_fn(model: torch.nn.Module, batch: Batch, ctx: ClientContext) -> tuple[float, dict[str, torch.Tensor]]:
-    """Mean cross-entropy of ``batch`` and its exact gradient (autograd)."""
+def backprop_gradient_fn(
+    model: torch.nn.Module, batch: Batch, ctx: ClientContext, masks: Masks = None
+) -> tuple[float, dict[str, torch.Tensor]]:
+    """Mean cross-entropy of ``batch`` and its exact gradient (autograd), zero where masked out."""
     params = {k: p for k, p in model.named_parameters() if p.requires_grad}
     loss = F.cross_entropy(model(batch[0]), batch[1])
-    grads = torch.autograd.grad(loss, list(params.values()))
-    return float(loss.detach()), dict(zip(params, grads, strict=True))
+    grads = dict(zip(params, torch.autograd.grad(loss, list(params.values())), strict=True))
+    for k, m in (masks or {}).items():
+        grads[k] = grads[k] * m
+    return float(loss.detach()), grads
 
 
 class LocalTraining:
@@ -74,10 +79,14 @@ class LocalTraining:
         self.local_epochs, self.batch_size, self.max_steps = local_epochs, batch_size, max_steps
         self.optimizer, self.gradient_fn = optimizer, gradient_fn
         self.model = model_fn()
+        self.masks: Masks = None
 
     def load(self, message: Message, ctx: ClientContext) -> torch.nn.Module:
-        """The process's model instance holding the global weights, in train mode."""
-        load_arrays(self.model, message.arrays, who=f"round {ctx.rnd}, client {ctx.cid}")
+        """The process's model instance holding the global weights, in train mode; a sparse
+        model's masks are kept in :attr:`masks` for this round."""
+        who = f"round {ctx.rnd}, client {ctx.cid}"
+        arrays, self.masks = unpack_model_arrays(message.arrays, self.model.state_dict(), who=who)
+        load_arrays(self.model, arrays, who=who)
         self.model.train()
         ctx.meter.resident = self.model
         return self.model
@@ -93,7 +102,7 @@ class LocalTraining:
         steps = 0
         for _ in range(self.local_epochs):
             for batch in ctx.data.batches(self.batch_size, generator=ctx.generator):
-                loss, grads = self.gradient_fn(model, batch, ctx)
+                loss, grads = self.gradient_fn(model, batch, ctx, self.masks)
                 for k, g in grads.items():
                     named[k].grad = g
                 opt.step()

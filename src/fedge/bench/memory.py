@@ -1,0 +1,326 @@
+"""Peak memory of one client step: inference, backprop, lean and fast zeroth-order.
+
+BAFFLE (seed 000, Sec. 4.4, Table 4, Appendix C) argues that a client that only runs forwards
+needs a fraction of backprop's memory, small enough for a TEE. This benchmark measures, per model
+and batch size, the peak memory of
+
+- **inference**: one forward, no grad, eval mode (the floor a forward-only client can reach);
+- **bp**: one training step, forward, backward and a plain SGD step (no momentum, so no
+  optimizer state), gradients set to None before the step;
+- **zo_lean**: :func:`~fedge.estimators.loss_differences` in lean mode (central scheme) at two
+  values of K (default 8 and 32): lean memory must not depend on K;
+- **zo_fast**: the same in fast mode with its default chunk (what batching costs).
+
+Two measures, both per step:
+
+(a) **tensor accounting** (the headline ``*_peak_bytes``): ``resident + peak``, where
+    ``resident`` is the bytes of the model's parameters and buffers plus the input batch
+    ``(x, y)``, and ``peak`` is the high-water mark of the bytes of tensor storages *created
+    inside the step* and still alive (activations, tensors saved for backward, gradients,
+    perturbed weights, noise, stacked activations), seen by
+    :class:`~fedge.runtime.meter.TensorAccountant`. Views of resident storages (``W.t()``
+    inside ``F.linear``, in-place updates of ``W``) are not new memory and are not counted.
+    This is the papers' "GPU memory" notion without the framework's static memory.
+(b) **peak RSS** (``rss_*_bytes``): each measurement runs in a fresh Python process
+    (``sys.executable -c``) that imports torch and fedge, builds the model and the batch, runs
+    the same kind of step once on a 1-sample batch (so the one-time costs, code pages and
+    kernel set-up, are not charged to the step), returns free heap to the OS (``malloc_trim``),
+    resets the kernel's RSS high-water mark (``/proc/self/clear_refs``) and runs the step; the
+    figure is the growth of VmHWM over VmRSS just before the step. glibc's default allocator.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedge.bench.zo import BENCH_MODELS, SIGMA, _build, _fast_path
+from fedge.estimators import loss_differences
+from fedge.runtime.meter import TensorAccountant, module_bytes, rss_peak_reset, rss_peak_since_reset
+
+__all__ = ["PAPER_TABLE4", "StepAccountant", "memory_markdown", "run_memory", "step_peak_bytes"]
+
+STEPS = ("inference", "bp", "zo_lean", "zo_fast")
+LEAN_OVER_INFERENCE_TARGET = 1.15
+# BAFFLE Table 4, GPU memory in MB: (BP, BAFFLE min, BAFFLE max) on CIFAR-10/100 and
+# OfficeHome/ImageNet inputs; the paper's "ratio" is BAFFLE max / BP in %.
+PAPER_TABLE4: dict[str, dict[str, tuple[int, int, int]]] = {
+    "lenet": {"cifar": (1680, 67, 174), "officehome": (2527, 86, 201)},
+    "wrn-10-2": {"cifar": (1878, 75, 196), "officehome": (3425, 94, 251)},
+}
+
+
+class StepAccountant(TensorAccountant):
+    """A :class:`TensorAccountant` that ignores storages that existed before the step.
+
+    Ops that return views of (or update in place) the model's weights or the input batch report
+    those storages as outputs; they are resident memory, counted once apart, not step memory.
+    """
+
+    def __init__(self, resident: Iterable[Tensor]) -> None:
+        super().__init__()
+        self._resident = {t.untyped_storage().data_ptr() for t in resident}
+
+    def _track(self, t: Tensor) -> None:
+        if t.untyped_storage().data_ptr() in self._resident:
+            return
+        super()._track(t)
+
+
+def _resident_tensors(model: nn.Module, batch: tuple[Tensor, Tensor]) -> list[Tensor]:
+    return [*model.parameters(), *model.buffers(), *batch]
+
+
+def _make_step(kind: str, model: nn.Module, batch: tuple[Tensor, Tensor], k: int) -> Callable[[], object]:
+    """The client step of ``kind`` on ``batch``; the model is put in the right mode first."""
+    x, y = batch
+    if kind == "inference":
+        model.eval()
+
+        def inference() -> Tensor:
+            with torch.no_grad():
+                return model(x)
+
+        return inference
+    model.train()
+    if kind == "bp":
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)  # no momentum: no optimizer state
+        model.zero_grad(set_to_none=True)
+
+        def bp() -> None:
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+
+        return bp
+    if kind in ("zo_lean", "zo_fast"):
+        mode = "lean" if kind == "zo_lean" else "fast"
+        return lambda: loss_differences(model, F.cross_entropy, (x, y), k=k, sigma=SIGMA, seed=0,
+                                        scheme="central", mode=mode)  # fmt: skip
+    raise ValueError(f"unknown step {kind!r}; choose from {STEPS}")
+
+
+def step_peak_bytes(kind: str, model: nn.Module, batch: tuple[Tensor, Tensor], *, k: int = 8) -> dict[str, int]:
+    """Tensor-accounting peak of one step: ``{"peak_bytes", "resident_bytes", "step_bytes"}``.
+
+    ``peak_bytes = resident_bytes + step_bytes``; see the module docstring for the definitions.
+    """
+    step = _make_step(kind, model, batch, k)
+    accountant = StepAccountant(_resident_tensors(model, batch))
+    with accountant:
+        result = step()
+    del result
+    model.zero_grad(set_to_none=True)
+    resident = module_bytes(model) + sum(t.nbytes for t in batch)
+    return {"peak_bytes": resident + accountant.peak, "resident_bytes": resident,
+            "step_bytes": accountant.peak}  # fmt: skip
+
+
+def _malloc_trim() -> None:
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _rss_child(name: str, batch: int, kind: str, k: int, threads: int) -> dict[str, int | None]:
+    """Run in a fresh process: RSS growth of one step (see the module docstring)."""
+    torch.set_num_threads(threads)
+    model, data = _build(name, batch)
+    _make_step(kind, model, (data[0][:1], data[1][:1]), k)()  # one-time costs, 1 sample
+    model.zero_grad(set_to_none=True)
+    step = _make_step(kind, model, data, k)
+    gc.collect()
+    _malloc_trim()
+    start = rss_peak_reset()
+    step()
+    return {"rss_growth_bytes": rss_peak_since_reset(start), "rss_before_bytes": start}
+
+
+def _rss(name: str, batch: int, kind: str, k: int, threads: int) -> dict[str, int | None]:
+    code = (
+        "import json; from fedge.bench.memory import _rss_child\n"
+        f"print(json.dumps(_rss_child({name!r}, {batch}, {kind!r}, {k}, {threads})))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"RSS measurement of {kind} ({name}, batch {batch}) failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def _measure(name: str, batch: int, lean_ks: Sequence[int], fast_k: int, rss: bool,
+             threads: int) -> dict[str, Any]:  # fmt: skip
+    model, data = _build(name, batch)
+    runs = [("inference", "inference", 1), ("bp", "bp", 1), ("zo_fast", "zo_fast", fast_k)]
+    runs += [(f"zo_lean_k{k}", "zo_lean", k) for k in lean_ks]
+    acct = {key: step_peak_bytes(kind, model, data, k=k) for key, kind, k in runs}
+    rss_of = {key: _rss(name, batch, kind, k, threads) for key, kind, k in runs} if rss else {}
+    lean_key = f"zo_lean_k{lean_ks[0]}"
+    row: dict[str, Any] = {
+        "model": name,
+        "batch": batch,
+        "params": sum(p.numel() for p in model.parameters()),
+        "fast_path": _fast_path(model, data),
+        "scheme": "central",
+        "lean_k": lean_ks[0],
+        "fast_k": fast_k,
+        "resident_bytes": acct["inference"]["resident_bytes"],
+        "inference_peak_bytes": acct["inference"]["peak_bytes"],
+        "bp_peak_bytes": acct["bp"]["peak_bytes"],
+        "zo_lean_peak_bytes": acct[lean_key]["peak_bytes"],
+        "zo_fast_peak_bytes": acct["zo_fast"]["peak_bytes"],
+        "zo_lean_peak_bytes_by_k": {str(k): acct[f"zo_lean_k{k}"]["peak_bytes"] for k in lean_ks},
+    }
+    by_k = list(row["zo_lean_peak_bytes_by_k"].values())
+    row["zo_lean_k_spread_bytes"] = max(by_k) - min(by_k)
+    row["bp_over_lean"] = row["bp_peak_bytes"] / row["zo_lean_peak_bytes"]
+    row["bp_over_inference"] = row["bp_peak_bytes"] / row["inference_peak_bytes"]
+    row["lean_over_inference"] = row["zo_lean_peak_bytes"] / row["inference_peak_bytes"]
+    row["fast_over_lean"] = row["zo_fast_peak_bytes"] / row["zo_lean_peak_bytes"]
+    row["meets_lean_over_inference"] = row["lean_over_inference"] <= LEAN_OVER_INFERENCE_TARGET
+    if rss:
+        for key, short in (("inference", "inference"), ("bp", "bp"), (lean_key, "zo_lean"),
+                           ("zo_fast", "zo_fast")):  # fmt: skip
+            row[f"rss_{short}_peak_bytes"] = rss_of[key]["rss_growth_bytes"]
+        row["rss_before_step_bytes"] = rss_of["inference"]["rss_before_bytes"]
+        row["rss_zo_lean_peak_bytes_by_k"] = {
+            str(k): rss_of[f"zo_lean_k{k}"]["rss_growth_bytes"] for k in lean_ks
+        }
+        row["rss_bp_over_lean"] = _ratio(row["rss_bp_peak_bytes"], row["rss_zo_lean_peak_bytes"])
+        row["rss_lean_over_inference"] = _ratio(
+            row["rss_zo_lean_peak_bytes"], row["rss_inference_peak_bytes"]
+        )
+    paper = PAPER_TABLE4.get(name)
+    if paper is not None:
+        row["paper_bp_over_baffle_max"] = {d: bp / hi for d, (bp, _, hi) in paper.items()}
+        row["paper_bp_over_baffle_min"] = {d: bp / lo for d, (bp, lo, _) in paper.items()}
+    return row
+
+
+def run_memory(
+    models: Sequence[str] = ("lenet", "wrn-10-2"),
+    *,
+    batches: Sequence[int] = (64, 256),
+    lean_ks: Sequence[int] = (8, 32),
+    fast_k: int = 8,
+    rss: bool = True,
+    threads: int = 1,
+) -> dict[str, Any]:
+    """Peak memory of each client step for each model and batch; see the module docstring.
+
+    Args:
+        models: names from :data:`fedge.bench.zo.BENCH_MODELS` (Hardswish, GroupNorm).
+        batches: batch sizes.
+        lean_ks: K values for the lean step (the first is the headline; the others check that
+            lean memory does not depend on K).
+        fast_k: K for the fast step (its memory follows the default chunk, not K, once K ≥ chunk).
+        rss: also measure peak RSS, one fresh process per measurement.
+        threads: torch threads (here and in the RSS processes).
+    """
+    unknown = [m for m in models if m not in BENCH_MODELS]
+    if not models or unknown:
+        raise ValueError(f"unknown model(s) {unknown or models}; choose from {sorted(BENCH_MODELS)}")
+    if not batches or not lean_ks or min(*batches, *lean_ks, fast_k, threads) < 1:
+        raise ValueError(
+            f"batches, lean_ks, fast_k and threads must be positive, got {list(batches)}, "
+            f"{list(lean_ks)}, {fast_k}, {threads}"
+        )
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        rows = [_measure(m, b, lean_ks, fast_k, rss, threads) for m in models for b in batches]
+    finally:
+        torch.set_num_threads(before)
+    return {
+        "benchmark": "client-step-memory",
+        "threads": threads,
+        "bp_optimizer": "plain SGD (no momentum, no optimizer state)",
+        "zo_scheme": "central",
+        "definition": (
+            "tensor accounting: parameters + buffers + input batch + peak live bytes of storages "
+            "created inside the step; rss: growth of VmHWM over VmRSS in a fresh process after a "
+            "1-sample warm-up step and malloc_trim, glibc default allocator"
+        ),
+        "target_lean_over_inference": LEAN_OVER_INFERENCE_TARGET,
+        "results": rows,
+    }
+
+
+def _mb(b: float | None) -> str:
+    return "n/a" if b is None else f"{b / 2**20:.2f}"
+
+
+def memory_markdown(report: dict[str, Any], command: str) -> str:
+    """The docs/benchmarks.md section for :func:`run_memory`."""
+    res = report["results"]
+    ks = "/".join(res[0]["zo_lean_peak_bytes_by_k"]) if res else ""
+    lines = [
+        "Peak memory of one client step (MiB). Inference: one forward, no grad. BP: forward,",
+        "backward, plain SGD step (no momentum, so no optimizer state). Lean/fast ZO:",
+        "`loss_differences`, central scheme, lean mode / fast mode with its default chunk. Models as",
+        "BAFFLE runs them (Hardswish, GroupNorm; LeNet on 1×28×28, WRN-10-2 on 3×32×32).",
+        "",
+        "*Tensor accounting* (headline): parameters + buffers + the input batch, plus the peak of",
+        "live bytes of tensor storages created inside the step (activations, tensors saved for",
+        "backward, gradients, perturbed weights and noise), seen by a dispatch mode; views of the",
+        "weights are not new memory. *RSS*: growth of the RSS high-water mark during the step, each",
+        "measurement in a fresh process (after imports, model and batch, a 1-sample warm-up step and",
+        "`malloc_trim`), glibc's default allocator. Target (issue): lean ZO ≤ 1.15× inference.",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"| model | batch | resident | inference | BP | lean ZO (K = {ks}) | fast ZO (path) "
+        "| lean/inference ≤ 1.15 | BP/lean | fast/lean |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in res:
+        by_k = " / ".join(_mb(v) for v in r["zo_lean_peak_bytes_by_k"].values())
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {_mb(r['resident_bytes'])} | {_mb(r['inference_peak_bytes'])} "
+            f"| {_mb(r['bp_peak_bytes'])} | {by_k} | {_mb(r['zo_fast_peak_bytes'])} ({r['fast_path']}) "
+            f"| {r['lean_over_inference']:.3f} {'pass' if r['meets_lean_over_inference'] else 'FAIL'} "
+            f"| {r['bp_over_lean']:.2f} | {r['fast_over_lean']:.2f} |"
+        )
+    if res and "rss_bp_peak_bytes" in res[0]:
+        lines += [
+            "",
+            "Peak RSS growth during the step (MiB; RSS before the step in the last column):",
+            "",
+            f"| model | batch | inference | BP | lean ZO (K = {ks}) | fast ZO | lean/inference | BP/lean | RSS before |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in res:
+            by_k = " / ".join(_mb(v) for v in r["rss_zo_lean_peak_bytes_by_k"].values())
+            li, bl = r["rss_lean_over_inference"], r["rss_bp_over_lean"]
+            lines.append(
+                f"| {r['model']} | {r['batch']} | {_mb(r['rss_inference_peak_bytes'])} "
+                f"| {_mb(r['rss_bp_peak_bytes'])} | {by_k} | {_mb(r['rss_zo_fast_peak_bytes'])} "
+                f"| {'n/a' if li is None else f'{li:.2f}'} | {'n/a' if bl is None else f'{bl:.2f}'} "
+                f"| {_mb(r['rss_before_step_bytes'])} |"
+            )
+    lines += [
+        "",
+        "BAFFLE Table 4 (GPU memory, MB, PyTorch's static memory included; BAFFLE executes the",
+        "forwards layer by layer) for comparison with BP/lean above:",
+        "",
+        "| model | inputs | BP | BAFFLE min~max | BP / BAFFLE max | BP / BAFFLE min |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, by in PAPER_TABLE4.items():
+        for data, (bp, lo, hi) in by.items():
+            label = "CIFAR-10/100" if data == "cifar" else "OfficeHome/ImageNet"
+            lines.append(f"| {name} | {label} | {bp} | {lo}~{hi} | {bp / hi:.2f} | {bp / lo:.1f} |")
+    return "\n".join(lines)
