@@ -202,10 +202,12 @@ class BaffleBatchStrategy:
     differences with weights N_c/N (Eq. 7); regenerate δ_k; ĝ by Eq. (6); clip; optimizer.
     """
 
-    def __init__(self, model: torch.nn.Module, cfg: BaffleConfig, *, seed: int) -> None:
+    def __init__(
+        self, model: torch.nn.Module, cfg: BaffleConfig, *, seed: int, masks: dict[str, torch.Tensor] | None = None
+    ) -> None:
         assert cfg.server_optimizer is not None
         self.model, self.cfg, self.seed = model, cfg, seed
-        self.server = GlobalModel(model, cfg.server_optimizer.build())
+        self.server = GlobalModel(model, cfg.server_optimizer.build(), masks=masks)
 
     def params(self) -> dict[str, torch.Tensor]:
         return self.server.params()
@@ -269,18 +271,19 @@ class BaffleBatchStrategy:
         self.server.load_state_dict(state)
 
 
-def build(cfg: BaffleConfig, env: MethodEnv) -> MethodBuild:
+def build(cfg: BaffleConfig, env: MethodEnv, *, masks: dict[str, torch.Tensor] | None = None) -> MethodBuild:
+    """Build BAFFLE; ``masks`` (from pruning) make the global model sparse from the start."""
     assert cfg.server_optimizer is not None
     if cfg.mode == "batch":
         if cfg.secure_aggregation:
             from fedge.methods.baffle_secagg import build_secure
 
-            strategy, program = build_secure(cfg, env)
+            strategy, program = build_secure(cfg, env, masks=masks)
         else:
-            strategy = BaffleBatchStrategy(env.model_fn(), cfg, seed=env.seed)
+            strategy = BaffleBatchStrategy(env.model_fn(), cfg, seed=env.seed, masks=masks)
             program = BaffleBatchClient(env.model_fn, cfg)
     else:
-        strategy = DeltaAveraging(env.model_fn(), cfg.server_optimizer.build(), replies_are_gradients=False)
+        strategy = DeltaAveraging(env.model_fn(), cfg.server_optimizer.build(), replies_are_gradients=False, masks=masks)
         program = LocalTraining(
             env.model_fn,
             local_epochs=cfg.local_epochs,

@@ -83,7 +83,7 @@ class SecureBaffleClient:
 
     def run(self, message: Message, ctx: ClientContext) -> Message:
         key = (ctx.rnd, ctx.cid)
-        step = _PHASES[ctx.phase] if ctx.phase < len(_PHASES) else None
+        step = message.config.get("secagg_step")
         if step == "ids":
             ids = message.arrays.get("ids")
             if ids is None:
@@ -96,10 +96,10 @@ class SecureBaffleClient:
             return Message(config={"secagg": state.advertise_keys()})
         state = self._sessions.get(key)
         if state is None:
-            raise MessageError(f"round {ctx.rnd}, client {ctx.cid}: phase {ctx.phase} without a key agreement")
+            raise MessageError(f"round {ctx.rnd}, client {ctx.cid}: secagg step {step!r} without a key agreement")
         blob = message.config.get("secagg")
         if not isinstance(blob, bytes):
-            raise MessageError(f"round {ctx.rnd}, client {ctx.cid}: phase {ctx.phase} message carries no secagg bytes")
+            raise MessageError(f"round {ctx.rnd}, client {ctx.cid}: secagg step {step!r} carries no secagg bytes")
         if step == "keys":
             return Message(config={"secagg": state.share_keys(blob)})
         if step == "forward":
@@ -110,7 +110,7 @@ class SecureBaffleClient:
         if step == "unmask":
             del self._sessions[key]
             return Message(config={"secagg": state.unmask(blob)})
-        raise MessageError(f"round {ctx.rnd}, client {ctx.cid}: unexpected phase {ctx.phase}")
+        raise MessageError(f"round {ctx.rnd}, client {ctx.cid}: unknown secagg step {step!r}; expected one of {_PHASES}")
 
 
 class SecureBaffleStrategy:
@@ -123,6 +123,7 @@ class SecureBaffleStrategy:
     def __init__(self, inner: Any, cfg: Any, *, seed: int) -> None:
         self.inner, self.cfg, self.seed = inner, cfg, seed
         self.model = inner.model
+        self.server = inner.server
         self._server: ServerState | None = None
         self._phase = 0
         self._dropped = 0
@@ -131,7 +132,7 @@ class SecureBaffleStrategy:
         graph = _graph(self.cfg, client_ids, seed=self.seed, rnd=rnd)
         self._server = ServerState(round=rnd, config=_secagg_config(self.cfg, graph), graph=graph)
         self._phase = 0
-        return dict.fromkeys(client_ids, Message({"ids": _ids_array(client_ids)}))
+        return dict.fromkeys(client_ids, Message({"ids": _ids_array(client_ids)}, config={"secagg_step": "ids"}))
 
     def _receive(self, rnd: int, replies: Mapping[int, Message], receive: Any) -> None:
         for cid, reply in replies.items():
@@ -147,7 +148,9 @@ class SecureBaffleStrategy:
         self._phase += 1
         if phase == 0:
             self._receive(rnd, replies, server.receive_advertise)
-            return NextPhase({c: Message(config={"secagg": b}) for c, b in server.broadcast_keys().items()})
+            return NextPhase(
+                {c: Message(config={"secagg_step": "keys", "secagg": b}) for c, b in server.broadcast_keys().items()}
+            )
         if phase == 1:
             self._receive(rnd, replies, server.receive_shares)
             forwards = server.forward_shares()
@@ -156,11 +159,17 @@ class SecureBaffleStrategy:
             arrays = self.inner.server.arrays()
             seed = self.inner.round_seed(rnd)
             return NextPhase(
-                {c: Message(arrays, config={"seed": seed, "secagg": b}) for c, b in forwards.items() if c not in drop}
+                {
+                    c: Message(arrays, config={"secagg_step": "forward", "seed": seed, "secagg": b})
+                    for c, b in forwards.items()
+                    if c not in drop
+                }
             )
         if phase == 2:
             self._receive(rnd, replies, server.receive_masked_input)
-            return NextPhase({c: Message(config={"secagg": b}) for c, b in server.unmask_requests().items()})
+            return NextPhase(
+                {c: Message(config={"secagg_step": "unmask", "secagg": b}) for c, b in server.unmask_requests().items()}
+            )
         self._receive(rnd, replies, server.receive_unmask)
         total = FIXED_POINT.decode(server.finalize())  # (K + 1,) float64
         weight = float(total[-1])
@@ -197,7 +206,9 @@ class SecureBaffleStrategy:
         self.inner.load_state_dict(state)
 
 
-def build_secure(cfg: Any, env: MethodEnv) -> tuple[SecureBaffleStrategy, SecureBaffleClient]:
+def build_secure(
+    cfg: Any, env: MethodEnv, *, masks: dict[str, torch.Tensor] | None = None
+) -> tuple[SecureBaffleStrategy, SecureBaffleClient]:
     from fedge.methods.baffle import BaffleBatchClient, BaffleBatchStrategy
 
     if env.workers:
@@ -205,5 +216,5 @@ def build_secure(cfg: Any, env: MethodEnv) -> tuple[SecureBaffleStrategy, Secure
             f"method.secure_aggregation=true keeps each client's secrets in its process for the round; "
             f"set clients.workers=0 (got {env.workers})"
         )
-    strategy = SecureBaffleStrategy(BaffleBatchStrategy(env.model_fn(), cfg, seed=env.seed), cfg, seed=env.seed)
+    strategy = SecureBaffleStrategy(BaffleBatchStrategy(env.model_fn(), cfg, seed=env.seed, masks=masks), cfg, seed=env.seed)
     return strategy, SecureBaffleClient(BaffleBatchClient(env.model_fn, cfg), cfg, seed=env.seed)

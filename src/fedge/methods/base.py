@@ -198,6 +198,11 @@ class GlobalModel:
         self.masks = masks
         self._apply_masks()
 
+    def set_masks(self, masks: dict[str, torch.Tensor] | None) -> None:
+        """Prune the global model from now on (e.g. after pruning rounds run in the federation)."""
+        self.masks = masks
+        self._apply_masks()
+
     def _apply_masks(self) -> None:
         """Pruned coordinates are exactly zero, whatever the optimizer did."""
         if self.masks:

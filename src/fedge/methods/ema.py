@@ -36,6 +36,7 @@ class EMAEvaluation:
     def __init__(self, inner: Any, *, decay: float, warmup: bool = False) -> None:
         self.inner, self.decay, self.warmup = inner, decay, warmup
         self.model = inner.model
+        self.server = getattr(inner, "server", None)
         self._floating = [k for k, v in self.model.state_dict().items() if v.is_floating_point()]
         self.ema = T.ema_init(self._state())
         self._eval = copy.deepcopy(self.model)
@@ -51,6 +52,9 @@ class EMAEvaluation:
         out = self.inner.aggregate_round(rnd, replies)
         if not isinstance(out, NextPhase):
             self.ema = T.ema_update(self.ema, self._state(), decay=self.decay, warmup=self.warmup)
+            masks = getattr(self.server, "masks", None)
+            for name, mask in (masks or {}).items():  # a pruned model's average is pruned too
+                self.ema["avg"][name].mul_(mask.to(self.ema["avg"][name].dtype))
         return out
 
     def eval_model(self) -> torch.nn.Module:

@@ -100,9 +100,10 @@ class DeltaAveraging:
         *,
         replies_are_gradients: bool,
         weighting: str = "samples",
+        masks: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.model = model
-        self.server = GlobalModel(model, server_tx)
+        self.server = GlobalModel(model, server_tx, masks=masks)
         self.gradients, self.weighting = replies_are_gradients, weighting
         state = model.state_dict()
         self.expected = {k: state[k].shape for k in self.server.param_names + self.server.buffer_names}
@@ -113,7 +114,14 @@ class DeltaAveraging:
 
     def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float]:
         weights: dict[int, float] = {}
+        masks = self.server.masks or {}
         for cid, reply in replies.items():
+            for k, m in masks.items():  # sparse deltas: kept coordinates only
+                a = reply.arrays.get(k)
+                if a is not None and a.dim() == 1 and a.numel() == int(m.sum()):
+                    full = torch.zeros(m.shape, dtype=a.dtype)
+                    full[m] = a
+                    reply.arrays[k] = full
             check_reply_arrays(reply, self.expected, who=f"round {rnd}, client {cid}")
             n = reply.config.get("num_samples")
             if not isinstance(n, int) or n < 1:

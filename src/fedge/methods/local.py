@@ -59,7 +59,9 @@ class LocalTraining:
     Steps: ``local_epochs`` passes over the client's data in mini-batches of
     ``batch_size`` (shuffled by the client's generator), capped at ``max_steps``. Each step
     asks ``gradient_fn`` for gradients and applies the client optimizer. The upload is
-    ``W_local − W_global`` for trainable parameters and float buffers, plus ``num_samples``.
+    ``W_local − W_global`` for trainable parameters and float buffers, plus ``num_samples``;
+    for a sparse model (one that arrived with masks) a masked tensor's delta is sent as its
+    kept coordinates only, in the order of the mask, which the server holds too.
 
     The model is built once per process (outside any measured step, so building it is
     never counted as client compute) and reloaded each round: simulated clients do not
@@ -116,5 +118,7 @@ class LocalTraining:
                 break
         state = model.state_dict()
         arrays = {k: state[k].detach() - start[k] for k in start}
+        for k, m in (self.masks or {}).items():  # a sparse model's delta: kept coordinates only
+            arrays[k] = arrays[k][m]
         metrics = {"train_loss": sum(losses) / len(losses)} if losses else {}
         return Message(arrays, config={"num_samples": ctx.data.num_samples}, metrics=metrics)

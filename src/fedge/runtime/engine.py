@@ -288,6 +288,10 @@ class Simulation:
             line.update(side_bytes_down=acc.side_down, side_bytes_up=acc.side_up)
         if cfg.measure_memory:
             line.update(client_tensor_peak_bytes=acc.peak_tensor, client_peak_bytes=acc.peak_rss)
+        if "effective_flops_ratio" in agg:  # dense kernels on a sparse model: also log non-zero FLOPs
+            eff = round(flops * float(agg["effective_flops_ratio"]))
+            r.extra["cum_client_flops_effective"] = r.extra.get("cum_client_flops_effective", 0) + eff
+            line.update(client_flops_effective=eff, cum_client_flops_effective=r.extra["cum_client_flops_effective"])
         line.update({k: v for k, v in agg.items() if k not in line})
         line["client_wall_s"] = acc.client_wall
         line["wall_s"] = time.perf_counter() - t0

@@ -1,0 +1,234 @@
+"""NTK foresight pruning + BAFFLE (seed 004, "When foresight pruning meets zeroth-order
+optimization": Section 4, Eq. 13-15, Algorithm 1).
+
+Before training, the server prunes the initial model W0 to ``density`` (the kept fraction of
+prunable weights: conv and linear weights) over ``prune_rounds`` rounds of the exponential
+schedule d^(t/T_p) with one global threshold (:mod:`fedge.pruning`). Then BAFFLE trains the
+sparse model: every estimate perturbs only kept coordinates (n shrinks to d·n, so the
+zeroth-order error O(sqrt(n/K)) shrinks with it), the server keeps pruned weights exactly
+zero, and the model travels as its kept values plus the mask (bitmap or index list,
+whichever is smaller). The uplink is unchanged: K scalars in batch mode.
+
+Pruning data (``prune_data``):
+
+- ``random`` (NTK-Rand, the paper's default and best): the NTK statistic is evaluated on
+  inputs drawn from a standard Gaussian on the server. No data, no communication, no
+  device compute; it happens when the method is built.
+- ``client`` (NTK-Ori): the statistic is evaluated on the devices' own data, forward-only.
+  Each pruning round is one phase of the federation's first round: the server sends the
+  current sparse model and a seed; each sampled client evaluates K differences
+  I(m + δ_k) − I(m − δ_k) of the NTK statistic on ``prune_inputs`` of its samples under
+  seed-shared mask perturbations and uploads those K scalars (4K bytes); the server
+  combines them with weights N_c/N, estimates ∂I/∂m by Stein's identity, and prunes. Its
+  bytes and FLOPs are logged with round 1. (Algorithm 1 has devices send one scalar, from
+  which no derivative can be formed; this is the forward-only protocol closest to it.)
+
+``prune_score`` picks the saliency: ``ntk`` (the paper), ``magnitude`` (|W0|) or ``random``,
+the last two as the baselines that measure what the NTK score is worth at equal density.
+
+Client FLOPs are executed dense (the kernels do not skip zeros); every round also logs
+``effective_flops_ratio``, the share of forward FLOPs that multiply kept weights (per-layer
+densities weighted by torch's per-module FLOP counts), and the engine derives
+``client_flops_effective`` from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, model_validator
+
+from fedge.core.errors import MessageError
+from fedge.core.messages import Message
+from fedge.core.protocols import NextPhase
+from fedge.core.rng import derive_seed, generator
+from fedge.estimators import combine_loss_differences
+from fedge.methods.baffle import BaffleConfig
+from fedge.methods.baffle import build as build_baffle
+from fedge.methods.base import MethodBuild, MethodEnv, model_message_arrays, unpack_model_arrays
+from fedge.pruning import (
+    DEFAULT_EPS,
+    apply_masks_,
+    dense_masks,
+    keep_counts,
+    ntk_saliency_from_differences,
+    ntk_statistic_differences,
+    prune,
+    prune_step,
+)
+from fedge.pruning import (
+    density as mask_density,
+)
+from fedge.runtime.context import ClientContext
+from fedge.runtime.meter import effective_flops_ratio
+
+__all__ = ["ClientDataPruning", "NtkBaffleConfig", "PruningClient", "build"]
+
+
+class NtkBaffleConfig(BaffleConfig):
+    name: Literal["ntk-baffle"] = "ntk-baffle"  # type: ignore[assignment]
+    density: float = Field(0.1, gt=0, le=1, description="kept fraction of prunable weights")
+    prune_rounds: int = Field(10, ge=1, description="T_p (the paper: 50 for LeNet)")
+    prune_data: Literal["random", "client"] = Field("random", description="NTK-Rand (Gaussian inputs) or NTK-Ori")
+    prune_score: Literal["ntk", "magnitude", "random"] = "ntk"
+    prune_inputs: int = Field(256, ge=1, description="inputs per pruning round (per client with prune_data=client)")
+    prune_eps: float = Field(DEFAULT_EPS, gt=0, description="variance of the weight perturbation in Eq. 15")
+    prune_samples: int = Field(1, ge=1, description="weight-perturbation draws per input batch")
+    prune_k: int = Field(100, ge=1, description="prune_data=client: K scalars per client per pruning round")
+    prune_sigma: float = Field(1e-2, gt=0, description="prune_data=client: sigma of the mask perturbation")
+
+    @model_validator(mode="after")
+    def _pruning_rules(self) -> NtkBaffleConfig:
+        if self.prune_data == "client" and self.prune_score != "ntk":
+            raise ValueError(
+                f"prune_data=client evaluates the NTK statistic on devices; prune_score={self.prune_score!r} "
+                "needs no data — use prune_data=random with it"
+            )
+        return self
+
+
+class PruningClient:
+    """Device side of NTK-Ori: K differences of the NTK statistic on local data, forwards
+    only; any other message goes to the BAFFLE client program."""
+
+    def __init__(self, inner: Any, model_fn: Any, cfg: NtkBaffleConfig) -> None:
+        self.inner, self.cfg = inner, cfg
+        self.model = model_fn()
+
+    def run(self, message: Message, ctx: ClientContext) -> Message:
+        if "prune_seed" not in message.config:
+            return self.inner.run(message, ctx)
+        cfg = self.cfg
+        who = f"round {ctx.rnd}, client {ctx.cid}"
+        arrays, masks = unpack_model_arrays(message.arrays, self.model.state_dict(), who=who)
+        self.model.load_state_dict(arrays)
+        ctx.meter.resident = self.model
+        seed = message.config["prune_seed"]
+        if not isinstance(seed, int):
+            raise MessageError(f"{who}: prune_seed must be an int, got {seed!r}")
+        n = ctx.data.num_samples
+        idx = ctx.data.indices[torch.randperm(n, generator=ctx.generator)[: min(cfg.prune_inputs, n)]]
+        diffs = ntk_statistic_differences(
+            self.model, masks, ctx.data.x[idx], eps=cfg.prune_eps, samples=cfg.prune_samples,
+            generator=ctx.generator, k=cfg.prune_k, sigma=cfg.prune_sigma, seed=seed,
+        )  # fmt: skip
+        return Message({"dI": diffs}, config={"num_samples": n})
+
+
+class ClientDataPruning:
+    """Server side of NTK-Ori: runs the T_p pruning rounds as the first phases of round 1,
+    then hands the pruned model to the wrapped BAFFLE strategy for the rest of the run."""
+
+    def __init__(self, inner: Any, cfg: NtkBaffleConfig, *, seed: int) -> None:
+        self.inner, self.cfg, self.seed = inner, cfg, seed
+        self.model, self.server = inner.model, inner.server
+        self.masks = dense_masks(self.model)
+        self.counts = keep_counts(sum(m.numel() for m in self.masks.values()), cfg.density, cfg.prune_rounds)
+        self.step = 0
+        self.done = False
+        self._ids: list[int] = []
+
+    def _prune_message(self, rnd: int) -> Message:
+        seed = derive_seed(self.seed, "ntk-ori", self.step, bits=62)
+        return Message(model_message_arrays(self.model, self.masks), config={"prune_seed": seed})
+
+    def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
+        if self.done:
+            return self.inner.configure_round(rnd, client_ids)
+        self._ids = client_ids
+        return dict.fromkeys(client_ids, self._prune_message(rnd))
+
+    def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float] | NextPhase:
+        if self.done:
+            return self.inner.aggregate_round(rnd, replies)
+        diffs, weights = [], []
+        for cid, reply in replies.items():
+            d, n = reply.arrays.get("dI"), reply.config.get("num_samples")
+            if d is None or d.shape != (self.cfg.prune_k,) or not isinstance(n, int) or n < 1:
+                raise MessageError(f"round {rnd}, client {cid}: expected dI of shape ({self.cfg.prune_k},) and num_samples")
+            diffs.append(d)
+            weights.append(n)
+        seed = derive_seed(self.seed, "ntk-ori", self.step, bits=62)
+        scores = ntk_saliency_from_differences(
+            self.model, self.masks, combine_loss_differences(diffs, weights), sigma=self.cfg.prune_sigma, seed=seed
+        )
+        self.masks = prune_step(scores, self.masks, self.counts[self.step])
+        self.step += 1
+        if self.step < self.cfg.prune_rounds:
+            return NextPhase(dict.fromkeys(self._ids, self._prune_message(rnd)))
+        self.done = True
+        self.server.set_masks(self.masks)
+        return NextPhase(self.inner.configure_round(rnd, self._ids))
+
+    def eval_model(self) -> torch.nn.Module:
+        return self.inner.eval_model()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"inner": self.inner.state_dict(), "masks": self.masks, "step": self.step, "done": self.done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state["inner"])
+        self.masks, self.step, self.done = state["masks"], state["step"], state["done"]
+        if self.done:
+            self.server.set_masks(self.masks)
+
+
+class _ReportEffectiveFlops:
+    """Adds ``effective_flops_ratio`` of the current sparse model to every round's metrics."""
+
+    def __init__(self, inner: Any, sample: torch.Tensor) -> None:
+        self.inner, self.sample = inner, sample
+        self.model = inner.model
+        self.server = getattr(inner, "server", None)
+
+    def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
+        return self.inner.configure_round(rnd, client_ids)
+
+    def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float] | NextPhase:
+        out = self.inner.aggregate_round(rnd, replies)
+        if isinstance(out, NextPhase):
+            return out
+        masks = self.server.masks if self.server is not None else None
+        ratio = effective_flops_ratio(self.model, masks or {}, self.sample)
+        return {**out, "effective_flops_ratio": ratio, "density": mask_density(masks, self.model)}
+
+    def eval_model(self) -> torch.nn.Module:
+        return self.inner.eval_model()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)
+
+
+def build(cfg: NtkBaffleConfig, env: MethodEnv) -> MethodBuild:
+    """Prune (data-free, on the server) or arrange client-data pruning, then build BAFFLE."""
+    sample = torch.zeros((1, *env.input_shape))
+    if cfg.prune_data == "random":
+        w0 = env.model_fn()
+        masks = prune(
+            w0, density=cfg.density, rounds=cfg.prune_rounds, score=cfg.prune_score,
+            generator=generator(env.seed, "prune"), input_shape=tuple(env.input_shape),
+            num_inputs=cfg.prune_inputs, eps=cfg.prune_eps, samples=cfg.prune_samples,
+        )  # fmt: skip
+        base_fn = env.model_fn
+
+        def pruned_model() -> torch.nn.Module:
+            return apply_masks_(base_fn(), masks)
+
+        pruned_env = MethodEnv(**{**env.__dict__, "model_fn": pruned_model})
+        built = build_baffle(cfg, pruned_env, masks=masks)
+        built.strategy = _ReportEffectiveFlops(built.strategy, sample)
+        return built
+    built = build_baffle(cfg, env)
+    strategy = built.strategy
+    inner = strategy.inner if hasattr(strategy, "ema") else strategy  # prune under the EMA wrapper
+    pruning = ClientDataPruning(inner, cfg, seed=env.seed)
+    if hasattr(strategy, "ema"):
+        strategy.inner = pruning
+    else:
+        strategy = pruning
+    return MethodBuild(_ReportEffectiveFlops(strategy, sample), PruningClient(built.program, env.model_fn, cfg))

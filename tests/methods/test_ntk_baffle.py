@@ -1,0 +1,84 @@
+"""NTK-pruned BAFFLE: exact density, pruned weights stay zero, sparse wire format, unchanged
+K-scalar uplink, client-data pruning as phases of round 1."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from fedge.core.config import load_config
+from fedge.core.errors import ConfigError
+from fedge.pruning import prunable_parameters
+from fedge.runtime.build import build_run
+from fedge.runtime.run import run_experiment
+
+
+def _cfg(tiny, **method):
+    base = {"name": "ntk-baffle", "k": 8, "batch_size": 16, "max_steps": 2, "density": 0.2, "prune_rounds": 3,
+            "prune_inputs": 8, **method}
+    return load_config(tiny(model={"name": "mlp", "hidden": [32]}, method=base,
+                            **{"clients.num": 4, "clients.per_round": 4}))
+
+
+def test_preset_validates():
+    cfg = load_config("ntk-baffle-fmnist-lenet")
+    assert cfg.method.name == "ntk-baffle"
+
+
+def test_final_model_has_the_density_and_pruned_weights_are_zero(tmp_path, tiny):
+    out = run_experiment(_cfg(tiny, mode="epoch"), out=tmp_path / "r", render=False)
+    tensors = load_file(out / "model.safetensors")
+    built = build_run(_cfg(tiny, mode="epoch"))
+    names = prunable_parameters(built.model_fn())
+    kept = sum(int((tensors[n] != 0).sum()) for n in names)
+    total = sum(tensors[n].numel() for n in names)
+    assert kept == round(0.2 * total)  # exact: trained kept weights are never exactly 0 here
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(x["density"] == pytest.approx(0.2, abs=1e-3) for x in lines)
+    assert all(x["client_flops_effective"] < x["client_flops"] for x in lines)
+
+
+def test_batch_uplink_is_unchanged_and_downlink_is_sparse(tiny):
+    sparse = build_run(_cfg(tiny, mode="batch")).simulation().run_round(1)
+    dense = build_run(load_config(tiny(model={"name": "mlp", "hidden": [32]}, method={"name": "baffle", "mode": "batch", "k": 8, "batch_size": 16},
+                                       **{"clients.num": 4, "clients.per_round": 4}))).simulation().run_round(1)
+    assert sparse["bytes_up"] == dense["bytes_up"]
+    assert sparse["bytes_down"] < 0.5 * dense["bytes_down"]
+
+
+def test_estimates_touch_only_kept_coordinates(tiny):
+    built = build_run(_cfg(tiny, mode="batch", ema=None))
+    sim = built.simulation()
+    strategy = sim.strategy.inner
+    before = {k: v.clone() for k, v in strategy.model.state_dict().items()}
+    sim.run_round(1)
+    for name, mask in strategy.server.masks.items():
+        w0, w1 = before[name], strategy.model.state_dict()[name]
+        assert torch.all(w1[~mask] == 0) and torch.all(w0[~mask] == 0)
+        assert bool((w1[mask] != w0[mask]).any())
+
+
+def test_client_data_pruning_runs_as_phases_of_round_one(tiny):
+    sim = build_run(_cfg(tiny, mode="batch", prune_data="client", prune_k=6)).simulation()
+    line = sim.run_round(1)
+    assert line["phases"] == 3 + 1 and line["density"] == pytest.approx(0.2, abs=1e-3)
+    assert "phases" not in sim.run_round(2)
+
+
+def test_client_data_pruning_needs_the_ntk_score():
+    with pytest.raises(ValueError, match="prune_data=random"):
+        from fedge.methods.ntk_baffle import NtkBaffleConfig
+
+        NtkBaffleConfig(prune_data="client", prune_score="magnitude")
+
+
+@pytest.mark.parametrize("score", ["magnitude", "random"])
+def test_baseline_scores_prune_to_the_same_density(tiny, score):
+    line = build_run(_cfg(tiny, mode="batch", prune_score=score)).simulation().run_round(1)
+    assert line["density"] == pytest.approx(0.2, abs=1e-3)
+
+
+def test_unknown_pruning_key(tiny):
+    with pytest.raises(ConfigError, match="prune_round"):
+        build_run(_cfg(tiny, prune_round=3))
