@@ -3,7 +3,7 @@
 magnitude- and random-pruned BAFFLE at the same density, plus BP FedAvg. Also NTK-Rand vs
 NTK-Ori at 80% sparsity (the paper's Figure 1) and accuracy-vs-client-FLOPs plots (Figures 3, 5).
 
-Reduced to fit a 2-core CPU: 2000 training samples (min 5 per client), batches of 20, 20 rounds,
+Reduced to fit a 2-core CPU: 2000 training samples (at least 1 per client), batches of 20, 20 rounds,
 10 pruning rounds (the paper: CIFAR-10, full data, T_p = 50 for LeNet).
 
     python benchmarks/ntk_table3.py [--out runs/bench-ntk-table3] [--docs docs/benchmarks.md]
