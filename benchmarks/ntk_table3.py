@@ -23,19 +23,20 @@ from fedge.bench.variants import run_variants, variants_markdown
 KS = (50, 100, 200)
 # Batch-level (one server Adam step per round on the 10 clients' combined estimate): the
 # cheapest setting in which zeroth-order training moves within a CPU budget of rounds.
-COMMON = ["threads=1", "method.mode=batch", "rounds=150", "eval_every=10"]
+COMMON = ["threads=1", "rounds=150", "eval_every=10"]
+BATCH = ["method.mode=batch"]
 VARIANTS: dict[str, list[str]] = {
     "BP FedSGD (dense)": ["method.name=fedsgd", "method.batch_size=32", "method.server_optimizer.name=adam",
                           "method.server_optimizer.lr=0.01", "method.server_optimizer.b2=0.99"],
 }
 for k in KS:
     VARIANTS[f"BAFFLE (dense) K={k}"] = ["method.name=baffle", "method.mode=batch", "method.batch_size=32", f"method.k={k}"]
-    VARIANTS[f"NTK-BAFFLE K={k}"] = [f"method.k={k}"]
-VARIANTS["magnitude-pruned K=100"] = ["method.k=100", "method.prune_score=magnitude"]
-VARIANTS["random-pruned K=100"] = ["method.k=100", "method.prune_score=random"]
+    VARIANTS[f"NTK-BAFFLE K={k}"] = [*BATCH, f"method.k={k}"]
+VARIANTS["magnitude-pruned K=100"] = [*BATCH, "method.k=100", "method.prune_score=magnitude"]
+VARIANTS["random-pruned K=100"] = [*BATCH, "method.k=100", "method.prune_score=random"]
 RAND_ORI = {
-    "NTK-Rand d=0.2 K=100": ["method.density=0.2"],
-    "NTK-Ori d=0.2 K=100": ["method.density=0.2", "method.prune_data=client", "method.prune_inputs=32", "method.prune_rounds=10"],
+    "NTK-Rand d=0.2 K=100": [*BATCH, "method.density=0.2"],
+    "NTK-Ori d=0.2 K=100": [*BATCH, "method.density=0.2", "method.prune_data=client", "method.prune_inputs=32", "method.prune_rounds=10"],
 }
 INTRO = """NTK-BAFFLE Table 3 analogue: Fashion-MNIST, LeNet-5 (Hardswish), Dirichlet alpha = 0.1 over 100
 clients, 10 per round, **batch-level** BAFFLE (twice-FD, sigma 1e-4, EMA; each client evaluates K loss
