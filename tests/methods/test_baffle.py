@@ -108,7 +108,7 @@ def test_secure_aggregation_refuses_worker_processes(tiny):
 def test_lean_and_fast_estimators_give_the_same_run(tiny, mode):
     runs = []
     for est in ("lean", "fast"):
-        sim = build_run(_cfg(tiny, mode=mode, estimator=est, max_steps=2)).simulation()
+        sim = build_run(_cfg(tiny, mode=mode, estimator=est, max_steps=2, batch_size=8)).simulation()  # batched path
         runs.append([sim.run_round(r)["test_loss"] for r in (1, 2)])
     # the two modes sum the forward in different orders: ΔL agree to ~1e-6 absolute, which
     # after division by σ and a few local steps moves the loss by ~1e-4 relative

@@ -74,3 +74,14 @@ def test_effective_flops_ratio_by_hand():
     ratio = effective_flops_ratio(model, masks, torch.zeros(3, 10))
     assert abs(ratio - (200 / 600)) < 1e-9
     assert effective_flops_ratio(model, {}, torch.zeros(3, 10)) == 1.0
+
+
+def test_views_and_in_place_updates_of_resident_weights_are_not_step_memory():
+    lin = torch.nn.Linear(100, 100)
+    meter = Meter(flops=False, memory=True)
+    with meter.measure():
+        meter.resident = lin
+        with torch.no_grad():
+            lin.weight.t()  # a view of resident storage
+            lin.weight.add_(1.0)  # an in-place update
+    assert meter.stats.tensor_peak_bytes == 4 * (100 * 100 + 100)

@@ -26,7 +26,14 @@ Two measures, both per step:
     the same kind of step once on a 1-sample batch (so the one-time costs, code pages and
     kernel set-up, are not charged to the step), returns free heap to the OS (``malloc_trim``),
     resets the kernel's RSS high-water mark (``/proc/self/clear_refs``) and runs the step; the
-    figure is the growth of VmHWM over VmRSS just before the step. glibc's default allocator.
+    figure is the growth of VmHWM over VmRSS just before the step. The process fixes glibc's
+    mmap threshold at 128 KiB (its initial default; :func:`fixed_mmap_threshold`), so that
+    every block above it is its own mapping, unmapped when freed: RSS then follows live memory
+    and repeats agree within ~1%. With glibc's default *dynamic* threshold, where a freed block
+    raises the threshold and later blocks come from a heap whose freed pages stay resident,
+    the same step varied by tens of percent from process to process (lean/inference between
+    0.9 and 1.7 here). Each figure is the minimum over a few processes; the maximum is reported
+    beside it (``rss_*_peak_bytes_max``).
 """
 
 from __future__ import annotations
@@ -44,13 +51,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedge.bench.zo import BENCH_MODELS, SIGMA, _build, _fast_path
+from fedge.bench.zo import BENCH_MODELS, SIGMA, bench_model, fast_path
 from fedge.estimators import loss_differences
 from fedge.runtime.meter import TensorAccountant, module_bytes, rss_peak_reset, rss_peak_since_reset
 
-__all__ = ["PAPER_TABLE4", "StepAccountant", "memory_markdown", "run_memory", "step_peak_bytes"]
+__all__ = [
+    "PAPER_TABLE4",
+    "StepAccountant",
+    "fixed_mmap_threshold",
+    "memory_markdown",
+    "run_memory",
+    "step_peak_bytes",
+]
 
 STEPS = ("inference", "bp", "zo_lean", "zo_fast")
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters (malloc.h)
 LEAN_OVER_INFERENCE_TARGET = 1.15
 # BAFFLE Table 4, GPU memory in MB: (BP, BAFFLE min, BAFFLE max) on CIFAR-10/100 and
 # OfficeHome/ImageNet inputs; the paper's "ratio" is BAFFLE max / BP in %.
@@ -60,21 +75,9 @@ PAPER_TABLE4: dict[str, dict[str, tuple[int, int, int]]] = {
 }
 
 
-class StepAccountant(TensorAccountant):
-    """A :class:`TensorAccountant` that ignores storages that existed before the step.
-
-    Ops that return views of (or update in place) the model's weights or the input batch report
-    those storages as outputs; they are resident memory, counted once apart, not step memory.
-    """
-
-    def __init__(self, resident: Iterable[Tensor]) -> None:
-        super().__init__()
-        self._resident = {t.untyped_storage().data_ptr() for t in resident}
-
-    def _track(self, t: Tensor) -> None:
-        if t.untyped_storage().data_ptr() in self._resident:
-            return
-        super()._track(t)
+def StepAccountant(resident: Iterable[Tensor]) -> TensorAccountant:  # noqa: N802 - kept name
+    """A :class:`TensorAccountant` that ignores the storages of ``resident`` tensors."""
+    return TensorAccountant(resident)
 
 
 def _resident_tensors(model: nn.Module, batch: tuple[Tensor, Tensor]) -> list[Tensor]:
@@ -132,10 +135,22 @@ def _malloc_trim() -> None:
         pass
 
 
+def fixed_mmap_threshold(nbytes: int = 128 * 1024) -> bool:
+    """Fix glibc's mmap and trim thresholds at ``nbytes`` (disables their dynamic adjustment).
+
+    Process-wide and not undone; True if glibc accepted both, False elsewhere.
+    """
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return mallopt(_M_MMAP_THRESHOLD, nbytes) == 1 and mallopt(_M_TRIM_THRESHOLD, nbytes) == 1
+
+
 def _rss_child(name: str, batch: int, kind: str, k: int, threads: int) -> dict[str, int | None]:
     """Run in a fresh process: RSS growth of one step (see the module docstring)."""
     torch.set_num_threads(threads)
-    model, data = _build(name, batch)
+    model, data = bench_model(name, batch)
     _make_step(kind, model, (data[0][:1], data[1][:1]), k)()  # one-time costs, 1 sample
     model.zero_grad(set_to_none=True)
     step = _make_step(kind, model, data, k)
@@ -146,34 +161,48 @@ def _rss_child(name: str, batch: int, kind: str, k: int, threads: int) -> dict[s
     return {"rss_growth_bytes": rss_peak_since_reset(start), "rss_before_bytes": start}
 
 
-def _rss(name: str, batch: int, kind: str, k: int, threads: int) -> dict[str, int | None]:
+def _rss(name: str, batch: int, kind: str, k: int, threads: int, repeats: int) -> dict[str, Any]:
+    """Min and max RSS growth of one step over ``repeats`` fresh processes."""
     code = (
-        "import json; from fedge.bench.memory import _rss_child\n"
-        f"print(json.dumps(_rss_child({name!r}, {batch}, {kind!r}, {k}, {threads})))"
+        "import json; from fedge.bench.memory import _rss_child, fixed_mmap_threshold\n"
+        "fixed = fixed_mmap_threshold()\n"
+        f"print(json.dumps({{**_rss_child({name!r}, {batch}, {kind!r}, {k}, {threads}), 'fixed': fixed}}))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"RSS measurement of {kind} ({name}, batch {batch}) failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    growth: list[int] = []
+    before: list[int] = []
+    fixed = True
+    for _ in range(repeats):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"RSS measurement of {kind} ({name}, batch {batch}) failed:\n{proc.stderr[-2000:]}"
+            )
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        if got["rss_growth_bytes"] is None:  # the kernel does not allow the reset
+            return {"min": None, "max": None, "before": None, "fixed": got["fixed"]}
+        growth.append(got["rss_growth_bytes"])
+        before.append(got["rss_before_bytes"])
+        fixed = fixed and got["fixed"]
+    return {"min": min(growth), "max": max(growth), "before": min(before), "fixed": fixed}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
 
-def _measure(name: str, batch: int, lean_ks: Sequence[int], fast_k: int, rss: bool,
+def _measure(name: str, batch: int, lean_ks: Sequence[int], fast_k: int, rss_repeats: int,
              threads: int) -> dict[str, Any]:  # fmt: skip
-    model, data = _build(name, batch)
+    model, data = bench_model(name, batch)
     runs = [("inference", "inference", 1), ("bp", "bp", 1), ("zo_fast", "zo_fast", fast_k)]
     runs += [(f"zo_lean_k{k}", "zo_lean", k) for k in lean_ks]
     acct = {key: step_peak_bytes(kind, model, data, k=k) for key, kind, k in runs}
-    rss_of = {key: _rss(name, batch, kind, k, threads) for key, kind, k in runs} if rss else {}
+    rss_of = {key: _rss(name, batch, kind, k, threads, rss_repeats) for key, kind, k in runs} if rss_repeats else {}
     lean_key = f"zo_lean_k{lean_ks[0]}"
     row: dict[str, Any] = {
         "model": name,
         "batch": batch,
         "params": sum(p.numel() for p in model.parameters()),
-        "fast_path": _fast_path(model, data),
+        "fast_path": fast_path(model, data),
         "scheme": "central",
         "lean_k": lean_ks[0],
         "fast_k": fast_k,
@@ -191,14 +220,14 @@ def _measure(name: str, batch: int, lean_ks: Sequence[int], fast_k: int, rss: bo
     row["lean_over_inference"] = row["zo_lean_peak_bytes"] / row["inference_peak_bytes"]
     row["fast_over_lean"] = row["zo_fast_peak_bytes"] / row["zo_lean_peak_bytes"]
     row["meets_lean_over_inference"] = row["lean_over_inference"] <= LEAN_OVER_INFERENCE_TARGET
-    if rss:
+    if rss_repeats:
         for key, short in (("inference", "inference"), ("bp", "bp"), (lean_key, "zo_lean"),
                            ("zo_fast", "zo_fast")):  # fmt: skip
-            row[f"rss_{short}_peak_bytes"] = rss_of[key]["rss_growth_bytes"]
-        row["rss_before_step_bytes"] = rss_of["inference"]["rss_before_bytes"]
-        row["rss_zo_lean_peak_bytes_by_k"] = {
-            str(k): rss_of[f"zo_lean_k{k}"]["rss_growth_bytes"] for k in lean_ks
-        }
+            row[f"rss_{short}_peak_bytes"] = rss_of[key]["min"]
+            row[f"rss_{short}_peak_bytes_max"] = rss_of[key]["max"]
+        row["rss_before_step_bytes"] = rss_of["inference"]["before"]
+        row["rss_mmap_threshold_fixed"] = all(v["fixed"] for v in rss_of.values())
+        row["rss_zo_lean_peak_bytes_by_k"] = {str(k): rss_of[f"zo_lean_k{k}"]["min"] for k in lean_ks}
         row["rss_bp_over_lean"] = _ratio(row["rss_bp_peak_bytes"], row["rss_zo_lean_peak_bytes"])
         row["rss_lean_over_inference"] = _ratio(
             row["rss_zo_lean_peak_bytes"], row["rss_inference_peak_bytes"]
@@ -214,9 +243,9 @@ def run_memory(
     models: Sequence[str] = ("lenet", "wrn-10-2"),
     *,
     batches: Sequence[int] = (64, 256),
-    lean_ks: Sequence[int] = (8, 32),
+    lean_ks: Sequence[int] = (8, 2),
     fast_k: int = 8,
-    rss: bool = True,
+    rss_repeats: int = 2,
     threads: int = 1,
 ) -> dict[str, Any]:
     """Peak memory of each client step for each model and batch; see the module docstring.
@@ -227,23 +256,19 @@ def run_memory(
         lean_ks: K values for the lean step (the first is the headline; the others check that
             lean memory does not depend on K).
         fast_k: K for the fast step (its memory follows the default chunk, not K, once K ≥ chunk).
-        rss: also measure peak RSS, one fresh process per measurement.
-        threads: torch threads (here and in the RSS processes).
+        rss_repeats: fresh processes per RSS measurement (min and max reported); 0 skips RSS.
+        threads: torch threads (set for this process, and used in the RSS processes).
     """
     unknown = [m for m in models if m not in BENCH_MODELS]
     if not models or unknown:
         raise ValueError(f"unknown model(s) {unknown or models}; choose from {sorted(BENCH_MODELS)}")
-    if not batches or not lean_ks or min(*batches, *lean_ks, fast_k, threads) < 1:
+    if not batches or not lean_ks or min(*batches, *lean_ks, fast_k, threads) < 1 or rss_repeats < 0:
         raise ValueError(
-            f"batches, lean_ks, fast_k and threads must be positive, got {list(batches)}, "
-            f"{list(lean_ks)}, {fast_k}, {threads}"
+            f"batches, lean_ks, fast_k and threads must be positive and rss_repeats >= 0, got "
+            f"{list(batches)}, {list(lean_ks)}, {fast_k}, {threads}, {rss_repeats}"
         )
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        rows = [_measure(m, b, lean_ks, fast_k, rss, threads) for m in models for b in batches]
-    finally:
-        torch.set_num_threads(before)
+    torch.set_num_threads(threads)  # left set, like the engine benchmark: the docs line reports it
+    rows = [_measure(m, b, lean_ks, fast_k, rss_repeats, threads) for m in models for b in batches]
     return {
         "benchmark": "client-step-memory",
         "threads": threads,
@@ -252,8 +277,10 @@ def run_memory(
         "definition": (
             "tensor accounting: parameters + buffers + input batch + peak live bytes of storages "
             "created inside the step; rss: growth of VmHWM over VmRSS in a fresh process after a "
-            "1-sample warm-up step and malloc_trim, glibc default allocator"
+            "1-sample warm-up step and malloc_trim, glibc mmap threshold fixed at 128 KiB; min (and max) over "
+            f"{rss_repeats} processes"
         ),
+        "rss_repeats": rss_repeats,
         "target_lean_over_inference": LEAN_OVER_INFERENCE_TARGET,
         "results": rows,
     }
@@ -278,7 +305,9 @@ def memory_markdown(report: dict[str, Any], command: str) -> str:
         "backward, gradients, perturbed weights and noise), seen by a dispatch mode; views of the",
         "weights are not new memory. *RSS*: growth of the RSS high-water mark during the step, each",
         "measurement in a fresh process (after imports, model and batch, a 1-sample warm-up step and",
-        "`malloc_trim`), glibc's default allocator. Target (issue): lean ZO ≤ 1.15× inference.",
+        "`malloc_trim`), glibc's mmap threshold fixed at 128 KiB so that RSS follows live memory",
+        "(with its default dynamic threshold the same step varied by tens of percent between",
+        "processes). Target (issue): lean ZO ≤ 1.15× inference.",
         "",
         f"Command: `{command}`",
         "",
@@ -297,19 +326,25 @@ def memory_markdown(report: dict[str, Any], command: str) -> str:
     if res and "rss_bp_peak_bytes" in res[0]:
         lines += [
             "",
-            "Peak RSS growth during the step (MiB; RSS before the step in the last column):",
+            f"Peak RSS growth during the step (MiB), min (max) over {report['rss_repeats']} fresh "
+            "processes; lean at the other K: min only; ratios of the minima:",
             "",
-            f"| model | batch | inference | BP | lean ZO (K = {ks}) | fast ZO | lean/inference | BP/lean | RSS before |",
+            f"| model | batch | inference | BP | lean ZO (K = {ks}) | fast ZO | lean/inference | BP/lean "
+            "| RSS before the step |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
+
+        def both(r: dict[str, Any], short: str) -> str:
+            return f"{_mb(r[f'rss_{short}_peak_bytes'])} ({_mb(r[f'rss_{short}_peak_bytes_max'])})"
+
         for r in res:
-            by_k = " / ".join(_mb(v) for v in r["rss_zo_lean_peak_bytes_by_k"].values())
+            others = [_mb(v) for kk, v in r["rss_zo_lean_peak_bytes_by_k"].items() if kk != str(r["lean_k"])]
+            lean = " / ".join([both(r, "zo_lean"), *others])
             li, bl = r["rss_lean_over_inference"], r["rss_bp_over_lean"]
             lines.append(
-                f"| {r['model']} | {r['batch']} | {_mb(r['rss_inference_peak_bytes'])} "
-                f"| {_mb(r['rss_bp_peak_bytes'])} | {by_k} | {_mb(r['rss_zo_fast_peak_bytes'])} "
-                f"| {'n/a' if li is None else f'{li:.2f}'} | {'n/a' if bl is None else f'{bl:.2f}'} "
-                f"| {_mb(r['rss_before_step_bytes'])} |"
+                f"| {r['model']} | {r['batch']} | {both(r, 'inference')} | {both(r, 'bp')} | {lean} "
+                f"| {both(r, 'zo_fast')} | {'n/a' if li is None else f'{li:.2f}'} "
+                f"| {'n/a' if bl is None else f'{bl:.2f}'} | {_mb(r['rss_before_step_bytes'])} |"
             )
     lines += [
         "",

@@ -21,7 +21,7 @@ small K), then the repetitions are interleaved (one of each variant per round) a
 is reported. By default the process keeps freed heap memory instead of returning it to the OS
 (glibc ``mallopt``, :func:`retain_freed_memory`): returning and re-faulting the pages of large
 activations on every forward costs up to 2x forward time here. It applies to every variant
-alike; :func:`run_zo` also times a forward and a BP step in two fresh processes, with and
+alike; :func:`run_zo` also times every variant at a small K in two fresh processes, with and
 without it, and reports both (``allocator``).
 """
 
@@ -48,6 +48,8 @@ from fedge.runtime.meter import FlopCounter
 
 __all__ = [
     "BENCH_MODELS",
+    "bench_model",
+    "fast_path",
     "matmul_peak_gflops",
     "reference_gradient",
     "retain_freed_memory",
@@ -114,7 +116,8 @@ def reference_gradient(
     ``L+`` from a forward; central: ``W -= 2σz``, ``L-`` from a forward, ``W += σz``; forward
     scheme: ``W -= σz`` and ``L-`` is the one baseline loss ``L(W)``; then ``g += ΔL·z``.
     Returns ``g / (c·K·σ)`` (c = 2 central, 1 forward). The weights are restored by the
-    inverse additions, so they may drift by an ulp or so (fedge's modes never write them).
+    inverse additions, so they drift by rounding, a few ulps per k (fedge's modes never write
+    them).
     """
     if scheme not in ("central", "forward"):
         raise ValueError(f"scheme must be 'central' or 'forward', got {scheme!r}")
@@ -159,7 +162,8 @@ def _bp_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple[Tensor, 
     opt.step()
 
 
-def _build(name: str, batch: int, seed: int = 0) -> tuple[nn.Module, tuple[Tensor, Tensor]]:
+def bench_model(name: str, batch: int, seed: int = 0) -> tuple[nn.Module, tuple[Tensor, Tensor]]:
+    """A BAFFLE model of :data:`BENCH_MODELS` (Hardswish, GroupNorm) and a seeded batch ``(x, y)``."""
     shape = BENCH_MODELS[name]
     model = build_model(name, input_shape=shape, num_classes=10, activation="hardswish",
                         norm="group", seed=seed)  # fmt: skip
@@ -169,7 +173,8 @@ def _build(name: str, batch: int, seed: int = 0) -> tuple[nn.Module, tuple[Tenso
     return model, (x, y)
 
 
-def _fast_path(model: nn.Module, batch: tuple[Tensor, Tensor]) -> str:
+def fast_path(model: nn.Module, batch: tuple[Tensor, Tensor]) -> str:
+    """``"batched"`` if fast mode can batch ``model``, else ``"lean-fallback"`` (its lean loop)."""
     ev = BatchedEvaluator.build(model, select(model), 0, batch[0], F.cross_entropy, batch[1])
     return "batched" if ev is not None else "lean-fallback"
 
@@ -217,8 +222,8 @@ def _allocator_probe(models: Sequence[str], *, k: int, batch: int, threads: int,
 def _bench_model(name: str, *, schemes: Sequence[str], k: int, batch: int, repeats: int,
                  peak: float) -> list[dict[str, Any]]:  # fmt: skip
     """Rows (one per scheme) for one model; every variant timed in interleaved repetitions."""
-    model, data = _build(name, batch)
-    bp_model, _ = _build(name, batch)  # BP updates its weights: keep them apart from the ZO model
+    model, data = bench_model(name, batch)
+    bp_model, _ = bench_model(name, batch)  # BP updates its weights: keep them apart from the ZO model
     opt = torch.optim.SGD(bp_model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(1)
 
@@ -263,7 +268,7 @@ def _bench_model(name: str, *, schemes: Sequence[str], k: int, batch: int, repea
                 "k": k,
                 "batch": batch,
                 "params": sum(p.numel() for p in model.parameters()),
-                "fast_path": _fast_path(model, data),
+                "fast_path": fast_path(model, data),
                 "zo_step_s": fast,
                 "zo_lean_step_s": lean,
                 "bp_step_s": bp,
@@ -311,7 +316,7 @@ def run_zo(
         k: loss differences per estimate (K).
         batch: samples per step.
         repeats: interleaved timed repetitions (the minimum is reported).
-        threads: torch intra-op threads for every measurement.
+        threads: torch intra-op threads for every measurement (set for the process).
         schemes: ``"central"`` and/or ``"forward"``.
         retain_memory: apply :func:`retain_freed_memory` first (process-wide, not undone).
         probe_k: also time every variant (central, this K) in two fresh processes, with
@@ -329,14 +334,10 @@ def run_zo(
             f"{threads}, {probe_k}"
         )
     retained = retain_freed_memory() if retain_memory else False
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        peak = matmul_peak_gflops()
-        rows = [r for m in models
-                for r in _bench_model(m, schemes=schemes, k=k, batch=batch, repeats=repeats, peak=peak)]  # fmt: skip
-    finally:
-        torch.set_num_threads(before)
+    torch.set_num_threads(threads)  # left set, like the engine benchmark: the docs line reports it
+    peak = matmul_peak_gflops()
+    rows = [r for m in models
+            for r in _bench_model(m, schemes=schemes, k=k, batch=batch, repeats=repeats, peak=peak)]  # fmt: skip
     probe = None
     if probe_k is not None:
         probe = _allocator_probe(models, k=probe_k, batch=batch, threads=threads, repeats=repeats)

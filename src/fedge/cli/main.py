@@ -264,6 +264,68 @@ def bench_engine(
         out.print(f"updated {docs}")
 
 
+@bench_app.command("zo")
+def bench_zo(
+    models: Annotated[str, typer.Option(help="comma-separated models: lenet, wrn-10-2")] = "lenet,wrn-10-2",
+    k: Annotated[int, typer.Option("--k", min=1, help="loss differences per estimate (K)")] = 100,
+    batch: Annotated[int, typer.Option(min=1, help="samples per step")] = 64,
+    repeats: Annotated[int, typer.Option(min=1, help="interleaved timed repetitions (minimum reported)")] = 3,
+    threads: Annotated[int, typer.Option(min=1, help="torch threads")] = 1,
+    schemes: Annotated[str, typer.Option(help="comma-separated: central, forward")] = "central,forward",
+    retain_memory: Annotated[
+        bool, typer.Option("--retain-memory/--no-retain-memory", help="glibc mallopt: keep freed memory")
+    ] = True,
+    probe_k: Annotated[int, typer.Option(min=0, help="K of the allocator comparison in fresh processes; 0 skips")] = 8,
+    json_path: Annotated[Path | None, typer.Option("--json", help="write the figures to this JSON file")] = None,
+    docs: Annotated[Path | None, typer.Option("--docs", help="update this Markdown file's zo section")] = None,
+) -> None:
+    """Zeroth-order step time (fast, lean) against a backprop step and BAFFLE's reference loop."""
+    from fedge.bench.docs import update_section
+    from fedge.bench.zo import run_zo, zo_markdown
+
+    try:
+        report = run_zo([m.strip() for m in models.split(",")], k=k, batch=batch, repeats=repeats,
+                        threads=threads, schemes=[s.strip() for s in schemes.split(",")],
+                        retain_memory=retain_memory, probe_k=probe_k or None)  # fmt: skip
+    except ValueError as exc:
+        _fail(exc)
+    _emit(report, json_path)
+    if docs is not None:
+        update_section(docs, "zo-step", "Zeroth-order step time", zo_markdown(report, _command_line()))
+        out.print(f"updated {docs}")
+
+
+@bench_app.command("memory")
+def bench_memory(
+    models: Annotated[str, typer.Option(help="comma-separated models: lenet, wrn-10-2")] = "lenet,wrn-10-2",
+    batches: Annotated[str, typer.Option(help="comma-separated batch sizes")] = "64,256",
+    lean_ks: Annotated[str, typer.Option(help="K values of the lean step (the first is the headline)")] = "8,2",
+    fast_k: Annotated[int, typer.Option(min=1, help="K of the fast step")] = 8,
+    rss_repeats: Annotated[int, typer.Option(min=0, help="fresh processes per RSS figure; 0 skips RSS")] = 3,
+    threads: Annotated[int, typer.Option(min=1, help="torch threads")] = 1,
+    json_path: Annotated[Path | None, typer.Option("--json", help="write the figures to this JSON file")] = None,
+    docs: Annotated[Path | None, typer.Option("--docs", help="update this Markdown file's memory section")] = None,
+) -> None:
+    """Peak client-step memory: inference, backprop, lean and fast zeroth-order."""
+    from fedge.bench.docs import update_section
+    from fedge.bench.memory import memory_markdown, run_memory
+
+    try:
+        sizes = tuple(int(b) for b in batches.split(","))
+        ks = tuple(int(v) for v in lean_ks.split(","))
+    except ValueError:
+        _fail(ValueError(f"--batches {batches!r} / --lean-ks {lean_ks!r}: expected integers such as 64,256 and 8,2"))
+    try:
+        report = run_memory([m.strip() for m in models.split(",")], batches=sizes, lean_ks=ks,
+                            fast_k=fast_k, rss_repeats=rss_repeats, threads=threads)  # fmt: skip
+    except ValueError as exc:
+        _fail(exc)
+    _emit(report, json_path)
+    if docs is not None:
+        update_section(docs, "client-memory", "Client step memory", memory_markdown(report, _command_line()))
+        out.print(f"updated {docs}")
+
+
 @bench_app.command("comm")
 def bench_comm(
     ks: Annotated[str, typer.Option("--k", help="comma-separated K values")] = "100,200,500",

@@ -279,11 +279,17 @@ class BatchedEvaluator:
             kind, h = _lift(h, mc)
         if kind != "image":
             raise Unsupported("Conv2d of a vector")
+        if self._norm_follows(m):
+            # GroupNorm is ~10x slower on channels_last, and a grouped convolution runs as fast in
+            # the default layout here (torch 2.13): skip the layout round trip (measured: 17-28%
+            # of a fast-mode step for BAFFLE's LeNet, docs/benchmarks.md "Zeroth-order step time").
+            out = F.conv2d(h.contiguous(), wt.reshape(mc * cout, *wt.shape[2:]), _flat(b), m.stride,
+                           m.padding, m.dilation, mc * m.groups)  # fmt: skip
+            return "image", out
         h = h.contiguous(memory_format=torch.channels_last)
         out = F.conv2d(h, wt.reshape(mc * cout, *wt.shape[2:]), _flat(b), m.stride, m.padding,
                        m.dilation, mc * m.groups)  # fmt: skip
-        # GroupNorm is ~10x slower on channels_last; activations and pooling do not mind it.
-        return "image", out.contiguous() if self._norm_follows(m) else out
+        return "image", out
 
     def _linear(
         self, m: nn.Linear, kind: str, h: Tensor, mc: int, w: _Weights

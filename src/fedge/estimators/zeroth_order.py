@@ -40,8 +40,9 @@ Modes of :func:`loss_differences` (same ΔL up to float rounding, same seed, sam
   parameter) over inference: no K × n tensor and no copy of the model. Parameters must be
   read through their module's attribute inside that module's forward (true of torch layers;
   not of modules that cache weights, such as nn.LSTM's flat weights).
-- ``fast``: evaluates a chunk of perturbed models in one batched pass (:mod:`.batched`); for
-  models it cannot batch it runs the lean loop (same numbers, no warning).
+- ``fast``: evaluates a chunk of perturbed models in one batched pass (:mod:`.batched`) when
+  that is faster, i.e. for batches of at most 8 samples; for larger batches, and for models it
+  cannot batch, it runs the lean loop (same numbers, no warning).
 """
 
 from __future__ import annotations
@@ -78,6 +79,11 @@ Mode = Literal["lean", "fast"]
 # c in ĝ = Σ ΔL_k δ_k / (c K σ²): central ΔL ≈ 2 δᵀ∇L (Eq. 2), forward ΔL ≈ δᵀ∇L (Eq. 1).
 _NORMALIZER: dict[str, float] = {"central": 2.0, "forward": 1.0}
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
+# Above this batch size one plain forward already runs at the kernels' peak, and the batched
+# pass only adds layout and stacking work: fast mode runs the lean loop (same numbers).
+# Measured (docs/benchmarks.md, "Zeroth-order step time"): batched wins 1.4-2x at batch <= 4,
+# ties at 8, loses at 16 (3.52 vs 3.19 ms per forward) and 64 (9.9 vs 9.0).
+_MAX_BATCHED_BATCH = 8
 # Perturbed models per batched pass by default: about 512 model-samples, within [8, 32]. Tuned on
 # a LeNet (B = 8..64) on a 2-core CPU: it keeps the widest stacked activation to a few MB, where
 # larger passes got up to 1.6x slower per model.
@@ -179,7 +185,7 @@ def loss_differences(
     try:
         with torch.no_grad(), _maybe_autocast(x, autocast):
             result = None
-            if mode == "fast":
+            if mode == "fast" and x.shape[0] <= _MAX_BATCHED_BATCH:
                 fast = batched.BatchedEvaluator.build(model, sel, seed, x, loss_fn, y)
                 try:
                     if fast is not None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,11 +77,15 @@ class TensorAccountant(TorchDispatchMode):
 
     Storages are keyed by data pointer and reference-counted over the tensors that share
     them, so views do not count twice and a storage is released when its last tensor dies.
+    Storages of ``resident`` tensors (the model's weights, the input batch) are not step
+    memory: ops that return views of them (``W.t()`` inside ``F.linear``) or update them in
+    place (an optimizer step) are ignored, so resident bytes are counted once, apart.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, resident: Iterable[torch.Tensor] = ()) -> None:
         super().__init__()
         self._live: dict[int, list[int]] = {}  # data_ptr -> [nbytes, tensors alive]
+        self._resident = {t.untyped_storage().data_ptr() for t in resident}
         self.current = 0
         self.peak = 0
 
@@ -93,10 +98,14 @@ class TensorAccountant(TorchDispatchMode):
             self.current -= entry[0]
             del self._live[key]
 
+    def add_resident(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Declare more resident storages (e.g. a model loaded during the step)."""
+        self._resident.update(t.untyped_storage().data_ptr() for t in tensors)
+
     def _track(self, t: torch.Tensor) -> None:
         st = t.untyped_storage()
         key, nbytes = st.data_ptr(), st.nbytes()
-        if nbytes == 0:
+        if nbytes == 0 or key in self._resident:
             return
         entry = self._live.get(key)
         if entry is None:
@@ -161,12 +170,28 @@ class Meter:
         self.count_flops = flops
         self.memory = memory
         self.stats = StepStats()
-        self.resident: torch.nn.Module | None = None  # model the step keeps resident (memory mode)
+        self._resident: torch.nn.Module | None = None
+        self._accountant: TensorAccountant | None = None
+
+    @property
+    def resident(self) -> torch.nn.Module | None:
+        """The model the step keeps resident: counted once (its parameters and buffers), and
+        views or in-place updates of its storage are not counted as step memory."""
+        return self._resident
+
+    @resident.setter
+    def resident(self, model: torch.nn.Module | None) -> None:
+        self._resident = model
+        if model is not None and self._accountant is not None:
+            self._accountant.add_resident([*model.parameters(), *model.buffers()])
 
     @contextmanager
     def measure(self) -> Any:
         flop_mode = FlopCounter() if self.count_flops else None
         accountant = TensorAccountant() if self.memory else None
+        self._accountant = accountant
+        if accountant is not None and self._resident is not None:
+            accountant.add_resident([*self._resident.parameters(), *self._resident.buffers()])
         start_rss = rss_peak_reset() if self.memory else None
         t0 = time.perf_counter()
         try:
@@ -178,6 +203,7 @@ class Meter:
         finally:
             if accountant is not None:
                 accountant.__exit__(None, None, None)
+            self._accountant = None
             if flop_mode is not None:
                 flop_mode.__exit__(None, None, None)
             self.stats.wall_s += time.perf_counter() - t0
