@@ -148,3 +148,22 @@ def test_decode_rejects_malformed_arrays() -> None:
             decode_masks({"w:kept": torch.tensor(bad, dtype=torch.int32)}, shapes)
     with pytest.raises(MessageError, match="int32"):
         decode_masks({"w:pruned": torch.tensor([1], dtype=torch.int64)}, shapes)
+
+
+def test_rescale_restores_layer_output_variance():
+    import torch
+
+    from fedge.pruning import apply_masks_, rescale_
+
+    torch.manual_seed(0)
+    torch.set_grad_enabled(False)
+    lin = torch.nn.Linear(4000, 50, bias=False)
+    x = torch.randn(64, 4000)
+    dense_var = float(lin(x).var())
+    masks = {"weight": torch.rand(50, 4000) < 0.1}
+    apply_masks_(lin, masks)
+    assert float(lin(x).var()) < 0.2 * dense_var
+    rescale_(lin, masks)
+    assert abs(float(lin(x).var()) / dense_var - 1) < 0.15
+    assert torch.all(lin.weight[~masks["weight"]] == 0)
+    torch.set_grad_enabled(True)

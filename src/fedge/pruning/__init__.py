@@ -29,6 +29,7 @@ from fedge.pruning.masks import (
     encode_masks,
     mask_bytes,
     prunable_parameters,
+    rescale_,
 )
 from fedge.pruning.saliency import (
     DEFAULT_EPS,
@@ -86,5 +87,6 @@ __all__ = [
     "prune_step",
     "pruning_rounds",
     "random_saliency",
+    "rescale_",
     "snip_saliency",
 ]

@@ -120,6 +120,26 @@ def apply_masks_(model: nn.Module, masks: Mapping[str, Tensor]) -> nn.Module:
     return model
 
 
+def rescale_(model: nn.Module, masks: Mapping[str, Tensor]) -> nn.Module:
+    """Scale each pruned weight tensor's kept entries by ``1/sqrt(density)`` of its mask, in place.
+
+    Pruning a fraction 1 − d of a layer's weights at a variance-preserving initialisation
+    shrinks that layer's output variance by d, so after several 90%-pruned layers the logits
+    of a freshly pruned network are nearly constant. Backprop recovers quickly; zeroth-order
+    training sits on a long plateau, because its loss differences are as small as the signal.
+    Rescaling restores each layer's initial output variance (the signal-propagation argument
+    of Lee et al., "A Signal Propagation Perspective for Pruning Neural Networks at
+    Initialization", ICLR 2020). Not part of seed 004's algorithm: an option of the method.
+    """
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, mask in check_masks(model, masks).items():
+            d = float(mask.float().mean())
+            if 0 < d < 1:
+                params[name].mul_(d**-0.5)
+    return model
+
+
 @dataclass(frozen=True)
 class MaskBytes:
     """Wire size of a set of masks, payload bytes.
