@@ -41,7 +41,8 @@ RAND_ORI = {
 INTRO = """NTK-BAFFLE Table 3 analogue: Fashion-MNIST, LeNet-5 (Hardswish), Dirichlet alpha = 0.1 over 100
 clients, 10 per round, **batch-level** BAFFLE (twice-FD, sigma 1e-4, EMA; each client evaluates K loss
 differences on a batch of 32, the server takes one Adam step, lr 0.01, betas 0.9/0.99, per round),
-pruning to 10% density (90% sparsity) with 50 data-free NTK pruning rounds on the server, against
+pruning to 10% density (90% sparsity) with 50 data-free NTK pruning rounds on the server (kept
+weights rescaled by 1/sqrt(layer density), `method.rescale`, see methods/ntk_baffle.py), against
 dense BAFFLE, magnitude- and random-pruned BAFFLE at the same density (K = 100), and backprop FedSGD
 with the same server optimizer. **Reduced to fit a 2-core CPU**: 5000 training samples, 150 rounds,
 2000 test samples (the paper: CIFAR-10, epoch-level with 1 local epoch, 3000 rounds). Client GFLOP/round

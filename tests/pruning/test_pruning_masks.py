@@ -156,8 +156,7 @@ def test_rescale_restores_layer_output_variance():
     from fedge.pruning import apply_masks_, rescale_
 
     torch.manual_seed(0)
-    torch.set_grad_enabled(False)
-    lin = torch.nn.Linear(4000, 50, bias=False)
+    lin = torch.nn.Linear(4000, 50, bias=False).requires_grad_(False)
     x = torch.randn(64, 4000)
     dense_var = float(lin(x).var())
     masks = {"weight": torch.rand(50, 4000) < 0.1}
@@ -166,4 +165,3 @@ def test_rescale_restores_layer_output_variance():
     rescale_(lin, masks)
     assert abs(float(lin(x).var()) / dense_var - 1) < 0.15
     assert torch.all(lin.weight[~masks["weight"]] == 0)
-    torch.set_grad_enabled(True)
