@@ -228,8 +228,17 @@ def _command_line() -> str:
     return "fedge " + " ".join(args) if args else "fedge"
 
 
-def _emit(report: dict[str, Any], json_path: Path | None) -> None:
+def _emit(
+    report: dict[str, Any],
+    json_path: Path | None,
+    docs: Path | None = None,
+    section: tuple[str, str, Any] | None = None,
+) -> None:
+    """Print or write the JSON figures; with ``docs``, rewrite ``section`` = (name, title,
+    markdown(report, command)) of that Markdown file with the exact command line."""
     import json
+
+    from fedge.bench.docs import update_section
 
     text = json.dumps(report, indent=2)
     if json_path is not None:
@@ -238,6 +247,10 @@ def _emit(report: dict[str, Any], json_path: Path | None) -> None:
         out.print(f"wrote {json_path}")
     else:
         out.print_json(text)
+    if docs is not None and section is not None:
+        name, title, markdown = section
+        update_section(docs, name, title, markdown(report, _command_line()))
+        out.print(f"updated {docs}")
 
 
 @bench_app.command("engine")
@@ -248,7 +261,6 @@ def bench_engine(
     docs: Annotated[Path | None, typer.Option("--docs", help="update this Markdown file's engine section")] = None,
 ) -> None:
     """Engine overhead per client per round with trivial clients."""
-    from fedge.bench.docs import update_section
     from fedge.bench.engine import engine_markdown, run_engine_overhead
 
     try:
@@ -258,10 +270,7 @@ def bench_engine(
     except ValueError:
         _fail(ValueError(f"--clients {clients!r}: expected positive integers such as 10,100,1000"))
     report = run_engine_overhead(counts, rounds=rounds)
-    _emit(report, json_path)
-    if docs is not None:
-        update_section(docs, "engine", "Engine overhead", engine_markdown(report, _command_line()))
-        out.print(f"updated {docs}")
+    _emit(report, json_path, docs, ("engine", "Engine overhead", engine_markdown))
 
 
 @bench_app.command("zo")
@@ -280,7 +289,6 @@ def bench_zo(
     docs: Annotated[Path | None, typer.Option("--docs", help="update this Markdown file's zo section")] = None,
 ) -> None:
     """Zeroth-order step time (fast, lean) against a backprop step and BAFFLE's reference loop."""
-    from fedge.bench.docs import update_section
     from fedge.bench.zo import run_zo, zo_markdown
 
     try:
@@ -289,10 +297,7 @@ def bench_zo(
                         retain_memory=retain_memory, probe_k=probe_k or None)  # fmt: skip
     except ValueError as exc:
         _fail(exc)
-    _emit(report, json_path)
-    if docs is not None:
-        update_section(docs, "zo-step", "Zeroth-order step time", zo_markdown(report, _command_line()))
-        out.print(f"updated {docs}")
+    _emit(report, json_path, docs, ("zo-step", "Zeroth-order step time", zo_markdown))
 
 
 @bench_app.command("memory")
@@ -307,7 +312,6 @@ def bench_memory(
     docs: Annotated[Path | None, typer.Option("--docs", help="update this Markdown file's memory section")] = None,
 ) -> None:
     """Peak client-step memory: inference, backprop, lean and fast zeroth-order."""
-    from fedge.bench.docs import update_section
     from fedge.bench.memory import memory_markdown, run_memory
 
     try:
@@ -320,10 +324,7 @@ def bench_memory(
                             fast_k=fast_k, rss_repeats=rss_repeats, threads=threads)  # fmt: skip
     except ValueError as exc:
         _fail(exc)
-    _emit(report, json_path)
-    if docs is not None:
-        update_section(docs, "client-memory", "Client step memory", memory_markdown(report, _command_line()))
-        out.print(f"updated {docs}")
+    _emit(report, json_path, docs, ("client-memory", "Client step memory", memory_markdown))
 
 
 @bench_app.command("comm")
@@ -334,17 +335,13 @@ def bench_comm(
 ) -> None:
     """BAFFLE message sizes from real rounds: uplink 4K + framing, seed bytes, secure aggregation."""
     from fedge.bench.comm import comm_markdown, run_comm
-    from fedge.bench.docs import update_section
 
     try:
         values = tuple(int(v) for v in ks.split(","))
     except ValueError:
         _fail(ValueError(f"--k {ks!r}: expected integers such as 100,200,500"))
     report = run_comm(values)
-    _emit(report, json_path)
-    if docs is not None:
-        update_section(docs, "baffle-comm", "BAFFLE communication", comm_markdown(report, _command_line()))
-        out.print(f"updated {docs}")
+    _emit(report, json_path, docs, ("baffle-comm", "BAFFLE communication", comm_markdown))
 
 
 @bench_app.command("presets")
@@ -356,17 +353,13 @@ def bench_presets(
     docs: Annotated[Path | None, typer.Option("--docs", help="update this Markdown file's presets section")] = None,
 ) -> None:
     """Run presets end to end; tabulate accuracy and per-client bytes against the model size."""
-    from fedge.bench.docs import update_section
     from fedge.bench.presets import presets_markdown, run_presets
 
     try:
         report = run_presets(list(names), overrides=list(set_ or []), out_root=out_root)
     except FedgeError as exc:
         _fail(exc)
-    _emit(report, json_path)
-    if docs is not None:
-        update_section(docs, "presets", "Baseline presets", presets_markdown(report, _command_line()))
-        out.print(f"updated {docs}")
+    _emit(report, json_path, docs, ("presets", "Baseline presets", presets_markdown))
 
 
 def main() -> None:  # pragma: no cover - console entry
