@@ -55,19 +55,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/bench-ntk-table3")
     ap.add_argument("--docs", default=None)
     ap.add_argument("--figures", default="docs/figures/ntk-table3", help="where to write comparison plots")
+    ap.add_argument("--no-run", action="store_true", help="only tabulate the variants already complete")
     args = ap.parse_args(argv)
     common = COMMON
-    report = run_variants("ntk-baffle-fmnist-lenet", VARIANTS, out_root=args.out, common=common)
-    rand_ori = run_variants("ntk-baffle-fmnist-lenet", RAND_ORI, out_root=args.out, common=common)
+    report = run_variants("ntk-baffle-fmnist-lenet", VARIANTS, out_root=args.out, common=common, run=not args.no_run)
+    rand_ori = run_variants("ntk-baffle-fmnist-lenet", RAND_ORI, out_root=args.out, common=common, run=not args.no_run)
     print(json.dumps({"table3": report, "rand_vs_ori": rand_ori}, indent=2))
     from fedge.report import compare_runs
 
     figures = Path(args.figures)
     for k in KS:
         runs = [r["run_dir"] for r in report["results"] if r["label"].endswith(f"K={k}") or r["label"].startswith("BP")]
-        compare_runs(runs, figures / f"K{k}")
+        if len(runs) > 1:
+            compare_runs(runs, figures / f"K{k}")
     if args.docs:
-        command = "python benchmarks/ntk_table3.py " + " ".join(sys.argv[1:])
+        command = "python benchmarks/ntk_table3.py " + " ".join(a for a in sys.argv[1:] if a != "--no-run")
         body = variants_markdown(report, command, INTRO)
         body += "\n\nNTK-Rand vs NTK-Ori at 80% sparsity (density 0.2), K = 100 (paper Figure 1: Rand is better):\n\n"
         body += "\n".join(variants_markdown(rand_ori, command, "").splitlines()[5:])

@@ -15,17 +15,27 @@ __all__ = ["run_variants", "variants_markdown"]
 
 
 def run_variants(
-    base: str, variants: dict[str, list[str]], *, out_root: str | Path, common: list[str] | None = None
+    base: str,
+    variants: dict[str, list[str]],
+    *,
+    out_root: str | Path,
+    common: list[str] | None = None,
+    run: bool = True,
 ) -> dict[str, Any]:
     """Run ``base`` with ``common + overrides`` for each variant into ``out_root/<label>``.
 
     A variant whose run directory is already complete is read, not rerun; an interrupted one
-    is resumed. So a long benchmark can be stopped and continued.
+    is resumed. So a long benchmark can be stopped and continued. With ``run=False`` only the
+    complete variants are tabulated (the rest are listed under ``"missing"``).
     """
     root = Path(out_root)
     results = []
+    missing = []
     for label, overrides in variants.items():
         out = root / label
+        if not run and not RunDir(out).is_complete():
+            missing.append(label)
+            continue
         if not RunDir(out).is_complete():
             if (out / "config.yaml").exists():
                 resume_experiment(out, render=False)
@@ -48,7 +58,7 @@ def run_variants(
                 "accuracy_by_round": [x["test_accuracy"] for x in lines],
             }
         )
-    return {"benchmark": "variants", "base": base, "common": common or [], "results": results}
+    return {"benchmark": "variants", "base": base, "common": common or [], "results": results, "missing": missing}
 
 
 def variants_markdown(report: dict[str, Any], command: str, intro: str) -> str:
@@ -63,6 +73,8 @@ def variants_markdown(report: dict[str, Any], command: str, intro: str) -> str:
             f"| {r['client_flops_per_round'] / 1e9:.1f} | {r['wall_s']:.0f} |"
         )
     common = " ".join(report["common"])
+    missing = report.get("missing") or []
+    note = ["", f"Not run yet (the command resumes them): {', '.join(missing)}"] if missing else []
     return "\n".join(
-        [intro, "", f"Command: `{command}`", "", f"Base: `{report['base']}`" + (f" with `{common}`" if common else ""), "", *rows]
+        [intro, "", f"Command: `{command}`", "", f"Base: `{report['base']}`" + (f" with `{common}`" if common else ""), "", *rows, *note]
     )
