@@ -74,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         body += "\n\nNTK-Rand vs NTK-Ori at 80% sparsity (density 0.2), K = 100 (paper Figure 1: Rand is better):\n\n"
         body += "\n".join(variants_markdown(rand_ori, command, "").splitlines()[5:])
         body += "\n\nAccuracy vs cumulative client FLOPs (paper Figures 3, 5): "
-        links = [os.path.relpath(figures / f"K{k}" / "accuracy_vs_flops.png", Path(args.docs).parent) for k in KS]
-        body += ", ".join(f"[K={k}]({link})" for k, link in zip(KS, links))
+        plots = {k: figures / f"K{k}" / "accuracy_vs_flops.png" for k in KS}
+        body += ", ".join(
+            f"[K={k}]({os.path.relpath(p, Path(args.docs).parent)})" for k, p in plots.items() if p.exists()
+        )
         update_section(args.docs, "ntk-table3", "NTK-BAFFLE Table 3 analogue", body)
     return 0
 
