@@ -174,9 +174,14 @@ def bench_model(name: str, batch: int, seed: int = 0) -> tuple[nn.Module, tuple[
 
 
 def fast_path(model: nn.Module, batch: tuple[Tensor, Tensor]) -> str:
-    """``"batched"`` if fast mode can batch ``model``, else ``"lean-fallback"`` (its lean loop)."""
+    """What fast mode runs for ``model`` on ``batch``: ``"batched"``, ``"lean-fallback"`` (a
+    model it cannot batch) or ``"lean-large-batch"`` (batching is slower at this batch size)."""
+    from fedge.estimators.zeroth_order import _MAX_BATCHED_BATCH
+
     ev = BatchedEvaluator.build(model, select(model), 0, batch[0], F.cross_entropy, batch[1])
-    return "batched" if ev is not None else "lean-fallback"
+    if ev is None:
+        return "lean-fallback"
+    return "batched" if batch[0].shape[0] <= _MAX_BATCHED_BATCH else "lean-large-batch"
 
 
 def _forward_flops(model: nn.Module, x: Tensor) -> int:
@@ -392,7 +397,8 @@ def zo_markdown(report: dict[str, Any], command: str) -> str:
         "plain forward) / (K·BP) and *ceiling* = reference / (forwards × one plain forward): the",
         "best any estimate running that many plain forwards could reach. *lean-fallback*: the",
         "batched path cannot run the model (WRN-10-2's residual units are not a Sequential chain),",
-        "so fast mode runs the lean loop.",
+        "so fast mode runs the lean loop. *lean-large-batch*: above 8 samples batching is slower",
+        "than one plain forward per perturbation, so fast mode runs the lean loop.",
         "",
         f"{report['threads']} torch thread(s); float32 matmul peak (2048² `torch.mm`, same threads): "
         f"{report['matmul_peak_gflops']:.1f} GFLOP/s. {report['timing'].capitalize()}; "
