@@ -173,10 +173,9 @@ class KeyList(_Message):
 
 
 @dataclass(frozen=True)
-class Shares(_Message):
-    """Round 1, client u -> server: ``blobs[v]`` = u's encrypted shares for neighbour v."""
+class _BlobTable(_Message):
+    """A table of fixed-size encrypted share blobs keyed by the other client's id."""
 
-    kind: ClassVar[Kind] = Kind.SHARES
     blobs: dict[int, bytes]
 
     def _body(self) -> bytes:
@@ -188,18 +187,17 @@ class Shares(_Message):
 
 
 @dataclass(frozen=True)
-class Forward(_Message):
+class Shares(_BlobTable):
+    """Round 1, client u -> server: ``blobs[v]`` = u's encrypted shares for neighbour v."""
+
+    kind: ClassVar[Kind] = Kind.SHARES
+
+
+@dataclass(frozen=True)
+class Forward(_BlobTable):
     """Round 1, server -> client u: ``blobs[v]`` = v's encrypted shares for u."""
 
     kind: ClassVar[Kind] = Kind.FORWARD
-    blobs: dict[int, bytes]
-
-    def _body(self) -> bytes:
-        return _table(self.blobs, BLOB_BYTES)
-
-    @classmethod
-    def _parse(cls, rnd: int, party: int, r: _Reader) -> Self:
-        return cls(rnd, party, r.table(BLOB_BYTES))
 
 
 @dataclass(frozen=True)
