@@ -169,3 +169,67 @@ def test_low_precision_forward_runs_under_autocast(mode: str) -> None:
 def test_register_channelwise_takes_module_types_only() -> None:
     with pytest.raises(TypeError, match="nn.Module subclasses"):
         register_channelwise(StridedMaxPool())  # type: ignore[arg-type]
+
+
+def _big_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """More samples than the batched path takes: fast mode splits the lean loop over threads."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(zeroth_order._MAX_BATCHED_BATCH + 4, 1, 10, 10, generator=g, dtype=torch.float64)
+    return x, torch.randint(0, 3, (x.shape[0],), generator=g)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("scheme", ["central", "forward"])
+@pytest.mark.parametrize("make", [lenet_like, Residual, lambda: bn_convnet().train()])
+def test_threaded_spans_equal_lean(make, scheme: str, workers: int) -> None:
+    model = _build(make, train=make().training)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    threads = torch.get_num_threads()
+    kw = dict(k=7, sigma=1e-3, seed=5, scheme=scheme)
+    lean = loss_differences(model, F.cross_entropy, _big_batch(), mode="lean", **kw)
+    fast = loss_differences(model, F.cross_entropy, _big_batch(), mode="fast", workers=workers, **kw)
+    _assert_same(lean, fast)
+    assert torch.get_num_threads() == threads
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_threaded_spans_honour_masks_and_a_parameter_subset() -> None:
+    model = _build(lenet_like)
+    g = torch.Generator().manual_seed(2)
+    masks = {"4.0.weight": torch.rand(6, 4, 3, 3, generator=g) > 0.5}
+    kw = dict(k=5, sigma=1e-3, seed=8, scheme="central", masks=masks, params=["4.0.weight", "10.bias"])
+    lean = loss_differences(model, F.cross_entropy, _big_batch(), mode="lean", **kw)
+    fast = loss_differences(model, F.cross_entropy, _big_batch(), mode="fast", workers=2, **kw)
+    _assert_same(lean, fast)
+
+
+def test_threaded_spans_run_on_worker_threads_and_propagate_errors() -> None:
+    import threading
+
+    model = _build(Residual)
+    seen: set[str] = set()
+
+    def recording_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        seen.add(threading.current_thread().name)
+        return F.cross_entropy(logits, y)
+
+    loss_differences(model, recording_loss, _big_batch(), k=4, sigma=1e-3, seed=0, scheme="central",
+                     mode="fast", workers=2)  # fmt: skip
+    assert len(seen) == 2 and all(n.startswith("fedge-zo") for n in seen)
+
+    def failing_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("boom")
+
+    threads = torch.get_num_threads()
+    with pytest.raises(RuntimeError, match="boom"):
+        loss_differences(model, failing_loss, _big_batch(), k=4, sigma=1e-3, seed=0, scheme="central",
+                         mode="fast", workers=2)  # fmt: skip
+    assert torch.get_num_threads() == threads
+
+
+def test_workers_must_be_positive() -> None:
+    from fedge.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="workers"):
+        loss_differences(_build(Residual), F.cross_entropy, _big_batch(), k=2, sigma=1e-3, seed=0,
+                         scheme="central", mode="fast", workers=0)  # fmt: skip

@@ -161,7 +161,7 @@ def _run_to_forward(
         u: ClientState(u, round=5, config=config, graph=graph, entropy=entropy(f"c{u}"))
         for u in range(n)
     }
-    for u, c in clients.items():
+    for c in clients.values():
         server.receive_advertise(c.advertise_keys())
     for u, msg in server.broadcast_keys().items():
         server.receive_shares(clients[u].share_keys(msg))
