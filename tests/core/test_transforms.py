@@ -47,6 +47,29 @@ def test_adam_matches_torch():
     assert torch.allclose(out["w"], w.detach(), atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_weight_decay_and_lr_decay_match_torch(name):
+    """Oracle: torch.optim with weight_decay and an ExponentialLR stepped after each update."""
+    g = torch.Generator().manual_seed(2)
+    w0 = torch.randn(6, generator=g)
+    grads = [torch.randn(6, generator=g) for _ in range(6)]
+    if name == "sgd":
+        tx = T.sgd(0.1, momentum=0.9, weight_decay=1e-2, lr_decay=0.9)
+        make = lambda w: torch.optim.SGD([w], lr=0.1, momentum=0.9, weight_decay=1e-2)  # noqa: E731
+    else:
+        tx = T.adam(0.01, b1=0.9, b2=0.99, weight_decay=1e-2, lr_decay=0.9)
+        make = lambda w: torch.optim.Adam([w], lr=0.01, betas=(0.9, 0.99), weight_decay=1e-2)  # noqa: E731
+    out = _run(tx, [{"w": x} for x in grads], {"w": w0})
+    w = w0.clone().requires_grad_()
+    opt = make(w)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.9)
+    for x in grads:
+        w.grad = x.clone()
+        opt.step()
+        sched.step()
+    assert torch.allclose(out["w"], w.detach(), atol=1e-6)
+
+
 def test_yogi_and_adagrad_by_hand():
     g = torch.tensor([2.0])
     # Adagrad (b1 = 0): v = 0 + 4, u = -lr * 2 / (2 + eps)
@@ -76,7 +99,8 @@ def test_ema_plain_and_warmup():
     assert torch.allclose(s["avg"]["w"], torch.tensor([0.9]))
 
 
-@pytest.mark.parametrize("factory", [lambda: T.sgd(0.0), lambda: T.sgd(1.0, momentum=1.0), lambda: T.adam(0.1, b2=1.5)])
+@pytest.mark.parametrize("factory", [lambda: T.sgd(0.0), lambda: T.sgd(1.0, momentum=1.0), lambda: T.adam(0.1, b2=1.5),
+                                     lambda: T.sgd(0.1, lr_decay=1.5), lambda: T.sgd(0.1, weight_decay=-1.0)])
 def test_bad_hyperparameters_raise(factory):
     with pytest.raises(ConfigError):
         factory()

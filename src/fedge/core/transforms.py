@@ -31,6 +31,7 @@ __all__ = [
     "Transform",
     "adagrad",
     "adam",
+    "add_decayed_weights",
     "apply_updates",
     "chain",
     "clip_by_global_norm",
@@ -39,6 +40,7 @@ __all__ = [
     "scale",
     "scale_by_adagrad",
     "scale_by_adam",
+    "scale_by_exponential_decay",
     "scale_by_learning_rate",
     "scale_by_yogi",
     "sgd",
@@ -101,6 +103,31 @@ def scale_by_learning_rate(lr: float) -> Transform:
     """``u = -lr · g`` (descent)."""
     _positive("learning rate", lr)
     return scale(-lr)
+
+
+def scale_by_exponential_decay(lr: float, decay: float) -> Transform:
+    """``u = -lr · decay^t · g`` at the t-th update (t = 0, 1, ...): a learning rate multiplied by
+    ``decay`` after every round (NTK-BAFFLE, seed 004: "decays to 99.8% after each round")."""
+    _positive("learning rate", lr)
+    if not 0 < decay <= 1:
+        raise ConfigError(f"learning-rate decay must be in (0, 1], got {decay}")
+
+    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
+        factor = -lr * decay ** state["t"]
+        return {k: g * factor for k, g in grads.items()}, {"t": state["t"] + 1}
+
+    return Transform(lambda params: {"t": 0}, update)
+
+
+def add_decayed_weights(weight_decay: float) -> Transform:
+    """``u = g + wd · W`` (L2 weight decay, coupled as in ``torch.optim.SGD(weight_decay=...)``)."""
+    if not weight_decay >= 0:
+        raise ConfigError(f"weight decay must be >= 0, got {weight_decay}")
+
+    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
+        return {k: g + weight_decay * params[k].to(g.dtype) for k, g in grads.items()}, state
+
+    return Transform(lambda params: (), update)
 
 
 def trace(momentum: float, *, nesterov: bool = False) -> Transform:
@@ -193,15 +220,33 @@ def clip_by_global_norm(max_norm: float) -> Transform:
     return Transform(lambda params: (), update)
 
 
-def sgd(lr: float, *, momentum: float = 0.0, nesterov: bool = False) -> Transform:
-    """SGD with optional (Nesterov) momentum. ``sgd(1.0)`` on ``-Δ`` is FedAvg."""
-    parts = [trace(momentum, nesterov=nesterov)] if momentum else []
-    return chain(*parts, scale_by_learning_rate(lr))
+def sgd(
+    lr: float, *, momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0, lr_decay: float = 1.0
+) -> Transform:
+    """SGD with optional (Nesterov) momentum, coupled weight decay and a learning rate multiplied
+    by ``lr_decay`` after each update (torch.optim.SGD's order: decay, momentum, step).
+    ``sgd(1.0)`` on ``-Δ`` is FedAvg."""
+    parts = [add_decayed_weights(weight_decay)] if weight_decay else []
+    parts += [trace(momentum, nesterov=nesterov)] if momentum else []
+    step = scale_by_learning_rate(lr) if lr_decay == 1.0 else scale_by_exponential_decay(lr, lr_decay)
+    return chain(*parts, step)
 
 
-def adam(lr: float, *, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, bias_correction: bool = True) -> Transform:
-    """Adam (torch.optim.Adam semantics with ``bias_correction=True``)."""
-    return chain(scale_by_adam(b1=b1, b2=b2, eps=eps, bias_correction=bias_correction), scale_by_learning_rate(lr))
+def adam(
+    lr: float,
+    *,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    bias_correction: bool = True,
+    weight_decay: float = 0.0,
+    lr_decay: float = 1.0,
+) -> Transform:
+    """Adam (torch.optim.Adam semantics with ``bias_correction=True``, L2 ``weight_decay`` added
+    to the gradient as torch does), learning rate multiplied by ``lr_decay`` after each update."""
+    parts = [add_decayed_weights(weight_decay)] if weight_decay else []
+    step = scale_by_learning_rate(lr) if lr_decay == 1.0 else scale_by_exponential_decay(lr, lr_decay)
+    return chain(*parts, scale_by_adam(b1=b1, b2=b2, eps=eps, bias_correction=bias_correction), step)
 
 
 def yogi(lr: float, *, b1: float = 0.9, b2: float = 0.99, eps: float = 1e-3) -> Transform:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedge.core import transforms as T
 from fedge.core.errors import MessageError
@@ -52,12 +52,24 @@ class ServerOptimizerConfig(MethodConfigBase):
     b2: float = Field(0.99, ge=0, lt=1)
     eps: float | None = Field(None, gt=0)
     bias_correction: bool = True
+    weight_decay: float = Field(0.0, ge=0, description="L2 weight decay added to the gradient (sgd, adam)")
+    lr_decay: float = Field(1.0, gt=0, le=1, description="learning rate multiplied by this after each round (sgd, adam)")
+
+    @model_validator(mode="after")
+    def _decay_needs_sgd_or_adam(self) -> ServerOptimizerConfig:
+        if self.name in ("yogi", "adagrad") and (self.weight_decay or self.lr_decay != 1.0):
+            raise ValueError(
+                f"weight_decay and lr_decay are supported for sgd and adam, not {self.name}; "
+                "leave them at 0 and 1, or use sgd or adam"
+            )
+        return self
 
     def build(self) -> T.Transform:
         if self.name == "sgd":
-            return T.sgd(self.lr, momentum=self.momentum)
+            return T.sgd(self.lr, momentum=self.momentum, weight_decay=self.weight_decay, lr_decay=self.lr_decay)
         if self.name == "adam":
-            return T.adam(self.lr, b1=self.b1, b2=self.b2, eps=self.eps or 1e-8, bias_correction=self.bias_correction)
+            return T.adam(self.lr, b1=self.b1, b2=self.b2, eps=self.eps or 1e-8, bias_correction=self.bias_correction,
+                          weight_decay=self.weight_decay, lr_decay=self.lr_decay)  # fmt: skip
         if self.name == "yogi":
             return T.yogi(self.lr, b1=self.b1, b2=self.b2, eps=self.eps or 1e-3)
         return T.adagrad(self.lr, b1=self.b1, eps=self.eps or 1e-3)
