@@ -175,13 +175,16 @@ def bench_model(name: str, batch: int, seed: int = 0) -> tuple[nn.Module, tuple[
 
 def fast_path(model: nn.Module, batch: tuple[Tensor, Tensor]) -> str:
     """What fast mode runs for ``model`` on ``batch``: ``"batched"``, ``"lean-fallback"`` (a
-    model it cannot batch) or ``"lean-large-batch"`` (batching is slower at this batch size)."""
+    model it cannot batch) or ``"lean-large-batch"`` (batching is slower at this batch size),
+    the last two suffixed ``" in N threads"`` when the perturbations are split over N threads."""
     from fedge.estimators.zeroth_order import _MAX_BATCHED_BATCH
 
     ev = BatchedEvaluator.build(model, select(model), 0, batch[0], F.cross_entropy, batch[1])
-    if ev is None:
-        return "lean-fallback"
-    return "batched" if batch[0].shape[0] <= _MAX_BATCHED_BATCH else "lean-large-batch"
+    if ev is not None and batch[0].shape[0] <= _MAX_BATCHED_BATCH:
+        return "batched"
+    path = "lean-fallback" if ev is None else "lean-large-batch"
+    spans = torch.get_num_threads()
+    return path if spans == 1 else f"{path} in {spans} threads"
 
 
 def _forward_flops(model: nn.Module, x: Tensor) -> int:
@@ -398,7 +401,9 @@ def zo_markdown(report: dict[str, Any], command: str) -> str:
         "best any estimate running that many plain forwards could reach. *lean-fallback*: the",
         "batched path cannot run the model (WRN-10-2's residual units are not a Sequential chain),",
         "so fast mode runs the lean loop. *lean-large-batch*: above 8 samples batching is slower",
-        "than one plain forward per perturbation, so fast mode runs the lean loop.",
+        "than one plain forward per perturbation, so fast mode runs the lean loop. *in N threads*:",
+        "fast mode splits the K perturbations into N spans, one thread each (one intra-op thread",
+        "per span), where lean, BP and the reference loop use N intra-op threads.",
         "",
         f"{report['threads']} torch thread(s); float32 matmul peak (2048² `torch.mm`, same threads): "
         f"{report['matmul_peak_gflops']:.1f} GFLOP/s. {report['timing'].capitalize()}; "
