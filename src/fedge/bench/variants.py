@@ -54,6 +54,8 @@ def run_variants(
                 "bytes_up_per_client_round": lines[0]["bytes_up"] / n,
                 "bytes_down_per_client_round": lines[0]["bytes_down"] / n,
                 "client_flops_per_round": summary["total_client_flops"] / summary["rounds"],
+                "client_flops_effective_per_round": _mean_per_round(lines, "client_flops_effective"),
+                "client_tensor_peak_bytes": _max_over_rounds(lines, "client_tensor_peak_bytes"),
                 "wall_s": summary["wall_s"],
                 "accuracy_by_round": [x["test_accuracy"] for x in lines],
             }
@@ -61,17 +63,39 @@ def run_variants(
     return {"benchmark": "variants", "base": base, "common": common or [], "results": results, "missing": missing}
 
 
+def _mean_per_round(lines: list[dict[str, Any]], key: str) -> float | None:
+    """Sum of a per-round metric over the rounds that log it, divided by the rounds (None: never logged)."""
+    values = [x[key] for x in lines if x.get(key) is not None]
+    return sum(values) / len(lines) if values else None
+
+
+def _max_over_rounds(lines: list[dict[str, Any]], key: str) -> int | None:
+    values = [x[key] for x in lines if x.get(key) is not None]
+    return max(values) if values else None
+
+
 def variants_markdown(report: dict[str, Any], command: str, intro: str) -> str:
-    rows = [
-        "| variant | overrides | final acc | best acc | up B/client/round | down B/client/round | client GFLOP/round | wall s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in report["results"]:
-        rows.append(
-            f"| {r['label']} | `{' '.join(r['overrides']) or '-'}` | {r['final_test_accuracy']:.4f} | {r['best_test_accuracy']:.4f} "
-            f"| {r['bytes_up_per_client_round']:.0f} | {r['bytes_down_per_client_round']:.0f} "
-            f"| {r['client_flops_per_round'] / 1e9:.1f} | {r['wall_s']:.0f} |"
-        )
+    """A markdown table of ``report``; columns for effective FLOPs and client memory appear when
+    some variant logged them (``-`` where a variant did not)."""
+    results = report["results"]
+    effective = any(r.get("client_flops_effective_per_round") is not None for r in results)
+    memory = any(r.get("client_tensor_peak_bytes") is not None for r in results)
+    head = ["variant", "overrides", "final acc", "best acc", "up B/client/round", "down B/client/round",
+            "client GFLOP/round (executed)" if effective else "client GFLOP/round"]  # fmt: skip
+    head += ["effective GFLOP/round"] * effective + ["client peak MiB (tensors)"] * memory + ["wall s"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        cells = [r["label"], f"`{' '.join(r['overrides']) or '-'}`", f"{r['final_test_accuracy']:.4f}",
+                 f"{r['best_test_accuracy']:.4f}", f"{r['bytes_up_per_client_round']:.0f}",
+                 f"{r['bytes_down_per_client_round']:.0f}", f"{r['client_flops_per_round'] / 1e9:.1f}"]  # fmt: skip
+        if effective:
+            eff = r.get("client_flops_effective_per_round")
+            cells.append("-" if eff is None else f"{eff / 1e9:.1f}")
+        if memory:
+            peak = r.get("client_tensor_peak_bytes")
+            cells.append("-" if peak is None else f"{peak / 2**20:.2f}")
+        cells.append(f"{r['wall_s']:.0f}")
+        rows.append("| " + " | ".join(cells) + " |")
     common = " ".join(report["common"])
     missing = report.get("missing") or []
     note = ["", f"Not run yet (the command resumes them): {', '.join(missing)}"] if missing else []

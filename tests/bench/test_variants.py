@@ -1,0 +1,49 @@
+"""Variant tables: runs are resumed or read rather than rerun, and the table shows what was logged."""
+
+from __future__ import annotations
+
+from fedge.bench.variants import run_variants, variants_markdown
+
+COMMON = ["rounds=2", "eval_every=1", "clients.num=4", "clients.per_round=2", "threads=1"]
+
+
+def test_run_variants_runs_then_reads_complete_runs(tmp_path):
+    variants = {"a": ["method.local_epochs=1"], "b": ["method.local_epochs=2"]}
+    first = run_variants("quickstart", variants, out_root=tmp_path, common=COMMON)
+    assert [r["label"] for r in first["results"]] == ["a", "b"] and first["missing"] == []
+    metrics = tmp_path / "a" / "metrics.jsonl"
+    stamp = metrics.stat().st_mtime_ns
+    again = run_variants("quickstart", variants, out_root=tmp_path, common=COMMON)
+    assert metrics.stat().st_mtime_ns == stamp  # read, not rerun
+    assert again["results"] == first["results"]
+    r = first["results"][0]
+    assert len(r["accuracy_by_round"]) == 2 and 0 <= r["final_test_accuracy"] <= 1
+    assert r["bytes_up_per_client_round"] > 0 and r["client_flops_per_round"] > 0
+    assert r["client_flops_effective_per_round"] is None and r["client_tensor_peak_bytes"] is None
+    table = variants_markdown(first, "cmd", "intro")
+    assert "effective GFLOP/round" not in table and "client peak MiB" not in table
+    assert table.count("\n| a |") == 1 and "Command: `cmd`" in table
+
+
+def test_run_variants_without_running_lists_the_missing(tmp_path):
+    report = run_variants("quickstart", {"x": []}, out_root=tmp_path, common=COMMON, run=False)
+    assert report["results"] == [] and report["missing"] == ["x"]
+    assert "Not run yet (the command resumes them): x" in variants_markdown(report, "cmd", "intro")
+
+
+def test_optional_columns_appear_when_some_variant_logged_them():
+    base = {"overrides": [], "final_test_accuracy": 0.5, "best_test_accuracy": 0.6, "bytes_up_per_client_round": 10,
+            "bytes_down_per_client_round": 20, "client_flops_per_round": 3e9, "wall_s": 1.0}  # fmt: skip
+    report = {
+        "base": "p",
+        "common": [],
+        "results": [
+            {**base, "label": "dense", "client_flops_effective_per_round": None, "client_tensor_peak_bytes": 2**21},
+            {**base, "label": "sparse", "client_flops_effective_per_round": 1e9, "client_tensor_peak_bytes": None},
+        ],
+    }
+    lines = variants_markdown(report, "cmd", "").splitlines()
+    header = next(x for x in lines if x.startswith("| variant"))
+    assert "executed" in header and "effective GFLOP/round" in header and "client peak MiB" in header
+    assert any(x.startswith("| dense |") and "| 3.0 | - | 2.00 |" in x for x in lines)
+    assert any(x.startswith("| sparse |") and "| 3.0 | 1.0 | - |" in x for x in lines)
