@@ -70,3 +70,11 @@ def test_plot_comparison_overlays_runs_and_draws_memory_bars(make_run, tmp_path)
     ]
     for p in paths:
         assert_sane_png(p)
+
+
+def test_plot_comparison_draws_effective_flops_when_a_run_is_sparse(make_run, tmp_path):
+    sparse = load_run(make_run("sparse", extra={"cum_client_flops_effective": 123.0}))
+    dense = load_run(make_run("dense"))
+    paths = plot_comparison([sparse, dense], tmp_path / "cmp")
+    assert "accuracy_vs_effective_flops.png" in [p.name for p in paths]
+    assert_sane_png(tmp_path / "cmp" / "accuracy_vs_effective_flops.png")

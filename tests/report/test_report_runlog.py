@@ -116,3 +116,12 @@ def test_missing_directory_is_a_clear_error(tmp_path):
 def test_directory_without_metrics_is_not_a_run_directory(tmp_path):
     with pytest.raises(NotARunDirError, match="not a fedge run directory.*metrics.jsonl"):
         load_run(tmp_path)
+
+
+def test_effective_flops_fall_back_to_executed_flops_for_dense_runs(make_run):
+    from fedge.report import CUM_EFFECTIVE_FLOPS
+
+    dense = load_run(make_run("dense", accuracies=(0.1, 0.2), flops=5))
+    assert dense.series("test_accuracy", x=CUM_EFFECTIVE_FLOPS) == ([5, 10], [0.1, 0.2])
+    sparse = load_run(make_run("sparse", accuracies=(0.1, 0.2), flops=5, extra={"cum_client_flops_effective": 2.0}))
+    assert sparse.series("test_accuracy", x=CUM_EFFECTIVE_FLOPS) == ([2.0, 2.0], [0.1, 0.2])

@@ -17,6 +17,7 @@ from fedge.report.report import (
 )
 from fedge.report.runlog import (
     CUM_BYTES,
+    CUM_EFFECTIVE_FLOPS,
     NotARunDirError,
     RunDirError,
     RunLog,
@@ -26,6 +27,7 @@ from fedge.report.runlog import (
 
 __all__ = [
     "CUM_BYTES",
+    "CUM_EFFECTIVE_FLOPS",
     "Comparison",
     "ComparisonWarning",
     "NotARunDirError",

@@ -17,7 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from fedge.report.runlog import CUM_BYTES, RunLog
+from fedge.report.runlog import CUM_BYTES, CUM_EFFECTIVE_FLOPS, RunLog
 
 __all__ = ["FIGSIZE_IN", "PLOT_DPI", "plot_comparison", "plot_run"]
 
@@ -114,6 +114,8 @@ def _accuracy_vs(
     xs_all = [v for _, xs, _ in lines for v in xs]
     if x == CUM_BYTES:
         scale, xlabel = 1e6, "cumulative bytes, down + up (MB)"
+    elif x == CUM_EFFECTIVE_FLOPS:
+        scale, xlabel = 1.0, "cumulative client FLOPs, non-zero weights (dense runs: executed)"
     else:
         scale, xlabel = 1.0, "cumulative client FLOPs"
     return _line_plot(
@@ -196,8 +198,10 @@ def plot_run(run: RunLog, out_dir: str | Path) -> list[Path]:
 
 def plot_comparison(runs: Sequence[RunLog], out_dir: str | Path) -> list[Path]:
     """Overlay several runs: ``accuracy.png``, ``accuracy_vs_bytes.png``,
-    ``accuracy_vs_flops.png`` (if any run counted FLOPs) and ``peak_memory.png`` (bars, if
-    any run measured client memory), written into ``out_dir``.
+    ``accuracy_vs_flops.png`` (if any run counted FLOPs), ``accuracy_vs_effective_flops.png``
+    (if any run is sparse and logged its non-zero FLOPs; dense runs are drawn at their executed
+    FLOPs) and ``peak_memory.png`` (bars, if any run measured client memory), written into
+    ``out_dir``.
 
     Returns:
         The paths written.
@@ -228,6 +232,16 @@ def plot_comparison(runs: Sequence[RunLog], out_dir: str | Path) -> list[Path]:
                 "cum_client_flops",
                 named=True,
                 title="accuracy vs client compute",
+            )
+        )
+    if any(CUM_EFFECTIVE_FLOPS in row for r in runs for row in r.metrics):
+        written.append(
+            _accuracy_vs(
+                out / "accuracy_vs_effective_flops.png",
+                runs,
+                CUM_EFFECTIVE_FLOPS,
+                named=True,
+                title="accuracy vs client compute (non-zero weights only)",
             )
         )
     mem = [(r.label, r.peak_memory) for r in runs if r.peak_memory is not None]

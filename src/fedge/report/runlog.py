@@ -42,6 +42,9 @@ SUMMARY_FILE = "summary.json"
 
 #: Virtual metric: cumulative bytes on the wire both ways (``cum_bytes_down + cum_bytes_up``).
 CUM_BYTES = "cum_bytes"
+#: Cumulative client FLOPs counting only non-zero weights (sparse models log it); a run that does
+#: not log it ran dense, and its executed FLOPs (``cum_client_flops``) stand in.
+CUM_EFFECTIVE_FLOPS = "cum_client_flops_effective"
 
 
 class RunDirError(FedgeError, ValueError):
@@ -155,6 +158,8 @@ class RunLog:
         if key == CUM_BYTES:
             down, up = row.get("cum_bytes_down"), row.get("cum_bytes_up")
             return down + up if _finite(down) and _finite(up) else None
+        if key == CUM_EFFECTIVE_FLOPS and key not in row:
+            key = "cum_client_flops"
         v = row.get(key)
         return v if _finite(v) else None
 
