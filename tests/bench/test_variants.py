@@ -47,3 +47,18 @@ def test_optional_columns_appear_when_some_variant_logged_them():
     assert "executed" in header and "effective GFLOP/round" in header and "client peak MiB" in header
     assert any(x.startswith("| dense |") and "| 3.0 | - | 2.00 |" in x for x in lines)
     assert any(x.startswith("| sparse |") and "| 3.0 | 1.0 | - |" in x for x in lines)
+
+
+def test_more_rounds_extend_a_finished_variant_and_a_changed_one_is_refused(tmp_path):
+    import pytest
+
+    from fedge.core.errors import ConfigError
+
+    run_variants("quickstart", {"a": []}, out_root=tmp_path, common=COMMON)
+    longer = [x if not x.startswith("rounds=") else "rounds=3" for x in COMMON]
+    (r,) = run_variants("quickstart", {"a": []}, out_root=tmp_path, common=longer)["results"]
+    assert len(r["accuracy_by_round"]) == 3
+    with pytest.raises(ConfigError, match="different config"):
+        run_variants("quickstart", {"a": ["method.local_epochs=5"]}, out_root=tmp_path, common=longer)
+    with pytest.raises(ConfigError, match="different config"):  # never shortened
+        run_variants("quickstart", {"a": []}, out_root=tmp_path, common=COMMON)

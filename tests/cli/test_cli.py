@@ -85,6 +85,26 @@ def test_resume_refuses_extra_arguments(tmp_path):
     assert res.exit_code == 2
 
 
+@pytest.mark.parametrize("extra", [["--set", "seed=3"], ["--set", "rounds=2"], ["--set", "rounds=x"],
+                                   ["--set", "rounds=5", "--set", "rounds=6"]])
+def test_resume_takes_only_a_larger_round_count(tmp_path, tiny, extra):
+    out = tmp_path / "run"
+    assert runner.invoke(app, ["run", _write_cfg(tmp_path, tiny, rounds=3), "--out", str(out), "-q"]).exit_code == 0
+    before = (out / "metrics.jsonl").read_text()
+    res = runner.invoke(app, ["run", "--resume", str(out), *extra, "-q"])
+    assert res.exit_code == 2 and "rounds" in res.output
+    assert (out / "metrics.jsonl").read_text() == before and (out / "summary.json").exists()
+
+
+def test_resume_with_more_rounds_trains_a_finished_run_further(tmp_path, tiny):
+    out = tmp_path / "run"
+    assert runner.invoke(app, ["run", _write_cfg(tmp_path, tiny, rounds=2), "--out", str(out), "-q"]).exit_code == 0
+    res = runner.invoke(app, ["run", "--resume", str(out), "--set", "rounds=4", "-q"])
+    assert res.exit_code == 0, res.output
+    assert [json.loads(x)["round"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    assert json.loads((out / "summary.json").read_text())["rounds"] == 4
+
+
 def test_killed_process_resumes_to_identical_metrics(tmp_path, tiny):
     """A real SIGKILL mid-run, then `fedge run --resume`: metrics equal an uninterrupted run."""
     cfg = _write_cfg(tmp_path, tiny, rounds=6, **{"method.local_epochs": 8})

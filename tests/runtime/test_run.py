@@ -70,6 +70,29 @@ def test_interrupted_run_resumes_to_identical_metrics(tmp_path, tiny, monkeypatc
         resume_experiment(tmp_path / "cut", render=False)
 
 
+def test_finished_run_extended_to_more_rounds_equals_a_longer_run(tmp_path, tiny):
+    cfg = tiny(rounds=5, **{"clients.num": 6, "clients.per_round": 3, "method.client_optimizer.momentum": 0.5})
+    full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False)
+    short = run_experiment(load_config({**cfg, "rounds": 3}), out=tmp_path / "short", render=False)
+    resume_experiment(short, rounds=5, render=False)
+    assert metrics_without_wall(short) == metrics_without_wall(full)
+    assert yaml.safe_load((short / "config.yaml").read_text())["rounds"] == 5
+    summary = json.loads((short / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["rounds"] == 5
+    assert load_file(short / "model.safetensors").keys() == load_file(full / "model.safetensors").keys()
+    for k, v in load_file(short / "model.safetensors").items():
+        assert v.equal(load_file(full / "model.safetensors")[k])
+
+
+@pytest.mark.parametrize("rounds", [3, 2, 0, "7"])
+def test_extension_must_add_rounds_and_changes_nothing_otherwise(tmp_path, tiny, rounds):
+    out = run_experiment(load_config(tiny(rounds=3)), out=tmp_path / "run", render=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ResumeError, match="larger total"):
+        resume_experiment(out, rounds=rounds, render=False)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tiny):
     out = run_experiment(load_config(tiny(rounds=1)), out=tmp_path / "r", render=False)
     (out / "summary.json").unlink()

@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fedge.core.config import load_config
+from fedge.core.config import RunConfig, load_config, validate_section
+from fedge.core.errors import ConfigError
+from fedge.methods import get_method
 from fedge.runtime.run import resume_experiment, run_experiment
 from fedge.runtime.rundir import RunDir
 
@@ -24,8 +26,10 @@ def run_variants(
 ) -> dict[str, Any]:
     """Run ``base`` with ``common + overrides`` for each variant into ``out_root/<label>``.
 
-    A variant whose run directory is already complete is read, not rerun; an interrupted one
-    is resumed. So a long benchmark can be stopped and continued. With ``run=False`` only the
+    A variant whose run directory is already complete is read, not rerun (or trained further
+    when the variant now asks for more rounds); an interrupted one is resumed. So a long
+    benchmark can be stopped, continued and lengthened. A directory holding a different
+    config is an error. With ``run=False`` only the
     complete variants are tabulated (the rest are listed under ``"missing"``).
     """
     root = Path(out_root)
@@ -36,11 +40,15 @@ def run_variants(
         if not run and not RunDir(out).is_complete():
             missing.append(label)
             continue
+        wanted = load_config(base, overrides=[*(common or []), *overrides])
         if not RunDir(out).is_complete():
             if (out / "config.yaml").exists():
+                _check_same_run(out, wanted, allow_more_rounds=False)
                 resume_experiment(out, render=False)
             else:
-                run_experiment(load_config(base, overrides=[*(common or []), *overrides]), out=out, render=False)
+                run_experiment(wanted, out=out, render=False)
+        elif _check_same_run(out, wanted, allow_more_rounds=True) < wanted.rounds:
+            resume_experiment(out, rounds=wanted.rounds, render=False)  # train it further
         summary = json.loads((out / "summary.json").read_text())
         lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         n = lines[0]["clients"]
@@ -61,6 +69,30 @@ def run_variants(
             }
         )
     return {"benchmark": "variants", "base": base, "common": common or [], "results": results, "missing": missing}
+
+
+def _resolved(cfg: RunConfig) -> dict[str, Any]:
+    out = cfg.to_dict()
+    spec = get_method(cfg.method.name)
+    out["method"] = validate_section(spec.config, cfg.method.model_dump(), prefix="method.").model_dump(mode="json")
+    return out
+
+
+def _check_same_run(out: Path, wanted: RunConfig, *, allow_more_rounds: bool) -> int:
+    """The rounds of the run in ``out``, after checking that it is ``wanted`` (rounds aside when
+    ``allow_more_rounds``; a run may be extended, never shortened). A variant whose overrides
+    changed since its run directory was written is an error, not a silently stale row."""
+    have = load_config(RunDir(out).read_config())
+    a, b = _resolved(have), _resolved(wanted)
+    if allow_more_rounds and have.rounds <= wanted.rounds:
+        a["rounds"] = b["rounds"]
+    if a != b:
+        diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        raise ConfigError(
+            f"run directory {str(out)!r} holds a different config than this variant asks for "
+            f"(sections {diff}); move it away or choose another --out"
+        )
+    return have.rounds
 
 
 def _mean_per_round(lines: list[dict[str, Any]], key: str) -> float | None:

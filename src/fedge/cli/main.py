@@ -2,6 +2,7 @@
 
     fedge run PRESET_OR_YAML [--set key=value ...] [--out DIR]   train, write a run directory
     fedge run --resume RUN_DIR                                   continue an interrupted run
+    fedge run --resume RUN_DIR --set rounds=300                  train a finished run further
     fedge datasets | fedge models                                what is available here
     fedge report RUN_DIR | fedge compare RUN_DIR RUN_DIR ...     read finished runs
 
@@ -129,11 +130,21 @@ def run(
     target: Path | None = None
     try:
         if resume is not None:
-            if config is not None or overrides:
-                _fail(ValueError("--resume takes only the run directory; its config.yaml fixes everything else"))
+            extend = [o for o in overrides if o.split("=", 1)[0].strip() == "rounds"]
+            if config is not None or len(extend) != len(overrides) or len(extend) > 1:
+                _fail(ValueError(
+                    "--resume takes only the run directory (its config.yaml fixes everything else) "
+                    "and optionally --set rounds=N to train a run further"
+                ))  # fmt: skip
+            rounds = None
+            if extend:
+                value = extend[0].split("=", 1)[1].strip() if "=" in extend[0] else ""
+                if not value.isdigit():
+                    _fail(ValueError(f"--set {extend[0]}: rounds must be a whole number of rounds"))
+                rounds = int(value)
             target = resume
             with _Bar(not quiet) as bar:
-                path = resume_experiment(resume, progress=bar)
+                path = resume_experiment(resume, rounds=rounds, progress=bar)
         else:
             if config is None:
                 _fail(ValueError("give a preset or YAML file (e.g. fedge run quickstart), or --resume RUN_DIR"))

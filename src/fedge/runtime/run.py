@@ -99,18 +99,41 @@ def run_experiment(
     return _drive(built, rundir, [], None, progress, render)
 
 
-def resume_experiment(run_dir: str | Path, *, progress: Progress | None = None, render: bool = True) -> Path:
-    """Continue an interrupted run from its last completed round.
+def resume_experiment(
+    run_dir: str | Path, *, rounds: int | None = None, progress: Progress | None = None, render: bool = True
+) -> Path:
+    """Continue an interrupted run from its last completed round, or extend a run to more rounds.
 
     The finished run's metrics equal those of an uninterrupted run with the same seed
     (wall times aside): every random draw derives from (seed, purpose, round, client).
+
+    Args:
+        rounds: a new, larger total number of rounds; a complete run is then reopened and
+            continued from its last checkpoint. Nothing else of the config may change. The
+            extended run equals a run configured with ``rounds`` from the start, except that
+            the old last round was evaluated even if ``eval_every`` would have skipped it.
     """
     rundir = RunDir(run_dir)
     raw = rundir.read_config()
-    if rundir.is_complete():
-        raise ResumeError(f"run {str(rundir.path)!r} is already complete; nothing to resume")
+    if rounds is None and rundir.is_complete():
+        raise ResumeError(
+            f"run {str(rundir.path)!r} is already complete; nothing to resume "
+            "(to train it further, give a larger total: --set rounds=N)"
+        )
+    if rounds is not None:
+        old = int(raw.get("rounds", 0))
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds <= old:
+            raise ResumeError(
+                f"rounds={rounds!r} does not extend run {str(rundir.path)!r}, which has rounds={old}; "
+                f"give a larger total (e.g. rounds={2 * old})"
+            )
+        raw = {**raw, "rounds": rounds}
     cfg = load_config(raw)
     built = build_run(cfg)
+    if rounds is not None:
+        if rundir.is_complete() and rundir.load_checkpoint() is None:
+            raise ResumeError(f"run {str(rundir.path)!r} has no checkpoint.pt to continue from")
+        rundir.reopen(raw)
     state = rundir.load_checkpoint()
     last = 0 if state is None else int(state["record"]["round"])
     lines = rundir.truncate_metrics(last)

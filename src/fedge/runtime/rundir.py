@@ -118,6 +118,15 @@ class RunDir:
         _atomic_write(path, "".join(json.dumps(x) + "\n" for x in kept).encode())
         return kept
 
+    def reopen(self, config: dict[str, Any]) -> None:
+        """Mark the run incomplete, then replace its config (to extend it by more rounds).
+
+        In this order a crash in between leaves an incomplete run with the old config, which
+        ``--resume`` simply finishes again; never a complete-looking run with a config it did
+        not run."""
+        (self.path / SUMMARY).unlink(missing_ok=True)
+        _atomic_write(self.path / CONFIG, yaml.safe_dump(config, sort_keys=False).encode())
+
     # -- finish ---------------------------------------------------------------------
     def finish(self, summary: dict[str, Any], model: torch.nn.Module) -> None:
         tensors = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
