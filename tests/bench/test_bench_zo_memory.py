@@ -92,6 +92,10 @@ def test_run_memory_sanity(name):
     assert r["resident_bytes"] < r["inference_peak_bytes"] <= r["zo_lean_peak_bytes"]
     assert r["zo_lean_peak_bytes"] <= r["bp_peak_bytes"]
     assert r["zo_lean_peak_bytes"] <= r["zo_fast_peak_bytes"]  # equal where fast runs lean
+    # The sparse step holds its masks (1 byte per prunable weight) and nothing else extra.
+    assert r["zo_sparse_mask_bytes"] > 0
+    assert r["zo_lean_peak_bytes"] + r["zo_sparse_mask_bytes"] <= r["zo_sparse_peak_bytes"]
+    assert r["zo_sparse_peak_bytes"] <= r["zo_lean_peak_bytes"] + 2 * r["zo_sparse_mask_bytes"]
     # Lean memory does not depend on K beyond the K float64 losses it returns.
     assert r["zo_lean_k_spread_bytes"] <= 64 * (3 - 1)
     params_bytes = 4 * r["params"]

@@ -9,7 +9,9 @@ and batch size, the peak memory of
   optimizer state), gradients set to None before the step;
 - **zo_lean**: :func:`~fedge.estimators.loss_differences` in lean mode (central scheme) at two
   values of K (default 8 and 32): lean memory must not depend on K;
-- **zo_fast**: the same in fast mode with its default chunk (what batching costs).
+- **zo_fast**: the same in fast mode with its default chunk (what batching costs);
+- **zo_sparse**: the lean step on a model pruned to :data:`SPARSE_DENSITY` (NTK-BAFFLE, seed 004),
+  its bool masks counted as resident (a pruned client holds them all along).
 
 Two measures, both per step:
 
@@ -53,6 +55,7 @@ from torch import Tensor, nn
 
 from fedge.bench.zo import BENCH_MODELS, SIGMA, bench_model, fast_path
 from fedge.estimators import loss_differences
+from fedge.pruning.masks import prunable_parameters
 from fedge.runtime.meter import TensorAccountant, module_bytes, rss_peak_reset, rss_peak_since_reset
 
 __all__ = [
@@ -64,7 +67,9 @@ __all__ = [
     "step_peak_bytes",
 ]
 
-STEPS = ("inference", "bp", "zo_lean", "zo_fast")
+STEPS = ("inference", "bp", "zo_lean", "zo_fast", "zo_sparse")
+#: Kept fraction of prunable weights for the ``zo_sparse`` step (NTK-BAFFLE's 90% sparsity).
+SPARSE_DENSITY = 0.1
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters (malloc.h)
 LEAN_OVER_INFERENCE_TARGET = 1.15
 # BAFFLE Table 4, GPU memory in MB: (BP, BAFFLE min, BAFFLE max) on CIFAR-10/100 and
@@ -109,7 +114,29 @@ def _make_step(kind: str, model: nn.Module, batch: tuple[Tensor, Tensor], k: int
         mode = "lean" if kind == "zo_lean" else "fast"
         return lambda: loss_differences(model, F.cross_entropy, (x, y), k=k, sigma=SIGMA, seed=0,
                                         scheme="central", mode=mode)  # fmt: skip
+    if kind == "zo_sparse":
+        masks = sparse_masks(model, SPARSE_DENSITY)
+
+        def sparse() -> Tensor:
+            return loss_differences(model, F.cross_entropy, (x, y), k=k, sigma=SIGMA, seed=0, scheme="central",
+                                    mode="lean", masks=masks)  # fmt: skip
+
+        sparse.resident = list(masks.values())  # type: ignore[attr-defined]  # held by the client all along
+        return sparse
     raise ValueError(f"unknown step {kind!r}; choose from {STEPS}")
+
+
+def sparse_masks(model: nn.Module, density: float, seed: int = 0) -> dict[str, Tensor]:
+    """Bool masks keeping ``round(density · n)`` of the prunable weights, chosen uniformly at
+    random under one global count (what the client of a pruned model holds; which weights are
+    kept does not change the memory of a dense-kernel forward)."""
+    names = prunable_parameters(model)
+    params = dict(model.named_parameters())
+    sizes = [params[n].numel() for n in names]
+    keep = torch.zeros(sum(sizes), dtype=torch.bool)
+    g = torch.Generator().manual_seed(seed)
+    keep[torch.randperm(keep.numel(), generator=g)[: round(density * keep.numel())]] = True
+    return {n: m.view_as(params[n]) for n, m in zip(names, keep.split(sizes), strict=True)}
 
 
 def step_peak_bytes(kind: str, model: nn.Module, batch: tuple[Tensor, Tensor], *, k: int = 8) -> dict[str, int]:
@@ -118,12 +145,13 @@ def step_peak_bytes(kind: str, model: nn.Module, batch: tuple[Tensor, Tensor], *
     ``peak_bytes = resident_bytes + step_bytes``; see the module docstring for the definitions.
     """
     step = _make_step(kind, model, batch, k)
-    accountant = StepAccountant(_resident_tensors(model, batch))
+    held = list(getattr(step, "resident", []))  # e.g. the masks of a sparse model
+    accountant = StepAccountant([*_resident_tensors(model, batch), *held])
     with accountant:
         result = step()
     del result
     model.zero_grad(set_to_none=True)
-    resident = module_bytes(model) + sum(t.nbytes for t in batch)
+    resident = module_bytes(model) + sum(t.nbytes for t in [*batch, *held])
     return {"peak_bytes": resident + accountant.peak, "resident_bytes": resident,
             "step_bytes": accountant.peak}  # fmt: skip
 
@@ -195,6 +223,7 @@ def _measure(name: str, batch: int, lean_ks: Sequence[int], fast_k: int, rss_rep
     model, data = bench_model(name, batch)
     runs = [("inference", "inference", 1), ("bp", "bp", 1), ("zo_fast", "zo_fast", fast_k)]
     runs += [(f"zo_lean_k{k}", "zo_lean", k) for k in lean_ks]
+    runs += [("zo_sparse", "zo_sparse", lean_ks[0])]
     acct = {key: step_peak_bytes(kind, model, data, k=k) for key, kind, k in runs}
     rss_of = {key: _rss(name, batch, kind, k, threads, rss_repeats) for key, kind, k in runs} if rss_repeats else {}
     lean_key = f"zo_lean_k{lean_ks[0]}"
@@ -219,10 +248,14 @@ def _measure(name: str, batch: int, lean_ks: Sequence[int], fast_k: int, rss_rep
     row["bp_over_inference"] = row["bp_peak_bytes"] / row["inference_peak_bytes"]
     row["lean_over_inference"] = row["zo_lean_peak_bytes"] / row["inference_peak_bytes"]
     row["fast_over_lean"] = row["zo_fast_peak_bytes"] / row["zo_lean_peak_bytes"]
+    row["zo_sparse_density"] = SPARSE_DENSITY
+    row["zo_sparse_peak_bytes"] = acct["zo_sparse"]["peak_bytes"]  # masks included (resident)
+    row["zo_sparse_mask_bytes"] = acct["zo_sparse"]["resident_bytes"] - acct[lean_key]["resident_bytes"]
+    row["zo_sparse_over_lean"] = row["zo_sparse_peak_bytes"] / row["zo_lean_peak_bytes"]
     row["meets_lean_over_inference"] = row["lean_over_inference"] <= LEAN_OVER_INFERENCE_TARGET
     if rss_repeats:
         for key, short in (("inference", "inference"), ("bp", "bp"), (lean_key, "zo_lean"),
-                           ("zo_fast", "zo_fast")):  # fmt: skip
+                           ("zo_fast", "zo_fast"), ("zo_sparse", "zo_sparse")):  # fmt: skip
             row[f"rss_{short}_peak_bytes"] = rss_of[key]["min"]
             row[f"rss_{short}_peak_bytes_max"] = rss_of[key]["max"]
         row["rss_before_step_bytes"] = rss_of["inference"]["before"]
@@ -294,11 +327,15 @@ def memory_markdown(report: dict[str, Any], command: str) -> str:
     """The docs/benchmarks.md section for :func:`run_memory`."""
     res = report["results"]
     ks = "/".join(res[0]["zo_lean_peak_bytes_by_k"]) if res else ""
+    density = res[0]["zo_sparse_density"] if res else SPARSE_DENSITY
     lines = [
         "Peak memory of one client step (MiB). Inference: one forward, no grad. BP: forward,",
         "backward, plain SGD step (no momentum, so no optimizer state). Lean/fast ZO:",
         "`loss_differences`, central scheme, lean mode / fast mode with its default chunk. Models as",
-        "BAFFLE runs them (Hardswish, GroupNorm; LeNet on 1×28×28, WRN-10-2 on 3×32×32).",
+        "BAFFLE runs them (Hardswish, GroupNorm; LeNet on 1×28×28, WRN-10-2 on 3×32×32). Sparse lean",
+        "ZO: the lean step on a model pruned to the stated density (NTK-BAFFLE's 90% sparsity), its",
+        "bool masks counted as resident memory (their size in parentheses); the forwards run dense",
+        "kernels, so sparsity saves no activation memory.",
         "",
         "*Tensor accounting* (headline): parameters + buffers + the input batch, plus the peak of",
         "live bytes of tensor storages created inside the step (activations, tensors saved for",
@@ -312,14 +349,15 @@ def memory_markdown(report: dict[str, Any], command: str) -> str:
         f"Command: `{command}`",
         "",
         f"| model | batch | resident | inference | BP | lean ZO (K = {ks}) | fast ZO (path) "
-        "| lean/inference ≤ 1.15 | BP/lean | fast/lean |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| sparse lean ZO, d = {density} (masks) | lean/inference ≤ 1.15 | BP/lean | fast/lean |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res:
         by_k = " / ".join(_mb(v) for v in r["zo_lean_peak_bytes_by_k"].values())
         lines.append(
             f"| {r['model']} | {r['batch']} | {_mb(r['resident_bytes'])} | {_mb(r['inference_peak_bytes'])} "
             f"| {_mb(r['bp_peak_bytes'])} | {by_k} | {_mb(r['zo_fast_peak_bytes'])} ({r['fast_path']}) "
+            f"| {_mb(r['zo_sparse_peak_bytes'])} ({_mb(r['zo_sparse_mask_bytes'])}) "
             f"| {r['lean_over_inference']:.3f} {'pass' if r['meets_lean_over_inference'] else 'FAIL'} "
             f"| {r['bp_over_lean']:.2f} | {r['fast_over_lean']:.2f} |"
         )
@@ -329,9 +367,9 @@ def memory_markdown(report: dict[str, Any], command: str) -> str:
             f"Peak RSS growth during the step (MiB), min (max) over {report['rss_repeats']} fresh "
             "processes; lean at the other K: min only; ratios of the minima:",
             "",
-            f"| model | batch | inference | BP | lean ZO (K = {ks}) | fast ZO | lean/inference | BP/lean "
-            "| RSS before the step |",
-            "|---|---|---|---|---|---|---|---|---|",
+            f"| model | batch | inference | BP | lean ZO (K = {ks}) | fast ZO | sparse lean ZO | lean/inference "
+            "| BP/lean | RSS before the step |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
 
         def both(r: dict[str, Any], short: str) -> str:
@@ -343,7 +381,7 @@ def memory_markdown(report: dict[str, Any], command: str) -> str:
             li, bl = r["rss_lean_over_inference"], r["rss_bp_over_lean"]
             lines.append(
                 f"| {r['model']} | {r['batch']} | {both(r, 'inference')} | {both(r, 'bp')} | {lean} "
-                f"| {both(r, 'zo_fast')} | {'n/a' if li is None else f'{li:.2f}'} "
+                f"| {both(r, 'zo_fast')} | {both(r, 'zo_sparse')} | {'n/a' if li is None else f'{li:.2f}'} "
                 f"| {'n/a' if bl is None else f'{bl:.2f}'} | {_mb(r['rss_before_step_bytes'])} |"
             )
     lines += [
