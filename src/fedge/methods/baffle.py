@@ -90,7 +90,11 @@ class BaffleConfig(MethodConfigBase):
     k: int = Field(100, ge=1, description="K: loss differences per estimate")
     sigma: float = Field(1e-4, gt=0, description="perturbation scale σ")
     scheme: Literal["central", "forward"] = Field("forward", description="central or twice-FD (forward)")
-    estimator: Literal["lean", "fast"] = Field("fast", description="lean (least memory) or fast (batched)")
+    estimator: Literal["lean", "fast"] = Field(
+        "fast",
+        description="lean (least memory) or fast (batches of <= 8 samples: perturbations batched; larger: "
+        "perturbations split over the run's `threads`, one model copy per thread)",
+    )
     chunk: int | None = Field(None, ge=1, description="perturbations per batched pass (fast estimator)")
     batch_size: int = Field(64, ge=1, description="samples per loss evaluation")
     local_epochs: int = Field(1, ge=1, description="epoch-level: local epochs per round")
