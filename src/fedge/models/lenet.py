@@ -132,6 +132,27 @@ def build_lenet(
     return features, classifier
 
 
+def _pooled_convs_fc(
+    input_shape: _Shape,
+    channels: tuple[int, int],
+    hidden: tuple[int, ...],
+    num_classes: int,
+    activation: str,
+    norm: str,
+    padding: int,
+    norm_affine: bool,
+) -> tuple[nn.Sequential, nn.Sequential]:
+    """Two 5x5 convs, each followed by 2x2 max pooling (the first padded by ``padding``), then
+    fully connected layers of widths ``hidden`` and the output layer."""
+    _check_padding(padding)
+    features = _two_conv(
+        input_shape, channels, padding=(padding, 0), pool2=True, activation=activation, norm=norm,
+        norm_affine=norm_affine,
+    )  # fmt: skip
+    c, h, w = output_shape(features, input_shape)
+    return features, _fc_classifier(c * h * w, hidden, num_classes, activation)
+
+
 @register_model(
     "lenet5",
     description="classic LeNet-5: conv5x5(6)-act-maxpool, conv5x5(16)-act-maxpool, FC 120-84",
@@ -147,18 +168,7 @@ def build_lenet5(
     padding: int,
     norm_affine: bool,
 ) -> tuple[nn.Sequential, nn.Sequential]:
-    _check_padding(padding)
-    features = _two_conv(
-        input_shape,
-        (6, 16),
-        padding=(padding, 0),
-        pool2=True,
-        activation=activation,
-        norm=norm,
-        norm_affine=norm_affine,
-    )
-    c, h, w = output_shape(features, input_shape)
-    return features, _fc_classifier(c * h * w, (120, 84), num_classes, activation)
+    return _pooled_convs_fc(input_shape, (6, 16), (120, 84), num_classes, activation, norm, padding, norm_affine)
 
 
 @register_model(
@@ -176,15 +186,4 @@ def build_lenet_ppfl(
     padding: int,
     norm_affine: bool,
 ) -> tuple[nn.Sequential, nn.Sequential]:
-    _check_padding(padding)
-    features = _two_conv(
-        input_shape,
-        (20, 50),
-        padding=(padding, 0),
-        pool2=True,
-        activation=activation,
-        norm=norm,
-        norm_affine=norm_affine,
-    )
-    c, h, w = output_shape(features, input_shape)
-    return features, _fc_classifier(c * h * w, (500,), num_classes, activation)
+    return _pooled_convs_fc(input_shape, (20, 50), (500,), num_classes, activation, norm, padding, norm_affine)
