@@ -33,6 +33,14 @@ COMMON = ["threads=1", f"rounds={ROUNDS}", "eval_every=10"]
 SGD_LRS = (0.003, 0.01, 0.03, 0.1, 0.3)
 SGD_COMMON = ["method.mode=batch", "threads=1", "rounds=80", "eval_every=10", "measure.flops=false", "method.k=100",
               "method.server_optimizer.name=sgd", "method.server_optimizer.momentum=0.9"]
+# Then the best learning rate of the screen (0.03 for both), trained as long as the Adam table.
+SGD_LR = 0.03
+SGD_MAIN: dict[str, list[str]] = {
+    f"SGD BAFFLE (dense) K=100 lr={SGD_LR}": ["method.name=baffle", "method.batch_size=32", f"method.server_optimizer.lr={SGD_LR}"],
+    f"SGD NTK-BAFFLE K=100 lr={SGD_LR}": [f"method.server_optimizer.lr={SGD_LR}"],
+}
+SGD_MAIN_COMMON = [*COMMON, "method.mode=batch", "method.k=100", "method.server_optimizer.name=sgd",
+                   "method.server_optimizer.momentum=0.9"]
 SGD_GRID: dict[str, list[str]] = {}
 for lr in SGD_LRS:
     SGD_GRID[f"dense lr={lr}"] = ["method.name=baffle", "method.batch_size=32", f"method.server_optimizer.lr={lr}"]

@@ -36,7 +36,7 @@ def run_variants(
     results = []
     missing = []
     for label, overrides in variants.items():
-        out = root / label
+        out = root / label.replace("/", "-")  # a label is one directory name
         if not run and not RunDir(out).is_complete():
             missing.append(label)
             continue
