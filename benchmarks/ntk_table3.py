@@ -103,7 +103,7 @@ def estimate_quality(ks: tuple[int, ...] = KS, seeds: int = 5, batch: int = 320)
     g = torch.Generator().manual_seed(0)
     idx = torch.randperm(len(data.y_train), generator=g)[:batch]
     x, y = data.x_train[idx], data.y_train[idx]
-    rows = []
+    rows, layers = [], {}
     for label, score in (("dense", None), ("NTK", "ntk"), ("magnitude", "magnitude"), ("random", "random")):
         model = built.model_fn()
         masks = None
@@ -112,6 +112,7 @@ def estimate_quality(ks: tuple[int, ...] = KS, seeds: int = 5, batch: int = 320)
                           generator=generator(built.config.seed, "prune"), input_shape=tuple(data.input_shape),
                           num_inputs=cfg.prune_inputs, eps=cfg.prune_eps, samples=cfg.prune_samples)  # fmt: skip
             model = rescale_(apply_masks_(model, masks), masks)
+            layers[label] = {name: float(m.float().mean()) for name, m in masks.items()}
         params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         grads = dict(zip(params, torch.autograd.grad(F.cross_entropy(model(x), y), list(params.values())), strict=True))
         kept = {n: gr * masks[n] if masks and n in masks else gr for n, gr in grads.items()}
@@ -130,7 +131,8 @@ def estimate_quality(ks: tuple[int, ...] = KS, seeds: int = 5, batch: int = 320)
             rows.append({"model": label, "k": k, "trainable": n, "cos_kept": sum(cos_kept) / seeds,
                          "cos_full": sum(cos_full) / seeds, "sqrt_k_over_n": (k / n) ** 0.5,
                          "kept_energy": float(target.square().sum() / full.square().sum())})  # fmt: skip
-    return {"batch": batch, "seeds": seeds, "scheme": "forward", "sigma": 1e-4, "results": rows}
+    return {"batch": batch, "seeds": seeds, "scheme": "forward", "sigma": 1e-4, "results": rows,
+            "layer_density": layers}  # fmt: skip
 
 
 def quality_markdown(report: dict[str, Any]) -> str:
@@ -146,6 +148,13 @@ def quality_markdown(report: dict[str, Any]) -> str:
     for r in report["results"]:
         lines.append(f"| {r['model']} | {r['trainable']} | {r['k']} | {r['cos_kept']:.3f} | {r['sqrt_k_over_n']:.3f} "
                      f"| {r['cos_full']:.3f} | {r['kept_energy']:.3f} |")  # fmt: skip
+    dens = report.get("layer_density") or {}
+    if dens:
+        scores = list(dens)
+        lines += ["", "Kept fraction per pruned tensor (one global threshold; overall density 0.1):", "",
+                  "| tensor | " + " | ".join(scores) + " |", "|---|" + "---|" * len(scores)]  # fmt: skip
+        for name in dens[scores[0]]:
+            lines.append(f"| {name} | " + " | ".join(f"{dens[sc][name]:.3f}" for sc in scores) + " |")
     return "\n".join(lines)
 
 
