@@ -37,11 +37,16 @@ SGD_COMMON = ["method.mode=batch", "threads=1", "rounds=80", "eval_every=10", "m
               "method.server_optimizer.name=sgd", "method.server_optimizer.momentum=0.9"]
 # Then the best learning rate of the screen (0.03 for both), trained as long as the Adam table.
 SGD_LR = 0.03
-SGD_MAIN: dict[str, list[str]] = {}
+SGD_MAIN: dict[str, list[str]] = {
+    f"SGD BP FedSGD (dense) lr={SGD_LR}": ["method.name=fedsgd", "method.batch_size=32", f"method.server_optimizer.lr={SGD_LR}"],
+}
 for k in KS:
     SGD_MAIN[f"SGD BAFFLE (dense) K={k} lr={SGD_LR}"] = ["method.name=baffle", "method.batch_size=32", f"method.k={k}",
                                                         f"method.server_optimizer.lr={SGD_LR}"]  # fmt: skip
     SGD_MAIN[f"SGD NTK-BAFFLE K={k} lr={SGD_LR}"] = [f"method.k={k}", f"method.server_optimizer.lr={SGD_LR}"]
+for score in ("magnitude", "random"):
+    SGD_MAIN[f"SGD {score}-pruned K=100 lr={SGD_LR}"] = ["method.k=100", f"method.prune_score={score}",
+                                                        f"method.server_optimizer.lr={SGD_LR}"]  # fmt: skip
 SGD_MAIN_COMMON = [*COMMON, *LONG, "method.mode=batch", "method.server_optimizer.name=sgd",
                    "method.server_optimizer.momentum=0.9"]
 SGD_GRID: dict[str, list[str]] = {}
