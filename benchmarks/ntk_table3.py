@@ -31,6 +31,7 @@ ROUNDS, LONG_ROUNDS = 150, 300
 # comparison (dense, NTK, magnitude, random) runs twice as long.
 COMMON = ["threads=1", f"rounds={ROUNDS}", "eval_every=10"]
 LONG = [f"rounds={LONG_ROUNDS}"]
+BATCH = ["method.mode=batch"]
 # The paper's optimizer (SGD, momentum 0.9), screened over learning rates at K = 100.
 SGD_LRS = (0.003, 0.01, 0.03, 0.1, 0.3)
 SGD_COMMON = ["method.mode=batch", "threads=1", "rounds=80", "eval_every=10", "measure.flops=false", "method.k=100",
@@ -41,19 +42,18 @@ SGD_MAIN: dict[str, list[str]] = {
     f"SGD BP FedSGD (dense) lr={SGD_LR}": ["method.name=fedsgd", "method.batch_size=32", f"method.server_optimizer.lr={SGD_LR}"],
 }
 for k in KS:
-    SGD_MAIN[f"SGD BAFFLE (dense) K={k} lr={SGD_LR}"] = ["method.name=baffle", "method.batch_size=32", f"method.k={k}",
+    SGD_MAIN[f"SGD BAFFLE (dense) K={k} lr={SGD_LR}"] = ["method.name=baffle", *BATCH, "method.batch_size=32", f"method.k={k}",
                                                         f"method.server_optimizer.lr={SGD_LR}"]  # fmt: skip
-    SGD_MAIN[f"SGD NTK-BAFFLE K={k} lr={SGD_LR}"] = [f"method.k={k}", f"method.server_optimizer.lr={SGD_LR}"]
+    SGD_MAIN[f"SGD NTK-BAFFLE K={k} lr={SGD_LR}"] = [*BATCH, f"method.k={k}", f"method.server_optimizer.lr={SGD_LR}"]
 for score in ("magnitude", "random"):
-    SGD_MAIN[f"SGD {score}-pruned K=100 lr={SGD_LR}"] = ["method.k=100", f"method.prune_score={score}",
+    SGD_MAIN[f"SGD {score}-pruned K=100 lr={SGD_LR}"] = [*BATCH, "method.k=100", f"method.prune_score={score}",
                                                         f"method.server_optimizer.lr={SGD_LR}"]  # fmt: skip
-SGD_MAIN_COMMON = [*COMMON, *LONG, "method.mode=batch", "method.server_optimizer.name=sgd",
+SGD_MAIN_COMMON = [*COMMON, *LONG, "method.server_optimizer.name=sgd",
                    "method.server_optimizer.momentum=0.9"]
 SGD_GRID: dict[str, list[str]] = {}
 for lr in SGD_LRS:
     SGD_GRID[f"dense lr={lr}"] = ["method.name=baffle", "method.batch_size=32", f"method.server_optimizer.lr={lr}"]
     SGD_GRID[f"NTK lr={lr}"] = [f"method.server_optimizer.lr={lr}"]
-BATCH = ["method.mode=batch"]
 VARIANTS: dict[str, list[str]] = {
     "BP FedSGD (dense)": ["method.name=fedsgd", "method.batch_size=32", "method.server_optimizer.name=adam",
                           "method.server_optimizer.lr=0.01", "method.server_optimizer.b2=0.99"],
