@@ -28,8 +28,15 @@ pruning, each pruned tensor's kept weights are scaled by 1/sqrt(its density), wh
 the layer's initial output variance. Without it, a LeNet-5 pruned to 10% at initialisation
 has near-constant logits, and zeroth-order training sits on a long plateau (measured here:
 test loss flat for 100+ batch-level rounds while dense BAFFLE learns), although backprop
-trains the same pruned network fine; with it, NTK-pruned BAFFLE learns faster than dense
-BAFFLE, the paper's claim. The paper trains for 3000 rounds, where the plateau matters less.
+trains the same pruned network fine. The paper trains for 3000 rounds, where the plateau
+matters less.
+
+What pruning buys (docs/benchmarks.md, "NTK-BAFFLE Table 3 analogue"): at 10% density one
+estimate's cosine with the true gradient rises about sqrt(1/d)-fold (n shrinks), and with the
+paper's optimizer, SGD with momentum, NTK-BAFFLE overtakes dense BAFFLE. With Adam (BAFFLE's
+optimizer) it does not in 300 rounds: Adam normalises each coordinate, and a coordinate's noise
+is set by the norm of the gradient over the trained coordinates, which pruning shrinks far less
+than it shrinks n.
 
 ``prune_score`` picks the saliency: ``ntk`` (the paper), ``magnitude`` (|W0|) or ``random``,
 the last two as the baselines that measure what the NTK score is worth at equal density.
