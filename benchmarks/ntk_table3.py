@@ -103,9 +103,9 @@ def estimate_quality(ks: tuple[int, ...] = KS, seeds: int = 5, batch: int = 320)
     import torch.nn.functional as F
 
     from fedge.core.config import load_config
-    from fedge.core.rng import generator
     from fedge.estimators import estimate_gradient, loss_differences
-    from fedge.pruning import apply_masks_, prune, rescale_
+    from fedge.methods.ntk_baffle import data_free_masks
+    from fedge.pruning import apply_masks_, rescale_
     from fedge.runtime.build import build_run
 
     torch.set_num_threads(1)
@@ -119,9 +119,8 @@ def estimate_quality(ks: tuple[int, ...] = KS, seeds: int = 5, batch: int = 320)
         model = built.model_fn()
         masks = None
         if score is not None:
-            masks = prune(built.model_fn(), density=cfg.density, rounds=cfg.prune_rounds, score=score,
-                          generator=generator(built.config.seed, "prune"), input_shape=tuple(data.input_shape),
-                          num_inputs=cfg.prune_inputs, eps=cfg.prune_eps, samples=cfg.prune_samples)  # fmt: skip
+            masks = data_free_masks(cfg.model_copy(update={"prune_score": score}), built.model_fn(),
+                                    seed=built.config.seed, input_shape=tuple(data.input_shape))  # fmt: skip
             model = rescale_(apply_masks_(model, masks), masks)
             layers[label] = {name: float(m.float().mean()) for name, m in masks.items()}
         params = {n: p for n, p in model.named_parameters() if p.requires_grad}

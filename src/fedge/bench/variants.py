@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fedge.core.config import RunConfig, load_config, validate_section
+from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError
-from fedge.methods import get_method
-from fedge.runtime.run import resume_experiment, run_experiment
+from fedge.runtime.run import resolved_config, resume_experiment, run_experiment
 from fedge.runtime.rundir import RunDir
 
 __all__ = ["run_variants", "variants_markdown"]
@@ -71,19 +70,12 @@ def run_variants(
     return {"benchmark": "variants", "base": base, "common": common or [], "results": results, "missing": missing}
 
 
-def _resolved(cfg: RunConfig) -> dict[str, Any]:
-    out = cfg.to_dict()
-    spec = get_method(cfg.method.name)
-    out["method"] = validate_section(spec.config, cfg.method.model_dump(), prefix="method.").model_dump(mode="json")
-    return out
-
-
 def _check_same_run(out: Path, wanted: RunConfig, *, allow_more_rounds: bool) -> int:
     """The rounds of the run in ``out``, after checking that it is ``wanted`` (rounds aside when
     ``allow_more_rounds``; a run may be extended, never shortened). A variant whose overrides
     changed since its run directory was written is an error, not a silently stale row."""
     have = load_config(RunDir(out).read_config())
-    a, b = _resolved(have), _resolved(wanted)
+    a, b = resolved_config(have), resolved_config(wanted)
     if allow_more_rounds and have.rounds <= wanted.rounds:
         a["rounds"] = b["rounds"]
     if a != b:

@@ -80,7 +80,7 @@ from fedge.pruning import (
 from fedge.runtime.context import ClientContext
 from fedge.runtime.meter import effective_flops_ratio
 
-__all__ = ["ClientDataPruning", "NtkBaffleConfig", "PruningClient", "build"]
+__all__ = ["ClientDataPruning", "NtkBaffleConfig", "PruningClient", "build", "data_free_masks"]
 
 
 class NtkBaffleConfig(BaffleConfig):
@@ -225,16 +225,23 @@ class _ReportEffectiveFlops:
         self.inner.load_state_dict(state)
 
 
+def data_free_masks(
+    cfg: NtkBaffleConfig, w0: torch.nn.Module, *, seed: int, input_shape: tuple[int, ...]
+) -> dict[str, torch.Tensor]:
+    """The server's pruning of ``w0`` for ``prune_data: random`` (what :func:`build` runs, with the
+    run's ``seed``): ``prune_rounds`` rounds of ``prune_score`` to ``density``."""
+    return prune(
+        w0, density=cfg.density, rounds=cfg.prune_rounds, score=cfg.prune_score,
+        generator=generator(seed, "prune"), input_shape=input_shape,
+        num_inputs=cfg.prune_inputs, eps=cfg.prune_eps, samples=cfg.prune_samples,
+    )  # fmt: skip
+
+
 def build(cfg: NtkBaffleConfig, env: MethodEnv) -> MethodBuild:
     """Prune (data-free, on the server) or arrange client-data pruning, then build BAFFLE."""
     sample = torch.zeros((1, *env.input_shape))
     if cfg.prune_data == "random":
-        w0 = env.model_fn()
-        masks = prune(
-            w0, density=cfg.density, rounds=cfg.prune_rounds, score=cfg.prune_score,
-            generator=generator(env.seed, "prune"), input_shape=tuple(env.input_shape),
-            num_inputs=cfg.prune_inputs, eps=cfg.prune_eps, samples=cfg.prune_samples,
-        )  # fmt: skip
+        masks = data_free_masks(cfg, env.model_fn(), seed=env.seed, input_shape=tuple(env.input_shape))
         base_fn = env.model_fn
 
         def pruned_model() -> torch.nn.Module:

@@ -82,10 +82,15 @@ class BuiltRun:
         )
 
 
+def method_config(cfg: RunConfig) -> Any:
+    """The ``method`` section validated by its method's config class (every default filled in)."""
+    return validate_section(get_method(cfg.method.name).config, cfg.method.model_dump(), prefix="method.")
+
+
 def build_run(cfg: RunConfig) -> BuiltRun:
     """Validate the choice-dependent sections and build data, partition, model and method."""
     spec = get_method(cfg.method.name)
-    method_cfg = validate_section(spec.config, cfg.method.model_dump(), prefix="method.")
+    method_cfg = method_config(cfg)
 
     d = cfg.dataset
     dataset = load_dataset(

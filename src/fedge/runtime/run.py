@@ -16,7 +16,7 @@ from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ResumeError
 from fedge.core.messages import Message
 from fedge.methods.base import model_arrays
-from fedge.runtime.build import BuiltRun, build_run
+from fedge.runtime.build import BuiltRun, build_run, method_config
 from fedge.runtime.engine import Simulation
 from fedge.runtime.rundir import RunDir
 
@@ -25,10 +25,15 @@ __all__ = ["Progress", "resolved_config", "resume_experiment", "run_experiment"]
 Progress = Callable[[dict[str, Any], int], None]  # (metrics line, total rounds)
 
 
-def resolved_config(built: BuiltRun) -> dict[str, Any]:
-    """The config with every default filled in (what ``config.yaml`` holds)."""
-    out = built.config.to_dict()
-    out["method"] = built.method_config.model_dump(mode="json")
+def resolved_config(built: BuiltRun | RunConfig) -> dict[str, Any]:
+    """The config with every default filled in (what ``config.yaml`` holds); from a built run, or
+    from a config alone (validating its method section, without loading data)."""
+    if isinstance(built, BuiltRun):
+        cfg, method_cfg = built.config, built.method_config
+    else:
+        cfg, method_cfg = built, method_config(built)
+    out = cfg.to_dict()
+    out["method"] = method_cfg.model_dump(mode="json")
     return out
 
 
