@@ -9,7 +9,7 @@ from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
 from fedge.estimators import combine_loss_differences, estimate_gradient
 from fedge.methods.baffle import BaffleBatchStrategy, BaffleConfig, clip_inf_norm
-from fedge.runtime.build import build_run
+from fedge.experiment.build import build_run
 
 
 def _cfg(tiny, **method):

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 from fedge.core.config import load_config
 from fedge.core.errors import ConfigError
 from fedge.pruning import prunable_parameters
-from fedge.runtime.build import build_run
-from fedge.runtime.run import run_experiment
+from fedge.experiment.build import build_run
+from fedge.experiment.run import run_experiment
 
 
 def _cfg(tiny, **method):

@@ -5,7 +5,7 @@ import torch
 
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
-from fedge.runtime.context import ClientData
+from fedge.core.context import ClientData
 from fedge.runtime.engine import EngineConfig, Simulation, sample_clients
 
 

@@ -15,7 +15,7 @@ import torch
 
 from fedge.core.config import load_config
 from fedge.core.messages import Message
-from fedge.runtime.build import build_run
+from fedge.experiment.build import build_run
 
 __all__ = ["comm_markdown", "run_comm"]
 

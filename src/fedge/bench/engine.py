@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from fedge.core.messages import Message
-from fedge.runtime.context import ClientContext, ClientData
+from fedge.core.context import ClientContext, ClientData
 from fedge.runtime.engine import EngineConfig, Simulation
-from fedge.runtime.meter import _status_kb
+from fedge.core.meter import _status_kb
 
 __all__ = ["run_engine_overhead"]
 

@@ -20,7 +20,7 @@ Two measures, both per step:
     ``(x, y)``, and ``peak`` is the high-water mark of the bytes of tensor storages *created
     inside the step* and still alive (activations, tensors saved for backward, gradients,
     perturbed weights, noise, stacked activations), seen by
-    :class:`~fedge.runtime.meter.TensorAccountant`. Views of resident storages (``W.t()``
+    :class:`~fedge.core.meter.TensorAccountant`. Views of resident storages (``W.t()``
     inside ``F.linear``, in-place updates of ``W``) are not new memory and are not counted.
     This is the papers' "GPU memory" notion without the framework's static memory.
 (b) **peak RSS** (``rss_*_bytes``): each measurement runs in a fresh Python process
@@ -56,7 +56,7 @@ from torch import Tensor, nn
 from fedge.bench.zo import BENCH_MODELS, SIGMA, bench_model, fast_path
 from fedge.estimators import loss_differences
 from fedge.pruning.masks import prunable_parameters
-from fedge.runtime.meter import TensorAccountant, module_bytes, rss_peak_reset, rss_peak_since_reset
+from fedge.core.meter import TensorAccountant, module_bytes, rss_peak_reset, rss_peak_since_reset
 
 __all__ = [
     "PAPER_TABLE4",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedge.core.config import load_config
-from fedge.runtime.run import run_experiment
+from fedge.experiment.run import run_experiment
 
 __all__ = ["presets_markdown", "run_presets"]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError
-from fedge.runtime.run import resolved_config, resume_experiment, run_experiment
-from fedge.runtime.rundir import RunDir
+from fedge.experiment.run import resolved_config, resume_experiment, run_experiment
+from fedge.experiment.rundir import RunDir
 
 __all__ = ["run_variants", "variants_markdown"]
 

@@ -44,7 +44,7 @@ from fedge.estimators import estimate_gradient, forward_budget, loss_differences
 from fedge.estimators.batched import BatchedEvaluator
 from fedge.estimators.perturbation import select
 from fedge.models import build_model
-from fedge.runtime.meter import FlopCounter
+from fedge.core.meter import FlopCounter
 
 __all__ = [
     "BENCH_MODELS",

@@ -120,7 +120,7 @@ def run(
 ) -> None:
     """Train a federation and write its run directory."""
     from fedge.core.config import load_config
-    from fedge.runtime.run import resume_experiment, run_experiment
+    from fedge.experiment.run import resume_experiment, run_experiment
 
     overrides = list(set_ or [])
     if measure_memory:

@@ -252,7 +252,7 @@ def load_config(source: str | Path | dict[str, Any], *, overrides: list[str] | N
     """Load a preset name, YAML path or dict, apply overrides and validate the fixed sections.
 
     The choice-dependent sections (partition, model, method) are validated by
-    :func:`fedge.runtime.build.build_run`, which knows the registries.
+    :func:`fedge.experiment.build.build_run`, which knows the registries.
     """
     if isinstance(source, dict):
         raw = copy.deepcopy(source)

@@ -3,7 +3,7 @@
 - A :class:`Strategy` runs on the server: it turns the global state into one message per
   sampled client, and the clients' replies back into a new global state.
 - A :class:`ClientProgram` runs on the device: ``run(message, ctx) -> message``. ``ctx``
-  (:class:`fedge.runtime.context.ClientContext`) gives the client's data, its persistent
+  (:class:`fedge.core.context.ClientContext`) gives the client's data, its persistent
   state, a derived generator, a meter and links to side parties (edge server, enclave).
 
 The shape mirrors Flower's Message API (configure/aggregate on the server, a handler on
@@ -21,7 +21,7 @@ import torch
 from fedge.core.messages import Message
 
 if TYPE_CHECKING:
-    from fedge.runtime.context import ClientContext
+    from fedge.core.context import ClientContext
 
 __all__ = ["ClientProgram", "NextPhase", "SideParty", "Strategy"]
 

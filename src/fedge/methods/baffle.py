@@ -77,7 +77,7 @@ from fedge.methods.base import (
 from fedge.methods.ema import EMAEvaluation
 from fedge.methods.fedavg import DeltaAveraging
 from fedge.methods.local import ClientOptimizerConfig, LocalTraining
-from fedge.runtime.context import ClientContext
+from fedge.core.context import ClientContext
 
 __all__ = ["BaffleBatchClient", "BaffleBatchStrategy", "BaffleConfig", "build", "clip_inf_norm"]
 

@@ -49,7 +49,7 @@ from fedge.privacy.secagg import (
     ServerState,
     recommended_neighbors,
 )
-from fedge.runtime.context import ClientContext
+from fedge.core.context import ClientContext
 
 __all__ = ["SecureBaffleClient", "SecureBaffleStrategy", "build_secure"]
 

@@ -39,7 +39,7 @@ from fedge.methods.local import (
     LocalTraining,
     backprop_gradient_fn,
 )
-from fedge.runtime.context import ClientContext
+from fedge.core.context import ClientContext
 
 __all__ = ["DeltaAveraging", "FedAvgConfig", "FedSGDClient", "FedSGDConfig", "build"]
 

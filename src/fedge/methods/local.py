@@ -16,7 +16,7 @@ from pydantic import Field
 
 from fedge.core.messages import Message
 from fedge.methods.base import MethodConfigBase, load_arrays, split_trainable, unpack_model_arrays
-from fedge.runtime.context import ClientContext
+from fedge.core.context import ClientContext
 
 __all__ = ["ClientOptimizerConfig", "GradientFn", "LocalTraining", "backprop_gradient_fn"]
 

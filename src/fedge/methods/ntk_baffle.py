@@ -77,8 +77,8 @@ from fedge.pruning import (
 from fedge.pruning import (
     density as mask_density,
 )
-from fedge.runtime.context import ClientContext
-from fedge.runtime.meter import effective_flops_ratio
+from fedge.core.context import ClientContext
+from fedge.core.meter import effective_flops_ratio
 
 __all__ = ["ClientDataPruning", "NtkBaffleConfig", "PruningClient", "build", "data_free_masks"]
 

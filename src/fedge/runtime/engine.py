@@ -31,9 +31,9 @@ from fedge.core.errors import MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import ClientProgram, NextPhase, SideParty, Strategy
 from fedge.core.rng import generator
-from fedge.runtime.context import ClientContext, ClientData
+from fedge.core.context import ClientContext, ClientData
 from fedge.runtime.evaluate import evaluate
-from fedge.runtime.meter import Meter, StepStats
+from fedge.core.meter import Meter, StepStats
 
 __all__ = ["EngineConfig", "Simulation", "decode_state", "encode_state", "sample_clients"]
 

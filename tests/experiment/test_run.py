@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, DataNotFoundError, ResumeError, UnknownNameError
-from fedge.runtime.run import resume_experiment, run_experiment
+from fedge.experiment.run import resume_experiment, run_experiment
 from tests_helpers import metrics_without_wall
 
 
@@ -47,7 +47,7 @@ def test_interrupted_run_resumes_to_identical_metrics(tmp_path, tiny, monkeypatc
     cfg = tiny(rounds=6, **{"clients.num": 6, "clients.per_round": 3})
     full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False)
 
-    import fedge.runtime.rundir as rd
+    import fedge.experiment.rundir as rd
 
     original = rd.RunDir.save_checkpoint
 

@@ -10,7 +10,7 @@ import torch
 
 from fedge.core.messages import Message
 from fedge.core.protocols import SideParty
-from fedge.runtime.meter import Meter
+from fedge.core.meter import Meter
 
 __all__ = ["ClientContext", "ClientData", "Link"]
 

@@ -2,7 +2,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedge.runtime.evaluate import evaluate
-from fedge.runtime.meter import FlopCounter, Meter, TensorAccountant
+from fedge.core.meter import FlopCounter, Meter, TensorAccountant
 
 
 def test_flop_counter_matches_torch_flop_counter_mode():
@@ -65,7 +65,7 @@ def test_evaluate_top1_top5_and_loss():
 
 
 def test_effective_flops_ratio_by_hand():
-    from fedge.runtime.meter import effective_flops_ratio
+    from fedge.core.meter import effective_flops_ratio
 
     model = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.ReLU(), torch.nn.Linear(20, 5))
     masks = {"0.weight": torch.rand(20, 10) < 2, "2.weight": torch.zeros(5, 20, dtype=torch.bool)}

@@ -16,9 +16,9 @@ from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ResumeError
 from fedge.core.messages import Message
 from fedge.methods.base import model_arrays
-from fedge.runtime.build import BuiltRun, build_run, method_config
+from fedge.experiment.build import BuiltRun, build_run, method_config
 from fedge.runtime.engine import Simulation
-from fedge.runtime.rundir import RunDir
+from fedge.experiment.rundir import RunDir
 
 __all__ = ["Progress", "resolved_config", "resume_experiment", "run_experiment"]
 

@@ -20,7 +20,7 @@ from fedge.data.partition import partition, partition_summary
 from fedge.methods import get_method
 from fedge.methods.base import MethodBuild, MethodEnv
 from fedge.models import build_model
-from fedge.runtime.context import ClientData
+from fedge.core.context import ClientData
 from fedge.runtime.engine import EngineConfig, Simulation
 
 __all__ = ["BuiltRun", "build_run", "model_factory"]
