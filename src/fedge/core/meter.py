@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from collections.abc import Iterable
@@ -57,18 +58,25 @@ def _shape(x: Any) -> Any:
 
 
 class FlopCounter(TorchDispatchMode):
-    """Count FLOPs of the ops run inside the mode with torch's own per-op formulas."""
+    """Count FLOPs of the ops run inside the mode with torch's own per-op formulas.
+
+    Thread-safe: code that fans work out to threads (the zeroth-order fast mode) re-enters
+    the caller's modes in each thread, and every thread adds to this one count.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.flops = 0
+        self._lock = threading.Lock()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         formula = flop_registry.get(func._overloadpacket)
         if formula is not None:
-            self.flops += int(formula(*tree_map(_shape, args), **tree_map(_shape, kwargs), out_val=tree_map(_shape, out)))
+            n = int(formula(*tree_map(_shape, args), **tree_map(_shape, kwargs), out_val=tree_map(_shape, out)))
+            with self._lock:
+                self.flops += n
         return out
 
 
@@ -80,6 +88,10 @@ class TensorAccountant(TorchDispatchMode):
     Storages of ``resident`` tensors (the model's weights, the input batch) are not step
     memory: ops that return views of them (``W.t()`` inside ``F.linear``) or update them in
     place (an optimizer step) are ignored, so resident bytes are counted once, apart.
+
+    Thread-safe (one re-entrant lock: a storage can be released by the garbage collector
+    while its own thread is tracking another): threads that re-enter the caller's modes
+    add to the same live total, so the peak is the peak over all threads together.
     """
 
     def __init__(self, resident: Iterable[torch.Tensor] = ()) -> None:
@@ -88,15 +100,17 @@ class TensorAccountant(TorchDispatchMode):
         self._resident = {t.untyped_storage().data_ptr() for t in resident}
         self.current = 0
         self.peak = 0
+        self._lock = threading.RLock()
 
     def _release(self, key: int) -> None:
-        entry = self._live.get(key)
-        if entry is None:
-            return
-        entry[1] -= 1
-        if entry[1] == 0:
-            self.current -= entry[0]
-            del self._live[key]
+        with self._lock:
+            entry = self._live.get(key)
+            if entry is None:
+                return
+            entry[1] -= 1
+            if entry[1] == 0:
+                self.current -= entry[0]
+                del self._live[key]
 
     def add_resident(self, tensors: Iterable[torch.Tensor]) -> None:
         """Declare more resident storages (e.g. a model loaded during the step)."""
@@ -107,13 +121,14 @@ class TensorAccountant(TorchDispatchMode):
         key, nbytes = st.data_ptr(), st.nbytes()
         if nbytes == 0 or key in self._resident:
             return
-        entry = self._live.get(key)
-        if entry is None:
-            self._live[key] = [nbytes, 1]
-            self.current += nbytes
-            self.peak = max(self.peak, self.current)
-        else:
-            entry[1] += 1
+        with self._lock:
+            entry = self._live.get(key)
+            if entry is None:
+                self._live[key] = [nbytes, 1]
+                self.current += nbytes
+                self.peak = max(self.peak, self.current)
+            else:
+                entry[1] += 1
         weakref.finalize(t, self._release, key)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]

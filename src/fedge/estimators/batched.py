@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedge.estimators.lean import LossFn, scalar_loss
+from fedge.estimators.lean import LossFn, mean_loss
 from fedge.estimators.perturbation import Selection, perturb, standard_normal_chunk
 
 __all__ = ["BatchedEvaluator", "register_channelwise"]
@@ -192,7 +192,7 @@ class BatchedEvaluator:
             outs = [hv[:, j] for j in range(m_count)]
         else:
             raise Unsupported("output is not batched")
-        losses = [scalar_loss(self.loss_fn(o, self.y)) for o in outs]
+        losses = [mean_loss(self.loss_fn, o, self.y) for o in outs]
         return torch.tensor(losses, dtype=torch.float64)
 
     def _layer(

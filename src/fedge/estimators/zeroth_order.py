@@ -53,6 +53,7 @@ Modes of :func:`loss_differences` (same ΔL up to float rounding, same seed, sam
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import threading
@@ -62,6 +63,7 @@ from typing import Literal, get_args
 
 import torch
 from torch import Tensor, nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from fedge.core.errors import ConfigError, MessageError
 from fedge.estimators import batched
@@ -390,13 +392,21 @@ def _run_threaded(
     replicas = [model] + [copy.deepcopy(model, memo=dict(memo)) for _ in range(spans - 1)]
     plus = torch.empty(k, dtype=torch.float64)
     minus = torch.empty(k, dtype=torch.float64)
+    # Dispatch modes (FLOP counter, tensor accountant) are thread-local too: the workers
+    # re-enter the caller's, outermost first, so what they run is metered as on one thread.
+    modes = _get_current_dispatch_mode_stack()
 
     def span(i: int) -> None:
         lo, hi = bounds[i], bounds[i + 1]
         replica = replicas[i]
         ev = LeanEvaluator(replica, select(replica, params, masks), seed, x, loss_fn, y)
         # Grad mode and autocast are thread-local: enter them in the worker.
-        with torch.no_grad(), _maybe_autocast(x, autocast), ev:
+        with contextlib.ExitStack() as stack:
+            for mode in modes:
+                stack.enter_context(mode)
+            stack.enter_context(torch.no_grad())
+            stack.enter_context(_maybe_autocast(x, autocast))
+            stack.enter_context(ev)
             losses = ev.losses(list(range(lo, hi)), blocks, sigma, baseline=len(blocks) == 1 and i == 0)
         n = hi - lo
         plus[lo:hi] = losses[:n]
