@@ -99,11 +99,17 @@ def test_secure_aggregation_with_dropout_uses_survivors_only(tiny):
     assert line["secagg_dropped"] == 1 and line["secagg_survivors"] == 3
 
 
-def test_secure_aggregation_refuses_worker_processes(tiny):
-    cfg = load_config(tiny(model={"name": "logreg"}, method={"name": "baffle", "mode": "batch", "secure_aggregation": True},
-                           **{"clients.workers": 2}))
-    with pytest.raises(ConfigError, match="workers"):
-        build_run(cfg)
+def test_secure_aggregation_runs_in_worker_processes(tiny):
+    """Client secrets live in the round state, so they cross worker processes between steps."""
+    lines = []
+    for workers in (0, 2):
+        cfg = _cfg(tiny, mode="batch", ema=None, secure_aggregation=True)
+        cfg = load_config({**cfg.to_dict(), "clients": {**cfg.to_dict()["clients"], "workers": workers}})
+        sim = build_run(cfg).simulation()
+        lines.append(sim.run_round(1))
+        sim.close()
+    assert lines[0]["secagg_survivors"] == lines[1]["secagg_survivors"] == 4
+    assert lines[0]["test_loss"] == pytest.approx(lines[1]["test_loss"], abs=1e-6)
 
 
 @pytest.mark.parametrize("mode", ["batch", "epoch"])

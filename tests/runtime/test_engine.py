@@ -3,13 +3,14 @@
 import pytest
 import torch
 
-from fedge.core.errors import MessageError
-from fedge.core.messages import Message
 from fedge.core.context import ClientData
-from fedge.runtime.engine import EngineConfig, Simulation, sample_clients
+from fedge.core.errors import ConfigError, MessageError
+from fedge.core.messages import Message
+from fedge.core.protocols import Exchange, PartySpec, Strategy
+from fedge.runtime.engine import EngineConfig, Simulation, decode_state, sample_clients
 
 
-class EchoStrategy:
+class EchoStrategy(Strategy):
     """Sends each client a seed-sized message; sums the clients' replies."""
 
     def __init__(self, broadcast=True):
@@ -120,7 +121,7 @@ def test_non_finite_reply_is_rejected():
 
 
 class Doubler:
-    def handle(self, message):
+    def handle(self, message, ctx):
         return Message({"y": message.arrays["x"] * 2})
 
 
@@ -130,10 +131,11 @@ def test_side_party_traffic_is_counted():
             y = ctx.link("edge").call(Message({"x": torch.ones(10)})).arrays["y"]
             return Message({"v": y[:3]})
 
-    sim = _sim(program=UsesParty(), n=2, per_round=2, parties={"edge": lambda cid: Doubler()})
+    sim = _sim(program=UsesParty(), n=2, per_round=2, parties={"edge": PartySpec("edge", Doubler)})
     line = sim.run_round(1)
     per = len(Message({"x": torch.ones(10)}).to_bytes())
     assert line["side_bytes_up"] == 2 * per and line["side_bytes_down"] == 2 * per
+    assert line["bytes.client->edge"] == 2 * per and line["bytes.edge->client"] == 2 * per
     assert sim.strategy.total == pytest.approx(12.0)
 
 
@@ -148,15 +150,13 @@ def test_flops_are_counted_from_torch_formulas():
     assert line["client_flops"] == 2 * (2 * 4 * 5 * 6)
 
 
-def test_multi_phase_round_counts_every_phase():
-    from fedge.core.protocols import NextPhase
-
-    class TwoPhase(EchoStrategy):
-        def aggregate_round(self, rnd, replies):
-            if all(r.config.get("phase") == 0 for r in replies.values()):
-                # second phase only for the two lowest ids (the others "drop out")
-                keep = sorted(replies)[:2]
-                return NextPhase({c: Message(config={"go": True}) for c in keep})
+def test_multi_step_round_counts_every_exchange():
+    class TwoSteps(EchoStrategy):
+        def round(self, rnd, ids):
+            replies = yield Exchange(self.configure_round(rnd, ids))
+            assert all(r.config["phase"] == 0 for r in replies.values())
+            keep = sorted(replies)[:2]  # second exchange only for the two lowest ids (the others "drop out")
+            replies = yield Exchange({c: Message(config={"go": True}) for c in keep})
             self.seen.append(sorted(replies))
             return {"second_phase_clients": len(replies)}
 
@@ -165,14 +165,133 @@ def test_multi_phase_round_counts_every_phase():
             ctx.state["phases"] = ctx.state.get("phases", "") + str(ctx.phase)
             return Message(config={"phase": ctx.phase})
 
-    sim = _sim(strategy=TwoPhase(), program=PhaseClient(), n=4, per_round=4)
+    sim = _sim(strategy=TwoSteps(), program=PhaseClient(), n=4, per_round=4)
     line = sim.run_round(1)
     assert line["phases"] == 2 and line["second_phase_clients"] == 2
     first = 4 * len(Message(config={"seed": 1}).to_bytes())
     second = 2 * len(Message(config={"go": True}).to_bytes())
     assert line["bytes_down"] == first + second
     assert line["bytes_up"] == 4 * len(Message(config={"phase": 0}).to_bytes()) + 2 * len(Message(config={"phase": 1}).to_bytes())
-    from fedge.runtime.engine import decode_state
-
     assert decode_state(sim.client_states[0])["phases"] == "01"
     assert decode_state(sim.client_states[3])["phases"] == "0"
+
+
+class SecretsClient:
+    """Keeps a secret in the round state between two exchanges; checks it is gone next round."""
+
+    def run(self, message, ctx):
+        if ctx.phase == 0:
+            assert ctx.round_state == {}, "round state leaked from an earlier round"
+            ctx.round_state["secret"] = torch.randn(2, generator=ctx.generator)
+            return Message(config={"ok": 1})
+        return Message({"v": ctx.round_state["secret"].sum().reshape(1)})
+
+
+class TwoExchanges(EchoStrategy):
+    def round(self, rnd, ids):
+        yield Exchange(dict.fromkeys(ids, Message(config={"a": 1})))
+        replies = yield Exchange(dict.fromkeys(ids, Message(config={"b": 1})))
+        return self.aggregate_round(rnd, replies)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_round_state_crosses_exchanges_and_processes_but_not_rounds(workers):
+    sims = [_sim(strategy=TwoExchanges(), program=SecretsClient(), n=4, per_round=4, workers=w) for w in (0, workers)]
+    for sim in sims:
+        sim.run()
+        assert sim._round_states == {}
+        assert "secret" not in str(sim.state_dict())  # never checkpointed
+    assert sims[0].strategy.total == sims[1].strategy.total
+
+
+# ---------------------------------------------------------------- a toy three-party method
+# client -> its edge server -> server. The edge server runs the second half of a tiny model
+# (its FLOPs are the edge's, not the device's) and counts the batches it has seen in its own
+# persistent state, which must survive rounds and --resume.
+
+
+class Edge:
+    def handle(self, message, ctx):
+        w = torch.ones(4, 8)
+        ctx.state["batches"] = ctx.state.get("batches", 0) + 1
+        h = message.arrays["h"] @ w  # (2, 4) @ (4, 8): 2·2·4·8 FLOPs on the edge
+        noise = torch.randn(1, generator=ctx.generator)
+        return Message({"out": h.sum(0)[:3] + 0 * noise}, config={"batches": ctx.state["batches"]})
+
+
+class Device:
+    def run(self, message, ctx):
+        x = torch.ones(2, 3) @ torch.ones(3, 4)  # 2·2·3·4 FLOPs on the device
+        reply = ctx.link("edge").call(Message({"h": x}))
+        return Message({"v": reply.arrays["out"]}, config={"batches": reply.config["batches"]})
+
+
+class CountingServer(EchoStrategy):
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+
+    def aggregate_round(self, rnd, replies):
+        self.batches.append({c: r.config["batches"] for c, r in replies.items()})
+        return super().aggregate_round(rnd, replies)
+
+
+def _three_party(**kw):
+    return _sim(strategy=CountingServer(), program=Device(), n=3, per_round=3,
+                parties={"edge": PartySpec("edge", Edge, scope="client")}, **kw)
+
+
+def test_three_party_edge_is_metered_on_its_own_account():
+    sim = _three_party()
+    line = sim.run_round(1)
+    assert line["client_flops"] == 3 * (2 * 2 * 3 * 4)
+    assert line["flops.edge"] == 3 * (2 * 2 * 4 * 8)
+    up = len(Message({"h": torch.ones(2, 4)}).to_bytes())
+    down = len(Message({"out": torch.ones(3)}, config={"batches": 1}).to_bytes())
+    assert line["bytes.client->edge"] == 3 * up and line["bytes.edge->client"] == 3 * down
+    assert line["bytes_up"] == 3 * len(Message({"v": torch.ones(3)}, config={"batches": 1}).to_bytes())
+    assert line["wall_s.edge"] >= 0
+
+
+def test_three_party_edge_state_survives_rounds_and_resume():
+    full = _three_party(rounds=3)
+    full.run()
+    assert full.strategy.batches[-1] == {0: 3, 1: 3, 2: 3}
+
+    first = _three_party(rounds=3)
+    first.run_round(1)
+    first.record.round = 1
+    saved = first.state_dict()
+    resumed = _three_party(rounds=3)
+    resumed.load_state_dict(saved)
+    resumed.strategy.batches = list(first.strategy.batches)
+    resumed.run()
+    assert resumed.strategy.batches == full.strategy.batches
+    assert resumed.party_states == full.party_states
+
+
+def test_shared_party_state_changed_in_a_worker_is_refused():
+    sim = _sim(strategy=CountingServer(), program=Device(), n=4, per_round=4, workers=2,
+               parties={"edge": PartySpec("edge", Edge, scope="shared")})
+    with pytest.raises(ConfigError, match="workers=0"):
+        sim.run_round(1)
+    sim.close()
+
+
+def test_shared_party_state_flows_from_client_to_client():
+    sim = _sim(strategy=CountingServer(), program=Device(), n=3, per_round=3,
+               parties={"edge": PartySpec("edge", Edge, scope="shared")})
+    sim.run_round(1)
+    assert sorted(sim.strategy.batches[0].values()) == [1, 2, 3]
+
+
+def test_profiles_restrict_sampling_to_eligible_clients():
+    class BigOnly(EchoStrategy):
+        def eligible(self, profile):
+            return profile["memory_mb"] >= 100
+
+    profiles = [{"memory_mb": m} for m in (50, 200, 150, 10, 300, 20)]
+    sim = Simulation(strategy=BigOnly(), program=DrawClient(), clients=_clients(6), test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)),
+                     num_classes=2, config=EngineConfig(seed=0, rounds=3, per_round=2), profiles=profiles)
+    for rnd in (1, 2, 3):
+        assert set(sim.sample(rnd)) <= {1, 2, 4}

@@ -1,18 +1,47 @@
-"""What a client program sees: its data, state, randomness, meter and links."""
+"""What a party sees in one round: its data (clients), its state, its randomness, its meter
+and its links to other parties.
+
+Every party — client, edge server, enclave, third party — has
+
+- its own **persistent state** (``ctx.state``: tensors and scalars, kept by the engine across
+  rounds and checkpointed with the run, so it survives ``--resume``);
+- its own **generator**, derived from (run seed, party kind, party key, round), so its
+  draws do not depend on which other parties ran or in what order;
+- its own **meter**: a side party's FLOPs, memory and time are measured on its account,
+  never on the client that called it (the client's meter is paused during the call).
+
+A :class:`Link` is a client's channel to a side party: every call really serializes both
+messages and counts their bytes on the link (``client->NAME`` and ``NAME->client``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from fedge.core.messages import Message
-from fedge.core.protocols import SideParty
 from fedge.core.meter import Meter
+from fedge.core.protocols import PartySpec
+from fedge.core.rng import generator
 
-__all__ = ["ClientContext", "ClientData", "Link"]
+__all__ = ["ClientContext", "ClientData", "Link", "PartyContext", "decode_state", "encode_state"]
+
+
+def encode_state(state: dict[str, Any]) -> bytes:
+    """A party's state (tensors and scalars) as message bytes, to cross processes and checkpoints."""
+    arrays = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    config = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
+    return Message(arrays, config).to_bytes()
+
+
+def decode_state(data: bytes | None) -> dict[str, Any]:
+    if not data:
+        return {}
+    msg = Message.from_bytes(data)
+    return {**msg.config, **msg.arrays}
 
 
 @dataclass(frozen=True)
@@ -44,28 +73,92 @@ class ClientData:
             yield self.x[idx], self.y[idx]
 
 
-class Link:
-    """A client's channel to a side party. Every call really serializes both messages and
-    counts their bytes (down: party → client, up: client → party) into the client's meter."""
+@dataclass
+class PartyContext:
+    """What a :class:`~fedge.core.protocols.SideParty` may use while handling one message.
 
-    def __init__(self, name: str, party: SideParty, meter: Meter) -> None:
-        self.name, self.party, self.meter = name, party, meter
+    ``key`` is the client the instance belongs to (``scope="client"``) or None (shared);
+    ``state`` persists across rounds for that instance; ``generator`` is derived from
+    (run seed, "party", name, key, round, phase) and continues across the calls made within
+    one client step."""
+
+    name: str
+    key: int | None
+    rnd: int
+    state: dict[str, Any]
+    generator: torch.Generator
+    meter: Meter
+
+
+class Link:
+    """A client's channel to side party ``spec.name``. Each call serializes both messages,
+    counts their bytes on the link, pauses the client's meter and runs the party under its
+    own. The party's state is decoded on first use and handed back to the engine after the
+    client step (:attr:`state_bytes`)."""
+
+    def __init__(self, spec: PartySpec, *, key: int | None, rnd: int, phase: int, seed: int,
+                 state: bytes | None, client_meter: Meter) -> None:  # fmt: skip
+        self.spec, self.key, self.rnd, self.phase, self.seed = spec, key, rnd, phase, seed
+        self.client_meter = client_meter
+        self._state_in = state
+        self._ctx: PartyContext | None = None
+        self._party = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def _context(self) -> PartyContext:
+        if self._ctx is None:
+            m = self.client_meter
+            self._ctx = PartyContext(
+                name=self.spec.name,
+                key=self.key,
+                rnd=self.rnd,
+                state=decode_state(self._state_in),
+                generator=generator(
+                    self.seed, "party", self.spec.name, -1 if self.key is None else self.key, self.rnd, self.phase
+                ),
+                meter=Meter(flops=m.count_flops, memory=m.memory),
+            )
+            self._party = self.spec.factory()
+        return self._ctx
 
     def call(self, message: Message) -> Message:
+        """Send ``message`` to the party and return its reply (both really serialized)."""
+        name, stats = self.spec.name, self.client_meter.stats
         up = message.to_bytes()
-        self.meter.stats.side_bytes_up += len(up)
-        reply = self.party.handle(Message.from_bytes(up)).to_bytes()
-        self.meter.stats.side_bytes_down += len(reply)
-        return Message.from_bytes(reply)
+        stats.add_link(f"client->{name}", len(up))
+        with self.client_meter.paused():
+            ctx = self._context()
+            party_stats = ctx.meter.stats
+            before = party_stats.copy()
+            with ctx.meter.measure():
+                reply = self._party.handle(Message.from_bytes(up), ctx)  # type: ignore[union-attr]
+            if not isinstance(reply, Message):
+                raise TypeError(f"side party {name!r} returned {type(reply).__name__}; expected a Message")
+            down = reply.to_bytes()
+        stats.add_party(name, party_stats.since(before))
+        stats.add_link(f"{name}->client", len(down))
+        return Message.from_bytes(down)
+
+    @property
+    def state_bytes(self) -> bytes | None:
+        """The party's state after this client step (unchanged bytes if never called)."""
+        if self._ctx is None:
+            return self._state_in
+        return encode_state(self._ctx.state) if self._ctx.state else None
 
 
 @dataclass
 class ClientContext:
-    """Everything a :class:`~fedge.core.protocols.ClientProgram` may use in one round.
+    """Everything a :class:`~fedge.core.protocols.ClientProgram` may use in one exchange.
 
     ``state`` persists across the rounds this client takes part in (and is checkpointed);
-    ``generator`` is derived from (run seed, "client", round, client id), so a client's
-    draws do not depend on which other clients ran or in what order.
+    ``round_state`` lives for the exchanges of one round only (secrets such as secure
+    aggregation keys: carried between exchanges, even across worker processes, and dropped
+    when the round ends, never written to disk); ``generator`` is derived from
+    (run seed, "client", round, client id); ``phase`` counts the exchanges of the round.
     """
 
     cid: int
@@ -74,14 +167,12 @@ class ClientContext:
     generator: torch.Generator
     meter: Meter
     state: dict[str, Any] = field(default_factory=dict)
+    round_state: dict[str, Any] = field(default_factory=dict)
     phase: int = 0
-    parties: dict[str, Callable[[int], SideParty]] = field(default_factory=dict)
-    _links: dict[str, Link] = field(default_factory=dict)
+    links: dict[str, Link] = field(default_factory=dict)
 
     def link(self, name: str) -> Link:
-        """The link to side party ``name`` (created on first use for this client)."""
-        if name not in self._links:
-            if name not in self.parties:
-                raise KeyError(f"client {self.cid} has no side party {name!r}; known: {sorted(self.parties)}")
-            self._links[name] = Link(name, self.parties[name](self.cid), self.meter)
-        return self._links[name]
+        """The link to side party ``name``."""
+        if name not in self.links:
+            raise KeyError(f"client {self.cid} has no side party {name!r}; known: {sorted(self.links)}")
+        return self.links[name]

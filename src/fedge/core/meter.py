@@ -29,12 +29,12 @@ import time
 import weakref
 from collections.abc import Iterable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
@@ -43,7 +43,8 @@ __all__ = ["FlopCounter", "Meter", "effective_flops_ratio", "StepStats", "Tensor
 
 @dataclass
 class StepStats:
-    """What one client step cost."""
+    """What one party's step cost, plus (for a client step) what the side parties it called
+    cost on their own accounts (:attr:`parties`) and the bytes on each link (:attr:`links`)."""
 
     flops: int = 0
     wall_s: float = 0.0
@@ -51,6 +52,44 @@ class StepStats:
     rss_peak_bytes: int | None = None
     side_bytes_down: int = 0
     side_bytes_up: int = 0
+    links: dict[str, int] = field(default_factory=dict)  # "client->edge" -> bytes
+    parties: dict[str, StepStats] = field(default_factory=dict)  # party kind -> its cost
+
+    def copy(self) -> StepStats:
+        return StepStats(self.flops, self.wall_s, self.tensor_peak_bytes, self.rss_peak_bytes)
+
+    def since(self, before: StepStats) -> StepStats:
+        """The cost added since ``before`` (peaks are kept as they are: they are maxima)."""
+        return StepStats(self.flops - before.flops, self.wall_s - before.wall_s, self.tensor_peak_bytes,
+                         self.rss_peak_bytes)  # fmt: skip
+
+    def add_link(self, link: str, nbytes: int) -> None:
+        self.links[link] = self.links.get(link, 0) + nbytes
+        if link.startswith("client->"):
+            self.side_bytes_up += nbytes
+        elif link.endswith("->client"):
+            self.side_bytes_down += nbytes
+
+    def merge(self, other: StepStats) -> None:
+        """Add ``other``'s cost: FLOPs, time and bytes add up, peaks take the maximum."""
+        self.flops += other.flops
+        self.wall_s += other.wall_s
+        self.side_bytes_down += other.side_bytes_down
+        self.side_bytes_up += other.side_bytes_up
+        if other.tensor_peak_bytes is not None:
+            self.tensor_peak_bytes = max(self.tensor_peak_bytes or 0, other.tensor_peak_bytes)
+        if other.rss_peak_bytes is not None:
+            self.rss_peak_bytes = max(self.rss_peak_bytes or 0, other.rss_peak_bytes)
+        for k, v in other.links.items():
+            self.links[k] = self.links.get(k, 0) + v
+        for k, v in other.parties.items():
+            self.add_party(k, v)
+
+    def add_party(self, name: str, cost: StepStats) -> None:
+        if name in self.parties:
+            self.parties[name].merge(cost)
+        else:
+            self.parties[name] = cost
 
 
 def _shape(x: Any) -> Any:
@@ -178,8 +217,9 @@ def module_bytes(module: torch.nn.Module | None) -> int:
 
 
 class Meter:
-    """Measures one client step. The engine wraps ``program.run`` in :meth:`measure`;
-    links add their side-party traffic to :attr:`stats`."""
+    """Measures one party's step. The engine wraps ``program.run`` in :meth:`measure`;
+    links add their side-party traffic to :attr:`stats` and run the side party under
+    :meth:`paused`, so its work is not charged to the caller."""
 
     def __init__(self, *, flops: bool = True, memory: bool = False) -> None:
         self.count_flops = flops
@@ -187,6 +227,7 @@ class Meter:
         self.stats = StepStats()
         self._resident: torch.nn.Module | None = None
         self._accountant: TensorAccountant | None = None
+        self._paused_s = 0.0
 
     @property
     def resident(self) -> torch.nn.Module | None:
@@ -199,6 +240,19 @@ class Meter:
         self._resident = model
         if model is not None and self._accountant is not None:
             self._accountant.add_resident([*model.parameters(), *model.buffers()])
+
+    @contextmanager
+    def paused(self) -> Any:
+        """Stop counting for the duration (FLOPs, tensor memory and wall time): the work
+        inside belongs to another party, which measures it under its own meter. (The RSS
+        high-water mark is process-wide and cannot be paused: with ``--measure-memory`` a
+        co-located side party's RSS peak shows in the client's ``client_peak_bytes``.)"""
+        t0 = time.perf_counter()
+        try:
+            with _disable_current_modes():
+                yield
+        finally:
+            self._paused_s += time.perf_counter() - t0
 
     @contextmanager
     def measure(self) -> Any:
@@ -221,7 +275,8 @@ class Meter:
             self._accountant = None
             if flop_mode is not None:
                 flop_mode.__exit__(None, None, None)
-            self.stats.wall_s += time.perf_counter() - t0
+            self.stats.wall_s += time.perf_counter() - t0 - self._paused_s
+            self._paused_s = 0.0
             if flop_mode is not None:
                 self.stats.flops += flop_mode.flops
             if accountant is not None:

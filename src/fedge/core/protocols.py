@@ -1,77 +1,201 @@
-"""The two roles every method plays (DESIGN.md, "The shape of one round").
+"""The parties of a method and the shape of one round (DESIGN.md, "The shape of one round").
 
-- A :class:`Strategy` runs on the server: it turns the global state into one message per
-  sampled client, and the clients' replies back into a new global state.
-- A :class:`ClientProgram` runs on the device: ``run(message, ctx) -> message``. ``ctx``
-  (:class:`fedge.core.context.ClientContext`) gives the client's data, its persistent
-  state, a derived generator, a meter and links to side parties (edge server, enclave).
+- A :class:`Strategy` runs on the server. A round is a generator, :meth:`Strategy.round`,
+  that reads top to bottom: it yields an :class:`Exchange` ("send these messages to these
+  clients") and receives their replies, as many times as the round needs, then returns the
+  round's metrics. A one-exchange method only writes ``configure_round`` and
+  ``aggregate_round``; the default ``round`` is exactly::
 
-The shape mirrors Flower's Message API (configure/aggregate on the server, a handler on
-the client) on purpose, so the Flower adapter can wrap both unchanged.
+      replies = yield Exchange(self.configure_round(rnd, client_ids))
+      return self.aggregate_round(rnd, replies)
+
+  A multi-step round composes with ``yield from`` (``sums = yield from secure_sum(...)``).
+  A strategy may also talk to a server-side party (PPFL's server enclave) by yielding a
+  :class:`PartyCall`, which returns that party's reply.
+- A :class:`ClientProgram` runs on the device: ``run(message, ctx) -> message``, once per
+  exchange it is sent. ``ctx`` (:class:`fedge.core.context.ClientContext`) gives the
+  client's data, its persistent state, a per-round scratch state, a derived generator, a
+  meter and links to side parties.
+- A :class:`SideParty` is any other participant (an edge server, an enclave, a third-party
+  randomness server): ``handle(message, ctx) -> message`` with its own persistent state,
+  generator and meter (:class:`fedge.core.context.PartyContext`). A :class:`PartySpec`
+  says whether each client has its own instance (``scope="client"``: EPPFL's edge server,
+  a client's enclave) or one instance serves everyone (``scope="shared"``).
+
+Wrappers (EMA evaluation, secure aggregation, pruning phases) subclass
+:class:`StrategyWrapper` and override only what they change.
+
+The shape mirrors Flower's Message API (configure/aggregate on the server, a handler on the
+client) on purpose, so a Flower adapter can drive both unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import torch
 
 from fedge.core.messages import Message
 
-if TYPE_CHECKING:
-    from fedge.core.context import ClientContext
+if TYPE_CHECKING:  # type names only: core.context imports nothing from here at run time
+    from fedge.core.context import ClientContext, PartyContext
 
-__all__ = ["ClientProgram", "NextPhase", "SideParty", "Strategy"]
+__all__ = [
+    "ClientProgram",
+    "Exchange",
+    "PartyCall",
+    "PartySpec",
+    "Round",
+    "SideParty",
+    "Strategy",
+    "StrategyWrapper",
+]
 
 
 @dataclass
-class NextPhase:
-    """Returned by ``aggregate_round`` when the round needs another exchange with clients
-    (e.g. the four steps of secure aggregation). The engine sends ``messages`` (to any
-    subset of the round's clients: the others are treated as dropped for this phase),
-    runs their programs with ``ctx.phase`` incremented, and calls ``aggregate_round``
-    again with the new replies. Bytes and FLOPs of every phase count toward the round."""
+class Exchange:
+    """One server → clients → server exchange within a round.
+
+    The engine sends ``messages`` (to any subset of the round's sampled clients: the others
+    sit this exchange out), runs those clients' programs, and sends the decoded replies back
+    into the round generator. Returning the *same* Message object for several clients marks
+    a broadcast: it is serialized once (every client is still charged its bytes)."""
 
     messages: dict[int, Message]
 
 
-@runtime_checkable
-class Strategy(Protocol):
-    """Server side of a method."""
+@dataclass
+class PartyCall:
+    """A call from the server to a server-side party (e.g. PPFL's server enclave); the
+    engine meters it on the party's account and counts ``server->NAME`` / ``NAME->server``
+    bytes. The round generator receives the party's reply Message."""
+
+    party: str
+    message: Message
+    key: int | None = None  # which instance of a per-client party (None: a shared party)
+
+
+Round = Generator[Exchange | PartyCall, Any, dict[str, float]]
+
+
+class Strategy:
+    """Server side of a method. Subclass it and write either ``round`` (several exchanges)
+    or ``configure_round`` + ``aggregate_round`` (one exchange)."""
 
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
-        """One message per sampled client. Returning the *same* object for several clients
-        marks a broadcast: it is serialized once (every client is still charged its bytes)."""
-        ...
+        """One message per sampled client (the default :meth:`round`'s only exchange)."""
+        raise NotImplementedError(f"{type(self).__name__} must define round() or configure_round()")
 
-    def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float] | NextPhase:
-        """Fold the clients' replies into the global state; return round metrics
-        (or :class:`NextPhase` to exchange more messages within the round)."""
-        ...
+    def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float]:
+        """Fold the clients' replies into the global state; return round metrics."""
+        raise NotImplementedError(f"{type(self).__name__} must define round() or aggregate_round()")
+
+    def round(self, rnd: int, client_ids: list[int]) -> Round:
+        """The round as a generator of exchanges; returns the round's metrics."""
+        replies = yield Exchange(self.configure_round(rnd, client_ids))
+        return self.aggregate_round(rnd, replies)
+
+    @property
+    def global_model(self) -> Any:
+        """The :class:`~fedge.methods.base.GlobalModel` this strategy trains (its model, masks
+        and optimizer), or None for a strategy without one."""
+        return None
+
+    def eligible(self, profile: Mapping[str, Any]) -> bool:
+        """Whether a client with this device profile (``clients.profiles`` in the config:
+        memory, enclave size, bandwidth, ...) may be sampled. Default: every client."""
+        return True
+
+    def round_metrics(self, line: Mapping[str, Any]) -> dict[str, Any]:
+        """Metrics derived from what the engine measured this round (``line`` holds
+        ``client_flops``, bytes, ...); called once per round, after evaluation."""
+        return {}
 
     def eval_model(self) -> torch.nn.Module:
         """The model to evaluate on the test set now (e.g. the EMA of the global model)."""
-        ...
+        raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume after the last aggregated round (tensors, numbers, str)."""
-        ...
+        return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+
+class StrategyWrapper(Strategy):
+    """A strategy that adds behaviour around ``inner`` and forwards the rest. The wrapped
+    strategy's global model is reachable as :attr:`global_model` through any depth."""
+
+    def __init__(self, inner: Strategy) -> None:
+        self.inner = inner
+
+    @property
+    def global_model(self) -> Any:
+        return self.inner.global_model
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The global model being trained (the innermost strategy's)."""
+        return self.global_model.model  # type: ignore[no-any-return]
+
+    def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
+        return self.inner.configure_round(rnd, client_ids)
+
+    def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float]:
+        return self.inner.aggregate_round(rnd, replies)
+
+    def round(self, rnd: int, client_ids: list[int]) -> Round:
+        return (yield from self.inner.round(rnd, client_ids))
+
+    def eligible(self, profile: Mapping[str, Any]) -> bool:
+        return self.inner.eligible(profile)
+
+    def round_metrics(self, line: Mapping[str, Any]) -> dict[str, Any]:
+        return self.inner.round_metrics(line)
+
+    def eval_model(self) -> torch.nn.Module:
+        return self.inner.eval_model()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"inner": self.inner.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state["inner"])
 
 
 @runtime_checkable
 class ClientProgram(Protocol):
-    """Device side of a method. Must not keep per-client state on ``self``: use ``ctx.state``."""
+    """Device side of a method. Must not keep per-client state on ``self``: use
+    ``ctx.state`` (persists across rounds, checkpointed) or ``ctx.round_state`` (this
+    round's exchanges only, never written to disk)."""
 
     def run(self, message: Message, ctx: ClientContext) -> Message: ...
 
 
 @runtime_checkable
 class SideParty(Protocol):
-    """A party other than server and client that a client talks to over a link
-    (EPPFL's edge server, PPFL's enclave). It sees only the messages it is sent."""
+    """A party other than server and client (EPPFL's edge server, PPFL's enclave). It sees
+    only the messages it is sent and keeps its state in ``ctx.state``."""
 
-    def handle(self, message: Message) -> Message: ...
+    def handle(self, message: Message, ctx: PartyContext) -> Message: ...
+
+
+@dataclass(frozen=True)
+class PartySpec:
+    """A side party of a method.
+
+    Args:
+        name: the link name (``ctx.link(name)``) and the metrics' party kind
+            (``flops.NAME``, ``bytes.client->NAME``).
+        factory: builds the party object (stateless; its state lives in the engine).
+        scope: ``"client"``: one instance (and one state) per client; ``"shared"``: one
+            for all. A shared party that changes its state needs ``clients.workers: 0``
+            (parallel clients would each change a copy).
+    """
+
+    name: str
+    factory: Callable[[], SideParty]
+    scope: Literal["client", "shared"] = "client"

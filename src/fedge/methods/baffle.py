@@ -51,7 +51,7 @@ Deliberate choices where the paper and its reference code differ:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import torch
@@ -60,7 +60,7 @@ from pydantic import Field, model_validator
 
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
-from fedge.core.protocols import NextPhase
+from fedge.core.protocols import Strategy
 from fedge.core.rng import derive_seed
 from fedge.estimators import (
     combine_loss_differences,
@@ -76,6 +76,7 @@ from fedge.methods.base import (
 )
 from fedge.methods.ema import EMAEvaluation
 from fedge.methods.fedavg import DeltaAveraging
+from fedge.methods.secure import SecureAggregationOptions, secure
 from fedge.methods.local import ClientOptimizerConfig, LocalTraining
 from fedge.core.context import ClientContext
 
@@ -84,7 +85,7 @@ __all__ = ["BaffleBatchClient", "BaffleBatchStrategy", "BaffleConfig", "build", 
 _DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class BaffleConfig(MethodConfigBase):
+class BaffleConfig(SecureAggregationOptions):
     name: Literal["baffle"] = "baffle"
     mode: Literal["batch", "epoch"] = Field("epoch", description="batch-level (FedSGD) or epoch-level (FedAvg)")
     k: int = Field(100, ge=1, description="K: loss differences per estimate")
@@ -107,10 +108,6 @@ class BaffleConfig(MethodConfigBase):
     ema: float | None = Field(0.995, ge=0, lt=1, description="EMA decay for evaluation; null or 0: off")
     ema_warmup: bool = Field(True, description="decay min(ema, (1+n)/(10+n)) as the reference code's torch_ema")
     shared_perturbations: bool = True
-    secure_aggregation: bool = False
-    secagg_threshold: float = Field(0.6, gt=0, le=1, description="Shamir threshold as a fraction of each client's share holders")
-    secagg_dropout: float = Field(0.0, ge=0, lt=1, description="simulated fraction of clients dropping out after key agreement")
-    secagg_neighbors: int | None = Field(None, ge=2, description="mask-graph degree (null: complete graph up to 100 clients)")
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
 
     @model_validator(mode="after")
@@ -131,8 +128,6 @@ class BaffleConfig(MethodConfigBase):
                 "secure_aggregation needs shared_perturbations=true: the server only learns "
                 "the sum of the loss differences, so every client must use the same perturbations"
             )
-        if self.secagg_dropout and not self.secure_aggregation:
-            raise ValueError("secagg_dropout only applies with secure_aggregation=true")
         return self
 
     @property
@@ -198,7 +193,7 @@ class BaffleBatchClient:
         return Message({"dL": diffs}, config={"num_samples": ctx.data.num_samples})
 
 
-class BaffleBatchStrategy:
+class BaffleBatchStrategy(Strategy):
     """Server side of batch-level BAFFLE (Algorithm 1, lines 7-8 and 14-17).
 
     Per round: seed s_t = derive(run seed, "baffle", t) (or one seed per client when
@@ -212,6 +207,16 @@ class BaffleBatchStrategy:
         assert cfg.server_optimizer is not None
         self.model, self.cfg, self.seed = model, cfg, seed
         self.server = GlobalModel(model, cfg.server_optimizer.build(), masks=masks)
+
+    weighted = True  # Eq. (7): weights N_c / N
+
+    @property
+    def global_model(self) -> GlobalModel:
+        return self.server
+
+    def summands(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
+        """A reply sums K float32 loss differences (:class:`~fedge.methods.secure.Summable`)."""
+        return {"dL": (torch.Size([self.cfg.k]), torch.float32)}
 
     def params(self) -> dict[str, torch.Tensor]:
         return self.server.params()
@@ -240,13 +245,11 @@ class BaffleBatchStrategy:
     def estimate(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, torch.Tensor]:
         """ĝ from the replies (Eq. 6-7)."""
         checked = {c: self.check_reply(rnd, c, r) for c, r in replies.items()}
+        if self.cfg.shared_perturbations:
+            combined = combine_loss_differences([d for d, _ in checked.values()], [n for _, n in checked.values()])
+            return self.shared_estimate(rnd, combined)
         params = self.params()
         cfg = self.cfg
-        if cfg.shared_perturbations:
-            combined = combine_loss_differences([d for d, _ in checked.values()], [n for _, n in checked.values()])
-            return estimate_gradient(
-                params, combined, sigma=cfg.sigma, seed=self.round_seed(rnd), scheme=cfg.scheme, masks=self.server.masks
-            )
         total = sum(n for _, n in checked.values())
         g: dict[str, torch.Tensor] = {}
         for c, (d, n) in checked.items():
@@ -257,13 +260,23 @@ class BaffleBatchStrategy:
                 g[k] = g[k].add_(v, alpha=n / total) if k in g else v * (n / total)
         return g
 
-    def apply(self, grads: dict[str, torch.Tensor]) -> None:
-        self.server.step(clip_inf_norm(grads, self.cfg.clip))
+    def shared_estimate(self, rnd: int, combined: torch.Tensor) -> dict[str, torch.Tensor]:
+        """ĝ (Eq. 6) from Σ_c (N_c/N) ΔL_c on the round's shared perturbations (Eq. 7)."""
+        cfg = self.cfg
+        return estimate_gradient(
+            self.params(), combined, sigma=cfg.sigma, seed=self.round_seed(rnd), scheme=cfg.scheme, masks=self.server.masks
+        )
 
-    def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float] | NextPhase:
-        g = self.estimate(rnd, replies)
-        self.apply(g)
-        return {"estimate_inf_norm": max(float(v.abs().max()) for v in g.values())}
+    def apply(self, grads: dict[str, torch.Tensor]) -> dict[str, float]:
+        self.server.step(clip_inf_norm(grads, self.cfg.clip))
+        return {"estimate_inf_norm": max(float(v.abs().max()) for v in grads.values())}
+
+    def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float]:
+        return self.apply(self.estimate(rnd, replies))
+
+    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor]) -> dict[str, float]:
+        """The update from the weighted mean of the clients' ΔL (what secure aggregation yields)."""
+        return self.apply(self.shared_estimate(rnd, mean["dL"].to(torch.float32)))
 
     def eval_model(self) -> torch.nn.Module:
         return self.model
@@ -275,17 +288,22 @@ class BaffleBatchStrategy:
         self.server.load_state_dict(state)
 
 
-def build(cfg: BaffleConfig, env: MethodEnv, *, masks: dict[str, torch.Tensor] | None = None) -> MethodBuild:
-    """Build BAFFLE; ``masks`` (from pruning) make the global model sparse from the start."""
+def build(
+    cfg: BaffleConfig,
+    env: MethodEnv,
+    *,
+    masks: dict[str, torch.Tensor] | None = None,
+    wrap: Callable[[Strategy], Strategy] | None = None,
+) -> MethodBuild:
+    """Build BAFFLE; ``masks`` (from pruning) make the global model sparse from the start;
+    ``wrap`` adds server behaviour beneath the EMA (e.g. NTK-Ori's pruning exchanges)."""
     assert cfg.server_optimizer is not None
+    strategy: Strategy
+    program: Any
     if cfg.mode == "batch":
-        if cfg.secure_aggregation:
-            from fedge.methods.baffle_secagg import build_secure
-
-            strategy, program = build_secure(cfg, env, masks=masks)
-        else:
-            strategy = BaffleBatchStrategy(env.model_fn(), cfg, seed=env.seed, masks=masks)
-            program = BaffleBatchClient(env.model_fn, cfg)
+        strategy = BaffleBatchStrategy(env.model_fn(), cfg, seed=env.seed, masks=masks)
+        program = BaffleBatchClient(env.model_fn, cfg)
+        strategy, program = secure(strategy, program, cfg, seed=env.seed, weighted=True)
     else:
         strategy = DeltaAveraging(env.model_fn(), cfg.server_optimizer.build(), replies_are_gradients=False, masks=masks)
         program = LocalTraining(
@@ -296,6 +314,8 @@ def build(cfg: BaffleConfig, env: MethodEnv, *, masks: dict[str, torch.Tensor] |
             optimizer=cfg.client_optimizer,
             gradient_fn=zeroth_order_gradient_fn(cfg),
         )
+    if wrap is not None:
+        strategy = wrap(strategy)
     if cfg.ema:
         strategy = EMAEvaluation(strategy, decay=cfg.ema, warmup=cfg.ema_warmup)
     return MethodBuild(strategy, program)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from fedge.core import transforms as T
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
-from fedge.core.protocols import ClientProgram, SideParty, Strategy
+from fedge.core.protocols import ClientProgram, PartySpec, Strategy
 
 __all__ = [
     "GlobalModel",
@@ -90,11 +90,11 @@ class MethodEnv:
 
 @dataclass
 class MethodBuild:
-    """A built method: its two sides and any side parties (factories by name)."""
+    """A built method: its two sides and its side parties (by name)."""
 
     strategy: Strategy
     program: ClientProgram
-    parties: dict[str, Callable[[int], SideParty]] = field(default_factory=dict)
+    parties: dict[str, PartySpec] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

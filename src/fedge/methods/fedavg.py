@@ -23,7 +23,7 @@ import torch
 from pydantic import Field
 
 from fedge.core import transforms as T
-from fedge.core.errors import MessageError
+from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
 from fedge.methods.base import (
     GlobalModel,
@@ -40,11 +40,13 @@ from fedge.methods.local import (
     backprop_gradient_fn,
 )
 from fedge.core.context import ClientContext
+from fedge.core.protocols import Strategy
+from fedge.methods.secure import SecureAggregationOptions, secure
 
 __all__ = ["DeltaAveraging", "FedAvgConfig", "FedSGDClient", "FedSGDConfig", "build"]
 
 
-class FedAvgConfig(MethodConfigBase):
+class FedAvgConfig(SecureAggregationOptions):
     name: Literal["fedavg"] = "fedavg"
     local_epochs: int = Field(1, ge=1, description="E: local epochs per round")
     batch_size: int = Field(32, ge=1, description="B: local mini-batch size")
@@ -54,7 +56,7 @@ class FedAvgConfig(MethodConfigBase):
     server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()
 
 
-class FedSGDConfig(MethodConfigBase):
+class FedSGDConfig(SecureAggregationOptions):
     name: Literal["fedsgd"] = "fedsgd"
     batch_size: int = Field(64, ge=0, description="samples per client gradient (0: the whole local set)")
     weighting: Literal["samples", "uniform"] = "samples"
@@ -81,7 +83,7 @@ class FedSGDClient:
         return Message(arrays, config={"num_samples": n}, metrics={"train_loss": loss})
 
 
-class DeltaAveraging:
+class DeltaAveraging(Strategy):
     """Server side of FedAvg/FedSGD: broadcast the model, average the replies with weights
     ``n_c / n`` (or uniform), apply the server optimizer.
 
@@ -105,8 +107,24 @@ class DeltaAveraging:
         self.model = model
         self.server = GlobalModel(model, server_tx, masks=masks)
         self.gradients, self.weighting = replies_are_gradients, weighting
+        self.weighted = weighting == "samples"
         state = model.state_dict()
         self.expected = {k: state[k].shape for k in self.server.param_names + self.server.buffer_names}
+
+    @property
+    def global_model(self) -> GlobalModel:
+        return self.server
+
+    def summands(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
+        """What a reply sums (:class:`~fedge.methods.secure.Summable`): every trainable
+        parameter's delta (or gradient) and every float buffer's delta, dense."""
+        if self.server.masks:
+            raise ConfigError(
+                "secure aggregation of sparse (pruned) deltas is not supported: they travel as kept values "
+                "only; set method.secure_aggregation=false"
+            )
+        state = self.model.state_dict()
+        return {k: (state[k].shape, state[k].dtype) for k in self.expected}
 
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
         broadcast = Message(self.server.arrays(), config={"round": rnd})
@@ -133,10 +151,15 @@ class DeltaAveraging:
             w = weights[cid] / total
             for k, a in reply.arrays.items():
                 mean[k] = mean[k].add_(a, alpha=w) if k in mean else a * w
+        metrics = self.apply_mean(rnd, mean)
+        losses = [(weights[c] / total) * float(r.metrics["train_loss"]) for c, r in replies.items() if "train_loss" in r.metrics]
+        return {**metrics, "train_loss": sum(losses)} if losses else metrics
+
+    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Server optimizer step on the mean (pseudo-)gradient; float buffers move by their mean delta."""
         self.server.step({k: (mean[k] if self.gradients else -mean[k]) for k in self.server.param_names})
         self.server.add_to_buffers(mean)
-        losses = [(weights[c] / total) * float(r.metrics["train_loss"]) for c, r in replies.items() if "train_loss" in r.metrics]
-        return {"train_loss": sum(losses)} if losses else {}
+        return {}
 
     def eval_model(self) -> torch.nn.Module:
         return self.model
@@ -157,12 +180,13 @@ def build(cfg: FedAvgConfig | FedSGDConfig, env: MethodEnv) -> MethodBuild:
         weighting=cfg.weighting,
     )
     if isinstance(cfg, FedSGDConfig):
-        return MethodBuild(strategy, FedSGDClient(env.model_fn, cfg))
-    program = LocalTraining(
-        env.model_fn,
-        local_epochs=cfg.local_epochs,
-        batch_size=cfg.batch_size,
-        max_steps=cfg.max_steps,
-        optimizer=cfg.client_optimizer,
-    )
-    return MethodBuild(strategy, program)
+        program: Any = FedSGDClient(env.model_fn, cfg)
+    else:
+        program = LocalTraining(
+            env.model_fn,
+            local_epochs=cfg.local_epochs,
+            batch_size=cfg.batch_size,
+            max_steps=cfg.max_steps,
+            optimizer=cfg.client_optimizer,
+        )
+    return MethodBuild(*secure(strategy, program, cfg, seed=env.seed, weighted=strategy.weighted))

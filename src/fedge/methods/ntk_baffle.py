@@ -57,7 +57,7 @@ from pydantic import Field, model_validator
 
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
-from fedge.core.protocols import NextPhase
+from fedge.core.protocols import Exchange, Round, Strategy, StrategyWrapper
 from fedge.core.rng import derive_seed, generator
 from fedge.estimators import combine_loss_differences
 from fedge.methods.baffle import BaffleConfig
@@ -80,7 +80,7 @@ from fedge.pruning import (
 from fedge.core.context import ClientContext
 from fedge.core.meter import effective_flops_ratio
 
-__all__ = ["ClientDataPruning", "NtkBaffleConfig", "PruningClient", "build", "data_free_masks"]
+__all__ = ["ClientDataPruning", "NtkBaffleConfig", "PruningClient", "ReportEffectiveFlops", "build", "data_free_masks"]
 
 
 class NtkBaffleConfig(BaffleConfig):
@@ -136,55 +136,50 @@ class PruningClient:
         return Message({"dI": diffs}, config={"num_samples": n})
 
 
-class ClientDataPruning:
-    """Server side of NTK-Ori: runs the T_p pruning rounds as the first phases of round 1,
-    then hands the pruned model to the wrapped BAFFLE strategy for the rest of the run."""
+class ClientDataPruning(StrategyWrapper):
+    """Server side of NTK-Ori: the T_p pruning rounds run as the first exchanges of round 1,
+    then the wrapped BAFFLE strategy trains the pruned model for the rest of the run."""
 
-    def __init__(self, inner: Any, cfg: NtkBaffleConfig, *, seed: int) -> None:
-        self.inner, self.cfg, self.seed = inner, cfg, seed
-        self.model, self.server = inner.model, inner.server
+    def __init__(self, inner: Strategy, cfg: NtkBaffleConfig, *, seed: int) -> None:
+        super().__init__(inner)
+        self.cfg, self.seed = cfg, seed
+        self.server = inner.global_model
         self.masks = dense_masks(self.model)
         self.counts = keep_counts(sum(m.numel() for m in self.masks.values()), cfg.density, cfg.prune_rounds)
         self.step = 0
         self.done = False
-        self._ids: list[int] = []
 
-    def _prune_message(self, rnd: int) -> Message:
+    def _prune_message(self) -> Message:
         seed = derive_seed(self.seed, "ntk-ori", self.step, bits=62)
         return Message(model_message_arrays(self.model, self.masks), config={"prune_seed": seed})
 
-    def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
-        if self.done:
-            return self.inner.configure_round(rnd, client_ids)
-        self._ids = client_ids
-        return dict.fromkeys(client_ids, self._prune_message(rnd))
+    def round(self, rnd: int, client_ids: list[int]) -> Round:
+        if not self.done:
+            yield from self.prune(rnd, client_ids)
+        return (yield from self.inner.round(rnd, client_ids))
 
-    def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float] | NextPhase:
-        if self.done:
-            return self.inner.aggregate_round(rnd, replies)
-        diffs, weights = [], []
-        for cid, reply in replies.items():
-            d, n = reply.arrays.get("dI"), reply.config.get("num_samples")
-            if d is None or d.shape != (self.cfg.prune_k,) or not isinstance(n, int) or n < 1:
-                raise MessageError(f"round {rnd}, client {cid}: expected dI of shape ({self.cfg.prune_k},) and num_samples")
-            diffs.append(d)
-            weights.append(n)
-        seed = derive_seed(self.seed, "ntk-ori", self.step, bits=62)
-        scores = ntk_saliency_from_differences(
-            self.model, self.masks, combine_loss_differences(diffs, weights), sigma=self.cfg.prune_sigma, seed=seed
-        )
-        self.masks = prune_step(scores, self.masks, self.counts[self.step])
-        self.step += 1
-        if self.step < self.cfg.prune_rounds:
-            return NextPhase(dict.fromkeys(self._ids, self._prune_message(rnd)))
+    def prune(self, rnd: int, client_ids: list[int]) -> Round:
+        """The remaining pruning rounds, one exchange each; then the pruned model is the global one."""
+        while self.step < self.cfg.prune_rounds:
+            replies = yield Exchange(dict.fromkeys(client_ids, self._prune_message()))
+            diffs, weights = [], []
+            for cid, reply in replies.items():
+                d, n = reply.arrays.get("dI"), reply.config.get("num_samples")
+                if d is None or d.shape != (self.cfg.prune_k,) or not isinstance(n, int) or n < 1:
+                    raise MessageError(f"round {rnd}, client {cid}: expected dI of shape ({self.cfg.prune_k},) and num_samples")
+                diffs.append(d)
+                weights.append(n)
+            seed = derive_seed(self.seed, "ntk-ori", self.step, bits=62)
+            scores = ntk_saliency_from_differences(
+                self.model, self.masks, combine_loss_differences(diffs, weights), sigma=self.cfg.prune_sigma, seed=seed
+            )
+            self.masks = prune_step(scores, self.masks, self.counts[self.step])
+            self.step += 1
         self.done = True
         self.server.set_masks(self.masks)
         if self.cfg.rescale:
             rescale_(self.model, self.masks)
-        return NextPhase(self.inner.configure_round(rnd, self._ids))
-
-    def eval_model(self) -> torch.nn.Module:
-        return self.inner.eval_model()
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         return {"inner": self.inner.state_dict(), "masks": self.masks, "step": self.step, "done": self.done}
@@ -196,33 +191,34 @@ class ClientDataPruning:
             self.server.set_masks(self.masks)
 
 
-class _ReportEffectiveFlops:
-    """Adds ``effective_flops_ratio`` of the current sparse model to every round's metrics."""
+class ReportEffectiveFlops(StrategyWrapper):
+    """Logs the sparse model's ``effective_flops_ratio`` and ``density`` every round, and from
+    the engine's measured ``client_flops`` the non-zero FLOPs ``client_flops_effective`` (and
+    their running total)."""
 
-    def __init__(self, inner: Any, sample: torch.Tensor) -> None:
-        self.inner, self.sample = inner, sample
-        self.model = inner.model
-        self.server = getattr(inner, "server", None)
+    def __init__(self, inner: Strategy, sample: torch.Tensor) -> None:
+        super().__init__(inner)
+        self.sample = sample
+        self.ratio = 1.0
+        self.cum = 0
 
-    def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
-        return self.inner.configure_round(rnd, client_ids)
+    def round(self, rnd: int, client_ids: list[int]) -> Round:
+        out = yield from self.inner.round(rnd, client_ids)
+        gm = self.global_model
+        self.ratio = effective_flops_ratio(gm.model, gm.masks or {}, self.sample)
+        return {**out, "effective_flops_ratio": self.ratio, "density": mask_density(gm.masks, gm.model)}
 
-    def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float] | NextPhase:
-        out = self.inner.aggregate_round(rnd, replies)
-        if isinstance(out, NextPhase):
-            return out
-        masks = self.server.masks if self.server is not None else None
-        ratio = effective_flops_ratio(self.model, masks or {}, self.sample)
-        return {**out, "effective_flops_ratio": ratio, "density": mask_density(masks, self.model)}
-
-    def eval_model(self) -> torch.nn.Module:
-        return self.inner.eval_model()
+    def round_metrics(self, line: Mapping[str, Any]) -> dict[str, Any]:
+        eff = round(int(line["client_flops"]) * self.ratio)
+        self.cum += eff
+        return {**self.inner.round_metrics(line), "client_flops_effective": eff, "cum_client_flops_effective": self.cum}
 
     def state_dict(self) -> dict[str, Any]:
-        return self.inner.state_dict()
+        return {"inner": self.inner.state_dict(), "cum_client_flops_effective": self.cum}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state)
+        self.inner.load_state_dict(state["inner"])
+        self.cum = int(state["cum_client_flops_effective"])
 
 
 def data_free_masks(
@@ -250,14 +246,8 @@ def build(cfg: NtkBaffleConfig, env: MethodEnv) -> MethodBuild:
 
         pruned_env = MethodEnv(**{**env.__dict__, "model_fn": pruned_model})
         built = build_baffle(cfg, pruned_env, masks=masks)
-        built.strategy = _ReportEffectiveFlops(built.strategy, sample)
+        built.strategy = ReportEffectiveFlops(built.strategy, sample)
         return built
-    built = build_baffle(cfg, env)
-    strategy = built.strategy
-    inner = strategy.inner if hasattr(strategy, "ema") else strategy  # prune under the EMA wrapper
-    pruning = ClientDataPruning(inner, cfg, seed=env.seed)
-    if hasattr(strategy, "ema"):
-        strategy.inner = pruning
-    else:
-        strategy = pruning
-    return MethodBuild(_ReportEffectiveFlops(strategy, sample), PruningClient(built.program, env.model_fn, cfg))
+    # NTK-Ori: pruning exchanges run under the EMA (the average starts from the pruned model)
+    built = build_baffle(cfg, env, wrap=lambda inner: ClientDataPruning(inner, cfg, seed=env.seed))
+    return MethodBuild(ReportEffectiveFlops(built.strategy, sample), PruningClient(built.program, env.model_fn, cfg))

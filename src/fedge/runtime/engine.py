@@ -2,8 +2,16 @@
 
 One round (DESIGN.md):
 
-    sample clients ─► strategy.configure_round ─► serialize ─► client program (per client)
-        ─► serialize ─► strategy.aggregate_round ─► evaluate ─► one metrics line, checkpoint
+    sample clients ─► strategy.round(rnd, ids) ──yield Exchange(messages)──► serialize ─►
+        client programs (each with its links to side parties) ─► serialize ─► replies sent
+        back into the round ─► ... (as many exchanges as the round yields) ─► metrics
+        ─► evaluate ─► one metrics line, checkpoint
+
+Every party is metered on its own account: the client's meter is paused while a side party
+(edge server, enclave, third party) handles a call, and the party's FLOPs, time and memory
+are logged per party kind (``flops.edge``), bytes per link (``bytes.client->edge``). Side
+parties and clients keep persistent state (checkpointed); clients also get a per-round
+scratch state carried between the round's exchanges and dropped when it ends.
 
 Every message crosses a real serialization boundary in both directions, so ``bytes_down``
 and ``bytes_up`` are lengths of real encoded messages and a client can never share tensors
@@ -21,21 +29,23 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from fedge.core.errors import MessageError
+from fedge.core.context import ClientContext, ClientData, Link, PartyContext, decode_state, encode_state
+from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
-from fedge.core.protocols import ClientProgram, NextPhase, SideParty, Strategy
-from fedge.core.rng import generator
-from fedge.core.context import ClientContext, ClientData
-from fedge.runtime.evaluate import evaluate
 from fedge.core.meter import Meter, StepStats
+from fedge.core.protocols import ClientProgram, Exchange, PartyCall, PartySpec, Strategy
+from fedge.core.rng import generator
+from fedge.runtime.evaluate import evaluate
 
 __all__ = ["EngineConfig", "Simulation", "decode_state", "encode_state", "sample_clients"]
+
+SHARED = -1  # the state key of a shared party's single instance
 
 
 @dataclass(frozen=True)
@@ -50,62 +60,79 @@ class EngineConfig:
     measure_memory: bool = False
 
 
-def sample_clients(seed: int, rnd: int, num_clients: int, per_round: int) -> list[int]:
-    """The sorted ids of the ``per_round`` clients taking part in round ``rnd`` (seeded)."""
-    if per_round >= num_clients:
-        return list(range(num_clients))
-    perm = torch.randperm(num_clients, generator=generator(seed, "sample", rnd))
-    return sorted(perm[:per_round].tolist())
-
-
-def encode_state(state: Mapping[str, Any]) -> bytes:
-    """Client state (tensors and scalars) as message bytes, to cross processes and checkpoints."""
-    arrays = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
-    config = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
-    return Message(arrays, config).to_bytes()
-
-
-def decode_state(data: bytes) -> dict[str, Any]:
-    msg = Message.from_bytes(data)
-    return {**msg.config, **msg.arrays}
+def sample_clients(seed: int, rnd: int, num_clients: int, per_round: int, eligible: Sequence[int] | None = None) -> list[int]:
+    """The sorted ids of the ``per_round`` clients taking part in round ``rnd`` (seeded),
+    drawn from ``eligible`` (default: every client)."""
+    pool = list(range(num_clients)) if eligible is None else list(eligible)
+    if per_round >= len(pool):
+        return pool
+    perm = torch.randperm(len(pool), generator=generator(seed, "sample", rnd))
+    return sorted(pool[i] for i in perm[:per_round].tolist())
 
 
 # ------------------------------------------------------------------ client execution
 
 
+@dataclass
+class _Task:
+    cid: int
+    rnd: int
+    phase: int
+    message: bytes
+    state: bytes | None
+    round_state: bytes | None
+    party_states: dict[str, bytes | None]
+
+
+@dataclass
+class _Result:
+    reply: bytes
+    state: bytes | None
+    round_state: bytes | None
+    party_states: dict[str, bytes | None]
+    stats: StepStats
+
+
 def execute_client(
     program: ClientProgram,
     data: ClientData,
+    task: _Task,
     *,
-    cid: int,
-    rnd: int,
-    phase: int = 0,
-    message: bytes,
-    state: bytes | None,
     seed: int,
     measure_flops: bool,
     measure_memory: bool,
-    parties: Mapping[str, Callable[[int], SideParty]],
-) -> tuple[bytes, bytes | None, StepStats]:
+    parties: Mapping[str, PartySpec],
+) -> _Result:
     """Run one client step from message bytes to reply bytes (the unit a worker executes)."""
     meter = Meter(flops=measure_flops, memory=measure_memory)
+    links = {
+        name: Link(spec, key=task.cid if spec.scope == "client" else None, rnd=task.rnd, phase=task.phase,
+                   seed=seed, state=task.party_states.get(name), client_meter=meter)  # fmt: skip
+        for name, spec in parties.items()
+    }
     ctx = ClientContext(
-        cid=cid,
-        rnd=rnd,
+        cid=task.cid,
+        rnd=task.rnd,
         data=data,
-        generator=generator(seed, "client", rnd, cid),
+        generator=generator(seed, "client", task.rnd, task.cid),
         meter=meter,
-        state=decode_state(state) if state else {},
-        phase=phase,
-        parties=dict(parties),
+        state=decode_state(task.state),
+        round_state=decode_state(task.round_state),
+        phase=task.phase,
+        links=links,
     )
-    msg = Message.from_bytes(message)
+    msg = Message.from_bytes(task.message)
     with meter.measure():
         reply = program.run(msg, ctx)
     if not isinstance(reply, Message):
         raise MessageError(f"client program returned {type(reply).__name__}; expected a Message")
-    new_state = encode_state(ctx.state) if ctx.state else None
-    return reply.to_bytes(), new_state, meter.stats
+    return _Result(
+        reply.to_bytes(),
+        encode_state(ctx.state) if ctx.state else None,
+        encode_state(ctx.round_state) if ctx.round_state else None,
+        {name: link.state_bytes for name, link in links.items()},
+        meter.stats,
+    )
 
 
 _WORKER: dict[str, Any] = {}
@@ -116,15 +143,9 @@ def _worker_init(program: ClientProgram, clients: list[ClientData], kwargs: dict
     _WORKER.update(program=program, clients=clients, kwargs=kwargs)
 
 
-_Task = tuple[int, int, int, bytes, bytes | None]  # cid, round, phase, message, state
-
-
-def _worker_task(task: _Task) -> tuple[bytes, bytes | None, StepStats]:
-    cid, rnd, phase, message, state = task
+def _worker_task(task: _Task) -> _Result:
     w = _WORKER
-    return execute_client(
-        w["program"], w["clients"][cid], cid=cid, rnd=rnd, phase=phase, message=message, state=state, **w["kwargs"]
-    )
+    return execute_client(w["program"], w["clients"][task.cid], task, **w["kwargs"])
 
 
 # ------------------------------------------------------------------ the simulation
@@ -134,22 +155,24 @@ def _worker_task(task: _Task) -> tuple[bytes, bytes | None, StepStats]:
 class _RoundTotals:
     bytes_down: int = 0
     bytes_up: int = 0
-    flops: int = 0
-    side_down: int = 0
-    side_up: int = 0
-    client_wall: float = 0.0
-    peak_tensor: int | None = None
-    peak_rss: int | None = None
+    client: StepStats = field(default_factory=StepStats)  # summed over clients (peaks: max)
+    parties: dict[str, StepStats] = field(default_factory=dict)
+    links: dict[str, int] = field(default_factory=dict)
 
     def add(self, stats: StepStats) -> None:
-        self.flops += stats.flops
-        self.client_wall += stats.wall_s
-        self.side_down += stats.side_bytes_down
-        self.side_up += stats.side_bytes_up
-        if stats.tensor_peak_bytes is not None:
-            self.peak_tensor = max(self.peak_tensor or 0, stats.tensor_peak_bytes)
-        if stats.rss_peak_bytes is not None:
-            self.peak_rss = max(self.peak_rss or 0, stats.rss_peak_bytes)
+        parties, links = stats.parties, stats.links
+        self.client.merge(StepStats(stats.flops, stats.wall_s, stats.tensor_peak_bytes, stats.rss_peak_bytes,
+                                    stats.side_bytes_down, stats.side_bytes_up))  # fmt: skip
+        for name, cost in parties.items():
+            self.add_party(name, cost)
+        for k, v in links.items():
+            self.links[k] = self.links.get(k, 0) + v
+
+    def add_party(self, name: str, cost: StepStats) -> None:
+        if name in self.parties:
+            self.parties[name].merge(cost)
+        else:
+            self.parties[name] = cost.copy()
 
 
 @dataclass
@@ -166,7 +189,7 @@ class RoundRecord:
 
 
 class Simulation:
-    """Runs a Strategy and a ClientProgram over a population of clients.
+    """Runs a Strategy, a ClientProgram and the side parties over a population of clients.
 
     Args:
         strategy: the server side.
@@ -174,9 +197,13 @@ class Simulation:
         clients: one :class:`ClientData` per client id.
         test: (x, y) test tensors for evaluation.
         config: :class:`EngineConfig`.
-        parties: side-party factories by name: ``factory(cid) -> SideParty``.
+        parties: side parties by name (:class:`~fedge.core.protocols.PartySpec`).
+        profiles: one device profile per client (``clients.profiles``), offered to
+            ``strategy.eligible`` before sampling; None: every client is eligible.
         on_round: called after each completed round with (metrics dict, engine); the run
             writer uses it to append metrics and checkpoint.
+        on_progress: called as clients finish within a round with (round, exchange,
+            clients done, clients in the exchange), for progress displays.
     """
 
     def __init__(
@@ -188,15 +215,25 @@ class Simulation:
         test: tuple[torch.Tensor, torch.Tensor],
         num_classes: int,
         config: EngineConfig,
-        parties: Mapping[str, Callable[[int], SideParty]] | None = None,
+        parties: Mapping[str, PartySpec] | None = None,
+        profiles: Sequence[Mapping[str, Any]] | None = None,
         on_round: Callable[[dict[str, Any], Simulation], None] | None = None,
+        on_progress: Callable[[int, int, int, int], None] | None = None,
     ) -> None:
         self.strategy, self.program, self.clients = strategy, program, clients
         self.test, self.num_classes, self.cfg = test, num_classes, config
         self.parties = dict(parties or {})
-        self.on_round = on_round
+        for name, spec in self.parties.items():
+            if name != spec.name:
+                raise ConfigError(f"side party registered as {name!r} is named {spec.name!r}; use one name")
+        if profiles is not None and len(profiles) != len(clients):
+            raise ConfigError(f"got {len(profiles)} device profiles for {len(clients)} clients; give one per client")
+        self.profiles = profiles
+        self.on_round, self.on_progress = on_round, on_progress
         self.client_states: dict[int, bytes] = {}
+        self.party_states: dict[str, dict[int, bytes]] = {name: {} for name in self.parties}
         self.record = RoundRecord()
+        self._round_states: dict[int, bytes] = {}
         self._pool: Any = None
 
     # -- checkpointing -------------------------------------------------------------
@@ -205,6 +242,7 @@ class Simulation:
         return {
             "strategy": self.strategy.state_dict(),
             "client_states": dict(self.client_states),
+            "party_states": {k: dict(v) for k, v in self.party_states.items()},
             "record": {
                 "round": r.round,
                 "cum_bytes_down": r.cum_bytes_down,
@@ -219,6 +257,8 @@ class Simulation:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.strategy.load_state_dict(state["strategy"])
         self.client_states = dict(state["client_states"])
+        saved = state.get("party_states", {})
+        self.party_states = {name: dict(saved.get(name, {})) for name in self.parties}
         self.record = RoundRecord(**state["record"])
 
     # -- running -----------------------------------------------------------------
@@ -226,40 +266,106 @@ class Simulation:
         c = self.cfg
         return dict(seed=c.seed, measure_flops=c.measure_flops, measure_memory=c.measure_memory, parties=self.parties)
 
-    def _run_clients(self, tasks: list[_Task]) -> list[tuple[bytes, bytes | None, StepStats]]:
-        if self.cfg.workers > 0 and len(tasks) > 1:
+    def _party_states_for(self, cid: int) -> dict[str, bytes | None]:
+        return {
+            name: self.party_states[name].get(cid if spec.scope == "client" else SHARED)
+            for name, spec in self.parties.items()
+        }
+
+    def _keep(self, cid: int, result: _Result, *, parallel: bool) -> None:
+        """Store what a client step changed: its state, its round state, its parties' states."""
+        for store, value in ((self.client_states, result.state), (self._round_states, result.round_state)):
+            if value is not None:
+                store[cid] = value
+            else:
+                store.pop(cid, None)
+        for name, value in result.party_states.items():
+            key = cid if self.parties[name].scope == "client" else SHARED
+            states = self.party_states[name]
+            if parallel and key == SHARED and value != states.get(SHARED):
+                raise ConfigError(
+                    f"shared side party {name!r} changed its state in a worker process, where the change "
+                    "would be lost; set clients.workers=0, or keep that state per client (scope='client')"
+                )
+            if value is not None:
+                states[key] = value
+            else:
+                states.pop(key, None)
+
+    def _task(self, cid: int, rnd: int, phase: int, message: bytes) -> _Task:
+        return _Task(cid, rnd, phase, message, self.client_states.get(cid), self._round_states.get(cid),
+                     self._party_states_for(cid))  # fmt: skip
+
+    def _run_clients(self, rnd: int, phase: int, messages: list[tuple[int, bytes]]) -> list[_Result]:
+        total = len(messages)
+        if self.cfg.workers > 0 and total > 1:
             if self._pool is None:
                 ctx = mp.get_context("fork")
                 self._pool = ctx.Pool(self.cfg.workers, _worker_init, (self.program, self.clients, self._kwargs()))
-            chunk = max(1, len(tasks) // (4 * self.cfg.workers))
-            return list(self._pool.imap(_worker_task, tasks, chunksize=chunk))
+            tasks = [self._task(cid, rnd, phase, m) for cid, m in messages]
+            chunk = max(1, total // (4 * self.cfg.workers))
+            results = []
+            for i, result in enumerate(self._pool.imap(_worker_task, tasks, chunksize=chunk)):
+                self._keep(tasks[i].cid, result, parallel=True)
+                results.append(result)
+                if self.on_progress is not None:
+                    self.on_progress(rnd, phase, i + 1, total)
+            return results
         kw = self._kwargs()
-        return [
-            execute_client(self.program, self.clients[cid], cid=cid, rnd=r, phase=ph, message=m, state=s, **kw)
-            for cid, r, ph, m, s in tasks
-        ]
+        results = []
+        for i, (cid, m) in enumerate(messages):  # sequential: a shared party's state flows client to client
+            result = execute_client(self.program, self.clients[cid], self._task(cid, rnd, phase, m), **kw)
+            self._keep(cid, result, parallel=False)
+            results.append(result)
+            if self.on_progress is not None:
+                self.on_progress(rnd, phase, i + 1, total)
+        return results
+
+    def sample(self, rnd: int) -> list[int]:
+        """The clients of round ``rnd``: ``per_round`` of those the strategy finds eligible."""
+        eligible = None
+        if self.profiles is not None:
+            eligible = [c for c, p in enumerate(self.profiles) if self.strategy.eligible(p)]
+            if not eligible:
+                raise ConfigError(f"round {rnd}: no client's device profile is eligible for this method; "
+                                  "check clients.profiles against the method's requirements")  # fmt: skip
+        return sample_clients(self.cfg.seed, rnd, len(self.clients), self.cfg.per_round, eligible)
 
     def run_round(self, rnd: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         cfg = self.cfg
-        ids = sample_clients(cfg.seed, rnd, len(self.clients), cfg.per_round)
-        messages = self.strategy.configure_round(rnd, ids)
-        missing = set(ids) - set(messages)
-        if missing:
-            raise MessageError(f"round {rnd}: strategy configured no message for clients {sorted(missing)[:10]}")
+        ids = self.sample(rnd)
         acc = _RoundTotals()
-        phase = 0
-        while True:
-            replies = self._exchange(rnd, phase, messages, acc)
-            agg = self.strategy.aggregate_round(rnd, replies)
-            del replies
-            if not isinstance(agg, NextPhase):
-                break
-            unknown = set(agg.messages) - set(ids)
-            if unknown:
-                raise MessageError(f"round {rnd}: next phase addresses clients {sorted(unknown)[:10]} not sampled this round")
-            messages, phase = agg.messages, phase + 1
-        bytes_down, bytes_up, flops = acc.bytes_down, acc.bytes_up, acc.flops
+        exchanges = 0
+        self._round_states.clear()
+        rounds = self.strategy.round(rnd, ids)
+        try:
+            step = next(rounds)
+            while True:
+                if isinstance(step, Exchange):
+                    addressed = set(step.messages)
+                    if exchanges == 0 and addressed != set(ids):
+                        missing = sorted(set(ids) - addressed)
+                        raise MessageError(f"round {rnd}: strategy configured no message for clients {missing[:10]}")
+                    if not addressed <= set(ids):
+                        raise MessageError(
+                            f"round {rnd}: exchange {exchanges + 1} addresses clients "
+                            f"{sorted(addressed - set(ids))[:10]} not sampled this round"
+                        )
+                    replies = self._exchange(rnd, exchanges, step.messages, acc)
+                    exchanges += 1
+                    step = rounds.send(replies)
+                    del replies
+                elif isinstance(step, PartyCall):
+                    step = rounds.send(self._server_call(rnd, step, acc))
+                else:
+                    raise TypeError(f"round {rnd}: a strategy's round yields Exchange or PartyCall, got {type(step).__name__}")
+        except StopIteration as stop:
+            agg: dict[str, Any] = dict(stop.value or {})
+        finally:
+            self._round_states.clear()  # round secrets never outlive the round
+        client = acc.client
+        bytes_down, bytes_up, flops = acc.bytes_down, acc.bytes_up, client.flops
 
         r = self.record
         r.round = rnd
@@ -282,51 +388,75 @@ class Simulation:
             cum_bytes_up=r.cum_bytes_up,
             cum_client_flops=r.cum_client_flops,
         )
-        if phase:
-            line["phases"] = phase + 1
+        if exchanges > 1:
+            line["phases"] = exchanges
         if self.parties:
-            line.update(side_bytes_down=acc.side_down, side_bytes_up=acc.side_up)
+            line.update(side_bytes_down=client.side_bytes_down, side_bytes_up=client.side_bytes_up)
+            for link, n in sorted(acc.links.items()):
+                line[f"bytes.{link}"] = n
+            for name, cost in sorted(acc.parties.items()):
+                line[f"flops.{name}"] = cost.flops
+                line[f"wall_s.{name}"] = cost.wall_s
+                if cfg.measure_memory:
+                    line[f"tensor_peak_bytes.{name}"] = cost.tensor_peak_bytes
         if cfg.measure_memory:
-            line.update(client_tensor_peak_bytes=acc.peak_tensor, client_peak_bytes=acc.peak_rss)
-        if "effective_flops_ratio" in agg:  # dense kernels on a sparse model: also log non-zero FLOPs
-            eff = round(flops * float(agg["effective_flops_ratio"]))
-            r.extra["cum_client_flops_effective"] = r.extra.get("cum_client_flops_effective", 0) + eff
-            line.update(client_flops_effective=eff, cum_client_flops_effective=r.extra["cum_client_flops_effective"])
+            line.update(client_tensor_peak_bytes=client.tensor_peak_bytes, client_peak_bytes=client.rss_peak_bytes)
         line.update({k: v for k, v in agg.items() if k not in line})
-        line["client_wall_s"] = acc.client_wall
+        line.update({k: v for k, v in self.strategy.round_metrics(line).items() if k not in line})
+        line["client_wall_s"] = client.wall_s
         line["wall_s"] = time.perf_counter() - t0
         return line
+
+    def _server_call(self, rnd: int, call: PartyCall, acc: _RoundTotals) -> Message:
+        """A strategy's call to a server-side party, metered on the party's account."""
+        spec = self.parties.get(call.party)
+        if spec is None:
+            raise ConfigError(f"round {rnd}: the strategy called side party {call.party!r}; known: {sorted(self.parties)}")
+        key = SHARED if spec.scope == "shared" or call.key is None else call.key
+        up = call.message.to_bytes()
+        meter = Meter(flops=self.cfg.measure_flops, memory=self.cfg.measure_memory)
+        ctx = PartyContext(spec.name, None if key == SHARED else key, rnd, decode_state(self.party_states[spec.name].get(key)),
+                           generator(self.cfg.seed, "party", spec.name, key, rnd, "server"), meter)  # fmt: skip
+        with meter.measure():
+            reply = spec.factory().handle(Message.from_bytes(up), ctx)
+        if not isinstance(reply, Message):
+            raise MessageError(f"side party {spec.name!r} returned {type(reply).__name__}; expected a Message")
+        down = reply.to_bytes()
+        if ctx.state:
+            self.party_states[spec.name][key] = encode_state(ctx.state)
+        else:
+            self.party_states[spec.name].pop(key, None)
+        acc.add_party(spec.name, meter.stats)
+        for link, n in ((f"server->{spec.name}", len(up)), (f"{spec.name}->server", len(down))):
+            acc.links[link] = acc.links.get(link, 0) + n
+        return Message.from_bytes(down)
 
     def _exchange(self, rnd: int, phase: int, messages: dict[int, Message], acc: _RoundTotals) -> dict[int, Message]:
         """Send ``messages``, run the addressed clients, return their decoded replies."""
         encoded: dict[int, bytes] = {}  # id(message) -> bytes: a broadcast is encoded once
         ids = sorted(messages)
-        tasks: list[_Task] = []
+        outgoing: list[tuple[int, bytes]] = []
         for cid in ids:
             m = messages[cid]
             b = encoded.get(id(m))
             if b is None:
                 b = encoded[id(m)] = m.to_bytes()
             acc.bytes_down += len(b)
-            tasks.append((cid, rnd, phase, b, self.client_states.get(cid)))
+            outgoing.append((cid, b))
         del encoded
-        results = self._run_clients(tasks)
+        results = self._run_clients(rnd, phase, outgoing)
         replies: dict[int, Message] = {}
-        for cid, (reply, state, stats) in zip(ids, results, strict=True):
-            acc.bytes_up += len(reply)
-            msg = Message.from_bytes(reply)
+        for cid, result in zip(ids, results, strict=True):
+            acc.bytes_up += len(result.reply)
+            msg = Message.from_bytes(result.reply)
             msg.check_finite(who=f"round {rnd}, client {cid}")
             replies[cid] = msg
-            if state is not None:
-                self.client_states[cid] = state
-            else:
-                self.client_states.pop(cid, None)
-            acc.add(stats)
+            acc.add(result.stats)
         return replies
 
     def run(self, *, start_round: int | None = None) -> RoundRecord:
         """Run rounds ``record.round + 1 .. rounds`` (after a restore, the remaining ones)."""
-        first = (start_round if start_round is not None else self.record.round + 1)
+        first = start_round if start_round is not None else self.record.round + 1
         try:
             for rnd in range(first, self.cfg.rounds + 1):
                 line = self.run_round(rnd)

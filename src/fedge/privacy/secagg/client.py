@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 from enum import IntEnum
 
+import msgpack
 import numpy as np
 import numpy.typing as npt
 
@@ -100,6 +101,43 @@ class ClientState:
         self._k: dict[int, bytes] = {}  # v -> k_uv, the AES-GCM key for shares with v
         self._b = b""  # self-mask seed b_u
         self._own_b_share = b""  # u's own Shamir share of b_u
+
+    def to_bytes(self) -> bytes:
+        """This client's secrets and progress, to carry between the round's protocol steps
+        (e.g. across worker processes). It holds private keys: keep it in memory for the
+        round only, never in a checkpoint or on the wire."""
+        return msgpack.packb(
+            [self.cid, self.round, int(self._step), self._c.private_bytes(), self._s.private_bytes(),
+             {v: list(pk) for v, pk in self._peers.items()}, self._blobs, self._k, self._b, self._own_b_share],
+            use_bin_type=True, strict_types=False,
+        )  # fmt: skip
+
+    @classmethod
+    def from_bytes(
+        cls, data: bytes, *, config: SecAggConfig, graph: MaskGraph, entropy: Entropy = os.urandom
+    ) -> ClientState:
+        """Restore a state written by :meth:`to_bytes` (``config`` and ``graph`` are the round's
+        public parameters, rebuilt by the caller)."""
+        try:
+            cid, rnd, step, c_sk, s_sk, peers, blobs, k, b, own = msgpack.unpackb(
+                data, raw=False, strict_map_key=False
+            )
+        except (ValueError, TypeError, msgpack.UnpackException) as e:
+            raise SecAggError(f"corrupt secure-aggregation client state: {e}") from None
+        state = cls.__new__(cls)
+        check_round(rnd)
+        if cid not in graph:
+            raise SecAggError(f"client {cid} is not in this round's mask graph")
+        state.cid, state.round, state.config, state._entropy = cid, rnd, config, entropy
+        state._neighbors = graph.neighbors(cid)
+        state._n_clients = len(graph)
+        state._step = _Step(step)
+        state._c, state._s = KeyPair.from_private_bytes(c_sk), KeyPair.from_private_bytes(s_sk)
+        state._peers = {int(v): (bytes(pk[0]), bytes(pk[1])) for v, pk in peers.items()}
+        state._blobs = {int(v): bytes(x) for v, x in blobs.items()}
+        state._k = {int(v): bytes(x) for v, x in k.items()}
+        state._b, state._own_b_share = bytes(b), bytes(own)
+        return state
 
     def _require(self, expected: _Step) -> None:
         if self._step != expected:

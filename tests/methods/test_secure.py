@@ -1,0 +1,76 @@
+"""Secure aggregation as a wrapper for every summing method, checked against the plain
+method (the oracle): same model up to the fixed-point step, in one process or several."""
+
+import math
+
+import pytest
+import torch
+
+from fedge.core.config import load_config
+from fedge.core.errors import ConfigError
+from fedge.experiment.build import build_run
+from fedge.methods.fedavg import DeltaAveraging
+from fedge.methods.secure import FIXED_POINT, SecureAggregation, SecureAggregationOptions
+from fedge.core import transforms as T
+
+
+def _run(tiny, rounds=2, workers=0, **method):
+    base = {"name": "fedavg", "local_epochs": 1, "batch_size": 16, "client_optimizer": {"lr": 0.1}}
+    if method.get("name") == "fedsgd":
+        base = {}
+    cfg = load_config(tiny(method={**base, **method},
+                           **{"clients.workers": workers, "clients.num": 4, "clients.per_round": 4}))
+    built = build_run(cfg)
+    sim = built.simulation()
+    lines = [sim.run_round(r) for r in range(1, rounds + 1)]
+    sim.close()
+    return sim, lines, built
+
+
+@pytest.mark.parametrize("name, weighting", [("fedavg", "samples"), ("fedavg", "uniform"), ("fedsgd", "samples")])
+def test_secure_equals_plain_up_to_the_fixed_point_step(tiny, name, weighting):
+    extra = {"name": name, "weighting": weighting}
+    if name == "fedsgd":
+        extra = {"name": "fedsgd", "weighting": weighting, "batch_size": 16}
+    plain, _, built = _run(tiny, **extra)
+    secure, lines, _ = _run(tiny, workers=2, secure_aggregation=True, **extra)
+    assert lines[-1]["phases"] == 4 and lines[-1]["secagg_survivors"] == 4
+    # Bound: the mean of C fixed-point values is exact to C·2^-(frac+1)/Σw; the plain float32
+    # incremental mean adds its own rounding (~1e-7 relative). Server SGD moves weights by
+    # lr·mean per round (lr = 1 for fedavg, 0.1 for fedsgd), over 2 rounds.
+    sizes = [len(p) for p in built.parts]
+    weight = sum(sizes) if weighting == "samples" else len(sizes)
+    fixed = len(sizes) * 2.0 ** -(FIXED_POINT.frac_bits + 1) / weight
+    for (k, a), b in zip(plain.strategy.model.state_dict().items(), secure.strategy.model.state_dict().values()):
+        bound = 2 * (fixed + 2e-7 * float(a.abs().max()) + 1e-7)
+        assert float((a - b).abs().max()) <= bound, k
+    assert "train_loss" not in lines[-1]  # per-client losses would leak around the masks
+
+
+def test_secure_messages_never_carry_a_plain_reply(tiny):
+    _, lines, _ = _run(tiny, rounds=1, secure_aggregation=True)
+    plain_up = _run(tiny, rounds=1)[1][0]["bytes_up"]
+    # each masked upload is the K + 1 ring elements (8 bytes each) plus the protocol's framing
+    assert lines[0]["bytes_up"] > plain_up
+
+
+def test_secure_aggregation_refuses_a_strategy_that_does_not_sum():
+    class NotSumming(DeltaAveraging.__mro__[1]):  # a bare Strategy
+        pass
+
+    with pytest.raises(ConfigError, match="sums client replies"):
+        SecureAggregation(NotSumming(), SecureAggregationOptions(secure_aggregation=True), seed=0)
+
+
+def test_sparse_deltas_are_refused():
+    model = torch.nn.Linear(3, 2)
+    masks = {"weight": torch.tensor([[True, False, True], [False, True, True]])}
+    strategy = DeltaAveraging(model, T.sgd(1.0), replies_are_gradients=False, masks=masks)
+    with pytest.raises(ConfigError, match="sparse"):
+        SecureAggregation(strategy, SecureAggregationOptions(secure_aggregation=True), seed=0)
+
+
+def test_dropout_option_needs_secure_aggregation():
+    with pytest.raises(ValueError, match="secure_aggregation=true"):
+        SecureAggregationOptions(secagg_dropout=0.2)
+    assert math.isclose(SecureAggregationOptions(secure_aggregation=True, secagg_dropout=0.2).secagg_dropout, 0.2)
