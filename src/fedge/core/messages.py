@@ -3,8 +3,8 @@
 A :class:`Message` holds named tensors (``arrays``), a small ``config`` mapping
 (int, float, str, bytes, bool, None) and ``metrics`` (numbers). Its size on the wire is
 ``len(message.to_bytes())`` — the real serialized bytes, never an estimate from shapes.
-The same encoding is used by the in-process engine, checkpoints of client state and the
-Flower adapter, so byte counts mean the same thing everywhere.
+The same encoding is used by the in-process engine and by checkpoints of party state (and is
+what a Flower adapter would carry), so byte counts mean the same thing everywhere.
 
 Wire format (version 1) is a MessagePack array ``[1, arrays, config, metrics]`` where
 ``arrays`` is a list of ``[name, dtype, shape, raw little-endian bytes]``. MessagePack

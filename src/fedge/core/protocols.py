@@ -26,7 +26,8 @@ Wrappers (EMA evaluation, secure aggregation, pruning phases) subclass
 :class:`StrategyWrapper` and override only what they change.
 
 The shape mirrors Flower's Message API (configure/aggregate on the server, a handler on the
-client) on purpose, so a Flower adapter can drive both unchanged.
+client) on purpose: an adapter to Flower's engine (planned, not built yet) can drive both
+unchanged.
 """
 
 from __future__ import annotations

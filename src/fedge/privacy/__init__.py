@@ -1,1 +1,2 @@
-"""Privacy mechanisms: secure aggregation (secagg/), differential privacy (dp/), enclaves (tee/)."""
+"""Privacy mechanisms, pure (tensors, bytes and explicit randomness in, no engine): secure
+aggregation with double masking (``secagg/``) and differential privacy (``dp/``)."""
