@@ -23,6 +23,9 @@ def _model():
 
 def test_config_rules():
     assert BaffleConfig(mode="batch").server_optimizer.name == "adam"
+    assert BaffleConfig(mode="batch").secure_aggregation is True  # the paper's Eq. (7) relies on it
+    assert BaffleConfig(mode="epoch").secure_aggregation is False
+    assert BaffleConfig(mode="batch", shared_perturbations=False).secure_aggregation is False
     assert BaffleConfig(mode="epoch").server_optimizer.name == "sgd"
     with pytest.raises(ValueError, match="mode=batch"):
         BaffleConfig(mode="epoch", secure_aggregation=True)
@@ -37,7 +40,7 @@ def test_unknown_method_key_is_rejected(tiny):
 
 def test_batch_uplink_is_4k_plus_small_framing(tiny):
     for k in (8, 100):
-        built = build_run(_cfg(tiny, mode="batch", k=k))
+        built = build_run(_cfg(tiny, mode="batch", k=k, secure_aggregation=False))
         line = built.simulation().run_round(1)
         per_client = line["bytes_up"] / line["clients"]
         assert 4 * k <= per_client <= 4 * k + 64
@@ -81,7 +84,7 @@ def test_clip_inf_norm():
 
 
 def test_secure_aggregation_matches_plain_aggregate(tiny):
-    plain = build_run(_cfg(tiny, mode="batch", ema=None)).simulation()
+    plain = build_run(_cfg(tiny, mode="batch", ema=None, secure_aggregation=False)).simulation()
     secure = build_run(_cfg(tiny, mode="batch", ema=None, secure_aggregation=True)).simulation()
     for rnd in (1, 2):
         plain.run_round(rnd)
@@ -128,3 +131,10 @@ def test_epoch_level_learns_and_ema_is_evaluated(tiny):
     losses = [sim.run_round(r)["test_loss"] for r in range(1, 6)]
     assert losses[-1] < losses[0]
     assert sim.strategy.eval_model() is not sim.strategy.model
+
+
+def test_batch_mode_without_secure_aggregation_warns_naming_the_risk(tiny):
+    from fedge.core.errors import PrivacyWarning
+
+    with pytest.warns(PrivacyWarning, match="directional derivatives"):
+        build_run(_cfg(tiny, mode="batch", secure_aggregation=False))

@@ -40,15 +40,15 @@ def test_final_model_has_the_density_and_pruned_weights_are_zero(tmp_path, tiny)
 
 
 def test_batch_uplink_is_unchanged_and_downlink_is_sparse(tiny):
-    sparse = build_run(_cfg(tiny, mode="batch")).simulation().run_round(1)
-    dense = build_run(load_config(tiny(model={"name": "mlp", "hidden": [32]}, method={"name": "baffle", "mode": "batch", "k": 8, "batch_size": 16},
+    sparse = build_run(_cfg(tiny, mode="batch", secure_aggregation=False)).simulation().run_round(1)
+    dense = build_run(load_config(tiny(model={"name": "mlp", "hidden": [32]}, method={"name": "baffle", "mode": "batch", "k": 8, "batch_size": 16, "secure_aggregation": False},
                                        **{"clients.num": 4, "clients.per_round": 4}))).simulation().run_round(1)
     assert sparse["bytes_up"] == dense["bytes_up"]
     assert sparse["bytes_down"] < 0.5 * dense["bytes_down"]
 
 
 def test_estimates_touch_only_kept_coordinates(tiny):
-    built = build_run(_cfg(tiny, mode="batch", ema=None))
+    built = build_run(_cfg(tiny, mode="batch", ema=None, secure_aggregation=False))
     sim = built.simulation()
     strategy = sim.strategy.inner
     before = {k: v.clone() for k, v in strategy.model.state_dict().items()}
@@ -60,7 +60,7 @@ def test_estimates_touch_only_kept_coordinates(tiny):
 
 
 def test_client_data_pruning_runs_as_phases_of_round_one(tiny):
-    sim = build_run(_cfg(tiny, mode="batch", prune_data="client", prune_k=6)).simulation()
+    sim = build_run(_cfg(tiny, mode="batch", prune_data="client", prune_k=6, secure_aggregation=False)).simulation()
     line = sim.run_round(1)
     assert line["phases"] == 3 + 1 and line["density"] == pytest.approx(0.2, abs=1e-3)
     assert "phases" not in sim.run_round(2)

@@ -73,6 +73,18 @@ def test_sampling_is_seeded_sorted_and_varies_by_round():
     assert sample_clients(0, 1, 5, 5) == list(range(5))
 
 
+def test_sampling_scales_to_a_million_clients_and_is_uniform():
+    big = sample_clients(3, 7, 10**9, 1000)  # O(per_round): no permutation of the population
+    assert len(set(big)) == 1000 and big == sorted(big) and 0 <= big[0] and big[-1] < 10**9
+    # uniform: each of 20 clients is picked in about 5/20 of 4000 rounds (binomial sd ≈ 27)
+    counts = torch.zeros(20)
+    for rnd in range(4000):
+        counts[sample_clients(0, rnd, 20, 5)] += 1
+    assert float((counts - 1000).abs().max()) < 5 * 27.4
+    eligible = [3, 8, 11, 19]
+    assert set(sample_clients(0, 1, 20, 2, eligible)) <= set(eligible)
+
+
 def test_bytes_are_real_serialized_lengths():
     sim = _sim(strategy=EchoStrategy(broadcast=False), n=4, per_round=4)
     line = sim.run_round(1)

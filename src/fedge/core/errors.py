@@ -11,6 +11,7 @@ __all__ = [
     "DataNotFoundError",
     "FedgeError",
     "MessageError",
+    "PrivacyWarning",
     "ResumeError",
     "UnknownNameError",
 ]
@@ -47,3 +48,7 @@ class MessageError(FedgeError, ValueError):
 
 class ResumeError(FedgeError, RuntimeError):
     """A run directory cannot be resumed (missing or corrupt checkpoint, config mismatch)."""
+
+
+class PrivacyWarning(UserWarning):
+    """A legal choice that exposes more than the method's paper assumes (the risk is named)."""

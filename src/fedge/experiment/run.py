@@ -66,8 +66,17 @@ def _summary(built: BuiltRun, sim: Simulation, lines: list[dict[str, Any]]) -> d
 
 def _drive(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: dict[str, Any] | None,
            progress: Progress | None, render: bool) -> Path:
+    before = torch.get_num_threads()  # a notebook's own setting comes back after the run
     if built.config.threads is not None:
         torch.set_num_threads(built.config.threads)
+    try:
+        return _drive_rounds(built, rundir, lines, state, progress, render)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: dict[str, Any] | None,
+                  progress: Progress | None, render: bool) -> Path:
     def on_round(line: dict[str, Any], sim: Simulation) -> None:
         rundir.append_metrics(line)
         rundir.save_checkpoint(sim.state_dict())

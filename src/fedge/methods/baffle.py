@@ -51,6 +51,8 @@ Deliberate choices where the paper and its reference code differ:
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -58,7 +60,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
-from fedge.core.errors import MessageError
+from fedge.core.errors import MessageError, PrivacyWarning
 from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
 from fedge.core.rng import derive_seed
@@ -94,7 +96,13 @@ class BaffleConfig(SecureAggregationOptions):
     estimator: Literal["lean", "fast"] = Field(
         "fast",
         description="lean (least memory) or fast (batches of <= 8 samples: perturbations batched; larger: "
-        "perturbations split over the run's `threads`, one model copy per thread)",
+        "perturbations split over `perturbation_threads`, one model copy per thread)",
+    )
+    perturbation_threads: int | None = Field(
+        None,
+        ge=1,
+        description="fast estimator: threads the K perturbations are split over, one torch thread each "
+        "(null: every usable core when clients run in the engine's process, 1 with clients.workers > 0)",
     )
     chunk: int | None = Field(None, ge=1, description="perturbations per batched pass (fast estimator)")
     batch_size: int = Field(64, ge=1, description="samples per loss evaluation")
@@ -108,6 +116,11 @@ class BaffleConfig(SecureAggregationOptions):
     ema: float | None = Field(0.995, ge=0, lt=1, description="EMA decay for evaluation; null or 0: off")
     ema_warmup: bool = Field(True, description="decay min(ema, (1+n)/(10+n)) as the reference code's torch_ema")
     shared_perturbations: bool = True
+    secure_aggregation: bool | None = Field(  # type: ignore[assignment]
+        None,
+        description="mask each client's K loss differences so the server learns only their sum (Eq. 7). "
+        "null: on in batch mode (the paper relies on it), off in epoch mode (it uploads model deltas)",
+    )
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
 
     @model_validator(mode="after")
@@ -118,6 +131,10 @@ class BaffleConfig(SecureAggregationOptions):
                 if self.mode == "batch"
                 else ServerOptimizerConfig(name="sgd", lr=1.0)
             )
+        if self.secure_aggregation is None:
+            self.secure_aggregation = self.mode == "batch" and self.shared_perturbations
+        if self.secagg_dropout and not self.secure_aggregation:
+            raise ValueError("secagg_dropout only applies with secure_aggregation=true")
         if self.secure_aggregation and self.mode != "batch":
             raise ValueError(
                 "secure_aggregation applies to the K loss differences of batch-level BAFFLE; "
@@ -148,14 +165,21 @@ def clip_inf_norm(grads: dict[str, torch.Tensor], max_norm: float | None) -> dic
 # ------------------------------------------------------------------ epoch-level
 
 
-def zeroth_order_gradient_fn(cfg: BaffleConfig) -> Any:
+def perturbation_threads(cfg: BaffleConfig, env: MethodEnv) -> int:
+    """Threads the fast estimator splits the K perturbations over (see ``perturbation_threads``)."""
+    if cfg.perturbation_threads is not None:
+        return cfg.perturbation_threads
+    return 1 if env.workers else len(os.sched_getaffinity(0))
+
+
+def zeroth_order_gradient_fn(cfg: BaffleConfig, threads: int = 1) -> Any:
     """A :data:`~fedge.methods.local.GradientFn` computing BAFFLE's local estimate."""
 
     def gradient(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], ctx: ClientContext, masks: Any):
         seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator))
         diffs = loss_differences(
             model, F.cross_entropy, batch, k=cfg.k, sigma=cfg.sigma, seed=seed, scheme=cfg.scheme,
-            masks=masks, mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype,
+            masks=masks, mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype, workers=threads,
         )  # fmt: skip
         params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         g = estimate_gradient(params, diffs, sigma=cfg.sigma, seed=seed, scheme=cfg.scheme, masks=masks)
@@ -171,8 +195,8 @@ class BaffleBatchClient:
     """Client side of batch-level BAFFLE (Algorithm 1, lines 11-13): K loss differences on
     one mini-batch drawn with the client's generator, forwards only."""
 
-    def __init__(self, model_fn: Any, cfg: BaffleConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, model_fn: Any, cfg: BaffleConfig, *, threads: int = 1) -> None:
+        self.cfg, self.threads = cfg, threads
         self.local = LocalTraining(model_fn, local_epochs=1, batch_size=1, max_steps=1, optimizer=ClientOptimizerConfig())
 
     def loss_differences(self, message: Message, ctx: ClientContext) -> torch.Tensor:
@@ -186,6 +210,7 @@ class BaffleBatchClient:
         return loss_differences(
             model, F.cross_entropy, (ctx.data.x[idx], ctx.data.y[idx]), k=cfg.k, sigma=cfg.sigma, seed=seed,
             scheme=cfg.scheme, masks=self.local.masks, mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype,
+            workers=self.threads,
         )  # fmt: skip
 
     def run(self, message: Message, ctx: ClientContext) -> Message:
@@ -302,7 +327,15 @@ def build(
     program: Any
     if cfg.mode == "batch":
         strategy = BaffleBatchStrategy(env.model_fn(), cfg, seed=env.seed, masks=masks)
-        program = BaffleBatchClient(env.model_fn, cfg)
+        program = BaffleBatchClient(env.model_fn, cfg, threads=perturbation_threads(cfg, env))
+        if not cfg.secure_aggregation:
+            warnings.warn(
+                "method.secure_aggregation=false: the server sees each client's K loss differences, i.e. K "
+                "directional derivatives of the loss on that client's data (BAFFLE relies on secure aggregation, "
+                "Eq. 7); turn it on unless you are measuring exactly this",
+                PrivacyWarning,
+                stacklevel=2,
+            )
         strategy, program = secure(strategy, program, cfg, seed=env.seed, weighted=True)
     else:
         strategy = DeltaAveraging(env.model_fn(), cfg.server_optimizer.build(), replies_are_gradients=False, masks=masks)
@@ -312,7 +345,7 @@ def build(
             batch_size=cfg.batch_size,
             max_steps=cfg.max_steps,
             optimizer=cfg.client_optimizer,
-            gradient_fn=zeroth_order_gradient_fn(cfg),
+            gradient_fn=zeroth_order_gradient_fn(cfg, perturbation_threads(cfg, env)),
         )
     if wrap is not None:
         strategy = wrap(strategy)

@@ -81,7 +81,7 @@ class SecureAggregationOptions(MethodConfigBase):
 
     @model_validator(mode="after")
     def _dropout_needs_secagg(self) -> SecureAggregationOptions:
-        if self.secagg_dropout and not self.secure_aggregation:
+        if self.secagg_dropout and self.secure_aggregation is False:
             raise ValueError("secagg_dropout only applies with secure_aggregation=true")
         return self
 

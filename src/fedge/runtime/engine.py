@@ -61,13 +61,25 @@ class EngineConfig:
 
 
 def sample_clients(seed: int, rnd: int, num_clients: int, per_round: int, eligible: Sequence[int] | None = None) -> list[int]:
-    """The sorted ids of the ``per_round`` clients taking part in round ``rnd`` (seeded),
-    drawn from ``eligible`` (default: every client)."""
-    pool = list(range(num_clients)) if eligible is None else list(eligible)
-    if per_round >= len(pool):
-        return pool
-    perm = torch.randperm(len(pool), generator=generator(seed, "sample", rnd))
-    return sorted(pool[i] for i in perm[:per_round].tolist())
+    """The sorted ids of the ``per_round`` clients taking part in round ``rnd``, a uniformly
+    random subset of ``eligible`` (default: every client) drawn from the generator
+    (seed, "sample", round).
+
+    Floyd's algorithm (Bentley & Floyd, "A sample of brilliance", CACM 1987): k draws give a
+    uniform k-subset of n, so a round costs O(per_round) whatever the population (no
+    permutation of a million ids): for j = n−k .. n−1, draw t uniform in [0, j] and take t,
+    or j if t was already taken.
+    """
+    n = num_clients if eligible is None else len(eligible)
+    if per_round >= n:
+        return list(range(num_clients)) if eligible is None else sorted(eligible)
+    u = torch.rand(per_round, generator=generator(seed, "sample", rnd), dtype=torch.float64).tolist()
+    chosen: set[int] = set()
+    for j, uj in zip(range(n - per_round, n), u, strict=True):
+        t = min(int(uj * (j + 1)), j)
+        chosen.add(j if t in chosen else t)
+    picked = chosen if eligible is None else {eligible[i] for i in chosen}
+    return sorted(picked)
 
 
 # ------------------------------------------------------------------ client execution
