@@ -307,3 +307,16 @@ def test_profiles_restrict_sampling_to_eligible_clients():
                      num_classes=2, config=EngineConfig(seed=0, rounds=3, per_round=2), profiles=profiles)
     for rnd in (1, 2, 3):
         assert set(sim.sample(rnd)) <= {1, 2, 4}
+
+
+def test_profiles_from_the_config_cover_the_population_in_their_shares(tiny):
+    from fedge.core.config import load_config
+
+    cfg = load_config(tiny(**{"clients.num": 10, "clients.profiles": [
+        {"name": "phone", "fraction": 0.7, "memory_mb": 512, "enclave_mb": 0},
+        {"name": "board", "fraction": 0.3, "memory_mb": 64, "enclave_mb": 8}]}))
+    profiles = cfg.clients.assign_profiles(cfg.seed)
+    assert [p["name"] for p in profiles].count("phone") == 7 and len(profiles) == 10
+    assert profiles == cfg.clients.assign_profiles(cfg.seed)
+    with pytest.raises(ConfigError, match="sum to"):
+        load_config(tiny(**{"clients.profiles": [{"name": "a", "fraction": 0.5}]}))

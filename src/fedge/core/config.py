@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from pydantic import (
     BaseModel,
@@ -31,6 +32,7 @@ from pydantic import (
 )
 
 from fedge.core.errors import ConfigError
+from fedge.core.rng import generator
 
 __all__ = [
     "ClientsConfig",
@@ -59,10 +61,50 @@ class _Open(BaseModel):
         return dict(self.model_extra or {})
 
 
+class DeviceProfile(_Strict):
+    """A kind of device in the population (``clients.profiles``): a share of the clients and
+    what each such device offers. A method may sample only the devices that fit it
+    (``Strategy.eligible``: e.g. PPFL needs an enclave large enough for a layer)."""
+
+    name: str
+    fraction: float = Field(gt=0, le=1, description="share of the clients with this profile")
+    memory_mb: float | None = Field(None, gt=0, description="device memory for training")
+    enclave_mb: float | None = Field(None, ge=0, description="trusted-execution-environment memory (0: none)")
+    uplink_kbps: float | None = Field(None, gt=0)
+    downlink_kbps: float | None = Field(None, gt=0)
+
+
 class ClientsConfig(_Strict):
     num: int = Field(10, ge=1, description="number of clients the data is split into")
     per_round: int | float = Field(10, description="clients sampled per round: a count, or a fraction in (0, 1]")
     workers: int = Field(0, ge=0, description="client worker processes (0: run clients in this process)")
+    profiles: list[DeviceProfile] | None = Field(
+        None, description="device kinds with their shares of the population (fractions summing to 1); null: all alike"
+    )
+
+    @model_validator(mode="after")
+    def _check_profiles(self) -> ClientsConfig:
+        if self.profiles is not None:
+            total = sum(p.fraction for p in self.profiles)
+            if abs(total - 1) > 1e-9:
+                raise ValueError(f"clients.profiles fractions sum to {total:g}; they must sum to 1")
+            names = [p.name for p in self.profiles]
+            if len(set(names)) != len(names):
+                raise ValueError(f"clients.profiles names must be unique, got {names}")
+        return self
+
+    def assign_profiles(self, seed: int) -> list[dict[str, Any]] | None:
+        """One profile per client id: counts by largest remainder, assigned by a seeded permutation."""
+        if self.profiles is None:
+            return None
+        n = self.num
+        exact = [p.fraction * n for p in self.profiles]
+        counts = [int(x) for x in exact]
+        for i in sorted(range(len(exact)), key=lambda i: counts[i] - exact[i])[: n - sum(counts)]:
+            counts[i] += 1
+        kinds = [p.model_dump() for p, c in zip(self.profiles, counts, strict=True) for _ in range(c)]
+        order = torch.randperm(n, generator=generator(seed, "profiles")).tolist()
+        return [kinds[order[c]] for c in range(n)]
 
     @model_validator(mode="after")
     def _check_per_round(self) -> ClientsConfig:

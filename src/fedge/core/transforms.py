@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from fedge.core.errors import ConfigError
 
@@ -44,6 +45,8 @@ __all__ = [
     "scale_by_learning_rate",
     "scale_by_yogi",
     "sgd",
+    "state_from_arrays",
+    "state_to_arrays",
     "trace",
     "yogi",
 ]
@@ -276,3 +279,31 @@ def ema_update(state: dict[str, Any], params: Params, *, decay: float, warmup: b
     d = min(decay, (1 + n) / (10 + n)) if warmup else decay
     avg = {k: d * a + (1 - d) * params[k].to(a.dtype) for k, a in state["avg"].items()}
     return {"avg": avg, "n": n + 1}
+
+
+def state_to_arrays(state: State, *, prefix: str = "opt/") -> dict[str, torch.Tensor]:
+    """An optimizer state as named tensors for a message: its leaves in ``tree_flatten`` order
+    (numbers as 0-dim float64 tensors). :func:`state_from_arrays` inverts it given a template
+    state of the same transform (``tx.init(params)``), which fixes the structure and the types."""
+    leaves, _ = tree_flatten(state)
+    return {
+        f"{prefix}{i}": leaf.detach().clone() if isinstance(leaf, torch.Tensor) else torch.tensor(float(leaf), dtype=torch.float64)
+        for i, leaf in enumerate(leaves)
+    }
+
+
+def state_from_arrays(arrays: dict[str, torch.Tensor], template: State, *, prefix: str = "opt/") -> State:
+    """Rebuild an optimizer state from :func:`state_to_arrays`' tensors, shaped like ``template``."""
+    leaves, spec = tree_flatten(template)
+    out = []
+    for i, leaf in enumerate(leaves):
+        a = arrays.get(f"{prefix}{i}")
+        if a is None:
+            raise ConfigError(f"optimizer state leaf {prefix}{i} is missing; the state was made by another optimizer")
+        if isinstance(leaf, torch.Tensor):
+            if a.shape != leaf.shape:
+                raise ConfigError(f"optimizer state leaf {prefix}{i} has shape {tuple(a.shape)}; expected {tuple(leaf.shape)}")
+            out.append(a.to(leaf.dtype))
+        else:
+            out.append(type(leaf)(a.item()))
+    return tree_unflatten(out, spec)

@@ -78,6 +78,7 @@ class BuiltRun:
             num_classes=self.dataset.num_classes,
             config=self.engine_config(),
             parties=self.method.parties,
+            profiles=self.config.clients.assign_profiles(self.config.seed),
             on_round=on_round,
         )
 

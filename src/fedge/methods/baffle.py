@@ -69,6 +69,7 @@ from fedge.estimators import (
     estimate_gradient,
     loss_differences,
 )
+from fedge.methods.baffle_downlink import ClientReplica, DownlinkHistory, clip_inf_norm, replay_step
 from fedge.methods.base import (
     GlobalModel,
     MethodBuild,
@@ -116,6 +117,11 @@ class BaffleConfig(SecureAggregationOptions):
     ema: float | None = Field(0.995, ge=0, lt=1, description="EMA decay for evaluation; null or 0: off")
     ema_warmup: bool = Field(True, description="decay min(ema, (1+n)/(10+n)) as the reference code's torch_ema")
     shared_perturbations: bool = True
+    downlink: Literal["model", "seeds"] = Field(
+        "model",
+        description="batch mode: send the model every round, or only the round seeds and aggregated loss "
+        "differences a client missed (it rebuilds the model; the full model and optimizer state when smaller)",
+    )
     secure_aggregation: bool | None = Field(  # type: ignore[assignment]
         None,
         description="mask each client's K loss differences so the server learns only their sum (Eq. 7). "
@@ -135,6 +141,11 @@ class BaffleConfig(SecureAggregationOptions):
             self.secure_aggregation = self.mode == "batch" and self.shared_perturbations
         if self.secagg_dropout and not self.secure_aggregation:
             raise ValueError("secagg_dropout only applies with secure_aggregation=true")
+        if self.downlink == "seeds" and (self.mode != "batch" or not self.shared_perturbations):
+            raise ValueError(
+                "downlink=seeds rebuilds the model from the round seed and the K aggregated loss differences: "
+                "it needs mode=batch and shared_perturbations=true"
+            )
         if self.secure_aggregation and self.mode != "batch":
             raise ValueError(
                 "secure_aggregation applies to the K loss differences of batch-level BAFFLE; "
@@ -150,16 +161,6 @@ class BaffleConfig(SecureAggregationOptions):
     @property
     def dtype(self) -> torch.dtype | None:
         return _DTYPES[self.precision]
-
-
-def clip_inf_norm(grads: dict[str, torch.Tensor], max_norm: float | None) -> dict[str, torch.Tensor]:
-    """Scale all estimates together so that max |g| <= ``max_norm`` (the reference code's
-    ``clip_grad_norm_(params, max_norm, norm_type=inf)``)."""
-    if max_norm is None:
-        return grads
-    norm = max(float(g.abs().max()) for g in grads.values() if g.numel())
-    factor = min(1.0, max_norm / (norm + 1e-6))
-    return {k: g * factor for k, g in grads.items()} if factor < 1.0 else grads
 
 
 # ------------------------------------------------------------------ epoch-level
@@ -198,10 +199,20 @@ class BaffleBatchClient:
     def __init__(self, model_fn: Any, cfg: BaffleConfig, *, threads: int = 1) -> None:
         self.cfg, self.threads = cfg, threads
         self.local = LocalTraining(model_fn, local_epochs=1, batch_size=1, max_steps=1, optimizer=ClientOptimizerConfig())
+        self.replica = ClientReplica(model_fn(), cfg) if cfg.downlink == "seeds" else None
+
+    def load(self, message: Message, ctx: ClientContext) -> tuple[torch.nn.Module, dict[str, torch.Tensor] | None]:
+        """The global model W_t (received, or rebuilt from seeds and scalars) and its masks."""
+        if self.replica is None:
+            return self.local.load(message, ctx), self.local.masks
+        model = self.replica.sync(message, ctx)
+        model.train()
+        ctx.meter.resident = model
+        return model, self.replica.server.masks
 
     def loss_differences(self, message: Message, ctx: ClientContext) -> torch.Tensor:
         cfg = self.cfg
-        model = self.local.load(message, ctx)
+        model, masks = self.load(message, ctx)
         seed = message.config.get("seed")
         if not isinstance(seed, int):
             raise MessageError(f"round {ctx.rnd}, client {ctx.cid}: no perturbation seed in the server's message")
@@ -209,7 +220,7 @@ class BaffleBatchClient:
         idx = ctx.data.indices[torch.randperm(n, generator=ctx.generator)[: min(cfg.batch_size, n)]]
         return loss_differences(
             model, F.cross_entropy, (ctx.data.x[idx], ctx.data.y[idx]), k=cfg.k, sigma=cfg.sigma, seed=seed,
-            scheme=cfg.scheme, masks=self.local.masks, mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype,
+            scheme=cfg.scheme, masks=masks, mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype,
             workers=self.threads,
         )  # fmt: skip
 
@@ -232,6 +243,7 @@ class BaffleBatchStrategy(Strategy):
         assert cfg.server_optimizer is not None
         self.model, self.cfg, self.seed = model, cfg, seed
         self.server = GlobalModel(model, cfg.server_optimizer.build(), masks=masks)
+        self.downlink = DownlinkHistory(cfg.k) if cfg.downlink == "seeds" else None
 
     weighted = True  # Eq. (7): weights N_c / N
 
@@ -252,6 +264,8 @@ class BaffleBatchStrategy(Strategy):
         return derive_seed(self.seed, *path, bits=62)
 
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
+        if self.downlink is not None:
+            return self.downlink.messages(rnd, client_ids, self.round_seed(rnd), self.server)
         arrays = self.server.arrays()
         if self.cfg.shared_perturbations:
             return dict.fromkeys(client_ids, Message(arrays, config={"seed": self.round_seed(rnd)}))
@@ -267,12 +281,25 @@ class BaffleBatchStrategy(Strategy):
             raise MessageError(f"round {rnd}, client {cid}: num_samples={n!r}; expected an int >= 1")
         return d, n
 
-    def estimate(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, torch.Tensor]:
-        """ĝ from the replies (Eq. 6-7)."""
+    def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float]:
+        """Σ_c (N_c/N) ΔL_c (Eq. 7), then the update; per-client estimates when not shared."""
         checked = {c: self.check_reply(rnd, c, r) for c, r in replies.items()}
         if self.cfg.shared_perturbations:
             combined = combine_loss_differences([d for d, _ in checked.values()], [n for _, n in checked.values()])
-            return self.shared_estimate(rnd, combined)
+            return self.shared_update(rnd, combined)
+        return self.apply(self.per_client_estimate(rnd, checked))
+
+    def estimate(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, torch.Tensor]:
+        """ĝ from the replies (Eq. 6-7), without applying it."""
+        checked = {c: self.check_reply(rnd, c, r) for c, r in replies.items()}
+        if not self.cfg.shared_perturbations:
+            return self.per_client_estimate(rnd, checked)
+        combined = combine_loss_differences([d for d, _ in checked.values()], [n for _, n in checked.values()])
+        return estimate_gradient(self.params(), combined, sigma=self.cfg.sigma, seed=self.round_seed(rnd),
+                                 scheme=self.cfg.scheme, masks=self.server.masks)  # fmt: skip
+
+    def per_client_estimate(self, rnd: int, checked: Mapping[int, tuple[torch.Tensor, int]]) -> dict[str, torch.Tensor]:
+        """Σ_c (N_c/N) ĝ_c, each client on its own perturbations (one regeneration per client)."""
         params = self.params()
         cfg = self.cfg
         total = sum(n for _, n in checked.values())
@@ -285,32 +312,39 @@ class BaffleBatchStrategy(Strategy):
                 g[k] = g[k].add_(v, alpha=n / total) if k in g else v * (n / total)
         return g
 
-    def shared_estimate(self, rnd: int, combined: torch.Tensor) -> dict[str, torch.Tensor]:
-        """ĝ (Eq. 6) from Σ_c (N_c/N) ΔL_c on the round's shared perturbations (Eq. 7)."""
-        cfg = self.cfg
-        return estimate_gradient(
-            self.params(), combined, sigma=cfg.sigma, seed=self.round_seed(rnd), scheme=cfg.scheme, masks=self.server.masks
-        )
+    def shared_update(self, rnd: int, combined: torch.Tensor) -> dict[str, float]:
+        """ĝ (Eq. 6) from Σ_c (N_c/N) ΔL_c on the round's shared perturbations (Eq. 7), clip,
+        optimizer — the step a ``downlink: seeds`` client replays from (s_t, ΔL_t)."""
+        seed = self.round_seed(rnd)
+        if self.downlink is None:
+            g = estimate_gradient(self.params(), combined, sigma=self.cfg.sigma, seed=seed, scheme=self.cfg.scheme,
+                                  masks=self.server.masks)  # fmt: skip
+            return self.apply(g)
+        g = replay_step(self.server, self.cfg, seed, combined)
+        self.downlink.record(rnd, seed, combined)
+        return {"estimate_inf_norm": max(float(v.abs().max()) for v in g.values())}
 
     def apply(self, grads: dict[str, torch.Tensor]) -> dict[str, float]:
         self.server.step(clip_inf_norm(grads, self.cfg.clip))
         return {"estimate_inf_norm": max(float(v.abs().max()) for v in grads.values())}
 
-    def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float]:
-        return self.apply(self.estimate(rnd, replies))
-
     def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor]) -> dict[str, float]:
         """The update from the weighted mean of the clients' ΔL (what secure aggregation yields)."""
-        return self.apply(self.shared_estimate(rnd, mean["dL"].to(torch.float32)))
+        return self.shared_update(rnd, mean["dL"].to(torch.float32))
 
     def eval_model(self) -> torch.nn.Module:
         return self.model
 
     def state_dict(self) -> dict[str, Any]:
-        return self.server.state_dict()
+        state = self.server.state_dict()
+        if self.downlink is not None:
+            state["downlink"] = self.downlink.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.server.load_state_dict(state)
+        if self.downlink is not None:
+            self.downlink.load_state_dict(state["downlink"])
 
 
 def build(

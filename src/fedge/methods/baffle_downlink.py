@@ -1,0 +1,180 @@
+"""Seeds and scalars down: batch-level BAFFLE's downlink without the model (``downlink: seeds``).
+
+In batch-level BAFFLE the server's update of round t is a deterministic function of the model
+W_t, the optimizer state O_t, the round's seed s_t and the K aggregated loss differences ΔL_t
+(Eq. 6-7, then clip and the server optimizer). So a client that holds (W_r, O_r) can rebuild
+W_t from the pairs (s_r, ΔL_r), ..., (s_{t-1}, ΔL_{t-1}) — 8 + 4K bytes a round — instead of
+receiving W_t (the model: 107 KB for BAFFLE's LeNet). This is the idea of FedKSeed (Qin et
+al., "Federated Full-Parameter Tuning of Billion-Sized Language Models with Communication Cost
+under 18 Kilobytes", arXiv:2312.06353v3, Section 3.3), applied to BAFFLE's Stein estimator.
+
+- The server keeps, per client, the round whose model that client holds, and the history of
+  (s_r, ΔL_r). It sends a client the rounds it missed — or the full model *and the optimizer
+  state* when that is smaller or the client is new (the optimizer state is what lets it replay
+  Adam later; it costs 2× the model once).
+- The client keeps (W, O, masks) in its persistent state and replays with exactly the server's
+  code (:func:`replay_step`): same ops, one torch thread, so the rebuild is bit-identical.
+- Trade-off, stated: the client now holds the optimizer state between rounds (Adam: 2× the
+  model), so the lean estimator's "inference memory only" no longer holds in this mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from fedge.core import transforms as T
+from fedge.core.context import ClientContext
+from fedge.core.errors import MessageError
+from fedge.core.messages import Message
+from fedge.estimators import estimate_gradient
+from fedge.methods.base import GlobalModel, load_arrays, model_arrays, unpack_model_arrays
+
+__all__ = ["ClientReplica", "DownlinkHistory", "clip_inf_norm", "replay_step"]
+
+_OPT = "opt/"
+_MODEL = "w/"
+_MASK = "m/"
+
+
+def clip_inf_norm(grads: dict[str, torch.Tensor], max_norm: float | None) -> dict[str, torch.Tensor]:
+    """Scale all estimates together so that max |g| <= ``max_norm`` (the reference code's
+    ``clip_grad_norm_(params, max_norm, norm_type=inf)``)."""
+    if max_norm is None:
+        return grads
+    norm = max(float(g.abs().max()) for g in grads.values() if g.numel())
+    factor = min(1.0, max_norm / (norm + 1e-6))
+    return {k: g * factor for k, g in grads.items()} if factor < 1.0 else grads
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """Float results of a reduction may depend on the thread count: the server and every
+    client run the update on one thread, so their models agree bit for bit."""
+    before = torch.get_num_threads()
+    if before != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if before != 1:
+            torch.set_num_threads(before)
+
+
+def replay_step(server: GlobalModel, cfg: Any, seed: int, combined: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One round of batch-level BAFFLE's server update: ĝ from Σ_c (N_c/N) ΔL_c on the
+    perturbations of ``seed`` (Eq. 6-7), inf-norm clip, server optimizer. Returns ĝ (unclipped).
+    The server runs it to train; a client runs it to rebuild the server's model."""
+    with _one_thread():
+        g = estimate_gradient(server.params(), combined, sigma=cfg.sigma, seed=seed, scheme=cfg.scheme,
+                              masks=server.masks)  # fmt: skip
+        server.step(clip_inf_norm(g, cfg.clip))
+    return g
+
+
+class DownlinkHistory:
+    """Server side: which model each client holds, the rounds' (seed, ΔL), and the messages."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.synced: dict[int, int] = {}  # client -> the round whose model W_r it holds
+        self.history: dict[int, tuple[int, torch.Tensor]] = {}  # round r -> (s_r, ΔL_r)
+
+    def record(self, rnd: int, seed: int, combined: torch.Tensor) -> None:
+        self.history[rnd] = (seed, combined.detach().to(torch.float32).clone())
+
+    def messages(self, rnd: int, client_ids: list[int], seed: int, server: GlobalModel) -> dict[int, Message]:
+        """Round ``rnd``'s message per client: the rounds it missed, or the full state."""
+        full = Message({**server.arrays(), **T.state_to_arrays(server.opt_state, prefix=_OPT)},
+                       config={"seed": seed, "sync_to": rnd})  # fmt: skip
+        full_size = len(full.to_bytes())
+        out: dict[int, Message] = {}
+        for c in client_ids:
+            at = self.synced.get(c)
+            missed = None if at is None else range(at, rnd)
+            if missed is not None and all(r in self.history for r in missed):
+                replay = Message(
+                    {"replay_seeds": torch.tensor([self.history[r][0] for r in missed], dtype=torch.int64),
+                     "replay_dL": torch.stack([self.history[r][1] for r in missed]) if len(missed) else torch.zeros(0, self.k)},
+                    config={"seed": seed, "sync_from": at, "sync_to": rnd},
+                )  # fmt: skip
+                if len(replay.to_bytes()) < full_size:
+                    out[c] = replay
+                    self.synced[c] = rnd
+                    continue
+            out[c] = full
+            self.synced[c] = rnd
+        self._forget(rnd, full_size)
+        return out
+
+    def _forget(self, rnd: int, full_size: int) -> None:
+        """Drop rounds no replay can use: older than every client's model, or so old that
+        replaying them costs more than the full state."""
+        useful = max(1, full_size // (4 * self.k + 8))
+        oldest = max(min(self.synced.values(), default=rnd), rnd - useful)
+        for r in [r for r in self.history if r < oldest]:
+            del self.history[r]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"synced": dict(self.synced), "history": dict(self.history)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.synced = {int(c): int(r) for c, r in state["synced"].items()}
+        self.history = {int(r): (int(s), d) for r, (s, d) in state["history"].items()}
+
+
+class ClientReplica:
+    """Client side: rebuilds the server's model W_t from what it holds and the message, and
+    keeps (W_t, O_t, masks) in ``ctx.state`` for next time."""
+
+    def __init__(self, model: torch.nn.Module, cfg: Any) -> None:
+        self.cfg = cfg
+        self.server = GlobalModel(model, cfg.server_optimizer.build())
+        self.template = self.server.opt_state
+
+    def sync(self, message: Message, ctx: ClientContext) -> torch.nn.Module:
+        who = f"round {ctx.rnd}, client {ctx.cid}"
+        to = message.config.get("sync_to")
+        if not isinstance(to, int):
+            raise MessageError(f"{who}: the server's message names no model round (sync_to)")
+        if "replay_dL" in message.arrays:
+            self._restore(ctx, who)
+            frm = message.config.get("sync_from")
+            if ctx.state.get("at") != frm:
+                raise MessageError(
+                    f"{who}: the server replays rounds from {frm} but this client holds the model of round "
+                    f"{ctx.state.get('at')}; its state is out of step with the server's (was the run resumed "
+                    "from a different checkpoint?)"
+                )
+            seeds, diffs = message.arrays["replay_seeds"], message.arrays["replay_dL"]
+            if diffs.dim() != 2 or diffs.shape != (seeds.numel(), self.cfg.k):
+                raise MessageError(f"{who}: replay_dL has shape {tuple(diffs.shape)}; expected ({seeds.numel()}, {self.cfg.k})")
+            for seed, d in zip(seeds.tolist(), diffs, strict=True):
+                replay_step(self.server, self.cfg, int(seed), d)
+        else:
+            model_part = {k: v for k, v in message.arrays.items() if not k.startswith(_OPT)}
+            arrays, masks = unpack_model_arrays(model_part, self.server.model.state_dict(), who=who)
+            load_arrays(self.server.model, arrays, who=who)
+            self.server.set_masks(masks)
+            self.server.opt_state = T.state_from_arrays(message.arrays, self.template, prefix=_OPT)
+        self._save(ctx, to)
+        return self.server.model
+
+    def _restore(self, ctx: ClientContext, who: str) -> None:
+        st = ctx.state
+        if "at" not in st:
+            raise MessageError(f"{who}: the server sent rounds to replay, but this client holds no model")
+        load_arrays(self.server.model, {k[len(_MODEL):]: v for k, v in st.items() if k.startswith(_MODEL)}, who=who)
+        masks = {k[len(_MASK):]: v for k, v in st.items() if k.startswith(_MASK)}
+        self.server.set_masks(masks or None)
+        self.server.opt_state = T.state_from_arrays(st, self.template, prefix=_OPT)
+
+    def _save(self, ctx: ClientContext, rnd: int) -> None:
+        st = {_MODEL + k: v for k, v in model_arrays(self.server.model).items()}
+        st.update(T.state_to_arrays(self.server.opt_state, prefix=_OPT))
+        st.update({_MASK + k: m for k, m in (self.server.masks or {}).items()})
+        ctx.state.clear()
+        ctx.state.update(st, at=rnd)
