@@ -1,0 +1,82 @@
+"""Loss differences in float64 vs float32 (issue: "loss differences that are not rounding noise").
+
+BAFFLE's LeNet on Fashion-MNIST, batch 64, K = 100, σ = 1e-4, forward scheme. For several
+perturbation seeds: the relative L2 error of the K loss differences against an all-float64
+computation (the oracle), and the cosine of the Stein estimate with the autograd gradient,
+with the loss (and its batch mean) taken in float32 (fedge before) or float64 (fedge now).
+
+    python benchmarks/zo_precision.py --docs docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+import fedge.estimators.lean as lean
+from fedge.bench.docs import update_section
+from fedge.data import load_dataset
+from fedge.estimators import estimate_gradient, loss_differences
+from fedge.models import build_model
+
+SEEDS = range(5)
+
+
+def measure() -> dict[str, dict[str, list[float]]]:
+    torch.set_num_threads(1)
+    ds = load_dataset("fashion-mnist", limit_train=512, limit_test=10, seed=0)
+    x, y = ds.x_train[:64], ds.y_train[:64]
+    model = build_model("lenet", input_shape=(1, 28, 28), num_classes=10, seed=1)
+    model64 = copy.deepcopy(model).double()
+    model.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    true = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    kw = dict(k=100, sigma=1e-4, scheme="forward", mode="lean")
+    new_mean_loss = lean.mean_loss
+    out: dict[str, dict[str, list[float]]] = {"float32 loss": {"err": [], "cos": []}, "float64 loss": {"err": [], "cos": []}}
+    for seed in SEEDS:
+        oracle = loss_differences(model64, F.cross_entropy, (x.double(), y), seed=seed, **kw).double()
+        for label, fn in (("float32 loss", lambda lf, o, t: lean.scalar_loss(lf(o, t))), ("float64 loss", new_mean_loss)):
+            lean.mean_loss = fn
+            try:
+                d = loss_differences(model, F.cross_entropy, (x, y), seed=seed, **kw)
+            finally:
+                lean.mean_loss = new_mean_loss
+            params = dict(model.named_parameters())
+            g = estimate_gradient(params, d, sigma=1e-4, seed=seed, scheme="forward")
+            est = torch.cat([g[n].reshape(-1) for n in params])
+            out[label]["err"].append(float((d.double() - oracle).norm() / oracle.norm()))
+            out[label]["cos"].append(float(F.cosine_similarity(est, true, dim=0)))
+    return out
+
+
+def markdown(res: dict[str, dict[str, list[float]]], command: str) -> str:
+    rows = ["| loss and batch mean in | ΔL relative error vs float64 oracle (mean ± std) | cosine(ĝ, ∇L) (mean ± std) |", "|---|---|---|"]
+    for label, r in res.items():
+        rows.append(f"| {label} | {statistics.mean(r['err']):.2e} ± {statistics.stdev(r['err']):.1e} "
+                    f"| {statistics.mean(r['cos']):.4f} ± {statistics.stdev(r['cos']):.4f} |")
+    return "\n".join([
+        "BAFFLE's LeNet, Fashion-MNIST batch of 64, K = 100, σ = 1e-4, forward scheme, perturbation seeds 0-4,",
+        "1 thread. The forwards run in float32 either way; fedge now takes the loss on the logits and its",
+        "batch mean in float64. The estimate's cosine with the true gradient is set by sqrt(K/n), not by",
+        "this rounding, so it does not move (to 4 digits): the gain is loss differences ~30× closer to exact.",
+        "",
+        f"Command: `{command}`",
+        "",
+        *rows,
+    ])
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--docs")
+    args = ap.parse_args()
+    res = measure()
+    text = markdown(res, "python benchmarks/zo_precision.py --docs docs/benchmarks.md")
+    print(text)
+    if args.docs:
+        update_section(args.docs, "zo-precision", "Loss differences: float64 loss vs float32", text)
