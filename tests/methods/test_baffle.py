@@ -138,3 +138,29 @@ def test_batch_mode_without_secure_aggregation_warns_naming_the_risk(tiny):
 
     with pytest.warns(PrivacyWarning, match="directional derivatives"):
         build_run(_cfg(tiny, mode="batch", secure_aggregation=False))
+
+
+def test_delta_loss_on_the_local_set_equals_one_forward_over_it(tiny):
+    """Algorithm 1 line 12: ΔL over D_c. Chunked (batch_size 16) it must equal the loss
+    differences of one pass over the whole local set (the oracle)."""
+    import torch.nn.functional as F
+
+    from fedge.estimators import loss_differences
+    from fedge.methods.baffle import BaffleBatchClient
+
+    built = build_run(_cfg(tiny, mode="batch", ema=None, secure_aggregation=False, delta_loss_on="local_set"))
+    msg = built.method.strategy.configure_round(1, [0])[0]
+    client = BaffleBatchClient(built.model_fn, built.method_config)
+    sim = built.simulation()
+    from fedge.runtime.engine import _Task, execute_client
+
+    res = execute_client(client, built.clients[0], _Task(0, 1, 0, msg.to_bytes(), None, None, {}),
+                         seed=0, measure_flops=False, measure_memory=False, parties={})
+    got = Message.from_bytes(res.reply).arrays["dL"]
+    x, y = built.clients[0].tensors()
+    model = built.model_fn()
+    want = loss_differences(model, F.cross_entropy, (x, y), k=8, sigma=built.method_config.sigma,
+                            seed=msg.config["seed"], scheme="forward")
+    assert x.shape[0] > 16  # several chunks
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-7)
+    sim.close()

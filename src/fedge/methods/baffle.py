@@ -106,7 +106,12 @@ class BaffleConfig(SecureAggregationOptions):
         "(null: every usable core when clients run in the engine's process, 1 with clients.workers > 0)",
     )
     chunk: int | None = Field(None, ge=1, description="perturbations per batched pass (fast estimator)")
-    batch_size: int = Field(64, ge=1, description="samples per loss evaluation")
+    batch_size: int = Field(64, ge=1, description="samples per loss evaluation (with delta_loss_on=local_set: per forward chunk)")
+    delta_loss_on: Literal["batch", "local_set"] = Field(
+        "local_set",
+        description="batch mode: ΔL over the client's whole local set D_c (Algorithm 1, line 12; forwards run "
+        "in chunks of batch_size) or over one mini-batch of batch_size drawn each round (cheaper, noisier)",
+    )
     local_epochs: int = Field(1, ge=1, description="epoch-level: local epochs per round")
     max_steps: int | None = Field(None, ge=1, description="epoch-level: cap on local steps per round")
     clip: float | None = Field(0.3, gt=0, description="inf-norm clip of each estimate (reference code); null: off")
@@ -193,8 +198,9 @@ def zeroth_order_gradient_fn(cfg: BaffleConfig, threads: int = 1) -> Any:
 
 
 class BaffleBatchClient:
-    """Client side of batch-level BAFFLE (Algorithm 1, lines 11-13): K loss differences on
-    one mini-batch drawn with the client's generator, forwards only."""
+    """Client side of batch-level BAFFLE (Algorithm 1, lines 11-13): K loss differences,
+    forwards only, over the client's local set D_c (``delta_loss_on: local_set``, as Algorithm 1)
+    or over one mini-batch drawn with the client's generator (``batch``)."""
 
     def __init__(self, model_fn: Any, cfg: BaffleConfig, *, threads: int = 1) -> None:
         self.cfg, self.threads = cfg, threads
@@ -217,12 +223,21 @@ class BaffleBatchClient:
         if not isinstance(seed, int):
             raise MessageError(f"round {ctx.rnd}, client {ctx.cid}: no perturbation seed in the server's message")
         n = ctx.data.num_samples
-        idx = ctx.data.indices[torch.randperm(n, generator=ctx.generator)[: min(cfg.batch_size, n)]]
-        return loss_differences(
-            model, F.cross_entropy, (ctx.data.x[idx], ctx.data.y[idx]), k=cfg.k, sigma=cfg.sigma, seed=seed,
-            scheme=cfg.scheme, masks=masks, mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype,
-            workers=self.threads,
-        )  # fmt: skip
+        if cfg.delta_loss_on == "batch":
+            chunks = [ctx.data.indices[torch.randperm(n, generator=ctx.generator)[: min(cfg.batch_size, n)]]]
+        else:  # ΔL(D_c) = Σ_chunks (n_chunk / n) ΔL(chunk): the mean loss is linear in the samples
+            chunks = list(ctx.data.indices.split(cfg.batch_size))
+        total = torch.zeros(cfg.k, dtype=torch.float64)
+        for idx in chunks:
+            d = loss_differences(
+                model, F.cross_entropy, (ctx.data.x[idx], ctx.data.y[idx]), k=cfg.k, sigma=cfg.sigma, seed=seed,
+                scheme=cfg.scheme, masks=masks, mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype,
+                workers=self.threads,
+            )  # fmt: skip
+            if len(chunks) == 1:
+                return d
+            total += d.to(torch.float64) * (idx.numel() / n)
+        return total.to(torch.float32)
 
     def run(self, message: Message, ctx: ClientContext) -> Message:
         diffs = self.loss_differences(message, ctx)
