@@ -16,18 +16,36 @@ messages and counts their bytes on the link (``client->NAME`` and ``NAME->client
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from fedge.core.messages import Message
 from fedge.core.meter import Meter
-from fedge.core.protocols import PartySpec
 from fedge.core.rng import generator
 
-__all__ = ["ClientContext", "ClientData", "Link", "PartyContext", "decode_state", "encode_state"]
+__all__ = ["ClientContext", "ClientData", "Link", "PartyContext", "PartySpec", "decode_state", "encode_state"]
+
+
+@dataclass(frozen=True)
+class PartySpec:
+    """A side party of a method (see :class:`fedge.core.protocols.SideParty`).
+
+    Args:
+        name: the link name (``ctx.link(name)``) and the metrics' party kind
+            (``flops.NAME``, ``bytes.client->NAME``).
+        factory: builds the party object (stateless; its state lives in the engine).
+        scope: ``"client"``: one instance (and one state) per client; ``"shared"``: one
+            for all. A shared party that changes its state needs ``clients.workers: 0``
+            (parallel clients would each change a copy).
+    """
+
+    name: str
+    factory: Callable[[], Any]  # -> a fedge.core.protocols.SideParty
+    scope: Literal["client", "shared"] = "client"
+
 
 
 def encode_state(state: dict[str, Any]) -> bytes:

@@ -32,16 +32,14 @@ unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from fedge.core.context import ClientContext, PartyContext, PartySpec
 from fedge.core.messages import Message
-
-if TYPE_CHECKING:  # type names only: core.context imports nothing from here at run time
-    from fedge.core.context import ClientContext, PartyContext
 
 __all__ = [
     "ClientProgram",
@@ -182,21 +180,3 @@ class SideParty(Protocol):
     only the messages it is sent and keeps its state in ``ctx.state``."""
 
     def handle(self, message: Message, ctx: PartyContext) -> Message: ...
-
-
-@dataclass(frozen=True)
-class PartySpec:
-    """A side party of a method.
-
-    Args:
-        name: the link name (``ctx.link(name)``) and the metrics' party kind
-            (``flops.NAME``, ``bytes.client->NAME``).
-        factory: builds the party object (stateless; its state lives in the engine).
-        scope: ``"client"``: one instance (and one state) per client; ``"shared"``: one
-            for all. A shared party that changes its state needs ``clients.workers: 0``
-            (parallel clients would each change a copy).
-    """
-
-    name: str
-    factory: Callable[[], SideParty]
-    scope: Literal["client", "shared"] = "client"
