@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from fedge.core.messages import Message
+from fedge.core.protocols import Strategy
 from fedge.core.context import ClientContext, ClientData
 from fedge.runtime.engine import EngineConfig, Simulation
 from fedge.core.meter import _status_kb
@@ -26,7 +27,7 @@ from fedge.core.meter import _status_kb
 __all__ = ["run_engine_overhead"]
 
 
-class _SeedBroadcast:
+class _SeedBroadcast(Strategy):
     def __init__(self) -> None:
         self.model = torch.nn.Linear(1, 2)
         self.total = 0.0

@@ -264,15 +264,49 @@ def _emit(
         out.print(f"updated {docs}")
 
 
+@app.command()
+def partition(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+    client: Annotated[int, typer.Option("--client", help="the client whose shard to show")],
+) -> None:
+    """One client's shard of a run (sample count, label histogram), also for generated populations."""
+    import json
+
+    from fedge.core.config import load_config
+    from fedge.experiment.build import client_shard
+
+    try:
+        cfg = load_config(str(run_dir / "config.yaml"))
+        out.print_json(json.dumps(client_shard(cfg, client)))
+    except FedgeError as exc:
+        _fail(exc)
+
+
 @bench_app.command("engine")
 def bench_engine(
     clients: Annotated[str, typer.Option(help="comma-separated clients per round")] = "10,100,1000",
     rounds: Annotated[int, typer.Option(help="timed rounds per setting")] = 5,
+    populations: Annotated[
+        str, typer.Option(help="comma-separated population sizes (1000 clients a round): e.g. 1000,1000000")
+    ] = "",
     json_path: Annotated[Path | None, typer.Option("--json", help="write the figures to this JSON file")] = None,
     docs: Annotated[Path | None, typer.Option("--docs", help="update this Markdown file's engine section")] = None,
 ) -> None:
-    """Engine overhead per client per round with trivial clients."""
+    """Engine overhead per client per round with trivial clients (and against the population size)."""
     from fedge.bench.engine import engine_markdown, run_engine_overhead
+
+    if populations:
+        from fedge.bench.population import population_markdown, run_population_scale
+
+        try:
+            sizes = tuple(int(float(p)) for p in populations.split(","))
+            if not sizes or min(sizes) < 1:
+                raise ValueError
+        except ValueError:
+            _fail(ValueError(f"--populations {populations!r}: expected positive integers such as 1000,1000000"))
+        scale = run_population_scale(sizes, rounds=rounds)
+        _emit(scale, json_path, docs, ("population", "Engine cost against the population size", population_markdown))
+        return
 
     try:
         counts = tuple(int(c) for c in clients.split(","))

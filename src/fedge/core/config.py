@@ -18,7 +18,7 @@ import copy
 import difflib
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import yaml
@@ -28,6 +28,7 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -134,6 +135,32 @@ class DatasetConfig(_Strict):
     resize: int | None = Field(None, ge=4, description="resize images to resize x resize")
     limit_train: int | None = Field(None, ge=1, description="use a seeded subset of this many training samples")
     limit_test: int | None = Field(None, ge=1, description="use a seeded subset of this many test samples")
+    alpha: float | None = Field(None, ge=0, description="synthetic-fed: spread of the devices' models (FedProx's α; default 1)")
+    beta: float | None = Field(None, ge=0, description="synthetic-fed: spread of the devices' features (FedProx's β; default 1)")
+    max_samples: int | None = Field(None, ge=1, description="synthetic-fed: cap on one device's samples (default 2000)")
+
+    _FEDERATED_KEYS: ClassVar[tuple[str, ...]] = ("alpha", "beta", "max_samples")
+    _FEDERATED_DEFAULTS: ClassVar[dict[str, Any]] = {"alpha": 1.0, "beta": 1.0, "max_samples": 2000}
+
+    @model_validator(mode="after")
+    def _federated_keys(self) -> DatasetConfig:
+        if self.name == "synthetic-fed":
+            for k, v in self._FEDERATED_DEFAULTS.items():
+                if getattr(self, k) is None:
+                    object.__setattr__(self, k, v)
+        else:
+            given = [k for k in self._FEDERATED_KEYS if getattr(self, k) is not None]
+            if given:
+                raise ValueError(f"dataset.{given[0]} applies to dataset.name=synthetic-fed only; remove it")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unused(self, handler: Any) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        if self.name != "synthetic-fed":
+            for k in self._FEDERATED_KEYS:
+                out.pop(k, None)
+        return out
 
 
 class PartitionConfig(_Open):

@@ -52,7 +52,7 @@ class Dataset:
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
-    input_shape: tuple[int, int, int]
+    input_shape: tuple[int, ...]  # (C, H, W) for images, (F,) for tabular features
     classes: tuple[str, ...]
     train_domains: np.ndarray | None = None
     mean: tuple[float, ...] = ()
@@ -65,7 +65,7 @@ class Dataset:
             if x.dtype != torch.float32 or y.dtype != torch.int64:
                 raise ConfigError(f"{self.name} {split}: expected float32 images and int64 labels, "
                                   f"got {x.dtype} and {y.dtype}")
-            if x.ndim != 4 or tuple(x.shape[1:]) != tuple(self.input_shape) or len(x) != len(y):
+            if x.ndim != 1 + len(self.input_shape) or tuple(x.shape[1:]) != tuple(self.input_shape) or len(x) != len(y):
                 raise ConfigError(f"{self.name} {split}: images {tuple(x.shape)} and labels "
                                   f"{tuple(y.shape)} do not match input_shape {self.input_shape}")
         if len(self.classes) != self.num_classes:

@@ -6,7 +6,7 @@ partition parameters) fails here, before anything is written to disk.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,8 +14,10 @@ import numpy as np
 import torch
 
 from fedge.core.config import RunConfig, validate_section
+from fedge.core.errors import ConfigError
 from fedge.core.rng import derive_seed
 from fedge.data import Dataset, load_dataset
+from fedge.data.federated import LazyClients, SyntheticFederated
 from fedge.data.partition import partition, partition_summary
 from fedge.methods import get_method
 from fedge.methods.base import MethodBuild, MethodEnv
@@ -23,7 +25,9 @@ from fedge.models import build_model
 from fedge.core.context import ClientData
 from fedge.runtime.engine import EngineConfig, Simulation
 
-__all__ = ["BuiltRun", "build_run", "model_factory"]
+__all__ = ["BuiltRun", "build_run", "client_shard", "model_factory"]
+
+FEDERATED = "synthetic-fed"  # the dataset whose clients are generated on demand (fedge.data.federated)
 
 
 def model_factory(cfg: RunConfig, dataset: Dataset) -> Callable[[], torch.nn.Module]:
@@ -53,7 +57,7 @@ class BuiltRun:
     partition_summary: dict[str, Any]
     method: MethodBuild
     method_config: Any
-    clients: list[ClientData]
+    clients: Sequence[ClientData]
     model_fn: Callable[[], torch.nn.Module]
 
     def engine_config(self) -> EngineConfig:
@@ -94,34 +98,63 @@ def build_run(cfg: RunConfig) -> BuiltRun:
     method_cfg = method_config(cfg)
 
     d = cfg.dataset
-    dataset = load_dataset(
-        d.name, root=d.root, resize=d.resize, limit_train=d.limit_train, limit_test=d.limit_test, seed=cfg.seed
-    )
+    clients: Sequence[ClientData]
+    if d.name == FEDERATED:  # clients generated on demand: nothing per client is built up front
+        fed = SyntheticFederated(cfg.clients.num, cfg.seed, alpha=d.alpha, beta=d.beta, max_samples=d.max_samples)
+        x_test, y_test = fed.test_set()
+        dataset = Dataset(FEDERATED, x_test[:0], y_test[:0], x_test, y_test, fed.num_classes, fed.input_shape,  # type: ignore[arg-type]
+                          tuple(str(c) for c in range(fed.num_classes)), source="generated")  # fmt: skip
+        lazy = LazyClients(fed)
+        clients, sizes, parts, summary = lazy, lazy.sizes(), [], fed.summary()
+    else:
+        dataset = load_dataset(
+            d.name, root=d.root, resize=d.resize, limit_train=d.limit_train, limit_test=d.limit_test, seed=cfg.seed
+        )
     model_fn = model_factory(cfg, dataset)
     model_fn()  # validates model name and options now, before any data is split or written
 
-    labels = dataset.y_train.numpy()
-    p = cfg.partition
-    parts = partition(
-        p.name, labels, cfg.clients.num, seed=cfg.seed, domains=dataset.train_domains, **p.options()
-    )
-    summary = {
-        "name": p.name,
-        "params": p.options(),
-        **partition_summary(parts, labels, dataset.num_classes),
-    }
-    clients = [
-        ClientData(dataset.x_train, dataset.y_train, torch.as_tensor(np.asarray(idx), dtype=torch.int64))
-        for idx in parts
-    ]
+    if d.name != FEDERATED:
+        labels = dataset.y_train.numpy()
+        p = cfg.partition
+        parts = partition(
+            p.name, labels, cfg.clients.num, seed=cfg.seed, domains=dataset.train_domains, **p.options()
+        )
+        summary = {
+            "name": p.name,
+            "params": p.options(),
+            **partition_summary(parts, labels, dataset.num_classes),
+        }
+        clients = [
+            ClientData(dataset.x_train, dataset.y_train, torch.as_tensor(np.asarray(idx), dtype=torch.int64))
+            for idx in parts
+        ]
+        sizes = tuple(len(idx) for idx in parts)
     env = MethodEnv(
         seed=cfg.seed,
         model_fn=model_fn,
         num_classes=dataset.num_classes,
         input_shape=tuple(dataset.input_shape),
-        client_sizes=tuple(len(idx) for idx in parts),
+        client_sizes=sizes,
         rounds=cfg.rounds,
         workers=cfg.clients.workers,
     )
     method = spec.build(method_cfg, env)
     return BuiltRun(cfg, dataset, parts, summary, method, method_cfg, clients, model_fn)
+
+
+def client_shard(cfg: RunConfig, cid: int) -> dict[str, Any]:
+    """One client's shard of a run's population: its sample count and label histogram (for a
+    lazily generated population, made from (seed, client) without building any other client)."""
+    if not 0 <= cid < cfg.clients.num:
+        raise ConfigError(f"client {cid} is outside the population [0, {cfg.clients.num})")
+    d = cfg.dataset
+    if d.name == FEDERATED:
+        fed = SyntheticFederated(cfg.clients.num, cfg.seed, alpha=d.alpha, beta=d.beta, max_samples=d.max_samples)
+        _, y = fed.client(cid)
+        num_classes = fed.num_classes
+    else:
+        built = build_run(cfg)
+        y = built.clients[cid].tensors()[1]
+        num_classes = built.dataset.num_classes
+    counts = torch.bincount(y, minlength=num_classes).tolist()
+    return {"client": cid, "samples": int(y.numel()), "label_counts": counts}

@@ -3,7 +3,7 @@ conversions between a model and the named arrays that travel in messages."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -83,7 +83,7 @@ class MethodEnv:
     model_fn: Callable[[], torch.nn.Module]  # the initial global model, same weights on every call
     num_classes: int
     input_shape: tuple[int, ...]
-    client_sizes: tuple[int, ...]
+    client_sizes: Sequence[int]  # lazy for generated populations
     rounds: int
     workers: int = 0
 

@@ -197,15 +197,22 @@ def _positive_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
-def _check_shape(input_shape: Any) -> Shape:
+#: Models that flatten their input first, so they take tabular features (F,) as well as images.
+TABULAR_MODELS = frozenset({"mlp", "logreg"})
+
+
+def _check_shape(input_shape: Any, name: str = "") -> Shape:
     try:
         shape = tuple(input_shape)
     except TypeError:
         shape = ()
+    if len(shape) == 1 and name in TABULAR_MODELS and _positive_int(shape[0]):
+        return shape  # type: ignore[return-value]
     if len(shape) != 3 or not all(_positive_int(d) for d in shape):
+        tabular = f"; tabular features (F,) work with {sorted(TABULAR_MODELS)}" if len(shape) == 1 else ""
         raise ConfigError(
             f"input_shape must be (channels, height, width) of positive ints, got {input_shape!r}; "
-            "e.g. (1, 28, 28) for MNIST or (3, 32, 32) for CIFAR-10"
+            f"e.g. (1, 28, 28) for MNIST or (3, 32, 32) for CIFAR-10{tabular}"
         )
     return shape  # type: ignore[return-value]
 
@@ -262,7 +269,7 @@ def _resolve(
 ) -> tuple[_Entry, ModelSpec]:
     entry = _entry(name)
     info = entry.info
-    shape = _check_shape(input_shape)
+    shape = _check_shape(input_shape, name)
     if not _positive_int(num_classes):
         raise ConfigError(f"num_classes must be a positive int, got {num_classes!r}")
     act = info.default_activation if activation is None else activation
