@@ -62,3 +62,21 @@ def test_more_rounds_extend_a_finished_variant_and_a_changed_one_is_refused(tmp_
         run_variants("quickstart", {"a": ["method.local_epochs=5"]}, out_root=tmp_path, common=longer)
     with pytest.raises(ConfigError, match="different config"):  # never shortened
         run_variants("quickstart", {"a": []}, out_root=tmp_path, common=COMMON)
+
+
+def test_seeded_variants_aggregate_mean_and_std_over_seeds(tmp_path):
+    import statistics
+
+    from fedge.bench.variants import run_seeded_variants, seeded_markdown
+
+    common = [*COMMON, "dataset.validation=0.1"]
+    report = run_seeded_variants("quickstart", {"a": [], "b": ["method.local_epochs=2"]}, seeds=[0, 1, 2],
+                                 out_root=tmp_path, common=common)
+    row = report["results"][0]
+    finals = [r["final_test_accuracy"] for r in row["runs"]]
+    assert row["seeds"] == 3 and len({r["run_dir"] for r in row["runs"]}) == 3
+    assert row["final_test_accuracy"] == statistics.mean(finals)
+    assert row["final_test_accuracy_std"] == statistics.stdev(finals)
+    assert row["test_accuracy_at_best_val"] == statistics.mean(r["test_accuracy_at_best_val"] for r in row["runs"])
+    text = seeded_markdown(report, "cmd", "intro")
+    assert text.count(" ± ") >= 6 and "test acc at best val" in text

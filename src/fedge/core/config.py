@@ -135,12 +135,24 @@ class DatasetConfig(_Strict):
     resize: int | None = Field(None, ge=4, description="resize images to resize x resize")
     limit_train: int | None = Field(None, ge=1, description="use a seeded subset of this many training samples")
     limit_test: int | None = Field(None, ge=1, description="use a seeded subset of this many test samples")
+    validation: float | int | None = Field(
+        None,
+        description="hold out this fraction (0 < f < 1) or count of the training samples, class-stratified "
+        "and seeded, as a validation set: evaluated every round (val_accuracy), never trained on; tune on it",
+    )
     alpha: float | None = Field(None, ge=0, description="synthetic-fed: spread of the devices' models (FedProx's α; default 1)")
     beta: float | None = Field(None, ge=0, description="synthetic-fed: spread of the devices' features (FedProx's β; default 1)")
     max_samples: int | None = Field(None, ge=1, description="synthetic-fed: cap on one device's samples (default 2000)")
 
     _FEDERATED_KEYS: ClassVar[tuple[str, ...]] = ("alpha", "beta", "max_samples")
     _FEDERATED_DEFAULTS: ClassVar[dict[str, Any]] = {"alpha": 1.0, "beta": 1.0, "max_samples": 2000}
+
+    @model_validator(mode="after")
+    def _validation_size(self) -> DatasetConfig:
+        v = self.validation
+        if v is not None and (isinstance(v, bool) or (isinstance(v, float) and not 0 < v < 1) or (isinstance(v, int) and v < 1)):
+            raise ValueError(f"dataset.validation={v!r}: give a fraction in (0, 1) or a count >= 1 of training samples")
+        return self
 
     @model_validator(mode="after")
     def _federated_keys(self) -> DatasetConfig:

@@ -6,6 +6,7 @@ partition parameters) fails here, before anything is written to disk.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,8 +16,9 @@ import torch
 
 from fedge.core.config import RunConfig, validate_section
 from fedge.core.errors import ConfigError
-from fedge.core.rng import derive_seed
+from fedge.core.rng import derive_seed, numpy_rng
 from fedge.data import Dataset, load_dataset
+from fedge.data.dataset import stratified_subset
 from fedge.data.federated import LazyClients, SyntheticFederated
 from fedge.data.partition import partition, partition_summary
 from fedge.methods import get_method
@@ -59,6 +61,7 @@ class BuiltRun:
     method_config: Any
     clients: Sequence[ClientData]
     model_fn: Callable[[], torch.nn.Module]
+    validation: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def engine_config(self) -> EngineConfig:
         c = self.config
@@ -79,12 +82,34 @@ class BuiltRun:
             program=self.method.program,
             clients=self.clients,
             test=(self.dataset.x_test, self.dataset.y_test),
+            validation=self.validation,
             num_classes=self.dataset.num_classes,
             config=self.engine_config(),
             parties=self.method.parties,
             profiles=self.config.clients.assign_profiles(self.config.seed),
             on_round=on_round,
         )
+
+
+def hold_out_validation(
+    dataset: Dataset, size: float | int, *, seed: int
+) -> tuple[Dataset, tuple[torch.Tensor, torch.Tensor]]:
+    """Split a class-stratified, seeded validation set off the training data: the clients are
+    partitioned from what remains, and the engine evaluates the model on it every round, so
+    tuning choices can be made without looking at the test set."""
+    n = len(dataset.y_train)
+    count = round(size * n) if isinstance(size, float) else int(size)
+    if not 1 <= count < n:
+        raise ConfigError(f"dataset.validation={size!r} holds out {count} of {n} training samples; "
+                          "it must leave at least one for training and take at least one")  # fmt: skip
+    held = stratified_subset(dataset.y_train.numpy(), count, numpy_rng(seed, "validation"))
+    keep = np.ones(n, dtype=bool)
+    keep[held] = False
+    idx_keep, idx_held = torch.from_numpy(np.flatnonzero(keep)), torch.from_numpy(held)
+    domains = None if dataset.train_domains is None else dataset.train_domains[keep]
+    train = dataclasses.replace(dataset, x_train=dataset.x_train[idx_keep], y_train=dataset.y_train[idx_keep],
+                                train_domains=domains)  # fmt: skip
+    return train, (dataset.x_train[idx_held], dataset.y_train[idx_held])
 
 
 def method_config(cfg: RunConfig) -> Any:
@@ -110,6 +135,9 @@ def build_run(cfg: RunConfig) -> BuiltRun:
         dataset = load_dataset(
             d.name, root=d.root, resize=d.resize, limit_train=d.limit_train, limit_test=d.limit_test, seed=cfg.seed
         )
+    validation = None
+    if d.validation is not None:
+        dataset, validation = hold_out_validation(dataset, d.validation, seed=cfg.seed)
     model_fn = model_factory(cfg, dataset)
     model_fn()  # validates model name and options now, before any data is split or written
 
@@ -139,7 +167,7 @@ def build_run(cfg: RunConfig) -> BuiltRun:
         workers=cfg.clients.workers,
     )
     method = spec.build(method_cfg, env)
-    return BuiltRun(cfg, dataset, parts, summary, method, method_cfg, clients, model_fn)
+    return BuiltRun(cfg, dataset, parts, summary, method, method_cfg, clients, model_fn, validation)
 
 
 def client_shard(cfg: RunConfig, cid: int) -> dict[str, Any]:

@@ -43,6 +43,8 @@ def _summary(built: BuiltRun, sim: Simulation, lines: list[dict[str, Any]]) -> d
     out: dict[str, Any] = {
         "final_test_accuracy": rec.last_test_accuracy,
         "best_test_accuracy": rec.best_test_accuracy,
+        **({"best_val_accuracy": rec.extra["best_val_accuracy"], "test_accuracy_at_best_val": rec.extra["test_at_best_val"],
+            "best_val_round": rec.extra["best_val_round"]} if "best_val_accuracy" in rec.extra else {}),  # fmt: skip
         "total_bytes_down": rec.cum_bytes_down,
         "total_bytes_up": rec.cum_bytes_up,
         "total_client_flops": rec.cum_client_flops,

@@ -208,6 +208,10 @@ class Simulation:
         program: the client side (stateless; per-client state lives in the engine).
         clients: one :class:`ClientData` per client id.
         test: (x, y) test tensors for evaluation.
+        validation: (x, y) held out from the training data, evaluated like the test set every
+            evaluation round (``val_accuracy``, ``val_loss``); the record keeps the test
+            accuracy at the round of best validation accuracy, the figure to report when
+            choices were tuned on validation.
         config: :class:`EngineConfig`.
         parties: side parties by name (:class:`~fedge.core.protocols.PartySpec`).
         profiles: one device profile per client (``clients.profiles``), offered to
@@ -229,6 +233,7 @@ class Simulation:
         config: EngineConfig,
         parties: Mapping[str, PartySpec] | None = None,
         profiles: Sequence[Mapping[str, Any]] | None = None,
+        validation: tuple[torch.Tensor, torch.Tensor] | None = None,
         on_round: Callable[[dict[str, Any], Simulation], None] | None = None,
         on_progress: Callable[[int, int, int, int], None] | None = None,
     ) -> None:
@@ -241,6 +246,7 @@ class Simulation:
         if profiles is not None and len(profiles) != len(clients):
             raise ConfigError(f"got {len(profiles)} device profiles for {len(clients)} clients; give one per client")
         self.profiles = profiles
+        self.validation = validation
         self.on_round, self.on_progress = on_round, on_progress
         self.client_states: dict[int, bytes] = {}
         self.party_states: dict[str, dict[int, bytes]] = {name: {} for name in self.parties}
@@ -390,6 +396,13 @@ class Simulation:
             line.update(ev)
             r.last_test_accuracy = ev["test_accuracy"]
             r.best_test_accuracy = max(r.best_test_accuracy or 0.0, ev["test_accuracy"])
+            if self.validation is not None:
+                val = evaluate(self.strategy.eval_model(), *self.validation, batch_size=cfg.eval_batch_size,
+                               num_classes=self.num_classes)  # fmt: skip
+                line.update({k.replace("test_", "val_"): v for k, v in val.items()})
+                if val["test_accuracy"] > r.extra.get("best_val_accuracy", -1.0):
+                    r.extra.update(best_val_accuracy=val["test_accuracy"], test_at_best_val=ev["test_accuracy"],
+                                   best_val_round=rnd)  # fmt: skip
         else:
             line.update(test_accuracy=None, test_loss=None)
         line.update(
