@@ -1,4 +1,5 @@
-"""BAFFLE's Stein estimator against autograd: constants, unbiasedness, convergence, API."""
+"""BAFFLE's Stein estimator against oracles: autograd, closed forms on linear and quadratic
+losses, an independent float64 reference loop; unbiasedness, convergence, API."""
 
 from __future__ import annotations
 
@@ -26,10 +27,18 @@ from fedge.estimators.perturbation import standard_normal
 SCHEMES = ["central", "forward"]
 
 
+def _seeded(model: nn.Module, g: torch.Generator) -> nn.Module:
+    """Overwrite every parameter from an explicit generator (no global RNG)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.5 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+    return model
+
+
 def _linear_problem(n: int = 12) -> tuple[nn.Module, tuple[torch.Tensor, ...], torch.Tensor]:
     """L(W) = W · mean(x): exactly linear in W, with gradient a = mean(x)."""
     g = torch.Generator().manual_seed(0)
-    model = nn.Linear(n, 1, bias=False).double()
+    model = _seeded(nn.Linear(n, 1, bias=False).double(), g)
     x = torch.randn(16, n, generator=g, dtype=torch.float64) + 0.5
     return model, (x, torch.zeros(16)), x.mean(0)
 
@@ -39,9 +48,8 @@ def _mean_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _mlp_problem() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()  # n = 51
     g = torch.Generator().manual_seed(1)
+    model = _seeded(nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double(), g)  # n = 51
     x = torch.randn(32, 4, generator=g, dtype=torch.float64)
     return model, (x, torch.randint(0, 3, (32,), generator=g))
 
@@ -115,6 +123,127 @@ def test_cosine_with_autograd_grows_like_sqrt_k_over_n() -> None:
     assert cos == sorted(cos)
 
 
+# --- independent oracles ----------------------------------------------------------------
+# The perturbation stream z_{k,name} is the documented contract of fedge.estimators.perturbation
+# (tested on its own in test_zo_perturbation.py); everything else below (perturbing the
+# weights, the forwards, the differences, the constants of Eq. 6) is written here from the
+# paper, in float64, without the estimator's code.
+
+
+def _z(seed: int, k: int, name: str, shape: torch.Size) -> torch.Tensor:
+    return standard_normal(seed, k, name, shape).double()
+
+
+def _reference_loss_differences(
+    model: nn.Module, loss_fn, batch, *, k: int, sigma: float, seed: int, scheme: str,
+    params: list[str] | None = None, masks: dict[str, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """BAFFLE Algorithm 1 lines 11-12 as a plain loop: ΔL_k = L(W + δ_k) − L(W ∓ ...)."""
+    base = {n: p.detach().double() for n, p in model.named_parameters()}
+    names = params if params is not None else list(base)
+    masks = masks or {}
+    x, y = batch
+
+    def loss_at(sign: float, kk: int) -> float:
+        weights = dict(base)
+        for n in names:
+            delta = sigma * _z(seed, kk, n, base[n].shape)
+            if n in masks:
+                delta = delta * masks[n].double()
+            weights[n] = base[n] + sign * delta
+        with torch.no_grad():
+            out = torch.func.functional_call(model, weights, (x.double(),))
+        return float(loss_fn(out, y))
+
+    plain = loss_at(0.0, 0)
+    diffs = []
+    for kk in range(k):
+        minus = loss_at(-1.0, kk) if scheme == "central" else plain
+        diffs.append(loss_at(1.0, kk) - minus)
+    return torch.tensor(diffs, dtype=torch.float64)
+
+
+def _reference_estimate(
+    shapes: dict[str, torch.Size], diffs: torch.Tensor, *, sigma: float, seed: int, scheme: str,
+    masks: dict[str, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
+    """BAFFLE Eq. (6): ĝ = 1/(c·K·σ²) Σ_k ΔL_k δ_k, c = 2 (central) or 1 (forward)."""
+    c = 2.0 if scheme == "central" else 1.0
+    k = diffs.numel()
+    out = {}
+    for n, shape in shapes.items():
+        acc = torch.zeros(shape, dtype=torch.float64)
+        for kk in range(k):
+            delta = sigma * _z(seed, kk, n, shape)
+            if masks and n in masks:
+                delta = delta * masks[n].double()
+            acc += float(diffs[kk]) * delta
+        out[n] = acc / (c * k * sigma**2)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["lean", "fast"])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_loss_differences_equal_a_float64_reference_loop(scheme: str, mode: str) -> None:
+    model, batch = _mlp_problem()
+    mask = torch.rand(6, 4, generator=torch.Generator().manual_seed(4)) > 0.5
+    kw = dict(k=7, sigma=1e-3, seed=13, scheme=scheme, params=["0.weight", "2.bias"], masks={"0.weight": mask})
+    got = loss_differences(model, F.cross_entropy, batch, mode=mode, **kw)
+    want = _reference_loss_differences(model, F.cross_entropy, batch, **kw)
+    assert got.dtype == torch.float32 and got.shape == (7,)
+    # float64 forwards on both sides; the only rounding is the float32 of the returned ΔL
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-12)
+    assert float(want.abs().min()) > 1e-6  # the differences are not trivially zero
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_estimate_gradient_equals_the_reference_sum(scheme: str) -> None:
+    shapes = {"a.weight": torch.Size([3, 5]), "b": torch.Size([4])}
+    diffs = torch.randn(9, generator=torch.Generator().manual_seed(2))
+    mask = torch.rand(3, 5, generator=torch.Generator().manual_seed(3)) > 0.4
+    kw = dict(sigma=1e-2, seed=21, scheme=scheme, masks={"a.weight": mask})
+    got = estimate_gradient(shapes, diffs, **kw)
+    want = _reference_estimate(shapes, diffs.double(), **kw)
+    for n in shapes:
+        torch.testing.assert_close(got[n].double(), want[n], rtol=1e-5, atol=1e-9)
+    assert bool((got["a.weight"][~mask] == 0).all())
+
+
+def _quadratic_problem(n: int = 10) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """L(W) = ½·mean_i (x_iᵀW − y_i)²: gradient Xᵀ(XW − y)/N and Hessian XᵀX/N in closed form."""
+    g = torch.Generator().manual_seed(7)
+    model = _seeded(nn.Linear(n, 1, bias=False).double(), g)
+    x = torch.randn(24, n, generator=g, dtype=torch.float64)
+    y = torch.randn(24, generator=g, dtype=torch.float64)
+    w = model.weight.detach().reshape(-1)
+    grad = x.T @ (x @ w - y) / x.shape[0]
+    hess = x.T @ x / x.shape[0]
+    return model, (x, y), grad, hess
+
+
+def _half_mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return 0.5 * ((out.reshape(-1) - y) ** 2).mean()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_closed_form_estimate_on_a_quadratic_loss(scheme: str) -> None:
+    # Central: L(W+σz) − L(W−σz) = 2σ zᵀ∇L exactly, so ĝ = (1/K) Σ z zᵀ∇L for any σ.
+    # Forward: L(W+σz) − L(W) = σ zᵀ∇L + ½σ² zᵀHz, so ĝ = (1/K) Σ z (zᵀ∇L + ½σ zᵀHz).
+    # A large σ makes the forward scheme's second-order term visible: a wrong constant or a
+    # wrong sign of δ in either half breaks the equality.
+    model, batch, grad, hess = _quadratic_problem()
+    autograd = torch.autograd.grad(_half_mse(model(batch[0]), batch[1]), model.weight)[0].reshape(-1)
+    torch.testing.assert_close(autograd, grad)  # the closed form is the true gradient
+    k, sigma, seed = 30, 0.5, 3
+    got = zeroth_order_gradient(model, _half_mse, batch, k=k, sigma=sigma, seed=seed, scheme=scheme)
+    z = torch.stack([_z(seed, i, "weight", torch.Size([1, 10])).reshape(-1) for i in range(k)])
+    proj = z @ grad
+    if scheme == "forward":
+        proj = proj + 0.5 * sigma * torch.einsum("ki,ij,kj->k", z, hess, z)
+    want = z.T @ proj / k
+    torch.testing.assert_close(got["weight"].reshape(-1), want, rtol=1e-5, atol=1e-8)
+
+
 def test_budget_helpers() -> None:
     assert forward_budget(100, "central") == 200
     assert forward_budget(100, "forward") == 101
@@ -160,16 +289,18 @@ def test_estimate_from_shapes_equals_from_params_and_masks_are_exact_zeros() -> 
     assert bool((from_params["0.weight"][mask] != 0).all())
 
 
-def test_zeroth_order_gradient_is_both_halves() -> None:
+def test_zeroth_order_gradient_equals_the_reference_on_a_subset() -> None:
     model, batch = _mlp_problem()
-    kw = dict(k=6, sigma=1e-4, seed=9, scheme="central", params=["2.weight", "2.bias"])
-    g = zeroth_order_gradient(model, F.cross_entropy, batch, **kw)
-    d = loss_differences(model, F.cross_entropy, batch, **kw)
-    params = {n: p for n, p in model.named_parameters() if n.startswith("2.")}
-    want = estimate_gradient(params, d, sigma=1e-4, seed=9, scheme="central")
+    kw = dict(k=6, sigma=1e-4, seed=9, scheme="central")
+    g = zeroth_order_gradient(model, F.cross_entropy, batch, params=["2.weight", "2.bias"], **kw)
+    diffs = _reference_loss_differences(model, F.cross_entropy, batch, params=["2.weight", "2.bias"], **kw)
+    shapes = {n: p.shape for n, p in model.named_parameters() if n.startswith("2.")}
+    want = _reference_estimate(shapes, diffs, sigma=1e-4, seed=9, scheme="central")
     assert list(g) == ["2.weight", "2.bias"]
     for name in g:
-        torch.testing.assert_close(g[name], want[name])
+        assert g[name].dtype == torch.float64  # the parameters' dtype
+        # σ = 1e-4 amplifies the float32 rounding of ΔL (~1e-7 relative) by nothing more
+        torch.testing.assert_close(g[name], want[name], rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize(
@@ -218,7 +349,7 @@ def test_precision_warning_for_sigma_below_half_precision_resolution() -> None:
 
 def test_dropout_in_train_mode_warns() -> None:
     model = nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.5))
-    batch = (torch.randn(4, 4), torch.tensor([0, 1, 2, 0]))
+    batch = (torch.randn(4, 4, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1, 2, 0]))
     with pytest.warns(ZerothOrderWarning, match="dropout is active"):
         loss_differences(model, F.cross_entropy, batch, k=2, sigma=1e-2, seed=0, scheme="forward")
     model.eval()

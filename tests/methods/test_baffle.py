@@ -1,5 +1,5 @@
-"""BAFFLE: protocol bytes, server estimate against the estimator oracle, secure aggregation
-against the plain aggregate, configuration rules."""
+"""BAFFLE: protocol bytes, server estimate against Eq. (6)-(7) written out, secure aggregation
+against the plain aggregate, the EMA against its recurrence, configuration rules."""
 
 import pytest
 import torch
@@ -18,7 +18,13 @@ def _cfg(tiny, **method):
 
 
 def _model():
-    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    """Weights from an explicit generator (no global RNG)."""
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    return model
 
 
 def test_config_rules():
@@ -47,26 +53,36 @@ def test_batch_uplink_is_4k_plus_small_framing(tiny):
 
 
 def test_server_estimate_equals_oracle_on_two_clients():
-    torch.manual_seed(0)
+    """Eq. (7) then Eq. (6), written out: ĝ = 1/(Kσ) Σ_k (Σ_c N_c/N ΔL_{c,k}) z_k (forward scheme),
+    z_k from the shared perturbation stream of the round's seed."""
+    from fedge.estimators.perturbation import standard_normal
+
     cfg = BaffleConfig(mode="batch", k=6, sigma=1e-3, clip=None, ema=None)
     strat = BaffleBatchStrategy(_model(), cfg, seed=5)
-    d0, d1 = torch.randn(6), torch.randn(6)
+    g = torch.Generator().manual_seed(0)
+    d0, d1 = torch.randn(6, generator=g), torch.randn(6, generator=g)
     replies = {0: Message({"dL": d0}, {"num_samples": 1}), 1: Message({"dL": d1}, {"num_samples": 3})}
     got = strat.estimate(1, replies)
-    combined = combine_loss_differences([d0, d1], [1, 3])
-    want = estimate_gradient(strat.params(), combined, sigma=1e-3, seed=strat.round_seed(1), scheme="forward")
-    for k in want:
-        assert torch.allclose(got[k], want[k])
-    assert torch.allclose(combined, 0.25 * d0 + 0.75 * d1)
+    combined = 0.25 * d0.double() + 0.75 * d1.double()
+    seed = strat.round_seed(1)
+    assert got.keys() == dict(strat.model.named_parameters()).keys()
+    for name, p in strat.model.named_parameters():
+        want = sum(float(combined[k]) * standard_normal(seed, k, name, p.shape).double() for k in range(6)) / (6 * 1e-3)
+        torch.testing.assert_close(got[name].double(), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(combine_loss_differences([d0, d1], [1, 3]).double(), combined, rtol=1e-6, atol=1e-7)
 
 
 def test_independent_perturbations_use_one_seed_per_client():
     cfg = BaffleConfig(mode="batch", k=4, shared_perturbations=False)
     strat = BaffleBatchStrategy(_model(), cfg, seed=0)
     msgs = strat.configure_round(1, [0, 1])
+    assert [msgs[c].config["seed"] for c in (0, 1)] == [strat.round_seed(1, 0), strat.round_seed(1, 1)]
     assert msgs[0].config["seed"] != msgs[1].config["seed"]
-    shared = BaffleBatchStrategy(_model(), BaffleConfig(mode="batch", k=4), seed=0).configure_round(1, [0, 1])
-    assert shared[0] is shared[1]
+    shared_strat = BaffleBatchStrategy(_model(), BaffleConfig(mode="batch", k=4), seed=0)
+    shared = shared_strat.configure_round(1, [0, 1])
+    assert shared[0].config["seed"] == shared[1].config["seed"] == shared_strat.round_seed(1)
+    assert shared[0].to_bytes() == shared[1].to_bytes()  # one broadcast: the same bytes for all
+    assert shared_strat.configure_round(2, [0])[0].config["seed"] != shared[0].config["seed"]  # fresh per round
 
 
 def test_malformed_loss_differences_are_rejected():
@@ -90,10 +106,14 @@ def test_secure_aggregation_matches_plain_aggregate(tiny):
         plain.run_round(rnd)
         line = secure.run_round(rnd)
     assert line["phases"] == 4 and line["secagg_survivors"] == 4
+    start = build_run(_cfg(tiny, mode="batch", ema=None, secure_aggregation=False)).model_fn().state_dict()
+    moved = 0.0
     for (k, a), b in zip(plain.strategy.model.state_dict().items(), secure.strategy.model.state_dict().values()):
         # Adam divides by sqrt(v): a coordinate whose estimate is near 0 turns the 2^-32
         # fixed-point step into ~1e-6 of weight; the loss differences themselves agree to 1e-9.
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), k
+        moved = max(moved, float((a - start[k]).abs().max()))
+    assert moved > 1e-3  # training moved the model far beyond the tolerance: the check has teeth
 
 
 def test_secure_aggregation_with_dropout_uses_survivors_only(tiny):
@@ -124,13 +144,28 @@ def test_lean_and_fast_estimators_give_the_same_run(tiny, mode):
     # the two modes sum the forward in different orders: ΔL agree to ~1e-6 absolute, which
     # after division by σ and a few local steps moves the loss by ~1e-4 relative
     assert runs[0] == pytest.approx(runs[1], rel=1e-3)
+    # round 2 moved the loss by several times the tolerance: agreement is not a tie by standing still
+    assert abs(runs[0][1] - runs[0][0]) > 3e-3 * abs(runs[0][0])
 
 
 def test_epoch_level_learns_and_ema_is_evaluated(tiny):
-    sim = build_run(_cfg(tiny, mode="epoch", k=20, sigma=1e-3)).simulation()
-    losses = [sim.run_round(r)["test_loss"] for r in range(1, 6)]
+    """The evaluated model is the EMA of the global models after each round (warm-up decay
+    min(0.995, (1+n)/(10+n)), n = previous updates), starting from the initial model."""
+    built = build_run(_cfg(tiny, mode="epoch", k=20, sigma=1e-3))
+    sim = built.simulation()
+    avg = {k: v.detach().double().clone() for k, v in sim.strategy.model.state_dict().items()}
+    losses = []
+    for n, r in enumerate(range(1, 6)):
+        losses.append(sim.run_round(r)["test_loss"])
+        d = min(0.995, (1 + n) / (10 + n))
+        for k, v in sim.strategy.model.state_dict().items():
+            avg[k] = d * avg[k] + (1 - d) * v.double()
     assert losses[-1] < losses[0]
-    assert sim.strategy.eval_model() is not sim.strategy.model
+    ema = sim.strategy.eval_model().state_dict()
+    now = sim.strategy.model.state_dict()
+    for k in avg:
+        torch.testing.assert_close(ema[k].double(), avg[k], rtol=1e-5, atol=1e-6)
+    assert max(float((ema[k] - now[k]).abs().max()) for k in now) > 1e-3  # the average is not W
 
 
 def test_batch_mode_without_secure_aggregation_warns_naming_the_risk(tiny):
