@@ -52,13 +52,16 @@ def clip_contribution(contribution: dict[str, Tensor], cfg: PrivacyConfig) -> tu
     return clip_l2(contribution, cfg.clip)
 
 
-def _sum(contributions: list[Contribution]) -> Contribution:
-    total = dict(contributions[0])
+def _weighted_sum(contributions: list[Contribution], w: float) -> Contribution:
+    """Σ_c w·c, accumulated as FedAvg's uniform mean is (``a·w`` then ``add_(a, alpha=w)`` in
+    client order), so that σ = 0 reproduces the non-private mean bit for bit."""
+    out = {k: v * w for k, v in contributions[0].items()}
     for c in contributions[1:]:
-        if c.keys() != total.keys():
-            raise MessageError(f"contributions disagree on tensors: {sorted(c)} vs {sorted(total)}")
-        total = add(total, c)
-    return total
+        if c.keys() != out.keys():
+            raise MessageError(f"contributions disagree on tensors: {sorted(c)} vs {sorted(out)}")
+        for k, v in c.items():
+            out[k].add_(v, alpha=w)
+    return out
 
 
 class DPAggregator:
@@ -92,26 +95,24 @@ class DPAggregator:
             raise ValueError(f"DP rounds must run in order: expected round {self.round + 1}, got {rnd}")
         if not contributions:
             raise ValueError(f"round {rnd}: no contributions to aggregate")
-        total = _sum(contributions)
+        w = 1.0 / self.expected
+        mean = _weighted_sum(contributions, w)  # Σ c / m
         source = self._source(rnd)
         if self.tree is None:
-            noisy = add(total, gaussian_like(total, self.std, source)) if self.std > 0 else total
-            mean = scale(noisy, 1.0 / self.expected)
+            if self.std > 0:  # (Σ c + N(0, σ²)) / m
+                mean = add(mean, scale(gaussian_like(mean, self.std, source), w))
         else:
             if self._restarts_at(rnd):
                 self.tree.reset()
                 self.prev_noise = None
-            noise = self.tree.step(total, source) if self.std > 0 else None
-            inc = total
-            if noise is not None:
+            if self.std > 0:  # (S_t − S_{t−1}) / m = (Σ c)/m + (N_t − N_{t−1})/m
+                noise = self.tree.step(mean, source)
                 delta = noise if self.prev_noise is None else {k: noise[k] - self.prev_noise[k] for k in noise}
-                inc = add(total, delta)
-            self.prev_noise = noise
-            inc = scale(inc, 1.0 / self.expected)
-            if self.cfg.momentum > 0:
-                inc = inc if self.momentum is None else add(scale(self.momentum, self.cfg.momentum), inc)
-                self.momentum = inc
-            mean = inc
+                mean = add(mean, scale(delta, w))
+                self.prev_noise = noise
+            if self.cfg.momentum > 0:  # DP-FTRLM: u_t = γ·u_{t−1} + inc_t
+                mean = mean if self.momentum is None else add(scale(self.momentum, self.cfg.momentum), mean)
+                self.momentum = mean
         self.round = rnd
         return mean, {"epsilon": self.epsilon(rnd)}
 
