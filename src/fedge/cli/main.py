@@ -407,6 +407,9 @@ def bench_presets(
     _emit(report, json_path, docs, ("presets", "Baseline presets", presets_markdown))
 
 
+app.add_typer(__import__("fedge.cli.privacy", fromlist=["app"]).app, name="privacy")  # fedge privacy ...
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

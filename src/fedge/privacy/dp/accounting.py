@@ -1,0 +1,152 @@
+"""ε for DP-FedAvg and DP-FTRL from ``dp-accounting`` (RDP or PLD), with the assumptions named.
+
+A run is described by its DP event (:func:`dp_event`); :func:`epsilon` hands that event to
+``dp_accounting``'s accountant under the neighbouring relation the event needs. Clients are
+the privacy unit (user-level DP): N = population, m = clients per round, T = rounds, z = noise
+multiplier (noise std / clip on the sum).
+
+DP-FedAvg (``gaussian``), one round = a Gaussian mechanism on the clipped sum:
+
+* ``poisson``: ``PoissonSampledDpEvent(q=m/N, GaussianDpEvent(z))`` × T, add-or-remove-one.
+* ``fixed``: ``SampledWithoutReplacementDpEvent(N, m, GaussianDpEvent(z/2))`` × T,
+  replace-one (Wang et al. 2019, Thm. 27). Replacing one client can move the clipped sum by
+  2·clip, so the event's noise multiplier (std / L2 sensitivity) is z/2. RDP only.
+* ``shuffle``: a client joins at most once per pass and no amplification is claimed:
+  ``GaussianDpEvent(z)`` × (number of passes begun, ⌈T/R⌉ with R = ⌊N/m⌋ rounds per pass).
+
+DP-FTRL (``tree``, Kairouz et al. 2021 App. D): with ``shuffle`` sampling each pass over the
+population is one "single epoch": its R rounds are split into trees of ``tree_restart_rounds``
+steps (one tree by default), a client is a leaf of exactly one of them, so the pass is
+``SingleEpochTreeAggregationDpEvent(z, [steps of each tree])``; passes compose. The RDP of a
+tree of s steps is α·⌈log₂(s+1)⌉/(2z²) under replace-with-zero (REPLACE_SPECIAL) neighbours:
+the Gaussian mechanism with sensitivity √depth. The PLD accountant has no tree event, so for
+``pld`` each pass is that equivalent ``GaussianDpEvent(z/√depth)`` (depth of its deepest tree).
+A sampling under which a client can be a leaf twice in one tree is refused (``config.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import dp_accounting as dpa
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from fedge.core.errors import ConfigError
+from fedge.privacy.dp.config import PrivacyConfig
+
+__all__ = ["Accounted", "dp_event", "epsilon", "max_rounds", "rounds_per_pass", "tree_depth", "tree_steps"]
+
+NeighborRel = dpa.privacy_accountant.NeighboringRelation
+
+
+@dataclass(frozen=True)
+class Accounted:
+    """A DP event and the neighbouring relation it is accounted under."""
+
+    event: dpa.DpEvent
+    relation: NeighborRel
+
+
+def _check_population(population: int, clients_per_round: int) -> None:
+    if not isinstance(population, int) or population < 1:
+        raise ConfigError(f"population must be an int >= 1 (the number of clients), got {population!r}")
+    if not isinstance(clients_per_round, int) or not 1 <= clients_per_round <= population:
+        raise ConfigError(
+            f"clients per round must be an int in [1, population={population}], got {clients_per_round!r}; "
+            "lower clients per round or raise the population"
+        )
+
+
+def rounds_per_pass(population: int, clients_per_round: int) -> int:
+    """R = ⌊N/m⌋: full rounds in one shuffled pass (the last N mod m clients wait a pass)."""
+    _check_population(population, clients_per_round)
+    return population // clients_per_round
+
+
+def tree_steps(rounds: int, *, population: int, clients_per_round: int, restart_rounds: int | None) -> list[list[int]]:
+    """Steps of each tree, grouped by pass: trees restart at each pass boundary and every
+    ``restart_rounds`` rounds within a pass. E.g. R = 5, restart 2, T = 7 → [[2, 2, 1], [2]]."""
+    r = rounds_per_pass(population, clients_per_round)
+    k = r if restart_rounds is None else min(restart_rounds, r)
+    passes = []
+    for start in range(0, rounds, r):
+        n = min(r, rounds - start)
+        passes.append([k] * (n // k) + ([n % k] if n % k else []))
+    return passes
+
+
+def tree_depth(steps: int) -> int:
+    """⌈log₂(steps+1)⌉: tree levels one leaf of a ``steps``-leaf tree can touch (dp-accounting's)."""
+    return math.ceil(math.log2(steps + 1))
+
+
+def dp_event(cfg: PrivacyConfig, *, rounds: int, population: int, clients_per_round: int) -> Accounted:
+    """The DP event of ``rounds`` rounds of ``cfg``'s mechanism (see the module docstring)."""
+    if not cfg.enabled:
+        raise ConfigError("privacy.mechanism=none has no DP event; set privacy.mechanism=gaussian or tree")
+    if not isinstance(rounds, int) or rounds < 0:
+        raise ConfigError(f"rounds must be an int >= 0, got {rounds!r}")
+    _check_population(population, clients_per_round)
+    z, m, n = cfg.noise_multiplier, clients_per_round, population
+    if rounds == 0:
+        return Accounted(dpa.NoOpDpEvent(), NeighborRel.ADD_OR_REMOVE_ONE)
+    if z == 0 or math.isinf(cfg.clip):
+        return Accounted(dpa.NonPrivateDpEvent(), NeighborRel.ADD_OR_REMOVE_ONE)
+    if cfg.mechanism == "gaussian":
+        if cfg.sampling == "poisson":
+            ev = dpa.PoissonSampledDpEvent(m / n, dpa.GaussianDpEvent(z))
+            return Accounted(dpa.SelfComposedDpEvent(ev, rounds), NeighborRel.ADD_OR_REMOVE_ONE)
+        if cfg.sampling == "fixed":
+            ev = dpa.SampledWithoutReplacementDpEvent(n, m, dpa.GaussianDpEvent(z / 2))
+            return Accounted(dpa.SelfComposedDpEvent(ev, rounds), NeighborRel.REPLACE_ONE)
+        passes = math.ceil(rounds / rounds_per_pass(n, m))
+        return Accounted(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), passes), NeighborRel.REPLACE_SPECIAL)
+    groups = tree_steps(rounds, population=n, clients_per_round=m, restart_rounds=cfg.tree_restart_rounds)
+    if cfg.accountant == "pld":
+        events = [dpa.GaussianDpEvent(z / math.sqrt(tree_depth(max(g)))) for g in groups]
+    else:
+        events = [dpa.SingleEpochTreeAggregationDpEvent(z, g if len(g) > 1 else g[0]) for g in groups]
+    # equal passes compose as one SelfComposed event (keeps the ledger short for long runs)
+    parts: list[dpa.DpEvent] = []
+    for ev in events:
+        if parts and isinstance(parts[-1], dpa.SelfComposedDpEvent) and parts[-1].event == ev:
+            parts[-1] = dpa.SelfComposedDpEvent(ev, parts[-1].count + 1)
+        else:
+            parts.append(dpa.SelfComposedDpEvent(ev, 1))
+    event = parts[0] if len(parts) == 1 else dpa.ComposedDpEvent(parts)
+    return Accounted(event, NeighborRel.REPLACE_SPECIAL)
+
+
+def epsilon(cfg: PrivacyConfig, *, rounds: int, population: int, clients_per_round: int) -> float:
+    """ε at ``cfg.delta`` after ``rounds`` rounds, from ``cfg.accountant`` (inf without noise)."""
+    acc = dp_event(cfg, rounds=rounds, population=population, clients_per_round=clients_per_round)
+    if isinstance(acc.event, dpa.NoOpDpEvent):
+        return 0.0
+    if isinstance(acc.event, dpa.NonPrivateDpEvent):
+        return math.inf
+    if cfg.accountant == "rdp":
+        accountant: dpa.PrivacyAccountant = rdp_privacy_accountant.RdpAccountant(neighboring_relation=acc.relation)
+    else:
+        accountant = pld_privacy_accountant.PLDAccountant(neighboring_relation=acc.relation)
+    accountant.compose(acc.event)
+    return float(accountant.get_epsilon(cfg.delta))
+
+
+def max_rounds(cfg: PrivacyConfig, target_epsilon: float, *, population: int, clients_per_round: int, limit: int = 10**7) -> int:
+    """The most rounds whose ε stays <= ``target_epsilon`` (ε grows with rounds; bisection)."""
+    def ok(t: int) -> bool:
+        return epsilon(cfg, rounds=t, population=population, clients_per_round=clients_per_round) <= target_epsilon
+
+    if not ok(1):
+        return 0
+    lo, hi = 1, 2
+    while hi < limit and ok(hi):
+        lo, hi = hi, min(2 * hi, limit)
+    if hi == limit and ok(hi):
+        return limit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo

@@ -1,0 +1,149 @@
+"""The ``privacy:`` section of a run config: which DP mechanism, its parameters, its accountant.
+
+Two mechanisms privatize the server's sum of per-client contributions:
+
+* ``gaussian``: **DP-FedAvg** (McMahan et al. 2018, "Learning Differentially Private Recurrent
+  Language Models", arXiv:1710.06963v3, Alg. 1): clip each client's contribution to L2 norm
+  ``clip``, add N(0, (z·clip)²) to the sum, divide by the expected number of clients.
+* ``tree``: **DP-FTRL** (Kairouz et al. 2021, "Practical and Private (Deep) Learning without
+  Sampling or Shuffling", arXiv:2103.00039v3, Alg. 1), as FedPT uses it (seed 002, Sec. 4.2,
+  Table 5): the clipped sums are leaves of a binary tree whose nodes each get N(0, (z·clip)²);
+  the server applies W_t = W_0 − η · (noisy prefix sum)/m. No sampling amplification is
+  assumed, so each client must contribute at most once per tree (``sampling: shuffle``).
+
+Sampling (what the accountant assumes; the engine must sample the same way):
+
+* ``poisson``: each client joins each round independently with probability q = m/N
+  (``PoissonSampledDpEvent``, add-or-remove-one neighbours); the sum is divided by the
+  expected m.
+* ``fixed``: each round is a uniform m-subset of the N clients, independent across rounds
+  (``SampledWithoutReplacementDpEvent``, replace-one neighbours, RDP only).
+* ``shuffle``: each pass over the population takes the clients in a fresh random order, m per
+  round, so a client joins at most once per pass (no amplification claimed). The only
+  sampling DP-FTRL accepts; trees restart at every pass boundary.
+
+``secure_noise``: by default noise comes from a ``torch.Generator`` derived from the run seed,
+so a run is bit-reproducible from its config, which is what experiments need but means anyone
+who knows the seed can subtract the noise. A deployment sets ``secure_noise: true``: noise is
+then drawn from the operating system's CSPRNG (``secrets``/``os.urandom``) and a rerun gives
+different (equally distributed) noise. It fixes the predictability of the source only; the
+floating-point Gaussian sampler is not hardened against the attacks of Mironov (CCS 2012).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = ["Accountant", "Mechanism", "PrivacyConfig", "Sampling"]
+
+Mechanism = Literal["none", "gaussian", "tree"]
+Sampling = Literal["poisson", "fixed", "shuffle"]
+Accountant = Literal["rdp", "pld"]
+
+
+class PrivacyConfig(BaseModel):
+    """Validated ``privacy:`` section. ``mechanism: none`` (the default) turns DP off."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    mechanism: Mechanism = Field("none", description="none | gaussian (DP-FedAvg) | tree (DP-FTRL)")
+    clip: float = Field(1.0, description="L2 bound C on each client's contribution (inf: no clipping, no privacy)")
+    noise_multiplier: float = Field(0.0, description="z: noise std is z·clip on the sum (per tree node for tree)")
+    delta: float = Field(1e-6, description="δ at which ε is reported, in (0, 1); well below 1/population")
+    sampling: Sampling = Field("fixed", description="poisson | fixed | shuffle: how rounds pick clients")
+    accountant: Accountant = Field("rdp", description="rdp | pld (dp-accounting)")
+    target_epsilon: float | None = Field(None, description="stop the run before ε would exceed this")
+    tree_restart_rounds: int | None = Field(
+        None, description="tree: restart every this many rounds within a pass (None: once per pass)"
+    )
+    momentum: float = Field(0.0, description="tree: DP-FTRLM momentum γ in [0, 1)")
+    secure_noise: bool = Field(False, description="draw noise from the OS CSPRNG (not reproducible)")
+
+    @field_validator("clip")
+    @classmethod
+    def _clip(cls, v: float) -> float:
+        if math.isnan(v) or v <= 0:
+            raise ValueError(
+                f"privacy.clip must be > 0, got {v}; set the L2 bound on a client's contribution, e.g. privacy.clip=1.0"
+            )
+        return v
+
+    @field_validator("noise_multiplier")
+    @classmethod
+    def _z(cls, v: float) -> float:
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(
+                f"privacy.noise_multiplier must be a finite number >= 0, got {v}; "
+                "e.g. privacy.noise_multiplier=1.0 (0 adds no noise and gives ε = inf)"
+            )
+        return v
+
+    @field_validator("delta")
+    @classmethod
+    def _delta(cls, v: float) -> float:
+        if not math.isfinite(v) or not 0 < v < 1:
+            raise ValueError(
+                f"privacy.delta must be in (0, 1), got {v}; use one well below 1/population, e.g. privacy.delta=1e-6"
+            )
+        return v
+
+    @field_validator("target_epsilon")
+    @classmethod
+    def _target(cls, v: float | None) -> float | None:
+        if v is not None and (not math.isfinite(v) or v <= 0):
+            raise ValueError(
+                f"privacy.target_epsilon must be a finite number > 0, got {v}; "
+                "e.g. privacy.target_epsilon=8, or leave it unset to run every round"
+            )
+        return v
+
+    @field_validator("tree_restart_rounds")
+    @classmethod
+    def _restart(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(
+                f"privacy.tree_restart_rounds must be >= 1, got {v}; leave it unset to restart once per pass"
+            )
+        return v
+
+    @field_validator("momentum")
+    @classmethod
+    def _momentum(cls, v: float) -> float:
+        if not math.isfinite(v) or not 0 <= v < 1:
+            raise ValueError(f"privacy.momentum must be in [0, 1), got {v}; e.g. 0.9 (DP-FTRLM) or 0")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PrivacyConfig:
+        if math.isinf(self.clip) and self.noise_multiplier > 0:
+            raise ValueError(
+                f"privacy.clip=inf with privacy.noise_multiplier={self.noise_multiplier} would add infinite "
+                "noise; set a finite clip, or noise_multiplier=0 for the no-privacy check"
+            )
+        if self.mechanism == "tree" and self.sampling != "shuffle":
+            raise ValueError(
+                f"privacy.mechanism=tree with privacy.sampling={self.sampling}: DP-FTRL's accounting "
+                "(SingleEpochTreeAggregationDpEvent) needs each client at most once per tree, but "
+                f"{self.sampling} sampling can pick a client again in a later round of the same tree "
+                "(every client joins every round when clients per round = population); set "
+                "privacy.sampling=shuffle (one pass over the population in random order, the tree "
+                "restarting each pass), or use privacy.mechanism=gaussian"
+            )
+        if self.mechanism != "tree" and (self.tree_restart_rounds is not None or self.momentum != 0):
+            raise ValueError(
+                "privacy.tree_restart_rounds and privacy.momentum apply to mechanism=tree only; "
+                f"got mechanism={self.mechanism}: remove them or set privacy.mechanism=tree"
+            )
+        if self.sampling == "fixed" and self.accountant == "pld":
+            raise ValueError(
+                "privacy.sampling=fixed is accounted with RDP only (dp-accounting's PLD accountant has "
+                "no sampling-without-replacement event); set privacy.accountant=rdp or privacy.sampling=poisson"
+            )
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.mechanism != "none"

@@ -1,0 +1,37 @@
+"""Client schedules the DP accountant assumes: ``shuffle`` (DP-FTRL) and ``poisson`` (DP-FedAvg).
+
+The engine's default sampler (a uniform m-subset per round, independent across rounds) is
+what ``sampling: fixed`` assumes; these two give the other assumptions.
+
+Pass p takes the population in the order of a permutation drawn from the generator
+(seed, "dp-shuffle", p); round r (1-based) of the run is round i = (r−1) mod R of pass
+p = (r−1) div R, R = ⌊N/m⌋, and takes the clients at positions i·m .. i·m+m−1. So a client
+joins at most once per pass, and the trees restarting at pass boundaries never see it twice.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fedge.core.rng import generator
+from fedge.privacy.dp.accounting import rounds_per_pass
+
+__all__ = ["poisson_clients", "shuffled_clients"]
+
+
+def shuffled_clients(seed: int, rnd: int, *, population: int, clients_per_round: int) -> list[int]:
+    """The sorted ids of the clients of round ``rnd`` (1-based) under shuffled passes."""
+    if rnd < 1:
+        raise ValueError(f"rounds are 1-based, got round {rnd}")
+    r = rounds_per_pass(population, clients_per_round)
+    p, i = divmod(rnd - 1, r)
+    perm = torch.randperm(population, generator=generator(seed, "dp-shuffle", p))
+    return sorted(perm[i * clients_per_round : (i + 1) * clients_per_round].tolist())
+
+
+def poisson_clients(seed: int, rnd: int, *, population: int, clients_per_round: int) -> list[int]:
+    """Round ``rnd``'s clients under Poisson sampling: each joins independently with
+    q = m/N, from the generator (seed, "dp-poisson", rnd). The count varies (it may be 0)."""
+    rounds_per_pass(population, clients_per_round)  # validates both
+    u = torch.rand(population, generator=generator(seed, "dp-poisson", rnd), dtype=torch.float64)
+    return torch.nonzero(u < clients_per_round / population).flatten().tolist()

@@ -1,0 +1,122 @@
+"""DPAggregator against plain means, hand-built noise and the accountant; resume from state."""
+
+import math
+
+import pytest
+import torch
+
+from fedge.core.rng import generator
+from fedge.privacy.dp.accounting import epsilon
+from fedge.privacy.dp.aggregate import DPAggregator, clip_contribution
+from fedge.privacy.dp.config import PrivacyConfig
+from fedge.privacy.dp.mechanisms import TreeAggregator, gaussian_like, global_norm
+
+N, M, SEED = 12, 3, 4  # R = 4 rounds per pass
+
+
+def _contribs(rnd, k=M):
+    g = torch.Generator().manual_seed(100 + rnd)
+    return [{"w": torch.randn(3, 2, generator=g), "b": torch.randn(2, generator=g)} for _ in range(k)]
+
+
+def _plain_mean(cs):
+    """FedAvg's uniform mean, as methods/fedavg.py forms it: a·w, then add_(a, alpha=w)."""
+    w = 1.0 / len(cs)
+    out = {k: v * w for k, v in cs[0].items()}
+    for c in cs[1:]:
+        for k in out:
+            out[k].add_(c[k], alpha=w)
+    return out
+
+
+@pytest.mark.parametrize("mechanism", ["gaussian", "tree"])
+def test_no_noise_infinite_clip_is_exactly_the_plain_mean(mechanism):
+    sampling = "shuffle" if mechanism == "tree" else "fixed"
+    cfg = PrivacyConfig(mechanism=mechanism, sampling=sampling, clip=math.inf, noise_multiplier=0.0)
+    agg = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED)
+    for rnd in range(1, 7):
+        cs = [clip_contribution(c, cfg)[0] for c in _contribs(rnd)]
+        mean, metrics = agg.aggregate(cs, rnd)
+        expect = _plain_mean(_contribs(rnd))
+        for k in expect:
+            assert torch.equal(mean[k], expect[k])
+            torch.testing.assert_close(mean[k], sum(c[k] for c in cs) / M)  # and the mean it is
+        assert metrics["epsilon"] == math.inf
+
+
+def test_gaussian_adds_sigma_clip_noise_from_the_round_generator():
+    cfg = PrivacyConfig(mechanism="gaussian", clip=0.5, noise_multiplier=2.0)
+    agg = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED)
+    cs = [clip_contribution(c, cfg)[0] for c in _contribs(1)]
+    assert all(global_norm(c) <= 0.5 for c in cs)
+    mean, metrics = agg.aggregate(cs, 1)
+    total = {k: cs[0][k] + cs[1][k] + cs[2][k] for k in cs[0]}
+    noise = gaussian_like(total, 1.0, generator(SEED, "dp-noise", 1))
+    for k in total:
+        torch.testing.assert_close(mean[k], (total[k] + noise[k]) / M)
+    assert metrics["epsilon"] == pytest.approx(epsilon(cfg, rounds=1, population=N, clients_per_round=M), rel=1e-12)
+
+
+def test_tree_increments_sum_to_the_noisy_prefix_sum_and_restart_each_pass():
+    """Σ_{s≤t} inc_s = (exact prefix sum + N_t)/m within a tree (FTRL: W_t = W_0 + η·S_t/m);
+    round 5 starts pass 2, a fresh tree whose first node comes from round 5's generator."""
+    cfg = PrivacyConfig(mechanism="tree", sampling="shuffle", clip=1.0, noise_multiplier=1.5)
+    agg = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED)
+    oracle = TreeAggregator(1.5)
+    acc = {k: torch.zeros_like(v) for k, v in _contribs(1)[0].items()}
+    exact = {k: torch.zeros_like(v) for k, v in acc.items()}
+    for rnd in range(1, 6):
+        cs = [clip_contribution(c, cfg)[0] for c in _contribs(rnd)]
+        inc, _ = agg.aggregate(cs, rnd)
+        total = {k: sum(c[k] for c in cs) for k in cs[0]}
+        if rnd == 5:
+            oracle.reset()
+            acc = {k: torch.zeros_like(v) for k, v in acc.items()}
+            exact = {k: torch.zeros_like(v) for k, v in acc.items()}
+        noise = oracle.step(total, generator(SEED, "dp-noise", rnd))
+        acc = {k: acc[k] + inc[k] for k in acc}
+        exact = {k: exact[k] + total[k] for k in exact}
+        for k in acc:
+            torch.testing.assert_close(acc[k], (exact[k] + noise[k]) / M, rtol=1e-5, atol=1e-5)
+
+
+def test_tree_momentum_hand_computed():
+    cfg = PrivacyConfig(mechanism="tree", sampling="shuffle", clip=math.inf, noise_multiplier=0.0, momentum=0.5)
+    agg = DPAggregator(cfg, population=N, clients_per_round=1, seed=SEED)
+    outs = [float(agg.aggregate([{"x": torch.tensor([g])}], r)[0]["x"]) for r, g in enumerate([1.0, 2.0, 4.0], 1)]
+    assert outs == [1.0, 2.5, 5.25]  # u1 = 1, u2 = 0.5·1 + 2, u3 = 0.5·2.5 + 4
+
+
+@pytest.mark.parametrize("mechanism", ["gaussian", "tree"])
+def test_state_dict_resume_gives_identical_rounds(mechanism):
+    sampling = "shuffle" if mechanism == "tree" else "fixed"
+    extra = {"momentum": 0.9} if mechanism == "tree" else {}
+    cfg = PrivacyConfig(mechanism=mechanism, sampling=sampling, clip=1.0, noise_multiplier=1.0, **extra)
+    straight = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED)
+    first = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED)
+    for rnd in range(1, 4):
+        straight.aggregate(_contribs(rnd), rnd)
+        first.aggregate(_contribs(rnd), rnd)
+    resumed = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED)
+    resumed.load_state_dict(first.state_dict())
+    for rnd in range(4, 7):
+        a, _ = straight.aggregate(_contribs(rnd), rnd)
+        b, _ = resumed.aggregate(_contribs(rnd), rnd)
+        for k in a:
+            assert torch.equal(a[k], b[k])
+
+
+def test_secure_noise_is_not_reproducible():
+    cfg = PrivacyConfig(mechanism="gaussian", clip=1.0, noise_multiplier=1.0, secure_noise=True)
+    a, _ = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED).aggregate(_contribs(1), 1)
+    b, _ = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED).aggregate(_contribs(1), 1)
+    assert not torch.equal(a["w"], b["w"])
+
+
+def test_target_epsilon_and_round_order():
+    cfg = PrivacyConfig(mechanism="gaussian", sampling="poisson", clip=1.0, noise_multiplier=1.0, target_epsilon=3.0)
+    agg = DPAggregator(cfg, population=1000, clients_per_round=10, seed=SEED)
+    t = next(r for r in range(1, 10_000) if not agg.allows(r))
+    assert agg.epsilon(t - 1) <= 3.0 < agg.epsilon(t)
+    with pytest.raises(ValueError, match="expected round 1, got 2"):
+        agg.aggregate(_contribs(2), 2)
