@@ -182,6 +182,7 @@ def datasets() -> None:
 def models(
     input_shape: Annotated[str, typer.Option(help="C,H,W of the input")] = "1,28,28",
     num_classes: Annotated[int, typer.Option(help="number of classes")] = 10,
+    blocks: Annotated[str | None, typer.Option("--blocks", help="list this model's parameter blocks (for method.freeze)")] = None,
 ) -> None:
     """List the model zoo with parameter counts for an input shape."""
     from fedge.models import list_models
@@ -192,6 +193,10 @@ def models(
             raise ValueError
     except ValueError:
         _fail(ValueError(f"--input-shape {input_shape!r}: expected C,H,W such as 1,28,28"))
+    if blocks is not None:
+        from fedge.cli.fedpt import print_blocks
+
+        return print_blocks(blocks, shape, num_classes)
     table = Table("model", "parameters", "defaults", "description")
     for row in list_models(input_shape=shape, num_classes=num_classes):
         params = row.get("params")
@@ -408,6 +413,10 @@ def bench_presets(
 
 
 app.add_typer(__import__("fedge.cli.privacy", fromlist=["app"]).app, name="privacy")  # fedge privacy ...
+
+from fedge.cli.fedpt import register as _register_fedpt  # noqa: E402
+
+_register_fedpt(app)  # fedge fedpt-search
 
 
 def main() -> None:  # pragma: no cover - console entry

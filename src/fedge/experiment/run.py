@@ -59,6 +59,8 @@ def _summary(built: BuiltRun, sim: Simulation, lines: list[dict[str, Any]]) -> d
     }
     if "test_top5" in (lines[-1] if lines else {}):
         out["final_test_top5"] = lines[-1]["test_top5"]
+    if lines and "trainable_fraction" in lines[-1]:  # FedPT: the strategy reports it each round
+        out["trainable_fraction"] = lines[-1]["trainable_fraction"]
     if cfg.measure.memory:
         for key in ("client_peak_bytes", "client_tensor_peak_bytes"):
             vals = [x[key] for x in lines if x.get(key) is not None]

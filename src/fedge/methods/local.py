@@ -94,7 +94,11 @@ class LocalTraining:
         return self.model
 
     def run(self, message: Message, ctx: ClientContext) -> Message:
-        model = self.load(message, ctx)
+        return self.train(self.load(message, ctx), ctx)
+
+    def train(self, model: torch.nn.Module, ctx: ClientContext) -> Message:
+        """The local steps on a loaded ``model`` (this program's :attr:`model`) and the upload;
+        only parameters with ``requires_grad`` are trained and sent (FedPT freezes the rest)."""
         params, buffers = split_trainable(model)
         state = model.state_dict()
         start = {k: state[k].detach().clone() for k in params + buffers}

@@ -11,6 +11,7 @@ name           what                                                   activation
 lenet          BAFFLE's LeNet, 2.7e4 params (lenet.py)                hardswish   group
 lenet5         classic LeNet-5 (lenet.py)                             relu        none
 lenet-ppfl     PPFL's LeNet C20-MP-C50-MP-FC500-FC10 (lenet.py)       relu        none
+cnn-fedpt      FedPT's EMNIST CNN, 98% of weights in fc1 (cnn.py)     relu        none
 alexnet-ppfl   PPFL's AlexNet C128x3-AP16-FC10 (alexnet.py)           relu        none
 vgg9           PPFL's VGG9 (vgg.py)                                   relu        none
 vgg19          CIFAR VGG-19, EPPFL's model (vgg.py)                   relu        batch
@@ -25,7 +26,7 @@ Every model is a :class:`Network`: ``features`` (named blocks in forward order) 
 :mod:`fedge.models.initialization` for seeded initialisation.
 """
 
-from fedge.models import alexnet, lenet, mlp, resnet, vgg, wrn  # noqa: F401  (registers models)
+from fedge.models import alexnet, cnn, lenet, mlp, resnet, vgg, wrn  # noqa: F401  (registers models)
 from fedge.models.initialization import reset_parameters
 from fedge.models.layers import MaxPool2x2
 from fedge.models.registry import (

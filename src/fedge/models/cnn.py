@@ -1,0 +1,66 @@
+"""FedPT's EMNIST CNN: two 3x3 convolutions, one large dense layer, the output layer.
+
+FedPT (seed 002, Sec. 4.1, Table 1) trains "the convolutional model used in EMNIST"
+(Reddi et al., arXiv:2003.00295v5, Table 7; TFF's ``create_conv_dropout_model``) and freezes
+"the dense layer following the convolutional ones"::
+
+    conv1  Conv(C->32, 3x3) - [norm] - act
+    conv2  Conv(32->64, 3x3) - [norm] - act - MaxPool 2x2
+    classifier: flatten - fc1 FC(64*12*12 -> 128) - act - out FC(128 -> classes)
+
+On 1x28x28 inputs with 10 classes this is 1,199,882 parameters, 1,179,776 (98.3%) of them in
+``classifier.fc1``: freezing it leaves 1.68% trainable (the paper reports 4.97% for its
+62-class EMNIST variant). The reference model's two dropout layers are left out: dropout
+draws from torch's global generator, which fedge never uses (a run must be reproducible
+from its seed).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from torch import nn
+
+from fedge.core.errors import ConfigError
+from fedge.models.layers import MaxPool2x2, conv_block, make_activation, output_shape
+from fedge.models.registry import register_model
+
+__all__ = ["build_cnn_fedpt"]
+
+
+@register_model(
+    "cnn-fedpt",
+    description="FedPT's EMNIST CNN: conv3x3(32)-act, conv3x3(64)-act-maxpool, FC 128 (98% of weights), FC",
+    reference="FedPT (seed 002) Sec. 4.1 Table 1; Reddi et al. arXiv:2003.00295v5 Table 7",
+    options={"channels": (32, 64), "hidden": 128, "norm_affine": True},
+)
+def build_cnn_fedpt(
+    *,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    activation: str,
+    norm: str,
+    channels: tuple[int, ...],
+    hidden: int,
+    norm_affine: bool,
+) -> tuple[nn.Sequential, nn.Sequential]:
+    if len(channels) != 2:
+        raise ConfigError(f"option 'channels' of model 'cnn-fedpt' takes 2 widths, got {channels!r}")
+    if hidden < 1:
+        raise ConfigError(f"option 'hidden' of model 'cnn-fedpt' must be >= 1, got {hidden}")
+    common = dict(kernel_size=3, padding=0, activation=activation, norm=norm, norm_affine=norm_affine)
+    features = nn.Sequential(
+        OrderedDict(
+            conv1=conv_block(input_shape[0], channels[0], **common),
+            conv2=conv_block(channels[0], channels[1], pool=MaxPool2x2(), **common),
+        )
+    )
+    c, h, w = output_shape(features, input_shape)  # (64, 12, 12) on 28x28
+    classifier = nn.Sequential(
+        OrderedDict(
+            flatten=nn.Flatten(),
+            fc1=nn.Sequential(nn.Linear(c * h * w, hidden), make_activation(activation)),
+            out=nn.Linear(hidden, num_classes),
+        )
+    )
+    return features, classifier
