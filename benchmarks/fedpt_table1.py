@@ -103,7 +103,7 @@ def _notes(report: dict[str, Any]) -> str:
         f"\n\nFreezing the dense layer cuts the bytes per round by the ratio of the serialized models and the client's "
         f"tensor peak by {(full['tensor_peak'] - frozen['tensor_peak']) / 2**20:.1f} MiB (no gradient, optimizer "
         f"state or start copy for fc1), at {gap:.1f} accuracy points after {ROUNDS} rounds (the paper: 1.7 points at "
-        "convergence; a frozen random layer slows early training, and this budget is far from convergence)."
+        "convergence; this budget is far from convergence, so the gap is not comparable to the paper's)."
     )
     seeds = min(r["seeds"] for r in rows.values())
     if seeds < 3:
