@@ -16,6 +16,7 @@ import torch
 from fedge.core.config import RunConfig, validate_section
 from fedge.core.rng import derive_seed
 from fedge.data import Dataset, load_dataset
+from fedge.data.registry import resolve_dataset_options
 from fedge.data.partition import partition, partition_summary
 from fedge.methods import get_method
 from fedge.methods.base import MethodBuild, MethodEnv
@@ -93,9 +94,16 @@ def build_run(cfg: RunConfig) -> BuiltRun:
     method_cfg = method_config(cfg)
 
     d = cfg.dataset
+    # the dataset's own options, defaults filled in and paths absolute: config.yaml records
+    # them, so `fedge run --resume` reloads a user's files (or function) in a fresh process
+    data_options = resolve_dataset_options(d.name, d.options())
     dataset = load_dataset(
-        d.name, root=d.root, resize=d.resize, limit_train=d.limit_train, limit_test=d.limit_test, seed=cfg.seed
+        d.name, root=d.root, resize=d.resize, limit_train=d.limit_train, limit_test=d.limit_test,
+        seed=cfg.seed, **data_options,
     )
+    if data_options != d.options():
+        fixed = d.model_dump(exclude=set(d.options()))
+        cfg = cfg.model_copy(update={"dataset": type(d).model_validate({**fixed, **data_options})})
     model_fn = model_factory(cfg, dataset)
     model_fn()  # validates model name and options now, before any data is split or written
 
