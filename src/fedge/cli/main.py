@@ -373,6 +373,9 @@ def bench_presets(
     _emit(report, json_path, docs, ("presets", "Baseline presets", presets_markdown))
 
 
+app.command("export")(__import__("fedge.cli.export", fromlist=["export"]).export)  # fedge export
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 
