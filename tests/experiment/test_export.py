@@ -68,13 +68,35 @@ def test_export_errors(tmp_path: Path, tiny) -> None:
     run = run_experiment(cfg, out=tmp_path / "r", render=False)
     with pytest.raises(ConfigError, match="expected torchscript or onnx"):
         export_model(run, format="tflite")  # type: ignore[arg-type]
-    try:
-        import onnx  # noqa: F401
-    except ImportError:
-        with pytest.raises(ConfigError, match="pip install onnx"):
-            export_model(run, format="onnx")
     (run / "summary.json").unlink()
     with pytest.raises(ResumeError, match="not complete"):
         export_model(run)
     res = CliRunner().invoke(app, ["export", str(tmp_path / "nothing")])
     assert res.exit_code == 2 and "not a fedge run directory" in res.output
+
+
+def test_onnx_export_matches_the_model(tmp_path: Path, tiny) -> None:
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")
+    from onnx.reference import ReferenceEvaluator
+
+    run = run_experiment(load_config(tiny(rounds=1, model={"name": "lenet", "channels": [4, 8]})),
+                         out=tmp_path / "r", render=False)
+    result = export_model(run, format="onnx")
+    proto = onnx.load(str(result.path))
+    meta = json.loads({p.key: p.value for p in proto.metadata_props}["fedge.json"])
+    assert meta["input_shape"] == [1, 8, 8]
+    x = _batch((1, 8, 8))
+    (got,) = ReferenceEvaluator(proto).run(None, {"x": x.numpy()})
+    with torch.no_grad():
+        want = load_trained_model(run).model(x)
+    assert torch.allclose(torch.from_numpy(got), want, atol=1e-5)
+
+
+def test_onnx_missing_says_how_to_install(tmp_path: Path, tiny, monkeypatch) -> None:
+    import sys
+
+    run = run_experiment(load_config(tiny(rounds=1)), out=tmp_path / "r", render=False)
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as if not installed
+    with pytest.raises(ConfigError, match="pip install 'fedge\\[onnx\\]'"):
+        export_model(run, format="onnx")

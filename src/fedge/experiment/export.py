@@ -9,8 +9,9 @@ inside the file as ``fedge.json`` (input shape, class names, and the per-channel
 A pruned model (``ntk-baffle``) is exported with its masks applied, so every pruned weight is
 exactly zero in the file.
 
-ONNX (``--format onnx``) needs the ``onnx`` package (``pip install onnx onnxscript``); where it
-is not installed the error says so.
+``--format onnx`` writes ``model.onnx`` (input ``x`` with a dynamic batch axis, output
+``logits``, the same ``fedge.json`` in its metadata_props). It needs the ``onnx`` extra
+(``pip install 'fedge[onnx]'``: onnx and onnxscript); where they are missing the error says so.
 """
 
 from __future__ import annotations
@@ -122,6 +123,26 @@ def load_trained_model(run_dir: str | Path) -> TrainedModel:
                         tuple(ds.std))
 
 
+def _export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path,
+                 meta: dict[str, Any]) -> None:
+    """ONNX with a dynamic batch axis (input ``x``, output ``logits``) and ``fedge.json`` in
+    the model's metadata_props."""
+    import contextlib
+    import io
+
+    import onnx
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (example,), str(path), input_names=["x"],
+                          output_names=["logits"], dynamic_axes={"x": {0: "batch"}},
+                          external_data=False)
+    proto = onnx.load(str(path))
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = "fedge.json", json.dumps(meta)
+    onnx.save(proto, str(path))
+
+
 @dataclass(frozen=True)
 class ExportResult:
     path: Path
@@ -147,10 +168,12 @@ def export_model(
     if format == "onnx":
         try:
             import onnx  # noqa: F401
+            import onnxscript  # noqa: F401
         except ImportError:
             raise ConfigError(
-                "ONNX export needs the onnx package, which is not installed here; install it "
-                "with `pip install onnx onnxscript` (or use --format torchscript)"
+                "ONNX export needs the onnx and onnxscript packages, which are not installed "
+                "here; install them with `pip install 'fedge[onnx]'` (or `pip install onnx "
+                "onnxscript`), or use --format torchscript"
             ) from None
     trained = load_trained_model(run_dir)
     dest = Path(out) if out is not None else Path(run_dir) / (
@@ -169,8 +192,7 @@ def export_model(
             warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch")
             traced = torch.jit.trace(trained.model, example)
             torch.jit.save(traced, str(tmp), _extra_files={"fedge.json": json.dumps(meta)})
-    else:  # pragma: no cover - only where onnx is installed
-        torch.onnx.export(trained.model, (example,), str(tmp), input_names=["x"],
-                          output_names=["logits"], dynamic_axes={"x": {0: "batch"}})
+    else:
+        _export_onnx(trained.model, torch.zeros((2, *trained.input_shape)), tmp, meta)
     tmp.replace(dest)
     return ExportResult(dest, format, meta)
