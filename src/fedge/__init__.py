@@ -55,7 +55,39 @@ _LAZY = {
 }
 _RENAMED = {"register_method": "register"}  # fedge.register_method is fedge.methods.register
 
-__all__ = sorted(["__version__", *_LAZY])
+__all__ = [
+    "ConfigError",
+    "DataNotFoundError",
+    "Dataset",
+    "DatasetSpec",
+    "ExportResult",
+    "FedgeError",
+    "MethodSpec",
+    "ModelOptions",
+    "Network",
+    "RawData",
+    "RunConfig",
+    "RunLog",
+    "RunResult",
+    "TrainedModel",
+    "UnknownNameError",
+    "__version__",
+    "build_model",
+    "dataset_names",
+    "export_model",
+    "load_config",
+    "load_dataset",
+    "load_run",
+    "method_names",
+    "model_names",
+    "preset_names",
+    "register_dataset",
+    "register_method",
+    "register_model",
+    "register_partitioner",
+    "resume",
+    "run",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -65,6 +97,9 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), _RENAMED.get(name, name))
     globals()[name] = value  # later lookups skip this function
     return value
+
+
+assert set(__all__) == {"__version__", *_LAZY}
 
 
 def __dir__() -> list[str]:

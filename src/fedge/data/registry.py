@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedge.core.errors import ConfigError, UnknownNameError
+from fedge.core.errors import ConfigError
 from fedge.core.registry import Registry
 from fedge.core.rng import numpy_rng
 from fedge.data import builtin, cifar, idx_datasets, user

@@ -14,14 +14,14 @@ import numpy as np
 import torch
 
 from fedge.core.config import RunConfig, validate_section
+from fedge.core.context import ClientData
 from fedge.core.rng import derive_seed
 from fedge.data import Dataset, load_dataset
-from fedge.data.registry import resolve_dataset_options
 from fedge.data.partition import partition, partition_summary
+from fedge.data.registry import resolve_dataset_options
 from fedge.methods import get_method
 from fedge.methods.base import MethodBuild, MethodEnv
 from fedge.models import build_model
-from fedge.core.context import ClientData
 from fedge.runtime.engine import EngineConfig, Simulation
 
 __all__ = ["BuiltRun", "build_run", "model_factory"]

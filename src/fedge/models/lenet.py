@@ -41,9 +41,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from torch import nn
-
 from pydantic import field_validator
+from torch import nn
 
 from fedge.models.layers import GlobalAvgPool, MaxPool2x2, conv_block, make_activation, output_shape
 from fedge.models.registry import Flag, Int, ModelOptions, Widths, register_model

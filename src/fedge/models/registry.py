@@ -25,7 +25,6 @@ blocks. State-dict keys are therefore stable: ``features.conv1.conv.weight``, ``
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field

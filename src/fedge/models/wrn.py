@@ -28,9 +28,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import torch
-from torch import nn
-
 from pydantic import field_validator
+from torch import nn
 
 from fedge.models.layers import GlobalAvgPool, make_activation, make_norm
 from fedge.models.registry import Flag, ModelOptions, Number, register_model
