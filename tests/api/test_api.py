@@ -109,8 +109,14 @@ def test_function_registered_from_python_resumes_with_the_cli(tmp_path: Path, mo
     monkeypatch.syspath_prepend(str(tmp_path))
     import user_data_mod
 
+    from fedge.data import registry
+
     fedge.register_dataset("user-tab", user_data_mod.make, replace=True)
-    run = fedge.run(_cfg({"name": "user-tab", "n": 45}), out=tmp_path / "r")
+    try:
+        run = fedge.run(_cfg({"name": "user-tab", "n": 45}), out=tmp_path / "r")
+    finally:  # leave the registry as the other tests expect it
+        registry._REGISTRY.unregister("user-tab")
+        registry._FUNCTIONS.discard("user-tab")
     assert run.config["dataset"]["target"] == "user_data_mod:make"
     res = _cli("run", "--resume", str(tmp_path / "r"), "--set", "rounds=3", "-q",
                pythonpath=str(tmp_path))
