@@ -206,8 +206,8 @@ def test_limit_is_stratified_seeded_and_ordered() -> None:
 
 
 def test_registry_names_status_and_describe() -> None:
-    assert dataset_names() == ["cifar10", "cifar100", "digits", "emnist", "fashion-mnist",
-                               "mnist", "synthetic"]
+    assert dataset_names() == ["cifar10", "cifar100", "csv", "digits", "emnist",
+                               "fashion-mnist", "mnist", "module", "npz", "synthetic"]
     with pytest.raises(UnknownNameError, match="unknown dataset 'mnits'; expected one of: cifar10"):
         load_dataset("mnits")
     status = {s.name: s for s in available_datasets()}

@@ -139,3 +139,51 @@ def test_reset_parameters_refuses_unknown_parametrised_modules() -> None:
 
     with pytest.raises(TypeError, match="Scale"):
         reset_parameters(torch.nn.Sequential(torch.nn.Linear(2, 2), Scale()), None)
+
+
+# --- options configs and tabular inputs ---------------------------------------------------------
+
+
+def test_each_model_carries_an_options_config() -> None:
+    from fedge.models.registry import ModelOptions
+
+    for name in model_names():
+        config = _REGISTRY[name].config
+        assert issubclass(config, ModelOptions)
+        assert {k: f.default for k, f in config.model_fields.items()} == model_info(name).options
+    with pytest.raises(ConfigError, match="option 'hidden' of model 'mlp': expected a sequence of positive ints"):
+        build_model("mlp", input_shape=(4,), num_classes=2, hidden=[8, True])
+
+
+@pytest.mark.parametrize("name", ["mlp", "logreg"])
+def test_flat_models_take_tabular_features(name: str) -> None:
+    net = build_model(name, input_shape=(5,), num_classes=3, seed=0)
+    x = torch.randn(7, 5)
+    assert net(x).shape == (7, 3)
+    # oracle: logreg is one affine map of the raw features
+    if name == "logreg":
+        out = net.classifier.out
+        assert torch.allclose(net(x), x @ out.weight.T + out.bias)
+
+
+def test_image_models_refuse_tabular_features_naming_the_fix() -> None:
+    with pytest.raises(ConfigError, match=r"takes images .* got tabular input_shape \(5,\); .*logreg, mlp"):
+        build_model("lenet", input_shape=(5,), num_classes=3)
+
+
+def test_register_model_from_defaults_builds_a_typed_config() -> None:
+    from torch import nn
+
+    from fedge.models.registry import register_model
+
+    @register_model("test-tiny", description="d", reference="r", options={"width": 4}, flat_inputs=True)
+    def _build(*, input_shape, num_classes, activation, norm, width):  # type: ignore[no-untyped-def]
+        return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], width)), nn.Sequential(
+            nn.Linear(width, num_classes))
+
+    try:
+        assert build_model("test-tiny", input_shape=(3,), num_classes=2, width=6).spec.options == {"width": 6}
+        with pytest.raises(ConfigError, match="option 'width' of model 'test-tiny'"):
+            build_model("test-tiny", input_shape=(3,), num_classes=2, width=True)
+    finally:
+        _REGISTRY.unregister("test-tiny")

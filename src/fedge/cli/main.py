@@ -418,6 +418,8 @@ from fedge.cli.fedpt import register as _register_fedpt  # noqa: E402
 
 _register_fedpt(app)  # fedge fedpt-search
 
+app.command("export")(__import__("fedge.cli.export", fromlist=["export"]).export)  # fedge export
+
 
 def main() -> None:  # pragma: no cover - console entry
     app()

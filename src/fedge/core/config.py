@@ -129,7 +129,12 @@ class ClientsConfig(_Strict):
         return max(1, round(m * self.num)) if isinstance(m, float) else m
 
 
-class DatasetConfig(_Strict):
+class DatasetConfig(_Open):
+    """``dataset.*``: the fixed keys below, plus the chosen dataset's own options (``path``
+    for ``npz``, ``split`` for ``emnist``, ...), checked by the dataset registry."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
     name: str = "digits"
     root: str | None = Field(None, description="directory holding the dataset's files")
     resize: int | None = Field(None, ge=4, description="resize images to resize x resize")

@@ -7,6 +7,9 @@ Pipeline applied by :func:`fedge.data.load_dataset` to the raw arrays a loader r
 
 * **limit**: :func:`stratified_subset` — a seeded, class-stratified random subset.
 * **resize**: bilinear (``torch.nn.functional.interpolate``, antialiased when shrinking).
+Tabular data (``(N, F)`` features, e.g. from a CSV file) takes the same pipeline without
+resize, and is normalized per feature instead of per channel.
+
 * **normalize**: per-channel mean and std of the *returned* training images (after limit and
   resize), applied to both splits. ``Dataset.mean``/``Dataset.std`` keep the statistics so
   images can be mapped back to [0, 1] (e.g. to show a reconstruction from an attack).
@@ -32,12 +35,13 @@ class Dataset:
 
     Attributes:
         name: registry name, e.g. ``"fashion-mnist"``.
-        x_train: (N, C, H, W) float32, normalized per channel with the train statistics.
+        x_train: (N, C, H, W) float32 images, normalized per channel with the train statistics;
+            or (N, F) float32 tabular features, normalized per feature.
         y_train: (N,) int64 labels in ``[0, num_classes)``.
         x_test: (M, C, H, W) float32, normalized with the same (train) statistics.
         y_test: (M,) int64.
         num_classes: number of classes (also ``len(classes)``).
-        input_shape: (C, H, W) of one image.
+        input_shape: (C, H, W) of one image, or (F,) of one tabular sample.
         classes: label names, index = label.
         train_domains: (N,) domain/feature key per training sample, or None; used by the
             ``domain`` partitioner.
@@ -52,7 +56,7 @@ class Dataset:
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
-    input_shape: tuple[int, ...]  # (C, H, W) for images, (F,) for tabular features
+    input_shape: tuple[int, ...]
     classes: tuple[str, ...]
     train_domains: np.ndarray | None = None
     mean: tuple[float, ...] = ()
@@ -65,7 +69,8 @@ class Dataset:
             if x.dtype != torch.float32 or y.dtype != torch.int64:
                 raise ConfigError(f"{self.name} {split}: expected float32 images and int64 labels, "
                                   f"got {x.dtype} and {y.dtype}")
-            if x.ndim != 1 + len(self.input_shape) or tuple(x.shape[1:]) != tuple(self.input_shape) or len(x) != len(y):
+            if x.ndim not in (2, 4) or tuple(x.shape[1:]) != tuple(self.input_shape) \
+                    or len(x) != len(y):
                 raise ConfigError(f"{self.name} {split}: images {tuple(x.shape)} and labels "
                                   f"{tuple(y.shape)} do not match input_shape {self.input_shape}")
         if len(self.classes) != self.num_classes:
@@ -102,9 +107,8 @@ class Dataset:
         }
 
     def __repr__(self) -> str:
-        c, h, w = self.input_shape
         return (f"Dataset({self.name!r}, train={self.num_train}, test={self.num_test}, "
-                f"shape=({c}, {h}, {w}), classes={self.num_classes})")
+                f"shape={tuple(self.input_shape)}, classes={self.num_classes})")
 
 
 def _counts(y: torch.Tensor, num_classes: int) -> list[int]:
@@ -148,19 +152,23 @@ def normalize_(x_train: torch.Tensor, x_test: torch.Tensor, scale: float = 1.0
     """Standardize both splits in place, per channel, with the train split's mean and std.
 
     Args:
-        x_train: (N, C, H, W) float images in ``[0, scale]``; overwritten.
-        x_test: (M, C, H, W), overwritten with the same (train) statistics.
+        x_train: (N, C, H, W) float images in ``[0, scale]``, or (N, F) tabular features
+            (standardized per feature); overwritten.
+        x_test: (M, C, H, W) or (M, F), overwritten with the same (train) statistics.
         scale: the pixel range; the returned statistics are divided by it, i.e. they are
             those of the images scaled to [0, 1].
 
     Returns:
         ``(mean, std)`` per channel. A channel with zero spread keeps std 1 (no division by 0).
     """
-    # (N, C, H, W) -> per-channel statistics (C,); var_mean is one numerically stable pass
-    var, mean = torch.var_mean(x_train, dim=(0, 2, 3), correction=0)
+    # (N, C, H, W) -> per-channel statistics (C,), (N, F) -> per-feature (F,);
+    # var_mean is one numerically stable pass
+    dims = (0,) if x_train.ndim == 2 else (0, 2, 3)
+    var, mean = torch.var_mean(x_train, dim=dims, correction=0)
     std = var.sqrt()
     std = torch.where(std > 0, std, torch.full_like(std, scale))
-    m, s = mean.view(1, -1, 1, 1), std.view(1, -1, 1, 1)
+    view = (1, -1) if x_train.ndim == 2 else (1, -1, 1, 1)
+    m, s = mean.view(view), std.view(view)
     x_train.sub_(m).div_(s)  # in place: a second 60k-image buffer would cost time and memory
     x_test.sub_(m).div_(s)
     return tuple((mean / scale).tolist()), tuple((std / scale).tolist())

@@ -1,5 +1,9 @@
 """The dataset registry: ``load_dataset(name, ...)``, ``dataset_names()``, ``available_datasets()``.
 
+Besides the built-in datasets, a user's own data needs no Python: ``npz``, ``csv`` and
+``module`` (:mod:`fedge.data.user`) read files or call ``package.module:function``; and
+:func:`register_function` registers a Python function under a name of one's own.
+
 Nothing here touches the network: loaders read standard files from known places (see
 :func:`fedge.data.formats.search_dirs`) and, when they are missing, raise one
 :class:`~fedge.core.errors.DataNotFoundError` listing every place searched and how to get them.
@@ -7,18 +11,19 @@ Nothing here touches the network: loaders read standard files from known places 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import torch
 
-from fedge.core.errors import ConfigError, UnknownNameError
+from fedge.core.errors import ConfigError
+from fedge.core.registry import Registry
 from fedge.core.rng import numpy_rng
-from fedge.data import builtin, cifar, idx_datasets
+from fedge.data import builtin, cifar, idx_datasets, user
 from fedge.data.dataset import Dataset, normalize_, resize_images, stratified_subset
 from fedge.data.spec import DatasetSpec, RawData, check_int
 
@@ -30,36 +35,102 @@ __all__ = [
     "get_dataset_spec",
     "load_dataset",
     "register_dataset",
+    "register_function",
+    "resolve_dataset_options",
 ]
 
-_REGISTRY: dict[str, DatasetSpec] = {}
+_REGISTRY: Registry[DatasetSpec] = Registry("dataset")
 #: name -> spec, read-only view (add entries with :func:`register_dataset`).
-DATASETS: Mapping[str, DatasetSpec] = MappingProxyType(_REGISTRY)
+DATASETS: Mapping[str, DatasetSpec] = _REGISTRY.view()
 
 
 def register_dataset(spec: DatasetSpec) -> DatasetSpec:
     """Add ``spec`` to the registry; a name already taken is an error."""
-    if spec.name in _REGISTRY:
-        raise ConfigError(f"dataset {spec.name!r} is already registered; pick another name")
-    _REGISTRY[spec.name] = spec
+    return _REGISTRY.register(spec.name, spec)
+
+
+for _spec in builtin.SPECS + idx_datasets.SPECS + cifar.SPECS + user.SPECS:
+    register_dataset(_spec)
+
+
+def register_function(
+    name: str, fn: Callable[..., Any], *, description: str = "", replace: bool = False
+) -> DatasetSpec:
+    """Register ``fn`` (returning ``(x_train, y_train, x_test, y_test)`` or a dict of them)
+    as dataset ``name``.
+
+    ``fn`` gets the run seed as ``seed=`` if it takes that argument, and the config's other
+    ``dataset.*`` keys as keyword arguments. When ``fn`` is importable (a module-level
+    function of an installed or on-path module), the run's config records it as
+    ``dataset.target: "module:function"``, so ``fedge run --resume`` reloads it in a fresh
+    process; a function defined in a notebook or ``__main__`` can only be resumed from Python
+    after registering it again.
+
+    Args:
+        replace: replace an earlier registration of ``name`` made by this function (a
+            notebook cell run twice); built-in names can never be replaced.
+    """
+    target = user.callable_target(fn)
+    source = target or f"function {getattr(fn, '__qualname__', fn)!r}"
+
+    def load(*, root: str | Path | None, seed: int, target: str | None = None,
+             **kwargs: Any) -> RawData:
+        return user.call_target(name, fn, seed=seed, kwargs=kwargs, source=source)
+
+    def locate(*, root: str | Path | None, **options: object) -> str:
+        return source
+
+    options: dict[str, Any] = {"target": target}
+    for key, param in inspect.signature(fn).parameters.items():
+        if key != "seed" and param.default is not inspect.Parameter.empty:
+            options[key] = param.default
+    if replace and name in _FUNCTIONS:
+        _REGISTRY.unregister(name)
+    spec = DatasetSpec(name, description or f"your function {source}", load, locate,
+                       "registered from Python with fedge.register_dataset", options)
+    register_dataset(spec)
+    _FUNCTIONS.add(name)
     return spec
 
 
-for _spec in builtin.SPECS + idx_datasets.SPECS + cifar.SPECS:
-    register_dataset(_spec)
+_FUNCTIONS: set[str] = set()  # names registered by register_function (replaceable)
 
 
 def dataset_names() -> list[str]:
     """Registered dataset names, sorted."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def get_dataset_spec(name: str) -> DatasetSpec:
     """The registry entry for ``name`` (UnknownNameError lists the valid names)."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UnknownNameError("dataset", name, dataset_names()) from None
+    return _REGISTRY.get(name)
+
+
+def _spec_for(name: str, options: Mapping[str, Any]) -> DatasetSpec:
+    """The entry for ``name``; a name registered from Python in another process, recorded
+    with its ``target``, is reloaded through that target (how ``--resume`` finds it)."""
+    if name in _REGISTRY or not options.get("target"):
+        return get_dataset_spec(name)
+    fn = user.import_target(options["target"], dataset=name)
+    return register_function(name, fn)
+
+
+def resolve_dataset_options(name: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``options`` checked against dataset ``name`` with its defaults filled in and file paths
+    made absolute: what the run's ``config.yaml`` records so that a resume reloads the data."""
+    options = dict(options or {})
+    spec = _spec_for(name, options)
+    _check_options(name, spec, options)
+    out = {**spec.options, **options}
+    return user.resolve_paths(out, user.PATH_OPTIONS.get(name, ()))
+
+
+def _check_options(name: str, spec: DatasetSpec, options: Mapping[str, Any]) -> None:
+    unknown = sorted(set(options) - set(spec.options))
+    if unknown:
+        valid = ", ".join(sorted(spec.options)) or "(none)"
+        raise ConfigError(f"dataset {name!r} has no option {', '.join(unknown)}; valid options: "
+                          f"{valid}")
 
 
 @dataclass(frozen=True)
@@ -125,12 +196,8 @@ def load_dataset(
         ConfigError: unknown option or out-of-range value; corrupt data files.
         DataNotFoundError: the files are missing (the message lists where fedge looked).
     """
-    spec = get_dataset_spec(name)
-    unknown = sorted(set(options) - set(spec.options))
-    if unknown:
-        valid = ", ".join(sorted(spec.options)) or "(none)"
-        raise ConfigError(f"dataset {name!r} has no option {', '.join(unknown)}; valid options: "
-                          f"{valid}")
+    spec = _spec_for(name, options)
+    _check_options(name, spec, options)
     if resize is not None:
         resize = check_int(name, "resize", resize, low=1, fix="or None to keep the native size")
     limits = {}
@@ -154,6 +221,9 @@ def _prepare(name: str, raw: RawData, resize: int | None, limits: dict[str, int]
                 domains = domains[idx]
         # (N, C, H, W): a fresh C-contiguous float32 copy; the raw arrays are shared and read-only
         xt = torch.from_numpy(np.array(x, dtype=np.float32, order="C"))
+        if resize is not None and xt.ndim != 4:
+            raise ConfigError(f"dataset {name!r}: resize={resize} applies to images, but this "
+                              f"data is tabular {tuple(xt.shape[1:])}; leave resize unset")
         if resize is not None:
             xt = resize_images(xt, resize)
         splits[split] = (xt, torch.from_numpy(np.array(y, dtype=np.int64)))

@@ -24,7 +24,7 @@ class RawData:
     """Raw splits as read from disk (shared, read-only arrays: never modify them).
 
     Attributes:
-        x_train: (N, C, H, W) uint8 or float32 images.
+        x_train: (N, C, H, W) uint8 or float32 images, or (N, F) float32 tabular features.
         y_train: (N,) int64 labels in ``[0, len(classes))``.
         x_test: (M, C, H, W), same dtype as ``x_train``.
         y_test: (M,) int64.

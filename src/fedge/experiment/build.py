@@ -15,16 +15,17 @@ import numpy as np
 import torch
 
 from fedge.core.config import RunConfig, validate_section
+from fedge.core.context import ClientData
 from fedge.core.errors import ConfigError
 from fedge.core.rng import derive_seed, numpy_rng
 from fedge.data import Dataset, load_dataset
 from fedge.data.dataset import stratified_subset
 from fedge.data.federated import LazyClients, SyntheticFederated
 from fedge.data.partition import partition, partition_summary
+from fedge.data.registry import resolve_dataset_options
 from fedge.methods import get_method
 from fedge.methods.base import MethodBuild, MethodEnv
 from fedge.models import build_model
-from fedge.core.context import ClientData
 from fedge.runtime.engine import EngineConfig, Simulation
 
 __all__ = ["BuiltRun", "build_run", "client_shard", "model_factory"]
@@ -112,6 +113,20 @@ def hold_out_validation(
     return train, (dataset.x_train[idx_held], dataset.y_train[idx_held])
 
 
+def with_dataset_options(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with the dataset's own options resolved (defaults filled in, paths absolute):
+    config.yaml records them, so `fedge run --resume` reloads a user's files (or function) in a
+    fresh process, and a config compares equal to the run directory it produced."""
+    d = cfg.dataset
+    if d.name == FEDERATED:
+        return cfg
+    data_options = resolve_dataset_options(d.name, d.options())
+    if data_options == d.options():
+        return cfg
+    fixed = d.model_dump(exclude=set(d.options()))
+    return cfg.model_copy(update={"dataset": type(d).model_validate({**fixed, **data_options})})
+
+
 def method_config(cfg: RunConfig) -> Any:
     """The ``method`` section validated by its method's config class (every default filled in)."""
     return validate_section(get_method(cfg.method.name).config, cfg.method.model_dump(), prefix="method.")
@@ -132,8 +147,11 @@ def build_run(cfg: RunConfig) -> BuiltRun:
         lazy = LazyClients(fed)
         clients, sizes, parts, summary = lazy, lazy.sizes(), [], fed.summary()
     else:
+        cfg = with_dataset_options(cfg)
+        d = cfg.dataset
         dataset = load_dataset(
-            d.name, root=d.root, resize=d.resize, limit_train=d.limit_train, limit_test=d.limit_test, seed=cfg.seed
+            d.name, root=d.root, resize=d.resize, limit_train=d.limit_train, limit_test=d.limit_test,
+            seed=cfg.seed, **d.options(),
         )
     validation = None
     if d.validation is not None:

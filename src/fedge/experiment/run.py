@@ -16,7 +16,7 @@ from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ResumeError
 from fedge.core.messages import Message
 from fedge.methods.base import model_arrays
-from fedge.experiment.build import BuiltRun, build_run, method_config
+from fedge.experiment.build import BuiltRun, build_run, method_config, with_dataset_options
 from fedge.runtime.engine import Simulation
 from fedge.experiment.rundir import RunDir
 
@@ -31,7 +31,7 @@ def resolved_config(built: BuiltRun | RunConfig) -> dict[str, Any]:
     if isinstance(built, BuiltRun):
         cfg, method_cfg = built.config, built.method_config
     else:
-        cfg, method_cfg = built, method_config(built)
+        cfg, method_cfg = with_dataset_options(built), method_config(built)
     out = cfg.to_dict()
     out["method"] = method_cfg.model_dump(mode="json")
     return out

@@ -5,26 +5,44 @@ The registry maps ``method.name`` to a :class:`~fedge.methods.base.MethodSpec`.
 
 from __future__ import annotations
 
-from fedge.core.errors import UnknownNameError
+from collections.abc import Mapping
+
+from fedge.core.registry import Registry
 from fedge.methods import baffle, fedavg, fedpt, ntk_baffle
 from fedge.methods.base import MethodBuild, MethodEnv, MethodSpec
 
-__all__ = ["METHODS", "MethodBuild", "MethodEnv", "MethodSpec", "get_method", "register"]
+__all__ = [
+    "METHODS",
+    "MethodBuild",
+    "MethodEnv",
+    "MethodSpec",
+    "get_method",
+    "method_names",
+    "register",
+]
 
-METHODS: dict[str, MethodSpec] = {}
+_REGISTRY: Registry[MethodSpec] = Registry("method")
+#: name -> spec, read-only view (add entries with :func:`register`).
+METHODS: Mapping[str, MethodSpec] = _REGISTRY.view()
 
 
 def register(spec: MethodSpec) -> MethodSpec:
-    """Add a method to the registry (a later issue's method calls this in its module)."""
-    METHODS[spec.name] = spec
-    return spec
+    """Add a method to the registry (a later issue's method calls this in its module).
+
+    Its ``config`` (a pydantic model) validates the run's ``method.*`` keys; a name already
+    taken is a :class:`~fedge.core.errors.ConfigError`.
+    """
+    return _REGISTRY.register(spec.name, spec)
 
 
 def get_method(name: str) -> MethodSpec:
-    try:
-        return METHODS[name]
-    except KeyError:
-        raise UnknownNameError("method", name, list(METHODS)) from None
+    """The entry for ``name``; UnknownNameError lists the registered methods."""
+    return _REGISTRY.get(name)
+
+
+def method_names() -> list[str]:
+    """Registered method names, sorted."""
+    return _REGISTRY.names()
 
 
 register(MethodSpec("fedavg", "FedAvg: E local epochs of backprop, weighted delta averaging, server optimizer", fedavg.FedAvgConfig, fedavg.build))

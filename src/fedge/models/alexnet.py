@@ -21,6 +21,7 @@ from torch import nn
 
 from fedge.models.layers import conv_block, output_shape
 from fedge.models.registry import register_model
+from fedge.models.vgg import AffineOptions
 
 __all__ = ["build_alexnet_ppfl"]
 
@@ -29,7 +30,7 @@ __all__ = ["build_alexnet_ppfl"]
     "alexnet-ppfl",
     description="PPFL's AlexNet C128x3-AP16-FC10 (3x3 convs, ReLU)",
     reference="PPFL (seed 001) Table 1",
-    options={"norm_affine": True},
+    options=AffineOptions,
 )
 def build_alexnet_ppfl(
     *,

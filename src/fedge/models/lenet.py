@@ -41,13 +41,19 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from pydantic import field_validator
 from torch import nn
 
-from fedge.core.errors import ConfigError
 from fedge.models.layers import GlobalAvgPool, MaxPool2x2, conv_block, make_activation, output_shape
-from fedge.models.registry import register_model
+from fedge.models.registry import Flag, Int, ModelOptions, Widths, register_model
 
-__all__ = ["build_lenet", "build_lenet5", "build_lenet_ppfl"]
+__all__ = [
+    "LeNet5Options",
+    "LeNetOptions",
+    "build_lenet",
+    "build_lenet5",
+    "build_lenet_ppfl",
+]
 
 _Shape = tuple[int, int, int]
 
@@ -89,9 +95,32 @@ def _two_conv(
     )
 
 
-def _check_padding(padding: int) -> None:
-    if padding < 0:
-        raise ConfigError(f"option 'padding' must be >= 0, got {padding}")
+class LeNetOptions(ModelOptions):
+    """``lenet``: the two conv widths, and whether the norm layers have an affine transform."""
+
+    channels: Widths = (16, 64)
+    norm_affine: Flag = False
+
+    @field_validator("channels")
+    @classmethod
+    def _two_widths(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if len(v) != 2:
+            raise ValueError("takes 2 widths")
+        return v
+
+
+class LeNet5Options(ModelOptions):
+    """``lenet5`` and ``lenet-ppfl``: zero padding of both convs (2 makes 28x28 keep its size)."""
+
+    padding: Int = 0
+    norm_affine: Flag = True
+
+    @field_validator("padding")
+    @classmethod
+    def _non_negative(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError("must be >= 0")
+        return v
 
 
 @register_model(
@@ -100,7 +129,7 @@ def _check_padding(padding: int) -> None:
     reference="BAFFLE (seed 000) Sec. 4.1 and 3.3; FengHZ/BAFFLE model/lenet.py",
     default_activation="hardswish",
     default_norm="group",
-    options={"channels": (16, 64), "norm_affine": False},
+    options=LeNetOptions,
     input_shapes=((1, 28, 28), (3, 32, 32), (1, 8, 8)),
 )
 def build_lenet(
@@ -112,8 +141,6 @@ def build_lenet(
     channels: tuple[int, ...],
     norm_affine: bool,
 ) -> tuple[nn.Sequential, nn.Sequential]:
-    if len(channels) != 2:
-        raise ConfigError(f"option 'channels' of model 'lenet' takes 2 widths, got {channels!r}")
     features = _two_conv(
         input_shape,
         (channels[0], channels[1]),
@@ -144,7 +171,6 @@ def _pooled_convs_fc(
 ) -> tuple[nn.Sequential, nn.Sequential]:
     """Two 5x5 convs, each followed by 2x2 max pooling (the first padded by ``padding``), then
     fully connected layers of widths ``hidden`` and the output layer."""
-    _check_padding(padding)
     features = _two_conv(
         input_shape, channels, padding=(padding, 0), pool2=True, activation=activation, norm=norm,
         norm_affine=norm_affine,
@@ -157,7 +183,7 @@ def _pooled_convs_fc(
     "lenet5",
     description="classic LeNet-5: conv5x5(6)-act-maxpool, conv5x5(16)-act-maxpool, FC 120-84",
     reference="LeCun et al. 1998; LeNet-5 of NTK-pruning (seed 004) Sec. 5",
-    options={"padding": 0, "norm_affine": True},
+    options=LeNet5Options,
 )
 def build_lenet5(
     *,
@@ -175,7 +201,7 @@ def build_lenet5(
     "lenet-ppfl",
     description="PPFL's LeNet C20-MP-C50-MP-FC500-FC10 (5x5 convs, ReLU)",
     reference="PPFL (seed 001) Table 1",
-    options={"padding": 0, "norm_affine": True},
+    options=LeNet5Options,
 )
 def build_lenet_ppfl(
     *,

@@ -10,7 +10,8 @@ output layer. The first block flattens its input, so ``features`` holds ``fc1, f
 ``logreg``: ``features`` is empty; ``classifier`` is flatten then one Linear (softmax
 regression, the model FedZO and DLZO study; BAFFLE seed 000, Sec. 2).
 
-Neither takes a norm (only ``norm="none"`` is accepted); ``logreg`` takes no activation.
+Both take tabular features too (``input_shape=(F,)``, e.g. a CSV dataset): flattening a
+(B, F) batch is the identity. Neither takes a norm (only ``norm="none"`` is accepted); ``logreg`` takes no activation.
 """
 
 from __future__ import annotations
@@ -21,9 +22,15 @@ from collections import OrderedDict
 from torch import nn
 
 from fedge.models.layers import make_activation
-from fedge.models.registry import register_model
+from fedge.models.registry import ModelOptions, Widths, register_model
 
-__all__ = ["build_logreg", "build_mlp"]
+__all__ = ["MLPOptions", "build_logreg", "build_mlp"]
+
+
+class MLPOptions(ModelOptions):
+    """``mlp``: the hidden layer widths; ``()`` makes it a softmax regression."""
+
+    hidden: Widths = (200, 200)
 
 
 @register_model(
@@ -31,12 +38,13 @@ __all__ = ["build_logreg", "build_mlp"]
     description="multilayer perceptron: flatten, (Linear-act) per hidden size, Linear",
     reference="McMahan et al. 2017 (2NN)",
     norms=("none",),
-    options={"hidden": (200, 200)},
-    input_shapes=((1, 28, 28), (3, 32, 32), (1, 8, 8)),
+    options=MLPOptions,
+    input_shapes=((1, 28, 28), (3, 32, 32), (1, 8, 8), (20,)),
+    flat_inputs=True,
 )
 def build_mlp(
     *,
-    input_shape: tuple[int, int, int],
+    input_shape: tuple[int, ...],
     num_classes: int,
     activation: str,
     norm: str,
@@ -66,11 +74,12 @@ def build_mlp(
     activations=(),
     norms=("none",),
     default_activation=None,
-    input_shapes=((1, 28, 28), (3, 32, 32), (1, 8, 8)),
+    input_shapes=((1, 28, 28), (3, 32, 32), (1, 8, 8), (20,)),
+    flat_inputs=True,
 )
 def build_logreg(
     *,
-    input_shape: tuple[int, int, int],
+    input_shape: tuple[int, ...],
     num_classes: int,
     activation: str | None,
     norm: str,

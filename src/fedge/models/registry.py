@@ -1,9 +1,10 @@
 """The model registry: ``build_model``, ``model_names``, ``model_info``, ``list_models``.
 
-Each model module registers a *builder* with :func:`register_model`. A builder takes
-``input_shape``, ``num_classes``, the resolved ``activation`` and ``norm`` and its own options,
-and returns two ``nn.Sequential``s, ``features`` and ``classifier``; :func:`build_model` validates
-everything at the edge, assembles them into a :class:`Network` on the ``meta`` device (no memory,
+Each model module registers a *builder* with :func:`register_model`, together with its options
+config (a :class:`ModelOptions` pydantic model: the options, their types, defaults and checks).
+A builder takes ``input_shape``, ``num_classes``, the resolved ``activation`` and ``norm`` and
+its validated options, and returns two ``nn.Sequential``s, ``features`` and ``classifier``;
+:func:`build_model` validates everything at the edge, assembles them into a :class:`Network` on the ``meta`` device (no memory,
 no random draws), materialises it and initialises it with :func:`reset_parameters` from an
 explicit generator.
 
@@ -24,23 +25,29 @@ blocks. State-dict keys are therefore stable: ``features.conv1.conv.weight``, ``
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import AllowInfNan, BaseModel, BeforeValidator, ConfigDict, Strict, create_model
 from torch import nn
 
-from fedge.core.errors import ConfigError, UnknownNameError
+from fedge.core.errors import ConfigError
+from fedge.core.registry import Registry, validate_options
 from fedge.models.initialization import reset_parameters
 from fedge.models.layers import ACTIVATIONS, NORMS, InputTooSmallError, output_shape
 
 __all__ = [
+    "Flag",
+    "Int",
     "ModelInfo",
+    "ModelOptions",
     "ModelSpec",
     "Network",
+    "Number",
+    "Widths",
     "build_model",
     "count_parameters",
     "list_models",
@@ -49,10 +56,62 @@ __all__ = [
     "register_model",
 ]
 
-Shape = tuple[int, int, int]
+Shape = tuple[int, ...]  # (C, H, W) for images; (F,) for tabular features (models that flatten)
 Builder = Callable[..., tuple[nn.Sequential, nn.Sequential]]
 
 _MAX_SIDE = 4096  # the largest square side the minimum-size search tries
+
+
+def _positive_ints(value: Any) -> tuple[int, ...]:
+    ok = isinstance(value, (tuple, list)) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value
+    )
+    if not ok:
+        raise ValueError("expected a sequence of positive ints")
+    return tuple(value)
+
+
+#: Option types with the registry's strictness: no bool for an int, no string for a bool,
+#: finite floats (ints accepted), and lists of positive ints read from YAML become tuples.
+Flag = Annotated[bool, Strict()]
+Int = Annotated[int, Strict()]
+Number = Annotated[float, AllowInfNan(False), BeforeValidator(
+    lambda v: v if isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool))
+    else _raise_number(v))]
+Widths = Annotated[tuple[int, ...], BeforeValidator(_positive_ints)]
+
+
+def _raise_number(value: Any) -> float:
+    raise ValueError("expected a float")
+
+
+class ModelOptions(BaseModel):
+    """Base of a model's options config: one field per model-specific option, with its default.
+
+    Subclass it next to the builder (``class LeNetOptions(ModelOptions): channels: Widths =
+    (16, 64)``) and pass it to :func:`register_model`; ``activation``/``norm`` are common and
+    not declared here.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def options_config(name: str, defaults: Mapping[str, Any]) -> type[ModelOptions]:
+    """An options config built from ``{option: default}`` (types follow the defaults)."""
+
+    def typ(default: Any) -> Any:
+        if isinstance(default, bool):
+            return Flag
+        if isinstance(default, int):
+            return Int
+        if isinstance(default, float):
+            return Number
+        if isinstance(default, tuple):
+            return Widths
+        return type(default)
+
+    fields: dict[str, Any] = {k: (typ(v), v) for k, v in defaults.items()}
+    return create_model(f"{name}Options", __base__=ModelOptions, **fields)
 
 
 @dataclass(frozen=True)
@@ -68,6 +127,7 @@ class ModelInfo:
     default_norm: str
     options: dict[str, Any]  # model-specific option -> default
     input_shapes: tuple[Shape, ...]  # shapes it is documented (and tested) to build for
+    flat_inputs: bool = False  # also takes tabular inputs of shape (F,)
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -125,9 +185,10 @@ class Network(nn.Sequential):
 class _Entry:
     info: ModelInfo
     builder: Builder
+    config: type[ModelOptions]  # the model's options: types, defaults and checks
 
 
-_REGISTRY: dict[str, _Entry] = {}
+_REGISTRY: Registry[_Entry] = Registry("model")
 
 
 def register_model(
@@ -139,15 +200,30 @@ def register_model(
     norms: tuple[str, ...] = NORMS,
     default_activation: str | None = "relu",
     default_norm: str = "none",
-    options: Mapping[str, Any] | None = None,
+    options: type[ModelOptions] | Mapping[str, Any] | None = None,
     input_shapes: tuple[Shape, ...] = ((1, 28, 28), (3, 32, 32)),
+    flat_inputs: bool = False,
 ) -> Callable[[Builder], Builder]:
-    """Decorator registering ``builder`` under ``name`` (see the module docstring for the contract)."""
+    """Decorator registering ``builder`` under ``name`` (see the module docstring for the contract).
+
+    Args:
+        options: the model's options config (a :class:`ModelOptions` subclass), or a mapping
+            ``{option: default}`` from which one is made (types follow the defaults).
+        flat_inputs: the model also builds for tabular inputs of shape ``(F,)``.
+
+    Raises:
+        ConfigError: ``name`` is already registered.
+    """
+    if options is None:
+        config: type[ModelOptions] = ModelOptions
+    elif isinstance(options, type) and issubclass(options, ModelOptions):
+        config = options
+    else:
+        config = options_config(name, dict(options))
+    defaults = {k: f.default for k, f in config.model_fields.items()}
 
     def deco(builder: Builder) -> Builder:
-        if name in _REGISTRY:
-            raise ValueError(f"model {name!r} is registered twice")
-        _REGISTRY[name] = _Entry(
+        _REGISTRY.register(name, _Entry(
             ModelInfo(
                 name=name,
                 description=description,
@@ -156,11 +232,13 @@ def register_model(
                 norms=norms,
                 default_activation=default_activation,
                 default_norm=default_norm,
-                options=dict(options or {}),
+                options=defaults,
                 input_shapes=input_shapes,
+                flat_inputs=flat_inputs,
             ),
             builder,
-        )
+            config,
+        ))
         return builder
 
     return deco
@@ -168,14 +246,11 @@ def register_model(
 
 def model_names() -> list[str]:
     """Registered model names, sorted."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def _entry(name: str) -> _Entry:
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise UnknownNameError("model", str(name), list(_REGISTRY)) from None
+    return _REGISTRY.get(name)
 
 
 def model_info(name: str) -> ModelInfo:
@@ -197,24 +272,26 @@ def _positive_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
-#: Models that flatten their input first, so they take tabular features (F,) as well as images.
-TABULAR_MODELS = frozenset({"mlp", "logreg"})
-
-
-def _check_shape(input_shape: Any, name: str = "") -> Shape:
+def _check_shape(input_shape: Any, info: ModelInfo | None = None) -> Shape:
+    """``(C, H, W)`` of positive ints, or ``(F,)`` for a model taking tabular features."""
     try:
         shape = tuple(input_shape)
     except TypeError:
         shape = ()
-    if len(shape) == 1 and name in TABULAR_MODELS and _positive_int(shape[0]):
-        return shape  # type: ignore[return-value]
-    if len(shape) != 3 or not all(_positive_int(d) for d in shape):
-        tabular = f"; tabular features (F,) work with {sorted(TABULAR_MODELS)}" if len(shape) == 1 else ""
+    flat = info is None or info.flat_inputs
+    if len(shape) not in ((1, 3) if flat else (3,)) or not all(_positive_int(d) for d in shape):
+        if len(shape) == 1 and info is not None and all(_positive_int(d) for d in shape):
+            flat_models = ", ".join(n for n in _REGISTRY.names() if _REGISTRY[n].info.flat_inputs)
+            raise ConfigError(
+                f"model {info.name!r} takes images (channels, height, width), got tabular "
+                f"input_shape {shape!r}; for tabular features use one of: {flat_models}"
+            )
         raise ConfigError(
             f"input_shape must be (channels, height, width) of positive ints, got {input_shape!r}; "
-            f"e.g. (1, 28, 28) for MNIST or (3, 32, 32) for CIFAR-10{tabular}"
+            "e.g. (1, 28, 28) for MNIST or (3, 32, 32) for CIFAR-10"
+            + (" (or (features,) for tabular data)" if flat else "")
         )
-    return shape  # type: ignore[return-value]
+    return shape
 
 
 def _check_choice(info: ModelInfo, kind: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -230,35 +307,6 @@ def _check_choice(info: ModelInfo, kind: str, value: Any, allowed: tuple[str, ..
     )
 
 
-def _check_option(info: ModelInfo, key: str, value: Any) -> Any:
-    """Type-check ``value`` against the option's default; returns it normalised (list -> tuple)."""
-    default = info.options[key]
-    bad = ConfigError(
-        f"option {key!r} of model {info.name!r} expects a {type(default).__name__} "
-        f"like {default!r}, got {value!r}"
-    )
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise bad
-    elif isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad
-    elif isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad
-        if not math.isfinite(value):
-            raise bad
-        value = float(value)
-    elif isinstance(default, tuple):
-        if not isinstance(value, (tuple, list)) or not all(_positive_int(v) for v in value):
-            raise ConfigError(
-                f"option {key!r} of model {info.name!r} expects a sequence of positive ints "
-                f"like {default!r}, got {value!r}"
-            )
-        value = tuple(value)
-    return value
-
-
 def _resolve(
     name: str,
     input_shape: Any,
@@ -269,7 +317,7 @@ def _resolve(
 ) -> tuple[_Entry, ModelSpec]:
     entry = _entry(name)
     info = entry.info
-    shape = _check_shape(input_shape, name)
+    shape = _check_shape(input_shape, info)
     if not _positive_int(num_classes):
         raise ConfigError(f"num_classes must be a positive int, got {num_classes!r}")
     act = info.default_activation if activation is None else activation
@@ -284,7 +332,7 @@ def _resolve(
             f"model {info.name!r} has no option {', '.join(map(repr, unknown))}; "
             f"valid options: {', '.join(valid)}"
         )
-    opts = {k: _check_option(info, k, options.get(k, d)) for k, d in info.options.items()}
+    opts = validate_options(entry.config, options, what=f"model {info.name!r}").model_dump()
     return entry, ModelSpec(name, shape, num_classes, act, nrm, opts)
 
 
@@ -316,6 +364,8 @@ def _fits(entry: _Entry, spec: ModelSpec, side: int) -> bool:
 
 def _too_small(entry: _Entry, spec: ModelSpec, err: InputTooSmallError) -> ConfigError:
     """The ConfigError for an input too small for ``spec``, naming the minimum square size."""
+    if len(spec.input_shape) != 3:  # tabular input: no side length to search
+        return err
     hi = 1
     while not _fits(entry, spec, hi):
         hi *= 2
@@ -325,7 +375,7 @@ def _too_small(entry: _Entry, spec: ModelSpec, err: InputTooSmallError) -> Confi
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if _fits(entry, spec, mid) else (mid, hi)
-    _, h, w = spec.input_shape
+    h, w = spec.input_shape[-2:]
     return ConfigError(
         f"model {spec.name!r} needs inputs of at least {hi}x{hi} pixels, got {h}x{w}; "
         f"resize or pad the inputs, or pick a model that takes small inputs (lenet, mlp, logreg)"
@@ -335,7 +385,7 @@ def _too_small(entry: _Entry, spec: ModelSpec, err: InputTooSmallError) -> Confi
 def build_model(
     name: str,
     *,
-    input_shape: tuple[int, int, int],
+    input_shape: tuple[int, ...],
     num_classes: int,
     activation: str | None = None,
     norm: str | None = None,
@@ -346,7 +396,8 @@ def build_model(
 
     Args:
         name: a name from :func:`model_names` (e.g. ``"lenet"``, ``"wrn-10-2"``).
-        input_shape: one sample's ``(C, H, W)``; flattened sizes are derived from it.
+        input_shape: one sample's ``(C, H, W)``, or ``(F,)`` for tabular features (models
+            registered with ``flat_inputs``: ``mlp``, ``logreg``); flattened sizes derive from it.
         num_classes: output logits.
         activation: ``"relu" | "hardswish" | "selu"``; None = the model's default.
         norm: ``"none" | "batch" | "group"``; None = the model's default.

@@ -26,6 +26,7 @@ from torch import nn
 
 from fedge.models.layers import GlobalAvgPool, make_activation, make_norm
 from fedge.models.registry import register_model
+from fedge.models.vgg import AffineOptions
 
 __all__ = ["BasicBlock", "PadShortcut", "build_resnet20"]
 
@@ -75,7 +76,7 @@ class BasicBlock(nn.Module):
     description="CIFAR ResNet-20 (16-32-64 channels, 3 basic blocks per stage, option-A shortcuts)",
     reference="He et al. 2016 Sec. 4.2; NTK-pruning (seed 004) Sec. 5",
     default_norm="batch",
-    options={"norm_affine": True},
+    options=AffineOptions,
     input_shapes=((3, 32, 32), (1, 28, 28), (1, 8, 8)),
 )
 def build_resnet20(

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from torch import nn
 
 from fedge.models.layers import MaxPool2x2, conv_block, make_activation, output_shape
-from fedge.models.registry import register_model
+from fedge.models.registry import Flag, ModelOptions, register_model
 
 __all__ = ["VGG9", "VGG19", "build_vgg19", "build_vgg9", "vgg_features"]
 
@@ -68,11 +68,24 @@ def vgg_features(
     return features
 
 
+class VGG9Options(ModelOptions):
+    """``vgg9``: PPFL's two dropout layers (0.05, 0.1) on or off."""
+
+    dropout: Flag = True
+    norm_affine: Flag = True
+
+
+class AffineOptions(ModelOptions):
+    """Models whose only option is an affine transform in their norm layers."""
+
+    norm_affine: Flag = True
+
+
 @register_model(
     "vgg9",
     description="PPFL's VGG9: C32-C64-MP-C128x2-MP-D0.05-C256x2-MP-D0.1-FC512x2-FC10",
     reference="PPFL (seed 001) Table 1; FedMA VGG-9",
-    options={"dropout": True, "norm_affine": True},
+    options=VGG9Options,
 )
 def build_vgg9(
     *,
@@ -104,7 +117,7 @@ def build_vgg9(
     description="VGG-19 for 32x32 inputs: 16 3x3 convs (64-512) with 5 max pools, FC",
     reference="Simonyan & Zisserman 2015 (config E); EPPFL (seed 003) Sec. 5",
     default_norm="batch",
-    options={"norm_affine": True},
+    options=AffineOptions,
     input_shapes=((3, 32, 32),),
 )
 def build_vgg19(

@@ -28,11 +28,11 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import torch
+from pydantic import field_validator
 from torch import nn
 
-from fedge.core.errors import ConfigError
 from fedge.models.layers import GlobalAvgPool, make_activation, make_norm
-from fedge.models.registry import register_model
+from fedge.models.registry import Flag, ModelOptions, Number, register_model
 
 __all__ = ["WideUnit", "build_wrn_10_2"]
 
@@ -98,6 +98,20 @@ def _wrn(
     return nn.Sequential(blocks), classifier
 
 
+class WRNOptions(ModelOptions):
+    """``wrn-10-2``: dropout between the two convs of a block (BAFFLE uses none)."""
+
+    dropout: Number = 0.0
+    norm_affine: Flag = False
+
+    @field_validator("dropout")
+    @classmethod
+    def _probability(cls, v: float) -> float:
+        if not 0.0 <= v < 1.0:
+            raise ValueError("must be in [0, 1)")
+        return v
+
+
 @register_model(
     "wrn-10-2",
     description="WideResNet depth 10 width 2 (pre-activation, 32-64-128 channels), BAFFLE's",
@@ -105,7 +119,7 @@ def _wrn(
         "BAFFLE (seed 000) Sec. 4.1; Zagoruyko & Komodakis 2016; FengHZ/BAFFLE model/wideresnet.py"
     ),
     default_norm="batch",
-    options={"dropout": 0.0, "norm_affine": False},
+    options=WRNOptions,
     input_shapes=((3, 32, 32), (1, 28, 28), (1, 8, 8)),
 )
 def build_wrn_10_2(
@@ -117,8 +131,6 @@ def build_wrn_10_2(
     dropout: float,
     norm_affine: bool,
 ) -> tuple[nn.Sequential, nn.Sequential]:
-    if not 0.0 <= dropout < 1.0:
-        raise ConfigError(f"option 'dropout' of model 'wrn-10-2' must be in [0, 1), got {dropout}")
     return _wrn(
         input_shape, num_classes, depth=10, width=2, activation=activation, norm=norm,
         affine=norm_affine, dropout=dropout,

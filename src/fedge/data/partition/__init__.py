@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from fedge.core.errors import ConfigError, UnknownNameError
+from fedge.core.errors import ConfigError
+from fedge.core.registry import Registry
 from fedge.core.rng import numpy_rng
 from fedge.data.partition import dirichlet, domain, iid, shards
 from fedge.data.partition._common import parts_from_owner
@@ -38,6 +39,7 @@ __all__ = [
     "partition",
     "partition_summary",
     "partitioner_names",
+    "register_partitioner",
     "resolve_partition_params",
 ]
 
@@ -66,30 +68,36 @@ class PartitionerSpec:
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
 
 
-PARTITIONERS: Mapping[str, PartitionerSpec] = MappingProxyType({
-    spec.name: spec for spec in (
-        PartitionerSpec("iid", "seeded shuffle split as evenly as possible",
-                        iid.split, iid.validate, iid.DEFAULTS),
-        PartitionerSpec("dirichlet", "label skew: per-class proportions ~ Dir(alpha) over clients",
-                        dirichlet.split, dirichlet.validate, dirichlet.DEFAULTS),
-        PartitionerSpec("shards", "McMahan et al. pathological split: label-sorted shards",
-                        shards.split, shards.validate, shards.DEFAULTS),
-        PartitionerSpec("domain", "feature skew: each client's samples come from one domain",
-                        domain.split, domain.validate, domain.DEFAULTS, needs_domains=True),
-    )
-})
+_REGISTRY: Registry[PartitionerSpec] = Registry("partitioner")
+#: name -> spec, read-only view (add entries with :func:`register_partitioner`).
+PARTITIONERS: Mapping[str, PartitionerSpec] = _REGISTRY.view()
+
+
+def register_partitioner(spec: PartitionerSpec) -> PartitionerSpec:
+    """Add a partitioner; a name already taken is a :class:`ConfigError`."""
+    return _REGISTRY.register(spec.name, spec)
+
+
+for _spec_ in (
+    PartitionerSpec("iid", "seeded shuffle split as evenly as possible",
+                    iid.split, iid.validate, iid.DEFAULTS),
+    PartitionerSpec("dirichlet", "label skew: per-class proportions ~ Dir(alpha) over clients",
+                    dirichlet.split, dirichlet.validate, dirichlet.DEFAULTS),
+    PartitionerSpec("shards", "McMahan et al. pathological split: label-sorted shards",
+                    shards.split, shards.validate, shards.DEFAULTS),
+    PartitionerSpec("domain", "feature skew: each client's samples come from one domain",
+                    domain.split, domain.validate, domain.DEFAULTS, needs_domains=True),
+):
+    register_partitioner(_spec_)
 
 
 def partitioner_names() -> list[str]:
     """Registered partitioner names, sorted."""
-    return sorted(PARTITIONERS)
+    return _REGISTRY.names()
 
 
 def _spec(name: str) -> PartitionerSpec:
-    try:
-        return PARTITIONERS[name]
-    except KeyError:
-        raise UnknownNameError("partitioner", name, partitioner_names()) from None
+    return _REGISTRY.get(name)
 
 
 def resolve_partition_params(name: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:

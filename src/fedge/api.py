@@ -1,0 +1,174 @@
+"""The public Python API, for notebooks and scripts: ``import fedge`` and go.
+
+>>> import fedge
+>>> run = fedge.run("quickstart", overrides={"rounds": 3}, out="runs/nb1")
+>>> run.summary["final_test_accuracy"], len(run.metrics)
+>>> logits = run.model(x)                                  # the trained torch model
+>>> fedge.run({"dataset": {"name": "npz", "path": "mine.npz"}, "model": {"name": "mlp"}})
+
+Everything here calls the experiment layer (:mod:`fedge.experiment`); nothing here holds
+logic of its own beyond turning Python arguments into a config.
+
+Threads: a run sets torch's intra-op threads to the config's ``threads`` (default 1: two
+torch threads collapse under contention on a shared machine) and restores the caller's setting
+afterwards; pass ``overrides={"threads": None}`` to keep torch's own default during the run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedge.core.config import RunConfig, load_config
+from fedge.data.registry import register_dataset as _register_spec
+from fedge.data.registry import register_function
+from fedge.data.spec import DatasetSpec
+from fedge.experiment.export import ExportResult, TrainedModel, export_model, load_trained_model
+from fedge.experiment.run import Progress, resume_experiment, run_experiment
+from fedge.report.runlog import RunLog
+from fedge.report.runlog import load_run as _load_log
+
+__all__ = ["RunResult", "load_run", "register_dataset", "resume", "run"]
+
+
+@dataclass
+class RunResult:
+    """A run directory as Python objects: what ``fedge.run`` returns and ``fedge.load_run`` reads.
+
+    Attributes:
+        path: the run directory.
+        log: the :class:`~fedge.report.RunLog` (metrics per round, summary, config, partition).
+    """
+
+    path: Path
+    log: RunLog
+    _trained: TrainedModel | None = field(default=None, repr=False)
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """One dict per completed round (``round``, ``test_accuracy``, ``bytes_up``, ...)."""
+        return self.log.metrics
+
+    @property
+    def summary(self) -> dict[str, Any] | None:
+        """``summary.json`` (None while the run is incomplete)."""
+        return self.log.summary
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The resolved config (every default filled in)."""
+        return self.log.config
+
+    @property
+    def trained(self) -> TrainedModel:
+        """The final model with its input metadata (loaded on first use)."""
+        if self._trained is None:
+            self._trained = load_trained_model(self.path)
+        return self._trained
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The trained model in eval mode (a pruned model's masks applied)."""
+        return self.trained.model
+
+    def export(self, *, format: str = "torchscript", out: str | Path | None = None) -> ExportResult:
+        """Write the model for on-device inference (see :func:`fedge.experiment.export.export_model`)."""
+        return export_model(self.path, format=format, out=out)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        acc = (self.summary or {}).get("final_test_accuracy")
+        return f"RunResult({str(self.path)!r}, rounds={len(self.metrics)}, final_test_accuracy={acc})"
+
+
+def _override_strings(overrides: Mapping[str, Any] | list[str] | None) -> list[str]:
+    if overrides is None:
+        return []
+    if isinstance(overrides, Mapping):  # {"method.lr": 0.1} -> "method.lr=0.1" (JSON is YAML)
+        return [f"{k}={json.dumps(v)}" for k, v in overrides.items()]
+    return list(overrides)
+
+
+def _default_out(config: Any) -> Path:
+    stem = Path(config).stem if isinstance(config, (str, Path)) else "run"
+    base = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, i = base, 1
+    while path.exists():
+        path, i = Path(f"{base}-{i}"), i + 1
+    return path
+
+
+def run(
+    config: str | Path | Mapping[str, Any] | RunConfig,
+    *,
+    out: str | Path | None = None,
+    overrides: Mapping[str, Any] | list[str] | None = None,
+    progress: Progress | None = None,
+    render: bool = False,
+) -> RunResult:
+    """Train a federation and write its run directory; the same as ``fedge run``.
+
+    Args:
+        config: a preset name (``"quickstart"``), a YAML path, a config dict (missing keys
+            take their defaults), or a :class:`RunConfig`.
+        out: the run directory (must not exist or be empty); default ``runs/<name>-<time>``.
+        overrides: ``{"rounds": 5, "method.client_optimizer.lr": 0.05}`` or
+            ``["rounds=5", ...]``, as ``--set``.
+        progress: called with each round's metrics line and the total number of rounds.
+        render: also write plots and ``report.md``/``report.html`` (as the CLI does).
+
+    Raises:
+        ConfigError (and its subclasses): bad config, unknown name, missing data; nothing is
+        written then.
+    """
+    if isinstance(config, RunConfig):
+        cfg = load_config(config.to_dict(), overrides=_override_strings(overrides))
+    else:
+        source = dict(config) if isinstance(config, Mapping) else config
+        cfg = load_config(source, overrides=_override_strings(overrides))
+    target = Path(out) if out is not None else _default_out(config)
+    path = run_experiment(cfg, out=target, progress=progress, render=render)
+    return load_run(path)
+
+
+def resume(run_dir: str | Path, *, rounds: int | None = None, progress: Progress | None = None,
+           render: bool = False) -> RunResult:
+    """Continue an interrupted run, or extend a finished one to ``rounds`` (``fedge run --resume``)."""
+    path = resume_experiment(run_dir, rounds=rounds, progress=progress, render=render)
+    return load_run(path)
+
+
+def load_run(run_dir: str | Path) -> RunResult:
+    """Read a run directory (finished or in progress): metrics, summary, config; ``.model``
+    loads the trained model."""
+    log = _load_log(run_dir)
+    return RunResult(Path(run_dir), log)
+
+
+def register_dataset(
+    name: str | DatasetSpec,
+    fn: Callable[..., Any] | None = None,
+    *,
+    description: str = "",
+    replace: bool = False,
+) -> DatasetSpec:
+    """Register a dataset: ``register_dataset("mine", fn)`` with ``fn(**options)`` returning
+    ``(x_train, y_train, x_test, y_test)`` (see :func:`fedge.data.registry.register_function`),
+    or a full :class:`~fedge.data.DatasetSpec`. Use it as ``dataset: {name: mine}``.
+
+    A module-level ``fn`` is recorded in the run's config as ``dataset.target``, so
+    ``fedge run --resume`` works in a fresh process too.
+    """
+    if isinstance(name, DatasetSpec):
+        return _register_spec(name)
+    if fn is None or not callable(fn):
+        from fedge.core.errors import ConfigError
+
+        raise ConfigError(f"register_dataset({name!r}, fn): fn must be a function returning "
+                          f"(x_train, y_train, x_test, y_test), got {fn!r}")
+    return register_function(name, fn, description=description, replace=replace)

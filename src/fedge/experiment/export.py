@@ -1,0 +1,198 @@
+"""The trained model of a run directory: load it, and export it for on-device inference.
+
+``fedge export RUN_DIR --format torchscript`` writes ``model.pt``: a TorchScript module
+(``torch.jit.load`` on the device, no fedge needed) that maps a batch of *normalized* inputs
+``(B, *input_shape)`` to logits ``(B, num_classes)``. The preprocessing it expects travels
+inside the file as ``fedge.json`` (input shape, class names, and the per-channel or per-feature
+``mean``/``std`` of the [0, 1]-scaled training data: ``x_norm = (x / scale - mean) / std``).
+
+A pruned model (``ntk-baffle``) is exported with its masks applied, so every pruned weight is
+exactly zero in the file.
+
+``--format onnx`` writes ``model.onnx`` (input ``x`` with a dynamic batch axis, output
+``logits``, the same ``fedge.json`` in its metadata_props). It needs the ``onnx`` extra
+(``pip install 'fedge[onnx]'``: onnx and onnxscript); where they are missing the error says so.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from safetensors.torch import load_file
+
+from fedge.core.config import load_config
+from fedge.core.errors import ConfigError, ResumeError
+from fedge.experiment.build import BuiltRun, build_run
+from fedge.experiment.rundir import RunDir
+
+__all__ = ["ExportResult", "TrainedModel", "export_model", "load_trained_model"]
+
+Format = Literal["torchscript", "onnx"]
+
+
+@dataclass
+class TrainedModel:
+    """A run's final model (eval mode) and what inference needs to know about its inputs."""
+
+    model: torch.nn.Module
+    masks: dict[str, torch.Tensor]  # name -> bool keep-mask; {} for a dense model
+    input_shape: tuple[int, ...]
+    classes: tuple[str, ...]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "input_shape": list(self.input_shape),
+            "num_classes": len(self.classes),
+            "classes": list(self.classes),
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "normalize": "x_norm = (x / scale - mean) / std, per channel (images) or feature",
+            "density": _density(self.model, self.masks),
+        }
+
+
+def _density(model: torch.nn.Module, masks: dict[str, torch.Tensor]) -> float | None:
+    if not masks:
+        return None
+    kept = sum(int(m.sum()) for m in masks.values())
+    return kept / sum(m.numel() for m in masks.values())
+
+
+def _find_masks(obj: Any, depth: int = 0, seen: set[int] | None = None) -> dict[str, torch.Tensor]:
+    """The ``masks`` dict (name -> bool tensor) held by a built strategy or its wrappers."""
+    seen = set() if seen is None else seen
+    if depth > 5 or id(obj) in seen or not type(obj).__module__.startswith("fedge."):
+        return {}
+    seen.add(id(obj))
+    masks = getattr(obj, "masks", None)
+    if isinstance(masks, dict) and masks and all(
+        isinstance(m, torch.Tensor) and m.dtype == torch.bool for m in masks.values()
+    ):
+        return masks
+    for value in vars(obj).values() if hasattr(obj, "__dict__") else ():
+        found = _find_masks(value, depth + 1, seen)
+        if found:
+            return found
+    return {}
+
+
+def load_trained_model(run_dir: str | Path) -> TrainedModel:
+    """The final model of a complete run (``model.safetensors``), masks applied, in eval mode.
+
+    The architecture is rebuilt from the run's ``config.yaml`` (which also reloads the data,
+    for its shape and normalization statistics, and the method, for a pruned model's masks).
+
+    Raises:
+        ResumeError: not a run directory, or the run has not finished (no model yet).
+    """
+    rundir = RunDir(run_dir)
+    raw = rundir.read_config()
+    weights = rundir.path / "model.safetensors"
+    if not rundir.is_complete() or not weights.is_file():
+        raise ResumeError(
+            f"run {str(rundir.path)!r} has no final model yet (it is not complete); finish it "
+            f"with: fedge run --resume {rundir.path}"
+        )
+    built: BuiltRun = build_run(load_config(raw))
+    model = built.model_fn()
+    state = load_file(str(weights))
+    missing = sorted(set(model.state_dict()) ^ set(state))
+    if missing:
+        raise ResumeError(f"{str(weights)!r} does not match the run's model "
+                          f"{raw.get('model', {}).get('name')!r} (keys {missing[:3]} differ)")
+    model.load_state_dict(state)
+    sim = built.simulation()
+    checkpoint = rundir.load_checkpoint()
+    if checkpoint is not None:
+        sim.load_state_dict(checkpoint)
+    masks = {k: v.clone() for k, v in _find_masks(sim.strategy).items()}
+    with torch.no_grad():
+        params = dict(model.named_parameters())
+        for name, mask in masks.items():
+            params[name].mul_(mask.to(params[name].dtype))  # pruned weights exactly 0
+    model.eval()
+    ds = built.dataset
+    return TrainedModel(model, masks, tuple(ds.input_shape), tuple(ds.classes), tuple(ds.mean),
+                        tuple(ds.std))
+
+
+def _export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path,
+                 meta: dict[str, Any]) -> None:
+    """ONNX with a dynamic batch axis (input ``x``, output ``logits``) and ``fedge.json`` in
+    the model's metadata_props."""
+    import contextlib
+    import io
+
+    import onnx
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (example,), str(path), input_names=["x"],
+                          output_names=["logits"], dynamic_axes={"x": {0: "batch"}},
+                          external_data=False)
+    proto = onnx.load(str(path))
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = "fedge.json", json.dumps(meta)
+    onnx.save(proto, str(path))
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: Path
+    format: str
+    metadata: dict[str, Any]
+
+
+def export_model(
+    run_dir: str | Path, *, format: Format = "torchscript", out: str | Path | None = None
+) -> ExportResult:
+    """Write a complete run's model for on-device inference.
+
+    Args:
+        format: ``"torchscript"`` (``torch.jit.load``-able, metadata in ``fedge.json``) or
+            ``"onnx"`` (needs the ``onnx`` package).
+        out: the file to write; default ``RUN_DIR/model.pt`` or ``RUN_DIR/model.onnx``.
+
+    Returns:
+        where it was written, the format, and the input metadata.
+    """
+    if format not in ("torchscript", "onnx"):
+        raise ConfigError(f"export format {format!r} is not supported; expected torchscript or onnx")
+    if format == "onnx":
+        try:
+            import onnx  # noqa: F401
+            import onnxscript  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                "ONNX export needs the onnx and onnxscript packages, which are not installed "
+                "here; install them with `pip install 'fedge[onnx]'` (or `pip install onnx "
+                "onnxscript`), or use --format torchscript"
+            ) from None
+    trained = load_trained_model(run_dir)
+    dest = Path(out) if out is not None else Path(run_dir) / (
+        "model.pt" if format == "torchscript" else "model.onnx"
+    )
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    meta = trained.metadata()
+    example = torch.zeros((1, *trained.input_shape))
+    tmp = dest.with_name(dest.name + ".tmp")
+    if format == "torchscript":
+        # tracing records one forward; the models are static graphs (no data-dependent
+        # control flow: their shape checks are constants for a fixed input shape), and the
+        # test checks the trace against the model on a batch of another size
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch")
+            traced = torch.jit.trace(trained.model, example)
+            torch.jit.save(traced, str(tmp), _extra_files={"fedge.json": json.dumps(meta)})
+    else:
+        _export_onnx(trained.model, torch.zeros((2, *trained.input_shape)), tmp, meta)
+    tmp.replace(dest)
+    return ExportResult(dest, format, meta)

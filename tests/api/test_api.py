@@ -1,0 +1,143 @@
+"""The public API end to end: a user's own data, trained from Python and resumed by the plain CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import fedge
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def _cli(*args: str, pythonpath: str = "") -> subprocess.CompletedProcess[str]:
+    """``fedge ...`` in a fresh process (nothing registered from Python survives)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (SRC, pythonpath) if p),
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "fedge.cli.main", *args], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _tabular(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % 3
+    x = rng.normal(size=(n, 5)) + 3.0 * np.eye(3, 5)[y]  # separable: class k shifts feature k
+    return x.astype(np.float32), y
+
+
+def _cfg(dataset: dict, rounds: int = 2) -> dict:
+    return {
+        "rounds": rounds, "clients": {"num": 3, "per_round": 3}, "dataset": dataset,
+        "model": {"name": "mlp", "hidden": [16]},
+        "method": {"name": "fedavg", "local_epochs": 3, "batch_size": 8,
+                   "client_optimizer": {"lr": 0.1}},
+    }
+
+
+def _curve(run: fedge.RunResult) -> list[tuple[float, float]]:
+    return [(m["test_accuracy"], m["test_loss"]) for m in run.metrics]
+
+
+def test_public_names_are_sorted_and_resolve() -> None:
+    assert fedge.__all__ == sorted(fedge.__all__)
+    for name in fedge.__all__:
+        assert getattr(fedge, name) is not None
+    with pytest.raises(AttributeError):
+        fedge.no_such_thing  # noqa: B018
+
+
+def test_import_fedge_is_cheap() -> None:
+    code = "import sys, fedge; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": SRC},
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False"
+
+
+def test_npz_run_then_plain_cli_resume_equals_uninterrupted(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    x, y = _tabular(90, 0)
+    xt, yt = _tabular(30, 1)
+    np.savez("data.npz", x_train=x, y_train=y, x_test=xt, y_test=yt)
+    run = fedge.run(_cfg({"name": "npz", "path": "data.npz"}), out="r", overrides={"seed": 3})
+    assert len(run.metrics) == 2 and run.summary["dataset"] == "npz"
+    assert run.config["dataset"]["path"] == str(tmp_path / "data.npz")  # recorded absolute
+    assert run.model(torch_tensor(xt[:4])).shape == (4, 3)
+
+    # the plain CLI, in a fresh process and another directory, trains the run further
+    monkeypatch.chdir(tmp_path.parent)
+    res = _cli("run", "--resume", str(tmp_path / "r"), "--set", "rounds=4", "-q")
+    assert res.returncode == 0, res.stderr
+    resumed = fedge.load_run(tmp_path / "r")
+    full = fedge.run(_cfg({"name": "npz", "path": str(tmp_path / "data.npz")}, rounds=4),
+                     out=tmp_path / "full", overrides=["seed=3"])
+    assert _curve(resumed) == _curve(full)
+    assert full.metrics[-1]["test_accuracy"] > 0.8  # tabular features train with mlp
+
+
+def test_csv_yaml_run_with_the_cli(tmp_path: Path) -> None:
+    x, y = _tabular(60, 0)
+    for name, (xs, ys) in {"train.csv": (x, y), "test.csv": _tabular(21, 1)}.items():
+        rows = ["f0,f1,f2,f3,f4,species"] + [",".join(f"{v:.5f}" for v in r) + f",s{c}"
+                                              for r, c in zip(xs, ys)]
+        (tmp_path / name).write_text("\n".join(rows) + "\n")
+    cfg = _cfg({"name": "csv", "path": str(tmp_path / "train.csv"),
+                "test_path": str(tmp_path / "test.csv"), "label": "species"})
+    cfg["model"] = {"name": "logreg"}
+    (tmp_path / "my.yaml").write_text(yaml.safe_dump(cfg))
+    res = _cli("run", str(tmp_path / "my.yaml"), "--out", str(tmp_path / "r"), "-q")
+    assert res.returncode == 0, res.stderr
+    part = json.loads((tmp_path / "r" / "partition.json").read_text())
+    assert part["num_samples"] == 60 and part["num_classes"] == 3
+
+
+def test_function_registered_from_python_resumes_with_the_cli(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "user_data_mod.py").write_text(
+        "import numpy as np\n"
+        "def make(seed=0, n=60):\n"
+        "    r = np.random.default_rng(7)\n"
+        "    y = np.arange(n) % 3\n"
+        "    x = r.normal(size=(n, 5)) + 3.0 * np.eye(3, 5)[y]\n"
+        "    return x, y, x[:15], y[:15]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import user_data_mod
+
+    from fedge.data import registry
+
+    fedge.register_dataset("user-tab", user_data_mod.make, replace=True)
+    try:
+        run = fedge.run(_cfg({"name": "user-tab", "n": 45}), out=tmp_path / "r")
+    finally:  # leave the registry as the other tests expect it
+        registry._REGISTRY.unregister("user-tab")
+        registry._FUNCTIONS.discard("user-tab")
+    assert run.config["dataset"]["target"] == "user_data_mod:make"
+    res = _cli("run", "--resume", str(tmp_path / "r"), "--set", "rounds=3", "-q",
+               pythonpath=str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert len(fedge.load_run(tmp_path / "r").metrics) == 3
+    part = json.loads((tmp_path / "r" / "partition.json").read_text())
+    assert part["num_samples"] == 45  # the recorded option n=45 reached the function again
+
+
+def test_bad_user_data_writes_no_run_dir(tmp_path: Path) -> None:
+    np.savez(tmp_path / "d.npz", x_train=np.zeros((4, 2)), y_train=np.zeros(3), x_test=np.zeros((2, 2)),
+             y_test=np.zeros(2))
+    with pytest.raises(fedge.ConfigError, match="x_train has 4 samples but y_train has shape"):
+        fedge.run(_cfg({"name": "npz", "path": str(tmp_path / "d.npz")}), out=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+    res = _cli("run", "quickstart", "--set", "dataset.name=npz", "--set", "dataset.path=missing.npz",
+               "--out", str(tmp_path / "r2"))
+    assert res.returncode == 2 and "missing.npz" in res.stderr and not (tmp_path / "r2").exists()
+
+
+def torch_tensor(a: np.ndarray):  # noqa: ANN201
+    import torch
+
+    return torch.as_tensor(a)

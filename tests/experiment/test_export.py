@@ -1,0 +1,102 @@
+"""fedge export: the TorchScript file computes what the run's model computes, masks applied."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from fedge.cli.main import app
+from fedge.core.config import load_config
+from fedge.core.errors import ConfigError, ResumeError
+from fedge.experiment.export import export_model, load_trained_model
+from fedge.experiment.run import run_experiment
+from fedge.pruning import prunable_parameters
+
+
+def _batch(shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.randn((17, *shape), generator=torch.Generator().manual_seed(0))
+
+
+def test_torchscript_export_matches_the_model(tmp_path: Path, tiny) -> None:
+    cfg = load_config(tiny(rounds=2, model={"name": "lenet", "channels": [4, 8]}))
+    run = run_experiment(cfg, out=tmp_path / "r", render=False)
+    res = CliRunner().invoke(app, ["export", str(run), "--out", str(tmp_path / "m.pt")])
+    assert res.exit_code == 0, res.output
+    extra = {"fedge.json": ""}
+    scripted = torch.jit.load(str(tmp_path / "m.pt"), _extra_files=extra)
+    meta = json.loads(extra["fedge.json"])
+    assert meta["input_shape"] == [1, 8, 8] and meta["num_classes"] == 10 and meta["density"] is None
+    # oracle: the run's final weights (model.safetensors) in a freshly built model
+    trained = load_trained_model(run)
+    state = load_file(str(run / "model.safetensors"))
+    assert all(torch.equal(v, state[k]) for k, v in trained.model.state_dict().items())
+    x = _batch((1, 8, 8))
+    with torch.no_grad():
+        assert torch.allclose(scripted(x), trained.model(x), atol=1e-6)
+    assert list(meta["mean"]) == pytest.approx(list(trained.mean))
+
+
+def test_pruned_model_exports_with_exact_zeros(tmp_path: Path, tiny) -> None:
+    method = {"name": "ntk-baffle", "k": 8, "batch_size": 16, "max_steps": 2, "density": 0.2,
+              "prune_rounds": 3, "prune_inputs": 8, "mode": "epoch"}
+    cfg = load_config(tiny(rounds=2, model={"name": "mlp", "hidden": [32]}, method=method,
+                           **{"clients.num": 4, "clients.per_round": 4}))
+    run = run_experiment(cfg, out=tmp_path / "r", render=False)
+    result = export_model(run)
+    assert result.path == run / "model.pt" and result.metadata["density"] == pytest.approx(0.2, abs=1e-3)
+    trained = load_trained_model(run)
+    names = prunable_parameters(trained.model)
+    assert set(trained.masks) == set(names)
+    scripted = torch.jit.load(str(result.path))
+    weights = dict(scripted.named_parameters())
+    for name, mask in trained.masks.items():
+        assert torch.all(weights[name][~mask] == 0)  # pruned: exactly zero in the file
+    kept = sum(int((weights[n] != 0).sum()) for n in names)
+    assert kept == sum(int(m.sum()) for m in trained.masks.values())
+    x = _batch((1, 8, 8))
+    with torch.no_grad():
+        assert torch.allclose(scripted(x), trained.model(x), atol=1e-6)
+
+
+def test_export_errors(tmp_path: Path, tiny) -> None:
+    cfg = load_config(tiny(rounds=1))
+    run = run_experiment(cfg, out=tmp_path / "r", render=False)
+    with pytest.raises(ConfigError, match="expected torchscript or onnx"):
+        export_model(run, format="tflite")  # type: ignore[arg-type]
+    (run / "summary.json").unlink()
+    with pytest.raises(ResumeError, match="not complete"):
+        export_model(run)
+    res = CliRunner().invoke(app, ["export", str(tmp_path / "nothing")])
+    assert res.exit_code == 2 and "not a fedge run directory" in res.output
+
+
+def test_onnx_export_matches_the_model(tmp_path: Path, tiny) -> None:
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")
+    from onnx.reference import ReferenceEvaluator
+
+    run = run_experiment(load_config(tiny(rounds=1, model={"name": "lenet", "channels": [4, 8]})),
+                         out=tmp_path / "r", render=False)
+    result = export_model(run, format="onnx")
+    proto = onnx.load(str(result.path))
+    meta = json.loads({p.key: p.value for p in proto.metadata_props}["fedge.json"])
+    assert meta["input_shape"] == [1, 8, 8]
+    x = _batch((1, 8, 8))
+    (got,) = ReferenceEvaluator(proto).run(None, {"x": x.numpy()})
+    with torch.no_grad():
+        want = load_trained_model(run).model(x)
+    assert torch.allclose(torch.from_numpy(got), want, atol=1e-5)
+
+
+def test_onnx_missing_says_how_to_install(tmp_path: Path, tiny, monkeypatch) -> None:
+    import sys
+
+    run = run_experiment(load_config(tiny(rounds=1)), out=tmp_path / "r", render=False)
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as if not installed
+    with pytest.raises(ConfigError, match="pip install 'fedge\\[onnx\\]'"):
+        export_model(run, format="onnx")
