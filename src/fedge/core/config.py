@@ -273,7 +273,9 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], *, pre
             lines.append(f"unknown config key {key!r}{hint}; valid keys here: {', '.join(valid)}")
         else:
             msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"config key {key!r}: {msg} (got {err.get('input')!r})")
+            got = err.get("input")
+            # a check of a whole section names its values itself; echoing the section would be noise
+            lines.append(f"config key {key!r}: {msg}" + ("" if isinstance(got, dict) else f" (got {got!r})"))
     return "\n".join(lines)
 
 

@@ -162,7 +162,7 @@ def _diverged(line: dict[str, Any], limit: float) -> tuple[str, float] | None:
 def _divergence_message(built: BuiltRun, rnd: int, what: str, rundir: RunDir, kept: int) -> str:
     return (
         f"training diverged in round {rnd}: {what}; likely cause: a step size too large for this model: "
-        f"{_advice(built)}. The run directory {str(rundir.path)!r} keeps {f'rounds 1-{kept}' if kept else 'no round'} "
+        f"{_advice(built)}. The run directory {str(rundir.path)!r} keeps {'no round' if not kept else 'round 1' if kept == 1 else f'rounds 1-{kept}'} "
         "and is not complete: start a new run, or edit its config.yaml and continue with "
         f"fedge run --resume {rundir.path} --allow-config-change (or set on_divergence: continue to go on regardless)"
     )

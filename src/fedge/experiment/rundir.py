@@ -209,9 +209,21 @@ class RunDir:
 
     def create(self, config: dict[str, Any], partition: dict[str, Any], *, data_source: str | None = None) -> None:
         """Write config.yaml (headed by a comment naming where the data was read, when given),
-        partition.json and an empty metrics.jsonl, claiming the directory first if needed."""
+        partition.json and an empty metrics.jsonl, claiming the directory first if needed.
+        If a write fails, everything written here is removed again (and the claim released)."""
         if not self._claimed:
             self.claim()
+        try:
+            self._create(config, partition, data_source)
+        except BaseException:
+            for name in ("partition.json", APPLIED, CONFIG, METRICS):
+                (self.path / name).unlink(missing_ok=True)
+            for tmp in self.temp_files():
+                tmp.unlink(missing_ok=True)
+            self.release()
+            raise
+
+    def _create(self, config: dict[str, Any], partition: dict[str, Any], data_source: str | None) -> None:
         fix = "choose a writable --out with free space"
         _atomic_write(self.path / "partition.json", json.dumps(partition).encode(), fix)
         _atomic_write(self.path / APPLIED, json.dumps(config).encode(), fix)
