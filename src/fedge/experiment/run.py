@@ -35,6 +35,7 @@ from fedge.data import get_dataset_spec
 from fedge.experiment.build import BuiltRun, build_run, method_config
 from fedge.experiment.rundir import RunDir, config_diff
 from fedge.methods.base import model_arrays
+from fedge.privacy.secagg.errors import FixedPointRangeError
 from fedge.runtime.engine import Simulation
 
 __all__ = [
@@ -159,12 +160,13 @@ def _diverged(line: dict[str, Any], limit: float) -> tuple[str, float] | None:
     return None
 
 
-def _divergence_message(built: BuiltRun, rnd: int, what: str, rundir: RunDir, kept: int) -> str:
+def _divergence_message(built: BuiltRun, rnd: int, what: str, rundir: RunDir, kept: int, *, hard: bool = False) -> str:
+    go_on = "" if hard else " (or set on_divergence: continue to go on regardless)"
     return (
         f"training diverged in round {rnd}: {what}; likely cause: a step size too large for this model: "
         f"{_advice(built)}. The run directory {str(rundir.path)!r} keeps {'no round' if not kept else 'round 1' if kept == 1 else f'rounds 1-{kept}'} "
         "and is not complete: start a new run, or edit its config.yaml and continue with "
-        f"fedge run --resume {rundir.path} --allow-config-change (or set on_divergence: continue to go on regardless)"
+        f"fedge run --resume {rundir.path} --allow-config-change{go_on}"
     )
 
 
@@ -222,7 +224,10 @@ def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], 
     cfg = built.config
     limit = _loss_limit(built)
 
+    writing: list[int] = []  # the round being written while on_round runs (its warnings belong to it)
+
     def on_round(line: dict[str, Any], sim: Simulation) -> None:
+        writing[:] = [line["round"]]
         bad = _diverged(line, limit)
         if bad is not None:
             key, value = bad
@@ -237,23 +242,25 @@ def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], 
                 raise DivergenceError(_divergence_message(built, line["round"], what, rundir, line["round"]))
             warnings.warn(f"training diverged in round {line['round']}: {what}; {_advice(built)}",
                           DivergenceWarning, stacklevel=2)  # fmt: skip
+        writing.clear()
 
     sim = built.simulation(on_round)
     sim.on_progress = progress.clients
     if state is not None:
         sim.load_state_dict(state)
     progress.start(cfg.rounds, len(lines))
-    with _collapsed_warnings(lambda: sim.record.round + 1):
+    with _collapsed_warnings(lambda: writing[0] if writing else sim.record.round + 1):
         try:
             sim.run()
-        except MessageError as exc:
+        except (MessageError, FixedPointRangeError) as exc:
             text = str(exc)
-            if "non-finite" not in text and " is nan" not in text and " is inf" not in text:
+            blown = isinstance(exc, FixedPointRangeError) and "exceeds the fixed-point range" in text
+            if not blown and "non-finite" not in text and " is nan" not in text and " is inf" not in text:
                 raise
             who, _, what = text.split(";")[0].rpartition(": ")
             rnd = sim.record.round + 1
             what = f"{what} ({who})" if who else what
-            raise DivergenceError(_divergence_message(built, rnd, what, rundir, rnd - 1)) from None
+            raise DivergenceError(_divergence_message(built, rnd, what, rundir, rnd - 1, hard=True)) from None
     rundir.finish(_summary(built, sim, lines), sim.strategy.eval_model())
     if render:
         try:
