@@ -79,8 +79,8 @@ def bench_zo(
     """Zeroth-order step time (fast, lean) against a backprop step and BAFFLE's reference loop."""
     from fedge.bench.zo import run_zo, zo_markdown
 
-    names = parse_list("--models", models, example="lenet,wrn-10-2")
-    scheme_list = parse_list("--schemes", schemes, example="central,forward")
+    names: tuple[str, ...] = parse_list("--models", models, example="lenet,wrn-10-2")
+    scheme_list: tuple[str, ...] = parse_list("--schemes", schemes, example="central,forward")
     try:
         report = run_zo(list(names), k=k, batch=batch, repeats=repeats, threads=threads, schemes=list(scheme_list),
                         retain_memory=retain_memory, probe_k=probe_k or None)  # fmt: skip
@@ -103,7 +103,7 @@ def bench_memory(
     """Peak client-step memory: inference, backprop, lean and fast zeroth-order."""
     from fedge.bench.memory import memory_markdown, run_memory
 
-    names = parse_list("--models", models, example="lenet,wrn-10-2")
+    names: tuple[str, ...] = parse_list("--models", models, example="lenet,wrn-10-2")
     sizes = parse_list("--batches", batches, int, example="64,256", positive=True)
     ks = parse_list("--lean-ks", lean_ks, int, example="8,2", positive=True)
     try:
