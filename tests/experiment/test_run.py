@@ -139,3 +139,90 @@ def test_fedsgd_and_server_adam_train(tmp_path, tiny):
     out = run_experiment(load_config(cfg), out=tmp_path / "r", render=False)
     lines = metrics_without_wall(out)
     assert lines[-1]["test_loss"] < lines[0]["test_loss"]
+
+
+def test_progress_reports_start_clients_inside_rounds_and_rounds(tmp_path, tiny):
+    from fedge.experiment.run import Progress
+
+    class Record(Progress):
+        def __init__(self):
+            self.calls = []
+
+        def start(self, total_rounds, done):
+            self.calls.append(("start", total_rounds, done))
+
+        def clients(self, rnd, exchange, done, total):
+            self.calls.append(("clients", rnd, done, total))
+
+        def round(self, line, total_rounds):
+            self.calls.append(("round", line["round"], total_rounds))
+
+    rec = Record()
+    run_experiment(load_config(tiny(rounds=2, **{"clients.num": 3, "clients.per_round": 3})),
+                   out=tmp_path / "r", progress=rec, render=False)  # fmt: skip
+    expected = [("start", 2, 0)]
+    for rnd in (1, 2):
+        expected += [("clients", rnd, i, 3) for i in (1, 2, 3)] + [("round", rnd, 2)]
+    assert rec.calls == expected
+
+
+def test_a_plain_function_is_still_a_progress_callback(tmp_path, tiny):
+    seen = []
+    run_experiment(load_config(tiny(rounds=2)), out=tmp_path / "r", progress=lambda line, n: seen.append((line["round"], n)),
+                   render=False)  # fmt: skip
+    assert seen == [(1, 2), (2, 2)]
+
+
+def test_repeated_warnings_are_shown_once_with_a_count(tmp_path, tiny, monkeypatch):
+    import warnings
+
+    import fedge.experiment.rundir as rd
+
+    original = rd.RunDir.append_metrics
+
+    def noisy(self, line):
+        for i in range(3):  # different text each time, as PrecisionWarning's numbers are
+            warnings.warn(f"noise {line['round']}.{i}", UserWarning, stacklevel=1)
+        original(self, line)
+
+    monkeypatch.setattr(rd.RunDir, "append_metrics", noisy)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_experiment(load_config(tiny(rounds=3)), out=tmp_path / "r", render=False)
+    texts = [str(w.message) for w in caught if w.category is UserWarning]
+    assert texts == ["noise 1.0", "8 more UserWarnings like the one above (rounds 1–3); shown once"]
+
+
+def test_on_divergence_continue_logs_and_finishes(tmp_path, tiny):
+    import warnings
+
+    from fedge.experiment.run import DivergenceError, DivergenceWarning
+
+    method = {"name": "baffle", "mode": "batch", "k": 10, "batch_size": 64, "clip": None, "ema": None,
+              "server_optimizer": {"name": "sgd", "lr": 1e5}}  # fmt: skip
+    with pytest.raises(DivergenceError, match=r"^training diverged in round 1: test_loss="):
+        run_experiment(load_config(tiny(rounds=2, method=method)), out=tmp_path / "stop", render=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = run_experiment(load_config(tiny(rounds=1, method=method, on_divergence="continue")),
+                             out=tmp_path / "go", render=False)  # fmt: skip
+    assert json.loads((out / "summary.json").read_text())["status"] == "complete"
+    assert any(w.category is DivergenceWarning for w in caught)
+    assert all(line["diverged"] for line in metrics_without_wall(out))
+
+
+def test_a_claimed_directory_refuses_a_second_run(tmp_path, tiny):
+    from fedge.experiment.rundir import RunDir, RunDirBusyError
+
+    first = RunDir(tmp_path / "r")
+    first.claim()
+    with pytest.raises(RunDirBusyError, match="being set up by another fedge run"):
+        run_experiment(load_config(tiny()), out=tmp_path / "r", render=False)
+    first.release()
+    assert not (tmp_path / "r").exists()
+
+
+def test_build_failure_after_claim_leaves_no_directory(tmp_path, tiny):
+    with pytest.raises(UnknownNameError):
+        run_experiment(load_config(tiny(**{"model.name": "nope"})), out=tmp_path / "r", render=False)
+    assert not (tmp_path / "r").exists()

@@ -7,8 +7,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
+
+from fedge.data.partition import partition_summary
 
 BYTES_DOWN = 1_000_000  # per round, summed over clients
 BYTES_UP = 250_000
@@ -46,16 +49,16 @@ def write_run(
         "method": {"name": method, "lr": 0.1},
     }
     (path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    clients = [
-        {
-            "id": i,
-            "num_samples": 10 * (i + 1),
-            "label_hist": [10 * (i + 1) if k == i % num_classes else 0 for k in range(num_classes)],
-        }
-        for i in range(num_clients)
-    ]
-    partition = {"name": "dirichlet", "params": {"alpha": 0.5}, "num_clients": num_clients,
-                 "clients": clients, "num_classes": num_classes}  # fmt: skip
+    # partition.json exactly as a run writes it (fedge.experiment.build): the partitioner's name
+    # and parameters plus partition_summary of real index arrays. Client i holds 10*(i+1) samples,
+    # all of class i % num_classes.
+    labels, parts, start = [], [], 0
+    for i in range(num_clients):
+        labels += [i % num_classes] * (10 * (i + 1))
+        parts.append(np.arange(start, start + 10 * (i + 1)))
+        start += 10 * (i + 1)
+    partition = {"name": "dirichlet", "params": {"alpha": 0.5},
+                 **partition_summary(parts, np.array(labels), num_classes)}  # fmt: skip
     (path / "partition.json").write_text(json.dumps(partition))
     with (path / "metrics.jsonl").open("w") as f:
         for r, acc in enumerate(accuracies, start=1):

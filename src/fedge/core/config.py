@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
+import re
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 import yaml
@@ -41,6 +43,7 @@ __all__ = [
     "MeasureConfig",
     "RunConfig",
     "apply_overrides",
+    "check_finite",
     "format_validation_error",
     "load_config",
     "preset_names",
@@ -217,6 +220,11 @@ class RunConfig(_Strict):
     model: ModelConfig = ModelConfig()
     method: MethodConfig = MethodConfig()
     measure: MeasureConfig = MeasureConfig()
+    on_divergence: Literal["stop", "continue"] = Field(
+        "stop",
+        description="a round whose loss is non-finite or above 100·ln(classes): stop with an error naming the "
+        "round and the keys to lower (stop), or log it and go on (continue)",
+    )
 
     @field_validator("seed")
     @classmethod
@@ -303,6 +311,29 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return out
 
 
+_NON_FINITE_TEXT = re.compile(r"^[+-]?(inf|infinity|nan)$", re.IGNORECASE)
+
+
+def check_finite(raw: Any, prefix: str = "") -> None:
+    """Raise :class:`ConfigError` at the first non-finite number anywhere in a config mapping.
+
+    Floats that are inf or nan, and strings a float field would read as such (``"inf"``,
+    ``"-Infinity"``, ``"nan"``), are refused with the dotted key: no learning rate, sigma,
+    clip or partition parameter can be non-finite, and catching it here (before any section
+    is validated by its component) means no run directory is ever created for it."""
+    if isinstance(raw, dict):
+        for k, v in raw.items():
+            check_finite(v, f"{prefix}{k}.")
+    elif isinstance(raw, list | tuple):
+        for i, v in enumerate(raw):
+            check_finite(v, f"{prefix}{i}.")
+    elif (isinstance(raw, float) and not math.isfinite(raw)) or (
+        isinstance(raw, str) and _NON_FINITE_TEXT.match(raw.strip())
+    ):
+        key = prefix.rstrip(".") or "<root>"
+        raise ConfigError(f"config key {key!r}: {raw!r} is not a finite number; give a finite value")
+
+
 def _valid_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """Field names of the (sub)model a validation error location points into."""
     for part in loc[:-1]:
@@ -328,7 +359,9 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], *, pre
             lines.append(f"unknown config key {key!r}{hint}; valid keys here: {', '.join(valid)}")
         else:
             msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"config key {key!r}: {msg} (got {err.get('input')!r})")
+            got = err.get("input")
+            # a check of a whole section names its values itself; echoing the section would be noise
+            lines.append(f"config key {key!r}: {msg}" + ("" if isinstance(got, dict) else f" (got {got!r})"))
     return "\n".join(lines)
 
 
@@ -357,6 +390,7 @@ def load_config(source: str | Path | dict[str, Any], *, overrides: list[str] | N
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping, got {type(raw).__name__}")
     raw = apply_overrides(raw, list(overrides or []))
+    check_finite(raw)
     cfg = validate_section(RunConfig, raw, prefix="")
     assert isinstance(cfg, RunConfig)
     return cfg

@@ -1,28 +1,93 @@
 """Run an experiment end to end: build, write the run directory round by round, resume.
 
 This is what ``fedge run`` calls; tests and benchmarks call it too.
+
+What a user can get wrong ends in one :class:`~fedge.core.errors.FedgeError` naming the value
+and the fix, and never in a directory that looks complete:
+
+- bad config values (non-finite numbers included) fail before anything is written;
+- the output directory is claimed atomically (:meth:`RunDir.claim`), so of two runs started
+  with one ``--out`` exactly one writes it;
+- a full disk or read-only directory is a :class:`~fedge.experiment.rundir.StorageError`;
+  temporary files are removed and the run resumes from its last checkpoint;
+- a diverging run (non-finite values, or a loss above 100·ln(classes)) stops with
+  :class:`DivergenceError` naming the round and the config keys to lower (``on_divergence``);
+- ``--resume`` refuses a ``config.yaml`` edited since the run used it (naming the keys),
+  unless ``allow_config_change``, which records the edit in ``config_changes.jsonl``; every
+  check happens before the first write, so a refused resume leaves every byte as it was.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fedge.core.config import RunConfig, load_config
-from fedge.core.errors import ResumeError
+from fedge.core.config import RunConfig, check_finite, load_config
+from fedge.core.errors import ConfigError, DataNotFoundError, FedgeError, MessageError, ResumeError
 from fedge.core.messages import Message
-from fedge.methods.base import model_arrays
+from fedge.data import get_dataset_spec
 from fedge.experiment.build import BuiltRun, build_run, method_config, with_dataset_options
+from fedge.experiment.rundir import RunDir, config_diff
+from fedge.methods.base import model_arrays
+from fedge.privacy.secagg.errors import FixedPointRangeError
 from fedge.runtime.engine import Simulation
-from fedge.experiment.rundir import RunDir
 
-__all__ = ["Progress", "resolved_config", "resume_experiment", "run_experiment"]
+__all__ = [
+    "DivergenceError",
+    "DivergenceWarning",
+    "Progress",
+    "resolved_config",
+    "resume_experiment",
+    "run_experiment",
+]
 
-Progress = Callable[[dict[str, Any], int], None]  # (metrics line, total rounds)
+
+class DivergenceError(FedgeError, RuntimeError):
+    """Training diverged (non-finite values or an exploding loss); the message names the round
+    and the config keys that exist for this method to tame it."""
+
+
+class DivergenceWarning(UserWarning):
+    """A round diverged and ``on_divergence: continue`` let the run go on."""
+
+
+class Progress:
+    """What a run reports while it goes; override the parts you show (all default to nothing).
+
+    A plain function ``f(metrics_line, total_rounds)`` is accepted wherever a Progress is and
+    is called after every round."""
+
+    def start(self, total_rounds: int, done: int) -> None:
+        """Before the first round runs (``done`` rounds already in the directory on resume)."""
+
+    def clients(self, rnd: int, exchange: int, done: int, total: int) -> None:
+        """Inside a round: ``done`` of the ``total`` clients of this exchange have replied."""
+
+    def round(self, line: dict[str, Any], total_rounds: int) -> None:
+        """After round ``line["round"]`` completed and was written."""
+
+
+class _FunctionProgress(Progress):
+    def __init__(self, fn: Callable[[dict[str, Any], int], None]) -> None:
+        self.fn = fn
+
+    def round(self, line: dict[str, Any], total_rounds: int) -> None:
+        self.fn(line, total_rounds)
+
+
+ProgressLike = Progress | Callable[[dict[str, Any], int], None] | None
+
+
+def _as_progress(p: ProgressLike) -> Progress:
+    if p is None:
+        return Progress()
+    return p if isinstance(p, Progress) else _FunctionProgress(p)
 
 
 def resolved_config(built: BuiltRun | RunConfig) -> dict[str, Any]:
@@ -52,6 +117,7 @@ def _summary(built: BuiltRun, sim: Simulation, lines: list[dict[str, Any]]) -> d
         "method": cfg.method.name,
         "model": cfg.model.name,
         "dataset": cfg.dataset.name,
+        "dataset_source": built.dataset.source,
         "seed": cfg.seed,
         "wall_s": sum(x.get("wall_s", 0.0) for x in lines),
         "model_params": sum(p.numel() for p in model.parameters()),
@@ -68,30 +134,137 @@ def _summary(built: BuiltRun, sim: Simulation, lines: list[dict[str, Any]]) -> d
     return out
 
 
+# ---- divergence -------------------------------------------------------------------------------
+
+
+def _advice(built: BuiltRun) -> str:
+    """The keys that exist for this method and would tame a diverging run, with their values."""
+    m = resolved_config(built)["method"]
+    keys = []
+    if isinstance(m.get("client_optimizer"), dict) and m.get("mode") != "batch":
+        keys.append(f"method.client_optimizer.lr (now {m['client_optimizer'].get('lr')})")
+    if isinstance(m.get("server_optimizer"), dict):
+        keys.append(f"method.server_optimizer.lr (now {m['server_optimizer'].get('lr')})")
+    advice = "lower " + " or ".join(keys) if keys else "lower the learning rate"
+    if "clip" in m:
+        advice += f", or set a smaller method.clip (now {m['clip']})" if m["clip"] is not None else (
+            ", or turn on method.clip (now null; the reference code uses 0.3)")
+    return advice
+
+
+def _loss_limit(built: BuiltRun) -> float:
+    return 100.0 * math.log(max(2, built.dataset.num_classes))
+
+
+def _diverged(line: dict[str, Any], limit: float) -> tuple[str, float] | None:
+    for key in ("test_loss", "train_loss"):
+        v = line.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and (not math.isfinite(v) or v > limit):
+            return key, float(v)
+    return None
+
+
+def _divergence_message(built: BuiltRun, rnd: int, what: str, rundir: RunDir, kept: int, *, hard: bool = False) -> str:
+    go_on = "" if hard else " (or set on_divergence: continue to go on regardless)"
+    return (
+        f"training diverged in round {rnd}: {what}; likely cause: a step size too large for this model: "
+        f"{_advice(built)}. The run directory {str(rundir.path)!r} keeps {'no round' if not kept else 'round 1' if kept == 1 else f'rounds 1-{kept}'} "
+        "and is not complete: start a new run, or edit its config.yaml and continue with "
+        f"fedge run --resume {rundir.path} --allow-config-change{go_on}"
+    )
+
+
+# ---- warnings: the first of a kind is shown, its repeats are counted ---------------------------
+
+
+@contextmanager
+def _collapsed_warnings(current_round: Callable[[], int]) -> Iterator[None]:
+    seen: dict[tuple[Any, str, int], list[Any]] = {}
+    shown = warnings.showwarning
+
+    def show(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        key = (category, filename, lineno)
+        rnd = current_round()
+        entry = seen.get(key)
+        if entry is None:
+            seen[key] = [0, rnd, rnd]
+            shown(message, category, filename, lineno, file, line)
+        else:
+            entry[0] += 1
+            entry[2] = rnd
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+        for (category, filename, lineno), (more, first, last) in seen.items():
+            if more:
+                rounds = f"round {first}" if first == last else f"rounds {first}–{last}"
+                shown(f"{more} more {category.__name__}s like the one above ({rounds}); shown once",
+                      category, filename, lineno)  # fmt: skip
+
+
+# ---- driving rounds -----------------------------------------------------------------------------
+
+
 def _drive(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: dict[str, Any] | None,
-           progress: Progress | None, render: bool) -> Path:
+           progress: ProgressLike, render: bool) -> Path:
     before = torch.get_num_threads()  # a notebook's own setting comes back after the run
     if built.config.threads is not None:
         torch.set_num_threads(built.config.threads)
     try:
-        return _drive_rounds(built, rundir, lines, state, progress, render)
+        return _drive_rounds(built, rundir, lines, state, _as_progress(progress), render)
+    except BaseException:
+        for tmp in rundir.temp_files():  # half-written checkpoint/model/metrics from this process
+            tmp.unlink(missing_ok=True)
+        raise
     finally:
         torch.set_num_threads(before)
 
 
 def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: dict[str, Any] | None,
-                  progress: Progress | None, render: bool) -> Path:
+                  progress: Progress, render: bool) -> Path:
+    cfg = built.config
+    limit = _loss_limit(built)
+
+    writing: list[int] = []  # the round being written while on_round runs (its warnings belong to it)
+
     def on_round(line: dict[str, Any], sim: Simulation) -> None:
+        writing[:] = [line["round"]]
+        bad = _diverged(line, limit)
+        if bad is not None:
+            key, value = bad
+            line["diverged"] = True
         rundir.append_metrics(line)
         rundir.save_checkpoint(sim.state_dict())
         lines.append(line)
-        if progress is not None:
-            progress(line, built.config.rounds)
+        progress.round(line, cfg.rounds)
+        if bad is not None:
+            what = f"{key}={value:.4g} (limit 100·ln({built.dataset.num_classes}) = {limit:.4g})"
+            if cfg.on_divergence == "stop":
+                raise DivergenceError(_divergence_message(built, line["round"], what, rundir, line["round"]))
+            warnings.warn(f"training diverged in round {line['round']}: {what}; {_advice(built)}",
+                          DivergenceWarning, stacklevel=2)  # fmt: skip
+        writing.clear()
 
     sim = built.simulation(on_round)
+    sim.on_progress = progress.clients
     if state is not None:
         sim.load_state_dict(state)
-    sim.run()
+    progress.start(cfg.rounds, len(lines))
+    with _collapsed_warnings(lambda: writing[0] if writing else sim.record.round + 1):
+        try:
+            sim.run()
+        except (MessageError, FixedPointRangeError) as exc:
+            text = str(exc)
+            blown = isinstance(exc, FixedPointRangeError) and "exceeds the fixed-point range" in text
+            if not blown and "non-finite" not in text and " is nan" not in text and " is inf" not in text:
+                raise
+            who, _, what = text.split(";")[0].rpartition(": ")
+            rnd = sim.record.round + 1
+            what = f"{what} ({who})" if who else what
+            raise DivergenceError(_divergence_message(built, rnd, what, rundir, rnd - 1, hard=True)) from None
     rundir.finish(_summary(built, sim, lines), sim.strategy.eval_model())
     if render:
         try:
@@ -103,22 +276,74 @@ def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], 
     return rundir.path
 
 
+# ---- dataset.root -------------------------------------------------------------------------------
+
+
+def check_dataset_root(cfg: RunConfig) -> None:
+    """An explicit ``dataset.root`` must hold the dataset's files: fedge's other search places
+    (``$FEDGE_DATA``, the cache, ``/usr/share/datasets``) do not stand in for it silently."""
+    root = cfg.dataset.root
+    if root is None:
+        return
+    spec = get_dataset_spec(cfg.dataset.name)
+    found = spec.locate(root=root)
+    if found is None:
+        return  # loading raises DataNotFoundError listing every place searched
+    where, mine = Path(found).expanduser(), Path(root).expanduser()
+    if not where.is_dir():
+        raise ConfigError(
+            f"dataset.root={root!r} is set, but dataset {cfg.dataset.name!r} reads no files (it comes from "
+            f"{found}); remove dataset.root"
+        )
+    if where.resolve().is_relative_to(mine.resolve()):
+        return
+    if not mine.is_dir():
+        state = "no such directory"
+    else:
+        state = "missing: " + ", ".join(sorted(p.name for p in where.iterdir() if p.is_file() and not (mine / p.name).exists()))
+    raise DataNotFoundError(
+        f"dataset.root={root!r} does not hold the {cfg.dataset.name!r} files ({state}; names as found in {found}); "
+        f"put them there, or remove dataset.root to read the copy in {found}"
+    )
+
+
+# ---- entry points -------------------------------------------------------------------------------
+
+
 def run_experiment(
-    cfg: RunConfig, *, out: str | Path, progress: Progress | None = None, render: bool = True
+    cfg: RunConfig, *, out: str | Path, progress: ProgressLike = None, render: bool = True
 ) -> Path:
     """Build and run ``cfg``, writing the run directory ``out`` (which must not exist or be empty).
 
-    Nothing is written until the config, data, model and method are all valid.
+    The directory is claimed first (exclusively: a second run aimed at it fails at once);
+    nothing else is written until the config, data, model and method are all valid, and on
+    invalid input the claim is undone, leaving no directory.
     """
-    RunDir.check_new(out)
-    built = build_run(cfg)
+    check_finite(cfg.to_dict())
     rundir = RunDir(out)
-    rundir.create(resolved_config(built), built.partition_summary)
+    rundir.claim()
+    try:
+        check_dataset_root(cfg)
+        built = build_run(cfg)
+    except BaseException:
+        rundir.release()
+        raise
+    source = built.dataset.source if Path(built.dataset.source).is_dir() else None
+    rundir.create(resolved_config(built), built.partition_summary, data_source=source)
     return _drive(built, rundir, [], None, progress, render)
 
 
+def _changed_keys(changes: dict[str, tuple[Any, Any]]) -> str:
+    return ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
+
+
 def resume_experiment(
-    run_dir: str | Path, *, rounds: int | None = None, progress: Progress | None = None, render: bool = True
+    run_dir: str | Path,
+    *,
+    rounds: int | None = None,
+    progress: ProgressLike = None,
+    render: bool = True,
+    allow_config_change: bool = False,
 ) -> Path:
     """Continue an interrupted run from its last completed round, or extend a run to more rounds.
 
@@ -130,9 +355,33 @@ def resume_experiment(
             continued from its last checkpoint. Nothing else of the config may change. The
             extended run equals a run configured with ``rounds`` from the start, except that
             the old last round was evaluated even if ``eval_every`` would have skipped it.
+            Raising ``rounds`` in ``config.yaml`` by hand does the same.
+        allow_config_change: accept other edits of ``config.yaml`` since the run used it; they
+            apply from the next round and are recorded in ``config_changes.jsonl``. Without it
+            such edits are refused, naming the changed keys.
+
+    Every check runs before the first write: a refused resume changes nothing on disk.
     """
     rundir = RunDir(run_dir)
     raw = rundir.read_config()
+    applied = rundir.applied_config()
+    changes: dict[str, tuple[Any, Any]] = {}
+    if applied is not None:
+        changes = config_diff(applied, raw)
+        grown = changes.pop("rounds", None)
+        if grown is not None:
+            old_r, new_r = grown
+            if isinstance(new_r, int) and isinstance(old_r, int) and new_r > old_r:
+                rounds = max(rounds or 0, new_r)
+                raw = {**raw, "rounds": old_r}
+            else:
+                changes["rounds"] = grown
+        if changes and not allow_config_change:
+            raise ResumeError(
+                f"{str(rundir.path / 'config.yaml')!r} was edited since the run used it ({_changed_keys(changes)}); "
+                "resuming would mix two configs in one run: restore those values (only rounds may grow), or "
+                "resume with --allow-config-change to record the change in config_changes.jsonl"
+            )
     if rounds is None and rundir.is_complete():
         raise ResumeError(
             f"run {str(rundir.path)!r} is already complete; nothing to resume "
@@ -147,17 +396,23 @@ def resume_experiment(
             )
         raw = {**raw, "rounds": rounds}
     cfg = load_config(raw)
+    check_dataset_root(cfg)
     built = build_run(cfg)
-    if rounds is not None:
-        if rundir.is_complete() and rundir.load_checkpoint() is None:
-            raise ResumeError(f"run {str(rundir.path)!r} has no checkpoint.pt to continue from")
-        rundir.reopen(raw)
     state = rundir.load_checkpoint()
+    if rounds is not None and rundir.is_complete() and state is None:
+        raise ResumeError(f"run {str(rundir.path)!r} has no checkpoint.pt to continue from")
     last = 0 if state is None else int(state["record"]["round"])
-    lines = rundir.truncate_metrics(last)
+    lines = rundir.read_metrics(last)
     if len(lines) != last:
         raise ResumeError(
             f"run {str(rundir.path)!r}: checkpoint is at round {last} but metrics.jsonl has "
             f"{len(lines)} complete rounds; the directory was modified by hand"
         )
+    # -- every check passed: from here on the directory is written
+    resolved = resolved_config(built)
+    if changes:
+        rundir.record_config_change(last, changes, resolved)
+    if rounds is not None or changes:
+        rundir.reopen(resolved)
+    rundir.write_metrics(lines)
     return _drive(built, rundir, lines, state, progress, render)

@@ -1,7 +1,10 @@
-"""The run directory: what a run leaves on disk, written so that a crash never leaves
-something that looks complete.
+"""The run directory: what a run leaves on disk, written so that a crash, a full disk or a
+second run aimed at the same place never leaves something that looks complete.
 
+    .fedge-claim       created exclusively (O_EXCL) before anything else: one run owns the directory
+    .fedge-config.json the resolved config as last run (what ``--resume`` compares config.yaml to)
     config.yaml        resolved config (every default filled in)
+    config_changes.jsonl  edits accepted by ``--resume --allow-config-change`` (round, key, old, new)
     partition.json     partition summary (samples and label histogram per client)
     metrics.jsonl      one JSON object per completed round, flushed every round
     checkpoint.pt      state after the last completed round (atomic replace), for --resume
@@ -10,12 +13,20 @@ something that looks complete.
     plots/, report.md, report.html
 
 A run is complete exactly when ``summary.json`` exists with ``status == "complete"``.
+
+Every write goes through :func:`_write_file`, :func:`_append_file` or :func:`_save_torch`; an
+``OSError`` there (read-only filesystem, disk full) becomes one :class:`StorageError` naming the
+path, after the half-written temporary file is removed. What was written before stays
+consistent: ``--resume`` continues from the last checkpoint.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,23 +34,106 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from fedge.core.errors import ConfigError, ResumeError
+from fedge.core.errors import ConfigError, FedgeError, ResumeError
 
-__all__ = ["RunDir"]
+__all__ = ["RunDir", "RunDirBusyError", "StorageError", "config_diff"]
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CONFIG = "config.yaml"
+CLAIM = ".fedge-claim"
+APPLIED = ".fedge-config.json"
+CHANGES = "config_changes.jsonl"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+class StorageError(FedgeError, OSError):
+    """The run directory could not be written (read-only filesystem, disk full, permissions)."""
+
+
+class RunDirBusyError(ConfigError):
+    """Another run claimed the output directory first."""
+
+
+# -- the only places that touch the disk (tests inject OSError here) -----------------------
+def _mkdir(path: Path) -> bool:
+    """Create ``path`` (and parents); True if this call created it."""
+    try:
+        path.mkdir(parents=True)
+        return True
+    except FileExistsError:
+        return False
+
+
+def _create_exclusive(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+
+
+def _append_file(path: Path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+        f.flush()
+
+
+def _save_torch(obj: Any, path: Path) -> None:
+    torch.save(obj, path)
+
+
+def _describe(exc: OSError) -> str:
+    return exc.strerror or exc.__class__.__name__
+
+
+@contextmanager
+def _storage(path: Path, doing: str, fix: str, *, tmp: Path | None = None) -> Iterator[None]:
+    """Turn an OSError into one StorageError line naming ``path``; remove ``tmp`` if left."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except OSError as exc:
+        if tmp is not None:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+        errno_txt = f"errno {exc.errno}: " if exc.errno else ""
+        raise StorageError(f"cannot {doing} {str(path)!r} ({errno_txt}{_describe(exc)}); {fix}") from None
+
+
+def _atomic_write(path: Path, data: bytes, fix: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with _storage(path, "write", fix, tmp=tmp):
+        _write_file(tmp, data)
+        os.replace(tmp, path)
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix.rstrip("."): d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Dotted key -> (old, new) for every key whose value differs (missing: None)."""
+    a, b = _flatten(old), _flatten(new)
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
 class RunDir:
@@ -47,6 +141,11 @@ class RunDir:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self._created = False
+        self._claimed = False
+
+    def _fix(self) -> str:
+        return f"free space or fix the permissions, then continue with: fedge run --resume {self.path}"
 
     # -- creation -------------------------------------------------------------------
     @staticmethod
@@ -54,35 +153,136 @@ class RunDir:
         """Raise :class:`ConfigError` if ``path`` exists and is not an empty directory."""
         p = Path(path)
         if p.exists() and (not p.is_dir() or any(p.iterdir())):
+            if p.is_dir() and [x.name for x in p.iterdir()] == [CLAIM]:
+                raise RunDirBusyError(
+                    f"output directory {str(p)!r} is being set up by another fedge run; choose another --out"
+                )
             raise ConfigError(
                 f"output directory {str(p)!r} already exists and is not empty; "
                 f"choose another --out, or continue that run with: fedge run --resume {p}"
             )
 
-    def create(self, config: dict[str, Any], partition: dict[str, Any]) -> None:
+    def claim(self) -> None:
+        """Own the directory: create it (if needed) and ``.fedge-claim`` exclusively.
+
+        Of two runs started at once with the same ``--out``, exactly one succeeds; the other
+        gets :class:`RunDirBusyError` and writes nothing. Call :meth:`release` if the run
+        fails before :meth:`create`, to leave no directory behind."""
         self.check_new(self.path)
-        self.path.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.path / CONFIG, yaml.safe_dump(config, sort_keys=False).encode())
-        _atomic_write(self.path / "partition.json", json.dumps(partition).encode())
-        (self.path / METRICS).write_text("")
+        fix = "choose a writable --out"
+        with _storage(self.path, "create the run directory", fix):
+            self._created = _mkdir(self.path)
+        info = json.dumps({"pid": os.getpid(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode()
+        try:
+            _create_exclusive(self.path / CLAIM, info)
+        except FileExistsError:
+            raise RunDirBusyError(
+                f"output directory {str(self.path)!r} was claimed by another fedge run started at the same "
+                "time; choose another --out"
+            ) from None
+        except OSError as exc:
+            self._remove_if_created()
+            with _storage(self.path, "create the run directory", fix):
+                raise exc
+        self._claimed = True
+        others = [p.name for p in self.path.iterdir() if p.name != CLAIM]
+        if others:  # a file appeared between the check and the claim: not ours to write into
+            self.release()
+            raise ConfigError(
+                f"output directory {str(self.path)!r} is not empty ({', '.join(sorted(others)[:3])}); "
+                "choose another --out"
+            )
+
+    def _remove_if_created(self) -> None:
+        if self._created:
+            try:
+                self.path.rmdir()
+            except OSError:
+                pass
+
+    def release(self) -> None:
+        """Undo :meth:`claim` (the run failed before writing anything)."""
+        if self._claimed:
+            (self.path / CLAIM).unlink(missing_ok=True)
+            self._claimed = False
+        self._remove_if_created()
+
+    def create(self, config: dict[str, Any], partition: dict[str, Any], *, data_source: str | None = None) -> None:
+        """Write config.yaml (headed by a comment naming where the data was read, when given),
+        partition.json and an empty metrics.jsonl, claiming the directory first if needed.
+        If a write fails, everything written here is removed again (and the claim released)."""
+        if not self._claimed:
+            self.claim()
+        try:
+            self._create(config, partition, data_source)
+        except BaseException:
+            for name in ("partition.json", APPLIED, CONFIG, METRICS):
+                (self.path / name).unlink(missing_ok=True)
+            for tmp in self.temp_files():
+                tmp.unlink(missing_ok=True)
+            self.release()
+            raise
+
+    def _create(self, config: dict[str, Any], partition: dict[str, Any], data_source: str | None) -> None:
+        fix = "choose a writable --out with free space"
+        _atomic_write(self.path / "partition.json", json.dumps(partition).encode(), fix)
+        _atomic_write(self.path / APPLIED, json.dumps(config).encode(), fix)
+        header = f"# dataset files read from: {data_source}\n" if data_source else ""
+        _atomic_write(self.path / CONFIG, (header + yaml.safe_dump(config, sort_keys=False)).encode(), fix)
+        with _storage(self.path / METRICS, "write", fix):
+            _write_file(self.path / METRICS, b"")
 
     # -- per round ------------------------------------------------------------------
     def append_metrics(self, line: dict[str, Any]) -> None:
-        with open(self.path / METRICS, "a") as f:
-            f.write(json.dumps(line) + "\n")
-            f.flush()
+        with _storage(self.path / METRICS, "append to", self._fix()):
+            _append_file(self.path / METRICS, (json.dumps(line) + "\n").encode())
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         tmp = self.path / (CHECKPOINT + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, self.path / CHECKPOINT)
+        with _storage(self.path / CHECKPOINT, "write", self._fix(), tmp=tmp):
+            _save_torch(state, tmp)
+            os.replace(tmp, self.path / CHECKPOINT)
 
     # -- resume ---------------------------------------------------------------------
     def read_config(self) -> dict[str, Any]:
+        """``config.yaml`` as a mapping; :class:`ResumeError` (one line) if missing or not YAML."""
         cfg_path = self.path / CONFIG
         if not cfg_path.is_file():
             raise ResumeError(f"{str(self.path)!r} is not a fedge run directory (no {CONFIG})")
-        return yaml.safe_load(cfg_path.read_text())
+        try:
+            raw = yaml.safe_load(cfg_path.read_text())
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or exc.__class__.__name__
+            raise ResumeError(
+                f"{str(cfg_path)!r} is not valid YAML{where} ({problem}); fix or restore it, then resume again"
+            ) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ResumeError(f"cannot read {str(cfg_path)!r} ({exc}); restore it, then resume again") from None
+        if not isinstance(raw, dict):
+            raise ResumeError(
+                f"{str(cfg_path)!r} must hold a mapping of config keys, got {type(raw).__name__}; restore it"
+            )
+        return raw
+
+    def applied_config(self) -> dict[str, Any] | None:
+        """The resolved config the run last ran with (None for runs written before it was kept)."""
+        path = self.path / APPLIED
+        if not path.is_file():
+            return None
+        try:
+            obj = json.loads(path.read_text())
+        except (OSError, ValueError):
+            raise ResumeError(f"{str(path)!r} is corrupt; restore it (it records the config the run used)") from None
+        return obj if isinstance(obj, dict) else None
+
+    def record_config_change(self, at_round: int, changes: dict[str, tuple[Any, Any]], config: dict[str, Any]) -> None:
+        """Log accepted edits to ``config_changes.jsonl`` and make ``config`` the applied one."""
+        line = {"after_round": at_round, "changes": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}}
+        with _storage(self.path / CHANGES, "append to", self._fix()):
+            _append_file(self.path / CHANGES, (json.dumps(line) + "\n").encode())
+        _atomic_write(self.path / APPLIED, json.dumps(config).encode(), self._fix())
 
     def is_complete(self) -> bool:
         try:
@@ -103,19 +303,43 @@ class RunDir:
                 "the run cannot be resumed — start it again with a new --out"
             ) from None
 
+    def read_metrics(self, last_round: int) -> list[dict[str, Any]]:
+        """The metrics lines of rounds ``<= last_round``, reading only.
+
+        A torn *last* line (a kill mid-write) is dropped; any other line that is not a JSON
+        object with an integer ``round`` is an error (:class:`ResumeError`): nothing is written,
+        so the user keeps every byte."""
+        path = self.path / METRICS
+        if not path.exists():
+            return []
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        numbered = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip()]
+        kept: list[dict[str, Any]] = []
+        for pos, (lineno, raw) in enumerate(numbered):
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                if pos == len(numbered) - 1:
+                    break
+                line = None
+            rnd = line.get("round") if isinstance(line, dict) else None
+            if not isinstance(rnd, int) or isinstance(rnd, bool):
+                raise ResumeError(
+                    f"{str(path)!r} line {lineno} is not a metrics record ({raw[:40]!r}); only the last line may "
+                    "be torn by a crash: restore the file or delete that line, then resume again (nothing was changed)"
+                )
+            if rnd <= last_round:
+                kept.append(line)
+        return kept
+
+    def write_metrics(self, lines: list[dict[str, Any]]) -> None:
+        """Replace ``metrics.jsonl`` by ``lines`` (atomically)."""
+        _atomic_write(self.path / METRICS, "".join(json.dumps(x) + "\n" for x in lines).encode(), self._fix())
+
     def truncate_metrics(self, last_round: int) -> list[dict[str, Any]]:
         """Keep the metrics lines of rounds ``<= last_round`` (drop a torn last line)."""
-        path = self.path / METRICS
-        kept: list[dict[str, Any]] = []
-        if path.exists():
-            for raw in path.read_text().splitlines():
-                try:
-                    line = json.loads(raw)
-                except ValueError:
-                    continue
-                if isinstance(line, dict) and line.get("round", 0) <= last_round:
-                    kept.append(line)
-        _atomic_write(path, "".join(json.dumps(x) + "\n" for x in kept).encode())
+        kept = self.read_metrics(last_round)
+        self.write_metrics(kept)
         return kept
 
     def reopen(self, config: dict[str, Any]) -> None:
@@ -124,13 +348,28 @@ class RunDir:
         In this order a crash in between leaves an incomplete run with the old config, which
         ``--resume`` simply finishes again; never a complete-looking run with a config it did
         not run."""
-        (self.path / SUMMARY).unlink(missing_ok=True)
-        _atomic_write(self.path / CONFIG, yaml.safe_dump(config, sort_keys=False).encode())
+        with _storage(self.path / SUMMARY, "remove", self._fix()):
+            (self.path / SUMMARY).unlink(missing_ok=True)
+        if (self.path / APPLIED).exists():
+            _atomic_write(self.path / APPLIED, json.dumps(config).encode(), self._fix())
+        try:
+            old = (self.path / CONFIG).read_text().splitlines(keepends=True)
+        except (OSError, UnicodeDecodeError):
+            old = []
+        header = "".join(x for x in old[:1] if x.startswith("# dataset files read from:"))
+        _atomic_write(self.path / CONFIG, (header + yaml.safe_dump(config, sort_keys=False)).encode(), self._fix())
 
     # -- finish ---------------------------------------------------------------------
     def finish(self, summary: dict[str, Any], model: torch.nn.Module) -> None:
         tensors = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
         tmp = self.path / "model.safetensors.tmp"
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-        os.replace(tmp, self.path / "model.safetensors")
-        _atomic_write(self.path / SUMMARY, (json.dumps({**summary, "status": "complete"}, indent=2) + "\n").encode())
+        with _storage(self.path / "model.safetensors", "write", self._fix(), tmp=tmp):
+            save_file(tensors, str(tmp), metadata={"format": "pt"})
+            os.replace(tmp, self.path / "model.safetensors")
+        _atomic_write(self.path / SUMMARY, (json.dumps({**summary, "status": "complete"}, indent=2) + "\n").encode(),
+                      self._fix())  # fmt: skip
+
+    def temp_files(self) -> list[Path]:
+        return sorted(self.path.glob("*.tmp"))
+
+

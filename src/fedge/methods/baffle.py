@@ -142,6 +142,11 @@ class BaffleConfig(SecureAggregationOptions):
                 if self.mode == "batch"
                 else ServerOptimizerConfig(name="sgd", lr=1.0)
             )
+        if self.mode == "batch" and self.client_optimizer != type(self).model_fields["client_optimizer"].default:
+            raise ValueError(
+                "method.client_optimizer is not used in batch mode: clients send loss differences and the server "
+                "steps with method.server_optimizer; set method.server_optimizer.* instead (or method.mode=epoch)"
+            )
         if self.secure_aggregation is None:
             self.secure_aggregation = self.mode == "batch" and self.shared_perturbations
         if self.secagg_dropout and not self.secure_aggregation:

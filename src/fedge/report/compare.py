@@ -18,8 +18,8 @@ from pathlib import Path
 from rich.table import Table
 
 from fedge.core.errors import ConfigError
+from fedge.report.format import format_accuracy, format_bytes, format_duration, format_flops
 from fedge.report.plots import plot_comparison
-from fedge.report.report import format_accuracy, format_bytes, format_duration, format_flops
 from fedge.report.runlog import RunLog, load_run
 
 __all__ = ["Comparison", "ComparisonWarning", "compare_runs"]

@@ -1,0 +1,149 @@
+"""``fedge run``: train a federation and write its run directory (or resume one)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from fedge.cli.common import err, fail, one_line_warnings, out
+from fedge.core.errors import FedgeError, MessageError
+from fedge.experiment.run import Progress
+
+__all__ = ["run"]
+
+
+def _default_out(source: str) -> Path:
+    stem = Path(source).stem if source.endswith((".yaml", ".yml")) else source
+    base = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, i = base, 1
+    while path.exists():
+        path, i = Path(f"{base}-{i}"), i + 1
+    return path
+
+
+class _Bar(Progress):
+    """A rich progress line: rounds done, clients done in the running round, accuracy, bytes,
+    and a clock running from the moment the command started (data loading and round 1 included)."""
+
+    def __init__(self, enabled: bool) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as RichProgress
+
+        self.progress = (
+            RichProgress(
+                TextColumn("[bold]round"),
+                MofNCompleteColumn(),
+                BarColumn(),
+                TextColumn("{task.fields[inside]}"),
+                TextColumn("{task.fields[acc]}"),
+                TextColumn("{task.fields[bytes]}"),
+                TimeElapsedColumn(),
+                console=err,
+                transient=False,
+            )
+            if enabled
+            else None
+        )
+        self.task: Any = None
+
+    def __enter__(self) -> _Bar:
+        if self.progress is not None:
+            self.progress.__enter__()
+            self.task = self.progress.add_task("run", total=None, inside="preparing", acc="", bytes="")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+    def start(self, total_rounds: int, done: int) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, total=total_rounds, completed=done, inside="")
+
+    def clients(self, rnd: int, exchange: int, done: int, total: int) -> None:
+        if self.progress is not None:
+            step = f" step {exchange}" if exchange > 1 else ""
+            self.progress.update(self.task, inside=f"round {rnd}{step}: {done}/{total} clients")
+
+    def round(self, line: dict[str, Any], total_rounds: int) -> None:
+        if self.progress is None:
+            return
+        from fedge.report import format_bytes
+
+        acc = line.get("test_accuracy")
+        moved = line["cum_bytes_down"] + line["cum_bytes_up"]
+        self.progress.update(self.task, completed=line["round"], inside="",
+                             acc=f"acc {acc:.4f}" if acc is not None else "", bytes=f"{format_bytes(moved)} moved")  # fmt: skip
+
+
+def run(
+    ctx: typer.Context,
+    config: Annotated[str | None, typer.Argument(help="preset name (see configs/) or path to a YAML file")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override a config key: --set rounds=20")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="run directory to write (default runs/<preset>-<time>)")] = None,
+    resume: Annotated[Path | None, typer.Option("--resume", help="continue the interrupted run in this directory")] = None,
+    allow_config_change: Annotated[bool, typer.Option(
+        "--allow-config-change",
+        help="with --resume: accept edits of the run's config.yaml (recorded in config_changes.jsonl)")] = False,
+    measure_memory: Annotated[bool, typer.Option(
+        "--measure-memory", help="a flag (no value): measure client peak memory, as --set measure.memory=true")] = False,
+    workers: Annotated[int | None, typer.Option("--workers", help="client worker processes")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+) -> None:
+    """Train a federation and write its run directory."""
+    from fedge.core.config import load_config
+    from fedge.experiment.run import resume_experiment, run_experiment
+
+    if ctx.args:
+        flag = " (--measure-memory, --allow-config-change and --quiet are flags and take no value)"
+        fail(f"unexpected argument {ctx.args[0]!r}{flag}; e.g. fedge run quickstart --measure-memory")
+    overrides = list(set_ or [])
+    if measure_memory:
+        overrides.append("measure.memory=true")
+    if workers is not None:
+        overrides.append(f"clients.workers={workers}")
+    if allow_config_change and resume is None:
+        fail("--allow-config-change goes with --resume RUN_DIR (it accepts edits of that run's config.yaml)")
+    target: Path | None = None
+    try:
+        with one_line_warnings():
+            if resume is not None:
+                extend = [o for o in overrides if o.split("=", 1)[0].strip() == "rounds"]
+                if config is not None or len(extend) != len(overrides) or len(extend) > 1:
+                    fail(
+                        "--resume takes only the run directory (its config.yaml fixes everything else) "
+                        "and optionally --set rounds=N to train a run further"
+                    )
+                rounds = None
+                if extend:
+                    value = extend[0].split("=", 1)[1].strip() if "=" in extend[0] else ""
+                    if not value.isdigit():
+                        fail(f"--set {extend[0]}: rounds must be a whole number of rounds")
+                    rounds = int(value)
+                target = resume
+                with _Bar(not quiet) as bar:
+                    path = resume_experiment(resume, rounds=rounds, progress=bar,
+                                             allow_config_change=allow_config_change)  # fmt: skip
+            else:
+                if config is None:
+                    fail("give a preset or YAML file (e.g. fedge run quickstart), or --resume RUN_DIR")
+                cfg = load_config(config, overrides=overrides)
+                target = out_dir or _default_out(config)
+                with _Bar(not quiet) as bar:
+                    path = run_experiment(cfg, out=target, progress=bar)
+    except MessageError as exc:
+        fail(exc, code=1)
+    except FedgeError as exc:
+        fail(exc)
+    except KeyboardInterrupt:
+        err.print(f"interrupted; continue with: fedge run --resume {target}")
+        raise typer.Exit(130) from None
+    summary = json.loads((path / "summary.json").read_text())
+    acc = summary.get("final_test_accuracy")
+    console = out()
+    console.print(f"final test accuracy: {acc:.4f}" if acc is not None else "final test accuracy: n/a")
+    console.print(f"run directory: {path}")

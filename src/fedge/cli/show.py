@@ -1,0 +1,95 @@
+"""Commands that read: ``fedge datasets``, ``fedge models``, ``fedge report``, ``fedge compare``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from fedge.cli.common import fail, out, parse_list
+from fedge.core.errors import FedgeError
+
+__all__ = ["compare", "datasets", "models", "partition", "report"]
+
+
+def datasets() -> None:
+    """List the datasets fedge knows and whether their files are available here."""
+    from fedge.data import available_datasets
+
+    table = Table("dataset", "available", "location", "description")
+    for st in available_datasets():
+        table.add_row(st.name, "yes" if st.available else "no", str(st.location or st.how_to_get), st.description)
+    out().print(table)
+
+
+def models(
+    input_shape: Annotated[str, typer.Option(help="C,H,W of the input")] = "1,28,28",
+    num_classes: Annotated[int, typer.Option(help="number of classes")] = 10,
+    blocks: Annotated[str | None, typer.Option("--blocks", help="list this model's parameter blocks (for method.freeze)")] = None,
+) -> None:
+    """List the model zoo with parameter counts for an input shape."""
+    from fedge.models import list_models
+
+    shape = parse_list("--input-shape", input_shape, int, example="1,28,28", positive=True)
+    if len(shape) != 3:
+        fail(f"--input-shape {input_shape!r}: expected C,H,W such as 1,28,28")
+    if blocks is not None:
+        from fedge.cli.fedpt import print_blocks
+
+        print_blocks(blocks, shape, num_classes)
+        return
+    table = Table("model", "parameters", "defaults", "description")
+    for row in list_models(input_shape=shape, num_classes=num_classes):
+        params = row.get("params")
+        table.add_row(row["name"], f"{params:,}" if isinstance(params, int) else str(params),
+                      ", ".join(f"{k}={v}" for k, v in (row.get("defaults") or {}).items()), row["description"])
+    out().print(table)
+
+
+def report(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> None:
+    """Render report.md and report.html (with plots) for a run directory."""
+    from fedge.report import render_report
+
+    try:
+        md, html = render_report(run_dir)
+    except FedgeError as exc:
+        fail(exc)
+    out().print(f"wrote {md}\nwrote {html}")
+
+
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="two or more run directories")],
+    out_dir: Annotated[Path | None, typer.Option("--out", help="where to write the plots")] = None,
+    target: Annotated[float | None, typer.Option(help="also report bytes to reach this test accuracy (0-1)")] = None,
+) -> None:
+    """Side-by-side table and overlaid plots of several runs."""
+    from fedge.report import compare_runs
+
+    dest = out_dir or Path(f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        cmp = compare_runs(run_dirs, dest, target_accuracy=target)
+    except FedgeError as exc:
+        fail(exc)
+    console = out()
+    console.print(cmp.table_rich())
+    console.print(f"plots in {dest}")
+
+
+def partition(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+    client: Annotated[int, typer.Option("--client", help="the client whose shard to show")],
+) -> None:
+    """One client's shard of a run (sample count, label histogram), also for generated populations."""
+    import json
+
+    from fedge.core.config import load_config
+    from fedge.experiment.build import client_shard
+
+    try:
+        cfg = load_config(str(run_dir / "config.yaml"))
+        out().print_json(json.dumps(client_shard(cfg, client)))
+    except FedgeError as exc:
+        fail(exc)

@@ -1,0 +1,206 @@
+"""What a run's report says: title, key numbers, plots, per-round table, partition, config."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedge.report.document import Block, Code, Heading, Image, Para, Table
+from fedge.report.format import DASH, format_accuracy, format_bytes, format_duration, format_flops, format_number
+from fedge.report.runlog import RunLog
+
+__all__ = ["document", "title"]
+
+_DASH = DASH
+_num = format_number
+_FULL_TABLE_ROWS = 20  # longer tables show their first and last _EDGE_ROWS rows
+_EDGE_ROWS = 5
+_MAX_EXTRA_COLUMNS = 6  # method-specific metrics shown in the per-round table
+
+
+def _elide(rows: list[tuple[str, ...]], width: int, what: str) -> list[tuple[str, ...]]:
+    """Keep all rows of a short table; of a long one, the first and last few and a gap row."""
+    if len(rows) <= _FULL_TABLE_ROWS:
+        return rows
+    hidden = len(rows) - 2 * _EDGE_ROWS
+    gap = (f"… {hidden} more {what} …",) + ("",) * (width - 1)
+    return rows[:_EDGE_ROWS] + [gap] + rows[-_EDGE_ROWS:]
+
+
+def title(run: RunLog) -> str:
+    return f"{run.method} on {run.dataset} with {run.model}"
+
+
+def _key_numbers(run: RunLog) -> Table:
+    planned = run.rounds_planned
+    rounds = f"{run.rounds_done}" + (f" of {planned}" if planned is not None else "")
+    best = format_accuracy(run.best_accuracy)
+    if run.best_round is not None and run.best_accuracy is not None:
+        best += f" (round {run.best_round})"
+    rows: list[tuple[str, str]] = [
+        ("status", run.status),
+        ("final test accuracy", format_accuracy(run.final_accuracy)),
+        ("best test accuracy", best),
+        ("rounds", rounds),
+        ("total bytes down", format_bytes(run.total_bytes_down, exact=True)),
+        ("total bytes up", format_bytes(run.total_bytes_up, exact=True)),
+        ("client FLOPs (total)", format_flops(run.total_client_flops, exact=True)),
+        ("wall time", format_duration(run.wall_s)),
+    ]
+    if run.model_params is not None:
+        rows.append(("model parameters", f"{run.model_params:,}"))
+    if run.model_bytes is not None:
+        rows.append(("model size", format_bytes(run.model_bytes, exact=True)))
+    if run.peak_memory is not None:
+        rows.append(("client peak memory", format_bytes(run.peak_memory, exact=True)))
+    if run.seed is not None:
+        rows.append(("seed", str(run.seed)))
+    return Table(("quantity", "value"), tuple(rows))
+
+
+def _stats(values: Sequence[float]) -> str:
+    if not values:
+        return _DASH
+    return f"{_num(min(values))} / {_num(statistics.median(values))} / {_num(max(values))}"
+
+
+def _label_tv(hists: Sequence[Sequence[int]], n_classes: int) -> list[float]:
+    """Per-client total-variation distance between its label distribution and the pooled one.
+
+    Heterogeneity in one number: 0 when every client is IID, 1 for disjoint label sets.
+    """
+    pooled = [sum(h[k] for h in hists if k < len(h)) for k in range(n_classes)]
+    total = sum(pooled)
+    out = []
+    for h in hists:
+        n = sum(h[:n_classes])
+        if n and total:
+            p = [(h[k] if k < len(h) else 0) / n for k in range(n_classes)]
+            out.append(0.5 * sum(abs(p[k] - pooled[k] / total) for k in range(n_classes)))
+    return out
+
+
+def _partition_blocks(part: dict[str, Any] | None) -> list[Block]:
+    """From ``partition.json`` as :func:`fedge.data.partition.partition_summary` writes it: per
+    client ``client`` (id), ``num_samples`` and ``label_counts`` (samples per class)."""
+    blocks: list[Block] = [Heading(2, "Partition")]
+    if not part:
+        return blocks + [Para("No partition.json in this run directory.")]
+    clients = [c for c in part.get("clients", []) if isinstance(c, dict)]
+    sizes = [int(c.get("num_samples", 0)) for c in clients]
+    hists = [[int(v) for v in c.get("label_counts", [])] for c in clients]
+    n_classes = part.get("num_classes") or max((len(h) for h in hists), default=0)
+
+    present = [sum(1 for v in h if v > 0) for h in hists]
+    top_share = [max(h) / sum(h) for h in hists if sum(h) > 0]
+    tv = _label_tv(hists, n_classes)
+
+    params = part.get("params") or {}
+    params_txt = ", ".join(f"{k}={v}" for k, v in params.items()) if params else "none"
+    mean_tv = statistics.fmean(tv) if tv else None
+    rows = [
+        ("partitioner", f"{part.get('name', '?')} ({params_txt})"),
+        ("clients", _num(part.get("num_clients", len(clients)))),
+        ("classes", _num(n_classes)),
+        ("samples in total", _num(sum(sizes))),
+        ("samples per client (min / median / max)", _stats(sizes)),
+        ("classes present per client (min / median / max)", _stats(present)),
+        ("largest-class share per client (min / median / max)", _stats(top_share)),
+        ("mean label TV distance to pooled (0 = IID)", _num(mean_tv, 3)),
+    ]
+    blocks.append(Table(("quantity", "value"), tuple(rows)))
+
+    def hist_text(h: list[int]) -> str:  # the classes a client holds, largest first, top 5
+        top = sorted(((v, k) for k, v in enumerate(h) if v > 0), reverse=True)
+        text = ", ".join(f"{k}:{v}" for v, k in top[:5])
+        return text + (f", +{len(top) - 5} more" if len(top) > 5 else "")
+
+    per_client = [
+        (str(c.get("client", i)), _num(sizes[i]), str(present[i]), hist_text(hists[i]))
+        for i, c in enumerate(clients)
+    ]
+    header = ("client", "samples", "classes", "label histogram (class:count, largest first)")
+    blocks.append(Table(header, tuple(_elide(per_client, len(header), "clients"))))
+    return blocks
+
+
+_ROUND_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("test_accuracy", "test acc"),
+    ("test_top5", "top-5"),
+    ("test_loss", "test loss"),
+    ("train_loss", "train loss"),
+    ("bytes_down", "bytes down"),
+    ("bytes_up", "bytes up"),
+    ("client_flops", "client FLOPs"),
+    ("clients", "clients"),
+    ("client_peak_bytes", "peak mem"),
+    ("wall_s", "wall s"),
+)
+_NOT_EXTRA = {"round", "cum_bytes_down", "cum_bytes_up", "cum_client_flops"} | {
+    k for k, _ in _ROUND_COLUMNS
+}
+
+
+def _cell(key: str, v: Any) -> str:
+    if v is None:
+        return _DASH
+    if key in ("test_accuracy", "test_top5"):
+        return format_accuracy(v)
+    if key in ("bytes_down", "bytes_up", "client_peak_bytes"):
+        return format_bytes(v)
+    if key == "client_flops":
+        return format_flops(v)
+    if key == "wall_s":
+        return f"{v:.2f}"
+    return _num(v)
+
+
+def _rounds_blocks(run: RunLog) -> list[Block]:
+    blocks: list[Block] = [Heading(2, "Rounds")]
+    if not run.metrics:
+        return blocks + [Para("No round has completed yet.")]
+    logged = set(run.numeric_keys())
+    cols = [(k, name) for k, name in _ROUND_COLUMNS if k in logged]
+    extras = [k for k in run.numeric_keys() if k not in _NOT_EXTRA]
+    cols += [(k, k) for k in extras[:_MAX_EXTRA_COLUMNS]]
+    header = ("round",) + tuple(name for _, name in cols)
+    rows = [
+        (str(row["round"]),) + tuple(_cell(k, row.get(k)) for k, _ in cols) for row in run.metrics
+    ]
+    blocks.append(Table(header, tuple(_elide(rows, len(header), "rounds"))))
+    if len(extras) > _MAX_EXTRA_COLUMNS:
+        more = ", ".join(extras[_MAX_EXTRA_COLUMNS:])
+        blocks.append(Para(f"Also logged (see metrics.jsonl): {more}."))
+    return blocks
+
+
+_CAPTIONS = {
+    "accuracy.png": "Test accuracy per round",
+    "accuracy_vs_bytes.png": "Test accuracy vs cumulative bytes (down + up)",
+    "loss.png": "Loss per round",
+    "bytes.png": "Bytes per round",
+    "accuracy_vs_flops.png": "Test accuracy vs cumulative client FLOPs",
+}
+
+
+def document(run: RunLog, plots: Sequence[Path]) -> list[Block]:
+    blocks: list[Block] = [Heading(1, title(run))]
+    blocks.append(Para(f"Run directory `{run.path}` — {run.status}."))
+    blocks += [Heading(2, "Key numbers"), _key_numbers(run)]
+    blocks.append(Heading(2, "Plots"))
+    if plots:
+        blocks += [Image(p, _CAPTIONS.get(p.name, p.stem)) for p in plots]
+    else:
+        blocks.append(Para("No plots yet (no round has been evaluated)."))
+    blocks += _rounds_blocks(run)
+    blocks += _partition_blocks(run.partition)
+    blocks.append(Heading(2, "Config"))
+    if run.config:
+        blocks.append(Code(yaml.safe_dump(run.config, sort_keys=False).rstrip(), "yaml"))
+    else:
+        blocks.append(Para("No config.yaml in this run directory."))
+    return blocks

@@ -1,0 +1,62 @@
+"""RunDir: the claim, storage errors, read-only resume checks, config diffs."""
+
+import errno
+import os
+
+import pytest
+
+import fedge.experiment.rundir as rd
+from fedge.core.errors import ResumeError
+from fedge.experiment.rundir import RunDir, StorageError, config_diff
+
+
+def test_config_diff_names_dotted_keys():
+    old = {"rounds": 3, "method": {"name": "fedavg", "client_optimizer": {"lr": 0.1, "momentum": 0.5}}}
+    new = {"rounds": 4, "method": {"name": "fedavg", "client_optimizer": {"lr": 0.2, "momentum": 0.5}}, "x": 1}
+    assert config_diff(old, new) == {"method.client_optimizer.lr": (0.1, 0.2), "rounds": (3, 4), "x": (None, 1)}
+    assert config_diff(old, old) == {}
+
+
+def test_claim_is_exclusive_and_release_removes_what_it_made(tmp_path):
+    a, b = RunDir(tmp_path / "r"), RunDir(tmp_path / "r")
+    a.claim()
+    with pytest.raises(rd.RunDirBusyError):
+        b.claim()
+    a.release()
+    assert not (tmp_path / "r").exists()
+
+
+def test_claim_lost_at_the_exclusive_create(tmp_path, monkeypatch):
+    # both passed the emptiness check; the O_EXCL create decides
+    monkeypatch.setattr(RunDir, "check_new", staticmethod(lambda path: None))
+    a, b = RunDir(tmp_path / "r"), RunDir(tmp_path / "r")
+    a.claim()
+    with pytest.raises(rd.RunDirBusyError, match="was claimed by another fedge run started at the same time"):
+        b.claim()
+    assert [p.name for p in (tmp_path / "r").iterdir()] == [".fedge-claim"]
+
+
+def test_storage_error_removes_the_temp_file(tmp_path, monkeypatch):
+    run = RunDir(tmp_path / "r")
+    run.create({"rounds": 1}, {"clients": []})
+
+    def half_write(path, data):
+        path.write_bytes(data[:3])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(rd, "_write_file", half_write)
+    with pytest.raises(StorageError, match=r"^cannot write '.*summary.json' \(errno 28: No space left on device\)"):
+        rd._atomic_write(run.path / "summary.json", b"{}", "fix")
+    assert not list(run.path.glob("*.tmp")) and not (run.path / "summary.json").exists()
+
+
+def test_read_metrics_reads_only_and_tolerates_only_a_torn_last_line(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.create({"rounds": 3}, {"clients": []})
+    (run.path / "metrics.jsonl").write_text('{"round": 1}\n{"round": 2}\n{"round": 3, "te')
+    before = (run.path / "metrics.jsonl").read_bytes()
+    assert run.read_metrics(2) == [{"round": 1}, {"round": 2}]
+    assert (run.path / "metrics.jsonl").read_bytes() == before
+    (run.path / "metrics.jsonl").write_text('{"round": 1}\n[1, 2]\n{"round": 3}\n')
+    with pytest.raises(ResumeError, match="line 2 is not a metrics record"):
+        run.read_metrics(3)
