@@ -69,6 +69,7 @@ from fedge.estimators import (
     estimate_gradient,
     loss_differences,
 )
+from fedge.estimators.directions import match_params
 from fedge.methods.base import (
     GlobalModel,
     MethodBuild,
@@ -105,6 +106,14 @@ class BaffleConfig(SecureAggregationOptions):
         "(null: every usable core when clients run in the engine's process, 1 with clients.workers > 0)",
     )
     chunk: int | None = Field(None, ge=1, description="perturbations per batched pass (fast estimator)")
+    directions: Literal["gaussian", "orthogonal", "block"] = Field(
+        "gaussian",
+        description="perturbation directions: gaussian (BAFFLE's i.i.d.), orthogonal (randomized Hadamard per "
+        "tensor) or block (per-layer, K split ∝ sqrt(layer size)); see fedge.estimators.directions",
+    )
+    perturb: list[str] | None = Field(
+        None, description="shell-style patterns of the parameters to perturb and train (null: all trainable)"
+    )
     batch_size: int = Field(64, ge=1, description="samples per loss evaluation")
     local_epochs: int = Field(1, ge=1, description="epoch-level: local epochs per round")
     max_steps: int | None = Field(None, ge=1, description="epoch-level: cap on local steps per round")
@@ -172,17 +181,26 @@ def perturbation_threads(cfg: BaffleConfig, env: MethodEnv) -> int:
     return 1 if env.workers else len(os.sched_getaffinity(0))
 
 
+def perturbed_params(model: torch.nn.Module, cfg: BaffleConfig) -> dict[str, torch.Tensor]:
+    """The trainable parameters matching ``cfg.perturb`` (all trainable ones when None)."""
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    return trainable if cfg.perturb is None else {n: trainable[n] for n in match_params(trainable, cfg.perturb)}
+
+
 def zeroth_order_gradient_fn(cfg: BaffleConfig, threads: int = 1) -> Any:
     """A :data:`~fedge.methods.local.GradientFn` computing BAFFLE's local estimate."""
 
     def gradient(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], ctx: ClientContext, masks: Any):
         seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator))
+        params = perturbed_params(model, cfg)
+        masks = {n: m for n, m in (masks or {}).items() if n in params} or None
         diffs = loss_differences(
             model, F.cross_entropy, batch, k=cfg.k, sigma=cfg.sigma, seed=seed, scheme=cfg.scheme,
-            masks=masks, mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype, workers=threads,
+            params=list(params), masks=masks, mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype,
+            workers=threads, directions=cfg.directions,
         )  # fmt: skip
-        params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-        g = estimate_gradient(params, diffs, sigma=cfg.sigma, seed=seed, scheme=cfg.scheme, masks=masks)
+        g = estimate_gradient(params, diffs, sigma=cfg.sigma, seed=seed, scheme=cfg.scheme, masks=masks,
+                              directions=cfg.directions)  # fmt: skip
         return None, clip_inf_norm(g, cfg.clip)
 
     return gradient
@@ -207,10 +225,12 @@ class BaffleBatchClient:
             raise MessageError(f"round {ctx.rnd}, client {ctx.cid}: no perturbation seed in the server's message")
         n = ctx.data.num_samples
         idx = ctx.data.indices[torch.randperm(n, generator=ctx.generator)[: min(cfg.batch_size, n)]]
+        params = perturbed_params(model, cfg)
+        masks = {n: m for n, m in (self.local.masks or {}).items() if n in params} or None
         return loss_differences(
             model, F.cross_entropy, (ctx.data.x[idx], ctx.data.y[idx]), k=cfg.k, sigma=cfg.sigma, seed=seed,
-            scheme=cfg.scheme, masks=self.local.masks, mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype,
-            workers=self.threads,
+            scheme=cfg.scheme, params=list(params), masks=masks, mode=cfg.estimator, chunk=cfg.chunk,
+            dtype=cfg.dtype, workers=self.threads, directions=cfg.directions,
         )  # fmt: skip
 
     def run(self, message: Message, ctx: ClientContext) -> Message:
@@ -244,7 +264,11 @@ class BaffleBatchStrategy(Strategy):
         return {"dL": (torch.Size([self.cfg.k]), torch.float32)}
 
     def params(self) -> dict[str, torch.Tensor]:
-        return self.server.params()
+        """The perturbed (estimated) parameters: ``method.perturb``'s, or every trainable one."""
+        return perturbed_params(self.model, self.cfg)
+
+    def masks(self) -> dict[str, torch.Tensor] | None:
+        return {n: m for n, m in (self.server.masks or {}).items() if n in self.params()} or None
 
     def round_seed(self, rnd: int, cid: int | None = None) -> int:
         """s_t (shared) or s_{t,c} (per client); 62 bits, sent as an 8-byte integer."""
@@ -279,7 +303,8 @@ class BaffleBatchStrategy(Strategy):
         g: dict[str, torch.Tensor] = {}
         for c, (d, n) in checked.items():
             gc = estimate_gradient(
-                params, d, sigma=cfg.sigma, seed=self.round_seed(rnd, c), scheme=cfg.scheme, masks=self.server.masks
+                params, d, sigma=cfg.sigma, seed=self.round_seed(rnd, c), scheme=cfg.scheme, masks=self.masks(),
+                directions=cfg.directions,
             )
             for k, v in gc.items():
                 g[k] = g[k].add_(v, alpha=n / total) if k in g else v * (n / total)
@@ -289,7 +314,8 @@ class BaffleBatchStrategy(Strategy):
         """ĝ (Eq. 6) from Σ_c (N_c/N) ΔL_c on the round's shared perturbations (Eq. 7)."""
         cfg = self.cfg
         return estimate_gradient(
-            self.params(), combined, sigma=cfg.sigma, seed=self.round_seed(rnd), scheme=cfg.scheme, masks=self.server.masks
+            self.params(), combined, sigma=cfg.sigma, seed=self.round_seed(rnd), scheme=cfg.scheme, masks=self.masks(),
+            directions=cfg.directions,
         )
 
     def apply(self, grads: dict[str, torch.Tensor]) -> dict[str, float]:
