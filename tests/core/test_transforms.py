@@ -104,3 +104,60 @@ def test_ema_plain_and_warmup():
 def test_bad_hyperparameters_raise(factory):
     with pytest.raises(ConfigError):
         factory()
+
+
+def test_ema_momentum_by_hand():
+    # β = 0.5, g = 2 then 4: m1 = 1, u1 = 1/(1-0.5) = 2; m2 = 0.5 + 2 = 2.5, u2 = 2.5/(1-0.25) = 10/3.
+    tx = T.scale_by_ema_momentum(0.5)
+    s = tx.init({"w": torch.zeros(1)})
+    u, s = tx.update({"w": torch.tensor([2.0])}, s, {})
+    assert torch.allclose(u["w"], torch.tensor([2.0]))
+    u, s = tx.update({"w": torch.tensor([4.0])}, s, {})
+    assert torch.allclose(u["w"], torch.tensor([10.0 / 3.0]))
+    assert torch.allclose(s["m"]["w"], torch.tensor([2.5])) and s["t"] == 2
+    u, _ = T.scale_by_ema_momentum(0.5, bias_correction=False).update({"w": torch.tensor([2.0])}, {"m": {"w": torch.zeros(1)}, "t": 0}, {})
+    assert torch.allclose(u["w"], torch.tensor([1.0]))
+    # zo_sgdm descends: w = 1 - lr·u
+    out = _run(T.zo_sgdm(0.1, beta=0.5), [{"w": torch.tensor([2.0])}, {"w": torch.tensor([4.0])}], {"w": torch.ones(1)})
+    assert torch.allclose(out["w"], torch.tensor([1.0 - 0.2 - 1.0 / 3.0]))
+
+
+def test_zo_adamm_by_hand():
+    # b1 = 0.5, b2 = 0.5, eps = 0; g = 2 then 0.
+    # t1: m = 1, v = 2, vhat = 2, u = 1/sqrt(2).
+    # t2: m = 0.5, v = 1, vhat = max(2, 1) = 2 (AMSGrad keeps the max), u = 0.5/sqrt(2).
+    tx = T.scale_by_zo_adamm(b1=0.5, b2=0.5, eps=1e-30)
+    s = tx.init({"w": torch.zeros(1, dtype=torch.float64)})
+    u, s = tx.update({"w": torch.tensor([2.0], dtype=torch.float64)}, s, {})
+    assert torch.allclose(u["w"], torch.tensor([2**-0.5], dtype=torch.float64))
+    u, s = tx.update({"w": torch.tensor([0.0], dtype=torch.float64)}, s, {})
+    assert torch.allclose(u["w"], torch.tensor([0.5 * 2**-0.5], dtype=torch.float64))
+    assert float(s["v"]["w"]) == 1.0 and float(s["vhat"]["w"]) == 2.0
+    # Adam without the max would have used v = 1 at t2: the step differs.
+    a = T.scale_by_adam(b1=0.5, b2=0.5, eps=1e-30, bias_correction=False)
+    sa = a.init({"w": torch.zeros(1, dtype=torch.float64)})
+    _, sa = a.update({"w": torch.tensor([2.0], dtype=torch.float64)}, sa, {})
+    ua, _ = a.update({"w": torch.tensor([0.0], dtype=torch.float64)}, sa, {})
+    assert not torch.allclose(ua["w"], u["w"])
+    out = _run(T.zo_adamm(0.1, b1=0.5, b2=0.5, eps=1e-30), [{"w": torch.tensor([2.0], dtype=torch.float64)}],
+               {"w": torch.ones(1, dtype=torch.float64)})
+    assert torch.allclose(out["w"], torch.tensor([1.0 - 0.1 * 2**-0.5], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("factory", [lambda: T.scale_by_ema_momentum(1.0), lambda: T.zo_adamm(0.1, b2=1.0),
+                                     lambda: T.zo_sgdm(0.0)])
+def test_bad_zo_hyperparameters_raise(factory):
+    with pytest.raises(ConfigError):
+        factory()
+
+
+def test_server_optimizer_config_selects_zo_transforms():
+    from fedge.methods.base import ServerOptimizerConfig
+
+    p = {"w": torch.ones(1)}
+    for name, ref in (("zo_sgdm", T.zo_sgdm(0.1, beta=0.5)), ("zo_adamm", T.zo_adamm(0.1, b1=0.5, b2=0.5))):
+        tx = ServerOptimizerConfig(name=name, lr=0.1, b1=0.5, b2=0.5).build()
+        seq = [{"w": torch.tensor([2.0])}, {"w": torch.tensor([-1.0])}]
+        assert torch.equal(_run(tx, seq, p)["w"], _run(ref, seq, p)["w"])
+    with pytest.raises(ValueError, match="weight_decay"):
+        ServerOptimizerConfig(name="zo_adamm", weight_decay=0.1)

@@ -10,7 +10,7 @@ with ``--target-epsilon`` the most rounds that stay within it. Bad input exits w
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -20,7 +20,7 @@ from rich.table import Table
 from fedge.core.config import format_validation_error
 from fedge.core.errors import ConfigError
 from fedge.privacy.dp.accounting import dp_event, epsilon, max_rounds
-from fedge.privacy.dp.config import Accountant, Mechanism, PrivacyConfig, Sampling
+from fedge.privacy.dp.config import PrivacyConfig
 
 __all__ = ["app"]
 
@@ -36,7 +36,7 @@ _ASSUMES = {
 }
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     _err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
@@ -48,7 +48,9 @@ def epsilon_cmd(
     rounds: Annotated[int, typer.Option(help="rounds T")] = 100,
     clients_per_round: Annotated[int, typer.Option(help="m, clients per round (expected, for poisson)")] = 100,
     population: Annotated[int, typer.Option(help="N, clients in the population")] = 10_000,
-    sampling: Annotated[str | None, typer.Option(help="poisson | fixed | shuffle (default: fixed; shuffle for tree)")] = None,
+    sampling: Annotated[
+        str | None, typer.Option(help="poisson | fixed | shuffle (default: fixed; shuffle for tree)")
+    ] = None,
     delta: Annotated[float, typer.Option(help="δ")] = 1e-6,
     accountant: Annotated[str, typer.Option(help="rdp | pld")] = "rdp",
     tree_restart_rounds: Annotated[int | None, typer.Option(help="tree: restart every k rounds within a pass")] = None,

@@ -41,14 +41,18 @@ __all__ = [
     "scale",
     "scale_by_adagrad",
     "scale_by_adam",
+    "scale_by_ema_momentum",
     "scale_by_exponential_decay",
     "scale_by_learning_rate",
     "scale_by_yogi",
+    "scale_by_zo_adamm",
     "sgd",
     "state_from_arrays",
     "state_to_arrays",
     "trace",
     "yogi",
+    "zo_adamm",
+    "zo_sgdm",
 ]
 
 Params = dict[str, torch.Tensor]
@@ -260,6 +264,71 @@ def yogi(lr: float, *, b1: float = 0.9, b2: float = 0.99, eps: float = 1e-3) -> 
 def adagrad(lr: float, *, b1: float = 0.0, eps: float = 1e-3) -> Transform:
     """FedAdagrad server optimizer."""
     return chain(scale_by_adagrad(b1=b1, eps=eps), scale_by_learning_rate(lr))
+
+
+def scale_by_ema_momentum(beta: float, *, bias_correction: bool = True) -> Transform:
+    """Momentum as a running average of zeroth-order estimates: ``m ← β m + (1−β) g``,
+    ``u = m / (1 − β^t)`` (``u = m`` without bias correction), t = 1, 2, ...
+
+    ZO-SGD with momentum as reviewed by Liu et al., "A Primer on Zeroth-Order Optimization in
+    Signal Processing and Machine Learning" (arXiv:2006.06224, Section on ZO descent
+    directions): averaging estimates of consecutive steps cuts the variance of independent
+    estimator noise by about (1−β)/(1+β) (a 19x reduction at β = 0.9) while the gradient
+    drifts slowly, which is the point for ZO estimates whose cosine with the gradient is only
+    about sqrt(K/n). Unlike :func:`trace` (heavy ball, ``m ← μ m + g``), the average keeps
+    the estimate's scale, so a learning rate tuned without momentum stays meaningful.
+    """
+    _unit("beta", beta)
+
+    def init(params: Params) -> State:
+        return {"m": _zeros(params), "t": 0}
+
+    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
+        t = state["t"] + 1
+        m = {k: beta * state["m"][k] + (1 - beta) * g for k, g in grads.items()}
+        c = 1 - beta**t if bias_correction else 1.0
+        return {k: v / c for k, v in m.items()}, {"m": m, "t": t}
+
+    return Transform(init, update)
+
+
+def scale_by_zo_adamm(*, b1: float = 0.9, b2: float = 0.99, eps: float = 1e-8) -> Transform:
+    """ZO-AdaMM's direction (Chen et al., "ZO-AdaMM: Zeroth-Order Adaptive Momentum Method for
+    Black-Box Optimization", NeurIPS 2019, arXiv:1910.06513, Algorithm 1 with constant β1 and
+    no constraint set): the AMSGrad form of Adam on the zeroth-order estimate,
+
+        m ← β1 m + (1−β1) g,   v ← β2 v + (1−β2) g²,   v̂ ← max(v̂, v),   u = m / (sqrt(v̂) + eps).
+
+    No bias correction (as the paper). The running maximum v̂ keeps the per-coordinate step
+    from growing when a noisy estimate's square happens to be small, which the paper shows
+    matters for ZO convergence (its Mahalanobis-distance analysis).
+    """
+    _unit("b1", b1)
+    _unit("b2", b2)
+    _positive("eps", eps)
+
+    def init(params: Params) -> State:
+        return {"m": _zeros(params), "v": _zeros(params), "vhat": _zeros(params)}
+
+    def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
+        m = {k: b1 * state["m"][k] + (1 - b1) * g for k, g in grads.items()}
+        v = {k: b2 * state["v"][k] + (1 - b2) * g * g for k, g in grads.items()}
+        vhat = {k: torch.maximum(state["vhat"][k], v[k]) for k in grads}
+        return {k: m[k] / (vhat[k].sqrt() + eps) for k in grads}, {"m": m, "v": v, "vhat": vhat}
+
+    return Transform(init, update)
+
+
+def zo_sgdm(lr: float, *, beta: float = 0.9, lr_decay: float = 1.0) -> Transform:
+    """ZO-SGD with averaged momentum (:func:`scale_by_ema_momentum`) and learning rate ``lr``."""
+    step = scale_by_learning_rate(lr) if lr_decay == 1.0 else scale_by_exponential_decay(lr, lr_decay)
+    return chain(scale_by_ema_momentum(beta), step)
+
+
+def zo_adamm(lr: float, *, b1: float = 0.9, b2: float = 0.99, eps: float = 1e-8, lr_decay: float = 1.0) -> Transform:
+    """ZO-AdaMM server optimizer (:func:`scale_by_zo_adamm`, arXiv:1910.06513)."""
+    step = scale_by_learning_rate(lr) if lr_decay == 1.0 else scale_by_exponential_decay(lr, lr_decay)
+    return chain(scale_by_zo_adamm(b1=b1, b2=b2, eps=eps), step)
 
 
 def apply_updates(params: Params, updates: Params) -> Params:

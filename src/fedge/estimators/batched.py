@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedge.estimators.lean import LossFn, mean_loss
-from fedge.estimators.perturbation import Selection, perturb, standard_normal_chunk
+from fedge.estimators.perturbation import Selection, perturb
 
 __all__ = ["BatchedEvaluator", "register_channelwise"]
 
@@ -351,7 +351,7 @@ class _Weights:
         name = self.ev.name_of.get(id(p))
         if name is None:  # not perturbed: the same weights for every model
             return p.unsqueeze(0).expand(self.mc, *p.shape)
-        z = standard_normal_chunk(self.ev.seed, self.ks, name, p.shape)  # (P, *shape)
+        z = self.ev.sel.draw(self.ev.seed, self.ks, name, p.shape)  # (P, *shape)
         mask = self.ev.sel.masks.get(name)
         parts = [perturb(p, z, s, mask) for s in self.scales]
         if self.baseline:

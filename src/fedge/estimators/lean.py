@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from fedge.core.errors import ConfigError
-from fedge.estimators.perturbation import Selection, perturb, standard_normal
+from fedge.estimators.perturbation import Selection, perturb
 
 __all__ = ["LeanEvaluator", "LossFn", "mean_loss", "scalar_loss"]
 
@@ -150,7 +150,7 @@ class LeanEvaluator:
             w = mod._parameters[attr]
             if w is not self.sel.params[name]:  # module re-entered: already perturbed
                 continue
-            z = standard_normal(self.seed, k, name, w.shape)
+            z = self.sel.draw(self.seed, [k], name, w.shape)[0]
             # A plain tensor in _parameters is what `mod.weight` returns during this forward.
             pert = perturb(w, z, scale, self.sel.masks.get(name))
             mod._parameters[attr] = pert  # type: ignore[assignment]

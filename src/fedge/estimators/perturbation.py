@@ -32,7 +32,8 @@ Perturbations for models on an accelerator are drawn on the CPU and copied, for 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -98,10 +99,15 @@ class Selection:
     Attributes:
         params: name -> parameter, in ``model.named_parameters()`` order.
         masks: name -> boolean mask of the parameter's shape (True = perturbed); absent = all.
+        draw: ``draw(seed, ks, name, shape) -> (len(ks), *shape)``: the directions z_k
+            (default BAFFLE's Gaussian; see :mod:`fedge.estimators.directions`).
     """
 
     params: dict[str, nn.Parameter]
     masks: dict[str, Tensor]
+    draw: Callable[[int, Sequence[int], str, Sequence[int]], Tensor] = field(
+        default=standard_normal_chunk
+    )
 
     @property
     def numel(self) -> int:

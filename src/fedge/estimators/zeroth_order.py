@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import threading
 import warnings
@@ -67,8 +68,9 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from fedge.core.errors import ConfigError, MessageError
 from fedge.estimators import batched
+from fedge.estimators.directions import DirectionKind, make_directions
 from fedge.estimators.lean import LeanEvaluator, LossFn
-from fedge.estimators.perturbation import Selection, check_masks, select, standard_normal_chunk
+from fedge.estimators.perturbation import Selection, check_masks, select
 
 __all__ = [
     "Mode",
@@ -147,6 +149,7 @@ def loss_differences(
     chunk: int | None = None,
     dtype: torch.dtype | None = None,
     workers: int | None = None,
+    directions: DirectionKind = "gaussian",
 ) -> Tensor:
     """Client side of BAFFLE (Algorithm 1, lines 11-12): K loss differences, forwards only.
 
@@ -171,6 +174,8 @@ def loss_differences(
         workers: threads the fast mode splits the perturbations over when it does not batch
             them (None: ``torch.get_num_threads()``); ignored by lean, which never copies
             the model.
+        directions: ``"gaussian"`` (BAFFLE's i.i.d. N(0, σ² I)), ``"orthogonal"`` or
+            ``"block"`` (:mod:`fedge.estimators.directions`); the server must use the same.
 
     Returns:
         float32 tensor ``(k,)``: ``ΔL_k`` for ``k = 0..K-1``, each the difference of two losses
@@ -191,7 +196,7 @@ def loss_differences(
         _check_positive_int("chunk", chunk)
     if workers is not None:
         _check_positive_int("workers", workers)
-    sel = select(model, params, masks)
+    sel = _with_directions(select(model, params, masks), directions, k)
     autocast = _autocast_dtype(sel, dtype)
     _warn_if_unsafe(model, sel, sigma, dtype)
     x, y = batch
@@ -212,7 +217,7 @@ def loss_differences(
             spans = min(k, workers or torch.get_num_threads()) if mode == "fast" else 1
             if result is None and spans > 1:
                 result = _run_threaded(model, params, masks, seed, batch, loss_fn, k, blocks, sigma,
-                                       spans, autocast)  # fmt: skip
+                                       spans, autocast, directions)  # fmt: skip
             if result is None:  # lean, or a model the batched path cannot run
                 lean = LeanEvaluator(model, sel, seed, x, loss_fn, y)
                 result = _run(lean, k, k, blocks, sigma)
@@ -240,20 +245,22 @@ def estimate_gradient(
     seed: int,
     scheme: Scheme,
     masks: Mapping[str, Tensor] | None = None,
+    directions: DirectionKind = "gaussian",
 ) -> dict[str, Tensor]:
     """Server side of BAFFLE (Algorithm 1, line 16; Eq. 6): rebuild ĝ from K loss differences.
 
         ĝ = 1 / (c · K · σ²) · Σ_k ΔL_k · δ_k = 1 / (c · K · σ) · Σ_k ΔL_k · z_k ⊙ m,
 
     with c = 2 for ``central`` (ΔL ≈ 2δᵀ∇L, Eq. 2 and Eq. 6) and c = 1 for ``forward``
-    (ΔL ≈ δᵀ∇L, Eq. 1), K = ``len(loss_diffs)``.
+    (ΔL ≈ δᵀ∇L, Eq. 1), K = ``len(loss_diffs)``. For other ``directions`` the 1/K becomes
+    the directions' weights w_k (:mod:`fedge.estimators.directions`).
 
     Args:
         shapes_or_params: name -> parameter tensor or shape; the keys are the selection and
             must be the names the client perturbed. Tensors give the output's dtype and device;
             shapes give float32 on the CPU.
         loss_diffs: ``(K,)`` from :func:`loss_differences` or :func:`combine_loss_differences`.
-        sigma, seed, scheme, masks: as given to :func:`loss_differences`.
+        sigma, seed, scheme, masks, directions: as given to :func:`loss_differences`.
 
     Returns:
         name -> estimated gradient, exactly zero at masked-out coordinates.
@@ -267,13 +274,17 @@ def estimate_gradient(
         raise ConfigError("shapes_or_params is empty; pass the parameters the client perturbed")
     mask_of = check_masks(shapes, masks)
     k = diffs.numel()
-    coef = (diffs / (_NORMALIZER[scheme] * k * sigma)).to(torch.float32)  # (K,)
+    dirs = make_directions(directions, shapes, k)
+    if directions == "block":  # w_k = 1 / K_b
+        coef = (diffs * dirs.weights / (_NORMALIZER[scheme] * sigma)).to(torch.float32)  # (K,)
+    else:  # w_k = 1 / K, as BAFFLE Eq. (6) writes it
+        coef = (diffs / (_NORMALIZER[scheme] * k * sigma)).to(torch.float32)
     out: dict[str, Tensor] = {}
     for name, shape in shapes.items():
         acc = torch.zeros(math.prod(shape))
         for start in range(0, k, 64):  # (P, numel) noise at a time: O(64 · largest parameter)
             ks = range(start, min(k, start + 64))
-            z = standard_normal_chunk(seed, ks, name, shape).view(len(ks), -1)
+            z = dirs.draw(seed, ks, name, shape).view(len(ks), -1)
             acc.addmv_(z.t(), coef[start : start + len(ks)])
         g = acc.view(shape)
         if name in mask_of:
@@ -328,6 +339,7 @@ def zeroth_order_gradient(
     mode: Mode = "lean",
     chunk: int | None = None,
     dtype: torch.dtype | None = None,
+    directions: DirectionKind = "gaussian",
 ) -> dict[str, Tensor]:
     """Both halves on one device (BAFFLE's epoch-level mode, Section 3.2): ĝ for ``model``.
 
@@ -336,12 +348,13 @@ def zeroth_order_gradient(
     """
     diffs = loss_differences(
         model, loss_fn, batch, k=k, sigma=sigma, seed=seed, scheme=scheme, params=params,
-        masks=masks, mode=mode, chunk=chunk, dtype=dtype,
+        masks=masks, mode=mode, chunk=chunk, dtype=dtype, directions=directions,
     )  # fmt: skip
     sel = select(model, params, masks)
     return estimate_gradient(
-        dict(sel.params), diffs, sigma=sigma, seed=seed, scheme=scheme, masks=sel.masks
-    )
+        dict(sel.params), diffs, sigma=sigma, seed=seed, scheme=scheme, masks=sel.masks,
+        directions=directions,
+    )  # fmt: skip
 
 
 def _run(
@@ -380,6 +393,7 @@ def _run_threaded(
     sigma: float,
     spans: int,
     autocast: torch.dtype | None,
+    directions: DirectionKind = "gaussian",
 ) -> tuple[Tensor, Tensor]:
     """:func:`_run` of the lean loop with k = 0..K-1 split into ``spans`` contiguous spans, one
     thread each, every thread on a shallow copy of ``model`` (Parameters shared, never written;
@@ -399,7 +413,8 @@ def _run_threaded(
     def span(i: int) -> None:
         lo, hi = bounds[i], bounds[i + 1]
         replica = replicas[i]
-        ev = LeanEvaluator(replica, select(replica, params, masks), seed, x, loss_fn, y)
+        rsel = _with_directions(select(replica, params, masks), directions, k)
+        ev = LeanEvaluator(replica, rsel, seed, x, loss_fn, y)
         # Grad mode and autocast are thread-local: enter them in the worker.
         with contextlib.ExitStack() as stack:
             for mode in modes:
@@ -436,6 +451,12 @@ def _run_threaded(
     if errors:
         raise errors[0]
     return plus, minus
+
+
+def _with_directions(sel: Selection, directions: DirectionKind, k: int) -> Selection:
+    """``sel`` drawing the step's ``directions`` (built from the selection's shapes and K)."""
+    dirs = make_directions(directions, {n: p.shape for n, p in sel.params.items()}, k)
+    return dataclasses.replace(sel, draw=dirs.draw)
 
 
 def _default_chunk(x: Tensor, models_per_perturbation: int) -> int:

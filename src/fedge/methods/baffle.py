@@ -69,7 +69,14 @@ from fedge.estimators import (
     estimate_gradient,
     loss_differences,
 )
-from fedge.methods.baffle_downlink import ClientReplica, DownlinkHistory, clip_inf_norm, replay_step
+from fedge.methods.baffle_downlink import (
+    ClientReplica,
+    DownlinkHistory,
+    clip_inf_norm,
+    perturbed_masks,
+    perturbed_params,
+    replay_step,
+)
 from fedge.methods.base import (
     GlobalModel,
     MethodBuild,
@@ -106,6 +113,14 @@ class BaffleConfig(SecureAggregationOptions):
         "(null: every usable core when clients run in the engine's process, 1 with clients.workers > 0)",
     )
     chunk: int | None = Field(None, ge=1, description="perturbations per batched pass (fast estimator)")
+    directions: Literal["gaussian", "orthogonal", "block"] = Field(
+        "gaussian",
+        description="perturbation directions: gaussian (BAFFLE's i.i.d.), orthogonal (randomized Hadamard per "
+        "tensor) or block (per-layer, K split ∝ sqrt(layer size)); see fedge.estimators.directions",
+    )
+    perturb: list[str] | None = Field(
+        None, description="shell-style patterns of the parameters to perturb and train (null: all trainable)"
+    )
     batch_size: int = Field(64, ge=1, description="samples per loss evaluation (with delta_loss_on=local_set: per forward chunk)")
     delta_loss_on: Literal["batch", "local_set"] = Field(
         "local_set",
@@ -188,12 +203,15 @@ def zeroth_order_gradient_fn(cfg: BaffleConfig, threads: int = 1) -> Any:
 
     def gradient(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], ctx: ClientContext, masks: Any):
         seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator))
+        params = perturbed_params(model, cfg)
+        masks = perturbed_masks(masks, params)
         diffs = loss_differences(
             model, F.cross_entropy, batch, k=cfg.k, sigma=cfg.sigma, seed=seed, scheme=cfg.scheme,
-            masks=masks, mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype, workers=threads,
+            params=list(params), masks=masks, mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype,
+            workers=threads, directions=cfg.directions,
         )  # fmt: skip
-        params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-        g = estimate_gradient(params, diffs, sigma=cfg.sigma, seed=seed, scheme=cfg.scheme, masks=masks)
+        g = estimate_gradient(params, diffs, sigma=cfg.sigma, seed=seed, scheme=cfg.scheme, masks=masks,
+                              directions=cfg.directions)  # fmt: skip
         return None, clip_inf_norm(g, cfg.clip)
 
     return gradient
@@ -232,12 +250,14 @@ class BaffleBatchClient:
             chunks = [ctx.data.indices[torch.randperm(n, generator=ctx.generator)[: min(cfg.batch_size, n)]]]
         else:  # ΔL(D_c) = Σ_chunks (n_chunk / n) ΔL(chunk): the mean loss is linear in the samples
             chunks = list(ctx.data.indices.split(cfg.batch_size))
+        params = perturbed_params(model, cfg)
+        masks = perturbed_masks(masks, params)
         total = torch.zeros(cfg.k, dtype=torch.float64)
         for idx in chunks:
             d = loss_differences(
                 model, F.cross_entropy, (ctx.data.x[idx], ctx.data.y[idx]), k=cfg.k, sigma=cfg.sigma, seed=seed,
-                scheme=cfg.scheme, masks=masks, mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype,
-                workers=self.threads,
+                scheme=cfg.scheme, params=list(params), masks=masks, mode=cfg.estimator, chunk=cfg.chunk,
+                dtype=cfg.dtype, workers=self.threads, directions=cfg.directions,
             )  # fmt: skip
             if len(chunks) == 1:
                 return d
@@ -276,7 +296,11 @@ class BaffleBatchStrategy(Strategy):
         return {"dL": (torch.Size([self.cfg.k]), torch.float32)}
 
     def params(self) -> dict[str, torch.Tensor]:
-        return self.server.params()
+        """The perturbed (estimated) parameters: ``method.perturb``'s, or every trainable one."""
+        return perturbed_params(self.model, self.cfg)
+
+    def masks(self) -> dict[str, torch.Tensor] | None:
+        return perturbed_masks(self.server.masks, self.params())
 
     def round_seed(self, rnd: int, cid: int | None = None) -> int:
         """s_t (shared) or s_{t,c} (per client); 62 bits, sent as an 8-byte integer."""
@@ -315,8 +339,12 @@ class BaffleBatchStrategy(Strategy):
         if not self.cfg.shared_perturbations:
             return self.per_client_estimate(rnd, checked)
         combined = combine_loss_differences([d for d, _ in checked.values()], [n for _, n in checked.values()])
+        return self.shared_estimate(rnd, combined)
+
+    def shared_estimate(self, rnd: int, combined: torch.Tensor) -> dict[str, torch.Tensor]:
+        """ĝ (Eq. 6) from Σ_c (N_c/N) ΔL_c on the round's shared perturbations (Eq. 7), not applied."""
         return estimate_gradient(self.params(), combined, sigma=self.cfg.sigma, seed=self.round_seed(rnd),
-                                 scheme=self.cfg.scheme, masks=self.server.masks)  # fmt: skip
+                                 scheme=self.cfg.scheme, masks=self.masks(), directions=self.cfg.directions)  # fmt: skip
 
     def per_client_estimate(self, rnd: int, checked: Mapping[int, tuple[torch.Tensor, int]]) -> dict[str, torch.Tensor]:
         """Σ_c (N_c/N) ĝ_c, each client on its own perturbations (one regeneration per client)."""
@@ -326,7 +354,8 @@ class BaffleBatchStrategy(Strategy):
         g: dict[str, torch.Tensor] = {}
         for c, (d, n) in checked.items():
             gc = estimate_gradient(
-                params, d, sigma=cfg.sigma, seed=self.round_seed(rnd, c), scheme=cfg.scheme, masks=self.server.masks
+                params, d, sigma=cfg.sigma, seed=self.round_seed(rnd, c), scheme=cfg.scheme, masks=self.masks(),
+                directions=cfg.directions,
             )
             for k, v in gc.items():
                 g[k] = g[k].add_(v, alpha=n / total) if k in g else v * (n / total)
@@ -337,9 +366,7 @@ class BaffleBatchStrategy(Strategy):
         optimizer — the step a ``downlink: seeds`` client replays from (s_t, ΔL_t)."""
         seed = self.round_seed(rnd)
         if self.downlink is None:
-            g = estimate_gradient(self.params(), combined, sigma=self.cfg.sigma, seed=seed, scheme=self.cfg.scheme,
-                                  masks=self.server.masks)  # fmt: skip
-            return self.apply(g)
+            return self.apply(self.shared_estimate(rnd, combined))
         g = replay_step(self.server, self.cfg, seed, combined)
         self.downlink.record(rnd, seed, combined)
         return {"estimate_inf_norm": max(float(v.abs().max()) for v in g.values())}

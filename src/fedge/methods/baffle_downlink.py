@@ -31,9 +31,10 @@ from fedge.core.context import ClientContext
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
 from fedge.estimators import estimate_gradient
+from fedge.estimators.directions import match_params
 from fedge.methods.base import GlobalModel, load_arrays, model_arrays, unpack_model_arrays
 
-__all__ = ["ClientReplica", "DownlinkHistory", "clip_inf_norm", "replay_step"]
+__all__ = ["ClientReplica", "DownlinkHistory", "clip_inf_norm", "perturbed_masks", "perturbed_params", "replay_step"]
 
 _OPT = "opt/"
 _MODEL = "w/"
@@ -48,6 +49,17 @@ def clip_inf_norm(grads: dict[str, torch.Tensor], max_norm: float | None) -> dic
     norm = max(float(g.abs().max()) for g in grads.values() if g.numel())
     factor = min(1.0, max_norm / (norm + 1e-6))
     return {k: g * factor for k, g in grads.items()} if factor < 1.0 else grads
+
+
+def perturbed_params(model: torch.nn.Module, cfg: Any) -> dict[str, torch.Tensor]:
+    """The trainable parameters matching ``cfg.perturb`` (all trainable ones when None)."""
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    return trainable if cfg.perturb is None else {n: trainable[n] for n in match_params(trainable, cfg.perturb)}
+
+
+def perturbed_masks(masks: dict[str, torch.Tensor] | None, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """The masks of the perturbed parameters only (None when none is masked)."""
+    return {n: m for n, m in (masks or {}).items() if n in params} or None
 
 
 @contextlib.contextmanager
@@ -69,8 +81,9 @@ def replay_step(server: GlobalModel, cfg: Any, seed: int, combined: torch.Tensor
     perturbations of ``seed`` (Eq. 6-7), inf-norm clip, server optimizer. Returns ĝ (unclipped).
     The server runs it to train; a client runs it to rebuild the server's model."""
     with _one_thread():
-        g = estimate_gradient(server.params(), combined, sigma=cfg.sigma, seed=seed, scheme=cfg.scheme,
-                              masks=server.masks)  # fmt: skip
+        params = perturbed_params(server.model, cfg)
+        g = estimate_gradient(params, combined, sigma=cfg.sigma, seed=seed, scheme=cfg.scheme,
+                              masks=perturbed_masks(server.masks, params), directions=cfg.directions)  # fmt: skip
         server.step(clip_inf_norm(g, cfg.clip))
     return g
 

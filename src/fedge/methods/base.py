@@ -45,7 +45,9 @@ class ServerOptimizerConfig(MethodConfigBase):
     ``eps`` defaults to 1e-8 for adam and to Reddi et al.'s τ = 1e-3 for yogi/adagrad.
     """
 
-    name: Literal["sgd", "adam", "yogi", "adagrad"] = "sgd"
+    name: Literal["sgd", "adam", "yogi", "adagrad", "zo_sgdm", "zo_adamm"] = Field(
+        "sgd", description="zo_sgdm: averaged momentum (beta = b1); zo_adamm: ZO-AdaMM (fedge.core.transforms)"
+    )
     lr: float = Field(1.0, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
     b1: float = Field(0.9, ge=0, lt=1)
@@ -57,6 +59,8 @@ class ServerOptimizerConfig(MethodConfigBase):
 
     @model_validator(mode="after")
     def _decay_needs_sgd_or_adam(self) -> ServerOptimizerConfig:
+        if self.name in ("zo_sgdm", "zo_adamm") and self.weight_decay:
+            raise ValueError(f"weight_decay is not supported by {self.name}; leave it at 0 or use sgd or adam")
         if self.name in ("yogi", "adagrad") and (self.weight_decay or self.lr_decay != 1.0):
             raise ValueError(
                 f"weight_decay and lr_decay are supported for sgd and adam, not {self.name}; "
@@ -70,6 +74,10 @@ class ServerOptimizerConfig(MethodConfigBase):
         if self.name == "adam":
             return T.adam(self.lr, b1=self.b1, b2=self.b2, eps=self.eps or 1e-8, bias_correction=self.bias_correction,
                           weight_decay=self.weight_decay, lr_decay=self.lr_decay)  # fmt: skip
+        if self.name == "zo_sgdm":
+            return T.zo_sgdm(self.lr, beta=self.b1, lr_decay=self.lr_decay)
+        if self.name == "zo_adamm":
+            return T.zo_adamm(self.lr, b1=self.b1, b2=self.b2, eps=self.eps or 1e-8, lr_decay=self.lr_decay)
         if self.name == "yogi":
             return T.yogi(self.lr, b1=self.b1, b2=self.b2, eps=self.eps or 1e-3)
         return T.adagrad(self.lr, b1=self.b1, eps=self.eps or 1e-3)

@@ -95,7 +95,9 @@ def test_every_client_every_round_tree_restarts_each_round():
     """m = N under shuffle: each round is a pass, each tree one leaf: T Gaussians, no amplification."""
     cfg = PrivacyConfig(mechanism="tree", sampling="shuffle", noise_multiplier=2.0)
     got = epsilon(cfg, rounds=20, population=10, clients_per_round=10)
-    assert got == pytest.approx(_rdp(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(2.0), 20), Rel.ADD_OR_REMOVE_ONE, 1e-6), rel=1e-6)
+    assert got == pytest.approx(
+        _rdp(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(2.0), 20), Rel.ADD_OR_REMOVE_ONE, 1e-6), rel=1e-6
+    )
 
 
 def test_degenerate_cases():

@@ -120,3 +120,15 @@ def test_target_epsilon_and_round_order():
     assert agg.epsilon(t - 1) <= 3.0 < agg.epsilon(t)
     with pytest.raises(ValueError, match="expected round 1, got 2"):
         agg.aggregate(_contribs(2), 2)
+
+
+def test_empty_poisson_round_is_noise_alone():
+    cfg = PrivacyConfig(mechanism="gaussian", sampling="poisson", clip=1.0, noise_multiplier=1.0)
+    agg = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED)
+    with pytest.raises(ValueError, match="pass like="):
+        agg.aggregate([], 1)
+    like = _contribs(1)[0]
+    mean, _ = agg.aggregate([], 1, like=like)
+    noise = gaussian_like(like, 1.0, generator(SEED, "dp-noise", 1))
+    for k in like:
+        torch.testing.assert_close(mean[k], noise[k] / M)

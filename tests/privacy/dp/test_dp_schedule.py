@@ -6,10 +6,16 @@ from fedge.privacy.dp.schedule import poisson_clients, shuffled_clients
 def test_shuffled_each_client_once_per_pass_and_reproducible():
     n, m = 23, 5  # R = 4 rounds per pass, 3 clients idle each pass
     for p in range(3):
-        seen = [c for r in range(4 * p + 1, 4 * p + 5) for c in shuffled_clients(7, r, population=n, clients_per_round=m)]
+        seen = [
+            c for r in range(4 * p + 1, 4 * p + 5) for c in shuffled_clients(7, r, population=n, clients_per_round=m)
+        ]
         assert len(seen) == len(set(seen)) == 20 and all(0 <= c < n for c in seen)
-    assert shuffled_clients(7, 5, population=n, clients_per_round=m) == shuffled_clients(7, 5, population=n, clients_per_round=m)
-    assert shuffled_clients(7, 1, population=n, clients_per_round=m) != shuffled_clients(7, 5, population=n, clients_per_round=m)
+    assert shuffled_clients(7, 5, population=n, clients_per_round=m) == shuffled_clients(
+        7, 5, population=n, clients_per_round=m
+    )
+    assert shuffled_clients(7, 1, population=n, clients_per_round=m) != shuffled_clients(
+        7, 5, population=n, clients_per_round=m
+    )
 
 
 def test_poisson_mean_count():

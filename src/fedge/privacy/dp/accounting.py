@@ -29,16 +29,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import dp_accounting as dpa
-from dp_accounting.pld import pld_privacy_accountant
-from dp_accounting.rdp import rdp_privacy_accountant
+import dp_accounting as dpa  # type: ignore[import-untyped]
+from dp_accounting.pld import pld_privacy_accountant  # type: ignore[import-untyped]
+from dp_accounting.privacy_accountant import NeighboringRelation as NeighborRel  # type: ignore[import-untyped]
+from dp_accounting.rdp import rdp_privacy_accountant  # type: ignore[import-untyped]
 
 from fedge.core.errors import ConfigError
 from fedge.privacy.dp.config import PrivacyConfig
 
 __all__ = ["Accounted", "dp_event", "epsilon", "max_rounds", "rounds_per_pass", "tree_depth", "tree_steps"]
-
-NeighborRel = dpa.privacy_accountant.NeighboringRelation
 
 
 @dataclass(frozen=True)
@@ -134,8 +133,11 @@ def epsilon(cfg: PrivacyConfig, *, rounds: int, population: int, clients_per_rou
     return float(accountant.get_epsilon(cfg.delta))
 
 
-def max_rounds(cfg: PrivacyConfig, target_epsilon: float, *, population: int, clients_per_round: int, limit: int = 10**7) -> int:
+def max_rounds(
+    cfg: PrivacyConfig, target_epsilon: float, *, population: int, clients_per_round: int, limit: int = 10**7
+) -> int:
     """The most rounds whose ε stays <= ``target_epsilon`` (ε grows with rounds; bisection)."""
+
     def ok(t: int) -> bool:
         return epsilon(cfg, rounds=t, population=population, clients_per_round=clients_per_round) <= target_epsilon
 

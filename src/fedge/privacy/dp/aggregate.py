@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from fedge.core.errors import ConfigError, MessageError
@@ -89,14 +90,27 @@ class DPAggregator:
         k = self.cfg.tree_restart_rounds
         return i == 0 or (k is not None and i % k == 0)
 
-    def aggregate(self, contributions: list[Contribution], rnd: int) -> tuple[Contribution, dict[str, float]]:
-        """Privatized mean of this round's (already clipped) contributions, and ``{"epsilon"}``."""
+    def aggregate(
+        self, contributions: list[Contribution], rnd: int, *, like: Contribution | None = None
+    ) -> tuple[Contribution, dict[str, float]]:
+        """Privatized mean of this round's (already clipped) contributions, and ``{"epsilon"}``.
+
+        Weighting is uniform (each client's clipped contribution counts 1/m): sample-count
+        weights would change the sensitivity. A Poisson round can have no client; pass ``like``
+        (the contribution's shapes) and the round's mean is the noise alone, as the accountant
+        assumes.
+        """
         if rnd != self.round + 1:
             raise ValueError(f"DP rounds must run in order: expected round {self.round + 1}, got {rnd}")
-        if not contributions:
-            raise ValueError(f"round {rnd}: no contributions to aggregate")
         w = 1.0 / self.expected
-        mean = _weighted_sum(contributions, w)  # Σ c / m
+        if contributions:
+            mean = _weighted_sum(contributions, w)  # Σ c / m
+        elif like is not None:
+            mean = {k: torch.zeros_like(v) for k, v in like.items()}
+        else:
+            raise ValueError(
+                f"round {rnd}: no contributions; pass like= (the contribution's shapes) to add the noise alone"
+            )
         source = self._source(rnd)
         if self.tree is None:
             if self.std > 0:  # (Σ c + N(0, σ²)) / m

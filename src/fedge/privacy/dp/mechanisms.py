@@ -157,16 +157,24 @@ class TreeAggregator:
         return total
 
     def state_dict(self) -> dict[str, Any]:
-        return {"t": self.t, "std": self.std, "nodes": {lv: {k: v.clone() for k, v in n.items()} for lv, n in self.nodes.items()}}
+        return {
+            "t": self.t,
+            "std": self.std,
+            "nodes": {lv: {k: v.clone() for k, v in n.items()} for lv, n in self.nodes.items()},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if float(state["std"]) != self.std:
-            raise ValueError(f"tree state has noise std {state['std']}, this tree {self.std}; resume with the same config")
+            raise ValueError(
+                f"tree state has noise std {state['std']}, this tree {self.std}; resume with the same config"
+            )
         self.t = int(state["t"])
         self.nodes = {int(lv): {k: v.clone() for k, v in n.items()} for lv, n in state["nodes"].items()}
         expected = {lv for lv in range(self.t.bit_length()) if self.t >> lv & 1}
         if set(self.nodes) != expected:
-            raise ValueError(f"tree state at t={self.t} must hold nodes at levels {sorted(expected)}, got {sorted(self.nodes)}")
+            raise ValueError(
+                f"tree state at t={self.t} must hold nodes at levels {sorted(expected)}, got {sorted(self.nodes)}"
+            )
 
 
 def ftrl_weights(w0: Contribution, noisy_prefix_sum: Contribution, lr: float) -> Contribution:

@@ -1,0 +1,188 @@
+"""Perturbation directions of a zeroth-order step: i.i.d. Gaussian, orthogonal, per-block.
+
+A step perturbs the selected parameters along ``δ_k = σ · z_k`` (k = 0..K-1) and the server
+rebuilds
+
+    ĝ = 1 / (c · σ) · Σ_k w_k · ΔL_k · z_k,        c = 2 (central) or 1 (forward),
+
+from the K loss differences (BAFFLE Eq. 6 is the Gaussian case with ``w_k = 1/K``). For a
+loss that is linear in W (ΔL_k = c σ z_kᵀ∇L exactly) the estimate is ``Σ_k w_k z_k z_kᵀ ∇L``,
+so it is unbiased exactly when ``E[Σ_k w_k z_k z_kᵀ] = I``. Every choice below meets that with
+the weights it states (tested against the exact gradient of a linear loss).
+
+Each choice is a function ``z(seed, k, name, shape)`` of the seed and parameter name only, so a
+client regenerates one parameter of one direction at a time (the lean mode's memory) and the
+server regenerates a chunk of directions per parameter; no K × n matrix is ever resident.
+
+``gaussian`` (default; BAFFLE Algorithm 1 line 8)
+    ``z_k ~ N(0, I)`` i.i.d., ``w_k = 1/K``. E|ĝ − ∇L|² = (n + 1)/K · |∇L|² on a linear loss.
+
+``orthogonal`` (randomized Hadamard, per parameter tensor)
+    For a parameter of m coordinates let N = 2^⌈log2 m⌉ and H the N × N Sylvester-Hadamard
+    matrix (``H[i, j] = (−1)^popcount(i & j)``, ``HᵀH = N·I``). Then
+
+        z_k[i] = s_k · d[i] · H[i, π(k mod N)]        for i < m,
+
+    with ``d`` a Rademacher vector per (seed, parameter), π a uniformly random permutation of
+    the N columns per (seed, parameter, chunk ⌊k/N⌋) and ``s_k`` a Rademacher sign per
+    (seed, parameter, k); ``w_k = 1/K``. Within a chunk the N-dimensional directions are
+    exactly orthogonal (distinct columns of the orthogonal matrix ``D·H``); restricted to the
+    m real coordinates they are exactly orthogonal when m is a power of two and nearly so
+    otherwise. Unbiased with constant 1: a uniformly random column j gives
+    ``E[z zᵀ] = D (1/N · Σ_j H[:, j] H[:, j]ᵀ) D = I`` restricted to the m coordinates, and the
+    independent signs s_k make different parameters' blocks uncorrelated. |z_k|² = m exactly
+    (a Gaussian's is m on average). With K = m = N the estimate of a linear loss's gradient is
+    exact (Σ_k z_k z_kᵀ = N·I). Memory: O(N) ≤ 2·(largest parameter) per direction, plus the
+    N-entry permutation (the server's chunk of P directions: P × m). Compared with Gaussian,
+    E|ĝ − ∇L|² = (n/K − 1)|∇L|² for K ≤ N per block instead of (n + 1)/K · |∇L|²: the gain
+    in cosine is about sqrt(1 + K/n), i.e. negligible when K ≪ n (stated, and measured in
+    docs/benchmarks.md).
+
+``block`` (per-layer perturbations)
+    Blocks are the selected parameters grouped by their module (``"conv1.weight"`` and
+    ``"conv1.bias"`` form block ``"conv1"``). The K directions are split over the B blocks in
+    contiguous ranges, block b getting ``K_b ∝ sqrt(n_b)`` of them (n_b its coordinates; at
+    least 1 each, largest-remainder rounding; ``block_split``). δ_k touches only its block
+    (Gaussian there, zero elsewhere) and ``w_k = 1/K_b``, so each block's estimate is
+    BAFFLE's with K_b directions in n_b dimensions, unbiased. The sqrt(n_b) split minimises
+    Σ_b |∇_b L|² n_b / K_b when the blocks' gradient norms are equal. Needs K ≥ B.
+
+Perturbing only a subset of the parameters is the ``params`` argument of the estimators (names;
+:func:`match_params` resolves shell-style patterns); it composes with every choice above and
+with masks (frozen or pruned coordinates are drawn, then zeroed, as before).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor
+
+from fedge.core.errors import ConfigError
+from fedge.core.rng import generator
+from fedge.estimators.perturbation import standard_normal_chunk
+
+__all__ = ["DirectionKind", "Directions", "block_split", "make_directions", "match_params"]
+
+DirectionKind = Literal["gaussian", "orthogonal", "block"]
+Draw = Callable[[int, Sequence[int], str, Sequence[int]], Tensor]
+
+
+class Directions:
+    """The K directions of one step: ``draw(seed, ks, name, shape) -> (len(ks), *shape)``
+    float32 CPU tensor of ``z_k`` restricted to parameter ``name``, and ``weights`` (K,) float64
+    with ĝ = 1/(c σ) Σ_k w_k ΔL_k z_k."""
+
+    def __init__(self, kind: str, k: int, draw: Draw, weights: Tensor) -> None:
+        self.kind, self.k, self.draw, self.weights = kind, k, draw, weights
+
+
+def make_directions(kind: str, shapes: Mapping[str, Sequence[int]], k: int) -> Directions:
+    """The directions ``kind`` for a selection (name -> shape, in model order) and K."""
+    if kind not in get_args(DirectionKind):
+        raise ConfigError(
+            f"directions must be one of {list(get_args(DirectionKind))}, got {kind!r}; "
+            "gaussian is BAFFLE's i.i.d. N(0, I)"
+        )
+    uniform = torch.full((k,), 1.0 / k, dtype=torch.float64)
+    if kind == "gaussian":
+        return Directions(kind, k, standard_normal_chunk, uniform)
+    if kind == "orthogonal":
+        return Directions(kind, k, hadamard_chunk, uniform)
+    return _block(shapes, k)
+
+
+def block_split(sizes: Sequence[int], k: int) -> list[int]:
+    """K_b ∝ sqrt(n_b), each ≥ 1, summing to K (largest remainder; ties to the earlier block)."""
+    b = len(sizes)
+    if k < b:
+        raise ConfigError(
+            f"block directions need k >= the number of blocks: k={k}, {b} blocks; "
+            f"raise k to at least {b} or perturb fewer parameters"
+        )
+    roots = [math.sqrt(n) for n in sizes]
+    extra = k - b  # one each first
+    share = [extra * r / sum(roots) for r in roots]
+    out = [1 + int(s) for s in share]
+    left = k - sum(out)
+    for i in sorted(range(b), key=lambda i: (-(share[i] - int(share[i])), i))[:left]:
+        out[i] += 1
+    return out
+
+
+def block_of(name: str) -> str:
+    """A parameter's block: its module's dotted path (``"fc.0.weight"`` -> ``"fc.0"``)."""
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+def _block(shapes: Mapping[str, Sequence[int]], k: int) -> Directions:
+    blocks: dict[str, int] = {}
+    for name, shape in shapes.items():
+        blocks[block_of(name)] = blocks.get(block_of(name), 0) + math.prod(shape)
+    counts = block_split(list(blocks.values()), k)
+    ranges: dict[str, range] = {}
+    weights = torch.empty(k, dtype=torch.float64)
+    start = 0
+    for b, kb in zip(blocks, counts):
+        ranges[b] = range(start, start + kb)
+        weights[start : start + kb] = 1.0 / kb
+        start += kb
+
+    def draw(seed: int, ks: Sequence[int], name: str, shape: Sequence[int]) -> Tensor:
+        own = ranges.get(block_of(name))
+        if own is None:
+            raise ConfigError(f"parameter {name!r} is not in the selection the block directions were made for")
+        out = torch.zeros((len(ks), *shape))
+        rows = [i for i, kk in enumerate(ks) if int(kk) in own]
+        if rows:
+            out[rows] = standard_normal_chunk(seed, [ks[i] for i in rows], name, shape)
+        return out
+
+    return Directions("block", k, draw, weights)
+
+
+def _parity(v: Tensor) -> Tensor:
+    """popcount(v) mod 2 for non-negative int64 ``v`` (xor folding)."""
+    for shift in (32, 16, 8, 4, 2, 1):
+        v = v ^ (v >> shift)
+    return v & 1
+
+
+def hadamard_chunk(seed: int, ks: Sequence[int], name: str, shape: Sequence[int]) -> Tensor:
+    """``z_k`` of the ``orthogonal`` directions for parameter ``name``: ``(len(ks), *shape)``."""
+    m = math.prod(shape)
+    n = 1 << max(0, (m - 1).bit_length())  # N = 2^ceil(log2 m)
+    d = torch.randint(0, 2, (m,), generator=generator(seed, "zo-hadamard", name)).mul_(2).sub_(1)
+    cols = torch.empty(len(ks), dtype=torch.int64)
+    signs = torch.empty(len(ks), dtype=torch.int64)
+    perms: dict[int, tuple[Tensor, Tensor]] = {}
+    for i, k in enumerate(ks):
+        c = int(k) // n
+        if c not in perms:
+            g = generator(seed, "zo-hadamard", c, name)
+            perms[c] = (torch.randperm(n, generator=g), torch.randint(0, 2, (n,), generator=g) * 2 - 1)
+        perm, s = perms[c]
+        cols[i], signs[i] = perm[int(k) % n], s[int(k) % n]
+    rows = torch.arange(m, dtype=torch.int64)
+    h = 1 - 2 * _parity(rows[None, :] & cols[:, None])  # (P, m): H[i, col_k]
+    z = (h * d[None, :] * signs[:, None]).to(torch.float32)
+    return z.view(len(ks), *shape)
+
+
+def match_params(names: Iterable[str], patterns: Sequence[str]) -> list[str]:
+    """The names (in the given order) matching any shell-style pattern (``"fc*"``, ``"*.bias"``).
+
+    Raises ConfigError naming a pattern that matches nothing.
+    """
+    names = list(names)
+    for p in patterns:
+        if not any(fnmatch.fnmatchcase(n, p) for n in names):
+            raise ConfigError(
+                f"parameter pattern {p!r} matches no parameter; parameters: {', '.join(names)}; "
+                "use shell-style patterns such as 'fc.*' or '*.bias'"
+            )
+    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]

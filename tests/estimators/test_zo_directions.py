@@ -1,0 +1,203 @@
+"""Perturbation directions (gaussian, orthogonal, block) and subsets, against exact oracles."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedge.core.errors import ConfigError
+from fedge.estimators import estimate_gradient, loss_differences, zeroth_order_gradient
+from fedge.estimators.directions import block_split, hadamard_chunk, make_directions, match_params
+
+
+def _mean_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return out.mean()
+
+
+class _TwoLinear(nn.Module):
+    """L = mean(a(x)) + mean(b(x)): linear in every parameter, two modules (two blocks)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.a = nn.Linear(n, 1)
+        self.b = nn.Linear(n, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) + self.b(x)
+
+
+def _linear_problem(n: int = 5) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    model = _TwoLinear(n).double()
+    x = torch.randn(16, n, generator=g, dtype=torch.float64) + 0.5
+    batch = (x, torch.zeros(16))
+    grad = dict(zip(dict(model.named_parameters()), torch.autograd.grad(_mean_loss(model(x), None), list(model.parameters()))))
+    return model, batch, grad
+
+
+def _flat(d: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([v.reshape(-1) for v in d.values()])
+
+
+def test_orthogonal_directions_are_exactly_orthogonal_for_a_power_of_two() -> None:
+    z = hadamard_chunk(3, range(64), "w", (8, 8)).view(64, -1).double()
+    assert torch.equal(z @ z.t(), 64 * torch.eye(64, dtype=torch.float64))
+    assert set(z.unique().tolist()) == {-1.0, 1.0}
+    # The next chunk (k = 64..127) is a fresh orthogonal set, not a repeat of the first.
+    z2 = hadamard_chunk(3, range(64, 128), "w", (8, 8)).view(64, -1).double()
+    assert torch.equal(z2 @ z2.t(), 64 * torch.eye(64, dtype=torch.float64))
+    assert not torch.equal(z2, z)
+    # Regenerable one direction at a time, in any order (what the lean client does).
+    assert torch.equal(hadamard_chunk(3, [17], "w", (8, 8))[0], z[17].view(8, 8).float())
+
+
+@pytest.mark.parametrize("scheme", ["central", "forward"])
+def test_orthogonal_with_k_equal_n_recovers_a_linear_gradient_exactly(scheme: str) -> None:
+    # One parameter of n = 16 coordinates; K = 16 orthogonal directions span the space:
+    # ĝ = (1/K) Σ z zᵀ a = (16/16) a exactly (Gaussian directions do not).
+    g = torch.Generator().manual_seed(0)
+    model = nn.Linear(16, 1, bias=False).double()
+    x = torch.randn(8, 16, generator=g, dtype=torch.float64)
+    a = x.mean(0)
+    out = {}
+    for kind in ("orthogonal", "gaussian"):
+        diffs = loss_differences(model, _mean_loss, (x, torch.zeros(8)), k=16, sigma=0.1, seed=2, scheme=scheme,
+                                 directions=kind)  # fmt: skip
+        got = estimate_gradient(dict(model.named_parameters()), diffs, sigma=0.1, seed=2, scheme=scheme,
+                                directions=kind)  # fmt: skip
+        out[kind] = got["weight"].view(-1)
+    assert torch.allclose(out["orthogonal"], a, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(out["gaussian"], a, rtol=0.1)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "orthogonal", "block"])
+def test_estimate_on_a_linear_loss_is_the_directions_sum_exactly(kind: str) -> None:
+    # ΔL_k = c σ z_kᵀ a exactly, so ĝ = Σ_k w_k z_k z_kᵀ a with the directions' own weights.
+    model, batch, a = _linear_problem()
+    k = 7
+    g = zeroth_order_gradient(model, _mean_loss, batch, k=k, sigma=0.05, seed=11, scheme="central", directions=kind)
+    dirs = make_directions(kind, {n: p.shape for n, p in model.named_parameters()}, k)
+    z = torch.cat([dirs.draw(11, range(k), n, p.shape).view(k, -1) for n, p in model.named_parameters()], 1).double()
+    want = (dirs.weights[:, None] * z * (z @ _flat(a))[:, None]).sum(0)
+    assert torch.allclose(_flat(g), want, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "orthogonal", "block"])
+def test_unbiased_with_constant_one(kind: str) -> None:
+    # E[Σ_k w_k z_k z_kᵀ] = I across parameters of different modules: the Monte Carlo mean over
+    # seeds is I within 4 standard errors (a wrong weight, e.g. 1/K instead of 1/K_b for block,
+    # or correlated blocks, e.g. the orthogonal directions without their per-k signs, is off by >= 0.3).
+    model, _, _ = _linear_problem(n=3)  # 3 + 1 + 3 = 7 coordinates, blocks a (4) and b (3)
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    k, seeds = 4, 3000
+    dirs = make_directions(kind, shapes, k)
+    acc = torch.zeros(7, 7, dtype=torch.float64)
+    sq = torch.zeros(7, 7, dtype=torch.float64)
+    for s in range(seeds):
+        z = torch.cat([dirs.draw(s, range(k), n, sh).view(k, -1) for n, sh in shapes.items()], 1).double()
+        m = (dirs.weights[:, None, None] * z[:, :, None] * z[:, None, :]).sum(0)
+        acc += m
+        sq += m * m
+    mean = acc / seeds
+    se = ((sq / seeds - mean**2).clamp_min(1e-12) / seeds).sqrt()
+    assert bool(((mean - torch.eye(7, dtype=torch.float64)).abs() <= 4 * se + 1e-9).all()), mean
+
+
+def test_block_directions_touch_one_block_and_split_k_by_sqrt_size() -> None:
+    shapes = {"a.weight": (1, 3), "a.bias": (1,), "b.weight": (10, 10)}
+    dirs = make_directions("block", shapes, 12)
+    # blocks a (4 coordinates) and b (100): 10 extra split ∝ (2, 10) -> 1 + 1.67, 1 + 8.33 -> 3, 9
+    assert block_split([4, 100], 12) == [3, 9]
+    assert dirs.weights.tolist() == [1 / 3] * 3 + [1 / 9] * 9
+    for k in range(12):
+        za = torch.cat([dirs.draw(0, [k], n, s).flatten() for n, s in shapes.items() if n.startswith("a.")])
+        zb = dirs.draw(0, [k], "b.weight", (10, 10)).flatten()
+        assert (bool(za.ne(0).all()) and bool(zb.eq(0).all())) if k < 3 else (bool(za.eq(0).all()) and bool(zb.ne(0).all()))
+    assert sum(block_split([1, 4, 9, 10_000], 37)) == 37
+    with pytest.raises(ConfigError, match="k >= the number of blocks"):
+        block_split([4, 5, 6], 2)
+
+
+@pytest.mark.parametrize("kind", ["orthogonal", "block"])
+def test_lean_fast_and_threads_agree_for_every_direction_kind(kind: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 4 * 4, 4)).eval()
+    g = torch.Generator().manual_seed(1)
+    batch = (torch.randn(4, 1, 6, 6, generator=g), torch.randint(0, 4, (4,), generator=g))
+    big = (torch.randn(12, 1, 6, 6, generator=g), torch.randint(0, 4, (12,), generator=g))
+    kw = dict(k=9, sigma=1e-2, seed=5, scheme="central", directions=kind)
+    lean = loss_differences(model, F.cross_entropy, batch, mode="lean", **kw)
+    fast = loss_differences(model, F.cross_entropy, batch, mode="fast", **kw)  # batched pass
+    assert torch.allclose(lean, fast, rtol=1e-4, atol=1e-6)
+    lean_big = loss_differences(model, F.cross_entropy, big, mode="lean", **kw)
+    threaded = loss_differences(model, F.cross_entropy, big, mode="fast", workers=2, **kw)  # two spans
+    assert torch.allclose(lean_big, threaded, rtol=1e-5, atol=1e-7)
+    gauss = loss_differences(model, F.cross_entropy, batch, mode="lean", **{**kw, "directions": "gaussian"})
+    assert not torch.allclose(lean, gauss)
+
+
+def test_subset_perturbs_and_estimates_only_the_chosen_parameters() -> None:
+    model, batch, a = _linear_problem()
+    names = match_params([n for n, _ in model.named_parameters()], ["a.*"])
+    assert names == ["a.weight", "a.bias"]
+    g = zeroth_order_gradient(model, _mean_loss, batch, k=5, sigma=0.05, seed=1, scheme="forward", params=names,
+                              directions="orthogonal")  # fmt: skip
+    assert list(g) == names
+    # Only a's coordinates move: the loss differences equal those of a model whose b is zero.
+    with torch.no_grad():
+        model.b.weight.zero_()
+    g0 = zeroth_order_gradient(model, _mean_loss, batch, k=5, sigma=0.05, seed=1, scheme="forward", params=names,
+                               directions="orthogonal")  # fmt: skip
+    assert all(torch.allclose(g[n], g0[n]) for n in names)
+    with pytest.raises(ConfigError, match="matches no parameter"):
+        match_params(["a.weight"], ["fc.*"])
+
+
+def test_unknown_direction_kind_is_one_clear_error() -> None:
+    model, batch, _ = _linear_problem()
+    with pytest.raises(ConfigError, match="directions must be one of"):
+        loss_differences(model, _mean_loss, batch, k=2, sigma=0.1, seed=0, scheme="central", directions="sobol")
+
+
+def test_orthogonal_gives_no_free_lunch_when_k_is_much_smaller_than_n() -> None:
+    # The documented claim: cosine gain over Gaussian ≈ sqrt(1 + K/n), negligible for K ≪ n.
+    model = nn.Linear(256, 1, bias=False).double()
+    a = torch.randn(256, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    x = a[None, :].repeat(2, 1)
+    cos = {}
+    for kind in ("gaussian", "orthogonal"):
+        vals = []
+        for s in range(40):
+            g = zeroth_order_gradient(model, _mean_loss, (x, torch.zeros(2)), k=16, sigma=0.1, seed=s,
+                                      scheme="central", directions=kind)["weight"].view(-1)  # fmt: skip
+            vals.append(float(g @ a / (g.norm() * a.norm())))
+        cos[kind] = sum(vals) / len(vals)
+    assert abs(cos["orthogonal"] - math.sqrt(16 / 256)) < 0.03
+    assert abs(cos["gaussian"] - math.sqrt(16 / 256)) < 0.04
+
+
+def test_baffle_config_passes_directions_and_subset_to_the_server() -> None:
+    import warnings
+
+    from fedge.methods.baffle import BaffleBatchStrategy, BaffleConfig
+
+    model, _, _ = _linear_problem()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = BaffleConfig(mode="batch", k=4, directions="block", perturb=["b.*"], secure_aggregation=False, clip=None)
+    strategy = BaffleBatchStrategy(model, cfg, seed=0)
+    diffs = torch.tensor([0.1, -0.2, 0.3, 0.05])
+    g = strategy.shared_estimate(1, diffs)
+    assert list(g) == ["b.weight"]
+    want = estimate_gradient({"b.weight": model.b.weight}, diffs, sigma=cfg.sigma, seed=strategy.round_seed(1),
+                             scheme=cfg.scheme, directions="block")  # fmt: skip
+    assert torch.equal(g["b.weight"], want["b.weight"])
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    strategy.apply(g)
+    after = dict(model.named_parameters())
+    assert torch.equal(after["a.weight"], before["a.weight"]) and torch.equal(after["a.bias"], before["a.bias"])
+    assert not torch.equal(after["b.weight"], before["b.weight"])
