@@ -6,7 +6,7 @@ The registry maps ``method.name`` to a :class:`~fedge.methods.base.MethodSpec`.
 from __future__ import annotations
 
 from fedge.core.errors import UnknownNameError
-from fedge.methods import baffle, fedavg, ntk_baffle
+from fedge.methods import baffle, eppfl, fedavg, ntk_baffle
 from fedge.methods.base import MethodBuild, MethodEnv, MethodSpec
 
 __all__ = ["METHODS", "MethodBuild", "MethodEnv", "MethodSpec", "get_method", "register"]
@@ -31,3 +31,4 @@ register(MethodSpec("fedavg", "FedAvg: E local epochs of backprop, weighted delt
 register(MethodSpec("fedsgd", "FedSGD: one backprop gradient per client per round, server optimizer", fedavg.FedSGDConfig, fedavg.build))
 register(MethodSpec("baffle", "BAFFLE: forward-only zeroth-order estimates, K loss differences or model deltas uploaded", baffle.BaffleConfig, baffle.build))
 register(MethodSpec("ntk-baffle", "NTK foresight pruning (data-free or on client data), then BAFFLE on the sparse model", ntk_baffle.NtkBaffleConfig, ntk_baffle.build))
+register(MethodSpec("eppfl", "EPPFL: device/edge split learning, Laplace DP on cut activations, selection, third-party masks", eppfl.EppflConfig, eppfl.build))
