@@ -31,7 +31,7 @@ import torch
 
 from fedge.core.errors import ConfigError
 
-__all__ = ["LaplaceMechanism", "clip_l1", "laplace_epsilon", "laplace_noise"]
+__all__ = ["LaplaceMechanism", "clip_l1", "laplace_epsilon", "laplace_noise", "pld_interval"]
 
 
 def clip_l1(v: torch.Tensor, clip: float) -> torch.Tensor:
@@ -89,6 +89,13 @@ class LaplaceMechanism:
         return clipped, clipped.detach() + noise
 
 
+def pld_interval(epsilon_step: float) -> float:
+    """The PLD accountant's discretization: its default 1e-4 up to ε_step = 10, then
+    ε_step·1e-5 (the privacy-loss range grows with ε; a fixed 1e-4 grid for ε_step = 1000
+    would hold 10^7 points)."""
+    return 1e-4 if epsilon_step <= 10 else epsilon_step * 1e-5
+
+
 @lru_cache(maxsize=256)
 def laplace_epsilon(epsilon_step: float, count: int, delta: float) -> dict[str, float]:
     """Cumulative privacy of ``count`` Laplace releases of ε_step each.
@@ -111,6 +118,6 @@ def laplace_epsilon(epsilon_step: float, count: int, delta: float) -> dict[str, 
     event = dp_accounting.SelfComposedDpEvent(dp_accounting.LaplaceDpEvent(1.0 / epsilon_step), count)
     rdp = rdp_privacy_accountant.RdpAccountant()
     rdp.compose(event)
-    pld = pld_privacy_accountant.PLDAccountant()
+    pld = pld_privacy_accountant.PLDAccountant(value_discretization_interval=pld_interval(epsilon_step))
     pld.compose(event)
     return {"pure": count * epsilon_step, "rdp": float(rdp.get_epsilon(delta)), "pld": float(pld.get_epsilon(delta))}
