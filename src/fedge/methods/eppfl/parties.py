@@ -1,0 +1,185 @@
+"""EPPFL's side parties: the edge server S_e (one per device, ``scope="client"``) and the
+random-number server S_r (one, ``scope="shared"``).
+
+**Edge server** (seed 003, Fig. 1 ③ ⑤ ⑦, Eq. 3-4). Its persistent ``ctx.state`` holds M_s's
+weights (``w/KEY``), buffers (``b/KEY``) and SGD momentum (``m/KEY``), under the model's
+state-dict keys. Messages:
+
+- ``load`` (from S_a, step ⑦): the global M_s; momentum restarts, as the device's optimizer
+  (a fresh optimizer each round on both halves, which is what makes the split exact).
+- ``step`` (from its device, step ②-③): released activations (kept values, and the seed that
+  regenerates their positions when θ_a < 1) and labels. Forward M_s, cross-entropy, backward,
+  SGD-with-momentum step (``torch.optim.SGD``'s update, written out), then the gradient
+  selection of dA; the reply is the kept gradients and their positions.
+- ``upload`` (from S_a, step ⑤): W_s; the state is then cleared (the next ``load`` brings the
+  global model), so checkpoints do not hold one model per client. ``discard`` only clears.
+
+**Random-number server** S_r (step ① ④ ⑧). It holds a secret key; the mask of device i in
+round t is ``r_i^t = PRG(HKDF(secret, "eppfl-mask" ‖ t ‖ i))`` over Z_{2^64} (AES-256-CTR,
+:mod:`fedge.privacy.secagg.prg`). Its state is only the list of devices S_a reports as
+aggregated in the last round (set by S_a's ``aggregate`` call, in the engine's process, so the
+party is safe with worker processes: devices only read it). Messages:
+
+- ``device`` (from a device at the start of its round): its mask seed for this round, and —
+  when the model it was sent is masked — ``Σ_{j∈C_t} r_j`` over the devices S_a aggregated in
+  that round (the paper's r̄, as a ring sum; the device divides after unmasking).
+- ``aggregate`` (from S_a): which devices' uploads went into round t's aggregate.
+
+The device's request names its id; the simulation trusts it (an authenticated channel is
+assumed). S_r answers the sum only for the set S_a registered, never for a set a device
+chooses, so a device colluding with S_a cannot obtain a single r_j.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from fedge.core.context import PartyContext
+from fedge.core.errors import MessageError
+from fedge.core.messages import Message
+from fedge.methods.eppfl.split import Split, activation_positions, gradient_positions, kept, position_dtype, scatter
+from fedge.privacy.secagg import FixedPoint
+from fedge.privacy.secagg.prg import prg
+
+__all__ = ["EdgeServer", "MaskKeys", "RandomnessServer", "seeded_rng"]
+
+
+class MaskKeys:
+    """S_r's secret and the masks derived from it (also used, in the simulation only, by
+    the evaluation harness to read the global M_c; see :mod:`fedge.methods.eppfl`)."""
+
+    def __init__(self, secret: bytes, length: int, fp: FixedPoint) -> None:
+        self.secret, self.length, self.fp = secret, length, fp
+
+    @staticmethod
+    def from_run_seed(seed: int, length: int, fp: FixedPoint) -> MaskKeys:
+        """A secret derived from the run seed (reproducible runs; a deployment draws it with
+        ``os.urandom``)."""
+        hk = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"fedge-eppfl-sr-secret")
+        return MaskKeys(hk.derive(int(seed).to_bytes(16, "little", signed=True)), length, fp)
+
+    def seed(self, rnd: int, cid: int) -> bytes:
+        info = b"eppfl-mask|" + int(rnd).to_bytes(8, "little") + int(cid).to_bytes(8, "little")
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(self.secret)
+
+    def mask(self, rnd: int, cid: int) -> np.ndarray:
+        return prg(self.seed(rnd, cid), self.length, bits=self.fp.bits)
+
+    def mask_sum(self, rnd: int, ids: list[int]) -> np.ndarray:
+        return self.fp.ring_sum(self.mask(rnd, c) for c in ids)
+
+
+class RandomnessServer:
+    """S_r (see the module docstring)."""
+
+    def __init__(self, keys: MaskKeys) -> None:
+        self.keys = keys
+
+    def handle(self, message: Message, ctx: PartyContext) -> Message:
+        op = message.config.get("op")
+        if op == "aggregate":
+            rnd = int(message.config["round"])
+            ctx.state.clear()
+            ctx.state.update(agg_round=rnd, agg_ids=message.arrays["ids"].to(torch.int64))
+            return Message(config={"ok": True})
+        if op != "device":
+            raise MessageError(f"S_r: unknown request {op!r}; expected 'device' or 'aggregate'")
+        cid, rnd = int(message.config["cid"]), int(message.config["round"])
+        out: dict[str, Any] = {"mask_seed": self.keys.seed(rnd, cid)}
+        unmask = int(message.config.get("unmask_round", 0))
+        if unmask > 0:
+            if ctx.state.get("agg_round") != unmask:
+                raise MessageError(f"S_r: device {cid} asks for the masks of round {unmask}, "
+                                   f"but the last aggregate registered is round {ctx.state.get('agg_round')}")  # fmt: skip
+            ids = [int(v) for v in ctx.state["agg_ids"].tolist()]
+            out["mask_sum"] = self.keys.fp.to_bytes(self.keys.mask_sum(unmask, ids))
+        return Message(config=out)
+
+
+def seeded_rng(gen: torch.Generator) -> int:
+    """A 62-bit seed drawn from ``gen`` (for forked global RNG around dropout layers and for
+    activation-selection seeds)."""
+    return int(torch.randint(0, 2**62, (1,), generator=gen))
+
+
+class EdgeServer:
+    """S_e (see the module docstring). ``split_fn`` builds the split model once per process
+    (the module is a work buffer: the weights live in ``ctx.state``)."""
+
+    def __init__(self, split_fn: Callable[[], Split], *, theta_g: float, lr: float, momentum: float) -> None:
+        self.split_fn, self.theta_g, self.lr, self.momentum = split_fn, theta_g, lr, momentum
+        self._split: Split | None = None
+
+    @property
+    def split(self) -> Split:
+        if self._split is None:
+            self._split = self.split_fn()
+            self._split.edge.train()
+        return self._split
+
+    def __call__(self) -> EdgeServer:  # PartySpec.factory: one instance (and module) per process
+        return self
+
+    def handle(self, message: Message, ctx: PartyContext) -> Message:
+        op = message.config.get("op")
+        if op == "load":
+            ctx.state.clear()
+            params = {k for k, _ in self.split.edge.named_parameters()}
+            for key, local in self.split.edge_keys.items():
+                t = message.arrays[key].clone()
+                ctx.state[("w/" if local in params else "b/") + key] = t
+            return Message()
+        if op == "step":
+            return self._step(message, ctx)
+        if op in ("upload", "discard"):
+            arrays = {k[2:]: v for k, v in ctx.state.items() if k[:2] in ("w/", "b/")} if op == "upload" else {}
+            ctx.state.clear()
+            return Message(arrays)
+        raise MessageError(f"edge server {ctx.key}: unknown request {op!r}")
+
+    def _step(self, message: Message, ctx: PartyContext) -> Message:
+        sp = self.split
+        if not any(k.startswith("w/") for k in ctx.state):
+            raise MessageError(f"edge server {ctx.key}: a training step before S_a sent M_s")
+        shape = tuple(int(s) for s in str(message.config["shape"]).split(","))
+        b, c = shape[0], shape[1] if len(shape) > 2 else 1
+        n = int(np.prod(shape[1:])) // c
+        values = message.arrays["a"].to(torch.float32)
+        seed = int(message.config.get("seed", -1))
+        if seed >= 0:
+            pos = activation_positions(seed, (b, c, n), values.shape[-1])
+            dense = scatter(values, pos, n)
+        else:
+            dense = values.reshape(b, c, n)
+        a_hat = dense.reshape(shape).requires_grad_(True)
+        names = [k[2:] for k in ctx.state if k.startswith("w/")]
+        params = [ctx.state["w/" + k].requires_grad_(True) for k in names]
+        tensors = {sp.edge_keys[k]: ctx.state["w/" + k] for k in names}
+        tensors.update({sp.edge_keys[k[2:]]: v for k, v in ctx.state.items() if k.startswith("b/")})
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seeded_rng(ctx.generator))  # dropout on M_s: derived, not global
+            out = torch.func.functional_call(sp.edge, tensors, (a_hat,))
+        loss = F.cross_entropy(out, message.arrays["y"].long())
+        grads = torch.autograd.grad(loss, [a_hat, *params])
+        with torch.no_grad():
+            for k, p, g in zip(names, params, grads[1:], strict=True):
+                p.requires_grad_(False)
+                if self.momentum:
+                    buf = ctx.state.get("m/" + k)
+                    buf = g.clone() if buf is None else buf.mul_(self.momentum).add_(g)
+                    ctx.state["m/" + k] = buf
+                    g = buf
+                p.add_(g, alpha=-self.lr)
+        da = grads[0].reshape(b, c, n)
+        metrics = {"loss": float(loss.detach())}
+        if self.theta_g < 1:
+            pos = gradient_positions(da, kept(n, self.theta_g))
+            return Message({"g": da.gather(-1, pos), "pos": pos.to(position_dtype(n))}, metrics=metrics)
+        return Message({"g": da}, metrics=metrics)

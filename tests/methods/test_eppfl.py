@@ -1,0 +1,164 @@
+"""EPPFL (fedge.methods.eppfl): split exactness, selection, masks, accounting, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy import stats
+
+from fedge.core.config import load_config
+from fedge.core.errors import ConfigError
+from fedge.core.rng import generator
+from fedge.experiment.build import build_run, method_config
+from fedge.methods.eppfl import FIXED_POINT
+from fedge.methods.eppfl.parties import MaskKeys, seeded_rng
+from fedge.methods.eppfl.split import gradient_positions, split_model
+from fedge.privacy.dp.laplace import laplace_epsilon
+
+from tests.conftest import tiny_config
+
+
+def _cfg(**over):
+    base = {
+        "rounds": 2, "clients.num": 3, "clients.per_round": 3, "dataset.limit_train": 96,
+        "dataset.limit_test": 50, "model": {"name": "vgg9", "dropout": False},
+        "method": {"name": "eppfl", "local_epochs": 1, "batch_size": 16},
+    }  # fmt: skip
+    base.update(over)
+    return tiny_config(**base)
+
+
+def _built(**over):
+    return build_run(load_config(_cfg(**over)))
+
+
+def test_gradient_selection_hand_computed_with_ties():
+    # one sample, two channels, N_c = 5, θ_g·N_c = 2 (kept 2 of 5)
+    g = torch.tensor([[[0.1, -3.0, 2.0, -2.0, 2.0], [1.0, 1.0, 1.0, 1.0, -1.0]]])
+    pos = gradient_positions(g, 2)
+    # ch 0: |−3| first; then 2.0 at 2, −2.0 at 3, 2.0 at 4 tie -> lowest index 2
+    # ch 1: all tie -> indices 0, 1
+    assert pos.tolist() == [[[1, 2], [0, 1]]]
+
+
+def test_default_cut_is_first_conv_and_relu_and_bad_cut_is_a_config_error():
+    built = _built()
+    model = built.model_fn()
+    sp = split_model(model, None)
+    assert sp.cut == "features.conv1.act"
+    assert set(sp.device_keys) == {"features.conv1.conv.weight", "features.conv1.conv.bias"}
+    x = torch.randn(2, 1, 8, 8)
+    assert torch.allclose(sp.edge(sp.device(x)), model(x))
+    with pytest.raises(ConfigError, match="method.cut='nope'"):
+        _built(**{"method.cut": "nope"})
+    with pytest.raises(ConfigError, match="nothing for the edge"):
+        _built(**{"method.cut": "classifier"})
+
+
+@pytest.mark.parametrize("key,value", [("theta_a", 0.0), ("theta_a", 1.5), ("theta_g", -0.1), ("dp", {"epsilon": 0, "clip": 1.0}),
+                                       ("dp", {"epsilon": -2, "clip": 1.0})])  # fmt: skip
+def test_bad_config_is_a_config_error_naming_the_key(key, value):
+    cfg = load_config(_cfg(**{f"method.{key}": value}))
+    with pytest.raises(ConfigError, match=f"method.{key}"):
+        method_config(cfg)
+
+
+def _unsplit_reference(built, cid, rnd, epochs, lr, momentum):
+    model = built.model_fn()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    gen = generator(built.config.seed, "client", rnd, cid)
+    seeded_rng(gen)  # the device's first draw seeds its selection/noise generator
+    for _ in range(epochs):
+        for x, y in built.clients[cid].batches(16, generator=gen):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    return model.state_dict()
+
+
+def test_split_is_exact_one_client_no_privacy_no_masks():
+    built = _built(**{"clients.num": 1, "clients.per_round": 1, "method.local_epochs": 2, "method.masks": False})
+    sim = built.simulation()
+    sim.run_round(1)
+    got = sim.strategy.eval_model().state_dict()
+    want = _unsplit_reference(built, 0, 1, 2, 0.01, 0.5)
+    for k in want:
+        assert torch.allclose(got[k], want[k], atol=1e-6, rtol=1e-5), k
+    assert any((got[k] - built.model_fn().state_dict()[k]).abs().max() > 1e-4 for k in want)  # it did train
+
+
+def test_masked_aggregate_equals_fixed_point_mean_and_float_mean_within_bound():
+    keys = MaskKeys(bytes(range(32)), 50, FIXED_POINT)
+    rng = np.random.default_rng(0)
+    ws = [rng.normal(size=50) for _ in range(4)]
+    q = [FIXED_POINT.encode(w, n_summands=4) for w in ws]
+    uploads = [FIXED_POINT.add(qi, keys.mask(3, c)) for c, qi in enumerate(q)]
+    unmasked = FIXED_POINT.sub(FIXED_POINT.ring_sum(uploads), keys.mask_sum(3, [0, 1, 2, 3]))
+    assert np.array_equal(unmasked, FIXED_POINT.ring_sum(q))  # exact in the ring
+    mean = FIXED_POINT.decode(unmasked) / 4
+    assert np.max(np.abs(mean - np.mean(ws, axis=0))) <= 2.0**-33
+
+
+def test_run_with_masks_equals_run_without_within_the_bound():
+    a, b = _built(**{"method.masks": True}), _built(**{"method.masks": False})
+    sa, sb = a.simulation(), b.simulation()
+    for r in (1, 2):
+        la, lb = sa.run_round(r), sb.run_round(r)
+    ma, mb = sa.strategy.eval_model().state_dict(), sb.strategy.eval_model().state_dict()
+    for k in ma:
+        assert torch.allclose(ma[k], mb[k], atol=1e-5), k
+    assert la["bytes.sr->client"] > 0 and "bytes.sr->client" not in lb
+    assert la["bytes_up"] > 0 and la["bytes.client->edge"] > 0 and la["bytes.server->edge"] > 0
+
+
+def test_single_masked_upload_is_uniform_whatever_w_c():
+    """y = encode(W_c) + r_i^t over 400 rounds, for W_c = 0 and W_c huge: both uniform on
+    Z_{2^64} (chi-square on the top 4 bits, KS on y / 2^64), and indistinguishable."""
+    keys = MaskKeys(bytes(32), 16, FIXED_POINT)
+    big = np.full(16, 0.9 * FIXED_POINT.max_abs(10))
+    ys = {name: np.stack([FIXED_POINT.add(FIXED_POINT.encode(w, n_summands=10), keys.mask(t, 7)) for t in range(400)])
+          for name, w in (("zero", np.zeros(16)), ("big", big))}  # fmt: skip
+    for v in ys.values():
+        top = np.bincount((v >> np.uint64(60)).astype(np.int64).ravel(), minlength=16)
+        assert stats.chisquare(top).pvalue > 1e-3
+        assert stats.kstest(v.ravel().astype(np.float64) / 2.0**64, "uniform").pvalue > 1e-3
+    a, b = (ys[n].ravel().astype(np.float64) / 2.0**64 for n in ("zero", "big"))
+    assert stats.ks_2samp(a, b).pvalue > 1e-3
+
+
+def test_dp_run_logs_epsilon_equal_to_the_accountant_and_works_with_two_workers():
+    over = {"method.dp": {"epsilon": 3.0, "clip": 10.0}, "method.theta_a": 0.5, "method.theta_g": 0.5,
+            "clients.per_round": 2}  # fmt: skip
+    lines = {}
+    for workers in (0, 2):
+        built = _built(**over, **{"clients.workers": workers})
+        sim = built.simulation()
+        try:
+            lines[workers] = [sim.run_round(r) for r in (1, 2)]
+        finally:
+            sim.close()
+    last = lines[0][-1]
+    releases = last["dp_releases_max"]
+    assert releases in (1, 2)
+    assert last["dp_epsilon_rdp"] == laplace_epsilon(3.0, releases, 1e-5)["rdp"]
+    assert last["dp_epsilon_pld"] == laplace_epsilon(3.0, releases, 1e-5)["pld"]
+    for l0, l2 in zip(lines[0], lines[2], strict=True):
+        assert l0["test_accuracy"] == l2["test_accuracy"] and l0["train_loss"] == pytest.approx(l2["train_loss"], rel=1e-5)
+        assert l0["bytes.client->edge"] == l2["bytes.client->edge"]
+
+
+def test_cli_bad_theta_exits_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedge.cli.main import app
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps(_cfg(**{"method.theta_g": 2.0})))
+    res = CliRunner().invoke(app, ["run", str(cfg), "--out", str(tmp_path / "run"), "-q"])
+    assert res.exit_code == 2, res.output
+    assert "theta_g" in res.output
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
