@@ -38,6 +38,7 @@ small K in two fresh processes, with and without it (``allocator``).
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import subprocess
 import sys
@@ -167,7 +168,7 @@ def forward_breakdown(model: nn.Module, x: Tensor, *, repeats: int = 3) -> dict[
         for n, m in leaves:
             if n in inputs:
                 kind = type(m).__name__
-                out[kind] = out.get(kind, 0.0) + _best(lambda m=m, t=inputs[n]: m(t), repeats)
+                out[kind] = out.get(kind, 0.0) + _best(functools.partial(m, inputs[n]), repeats)
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
@@ -238,7 +239,7 @@ def _bench_model(name: str, *, schemes: Sequence[str], k: int, batch: int, repea
 
     diag: dict[str, Any] = {}
     if diagnose:
-        cl_model = copy.deepcopy(model).to(memory_format=torch.channels_last)
+        cl_model = copy.deepcopy(model).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         cl_x = data[0].contiguous(memory_format=torch.channels_last)
 
         def cl_forward() -> None:

@@ -171,7 +171,7 @@ def output_shape(module: nn.Module, input_shape: tuple[int, ...]) -> tuple[int, 
     Raises:
         InputTooSmallError: a conv/pool cannot be applied or a dimension shrinks to zero.
     """
-    ref = next(iter(module.parameters()), None)
+    ref: torch.Tensor | None = next(iter(module.parameters()), None)
     if ref is None:
         ref = next(iter(module.buffers()), None)
     device = ref.device if ref is not None else None
