@@ -18,7 +18,7 @@ ZO_KEYS = {
     "forward_s", "forward_achieved_gflops", "zo_achieved_gflops", "peak_1thread_gflops",
     "forward_efficiency", "zo_floor_s", "zo_floor_ratio", "zo_lean_floor_ratio",
     "meets_floor_ratio", "zo_bound_s", "zo_over_bound", "forward_channels_last_s",
-    "forward_breakdown",
+    "forward_breakdown", "forward_loop_s", "zo_loop_ratio", "zo_lean_loop_ratio",
 }  # fmt: skip
 
 
@@ -58,6 +58,7 @@ def test_floor_and_bound_arithmetic(report: dict) -> None:
         assert math.isclose(r["zo_floor_s"], forwards * r["forward_s"])
         assert math.isclose(r["zo_floor_ratio"], r["zo_step_s"] / r["zo_floor_s"])
         assert r["meets_floor_ratio"] == (r["zo_floor_ratio"] <= zo.FLOOR_RATIO_TARGET)
+        assert math.isclose(r["zo_loop_ratio"], r["zo_step_s"] / r["forward_loop_s"])
         # bound = forwards × FLOPs / (1-thread peak × threads), here 1 thread
         bound = forwards * r["forward_gflops"] / r["peak_1thread_gflops"]
         assert math.isclose(r["zo_bound_s"], bound)
