@@ -114,3 +114,30 @@ def test_output_shape_and_too_small() -> None:
         output_shape(conv, (1, 4, 4))
     assert isinstance(e.value, ConfigError)
     assert conv.training  # mode restored after the eval-mode dry run
+
+
+def _maxpool2x2_before(x: torch.Tensor) -> torch.Tensor:
+    """The previous MaxPool2x2 (four quarter slices), kept as the regression oracle."""
+    h, w = x.shape[-2] // 2 * 2, x.shape[-1] // 2 * 2
+    x = x[..., :h, :w]
+    top = torch.maximum(x[..., 0::2, 0::2], x[..., 0::2, 1::2])
+    bottom = torch.maximum(x[..., 1::2, 0::2], x[..., 1::2, 1::2])
+    return torch.maximum(top, bottom)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 8, 8), (2, 3, 7, 9), (64, 16, 28, 28), (3, 5, 6)])
+def test_maxpool2x2_equals_previous_implementation_including_ties(shape: tuple[int, ...]) -> None:
+    # Prepare: values on a coarse grid, so windows hold ties (and signed zeros) often.
+    g = torch.Generator().manual_seed(len(shape))
+    x = torch.randint(-2, 3, shape, generator=g).float() * 0.5
+    x_new, x_old = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    # Execute
+    y_new, y_old = MaxPool2x2()(x_new), _maxpool2x2_before(x_old)
+    y_new.sum().backward()
+    y_old.sum().backward()
+    # Assert: same values, bit for bit; each window's gradient still sums to its upstream 1.
+    assert torch.equal(y_new, y_old) and torch.equal(y_new, nn.MaxPool2d(2)(x))
+    assert x_new.grad is not None and x_old.grad is not None
+    windows = x_new.grad[..., : shape[-2] // 2 * 2, : shape[-1] // 2 * 2]
+    assert torch.equal(nn.functional.avg_pool2d(windows.reshape(-1, 1, *windows.shape[-2:]), 2) * 4,
+                       torch.ones_like(y_new).reshape(-1, 1, *y_new.shape[-2:]))  # fmt: skip

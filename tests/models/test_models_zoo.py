@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from fedge.models import (
+    MaxPool2x2,
     Network,
     build_model,
     count_parameters,
@@ -194,3 +195,33 @@ def test_models_deepcopy_and_pickle() -> None:
         assert clone.spec == net.spec
         x = torch.randn(2, 1, 8, 8)
         assert torch.equal(clone(x), net(x))
+
+
+def _swap_fast_pools(module: nn.Module) -> int:
+    """Replace every MaxPool2x2 by the oracle nn.MaxPool2d(2), in place; how many were swapped."""
+    swapped = 0
+    for name, child in module.named_children():
+        if isinstance(child, MaxPool2x2):
+            setattr(module, name, nn.MaxPool2d(2))
+            swapped += 1
+        else:
+            swapped += _swap_fast_pools(child)
+    return swapped
+
+
+@pytest.mark.parametrize("name", model_names())
+def test_fast_layers_give_torchs_outputs_and_keep_state_dict_keys(name: str) -> None:
+    # Prepare: the model as built, and the same weights with torch's own pooling layer.
+    shape = model_info(name).input_shapes[-1]
+    fast = build_model(name, input_shape=shape, num_classes=10, seed=0).eval()
+    oracle = build_model(name, input_shape=shape, num_classes=10, seed=0).eval()
+    swapped = _swap_fast_pools(oracle)
+    x = torch.randn(3, *shape, generator=torch.Generator().manual_seed(1))
+    # Execute
+    with torch.no_grad():
+        got, want = fast(x), oracle(x)
+    # Assert: bit-identical logits, and checkpoints load unchanged (same keys and tensors).
+    assert torch.equal(got, want), (name, swapped)
+    assert list(fast.state_dict()) == list(oracle.state_dict())
+    uses_pool = name in {"lenet", "lenet5", "lenet-ppfl", "vgg9", "vgg19"}
+    assert (swapped > 0) == uses_pool

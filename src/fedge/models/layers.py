@@ -78,19 +78,25 @@ def make_norm(name: str, channels: int, *, affine: bool) -> nn.Module | None:
 
 
 class MaxPool2x2(nn.Module):
-    """2×2 max pooling with stride 2, as the elementwise max of four strided slices.
+    """2×2 max pooling with stride 2, as the elementwise max of strided slices.
 
     ``channelwise = True`` declares that it acts on each channel alone, which lets the
     zeroth-order estimator's batched mode run it on many stacked models at once.
 
-    Equal in value to ``nn.MaxPool2d(2)`` (floor mode: an odd last row/column is dropped) and
-    NaN-propagating like it, but about 10× faster on CPU for the small maps of edge models,
-    because it is three vectorised ``torch.maximum`` calls instead of a windowed kernel.
+    Equal in value to ``nn.MaxPool2d(2)`` bit for bit (floor mode: an odd last row/column is
+    dropped) and NaN-propagating like it, but 8-10× faster on CPU for the small maps of edge
+    models (1 thread, batch 64: 0.34 ms vs 3.4 ms on 16×28×28 maps), because it is two
+    vectorised ``torch.maximum`` calls instead of a windowed kernel: first the row pairs, whose
+    inner dimension is contiguous (SIMD-friendly, and the result is half the size), then the
+    column pairs of that half-size result. (Columns first, or four quarter slices, measured
+    20-30% slower.)
+
     It is built from differentiable primitives only, so it composes with ``torch.func``
     (grad, vmap, jvp). Gradients equal MaxPool2d's except on exact ties inside a window, where
-    ``torch.maximum`` splits the gradient equally among the tied entries instead of giving it
-    all to the first (both are valid subgradients; after ReLU/Hardswish tied zeros have zero
-    upstream gradient, so parameter gradients do not change).
+    ``torch.maximum`` splits the gradient equally between the two tied operands of each max
+    instead of giving it all to the first entry. Both are valid subgradients, and in every model
+    of the zoo the pool follows an activation whose tied values (ReLU's and Hardswish's zeros)
+    have zero gradient, so parameter gradients do not change.
     """
 
     channelwise = True
@@ -101,10 +107,8 @@ class MaxPool2x2(nn.Module):
             raise ValueError(
                 f"MaxPool2x2 needs inputs of at least 2x2, got {tuple(x.shape[-2:])}"
             )
-        x = x[..., :h, :w]
-        top = torch.maximum(x[..., 0::2, 0::2], x[..., 0::2, 1::2])
-        bottom = torch.maximum(x[..., 1::2, 0::2], x[..., 1::2, 1::2])
-        return torch.maximum(top, bottom)
+        rows = torch.maximum(x[..., 0:h:2, :w], x[..., 1:h:2, :w])  # (..., H//2, W)
+        return torch.maximum(rows[..., 0::2], rows[..., 1::2])  # (..., H//2, W//2)
 
 
 class GlobalAvgPool(nn.Sequential):
@@ -167,7 +171,7 @@ def output_shape(module: nn.Module, input_shape: tuple[int, ...]) -> tuple[int, 
     Raises:
         InputTooSmallError: a conv/pool cannot be applied or a dimension shrinks to zero.
     """
-    ref = next(iter(module.parameters()), None)
+    ref: torch.Tensor | None = next(iter(module.parameters()), None)
     if ref is None:
         ref = next(iter(module.buffers()), None)
     device = ref.device if ref is not None else None
