@@ -195,6 +195,13 @@ class MethodConfig(_Open):
     name: str = "fedavg"
 
 
+class PrivacySection(_Open):
+    """``privacy.*``: differential privacy for methods that average client contributions;
+    the keys besides ``mechanism`` are validated by :class:`fedge.privacy.dp.PrivacyConfig`."""
+
+    mechanism: str = "none"
+
+
 class MeasureConfig(_Strict):
     flops: bool = Field(True, description="count client FLOPs with torch's flop counter")
     memory: bool = Field(False, description="measure client peak memory (tensor accounting + peak RSS)")
@@ -220,6 +227,7 @@ class RunConfig(_Strict):
     model: ModelConfig = ModelConfig()
     method: MethodConfig = MethodConfig()
     measure: MeasureConfig = MeasureConfig()
+    privacy: PrivacySection = PrivacySection()
     on_divergence: Literal["stop", "continue"] = Field(
         "stop",
         description="a round whose loss is non-finite or above 100·ln(classes): stop with an error naming the "
@@ -312,6 +320,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 _NON_FINITE_TEXT = re.compile(r"^[+-]?(inf|infinity|nan)$", re.IGNORECASE)
+#: Keys where +inf is a meaningful setting (DP's "no clipping", for the no-privacy oracle).
+_INF_ALLOWED = frozenset({"privacy.clip"})
 
 
 def check_finite(raw: Any, prefix: str = "") -> None:
@@ -331,6 +341,9 @@ def check_finite(raw: Any, prefix: str = "") -> None:
         isinstance(raw, str) and _NON_FINITE_TEXT.match(raw.strip())
     ):
         key = prefix.rstrip(".") or "<root>"
+        text = str(raw).strip().lower()
+        if key in _INF_ALLOWED and text in ("inf", "+inf", "infinity", "+infinity"):
+            return
         raise ConfigError(f"config key {key!r}: {raw!r} is not a finite number; give a finite value")
 
 

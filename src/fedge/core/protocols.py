@@ -107,6 +107,15 @@ class Strategy:
         memory, enclave size, bandwidth, ...) may be sampled. Default: every client."""
         return True
 
+    def select_clients(self, rnd: int, num_clients: int, per_round: int) -> list[int] | None:
+        """The clients of round ``rnd`` when the method needs its own draw (e.g. DP's Poisson
+        sampling); None: the engine's uniform fixed-size draw among the eligible."""
+        return None
+
+    def stop_reason(self, rnd: int) -> str | None:
+        """A reason not to run round ``rnd`` (e.g. a privacy budget reached), or None to go on."""
+        return None
+
     def round_metrics(self, line: Mapping[str, Any]) -> dict[str, Any]:
         """Metrics derived from what the engine measured this round (``line`` holds
         ``client_flops``, bytes, ...); called once per round, after evaluation."""
@@ -154,6 +163,12 @@ class StrategyWrapper(Strategy):
 
     def round_metrics(self, line: Mapping[str, Any]) -> dict[str, Any]:
         return self.inner.round_metrics(line)
+
+    def select_clients(self, rnd: int, num_clients: int, per_round: int) -> list[int] | None:
+        return self.inner.select_clients(rnd, num_clients, per_round)
+
+    def stop_reason(self, rnd: int) -> str | None:
+        return self.inner.stop_reason(rnd)
 
     def eval_model(self) -> torch.nn.Module:
         return self.inner.eval_model()

@@ -25,6 +25,8 @@ from fedge.data.partition import partition, partition_summary
 from fedge.data.registry import resolve_dataset_options
 from fedge.methods import get_method
 from fedge.methods.base import MethodBuild, MethodEnv
+from fedge.methods.private import DifferentialPrivacy
+from fedge.privacy.dp.config import PrivacyConfig
 from fedge.models import build_model
 from fedge.runtime.engine import EngineConfig, Simulation
 
@@ -127,6 +129,19 @@ def with_dataset_options(cfg: RunConfig) -> RunConfig:
     return cfg.model_copy(update={"dataset": type(d).model_validate({**fixed, **data_options})})
 
 
+def privacy_config(cfg: RunConfig) -> PrivacyConfig:
+    """The ``privacy`` section validated by :class:`~fedge.privacy.dp.PrivacyConfig`."""
+    return validate_section(PrivacyConfig, cfg.privacy.model_dump(), prefix="privacy.")  # type: ignore[return-value]
+
+
+def _wraps(strategy: Any, kind: type) -> bool:
+    while strategy is not None:
+        if isinstance(strategy, kind):
+            return True
+        strategy = getattr(strategy, "inner", None)
+    return False
+
+
 def method_config(cfg: RunConfig) -> Any:
     """The ``method`` section validated by its method's config class (every default filled in)."""
     return validate_section(get_method(cfg.method.name).config, cfg.method.model_dump(), prefix="method.")
@@ -136,6 +151,7 @@ def build_run(cfg: RunConfig) -> BuiltRun:
     """Validate the choice-dependent sections and build data, partition, model and method."""
     spec = get_method(cfg.method.name)
     method_cfg = method_config(cfg)
+    privacy = privacy_config(cfg)
 
     d = cfg.dataset
     clients: Sequence[ClientData]
@@ -183,8 +199,16 @@ def build_run(cfg: RunConfig) -> BuiltRun:
         client_sizes=sizes,
         rounds=cfg.rounds,
         workers=cfg.clients.workers,
+        per_round=cfg.clients.count(),
+        privacy=privacy,
     )
     method = spec.build(method_cfg, env)
+    if privacy.enabled and not _wraps(method.strategy, DifferentialPrivacy):
+        raise ConfigError(
+            f"privacy.mechanism={privacy.mechanism}: method {cfg.method.name!r} does not average client "
+            "contributions, so DP-FedAvg/DP-FTRL does not apply to it; use fedavg, fedsgd, fedpt, baffle or "
+            "ntk-baffle, or set privacy.mechanism=none"
+        )
     return BuiltRun(cfg, dataset, parts, summary, method, method_cfg, clients, model_fn, validation)
 
 

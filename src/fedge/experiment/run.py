@@ -32,7 +32,7 @@ from fedge.core.config import RunConfig, check_finite, load_config
 from fedge.core.errors import ConfigError, DataNotFoundError, FedgeError, MessageError, ResumeError
 from fedge.core.messages import Message
 from fedge.data import get_dataset_spec
-from fedge.experiment.build import BuiltRun, build_run, method_config, with_dataset_options
+from fedge.experiment.build import BuiltRun, build_run, method_config, privacy_config, with_dataset_options
 from fedge.experiment.rundir import RunDir, config_diff
 from fedge.methods.base import model_arrays
 from fedge.privacy.secagg.errors import FixedPointRangeError
@@ -99,6 +99,7 @@ def resolved_config(built: BuiltRun | RunConfig) -> dict[str, Any]:
         cfg, method_cfg = with_dataset_options(built), method_config(built)
     out = cfg.to_dict()
     out["method"] = method_cfg.model_dump(mode="json")
+    out["privacy"] = privacy_config(cfg).model_dump(mode="json")
     return out
 
 
@@ -110,6 +111,9 @@ def _summary(built: BuiltRun, sim: Simulation, lines: list[dict[str, Any]]) -> d
         "best_test_accuracy": rec.best_test_accuracy,
         **({"best_val_accuracy": rec.extra["best_val_accuracy"], "test_accuracy_at_best_val": rec.extra["test_at_best_val"],
             "best_val_round": rec.extra["best_val_round"]} if "best_val_accuracy" in rec.extra else {}),  # fmt: skip
+        **({"stopped": rec.extra["stopped"]} if "stopped" in rec.extra else {}),
+        **({"epsilon": lines[-1]["epsilon"], "delta": cfg.privacy.model_dump().get("delta", 1e-6)}
+           if lines and "epsilon" in lines[-1] else {}),  # fmt: skip
         "total_bytes_down": rec.cum_bytes_down,
         "total_bytes_up": rec.cum_bytes_up,
         "total_client_flops": rec.cum_client_flops,

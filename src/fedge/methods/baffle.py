@@ -60,7 +60,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
-from fedge.core.errors import MessageError, PrivacyWarning
+from fedge.core.errors import ConfigError, MessageError, PrivacyWarning
 from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
 from fedge.core.rng import derive_seed
@@ -86,7 +86,8 @@ from fedge.methods.base import (
 )
 from fedge.methods.ema import EMAEvaluation
 from fedge.methods.fedavg import DeltaAveraging
-from fedge.methods.secure import SecureAggregationOptions, secure
+from fedge.methods.private import protect
+from fedge.methods.secure import SecureAggregationOptions
 from fedge.methods.local import ClientOptimizerConfig, LocalTraining
 from fedge.core.context import ClientContext
 
@@ -292,7 +293,13 @@ class BaffleBatchStrategy(Strategy):
         return self.server
 
     def summands(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
-        """A reply sums K float32 loss differences (:class:`~fedge.methods.secure.Summable`)."""
+        """A reply sums K float32 loss differences (:class:`~fedge.methods.secure.Summable`):
+        only with perturbations shared through one seed, where Eq. (7) makes the sum meaningful."""
+        if not self.cfg.shared_perturbations:
+            raise ConfigError(
+                "summing the clients' loss differences (secure aggregation, differential privacy) needs "
+                "method.shared_perturbations=true: with one seed per client their sum estimates nothing"
+            )
         return {"dL": (torch.Size([self.cfg.k]), torch.float32)}
 
     def params(self) -> dict[str, torch.Tensor]:
@@ -375,7 +382,7 @@ class BaffleBatchStrategy(Strategy):
         self.server.step(clip_inf_norm(grads, self.cfg.clip))
         return {"estimate_inf_norm": max(float(v.abs().max()) for v in grads.values())}
 
-    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor]) -> dict[str, float]:
+    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float = 1.0) -> dict[str, float]:
         """The update from the weighted mean of the clients' ΔL (what secure aggregation yields)."""
         return self.shared_update(rnd, mean["dL"].to(torch.float32))
 
@@ -417,7 +424,7 @@ def build(
                 PrivacyWarning,
                 stacklevel=2,
             )
-        strategy, program = secure(strategy, program, cfg, seed=env.seed, weighted=True)
+        strategy, program = protect(strategy, program, cfg, **env.protection(weighted=True))
     else:
         strategy = DeltaAveraging(env.model_fn(), cfg.server_optimizer.build(), replies_are_gradients=False, masks=masks)
         program = LocalTraining(

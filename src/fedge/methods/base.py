@@ -94,6 +94,13 @@ class MethodEnv:
     client_sizes: Sequence[int]  # lazy for generated populations
     rounds: int
     workers: int = 0
+    per_round: int = 1
+    privacy: Any = None  # the validated privacy section (fedge.privacy.dp.PrivacyConfig), or None
+
+    def protection(self, *, weighted: bool) -> dict[str, Any]:
+        """Keyword arguments of :func:`fedge.methods.private.protect` for this run."""
+        return dict(privacy=self.privacy, seed=self.seed, weighted=weighted, population=len(self.client_sizes),
+                    clients_per_round=self.per_round)  # fmt: skip
 
 
 @dataclass

@@ -41,7 +41,8 @@ from fedge.methods.local import (
 )
 from fedge.core.context import ClientContext
 from fedge.core.protocols import Strategy
-from fedge.methods.secure import SecureAggregationOptions, secure
+from fedge.methods.private import protect
+from fedge.methods.secure import SecureAggregationOptions
 
 __all__ = ["DeltaAveraging", "FedAvgConfig", "FedSGDClient", "FedSGDConfig", "build"]
 
@@ -151,11 +152,11 @@ class DeltaAveraging(Strategy):
             w = weights[cid] / total
             for k, a in reply.arrays.items():
                 mean[k] = mean[k].add_(a, alpha=w) if k in mean else a * w
-        metrics = self.apply_mean(rnd, mean)
+        metrics = self.apply_mean(rnd, mean, weight=total)
         losses = [(weights[c] / total) * float(r.metrics["train_loss"]) for c, r in replies.items() if "train_loss" in r.metrics]
         return {**metrics, "train_loss": sum(losses)} if losses else metrics
 
-    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor]) -> dict[str, float]:
+    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float = 1.0) -> dict[str, float]:
         """Server optimizer step on the mean (pseudo-)gradient; float buffers move by their mean delta."""
         self.server.step({k: (mean[k] if self.gradients else -mean[k]) for k in self.server.param_names})
         self.server.add_to_buffers(mean)
@@ -189,4 +190,4 @@ def build(cfg: FedAvgConfig | FedSGDConfig, env: MethodEnv) -> MethodBuild:
             max_steps=cfg.max_steps,
             optimizer=cfg.client_optimizer,
         )
-    return MethodBuild(*secure(strategy, program, cfg, seed=env.seed, weighted=strategy.weighted))
+    return MethodBuild(*protect(strategy, program, cfg, **env.protection(weighted=strategy.weighted)))

@@ -43,7 +43,7 @@ from fedge.core.rng import derive_seed
 from fedge.methods.base import MethodBuild, MethodEnv, check_reply_arrays, split_trainable
 from fedge.methods.fedavg import DeltaAveraging, FedAvgConfig
 from fedge.methods.local import LocalTraining
-from fedge.methods.secure import secure
+from fedge.methods.private import protect
 from fedge.models.blocks import resolve_freeze
 from fedge.models.initialization import reset_parameters
 
@@ -137,8 +137,8 @@ class FedPTServer(StrategyWrapper):
     def summands(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
         return self.averaging.summands()
 
-    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor]) -> dict[str, float]:
-        return {**self.averaging.apply_mean(rnd, mean), **self._metrics()}
+    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float = 1.0) -> dict[str, float]:
+        return {**self.averaging.apply_mean(rnd, mean, weight=weight), **self._metrics()}
 
 
 class FedPTClient:
@@ -188,7 +188,7 @@ def build(cfg: FedPTConfig, env: MethodEnv) -> MethodBuild:
     )
     server = FedPTServer(inner, seed=z)
     client = FedPTClient(env.model_fn, frozen, cfg)
-    strategy, program = secure(server, client, cfg, seed=env.seed, weighted=server.weighted)
+    strategy, program = protect(server, client, cfg, **env.protection(weighted=server.weighted))
     return MethodBuild(strategy, program)
 
 

@@ -98,8 +98,9 @@ class Summable(Protocol):
 
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]: ...
 
-    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Update the global state from the weighted mean of the replies; return metrics."""
+    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float) -> dict[str, float]:
+        """Update the global state from the weighted mean of the replies (``weight``: their
+        total weight, the client count when unweighted); return metrics."""
         ...
 
 
@@ -233,7 +234,7 @@ class SecureAggregation(StrategyWrapper):
         weight = float(total[-1])
         if not weight > 0:
             raise MessageError(f"round {rnd}: secure aggregation summed a total weight of {weight}; expected > 0")
-        metrics = self.summable.apply_mean(rnd, self._unflatten(total[:-1] / weight))
+        metrics = self.summable.apply_mean(rnd, self._unflatten(total[:-1] / weight), weight=weight)
         return {**metrics, "secagg_survivors": len(server.survivors), "secagg_dropped": len(dropped)}
 
     def _unflatten(self, flat: np.ndarray) -> dict[str, torch.Tensor]:

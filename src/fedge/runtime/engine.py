@@ -340,7 +340,11 @@ class Simulation:
         return results
 
     def sample(self, rnd: int) -> list[int]:
-        """The clients of round ``rnd``: ``per_round`` of those the strategy finds eligible."""
+        """The clients of round ``rnd``: the strategy's own draw if it makes one, else
+        ``per_round`` of those it finds eligible."""
+        own = self.strategy.select_clients(rnd, len(self.clients), self.cfg.per_round)
+        if own is not None:
+            return sorted(own)
         eligible = None
         if self.profiles is not None:
             eligible = [c for c, p in enumerate(self.profiles) if self.strategy.eligible(p)]
@@ -484,6 +488,10 @@ class Simulation:
         first = start_round if start_round is not None else self.record.round + 1
         try:
             for rnd in range(first, self.cfg.rounds + 1):
+                reason = self.strategy.stop_reason(rnd)
+                if reason is not None:
+                    self.record.extra["stopped"] = reason
+                    break
                 line = self.run_round(rnd)
                 if self.on_round is not None:
                     self.on_round(line, self)

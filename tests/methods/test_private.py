@@ -1,0 +1,114 @@
+"""Differential privacy wired into every summing method (the ``privacy:`` section), checked
+against oracles: the non-private uniform mean (σ = 0, no clipping), the accountant, the clip."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from fedge.cli.main import app
+from fedge.core.config import load_config
+from fedge.core.errors import ConfigError
+from fedge.experiment.build import build_run
+from fedge.experiment.run import run_experiment
+from fedge.methods.private import DifferentialPrivacy
+from fedge.privacy.dp.accounting import epsilon
+from fedge.privacy.dp.config import PrivacyConfig
+
+
+def _cfg(tiny, privacy=None, **over):
+    base = {"method.weighting": "uniform", "clients.num": 6, "clients.per_round": 3, "rounds": 3}
+    base.update(over)
+    return load_config(tiny(privacy=privacy or {"mechanism": "none"}, **base))
+
+
+def _weights(sim):
+    return {k: v.clone() for k, v in sim.strategy.model.state_dict().items()}
+
+
+def test_no_noise_and_no_clip_is_the_plain_uniform_mean(tiny):
+    plain = build_run(_cfg(tiny)).simulation()
+    private = build_run(_cfg(tiny, {"mechanism": "gaussian", "noise_multiplier": 0.0, "clip": float("inf")})).simulation()
+    for r in (1, 2):
+        plain.run_round(r)
+        line = private.run_round(r)
+    assert line["epsilon"] == float("inf")
+    assert all(torch.equal(a, b) for a, b in zip(_weights(plain).values(), _weights(private).values()))
+
+
+def test_epsilon_each_round_is_the_accountants(tiny, tmp_path):
+    priv = {"mechanism": "gaussian", "noise_multiplier": 1.0, "clip": 1.0}
+    run = run_experiment(_cfg(tiny, priv), out=tmp_path / "r", render=False)
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    cfg = PrivacyConfig(**priv)
+    for line in lines:
+        want = epsilon(cfg, rounds=line["round"], population=6, clients_per_round=3)
+        assert line["epsilon"] == pytest.approx(want, rel=1e-12)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["epsilon"] == lines[-1]["epsilon"] and summary["delta"] == 1e-6
+
+
+def test_what_reaches_the_server_is_clipped(tiny):
+    built = build_run(_cfg(tiny, {"mechanism": "gaussian", "noise_multiplier": 0.5, "clip": 0.01}))
+    seen = []
+    dp = built.method.strategy
+    while not isinstance(dp, DifferentialPrivacy):
+        dp = dp.inner
+    original = dp.aggregate_round
+
+    def spy(rnd, replies):
+        seen.extend(float(torch.cat([a.flatten() for a in r.arrays.values()]).norm()) for r in replies.values())
+        return original(rnd, replies)
+
+    dp.aggregate_round = spy
+    built.simulation().run_round(1)
+    assert len(seen) == 3 and max(seen) <= 0.01 * (1 + 1e-6)
+
+
+def test_dp_under_secure_aggregation_matches_dp_alone_without_noise(tiny):
+    priv = {"mechanism": "gaussian", "noise_multiplier": 0.0, "clip": 0.05}
+    alone = build_run(_cfg(tiny, priv)).simulation()
+    both = build_run(_cfg(tiny, priv, **{"method.secure_aggregation": True})).simulation()
+    alone.run_round(1)
+    line = both.run_round(1)
+    assert line["phases"] == 4
+    for a, b in zip(_weights(alone).values(), _weights(both).values()):
+        assert float((a - b).abs().max()) < 1e-6
+
+
+def test_baffle_batch_clips_its_k_loss_differences(tiny):
+    priv = {"mechanism": "gaussian", "noise_multiplier": 1.0, "clip": 1e-4}
+    cfg = _cfg(tiny, priv, method={"name": "baffle", "mode": "batch", "k": 8, "batch_size": 16, "ema": None})
+    line = build_run(cfg).simulation().run_round(1)
+    assert line["epsilon"] > 0 and line["phases"] == 4  # secure aggregation stays on by default
+
+
+def test_target_epsilon_stops_the_run_and_says_so(tiny, tmp_path):
+    priv = {"mechanism": "gaussian", "noise_multiplier": 1.0, "clip": 1.0, "target_epsilon": 15.0}
+    run = run_experiment(_cfg(tiny, priv, rounds=10), out=tmp_path / "r", render=False)
+    summary = json.loads((run / "summary.json").read_text())
+    assert "target_epsilon=15.0 reached" in summary["stopped"] and summary["rounds"] < 10
+    assert summary["epsilon"] <= 15.0
+
+
+def test_poisson_sampling_draws_a_varying_number_of_clients(tiny):
+    priv = {"mechanism": "gaussian", "noise_multiplier": 1.0, "clip": 1.0, "sampling": "poisson"}
+    sim = build_run(_cfg(tiny, priv, **{"clients.num": 6, "clients.per_round": 3})).simulation()
+    counts = {len(sim.sample(r)) for r in range(1, 30)}
+    assert len(counts) > 2
+
+
+def test_a_method_that_cannot_take_dp_is_refused(tiny):
+    cfg = load_config(tiny(privacy={"mechanism": "gaussian", "noise_multiplier": 1.0},
+                           method={"name": "baffle", "mode": "batch", "shared_perturbations": False, "k": 4}))
+    with pytest.raises(ConfigError, match="privacy|shared"):
+        build_run(cfg)
+
+
+@pytest.mark.parametrize("bad", ["privacy.noise_multiplier=-1", "privacy.clip=0", "privacy.delta=1", "privacy.mechanism=laplace"])
+def test_bad_privacy_input_exits_2(tmp_path, bad):
+    r = CliRunner().invoke(app, ["run", "quickstart", "--set", "privacy.mechanism=gaussian", "--set", bad,
+                                 "--out", str(tmp_path / "x")])  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert "privacy." in r.output and not (tmp_path / "x").exists()
