@@ -223,5 +223,5 @@ def test_fast_layers_give_torchs_outputs_and_keep_state_dict_keys(name: str) -> 
     # Assert: bit-identical logits, and checkpoints load unchanged (same keys and tensors).
     assert torch.equal(got, want), (name, swapped)
     assert list(fast.state_dict()) == list(oracle.state_dict())
-    uses_pool = name in {"lenet", "lenet5", "lenet-ppfl", "vgg9", "vgg19"}
+    uses_pool = name in {"lenet", "lenet5", "lenet-ppfl", "vgg9", "vgg19", "cnn-fedpt"}
     assert (swapped > 0) == uses_pool
