@@ -199,3 +199,30 @@ def test_delta_loss_on_the_local_set_equals_one_forward_over_it(tiny):
     assert x.shape[0] > 16  # several chunks
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-7)
     sim.close()
+
+
+@pytest.mark.parametrize("mode", ["batch", "epoch"])
+def test_freeze_composes_with_baffle(tiny, mode):
+    """method.freeze on BAFFLE: frozen coordinates are never perturbed (the estimate holds no
+    entry for them) and never change; the rest trains."""
+    from fedge.core.config import load_config
+    from fedge.models.blocks import resolve_freeze
+
+    cfg = load_config(tiny(model={"name": "mlp", "hidden": [16]}, method={
+        "name": "baffle", "mode": mode, "k": 8, "batch_size": 16, "ema": None, "secure_aggregation": False,
+        "freeze": ["features.fc1"], "max_steps": 2}))
+    built = build_run(cfg)
+    frozen = resolve_freeze(built.model_fn(), ["features.fc1"])
+    assert frozen and all(not dict(built.method.strategy.model.named_parameters())[n].requires_grad for n in frozen)
+    before = {k: v.clone() for k, v in built.method.strategy.model.state_dict().items()}
+    sim = built.simulation()
+    if mode == "batch":
+        strategy = built.method.strategy
+        replies = {0: Message({"dL": torch.ones(8)}, {"num_samples": 3})}
+        g = strategy.estimate(1, replies)
+        assert set(g).isdisjoint(frozen) and g  # no perturbation, no estimate for frozen tensors
+    for r in (1, 2):
+        sim.run_round(r)
+    after = sim.strategy.model.state_dict()
+    assert all(torch.equal(after[n], before[n]) for n in frozen)
+    assert any(not torch.equal(after[n], before[n]) for n in after if n not in frozen and after[n].is_floating_point())

@@ -78,6 +78,7 @@ from fedge.methods.baffle_downlink import (
     replay_step,
 )
 from fedge.methods.base import (
+    FreezeOption,
     GlobalModel,
     MethodBuild,
     MethodConfigBase,
@@ -96,7 +97,7 @@ __all__ = ["BaffleBatchClient", "BaffleBatchStrategy", "BaffleConfig", "build", 
 _DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class BaffleConfig(SecureAggregationOptions):
+class BaffleConfig(SecureAggregationOptions, FreezeOption):
     name: Literal["baffle"] = "baffle"
     mode: Literal["batch", "epoch"] = Field("epoch", description="batch-level (FedSGD) or epoch-level (FedAvg)")
     k: int = Field(100, ge=1, description="K: loss differences per estimate")
@@ -411,6 +412,7 @@ def build(
     """Build BAFFLE; ``masks`` (from pruning) make the global model sparse from the start;
     ``wrap`` adds server behaviour beneath the EMA (e.g. NTK-Ori's pruning exchanges)."""
     assert cfg.server_optimizer is not None
+    env = cfg.frozen_env(env)
     strategy: Strategy
     program: Any
     if cfg.mode == "batch":
@@ -435,6 +437,7 @@ def build(
             optimizer=cfg.client_optimizer,
             gradient_fn=zeroth_order_gradient_fn(cfg, perturbation_threads(cfg, env)),
         )
+        strategy, program = protect(strategy, program, cfg, **env.protection(weighted=True))
     if wrap is not None:
         strategy = wrap(strategy)
     if cfg.ema:

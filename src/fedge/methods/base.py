@@ -3,6 +3,7 @@ conversions between a model and the named arrays that travel in messages."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -37,6 +38,36 @@ class MethodConfigBase(BaseModel):
     """Base of every method's config section (``method.*`` keys); unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class FreezeOption(MethodConfigBase):
+    """``method.freeze``: parameters kept at their seeded initial values for the whole run
+    (FedPT's partially trainable networks, composed with other methods): zeroth-order methods
+    then perturb only the trainable coordinates (n shrinks, so the estimate's cosine with the
+    true gradient grows), backprop methods compute and send no gradient for them."""
+
+    freeze: str | list[str] = Field(
+        default_factory=list,
+        description="'largest' | 'largest:N' | module-name patterns such as [classifier.fc1]; [] freezes nothing",
+    )
+
+    def frozen_env(self, env: MethodEnv) -> MethodEnv:
+        """``env`` whose models come with the frozen parameters' ``requires_grad`` off."""
+        if not self.freeze:
+            return env
+        from fedge.models.blocks import resolve_freeze
+
+        frozen = resolve_freeze(env.model_fn(), self.freeze)
+        base = env.model_fn
+
+        def model_fn() -> torch.nn.Module:
+            model = base()
+            named = dict(model.named_parameters())
+            for name in frozen:
+                named[name].requires_grad_(False)
+            return model
+
+        return dataclasses.replace(env, model_fn=model_fn)
 
 
 class ServerOptimizerConfig(MethodConfigBase):

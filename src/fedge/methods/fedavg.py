@@ -26,6 +26,7 @@ from fedge.core import transforms as T
 from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
 from fedge.methods.base import (
+    FreezeOption,
     GlobalModel,
     MethodBuild,
     MethodConfigBase,
@@ -57,7 +58,7 @@ class FedAvgConfig(SecureAggregationOptions):
     server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()
 
 
-class FedSGDConfig(SecureAggregationOptions):
+class FedSGDConfig(SecureAggregationOptions, FreezeOption):
     name: Literal["fedsgd"] = "fedsgd"
     batch_size: int = Field(64, ge=0, description="samples per client gradient (0: the whole local set)")
     weighting: Literal["samples", "uniform"] = "samples"
@@ -174,6 +175,8 @@ class DeltaAveraging(Strategy):
 
 def build(cfg: FedAvgConfig | FedSGDConfig, env: MethodEnv) -> MethodBuild:
     """Build FedAvg (``FedAvgConfig``) or FedSGD (``FedSGDConfig``)."""
+    if isinstance(cfg, FedSGDConfig):
+        env = cfg.frozen_env(env)
     strategy = DeltaAveraging(
         env.model_fn(),
         cfg.server_optimizer.build(),
