@@ -104,9 +104,9 @@ def estimate_quality(ks: tuple[int, ...] = KS, seeds: int = 5, batch: int = 320)
 
     from fedge.core.config import load_config
     from fedge.estimators import estimate_gradient, loss_differences
+    from fedge.experiment.build import build_run
     from fedge.methods.ntk_baffle import data_free_masks
     from fedge.pruning import apply_masks_, rescale_
-    from fedge.experiment.build import build_run
 
     torch.set_num_threads(1)
     built = build_run(load_config("ntk-baffle-fmnist-lenet", overrides=["threads=1", "method.mode=batch"]))

@@ -79,7 +79,7 @@ def test_comm_table_row(monkeypatch: pytest.MonkeyPatch, k: int) -> None:
 # --- model sizes and parameter counts --------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _built(preset: str, overrides: tuple[str, ...] = ()):
     """A built preset (cached: loading Fashion-MNIST dominates the cost)."""
     from fedge.core.config import load_config

@@ -1,8 +1,8 @@
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from fedge.runtime.evaluate import evaluate
 from fedge.core.meter import FlopCounter, Meter, TensorAccountant
+from fedge.runtime.evaluate import evaluate
 
 
 def test_flop_counter_matches_torch_flop_counter_mode():

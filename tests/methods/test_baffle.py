@@ -7,9 +7,9 @@ import torch
 from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
-from fedge.estimators import combine_loss_differences, estimate_gradient
-from fedge.methods.baffle import BaffleBatchStrategy, BaffleConfig, clip_inf_norm
+from fedge.estimators import combine_loss_differences
 from fedge.experiment.build import build_run
+from fedge.methods.baffle import BaffleBatchStrategy, BaffleConfig, clip_inf_norm
 
 
 def _cfg(tiny, **method):

@@ -18,7 +18,6 @@ from fedge.methods.eppfl import FIXED_POINT
 from fedge.methods.eppfl.parties import MaskKeys, seeded_rng
 from fedge.methods.eppfl.split import gradient_positions, split_model
 from fedge.privacy.dp.laplace import laplace_epsilon
-
 from tests.conftest import tiny_config
 
 

@@ -20,7 +20,7 @@ from fedge.core.rng import derive_seed
 from fedge.experiment.build import build_run
 from fedge.experiment.run import run_experiment
 from fedge.methods.fedavg import DeltaAveraging
-from fedge.methods.fedpt import FedPTClient, FedPTConfig, FedPTServer, freeze_, reconstruct_
+from fedge.methods.fedpt import FedPTClient, FedPTConfig, FedPTServer, freeze_
 from fedge.models import build_model
 from tests_helpers import metrics_without_wall
 

@@ -9,9 +9,9 @@ from safetensors.torch import load_file
 
 from fedge.core.config import load_config
 from fedge.core.errors import ConfigError
-from fedge.pruning import prunable_parameters
 from fedge.experiment.build import build_run
 from fedge.experiment.run import run_experiment
+from fedge.pruning import prunable_parameters
 
 
 def _cfg(tiny, **method):

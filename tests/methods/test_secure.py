@@ -6,12 +6,12 @@ import math
 import pytest
 import torch
 
+from fedge.core import transforms as T
 from fedge.core.config import load_config
 from fedge.core.errors import ConfigError
 from fedge.experiment.build import build_run
 from fedge.methods.fedavg import DeltaAveraging
 from fedge.methods.secure import FIXED_POINT, SecureAggregation, SecureAggregationOptions
-from fedge.core import transforms as T
 
 
 def _run(tiny, rounds=2, workers=0, **method):

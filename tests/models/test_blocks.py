@@ -1,7 +1,6 @@
 """model_blocks and resolve_freeze against hand-counted architectures."""
 
 import pytest
-import torch
 from torch import nn
 
 from fedge.core.errors import ConfigError

@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from fedge.core.messages import Message
-from fedge.core.protocols import Strategy
 from fedge.core.context import ClientContext, ClientData
-from fedge.runtime.engine import EngineConfig, Simulation
+from fedge.core.messages import Message
 from fedge.core.meter import _status_kb
+from fedge.core.protocols import Strategy
+from fedge.runtime.engine import EngineConfig, Simulation
 
 __all__ = ["run_engine_overhead"]
 

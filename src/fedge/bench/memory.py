@@ -54,9 +54,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedge.bench.zo import BENCH_MODELS, SIGMA, bench_model, fast_path
+from fedge.core.meter import TensorAccountant, module_bytes, rss_peak_reset, rss_peak_since_reset
 from fedge.estimators import loss_differences
 from fedge.pruning.masks import prunable_parameters
-from fedge.core.meter import TensorAccountant, module_bytes, rss_peak_reset, rss_peak_since_reset
 
 __all__ = [
     "PAPER_TABLE4",

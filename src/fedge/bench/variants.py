@@ -176,12 +176,12 @@ def seeded_markdown(report: dict[str, Any], command: str, intro: str) -> str:
     head = ["variant", "seeds", "final test acc", "best test acc"] + ["test acc at best val"] * has_val
     head += ["up B/client/round", "client GFLOP/round", "wall s"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in report["results"]:
-        def ms(key: str) -> str:
-            return f"{r[key]:.4f} ± {r[key + '_std']:.4f}" if key in r else "-"
+    def ms(r: dict[str, Any], key: str) -> str:
+        return f"{r[key]:.4f} ± {r[key + '_std']:.4f}" if key in r else "-"
 
-        cells = [r["label"], str(r["seeds"]), ms("final_test_accuracy"), ms("best_test_accuracy")]
-        cells += [ms("test_accuracy_at_best_val")] * has_val
+    for r in report["results"]:
+        cells = [r["label"], str(r["seeds"]), ms(r, "final_test_accuracy"), ms(r, "best_test_accuracy")]
+        cells += [ms(r, "test_accuracy_at_best_val")] * has_val
         cells += [f"{r['bytes_up_per_client_round']:.0f}", f"{r['client_flops_per_round'] / 1e9:.1f}", f"{r['wall_s']:.0f}"]
         rows.append("| " + " | ".join(cells) + " |")
     missing = report.get("missing") or []

@@ -58,7 +58,8 @@ def fedpt_search(
     import time
 
     from fedge.core.config import load_config
-    from fedge.experiment.fedpt_search import Trial, fedpt_search as search
+    from fedge.experiment.fedpt_search import Trial
+    from fedge.experiment.fedpt_search import fedpt_search as search
 
     def show(t: Trial) -> None:
         verdict = "baseline" if t.accepted is None else ("accepted" if t.accepted else "rejected")

@@ -18,7 +18,6 @@ with status 2, leaving no run directory (cli/common.py holds the shared pieces).
 from __future__ import annotations
 
 import os
-import sys
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -31,8 +31,7 @@ Perturbations for models on an accelerator are drawn on the CPU and copied, for 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch

@@ -26,8 +26,8 @@ from fedge.data.registry import resolve_dataset_options
 from fedge.methods import get_method
 from fedge.methods.base import MethodBuild, MethodEnv
 from fedge.methods.private import DifferentialPrivacy
-from fedge.privacy.dp.config import PrivacyConfig
 from fedge.models import build_model
+from fedge.privacy.dp.config import PrivacyConfig
 from fedge.runtime.engine import EngineConfig, Simulation
 
 __all__ = ["BuiltRun", "build_run", "client_shard", "model_factory"]

@@ -60,6 +60,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
+from fedge.core.context import ClientContext
 from fedge.core.errors import ConfigError, MessageError, PrivacyWarning
 from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
@@ -81,16 +82,14 @@ from fedge.methods.base import (
     FreezeOption,
     GlobalModel,
     MethodBuild,
-    MethodConfigBase,
     MethodEnv,
     ServerOptimizerConfig,
 )
 from fedge.methods.ema import EMAEvaluation
 from fedge.methods.fedavg import DeltaAveraging
+from fedge.methods.local import ClientOptimizerConfig, LocalTraining
 from fedge.methods.private import protect
 from fedge.methods.secure import SecureAggregationOptions
-from fedge.methods.local import ClientOptimizerConfig, LocalTraining
-from fedge.core.context import ClientContext
 
 __all__ = ["BaffleBatchClient", "BaffleBatchStrategy", "BaffleConfig", "build", "clip_inf_norm"]
 

@@ -23,13 +23,14 @@ import torch
 from pydantic import Field
 
 from fedge.core import transforms as T
+from fedge.core.context import ClientContext
 from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
+from fedge.core.protocols import Strategy
 from fedge.methods.base import (
     FreezeOption,
     GlobalModel,
     MethodBuild,
-    MethodConfigBase,
     MethodEnv,
     ServerOptimizerConfig,
     check_reply_arrays,
@@ -40,8 +41,6 @@ from fedge.methods.local import (
     LocalTraining,
     backprop_gradient_fn,
 )
-from fedge.core.context import ClientContext
-from fedge.core.protocols import Strategy
 from fedge.methods.private import protect
 from fedge.methods.secure import SecureAggregationOptions
 

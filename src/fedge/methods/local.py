@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from fedge.core.context import ClientContext
 from fedge.core.messages import Message
 from fedge.methods.base import MethodConfigBase, load_arrays, split_trainable, unpack_model_arrays
-from fedge.core.context import ClientContext
 
 __all__ = ["ClientOptimizerConfig", "GradientFn", "LocalTraining", "backprop_gradient_fn"]
 

@@ -55,8 +55,10 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
+from fedge.core.context import ClientContext
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
+from fedge.core.meter import effective_flops_ratio
 from fedge.core.protocols import Exchange, Round, Strategy, StrategyWrapper
 from fedge.core.rng import derive_seed, generator
 from fedge.estimators import combine_loss_differences
@@ -77,8 +79,6 @@ from fedge.pruning import (
 from fedge.pruning import (
     density as mask_density,
 )
-from fedge.core.context import ClientContext
-from fedge.core.meter import effective_flops_ratio
 
 __all__ = ["ClientDataPruning", "NtkBaffleConfig", "PruningClient", "ReportEffectiveFlops", "build", "data_free_masks"]
 

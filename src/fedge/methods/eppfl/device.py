@@ -26,8 +26,8 @@ import torch
 from fedge.core.context import ClientContext
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
-from fedge.methods.eppfl.split import Split, activation_positions, kept, scatter
 from fedge.methods.eppfl.parties import seeded_rng
+from fedge.methods.eppfl.split import Split, activation_positions, kept, scatter
 from fedge.privacy.dp.laplace import LaplaceMechanism
 from fedge.privacy.secagg import FixedPoint
 from fedge.privacy.secagg.prg import prg
