@@ -74,7 +74,7 @@ def bench_engine(
 
 @bench_app.command("zo")
 def bench_zo(
-    models: Annotated[str, typer.Option(help="comma-separated models: lenet, wrn-10-2")] = "lenet,wrn-10-2",
+    models: Annotated[str, typer.Option(help="comma-separated models: lenet, lenet5, wrn-10-2, ...")] = "lenet,lenet5,wrn-10-2",
     k: Annotated[int, typer.Option("--k", min=1, help="loss differences per estimate (K)")] = 100,
     batch: Annotated[int, typer.Option(min=1, help="samples per step")] = 64,
     repeats: Annotated[int, typer.Option(min=1, help="interleaved timed repetitions (minimum reported)")] = 3,
@@ -102,7 +102,7 @@ def bench_zo(
 
 @bench_app.command("memory")
 def bench_memory(
-    models: Annotated[str, typer.Option(help="comma-separated models: lenet, wrn-10-2")] = "lenet,wrn-10-2",
+    models: Annotated[str, typer.Option(help="comma-separated models: lenet, lenet5, wrn-10-2, ...")] = "lenet,lenet5,wrn-10-2",
     batches: Annotated[str, typer.Option(help="comma-separated batch sizes")] = "64,256",
     lean_ks: Annotated[str, typer.Option(help="K values of the lean step (the first is the headline)")] = "8,2",
     fast_k: Annotated[int, typer.Option(min=1, help="K of the fast step")] = 8,
