@@ -132,14 +132,14 @@ def run(
         source = dict(config) if isinstance(config, Mapping) else config
         cfg = load_config(source, overrides=_override_strings(overrides))
     target = Path(out) if out is not None else _default_out(config)
-    path = run_experiment(cfg, out=target, progress=progress, render=render)
+    path = run_experiment(cfg, out=target, progress=progress, render=_renderer(render))
     return load_run(path)
 
 
 def resume(run_dir: str | Path, *, rounds: int | None = None, progress: Progress | None = None,
            render: bool = False) -> RunResult:
     """Continue an interrupted run, or extend a finished one to ``rounds`` (``fedge run --resume``)."""
-    path = resume_experiment(run_dir, rounds=rounds, progress=progress, render=render)
+    path = resume_experiment(run_dir, rounds=rounds, progress=progress, render=_renderer(render))
     return load_run(path)
 
 
@@ -172,3 +172,11 @@ def register_dataset(
         raise ConfigError(f"register_dataset({name!r}, fn): fn must be a function returning "
                           f"(x_train, y_train, x_test, y_test), got {fn!r}")
     return register_function(name, fn, description=description, replace=replace)
+
+
+def _renderer(render: bool) -> Any:
+    if not render:
+        return None
+    from fedge.report import render_report
+
+    return render_report

@@ -12,6 +12,7 @@ import typer
 from fedge.cli.common import err, fail, one_line_warnings, out
 from fedge.core.errors import FedgeError, MessageError
 from fedge.experiment.run import Progress
+from fedge.report import render_report
 
 __all__ = ["run"]
 
@@ -126,7 +127,7 @@ def run(
                     rounds = int(value)
                 target = resume
                 with _Bar(not quiet) as bar:
-                    path = resume_experiment(resume, rounds=rounds, progress=bar,
+                    path = resume_experiment(resume, rounds=rounds, progress=bar, render=render_report,
                                              allow_config_change=allow_config_change)  # fmt: skip
             else:
                 if config is None:
@@ -134,7 +135,7 @@ def run(
                 cfg = load_config(config, overrides=overrides)
                 target = out_dir or _default_out(config)
                 with _Bar(not quiet) as bar:
-                    path = run_experiment(cfg, out=target, progress=bar)
+                    path = run_experiment(cfg, out=target, progress=bar, render=render_report)
     except MessageError as exc:
         fail(exc, code=1)
     except FedgeError as exc:

@@ -82,6 +82,9 @@ class _FunctionProgress(Progress):
 
 
 ProgressLike = Progress | Callable[[dict[str, Any], int], None] | None
+#: Renders a finished run directory (the CLI passes ``fedge.report.render_report``: the report
+#: layer sits above this one, so it is handed in, never imported); None or False: don't.
+Renderer = Callable[[Path], Any] | bool | None
 
 
 def _as_progress(p: ProgressLike) -> Progress:
@@ -213,7 +216,7 @@ def _collapsed_warnings(current_round: Callable[[], int]) -> Iterator[None]:
 
 
 def _drive(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: dict[str, Any] | None,
-           progress: ProgressLike, render: bool) -> Path:
+           progress: ProgressLike, render: Renderer) -> Path:
     before = torch.get_num_threads()  # a notebook's own setting comes back after the run
     if built.config.threads is not None:
         torch.set_num_threads(built.config.threads)
@@ -228,7 +231,7 @@ def _drive(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: 
 
 
 def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: dict[str, Any] | None,
-                  progress: Progress, render: bool) -> Path:
+                  progress: Progress, render: Renderer) -> Path:
     cfg = built.config
     limit = _loss_limit(built)
 
@@ -270,11 +273,9 @@ def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], 
             what = f"{what} ({who})" if who else what
             raise DivergenceError(_divergence_message(built, rnd, what, rundir, rnd - 1, hard=True)) from None
     rundir.finish(_summary(built, sim, lines), sim.strategy.eval_model())
-    if render:
+    if callable(render):  # the caller's renderer (the report layer sits above this one)
         try:
-            from fedge.report import render_report
-
-            render_report(rundir.path)
+            render(rundir.path)
         except Exception as exc:  # a plotting problem must not lose a finished run
             warnings.warn(f"run finished but its report could not be rendered: {exc}", stacklevel=2)
     return rundir.path
@@ -315,7 +316,7 @@ def check_dataset_root(cfg: RunConfig) -> None:
 
 
 def run_experiment(
-    cfg: RunConfig, *, out: str | Path, progress: ProgressLike = None, render: bool = True
+    cfg: RunConfig, *, out: str | Path, progress: ProgressLike = None, render: Renderer = None
 ) -> Path:
     """Build and run ``cfg``, writing the run directory ``out`` (which must not exist or be empty).
 
@@ -346,7 +347,7 @@ def resume_experiment(
     *,
     rounds: int | None = None,
     progress: ProgressLike = None,
-    render: bool = True,
+    render: Renderer = None,
     allow_config_change: bool = False,
 ) -> Path:
     """Continue an interrupted run from its last completed round, or extend a run to more rounds.
