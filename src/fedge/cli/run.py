@@ -88,12 +88,12 @@ def run(
     out_dir: Annotated[Path | None, typer.Option("--out", help="run directory to write (default runs/<preset>-<time>)")] = None,
     resume: Annotated[Path | None, typer.Option("--resume", help="continue the interrupted run in this directory")] = None,
     allow_config_change: Annotated[bool, typer.Option(
-        "--allow-config-change",
+        "--allow-config-change", metavar="",
         help="with --resume: accept edits of the run's config.yaml (recorded in config_changes.jsonl)")] = False,
     measure_memory: Annotated[bool, typer.Option(
-        "--measure-memory", help="a flag (no value): measure client peak memory, as --set measure.memory=true")] = False,
+        "--measure-memory", metavar="", help="a flag (no value): measure client peak memory, as --set measure.memory=true")] = False,
     workers: Annotated[int | None, typer.Option("--workers", help="client worker processes")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="no progress bar")] = False,
 ) -> None:
     """Train a federation and write its run directory."""
     from fedge.core.config import load_config
