@@ -194,9 +194,8 @@ class RunLog:
     # ---- headline numbers (summary when complete, else from the metrics so far) -----------
 
     def _summary_number(self, key: str) -> float | None:
-        if self.complete and _finite(self.summary.get(key)):  # type: ignore[union-attr]
-            return self.summary[key]  # type: ignore[index]
-        return None
+        value = self.summary.get(key) if self.summary is not None and self.complete else None
+        return value if _finite(value) else None
 
     def _last(self, key: str) -> float | None:
         for row in reversed(self.metrics):

@@ -86,10 +86,11 @@ class DeviceProgram:
         blob = message.config.get("masked_sum")
         if blob is None:
             return arrays
-        if sr is None or not isinstance(sr.config.get("mask_sum"), bytes) or not isinstance(blob, bytes):
+        mask_sum = None if sr is None else sr.config.get("mask_sum")
+        if not isinstance(mask_sum, bytes) or not isinstance(blob, bytes):
             raise MessageError(f"{who}: a masked model without S_r's mask sum")
         count = message.config_int("count")
-        total = self.fp.sub(self.fp.from_bytes(blob), self.fp.from_bytes(sr.config["mask_sum"]))  # type: ignore[arg-type]
+        total = self.fp.sub(self.fp.from_bytes(blob), self.fp.from_bytes(mask_sum))
         keys = float_keys(self.split)
         arrays.update(unflatten(self.fp.decode(total) / count, self.template(), keys))
         return arrays
@@ -156,7 +157,10 @@ class DeviceProgram:
         assert sr is not None
         keys = float_keys(sp)
         q = self.fp.encode(flatten(out, keys), n_summands=message.config_int("n_summands"))
-        r = prg(sr.config["mask_seed"], q.size, bits=self.fp.bits)  # type: ignore[arg-type]
+        mask_seed = sr.config.get("mask_seed")
+        if not isinstance(mask_seed, bytes):
+            raise MessageError(f"{who}: S_r sent no mask seed (got {mask_seed!r})")
+        r = prg(mask_seed, q.size, bits=self.fp.bits)
         config["masked"] = self.fp.to_bytes(self.fp.add(q, r))
         plain = {k: v for k, v in out.items() if k not in keys}
         return Message(plain, config=config, metrics=metrics)
