@@ -9,7 +9,7 @@ FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 export FLWR_TELEMETRY_ENABLED := 0
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: quickstart test venv bench clean
+.PHONY: quickstart test lint venv bench clean
 
 venv: $(STAMP)
 
@@ -24,6 +24,11 @@ quickstart: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# ruff (lint + import order) on src, tests, benchmarks; mypy (config in pyproject.toml) on src/fedge.
+lint: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m mypy
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -81,3 +81,15 @@ def test_round_trip_property(values, seed):
     msg = Message({"v": torch.tensor(values, dtype=torch.float32)}, {"seed": seed})
     back = Message.from_bytes(msg.to_bytes())
     assert torch.equal(back.arrays["v"], msg.arrays["v"]) and back.config["seed"] == seed
+
+
+def test_config_int_and_float_read_numbers_and_name_bad_values():
+    msg = Message.from_bytes(Message(config={"round": 7, "seed": 2**62, "lr": 0.25, "tag": "x", "none": None}).to_bytes())
+    assert msg.config_int("round") == 7 and msg.config_int("seed") == 2**62
+    assert msg.config_int("missing", 3) == 3 and msg.config_int("round", 3) == 7
+    assert msg.config_float("lr") == 0.25 and msg.config_float("round") == 7.0
+    for key in ("tag", "none", "missing"):
+        with pytest.raises(MessageError, match=f"'{key}' is .*expected a number"):
+            msg.config_int(key)
+        with pytest.raises(MessageError, match=f"'{key}' is .*expected a number"):
+            msg.config_float(key)

@@ -51,7 +51,7 @@ class _SeedBroadcast(Strategy):
 
 class _Trivial:
     def run(self, message: Message, ctx: ClientContext) -> Message:
-        return Message({"s": torch.tensor([float(message.config["seed"])])})
+        return Message({"s": torch.tensor([message.config_float("seed")])})
 
 
 def _warm_up() -> None:

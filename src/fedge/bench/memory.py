@@ -47,7 +47,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -111,7 +111,7 @@ def _make_step(kind: str, model: nn.Module, batch: tuple[Tensor, Tensor], k: int
 
         return bp
     if kind in ("zo_lean", "zo_fast"):
-        mode = "lean" if kind == "zo_lean" else "fast"
+        mode: Literal["lean", "fast"] = "lean" if kind == "zo_lean" else "fast"
         return lambda: loss_differences(model, F.cross_entropy, (x, y), k=k, sigma=SIGMA, seed=0,
                                         scheme="central", mode=mode)  # fmt: skip
     if kind == "zo_sparse":

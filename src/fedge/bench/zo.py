@@ -236,7 +236,7 @@ def _bench_model(name: str, *, schemes: Sequence[str], k: int, batch: int, repea
     # name -> (warm-up, timed): the ZO variants warm up at a small K (first-call costs only).
     variants: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
         "forward": (forward, forward),
-        "bp": (lambda: _bp_step(bp_model, opt, data),) * 2,  # type: ignore[dict-item]
+        "bp": (lambda: _bp_step(bp_model, opt, data),) * 2,
     }
     for s in schemes:
         variants[f"{s}/loop"] = (loop(1), loop(forward_budget(k, s)))  # type: ignore[arg-type]

@@ -120,7 +120,7 @@ class Link:
         self.client_meter = client_meter
         self._state_in = state
         self._ctx: PartyContext | None = None
-        self._party = None
+        self._party: Any = None  # a fedge.core.protocols.SideParty, built by _context()
 
     @property
     def name(self) -> str:
@@ -152,7 +152,7 @@ class Link:
             party_stats = ctx.meter.stats
             before = party_stats.copy()
             with ctx.meter.measure():
-                reply = self._party.handle(Message.from_bytes(up), ctx)  # type: ignore[union-attr]
+                reply = self._party.handle(Message.from_bytes(up), ctx)
             if not isinstance(reply, Message):
                 raise TypeError(f"side party {name!r} returned {type(reply).__name__}; expected a Message")
             down = reply.to_bytes()

@@ -70,6 +70,21 @@ class Message:
         """Decode bytes produced by :meth:`to_bytes`; raises :class:`MessageError` if malformed."""
         return decode(data)
 
+    def config_int(self, key: str, default: int | None = None) -> int:
+        """``config[key]`` (or ``default`` when absent and given) as an int; :class:`MessageError`
+        if it is missing or not a number (a round, a count, a seed)."""
+        value = self.config.get(key, default) if default is not None else self.config.get(key)
+        if not isinstance(value, int | float):
+            raise MessageError(f"message config {key!r} is {value!r}; expected a number")
+        return int(value)
+
+    def config_float(self, key: str) -> float:
+        """``config[key]`` as a float; :class:`MessageError` if it is missing or not a number."""
+        value = self.config.get(key)
+        if not isinstance(value, int | float):
+            raise MessageError(f"message config {key!r} is {value!r}; expected a number")
+        return float(value)
+
     @property
     def nbytes(self) -> int:
         """Length of the serialized message in bytes."""

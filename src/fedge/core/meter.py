@@ -82,8 +82,8 @@ class StepStats:
             self.rss_peak_bytes = max(self.rss_peak_bytes or 0, other.rss_peak_bytes)
         for k, v in other.links.items():
             self.links[k] = self.links.get(k, 0) + v
-        for k, v in other.parties.items():
-            self.add_party(k, v)
+        for party, cost in other.parties.items():
+            self.add_party(party, cost)
 
     def add_party(self, name: str, cost: StepStats) -> None:
         if name in self.parties:
@@ -108,7 +108,7 @@ class FlopCounter(TorchDispatchMode):
         self.flops = 0
         self._lock = threading.Lock()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         formula = flop_registry.get(func._overloadpacket)
@@ -170,7 +170,7 @@ class TensorAccountant(TorchDispatchMode):
                 entry[1] += 1
         weakref.finalize(t, self._release, key)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type == "cpu":
@@ -296,7 +296,7 @@ def effective_flops_ratio(model: torch.nn.Module, masks: dict[str, torch.Tensor]
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    with torch.no_grad(), FlopCounterMode(display=False, depth=None) as counter:
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(sample)
     counts = counter.get_flop_counts()
     total = sum(counts.get("Global", {}).values())

@@ -147,7 +147,7 @@ class StrategyWrapper(Strategy):
     @property
     def model(self) -> torch.nn.Module:
         """The global model being trained (the innermost strategy's)."""
-        return self.global_model.model  # type: ignore[no-any-return]
+        return self.global_model.model
 
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
         return self.inner.configure_round(rnd, client_ids)

@@ -52,7 +52,7 @@ class Registry(Mapping[str, T], Generic[T]):
         self._entries[name] = entry
         return entry
 
-    def get(self, name: str, default: Any = None) -> T:  # type: ignore[override]
+    def get(self, name: str, default: Any = None) -> T:
         """The entry for ``name``; :class:`UnknownNameError` (listing the choices) if absent.
 
         Unlike ``Mapping.get`` an unknown name is an error, never ``default``: a typo must not

@@ -220,7 +220,7 @@ def clip_by_global_norm(max_norm: float) -> Transform:
     _positive("max_norm", max_norm)
 
     def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
-        norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads.values()))
+        norm = torch.sqrt(sum(((g.double() ** 2).sum() for g in grads.values()), torch.zeros((), dtype=torch.float64)))
         factor = min(1.0, max_norm / (float(norm) + 1e-12))
         return {k: g * factor for k, g in grads.items()}, state
 

@@ -24,7 +24,7 @@ import numpy as np
 from fedge.core.errors import ConfigError
 from fedge.core.rng import numpy_rng
 from fedge.data.dataset import stratified_subset
-from fedge.data.spec import DatasetSpec, RawData, check_int
+from fedge.data.spec import DatasetSpec, Locator, RawData, check_int
 
 __all__ = ["SPECS", "load_digits", "load_synthetic"]
 
@@ -107,7 +107,7 @@ def load_synthetic(
                    "generated", d_tr)
 
 
-def _always(where: str):  # type: ignore[no-untyped-def]
+def _always(where: str) -> Locator:
     def locate(*, root: str | Path | None, **options: object) -> str:
         return where
 

@@ -44,7 +44,7 @@ __all__ = [
 SYSTEM_DATA_DIR = Path("/usr/share/datasets")
 
 # IDX type code -> big-endian numpy dtype.
-_IDX_DTYPES = {
+_IDX_DTYPES: dict[int, np.dtype[Any]] = {
     0x08: np.dtype(">u1"),
     0x09: np.dtype(">i1"),
     0x0B: np.dtype(">i2"),

@@ -231,7 +231,7 @@ def _prepare(name: str, raw: RawData, resize: int | None, limits: dict[str, int]
     mean, std = normalize_(x_tr, x_te, raw.scale)
     return Dataset(
         name=name, x_train=x_tr, y_train=y_tr, x_test=x_te, y_test=y_te,
-        num_classes=len(raw.classes), input_shape=tuple(x_tr.shape[1:]),  # type: ignore[arg-type]
+        num_classes=len(raw.classes), input_shape=tuple(x_tr.shape[1:]),
         classes=raw.classes, train_domains=None if domains is None else np.array(domains),
         mean=mean, std=std, source=raw.source,
     )

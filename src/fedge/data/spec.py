@@ -6,11 +6,10 @@ A loader only reads files (or generates data) and returns raw arrays; the shared
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -44,12 +43,13 @@ class RawData:
     train_domains: np.ndarray | None = None
 
 
-class Loader(Protocol):
-    def __call__(self, *, root: str | Path | None, seed: int, **options: Any) -> RawData: ...
-
-
-class Locator(Protocol):
-    def __call__(self, *, root: str | Path | None, **options: Any) -> str | None: ...
+# A loader is called ``load(root=..., seed=..., **options)`` and a locator ``locate(root=..., **options)``,
+# all keyword-only (root: str | Path | None, seed: int), where ``options`` are the dataset's own keywords
+# (``DatasetSpec.options``). Each dataset names its options as explicit keyword parameters
+# (``split: str = "balanced"``), which no Protocol with ``**options`` admits, so the aliases fix only the
+# return type.
+Loader: TypeAlias = Callable[..., RawData]
+Locator: TypeAlias = Callable[..., "str | None"]
 
 
 @dataclass(frozen=True)

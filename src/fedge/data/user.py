@@ -245,7 +245,7 @@ def import_target(target: Any, *, dataset: str = "module") -> Callable[..., Any]
         obj = getattr(obj, part)
     if not callable(obj):
         raise ConfigError(f"dataset {dataset!r}: target {target!r} is not callable")
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
 def callable_target(fn: Callable[..., Any]) -> str | None:

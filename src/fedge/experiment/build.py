@@ -147,6 +147,13 @@ def method_config(cfg: RunConfig) -> Any:
     return validate_section(get_method(cfg.method.name).config, cfg.method.model_dump(), prefix="method.")
 
 
+def _synthetic_federated(cfg: RunConfig) -> SyntheticFederated:
+    d = cfg.dataset
+    # DatasetConfig fills the defaults of these keys for synthetic-fed, so none is None here
+    assert d.alpha is not None and d.beta is not None and d.max_samples is not None
+    return SyntheticFederated(cfg.clients.num, cfg.seed, alpha=d.alpha, beta=d.beta, max_samples=d.max_samples)
+
+
 def build_run(cfg: RunConfig) -> BuiltRun:
     """Validate the choice-dependent sections and build data, partition, model and method."""
     spec = get_method(cfg.method.name)
@@ -156,9 +163,9 @@ def build_run(cfg: RunConfig) -> BuiltRun:
     d = cfg.dataset
     clients: Sequence[ClientData]
     if d.name == FEDERATED:  # clients generated on demand: nothing per client is built up front
-        fed = SyntheticFederated(cfg.clients.num, cfg.seed, alpha=d.alpha, beta=d.beta, max_samples=d.max_samples)
+        fed = _synthetic_federated(cfg)
         x_test, y_test = fed.test_set()
-        dataset = Dataset(FEDERATED, x_test[:0], y_test[:0], x_test, y_test, fed.num_classes, fed.input_shape,  # type: ignore[arg-type]
+        dataset = Dataset(FEDERATED, x_test[:0], y_test[:0], x_test, y_test, fed.num_classes, fed.input_shape,
                           tuple(str(c) for c in range(fed.num_classes)), source="generated")  # fmt: skip
         lazy = LazyClients(fed)
         clients, sizes, parts, summary = lazy, lazy.sizes(), [], fed.summary()
@@ -219,7 +226,7 @@ def client_shard(cfg: RunConfig, cid: int) -> dict[str, Any]:
         raise ConfigError(f"client {cid} is outside the population [0, {cfg.clients.num})")
     d = cfg.dataset
     if d.name == FEDERATED:
-        fed = SyntheticFederated(cfg.clients.num, cfg.seed, alpha=d.alpha, beta=d.beta, max_samples=d.max_samples)
+        fed = _synthetic_federated(cfg)
         _, y = fed.client(cid)
         num_classes = fed.num_classes
     else:

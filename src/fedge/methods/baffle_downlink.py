@@ -53,7 +53,7 @@ def clip_inf_norm(grads: dict[str, torch.Tensor], max_norm: float | None) -> dic
 
 def perturbed_params(model: torch.nn.Module, cfg: Any) -> dict[str, torch.Tensor]:
     """The trainable parameters matching ``cfg.perturb`` (all trainable ones when None)."""
-    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    trainable: dict[str, torch.Tensor] = {n: p for n, p in model.named_parameters() if p.requires_grad}
     return trainable if cfg.perturb is None else {n: trainable[n] for n in match_params(trainable, cfg.perturb)}
 
 
@@ -158,7 +158,7 @@ class ClientReplica:
             frm = message.config.get("sync_from")
             if ctx.state.get("at") != frm:
                 raise MessageError(
-                    f"{who}: the server replays rounds from {frm} but this client holds the model of round "
+                    f"{who}: the server replays rounds from {frm!r} but this client holds the model of round "
                     f"{ctx.state.get('at')}; its state is out of step with the server's (was the run resumed "
                     "from a different checkpoint?)"
                 )

@@ -108,7 +108,7 @@ class DifferentialPrivacy(StrategyWrapper):
             bad = [k for k, v in got.items() if v is None or v.shape != self.template[k].shape]
             if bad or set(reply.arrays) != set(self.template):
                 raise MessageError(f"round {rnd}, client {cid}: expected arrays {sorted(self.template)}, got {sorted(reply.arrays)}")
-            clipped, norm = clip_contribution(dict(got), self.cfg)  # the server's own bound check
+            clipped, norm = clip_contribution({k: reply.arrays[k] for k in self.template}, self.cfg)  # the server's own bound check
             contributions.append(clipped)
         return self._update(rnd, contributions)
 

@@ -19,7 +19,7 @@ from collections import OrderedDict
 
 from torch import nn
 
-from fedge.models.layers import conv_block, output_shape
+from fedge.models.layers import ConvOptions, conv_block, output_shape
 from fedge.models.registry import register_model
 from fedge.models.vgg import AffineOptions
 
@@ -40,12 +40,12 @@ def build_alexnet_ppfl(
     norm: str,
     norm_affine: bool,
 ) -> tuple[nn.Sequential, nn.Sequential]:
-    common = dict(kernel_size=3, padding=1, activation=activation, norm=norm, norm_affine=norm_affine)
+    common = ConvOptions(kernel_size=3, activation=activation, norm=norm, norm_affine=norm_affine)
     features = nn.Sequential(
         OrderedDict(
-            conv1=conv_block(input_shape[0], 128, **common),
-            conv2=conv_block(128, 128, **common),
-            conv3=conv_block(128, 128, pool=nn.AvgPool2d(16, stride=16), **common),
+            conv1=conv_block(input_shape[0], 128, padding=1, **common),
+            conv2=conv_block(128, 128, padding=1, **common),
+            conv3=conv_block(128, 128, padding=1, pool=nn.AvgPool2d(16, stride=16), **common),
         )
     )
     c, h, w = output_shape(features, input_shape)

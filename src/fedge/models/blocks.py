@@ -61,7 +61,7 @@ def _kind(module: nn.Module) -> str:
 
 def norm_parameter_names(model: nn.Module) -> set[str]:
     """Names of the parameters owned by normalization layers (always trainable in FedPT)."""
-    out = set()
+    out: set[str] = set()
     for name, m in model.named_modules():
         if isinstance(m, NORM_TYPES):
             out.update(f"{name}.{p}" if name else p for p, _ in m.named_parameters(recurse=False))
@@ -71,10 +71,10 @@ def norm_parameter_names(model: nn.Module) -> set[str]:
 def _block_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     features, classifier = getattr(model, "features", None), getattr(model, "classifier", None)
     if isinstance(features, nn.Sequential) and isinstance(classifier, nn.Sequential):
-        parts = [("features", features), ("classifier", classifier)]
+        parts: list[tuple[str, nn.Module]] = [("features", features), ("classifier", classifier)]
     else:
         parts = [("", model)]
-    out = []
+    out: list[tuple[str, nn.Module]] = []
     for prefix, parent in parts:
         for name, child in parent.named_children():
             full = f"{prefix}.{name}" if prefix else name

@@ -22,7 +22,7 @@ from collections import OrderedDict
 from torch import nn
 
 from fedge.core.errors import ConfigError
-from fedge.models.layers import MaxPool2x2, conv_block, make_activation, output_shape
+from fedge.models.layers import ConvOptions, MaxPool2x2, conv_block, make_activation, output_shape
 from fedge.models.registry import register_model
 
 __all__ = ["build_cnn_fedpt"]
@@ -48,11 +48,11 @@ def build_cnn_fedpt(
         raise ConfigError(f"option 'channels' of model 'cnn-fedpt' takes 2 widths, got {channels!r}")
     if hidden < 1:
         raise ConfigError(f"option 'hidden' of model 'cnn-fedpt' must be >= 1, got {hidden}")
-    common = dict(kernel_size=3, padding=0, activation=activation, norm=norm, norm_affine=norm_affine)
+    common = ConvOptions(kernel_size=3, activation=activation, norm=norm, norm_affine=norm_affine)
     features = nn.Sequential(
         OrderedDict(
-            conv1=conv_block(input_shape[0], channels[0], **common),
-            conv2=conv_block(channels[0], channels[1], pool=MaxPool2x2(), **common),
+            conv1=conv_block(input_shape[0], channels[0], padding=0, **common),
+            conv2=conv_block(channels[0], channels[1], padding=0, pool=MaxPool2x2(), **common),
         )
     )
     c, h, w = output_shape(features, input_shape)  # (64, 12, 12) on 28x28

@@ -9,7 +9,7 @@ of ``(parameters, buffers, input)``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, TypedDict
 
 import torch
 from torch import nn
@@ -121,6 +121,15 @@ class GlobalAvgPool(nn.Sequential):
 
     def __init__(self) -> None:
         super().__init__(nn.AdaptiveAvgPool2d(1), nn.Flatten(1))
+
+
+class ConvOptions(TypedDict, total=False):
+    """Keyword options of :func:`conv_block` shared by the blocks of one model (``**common``)."""
+
+    kernel_size: int
+    activation: str
+    norm: str
+    norm_affine: bool
 
 
 def conv_block(

@@ -44,7 +44,7 @@ from collections import OrderedDict
 from pydantic import field_validator
 from torch import nn
 
-from fedge.models.layers import GlobalAvgPool, MaxPool2x2, conv_block, make_activation, output_shape
+from fedge.models.layers import ConvOptions, GlobalAvgPool, MaxPool2x2, conv_block, make_activation, output_shape
 from fedge.models.registry import Flag, Int, ModelOptions, Widths, register_model
 
 __all__ = [
@@ -84,7 +84,7 @@ def _two_conv(
 ) -> nn.Sequential:
     """conv1 (with 2x2 max pool) and conv2 (pooled if ``pool2``), 5x5 kernels."""
     c1, c2 = widths
-    common = dict(kernel_size=5, activation=activation, norm=norm, norm_affine=norm_affine)
+    common = ConvOptions(kernel_size=5, activation=activation, norm=norm, norm_affine=norm_affine)
     return nn.Sequential(
         OrderedDict(
             conv1=conv_block(input_shape[0], c1, padding=padding[0], pool=MaxPool2x2(), **common),

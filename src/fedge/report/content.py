@@ -119,7 +119,7 @@ def _partition_blocks(part: dict[str, Any] | None) -> list[Block]:
         text = ", ".join(f"{k}:{v}" for v, k in top[:5])
         return text + (f", +{len(top) - 5} more" if len(top) > 5 else "")
 
-    per_client = [
+    per_client: list[tuple[str, ...]] = [
         (str(c.get("client", i)), _num(sizes[i]), str(present[i]), hist_text(hists[i]))
         for i, c in enumerate(clients)
     ]

@@ -20,7 +20,7 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import yaml
 
@@ -63,7 +63,7 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
-def _finite(v: Any) -> bool:
+def _finite(v: Any) -> TypeGuard[float]:
     return _is_number(v) and math.isfinite(v)
 
 
@@ -128,7 +128,7 @@ class RunLog:
     @property
     def complete(self) -> bool:
         """True iff ``summary.json`` exists and says ``"status": "complete"``."""
-        return bool(self.summary) and self.summary.get("status") == "complete"
+        return self.summary is not None and self.summary.get("status") == "complete"
 
     @property
     def rounds_done(self) -> int:
@@ -194,9 +194,8 @@ class RunLog:
     # ---- headline numbers (summary when complete, else from the metrics so far) -----------
 
     def _summary_number(self, key: str) -> float | None:
-        if self.complete and _finite(self.summary.get(key)):  # type: ignore[union-attr]
-            return self.summary[key]  # type: ignore[index]
-        return None
+        value = self.summary.get(key) if self.summary is not None and self.complete else None
+        return value if _finite(value) else None
 
     def _last(self, key: str) -> float | None:
         for row in reversed(self.metrics):

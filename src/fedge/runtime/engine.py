@@ -150,7 +150,7 @@ def execute_client(
 _WORKER: dict[str, Any] = {}
 
 
-def _worker_init(program: ClientProgram, clients: list[ClientData], kwargs: dict[str, Any]) -> None:
+def _worker_init(program: ClientProgram, clients: Sequence[ClientData], kwargs: dict[str, Any]) -> None:
     torch.set_num_threads(1)
     _WORKER.update(program=program, clients=clients, kwargs=kwargs)
 
@@ -227,7 +227,7 @@ class Simulation:
         *,
         strategy: Strategy,
         program: ClientProgram,
-        clients: list[ClientData],
+        clients: Sequence[ClientData],
         test: tuple[torch.Tensor, torch.Tensor],
         num_classes: int,
         config: EngineConfig,

@@ -53,10 +53,12 @@ which is what any device computes after step ⑨. Nothing it computes travels or
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Literal
 
 from pydantic import Field
+from torch import nn
 
 from fedge.core.protocols import PartySpec
 from fedge.methods.base import MethodBuild, MethodConfigBase, MethodEnv
@@ -93,7 +95,7 @@ class EppflConfig(MethodConfigBase):
     upload_dropout: float = Field(0.0, ge=0, lt=1, description="simulated fraction of uploads lost each round")
 
 
-def _split(model_fn, cut: str | None) -> Split:  # type: ignore[no-untyped-def]
+def _split(model_fn: Callable[[], nn.Module], cut: str | None) -> Split:
     return split_model(model_fn(), cut)
 
 

@@ -25,7 +25,7 @@ import torch
 
 from fedge.core.context import ClientContext
 from fedge.core.errors import MessageError
-from fedge.core.messages import Message
+from fedge.core.messages import ConfigValue, Message
 from fedge.methods.eppfl.parties import seeded_rng
 from fedge.methods.eppfl.split import Split, activation_positions, kept, scatter
 from fedge.privacy.dp.laplace import LaplaceMechanism
@@ -86,10 +86,11 @@ class DeviceProgram:
         blob = message.config.get("masked_sum")
         if blob is None:
             return arrays
-        if sr is None or not isinstance(sr.config.get("mask_sum"), bytes) or not isinstance(blob, bytes):
+        mask_sum = None if sr is None else sr.config.get("mask_sum")
+        if not isinstance(mask_sum, bytes) or not isinstance(blob, bytes):
             raise MessageError(f"{who}: a masked model without S_r's mask sum")
-        count = int(message.config["count"])
-        total = self.fp.sub(self.fp.from_bytes(blob), self.fp.from_bytes(sr.config["mask_sum"]))  # type: ignore[arg-type]
+        count = message.config_int("count")
+        total = self.fp.sub(self.fp.from_bytes(blob), self.fp.from_bytes(mask_sum))
         keys = float_keys(self.split)
         arrays.update(unflatten(self.fp.decode(total) / count, self.template(), keys))
         return arrays
@@ -99,8 +100,10 @@ class DeviceProgram:
         who = f"round {ctx.rnd}, device {ctx.cid}"
         sr = None
         if cfg.masks:  # step ① / line 6: this round's mask seed and, if needed, Σ r_j
-            req = {"op": "device", "cid": ctx.cid, "round": ctx.rnd, "unmask_round": int(message.config.get("model_round", 0))}
-            sr = ctx.link("sr").call(Message(config=req))
+            sr_req: dict[str, ConfigValue] = {
+                "op": "device", "cid": ctx.cid, "round": ctx.rnd, "unmask_round": message.config_int("model_round", 0)
+            }
+            sr = ctx.link("sr").call(Message(config=sr_req))
         arrays = self._global_model(message, ctx, sr)
         state = sp.device.state_dict()
         with torch.no_grad():
@@ -153,8 +156,11 @@ class DeviceProgram:
         # step ④, Eq. (8): W_c + r_i in Z_{2^64}; integer buffers (counters) travel plain
         assert sr is not None
         keys = float_keys(sp)
-        q = self.fp.encode(flatten(out, keys), n_summands=int(message.config["n_summands"]))
-        r = prg(sr.config["mask_seed"], q.size, bits=self.fp.bits)  # type: ignore[arg-type]
+        q = self.fp.encode(flatten(out, keys), n_summands=message.config_int("n_summands"))
+        mask_seed = sr.config.get("mask_seed")
+        if not isinstance(mask_seed, bytes):
+            raise MessageError(f"{who}: S_r sent no mask seed (got {mask_seed!r})")
+        r = prg(mask_seed, q.size, bits=self.fp.bits)
         config["masked"] = self.fp.to_bytes(self.fp.add(q, r))
         plain = {k: v for k, v in out.items() if k not in keys}
         return Message(plain, config=config, metrics=metrics)

@@ -85,15 +85,15 @@ class RandomnessServer:
     def handle(self, message: Message, ctx: PartyContext) -> Message:
         op = message.config.get("op")
         if op == "aggregate":
-            rnd = int(message.config["round"])
+            rnd = message.config_int("round")
             ctx.state.clear()
             ctx.state.update(agg_round=rnd, agg_ids=message.arrays["ids"].to(torch.int64))
             return Message(config={"ok": True})
         if op != "device":
             raise MessageError(f"S_r: unknown request {op!r}; expected 'device' or 'aggregate'")
-        cid, rnd = int(message.config["cid"]), int(message.config["round"])
+        cid, rnd = message.config_int("cid"), message.config_int("round")
         out: dict[str, Any] = {"mask_seed": self.keys.seed(rnd, cid)}
-        unmask = int(message.config.get("unmask_round", 0))
+        unmask = message.config_int("unmask_round", 0)
         if unmask > 0:
             if ctx.state.get("agg_round") != unmask:
                 raise MessageError(f"S_r: device {cid} asks for the masks of round {unmask}, "
@@ -152,7 +152,7 @@ class EdgeServer:
         b, c = shape[0], shape[1] if len(shape) > 2 else 1
         n = int(np.prod(shape[1:])) // c
         values = message.arrays["a"].to(torch.float32)
-        seed = int(message.config.get("seed", -1))
+        seed = message.config_int("seed", -1)
         if seed >= 0:
             pos = activation_positions(seed, (b, c, n), values.shape[-1])
             dense = scatter(values, pos, n)

@@ -100,7 +100,7 @@ class AggregationServer(Strategy):
             keys = list(self.device_plain)
         for k in keys:
             total = sum(replies[c].arrays[k].to(torch.float64) for c in agg)
-            self.device_plain[k] = _mean(total, len(agg), self.device_plain[k].dtype)  # type: ignore[arg-type]
+            self.device_plain[k] = _mean(total, len(agg), self.device_plain[k].dtype)
         self.model_round = rnd
         losses = [float(replies[c].metrics["train_loss"]) for c in agg if "train_loss" in replies[c].metrics]
         out: dict[str, float] = {"eppfl_aggregated": float(len(agg)), "eppfl_dropped": float(len(dropped))}

@@ -29,10 +29,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import dp_accounting as dpa  # type: ignore[import-untyped]
-from dp_accounting.pld import pld_privacy_accountant  # type: ignore[import-untyped]
-from dp_accounting.privacy_accountant import NeighboringRelation as NeighborRel  # type: ignore[import-untyped]
-from dp_accounting.rdp import rdp_privacy_accountant  # type: ignore[import-untyped]
+import dp_accounting as dpa
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.privacy_accountant import NeighboringRelation as NeighborRel
+from dp_accounting.rdp import rdp_privacy_accountant
 
 from fedge.core.errors import ConfigError
 from fedge.privacy.dp.config import PrivacyConfig
