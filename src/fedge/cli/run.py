@@ -93,6 +93,8 @@ def run(
         "--measure-memory", help="a flag (no value): measure client peak memory, as --set measure.memory=true")] = False,
     workers: Annotated[int | None, typer.Option("--workers", help="client worker processes")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+    runtime: Annotated[str, typer.Option(
+        "--runtime", help="engine (built-in) or flower-sim (the same rounds through Flower's ServerApp/ClientApp)")] = "engine",
 ) -> None:
     """Train a federation and write its run directory."""
     from fedge.core.config import load_config
@@ -124,6 +126,8 @@ def run(
                     if not value.isdigit():
                         fail(f"--set {extend[0]}: rounds must be a whole number of rounds")
                     rounds = int(value)
+                if runtime != "engine":
+                    fail(f"--runtime {runtime} with --resume: resuming runs on the built-in engine only; drop --runtime")
                 target = resume
                 with _Bar(not quiet) as bar:
                     path = resume_experiment(resume, rounds=rounds, progress=bar,
@@ -134,7 +138,7 @@ def run(
                 cfg = load_config(config, overrides=overrides)
                 target = out_dir or _default_out(config)
                 with _Bar(not quiet) as bar:
-                    path = run_experiment(cfg, out=target, progress=bar)
+                    path = run_experiment(cfg, out=target, progress=bar, runtime=runtime)
     except MessageError as exc:
         fail(exc, code=1)
     except FedgeError as exc:

@@ -52,6 +52,9 @@ def model_factory(cfg: RunConfig, dataset: Dataset) -> Callable[[], torch.nn.Mod
     return make
 
 
+RUNTIMES = ("engine", "flower-sim")
+
+
 @dataclass
 class BuiltRun:
     config: RunConfig
@@ -77,8 +80,18 @@ class BuiltRun:
             measure_memory=c.measure.memory,
         )
 
-    def simulation(self, on_round: Any = None) -> Simulation:
-        return Simulation(
+    def simulation(self, on_round: Any = None, runtime: str = "engine") -> Simulation:
+        """The engine for this run: the built-in one (``runtime="engine"``), or the same rounds
+        with client steps sent through Flower (``"flower-sim"``: an in-process Flower grid,
+        :mod:`fedge.runtime.flower`)."""
+        cls: type[Simulation] = Simulation
+        if runtime == "flower-sim":
+            from fedge.runtime.flower import FlowerSimulation
+
+            cls = FlowerSimulation
+        elif runtime != "engine":
+            raise ConfigError(f"runtime {runtime!r} is not known; expected one of {list(RUNTIMES)}")
+        return cls(
             strategy=self.method.strategy,
             program=self.method.program,
             clients=self.clients,

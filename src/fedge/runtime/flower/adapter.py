@@ -1,0 +1,246 @@
+"""fedge on Flower: a ServerApp that drives any fedge Strategy through Flower's Grid, and a
+ClientApp that runs any fedge ClientProgram.
+
+Server side. :class:`FlowerSimulation` is the engine's :class:`~fedge.runtime.engine.Simulation`
+with one thing replaced: how a batch of client steps runs (``_run_clients``). Sampling, the
+strategy's round generator (every ``Exchange`` of a multi-exchange round such as secure
+aggregation's four), server-side party calls, evaluation, and the metrics line are the
+engine's own code, so the numbers are the same by construction. Each client step is one
+Flower ``Message`` (type ``train``) to the client's node, sent with ``grid.send_and_receive``.
+
+Client side. :func:`client_app` runs the step with the engine's
+:func:`~fedge.runtime.engine.execute_client` on the node: the client id is the node's
+``node_config["partition-id"]``; its persistent state (``ctx.state``), its round scratch state
+(``ctx.round_state``, valid for the round it was written in) and the states of its per-client
+side parties live in Flower's ``Context.state`` on that node, never on the server.
+
+What travels. fedge's own serialized messages travel as ``bytes`` inside a Flower
+``ConfigRecord`` named ``fedge``, so ``bytes_down``/``bytes_up`` count exactly what the built-in
+engine counts; Flower's own encoded message sizes (protobuf, metadata included) are logged
+next to them as ``flower_bytes_down``/``flower_bytes_up``.
+
+Side parties. All are co-located:
+- per-client parties (``scope="client"``, e.g. EPPFL's edge server, PPFL's enclave): run in the
+  ClientApp's process on the client's node, their state in that node's ``Context.state``; their
+  FLOPs, time and link bytes come back with the reply and are logged as by the engine.
+- shared parties (``scope="shared"``, e.g. a third-party randomness server): run in each
+  ClientApp with the state the server holds, shipped down with the message. Clients run
+  concurrently on Flower, so, as with the engine's worker processes, a shared party may not
+  change its state during a client step (ConfigError otherwise).
+- server-side party calls (``PartyCall`` from the strategy): run next to the ServerApp, as in
+  the engine.
+Running a party as its own Flower node would need node-to-node messages, which Flower's
+Message API routes only through the ServerApp; not built.
+
+Not carried over: node-held client state is not in the server's checkpoint, so resuming a
+stateful method's run restarts its clients' state (stateless clients are unaffected).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.common.serde import message_to_proto
+from flwr.serverapp import Grid, ServerApp
+
+from fedge.core.context import ClientData, PartySpec
+from fedge.core.errors import ConfigError, MessageError
+from fedge.core.meter import StepStats
+from fedge.core.protocols import ClientProgram
+from fedge.runtime.engine import RoundRecord, Simulation, _Result, _Task, execute_client
+from fedge.runtime.flower.grid import LocalGrid
+
+__all__ = ["FlowerSimulation", "client_app", "server_app"]
+
+RECORD = "fedge"  # the ConfigRecord carrying fedge's bytes, in messages and in Context.state
+
+
+def _stats_to_bytes(s: StepStats) -> bytes:
+    return json.dumps(asdict(s)).encode()
+
+
+def _stats_from(d: dict[str, Any]) -> StepStats:
+    parties = {k: _stats_from(v) for k, v in d.pop("parties", {}).items()}
+    return StepStats(**d, parties=parties)
+
+
+def _node_cid(context: Context) -> int:
+    try:
+        return int(context.node_config["partition-id"])
+    except (KeyError, ValueError, TypeError):
+        raise ConfigError(
+            f"node {context.node_id} has node_config {dict(context.node_config)!r}; a fedge SuperNode needs "
+            "an integer 'partition-id' (start it with --node-config \"partition-id=I num-partitions=N\")"
+        ) from None
+
+
+def client_app(
+    program: ClientProgram,
+    data_of: Callable[[int], ClientData],
+    *,
+    seed: int,
+    measure_flops: bool,
+    measure_memory: bool,
+    parties: Mapping[str, PartySpec],
+) -> ClientApp:
+    """A Flower ClientApp running ``program`` for the client ``node_config["partition-id"]``
+    with its data ``data_of(cid)`` (arguments as :func:`~fedge.runtime.engine.execute_client`)."""
+    app = ClientApp()
+    parties = dict(parties)
+
+    @app.query()
+    def hello(msg: Message, context: Context) -> Message:
+        """The handshake: which fedge client this node is."""
+        return Message(RecordDict({RECORD: ConfigRecord({"cid": _node_cid(context)})}), reply_to=msg)
+
+    @app.train()
+    def step(msg: Message, context: Context) -> Message:
+        cid = _node_cid(context)
+        rec = msg.content.config_records[RECORD]
+        if int(rec["cid"]) != cid:
+            raise MessageError(f"node {context.node_id} is client {cid} but got client {rec['cid']}'s message")
+        rnd, phase = int(rec["rnd"]), int(rec["phase"])
+        node = context.state.config_records.get(RECORD) or ConfigRecord()
+        round_state = node.get("round_state") if node.get("round_state_rnd") == rnd else None
+        party_states = {
+            name: node.get(f"party.{name}") if spec.scope == "client" else rec.get(f"shared.{name}")
+            for name, spec in parties.items()
+        }
+        task = _Task(cid, rnd, phase, bytes(rec["message"]), node.get("state"), round_state, party_states)
+        result = execute_client(program, data_of(cid), task, seed=seed, measure_flops=measure_flops,
+                                measure_memory=measure_memory, parties=parties)  # fmt: skip
+        kept: dict[str, Any] = {}
+        if result.state is not None:
+            kept["state"] = result.state
+        if result.round_state is not None:
+            kept.update(round_state=result.round_state, round_state_rnd=rnd)
+        out: dict[str, Any] = {"reply": result.reply, "stats": _stats_to_bytes(result.stats)}
+        for name, value in result.party_states.items():
+            if value is None:
+                continue
+            if parties[name].scope == "client":
+                kept[f"party.{name}"] = value
+            else:
+                out[f"shared.{name}"] = value
+        context.state[RECORD] = ConfigRecord(kept)
+        return Message(RecordDict({RECORD: ConfigRecord(out)}), reply_to=msg)
+
+    return app
+
+
+def server_app(main: Callable[[Grid, Context], None]) -> ServerApp:
+    """A Flower ServerApp whose main is ``main(grid, context)``, e.g. one that builds a
+    :class:`FlowerSimulation` on ``grid`` and runs it."""
+    app = ServerApp()
+    app.main()(main)
+    return app
+
+
+def _flower_size(msg: Message) -> int:
+    return message_to_proto(msg).ByteSize()
+
+
+class FlowerSimulation(Simulation):
+    """The engine, with client steps sent as Flower messages through ``grid``.
+
+    Args:
+        grid: the Flower Grid (inside a ServerApp's main). None: :meth:`run` starts an
+            in-process grid (:class:`~fedge.runtime.flower.grid.LocalGrid`) with one node per
+            client running :func:`client_app`, and runs a :func:`server_app` on it.
+        timeout: seconds ``send_and_receive`` waits for replies (None: no limit).
+        **kwargs: as :class:`~fedge.runtime.engine.Simulation`.
+    """
+
+    def __init__(self, *, grid: Grid | None = None, timeout: float | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.grid, self.timeout = grid, timeout
+        self.nodes: dict[int, int] = {}  # cid -> node id
+        self._wire = [0, 0]  # Flower bytes down, up in the current round
+
+    # -- connecting ------------------------------------------------------------------
+    def connect(self, grid: Grid) -> None:
+        """Ask every node of ``grid`` which client it is; every client needs a node."""
+        self.grid = grid
+        node_ids = list(grid.get_node_ids())
+        asks = [Message(RecordDict({RECORD: ConfigRecord({})}), dst_node_id=n, message_type="query", group_id="hello")
+                for n in node_ids]  # fmt: skip
+        self.nodes = {}
+        for reply in grid.send_and_receive(asks, timeout=self.timeout):
+            if reply.has_error():
+                raise MessageError(f"node {reply.metadata.src_node_id} failed the handshake: {reply.error.reason}")
+            cid = int(reply.content.config_records[RECORD]["cid"])
+            if cid in self.nodes:
+                raise ConfigError(f"nodes {self.nodes[cid]} and {reply.metadata.src_node_id} both say partition-id={cid}; "
+                                  "give each SuperNode its own partition-id")  # fmt: skip
+            self.nodes[cid] = reply.metadata.src_node_id
+        missing = sorted(set(range(len(self.clients))) - set(self.nodes))
+        if missing:
+            raise ConfigError(f"{len(missing)} of {len(self.clients)} clients have no Flower node (partition-ids "
+                              f"{missing[:10]}); start one SuperNode per partition-id 0..{len(self.clients) - 1}")  # fmt: skip
+
+    # -- the one engine step replaced ------------------------------------------------------
+    def _run_clients(self, rnd: int, phase: int, messages: list[tuple[int, bytes]]) -> list[_Result]:
+        if self.grid is None:
+            raise RuntimeError("FlowerSimulation is not connected to a grid; call run() or connect(grid)")
+        shared = {name: self.party_states[name].get(-1) for name, spec in self.parties.items() if spec.scope == "shared"}
+        out = []
+        for cid, b in messages:
+            content: dict[str, Any] = {"cid": cid, "rnd": rnd, "phase": phase, "message": b}
+            content.update({f"shared.{k}": v for k, v in shared.items() if v is not None})
+            m = Message(RecordDict({RECORD: ConfigRecord(content)}), dst_node_id=self.nodes[cid], message_type="train",
+                        group_id=f"{rnd}.{phase}")  # fmt: skip
+            self._wire[0] += _flower_size(m)
+            out.append(m)
+        by_node = {r.metadata.src_node_id: r for r in self.grid.send_and_receive(out, timeout=self.timeout)}
+        results = []
+        for i, (cid, _) in enumerate(messages):
+            reply = by_node.get(self.nodes[cid])
+            if reply is None:
+                raise MessageError(f"round {rnd}, exchange {phase + 1}: no reply from client {cid} (node {self.nodes[cid]})")
+            if reply.has_error():
+                raise MessageError(f"round {rnd}, exchange {phase + 1}: client {cid} (node {self.nodes[cid]}) failed: "
+                                   f"{reply.error.reason}")  # fmt: skip
+            self._wire[1] += _flower_size(reply)
+            rec = reply.content.config_records[RECORD]
+            states = {name: (rec.get(f"shared.{name}") if spec.scope == "shared" else None)
+                      for name, spec in self.parties.items()}  # fmt: skip
+            result = _Result(bytes(rec["reply"]), None, None, states, _stats_from(json.loads(rec["stats"])))
+            self._keep(cid, result, parallel=True)  # a shared party's state may not change (see module doc)
+            results.append(result)
+            if self.on_progress is not None:
+                self.on_progress(rnd, phase, i + 1, len(messages))
+        return results
+
+    def run_round(self, rnd: int) -> dict[str, Any]:
+        self._wire = [0, 0]
+        line = super().run_round(rnd)
+        wall = line.pop("wall_s")
+        line.update(flower_bytes_down=self._wire[0], flower_bytes_up=self._wire[1], wall_s=wall)
+        return line
+
+    def run(self, *, start_round: int | None = None) -> RoundRecord:
+        if self.grid is not None:
+            if not self.nodes:
+                self.connect(self.grid)
+            return super().run(start_round=start_round)
+        app = client_app(self.program, self.clients.__getitem__, **self._kwargs())
+        n = len(self.clients)
+        grid = LocalGrid(app, [{"partition-id": i, "num-partitions": n} for i in range(n)])
+        done: list[RoundRecord] = []
+
+        def main(g: Grid, context: Context) -> None:
+            self.connect(g)
+            try:
+                done.append(super(FlowerSimulation, self).run(start_round=start_round))
+            finally:
+                self.grid = None
+
+        server_app(main)(grid, Context(run_id=grid.run.run_id, node_id=SUPERLINK_NODE_ID, node_config={},
+                                       state=RecordDict(), run_config={}))  # fmt: skip
+        return done[0]
