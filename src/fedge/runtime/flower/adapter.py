@@ -10,30 +10,34 @@ Flower ``Message`` (type ``train``) to the client's node, sent with ``grid.send_
 
 Client side. :func:`client_app` runs the step with the engine's
 :func:`~fedge.runtime.engine.execute_client` on the node: the client id is the node's
-``node_config["partition-id"]``; its persistent state (``ctx.state``), its round scratch state
-(``ctx.round_state``, valid for the round it was written in) and the states of its per-client
-side parties live in Flower's ``Context.state`` on that node, never on the server.
+``node_config["partition-id"]``; its persistent state (``ctx.state``) and its round scratch
+state (``ctx.round_state``, valid for the round it was written in) live in Flower's
+``Context.state`` on that node, never on the server.
 
 What travels. fedge's own serialized messages travel as ``bytes`` inside a Flower
 ``ConfigRecord`` named ``fedge``, so ``bytes_down``/``bytes_up`` count exactly what the built-in
 engine counts; Flower's own encoded message sizes (protobuf, metadata included) are logged
 next to them as ``flower_bytes_down``/``flower_bytes_up``.
 
-Side parties. All are co-located:
-- per-client parties (``scope="client"``, e.g. EPPFL's edge server, PPFL's enclave): run in the
-  ClientApp's process on the client's node, their state in that node's ``Context.state``; their
-  FLOPs, time and link bytes come back with the reply and are logged as by the engine.
-- shared parties (``scope="shared"``, e.g. a third-party randomness server): run in each
-  ClientApp with the state the server holds, shipped down with the message. Clients run
+Side parties. All run co-located with the ClientApp (in its process, on the client's node),
+metered on their own account as in the engine (``flops.edge``, ``bytes.client->edge``, ...).
+Their state is the server's: the strategy may call a party itself (``PartyCall``, e.g. EPPFL's
+S_a sending M_s to each edge server), which runs next to the ServerApp, so a party's state
+travels down with each client message (``party.NAME`` in the ``fedge`` record) and back with the
+reply, and is kept (and checkpointed) by the server as in the engine. That traffic is in
+``flower_bytes_*`` (and alone in ``flower_party_state_bytes``), not in ``bytes_*`` (the engine
+does not count party state as traffic either).
+- per-client parties (``scope="client"``: EPPFL's edge server, PPFL's enclave): one state per
+  client, as in the engine.
+- shared parties (``scope="shared"``: a third-party randomness server): clients run
   concurrently on Flower, so, as with the engine's worker processes, a shared party may not
   change its state during a client step (ConfigError otherwise).
-- server-side party calls (``PartyCall`` from the strategy): run next to the ServerApp, as in
-  the engine.
 Running a party as its own Flower node would need node-to-node messages, which Flower's
 Message API routes only through the ServerApp; not built.
 
 Not carried over: node-held client state is not in the server's checkpoint, so resuming a
-stateful method's run restarts its clients' state (stateless clients are unaffected).
+stateful method's run would restart its clients' state; ``fedge run --resume`` therefore runs
+on the built-in engine only.
 """
 
 from __future__ import annotations
@@ -108,10 +112,7 @@ def client_app(
         rnd, phase = int(rec["rnd"]), int(rec["phase"])
         node = context.state.config_records.get(RECORD) or ConfigRecord()
         round_state = node.get("round_state") if node.get("round_state_rnd") == rnd else None
-        party_states = {
-            name: node.get(f"party.{name}") if spec.scope == "client" else rec.get(f"shared.{name}")
-            for name, spec in parties.items()
-        }
+        party_states = {name: rec.get(f"party.{name}") for name in parties}
         task = _Task(cid, rnd, phase, bytes(rec["message"]), node.get("state"), round_state, party_states)
         result = execute_client(program, data_of(cid), task, seed=seed, measure_flops=measure_flops,
                                 measure_memory=measure_memory, parties=parties)  # fmt: skip
@@ -121,13 +122,7 @@ def client_app(
         if result.round_state is not None:
             kept.update(round_state=result.round_state, round_state_rnd=rnd)
         out: dict[str, Any] = {"reply": result.reply, "stats": _stats_to_bytes(result.stats)}
-        for name, value in result.party_states.items():
-            if value is None:
-                continue
-            if parties[name].scope == "client":
-                kept[f"party.{name}"] = value
-            else:
-                out[f"shared.{name}"] = value
+        out.update({f"party.{name}": v for name, v in result.party_states.items() if v is not None})
         context.state[RECORD] = ConfigRecord(kept)
         return Message(RecordDict({RECORD: ConfigRecord(out)}), reply_to=msg)
 
@@ -161,7 +156,7 @@ class FlowerSimulation(Simulation):
         super().__init__(**kwargs)
         self.grid, self.timeout = grid, timeout
         self.nodes: dict[int, int] = {}  # cid -> node id
-        self._wire = [0, 0]  # Flower bytes down, up in the current round
+        self._wire = [0, 0, 0]  # Flower bytes down, up; party-state bytes carried (both ways) this round
 
     # -- connecting ------------------------------------------------------------------
     def connect(self, grid: Grid) -> None:
@@ -188,11 +183,12 @@ class FlowerSimulation(Simulation):
     def _run_clients(self, rnd: int, phase: int, messages: list[tuple[int, bytes]]) -> list[_Result]:
         if self.grid is None:
             raise RuntimeError("FlowerSimulation is not connected to a grid; call run() or connect(grid)")
-        shared = {name: self.party_states[name].get(-1) for name, spec in self.parties.items() if spec.scope == "shared"}
         out = []
         for cid, b in messages:
             content: dict[str, Any] = {"cid": cid, "rnd": rnd, "phase": phase, "message": b}
-            content.update({f"shared.{k}": v for k, v in shared.items() if v is not None})
+            carried = {f"party.{k}": v for k, v in self._party_states_for(cid).items() if v is not None}
+            self._wire[2] += sum(len(v) for v in carried.values())
+            content.update(carried)
             m = Message(RecordDict({RECORD: ConfigRecord(content)}), dst_node_id=self.nodes[cid], message_type="train",
                         group_id=f"{rnd}.{phase}")  # fmt: skip
             self._wire[0] += _flower_size(m)
@@ -208,8 +204,8 @@ class FlowerSimulation(Simulation):
                                    f"{reply.error.reason}")  # fmt: skip
             self._wire[1] += _flower_size(reply)
             rec = reply.content.config_records[RECORD]
-            states = {name: (rec.get(f"shared.{name}") if spec.scope == "shared" else None)
-                      for name, spec in self.parties.items()}  # fmt: skip
+            states = {name: rec.get(f"party.{name}") for name in self.parties}
+            self._wire[2] += sum(len(v) for v in states.values() if v is not None)
             result = _Result(bytes(rec["reply"]), None, None, states, _stats_from(json.loads(rec["stats"])))
             self._keep(cid, result, parallel=True)  # a shared party's state may not change (see module doc)
             results.append(result)
@@ -218,10 +214,13 @@ class FlowerSimulation(Simulation):
         return results
 
     def run_round(self, rnd: int) -> dict[str, Any]:
-        self._wire = [0, 0]
+        self._wire = [0, 0, 0]
         line = super().run_round(rnd)
         wall = line.pop("wall_s")
-        line.update(flower_bytes_down=self._wire[0], flower_bytes_up=self._wire[1], wall_s=wall)
+        line.update(flower_bytes_down=self._wire[0], flower_bytes_up=self._wire[1])
+        if self.parties:
+            line["flower_party_state_bytes"] = self._wire[2]
+        line["wall_s"] = wall
         return line
 
     def run(self, *, start_round: int | None = None) -> RoundRecord:
