@@ -145,3 +145,20 @@ def test_missing_node_for_a_client_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"partition-ids \[2\]"):
         sim.connect(LocalGrid(app, [{"partition-id": 0}, {"partition-id": 1}]))
 
+
+
+def test_cli_quickstart_on_flower_sim_writes_a_complete_run_directory(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedge.cli.main import app
+
+    out = tmp_path / "qs"
+    res = CliRunner().invoke(app, ["run", "quickstart", "--runtime", "flower-sim", "--set", "rounds=3", "--out", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    lines = _lines(out)
+    assert [x["round"] for x in lines] == [1, 2, 3] and all("flower_bytes_down" in x for x in lines)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["runtime"] == "flower-sim" and summary["final_test_accuracy"] == lines[-1]["test_accuracy"]
+    assert (out / "report.md").exists() and (out / "model.safetensors").exists()
+    bad = CliRunner().invoke(app, ["run", "quickstart", "--runtime", "ray", "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "runtime 'ray' is not known" in bad.output and not (tmp_path / "bad").exists()
