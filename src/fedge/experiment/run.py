@@ -209,7 +209,7 @@ def _collapsed_warnings(current_round: Callable[[], int]) -> Iterator[None]:
 
 
 def _drive(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: dict[str, Any] | None,
-           progress: ProgressLike, render: bool, runtime: str = "engine") -> Path:
+           progress: ProgressLike, render: bool, runtime: Any = "engine") -> Path:
     before = torch.get_num_threads()  # a notebook's own setting comes back after the run
     if built.config.threads is not None:
         torch.set_num_threads(built.config.threads)
@@ -224,7 +224,7 @@ def _drive(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: 
 
 
 def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: dict[str, Any] | None,
-                  progress: Progress, render: bool, runtime: str = "engine") -> Path:
+                  progress: Progress, render: bool, runtime: Any = "engine") -> Path:
     cfg = built.config
     limit = _loss_limit(built)
 
@@ -267,7 +267,7 @@ def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], 
             raise DivergenceError(_divergence_message(built, rnd, what, rundir, rnd - 1, hard=True)) from None
     summary = _summary(built, sim, lines)
     if runtime != "engine":
-        summary["runtime"] = runtime
+        summary["runtime"] = runtime if isinstance(runtime, str) else "flower"
     rundir.finish(summary, sim.strategy.eval_model())
     if render:
         try:
@@ -314,19 +314,20 @@ def check_dataset_root(cfg: RunConfig) -> None:
 
 
 def run_experiment(
-    cfg: RunConfig, *, out: str | Path, progress: ProgressLike = None, render: bool = True, runtime: str = "engine"
+    cfg: RunConfig, *, out: str | Path, progress: ProgressLike = None, render: bool = True, runtime: Any = "engine"
 ) -> Path:
     """Build and run ``cfg``, writing the run directory ``out`` (which must not exist or be empty).
 
-    ``runtime``: ``"engine"`` (the built-in engine) or ``"flower-sim"`` (the same rounds through
-    Flower's ServerApp/ClientApp on an in-process grid; needs ``flwr``).
+    ``runtime``: ``"engine"`` (the built-in engine), ``"flower-sim"`` (the same rounds through
+    Flower's ServerApp/ClientApp on an in-process grid; needs ``flwr``), or a Flower ``Grid``
+    (inside a deployed ServerApp: :mod:`fedge.experiment.flower`).
 
     The directory is claimed first (exclusively: a second run aimed at it fails at once);
     nothing else is written until the config, data, model and method are all valid, and on
     invalid input the claim is undone, leaving no directory.
     """
     check_finite(cfg.to_dict())
-    if runtime not in RUNTIMES:
+    if isinstance(runtime, str) and runtime not in RUNTIMES:
         raise ConfigError(f"runtime {runtime!r} is not known; expected one of {list(RUNTIMES)}")
     if runtime == "flower-sim":
         import fedge.runtime.flower  # noqa: F401  (a missing flwr fails here, before the run dir is claimed)
