@@ -142,6 +142,7 @@ def test_missing_node_for_a_client_is_named(tmp_path):
     assert isinstance(sim, FlowerSimulation)
     app = client_app(built.method.program, built.clients.__getitem__, seed=0, measure_flops=False,
                      measure_memory=False, parties={})  # fmt: skip
+    sim.wait_nodes_s = 0
     with pytest.raises(ConfigError, match=r"partition-ids \[2\]"):
         sim.connect(LocalGrid(app, [{"partition-id": 0}, {"partition-id": 1}]))
 
@@ -162,3 +163,44 @@ def test_cli_quickstart_on_flower_sim_writes_a_complete_run_directory(tmp_path):
     assert (out / "report.md").exists() and (out / "model.safetensors").exists()
     bad = CliRunner().invoke(app, ["run", "quickstart", "--runtime", "ray", "--out", str(tmp_path / "bad")])
     assert bad.exit_code == 2 and "runtime 'ray' is not known" in bad.output and not (tmp_path / "bad").exists()
+
+
+def _processes_in(path):
+    """Live processes whose working directory is ``path`` (what loopback started runs there)."""
+    import os
+    from pathlib import Path
+
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if os.readlink(d / "cwd") == str(path) and (d / "status").read_text().find("State:\tZ") < 0:
+                    found.append(int(d.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.slow
+def test_loopback_deployment_superlink_and_3_supernodes_same_accuracies_as_the_engine(tmp_path):
+    """A real Flower deployment: SuperLink and SuperNodes as processes on 127.0.0.1 (about a
+    minute: Flower's deployment runtime polls)."""
+    import socket
+
+    from fedge.experiment.flower import loopback, submit
+
+    cfg = load_config("quickstart", overrides=["rounds=2", "clients.num=3", "clients.per_round=3"])
+    engine = _lines(run_experiment(cfg, out=tmp_path / "engine", render=False))
+    work = tmp_path / "flwr"
+    with loopback(3, workdir=work) as superlink:
+        assert len(_processes_in(work)) >= 4  # SuperLink + 3 SuperNodes
+        out = submit(cfg, out=tmp_path / "deployed", superlink=superlink, insecure=True, workdir=tmp_path / "app",
+                     timeout=400)  # fmt: skip
+    port = int(superlink.rsplit(":", 1)[1])
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0  # nothing listens any more
+    assert _processes_in(work) == []
+    deployed = _lines(out)
+    assert [x["test_accuracy"] for x in deployed] == pytest.approx([x["test_accuracy"] for x in engine], rel=1e-9)
+    _assert_same(engine, deployed)
+    assert json.loads((out / "summary.json").read_text())["runtime"] == "flower"

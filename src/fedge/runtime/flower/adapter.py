@@ -43,6 +43,7 @@ on the built-in engine only.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
@@ -149,12 +150,14 @@ class FlowerSimulation(Simulation):
             in-process grid (:class:`~fedge.runtime.flower.grid.LocalGrid`) with one node per
             client running :func:`client_app`, and runs a :func:`server_app` on it.
         timeout: seconds ``send_and_receive`` waits for replies (None: no limit).
+        wait_nodes_s: on connecting, how long to wait for every client's SuperNode to join.
         **kwargs: as :class:`~fedge.runtime.engine.Simulation`.
     """
 
-    def __init__(self, *, grid: Grid | None = None, timeout: float | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, grid: Grid | None = None, timeout: float | None = None, wait_nodes_s: float = 60.0,
+                 **kwargs: Any) -> None:  # fmt: skip
         super().__init__(**kwargs)
-        self.grid, self.timeout = grid, timeout
+        self.grid, self.timeout, self.wait_nodes_s = grid, timeout, wait_nodes_s
         self.nodes: dict[int, int] = {}  # cid -> node id
         self._wire = [0, 0, 0]  # Flower bytes down, up; party-state bytes carried (both ways) this round
 
@@ -163,6 +166,10 @@ class FlowerSimulation(Simulation):
         """Ask every node of ``grid`` which client it is; every client needs a node."""
         self.grid = grid
         node_ids = list(grid.get_node_ids())
+        deadline = time.monotonic() + self.wait_nodes_s
+        while len(node_ids) < len(self.clients) and time.monotonic() < deadline:  # SuperNodes still joining
+            time.sleep(0.5)
+            node_ids = list(grid.get_node_ids())
         asks = [Message(RecordDict({RECORD: ConfigRecord({})}), dst_node_id=n, message_type="query", group_id="hello")
                 for n in node_ids]  # fmt: skip
         self.nodes = {}
