@@ -14,7 +14,7 @@ from flwr.app import ConfigRecord, Message, RecordDict  # noqa: E402
 
 from fedge.core.config import load_config  # noqa: E402
 from fedge.core.context import ClientData  # noqa: E402
-from fedge.core.errors import ConfigError  # noqa: E402
+from fedge.core.errors import ConfigError, MessageError  # noqa: E402
 from fedge.core.messages import Message as FedgeMessage  # noqa: E402
 from fedge.experiment.run import run_experiment  # noqa: E402
 from fedge.runtime.engine import encode_state  # noqa: E402
@@ -163,6 +163,11 @@ def test_cli_quickstart_on_flower_sim_writes_a_complete_run_directory(tmp_path):
     assert (out / "report.md").exists() and (out / "model.safetensors").exists()
     bad = CliRunner().invoke(app, ["run", "quickstart", "--runtime", "ray", "--out", str(tmp_path / "bad")])
     assert bad.exit_code == 2 and "runtime 'ray' is not known" in bad.output and not (tmp_path / "bad").exists()
+    bad = CliRunner().invoke(app, ["run", "quickstart", "--runtime", "flower", "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "--runtime flower needs --superlink" in bad.output and not (tmp_path / "bad").exists()
+    bad = CliRunner().invoke(app, ["run", "quickstart", "--runtime", "flower", "--superlink", "127.0.0.1:1",
+                                   "--out", str(tmp_path / "bad")])  # fmt: skip
+    assert bad.exit_code == 2 and "--insecure" in bad.output and not (tmp_path / "bad").exists()
 
 
 def _processes_in(path):
@@ -196,6 +201,8 @@ def test_loopback_deployment_superlink_and_3_supernodes_same_accuracies_as_the_e
         assert len(_processes_in(work)) >= 4  # SuperLink + 3 SuperNodes
         out = submit(cfg, out=tmp_path / "deployed", superlink=superlink, insecure=True, workdir=tmp_path / "app",
                      timeout=400)  # fmt: skip
+        with pytest.raises(MessageError, match="did not write"):  # the run directory exists: the ServerApp fails
+            submit(cfg, out=out, superlink=superlink, insecure=True, timeout=400)
     port = int(superlink.rsplit(":", 1)[1])
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0  # nothing listens any more

@@ -94,7 +94,14 @@ def run(
     workers: Annotated[int | None, typer.Option("--workers", help="client worker processes")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
     runtime: Annotated[str, typer.Option(
-        "--runtime", help="engine (built-in) or flower-sim (the same rounds through Flower's ServerApp/ClientApp)")] = "engine",
+        "--runtime", help="engine (built-in), flower-sim (the same rounds through Flower's ServerApp/ClientApp, "
+        "in-process) or flower (a Flower deployment: --superlink)")] = "engine",
+    superlink: Annotated[str | None, typer.Option(
+        "--superlink", help="with --runtime flower: the SuperLink's HOST:PORT")] = None,
+    insecure: Annotated[bool, typer.Option(
+        "--insecure", help="with --runtime flower: no TLS (loopback tests only)")] = False,
+    root_certificates: Annotated[Path | None, typer.Option(
+        "--root-certificates", help="with --runtime flower: the CA certificate the SuperLink's TLS certificate is signed with")] = None,
 ) -> None:
     """Train a federation and write its run directory."""
     from fedge.core.config import load_config
@@ -137,8 +144,18 @@ def run(
                     fail("give a preset or YAML file (e.g. fedge run quickstart), or --resume RUN_DIR")
                 cfg = load_config(config, overrides=overrides)
                 target = out_dir or _default_out(config)
-                with _Bar(not quiet) as bar:
-                    path = run_experiment(cfg, out=target, progress=bar, runtime=runtime)
+                if runtime == "flower":
+                    from fedge.experiment.flower import submit
+
+                    if superlink is None:
+                        fail("--runtime flower needs --superlink HOST:PORT (and --root-certificates FILE, or --insecure)")
+                    path = submit(cfg, out=target, superlink=superlink, insecure=insecure,
+                                  root_certificates=root_certificates)  # fmt: skip
+                else:
+                    if superlink is not None:
+                        fail(f"--superlink goes with --runtime flower (got --runtime {runtime})")
+                    with _Bar(not quiet) as bar:
+                        path = run_experiment(cfg, out=target, progress=bar, runtime=runtime)
     except MessageError as exc:
         fail(exc, code=1)
     except FedgeError as exc:

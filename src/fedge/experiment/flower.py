@@ -163,7 +163,11 @@ def submit(cfg: RunConfig, *, out: str | Path, superlink: str, insecure: bool = 
     if not insecure and root_certificates is None:
         raise ConfigError(f"Flower SuperLink {superlink!r}: give the CA certificate (root_certificates / "
                           "--root-certificates FILE), or insecure=True (--insecure) for a loopback test")  # fmt: skip
-    work = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="fedge-flwr-"))
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="fedge-flwr-") as tmp:
+            return submit(cfg, out=out, superlink=superlink, insecure=insecure, root_certificates=root_certificates,
+                          workdir=tmp, timeout=timeout)  # fmt: skip
+    work = Path(workdir)
     app = write_app(work / "app")
     home = work / "flwr-home"
     home.mkdir(parents=True, exist_ok=True)
