@@ -156,7 +156,8 @@ def submit(cfg: RunConfig, *, out: str | Path, superlink: str, insecure: bool = 
     with ``flwr run`` and the generated app; the ServerApp writes the run directory ``out``
     (an absolute path on the SuperLink's machine). TLS: ``root_certificates`` (the CA
     certificate the SuperLink's certificate is signed with), or ``insecure=True`` (loopback tests).
-    Returns ``out`` once ``summary.json`` is written."""
+    Returns ``out`` once this run has written ``summary.json``; MessageError (with the end of
+    the run's log) otherwise."""
     import tomli_w
 
     out = Path(out).resolve()
@@ -179,11 +180,13 @@ def submit(cfg: RunConfig, *, out: str | Path, superlink: str, insecure: bool = 
     run_config.write_text(tomli_w.dumps({"fedge-config": json.dumps(cfg.to_dict()), "out": str(out)}))
     env = {**_env(), "FLWR_HOME": str(home)}
     cmd = [_flower_bin("flwr"), "run", str(app), "fedge", "--stream", "--run-config", str(run_config)]
+    summary = out / "summary.json"
+    before = summary.stat().st_mtime_ns if summary.exists() else None
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         raise MessageError(f"flwr run did not finish within {timeout} s (SuperLink {superlink})") from None
-    if done.returncode != 0 or not (out / "summary.json").exists():
+    if done.returncode != 0 or not summary.exists() or summary.stat().st_mtime_ns == before:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
         raise MessageError(f"the Flower run on {superlink} did not write {out / 'summary.json'} "
                            f"(flwr run exit {done.returncode}):\n{tail}")  # fmt: skip
