@@ -85,7 +85,7 @@ def markdown(results: list[dict], command: str) -> str:
         "fedge's byte counts are identical on both runtimes; Flower's message bytes add its metadata",
         "(ids, run, node, type, TTL) and record framing to fedge's bytes; a reply also carries the client's",
         "meter readings (FLOPs, time, memory; JSON, about 200 bytes). Not measured here: Flower's Ray",
-        "simulation backend (Ray is not installed) and a loopback deployment (not built yet).",
+        "simulation backend (Ray is not installed); a loopback deployment: below.",
         "",
         f"Command: `{command}`",
         "",
