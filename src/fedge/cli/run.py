@@ -94,6 +94,15 @@ def run(
         "--measure-memory", metavar="", help="a flag (no value): measure client peak memory, as --set measure.memory=true")] = False,
     workers: Annotated[int | None, typer.Option("--workers", help="client worker processes")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="no progress bar")] = False,
+    runtime: Annotated[str, typer.Option(
+        "--runtime", help="engine (built-in), flower-sim (the same rounds through Flower's ServerApp/ClientApp, "
+        "in-process) or flower (a Flower deployment: --superlink)")] = "engine",
+    superlink: Annotated[str | None, typer.Option(
+        "--superlink", help="with --runtime flower: the SuperLink's HOST:PORT")] = None,
+    insecure: Annotated[bool, typer.Option(
+        "--insecure", metavar="", help="with --runtime flower: no TLS (loopback tests only)")] = False,
+    root_certificates: Annotated[Path | None, typer.Option(
+        "--root-certificates", help="with --runtime flower: the CA certificate the SuperLink's TLS certificate is signed with")] = None,
 ) -> None:
     """Train a federation and write its run directory."""
     from fedge.core.config import load_config
@@ -125,6 +134,8 @@ def run(
                     if not value.isdigit():
                         fail(f"--set {extend[0]}: rounds must be a whole number of rounds")
                     rounds = int(value)
+                if runtime != "engine":
+                    fail(f"--runtime {runtime} with --resume: resuming runs on the built-in engine only; drop --runtime")
                 target = resume
                 with _Bar(not quiet) as bar:
                     path = resume_experiment(resume, rounds=rounds, progress=bar, render=render_report,
@@ -134,8 +145,18 @@ def run(
                     fail("give a preset or YAML file (e.g. fedge run quickstart), or --resume RUN_DIR")
                 cfg = load_config(config, overrides=overrides)
                 target = out_dir or _default_out(config)
-                with _Bar(not quiet) as bar:
-                    path = run_experiment(cfg, out=target, progress=bar, render=render_report)
+                if runtime == "flower":
+                    from fedge.experiment.flower import submit
+
+                    if superlink is None:
+                        fail("--runtime flower needs --superlink HOST:PORT (and --root-certificates FILE, or --insecure)")
+                    path = submit(cfg, out=target, superlink=superlink, insecure=insecure,
+                                  root_certificates=root_certificates)  # fmt: skip
+                else:
+                    if superlink is not None:
+                        fail(f"--superlink goes with --runtime flower (got --runtime {runtime})")
+                    with _Bar(not quiet) as bar:
+                        path = run_experiment(cfg, out=target, progress=bar, render=render_report, runtime=runtime)
     except MessageError as exc:
         fail(exc, code=1)
     except FedgeError as exc:

@@ -54,6 +54,9 @@ def model_factory(cfg: RunConfig, dataset: Dataset) -> Callable[[], torch.nn.Mod
     return make
 
 
+RUNTIMES = ("engine", "flower-sim")
+
+
 @dataclass
 class BuiltRun:
     config: RunConfig
@@ -79,8 +82,23 @@ class BuiltRun:
             measure_memory=c.measure.memory,
         )
 
-    def simulation(self, on_round: Any = None) -> Simulation:
-        return Simulation(
+    def simulation(self, on_round: Any = None, runtime: Any = "engine") -> Simulation:
+        """The engine for this run: the built-in one (``runtime="engine"``), or the same rounds
+        with client steps sent through Flower (``"flower-sim"``: an in-process Flower grid;
+        a Flower ``Grid`` object: that grid, inside a deployed ServerApp;
+        :mod:`fedge.runtime.flower`)."""
+        cls: Any = Simulation
+        extra: dict[str, Any] = {}
+        if runtime == "flower-sim" or not isinstance(runtime, str):
+            from fedge.runtime.flower import FlowerSimulation
+
+            cls = FlowerSimulation
+            if not isinstance(runtime, str):
+                extra["grid"] = runtime
+        elif runtime != "engine":
+            raise ConfigError(f"runtime {runtime!r} is not known; expected one of {list(RUNTIMES)}")
+        return cls(
+            **extra,
             strategy=self.method.strategy,
             program=self.method.program,
             clients=self.clients,

@@ -32,7 +32,7 @@ from fedge.core.config import RunConfig, check_finite, load_config
 from fedge.core.errors import ConfigError, DataNotFoundError, FedgeError, MessageError, ResumeError
 from fedge.core.messages import Message
 from fedge.data import get_dataset_spec
-from fedge.experiment.build import BuiltRun, build_run, method_config, privacy_config, with_dataset_options
+from fedge.experiment.build import RUNTIMES, BuiltRun, build_run, method_config, privacy_config, with_dataset_options
 from fedge.experiment.rundir import RunDir, config_diff
 from fedge.methods.base import model_arrays
 from fedge.privacy.secagg.errors import FixedPointRangeError
@@ -216,12 +216,12 @@ def _collapsed_warnings(current_round: Callable[[], int]) -> Iterator[None]:
 
 
 def _drive(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: dict[str, Any] | None,
-           progress: ProgressLike, render: Renderer) -> Path:
+           progress: ProgressLike, render: Renderer, runtime: Any = "engine") -> Path:
     before = torch.get_num_threads()  # a notebook's own setting comes back after the run
     if built.config.threads is not None:
         torch.set_num_threads(built.config.threads)
     try:
-        return _drive_rounds(built, rundir, lines, state, _as_progress(progress), render)
+        return _drive_rounds(built, rundir, lines, state, _as_progress(progress), render, runtime)
     except BaseException:
         for tmp in rundir.temp_files():  # half-written checkpoint/model/metrics from this process
             tmp.unlink(missing_ok=True)
@@ -231,7 +231,7 @@ def _drive(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: 
 
 
 def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: dict[str, Any] | None,
-                  progress: Progress, render: Renderer) -> Path:
+                  progress: Progress, render: Renderer, runtime: Any = "engine") -> Path:
     cfg = built.config
     limit = _loss_limit(built)
 
@@ -255,7 +255,7 @@ def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], 
                           DivergenceWarning, stacklevel=2)  # fmt: skip
         writing.clear()
 
-    sim = built.simulation(on_round)
+    sim = built.simulation(on_round, runtime=runtime)
     sim.on_progress = progress.clients
     if state is not None:
         sim.load_state_dict(state)
@@ -272,7 +272,10 @@ def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], 
             rnd = sim.record.round + 1
             what = f"{what} ({who})" if who else what
             raise DivergenceError(_divergence_message(built, rnd, what, rundir, rnd - 1, hard=True)) from None
-    rundir.finish(_summary(built, sim, lines), sim.strategy.eval_model())
+    summary = _summary(built, sim, lines)
+    if runtime != "engine":
+        summary["runtime"] = runtime if isinstance(runtime, str) else "flower"
+    rundir.finish(summary, sim.strategy.eval_model())
     if callable(render):  # the caller's renderer (the report layer sits above this one)
         try:
             render(rundir.path)
@@ -316,15 +319,23 @@ def check_dataset_root(cfg: RunConfig) -> None:
 
 
 def run_experiment(
-    cfg: RunConfig, *, out: str | Path, progress: ProgressLike = None, render: Renderer = None
+    cfg: RunConfig, *, out: str | Path, progress: ProgressLike = None, render: Renderer = None, runtime: Any = "engine"
 ) -> Path:
     """Build and run ``cfg``, writing the run directory ``out`` (which must not exist or be empty).
+
+    ``runtime``: ``"engine"`` (the built-in engine), ``"flower-sim"`` (the same rounds through
+    Flower's ServerApp/ClientApp on an in-process grid; needs ``flwr``), or a Flower ``Grid``
+    (inside a deployed ServerApp: :mod:`fedge.experiment.flower`).
 
     The directory is claimed first (exclusively: a second run aimed at it fails at once);
     nothing else is written until the config, data, model and method are all valid, and on
     invalid input the claim is undone, leaving no directory.
     """
     check_finite(cfg.to_dict())
+    if isinstance(runtime, str) and runtime not in RUNTIMES:
+        raise ConfigError(f"runtime {runtime!r} is not known; expected one of {list(RUNTIMES)}")
+    if runtime == "flower-sim":
+        import fedge.runtime.flower  # noqa: F401  (a missing flwr fails here, before the run dir is claimed)
     rundir = RunDir(out)
     rundir.claim()
     try:
@@ -335,7 +346,7 @@ def run_experiment(
         raise
     source = built.dataset.source if Path(built.dataset.source).is_dir() else None
     rundir.create(resolved_config(built), built.partition_summary, data_source=source)
-    return _drive(built, rundir, [], None, progress, render)
+    return _drive(built, rundir, [], None, progress, render, runtime)
 
 
 def _changed_keys(changes: dict[str, tuple[Any, Any]]) -> str:

@@ -1,0 +1,272 @@
+"""fedge on Flower: a ServerApp that drives any fedge Strategy through Flower's Grid, and a
+ClientApp that runs any fedge ClientProgram.
+
+Server side. :class:`FlowerSimulation` is the engine's :class:`~fedge.runtime.engine.Simulation`
+with one thing replaced: how a batch of client steps runs (``_run_clients``). Sampling, the
+strategy's round generator (every ``Exchange`` of a multi-exchange round such as secure
+aggregation's four), server-side party calls, evaluation, and the metrics line are the
+engine's own code, so the numbers are the same by construction. Each client step is one
+Flower ``Message`` (type ``train``) to the client's node, sent with ``grid.send_and_receive``.
+
+Client side. :func:`client_app` runs the step with the engine's
+:func:`~fedge.runtime.engine.execute_client` on the node: the client id is the node's
+``node_config["partition-id"]``; its persistent state (``ctx.state``) and its round scratch
+state (``ctx.round_state``, valid for the round it was written in) live in Flower's
+``Context.state`` on that node, never on the server.
+
+What travels. fedge's own serialized messages travel as ``bytes`` inside a Flower
+``ConfigRecord`` named ``fedge``, so ``bytes_down``/``bytes_up`` count exactly what the built-in
+engine counts; Flower's own encoded message sizes (protobuf, metadata included) are logged
+next to them as ``flower_bytes_down``/``flower_bytes_up``.
+
+Side parties. All run co-located with the ClientApp (in its process, on the client's node),
+metered on their own account as in the engine (``flops.edge``, ``bytes.client->edge``, ...).
+Their state is the server's: the strategy may call a party itself (``PartyCall``, e.g. EPPFL's
+S_a sending M_s to each edge server), which runs next to the ServerApp, so a party's state
+travels down with each client message (``party.NAME`` in the ``fedge`` record) and back with the
+reply, and is kept (and checkpointed) by the server as in the engine. That traffic is in
+``flower_bytes_*`` (and alone in ``flower_party_state_bytes``), not in ``bytes_*`` (the engine
+does not count party state as traffic either).
+- per-client parties (``scope="client"``: EPPFL's edge server, PPFL's enclave): one state per
+  client, as in the engine.
+- shared parties (``scope="shared"``: a third-party randomness server): clients run
+  concurrently on Flower, so, as with the engine's worker processes, a shared party may not
+  change its state during a client step (ConfigError otherwise).
+Running a party as its own Flower node would need node-to-node messages, which Flower's
+Message API routes only through the ServerApp; not built.
+
+Not carried over: node-held client state is not in the server's checkpoint, so resuming a
+stateful method's run would restart its clients' state; ``fedge run --resume`` therefore runs
+on the built-in engine only.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.common.serde import message_to_proto
+from flwr.serverapp import Grid, ServerApp
+
+from fedge.core.context import ClientData, PartySpec
+from fedge.core.errors import ConfigError, MessageError
+from fedge.core.meter import StepStats
+from fedge.core.protocols import ClientProgram
+from fedge.runtime.engine import RoundRecord, Simulation, _Result, _Task, execute_client
+from fedge.runtime.flower.grid import LocalGrid
+
+__all__ = ["FlowerSimulation", "client_app", "server_app"]
+
+RECORD = "fedge"  # the ConfigRecord carrying fedge's bytes, in messages and in Context.state
+
+
+
+def _int(rec: Any, key: str) -> int:
+    """A Flower ConfigRecord value that must be an int."""
+    v = rec[key]
+    if not isinstance(v, int):
+        raise MessageError(f"Flower record key {key!r} is {type(v).__name__}; expected int")
+    return v
+
+
+def _bytes(v: Any, key: str) -> bytes:
+    if not isinstance(v, bytes):
+        raise MessageError(f"Flower record key {key!r} is {type(v).__name__}; expected bytes")
+    return v
+
+
+def _opt_bytes(v: Any, key: str) -> bytes | None:
+    return None if v is None else _bytes(v, key)
+
+def _stats_to_bytes(s: StepStats) -> bytes:
+    return json.dumps(asdict(s)).encode()
+
+
+def _stats_from(d: dict[str, Any]) -> StepStats:
+    parties = {k: _stats_from(v) for k, v in d.pop("parties", {}).items()}
+    return StepStats(**d, parties=parties)
+
+
+def _node_cid(context: Context) -> int:
+    try:
+        return int(context.node_config["partition-id"])
+    except (KeyError, ValueError, TypeError):
+        raise ConfigError(
+            f"node {context.node_id} has node_config {dict(context.node_config)!r}; a fedge SuperNode needs "
+            "an integer 'partition-id' (start it with --node-config \"partition-id=I num-partitions=N\")"
+        ) from None
+
+
+def client_app(
+    program: ClientProgram,
+    data_of: Callable[[int], ClientData],
+    *,
+    seed: int,
+    measure_flops: bool,
+    measure_memory: bool,
+    parties: Mapping[str, PartySpec],
+) -> ClientApp:
+    """A Flower ClientApp running ``program`` for the client ``node_config["partition-id"]``
+    with its data ``data_of(cid)`` (arguments as :func:`~fedge.runtime.engine.execute_client`)."""
+    app = ClientApp()
+    parties = dict(parties)
+
+    @app.query()
+    def hello(msg: Message, context: Context) -> Message:
+        """The handshake: which fedge client this node is."""
+        return Message(RecordDict({RECORD: ConfigRecord({"cid": _node_cid(context)})}), reply_to=msg)
+
+    @app.train()
+    def step(msg: Message, context: Context) -> Message:
+        cid = _node_cid(context)
+        rec = msg.content.config_records[RECORD]
+        if _int(rec, "cid") != cid:
+            raise MessageError(f"node {context.node_id} is client {cid} but got client {rec['cid']!r}'s message")
+        rnd, phase = _int(rec, "rnd"), _int(rec, "phase")
+        node = context.state.config_records.get(RECORD) or ConfigRecord()
+        round_state = _opt_bytes(node.get("round_state"), "round_state") if node.get("round_state_rnd") == rnd else None
+        party_states = {name: _opt_bytes(rec.get(f"party.{name}"), f"party.{name}") for name in parties}
+        task = _Task(cid, rnd, phase, _bytes(rec["message"], "message"), _opt_bytes(node.get("state"), "state"),
+                     round_state, party_states)  # fmt: skip
+        result = execute_client(program, data_of(cid), task, seed=seed, measure_flops=measure_flops,
+                                measure_memory=measure_memory, parties=parties)  # fmt: skip
+        kept: dict[str, Any] = {}
+        if result.state is not None:
+            kept["state"] = result.state
+        if result.round_state is not None:
+            kept.update(round_state=result.round_state, round_state_rnd=rnd)
+        out: dict[str, Any] = {"reply": result.reply, "stats": _stats_to_bytes(result.stats)}
+        out.update({f"party.{name}": v for name, v in result.party_states.items() if v is not None})
+        context.state[RECORD] = ConfigRecord(kept)
+        return Message(RecordDict({RECORD: ConfigRecord(out)}), reply_to=msg)
+
+    return app
+
+
+def server_app(main: Callable[[Grid, Context], None]) -> ServerApp:
+    """A Flower ServerApp whose main is ``main(grid, context)``, e.g. one that builds a
+    :class:`FlowerSimulation` on ``grid`` and runs it."""
+    app = ServerApp()
+    app.main()(main)
+    return app
+
+
+def _flower_size(msg: Message) -> int:
+    return message_to_proto(msg).ByteSize()
+
+
+class FlowerSimulation(Simulation):
+    """The engine, with client steps sent as Flower messages through ``grid``.
+
+    Args:
+        grid: the Flower Grid (inside a ServerApp's main). None: :meth:`run` starts an
+            in-process grid (:class:`~fedge.runtime.flower.grid.LocalGrid`) with one node per
+            client running :func:`client_app`, and runs a :func:`server_app` on it.
+        timeout: seconds ``send_and_receive`` waits for replies (None: no limit).
+        wait_nodes_s: on connecting, how long to wait for every client's SuperNode to join.
+        **kwargs: as :class:`~fedge.runtime.engine.Simulation`.
+    """
+
+    def __init__(self, *, grid: Grid | None = None, timeout: float | None = None, wait_nodes_s: float = 60.0,
+                 **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(**kwargs)
+        self.grid, self.timeout, self.wait_nodes_s = grid, timeout, wait_nodes_s
+        self.nodes: dict[int, int] = {}  # cid -> node id
+        self._wire = [0, 0, 0]  # Flower bytes down, up; party-state bytes carried (both ways) this round
+
+    # -- connecting ------------------------------------------------------------------
+    def connect(self, grid: Grid) -> None:
+        """Ask every node of ``grid`` which client it is; every client needs a node."""
+        self.grid = grid
+        node_ids = list(grid.get_node_ids())
+        deadline = time.monotonic() + self.wait_nodes_s
+        while len(node_ids) < len(self.clients) and time.monotonic() < deadline:  # SuperNodes still joining
+            time.sleep(0.5)
+            node_ids = list(grid.get_node_ids())
+        asks = [Message(RecordDict({RECORD: ConfigRecord({})}), dst_node_id=n, message_type="query", group_id="hello")
+                for n in node_ids]  # fmt: skip
+        self.nodes = {}
+        for reply in grid.send_and_receive(asks, timeout=self.timeout):
+            if reply.has_error():
+                raise MessageError(f"node {reply.metadata.src_node_id} failed the handshake: {reply.error.reason}")
+            cid = _int(reply.content.config_records[RECORD], "cid")
+            if cid in self.nodes:
+                raise ConfigError(f"nodes {self.nodes[cid]} and {reply.metadata.src_node_id} both say partition-id={cid}; "
+                                  "give each SuperNode its own partition-id")  # fmt: skip
+            self.nodes[cid] = reply.metadata.src_node_id
+        missing = sorted(set(range(len(self.clients))) - set(self.nodes))
+        if missing:
+            raise ConfigError(f"{len(missing)} of {len(self.clients)} clients have no Flower node (partition-ids "
+                              f"{missing[:10]}); start one SuperNode per partition-id 0..{len(self.clients) - 1}")  # fmt: skip
+
+    # -- the one engine step replaced ------------------------------------------------------
+    def _run_clients(self, rnd: int, phase: int, messages: list[tuple[int, bytes]]) -> list[_Result]:
+        if self.grid is None:
+            raise RuntimeError("FlowerSimulation is not connected to a grid; call run() or connect(grid)")
+        out = []
+        for cid, b in messages:
+            content: dict[str, Any] = {"cid": cid, "rnd": rnd, "phase": phase, "message": b}
+            carried = {f"party.{k}": v for k, v in self._party_states_for(cid).items() if v is not None}
+            self._wire[2] += sum(len(v) for v in carried.values())
+            content.update(carried)
+            m = Message(RecordDict({RECORD: ConfigRecord(content)}), dst_node_id=self.nodes[cid], message_type="train",
+                        group_id=f"{rnd}.{phase}")  # fmt: skip
+            self._wire[0] += _flower_size(m)
+            out.append(m)
+        by_node = {r.metadata.src_node_id: r for r in self.grid.send_and_receive(out, timeout=self.timeout)}
+        results = []
+        for i, (cid, _) in enumerate(messages):
+            reply = by_node.get(self.nodes[cid])
+            if reply is None:
+                raise MessageError(f"round {rnd}, exchange {phase + 1}: no reply from client {cid} (node {self.nodes[cid]})")
+            if reply.has_error():
+                raise MessageError(f"round {rnd}, exchange {phase + 1}: client {cid} (node {self.nodes[cid]}) failed: "
+                                   f"{reply.error.reason}")  # fmt: skip
+            self._wire[1] += _flower_size(reply)
+            rec = reply.content.config_records[RECORD]
+            states = {name: _opt_bytes(rec.get(f"party.{name}"), f"party.{name}") for name in self.parties}
+            self._wire[2] += sum(len(v) for v in states.values() if v is not None)
+            result = _Result(_bytes(rec["reply"], "reply"), None, None, states,
+                             _stats_from(json.loads(_bytes(rec["stats"], "stats"))))  # fmt: skip
+            self._keep(cid, result, parallel=True)  # a shared party's state may not change (see module doc)
+            results.append(result)
+            if self.on_progress is not None:
+                self.on_progress(rnd, phase, i + 1, len(messages))
+        return results
+
+    def run_round(self, rnd: int) -> dict[str, Any]:
+        self._wire = [0, 0, 0]
+        line = super().run_round(rnd)
+        wall = line.pop("wall_s")
+        line.update(flower_bytes_down=self._wire[0], flower_bytes_up=self._wire[1])
+        if self.parties:
+            line["flower_party_state_bytes"] = self._wire[2]
+        line["wall_s"] = wall
+        return line
+
+    def run(self, *, start_round: int | None = None) -> RoundRecord:
+        if self.grid is not None:
+            if not self.nodes:
+                self.connect(self.grid)
+            return super().run(start_round=start_round)
+        app = client_app(self.program, self.clients.__getitem__, **self._kwargs())
+        n = len(self.clients)
+        grid = LocalGrid(app, [{"partition-id": i, "num-partitions": n} for i in range(n)])
+        done: list[RoundRecord] = []
+
+        def main(g: Grid, context: Context) -> None:
+            self.connect(g)
+            try:
+                done.append(super(FlowerSimulation, self).run(start_round=start_round))
+            finally:
+                self.grid = None
+
+        server_app(main)(grid, Context(run_id=grid.run.run_id, node_id=SUPERLINK_NODE_ID, node_config={},
+                                       state=RecordDict(), run_config={}))  # fmt: skip
+        return done[0]

@@ -1,0 +1,213 @@
+"""fedge on Flower (fedge.runtime.flower): the same config and seed give the same metrics on the
+built-in engine and through Flower's ServerApp/ClientApp (in-process grid)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("flwr", reason="flwr is not installed (pip install 'fedge[flower]'); the Flower runtime is optional")
+
+import torch  # noqa: E402
+from flwr.app import ConfigRecord, Message, RecordDict  # noqa: E402
+
+from fedge.core.config import load_config  # noqa: E402
+from fedge.core.context import ClientData  # noqa: E402
+from fedge.core.errors import ConfigError, MessageError  # noqa: E402
+from fedge.core.messages import Message as FedgeMessage  # noqa: E402
+from fedge.experiment.run import run_experiment  # noqa: E402
+from fedge.runtime.engine import encode_state  # noqa: E402
+from fedge.runtime.flower import LocalGrid, client_app  # noqa: E402
+from fedge.runtime.flower.adapter import RECORD  # noqa: E402
+from tests.conftest import tiny_config  # noqa: E402
+
+SAME = ("test_accuracy", "test_loss", "bytes_down", "bytes_up", "client_flops", "cum_bytes_down", "cum_bytes_up",
+        "cum_client_flops", "phases", "train_loss")  # fmt: skip
+
+
+def _lines(path):
+    return [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def _both(tmp_path, cfg):
+    a = run_experiment(load_config(cfg), out=tmp_path / "engine", render=False)
+    b = run_experiment(load_config(cfg), out=tmp_path / "flower", render=False, runtime="flower-sim")
+    return _lines(a), _lines(b), b
+
+
+def _assert_same(engine, flower):
+    assert len(engine) == len(flower)
+    for e, f in zip(engine, flower, strict=True):
+        for key in SAME:
+            assert (key in f) == (key in e), key
+            if key in e:
+                assert f[key] == pytest.approx(e[key], rel=1e-9, abs=0), (e["round"], key)
+        for key in e:  # side parties' costs and bytes (flops.edge, bytes.client->edge, ...)
+            if key.startswith(("bytes.", "flops.", "side_bytes")):
+                assert f[key] == e[key], key
+        # Flower's own message sizes: fedge's bytes plus Flower's metadata and record framing
+        framing = 2000 * f["clients"] * f.get("phases", 1)
+        party = f.get("flower_party_state_bytes", 0)  # side parties' states travel with the messages
+        assert f["bytes_down"] < f["flower_bytes_down"]
+        assert f["bytes_up"] < f["flower_bytes_up"]
+        assert f["flower_bytes_down"] + f["flower_bytes_up"] < f["bytes_down"] + f["bytes_up"] + party + 2 * framing
+
+
+def test_fedavg_on_digits_same_metrics_as_the_engine(tmp_path):
+    cfg = tiny_config(rounds=2, **{"dataset": {"name": "digits"}, "clients.num": 4, "clients.per_round": 3})
+    engine, flower, run = _both(tmp_path, cfg)
+    _assert_same(engine, flower)
+    assert engine[-1]["test_accuracy"] > 0.3  # it trained
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["runtime"] == "flower-sim" and (run / "metrics.jsonl").exists()
+
+
+def test_batch_baffle_with_secure_aggregation_same_metrics_as_the_engine(tmp_path):
+    method = {"name": "baffle", "mode": "batch", "k": 4, "batch_size": 32, "clip": None, "ema": None,
+              "secure_aggregation": True}  # fmt: skip
+    cfg = tiny_config(rounds=2, method=method, **{"dataset": {"name": "digits"}, "clients.num": 3, "clients.per_round": 3})
+    engine, flower, _ = _both(tmp_path, cfg)
+    assert engine[0].get("phases", 1) > 1  # secure aggregation's exchanges ran
+    _assert_same(engine, flower)
+
+
+def test_eppfl_side_parties_co_located_same_metrics_as_the_engine(tmp_path):
+    cfg = tiny_config(**{
+        "rounds": 2, "clients.num": 3, "clients.per_round": 2, "dataset.limit_train": 96,
+        "dataset.limit_test": 50, "model": {"name": "vgg9", "dropout": False},
+        "method": {"name": "eppfl", "local_epochs": 1, "batch_size": 16},
+    })  # fmt: skip
+    engine, flower, _ = _both(tmp_path, cfg)
+    assert any(k.startswith("bytes.client->edge") for k in engine[0])
+    _assert_same(engine, flower)
+
+
+# ---- the ClientApp and the grid on their own ------------------------------------------------
+
+
+class _Counter:
+    """Counts its calls in ctx.state (persistent) and ctx.round_state (one round)."""
+
+    def run(self, msg, ctx):
+        ctx.state["calls"] = ctx.state.get("calls", 0) + 1
+        ctx.round_state["in_round"] = ctx.round_state.get("in_round", 0) + 1
+        return FedgeMessage({}, {"cid": ctx.cid, "calls": ctx.state["calls"], "in_round": ctx.round_state["in_round"]})
+
+
+def _train(cid, rnd, phase):
+    body = {"cid": cid, "rnd": rnd, "phase": phase, "message": FedgeMessage({}, {}).to_bytes()}
+    return Message(RecordDict({RECORD: ConfigRecord(body)}), dst_node_id=1000 + cid, message_type="train", group_id="g")
+
+
+def _reply(m):
+    assert not m.has_error(), m.error.reason
+    return FedgeMessage.from_bytes(bytes(m.content.config_records[RECORD]["reply"])).config
+
+
+def test_client_state_lives_in_the_nodes_context_state():
+    data = ClientData(torch.zeros(4, 2), torch.zeros(4, dtype=torch.int64), torch.arange(4))
+    app = client_app(_Counter(), lambda cid: data, seed=0, measure_flops=False, measure_memory=False, parties={})
+    grid = LocalGrid(app, [{"partition-id": i} for i in range(2)])
+    seen = [_reply(m) for m in grid.send_and_receive([_train(1, 1, 0), _train(0, 1, 0)])]
+    assert [(r["cid"], r["calls"], r["in_round"]) for r in seen] == [(1, 1, 1), (0, 1, 1)]
+    (again,) = grid.send_and_receive([_train(1, 1, 1)])  # the same round's next exchange
+    assert (_reply(again)["calls"], _reply(again)["in_round"]) == (2, 2)
+    (later,) = grid.send_and_receive([_train(1, 2, 0)])  # a new round: round state starts empty
+    assert (_reply(later)["calls"], _reply(later)["in_round"]) == (3, 1)
+    node = grid.contexts[1001].state.config_records[RECORD]
+    assert bytes(node["state"]) == encode_state({"calls": 3})
+    assert bytes(grid.contexts[1000].state.config_records[RECORD]["state"]) == encode_state({"calls": 1})
+
+
+def test_a_node_without_partition_id_replies_with_an_error_naming_it():
+    app = client_app(_Counter(), lambda cid: None, seed=0, measure_flops=False, measure_memory=False, parties={})
+    grid = LocalGrid(app, [{"something": 3}])
+    (reply,) = grid.send_and_receive([_train(0, 1, 0)])
+    assert reply.has_error() and "partition-id" in reply.error.reason
+
+
+def test_unknown_runtime_is_a_config_error_and_claims_no_directory(tmp_path):
+    with pytest.raises(ConfigError, match="runtime 'ray'"):
+        run_experiment(load_config(tiny_config(rounds=1)), out=tmp_path / "r", runtime="ray")
+    assert not (tmp_path / "r").exists()
+
+
+def test_missing_node_for_a_client_is_named(tmp_path):
+    from fedge.experiment.build import build_run
+    from fedge.runtime.flower import FlowerSimulation
+
+    built = build_run(load_config(tiny_config(rounds=1, **{"clients.num": 3, "clients.per_round": 3})))
+    sim = built.simulation(runtime="flower-sim")
+    assert isinstance(sim, FlowerSimulation)
+    app = client_app(built.method.program, built.clients.__getitem__, seed=0, measure_flops=False,
+                     measure_memory=False, parties={})  # fmt: skip
+    sim.wait_nodes_s = 0
+    with pytest.raises(ConfigError, match=r"partition-ids \[2\]"):
+        sim.connect(LocalGrid(app, [{"partition-id": 0}, {"partition-id": 1}]))
+
+
+
+def test_cli_quickstart_on_flower_sim_writes_a_complete_run_directory(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedge.cli.main import app
+
+    out = tmp_path / "qs"
+    res = CliRunner().invoke(app, ["run", "quickstart", "--runtime", "flower-sim", "--set", "rounds=3", "--out", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    lines = _lines(out)
+    assert [x["round"] for x in lines] == [1, 2, 3] and all("flower_bytes_down" in x for x in lines)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["runtime"] == "flower-sim" and summary["final_test_accuracy"] == lines[-1]["test_accuracy"]
+    assert (out / "report.md").exists() and (out / "model.safetensors").exists()
+    bad = CliRunner().invoke(app, ["run", "quickstart", "--runtime", "ray", "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "runtime 'ray' is not known" in bad.output and not (tmp_path / "bad").exists()
+    bad = CliRunner().invoke(app, ["run", "quickstart", "--runtime", "flower", "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "--runtime flower needs --superlink" in bad.output and not (tmp_path / "bad").exists()
+    bad = CliRunner().invoke(app, ["run", "quickstart", "--runtime", "flower", "--superlink", "127.0.0.1:1",
+                                   "--out", str(tmp_path / "bad")])  # fmt: skip
+    assert bad.exit_code == 2 and "--insecure" in bad.output and not (tmp_path / "bad").exists()
+
+
+def _processes_in(path):
+    """Live processes whose working directory is ``path`` (what loopback started runs there)."""
+    import os
+    from pathlib import Path
+
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if os.readlink(d / "cwd") == str(path) and (d / "status").read_text().find("State:\tZ") < 0:
+                    found.append(int(d.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.slow
+def test_loopback_deployment_superlink_and_3_supernodes_same_accuracies_as_the_engine(tmp_path):
+    """A real Flower deployment: SuperLink and SuperNodes as processes on 127.0.0.1 (about a
+    minute: Flower's deployment runtime polls)."""
+    import socket
+
+    from fedge.experiment.flower import loopback, submit
+
+    cfg = load_config("quickstart", overrides=["rounds=2", "clients.num=3", "clients.per_round=3"])
+    engine = _lines(run_experiment(cfg, out=tmp_path / "engine", render=False))
+    work = tmp_path / "flwr"
+    with loopback(3, workdir=work) as superlink:
+        assert len(_processes_in(work)) >= 4  # SuperLink + 3 SuperNodes
+        out = submit(cfg, out=tmp_path / "deployed", superlink=superlink, insecure=True, workdir=tmp_path / "app",
+                     timeout=400)  # fmt: skip
+        with pytest.raises(MessageError, match="did not write"):  # the run directory exists: the ServerApp fails
+            submit(cfg, out=out, superlink=superlink, insecure=True, timeout=400)
+    port = int(superlink.rsplit(":", 1)[1])
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0  # nothing listens any more
+    assert _processes_in(work) == []
+    deployed = _lines(out)
+    assert [x["test_accuracy"] for x in deployed] == pytest.approx([x["test_accuracy"] for x in engine], rel=1e-9)
+    _assert_same(engine, deployed)
+    assert json.loads((out / "summary.json").read_text())["runtime"] == "flower"
