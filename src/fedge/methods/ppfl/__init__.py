@@ -150,6 +150,7 @@ class PpflStrategy(Strategy):
         self.best = -1.0
         self.bad = 0
         self.advance = False
+        self._rnd = 0
         self.client_has: dict[int, int] = {}
         self.attested: set[int] = set()
         self.refused: set[int] = set()
@@ -199,8 +200,9 @@ class PpflStrategy(Strategy):
         metrics: dict[str, float] = {}
         if self._sweep == 0 and rnd == 1:  # no clients.profiles: every enclave is method.tee.client_mb
             self.check_fits([int(self.cfg.tee.client_mb * MiB)])
-        if self.advance:
-            yield from self._release()
+        if self.advance:  # the stage ended last round (the stage number already moved on, for sampling)
+            yield from self._release(self.stage - 1)
+        self._rnd = rnd
         ids_str = ",".join(map(str, client_ids))
         new = [c for c in client_ids if c not in self.attested and c not in self.refused]
         if new:
@@ -264,19 +266,18 @@ class PpflStrategy(Strategy):
             train_loss=sum(m["loss"] * m["samples"] for m in r) / max(1, sum(m["samples"] for m in r)),
         )
         if rnd == self.rounds:  # the run ends: the REE gets this stage's layers
-            yield from self._release(final=True)
+            yield from self._release(stage, final=True)
         return metrics
 
     def stage_start_units(self) -> int:
         return self.stage
 
-    def _release(self, final: bool = False) -> Round:
-        out = yield PartyCall("server_tee", Message(config={"op": "release", "stage": self.stage}))
+    def _release(self, stage: int, final: bool = False) -> Round:
+        out = yield PartyCall("server_tee", Message(config={"op": "release", "stage": stage}))
         self.released.update(out.arrays)
         self._load_released()
         if not final:
-            self.stage += 1
-            self.rounds_in_stage, self.best, self.bad, self.advance = 0, -1.0, 0, False
+            self.advance = False
             self.eval_blob = None
         return {}
 
@@ -299,11 +300,15 @@ class PpflStrategy(Strategy):
             or (c.target_accuracy is not None and acc is not None and acc >= c.target_accuracy)
         )
         last = self.stage == len(self.stages) - 1
-        self.advance = bool(done and not last)
+        if done and not last and self._rnd < self.rounds:
+            # the next round samples by the next stage's need; its first step releases this stage
+            self.advance = True
+            self.stage += 1
+            self.rounds_in_stage, self.best, self.bad = 0, -1.0, 0
         return {"stage_done": int(bool(done))}
 
     def eval_model(self) -> nn.Module:
-        st = self.stages[self.stage]
+        st = self.stages[self.stage - 1 if self.advance else self.stage]
         if self.eval_blob is None:  # after a release at the run's end: the REE's own model
             return self.model
         return _EnclaveEval(frozen_net(self.model, self.stages, st.index), self.eval_blob, self.spec, st.index)
