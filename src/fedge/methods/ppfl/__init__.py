@@ -255,6 +255,7 @@ class PpflStrategy(Strategy):
             stage_rounds=self.rounds_in_stage + 1,
             eligible_clients=eligible,
             trained_clients=len(ids) - len(rejected),
+            batch_size_min=min((int(msgs[c].config["batch_size"]) for c in ids), default=0),
             rejected_clients=len(rejected),
             tee_need_bytes=self.need[stage](self.cfg.batch_size),
             tee_peak_bytes=max((m["peak"] for m in r), default=0),
