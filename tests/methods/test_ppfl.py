@@ -241,3 +241,22 @@ def test_transfer_freezes_layers_from_a_pretrained_file(tmp_path):
     assert torch.equal(sim.strategy.released["features.conv1.conv.weight"], pre.features.conv1.conv.weight)
     with pytest.raises(ConfigError, match="no such file"):
         _built(**{"method.init_from": str(tmp_path / "nope")})
+
+
+def test_enclave_refuses_a_batch_over_its_budget(monkeypatch):
+    from fedge.methods.ppfl import PpflClient
+    from fedge.privacy.tee import EnclaveMemoryError
+
+    need8 = _needs(_built())[0]
+    built = _built(**{"method.tee": {"client_mb": (need8 + 1) / MiB}})
+    orig = PpflClient.run
+
+    def run(self, message, ctx):  # an REE that ignores the batch size it was given
+        if message.config.get("op") == "train":
+            message.config["batch_size"] = 16
+        return orig(self, message, ctx)
+
+    monkeypatch.setattr(PpflClient, "run", run)
+    sim = built.simulation()
+    with pytest.raises(EnclaveMemoryError, match="over the enclave's budget"):
+        sim.run_round(1)
