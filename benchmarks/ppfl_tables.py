@@ -89,6 +89,19 @@ def main() -> None:
             rr = f"{r} ({len(lines)})" if r else f"not reached ({len(lines)})"
             print(f"| {part} | {target:.3f} | {total_bytes(fa) / 1e6:.1f} MB | {block} | {rr} | {b / 1e6:.1f} MB | "
                   f"{b / total_bytes(fa):.2f} | {best:.3f} | {per} |")
+    print("\n### Table 4 analogue: time per phase in one round (IID, mean over the rounds of each stage; 5 clients summed)\n")
+    print("| run | stage | client REE (frozen fwd, batching) s | client enclave s | of which sealing s | server enclave s (broadcast seal, open, FedAvg) | round wall s |")
+    print("|---|---|---|---|---|---|---|")
+    fa = run("fedavg-iid", fedavg("iid"))
+    print(f"| FedAvg E2E | — | {sum(x['client_wall_s'] for x in fa) / len(fa):.3f} (all training) | — | — | — | "
+          f"{sum(x['wall_s'] for x in fa) / len(fa):.3f} |")
+    for key in ("iid-b1", "iid-b2"):
+        lines = mem[key]
+        for st in sorted({ln["stage"] for ln in lines}):
+            ls = [ln for ln in lines if ln["stage"] == st]
+            avg = lambda k: sum(x[k] for x in ls) / len(ls)  # noqa: E731
+            print(f"| PPFL {key} | {st} | {avg('client_ree_s'):.3f} | {avg('client_tee_s'):.3f} | {avg('seal_s'):.4f} | "
+                  f"{avg('wall_s.server_tee'):.3f} | {avg('wall_s'):.3f} |")
     print("\n### Per-stage enclave memory (IID, 1-layer and 2-layer blocks; client budget 16 MiB)\n")
     print("| run | stage | S_l at batch 16 (predicted) | enclave peak (measured) | budget | eligible clients | client→tee bytes per round | sealing s per round |")
     print("|---|---|---|---|---|---|---|---|")
