@@ -260,3 +260,16 @@ def test_enclave_refuses_a_batch_over_its_budget(monkeypatch):
     sim = built.simulation()
     with pytest.raises(EnclaveMemoryError, match="over the enclave's budget"):
         sim.run_round(1)
+
+
+def test_finished_run_saves_the_full_model_usable_as_init_from(tmp_path):
+    from fedge.experiment.run import run_experiment
+    from safetensors.torch import load_file
+
+    run_experiment(load_config(_cfg()), out=tmp_path / "r", render=False)
+    saved = load_file(str(tmp_path / "r" / "model.safetensors"))
+    model = _built().model_fn()
+    assert set(saved) == set(model.state_dict())
+    built = _built(**{"method.init_from": str(tmp_path / "r"), "method.freeze_from_init": 2})
+    assert built.method.strategy.stage == 2
+    assert torch.equal(built.method.strategy.released["features.conv2.conv.weight"], saved["features.conv2.conv.weight"])

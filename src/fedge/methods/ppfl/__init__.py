@@ -115,10 +115,16 @@ class _EnclaveEval(nn.Module):
     """Evaluation model: REE frozen layers, then an ECALL into the server enclave holding
     only the sealed stage model (see the module docstring)."""
 
-    def __init__(self, frozen: nn.Sequential, blob: bytes | None, spec: EnclaveSpec, stage: int) -> None:
+    def __init__(self, frozen: nn.Sequential, blob: bytes | None, spec: EnclaveSpec, stage: int,
+                 released: dict[str, torch.Tensor]) -> None:  # fmt: skip
         super().__init__()
         self.frozen = frozen
-        self._blob, self._spec, self._stage = blob, spec, stage
+        self._blob, self._spec, self._stage, self._released = blob, spec, stage, released
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        """What the REE holds: the released layers, under the model's names (a run's
+        ``model.safetensors``; usable as ``method.init_from``)."""
+        return dict(self._released)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         f = self.frozen(x)
@@ -280,6 +286,8 @@ class PpflStrategy(Strategy):
         if not final:
             self.advance = False
             self.eval_blob = None
+        elif stage == len(self.stages) - 1:  # the whole model is in the REE now: evaluate it there
+            self.eval_blob = None
         return {}
 
     def _load_released(self) -> None:
@@ -312,7 +320,7 @@ class PpflStrategy(Strategy):
         st = self.stages[self.stage - 1 if self.advance else self.stage]
         if self.eval_blob is None:  # after a release at the run's end: the REE's own model
             return self.model
-        return _EnclaveEval(frozen_net(self.model, self.stages, st.index), self.eval_blob, self.spec, st.index)
+        return _EnclaveEval(frozen_net(self.model, self.stages, st.index), self.eval_blob, self.spec, st.index, self.released)
 
     def state_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "rounds_in_stage": self.rounds_in_stage, "best": self.best, "bad": self.bad,
