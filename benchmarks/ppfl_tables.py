@@ -139,7 +139,7 @@ def main() -> None:
         lines = mem[key]
         for st in sorted({ln["stage"] for ln in lines}):
             ls = [ln for ln in lines if ln["stage"] == st]
-            avg = lambda k: sum(x[k] for x in ls) / len(ls)  # noqa: E731
+            avg = lambda k, ls=ls: sum(x[k] for x in ls) / len(ls)  # noqa: E731
             print(f"| PPFL {key} | {st} | {avg('client_ree_s'):.3f} | {avg('client_tee_s'):.3f} | {avg('seal_s'):.4f} | "
                   f"{avg('wall_s.server_tee'):.3f} | {avg('wall_s'):.3f} |")
     pre = pretrain_public()

@@ -12,12 +12,10 @@ from safetensors.torch import save_file
 
 from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, MessageError
-from fedge.experiment.build import build_run
-from fedge.methods.ppfl import enclaves as enc
-from fedge.methods.ppfl.enclaves import ClientEnclave, EnclaveSpec, open_eval_blob
 from fedge.core.protocols import PartySpec
+from fedge.experiment.build import build_run
+from fedge.methods.ppfl.enclaves import ClientEnclave, EnclaveSpec, open_eval_blob
 from fedge.privacy.tee import MiB
-
 from tests.conftest import tiny_config
 
 
@@ -263,8 +261,9 @@ def test_enclave_refuses_a_batch_over_its_budget(monkeypatch):
 
 
 def test_finished_run_saves_the_full_model_usable_as_init_from(tmp_path):
-    from fedge.experiment.run import run_experiment
     from safetensors.torch import load_file
+
+    from fedge.experiment.run import run_experiment
 
     run_experiment(load_config(_cfg()), out=tmp_path / "r", render=False)
     saved = load_file(str(tmp_path / "r" / "model.safetensors"))
@@ -273,3 +272,26 @@ def test_finished_run_saves_the_full_model_usable_as_init_from(tmp_path):
     built = _built(**{"method.init_from": str(tmp_path / "r"), "method.freeze_from_init": 2})
     assert built.method.strategy.stage == 2
     assert torch.equal(built.method.strategy.released["features.conv2.conv.weight"], saved["features.conv2.conv.weight"])
+
+
+class _Record:
+    """Records every sealed message that crosses the REE (broadcasts in, uploads out)."""
+
+    def __init__(self, inner):
+        self.inner, self.seen = inner, []
+
+    def run(self, message, ctx):
+        if "blob" in message.config:
+            self.seen.append((ctx.cid, message.config["blob"]))
+        reply = self.inner.run(message, ctx)
+        if "upload" in reply.config:
+            self.seen.append((ctx.cid, reply.config["upload"]))
+        return reply
+
+
+def test_no_nonce_repeats_under_a_session_key_in_a_run():
+    built = _built(**{"clients.per_round": 2, "rounds": 6, "method.rounds_per_stage": 2})
+    rec = built.method.program = _Record(built.method.program)
+    _run(built, 6)
+    nonces = [(cid, blob[:12]) for cid, blob in rec.seen]  # one session key per client
+    assert len(nonces) == 6 * 2 * 2 and len(set(nonces)) == len(nonces)

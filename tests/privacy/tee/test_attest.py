@@ -1,6 +1,5 @@
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives import serialization
 
 import fedge.privacy.tee.memory as memmod
 from fedge.privacy.tee import AttestationError, Report, measure, sign_report, verify_report

@@ -1,6 +1,6 @@
 import pytest
 
-from fedge.privacy.tee import KeyPair, SealedChannel, SealError, UP, DOWN, session_key, seal_blob, open_blob
+from fedge.privacy.tee import DOWN, UP, KeyPair, SealedChannel, SealError, open_blob, seal_blob, session_key
 
 
 def _pair(client=3):
@@ -19,7 +19,7 @@ def test_roundtrip_both_directions():
 def test_nonces_unique_over_1e5_seals_both_directions():
     c, s = _pair()
     nonces = set()
-    for i in range(50_000):
+    for _i in range(50_000):
         nonces.add(c.seal(b"", rnd=1, stage=0)[:12])
         nonces.add(s.seal(b"", rnd=1, stage=0)[:12])
     assert len(nonces) == 100_000

@@ -209,7 +209,7 @@ class PpflStrategy(Strategy):
         if self.advance:  # the stage ended last round (the stage number already moved on, for sampling)
             yield from self._release(self.stage - 1)
         self._rnd = rnd
-        ids_str = ",".join(map(str, client_ids))
+        ",".join(map(str, client_ids))
         new = [c for c in client_ids if c not in self.attested and c not in self.refused]
         if new:
             hello = yield PartyCall("server_tee", Message(config={"op": "hello", "ids": ",".join(map(str, new))}))

@@ -22,13 +22,27 @@ from torch import nn
 from fedge.core.context import PartyContext
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
-from fedge.privacy import tee
-from fedge.privacy.tee import (
-    DOWN, UP, AttestationError, EnclaveMemory, KeyPair, Report, SealedChannel, SealError, hardware_key, measure,
-    open_blob, seal_blob, session_key, sign_report, tensor_bytes, verify_report,
-)  # fmt: skip
 from fedge.methods.ppfl import stages as stages_mod
 from fedge.methods.ppfl.stages import Stage, StageNet, stage_net
+from fedge.privacy import tee
+from fedge.privacy.tee import (
+    DOWN,
+    UP,
+    AttestationError,
+    EnclaveMemory,
+    KeyPair,
+    Report,
+    SealedChannel,
+    SealError,
+    hardware_key,
+    measure,
+    open_blob,
+    seal_blob,
+    session_key,
+    sign_report,
+    tensor_bytes,
+    verify_report,
+)  # fmt: skip
 
 __all__ = ["ClientEnclave", "EnclaveSpec", "ServerEnclave", "open_eval_blob", "SERVER_HELLO_NONCE"]
 
