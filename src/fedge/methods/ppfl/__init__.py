@@ -33,7 +33,12 @@ batch and every leaf's activation and its gradient. A client's enclave size is i
 ``clients.profiles`` ``enclave_mb`` (or ``method.tee.client_mb``); it is eligible for stage l
 if S_l(min_batch_size) fits, and trains with the largest batch ≤ ``batch_size`` that fits. The
 engine asks ``Strategy.eligible(profile)`` before every round's sampling, so the answer
-follows the current stage. If some stage fits no client the run stops before training
+follows the current stage (a stage's end is decided in ``round_metrics``, so the next
+round's sampling already uses the next stage's need). ``eligible`` carries no client id: the
+strategy relies on the engine offering the profiles in client order, once per round, to learn
+each client's enclave size (for its batch size); an engine hook ``eligible(cid, profile)``, or
+the profiles handed to the method at build, would remove that assumption and let the no-fit
+check run at build time. If some stage fits no client the run stops before training
 (checked over every stage on the first sampling). The enclave enforces its budget on the
 tensors it really holds (:class:`fedge.privacy.tee.EnclaveMemory`); its peak is logged.
 
