@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fedge.core.registry import Registry
-from fedge.methods import baffle, eppfl, fedavg, fedpt, ntk_baffle
+from fedge.methods import baffle, eppfl, fedavg, fedpt, ntk_baffle, ppfl
 from fedge.methods.base import MethodBuild, MethodEnv, MethodSpec
 
 __all__ = [
@@ -51,3 +51,4 @@ register(MethodSpec("baffle", "BAFFLE: forward-only zeroth-order estimates, K lo
 register(MethodSpec("ntk-baffle", "NTK foresight pruning (data-free or on client data), then BAFFLE on the sparse model", ntk_baffle.NtkBaffleConfig, ntk_baffle.build))
 register(MethodSpec("fedpt", "FedPT: FedAvg on a partially trainable network; frozen tensors rebuilt from a seed, only the trainable part travels", fedpt.FedPTConfig, fedpt.build))
 register(MethodSpec("eppfl", "EPPFL: device/edge split learning, Laplace DP on cut activations, selection, third-party masks", eppfl.EppflConfig, eppfl.build))
+register(MethodSpec("ppfl", "PPFL: greedy layer-wise FL, the layer under training inside attested, memory-budgeted, sealed enclaves", ppfl.PpflConfig, ppfl.build))

@@ -1,0 +1,415 @@
+"""PPFL (seed 001: "PPFL: Privacy-preserving Federated Learning with Trusted Execution
+Environments", Mo et al., MobiSys 2021): greedy layer-wise (or block-wise) federated
+learning with the layer under training inside enclaves on the clients and the server.
+
+**Stages** (Algorithm 1-2, :mod:`.stages`). Stage l trains layer l (or a block of
+``block_layers`` conv blocks) plus a classifier head inside each client's enclave, on
+features the client's REE computes with the frozen, already released layers 1..l-1. After
+the last conv stage the classifier atop all convs is trained. A stage ends after
+``rounds_per_stage`` rounds, or when test accuracy has not improved for ``patience`` rounds,
+or when it reaches ``target_accuracy`` (the first that holds); ``stage`` is logged.
+
+**Parties.**
+
+==================  =========================================  ==================================
+party               here                                       holds in plaintext
+==================  =========================================  ==================================
+client REE          :class:`PpflClient`                        data, released (frozen) layers
+client enclave      :class:`.enclaves.ClientEnclave` (``tee``)   the stage's layer + head while training
+server REE          :class:`PpflStrategy`                       released layers, sealed blobs
+server enclave      :class:`.enclaves.ServerEnclave`             session keys, the aggregated stage model
+                    (``server_tee``, via ``PartyCall``)
+==================  =========================================  ==================================
+
+Before a client first trains, it and the server enclave attest each other (Ed25519 reports
+over measurement = SHA-256 of the enclave code and config) and agree a session key (X25519 +
+HKDF); every model message between enclaves is AES-GCM sealed with counter nonces and
+associated data (round, stage, client, direction). An upload that fails to open is rejected:
+the round aggregates the others (``on_bad_upload: drop``) or stops (``abort``).
+
+**Client selection by enclave memory** (Algorithm 1). S_l(b) (:func:`.stages.stage_need`)
+counts the stage's layer and head, their gradients and momentum, and per sample the input
+batch and every leaf's activation and its gradient. A client's enclave size is its
+``clients.profiles`` ``enclave_mb`` (or ``method.tee.client_mb``); it is eligible for stage l
+if S_l(min_batch_size) fits, and trains with the largest batch ≤ ``batch_size`` that fits. The
+engine asks ``Strategy.eligible(profile)`` before every round's sampling, so the answer
+follows the current stage (a stage's end is decided in ``round_metrics``, so the next
+round's sampling already uses the next stage's need). ``eligible`` carries no client id: the
+strategy relies on the engine offering the profiles in client order, once per round, to learn
+each client's enclave size (for its batch size); an engine hook ``eligible(cid, profile)``, or
+the profiles handed to the method at build, would remove that assumption and let the no-fit
+check run at build time. If some stage fits no client the run stops before training
+(checked over every stage on the first sampling). The enclave enforces its budget on the
+tensors it really holds (:class:`fedge.privacy.tee.EnclaveMemory`); its peak is logged.
+
+**Evaluation.** The untrusted server never sees the stage's plaintext layer, so the per-round
+test accuracy is computed by an ECALL into the server enclave: the evaluation model is the
+REE's frozen layers followed by a handle holding only the sealed stage model; each call
+unseals it inside the "enclave" and returns logits. The REE learns test predictions (as any
+served model leaks) but no weights; the stage's layers reach the REE only when the stage
+ends (Algorithm 1: "save θ_l from TEE as θ_l^0 in REE").
+
+**Simulation limits.** The enclaves run in-process; their plaintext lives only in the party
+objects during a call, and the state the engine keeps between calls is sealed under a
+per-process device key. So a PPFL run cannot be resumed in another process, and clients
+run sequentially (``clients.workers: 0``). A run that ends mid-stage releases that stage's
+layers (not its head) at the last round.
+
+**Transfer** (Sec. 6.4): ``init_from`` (a ``model.safetensors`` or a run directory holding
+one) initialises every layer from a pretrained model; ``freeze_from_init: k`` treats the
+first k stages as already trained (released, frozen) and starts at stage k.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+
+from fedge.core.context import ClientContext
+from fedge.core.errors import ConfigError, MessageError
+from fedge.core.messages import Message
+from fedge.core.protocols import Exchange, PartyCall, PartySpec, Round, Strategy
+from fedge.methods.base import MethodBuild, MethodConfigBase, MethodEnv
+from fedge.methods.ppfl.enclaves import ClientEnclave, EnclaveSpec, ServerEnclave, open_eval_blob
+from fedge.methods.ppfl.stages import Stage, frozen_net, plan_stages, stage_need
+from fedge.privacy.tee import MiB
+
+__all__ = ["PpflConfig", "PpflStrategy", "PpflClient", "PpflTeeConfig", "build"]
+
+
+class PpflTeeConfig(MethodConfigBase):
+    client_mb: float = Field(16.0, gt=0, description="client enclave size when its profile gives no enclave_mb")
+    server_mb: float = Field(256.0, gt=0, description="server enclave size")
+
+
+class PpflConfig(MethodConfigBase):
+    name: Literal["ppfl"] = "ppfl"
+    block_layers: int = Field(1, ge=1, description="conv blocks trained together per stage (Table 5)")
+    rounds_per_stage: int | None = Field(None, ge=1, description="fixed schedule: rounds per stage")
+    patience: int | None = Field(None, ge=1, description="end a stage after this many rounds without a better test accuracy")
+    target_accuracy: float | None = Field(None, gt=0, le=1, description="end a stage when test accuracy reaches this")
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(16, ge=1)
+    min_batch_size: int | None = Field(None, ge=1, description="smallest batch a client may shrink to (null: no shrinking)")
+    lr: float = Field(0.01, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    tee: PpflTeeConfig = PpflTeeConfig()
+    on_bad_upload: Literal["drop", "abort"] = "drop"
+    init_from: str | None = Field(None, description="pretrained model.safetensors, or a run directory holding one")
+    freeze_from_init: int = Field(0, ge=0, description="stages taken as trained from init_from")
+
+    @model_validator(mode="after")
+    def _check(self) -> PpflConfig:
+        if self.rounds_per_stage is None and self.patience is None and self.target_accuracy is None:
+            raise ValueError("ppfl needs a stage schedule: set method.rounds_per_stage, method.patience or method.target_accuracy")
+        if self.min_batch_size is not None and self.min_batch_size > self.batch_size:
+            raise ValueError(f"method.min_batch_size={self.min_batch_size} exceeds batch_size={self.batch_size}")
+        if self.freeze_from_init and self.init_from is None:
+            raise ValueError("method.freeze_from_init needs method.init_from (the pretrained model)")
+        return self
+
+
+class _EnclaveEval(nn.Module):
+    """Evaluation model: REE frozen layers, then an ECALL into the server enclave holding
+    only the sealed stage model (see the module docstring)."""
+
+    def __init__(self, frozen: nn.Sequential, blob: bytes | None, spec: EnclaveSpec, stage: int,
+                 released: dict[str, torch.Tensor]) -> None:  # fmt: skip
+        super().__init__()
+        self.frozen = frozen
+        self._blob, self._spec, self._stage, self._released = blob, spec, stage, released
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        """What the REE holds: the released layers, under the model's names (a run's
+        ``model.safetensors``; usable as ``method.init_from``)."""
+        return dict(self._released)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.frozen(x)
+        if self._blob is None:
+            raise MessageError("ppfl: no stage model aggregated yet to evaluate")
+        return _ecall_eval(self._spec, self._stage, self._blob, f)
+
+
+def _ecall_eval(spec: EnclaveSpec, stage: int, blob: bytes, f: torch.Tensor) -> torch.Tensor:
+    net = spec.net(stage, open_eval_blob(blob)).eval()
+    return net(f).detach()
+
+
+class PpflStrategy(Strategy):
+    def __init__(self, cfg: PpflConfig, spec: EnclaveSpec, *, num_clients: int, rounds: int) -> None:
+        self.cfg, self.spec, self.num_clients, self.rounds = cfg, spec, num_clients, rounds
+        self.stages = spec.stages
+        self.model = spec.model_fn()  # the REE's copy: released layers only (the rest never loaded)
+        self.stage = cfg.freeze_from_init
+        if self.stage >= len(self.stages):
+            raise ConfigError(f"method.freeze_from_init={self.stage} leaves no stage to train (the model has {len(self.stages)})")
+        self.released: dict[str, torch.Tensor] = {}
+        for st in self.stages[: self.stage]:
+            self.released.update(_stage_arrays(st, spec.init_arrays))
+        self._load_released()
+        nets = [spec.net(i) for i in range(len(self.stages))]
+        self.need = [partial(stage_need, n, st.in_shape) for n, st in zip(nets, self.stages, strict=True)]
+        self.rounds_in_stage = 0
+        self.best = -1.0
+        self.bad = 0
+        self.advance = False
+        self._rnd = 0
+        self.client_has: dict[int, int] = {}
+        self.attested: set[int] = set()
+        self.refused: set[int] = set()
+        self.eval_blob: bytes | None = None
+        self.budgets: dict[int, int] = {}
+        self._sweep = 0
+        self.history: list[dict[str, Any]] = []
+
+    # -- selection ---------------------------------------------------------------
+    def min_batch(self) -> int:
+        return self.cfg.min_batch_size or self.cfg.batch_size
+
+    def batch_for(self, budget: int, stage: int) -> int | None:
+        """The largest batch in [min_batch, batch_size] whose S_l fits ``budget`` (None: none)."""
+        for b in range(self.cfg.batch_size, self.min_batch() - 1, -1):
+            if self.need[stage](b) <= budget:
+                return b
+        return None
+
+    def eligible(self, profile: Mapping[str, Any]) -> bool:
+        mb = profile.get("enclave_mb")
+        budget = int((self.cfg.tee.client_mb if mb is None else mb) * MiB)
+        cid = self._sweep % self.num_clients  # the engine offers the profiles in client order
+        self._sweep += 1
+        self.budgets[cid] = budget
+        if self._sweep == self.num_clients:
+            self.check_fits(list(self.budgets.values()))
+        return self.batch_for(budget, self.stage) is not None
+
+    def check_fits(self, budgets: list[int]) -> None:
+        """ConfigError (before training) if some stage fits no client's enclave."""
+        largest = max(budgets)
+        for st in self.stages[self.stage :]:
+            if self.batch_for(largest, st.index) is None:
+                raise ConfigError(
+                    f"ppfl stage {st.index} ({'+'.join(st.prefixes)}) needs S_l = {self.need[st.index](self.min_batch()) / MiB:.2f} MiB "
+                    f"of enclave memory at batch {self.min_batch()}, but the largest client enclave is {largest / MiB:.2f} MiB; "
+                    "give clients larger enclaves (clients.profiles enclave_mb or method.tee.client_mb), allow smaller "
+                    "batches (method.min_batch_size) or use a smaller model"
+                )
+
+    def _budget(self, cid: int) -> int:
+        return self.budgets.get(cid, int(self.cfg.tee.client_mb * MiB))
+
+    # -- the round ---------------------------------------------------------------
+    def round(self, rnd: int, client_ids: list[int]) -> Round:
+        metrics: dict[str, float] = {}
+        if self._sweep == 0 and rnd == 1:  # no clients.profiles: every enclave is method.tee.client_mb
+            self.check_fits([int(self.cfg.tee.client_mb * MiB)])
+        if self.advance:  # the stage ended last round (the stage number already moved on, for sampling)
+            yield from self._release(self.stage - 1)
+        self._rnd = rnd
+        ",".join(map(str, client_ids))
+        new = [c for c in client_ids if c not in self.attested and c not in self.refused]
+        if new:
+            hello = yield PartyCall("server_tee", Message(config={"op": "hello", "ids": ",".join(map(str, new))}))
+            skip = Message(config={"op": "skip"})
+            msgs = {c: skip for c in client_ids}
+            for c in new:
+                msgs[c] = Message(config={"op": "attest", "challenge": hello.config[f"challenge/{c}"],
+                                          **{k: hello.config[k] for k in ("server_measurement", "server_pk", "server_signature")}})  # fmt: skip
+            replies = yield Exchange(msgs)
+            reg: dict[str, Any] = {"op": "register", "ids": ",".join(map(str, new))}
+            for c in new:
+                for k in ("measurement", "pk", "signature"):
+                    reg[f"{k}/{c}"] = replies[c].config[k]
+            out = yield PartyCall("server_tee", Message(config=reg))
+            refused = [int(x) for x in out.config["refused"].split(",") if x]  # type: ignore[union-attr]
+            self.refused.update(refused)
+            self.attested.update(c for c in new if c not in refused)
+        ids = [c for c in client_ids if c in self.attested and self.batch_for(self._budget(c), self.stage) is not None]
+        stage = self.stage
+        bc = yield PartyCall("server_tee", Message(config={"op": "broadcast", "stage": stage, "rnd": rnd, "ids": ",".join(map(str, ids))}))
+        upto = self.stage_start_units()
+        skip = Message(config={"op": "skip"})
+        msgs = {c: skip for c in client_ids}
+        for c in ids:
+            have = self.client_has.get(c, 0)
+            arrays = {}
+            for st in self.stages[have:stage]:
+                arrays.update(_stage_arrays(st, self.released))
+            msgs[c] = Message(arrays, {"op": "train", "stage": stage, "rnd": rnd, "blob": bc.config[f"c/{c}"],
+                                       "batch_size": self.batch_for(self._budget(c), stage), "budget": self._budget(c),
+                                       "epochs": self.cfg.local_epochs, "lr": self.cfg.lr, "momentum": self.cfg.momentum,
+                                       "frozen_upto": upto})  # fmt: skip
+            self.client_has[c] = stage
+        replies = yield Exchange(msgs)
+        agg: dict[str, Any] = {"op": "aggregate", "stage": stage, "rnd": rnd, "ids": ",".join(map(str, ids))}
+        for c in ids:
+            agg[f"u/{c}"] = replies[c].config["upload"]
+            agg[f"n/{c}"] = int(replies[c].metrics["samples"])
+        out = yield PartyCall("server_tee", Message(config=agg))
+        rejected = [int(x) for x in out.config["rejected"].split(",") if x]  # type: ignore[union-attr]
+        if rejected and self.cfg.on_bad_upload == "abort":
+            raise MessageError(f"round {rnd}: the server enclave rejected the sealed uploads of clients {rejected} "
+                               "(failed authentication); stopping as method.on_bad_upload=abort")  # fmt: skip
+        self.eval_blob = out.config["eval"]  # type: ignore[assignment]
+        eligible = sum(1 for c in range(self.num_clients) if self.batch_for(self._budget(c), stage) is not None)
+        r = [replies[c].metrics for c in ids]
+        metrics.update(
+            stage=stage,
+            stage_rounds=self.rounds_in_stage + 1,
+            eligible_clients=eligible,
+            trained_clients=len(ids) - len(rejected),
+            batch_size_min=min((int(msgs[c].config["batch_size"]) for c in ids), default=0),
+            rejected_clients=len(rejected),
+            tee_need_bytes=self.need[stage](self.cfg.batch_size),
+            tee_peak_bytes=max((m["peak"] for m in r), default=0),
+            tee_budget_min_bytes=min((self._budget(c) for c in ids), default=0),
+            server_tee_peak_bytes=out.metrics.get("server_tee_peak", 0),
+            seal_s=sum(m["seal_s"] for m in r),
+            client_ree_s=sum(m["ree_s"] for m in r),
+            client_tee_s=sum(m["tee_s"] for m in r),
+            train_loss=sum(m["loss"] * m["samples"] for m in r) / max(1, sum(m["samples"] for m in r)),
+        )
+        if rnd == self.rounds:  # the run ends: the REE gets this stage's layers
+            yield from self._release(stage, final=True)
+        return metrics
+
+    def stage_start_units(self) -> int:
+        return self.stage
+
+    def _release(self, stage: int, final: bool = False) -> Round:
+        out = yield PartyCall("server_tee", Message(config={"op": "release", "stage": stage}))
+        self.released.update(out.arrays)
+        self._load_released()
+        if not final:
+            self.advance = False
+            self.eval_blob = None
+        elif stage == len(self.stages) - 1:  # the whole model is in the REE now: evaluate it there
+            self.eval_blob = None
+        return {}
+
+    def _load_released(self) -> None:
+        if self.released:
+            self.model.load_state_dict(self.released, strict=False)
+
+    def round_metrics(self, line: Mapping[str, Any]) -> dict[str, Any]:
+        acc = line.get("test_accuracy")
+        self.rounds_in_stage += 1
+        if acc is not None:
+            if acc > self.best:
+                self.best, self.bad = acc, 0
+            else:
+                self.bad += 1
+        c = self.cfg
+        done = (
+            (c.rounds_per_stage is not None and self.rounds_in_stage >= c.rounds_per_stage)
+            or (c.patience is not None and self.bad >= c.patience)
+            or (c.target_accuracy is not None and acc is not None and acc >= c.target_accuracy)
+        )
+        last = self.stage == len(self.stages) - 1
+        if done and not last and self._rnd < self.rounds:
+            # the next round samples by the next stage's need; its first step releases this stage
+            self.advance = True
+            self.stage += 1
+            self.rounds_in_stage, self.best, self.bad = 0, -1.0, 0
+        return {"stage_done": int(bool(done))}
+
+    def eval_model(self) -> nn.Module:
+        st = self.stages[self.stage - 1 if self.advance else self.stage]
+        if self.eval_blob is None:  # after a release at the run's end: the REE's own model
+            return self.model
+        return _EnclaveEval(frozen_net(self.model, self.stages, st.index), self.eval_blob, self.spec, st.index, self.released)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "rounds_in_stage": self.rounds_in_stage, "best": self.best, "bad": self.bad,
+                "advance": self.advance, "released": dict(self.released)}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise ConfigError("a ppfl run cannot be resumed: its enclaves' sealed state is bound to the process that "
+                          "ran them (simulated device keys); start the run again")  # fmt: skip
+
+
+class PpflClient:
+    """The client's REE: runs the frozen layers on its data and feeds the enclave batch by batch."""
+
+    def __init__(self, spec: EnclaveSpec) -> None:
+        self.spec = spec
+
+    def run(self, message: Message, ctx: ClientContext) -> Message:
+        c = message.config
+        if c["op"] == "skip":
+            return Message()
+        tee = ctx.link("tee")
+        if c["op"] == "attest":
+            return tee.call(Message(config=dict(c)))
+        model = self.spec.model_fn()
+        frozen_arrays = {k: v for k, v in ctx.state.items() if isinstance(v, torch.Tensor)}
+        frozen_arrays.update(message.arrays)
+        ctx.state.update(message.arrays)
+        stage = int(c["stage"])
+        model.load_state_dict(frozen_arrays, strict=False)
+        frozen = frozen_net(model, self.spec.stages, stage)
+        t_start = time.perf_counter()
+        tee.call(Message(config={"op": "begin", **{k: c[k] for k in ("blob", "rnd", "stage", "budget", "lr", "momentum")}}))
+        tee_s = time.perf_counter() - t_start
+        for _ in range(int(c["epochs"])):
+            for x, y in ctx.data.batches(int(c["batch_size"]), generator=ctx.generator):
+                with torch.no_grad():
+                    f = frozen(x)
+                t1 = time.perf_counter()
+                tee.call(Message({"x": f, "y": y}, {"op": "batch"}))
+                tee_s += time.perf_counter() - t1
+        t1 = time.perf_counter()
+        out = tee.call(Message(config={"op": "end"}))
+        tee_s += time.perf_counter() - t1
+        ree_s = time.perf_counter() - t_start - tee_s  # frozen layers' forward and batching
+        return Message(config={"upload": out.config["upload"]}, metrics={**out.metrics, "tee_s": tee_s, "ree_s": max(0.0, ree_s)})
+
+
+def _stage_arrays(st: Stage, arrays: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in arrays.items() if any(k.startswith(p + ".") for p in st.prefixes)}
+
+
+def _init_arrays(cfg: PpflConfig, env: MethodEnv) -> dict[str, torch.Tensor]:
+    model = env.model_fn()
+    arrays = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if cfg.init_from is None:
+        return arrays
+    path = Path(cfg.init_from)
+    if path.is_dir():
+        path = path / "model.safetensors"
+    if not path.is_file():
+        raise ConfigError(f"method.init_from={cfg.init_from!r}: no such file (expected a model.safetensors or a run directory holding one)")
+    from safetensors.torch import load_file
+
+    loaded = load_file(str(path))
+    unknown = sorted(set(loaded) - set(arrays))
+    if unknown:
+        raise ConfigError(f"method.init_from={cfg.init_from!r} holds tensors {unknown[:5]} this model lacks; pretrain the same model")
+    for k, v in loaded.items():
+        if v.shape != arrays[k].shape:
+            raise ConfigError(f"method.init_from: {k} has shape {tuple(v.shape)}, the model expects {tuple(arrays[k].shape)}")
+        arrays[k] = v.to(arrays[k].dtype)
+    return arrays
+
+
+def build(cfg: PpflConfig, env: MethodEnv) -> MethodBuild:
+    """Build PPFL: the strategy, the client REE program, and the enclaves ``tee`` and ``server_tee``."""
+    if env.workers:
+        raise ConfigError(f"ppfl needs clients.workers=0 (got {env.workers}): its enclaves' device keys live in one process")
+    stages = plan_stages(env.model_fn(), tuple(env.input_shape), cfg.block_layers)
+    spec = EnclaveSpec(env.model_fn, stages, env.seed, _init_arrays(cfg, env),
+                       cfg.model_dump(exclude={"init_from"}), cfg.tee.server_mb)  # fmt: skip
+    strategy = PpflStrategy(cfg, spec, num_clients=len(env.client_sizes), rounds=env.rounds)
+    parties = {
+        "tee": PartySpec("tee", partial(ClientEnclave, spec), scope="client"),
+        "server_tee": PartySpec("server_tee", partial(ServerEnclave, spec), scope="shared"),
+    }
+    return MethodBuild(strategy, PpflClient(spec), parties)

@@ -1,0 +1,105 @@
+"""The sealed channel between a client enclave and the server enclave (PPFL, seed 001, Sec. 4.1).
+
+Keys: X25519 agreement between the two attested enclaves' keys, then HKDF-SHA256 with
+info ``"fedge/tee/v1/session" ‖ client`` gives one AES-256-GCM key per (client, session)
+(reusing :func:`fedge.privacy.secagg.keys.agree`).
+
+Nonces are counters, never random: ``direction (4 bytes) ‖ counter (8 bytes)``, the two
+directions under one key using disjoint prefixes, and a sender's counter only going up, so
+no nonce repeats under a key (a sender refuses to wrap its counter).
+
+Associated data binds every message to ``round ‖ stage ‖ client ‖ direction ‖ counter``: a
+message moved to another round, stage, client or direction fails authentication. The
+receiver also requires the counter to be larger than the last one it accepted, so a replayed
+or reordered message is rejected (:class:`SealError`) even though its tag is valid.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from fedge.core.errors import MessageError
+from fedge.privacy.secagg.keys import KeyPair, agree
+
+__all__ = ["DOWN", "UP", "SealError", "SealedChannel", "session_key", "KeyPair", "seal_blob", "open_blob"]
+
+UP, DOWN = 1, 2  # client enclave -> server enclave, and back
+_NONCE = struct.Struct(">IQ")
+_AD = struct.Struct(">QQQIQ")
+_MAX = (1 << 64) - 1
+
+
+class SealError(MessageError):
+    """A sealed message failed authentication or arrived out of order."""
+
+
+def session_key(private: KeyPair, peer_public: bytes, *, client: int) -> bytes:
+    shared = agree(private.private, peer_public)
+    info = b"fedge/tee/v1/session" + struct.pack(">Q", client)
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
+
+
+@dataclass
+class SealedChannel:
+    """One side's view of a session: ``send_ctr`` is the next counter it seals with,
+    ``recv_ctr`` the last counter it accepted (-1: none). Both persist with the enclave."""
+
+    key: bytes
+    client: int
+    send_dir: int
+    send_ctr: int = 0
+    recv_ctr: int = -1
+
+    @property
+    def recv_dir(self) -> int:
+        return DOWN if self.send_dir == UP else UP
+
+    def _ad(self, rnd: int, stage: int, direction: int, ctr: int) -> bytes:
+        return b"fedge/tee/v1/msg" + _AD.pack(rnd, stage, self.client, direction, ctr)
+
+    def seal(self, plaintext: bytes, *, rnd: int, stage: int) -> bytes:
+        if self.send_ctr >= _MAX:
+            raise SealError("sealed channel counter exhausted; re-key the session")
+        ctr = self.send_ctr
+        self.send_ctr += 1
+        nonce = _NONCE.pack(self.send_dir, ctr)
+        return nonce + AESGCM(self.key).encrypt(nonce, plaintext, self._ad(rnd, stage, self.send_dir, ctr))
+
+    def open(self, blob: bytes, *, rnd: int, stage: int) -> bytes:
+        if len(blob) < 12 + 16:
+            raise SealError(f"sealed message of {len(blob)} bytes is too short")
+        direction, ctr = _NONCE.unpack(blob[:12])
+        if direction != self.recv_dir:
+            raise SealError(f"sealed message from client {self.client} has direction {direction}; expected {self.recv_dir}")
+        try:
+            plain = AESGCM(self.key).decrypt(blob[:12], blob[12:], self._ad(rnd, stage, direction, ctr))
+        except InvalidTag as e:
+            raise SealError(
+                f"sealed message of client {self.client} (round {rnd}, stage {stage}) failed authentication: "
+                "modified in transit, or bound to another round, stage or client"
+            ) from e
+        if ctr <= self.recv_ctr:
+            raise SealError(f"sealed message of client {self.client} has counter {ctr} ≤ last accepted "
+                            f"{self.recv_ctr}: replayed or reordered; rejected")  # fmt: skip
+        self.recv_ctr = ctr
+        return plain
+
+
+def seal_blob(key: bytes, plaintext: bytes, *, label: bytes, counter: int) -> bytes:
+    """Seal an enclave's own state for storage outside it (sealed storage, key = hardware key)."""
+    nonce = _NONCE.pack(0, counter)
+    return nonce + AESGCM(key).encrypt(nonce, plaintext, b"fedge/tee/v1/storage" + label)
+
+
+def open_blob(key: bytes, blob: bytes, *, label: bytes) -> bytes:
+    try:
+        return AESGCM(key).decrypt(blob[:12], blob[12:], b"fedge/tee/v1/storage" + label)
+    except InvalidTag as e:
+        raise SealError(f"sealed enclave storage {label!r} failed authentication: modified, or sealed by "
+                        "another device or process (an enclave's storage cannot be resumed elsewhere)") from e
