@@ -213,3 +213,28 @@ def build_lenet_ppfl(
     norm_affine: bool,
 ) -> tuple[nn.Sequential, nn.Sequential]:
     return _pooled_convs_fc(input_shape, (20, 50), (500,), num_classes, activation, norm, padding, norm_affine)
+
+
+@register_model(
+    "lenet-dlg",
+    description="the LeNet that DLG attacks: three conv5x5(12) with padding 2 (strides 2, 2, 1), sigmoid, no "
+    "pooling, FC",
+    reference="Zhu, Liu, Han: Deep Leakage from Gradients (NeurIPS 2019), Sec. 4.1 and their models/vision.py",
+    default_activation="sigmoid",
+    norms=("none",),
+    input_shapes=((1, 28, 28), (3, 32, 32), (1, 8, 8)),
+)
+def build_lenet_dlg(
+    *, input_shape: _Shape, num_classes: int, activation: str, norm: str
+) -> tuple[nn.Sequential, nn.Sequential]:
+    """No pooling and a smooth activation: every input pixel reaches the gradient, which is
+    what makes single-sample gradient inversion work (Zhu et al. 2019)."""
+    c = input_shape[0]
+    layers: list[nn.Module] = []
+    for i, stride in enumerate((2, 2, 1)):
+        layers += [nn.Conv2d(c if i == 0 else 12, 12, kernel_size=5, padding=2, stride=stride)]
+        layers += [make_activation(activation)]
+    features = nn.Sequential(*layers, nn.Flatten())
+    n = output_shape(features, input_shape)
+    classifier = nn.Sequential(nn.Linear(int(n[0]), num_classes))
+    return features, classifier

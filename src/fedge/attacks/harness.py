@@ -1,0 +1,208 @@
+"""One short instrumented run, the reconstruction attack on every client's upload, baselines.
+
+:func:`observe_run` builds a run from a config (:func:`fedge.experiment.build.build_run`),
+wraps its strategy in an :class:`~fedge.attacks.observe.Observer` and runs the given rounds
+through the real engine. :func:`reconstruction_attack` reads each client's upload with
+:func:`~fedge.attacks.observe.server_views` and attacks it the way a server that knows the
+public protocol (method, K, σ, scheme, directions, client learning rate) would:
+
+- fedsgd: the upload is the gradient → DLG on it;
+- fedavg: the upload is a model delta; with one local SGD step at rate η it is −η∇L, so the
+  target is −Δ/η (exact for one step, an approximation for more);
+- baffle (batch mode): the upload is K loss differences, with the model and seed broadcast:
+  ``baffle-k`` matches the K values directly, ``baffle-stein`` runs DLG on the Stein
+  estimate ĝ (Eq. 6);
+- under secure aggregation the same is done to the masked vector the server receives.
+
+Ground truth: each client's local set (the harness makes it exactly the client's batch, so
+every sample the upload depends on is known). The metric is the MSE in [0, 1] pixel space
+between each true image and its closest reconstruction (a batch's order is not
+identifiable), with the training set's mean image and mid-gray as baselines.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from fedge.attacks.observe import Observer, ServerView, server_views
+from fedge.attacks.reconstruct import (
+    GradientTarget,
+    ProjectionTarget,
+    baffle_projection,
+    idlg_labels,
+    invert,
+)
+from fedge.core.config import RunConfig, load_config
+from fedge.core.errors import ConfigError
+from fedge.core.rng import generator
+from fedge.experiment.build import BuiltRun, build_run
+
+__all__ = ["ATTACKABLE", "ObservedRun", "attack_config", "observe_run", "pixel_mse", "reconstruction_attack"]
+
+ATTACKABLE = ("fedsgd", "fedavg", "baffle")
+
+
+@dataclass
+class ObservedRun:
+    built: BuiltRun
+    observer: Observer
+
+    @property
+    def views(self) -> list[ServerView]:
+        strategy = self.observer.inner
+        layout = None
+        summands = getattr(strategy, "summands", None)  # secure aggregation's flattening layout
+        if isinstance(summands, dict):
+            layout = {n: shape for n, (shape, _) in summands.items()}
+        return server_views(self.observer.records, layout)
+
+
+def observe_run(cfg: RunConfig, rounds: int = 1) -> ObservedRun:
+    """Build ``cfg`` and run ``rounds`` rounds with every exchange recorded."""
+    built = build_run(cfg)
+    observer = Observer(built.method.strategy)
+    built = replace(built, method=replace(built.method, strategy=observer))
+    sim = built.simulation()
+    try:
+        for t in range(1, rounds + 1):
+            sim.run_round(t)
+    finally:
+        sim.close()
+    return ObservedRun(built, observer)
+
+
+def pixel_mse(a: torch.Tensor, b: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    """Per-image MSE in [0, 1] pixel space of normalized images a, b of shape (B, C, H, W)."""
+    s = torch.tensor(std).view(1, -1, 1, 1)
+    m = torch.tensor(mean).view(1, -1, 1, 1)
+    pa, pb = (a * s + m).clamp(0, 1), (b * s + m).clamp(0, 1)
+    return ((pa - pb) ** 2).flatten(1).mean(1)
+
+
+def _mean_image(built: BuiltRun, limit: int = 10_000) -> torch.Tensor:
+    """The training set's mean image (its first ``limit`` images; not only the attacked
+    clients' few), in the run's normalized input space: the baseline an attack must beat."""
+    from fedge.data.registry import load_dataset  # noqa: PLC0415
+
+    d, ds = built.config.dataset, built.dataset
+    ref = load_dataset(d.name, root=d.root, resize=d.resize, limit_train=limit, limit_test=1, seed=built.config.seed)
+    s_ref, m_ref = torch.tensor(ref.std).view(1, -1, 1, 1), torch.tensor(ref.mean).view(1, -1, 1, 1)
+    pixels = (ref.x_train * s_ref + m_ref).mean(0, keepdim=True)
+    return (pixels - torch.tensor(ds.mean).view(1, -1, 1, 1)) / torch.tensor(ds.std).view(1, -1, 1, 1)
+
+
+def _targets(name: str, view: ServerView, model: torch.nn.Module, mcfg: Any) -> Iterator[tuple[str, Any, bool]]:
+    """(attack name, target, whether iDLG may read the label) for one upload."""
+    params = dict(model.named_parameters())
+    if name == "fedsgd":
+        yield "dlg", GradientTarget({n: v for n, v in view.upload.items() if n in params}), True
+    elif name == "fedavg":
+        lr = mcfg.client_optimizer.lr
+        yield "dlg", GradientTarget({n: -v / lr for n, v in view.upload.items() if n in params}), True
+    elif name == "baffle":
+        if mcfg.mode != "batch":
+            raise ConfigError("the reconstruction harness attacks baffle's batch mode (method.mode=batch)")
+        seed = view.config.get("seed")
+        if not isinstance(seed, int):
+            raise ConfigError("the observed BAFFLE broadcast carries no seed")
+        names = list(params) if mcfg.perturb is None else None
+        if names is None:
+            raise ConfigError("the harness attacks BAFFLE with method.perturb=null (all parameters)")
+        shapes = {n: params[n].shape for n in names}
+        proj = baffle_projection(shapes, view.upload["dL"], sigma=mcfg.sigma, seed=seed, scheme=mcfg.scheme,
+                                 directions=mcfg.directions)  # fmt: skip
+        yield "baffle-k", proj, False
+        # the Stein estimate ĝ = (1/K) Σ t_k z_k (Eq. 6), exactly what the server forms
+        k = proj.t.numel()
+        stein = {n: torch.einsum("k,k...->...", proj.t, z) / k for n, z in proj.directions.items()}
+        yield "baffle-stein", GradientTarget(stein), True
+    else:
+        raise ConfigError(f"no reconstruction attack for method {name!r}; expected one of {list(ATTACKABLE)}")
+
+
+def reconstruction_attack(
+    run: ObservedRun,
+    *,
+    iterations: int = 300,
+    samples: int | None = None,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Attack every observed upload of round 1 (at most ``samples`` clients); returns the
+    per-attack median/mean MSE, PSNR and label accuracy, baselines, and per-client results."""
+    built = run.built
+    ds = built.dataset
+    name = built.config.method.name
+    views = [v for v in run.views if v.rnd == 1][: samples or None]
+    if not views:
+        raise ConfigError("no upload observed in round 1: nothing to attack")
+    model = built.model_fn()
+    shape, classes = tuple(ds.input_shape), ds.num_classes
+    mean_img = _mean_image(built)
+    gray = ((0.5 - torch.tensor(ds.mean)) / torch.tensor(ds.std)).view(1, -1, 1, 1).expand_as(mean_img)
+    results: dict[str, list[dict[str, Any]]] = {}
+    base_mean, base_gray = [], []
+    for i, view in enumerate(views):
+        data = built.clients[view.cid]
+        x_true, y_true = data.x[data.indices], data.y[data.indices]
+        state = model.state_dict()
+        model.load_state_dict({k: view.model.get(k, v) for k, v in state.items()})
+        model.train()
+        base_mean.append(float(pixel_mse(mean_img.expand_as(x_true), x_true, ds.mean, ds.std).mean()))
+        base_gray.append(float(pixel_mse(gray.expand_as(x_true), x_true, ds.mean, ds.std).mean()))
+        for attack, target, idlg in _targets(name, view, model, built.method_config):
+            b = x_true.shape[0]
+            labels = idlg_labels(target.grads, model) if idlg and b == 1 and isinstance(target, GradientTarget) else None
+            gen = generator(seed, "attack", attack, view.rnd, view.cid)
+            rec = invert(model, target, input_shape=shape, num_classes=classes, batch=b, labels=labels,
+                         iterations=iterations, generator=gen)  # fmt: skip
+            # each true image against its closest reconstruction
+            pair = torch.stack([pixel_mse(rec.x, x_true[j : j + 1].expand_as(rec.x), ds.mean, ds.std) for j in range(b)])
+            mse = pair.min(1).values
+            label_acc = float((rec.labels.sort().values == y_true.sort().values).float().mean())
+            results.setdefault(attack, []).append({
+                "cid": view.cid, "mse": [float(v) for v in mse], "label_accuracy": label_acc,
+                "match_loss": rec.loss, "masked": view.masked, "x": rec.x, "truth": x_true,
+            })  # fmt: skip
+        if progress is not None:
+            progress(i + 1, len(views))
+    summary: dict[str, Any] = {
+        "method": name,
+        "clients_attacked": len(views),
+        "iterations": iterations,
+        "masked": any(v.masked for v in views),
+        "baseline_mean_image_mse": statistics.median(base_mean),
+        "baseline_mid_gray_mse": statistics.median(base_gray),
+        "attacks": {},
+    }
+    for attack, rows in results.items():
+        all_mse = [m for r in rows for m in r["mse"]]
+        med = statistics.median(all_mse)
+        summary["attacks"][attack] = {
+            "median_mse": med,
+            "mean_mse": statistics.fmean(all_mse),
+            "median_psnr_db": 10 * math.log10(1 / med) if med > 0 else float("inf"),
+            "label_accuracy": statistics.fmean(r["label_accuracy"] for r in rows),
+            "clients": [{k: v for k, v in r.items() if k not in ("x", "truth")} for r in rows],
+        }
+    summary["_images"] = {a: (torch.cat([r["truth"] for r in rows]), torch.cat([r["x"] for r in rows])) for a, rows in results.items()}
+    return summary
+
+
+def attack_config(method: dict[str, Any], *, clients: int, per_client: int, seed: int = 0,
+                  model: str = "lenet-dlg", dataset: str = "fashion-mnist") -> RunConfig:
+    """A one-round run whose clients each hold exactly ``per_client`` samples."""
+    return load_config({
+        "seed": seed, "rounds": 1, "eval_every": 1,
+        "clients": {"num": clients, "per_round": clients},
+        "dataset": {"name": dataset, "limit_train": clients * per_client, "limit_test": 10},
+        "partition": {"name": "iid"},
+        "model": {"name": model},
+        "method": method,
+    })  # fmt: skip
