@@ -45,7 +45,7 @@ from fedge.core.errors import ConfigError
 from fedge.core.rng import generator
 from fedge.experiment.build import BuiltRun, build_run
 
-__all__ = ["ATTACKABLE", "ObservedRun", "attack_config", "observe_run", "pixel_mse", "reconstruction_attack"]
+__all__ = ["ATTACKABLE", "LEAKAGE_ROWS", "ObservedRun", "leakage_table", "attack_config", "observe_run", "pixel_mse", "reconstruction_attack"]
 
 ATTACKABLE = ("fedsgd", "fedavg", "baffle")
 
@@ -231,3 +231,40 @@ def attack_config(method: dict[str, Any], *, clients: int, per_client: int, seed
         "model": {"name": model},
         "method": method,
     })  # fmt: skip
+
+
+# The leakage table of docs/benchmarks.md ("Privacy leakage"): label -> (method section, batch).
+LEAKAGE_ROWS: dict[str, tuple[dict[str, Any], int]] = {
+    "fedsgd, batch 1": ({"name": "fedsgd", "batch_size": 1}, 1),
+    "fedsgd, batch 8": ({"name": "fedsgd", "batch_size": 8}, 8),
+    "fedavg, 1 local SGD step, batch 1": (
+        {"name": "fedavg", "local_epochs": 1, "batch_size": 1, "client_optimizer": {"name": "sgd", "lr": 0.1}}, 1),
+    "fedsgd, batch 1, secure aggregation": ({"name": "fedsgd", "batch_size": 1, "secure_aggregation": True}, 1),
+    "baffle batch, K=10, no secure aggregation": (
+        {"name": "baffle", "mode": "batch", "k": 10, "ema": None, "secure_aggregation": False}, 1),
+    "baffle batch, K=100, no secure aggregation": (
+        {"name": "baffle", "mode": "batch", "k": 100, "ema": None, "secure_aggregation": False}, 1),
+    "baffle batch, K=1000, no secure aggregation": (
+        {"name": "baffle", "mode": "batch", "k": 1000, "ema": None, "secure_aggregation": False}, 1),
+    "baffle batch, K=100, secure aggregation (default)": ({"name": "baffle", "mode": "batch", "k": 100, "ema": None}, 1),
+}
+
+
+def leakage_table(*, clients: int = 4, iterations: int = 300, dataset: str = "fashion-mnist",
+                  rows: list[str] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """One line per (row, attack): median/mean MSE, label accuracy and the baselines."""
+    import warnings  # noqa: PLC0415
+
+    out = []
+    for label in rows or list(LEAKAGE_ROWS):
+        method, per_client = LEAKAGE_ROWS[label]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run = observe_run(attack_config(method, clients=clients, per_client=per_client, dataset=dataset))
+        s = reconstruction_attack(run, iterations=iterations)
+        for attack, a in s["attacks"].items():
+            out.append({"row": label, "attack": attack, "masked": s["masked"], "median_mse": a["median_mse"],
+                        "mean_mse": a["mean_mse"], "label_accuracy": a["label_accuracy"],
+                        "mean_image": s["baseline_mean_image_mse"], "mid_gray": s["baseline_mid_gray_mse"],
+                        "upload_bytes": statistics.median(v.reply_bytes for v in run.views)})  # fmt: skip
+    return out
