@@ -24,6 +24,9 @@ def _run(tmp_path: Path, *sets: str) -> Path:
 def test_dlg_writes_json_and_image_grid(tmp_path: Path) -> None:
     run = _run(tmp_path, "--set", "method.name=fedsgd", "--set", "method.batch_size=1")
     result = runner.invoke(app, ["attack", str(run), "--attack", "dlg", "--iterations", "60", "--samples", "2"])
+    ig = runner.invoke(app, ["attack", str(run), "--attack", "ig", "--iterations", "30", "--samples", "1"])
+    assert ig.exit_code == 0, ig.output
+    assert json.loads((run / "attacks" / "ig.json").read_text())["attacks"]["ig"]["median_mse"] >= 0
     assert result.exit_code == 0, result.output
     data = json.loads((run / "attacks" / "dlg.json").read_text())
     assert data["clients_attacked"] == 2 and data["method"] == "fedsgd"

@@ -39,6 +39,7 @@ from fedge.attacks.reconstruct import (
     baffle_projection,
     idlg_labels,
     invert,
+    invert_ig,
 )
 from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError
@@ -152,9 +153,14 @@ def reconstruction_attack(
     samples: int | None = None,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    optimizer: str = "dlg",
 ) -> dict[str, Any]:
     """Attack every observed upload of round 1 (at most ``samples`` clients); returns the
-    per-attack median/mean MSE, PSNR and label accuracy, baselines, and per-client results."""
+    per-attack median/mean MSE, PSNR and label accuracy, baselines, and per-client results.
+    ``optimizer``: ``dlg`` (L2 matching, L-BFGS) or ``ig`` (Inverting Gradients: cosine + TV,
+    Adam; attack names get ``ig`` / ``-ig``)."""
+    if optimizer not in ("dlg", "ig"):
+        raise ConfigError(f"optimizer {optimizer!r}; expected 'dlg' or 'ig'")
     built = run.built
     ds = built.dataset
     name = built.config.method.name
@@ -180,8 +186,13 @@ def reconstruction_attack(
             b = _batch(built.method_config, x_true.shape[0])
             labels = idlg_labels(target.grads, model) if idlg and b == 1 and isinstance(target, GradientTarget) else None
             gen = generator(seed, "attack", attack, view.rnd, view.cid)
-            rec = invert(model, target, input_shape=shape, num_classes=classes, batch=b, labels=labels,
-                         iterations=iterations, generator=gen)  # fmt: skip
+            if optimizer == "ig":
+                attack = "ig" if attack == "dlg" else f"{attack}-ig"
+                rec = invert_ig(model, target, input_shape=shape, num_classes=classes, batch=b, labels=labels,
+                                iterations=iterations, generator=gen)  # fmt: skip
+            else:
+                rec = invert(model, target, input_shape=shape, num_classes=classes, batch=b, labels=labels,
+                             iterations=iterations, generator=gen)  # fmt: skip
             mse = []
             label_hits = 0
             for j in range(b):  # each reconstruction against the closest image of the client's local set

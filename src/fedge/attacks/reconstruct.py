@@ -39,6 +39,8 @@ __all__ = [
     "baffle_projection",
     "idlg_labels",
     "invert",
+    "invert_ig",
+    "total_variation",
 ]
 
 
@@ -50,6 +52,13 @@ class GradientTarget:
 
     def loss(self, g: Mapping[str, Tensor]) -> Tensor:
         return sum(((g[n] - t) ** 2).sum() for n, t in self.grads.items())  # type: ignore[return-value]
+
+    def cosine(self, g: Mapping[str, Tensor]) -> Tensor:
+        """1 − cos(∇L(x̂), g) over all parameters (Geiping et al. 2020, Eq. 4)."""
+        dot = sum((g[n] * t).sum() for n, t in self.grads.items())
+        na = sum((g[n] ** 2).sum() for n in self.grads)
+        nb = sum((t**2).sum() for t in self.grads.values())
+        return 1 - dot / (na.sqrt() * nb.sqrt() + 1e-12)  # type: ignore[union-attr, operator, return-value]
 
     @property
     def names(self) -> list[str]:
@@ -68,6 +77,10 @@ class ProjectionTarget:
 
     def loss(self, g: Mapping[str, Tensor]) -> Tensor:
         return ((self.project(g) - self.t) ** 2).sum()
+
+    def cosine(self, g: Mapping[str, Tensor]) -> Tensor:
+        """1 − cos between the dummy's K projections and the observed ones."""
+        return 1 - F.cosine_similarity(self.project(g), self.t, dim=0, eps=1e-12)
 
     @property
     def names(self) -> list[str]:
@@ -105,6 +118,56 @@ class Reconstruction:
     labels: Tensor  # (B,) the attacker's label guesses
     loss: float  # the best matching loss reached
     iterations: int
+
+
+def total_variation(x: Tensor) -> Tensor:
+    """Anisotropic total variation: mean |horizontal| + mean |vertical| neighbour differences."""
+    return (x[..., 1:, :] - x[..., :-1, :]).abs().mean() + (x[..., :, 1:] - x[..., :, :-1]).abs().mean()
+
+
+def invert_ig(
+    model: torch.nn.Module,
+    target: GradientTarget | ProjectionTarget,
+    *,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    batch: int = 1,
+    labels: Tensor | None = None,
+    iterations: int = 1000,
+    tv: float = 1e-2,
+    lr: float = 0.1,
+    generator: torch.Generator,
+) -> Reconstruction:
+    """Inverting Gradients (Geiping et al. 2020): cosine matching loss + ``tv`` · total
+    variation, Adam on the signed gradient of the dummy data (their Sec. 4), learning rate
+    decayed ×0.1 at 3/8, 5/8 and 7/8 of the iterations. Soft labels are optimized jointly
+    when ``labels`` is None. Returns the last iterate (the objective includes the prior)."""
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    names = target.names
+    x = torch.randn(batch, *input_shape, generator=generator).requires_grad_(True)
+    y_logits = torch.randn(batch, num_classes, generator=generator).requires_grad_(True)
+    variables = [x] if labels is not None else [x, y_logits]
+    opt = torch.optim.Adam(variables, lr=lr)
+    milestones = [int(iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=0.1)
+    value = float("inf")
+    for _ in range(iterations):
+        opt.zero_grad()
+        p = {n: (v.clone().requires_grad_(True) if n in names else v) for n, v in params.items()}
+        out = functional_call(model, p, (x,))
+        if labels is not None:
+            loss = F.cross_entropy(out, labels)
+        else:
+            loss = -(F.softmax(y_logits, -1) * F.log_softmax(out, -1)).sum(-1).mean()
+        g = torch.autograd.grad(loss, [p[n] for n in names], create_graph=True)
+        objective = target.cosine(dict(zip(names, g, strict=True))) + tv * total_variation(x)
+        objective.backward()
+        x.grad.sign_()  # type: ignore[union-attr]
+        opt.step()
+        sched.step()
+        value = float(objective.detach())
+    guess = labels if labels is not None else y_logits.detach().argmax(-1)
+    return Reconstruction(x.detach().clone(), guess, value, iterations)
 
 
 def invert(

@@ -1,13 +1,14 @@
 """``fedge attack``: privacy attacks as measurements against a run (issue 12).
 
-    fedge attack RUN_DIR --attack dlg [--iterations 300] [--samples 10] [--seed 0]
+    fedge attack RUN_DIR --attack dlg|ig [--iterations 300] [--samples 10] [--seed 0]
     fedge attack RUN_DIR --attack mia [--samples 1000]
 
 ``dlg`` re-runs round 1 of the run's own config (same seed, same data, so the same uploads)
 with every exchange observed (:class:`fedge.attacks.observe.Observer`) and attacks each
 client's upload as the server receives it — DLG/iDLG on FedSGD gradients and FedAvg deltas;
 for batch-level BAFFLE both matching the K loss differences directly and DLG on the Stein
-estimate; under secure aggregation the same attacks on the masked vector. ``mia`` runs the
+estimate; under secure aggregation the same attacks on the masked vector. ``ig`` runs the
+same with Inverting Gradients' objective (cosine + total variation, Adam). ``mia`` runs the
 loss-threshold membership attack on the run's final model (training samples vs test samples).
 Results go to ``RUN_DIR/attacks/NAME.json`` and, for ``dlg``, an image grid per attack
 (top: the closest image of the client's data; bottom: the reconstruction).
@@ -35,7 +36,7 @@ from fedge.experiment.rundir import RunDir
 
 __all__ = ["attack", "register"]
 
-ATTACKS = ("dlg", "mia")
+ATTACKS = ("dlg", "ig", "mia")
 
 
 def _grid(truth: torch.Tensor, rec: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...], path: Path) -> Path:
@@ -68,19 +69,19 @@ def _write(run_dir: Path, name: str, result: dict[str, Any]) -> Path:
     return path
 
 
-def _dlg(run_dir: Path, raw: dict[str, Any], iterations: int, samples: int, seed: int) -> dict[str, Any]:
+def _dlg(run_dir: Path, raw: dict[str, Any], iterations: int, samples: int, seed: int, optimizer: str) -> dict[str, Any]:
     cfg = load_config({**raw, "rounds": 1})
     with one_line_warnings():
         run = observe_run(cfg)
     with Progress(transient=True) as bar:
         task = bar.add_task(f"inverting {samples} uploads x {iterations} iterations", total=samples)
-        result = reconstruction_attack(run, iterations=iterations, samples=samples, seed=seed,
+        result = reconstruction_attack(run, iterations=iterations, samples=samples, seed=seed, optimizer=optimizer,
                                        progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
     ds = run.built.dataset
     images = result.pop("_images")
     (run_dir / "attacks").mkdir(exist_ok=True)
     result["images"] = {
-        a: str(_grid(t, r, ds.mean, ds.std, run_dir / "attacks" / f"dlg-{a}").relative_to(run_dir))
+        a: str(_grid(t, r, ds.mean, ds.std, run_dir / "attacks" / f"{optimizer}-{a}").relative_to(run_dir))
         for a, (t, r) in images.items()
     }
     return result
@@ -103,9 +104,9 @@ def _mia(run_dir: Path, raw: dict[str, Any], samples: int, seed: int) -> dict[st
 
 def attack(
     run_dir: Annotated[Path, typer.Argument(help="a run directory (dlg: its config; mia: its final model)")],
-    attack: Annotated[str, typer.Option("--attack", help="dlg | mia")] = "dlg",
-    iterations: Annotated[int, typer.Option(min=1, help="dlg: optimizer iterations per upload")] = 300,
-    samples: Annotated[int, typer.Option(min=1, help="dlg: uploads attacked; mia: members and non-members each")] = 10,
+    attack: Annotated[str, typer.Option("--attack", help="dlg | ig | mia")] = "dlg",
+    iterations: Annotated[int, typer.Option(min=1, help="dlg/ig: optimizer iterations per upload")] = 300,
+    samples: Annotated[int, typer.Option(min=1, help="dlg/ig: uploads attacked; mia: members and non-members each")] = 10,
     seed: Annotated[int, typer.Option(help="the attacker's seed (dummy data, sample choice)")] = 0,
 ) -> None:
     """Measure what a run leaks: reconstruct clients' data from their uploads, or infer membership."""
@@ -113,8 +114,8 @@ def attack(
         fail(f"--attack {attack!r} is not an attack here; expected one of {list(ATTACKS)} (e.g. --attack dlg)")
     try:
         raw = RunDir(run_dir).read_config()
-        if attack == "dlg":
-            result = _dlg(run_dir, raw, iterations, samples, seed)
+        if attack in ("dlg", "ig"):
+            result = _dlg(run_dir, raw, iterations, samples, seed, attack)
         else:
             result = _mia(run_dir, raw, samples, seed)
     except FedgeError as exc:
@@ -122,7 +123,7 @@ def attack(
     result["seed"] = seed
     path = _write(run_dir, attack, result)
     console = out()
-    if attack == "dlg":
+    if attack != "mia":
         console.print(f"baselines: mean image MSE {result['baseline_mean_image_mse']:.4f}, "
                       f"mid-gray {result['baseline_mid_gray_mse']:.4f}" + (" (uploads masked)" if result["masked"] else ""))  # fmt: skip
         for name, a in result["attacks"].items():

@@ -192,8 +192,10 @@ def _privacy_blocks(run: RunLog) -> list[Block]:
     """The "Privacy" table from ``attacks/*.json`` (written by ``fedge attack``), when present."""
     folder = Path(run.path) / "attacks"
     rows: list[tuple[str, ...]] = []
-    dlg = _read_attack(folder / "dlg.json")
-    if dlg is not None:
+    for kind in ("dlg", "ig"):
+        dlg = _read_attack(folder / f"{kind}.json")
+        if dlg is None:
+            continue
         base = (f"mean image {dlg.get('baseline_mean_image_mse', float('nan')):.3g}, "
                 f"mid-gray {dlg.get('baseline_mid_gray_mse', float('nan')):.3g}")  # fmt: skip
         seen = "masked uploads" if dlg.get("masked") else "uploads in the clear"
