@@ -262,7 +262,7 @@ LEAKAGE_ROWS: dict[str, tuple[dict[str, Any], int]] = {
 
 
 def leakage_table(*, clients: int = 4, iterations: int = 300, dataset: str = "fashion-mnist",
-                  rows: list[str] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+                  rows: list[str] | None = None, optimizer: str = "dlg") -> list[dict[str, Any]]:  # fmt: skip
     """One line per (row, attack): median/mean MSE, label accuracy and the baselines."""
     import warnings  # noqa: PLC0415
 
@@ -272,7 +272,7 @@ def leakage_table(*, clients: int = 4, iterations: int = 300, dataset: str = "fa
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             run = observe_run(attack_config(method, clients=clients, per_client=per_client, dataset=dataset))
-        s = reconstruction_attack(run, iterations=iterations)
+        s = reconstruction_attack(run, iterations=iterations, optimizer=optimizer)
         for attack, a in s["attacks"].items():
             out.append({"row": label, "attack": attack, "masked": s["masked"], "median_mse": a["median_mse"],
                         "mean_mse": a["mean_mse"], "label_accuracy": a["label_accuracy"],
