@@ -23,7 +23,7 @@ def test_single_sample_fedsgd_leaks_the_image_and_label() -> None:
 
 
 def test_masked_baffle_upload_is_no_better_than_the_mean_image() -> None:
-    s = _attack({"name": "baffle", "mode": "batch", "k": 100, "ema": None})
+    s = _attack({"name": "baffle", "mode": "batch", "k": 100})  # EMA on: secure aggregation sits beneath it
     assert s["masked"]
     for attack in ("baffle-k", "baffle-stein"):
         assert s["attacks"][attack]["median_mse"] > s["baseline_mean_image_mse"]

@@ -58,11 +58,14 @@ class ObservedRun:
 
     @property
     def views(self) -> list[ServerView]:
-        strategy = self.observer.inner
         layout = None
-        summands = getattr(strategy, "summands", None)  # secure aggregation's flattening layout
-        if isinstance(summands, dict):
-            layout = {n: shape for n, (shape, _) in summands.items()}
+        strategy: Any = self.observer.inner
+        while strategy is not None:  # through wrappers (EMA, ...) to secure aggregation's flattening layout
+            summands = getattr(strategy, "summands", None)
+            if isinstance(summands, dict):
+                layout = {n: shape for n, (shape, _) in summands.items()}
+                break
+            strategy = getattr(strategy, "inner", None)
         return server_views(self.observer.records, layout)
 
 
