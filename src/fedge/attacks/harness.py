@@ -35,7 +35,6 @@ import torch
 from fedge.attacks.observe import Observer, ServerView, server_views
 from fedge.attacks.reconstruct import (
     GradientTarget,
-    ProjectionTarget,
     baffle_projection,
     idlg_labels,
     invert,

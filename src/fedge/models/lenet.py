@@ -40,7 +40,6 @@ the padding): the second 5x5 conv must leave a 2x2 map to pool.
 from __future__ import annotations
 
 import math
-
 from collections import OrderedDict
 
 from pydantic import field_validator

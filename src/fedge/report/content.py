@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import json
 
 import yaml
 
