@@ -68,7 +68,7 @@ class Observer(StrategyWrapper):
                     step += 1
                 item = gen.send(answer)
         except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+            return stop.value
 
 
 @dataclass

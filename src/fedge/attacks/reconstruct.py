@@ -58,7 +58,7 @@ class GradientTarget:
         dot = sum((g[n] * t).sum() for n, t in self.grads.items())
         na = sum((g[n] ** 2).sum() for n in self.grads)
         nb = sum((t**2).sum() for t in self.grads.values())
-        return 1 - dot / (na.sqrt() * nb.sqrt() + 1e-12)  # type: ignore[union-attr, operator, return-value]
+        return 1 - dot / (na.sqrt() * nb.sqrt() + 1e-12)  # type: ignore[union-attr]
 
     @property
     def names(self) -> list[str]:
