@@ -10,7 +10,7 @@ be a submodule). Two properties are checked:
 * no module imports a layer above its own, and the same-layer rules hold (the table below).
 
 Layers, lowest first: 0 core; 1 data, models, estimators, privacy, pruning; 2 methods,
-runtime; 3 experiment; 4 report, bench; 5 cli and the public API (``fedge/__init__.py``).
+runtime; 3 experiment; 4 report, bench, attacks; 5 cli and the public API (``fedge/__init__.py``).
 Within layer 1 only the imports in ``SAME_LAYER_ALLOWED`` may cross packages; within layer 2
 methods and runtime do not import each other; report and bench do not import each other.
 """
@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     "experiment": 3,
     "report": 4,
     "bench": 4,
+    "attacks": 4,
     "cli": 5,
     "": 5,  # fedge/__init__.py and any top-level module: the public API
 }

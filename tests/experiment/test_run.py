@@ -110,7 +110,7 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tiny):
         ({"method.local_epochs": 0}, ConfigError),
         ({"method.bogus": 1}, ConfigError),
         ({"partition.name": "dirichlet", "partition.alpha": -1}, ConfigError),
-        ({"model.activation": "tanh"}, ConfigError),
+        ({"model.activation": "no-such-activation"}, ConfigError),  # tanh and sigmoid exist now (lenet-dlg)
         ({"dataset.name": "mnist", "dataset.root": "/nonexistent"}, DataNotFoundError),
     ],
 )

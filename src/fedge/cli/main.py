@@ -9,6 +9,7 @@
     fedge export RUN_DIR [--format torchscript|onnx]             the trained model for the edge (cli/export.py)
     fedge privacy epsilon ...                                    DP accounting without training (cli/privacy.py)
     fedge fedpt-search CONFIG ...                                FedPT's partition search       (cli/fedpt.py)
+    fedge attack RUN_DIR --attack dlg|mia                        privacy attacks as measurements (cli/attack.py)
 
 Bad input (unknown key, wrong type, out-of-range or non-finite value, unknown name, missing
 data, an unwritable --out) prints one ``error:`` line naming the value and the fix and exits
@@ -24,7 +25,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import typer  # noqa: E402
 
-from fedge.cli import bench, export, fedpt, privacy, run, show  # noqa: E402
+from fedge.cli import attack, bench, export, fedpt, privacy, run, show  # noqa: E402
 from fedge.cli.common import EXIT_BAD_INPUT  # noqa: E402
 
 __all__ = ["EXIT_BAD_INPUT", "app", "main"]
@@ -46,6 +47,7 @@ app.command("export")(export.export)
 app.add_typer(bench.bench_app, name="bench")
 app.add_typer(privacy.app, name="privacy")
 fedpt.register(app)  # fedge fedpt-search
+attack.register(app)  # fedge attack
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -40,6 +40,8 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "hardswish": nn.Hardswish,  # BAFFLE Sec. 3.3: C^1 at zero, so ±δ perturbations see no kink
     "relu": nn.ReLU,
     "selu": nn.SELU,
+    "sigmoid": nn.Sigmoid,  # Zhu et al. 2019 (DLG): twice-differentiable everywhere
+    "tanh": nn.Tanh,
 }
 NORMS: tuple[str, ...] = ("batch", "group", "none")
 

@@ -39,6 +39,7 @@ the padding): the second 5x5 conv must leave a 2x2 map to pool.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 
 from pydantic import field_validator
@@ -213,3 +214,32 @@ def build_lenet_ppfl(
     norm_affine: bool,
 ) -> tuple[nn.Sequential, nn.Sequential]:
     return _pooled_convs_fc(input_shape, (20, 50), (500,), num_classes, activation, norm, padding, norm_affine)
+
+
+@register_model(
+    "lenet-dlg",
+    description="the LeNet that DLG attacks: three conv5x5(12) with padding 2 (strides 2, 2, 1), sigmoid, no "
+    "pooling, FC",
+    reference="Zhu, Liu, Han: Deep Leakage from Gradients (NeurIPS 2019), Sec. 4.1 and their models/vision.py",
+    default_activation="sigmoid",
+    norms=("none",),
+    input_shapes=((1, 28, 28), (3, 32, 32), (1, 8, 8)),
+)
+def build_lenet_dlg(
+    *, input_shape: _Shape, num_classes: int, activation: str, norm: str
+) -> tuple[nn.Sequential, nn.Sequential]:
+    """No pooling and a smooth activation: every input pixel reaches the gradient, which is
+    what makes single-sample gradient inversion work (Zhu et al. 2019).
+
+    Parameters, 10 classes: (1, 28, 28): convs 312 + 3,612 + 3,612, FC 12·7·7·10 + 10 = 5,890,
+    total 13,426; (3, 32, 32): 912 + 3,612 + 3,612 + (768·10 + 10) = 15,826 (Zhu et al.'s CIFAR
+    LeNet has the same 768-wide FC)."""
+    c = input_shape[0]
+    layers: list[nn.Module] = []
+    for i, stride in enumerate((2, 2, 1)):
+        layers += [nn.Conv2d(c if i == 0 else 12, 12, kernel_size=5, padding=2, stride=stride)]
+        layers += [make_activation(activation)]
+    features = nn.Sequential(*layers)
+    n = math.prod(output_shape(features, input_shape))
+    classifier = nn.Sequential(OrderedDict(flatten=nn.Flatten(), out=nn.Linear(n, num_classes)))
+    return features, classifier

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -178,6 +179,37 @@ def _rounds_blocks(run: RunLog) -> list[Block]:
     return blocks
 
 
+def _read_attack(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _privacy_blocks(run: RunLog) -> list[Block]:
+    """The "Privacy" table from ``attacks/*.json`` (written by ``fedge attack``), when present."""
+    folder = Path(run.path) / "attacks"
+    rows: list[tuple[str, ...]] = []
+    for kind in ("dlg", "ig"):
+        dlg = _read_attack(folder / f"{kind}.json")
+        if dlg is None:
+            continue
+        base = (f"mean image {dlg.get('baseline_mean_image_mse', float('nan')):.3g}, "
+                f"mid-gray {dlg.get('baseline_mid_gray_mse', float('nan')):.3g}")  # fmt: skip
+        seen = "masked uploads" if dlg.get("masked") else "uploads in the clear"
+        for name, a in dlg.get("attacks", {}).items():
+            rows.append((f"reconstruction ({name}), {seen}", f"median MSE {a['median_mse']:.3g}, labels {a['label_accuracy']:.2f}",
+                         base))  # fmt: skip
+    mia = _read_attack(folder / "mia.json")
+    if mia is not None:
+        rows.append(("membership (loss threshold)", f"AUC {mia['auc']:.3f}, best precision {mia['best_precision']:.3f}",
+                     "AUC 0.5"))  # fmt: skip
+    if not rows:
+        return []
+    return [Heading(2, "Privacy"), Table(("attack", "result", "chance-level baseline"), tuple(rows))]
+
+
 _CAPTIONS = {
     "accuracy.png": "Test accuracy per round",
     "accuracy_vs_bytes.png": "Test accuracy vs cumulative bytes (down + up)",
@@ -197,6 +229,7 @@ def document(run: RunLog, plots: Sequence[Path]) -> list[Block]:
     else:
         blocks.append(Para("No plots yet (no round has been evaluated)."))
     blocks += _rounds_blocks(run)
+    blocks += _privacy_blocks(run)
     blocks += _partition_blocks(run.partition)
     blocks.append(Heading(2, "Config"))
     if run.config:

@@ -138,6 +138,18 @@ class _EnclaveEval(nn.Module):
         return _ecall_eval(self._spec, self._stage, self._blob, f)
 
 
+
+def _cv(c: Any, key: str, kind: type) -> Any:
+    """A config value of ``kind`` (int also from float, float also from int), or a MessageError."""
+    v = c.get(key)
+    if kind is float and isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
+    if kind is int and isinstance(v, float) and v.is_integer():
+        return int(v)
+    if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+        raise MessageError(f"message config {key!r} is {type(v).__name__}; expected {kind.__name__}")
+    return v
+
 def _ecall_eval(spec: EnclaveSpec, stage: int, blob: bytes, f: torch.Tensor) -> torch.Tensor:
     net = spec.net(stage, open_eval_blob(blob)).eval()
     return net(f).detach()
@@ -229,7 +241,7 @@ class PpflStrategy(Strategy):
                 for k in ("measurement", "pk", "signature"):
                     reg[f"{k}/{c}"] = replies[c].config[k]
             out = yield PartyCall("server_tee", Message(config=reg))
-            refused = [int(x) for x in out.config["refused"].split(",") if x]  # type: ignore[union-attr]
+            refused = [int(x) for x in out.config["refused"].split(",") if x]
             self.refused.update(refused)
             self.attested.update(c for c in new if c not in refused)
         ids = [c for c in client_ids if c in self.attested and self.batch_for(self._budget(c), self.stage) is not None]
@@ -254,11 +266,11 @@ class PpflStrategy(Strategy):
             agg[f"u/{c}"] = replies[c].config["upload"]
             agg[f"n/{c}"] = int(replies[c].metrics["samples"])
         out = yield PartyCall("server_tee", Message(config=agg))
-        rejected = [int(x) for x in out.config["rejected"].split(",") if x]  # type: ignore[union-attr]
+        rejected = [int(x) for x in out.config["rejected"].split(",") if x]
         if rejected and self.cfg.on_bad_upload == "abort":
             raise MessageError(f"round {rnd}: the server enclave rejected the sealed uploads of clients {rejected} "
                                "(failed authentication); stopping as method.on_bad_upload=abort")  # fmt: skip
-        self.eval_blob = out.config["eval"]  # type: ignore[assignment]
+        self.eval_blob = out.config["eval"]
         eligible = sum(1 for c in range(self.num_clients) if self.batch_for(self._budget(c), stage) is not None)
         r = [replies[c].metrics for c in ids]
         metrics.update(
@@ -266,7 +278,7 @@ class PpflStrategy(Strategy):
             stage_rounds=self.rounds_in_stage + 1,
             eligible_clients=eligible,
             trained_clients=len(ids) - len(rejected),
-            batch_size_min=min((int(msgs[c].config["batch_size"]) for c in ids), default=0),
+            batch_size_min=min((_cv(msgs[c].config, "batch_size", int) for c in ids), default=0),
             rejected_clients=len(rejected),
             tee_need_bytes=self.need[stage](self.cfg.batch_size),
             tee_peak_bytes=max((m["peak"] for m in r), default=0),
@@ -353,14 +365,14 @@ class PpflClient:
         frozen_arrays = {k: v for k, v in ctx.state.items() if isinstance(v, torch.Tensor)}
         frozen_arrays.update(message.arrays)
         ctx.state.update(message.arrays)
-        stage = int(c["stage"])
+        stage = _cv(c, "stage", int)
         model.load_state_dict(frozen_arrays, strict=False)
         frozen = frozen_net(model, self.spec.stages, stage)
         t_start = time.perf_counter()
         tee.call(Message(config={"op": "begin", **{k: c[k] for k in ("blob", "rnd", "stage", "budget", "lr", "momentum")}}))
         tee_s = time.perf_counter() - t_start
-        for _ in range(int(c["epochs"])):
-            for x, y in ctx.data.batches(int(c["batch_size"]), generator=ctx.generator):
+        for _ in range(_cv(c, "epochs", int)):
+            for x, y in ctx.data.batches(_cv(c, "batch_size", int), generator=ctx.generator):
                 with torch.no_grad():
                     f = frozen(x)
                 t1 = time.perf_counter()

@@ -90,6 +90,18 @@ class EnclaveSpec:
         return out
 
 
+
+def _cv(c: Any, key: str, kind: type) -> Any:
+    """A config value of ``kind`` (int also from float, float also from int), or a MessageError."""
+    v = c.get(key)
+    if kind is float and isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
+    if kind is int and isinstance(v, float) and v.is_integer():
+        return int(v)
+    if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+        raise MessageError(f"message config {key!r} is {type(v).__name__}; expected {kind.__name__}")
+    return v
+
 def _pack(arrays: dict[str, torch.Tensor], config: dict[str, Any] | None = None) -> bytes:
     return Message({k: v.detach().clone() for k, v in arrays.items()}, dict(config or {})).to_bytes()
 
@@ -143,31 +155,32 @@ class ClientEnclave:
         op = msg.config.get("op")
         if op == "attest":
             c = msg.config
-            server = Report(c["server_measurement"], c["server_pk"], SERVER_HELLO_NONCE, c["server_signature"])
+            server = Report(_cv(c, "server_measurement", bytes), _cv(c, "server_pk", bytes), SERVER_HELLO_NONCE,
+                            _cv(c, "server_signature", bytes))
             verify_report(server, expected=self.spec.measurement("server"), nonce=SERVER_HELLO_NONCE)
             keys = KeyPair.generate()
             key = session_key(keys, server.public_key, client=int(ctx.key))  # type: ignore[arg-type]
             _store_sealed(ctx, label, Message(config={"key": key, "send": 0, "recv": -1}))
-            r = sign_report(self.spec.measurement("client"), keys.public, c["challenge"])
+            r = sign_report(self.spec.measurement("client"), keys.public, _cv(c, "challenge", bytes))
             return Message(config={"measurement": r.measurement, "pk": r.public_key, "signature": r.signature})
         if op == "begin":
             saved = _load_sealed(ctx, label).config
             if "key" not in saved:
                 raise MessageError(f"client enclave {ctx.key}: no attested session; attest first")
-            ch = SealedChannel(saved["key"], int(ctx.key), UP, int(saved["send"]), int(saved["recv"]))  # type: ignore[arg-type]
+            ch = SealedChannel(saved["key"], int(ctx.key), UP, _cv(saved, "send", int), _cv(saved, "recv", int))  # type: ignore[arg-type]
             c = msg.config
-            rnd, stage = int(c["rnd"]), int(c["stage"])
-            arrays = _unpack(ch.open(c["blob"], rnd=rnd, stage=stage)).arrays
-            mem = EnclaveMemory(int(c["budget"]), who=f"client {ctx.key}'s enclave")
+            rnd, stage = _cv(c, "rnd", int), _cv(c, "stage", int)
+            arrays = _unpack(ch.open(_cv(c, "blob", bytes), rnd=rnd, stage=stage)).arrays
+            mem = EnclaveMemory(_cv(c, "budget", int), who=f"client {ctx.key}'s enclave")
             net = self.spec.net(stage, arrays).train()
             params = [p for p in net.parameters()]
             mem.alloc_tensors("layer+head", params)
             mem.alloc_tensors("buffers", list(net.buffers()))
             mem.alloc_tensors("gradients", params)
-            momentum = float(c["momentum"])
+            momentum = _cv(c, "momentum", float)
             if momentum > 0:
                 mem.alloc_tensors("optimizer", params)
-            opt = torch.optim.SGD(params, lr=float(c["lr"]), momentum=momentum)
+            opt = torch.optim.SGD(params, lr=_cv(c, "lr", float), momentum=momentum)
             self._live = _Training(net, opt, mem, ch, rnd, stage)
             return Message(metrics={"ok": 1})
         if op == "batch":
@@ -176,7 +189,7 @@ class ClientEnclave:
             t.memory.alloc_tensors("batch", [x, y])
             acts = 0
 
-            def hook(_m, _i, out):  # type: ignore[no-untyped-def]
+            def hook(_m, _i, out):
                 nonlocal acts
                 acts += tensor_bytes([out])
 
@@ -250,14 +263,15 @@ class ServerEnclave:
             r = sign_report(self.spec.measurement("server"), keys.public, SERVER_HELLO_NONCE)
             reply: dict[str, Any] = {"server_measurement": r.measurement, "server_pk": r.public_key,
                                      "server_signature": r.signature}  # fmt: skip
-            for cid in _ids(c["ids"]):
+            for cid in _ids(_cv(c, "ids", str)):
                 conf[f"ch/{cid}"] = reply[f"challenge/{cid}"] = os.urandom(16)
             return Message(config=reply)
         if op == "register":
             keys = KeyPair.from_private_bytes(conf["sk"])
             refused = []
-            for cid in _ids(c["ids"]):
-                r = Report(c[f"measurement/{cid}"], c[f"pk/{cid}"], conf.pop(f"ch/{cid}", b""), c[f"signature/{cid}"])
+            for cid in _ids(_cv(c, "ids", str)):
+                r = Report(_cv(c, f"measurement/{cid}", bytes), _cv(c, f"pk/{cid}", bytes), conf.pop(f"ch/{cid}", b""),
+                           _cv(c, f"signature/{cid}", bytes))
                 try:
                     verify_report(r, expected=self.spec.measurement("client"), nonce=r.nonce)
                 except AttestationError:
@@ -266,35 +280,35 @@ class ServerEnclave:
                 conf[f"k/{cid}"], conf[f"s/{cid}"], conf[f"r/{cid}"] = session_key(keys, r.public_key, client=cid), 0, -1
             return Message(config={"refused": _str(refused)})
         if op == "broadcast":
-            stage, rnd = int(c["stage"]), int(c["rnd"])
+            stage, rnd = _cv(c, "stage", int), _cv(c, "rnd", int)
             if conf.get("stage") != stage or not model:
                 model.clear()
                 model.update(self.spec.net(stage).state_dict())
                 conf["stage"] = stage
             payload = _pack(model)
             reply = {}
-            for cid in _ids(c["ids"]):
+            for cid in _ids(_cv(c, "ids", str)):
                 ch = self._channel(conf, cid)
                 reply[f"c/{cid}"] = ch.seal(payload, rnd=rnd, stage=stage)
                 self._keep(conf, ch)
             return Message(config=reply)
         if op == "aggregate":
-            stage, rnd = int(c["stage"]), int(c["rnd"])
+            stage, rnd = _cv(c, "stage", int), _cv(c, "rnd", int)
             mem = EnclaveMemory(int(self.spec.server_mb * tee.MiB), who="server enclave")
             mem.alloc_tensors("global", list(model.values()))
             total: dict[str, torch.Tensor] = {}
             weight, rejected = 0.0, []
-            for cid in _ids(c["ids"]):
+            for cid in _ids(_cv(c, "ids", str)):
                 ch = self._channel(conf, cid)
                 try:
-                    arrays = _unpack(ch.open(c[f"u/{cid}"], rnd=rnd, stage=stage)).arrays
+                    arrays = _unpack(ch.open(_cv(c, f"u/{cid}", bytes), rnd=rnd, stage=stage)).arrays
                     if set(arrays) != set(model):
                         raise SealError(f"client {cid}'s upload has other tensors than the stage model")
                 except (SealError, MessageError):
                     rejected.append(cid)
                     continue
                 self._keep(conf, ch)
-                n = float(c[f"n/{cid}"])
+                n = _cv(c, f"n/{cid}", float)
                 mem.alloc_tensors("upload", list(arrays.values()))
                 for k, v in arrays.items():
                     if v.is_floating_point():
@@ -311,7 +325,7 @@ class ServerEnclave:
             blob = seal_blob(hardware_key("server"), _pack(model), label=b"eval", counter=ctr)
             return Message(config={"rejected": _str(rejected), "eval": blob}, metrics={"server_tee_peak": mem.peak})
         if op == "release":
-            stage = int(c["stage"])
+            stage = _cv(c, "stage", int)
             if conf.get("stage") != stage:
                 raise MessageError(f"server enclave: stage {stage} is not the one it holds ({conf.get('stage')})")
             arrays = self.spec.to_model_keys(stage, model)

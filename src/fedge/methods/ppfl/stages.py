@@ -43,7 +43,9 @@ def _check(model: nn.Module) -> None:
 def plan_stages(model: nn.Module, input_shape: tuple[int, ...], block_layers: int) -> list[Stage]:
     """The stages of ``model``: conv blocks grouped by ``block_layers``, then the classifier."""
     _check(model)
-    names = [n for n, _ in model.features.named_children()]
+    features = model.features
+    assert isinstance(features, nn.Module)
+    names = [n for n, _ in features.named_children()]
     if block_layers < 1:
         raise ConfigError(f"method.block_layers={block_layers}; expected at least 1")
     stages: list[Stage] = []
@@ -97,7 +99,7 @@ def stage_net(model: nn.Module, stages: list[Stage], index: int, *, seed: int) -
         nn.AdaptiveAvgPool2d(tuple(last[1:])),
         nn.Conv2d(st.out_shape[0], last[0], kernel_size=1),
         nn.ReLU(),
-        copy.deepcopy(model.classifier),
+        copy.deepcopy(_submodule(model, "classifier")),
     )
     _reinit(head, generator(seed, "ppfl-head", index))
     return StageNet(layers, head)
@@ -113,7 +115,7 @@ def activation_bytes(net: nn.Module, in_shape: tuple[int, ...]) -> int:
     """Bytes of the outputs of every leaf module for one sample (what backward keeps)."""
     total = 0
 
-    def hook(_m, _i, out):  # type: ignore[no-untyped-def]
+    def hook(_m, _i, out):
         nonlocal total
         total += out.numel() * out.element_size()
 
@@ -135,3 +137,9 @@ def stage_need(net: nn.Module, in_shape: tuple[int, ...], batch_size: int) -> in
     buffers = sum(b.numel() * b.element_size() for b in net.buffers())
     per_sample = math.prod(in_shape) * F32 + 8 + 2 * activation_bytes(net, in_shape)  # + an int64 label
     return params * 3 + buffers + batch_size * per_sample
+
+
+def _submodule(model: nn.Module, name: str) -> nn.Module:
+    sub = getattr(model, name)
+    assert isinstance(sub, nn.Module), f"model.{name} is not a module"
+    return sub

@@ -41,7 +41,7 @@ class AttestationError(FedgeError, PermissionError):
 def _vendor_key() -> Ed25519PrivateKey:
     if "vendor" not in _FUSES:
         _FUSES["vendor"] = Ed25519PrivateKey.generate()
-    return _FUSES["vendor"]  # type: ignore[no-any-return]
+    return _FUSES["vendor"]
 
 
 def vendor_public_key() -> bytes:
@@ -53,7 +53,7 @@ def hardware_key(label: str) -> bytes:
     k = "huk/" + label
     if k not in _FUSES:
         _FUSES[k] = os.urandom(32)
-    return _FUSES[k]  # type: ignore[no-any-return]
+    return _FUSES[k]
 
 
 def measure(modules: list[ModuleType], config: dict[str, Any]) -> bytes:

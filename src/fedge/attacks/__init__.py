@@ -1,0 +1,16 @@
+"""Privacy attacks as measurements (issue 12; PPFL seed 001, Section 3 and Table 2).
+
+An attack consumes *observations* — what an adversary actually sees — and never reaches into
+a method's internals:
+
+- :mod:`fedge.attacks.observe`: :class:`Observer`, a strategy wrapper that records every
+  exchange of a round (the server's outgoing messages and each client's reply as it
+  arrives, before aggregation), and :func:`server_views`, which reads each client's upload
+  out of those records the way an honest-but-curious server would (plain arrays, or the
+  fixed-point vector of a secure-aggregation masked input).
+- :mod:`fedge.attacks.reconstruct`: data reconstruction — DLG (Zhu et al. 2019) gradient
+  matching with iDLG label extraction, against a gradient, against BAFFLE's Stein estimate,
+  and matching BAFFLE's K loss differences directly.
+- :mod:`fedge.attacks.membership`: the loss-threshold membership attack (Yeom et al. 2018).
+- :mod:`fedge.attacks.harness`: one short instrumented run, the attacks, and the baselines.
+"""

@@ -1,0 +1,129 @@
+"""What an honest-but-curious server observes (issue 12, "The observation interface").
+
+:class:`Observer` wraps the outermost strategy of any method and records, for every
+:class:`~fedge.core.protocols.Exchange` of every round, the message the server sent each
+client and the reply that came back, as the reply arrives and before the wrapped strategy
+aggregates it. It does not look inside the method: FedAvg deltas, FedSGD gradients,
+BAFFLE's K loss differences (with the seed and model that were broadcast) and the masked
+vectors of secure aggregation are all just messages.
+
+:func:`server_views` then reads, per client, the *upload* a server that knows the public
+protocol would interpret: the reply of the exchange that carried the model. A plain reply's
+arrays are the upload; a secure-aggregation reply carries only a masked input y_u, which
+the server decodes exactly as it would a plaintext vector ([w·v, w] in fixed point,
+:mod:`fedge.methods.secure`) and divides by its last entry. Nothing is special-cased: an
+attack run on that vector measures what the masks leave.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedge.core.messages import Message
+from fedge.core.protocols import Exchange, Round, Strategy, StrategyWrapper
+
+__all__ = ["Observed", "Observer", "ServerView", "server_views"]
+
+
+def _copy(m: Message) -> Message:
+    return Message(
+        {k: v.detach().clone() for k, v in m.arrays.items()}, config=dict(m.config), metrics=dict(m.metrics)
+    )
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One client's part of one exchange: what the server sent and what came back."""
+
+    rnd: int
+    step: int  # index of the exchange within the round
+    cid: int
+    sent: Message
+    reply: Message
+
+
+class Observer(StrategyWrapper):
+    """Records every exchange's outgoing messages and replies (copies, taken on arrival)."""
+
+    def __init__(self, inner: Strategy) -> None:
+        super().__init__(inner)
+        self.records: list[Observed] = []
+
+    def round(self, rnd: int, client_ids: list[int]) -> Round:
+        gen = self.inner.round(rnd, client_ids)
+        step = 0
+        try:
+            item = next(gen)
+            while True:
+                answer = yield item
+                if isinstance(item, Exchange):
+                    for cid, reply in answer.items():
+                        self.records.append(Observed(rnd, step, cid, _copy(item.messages[cid]), _copy(reply)))
+                    step += 1
+                item = gen.send(answer)
+        except StopIteration as stop:
+            return stop.value
+
+
+@dataclass
+class ServerView:
+    """One client's upload in one round, as the server can interpret it.
+
+    ``model`` and ``config`` are what the server broadcast with the payload exchange (the
+    global model's arrays; BAFFLE's seed). ``upload`` is name -> tensor: the reply's arrays
+    for a plain upload, or the masked vector laid out as the plaintext would be
+    (``masked`` True)."""
+
+    rnd: int
+    cid: int
+    model: dict[str, torch.Tensor]
+    config: dict[str, Any]
+    upload: dict[str, torch.Tensor]
+    masked: bool = False
+    reply_bytes: int = field(default=0)
+
+
+def _masked_vector(blob: bytes) -> np.ndarray:
+    """The masked input y_u of a secure-aggregation reply, decoded as the plaintext would be."""
+    from fedge.methods.secure import FIXED_POINT  # noqa: PLC0415
+    from fedge.privacy.secagg.messages import MaskedInput  # noqa: PLC0415
+
+    y = FIXED_POINT.from_bytes(MaskedInput.from_bytes(blob).y)
+    return np.asarray(FIXED_POINT.decode(y), dtype=np.float64)
+
+
+def server_views(records: list[Observed], layout: Mapping[str, torch.Size] | None = None) -> list[ServerView]:
+    """Each client's upload per round: the reply to the message that carried the model.
+
+    Args:
+        records: :attr:`Observer.records`.
+        layout: name -> shape of a reply's arrays, in the order secure aggregation flattens
+            them (sorted names); needed only to lay out masked vectors.
+    """
+    views = []
+    for r in records:
+        if not r.sent.arrays or r.sent.config.get("secagg_step", "forward") != "forward":  # key agreement, unmasking
+            continue
+        if r.reply.arrays:
+            upload, masked = dict(r.reply.arrays), False
+        elif isinstance(r.reply.config.get("secagg"), bytes) and layout is not None:
+            y = _masked_vector(r.reply.config["secagg"])  # type: ignore[arg-type]
+            w = y[-1] if y[-1] != 0 else 1.0
+            flat = torch.from_numpy(y[:-1] / w).to(torch.float32)
+            upload, start = {}, 0
+            for name in sorted(layout):
+                n = math.prod(layout[name])
+                upload[name] = flat[start : start + n].reshape(layout[name])
+                start += n
+            masked = True
+        else:
+            continue
+        config = {k: v for k, v in r.sent.config.items() if k not in ("secagg", "secagg_step")}
+        views.append(ServerView(r.rnd, r.cid, dict(r.sent.arrays), config, upload, masked, r.reply.nbytes))
+    return views
