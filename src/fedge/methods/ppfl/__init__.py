@@ -77,7 +77,7 @@ from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Exchange, PartyCall, PartySpec, Round, Strategy
 from fedge.methods.base import MethodBuild, MethodConfigBase, MethodEnv
-from fedge.methods.ppfl.enclaves import ClientEnclave, EnclaveSpec, ServerEnclave, open_eval_blob
+from fedge.methods.ppfl.enclaves import ClientEnclave, EnclaveSpec, ServerEnclave, _cv, open_eval_blob
 from fedge.methods.ppfl.stages import Stage, frozen_net, plan_stages, stage_need
 from fedge.privacy.tee import MiB
 
@@ -138,17 +138,6 @@ class _EnclaveEval(nn.Module):
         return _ecall_eval(self._spec, self._stage, self._blob, f)
 
 
-
-def _cv(c: Any, key: str, kind: type) -> Any:
-    """A config value of ``kind`` (int also from float, float also from int), or a MessageError."""
-    v = c.get(key)
-    if kind is float and isinstance(v, int) and not isinstance(v, bool):
-        return float(v)
-    if kind is int and isinstance(v, float) and v.is_integer():
-        return int(v)
-    if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
-        raise MessageError(f"message config {key!r} is {type(v).__name__}; expected {kind.__name__}")
-    return v
 
 def _ecall_eval(spec: EnclaveSpec, stage: int, blob: bytes, f: torch.Tensor) -> torch.Tensor:
     net = spec.net(stage, open_eval_blob(blob)).eval()
