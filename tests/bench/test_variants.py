@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from fedge.bench.variants import run_variants, variants_markdown
+from fedge.core.errors import ConfigError
 
 COMMON = ["rounds=2", "eval_every=1", "clients.num=4", "clients.per_round=2", "threads=1"]
 
@@ -52,7 +57,6 @@ def test_optional_columns_appear_when_some_variant_logged_them():
 def test_more_rounds_extend_a_finished_variant_and_a_changed_one_is_refused(tmp_path):
     import pytest
 
-    from fedge.core.errors import ConfigError
 
     run_variants("quickstart", {"a": []}, out_root=tmp_path, common=COMMON)
     longer = [x if not x.startswith("rounds=") else "rounds=3" for x in COMMON]
@@ -80,3 +84,19 @@ def test_seeded_variants_aggregate_mean_and_std_over_seeds(tmp_path):
     assert row["test_accuracy_at_best_val"] == statistics.mean(r["test_accuracy_at_best_val"] for r in row["runs"])
     text = seeded_markdown(report, "cmd", "intro")
     assert text.count(" ± ") >= 6 and "test acc at best val" in text
+
+
+def test_records_outlive_the_run_directory_and_guard_their_config(tmp_path):
+    import shutil
+
+    first = run_variants("quickstart", {"a": []}, out_root=tmp_path / "runs", common=COMMON, records=tmp_path / "rec")
+    record = json.loads((tmp_path / "rec" / "a.json").read_text())
+    assert record["config"]["rounds"] == first["results"][0]["accuracy_by_round"].__len__()
+    shutil.rmtree(tmp_path / "runs")  # the machine that ran it is gone; the committed record is not
+    again = run_variants("quickstart", {"a": []}, out_root=tmp_path / "runs", common=COMMON, records=tmp_path / "rec")
+    assert not (tmp_path / "runs").exists()  # read from the record, nothing rerun
+    (row,) = again["results"]
+    assert row["final_test_accuracy"] == first["results"][0]["final_test_accuracy"] and row["run_dir"] is None
+    with pytest.raises(ConfigError, match="different config"):
+        run_variants("quickstart", {"a": ["method.local_epochs=3"]}, out_root=tmp_path / "runs", common=COMMON,
+                     records=tmp_path / "rec")

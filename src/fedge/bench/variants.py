@@ -24,6 +24,7 @@ def run_variants(
     out_root: str | Path,
     common: list[str] | None = None,
     run: bool = True,
+    records: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run ``base`` with ``common + overrides`` for each variant into ``out_root/<label>``.
 
@@ -32,16 +33,26 @@ def run_variants(
     benchmark can be stopped, continued and lengthened. A directory holding a different
     config is an error. With ``run=False`` only the
     complete variants are tabulated (the rest are listed under ``"missing"``).
+
+    ``records``: a folder (meant to be committed) where each finished variant's row is written as
+    ``<label>.json`` together with its full resolved config. A variant with a record for the same
+    config is read from it, even when its run directory is gone — so a reproduction that takes
+    longer than one machine's lifetime continues where the last machine stopped. A record of a
+    different config is an error, as a run directory of one is.
     """
     root = Path(out_root)
     results = []
     missing = []
     for label, overrides in variants.items():
         out = root / label.replace("/", "-")  # a label is one directory name
+        wanted = load_config(base, overrides=[*(common or []), *overrides])
+        record = Path(records) / f"{label.replace('/', '-')}.json" if records is not None else None
+        if record is not None and record.exists():
+            results.append(_read_record(record, wanted))
+            continue
         if not run and not RunDir(out).is_complete():
             missing.append(label)
             continue
-        wanted = load_config(base, overrides=[*(common or []), *overrides])
         if not RunDir(out).is_complete():
             if (out / "config.yaml").exists():
                 _check_same_run(out, wanted, allow_more_rounds=False)
@@ -68,9 +79,30 @@ def run_variants(
                 "client_tensor_peak_bytes": _max_over_rounds(lines, "client_tensor_peak_bytes"),
                 "wall_s": summary["wall_s"],
                 "accuracy_by_round": [x["test_accuracy"] for x in lines],
+                **({"val_accuracy_by_round": [x.get("val_accuracy") for x in lines],
+                    "final_val_accuracy": lines[-1].get("val_accuracy")} if "val_accuracy" in lines[-1] else {}),  # fmt: skip
             }
         )
+        if record is not None:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            row = {k: v for k, v in results[-1].items() if k != "run_dir"}
+            tmp = record.with_suffix(".json.tmp")  # written whole, then renamed: never a half record
+            tmp.write_text(json.dumps({"config": resolved_config(wanted), "result": row}, indent=1, sort_keys=True) + "\n")
+            tmp.replace(record)
     return {"benchmark": "variants", "base": base, "common": common or [], "results": results, "missing": missing}
+
+
+def _read_record(path: Path, wanted: RunConfig) -> dict[str, Any]:
+    """The row stored in ``path``, after checking it was made by the config ``wanted``."""
+    stored = json.loads(path.read_text())
+    have, want = stored["config"], json.loads(json.dumps(resolved_config(wanted)))
+    if have != want:
+        diff = sorted(k for k in have.keys() | want.keys() if have.get(k) != want.get(k))
+        raise ConfigError(
+            f"result record {str(path)!r} was made by a different config than this variant asks for "
+            f"(sections {diff}); delete the record to rerun the variant, or restore the variant's overrides"
+        )
+    return {**stored["result"], "run_dir": None}
 
 
 def _check_same_run(out: Path, wanted: RunConfig, *, allow_more_rounds: bool) -> int:
@@ -139,6 +171,7 @@ def run_seeded_variants(
     out_root: str | Path,
     common: list[str] | None = None,
     run: bool = True,
+    records: str | Path | None = None,
 ) -> dict[str, Any]:
     """:func:`run_variants` for every seed (``seed=S`` added to the overrides, one directory per
     variant and seed), aggregated per variant: mean ± sample std over the seeds of the final
@@ -147,7 +180,8 @@ def run_seeded_variants(
     if len(seeds) < 1:
         raise ConfigError("give at least one seed (a table a reviewer accepts has three or more)")
     per_seed = {
-        s: run_variants(base, variants, out_root=Path(out_root) / f"seed-{s}", common=[*(common or []), f"seed={s}"], run=run)
+        s: run_variants(base, variants, out_root=Path(out_root) / f"seed-{s}", common=[*(common or []), f"seed={s}"], run=run,
+                        records=None if records is None else Path(records) / f"seed-{s}")  # fmt: skip
         for s in seeds
     }
     results, missing = [], sorted({m for r in per_seed.values() for m in r["missing"]})
