@@ -131,3 +131,32 @@ def test_lean_never_allocates_more_than_a_forward_or_a_parameter() -> None:
     with LargestAllocation() as lean:
         loss_differences(model, F.cross_entropy, (x, y), k=k, sigma=1e-3, seed=0, scheme="central")
     assert lean.largest <= max(plain.largest, largest_param) < k * n // 10
+
+
+def test_reused_directions_are_drawn_once_per_k_and_change_no_loss() -> None:
+    from fedge.estimators.lean import LeanEvaluator
+    from fedge.estimators.perturbation import select
+
+    torch.manual_seed(0)
+    model, (x, y) = _convnet(), _batch()
+    draws: list[tuple[int, str]] = []
+
+    def counting(seed, ks, name, shape):  # the default Gaussian draw, counted
+        draws.extend((int(k), name) for k in ks)
+        return standard_normal(seed, ks[0], name, shape).unsqueeze(0)
+
+    losses = {}
+    for reuse in (False, True):
+        draws.clear()
+        sel = select(model)
+        sel = type(sel)(sel.params, sel.masks, counting)
+        with torch.no_grad(), LeanEvaluator(model, sel, 7, x, F.cross_entropy, y, reuse_directions=reuse) as ev:
+            losses[reuse] = ev.losses([0, 1, 2], (1.0, -1.0), 1e-3, baseline=False)
+        n = len(sel.params)
+        assert len(draws) == (3 * n if reuse else 6 * n)  # central: one draw per k and parameter when reused
+        assert len(set(draws)) == 3 * n
+    assert torch.equal(losses[False], losses[True])
+    big = (torch.cat([x] * 3), torch.cat([y] * 3))  # 18 samples: fast mode runs the lean loop, reusing z
+    lean = loss_differences(model, F.cross_entropy, big, k=3, sigma=1e-3, seed=7, scheme="central", mode="lean")
+    fast = loss_differences(model, F.cross_entropy, big, k=3, sigma=1e-3, seed=7, scheme="central", mode="fast", workers=1)
+    assert torch.equal(lean, fast)

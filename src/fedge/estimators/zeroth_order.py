@@ -219,7 +219,7 @@ def loss_differences(
                 result = _run_threaded(model, params, masks, seed, batch, loss_fn, k, blocks, sigma,
                                        spans, autocast, directions)  # fmt: skip
             if result is None:  # lean, or a model the batched path cannot run
-                lean = LeanEvaluator(model, sel, seed, x, loss_fn, y)
+                lean = LeanEvaluator(model, sel, seed, x, loss_fn, y, reuse_directions=mode == "fast")
                 result = _run(lean, k, k, blocks, sigma)
     finally:
         for b, saved in buffers:  # e.g. BatchNorm running stats updated by train-mode forwards
@@ -414,7 +414,7 @@ def _run_threaded(
         lo, hi = bounds[i], bounds[i + 1]
         replica = replicas[i]
         rsel = _with_directions(select(replica, params, masks), directions, k)
-        ev = LeanEvaluator(replica, rsel, seed, x, loss_fn, y)
+        ev = LeanEvaluator(replica, rsel, seed, x, loss_fn, y, reuse_directions=True)
         # Grad mode and autocast are thread-local: enter them in the worker.
         with contextlib.ExitStack() as stack:
             for mode in modes:
