@@ -13,17 +13,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fedge.cli.common import fail
 from fedge.core.errors import FedgeError
 
 __all__ = ["fedpt_search", "print_blocks", "register"]
 
 err = Console(stderr=True)
 out = Console()
-
-
-def _fail(exc: BaseException) -> None:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
-    raise typer.Exit(2)
 
 
 def print_blocks(model: str, input_shape: tuple[int, int, int], num_classes: int) -> None:
@@ -34,7 +30,7 @@ def print_blocks(model: str, input_shape: tuple[int, int, int], num_classes: int
     try:
         net = build_model(model, input_shape=input_shape, num_classes=num_classes, seed=0)
     except FedgeError as exc:
-        _fail(exc)
+        fail(exc)
     blocks = model_blocks(net)
     total = sum(b.params for b in blocks)
     table = Table("block", "kind", "parameters", "share", "freezable", title=f"{model} on {input_shape}: {total:,} parameters")
@@ -73,7 +69,7 @@ def fedpt_search(
         result = search(cfg, budget_rounds=budget_rounds, tolerance=tolerance, out=target, max_trials=max_trials,
                         progress=show)  # fmt: skip
     except FedgeError as exc:
-        _fail(exc)
+        fail(exc)
     table = Table("trial", "frozen", "trainable %", "accuracy", "bytes down", "bytes up", "verdict")
     for i, t in enumerate([result["baseline"], *result["trials"]]):
         verdict = "baseline" if t["accepted"] is None else ("accepted" if t["accepted"] else "rejected")

@@ -10,13 +10,14 @@ with ``--target-epsilon`` the most rounds that stay within it. Bad input exits w
 from __future__ import annotations
 
 import json
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from fedge.cli.common import fail
 from fedge.core.config import format_validation_error
 from fedge.core.errors import ConfigError
 from fedge.privacy.dp.accounting import dp_event, epsilon, max_rounds
@@ -25,7 +26,6 @@ from fedge.privacy.dp.config import PrivacyConfig
 __all__ = ["app"]
 
 app = typer.Typer(help="Differential privacy: ε of DP-FedAvg / DP-FTRL runs, without training.", no_args_is_help=True)
-_err = Console(stderr=True)
 _out = Console()
 
 _ASSUMES = {
@@ -34,11 +34,6 @@ _ASSUMES = {
     ("gaussian", "shuffle"): "a client joins at most once per pass over the population; no amplification",
     ("tree", "shuffle"): "a client is a leaf at most once per tree; trees restart each pass; no amplification",
 }
-
-
-def _fail(message: str) -> NoReturn:
-    _err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
 
 
 @app.command("epsilon")
@@ -61,9 +56,9 @@ def epsilon_cmd(
     try:
         zs = [float(v) for v in noise_multiplier.split(",")]
     except ValueError:
-        _fail(f"--noise-multiplier {noise_multiplier!r}: expected numbers such as 1.0 or 1.13,2.33")
+        fail(f"--noise-multiplier {noise_multiplier!r}: expected numbers such as 1.0 or 1.13,2.33")
     if rounds < 0:
-        _fail(f"--rounds {rounds}: expected an integer >= 0")
+        fail(f"--rounds {rounds}: expected an integer >= 0")
     if sampling is None:
         sampling = "shuffle" if mechanism == "tree" else "fixed"
     rows = []
@@ -79,9 +74,9 @@ def epsilon_cmd(
             event = dp_event(cfg, rounds=rounds, **kw).event
             best = None if target_epsilon is None else max_rounds(cfg, target_epsilon, **kw)
         except ValidationError as exc:
-            _fail(format_validation_error(exc, PrivacyConfig, prefix="privacy.").replace("\n", "; "))
+            fail(format_validation_error(exc, PrivacyConfig, prefix="privacy.").replace("\n", "; "))
         except ConfigError as exc:
-            _fail(str(exc))
+            fail(str(exc))
         rows.append({"noise_multiplier": z, "epsilon": eps, "max_rounds": best, "event": repr(event)})
     assumes = _ASSUMES[(mechanism, sampling)]
     report = {"mechanism": mechanism, "sampling": sampling, "assumes": assumes, "accountant": accountant,

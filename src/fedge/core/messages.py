@@ -96,7 +96,7 @@ class Message:
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 raise MessageError(
                     f"{who}: array {name!r} holds non-finite values (NaN or Inf); "
-                    "lower the learning rate or enable clipping"
+                    "lower the learning rate, or bound the updates (method.clip where the method has it, privacy.clip otherwise)"
                 )
         for name, v in self.metrics.items():
             if isinstance(v, float) and not math.isfinite(v):
