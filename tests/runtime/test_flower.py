@@ -211,3 +211,60 @@ def test_loopback_deployment_superlink_and_3_supernodes_same_accuracies_as_the_e
     assert [x["test_accuracy"] for x in deployed] == pytest.approx([x["test_accuracy"] for x in engine], rel=1e-9)
     _assert_same(engine, deployed)
     assert json.loads((out / "summary.json").read_text())["runtime"] == "flower"
+
+
+# ---- resume: the checkpoint holds the node-held client states ---------------------------------
+
+
+def _without_wall(path):
+    return [{k: v for k, v in x.items() if "wall" not in k} for x in _lines(path)]
+
+
+def test_interrupted_flower_run_resumes_to_the_same_metrics_with_node_held_client_state(tmp_path, monkeypatch):
+    """BAFFLE with ``downlink: seeds`` keeps each client's model replica in ``ctx.state`` (on its
+    node); a resumed run without those states fails ("out of step"), and one with wrong states
+    changes the losses."""
+    import fedge.experiment.rundir as rd
+    from fedge.experiment.run import resume_experiment
+
+    method = {"name": "baffle", "mode": "batch", "k": 4, "batch_size": 16, "ema": None, "downlink": "seeds"}
+    cfg = tiny_config(rounds=5, model={"name": "mlp", "hidden": [16]}, method=method,
+                      **{"clients.num": 5, "clients.per_round": 2})  # fmt: skip
+    engine = run_experiment(load_config(cfg), out=tmp_path / "engine", render=False)
+    full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False, runtime="flower-sim")
+    original = rd.RunDir.save_checkpoint
+    saved = []
+
+    def crash_after_round_3(self, state):
+        original(self, state)
+        saved.append(state)
+        if state["record"]["round"] == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(rd.RunDir, "save_checkpoint", crash_after_round_3)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(load_config(cfg), out=tmp_path / "cut", render=False, runtime="flower-sim")
+    monkeypatch.setattr(rd.RunDir, "save_checkpoint", original)
+    assert not (tmp_path / "cut" / "summary.json").exists()
+    assert len(saved[-1]["client_states"]) >= 3  # the nodes' states, fetched into the checkpoint
+    resume_experiment(tmp_path / "cut", render=False, runtime="flower-sim")
+    for a, b in zip(_without_wall(tmp_path / "cut"), _without_wall(full), strict=True):
+        assert a.keys() == b.keys()
+        # Flower's own message sizes vary by a few bytes (varint-coded metadata); fedge's are exact
+        assert {k: v for k, v in a.items() if b[k] != v and not k.startswith("flower_bytes")} == {}, a["round"]
+        assert all(abs(a[k] - b[k]) <= 16 * a["clients"] * a["phases"] for k in a if k.startswith("flower_bytes"))
+    _assert_same(_lines(engine), _lines(tmp_path / "cut"))
+    summary = json.loads((tmp_path / "cut" / "summary.json").read_text())
+    assert summary["runtime"] == "flower-sim" and summary["flower_backend"] == "local"
+
+
+def test_resume_with_an_unknown_backend_is_refused_before_writing(tmp_path):
+    from fedge.experiment.run import resume_experiment
+
+    run = run_experiment(load_config(tiny_config(rounds=1)), out=tmp_path / "r", render=False)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    with pytest.raises(ConfigError, match="backend 'dask' is not known"):
+        resume_experiment(run, rounds=2, render=False, runtime="flower-sim", backend="dask")
+    with pytest.raises(ConfigError, match="goes with runtime 'flower-sim'"):
+        resume_experiment(run, rounds=2, render=False, backend="ray")
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before

@@ -97,6 +97,9 @@ def run(
     runtime: Annotated[str, typer.Option(
         "--runtime", help="engine (built-in), flower-sim (the same rounds through Flower's ServerApp/ClientApp, "
         "in-process) or flower (a Flower deployment: --superlink)")] = "engine",
+    backend: Annotated[str | None, typer.Option(
+        "--backend", help="with --runtime flower-sim: local (in-process grid, the default) or ray "
+        "(Flower's simulation engine; pip install 'fedge[flower-sim]')")] = None,
     superlink: Annotated[str | None, typer.Option(
         "--superlink", help="with --runtime flower: the SuperLink's HOST:PORT")] = None,
     insecure: Annotated[bool, typer.Option(
@@ -116,6 +119,8 @@ def run(
         overrides.append("measure.memory=true")
     if workers is not None:
         overrides.append(f"clients.workers={workers}")
+    if backend is not None and runtime != "flower-sim":
+        fail(f"--backend {backend} goes with --runtime flower-sim (got --runtime {runtime})")
     if allow_config_change and resume is None:
         fail("--allow-config-change goes with --resume RUN_DIR (it accepts edits of that run's config.yaml)")
     target: Path | None = None
@@ -134,12 +139,14 @@ def run(
                     if not value.isdigit():
                         fail(f"--set {extend[0]}: rounds must be a whole number of rounds")
                     rounds = int(value)
-                if runtime != "engine":
-                    fail(f"--runtime {runtime} with --resume: resuming runs on the built-in engine only; drop --runtime")
+                if runtime == "flower":
+                    fail("--runtime flower with --resume: resuming runs on the built-in engine or flower-sim; "
+                         "use --runtime engine or --runtime flower-sim")  # fmt: skip
                 target = resume
                 with _Bar(not quiet) as bar:
                     path = resume_experiment(resume, rounds=rounds, progress=bar, render=render_report,
-                                             allow_config_change=allow_config_change)  # fmt: skip
+                                             allow_config_change=allow_config_change, runtime=runtime,
+                                             backend=backend or "local")  # fmt: skip
             else:
                 if config is None:
                     fail("give a preset or YAML file (e.g. fedge run quickstart), or --resume RUN_DIR")
@@ -156,7 +163,8 @@ def run(
                     if superlink is not None:
                         fail(f"--superlink goes with --runtime flower (got --runtime {runtime})")
                     with _Bar(not quiet) as bar:
-                        path = run_experiment(cfg, out=target, progress=bar, render=render_report, runtime=runtime)
+                        path = run_experiment(cfg, out=target, progress=bar, render=render_report, runtime=runtime,
+                                              backend=backend or "local")  # fmt: skip
     except MessageError as exc:
         fail(exc, code=1)
     except FedgeError as exc:

@@ -82,9 +82,10 @@ class BuiltRun:
             measure_memory=c.measure.memory,
         )
 
-    def simulation(self, on_round: Any = None, runtime: Any = "engine") -> Simulation:
+    def simulation(self, on_round: Any = None, runtime: Any = "engine", backend: str = "local") -> Simulation:
         """The engine for this run: the built-in one (``runtime="engine"``), or the same rounds
-        with client steps sent through Flower (``"flower-sim"``: an in-process Flower grid;
+        with client steps sent through Flower (``"flower-sim"``: simulated Flower nodes, run by
+        ``backend`` ``"local"``, an in-process grid, or ``"ray"``, Flower's simulation engine;
         a Flower ``Grid`` object: that grid, inside a deployed ServerApp;
         :mod:`fedge.runtime.flower`)."""
         cls: Any = Simulation
@@ -95,6 +96,14 @@ class BuiltRun:
             cls = FlowerSimulation
             if not isinstance(runtime, str):
                 extra["grid"] = runtime
+            else:
+                extra["backend"] = backend
+                if backend == "ray":  # the actors build their clients from the config (a small pickle)
+                    import json
+
+                    from fedge.experiment.flower import configured_client_app
+
+                    extra["node_app"] = configured_client_app(json.dumps(self.config.to_dict()))
         elif runtime != "engine":
             raise ConfigError(f"runtime {runtime!r} is not known; expected one of {list(RUNTIMES)}")
         return cls(

@@ -33,8 +33,9 @@ from fedge.experiment.build import BuiltRun, build_run
 from fedge.experiment.run import run_experiment
 from fedge.runtime.flower import client_app as make_client_app
 from fedge.runtime.flower import server_app as make_server_app
+from fedge.runtime.flower.adapter import STATE_GET, STATE_SET
 
-__all__ = ["client_app", "loopback", "server_app", "submit", "write_app"]
+__all__ = ["client_app", "configured_client_app", "loopback", "server_app", "submit", "write_app"]
 
 _BUILT: dict[str, tuple[BuiltRun, ClientApp]] = {}  # config text -> built run and its ClientApp
 
@@ -48,7 +49,11 @@ def _config_text(context: Context) -> str:
 
 
 def _node_app(context: Context) -> ClientApp:
-    text = _config_text(context)
+    return _app_for(_config_text(context))
+
+
+def _app_for(text: str) -> ClientApp:
+    """The ClientApp of the run whose config (JSON) is ``text``, built once per process."""
     if text not in _BUILT:
         built = build_run(load_config(json.loads(text)))
         c = built.config
@@ -71,6 +76,40 @@ def _query(msg: Message, context: Context) -> Message:
 @client_app.train()
 def _train(msg: Message, context: Context) -> Message:
     return _node_app(context)(msg, context)
+
+
+@client_app.query(STATE_GET)
+def _state_get(msg: Message, context: Context) -> Message:
+    return _node_app(context)(msg, context)
+
+
+@client_app.query(STATE_SET)
+def _state_set(msg: Message, context: Context) -> Message:
+    return _node_app(context)(msg, context)
+
+
+class _Configured:
+    """A ClientApp handler for one run's config: small to pickle (the config text; the class by
+    reference), and it builds the run's data and method once per process (:func:`_app_for`)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __call__(self, msg: Message, context: Context) -> Message:
+        return _app_for(self.text)(msg, context)
+
+
+def configured_client_app(config_text: str) -> ClientApp:
+    """A ClientApp for the run whose config is ``config_text`` (``json.dumps(cfg.to_dict())``),
+    for nodes whose ``run_config`` does not carry it, e.g. Flower's simulation engine, which
+    pickles the ClientApp to its Ray actors with every message."""
+    app = ClientApp()
+    handler = _Configured(config_text)
+    app.query()(handler)
+    app.query(STATE_GET)(handler)
+    app.query(STATE_SET)(handler)
+    app.train()(handler)
+    return app
 
 
 def _server_main(grid: Grid, context: Context) -> None:
