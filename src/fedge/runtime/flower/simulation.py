@@ -5,9 +5,13 @@ flower-sim --backend ray``; needs ``pip install 'fedge[flower-sim]'``, which add
 Flower starts ``num_nodes`` virtual SuperNodes (``node_config`` ``partition-id`` 0..n-1 and
 ``num-partitions`` n, each with its own ``Context``) and a pool of Ray actors, one CPU each,
 that run the ClientApp for whichever node a message is addressed to; the ServerApp runs in a
-thread of this process on Flower's ``InMemoryGrid``. Ray is started on 127.0.0.1 only, without
-its dashboard, with usage statistics off (``RAY_USAGE_STATS_ENABLED=0``) and Flower's telemetry
-off (``FLWR_TELEMETRY_ENABLED=0``), and is shut down (its processes ended) when the run returns.
+thread of this process on Flower's ``InMemoryGrid``. Ray starts a local, single-node cluster
+without its dashboard, with usage statistics off (``RAY_USAGE_STATS_ENABLED=0``) and Flower's
+telemetry off (``FLWR_TELEMETRY_ENABLED=0``), and is shut down (its processes ended) when the
+run returns. Nothing connects beyond this machine, but Ray 2.55's own servers (GCS, raylet,
+workers) listen on all interfaces: Ray resolves ``127.0.0.1`` given as the node address to the
+machine's address (``ray._private.services.resolve_ip_for_localhost``), so they cannot be held
+to loopback from here; on a machine reachable by others, use ``--backend local`` or a firewall.
 
 The ClientApp is pickled to the actors with every message (Flower's design), so it should be
 small: :func:`fedge.experiment.flower.configured_client_app` carries only the run's config and
@@ -41,7 +45,6 @@ def backend_config(num_nodes: int, cpus: int | None = None) -> dict[str, Any]:
             "num_cpus": cpus,
             "num_gpus": 0,
             "include_dashboard": False,
-            "_node_ip_address": "127.0.0.1",
             "object_store_memory": 256 * 2**20,
             "log_to_driver": False,
             "logging_level": logging.ERROR,
