@@ -268,3 +268,77 @@ def test_resume_with_an_unknown_backend_is_refused_before_writing(tmp_path):
     with pytest.raises(ConfigError, match="goes with runtime 'flower-sim'"):
         resume_experiment(run, rounds=2, render=False, backend="ray")
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+# ---- faults: a node that fails or does not reply ----------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["raises", "no reply"])
+def test_a_failed_node_fails_the_round_naming_it_and_the_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, fault):
+    """Client 1's node fails in round 2 (its ClientApp raises, or it never replies, as a killed
+    SuperNode): the run stops with one message naming round, client, node and the way on; the
+    directory keeps round 1 and no summary; resuming gives an uninterrupted run's metrics."""
+    from fedge.experiment.run import resume_experiment
+
+    cfg = tiny_config(rounds=3, **{"dataset": {"name": "digits"}, "clients.num": 3, "clients.per_round": 3})
+    full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False, runtime="flower-sim")
+    push, deliver = LocalGrid.push_messages, LocalGrid._deliver
+
+    def failing_deliver(self, msg, context):
+        if context.node_id == 1001 and msg.metadata.group_id == "2.0":
+            app = self.app
+
+            def boom(m, c):
+                raise RuntimeError("the node went away")  # the ClientApp raises: an error reply
+
+            self.app = boom
+            try:
+                return deliver(self, msg, context)
+            finally:
+                self.app = app
+        return deliver(self, msg, context)
+
+    def dropping_push(self, messages):
+        ids = list(push(self, messages))
+        for m, mid in zip(messages, ids, strict=True):
+            if m.metadata.dst_node_id == 1001 and m.metadata.group_id == "2.0":
+                self._pending.pop(mid)  # the reply never arrives
+        return ids
+
+    monkeypatch.setattr(LocalGrid, "_deliver", failing_deliver if fault == "raises" else deliver)
+    if fault == "no reply":
+        monkeypatch.setattr(LocalGrid, "push_messages", dropping_push)
+    with pytest.raises(MessageError) as info:
+        run_experiment(load_config(cfg), out=tmp_path / "cut", render=False, runtime="flower-sim")
+    text = str(info.value)
+    assert text.startswith("round 2, exchange 1: 1 of 3 clients gave no result (client 1 (node 1001): ")
+    assert ("RuntimeError: the node went away" if fault == "raises" else "no reply") in text
+    assert "--resume" in text and "Rounds up to 1 are kept" in text
+    assert [x["round"] for x in _lines(tmp_path / "cut")] == [1]
+    assert not (tmp_path / "cut" / "summary.json").exists()
+    monkeypatch.setattr(LocalGrid, "_deliver", deliver)
+    monkeypatch.setattr(LocalGrid, "push_messages", push)
+    resume_experiment(tmp_path / "cut", render=False, runtime="flower-sim")
+    a, b = _lines(tmp_path / "cut"), _lines(full)
+    assert [x["test_accuracy"] for x in a] == [x["test_accuracy"] for x in b]
+    assert [(x["bytes_down"], x["bytes_up"]) for x in a] == [(x["bytes_down"], x["bytes_up"]) for x in b]
+
+
+def test_cli_resume_on_flower_sim_and_refused_on_a_deployment(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedge.cli.main import app
+
+    out = tmp_path / "qs"
+    args = ["--set", "clients.num=3", "--set", "clients.per_round=3", "-q"]
+    res = CliRunner().invoke(app, ["run", "quickstart", "--runtime", "flower-sim", "--set", "rounds=1", "--out", str(out),
+                                   *args])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    bad = CliRunner().invoke(app, ["run", "--resume", str(out), "--set", "rounds=2", "--runtime", "flower", "-q"])
+    assert bad.exit_code == 2 and "--runtime flower with --resume" in bad.output
+    bad = CliRunner().invoke(app, ["run", "--resume", str(out), "--set", "rounds=2", "--backend", "ray", "-q"])
+    assert bad.exit_code == 2 and "--backend ray goes with --runtime flower-sim" in bad.output
+    res = CliRunner().invoke(app, ["run", "--resume", str(out), "--set", "rounds=2", "--runtime", "flower-sim", "-q"])
+    assert res.exit_code == 0, res.output
+    lines = _lines(out)
+    assert [x["round"] for x in lines] == [1, 2] and all("flower_bytes_down" in x for x in lines)

@@ -301,14 +301,10 @@ class FlowerSimulation(Simulation):
             self._wire[0] += _flower_size(m)
             out.append(m)
         by_node = {r.metadata.src_node_id: r for r in self.grid.send_and_receive(out, timeout=self.timeout)}
+        self._check_replies(rnd, phase, [cid for cid, _ in messages], by_node)
         results = []
         for i, (cid, _) in enumerate(messages):
-            reply = by_node.get(self.nodes[cid])
-            if reply is None:
-                raise MessageError(f"round {rnd}, exchange {phase + 1}: no reply from client {cid} (node {self.nodes[cid]})")
-            if reply.has_error():
-                raise MessageError(f"round {rnd}, exchange {phase + 1}: client {cid} (node {self.nodes[cid]}) failed: "
-                                   f"{reply.error.reason}")  # fmt: skip
+            reply = by_node[self.nodes[cid]]
             self._wire[1] += _flower_size(reply)
             rec = reply.content.config_records[RECORD]
             states = {name: _opt_bytes(rec.get(f"party.{name}"), f"party.{name}") for name in self.parties}
@@ -322,6 +318,28 @@ class FlowerSimulation(Simulation):
             if self.on_progress is not None:
                 self.on_progress(rnd, phase, i + 1, len(messages))
         return results
+
+    def _check_replies(self, rnd: int, phase: int, cids: list[int], by_node: Mapping[int, Message]) -> None:
+        """Every addressed client must have replied without error: fedge's strategies aggregate
+        every sampled client's reply (secure aggregation's dropout recovery is simulated inside
+        the strategy, not fed by missing Flower replies). Otherwise the round fails, naming every
+        client that did not deliver, before any state of this exchange is kept."""
+        bad = []
+        for cid in cids:
+            reply = by_node.get(self.nodes[cid])
+            if reply is None:
+                within = f" within {self.timeout:g} s" if self.timeout is not None else ""
+                bad.append(f"client {cid} (node {self.nodes[cid]}): no reply{within}")
+            elif reply.has_error():
+                bad.append(f"client {cid} (node {self.nodes[cid]}): {reply.error.reason}")
+        if bad:
+            raise MessageError(
+                f"round {rnd}, exchange {phase + 1}: {len(bad)} of {len(cids)} clients gave no result ("
+                + "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+                + "); fedge's strategies need every sampled client's reply, so this round is not completed. "
+                f"Rounds up to {rnd - 1} are kept: bring the node(s) back and continue with "
+                "fedge run --resume RUN_DIR (--runtime flower-sim, or the engine)"
+            )
 
     def run_round(self, rnd: int) -> dict[str, Any]:
         self._wire = [0, 0, 0]
