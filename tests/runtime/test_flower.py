@@ -273,11 +273,14 @@ def test_resume_with_an_unknown_backend_is_refused_before_writing(tmp_path):
 # ---- faults: a node that fails or does not reply ----------------------------------------------
 
 
-@pytest.mark.parametrize("fault", ["raises", "no reply"])
+@pytest.mark.parametrize("fault", ["raises", "no reply", "offline"])
 def test_a_failed_node_fails_the_round_naming_it_and_the_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, fault):
     """Client 1's node fails in round 2 (its ClientApp raises, or it never replies, as a killed
     SuperNode): the run stops with one message naming round, client, node and the way on; the
     directory keeps round 1 and no summary; resuming gives an uninterrupted run's metrics."""
+    from flwr.app import Error
+    from flwr.common.serde import message_to_proto
+
     from fedge.experiment.run import resume_experiment
 
     cfg = tiny_config(rounds=3, **{"dataset": {"name": "digits"}, "clients.num": 3, "clients.per_round": 3})
@@ -299,20 +302,27 @@ def test_a_failed_node_fails_the_round_naming_it_and_the_run_resumes_to_the_same
         return deliver(self, msg, context)
 
     def dropping_push(self, messages):
+        messages = list(messages)
         ids = list(push(self, messages))
         for m, mid in zip(messages, ids, strict=True):
             if m.metadata.dst_node_id == 1001 and m.metadata.group_id == "2.0":
                 self._pending.pop(mid)  # the reply never arrives
+                if fault == "offline":  # Flower's SuperLink answers for a node it found offline, as itself
+                    err = Message(Error(code=5, reason="Error: Node Unavailable"), reply_to=m)
+                    err.metadata.__dict__["_src_node_id"] = 1
+                    err.metadata.__dict__["_message_id"] = "e" + mid
+                    self._pending[mid] = message_to_proto(err).SerializeToString()
         return ids
 
     monkeypatch.setattr(LocalGrid, "_deliver", failing_deliver if fault == "raises" else deliver)
-    if fault == "no reply":
+    if fault != "raises":
         monkeypatch.setattr(LocalGrid, "push_messages", dropping_push)
     with pytest.raises(MessageError) as info:
         run_experiment(load_config(cfg), out=tmp_path / "cut", render=False, runtime="flower-sim")
     text = str(info.value)
     assert text.startswith("round 2, exchange 1: 1 of 3 clients gave no result (client 1 (node 1001): ")
-    assert ("RuntimeError: the node went away" if fault == "raises" else "no reply") in text
+    why = {"raises": "RuntimeError: the node went away", "no reply": "no reply", "offline": "Node Unavailable"}
+    assert why[fault] in text
     assert "--resume" in text and "Rounds up to 1 are kept" in text
     assert [x["round"] for x in _lines(tmp_path / "cut")] == [1]
     assert not (tmp_path / "cut" / "summary.json").exists()

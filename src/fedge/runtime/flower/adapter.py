@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -258,10 +258,10 @@ class FlowerSimulation(Simulation):
         assert self.grid is not None
         msgs = [Message(RecordDict({RECORD: ConfigRecord({"cid": cid, **c})}), dst_node_id=self.nodes[cid],
                         message_type=f"query.{action}", group_id=action) for cid, c in content.items()]  # fmt: skip
-        by_node = {r.metadata.src_node_id: r for r in self.grid.send_and_receive(msgs, timeout=self.timeout)}
+        by_cid = self._by_client(msgs, list(content), self.grid.send_and_receive(msgs, timeout=self.timeout))
         out = {}
         for cid in content:
-            reply = by_node.get(self.nodes[cid])
+            reply = by_cid.get(cid)
             if reply is None or reply.has_error():
                 why = "no reply" if reply is None else reply.error.reason
                 raise MessageError(f"{action}: client {cid} (node {self.nodes[cid]}) failed: {why}")
@@ -300,11 +300,12 @@ class FlowerSimulation(Simulation):
                         group_id=f"{rnd}.{phase}")  # fmt: skip
             self._wire[0] += _flower_size(m)
             out.append(m)
-        by_node = {r.metadata.src_node_id: r for r in self.grid.send_and_receive(out, timeout=self.timeout)}
-        self._check_replies(rnd, phase, [cid for cid, _ in messages], by_node)
+        cids = [cid for cid, _ in messages]
+        by_cid = self._by_client(out, cids, self.grid.send_and_receive(out, timeout=self.timeout))
+        self._check_replies(rnd, phase, cids, by_cid)
         results = []
-        for i, (cid, _) in enumerate(messages):
-            reply = by_node[self.nodes[cid]]
+        for i, cid in enumerate(cids):
+            reply = by_cid[cid]
             self._wire[1] += _flower_size(reply)
             rec = reply.content.config_records[RECORD]
             states = {name: _opt_bytes(rec.get(f"party.{name}"), f"party.{name}") for name in self.parties}
@@ -319,14 +320,26 @@ class FlowerSimulation(Simulation):
                 self.on_progress(rnd, phase, i + 1, len(messages))
         return results
 
-    def _check_replies(self, rnd: int, phase: int, cids: list[int], by_node: Mapping[int, Message]) -> None:
+    def _by_client(self, sent: list[Message], cids: list[int], replies: Iterable[Message]) -> dict[int, Message]:
+        """The replies by client: matched to the message they answer (a SuperLink answers for a
+        node it found offline, from its own node id), else by the node they come from."""
+        asked = {m.metadata.message_id: cid for m, cid in zip(sent, cids, strict=True) if m.metadata.message_id}
+        of_node = {self.nodes[cid]: cid for cid in cids}
+        out: dict[int, Message] = {}
+        for r in replies:
+            cid = asked.get(r.metadata.reply_to_message_id, of_node.get(r.metadata.src_node_id))
+            if cid is not None:
+                out[cid] = r
+        return out
+
+    def _check_replies(self, rnd: int, phase: int, cids: list[int], by_cid: Mapping[int, Message]) -> None:
         """Every addressed client must have replied without error: fedge's strategies aggregate
         every sampled client's reply (secure aggregation's dropout recovery is simulated inside
         the strategy, not fed by missing Flower replies). Otherwise the round fails, naming every
         client that did not deliver, before any state of this exchange is kept."""
         bad = []
         for cid in cids:
-            reply = by_node.get(self.nodes[cid])
+            reply = by_cid.get(cid)
             if reply is None:
                 within = f" within {self.timeout:g} s" if self.timeout is not None else ""
                 bad.append(f"client {cid} (node {self.nodes[cid]}): no reply{within}")
