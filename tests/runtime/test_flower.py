@@ -352,3 +352,63 @@ def test_cli_resume_on_flower_sim_and_refused_on_a_deployment(tmp_path):
     assert res.exit_code == 0, res.output
     lines = _lines(out)
     assert [x["round"] for x in lines] == [1, 2] and all("flower_bytes_down" in x for x in lines)
+
+
+def _certificates(d):
+    """A CA and a server certificate for 127.0.0.1 signed by it (what a user supplies)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    valid = {"not_valid_before": now - datetime.timedelta(minutes=5), "not_valid_after": now + datetime.timedelta(days=1)}
+
+    def cert(subject, issuer, public_key, signer, ext):
+        b = x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
+        b = b.serial_number(x509.random_serial_number()).not_valid_before(valid["not_valid_before"])
+        b = b.not_valid_after(valid["not_valid_after"]).add_extension(*ext)
+        return b.sign(signer, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedge test CA")])
+    ca = cert(ca_name, ca_name, ca_key.public_key(), ca_key, (x509.BasicConstraints(ca=True, path_length=None), True))
+    san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")])
+    server = cert(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]), ca_name, key.public_key(), ca_key,
+                  (san, False))  # fmt: skip
+    d.mkdir(parents=True)
+    (d / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (d / "server.pem").write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    (d / "server.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                     serialization.NoEncryption()))  # fmt: skip
+    return d / "ca.crt", d / "server.pem", d / "server.key"
+
+
+@pytest.mark.slow
+def test_loopback_deployment_over_tls_with_user_certificates(tmp_path):
+    """SuperLink serving TLS with a user's certificates, 2 SuperNodes trusting its CA, and the run
+    submitted with --root-certificates: 1 round, the engine's accuracy (~100 s here: Flower polls)."""
+    import tomllib
+    from pathlib import Path
+
+    from fedge.experiment.flower import loopback, submit
+
+    ca, cert, key = _certificates(tmp_path / "certs")
+    cfg = load_config("quickstart", overrides=["rounds=1", "clients.num=2", "clients.per_round=2"])
+    engine = _lines(run_experiment(cfg, out=tmp_path / "engine", render=False))
+    work = tmp_path / "flwr"
+    with loopback(2, workdir=work, tls=(ca, cert, key)) as superlink:
+        out = submit(cfg, out=tmp_path / "deployed", superlink=superlink, root_certificates=ca,
+                     workdir=tmp_path / "app", timeout=400)  # fmt: skip
+        started = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in _processes_in(work)]
+        ours = [c for c in started if any(a.endswith((b"flower-superlink", b"flower-supernode")) for a in c[:2])]
+        assert len(ours) == 3 and all(b"--insecure" not in c for c in ours)  # SuperLink and SuperNodes: TLS
+    assert _processes_in(work) == []
+    conn = tomllib.loads((tmp_path / "app" / "flwr-home" / "config.toml").read_text())["superlink"]["fedge"]
+    assert conn["insecure"] is False and conn["root-certificates"] == str(ca.resolve())
+    deployed = _lines(out)
+    assert [x["test_accuracy"] for x in deployed] == pytest.approx([x["test_accuracy"] for x in engine], rel=1e-9)
+    assert [x["bytes_up"] for x in deployed] == [x["bytes_up"] for x in engine]

@@ -265,10 +265,15 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def loopback(num_nodes: int, *, workdir: str | Path) -> Iterator[str]:
-    """A Flower federation on 127.0.0.1, insecure: one SuperLink and ``num_nodes`` SuperNodes
+def loopback(num_nodes: int, *, workdir: str | Path,
+             tls: tuple[str | Path, str | Path, str | Path] | None = None) -> Iterator[str]:  # fmt: skip
+    """A Flower federation on 127.0.0.1: one SuperLink and ``num_nodes`` SuperNodes
     (``partition-id`` 0..n-1), each a separate process; yields the SuperLink's HOST:PORT. Every
-    process (and what it started) is stopped when the block ends, pass or fail."""
+    process (and what it started) is stopped when the block ends, pass or fail.
+
+    ``tls``: ``(ca_certificate, server_certificate, server_key)`` files (the server certificate
+    valid for 127.0.0.1); the SuperLink serves TLS with them and the SuperNodes trust the CA
+    (submit with ``root_certificates=ca_certificate``). None: insecure."""
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     env = _env()
@@ -284,11 +289,17 @@ def loopback(num_nodes: int, *, workdir: str | Path) -> Iterator[str]:
 
     try:
         port = free_port()
-        link = start([_flower_bin("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
+        if tls is None:
+            link_sec, node_sec = ["--insecure"], ["--insecure"]
+        else:
+            ca, cert, key = (str(Path(f).resolve()) for f in tls)
+            link_sec = ["--ssl-ca-certfile", ca, "--ssl-certfile", cert, "--ssl-keyfile", key]
+            node_sec = ["--root-certificates", ca]
+        link = start([_flower_bin("flower-superlink"), *link_sec, "--host", "127.0.0.1", "--port", str(port),
                       "--disable-runtime-dependency-installation"], work / "superlink.log")  # fmt: skip
         _wait_port(port, link, work / "superlink.log")
         for i in range(num_nodes):
-            start([_flower_bin("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}",
+            start([_flower_bin("flower-supernode"), *node_sec, "--superlink", f"127.0.0.1:{port}",
                    "--port", str(free_port()), "--node-config", f"partition-id={i} num-partitions={num_nodes}"],
                   work / f"supernode-{i}.log")  # fmt: skip
         yield f"127.0.0.1:{port}"
