@@ -103,13 +103,13 @@ def _measure(kind: str, n: int, rounds: int, ray_cpus: int = 2) -> dict:
     else:  # Flower's simulation engine: the timed rounds run inside its ServerApp
         from fedge.runtime.flower.simulation import run_on_ray
 
-        sim = FlowerSimulation(backend="ray", cpus=ray_cpus, **kw)
+        sim = ray_sim = FlowerSimulation(backend="ray", cpus=ray_cpus, **kw)
         app = client_app(sim.program, _tiny_data, **sim._kwargs())
         got: list = []
 
         def main(grid, context):
-            sim.connect(grid)
-            got.extend(_timed(sim, rounds))
+            ray_sim.connect(grid)
+            got.extend(_timed(ray_sim, rounds))
             got.append(_descendants_rss_kb())
 
         run_on_ray(server_app(main), app, n, cpus=ray_cpus)
@@ -135,7 +135,7 @@ def markdown_ray(results: list[dict], command: str) -> str:
     return "\n".join([
         "The same trivial federation on three runtimes measured in one process, one after the other:",
         "the built-in engine, `--runtime flower-sim` on fedge's in-process `LocalGrid`, and",
-        f"`--runtime flower-sim --backend ray`: Flower's simulation engine (`flwr.simulation.run_simulation`,",
+        "`--runtime flower-sim --backend ray`: Flower's simulation engine (`flwr.simulation.run_simulation`,",
         f"Ray 2.55.1, {cpus} ClientApp actors of 1 CPU each, Flower's `InMemoryGrid` in a ServerApp thread).",
         "Ray's start-up (10–20 s here) is outside the timed rounds. \"RSS growth\" is this process's;",
         "for Ray, the resident sets of its processes (GCS, raylet, workers, actors) at the end of the timed",

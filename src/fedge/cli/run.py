@@ -95,8 +95,8 @@ def run(
     workers: Annotated[int | None, typer.Option("--workers", help="client worker processes")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="no progress bar")] = False,
     runtime: Annotated[str, typer.Option(
-        "--runtime", help="engine (built-in), flower-sim (the same rounds through Flower's ServerApp/ClientApp, "
-        "in-process) or flower (a Flower deployment: --superlink)")] = "engine",
+        "--runtime", help="engine (built-in), flower-sim (the same rounds through Flower's ServerApp/ClientApp "
+        "on simulated nodes: --backend) or flower (a Flower deployment: --superlink)")] = "engine",
     backend: Annotated[str | None, typer.Option(
         "--backend", help="with --runtime flower-sim: local (in-process grid, the default) or ray "
         "(Flower's simulation engine; pip install 'fedge[flower-sim]')")] = None,

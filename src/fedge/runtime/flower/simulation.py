@@ -72,7 +72,7 @@ def run_on_ray(server: ServerApp, client: ClientApp, num_nodes: int, *, cpus: in
     flwr_log.setLevel(logging.ERROR)  # run_simulation's deprecation notice and per-round INFO lines
     try:
         run_simulation(server_app=server, client_app=client, num_supernodes=num_nodes,
-                       backend_config=backend_config(num_nodes, cpus))  # type: ignore[arg-type]  # fmt: skip
+                       backend_config=backend_config(num_nodes, cpus))  # fmt: skip
     finally:
         flwr_log.setLevel(level)
         if ray.is_initialized():  # Flower shuts Ray down when its backend ran; not if it failed to start
