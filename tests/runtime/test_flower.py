@@ -188,28 +188,35 @@ def _processes_in(path):
 
 @pytest.mark.slow
 def test_loopback_deployment_superlink_and_3_supernodes_same_accuracies_as_the_engine(tmp_path):
-    """A real Flower deployment: SuperLink and SuperNodes as processes on 127.0.0.1 (about a
-    minute: Flower's deployment runtime polls)."""
+    """A real Flower deployment: SuperLink and SuperNodes as processes on 127.0.0.1, 2 rounds,
+    then resumed there to 3 (a minute or more: Flower's deployment runtime polls)."""
     import socket
 
     from fedge.experiment.flower import loopback, submit
 
     cfg = load_config("quickstart", overrides=["rounds=2", "clients.num=3", "clients.per_round=3"])
-    engine = _lines(run_experiment(cfg, out=tmp_path / "engine", render=False))
+    engine3 = _lines(run_experiment(load_config({**cfg.to_dict(), "rounds": 3}), out=tmp_path / "engine", render=False))
+    engine = engine3[:2]
     work = tmp_path / "flwr"
     with loopback(3, workdir=work) as superlink:
         assert len(_processes_in(work)) >= 4  # SuperLink + 3 SuperNodes
         out = submit(cfg, out=tmp_path / "deployed", superlink=superlink, insecure=True, workdir=tmp_path / "app",
                      timeout=400)  # fmt: skip
+        first = _lines(out)
         with pytest.raises(MessageError, match="did not write"):  # the run directory exists: the ServerApp fails
             submit(cfg, out=out, superlink=superlink, insecure=True, timeout=400)
+        # resumed on the same federation, to 3 rounds (fedge run --resume OUT --set rounds=3 --runtime flower ...)
+        submit(cfg, out=out, superlink=superlink, insecure=True, timeout=400, resume=True, rounds=3)
     port = int(superlink.rsplit(":", 1)[1])
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0  # nothing listens any more
     assert _processes_in(work) == []
-    deployed = _lines(out)
+    deployed = first
     assert [x["test_accuracy"] for x in deployed] == pytest.approx([x["test_accuracy"] for x in engine], rel=1e-9)
     _assert_same(engine, deployed)
+    resumed = _lines(out)
+    assert [x["round"] for x in resumed] == [1, 2, 3]
+    _assert_same(engine3, resumed)
     assert json.loads((out / "summary.json").read_text())["runtime"] == "flower"
 
 
@@ -334,7 +341,7 @@ def test_a_failed_node_fails_the_round_naming_it_and_the_run_resumes_to_the_same
     assert [(x["bytes_down"], x["bytes_up"]) for x in a] == [(x["bytes_down"], x["bytes_up"]) for x in b]
 
 
-def test_cli_resume_on_flower_sim_and_refused_on_a_deployment(tmp_path):
+def test_cli_resume_on_flower_sim_and_its_bad_combinations(tmp_path):
     from typer.testing import CliRunner
 
     from fedge.cli.main import app
@@ -345,7 +352,7 @@ def test_cli_resume_on_flower_sim_and_refused_on_a_deployment(tmp_path):
                                    *args])  # fmt: skip
     assert res.exit_code == 0, res.output
     bad = CliRunner().invoke(app, ["run", "--resume", str(out), "--set", "rounds=2", "--runtime", "flower", "-q"])
-    assert bad.exit_code == 2 and "--runtime flower with --resume" in bad.output
+    assert bad.exit_code == 2 and "--runtime flower needs --superlink" in bad.output
     bad = CliRunner().invoke(app, ["run", "--resume", str(out), "--set", "rounds=2", "--backend", "ray", "-q"])
     assert bad.exit_code == 2 and "--backend ray goes with --runtime flower-sim" in bad.output
     res = CliRunner().invoke(app, ["run", "--resume", str(out), "--set", "rounds=2", "--runtime", "flower-sim", "-q"])

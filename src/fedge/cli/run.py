@@ -139,14 +139,26 @@ def run(
                     if not value.isdigit():
                         fail(f"--set {extend[0]}: rounds must be a whole number of rounds")
                     rounds = int(value)
-                if runtime == "flower":
-                    fail("--runtime flower with --resume: resuming runs on the built-in engine or flower-sim; "
-                         "use --runtime engine or --runtime flower-sim")  # fmt: skip
                 target = resume
-                with _Bar(not quiet) as bar:
-                    path = resume_experiment(resume, rounds=rounds, progress=bar, render=render_report,
-                                             allow_config_change=allow_config_change, runtime=runtime,
-                                             backend=backend or "local")  # fmt: skip
+                if runtime == "flower":
+                    from fedge.experiment.flower import submit
+
+                    if superlink is None:
+                        fail("--runtime flower needs --superlink HOST:PORT (and --root-certificates FILE, or --insecure)")
+                    if allow_config_change:
+                        fail("--allow-config-change is not supported with --runtime flower; resume on the engine or "
+                             "--runtime flower-sim to record a config change")  # fmt: skip
+                    if not (resume / "config.yaml").is_file():
+                        fail(f"--resume {resume}: no config.yaml there; give the run directory (readable here, "
+                             "and the same path on the SuperLink's machine)")  # fmt: skip
+                    path = submit(load_config(str(resume / "config.yaml")), out=resume, superlink=superlink,
+                                  insecure=insecure, root_certificates=root_certificates, resume=True,
+                                  rounds=rounds)  # fmt: skip
+                else:
+                    with _Bar(not quiet) as bar:
+                        path = resume_experiment(resume, rounds=rounds, progress=bar, render=render_report,
+                                                 allow_config_change=allow_config_change, runtime=runtime,
+                                                 backend=backend or "local")  # fmt: skip
             else:
                 if config is None:
                     fail("give a preset or YAML file (e.g. fedge run quickstart), or --resume RUN_DIR")

@@ -30,7 +30,7 @@ from flwr.serverapp import Grid
 from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError, MessageError
 from fedge.experiment.build import BuiltRun, build_run
-from fedge.experiment.run import run_experiment
+from fedge.experiment.run import resume_experiment, run_experiment
 from fedge.runtime.flower import client_app as make_client_app
 from fedge.runtime.flower import server_app as make_server_app
 from fedge.runtime.flower.adapter import STATE_GET, STATE_SET
@@ -117,6 +117,10 @@ def _server_main(grid: Grid, context: Context) -> None:
     out: Any = context.run_config.get("out")
     if not isinstance(out, str) or not out:
         raise ConfigError("the Flower run has no 'out' (run directory) in its run_config")
+    if context.run_config.get("resume"):  # continue the run in `out` (its config.yaml; rounds may grow)
+        rounds = context.run_config.get("resume-rounds")
+        resume_experiment(out, rounds=rounds if isinstance(rounds, int) and rounds > 0 else None, runtime=grid)
+        return
     run_experiment(cfg, out=out, runtime=grid)  # the report is rendered by `fedge report OUT` (a layer above)
 
 
@@ -156,6 +160,8 @@ clientapp = "fedge_app:client_app"
 fedge-config = ""
 out = ""
 render = true
+resume = false
+resume-rounds = 0
 """
 
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -190,11 +196,14 @@ def _env(extra_path: str | None = None) -> dict[str, str]:
 
 def submit(cfg: RunConfig, *, out: str | Path, superlink: str, insecure: bool = False,
            root_certificates: str | Path | None = None, workdir: str | Path | None = None,
-           timeout: float | None = None) -> Path:  # fmt: skip
+           timeout: float | None = None, resume: bool = False, rounds: int | None = None) -> Path:  # fmt: skip
     """Run ``cfg`` on the Flower federation whose SuperLink is at ``superlink`` (HOST:PORT),
     with ``flwr run`` and the generated app; the ServerApp writes the run directory ``out``
     (an absolute path on the SuperLink's machine). TLS: ``root_certificates`` (the CA
     certificate the SuperLink's certificate is signed with), or ``insecure=True`` (loopback tests).
+    ``resume=True``: continue the interrupted run in ``out`` instead (``cfg``: that run's config,
+    which the SuperNodes build from; ``rounds``: a larger total, as ``fedge run --resume``); the
+    nodes get their clients' states back from the run's checkpoint.
     Returns ``out`` once this run has written ``summary.json``; MessageError (with the end of
     the run's log) otherwise."""
     import tomli_w
@@ -206,7 +215,7 @@ def submit(cfg: RunConfig, *, out: str | Path, superlink: str, insecure: bool = 
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="fedge-flwr-") as tmp:
             return submit(cfg, out=out, superlink=superlink, insecure=insecure, root_certificates=root_certificates,
-                          workdir=tmp, timeout=timeout)  # fmt: skip
+                          workdir=tmp, timeout=timeout, resume=resume, rounds=rounds)  # fmt: skip
     work = Path(workdir)
     app = write_app(work / "app")
     home = work / "flwr-home"
@@ -216,7 +225,10 @@ def submit(cfg: RunConfig, *, out: str | Path, superlink: str, insecure: bool = 
         conn["root-certificates"] = str(Path(root_certificates).resolve())
     (home / "config.toml").write_text(tomli_w.dumps({"superlink": {"default": "fedge", "fedge": conn}}))
     run_config = work / "run_config.toml"
-    run_config.write_text(tomli_w.dumps({"fedge-config": json.dumps(cfg.to_dict()), "out": str(out)}))
+    if resume and rounds is not None:
+        cfg = load_config({**cfg.to_dict(), "rounds": rounds})
+    run_config.write_text(tomli_w.dumps({"fedge-config": json.dumps(cfg.to_dict()), "out": str(out),
+                                         "resume": bool(resume), "resume-rounds": int(rounds or 0)}))  # fmt: skip
     env = {**_env(), "FLWR_HOME": str(home)}
     cmd = [_flower_bin("flwr"), "run", str(app), "fedge", "--stream", "--run-config", str(run_config)]
     summary = out / "summary.json"

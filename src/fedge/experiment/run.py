@@ -383,7 +383,7 @@ def resume_experiment(
     progress: ProgressLike = None,
     render: Renderer = None,
     allow_config_change: bool = False,
-    runtime: str = "engine",
+    runtime: Any = "engine",
     backend: str = "local",
 ) -> Path:
     """Continue an interrupted run from its last completed round, or extend a run to more rounds.
@@ -397,8 +397,8 @@ def resume_experiment(
             extended run equals a run configured with ``rounds`` from the start, except that
             the old last round was evaluated even if ``eval_every`` would have skipped it.
             Raising ``rounds`` in ``config.yaml`` by hand does the same.
-        runtime, backend: what runs the remaining rounds (as :func:`run_experiment`, except a
-            deployed Grid); any of them continues any run, to the same metrics.
+        runtime, backend: what runs the remaining rounds (as :func:`run_experiment`); any of
+            them continues any run, to the same metrics.
         allow_config_change: accept other edits of ``config.yaml`` since the run used it; they
             apply from the next round and are recorded in ``config_changes.jsonl``. Without it
             such edits are refused, naming the changed keys.
