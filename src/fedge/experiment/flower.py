@@ -29,15 +29,12 @@ from flwr.serverapp import Grid
 
 from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError, MessageError
-from fedge.experiment.build import BuiltRun, build_run
+from fedge.experiment.build import configured_client_app, node_app_for
 from fedge.experiment.run import resume_experiment, run_experiment
-from fedge.runtime.flower import client_app as make_client_app
 from fedge.runtime.flower import server_app as make_server_app
 from fedge.runtime.flower.adapter import STATE_GET, STATE_SET
 
 __all__ = ["client_app", "configured_client_app", "loopback", "server_app", "submit", "write_app"]
-
-_BUILT: dict[str, tuple[BuiltRun, ClientApp]] = {}  # config text -> built run and its ClientApp
 
 
 def _config_text(context: Context) -> str:
@@ -49,20 +46,7 @@ def _config_text(context: Context) -> str:
 
 
 def _node_app(context: Context) -> ClientApp:
-    return _app_for(_config_text(context))
-
-
-def _app_for(text: str) -> ClientApp:
-    """The ClientApp of the run whose config (JSON) is ``text``, built once per process."""
-    if text not in _BUILT:
-        built = build_run(load_config(json.loads(text)))
-        c = built.config
-        app = make_client_app(built.method.program, built.clients.__getitem__, seed=c.seed,
-                              measure_flops=c.measure.flops, measure_memory=c.measure.memory,
-                              parties=built.method.parties)  # fmt: skip
-        _BUILT.clear()
-        _BUILT[text] = (built, app)
-    return _BUILT[text][1]
+    return node_app_for(_config_text(context))
 
 
 client_app = ClientApp()
@@ -86,30 +70,6 @@ def _state_get(msg: Message, context: Context) -> Message:
 @client_app.query(STATE_SET)
 def _state_set(msg: Message, context: Context) -> Message:
     return _node_app(context)(msg, context)
-
-
-class _Configured:
-    """A ClientApp handler for one run's config: small to pickle (the config text; the class by
-    reference), and it builds the run's data and method once per process (:func:`_app_for`)."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __call__(self, msg: Message, context: Context) -> Message:
-        return _app_for(self.text)(msg, context)
-
-
-def configured_client_app(config_text: str) -> ClientApp:
-    """A ClientApp for the run whose config is ``config_text`` (``json.dumps(cfg.to_dict())``),
-    for nodes whose ``run_config`` does not carry it, e.g. Flower's simulation engine, which
-    pickles the ClientApp to its Ray actors with every message."""
-    app = ClientApp()
-    handler = _Configured(config_text)
-    app.query()(handler)
-    app.query(STATE_GET)(handler)
-    app.query(STATE_SET)(handler)
-    app.train()(handler)
-    return app
 
 
 def _server_main(grid: Grid, context: Context) -> None:

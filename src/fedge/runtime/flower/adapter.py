@@ -202,7 +202,7 @@ class FlowerSimulation(Simulation):
             simulation engine, :mod:`fedge.runtime.flower.simulation`).
         node_app: the ClientApp the nodes run (default: :func:`client_app` of this simulation's
             program and clients). With ``backend="ray"`` it is pickled to Ray's actors with every
-            message: give a small one (:func:`fedge.experiment.flower.configured_client_app`).
+            message: give a small one (:func:`fedge.experiment.build.configured_client_app`).
         cpus: with ``backend="ray"``, how many ClientApp actors (one CPU each; default: the cores).
         **kwargs: as :class:`~fedge.runtime.engine.Simulation`.
     """
@@ -351,7 +351,7 @@ class FlowerSimulation(Simulation):
                 + "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
                 + "); fedge's strategies need every sampled client's reply, so this round is not completed. "
                 f"Rounds up to {rnd - 1} are kept: bring the node(s) back and continue with "
-                "fedge run --resume RUN_DIR (--runtime flower-sim, or the engine)"
+                "fedge run --resume RUN_DIR (with the same --runtime, or another)"
             )
 
     def run_round(self, rnd: int) -> dict[str, Any]:

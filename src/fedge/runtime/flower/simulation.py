@@ -14,7 +14,7 @@ machine's address (``ray._private.services.resolve_ip_for_localhost``), so they 
 to loopback from here; on a machine reachable by others, use ``--backend local`` or a firewall.
 
 The ClientApp is pickled to the actors with every message (Flower's design), so it should be
-small: :func:`fedge.experiment.flower.configured_client_app` carries only the run's config and
+small: :func:`fedge.experiment.build.configured_client_app` carries only the run's config and
 builds the data on each actor once.
 """
 
