@@ -16,7 +16,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt $(FIND_LINKS) torch==2.13.0
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt $(FIND_LINKS) -e '.[test,flower]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt $(FIND_LINKS) -e '.[test,flower,flower-sim]'
 	touch $(STAMP)
 
 quickstart: $(STAMP)

@@ -188,26 +188,234 @@ def _processes_in(path):
 
 @pytest.mark.slow
 def test_loopback_deployment_superlink_and_3_supernodes_same_accuracies_as_the_engine(tmp_path):
-    """A real Flower deployment: SuperLink and SuperNodes as processes on 127.0.0.1 (about a
-    minute: Flower's deployment runtime polls)."""
+    """A real Flower deployment: SuperLink and SuperNodes as processes on 127.0.0.1, 2 rounds,
+    then resumed there to 3 (a minute or more: Flower's deployment runtime polls)."""
     import socket
 
     from fedge.experiment.flower import loopback, submit
 
     cfg = load_config("quickstart", overrides=["rounds=2", "clients.num=3", "clients.per_round=3"])
-    engine = _lines(run_experiment(cfg, out=tmp_path / "engine", render=False))
+    engine3 = _lines(run_experiment(load_config({**cfg.to_dict(), "rounds": 3}), out=tmp_path / "engine", render=False))
+    engine = engine3[:2]
     work = tmp_path / "flwr"
     with loopback(3, workdir=work) as superlink:
         assert len(_processes_in(work)) >= 4  # SuperLink + 3 SuperNodes
         out = submit(cfg, out=tmp_path / "deployed", superlink=superlink, insecure=True, workdir=tmp_path / "app",
                      timeout=400)  # fmt: skip
+        first = _lines(out)
         with pytest.raises(MessageError, match="did not write"):  # the run directory exists: the ServerApp fails
             submit(cfg, out=out, superlink=superlink, insecure=True, timeout=400)
+        # resumed on the same federation, to 3 rounds (fedge run --resume OUT --set rounds=3 --runtime flower ...)
+        submit(cfg, out=out, superlink=superlink, insecure=True, timeout=400, resume=True, rounds=3)
     port = int(superlink.rsplit(":", 1)[1])
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0  # nothing listens any more
     assert _processes_in(work) == []
-    deployed = _lines(out)
+    deployed = first
     assert [x["test_accuracy"] for x in deployed] == pytest.approx([x["test_accuracy"] for x in engine], rel=1e-9)
     _assert_same(engine, deployed)
+    resumed = _lines(out)
+    assert [x["round"] for x in resumed] == [1, 2, 3]
+    _assert_same(engine3, resumed)
     assert json.loads((out / "summary.json").read_text())["runtime"] == "flower"
+
+
+# ---- resume: the checkpoint holds the node-held client states ---------------------------------
+
+
+def _without_wall(path):
+    return [{k: v for k, v in x.items() if "wall" not in k} for x in _lines(path)]
+
+
+def test_interrupted_flower_run_resumes_to_the_same_metrics_with_node_held_client_state(tmp_path, monkeypatch):
+    """BAFFLE with ``downlink: seeds`` keeps each client's model replica in ``ctx.state`` (on its
+    node); a resumed run without those states fails ("out of step"), and one with wrong states
+    changes the losses."""
+    import fedge.experiment.rundir as rd
+    from fedge.experiment.run import resume_experiment
+
+    method = {"name": "baffle", "mode": "batch", "k": 4, "batch_size": 16, "ema": None, "downlink": "seeds"}
+    cfg = tiny_config(rounds=5, model={"name": "mlp", "hidden": [16]}, method=method,
+                      **{"clients.num": 5, "clients.per_round": 2})  # fmt: skip
+    engine = run_experiment(load_config(cfg), out=tmp_path / "engine", render=False)
+    full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False, runtime="flower-sim")
+    original = rd.RunDir.save_checkpoint
+    saved = []
+
+    def crash_after_round_3(self, state):
+        original(self, state)
+        saved.append(state)
+        if state["record"]["round"] == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(rd.RunDir, "save_checkpoint", crash_after_round_3)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(load_config(cfg), out=tmp_path / "cut", render=False, runtime="flower-sim")
+    monkeypatch.setattr(rd.RunDir, "save_checkpoint", original)
+    assert not (tmp_path / "cut" / "summary.json").exists()
+    assert len(saved[-1]["client_states"]) >= 3  # the nodes' states, fetched into the checkpoint
+    resume_experiment(tmp_path / "cut", render=False, runtime="flower-sim")
+    for a, b in zip(_without_wall(tmp_path / "cut"), _without_wall(full), strict=True):
+        assert a.keys() == b.keys()
+        # Flower's own message sizes vary by a few bytes (varint-coded metadata); fedge's are exact
+        assert {k: v for k, v in a.items() if b[k] != v and not k.startswith("flower_bytes")} == {}, a["round"]
+        assert all(abs(a[k] - b[k]) <= 16 * a["clients"] * a["phases"] for k in a if k.startswith("flower_bytes"))
+    _assert_same(_lines(engine), _lines(tmp_path / "cut"))
+    summary = json.loads((tmp_path / "cut" / "summary.json").read_text())
+    assert summary["runtime"] == "flower-sim" and summary["flower_backend"] == "local"
+
+
+def test_resume_with_an_unknown_backend_is_refused_before_writing(tmp_path):
+    from fedge.experiment.run import resume_experiment
+
+    run = run_experiment(load_config(tiny_config(rounds=1)), out=tmp_path / "r", render=False)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    with pytest.raises(ConfigError, match="backend 'dask' is not known"):
+        resume_experiment(run, rounds=2, render=False, runtime="flower-sim", backend="dask")
+    with pytest.raises(ConfigError, match="goes with runtime 'flower-sim'"):
+        resume_experiment(run, rounds=2, render=False, backend="ray")
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+# ---- faults: a node that fails or does not reply ----------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["raises", "no reply", "offline"])
+def test_a_failed_node_fails_the_round_naming_it_and_the_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, fault):
+    """Client 1's node fails in round 2 (its ClientApp raises, or it never replies, as a killed
+    SuperNode): the run stops with one message naming round, client, node and the way on; the
+    directory keeps round 1 and no summary; resuming gives an uninterrupted run's metrics."""
+    from flwr.app import Error
+    from flwr.common.serde import message_to_proto
+
+    from fedge.experiment.run import resume_experiment
+
+    cfg = tiny_config(rounds=3, **{"dataset": {"name": "digits"}, "clients.num": 3, "clients.per_round": 3})
+    full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False, runtime="flower-sim")
+    push, deliver = LocalGrid.push_messages, LocalGrid._deliver
+
+    def failing_deliver(self, msg, context):
+        if context.node_id == 1001 and msg.metadata.group_id == "2.0":
+            app = self.app
+
+            def boom(m, c):
+                raise RuntimeError("the node went away")  # the ClientApp raises: an error reply
+
+            self.app = boom
+            try:
+                return deliver(self, msg, context)
+            finally:
+                self.app = app
+        return deliver(self, msg, context)
+
+    def dropping_push(self, messages):
+        messages = list(messages)
+        ids = list(push(self, messages))
+        for m, mid in zip(messages, ids, strict=True):
+            if m.metadata.dst_node_id == 1001 and m.metadata.group_id == "2.0":
+                self._pending.pop(mid)  # the reply never arrives
+                if fault == "offline":  # Flower's SuperLink answers for a node it found offline, as itself
+                    err = Message(Error(code=5, reason="Error: Node Unavailable"), reply_to=m)
+                    err.metadata.__dict__["_src_node_id"] = 1
+                    err.metadata.__dict__["_message_id"] = "e" + mid
+                    self._pending[mid] = message_to_proto(err).SerializeToString()
+        return ids
+
+    monkeypatch.setattr(LocalGrid, "_deliver", failing_deliver if fault == "raises" else deliver)
+    if fault != "raises":
+        monkeypatch.setattr(LocalGrid, "push_messages", dropping_push)
+    with pytest.raises(MessageError) as info:
+        run_experiment(load_config(cfg), out=tmp_path / "cut", render=False, runtime="flower-sim")
+    text = str(info.value)
+    assert text.startswith("round 2, exchange 1: 1 of 3 clients gave no result (client 1 (node 1001): ")
+    why = {"raises": "RuntimeError: the node went away", "no reply": "no reply", "offline": "Node Unavailable"}
+    assert why[fault] in text
+    assert "--resume" in text and "Rounds up to 1 are kept" in text
+    assert [x["round"] for x in _lines(tmp_path / "cut")] == [1]
+    assert not (tmp_path / "cut" / "summary.json").exists()
+    monkeypatch.setattr(LocalGrid, "_deliver", deliver)
+    monkeypatch.setattr(LocalGrid, "push_messages", push)
+    resume_experiment(tmp_path / "cut", render=False, runtime="flower-sim")
+    a, b = _lines(tmp_path / "cut"), _lines(full)
+    assert [x["test_accuracy"] for x in a] == [x["test_accuracy"] for x in b]
+    assert [(x["bytes_down"], x["bytes_up"]) for x in a] == [(x["bytes_down"], x["bytes_up"]) for x in b]
+
+
+def test_cli_resume_on_flower_sim_and_its_bad_combinations(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedge.cli.main import app
+
+    out = tmp_path / "qs"
+    args = ["--set", "clients.num=3", "--set", "clients.per_round=3", "-q"]
+    res = CliRunner().invoke(app, ["run", "quickstart", "--runtime", "flower-sim", "--set", "rounds=1", "--out", str(out),
+                                   *args])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    bad = CliRunner().invoke(app, ["run", "--resume", str(out), "--set", "rounds=2", "--runtime", "flower", "-q"])
+    assert bad.exit_code == 2 and "--runtime flower needs --superlink" in bad.output
+    bad = CliRunner().invoke(app, ["run", "--resume", str(out), "--set", "rounds=2", "--backend", "ray", "-q"])
+    assert bad.exit_code == 2 and "--backend ray goes with --runtime flower-sim" in bad.output
+    res = CliRunner().invoke(app, ["run", "--resume", str(out), "--set", "rounds=2", "--runtime", "flower-sim", "-q"])
+    assert res.exit_code == 0, res.output
+    lines = _lines(out)
+    assert [x["round"] for x in lines] == [1, 2] and all("flower_bytes_down" in x for x in lines)
+
+
+def _certificates(d):
+    """A CA and a server certificate for 127.0.0.1 signed by it (what a user supplies)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    valid = {"not_valid_before": now - datetime.timedelta(minutes=5), "not_valid_after": now + datetime.timedelta(days=1)}
+
+    def cert(subject, issuer, public_key, signer, ext):
+        b = x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
+        b = b.serial_number(x509.random_serial_number()).not_valid_before(valid["not_valid_before"])
+        b = b.not_valid_after(valid["not_valid_after"]).add_extension(*ext)
+        return b.sign(signer, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedge test CA")])
+    ca = cert(ca_name, ca_name, ca_key.public_key(), ca_key, (x509.BasicConstraints(ca=True, path_length=None), True))
+    san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")])
+    server = cert(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]), ca_name, key.public_key(), ca_key,
+                  (san, False))  # fmt: skip
+    d.mkdir(parents=True)
+    (d / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (d / "server.pem").write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    (d / "server.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                     serialization.NoEncryption()))  # fmt: skip
+    return d / "ca.crt", d / "server.pem", d / "server.key"
+
+
+@pytest.mark.slow
+def test_loopback_deployment_over_tls_with_user_certificates(tmp_path):
+    """SuperLink serving TLS with a user's certificates, 2 SuperNodes trusting its CA, and the run
+    submitted with --root-certificates: 1 round, the engine's accuracy (~100 s here: Flower polls)."""
+    import tomllib
+    from pathlib import Path
+
+    from fedge.experiment.flower import loopback, submit
+
+    ca, cert, key = _certificates(tmp_path / "certs")
+    cfg = load_config("quickstart", overrides=["rounds=1", "clients.num=2", "clients.per_round=2"])
+    engine = _lines(run_experiment(cfg, out=tmp_path / "engine", render=False))
+    work = tmp_path / "flwr"
+    with loopback(2, workdir=work, tls=(ca, cert, key)) as superlink:
+        out = submit(cfg, out=tmp_path / "deployed", superlink=superlink, root_certificates=ca,
+                     workdir=tmp_path / "app", timeout=400)  # fmt: skip
+        started = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in _processes_in(work)]
+        ours = [c for c in started if any(a.endswith((b"flower-superlink", b"flower-supernode")) for a in c[:2])]
+        assert len(ours) == 3 and all(b"--insecure" not in c for c in ours)  # SuperLink and SuperNodes: TLS
+    assert _processes_in(work) == []
+    conn = tomllib.loads((tmp_path / "app" / "flwr-home" / "config.toml").read_text())["superlink"]["fedge"]
+    assert conn["insecure"] is False and conn["root-certificates"] == str(ca.resolve())
+    deployed = _lines(out)
+    assert [x["test_accuracy"] for x in deployed] == pytest.approx([x["test_accuracy"] for x in engine], rel=1e-9)
+    assert [x["bytes_up"] for x in deployed] == [x["bytes_up"] for x in engine]

@@ -95,8 +95,11 @@ def run(
     workers: Annotated[int | None, typer.Option("--workers", help="client worker processes")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="no progress bar")] = False,
     runtime: Annotated[str, typer.Option(
-        "--runtime", help="engine (built-in), flower-sim (the same rounds through Flower's ServerApp/ClientApp, "
-        "in-process) or flower (a Flower deployment: --superlink)")] = "engine",
+        "--runtime", help="engine (built-in), flower-sim (the same rounds through Flower's ServerApp/ClientApp "
+        "on simulated nodes: --backend) or flower (a Flower deployment: --superlink)")] = "engine",
+    backend: Annotated[str | None, typer.Option(
+        "--backend", help="with --runtime flower-sim: local (in-process grid, the default) or ray "
+        "(Flower's simulation engine; pip install 'fedge[flower-sim]')")] = None,
     superlink: Annotated[str | None, typer.Option(
         "--superlink", help="with --runtime flower: the SuperLink's HOST:PORT")] = None,
     insecure: Annotated[bool, typer.Option(
@@ -116,6 +119,8 @@ def run(
         overrides.append("measure.memory=true")
     if workers is not None:
         overrides.append(f"clients.workers={workers}")
+    if backend is not None and runtime != "flower-sim":
+        fail(f"--backend {backend} goes with --runtime flower-sim (got --runtime {runtime})")
     if allow_config_change and resume is None:
         fail("--allow-config-change goes with --resume RUN_DIR (it accepts edits of that run's config.yaml)")
     target: Path | None = None
@@ -134,12 +139,26 @@ def run(
                     if not value.isdigit():
                         fail(f"--set {extend[0]}: rounds must be a whole number of rounds")
                     rounds = int(value)
-                if runtime != "engine":
-                    fail(f"--runtime {runtime} with --resume: resuming runs on the built-in engine only; drop --runtime")
                 target = resume
-                with _Bar(not quiet) as bar:
-                    path = resume_experiment(resume, rounds=rounds, progress=bar, render=render_report,
-                                             allow_config_change=allow_config_change)  # fmt: skip
+                if runtime == "flower":
+                    from fedge.experiment.flower import submit
+
+                    if superlink is None:
+                        fail("--runtime flower needs --superlink HOST:PORT (and --root-certificates FILE, or --insecure)")
+                    if allow_config_change:
+                        fail("--allow-config-change is not supported with --runtime flower; resume on the engine or "
+                             "--runtime flower-sim to record a config change")  # fmt: skip
+                    if not (resume / "config.yaml").is_file():
+                        fail(f"--resume {resume}: no config.yaml there; give the run directory (readable here, "
+                             "and the same path on the SuperLink's machine)")  # fmt: skip
+                    path = submit(load_config(str(resume / "config.yaml")), out=resume, superlink=superlink,
+                                  insecure=insecure, root_certificates=root_certificates, resume=True,
+                                  rounds=rounds)  # fmt: skip
+                else:
+                    with _Bar(not quiet) as bar:
+                        path = resume_experiment(resume, rounds=rounds, progress=bar, render=render_report,
+                                                 allow_config_change=allow_config_change, runtime=runtime,
+                                                 backend=backend or "local")  # fmt: skip
             else:
                 if config is None:
                     fail("give a preset or YAML file (e.g. fedge run quickstart), or --resume RUN_DIR")
@@ -156,7 +175,8 @@ def run(
                     if superlink is not None:
                         fail(f"--superlink goes with --runtime flower (got --runtime {runtime})")
                     with _Bar(not quiet) as bar:
-                        path = run_experiment(cfg, out=target, progress=bar, render=render_report, runtime=runtime)
+                        path = run_experiment(cfg, out=target, progress=bar, render=render_report, runtime=runtime,
+                                              backend=backend or "local")  # fmt: skip
     except MessageError as exc:
         fail(exc, code=1)
     except FedgeError as exc:

@@ -30,7 +30,7 @@ from fedge.models import build_model
 from fedge.privacy.dp.config import PrivacyConfig
 from fedge.runtime.engine import EngineConfig, Simulation
 
-__all__ = ["BuiltRun", "build_run", "client_shard", "model_factory"]
+__all__ = ["BuiltRun", "build_run", "client_shard", "configured_client_app", "model_factory", "node_app_for"]
 
 FEDERATED = "synthetic-fed"  # the dataset whose clients are generated on demand (fedge.data.federated)
 
@@ -82,9 +82,10 @@ class BuiltRun:
             measure_memory=c.measure.memory,
         )
 
-    def simulation(self, on_round: Any = None, runtime: Any = "engine") -> Simulation:
+    def simulation(self, on_round: Any = None, runtime: Any = "engine", backend: str = "local") -> Simulation:
         """The engine for this run: the built-in one (``runtime="engine"``), or the same rounds
-        with client steps sent through Flower (``"flower-sim"``: an in-process Flower grid;
+        with client steps sent through Flower (``"flower-sim"``: simulated Flower nodes, run by
+        ``backend`` ``"local"``, an in-process grid, or ``"ray"``, Flower's simulation engine;
         a Flower ``Grid`` object: that grid, inside a deployed ServerApp;
         :mod:`fedge.runtime.flower`)."""
         cls: Any = Simulation
@@ -95,6 +96,12 @@ class BuiltRun:
             cls = FlowerSimulation
             if not isinstance(runtime, str):
                 extra["grid"] = runtime
+            else:
+                extra["backend"] = backend
+                if backend == "ray":  # the actors build their clients from the config (a small pickle)
+                    import json
+
+                    extra["node_app"] = configured_client_app(json.dumps(self.config.to_dict()))
         elif runtime != "engine":
             raise ConfigError(f"runtime {runtime!r} is not known; expected one of {list(RUNTIMES)}")
         return cls(
@@ -253,3 +260,56 @@ def client_shard(cfg: RunConfig, cid: int) -> dict[str, Any]:
         num_classes = built.dataset.num_classes
     counts = torch.bincount(y, minlength=num_classes).tolist()
     return {"client": cid, "samples": int(y.numel()), "label_counts": counts}
+
+
+# ---- Flower nodes that build their client from the run's config ----------------------------------
+
+_NODE_APPS: dict[str, Any] = {}  # config text -> (built run, ClientApp), one per process
+
+
+def node_app_for(config_text: str) -> Any:
+    """The Flower ClientApp (:func:`fedge.runtime.flower.client_app`) of the run whose config is
+    ``config_text`` (JSON of ``cfg.to_dict()``): its data, partition and method are built once
+    per process, the same as the server's (everything derives from the config and seed)."""
+    if config_text not in _NODE_APPS:
+        import json
+
+        from fedge.core.config import load_config
+        from fedge.runtime.flower import client_app
+
+        built = build_run(load_config(json.loads(config_text)))
+        c = built.config
+        app = client_app(built.method.program, built.clients.__getitem__, seed=c.seed,
+                         measure_flops=c.measure.flops, measure_memory=c.measure.memory,
+                         parties=built.method.parties)  # fmt: skip
+        _NODE_APPS.clear()
+        _NODE_APPS[config_text] = (built, app)
+    return _NODE_APPS[config_text][1]
+
+
+class _Configured:
+    """A ClientApp handler for one run's config: small to pickle (the config text; the class by
+    reference), and it builds the run's data and method once per process (:func:`node_app_for`)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __call__(self, msg: Any, context: Any) -> Any:
+        return node_app_for(self.text)(msg, context)
+
+
+def configured_client_app(config_text: str) -> Any:
+    """A Flower ClientApp for the run whose config is ``config_text``, for nodes whose
+    ``run_config`` does not carry it, e.g. Flower's simulation engine, which pickles the
+    ClientApp to its Ray actors with every message (this one pickles to the config text)."""
+    from flwr.clientapp import ClientApp
+
+    from fedge.runtime.flower.adapter import STATE_GET, STATE_SET
+
+    app = ClientApp()
+    handler = _Configured(config_text)
+    app.query()(handler)
+    app.query(STATE_GET)(handler)
+    app.query(STATE_SET)(handler)
+    app.train()(handler)
+    return app

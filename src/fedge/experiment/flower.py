@@ -29,14 +29,12 @@ from flwr.serverapp import Grid
 
 from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError, MessageError
-from fedge.experiment.build import BuiltRun, build_run
-from fedge.experiment.run import run_experiment
-from fedge.runtime.flower import client_app as make_client_app
+from fedge.experiment.build import configured_client_app, node_app_for
+from fedge.experiment.run import resume_experiment, run_experiment
 from fedge.runtime.flower import server_app as make_server_app
+from fedge.runtime.flower.adapter import STATE_GET, STATE_SET
 
-__all__ = ["client_app", "loopback", "server_app", "submit", "write_app"]
-
-_BUILT: dict[str, tuple[BuiltRun, ClientApp]] = {}  # config text -> built run and its ClientApp
+__all__ = ["client_app", "configured_client_app", "loopback", "server_app", "submit", "write_app"]
 
 
 def _config_text(context: Context) -> str:
@@ -48,16 +46,7 @@ def _config_text(context: Context) -> str:
 
 
 def _node_app(context: Context) -> ClientApp:
-    text = _config_text(context)
-    if text not in _BUILT:
-        built = build_run(load_config(json.loads(text)))
-        c = built.config
-        app = make_client_app(built.method.program, built.clients.__getitem__, seed=c.seed,
-                              measure_flops=c.measure.flops, measure_memory=c.measure.memory,
-                              parties=built.method.parties)  # fmt: skip
-        _BUILT.clear()
-        _BUILT[text] = (built, app)
-    return _BUILT[text][1]
+    return node_app_for(_config_text(context))
 
 
 client_app = ClientApp()
@@ -73,11 +62,25 @@ def _train(msg: Message, context: Context) -> Message:
     return _node_app(context)(msg, context)
 
 
+@client_app.query(STATE_GET)
+def _state_get(msg: Message, context: Context) -> Message:
+    return _node_app(context)(msg, context)
+
+
+@client_app.query(STATE_SET)
+def _state_set(msg: Message, context: Context) -> Message:
+    return _node_app(context)(msg, context)
+
+
 def _server_main(grid: Grid, context: Context) -> None:
     cfg = load_config(json.loads(_config_text(context)))
     out: Any = context.run_config.get("out")
     if not isinstance(out, str) or not out:
         raise ConfigError("the Flower run has no 'out' (run directory) in its run_config")
+    if context.run_config.get("resume"):  # continue the run in `out` (its config.yaml; rounds may grow)
+        rounds = context.run_config.get("resume-rounds")
+        resume_experiment(out, rounds=rounds if isinstance(rounds, int) and rounds > 0 else None, runtime=grid)
+        return
     run_experiment(cfg, out=out, runtime=grid)  # the report is rendered by `fedge report OUT` (a layer above)
 
 
@@ -117,6 +120,8 @@ clientapp = "fedge_app:client_app"
 fedge-config = ""
 out = ""
 render = true
+resume = false
+resume-rounds = 0
 """
 
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -151,11 +156,14 @@ def _env(extra_path: str | None = None) -> dict[str, str]:
 
 def submit(cfg: RunConfig, *, out: str | Path, superlink: str, insecure: bool = False,
            root_certificates: str | Path | None = None, workdir: str | Path | None = None,
-           timeout: float | None = None) -> Path:  # fmt: skip
+           timeout: float | None = None, resume: bool = False, rounds: int | None = None) -> Path:  # fmt: skip
     """Run ``cfg`` on the Flower federation whose SuperLink is at ``superlink`` (HOST:PORT),
     with ``flwr run`` and the generated app; the ServerApp writes the run directory ``out``
     (an absolute path on the SuperLink's machine). TLS: ``root_certificates`` (the CA
     certificate the SuperLink's certificate is signed with), or ``insecure=True`` (loopback tests).
+    ``resume=True``: continue the interrupted run in ``out`` instead (``cfg``: that run's config,
+    which the SuperNodes build from; ``rounds``: a larger total, as ``fedge run --resume``); the
+    nodes get their clients' states back from the run's checkpoint.
     Returns ``out`` once this run has written ``summary.json``; MessageError (with the end of
     the run's log) otherwise."""
     import tomli_w
@@ -167,7 +175,7 @@ def submit(cfg: RunConfig, *, out: str | Path, superlink: str, insecure: bool = 
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="fedge-flwr-") as tmp:
             return submit(cfg, out=out, superlink=superlink, insecure=insecure, root_certificates=root_certificates,
-                          workdir=tmp, timeout=timeout)  # fmt: skip
+                          workdir=tmp, timeout=timeout, resume=resume, rounds=rounds)  # fmt: skip
     work = Path(workdir)
     app = write_app(work / "app")
     home = work / "flwr-home"
@@ -177,7 +185,10 @@ def submit(cfg: RunConfig, *, out: str | Path, superlink: str, insecure: bool = 
         conn["root-certificates"] = str(Path(root_certificates).resolve())
     (home / "config.toml").write_text(tomli_w.dumps({"superlink": {"default": "fedge", "fedge": conn}}))
     run_config = work / "run_config.toml"
-    run_config.write_text(tomli_w.dumps({"fedge-config": json.dumps(cfg.to_dict()), "out": str(out)}))
+    if resume and rounds is not None:
+        cfg = load_config({**cfg.to_dict(), "rounds": rounds})
+    run_config.write_text(tomli_w.dumps({"fedge-config": json.dumps(cfg.to_dict()), "out": str(out),
+                                         "resume": bool(resume), "resume-rounds": int(rounds or 0)}))  # fmt: skip
     env = {**_env(), "FLWR_HOME": str(home)}
     cmd = [_flower_bin("flwr"), "run", str(app), "fedge", "--stream", "--run-config", str(run_config)]
     summary = out / "summary.json"
@@ -226,10 +237,15 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def loopback(num_nodes: int, *, workdir: str | Path) -> Iterator[str]:
-    """A Flower federation on 127.0.0.1, insecure: one SuperLink and ``num_nodes`` SuperNodes
+def loopback(num_nodes: int, *, workdir: str | Path,
+             tls: tuple[str | Path, str | Path, str | Path] | None = None) -> Iterator[str]:  # fmt: skip
+    """A Flower federation on 127.0.0.1: one SuperLink and ``num_nodes`` SuperNodes
     (``partition-id`` 0..n-1), each a separate process; yields the SuperLink's HOST:PORT. Every
-    process (and what it started) is stopped when the block ends, pass or fail."""
+    process (and what it started) is stopped when the block ends, pass or fail.
+
+    ``tls``: ``(ca_certificate, server_certificate, server_key)`` files (the server certificate
+    valid for 127.0.0.1); the SuperLink serves TLS with them and the SuperNodes trust the CA
+    (submit with ``root_certificates=ca_certificate``). None: insecure."""
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     env = _env()
@@ -245,11 +261,17 @@ def loopback(num_nodes: int, *, workdir: str | Path) -> Iterator[str]:
 
     try:
         port = free_port()
-        link = start([_flower_bin("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
+        if tls is None:
+            link_sec, node_sec = ["--insecure"], ["--insecure"]
+        else:
+            ca, cert, key = (str(Path(f).resolve()) for f in tls)
+            link_sec = ["--ssl-ca-certfile", ca, "--ssl-certfile", cert, "--ssl-keyfile", key]
+            node_sec = ["--root-certificates", ca]
+        link = start([_flower_bin("flower-superlink"), *link_sec, "--host", "127.0.0.1", "--port", str(port),
                       "--disable-runtime-dependency-installation"], work / "superlink.log")  # fmt: skip
         _wait_port(port, link, work / "superlink.log")
         for i in range(num_nodes):
-            start([_flower_bin("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}",
+            start([_flower_bin("flower-supernode"), *node_sec, "--superlink", f"127.0.0.1:{port}",
                    "--port", str(free_port()), "--node-config", f"partition-id={i} num-partitions={num_nodes}"],
                   work / f"supernode-{i}.log")  # fmt: skip
         yield f"127.0.0.1:{port}"

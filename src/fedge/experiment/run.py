@@ -216,12 +216,12 @@ def _collapsed_warnings(current_round: Callable[[], int]) -> Iterator[None]:
 
 
 def _drive(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: dict[str, Any] | None,
-           progress: ProgressLike, render: Renderer, runtime: Any = "engine") -> Path:
+           progress: ProgressLike, render: Renderer, runtime: Any = "engine", backend: str = "local") -> Path:
     before = torch.get_num_threads()  # a notebook's own setting comes back after the run
     if built.config.threads is not None:
         torch.set_num_threads(built.config.threads)
     try:
-        return _drive_rounds(built, rundir, lines, state, _as_progress(progress), render, runtime)
+        return _drive_rounds(built, rundir, lines, state, _as_progress(progress), render, runtime, backend)
     except BaseException:
         for tmp in rundir.temp_files():  # half-written checkpoint/model/metrics from this process
             tmp.unlink(missing_ok=True)
@@ -231,7 +231,7 @@ def _drive(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: 
 
 
 def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: dict[str, Any] | None,
-                  progress: Progress, render: Renderer, runtime: Any = "engine") -> Path:
+                  progress: Progress, render: Renderer, runtime: Any = "engine", backend: str = "local") -> Path:
     cfg = built.config
     limit = _loss_limit(built)
 
@@ -255,7 +255,7 @@ def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], 
                           DivergenceWarning, stacklevel=2)  # fmt: skip
         writing.clear()
 
-    sim = built.simulation(on_round, runtime=runtime)
+    sim = built.simulation(on_round, runtime=runtime, backend=backend)
     sim.on_progress = progress.clients
     if state is not None:
         sim.load_state_dict(state)
@@ -275,6 +275,8 @@ def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], 
     summary = _summary(built, sim, lines)
     if runtime != "engine":
         summary["runtime"] = runtime if isinstance(runtime, str) else "flower"
+    if runtime == "flower-sim":
+        summary["flower_backend"] = backend
     rundir.finish(summary, sim.strategy.eval_model())
     if callable(render):  # the caller's renderer (the report layer sits above this one)
         try:
@@ -319,23 +321,23 @@ def check_dataset_root(cfg: RunConfig) -> None:
 
 
 def run_experiment(
-    cfg: RunConfig, *, out: str | Path, progress: ProgressLike = None, render: Renderer = None, runtime: Any = "engine"
+    cfg: RunConfig, *, out: str | Path, progress: ProgressLike = None, render: Renderer = None, runtime: Any = "engine",
+    backend: str = "local",
 ) -> Path:
     """Build and run ``cfg``, writing the run directory ``out`` (which must not exist or be empty).
 
     ``runtime``: ``"engine"`` (the built-in engine), ``"flower-sim"`` (the same rounds through
-    Flower's ServerApp/ClientApp on an in-process grid; needs ``flwr``), or a Flower ``Grid``
-    (inside a deployed ServerApp: :mod:`fedge.experiment.flower`).
+    Flower's ServerApp/ClientApp on simulated nodes; needs ``flwr``), or a Flower ``Grid``
+    (inside a deployed ServerApp: :mod:`fedge.experiment.flower`). ``backend`` (with
+    ``"flower-sim"``): ``"local"`` (an in-process grid, sequential) or ``"ray"`` (Flower's
+    simulation engine; needs Ray: ``pip install 'fedge[flower-sim]'``).
 
     The directory is claimed first (exclusively: a second run aimed at it fails at once);
     nothing else is written until the config, data, model and method are all valid, and on
     invalid input the claim is undone, leaving no directory.
     """
     check_finite(cfg.to_dict())
-    if isinstance(runtime, str) and runtime not in RUNTIMES:
-        raise ConfigError(f"runtime {runtime!r} is not known; expected one of {list(RUNTIMES)}")
-    if runtime == "flower-sim":
-        import fedge.runtime.flower  # noqa: F401  (a missing flwr fails here, before the run dir is claimed)
+    _check_runtime(runtime, backend)
     rundir = RunDir(out)
     rundir.claim()
     try:
@@ -346,7 +348,28 @@ def run_experiment(
         raise
     source = built.dataset.source if Path(built.dataset.source).is_dir() else None
     rundir.create(resolved_config(built), built.partition_summary, data_source=source)
-    return _drive(built, rundir, [], None, progress, render, runtime)
+    return _drive(built, rundir, [], None, progress, render, runtime, backend)
+
+
+def _check_runtime(runtime: Any, backend: str) -> None:
+    """An unknown runtime or backend, or a missing flwr or Ray, fails before anything is written."""
+    if isinstance(runtime, str) and runtime not in RUNTIMES:
+        raise ConfigError(f"runtime {runtime!r} is not known; expected one of {list(RUNTIMES)}")
+    if runtime != "flower-sim":
+        if backend != "local":
+            raise ConfigError(f"backend {backend!r} goes with runtime 'flower-sim' (got runtime {runtime!r})")
+        return
+    import fedge.runtime.flower  # noqa: F401  (a missing flwr fails here)
+    from fedge.runtime.flower.simulation import BACKENDS
+
+    if backend not in BACKENDS:
+        raise ConfigError(f"Flower simulation backend {backend!r} is not known; expected one of {list(BACKENDS)}")
+    if backend == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError("--backend ray runs Flower's simulation engine, which needs Ray (not installed); "
+                              "install it with: pip install 'fedge[flower-sim]', or use --backend local")  # fmt: skip
 
 
 def _changed_keys(changes: dict[str, tuple[Any, Any]]) -> str:
@@ -360,6 +383,8 @@ def resume_experiment(
     progress: ProgressLike = None,
     render: Renderer = None,
     allow_config_change: bool = False,
+    runtime: Any = "engine",
+    backend: str = "local",
 ) -> Path:
     """Continue an interrupted run from its last completed round, or extend a run to more rounds.
 
@@ -372,12 +397,15 @@ def resume_experiment(
             extended run equals a run configured with ``rounds`` from the start, except that
             the old last round was evaluated even if ``eval_every`` would have skipped it.
             Raising ``rounds`` in ``config.yaml`` by hand does the same.
+        runtime, backend: what runs the remaining rounds (as :func:`run_experiment`); any of
+            them continues any run, to the same metrics.
         allow_config_change: accept other edits of ``config.yaml`` since the run used it; they
             apply from the next round and are recorded in ``config_changes.jsonl``. Without it
             such edits are refused, naming the changed keys.
 
     Every check runs before the first write: a refused resume changes nothing on disk.
     """
+    _check_runtime(runtime, backend)
     rundir = RunDir(run_dir)
     raw = rundir.read_config()
     applied = rundir.applied_config()
@@ -431,4 +459,4 @@ def resume_experiment(
     if rounds is not None or changes:
         rundir.reopen(resolved)
     rundir.write_metrics(lines)
-    return _drive(built, rundir, lines, state, progress, render)
+    return _drive(built, rundir, lines, state, progress, render, runtime, backend)

@@ -35,16 +35,20 @@ does not count party state as traffic either).
 Running a party as its own Flower node would need node-to-node messages, which Flower's
 Message API routes only through the ServerApp; not built.
 
-Not carried over: node-held client state is not in the server's checkpoint, so resuming a
-stateful method's run would restart its clients' state; ``fedge run --resume`` therefore runs
-on the built-in engine only.
+Checkpoints and resuming. A client's persistent state lives on its node; a reply says when the
+node holds one (``has_state``), and when the engine checkpoints (:meth:`FlowerSimulation.state_dict`,
+after every round) the server fetches the states changed since the last checkpoint with a
+``query`` message (action ``fedge_state_get``), so the checkpoint holds every client's state as
+the engine's does. On resume (:meth:`FlowerSimulation.load_state_dict`) they are sent back to the
+nodes (``fedge_state_set``) before the first round. These messages are checkpoint traffic, not
+counted in ``bytes_*`` or ``flower_bytes_*``.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -64,6 +68,7 @@ from fedge.runtime.flower.grid import LocalGrid
 __all__ = ["FlowerSimulation", "client_app", "server_app"]
 
 RECORD = "fedge"  # the ConfigRecord carrying fedge's bytes, in messages and in Context.state
+STATE_GET, STATE_SET = "fedge_state_get", "fedge_state_set"  # query actions: a node's client state, to/from a checkpoint
 
 
 
@@ -122,6 +127,26 @@ def client_app(
         """The handshake: which fedge client this node is."""
         return Message(RecordDict({RECORD: ConfigRecord({"cid": _node_cid(context)})}), reply_to=msg)
 
+    @app.query(STATE_GET)
+    def get_state(msg: Message, context: Context) -> Message:
+        """Checkpointing: the node's persistent client state (``ctx.state``), to the server."""
+        node = context.state.config_records.get(RECORD) or ConfigRecord()
+        out: dict[str, Any] = {"cid": _node_cid(context)}
+        if node.get("state") is not None:
+            out["state"] = node["state"]
+        return Message(RecordDict({RECORD: ConfigRecord(out)}), reply_to=msg)
+
+    @app.query(STATE_SET)
+    def set_state(msg: Message, context: Context) -> Message:
+        """Resuming: the node's persistent client state, from the server's checkpoint."""
+        cid = _node_cid(context)
+        rec = msg.content.config_records[RECORD]
+        if _int(rec, "cid") != cid:
+            raise MessageError(f"node {context.node_id} is client {cid} but got client {rec['cid']!r}'s state")
+        state = _opt_bytes(rec.get("state"), "state")
+        context.state[RECORD] = ConfigRecord({} if state is None else {"state": state})
+        return Message(RecordDict({RECORD: ConfigRecord({"cid": cid})}), reply_to=msg)
+
     @app.train()
     def step(msg: Message, context: Context) -> Message:
         cid = _node_cid(context)
@@ -142,6 +167,8 @@ def client_app(
         if result.round_state is not None:
             kept.update(round_state=result.round_state, round_state_rnd=rnd)
         out: dict[str, Any] = {"reply": result.reply, "stats": _stats_to_bytes(result.stats)}
+        if result.state is not None:
+            out["has_state"] = 1  # the server fetches it when it checkpoints (STATE_GET)
         out.update({f"party.{name}": v for name, v in result.party_states.items() if v is not None})
         context.state[RECORD] = ConfigRecord(kept)
         return Message(RecordDict({RECORD: ConfigRecord(out)}), reply_to=msg)
@@ -170,14 +197,29 @@ class FlowerSimulation(Simulation):
             client running :func:`client_app`, and runs a :func:`server_app` on it.
         timeout: seconds ``send_and_receive`` waits for replies (None: no limit).
         wait_nodes_s: on connecting, how long to wait for every client's SuperNode to join.
+        backend: with ``grid=None``, what runs the nodes: ``"local"`` (fedge's in-process
+            :class:`~fedge.runtime.flower.grid.LocalGrid`, sequential) or ``"ray"`` (Flower's
+            simulation engine, :mod:`fedge.runtime.flower.simulation`).
+        node_app: the ClientApp the nodes run (default: :func:`client_app` of this simulation's
+            program and clients). With ``backend="ray"`` it is pickled to Ray's actors with every
+            message: give a small one (:func:`fedge.experiment.build.configured_client_app`).
+        cpus: with ``backend="ray"``, how many ClientApp actors (one CPU each; default: the cores).
         **kwargs: as :class:`~fedge.runtime.engine.Simulation`.
     """
 
     def __init__(self, *, grid: Grid | None = None, timeout: float | None = None, wait_nodes_s: float = 60.0,
+                 backend: str = "local", node_app: ClientApp | None = None, cpus: int | None = None,
                  **kwargs: Any) -> None:  # fmt: skip
+        from fedge.runtime.flower.simulation import BACKENDS
+
+        if backend not in BACKENDS:
+            raise ConfigError(f"Flower simulation backend {backend!r} is not known; expected one of {list(BACKENDS)}")
         super().__init__(**kwargs)
         self.grid, self.timeout, self.wait_nodes_s = grid, timeout, wait_nodes_s
+        self.backend, self.node_app, self.cpus = backend, node_app, cpus
         self.nodes: dict[int, int] = {}  # cid -> node id
+        self._changed: set[int] = set()  # clients whose node state changed since the last checkpoint
+        self._restore: dict[int, bytes] = {}  # states to put on the nodes before the first round (resume)
         self._wire = [0, 0, 0]  # Flower bytes down, up; party-state bytes carried (both ways) this round
 
     # -- connecting ------------------------------------------------------------------
@@ -204,6 +246,45 @@ class FlowerSimulation(Simulation):
         if missing:
             raise ConfigError(f"{len(missing)} of {len(self.clients)} clients have no Flower node (partition-ids "
                               f"{missing[:10]}); start one SuperNode per partition-id 0..{len(self.clients) - 1}")  # fmt: skip
+        self._push_restore()
+
+    def _push_restore(self) -> None:
+        if self._restore:
+            self._query(STATE_SET, {cid: {"state": b} for cid, b in sorted(self._restore.items())})
+            self._restore = {}
+
+    def _query(self, action: str, content: Mapping[int, Mapping[str, Any]]) -> dict[int, Any]:
+        """One ``query.ACTION`` message to each client's node; the replies' fedge records, by client."""
+        assert self.grid is not None
+        msgs = [Message(RecordDict({RECORD: ConfigRecord({"cid": cid, **c})}), dst_node_id=self.nodes[cid],
+                        message_type=f"query.{action}", group_id=action) for cid, c in content.items()]  # fmt: skip
+        by_cid = self._by_client(msgs, list(content), self.grid.send_and_receive(msgs, timeout=self.timeout))
+        out = {}
+        for cid in content:
+            reply = by_cid.get(cid)
+            if reply is None or reply.has_error():
+                why = "no reply" if reply is None else reply.error.reason
+                raise MessageError(f"{action}: client {cid} (node {self.nodes[cid]}) failed: {why}")
+            out[cid] = reply.content.config_records[RECORD]
+        return out
+
+    # -- checkpoints: client states live on the nodes --------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        if self._changed and self.grid is not None:
+            for cid, rec in self._query(STATE_GET, {cid: {} for cid in sorted(self._changed)}).items():
+                state = _opt_bytes(rec.get("state"), "state")
+                if state is None:
+                    self.client_states.pop(cid, None)
+                else:
+                    self.client_states[cid] = state
+            self._changed.clear()
+        return super().state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._restore, self._changed = dict(self.client_states), set()
+        if self.grid is not None and self.nodes:  # connected already: now; else when connecting
+            self._push_restore()
 
     # -- the one engine step replaced ------------------------------------------------------
     def _run_clients(self, rnd: int, phase: int, messages: list[tuple[int, bytes]]) -> list[_Result]:
@@ -219,15 +300,12 @@ class FlowerSimulation(Simulation):
                         group_id=f"{rnd}.{phase}")  # fmt: skip
             self._wire[0] += _flower_size(m)
             out.append(m)
-        by_node = {r.metadata.src_node_id: r for r in self.grid.send_and_receive(out, timeout=self.timeout)}
+        cids = [cid for cid, _ in messages]
+        by_cid = self._by_client(out, cids, self.grid.send_and_receive(out, timeout=self.timeout))
+        self._check_replies(rnd, phase, cids, by_cid)
         results = []
-        for i, (cid, _) in enumerate(messages):
-            reply = by_node.get(self.nodes[cid])
-            if reply is None:
-                raise MessageError(f"round {rnd}, exchange {phase + 1}: no reply from client {cid} (node {self.nodes[cid]})")
-            if reply.has_error():
-                raise MessageError(f"round {rnd}, exchange {phase + 1}: client {cid} (node {self.nodes[cid]}) failed: "
-                                   f"{reply.error.reason}")  # fmt: skip
+        for i, cid in enumerate(cids):
+            reply = by_cid[cid]
             self._wire[1] += _flower_size(reply)
             rec = reply.content.config_records[RECORD]
             states = {name: _opt_bytes(rec.get(f"party.{name}"), f"party.{name}") for name in self.parties}
@@ -235,10 +313,46 @@ class FlowerSimulation(Simulation):
             result = _Result(_bytes(rec["reply"], "reply"), None, None, states,
                              _stats_from(json.loads(_bytes(rec["stats"], "stats"))))  # fmt: skip
             self._keep(cid, result, parallel=True)  # a shared party's state may not change (see module doc)
+            if rec.get("has_state"):
+                self._changed.add(cid)  # fetched from the node at the next checkpoint
             results.append(result)
             if self.on_progress is not None:
                 self.on_progress(rnd, phase, i + 1, len(messages))
         return results
+
+    def _by_client(self, sent: list[Message], cids: list[int], replies: Iterable[Message]) -> dict[int, Message]:
+        """The replies by client: matched to the message they answer (a SuperLink answers for a
+        node it found offline, from its own node id), else by the node they come from."""
+        asked = {m.metadata.message_id: cid for m, cid in zip(sent, cids, strict=True) if m.metadata.message_id}
+        of_node = {self.nodes[cid]: cid for cid in cids}
+        out: dict[int, Message] = {}
+        for r in replies:
+            cid = asked.get(r.metadata.reply_to_message_id, of_node.get(r.metadata.src_node_id))
+            if cid is not None:
+                out[cid] = r
+        return out
+
+    def _check_replies(self, rnd: int, phase: int, cids: list[int], by_cid: Mapping[int, Message]) -> None:
+        """Every addressed client must have replied without error: fedge's strategies aggregate
+        every sampled client's reply (secure aggregation's dropout recovery is simulated inside
+        the strategy, not fed by missing Flower replies). Otherwise the round fails, naming every
+        client that did not deliver, before any state of this exchange is kept."""
+        bad = []
+        for cid in cids:
+            reply = by_cid.get(cid)
+            if reply is None:
+                within = f" within {self.timeout:g} s" if self.timeout is not None else ""
+                bad.append(f"client {cid} (node {self.nodes[cid]}): no reply{within}")
+            elif reply.has_error():
+                bad.append(f"client {cid} (node {self.nodes[cid]}): {reply.error.reason}")
+        if bad:
+            raise MessageError(
+                f"round {rnd}, exchange {phase + 1}: {len(bad)} of {len(cids)} clients gave no result ("
+                + "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+                + "); fedge's strategies need every sampled client's reply, so this round is not completed. "
+                f"Rounds up to {rnd - 1} are kept: bring the node(s) back and continue with "
+                "fedge run --resume RUN_DIR (with the same --runtime, or another)"
+            )
 
     def run_round(self, rnd: int) -> dict[str, Any]:
         self._wire = [0, 0, 0]
@@ -255,9 +369,8 @@ class FlowerSimulation(Simulation):
             if not self.nodes:
                 self.connect(self.grid)
             return super().run(start_round=start_round)
-        app = client_app(self.program, self.clients.__getitem__, **self._kwargs())
+        app = self.node_app or client_app(self.program, self.clients.__getitem__, **self._kwargs())
         n = len(self.clients)
-        grid = LocalGrid(app, [{"partition-id": i, "num-partitions": n} for i in range(n)])
         done: list[RoundRecord] = []
 
         def main(g: Grid, context: Context) -> None:
@@ -267,6 +380,14 @@ class FlowerSimulation(Simulation):
             finally:
                 self.grid = None
 
+        if self.backend == "ray":
+            from fedge.runtime.flower.simulation import run_on_ray
+
+            run_on_ray(server_app(main), app, n, cpus=self.cpus)
+            if not done:  # pragma: no cover - Flower returned without running the ServerApp to its end
+                raise MessageError("Flower's simulation engine ended before the ServerApp finished its rounds")
+            return done[0]
+        grid = LocalGrid(app, [{"partition-id": i, "num-partitions": n} for i in range(n)])
         server_app(main)(grid, Context(run_id=grid.run.run_id, node_id=SUPERLINK_NODE_ID, node_config={},
                                        state=RecordDict(), run_config={}))  # fmt: skip
         return done[0]

@@ -7,9 +7,11 @@ to the ClientApp with that node's own :class:`flwr.app.Context` (its ``node_conf
 persistent ``state``), and the reply goes back the same way. The encoded sizes are Flower's
 own record sizes (:attr:`LocalGrid.wire_bytes_down`, :attr:`LocalGrid.wire_bytes_up`).
 
-Flower's simulation engine (``flwr.simulation.run_simulation``) needs the Ray backend, which
-is heavy to install and slow to start; this grid runs the same ``ServerApp`` and ``ClientApp``
-without it, sequentially, so tests and ``--runtime flower-sim`` need only ``flwr``.
+Flower's simulation engine (``flwr.simulation.run_simulation``, ``--backend ray``:
+:mod:`fedge.runtime.flower.simulation`) needs Ray, which is heavy to install, takes 10-20 s to
+start and costs milliseconds per message; this grid runs the same ``ServerApp`` and
+``ClientApp`` without it, sequentially, so tests and ``--runtime flower-sim`` (``--backend
+local``, the default) need only ``flwr``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,79 @@
+"""Flower's own simulation engine (``flwr.simulation.run_simulation``, Ray backend) as the
+grid a :class:`~fedge.runtime.flower.FlowerSimulation` runs on (``fedge run --runtime
+flower-sim --backend ray``; needs ``pip install 'fedge[flower-sim]'``, which adds Ray).
+
+Flower starts ``num_nodes`` virtual SuperNodes (``node_config`` ``partition-id`` 0..n-1 and
+``num-partitions`` n, each with its own ``Context``) and a pool of Ray actors, one CPU each,
+that run the ClientApp for whichever node a message is addressed to; the ServerApp runs in a
+thread of this process on Flower's ``InMemoryGrid``. Ray starts a local, single-node cluster
+without its dashboard, with usage statistics off (``RAY_USAGE_STATS_ENABLED=0``) and Flower's
+telemetry off (``FLWR_TELEMETRY_ENABLED=0``), and is shut down (its processes ended) when the
+run returns. Nothing connects beyond this machine, but Ray 2.55's own servers (GCS, raylet,
+workers) listen on all interfaces: Ray resolves ``127.0.0.1`` given as the node address to the
+machine's address (``ray._private.services.resolve_ip_for_localhost``), so they cannot be held
+to loopback from here; on a machine reachable by others, use ``--backend local`` or a firewall.
+
+The ClientApp is pickled to the actors with every message (Flower's design), so it should be
+small: :func:`fedge.experiment.build.configured_client_app` carries only the run's config and
+builds the data on each actor once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from typing import Any
+
+from flwr.clientapp import ClientApp
+from flwr.serverapp import ServerApp
+
+from fedge.core.errors import ConfigError
+
+__all__ = ["BACKENDS", "backend_config", "run_on_ray"]
+
+BACKENDS = ("local", "ray")  # --backend of --runtime flower-sim: fedge's LocalGrid, or Flower's Ray simulation
+
+
+def backend_config(num_nodes: int, cpus: int | None = None) -> dict[str, Any]:
+    """Flower's ``backend_config`` for the Ray backend: one CPU and no GPU per ClientApp actor,
+    ``cpus`` actors (default: this machine's cores, at most one per node), Ray on loopback."""
+    cpus = max(1, min(num_nodes, cpus if cpus is not None else (os.cpu_count() or 1)))
+    return {
+        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+        "init_args": {
+            "num_cpus": cpus,
+            "num_gpus": 0,
+            "include_dashboard": False,
+            "object_store_memory": 256 * 2**20,
+            "log_to_driver": False,
+            "logging_level": logging.ERROR,
+        },
+    }
+
+
+def run_on_ray(server: ServerApp, client: ClientApp, num_nodes: int, *, cpus: int | None = None) -> None:
+    """Run ``server`` against ``num_nodes`` virtual SuperNodes running ``client`` in Flower's
+    simulation engine (Ray backend). An exception of the ServerApp is raised here."""
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError("--backend ray runs Flower's simulation engine, which needs Ray (not installed); install it "
+                          "with: pip install 'fedge[flower-sim]', or use --backend local")  # fmt: skip
+    os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # no GPUs asked for; silences a FutureWarning
+    import ray
+    from flwr.simulation import run_simulation
+
+    if ray.is_initialized():  # Flower would reuse it with its own settings (e.g. not on loopback)
+        raise ConfigError("Ray is already initialised in this process; --backend ray starts (and stops) its own: "
+                          "call ray.shutdown() first")  # fmt: skip
+    flwr_log = logging.getLogger("flwr")
+    level = flwr_log.level
+    flwr_log.setLevel(logging.ERROR)  # run_simulation's deprecation notice and per-round INFO lines
+    try:
+        run_simulation(server_app=server, client_app=client, num_supernodes=num_nodes,
+                       backend_config=backend_config(num_nodes, cpus))  # fmt: skip
+    finally:
+        flwr_log.setLevel(level)
+        if ray.is_initialized():  # Flower shuts Ray down when its backend ran; not if it failed to start
+            ray.shutdown()
