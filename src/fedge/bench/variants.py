@@ -14,7 +14,7 @@ from fedge.core.errors import ConfigError
 from fedge.experiment.run import resolved_config, resume_experiment, run_experiment
 from fedge.experiment.rundir import RunDir
 
-__all__ = ["run_seeded_variants", "run_variants", "seeded_markdown", "variants_markdown"]
+__all__ = ["per_client_costs", "run_seeded_variants", "run_variants", "seeded_markdown", "variants_markdown"]
 
 
 def run_variants(
@@ -63,7 +63,6 @@ def run_variants(
             resume_experiment(out, rounds=wanted.rounds, render=False)  # train it further
         summary = json.loads((out / "summary.json").read_text())
         lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-        n = lines[0]["clients"]
         results.append(
             {
                 "label": label,
@@ -72,8 +71,7 @@ def run_variants(
                 "final_test_accuracy": summary["final_test_accuracy"],
                 "test_accuracy_at_best_val": summary.get("test_accuracy_at_best_val"),
                 "best_test_accuracy": summary["best_test_accuracy"],
-                "bytes_up_per_client_round": lines[0]["bytes_up"] / n,
-                "bytes_down_per_client_round": lines[0]["bytes_down"] / n,
+                **per_client_costs(lines),
                 "client_flops_per_round": summary["total_client_flops"] / summary["rounds"],
                 "client_flops_effective_per_round": _mean_per_round(lines, "client_flops_effective"),
                 "client_tensor_peak_bytes": _max_over_rounds(lines, "client_tensor_peak_bytes"),
@@ -122,6 +120,44 @@ def _check_same_run(out: Path, wanted: RunConfig, *, allow_more_rounds: bool) ->
     return have.rounds
 
 
+def per_client_costs(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """Bytes and client FLOPs **per client per round, averaged over all rounds** of a run's
+    ``metrics.jsonl`` lines (each round's total divided by that round's clients).
+
+    Pre-training phases are reported apart: a method that runs exchanges before training inside
+    round 1 (NTK-Ori: its ``prune_rounds`` client-data pruning phases) logs more ``phases`` in
+    round 1 than in round 2. Its training rounds move the same bytes every round (the sparse model
+    down, K scalars or the kept delta up), so round 1's training part is taken to be the mean of
+    rounds 2..T, and the rest of round 1 is ``pretraining_bytes_{up,down}_per_client`` (their total
+    over all pruning phases, per client); the per-round means then cover training only. With one
+    round of several phases the two cannot be told apart (``pretraining_bytes_*`` is None and the
+    mean includes them).
+    FLOPs are not split (a training round's FLOPs vary with the clients' data): the per-client
+    FLOP mean includes the pruning phases' forwards.
+    """
+    first = lines[0].get("phases", 1)
+    extra = first - lines[1].get("phases", 1) if len(lines) > 1 else 0
+    rest = lines[1:]
+
+    def per_client(key: str, line: dict[str, Any]) -> float:
+        return line[key] / line["clients"]
+
+    out: dict[str, Any] = {"pretraining_phases": extra if extra > 0 else 0}
+    for key in ("bytes_up", "bytes_down"):
+        values = [per_client(key, x) for x in lines]
+        if extra > 0:
+            training = sum(per_client(key, x) for x in rest) / len(rest)
+            out[f"pretraining_{key}_per_client"] = values[0] - training
+            values[0] = training
+        else:
+            out[f"pretraining_{key}_per_client"] = None if len(lines) == 1 and first > 1 else 0.0
+        out[f"{key}_per_client_round"] = sum(values) / len(values)
+    out["client_flops_per_client_round"] = sum(per_client("client_flops", x) for x in lines) / len(lines)
+    eff = [x["client_flops_effective"] / x["clients"] for x in lines if x.get("client_flops_effective") is not None]
+    out["client_flops_effective_per_client_round"] = sum(eff) / len(lines) if eff else None
+    return out
+
+
 def _mean_per_round(lines: list[dict[str, Any]], key: str) -> float | None:
     """Sum of a per-round metric over the rounds that log it, divided by the rounds (None: never logged)."""
     values = [x[key] for x in lines if x.get(key) is not None]
@@ -133,23 +169,46 @@ def _max_over_rounds(lines: list[dict[str, Any]], key: str) -> int | None:
     return max(values) if values else None
 
 
+UP, DOWN = "up B/client/round (mean of all rounds)", "down B/client/round (mean of all rounds)"
+PRUNING = "pruning phases B/client (up / down)"
+
+
+def _flops_cell(r: dict[str, Any], key: str) -> str:
+    """GFLOP per client per round (``key`` + ``_per_client_round``); a row recorded before that
+    figure existed shows its sum over the round's clients, marked ``(sum)``."""
+    per_client = r.get(f"{key}_per_client_round")
+    if per_client is not None:
+        return f"{per_client / 1e9:.2f}"
+    summed = r.get(f"{key}_per_round")
+    return "-" if summed is None else f"{summed / 1e9:.1f} (sum)"
+
+
+def _pruning_cell(r: dict[str, Any]) -> str:
+    if not r.get("pretraining_phases"):
+        return "-"
+    return f"{r['pretraining_bytes_up_per_client']:.0f} / {r['pretraining_bytes_down_per_client']:.0f}"
+
+
 def variants_markdown(report: dict[str, Any], command: str, intro: str) -> str:
-    """A markdown table of ``report``; columns for effective FLOPs and client memory appear when
-    some variant logged them (``-`` where a variant did not)."""
+    """A markdown table of ``report``. Bytes and GFLOP are per client per round, averaged over
+    all rounds (:func:`per_client_costs`); a column of NTK-Ori's pruning-phase bytes, and columns
+    for effective FLOPs and client memory, appear when some variant logged them (``-`` where a
+    variant did not)."""
     results = report["results"]
     effective = any(r.get("client_flops_effective_per_round") is not None for r in results)
     memory = any(r.get("client_tensor_peak_bytes") is not None for r in results)
-    head = ["variant", "overrides", "final acc", "best acc", "up B/client/round", "down B/client/round",
-            "client GFLOP/round (executed)" if effective else "client GFLOP/round"]  # fmt: skip
-    head += ["effective GFLOP/round"] * effective + ["client peak MiB (tensors)"] * memory + ["wall s"]
+    pruning = any(r.get("pretraining_phases") for r in results)
+    flops = "client GFLOP/client/round, executed (mean of all rounds)" if effective else "client GFLOP/client/round (mean of all rounds)"
+    head = ["variant", "overrides", "final acc", "best acc", UP, DOWN] + [PRUNING] * pruning + [flops]
+    head += ["effective GFLOP/client/round"] * effective + ["client peak MiB (tensors)"] * memory + ["wall s"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         cells = [r["label"], f"`{' '.join(r['overrides']) or '-'}`", f"{r['final_test_accuracy']:.4f}",
                  f"{r['best_test_accuracy']:.4f}", f"{r['bytes_up_per_client_round']:.0f}",
-                 f"{r['bytes_down_per_client_round']:.0f}", f"{r['client_flops_per_round'] / 1e9:.1f}"]  # fmt: skip
+                 f"{r['bytes_down_per_client_round']:.0f}"]  # fmt: skip
+        cells += [_pruning_cell(r)] * pruning + [_flops_cell(r, "client_flops")]
         if effective:
-            eff = r.get("client_flops_effective_per_round")
-            cells.append("-" if eff is None else f"{eff / 1e9:.1f}")
+            cells.append(_flops_cell(r, "client_flops_effective"))
         if memory:
             peak = r.get("client_tensor_peak_bytes")
             cells.append("-" if peak is None else f"{peak / 2**20:.2f}")
@@ -198,6 +257,11 @@ def run_seeded_variants(
                 agg[key + "_std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
         for key in ("bytes_up_per_client_round", "bytes_down_per_client_round", "client_flops_per_round", "wall_s"):
             agg[key] = statistics.mean(r[key] for r in runs)
+        for key in ("client_flops_per_client_round", "client_flops_effective_per_client_round", "client_flops_effective_per_round",
+                    "pretraining_bytes_up_per_client", "pretraining_bytes_down_per_client"):  # fmt: skip
+            vals = [r.get(key) for r in runs]  # a record written before the key existed lacks it
+            agg[key] = None if any(v is None for v in vals) else statistics.mean(vals)
+        agg["pretraining_phases"] = max(r.get("pretraining_phases") or 0 for r in runs)
         agg["runs"] = runs
         results.append(agg)
     return {"benchmark": "seeded-variants", "base": base, "common": common or [], "seeds": list(seeds),
@@ -208,7 +272,8 @@ def seeded_markdown(report: dict[str, Any], command: str, intro: str) -> str:
     """Mean ± std over seeds per variant (the columns a reviewer asks for)."""
     has_val = any("test_accuracy_at_best_val" in r for r in report["results"])
     head = ["variant", "seeds", "final test acc", "best test acc"] + ["test acc at best val"] * has_val
-    head += ["up B/client/round", "client GFLOP/round", "wall s"]
+    pruning = any(r.get("pretraining_phases") for r in report["results"])
+    head += [UP] + [PRUNING] * pruning + ["client GFLOP/client/round (mean of all rounds)", "wall s"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     def ms(r: dict[str, Any], key: str) -> str:
         return f"{r[key]:.4f} ± {r[key + '_std']:.4f}" if key in r else "-"
@@ -216,7 +281,8 @@ def seeded_markdown(report: dict[str, Any], command: str, intro: str) -> str:
     for r in report["results"]:
         cells = [r["label"], str(r["seeds"]), ms(r, "final_test_accuracy"), ms(r, "best_test_accuracy")]
         cells += [ms(r, "test_accuracy_at_best_val")] * has_val
-        cells += [f"{r['bytes_up_per_client_round']:.0f}", f"{r['client_flops_per_round'] / 1e9:.1f}", f"{r['wall_s']:.0f}"]
+        cells += [f"{r['bytes_up_per_client_round']:.0f}", *[_pruning_cell(r)] * pruning, _flops_cell(r, "client_flops"),
+                  f"{r['wall_s']:.0f}"]  # fmt: skip
         rows.append("| " + " | ".join(cells) + " |")
     missing = report.get("missing") or []
     note = ["", f"Not run yet (the command resumes them): {', '.join(missing)}"] if missing else []
