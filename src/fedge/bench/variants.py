@@ -14,7 +14,7 @@ from fedge.core.errors import ConfigError
 from fedge.experiment.run import resolved_config, resume_experiment, run_experiment
 from fedge.experiment.rundir import RunDir
 
-__all__ = ["per_client_costs", "run_seeded_variants", "run_variants", "seeded_markdown", "variants_markdown"]
+__all__ = ["paired_difference", "per_client_costs", "pick_by_validation", "run_seeded_variants", "run_variants", "seeded_markdown", "variants_markdown"]
 
 
 def run_variants(
@@ -245,7 +245,7 @@ def run_seeded_variants(
     }
     results, missing = [], sorted({m for r in per_seed.values() for m in r["missing"]})
     for label, overrides in variants.items():
-        runs = [next(x for x in per_seed[s]["results"] if x["label"] == label) for s in seeds
+        runs = [{**next(x for x in per_seed[s]["results"] if x["label"] == label), "seed": s} for s in seeds
                 if any(x["label"] == label for x in per_seed[s]["results"])]  # fmt: skip
         if not runs:
             continue
@@ -289,3 +289,32 @@ def seeded_markdown(report: dict[str, Any], command: str, intro: str) -> str:
     seeds = ", ".join(map(str, report["seeds"]))
     return "\n".join([intro, "", f"Command: `{command}`", "", f"Base: `{report['base']}`, seeds {seeds}; mean ± sample std.",
                       "", *rows, *note])  # fmt: skip
+
+
+def pick_by_validation(results: list[dict[str, Any]], labels: dict[float, str]) -> float | None:
+    """The value (a learning rate) whose run, ``labels[value]``, ended with the best final
+    **validation** accuracy (ties: the smaller value); None while one of them is not recorded.
+    The test set is never looked at."""
+    rows = {r["label"]: r for r in results}
+    if any(label not in rows for label in labels.values()):
+        return None
+    scored = []
+    for value, label in labels.items():
+        val = rows[label].get("final_val_accuracy")
+        if val is None:
+            raise ConfigError(f"screen run {label!r} has no validation accuracy; give the protocol dataset.validation=N")
+        scored.append((val, -value, value))
+    return max(scored)[2]
+
+
+def paired_difference(a: dict[str, Any], b: dict[str, Any], key: str = "final_test_accuracy") -> dict[str, Any] | None:
+    """``a − b`` of two :func:`run_seeded_variants` rows over the seeds both have: the per-seed
+    differences (the same seed draws the same data subset and initial model in both), their
+    mean and sample std. None with fewer than two common seeds."""
+    av = {r["seed"]: r[key] for r in a["runs"]}
+    bv = {r["seed"]: r[key] for r in b["runs"]}
+    common = sorted(av.keys() & bv.keys())
+    if len(common) < 2:
+        return None
+    diffs = [av[s] - bv[s] for s in common]
+    return {"seeds": common, "diffs": diffs, "mean": statistics.mean(diffs), "std": statistics.stdev(diffs)}
