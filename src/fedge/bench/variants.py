@@ -105,7 +105,8 @@ def _with_neutral_additions(have: dict[str, Any], want: dict[str, Any]) -> dict[
     their neutral value."""
     have = json.loads(json.dumps(have))
     for path, neutral in NEUTRAL_ADDITIONS.items():
-        h, w = have, want
+        h: Any = have
+        w: Any = want
         for part in path[:-1]:
             h, w = h.get(part) if isinstance(h, dict) else None, w.get(part) if isinstance(w, dict) else None
         if isinstance(h, dict) and isinstance(w, dict) and path[-1] not in h and w.get(path[-1]) == neutral:
