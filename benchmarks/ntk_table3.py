@@ -290,6 +290,7 @@ def run_all(plan: Plan, shard: int, shards: int, out: Path) -> None:
                 run_variants(BASE, {label: variants[label]}, out_root=out / "probe", common=plan.probe_common(),
                              records=plan.records / "probe")  # fmt: skip
     if shard == 0 and plan.quality and not (plan.records / "estimate_quality.json").exists():
+        plan.records.mkdir(parents=True, exist_ok=True)  # deterministic, a few CPU-minutes: recorded with the runs
         (plan.records / "estimate_quality.json").write_text(json.dumps(estimate_quality(), indent=1) + "\n")
 
 
