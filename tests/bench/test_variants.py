@@ -26,7 +26,7 @@ def test_run_variants_runs_then_reads_complete_runs(tmp_path):
     assert r["bytes_up_per_client_round"] > 0 and r["client_flops_per_round"] > 0
     assert r["client_flops_effective_per_round"] is None and r["client_tensor_peak_bytes"] is None
     table = variants_markdown(first, "cmd", "intro")
-    assert "effective GFLOP/round" not in table and "client peak MiB" not in table
+    assert "effective GFLOP" not in table and "client peak MiB" not in table
     assert table.count("\n| a |") == 1 and "Command: `cmd`" in table
 
 
@@ -49,9 +49,13 @@ def test_optional_columns_appear_when_some_variant_logged_them():
     }
     lines = variants_markdown(report, "cmd", "").splitlines()
     header = next(x for x in lines if x.startswith("| variant"))
-    assert "executed" in header and "effective GFLOP/round" in header and "client peak MiB" in header
-    assert any(x.startswith("| dense |") and "| 3.0 | - | 2.00 |" in x for x in lines)
-    assert any(x.startswith("| sparse |") and "| 3.0 | 1.0 | - |" in x for x in lines)
+    assert "executed" in header and "effective GFLOP/client/round" in header and "client peak MiB" in header
+    # rows without per-client FLOPs (records written before they existed) show the sum, marked
+    assert any(x.startswith("| dense |") and "| 3.0 (sum) | - | 2.00 |" in x for x in lines)
+    assert any(x.startswith("| sparse |") and "| 3.0 (sum) | 1.0 (sum) | - |" in x for x in lines)
+    per_client = {**report["results"][1], "client_flops_per_client_round": 1.5e9, "client_flops_effective_per_client_round": 5e8}
+    row = next(x for x in variants_markdown({**report, "results": [per_client]}, "cmd", "").splitlines() if x.startswith("| sparse"))
+    assert "| 1.50 | 0.50 |" in row and "GFLOP/client/round" in header
 
 
 def test_more_rounds_extend_a_finished_variant_and_a_changed_one_is_refused(tmp_path):
@@ -100,3 +104,54 @@ def test_records_outlive_the_run_directory_and_guard_their_config(tmp_path):
     with pytest.raises(ConfigError, match="different config"):
         run_variants("quickstart", {"a": ["method.local_epochs=3"]}, out_root=tmp_path / "runs", common=COMMON,
                      records=tmp_path / "rec")
+
+
+def test_costs_are_per_client_averaged_over_all_rounds_with_pruning_phases_apart(tmp_path):
+    """Oracle: hand sums over the runs' metrics.jsonl, and NTK-Rand's rounds (no pruning phases,
+    same sparse model size) for the training bytes of NTK-Ori's round 1."""
+    common = ["rounds=3", "eval_every=1", "clients.num=4", "clients.per_round=2", "threads=1", "model.name=mlp",
+              "method.name=ntk-baffle", "method.k=8", "method.max_steps=2", "method.density=0.2", "method.prune_rounds=3",
+              "method.prune_inputs=8", "method.prune_k=4"]  # fmt: skip
+    report = run_variants("quickstart", {"ori": ["method.prune_data=client"], "rand": []}, out_root=tmp_path, common=common)
+    ori, rand = report["results"]
+    lines = [json.loads(x) for x in (tmp_path / "ori" / "metrics.jsonl").read_text().splitlines()]
+    assert [x.get("phases", 1) for x in lines] == [4, 1, 1]  # 3 pruning phases ride in round 1
+    assert ori["pretraining_phases"] == 3 and rand["pretraining_phases"] == 0
+    for key in ("bytes_up", "bytes_down"):
+        later = [x[key] / x["clients"] for x in lines[1:]]
+        training = sum(later) / 2
+        assert ori[f"pretraining_{key}_per_client"] == pytest.approx(lines[0][key] / lines[0]["clients"] - training)
+        assert ori[f"{key}_per_client_round"] == pytest.approx(training)  # round 1 counted as a training round
+        assert ori[f"{key}_per_client_round"] == pytest.approx(rand[f"{key}_per_client_round"])
+        assert rand[f"pretraining_{key}_per_client"] == 0.0
+    # each pruning phase uploads 4 float32 per client, plus the message's framing
+    assert 3 * 4 * 4 <= ori["pretraining_bytes_up_per_client"] < 3 * (4 * 4 + 200)
+    assert ori["client_flops_per_client_round"] == pytest.approx(sum(x["client_flops"] / x["clients"] for x in lines) / 3)
+    assert ori["client_flops_per_round"] == pytest.approx(sum(x["client_flops"] for x in lines) / 3)  # summed over clients
+    text = variants_markdown(report, "cmd", "")
+    assert "pruning phases B/client (up / down)" in text and "mean of all rounds" in text
+    row = next(x for x in text.splitlines() if x.startswith("| ori |"))
+    assert f"| {ori['pretraining_bytes_up_per_client']:.0f} / {ori['pretraining_bytes_down_per_client']:.0f} |" in row
+    assert next(x for x in text.splitlines() if x.startswith("| rand |")).count("| - |") >= 1
+
+
+def test_bytes_of_a_run_without_pruning_are_the_mean_over_rounds(tmp_path):
+    (r,) = run_variants("quickstart", {"a": ["clients.per_round=3"]}, out_root=tmp_path, common=COMMON)["results"]
+    lines = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert r["bytes_up_per_client_round"] == pytest.approx(sum(x["bytes_up"] / 3 for x in lines) / len(lines))
+    assert r["client_flops_per_client_round"] == pytest.approx(r["client_flops_per_round"] / 3)
+
+
+def test_a_record_from_before_a_neutral_key_existed_still_matches(tmp_path):
+    """A record committed before ``client_optimizer.lr_decay`` existed (its config lacks the key)
+    is the same run as one with lr_decay=1 (no decay), and a different one with any other value."""
+    run_variants("quickstart", {"a": []}, out_root=tmp_path / "runs", common=COMMON, records=tmp_path / "rec")
+    path = tmp_path / "rec" / "a.json"
+    stored = json.loads(path.read_text())
+    assert stored["config"]["method"]["client_optimizer"].pop("lr_decay") == 1.0
+    path.write_text(json.dumps(stored))
+    (row,) = run_variants("quickstart", {"a": []}, out_root=tmp_path / "none", common=COMMON, records=tmp_path / "rec")["results"]
+    assert row["run_dir"] is None and not (tmp_path / "none").exists()
+    with pytest.raises(ConfigError, match="different config"):
+        run_variants("quickstart", {"a": ["method.client_optimizer.lr_decay=0.9"]}, out_root=tmp_path / "none", common=COMMON,
+                     records=tmp_path / "rec")  # fmt: skip

@@ -14,7 +14,7 @@ from fedge.core.errors import ConfigError
 from fedge.experiment.run import resolved_config, resume_experiment, run_experiment
 from fedge.experiment.rundir import RunDir
 
-__all__ = ["run_seeded_variants", "run_variants", "seeded_markdown", "variants_markdown"]
+__all__ = ["paired_difference", "per_client_costs", "pick_by_validation", "run_seeded_variants", "run_variants", "seeded_markdown", "variants_markdown"]
 
 
 def run_variants(
@@ -63,7 +63,6 @@ def run_variants(
             resume_experiment(out, rounds=wanted.rounds, render=False)  # train it further
         summary = json.loads((out / "summary.json").read_text())
         lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-        n = lines[0]["clients"]
         results.append(
             {
                 "label": label,
@@ -72,8 +71,7 @@ def run_variants(
                 "final_test_accuracy": summary["final_test_accuracy"],
                 "test_accuracy_at_best_val": summary.get("test_accuracy_at_best_val"),
                 "best_test_accuracy": summary["best_test_accuracy"],
-                "bytes_up_per_client_round": lines[0]["bytes_up"] / n,
-                "bytes_down_per_client_round": lines[0]["bytes_down"] / n,
+                **per_client_costs(lines),
                 "client_flops_per_round": summary["total_client_flops"] / summary["rounds"],
                 "client_flops_effective_per_round": _mean_per_round(lines, "client_flops_effective"),
                 "client_tensor_peak_bytes": _max_over_rounds(lines, "client_tensor_peak_bytes"),
@@ -92,10 +90,35 @@ def run_variants(
     return {"benchmark": "variants", "base": base, "common": common or [], "results": results, "missing": missing}
 
 
+# Config keys added after result records were first committed, each with the value that reproduces
+# the behaviour from before it existed. A record that lacks one of them still matches a config
+# holding exactly that value (any other value is a different run). Add a key here only when its
+# default changes nothing; a new key whose default changes results must invalidate the records.
+NEUTRAL_ADDITIONS: dict[tuple[str, ...], Any] = {
+    ("method", "client_optimizer", "lr_decay"): 1.0,
+    ("method", "prune_route"): "autograd",
+}
+
+
+def _with_neutral_additions(have: dict[str, Any], want: dict[str, Any]) -> dict[str, Any]:
+    """``have`` with the :data:`NEUTRAL_ADDITIONS` it lacks filled in where ``want`` holds exactly
+    their neutral value."""
+    have = json.loads(json.dumps(have))
+    for path, neutral in NEUTRAL_ADDITIONS.items():
+        h: Any = have
+        w: Any = want
+        for part in path[:-1]:
+            h, w = h.get(part) if isinstance(h, dict) else None, w.get(part) if isinstance(w, dict) else None
+        if isinstance(h, dict) and isinstance(w, dict) and path[-1] not in h and w.get(path[-1]) == neutral:
+            h[path[-1]] = neutral
+    return have
+
+
 def _read_record(path: Path, wanted: RunConfig) -> dict[str, Any]:
     """The row stored in ``path``, after checking it was made by the config ``wanted``."""
     stored = json.loads(path.read_text())
-    have, want = stored["config"], json.loads(json.dumps(resolved_config(wanted)))
+    want = json.loads(json.dumps(resolved_config(wanted)))
+    have = _with_neutral_additions(stored["config"], want)
     if have != want:
         diff = sorted(k for k in have.keys() | want.keys() if have.get(k) != want.get(k))
         raise ConfigError(
@@ -122,6 +145,44 @@ def _check_same_run(out: Path, wanted: RunConfig, *, allow_more_rounds: bool) ->
     return have.rounds
 
 
+def per_client_costs(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """Bytes and client FLOPs **per client per round, averaged over all rounds** of a run's
+    ``metrics.jsonl`` lines (each round's total divided by that round's clients).
+
+    Pre-training phases are reported apart: a method that runs exchanges before training inside
+    round 1 (NTK-Ori: its ``prune_rounds`` client-data pruning phases) logs more ``phases`` in
+    round 1 than in round 2. Its training rounds move the same bytes every round (the sparse model
+    down, K scalars or the kept delta up), so round 1's training part is taken to be the mean of
+    rounds 2..T, and the rest of round 1 is ``pretraining_bytes_{up,down}_per_client`` (their total
+    over all pruning phases, per client); the per-round means then cover training only. With one
+    round of several phases the two cannot be told apart (``pretraining_bytes_*`` is None and the
+    mean includes them).
+    FLOPs are not split (a training round's FLOPs vary with the clients' data): the per-client
+    FLOP mean includes the pruning phases' forwards.
+    """
+    first = lines[0].get("phases", 1)
+    extra = first - lines[1].get("phases", 1) if len(lines) > 1 else 0
+    rest = lines[1:]
+
+    def per_client(key: str, line: dict[str, Any]) -> float:
+        return line[key] / line["clients"]
+
+    out: dict[str, Any] = {"pretraining_phases": extra if extra > 0 else 0}
+    for key in ("bytes_up", "bytes_down"):
+        values = [per_client(key, x) for x in lines]
+        if extra > 0:
+            training = sum(per_client(key, x) for x in rest) / len(rest)
+            out[f"pretraining_{key}_per_client"] = values[0] - training
+            values[0] = training
+        else:
+            out[f"pretraining_{key}_per_client"] = None if len(lines) == 1 and first > 1 else 0.0
+        out[f"{key}_per_client_round"] = sum(values) / len(values)
+    out["client_flops_per_client_round"] = sum(per_client("client_flops", x) for x in lines) / len(lines)
+    eff = [x["client_flops_effective"] / x["clients"] for x in lines if x.get("client_flops_effective") is not None]
+    out["client_flops_effective_per_client_round"] = sum(eff) / len(lines) if eff else None
+    return out
+
+
 def _mean_per_round(lines: list[dict[str, Any]], key: str) -> float | None:
     """Sum of a per-round metric over the rounds that log it, divided by the rounds (None: never logged)."""
     values = [x[key] for x in lines if x.get(key) is not None]
@@ -133,23 +194,46 @@ def _max_over_rounds(lines: list[dict[str, Any]], key: str) -> int | None:
     return max(values) if values else None
 
 
+UP, DOWN = "up B/client/round (mean of all rounds)", "down B/client/round (mean of all rounds)"
+PRUNING = "pruning phases B/client (up / down)"
+
+
+def _flops_cell(r: dict[str, Any], key: str) -> str:
+    """GFLOP per client per round (``key`` + ``_per_client_round``); a row recorded before that
+    figure existed shows its sum over the round's clients, marked ``(sum)``."""
+    per_client = r.get(f"{key}_per_client_round")
+    if per_client is not None:
+        return f"{per_client / 1e9:.2f}"
+    summed = r.get(f"{key}_per_round")
+    return "-" if summed is None else f"{summed / 1e9:.1f} (sum)"
+
+
+def _pruning_cell(r: dict[str, Any]) -> str:
+    if not r.get("pretraining_phases"):
+        return "-"
+    return f"{r['pretraining_bytes_up_per_client']:.0f} / {r['pretraining_bytes_down_per_client']:.0f}"
+
+
 def variants_markdown(report: dict[str, Any], command: str, intro: str) -> str:
-    """A markdown table of ``report``; columns for effective FLOPs and client memory appear when
-    some variant logged them (``-`` where a variant did not)."""
+    """A markdown table of ``report``. Bytes and GFLOP are per client per round, averaged over
+    all rounds (:func:`per_client_costs`); a column of NTK-Ori's pruning-phase bytes, and columns
+    for effective FLOPs and client memory, appear when some variant logged them (``-`` where a
+    variant did not)."""
     results = report["results"]
     effective = any(r.get("client_flops_effective_per_round") is not None for r in results)
     memory = any(r.get("client_tensor_peak_bytes") is not None for r in results)
-    head = ["variant", "overrides", "final acc", "best acc", "up B/client/round", "down B/client/round",
-            "client GFLOP/round (executed)" if effective else "client GFLOP/round"]  # fmt: skip
-    head += ["effective GFLOP/round"] * effective + ["client peak MiB (tensors)"] * memory + ["wall s"]
+    pruning = any(r.get("pretraining_phases") for r in results)
+    flops = "client GFLOP/client/round, executed (mean of all rounds)" if effective else "client GFLOP/client/round (mean of all rounds)"
+    head = ["variant", "overrides", "final acc", "best acc", UP, DOWN] + [PRUNING] * pruning + [flops]
+    head += ["effective GFLOP/client/round"] * effective + ["client peak MiB (tensors)"] * memory + ["wall s"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         cells = [r["label"], f"`{' '.join(r['overrides']) or '-'}`", f"{r['final_test_accuracy']:.4f}",
                  f"{r['best_test_accuracy']:.4f}", f"{r['bytes_up_per_client_round']:.0f}",
-                 f"{r['bytes_down_per_client_round']:.0f}", f"{r['client_flops_per_round'] / 1e9:.1f}"]  # fmt: skip
+                 f"{r['bytes_down_per_client_round']:.0f}"]  # fmt: skip
+        cells += [_pruning_cell(r)] * pruning + [_flops_cell(r, "client_flops")]
         if effective:
-            eff = r.get("client_flops_effective_per_round")
-            cells.append("-" if eff is None else f"{eff / 1e9:.1f}")
+            cells.append(_flops_cell(r, "client_flops_effective"))
         if memory:
             peak = r.get("client_tensor_peak_bytes")
             cells.append("-" if peak is None else f"{peak / 2**20:.2f}")
@@ -186,7 +270,7 @@ def run_seeded_variants(
     }
     results, missing = [], sorted({m for r in per_seed.values() for m in r["missing"]})
     for label, overrides in variants.items():
-        runs = [next(x for x in per_seed[s]["results"] if x["label"] == label) for s in seeds
+        runs = [{**next(x for x in per_seed[s]["results"] if x["label"] == label), "seed": s} for s in seeds
                 if any(x["label"] == label for x in per_seed[s]["results"])]  # fmt: skip
         if not runs:
             continue
@@ -198,6 +282,11 @@ def run_seeded_variants(
                 agg[key + "_std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
         for key in ("bytes_up_per_client_round", "bytes_down_per_client_round", "client_flops_per_round", "wall_s"):
             agg[key] = statistics.mean(r[key] for r in runs)
+        for key in ("client_flops_per_client_round", "client_flops_effective_per_client_round", "client_flops_effective_per_round",
+                    "pretraining_bytes_up_per_client", "pretraining_bytes_down_per_client"):  # fmt: skip
+            vals = [r.get(key) for r in runs]  # a record written before the key existed lacks it
+            agg[key] = None if any(v is None for v in vals) else statistics.mean(vals)
+        agg["pretraining_phases"] = max(r.get("pretraining_phases") or 0 for r in runs)
         agg["runs"] = runs
         results.append(agg)
     return {"benchmark": "seeded-variants", "base": base, "common": common or [], "seeds": list(seeds),
@@ -208,7 +297,8 @@ def seeded_markdown(report: dict[str, Any], command: str, intro: str) -> str:
     """Mean ± std over seeds per variant (the columns a reviewer asks for)."""
     has_val = any("test_accuracy_at_best_val" in r for r in report["results"])
     head = ["variant", "seeds", "final test acc", "best test acc"] + ["test acc at best val"] * has_val
-    head += ["up B/client/round", "client GFLOP/round", "wall s"]
+    pruning = any(r.get("pretraining_phases") for r in report["results"])
+    head += [UP] + [PRUNING] * pruning + ["client GFLOP/client/round (mean of all rounds)", "wall s"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     def ms(r: dict[str, Any], key: str) -> str:
         return f"{r[key]:.4f} ± {r[key + '_std']:.4f}" if key in r else "-"
@@ -216,10 +306,40 @@ def seeded_markdown(report: dict[str, Any], command: str, intro: str) -> str:
     for r in report["results"]:
         cells = [r["label"], str(r["seeds"]), ms(r, "final_test_accuracy"), ms(r, "best_test_accuracy")]
         cells += [ms(r, "test_accuracy_at_best_val")] * has_val
-        cells += [f"{r['bytes_up_per_client_round']:.0f}", f"{r['client_flops_per_round'] / 1e9:.1f}", f"{r['wall_s']:.0f}"]
+        cells += [f"{r['bytes_up_per_client_round']:.0f}", *[_pruning_cell(r)] * pruning, _flops_cell(r, "client_flops"),
+                  f"{r['wall_s']:.0f}"]  # fmt: skip
         rows.append("| " + " | ".join(cells) + " |")
     missing = report.get("missing") or []
     note = ["", f"Not run yet (the command resumes them): {', '.join(missing)}"] if missing else []
     seeds = ", ".join(map(str, report["seeds"]))
     return "\n".join([intro, "", f"Command: `{command}`", "", f"Base: `{report['base']}`, seeds {seeds}; mean ± sample std.",
                       "", *rows, *note])  # fmt: skip
+
+
+def pick_by_validation(results: list[dict[str, Any]], labels: dict[float, str]) -> float | None:
+    """The value (a learning rate) whose run, ``labels[value]``, ended with the best final
+    **validation** accuracy (ties: the smaller value); None while one of them is not recorded.
+    The test set is never looked at."""
+    rows = {r["label"]: r for r in results}
+    if any(label not in rows for label in labels.values()):
+        return None
+    scored = []
+    for value, label in labels.items():
+        val = rows[label].get("final_val_accuracy")
+        if val is None:
+            raise ConfigError(f"screen run {label!r} has no validation accuracy; give the protocol dataset.validation=N")
+        scored.append((val, -value, value))
+    return max(scored)[2]
+
+
+def paired_difference(a: dict[str, Any], b: dict[str, Any], key: str = "final_test_accuracy") -> dict[str, Any] | None:
+    """``a − b`` of two :func:`run_seeded_variants` rows over the seeds both have: the per-seed
+    differences (the same seed draws the same data subset and initial model in both), their
+    mean and sample std. None with fewer than two common seeds."""
+    av = {r["seed"]: r[key] for r in a["runs"]}
+    bv = {r["seed"]: r[key] for r in b["runs"]}
+    common = sorted(av.keys() & bv.keys())
+    if len(common) < 2:
+        return None
+    diffs = [av[s] - bv[s] for s in common]
+    return {"seeds": common, "diffs": diffs, "mean": statistics.mean(diffs), "std": statistics.stdev(diffs)}

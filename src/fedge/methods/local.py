@@ -32,13 +32,19 @@ class ClientOptimizerConfig(MethodConfigBase):
     lr: float = Field(0.05, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
+    lr_decay: float = Field(
+        1.0, gt=0, le=1, description="learning rate multiplied by this after each round: round t uses lr·lr_decay^(t−1) "
+        "(NTK-BAFFLE's recipe: 0.998)",
+    )  # fmt: skip
     b1: float = Field(0.9, ge=0, lt=1, description="Adam beta1")
     b2: float = Field(0.999, ge=0, lt=1, description="Adam beta2")
 
-    def build(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    def build(self, params: list[torch.nn.Parameter], rnd: int = 1) -> torch.optim.Optimizer:
+        """The optimizer of round ``rnd`` (1-based): its learning rate decayed ``rnd − 1`` times."""
+        lr = self.lr * self.lr_decay ** (rnd - 1)
         if self.name == "adam":
-            return torch.optim.Adam(params, lr=self.lr, betas=(self.b1, self.b2), weight_decay=self.weight_decay)
-        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+            return torch.optim.Adam(params, lr=lr, betas=(self.b1, self.b2), weight_decay=self.weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
 
 def backprop_gradient_fn(
@@ -103,7 +109,7 @@ class LocalTraining:
         state = model.state_dict()
         start = {k: state[k].detach().clone() for k in params + buffers}
         named = dict(model.named_parameters())
-        opt = self.optimizer.build([named[k] for k in params])
+        opt = self.optimizer.build([named[k] for k in params], rnd=ctx.rnd)
         losses: list[float] = []
         steps = 0
         for _ in range(self.local_epochs):

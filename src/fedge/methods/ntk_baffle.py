@@ -67,10 +67,13 @@ from fedge.methods.baffle import build as build_baffle
 from fedge.methods.base import MethodBuild, MethodEnv, model_message_arrays, unpack_model_arrays
 from fedge.pruning import (
     DEFAULT_EPS,
+    ScoreContext,
     apply_masks_,
     dense_masks,
+    gaussian_inputs,
     keep_counts,
     ntk_saliency_from_differences,
+    ntk_saliency_zeroth_order,
     ntk_statistic_differences,
     prune,
     prune_step,
@@ -97,9 +100,20 @@ class NtkBaffleConfig(BaffleConfig):
     rescale: bool = Field(
         True, description="scale kept weights by 1/sqrt(layer density) after pruning (variance-preserving)"
     )
+    prune_route: Literal["autograd", "zeroth_order"] = Field(
+        "autograd",
+        description="prune_data=random: score by autograd on the server (NTK-Rand as the paper) or by the "
+        "zeroth-order route NTK-Ori must take (K=prune_k differences, sigma=prune_sigma), for a like-for-like "
+        "comparison of the two; prune_data=client always takes the zeroth-order route",
+    )
 
     @model_validator(mode="after")
     def _pruning_rules(self) -> NtkBaffleConfig:
+        if self.prune_route == "zeroth_order" and self.prune_score != "ntk":
+            raise ValueError(
+                f"prune_route=zeroth_order estimates the NTK score; prune_score={self.prune_score!r} needs no "
+                "estimate — leave prune_route at autograd"
+            )
         if self.prune_data == "client" and self.prune_score != "ntk":
             raise ValueError(
                 f"prune_data=client evaluates the NTK statistic on devices; prune_score={self.prune_score!r} "
@@ -225,9 +239,25 @@ def data_free_masks(
     cfg: NtkBaffleConfig, w0: torch.nn.Module, *, seed: int, input_shape: tuple[int, ...]
 ) -> dict[str, torch.Tensor]:
     """The server's pruning of ``w0`` for ``prune_data: random`` (what :func:`build` runs, with the
-    run's ``seed``): ``prune_rounds`` rounds of ``prune_score`` to ``density``."""
+    run's ``seed``): ``prune_rounds`` rounds of ``prune_score`` to ``density``.
+
+    ``prune_route: zeroth_order`` scores each round as NTK-Ori does (K = ``prune_k`` seeded mask
+    perturbations of the statistic on the round's ``prune_inputs`` Gaussian inputs, Stein's
+    estimate of ∂I/∂m; the perturbation seed of pruning round t is NTK-Ori's), so that NTK-Rand
+    and NTK-Ori differ in their inputs only."""
+    score: Any = cfg.prune_score
+    if cfg.prune_route == "zeroth_order":
+        step = iter(range(cfg.prune_rounds))
+
+        def score(model: torch.nn.Module, masks: dict[str, torch.Tensor], ctx: ScoreContext) -> dict[str, torch.Tensor]:
+            x = gaussian_inputs(input_shape, cfg.prune_inputs, generator=ctx.generator)
+            return ntk_saliency_zeroth_order(
+                model, masks, x, eps=ctx.eps, samples=ctx.samples, generator=ctx.generator, k=cfg.prune_k,
+                sigma=cfg.prune_sigma, seed=derive_seed(seed, "ntk-ori", next(step), bits=62),
+            )  # fmt: skip
+
     return prune(
-        w0, density=cfg.density, rounds=cfg.prune_rounds, score=cfg.prune_score,
+        w0, density=cfg.density, rounds=cfg.prune_rounds, score=score,
         generator=generator(seed, "prune"), input_shape=input_shape,
         num_inputs=cfg.prune_inputs, eps=cfg.prune_eps, samples=cfg.prune_samples,
     )  # fmt: skip

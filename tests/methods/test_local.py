@@ -1,0 +1,44 @@
+"""Local training: the client optimizer's per-round learning-rate decay (NTK-BAFFLE's recipe)."""
+
+from __future__ import annotations
+
+import torch
+
+from fedge.core.context import ClientContext, ClientData
+from fedge.core.messages import Message
+from fedge.core.meter import Meter
+from fedge.methods.local import ClientOptimizerConfig, LocalTraining
+
+
+def _model() -> torch.nn.Module:
+    model = torch.nn.Linear(3, 1, bias=False)  # its random init is overwritten below
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, -2.0, 0.5]]))
+    return model
+
+
+def test_round_t_uses_lr_times_decay_to_the_t_minus_1():
+    cfg = ClientOptimizerConfig(name="sgd", lr=0.1, lr_decay=0.5, weight_decay=1e-3)
+    p = torch.nn.Parameter(torch.ones(2))
+    assert cfg.build([p]).param_groups[0]["lr"] == 0.1
+    assert cfg.build([p], rnd=3).param_groups[0]["lr"] == 0.1 * 0.5**2
+    assert ClientOptimizerConfig(name="adam", lr=0.01, lr_decay=0.998).build([p], rnd=11).param_groups[0]["lr"] == 0.01 * 0.998**10
+
+
+def test_local_training_applies_the_round_s_learning_rate():
+    """Oracle: one plain SGD step by hand, delta = −lr·decay^(t−1)·∂L/∂W, with ∂L/∂W from autograd."""
+    cfg = ClientOptimizerConfig(name="sgd", lr=0.2, lr_decay=0.9)
+    x, y = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([0])
+
+    def grad_fn(model, batch, ctx, masks):
+        loss = model(batch[0]).square().sum()
+        return float(loss.detach()), dict(zip(["weight"], torch.autograd.grad(loss, [model.weight]), strict=True))
+
+    client = LocalTraining(_model, local_epochs=1, batch_size=1, max_steps=1, optimizer=cfg, gradient_fn=grad_fn)
+    w0 = _model().weight.detach()
+    expected_grad = 2 * (x @ w0.T).item() * x
+    for rnd in (1, 4):
+        ctx = ClientContext(cid=0, rnd=rnd, data=ClientData(x, y, torch.arange(1)), generator=torch.Generator().manual_seed(0),
+                            meter=Meter())  # fmt: skip
+        reply = client.run(Message({"weight": w0.clone()}), ctx)
+        torch.testing.assert_close(reply.arrays["weight"], -0.2 * 0.9 ** (rnd - 1) * expected_grad)
