@@ -45,7 +45,7 @@ from fedge.core.errors import ConfigError
 from fedge.core.rng import generator
 from fedge.experiment.build import BuiltRun, build_run
 
-__all__ = ["ATTACKABLE", "LEAKAGE_ROWS", "ObservedRun", "leakage_table", "attack_config", "observe_run", "pixel_mse", "reconstruction_attack"]
+__all__ = ["ATTACKABLE", "LEAKAGE_ROWS", "ObservedRun", "leakage_table", "attack_config", "observe_run", "pia_attack", "pixel_mse", "reconstruction_attack"]
 
 ATTACKABLE = ("fedsgd", "fedavg", "baffle")
 
@@ -233,13 +233,36 @@ def reconstruction_attack(
     return summary
 
 
+def pia_attack(run: ObservedRun, *, prop: int = 0, aux_updates: int = 64, seed: int = 0,
+               progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Property inference (:func:`fedge.attacks.property.property_inference`) on every observed
+    upload: "does class ``prop`` occur in the data the upload was computed on" (each client's
+    local set), auxiliary data = the run's test split (disjoint from every client's data)."""
+    from fedge.attacks.property import property_inference  # noqa: PLC0415
+
+    built = run.built
+
+    def truth(v: ServerView) -> tuple[bool, int]:
+        data = built.clients[v.cid]
+        y = data.y[data.indices]
+        return bool((y == prop).any()), _batch(built.method_config, len(y))
+
+    ds = built.dataset
+    r = property_inference(run.views, built.method.program, truth, (ds.x_test, ds.y_test), prop=prop,
+                           aux_updates=aux_updates, seed=seed, progress=progress)  # fmt: skip
+    return {"attack": "property inference (Melis et al. 2019), class present in the batch",
+            "method": built.config.method.name, "property_class": prop, "chance_auc": 0.5, **r.__dict__}  # fmt: skip
+
+
 def attack_config(method: dict[str, Any], *, clients: int, per_client: int, seed: int = 0,
-                  model: str = "lenet-dlg", dataset: str = "fashion-mnist") -> RunConfig:
-    """A one-round run whose clients each hold exactly ``per_client`` samples."""
+                  model: str = "lenet-dlg", dataset: str = "fashion-mnist", test: int = 10,
+                  rounds: int = 1) -> RunConfig:
+    """A short run whose clients each hold exactly ``per_client`` samples; ``test`` test
+    samples (the attacker's auxiliary data and non-members come from there)."""
     return load_config({
-        "seed": seed, "rounds": 1, "eval_every": 1,
+        "seed": seed, "rounds": rounds, "eval_every": rounds,
         "clients": {"num": clients, "per_round": clients},
-        "dataset": {"name": dataset, "limit_train": clients * per_client, "limit_test": 10},
+        "dataset": {"name": dataset, "limit_train": clients * per_client, "limit_test": test},
         "partition": {"name": "iid"},
         "model": {"name": model},
         "method": method,
