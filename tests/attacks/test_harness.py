@@ -33,3 +33,26 @@ def test_clear_baffle_k_values_leak_an_image_smaller_than_k() -> None:
     s = _attack({"name": "baffle", "mode": "batch", "k": 100, "ema": None, "secure_aggregation": False}, 300)
     assert not s["masked"]
     assert s["attacks"]["baffle-k"]["median_mse"] < s["baseline_mean_image_mse"] / 4
+
+
+def test_shadow_models_train_on_the_attackers_data_with_the_runs_method() -> None:
+    import torch
+
+    from fedge.attacks.harness import _run_rounds, membership_attacks
+    from fedge.experiment.build import build_run
+
+    method = {"name": "fedavg", "local_epochs": 1, "batch_size": 8}
+    cfg = attack_config(method, clients=2, per_client=20, dataset="digits", test=120, rounds=2, model="lenet")
+    built = build_run(cfg)
+    target = _run_rounds(built, cfg.rounds)
+    r = membership_attacks(built, target, samples=30, shadows=2)
+    assert r["shadows"] == 2 and r["shadow_train_size"] == 40  # min(40 training samples, 90 // 2)
+    for key in ("loss", "shadow", "lira"):
+        assert 0 <= r[key]["auc"] <= 1 and r[key]["members"] == r[key]["non_members"] == 30
+    from fedge.attacks.harness import shadow_models
+
+    ds = built.dataset
+    (m0, inside, outside), = shadow_models(cfg, (ds.x_test, ds.y_test), train_size=40, shadows=1)
+    train = {tuple(v.flatten().tolist()) for v in ds.x_train}
+    assert not any(tuple(v.flatten().tolist()) in train for v in torch.cat([inside[0], outside[0]]))
+    assert not all(torch.equal(a, b) for a, b in zip(m0.parameters(), target.parameters(), strict=True))

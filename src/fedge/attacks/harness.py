@@ -45,7 +45,7 @@ from fedge.core.errors import ConfigError
 from fedge.core.rng import generator
 from fedge.experiment.build import BuiltRun, build_run
 
-__all__ = ["ATTACKABLE", "LEAKAGE_ROWS", "ObservedRun", "leakage_table", "attack_config", "observe_run", "pia_attack", "pixel_mse", "reconstruction_attack"]
+__all__ = ["ATTACKABLE", "LEAKAGE_ROWS", "ObservedRun", "attack_config", "leakage_table", "membership_attacks", "observe_run", "pia_attack", "pixel_mse", "reconstruction_attack", "shadow_models"]
 
 ATTACKABLE = ("fedsgd", "fedavg", "baffle")
 
@@ -252,6 +252,71 @@ def pia_attack(run: ObservedRun, *, prop: int = 0, aux_updates: int = 64, seed: 
                            aux_updates=aux_updates, seed=seed, progress=progress)  # fmt: skip
     return {"attack": "property inference (Melis et al. 2019), class present in the batch",
             "method": built.config.method.name, "property_class": prop, "chance_auc": 0.5, **r.__dict__}  # fmt: skip
+
+
+def _run_rounds(built: BuiltRun, rounds: int) -> torch.nn.Module:
+    sim = built.simulation()
+    try:
+        for t in range(1, rounds + 1):
+            sim.run_round(t)
+    finally:
+        sim.close()
+    return built.method.strategy.eval_model()
+
+
+def shadow_models(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, train_size: int, shadows: int,
+                  seed: int = 0, progress: Callable[[int, int], None] | None = None) -> list[tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]:  # fmt: skip
+    """Shadow models trained the way the target was — the run's own method, config and number
+    of rounds, with a different run seed — on a random half of the attacker's data ``aux``
+    (at most ``train_size`` samples, split IID over the run's clients in their proportions);
+    each comes with its training set and an equally large held-out set of ``aux``."""
+    from fedge.core.context import ClientData  # noqa: PLC0415
+
+    x, y = aux
+    n = min(train_size, len(y) // 2)
+    if n < 2:
+        raise ConfigError(f"shadow models need auxiliary data: got {len(y)} samples; raise dataset.limit_test")
+    out = []
+    for i in range(shadows):
+        g = generator(seed, "shadow", i)
+        perm = torch.randperm(len(y), generator=g)
+        inside, outside = perm[:n], perm[n : 2 * n]
+        built = build_run(cfg.model_copy(update={"seed": cfg.seed + 1_000_003 * (i + 1)}))
+        sizes = torch.tensor([c.num_samples for c in built.clients], dtype=torch.float64)
+        bounds = (sizes.cumsum(0) / sizes.sum() * n).round().long().tolist()
+        parts = [inside[a:b] for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
+        built = replace(built, clients=[ClientData(x, y, p if len(p) else inside[:1]) for p in parts])
+        out.append((_run_rounds(built, cfg.rounds), (x[inside], y[inside]), (x[outside], y[outside])))
+        if progress is not None:
+            progress(i + 1, shadows)
+    return out
+
+
+def membership_attacks(built: BuiltRun, model: torch.nn.Module, *, samples: int, shadows: int = 0, seed: int = 0,
+                       progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The loss-threshold attack and, with ``shadows`` > 0, Shokri et al.'s shadow-model attack
+    and offline LiRA, on ``model``: ``samples`` of the clients' training samples (members) vs
+    ``samples`` test samples (non-members); the rest of the test split is the attacker's own
+    data for the shadow models (disjoint from both)."""
+    from fedge.attacks.membership import lira_offline, loss_threshold_attack, shadow_attack  # noqa: PLC0415
+
+    ds = built.dataset
+    idx = torch.cat([c.indices for c in built.clients])
+    g = generator(seed, "attack", "mia")
+    members = idx[torch.randperm(len(idx), generator=g)[:samples]]
+    test = torch.randperm(len(ds.y_test), generator=g)
+    non, rest = test[:samples], test[samples:]
+    m, nm = (ds.x_train[members], ds.y_train[members]), (ds.x_test[non], ds.y_test[non])
+    out: dict[str, Any] = {"method": built.config.method.name, "chance_auc": 0.5,
+                           "loss": loss_threshold_attack(model, m, nm).__dict__}  # fmt: skip
+    if shadows:
+        sh = shadow_models(built.config, (ds.x_test[rest], ds.y_test[rest]), train_size=len(idx), shadows=shadows,
+                           seed=seed, progress=progress)  # fmt: skip
+        out["shadows"] = shadows
+        out["shadow_train_size"] = len(sh[0][1][1])
+        out["shadow"] = shadow_attack(model, sh, m, nm).__dict__
+        out["lira"] = lira_offline(model, [s[0] for s in sh], m, nm).__dict__
+    return out
 
 
 def attack_config(method: dict[str, Any], *, clients: int, per_client: int, seed: int = 0,
