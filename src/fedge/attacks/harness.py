@@ -45,7 +45,7 @@ from fedge.core.errors import ConfigError
 from fedge.core.rng import generator
 from fedge.experiment.build import BuiltRun, build_run
 
-__all__ = ["ATTACKABLE", "LEAKAGE_ROWS", "ObservedRun", "attack_config", "leakage_table", "membership_attacks", "observe_run", "pia_attack", "pixel_mse", "reconstruction_attack", "shadow_models"]
+__all__ = ["ATTACKABLE", "LEAKAGE_ROWS", "ObservedRun", "attack_config", "leakage_table", "membership_attacks", "observe_run", "one_batch_clients", "pia_attack", "pixel_mse", "reconstruction_attack", "shadow_models"]
 
 ATTACKABLE = ("fedsgd", "fedavg", "baffle")
 
@@ -68,9 +68,12 @@ class ObservedRun:
         return server_views(self.observer.records, layout)
 
 
-def observe_run(cfg: RunConfig, rounds: int = 1) -> ObservedRun:
-    """Build ``cfg`` and run ``rounds`` rounds with every exchange recorded."""
+def observe_run(cfg: RunConfig, rounds: int = 1, prepare: Callable[[BuiltRun], BuiltRun] | None = None) -> ObservedRun:
+    """Build ``cfg`` (then ``prepare`` it, e.g. to cut clients' local sets) and run ``rounds``
+    rounds with every exchange recorded."""
     built = build_run(cfg)
+    if prepare is not None:
+        built = prepare(built)
     observer = Observer(built.method.strategy)
     built = replace(built, method=replace(built.method, strategy=observer))
     sim = built.simulation()
@@ -231,6 +234,21 @@ def reconstruction_attack(
         }
     summary["_images"] = {a: (torch.cat([r["truth"] for r in rows]), torch.cat([r["x"] for r in rows])) for a, rows in results.items()}
     return summary
+
+
+def one_batch_clients(built: BuiltRun, seed: int = 0) -> BuiltRun:
+    """``built`` with each client's local set cut to the samples one upload is computed on
+    (the method's batch, drawn by a seeded permutation), so that "class c is in the batch"
+    varies between clients and is known for each upload (the attack-instrumented run of
+    ``fedge attack --attack pia``)."""
+    from fedge.core.context import ClientData  # noqa: PLC0415
+
+    cut = []
+    for c in built.clients:
+        b = _batch(built.method_config, c.num_samples)
+        keep = c.indices[torch.randperm(c.num_samples, generator=generator(seed, "pia-cut", len(cut)))[:b]]
+        cut.append(ClientData(c.x, c.y, keep))
+    return replace(built, clients=cut)
 
 
 def pia_attack(run: ObservedRun, *, prop: int = 0, aux_updates: int = 64, seed: int = 0,
