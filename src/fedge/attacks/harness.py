@@ -44,10 +44,12 @@ from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError
 from fedge.core.rng import generator
 from fedge.experiment.build import BuiltRun, build_run
+from fedge.methods.base import unpack_model_arrays
 
 __all__ = ["ATTACKABLE", "LEAKAGE_ROWS", "ObservedRun", "attack_config", "leakage_table", "membership_attacks", "observe_run", "one_batch_clients", "pia_attack", "pixel_mse", "reconstruction_attack", "shadow_models"]
 
-ATTACKABLE = ("fedsgd", "fedavg", "baffle")
+ATTACKABLE = ("fedsgd", "fedavg", "fedpt", "baffle", "ntk-baffle", "ppfl")
+SEALED = ("ppfl",)  # methods whose upload is an enclave-sealed ciphertext
 
 
 @dataclass
@@ -65,7 +67,10 @@ class ObservedRun:
                 layout = {n: shape for n, (shape, _) in summands.items()}
                 break
             strategy = getattr(strategy, "inner", None)
-        return server_views(self.observer.records, layout)
+        sealed = None
+        if self.built.config.method.name in SEALED:  # the public protocol says the upload is a ciphertext
+            sealed = {n: p.shape for n, p in self.built.model_fn().named_parameters()}
+        return server_views(self.observer.records, layout, sealed)
 
 
 def observe_run(cfg: RunConfig, rounds: int = 1, prepare: Callable[[BuiltRun], BuiltRun] | None = None) -> ObservedRun:
@@ -122,17 +127,21 @@ def _mean_image(built: BuiltRun, limit: int = 10_000) -> torch.Tensor:
     return (pixels - torch.tensor(ds.mean).view(1, -1, 1, 1)) / torch.tensor(ds.std).view(1, -1, 1, 1)
 
 
-def _targets(name: str, view: ServerView, model: torch.nn.Module, mcfg: Any) -> Iterator[tuple[str, Any, bool]]:
+def _targets(name: str, view: ServerView, model: torch.nn.Module, mcfg: Any,
+             masks: dict[str, torch.Tensor] | None = None) -> Iterator[tuple[str, Any, bool]]:
     """(attack name, target, whether iDLG may read the label) for one upload."""
     params = dict(model.named_parameters())
     if name == "fedsgd":
         yield "dlg", GradientTarget({n: v for n, v in view.upload.items() if n in params}), True
-    elif name == "fedavg":
+    elif name in ("fedavg", "fedpt") or (name == "baffle" and mcfg.mode == "epoch"):
+        # a model delta: −Δ/η is the gradient for one SGD step (baffle epoch: of its estimates)
         lr = mcfg.client_optimizer.lr
         yield "dlg", GradientTarget({n: -v / lr for n, v in view.upload.items() if n in params}), True
-    elif name == "baffle":
+    elif name == "ppfl":  # a ciphertext read as if it were the plaintext gradient
+        yield "dlg", GradientTarget({n: v for n, v in view.upload.items() if n in params}), True
+    elif name in ("baffle", "ntk-baffle"):
         if mcfg.mode != "batch":
-            raise ConfigError("the reconstruction harness attacks baffle's batch mode (method.mode=batch)")
+            raise ConfigError(f"the reconstruction harness attacks {name}'s batch mode (method.mode=batch)")
         seed = view.config.get("seed")
         if not isinstance(seed, int):
             raise ConfigError("the observed BAFFLE broadcast carries no seed")
@@ -142,6 +151,9 @@ def _targets(name: str, view: ServerView, model: torch.nn.Module, mcfg: Any) -> 
         shapes = {n: params[n].shape for n in names}
         proj = baffle_projection(shapes, view.upload["dL"], sigma=mcfg.sigma, seed=seed, scheme=mcfg.scheme,
                                  directions=mcfg.directions)  # fmt: skip
+        if masks:  # ntk-baffle perturbs only the kept coordinates: z_k ⊙ m
+            proj = replace(proj, directions={n: z * masks[n].to(z.dtype) if n in masks else z
+                                             for n, z in proj.directions.items()})  # fmt: skip
         yield "baffle-k", proj, False
         # the Stein estimate ĝ = (1/K) Σ t_k z_k (Eq. 6), exactly what the server forms
         k = proj.t.numel()
@@ -182,12 +194,13 @@ def reconstruction_attack(
         data = built.clients[view.cid]
         x_true, y_true = data.x[data.indices], data.y[data.indices]
         state = model.state_dict()
-        model.load_state_dict({k: view.model.get(k, v) for k, v in state.items()})
+        dense, masks = unpack_model_arrays(dict(view.model), state, who="the observed broadcast")
+        model.load_state_dict({k: dense.get(k, v) for k, v in state.items()})
         model.train()
         base_mean.append(_nearest(mean_img, x_true, ds)[0])
         base_gray.append(_nearest(gray, x_true, ds)[0])
         base_typical.append(float(pixel_mse(mean_img.expand_as(x_true), x_true, ds.mean, ds.std).mean()))
-        for attack, target, idlg in _targets(name, view, model, built.method_config):
+        for attack, target, idlg in _targets(name, view, model, built.method_config, masks):
             b = _batch(built.method_config, x_true.shape[0])
             labels = idlg_labels(target.grads, model) if idlg and b == 1 and isinstance(target, GradientTarget) else None
             gen = generator(seed, "attack", attack, view.rnd, view.cid)
