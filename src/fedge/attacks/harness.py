@@ -256,7 +256,7 @@ def one_batch_clients(built: BuiltRun, seed: int = 0) -> BuiltRun:
     ``fedge attack --attack pia``)."""
     from fedge.core.context import ClientData  # noqa: PLC0415
 
-    cut = []
+    cut: list[ClientData] = []
     for c in built.clients:
         b = _batch(built.method_config, c.num_samples)
         keep = c.indices[torch.randperm(c.num_samples, generator=generator(seed, "pia-cut", len(cut)))[:b]]

@@ -142,8 +142,8 @@ def server_views(
             with np.errstate(invalid="ignore", over="ignore"):
                 vals = np.frombuffer(blob[: len(blob) // 4 * 4], dtype="<f4").astype(np.float64)
             flat = torch.from_numpy(np.nan_to_num(vals, nan=0.0, posinf=0.0, neginf=0.0)).to(torch.float32)
-            config = {k: v for k, v in r.sent.config.items() if not isinstance(v, bytes)}
-            views.append(ServerView(r.rnd, r.cid, dict(r.sent.arrays), config, _lay_out(flat, sealed_layout, pad=True),
+            public: dict[str, Any] = {k: v for k, v in r.sent.config.items() if not isinstance(v, bytes)}
+            views.append(ServerView(r.rnd, r.cid, dict(r.sent.arrays), public, _lay_out(flat, sealed_layout, pad=True),
                                     True, r.reply.nbytes, sealed=True))  # fmt: skip
             continue
         if not r.sent.arrays or r.sent.config.get("secagg_step", "forward") != "forward":  # key agreement, unmasking

@@ -33,11 +33,9 @@ import typer
 from rich.progress import Progress
 
 from fedge.attacks.harness import membership_attacks, observe_run, one_batch_clients, pia_attack, reconstruction_attack
-from fedge.attacks.membership import loss_threshold_attack
 from fedge.cli.common import fail, one_line_warnings, out
 from fedge.core.config import load_config
 from fedge.core.errors import FedgeError
-from fedge.core.rng import generator
 from fedge.experiment.build import build_run
 from fedge.experiment.export import load_trained_model
 from fedge.experiment.rundir import RunDir
@@ -100,17 +98,8 @@ def _mia(run_dir: Path, raw: dict[str, Any], samples: int, seed: int, shadows: i
     with one_line_warnings():
         built = build_run(load_config(raw))
     if not shadows:
-        from fedge.attacks.membership import loss_threshold_attack  # noqa: PLC0415
-
-        idx = torch.cat([c.indices for c in built.clients])
-        g = generator(seed, "attack", "mia")
-        members = idx[torch.randperm(len(idx), generator=g)[:samples]]
-        non = torch.randperm(len(built.dataset.x_test), generator=g)[:samples]
-        ds = built.dataset
-        r = loss_threshold_attack(trained.model, (ds.x_train[members], ds.y_train[members]),
-                                  (ds.x_test[non], ds.y_test[non]))  # fmt: skip
-        return {"attack": "loss-threshold (Yeom et al. 2018)", "method": raw.get("method", {}).get("name"),
-                "chance_auc": 0.5, **r.__dict__}  # fmt: skip
+        r = membership_attacks(built, trained.model, samples=samples, seed=seed)
+        return {"attack": "loss-threshold (Yeom et al. 2018)", "method": r["method"], "chance_auc": 0.5, **r["loss"]}
     with Progress(transient=True) as bar, one_line_warnings():
         task = bar.add_task(f"training {shadows} shadow models ({built.config.rounds} rounds each)", total=shadows)
         result = membership_attacks(built, trained.model, samples=samples, shadows=shadows, seed=seed,
