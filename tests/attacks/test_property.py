@@ -51,3 +51,12 @@ def test_the_server_simulates_the_plaintext_program_beneath_secure_aggregation()
                                         clients=2, per_client=1, dataset="digits"))  # fmt: skip
     assert isinstance(run.built.method.program, SecureClient)
     assert not isinstance(plaintext_program(run.built.method.program), SecureClient)
+
+
+def test_property_inference_is_reproducible_from_its_seed() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = observe_run(attack_config({"name": "fedsgd", "batch_size": 8, "secure_aggregation": True},
+                                        clients=16, per_client=8, dataset="digits", test=360))  # fmt: skip
+    a, b = pia_attack(run, seed=3, aux_updates=32), pia_attack(run, seed=3, aux_updates=32)
+    assert a == b
