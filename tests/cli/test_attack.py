@@ -67,3 +67,10 @@ def test_pia_cuts_local_sets_to_the_batch_and_scores_every_upload(tmp_path: Path
     data = json.loads((run / "attacks" / "pia.json").read_text())
     assert data["uploads"] == 6 and data["rounds_observed"] == 3 and data["property_class"] == 3
     assert data["classifiers"] == 3 and not data["masked"]  # one per round: each broadcasts another model
+
+
+def test_pia_without_negatives_says_how_to_get_them(tmp_path: Path) -> None:
+    run = _run(tmp_path, "--set", "method.name=fedsgd", "--set", "method.batch_size=64")  # 64 digits: every class
+    result = runner.invoke(app, ["attack", str(run), "--attack", "pia", "--samples", "2"])
+    assert result.exit_code == 2 and "method.batch_size" in result.output
+    assert not (run / "attacks" / "pia.json").exists()

@@ -278,8 +278,17 @@ def pia_attack(run: ObservedRun, *, prop: int = 0, aux_updates: int = 64, seed: 
         y = data.y[data.indices]
         return bool((y == prop).any()), _batch(built.method_config, len(y))
 
+    views = run.views
+    held = {truth(v)[0] for v in views}
+    if len(held) == 1:
+        size = truth(views[0])[1] if views else 0
+        raise ConfigError(
+            f"property inference needs uploads with and without class {prop}; every one of the {len(views)} observed "
+            f"uploads was computed on {size} samples {'with' if held == {True} else 'without'} it. Use small batches "
+            "(method.batch_size, and for baffle method.delta_loss_on=batch), more uploads (--samples), "
+            "or another --property-class")
     ds = built.dataset
-    r = property_inference(run.views, built.method.program, truth, (ds.x_test, ds.y_test), prop=prop,
+    r = property_inference(views, built.method.program, truth, (ds.x_test, ds.y_test), prop=prop,
                            aux_updates=aux_updates, seed=seed, progress=progress)  # fmt: skip
     return {"attack": "property inference (Melis et al. 2019), class present in the batch",
             "method": built.config.method.name, "property_class": prop, "chance_auc": 0.5, **r.__dict__}  # fmt: skip
