@@ -33,3 +33,57 @@ def test_clear_baffle_k_values_leak_an_image_smaller_than_k() -> None:
     s = _attack({"name": "baffle", "mode": "batch", "k": 100, "ema": None, "secure_aggregation": False}, 300)
     assert not s["masked"]
     assert s["attacks"]["baffle-k"]["median_mse"] < s["baseline_mean_image_mse"] / 4
+
+
+def test_shadow_models_train_on_the_attackers_data_with_the_runs_method() -> None:
+    import torch
+
+    from fedge.attacks.harness import _run_rounds, membership_attacks
+    from fedge.experiment.build import build_run
+
+    method = {"name": "fedavg", "local_epochs": 1, "batch_size": 8}
+    cfg = attack_config(method, clients=2, per_client=20, dataset="digits", test=120, rounds=2, model="lenet")
+    built = build_run(cfg)
+    target = _run_rounds(built, cfg.rounds)
+    r = membership_attacks(built, target, samples=30, shadows=2)
+    assert r["shadows"] == 2 and r["shadow_train_size"] == 40  # min(40 training samples, 90 // 2)
+    for key in ("loss", "shadow", "lira"):
+        assert 0 <= r[key]["auc"] <= 1 and r[key]["members"] == r[key]["non_members"] == 30
+    from fedge.attacks.harness import shadow_models
+
+    ds = built.dataset
+    (m0, inside, outside), = shadow_models(cfg, (ds.x_test, ds.y_test), train_size=40, shadows=1)
+    train = {tuple(v.flatten().tolist()) for v in ds.x_train}
+    assert not any(tuple(v.flatten().tolist()) in train for v in torch.cat([inside[0], outside[0]]))
+    assert not all(torch.equal(a, b) for a, b in zip(m0.parameters(), target.parameters(), strict=True))
+
+
+def test_fedpt_delta_of_one_step_leaks_like_a_gradient() -> None:
+    s = _attack({"name": "fedpt", "freeze": "largest", "local_epochs": 1, "batch_size": 1,
+                 "client_optimizer": {"name": "sgd", "lr": 0.1}})  # fmt: skip
+    assert s["attacks"]["dlg"]["median_mse"] < s["baseline_mean_image_mse"] / 4
+
+
+def test_ntk_baffle_k_values_are_projections_on_masked_directions() -> None:
+    """Oracle: the client's true gradient projected on z_k ⊙ m equals the uploaded t_k."""
+    import torch
+    import torch.nn.functional as F
+
+    from fedge.attacks.harness import _targets
+    from fedge.methods.base import unpack_model_arrays
+
+    method = {"name": "ntk-baffle", "mode": "batch", "k": 32, "ema": None, "density": 0.5, "secure_aggregation": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = observe_run(attack_config(method, clients=1, per_client=1, dataset="digits"))
+    v = run.views[0]
+    model = run.built.model_fn()
+    dense, masks = unpack_model_arrays(dict(v.model), model.state_dict())
+    assert masks and any(not bool(m.all()) for m in masks.values())
+    model.load_state_dict({k: dense.get(k, x) for k, x in model.state_dict().items()})
+    d = run.built.clients[v.cid]
+    names = [n for n, _ in model.named_parameters()]
+    g = dict(zip(names, torch.autograd.grad(F.cross_entropy(model(d.x[d.indices]), d.y[d.indices]),
+                                            list(model.parameters())), strict=True))  # fmt: skip
+    proj = next(t for name, t, _ in _targets("ntk-baffle", v, model, run.built.method_config, masks) if name == "baffle-k")
+    torch.testing.assert_close(proj.project(g), proj.t, rtol=2e-2, atol=2e-2)

@@ -47,3 +47,30 @@ def test_bad_attack_name_and_missing_run_exit_2(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "zzz" in bad.output
     missing = runner.invoke(app, ["attack", str(tmp_path / "nope"), "--attack", "dlg"])
     assert missing.exit_code == 2 and "not a fedge run directory" in missing.output
+
+
+def test_mia_shadow_writes_loss_shadow_and_lira(tmp_path: Path) -> None:
+    run = _run(tmp_path, "--set", "method.name=fedavg", "--set", "dataset.limit_train=60")
+    result = runner.invoke(app, ["attack", str(run), "--attack", "mia-shadow", "--samples", "30", "--shadows", "2"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((run / "attacks" / "mia-shadow.json").read_text())
+    assert data["shadows"] == 2 and data["shadow_train_size"] == 60
+    for key in ("loss", "shadow", "lira"):
+        assert data[key]["members"] == 30 and 0 <= data[key]["precision"] <= 1
+    assert "lira: membership AUC" in result.output
+
+
+def test_pia_cuts_local_sets_to_the_batch_and_scores_every_upload(tmp_path: Path) -> None:
+    run = _run(tmp_path, "--set", "method.name=fedsgd", "--set", "method.batch_size=8")
+    result = runner.invoke(app, ["attack", str(run), "--attack", "pia", "--samples", "6", "--property-class", "3"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((run / "attacks" / "pia.json").read_text())
+    assert data["uploads"] == 6 and data["rounds_observed"] == 3 and data["property_class"] == 3
+    assert data["classifiers"] == 3 and not data["masked"]  # one per round: each broadcasts another model
+
+
+def test_pia_without_negatives_says_how_to_get_them(tmp_path: Path) -> None:
+    run = _run(tmp_path, "--set", "method.name=fedsgd", "--set", "method.batch_size=64")  # 64 digits: every class
+    result = runner.invoke(app, ["attack", str(run), "--attack", "pia", "--samples", "2"])
+    assert result.exit_code == 2 and "method.batch_size" in result.output
+    assert not (run / "attacks" / "pia.json").exists()

@@ -80,3 +80,23 @@ def test_bad_inputs_are_clear_errors(make_run, tmp_path):
         compare_runs([make_run()], target_accuracy=80)
     with pytest.raises(NotARunDirError, match="missing"):
         compare_runs([tmp_path / "missing"])
+
+
+def test_privacy_columns_appear_only_with_attack_results(two_runs):
+    import json
+
+    a, b = two_runs
+    assert not any("AUC" in c for c in compare_runs([a, b]).columns())
+    (a / "attacks").mkdir()
+    (a / "attacks" / "dlg.json").write_text(json.dumps({"baseline_mean_image_mse": 0.078, "attacks": {
+        "dlg": {"median_mse": 0.00026}, "other": {"median_mse": 0.3}}}))
+    (a / "attacks" / "mia.json").write_text(json.dumps({"auc": 0.55, "precision": 0.52}))
+    (a / "attacks" / "mia-shadow.json").write_text(json.dumps({"lira": {"auc": 0.61, "precision": 0.57}}))
+    (b / "attacks").mkdir()
+    (b / "attacks" / "pia.json").write_text(json.dumps({"auc": 0.5, "masked": True}))
+    cmp = compare_runs([a, b])
+    cols = cmp.columns()
+    assert cols[-4:] == ["DRA MSE (mean img)", "MIA AUC", "MIA precision", "PIA AUC"]
+    row_a, row_b = cmp.rows()
+    assert row_a[-4:] == ["0.00026 (0.078) dlg", "0.610 lira", "0.570", "—"]  # the strongest MIA, the best DRA
+    assert row_b[-4:] == ["—", "—", "—", "0.500 masked"]

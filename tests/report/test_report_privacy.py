@@ -21,3 +21,11 @@ def test_privacy_table_only_with_attack_results(make_run):
     assert "## Privacy" in text
     assert "| reconstruction (dlg), uploads in the clear | median MSE 0.000309, labels 1.00 | mean image 0.0207, mid-gray 0.0556 |" in text
     assert "| membership (loss threshold) | AUC 0.576, best precision 0.696 | AUC 0.5 |" in text
+    mia = {"auc": 0.6, "tpr_at_1pct_fpr": 0.05, "tpr_at_01pct_fpr": 0.01, "precision": 0.58, "best_precision": 0.9}
+    (path / "attacks" / "mia-shadow.json").write_text(json.dumps({"shadows": 4, "loss": mia, "shadow": mia, "lira": mia}))
+    (path / "attacks" / "pia.json").write_text(json.dumps({"auc": 0.93, "uploads": 40, "property_class": 0, "masked": False}))
+    text = render_report(path)[0].read_text()
+    cell = "AUC 0.600, TPR@1%FPR 0.050, TPR@0.1%FPR 0.010, precision 0.580, best precision 0.900 | AUC 0.5 |"
+    assert f"| membership (offline LiRA, 4 shadows) | {cell}" in text
+    assert f"| membership (shadow models, 4 shadows) | {cell}" in text
+    assert "| property (class 0 in the batch), uploads in the clear | AUC 0.930 on 40 uploads | AUC 0.5 |" in text

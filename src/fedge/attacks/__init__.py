@@ -11,6 +11,9 @@ a method's internals:
 - :mod:`fedge.attacks.reconstruct`: data reconstruction — DLG (Zhu et al. 2019) gradient
   matching with iDLG label extraction, against a gradient, against BAFFLE's Stein estimate,
   and matching BAFFLE's K loss differences directly.
-- :mod:`fedge.attacks.membership`: the loss-threshold membership attack (Yeom et al. 2018).
+- :mod:`fedge.attacks.membership`: membership inference on a released model: loss threshold
+  (Yeom et al. 2018), shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022).
+- :mod:`fedge.attacks.property`: property inference from uploads (Melis et al. 2019).
 - :mod:`fedge.attacks.harness`: one short instrumented run, the attacks, and the baselines.
+- :mod:`fedge.attacks.table`: the leakage table of every method (DRA, MIA, PIA per row).
 """

@@ -44,10 +44,12 @@ from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError
 from fedge.core.rng import generator
 from fedge.experiment.build import BuiltRun, build_run
+from fedge.methods.base import unpack_model_arrays
 
-__all__ = ["ATTACKABLE", "LEAKAGE_ROWS", "ObservedRun", "leakage_table", "attack_config", "observe_run", "pixel_mse", "reconstruction_attack"]
+__all__ = ["ATTACKABLE", "LEAKAGE_ROWS", "ObservedRun", "attack_config", "leakage_table", "membership_attacks", "observe_run", "one_batch_clients", "pia_attack", "pixel_mse", "reconstruction_attack", "shadow_models"]
 
-ATTACKABLE = ("fedsgd", "fedavg", "baffle")
+ATTACKABLE = ("fedsgd", "fedavg", "fedpt", "baffle", "ntk-baffle", "ppfl")
+SEALED = ("ppfl",)  # methods whose upload is an enclave-sealed ciphertext
 
 
 @dataclass
@@ -65,12 +67,18 @@ class ObservedRun:
                 layout = {n: shape for n, (shape, _) in summands.items()}
                 break
             strategy = getattr(strategy, "inner", None)
-        return server_views(self.observer.records, layout)
+        sealed = None
+        if self.built.config.method.name in SEALED:  # the public protocol says the upload is a ciphertext
+            sealed = {n: p.shape for n, p in self.built.model_fn().named_parameters()}
+        return server_views(self.observer.records, layout, sealed)
 
 
-def observe_run(cfg: RunConfig, rounds: int = 1) -> ObservedRun:
-    """Build ``cfg`` and run ``rounds`` rounds with every exchange recorded."""
+def observe_run(cfg: RunConfig, rounds: int = 1, prepare: Callable[[BuiltRun], BuiltRun] | None = None) -> ObservedRun:
+    """Build ``cfg`` (then ``prepare`` it, e.g. to cut clients' local sets) and run ``rounds``
+    rounds with every exchange recorded."""
     built = build_run(cfg)
+    if prepare is not None:
+        built = prepare(built)
     observer = Observer(built.method.strategy)
     built = replace(built, method=replace(built.method, strategy=observer))
     sim = built.simulation()
@@ -119,17 +127,21 @@ def _mean_image(built: BuiltRun, limit: int = 10_000) -> torch.Tensor:
     return (pixels - torch.tensor(ds.mean).view(1, -1, 1, 1)) / torch.tensor(ds.std).view(1, -1, 1, 1)
 
 
-def _targets(name: str, view: ServerView, model: torch.nn.Module, mcfg: Any) -> Iterator[tuple[str, Any, bool]]:
+def _targets(name: str, view: ServerView, model: torch.nn.Module, mcfg: Any,
+             masks: dict[str, torch.Tensor] | None = None) -> Iterator[tuple[str, Any, bool]]:
     """(attack name, target, whether iDLG may read the label) for one upload."""
     params = dict(model.named_parameters())
     if name == "fedsgd":
         yield "dlg", GradientTarget({n: v for n, v in view.upload.items() if n in params}), True
-    elif name == "fedavg":
+    elif name in ("fedavg", "fedpt") or (name == "baffle" and mcfg.mode == "epoch"):
+        # a model delta: −Δ/η is the gradient for one SGD step (baffle epoch: of its estimates)
         lr = mcfg.client_optimizer.lr
         yield "dlg", GradientTarget({n: -v / lr for n, v in view.upload.items() if n in params}), True
-    elif name == "baffle":
+    elif name == "ppfl":  # a ciphertext read as if it were the plaintext gradient
+        yield "dlg", GradientTarget({n: v for n, v in view.upload.items() if n in params}), True
+    elif name in ("baffle", "ntk-baffle"):
         if mcfg.mode != "batch":
-            raise ConfigError("the reconstruction harness attacks baffle's batch mode (method.mode=batch)")
+            raise ConfigError(f"the reconstruction harness attacks {name}'s batch mode (method.mode=batch)")
         seed = view.config.get("seed")
         if not isinstance(seed, int):
             raise ConfigError("the observed BAFFLE broadcast carries no seed")
@@ -139,6 +151,9 @@ def _targets(name: str, view: ServerView, model: torch.nn.Module, mcfg: Any) -> 
         shapes = {n: params[n].shape for n in names}
         proj = baffle_projection(shapes, view.upload["dL"], sigma=mcfg.sigma, seed=seed, scheme=mcfg.scheme,
                                  directions=mcfg.directions)  # fmt: skip
+        if masks:  # ntk-baffle perturbs only the kept coordinates: z_k ⊙ m
+            proj = replace(proj, directions={n: z * masks[n].to(z.dtype) if n in masks else z
+                                             for n, z in proj.directions.items()})  # fmt: skip
         yield "baffle-k", proj, False
         # the Stein estimate ĝ = (1/K) Σ t_k z_k (Eq. 6), exactly what the server forms
         k = proj.t.numel()
@@ -179,12 +194,13 @@ def reconstruction_attack(
         data = built.clients[view.cid]
         x_true, y_true = data.x[data.indices], data.y[data.indices]
         state = model.state_dict()
-        model.load_state_dict({k: view.model.get(k, v) for k, v in state.items()})
+        dense, masks = unpack_model_arrays(dict(view.model), state, who="the observed broadcast")
+        model.load_state_dict({k: dense.get(k, v) for k, v in state.items()})
         model.train()
         base_mean.append(_nearest(mean_img, x_true, ds)[0])
         base_gray.append(_nearest(gray, x_true, ds)[0])
         base_typical.append(float(pixel_mse(mean_img.expand_as(x_true), x_true, ds.mean, ds.std).mean()))
-        for attack, target, idlg in _targets(name, view, model, built.method_config):
+        for attack, target, idlg in _targets(name, view, model, built.method_config, masks):
             b = _batch(built.method_config, x_true.shape[0])
             labels = idlg_labels(target.grads, model) if idlg and b == 1 and isinstance(target, GradientTarget) else None
             gen = generator(seed, "attack", attack, view.rnd, view.cid)
@@ -233,13 +249,125 @@ def reconstruction_attack(
     return summary
 
 
+def one_batch_clients(built: BuiltRun, seed: int = 0) -> BuiltRun:
+    """``built`` with each client's local set cut to the samples one upload is computed on
+    (the method's batch, drawn by a seeded permutation), so that "class c is in the batch"
+    varies between clients and is known for each upload (the attack-instrumented run of
+    ``fedge attack --attack pia``)."""
+    from fedge.core.context import ClientData  # noqa: PLC0415
+
+    cut: list[ClientData] = []
+    for c in built.clients:
+        b = _batch(built.method_config, c.num_samples)
+        keep = c.indices[torch.randperm(c.num_samples, generator=generator(seed, "pia-cut", len(cut)))[:b]]
+        cut.append(ClientData(c.x, c.y, keep))
+    return replace(built, clients=cut)
+
+
+def pia_attack(run: ObservedRun, *, prop: int = 0, aux_updates: int = 64, seed: int = 0,
+               progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Property inference (:func:`fedge.attacks.property.property_inference`) on every observed
+    upload: "does class ``prop`` occur in the data the upload was computed on" (each client's
+    local set), auxiliary data = the run's test split (disjoint from every client's data)."""
+    from fedge.attacks.property import property_inference  # noqa: PLC0415
+
+    built = run.built
+
+    def truth(v: ServerView) -> tuple[bool, int]:
+        data = built.clients[v.cid]
+        y = data.y[data.indices]
+        return bool((y == prop).any()), _batch(built.method_config, len(y))
+
+    views = run.views
+    held = {truth(v)[0] for v in views}
+    if len(held) == 1:
+        size = truth(views[0])[1] if views else 0
+        raise ConfigError(
+            f"property inference needs uploads with and without class {prop}; every one of the {len(views)} observed "
+            f"uploads was computed on {size} samples {'with' if held == {True} else 'without'} it. Use small batches "
+            "(method.batch_size, and for baffle method.delta_loss_on=batch), more uploads (--samples), "
+            "or another --property-class")
+    ds = built.dataset
+    r = property_inference(views, built.method.program, truth, (ds.x_test, ds.y_test), prop=prop,
+                           aux_updates=aux_updates, seed=seed, progress=progress)  # fmt: skip
+    return {"attack": "property inference (Melis et al. 2019), class present in the batch",
+            "method": built.config.method.name, "property_class": prop, "chance_auc": 0.5, **r.__dict__}  # fmt: skip
+
+
+def _run_rounds(built: BuiltRun, rounds: int) -> torch.nn.Module:
+    sim = built.simulation()
+    try:
+        for t in range(1, rounds + 1):
+            sim.run_round(t)
+    finally:
+        sim.close()
+    return built.method.strategy.eval_model()
+
+
+def shadow_models(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, train_size: int, shadows: int,
+                  seed: int = 0, progress: Callable[[int, int], None] | None = None) -> list[tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]:  # fmt: skip
+    """Shadow models trained the way the target was — the run's own method, config and number
+    of rounds, with a different run seed — on a random half of the attacker's data ``aux``
+    (at most ``train_size`` samples, split IID over the run's clients in their proportions);
+    each comes with its training set and an equally large held-out set of ``aux``."""
+    from fedge.core.context import ClientData  # noqa: PLC0415
+
+    x, y = aux
+    n = min(train_size, len(y) // 2)
+    if n < 2:
+        raise ConfigError(f"shadow models need auxiliary data: got {len(y)} samples; raise dataset.limit_test")
+    out = []
+    for i in range(shadows):
+        g = generator(seed, "shadow", i)
+        perm = torch.randperm(len(y), generator=g)
+        inside, outside = perm[:n], perm[n : 2 * n]
+        built = build_run(cfg.model_copy(update={"seed": cfg.seed + 1_000_003 * (i + 1)}))
+        sizes = torch.tensor([c.num_samples for c in built.clients], dtype=torch.float64)
+        bounds = (sizes.cumsum(0) / sizes.sum() * n).round().long().tolist()
+        parts = [inside[a:b] for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
+        built = replace(built, clients=[ClientData(x, y, p if len(p) else inside[:1]) for p in parts])
+        out.append((_run_rounds(built, cfg.rounds), (x[inside], y[inside]), (x[outside], y[outside])))
+        if progress is not None:
+            progress(i + 1, shadows)
+    return out
+
+
+def membership_attacks(built: BuiltRun, model: torch.nn.Module, *, samples: int, shadows: int = 0, seed: int = 0,
+                       progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The loss-threshold attack and, with ``shadows`` > 0, Shokri et al.'s shadow-model attack
+    and offline LiRA, on ``model``: ``samples`` of the clients' training samples (members) vs
+    ``samples`` test samples (non-members); the rest of the test split is the attacker's own
+    data for the shadow models (disjoint from both)."""
+    from fedge.attacks.membership import lira_offline, loss_threshold_attack, shadow_attack  # noqa: PLC0415
+
+    ds = built.dataset
+    idx = torch.cat([c.indices for c in built.clients])
+    g = generator(seed, "attack", "mia")
+    members = idx[torch.randperm(len(idx), generator=g)[:samples]]
+    test = torch.randperm(len(ds.y_test), generator=g)
+    non, rest = test[:samples], test[samples:]
+    m, nm = (ds.x_train[members], ds.y_train[members]), (ds.x_test[non], ds.y_test[non])
+    out: dict[str, Any] = {"method": built.config.method.name, "chance_auc": 0.5,
+                           "loss": loss_threshold_attack(model, m, nm).__dict__}  # fmt: skip
+    if shadows:
+        sh = shadow_models(built.config, (ds.x_test[rest], ds.y_test[rest]), train_size=len(idx), shadows=shadows,
+                           seed=seed, progress=progress)  # fmt: skip
+        out["shadows"] = shadows
+        out["shadow_train_size"] = len(sh[0][1][1])
+        out["shadow"] = shadow_attack(model, sh, m, nm).__dict__
+        out["lira"] = lira_offline(model, [s[0] for s in sh], m, nm).__dict__
+    return out
+
+
 def attack_config(method: dict[str, Any], *, clients: int, per_client: int, seed: int = 0,
-                  model: str = "lenet-dlg", dataset: str = "fashion-mnist") -> RunConfig:
-    """A one-round run whose clients each hold exactly ``per_client`` samples."""
+                  model: str = "lenet-dlg", dataset: str = "fashion-mnist", test: int = 10,
+                  rounds: int = 1) -> RunConfig:
+    """A short run whose clients each hold exactly ``per_client`` samples; ``test`` test
+    samples (the attacker's auxiliary data and non-members come from there)."""
     return load_config({
-        "seed": seed, "rounds": 1, "eval_every": 1,
+        "seed": seed, "rounds": rounds, "eval_every": rounds,
         "clients": {"num": clients, "per_round": clients},
-        "dataset": {"name": dataset, "limit_train": clients * per_client, "limit_test": 10},
+        "dataset": {"name": dataset, "limit_train": clients * per_client, "limit_test": test},
         "partition": {"name": "iid"},
         "model": {"name": model},
         "method": method,

@@ -11,8 +11,11 @@ vectors of secure aggregation are all just messages.
 protocol would interpret: the reply of the exchange that carried the model. A plain reply's
 arrays are the upload; a secure-aggregation reply carries only a masked input y_u, which
 the server decodes exactly as it would a plaintext vector ([w·v, w] in fixed point,
-:mod:`fedge.methods.secure`) and divides by its last entry. Nothing is special-cased: an
-attack run on that vector measures what the masks leave.
+:mod:`fedge.methods.secure`) and divides by its last entry. A reply whose only payload is a
+sealed ciphertext (PPFL's enclave-to-enclave ``upload``) is read the same way: its bytes as
+little-endian float32, laid out over the model's parameters (``sealed=True``; with
+``sealed_layout``). Nothing is special-cased: an attack run on that vector measures what the
+masks or the encryption leave.
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ class ServerView:
     upload: dict[str, torch.Tensor]
     masked: bool = False
     reply_bytes: int = field(default=0)
+    sealed: bool = False  # the upload is a ciphertext read as if it were float32 plaintext
 
 
 def _masked_vector(blob: bytes) -> np.ndarray:
@@ -98,16 +102,50 @@ def _masked_vector(blob: bytes) -> np.ndarray:
     return np.asarray(FIXED_POINT.decode(y), dtype=np.float64)
 
 
-def server_views(records: list[Observed], layout: Mapping[str, torch.Size] | None = None) -> list[ServerView]:
+def _lay_out(flat: torch.Tensor, layout: Mapping[str, torch.Size], *, pad: bool = False) -> dict[str, torch.Tensor]:
+    """``flat`` cut into ``layout``'s arrays in sorted-name order (zero-padded if ``pad``)."""
+    total = sum(math.prod(s) for s in layout.values())
+    if pad and flat.numel() < total:
+        flat = torch.cat([flat, torch.zeros(total - flat.numel(), dtype=flat.dtype)])
+    out, start = {}, 0
+    for name in sorted(layout):
+        n = math.prod(layout[name])
+        out[name] = flat[start : start + n].reshape(layout[name])
+        start += n
+    return out
+
+
+def _ciphertext(m: Message) -> bytes | None:
+    """The sealed payload of a reply that carries nothing else of size (PPFL's ``upload``)."""
+    blobs = [v for k, v in m.config.items() if isinstance(v, bytes) and k != "secagg"]
+    return max(blobs, key=len) if not m.arrays and blobs and "secagg" not in m.config else None
+
+
+def server_views(
+    records: list[Observed],
+    layout: Mapping[str, torch.Size] | None = None,
+    sealed_layout: Mapping[str, torch.Size] | None = None,
+) -> list[ServerView]:
     """Each client's upload per round: the reply to the message that carried the model.
 
     Args:
         records: :attr:`Observer.records`.
         layout: name -> shape of a reply's arrays, in the order secure aggregation flattens
             them (sorted names); needed only to lay out masked vectors.
+        sealed_layout: name -> shape over which a sealed ciphertext's bytes are laid out (the
+            model's parameters); None: sealed replies are not read.
     """
     views = []
     for r in records:
+        blob = _ciphertext(r.reply) if sealed_layout is not None else None
+        if blob is not None and sealed_layout is not None and len(blob) > 1024:  # a payload, not a handshake
+            with np.errstate(invalid="ignore", over="ignore"):
+                vals = np.frombuffer(blob[: len(blob) // 4 * 4], dtype="<f4").astype(np.float64)
+            flat = torch.from_numpy(np.nan_to_num(vals, nan=0.0, posinf=0.0, neginf=0.0)).to(torch.float32)
+            public: dict[str, Any] = {k: v for k, v in r.sent.config.items() if not isinstance(v, bytes)}
+            views.append(ServerView(r.rnd, r.cid, dict(r.sent.arrays), public, _lay_out(flat, sealed_layout, pad=True),
+                                    True, r.reply.nbytes, sealed=True))  # fmt: skip
+            continue
         if not r.sent.arrays or r.sent.config.get("secagg_step", "forward") != "forward":  # key agreement, unmasking
             continue
         if r.reply.arrays:
@@ -115,13 +153,7 @@ def server_views(records: list[Observed], layout: Mapping[str, torch.Size] | Non
         elif isinstance(r.reply.config.get("secagg"), bytes) and layout is not None:
             y = _masked_vector(r.reply.config["secagg"])  # type: ignore[arg-type]
             w = y[-1] if y[-1] != 0 else 1.0
-            flat = torch.from_numpy(y[:-1] / w).to(torch.float32)
-            upload, start = {}, 0
-            for name in sorted(layout):
-                n = math.prod(layout[name])
-                upload[name] = flat[start : start + n].reshape(layout[name])
-                start += n
-            masked = True
+            upload, masked = _lay_out(torch.from_numpy(y[:-1] / w).to(torch.float32), layout), True
         else:
             continue
         config = {k: v for k, v in r.sent.config.items() if k not in ("secagg", "secagg_step")}

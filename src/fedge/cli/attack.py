@@ -2,6 +2,8 @@
 
     fedge attack RUN_DIR --attack dlg|ig [--iterations 300] [--samples 10] [--seed 0]
     fedge attack RUN_DIR --attack mia [--samples 1000]
+    fedge attack RUN_DIR --attack mia-shadow [--samples 1000] [--shadows 4]
+    fedge attack RUN_DIR --attack pia [--samples 40] [--property-class 0]
 
 ``dlg`` re-runs round 1 of the run's own config (same seed, same data, so the same uploads)
 with every exchange observed (:class:`fedge.attacks.observe.Observer`) and attacks each
@@ -9,7 +11,13 @@ client's upload as the server receives it — DLG/iDLG on FedSGD gradients and F
 for batch-level BAFFLE both matching the K loss differences directly and DLG on the Stein
 estimate; under secure aggregation the same attacks on the masked vector. ``ig`` runs the
 same with Inverting Gradients' objective (cosine + total variation, Adam). ``mia`` runs the
-loss-threshold membership attack on the run's final model (training samples vs test samples).
+loss-threshold membership attack on the run's final model (training samples vs test samples);
+``mia-shadow`` adds Shokri et al.'s shadow-model attack and offline LiRA, with ``--shadows``
+shadow models trained by the run's own config (another seed) on half of the test samples not
+used as non-members. ``pia`` re-runs the run's config for ⌈samples / clients a round⌉ rounds
+with each client's local set cut to the one batch its upload is computed on, and infers from
+each upload whether ``--property-class`` occurs in that batch (Melis et al. 2019; auxiliary
+data: the test split).
 Results go to ``RUN_DIR/attacks/NAME.json`` and, for ``dlg``, an image grid per attack
 (top: the closest image of the client's data; bottom: the reconstruction).
 """
@@ -24,19 +32,17 @@ import torch
 import typer
 from rich.progress import Progress
 
-from fedge.attacks.harness import observe_run, reconstruction_attack
-from fedge.attacks.membership import loss_threshold_attack
+from fedge.attacks.harness import membership_attacks, observe_run, one_batch_clients, pia_attack, reconstruction_attack
 from fedge.cli.common import fail, one_line_warnings, out
 from fedge.core.config import load_config
 from fedge.core.errors import FedgeError
-from fedge.core.rng import generator
 from fedge.experiment.build import build_run
 from fedge.experiment.export import load_trained_model
 from fedge.experiment.rundir import RunDir
 
 __all__ = ["attack", "register"]
 
-ATTACKS = ("dlg", "ig", "mia")
+ATTACKS = ("dlg", "ig", "mia", "mia-shadow", "pia")
 
 
 def _grid(truth: torch.Tensor, rec: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...], path: Path) -> Path:
@@ -87,27 +93,44 @@ def _dlg(run_dir: Path, raw: dict[str, Any], iterations: int, samples: int, seed
     return result
 
 
-def _mia(run_dir: Path, raw: dict[str, Any], samples: int, seed: int) -> dict[str, Any]:
+def _mia(run_dir: Path, raw: dict[str, Any], samples: int, seed: int, shadows: int) -> dict[str, Any]:
     trained = load_trained_model(run_dir)
     with one_line_warnings():
         built = build_run(load_config(raw))
-    idx = torch.cat([c.indices for c in built.clients])
-    g = generator(seed, "attack", "mia")
-    members = idx[torch.randperm(len(idx), generator=g)[:samples]]
-    non = torch.randperm(len(built.dataset.x_test), generator=g)[:samples]
-    ds = built.dataset
-    r = loss_threshold_attack(trained.model, (ds.x_train[members], ds.y_train[members]),
-                              (ds.x_test[non], ds.y_test[non]))  # fmt: skip
-    return {"attack": "loss-threshold (Yeom et al. 2018)", "method": raw.get("method", {}).get("name"),
-            "chance_auc": 0.5, **r.__dict__}  # fmt: skip
+    if not shadows:
+        r = membership_attacks(built, trained.model, samples=samples, seed=seed)
+        return {"attack": "loss-threshold (Yeom et al. 2018)", "method": r["method"], "chance_auc": 0.5, **r["loss"]}
+    with Progress(transient=True) as bar, one_line_warnings():
+        task = bar.add_task(f"training {shadows} shadow models ({built.config.rounds} rounds each)", total=shadows)
+        result = membership_attacks(built, trained.model, samples=samples, shadows=shadows, seed=seed,
+                                    progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
+    return {"attack": "loss threshold (Yeom et al. 2018), shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022)",
+            **result}  # fmt: skip
+
+
+def _pia(raw: dict[str, Any], samples: int, seed: int, prop: int) -> dict[str, Any]:
+    cfg = load_config(raw)
+    rounds = -(-samples // cfg.clients.count())
+    cfg = load_config({**raw, "rounds": rounds})
+    with one_line_warnings():
+        run = observe_run(cfg, rounds, prepare=lambda b: one_batch_clients(b, seed))
+    with Progress(transient=True) as bar:
+        task = bar.add_task("property inference", total=1)
+        result = pia_attack(run, prop=prop, seed=seed,
+                            progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
+    result["rounds_observed"] = rounds
+    result["note"] = "each client's local set cut to the one batch its upload is computed on"
+    return result
 
 
 def attack(
     run_dir: Annotated[Path, typer.Argument(help="a run directory (dlg: its config; mia: its final model)")],
-    attack: Annotated[str, typer.Option("--attack", help="dlg | ig | mia")] = "dlg",
+    attack: Annotated[str, typer.Option("--attack", help="dlg | ig | mia | mia-shadow | pia")] = "dlg",
     iterations: Annotated[int, typer.Option(min=1, help="dlg/ig: optimizer iterations per upload")] = 300,
-    samples: Annotated[int, typer.Option(min=1, help="dlg/ig: uploads attacked; mia: members and non-members each")] = 10,
+    samples: Annotated[int, typer.Option(min=1, help="dlg/ig/pia: uploads attacked; mia: members and non-members each")] = 10,
     seed: Annotated[int, typer.Option(help="the attacker's seed (dummy data, sample choice)")] = 0,
+    shadows: Annotated[int, typer.Option(min=1, help="mia-shadow: shadow models (each a full run of the config)")] = 4,
+    property_class: Annotated[int, typer.Option("--property-class", min=0, help="pia: the class whose presence is inferred")] = 0,
 ) -> None:
     """Measure what a run leaks: reconstruct clients' data from their uploads, or infer membership."""
     if attack not in ATTACKS:
@@ -116,14 +139,24 @@ def attack(
         raw = RunDir(run_dir).read_config()
         if attack in ("dlg", "ig"):
             result = _dlg(run_dir, raw, iterations, samples, seed, attack)
+        elif attack == "pia":
+            result = _pia(raw, samples, seed, property_class)
         else:
-            result = _mia(run_dir, raw, samples, seed)
+            result = _mia(run_dir, raw, samples, seed, shadows if attack == "mia-shadow" else 0)
     except FedgeError as exc:
         fail(exc)
     result["seed"] = seed
     path = _write(run_dir, attack, result)
     console = out()
-    if attack != "mia":
+    if attack == "pia":
+        console.print(f"property inference AUC {result['auc']:.3f} (chance 0.5) on {result['uploads']} uploads "
+                      f"({result['with_property']} with class {property_class})" + (" (uploads masked)" if result["masked"] else ""))  # fmt: skip
+    elif attack == "mia-shadow":
+        for key in ("loss", "shadow", "lira"):
+            r = result[key]
+            console.print(f"{key}: membership AUC {r['auc']:.3f} (chance 0.5), TPR@1%FPR {r['tpr_at_1pct_fpr']:.3f}, "
+                          f"TPR@0.1%FPR {r['tpr_at_01pct_fpr']:.3f}, precision {r['precision']:.3f}")  # fmt: skip
+    elif attack != "mia":
         console.print(f"baselines: mean image MSE {result['baseline_mean_image_mse']:.4f}, "
                       f"mid-gray {result['baseline_mid_gray_mse']:.4f}" + (" (uploads masked)" if result["masked"] else ""))  # fmt: skip
         for name, a in result["attacks"].items():
@@ -131,7 +164,7 @@ def attack(
                           f"label accuracy {a['label_accuracy']:.2f}  -> {result['images'][name]}")  # fmt: skip
     else:
         console.print(f"membership AUC {result['auc']:.3f} (chance 0.5), TPR@1%FPR {result['tpr_at_1pct_fpr']:.3f}, "
-                      f"best precision {result['best_precision']:.3f}")  # fmt: skip
+                      f"precision {result['precision']:.3f} (best {result['best_precision']:.3f})")  # fmt: skip
     console.print(f"wrote {path}")
 
 

@@ -20,6 +20,7 @@ from rich.table import Table
 from fedge.core.errors import ConfigError
 from fedge.report.format import format_accuracy, format_bytes, format_duration, format_flops
 from fedge.report.plots import plot_comparison
+from fedge.report.privacy import PRIVACY_COLUMNS, privacy_cells
 from fedge.report.runlog import RunLog, load_run
 
 __all__ = ["Comparison", "ComparisonWarning", "compare_runs"]
@@ -54,7 +55,12 @@ class Comparison:
         cols += ["client FLOPs", "wall time"]
         if any(r.peak_memory is not None for r in self.runs):
             cols.append("peak memory")
-        return cols
+        return cols + self._privacy_columns()
+
+    def _privacy_columns(self) -> list[str]:
+        """The privacy columns some run has attack results for (``fedge attack``), in order."""
+        have = set().union(*(privacy_cells(r.path) for r in self.runs)) if self.runs else set()
+        return [c for c in PRIVACY_COLUMNS if c in have]
 
     def rows(self) -> list[list[str]]:
         """One formatted row per run, matching :meth:`columns`."""
@@ -74,6 +80,8 @@ class Comparison:
             row += [format_flops(r.total_client_flops), format_duration(r.wall_s)]
             if show_mem:
                 row.append(format_bytes(r.peak_memory))
+            cells = privacy_cells(r.path)
+            row += [cells.get(c, "—") for c in self._privacy_columns()]
             out.append(row)
         return out
 

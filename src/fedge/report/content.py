@@ -187,6 +187,16 @@ def _read_attack(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _mia_cell(r: dict[str, Any]) -> str:
+    """AUC, then whichever of TPR at 1% / 0.1% FPR and precision the result holds."""
+    parts = [f"AUC {r['auc']:.3f}"]
+    for key, name in (("tpr_at_1pct_fpr", "TPR@1%FPR"), ("tpr_at_01pct_fpr", "TPR@0.1%FPR"),
+                      ("precision", "precision"), ("best_precision", "best precision")):  # fmt: skip
+        if isinstance(r.get(key), (int, float)):
+            parts.append(f"{name} {r[key]:.3f}")
+    return ", ".join(parts)
+
+
 def _privacy_blocks(run: RunLog) -> list[Block]:
     """The "Privacy" table from ``attacks/*.json`` (written by ``fedge attack``), when present."""
     folder = Path(run.path) / "attacks"
@@ -203,8 +213,17 @@ def _privacy_blocks(run: RunLog) -> list[Block]:
                          base))  # fmt: skip
     mia = _read_attack(folder / "mia.json")
     if mia is not None:
-        rows.append(("membership (loss threshold)", f"AUC {mia['auc']:.3f}, best precision {mia['best_precision']:.3f}",
-                     "AUC 0.5"))  # fmt: skip
+        rows.append(("membership (loss threshold)", _mia_cell(mia), "AUC 0.5"))
+    shadow = _read_attack(folder / "mia-shadow.json")
+    for key, name in (("loss", "loss threshold"), ("shadow", "shadow models"), ("lira", "offline LiRA")):
+        if shadow is not None and isinstance(shadow.get(key), dict):
+            extra = f", {shadow.get('shadows')} shadows" if key != "loss" else ""
+            rows.append((f"membership ({name}{extra})", _mia_cell(shadow[key]), "AUC 0.5"))
+    pia = _read_attack(folder / "pia.json")
+    if pia is not None:
+        seen = "masked uploads" if pia.get("masked") else "uploads in the clear"
+        rows.append((f"property (class {pia.get('property_class')} in the batch), {seen}",
+                     f"AUC {pia['auc']:.3f} on {pia.get('uploads')} uploads", "AUC 0.5"))  # fmt: skip
     if not rows:
         return []
     return [Heading(2, "Privacy"), Table(("attack", "result", "chance-level baseline"), tuple(rows))]

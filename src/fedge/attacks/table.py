@@ -1,0 +1,175 @@
+"""One leakage table for every method (issue 12, benchmark 2): data reconstruction,
+membership inference and property inference, each measured by running the attack on what
+the adversary observes in a tiny run of the method (benchmarks/privacy_leakage.py writes it
+to docs/benchmarks.md).
+
+Each :class:`Row` is one method configuration. Per row:
+
+- **DRA**: round 1 of ``clients`` clients holding exactly the batch their upload depends on;
+  every client's upload attacked (:func:`~fedge.attacks.harness.reconstruction_attack`); the
+  best attack's median pixel MSE beside the mean-image baseline.
+- **MIA**: the same method trained for ``mia_rounds`` rounds on ``mia_clients`` x
+  ``mia_per_client`` samples; the loss-threshold, shadow-model and offline-LiRA attacks on the
+  final (released) model (:func:`~fedge.attacks.harness.membership_attacks`).
+- **PIA**: one round of ``pia_clients`` clients holding 8 samples each, every one of which the
+  upload depends on; "class 0 occurs in the client's batch"
+  (:func:`~fedge.attacks.harness.pia_attack`).
+
+A cell the harness cannot measure says why (``{"skipped": reason}``), from what the Observer
+records: it never becomes a hard-coded number.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedge.attacks.harness import (
+    _run_rounds,
+    attack_config,
+    membership_attacks,
+    observe_run,
+    pia_attack,
+    reconstruction_attack,
+)
+from fedge.experiment.build import build_run
+
+__all__ = ["ROWS", "Row", "privacy_row", "privacy_table"]
+
+_SGD = {"name": "sgd", "lr": 0.1}
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    method: dict[str, Any]
+    batch: int = 1  # samples per client in the DRA run (what one upload depends on)
+    model: str = "lenet-dlg"
+    pia_method: dict[str, Any] | None = None  # the method with batch 8 (None: ``method``)
+    skip: dict[str, str] = field(default_factory=dict)  # attack -> why it is not measured
+
+
+def _baffle(k: int, secagg: bool) -> dict[str, Any]:
+    return {"name": "baffle", "mode": "batch", "k": k, "ema": None, "secure_aggregation": secagg}
+
+
+_EPPFL_DRA = ("not observed: the aggregation server S_a receives only W_c under the randomness server's additive "
+              "mask (config bytes `masked`), and the noisy kept activations travel device -> edge server over a "
+              "side link the Observer (server <-> client exchanges) does not record")  # fmt: skip
+_EPPFL_PIA = "not observed: as DRA (no upload the server can read or simulate)"
+_PPFL_PIA = ("not run: the server cannot simulate an upload to train the classifier on (the client program "
+             "runs in an attested enclave whose session key the server lacks); it observes AES-GCM ciphertext")  # fmt: skip
+
+ROWS: tuple[Row, ...] = (
+    Row("fedavg, 1 local SGD step, batch 1", {"name": "fedavg", "local_epochs": 1, "batch_size": 1, "client_optimizer": _SGD},
+        pia_method={"name": "fedavg", "local_epochs": 1, "batch_size": 8, "client_optimizer": _SGD}),
+    Row("fedsgd, batch 1", {"name": "fedsgd", "batch_size": 1}, pia_method={"name": "fedsgd", "batch_size": 8}),
+    Row("fedsgd, batch 8", {"name": "fedsgd", "batch_size": 8}, batch=8),
+    Row("fedsgd, batch 1, secure aggregation", {"name": "fedsgd", "batch_size": 1, "secure_aggregation": True},
+        pia_method={"name": "fedsgd", "batch_size": 8, "secure_aggregation": True}),
+    *(Row(f"baffle batch, K={k}, no secure aggregation", _baffle(k, False)) for k in (10, 100, 1000)),
+    *(Row(f"baffle batch, K={k}, secure aggregation (default)", _baffle(k, True)) for k in (10, 100, 1000)),
+    Row("baffle epoch, K=100, 1 local step, batch 1",
+        {"name": "baffle", "mode": "epoch", "k": 100, "ema": None, "batch_size": 1, "local_epochs": 1, "client_optimizer": _SGD},
+        pia_method={"name": "baffle", "mode": "epoch", "k": 100, "ema": None, "batch_size": 8, "local_epochs": 1,
+                    "client_optimizer": _SGD}),
+    Row("ntk-baffle batch, K=100, density 0.5, no secure aggregation",
+        {"name": "ntk-baffle", "mode": "batch", "k": 100, "ema": None, "density": 0.5, "secure_aggregation": False}),
+    Row("ntk-baffle batch, K=100, density 0.5, secure aggregation (default)",
+        {"name": "ntk-baffle", "mode": "batch", "k": 100, "ema": None, "density": 0.5}),
+    Row("fedpt, largest layer frozen, 1 local SGD step, batch 1",
+        {"name": "fedpt", "freeze": "largest", "local_epochs": 1, "batch_size": 1, "client_optimizer": _SGD},
+        pia_method={"name": "fedpt", "freeze": "largest", "local_epochs": 1, "batch_size": 8, "client_optimizer": _SGD}),
+    Row("eppfl, 1 local epoch, batch 1", {"name": "eppfl", "local_epochs": 1, "batch_size": 1},
+        pia_method={"name": "eppfl", "local_epochs": 1, "batch_size": 8}, skip={"dra": _EPPFL_DRA, "pia": _EPPFL_PIA}),
+    Row("fedavg, lenet-ppfl, 1 local SGD step, batch 1",
+        {"name": "fedavg", "local_epochs": 1, "batch_size": 1, "client_optimizer": _SGD}, model="lenet-ppfl",
+        pia_method={"name": "fedavg", "local_epochs": 1, "batch_size": 8, "client_optimizer": _SGD}),
+    Row("ppfl, lenet-ppfl, 1 local epoch, batch 1 (sealed uploads)",
+        {"name": "ppfl", "rounds_per_stage": 1, "local_epochs": 1, "batch_size": 1, "min_batch_size": 1},
+        model="lenet-ppfl", skip={"pia": _PPFL_PIA}),
+)  # fmt: skip
+
+
+def _quiet(fn: Callable[[], Any]) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn()
+
+
+def privacy_row(
+    row: Row,
+    *,
+    dataset: str = "fashion-mnist",
+    clients: int = 4,
+    iterations: int = 300,
+    mia_clients: int = 4,
+    mia_per_client: int = 64,
+    mia_rounds: int = 10,
+    mia_samples: int = 200,
+    shadows: int = 2,
+    pia_clients: int = 32,
+    test: int = 1000,
+) -> dict[str, Any]:
+    """Every attack on one row; each cell a result dict or ``{"skipped": reason}``, with its cost."""
+    out: dict[str, Any] = {"row": row.label}
+    if "dra" in row.skip:
+        out["dra"] = {"skipped": row.skip["dra"]}
+    else:
+        t = time.perf_counter()
+        cfg = attack_config(row.method, clients=clients, per_client=row.batch, dataset=dataset, model=row.model)
+        run = _quiet(lambda: observe_run(cfg))
+        s = reconstruction_attack(run, iterations=iterations)
+        best = min(s["attacks"], key=lambda a: s["attacks"][a]["median_mse"])
+        out["dra"] = {"attack": best, "median_mse": s["attacks"][best]["median_mse"],
+                      "label_accuracy": s["attacks"][best]["label_accuracy"],
+                      "all": {a: v["median_mse"] for a, v in s["attacks"].items()},
+                      "mean_image": s["baseline_mean_image_mse"], "mid_gray": s["baseline_mid_gray_mse"],
+                      "masked": s["masked"], "sealed": any(v.sealed for v in run.views),
+                      "upload_bytes": sorted(v.reply_bytes for v in run.views)[len(run.views) // 2],
+                      "seconds": time.perf_counter() - t}  # fmt: skip
+    if "mia" in row.skip:
+        out["mia"] = {"skipped": row.skip["mia"]}
+    else:
+        t = time.perf_counter()
+        cfg = attack_config(row.method, clients=mia_clients, per_client=mia_per_client, dataset=dataset, model=row.model,
+                            test=test, rounds=mia_rounds)  # fmt: skip
+        built = _quiet(lambda: build_run(cfg))
+        model = _quiet(lambda: _run_rounds(built, cfg.rounds))
+        acc = _accuracy(model, built)
+        r = _quiet(lambda: membership_attacks(built, model, samples=mia_samples, shadows=shadows))
+        out["mia"] = {**r, "test_accuracy": acc, "seconds": time.perf_counter() - t}
+    if "pia" in row.skip:
+        out["pia"] = {"skipped": row.skip["pia"]}
+    else:
+        t = time.perf_counter()
+        cfg = attack_config(row.pia_method or row.method, clients=pia_clients, per_client=8, dataset=dataset,
+                            model=row.model, test=test)  # fmt: skip
+        run = _quiet(lambda: observe_run(cfg))
+        out["pia"] = {**pia_attack(run, prop=0), "seconds": time.perf_counter() - t}
+    return out
+
+
+def _accuracy(model: Any, built: Any) -> float:
+    import torch  # noqa: PLC0415
+
+    ds = built.dataset
+    model.eval()
+    with torch.no_grad():
+        return float((model(ds.x_test).argmax(-1) == ds.y_test).double().mean())
+
+
+def privacy_table(rows: list[str] | None = None, progress: Callable[[str], None] | None = None,
+                  **kwargs: Any) -> list[dict[str, Any]]:  # fmt: skip
+    """:func:`privacy_row` for every row of :data:`ROWS` (or those labelled ``rows``)."""
+    out = []
+    for row in ROWS:
+        if rows is not None and row.label not in rows:
+            continue
+        if progress is not None:
+            progress(row.label)
+        out.append(privacy_row(row, **kwargs))
+    return out

@@ -1,0 +1,33 @@
+"""The leakage table: every cell comes from running the attack, or says why it cannot."""
+
+from __future__ import annotations
+
+from fedge.attacks.table import ROWS, Row, privacy_row
+
+TINY = {"dataset": "digits", "clients": 2, "iterations": 60, "mia_clients": 2, "mia_per_client": 16, "mia_rounds": 1,
+        "mia_samples": 16, "shadows": 2, "pia_clients": 16, "test": 200}  # fmt: skip
+
+
+def test_every_method_has_a_row_and_skips_say_why() -> None:
+    names = {r.method["name"] for r in ROWS}
+    assert names == {"fedavg", "fedsgd", "baffle", "ntk-baffle", "fedpt", "eppfl", "ppfl"}
+    ks = {(r.method.get("k"), r.method.get("secure_aggregation")) for r in ROWS if r.method["name"] == "baffle"}
+    assert {(k, s) for k in (10, 100, 1000) for s in (True, False)} <= ks
+    for r in ROWS:
+        assert set(r.skip) <= {"dra", "mia", "pia"} and all(len(v) > 40 for v in r.skip.values())
+
+
+def test_a_row_runs_every_attack_and_a_skipped_cell_carries_its_reason() -> None:
+    row = Row("fedsgd, batch 1", {"name": "fedsgd", "batch_size": 1}, pia_method={"name": "fedsgd", "batch_size": 8},
+              skip={"mia": "a reason long enough to be a real explanation of why"})  # fmt: skip
+    out = privacy_row(row, **TINY)
+    assert out["dra"]["attack"] == "dlg" and out["dra"]["median_mse"] < out["dra"]["mean_image"]
+    assert out["mia"] == {"skipped": row.skip["mia"]}
+    assert out["pia"]["uploads"] == 16 and out["pia"]["auc"] > 0.8
+
+
+def test_sealed_ppfl_uploads_are_attacked_as_read() -> None:
+    row = next(r for r in ROWS if r.method["name"] == "ppfl")
+    out = privacy_row(row, **{**TINY, "dataset": "fashion-mnist", "mia_per_client": 8, "test": 100})
+    assert out["dra"]["sealed"] and out["dra"]["median_mse"] > out["dra"]["mean_image"]  # ciphertext: nothing
+    assert 0 <= out["mia"]["lira"]["auc"] <= 1 and "enclave" in out["pia"]["skipped"]
