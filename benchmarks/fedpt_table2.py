@@ -96,18 +96,17 @@ def table(report: dict[str, Any]) -> str:
     lines = [
         "| frozen (method.freeze) | blocks frozen | trainable % | bytes down / client / round | bytes up / client / round "
         "| communication reduction | final accuracy | client GFLOP / round | client s / round (ratio to full) "
-        "| client peak, tensors (MiB) | client peak RSS growth (MiB) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| client peak, tensors (MiB) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label, r in rows.items():
         reduction = (full["bytes_down"] + full["bytes_up"]) / (r["bytes_down"] + r["bytes_up"])
         acc = f"{100 * r['accuracy']:.2f}" + (f" ± {100 * r['accuracy_std']:.2f}" if r["seeds"] > 1 else "")
-        rss = f"{r['rss_peak'] / mib:.1f}" if r["rss_peak"] is not None else "n/a"
         tensors = f"{r['tensor_peak'] / mib:.1f}" if r["tensor_peak"] is not None else "n/a"
         lines.append(
             f"| {ROWS[label].split('=', 1)[1]} | {FROZEN_BLOCKS[label]} | {100 * r['trainable_fraction']:.2f} "
             f"| {r['bytes_down']:,.0f} | {r['bytes_up']:,.0f} | {reduction:.1f}× | {acc} | {r['client_flops'] / 1e9:.1f} "
-            f"| {r['client_s']:.2f} ({r['client_s'] / full['client_s']:.2f}) | {tensors} | {rss} |"
+            f"| {r['client_s']:.2f} ({r['client_s'] / full['client_s']:.2f}) | {tensors} |"
         )
     return "\n".join(lines)
 
@@ -130,11 +129,18 @@ def markdown(report: dict[str, Any], command: str) -> str:
         "BatchNorm statistics and the 8-byte seed down; the trainable delta up). Client GFLOP are counted "
         "by torch's flop counter per client step. Client time is wall time per client step on a machine shared "
         "with other jobs (noisy; the ratio to the fully trainable row in the same run is the figure to read). "
-        "Memory per client step: tensor accounting (peak over rounds of parameters + live tensors) and RSS "
-        "growth of the process high-water mark (max over rounds, in practice round 1).\n\n"
+        "Memory per client step is tensor accounting (peak over rounds of parameters + live tensors). The "
+        "runs also log RSS growth of the process high-water mark, but all rows run in one process, one "
+        f"after another, so only the first row's RSS grows ({_mib(report['rows']['fully trainable']['rss_peak'])} MiB here) "
+        "and the later rows read (nearly) 0: "
+        "not a per-row figure, so it is left out of the table.\n\n"
         + table(report)
         + _notes(report)
     )
+
+
+def _mib(b: float | None) -> str:
+    return "n/a" if b is None else f"{b / 2**20:.1f}"
 
 
 def _notes(report: dict[str, Any]) -> str:
@@ -151,7 +157,31 @@ def _notes(report: dict[str, Any]) -> str:
         "so the memory saved is mostly gradients, optimizer state and the start copy, not activations, and "
         "the FLOPs fall only by the frozen blocks' weight gradients. This budget is far from convergence, "
         "so the accuracies compare the rows with each other, not with the paper's."
+        + _shape(rows)
     )
+
+
+def _shape(rows: dict[str, dict[str, Any]]) -> str:
+    """Say plainly where the accuracy is not monotone in the trainable fraction, and the time ratios."""
+    full = rows["fully trainable"]
+    order = sorted(rows.values(), key=lambda r: -r["trainable_fraction"])
+    dips = [(a, b) for a, b in zip(order, order[1:], strict=False) if b["accuracy"] > a["accuracy"]]
+    text = ""
+    if dips:
+        a, b = dips[0]
+        text += (
+            f" Accuracy is not monotone in the trainable fraction here: {100 * b['trainable_fraction']:.2f}% trainable "
+            f"reaches {100 * b['accuracy']:.2f} against {100 * a['accuracy']:.2f} at {100 * a['trainable_fraction']:.2f}%. "
+            "With one seed this table cannot say whether that is seed-to-seed spread or an effect of freezing "
+            "part of a stage; rerun with `--seeds 3` to tell."
+        )
+    ratios = [r["client_s"] / full["client_s"] for r in rows.values()]
+    text += (
+        f" Client time per round does not fall measurably with freezing (ratios {min(ratios):.2f}–{max(ratios):.2f} "
+        "to the fully trainable row, on a shared machine): the forward pass and the backward pass through the "
+        "frozen late blocks remain, only their weight gradients go."
+    )
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
