@@ -73,7 +73,7 @@ def table(report: dict[str, Any]) -> str:
     rows = report["rows"]
     head = "| | " + " | ".join(f"z = {z:g}" if z else "z = 0 (clip only)" for z in zs) + " |"
     lines = [head, "|---|" + "---:|" * len(zs)]
-    lines.append("| ε, FedPT Table 5 (their setting) | " + " | ".join(f"{EPS_PAPER[z]:.2f}" if z in EPS_PAPER else "∞" for z in zs) + " |")
+    lines.append("| ε, FedPT Table 5 (their setting) | " + " | ".join(f"{EPS_PAPER[z]:.2f}" if z in EPS_PAPER else "–" for z in zs) + " |")
     lines.append("| ε, this reduced run (summary.json) | " + " | ".join(_eps(rows[f"FT z={z:g}"]["epsilon"]) for z in zs) + " |")
     for m in MODELS:
         frac = rows[f"{m} z={zs[0]:g}"]["trainable_fraction"]
@@ -95,16 +95,25 @@ def verdict(report: dict[str, Any]) -> str:
         return "Fewer than two noisy columns: no trend to read."
     ft = [rows[f"FT z={z:g}"]["accuracy"] for z in zs]
     pt = [rows[f"PT z={z:g}"]["accuracy"] for z in zs]
-    ft_loss, pt_loss = 100 * (ft[0] - ft[-1]), 100 * (pt[0] - pt[-1])
+    base = 0.0 if 0 in report["z"] else zs[0]  # the clip-only run when there is one
+    ft_loss = 100 * (rows[f"FT z={base:g}"]["accuracy"] - ft[-1])
+    pt_loss = 100 * (rows[f"PT z={base:g}"]["accuracy"] - pt[-1])
     pt_better = sum(p > f for p, f in zip(pt, ft, strict=True))
-    same = ft_loss > pt_loss
-    return (
-        f"From z = {zs[0]:g} to z = {zs[-1]:g}, FT loses {ft_loss:.1f} points and PT {pt_loss:.1f}; "
+    text = (
+        f"From z = {base:g} to z = {zs[-1]:g}, FT loses {ft_loss:.1f} points and PT {pt_loss:.1f}; "
         f"PT is the more accurate of the two at {pt_better} of {len(zs)} noise levels. "
-        + ("The paper's direction (PT degrades less than FT as noise grows) reproduces in this reduced setting."
-           if same and pt_better >= len(zs) - 1 else
-           "The paper's direction (PT degrades less than FT as noise grows) does not clearly reproduce in this reduced setting.")
-    )  # fmt: skip
+    )
+    if ft_loss > pt_loss and pt_better == len(zs):
+        text += "The paper's direction (PT degrades less than FT as noise grows) reproduces in this reduced setting"
+    elif ft_loss > pt_loss:
+        text += ("The paper's direction (PT degrades less than FT as noise grows) reproduces only partly here: PT "
+                 "loses less over the whole range but is not ahead at every noise level")
+    else:
+        text += "The paper's direction (PT degrades less than FT as noise grows) does not reproduce in this reduced setting"
+    return text + (
+        ". One seed: the 3-seed spread of the FedPT Table 1 analogue above (0.6–1.3 points std, another "
+        "setting) suggests that gaps of 1–3 points between FT and PT need more seeds before they carry weight."
+    )
 
 
 def markdown(report: dict[str, Any], command: str) -> str:
