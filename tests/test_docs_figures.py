@@ -203,10 +203,10 @@ def _one_round(tmp_path: Path, preset: str, overrides: list[str]) -> dict:
     from fedge.core.config import load_config
     from fedge.experiment.run import run_experiment
 
-    out = tmp_path / re.sub(r"[^\w]+", "-", " ".join(overrides))
+    out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
     run_experiment(load_config(preset, overrides=[*TINY, *overrides]), out=out, render=False)
     line = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
-    return {**json.loads((out / "summary.json").read_text()), **line}
+    return {**json.loads((out / "summary.json").read_text()), **line, "run_dir": str(out)}
 
 
 def _check_fedpt_rows(tmp_path: Path, rows: list[list[str]], preset: str, overrides: dict[str, list[str]]) -> None:
@@ -260,3 +260,29 @@ def test_fedpt_table5_epsilon_row() -> None:
         eps = epsilon(cfg, rounds=rounds, population=population, clients_per_round=per_round)
         assert ours == ("∞" if math.isinf(eps) else f"{eps:.2f}"), f"z={z}: docs ε {ours}, accountant {eps}"
         assert theirs == paper.get(z, "–")  # no column of the paper for z = 0
+
+
+def test_fedpt_composition_bytes(tmp_path: Path) -> None:
+    """Trainable parameters and the bytes per client per round of each composition row (one
+    round, one local step; 50 samples per client as in the benchmark, so the sample count takes
+    the same MessagePack width)."""
+    import sys
+
+    sys.path.insert(0, str(DOCS.parents[1] / "benchmarks"))
+    try:
+        import fedpt_composition as bench
+    finally:
+        sys.path.pop(0)
+    rows = {r[0]: r for r in _rows(_section("fedpt-composition"), "| row | method.name |")}
+    assert list(rows) == list(bench.ROWS)
+    tiny = ["rounds=1", "eval_every=1", "dataset.limit_train=100", "dataset.limit_test=10", "clients.num=2",
+            "clients.per_round=2", "method.max_steps=1", "measure.memory=false"]  # fmt: skip
+    for label, overrides in bench.ROWS.items():
+        got = _one_round(tmp_path, bench.PRESET, [*bench.COMMON, *overrides, *tiny])
+        n = got["clients"]
+        row = rows[label]
+        trainable, kept = bench._trainable(got)  # frozen tensors left out; kept: nonzero after pruning
+        want = f"{trainable:,}" + (f" ({kept:,} kept)" if kept != trainable else "")
+        assert row[2] == want, f"{label}: trainable {row[2]}, code {want}"
+        assert row[6] == f"{got['bytes_up'] / n:,.0f}", f"{label}: uplink {row[6]}"
+        assert row[7] == f"{got['bytes_down'] / n:,.0f}", f"{label}: downlink {row[7]}"
