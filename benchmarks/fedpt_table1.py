@@ -64,17 +64,16 @@ def table(report: dict[str, Any]) -> str:
     mib = 2**20
     lines = [
         "| model | trainable % | bytes down / client / round | bytes up / client / round | communication reduction "
-        "| final accuracy (mean ± std) | client s / round | client peak, tensors (MiB) | client peak RSS growth (MiB) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| final accuracy (mean ± std) | client s / round | client peak, tensors (MiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label, r in rows.items():
         reduction = (full["bytes_down"] + full["bytes_up"]) / (r["bytes_down"] + r["bytes_up"])
-        rss = f"{r['rss_peak'] / mib:.1f}" if r["rss_peak"] is not None else "n/a"
         tensors = f"{r['tensor_peak'] / mib:.1f}" if r["tensor_peak"] is not None else "n/a"
         lines.append(
             f"| {label} | {100 * r['trainable_fraction']:.2f} | {r['bytes_down']:,.0f} | {r['bytes_up']:,.0f} "
             f"| {reduction:.1f}× | {100 * r['accuracy_mean']:.2f} ± {100 * r['accuracy_std']:.2f} (n={r['seeds']}) "
-            f"| {r['client_s']:.2f} | {tensors} | {rss} |"
+            f"| {r['client_s']:.2f} | {tensors} |"
         )
     return "\n".join(lines)
 
@@ -88,8 +87,11 @@ def markdown(report: dict[str, Any], command: str) -> str:
         f"reduced to 3,000 training samples over 10 clients (all sampled each round), {ROUNDS} rounds of one "
         "local epoch, 2,000 test images, one torch thread. Bytes are the real serialized messages per client "
         "per round (the frozen row's downlink is the trainable tensors plus the 8-byte seed); client time and "
-        "memory are per client step (tensor accounting: peak over rounds = parameters + live tensors; RSS = "
-        "growth of the process high-water mark during a step, max over rounds — in practice round 1, since later steps reuse memory the allocator already holds — mean over seeds). Client time per round is wall time per client step on a machine shared with other jobs: noisy.\n\n"
+        "memory are per client step (tensor accounting: peak over rounds = parameters + live tensors, mean over "
+        "seeds). The runs also log RSS growth of the process high-water mark, but the rows run one after "
+        "another in one process, so a later row's RSS grows only beyond what an earlier row already took: "
+        "not a per-row figure, so it is left out. Client time per round is wall time per client step on a "
+        "machine shared with other jobs: noisy.\n\n"
         + table(report)
         + _notes(report)
     )

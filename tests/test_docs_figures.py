@@ -184,3 +184,105 @@ def test_ntk_best_accuracy_differences() -> None:
         assert ntk in {v for name, v in best.items() if name.endswith(f"NTK-BAFFLE K={k}") or f"NTK-BAFFLE K={k} " in name}
         assert points == f"{100 * (float(ntk) - float(dense)):+.2f}"
         assert verdict == ("above" if float(ntk) > float(dense) else "NOT above")
+
+
+# --- FedPT tables (bench:fedpt-table1, fedpt-table2, fedpt-table5, fedpt-composition) ----------
+
+# One round, one local step: message bytes and the trainable fraction depend only on the model,
+# what is frozen and the MessagePack width of a client's sample count (its reply reports it:
+# 256..65535 takes 3 bytes), so 300 samples per client (as in the FedPT benchmarks) and one
+# local step measure the same bytes as the benchmark's runs.
+TINY = ["threads=1", "rounds=1", "dataset.limit_train=600", "dataset.limit_test=10", "clients.num=2",
+        "clients.per_round=2", "method.max_steps=1", "measure.flops=false"]  # fmt: skip
+
+
+def _one_round(tmp_path: Path, preset: str, overrides: list[str]) -> dict:
+    """The first metrics line and the summary of a one-round run of ``preset``."""
+    import json
+
+    from fedge.core.config import load_config
+    from fedge.experiment.run import run_experiment
+
+    out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+    run_experiment(load_config(preset, overrides=[*TINY, *overrides]), out=out, render=False)
+    line = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    return {**json.loads((out / "summary.json").read_text()), **line, "run_dir": str(out)}
+
+
+def _check_fedpt_rows(tmp_path: Path, rows: list[list[str]], preset: str, overrides: dict[str, list[str]]) -> None:
+    """Trainable %, bytes down/up per client per round and the communication reduction."""
+    full = None
+    for row in rows:
+        label = row[0]
+        got = _one_round(tmp_path, preset, overrides[label])
+        n = got["clients"]
+        trainable, down, up, reduction = (row[i] for i in overrides["_columns"])
+        assert trainable == f"{100 * got['trainable_fraction']:.2f}", f"{label}: trainable % {trainable}"
+        assert down == f"{got['bytes_down'] / n:,.0f}", f"{label}: bytes down {down}"
+        assert up == f"{got['bytes_up'] / n:,.0f}", f"{label}: bytes up {up}"
+        total = (got["bytes_down"] + got["bytes_up"]) / n
+        full = full or total
+        assert reduction == f"{full / total:.1f}×", f"{label}: reduction {reduction}"
+
+
+def test_fedpt_table1_bytes(tmp_path: Path) -> None:
+    rows = _rows(_section("fedpt-table1"), "| model | trainable % |")
+    overrides = {"fully trainable": ["method.freeze=[]"], "dense layer frozen": ["method.freeze=[classifier.fc1]"],
+                 "_columns": [1, 2, 3, 4]}  # fmt: skip
+    assert [r[0] for r in rows] == ["fully trainable", "dense layer frozen"]
+    _check_fedpt_rows(tmp_path, rows, "fedpt-fmnist-cnn", overrides)
+
+
+def test_fedpt_table2_bytes(tmp_path: Path) -> None:
+    rows = _rows(_section("fedpt-table2"), "| frozen (method.freeze) |")
+    assert [r[0] for r in rows] == ["[]", "largest:1", "largest:3", "largest:6", "largest:9"]
+    overrides = {r[0]: ["model.name=resnet20", f"method.freeze={r[0]}"] for r in rows}
+    _check_fedpt_rows(tmp_path, rows, "fedpt-fmnist-cnn", {**overrides, "_columns": [2, 3, 4, 5]})
+
+
+def test_fedpt_table5_epsilon_row() -> None:
+    """The reduced runs' ε equals the accountant for the same tree events (and the paper's row
+    beside it is the printed one)."""
+    from fedge.privacy.dp.accounting import epsilon
+    from fedge.privacy.dp.config import PrivacyConfig
+
+    section = _section("fedpt-table5")
+    head = next(line for line in section.splitlines() if line.startswith("| | z = "))
+    zs = [0.0 if "clip only" in c else float(c.split("=")[1]) for c in (c.strip() for c in head.strip().strip("|").split("|")[1:])]
+    population = int(re.search(r"over ([\d,]+) IID clients", section).group(1).replace(",", ""))
+    per_round = int(re.search(r"(\d+) clients per round", section).group(1))
+    rounds = int(re.search(r"(\d+) rounds =", section).group(1))
+    clip = float(re.search(r"clip ([\d.]+) on each", section).group(1))
+    rows = {r[0]: r[1:] for r in _rows(section, "| | z = ")}
+    paper = {1.13: "18.71", 2.33: "7.83", 4.03: "4.19", 6.21: "2.60", 8.83: "1.77"}
+    for z, ours, theirs in zip(zs, rows["ε, this reduced run (summary.json)"], rows["ε, FedPT Table 5 (their setting)"], strict=True):
+        cfg = PrivacyConfig(mechanism="tree", sampling="shuffle", noise_multiplier=z, clip=clip, delta=1e-6, momentum=0.9)
+        eps = epsilon(cfg, rounds=rounds, population=population, clients_per_round=per_round)
+        assert ours == ("∞" if math.isinf(eps) else f"{eps:.2f}"), f"z={z}: docs ε {ours}, accountant {eps}"
+        assert theirs == paper.get(z, "–")  # no column of the paper for z = 0
+
+
+def test_fedpt_composition_bytes(tmp_path: Path) -> None:
+    """Trainable parameters and the bytes per client per round of each composition row (one
+    round, one local step; 50 samples per client as in the benchmark, so the sample count takes
+    the same MessagePack width)."""
+    import sys
+
+    sys.path.insert(0, str(DOCS.parents[1] / "benchmarks"))
+    try:
+        import fedpt_composition as bench
+    finally:
+        sys.path.pop(0)
+    rows = {r[0]: r for r in _rows(_section("fedpt-composition"), "| row | method.name |")}
+    assert list(rows) == list(bench.ROWS)
+    tiny = ["rounds=1", "eval_every=1", "dataset.limit_train=100", "dataset.limit_test=10", "clients.num=2",
+            "clients.per_round=2", "method.max_steps=1", "measure.memory=false"]  # fmt: skip
+    for label, overrides in bench.ROWS.items():
+        got = _one_round(tmp_path, bench.PRESET, [*bench.COMMON, *overrides, *tiny])
+        n = got["clients"]
+        row = rows[label]
+        trainable, kept = bench._trainable(got)  # frozen tensors left out; kept: nonzero after pruning
+        want = f"{trainable:,}" + (f" ({kept:,} kept)" if kept != trainable else "")
+        assert row[2] == want, f"{label}: trainable {row[2]}, code {want}"
+        assert row[6] == f"{got['bytes_up'] / n:,.0f}", f"{label}: uplink {row[6]}"
+        assert row[7] == f"{got['bytes_down'] / n:,.0f}", f"{label}: downlink {row[7]}"

@@ -103,3 +103,25 @@ def test_zeroth_order_route_for_ntk_rand_scores_what_autograd_scores(tiny):
     assert both > 1.4 * chance  # measured 153 against a chance 95 (sd ~8); K = 100 gives 97
     with pytest.raises(ValueError, match="prune_route=zeroth_order"):
         NtkBaffleConfig(prune_route="zeroth_order", prune_score="magnitude")
+
+@pytest.mark.parametrize("mode", ["batch", "epoch"])
+def test_freeze_composes_with_ntk_baffle(tiny, mode):
+    """method.freeze on a pruned model: the frozen tensor keeps its (pruned) initial value and is
+    not uploaded; the kept coordinates of the other tensors train, the pruned ones stay zero.
+    (Epoch mode used to fail: the client masked the delta of a frozen tensor it never sends.)"""
+    from fedge.models.blocks import resolve_freeze
+
+    built = build_run(_cfg(tiny, mode=mode, ema=None, secure_aggregation=False, freeze=["features.fc1"]))
+    frozen = resolve_freeze(built.model_fn(), ["features.fc1"])
+    sim = built.simulation()
+    strategy = sim.strategy.inner
+    before = {k: v.clone() for k, v in strategy.model.state_dict().items()}
+    for r in (1, 2):
+        sim.run_round(r)
+    after = strategy.model.state_dict()
+    assert frozen and all(torch.equal(after[n], before[n]) for n in frozen)
+    trained = [n for n in after if n not in frozen and after[n].is_floating_point() and not torch.equal(after[n], before[n])]
+    assert trained
+    for name, mask in strategy.server.masks.items():
+        assert torch.all(after[name][~mask] == 0)
+    sim.close()

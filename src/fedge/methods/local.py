@@ -129,6 +129,7 @@ class LocalTraining:
         state = model.state_dict()
         arrays = {k: state[k].detach() - start[k] for k in start}
         for k, m in (self.masks or {}).items():  # a sparse model's delta: kept coordinates only
-            arrays[k] = arrays[k][m]
+            if k in arrays:  # a frozen tensor (method.freeze) is pruned but neither trained nor sent
+                arrays[k] = arrays[k][m]
         metrics = {"train_loss": sum(losses) / len(losses)} if losses else {}
         return Message(arrays, config={"num_samples": ctx.data.num_samples}, metrics=metrics)
