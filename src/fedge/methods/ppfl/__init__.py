@@ -42,6 +42,12 @@ check run at build time. If some stage fits no client the run stops before train
 (checked over every stage on the first sampling). The enclave enforces its budget on the
 tensors it really holds (:class:`fedge.privacy.tee.EnclaveMemory`); its peak is logged.
 
+**Costs** (per round, summed over its clients): ``client_open_s`` (the client enclave
+opening the sealed broadcast and building the stage model), ``client_train_s`` (the REE's
+frozen forward and the enclave's training steps), ``client_upload_s`` (packing and sealing
+the upload; ``seal_s`` is its AES-GCM part); the server enclave's broadcast and aggregation
+are its ``wall_s.server_tee`` (per call: ``benchmarks/ppfl_tables.py`` times them for Table 4).
+
 **Evaluation.** The untrusted server never sees the stage's plaintext layer, so the per-round
 test accuracy is computed by an ECALL into the server enclave: the evaluation model is the
 REE's frozen layers followed by a handle holding only the sealed stage model; each call
@@ -276,6 +282,9 @@ class PpflStrategy(Strategy):
             seal_s=sum(m["seal_s"] for m in r),
             client_ree_s=sum(m["ree_s"] for m in r),
             client_tee_s=sum(m["tee_s"] for m in r),
+            client_open_s=sum(m["open_s"] for m in r),
+            client_train_s=sum(m["train_s"] for m in r),
+            client_upload_s=sum(m["upload_s"] for m in r),
             train_loss=sum(m["loss"] * m["samples"] for m in r) / max(1, sum(m["samples"] for m in r)),
         )
         if rnd == self.rounds:  # the run ends: the REE gets this stage's layers
@@ -359,7 +368,7 @@ class PpflClient:
         frozen = frozen_net(model, self.spec.stages, stage)
         t_start = time.perf_counter()
         tee.call(Message(config={"op": "begin", **{k: c[k] for k in ("blob", "rnd", "stage", "budget", "lr", "momentum")}}))
-        tee_s = time.perf_counter() - t_start
+        tee_s = open_s = time.perf_counter() - t_start
         for _ in range(_cv(c, "epochs", int)):
             for x, y in ctx.data.batches(_cv(c, "batch_size", int), generator=ctx.generator):
                 with torch.no_grad():
@@ -369,9 +378,13 @@ class PpflClient:
                 tee_s += time.perf_counter() - t1
         t1 = time.perf_counter()
         out = tee.call(Message(config={"op": "end"}))
-        tee_s += time.perf_counter() - t1
+        upload_s = time.perf_counter() - t1
+        tee_s += upload_s
         ree_s = time.perf_counter() - t_start - tee_s  # frozen layers' forward and batching
-        return Message(config={"upload": out.config["upload"]}, metrics={**out.metrics, "tee_s": tee_s, "ree_s": max(0.0, ree_s)})
+        train_s = t1 - t_start - open_s
+        return Message(config={"upload": out.config["upload"]},
+                       metrics={**out.metrics, "tee_s": tee_s, "ree_s": max(0.0, ree_s), "open_s": open_s,
+                                "train_s": train_s, "upload_s": upload_s})  # fmt: skip
 
 
 def _stage_arrays(st: Stage, arrays: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
