@@ -78,6 +78,16 @@ def test_client_with_small_enclave_excluded_from_a_stage_only():
     assert small and all(sim.strategy.client_has.get(c, 0) == 2 for c in small)  # first trained in stage 2
 
 
+def test_enclave_sizes_are_recorded_by_client_id_in_any_offer_order():
+    s = _built(**{"method.min_batch_size": 1}).method.strategy
+    sizes = {3: 16.0, 0: 2.0, 2: 8.0, 1: 4.0}  # offered out of client order
+    for cid, mb in sizes.items():
+        s.eligible_client(cid, {"enclave_mb": mb})
+    assert s.budgets == {c: int(mb * MiB) for c, mb in sizes.items()}
+    assert s._checked  # every client's enclave known: the no-fit check ran (and passed)
+    assert s.eligible({"enclave_mb": 16.0}) and not s.eligible({"enclave_mb": 0.01})
+
+
 def test_batch_shrinks_to_fit():
     needs = _needs(_built())
     s = _built(**{"method.min_batch_size": 2}).method.strategy

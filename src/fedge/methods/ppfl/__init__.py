@@ -32,14 +32,12 @@ counts the stage's layer and head, their gradients and momentum, and per sample 
 batch and every leaf's activation and its gradient. A client's enclave size is its
 ``clients.profiles`` ``enclave_mb`` (or ``method.tee.client_mb``); it is eligible for stage l
 if S_l(min_batch_size) fits, and trains with the largest batch ≤ ``batch_size`` that fits. The
-engine asks ``Strategy.eligible(profile)`` before every round's sampling, so the answer
-follows the current stage (a stage's end is decided in ``round_metrics``, so the next
-round's sampling already uses the next stage's need). ``eligible`` carries no client id: the
-strategy relies on the engine offering the profiles in client order, once per round, to learn
-each client's enclave size (for its batch size); an engine hook ``eligible(cid, profile)``, or
-the profiles handed to the method at build, would remove that assumption and let the no-fit
-check run at build time. If some stage fits no client the run stops before training
-(checked over every stage on the first sampling). The enclave enforces its budget on the
+engine asks ``Strategy.eligible_client(cid, profile)`` before every round's sampling, so the
+answer follows the current stage (a stage's end is decided in ``round_metrics``, so the next
+round's sampling already uses the next stage's need), and the strategy records each client's
+enclave size by its id (for its batch size). If some stage fits no client the run stops
+before training (checked over every stage once every client's enclave is known, on the first
+sampling). The enclave enforces its budget on the
 tensors it really holds (:class:`fedge.privacy.tee.EnclaveMemory`); its peak is logged.
 
 **Costs** (per round, summed over its clients): ``client_open_s`` (the client enclave
@@ -174,7 +172,7 @@ class PpflStrategy(Strategy):
         self.refused: set[int] = set()
         self.eval_blob: bytes | None = None
         self.budgets: dict[int, int] = {}
-        self._sweep = 0
+        self._checked = False  # the no-fit check over every stage has run
         self.history: list[dict[str, Any]] = []
 
     # -- selection ---------------------------------------------------------------
@@ -188,15 +186,20 @@ class PpflStrategy(Strategy):
                 return b
         return None
 
-    def eligible(self, profile: Mapping[str, Any]) -> bool:
+    def eligible_client(self, cid: int, profile: Mapping[str, Any]) -> bool:
         mb = profile.get("enclave_mb")
         budget = int((self.cfg.tee.client_mb if mb is None else mb) * MiB)
-        cid = self._sweep % self.num_clients  # the engine offers the profiles in client order
-        self._sweep += 1
         self.budgets[cid] = budget
-        if self._sweep == self.num_clients:
+        if not self._checked and len(self.budgets) == self.num_clients:  # every client's enclave known
+            self._checked = True
             self.check_fits(list(self.budgets.values()))
         return self.batch_for(budget, self.stage) is not None
+
+    def eligible(self, profile: Mapping[str, Any]) -> bool:
+        """Without a client id: whether a client with this profile fits the current stage
+        (the engine asks :meth:`eligible_client`, which also records the client's enclave)."""
+        mb = profile.get("enclave_mb")
+        return self.batch_for(int((self.cfg.tee.client_mb if mb is None else mb) * MiB), self.stage) is not None
 
     def check_fits(self, budgets: list[int]) -> None:
         """ConfigError (before training) if some stage fits no client's enclave."""
@@ -216,7 +219,8 @@ class PpflStrategy(Strategy):
     # -- the round ---------------------------------------------------------------
     def round(self, rnd: int, client_ids: list[int]) -> Round:
         metrics: dict[str, float] = {}
-        if self._sweep == 0 and rnd == 1:  # no clients.profiles: every enclave is method.tee.client_mb
+        if not self._checked:  # no clients.profiles: every enclave is method.tee.client_mb
+            self._checked = True
             self.check_fits([int(self.cfg.tee.client_mb * MiB)])
         if self.advance:  # the stage ended last round (the stage number already moved on, for sampling)
             yield from self._release(self.stage - 1)
