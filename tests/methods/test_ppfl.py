@@ -50,6 +50,11 @@ def test_all_stages_run_and_log_stage_memory_and_eligibility():
         # S_l at the full batch is exactly what the enclave held at its peak (first batch is full)
         assert ln["tee_peak_bytes"] == ln["tee_need_bytes"] <= ln["tee_budget_min_bytes"] == 16 * MiB
         assert ln["bytes.client->tee"] > 0 and ln["bytes.server->server_tee"] > 0 and ln["seal_s"] > 0
+        # Table 4's client phases: opening the broadcast, training, sealing the upload; each
+        # measured, disjoint, within the engine's wall time of the client programs (REE) and their enclaves
+        phases = [ln["client_open_s"], ln["client_train_s"], ln["client_upload_s"]]
+        assert all(p > 0 for p in phases) and sum(phases) <= ln["client_wall_s"] + ln["wall_s.tee"]
+        assert ln["client_upload_s"] >= ln["seal_s"]  # the upload call seals (and packs) the stage model
     # the REE got every layer when its stage ended; at the end the classifier too
     assert set(sim.strategy.released) == set(built.model_fn().state_dict())
 
@@ -71,6 +76,16 @@ def test_client_with_small_enclave_excluded_from_a_stage_only():
     assert lines[2]["eligible_clients"] == 4 and lines[2]["trained_clients"] == 4
     assert lines[0]["tee_peak_bytes"] <= 16 * MiB
     assert small and all(sim.strategy.client_has.get(c, 0) == 2 for c in small)  # first trained in stage 2
+
+
+def test_enclave_sizes_are_recorded_by_client_id_in_any_offer_order():
+    s = _built(**{"method.min_batch_size": 1}).method.strategy
+    sizes = {3: 16.0, 0: 2.0, 2: 8.0, 1: 4.0}  # offered out of client order
+    for cid, mb in sizes.items():
+        s.eligible_client(cid, {"enclave_mb": mb})
+    assert s.budgets == {c: int(mb * MiB) for c, mb in sizes.items()}
+    assert s._checked  # every client's enclave known: the no-fit check ran (and passed)
+    assert s.eligible({"enclave_mb": 16.0}) and not s.eligible({"enclave_mb": 0.01})
 
 
 def test_batch_shrinks_to_fit():

@@ -309,6 +309,25 @@ def test_profiles_restrict_sampling_to_eligible_clients():
         assert set(sim.sample(rnd)) <= {1, 2, 4}
 
 
+def test_eligible_client_gets_each_clients_id_with_its_profile():
+    class ById(EchoStrategy):
+        def __init__(self):
+            super().__init__()
+            self.asked = []
+
+        def eligible_client(self, cid, profile):
+            self.asked.append((cid, profile["memory_mb"]))
+            return cid % 2 == 0
+
+    profiles = [{"memory_mb": m} for m in (50, 200, 150, 10, 300, 20)]
+    strategy = ById()
+    sim = Simulation(strategy=strategy, program=DrawClient(), clients=_clients(6), test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)),
+                     num_classes=2, config=EngineConfig(seed=0, rounds=3, per_round=2), profiles=profiles)
+    for rnd in (1, 2):
+        assert set(sim.sample(rnd)) <= {0, 2, 4}
+    assert strategy.asked == [(c, p["memory_mb"]) for c, p in enumerate(profiles)] * 2
+
+
 def test_profiles_from_the_config_cover_the_population_in_their_shares(tiny):
     from fedge.core.config import load_config
 

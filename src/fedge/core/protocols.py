@@ -107,6 +107,11 @@ class Strategy:
         memory, enclave size, bandwidth, ...) may be sampled. Default: every client."""
         return True
 
+    def eligible_client(self, cid: int, profile: Mapping[str, Any]) -> bool:
+        """:meth:`eligible` for client ``cid`` (what the engine asks); override it when the
+        answer or the strategy's bookkeeping needs the id. Default: ``eligible(profile)``."""
+        return self.eligible(profile)
+
     def select_clients(self, rnd: int, num_clients: int, per_round: int) -> list[int] | None:
         """The clients of round ``rnd`` when the method needs its own draw (e.g. DP's Poisson
         sampling); None: the engine's uniform fixed-size draw among the eligible."""
@@ -160,6 +165,9 @@ class StrategyWrapper(Strategy):
 
     def eligible(self, profile: Mapping[str, Any]) -> bool:
         return self.inner.eligible(profile)
+
+    def eligible_client(self, cid: int, profile: Mapping[str, Any]) -> bool:
+        return self.inner.eligible_client(cid, profile)
 
     def round_metrics(self, line: Mapping[str, Any]) -> dict[str, Any]:
         return self.inner.round_metrics(line)

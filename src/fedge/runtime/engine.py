@@ -215,7 +215,7 @@ class Simulation:
         config: :class:`EngineConfig`.
         parties: side parties by name (:class:`~fedge.core.protocols.PartySpec`).
         profiles: one device profile per client (``clients.profiles``), offered to
-            ``strategy.eligible`` before sampling; None: every client is eligible.
+            ``strategy.eligible_client(cid, profile)`` before sampling; None: every client is eligible.
         on_round: called after each completed round with (metrics dict, engine); the run
             writer uses it to append metrics and checkpoint.
         on_progress: called as clients finish within a round with (round, exchange,
@@ -347,7 +347,7 @@ class Simulation:
             return sorted(own)
         eligible = None
         if self.profiles is not None:
-            eligible = [c for c, p in enumerate(self.profiles) if self.strategy.eligible(p)]
+            eligible = [c for c, p in enumerate(self.profiles) if self.strategy.eligible_client(c, p)]
             if not eligible:
                 raise ConfigError(f"round {rnd}: no client's device profile is eligible for this method; "
                                   "check clients.profiles against the method's requirements")  # fmt: skip

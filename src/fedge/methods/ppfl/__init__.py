@@ -32,15 +32,19 @@ counts the stage's layer and head, their gradients and momentum, and per sample 
 batch and every leaf's activation and its gradient. A client's enclave size is its
 ``clients.profiles`` ``enclave_mb`` (or ``method.tee.client_mb``); it is eligible for stage l
 if S_l(min_batch_size) fits, and trains with the largest batch ≤ ``batch_size`` that fits. The
-engine asks ``Strategy.eligible(profile)`` before every round's sampling, so the answer
-follows the current stage (a stage's end is decided in ``round_metrics``, so the next
-round's sampling already uses the next stage's need). ``eligible`` carries no client id: the
-strategy relies on the engine offering the profiles in client order, once per round, to learn
-each client's enclave size (for its batch size); an engine hook ``eligible(cid, profile)``, or
-the profiles handed to the method at build, would remove that assumption and let the no-fit
-check run at build time. If some stage fits no client the run stops before training
-(checked over every stage on the first sampling). The enclave enforces its budget on the
+engine asks ``Strategy.eligible_client(cid, profile)`` before every round's sampling, so the
+answer follows the current stage (a stage's end is decided in ``round_metrics``, so the next
+round's sampling already uses the next stage's need), and the strategy records each client's
+enclave size by its id (for its batch size). If some stage fits no client the run stops
+before training (checked over every stage once every client's enclave is known, on the first
+sampling). The enclave enforces its budget on the
 tensors it really holds (:class:`fedge.privacy.tee.EnclaveMemory`); its peak is logged.
+
+**Costs** (per round, summed over its clients): ``client_open_s`` (the client enclave
+opening the sealed broadcast and building the stage model), ``client_train_s`` (the REE's
+frozen forward and the enclave's training steps), ``client_upload_s`` (packing and sealing
+the upload; ``seal_s`` is its AES-GCM part); the server enclave's broadcast and aggregation
+are its ``wall_s.server_tee`` (per call: ``benchmarks/ppfl_tables.py`` times them for Table 4).
 
 **Evaluation.** The untrusted server never sees the stage's plaintext layer, so the per-round
 test accuracy is computed by an ECALL into the server enclave: the evaluation model is the
@@ -168,7 +172,7 @@ class PpflStrategy(Strategy):
         self.refused: set[int] = set()
         self.eval_blob: bytes | None = None
         self.budgets: dict[int, int] = {}
-        self._sweep = 0
+        self._checked = False  # the no-fit check over every stage has run
         self.history: list[dict[str, Any]] = []
 
     # -- selection ---------------------------------------------------------------
@@ -182,15 +186,20 @@ class PpflStrategy(Strategy):
                 return b
         return None
 
-    def eligible(self, profile: Mapping[str, Any]) -> bool:
+    def eligible_client(self, cid: int, profile: Mapping[str, Any]) -> bool:
         mb = profile.get("enclave_mb")
         budget = int((self.cfg.tee.client_mb if mb is None else mb) * MiB)
-        cid = self._sweep % self.num_clients  # the engine offers the profiles in client order
-        self._sweep += 1
         self.budgets[cid] = budget
-        if self._sweep == self.num_clients:
+        if not self._checked and len(self.budgets) == self.num_clients:  # every client's enclave known
+            self._checked = True
             self.check_fits(list(self.budgets.values()))
         return self.batch_for(budget, self.stage) is not None
+
+    def eligible(self, profile: Mapping[str, Any]) -> bool:
+        """Without a client id: whether a client with this profile fits the current stage
+        (the engine asks :meth:`eligible_client`, which also records the client's enclave)."""
+        mb = profile.get("enclave_mb")
+        return self.batch_for(int((self.cfg.tee.client_mb if mb is None else mb) * MiB), self.stage) is not None
 
     def check_fits(self, budgets: list[int]) -> None:
         """ConfigError (before training) if some stage fits no client's enclave."""
@@ -210,7 +219,8 @@ class PpflStrategy(Strategy):
     # -- the round ---------------------------------------------------------------
     def round(self, rnd: int, client_ids: list[int]) -> Round:
         metrics: dict[str, float] = {}
-        if self._sweep == 0 and rnd == 1:  # no clients.profiles: every enclave is method.tee.client_mb
+        if not self._checked:  # no clients.profiles: every enclave is method.tee.client_mb
+            self._checked = True
             self.check_fits([int(self.cfg.tee.client_mb * MiB)])
         if self.advance:  # the stage ended last round (the stage number already moved on, for sampling)
             yield from self._release(self.stage - 1)
@@ -276,6 +286,9 @@ class PpflStrategy(Strategy):
             seal_s=sum(m["seal_s"] for m in r),
             client_ree_s=sum(m["ree_s"] for m in r),
             client_tee_s=sum(m["tee_s"] for m in r),
+            client_open_s=sum(m["open_s"] for m in r),
+            client_train_s=sum(m["train_s"] for m in r),
+            client_upload_s=sum(m["upload_s"] for m in r),
             train_loss=sum(m["loss"] * m["samples"] for m in r) / max(1, sum(m["samples"] for m in r)),
         )
         if rnd == self.rounds:  # the run ends: the REE gets this stage's layers
@@ -359,7 +372,7 @@ class PpflClient:
         frozen = frozen_net(model, self.spec.stages, stage)
         t_start = time.perf_counter()
         tee.call(Message(config={"op": "begin", **{k: c[k] for k in ("blob", "rnd", "stage", "budget", "lr", "momentum")}}))
-        tee_s = time.perf_counter() - t_start
+        tee_s = open_s = time.perf_counter() - t_start
         for _ in range(_cv(c, "epochs", int)):
             for x, y in ctx.data.batches(_cv(c, "batch_size", int), generator=ctx.generator):
                 with torch.no_grad():
@@ -369,9 +382,13 @@ class PpflClient:
                 tee_s += time.perf_counter() - t1
         t1 = time.perf_counter()
         out = tee.call(Message(config={"op": "end"}))
-        tee_s += time.perf_counter() - t1
+        upload_s = time.perf_counter() - t1
+        tee_s += upload_s
         ree_s = time.perf_counter() - t_start - tee_s  # frozen layers' forward and batching
-        return Message(config={"upload": out.config["upload"]}, metrics={**out.metrics, "tee_s": tee_s, "ree_s": max(0.0, ree_s)})
+        train_s = t1 - t_start - open_s
+        return Message(config={"upload": out.config["upload"]},
+                       metrics={**out.metrics, "tee_s": tee_s, "ree_s": max(0.0, ree_s), "open_s": open_s,
+                                "train_s": train_s, "upload_s": upload_s})  # fmt: skip
 
 
 def _stage_arrays(st: Stage, arrays: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
