@@ -26,12 +26,11 @@ processes (one torch thread each) split the runs; the lr screen is shared throug
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import update_section
-from fedge.bench.variants import run_seeded_variants, run_variants
+from fedge.bench.variants import recorded, run_screened, run_seeded_variants
 
 BASE = "baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "baffle_table1"
@@ -87,34 +86,20 @@ def picks(screen: dict[str, Any]) -> tuple[float, float] | None:
     return chosen[0], chosen[1]
 
 
+PROBE = [*PROTOCOL, "seed=0", "rounds=1", "clients.per_round=1", "measure.flops=true"]  # one client's metered round
+
+
 def run_all(shard: int, shards: int, out: Path, *, k500: bool) -> None:
-    screen = screen_variants()
-    labels = list(screen)
-    for i, label in enumerate(labels):
-        if i % shards == shard:
-            run_variants(BASE, {label: screen[label]}, out_root=out / "screen", common=screen_common(),
-                         records=RECORDS / "screen")  # fmt: skip
-    while (chosen := picks(read_screen())) is None:  # another worker is still screening
-        time.sleep(30)
-    tasks = [(label, seed) for label in main_variants(*chosen, k500=k500) for seed in SEEDS]
-    variants = main_variants(*chosen, k500=k500)
-    for i, (label, seed) in enumerate(tasks):
-        if i % shards == shard:
-            run_variants(BASE, {label: variants[label]}, out_root=out / f"seed-{seed}", common=[*PROTOCOL, f"seed={seed}"],
-                         records=RECORDS / f"seed-{seed}")  # fmt: skip
-            if seed == SEEDS[0]:
-                probe(label, variants[label], out)
+    def main(screen: dict[str, Any]) -> dict[str, list[str]] | None:
+        chosen = picks(screen)
+        return None if chosen is None else main_variants(*chosen, k500=k500)
 
-
-def probe(label: str, overrides: list[str], out: Path) -> dict[str, Any]:
-    """One client's round of the protocol with the FLOP counter on: client FLOPs per round."""
-    common = [*PROTOCOL, "seed=0", "rounds=1", "clients.per_round=1", "measure.flops=true"]
-    return run_variants(BASE, {label: overrides}, out_root=out / "probe", common=common, records=RECORDS / "probe")
+    run_screened(BASE, screen_variants(), main, screen_common=screen_common(), protocol=PROTOCOL, seeds=SEEDS,
+                 records=RECORDS, out=out, shard=shard, shards=shards, probe_common=PROBE)  # fmt: skip
 
 
 def read_screen() -> dict[str, Any]:
-    return run_variants(BASE, screen_variants(), out_root="/nonexistent", common=screen_common(), run=False,
-                        records=RECORDS / "screen")  # fmt: skip
+    return recorded(BASE, screen_variants(), common=screen_common(), records=RECORDS / "screen")
 
 
 def table(command: str, *, k500: bool) -> str:
@@ -135,9 +120,7 @@ def table(command: str, *, k500: bool) -> str:
     variants = main_variants(zo_lr, bp_lr, k500=k500)
     report = run_seeded_variants(BASE, variants, seeds=SEEDS, out_root="/nonexistent", common=PROTOCOL, run=False,
                                  records=RECORDS)  # fmt: skip
-    probes = {r["label"]: r for r in run_variants(BASE, variants, out_root="/nonexistent", run=False, records=RECORDS / "probe",
-                                                 common=[*PROTOCOL, "seed=0", "rounds=1", "clients.per_round=1",
-                                                         "measure.flops=true"])["results"]}  # fmt: skip
+    probes = {r["label"]: r for r in recorded(BASE, variants, common=PROBE, records=RECORDS / "probe")["results"]}
     lines += ["| variant | seeds | final test acc (mean ± std) | test acc at best val | per seed (final) | "
               "up B/client/round | client GFLOP/round (one client) | paper, MNIST % |", "|---|---|---|---|---|---|---|---|"]
     agg = {r["label"]: r for r in report["results"]}

@@ -37,12 +37,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
 from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import update_section
-from fedge.bench.variants import paired_difference, pick_by_validation, run_seeded_variants, run_variants
+from fedge.bench.variants import paired_difference, pick_by_validation, recorded, run_screened, run_seeded_variants
 
 BASE = "baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "baffle_table2"
@@ -121,24 +120,16 @@ def main_variants(plan: Plan, chosen: dict[tuple[str, str], float]) -> dict[str,
 
 
 def read_screen(plan: Plan) -> dict[str, Any]:
-    return run_variants(BASE, screen_variants(plan), out_root="/nonexistent", common=plan.screen_common(), run=False,
-                        records=plan.records / "screen")  # fmt: skip
+    return recorded(BASE, screen_variants(plan), common=plan.screen_common(), records=plan.records / "screen")
 
 
 def run_all(plan: Plan, shard: int, shards: int, out: Path) -> None:
-    screen = screen_variants(plan)
-    for i, label in enumerate(screen):
-        if i % shards == shard:
-            run_variants(BASE, {label: screen[label]}, out_root=out / "screen", common=plan.screen_common(),
-                         records=plan.records / "screen")  # fmt: skip
-    while (chosen := picks(plan, read_screen(plan))) is None:  # another worker is still screening
-        time.sleep(30)
-    variants = main_variants(plan, chosen)
-    tasks = [(label, seed) for label in variants for seed in plan.seeds]
-    for i, (label, seed) in enumerate(tasks):
-        if i % shards == shard:
-            run_variants(BASE, {label: variants[label]}, out_root=out / f"seed-{seed}", common=[*plan.protocol(), f"seed={seed}"],
-                         records=plan.records / f"seed-{seed}")  # fmt: skip
+    def main(screen: dict[str, Any]) -> dict[str, list[str]] | None:
+        chosen = picks(plan, screen)
+        return None if chosen is None else main_variants(plan, chosen)
+
+    run_screened(BASE, screen_variants(plan), main, screen_common=plan.screen_common(), protocol=plan.protocol(),
+                 seeds=plan.seeds, records=plan.records, out=out, shard=shard, shards=shards)  # fmt: skip
 
 
 def table(plan: Plan, command: str) -> str:

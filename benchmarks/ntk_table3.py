@@ -54,12 +54,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import update_section
-from fedge.bench.variants import paired_difference, pick_by_validation, run_seeded_variants, run_variants
+from fedge.bench.variants import paired_difference, pick_by_validation, recorded, run_screened, run_seeded_variants
 
 BASE = "ntk-baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "ntk_table3"
@@ -268,27 +267,17 @@ def main_variants(plan: Plan, chosen: dict[tuple[str, str], float]) -> dict[str,
 
 
 def read_screen(plan: Plan) -> dict[str, Any]:
-    return run_variants(BASE, screen_variants(plan), out_root="/nonexistent", common=plan.screen_common(), run=False,
-                        records=plan.records / "screen")  # fmt: skip
+    return recorded(BASE, screen_variants(plan), common=plan.screen_common(), records=plan.records / "screen")
 
 
 def run_all(plan: Plan, shard: int, shards: int, out: Path) -> None:
-    screen = screen_variants(plan)
-    for i, label in enumerate(screen):
-        if i % shards == shard:
-            run_variants(BASE, {label: screen[label]}, out_root=out / "screen", common=plan.screen_common(),
-                         records=plan.records / "screen")  # fmt: skip
-    while (chosen := picks(plan, read_screen(plan))) is None:  # another worker is still screening
-        time.sleep(30)
-    variants = main_variants(plan, chosen)
-    tasks = [(label, seed) for label in variants for seed in plan.seeds]
-    for i, (label, seed) in enumerate(tasks):
-        if i % shards == shard:
-            run_variants(BASE, {label: variants[label]}, out_root=out / f"seed-{seed}", common=[*plan.protocol(), f"seed={seed}"],
-                         records=plan.records / f"seed-{seed}")  # fmt: skip
-            if seed == plan.seeds[0]:
-                run_variants(BASE, {label: variants[label]}, out_root=out / "probe", common=plan.probe_common(),
-                             records=plan.records / "probe")  # fmt: skip
+    def main(screen: dict[str, Any]) -> dict[str, list[str]] | None:
+        chosen = picks(plan, screen)
+        return None if chosen is None else main_variants(plan, chosen)
+
+    run_screened(BASE, screen_variants(plan), main, screen_common=plan.screen_common(), protocol=plan.protocol(),
+                 seeds=plan.seeds, records=plan.records, out=out, shard=shard, shards=shards,
+                 probe_common=plan.probe_common())  # fmt: skip
     if shard == 0 and plan.quality and not (plan.records / "estimate_quality.json").exists():
         plan.records.mkdir(parents=True, exist_ok=True)  # deterministic, a few CPU-minutes: recorded with the runs
         (plan.records / "estimate_quality.json").write_text(json.dumps(estimate_quality(), indent=1) + "\n")
@@ -314,8 +303,7 @@ def table(plan: Plan, command: str) -> str:
     variants = main_variants(plan, chosen)
     report = run_seeded_variants(BASE, variants, seeds=plan.seeds, out_root="/nonexistent", common=plan.protocol(), run=False,
                                  records=plan.records)  # fmt: skip
-    probes = {r["label"]: r for r in run_variants(BASE, variants, out_root="/nonexistent", common=plan.probe_common(), run=False,
-                                                 records=plan.records / "probe")["results"]}  # fmt: skip
+    probes = {r["label"]: r for r in recorded(BASE, variants, common=plan.probe_common(), records=plan.records / "probe")["results"]}
     agg = {r["label"]: r for r in report["results"]}
     lines += ["| row | seeds | final test acc (mean ± std) | test acc at best val | per seed (final) | up B/client/round "
               "(mean of all rounds) | down B/client/round | pruning phases B/client (up / down) | client GFLOP/client/round, "

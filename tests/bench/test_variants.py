@@ -155,3 +155,50 @@ def test_a_record_from_before_a_neutral_key_existed_still_matches(tmp_path):
     with pytest.raises(ConfigError, match="different config"):
         run_variants("quickstart", {"a": ["method.client_optimizer.lr_decay=0.9"]}, out_root=tmp_path / "none", common=COMMON,
                      records=tmp_path / "rec")  # fmt: skip
+
+
+def test_run_screened_picks_on_validation_and_shards_split_the_runs(tmp_path):
+    import threading
+
+    from fedge.bench.variants import pick_by_validation, recorded, run_screened
+
+    lrs = (0.01, 0.3)
+    screen = {f"lr={lr}": [f"method.client_optimizer.lr={lr}"] for lr in lrs}
+    common = [*COMMON, "dataset.validation=20"]
+    picked: list[float] = []
+
+    def main(rep):
+        lr = pick_by_validation(rep["results"], {lr: f"lr={lr}" for lr in lrs})
+        if lr is not None:
+            picked.append(lr)
+        return None if lr is None else {"a": [f"method.client_optimizer.lr={lr}"], "b": [f"method.client_optimizer.lr={lr}",
+                                                                                        "method.local_epochs=1"]}
+
+    def worker(shard, shards, records):
+        run_screened("quickstart", screen, main, screen_common=[*common, "rounds=1"], protocol=common, seeds=(0, 1),
+                     records=records, out=tmp_path / f"runs-{shard}-{shards}", shard=shard, shards=shards,
+                     probe_common=[*common, "rounds=1"], poll_s=0.2)
+
+    worker(0, 1, tmp_path / "one")
+    vals = recorded("quickstart", screen, common=[*common, "rounds=1"], records=tmp_path / "one" / "screen")["results"]
+    best = max(vals, key=lambda r: (r["final_val_accuracy"], -float(r["label"][3:])))
+    assert picked[-1] == float(best["label"][3:])  # the validation accuracy decides, never the test accuracy
+    files = sorted(p.relative_to(tmp_path / "one").as_posix() for p in (tmp_path / "one").rglob("*.json"))
+    assert files == ["probe/a.json", "probe/b.json", "screen/lr=0.01.json", "screen/lr=0.3.json",
+                     "seed-0/a.json", "seed-0/b.json", "seed-1/a.json", "seed-1/b.json"]
+    threads = [threading.Thread(target=worker, args=(i, 2, tmp_path / "two")) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    two = sorted(p.relative_to(tmp_path / "two").as_posix() for p in (tmp_path / "two").rglob("*.json"))
+    assert two == files  # two workers wrote every record once between them
+    # each run came from exactly one worker: no worker left a run directory for a record the other wrote
+    made = [sorted(p.parent.relative_to(tmp_path / f"runs-{i}-2").as_posix() for p in (tmp_path / f"runs-{i}-2").rglob("summary.json"))
+            for i in range(2)]  # fmt: skip
+    assert not set(made[0]) & set(made[1]) and len(made[0]) + len(made[1]) == len(files)
+    for rel in files:
+        one, other = (json.loads((tmp_path / d / rel).read_text())["result"] for d in ("one", "two"))
+        assert one["final_test_accuracy"] == other["final_test_accuracy"]  # same runs, same numbers
+    with pytest.raises(ConfigError, match="shard 2 of 2"):
+        worker(2, 2, tmp_path / "bad")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,17 @@ from fedge.core.errors import ConfigError
 from fedge.experiment.run import resolved_config, resume_experiment, run_experiment
 from fedge.experiment.rundir import RunDir
 
-__all__ = ["paired_difference", "per_client_costs", "pick_by_validation", "run_seeded_variants", "run_variants", "seeded_markdown", "variants_markdown"]
+__all__ = [
+    "paired_difference",
+    "per_client_costs",
+    "pick_by_validation",
+    "recorded",
+    "run_screened",
+    "run_seeded_variants",
+    "run_variants",
+    "seeded_markdown",
+    "variants_markdown",
+]
 
 
 def run_variants(
@@ -343,3 +354,54 @@ def paired_difference(a: dict[str, Any], b: dict[str, Any], key: str = "final_te
         return None
     diffs = [av[s] - bv[s] for s in common]
     return {"seeds": common, "diffs": diffs, "mean": statistics.mean(diffs), "std": statistics.stdev(diffs)}
+
+
+def recorded(base: str, variants: dict[str, list[str]], *, common: list[str], records: str | Path) -> dict[str, Any]:
+    """:func:`run_variants` reading only ``records`` (nothing runs; the rest are ``"missing"``)."""
+    return run_variants(base, variants, out_root=Path(records) / ".unused", common=common, run=False, records=records)
+
+
+def run_screened(
+    base: str,
+    screen: dict[str, list[str]],
+    main: Callable[[dict[str, Any]], dict[str, list[str]] | None],
+    *,
+    screen_common: list[str],
+    protocol: list[str],
+    seeds: Sequence[int],
+    records: str | Path,
+    out: str | Path,
+    shard: int = 0,
+    shards: int = 1,
+    probe_common: list[str] | None = None,
+    poll_s: float = 30.0,
+) -> dict[str, list[str]]:
+    """Run a paper table the way a reviewer accepts it, resumably and in parallel workers.
+
+    1. The ``screen`` runs (``screen_common``; e.g. learning rates on a validation split).
+    2. ``main(screen report)`` turns the recorded screen into the table's variants (None while a
+       screen run is missing: a worker waits, polling every ``poll_s`` s, for the others).
+    3. Every variant × seed with ``protocol + [seed=S]``; with ``probe_common``, each variant
+       once more under it (e.g. one metered round) after its first seed.
+
+    Worker ``shard`` of ``shards`` takes every ``shards``-th run of each list (start ``shards``
+    processes with one torch thread each). Finished runs are recorded under ``records``
+    (``screen/``, ``seed-S/``, ``probe/``) and read back instead of rerun, on any machine.
+    Returns the main variants."""
+    if not 0 <= shard < shards:
+        raise ConfigError(f"shard {shard} of {shards}: expected 0 <= shard < shards, e.g. --shard 0/2")
+    root, out = Path(records), Path(out)
+    for i, label in enumerate(screen):
+        if i % shards == shard:
+            run_variants(base, {label: screen[label]}, out_root=out / "screen", common=screen_common, records=root / "screen")
+    while (variants := main(recorded(base, screen, common=screen_common, records=root / "screen"))) is None:
+        time.sleep(poll_s)  # another worker is still screening
+    tasks = [(label, seed) for label in variants for seed in seeds]
+    for i, (label, seed) in enumerate(tasks):
+        if i % shards != shard:
+            continue
+        run_variants(base, {label: variants[label]}, out_root=out / f"seed-{seed}", common=[*protocol, f"seed={seed}"],
+                     records=root / f"seed-{seed}")  # fmt: skip
+        if probe_common is not None and seed == seeds[0]:
+            run_variants(base, {label: variants[label]}, out_root=out / "probe", common=probe_common, records=root / "probe")
+    return variants
