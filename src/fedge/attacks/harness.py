@@ -46,7 +46,7 @@ from fedge.core.rng import generator
 from fedge.experiment.build import BuiltRun, build_run
 from fedge.methods.base import unpack_model_arrays
 
-__all__ = ["ATTACKABLE", "LEAKAGE_ROWS", "ObservedRun", "attack_config", "leakage_table", "membership_attacks", "observe_run", "one_batch_clients", "pia_attack", "pixel_mse", "reconstruction_attack", "shadow_models"]
+__all__ = ["ATTACKABLE", "LEAKAGE_ROWS", "ObservedRun", "attack_config", "leakage_table", "membership_attacks", "membership_by_round", "observe_run", "one_batch_clients", "pia_attack", "pixel_mse", "reconstruction_attack", "round_models", "shadow_models"]
 
 ATTACKABLE = ("fedsgd", "fedavg", "fedpt", "baffle", "ntk-baffle", "ppfl")
 SEALED = ("ppfl",)  # methods whose upload is an enclave-sealed ciphertext
@@ -295,13 +295,37 @@ def pia_attack(run: ObservedRun, *, prop: int = 0, aux_updates: int = 64, seed: 
 
 
 def _run_rounds(built: BuiltRun, rounds: int) -> torch.nn.Module:
+    return _round_models(built, [rounds])[rounds]
+
+
+def _round_models(built: BuiltRun, keep: list[int]) -> dict[int, torch.nn.Module]:
+    """Run rounds 1..max(``keep``) and keep a copy of the global model after each round in
+    ``keep``: the model the server broadcasts at the start of the next round (and, after the
+    last round, the released one)."""
+    import copy  # noqa: PLC0415
+
+    want = set(keep)
+    out: dict[int, torch.nn.Module] = {}
     sim = built.simulation()
     try:
-        for t in range(1, rounds + 1):
+        for t in range(1, max(want) + 1):
             sim.run_round(t)
+            if t in want:
+                out[t] = copy.deepcopy(built.method.strategy.eval_model())
     finally:
         sim.close()
-    return built.method.strategy.eval_model()
+    return out
+
+
+def round_models(built: BuiltRun, rounds: list[int]) -> dict[int, torch.nn.Module]:
+    """The intermediate global models a holder of the broadcasts sees: the run re-run from its
+    own config (same seed, same data, so the same models) with the global model copied after
+    each round in ``rounds`` (every method broadcasts it to the next round's clients)."""
+    bad = [r for r in rounds if not 1 <= r <= built.config.rounds]
+    if not rounds or bad:
+        raise ConfigError(f"rounds {bad or rounds} are not rounds of this run; expected round numbers in 1..{built.config.rounds}, "
+                          "e.g. --rounds 1,5,10")  # fmt: skip
+    return _round_models(built, sorted(set(rounds)))
 
 
 def shadow_models(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, train_size: int, shadows: int,
@@ -310,6 +334,14 @@ def shadow_models(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, tra
     of rounds, with a different run seed — on a random half of the attacker's data ``aux``
     (at most ``train_size`` samples, split IID over the run's clients in their proportions);
     each comes with its training set and an equally large held-out set of ``aux``."""
+    return [(ms[cfg.rounds], inside, outside) for ms, inside, outside in
+            _shadow_runs(cfg, aux, train_size=train_size, shadows=shadows, seed=seed, keep=[cfg.rounds],
+                         progress=progress)]  # fmt: skip
+
+
+def _shadow_runs(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, train_size: int, shadows: int, seed: int,
+                 keep: list[int], progress: Callable[[int, int], None] | None = None) -> list[tuple[dict[int, torch.nn.Module], tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]:  # fmt: skip
+    """:func:`shadow_models`, each shadow's global model kept after every round in ``keep``."""
     from fedge.core.context import ClientData  # noqa: PLC0415
 
     x, y = aux
@@ -326,10 +358,21 @@ def shadow_models(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, tra
         bounds = (sizes.cumsum(0) / sizes.sum() * n).round().long().tolist()
         parts = [inside[a:b] for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
         built = replace(built, clients=[ClientData(x, y, p if len(p) else inside[:1]) for p in parts])
-        out.append((_run_rounds(built, cfg.rounds), (x[inside], y[inside]), (x[outside], y[outside])))
+        out.append((_round_models(built, keep), (x[inside], y[inside]), (x[outside], y[outside])))
         if progress is not None:
             progress(i + 1, shadows)
     return out
+
+
+def _mia_split(built: BuiltRun, samples: int, seed: int) -> tuple[Any, Any, torch.Tensor, int]:
+    """(members, non-members, the attacker's own test indices, number of training samples)."""
+    ds = built.dataset
+    idx = torch.cat([c.indices for c in built.clients])
+    g = generator(seed, "attack", "mia")
+    members = idx[torch.randperm(len(idx), generator=g)[:samples]]
+    test = torch.randperm(len(ds.y_test), generator=g)
+    non, rest = test[:samples], test[samples:]
+    return (ds.x_train[members], ds.y_train[members]), (ds.x_test[non], ds.y_test[non]), rest, len(idx)
 
 
 def membership_attacks(built: BuiltRun, model: torch.nn.Module, *, samples: int, shadows: int = 0, seed: int = 0,
@@ -341,21 +384,48 @@ def membership_attacks(built: BuiltRun, model: torch.nn.Module, *, samples: int,
     from fedge.attacks.membership import lira_offline, loss_threshold_attack, shadow_attack  # noqa: PLC0415
 
     ds = built.dataset
-    idx = torch.cat([c.indices for c in built.clients])
-    g = generator(seed, "attack", "mia")
-    members = idx[torch.randperm(len(idx), generator=g)[:samples]]
-    test = torch.randperm(len(ds.y_test), generator=g)
-    non, rest = test[:samples], test[samples:]
-    m, nm = (ds.x_train[members], ds.y_train[members]), (ds.x_test[non], ds.y_test[non])
+    m, nm, rest, n_train = _mia_split(built, samples, seed)
     out: dict[str, Any] = {"method": built.config.method.name, "chance_auc": 0.5,
                            "loss": loss_threshold_attack(model, m, nm).__dict__}  # fmt: skip
     if shadows:
-        sh = shadow_models(built.config, (ds.x_test[rest], ds.y_test[rest]), train_size=len(idx), shadows=shadows,
+        sh = shadow_models(built.config, (ds.x_test[rest], ds.y_test[rest]), train_size=n_train, shadows=shadows,
                            seed=seed, progress=progress)  # fmt: skip
         out["shadows"] = shadows
         out["shadow_train_size"] = len(sh[0][1][1])
         out["shadow"] = shadow_attack(model, sh, m, nm).__dict__
         out["lira"] = lira_offline(model, [s[0] for s in sh], m, nm).__dict__
+    return out
+
+
+def membership_by_round(built: BuiltRun, rounds: list[int], *, samples: int, shadows: int = 0, seed: int = 0,
+                        progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:  # fmt: skip
+    """:func:`membership_attacks` against the global model after each round in ``rounds``
+    (:func:`round_models`): the same members and non-members for every round; with
+    ``shadows``, the shadow models' own round-r models for round r (trained the same way for
+    the same number of rounds). Per round: the attacks' results and the model's test accuracy."""
+    from fedge.attacks.membership import lira_offline, loss_threshold_attack, shadow_attack  # noqa: PLC0415
+
+    ds = built.dataset
+    keep = sorted(set(rounds))
+    targets = round_models(built, keep)
+    m, nm, rest, n_train = _mia_split(built, samples, seed)
+    sh = (_shadow_runs(built.config, (ds.x_test[rest], ds.y_test[rest]), train_size=n_train, shadows=shadows, seed=seed,
+                       keep=keep, progress=progress) if shadows else [])  # fmt: skip
+    per: dict[str, Any] = {}
+    for r in keep:
+        model = targets[r]
+        model.eval()
+        with torch.no_grad():
+            acc = float((model(ds.x_test).argmax(-1) == ds.y_test).double().mean())
+        row: dict[str, Any] = {"test_accuracy": acc, "loss": loss_threshold_attack(model, m, nm).__dict__}
+        if sh:
+            row["shadow"] = shadow_attack(model, [(ms[r], i, o) for ms, i, o in sh], m, nm).__dict__
+            row["lira"] = lira_offline(model, [ms[r] for ms, _, _ in sh], m, nm).__dict__
+        per[str(r)] = row
+    out: dict[str, Any] = {"method": built.config.method.name, "chance_auc": 0.5, "rounds": per}
+    if shadows:
+        out["shadows"] = shadows
+        out["shadow_train_size"] = len(sh[0][1][1])
     return out
 
 

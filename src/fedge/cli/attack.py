@@ -3,6 +3,7 @@
     fedge attack RUN_DIR --attack dlg|ig [--iterations 300] [--samples 10] [--seed 0]
     fedge attack RUN_DIR --attack mia [--samples 1000]
     fedge attack RUN_DIR --attack mia-shadow [--samples 1000] [--shadows 4]
+    fedge attack RUN_DIR --attack mia|mia-shadow --rounds 1,5,10 | --all-rounds
     fedge attack RUN_DIR --attack pia [--samples 40] [--property-class 0]
 
 ``dlg`` re-runs round 1 of the run's own config (same seed, same data, so the same uploads)
@@ -14,7 +15,12 @@ same with Inverting Gradients' objective (cosine + total variation, Adam). ``mia
 loss-threshold membership attack on the run's final model (training samples vs test samples);
 ``mia-shadow`` adds Shokri et al.'s shadow-model attack and offline LiRA, with ``--shadows``
 shadow models trained by the run's own config (another seed) on half of the test samples not
-used as non-members. ``pia`` re-runs the run's config for ⌈samples / clients a round⌉ rounds
+used as non-members. With ``--rounds``/``--all-rounds`` the membership attacks run against
+the global model after each listed round — what every method broadcasts to the next round's
+clients, so an honest-but-curious holder of the broadcasts can attack it: the run is re-run
+from its config (same seed and data, so the same models; the last round's equals the saved
+final model) and its global model copied after each listed round; shadow models are their
+own round-r models (``attacks/mia-rounds.json``, ``attacks/mia-shadow-rounds.json``). ``pia`` re-runs the run's config for ⌈samples / clients a round⌉ rounds
 with each client's local set cut to the one batch its upload is computed on, and infers from
 each upload whether ``--property-class`` occurs in that batch (Melis et al. 2019; auxiliary
 data: the test split).
@@ -32,10 +38,10 @@ import torch
 import typer
 from rich.progress import Progress
 
-from fedge.attacks.harness import membership_attacks, observe_run, one_batch_clients, pia_attack, reconstruction_attack
+from fedge.attacks.harness import membership_attacks, membership_by_round, observe_run, one_batch_clients, pia_attack, reconstruction_attack
 from fedge.cli.common import fail, one_line_warnings, out
 from fedge.core.config import load_config
-from fedge.core.errors import FedgeError
+from fedge.core.errors import ConfigError, FedgeError
 from fedge.experiment.build import build_run
 from fedge.experiment.export import load_trained_model
 from fedge.experiment.rundir import RunDir
@@ -93,6 +99,28 @@ def _dlg(run_dir: Path, raw: dict[str, Any], iterations: int, samples: int, seed
     return result
 
 
+def _parse_rounds(text: str) -> list[int]:
+    try:
+        rounds = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        rounds = []
+    if not rounds:
+        raise ConfigError(f"--rounds {text!r} is not a list of round numbers; expected e.g. --rounds 1,5,10")
+    return rounds
+
+
+def _mia_rounds(raw: dict[str, Any], rounds: list[int], samples: int, seed: int, shadows: int) -> dict[str, Any]:
+    with one_line_warnings():
+        built = build_run(load_config(raw))
+    label = f"re-running {built.config.rounds if not rounds else max(rounds)} rounds" + (f" and {shadows} shadow runs" if shadows else "")
+    with Progress(transient=True) as bar, one_line_warnings():
+        task = bar.add_task(label, total=max(shadows, 1))
+        result = membership_by_round(built, rounds, samples=samples, shadows=shadows, seed=seed,
+                                     progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
+    what = "loss threshold (Yeom et al. 2018)" + (", shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022)" if shadows else "")
+    return {"attack": f"{what}, against the global model broadcast after each round (the run re-run from its config)", **result}
+
+
 def _mia(run_dir: Path, raw: dict[str, Any], samples: int, seed: int, shadows: int) -> dict[str, Any]:
     trained = load_trained_model(run_dir)
     with one_line_warnings():
@@ -131,13 +159,21 @@ def attack(
     seed: Annotated[int, typer.Option(help="the attacker's seed (dummy data, sample choice)")] = 0,
     shadows: Annotated[int, typer.Option(min=1, help="mia-shadow: shadow models (each a full run of the config)")] = 4,
     property_class: Annotated[int, typer.Option("--property-class", min=0, help="pia: the class whose presence is inferred")] = 0,
+    rounds: Annotated[str, typer.Option("--rounds", help="mia/mia-shadow: attack the global model after these rounds, e.g. 1,5,10")] = "",
+    all_rounds: Annotated[bool, typer.Option("--all-rounds", help="mia/mia-shadow: attack the global model after every round")] = False,
 ) -> None:
     """Measure what a run leaks: reconstruct clients' data from their uploads, or infer membership."""
     if attack not in ATTACKS:
         fail(f"--attack {attack!r} is not an attack here; expected one of {list(ATTACKS)} (e.g. --attack dlg)")
     try:
         raw = RunDir(run_dir).read_config()
-        if attack in ("dlg", "ig"):
+        if (rounds or all_rounds) and attack not in ("mia", "mia-shadow"):
+            raise ConfigError(f"--rounds/--all-rounds apply to --attack mia or mia-shadow, not {attack!r}; drop them")
+        if rounds or all_rounds:
+            every = list(range(1, int(load_config(raw).rounds) + 1))
+            result = _mia_rounds(raw, every if all_rounds else _parse_rounds(rounds), samples, seed,
+                                 shadows if attack == "mia-shadow" else 0)
+        elif attack in ("dlg", "ig"):
             result = _dlg(run_dir, raw, iterations, samples, seed, attack)
         elif attack == "pia":
             result = _pia(raw, samples, seed, property_class)
@@ -146,9 +182,14 @@ def attack(
     except FedgeError as exc:
         fail(exc)
     result["seed"] = seed
-    path = _write(run_dir, attack, result)
+    path = _write(run_dir, f"{attack}-rounds" if "rounds" in result else attack, result)
     console = out()
-    if attack == "pia":
+    if "rounds" in result:
+        for r, row in result["rounds"].items():
+            console.print(f"round {r} (test accuracy {row['test_accuracy']:.3f}): " + ", ".join(
+                f"{k} AUC {row[k]['auc']:.3f} TPR@1%FPR {row[k]['tpr_at_1pct_fpr']:.3f} precision {row[k]['precision']:.3f}"
+                for k in ("loss", "shadow", "lira") if k in row) + " (chance AUC 0.5)")  # fmt: skip
+    elif attack == "pia":
         console.print(f"property inference AUC {result['auc']:.3f} (chance 0.5) on {result['uploads']} uploads "
                       f"({result['with_property']} with class {property_class})" + (" (uploads masked)" if result["masked"] else ""))  # fmt: skip
     elif attack == "mia-shadow":
