@@ -103,3 +103,15 @@ def test_mia_rounds_outside_the_run_exit_2(tmp_path: Path) -> None:
     wrong = runner.invoke(app, ["attack", str(run), "--attack", "dlg", "--rounds", "1"])
     assert wrong.exit_code == 2 and "--rounds" in wrong.output
     assert not (run / "attacks" / "mia-rounds.json").exists()
+
+
+def test_dlg_on_an_eppfl_run_inverts_the_activations_at_the_edge_server(tmp_path: Path) -> None:
+    run = _run(tmp_path, "--set", "method.name=eppfl", "--set", "method.batch_size=1", "--set", "method.local_epochs=1",
+               "--set", "model.name=lenet", "--set", "dataset.limit_train=2")  # fmt: skip
+    result = runner.invoke(app, ["attack", str(run), "--attack", "dlg", "--iterations", "300", "--samples", "2"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((run / "attacks" / "dlg.json").read_text())
+    assert data["method"] == "eppfl" and data["epsilon"] is None and data["clients_attacked"] == 2
+    assert data["attacks"]["eppfl-inversion"]["median_mse"] < data["baseline_mean_image_mse"] / 100
+    assert (run / data["images"]["eppfl-inversion"]).stat().st_size > 0
+    assert "eppfl-inversion: median MSE" in result.output

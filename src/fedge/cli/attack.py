@@ -10,7 +10,10 @@
 with every exchange observed (:class:`fedge.attacks.observe.Observer`) and attacks each
 client's upload as the server receives it — DLG/iDLG on FedSGD gradients and FedAvg deltas;
 for batch-level BAFFLE both matching the K loss differences directly and DLG on the Stein
-estimate; under secure aggregation the same attacks on the masked vector. ``ig`` runs the
+estimate; under secure aggregation the same attacks on the masked vector; for EPPFL, whose
+devices send the server only a masked M_c, the edge server's view instead: each device's
+released (kept, clipped, noisy) activations inverted to the input with the round's M_c
+(:mod:`fedge.attacks.inversion`). ``ig`` runs the
 same with Inverting Gradients' objective (cosine + total variation, Adam). ``mia`` runs the
 loss-threshold membership attack on the run's final model (training samples vs test samples);
 ``mia-shadow`` adds Shokri et al.'s shadow-model attack and offline LiRA, with ``--shadows``
@@ -38,7 +41,15 @@ import torch
 import typer
 from rich.progress import Progress
 
-from fedge.attacks.harness import membership_attacks, membership_by_round, observe_run, one_batch_clients, pia_attack, reconstruction_attack
+from fedge.attacks.harness import (
+    activation_inversion,
+    membership_attacks,
+    membership_by_round,
+    observe_run,
+    one_batch_clients,
+    pia_attack,
+    reconstruction_attack,
+)
 from fedge.cli.common import fail, one_line_warnings, out
 from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, FedgeError
@@ -83,12 +94,17 @@ def _write(run_dir: Path, name: str, result: dict[str, Any]) -> Path:
 
 def _dlg(run_dir: Path, raw: dict[str, Any], iterations: int, samples: int, seed: int, optimizer: str) -> dict[str, Any]:
     cfg = load_config({**raw, "rounds": 1})
+    eppfl = cfg.method.name == "eppfl"  # what leaks is the activations at the edge server, not an upload
     with one_line_warnings():
-        run = observe_run(cfg)
+        run = observe_run(cfg, parties=("edge",) if eppfl else ())
     with Progress(transient=True) as bar:
         task = bar.add_task(f"inverting {samples} uploads x {iterations} iterations", total=samples)
-        result = reconstruction_attack(run, iterations=iterations, samples=samples, seed=seed, optimizer=optimizer,
-                                       progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
+        if eppfl:
+            result = activation_inversion(run, iterations=iterations, samples=samples, seed=seed,
+                                          progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
+        else:
+            result = reconstruction_attack(run, iterations=iterations, samples=samples, seed=seed, optimizer=optimizer,
+                                           progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
     ds = run.built.dataset
     images = result.pop("_images")
     (run_dir / "attacks").mkdir(exist_ok=True)
@@ -199,10 +215,10 @@ def attack(
                           f"TPR@0.1%FPR {r['tpr_at_01pct_fpr']:.3f}, precision {r['precision']:.3f}")  # fmt: skip
     elif attack != "mia":
         console.print(f"baselines: mean image MSE {result['baseline_mean_image_mse']:.4f}, "
-                      f"mid-gray {result['baseline_mid_gray_mse']:.4f}" + (" (uploads masked)" if result["masked"] else ""))  # fmt: skip
+                      f"mid-gray {result['baseline_mid_gray_mse']:.4f}" + (" (uploads masked)" if result.get("masked") else ""))  # fmt: skip
         for name, a in result["attacks"].items():
             console.print(f"{name}: median MSE {a['median_mse']:.2e} (PSNR {a['median_psnr_db']:.1f} dB), "
-                          f"label accuracy {a['label_accuracy']:.2f}  -> {result['images'][name]}")  # fmt: skip
+                          + (f"label accuracy {a['label_accuracy']:.2f}" if 'label_accuracy' in a else '') + f"  -> {result['images'][name]}")  # fmt: skip
     else:
         console.print(f"membership AUC {result['auc']:.3f} (chance 0.5), TPR@1%FPR {result['tpr_at_1pct_fpr']:.3f}, "
                       f"precision {result['precision']:.3f} (best {result['best_precision']:.3f})")  # fmt: skip
