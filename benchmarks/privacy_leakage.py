@@ -80,6 +80,10 @@ table. Reduced to fit shared CPUs, all on {s['dataset']}, IID, `lenet-dlg` unles
   deltas, K-value matching (`baffle-k`) and DLG on the Stein estimate for BAFFLE batch mode
   (the better of the two is shown), PPFL's ciphertext read as float32 plaintext; MSE in [0, 1]
   pixels to the closest image of the client's set, beside the training set's mean image.
+  EPPFL's devices send the server only a masked M_c, so its DRA is the edge server's:
+  each device's released activations (the kept outputs of M_c, clipped to L1 norm C and
+  Laplace-noised with scale 2C/ε when DP is on) inverted to the input with the round's M_c
+  (Adam, {s['iterations']} iterations, inside the pixel box; `eppfl-inversion`).
 - MIA: the method trained {s['mia_rounds']} rounds on {s['mia_clients']} clients x
   {s['mia_per_client']} samples; {s['mia_samples']} members vs {s['mia_samples']} test
   non-members; loss threshold, a Shokri-style attack model from {s['shadows']} shadow models
@@ -109,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", nargs="*", help="row labels (default: every row)")
     ap.add_argument("--set", nargs="*", default=[], help="settings overrides, key=value (e.g. mia_rounds=5)")
     ap.add_argument("--from-json", help="render a --json file of an earlier run instead of measuring")
+    ap.add_argument("--merge-into", help="measure --rows and put them into this --json file of an earlier run (same "
+                    "settings; rows with the same label replaced, table order kept), then render the whole")
     args = ap.parse_args(argv)
     if args.from_json:
         with open(args.from_json) as f:
@@ -135,6 +141,17 @@ def main(argv: list[str] | None = None) -> int:
         results.append(privacy_row(row, **settings))
         print(f"{row.label}: {time.perf_counter() - t:.0f} s  {_cells(results[-1])}", flush=True)
     seconds = time.perf_counter() - t0
+    if args.merge_into:
+        with open(args.merge_into) as f:
+            saved = json.load(f)
+        if saved["settings"] != settings:
+            print(f"--merge-into {args.merge_into!r} was measured with {saved['settings']}, not {settings}; "
+                  "pass the same --set values", file=sys.stderr)
+            return 2
+        fresh = {r["row"]: r for r in results}
+        old = {r["row"]: r for r in saved["results"]}
+        results = [fresh.get(r.label) or old[r.label] for r in ROWS if r.label in fresh or r.label in old]
+        seconds = sum(c.get("seconds", 0.0) for r in results for c in (r["dra"], r["mia"], r["pia"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"settings": settings, "seconds": seconds, "results": results}, f, indent=1, default=str)
