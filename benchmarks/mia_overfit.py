@@ -27,7 +27,7 @@ from fedge.attacks.harness import attack_config, membership_by_round
 from fedge.bench.docs import update_section
 from fedge.experiment.build import build_run
 
-SETTINGS: dict[str, Any] = {"clients": 4, "per_client": 32, "rounds": 10, "local_epochs": 5, "batch": 8, "k": 100,
+SETTINGS: dict[str, Any] = {"clients": 4, "per_client": 16, "rounds": 20, "local_epochs": 5, "batch": 8, "k": 100,
                             "shadows": 2, "test": 1000, "model": "lenet5"}  # fmt: skip
 
 
@@ -65,23 +65,31 @@ def render(results: list[dict[str, Any]], s: dict[str, Any], seconds: float) -> 
             lines.append(f"| {r['row']} | {rnd} | {m['test_accuracy']:.2f} | {m['train_accuracy']:.2f} | "
                          f"{_cell(m, 'auc')} | {_cell(m, 'tpr_at_1pct_fpr')} | {_cell(m, 'precision')} |")  # fmt: skip
     n = s["clients"] * s["per_client"]
+    shown = ",".join(results[0]["rounds"]) if results else ""
+    last = str(s["rounds"])
+    verdict = "; ".join(
+        f"{r['row'].split(' (')[0]}: train − test accuracy {r['rounds'][last]['train_accuracy'] - r['rounds'][last]['test_accuracy']:.2f}, "
+        f"best AUC {max(r['rounds'][last][k]['auc'] for k in ('loss', 'shadow', 'lira') if k in r['rounds'][last]):.2f}"
+        for r in results)  # fmt: skip
     return f"""The leakage table's MIA cells sit at chance because its runs barely train. Here each
 method trains `{s['model']}` on Fashion-MNIST (IID) with few samples per client and
 {s['local_epochs']} local epochs (batch {s['batch']}) for {s['rounds']} rounds on {s['clients']} clients x
 {s['per_client']} samples, one seed (0); BAFFLE at the same rounds, epochs and batches (epoch
 mode, K = {s['k']}, forward passes only, Adam 0.01; FedAvg/FedPT SGD 0.05, momentum 0.9). The
-attacks run against the global model after rounds shown — every method broadcasts it to the
+attacks run against the global model after the rounds shown — every method broadcasts it to the
 next round's clients, so this is what an honest-but-curious holder of the broadcasts can
-attack (`fedge attack RUN --attack mia-shadow --rounds 1,5,10`). Members: all {n} training
+attack (`fedge attack RUN --attack mia-shadow --rounds {shown}`). Members: all {n} training
 samples; non-members: {n} test samples; {s['shadows']} shadow runs per method (same config,
 another seed, on {n} of the attacker's test samples; the shadow's own round-r model for
 round r); LiRA offline with one global variance. Precision at the threshold of best balanced
 accuracy; chance is AUC 0.5, TPR@1%FPR 0.01, precision 0.5. With {n} non-members, TPR@1%FPR
-rests on the top {max(1, n // 100)} non-member scores (noisy).
+is the TPR above the top {max(1, n // 100)} non-member score(s) (noisy), and AUCs carry roughly ±0.05 of sampling noise.
+
+After round {last}: {verdict}.
 
 {chr(10).join(lines)}
 
-Total {seconds / 60:.1f} CPU-minutes on one thread of a shared machine (several other jobs running).
+Total {seconds / 60:.1f} min wall-clock on one thread of a shared machine (several other jobs running).
 
 Reproduce: `OMP_NUM_THREADS=1 python benchmarks/mia_overfit.py --docs docs/benchmarks.md`
 """
