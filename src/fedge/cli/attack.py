@@ -217,8 +217,8 @@ def attack(
         console.print(f"baselines: mean image MSE {result['baseline_mean_image_mse']:.4f}, "
                       f"mid-gray {result['baseline_mid_gray_mse']:.4f}" + (" (uploads masked)" if result.get("masked") else ""))  # fmt: skip
         for name, a in result["attacks"].items():
-            console.print(f"{name}: median MSE {a['median_mse']:.2e} (PSNR {a['median_psnr_db']:.1f} dB), "
-                          + (f"label accuracy {a['label_accuracy']:.2f}" if 'label_accuracy' in a else '') + f"  -> {result['images'][name]}")  # fmt: skip
+            console.print(f"{name}: median MSE {a['median_mse']:.2e} (PSNR {a['median_psnr_db']:.1f} dB)"
+                          + (f", label accuracy {a['label_accuracy']:.2f}" if "label_accuracy" in a else "") + f"  -> {result['images'][name]}")  # fmt: skip
     else:
         console.print(f"membership AUC {result['auc']:.3f} (chance 0.5), TPR@1%FPR {result['tpr_at_1pct_fpr']:.3f}, "
                       f"precision {result['precision']:.3f} (best {result['best_precision']:.3f})")  # fmt: skip
