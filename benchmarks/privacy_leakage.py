@@ -50,7 +50,7 @@ def _cells(r: dict[str, Any]) -> list[str]:
     return dra + mia + [pia]
 
 
-def render(results: list[dict[str, Any]], settings: dict[str, Any], seconds: float) -> str:
+def render(results: list[dict[str, Any]], settings: dict[str, Any], seconds: float, merged: list[str] | None = None) -> str:
     s = settings
     head = ["method (what the server sees)", "DRA attack", "DRA median MSE", "mean image", "test acc.",
             "MIA AUC loss / shadow / LiRA", "TPR@1%FPR", "TPR@0.1%FPR", "precision", "PIA AUC"]  # fmt: skip
@@ -71,6 +71,8 @@ def render(results: list[dict[str, Any]], settings: dict[str, Any], seconds: flo
             rows2.append(f"| {'end-to-end FL (fedavg)' if r['row'].startswith('fedavg') else 'PPFL'} | {c[1]} ({c[2]}) | {c[8]} | {c[7]} | {c[4]} |")
         table2 = ("\n\nPPFL Table 2 analogue (the two `lenet-ppfl` rows above; Fashion-MNIST, IID, reduced as stated; "
                   "PPFL's own Table 2 trains to convergence on MNIST/CIFAR10 with AlexNet/VGG9):\n\n" + "\n".join(rows2))  # fmt: skip
+    later = (f"Rows measured in a later run than the rest (same settings, merged with `--merge-into`): "
+             f"{'; '.join(merged)}.\n\n" if merged else "")  # fmt: skip
     body = f"""Every cell is the result of running the attack on what the adversary observes (issue 12;
 `src/fedge/attacks/table.py`); a cell the harness cannot measure names the reason below the
 table. Reduced to fit shared CPUs, all on {s['dataset']}, IID, `lenet-dlg` unless named:
@@ -80,6 +82,11 @@ table. Reduced to fit shared CPUs, all on {s['dataset']}, IID, `lenet-dlg` unles
   deltas, K-value matching (`baffle-k`) and DLG on the Stein estimate for BAFFLE batch mode
   (the better of the two is shown), PPFL's ciphertext read as float32 plaintext; MSE in [0, 1]
   pixels to the closest image of the client's set, beside the training set's mean image.
+  EPPFL's devices send the server only a masked M_c, so its DRA is the edge server's:
+  each device's released activations (the kept outputs of M_c, clipped to L1 norm C and
+  Laplace-noised with scale 2C/ε when DP is on) inverted to the input with the round's M_c
+  (Adam, {s['iterations']} iterations, inside the pixel box, no image prior: under noise it
+  fits the noise; `eppfl-inversion`).
 - MIA: the method trained {s['mia_rounds']} rounds on {s['mia_clients']} clients x
   {s['mia_per_client']} samples; {s['mia_samples']} members vs {s['mia_samples']} test
   non-members; loss threshold, a Shokri-style attack model from {s['shadows']} shadow models
@@ -95,7 +102,7 @@ table. Reduced to fit shared CPUs, all on {s['dataset']}, IID, `lenet-dlg` unles
 
 {chr(10).join(notes)}{table2}
 
-Total {seconds / 60:.1f} min on one thread of a shared machine (several other jobs running).
+{later}Total {seconds / 60:.1f} min on one thread of a shared machine (several other jobs running).
 
 Reproduce: `OMP_NUM_THREADS=1 python benchmarks/privacy_leakage.py --docs docs/benchmarks.md`
 """
@@ -109,13 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", nargs="*", help="row labels (default: every row)")
     ap.add_argument("--set", nargs="*", default=[], help="settings overrides, key=value (e.g. mia_rounds=5)")
     ap.add_argument("--from-json", help="render a --json file of an earlier run instead of measuring")
+    ap.add_argument("--merge-into", help="measure --rows and put them into this --json file of an earlier run (same "
+                    "settings; rows with the same label replaced, table order kept), then render the whole")
     args = ap.parse_args(argv)
     if args.from_json:
         with open(args.from_json) as f:
             saved = json.load(f)
         if args.docs:
             update_section(args.docs, "privacy-leakage", "Privacy leakage of every method",
-                           render(saved["results"], saved["settings"], saved["seconds"]))  # fmt: skip
+                           render(saved["results"], saved["settings"], saved["seconds"], saved.get("merged")))  # fmt: skip
         return 0
     torch.set_num_threads(1)
     settings = dict(SETTINGS)
@@ -135,11 +144,27 @@ def main(argv: list[str] | None = None) -> int:
         results.append(privacy_row(row, **settings))
         print(f"{row.label}: {time.perf_counter() - t:.0f} s  {_cells(results[-1])}", flush=True)
     seconds = time.perf_counter() - t0
+    if args.merge_into:
+        with open(args.merge_into) as f:
+            saved = json.load(f)
+        if saved["settings"] != settings:
+            print(f"--merge-into {args.merge_into!r} was measured with {saved['settings']}, not {settings}; "
+                  "pass the same --set values", file=sys.stderr)
+            return 2
+        fresh = {r["row"]: r for r in results}
+        old = {r["row"]: r for r in saved["results"]}
+        results = [fresh.get(r.label) or old[r.label] for r in ROWS if r.label in fresh or r.label in old]
+        seconds = sum(c.get("seconds", 0.0) for r in results for c in (r["dra"], r["mia"], r["pia"]))
+        merged = sorted(set(saved.get("merged", [])) | set(fresh), key=[r.label for r in ROWS].index)
+    else:
+        merged = []
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"settings": settings, "seconds": seconds, "results": results}, f, indent=1, default=str)
+            json.dump({"settings": settings, "seconds": seconds, "results": results, "merged": merged}, f, indent=1,
+                      default=str)  # fmt: skip
     if args.docs:
-        update_section(args.docs, "privacy-leakage", "Privacy leakage of every method", render(results, settings, seconds))
+        update_section(args.docs, "privacy-leakage", "Privacy leakage of every method",
+                       render(results, settings, seconds, merged))  # fmt: skip
     return 0
 
 

@@ -87,3 +87,24 @@ def test_ntk_baffle_k_values_are_projections_on_masked_directions() -> None:
                                             list(model.parameters())), strict=True))  # fmt: skip
     proj = next(t for name, t, _ in _targets("ntk-baffle", v, model, run.built.method_config, masks) if name == "baffle-k")
     torch.testing.assert_close(proj.project(g), proj.t, rtol=2e-2, atol=2e-2)
+
+
+def test_round_models_are_the_runs_own_models_and_shadows_follow_the_rounds() -> None:
+    import torch
+
+    from fedge.attacks.harness import _run_rounds, membership_attacks, membership_by_round, round_models
+    from fedge.experiment.build import build_run
+
+    method = {"name": "fedavg", "local_epochs": 1, "batch_size": 8}
+    cfg = attack_config(method, clients=2, per_client=20, dataset="digits", test=120, rounds=3, model="lenet")
+    ms = round_models(build_run(cfg), [3, 1])
+    for r in (1, 3):  # an independent run of r rounds gives the same model
+        ref = _run_rounds(build_run(cfg.model_copy(update={"rounds": r})), r)
+        for (n, a), b in zip(ms[r].state_dict().items(), ref.state_dict().values(), strict=True):
+            assert torch.equal(a, b), n
+    built = build_run(cfg)
+    by = membership_by_round(built, [1, 3], samples=30, shadows=2)
+    final = membership_attacks(build_run(cfg), ms[3], samples=30, shadows=2)
+    for key in ("loss", "shadow", "lira"):  # round 3 = the final model against shadows trained 3 rounds
+        assert by["rounds"]["3"][key] == final[key]
+    assert by["rounds"]["1"]["loss"] != by["rounds"]["3"]["loss"]

@@ -31,3 +31,16 @@ def test_sealed_ppfl_uploads_are_attacked_as_read() -> None:
     out = privacy_row(row, **{**TINY, "dataset": "fashion-mnist", "mia_per_client": 8, "test": 100})
     assert out["dra"]["sealed"] and out["dra"]["median_mse"] > out["dra"]["mean_image"]  # ciphertext: nothing
     assert 0 <= out["mia"]["lira"]["auc"] <= 1 and "enclave" in out["pia"]["skipped"]
+
+
+def test_eppfl_rows_invert_the_edge_servers_activations_and_dp_stops_it() -> None:
+    rows = [r for r in ROWS if r.method["name"] == "eppfl"]
+    assert sorted((r.method.get("dp") or {}).get("epsilon", 0) for r in rows) == [0, 1.0, 5.0]
+    tiny = {**TINY, "iterations": 300}
+    skip = {**rows[0].skip, "mia": "a reason long enough to be a real one"}
+    plain = privacy_row(Row("eppfl", rows[0].method, model="lenet", skip=skip), **tiny)
+    noisy = privacy_row(Row("eppfl dp", rows[-1].method, model="lenet", skip=skip), **tiny)
+    assert plain["dra"]["attack"] == "eppfl-inversion"
+    assert plain["dra"]["median_mse"] < plain["dra"]["mean_image"] / 100  # no DP: the input comes back
+    assert noisy["dra"]["median_mse"] > noisy["dra"]["mean_image"]  # ε = 1 on the activations: nothing
+    assert plain["dra"]["upload_bytes"] > 0 and "not implemented" in plain["pia"]["skipped"]

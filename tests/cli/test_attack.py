@@ -74,3 +74,44 @@ def test_pia_without_negatives_says_how_to_get_them(tmp_path: Path) -> None:
     result = runner.invoke(app, ["attack", str(run), "--attack", "pia", "--samples", "2"])
     assert result.exit_code == 2 and "method.batch_size" in result.output
     assert not (run / "attacks" / "pia.json").exists()
+
+
+def test_mia_rounds_last_round_is_the_saved_final_model(tmp_path: Path) -> None:
+    run = _run(tmp_path, "--set", "method.name=fedavg", "--set", "rounds=3", "--set", "dataset.limit_train=60")
+    final = runner.invoke(app, ["attack", str(run), "--attack", "mia", "--samples", "40"])
+    assert final.exit_code == 0, final.output
+    per = runner.invoke(app, ["attack", str(run), "--attack", "mia", "--samples", "40", "--rounds", "1,3"])
+    assert per.exit_code == 0, per.output
+    saved = json.loads((run / "attacks" / "mia.json").read_text())
+    data = json.loads((run / "attacks" / "mia-rounds.json").read_text())
+    assert sorted(data["rounds"]) == ["1", "3"] and "round 1 (test accuracy" in per.output
+    # the re-run's round-3 model is the run's saved final model: the same attack gives the same numbers
+    assert data["rounds"]["3"]["loss"]["auc"] == saved["auc"]
+    assert data["rounds"]["3"]["loss"]["precision"] == saved["precision"]
+    assert data["rounds"]["1"]["loss"]["auc"] != saved["auc"]  # an earlier model, not the final one again
+    every = runner.invoke(app, ["attack", str(run), "--attack", "mia", "--samples", "40", "--all-rounds"])
+    assert every.exit_code == 0, every.output
+    assert sorted(json.loads((run / "attacks" / "mia-rounds.json").read_text())["rounds"]) == ["1", "2", "3"]
+
+
+def test_mia_rounds_outside_the_run_exit_2(tmp_path: Path) -> None:
+    run = _run(tmp_path, "--set", "method.name=fedavg")
+    bad = runner.invoke(app, ["attack", str(run), "--attack", "mia", "--rounds", "0,4"])
+    assert bad.exit_code == 2 and "[0, 4]" in bad.output and "1..1" in bad.output
+    junk = runner.invoke(app, ["attack", str(run), "--attack", "mia", "--rounds", "a,b"])
+    assert junk.exit_code == 2 and "'a,b'" in junk.output
+    wrong = runner.invoke(app, ["attack", str(run), "--attack", "dlg", "--rounds", "1"])
+    assert wrong.exit_code == 2 and "--rounds" in wrong.output
+    assert not (run / "attacks" / "mia-rounds.json").exists()
+
+
+def test_dlg_on_an_eppfl_run_inverts_the_activations_at_the_edge_server(tmp_path: Path) -> None:
+    run = _run(tmp_path, "--set", "method.name=eppfl", "--set", "method.batch_size=1", "--set", "method.local_epochs=1",
+               "--set", "model.name=lenet", "--set", "dataset.limit_train=2")  # fmt: skip
+    result = runner.invoke(app, ["attack", str(run), "--attack", "dlg", "--iterations", "300", "--samples", "2"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((run / "attacks" / "dlg.json").read_text())
+    assert data["method"] == "eppfl" and data["epsilon"] is None and data["clients_attacked"] == 2
+    assert data["attacks"]["eppfl-inversion"]["median_mse"] < data["baseline_mean_image_mse"] / 100
+    assert (run / data["images"]["eppfl-inversion"]).stat().st_size > 0
+    assert "eppfl-inversion: median MSE" in result.output

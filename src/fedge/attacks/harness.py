@@ -27,12 +27,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from fedge.attacks.observe import Observer, ServerView, server_views
+from fedge.attacks.observe import Observer, PartyObserved, ServerView, observe_parties, server_views
 from fedge.attacks.reconstruct import (
     GradientTarget,
     baffle_projection,
@@ -46,7 +46,7 @@ from fedge.core.rng import generator
 from fedge.experiment.build import BuiltRun, build_run
 from fedge.methods.base import unpack_model_arrays
 
-__all__ = ["ATTACKABLE", "LEAKAGE_ROWS", "ObservedRun", "attack_config", "leakage_table", "membership_attacks", "observe_run", "one_batch_clients", "pia_attack", "pixel_mse", "reconstruction_attack", "shadow_models"]
+__all__ = ["ATTACKABLE", "activation_inversion", "LEAKAGE_ROWS", "ObservedRun", "attack_config", "leakage_table", "membership_attacks", "membership_by_round", "observe_run", "one_batch_clients", "pia_attack", "pixel_mse", "reconstruction_attack", "round_models", "shadow_models"]
 
 ATTACKABLE = ("fedsgd", "fedavg", "fedpt", "baffle", "ntk-baffle", "ppfl")
 SEALED = ("ppfl",)  # methods whose upload is an enclave-sealed ciphertext
@@ -56,6 +56,7 @@ SEALED = ("ppfl",)  # methods whose upload is an enclave-sealed ciphertext
 class ObservedRun:
     built: BuiltRun
     observer: Observer
+    party_records: list[PartyObserved] = field(default_factory=list)  # side parties' inputs (observe_run parties=)
 
     @property
     def views(self) -> list[ServerView]:
@@ -73,21 +74,25 @@ class ObservedRun:
         return server_views(self.observer.records, layout, sealed)
 
 
-def observe_run(cfg: RunConfig, rounds: int = 1, prepare: Callable[[BuiltRun], BuiltRun] | None = None) -> ObservedRun:
+def observe_run(cfg: RunConfig, rounds: int = 1, prepare: Callable[[BuiltRun], BuiltRun] | None = None,
+                parties: tuple[str, ...] = ()) -> ObservedRun:  # fmt: skip
     """Build ``cfg`` (then ``prepare`` it, e.g. to cut clients' local sets) and run ``rounds``
-    rounds with every exchange recorded."""
+    rounds with every exchange recorded, and every message to the side ``parties`` named
+    (e.g. EPPFL's ``edge``)."""
     built = build_run(cfg)
     if prepare is not None:
         built = prepare(built)
     observer = Observer(built.method.strategy)
-    built = replace(built, method=replace(built.method, strategy=observer))
+    records: list[PartyObserved] = []
+    spies = observe_parties(built.method.parties, list(parties), records) if parties else built.method.parties
+    built = replace(built, method=replace(built.method, strategy=observer, parties=spies))
     sim = built.simulation()
     try:
         for t in range(1, rounds + 1):
             sim.run_round(t)
     finally:
         sim.close()
-    return ObservedRun(built, observer)
+    return ObservedRun(built, observer, records)
 
 
 def pixel_mse(a: torch.Tensor, b: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
@@ -249,6 +254,84 @@ def reconstruction_attack(
     return summary
 
 
+def activation_inversion(
+    run: ObservedRun,
+    *,
+    iterations: int = 300,
+    samples: int | None = None,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """EPPFL: invert each device's first released activations of round 1, as its edge server
+    received them (``observe_run(..., parties=("edge",))``), with the round's global M_c
+    (what S_a broadcast in round 1, in the clear then; see :mod:`fedge.attacks.inversion`).
+    Scored like :func:`reconstruction_attack`: pixel MSE to the closest image of the
+    client's local set, beside the mean-image and mid-gray baselines."""
+    from fedge.attacks.inversion import invert_activations  # noqa: PLC0415
+    from fedge.methods.eppfl.split import activation_positions, split_model  # noqa: PLC0415
+
+    built = run.built
+    mcfg = built.method_config
+    if built.config.method.name != "eppfl":
+        raise ConfigError(f"activation inversion attacks EPPFL's released activations; this run is {built.config.method.name!r}")
+    steps: dict[int, Any] = {}
+    for r in run.party_records:  # the first step of each device in round 1: taken with the broadcast M_c
+        if r.party == "edge" and r.rnd == 1 and r.message.config.get("op") == "step" and r.key is not None:
+            steps.setdefault(r.key, r.message)
+    if not steps:
+        raise ConfigError("no activations observed at the edge server in round 1; run observe_run with parties=('edge',)")
+    sent = next((o.sent for o in run.observer.records if o.rnd == 1 and o.sent.arrays), None)
+    if sent is None or "masked_sum" in sent.config:
+        raise ConfigError("round 1's broadcast of M_c was not observed in the clear")
+    split = split_model(built.model_fn(), getattr(mcfg, "cut", None))
+    dstate = split.device.state_dict()
+    with torch.no_grad():
+        for key, local in split.device_keys.items():
+            dstate[local].copy_(sent.arrays[key])
+    ds = built.dataset
+    shape = tuple(ds.input_shape)
+    m, s = torch.tensor(ds.mean).view(1, -1, 1, 1), torch.tensor(ds.std).view(1, -1, 1, 1)
+    bounds = ((0 - m) / s, (1 - m) / s)
+    clip = mcfg.dp.clip if mcfg.dp is not None else None
+    mean_img = _mean_image(built)
+    gray = ((0.5 - torch.tensor(ds.mean)) / torch.tensor(ds.std)).view(1, -1, 1, 1).expand_as(mean_img)
+    cids = sorted(steps)[: samples or None]
+    mse: list[float] = []
+    base_mean, base_gray, clients, truths, recs = [], [], [], [], []
+    for i, cid in enumerate(cids):
+        msg = steps[cid]
+        a = msg.arrays["a"]
+        full = tuple(int(v) for v in str(msg.config["shape"]).split(","))
+        b, c = full[0], full[1] if len(full) > 2 else 1
+        n = math.prod(full[1:]) // c
+        seed_pos = msg.config_int("seed", -1)
+        pos = activation_positions(seed_pos, (b, c, n), a.shape[-1]) if seed_pos >= 0 else None
+        rec = invert_activations(split.device, a, input_shape=shape, positions=pos, clip=clip, bounds=bounds,
+                                 iterations=iterations, generator=generator(seed, "attack", "eppfl-inversion", cid))  # fmt: skip
+        data = built.clients[cid]
+        x_true = data.x[data.indices]
+        per = [_nearest(rec.x[j : j + 1], x_true, ds) for j in range(b)]
+        mse += [p[0] for p in per]
+        base_mean.append(_nearest(mean_img, x_true, ds)[0])
+        base_gray.append(_nearest(gray, x_true, ds)[0])
+        clients.append({"cid": cid, "mse": [p[0] for p in per], "match_loss": rec.loss, "released": list(a.shape)})
+        truths.append(torch.stack([x_true[p[1]] for p in per]))
+        recs.append(rec.x)
+        if progress is not None:
+            progress(i + 1, len(cids))
+    med = statistics.median(mse)
+    eps = mcfg.dp.epsilon if mcfg.dp is not None else None
+    return {
+        "method": "eppfl", "attack": "activation inversion at the edge server (white-box M_c, Adam, pixel box)",
+        "epsilon": eps, "clip": clip, "theta_a": mcfg.theta_a, "clients_attacked": len(cids), "iterations": iterations,
+        "baseline_mean_image_mse": statistics.median(base_mean), "baseline_mid_gray_mse": statistics.median(base_gray),
+        "attacks": {"eppfl-inversion": {"median_mse": med, "mean_mse": statistics.fmean(mse),
+                                        "median_psnr_db": 10 * math.log10(1 / med) if med > 0 else float("inf"),
+                                        "clients": clients}},
+        "_images": {"eppfl-inversion": (torch.cat(truths), torch.cat(recs))},
+    }  # fmt: skip
+
+
 def one_batch_clients(built: BuiltRun, seed: int = 0) -> BuiltRun:
     """``built`` with each client's local set cut to the samples one upload is computed on
     (the method's batch, drawn by a seeded permutation), so that "class c is in the batch"
@@ -295,13 +378,37 @@ def pia_attack(run: ObservedRun, *, prop: int = 0, aux_updates: int = 64, seed: 
 
 
 def _run_rounds(built: BuiltRun, rounds: int) -> torch.nn.Module:
+    return _round_models(built, [rounds])[rounds]
+
+
+def _round_models(built: BuiltRun, keep: list[int]) -> dict[int, torch.nn.Module]:
+    """Run rounds 1..max(``keep``) and keep a copy of the global model after each round in
+    ``keep``: the model the server broadcasts at the start of the next round (and, after the
+    last round, the released one)."""
+    import copy  # noqa: PLC0415
+
+    want = set(keep)
+    out: dict[int, torch.nn.Module] = {}
     sim = built.simulation()
     try:
-        for t in range(1, rounds + 1):
+        for t in range(1, max(want) + 1):
             sim.run_round(t)
+            if t in want:
+                out[t] = copy.deepcopy(built.method.strategy.eval_model())
     finally:
         sim.close()
-    return built.method.strategy.eval_model()
+    return out
+
+
+def round_models(built: BuiltRun, rounds: list[int]) -> dict[int, torch.nn.Module]:
+    """The intermediate global models a holder of the broadcasts sees: the run re-run from its
+    own config (same seed, same data, so the same models) with the global model copied after
+    each round in ``rounds`` (every method broadcasts it to the next round's clients)."""
+    bad = [r for r in rounds if not 1 <= r <= built.config.rounds]
+    if not rounds or bad:
+        raise ConfigError(f"rounds {bad or rounds} are not rounds of this run; expected round numbers in 1..{built.config.rounds}, "
+                          "e.g. --rounds 1,5,10")  # fmt: skip
+    return _round_models(built, sorted(set(rounds)))
 
 
 def shadow_models(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, train_size: int, shadows: int,
@@ -310,6 +417,14 @@ def shadow_models(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, tra
     of rounds, with a different run seed — on a random half of the attacker's data ``aux``
     (at most ``train_size`` samples, split IID over the run's clients in their proportions);
     each comes with its training set and an equally large held-out set of ``aux``."""
+    return [(ms[cfg.rounds], inside, outside) for ms, inside, outside in
+            _shadow_runs(cfg, aux, train_size=train_size, shadows=shadows, seed=seed, keep=[cfg.rounds],
+                         progress=progress)]  # fmt: skip
+
+
+def _shadow_runs(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, train_size: int, shadows: int, seed: int,
+                 keep: list[int], progress: Callable[[int, int], None] | None = None) -> list[tuple[dict[int, torch.nn.Module], tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]:  # fmt: skip
+    """:func:`shadow_models`, each shadow's global model kept after every round in ``keep``."""
     from fedge.core.context import ClientData  # noqa: PLC0415
 
     x, y = aux
@@ -326,10 +441,21 @@ def shadow_models(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, tra
         bounds = (sizes.cumsum(0) / sizes.sum() * n).round().long().tolist()
         parts = [inside[a:b] for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
         built = replace(built, clients=[ClientData(x, y, p if len(p) else inside[:1]) for p in parts])
-        out.append((_run_rounds(built, cfg.rounds), (x[inside], y[inside]), (x[outside], y[outside])))
+        out.append((_round_models(built, keep), (x[inside], y[inside]), (x[outside], y[outside])))
         if progress is not None:
             progress(i + 1, shadows)
     return out
+
+
+def _mia_split(built: BuiltRun, samples: int, seed: int) -> tuple[Any, Any, torch.Tensor, int]:
+    """(members, non-members, the attacker's own test indices, number of training samples)."""
+    ds = built.dataset
+    idx = torch.cat([c.indices for c in built.clients])
+    g = generator(seed, "attack", "mia")
+    members = idx[torch.randperm(len(idx), generator=g)[:samples]]
+    test = torch.randperm(len(ds.y_test), generator=g)
+    non, rest = test[:samples], test[samples:]
+    return (ds.x_train[members], ds.y_train[members]), (ds.x_test[non], ds.y_test[non]), rest, len(idx)
 
 
 def membership_attacks(built: BuiltRun, model: torch.nn.Module, *, samples: int, shadows: int = 0, seed: int = 0,
@@ -341,21 +467,50 @@ def membership_attacks(built: BuiltRun, model: torch.nn.Module, *, samples: int,
     from fedge.attacks.membership import lira_offline, loss_threshold_attack, shadow_attack  # noqa: PLC0415
 
     ds = built.dataset
-    idx = torch.cat([c.indices for c in built.clients])
-    g = generator(seed, "attack", "mia")
-    members = idx[torch.randperm(len(idx), generator=g)[:samples]]
-    test = torch.randperm(len(ds.y_test), generator=g)
-    non, rest = test[:samples], test[samples:]
-    m, nm = (ds.x_train[members], ds.y_train[members]), (ds.x_test[non], ds.y_test[non])
+    m, nm, rest, n_train = _mia_split(built, samples, seed)
     out: dict[str, Any] = {"method": built.config.method.name, "chance_auc": 0.5,
                            "loss": loss_threshold_attack(model, m, nm).__dict__}  # fmt: skip
     if shadows:
-        sh = shadow_models(built.config, (ds.x_test[rest], ds.y_test[rest]), train_size=len(idx), shadows=shadows,
+        sh = shadow_models(built.config, (ds.x_test[rest], ds.y_test[rest]), train_size=n_train, shadows=shadows,
                            seed=seed, progress=progress)  # fmt: skip
         out["shadows"] = shadows
         out["shadow_train_size"] = len(sh[0][1][1])
         out["shadow"] = shadow_attack(model, sh, m, nm).__dict__
         out["lira"] = lira_offline(model, [s[0] for s in sh], m, nm).__dict__
+    return out
+
+
+def membership_by_round(built: BuiltRun, rounds: list[int], *, samples: int, shadows: int = 0, seed: int = 0,
+                        progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:  # fmt: skip
+    """:func:`membership_attacks` against the global model after each round in ``rounds``
+    (:func:`round_models`): the same members and non-members for every round; with
+    ``shadows``, the shadow models' own round-r models for round r (trained the same way for
+    the same number of rounds). Per round: the attacks' results, the model's test accuracy and its accuracy on the members
+    (``train_accuracy``)."""
+    from fedge.attacks.membership import lira_offline, loss_threshold_attack, shadow_attack  # noqa: PLC0415
+
+    ds = built.dataset
+    keep = sorted(set(rounds))
+    targets = round_models(built, keep)
+    m, nm, rest, n_train = _mia_split(built, samples, seed)
+    sh = (_shadow_runs(built.config, (ds.x_test[rest], ds.y_test[rest]), train_size=n_train, shadows=shadows, seed=seed,
+                       keep=keep, progress=progress) if shadows else [])  # fmt: skip
+    per: dict[str, Any] = {}
+    for r in keep:
+        model = targets[r]
+        model.eval()
+        with torch.no_grad():
+            acc = float((model(ds.x_test).argmax(-1) == ds.y_test).double().mean())
+            fit = float((model(m[0]).argmax(-1) == m[1]).double().mean())
+        row: dict[str, Any] = {"test_accuracy": acc, "train_accuracy": fit, "loss": loss_threshold_attack(model, m, nm).__dict__}
+        if sh:
+            row["shadow"] = shadow_attack(model, [(ms[r], i, o) for ms, i, o in sh], m, nm).__dict__
+            row["lira"] = lira_offline(model, [ms[r] for ms, _, _ in sh], m, nm).__dict__
+        per[str(r)] = row
+    out: dict[str, Any] = {"method": built.config.method.name, "chance_auc": 0.5, "rounds": per}
+    if shadows:
+        out["shadows"] = shadows
+        out["shadow_train_size"] = len(sh[0][1][1])
     return out
 
 

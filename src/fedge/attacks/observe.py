@@ -16,6 +16,12 @@ sealed ciphertext (PPFL's enclave-to-enclave ``upload``) is read the same way: i
 little-endian float32, laid out over the model's parameters (``sealed=True``; with
 ``sealed_layout``). Nothing is special-cased: an attack run on that vector measures what the
 masks or the encryption leave.
+
+Side parties (EPPFL's edge server S_e, which receives each device's noisy kept activations
+over a device → edge link, not through the server) are observed by :func:`observe_parties`:
+it wraps a method's :class:`~fedge.core.context.PartySpec` factories so that every message a
+party receives is recorded (:class:`PartyObserved`), as the party decodes it from the wire,
+before the party handles it — the view of an honest-but-curious edge server.
 """
 
 from __future__ import annotations
@@ -28,10 +34,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedge.core.context import PartyContext, PartySpec
 from fedge.core.messages import Message
 from fedge.core.protocols import Exchange, Round, Strategy, StrategyWrapper
 
-__all__ = ["Observed", "Observer", "ServerView", "server_views"]
+__all__ = ["Observed", "Observer", "PartyObserved", "ServerView", "observe_parties", "server_views"]
 
 
 def _copy(m: Message) -> Message:
@@ -72,6 +79,49 @@ class Observer(StrategyWrapper):
                 item = gen.send(answer)
         except StopIteration as stop:
             return stop.value
+
+
+@dataclass(frozen=True)
+class PartyObserved:
+    """One message a side party received: from client ``key`` (None: a shared party's
+    caller) in round ``rnd``."""
+
+    party: str
+    rnd: int
+    key: int | None
+    message: Message
+
+
+class _RecordingParty:
+    def __init__(self, inner: Any, name: str, records: list[PartyObserved]) -> None:
+        self.inner, self.name, self.records = inner, name, records
+
+    def handle(self, message: Message, ctx: PartyContext) -> Message:
+        self.records.append(PartyObserved(self.name, ctx.rnd, ctx.key, _copy(message)))
+        reply: Message = self.inner.handle(message, ctx)
+        return reply
+
+
+@dataclass(frozen=True)
+class _RecordingFactory:
+    inner: Any
+    name: str
+    records: list[PartyObserved]
+
+    def __call__(self) -> _RecordingParty:
+        return _RecordingParty(self.inner(), self.name, self.records)
+
+
+def observe_parties(parties: Mapping[str, PartySpec], names: list[str], records: list[PartyObserved]) -> dict[str, PartySpec]:
+    """``parties`` with those named ``names`` recording every message they receive into
+    ``records`` (in this process: the run needs ``clients.workers: 0``)."""
+    unknown = sorted(set(names) - set(parties))
+    if unknown:
+        from fedge.core.errors import ConfigError  # noqa: PLC0415
+
+        raise ConfigError(f"no side party {unknown} to observe; this method has {sorted(parties)}")
+    return {n: PartySpec(n, _RecordingFactory(p.factory, n, records), p.scope) if n in names else p
+            for n, p in parties.items()}  # fmt: skip
 
 
 @dataclass

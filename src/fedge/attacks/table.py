@@ -11,6 +11,8 @@ Each :class:`Row` is one method configuration. Per row:
 - **MIA**: the same method trained for ``mia_rounds`` rounds on ``mia_clients`` x
   ``mia_per_client`` samples; the loss-threshold, shadow-model and offline-LiRA attacks on the
   final (released) model (:func:`~fedge.attacks.harness.membership_attacks`).
+  For EPPFL, whose server receives only a masked M_c, the edge server's view: each device's
+  released activations inverted to the input (:func:`~fedge.attacks.harness.activation_inversion`).
 - **PIA**: one round of ``pia_clients`` clients holding 8 samples each, every one of which the
   upload depends on; "class 0 occurs in the client's batch"
   (:func:`~fedge.attacks.harness.pia_attack`).
@@ -29,6 +31,7 @@ from typing import Any
 
 from fedge.attacks.harness import (
     _run_rounds,
+    activation_inversion,
     attack_config,
     membership_attacks,
     observe_run,
@@ -56,10 +59,9 @@ def _baffle(k: int, secagg: bool) -> dict[str, Any]:
     return {"name": "baffle", "mode": "batch", "k": k, "ema": None, "secure_aggregation": secagg}
 
 
-_EPPFL_DRA = ("not observed: the aggregation server S_a receives only W_c under the randomness server's additive "
-              "mask (config bytes `masked`), and the noisy kept activations travel device -> edge server over a "
-              "side link the Observer (server <-> client exchanges) does not record")  # fmt: skip
-_EPPFL_PIA = "not observed: as DRA (no upload the server can read or simulate)"
+_EPPFL_PIA = ("not run: S_a's upload is W_c under the randomness server's additive mask (nothing a server-side "
+              "classifier can read); a property attack on the edge server's activations is not implemented")  # fmt: skip
+_EPPFL_DP_CLIP = 100.0  # configs/eppfl-fmnist-vgg.yaml's per-sample L1 clip
 _PPFL_PIA = ("not run: the server cannot simulate an upload to train the classifier on (the client program "
              "runs in an attested enclave whose session key the server lacks); it observes AES-GCM ciphertext")  # fmt: skip
 
@@ -72,10 +74,10 @@ ROWS: tuple[Row, ...] = (
         pia_method={"name": "fedsgd", "batch_size": 8, "secure_aggregation": True}),
     *(Row(f"baffle batch, K={k}, no secure aggregation", _baffle(k, False)) for k in (10, 100, 1000)),
     *(Row(f"baffle batch, K={k}, secure aggregation (default)", _baffle(k, True)) for k in (10, 100, 1000)),
-    Row("baffle epoch, K=100, 1 local step, batch 1",
-        {"name": "baffle", "mode": "epoch", "k": 100, "ema": None, "batch_size": 1, "local_epochs": 1, "client_optimizer": _SGD},
-        pia_method={"name": "baffle", "mode": "epoch", "k": 100, "ema": None, "batch_size": 8, "local_epochs": 1,
-                    "client_optimizer": _SGD}),
+    *(Row(f"baffle epoch, K={k}, 1 local step, batch 1",
+          {"name": "baffle", "mode": "epoch", "k": k, "ema": None, "batch_size": 1, "local_epochs": 1, "client_optimizer": _SGD},
+          pia_method={"name": "baffle", "mode": "epoch", "k": k, "ema": None, "batch_size": 8, "local_epochs": 1,
+                      "client_optimizer": _SGD}) for k in (10, 100, 1000)),
     Row("ntk-baffle batch, K=100, density 0.5, no secure aggregation",
         {"name": "ntk-baffle", "mode": "batch", "k": 100, "ema": None, "density": 0.5, "secure_aggregation": False}),
     Row("ntk-baffle batch, K=100, density 0.5, secure aggregation (default)",
@@ -83,8 +85,10 @@ ROWS: tuple[Row, ...] = (
     Row("fedpt, largest layer frozen, 1 local SGD step, batch 1",
         {"name": "fedpt", "freeze": "largest", "local_epochs": 1, "batch_size": 1, "client_optimizer": _SGD},
         pia_method={"name": "fedpt", "freeze": "largest", "local_epochs": 1, "batch_size": 8, "client_optimizer": _SGD}),
-    Row("eppfl, 1 local epoch, batch 1", {"name": "eppfl", "local_epochs": 1, "batch_size": 1},
-        pia_method={"name": "eppfl", "local_epochs": 1, "batch_size": 8}, skip={"dra": _EPPFL_DRA, "pia": _EPPFL_PIA}),
+    Row("eppfl, 1 local epoch, batch 1", {"name": "eppfl", "local_epochs": 1, "batch_size": 1}, skip={"pia": _EPPFL_PIA}),
+    *(Row(f"eppfl, 1 local epoch, batch 1, Laplace ε={eps:g} (clip {_EPPFL_DP_CLIP:g})",
+          {"name": "eppfl", "local_epochs": 1, "batch_size": 1, "dp": {"epsilon": eps, "clip": _EPPFL_DP_CLIP}},
+          skip={"pia": _EPPFL_PIA}) for eps in (5.0, 1.0)),
     Row("fedavg, lenet-ppfl, 1 local SGD step, batch 1",
         {"name": "fedavg", "local_epochs": 1, "batch_size": 1, "client_optimizer": _SGD}, model="lenet-ppfl",
         pia_method={"name": "fedavg", "local_epochs": 1, "batch_size": 8, "client_optimizer": _SGD}),
@@ -121,15 +125,18 @@ def privacy_row(
     else:
         t = time.perf_counter()
         cfg = attack_config(row.method, clients=clients, per_client=row.batch, dataset=dataset, model=row.model)
-        run = _quiet(lambda: observe_run(cfg))
-        s = reconstruction_attack(run, iterations=iterations)
+        eppfl = row.method["name"] == "eppfl"  # the edge server's view: the released activations
+        run = _quiet(lambda: observe_run(cfg, parties=("edge",) if eppfl else ()))
+        s = activation_inversion(run, iterations=iterations) if eppfl else reconstruction_attack(run, iterations=iterations)
+        sizes = ([p.message.nbytes for p in run.party_records if p.message.config.get("op") == "step"] if eppfl
+                 else [v.reply_bytes for v in run.views])  # fmt: skip
         best = min(s["attacks"], key=lambda a: s["attacks"][a]["median_mse"])
         out["dra"] = {"attack": best, "median_mse": s["attacks"][best]["median_mse"],
-                      "label_accuracy": s["attacks"][best]["label_accuracy"],
+                      "label_accuracy": s["attacks"][best].get("label_accuracy"),
                       "all": {a: v["median_mse"] for a, v in s["attacks"].items()},
                       "mean_image": s["baseline_mean_image_mse"], "mid_gray": s["baseline_mid_gray_mse"],
-                      "masked": s["masked"], "sealed": any(v.sealed for v in run.views),
-                      "upload_bytes": sorted(v.reply_bytes for v in run.views)[len(run.views) // 2],
+                      "masked": s.get("masked", False), "sealed": any(v.sealed for v in run.views),
+                      "upload_bytes": sorted(sizes)[len(sizes) // 2],
                       "seconds": time.perf_counter() - t}  # fmt: skip
     if "mia" in row.skip:
         out["mia"] = {"skipped": row.skip["mia"]}

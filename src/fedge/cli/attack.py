@@ -3,18 +3,27 @@
     fedge attack RUN_DIR --attack dlg|ig [--iterations 300] [--samples 10] [--seed 0]
     fedge attack RUN_DIR --attack mia [--samples 1000]
     fedge attack RUN_DIR --attack mia-shadow [--samples 1000] [--shadows 4]
+    fedge attack RUN_DIR --attack mia|mia-shadow --rounds 1,5,10 | --all-rounds
     fedge attack RUN_DIR --attack pia [--samples 40] [--property-class 0]
 
 ``dlg`` re-runs round 1 of the run's own config (same seed, same data, so the same uploads)
 with every exchange observed (:class:`fedge.attacks.observe.Observer`) and attacks each
 client's upload as the server receives it — DLG/iDLG on FedSGD gradients and FedAvg deltas;
 for batch-level BAFFLE both matching the K loss differences directly and DLG on the Stein
-estimate; under secure aggregation the same attacks on the masked vector. ``ig`` runs the
+estimate; under secure aggregation the same attacks on the masked vector; for EPPFL, whose
+devices send the server only a masked M_c, the edge server's view instead: each device's
+released (kept, clipped, noisy) activations inverted to the input with the round's M_c
+(:mod:`fedge.attacks.inversion`). ``ig`` runs the
 same with Inverting Gradients' objective (cosine + total variation, Adam). ``mia`` runs the
 loss-threshold membership attack on the run's final model (training samples vs test samples);
 ``mia-shadow`` adds Shokri et al.'s shadow-model attack and offline LiRA, with ``--shadows``
 shadow models trained by the run's own config (another seed) on half of the test samples not
-used as non-members. ``pia`` re-runs the run's config for ⌈samples / clients a round⌉ rounds
+used as non-members. With ``--rounds``/``--all-rounds`` the membership attacks run against
+the global model after each listed round — what every method broadcasts to the next round's
+clients, so an honest-but-curious holder of the broadcasts can attack it: the run is re-run
+from its config (same seed and data, so the same models; the last round's equals the saved
+final model) and its global model copied after each listed round; shadow models are their
+own round-r models (``attacks/mia-rounds.json``, ``attacks/mia-shadow-rounds.json``). ``pia`` re-runs the run's config for ⌈samples / clients a round⌉ rounds
 with each client's local set cut to the one batch its upload is computed on, and infers from
 each upload whether ``--property-class`` occurs in that batch (Melis et al. 2019; auxiliary
 data: the test split).
@@ -32,10 +41,18 @@ import torch
 import typer
 from rich.progress import Progress
 
-from fedge.attacks.harness import membership_attacks, observe_run, one_batch_clients, pia_attack, reconstruction_attack
+from fedge.attacks.harness import (
+    activation_inversion,
+    membership_attacks,
+    membership_by_round,
+    observe_run,
+    one_batch_clients,
+    pia_attack,
+    reconstruction_attack,
+)
 from fedge.cli.common import fail, one_line_warnings, out
 from fedge.core.config import load_config
-from fedge.core.errors import FedgeError
+from fedge.core.errors import ConfigError, FedgeError
 from fedge.experiment.build import build_run
 from fedge.experiment.export import load_trained_model
 from fedge.experiment.rundir import RunDir
@@ -77,12 +94,17 @@ def _write(run_dir: Path, name: str, result: dict[str, Any]) -> Path:
 
 def _dlg(run_dir: Path, raw: dict[str, Any], iterations: int, samples: int, seed: int, optimizer: str) -> dict[str, Any]:
     cfg = load_config({**raw, "rounds": 1})
+    eppfl = cfg.method.name == "eppfl"  # what leaks is the activations at the edge server, not an upload
     with one_line_warnings():
-        run = observe_run(cfg)
+        run = observe_run(cfg, parties=("edge",) if eppfl else ())
     with Progress(transient=True) as bar:
         task = bar.add_task(f"inverting {samples} uploads x {iterations} iterations", total=samples)
-        result = reconstruction_attack(run, iterations=iterations, samples=samples, seed=seed, optimizer=optimizer,
-                                       progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
+        if eppfl:
+            result = activation_inversion(run, iterations=iterations, samples=samples, seed=seed,
+                                          progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
+        else:
+            result = reconstruction_attack(run, iterations=iterations, samples=samples, seed=seed, optimizer=optimizer,
+                                           progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
     ds = run.built.dataset
     images = result.pop("_images")
     (run_dir / "attacks").mkdir(exist_ok=True)
@@ -91,6 +113,28 @@ def _dlg(run_dir: Path, raw: dict[str, Any], iterations: int, samples: int, seed
         for a, (t, r) in images.items()
     }
     return result
+
+
+def _parse_rounds(text: str) -> list[int]:
+    try:
+        rounds = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        rounds = []
+    if not rounds:
+        raise ConfigError(f"--rounds {text!r} is not a list of round numbers; expected e.g. --rounds 1,5,10")
+    return rounds
+
+
+def _mia_rounds(raw: dict[str, Any], rounds: list[int], samples: int, seed: int, shadows: int) -> dict[str, Any]:
+    with one_line_warnings():
+        built = build_run(load_config(raw))
+    label = f"re-running {built.config.rounds if not rounds else max(rounds)} rounds" + (f" and {shadows} shadow runs" if shadows else "")
+    with Progress(transient=True) as bar, one_line_warnings():
+        task = bar.add_task(label, total=max(shadows, 1))
+        result = membership_by_round(built, rounds, samples=samples, shadows=shadows, seed=seed,
+                                     progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
+    what = "loss threshold (Yeom et al. 2018)" + (", shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022)" if shadows else "")
+    return {"attack": f"{what}, against the global model broadcast after each round (the run re-run from its config)", **result}
 
 
 def _mia(run_dir: Path, raw: dict[str, Any], samples: int, seed: int, shadows: int) -> dict[str, Any]:
@@ -131,13 +175,21 @@ def attack(
     seed: Annotated[int, typer.Option(help="the attacker's seed (dummy data, sample choice)")] = 0,
     shadows: Annotated[int, typer.Option(min=1, help="mia-shadow: shadow models (each a full run of the config)")] = 4,
     property_class: Annotated[int, typer.Option("--property-class", min=0, help="pia: the class whose presence is inferred")] = 0,
+    rounds: Annotated[str, typer.Option("--rounds", help="mia/mia-shadow: attack the global model after these rounds, e.g. 1,5,10")] = "",
+    all_rounds: Annotated[bool, typer.Option("--all-rounds", help="mia/mia-shadow: attack the global model after every round")] = False,
 ) -> None:
     """Measure what a run leaks: reconstruct clients' data from their uploads, or infer membership."""
     if attack not in ATTACKS:
         fail(f"--attack {attack!r} is not an attack here; expected one of {list(ATTACKS)} (e.g. --attack dlg)")
     try:
         raw = RunDir(run_dir).read_config()
-        if attack in ("dlg", "ig"):
+        if (rounds or all_rounds) and attack not in ("mia", "mia-shadow"):
+            raise ConfigError(f"--rounds/--all-rounds apply to --attack mia or mia-shadow, not {attack!r}; drop them")
+        if rounds or all_rounds:
+            every = list(range(1, int(load_config(raw).rounds) + 1))
+            result = _mia_rounds(raw, every if all_rounds else _parse_rounds(rounds), samples, seed,
+                                 shadows if attack == "mia-shadow" else 0)
+        elif attack in ("dlg", "ig"):
             result = _dlg(run_dir, raw, iterations, samples, seed, attack)
         elif attack == "pia":
             result = _pia(raw, samples, seed, property_class)
@@ -146,9 +198,14 @@ def attack(
     except FedgeError as exc:
         fail(exc)
     result["seed"] = seed
-    path = _write(run_dir, attack, result)
+    path = _write(run_dir, f"{attack}-rounds" if "rounds" in result else attack, result)
     console = out()
-    if attack == "pia":
+    if "rounds" in result:
+        for r, row in result["rounds"].items():
+            console.print(f"round {r} (test accuracy {row['test_accuracy']:.3f}): " + ", ".join(
+                f"{k} AUC {row[k]['auc']:.3f} TPR@1%FPR {row[k]['tpr_at_1pct_fpr']:.3f} precision {row[k]['precision']:.3f}"
+                for k in ("loss", "shadow", "lira") if k in row) + " (chance AUC 0.5)")  # fmt: skip
+    elif attack == "pia":
         console.print(f"property inference AUC {result['auc']:.3f} (chance 0.5) on {result['uploads']} uploads "
                       f"({result['with_property']} with class {property_class})" + (" (uploads masked)" if result["masked"] else ""))  # fmt: skip
     elif attack == "mia-shadow":
@@ -158,10 +215,10 @@ def attack(
                           f"TPR@0.1%FPR {r['tpr_at_01pct_fpr']:.3f}, precision {r['precision']:.3f}")  # fmt: skip
     elif attack != "mia":
         console.print(f"baselines: mean image MSE {result['baseline_mean_image_mse']:.4f}, "
-                      f"mid-gray {result['baseline_mid_gray_mse']:.4f}" + (" (uploads masked)" if result["masked"] else ""))  # fmt: skip
+                      f"mid-gray {result['baseline_mid_gray_mse']:.4f}" + (" (uploads masked)" if result.get("masked") else ""))  # fmt: skip
         for name, a in result["attacks"].items():
-            console.print(f"{name}: median MSE {a['median_mse']:.2e} (PSNR {a['median_psnr_db']:.1f} dB), "
-                          f"label accuracy {a['label_accuracy']:.2f}  -> {result['images'][name]}")  # fmt: skip
+            console.print(f"{name}: median MSE {a['median_mse']:.2e} (PSNR {a['median_psnr_db']:.1f} dB)"
+                          + (f", label accuracy {a['label_accuracy']:.2f}" if "label_accuracy" in a else "") + f"  -> {result['images'][name]}")  # fmt: skip
     else:
         console.print(f"membership AUC {result['auc']:.3f} (chance 0.5), TPR@1%FPR {result['tpr_at_1pct_fpr']:.3f}, "
                       f"precision {result['precision']:.3f} (best {result['best_precision']:.3f})")  # fmt: skip

@@ -207,10 +207,11 @@ def _privacy_blocks(run: RunLog) -> list[Block]:
             continue
         base = (f"mean image {dlg.get('baseline_mean_image_mse', float('nan')):.3g}, "
                 f"mid-gray {dlg.get('baseline_mid_gray_mse', float('nan')):.3g}")  # fmt: skip
-        seen = "masked uploads" if dlg.get("masked") else "uploads in the clear"
+        seen = ("activations at the edge server" if dlg.get("method") == "eppfl"
+                else "masked uploads" if dlg.get("masked") else "uploads in the clear")  # fmt: skip
         for name, a in dlg.get("attacks", {}).items():
-            rows.append((f"reconstruction ({name}), {seen}", f"median MSE {a['median_mse']:.3g}, labels {a['label_accuracy']:.2f}",
-                         base))  # fmt: skip
+            labels = f", labels {a['label_accuracy']:.2f}" if isinstance(a.get("label_accuracy"), (int, float)) else ""
+            rows.append((f"reconstruction ({name}), {seen}", f"median MSE {a['median_mse']:.3g}{labels}", base))
     mia = _read_attack(folder / "mia.json")
     if mia is not None:
         rows.append(("membership (loss threshold)", _mia_cell(mia), "AUC 0.5"))
@@ -219,6 +220,12 @@ def _privacy_blocks(run: RunLog) -> list[Block]:
         if shadow is not None and isinstance(shadow.get(key), dict):
             extra = f", {shadow.get('shadows')} shadows" if key != "loss" else ""
             rows.append((f"membership ({name}{extra})", _mia_cell(shadow[key]), "AUC 0.5"))
+    for kind in ("mia-rounds", "mia-shadow-rounds"):  # fedge attack --rounds: the broadcast after each round
+        per = _read_attack(folder / f"{kind}.json")
+        for rnd, r in ((per or {}).get("rounds") or {}).items():
+            for key, name in (("loss", "loss threshold"), ("shadow", "shadow models"), ("lira", "offline LiRA")):
+                if isinstance(r.get(key), dict):
+                    rows.append((f"membership ({name}), global model after round {rnd}", _mia_cell(r[key]), "AUC 0.5"))
     pia = _read_attack(folder / "pia.json")
     if pia is not None:
         seen = "masked uploads" if pia.get("masked") else "uploads in the clear"
