@@ -22,7 +22,7 @@ and lands wherever the optimization lands; the best iterate by matching loss is 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -125,6 +125,20 @@ def total_variation(x: Tensor) -> Tensor:
     return (x[..., 1:, :] - x[..., :-1, :]).abs().mean() + (x[..., :, 1:] - x[..., :, :-1]).abs().mean()
 
 
+def _dummy_gradient(model: torch.nn.Module, params: dict[str, Tensor], names: Sequence[str], x: Tensor,
+                    labels: Tensor | None, y_logits: Tensor) -> dict[str, Tensor]:
+    """The gradient of the dummy batch's loss (hard ``labels``, else soft labels ``softmax(y_logits)``)
+    with respect to the attacked parameters ``names``, kept differentiable in ``x`` and ``y_logits``."""
+    p = {n: (v.clone().requires_grad_(True) if n in names else v) for n, v in params.items()}
+    out = functional_call(model, p, (x,))
+    if labels is not None:
+        loss = F.cross_entropy(out, labels)
+    else:
+        loss = -(F.softmax(y_logits, -1) * F.log_softmax(out, -1)).sum(-1).mean()
+    g = torch.autograd.grad(loss, [p[n] for n in names], create_graph=True)
+    return dict(zip(names, g, strict=True))
+
+
 def invert_ig(
     model: torch.nn.Module,
     target: GradientTarget | ProjectionTarget,
@@ -153,14 +167,8 @@ def invert_ig(
     value = float("inf")
     for _ in range(iterations):
         opt.zero_grad()
-        p = {n: (v.clone().requires_grad_(True) if n in names else v) for n, v in params.items()}
-        out = functional_call(model, p, (x,))
-        if labels is not None:
-            loss = F.cross_entropy(out, labels)
-        else:
-            loss = -(F.softmax(y_logits, -1) * F.log_softmax(out, -1)).sum(-1).mean()
-        g = torch.autograd.grad(loss, [p[n] for n in names], create_graph=True)
-        objective = target.cosine(dict(zip(names, g, strict=True))) + tv * total_variation(x)
+        g = _dummy_gradient(model, params, names, x, labels, y_logits)
+        objective = target.cosine(g) + tv * total_variation(x)
         objective.backward()
         x.grad.sign_()  # type: ignore[union-attr]
         opt.step()
@@ -195,14 +203,7 @@ def invert(
 
     def closure() -> Tensor:
         opt.zero_grad()
-        p = {n: (v.requires_grad_(True) if n in names else v) for n, v in ((n, v.clone()) for n, v in params.items())}
-        out = functional_call(model, p, (x,))
-        if labels is not None:
-            loss = F.cross_entropy(out, labels)
-        else:
-            loss = -(F.softmax(y_logits, -1) * F.log_softmax(out, -1)).sum(-1).mean()
-        g = torch.autograd.grad(loss, [p[n] for n in names], create_graph=True)
-        match = target.loss(dict(zip(names, g, strict=True)))
+        match = target.loss(_dummy_gradient(model, params, names, x, labels, y_logits))
         match.backward()
         return match
 
