@@ -25,11 +25,11 @@ processes (one torch thread each) split the runs; the lr screen is shared throug
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import update_section
+from fedge.bench.script import parse_reproduction_args, reproduction_parser
 from fedge.bench.variants import pick_by_validation, recorded, run_screened, run_seeded_variants
 
 BASE = "baffle-fmnist-lenet"
@@ -176,16 +176,9 @@ serialized update."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="runs/bench-baffle-table1")
-    ap.add_argument("--docs", default=None)
-    ap.add_argument("--shard", default="0/1", help="I/N: run every N-th run starting at I (parallel workers)")
+    ap = reproduction_parser(__doc__, out="runs/bench-baffle-table1", smoke=False)
     ap.add_argument("--k500", action="store_true", help="also K = 500 (about 2.5 CPU-hours a seed)")
-    ap.add_argument("--table-only", action="store_true", help="tabulate the recorded runs, run nothing")
-    args = ap.parse_args(argv)
-    shard, shards = (int(x) for x in args.shard.split("/"))
-    if not 0 <= shard < shards:
-        ap.error(f"--shard {args.shard!r}: expected I/N with 0 <= I < N, e.g. 0/2")
+    args, shard, shards = parse_reproduction_args(ap, argv)
     if not args.table_only:
         run_all(shard, shards, Path(args.out), k500=args.k500)
     text = table("python benchmarks/baffle_table1.py" + (" --k500" if args.k500 else ""), k500=args.k500)

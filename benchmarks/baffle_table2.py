@@ -35,12 +35,12 @@ missing. Parallel workers: ``--shard 0/2`` and ``--shard 1/2`` (one torch thread
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import update_section
+from fedge.bench.script import parse_reproduction_args, reproduction_parser
 from fedge.bench.variants import paired_difference, pick_by_validation, recorded, run_screened, run_seeded_variants
 
 BASE = "baffle-fmnist-lenet"
@@ -231,22 +231,9 @@ are the serialized model delta (epoch level: BAFFLE uploads what BP FedAvg does)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="runs/bench-baffle-table2")
-    ap.add_argument("--docs", default=None)
-    ap.add_argument("--shard", default="0/1", help="I/N: run every N-th run starting at I (parallel workers)")
+    ap = reproduction_parser(__doc__, out="runs/bench-baffle-table2")
     ap.add_argument("--k500", action="store_true", help="also K = 500 (about 2.5 CPU-hours a seed and partition)")
-    ap.add_argument("--table-only", action="store_true", help="tabulate the recorded runs, run nothing")
-    ap.add_argument("--smoke", action="store_true", help="a tiny protocol (seconds), recorded under --out, never the docs")
-    args = ap.parse_args(argv)
-    try:
-        shard, shards = (int(x) for x in args.shard.split("/"))
-    except ValueError:
-        shard, shards = -1, 0
-    if not 0 <= shard < shards:
-        ap.error(f"--shard {args.shard!r}: expected I/N with 0 <= I < N, e.g. 0/2")
-    if args.smoke and args.docs:
-        ap.error("--smoke writes no docs: drop --docs")
+    args, shard, shards = parse_reproduction_args(ap, argv)
     plan = smoke_plan(Path(args.out)) if args.smoke else Plan(ks=(100, 200, 500) if args.k500 else (100, 200))
     if not args.table_only:
         run_all(plan, shard, shards, Path(args.out))

@@ -51,13 +51,13 @@ missing. Parallel workers: ``--shard 0/4`` ... ``--shard 3/4`` (one torch thread
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import update_section
+from fedge.bench.script import parse_reproduction_args, reproduction_parser
 from fedge.bench.variants import paired_difference, pick_by_validation, recorded, run_screened, run_seeded_variants
 
 BASE = "ntk-baffle-fmnist-lenet"
@@ -382,22 +382,9 @@ executed; effective counts multiplications by kept weights only)."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="runs/bench-ntk-table3")
-    ap.add_argument("--docs", default=None)
-    ap.add_argument("--shard", default="0/1", help="I/N: run every N-th run starting at I (parallel workers)")
+    ap = reproduction_parser(__doc__, out="runs/bench-ntk-table3")
     ap.add_argument("--adam-all", action="store_true", help="under Adam too: K = 50/200 and the magnitude/random rows")
-    ap.add_argument("--table-only", action="store_true", help="tabulate the recorded runs, run nothing")
-    ap.add_argument("--smoke", action="store_true", help="a tiny protocol (seconds), recorded under --out, never the docs")
-    args = ap.parse_args(argv)
-    try:
-        shard, shards = (int(x) for x in args.shard.split("/"))
-    except ValueError:
-        shard, shards = -1, 0
-    if not 0 <= shard < shards:
-        ap.error(f"--shard {args.shard!r}: expected I/N with 0 <= I < N, e.g. 0/4")
-    if args.smoke and args.docs:
-        ap.error("--smoke writes no docs: drop --docs")
+    args, shard, shards = parse_reproduction_args(ap, argv)
     plan = smoke_plan(Path(args.out)) if args.smoke else Plan()
     plan = dataclasses.replace(plan, adam_all=args.adam_all)
     if not args.table_only:

@@ -1,0 +1,52 @@
+"""Command line of the long reproduction scripts (``benchmarks/baffle_table1.py``,
+``baffle_table2.py``, ``ntk_table3.py``): every one runs what its records lack, in shards,
+tabulates the records, and (most) has a seconds-long smoke protocol that never touches the docs.
+
+    ap = reproduction_parser(__doc__, out="runs/bench-baffle-table2")
+    ap.add_argument("--k500", action="store_true", help="...")   # the script's own flags
+    args, shard, shards = parse_reproduction_args(ap, argv)
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+__all__ = ["parse_reproduction_args", "parse_shard", "reproduction_parser"]
+
+
+def reproduction_parser(description: str | None, *, out: str, smoke: bool = True) -> argparse.ArgumentParser:
+    """The flags every reproduction script shares: ``--out``, ``--docs``, ``--shard I/N``,
+    ``--table-only`` and (with ``smoke``) ``--smoke``."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=out, help="where the runs' directories (checkpoints) go")
+    ap.add_argument("--docs", default=None, help="rewrite this script's section of this file (docs/benchmarks.md)")
+    ap.add_argument("--shard", default="0/1", help="I/N: run every N-th run starting at I (parallel workers)")
+    ap.add_argument("--table-only", action="store_true", help="tabulate the recorded runs, run nothing")
+    if smoke:
+        ap.add_argument("--smoke", action="store_true", help="a tiny protocol (seconds), recorded under --out, never the docs")
+    return ap
+
+
+def parse_shard(text: str) -> tuple[int, int] | None:
+    """``"I/N"`` with ``0 <= I < N`` as ``(I, N)``; None for anything else.
+
+    >>> parse_shard("1/2"), parse_shard("2/2"), parse_shard("two")
+    ((1, 2), None, None)
+    """
+    parts = text.split("/")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        return None
+    shard, shards = int(parts[0]), int(parts[1])
+    return (shard, shards) if 0 <= shard < shards else None
+
+
+def parse_reproduction_args(ap: argparse.ArgumentParser, argv: Sequence[str] | None) -> tuple[argparse.Namespace, int, int]:
+    """Parse ``argv``; a bad ``--shard`` or ``--smoke`` with ``--docs`` exits 2 with the fix."""
+    args = ap.parse_args(argv)
+    parsed = parse_shard(args.shard)
+    if parsed is None:
+        ap.error(f"--shard {args.shard!r}: expected I/N with 0 <= I < N, e.g. 0/2")
+    if getattr(args, "smoke", False) and args.docs:
+        ap.error("--smoke writes no docs: drop --docs")
+    return args, parsed[0], parsed[1]
