@@ -55,6 +55,33 @@ ABLATIONS = {
 }
 
 
+# Context for the BP row, outside the paper's table: how much of BP's accuracy the 10,000-sample
+# reduction costs. The same client optimizer and the screened lr; label -> (overrides, seeds). One
+# client holding every sample trains 20 epochs of the same data (10x the sequential steps of a
+# FedAvg round); the paper's 58,000 (+2,000 validation) gives each client 6x the steps a round.
+CONTEXT = {
+    "BP, one client holding all 10,000": (["clients.num=1", "clients.per_round=1"], SEEDS),
+    "BP FedAvg, 58,000 training samples": (["dataset.limit_train=60000"], (0,)),
+}
+
+
+def context_variants(bp_lr: float) -> dict[str, tuple[list[str], tuple[int, ...]]]:
+    return {label: ([*BP, f"method.client_optimizer.lr={bp_lr}", *o], seeds) for label, (o, seeds) in CONTEXT.items()}
+
+
+def run_context(out: Path, *, run: bool = True) -> list[dict[str, Any]]:
+    """The CONTEXT rows (``--context``), each over its own seeds, recorded like the main runs."""
+    chosen = picks(read_screen())
+    if chosen is None:
+        return []
+    rows = []
+    for label, (overrides, seeds) in context_variants(chosen[1]).items():
+        report = run_seeded_variants(BASE, {label: overrides}, seeds=seeds, out_root=out / "context", common=PROTOCOL,
+                                     run=run, records=RECORDS / "context")  # fmt: skip
+        rows += report["results"]
+    return rows
+
+
 def screen_variants() -> dict[str, list[str]]:
     out = {f"screen BAFFLE K=100 lr={lr}": ["method.k=100", f"method.client_optimizer.lr={lr}"]
            for lr in SCREEN_LRS["BAFFLE K=100"]}  # fmt: skip
@@ -136,8 +163,23 @@ def table(command: str, *, k500: bool) -> str:
         lines.append(f"| {label} | {r['seeds']} | {r['final_test_accuracy']:.4f} ± {r['final_test_accuracy_std']:.4f} | "
                      f"{r['test_accuracy_at_best_val']:.4f} ± {r['test_accuracy_at_best_val_std']:.4f} | {per_seed} | "
                      f"{r['bytes_up_per_client_round']:.0f} | {'-' if flops is None else f'{flops:.1f}'} | {PAPER.get(label, '')} |")
-    lines += ["", *verdicts(agg)]
+    lines += ["", *verdicts(agg), "", *context_lines(agg.get("BP FedAvg"))]
     return "\n".join(lines)
+
+
+def context_lines(bp: dict[str, Any] | None) -> list[str]:
+    """What caps BP here: the CONTEXT rows beside the table's BP row (``--context`` runs them)."""
+    rows = {r["label"]: r for r in run_context(Path("/nonexistent"), run=False)}
+    out = ["**What caps BP at this protocol** (context rows, outside the paper's table; `--context` runs them; "
+           "same optimizer and lr as the BP row):", "", "| run | seeds | final test acc | per seed |", "|---|---|---|---|"]  # fmt: skip
+    for label, r in ([("BP FedAvg (the table's row)", bp)] if bp else []) + [(k, rows.get(k)) for k in CONTEXT]:
+        if r is None:
+            out.append(f"| {label} | 0 | not run yet | |")
+            continue
+        spread = f" ± {r['final_test_accuracy_std']:.4f}" if r["seeds"] > 1 else " (one seed)"
+        per_seed = ", ".join(f"{x['final_test_accuracy']:.4f}" for x in r["runs"])
+        out.append(f"| {label} | {r['seeds']} | {r['final_test_accuracy']:.4f}{spread} | {per_seed} |")
+    return out
 
 
 def verdicts(agg: dict[str, dict[str, Any]]) -> list[str]:
@@ -178,8 +220,11 @@ serialized update."""
 def main(argv: list[str] | None = None) -> int:
     ap = reproduction_parser(__doc__, out="runs/bench-baffle-table1", smoke=False)
     ap.add_argument("--k500", action="store_true", help="also K = 500 (about 2.5 CPU-hours a seed)")
+    ap.add_argument("--context", action="store_true", help="run only the context rows for BP (what caps it here)")
     args, shard, shards = parse_reproduction_args(ap, argv)
-    if not args.table_only:
+    if args.context and not args.table_only:
+        run_context(Path(args.out))
+    elif not args.table_only:
         run_all(shard, shards, Path(args.out), k500=args.k500)
     text = table("python benchmarks/baffle_table1.py" + (" --k500" if args.k500 else ""), k500=args.k500)
     print(text)
