@@ -12,7 +12,8 @@ protocol on seed 0 (never the test set); K = 200/500 and the ablations reuse BAF
 
 Cost: the long runs switch the FLOP counter off (it doubles their time); each variant's
 client FLOPs per round are measured by a separate one-client, one-round probe with the
-counter on. A K = 100 seed costs ~25-30 CPU-minutes here, K = 200 twice that.
+counter on. A K = 100 seed costs ~40 CPU-minutes here (about 2 minutes a round on one
+unshared core), K = 200 twice that; the whole table ~14 CPU-hours.
 
 Resumable across machines: every finished run writes its row, with its full config, to
 ``benchmarks/results/baffle_table1/`` (commit it); rerunning the command reads those rows and
@@ -210,8 +211,10 @@ the reference code's 0.3 inf-norm clip of each estimate), client Adam (b2 0.99),
 server, **20 rounds**, **10,000 training samples** (a seeded subset of the 60,000; 1,000 per
 client) plus 2,000 held out as a validation set, the full 10,000-image test set, seeds 0, 1, 2
 (seed changes the subset, the split, the initialisation and the perturbations). Reduced from
-the paper: 10,000 of the 60,000 training images (CPU time: a K = 100 seed costs ~25-30
-CPU-minutes here); K = 500 not run unless listed. "Final" is the round-20 test accuracy; "at best
+the paper: 10,000 of the 60,000 training images (CPU time: a K = 100 seed costs ~40
+CPU-minutes here, the table ~14 CPU-hours; at 60,000 it would be ~6x); K = 500 not run unless
+listed. **This reduction caps BP FedAvg below 0.80**: one local epoch of 1,000 samples gives a
+client 50 steps a round, and the context rows below the table show what more steps buy. "Final" is the round-20 test accuracy; "at best
 val" is the test accuracy of the round with the best validation accuracy. Client GFLOP per round
 is one client's round measured by torch's FLOP counter (forwards only for BAFFLE); bytes are the
 serialized update."""
