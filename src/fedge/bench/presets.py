@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fedge.core.config import load_config
 from fedge.bench.variants import per_client_costs
+from fedge.core.config import load_config
 from fedge.experiment.run import run_experiment
 
 __all__ = ["presets_markdown", "run_presets"]
