@@ -165,6 +165,7 @@ def privacy_row(
             norms = [float(sum((v.double() ** 2).sum() for v in w.upload.values()) ** 0.5) for w in run.views]
             out["dra"]["clip"] = clip
             out["dra"]["clipped"] = sum(n >= clip * (1 - 1e-4) for n in norms) / len(norms)
+        out["dra"]["seconds"] = time.perf_counter() - t  # with S_a's attack
     if "mia" in row.skip:
         out["mia"] = {"skipped": row.skip["mia"]}
     else:
