@@ -8,6 +8,13 @@ on the final model, property inference (class 0 in the batch) on the uploads. Th
 
     OMP_NUM_THREADS=1 python benchmarks/privacy_leakage.py --docs docs/benchmarks.md
     OMP_NUM_THREADS=1 python benchmarks/privacy_leakage.py --rows "fedsgd, batch 1" --json out.json
+
+The raw results behind docs/benchmarks.md are ``benchmarks/results/privacy_leakage/results.json``
+(commit it); to re-measure some rows and keep the rest:
+
+    OMP_NUM_THREADS=1 python benchmarks/privacy_leakage.py --rows "LABEL" ... \
+        --merge-into benchmarks/results/privacy_leakage/results.json \
+        --json benchmarks/results/privacy_leakage/results.json --docs docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -37,6 +44,11 @@ def _cells(r: dict[str, Any]) -> list[str]:
         dra = ["—", "—", "—"]
     else:
         seen = " (sealed)" if d.get("sealed") else " (masked)" if d.get("masked") else ""
+        if "clipped" in d:
+            seen += f", {d['clipped']:.0%} clipped"
+        if "server" in d:  # EPPFL: the edge server's inversion; S_a's masked view beside it
+            sa = d["server"]
+            seen += f" at S_e; {sa['attack']}{' (masked)' if sa['masked'] else ''} at S_a: {sa['median_mse']:.3g}"
         dra = [f"{d['attack']}{seen}", f"**{d['median_mse']:.3g}**" if d["median_mse"] < d["mean_image"] else f"{d['median_mse']:.3g}",
                f"{d['mean_image']:.3g}"]  # fmt: skip
     if "skipped" in m:
@@ -47,6 +59,8 @@ def _cells(r: dict[str, Any]) -> list[str]:
                " / ".join(_f(m[k]["tpr_at_01pct_fpr"], ".2f") for k in ("loss", "shadow", "lira")),
                " / ".join(_f(m[k]["precision"], ".2f") for k in ("loss", "shadow", "lira"))]  # fmt: skip
     pia = "—" if "skipped" in p else _f(p["auc"]) + (" (masked)" if p.get("masked") else "")
+    if "edge server" in p.get("attack", ""):
+        pia += " (at S_e)"
     return dra + mia + [pia]
 
 
@@ -86,7 +100,21 @@ table. Reduced to fit shared CPUs, all on {s['dataset']}, IID, `lenet-dlg` unles
   each device's released activations (the kept outputs of M_c, clipped to L1 norm C and
   Laplace-noised with scale 2C/ε when DP is on) inverted to the input with the round's M_c
   (Adam, {s['iterations']} iterations, inside the pixel box, no image prior: under noise it
-  fits the noise; `eppfl-inversion`).
+  fits the noise; `eppfl-inversion` at S_e). The aggregation server S_a's view of the same
+  run is attacked too: each device's M_c upload (W_c + r_i in the fixed-point ring) decoded
+  as if it were the plaintext, DLG on −(W_c − W_c⁰)/η ("at S_a" in the DRA cell); what it
+  decodes is the mask (the same in the three EPPFL rows, which share the run seed).
+- DP rows (`privacy.mechanism=gaussian`, clip C, noise multiplier z; central DP as
+  `fedge.methods.private` implements it): each client clips its K loss differences to L2
+  norm C and the server adds N(0, (zC)²) to their sum, so the curious server sees every
+  client's clipped, **un-noised** K values: the noise and ε do not protect the single upload
+  (ε is not the point of these rows; they measure what clipping alone hides). C = 0.001 is
+  below every one-sample client's ‖ΔL‖ (~0.002-0.004 at K = 10, ~0.012 at K = 100, ~0.04 at
+  K = 1000): "N% clipped" is the measured share of uploads at the clip. The server does not
+  know the scale α = min(1, C/‖ΔL‖), so besides `baffle-k` (known scale) the harness runs
+  `baffle-k-fit`, the K-value match with s ≥ 0 fitted in closed form (relative residual
+  ‖t‖²(1 − cos²)); the better of the three (with `baffle-stein`) is shown. MIA and PIA run
+  on the DP-trained model and DP runs (the PIA server simulates the clipped client).
 - MIA: the method trained {s['mia_rounds']} rounds on {s['mia_clients']} clients x
   {s['mia_per_client']} samples; {s['mia_samples']} members vs {s['mia_samples']} test
   non-members; loss threshold, a Shokri-style attack model from {s['shadows']} shadow models
@@ -94,9 +122,16 @@ table. Reduced to fit shared CPUs, all on {s['dataset']}, IID, `lenet-dlg` unles
   data = test samples not used as non-members) and offline LiRA from the same shadows;
   precision at the threshold of best balanced accuracy. TPR@0.1%FPR with {s['mia_samples']}
   non-members is the TPR at zero false positives.
-- PIA: round 1, {s['pia_clients']} clients x 8 samples (fedsgd/fedavg/fedpt/baffle-epoch at
-  batch 8 so the upload depends on all 8); "class 0 occurs in the batch"; the server simulates
+- PIA: round 1, {s['pia_clients']} clients x 8 samples (fedsgd/fedavg/fedpt/baffle-epoch/eppfl
+  at batch 8 so the upload depends on all 8); "class 0 occurs in the batch"; the server simulates
   the client program on 64 auxiliary batches (test split) per broadcast, logistic regression.
+  EPPFL's is the edge server's (S_a's masked M_c gives a classifier nothing to read): it
+  simulates the device pipeline (M_c of the round, kept positions, L1 clip and Laplace noise
+  when DP is on) on 64 auxiliary batches, trains a per-sample "is class 0" classifier on the
+  released activations and scores each device by its most confident sample ("at S_e").
+  Under DP the Laplace noise (scale 2C/ε per released value) is far above the values (L1 ≤ C
+  over all of a sample's): the same seeds draw the same noise scaled by 1/ε, so after
+  standardization the ε = 5 and ε = 1 rows give the classifier the same features.
 
 {chr(10).join(lines)}
 
@@ -105,6 +140,8 @@ table. Reduced to fit shared CPUs, all on {s['dataset']}, IID, `lenet-dlg` unles
 {later}Total {seconds / 60:.1f} min on one thread of a shared machine (several other jobs running).
 
 Reproduce: `OMP_NUM_THREADS=1 python benchmarks/privacy_leakage.py --docs docs/benchmarks.md`
+(raw results: `benchmarks/results/privacy_leakage/results.json`; re-measure rows with
+`--rows ... --merge-into` that file, see the script's docstring)
 """
     return body
 

@@ -33,6 +33,7 @@ def test_clear_baffle_k_values_leak_an_image_smaller_than_k() -> None:
     s = _attack({"name": "baffle", "mode": "batch", "k": 100, "ema": None, "secure_aggregation": False}, 300)
     assert not s["masked"]
     assert s["attacks"]["baffle-k"]["median_mse"] < s["baseline_mean_image_mse"] / 4
+    assert "baffle-k-fit" not in s["attacks"]  # no DP: the K values come at their own scale
 
 
 def test_shadow_models_train_on_the_attackers_data_with_the_runs_method() -> None:
@@ -108,3 +109,84 @@ def test_round_models_are_the_runs_own_models_and_shadows_follow_the_rounds() ->
     for key in ("loss", "shadow", "lira"):  # round 3 = the final model against shadows trained 3 rounds
         assert by["rounds"]["3"][key] == final[key]
     assert by["rounds"]["1"]["loss"] != by["rounds"]["3"]["loss"]
+
+
+def _observe(method: dict, privacy: dict | None = None, parties: tuple[str, ...] = (), **kw):  # noqa: ANN202
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return observe_run(attack_config(method, privacy=privacy, dataset="digits", **kw), parties=parties)
+
+
+def test_dp_clips_what_the_server_sees_and_the_harness_fits_the_scale() -> None:
+    """Central DP: each client's K values arrive clipped to L2 norm C (the clip is active at
+    C = 1e-4), un-noised; the harness adds the scale-fitted K-value match and scores it."""
+    import torch
+
+    from fedge.attacks.harness import _targets
+
+    method = {"name": "baffle", "mode": "batch", "k": 32, "ema": None, "secure_aggregation": False}
+    dp = {"mechanism": "gaussian", "clip": 1e-4, "noise_multiplier": 1.0}
+    run = _observe(method, dp, clients=2, per_client=1)
+    clear = _observe(method, clients=2, per_client=1)
+    for v, c in zip(run.views, clear.views, strict=True):  # the same client, the same seed: only the clip differs
+        assert abs(float(v.upload["dL"].norm()) - 1e-4) < 1e-9 < float(c.upload["dL"].norm()) - 1e-4
+        torch.testing.assert_close(v.upload["dL"], c.upload["dL"] * (1e-4 / c.upload["dL"].norm()))
+    model = run.built.model_fn()
+    names = [n for n, *_ in _targets("baffle", run.views[0], model, run.built.method_config, clipped=True)]
+    assert names == ["baffle-k", "baffle-k-fit", "baffle-stein"]
+    s = reconstruction_attack(run, iterations=40)
+    assert {"baffle-k", "baffle-k-fit", "baffle-stein"} == set(s["attacks"])
+    fit = s["attacks"]["baffle-k-fit"]["clients"]
+    assert all(0 <= c["match_loss"] < 1 for c in fit)  # relative residual after the best scale: better than orthogonal
+
+
+def test_eppfl_aggregation_server_view_is_the_device_gradient_unmasked_and_noise_masked() -> None:
+    """Oracle (method.masks=false): S_a's decoded upload −(W_c − W_c⁰)/η is the autograd
+    gradient of the full model's loss on the device's one sample w.r.t. M_c (one SGD step;
+    momentum's first step is plain SGD). With the masks: uniform ring elements, no better
+    than the mean image."""
+    import torch
+    import torch.nn.functional as F
+
+    method = {"name": "eppfl", "local_epochs": 1, "batch_size": 1}
+    run = _observe({**method, "masks": False}, clients=2, per_client=1, parties=("edge",))
+    views = run.views
+    assert len(views) == 2 and not any(v.masked for v in views)
+    for v in views:
+        model = run.built.model_fn()
+        model.load_state_dict({**model.state_dict(), **v.model})
+        d = run.built.clients[v.cid]
+        params = dict(model.named_parameters())
+        g = torch.autograd.grad(F.cross_entropy(model(d.x[d.indices]), d.y[d.indices]), [params[n] for n in v.upload])
+        for (n, up), gn in zip(v.upload.items(), g, strict=True):
+            torch.testing.assert_close(-up / run.built.method_config.lr, gn, rtol=1e-3, atol=1e-5, msg=n)
+    masked = _observe(method, clients=2, per_client=1, parties=("edge",))
+    assert all(v.masked for v in masked.views) and len(masked.views) == 2
+    s = reconstruction_attack(masked, iterations=40)
+    assert s["masked"] and s["attacks"]["dlg"]["median_mse"] > s["baseline_mean_image_mse"]
+
+
+def test_edge_server_reads_released_activations_at_their_positions_and_infers_the_property() -> None:
+    """Oracle: the released kept activations (θ_a = 0.5), put back at the positions the
+    message's seed regenerates, are M_c(x) there and 0 elsewhere. Then property inference
+    at the edge server (no DP) separates devices with class 0 in their batch."""
+    import torch
+
+    from fedge.attacks.harness import _edge_view, edge_pia_attack, released_activations
+
+    run = _observe({"name": "eppfl", "local_epochs": 1, "batch_size": 1, "theta_a": 0.5}, clients=2, per_client=1,
+                   parties=("edge",))  # fmt: skip
+    steps, split = _edge_view(run, "test")
+    for cid, msg in steps.items():
+        d = run.built.clients[cid]
+        with torch.no_grad():
+            full = split.device(d.x[d.indices]).reshape(1, -1)
+        dense = released_activations(msg)
+        kept = dense != 0
+        assert 0.4 < float(kept.double().mean()) < 0.6
+        torch.testing.assert_close(dense[kept], full[kept])
+    pia = _observe({"name": "eppfl", "local_epochs": 1, "batch_size": 8}, clients=24, per_client=8, test=300,
+                   parties=("edge",))  # fmt: skip
+    r = edge_pia_attack(pia, prop=0)
+    assert r["uploads"] == 24 and 0 < r["with_property"] < 24
+    assert r["auc"] > 0.8

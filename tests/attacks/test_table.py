@@ -43,4 +43,21 @@ def test_eppfl_rows_invert_the_edge_servers_activations_and_dp_stops_it() -> Non
     assert plain["dra"]["attack"] == "eppfl-inversion"
     assert plain["dra"]["median_mse"] < plain["dra"]["mean_image"] / 100  # no DP: the input comes back
     assert noisy["dra"]["median_mse"] > noisy["dra"]["mean_image"]  # ε = 1 on the activations: nothing
-    assert plain["dra"]["upload_bytes"] > 0 and "not implemented" in plain["pia"]["skipped"]
+    assert plain["dra"]["upload_bytes"] > 0
+    for r in (plain, noisy):  # S_a's view, attacked: the masked M_c upload gives nothing
+        assert r["dra"]["server"]["masked"] and r["dra"]["server"]["median_mse"] > r["dra"]["server"]["mean_image"]
+        assert r["pia"]["uploads"] == TINY["pia_clients"] and 0 <= r["pia"]["auc"] <= 1  # at the edge server
+    assert plain["pia"]["epsilon"] is None and noisy["pia"]["epsilon"] == 1.0
+
+
+def test_dp_rows_clip_what_the_server_sees() -> None:
+    dp = [r for r in ROWS if r.privacy]
+    assert {(r.method["k"], r.method["secure_aggregation"]) for r in dp} == {(10, False), (100, False), (1000, False),
+                                                                           (100, True)}  # fmt: skip
+    assert all(r.privacy["mechanism"] == "gaussian" and r.privacy["noise_multiplier"] > 0 for r in dp)
+    row = Row("dp", {**dp[0].method, "k": 32}, privacy={**dp[0].privacy, "clip": 1e-4},
+              skip={"mia": "a reason long enough to be a real explanation of why"})  # fmt: skip
+    out = privacy_row(row, **TINY)
+    assert out["dra"]["clipped"] == 1.0 and out["dra"]["clip"] == 1e-4  # every upload sits at the clip
+    assert {"baffle-k", "baffle-k-fit", "baffle-stein"} == set(out["dra"]["all"])
+    assert out["pia"]["uploads"] == TINY["pia_clients"]

@@ -12,7 +12,16 @@ public protocol (method, K, σ, scheme, directions, client learning rate) would:
 - baffle (batch mode): the upload is K loss differences, with the model and seed broadcast:
   ``baffle-k`` matches the K values directly, ``baffle-stein`` runs DLG on the Stein
   estimate ĝ (Eq. 6);
-- under secure aggregation the same is done to the masked vector the server receives.
+- under secure aggregation the same is done to the masked vector the server receives;
+- under DP (``privacy.mechanism`` on) each client clips its upload to L2 norm ``privacy.clip``
+  before it leaves (the noise is added to the sum later, :mod:`fedge.methods.private`): the
+  server sees clipped, un-noised values whose scale α = min(1, C/‖upload‖) it does not know.
+  For BAFFLE it also tries ``baffle-k-fit``: the K-value match with that scale fitted in
+  closed form (:class:`~fedge.attacks.reconstruct.ProjectionTarget` ``fit_scale``);
+- eppfl: the aggregation server S_a receives each device's M_c in the fixed-point ring under
+  the randomness server's additive mask; it decodes it as the plaintext would be
+  (:func:`eppfl_server_views`) and runs DLG on −(W_c − W_c⁰)/η (one local SGD step), as for a
+  FedAvg delta. The edge server's view is :func:`activation_inversion` and :func:`edge_pia_attack`.
 
 Ground truth: each client's local set. The metric is the MSE in [0, 1] pixel space between
 each reconstructed image and the closest image of that client's local set (a batch's order
@@ -43,10 +52,10 @@ from fedge.attacks.reconstruct import (
 from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError
 from fedge.core.rng import generator
-from fedge.experiment.build import BuiltRun, build_run
+from fedge.experiment.build import BuiltRun, build_run, privacy_config
 from fedge.methods.base import unpack_model_arrays
 
-__all__ = ["ATTACKABLE", "activation_inversion", "LEAKAGE_ROWS", "ObservedRun", "attack_config", "leakage_table", "membership_attacks", "membership_by_round", "observe_run", "one_batch_clients", "pia_attack", "pixel_mse", "reconstruction_attack", "round_models", "shadow_models"]
+__all__ = ["ATTACKABLE", "activation_inversion", "LEAKAGE_ROWS", "ObservedRun", "attack_config", "edge_pia_attack", "eppfl_server_views", "released_activations", "leakage_table", "membership_attacks", "membership_by_round", "observe_run", "one_batch_clients", "pia_attack", "pixel_mse", "reconstruction_attack", "round_models", "shadow_models"]
 
 ATTACKABLE = ("fedsgd", "fedavg", "fedpt", "baffle", "ntk-baffle", "ppfl")
 SEALED = ("ppfl",)  # methods whose upload is an enclave-sealed ciphertext
@@ -68,6 +77,8 @@ class ObservedRun:
                 layout = {n: shape for n, (shape, _) in summands.items()}
                 break
             strategy = getattr(strategy, "inner", None)
+        if self.built.config.method.name == "eppfl":
+            return eppfl_server_views(self)
         sealed = None
         if self.built.config.method.name in SEALED:  # the public protocol says the upload is a ciphertext
             sealed = {n: p.shape for n, p in self.built.model_fn().named_parameters()}
@@ -133,10 +144,13 @@ def _mean_image(built: BuiltRun, limit: int = 10_000) -> torch.Tensor:
 
 
 def _targets(name: str, view: ServerView, model: torch.nn.Module, mcfg: Any,
-             masks: dict[str, torch.Tensor] | None = None) -> Iterator[tuple[str, Any, bool]]:
-    """(attack name, target, whether iDLG may read the label) for one upload."""
+             masks: dict[str, torch.Tensor] | None = None, *, clipped: bool = False) -> Iterator[tuple[str, Any, bool]]:
+    """(attack name, target, whether iDLG may read the label) for one upload; ``clipped``: the
+    run's clients clip their uploads (DP), so BAFFLE's K values come at an unknown scale."""
     params = dict(model.named_parameters())
-    if name == "fedsgd":
+    if name == "eppfl":  # W_c − W_c⁰ after one SGD step (momentum's first step is plain SGD): −η∇L
+        yield "dlg", GradientTarget({n: -v / mcfg.lr for n, v in view.upload.items() if n in params}), True
+    elif name == "fedsgd":
         yield "dlg", GradientTarget({n: v for n, v in view.upload.items() if n in params}), True
     elif name in ("fedavg", "fedpt") or (name == "baffle" and mcfg.mode == "epoch"):
         # a model delta: −Δ/η is the gradient for one SGD step (baffle epoch: of its estimates)
@@ -160,6 +174,8 @@ def _targets(name: str, view: ServerView, model: torch.nn.Module, mcfg: Any,
             proj = replace(proj, directions={n: z * masks[n].to(z.dtype) if n in masks else z
                                              for n, z in proj.directions.items()})  # fmt: skip
         yield "baffle-k", proj, False
+        if clipped:
+            yield "baffle-k-fit", replace(proj, fit_scale=True), False
         # the Stein estimate ĝ = (1/K) Σ t_k z_k (Eq. 6), exactly what the server forms
         k = proj.t.numel()
         stein = {n: torch.einsum("k,k...->...", proj.t, z) / k for n, z in proj.directions.items()}
@@ -205,7 +221,8 @@ def reconstruction_attack(
         base_mean.append(_nearest(mean_img, x_true, ds)[0])
         base_gray.append(_nearest(gray, x_true, ds)[0])
         base_typical.append(float(pixel_mse(mean_img.expand_as(x_true), x_true, ds.mean, ds.std).mean()))
-        for attack, target, idlg in _targets(name, view, model, built.method_config, masks):
+        clipped = privacy_config(built.config).enabled
+        for attack, target, idlg in _targets(name, view, model, built.method_config, masks, clipped=clipped):
             b = _batch(built.method_config, x_true.shape[0])
             labels = idlg_labels(target.grads, model) if idlg and b == 1 and isinstance(target, GradientTarget) else None
             gen = generator(seed, "attack", attack, view.rnd, view.cid)
@@ -268,26 +285,11 @@ def activation_inversion(
     Scored like :func:`reconstruction_attack`: pixel MSE to the closest image of the
     client's local set, beside the mean-image and mid-gray baselines."""
     from fedge.attacks.inversion import invert_activations  # noqa: PLC0415
-    from fedge.methods.eppfl.split import activation_positions, split_model  # noqa: PLC0415
+    from fedge.methods.eppfl.split import activation_positions  # noqa: PLC0415
 
     built = run.built
     mcfg = built.method_config
-    if built.config.method.name != "eppfl":
-        raise ConfigError(f"activation inversion attacks EPPFL's released activations; this run is {built.config.method.name!r}")
-    steps: dict[int, Any] = {}
-    for r in run.party_records:  # the first step of each device in round 1: taken with the broadcast M_c
-        if r.party == "edge" and r.rnd == 1 and r.message.config.get("op") == "step" and r.key is not None:
-            steps.setdefault(r.key, r.message)
-    if not steps:
-        raise ConfigError("no activations observed at the edge server in round 1; run observe_run with parties=('edge',)")
-    sent = next((o.sent for o in run.observer.records if o.rnd == 1 and o.sent.arrays), None)
-    if sent is None or "masked_sum" in sent.config:
-        raise ConfigError("round 1's broadcast of M_c was not observed in the clear")
-    split = split_model(built.model_fn(), getattr(mcfg, "cut", None))
-    dstate = split.device.state_dict()
-    with torch.no_grad():
-        for key, local in split.device_keys.items():
-            dstate[local].copy_(sent.arrays[key])
+    steps, split = _edge_view(run, "activation inversion")
     ds = built.dataset
     shape = tuple(ds.input_shape)
     m, s = torch.tensor(ds.mean).view(1, -1, 1, 1), torch.tensor(ds.std).view(1, -1, 1, 1)
@@ -330,6 +332,145 @@ def activation_inversion(
                                         "clients": clients}},
         "_images": {"eppfl-inversion": (torch.cat(truths), torch.cat(recs))},
     }  # fmt: skip
+
+
+def _edge_view(run: ObservedRun, attack: str) -> tuple[dict[int, Any], Any]:
+    """What an EPPFL edge server holds after round 1: each device's first ``step`` message
+    (its released activations, taken with the broadcast M_c), and the split model with the
+    round-1 global M_c (broadcast in the clear in round 1) loaded into its device half."""
+    from fedge.methods.eppfl.split import split_model  # noqa: PLC0415
+
+    built = run.built
+    if built.config.method.name != "eppfl":
+        raise ConfigError(f"{attack} attacks EPPFL's released activations; this run is {built.config.method.name!r}")
+    steps: dict[int, Any] = {}
+    for r in run.party_records:  # the first step of each device in round 1: taken with the broadcast M_c
+        if r.party == "edge" and r.rnd == 1 and r.message.config.get("op") == "step" and r.key is not None:
+            steps.setdefault(r.key, r.message)
+    if not steps:
+        raise ConfigError("no activations observed at the edge server in round 1; run observe_run with parties=('edge',)")
+    sent = next((o.sent for o in run.observer.records if o.rnd == 1 and o.sent.arrays), None)
+    if sent is None or "masked_sum" in sent.config:
+        raise ConfigError("round 1's broadcast of M_c was not observed in the clear")
+    split = split_model(built.model_fn(), getattr(built.method_config, "cut", None))
+    dstate = split.device.state_dict()
+    with torch.no_grad():
+        for key, local in split.device_keys.items():
+            dstate[local].copy_(sent.arrays[key])
+    return steps, split
+
+
+def eppfl_server_views(run: ObservedRun) -> list[ServerView]:
+    """EPPFL's aggregation server S_a: each device's upload of a round whose broadcast W_c⁰ was
+    in the clear (round 1), read as the public protocol says — W_c + r_i in the fixed-point
+    ring (:data:`fedge.methods.eppfl.FIXED_POINT`, config ``masked``), decoded as if it were the
+    plaintext and laid out over M_c's floating-point keys — minus W_c⁰: a model delta
+    (``masked`` True). With ``method.masks=false`` the reply's arrays are W_c itself."""
+    from fedge.methods.eppfl import FIXED_POINT  # noqa: PLC0415
+    from fedge.methods.eppfl.device import float_keys, unflatten  # noqa: PLC0415
+    from fedge.methods.eppfl.split import split_model  # noqa: PLC0415
+
+    built = run.built
+    keys = float_keys(split_model(built.model_fn(), getattr(built.method_config, "cut", None)))
+    views = []
+    for r in run.observer.records:
+        if "masked_sum" in r.sent.config or not all(k in r.sent.arrays for k in keys):
+            continue  # a masked broadcast: S_a does not know W_c⁰ either
+        w0 = {k: r.sent.arrays[k] for k in keys}
+        blob = r.reply.config.get("masked")
+        if isinstance(blob, bytes):
+            w, masked = unflatten(FIXED_POINT.decode(FIXED_POINT.from_bytes(blob)), w0, keys), True
+        elif all(k in r.reply.arrays for k in keys):
+            w, masked = {k: r.reply.arrays[k] for k in keys}, False
+        else:
+            continue
+        config = {k: v for k, v in r.sent.config.items() if not isinstance(v, bytes)}
+        upload = {k: w[k].to(torch.float32) - w0[k].to(torch.float32) for k in keys}
+        views.append(ServerView(r.rnd, r.cid, dict(r.sent.arrays), config, upload, masked, r.reply.nbytes))
+    return views
+
+
+def _dense(a: torch.Tensor, seed_pos: int, shape: tuple[int, int, int]) -> torch.Tensor:
+    """(B, C·N) released values at their positions, zeros at positions not released."""
+    from fedge.methods.eppfl.split import activation_positions, scatter  # noqa: PLC0415
+
+    if seed_pos >= 0:
+        a = scatter(a.to(torch.float32), activation_positions(seed_pos, shape, a.shape[-1]), shape[-1])
+    return a.reshape(shape[0], -1).to(torch.float32)
+
+
+def released_activations(step: Any) -> torch.Tensor:
+    """An EPPFL ``step`` message as its edge server reads it: the (B, C·N_c) cut activations
+    with the released values at their positions (regenerated from the message's seed, θ_a)
+    and zeros where nothing was released."""
+    full = tuple(int(v) for v in str(step.config["shape"]).split(","))
+    b, c = full[0], full[1] if len(full) > 2 else 1
+    return _dense(step.arrays["a"], step.config_int("seed", -1), (b, c, math.prod(full[1:]) // c))
+
+
+def edge_pia_attack(run: ObservedRun, *, prop: int = 0, aux_updates: int = 64, seed: int = 0) -> dict[str, Any]:
+    """Property inference at EPPFL's edge server (Melis et al. 2019's batch property, "class
+    ``prop`` occurs in the batch", against the split-learning view): S_e sees each device's
+    released kept activations (noisy under DP) and knows the round's M_c. It simulates the
+    public device pipeline — M_c, the kept positions (θ_a), the per-sample L1 clip and
+    Laplace noise Lap(2C/ε) — on ``aux_updates`` auxiliary batches (the test split), half
+    with the property and half without (:func:`~fedge.attacks.property.aux_batch`), trains a
+    per-sample classifier "is this sample of class ``prop``" (logistic regression on the
+    released values scattered back to their positions, zeros elsewhere), and scores each
+    observed device by its most confident sample (the batch has the property iff some
+    sample has it). Metric: AUC over the observed devices (chance 0.5)."""
+    from sklearn.linear_model import LogisticRegression  # noqa: PLC0415
+    from sklearn.pipeline import make_pipeline  # noqa: PLC0415
+    from sklearn.preprocessing import StandardScaler  # noqa: PLC0415
+
+    from fedge.attacks.membership import roc_auc  # noqa: PLC0415
+    from fedge.attacks.property import aux_batch  # noqa: PLC0415
+    from fedge.methods.eppfl.split import activation_positions, kept  # noqa: PLC0415
+    from fedge.privacy.dp.laplace import LaplaceMechanism  # noqa: PLC0415
+
+    built = run.built
+    mcfg, ds = built.method_config, built.dataset
+    steps, split = _edge_view(run, "edge property inference")
+    mech = LaplaceMechanism(mcfg.dp.epsilon, mcfg.dp.clip) if mcfg.dp is not None else None
+
+    observed, truth = {}, {}
+    for cid, msg in steps.items():
+        observed[cid] = released_activations(msg)
+        data = built.clients[cid]
+        truth[cid] = bool((data.y[data.indices] == prop).any())
+    if len(set(truth.values())) == 1:
+        raise ConfigError(f"edge property inference needs devices with and without class {prop} in their batch; all "
+                          f"{len(truth)} observed devices {'had' if all(truth.values()) else 'lacked'} it. Use more devices "
+                          "or another property class")  # fmt: skip
+    size = max(len(v) for v in observed.values())
+    split.device.eval()  # the attacker's simulation: dropout off (the zoo's split points have none)
+    feats, labels = [], []
+    for j in range(aux_updates):
+        g = generator(seed, "edge-pia", j)
+        idx = aux_batch(ds.y_test, size, prop, j % 2 == 0, g)
+        with torch.no_grad():
+            a = split.device(ds.x_test[idx])
+        b, c = a.shape[0], a.shape[1] if a.dim() > 2 else 1
+        n = a[0].numel() // c
+        flat, seed_pos = a.reshape(b, c, n), -1
+        if mcfg.theta_a < 1:
+            seed_pos = int(torch.randint(2**62, (1,), generator=g))
+            flat = flat.gather(-1, activation_positions(seed_pos, (b, c, n), kept(n, mcfg.theta_a)))
+        if mech is not None:
+            flat = mech.release(flat, generator=g)[1]
+        feats.append(_dense(flat, seed_pos, (b, c, n)))
+        labels.append(ds.y_test[idx] == prop)
+    x, y = torch.cat(feats).double().numpy(), torch.cat(labels).numpy()
+    clf = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000, class_weight="balanced"))
+    clf.fit(x, y)
+    scores = {cid: float(clf.predict_proba(f.double().numpy())[:, 1].max()) for cid, f in observed.items()}
+    pos = torch.tensor([scores[c] for c in scores if truth[c]])
+    neg = torch.tensor([scores[c] for c in scores if not truth[c]])
+    return {"attack": "property inference at the edge server (per-sample classifier on released activations, max over the batch)",
+            "method": "eppfl", "property_class": prop, "chance_auc": 0.5, "auc": roc_auc(pos, neg),
+            "uploads": len(scores), "with_property": len(pos), "aux_updates": aux_updates,
+            "train_accuracy": float(clf.score(x, y)), "masked": False,
+            "epsilon": mcfg.dp.epsilon if mcfg.dp is not None else None}  # fmt: skip
 
 
 def one_batch_clients(built: BuiltRun, seed: int = 0) -> BuiltRun:
@@ -516,10 +657,12 @@ def membership_by_round(built: BuiltRun, rounds: list[int], *, samples: int, sha
 
 def attack_config(method: dict[str, Any], *, clients: int, per_client: int, seed: int = 0,
                   model: str = "lenet-dlg", dataset: str = "fashion-mnist", test: int = 10,
-                  rounds: int = 1) -> RunConfig:
+                  rounds: int = 1, privacy: dict[str, Any] | None = None) -> RunConfig:
     """A short run whose clients each hold exactly ``per_client`` samples; ``test`` test
-    samples (the attacker's auxiliary data and non-members come from there)."""
+    samples (the attacker's auxiliary data and non-members come from there); ``privacy``: the
+    run's ``privacy:`` section (None: no DP)."""
     return load_config({
+        **({"privacy": privacy} if privacy else {}),
         "seed": seed, "rounds": rounds, "eval_every": rounds,
         "clients": {"num": clients, "per_round": clients},
         "dataset": {"name": dataset, "limit_train": clients * per_client, "limit_test": test},

@@ -11,6 +11,12 @@ uploaded matches what was observed, with L-BFGS as DLG does (Zhu, Liu, Han 2019,
   O(σ)) projections of the client's gradient on known directions; the loss is
   Σ_k (z_kᵀ∇L(x̂) − t_k)². With K = 100 this is much stronger than DLG on ĝ, whose
   d-dimensional noise (d ≫ K) swamps the signal.
+- The same with an unknown scale (``fit_scale``): under DP the client clips its K values to L2
+  norm C before upload (:class:`fedge.methods.private.PrivateClient`), so the server sees
+  α·ΔL with α = min(1, C/‖ΔL‖) unknown (it depends on the secret data). The attacker fits
+  the scale in closed form, min_{s≥0} ‖s·p − t‖² with p = Zᵀ∇L(x̂): s* = max(pᵀt, 0)/‖p‖²,
+  residual ‖t‖²(1 − cos²) while pᵀt ≥ 0, matched relative to ‖t‖² — a scale-invariant match
+  whose s* estimates α.
 
 Labels: for one sample, iDLG (Zhao et al. 2020) reads the label off the sign of the last
 layer's bias gradient (softmax − one-hot is negative only at the label); for a batch, or when
@@ -67,16 +73,33 @@ class GradientTarget:
 
 @dataclass
 class ProjectionTarget:
-    """K observed projections t of the gradient on directions Z (name -> (K, *shape))."""
+    """K observed projections t of the gradient on directions Z (name -> (K, *shape)).
+
+    With ``fit_scale`` the observed t is taken to be s·(Zᵀ∇L) for an unknown s ≥ 0 (a clipped
+    upload) and :meth:`loss` is the residual after the best such s (:meth:`scale`), relative
+    to ‖t‖²."""
 
     directions: dict[str, Tensor]
     t: Tensor
+    fit_scale: bool = False
 
     def project(self, g: Mapping[str, Tensor]) -> Tensor:
         return sum(z.flatten(1) @ g[n].flatten() for n, z in self.directions.items())  # type: ignore[return-value]
 
+    def scale(self, g: Mapping[str, Tensor]) -> Tensor:
+        """s* = max(pᵀt, 0) / ‖p‖², the least-squares scale s ≥ 0 of p = Zᵀg onto t."""
+        p = self.project(g)
+        return (p @ self.t).clamp(min=0) / ((p @ p) + 1e-30)
+
     def loss(self, g: Mapping[str, Tensor]) -> Tensor:
-        return ((self.project(g) - self.t) ** 2).sum()
+        p = self.project(g)
+        if not self.fit_scale:
+            return ((p - self.t) ** 2).sum()
+        # (‖t‖² − (pᵀt)²/‖p‖²) / ‖t‖² = min_{s≥0} ‖s·p − t‖² / ‖t‖² while pᵀt ≥ 0, continued as
+        # 1 + cos² below (a start with pᵀt < 0 still has a gradient towards agreement). Relative
+        # to ‖t‖²: a clipped t is small, and L-BFGS's tolerances are absolute.
+        pt, tt = p @ self.t, self.t @ self.t
+        return 1 - pt * pt.abs() / (((p @ p) + 1e-30) * tt)
 
     def cosine(self, g: Mapping[str, Tensor]) -> Tensor:
         """1 − cos between the dummy's K projections and the observed ones."""

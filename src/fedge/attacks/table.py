@@ -12,10 +12,16 @@ Each :class:`Row` is one method configuration. Per row:
   ``mia_per_client`` samples; the loss-threshold, shadow-model and offline-LiRA attacks on the
   final (released) model (:func:`~fedge.attacks.harness.membership_attacks`).
   For EPPFL, whose server receives only a masked M_c, the edge server's view: each device's
-  released activations inverted to the input (:func:`~fedge.attacks.harness.activation_inversion`).
+  released activations inverted to the input (:func:`~fedge.attacks.harness.activation_inversion`);
+  the aggregation server S_a's view is attacked too (``dra["server"]``: DLG on the masked
+  W_c read as the plaintext, :func:`~fedge.attacks.harness.eppfl_server_views`).
+  With DP (``Row.privacy``) the server sees each client's clipped, un-noised upload (the
+  noise goes on the sum); ``dra["clipped"]`` is the fraction of observed uploads whose norm
+  sits at the clip (clipping active), and BAFFLE's attack also fits the unknown scale.
 - **PIA**: one round of ``pia_clients`` clients holding 8 samples each, every one of which the
   upload depends on; "class 0 occurs in the client's batch"
-  (:func:`~fedge.attacks.harness.pia_attack`).
+  (:func:`~fedge.attacks.harness.pia_attack`); for EPPFL at the edge server, on each device's
+  released activations (:func:`~fedge.attacks.harness.edge_pia_attack`).
 
 A cell the harness cannot measure says why (``{"skipped": reason}``), from what the Observer
 records: it never becomes a hard-coded number.
@@ -33,6 +39,7 @@ from fedge.attacks.harness import (
     _run_rounds,
     activation_inversion,
     attack_config,
+    edge_pia_attack,
     membership_attacks,
     observe_run,
     pia_attack,
@@ -53,14 +60,18 @@ class Row:
     model: str = "lenet-dlg"
     pia_method: dict[str, Any] | None = None  # the method with batch 8 (None: ``method``)
     skip: dict[str, str] = field(default_factory=dict)  # attack -> why it is not measured
+    privacy: dict[str, Any] | None = None  # the run's ``privacy:`` section (None: no DP)
 
 
 def _baffle(k: int, secagg: bool) -> dict[str, Any]:
     return {"name": "baffle", "mode": "batch", "k": k, "ema": None, "secure_aggregation": secagg}
 
 
-_EPPFL_PIA = ("not run: S_a's upload is W_c under the randomness server's additive mask (nothing a server-side "
-              "classifier can read); a property attack on the edge server's activations is not implemented")  # fmt: skip
+# Central DP on BAFFLE's K loss differences: clients clip the K values to L2 norm C, the server
+# adds N(0, (zC)²) to their sum. C = 1e-3 is below every one-sample client's ‖ΔL‖ on lenet-dlg
+# at σ's default (~0.002-0.004 at K=10, ~0.012 at K=100, ~0.04 at K=1000): clipping is active.
+_DP = {"mechanism": "gaussian", "clip": 1e-3, "noise_multiplier": 1.0}
+_DP_LABEL = f"DP clip {_DP['clip']:g}, z={_DP['noise_multiplier']:g}"
 _EPPFL_DP_CLIP = 100.0  # configs/eppfl-fmnist-vgg.yaml's per-sample L1 clip
 _PPFL_PIA = ("not run: the server cannot simulate an upload to train the classifier on (the client program "
              "runs in an attested enclave whose session key the server lacks); it observes AES-GCM ciphertext")  # fmt: skip
@@ -74,6 +85,9 @@ ROWS: tuple[Row, ...] = (
         pia_method={"name": "fedsgd", "batch_size": 8, "secure_aggregation": True}),
     *(Row(f"baffle batch, K={k}, no secure aggregation", _baffle(k, False)) for k in (10, 100, 1000)),
     *(Row(f"baffle batch, K={k}, secure aggregation (default)", _baffle(k, True)) for k in (10, 100, 1000)),
+    *(Row(f"baffle batch, K={k}, {_DP_LABEL}, no secure aggregation", _baffle(k, False), privacy=_DP)
+      for k in (10, 100, 1000)),
+    Row(f"baffle batch, K=100, {_DP_LABEL}, secure aggregation", _baffle(100, True), privacy=_DP),
     *(Row(f"baffle epoch, K={k}, 1 local step, batch 1",
           {"name": "baffle", "mode": "epoch", "k": k, "ema": None, "batch_size": 1, "local_epochs": 1, "client_optimizer": _SGD},
           pia_method={"name": "baffle", "mode": "epoch", "k": k, "ema": None, "batch_size": 8, "local_epochs": 1,
@@ -85,10 +99,12 @@ ROWS: tuple[Row, ...] = (
     Row("fedpt, largest layer frozen, 1 local SGD step, batch 1",
         {"name": "fedpt", "freeze": "largest", "local_epochs": 1, "batch_size": 1, "client_optimizer": _SGD},
         pia_method={"name": "fedpt", "freeze": "largest", "local_epochs": 1, "batch_size": 8, "client_optimizer": _SGD}),
-    Row("eppfl, 1 local epoch, batch 1", {"name": "eppfl", "local_epochs": 1, "batch_size": 1}, skip={"pia": _EPPFL_PIA}),
+    Row("eppfl, 1 local epoch, batch 1", {"name": "eppfl", "local_epochs": 1, "batch_size": 1},
+        pia_method={"name": "eppfl", "local_epochs": 1, "batch_size": 8}),
     *(Row(f"eppfl, 1 local epoch, batch 1, Laplace ε={eps:g} (clip {_EPPFL_DP_CLIP:g})",
           {"name": "eppfl", "local_epochs": 1, "batch_size": 1, "dp": {"epsilon": eps, "clip": _EPPFL_DP_CLIP}},
-          skip={"pia": _EPPFL_PIA}) for eps in (5.0, 1.0)),
+          pia_method={"name": "eppfl", "local_epochs": 1, "batch_size": 8, "dp": {"epsilon": eps, "clip": _EPPFL_DP_CLIP}})
+      for eps in (5.0, 1.0)),
     Row("fedavg, lenet-ppfl, 1 local SGD step, batch 1",
         {"name": "fedavg", "local_epochs": 1, "batch_size": 1, "client_optimizer": _SGD}, model="lenet-ppfl",
         pia_method={"name": "fedavg", "local_epochs": 1, "batch_size": 8, "client_optimizer": _SGD}),
@@ -124,7 +140,8 @@ def privacy_row(
         out["dra"] = {"skipped": row.skip["dra"]}
     else:
         t = time.perf_counter()
-        cfg = attack_config(row.method, clients=clients, per_client=row.batch, dataset=dataset, model=row.model)
+        cfg = attack_config(row.method, clients=clients, per_client=row.batch, dataset=dataset, model=row.model,
+                            privacy=row.privacy)  # fmt: skip
         eppfl = row.method["name"] == "eppfl"  # the edge server's view: the released activations
         run = _quiet(lambda: observe_run(cfg, parties=("edge",) if eppfl else ()))
         s = activation_inversion(run, iterations=iterations) if eppfl else reconstruction_attack(run, iterations=iterations)
@@ -138,12 +155,23 @@ def privacy_row(
                       "masked": s.get("masked", False), "sealed": any(v.sealed for v in run.views),
                       "upload_bytes": sorted(sizes)[len(sizes) // 2],
                       "seconds": time.perf_counter() - t}  # fmt: skip
+        if eppfl:  # the aggregation server S_a's view of the same run: the masked M_c uploads
+            sa = reconstruction_attack(run, iterations=iterations)
+            a = min(sa["attacks"], key=lambda k: sa["attacks"][k]["median_mse"])
+            out["dra"]["server"] = {"attack": a, "median_mse": sa["attacks"][a]["median_mse"], "masked": sa["masked"],
+                                    "mean_image": sa["baseline_mean_image_mse"]}  # fmt: skip
+        if row.privacy and not out["dra"]["masked"]:  # is the client's clip active on what the server sees?
+            clip = float(row.privacy["clip"])
+            norms = [float(sum((v.double() ** 2).sum() for v in w.upload.values()) ** 0.5) for w in run.views]
+            out["dra"]["clip"] = clip
+            out["dra"]["clipped"] = sum(n >= clip * (1 - 1e-4) for n in norms) / len(norms)
+        out["dra"]["seconds"] = time.perf_counter() - t  # with S_a's attack
     if "mia" in row.skip:
         out["mia"] = {"skipped": row.skip["mia"]}
     else:
         t = time.perf_counter()
         cfg = attack_config(row.method, clients=mia_clients, per_client=mia_per_client, dataset=dataset, model=row.model,
-                            test=test, rounds=mia_rounds)  # fmt: skip
+                            test=test, rounds=mia_rounds, privacy=row.privacy)  # fmt: skip
         built = _quiet(lambda: build_run(cfg))
         model = _quiet(lambda: _run_rounds(built, cfg.rounds))
         acc = _accuracy(model, built)
@@ -154,9 +182,13 @@ def privacy_row(
     else:
         t = time.perf_counter()
         cfg = attack_config(row.pia_method or row.method, clients=pia_clients, per_client=8, dataset=dataset,
-                            model=row.model, test=test)  # fmt: skip
-        run = _quiet(lambda: observe_run(cfg))
-        out["pia"] = {**pia_attack(run, prop=0), "seconds": time.perf_counter() - t}
+                            model=row.model, test=test, privacy=row.privacy)  # fmt: skip
+        if row.method["name"] == "eppfl":  # the edge server's view: each device's released activations
+            run = _quiet(lambda: observe_run(cfg, parties=("edge",)))
+            out["pia"] = {**edge_pia_attack(run, prop=0), "seconds": time.perf_counter() - t}
+        else:
+            run = _quiet(lambda: observe_run(cfg))
+            out["pia"] = {**pia_attack(run, prop=0), "seconds": time.perf_counter() - t}
     return out
 
 
