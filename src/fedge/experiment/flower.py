@@ -223,7 +223,8 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, seconds: flo
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop a process this module started, and the processes it started (its own session)."""
+    """Stop a process this module started, and the processes it started (its own session); return
+    once none of them runs any more (a SIGKILLed process takes a moment to die on a loaded machine)."""
     for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)  # the group is the one start_new_session made for it
@@ -231,9 +232,24 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(wait)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group (Flower's superexec)
-            return
+            break
         except subprocess.TimeoutExpired:
             continue
+    deadline = time.monotonic() + 10.0
+    while _group_running(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is still alive (zombies excluded; False without /proc)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 @contextlib.contextmanager
