@@ -47,9 +47,9 @@ from fedge.core.errors import ConfigError
 from fedge.experiment.build import build_run
 
 SETTINGS: dict[str, Any] = {
-    "dataset": "fashion-mnist", "model": "alexnet-ppfl", "seed": 0,
-    "dra_clients": 4, "iterations": 200,  # DRA
-    "clients": 4, "per_client": 16, "rounds": 8, "local_epochs": 5, "batch": 8, "lr": 0.05,  # MIA training
+    "dataset": "fashion-mnist", "resize": 16, "model": "alexnet-ppfl", "seed": 0,
+    "dra_clients": 4, "iterations": 1000,  # DRA
+    "clients": 4, "per_client": 16, "rounds": 12, "local_epochs": 10, "batch": 8, "lr": 0.05,  # MIA training
     "shadows": 2, "test": 1000,  # MIA attacker
     "pia_clients": 24,  # PIA: clients x 8 samples
 }  # fmt: skip
@@ -90,8 +90,13 @@ def methods(s: dict[str, Any], stages: int) -> dict[str, dict[str, dict[str, Any
 
 def _cfg(s: dict[str, Any], method: dict[str, Any], *, clients: int, per_client: int, test: int = 10,
          rounds: int = 1) -> RunConfig:  # fmt: skip
-    return attack_config(method, clients=clients, per_client=per_client, seed=s["seed"], model=s["model"],
-                         dataset=s["dataset"], test=test, rounds=rounds)  # fmt: skip
+    cfg = attack_config(method, clients=clients, per_client=per_client, seed=s["seed"], model=s["model"],
+                        dataset=s["dataset"], test=test, rounds=rounds)  # fmt: skip
+    if s["resize"]:  # 0: the native size
+        if s["resize"] < 4:
+            raise ConfigError(f"resize={s['resize']}; expected 0 (native size) or a side of at least 4 pixels")
+        cfg = cfg.model_copy(update={"dataset": cfg.dataset.model_copy(update={"resize": s["resize"]})})
+    return cfg
 
 
 def _quiet(fn: Callable[[], Any]) -> Any:
@@ -100,10 +105,14 @@ def _quiet(fn: Callable[[], Any]) -> Any:
         return fn()
 
 
-def stage_count(s: dict[str, Any]) -> int:
-    """How many stages PPFL trains ``s['model']`` in (its conv blocks, then the classifier)."""
+def model_info(s: dict[str, Any]) -> dict[str, int]:
+    """The model's parameter count at the run's input size and how many stages PPFL trains it
+    in (its conv blocks, then the classifier)."""
+    from fedge.models.registry import count_parameters  # noqa: PLC0415
+
     m = {"name": "ppfl", "rounds_per_stage": 1, "tee": {"client_mb": _TEE_MB}}
-    return len(_quiet(lambda: build_run(_cfg(s, m, clients=1, per_client=1))).method.strategy.stages)
+    built = _quiet(lambda: build_run(_cfg(s, m, clients=1, per_client=1)))
+    return {"stages": len(built.method.strategy.stages), "parameters": count_parameters(built.model_fn())}
 
 
 def dra(s: dict[str, Any], method: dict[str, Any]) -> dict[str, Any]:
@@ -145,7 +154,7 @@ def pia(s: dict[str, Any], method: dict[str, Any]) -> dict[str, Any]:
 
 def table2(s: dict[str, Any], progress: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
     """Every cell of the table: method -> attack -> result (or ``{"skipped": reason}``)."""
-    ms = methods(s, stage_count(s))
+    ms = methods(s, model_info(s)["stages"])
     out: dict[str, dict[str, Any]] = {}
     for name, per in ms.items():
         out[name] = {}
@@ -178,7 +187,9 @@ def cells(r: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def render(results: dict[str, dict[str, Any]], s: dict[str, Any], seconds: float, stages: int) -> str:
+def render(results: dict[str, dict[str, Any]], s: dict[str, Any], seconds: float, info: dict[str, int]) -> str:
+    stages = info["stages"]
+    side = f"resized to {s['resize']}x{s['resize']}" if s["resize"] else "at its native size"
     label = {"fedavg": "end-to-end FL (fedavg)", "ppfl": "PPFL (layer-wise, in enclaves)"}
     head = ["method", "DRA median MSE", "mean image", "upload bytes", "PIA AUC", "MIA precision loss / shadow / LiRA",
             "MIA AUC loss / shadow / LiRA", "TPR@1%FPR", "test acc.", "train acc. / gap"]  # fmt: skip
@@ -205,9 +216,11 @@ def render(results: dict[str, dict[str, Any]], s: dict[str, Any], seconds: float
     n = s["clients"] * s["per_client"]
     rps = s["rounds"] // stages
     return f"""PPFL (seed 001) Table 2 measured with fedge's attacks on `{s['model']}` (PPFL's AlexNet,
-C128x3-AP16-FC10, 297,738 parameters at 1x28x28), {s['dataset']}, IID, seed {s['seed']}; every cell is
-the result of running the attack on what the adversary observes (`benchmarks/ppfl_table2.py`,
-harness `src/fedge/attacks/harness.py`).
+C128x3-AP16-FC10: {info['parameters']:,} parameters), {s['dataset']} {side}, IID, seed {s['seed']}; every
+cell is the result of running the attack on what the adversary observes (`benchmarks/ppfl_table2.py`,
+harness `src/fedge/attacks/harness.py`). Images are resized so that the model's 16x16 average pool
+covers the whole image: at 28x28 its single pooling window sees only the top-left 16x16 of the last
+feature map (pixels of the top-left 18x18), and it also costs 3x the compute.
 
 - **DRA** (honest-but-curious server, round 1): {s['dra_clients']} clients, each holding the one sample its
   upload depends on. FedAvg: one local SGD step (lr 0.1), the delta Δ attacked as the gradient −Δ/η;
@@ -238,8 +251,8 @@ Paper's Table 2 (AlexNet rows, CIFAR-10, IID, to convergence; its DRA MSE is not
 
 {chr(10).join(paper)}
 
-Reduced vs the paper to fit ~30 CPU-minutes on one shared thread: Fashion-MNIST (1x28x28) instead
-of CIFAR-10; AlexNet only (no VGG9); {s['clients']} clients of {s['per_client']} samples trained for {s['rounds']} rounds
+Reduced vs the paper to fit ~30 CPU-minutes on one shared thread: Fashion-MNIST {side} instead
+of CIFAR-10 (3x32x32); AlexNet only (no VGG9); {s['clients']} clients of {s['per_client']} samples trained for {s['rounds']} rounds
 instead of 100 clients (10 per round) to convergence; DRA on {s['dra_clients']} single-sample uploads with
 {s['iterations']} L-BFGS iterations; PIA on {s['pia_clients']} uploads; {s['shadows']} shadow models; one seed, so no
 confidence intervals (with {n} members and {n} non-members an AUC carries roughly ±0.07 of
@@ -282,12 +295,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         with open(args.from_json) as f:
             saved = json.load(f)
-        results, s, seconds, stages = saved["results"], saved["settings"], saved["seconds"], saved["stages"]
+        results, s, seconds, info = saved["results"], saved["settings"], saved["seconds"], saved["model"]
     else:
         try:
             s = parse_settings(args.set)
-            stages = stage_count(s)
-            methods(s, stages)  # check the settings before measuring anything
+            info = model_info(s)
+            methods(s, info["stages"])  # check the settings before measuring anything
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -297,9 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.perf_counter() - t0
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"settings": s, "seconds": seconds, "stages": stages, "results": results}, f, indent=1,
+                json.dump({"settings": s, "seconds": seconds, "model": info, "results": results}, f, indent=1,
                           default=str)  # fmt: skip
-    text = render(results, s, seconds, stages)
+    text = render(results, s, seconds, info)
     if args.docs:
         update_section(args.docs, "ppfl-table2", "PPFL Table 2 analogue on AlexNet-PPFL", text)
     else:
