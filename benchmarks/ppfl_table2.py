@@ -40,7 +40,14 @@ from typing import Any
 
 import torch
 
-from fedge.attacks.harness import attack_config, membership_by_round, observe_run, pia_attack, reconstruction_attack
+from fedge.attacks.harness import (
+    ObservedRun,
+    attack_config,
+    membership_by_round,
+    observe_run,
+    pia_attack,
+    reconstruction_attack,
+)
 from fedge.bench.docs import update_section
 from fedge.core.config import RunConfig
 from fedge.core.errors import ConfigError
@@ -115,16 +122,27 @@ def model_info(s: dict[str, Any]) -> dict[str, int]:
     return {"stages": len(built.method.strategy.stages), "parameters": count_parameters(built.model_fn())}
 
 
+def dra_run(s: dict[str, Any], method: dict[str, Any]) -> ObservedRun:
+    """Round 1 of ``dra_clients`` clients holding one sample each, every exchange observed."""
+    return _quiet(lambda: observe_run(_cfg(s, method, clients=s["dra_clients"], per_client=1)))
+
+
+def upload_bytes(run: ObservedRun) -> int:
+    """The median size of the round-1 replies the server observed."""
+    sizes = sorted(v.reply_bytes for v in run.views if v.rnd == 1)
+    return sizes[len(sizes) // 2]
+
+
 def dra(s: dict[str, Any], method: dict[str, Any]) -> dict[str, Any]:
     t = time.perf_counter()
-    run = _quiet(lambda: observe_run(_cfg(s, method, clients=s["dra_clients"], per_client=1)))
+    run = dra_run(s, method)
     r = reconstruction_attack(run, iterations=s["iterations"], seed=s["seed"])
     a = r["attacks"]["dlg"]
     views = [v for v in run.views if v.rnd == 1]
     return {"attack": "dlg", "median_mse": a["median_mse"], "mean_mse": a["mean_mse"], "psnr_db": a["median_psnr_db"],
             "label_accuracy": a["label_accuracy"], "mean_image": r["baseline_mean_image_mse"],
             "mid_gray": r["baseline_mid_gray_mse"], "clients_attacked": r["clients_attacked"],
-            "sealed": all(v.sealed for v in views), "upload_bytes": sorted(v.reply_bytes for v in views)[len(views) // 2],
+            "sealed": all(v.sealed for v in views), "upload_bytes": upload_bytes(run),
             "seconds": time.perf_counter() - t}  # fmt: skip
 
 
