@@ -77,6 +77,10 @@ def test_table_cells_come_from_the_attacks(tiny: Any) -> None:
         assert m["members"] == s["clients"] * s["per_client"] and m["shadows"] == 1
         assert {"loss", "shadow", "lira"} <= set(m) and 0 <= m["loss"]["auc"] <= 1 and 0.5 <= m["loss"]["precision"] <= 1
         assert 0 <= m["test_accuracy"] <= 1 and 0 <= m["train_accuracy"] <= 1
+    # the last layer withheld: a classifier completed on the attacker's test samples (all but the non-members)
+    for w in (f["mia_withheld"], p["mia_withheld"]):
+        assert w["aux"] == s["test"] - s["clients"] * s["per_client"] and 0 <= w["loss"]["auc"] <= 1
+        assert 0 <= w["train_accuracy"] <= 1 and 0 <= w["test_accuracy"] <= 1
     # PIA: measured on fedavg's uploads; PPFL's are all ciphertext and the cell says why
     assert f["pia"]["uploads"] == s["pia_clients"] and 0 <= f["pia"]["auc"] <= 1
     assert p["pia"]["uploads"] == s["pia_clients"] and "ciphertext" in p["pia"]["skipped"]
@@ -97,4 +101,5 @@ def test_rendered_section_round_trips_through_json(tiny: Any, tmp_path: Path) ->
     assert "<!-- bench:ppfl-table2 -->" in text and "<!-- /bench:ppfl-table2 -->" in text
     assert "| end-to-end FL (fedavg) |" in text and "| PPFL (layer-wise, in enclaves) |" in text
     assert f"{info['parameters']:,} parameters" in text and "resized to 16x16" in text
+    assert text.count("| end-to-end FL (fedavg) |") == 3  # the table, the withheld-layer table, the paper's
     assert "--set dataset=digits" in text and "rounds=4" in text  # the exact command, with its overrides
