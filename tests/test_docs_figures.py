@@ -286,3 +286,28 @@ def test_fedpt_composition_bytes(tmp_path: Path) -> None:
         assert row[2] == want, f"{label}: trainable {row[2]}, code {want}"
         assert row[6] == f"{got['bytes_up'] / n:,.0f}", f"{label}: uplink {row[6]}"
         assert row[7] == f"{got['bytes_down'] / n:,.0f}", f"{label}: downlink {row[7]}"
+
+
+def test_ppfl_table2_parameters_and_upload_bytes() -> None:
+    """The PPFL Table 2 section's model size and the upload sizes the server observed (FedAvg's
+    plaintext delta, PPFL's sealed stage-1 ciphertext), re-derived from round 1 of its DRA runs
+    at the settings its Reproduce line gives (no attack run)."""
+    import sys
+
+    sys.path.insert(0, str(DOCS.parents[1] / "benchmarks"))
+    try:
+        import ppfl_table2 as bench
+    finally:
+        sys.path.pop(0)
+    section = _section("ppfl-table2")
+    m = re.search(r"ppfl_table2\.py --docs docs/benchmarks\.md(?: --set ([^`]*))?`", section)
+    assert m, "no Reproduce line in the ppfl-table2 section"
+    s = bench.parse_settings((m.group(1) or "").split())
+    info = bench.model_info(s)
+    assert f"{info['parameters']:,} parameters" in section
+    rows = {r[0]: r for r in _rows(section, "| method | DRA median MSE |")}
+    ms = bench.methods(s, info["stages"])
+    for label, name in (("end-to-end FL (fedavg)", "fedavg"), ("PPFL (layer-wise, in enclaves)", "ppfl")):
+        got = bench.upload_bytes(bench.dra_run(s, ms[name]["dra"]))
+        want = f"{got:,}" + (" (sealed)" if name == "ppfl" else "")
+        assert rows[label][3] == want, f"{label}: upload bytes {rows[label][3]}, code {want}"

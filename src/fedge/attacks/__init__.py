@@ -18,6 +18,8 @@ a method's internals:
   or the global model broadcast after any round, :func:`~fedge.attacks.harness.membership_by_round`): loss threshold
   (Yeom et al. 2018), shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022).
 - :mod:`fedge.attacks.property`: property inference from uploads (Melis et al. 2019).
+- :mod:`fedge.attacks.completion`: the attacker's own classifier atop released feature layers
+  (membership inference when the last layer is withheld, as PPFL can keep it in the TEEs).
 - :mod:`fedge.attacks.harness`: one short instrumented run, the attacks, and the baselines.
 - :mod:`fedge.attacks.table`: the leakage table of every method (DRA, MIA, PIA per row).
 """
