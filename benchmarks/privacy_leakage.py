@@ -83,7 +83,7 @@ def render(results: list[dict[str, Any]], settings: dict[str, Any], seconds: flo
         for r in t2:
             c = _cells(r)
             rows2.append(f"| {'end-to-end FL (fedavg)' if r['row'].startswith('fedavg') else 'PPFL'} | {c[1]} ({c[2]}) | {c[8]} | {c[7]} | {c[4]} |")
-        table2 = ("\n\nPPFL Table 2 analogue (the two `lenet-ppfl` rows above; Fashion-MNIST, IID, reduced as stated; "
+        table2 = ("\n\nPPFL Table 2 analogue on the small `lenet-ppfl` (the two rows above; Fashion-MNIST, IID, reduced as stated; the AlexNet-PPFL version is the section "PPFL Table 2 analogue on AlexNet-PPFL"; "
                   "PPFL's own Table 2 trains to convergence on MNIST/CIFAR10 with AlexNet/VGG9):\n\n" + "\n".join(rows2))  # fmt: skip
     later = (f"Rows measured in a later run than the rest (same settings, merged with `--merge-into`): "
              f"{'; '.join(merged)}.\n\n" if merged else "")  # fmt: skip
