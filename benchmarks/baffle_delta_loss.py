@@ -56,7 +56,8 @@ K, CLIENTS, PER_CLIENT, BATCH = 100, 4, 64, 16
 RATIO = PER_CLIENT // BATCH  # local_set's forwards per round over batch's
 ROUNDS = 20  # local_set's rounds; batch runs RATIO x as many (the same forwards)
 SCREEN_ROUNDS = 5  # local_set's screen; batch screens RATIO x as many
-SCREEN_LRS = (0.003, 0.01, 0.03)
+# Per variant; batch's grid was widened to 0.1 after its first screen picked 0.03, the grid's edge.
+SCREEN_LRS = {"batch": (0.003, 0.01, 0.03, 0.1), "local_set": (0.003, 0.01, 0.03)}
 VALIDATION, TEST = 1000, 2000
 PROTOCOL = [
     "threads=1", f"rounds={ROUNDS}", "method.mode=batch", f"method.k={K}", f"clients.num={CLIENTS}",
@@ -80,8 +81,8 @@ def _on(variant: str) -> str:
 def screen_variants() -> dict[str, list[str]]:
     """Each variant at each lr, for a quarter of its main run (the same forwards for both)."""
     out = {}
-    for lr in SCREEN_LRS:
-        for v in VARIANTS:
+    for lr in sorted({lr for grid in SCREEN_LRS.values() for lr in grid}):
+        for v in (v for v in VARIANTS if lr in SCREEN_LRS[v]):
             rounds = SCREEN_ROUNDS * (RATIO if v == "batch" else 1)
             out[f"screen {v} lr={lr}"] = [_on(v), f"method.server_optimizer.lr={lr}", f"rounds={rounds}",
                                           *([f"eval_every={RATIO}"] if v == "batch" else [])]  # fmt: skip
@@ -96,7 +97,7 @@ def picks(screen: dict[str, Any]) -> dict[str, float] | None:
     """Each variant's lr with the best final validation accuracy (ties: the smaller); None until all ran."""
     chosen = {}
     for v in VARIANTS:
-        lr = pick_by_validation(screen["results"], {lr: f"screen {v} lr={lr}" for lr in SCREEN_LRS})
+        lr = pick_by_validation(screen["results"], {lr: f"screen {v} lr={lr}" for lr in SCREEN_LRS[v]})
         if lr is None:
             return None
         chosen[v] = lr
@@ -175,12 +176,13 @@ def screen_lines(screen: dict[str, Any]) -> list[str]:
     out = [f"**Learning-rate screen** (server Adam lr; seed 0; local_set {SCREEN_ROUNDS} rounds, batch "
            f"{SCREEN_ROUNDS * RATIO} rounds: the same forwards; picked by final **validation** accuracy):", "",
            "| lr | batch val acc | local_set val acc |", "|---|---|---|"]  # fmt: skip
-    for lr in SCREEN_LRS:
-        cells = [f"{rows[k]['final_val_accuracy']:.4f}" if (k := f"screen {v} lr={lr}") in rows else "not run" for v in VARIANTS]
+    for lr in sorted({lr for grid in SCREEN_LRS.values() for lr in grid}):
+        cells = [(f"{rows[k]['final_val_accuracy']:.4f}" if (k := f"screen {v} lr={lr}") in rows else "not run")
+                 if lr in SCREEN_LRS[v] else "-" for v in VARIANTS]  # fmt: skip
         out.append(f"| {lr} | {' | '.join(cells)} |")
     chosen = picks(screen)
     if chosen is not None:
-        edge = [v for v in VARIANTS if chosen[v] in (min(SCREEN_LRS), max(SCREEN_LRS))]
+        edge = [v for v in VARIANTS if chosen[v] in (min(SCREEN_LRS[v]), max(SCREEN_LRS[v]))]
         out += ["", "Picked: " + ", ".join(f"{v} lr {chosen[v]}" for v in VARIANTS) + "."
                 + (f" At the edge of the grid: {', '.join(edge)}." if edge else "")]  # fmt: skip
     return out

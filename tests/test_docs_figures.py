@@ -286,3 +286,34 @@ def test_fedpt_composition_bytes(tmp_path: Path) -> None:
         assert row[2] == want, f"{label}: trainable {row[2]}, code {want}"
         assert row[6] == f"{got['bytes_up'] / n:,.0f}", f"{label}: uplink {row[6]}"
         assert row[7] == f"{got['bytes_down'] / n:,.0f}", f"{label}: downlink {row[7]}"
+
+
+# --- BAFFLE ΔL over a batch vs the local set (bench:baffle-delta-loss) -------------------------
+
+
+def test_baffle_delta_loss_bytes(tmp_path: Path) -> None:
+    """Bytes per client per round of both rows: one round of the benchmark's protocol (every
+    round moves the same messages: the model and seed down, secure aggregation's keys and masked
+    K float32 loss differences up). ΔL on a mini-batch of one sample (``CHEAP``): the messages
+    are the same for ``batch`` and ``local_set`` (a client reports its 64 samples either way)."""
+    import json
+    import sys
+
+    from fedge.core.config import load_config
+    from fedge.experiment.run import run_experiment
+
+    sys.path.insert(0, str(DOCS.parents[1] / "benchmarks"))
+    try:
+        import baffle_delta_loss as bench
+    finally:
+        sys.path.pop(0)
+    run_experiment(load_config(bench.BASE, overrides=[*bench.PROTOCOL, "seed=0", "rounds=1", *CHEAP]), out=tmp_path / "r",
+                   render=False)  # fmt: skip
+    line = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[0])
+    rows = {r[0]: r for r in _rows(_section("baffle-delta-loss"), "| ΔL over |")}
+    assert set(rows) == set(bench.VARIANTS)
+    for label, row in rows.items():
+        up, down = row[6], row[7]
+        assert up == f"{line['bytes_up'] / line['clients']:,.0f}", f"{label}: docs up {up}, code {line}"
+        assert down == f"{line['bytes_down'] / line['clients']:,.0f}", f"{label}: docs down {down}, code {line}"
+        assert row[4] == f"{bench.FORWARDS[label]:,}", f"{label}: forwards {row[4]}"

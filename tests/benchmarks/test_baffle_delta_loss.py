@@ -114,12 +114,13 @@ def test_result_tables_by_hand() -> None:
 
 
 def test_screen_picks_each_variants_best_validation_lr() -> None:
-    vals = {("batch", 0.003): 0.4, ("batch", 0.01): 0.5, ("batch", 0.03): 0.5, ("local_set", 0.003): 0.6,
-            ("local_set", 0.01): 0.5, ("local_set", 0.03): 0.2}  # fmt: skip
+    vals = {("batch", 0.003): 0.4, ("batch", 0.01): 0.5, ("batch", 0.03): 0.5, ("batch", 0.1): 0.45,
+            ("local_set", 0.003): 0.6, ("local_set", 0.01): 0.5, ("local_set", 0.03): 0.2}  # fmt: skip
     screen = {"results": [{"label": f"screen {v} lr={lr}", "final_val_accuracy": a} for (v, lr), a in vals.items()]}
     assert bench.picks(screen) == {"batch": 0.01, "local_set": 0.003}  # tie at 0.5: the smaller lr
     text = "\n".join(bench.screen_lines(screen))
-    assert "| 0.003 | 0.4000 | 0.6000 |" in text and "At the edge of the grid: local_set." in text
+    assert "| 0.003 | 0.4000 | 0.6000 |" in text and "| 0.1 | 0.4500 | - |" in text  # 0.1: batch's grid only
+    assert "At the edge of the grid: local_set." in text
     assert bench.picks({"results": screen["results"][:-1]}) is None
 
 
@@ -133,16 +134,16 @@ def _write_record(root: Path, label: str, overrides: list[str], row: dict) -> No
 def test_table_reads_the_records_and_says_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench, "RECORDS", tmp_path)
     text = bench.table("cmd")
-    assert "| 0.003 | not run | not run |" in text and "The screen is not finished" in text
+    assert "| 0.003 | not run | not run |" in text and "| 0.1 | not run | - |" in text and "The screen is not finished" in text
     for i, (label, overrides) in enumerate(bench.screen_variants().items()):
         _write_record(tmp_path / "screen", label, [*bench.screen_common(), *overrides], {"final_val_accuracy": 0.1 * i})
     text = bench.table("cmd")
-    assert "Picked: batch lr 0.03, local_set lr 0.03. At the edge of the grid: batch, local_set." in text
+    assert "Picked: batch lr 0.1, local_set lr 0.03. At the edge of the grid: batch, local_set." in text
     assert "Main runs not recorded yet" in text
     base = {"bytes_up_per_client_round": 1430.0, "bytes_down_per_client_round": 107848.0, "client_flops_per_round": 0.0,
             "wall_s": 1.0, "final_test_accuracy": 0.5, "best_test_accuracy": 0.5}  # fmt: skip
     for seed in bench.SEEDS:
-        for label, overrides in bench.main_variants({"batch": 0.03, "local_set": 0.03}).items():
+        for label, overrides in bench.main_variants({"batch": 0.1, "local_set": 0.03}).items():
             curve = _run(seed, label)["accuracy_by_round"]
             _write_record(tmp_path / f"seed-{seed}", label, [*bench.PROTOCOL, f"seed={seed}", *overrides],
                           {**base, "accuracy_by_round": curve})  # fmt: skip
