@@ -292,10 +292,10 @@ def test_fedpt_composition_bytes(tmp_path: Path) -> None:
 
 
 def test_baffle_delta_loss_bytes(tmp_path: Path) -> None:
-    """Bytes per client per round of both rows: one round of the benchmark's protocol (every
-    round moves the same messages: the model and seed down, secure aggregation's keys and masked
-    K float32 loss differences up). ΔL on a mini-batch of one sample (``CHEAP``): the messages
-    are the same for ``batch`` and ``local_set`` (a client reports its 64 samples either way)."""
+    """Bytes, forwards and client GFLOP per client per round of both rows, from one round of the
+    benchmark's protocol with ΔL on the mini-batch (every round moves the same messages: the model
+    and seed down, secure aggregation's keys and masked K float32 loss differences up; they are
+    the same for ``local_set``, whose client reports the same 64 samples)."""
     import json
     import sys
 
@@ -307,8 +307,8 @@ def test_baffle_delta_loss_bytes(tmp_path: Path) -> None:
         import baffle_delta_loss as bench
     finally:
         sys.path.pop(0)
-    run_experiment(load_config(bench.BASE, overrides=[*bench.PROTOCOL, "seed=0", "rounds=1", *CHEAP]), out=tmp_path / "r",
-                   render=False)  # fmt: skip
+    overrides = [*bench.PROTOCOL, "seed=0", "rounds=1", "method.delta_loss_on=batch", "measure.flops=true"]
+    run_experiment(load_config(bench.BASE, overrides=overrides), out=tmp_path / "r", render=False)
     line = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[0])
     rows = {r[0]: r for r in _rows(_section("baffle-delta-loss"), "| ΔL over |")}
     assert set(rows) == set(bench.VARIANTS)
@@ -317,3 +317,6 @@ def test_baffle_delta_loss_bytes(tmp_path: Path) -> None:
         assert up == f"{line['bytes_up'] / line['clients']:,.0f}", f"{label}: docs up {up}, code {line}"
         assert down == f"{line['bytes_down'] / line['clients']:,.0f}", f"{label}: docs down {down}, code {line}"
         assert row[4] == f"{bench.FORWARDS[label]:,}", f"{label}: forwards {row[4]}"
+        # FLOPs: local_set runs the batch's forwards on each of its RATIO chunks of the same shape
+        gflop = line["client_flops"] / line["clients"] * (bench.RATIO if label == "local_set" else 1) / 1e9
+        assert row[5] == f"{gflop:.1f}", f"{label}: docs GFLOP {row[5]}, code {gflop}"
