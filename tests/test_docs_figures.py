@@ -311,3 +311,37 @@ def test_ppfl_table2_parameters_and_upload_bytes() -> None:
         got = bench.upload_bytes(bench.dra_run(s, ms[name]["dra"]))
         want = f"{got:,}" + (" (sealed)" if name == "ppfl" else "")
         assert rows[label][3] == want, f"{label}: upload bytes {rows[label][3]}, code {want}"
+
+
+# --- BAFFLE ΔL over a batch vs the local set (bench:baffle-delta-loss) -------------------------
+
+
+def test_baffle_delta_loss_bytes(tmp_path: Path) -> None:
+    """Bytes, forwards and client GFLOP per client per round of both rows, from one round of the
+    benchmark's protocol with ΔL on the mini-batch (every round moves the same messages: the model
+    and seed down, secure aggregation's keys and masked K float32 loss differences up; they are
+    the same for ``local_set``, whose client reports the same 64 samples)."""
+    import json
+    import sys
+
+    from fedge.core.config import load_config
+    from fedge.experiment.run import run_experiment
+
+    sys.path.insert(0, str(DOCS.parents[1] / "benchmarks"))
+    try:
+        import baffle_delta_loss as bench
+    finally:
+        sys.path.pop(0)
+    overrides = [*bench.PROTOCOL, "seed=0", "rounds=1", "method.delta_loss_on=batch", "measure.flops=true"]
+    run_experiment(load_config(bench.BASE, overrides=overrides), out=tmp_path / "r", render=False)
+    line = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[0])
+    rows = {r[0]: r for r in _rows(_section("baffle-delta-loss"), "| ΔL over |")}
+    assert set(rows) == set(bench.VARIANTS)
+    for label, row in rows.items():
+        up, down = row[6], row[7]
+        assert up == f"{line['bytes_up'] / line['clients']:,.0f}", f"{label}: docs up {up}, code {line}"
+        assert down == f"{line['bytes_down'] / line['clients']:,.0f}", f"{label}: docs down {down}, code {line}"
+        assert row[4] == f"{bench.FORWARDS[label]:,}", f"{label}: forwards {row[4]}"
+        # FLOPs: local_set runs the batch's forwards on each of its RATIO chunks of the same shape
+        gflop = line["client_flops"] / line["clients"] * (bench.RATIO if label == "local_set" else 1) / 1e9
+        assert row[5] == f"{gflop:.1f}", f"{label}: docs GFLOP {row[5]}, code {gflop}"
