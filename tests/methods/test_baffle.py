@@ -27,6 +27,15 @@ def _model():
     return model
 
 
+def test_a_partial_server_optimizer_tunes_the_modes_default():
+    batch = BaffleConfig(mode="batch", server_optimizer={"lr": 0.03}).server_optimizer
+    assert (batch.name, batch.lr, batch.b1, batch.b2) == ("adam", 0.03, 0.9, 0.99)  # not an SGD at lr 0.03
+    epoch = BaffleConfig(server_optimizer={"momentum": 0.9}).server_optimizer  # mode defaults to epoch
+    assert (epoch.name, epoch.lr, epoch.momentum) == ("sgd", 1.0, 0.9)
+    named = BaffleConfig(mode="batch", server_optimizer={"name": "sgd", "lr": 0.5}).server_optimizer
+    assert (named.name, named.lr) == ("sgd", 0.5)  # naming the optimizer starts from its own defaults
+
+
 def test_config_rules():
     assert BaffleConfig(mode="batch").server_optimizer.name == "adam"
     assert BaffleConfig(mode="batch").secure_aggregation is True  # the paper's Eq. (7) relies on it

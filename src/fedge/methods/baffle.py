@@ -96,6 +96,11 @@ __all__ = ["BaffleBatchClient", "BaffleBatchStrategy", "BaffleConfig", "build", 
 _DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+# The server optimizer each mode defaults to: BAFFLE's Adam on the estimate (batch), FedAvg (epoch).
+_BATCH_SERVER_OPTIMIZER: dict[str, Any] = {"name": "adam", "lr": 0.01, "b1": 0.9, "b2": 0.99}
+_EPOCH_SERVER_OPTIMIZER: dict[str, Any] = {"name": "sgd", "lr": 1.0}
+
+
 class BaffleConfig(SecureAggregationOptions, FreezeOption):
     name: Literal["baffle"] = "baffle"
     mode: Literal["batch", "epoch"] = Field("epoch", description="batch-level (FedSGD) or epoch-level (FedAvg)")
@@ -150,13 +155,21 @@ class BaffleConfig(SecureAggregationOptions, FreezeOption):
     )
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _partial_server_optimizer(cls, data: Any) -> Any:
+        """``method.server_optimizer.lr=0.03`` alone tunes the mode's default optimizer (batch mode's
+        Adam), rather than building an SGD from the class defaults; naming ``name`` starts afresh."""
+        if isinstance(data, dict) and isinstance(data.get("server_optimizer"), dict) and "name" not in data["server_optimizer"]:
+            base = _BATCH_SERVER_OPTIMIZER if data.get("mode", "epoch") == "batch" else _EPOCH_SERVER_OPTIMIZER
+            data = {**data, "server_optimizer": {**base, **data["server_optimizer"]}}
+        return data
+
     @model_validator(mode="after")
     def _defaults_and_consistency(self) -> BaffleConfig:
         if self.server_optimizer is None:
-            self.server_optimizer = (
-                ServerOptimizerConfig(name="adam", lr=0.01, b1=0.9, b2=0.99)
-                if self.mode == "batch"
-                else ServerOptimizerConfig(name="sgd", lr=1.0)
+            self.server_optimizer = ServerOptimizerConfig(
+                **(_BATCH_SERVER_OPTIMIZER if self.mode == "batch" else _EPOCH_SERVER_OPTIMIZER)
             )
         if self.mode == "batch" and self.client_optimizer != type(self).model_fields["client_optimizer"].default:
             raise ValueError(
