@@ -14,7 +14,6 @@ the attacker's data (test samples not used as non-members). One seed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -25,6 +24,7 @@ import torch
 
 from fedge.attacks.harness import attack_config, membership_by_round
 from fedge.bench.docs import update_section
+from fedge.bench.script import measurement_parser
 from fedge.experiment.build import build_run
 
 SETTINGS: dict[str, Any] = {"clients": 4, "per_client": 16, "rounds": 20, "local_epochs": 5, "batch": 8, "k": 100,
@@ -96,11 +96,7 @@ Reproduce: `OMP_NUM_THREADS=1 python benchmarks/mia_overfit.py --docs docs/bench
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--docs", help="update the mia-overfit section of this Markdown file")
-    ap.add_argument("--json", help="write the raw results here")
-    ap.add_argument("--from-json", help="render a --json file of an earlier run instead of measuring")
-    ap.add_argument("--set", nargs="*", default=[], help="settings overrides, key=value (e.g. rounds=4)")
+    ap = measurement_parser(__doc__, section="mia-overfit", example="rounds=4")
     args = ap.parse_args(argv)
     if args.from_json:
         with open(args.from_json) as f:

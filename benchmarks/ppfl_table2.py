@@ -30,7 +30,6 @@ Here every cell comes from running the attack on what the adversary observes in 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -49,6 +48,7 @@ from fedge.attacks.harness import (
     reconstruction_attack,
 )
 from fedge.bench.docs import update_section
+from fedge.bench.script import measurement_parser
 from fedge.core.config import RunConfig
 from fedge.core.errors import ConfigError
 from fedge.experiment.build import build_run
@@ -357,11 +357,7 @@ def parse_settings(pairs: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--docs", help="update the ppfl-table2 section of this Markdown file")
-    ap.add_argument("--json", help="write the raw results here")
-    ap.add_argument("--from-json", help="render a --json file of an earlier run instead of measuring")
-    ap.add_argument("--set", nargs="*", default=[], help="settings overrides, key=value (e.g. rounds=4)")
+    ap = measurement_parser(__doc__, section="ppfl-table2", example="rounds=4")
     args = ap.parse_args(argv)
     if args.from_json:
         with open(args.from_json) as f:

@@ -19,7 +19,6 @@ The raw results behind docs/benchmarks.md are ``benchmarks/results/privacy_leaka
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -29,6 +28,7 @@ import torch
 
 from fedge.attacks.table import ROWS, privacy_row
 from fedge.bench.docs import update_section
+from fedge.bench.script import measurement_parser
 
 SETTINGS = {"dataset": "fashion-mnist", "clients": 4, "iterations": 200, "mia_clients": 2, "mia_per_client": 32,
             "mia_rounds": 3, "mia_samples": 64, "shadows": 2, "pia_clients": 24, "test": 600}  # fmt: skip
@@ -83,7 +83,7 @@ def render(results: list[dict[str, Any]], settings: dict[str, Any], seconds: flo
         for r in t2:
             c = _cells(r)
             rows2.append(f"| {'end-to-end FL (fedavg)' if r['row'].startswith('fedavg') else 'PPFL'} | {c[1]} ({c[2]}) | {c[8]} | {c[7]} | {c[4]} |")
-        table2 = ("\n\nPPFL Table 2 analogue on the small `lenet-ppfl` (the two rows above; Fashion-MNIST, IID, reduced as stated; the AlexNet-PPFL version is the section "PPFL Table 2 analogue on AlexNet-PPFL"; "
+        table2 = ("\n\nPPFL Table 2 analogue on the small `lenet-ppfl` (the two rows above; Fashion-MNIST, IID, reduced as stated; the AlexNet-PPFL version is the section \"PPFL Table 2 analogue on AlexNet-PPFL\"; "
                   "PPFL's own Table 2 trains to convergence on MNIST/CIFAR10 with AlexNet/VGG9):\n\n" + "\n".join(rows2))  # fmt: skip
     later = (f"Rows measured in a later run than the rest (same settings, merged with `--merge-into`): "
              f"{'; '.join(merged)}.\n\n" if merged else "")  # fmt: skip
@@ -147,12 +147,8 @@ Reproduce: `OMP_NUM_THREADS=1 python benchmarks/privacy_leakage.py --docs docs/b
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--docs", help="update the privacy-leakage section of this Markdown file")
-    ap.add_argument("--json", help="write the raw results here")
+    ap = measurement_parser(__doc__, section="privacy-leakage", example="mia_rounds=5")
     ap.add_argument("--rows", nargs="*", help="row labels (default: every row)")
-    ap.add_argument("--set", nargs="*", default=[], help="settings overrides, key=value (e.g. mia_rounds=5)")
-    ap.add_argument("--from-json", help="render a --json file of an earlier run instead of measuring")
     ap.add_argument("--merge-into", help="measure --rows and put them into this --json file of an earlier run (same "
                     "settings; rows with the same label replaced, table order kept), then render the whole")
     args = ap.parse_args(argv)

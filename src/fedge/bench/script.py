@@ -1,10 +1,16 @@
-"""Command line of the long reproduction scripts (``benchmarks/baffle_table1.py``,
+"""Command lines shared by the benchmark scripts.
+
+The long reproduction scripts (``benchmarks/baffle_table1.py``,
 ``baffle_table2.py``, ``ntk_table3.py``): every one runs what its records lack, in shards,
 tabulates the records, and (most) has a seconds-long smoke protocol that never touches the docs.
 
     ap = reproduction_parser(__doc__, out="runs/bench-baffle-table2")
     ap.add_argument("--k500", action="store_true", help="...")   # the script's own flags
     args, shard, shards = parse_reproduction_args(ap, argv)
+
+The measurement scripts (``privacy_leakage.py``, ``mia_overfit.py``, ``ppfl_table2.py``) measure
+once, keep the raw results (``--json``) and can re-render them (``--from-json``):
+:func:`measurement_parser`.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-__all__ = ["parse_reproduction_args", "parse_shard", "reproduction_parser"]
+__all__ = ["measurement_parser", "parse_reproduction_args", "parse_shard", "reproduction_parser"]
 
 
 def reproduction_parser(description: str | None, *, out: str, smoke: bool = True) -> argparse.ArgumentParser:
@@ -50,3 +56,14 @@ def parse_reproduction_args(ap: argparse.ArgumentParser, argv: Sequence[str] | N
     if getattr(args, "smoke", False) and args.docs:
         ap.error("--smoke writes no docs: drop --docs")
     return args, parsed[0], parsed[1]
+
+
+def measurement_parser(description: str | None, *, section: str, example: str) -> argparse.ArgumentParser:
+    """``--docs``, ``--json``, ``--from-json`` and ``--set key=value ...`` (``example``: one such
+    override, shown in the help) for a script that writes the ``section`` of docs/benchmarks.md."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--docs", help=f"update the {section} section of this Markdown file")
+    ap.add_argument("--json", help="write the raw results here")
+    ap.add_argument("--from-json", help="render a --json file of an earlier run instead of measuring")
+    ap.add_argument("--set", nargs="*", default=[], help=f"settings overrides, key=value (e.g. {example})")
+    return ap
