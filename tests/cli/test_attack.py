@@ -115,3 +115,14 @@ def test_dlg_on_an_eppfl_run_inverts_the_activations_at_the_edge_server(tmp_path
     assert data["attacks"]["eppfl-inversion"]["median_mse"] < data["baseline_mean_image_mse"] / 100
     assert (run / data["images"]["eppfl-inversion"]).stat().st_size > 0
     assert "eppfl-inversion: median MSE" in result.output
+
+
+def test_pia_on_an_eppfl_run_attacks_the_released_activations_at_the_edge_server(tmp_path: Path) -> None:
+    run = _run(tmp_path, "--set", "method.name=eppfl", "--set", "method.batch_size=2", "--set", "method.local_epochs=1",
+               "--set", "model.name=lenet", "--set", "clients.num=8", "--set", "clients.per_round=2")  # fmt: skip
+    result = runner.invoke(app, ["attack", str(run), "--attack", "pia", "--samples", "6", "--property-class", "3"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((run / "attacks" / "pia.json").read_text())
+    assert data["method"] == "eppfl" and data["uploads"] == 6 and data["rounds_observed"] == 1  # 6 devices, round 1
+    assert 0 < data["with_property"] < 6 and 0.0 <= data["auc"] <= 1.0 and "edge server" in data["note"]
+    assert "property inference AUC" in result.output

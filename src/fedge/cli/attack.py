@@ -43,6 +43,7 @@ from rich.progress import Progress
 
 from fedge.attacks.harness import (
     activation_inversion,
+    edge_pia_attack,
     membership_attacks,
     membership_by_round,
     observe_run,
@@ -154,6 +155,8 @@ def _mia(run_dir: Path, raw: dict[str, Any], samples: int, seed: int, shadows: i
 
 def _pia(raw: dict[str, Any], samples: int, seed: int, prop: int) -> dict[str, Any]:
     cfg = load_config(raw)
+    if cfg.method.name == "eppfl":
+        return _edge_pia(raw, samples, seed, prop)
     rounds = -(-samples // cfg.clients.count())
     cfg = load_config({**raw, "rounds": rounds})
     with one_line_warnings():
@@ -164,6 +167,24 @@ def _pia(raw: dict[str, Any], samples: int, seed: int, prop: int) -> dict[str, A
                             progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
     result["rounds_observed"] = rounds
     result["note"] = "each client's local set cut to the one batch its upload is computed on"
+    return result
+
+
+def _edge_pia(raw: dict[str, Any], samples: int, seed: int, prop: int) -> dict[str, Any]:
+    """EPPFL: what leaks is each device's released activations at the edge server (its upload to
+    S_a is masked). The edge server knows round 1's M_c (broadcast in the clear), so round 1 is
+    re-run with ``min(samples, clients.num)`` devices, each cut to its first batch."""
+    devices = min(samples, int(load_config(raw).clients.num))
+    cfg = load_config({**raw, "rounds": 1, "clients": {**raw.get("clients", {}), "per_round": devices}})
+    with one_line_warnings():
+        run = observe_run(cfg, 1, prepare=lambda b: one_batch_clients(b, seed), parties=("edge",))
+    with Progress(transient=True) as bar:
+        task = bar.add_task("property inference at the edge server", total=1)
+        result = edge_pia_attack(run, prop=prop, seed=seed)
+        bar.update(task, completed=1)
+    result["rounds_observed"] = 1
+    result["note"] = (f"the edge server's view of round 1: {devices} devices (raise clients.num to attack more), "
+                      "each cut to the one batch of its first step")  # fmt: skip
     return result
 
 
