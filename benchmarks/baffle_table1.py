@@ -161,8 +161,11 @@ def table(command: str, *, k500: bool) -> str:
             lines.append(f"| {label} | 0 | not run yet | | | | {'' if flops is None else f'{flops:.1f}'} | {PAPER.get(label, '')} |")
             continue
         per_seed = ", ".join(f"{x['final_test_accuracy']:.4f}" for x in r["runs"])
-        lines.append(f"| {label} | {r['seeds']} | {r['final_test_accuracy']:.4f} ± {r['final_test_accuracy_std']:.4f} | "
-                     f"{r['test_accuracy_at_best_val']:.4f} ± {r['test_accuracy_at_best_val_std']:.4f} | {per_seed} | "
+        def spread(key: str, r: dict[str, Any] = r) -> str:  # a single seed has no spread to show
+            return f" ± {r[key + '_std']:.4f}" if r["seeds"] > 1 else " (one seed)"
+
+        lines.append(f"| {label} | {r['seeds']} | {r['final_test_accuracy']:.4f}{spread('final_test_accuracy')} | "
+                     f"{r['test_accuracy_at_best_val']:.4f}{spread('test_accuracy_at_best_val')} | {per_seed} | "
                      f"{r['bytes_up_per_client_round']:.0f} | {'-' if flops is None else f'{flops:.1f}'} | {PAPER.get(label, '')} |")
     lines += ["", *verdicts(agg), "", *context_lines(agg.get("BP FedAvg"))]
     return "\n".join(lines)
