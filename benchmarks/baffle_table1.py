@@ -62,7 +62,7 @@ ABLATIONS = {
 # FedAvg round); the paper's 58,000 (+2,000 validation) gives each client 6x the steps a round.
 CONTEXT = {
     "BP, one client holding all 10,000": (["clients.num=1", "clients.per_round=1"], SEEDS),
-    "BP FedAvg, 58,000 training samples": (["dataset.limit_train=60000"], (0,)),
+    "BP FedAvg, 58,000 training samples": (["dataset.limit_train=60000"], SEEDS),
 }
 
 
