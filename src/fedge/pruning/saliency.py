@@ -163,8 +163,8 @@ def ntk_saliency(
     u = {n: m.to(w0[n].dtype).requires_grad_() for n, m in full.items()}
     with _eval_mode(model), torch.enable_grad():
         value = _statistic(model, inputs, u, w0, noise)
-        grads = torch.autograd.grad(value, list(u.values()), allow_unused=True)
-    return _scores(full, {n: torch.zeros_like(u[n]) if g is None else g for n, g in zip(u, grads)})
+        grads = _mask_gradients(value, u)
+    return _scores(full, grads)
 
 
 def ntk_statistic_differences(
@@ -271,8 +271,8 @@ def snip_saliency(
     with _eval_mode(model), torch.enable_grad():
         weights = {n: params[n].detach() * u[n] for n in full}
         loss = loss_fn(functional_call(model, weights, (x,)), y)
-        grads = torch.autograd.grad(loss, list(u.values()), allow_unused=True)
-    return _scores(full, {n: torch.zeros_like(u[n]) if g is None else g for n, g in zip(u, grads)})
+        grads = _mask_gradients(loss, u)
+    return _scores(full, grads)
 
 
 @torch.no_grad()
@@ -371,6 +371,12 @@ def _setup(
         for _ in range(samples)
     ]
     return full, w0, noise
+
+
+def _mask_gradients(value: Tensor, u: Weights) -> Weights:
+    """``∂value/∂u`` for each mask variable u, by autograd; 0 where value does not depend on u."""
+    grads = torch.autograd.grad(value, list(u.values()), allow_unused=True)
+    return {n: torch.zeros_like(u[n]) if g is None else g for n, g in zip(u, grads)}
 
 
 def _scores(masks: dict[str, Tensor], values: Mapping[str, Tensor]) -> dict[str, Tensor]:
