@@ -66,6 +66,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from fedge.core.config import check_positive_int
 from fedge.core.errors import ConfigError
 from fedge.estimators import Scheme, estimate_gradient, loss_differences
 from fedge.pruning.masks import check_masks
@@ -107,7 +108,7 @@ def gaussian_inputs(
     input_shape: tuple[int, ...], n: int, *, generator: torch.Generator
 ) -> Tensor:
     """NTK-Rand inputs (Algorithm 1, line 10): ``n`` draws of ``x ~ N(0, I)``, shape (n, *input_shape)."""
-    _check_positive_int("n", n)
+    check_positive_int("n", n)
     return torch.randn((n, *input_shape), generator=generator)
 
 
@@ -361,7 +362,7 @@ def _setup(
         raise ConfigError(f"inputs must be a non-empty batch (N, ...), got {got}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
         raise ConfigError(f"eps (the variance of ΔW, Eq. 15) must be a finite number > 0, got {eps!r}")
-    _check_positive_int("samples", samples)
+    check_positive_int("samples", samples)
     full = check_masks(model, masks)
     params = dict(model.named_parameters())
     w0 = {n: params[n].detach() for n in full}
@@ -397,8 +398,3 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
     finally:
         for m, training in modes:
             m.training = training
-
-
-def _check_positive_int(what: str, v: object) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ConfigError(f"{what} must be a positive int, got {v!r}")
