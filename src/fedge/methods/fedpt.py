@@ -149,13 +149,7 @@ class FedPTClient:
     """
 
     def __init__(self, model_fn: Callable[[], torch.nn.Module], frozen: list[str], cfg: FedPTConfig) -> None:
-        self.local = LocalTraining(
-            lambda: freeze_(model_fn(), frozen),
-            local_epochs=cfg.local_epochs,
-            batch_size=cfg.batch_size,
-            max_steps=cfg.max_steps,
-            optimizer=cfg.client_optimizer,
-        )
+        self.local = LocalTraining.from_config(lambda: freeze_(model_fn(), frozen), cfg)
         state = self.local.model.state_dict()
         params, buffers = split_trainable(self.local.model)
         self.expected = {k: state[k].shape for k in params + buffers}
