@@ -17,7 +17,6 @@ afterwards; pass ``overrides={"threads": None}`` to keep torch's own default dur
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from fedge.data.registry import register_function
 from fedge.data.spec import DatasetSpec
 from fedge.experiment.export import ExportResult, TrainedModel, export_model, load_trained_model
 from fedge.experiment.run import Progress, resume_experiment, run_experiment
+from fedge.experiment.rundir import default_run_path
 from fedge.report.runlog import RunLog
 from fedge.report.runlog import load_run as _load_log
 
@@ -95,12 +95,7 @@ def _override_strings(overrides: Mapping[str, Any] | list[str] | None) -> list[s
 
 
 def _default_out(config: Any) -> Path:
-    stem = Path(config).stem if isinstance(config, (str, Path)) else "run"
-    base = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path, i = base, 1
-    while path.exists():
-        path, i = Path(f"{base}-{i}"), i + 1
-    return path
+    return default_run_path(Path(config).stem if isinstance(config, (str, Path)) else "run")
 
 
 def run(

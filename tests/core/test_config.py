@@ -1,6 +1,6 @@
 import pytest
 
-from fedge.core.config import apply_overrides, load_config, preset_names
+from fedge.core.config import apply_overrides, check_positive_int, load_config, preset_names
 from fedge.core.errors import ConfigError
 
 
@@ -66,3 +66,12 @@ def test_switching_a_choice_section_drops_the_old_choices_keys():
     out = apply_overrides(raw, ["method.local_epochs=2", "method.name=fedavg", "model.name=lenet"])
     assert out["method"] == {"name": "fedavg", "local_epochs": 2}
     assert out["model"] == {"name": "lenet", "activation": "hardswish"}  # same name: kept
+
+
+def test_check_positive_int_accepts_counts_and_names_the_bad_value():
+    for ok in (1, 7, 2**40):
+        check_positive_int("k", ok)
+    for bad in (0, -3, True, 2.0, "3", None):
+        with pytest.raises(ConfigError) as err:
+            check_positive_int("k", bad)
+        assert str(err.value) == f"k must be a positive int, got {bad!r}"

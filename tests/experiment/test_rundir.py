@@ -7,7 +7,7 @@ import pytest
 
 import fedge.experiment.rundir as rd
 from fedge.core.errors import ResumeError
-from fedge.experiment.rundir import RunDir, StorageError, config_diff
+from fedge.experiment.rundir import RunDir, StorageError, config_diff, default_run_path
 
 
 def test_config_diff_names_dotted_keys():
@@ -60,3 +60,13 @@ def test_read_metrics_reads_only_and_tolerates_only_a_torn_last_line(tmp_path):
     (run.path / "metrics.jsonl").write_text('{"round": 1}\n[1, 2]\n{"round": 3}\n')
     with pytest.raises(ResumeError, match="line 2 is not a metrics record"):
         run.read_metrics(3)
+
+
+def test_default_run_path_is_stamped_and_skips_taken_names(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(rd.time, "strftime", lambda fmt: "20260101-120000")
+    first = default_run_path("quickstart")
+    assert first == rd.Path("runs/quickstart-20260101-120000")
+    first.mkdir(parents=True)
+    rd.Path("runs/quickstart-20260101-120000-1").mkdir()
+    assert default_run_path("quickstart") == rd.Path("runs/quickstart-20260101-120000-2")

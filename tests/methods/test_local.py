@@ -7,7 +7,7 @@ import torch
 from fedge.core.context import ClientContext, ClientData
 from fedge.core.messages import Message
 from fedge.core.meter import Meter
-from fedge.methods.local import ClientOptimizerConfig, LocalTraining
+from fedge.methods.local import ClientOptimizerConfig, LocalTraining, backprop_gradient_fn
 
 
 def _model() -> torch.nn.Module:
@@ -42,3 +42,23 @@ def test_local_training_applies_the_round_s_learning_rate():
                             meter=Meter())  # fmt: skip
         reply = client.run(Message({"weight": w0.clone()}), ctx)
         torch.testing.assert_close(reply.arrays["weight"], -0.2 * 0.9 ** (rnd - 1) * expected_grad)
+
+
+def test_from_config_and_loader_carry_the_config_fields() -> None:
+    # Prepare: a FedAvg config with non-default local fields, a gradient function of our own.
+    from fedge.methods.fedavg import FedAvgConfig
+
+    cfg = FedAvgConfig(local_epochs=3, batch_size=7, max_steps=5, client_optimizer=ClientOptimizerConfig(lr=0.2))
+
+    def grad_fn(model, batch, ctx, masks):
+        return None, {}
+
+    # Execute
+    client = LocalTraining.from_config(_model, cfg, gradient_fn=grad_fn)
+    loader = LocalTraining.loader(_model)
+    # Assert: exactly the config's values (and the default gradient is backprop's).
+    assert (client.local_epochs, client.batch_size, client.max_steps) == (3, 7, 5)
+    assert client.optimizer == cfg.client_optimizer and client.gradient_fn is grad_fn
+    assert LocalTraining.from_config(_model, cfg).gradient_fn is backprop_gradient_fn
+    assert (loader.local_epochs, loader.batch_size, loader.max_steps) == (1, 1, 1)
+    assert loader.optimizer == ClientOptimizerConfig()

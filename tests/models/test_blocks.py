@@ -5,7 +5,7 @@ from torch import nn
 
 from fedge.core.errors import ConfigError
 from fedge.models import build_model
-from fedge.models.blocks import model_blocks, resolve_freeze
+from fedge.models.blocks import freeze_, model_blocks, resolve_freeze
 
 
 def _cnn():
@@ -71,3 +71,12 @@ def test_plain_module_blocks_are_root_children():
     assert [(b.name, b.params) for b in model_blocks(m)] == [("0", 16), ("2", 10)]
     assert resolve_freeze(m, "largest") == ["0.weight", "0.bias"]
     assert all(p.requires_grad for p in m.parameters())  # resolve_freeze only names tensors
+
+
+def test_freeze_turns_off_exactly_the_resolved_parameters():
+    model = _cnn()
+    frozen = resolve_freeze(model, ["classifier.fc1"])
+    assert freeze_(model, frozen) is model
+    assert [n for n, p in model.named_parameters() if not p.requires_grad] == frozen == [
+        "classifier.fc1.0.weight", "classifier.fc1.0.bias"
+    ]

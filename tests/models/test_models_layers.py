@@ -11,10 +11,12 @@ from fedge.models.layers import (
     GlobalAvgPool,
     InputTooSmallError,
     MaxPool2x2,
+    fc_classifier,
     group_count,
     make_activation,
     make_norm,
     output_shape,
+    pooled_classifier,
 )
 
 
@@ -105,6 +107,34 @@ def test_make_activation_is_fresh_and_not_inplace() -> None:
     assert isinstance(make_activation("selu"), nn.SELU)
     with pytest.raises(UnknownNameError, match="gelu"):
         make_activation("gelu")
+
+
+def test_fc_classifier_is_flatten_hidden_layers_then_out() -> None:
+    # Prepare: a (B, 2, 3, 4) feature map, a head with two hidden widths.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 2, 3, 4, generator=g)
+    head = fc_classifier(24, 7, hidden=(6, 5), activation="relu")
+    # Assert: stable child names (state-dict keys) and the plain composition as the oracle.
+    assert [n for n, _ in head.named_children()] == ["flatten", "fc1", "fc2", "out"]
+    assert list(head.state_dict()) == [
+        "fc1.0.weight", "fc1.0.bias", "fc2.0.weight", "fc2.0.bias", "out.weight", "out.bias"
+    ]  # fmt: skip
+    h = x.flatten(1)
+    for fc in (head.fc1[0], head.fc2[0]):
+        h = torch.relu(fc(h))
+    torch.testing.assert_close(head(x), head.out(h), rtol=0, atol=0)
+    plain = fc_classifier(24, 7)
+    assert [n for n, _ in plain.named_children()] == ["flatten", "out"]
+    assert plain(x).shape == (5, 7)
+    with pytest.raises(ConfigError, match="need an activation"):
+        fc_classifier(24, 7, hidden=(6,))
+
+
+def test_pooled_classifier_is_global_mean_then_out() -> None:
+    x = torch.randn(3, 4, 5, 5, generator=torch.Generator().manual_seed(1))
+    head = pooled_classifier(4, 2)
+    assert [n for n, _ in head.named_children()] == ["pool", "out"]
+    torch.testing.assert_close(head(x), head.out(x.mean(dim=(2, 3))))
 
 
 def test_output_shape_and_too_small() -> None:

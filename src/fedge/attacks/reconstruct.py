@@ -162,6 +162,25 @@ def _dummy_gradient(model: torch.nn.Module, params: dict[str, Tensor], names: Se
     return dict(zip(names, g, strict=True))
 
 
+def _dummy_start(
+    model: torch.nn.Module,
+    target: GradientTarget | ProjectionTarget,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    batch: int,
+    labels: Tensor | None,
+    generator: torch.Generator,
+) -> tuple[dict[str, Tensor], list[str], Tensor, Tensor, list[Tensor]]:
+    """The starting point both attacks optimize from: the model's parameters (detached), the
+    attacked names, dummy data ``x ~ N(0, I)`` then dummy label logits (drawn in that order from
+    ``generator``), and the variables optimized (``x``, plus the logits unless ``labels`` given)."""
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    x = torch.randn(batch, *input_shape, generator=generator).requires_grad_(True)
+    y_logits = torch.randn(batch, num_classes, generator=generator).requires_grad_(True)
+    variables = [x] if labels is not None else [x, y_logits]
+    return params, target.names, x, y_logits, variables
+
+
 def invert_ig(
     model: torch.nn.Module,
     target: GradientTarget | ProjectionTarget,
@@ -179,11 +198,9 @@ def invert_ig(
     variation, Adam on the signed gradient of the dummy data (their Sec. 4), learning rate
     decayed ×0.1 at 3/8, 5/8 and 7/8 of the iterations. Soft labels are optimized jointly
     when ``labels`` is None. Returns the last iterate (the objective includes the prior)."""
-    params = {n: p.detach() for n, p in model.named_parameters()}
-    names = target.names
-    x = torch.randn(batch, *input_shape, generator=generator).requires_grad_(True)
-    y_logits = torch.randn(batch, num_classes, generator=generator).requires_grad_(True)
-    variables = [x] if labels is not None else [x, y_logits]
+    params, names, x, y_logits, variables = _dummy_start(
+        model, target, input_shape, num_classes, batch, labels, generator
+    )
     opt = torch.optim.Adam(variables, lr=lr)
     milestones = [int(iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=0.1)
@@ -215,11 +232,9 @@ def invert(
     """DLG (Zhu et al. 2019): L-BFGS on dummy data (and soft labels unless ``labels`` given)
     so that the dummy's gradient at ``model`` matches ``target``. The model is evaluated with
     its parameters as given (eval mode is not set: the attacked upload came from train mode)."""
-    params = {n: p.detach() for n, p in model.named_parameters()}
-    names = target.names
-    x = torch.randn(batch, *input_shape, generator=generator).requires_grad_(True)
-    y_logits = torch.randn(batch, num_classes, generator=generator).requires_grad_(True)
-    variables = [x] if labels is not None else [x, y_logits]
+    params, names, x, y_logits, variables = _dummy_start(
+        model, target, input_shape, num_classes, batch, labels, generator
+    )
     opt = torch.optim.LBFGS(variables, lr=1.0, max_iter=20, history_size=100, line_search_fn="strong_wolfe")
     best = (float("inf"), x.detach().clone(), y_logits.detach().clone())
     steps = 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,18 +11,14 @@ import typer
 from fedge.cli.common import err, fail, one_line_warnings, out
 from fedge.core.errors import FedgeError, MessageError
 from fedge.experiment.run import Progress
+from fedge.experiment.rundir import default_run_path
 from fedge.report import render_report
 
 __all__ = ["run"]
 
 
 def _default_out(source: str) -> Path:
-    stem = Path(source).stem if source.endswith((".yaml", ".yml")) else source
-    base = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path, i = base, 1
-    while path.exists():
-        path, i = Path(f"{base}-{i}"), i + 1
-    return path
+    return default_run_path(Path(source).stem if source.endswith((".yaml", ".yml")) else source)
 
 
 class _Bar(Progress):

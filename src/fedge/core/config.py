@@ -44,6 +44,7 @@ __all__ = [
     "RunConfig",
     "apply_overrides",
     "check_finite",
+    "check_positive_int",
     "format_validation_error",
     "load_config",
     "preset_names",
@@ -345,6 +346,12 @@ def check_finite(raw: Any, prefix: str = "") -> None:
         if key in _INF_ALLOWED and text in ("inf", "+inf", "infinity", "+infinity"):
             return
         raise ConfigError(f"config key {key!r}: {raw!r} is not a finite number; give a finite value")
+
+
+def check_positive_int(what: str, value: object) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is an int >= 1 (a bool is not a count)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{what} must be a positive int, got {value!r}")
 
 
 def _valid_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

@@ -66,6 +66,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+from fedge.core.config import check_positive_int
 from fedge.core.errors import ConfigError, MessageError
 from fedge.estimators import batched
 from fedge.estimators.directions import DirectionKind, make_directions
@@ -113,7 +114,7 @@ class PrecisionWarning(ZerothOrderWarning):
 def forward_budget(k: int, scheme: Scheme) -> int:
     """Forward passes to produce ``k`` loss differences: ``2k`` (central) or ``k + 1`` (forward)."""
     _check_scheme(scheme)
-    _check_positive_int("k", k)
+    check_positive_int("k", k)
     return 2 * k if scheme == "central" else k + 1
 
 
@@ -193,9 +194,9 @@ def loss_differences(
     if mode not in get_args(Mode):
         raise ConfigError(f"mode must be one of {get_args(Mode)}, got {mode!r}")
     if chunk is not None:
-        _check_positive_int("chunk", chunk)
+        check_positive_int("chunk", chunk)
     if workers is not None:
-        _check_positive_int("workers", workers)
+        check_positive_int("workers", workers)
     sel = _with_directions(select(model, params, masks), directions, k)
     autocast = _autocast_dtype(sel, dtype)
     _warn_if_unsafe(model, sel, sigma, dtype)
@@ -550,9 +551,6 @@ def _check_scheme(scheme: str) -> None:
         raise ConfigError(f"scheme must be one of {sorted(_NORMALIZER)}, got {scheme!r}")
 
 
-def _check_positive_int(what: str, v: object) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ConfigError(f"{what} must be a positive int, got {v!r}")
 
 
 def _check_seed(seed: object) -> None:
@@ -561,6 +559,6 @@ def _check_seed(seed: object) -> None:
 
 
 def _check_k_sigma(k: int, sigma: float) -> None:
-    _check_positive_int("k", k)
+    check_positive_int("k", k)
     if not isinstance(sigma, (int, float)) or not math.isfinite(sigma) or sigma <= 0:
         raise ConfigError(f"sigma must be a finite number > 0 (BAFFLE uses 1e-4), got {sigma!r}")

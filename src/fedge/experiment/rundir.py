@@ -36,7 +36,7 @@ from safetensors.torch import save_file
 
 from fedge.core.errors import ConfigError, FedgeError, ResumeError
 
-__all__ = ["RunDir", "RunDirBusyError", "StorageError", "config_diff"]
+__all__ = ["RunDir", "RunDirBusyError", "StorageError", "config_diff", "default_run_path"]
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -128,6 +128,16 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def default_run_path(stem: str) -> Path:
+    """``runs/<stem>-<YYYYmmdd-HHMMSS>`` (local time), with ``-1``, ``-2``, ... appended while
+    that path exists: where a run goes when no ``out`` is given (CLI and Python API)."""
+    base = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, i = base, 1
+    while path.exists():
+        path, i = Path(f"{base}-{i}"), i + 1
+    return path
 
 
 def config_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:

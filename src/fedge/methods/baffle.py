@@ -241,7 +241,7 @@ class BaffleBatchClient:
 
     def __init__(self, model_fn: Any, cfg: BaffleConfig, *, threads: int = 1) -> None:
         self.cfg, self.threads = cfg, threads
-        self.local = LocalTraining(model_fn, local_epochs=1, batch_size=1, max_steps=1, optimizer=ClientOptimizerConfig())
+        self.local = LocalTraining.loader(model_fn)
         self.replica = ClientReplica(model_fn(), cfg) if cfg.downlink == "seeds" else None
 
     def load(self, message: Message, ctx: ClientContext) -> tuple[torch.nn.Module, dict[str, torch.Tensor] | None]:
@@ -441,13 +441,8 @@ def build(
         strategy, program = protect(strategy, program, cfg, **env.protection(weighted=True))
     else:
         strategy = DeltaAveraging(env.model_fn(), cfg.server_optimizer.build(), replies_are_gradients=False, masks=masks)
-        program = LocalTraining(
-            env.model_fn,
-            local_epochs=cfg.local_epochs,
-            batch_size=cfg.batch_size,
-            max_steps=cfg.max_steps,
-            optimizer=cfg.client_optimizer,
-            gradient_fn=zeroth_order_gradient_fn(cfg, perturbation_threads(cfg, env)),
+        program = LocalTraining.from_config(
+            env.model_fn, cfg, gradient_fn=zeroth_order_gradient_fn(cfg, perturbation_threads(cfg, env))
         )
         strategy, program = protect(strategy, program, cfg, **env.protection(weighted=True))
     if wrap is not None:

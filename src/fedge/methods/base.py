@@ -55,17 +55,13 @@ class FreezeOption(MethodConfigBase):
         """``env`` whose models come with the frozen parameters' ``requires_grad`` off."""
         if not self.freeze:
             return env
-        from fedge.models.blocks import resolve_freeze
+        from fedge.models.blocks import freeze_, resolve_freeze
 
         frozen = resolve_freeze(env.model_fn(), self.freeze)
         base = env.model_fn
 
         def model_fn() -> torch.nn.Module:
-            model = base()
-            named = dict(model.named_parameters())
-            for name in frozen:
-                named[name].requires_grad_(False)
-            return model
+            return freeze_(base(), frozen)
 
         return dataclasses.replace(env, model_fn=model_fn)
 

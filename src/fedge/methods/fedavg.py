@@ -70,7 +70,7 @@ class FedSGDClient:
 
     def __init__(self, model_fn: Any, cfg: FedSGDConfig) -> None:
         self.cfg = cfg
-        self.local = LocalTraining(model_fn, local_epochs=1, batch_size=1, max_steps=1, optimizer=ClientOptimizerConfig())
+        self.local = LocalTraining.loader(model_fn)
 
     def run(self, message: Message, ctx: ClientContext) -> Message:
         model = self.local.load(message, ctx)
@@ -185,11 +185,5 @@ def build(cfg: FedAvgConfig | FedSGDConfig, env: MethodEnv) -> MethodBuild:
     if isinstance(cfg, FedSGDConfig):
         program: Any = FedSGDClient(env.model_fn, cfg)
     else:
-        program = LocalTraining(
-            env.model_fn,
-            local_epochs=cfg.local_epochs,
-            batch_size=cfg.batch_size,
-            max_steps=cfg.max_steps,
-            optimizer=cfg.client_optimizer,
-        )
+        program = LocalTraining.from_config(env.model_fn, cfg)
     return MethodBuild(*protect(strategy, program, cfg, **env.protection(weighted=strategy.weighted)))

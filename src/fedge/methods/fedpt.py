@@ -44,7 +44,7 @@ from fedge.methods.base import MethodBuild, MethodEnv, check_reply_arrays, split
 from fedge.methods.fedavg import DeltaAveraging, FedAvgConfig
 from fedge.methods.local import LocalTraining
 from fedge.methods.private import protect
-from fedge.models.blocks import resolve_freeze
+from fedge.models.blocks import freeze_, resolve_freeze
 from fedge.models.initialization import reset_parameters
 
 __all__ = ["FedPTClient", "FedPTConfig", "FedPTServer", "build", "describe", "freeze_", "reconstruct_", "trainable_fraction"]
@@ -67,14 +67,6 @@ class FedPTConfig(FedAvgConfig):
         if isinstance(v, str) and not v:
             raise ValueError("expected 'largest', 'largest:N' or a list of module-name patterns, got ''")
         return v
-
-
-def freeze_(model: torch.nn.Module, frozen: list[str]) -> torch.nn.Module:
-    """Set ``requires_grad=False`` on the ``frozen`` parameters (in place); returns ``model``."""
-    named = dict(model.named_parameters())
-    for name in frozen:
-        named[name].requires_grad_(False)
-    return model
 
 
 @torch.no_grad()
@@ -149,13 +141,7 @@ class FedPTClient:
     """
 
     def __init__(self, model_fn: Callable[[], torch.nn.Module], frozen: list[str], cfg: FedPTConfig) -> None:
-        self.local = LocalTraining(
-            lambda: freeze_(model_fn(), frozen),
-            local_epochs=cfg.local_epochs,
-            batch_size=cfg.batch_size,
-            max_steps=cfg.max_steps,
-            optimizer=cfg.client_optimizer,
-        )
+        self.local = LocalTraining.from_config(lambda: freeze_(model_fn(), frozen), cfg)
         state = self.local.model.state_dict()
         params, buffers = split_trainable(self.local.model)
         self.expected = {k: state[k].shape for k in params + buffers}

@@ -8,7 +8,7 @@ Composition, not inheritance: a :class:`LocalTraining` client program is given a
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +18,7 @@ from fedge.core.context import ClientContext
 from fedge.core.messages import Message
 from fedge.methods.base import MethodConfigBase, load_arrays, split_trainable, unpack_model_arrays
 
-__all__ = ["ClientOptimizerConfig", "GradientFn", "LocalTraining", "backprop_gradient_fn"]
+__all__ = ["ClientOptimizerConfig", "GradientFn", "LocalTraining", "LocalTrainingOptions", "backprop_gradient_fn"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Masks = dict[str, torch.Tensor] | None
@@ -45,6 +45,20 @@ class ClientOptimizerConfig(MethodConfigBase):
         if self.name == "adam":
             return torch.optim.Adam(params, lr=lr, betas=(self.b1, self.b2), weight_decay=self.weight_decay)
         return torch.optim.SGD(params, lr=lr, momentum=self.momentum, weight_decay=self.weight_decay)
+
+
+class LocalTrainingOptions(Protocol):
+    """The method-config fields a :class:`LocalTraining` is built from (FedAvg's E, B, the step
+    cap and the client optimizer; FedPT and epoch-level BAFFLE carry the same fields)."""
+
+    @property
+    def local_epochs(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def max_steps(self) -> int | None: ...
+    @property
+    def client_optimizer(self) -> ClientOptimizerConfig: ...
 
 
 def backprop_gradient_fn(
@@ -88,6 +102,26 @@ class LocalTraining:
         self.optimizer, self.gradient_fn = optimizer, gradient_fn
         self.model = model_fn()
         self.masks: Masks = None
+
+    @classmethod
+    def from_config(
+        cls,
+        model_fn: Callable[[], torch.nn.Module],
+        cfg: LocalTrainingOptions,
+        *,
+        gradient_fn: GradientFn = backprop_gradient_fn,
+    ) -> LocalTraining:
+        """The client program with ``cfg``'s local epochs, batch size, step cap and optimizer."""
+        return cls(
+            model_fn, local_epochs=cfg.local_epochs, batch_size=cfg.batch_size, max_steps=cfg.max_steps,
+            optimizer=cfg.client_optimizer, gradient_fn=gradient_fn,
+        )  # fmt: skip
+
+    @classmethod
+    def loader(cls, model_fn: Callable[[], torch.nn.Module]) -> LocalTraining:
+        """An instance used only for :meth:`load` (the global model and its masks), by client
+        programs that compute their reply themselves (FedSGD, batch-level BAFFLE)."""
+        return cls(model_fn, local_epochs=1, batch_size=1, max_steps=1, optimizer=ClientOptimizerConfig())
 
     def load(self, message: Message, ctx: ClientContext) -> torch.nn.Module:
         """The process's model instance holding the global weights, in train mode; a sparse

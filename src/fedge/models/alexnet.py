@@ -19,7 +19,7 @@ from collections import OrderedDict
 
 from torch import nn
 
-from fedge.models.layers import ConvOptions, conv_block, output_shape
+from fedge.models.layers import ConvOptions, conv_block, fc_classifier, output_shape
 from fedge.models.registry import register_model
 from fedge.models.vgg import AffineOptions
 
@@ -49,7 +49,4 @@ def build_alexnet_ppfl(
         )
     )
     c, h, w = output_shape(features, input_shape)
-    classifier = nn.Sequential(
-        OrderedDict(flatten=nn.Flatten(), out=nn.Linear(c * h * w, num_classes))
-    )
-    return features, classifier
+    return features, fc_classifier(c * h * w, num_classes)

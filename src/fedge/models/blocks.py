@@ -27,7 +27,7 @@ from torch import nn
 
 from fedge.core.errors import ConfigError
 
-__all__ = ["NORM_TYPES", "Block", "format_blocks", "model_blocks", "norm_parameter_names", "resolve_freeze"]
+__all__ = ["NORM_TYPES", "Block", "format_blocks", "freeze_", "model_blocks", "norm_parameter_names", "resolve_freeze"]
 
 NORM_TYPES: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
@@ -124,6 +124,17 @@ def _parse_rule(spec: str) -> int | None:
 def _matches(name: str, pattern: str) -> bool:
     """fnmatch on the full dotted name, or on a dotted suffix of it (``fc1`` matches ``classifier.fc1``)."""
     return fnmatch(name, pattern) or fnmatch(name, "*." + pattern)
+
+
+def freeze_(model: nn.Module, frozen: Sequence[str]) -> nn.Module:
+    """Set ``requires_grad=False`` on the ``frozen`` parameters (in place); returns ``model``.
+
+    ``frozen`` is a list of parameter names, e.g. from :func:`resolve_freeze` (FedPT's frozen
+    part of the network, or ``method.freeze`` composed with any method)."""
+    named = dict(model.named_parameters())
+    for name in frozen:
+        named[name].requires_grad_(False)
+    return model
 
 
 def resolve_freeze(model: nn.Module, freeze: str | Sequence[str]) -> list[str]:

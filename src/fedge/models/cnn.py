@@ -22,7 +22,7 @@ from collections import OrderedDict
 from torch import nn
 
 from fedge.core.errors import ConfigError
-from fedge.models.layers import ConvOptions, MaxPool2x2, conv_block, make_activation, output_shape
+from fedge.models.layers import ConvOptions, MaxPool2x2, conv_block, fc_classifier, output_shape
 from fedge.models.registry import register_model
 
 __all__ = ["build_cnn_fedpt"]
@@ -56,11 +56,4 @@ def build_cnn_fedpt(
         )
     )
     c, h, w = output_shape(features, input_shape)  # (64, 12, 12) on 28x28
-    classifier = nn.Sequential(
-        OrderedDict(
-            flatten=nn.Flatten(),
-            fc1=nn.Sequential(nn.Linear(c * h * w, hidden), make_activation(activation)),
-            out=nn.Linear(hidden, num_classes),
-        )
-    )
-    return features, classifier
+    return features, fc_classifier(c * h * w, num_classes, hidden=(hidden,), activation=activation)

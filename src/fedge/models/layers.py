@@ -8,6 +8,7 @@ of ``(parameters, buffers, input)``.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Literal, TypedDict
 
@@ -25,10 +26,12 @@ __all__ = [
     "MaxPool2x2",
     "NormName",
     "conv_block",
+    "fc_classifier",
     "group_count",
     "make_activation",
     "make_norm",
     "output_shape",
+    "pooled_classifier",
 ]
 
 ActivationName = Literal["relu", "hardswish", "selu"]
@@ -167,6 +170,38 @@ def conv_block(
     if dropout > 0:
         block.add_module("drop", nn.Dropout(dropout))
     return block
+
+
+def fc_classifier(
+    in_features: int,
+    num_classes: int,
+    *,
+    hidden: tuple[int, ...] = (),
+    activation: str | None = None,
+) -> nn.Sequential:
+    """``flatten -> (FC -> act) per hidden width -> FC out``, the head of the plain CNNs.
+
+    Children ``flatten``, ``fc1``, ``fc2``, ..., ``out`` (each ``fc<i>`` an ``nn.Sequential`` of
+    the linear layer and its activation), so state-dict keys read ``classifier.fc1.0.weight``
+    and ``classifier.out.weight``. ``in_features`` is the flattened feature size, e.g.
+    ``math.prod(output_shape(features, input_shape))``.
+    """
+    if hidden and activation is None:
+        raise ConfigError(f"fc_classifier: hidden layers {hidden} need an activation, got None")
+    clf = nn.Sequential()
+    clf.add_module("flatten", nn.Flatten())
+    for i, h in enumerate(hidden, start=1):
+        fc = nn.Sequential(nn.Linear(in_features, h), make_activation(activation))  # type: ignore[arg-type]
+        clf.add_module(f"fc{i}", fc)
+        in_features = h
+    clf.add_module("out", nn.Linear(in_features, num_classes))
+    return clf
+
+
+def pooled_classifier(channels: int, num_classes: int) -> nn.Sequential:
+    """``global average pool -> FC out`` (children ``pool``, ``out``), the head of the
+    all-convolutional models (BAFFLE's LeNet, ResNet-20, WRN)."""
+    return nn.Sequential(OrderedDict(pool=GlobalAvgPool(), out=nn.Linear(channels, num_classes)))
 
 
 class InputTooSmallError(ConfigError):

@@ -45,7 +45,15 @@ from collections import OrderedDict
 from pydantic import field_validator
 from torch import nn
 
-from fedge.models.layers import ConvOptions, GlobalAvgPool, MaxPool2x2, conv_block, make_activation, output_shape
+from fedge.models.layers import (
+    ConvOptions,
+    MaxPool2x2,
+    conv_block,
+    fc_classifier,
+    make_activation,
+    output_shape,
+    pooled_classifier,
+)
 from fedge.models.registry import Flag, Int, ModelOptions, Widths, register_model
 
 __all__ = [
@@ -57,20 +65,6 @@ __all__ = [
 ]
 
 _Shape = tuple[int, int, int]
-
-
-def _fc_classifier(
-    in_features: int, hidden: tuple[int, ...], num_classes: int, activation: str
-) -> nn.Sequential:
-    """flatten - (FC - act) per hidden size - FC out, with children fc1, fc2, ..., out."""
-    clf = nn.Sequential()
-    clf.add_module("flatten", nn.Flatten())
-    for i, h in enumerate(hidden, start=1):
-        fc = nn.Sequential(nn.Linear(in_features, h), make_activation(activation))
-        clf.add_module(f"fc{i}", fc)
-        in_features = h
-    clf.add_module("out", nn.Linear(in_features, num_classes))
-    return clf
 
 
 def _two_conv(
@@ -152,12 +146,7 @@ def build_lenet(
         norm_affine=norm_affine,
     )
     output_shape(features, input_shape)  # fail early, with the input size, if too small
-    classifier = nn.Sequential(
-        OrderedDict(
-            pool=GlobalAvgPool(), out=nn.Linear(channels[1], num_classes)
-        )
-    )
-    return features, classifier
+    return features, pooled_classifier(channels[1], num_classes)
 
 
 def _pooled_convs_fc(
@@ -177,7 +166,7 @@ def _pooled_convs_fc(
         norm_affine=norm_affine,
     )  # fmt: skip
     c, h, w = output_shape(features, input_shape)
-    return features, _fc_classifier(c * h * w, hidden, num_classes, activation)
+    return features, fc_classifier(c * h * w, num_classes, hidden=hidden, activation=activation)
 
 
 @register_model(
@@ -240,6 +229,4 @@ def build_lenet_dlg(
         layers += [nn.Conv2d(c if i == 0 else 12, 12, kernel_size=5, padding=2, stride=stride)]
         layers += [make_activation(activation)]
     features = nn.Sequential(*layers)
-    n = math.prod(output_shape(features, input_shape))
-    classifier = nn.Sequential(OrderedDict(flatten=nn.Flatten(), out=nn.Linear(n, num_classes)))
-    return features, classifier
+    return features, fc_classifier(math.prod(output_shape(features, input_shape)), num_classes)

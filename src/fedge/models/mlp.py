@@ -17,11 +17,10 @@ Both take tabular features too (``input_shape=(F,)``, e.g. a CSV dataset): flatt
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 
 from torch import nn
 
-from fedge.models.layers import make_activation
+from fedge.models.layers import fc_classifier, make_activation
 from fedge.models.registry import ModelOptions, Widths, register_model
 
 __all__ = ["MLPOptions", "build_logreg", "build_mlp"]
@@ -84,7 +83,4 @@ def build_logreg(
     activation: str | None,
     norm: str,
 ) -> tuple[nn.Sequential, nn.Sequential]:
-    classifier = nn.Sequential(
-        OrderedDict(flatten=nn.Flatten(), out=nn.Linear(math.prod(input_shape), num_classes))
-    )
-    return nn.Sequential(), classifier
+    return nn.Sequential(), fc_classifier(math.prod(input_shape), num_classes)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedge.models.layers import GlobalAvgPool, make_activation, make_norm
+from fedge.models.layers import make_activation, make_norm, pooled_classifier
 from fedge.models.registry import register_model
 from fedge.models.vgg import AffineOptions
 
@@ -98,5 +98,4 @@ def build_resnet20(
                 c_in, c, stride=stride, activation=activation, norm=norm, affine=norm_affine
             )
             c_in = c
-    classifier = nn.Sequential(OrderedDict(pool=GlobalAvgPool(), out=nn.Linear(c_in, num_classes)))
-    return nn.Sequential(blocks), classifier
+    return nn.Sequential(blocks), pooled_classifier(c_in, num_classes)

@@ -26,12 +26,11 @@ conv + ReLU blocks literally. Five pools: inputs must be at least 32x32.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 
 from torch import nn
 
-from fedge.models.layers import MaxPool2x2, conv_block, make_activation, output_shape
+from fedge.models.layers import MaxPool2x2, conv_block, fc_classifier, output_shape
 from fedge.models.registry import Flag, ModelOptions, register_model
 
 __all__ = ["VGG9", "VGG19", "build_vgg19", "build_vgg9", "vgg_features"]
@@ -101,15 +100,7 @@ def build_vgg9(
         input_shape[0], config, activation=activation, norm=norm, norm_affine=norm_affine
     )
     c, h, w = output_shape(features, input_shape)
-    classifier = nn.Sequential(
-        OrderedDict(
-            flatten=nn.Flatten(),
-            fc1=nn.Sequential(nn.Linear(c * h * w, 512), make_activation(activation)),
-            fc2=nn.Sequential(nn.Linear(512, 512), make_activation(activation)),
-            out=nn.Linear(512, num_classes),
-        )
-    )
-    return features, classifier
+    return features, fc_classifier(c * h * w, num_classes, hidden=(512, 512), activation=activation)
 
 
 @register_model(
@@ -132,8 +123,5 @@ def build_vgg19(
         input_shape[0], VGG19, activation=activation, norm=norm, norm_affine=norm_affine
     )
     c, h, w = output_shape(features, input_shape)
-    classifier = nn.Sequential(
-        OrderedDict(flatten=nn.Flatten(), out=nn.Linear(c * h * w, num_classes))
-    )
-    return features, classifier
+    return features, fc_classifier(c * h * w, num_classes)
 

@@ -31,7 +31,7 @@ import torch
 from pydantic import field_validator
 from torch import nn
 
-from fedge.models.layers import GlobalAvgPool, make_activation, make_norm
+from fedge.models.layers import make_activation, make_norm, pooled_classifier
 from fedge.models.registry import Flag, ModelOptions, Number, register_model
 
 __all__ = ["WideUnit", "build_wrn_10_2"]
@@ -92,10 +92,7 @@ def _wrn(
             )  # fmt: skip
             c_in = c
     blocks["post"] = _norm_act(norm, c_in, affine, activation)
-    classifier = nn.Sequential(
-        OrderedDict(pool=GlobalAvgPool(), out=nn.Linear(c_in, num_classes))
-    )
-    return nn.Sequential(blocks), classifier
+    return nn.Sequential(blocks), pooled_classifier(c_in, num_classes)
 
 
 class WRNOptions(ModelOptions):

@@ -66,6 +66,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from fedge.core.config import check_positive_int
 from fedge.core.errors import ConfigError
 from fedge.estimators import Scheme, estimate_gradient, loss_differences
 from fedge.pruning.masks import check_masks
@@ -107,7 +108,7 @@ def gaussian_inputs(
     input_shape: tuple[int, ...], n: int, *, generator: torch.Generator
 ) -> Tensor:
     """NTK-Rand inputs (Algorithm 1, line 10): ``n`` draws of ``x ~ N(0, I)``, shape (n, *input_shape)."""
-    _check_positive_int("n", n)
+    check_positive_int("n", n)
     return torch.randn((n, *input_shape), generator=generator)
 
 
@@ -163,8 +164,8 @@ def ntk_saliency(
     u = {n: m.to(w0[n].dtype).requires_grad_() for n, m in full.items()}
     with _eval_mode(model), torch.enable_grad():
         value = _statistic(model, inputs, u, w0, noise)
-        grads = torch.autograd.grad(value, list(u.values()), allow_unused=True)
-    return _scores(full, {n: torch.zeros_like(u[n]) if g is None else g for n, g in zip(u, grads)})
+        grads = _mask_gradients(value, u)
+    return _scores(full, grads)
 
 
 def ntk_statistic_differences(
@@ -271,8 +272,8 @@ def snip_saliency(
     with _eval_mode(model), torch.enable_grad():
         weights = {n: params[n].detach() * u[n] for n in full}
         loss = loss_fn(functional_call(model, weights, (x,)), y)
-        grads = torch.autograd.grad(loss, list(u.values()), allow_unused=True)
-    return _scores(full, {n: torch.zeros_like(u[n]) if g is None else g for n, g in zip(u, grads)})
+        grads = _mask_gradients(loss, u)
+    return _scores(full, grads)
 
 
 @torch.no_grad()
@@ -361,7 +362,7 @@ def _setup(
         raise ConfigError(f"inputs must be a non-empty batch (N, ...), got {got}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
         raise ConfigError(f"eps (the variance of ΔW, Eq. 15) must be a finite number > 0, got {eps!r}")
-    _check_positive_int("samples", samples)
+    check_positive_int("samples", samples)
     full = check_masks(model, masks)
     params = dict(model.named_parameters())
     w0 = {n: params[n].detach() for n in full}
@@ -371,6 +372,12 @@ def _setup(
         for _ in range(samples)
     ]
     return full, w0, noise
+
+
+def _mask_gradients(value: Tensor, u: Weights) -> Weights:
+    """``∂value/∂u`` for each mask variable u, by autograd; 0 where value does not depend on u."""
+    grads = torch.autograd.grad(value, list(u.values()), allow_unused=True)
+    return {n: torch.zeros_like(u[n]) if g is None else g for n, g in zip(u, grads)}
 
 
 def _scores(masks: dict[str, Tensor], values: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -391,8 +398,3 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
     finally:
         for m, training in modes:
             m.training = training
-
-
-def _check_positive_int(what: str, v: object) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ConfigError(f"{what} must be a positive int, got {v!r}")

@@ -33,6 +33,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from fedge.core.config import check_positive_int
 from fedge.core.errors import ConfigError, UnknownNameError
 from fedge.pruning.masks import check_masks, dense_masks
 from fedge.pruning.saliency import (
@@ -121,7 +122,7 @@ SCORERS: dict[str, Scorer] = {
 def density_schedule(density: float, rounds: int) -> list[float]:
     """``d_t = d^(t / T_p)`` for t = 1..T_p (Algorithm 1, line 15); the last is ``d`` exactly."""
     _check_density(density)
-    _check_positive_int("rounds", rounds)
+    check_positive_int("rounds", rounds)
     return [density ** (t / rounds) for t in range(1, rounds + 1)]
 
 
@@ -131,7 +132,7 @@ def keep_counts(total: int, density: float, rounds: int) -> list[int]:
     Raises:
         ConfigError: the target keeps no weight at all.
     """
-    _check_positive_int("total", total)
+    check_positive_int("total", total)
     counts = [round(d * total) for d in density_schedule(density, rounds)]
     if counts[-1] < 1:
         raise ConfigError(
@@ -201,7 +202,7 @@ def pruning_rounds(
     Same arguments as :func:`prune`; useful to log the density per round.
     """
     scorer = _scorer(score)
-    _check_positive_int("num_inputs", num_inputs)
+    check_positive_int("num_inputs", num_inputs)
     current = check_masks(model, masks) if masks is not None else dense_masks(model)
     total = sum(m.numel() for m in current.values())
     counts = keep_counts(total, density, rounds)
@@ -282,8 +283,3 @@ def _scorer(score: str | Scorer) -> Scorer:
 def _check_density(density: object) -> None:
     if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
         raise ConfigError(f"density must be a number in (0, 1] (the kept fraction), got {density!r}")
-
-
-def _check_positive_int(what: str, v: object) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ConfigError(f"{what} must be a positive int, got {v!r}")

@@ -30,6 +30,18 @@ _FLOP_UNITS = ((1e18, "EFLOP"), (1e15, "PFLOP"), (1e12, "TFLOP"), (1e9, "GFLOP")
                (1e6, "MFLOP"), (1e3, "kFLOP"))  # fmt: skip
 
 
+def _count(
+    n: float | None, units: Sequence[tuple[float, str]], base_unit: str, *, exact: bool, exact_unit: str
+) -> str:
+    """``n`` in SI units (a dash for None); with ``exact``, the exact count (from 1000 up) after it."""
+    if n is None:
+        return _DASH
+    text = _si(n, units, base_unit)
+    if exact and abs(n) >= 1000:
+        text += f" ({int(n):,}{exact_unit})"
+    return text
+
+
 def format_bytes(n: float | None, *, exact: bool = False) -> str:
     """Human-readable byte count in decimal units: ``format_bytes(1_234_567) == "1.23 MB"``.
 
@@ -37,12 +49,7 @@ def format_bytes(n: float | None, *, exact: bool = False) -> str:
         n: a byte count (``None`` gives a dash).
         exact: append the exact count: ``"1.23 MB (1,234,567 B)"``.
     """
-    if n is None:
-        return _DASH
-    text = _si(n, _BYTE_UNITS, "B")
-    if exact and abs(n) >= 1000:
-        text += f" ({int(n):,} B)"
-    return text
+    return _count(n, _BYTE_UNITS, "B", exact=exact, exact_unit=" B")
 
 
 def format_flops(n: float | None, *, exact: bool = False) -> str:
@@ -52,12 +59,7 @@ def format_flops(n: float | None, *, exact: bool = False) -> str:
         n: a FLOP count (``None`` gives a dash).
         exact: append the exact count: ``"2.50 GFLOP (2,500,000,000)"``.
     """
-    if n is None:
-        return _DASH
-    text = _si(n, _FLOP_UNITS, "FLOP")
-    if exact and abs(n) >= 1000:
-        text += f" ({int(n):,})"
-    return text
+    return _count(n, _FLOP_UNITS, "FLOP", exact=exact, exact_unit="")
 
 
 def format_accuracy(acc: float | None) -> str:

@@ -24,13 +24,12 @@ of the two secrets of each neighbour, and answers the unmasking request once.
 from __future__ import annotations
 
 import os
-from enum import IntEnum
 
 import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from fedge.privacy.secagg.config import SecAggConfig, check_round
+from fedge.privacy.secagg.config import SecAggConfig, Step, check_round
 from fedge.privacy.secagg.errors import SecAggError
 from fedge.privacy.secagg.graph import MaskGraph
 from fedge.privacy.secagg.keys import (
@@ -58,14 +57,6 @@ from fedge.privacy.secagg.shamir import split
 __all__ = ["ClientState"]
 
 
-class _Step(IntEnum):
-    ADVERTISE = 0
-    SHARE_KEYS = 1
-    MASKED_INPUT = 2
-    UNMASK = 3
-    DONE = 4
-
-
 class ClientState:
     """Client ``cid``'s secrets and progress in one round.
 
@@ -87,13 +78,8 @@ class ClientState:
         graph: MaskGraph,
         entropy: Entropy = os.urandom,
     ) -> None:
-        check_round(round)
-        if cid not in graph:
-            raise SecAggError(f"client {cid} is not in this round's mask graph")
-        self.cid, self.round, self.config, self._entropy = cid, round, config, entropy
-        self._neighbors = graph.neighbors(cid)
-        self._n_clients = len(graph)
-        self._step = _Step.ADVERTISE
+        self._bind(cid, round, config, graph, entropy)
+        self._step = Step.ADVERTISE
         self._c = KeyPair.generate(entropy)  # encrypts shares
         self._s = KeyPair.generate(entropy)  # agrees pair masks; shared, so a separate key
         self._peers: dict[int, tuple[bytes, bytes]] = {}  # v -> (c_pk_v, s_pk_v), after round 0
@@ -125,13 +111,8 @@ class ClientState:
         except (ValueError, TypeError, msgpack.UnpackException) as e:
             raise SecAggError(f"corrupt secure-aggregation client state: {e}") from None
         state = cls.__new__(cls)
-        check_round(rnd)
-        if cid not in graph:
-            raise SecAggError(f"client {cid} is not in this round's mask graph")
-        state.cid, state.round, state.config, state._entropy = cid, rnd, config, entropy
-        state._neighbors = graph.neighbors(cid)
-        state._n_clients = len(graph)
-        state._step = _Step(step)
+        state._bind(cid, rnd, config, graph, entropy)
+        state._step = Step(step)
         state._c, state._s = KeyPair.from_private_bytes(c_sk), KeyPair.from_private_bytes(s_sk)
         state._peers = {int(v): (bytes(pk[0]), bytes(pk[1])) for v, pk in peers.items()}
         state._blobs = {int(v): bytes(x) for v, x in blobs.items()}
@@ -139,16 +120,25 @@ class ClientState:
         state._b, state._own_b_share = bytes(b), bytes(own)
         return state
 
-    def _require(self, expected: _Step) -> None:
+    def _bind(self, cid: int, round: int, config: SecAggConfig, graph: MaskGraph, entropy: Entropy) -> None:
+        """The public part of the state: who u is in which round, and its graph neighbours."""
+        check_round(round)
+        if cid not in graph:
+            raise SecAggError(f"client {cid} is not in this round's mask graph")
+        self.cid, self.round, self.config, self._entropy = cid, round, config, entropy
+        self._neighbors = graph.neighbors(cid)
+        self._n_clients = len(graph)
+
+    def _require(self, expected: Step) -> None:
         if self._step != expected:
             raise SecAggError(
                 f"client {self.cid}: protocol step {expected.name} called at step "
                 f"{self._step.name}; each step runs once, in order"
             )
 
-    def _advance(self, expected: _Step) -> None:
+    def _advance(self, expected: Step) -> None:
         self._require(expected)
-        self._step = _Step(expected + 1)
+        self._step = Step(expected + 1)
 
     def _check_header(self, round: int, party: int, what: str) -> None:
         if round != self.round or party != self.cid:
@@ -160,14 +150,14 @@ class ClientState:
     # ---- round 0 ----------------------------------------------------------------------------
     def advertise_keys(self) -> bytes:
         """Advertise (c_pk_u, s_pk_u)."""
-        self._advance(_Step.ADVERTISE)
+        self._advance(Step.ADVERTISE)
         return Advertise(self.round, self.cid, self._c.public, self._s.public).to_bytes()
 
     # ---- round 1 ----------------------------------------------------------------------------
     def share_keys(self, key_list: bytes) -> bytes:
         """Shamir-share s_sk_u and a fresh b_u among u and the neighbours in ``key_list``
         (threshold t), keep u's own shares, and encrypt each neighbour's pair of shares to it."""
-        self._advance(_Step.SHARE_KEYS)
+        self._advance(Step.SHARE_KEYS)
         msg = KeyList.from_bytes(key_list)
         self._check_header(msg.round, msg.party, "key list")
         peers = msg.keys
@@ -210,12 +200,12 @@ class ClientState:
         ``x`` raises before any mask is used, so the call may be retried with a fixed ``x``.
         """
         fp, K = self.config.fixed_point, self.config.length
-        self._require(_Step.MASKED_INPUT)
+        self._require(Step.MASKED_INPUT)
         xv = np.asarray(x, dtype=np.float64).reshape(-1)
         if xv.size != K:
             raise SecAggError(f"client {self.cid}: input has {xv.size} values, expected K={K}")
         xq = fp.encode(xv, n_summands=self._n_clients)
-        self._advance(_Step.MASKED_INPUT)
+        self._advance(Step.MASKED_INPUT)
         msg = Forward.from_bytes(forward)
         self._check_header(msg.round, msg.party, "share forward")
         if not set(msg.blobs) <= set(self._peers):
@@ -245,7 +235,7 @@ class ClientState:
     def unmask(self, request: bytes) -> bytes:
         """Reveal the share of b_v for u itself and each surviving mask neighbour v, and the
         share of s_sk_v for each dropped one — never both for one v."""
-        self._advance(_Step.UNMASK)
+        self._advance(Step.UNMASK)
         msg = UnmaskRequest.from_bytes(request)
         self._check_header(msg.round, msg.party, "unmask request")
         alive, dropped = set(msg.alive), set(msg.dropped)

@@ -4,12 +4,27 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from enum import IntEnum
 
 from fedge.core.errors import ConfigError
 from fedge.privacy.secagg.fixedpoint import FixedPoint
 from fedge.privacy.secagg.graph import MaskGraph
 
-__all__ = ["SecAggConfig", "check_round"]
+__all__ = ["SecAggConfig", "Step", "check_round"]
+
+
+class Step(IntEnum):
+    """The round's protocol steps (Bonawitz et al. 2017, Fig. 4, rounds 0-3), then done.
+
+    Client and server walk them once each, in this order; the server closes a step when it
+    moves on, a client when it has answered it.
+    """
+
+    ADVERTISE = 0
+    SHARE_KEYS = 1
+    MASKED_INPUT = 2
+    UNMASK = 3
+    DONE = 4
 
 
 def check_round(round: int) -> None:

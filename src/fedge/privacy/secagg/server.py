@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Container
-from enum import IntEnum
 
 import numpy as np
 
-from fedge.privacy.secagg.config import SecAggConfig, check_round
+from fedge.privacy.secagg.config import SecAggConfig, Step, check_round
 from fedge.privacy.secagg.errors import SecAggError
 from fedge.privacy.secagg.fixedpoint import RingArray
 from fedge.privacy.secagg.graph import MaskGraph, connected_components
@@ -42,14 +41,6 @@ from fedge.privacy.secagg.shamir import Share, combine
 __all__ = ["ServerState"]
 
 
-class _Stage(IntEnum):
-    ADVERTISE = 0
-    SHARE_KEYS = 1
-    MASKED_INPUT = 2
-    UNMASK = 3
-    DONE = 4
-
-
 class ServerState:
     """The server's view of one round; feed it client messages, send what it returns.
 
@@ -63,7 +54,7 @@ class ServerState:
         check_round(round)
         config.check_graph(graph)
         self.round, self.config, self.graph = round, config, graph
-        self._stage = _Stage.ADVERTISE
+        self._stage = Step.ADVERTISE
         self._keys: dict[int, tuple[bytes, bytes]] = {}  # U1: u -> (c_pk_u, s_pk_u)
         self._blobs: dict[int, dict[int, bytes]] = {}  # U2: sender -> {recipient: blob}
         self._mask_nbrs: dict[int, frozenset[int]] = {}  # M(u) for u in U2
@@ -72,7 +63,7 @@ class ServerState:
 
     # ---- bookkeeping ------------------------------------------------------------------------
     def _accept(
-        self, stage: _Stage, round: int, party: int, allowed: Container[int], what: str
+        self, stage: Step, round: int, party: int, allowed: Container[int], what: str
     ) -> None:
         if self._stage != stage:
             raise SecAggError(
@@ -84,8 +75,8 @@ class ServerState:
         if party not in allowed:
             raise SecAggError(f"{what} from client {party}, who is not expected at this step")
 
-    def _close(self, stage: _Stage, received: int, what: str) -> None:
-        self._stage = _Stage(stage + 1)
+    def _close(self, stage: Step, received: int, what: str) -> None:
+        self._stage = Step(stage + 1)
         if received < self.config.threshold:
             raise SecAggError(
                 f"only {received} clients sent {what}; at least the threshold t="
@@ -105,14 +96,14 @@ class ServerState:
     # ---- round 0 ----------------------------------------------------------------------------
     def receive_advertise(self, msg: bytes) -> None:
         m = Advertise.from_bytes(msg)
-        self._accept(_Stage.ADVERTISE, m.round, m.party, self.graph.adjacency, "Advertise")
+        self._accept(Step.ADVERTISE, m.round, m.party, self.graph.adjacency, "Advertise")
         if m.party in self._keys:
             raise SecAggError(f"client {m.party} advertised keys twice")
         self._keys[m.party] = (m.c_pk, m.s_pk)
 
     def broadcast_keys(self) -> dict[int, bytes]:
         """For each u in U1: the keys of its neighbours in U1."""
-        self._close(_Stage.ADVERTISE, len(self._keys), "keys")
+        self._close(Step.ADVERTISE, len(self._keys), "keys")
         out = {}
         for u in sorted(self._keys):
             keys = {v: self._keys[v] for v in self.graph.neighbors(u) if v in self._keys}
@@ -122,7 +113,7 @@ class ServerState:
     # ---- round 1 ----------------------------------------------------------------------------
     def receive_shares(self, msg: bytes) -> None:
         m = Shares.from_bytes(msg)
-        self._accept(_Stage.SHARE_KEYS, m.round, m.party, self._keys, "Shares")
+        self._accept(Step.SHARE_KEYS, m.round, m.party, self._keys, "Shares")
         if m.party in self._blobs:
             raise SecAggError(f"client {m.party} sent shares twice")
         expected = {v for v in self.graph.neighbors(m.party) if v in self._keys}
@@ -135,7 +126,7 @@ class ServerState:
 
     def forward_shares(self) -> dict[int, bytes]:
         """For each u in U2: the encrypted shares addressed to u by other members of U2."""
-        self._close(_Stage.SHARE_KEYS, len(self._blobs), "shares")
+        self._close(Step.SHARE_KEYS, len(self._blobs), "shares")
         inbox: dict[int, dict[int, bytes]] = {u: {} for u in self._blobs}
         for v, blobs in self._blobs.items():
             for u, blob in blobs.items():
@@ -147,7 +138,7 @@ class ServerState:
     # ---- round 2 ----------------------------------------------------------------------------
     def receive_masked_input(self, msg: bytes) -> None:
         m = MaskedInput.from_bytes(msg)
-        self._accept(_Stage.MASKED_INPUT, m.round, m.party, self._blobs, "MaskedInput")
+        self._accept(Step.MASKED_INPUT, m.round, m.party, self._blobs, "MaskedInput")
         if m.party in self._y:
             raise SecAggError(f"client {m.party} sent its masked input twice")
         fp, K = self.config.fixed_point, self.config.length
@@ -160,7 +151,7 @@ class ServerState:
 
     def unmask_requests(self) -> dict[int, bytes]:
         """For each u in U3: its mask neighbours split into survivors and dropouts."""
-        self._close(_Stage.MASKED_INPUT, len(self._y), "masked inputs")
+        self._close(Step.MASKED_INPUT, len(self._y), "masked inputs")
         out = {}
         for u in sorted(self._y):
             alive = tuple(sorted(v for v in self._mask_nbrs[u] if v in self._y))
@@ -180,7 +171,7 @@ class ServerState:
     # ---- round 3 ----------------------------------------------------------------------------
     def receive_unmask(self, msg: bytes) -> None:
         m = UnmaskResponse.from_bytes(msg)
-        self._accept(_Stage.UNMASK, m.round, m.party, self._y, "UnmaskResponse")
+        self._accept(Step.UNMASK, m.round, m.party, self._y, "UnmaskResponse")
         if m.party in self._responses:
             raise SecAggError(f"client {m.party} answered the unmask request twice")
         nbrs = self._mask_nbrs[m.party]
@@ -207,9 +198,9 @@ class ServerState:
 
     def finalize(self) -> RingArray:
         """Σ_{u ∈ U3} x_u mod 2^b (shape (K,), ``uint64``); decode with the config's codec."""
-        if self._stage != _Stage.UNMASK:
+        if self._stage != Step.UNMASK:
             raise SecAggError(f"finalize called at stage {self._stage.name}, expected UNMASK")
-        self._stage = _Stage.DONE
+        self._stage = Step.DONE
         fp, K, rnd = self.config.fixed_point, self.config.length, self.round
         total = fp.ring_sum(self._y[u] for u in sorted(self._y))
         minus = np.zeros(K, dtype=np.uint64)
