@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedge.bench.script import parse_reproduction_args, parse_shard, reproduction_parser
+from fedge.bench.script import parse_reproduction_args, parse_shard, reproduction_parser, runs_parser, script_command
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -70,3 +70,12 @@ def test_smoke_protocol_runs_end_to_end_and_resumes(name, needle, tmp_path, caps
     assert script.main(["--smoke", "--out", str(out), "--table-only"]) == 0
     assert capsys.readouterr().out == first  # the table comes from the records alone
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*.json")} == stamps
+
+
+def test_runs_parser_and_the_command_line_shown_in_the_docs():
+    args = runs_parser("doc", out="runs/x").parse_args(["--docs", "d.md"])
+    assert (args.out, args.docs) == ("runs/x", "d.md")
+    assert script_command("/any/where/benchmarks/fedpt_table1.py", ["--seeds", "3", "--docs", "d.md"]) == (
+        "python benchmarks/fedpt_table1.py --seeds 3 --docs d.md"
+    )
+    assert script_command("fedpt_table5.py", []) == "python benchmarks/fedpt_table5.py"  # no trailing space

@@ -7,11 +7,11 @@ uploads one model" is checked against the real encoding, not assumed.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from fedge.bench.figures import read_run_logs
 from fedge.bench.variants import per_client_costs
 from fedge.core.config import load_config
 from fedge.experiment.run import run_experiment
@@ -27,8 +27,7 @@ def run_presets(names: list[str], *, overrides: list[str] | None = None, out_roo
         cfg = load_config(name, overrides=overrides or [])
         out = root / name
         run_experiment(cfg, out=out, render=False)
-        summary = json.loads((out / "summary.json").read_text())
-        lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        summary, lines = read_run_logs(out)
         costs = per_client_costs(lines)
         results.append(
             {

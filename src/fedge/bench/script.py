@@ -16,17 +16,44 @@ once, keep the raw results (``--json``) and can re-render them (``--from-json``)
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-__all__ = ["measurement_parser", "parse_reproduction_args", "parse_shard", "reproduction_parser"]
+__all__ = [
+    "measurement_parser",
+    "parse_reproduction_args",
+    "parse_shard",
+    "reproduction_parser",
+    "runs_parser",
+    "script_command",
+]
+
+
+def runs_parser(description: str | None, *, out: str) -> argparse.ArgumentParser:
+    """``--out`` (default ``out``) and ``--docs``: the flags of every script that runs variants
+    into run directories and tabulates them (the FedPT tables; :func:`reproduction_parser`)."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=out, help="where the runs' directories (checkpoints) go")
+    ap.add_argument("--docs", default=None, help="rewrite this script's section of this file (docs/benchmarks.md)")
+    return ap
+
+
+def script_command(script: str | Path, argv: Sequence[str] | None) -> str:
+    """The command line shown in a docs section: ``python benchmarks/<script's file name>`` and
+    ``argv`` (``sys.argv[1:]`` when None, as ``argparse`` reads it).
+
+    >>> script_command("/x/benchmarks/fedpt_table1.py", ["--seeds", "3"])
+    'python benchmarks/fedpt_table1.py --seeds 3'
+    """
+    given = sys.argv[1:] if argv is None else argv
+    return ("python benchmarks/" + Path(script).name + " " + " ".join(given)).strip()
 
 
 def reproduction_parser(description: str | None, *, out: str, smoke: bool = True) -> argparse.ArgumentParser:
     """The flags every reproduction script shares: ``--out``, ``--docs``, ``--shard I/N``,
     ``--table-only`` and (with ``smoke``) ``--smoke``."""
-    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=out, help="where the runs' directories (checkpoints) go")
-    ap.add_argument("--docs", default=None, help="rewrite this script's section of this file (docs/benchmarks.md)")
+    ap = runs_parser(description, out=out)
     ap.add_argument("--shard", default="0/1", help="I/N: run every N-th run starting at I (parallel workers)")
     ap.add_argument("--table-only", action="store_true", help="tabulate the recorded runs, run nothing")
     if smoke:

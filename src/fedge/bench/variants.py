@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedge.bench.figures import read_run_logs
 from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError
 from fedge.experiment.run import resolved_config, resume_experiment, run_experiment
@@ -72,8 +73,7 @@ def run_variants(
                 run_experiment(wanted, out=out, render=False)
         elif _check_same_run(out, wanted, allow_more_rounds=True) < wanted.rounds:
             resume_experiment(out, rounds=wanted.rounds, render=False)  # train it further
-        summary = json.loads((out / "summary.json").read_text())
-        lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        summary, lines = read_run_logs(out)
         results.append(
             {
                 "label": label,
