@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["machine_line", "update_section"]
+__all__ = ["machine_line", "publish", "update_section"]
 
 HEADER = """# fedge benchmarks
 
@@ -37,3 +37,11 @@ def update_section(path: str | Path, name: str, title: str, body: str) -> None:
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(text)
+
+
+def publish(text: str, docs: str | Path | None, name: str, title: str) -> None:
+    """Print ``text`` and, when ``docs`` names a file, make it that file's section ``name``
+    (headed ``title``): the last step of a script whose docs section is its printed table."""
+    print(text)
+    if docs:
+        update_section(docs, name, title, text)
