@@ -79,3 +79,36 @@ def test_runs_parser_and_the_command_line_shown_in_the_docs():
         "python benchmarks/fedpt_table1.py --seeds 3 --docs d.md"
     )
     assert script_command("fedpt_table5.py", []) == "python benchmarks/fedpt_table5.py"  # no trailing space
+
+
+def test_parse_settings_reads_each_value_as_its_defaults_type():
+    from fedge.bench.script import parse_settings
+    from fedge.core.errors import ConfigError
+
+    defaults = {"model": "lenet5", "rounds": 20, "lr": 0.05}
+    s = parse_settings(defaults, ["rounds=8", "lr=0.1", "model=vgg"])
+    assert s == {"model": "vgg", "rounds": 8, "lr": 0.1} and type(s["rounds"]) is int and type(s["lr"]) is float
+    assert parse_settings(defaults, []) == defaults and defaults["rounds"] == 20  # the defaults are not changed
+    with pytest.raises(ConfigError, match=r"unknown setting 'round'; expected one of \['lr', 'model', 'rounds'\]"):
+        parse_settings(defaults, ["round=8"])
+    with pytest.raises(ConfigError, match=r"setting rounds='x' is not a number; expected e.g. rounds=20"):
+        parse_settings(defaults, ["rounds=x"])
+    with pytest.raises(ConfigError, match=r"rounds='2.5' is not a number"):  # an int setting takes no fraction
+        parse_settings(defaults, ["rounds=2.5"])
+
+
+def test_a_saved_measurement_loads_back_whole(tmp_path):
+    from fedge.bench.script import load_measurement, save_measurement
+
+    record = {"settings": {"rounds": 2}, "seconds": 1.5, "results": [{"row": "a", "auc": 0.5, "where": Path("x")}]}
+    save_measurement(tmp_path / "m.json", record)
+    assert load_measurement(tmp_path / "m.json") == {**record, "results": [{"row": "a", "auc": 0.5, "where": "x"}]}
+
+
+@pytest.mark.parametrize("name", ["mia_overfit", "privacy_leakage"])
+def test_a_bad_setting_exits_2_naming_it_before_measuring(name, tmp_path, capsys):
+    docs = tmp_path / "benchmarks.md"
+    assert _script(name).main(["--docs", str(docs), "--set", "rounds=x" if name == "mia_overfit" else "bogus=1"]) == 2
+    err = capsys.readouterr().err
+    assert ("rounds='x' is not a number" if name == "mia_overfit" else "unknown setting 'bogus'") in err
+    assert not docs.exists()

@@ -10,22 +10,30 @@ tabulates the records, and (most) has a seconds-long smoke protocol that never t
 
 The measurement scripts (``privacy_leakage.py``, ``mia_overfit.py``, ``ppfl_table2.py``) measure
 once, keep the raw results (``--json``) and can re-render them (``--from-json``):
-:func:`measurement_parser`.
+:func:`measurement_parser`, :func:`parse_settings` (``--set``), :func:`save_measurement` and
+:func:`load_measurement`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+from fedge.core.errors import ConfigError
 
 __all__ = [
+    "load_measurement",
     "measurement_parser",
     "parse_reproduction_args",
+    "parse_settings",
     "parse_shard",
     "reproduction_parser",
     "runs_parser",
+    "save_measurement",
     "script_command",
 ]
 
@@ -94,3 +102,40 @@ def measurement_parser(description: str | None, *, section: str, example: str) -
     ap.add_argument("--from-json", help="render a --json file of an earlier run instead of measuring")
     ap.add_argument("--set", nargs="*", default=[], help=f"settings overrides, key=value (e.g. {example})")
     return ap
+
+
+def parse_settings(defaults: dict[str, Any], pairs: Sequence[str]) -> dict[str, Any]:
+    """``defaults`` with the ``key=value`` overrides of ``--set``, each value read as the type of
+    its default (text, float or int); a ConfigError names an unknown key or a value that is not
+    a number, with the fix.
+
+    >>> parse_settings({"model": "lenet", "rounds": 4, "lr": 0.1}, ["rounds=8", "lr=0.05", "model=vgg"])
+    {'model': 'vgg', 'rounds': 8, 'lr': 0.05}
+    """
+    s = dict(defaults)
+    for kv in pairs:
+        k, _, v = kv.partition("=")
+        if k not in s:
+            raise ConfigError(f"unknown setting {k!r}; expected one of {sorted(s)} (as key=value)")
+        if isinstance(defaults[k], str):
+            s[k] = v
+            continue
+        try:
+            s[k] = float(v) if isinstance(defaults[k], float) else int(v)
+        except ValueError:
+            raise ConfigError(f"setting {k}={v!r} is not a number; expected e.g. {k}={defaults[k]}") from None
+    return s
+
+
+def save_measurement(path: str | Path, record: dict[str, Any]) -> None:
+    """Write a measurement's raw results (``--json``): settings, seconds and results, which
+    :func:`load_measurement` reads back for ``--from-json``."""
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1, default=str)
+
+
+def load_measurement(path: str | Path) -> dict[str, Any]:
+    """The raw results a :func:`save_measurement` wrote (``--from-json``)."""
+    with open(path) as f:
+        saved: dict[str, Any] = json.load(f)
+    return saved
