@@ -24,3 +24,13 @@ def test_publish_prints_and_writes_the_section_only_when_asked(tmp_path, capsys)
     assert capsys.readouterr().out == "| a |\n|---|\n"
     block = docs.read_text().split("<!-- bench:t -->\n", 1)[1]
     assert block.startswith("## T\n\nMachine: ") and block.endswith("\n\n| a |\n|---|\n<!-- /bench:t -->\n")
+
+
+def test_markdown_table_and_the_section_layout():
+    from fedge.bench.docs import command_section, markdown_table
+
+    lines = markdown_table(["K", "up B"], [["100", "412"], ["200", "812"]])
+    assert lines == ["| K | up B |", "|---|---|", "| 100 | 412 |", "| 200 | 812 |"]
+    assert markdown_table(["a"], []) == ["| a |", "|---|"]
+    text = command_section(["Intro one,", "intro two."], "fedge bench comm", lines)
+    assert text == "Intro one,\nintro two.\n\nCommand: `fedge bench comm`\n\n| K | up B |\n|---|---|\n| 100 | 412 |\n| 200 | 812 |"

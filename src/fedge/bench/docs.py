@@ -5,11 +5,12 @@ from __future__ import annotations
 import platform
 import re
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
 
-__all__ = ["machine_line", "publish", "update_section"]
+__all__ = ["command_section", "machine_line", "markdown_table", "publish", "update_section"]
 
 HEADER = """# fedge benchmarks
 
@@ -45,3 +46,19 @@ def publish(text: str, docs: str | Path | None, name: str, title: str) -> None:
     print(text)
     if docs:
         update_section(docs, name, title, text)
+
+
+def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """The lines of a Markdown table: ``head``, the rule (every column left-aligned) and one line
+    per row of cells.
+
+    >>> markdown_table(["K", "bytes"], [["100", "412"]])
+    ['| K | bytes |', '|---|---|', '| 100 | 412 |']
+    """
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def command_section(intro: Sequence[str], command: str, body: Sequence[str]) -> str:
+    """A section body laid out as every ``fedge bench`` section is: the ``intro`` lines, the
+    command that wrote it, then ``body`` (its table and what follows), blank lines between."""
+    return "\n".join([*intro, "", f"Command: `{command}`", "", *body])
