@@ -42,16 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import update_section
-from fedge.bench.variants import (
-    paired_difference,
-    pick_by_validation,
-    recorded,
-    recorded_screen,
-    recorded_seeded,
-    run_screened,
-    run_variants,
-    when_picked,
-)
+from fedge.bench.screened import recorded_screen, recorded_seeded, when_picked
+from fedge.bench.variants import paired_difference, pick_by_validation, recorded, run_screened, run_variants
 
 BASE = "baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "baffle_delta_loss"

@@ -30,17 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import publish
+from fedge.bench.screened import per_seed_cell, recorded_screen, recorded_seeded, when_picked
 from fedge.bench.script import parse_reproduction_args, reproduction_parser
-from fedge.bench.variants import (
-    per_seed_cell,
-    pick_by_validation,
-    recorded,
-    recorded_screen,
-    recorded_seeded,
-    run_screened,
-    run_seeded_variants,
-    when_picked,
-)
+from fedge.bench.variants import pick_by_validation, recorded, run_screened, run_seeded_variants
 
 BASE = "baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "baffle_table1"

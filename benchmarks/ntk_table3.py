@@ -57,17 +57,9 @@ from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import publish
+from fedge.bench.screened import per_seed_cell, recorded_screen, recorded_seeded, when_picked
 from fedge.bench.script import parse_reproduction_args, reproduction_parser
-from fedge.bench.variants import (
-    paired_difference,
-    per_seed_cell,
-    pick_by_validation,
-    recorded,
-    recorded_screen,
-    recorded_seeded,
-    run_screened,
-    when_picked,
-)
+from fedge.bench.variants import paired_difference, pick_by_validation, recorded, run_screened
 
 BASE = "ntk-baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "ntk_table3"

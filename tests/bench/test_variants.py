@@ -203,35 +203,3 @@ def test_run_screened_picks_on_validation_and_shards_split_the_runs(tmp_path):
     with pytest.raises(ConfigError, match="shard 2 of 2"):
         worker(2, 2, tmp_path / "bad")
 
-
-def test_recorded_helpers_read_what_the_runs_recorded_and_run_nothing(tmp_path):
-    import shutil
-
-    from fedge.bench.variants import recorded_screen, recorded_seeded, run_seeded_variants
-
-    ran = run_seeded_variants("quickstart", {"a": []}, seeds=[0, 1], out_root=tmp_path / "runs", common=COMMON,
-                              records=tmp_path / "rec")  # fmt: skip
-    run_variants("quickstart", {"s": []}, out_root=tmp_path / "runs", common=COMMON, records=tmp_path / "rec" / "screen")
-    shutil.rmtree(tmp_path / "runs")
-    both = {"a": [], "b": ["method.local_epochs=2"]}
-    read = recorded_seeded("quickstart", both, seeds=[0, 1], common=COMMON, records=tmp_path / "rec")
-    assert not (tmp_path / "runs").exists() and read["missing"] == ["b"] and [r["label"] for r in read["results"]] == ["a"]
-    (row,) = read["results"]
-    assert row["seeds"] == 2 and row["final_test_accuracy"] == ran["results"][0]["final_test_accuracy"]
-    screen = recorded_screen("quickstart", {"s": [], "t": ["method.local_epochs=2"]}, common=COMMON, records=tmp_path / "rec")
-    assert [r["label"] for r in screen["results"]] == ["s"] and screen["missing"] == ["t"]
-
-
-def test_when_picked_builds_the_variants_once_the_pick_is_made():
-    from fedge.bench.variants import when_picked
-
-    main = when_picked(lambda screen: screen.get("lr"), lambda lr: {"a": [f"method.client_optimizer.lr={lr}"]})
-    assert main({}) is None  # a screen run is missing: run_screened waits
-    assert main({"lr": 0.03}) == {"a": ["method.client_optimizer.lr=0.03"]}
-
-
-def test_per_seed_cell_lists_every_seed_in_order():
-    from fedge.bench.variants import per_seed_cell
-
-    row = {"runs": [{"final_test_accuracy": 0.81234, "x": 1.0}, {"final_test_accuracy": 0.5, "x": 0.25}]}
-    assert per_seed_cell(row) == "0.8123, 0.5000" and per_seed_cell(row, "x") == "1.0000, 0.2500"

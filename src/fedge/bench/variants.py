@@ -8,7 +8,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from fedge.bench.docs import command_section, markdown_table
 from fedge.bench.figures import read_run_logs
@@ -20,20 +20,14 @@ from fedge.experiment.rundir import RunDir
 __all__ = [
     "paired_difference",
     "per_client_costs",
-    "per_seed_cell",
     "pick_by_validation",
     "recorded",
-    "recorded_screen",
-    "recorded_seeded",
     "run_screened",
     "run_seeded_variants",
     "run_variants",
     "seeded_markdown",
     "variants_markdown",
-    "when_picked",
 ]
-
-T = TypeVar("T")
 
 
 def run_variants(
@@ -369,40 +363,6 @@ def recorded(base: str, variants: dict[str, list[str]], *, common: list[str], re
     return run_variants(base, variants, out_root=Path(records) / ".unused", common=common, run=False, records=records)
 
 
-def recorded_screen(base: str, screen: dict[str, list[str]], *, common: list[str], records: str | Path) -> dict[str, Any]:
-    """The screen runs of a :func:`run_screened` table as recorded under ``records/screen``
-    (nothing runs; the rest are ``"missing"``)."""
-    return recorded(base, screen, common=common, records=Path(records) / "screen")
-
-
-def recorded_seeded(
-    base: str, variants: dict[str, list[str]], *, seeds: Sequence[int], common: list[str], records: str | Path
-) -> dict[str, Any]:
-    """:func:`run_seeded_variants` reading only ``records`` (``records/seed-S``): the table of
-    whatever seeds are recorded, nothing runs."""
-    return run_seeded_variants(base, variants, seeds=seeds, out_root="/nonexistent", common=common, run=False,
-                               records=records)  # fmt: skip
-
-
-def when_picked(
-    pick: Callable[[dict[str, Any]], T | None], variants: Callable[[T], dict[str, list[str]]]
-) -> Callable[[dict[str, Any]], dict[str, list[str]] | None]:
-    """The ``main`` of :func:`run_screened`: ``variants(pick(screen))`` — the table's variants
-    built from what ``pick`` chose on the screen report — or None while ``pick`` returns None
-    (a screen run is missing)."""
-
-    def main(screen: dict[str, Any]) -> dict[str, list[str]] | None:
-        chosen = pick(screen)
-        return None if chosen is None else variants(chosen)
-
-    return main
-
-
-def per_seed_cell(row: dict[str, Any], key: str = "final_test_accuracy") -> str:
-    """A :func:`run_seeded_variants` row's ``key`` of every seed run, in seed order: ``0.8123, 0.8201``."""
-    return ", ".join(f"{x[key]:.4f}" for x in row["runs"])
-
-
 def run_screened(
     base: str,
     screen: dict[str, list[str]],
@@ -436,7 +396,7 @@ def run_screened(
     for i, label in enumerate(screen):
         if i % shards == shard:
             run_variants(base, {label: screen[label]}, out_root=out / "screen", common=screen_common, records=root / "screen")
-    while (variants := main(recorded_screen(base, screen, common=screen_common, records=root))) is None:
+    while (variants := main(recorded(base, screen, common=screen_common, records=root / "screen"))) is None:
         time.sleep(poll_s)  # another worker is still screening
     tasks = [(label, seed) for label in variants for seed in seeds]
     for i, (label, seed) in enumerate(tasks):
