@@ -14,7 +14,6 @@ the attacker's data (test samples not used as non-members). One seed.
 
 from __future__ import annotations
 
-import sys
 import time
 import warnings
 from typing import Any
@@ -23,8 +22,7 @@ import torch
 
 from fedge.attacks.harness import attack_config, membership_by_round
 from fedge.bench.docs import update_section
-from fedge.bench.script import load_measurement, measurement_parser, parse_settings, save_measurement
-from fedge.core.errors import ConfigError
+from fedge.bench.script import load_measurement, measurement_parser, measurement_settings, save_measurement
 from fedge.experiment.build import build_run
 
 SETTINGS: dict[str, Any] = {"clients": 4, "per_client": 16, "rounds": 20, "local_epochs": 5, "batch": 8, "k": 100,
@@ -102,11 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         saved = load_measurement(args.from_json)
         results, settings, seconds = saved["results"], saved["settings"], saved["seconds"]
     else:
-        try:
-            settings = parse_settings(SETTINGS, args.set)
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        settings = measurement_settings(ap, args.set, SETTINGS)
         torch.set_num_threads(1)
         t0, results = time.perf_counter(), []
         for label, method in rows(settings).items():

@@ -27,8 +27,7 @@ import torch
 
 from fedge.attacks.table import ROWS, privacy_row
 from fedge.bench.docs import update_section
-from fedge.bench.script import load_measurement, measurement_parser, parse_settings, save_measurement
-from fedge.core.errors import ConfigError
+from fedge.bench.script import load_measurement, measurement_parser, measurement_settings, save_measurement
 
 SETTINGS = {"dataset": "fashion-mnist", "clients": 4, "iterations": 200, "mia_clients": 2, "mia_per_client": 32,
             "mia_rounds": 3, "mia_samples": 64, "shadows": 2, "pia_clients": 24, "test": 600}  # fmt: skip
@@ -158,11 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             update_section(args.docs, "privacy-leakage", "Privacy leakage of every method",
                            render(saved["results"], saved["settings"], saved["seconds"], saved.get("merged")))  # fmt: skip
         return 0
-    try:
-        settings = parse_settings(SETTINGS, args.set)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    settings = measurement_settings(ap, args.set, SETTINGS)
     torch.set_num_threads(1)
     rows = [r for r in ROWS if not args.rows or r.label in args.rows]
     if args.rows and len(rows) != len(args.rows):

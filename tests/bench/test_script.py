@@ -108,7 +108,9 @@ def test_a_saved_measurement_loads_back_whole(tmp_path):
 @pytest.mark.parametrize("name", ["mia_overfit", "privacy_leakage"])
 def test_a_bad_setting_exits_2_naming_it_before_measuring(name, tmp_path, capsys):
     docs = tmp_path / "benchmarks.md"
-    assert _script(name).main(["--docs", str(docs), "--set", "rounds=x" if name == "mia_overfit" else "bogus=1"]) == 2
+    with pytest.raises(SystemExit) as exc:
+        _script(name).main(["--docs", str(docs), "--set", "rounds=x" if name == "mia_overfit" else "bogus=1"])
     err = capsys.readouterr().err
-    assert ("rounds='x' is not a number" if name == "mia_overfit" else "unknown setting 'bogus'") in err
-    assert not docs.exists()
+    assert exc.value.code == 2 and not docs.exists()
+    assert ("error: setting rounds='x' is not a number; expected e.g. rounds=20" if name == "mia_overfit"
+            else "error: unknown setting 'bogus'; expected one of ['clients', 'dataset',") in err  # fmt: skip

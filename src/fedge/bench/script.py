@@ -10,7 +10,7 @@ tabulates the records, and (most) has a seconds-long smoke protocol that never t
 
 The measurement scripts (``privacy_leakage.py``, ``mia_overfit.py``, ``ppfl_table2.py``) measure
 once, keep the raw results (``--json``) and can re-render them (``--from-json``):
-:func:`measurement_parser`, :func:`parse_settings` (``--set``), :func:`save_measurement` and
+:func:`measurement_parser`, :func:`measurement_settings` (``--set``), :func:`save_measurement` and
 :func:`load_measurement`.
 """
 
@@ -28,6 +28,7 @@ from fedge.core.errors import ConfigError
 __all__ = [
     "load_measurement",
     "measurement_parser",
+    "measurement_settings",
     "parse_reproduction_args",
     "parse_settings",
     "parse_shard",
@@ -125,6 +126,15 @@ def parse_settings(defaults: dict[str, Any], pairs: Sequence[str]) -> dict[str, 
         except ValueError:
             raise ConfigError(f"setting {k}={v!r} is not a number; expected e.g. {k}={defaults[k]}") from None
     return s
+
+
+def measurement_settings(ap: argparse.ArgumentParser, pairs: Sequence[str], defaults: dict[str, Any]) -> dict[str, Any]:
+    """:func:`parse_settings` of a measurement script's ``--set``: a bad key or value exits 2
+    through ``ap.error`` with the message that names it and the fix."""
+    try:
+        return parse_settings(defaults, pairs)
+    except ConfigError as e:
+        ap.error(str(e))
 
 
 def save_measurement(path: str | Path, record: dict[str, Any]) -> None:
