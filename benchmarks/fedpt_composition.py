@@ -28,15 +28,13 @@ Each run directory is reused when complete and resumed when interrupted, so the 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from safetensors.torch import load_file
 
-from fedge.bench.docs import update_section
 from fedge.bench.figures import mib, read_run_logs
-from fedge.bench.script import runs_parser, script_command
+from fedge.bench.script import report_and_document, runs_parser
 from fedge.bench.variants import run_variants
 from fedge.core.config import load_config
 from fedge.models import build_model
@@ -167,12 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     runs = run_variants(PRESET, ROWS, out_root=args.out, common=COMMON)
     rows = {r["label"]: _read(r) for r in runs["results"]}
-    print(json.dumps(rows, indent=2))
-    print(table(rows))
-    if args.docs:
-        command = script_command(__file__, argv)
-        update_section(args.docs, "fedpt-composition", "Composition: freezing with forward-only clients", markdown(rows, command))
-    return 0
+    return report_and_document(rows, table(rows), args.docs, section="fedpt-composition",
+                               title="Composition: freezing with forward-only clients",
+                               markdown=lambda command: markdown(rows, command), script=__file__, argv=argv)  # fmt: skip
 
 
 if __name__ == "__main__":

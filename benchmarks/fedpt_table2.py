@@ -30,12 +30,10 @@ Each run directory is reused when complete and resumed when interrupted, so the 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from fedge.bench.docs import update_section
 from fedge.bench.figures import communication_reduction, mean_over_seeds, mib, run_figures
-from fedge.bench.script import runs_parser, script_command
+from fedge.bench.script import report_and_document, runs_parser
 from fedge.bench.variants import run_seeded_variants
 
 PRESET = "fedpt-fmnist-cnn"
@@ -154,12 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = run_seeded_variants(PRESET, {k: [v] for k, v in ROWS.items()}, seeds=range(args.seeds), out_root=args.out, common=COMMON)
     rows = {r["label"]: mean_over_seeds([run_figures(x["run_dir"]) for x in r["runs"]]) for r in runs["results"]}
     report = {"rows": rows}
-    print(json.dumps(report, indent=2))
-    print(table(report))
-    if args.docs:
-        command = script_command(__file__, argv)
-        update_section(args.docs, "fedpt-table2", "FedPT Table 2/4 analogue", markdown(report, command))
-    return 0
+    return report_and_document(report, table(report), args.docs, section="fedpt-table2", title="FedPT Table 2/4 analogue",
+                               markdown=lambda command: markdown(report, command), script=__file__, argv=argv)
 
 
 if __name__ == "__main__":

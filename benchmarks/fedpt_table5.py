@@ -26,13 +26,11 @@ Each run directory is reused when complete and resumed when interrupted, so the 
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
-from fedge.bench.docs import update_section
 from fedge.bench.figures import read_run_logs
-from fedge.bench.script import runs_parser, script_command
+from fedge.bench.script import report_and_document, runs_parser
 from fedge.bench.variants import run_variants
 
 PRESET = "fedpt-fmnist-cnn"
@@ -148,13 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     variants = {f"{m} z={z:g}": [freeze, f"privacy.noise_multiplier={z}"] for z in zs for m, freeze in MODELS.items()}
     runs = run_variants(PRESET, variants, out_root=args.out, common=COMMON)
     report = {"z": zs, "rows": {r["label"]: _read(r["run_dir"]) for r in runs["results"]}}
-    print(json.dumps(report, indent=2))
-    print(table(report))
-    print(verdict(report))
-    if args.docs:
-        command = script_command(__file__, argv)
-        update_section(args.docs, "fedpt-table5", "FedPT Table 5 analogue (accuracy under DP-FTRL)", markdown(report, command))
-    return 0
+    return report_and_document(report, table(report) + "\n" + verdict(report), args.docs, section="fedpt-table5",
+                               title="FedPT Table 5 analogue (accuracy under DP-FTRL)",
+                               markdown=lambda command: markdown(report, command), script=__file__, argv=argv)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -114,3 +114,17 @@ def test_a_bad_setting_exits_2_naming_it_before_measuring(name, tmp_path, capsys
     assert exc.value.code == 2 and not docs.exists()
     assert ("error: setting rounds='x' is not a number; expected e.g. rounds=20" if name == "mia_overfit"
             else "error: unknown setting 'bogus'; expected one of ['clients', 'dataset',") in err  # fmt: skip
+
+
+def test_report_and_document_prints_and_writes_the_section_with_the_command(tmp_path, capsys):
+    import json
+
+    from fedge.bench.script import report_and_document
+
+    docs = tmp_path / "benchmarks.md"
+    report = {"rows": {"a": {"accuracy": 0.5}}}
+    kw = {"section": "t", "title": "T", "markdown": lambda command: f"Command: `{command}`\n\n| a |", "script": "b/t.py"}
+    assert report_and_document(report, "| a |", None, argv=[], **kw) == 0
+    assert capsys.readouterr().out == json.dumps(report, indent=2) + "\n| a |\n" and not docs.exists()
+    assert report_and_document(report, "| a |", str(docs), argv=["--docs", str(docs)], **kw) == 0
+    assert f"\n\nCommand: `python benchmarks/t.py --docs {docs}`\n\n| a |\n<!-- /bench:t -->" in docs.read_text()

@@ -19,10 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedge.bench.docs import update_section
 from fedge.core.errors import ConfigError
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "parse_reproduction_args",
     "parse_settings",
     "parse_shard",
+    "report_and_document",
     "reproduction_parser",
     "runs_parser",
     "save_measurement",
@@ -57,6 +59,27 @@ def script_command(script: str | Path, argv: Sequence[str] | None) -> str:
     """
     given = sys.argv[1:] if argv is None else argv
     return ("python benchmarks/" + Path(script).name + " " + " ".join(given)).strip()
+
+
+def report_and_document(
+    report: Any,
+    table: str,
+    docs: str | None,
+    *,
+    section: str,
+    title: str,
+    markdown: Callable[[str], str],
+    script: str | Path,
+    argv: Sequence[str] | None,
+) -> int:
+    """The end of a script that runs variants and tabulates them (:func:`runs_parser`): print the
+    ``report`` (JSON) and its ``table``; with ``docs``, write ``markdown(command line)`` as that
+    file's section ``section`` headed ``title`` (:func:`script_command`). Returns 0, the exit status."""
+    print(json.dumps(report, indent=2))
+    print(table)
+    if docs:
+        update_section(docs, section, title, markdown(script_command(script, argv)))
+    return 0
 
 
 def reproduction_parser(description: str | None, *, out: str, smoke: bool = True) -> argparse.ArgumentParser:
