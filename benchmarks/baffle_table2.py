@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import publish
-from fedge.bench.screened import per_seed_cell, recorded_screen, recorded_seeded, when_picked
+from fedge.bench.screened import per_seed_cell, read_plan_screen, recorded_seeded, run_plan, when_picked
 from fedge.bench.script import parse_reproduction_args, reproduction_parser
-from fedge.bench.variants import paired_difference, pick_by_validation, run_screened
+from fedge.bench.variants import paired_difference, pick_by_validation
 
 BASE = "baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "baffle_table2"
@@ -121,13 +121,12 @@ def main_variants(plan: Plan, chosen: dict[tuple[str, str], float]) -> dict[str,
 
 
 def read_screen(plan: Plan) -> dict[str, Any]:
-    return recorded_screen(BASE, screen_variants(plan), common=plan.screen_common(), records=plan.records)
+    return read_plan_screen(BASE, plan, screen_variants(plan))
 
 
 def run_all(plan: Plan, shard: int, shards: int, out: Path) -> None:
     main = when_picked(lambda screen: picks(plan, screen), lambda chosen: main_variants(plan, chosen))
-    run_screened(BASE, screen_variants(plan), main, screen_common=plan.screen_common(), protocol=plan.protocol(),
-                 seeds=plan.seeds, records=plan.records, out=out, shard=shard, shards=shards)  # fmt: skip
+    run_plan(BASE, plan, screen_variants(plan), main, out=out, shard=shard, shards=shards)
 
 
 def table(plan: Plan, command: str) -> str:

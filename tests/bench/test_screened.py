@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
+from pathlib import Path
 
-from fedge.bench.screened import per_seed_cell, recorded_screen, recorded_seeded, when_picked
+from fedge.bench.screened import (
+    per_seed_cell,
+    read_plan_screen,
+    recorded_screen,
+    recorded_seeded,
+    run_plan,
+    when_picked,
+)
 from fedge.bench.variants import run_seeded_variants, run_variants
 
 COMMON = ["rounds=2", "eval_every=1", "clients.num=4", "clients.per_round=2", "threads=1"]
@@ -33,3 +42,29 @@ def test_when_picked_builds_the_variants_once_the_pick_is_made():
 def test_per_seed_cell_lists_every_seed_in_order():
     row = {"runs": [{"final_test_accuracy": 0.81234, "x": 1.0}, {"final_test_accuracy": 0.5, "x": 0.25}]}
     assert per_seed_cell(row) == "0.8123, 0.5000" and per_seed_cell(row, "x") == "1.0000, 0.2500"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What a script's Plan gives run_plan (fedge.bench.screened.Plan)."""
+
+    records: Path
+    seeds: tuple[int, ...] = (0, 1)
+
+    def protocol(self) -> list[str]:
+        return COMMON
+
+    def screen_common(self) -> list[str]:
+        return [*COMMON, "rounds=1", "seed=0"]
+
+
+def test_run_plan_records_where_the_readers_look(tmp_path):
+    plan = _Plan(records=tmp_path / "rec")
+    screen = {"s": [], "t": ["method.local_epochs=2"]}
+    picked = when_picked(lambda rep: None if rep["missing"] else "s", lambda label: {"a": [], "b": screen[label]})
+    run_plan("quickstart", plan, screen, picked, out=tmp_path / "runs", shard=0, shards=1)
+    files = sorted(p.relative_to(plan.records).as_posix() for p in plan.records.rglob("*.json"))
+    assert files == ["screen/s.json", "screen/t.json", "seed-0/a.json", "seed-0/b.json", "seed-1/a.json", "seed-1/b.json"]
+    assert [r["label"] for r in read_plan_screen("quickstart", plan, screen)["results"]] == ["s", "t"]
+    seeded = recorded_seeded("quickstart", {"a": [], "b": []}, seeds=plan.seeds, common=plan.protocol(), records=plan.records)
+    assert [(r["label"], r["seeds"]) for r in seeded["results"]] == [("a", 2), ("b", 2)]

@@ -13,13 +13,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from fedge.bench.variants import recorded, run_seeded_variants
+from fedge.bench.variants import recorded, run_screened, run_seeded_variants
 
-__all__ = ["per_seed_cell", "recorded_screen", "recorded_seeded", "when_picked"]
+__all__ = ["Plan", "per_seed_cell", "read_plan_screen", "recorded_screen", "recorded_seeded", "run_plan", "when_picked"]
 
 T = TypeVar("T")
+
+
+class Plan(Protocol):
+    """A reproduction's protocol as a script's frozen ``Plan`` dataclass holds it (``baffle_table2.py``,
+    ``ntk_table3.py``; ``--smoke`` swaps in a tiny one): its seeds, its records folder, the
+    overrides of every main run and those of the screen runs."""
+
+    @property
+    def seeds(self) -> tuple[int, ...]: ...
+
+    @property
+    def records(self) -> Path: ...
+
+    def protocol(self) -> list[str]: ...
+
+    def screen_common(self) -> list[str]: ...
 
 
 def recorded_screen(base: str, screen: dict[str, list[str]], *, common: list[str], records: str | Path) -> dict[str, Any]:
@@ -54,3 +70,25 @@ def when_picked(
 def per_seed_cell(row: dict[str, Any], key: str = "final_test_accuracy") -> str:
     """A :func:`run_seeded_variants` row's ``key`` of every seed run, in seed order: ``0.8123, 0.8201``."""
     return ", ".join(f"{x[key]:.4f}" for x in row["runs"])
+
+
+def run_plan(
+    base: str,
+    plan: Plan,
+    screen: dict[str, list[str]],
+    main: Callable[[dict[str, Any]], dict[str, list[str]] | None],
+    *,
+    out: str | Path,
+    shard: int,
+    shards: int,
+    probe_common: list[str] | None = None,
+) -> None:
+    """:func:`fedge.bench.variants.run_screened` of ``plan``: its screen overrides, protocol,
+    seeds and records, worker ``shard`` of ``shards``."""
+    run_screened(base, screen, main, screen_common=plan.screen_common(), protocol=plan.protocol(), seeds=plan.seeds,
+                 records=plan.records, out=out, shard=shard, shards=shards, probe_common=probe_common)  # fmt: skip
+
+
+def read_plan_screen(base: str, plan: Plan, screen: dict[str, list[str]]) -> dict[str, Any]:
+    """:func:`recorded_screen` of ``plan``: the screen runs its workers recorded."""
+    return recorded_screen(base, screen, common=plan.screen_common(), records=plan.records)
