@@ -33,6 +33,7 @@ from typing import Any
 
 from safetensors.torch import load_file
 
+from fedge.bench.docs import markdown_table
 from fedge.bench.figures import mib, read_run_logs
 from fedge.bench.script import report_and_document, runs_parser
 from fedge.bench.variants import run_variants
@@ -92,22 +93,19 @@ def _clients(run: dict[str, Any]) -> int:
 
 def table(rows: dict[str, dict[str, Any]]) -> str:
     bp = rows["BP FedAvg full"]
-    lines = [
-        "| row | method.name | trainable params | final accuracy % | vs BP FedAvg (points) | client GFLOP / client / round "
-        "| uplink B / client / round | downlink B / client / round | client peak, tensors (MiB) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    head = ["row", "method.name", "trainable params", "final accuracy %", "vs BP FedAvg (points)",
+            "client GFLOP / client / round", "uplink B / client / round", "downlink B / client / round",
+            "client peak, tensors (MiB)"]  # fmt: skip
+    cells = []
     for label, r in rows.items():
         name = next((o.split("=", 1)[1] for o in ROWS[label] if o.startswith("method.name=")), "baffle")
         trainable = f"{r['trainable_params']:,}"
         if r["trainable_nonzero"] != r["trainable_params"]:
             trainable += f" ({r['trainable_nonzero']:,} kept)"
-        lines.append(
-            f"| {label} | {name} | {trainable} | {100 * r['accuracy']:.2f} "
-            f"| {100 * (r['accuracy'] - bp['accuracy']):+.2f} | {r['client_flops'] / 1e9:.2f} | {r['bytes_up']:,.0f} "
-            f"| {r['bytes_down']:,.0f} | {mib(r['tensor_peak'], 2)} |"
-        )
-    return "\n".join(lines)
+        cells.append([label, name, trainable, f"{100 * r['accuracy']:.2f}", f"{100 * (r['accuracy'] - bp['accuracy']):+.2f}",
+                      f"{r['client_flops'] / 1e9:.2f}", f"{r['bytes_up']:,.0f}", f"{r['bytes_down']:,.0f}",
+                      mib(r["tensor_peak"], 2)])  # fmt: skip
+    return "\n".join(markdown_table(head, cells, left=2))
 
 
 def markdown(rows: dict[str, dict[str, Any]], command: str) -> str:

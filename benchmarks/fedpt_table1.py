@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedge.bench.docs import markdown_table
 from fedge.bench.figures import communication_reduction, mean_over_seeds, mib, run_figures
 from fedge.bench.script import report_and_document, runs_parser
 from fedge.bench.variants import run_variants
@@ -39,19 +40,16 @@ def _row(run_dirs: list[str]) -> dict[str, Any]:
 def table(report: dict[str, Any]) -> str:
     rows = report["rows"]
     full = rows["fully trainable"]
-    lines = [
-        "| model | trainable % | bytes down / client / round | bytes up / client / round | communication reduction "
-        "| final accuracy (mean ± std) | client s / round | client peak, tensors (MiB) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for label, r in rows.items():
-        lines.append(
-            f"| {label} | {100 * r['trainable_fraction']:.2f} | {r['bytes_down']:,.0f} | {r['bytes_up']:,.0f} "
-            f"| {communication_reduction(full, r):.1f}× "
-            f"| {100 * r['accuracy_mean']:.2f} ± {100 * r['accuracy_std']:.2f} (n={r['seeds']}) "
-            f"| {r['client_s']:.2f} | {mib(r['tensor_peak'])} |"
-        )
-    return "\n".join(lines)
+    head = ["model", "trainable %", "bytes down / client / round", "bytes up / client / round", "communication reduction",
+            "final accuracy (mean ± std)", "client s / round", "client peak, tensors (MiB)"]  # fmt: skip
+    cells = [
+        [label, f"{100 * r['trainable_fraction']:.2f}", f"{r['bytes_down']:,.0f}", f"{r['bytes_up']:,.0f}",
+         f"{communication_reduction(full, r):.1f}×",
+         f"{100 * r['accuracy_mean']:.2f} ± {100 * r['accuracy_std']:.2f} (n={r['seeds']})", f"{r['client_s']:.2f}",
+         mib(r["tensor_peak"])]
+        for label, r in rows.items()
+    ]  # fmt: skip
+    return "\n".join(markdown_table(head, cells, left=1))
 
 
 def markdown(report: dict[str, Any], command: str) -> str:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedge.bench.docs import markdown_table
 from fedge.bench.figures import communication_reduction, mean_over_seeds, mib, run_figures
 from fedge.bench.script import report_and_document, runs_parser
 from fedge.bench.variants import run_seeded_variants
@@ -59,21 +60,17 @@ FROZEN_BLOCKS = {
 def table(report: dict[str, Any]) -> str:
     rows = report["rows"]
     full = rows["fully trainable"]
-    lines = [
-        "| frozen (method.freeze) | blocks frozen | trainable % | bytes down / client / round | bytes up / client / round "
-        "| communication reduction | final accuracy | client GFLOP / round | client s / round (ratio to full) "
-        "| client peak, tensors (MiB) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    head = ["frozen (method.freeze)", "blocks frozen", "trainable %", "bytes down / client / round",
+            "bytes up / client / round", "communication reduction", "final accuracy", "client GFLOP / round",
+            "client s / round (ratio to full)", "client peak, tensors (MiB)"]  # fmt: skip
+    cells = []
     for label, r in rows.items():
         acc = f"{100 * r['accuracy']:.2f}" + (f" ± {100 * r['accuracy_std']:.2f}" if r["seeds"] > 1 else "")
-        lines.append(
-            f"| {ROWS[label].split('=', 1)[1]} | {FROZEN_BLOCKS[label]} | {100 * r['trainable_fraction']:.2f} "
-            f"| {r['bytes_down']:,.0f} | {r['bytes_up']:,.0f} | {communication_reduction(full, r):.1f}× | {acc} "
-            f"| {r['client_flops'] / 1e9:.1f} "
-            f"| {r['client_s']:.2f} ({r['client_s'] / full['client_s']:.2f}) | {mib(r['tensor_peak'])} |"
-        )
-    return "\n".join(lines)
+        cells.append([ROWS[label].split("=", 1)[1], FROZEN_BLOCKS[label], f"{100 * r['trainable_fraction']:.2f}",
+                      f"{r['bytes_down']:,.0f}", f"{r['bytes_up']:,.0f}", f"{communication_reduction(full, r):.1f}×", acc,
+                      f"{r['client_flops'] / 1e9:.1f}", f"{r['client_s']:.2f} ({r['client_s'] / full['client_s']:.2f})",
+                      mib(r["tensor_peak"])])  # fmt: skip
+    return "\n".join(markdown_table(head, cells, left=2))
 
 
 def markdown(report: dict[str, Any], command: str) -> str:

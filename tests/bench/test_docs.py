@@ -32,5 +32,7 @@ def test_markdown_table_and_the_section_layout():
     lines = markdown_table(["K", "up B"], [["100", "412"], ["200", "812"]])
     assert lines == ["| K | up B |", "|---|---|", "| 100 | 412 |", "| 200 | 812 |"]
     assert markdown_table(["a"], []) == ["| a |", "|---|"]
+    assert markdown_table(["row", "name", "acc %", "MiB"], [["a", "b", "1.00", "2.0"]], left=2)[1:] == [
+        "|---|---|---:|---:|", "| a | b | 1.00 | 2.0 |"]  # fmt: skip
     text = command_section(["Intro one,", "intro two."], "fedge bench comm", lines)
     assert text == "Intro one,\nintro two.\n\nCommand: `fedge bench comm`\n\n| K | up B |\n|---|---|\n| 100 | 412 |\n| 200 | 812 |"

@@ -48,14 +48,19 @@ def publish(text: str, docs: str | Path | None, name: str, title: str) -> None:
         update_section(docs, name, title, text)
 
 
-def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    """The lines of a Markdown table: ``head``, the rule (every column left-aligned) and one line
-    per row of cells.
+def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]], *, left: int | None = None) -> list[str]:
+    """The lines of a Markdown table: ``head``, the rule and one line per row of cells. Every
+    column is left-aligned, or with ``left`` only the first ``left`` (the labels) and the rest
+    (the figures) right-aligned.
 
     >>> markdown_table(["K", "bytes"], [["100", "412"]])
     ['| K | bytes |', '|---|---|', '| 100 | 412 |']
+    >>> markdown_table(["K", "bytes"], [], left=1)
+    ['| K | bytes |', '|---|---:|']
     """
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+    n = len(head) if left is None else left
+    rule = "|" + "---|" * n + "---:|" * (len(head) - n)
+    return ["| " + " | ".join(head) + " |", rule, *("| " + " | ".join(r) + " |" for r in rows)]
 
 
 def command_section(intro: Sequence[str], command: str, body: Sequence[str]) -> str:
