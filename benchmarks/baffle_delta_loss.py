@@ -42,14 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import update_section
-from fedge.bench.variants import (
-    paired_difference,
-    pick_by_validation,
-    recorded,
-    run_screened,
-    run_seeded_variants,
-    run_variants,
-)
+from fedge.bench.screened import recorded_screen, recorded_seeded, when_picked
+from fedge.bench.variants import paired_difference, pick_by_validation, recorded, run_screened, run_variants
 
 BASE = "baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "baffle_delta_loss"
@@ -115,10 +109,7 @@ def probe_variants() -> dict[str, list[str]]:
 
 
 def run_all(out: Path) -> None:
-    def main(screen: dict[str, Any]) -> dict[str, list[str]] | None:
-        chosen = picks(screen)
-        return None if chosen is None else main_variants(chosen)
-
+    main = when_picked(picks, main_variants)
     for seed in SEEDS:  # seed-major, so an interrupted run leaves pairs
         run_screened(BASE, screen_variants(), main, screen_common=screen_common(), protocol=PROTOCOL, seeds=(seed,),
                      records=RECORDS, out=out)  # fmt: skip
@@ -252,14 +243,13 @@ def result_lines(report: dict[str, Any], probes: dict[str, Any]) -> list[str]:
 
 
 def table(command: str) -> str:
-    screen = recorded(BASE, screen_variants(), common=screen_common(), records=RECORDS / "screen")
+    screen = recorded_screen(BASE, screen_variants(), common=screen_common(), records=RECORDS)
     lines = [f"Command: `{command}` (runs what `benchmarks/results/baffle_delta_loss/` does not hold yet, then "
              "tabulates; with `--table-only` it tabulates the records without running)", "", *screen_lines(screen), ""]
     chosen = picks(screen)
     if chosen is None:
         return "\n".join([*lines, "The screen is not finished; no main runs yet."])
-    report = run_seeded_variants(BASE, main_variants(chosen), seeds=SEEDS, out_root="/nonexistent", common=PROTOCOL,
-                                 run=False, records=RECORDS)  # fmt: skip
+    report = recorded_seeded(BASE, main_variants(chosen), seeds=SEEDS, common=PROTOCOL, records=RECORDS)
     probes = {r["label"]: r for r in recorded(BASE, probe_variants(), common=PROBE, records=RECORDS / "probe")["results"]}
     return "\n".join([*lines, *result_lines(report, probes)])
 

@@ -29,7 +29,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedge.bench.docs import update_section
+from fedge.bench.docs import publish
+from fedge.bench.screened import per_seed_cell, recorded_screen, recorded_seeded, when_picked
 from fedge.bench.script import parse_reproduction_args, reproduction_parser
 from fedge.bench.variants import pick_by_validation, recorded, run_screened, run_seeded_variants
 
@@ -119,16 +120,13 @@ PROBE = [*PROTOCOL, "seed=0", "rounds=1", "clients.per_round=1", "measure.flops=
 
 
 def run_all(shard: int, shards: int, out: Path, *, k500: bool) -> None:
-    def main(screen: dict[str, Any]) -> dict[str, list[str]] | None:
-        chosen = picks(screen)
-        return None if chosen is None else main_variants(*chosen, k500=k500)
-
+    main = when_picked(picks, lambda chosen: main_variants(*chosen, k500=k500))
     run_screened(BASE, screen_variants(), main, screen_common=screen_common(), protocol=PROTOCOL, seeds=SEEDS,
                  records=RECORDS, out=out, shard=shard, shards=shards, probe_common=PROBE)  # fmt: skip
 
 
 def read_screen() -> dict[str, Any]:
-    return recorded(BASE, screen_variants(), common=screen_common(), records=RECORDS / "screen")
+    return recorded_screen(BASE, screen_variants(), common=screen_common(), records=RECORDS)
 
 
 def table(command: str, *, k500: bool) -> str:
@@ -148,8 +146,7 @@ def table(command: str, *, k500: bool) -> str:
     edge = [f"{f} ({lr})" for f, lr in zip(SCREEN_LRS, chosen, strict=True) if lr in (min(SCREEN_LRS[f]), max(SCREEN_LRS[f]))]
     lines += ["", f"Picked: BAFFLE lr {zo_lr}, BP FedAvg lr {bp_lr}." + (f" At the edge of its grid: {', '.join(edge)}." if edge else ""), ""]
     variants = main_variants(zo_lr, bp_lr, k500=k500)
-    report = run_seeded_variants(BASE, variants, seeds=SEEDS, out_root="/nonexistent", common=PROTOCOL, run=False,
-                                 records=RECORDS)  # fmt: skip
+    report = recorded_seeded(BASE, variants, seeds=SEEDS, common=PROTOCOL, records=RECORDS)
     probes = {r["label"]: r for r in recorded(BASE, variants, common=PROBE, records=RECORDS / "probe")["results"]}
     lines += ["| variant | seeds | final test acc (mean ± std) | test acc at best val | per seed (final) | "
               "up B/client/round | client GFLOP/round (one client) | paper, MNIST % |", "|---|---|---|---|---|---|---|---|"]
@@ -160,7 +157,7 @@ def table(command: str, *, k500: bool) -> str:
         if r is None:
             lines.append(f"| {label} | 0 | not run yet | | | | {'' if flops is None else f'{flops:.1f}'} | {PAPER.get(label, '')} |")
             continue
-        per_seed = ", ".join(f"{x['final_test_accuracy']:.4f}" for x in r["runs"])
+        per_seed = per_seed_cell(r)
         def spread(key: str, r: dict[str, Any] = r) -> str:  # a single seed has no spread to show
             return f" ± {r[key + '_std']:.4f}" if r["seeds"] > 1 else " (one seed)"
 
@@ -181,8 +178,7 @@ def context_lines(bp: dict[str, Any] | None) -> list[str]:
             out.append(f"| {label} | 0 | not run yet | |")
             continue
         spread = f" ± {r['final_test_accuracy_std']:.4f}" if r["seeds"] > 1 else " (one seed)"
-        per_seed = ", ".join(f"{x['final_test_accuracy']:.4f}" for x in r["runs"])
-        out.append(f"| {label} | {r['seeds']} | {r['final_test_accuracy']:.4f}{spread} | {per_seed} |")
+        out.append(f"| {label} | {r['seeds']} | {r['final_test_accuracy']:.4f}{spread} | {per_seed_cell(r)} |")
     return out
 
 
@@ -233,9 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not args.table_only:
         run_all(shard, shards, Path(args.out), k500=args.k500)
     text = table("python benchmarks/baffle_table1.py" + (" --k500" if args.k500 else ""), k500=args.k500)
-    print(text)
-    if args.docs:
-        update_section(args.docs, "baffle-table1", "BAFFLE Table 1 analogue (3 seeds, validation-tuned)", text)
+    publish(text, args.docs, "baffle-table1", "BAFFLE Table 1 analogue (3 seeds, validation-tuned)")
     return 0
 
 

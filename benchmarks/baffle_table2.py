@@ -39,9 +39,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from fedge.bench.docs import update_section
+from fedge.bench.docs import publish
+from fedge.bench.screened import per_seed_cell, read_plan_screen, recorded_seeded, run_plan, when_picked
 from fedge.bench.script import parse_reproduction_args, reproduction_parser
-from fedge.bench.variants import paired_difference, pick_by_validation, recorded, run_screened, run_seeded_variants
+from fedge.bench.variants import paired_difference, pick_by_validation
 
 BASE = "baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "baffle_table2"
@@ -120,16 +121,12 @@ def main_variants(plan: Plan, chosen: dict[tuple[str, str], float]) -> dict[str,
 
 
 def read_screen(plan: Plan) -> dict[str, Any]:
-    return recorded(BASE, screen_variants(plan), common=plan.screen_common(), records=plan.records / "screen")
+    return read_plan_screen(BASE, plan, screen_variants(plan))
 
 
 def run_all(plan: Plan, shard: int, shards: int, out: Path) -> None:
-    def main(screen: dict[str, Any]) -> dict[str, list[str]] | None:
-        chosen = picks(plan, screen)
-        return None if chosen is None else main_variants(plan, chosen)
-
-    run_screened(BASE, screen_variants(plan), main, screen_common=plan.screen_common(), protocol=plan.protocol(),
-                 seeds=plan.seeds, records=plan.records, out=out, shard=shard, shards=shards)  # fmt: skip
+    main = when_picked(lambda screen: picks(plan, screen), lambda chosen: main_variants(plan, chosen))
+    run_plan(BASE, plan, screen_variants(plan), main, out=out, shard=shard, shards=shards)
 
 
 def table(plan: Plan, command: str) -> str:
@@ -148,8 +145,7 @@ def table(plan: Plan, command: str) -> str:
         return "\n".join([*lines, "", "The screen is not finished; no main runs yet."])
     lines += ["", "Picked: " + "; ".join(f"{f} {p}: lr {lr}" for (f, p), lr in chosen.items()) + ".", ""]
     variants = main_variants(plan, chosen)
-    report = run_seeded_variants(BASE, variants, seeds=plan.seeds, out_root="/nonexistent", common=plan.protocol(), run=False,
-                                 records=plan.records)  # fmt: skip
+    report = recorded_seeded(BASE, variants, seeds=plan.seeds, common=plan.protocol(), records=plan.records)
     agg = {r["label"]: r for r in report["results"]}
     lines += ["| row | partition | seeds | final test acc (mean ± std) | test acc at best val | per seed (final) | "
               "up B/client/round (mean of all rounds) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -159,7 +155,7 @@ def table(plan: Plan, command: str) -> str:
             if r is None:
                 lines.append(f"| {family} | {part} | 0 | not run yet | | | |")
                 continue
-            per_seed = ", ".join(f"{x['final_test_accuracy']:.4f}" for x in r["runs"])
+            per_seed = per_seed_cell(r)
             lines.append(f"| {family} | {part} | {r['seeds']} | {r['final_test_accuracy']:.4f} ± {r['final_test_accuracy_std']:.4f} "
                          f"| {r['test_accuracy_at_best_val']:.4f} ± {r['test_accuracy_at_best_val_std']:.4f} | {per_seed} "
                          f"| {r['bytes_up_per_client_round']:.0f} |")  # fmt: skip
@@ -238,9 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.table_only:
         run_all(plan, shard, shards, Path(args.out))
     text = table(plan, "python benchmarks/baffle_table2.py" + (" --k500" if args.k500 else "") + (" --smoke" if args.smoke else ""))
-    print(text)
-    if args.docs:
-        update_section(args.docs, "baffle-table2", "BAFFLE Table 2 analogue (matched IID, 3 seeds, validation-tuned)", text)
+    publish(text, args.docs, "baffle-table2", "BAFFLE Table 2 analogue (matched IID, 3 seeds, validation-tuned)")
     return 0
 
 

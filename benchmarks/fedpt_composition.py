@@ -28,15 +28,14 @@ Each run directory is reused when complete and resumed when interrupted, so the 
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from safetensors.torch import load_file
 
-from fedge.bench.docs import update_section
+from fedge.bench.docs import markdown_table
+from fedge.bench.figures import mib, read_run_logs
+from fedge.bench.script import report_and_document, runs_parser
 from fedge.bench.variants import run_variants
 from fedge.core.config import load_config
 from fedge.models import build_model
@@ -89,29 +88,24 @@ def _read(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def _clients(run: dict[str, Any]) -> int:
-    first = (Path(run["run_dir"]) / "metrics.jsonl").read_text().splitlines()[0]
-    return int(json.loads(first)["clients"])
+    return int(read_run_logs(run["run_dir"])[1][0]["clients"])
 
 
 def table(rows: dict[str, dict[str, Any]]) -> str:
     bp = rows["BP FedAvg full"]
-    lines = [
-        "| row | method.name | trainable params | final accuracy % | vs BP FedAvg (points) | client GFLOP / client / round "
-        "| uplink B / client / round | downlink B / client / round | client peak, tensors (MiB) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    head = ["row", "method.name", "trainable params", "final accuracy %", "vs BP FedAvg (points)",
+            "client GFLOP / client / round", "uplink B / client / round", "downlink B / client / round",
+            "client peak, tensors (MiB)"]  # fmt: skip
+    cells = []
     for label, r in rows.items():
         name = next((o.split("=", 1)[1] for o in ROWS[label] if o.startswith("method.name=")), "baffle")
-        peak = "n/a" if r["tensor_peak"] is None else f"{r['tensor_peak'] / 2**20:.2f}"
         trainable = f"{r['trainable_params']:,}"
         if r["trainable_nonzero"] != r["trainable_params"]:
             trainable += f" ({r['trainable_nonzero']:,} kept)"
-        lines.append(
-            f"| {label} | {name} | {trainable} | {100 * r['accuracy']:.2f} "
-            f"| {100 * (r['accuracy'] - bp['accuracy']):+.2f} | {r['client_flops'] / 1e9:.2f} | {r['bytes_up']:,.0f} "
-            f"| {r['bytes_down']:,.0f} | {peak} |"
-        )
-    return "\n".join(lines)
+        cells.append([label, name, trainable, f"{100 * r['accuracy']:.2f}", f"{100 * (r['accuracy'] - bp['accuracy']):+.2f}",
+                      f"{r['client_flops'] / 1e9:.2f}", f"{r['bytes_up']:,.0f}", f"{r['bytes_down']:,.0f}",
+                      mib(r["tensor_peak"], 2)])  # fmt: skip
+    return "\n".join(markdown_table(head, cells, left=2))
 
 
 def markdown(rows: dict[str, dict[str, Any]], command: str) -> str:
@@ -165,18 +159,13 @@ def _notes(rows: dict[str, dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="runs/bench-fedpt-composition")
-    ap.add_argument("--docs", default=None)
+    ap = runs_parser(__doc__, out="runs/bench-fedpt-composition")
     args = ap.parse_args(argv)
     runs = run_variants(PRESET, ROWS, out_root=args.out, common=COMMON)
     rows = {r["label"]: _read(r) for r in runs["results"]}
-    print(json.dumps(rows, indent=2))
-    print(table(rows))
-    if args.docs:
-        command = "python benchmarks/fedpt_composition.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        update_section(args.docs, "fedpt-composition", "Composition: freezing with forward-only clients", markdown(rows, command.strip()))
-    return 0
+    return report_and_document(rows, table(rows), args.docs, section="fedpt-composition",
+                               title="Composition: freezing with forward-only clients",
+                               markdown=lambda command: markdown(rows, command), script=__file__, argv=argv)  # fmt: skip
 
 
 if __name__ == "__main__":

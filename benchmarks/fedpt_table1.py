@@ -16,14 +16,11 @@ Each run directory is reused when complete and resumed when interrupted, so the 
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import sys
-from pathlib import Path
 from typing import Any
 
-from fedge.bench.docs import update_section
+from fedge.bench.docs import markdown_table
+from fedge.bench.figures import communication_reduction, mean_over_seeds, mib, run_figures
+from fedge.bench.script import report_and_document, runs_parser
 from fedge.bench.variants import run_variants
 
 PRESET = "fedpt-fmnist-cnn"
@@ -34,48 +31,25 @@ ROWS = {"fully trainable": "method.freeze=[]", "dense layer frozen": "method.fre
 
 
 def _row(run_dirs: list[str]) -> dict[str, Any]:
-    per: list[dict[str, Any]] = []
-    for d in run_dirs:
-        summary = json.loads((Path(d) / "summary.json").read_text())
-        lines = [json.loads(x) for x in (Path(d) / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        n = lines[0]["clients"]
-        per.append({
-            "accuracy": summary["final_test_accuracy"],
-            "trainable_fraction": summary["trainable_fraction"],
-            "bytes_down": lines[-1]["bytes_down"] / n,
-            "bytes_up": lines[-1]["bytes_up"] / n,
-            "client_s": statistics.mean(x["client_wall_s"] / n for x in lines),
-            "tensor_peak": summary.get("client_tensor_peak_bytes"),
-            "rss_peak": summary.get("client_peak_bytes"),  # max over rounds: round 1, before the allocator holds memory
-        })  # fmt: skip
-    acc = [p["accuracy"] for p in per]
-    out = {k: statistics.mean(p[k] for p in per) for k in ("trainable_fraction", "bytes_down", "bytes_up", "client_s")}
-    for k in ("tensor_peak", "rss_peak"):
-        vals = [p[k] for p in per if p[k] is not None]
-        out[k] = statistics.mean(vals) if vals else None
-    out.update(accuracy_mean=statistics.mean(acc), accuracy_std=statistics.stdev(acc) if len(acc) > 1 else 0.0,
-               seeds=len(per), run_dirs=run_dirs)  # fmt: skip
+    agg = mean_over_seeds([run_figures(d) for d in run_dirs])
+    out = {k: agg[k] for k in ("trainable_fraction", "bytes_down", "bytes_up", "client_s", "tensor_peak", "rss_peak")}
+    out.update(accuracy_mean=agg["accuracy"], accuracy_std=agg["accuracy_std"], seeds=agg["seeds"], run_dirs=run_dirs)
     return out
 
 
 def table(report: dict[str, Any]) -> str:
     rows = report["rows"]
     full = rows["fully trainable"]
-    mib = 2**20
-    lines = [
-        "| model | trainable % | bytes down / client / round | bytes up / client / round | communication reduction "
-        "| final accuracy (mean ± std) | client s / round | client peak, tensors (MiB) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for label, r in rows.items():
-        reduction = (full["bytes_down"] + full["bytes_up"]) / (r["bytes_down"] + r["bytes_up"])
-        tensors = f"{r['tensor_peak'] / mib:.1f}" if r["tensor_peak"] is not None else "n/a"
-        lines.append(
-            f"| {label} | {100 * r['trainable_fraction']:.2f} | {r['bytes_down']:,.0f} | {r['bytes_up']:,.0f} "
-            f"| {reduction:.1f}× | {100 * r['accuracy_mean']:.2f} ± {100 * r['accuracy_std']:.2f} (n={r['seeds']}) "
-            f"| {r['client_s']:.2f} | {tensors} |"
-        )
-    return "\n".join(lines)
+    head = ["model", "trainable %", "bytes down / client / round", "bytes up / client / round", "communication reduction",
+            "final accuracy (mean ± std)", "client s / round", "client peak, tensors (MiB)"]  # fmt: skip
+    cells = [
+        [label, f"{100 * r['trainable_fraction']:.2f}", f"{r['bytes_down']:,.0f}", f"{r['bytes_up']:,.0f}",
+         f"{communication_reduction(full, r):.1f}×",
+         f"{100 * r['accuracy_mean']:.2f} ± {100 * r['accuracy_std']:.2f} (n={r['seeds']})", f"{r['client_s']:.2f}",
+         mib(r["tensor_peak"])]
+        for label, r in rows.items()
+    ]  # fmt: skip
+    return "\n".join(markdown_table(head, cells, left=1))
 
 
 def markdown(report: dict[str, Any], command: str) -> str:
@@ -114,21 +88,15 @@ def _notes(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="runs/bench-fedpt-table1")
+    ap = runs_parser(__doc__, out="runs/bench-fedpt-table1")
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--docs", default=None)
     args = ap.parse_args(argv)
     variants = {f"{label} seed={s}": [f"seed={s}", freeze] for s in range(args.seeds) for label, freeze in ROWS.items()}
     runs = run_variants(PRESET, variants, out_root=args.out, common=COMMON)
     dirs = {r["label"]: r["run_dir"] for r in runs["results"]}
     report = {"rows": {label: _row([dirs[f"{label} seed={s}"] for s in range(args.seeds)]) for label in ROWS}}
-    print(json.dumps(report, indent=2))
-    print(table(report))
-    if args.docs:
-        command = "python benchmarks/fedpt_table1.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        update_section(args.docs, "fedpt-table1", "FedPT Table 1 analogue", markdown(report, command.strip()))
-    return 0
+    return report_and_document(report, table(report), args.docs, section="fedpt-table1", title="FedPT Table 1 analogue",
+                               markdown=lambda command: markdown(report, command), script=__file__, argv=argv)
 
 
 if __name__ == "__main__":

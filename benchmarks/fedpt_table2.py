@@ -30,14 +30,11 @@ Each run directory is reused when complete and resumed when interrupted, so the 
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import sys
-from pathlib import Path
 from typing import Any
 
-from fedge.bench.docs import update_section
+from fedge.bench.docs import markdown_table
+from fedge.bench.figures import communication_reduction, mean_over_seeds, mib, run_figures
+from fedge.bench.script import report_and_document, runs_parser
 from fedge.bench.variants import run_seeded_variants
 
 PRESET = "fedpt-fmnist-cnn"
@@ -60,55 +57,20 @@ FROZEN_BLOCKS = {
 }
 
 
-def read_run(run_dir: str) -> dict[str, Any]:
-    """One run's figures: accuracy, trainable fraction, bytes per client per round, client time
-    per client step (mean over rounds) and the client memory peaks (max over rounds)."""
-    summary = json.loads((Path(run_dir) / "summary.json").read_text())
-    lines = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    n = lines[0]["clients"]
-    return {
-        "accuracy": summary["final_test_accuracy"],
-        "trainable_fraction": summary["trainable_fraction"],
-        "bytes_down": lines[-1]["bytes_down"] / n,
-        "bytes_up": lines[-1]["bytes_up"] / n,
-        "client_flops": summary["total_client_flops"] / summary["rounds"] / n,
-        "client_s": statistics.mean(x["client_wall_s"] / n for x in lines),
-        "tensor_peak": summary.get("client_tensor_peak_bytes"),
-        "rss_peak": summary.get("client_peak_bytes"),
-    }
-
-
-def aggregate(per: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean over seeds of every figure; accuracy also its sample std (0 for one seed)."""
-    acc = [p["accuracy"] for p in per]
-    out: dict[str, Any] = {}
-    for k in per[0]:
-        vals = [p[k] for p in per if p[k] is not None]
-        out[k] = statistics.mean(vals) if vals else None
-    out.update(accuracy_std=statistics.stdev(acc) if len(acc) > 1 else 0.0, seeds=len(per))
-    return out
-
-
 def table(report: dict[str, Any]) -> str:
     rows = report["rows"]
     full = rows["fully trainable"]
-    mib = 2**20
-    lines = [
-        "| frozen (method.freeze) | blocks frozen | trainable % | bytes down / client / round | bytes up / client / round "
-        "| communication reduction | final accuracy | client GFLOP / round | client s / round (ratio to full) "
-        "| client peak, tensors (MiB) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    head = ["frozen (method.freeze)", "blocks frozen", "trainable %", "bytes down / client / round",
+            "bytes up / client / round", "communication reduction", "final accuracy", "client GFLOP / round",
+            "client s / round (ratio to full)", "client peak, tensors (MiB)"]  # fmt: skip
+    cells = []
     for label, r in rows.items():
-        reduction = (full["bytes_down"] + full["bytes_up"]) / (r["bytes_down"] + r["bytes_up"])
         acc = f"{100 * r['accuracy']:.2f}" + (f" ± {100 * r['accuracy_std']:.2f}" if r["seeds"] > 1 else "")
-        tensors = f"{r['tensor_peak'] / mib:.1f}" if r["tensor_peak"] is not None else "n/a"
-        lines.append(
-            f"| {ROWS[label].split('=', 1)[1]} | {FROZEN_BLOCKS[label]} | {100 * r['trainable_fraction']:.2f} "
-            f"| {r['bytes_down']:,.0f} | {r['bytes_up']:,.0f} | {reduction:.1f}× | {acc} | {r['client_flops'] / 1e9:.1f} "
-            f"| {r['client_s']:.2f} ({r['client_s'] / full['client_s']:.2f}) | {tensors} |"
-        )
-    return "\n".join(lines)
+        cells.append([ROWS[label].split("=", 1)[1], FROZEN_BLOCKS[label], f"{100 * r['trainable_fraction']:.2f}",
+                      f"{r['bytes_down']:,.0f}", f"{r['bytes_up']:,.0f}", f"{communication_reduction(full, r):.1f}×", acc,
+                      f"{r['client_flops'] / 1e9:.1f}", f"{r['client_s']:.2f} ({r['client_s'] / full['client_s']:.2f})",
+                      mib(r["tensor_peak"])])  # fmt: skip
+    return "\n".join(markdown_table(head, cells, left=2))
 
 
 def markdown(report: dict[str, Any], command: str) -> str:
@@ -131,16 +93,12 @@ def markdown(report: dict[str, Any], command: str) -> str:
         "with other jobs (noisy; the ratio to the fully trainable row in the same run is the figure to read). "
         "Memory per client step is tensor accounting (peak over rounds of parameters + live tensors). The "
         "runs also log RSS growth of the process high-water mark, but all rows run in one process, one "
-        f"after another, so only the first row's RSS grows ({_mib(report['rows']['fully trainable']['rss_peak'])} MiB here) "
+        f"after another, so only the first row's RSS grows ({mib(report['rows']['fully trainable']['rss_peak'])} MiB here) "
         "and the later rows read (nearly) 0: "
         "not a per-row figure, so it is left out of the table.\n\n"
         + table(report)
         + _notes(report)
     )
-
-
-def _mib(b: float | None) -> str:
-    return "n/a" if b is None else f"{b / 2**20:.1f}"
 
 
 def _notes(report: dict[str, Any]) -> str:
@@ -149,7 +107,7 @@ def _notes(report: dict[str, Any]) -> str:
     last = rows["largest:9 frozen"]
     return (
         f"\n\nFreezing every residual block leaves {100 * last['trainable_fraction']:.2f}% of the parameters "
-        f"trainable, cuts the bytes per round {(full['bytes_down'] + full['bytes_up']) / (last['bytes_down'] + last['bytes_up']):.0f}× "
+        f"trainable, cuts the bytes per round {communication_reduction(full, last):.0f}× "
         f"and the client's tensor peak from {full['tensor_peak'] / 2**20:.1f} to {last['tensor_peak'] / 2**20:.1f} MiB, "
         f"at {100 * (full['accuracy'] - last['accuracy']):.1f} accuracy points after {ROUNDS} rounds. The blocks frozen "
         "first are the late, wide ones, whose weights dominate the count but whose activations are small "
@@ -185,20 +143,14 @@ def _shape(rows: dict[str, dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="runs/bench-fedpt-table2")
+    ap = runs_parser(__doc__, out="runs/bench-fedpt-table2")
     ap.add_argument("--seeds", type=int, default=1)
-    ap.add_argument("--docs", default=None)
     args = ap.parse_args(argv)
     runs = run_seeded_variants(PRESET, {k: [v] for k, v in ROWS.items()}, seeds=range(args.seeds), out_root=args.out, common=COMMON)
-    rows = {r["label"]: aggregate([read_run(x["run_dir"]) for x in r["runs"]]) for r in runs["results"]}
+    rows = {r["label"]: mean_over_seeds([run_figures(x["run_dir"]) for x in r["runs"]]) for r in runs["results"]}
     report = {"rows": rows}
-    print(json.dumps(report, indent=2))
-    print(table(report))
-    if args.docs:
-        command = "python benchmarks/fedpt_table2.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        update_section(args.docs, "fedpt-table2", "FedPT Table 2/4 analogue", markdown(report, command.strip()))
-    return 0
+    return report_and_document(report, table(report), args.docs, section="fedpt-table2", title="FedPT Table 2/4 analogue",
+                               markdown=lambda command: markdown(report, command), script=__file__, argv=argv)
 
 
 if __name__ == "__main__":

@@ -26,14 +26,11 @@ Each run directory is reused when complete and resumed when interrupted, so the 
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
-from pathlib import Path
 from typing import Any
 
-from fedge.bench.docs import update_section
+from fedge.bench.figures import read_run_logs
+from fedge.bench.script import report_and_document, runs_parser
 from fedge.bench.variants import run_variants
 
 PRESET = "fedpt-fmnist-cnn"
@@ -52,8 +49,7 @@ MODELS = {"FT": "method.freeze=[]", "PT": "method.freeze=[classifier.fc1]"}
 
 
 def _read(run_dir: str) -> dict[str, Any]:
-    summary = json.loads((Path(run_dir) / "summary.json").read_text())
-    lines = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    summary, lines = read_run_logs(run_dir)
     eps = summary.get("epsilon", lines[-1].get("epsilon"))
     return {
         "accuracy": summary["final_test_accuracy"],
@@ -143,22 +139,16 @@ def markdown(report: dict[str, Any], command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="runs/bench-fedpt-table5")
+    ap = runs_parser(__doc__, out="runs/bench-fedpt-table5")
     ap.add_argument("--z", default="0," + ",".join(map(str, Z_PAPER)), help="comma-separated noise multipliers")
-    ap.add_argument("--docs", default=None)
     args = ap.parse_args(argv)
     zs = [float(z) for z in args.z.split(",")]
     variants = {f"{m} z={z:g}": [freeze, f"privacy.noise_multiplier={z}"] for z in zs for m, freeze in MODELS.items()}
     runs = run_variants(PRESET, variants, out_root=args.out, common=COMMON)
     report = {"z": zs, "rows": {r["label"]: _read(r["run_dir"]) for r in runs["results"]}}
-    print(json.dumps(report, indent=2))
-    print(table(report))
-    print(verdict(report))
-    if args.docs:
-        command = "python benchmarks/fedpt_table5.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        update_section(args.docs, "fedpt-table5", "FedPT Table 5 analogue (accuracy under DP-FTRL)", markdown(report, command.strip()))
-    return 0
+    return report_and_document(report, table(report) + "\n" + verdict(report), args.docs, section="fedpt-table5",
+                               title="FedPT Table 5 analogue (accuracy under DP-FTRL)",
+                               markdown=lambda command: markdown(report, command), script=__file__, argv=argv)  # fmt: skip
 
 
 if __name__ == "__main__":

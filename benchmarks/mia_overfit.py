@@ -14,8 +14,6 @@ the attacker's data (test samples not used as non-members). One seed.
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 import warnings
 from typing import Any
@@ -24,7 +22,7 @@ import torch
 
 from fedge.attacks.harness import attack_config, membership_by_round
 from fedge.bench.docs import update_section
-from fedge.bench.script import measurement_parser
+from fedge.bench.script import load_measurement, measurement_parser, measurement_settings, save_measurement
 from fedge.experiment.build import build_run
 
 SETTINGS: dict[str, Any] = {"clients": 4, "per_client": 16, "rounds": 20, "local_epochs": 5, "batch": 8, "k": 100,
@@ -99,18 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = measurement_parser(__doc__, section="mia-overfit", example="rounds=4")
     args = ap.parse_args(argv)
     if args.from_json:
-        with open(args.from_json) as f:
-            saved = json.load(f)
+        saved = load_measurement(args.from_json)
         results, settings, seconds = saved["results"], saved["settings"], saved["seconds"]
     else:
+        settings = measurement_settings(ap, args.set, SETTINGS)
         torch.set_num_threads(1)
-        settings = dict(SETTINGS)
-        for kv in args.set:
-            k, _, v = kv.partition("=")
-            if k not in settings:
-                print(f"unknown setting {k!r}; expected one of {sorted(settings)}", file=sys.stderr)
-                return 2
-            settings[k] = v if k == "model" else int(v)
         t0, results = time.perf_counter(), []
         for label, method in rows(settings).items():
             results.append(measure(label, method, settings))
@@ -119,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)  # fmt: skip
         seconds = time.perf_counter() - t0
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"settings": settings, "seconds": seconds, "results": results}, f, indent=1)
+            save_measurement(args.json, {"settings": settings, "seconds": seconds, "results": results})
     if args.docs:
         update_section(args.docs, "mia-overfit", "Membership inference against models that fit (per round)",
                        render(results, settings, seconds))  # fmt: skip

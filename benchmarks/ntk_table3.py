@@ -56,9 +56,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fedge.bench.docs import update_section
+from fedge.bench.docs import publish
+from fedge.bench.screened import per_seed_cell, read_plan_screen, recorded_seeded, run_plan, when_picked
 from fedge.bench.script import parse_reproduction_args, reproduction_parser
-from fedge.bench.variants import paired_difference, pick_by_validation, recorded, run_screened, run_seeded_variants
+from fedge.bench.variants import paired_difference, pick_by_validation, recorded
 
 BASE = "ntk-baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "ntk_table3"
@@ -267,17 +268,13 @@ def main_variants(plan: Plan, chosen: dict[tuple[str, str], float]) -> dict[str,
 
 
 def read_screen(plan: Plan) -> dict[str, Any]:
-    return recorded(BASE, screen_variants(plan), common=plan.screen_common(), records=plan.records / "screen")
+    return read_plan_screen(BASE, plan, screen_variants(plan))
 
 
 def run_all(plan: Plan, shard: int, shards: int, out: Path) -> None:
-    def main(screen: dict[str, Any]) -> dict[str, list[str]] | None:
-        chosen = picks(plan, screen)
-        return None if chosen is None else main_variants(plan, chosen)
-
-    run_screened(BASE, screen_variants(plan), main, screen_common=plan.screen_common(), protocol=plan.protocol(),
-                 seeds=plan.seeds, records=plan.records, out=out, shard=shard, shards=shards,
-                 probe_common=plan.probe_common())  # fmt: skip
+    main = when_picked(lambda screen: picks(plan, screen), lambda chosen: main_variants(plan, chosen))
+    run_plan(BASE, plan, screen_variants(plan), main, out=out, shard=shard, shards=shards,
+             probe_common=plan.probe_common())  # fmt: skip
     if shard == 0 and plan.quality and not (plan.records / "estimate_quality.json").exists():
         plan.records.mkdir(parents=True, exist_ok=True)  # deterministic, a few CPU-minutes: recorded with the runs
         (plan.records / "estimate_quality.json").write_text(json.dumps(estimate_quality(), indent=1) + "\n")
@@ -301,8 +298,7 @@ def table(plan: Plan, command: str) -> str:
         return "\n".join([*lines, "The screen is not finished; no main runs yet."])
     lines += ["Picked: " + "; ".join(f"{o} {f}: lr {lr}" for (o, f), lr in chosen.items()) + ".", ""]
     variants = main_variants(plan, chosen)
-    report = run_seeded_variants(BASE, variants, seeds=plan.seeds, out_root="/nonexistent", common=plan.protocol(), run=False,
-                                 records=plan.records)  # fmt: skip
+    report = recorded_seeded(BASE, variants, seeds=plan.seeds, common=plan.protocol(), records=plan.records)
     probes = {r["label"]: r for r in recorded(BASE, variants, common=plan.probe_common(), records=plan.records / "probe")["results"]}
     agg = {r["label"]: r for r in report["results"]}
     lines += ["| row | seeds | final test acc (mean ± std) | test acc at best val | per seed (final) | up B/client/round "
@@ -318,7 +314,7 @@ def table(plan: Plan, command: str) -> str:
         if r is None:
             lines.append(f"| {label} | 0 | not run yet | | | | | | {flops} | {eff} |")
             continue
-        per_seed = ", ".join(f"{x['final_test_accuracy']:.4f}" for x in r["runs"])
+        per_seed = per_seed_cell(r)
         pruning = (f"{r['pretraining_bytes_up_per_client']:.0f} / {r['pretraining_bytes_down_per_client']:.0f}"
                    if r.get("pretraining_phases") else "-")  # fmt: skip
         lines.append(f"| {label} | {r['seeds']} | {r['final_test_accuracy']:.4f} ± {r['final_test_accuracy_std']:.4f} | "
@@ -391,9 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         run_all(plan, shard, shards, Path(args.out))
     flags = (" --adam-all" if args.adam_all else "") + (" --smoke" if args.smoke else "")
     text = table(plan, "python benchmarks/ntk_table3.py" + flags)
-    print(text)
-    if args.docs:
-        update_section(args.docs, "ntk-table3", "NTK-BAFFLE Table 3 analogue (paper's recipe, 3 seeds, validation-tuned)", text)
+    publish(text, args.docs, "ntk-table3", "NTK-BAFFLE Table 3 analogue (paper's recipe, 3 seeds, validation-tuned)")
     return 0
 
 

@@ -30,7 +30,6 @@ Here every cell comes from running the attack on what the adversary observes in 
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import warnings
@@ -48,7 +47,7 @@ from fedge.attacks.harness import (
     reconstruction_attack,
 )
 from fedge.bench.docs import update_section
-from fedge.bench.script import measurement_parser
+from fedge.bench.script import load_measurement, measurement_parser, parse_settings, save_measurement
 from fedge.core.config import RunConfig
 from fedge.core.errors import ConfigError
 from fedge.experiment.build import build_run
@@ -60,7 +59,6 @@ SETTINGS: dict[str, Any] = {
     "shadows": 2, "test": 1000,  # MIA attacker
     "pia_clients": 24,  # PIA: clients x 8 samples
 }  # fmt: skip
-_TEXT = ("dataset", "model")
 
 # PPFL's Table 2, AlexNet rows (CIFAR-10, IID; mean over runs): E2E FL vs PPFL.
 PAPER = {"fedavg": {"dra": "0.017", "pia": "0.930", "mia": "0.874"}, "ppfl": {"dra": "1.0", "pia": "0.5", "mia": "0.506"}}
@@ -339,33 +337,15 @@ def _set_args(s: dict[str, Any]) -> str:
     return f" --set {' '.join(diff)}" if diff else ""
 
 
-def parse_settings(pairs: list[str]) -> dict[str, Any]:
-    """SETTINGS with ``key=value`` overrides; ConfigError naming a bad key or value."""
-    s = dict(SETTINGS)
-    for kv in pairs:
-        k, _, v = kv.partition("=")
-        if k not in s:
-            raise ConfigError(f"unknown setting {k!r}; expected one of {sorted(s)} (as key=value)")
-        if k in _TEXT:
-            s[k] = v
-            continue
-        try:
-            s[k] = float(v) if isinstance(SETTINGS[k], float) else int(v)
-        except ValueError:
-            raise ConfigError(f"setting {k}={v!r} is not a number; expected e.g. {k}={SETTINGS[k]}") from None
-    return s
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = measurement_parser(__doc__, section="ppfl-table2", example="rounds=4")
     args = ap.parse_args(argv)
     if args.from_json:
-        with open(args.from_json) as f:
-            saved = json.load(f)
+        saved = load_measurement(args.from_json)
         results, s, seconds, info = saved["results"], saved["settings"], saved["seconds"], saved["model"]
     else:
         try:
-            s = parse_settings(args.set)
+            s = parse_settings(SETTINGS, args.set)
             info = model_info(s)
             methods(s, info["stages"])  # check the settings before measuring anything
         except ConfigError as e:
@@ -376,9 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         results = table2(s, progress=lambda m: print(m, flush=True))
         seconds = time.perf_counter() - t0
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"settings": s, "seconds": seconds, "model": info, "results": results}, f, indent=1,
-                          default=str)  # fmt: skip
+            save_measurement(args.json, {"settings": s, "seconds": seconds, "model": info, "results": results})
     text = render(results, s, seconds, info)
     if args.docs:
         update_section(args.docs, "ppfl-table2", "PPFL Table 2 analogue on AlexNet-PPFL", text)

@@ -19,7 +19,6 @@ The raw results behind docs/benchmarks.md are ``benchmarks/results/privacy_leaka
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import Any
@@ -28,7 +27,7 @@ import torch
 
 from fedge.attacks.table import ROWS, privacy_row
 from fedge.bench.docs import update_section
-from fedge.bench.script import measurement_parser
+from fedge.bench.script import load_measurement, measurement_parser, measurement_settings, save_measurement
 
 SETTINGS = {"dataset": "fashion-mnist", "clients": 4, "iterations": 200, "mia_clients": 2, "mia_per_client": 32,
             "mia_rounds": 3, "mia_samples": 64, "shadows": 2, "pia_clients": 24, "test": 600}  # fmt: skip
@@ -153,20 +152,13 @@ def main(argv: list[str] | None = None) -> int:
                     "settings; rows with the same label replaced, table order kept), then render the whole")
     args = ap.parse_args(argv)
     if args.from_json:
-        with open(args.from_json) as f:
-            saved = json.load(f)
+        saved = load_measurement(args.from_json)
         if args.docs:
             update_section(args.docs, "privacy-leakage", "Privacy leakage of every method",
                            render(saved["results"], saved["settings"], saved["seconds"], saved.get("merged")))  # fmt: skip
         return 0
+    settings = measurement_settings(ap, args.set, SETTINGS)
     torch.set_num_threads(1)
-    settings = dict(SETTINGS)
-    for kv in args.set:
-        k, _, v = kv.partition("=")
-        if k not in settings:
-            print(f"unknown setting {k!r}; expected one of {sorted(settings)}", file=sys.stderr)
-            return 2
-        settings[k] = v if k == "dataset" else int(v)
     rows = [r for r in ROWS if not args.rows or r.label in args.rows]
     if args.rows and len(rows) != len(args.rows):
         print(f"unknown row among {args.rows}; expected labels from {[r.label for r in ROWS]}", file=sys.stderr)
@@ -178,8 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row.label}: {time.perf_counter() - t:.0f} s  {_cells(results[-1])}", flush=True)
     seconds = time.perf_counter() - t0
     if args.merge_into:
-        with open(args.merge_into) as f:
-            saved = json.load(f)
+        saved = load_measurement(args.merge_into)
         if saved["settings"] != settings:
             print(f"--merge-into {args.merge_into!r} was measured with {saved['settings']}, not {settings}; "
                   "pass the same --set values", file=sys.stderr)
@@ -192,9 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         merged = []
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": settings, "seconds": seconds, "results": results, "merged": merged}, f, indent=1,
-                      default=str)  # fmt: skip
+        save_measurement(args.json, {"settings": settings, "seconds": seconds, "results": results, "merged": merged})
     if args.docs:
         update_section(args.docs, "privacy-leakage", "Privacy leakage of every method",
                        render(results, settings, seconds, merged))  # fmt: skip

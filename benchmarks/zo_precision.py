@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import fedge.estimators.lean as lean
-from fedge.bench.docs import update_section
+from fedge.bench.docs import publish
 from fedge.data import load_dataset
 from fedge.estimators import estimate_gradient, loss_differences
 from fedge.models import build_model
@@ -77,6 +77,4 @@ if __name__ == "__main__":
     args = ap.parse_args()
     res = measure()
     text = markdown(res, "python benchmarks/zo_precision.py --docs docs/benchmarks.md")
-    print(text)
-    if args.docs:
-        update_section(args.docs, "zo-precision", "Loss differences: float64 loss vs float32", text)
+    publish(text, args.docs, "zo-precision", "Loss differences: float64 loss vs float32")

@@ -302,7 +302,7 @@ def test_ppfl_table2_parameters_and_upload_bytes() -> None:
     section = _section("ppfl-table2")
     m = re.search(r"ppfl_table2\.py --docs docs/benchmarks\.md(?: --set ([^`]*))?`", section)
     assert m, "no Reproduce line in the ppfl-table2 section"
-    s = bench.parse_settings((m.group(1) or "").split())
+    s = bench.parse_settings(bench.SETTINGS, (m.group(1) or "").split())
     info = bench.model_info(s)
     assert f"{info['parameters']:,} parameters" in section
     rows = {r[0]: r for r in _rows(section, "| method | DRA median MSE |")}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedge.bench.script import parse_reproduction_args, parse_shard, reproduction_parser
+from fedge.bench.script import parse_reproduction_args, parse_shard, reproduction_parser, runs_parser, script_command
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -70,3 +70,61 @@ def test_smoke_protocol_runs_end_to_end_and_resumes(name, needle, tmp_path, caps
     assert script.main(["--smoke", "--out", str(out), "--table-only"]) == 0
     assert capsys.readouterr().out == first  # the table comes from the records alone
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*.json")} == stamps
+
+
+def test_runs_parser_and_the_command_line_shown_in_the_docs():
+    args = runs_parser("doc", out="runs/x").parse_args(["--docs", "d.md"])
+    assert (args.out, args.docs) == ("runs/x", "d.md")
+    assert script_command("/any/where/benchmarks/fedpt_table1.py", ["--seeds", "3", "--docs", "d.md"]) == (
+        "python benchmarks/fedpt_table1.py --seeds 3 --docs d.md"
+    )
+    assert script_command("fedpt_table5.py", []) == "python benchmarks/fedpt_table5.py"  # no trailing space
+
+
+def test_parse_settings_reads_each_value_as_its_defaults_type():
+    from fedge.bench.script import parse_settings
+    from fedge.core.errors import ConfigError
+
+    defaults = {"model": "lenet5", "rounds": 20, "lr": 0.05}
+    s = parse_settings(defaults, ["rounds=8", "lr=0.1", "model=vgg"])
+    assert s == {"model": "vgg", "rounds": 8, "lr": 0.1} and type(s["rounds"]) is int and type(s["lr"]) is float
+    assert parse_settings(defaults, []) == defaults and defaults["rounds"] == 20  # the defaults are not changed
+    with pytest.raises(ConfigError, match=r"unknown setting 'round'; expected one of \['lr', 'model', 'rounds'\]"):
+        parse_settings(defaults, ["round=8"])
+    with pytest.raises(ConfigError, match=r"setting rounds='x' is not a number; expected e.g. rounds=20"):
+        parse_settings(defaults, ["rounds=x"])
+    with pytest.raises(ConfigError, match=r"rounds='2.5' is not a number"):  # an int setting takes no fraction
+        parse_settings(defaults, ["rounds=2.5"])
+
+
+def test_a_saved_measurement_loads_back_whole(tmp_path):
+    from fedge.bench.script import load_measurement, save_measurement
+
+    record = {"settings": {"rounds": 2}, "seconds": 1.5, "results": [{"row": "a", "auc": 0.5, "where": Path("x")}]}
+    save_measurement(tmp_path / "m.json", record)
+    assert load_measurement(tmp_path / "m.json") == {**record, "results": [{"row": "a", "auc": 0.5, "where": "x"}]}
+
+
+@pytest.mark.parametrize("name", ["mia_overfit", "privacy_leakage"])
+def test_a_bad_setting_exits_2_naming_it_before_measuring(name, tmp_path, capsys):
+    docs = tmp_path / "benchmarks.md"
+    with pytest.raises(SystemExit) as exc:
+        _script(name).main(["--docs", str(docs), "--set", "rounds=x" if name == "mia_overfit" else "bogus=1"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and not docs.exists()
+    assert ("error: setting rounds='x' is not a number; expected e.g. rounds=20" if name == "mia_overfit"
+            else "error: unknown setting 'bogus'; expected one of ['clients', 'dataset',") in err  # fmt: skip
+
+
+def test_report_and_document_prints_and_writes_the_section_with_the_command(tmp_path, capsys):
+    import json
+
+    from fedge.bench.script import report_and_document
+
+    docs = tmp_path / "benchmarks.md"
+    report = {"rows": {"a": {"accuracy": 0.5}}}
+    kw = {"section": "t", "title": "T", "markdown": lambda command: f"Command: `{command}`\n\n| a |", "script": "b/t.py"}
+    assert report_and_document(report, "| a |", None, argv=[], **kw) == 0
+    assert capsys.readouterr().out == json.dumps(report, indent=2) + "\n| a |\n" and not docs.exists()
+    assert report_and_document(report, "| a |", str(docs), argv=["--docs", str(docs)], **kw) == 0
+    assert f"\n\nCommand: `python benchmarks/t.py --docs {docs}`\n\n| a |\n<!-- /bench:t -->" in docs.read_text()

@@ -202,3 +202,4 @@ def test_run_screened_picks_on_validation_and_shards_split_the_runs(tmp_path):
         assert one["final_test_accuracy"] == other["final_test_accuracy"]  # same runs, same numbers
     with pytest.raises(ConfigError, match="shard 2 of 2"):
         worker(2, 2, tmp_path / "bad")
+

@@ -32,17 +32,17 @@ bench = _load()
 
 @pytest.fixture(scope="module")
 def tiny() -> tuple[dict[str, Any], dict[str, int], dict[str, dict[str, Any]]]:
-    s = bench.parse_settings(TINY)
+    s = bench.parse_settings(bench.SETTINGS, TINY)
     return s, bench.model_info(s), bench.table2(s)
 
 
 def test_settings_parse_and_bad_values_name_the_fix() -> None:
-    s = bench.parse_settings(["rounds=8", "lr=0.1", "model=alexnet-ppfl"])
+    s = bench.parse_settings(bench.SETTINGS, ["rounds=8", "lr=0.1", "model=alexnet-ppfl"])
     assert (s["rounds"], s["lr"], s["model"]) == (8, 0.1, "alexnet-ppfl")
     with pytest.raises(ConfigError, match="unknown setting 'round'"):
-        bench.parse_settings(["round=8"])
+        bench.parse_settings(bench.SETTINGS, ["round=8"])
     with pytest.raises(ConfigError, match="rounds='x' is not a number"):
-        bench.parse_settings(["rounds=x"])
+        bench.parse_settings(bench.SETTINGS, ["rounds=x"])
     with pytest.raises(ConfigError, match=r"rounds=10 does not split evenly over PPFL's 4 stages.*rounds=8"):
         bench.methods({**s, "rounds": 10}, 4)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from fedge.bench.docs import command_section, markdown_table
 from fedge.core.config import load_config
 from fedge.core.messages import Message
 from fedge.experiment.build import build_run
@@ -73,18 +74,17 @@ def run_comm(ks: tuple[int, ...] = (100, 200, 500)) -> dict[str, Any]:
 
 
 def comm_markdown(report: dict[str, Any], command: str) -> str:
+    head = ["K", "uplink B/client (payload 4K + framing)", "downlink B/client (seed entry)",
+            "with secure aggregation: up / down B/client",
+            "`downlink: seeds`: down B/client, first round / each next round"]  # fmt: skip
     rows = [
-        "| K | uplink B/client (payload 4K + framing) | downlink B/client (seed entry) | with secure aggregation: up / down B/client | `downlink: seeds`: down B/client, first round / each next round |",
-        "|---|---|---|---|---|",
-    ]
-    for r in report["results"]:
-        rows.append(
-            f"| {r['k']} | {r['batch_up_per_client']:.0f} ({r['payload_bytes']} + {r['framing_bytes']:.0f}) "
-            f"| {r['batch_down_per_client']:.0f} ({r['seed_entry_bytes']}) "
-            f"| {r['secure_up_per_client']:.0f} / {r['secure_down_per_client']:.0f} "
-            f"| {r['seeds_down_first_round']:.0f} / {r['seeds_down_next_round']:.0f} |"
-        )
-    return "\n".join(
+        [f"{r['k']}", f"{r['batch_up_per_client']:.0f} ({r['payload_bytes']} + {r['framing_bytes']:.0f})",
+         f"{r['batch_down_per_client']:.0f} ({r['seed_entry_bytes']})",
+         f"{r['secure_up_per_client']:.0f} / {r['secure_down_per_client']:.0f}",
+         f"{r['seeds_down_first_round']:.0f} / {r['seeds_down_next_round']:.0f}"]
+        for r in report["results"]
+    ]  # fmt: skip
+    return command_section(
         [
             "Batch-level BAFFLE messages measured from one real round (digits, BAFFLE's LeNet, 10 clients).",
             "Target: uplink = 4K bytes of payload plus at most 64 bytes of framing; the seed travels as",
@@ -96,9 +96,7 @@ def comm_markdown(report: dict[str, Any], command: str) -> str:
             "the model (the first round carries the model and the server optimizer's state, Adam's two moments).",
             f"Epoch-level, for comparison: {report['epoch_up_per_client']:.0f} B up and "
             f"{report['epoch_down_per_client']:.0f} B down per client per round (model deltas, as FedAvg).",
-            "",
-            f"Command: `{command}`",
-            "",
-            *rows,
-        ]
+        ],
+        command,
+        markdown_table(head, rows),
     )

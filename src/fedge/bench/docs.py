@@ -5,11 +5,12 @@ from __future__ import annotations
 import platform
 import re
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
 
-__all__ = ["machine_line", "update_section"]
+__all__ = ["command_section", "machine_line", "markdown_table", "publish", "update_section"]
 
 HEADER = """# fedge benchmarks
 
@@ -37,3 +38,32 @@ def update_section(path: str | Path, name: str, title: str, body: str) -> None:
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(text)
+
+
+def publish(text: str, docs: str | Path | None, name: str, title: str) -> None:
+    """Print ``text`` and, when ``docs`` names a file, make it that file's section ``name``
+    (headed ``title``): the last step of a script whose docs section is its printed table."""
+    print(text)
+    if docs:
+        update_section(docs, name, title, text)
+
+
+def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]], *, left: int | None = None) -> list[str]:
+    """The lines of a Markdown table: ``head``, the rule and one line per row of cells. Every
+    column is left-aligned, or with ``left`` only the first ``left`` (the labels) and the rest
+    (the figures) right-aligned.
+
+    >>> markdown_table(["K", "bytes"], [["100", "412"]])
+    ['| K | bytes |', '|---|---|', '| 100 | 412 |']
+    >>> markdown_table(["K", "bytes"], [], left=1)
+    ['| K | bytes |', '|---|---:|']
+    """
+    n = len(head) if left is None else left
+    rule = "|" + "---|" * n + "---:|" * (len(head) - n)
+    return ["| " + " | ".join(head) + " |", rule, *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def command_section(intro: Sequence[str], command: str, body: Sequence[str]) -> str:
+    """A section body laid out as every ``fedge bench`` section is: the ``intro`` lines, the
+    command that wrote it, then ``body`` (its table and what follows), blank lines between."""
+    return "\n".join([*intro, "", f"Command: `{command}`", "", *body])

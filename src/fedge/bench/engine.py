@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from fedge.bench.docs import command_section, markdown_table
 from fedge.core.context import ClientContext, ClientData
 from fedge.core.messages import Message
 from fedge.core.meter import _status_kb
@@ -127,29 +128,21 @@ def run_engine_overhead(
 
 def engine_markdown(report: dict[str, Any], command: str) -> str:
     """The docs/benchmarks.md section for :func:`run_engine_overhead`."""
+    head = ["clients/round", "overhead ms/client (best, median)", "client step ms/client", "round wall s",
+            "bytes down/up per client", "RSS growth (all / over timed rounds)", "client data bytes"]  # fmt: skip
     rows = [
-        "| clients/round | overhead ms/client (best, median) | client step ms/client | round wall s "
-        "| bytes down/up per client | RSS growth (all / over timed rounds) | client data bytes |",
-        "|---|---|---|---|---|---|---|",
+        [f"{r['clients_per_round']}", f"{r['overhead_ms_per_client']:.3f}, {r['overhead_ms_per_client_median']:.3f}",
+         f"{r['client_step_ms_per_client']:.3f}", f"{r['round_wall_s']:.4f}",
+         f"{r['bytes_down_per_client']} / {r['bytes_up_per_client']}",
+         f"{r['rss_growth_bytes'] / 1e6:.2f} MB / {r['rss_growth_over_timed_rounds_bytes'] / 1e6:.2f} MB",
+         f"{r['client_data_bytes'] / 1e6:.2f} MB"]
+        for r in report["results"]
+    ]  # fmt: skip
+    intro = [
+        "Engine overhead per client per round with trivial clients (everything but client compute:",
+        "sampling, serialization both ways, generator derivation, meter with FLOP counting, finiteness",
+        "check, aggregation). Target: < 0.5 ms per client at 1000 clients per round (Flower's Ray",
+        "simulation costs about 5 ms per client message here), and memory that does not grow with",
+        "the number of clients beyond their data.",
     ]
-    for r in report["results"]:
-        rows.append(
-            f"| {r['clients_per_round']} | {r['overhead_ms_per_client']:.3f}, {r['overhead_ms_per_client_median']:.3f} "
-            f"| {r['client_step_ms_per_client']:.3f} | {r['round_wall_s']:.4f} "
-            f"| {r['bytes_down_per_client']} / {r['bytes_up_per_client']} "
-            f"| {r['rss_growth_bytes'] / 1e6:.2f} MB / {r['rss_growth_over_timed_rounds_bytes'] / 1e6:.2f} MB "
-            f"| {r['client_data_bytes'] / 1e6:.2f} MB |"
-        )
-    return "\n".join(
-        [
-            "Engine overhead per client per round with trivial clients (everything but client compute:",
-            "sampling, serialization both ways, generator derivation, meter with FLOP counting, finiteness",
-            "check, aggregation). Target: < 0.5 ms per client at 1000 clients per round (Flower's Ray",
-            "simulation costs about 5 ms per client message here), and memory that does not grow with",
-            "the number of clients beyond their data.",
-            "",
-            f"Command: `{command}`",
-            "",
-            *rows,
-        ]
-    )
+    return command_section(intro, command, markdown_table(head, rows))

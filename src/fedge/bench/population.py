@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from fedge.bench.docs import command_section, markdown_table
 from fedge.bench.engine import _SeedBroadcast, _Trivial, _warm_up
 from fedge.core.context import ClientData
 from fedge.core.meter import _status_kb
@@ -84,21 +85,16 @@ def run_population_scale(
 
 
 def population_markdown(report: dict[str, Any], command: str) -> str:
+    head = ["population", "clients/round", "start-up s", "overhead ms/client (median)", "RSS after rounds MB",
+            "RSS growth MB/round"]  # fmt: skip
     rows = [
-        "| population | clients/round | start-up s | overhead ms/client (median) | RSS after rounds MB | RSS growth MB/round |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in report["results"]:
-        rows.append(
-            f"| {r['population']:,} | {r['clients_per_round']} | {r['startup_s']:.2f} | {r['overhead_ms_per_client']:.3f} "
-            f"| {r['rss_mb']:.1f} | {r['rss_growth_mb_per_round']:.2f} |"
-        )
-    return "\n".join([
+        [f"{r['population']:,}", f"{r['clients_per_round']}", f"{r['startup_s']:.2f}", f"{r['overhead_ms_per_client']:.3f}",
+         f"{r['rss_mb']:.1f}", f"{r['rss_growth_mb_per_round']:.2f}"]
+        for r in report["results"]
+    ]  # fmt: skip
+    intro = [
         f"A lazily generated population of trivial clients, {report['rounds']} timed rounds each; one process,",
         "one torch thread. Targets (cross-device issue): ≤ 0.05 ms per client per round at every population,",
         "RSS at 1e6 within 50 MB of RSS at 1e3, start-up ≤ 5 s.",
-        "",
-        f"Command: `{command}`",
-        "",
-        *rows,
-    ])
+    ]
+    return command_section(intro, command, markdown_table(head, rows))

@@ -7,11 +7,12 @@ uploads one model" is checked against the real encoding, not assumed.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from fedge.bench.docs import command_section, markdown_table
+from fedge.bench.figures import read_run_logs
 from fedge.bench.variants import per_client_costs
 from fedge.core.config import load_config
 from fedge.experiment.run import run_experiment
@@ -27,8 +28,7 @@ def run_presets(names: list[str], *, overrides: list[str] | None = None, out_roo
         cfg = load_config(name, overrides=overrides or [])
         out = root / name
         run_experiment(cfg, out=out, render=False)
-        summary = json.loads((out / "summary.json").read_text())
-        lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        summary, lines = read_run_logs(out)
         costs = per_client_costs(lines)
         results.append(
             {
@@ -48,34 +48,23 @@ def run_presets(names: list[str], *, overrides: list[str] | None = None, out_roo
 
 
 def presets_markdown(report: dict[str, Any], command: str) -> str:
+    head = ["preset", "rounds", "final acc", "best acc", "model bytes", "down B/client/round, mean of rounds (ratio)",
+            "up B/client/round, mean of rounds (ratio)", "wall s"]  # fmt: skip
     rows = [
-        "| preset | rounds | final acc | best acc | model bytes | down B/client/round, mean of rounds (ratio) "
-        "| up B/client/round, mean of rounds (ratio) | wall s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in report["results"]:
-        m = r["model_bytes"]
-        rows.append(
-            f"| {r['preset']} | {r['rounds']} | {r['final_test_accuracy']:.4f} | {r['best_test_accuracy']:.4f} | {m} "
-            f"| {r['bytes_down_per_client_round']:.0f} ({r['bytes_down_per_client_round'] / m:.4f}) "
-            f"| {r['bytes_up_per_client_round']:.0f} ({r['bytes_up_per_client_round'] / m:.4f}) | {r['wall_s']:.0f} |"
-        )
+        [f"{r['preset']}", f"{r['rounds']}", f"{r['final_test_accuracy']:.4f}", f"{r['best_test_accuracy']:.4f}",
+         f"{r['model_bytes']}",
+         f"{r['bytes_down_per_client_round']:.0f} ({r['bytes_down_per_client_round'] / r['model_bytes']:.4f})",
+         f"{r['bytes_up_per_client_round']:.0f} ({r['bytes_up_per_client_round'] / r['model_bytes']:.4f})",
+         f"{r['wall_s']:.0f}"]
+        for r in report["results"]
+    ]  # fmt: skip
     curves = [
         f"- {r['preset']}: " + ", ".join("—" if a is None else f"{a:.3f}" for a in r["accuracy_by_round"])
         for r in report["results"]
     ]
-    return "\n".join(
-        [
-            "End-to-end runs of presets. Ratios compare the bytes each client received/sent in a round",
-            "(averaged over all rounds) with the serialized size of the model (the same encoding); they",
-            "must be within 1% of 1.",
-            "",
-            f"Command: `{command}`",
-            "",
-            *rows,
-            "",
-            "Test accuracy by round:",
-            "",
-            *curves,
-        ]
-    )
+    intro = [
+        "End-to-end runs of presets. Ratios compare the bytes each client received/sent in a round",
+        "(averaged over all rounds) with the serialized size of the model (the same encoding); they",
+        "must be within 1% of 1.",
+    ]
+    return command_section(intro, command, [*markdown_table(head, rows), "", "Test accuracy by round:", "", *curves])

@@ -10,23 +10,82 @@ tabulates the records, and (most) has a seconds-long smoke protocol that never t
 
 The measurement scripts (``privacy_leakage.py``, ``mia_overfit.py``, ``ppfl_table2.py``) measure
 once, keep the raw results (``--json``) and can re-render them (``--from-json``):
-:func:`measurement_parser`.
+:func:`measurement_parser`, :func:`measurement_settings` (``--set``), :func:`save_measurement` and
+:func:`load_measurement`.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
-__all__ = ["measurement_parser", "parse_reproduction_args", "parse_shard", "reproduction_parser"]
+from fedge.bench.docs import update_section
+from fedge.core.errors import ConfigError
+
+__all__ = [
+    "load_measurement",
+    "measurement_parser",
+    "measurement_settings",
+    "parse_reproduction_args",
+    "parse_settings",
+    "parse_shard",
+    "report_and_document",
+    "reproduction_parser",
+    "runs_parser",
+    "save_measurement",
+    "script_command",
+]
+
+
+def runs_parser(description: str | None, *, out: str) -> argparse.ArgumentParser:
+    """``--out`` (default ``out``) and ``--docs``: the flags of every script that runs variants
+    into run directories and tabulates them (the FedPT tables; :func:`reproduction_parser`)."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=out, help="where the runs' directories (checkpoints) go")
+    ap.add_argument("--docs", default=None, help="rewrite this script's section of this file (docs/benchmarks.md)")
+    return ap
+
+
+def script_command(script: str | Path, argv: Sequence[str] | None) -> str:
+    """The command line shown in a docs section: ``python benchmarks/<script's file name>`` and
+    ``argv`` (``sys.argv[1:]`` when None, as ``argparse`` reads it).
+
+    >>> script_command("/x/benchmarks/fedpt_table1.py", ["--seeds", "3"])
+    'python benchmarks/fedpt_table1.py --seeds 3'
+    """
+    given = sys.argv[1:] if argv is None else argv
+    return ("python benchmarks/" + Path(script).name + " " + " ".join(given)).strip()
+
+
+def report_and_document(
+    report: Any,
+    table: str,
+    docs: str | None,
+    *,
+    section: str,
+    title: str,
+    markdown: Callable[[str], str],
+    script: str | Path,
+    argv: Sequence[str] | None,
+) -> int:
+    """The end of a script that runs variants and tabulates them (:func:`runs_parser`): print the
+    ``report`` (JSON) and its ``table``; with ``docs``, write ``markdown(command line)`` as that
+    file's section ``section`` headed ``title`` (:func:`script_command`). Returns 0, the exit status."""
+    print(json.dumps(report, indent=2))
+    print(table)
+    if docs:
+        update_section(docs, section, title, markdown(script_command(script, argv)))
+    return 0
 
 
 def reproduction_parser(description: str | None, *, out: str, smoke: bool = True) -> argparse.ArgumentParser:
     """The flags every reproduction script shares: ``--out``, ``--docs``, ``--shard I/N``,
     ``--table-only`` and (with ``smoke``) ``--smoke``."""
-    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=out, help="where the runs' directories (checkpoints) go")
-    ap.add_argument("--docs", default=None, help="rewrite this script's section of this file (docs/benchmarks.md)")
+    ap = runs_parser(description, out=out)
     ap.add_argument("--shard", default="0/1", help="I/N: run every N-th run starting at I (parallel workers)")
     ap.add_argument("--table-only", action="store_true", help="tabulate the recorded runs, run nothing")
     if smoke:
@@ -67,3 +126,49 @@ def measurement_parser(description: str | None, *, section: str, example: str) -
     ap.add_argument("--from-json", help="render a --json file of an earlier run instead of measuring")
     ap.add_argument("--set", nargs="*", default=[], help=f"settings overrides, key=value (e.g. {example})")
     return ap
+
+
+def parse_settings(defaults: dict[str, Any], pairs: Sequence[str]) -> dict[str, Any]:
+    """``defaults`` with the ``key=value`` overrides of ``--set``, each value read as the type of
+    its default (text, float or int); a ConfigError names an unknown key or a value that is not
+    a number, with the fix.
+
+    >>> parse_settings({"model": "lenet", "rounds": 4, "lr": 0.1}, ["rounds=8", "lr=0.05", "model=vgg"])
+    {'model': 'vgg', 'rounds': 8, 'lr': 0.05}
+    """
+    s = dict(defaults)
+    for kv in pairs:
+        k, _, v = kv.partition("=")
+        if k not in s:
+            raise ConfigError(f"unknown setting {k!r}; expected one of {sorted(s)} (as key=value)")
+        if isinstance(defaults[k], str):
+            s[k] = v
+            continue
+        try:
+            s[k] = float(v) if isinstance(defaults[k], float) else int(v)
+        except ValueError:
+            raise ConfigError(f"setting {k}={v!r} is not a number; expected e.g. {k}={defaults[k]}") from None
+    return s
+
+
+def measurement_settings(ap: argparse.ArgumentParser, pairs: Sequence[str], defaults: dict[str, Any]) -> dict[str, Any]:
+    """:func:`parse_settings` of a measurement script's ``--set``: a bad key or value exits 2
+    through ``ap.error`` with the message that names it and the fix."""
+    try:
+        return parse_settings(defaults, pairs)
+    except ConfigError as e:
+        ap.error(str(e))
+
+
+def save_measurement(path: str | Path, record: dict[str, Any]) -> None:
+    """Write a measurement's raw results (``--json``): settings, seconds and results, which
+    :func:`load_measurement` reads back for ``--from-json``."""
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1, default=str)
+
+
+def load_measurement(path: str | Path) -> dict[str, Any]:
+    """The raw results a :func:`save_measurement` wrote (``--from-json``)."""
+    with open(path) as f:
+        saved: dict[str, Any] = json.load(f)
+    return saved

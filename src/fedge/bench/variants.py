@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedge.bench.docs import command_section, markdown_table
+from fedge.bench.figures import read_run_logs
 from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError
 from fedge.experiment.run import resolved_config, resume_experiment, run_experiment
@@ -72,8 +74,7 @@ def run_variants(
                 run_experiment(wanted, out=out, render=False)
         elif _check_same_run(out, wanted, allow_more_rounds=True) < wanted.rounds:
             resume_experiment(out, rounds=wanted.rounds, render=False)  # train it further
-        summary = json.loads((out / "summary.json").read_text())
-        lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        summary, lines = read_run_logs(out)
         results.append(
             {
                 "label": label,
@@ -237,7 +238,7 @@ def variants_markdown(report: dict[str, Any], command: str, intro: str) -> str:
     flops = "client GFLOP/client/round, executed (mean of all rounds)" if effective else "client GFLOP/client/round (mean of all rounds)"
     head = ["variant", "overrides", "final acc", "best acc", UP, DOWN] + [PRUNING] * pruning + [flops]
     head += ["effective GFLOP/client/round"] * effective + ["client peak MiB (tensors)"] * memory + ["wall s"]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for r in results:
         cells = [r["label"], f"`{' '.join(r['overrides']) or '-'}`", f"{r['final_test_accuracy']:.4f}",
                  f"{r['best_test_accuracy']:.4f}", f"{r['bytes_up_per_client_round']:.0f}",
@@ -249,13 +250,16 @@ def variants_markdown(report: dict[str, Any], command: str, intro: str) -> str:
             peak = r.get("client_tensor_peak_bytes")
             cells.append("-" if peak is None else f"{peak / 2**20:.2f}")
         cells.append(f"{r['wall_s']:.0f}")
-        rows.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
     common = " ".join(report["common"])
+    base = f"Base: `{report['base']}`" + (f" with `{common}`" if common else "")
+    return command_section([intro], command, [base, "", *markdown_table(head, rows), *_missing_note(report)])
+
+
+def _missing_note(report: dict[str, Any]) -> list[str]:
+    """The lines naming the variants not run yet (none when every one is)."""
     missing = report.get("missing") or []
-    note = ["", f"Not run yet (the command resumes them): {', '.join(missing)}"] if missing else []
-    return "\n".join(
-        [intro, "", f"Command: `{command}`", "", f"Base: `{report['base']}`" + (f" with `{common}`" if common else ""), "", *rows, *note]
-    )
+    return ["", f"Not run yet (the command resumes them): {', '.join(missing)}"] if missing else []
 
 
 def run_seeded_variants(
@@ -310,7 +314,8 @@ def seeded_markdown(report: dict[str, Any], command: str, intro: str) -> str:
     head = ["variant", "seeds", "final test acc", "best test acc"] + ["test acc at best val"] * has_val
     pruning = any(r.get("pretraining_phases") for r in report["results"])
     head += [UP] + [PRUNING] * pruning + ["client GFLOP/client/round (mean of all rounds)", "wall s"]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
+
     def ms(r: dict[str, Any], key: str) -> str:
         return f"{r[key]:.4f} ± {r[key + '_std']:.4f}" if key in r else "-"
 
@@ -319,12 +324,9 @@ def seeded_markdown(report: dict[str, Any], command: str, intro: str) -> str:
         cells += [ms(r, "test_accuracy_at_best_val")] * has_val
         cells += [f"{r['bytes_up_per_client_round']:.0f}", *[_pruning_cell(r)] * pruning, _flops_cell(r, "client_flops"),
                   f"{r['wall_s']:.0f}"]  # fmt: skip
-        rows.append("| " + " | ".join(cells) + " |")
-    missing = report.get("missing") or []
-    note = ["", f"Not run yet (the command resumes them): {', '.join(missing)}"] if missing else []
-    seeds = ", ".join(map(str, report["seeds"]))
-    return "\n".join([intro, "", f"Command: `{command}`", "", f"Base: `{report['base']}`, seeds {seeds}; mean ± sample std.",
-                      "", *rows, *note])  # fmt: skip
+        rows.append(cells)
+    base = f"Base: `{report['base']}`, seeds {', '.join(map(str, report['seeds']))}; mean ± sample std."
+    return command_section([intro], command, [base, "", *markdown_table(head, rows), *_missing_note(report)])
 
 
 def pick_by_validation(results: list[dict[str, Any]], labels: dict[float, str]) -> float | None:

@@ -1,0 +1,94 @@
+"""A screened reproduction table read back from its records.
+
+:func:`fedge.bench.variants.run_screened` runs a paper table the way a reviewer accepts it (a
+learning-rate screen on validation, then every variant x seed) and records every finished run
+under ``records`` (``screen/``, ``seed-S/``, ``probe/``). The reproduction scripts
+(``benchmarks/baffle_table1.py``, ``baffle_table2.py``, ``ntk_table3.py``,
+``baffle_delta_loss.py``) build their ``main`` with :func:`when_picked` and tabulate from the
+records alone with :func:`recorded_screen` and :func:`recorded_seeded`, so ``--table-only`` on
+any machine renders what the workers recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from fedge.bench.variants import recorded, run_screened, run_seeded_variants
+
+__all__ = ["Plan", "per_seed_cell", "read_plan_screen", "recorded_screen", "recorded_seeded", "run_plan", "when_picked"]
+
+T = TypeVar("T")
+
+
+class Plan(Protocol):
+    """A reproduction's protocol as a script's frozen ``Plan`` dataclass holds it (``baffle_table2.py``,
+    ``ntk_table3.py``; ``--smoke`` swaps in a tiny one): its seeds, its records folder, the
+    overrides of every main run and those of the screen runs."""
+
+    @property
+    def seeds(self) -> tuple[int, ...]: ...
+
+    @property
+    def records(self) -> Path: ...
+
+    def protocol(self) -> list[str]: ...
+
+    def screen_common(self) -> list[str]: ...
+
+
+def recorded_screen(base: str, screen: dict[str, list[str]], *, common: list[str], records: str | Path) -> dict[str, Any]:
+    """The screen runs of a :func:`fedge.bench.variants.run_screened` table as recorded under ``records/screen``
+    (nothing runs; the rest are ``"missing"``)."""
+    return recorded(base, screen, common=common, records=Path(records) / "screen")
+
+
+def recorded_seeded(
+    base: str, variants: dict[str, list[str]], *, seeds: Sequence[int], common: list[str], records: str | Path
+) -> dict[str, Any]:
+    """:func:`run_seeded_variants` reading only ``records`` (``records/seed-S``): the table of
+    whatever seeds are recorded, nothing runs."""
+    return run_seeded_variants(base, variants, seeds=seeds, out_root="/nonexistent", common=common, run=False,
+                               records=records)  # fmt: skip
+
+
+def when_picked(
+    pick: Callable[[dict[str, Any]], T | None], variants: Callable[[T], dict[str, list[str]]]
+) -> Callable[[dict[str, Any]], dict[str, list[str]] | None]:
+    """The ``main`` of :func:`fedge.bench.variants.run_screened`: ``variants(pick(screen))`` — the table's variants
+    built from what ``pick`` chose on the screen report — or None while ``pick`` returns None
+    (a screen run is missing)."""
+
+    def main(screen: dict[str, Any]) -> dict[str, list[str]] | None:
+        chosen = pick(screen)
+        return None if chosen is None else variants(chosen)
+
+    return main
+
+
+def per_seed_cell(row: dict[str, Any], key: str = "final_test_accuracy") -> str:
+    """A :func:`run_seeded_variants` row's ``key`` of every seed run, in seed order: ``0.8123, 0.8201``."""
+    return ", ".join(f"{x[key]:.4f}" for x in row["runs"])
+
+
+def run_plan(
+    base: str,
+    plan: Plan,
+    screen: dict[str, list[str]],
+    main: Callable[[dict[str, Any]], dict[str, list[str]] | None],
+    *,
+    out: str | Path,
+    shard: int,
+    shards: int,
+    probe_common: list[str] | None = None,
+) -> None:
+    """:func:`fedge.bench.variants.run_screened` of ``plan``: its screen overrides, protocol,
+    seeds and records, worker ``shard`` of ``shards``."""
+    run_screened(base, screen, main, screen_common=plan.screen_common(), protocol=plan.protocol(), seeds=plan.seeds,
+                 records=plan.records, out=out, shard=shard, shards=shards, probe_common=probe_common)  # fmt: skip
+
+
+def read_plan_screen(base: str, plan: Plan, screen: dict[str, list[str]]) -> dict[str, Any]:
+    """:func:`recorded_screen` of ``plan``: the screen runs its workers recorded."""
+    return recorded_screen(base, screen, common=plan.screen_common(), records=plan.records)

@@ -1,0 +1,70 @@
+"""A screened table read back from its records: nothing runs, and what was recorded is what is read."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+from fedge.bench.screened import (
+    per_seed_cell,
+    read_plan_screen,
+    recorded_screen,
+    recorded_seeded,
+    run_plan,
+    when_picked,
+)
+from fedge.bench.variants import run_seeded_variants, run_variants
+
+COMMON = ["rounds=2", "eval_every=1", "clients.num=4", "clients.per_round=2", "threads=1"]
+
+
+def test_recorded_helpers_read_what_the_runs_recorded_and_run_nothing(tmp_path):
+    ran = run_seeded_variants("quickstart", {"a": []}, seeds=[0, 1], out_root=tmp_path / "runs", common=COMMON,
+                              records=tmp_path / "rec")  # fmt: skip
+    run_variants("quickstart", {"s": []}, out_root=tmp_path / "runs", common=COMMON, records=tmp_path / "rec" / "screen")
+    shutil.rmtree(tmp_path / "runs")
+    both = {"a": [], "b": ["method.local_epochs=2"]}
+    read = recorded_seeded("quickstart", both, seeds=[0, 1], common=COMMON, records=tmp_path / "rec")
+    assert not (tmp_path / "runs").exists() and read["missing"] == ["b"] and [r["label"] for r in read["results"]] == ["a"]
+    (row,) = read["results"]
+    assert row["seeds"] == 2 and row["final_test_accuracy"] == ran["results"][0]["final_test_accuracy"]
+    screen = recorded_screen("quickstart", {"s": [], "t": ["method.local_epochs=2"]}, common=COMMON, records=tmp_path / "rec")
+    assert [r["label"] for r in screen["results"]] == ["s"] and screen["missing"] == ["t"]
+
+
+def test_when_picked_builds_the_variants_once_the_pick_is_made():
+    main = when_picked(lambda screen: screen.get("lr"), lambda lr: {"a": [f"method.client_optimizer.lr={lr}"]})
+    assert main({}) is None  # a screen run is missing: run_screened waits
+    assert main({"lr": 0.03}) == {"a": ["method.client_optimizer.lr=0.03"]}
+
+
+def test_per_seed_cell_lists_every_seed_in_order():
+    row = {"runs": [{"final_test_accuracy": 0.81234, "x": 1.0}, {"final_test_accuracy": 0.5, "x": 0.25}]}
+    assert per_seed_cell(row) == "0.8123, 0.5000" and per_seed_cell(row, "x") == "1.0000, 0.2500"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What a script's Plan gives run_plan (fedge.bench.screened.Plan)."""
+
+    records: Path
+    seeds: tuple[int, ...] = (0, 1)
+
+    def protocol(self) -> list[str]:
+        return COMMON
+
+    def screen_common(self) -> list[str]:
+        return [*COMMON, "rounds=1", "seed=0"]
+
+
+def test_run_plan_records_where_the_readers_look(tmp_path):
+    plan = _Plan(records=tmp_path / "rec")
+    screen = {"s": [], "t": ["method.local_epochs=2"]}
+    picked = when_picked(lambda rep: None if rep["missing"] else "s", lambda label: {"a": [], "b": screen[label]})
+    run_plan("quickstart", plan, screen, picked, out=tmp_path / "runs", shard=0, shards=1)
+    files = sorted(p.relative_to(plan.records).as_posix() for p in plan.records.rglob("*.json"))
+    assert files == ["screen/s.json", "screen/t.json", "seed-0/a.json", "seed-0/b.json", "seed-1/a.json", "seed-1/b.json"]
+    assert [r["label"] for r in read_plan_screen("quickstart", plan, screen)["results"]] == ["s", "t"]
+    seeded = recorded_seeded("quickstart", {"a": [], "b": []}, seeds=plan.seeds, common=plan.protocol(), records=plan.records)
+    assert [(r["label"], r["seeds"]) for r in seeded["results"]] == [("a", 2), ("b", 2)]
