@@ -18,7 +18,8 @@ unshared core), K = 200 twice that; the whole table ~14 CPU-hours.
 Resumable across machines: every finished run writes its row, with its full config, to
 ``benchmarks/results/baffle_table1/`` (commit it); rerunning the command reads those rows and
 runs only what is missing. Parallel workers: ``--shard 0/2`` and ``--shard 1/2`` in two
-processes (one torch thread each) split the runs; the lr screen is shared through the records.
+processes (one torch thread and one core each: ``OMP_NUM_THREADS=1 taskset -c I``) split the runs;
+the lr screen is shared through the records.
 
     python benchmarks/baffle_table1.py [--shard I/N] [--out runs/bench-baffle-table1] [--docs docs/benchmarks.md]
     python benchmarks/baffle_table1.py --table-only --docs docs/benchmarks.md   # tabulate what is recorded

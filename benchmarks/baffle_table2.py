@@ -26,7 +26,7 @@ x 3 seeds x 2 partitions: **~10 CPU-hours** (~25 with ``--k500``); run it in sha
 
 Resumable across machines: every finished run writes its row, with its full config, to
 ``benchmarks/results/baffle_table2/`` (commit it); rerunning reads those rows and runs only what is
-missing. Parallel workers: ``--shard 0/2`` and ``--shard 1/2`` (one torch thread each).
+missing. Parallel workers: ``--shard 0/2`` and ``--shard 1/2`` (one torch thread and one core each: ``OMP_NUM_THREADS=1 taskset -c I``).
 
     python benchmarks/baffle_table2.py [--shard I/N] [--k500] [--out runs/bench-baffle-table2] [--docs docs/benchmarks.md]
     python benchmarks/baffle_table2.py --table-only --docs docs/benchmarks.md   # tabulate what is recorded

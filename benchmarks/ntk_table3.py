@@ -42,7 +42,7 @@ all** for 3 seeds (~16 with ``--adam-all``); run it in shards.
 
 Resumable across machines: every finished run writes its row, with its full config, to
 ``benchmarks/results/ntk_table3/`` (commit it); rerunning reads those rows and runs only what is
-missing. Parallel workers: ``--shard 0/4`` ... ``--shard 3/4`` (one torch thread each).
+missing. Parallel workers: ``--shard 0/4`` ... ``--shard 3/4`` (one torch thread and one core each: ``OMP_NUM_THREADS=1 taskset -c I``).
 
     python benchmarks/ntk_table3.py [--shard I/N] [--adam-all] [--out runs/bench-ntk-table3] [--docs docs/benchmarks.md]
     python benchmarks/ntk_table3.py --table-only --docs docs/benchmarks.md   # tabulate what is recorded

@@ -128,3 +128,18 @@ def test_report_and_document_prints_and_writes_the_section_with_the_command(tmp_
     assert capsys.readouterr().out == json.dumps(report, indent=2) + "\n| a |\n" and not docs.exists()
     assert report_and_document(report, "| a |", str(docs), argv=["--docs", str(docs)], **kw) == 0
     assert f"\n\nCommand: `python benchmarks/t.py --docs {docs}`\n\n| a |\n<!-- /bench:t -->" in docs.read_text()
+
+
+@pytest.mark.parametrize(("cores", "argv", "warns"), [
+    ({0, 1}, ["--shard", "1/2"], True),   # two workers sharing both cores: warned, with the pinning fix
+    ({1}, ["--shard", "1/2"], False),     # pinned to one core
+    ({0, 1}, [], False),                  # one process: it may use every core
+    ({0, 1}, ["--shard", "0/2", "--table-only"], False),  # tabulating runs nothing
+])  # fmt: skip
+def test_an_unpinned_shard_is_warned_about(cores, argv, warns, monkeypatch, recwarn):
+    monkeypatch.setattr("fedge.bench.script.os.sched_getaffinity", lambda pid: cores)
+    parse_reproduction_args(reproduction_parser("d", out="o"), argv)
+    messages = [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    assert bool(messages) == warns
+    if warns:
+        assert "taskset -c 1" in messages[0] and "2 cores" in messages[0]

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ __all__ = [
     "runs_parser",
     "save_measurement",
     "script_command",
+    "warn_unpinned_shard",
 ]
 
 
@@ -114,7 +117,27 @@ def parse_reproduction_args(ap: argparse.ArgumentParser, argv: Sequence[str] | N
         ap.error(f"--shard {args.shard!r}: expected I/N with 0 <= I < N, e.g. 0/2")
     if getattr(args, "smoke", False) and args.docs:
         ap.error("--smoke writes no docs: drop --docs")
+    if parsed[1] > 1 and not args.table_only:
+        warn_unpinned_shard(parsed[0])
     return args, parsed[0], parsed[1]
+
+
+def warn_unpinned_shard(shard: int) -> None:
+    """Warn when a shard of a parallel reproduction may run on more than one core.
+
+    BAFFLE's fast estimator splits the K perturbations over every core the process may use
+    (``perturbation_threads``), so unpinned workers started side by side each use all the cores and
+    slow one another down several-fold (measured: 2 minutes a round pinned, 130-300 s unpinned).
+    Results are the same either way; only the time is lost.
+    """
+    cores = len(os.sched_getaffinity(0))
+    if cores > 1:
+        warnings.warn(
+            f"--shard {shard}/N runs on {cores} cores: parallel workers then contend for the same "
+            f"cores; pin each to one, e.g. OMP_NUM_THREADS=1 taskset -c {shard} python ... --shard {shard}/N",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def measurement_parser(description: str | None, *, section: str, example: str) -> argparse.ArgumentParser:
