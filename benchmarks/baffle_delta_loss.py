@@ -34,7 +34,6 @@ Resumable: every finished run writes its row, with its full config, to
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import warnings
@@ -67,9 +66,6 @@ VARIANTS = ("batch", "local_set")
 FORWARDS = {"batch": (K + 1) * BATCH, "local_set": (K + 1) * PER_CLIENT}  # sample-forwards per client per round
 LONGER = {"batch": [f"rounds={ROUNDS * RATIO}", f"eval_every={RATIO}"], "local_set": []}
 PROBE = [*PROTOCOL, "seed=0", "rounds=1", "method.server_optimizer.lr=0.01", "measure.flops=true"]  # one metered round (all clients)
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
-
 def _on(variant: str) -> str:
     return f"method.delta_loss_on={variant}"
 
@@ -131,14 +127,7 @@ def paired_at(rows: dict[str, Any], rounds: dict[str, int]) -> dict[str, Any] | 
     """local_set − batch of the test accuracy after ``rounds[variant]`` rounds, per seed
     (:func:`paired_difference`), with a 95% t interval of the mean difference."""
     a, b = ({"runs": [{"seed": r["seed"], "acc": accuracy_at(r, rounds[v])} for r in rows[v]["runs"]]} for v in VARIANTS[::-1])
-    d = paired_difference(a, b, key="acc")
-    return None if d is None else {**d, **interval(d)}
-
-
-def interval(d: dict[str, Any]) -> dict[str, float]:
-    n = len(d["diffs"])
-    half = T_975.get(n - 1, 1.96) * d["std"] / math.sqrt(n)
-    return {"lo": d["mean"] - half, "hi": d["mean"] + half}
+    return paired_difference(a, b, key="acc")
 
 
 def verdict(d: dict[str, Any] | None) -> str:
@@ -227,7 +216,6 @@ def result_lines(report: dict[str, Any], probes: dict[str, Any]) -> list[str]:
             f"{_diff_cell(d_fw)} points; {verdict(d_fw)}."]  # fmt: skip
     if all(x is not None for x in val.values()) and (d_val := paired_difference(rows["local_set"], rows["batch"],
                                                                                  key="test_accuracy_at_best_val")):
-        d_val = {**d_val, **interval(d_val)}
         out.append(f"- Test accuracy at the round of best validation accuracy (each run's 20 evaluations; equal forwards): "
                    f"local_set {val['local_set']:.4f} ± {rows['local_set']['test_accuracy_at_best_val_std']:.4f}, "
                    f"batch {val['batch']:.4f} ± {rows['batch']['test_accuracy_at_best_val_std']:.4f}; "

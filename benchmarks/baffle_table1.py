@@ -33,7 +33,7 @@ from typing import Any
 from fedge.bench.docs import publish
 from fedge.bench.screened import per_seed_cell, recorded_screen, recorded_seeded, when_picked
 from fedge.bench.script import parse_reproduction_args, reproduction_parser
-from fedge.bench.variants import pick_by_validation, recorded, run_screened, run_seeded_variants
+from fedge.bench.variants import paired_difference, pick_by_validation, recorded, run_screened, run_seeded_variants
 
 BASE = "baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "baffle_table1"
@@ -184,23 +184,31 @@ def context_lines(bp: dict[str, Any] | None) -> list[str]:
 
 
 def verdicts(agg: dict[str, dict[str, Any]]) -> list[str]:
-    """Each ablation against K = 100: the paper's sign, ours with its spread, and whether it reproduces
-    (the gap must exceed the two rows' summed std to count as a direction)."""
+    """Each ablation against K = 100: the paper's sign, ours, and whether it reproduces.
+
+    The comparison is paired by seed (a seed draws the same data subset, validation split,
+    initial model and perturbation seeds in both rows), so what varies between seeds (mostly the
+    10,000-sample subset) cancels; a direction counts only when the 95% t interval of the mean
+    per-seed difference excludes 0 (with 3 seeds: |mean| > 2.5 std of the differences).
+    """
     base = agg.get("BAFFLE K=100")
     if base is None or base["seeds"] < 2:
         return ["Verdicts need BAFFLE K=100 on at least 2 seeds."]
-    out = ["Directions against BAFFLE K=100 (difference of means; 'noise' when it is within the two rows' summed std):", ""]
-    m0, s0 = base["final_test_accuracy"], base["final_test_accuracy_std"]
+    out = ["Directions against BAFFLE K=100 (final test accuracy, paired by seed: mean ± std of the per-seed "
+           "differences, their 95% t interval; a direction counts only when the interval excludes 0):", ""]
     for label in ("K=100 w/o EMA", "K=100 ReLU", "K=100 SELU", "K=100 central (same forwards)", "BAFFLE K=200", "BP FedAvg"):
         r = agg.get(label)
-        if r is None or r["seeds"] < 2:
+        d = None if r is None else paired_difference(r, base)
+        if d is None:
             continue
-        d, spread = r["final_test_accuracy"] - m0, r["final_test_accuracy_std"] + s0
         paper = PAPER[label] - PAPER["BAFFLE K=100"]
-        ours = "noise" if abs(d) <= spread else ("higher" if d > 0 else "lower")
+        ours = "higher" if d["lo"] > 0 else ("lower" if d["hi"] < 0 else None)
         want = "higher" if paper > 0 else "lower"
-        verdict = "reproduces" if ours == want else ("not resolved (within spread)" if ours == "noise" else "does NOT reproduce")
-        out.append(f"- {label}: {d * 100:+.2f} points (spread {spread * 100:.2f}; paper {paper:+.2f}) → {verdict}.")
+        verdict = ("reproduces" if ours == want else "does NOT reproduce (the opposite direction)" if ours
+                   else "not resolved (the interval holds 0)")  # fmt: skip
+        per_seed = ", ".join(f"{s}: {100 * x:+.1f}" for s, x in zip(d["seeds"], d["diffs"], strict=True))
+        out.append(f"- {label}: {100 * d['mean']:+.2f} ± {100 * d['std']:.2f} points (seeds {per_seed}; 95% interval "
+                   f"{100 * d['lo']:+.1f} to {100 * d['hi']:+.1f}; paper {paper:+.2f}) → {verdict}.")  # fmt: skip
     return out
 
 
@@ -214,7 +222,12 @@ client) plus 2,000 held out as a validation set, the full 10,000-image test set,
 the paper: 10,000 of the 60,000 training images (CPU time: a K = 100 seed costs ~40
 CPU-minutes here, the table ~14 CPU-hours; at 60,000 it would be ~6x); K = 500 not run unless
 listed. **This reduction caps BP FedAvg below 0.80**: one local epoch of 1,000 samples gives a
-client 50 steps a round, and the context rows below the table show what more steps buy. "Final" is the round-20 test accuracy; "at best
+client 50 steps a round, and the context rows below the table show what more steps buy. The BP
+recipe is not the cap either (ad hoc, seed 0, outside the records): batches of 5 instead of 20 (4x
+the steps, Adam lr 0.01) end at 0.772 test / 0.781 validation accuracy (`fedge run
+baffle-fmnist-lenet` with the protocol's data settings and `method.name=fedavg
+method.batch_size=5 method.client_optimizer.lr=0.01`), and client SGD with momentum 0.9 instead of Adam,
+lr 0.05, reached 0.753 validation accuracy. "Final" is the round-20 test accuracy; "at best
 val" is the test accuracy of the round with the best validation accuracy. Client GFLOP per round
 is one client's round measured by torch's FLOP counter (forwards only for BAFFLE); bytes are the
 serialized update."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fedge.bench.variants import t_interval
 from fedge.core.config import load_config
 from fedge.experiment.run import resolved_config
 
@@ -90,8 +91,8 @@ def test_paired_difference_and_interval_by_hand() -> None:
      ([0.05, -0.04, 0.01], "NOT resolved"), ([0.03, 0.05, 0.07], "only just (its near end is 0.031 points from 0)")],
 )  # fmt: skip
 def test_verdict_is_resolved_only_when_the_interval_excludes_zero(diffs: list[float], says: str) -> None:
-    d = {"diffs": diffs, "mean": statistics.mean(diffs), "std": statistics.stdev(diffs)}
-    text = bench.verdict({**d, **bench.interval(d)})
+    lo, hi = t_interval(diffs)
+    text = bench.verdict({"diffs": diffs, "mean": statistics.mean(diffs), "std": statistics.stdev(diffs), "lo": lo, "hi": hi})
     assert says in text and ("NOT resolved" in text) == (says == "NOT resolved")
     assert bench.verdict(None).startswith("fewer than two")
 

@@ -1,0 +1,59 @@
+"""benchmarks/baffle_table1.py: the ablation verdicts, paired by seed, against hand-computed rows."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedge.bench.variants import paired_difference, t_interval
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+try:
+    import baffle_table1 as bench
+finally:
+    sys.path.pop(0)
+
+
+def _row(accs: dict[int, float]) -> dict:
+    return {"seeds": len(accs), "runs": [{"seed": s, "final_test_accuracy": a} for s, a in accs.items()]}
+
+
+BASE = {0: 0.60, 1: 0.55, 2: 0.56}  # seeds differ by 5 points: unpaired, no 1-point gap is resolved
+
+
+def _line(lines: list[str], label: str) -> str:
+    (line,) = [x for x in lines if x.startswith(f"- {label}:")]
+    return line
+
+
+def test_t_interval_by_hand() -> None:
+    lo, hi = t_interval([0.01, 0.02, 0.03])
+    half = 4.303 * 0.01 / 3**0.5  # t(0.975, 2 df) · std / sqrt(n)
+    assert (lo, hi) == pytest.approx((0.02 - half, 0.02 + half))
+    with pytest.raises(ValueError, match="at least 2 values, got 1"):
+        t_interval([0.1])
+
+
+def test_a_consistent_small_gap_is_resolved_by_pairing_seeds() -> None:
+    # SELU ~1 point above K=100 on every seed: far inside the seeds' 2.6-point std, but paired it is clear
+    agg = {"BAFFLE K=100": _row(BASE), "K=100 SELU": _row({s: a + 0.010 + 0.001 * s for s, a in BASE.items()}),
+           "K=100 ReLU": _row({s: a - 0.010 - 0.001 * s for s, a in BASE.items()}),
+           "K=100 w/o EMA": _row({0: 0.61, 1: 0.54, 2: 0.565})}  # fmt: skip
+    lines = bench.verdicts(agg)
+    d = paired_difference(agg["K=100 SELU"], agg["BAFFLE K=100"])
+    assert d is not None and d["diffs"] == pytest.approx([0.010, 0.011, 0.012])
+    assert d["std"] == pytest.approx(statistics.stdev([0.010, 0.011, 0.012]))
+    assert "+1.10 ± 0.10 points" in _line(lines, "K=100 SELU")
+    assert _line(lines, "K=100 SELU").endswith("→ does NOT reproduce (the opposite direction).")  # paper: SELU lower
+    assert _line(lines, "K=100 ReLU").endswith("→ reproduces.")  # paper: ReLU lower
+    assert _line(lines, "K=100 w/o EMA").endswith("→ not resolved (the interval holds 0).")  # +1, -1, +0.5
+    assert not any(x.startswith("- BAFFLE K=200") for x in lines)  # not run: no line
+
+
+def test_verdicts_need_two_paired_seeds() -> None:
+    assert bench.verdicts({"BAFFLE K=100": _row({0: 0.6})})[0].startswith("Verdicts need")
+    lines = bench.verdicts({"BAFFLE K=100": _row(BASE), "K=100 ReLU": _row({0: 0.5})})
+    assert not any(x.startswith("- K=100 ReLU") for x in lines)
