@@ -36,13 +36,14 @@ missing. Parallel workers: ``--shard 0/2`` and ``--shard 1/2`` (one torch thread
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import publish
 from fedge.bench.screened import per_seed_cell, read_plan_screen, recorded_seeded, run_plan, when_picked
 from fedge.bench.script import parse_reproduction_args, reproduction_parser
-from fedge.bench.variants import paired_difference, pick_by_validation
+from fedge.bench.variants import paired_difference, pick_by_validation, t_interval
 
 BASE = "baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "baffle_table2"
@@ -166,7 +167,8 @@ def table(plan: Plan, command: str) -> str:
 def verdicts(plan: Plan, agg: dict[str, dict[str, Any]]) -> list[str]:
     """The skew cost of every row (IID − Dirichlet, paired by seed: the same seed draws the same
     training subset and initial model for both partitions), and BAFFLE's cost against BP's.
-    A difference counts as a direction only when it exceeds the std of its per-seed values."""
+    A difference counts as a direction only when the 95% t interval of its per-seed mean excludes 0
+    (:func:`fedge.bench.variants.t_interval`)."""
     costs = {}
     out = ["Skew cost (final test accuracy, IID − Dirichlet 0.3, per-seed paired; mean ± std over seeds):", ""]
     for family in families(plan):
@@ -177,8 +179,9 @@ def verdicts(plan: Plan, agg: dict[str, dict[str, Any]]) -> list[str]:
             continue
         costs[family] = d
         paper = PAPER_COST.get(family)
-        sign = "a cost" if d["mean"] > d["std"] else ("a gain" if d["mean"] < -d["std"] else "no cost beyond the spread")
-        out.append(f"- {family}: {d['mean'] * 100:+.2f} ± {d['std'] * 100:.2f} points over seeds {d['seeds']} ({sign})"
+        sign = "a cost" if d["lo"] > 0 else ("a gain" if d["hi"] < 0 else "no cost resolved: the 95% interval holds 0")
+        out.append(f"- {family}: {d['mean'] * 100:+.2f} ± {d['std'] * 100:.2f} points over seeds {d['seeds']} "
+                   f"(95% interval {d['lo'] * 100:+.1f} to {d['hi'] * 100:+.1f}; {sign})"
                    + (f"; paper (CIFAR-10, IID at C = 10): {paper:+.2f}." if paper is not None else "."))  # fmt: skip
     bp = costs.get("BP FedAvg")
     if bp is not None:
@@ -191,24 +194,22 @@ def verdicts(plan: Plan, agg: dict[str, dict[str, Any]]) -> list[str]:
             diff = _cost_difference(a, b, agg["BP FedAvg, IID"], agg["BP FedAvg, Dirichlet 0.3"])
             if diff is None:
                 continue
-            mean, std = diff
-            verdict = ("does NOT reproduce (skew costs BAFFLE more than BP)" if mean > std else
-                       "consistent with the paper (skew costs BAFFLE less than BP)" if mean < -std else
-                       "consistent with the paper (the same cost within the spread)")  # fmt: skip
-            out.append(f"- {family} − BP: {mean * 100:+.2f} ± {std * 100:.2f} points → {verdict}.")
+            mean, std, (lo, hi) = statistics.mean(diff), statistics.stdev(diff), t_interval(diff)
+            verdict = ("does NOT reproduce (skew costs BAFFLE more than BP)" if lo > 0 else
+                       "consistent with the paper (skew costs BAFFLE less than BP)" if hi < 0 else
+                       "consistent with the paper (no difference resolved: the 95% interval holds 0)")  # fmt: skip
+            out.append(f"- {family} − BP: {mean * 100:+.2f} ± {std * 100:.2f} points (95% interval {lo * 100:+.1f} "
+                       f"to {hi * 100:+.1f}) → {verdict}.")  # fmt: skip
     return out
 
 
-def _cost_difference(zi: dict[str, Any], zd: dict[str, Any], bi: dict[str, Any], bd: dict[str, Any]) -> tuple[float, float] | None:
-    """Per seed, (ZO IID − ZO Dirichlet) − (BP IID − BP Dirichlet); mean and std over the common seeds."""
-    import statistics
-
+def _cost_difference(zi: dict[str, Any], zd: dict[str, Any], bi: dict[str, Any], bd: dict[str, Any]) -> list[float] | None:
+    """Per common seed, (ZO IID − ZO Dirichlet) − (BP IID − BP Dirichlet); None with fewer than 2 seeds."""
     by = [{r["seed"]: r["final_test_accuracy"] for r in x["runs"]} for x in (zi, zd, bi, bd)]
     seeds = sorted(set.intersection(*(set(v) for v in by)))
     if len(seeds) < 2:
         return None
-    diffs = [(by[0][s] - by[1][s]) - (by[2][s] - by[3][s]) for s in seeds]
-    return statistics.mean(diffs), statistics.stdev(diffs)
+    return [(by[0][s] - by[1][s]) - (by[2][s] - by[3][s]) for s in seeds]
 
 
 def intro(plan: Plan) -> str:

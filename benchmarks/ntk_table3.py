@@ -330,22 +330,23 @@ def table(plan: Plan, command: str) -> str:
 def _direction(label: str, d: dict[str, Any] | None, paper: str, want: str = "higher") -> str:
     if d is None:
         return f"- {label}: needs both rows on at least 2 common seeds."
-    ours = "higher" if d["mean"] > d["std"] else ("lower" if d["mean"] < -d["std"] else "noise")
-    verdict = "reproduces" if ours == want else ("not resolved (within spread)" if ours == "noise" else "does NOT reproduce")
+    ours = "higher" if d["lo"] > 0 else ("lower" if d["hi"] < 0 else "noise")
+    verdict = "reproduces" if ours == want else ("not resolved (the interval holds 0)" if ours == "noise" else "does NOT reproduce")
     return (f"- {label}: {d['mean'] * 100:+.2f} ± {d['std'] * 100:.2f} points over seeds {d['seeds']} "
-            f"(paper {paper}) → {verdict}.")  # fmt: skip
+            f"(95% interval {d['lo'] * 100:+.1f} to {d['hi'] * 100:+.1f}; paper {paper}) → {verdict}.")  # fmt: skip
 
 
 def verdicts(plan: Plan, agg: dict[str, dict[str, Any]]) -> list[str]:
     """Per-seed paired differences of the test accuracy at the round of best validation accuracy
-    (the honest analogue of the paper's "maximum accuracy"); a direction counts only when the mean
-    difference exceeds the std of the per-seed differences."""
+    (the honest analogue of the paper's "maximum accuracy"); a direction counts only when the 95%
+    t interval of the mean per-seed difference excludes 0 (:func:`fedge.bench.variants.t_interval`)."""
     key = "test_accuracy_at_best_val"
 
     def diff(a: str, b: str) -> dict[str, Any] | None:
         return paired_difference(agg[a], agg[b], key) if a in agg and b in agg else None
 
-    out = ["Directions (test accuracy at the best-validation round, per-seed paired differences, mean ± std):", ""]
+    out = ["Directions (test accuracy at the best-validation round, per-seed paired differences, mean ± std and "
+           "their 95% t interval; a direction counts only when the interval excludes 0):", ""]
     for opt in OPTIMIZERS:
         for k, paper_k in zip(plan.ks, (50, 100, 200), strict=True):
             a, b = f"{opt} NTK-BAFFLE K={k}", f"{opt} BAFFLE (dense) K={k}"
