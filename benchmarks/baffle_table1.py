@@ -19,10 +19,13 @@ Resumable across machines: every finished run writes its row, with its full conf
 ``benchmarks/results/baffle_table1/`` (commit it); rerunning the command reads those rows and
 runs only what is missing. Parallel workers: ``--shard 0/2`` and ``--shard 1/2`` in two
 processes (one torch thread and one core each: ``OMP_NUM_THREADS=1 taskset -c I``) split the runs;
-the lr screen is shared through the records.
+the lr screen is shared through the records. Runs unfinished when a machine goes are carried to
+the next one by ``--save-progress`` (into ``in-progress.tar.gz`` beside the records; commit it)
+and ``--restore-progress`` (before the workers start); ``--only LABEL[@SEED]`` picks the runs.
 
-    python benchmarks/baffle_table1.py [--shard I/N] [--out runs/bench-baffle-table1] [--docs docs/benchmarks.md]
+    python benchmarks/baffle_table1.py [--shard I/N] [--only LABEL[@SEED]] [--out runs/bench-baffle-table1] [--docs docs/benchmarks.md]
     python benchmarks/baffle_table1.py --table-only --docs docs/benchmarks.md   # tabulate what is recorded
+    python benchmarks/baffle_table1.py --save-progress      # pack the unfinished runs (commit it); --restore-progress unpacks
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any
 
 from fedge.bench.docs import publish
 from fedge.bench.screened import per_seed_cell, recorded_screen, recorded_seeded, when_picked
-from fedge.bench.script import parse_reproduction_args, reproduction_parser
+from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser
 from fedge.bench.variants import paired_difference, pick_by_validation, recorded, run_screened, run_seeded_variants
 
 BASE = "baffle-fmnist-lenet"
@@ -120,10 +123,10 @@ def picks(screen: dict[str, Any]) -> tuple[float, float] | None:
 PROBE = [*PROTOCOL, "seed=0", "rounds=1", "clients.per_round=1", "measure.flops=true"]  # one client's metered round
 
 
-def run_all(shard: int, shards: int, out: Path, *, k500: bool) -> None:
+def run_all(shard: int, shards: int, out: Path, *, k500: bool, only: list[tuple[str, int | None]] | None = None) -> None:
     main = when_picked(picks, lambda chosen: main_variants(*chosen, k500=k500))
     run_screened(BASE, screen_variants(), main, screen_common=screen_common(), protocol=PROTOCOL, seeds=SEEDS,
-                 records=RECORDS, out=out, shard=shard, shards=shards, probe_common=PROBE)  # fmt: skip
+                 records=RECORDS, out=out, shard=shard, shards=shards, probe_common=PROBE, only=only or ())  # fmt: skip
 
 
 def read_screen() -> dict[str, Any]:
@@ -243,10 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k500", action="store_true", help="also K = 500 (about 2.5 CPU-hours a seed)")
     ap.add_argument("--context", action="store_true", help="run only the context rows for BP (what caps it here)")
     args, shard, shards = parse_reproduction_args(ap, argv)
+    if progress_action(args, RECORDS):
+        return 0
     if args.context and not args.table_only:
         run_context(Path(args.out))
     elif not args.table_only:
-        run_all(shard, shards, Path(args.out), k500=args.k500)
+        run_all(shard, shards, Path(args.out), k500=args.k500, only=args.only)
     text = table("python benchmarks/baffle_table1.py" + (" --k500" if args.k500 else ""), k500=args.k500)
     publish(text, args.docs, "baffle-table1", "BAFFLE Table 1 analogue (3 seeds, validation-tuned)")
     return 0

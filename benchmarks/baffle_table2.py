@@ -42,7 +42,7 @@ from typing import Any
 
 from fedge.bench.docs import publish
 from fedge.bench.screened import per_seed_cell, read_plan_screen, recorded_seeded, run_plan, when_picked
-from fedge.bench.script import parse_reproduction_args, reproduction_parser
+from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser
 from fedge.bench.variants import paired_difference, pick_by_validation, t_interval
 
 BASE = "baffle-fmnist-lenet"
@@ -125,9 +125,9 @@ def read_screen(plan: Plan) -> dict[str, Any]:
     return read_plan_screen(BASE, plan, screen_variants(plan))
 
 
-def run_all(plan: Plan, shard: int, shards: int, out: Path) -> None:
+def run_all(plan: Plan, shard: int, shards: int, out: Path, only: list[tuple[str, int | None]] | None = None) -> None:
     main = when_picked(lambda screen: picks(plan, screen), lambda chosen: main_variants(plan, chosen))
-    run_plan(BASE, plan, screen_variants(plan), main, out=out, shard=shard, shards=shards)
+    run_plan(BASE, plan, screen_variants(plan), main, out=out, shard=shard, shards=shards, only=only or ())
 
 
 def table(plan: Plan, command: str) -> str:
@@ -232,8 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k500", action="store_true", help="also K = 500 (about 2.5 CPU-hours a seed and partition)")
     args, shard, shards = parse_reproduction_args(ap, argv)
     plan = smoke_plan(Path(args.out)) if args.smoke else Plan(ks=(100, 200, 500) if args.k500 else (100, 200))
+    if progress_action(args, plan.records):
+        return 0
     if not args.table_only:
-        run_all(plan, shard, shards, Path(args.out))
+        run_all(plan, shard, shards, Path(args.out), only=args.only)
     text = table(plan, "python benchmarks/baffle_table2.py" + (" --k500" if args.k500 else "") + (" --smoke" if args.smoke else ""))
     publish(text, args.docs, "baffle-table2", "BAFFLE Table 2 analogue (matched IID, 3 seeds, validation-tuned)")
     return 0

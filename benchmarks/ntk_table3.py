@@ -58,7 +58,7 @@ from typing import Any
 
 from fedge.bench.docs import publish
 from fedge.bench.screened import per_seed_cell, read_plan_screen, recorded_seeded, run_plan, when_picked
-from fedge.bench.script import parse_reproduction_args, reproduction_parser
+from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser
 from fedge.bench.variants import paired_difference, pick_by_validation, recorded
 
 BASE = "ntk-baffle-fmnist-lenet"
@@ -271,10 +271,10 @@ def read_screen(plan: Plan) -> dict[str, Any]:
     return read_plan_screen(BASE, plan, screen_variants(plan))
 
 
-def run_all(plan: Plan, shard: int, shards: int, out: Path) -> None:
+def run_all(plan: Plan, shard: int, shards: int, out: Path, only: list[tuple[str, int | None]] | None = None) -> None:
     main = when_picked(lambda screen: picks(plan, screen), lambda chosen: main_variants(plan, chosen))
     run_plan(BASE, plan, screen_variants(plan), main, out=out, shard=shard, shards=shards,
-             probe_common=plan.probe_common())  # fmt: skip
+             probe_common=plan.probe_common(), only=only or ())  # fmt: skip
     if shard == 0 and plan.quality and not (plan.records / "estimate_quality.json").exists():
         plan.records.mkdir(parents=True, exist_ok=True)  # deterministic, a few CPU-minutes: recorded with the runs
         (plan.records / "estimate_quality.json").write_text(json.dumps(estimate_quality(), indent=1) + "\n")
@@ -384,8 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     args, shard, shards = parse_reproduction_args(ap, argv)
     plan = smoke_plan(Path(args.out)) if args.smoke else Plan()
     plan = dataclasses.replace(plan, adam_all=args.adam_all)
+    if progress_action(args, plan.records):
+        return 0
     if not args.table_only:
-        run_all(plan, shard, shards, Path(args.out))
+        run_all(plan, shard, shards, Path(args.out), only=args.only)
     flags = (" --adam-all" if args.adam_all else "") + (" --smoke" if args.smoke else "")
     text = table(plan, "python benchmarks/ntk_table3.py" + flags)
     publish(text, args.docs, "ntk-table3", "NTK-BAFFLE Table 3 analogue (paper's recipe, 3 seeds, validation-tuned)")

@@ -12,3 +12,22 @@ def metrics_without_wall(run_dir: str | Path) -> list[dict]:
     """metrics.jsonl of a run, minus wall-clock fields (which legitimately differ)."""
     lines = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]
     return [{k: v for k, v in line.items() if k not in WALL_KEYS} for line in lines]
+
+
+_UNFINISHED_COMMON = ["eval_every=1", "clients.num=4", "clients.per_round=2", "threads=1"]
+
+
+def unfinished_run(path: Path, rounds: int, seed: int = 0) -> Path:
+    """A run of ``rounds + 2`` rounds stopped after ``rounds``: run that far, then widen its
+    config the way a killed run looks (incomplete, checkpoint at ``rounds``)."""
+    from fedge.core.config import load_config
+    from fedge.experiment.run import run_experiment
+
+    overrides = [*_UNFINISHED_COMMON, f"rounds={rounds}", f"seed={seed}"]
+    run_experiment(load_config("quickstart", overrides=overrides), out=path, render=False)
+    (path / "summary.json").unlink()
+    for name in ("config.yaml", ".fedge-config.json"):
+        text = (path / name).read_text()
+        (path / name).write_text(text.replace(f"rounds: {rounds}\n", f"rounds: {rounds + 2}\n")
+                                 .replace(f'"rounds": {rounds},', f'"rounds": {rounds + 2},'))  # fmt: skip
+    return path

@@ -9,7 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from fedge.bench.script import parse_reproduction_args, parse_shard, reproduction_parser, runs_parser, script_command
+from fedge.bench.script import (
+    parse_only,
+    parse_reproduction_args,
+    parse_shard,
+    progress_action,
+    reproduction_parser,
+    runs_parser,
+    script_command,
+)
+from tests_helpers import unfinished_run
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -32,14 +41,44 @@ def test_parser_has_the_shared_flags_and_the_scripts_own():
 
 
 @pytest.mark.parametrize(
+    ("text", "expected"),
+    [("BAFFLE K=200", ("BAFFLE K=200", None)), ("BAFFLE K=200@2", ("BAFFLE K=200", 2)), ("a@b@3", ("a@b", 3)),
+     ("K=200@two", None), ("@1", None), ("K@", None), ("", None)],
+)  # fmt: skip
+def test_parse_only(text, expected):
+    assert parse_only(text) == expected
+
+
+def test_only_arrives_as_label_seed_pairs():
+    args, _, _ = parse_reproduction_args(reproduction_parser("d", out="o"), ["--only", "K=100 SELU@2", "--only", "BP FedAvg"])
+    assert args.only == [("K=100 SELU", 2), ("BP FedAvg", None)]
+
+
+@pytest.mark.parametrize(
     ("argv", "message"),
     [(["--shard", "2/2"], "--shard '2/2': expected I/N with 0 <= I < N"),
-     (["--smoke", "--docs", "docs/benchmarks.md"], "--smoke writes no docs: drop --docs")],
+     (["--smoke", "--docs", "docs/benchmarks.md"], "--smoke writes no docs: drop --docs"),
+     (["--only", "K=200@two"], "--only 'K=200@two': expected a variant's label, or LABEL@SEED"),
+     (["--table-only", "--save-progress"], "--table-only and --save-progress exclude each other"),
+     (["--save-progress", "--restore-progress"], "--save-progress and --restore-progress exclude each other")],
 )  # fmt: skip
 def test_bad_arguments_exit_2_with_the_fix(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         parse_reproduction_args(reproduction_parser("doc", out="o"), argv)
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_progress_flags_save_then_restore_through_the_records_folder(tmp_path, capsys):
+    out, records = tmp_path / "runs", tmp_path / "records"
+    unfinished_run(out / "seed-0" / "a", 1)
+    args, _, _ = parse_reproduction_args(reproduction_parser("d", out=str(out)), ["--save-progress"])
+    assert progress_action(args, records) and (records / "in-progress.tar.gz").exists()
+    assert "seed-0/a (round 1)" in capsys.readouterr().out
+    fresh = tmp_path / "fresh"
+    args, _, _ = parse_reproduction_args(reproduction_parser("d", out=str(fresh)), ["--restore-progress"])
+    assert progress_action(args, records) and (fresh / "seed-0" / "a" / "checkpoint.pt").exists()
+    assert f"restored under {fresh}: seed-0/a (round 1)" in capsys.readouterr().out
+    assert not progress_action(parse_reproduction_args(reproduction_parser("d", out="o"), [])[0], records)
 
 
 def _script(name: str):

@@ -203,3 +203,21 @@ def test_run_screened_picks_on_validation_and_shards_split_the_runs(tmp_path):
     with pytest.raises(ConfigError, match="shard 2 of 2"):
         worker(2, 2, tmp_path / "bad")
 
+
+
+def test_run_screened_only_runs_the_named_variants_and_seeds(tmp_path):
+    from fedge.bench.variants import run_screened
+
+    screen = {"lr=0.1": ["method.client_optimizer.lr=0.1"]}
+    variants = {"a": ["method.client_optimizer.lr=0.1"], "b": ["method.client_optimizer.lr=0.1", "method.local_epochs=1"]}
+
+    def run(only, records):
+        run_screened("quickstart", screen, lambda rep: variants if rep["results"] else None, screen_common=[*COMMON, "rounds=1"],
+                     protocol=[*COMMON, "rounds=1"], seeds=(0, 1), records=records, out=tmp_path / "runs", only=only,
+                     poll_s=0.1)  # fmt: skip
+
+    run([("b", 1), ("a", None)], tmp_path / "rec")
+    files = sorted(p.relative_to(tmp_path / "rec").as_posix() for p in (tmp_path / "rec").rglob("*.json"))
+    assert files == ["screen/lr=0.1.json", "seed-0/a.json", "seed-1/a.json", "seed-1/b.json"]
+    with pytest.raises(ConfigError, match=r"--only \['c'\]: not a variant of this table; expected one of \['a', 'b'\]"):
+        run([("c", None)], tmp_path / "rec")

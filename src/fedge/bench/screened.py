@@ -82,11 +82,13 @@ def run_plan(
     shard: int,
     shards: int,
     probe_common: list[str] | None = None,
+    only: Sequence[tuple[str, int | None]] = (),
 ) -> None:
     """:func:`fedge.bench.variants.run_screened` of ``plan``: its screen overrides, protocol,
-    seeds and records, worker ``shard`` of ``shards``."""
+    seeds and records, worker ``shard`` of ``shards``, the runs ``only`` names (all when empty)."""
     run_screened(base, screen, main, screen_common=plan.screen_common(), protocol=plan.protocol(), seeds=plan.seeds,
-                 records=plan.records, out=out, shard=shard, shards=shards, probe_common=probe_common)  # fmt: skip
+                 records=plan.records, out=out, shard=shard, shards=shards, probe_common=probe_common,
+                 only=only)  # fmt: skip
 
 
 def read_plan_screen(base: str, plan: Plan, screen: dict[str, list[str]]) -> dict[str, Any]:

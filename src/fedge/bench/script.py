@@ -33,8 +33,10 @@ __all__ = [
     "measurement_parser",
     "measurement_settings",
     "parse_reproduction_args",
+    "parse_only",
     "parse_settings",
     "parse_shard",
+    "progress_action",
     "report_and_document",
     "reproduction_parser",
     "runs_parser",
@@ -87,10 +89,18 @@ def report_and_document(
 
 def reproduction_parser(description: str | None, *, out: str, smoke: bool = True) -> argparse.ArgumentParser:
     """The flags every reproduction script shares: ``--out``, ``--docs``, ``--shard I/N``,
-    ``--table-only`` and (with ``smoke``) ``--smoke``."""
+    ``--only LABEL[@SEED]``, ``--table-only``, ``--save-progress``, ``--restore-progress`` and
+    (with ``smoke``) ``--smoke``."""
     ap = runs_parser(description, out=out)
     ap.add_argument("--shard", default="0/1", help="I/N: run every N-th run starting at I (parallel workers)")
+    ap.add_argument("--only", action="append", default=[], metavar="LABEL[@SEED]",
+                    help="run only this variant (every seed, or the one after @); repeatable. Sends chosen "
+                         "runs to a given machine or core; the screen still runs first")  # fmt: skip
     ap.add_argument("--table-only", action="store_true", help="tabulate the recorded runs, run nothing")
+    ap.add_argument("--save-progress", action="store_true",
+                    help="pack the unfinished runs under --out into the records folder (commit it), run nothing")  # fmt: skip
+    ap.add_argument("--restore-progress", action="store_true",
+                    help="unpack the records folder's unfinished runs under --out (before starting workers), run nothing")  # fmt: skip
     if smoke:
         ap.add_argument("--smoke", action="store_true", help="a tiny protocol (seconds), recorded under --out, never the docs")
     return ap
@@ -117,9 +127,48 @@ def parse_reproduction_args(ap: argparse.ArgumentParser, argv: Sequence[str] | N
         ap.error(f"--shard {args.shard!r}: expected I/N with 0 <= I < N, e.g. 0/2")
     if getattr(args, "smoke", False) and args.docs:
         ap.error("--smoke writes no docs: drop --docs")
+    actions = [f for f in ("table_only", "save_progress", "restore_progress") if getattr(args, f, False)]
+    if len(actions) > 1:
+        ap.error(f"{' and '.join('--' + a.replace('_', '-') for a in actions)} exclude each other: give one")
+    if hasattr(args, "only"):  # as (label, seed or None) pairs
+        parsed_only = [parse_only(item) for item in args.only]
+        for item, pair in zip(args.only, parsed_only, strict=True):
+            if pair is None:
+                ap.error(f"--only {item!r}: expected a variant's label, or LABEL@SEED with a whole-number seed")
+        args.only = parsed_only
     if parsed[1] > 1 and not args.table_only:
         warn_unpinned_shard(parsed[0])
     return args, parsed[0], parsed[1]
+
+
+def parse_only(text: str) -> tuple[str, int | None] | None:
+    """``--only`` as ``(label, seed)``: ``LABEL`` (every seed) or ``LABEL@SEED``; None when the
+    seed is not a whole number or the label is empty.
+
+    >>> parse_only("BAFFLE K=200"), parse_only("BAFFLE K=200@2"), parse_only("K=200@two")
+    (('BAFFLE K=200', None), ('BAFFLE K=200', 2), None)
+    """
+    label, at, seed = text.rpartition("@") if "@" in text else (text, "", "")
+    if not label.strip() or (at and not seed.strip().isdigit()):
+        return None
+    return label, int(seed) if at else None
+
+
+def progress_action(args: argparse.Namespace, records: str | Path) -> bool:
+    """Carry out ``--save-progress`` / ``--restore-progress`` (:mod:`fedge.bench.progress`) with the
+    archive in ``records``, print what moved, and return True; False when neither was given."""
+    from fedge.bench.progress import ARCHIVE, restore_progress, save_progress
+
+    archive = Path(records) / ARCHIVE
+    if getattr(args, "save_progress", False):
+        held = save_progress(args.out, archive)
+        print(f"{archive}: " + (", ".join(f"{p.run} (round {p.rounds})" for p in held) if held else "nothing in progress (removed)"))
+        return True
+    if getattr(args, "restore_progress", False):
+        restored = restore_progress(archive, args.out)
+        print(f"restored under {args.out}: " + (", ".join(f"{p.run} (round {p.rounds})" for p in restored) or "nothing newer"))
+        return True
+    return False
 
 
 def warn_unpinned_shard(shard: int) -> None:

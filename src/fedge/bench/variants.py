@@ -394,6 +394,7 @@ def run_screened(
     shards: int = 1,
     probe_common: list[str] | None = None,
     poll_s: float = 30.0,
+    only: Sequence[tuple[str, int | None]] = (),
 ) -> dict[str, list[str]]:
     """Run a paper table the way a reviewer accepts it, resumably and in parallel workers.
 
@@ -404,9 +405,11 @@ def run_screened(
        once more under it (e.g. one metered round) after its first seed.
 
     Worker ``shard`` of ``shards`` takes every ``shards``-th run of each list (start ``shards``
-    processes with one torch thread each). Finished runs are recorded under ``records``
-    (``screen/``, ``seed-S/``, ``probe/``) and read back instead of rerun, on any machine.
-    Returns the main variants."""
+    processes with one torch thread each). ``only``: (label, seed or None for every seed) pairs
+    that restrict step 3 to those runs (before sharding), to send chosen runs to a machine; an
+    unknown label is an error naming the table's labels. Finished runs are recorded under
+    ``records`` (``screen/``, ``seed-S/``, ``probe/``) and read back instead of rerun, on any
+    machine. Returns the main variants."""
     if not 0 <= shard < shards:
         raise ConfigError(f"shard {shard} of {shards}: expected 0 <= shard < shards, e.g. --shard 0/2")
     root, out = Path(records), Path(out)
@@ -415,7 +418,11 @@ def run_screened(
             run_variants(base, {label: screen[label]}, out_root=out / "screen", common=screen_common, records=root / "screen")
     while (variants := main(recorded(base, screen, common=screen_common, records=root / "screen"))) is None:
         time.sleep(poll_s)  # another worker is still screening
-    tasks = [(label, seed) for label in variants for seed in seeds]
+    unknown = sorted({label for label, _ in only if label not in variants})
+    if unknown:
+        raise ConfigError(f"--only {unknown}: not a variant of this table; expected one of {list(variants)}")
+    tasks = [(label, seed) for label in variants for seed in seeds
+             if not only or any(label == o and s in (None, seed) for o, s in only)]  # fmt: skip
     for i, (label, seed) in enumerate(tasks):
         if i % shards != shard:
             continue

@@ -1,0 +1,175 @@
+"""Unfinished reproduction runs carried from one machine to the next.
+
+A reproduction's finished runs are recorded beside its script (``benchmarks/results/<table>/``,
+committed), but a run still going when a session ends lives only in its run directory under
+``--out``, which the next machine does not have: its rounds would be paid for again (a K = 200
+seed of BAFFLE Table 1 is hours of CPU). :func:`save_progress` packs the checkpoints of every
+unfinished run under ``--out`` into one archive beside the records (commit it with them);
+:func:`restore_progress` puts them back under ``--out`` on the next machine, where the script
+resumes each run from its last completed round.
+
+A resumed run is the same run: every random draw derives from (seed, purpose, round, client),
+so on the same software it equals an uninterrupted one; on another CPU or torch build only
+float roundoff can differ from there on.
+
+Both are whole-archive operations meant for a quiet moment: restore *before* the workers start
+(a worker already running a restored run would be overwritten), save at any time (a run is
+copied checkpoint first, and its metrics are appended before its checkpoint is replaced, so the
+copy never holds a checkpoint newer than its metrics).
+
+    python benchmarks/baffle_table1.py --restore-progress       # on the new machine, first
+    ... the workers run ...
+    python benchmarks/baffle_table1.py --save-progress          # before the session ends; commit
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedge.core.errors import ConfigError
+from fedge.experiment.rundir import CHECKPOINT, CONFIG, RunDir
+
+__all__ = ["ARCHIVE", "Progress", "restore_progress", "save_progress", "unfinished_runs"]
+
+ARCHIVE = "in-progress.tar.gz"  # its name in a reproduction's records folder
+_INDEX = "in-progress.json"  # inside the archive: {run path: completed rounds}
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One unfinished run: its directory relative to ``--out`` and its completed rounds."""
+
+    run: str
+    rounds: int
+
+
+def _rounds_done(run_dir: Path) -> int:
+    """Rounds of the run's last checkpoint (0 when it has none yet)."""
+    state = RunDir(run_dir).load_checkpoint()
+    return 0 if state is None else int(state["record"]["round"])
+
+
+def unfinished_runs(out: str | Path) -> list[Progress]:
+    """Every run directory under ``out`` that holds a checkpoint and is not complete, sorted."""
+    root = Path(out)
+    if not root.is_dir():
+        return []
+    found = []
+    for ck in root.rglob(CHECKPOINT):
+        run_dir = ck.parent
+        if (run_dir / CONFIG).is_file() and not RunDir(run_dir).is_complete():
+            found.append(Progress(run_dir.relative_to(root).as_posix(), _rounds_done(run_dir)))
+    return sorted(found, key=lambda p: p.run)
+
+
+def _read_archive(archive: Path) -> tuple[dict[str, int], tarfile.TarFile | None]:
+    if not archive.exists():
+        return {}, None
+    try:
+        tar = tarfile.open(archive, "r:gz")
+        member = tar.extractfile(_INDEX)
+        index = json.loads(member.read()) if member is not None else None
+    except (tarfile.TarError, KeyError, OSError, ValueError) as exc:
+        raise ConfigError(
+            f"progress archive {str(archive)!r} is unreadable ({exc.__class__.__name__}: {exc}); "
+            "restore it from git (git checkout -- PATH) or delete it to start those runs afresh"
+        ) from None
+    if not isinstance(index, dict):
+        raise ConfigError(f"progress archive {str(archive)!r} has no {_INDEX} index; delete it or restore it from git")
+    return {str(k): int(v) for k, v in index.items()}, tar
+
+
+def _add_run(tar: tarfile.TarFile, run_dir: Path, name: str) -> None:
+    """The run's files under ``name/``: the checkpoint first (see the module docstring), no temporaries."""
+    files = sorted(p for p in run_dir.iterdir() if p.is_file() and not p.name.endswith(".tmp"))
+    for path in sorted(files, key=lambda p: p.name != CHECKPOINT):
+        tar.add(path, arcname=f"{name}/{path.name}")
+
+
+def save_progress(out: str | Path, archive: str | Path) -> list[Progress]:
+    """Pack the unfinished runs under ``out`` into ``archive`` (written whole, then renamed).
+
+    The archive's earlier runs are merged, never silently lost: a run kept there that is further
+    along than (or absent from) ``out`` stays as it was; a run that is complete under ``out``
+    leaves the archive (its record carries it now). With nothing left to carry the archive is
+    removed. Returns what the archive now holds."""
+    root, archive = Path(out), Path(archive)
+    old, old_tar = _read_archive(archive)
+    local = {p.run: p.rounds for p in unfinished_runs(root)}
+    complete = {run for run in old if RunDir(root / run).is_complete()}
+    keep_old = {run: r for run, r in old.items() if run not in complete and r > local.get(run, -1)}
+    take_local = {run: r for run, r in local.items() if run not in keep_old}
+    held = [Progress(run, r) for run, r in sorted({**keep_old, **take_local}.items())]
+    try:
+        if not held:
+            archive.unlink(missing_ok=True)
+            return []
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=archive.name + ".", suffix=".tmp", dir=archive.parent)
+        try:
+            with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w:gz") as tar:
+                index = json.dumps({p.run: p.rounds for p in held}, indent=1, sort_keys=True).encode()
+                info = tarfile.TarInfo(_INDEX)
+                info.size = len(index)
+                tar.addfile(info, io.BytesIO(index))
+                for run in sorted(take_local):
+                    _add_run(tar, root / run, run)
+                if old_tar is not None:
+                    for member in old_tar.getmembers():
+                        if _run_of(member.name, keep_old) is not None:
+                            tar.addfile(member, old_tar.extractfile(member))
+            os.chmod(tmp, 0o644)  # mkstemp makes it private; an archive to commit is not
+            os.replace(tmp, archive)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    finally:
+        if old_tar is not None:
+            old_tar.close()
+    return held
+
+
+def _run_of(name: str, runs: dict[str, int]) -> str | None:
+    """The run (a key of ``runs``) that archive member ``name`` belongs to, if any."""
+    parent = name.rsplit("/", 1)[0] if "/" in name else ""
+    return parent if parent in runs else None
+
+
+def restore_progress(archive: str | Path, out: str | Path) -> list[Progress]:
+    """Put the archive's runs back under ``out`` where that moves them forward: a run missing
+    there, or unfinished there with fewer rounds, is replaced by the archive's copy (unpacked
+    beside it, then swapped in); a complete run or one as far along is left alone. Members that
+    would land outside ``out`` (absolute paths, ``..``, links) are refused. Returns what was
+    restored."""
+    root, archive = Path(out), Path(archive)
+    index, tar = _read_archive(archive)
+    if tar is None:
+        return []
+    restored = []
+    with tar:
+        for run, rounds in sorted(index.items()):
+            target = root / run
+            if RunDir(target).is_complete() or (target.exists() and _rounds_done(target) >= rounds):
+                continue
+            members = [m for m in tar.getmembers() if _run_of(m.name, {run: rounds}) is not None]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=".restore-", dir=target.parent))
+            try:
+                try:
+                    tar.extractall(staging, members=members, filter="data")
+                except tarfile.FilterError as exc:
+                    raise ConfigError(f"progress archive {str(archive)!r} holds an unsafe member ({exc}); delete it") from None
+                if target.exists():
+                    shutil.rmtree(target)
+                (staging / run).rename(target)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            restored.append(Progress(run, rounds))
+    return restored

@@ -1,0 +1,84 @@
+"""Unfinished runs carried between machines: packed, merged, restored, and resumed to the same numbers."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tarfile
+
+import pytest
+
+from fedge.bench.progress import restore_progress, save_progress, unfinished_runs
+from fedge.core.errors import ConfigError
+from fedge.experiment.run import resume_experiment
+from tests_helpers import unfinished_run
+
+
+def _accuracies(path):
+    return [json.loads(line)["test_accuracy"] for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_restored_run_resumes_to_the_numbers_of_the_original(tmp_path):
+    here, there = tmp_path / "here", tmp_path / "there"
+    unfinished_run(here / "seed-0" / "a", 1)
+    archive = tmp_path / "rec" / "in-progress.tar.gz"
+    held = save_progress(here, archive)
+    assert [(p.run, p.rounds) for p in held] == [("seed-0/a", 1)]
+    assert [(p.run, p.rounds) for p in restore_progress(archive, there)] == [("seed-0/a", 1)]
+    assert restore_progress(archive, there) == []  # nothing newer the second time
+    for root in (here, there):
+        resume_experiment(root / "seed-0" / "a", render=False)
+    assert _accuracies(there / "seed-0" / "a") == _accuracies(here / "seed-0" / "a")
+    assert len(_accuracies(here / "seed-0" / "a")) == 3
+    assert unfinished_runs(there) == []
+    assert save_progress(there, archive) == [] and not archive.exists()  # complete here: the archive has nothing to carry
+
+
+def test_saving_merges_with_the_archive_and_never_loses_a_further_run(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    archive = tmp_path / "in-progress.tar.gz"
+    unfinished_run(a / "x", 2)
+    save_progress(a, archive)
+    unfinished_run(b / "x", 1)  # behind the archive's copy of x
+    unfinished_run(b / "y", 1, seed=1)
+    held = {p.run: p.rounds for p in save_progress(b, archive)}
+    assert held == {"x": 2, "y": 1}
+    fresh = tmp_path / "fresh"
+    save_progress(fresh, archive)  # an empty --out (a new machine) keeps everything
+    assert {p.run: p.rounds for p in restore_progress(archive, fresh)} == {"x": 2, "y": 1}
+    assert {p.run: p.rounds for p in restore_progress(archive, b)} == {"x": 2}  # b's x moved forward, y as far
+    resume_experiment(b / "x", render=False)
+    assert {p.run: p.rounds for p in save_progress(b, archive)} == {"y": 1}  # x complete in b: its record carries it
+
+
+def test_restore_leaves_a_complete_or_further_run_alone(tmp_path):
+    archive = tmp_path / "in-progress.tar.gz"
+    unfinished_run(tmp_path / "old" / "x", 1)
+    save_progress(tmp_path / "old", archive)
+    ahead = unfinished_run(tmp_path / "new" / "x", 2)
+    before = (ahead / "checkpoint.pt").read_bytes()
+    assert restore_progress(archive, tmp_path / "new") == []
+    assert (ahead / "checkpoint.pt").read_bytes() == before
+    resume_experiment(ahead, render=False)
+    assert restore_progress(archive, tmp_path / "new") == []
+
+
+def test_a_damaged_or_unsafe_archive_is_refused_with_the_fix(tmp_path):
+    bad = tmp_path / "in-progress.tar.gz"
+    bad.write_bytes(b"not a tar")
+    with pytest.raises(ConfigError, match="unreadable.*restore it from git"):
+        restore_progress(bad, tmp_path / "out")
+    with pytest.raises(ConfigError, match="unreadable"):
+        save_progress(tmp_path / "out", bad)
+    assert bad.read_bytes() == b"not a tar"  # a refused save changes nothing
+    evil = tmp_path / "evil.tar.gz"
+    with tarfile.open(evil, "w:gz") as tar:
+        for name, data in (("in-progress.json", b'{"../escape": 1}'), ("../escape/checkpoint.pt", b"x")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(ConfigError, match="unsafe member"):
+        restore_progress(evil, tmp_path / "out")
+    assert not (tmp_path / "escape").exists()
+    shutil.rmtree(tmp_path / "out", ignore_errors=True)
