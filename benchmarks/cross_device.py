@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import sys
 
 from fedge.bench.docs import update_section
+from fedge.bench.script import script_command
 from fedge.bench.variants import run_variants
 
 BASE = "cross-device-synthetic"
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         "from 100 devices of the population. One process, one thread. Peak RSS of the whole script:",
         f"{peak_mb:.0f} MB.",
         "",
-        f"Command: `python benchmarks/cross_device.py {' '.join(sys.argv[1:])}`",
+        f"Command: `{script_command(__file__, argv)}`",
         "",
         *rows,
         "",

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 from fedge.bench.docs import update_section
+from fedge.bench.script import script_command
 from fedge.core.config import load_config
 from fedge.experiment.flower import loopback, submit
 from fedge.experiment.run import run_experiment
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             ratio = "—" if fl[0] is None else f"{fl[0] / x['bytes_down']:.4f}, {fl[1] / x['bytes_up']:.3f}"
             rows.append(f"| {name} | {x['round']} | {x['test_accuracy']:.4f} | {x['bytes_down']:,} / {x['bytes_up']:,} | "
                         f"{wire} | {ratio} | {x['wall_s']:.1f} |")
-    command = "python benchmarks/flower_deploy_baffle.py " + " ".join(sys.argv[1:])
+    command = script_command(__file__, argv)
     body = "\n".join([
         f"One SuperLink and {NODES} SuperNodes as separate processes on 127.0.0.1 (`fedge.experiment.flower.loopback`), "
         f"`baffle-fmnist-lenet` in batch mode (K = 100 loss differences up, secure aggregation on: its four exchanges a "

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from zo_forwards_to_accuracy import BASE, COMMON, SEEDS, TARGET_ROUND
 
 from fedge.bench.docs import update_section
+from fedge.bench.script import script_command
 from fedge.bench.variants import run_variants
 
 RECORDS = Path(__file__).resolve().parent / "results" / "zo_bytes"
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     body = "\n".join(out)
     print(body)
     if args.docs:
-        command = "python benchmarks/zo_bytes_to_accuracy.py " + " ".join(sys.argv[1:])
+        command = script_command(__file__, argv)
         intro = "\n\n".join((__doc__ or "").split("\n\n")[:3]).strip()
         update_section(args.docs, "zo-bytes-to-accuracy", "Zeroth-order bytes to accuracy: model vs seeds downlink",
                        f"{intro}\n\nCommand: `{command.strip()}`\n\n{body}")  # fmt: skip

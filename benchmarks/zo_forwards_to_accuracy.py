@@ -35,7 +35,6 @@ import argparse
 import gzip
 import json
 import math
-import sys
 import warnings
 from pathlib import Path
 
@@ -43,6 +42,7 @@ import numpy as np
 import torch
 
 from fedge.bench.docs import update_section
+from fedge.bench.script import script_command
 from fedge.bench.variants import run_variants
 
 BASE = "baffle-fmnist-lenet"
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     (out / "table.md").write_text(body + "\n")
     if args.docs:
-        command = "python benchmarks/zo_forwards_to_accuracy.py " + " ".join(sys.argv[1:])
+        command = script_command(__file__, argv)
         intro = "\n\n".join((__doc__ or "").split("\n\n")[2:4]).strip()
         update_section(args.docs, "zo-forwards-to-accuracy", "Zeroth-order forwards to accuracy",
                        f"{intro}\n\nCommand: `{command}`\n\n{body}")  # fmt: skip
