@@ -35,7 +35,7 @@ from typing import Any
 
 from fedge.bench.docs import publish
 from fedge.bench.screened import per_seed_cell, recorded_screen, recorded_seeded, when_picked
-from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser
+from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
 from fedge.bench.variants import paired_difference, pick_by_validation, recorded, run_screened, run_seeded_variants
 
 BASE = "baffle-fmnist-lenet"
@@ -257,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.context and not args.table_only:
         run_context(Path(args.out))
     elif not args.table_only:
-        run_all(shard, shards, Path(args.out), k500=args.k500, only=args.only)
+        with usage_errors(ap):
+            run_all(shard, shards, Path(args.out), k500=args.k500, only=args.only)
     text = table("python benchmarks/baffle_table1.py" + (" --k500" if args.k500 else ""), k500=args.k500)
     publish(text, args.docs, "baffle-table1", "BAFFLE Table 1 analogue (3 seeds, validation-tuned)")
     return 0

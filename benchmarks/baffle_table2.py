@@ -42,7 +42,7 @@ from typing import Any
 
 from fedge.bench.docs import publish
 from fedge.bench.screened import per_seed_cell, read_plan_screen, recorded_seeded, run_plan, when_picked
-from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser
+from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
 from fedge.bench.variants import paired_difference, pick_by_validation, t_interval
 
 BASE = "baffle-fmnist-lenet"
@@ -235,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     if progress_action(args, plan.records):
         return 0
     if not args.table_only:
-        run_all(plan, shard, shards, Path(args.out), only=args.only)
+        with usage_errors(ap):
+            run_all(plan, shard, shards, Path(args.out), only=args.only)
     text = table(plan, "python benchmarks/baffle_table2.py" + (" --k500" if args.k500 else "") + (" --smoke" if args.smoke else ""))
     publish(text, args.docs, "baffle-table2", "BAFFLE Table 2 analogue (matched IID, 3 seeds, validation-tuned)")
     return 0

@@ -58,7 +58,7 @@ from typing import Any
 
 from fedge.bench.docs import publish
 from fedge.bench.screened import per_seed_cell, read_plan_screen, recorded_seeded, run_plan, when_picked
-from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser
+from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
 from fedge.bench.variants import paired_difference, pick_by_validation, recorded
 
 BASE = "ntk-baffle-fmnist-lenet"
@@ -387,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     if progress_action(args, plan.records):
         return 0
     if not args.table_only:
-        run_all(plan, shard, shards, Path(args.out), only=args.only)
+        with usage_errors(ap):
+            run_all(plan, shard, shards, Path(args.out), only=args.only)
     flags = (" --adam-all" if args.adam_all else "") + (" --smoke" if args.smoke else "")
     text = table(plan, "python benchmarks/ntk_table3.py" + flags)
     publish(text, args.docs, "ntk-table3", "NTK-BAFFLE Table 3 analogue (paper's recipe, 3 seeds, validation-tuned)")

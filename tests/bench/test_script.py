@@ -17,6 +17,7 @@ from fedge.bench.script import (
     reproduction_parser,
     runs_parser,
     script_command,
+    usage_errors,
 )
 from tests_helpers import unfinished_run
 
@@ -66,6 +67,17 @@ def test_bad_arguments_exit_2_with_the_fix(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         parse_reproduction_args(reproduction_parser("doc", out="o"), argv)
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_config_error_inside_usage_errors_exits_2_with_its_line(capsys):
+    from fedge.core.errors import ConfigError
+
+    ap = reproduction_parser("doc", out="o")
+    with pytest.raises(SystemExit) as exc, usage_errors(ap):
+        raise ConfigError("--only ['c']: not a variant of this table; expected one of ['a']")
+    assert exc.value.code == 2 and "error: --only ['c']: not a variant" in capsys.readouterr().err
+    with usage_errors(ap):
+        pass  # nothing raised: nothing happens
 
 
 def test_progress_flags_save_then_restore_through_the_records_folder(tmp_path, capsys):

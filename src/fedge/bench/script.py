@@ -21,7 +21,8 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "runs_parser",
     "save_measurement",
     "script_command",
+    "usage_errors",
     "warn_unpinned_shard",
 ]
 
@@ -139,6 +141,16 @@ def parse_reproduction_args(ap: argparse.ArgumentParser, argv: Sequence[str] | N
     if parsed[1] > 1 and not args.table_only:
         warn_unpinned_shard(parsed[0])
     return args, parsed[0], parsed[1]
+
+
+@contextmanager
+def usage_errors(ap: argparse.ArgumentParser) -> Iterator[None]:
+    """A :class:`ConfigError` raised inside (an ``--only`` label the table lacks, a record made by
+    another config) ends the script as a usage error: its one line, exit status 2, no traceback."""
+    try:
+        yield
+    except ConfigError as e:
+        ap.error(str(e))
 
 
 def parse_only(text: str) -> tuple[str, int | None] | None:
