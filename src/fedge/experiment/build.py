@@ -279,6 +279,8 @@ def node_app_for(config_text: str) -> Any:
 
         built = build_run(load_config(json.loads(config_text)))
         c = built.config
+        if c.threads is not None:  # this node process is the run's client side: the run's torch threads, as the
+            torch.set_num_threads(c.threads)  # engine uses (2 threads sum conv gradients in another order)
         app = client_app(built.method.program, built.clients.__getitem__, seed=c.seed,
                          measure_flops=c.measure.flops, measure_memory=c.measure.memory,
                          parties=built.method.parties)  # fmt: skip
