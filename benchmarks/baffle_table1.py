@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import publish
-from fedge.bench.screened import per_seed_cell, recorded_screen, recorded_seeded, when_picked
+from fedge.bench.screened import machines_note, per_seed_cell, recorded_screen, recorded_seeded, when_picked
 from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
 from fedge.bench.variants import paired_difference, pick_by_validation, recorded, run_screened, run_seeded_variants
 
@@ -169,6 +169,8 @@ def table(command: str, *, k500: bool) -> str:
                      f"{r['test_accuracy_at_best_val']:.4f}{spread('test_accuracy_at_best_val')} | {per_seed} | "
                      f"{r['bytes_up_per_client_round']:.0f} | {'-' if flops is None else f'{flops:.1f}'} | {PAPER.get(label, '')} |")
     lines += ["", *verdicts(agg), "", *context_lines(agg.get("BP FedAvg"))]
+    if note := machines_note(report["results"]):
+        lines += ["", note]
     return "\n".join(lines)
 
 

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import publish
-from fedge.bench.screened import per_seed_cell, read_plan_screen, recorded_seeded, run_plan, when_picked
+from fedge.bench.screened import machines_note, per_seed_cell, read_plan_screen, recorded_seeded, run_plan, when_picked
 from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
 from fedge.bench.variants import paired_difference, pick_by_validation, recorded
 
@@ -321,6 +321,8 @@ def table(plan: Plan, command: str) -> str:
                      f"{r['test_accuracy_at_best_val']:.4f} ± {r['test_accuracy_at_best_val_std']:.4f} | {per_seed} | "
                      f"{r['bytes_up_per_client_round']:.0f} | {r['bytes_down_per_client_round']:.0f} | {pruning} | {flops} | {eff} |")
     lines += ["", *verdicts(plan, agg)]
+    if note := machines_note(report["results"]):
+        lines += ["", note]
     quality_file = plan.records / "estimate_quality.json"
     if quality_file.exists():
         lines += ["", quality_markdown(json.loads(quality_file.read_text()))]

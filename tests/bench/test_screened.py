@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from fedge.bench.screened import (
+    machines_note,
     per_seed_cell,
     read_plan_screen,
     recorded_screen,
@@ -42,6 +43,21 @@ def test_when_picked_builds_the_variants_once_the_pick_is_made():
 def test_per_seed_cell_lists_every_seed_in_order():
     row = {"runs": [{"final_test_accuracy": 0.81234, "x": 1.0}, {"final_test_accuracy": 0.5, "x": 0.25}]}
     assert per_seed_cell(row) == "0.8123, 0.5000" and per_seed_cell(row, "x") == "1.0000, 0.2500"
+
+
+def test_machines_note_names_each_machines_runs_and_rounds():
+    a = {"cpu": "AMD EPYC 7B13", "isa": "avx2", "cores": 2, "torch": "2.13.0+cpu"}
+    b = {"cpu": "Xeon", "isa": None, "cores": 16, "torch": "2.11.0"}
+    rows = [{"label": "K=100", "runs": [{"seed": 0}, {"seed": 1, "machines": [{"rounds": [1, 20], "machine": a}]}]},
+            {"label": "K=200", "runs": [{"seed": 0, "machines": [{"rounds": [1, 3], "machine": None},
+                                                                {"rounds": [4, 9], "machine": b},
+                                                                {"rounds": [10, 20], "machine": a}]}]}]  # fmt: skip
+    assert machines_note(rows) == (
+        "Where the runs ran (from the records; a run resumed on another machine is the same run up to float roundoff): "
+        "AMD EPYC 7B13 (avx2, 2 cores), torch 2.13.0+cpu: K=100 seed 1, K=200 seed 0 (rounds 10-20); "
+        "not recorded: K=200 seed 0 (rounds 1-3); Xeon (16 cores), torch 2.11.0: K=200 seed 0 (rounds 4-9); "
+        "1 run recorded before records named their machine."
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ import pytest
 
 from fedge.bench.variants import run_variants, variants_markdown
 from fedge.core.errors import ConfigError
+from fedge.experiment.provenance import machine
 
 COMMON = ["rounds=2", "eval_every=1", "clients.num=4", "clients.per_round=2", "threads=1"]
 
@@ -96,6 +97,8 @@ def test_records_outlive_the_run_directory_and_guard_their_config(tmp_path):
     first = run_variants("quickstart", {"a": []}, out_root=tmp_path / "runs", common=COMMON, records=tmp_path / "rec")
     record = json.loads((tmp_path / "rec" / "a.json").read_text())
     assert record["config"]["rounds"] == first["results"][0]["accuracy_by_round"].__len__()
+    (segment,) = record["result"]["machines"]  # one machine ran rounds 1-2: the record says which
+    assert segment["rounds"] == [1, 2] and segment["machine"]["cpu"] == machine()["cpu"]
     shutil.rmtree(tmp_path / "runs")  # the machine that ran it is gone; the committed record is not
     again = run_variants("quickstart", {"a": []}, out_root=tmp_path / "runs", common=COMMON, records=tmp_path / "rec")
     assert not (tmp_path / "runs").exists()  # read from the record, nothing rerun

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from fedge.bench.variants import recorded, run_screened, run_seeded_variants
 
-__all__ = ["Plan", "per_seed_cell", "read_plan_screen", "recorded_screen", "recorded_seeded", "run_plan", "when_picked"]
+__all__ = ["Plan", "machines_note", "per_seed_cell", "read_plan_screen", "recorded_screen", "recorded_seeded", "run_plan", "when_picked"]
 
 T = TypeVar("T")
 
@@ -70,6 +70,41 @@ def when_picked(
 def per_seed_cell(row: dict[str, Any], key: str = "final_test_accuracy") -> str:
     """A :func:`run_seeded_variants` row's ``key`` of every seed run, in seed order: ``0.8123, 0.8201``."""
     return ", ".join(f"{x[key]:.4f}" for x in row["runs"])
+
+
+def machine_name(m: dict[str, Any]) -> str:
+    """One machine of a record's ``machines``, as the docs name it: CPU (vector extension, cores), torch."""
+    isa = f"{m['isa']}, " if m.get("isa") else ""
+    return f"{m['cpu']} ({isa}{m['cores']} cores), torch {m['torch']}"
+
+
+def machines_note(rows: Sequence[dict[str, Any]]) -> str:
+    """Where the runs of :func:`run_seeded_variants` rows ran, from each record's ``machines``
+    (:mod:`fedge.experiment.provenance`): per machine, the runs (and rounds, when a run was
+    resumed on another machine) it computed; runs recorded before records held it are counted.
+    Empty when there are no runs."""
+    ran: dict[str, list[str]] = {}
+    unknown = 0
+    for row in rows:
+        for run in row["runs"]:
+            segs = run.get("machines")
+            if not segs:
+                unknown += 1
+                continue
+            whole = len(segs) == 1
+            for seg in segs:
+                a, b = seg["rounds"]
+                where = f"{row['label']} seed {run['seed']}" + ("" if whole else f" (rounds {a}-{b})")
+                if seg["machine"] is None:
+                    ran.setdefault("not recorded", []).append(where)
+                else:
+                    ran.setdefault(machine_name(seg["machine"]), []).append(where)
+    parts = [f"{name}: {', '.join(runs)}" for name, runs in ran.items()]
+    if not parts and not unknown:
+        return ""
+    if unknown:
+        parts.append(f"{unknown} run{'s' if unknown > 1 else ''} recorded before records named their machine")
+    return "Where the runs ran (from the records; a run resumed on another machine is the same run up to float roundoff): " + "; ".join(parts) + "."
 
 
 def run_plan(

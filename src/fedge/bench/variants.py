@@ -89,6 +89,8 @@ def run_variants(
                 "client_flops_effective_per_round": _mean_per_round(lines, "client_flops_effective"),
                 "client_tensor_peak_bytes": _max_over_rounds(lines, "client_tensor_peak_bytes"),
                 "wall_s": summary["wall_s"],
+                # which machine ran which rounds (absent from runs made before it was recorded)
+                **({"machines": summary["machines"]} if "machines" in summary else {}),
                 "accuracy_by_round": [x["test_accuracy"] for x in lines],
                 **({"val_accuracy_by_round": [x.get("val_accuracy") for x in lines],
                     "final_val_accuracy": lines[-1].get("val_accuracy")} if "val_accuracy" in lines[-1] else {}),  # fmt: skip

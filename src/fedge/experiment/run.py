@@ -33,6 +33,7 @@ from fedge.core.errors import ConfigError, DataNotFoundError, FedgeError, Messag
 from fedge.core.messages import Message
 from fedge.data import get_dataset_spec
 from fedge.experiment.build import RUNTIMES, BuiltRun, build_run, method_config, privacy_config, with_dataset_options
+from fedge.experiment.provenance import machine, segments
 from fedge.experiment.rundir import RunDir, config_diff
 from fedge.methods.base import model_arrays
 from fedge.privacy.secagg.errors import FixedPointRangeError
@@ -260,6 +261,7 @@ def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], 
     if state is not None:
         sim.load_state_dict(state)
     progress.start(cfg.rounds, len(lines))
+    rundir.record_session(len(lines) + 1, machine())
     with _collapsed_warnings(lambda: writing[0] if writing else sim.record.round + 1):
         try:
             sim.run()
@@ -273,6 +275,7 @@ def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], 
             what = f"{what} ({who})" if who else what
             raise DivergenceError(_divergence_message(built, rnd, what, rundir, rnd - 1, hard=True)) from None
     summary = _summary(built, sim, lines)
+    summary["machines"] = segments(rundir.read_sessions(), sim.record.round)
     if runtime != "engine":
         summary["runtime"] = runtime if isinstance(runtime, str) else "flower"
     if runtime == "flower-sim":

@@ -7,6 +7,8 @@ second run aimed at the same place never leaves something that looks complete.
     config_changes.jsonl  edits accepted by ``--resume --allow-config-change`` (round, key, old, new)
     partition.json     partition summary (samples and label histogram per client)
     metrics.jsonl      one JSON object per completed round, flushed every round
+    sessions.jsonl     one line each time rounds are driven: the first round and the machine
+                       (:mod:`fedge.experiment.provenance`)
     checkpoint.pt      state after the last completed round (atomic replace), for --resume
     summary.json       written last, with "status": "complete"
     model.safetensors  final model (the one evaluated: the EMA where a method keeps one)
@@ -45,6 +47,7 @@ CONFIG = "config.yaml"
 CLAIM = ".fedge-claim"
 APPLIED = ".fedge-config.json"
 CHANGES = "config_changes.jsonl"
+SESSIONS = "sessions.jsonl"
 
 
 class StorageError(FedgeError, OSError):
@@ -246,6 +249,29 @@ class RunDir:
     def append_metrics(self, line: dict[str, Any]) -> None:
         with _storage(self.path / METRICS, "append to", self._fix()):
             _append_file(self.path / METRICS, (json.dumps(line) + "\n").encode())
+
+    def record_session(self, first_round: int, machine: dict[str, Any]) -> None:
+        """Append a ``sessions.jsonl`` line: rounds from ``first_round`` on run on ``machine``."""
+        line = {"first_round": first_round, "machine": machine}
+        with _storage(self.path / SESSIONS, "append to", self._fix()):
+            _append_file(self.path / SESSIONS, (json.dumps(line) + "\n").encode())
+
+    def read_sessions(self) -> list[dict[str, Any]]:
+        """The ``sessions.jsonl`` lines (none for a run from before it existed; a torn last line
+        or a line that is not a session is skipped: provenance never stops a run)."""
+        try:
+            text = (self.path / SESSIONS).read_text()
+        except (OSError, UnicodeDecodeError):
+            return []
+        out = []
+        for raw in text.splitlines():
+            try:
+                line = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(line, dict) and isinstance(line.get("first_round"), int):
+                out.append(line)
+        return out
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         tmp = self.path / (CHECKPOINT + ".tmp")
