@@ -37,8 +37,8 @@ def test_segments_hand_computed(sessions, rounds, expected):
     assert segments(sessions, rounds) == expected
 
 
-def test_segments_merge_one_machine_resumed_but_not_another_torch():
-    sessions = [{"first_round": 1, "machine": at(A, "t1")}, {"first_round": 3, "machine": at(A, "t2")},
+def test_segments_merge_one_machine_resumed_or_pinned_but_not_another_torch():
+    sessions = [{"first_round": 1, "machine": at(A, "t1")}, {"first_round": 3, "machine": at({**A, "usable_cores": 1}, "t2")},
                 {"first_round": 5, "machine": at({**A, "torch": "2.11.0"}, "t3")}]  # fmt: skip
     got = segments(sessions, 6)
     assert [s["rounds"] for s in got] == [[1, 4], [5, 6]]
@@ -61,7 +61,7 @@ def test_machine_is_json_and_names_the_software():
 
     m = machine()
     assert json.loads(json.dumps(m)) == m
-    assert m["torch"] == torch.__version__ and m["cores"] >= 1 and m["started_utc"].endswith("Z")
+    assert m["torch"] == torch.__version__ and m["cores"] >= m["usable_cores"] >= 1 and m["started_utc"].endswith("Z")
 
 
 def test_resumed_run_records_each_machines_rounds(tmp_path, monkeypatch):

@@ -6,9 +6,9 @@ round, client), so a resumed run is the same run; but another CPU family (AVX2 a
 AVX-512 kernels) or torch build rounds floats differently, so from the first resumed round on
 the numbers are an equally valid run, not the bit-identical one. Each time rounds are driven,
 the run directory gains one line in ``sessions.jsonl``: the first round it ran and
-:func:`machine` (CPU model and vector extension, usable cores, torch, Python, fedge, start
-time). :func:`segments` folds those lines into the rounds each machine ran, which the run's
-``summary.json`` and every reproduction record carry.
+:func:`machine` (CPU model and vector extension, cores of the machine and those the process
+may use, torch, Python, fedge, start time). :func:`segments` folds those lines into the rounds
+each machine ran, which the run's ``summary.json`` and every reproduction record carry.
 
 Rounds run before a run directory held ``sessions.jsonl`` (runs started before it existed)
 form a segment with ``"machine": None``: not recorded, never guessed.
@@ -29,6 +29,10 @@ __all__ = ["machine", "segments"]
 
 # The widest x86 vector extension decides which oneDNN/ATen kernels run, hence the roundoff.
 _ISA_FLAGS = ("avx512f", "avx2", "avx")
+
+
+# Keys that differ between sessions on one machine (when, and which cores it was pinned to).
+_PER_SESSION = ("started_utc", "usable_cores")
 
 
 @cache
@@ -59,7 +63,8 @@ def machine() -> dict[str, Any]:
     return {
         "cpu": cpu,
         "isa": isa,
-        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "fedge": __version__,
@@ -74,8 +79,8 @@ def segments(sessions: list[dict[str, Any]], rounds: int) -> list[dict[str, Any]
     ``sessions``: the ``sessions.jsonl`` lines, ``{"first_round": r, "machine": {...}}``, in the
     order they were written. A later session that starts at or before an earlier one's rounds
     (a run resumed from an older checkpoint, or a divergence rerun) replaces those rounds; rounds
-    no session claims are ``"machine": None``. Adjacent segments on the same machine (``started_utc``
-    aside) are merged: one machine resumed twice is one segment.
+    no session claims are ``"machine": None``. Adjacent segments on the same machine (start time
+    and pinned cores aside) are merged: one machine resumed twice is one segment.
     """
     by_round: list[dict[str, Any] | None] = [None] * rounds
     for s in sessions:
@@ -94,5 +99,5 @@ def segments(sessions: list[dict[str, Any]], rounds: int) -> list[dict[str, Any]
 def _same_machine(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
     if a is None or b is None:
         return a is b
-    strip = lambda m: {k: v for k, v in m.items() if k != "started_utc"}  # noqa: E731
+    strip = lambda m: {k: v for k, v in m.items() if k not in _PER_SESSION}  # noqa: E731
     return strip(a) == strip(b)
