@@ -61,6 +61,9 @@ def test_machine_is_json_and_names_the_software():
 
     m = machine()
     assert json.loads(json.dumps(m)) == m
+    import fedge
+
+    assert m["fedge"] == fedge.__version__  # from the installed metadata, as the package says
     assert m["torch"] == torch.__version__ and m["cores"] >= m["usable_cores"] >= 1 and m["started_utc"].endswith("Z")
 
 

@@ -16,6 +16,7 @@ form a segment with ``"machine": None``: not recorded, never guessed.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import time
@@ -55,10 +56,17 @@ def _cpu(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, str | None]:
     return model, next((f for f in _ISA_FLAGS if f in flags), None)
 
 
+def _fedge_version() -> str:
+    """The installed distribution's version (read from its metadata: this layer does not import
+    the top-level package); "not installed" when fedge runs from a source tree on PYTHONPATH."""
+    try:
+        return importlib.metadata.version("fedge")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def machine() -> dict[str, Any]:
     """This machine and software, as one ``sessions.jsonl`` line records it (JSON-ready)."""
-    from fedge import __version__
-
     cpu, isa = _cpu()
     return {
         "cpu": cpu,
@@ -67,7 +75,7 @@ def machine() -> dict[str, Any]:
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "fedge": __version__,
+        "fedge": _fedge_version(),
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
