@@ -168,15 +168,16 @@ def table(command: str, *, k500: bool) -> str:
         lines.append(f"| {label} | {r['seeds']} | {r['final_test_accuracy']:.4f}{spread('final_test_accuracy')} | "
                      f"{r['test_accuracy_at_best_val']:.4f}{spread('test_accuracy_at_best_val')} | {per_seed} | "
                      f"{r['bytes_up_per_client_round']:.0f} | {'-' if flops is None else f'{flops:.1f}'} | {PAPER.get(label, '')} |")
-    lines += ["", *verdicts(agg), "", *context_lines(agg.get("BP FedAvg"))]
-    if note := machines_note([*report["results"], *run_context(Path("/nonexistent"), run=False)]):
+    context = run_context(Path("/nonexistent"), run=False)  # the recorded context rows
+    lines += ["", *verdicts(agg), "", *context_lines(agg.get("BP FedAvg"), context)]
+    if note := machines_note([*report["results"], *context]):
         lines += ["", note]
     return "\n".join(lines)
 
 
-def context_lines(bp: dict[str, Any] | None) -> list[str]:
+def context_lines(bp: dict[str, Any] | None, context: list[dict[str, Any]]) -> list[str]:
     """What caps BP here: the CONTEXT rows beside the table's BP row (``--context`` runs them)."""
-    rows = {r["label"]: r for r in run_context(Path("/nonexistent"), run=False)}
+    rows = {r["label"]: r for r in context}
     out = ["**What caps BP at this protocol** (context rows, outside the paper's table; `--context` runs them; "
            "same optimizer and lr as the BP row):", "", "| run | seeds | final test acc | per seed |", "|---|---|---|---|"]  # fmt: skip
     for label, r in ([("BP FedAvg (the table's row)", bp)] if bp else []) + [(k, rows.get(k)) for k in CONTEXT]:
