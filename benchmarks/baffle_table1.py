@@ -123,10 +123,12 @@ def picks(screen: dict[str, Any]) -> tuple[float, float] | None:
 PROBE = [*PROTOCOL, "seed=0", "rounds=1", "clients.per_round=1", "measure.flops=true"]  # one client's metered round
 
 
-def run_all(shard: int, shards: int, out: Path, *, k500: bool, only: list[tuple[str, int | None]] | None = None) -> None:
+def run_all(shard: int, shards: int, out: Path, *, k500: bool, only: list[tuple[str, int | None]] | None = None,
+            steal: bool = True) -> None:  # fmt: skip
     main = when_picked(picks, lambda chosen: main_variants(*chosen, k500=k500))
     run_screened(BASE, screen_variants(), main, screen_common=screen_common(), protocol=PROTOCOL, seeds=SEEDS,
-                 records=RECORDS, out=out, shard=shard, shards=shards, probe_common=PROBE, only=only or ())  # fmt: skip
+                 records=RECORDS, out=out, shard=shard, shards=shards, probe_common=PROBE, only=only or (),
+                 steal=steal)  # fmt: skip
 
 
 def read_screen() -> dict[str, Any]:
@@ -261,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         run_context(Path(args.out))
     elif not args.table_only:
         with usage_errors(ap):
-            run_all(shard, shards, Path(args.out), k500=args.k500, only=args.only)
+            run_all(shard, shards, Path(args.out), k500=args.k500, only=args.only, steal=not args.no_steal)
     text = table("python benchmarks/baffle_table1.py" + (" --k500" if args.k500 else ""), k500=args.k500)
     publish(text, args.docs, "baffle-table1", "BAFFLE Table 1 analogue (3 seeds, validation-tuned)")
     return 0

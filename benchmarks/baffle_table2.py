@@ -125,9 +125,10 @@ def read_screen(plan: Plan) -> dict[str, Any]:
     return read_plan_screen(BASE, plan, screen_variants(plan))
 
 
-def run_all(plan: Plan, shard: int, shards: int, out: Path, only: list[tuple[str, int | None]] | None = None) -> None:
+def run_all(plan: Plan, shard: int, shards: int, out: Path, only: list[tuple[str, int | None]] | None = None, *,
+            steal: bool = True) -> None:  # fmt: skip
     main = when_picked(lambda screen: picks(plan, screen), lambda chosen: main_variants(plan, chosen))
-    run_plan(BASE, plan, screen_variants(plan), main, out=out, shard=shard, shards=shards, only=only or ())
+    run_plan(BASE, plan, screen_variants(plan), main, out=out, shard=shard, shards=shards, only=only or (), steal=steal)
 
 
 def table(plan: Plan, command: str) -> str:
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.table_only:
         with usage_errors(ap):
-            run_all(plan, shard, shards, Path(args.out), only=args.only)
+            run_all(plan, shard, shards, Path(args.out), only=args.only, steal=not args.no_steal)
     text = table(plan, "python benchmarks/baffle_table2.py" + (" --k500" if args.k500 else "") + (" --smoke" if args.smoke else ""))
     publish(text, args.docs, "baffle-table2", "BAFFLE Table 2 analogue (matched IID, 3 seeds, validation-tuned)")
     return 0

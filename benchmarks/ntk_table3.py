@@ -271,10 +271,11 @@ def read_screen(plan: Plan) -> dict[str, Any]:
     return read_plan_screen(BASE, plan, screen_variants(plan))
 
 
-def run_all(plan: Plan, shard: int, shards: int, out: Path, only: list[tuple[str, int | None]] | None = None) -> None:
+def run_all(plan: Plan, shard: int, shards: int, out: Path, only: list[tuple[str, int | None]] | None = None, *,
+            steal: bool = True) -> None:  # fmt: skip
     main = when_picked(lambda screen: picks(plan, screen), lambda chosen: main_variants(plan, chosen))
     run_plan(BASE, plan, screen_variants(plan), main, out=out, shard=shard, shards=shards,
-             probe_common=plan.probe_common(), only=only or ())  # fmt: skip
+             probe_common=plan.probe_common(), only=only or (), steal=steal)  # fmt: skip
     if shard == 0 and plan.quality and not (plan.records / "estimate_quality.json").exists():
         plan.records.mkdir(parents=True, exist_ok=True)  # deterministic, a few CPU-minutes: recorded with the runs
         (plan.records / "estimate_quality.json").write_text(json.dumps(estimate_quality(), indent=1) + "\n")
@@ -390,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.table_only:
         with usage_errors(ap):
-            run_all(plan, shard, shards, Path(args.out), only=args.only)
+            run_all(plan, shard, shards, Path(args.out), only=args.only, steal=not args.no_steal)
     flags = (" --adam-all" if args.adam_all else "") + (" --smoke" if args.smoke else "")
     text = table(plan, "python benchmarks/ntk_table3.py" + flags)
     publish(text, args.docs, "ntk-table3", "NTK-BAFFLE Table 3 analogue (paper's recipe, 3 seeds, validation-tuned)")

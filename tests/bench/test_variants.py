@@ -180,7 +180,7 @@ def test_run_screened_picks_on_validation_and_shards_split_the_runs(tmp_path):
     def worker(shard, shards, records):
         run_screened("quickstart", screen, main, screen_common=[*common, "rounds=1"], protocol=common, seeds=(0, 1),
                      records=records, out=tmp_path / f"runs-{shard}-{shards}", shard=shard, shards=shards,
-                     probe_common=[*common, "rounds=1"], poll_s=0.2)
+                     probe_common=[*common, "rounds=1"], poll_s=0.2, steal=False)  # as on two machines
 
     worker(0, 1, tmp_path / "one")
     vals = recorded("quickstart", screen, common=[*common, "rounds=1"], records=tmp_path / "one" / "screen")["results"]
@@ -206,6 +206,43 @@ def test_run_screened_picks_on_validation_and_shards_split_the_runs(tmp_path):
     with pytest.raises(ConfigError, match="shard 2 of 2"):
         worker(2, 2, tmp_path / "bad")
 
+
+
+def test_a_lone_worker_steals_the_runs_of_a_worker_that_never_came(tmp_path):
+    from fedge.bench.variants import run_screened
+
+    screen = {"lr=0.1": ["method.client_optimizer.lr=0.1"], "lr=0.3": ["method.client_optimizer.lr=0.3"]}
+    variants = {"a": ["method.client_optimizer.lr=0.1"], "b": ["method.client_optimizer.lr=0.3"]}
+
+    def run(**kw):
+        run_screened("quickstart", screen, lambda rep: variants if len(rep["results"]) == 2 else None,
+                     screen_common=[*COMMON, "rounds=1"], protocol=[*COMMON, "rounds=1"], seeds=(0,),
+                     records=tmp_path / "rec", out=tmp_path / "runs", shard=1, shards=2, poll_s=0.05, **kw)  # fmt: skip
+
+    run()  # worker 1 of 2, alone: its share, then worker 0's (without stealing it would wait forever)
+    files = sorted(p.relative_to(tmp_path / "rec").as_posix() for p in (tmp_path / "rec").rglob("*.json"))
+    assert files == ["screen/lr=0.1.json", "screen/lr=0.3.json", "seed-0/a.json", "seed-0/b.json"]
+
+
+def test_work_share_takes_its_own_first_then_the_idle_others_and_skips_busy_runs():
+    from fedge.bench.variants import _work_share
+    from fedge.experiment.rundir import RunDirBusyError
+
+    ran: list[int] = []
+
+    def run_one(i):
+        if i == 2:  # another process is driving this run now
+            raise RunDirBusyError("busy")
+        ran.append(i)
+
+    _work_share(list(range(6)), 1, 3, run_one, steal=True)
+    assert ran == [1, 4, 0, 3, 5]  # own (1, 4), then the others' in order, 2 left to its driver
+    ran.clear()
+    _work_share(list(range(6)), 1, 3, run_one, steal=False)
+    assert ran == [1, 4]
+    ran.clear()
+    _work_share(list(range(6)), 1, 3, run_one, steal=True, own=False)
+    assert ran == [0, 3, 5]
 
 
 def test_run_screened_only_runs_the_named_variants_and_seeds(tmp_path):

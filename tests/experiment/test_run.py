@@ -93,6 +93,24 @@ def test_extension_must_add_rounds_and_changes_nothing_otherwise(tmp_path, tiny,
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_resuming_a_run_another_process_drives_is_refused_and_changes_nothing(tmp_path, tiny):
+    from fedge.experiment.rundir import RunDir, RunDirBusyError
+
+    out = run_experiment(load_config(tiny(rounds=2)), out=tmp_path / "run", render=False)
+    (out / "summary.json").unlink()  # interrupted: resumable
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    driver = RunDir(out)
+    driver.hold()  # as a process driving its rounds holds it
+    try:
+        with pytest.raises(RunDirBusyError, match="being run by another fedge process"):
+            resume_experiment(out, render=False)
+    finally:
+        driver.let_go()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    resume_experiment(out, render=False)  # once let go, it resumes
+    assert not RunDir(out).busy()  # and the finished run holds nothing
+
+
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tiny):
     out = run_experiment(load_config(tiny(rounds=1)), out=tmp_path / "r", render=False)
     (out / "summary.json").unlink()

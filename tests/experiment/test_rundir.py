@@ -36,6 +36,43 @@ def test_claim_lost_at_the_exclusive_create(tmp_path, monkeypatch):
     assert [p.name for p in (tmp_path / "r").iterdir()] == [".fedge-claim"]
 
 
+def test_hold_is_exclusive_until_let_go_and_writes_nothing(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.yaml").write_text("rounds: 1\n")
+    a, b = RunDir(tmp_path / "r"), RunDir(tmp_path / "r")
+    a.hold()
+    assert b.busy() and a.busy()  # a probe is another holder: both see it held
+    with pytest.raises(rd.RunDirBusyError, match=r"being run by another fedge process.*fedge run --resume"):
+        b.hold()
+    with pytest.raises(rd.RunDirBusyError, match="being run by another fedge process"):
+        RunDir.check_new(tmp_path / "r")  # a fresh run aimed at it: busy, not merely "exists"
+    a.let_go()
+    assert not b.busy()
+    b.hold()
+    b.let_go()
+    with pytest.raises(rd.ConfigError, match="already exists and is not empty"):
+        RunDir.check_new(tmp_path / "r")
+    assert [p.name for p in (tmp_path / "r").iterdir()] == ["config.yaml"]
+    RunDir(tmp_path / "missing").hold()  # nothing to hold: the caller's own checks name the problem
+
+
+def test_a_dead_holder_lets_go(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "r").mkdir()
+    code = ("import sys, time; from fedge.experiment.rundir import RunDir; RunDir(sys.argv[1]).hold(); "
+            "print('held', flush=True); time.sleep(60)")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "r")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        assert RunDir(tmp_path / "r").busy()  # held by another process
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not RunDir(tmp_path / "r").busy()  # the kernel dropped the lock with the process
+
+
 def test_storage_error_removes_the_temp_file(tmp_path, monkeypatch):
     run = RunDir(tmp_path / "r")
     run.create({"rounds": 1}, {"clients": []})

@@ -118,12 +118,14 @@ def run_plan(
     shards: int,
     probe_common: list[str] | None = None,
     only: Sequence[tuple[str, int | None]] = (),
+    steal: bool = True,
 ) -> None:
     """:func:`fedge.bench.variants.run_screened` of ``plan``: its screen overrides, protocol,
-    seeds and records, worker ``shard`` of ``shards``, the runs ``only`` names (all when empty)."""
+    seeds and records, worker ``shard`` of ``shards`` (taking idle workers' runs with ``steal``),
+    the runs ``only`` names (all when empty)."""
     run_screened(base, screen, main, screen_common=plan.screen_common(), protocol=plan.protocol(), seeds=plan.seeds,
                  records=plan.records, out=out, shard=shard, shards=shards, probe_common=probe_common,
-                 only=only)  # fmt: skip
+                 only=only, steal=steal)  # fmt: skip
 
 
 def read_plan_screen(base: str, plan: Plan, screen: dict[str, list[str]]) -> dict[str, Any]:

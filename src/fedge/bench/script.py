@@ -91,10 +91,14 @@ def report_and_document(
 
 def reproduction_parser(description: str | None, *, out: str, smoke: bool = True) -> argparse.ArgumentParser:
     """The flags every reproduction script shares: ``--out``, ``--docs``, ``--shard I/N``,
-    ``--only LABEL[@SEED]``, ``--table-only``, ``--save-progress``, ``--restore-progress`` and
+    ``--no-steal``, ``--only LABEL[@SEED]``, ``--table-only``, ``--save-progress``, ``--restore-progress`` and
     (with ``smoke``) ``--smoke``."""
     ap = runs_parser(description, out=out)
-    ap.add_argument("--shard", default="0/1", help="I/N: run every N-th run starting at I (parallel workers)")
+    ap.add_argument("--shard", default="0/1", help="I/N: run every N-th run starting at I (parallel workers), then "
+                    "the other workers' runs that nobody is running now")
+    ap.add_argument("--no-steal", action="store_true",
+                    help="run only this shard's runs, never another worker's (for shards on different machines, "
+                         "which cannot see each other's runs)")  # fmt: skip
     ap.add_argument("--only", action="append", default=[], metavar="LABEL[@SEED]",
                     help="run only this variant (every seed, or the one after @); repeatable. Sends chosen "
                          "runs to a given machine or core; the screen still runs first")  # fmt: skip

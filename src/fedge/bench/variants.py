@@ -8,14 +8,14 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fedge.bench.docs import command_section, markdown_table
 from fedge.bench.figures import read_run_logs
 from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError
 from fedge.experiment.run import resolved_config, resume_experiment, run_experiment
-from fedge.experiment.rundir import RunDir
+from fedge.experiment.rundir import RunDir, RunDirBusyError
 
 __all__ = [
     "paired_difference",
@@ -29,6 +29,8 @@ __all__ = [
     "seeded_markdown",
     "variants_markdown",
 ]
+
+T = TypeVar("T")
 
 
 def run_variants(
@@ -382,6 +384,19 @@ def recorded(base: str, variants: dict[str, list[str]], *, common: list[str], re
     return run_variants(base, variants, out_root=Path(records) / ".unused", common=common, run=False, records=records)
 
 
+def _work_share(items: Sequence[T], shard: int, shards: int, run_one: Callable[[T], None], *, steal: bool,
+                own: bool = True) -> None:  # fmt: skip
+    """Run worker ``shard``'s items (every ``shards``-th, with ``own``), then, with ``steal``, the
+    others'; an item whose run another process is running now (RunDirBusyError) is left to it."""
+    mine = [x for i, x in enumerate(items) if i % shards == shard]
+    theirs = [x for i, x in enumerate(items) if i % shards != shard]
+    for item in (mine if own else []) + (theirs if steal else []):
+        try:
+            run_one(item)
+        except RunDirBusyError:
+            continue
+
+
 def run_screened(
     base: str,
     screen: dict[str, list[str]],
@@ -397,6 +412,7 @@ def run_screened(
     probe_common: list[str] | None = None,
     poll_s: float = 30.0,
     only: Sequence[tuple[str, int | None]] = (),
+    steal: bool = True,
 ) -> dict[str, list[str]]:
     """Run a paper table the way a reviewer accepts it, resumably and in parallel workers.
 
@@ -407,7 +423,12 @@ def run_screened(
        once more under it (e.g. one metered round) after its first seed.
 
     Worker ``shard`` of ``shards`` takes every ``shards``-th run of each list (start ``shards``
-    processes with one torch thread each). ``only``: (label, seed or None for every seed) pairs
+    processes with one torch thread each); with ``steal`` (the default) it then takes the other
+    workers' runs that nobody is running now (:meth:`fedge.experiment.rundir.RunDir.busy`: not
+    started, or left unfinished by a stopped worker), so no core idles while another has work,
+    and a worker waiting for the screen screens meanwhile. Stealing sees only the runs under
+    ``out``: workers on different machines pass ``steal=False`` (or split by ``only``).
+    ``only``: (label, seed or None for every seed) pairs
     that restrict step 3 to those runs (before sharding), to send chosen runs to a machine; an
     unknown label is an error naming the table's labels. Finished runs are recorded under
     ``records`` (``screen/``, ``seed-S/``, ``probe/``) and read back instead of rerun, on any
@@ -415,21 +436,27 @@ def run_screened(
     if not 0 <= shard < shards:
         raise ConfigError(f"shard {shard} of {shards}: expected 0 <= shard < shards, e.g. --shard 0/2")
     root, out = Path(records), Path(out)
-    for i, label in enumerate(screen):
-        if i % shards == shard:
-            run_variants(base, {label: screen[label]}, out_root=out / "screen", common=screen_common, records=root / "screen")
+
+    def screen_one(label: str) -> None:
+        run_variants(base, {label: screen[label]}, out_root=out / "screen", common=screen_common, records=root / "screen")
+
+    _work_share(list(screen), shard, shards, screen_one, steal=steal)
     while (variants := main(recorded(base, screen, common=screen_common, records=root / "screen"))) is None:
         time.sleep(poll_s)  # another worker is still screening
+        if steal:  # ... unless it stopped: then its screen runs are free to take
+            _work_share(list(screen), shard, shards, screen_one, steal=True, own=False)
     unknown = sorted({label for label, _ in only if label not in variants})
     if unknown:
         raise ConfigError(f"--only {unknown}: not a variant of this table; expected one of {list(variants)}")
     tasks = [(label, seed) for label in variants for seed in seeds
              if not only or any(label == o and s in (None, seed) for o, s in only)]  # fmt: skip
-    for i, (label, seed) in enumerate(tasks):
-        if i % shards != shard:
-            continue
+
+    def main_one(task: tuple[str, int]) -> None:
+        label, seed = task
         run_variants(base, {label: variants[label]}, out_root=out / f"seed-{seed}", common=[*protocol, f"seed={seed}"],
                      records=root / f"seed-{seed}")  # fmt: skip
         if probe_common is not None and seed == seeds[0]:
             run_variants(base, {label: variants[label]}, out_root=out / "probe", common=probe_common, records=root / "probe")
+
+    _work_share(tasks, shard, shards, main_one, steal=steal)
     return variants

@@ -344,14 +344,18 @@ def run_experiment(
     rundir = RunDir(out)
     rundir.claim()
     try:
+        rundir.hold()
         check_dataset_root(cfg)
         built = build_run(cfg)
     except BaseException:
         rundir.release()
         raise
-    source = built.dataset.source if Path(built.dataset.source).is_dir() else None
-    rundir.create(resolved_config(built), built.partition_summary, data_source=source)
-    return _drive(built, rundir, [], None, progress, render, runtime, backend)
+    try:
+        source = built.dataset.source if Path(built.dataset.source).is_dir() else None
+        rundir.create(resolved_config(built), built.partition_summary, data_source=source)
+        return _drive(built, rundir, [], None, progress, render, runtime, backend)
+    finally:
+        rundir.let_go()
 
 
 def _check_runtime(runtime: Any, backend: str) -> None:
@@ -406,10 +410,21 @@ def resume_experiment(
             apply from the next round and are recorded in ``config_changes.jsonl``. Without it
             such edits are refused, naming the changed keys.
 
-    Every check runs before the first write: a refused resume changes nothing on disk.
+    Every check runs before the first write: a refused resume changes nothing on disk. A run
+    another process is driving now is refused (:class:`~fedge.experiment.rundir.RunDirBusyError`).
     """
     _check_runtime(runtime, backend)
     rundir = RunDir(run_dir)
+    rundir.hold()  # another process driving it now: RunDirBusyError, nothing written
+    try:
+        return _resume(rundir, rounds, progress, render, allow_config_change, runtime, backend)
+    finally:
+        rundir.let_go()
+
+
+def _resume(rundir: RunDir, rounds: int | None, progress: ProgressLike, render: Renderer, allow_config_change: bool,
+            runtime: Any, backend: str) -> Path:  # fmt: skip
+    """:func:`resume_experiment` once ``rundir`` is held."""
     raw = rundir.read_config()
     applied = rundir.applied_config()
     changes: dict[str, tuple[Any, Any]] = {}

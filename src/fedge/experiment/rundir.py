@@ -16,6 +16,11 @@ second run aimed at the same place never leaves something that looks complete.
 
 A run is complete exactly when ``summary.json`` exists with ``status == "complete"``.
 
+While a process drives a run's rounds it holds the directory (:meth:`RunDir.hold`, the kernel's
+``flock`` on the directory itself: no file is written, and a killed process lets go with it), so
+a second ``--resume`` of the same directory, or a parallel benchmark worker looking for work,
+gets :class:`RunDirBusyError` instead of writing rounds into it at the same time.
+
 Every write goes through :func:`_write_file`, :func:`_append_file` or :func:`_save_torch`; an
 ``OSError`` there (read-only filesystem, disk full) becomes one :class:`StorageError` naming the
 path, after the half-written temporary file is removed. What was written before stays
@@ -38,6 +43,11 @@ from safetensors.torch import save_file
 
 from fedge.core.errors import ConfigError, FedgeError, ResumeError
 
+try:
+    import fcntl
+except ImportError:  # not POSIX (Windows): runs are not locked; do not resume one run twice at once
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = ["RunDir", "RunDirBusyError", "StorageError", "config_diff", "default_run_path"]
 
 CHECKPOINT = "checkpoint.pt"
@@ -55,7 +65,7 @@ class StorageError(FedgeError, OSError):
 
 
 class RunDirBusyError(ConfigError):
-    """Another run claimed the output directory first."""
+    """Another run claimed the output directory first, or another process is running it now."""
 
 
 # -- the only places that touch the disk (tests inject OSError here) -----------------------
@@ -156,6 +166,7 @@ class RunDir:
         self.path = Path(path)
         self._created = False
         self._claimed = False
+        self._held: int | None = None  # the descriptor whose flock holds the directory
 
     def _fix(self) -> str:
         return f"free space or fix the permissions, then continue with: fedge run --resume {self.path}"
@@ -163,13 +174,16 @@ class RunDir:
     # -- creation -------------------------------------------------------------------
     @staticmethod
     def check_new(path: str | Path) -> None:
-        """Raise :class:`ConfigError` if ``path`` exists and is not an empty directory."""
+        """Raise :class:`ConfigError` if ``path`` exists and is not an empty directory
+        (:class:`RunDirBusyError` if another run is setting it up or running it now)."""
         p = Path(path)
         if p.exists() and (not p.is_dir() or any(p.iterdir())):
             if p.is_dir() and [x.name for x in p.iterdir()] == [CLAIM]:
                 raise RunDirBusyError(
                     f"output directory {str(p)!r} is being set up by another fedge run; choose another --out"
                 )
+            if p.is_dir() and RunDir(p).busy():
+                raise RunDirBusyError(f"output directory {str(p)!r} is being run by another fedge process; choose another --out")
             raise ConfigError(
                 f"output directory {str(p)!r} already exists and is not empty; "
                 f"choose another --out, or continue that run with: fedge run --resume {p}"
@@ -206,6 +220,46 @@ class RunDir:
                 "choose another --out"
             )
 
+    # -- holding (one process drives a run's rounds at a time) ------------------------
+    def hold(self) -> None:
+        """Hold the directory while this process runs it: an exclusive, non-blocking ``flock``.
+
+        Raises :class:`RunDirBusyError` when another process (or another :class:`RunDir` of this
+        one) holds it. Call :meth:`let_go` when done; a process that dies lets go by itself. A
+        directory that does not exist (yet) is not held, nor one on a filesystem without locks
+        (there the caller must not run one directory twice at once)."""
+        if fcntl is None or self._held is not None or not self.path.is_dir():
+            return
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunDirBusyError(
+                f"run directory {str(self.path)!r} is being run by another fedge process right now; wait for it "
+                f"to finish (or stop it), then continue it with: fedge run --resume {self.path}"
+            ) from None
+        except OSError:  # no locks here (e.g. some network filesystems): run unheld
+            os.close(fd)
+            return
+        self._held = fd
+
+    def let_go(self) -> None:
+        """Release :meth:`hold` (closing the descriptor drops the lock)."""
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
+
+    def busy(self) -> bool:
+        """Whether another process (or another :class:`RunDir` here) holds the directory now."""
+        probe = RunDir(self.path)
+        try:
+            probe.hold()
+        except RunDirBusyError:
+            return True
+        probe.let_go()
+        return False
+
     def _remove_if_created(self) -> None:
         if self._created:
             try:
@@ -215,6 +269,7 @@ class RunDir:
 
     def release(self) -> None:
         """Undo :meth:`claim` (the run failed before writing anything)."""
+        self.let_go()
         if self._claimed:
             (self.path / CLAIM).unlink(missing_ok=True)
             self._claimed = False
