@@ -14,7 +14,8 @@ MNIST-like data), each under Dirichlet 0.3 and IID.
 
 Tuning: for each partition, the client learning rate of BAFFLE (smallest K) and of BP FedAvg is
 picked from ``SCREEN_LRS`` by the final **validation** accuracy after ``screen_rounds`` rounds of
-the same protocol on seed 0 (never the test set); the larger K reuse BAFFLE's pick.
+the same protocol on seed 0 (never the test set); a grid whose best sits at its edge grows one step
+past it (0.03 -> 0.1; at most twice), so the pick is bracketed; the larger K reuse BAFFLE's pick.
 
 Cost (measured here: one round of K = 100 over all 100 Dirichlet clients on 5,000 training
 samples took 81 CPU-seconds, start-up and evaluation included, on a 2-core machine shared at
@@ -37,13 +38,14 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import publish
 from fedge.bench.screened import machines_note, per_seed_cell, read_plan_screen, recorded_seeded, run_plan, when_picked
 from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
-from fedge.bench.variants import paired_difference, pick_by_validation, t_interval
+from fedge.bench.variants import paired_difference, pick_by_validation, t_interval, widened_grid
 
 BASE = "baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "baffle_table2"
@@ -89,13 +91,22 @@ def families(plan: Plan) -> list[str]:
     return ["BP FedAvg", *(f"BAFFLE K={k}" for k in plan.ks)]
 
 
-def screen_variants(plan: Plan) -> dict[str, list[str]]:
+def grid(plan: Plan, results: Sequence[dict[str, Any]], family: str, part: str) -> tuple[float, ...]:
+    """``plan.lrs``, widened past an edge that won the screen so far (:func:`widened_grid`)."""
+    return widened_grid(plan.lrs, lambda lr: f"screen {family}, {part}, lr={lr}", list(results))
+
+
+def screen_variants(plan: Plan, results: Sequence[dict[str, Any]] = ()) -> dict[str, list[str]]:
+    """The screen runs, grown by what the recorded ``results`` found (a family's grid gains one lr
+    past an edge whose run had the best validation accuracy)."""
     out = {}
     for part, p in PARTITIONS.items():  # the costly BAFFLE screens first, so that workers taking every N-th share them
-        out.update({f"screen BAFFLE K={plan.ks[0]}, {part}, lr={lr}": [*p, f"method.k={plan.ks[0]}", f"method.client_optimizer.lr={lr}"]
-                    for lr in plan.lrs})  # fmt: skip
+        family = f"BAFFLE K={plan.ks[0]}"
+        out.update({f"screen {family}, {part}, lr={lr}": [*p, f"method.k={plan.ks[0]}", f"method.client_optimizer.lr={lr}"]
+                    for lr in grid(plan, results, family, part)})  # fmt: skip
     for part, p in PARTITIONS.items():
-        out.update({f"screen BP FedAvg, {part}, lr={lr}": [*p, *BP, f"method.client_optimizer.lr={lr}"] for lr in plan.lrs})
+        out.update({f"screen BP FedAvg, {part}, lr={lr}": [*p, *BP, f"method.client_optimizer.lr={lr}"]
+                    for lr in grid(plan, results, "BP FedAvg", part)})  # fmt: skip
     return out
 
 
@@ -104,7 +115,8 @@ def picks(plan: Plan, screen: dict[str, Any]) -> dict[tuple[str, str], float] | 
     chosen = {}
     for part in PARTITIONS:
         for family in (f"BAFFLE K={plan.ks[0]}", "BP FedAvg"):
-            lr = pick_by_validation(screen["results"], {lr: f"screen {family}, {part}, lr={lr}" for lr in plan.lrs})
+            lrs = grid(plan, screen["results"], family, part)
+            lr = pick_by_validation(screen["results"], {lr: f"screen {family}, {part}, lr={lr}" for lr in lrs})
             if lr is None:
                 return None
             chosen[family.split(" K=")[0], part] = lr
@@ -122,30 +134,34 @@ def main_variants(plan: Plan, chosen: dict[tuple[str, str], float]) -> dict[str,
 
 
 def read_screen(plan: Plan) -> dict[str, Any]:
-    return read_plan_screen(BASE, plan, screen_variants(plan))
+    return read_plan_screen(BASE, plan, lambda results: screen_variants(plan, results))
 
 
 def run_all(plan: Plan, shard: int, shards: int, out: Path, only: list[tuple[str, int | None]] | None = None, *,
             steal: bool = True) -> None:  # fmt: skip
     main = when_picked(lambda screen: picks(plan, screen), lambda chosen: main_variants(plan, chosen))
-    run_plan(BASE, plan, screen_variants(plan), main, out=out, shard=shard, shards=shards, only=only or (), steal=steal)
+    run_plan(BASE, plan, lambda results: screen_variants(plan, results), main, out=out, shard=shard, shards=shards, only=only or (), steal=steal)
 
 
 def table(plan: Plan, command: str) -> str:
     screen = read_screen(plan)
     rows = {r["label"]: r for r in screen["results"]}
-    head = [f"BAFFLE K={plan.ks[0]}, {p}" for p in PARTITIONS] + [f"BP FedAvg, {p}" for p in PARTITIONS]
+    cols = [(f"BAFFLE K={plan.ks[0]}", "BAFFLE", p) for p in PARTITIONS] + [("BP FedAvg", "BP FedAvg", p) for p in PARTITIONS]
+    grids = {(short, part): grid(plan, screen["results"], family, part) for family, short, part in cols}
     lines = [intro(plan), "", f"Command: `{command}`", "", f"**Learning-rate screen** (client Adam lr; seed 0, the protocol's data, "
-             f"{plan.screen_rounds} rounds; picked per partition by final **validation** accuracy):", "",
-             "| lr | " + " | ".join(f"{h} val acc" for h in head) + " |", "|---|" + "---|" * len(head)]  # fmt: skip
-    for lr in plan.lrs:
-        cells = [f"{rows[f'screen {h}, lr={lr}']['final_val_accuracy']:.4f}" if f"screen {h}, lr={lr}" in rows else "not run"
-                 for h in head]  # fmt: skip
+             f"{plan.screen_rounds} rounds; picked per partition by final **validation** accuracy; a grid grows one step "
+             "past an edge that wins, at most twice):", "",
+             "| lr | " + " | ".join(f"{f}, {p} val acc" for f, _, p in cols) + " |", "|---|" + "---|" * len(cols)]  # fmt: skip
+    for lr in sorted({lr for g in grids.values() for lr in g}):
+        cells = [f"{rows[label]['final_val_accuracy']:.4f}" if (label := f"screen {f}, {p}, lr={lr}") in rows
+                 else "not run" if lr in grids[short, p] else "-" for f, short, p in cols]  # fmt: skip
         lines.append(f"| {lr} | " + " | ".join(cells) + " |")
     chosen = picks(plan, screen)
     if chosen is None:
         return "\n".join([*lines, "", "The screen is not finished; no main runs yet."])
-    lines += ["", "Picked: " + "; ".join(f"{f} {p}: lr {lr}" for (f, p), lr in chosen.items()) + ".", ""]
+    edge = [f"{f} {p}" for (f, p), lr in chosen.items() if lr in (min(grids[f, p]), max(grids[f, p]))]
+    lines += ["", "Picked: " + "; ".join(f"{f} {p}: lr {lr}" for (f, p), lr in chosen.items()) + "."
+              + (f" At the edge of its grid even after widening: {', '.join(edge)}." if edge else ""), ""]  # fmt: skip
     variants = main_variants(plan, chosen)
     report = recorded_seeded(BASE, variants, seeds=plan.seeds, common=plan.protocol(), records=plan.records)
     agg = {r["label"]: r for r in report["results"]}

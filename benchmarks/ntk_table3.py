@@ -27,7 +27,8 @@ round 1, fewer on a client holding fewer, so at most 160).
 Tuning: per optimizer, the client learning rate of dense BAFFLE K = 100, of NTK-BAFFLE K = 100
 and of BP FedAvg is picked from the optimizer's ``SCREEN_LRS`` by the final **validation**
 accuracy after ``screen_rounds`` rounds on seed 0 (never the test set); K = 50/200 reuse their
-family's pick, the magnitude/random/Rand/Ori rows NTK-BAFFLE's.
+family's pick, the magnitude/random/Rand/Ori rows NTK-BAFFLE's. A grid whose best sits at its edge
+grows one step past it (0.1 -> 0.3; at most twice), so every pick is bracketed.
 
 Cost: the long runs switch the FLOP counter off; each row's client FLOPs per client per round
 are measured by a 2-round probe of seed 0 with the counter on. Measured here (3 rounds of
@@ -53,13 +54,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import publish
 from fedge.bench.screened import machines_note, per_seed_cell, read_plan_screen, recorded_seeded, run_plan, when_picked
 from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
-from fedge.bench.variants import paired_difference, pick_by_validation, recorded
+from fedge.bench.variants import paired_difference, pick_by_validation, recorded, widened_grid
 
 BASE = "ntk-baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "ntk_table3"
@@ -217,14 +219,21 @@ def ntk(plan: Plan, opt: str, lr: float, k: int, *extra: str) -> list[str]:
     return [*_opt(opt, lr), "method.clip=null", f"method.k={k}", f"method.prune_rounds={plan.prune_rounds}", *extra]
 
 
-def screen_variants(plan: Plan) -> dict[str, list[str]]:
+def grid(plan: Plan, results: Sequence[dict[str, Any]], opt: str, family: str) -> tuple[float, ...]:
+    """The optimizer's screen lrs, widened past an edge that won the screen so far (:func:`widened_grid`)."""
+    return widened_grid(plan.screen_lrs(opt), lambda lr: f"screen {opt} {family} lr={lr}", list(results))
+
+
+def screen_variants(plan: Plan, results: Sequence[dict[str, Any]] = ()) -> dict[str, list[str]]:
+    """The screen runs, grown by what the recorded ``results`` found (a family's grid gains one lr
+    past an edge whose run had the best validation accuracy)."""
     out: dict[str, list[str]] = {}
+    nf, df = f"NTK-BAFFLE K={plan.kmid}", f"BAFFLE (dense) K={plan.kmid}"
     for opt in OPTIMIZERS:  # the costly zeroth-order screens first, so that workers taking every N-th share them
-        for lr in plan.screen_lrs(opt):
-            out[f"screen {opt} NTK-BAFFLE K={plan.kmid} lr={lr}"] = ntk(plan, opt, lr, plan.kmid)
-            out[f"screen {opt} BAFFLE (dense) K={plan.kmid} lr={lr}"] = dense(opt, lr, plan.kmid)
+        out.update({f"screen {opt} {nf} lr={lr}": ntk(plan, opt, lr, plan.kmid) for lr in grid(plan, results, opt, nf)})
+        out.update({f"screen {opt} {df} lr={lr}": dense(opt, lr, plan.kmid) for lr in grid(plan, results, opt, df)})
     for opt in OPTIMIZERS:
-        out.update({f"screen {opt} BP FedAvg lr={lr}": bp(opt, lr) for lr in plan.screen_lrs(opt)})
+        out.update({f"screen {opt} BP FedAvg lr={lr}": bp(opt, lr) for lr in grid(plan, results, opt, "BP FedAvg")})
     return out
 
 
@@ -233,8 +242,8 @@ def picks(plan: Plan, screen: dict[str, Any]) -> dict[tuple[str, str], float] | 
     chosen = {}
     for opt in OPTIMIZERS:
         for family in (f"NTK-BAFFLE K={plan.kmid}", f"BAFFLE (dense) K={plan.kmid}", "BP FedAvg"):
-            labels = {lr: f"screen {opt} {family} lr={lr}" for lr in plan.screen_lrs(opt)}
-            lr = pick_by_validation(screen["results"], labels)
+            lrs = grid(plan, screen["results"], opt, family)
+            lr = pick_by_validation(screen["results"], {lr: f"screen {opt} {family} lr={lr}" for lr in lrs})
             if lr is None:
                 return None
             chosen[opt, family.split(" K=")[0]] = lr
@@ -268,13 +277,13 @@ def main_variants(plan: Plan, chosen: dict[tuple[str, str], float]) -> dict[str,
 
 
 def read_screen(plan: Plan) -> dict[str, Any]:
-    return read_plan_screen(BASE, plan, screen_variants(plan))
+    return read_plan_screen(BASE, plan, lambda results: screen_variants(plan, results))
 
 
 def run_all(plan: Plan, shard: int, shards: int, out: Path, only: list[tuple[str, int | None]] | None = None, *,
             steal: bool = True) -> None:  # fmt: skip
     main = when_picked(lambda screen: picks(plan, screen), lambda chosen: main_variants(plan, chosen))
-    run_plan(BASE, plan, screen_variants(plan), main, out=out, shard=shard, shards=shards,
+    run_plan(BASE, plan, lambda results: screen_variants(plan, results), main, out=out, shard=shard, shards=shards,
              probe_common=plan.probe_common(), only=only or (), steal=steal)  # fmt: skip
     if shard == 0 and plan.quality and not (plan.records / "estimate_quality.json").exists():
         plan.records.mkdir(parents=True, exist_ok=True)  # deterministic, a few CPU-minutes: recorded with the runs
@@ -285,19 +294,24 @@ def table(plan: Plan, command: str) -> str:
     screen = read_screen(plan)
     rows = {r["label"]: r for r in screen["results"]}
     lines = [intro(plan), "", f"Command: `{command}`", "", f"**Learning-rate screen** (client lr; seed 0, the protocol's data, "
-             f"{plan.screen_rounds} rounds; picked by final **validation** accuracy):", ""]  # fmt: skip
+             f"{plan.screen_rounds} rounds; picked by final **validation** accuracy; a grid grows one step past an "
+             "edge that wins, at most twice):", ""]  # fmt: skip
     families = (f"NTK-BAFFLE K={plan.kmid}", f"BAFFLE (dense) K={plan.kmid}", "BP FedAvg")
+    grids = {(o, f): grid(plan, screen["results"], o, f) for o in OPTIMIZERS for f in families}
     for opt in OPTIMIZERS:
         lines += [f"| {opt} lr | " + " | ".join(f"{f} val acc" for f in families) + " |", "|---|" + "---|" * len(families)]
-        for lr in plan.screen_lrs(opt):
-            cells = [f"{rows[f'screen {opt} {f} lr={lr}']['final_val_accuracy']:.4f}" if f"screen {opt} {f} lr={lr}" in rows
-                     else "not run" for f in families]  # fmt: skip
+        for lr in sorted({lr for f in families for lr in grids[opt, f]}):
+            cells = [f"{rows[label]['final_val_accuracy']:.4f}" if (label := f"screen {opt} {f} lr={lr}") in rows
+                     else "not run" if lr in grids[opt, f] else "-" for f in families]  # fmt: skip
             lines.append(f"| {lr} | " + " | ".join(cells) + " |")
         lines.append("")
     chosen = picks(plan, screen)
     if chosen is None:
         return "\n".join([*lines, "The screen is not finished; no main runs yet."])
-    lines += ["Picked: " + "; ".join(f"{o} {f}: lr {lr}" for (o, f), lr in chosen.items()) + ".", ""]
+    edge = [f"{o} {f}" for o in OPTIMIZERS for f in families
+            if chosen[o, f.split(" K=")[0]] in (min(grids[o, f]), max(grids[o, f]))]  # fmt: skip
+    lines += ["Picked: " + "; ".join(f"{o} {f}: lr {lr}" for (o, f), lr in chosen.items()) + "."
+              + (f" At the edge of its grid even after widening: {', '.join(edge)}." if edge else ""), ""]  # fmt: skip
     variants = main_variants(plan, chosen)
     report = recorded_seeded(BASE, variants, seeds=plan.seeds, common=plan.protocol(), records=plan.records)
     probes = {r["label"]: r for r in recorded(BASE, variants, common=plan.probe_common(), records=plan.records / "probe")["results"]}

@@ -224,6 +224,58 @@ def test_a_lone_worker_steals_the_runs_of_a_worker_that_never_came(tmp_path):
     assert files == ["screen/lr=0.1.json", "screen/lr=0.3.json", "seed-0/a.json", "seed-0/b.json"]
 
 
+def test_grid_step_walks_the_1_3_10_ladder():
+    from fedge.bench.variants import grid_step
+
+    assert [grid_step(x, up=True) for x in (0.001, 0.003, 0.01, 0.03, 0.3, 1.0)] == [0.003, 0.01, 0.03, 0.1, 1.0, 3.0]
+    assert [grid_step(x, up=False) for x in (0.001, 0.003, 0.01, 0.1)] == [0.0003, 0.001, 0.003, 0.03]
+    assert grid_step(0.05, up=True) == 0.158  # off the ladder: sqrt(10)
+
+
+def test_widened_grid_grows_past_a_winning_edge_until_bracketed():
+    from fedge.bench.variants import widened_grid
+
+    def rows(vals):
+        return [{"label": f"lr={lr}", "final_val_accuracy": v} for lr, v in vals.items()]
+
+    def label(lr):
+        return f"lr={lr}"
+
+    base = (0.003, 0.01, 0.03)
+    assert widened_grid(base, label, rows({0.003: 0.2})) == base  # not all screened yet: no verdict
+    assert widened_grid(base, label, rows({0.003: 0.2, 0.01: 0.5, 0.03: 0.4})) == base  # interior: bracketed
+    top = {0.003: 0.2, 0.01: 0.3, 0.03: 0.4}
+    assert widened_grid(base, label, rows(top)) == (0.003, 0.01, 0.03, 0.1)  # 0.1 to screen next
+    assert widened_grid(base, label, rows({**top, 0.1: 0.35})) == (0.003, 0.01, 0.03, 0.1)  # 0.03 now interior
+    assert widened_grid(base, label, rows({**top, 0.1: 0.5})) == (0.003, 0.01, 0.03, 0.1, 0.3)
+    assert widened_grid(base, label, rows({**top, 0.1: 0.5, 0.3: 0.6})) == (0.003, 0.01, 0.03, 0.1, 0.3)  # at most 2 steps
+    assert widened_grid(base, label, rows({0.003: 0.5, 0.01: 0.3, 0.03: 0.3})) == (0.001, 0.003, 0.01, 0.03)
+    # the test accuracy never matters
+    assert widened_grid(base, label, [{**r, "final_test_accuracy": 1.0 - r["final_val_accuracy"]} for r in rows(top)])[-1] == 0.1
+
+
+def test_a_growing_screen_is_screened_until_it_stops_growing(tmp_path):
+    from fedge.bench.variants import recorded_grown, run_screened
+
+    def screen(results):  # a second lr once the first is recorded (as a widened grid would add one)
+        labels = {r["label"] for r in results}
+        lrs = (0.1, 0.3) if "lr=0.1" in labels else (0.1,)
+        return {f"lr={lr}": [f"method.client_optimizer.lr={lr}"] for lr in lrs}
+
+    seen = []
+
+    def main(rep):
+        seen.append(sorted(r["label"] for r in rep["results"]))
+        return {"a": ["method.client_optimizer.lr=0.1"]}
+
+    common = [*COMMON, "rounds=1"]
+    run_screened("quickstart", screen, main, screen_common=common, protocol=common, seeds=(0,), records=tmp_path / "rec",
+                 out=tmp_path / "runs", poll_s=0.05)  # fmt: skip
+    assert seen == [["lr=0.1", "lr=0.3"]]  # main saw the grown screen, whole
+    rep = recorded_grown("quickstart", screen, common=common, records=tmp_path / "rec" / "screen")
+    assert sorted(r["label"] for r in rep["results"]) == ["lr=0.1", "lr=0.3"] and rep["missing"] == []
+
+
 def test_work_share_takes_its_own_first_then_the_idle_others_and_skips_busy_runs():
     from fedge.bench.variants import _work_share
     from fedge.experiment.rundir import RunDirBusyError

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from fedge.bench.variants import recorded, run_screened, run_seeded_variants
+from fedge.bench.variants import Screen, recorded, recorded_grown, run_screened, run_seeded_variants
 
 __all__ = ["Plan", "machines_note", "per_seed_cell", "read_plan_screen", "recorded_screen", "recorded_seeded", "run_plan", "when_picked"]
 
@@ -38,9 +38,11 @@ class Plan(Protocol):
     def screen_common(self) -> list[str]: ...
 
 
-def recorded_screen(base: str, screen: dict[str, list[str]], *, common: list[str], records: str | Path) -> dict[str, Any]:
+def recorded_screen(base: str, screen: Screen, *, common: list[str], records: str | Path) -> dict[str, Any]:
     """The screen runs of a :func:`fedge.bench.variants.run_screened` table as recorded under ``records/screen``
-    (nothing runs; the rest are ``"missing"``)."""
+    (nothing runs; the rest are ``"missing"``); a growing screen as far as its records grew it."""
+    if callable(screen):
+        return recorded_grown(base, screen, common=common, records=Path(records) / "screen")
     return recorded(base, screen, common=common, records=Path(records) / "screen")
 
 
@@ -110,7 +112,7 @@ def machines_note(rows: Sequence[dict[str, Any]]) -> str:
 def run_plan(
     base: str,
     plan: Plan,
-    screen: dict[str, list[str]],
+    screen: Screen,
     main: Callable[[dict[str, Any]], dict[str, list[str]] | None],
     *,
     out: str | Path,
@@ -128,6 +130,6 @@ def run_plan(
                  only=only, steal=steal)  # fmt: skip
 
 
-def read_plan_screen(base: str, plan: Plan, screen: dict[str, list[str]]) -> dict[str, Any]:
+def read_plan_screen(base: str, plan: Plan, screen: Screen) -> dict[str, Any]:
     """:func:`recorded_screen` of ``plan``: the screen runs its workers recorded."""
     return recorded_screen(base, screen, common=plan.screen_common(), records=plan.records)

@@ -4,6 +4,7 @@ ablation) and tabulate accuracy, bytes and client FLOPs side by side."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +27,10 @@ __all__ = [
     "run_screened",
     "run_seeded_variants",
     "run_variants",
+    "grid_step",
+    "recorded_grown",
     "seeded_markdown",
+    "widened_grid",
     "variants_markdown",
 ]
 
@@ -350,6 +354,35 @@ def pick_by_validation(results: list[dict[str, Any]], labels: dict[float, str]) 
     return max(scored)[2]
 
 
+def grid_step(x: float, *, up: bool) -> float:
+    """The next learning rate past ``x`` on the 1-3-10 ladder (0.03 -> 0.1 up, 0.01 -> 0.003 down);
+    off the ladder, a factor of sqrt(10)."""
+    e = math.floor(math.log10(x) + 1e-9)
+    m = round(x / 10**e, 6)
+    nxt = {(1.0, True): 3 * 10**e, (3.0, True): 10 ** (e + 1), (1.0, False): 3 * 10 ** (e - 1), (3.0, False): 10**e}.get(
+        (m, up), x * 10 ** (0.5 if up else -0.5))
+    return float(f"{nxt:.3g}")
+
+
+def widened_grid(grid: Sequence[float], label_of: Callable[[float], str], results: list[dict[str, Any]], *,
+                 steps: int = 2) -> tuple[float, ...]:  # fmt: skip
+    """``grid``, grown one :func:`grid_step` past an edge where the best **validation** run sits
+    (:func:`pick_by_validation`), again while the new edge is best, at most ``steps`` times: a
+    screen whose pick sits at the edge of its grid has not bracketed the optimum. A value added
+    but not yet recorded is in the grid returned (the caller screens it; the pick waits for it).
+    ``label_of(lr)``: the screen run's label."""
+    lrs = sorted(grid)
+    for _ in range(steps):
+        best = pick_by_validation(results, {lr: label_of(lr) for lr in lrs})
+        if best is None or (len(lrs) > 1 and lrs[0] < best < lrs[-1]):
+            break
+        if best == lrs[-1]:
+            lrs.append(grid_step(best, up=True))
+        else:
+            lrs.insert(0, grid_step(best, up=False))
+    return tuple(lrs)
+
+
 # Two-sided 95% quantiles of Student's t by degrees of freedom (scipy.stats.t.ppf(0.975, df)).
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -384,6 +417,26 @@ def recorded(base: str, variants: dict[str, list[str]], *, common: list[str], re
     return run_variants(base, variants, out_root=Path(records) / ".unused", common=common, run=False, records=records)
 
 
+Screen = dict[str, list[str]] | Callable[[list[dict[str, Any]]], dict[str, list[str]]]
+
+
+def _grower(screen: Screen) -> Callable[[list[dict[str, Any]]], dict[str, list[str]]]:
+    return screen if callable(screen) else (lambda _results: screen)
+
+
+def recorded_grown(base: str, screen: Screen, *, common: list[str], records: str | Path) -> dict[str, Any]:
+    """:func:`recorded` of a screen that grows with its results (see :func:`run_screened`): the
+    recorded runs of the screen as it stands, grown as far as its records take it."""
+    grow = _grower(screen)
+    current = grow([])
+    while True:
+        rep = recorded(base, current, common=common, records=records)
+        bigger = grow(rep["results"])
+        if bigger.keys() == current.keys():
+            return rep
+        current = bigger
+
+
 def _work_share(items: Sequence[T], shard: int, shards: int, run_one: Callable[[T], None], *, steal: bool,
                 own: bool = True) -> None:  # fmt: skip
     """Run worker ``shard``'s items (every ``shards``-th, with ``own``), then, with ``steal``, the
@@ -399,7 +452,7 @@ def _work_share(items: Sequence[T], shard: int, shards: int, run_one: Callable[[
 
 def run_screened(
     base: str,
-    screen: dict[str, list[str]],
+    screen: Screen,
     main: Callable[[dict[str, Any]], dict[str, list[str]] | None],
     *,
     screen_common: list[str],
@@ -416,7 +469,10 @@ def run_screened(
 ) -> dict[str, list[str]]:
     """Run a paper table the way a reviewer accepts it, resumably and in parallel workers.
 
-    1. The ``screen`` runs (``screen_common``; e.g. learning rates on a validation split).
+    1. The ``screen`` runs (``screen_common``; e.g. learning rates on a validation split). A
+       callable ``screen(recorded results)`` grows the screen with what it has found (e.g.
+       :func:`widened_grid`: one more learning rate past an edge that won); it is screened until
+       it stops growing.
     2. ``main(screen report)`` turns the recorded screen into the table's variants (None while a
        screen run is missing: a worker waits, polling every ``poll_s`` s, for the others).
     3. Every variant × seed with ``protocol + [seed=S]``; with ``probe_common``, each variant
@@ -437,14 +493,24 @@ def run_screened(
         raise ConfigError(f"shard {shard} of {shards}: expected 0 <= shard < shards, e.g. --shard 0/2")
     root, out = Path(records), Path(out)
 
-    def screen_one(label: str) -> None:
-        run_variants(base, {label: screen[label]}, out_root=out / "screen", common=screen_common, records=root / "screen")
+    grow = _grower(screen)
+    current = grow([])
 
-    _work_share(list(screen), shard, shards, screen_one, steal=steal)
-    while (variants := main(recorded(base, screen, common=screen_common, records=root / "screen"))) is None:
+    def screen_one(label: str) -> None:
+        run_variants(base, {label: current[label]}, out_root=out / "screen", common=screen_common, records=root / "screen")
+
+    _work_share(list(current), shard, shards, screen_one, steal=steal)
+    while True:
+        rep = recorded(base, current, common=screen_common, records=root / "screen")
+        if (bigger := grow(rep["results"])).keys() != current.keys():  # the screen grew: screen the new runs
+            current = bigger
+            _work_share(list(current), shard, shards, screen_one, steal=steal)
+            continue
+        if (variants := main(rep)) is not None:
+            break
         time.sleep(poll_s)  # another worker is still screening
         if steal:  # ... unless it stopped: then its screen runs are free to take
-            _work_share(list(screen), shard, shards, screen_one, steal=True, own=False)
+            _work_share(list(current), shard, shards, screen_one, steal=True, own=False)
     unknown = sorted({label for label, _ in only if label not in variants})
     if unknown:
         raise ConfigError(f"--only {unknown}: not a variant of this table; expected one of {list(variants)}")
