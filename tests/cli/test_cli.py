@@ -306,6 +306,22 @@ def test_resume_with_a_corrupt_middle_metrics_line_changes_nothing(tmp_path, tin
     assert _snapshot(out) == before
 
 
+def test_resume_of_a_run_another_process_drives_is_one_line_and_changes_nothing(tmp_path, tiny):
+    from fedge.experiment.rundir import RunDir
+
+    out = _interrupted(tmp_path, tiny)
+    before = _snapshot(out)
+    driver = RunDir(out)
+    driver.hold()  # as the process driving its rounds does
+    try:
+        res = _run("run", "--resume", out, "-q")
+    finally:
+        driver.let_go()
+    _one_error_line(res, re.escape(f"run directory {str(out)!r} is being run by another fedge process right now; wait for "
+                                   f"it to finish (or stop it), then continue it with: fedge run --resume {out}"))
+    assert _snapshot(out) == before
+
+
 def test_resume_refuses_extra_arguments(tmp_path):
     res = _run("run", "quickstart", "--resume", tmp_path)
     _one_error_line(res, r"--resume takes only the run directory \(its config.yaml fixes everything else\) and "
@@ -396,7 +412,8 @@ def test_concurrent_runs_on_one_out_never_mix(tmp_path, tiny):
         outcome = sorted(results.get(timeout=5) for _ in procs)
         assert [o[0] for o in outcome] == ["ok", "refused"], outcome
         assert re.fullmatch(r"output directory '.*' (was claimed by another fedge run started at the same time|"
-                            r"is being set up by another fedge run|already exists and is not empty).*", outcome[1][1])
+                            r"is being set up by another fedge run|is being run by another fedge process|"
+                            r"already exists and is not empty).*", outcome[1][1])
         claim = json.loads((out / ".fedge-claim").read_text())
         assert claim["pid"] == outcome[0][1]  # the directory belongs to the process that finished
         assert json.loads((out / "summary.json").read_text())["status"] == "complete"
