@@ -230,7 +230,10 @@ class RunDir:
         (there the caller must not run one directory twice at once)."""
         if fcntl is None or self._held is not None or not self.path.is_dir():
             return
-        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:  # unreadable: the run's own reads will name the problem
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
