@@ -64,6 +64,24 @@ def test_restore_leaves_a_complete_or_further_run_alone(tmp_path):
     assert restore_progress(archive, tmp_path / "new") == []
 
 
+def test_restore_leaves_a_run_being_driven_alone(tmp_path):
+    from fedge.experiment.rundir import RunDir
+
+    archive = tmp_path / "in-progress.tar.gz"
+    unfinished_run(tmp_path / "old" / "x", 2)
+    save_progress(tmp_path / "old", archive)
+    behind = unfinished_run(tmp_path / "new" / "x", 1)
+    before = (behind / "checkpoint.pt").read_bytes()
+    driver = RunDir(behind)
+    driver.hold()  # a worker is driving it: replacing its directory under it would lose its rounds
+    try:
+        assert restore_progress(archive, tmp_path / "new") == []
+    finally:
+        driver.let_go()
+    assert (behind / "checkpoint.pt").read_bytes() == before
+    assert [(p.run, p.rounds) for p in restore_progress(archive, tmp_path / "new")] == [("x", 2)]  # once let go
+
+
 def test_a_damaged_or_unsafe_archive_is_refused_with_the_fix(tmp_path):
     bad = tmp_path / "in-progress.tar.gz"
     bad.write_bytes(b"not a tar")

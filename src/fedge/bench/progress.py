@@ -13,7 +13,8 @@ so on the same software it equals an uninterrupted one; on another CPU or torch 
 float roundoff can differ from there on.
 
 Both are whole-archive operations meant for a quiet moment: restore *before* the workers start
-(a worker already running a restored run would be overwritten), save at any time (a run is
+(a run a worker is driving now is left alone: :meth:`~fedge.experiment.rundir.RunDir.busy`), save
+at any time (a run is
 copied checkpoint first, and its metrics are appended before its checkpoint is replaced, so the
 copy never holds a checkpoint newer than its metrics).
 
@@ -145,7 +146,8 @@ def _run_of(name: str, runs: dict[str, int]) -> str | None:
 def restore_progress(archive: str | Path, out: str | Path) -> list[Progress]:
     """Put the archive's runs back under ``out`` where that moves them forward: a run missing
     there, or unfinished there with fewer rounds, is replaced by the archive's copy (unpacked
-    beside it, then swapped in); a complete run or one as far along is left alone. Members that
+    beside it, then swapped in); a complete run, one as far along, or one a process is driving
+    now is left alone. Members that
     would land outside ``out`` (absolute paths, ``..``, links) are refused. Returns what was
     restored."""
     root, archive = Path(out), Path(archive)
@@ -156,7 +158,7 @@ def restore_progress(archive: str | Path, out: str | Path) -> list[Progress]:
     with tar:
         for run, rounds in sorted(index.items()):
             target = root / run
-            if RunDir(target).is_complete() or (target.exists() and _rounds_done(target) >= rounds):
+            if RunDir(target).is_complete() or (target.exists() and (RunDir(target).busy() or _rounds_done(target) >= rounds)):
                 continue
             members = [m for m in tar.getmembers() if _run_of(m.name, {run: rounds}) is not None]
             target.parent.mkdir(parents=True, exist_ok=True)
