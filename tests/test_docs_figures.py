@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests_helpers import benchmark_script
+
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 
 
@@ -266,13 +268,7 @@ def test_fedpt_composition_bytes(tmp_path: Path) -> None:
     """Trainable parameters and the bytes per client per round of each composition row (one
     round, one local step; 50 samples per client as in the benchmark, so the sample count takes
     the same MessagePack width)."""
-    import sys
-
-    sys.path.insert(0, str(DOCS.parents[1] / "benchmarks"))
-    try:
-        import fedpt_composition as bench
-    finally:
-        sys.path.pop(0)
+    bench = benchmark_script("fedpt_composition")
     rows = {r[0]: r for r in _rows(_section("fedpt-composition"), "| row | method.name |")}
     assert list(rows) == list(bench.ROWS)
     tiny = ["rounds=1", "eval_every=1", "dataset.limit_train=100", "dataset.limit_test=10", "clients.num=2",
@@ -292,13 +288,7 @@ def test_ppfl_table2_parameters_and_upload_bytes() -> None:
     """The PPFL Table 2 section's model size and the upload sizes the server observed (FedAvg's
     plaintext delta, PPFL's sealed stage-1 ciphertext), re-derived from round 1 of its DRA runs
     at the settings its Reproduce line gives (no attack run)."""
-    import sys
-
-    sys.path.insert(0, str(DOCS.parents[1] / "benchmarks"))
-    try:
-        import ppfl_table2 as bench
-    finally:
-        sys.path.pop(0)
+    bench = benchmark_script("ppfl_table2")
     section = _section("ppfl-table2")
     m = re.search(r"ppfl_table2\.py --docs docs/benchmarks\.md(?: --set ([^`]*))?`", section)
     assert m, "no Reproduce line in the ppfl-table2 section"
@@ -322,16 +312,11 @@ def test_baffle_delta_loss_bytes(tmp_path: Path) -> None:
     and seed down, secure aggregation's keys and masked K float32 loss differences up; they are
     the same for ``local_set``, whose client reports the same 64 samples)."""
     import json
-    import sys
 
     from fedge.core.config import load_config
     from fedge.experiment.run import run_experiment
 
-    sys.path.insert(0, str(DOCS.parents[1] / "benchmarks"))
-    try:
-        import baffle_delta_loss as bench
-    finally:
-        sys.path.pop(0)
+    bench = benchmark_script("baffle_delta_loss")
     overrides = [*bench.PROTOCOL, "seed=0", "rounds=1", "method.delta_loss_on=batch", "measure.flops=true"]
     run_experiment(load_config(bench.BASE, overrides=overrides), out=tmp_path / "r", render=False)
     line = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[0])

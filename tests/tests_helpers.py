@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
 from pathlib import Path
+from types import ModuleType
 
 WALL_KEYS = {"wall_s", "client_wall_s"}
 
@@ -31,3 +34,12 @@ def unfinished_run(path: Path, rounds: int, seed: int = 0) -> Path:
         (path / name).write_text(text.replace(f"rounds: {rounds}\n", f"rounds: {rounds + 2}\n")
                                  .replace(f'"rounds": {rounds},', f'"rounds": {rounds + 2},'))  # fmt: skip
     return path
+
+
+def benchmark_script(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` imported as a module (the scripts are not a package)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,12 +13,9 @@ import pytest
 from fedge.bench.variants import t_interval
 from fedge.core.config import load_config
 from fedge.experiment.run import resolved_config
+from tests_helpers import benchmark_script
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-try:
-    import baffle_delta_loss as bench
-finally:
-    sys.path.pop(0)
+bench = benchmark_script("baffle_delta_loss")
 
 # per seed: (local_set accuracy at every round, batch accuracy at rounds RATIO, 2 RATIO, ...)
 LOCAL = {s: [0.1 + 0.01 * r + 0.001 * s for r in range(1, bench.ROUNDS + 1)] for s in bench.SEEDS}

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 
 from fedge.bench.variants import paired_difference, t_interval
+from tests_helpers import benchmark_script
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-try:
-    import baffle_table1 as bench
-finally:
-    sys.path.pop(0)
+bench = benchmark_script("baffle_table1")
 
 
 def _row(accs: dict[int, float]) -> dict:

@@ -3,14 +3,9 @@ validation only (hand-made screen rows; nothing is trained)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from tests_helpers import benchmark_script
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-try:
-    import baffle_table2 as bench
-finally:
-    sys.path.pop(0)
+bench = benchmark_script("baffle_table2")
 
 PLAN = bench.Plan()
 

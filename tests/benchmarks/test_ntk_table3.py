@@ -3,14 +3,9 @@ validation only (hand-made screen rows; nothing is trained)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from tests_helpers import benchmark_script
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-try:
-    import ntk_table3 as bench
-finally:
-    sys.path.pop(0)
+bench = benchmark_script("ntk_table3")
 
 PLAN = bench.Plan()
 FAMILIES = (f"NTK-BAFFLE K={PLAN.kmid}", f"BAFFLE (dense) K={PLAN.kmid}", "BP FedAvg")
