@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from fedge.bench.variants import Screen, recorded, recorded_grown, run_screened, run_seeded_variants
+from fedge.bench.variants import Screen, recorded_grown, run_screened, run_seeded_variants
 
 __all__ = ["Plan", "machines_note", "per_seed_cell", "read_plan_screen", "recorded_screen", "recorded_seeded", "run_plan", "when_picked"]
 
@@ -41,9 +41,7 @@ class Plan(Protocol):
 def recorded_screen(base: str, screen: Screen, *, common: list[str], records: str | Path) -> dict[str, Any]:
     """The screen runs of a :func:`fedge.bench.variants.run_screened` table as recorded under ``records/screen``
     (nothing runs; the rest are ``"missing"``); a growing screen as far as its records grew it."""
-    if callable(screen):
-        return recorded_grown(base, screen, common=common, records=Path(records) / "screen")
-    return recorded(base, screen, common=common, records=Path(records) / "screen")
+    return recorded_grown(base, screen, common=common, records=Path(records) / "screen")
 
 
 def recorded_seeded(
