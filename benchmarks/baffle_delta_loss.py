@@ -42,7 +42,14 @@ from typing import Any
 
 from fedge.bench.docs import update_section
 from fedge.bench.screened import machines_note, recorded_screen, recorded_seeded, when_picked
-from fedge.bench.variants import paired_difference, pick_by_validation, recorded, run_screened, run_variants
+from fedge.bench.variants import (
+    paired_difference,
+    pick_by_validation,
+    recorded,
+    run_screened,
+    run_variants,
+    screen_cell,
+)
 
 BASE = "baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "baffle_delta_loss"
@@ -163,8 +170,7 @@ def screen_lines(screen: dict[str, Any]) -> list[str]:
            f"{SCREEN_ROUNDS * RATIO} rounds: the same forwards; picked by final **validation** accuracy):", "",
            "| lr | batch val acc | local_set val acc |", "|---|---|---|"]  # fmt: skip
     for lr in sorted({lr for grid in SCREEN_LRS.values() for lr in grid}):
-        cells = [(f"{rows[k]['final_val_accuracy']:.4f}" if (k := f"screen {v} lr={lr}") in rows else "not run")
-                 if lr in SCREEN_LRS[v] else "-" for v in VARIANTS]  # fmt: skip
+        cells = [screen_cell(rows.get(f"screen {v} lr={lr}")) if lr in SCREEN_LRS[v] else "-" for v in VARIANTS]
         out.append(f"| {lr} | {' | '.join(cells)} |")
     chosen = picks(screen)
     if chosen is not None:

@@ -36,7 +36,14 @@ from typing import Any
 from fedge.bench.docs import publish
 from fedge.bench.screened import machines_note, per_seed_cell, recorded_screen, recorded_seeded, when_picked
 from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
-from fedge.bench.variants import paired_difference, pick_by_validation, recorded, run_screened, run_seeded_variants
+from fedge.bench.variants import (
+    paired_difference,
+    pick_by_validation,
+    recorded,
+    run_screened,
+    run_seeded_variants,
+    screen_cell,
+)
 
 BASE = "baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "baffle_table1"
@@ -143,8 +150,7 @@ def table(command: str, *, k500: bool) -> str:
              "| lr | BAFFLE K=100 val acc | BP FedAvg val acc |", "|---|---|---|"]  # fmt: skip
     rows = {r["label"]: r for r in screen["results"]}
     for lr in sorted({lr for grid in SCREEN_LRS.values() for lr in grid}):
-        cells = [(f"{rows[f'screen {f} lr={lr}']['final_val_accuracy']:.4f}" if f"screen {f} lr={lr}" in rows else "not run")
-                 if lr in grid else "-" for f, grid in SCREEN_LRS.items()]  # fmt: skip
+        cells = [screen_cell(rows.get(f"screen {f} lr={lr}")) if lr in grid else "-" for f, grid in SCREEN_LRS.items()]
         lines.append(f"| {lr} | {cells[0]} | {cells[1]} |")
     if chosen is None:
         return "\n".join([*lines, "", "The screen is not finished; no main runs yet."])

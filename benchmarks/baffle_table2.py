@@ -45,7 +45,7 @@ from typing import Any
 from fedge.bench.docs import publish
 from fedge.bench.screened import machines_note, per_seed_cell, read_plan_screen, recorded_seeded, run_plan, when_picked
 from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
-from fedge.bench.variants import paired_difference, pick_by_validation, t_interval, widened_grid
+from fedge.bench.variants import paired_difference, pick_by_validation, screen_cell, t_interval, widened_grid
 
 BASE = "baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "baffle_table2"
@@ -153,8 +153,7 @@ def table(plan: Plan, command: str) -> str:
              "past an edge that wins, at most twice):", "",
              "| lr | " + " | ".join(f"{f}, {p} val acc" for f, _, p in cols) + " |", "|---|" + "---|" * len(cols)]  # fmt: skip
     for lr in sorted({lr for g in grids.values() for lr in g}):
-        cells = [f"{rows[label]['final_val_accuracy']:.4f}" if (label := f"screen {f}, {p}, lr={lr}") in rows
-                 else "not run" if lr in grids[short, p] else "-" for f, short, p in cols]  # fmt: skip
+        cells = [screen_cell(rows.get(f"screen {f}, {p}, lr={lr}")) if lr in grids[short, p] else "-" for f, short, p in cols]
         lines.append(f"| {lr} | " + " | ".join(cells) + " |")
     chosen = picks(plan, screen)
     if chosen is None:

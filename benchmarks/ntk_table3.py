@@ -61,7 +61,7 @@ from typing import Any
 from fedge.bench.docs import publish
 from fedge.bench.screened import machines_note, per_seed_cell, read_plan_screen, recorded_seeded, run_plan, when_picked
 from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
-from fedge.bench.variants import paired_difference, pick_by_validation, recorded, widened_grid
+from fedge.bench.variants import paired_difference, pick_by_validation, recorded, screen_cell, widened_grid
 
 BASE = "ntk-baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "ntk_table3"
@@ -301,8 +301,7 @@ def table(plan: Plan, command: str) -> str:
     for opt in OPTIMIZERS:
         lines += [f"| {opt} lr | " + " | ".join(f"{f} val acc" for f in families) + " |", "|---|" + "---|" * len(families)]
         for lr in sorted({lr for f in families for lr in grids[opt, f]}):
-            cells = [f"{rows[label]['final_val_accuracy']:.4f}" if (label := f"screen {opt} {f} lr={lr}") in rows
-                     else "not run" if lr in grids[opt, f] else "-" for f in families]  # fmt: skip
+            cells = [screen_cell(rows.get(f"screen {opt} {f} lr={lr}")) if lr in grids[opt, f] else "-" for f in families]
             lines.append(f"| {lr} | " + " | ".join(cells) + " |")
         lines.append("")
     chosen = picks(plan, screen)

@@ -313,3 +313,45 @@ def test_run_screened_only_runs_the_named_variants_and_seeds(tmp_path):
     assert files == ["screen/lr=0.1.json", "seed-0/a.json", "seed-1/a.json", "seed-1/b.json"]
     with pytest.raises(ConfigError, match=r"--only \['c'\]: not a variant of this table; expected one of \['a', 'b'\]"):
         run([("c", None)], tmp_path / "rec")
+
+
+def test_a_screen_run_that_diverges_is_recorded_as_the_worst_of_its_grid(tmp_path):
+    from fedge.bench.variants import pick_by_validation, recorded, run_screened, screen_cell
+    from fedge.experiment.run import DivergenceError
+
+    screen = {"lr=0.1": ["method.client_optimizer.lr=0.1"],
+              "lr=100000.0": ["method.client_optimizer.lr=0.1", "method.server_optimizer.lr=1e5"]}  # fmt: skip
+    common = [*COMMON, "rounds=2", "dataset.validation=20"]
+    with pytest.raises(DivergenceError) as caught:  # outside a screen a divergence is still an error
+        run_variants("quickstart", {"x": screen["lr=100000.0"]}, out_root=tmp_path / "plain", common=common)
+    assert caught.value.round == 1
+    picked = []
+
+    def main(rep):
+        picked.append(pick_by_validation(rep["results"], {0.1: "lr=0.1", 1e5: "lr=100000.0"}))
+        return {"a": ["method.client_optimizer.lr=0.1"]}
+
+    run_screened("quickstart", screen, main, screen_common=common, protocol=[*COMMON, "rounds=1"], seeds=(0,),
+                 records=tmp_path / "rec", out=tmp_path / "runs", poll_s=0.05)  # fmt: skip
+    assert picked == [0.1]  # the larger lr diverged: it lost, and the worker went on
+    rows = {r["label"]: r for r in recorded("quickstart", screen, common=common, records=tmp_path / "rec" / "screen")["results"]}
+    bad = rows["lr=100000.0"]  # read back from its record: the screen is not rerun
+    assert bad["diverged_round"] == 1 and bad["final_val_accuracy"] is None
+    assert bad["diverged"].startswith("training diverged in round 1")
+    assert screen_cell(bad) == "diverged (round 1)" and screen_cell(None) == "not run"
+    assert screen_cell(rows["lr=0.1"]) == f"{rows['lr=0.1']['final_val_accuracy']:.4f}"
+
+
+def test_pick_by_validation_ranks_a_diverged_run_below_every_finished_one():
+    from fedge.bench.variants import pick_by_validation, widened_grid
+
+    def label(lr):
+        return f"lr={lr}"
+
+    rows = [{"label": "lr=0.01", "final_val_accuracy": 0.1}, {"label": "lr=0.03", "final_val_accuracy": 0.05},
+            {"label": "lr=0.1", "diverged_round": 3, "final_val_accuracy": None}]  # fmt: skip
+    assert pick_by_validation(rows, {lr: label(lr) for lr in (0.01, 0.03, 0.1)}) == 0.01
+    # the winner is the smallest lr, an edge: the grid grows downwards, not past the diverged top
+    assert widened_grid((0.01, 0.03, 0.1), label, rows) == (0.003, 0.01, 0.03, 0.1)
+    every = [{"label": label(lr), "diverged_round": 1, "final_val_accuracy": None} for lr in (0.01, 0.03)]
+    assert pick_by_validation(every, {lr: label(lr) for lr in (0.01, 0.03)}) == 0.01  # all diverged: the smallest

@@ -15,7 +15,7 @@ from fedge.bench.docs import command_section, markdown_table
 from fedge.bench.figures import read_run_logs
 from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError
-from fedge.experiment.run import resolved_config, resume_experiment, run_experiment
+from fedge.experiment.run import DivergenceError, resolved_config, resume_experiment, run_experiment
 from fedge.experiment.rundir import RunDir, RunDirBusyError
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "recorded",
     "run_screened",
     "run_seeded_variants",
+    "screen_cell",
     "run_variants",
     "grid_step",
     "recorded_grown",
@@ -45,6 +46,7 @@ def run_variants(
     common: list[str] | None = None,
     run: bool = True,
     records: str | Path | None = None,
+    record_divergence: bool = False,
 ) -> dict[str, Any]:
     """Run ``base`` with ``common + overrides`` for each variant into ``out_root/<label>``.
 
@@ -59,6 +61,12 @@ def run_variants(
     config is read from it, even when its run directory is gone — so a reproduction that takes
     longer than one machine's lifetime continues where the last machine stopped. A record of a
     different config is an error, as a run directory of one is.
+
+    ``record_divergence``: a variant whose training diverges (:class:`DivergenceError`) is a
+    result, not a failure — its row holds ``diverged_round`` (and ``final_val_accuracy`` None)
+    and is recorded like any other, so a learning-rate screen counts a step size too large as
+    the worst of its grid (:func:`pick_by_validation`) instead of stopping the worker. Without
+    it the error propagates (a main run that diverges is not silently a row).
     """
     root = Path(out_root)
     results = []
@@ -73,35 +81,22 @@ def run_variants(
         if not run and not RunDir(out).is_complete():
             missing.append(label)
             continue
-        if not RunDir(out).is_complete():
-            if (out / "config.yaml").exists():
-                _check_same_run(out, wanted, allow_more_rounds=False)
-                resume_experiment(out, render=False)
-            else:
-                run_experiment(wanted, out=out, render=False)
-        elif _check_same_run(out, wanted, allow_more_rounds=True) < wanted.rounds:
-            resume_experiment(out, rounds=wanted.rounds, render=False)  # train it further
-        summary, lines = read_run_logs(out)
-        results.append(
-            {
-                "label": label,
-                "overrides": overrides,
-                "run_dir": str(out),
-                "final_test_accuracy": summary["final_test_accuracy"],
-                "test_accuracy_at_best_val": summary.get("test_accuracy_at_best_val"),
-                "best_test_accuracy": summary["best_test_accuracy"],
-                **per_client_costs(lines),
-                "client_flops_per_round": summary["total_client_flops"] / summary["rounds"],
-                "client_flops_effective_per_round": _mean_per_round(lines, "client_flops_effective"),
-                "client_tensor_peak_bytes": _max_over_rounds(lines, "client_tensor_peak_bytes"),
-                "wall_s": summary["wall_s"],
-                # which machine ran which rounds (absent from runs made before it was recorded)
-                **({"machines": summary["machines"]} if "machines" in summary else {}),
-                "accuracy_by_round": [x["test_accuracy"] for x in lines],
-                **({"val_accuracy_by_round": [x.get("val_accuracy") for x in lines],
-                    "final_val_accuracy": lines[-1].get("val_accuracy")} if "val_accuracy" in lines[-1] else {}),  # fmt: skip
-            }
-        )
+        try:
+            if not RunDir(out).is_complete():
+                if (out / "config.yaml").exists():
+                    _check_same_run(out, wanted, allow_more_rounds=False)
+                    resume_experiment(out, render=False)
+                else:
+                    run_experiment(wanted, out=out, render=False)
+            elif _check_same_run(out, wanted, allow_more_rounds=True) < wanted.rounds:
+                resume_experiment(out, rounds=wanted.rounds, render=False)  # train it further
+        except DivergenceError as exc:
+            if not record_divergence:
+                raise
+            results.append(_diverged_row(label, overrides, exc))
+        else:
+            summary, lines = read_run_logs(out)
+            results.append(_row(label, overrides, out, summary, lines))
         if record is not None:
             record.parent.mkdir(parents=True, exist_ok=True)
             row = {k: v for k, v in results[-1].items() if k != "run_dir"}
@@ -109,6 +104,35 @@ def run_variants(
             tmp.write_text(json.dumps({"config": resolved_config(wanted), "result": row}, indent=1, sort_keys=True) + "\n")
             tmp.replace(record)
     return {"benchmark": "variants", "base": base, "common": common or [], "results": results, "missing": missing}
+
+
+def _diverged_row(label: str, overrides: list[str], exc: DivergenceError) -> dict[str, Any]:
+    """The row of a variant whose training diverged: no accuracy, the round and the reason."""
+    return {"label": label, "overrides": overrides, "run_dir": None, "diverged_round": exc.round,
+            "diverged": str(exc).split("; likely cause")[0], "final_val_accuracy": None,
+            "final_test_accuracy": None}  # fmt: skip
+
+
+def _row(label: str, overrides: list[str], out: Path, summary: dict[str, Any], lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """The row of a finished variant, read from its run's summary and metrics."""
+    return {
+        "label": label,
+        "overrides": overrides,
+        "run_dir": str(out),
+        "final_test_accuracy": summary["final_test_accuracy"],
+        "test_accuracy_at_best_val": summary.get("test_accuracy_at_best_val"),
+        "best_test_accuracy": summary["best_test_accuracy"],
+        **per_client_costs(lines),
+        "client_flops_per_round": summary["total_client_flops"] / summary["rounds"],
+        "client_flops_effective_per_round": _mean_per_round(lines, "client_flops_effective"),
+        "client_tensor_peak_bytes": _max_over_rounds(lines, "client_tensor_peak_bytes"),
+        "wall_s": summary["wall_s"],
+        # which machine ran which rounds (absent from runs made before it was recorded)
+        **({"machines": summary["machines"]} if "machines" in summary else {}),
+        "accuracy_by_round": [x["test_accuracy"] for x in lines],
+        **({"val_accuracy_by_round": [x.get("val_accuracy") for x in lines],
+            "final_val_accuracy": lines[-1].get("val_accuracy")} if "val_accuracy" in lines[-1] else {}),  # fmt: skip
+    }
 
 
 # Config keys added after result records were first committed, each with the value that reproduces
@@ -341,17 +365,30 @@ def seeded_markdown(report: dict[str, Any], command: str, intro: str) -> str:
 def pick_by_validation(results: list[dict[str, Any]], labels: dict[float, str]) -> float | None:
     """The value (a learning rate) whose run, ``labels[value]``, ended with the best final
     **validation** accuracy (ties: the smaller value); None while one of them is not recorded.
-    The test set is never looked at."""
+    A run that diverged (``diverged_round``) scores below every run that did not. The test set
+    is never looked at."""
     rows = {r["label"]: r for r in results}
     if any(label not in rows for label in labels.values()):
         return None
     scored = []
     for value, label in labels.items():
         val = rows[label].get("final_val_accuracy")
-        if val is None:
+        if "diverged_round" in rows[label]:
+            val = -math.inf
+        elif val is None:
             raise ConfigError(f"screen run {label!r} has no validation accuracy; give the protocol dataset.validation=N")
         scored.append((val, -value, value))
     return max(scored)[2]
+
+
+def screen_cell(row: dict[str, Any] | None) -> str:
+    """A screen table's cell: the run's final validation accuracy, "diverged (round N)", or
+    "not run" (``row`` None)."""
+    if row is None:
+        return "not run"
+    if "diverged_round" in row:
+        return f"diverged (round {row['diverged_round']})"
+    return f"{row['final_val_accuracy']:.4f}"
 
 
 def grid_step(x: float, *, up: bool) -> float:
@@ -472,7 +509,8 @@ def run_screened(
     1. The ``screen`` runs (``screen_common``; e.g. learning rates on a validation split). A
        callable ``screen(recorded results)`` grows the screen with what it has found (e.g.
        :func:`widened_grid`: one more learning rate past an edge that won); it is screened until
-       it stops growing.
+       it stops growing. A screen run that diverges is recorded as diverged (the worst of its
+       grid), not an error.
     2. ``main(screen report)`` turns the recorded screen into the table's variants (None while a
        screen run is missing: a worker waits, polling every ``poll_s`` s, for the others).
     3. Every variant × seed with ``protocol + [seed=S]``; with ``probe_common``, each variant
@@ -497,7 +535,8 @@ def run_screened(
     current = grow([])
 
     def screen_one(label: str) -> None:
-        run_variants(base, {label: current[label]}, out_root=out / "screen", common=screen_common, records=root / "screen")
+        run_variants(base, {label: current[label]}, out_root=out / "screen", common=screen_common, records=root / "screen",
+                     record_divergence=True)  # a step size that diverges loses the screen  # fmt: skip
 
     _work_share(list(current), shard, shards, screen_one, steal=steal)
     while True:

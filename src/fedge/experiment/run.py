@@ -51,7 +51,12 @@ __all__ = [
 
 class DivergenceError(FedgeError, RuntimeError):
     """Training diverged (non-finite values or an exploding loss); the message names the round
-    and the config keys that exist for this method to tame it."""
+    and the config keys that exist for this method to tame it. ``round``: the round that
+    diverged (None where unknown)."""
+
+    def __init__(self, message: str, *, round: int | None = None) -> None:  # noqa: A002 - the config's word
+        super().__init__(message)
+        self.round = round
 
 
 class DivergenceWarning(UserWarning):
@@ -251,7 +256,8 @@ def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], 
         if bad is not None:
             what = f"{key}={value:.4g} (limit 100·ln({built.dataset.num_classes}) = {limit:.4g})"
             if cfg.on_divergence == "stop":
-                raise DivergenceError(_divergence_message(built, line["round"], what, rundir, line["round"]))
+                raise DivergenceError(_divergence_message(built, line["round"], what, rundir, line["round"]),
+                                      round=line["round"])
             warnings.warn(f"training diverged in round {line['round']}: {what}; {_advice(built)}",
                           DivergenceWarning, stacklevel=2)  # fmt: skip
         writing.clear()
@@ -273,7 +279,7 @@ def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], 
             who, _, what = text.split(";")[0].rpartition(": ")
             rnd = sim.record.round + 1
             what = f"{what} ({who})" if who else what
-            raise DivergenceError(_divergence_message(built, rnd, what, rundir, rnd - 1, hard=True)) from None
+            raise DivergenceError(_divergence_message(built, rnd, what, rundir, rnd - 1, hard=True), round=rnd) from None
     summary = _summary(built, sim, lines)
     summary["machines"] = segments(rundir.read_sessions(), sim.record.round)
     if runtime != "engine":
