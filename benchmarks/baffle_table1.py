@@ -37,6 +37,7 @@ from fedge.bench.docs import publish
 from fedge.bench.screened import machines_note, per_seed_cell, recorded_screen, recorded_seeded, when_picked
 from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
 from fedge.bench.variants import (
+    not_run_cell,
     paired_difference,
     pick_by_validation,
     recorded,
@@ -167,7 +168,7 @@ def table(command: str, *, k500: bool) -> str:
         r = agg.get(label)
         flops = probes[label]["client_flops_per_round"] / 1e9 if label in probes else None
         if r is None:
-            lines.append(f"| {label} | 0 | not run yet | | | | {'' if flops is None else f'{flops:.1f}'} | {PAPER.get(label, '')} |")
+            lines.append(f"| {label} | 0 | {not_run_cell(report, label)} | | | | {'' if flops is None else f'{flops:.1f}'} | {PAPER.get(label, '')} |")
             continue
         per_seed = per_seed_cell(r)
         def spread(key: str, r: dict[str, Any] = r) -> str:  # a single seed has no spread to show

@@ -45,7 +45,14 @@ from typing import Any
 from fedge.bench.docs import publish
 from fedge.bench.screened import machines_note, per_seed_cell, read_plan_screen, recorded_seeded, run_plan, when_picked
 from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
-from fedge.bench.variants import paired_difference, pick_by_validation, screen_cell, t_interval, widened_grid
+from fedge.bench.variants import (
+    not_run_cell,
+    paired_difference,
+    pick_by_validation,
+    screen_cell,
+    t_interval,
+    widened_grid,
+)
 
 BASE = "baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "baffle_table2"
@@ -170,7 +177,7 @@ def table(plan: Plan, command: str) -> str:
         for part in PARTITIONS:
             r = agg.get(f"{family}, {part}")
             if r is None:
-                lines.append(f"| {family} | {part} | 0 | not run yet | | | |")
+                lines.append(f"| {family} | {part} | 0 | {not_run_cell(report, f'{family}, {part}')} | | | |")
                 continue
             per_seed = per_seed_cell(r)
             lines.append(f"| {family} | {part} | {r['seeds']} | {r['final_test_accuracy']:.4f} ± {r['final_test_accuracy_std']:.4f} "

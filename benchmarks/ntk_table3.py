@@ -25,10 +25,17 @@ per pruning round on the server; Ori: up to 16 own samples on each of the 10 cli
 round 1, fewer on a client holding fewer, so at most 160).
 
 Tuning: per optimizer, the client learning rate of dense BAFFLE K = 100, of NTK-BAFFLE K = 100
-and of BP FedAvg is picked from the optimizer's ``SCREEN_LRS`` by the final **validation**
-accuracy after ``screen_rounds`` rounds on seed 0 (never the test set); K = 50/200 reuse their
-family's pick, the magnitude/random/Rand/Ori rows NTK-BAFFLE's. A grid whose best sits at its edge
-grows one step past it (0.1 -> 0.3; at most twice), so every pick is bracketed.
+and of BP FedAvg is picked from the optimizer's ``SCREEN_LRS`` by the **validation** accuracy of
+a ``screen_rounds`` = 100-round run on seed 0 (never the test set), averaged over its last
+``screen_window`` = 5 evaluations (rounds 80-100); K = 50/200 reuse their family's pick, the
+magnitude/random/Rand/Ori rows NTK-BAFFLE's. A grid whose best sits at its edge grows one step
+past it (0.1 -> 0.3; at most twice), so every pick is bracketed; a lr whose run diverges loses.
+Why 100 rounds and a window: a first screen of 50 rounds scored by the final evaluation (its
+records: ``results/ntk_table3/screen-50rounds/``) could not separate the lrs — under SGD every
+zeroth-order run and BP FedAvg at lr 0.01/0.03 still predicted one class at round 50 (validation
+accuracy 0.10-0.19; with Dirichlet(0.1) and ~50 samples a client takes 2 local steps a round), and
+single evaluations swung by up to 10 points from one to the next (Adam NTK-BAFFLE lr 0.01:
+0.216 at round 45, 0.114 at round 50).
 
 Cost: the long runs switch the FLOP counter off; each row's client FLOPs per client per round
 are measured by a 2-round probe of seed 0 with the counter on. Measured here (3 rounds of
@@ -38,8 +45,8 @@ images every round: 17 CPU-seconds with start-up and the 50 data-free pruning ro
 rounds is **~15 CPU-minutes**, K = 200 ~30, K = 50 ~8, BP FedAvg ~2. Per seed: the SGD rows are 9
 K = 100-equivalents, Adam's 2 (``--adam-all``: 9), Rand/Ori 2 plus their zeroth-order pruning
 (50 rounds x 2K x 2 forwards of 160 inputs, ~5-10 min each): **~3.5 CPU-hours a seed**;
-screens (2 optimizers x 2 zeroth-order families x 3 lrs x 50 rounds) ~0.6 h; **~11 CPU-hours in
-all** for 3 seeds (~16 with ``--adam-all``); run it in shards.
+screens (2 optimizers x 2 zeroth-order families x 3-5 lrs x 100 rounds) ~1.5 h; **~12 CPU-hours
+in all** for 3 seeds (~17 with ``--adam-all``); run it in shards.
 
 Resumable across machines: every finished run writes its row, with its full config, to
 ``benchmarks/results/ntk_table3/`` (commit it); rerunning reads those rows and runs only what is
@@ -61,7 +68,14 @@ from typing import Any
 from fedge.bench.docs import publish
 from fedge.bench.screened import machines_note, per_seed_cell, read_plan_screen, recorded_seeded, run_plan, when_picked
 from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
-from fedge.bench.variants import paired_difference, pick_by_validation, recorded, screen_cell, widened_grid
+from fedge.bench.variants import (
+    not_run_cell,
+    paired_difference,
+    pick_by_validation,
+    recorded,
+    screen_cell,
+    widened_grid,
+)
 
 BASE = "ntk-baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "ntk_table3"
@@ -167,7 +181,8 @@ class Plan:
     validation: int = 1000
     test: int = 10000
     ks: tuple[int, int, int] = (50, 100, 200)
-    screen_rounds: int = 50
+    screen_rounds: int = 100
+    screen_window: int = 5  # the screen's score: mean validation accuracy of its last 5 evaluations
     lrs: tuple[tuple[str, tuple[float, ...]], ...] = tuple(SCREEN_LRS.items())
     prune_rounds: int = 50
     prune_inputs: int = 16  # NTK-Ori: per client (10 clients); NTK-Rand (zeroth-order route): 10x this on the server
@@ -221,7 +236,8 @@ def ntk(plan: Plan, opt: str, lr: float, k: int, *extra: str) -> list[str]:
 
 def grid(plan: Plan, results: Sequence[dict[str, Any]], opt: str, family: str) -> tuple[float, ...]:
     """The optimizer's screen lrs, widened past an edge that won the screen so far (:func:`widened_grid`)."""
-    return widened_grid(plan.screen_lrs(opt), lambda lr: f"screen {opt} {family} lr={lr}", list(results))
+    return widened_grid(plan.screen_lrs(opt), lambda lr: f"screen {opt} {family} lr={lr}", list(results),
+                        window=plan.screen_window)  # fmt: skip
 
 
 def screen_variants(plan: Plan, results: Sequence[dict[str, Any]] = ()) -> dict[str, list[str]]:
@@ -243,7 +259,8 @@ def picks(plan: Plan, screen: dict[str, Any]) -> dict[tuple[str, str], float] | 
     for opt in OPTIMIZERS:
         for family in (f"NTK-BAFFLE K={plan.kmid}", f"BAFFLE (dense) K={plan.kmid}", "BP FedAvg"):
             lrs = grid(plan, screen["results"], opt, family)
-            lr = pick_by_validation(screen["results"], {lr: f"screen {opt} {family} lr={lr}" for lr in lrs})
+            lr = pick_by_validation(screen["results"], {lr: f"screen {opt} {family} lr={lr}" for lr in lrs},
+                                    window=plan.screen_window)  # fmt: skip
             if lr is None:
                 return None
             chosen[opt, family.split(" K=")[0]] = lr
@@ -294,14 +311,15 @@ def table(plan: Plan, command: str) -> str:
     screen = read_screen(plan)
     rows = {r["label"]: r for r in screen["results"]}
     lines = [intro(plan), "", f"Command: `{command}`", "", f"**Learning-rate screen** (client lr; seed 0, the protocol's data, "
-             f"{plan.screen_rounds} rounds; picked by final **validation** accuracy; a grid grows one step past an "
-             "edge that wins, at most twice):", ""]  # fmt: skip
+             f"{plan.screen_rounds} rounds; picked by **validation** accuracy, the mean of the last {plan.screen_window} "
+             "evaluations; a grid grows one step past an edge that wins, at most twice; a lr that diverges loses):", ""]  # fmt: skip
     families = (f"NTK-BAFFLE K={plan.kmid}", f"BAFFLE (dense) K={plan.kmid}", "BP FedAvg")
     grids = {(o, f): grid(plan, screen["results"], o, f) for o in OPTIMIZERS for f in families}
     for opt in OPTIMIZERS:
         lines += [f"| {opt} lr | " + " | ".join(f"{f} val acc" for f in families) + " |", "|---|" + "---|" * len(families)]
         for lr in sorted({lr for f in families for lr in grids[opt, f]}):
-            cells = [screen_cell(rows.get(f"screen {opt} {f} lr={lr}")) if lr in grids[opt, f] else "-" for f in families]
+            cells = [screen_cell(rows.get(f"screen {opt} {f} lr={lr}"), plan.screen_window) if lr in grids[opt, f] else "-"
+                     for f in families]  # fmt: skip
             lines.append(f"| {lr} | " + " | ".join(cells) + " |")
         lines.append("")
     chosen = picks(plan, screen)
@@ -326,7 +344,7 @@ def table(plan: Plan, command: str) -> str:
         if pr is not None and pr.get("pretraining_phases"):
             flops, eff = f"{flops} (incl. pruning)", f"{eff} (incl. pruning)"
         if r is None:
-            lines.append(f"| {label} | 0 | not run yet | | | | | | {flops} | {eff} |")
+            lines.append(f"| {label} | 0 | {not_run_cell(report, label)} | | | | | | {flops} | {eff} |")
             continue
         per_seed = per_seed_cell(r)
         pruning = (f"{r['pretraining_bytes_up_per_client']:.0f} / {r['pretraining_bytes_down_per_client']:.0f}"

@@ -355,3 +355,47 @@ def test_pick_by_validation_ranks_a_diverged_run_below_every_finished_one():
     assert widened_grid((0.01, 0.03, 0.1), label, rows) == (0.003, 0.01, 0.03, 0.1)
     every = [{"label": label(lr), "diverged_round": 1, "final_val_accuracy": None} for lr in (0.01, 0.03)]
     assert pick_by_validation(every, {lr: label(lr) for lr in (0.01, 0.03)}) == 0.01  # all diverged: the smallest
+
+
+def test_a_main_run_that_diverges_is_a_listed_result_not_averaged_in(tmp_path):
+    from fedge.bench.screened import per_seed_cell, recorded_seeded
+    from fedge.bench.variants import not_run_cell, run_screened
+
+    variants = {"a": ["method.client_optimizer.lr=0.1"],
+                "boom": ["method.client_optimizer.lr=0.1", "method.server_optimizer.lr=1e5"]}  # fmt: skip
+    common = [*COMMON, "rounds=1"]
+    run_screened("quickstart", {}, lambda _rep: variants, screen_common=common, protocol=common, seeds=(0, 1),
+                 records=tmp_path / "rec", out=tmp_path / "runs", poll_s=0.05)  # fmt: skip  # the worker went on
+    report = recorded_seeded("quickstart", variants, seeds=(0, 1), common=common, records=tmp_path / "rec")
+    assert [r["label"] for r in report["results"]] == ["a"] and report["missing"] == []
+    assert report["diverged"] == {"boom": [{"seed": 0, "round": 1}, {"seed": 1, "round": 1}]}
+    assert not_run_cell(report, "boom") == "seed 0 diverged (round 1), seed 1 diverged (round 1)"
+    assert not_run_cell(report, "a") == "not run yet"
+    # one seed of "a" diverged (its record rewritten as a diverged one): the other is the row, the table says which
+    path = tmp_path / "rec" / "seed-1" / "a.json"
+    rec = json.loads(path.read_text())
+    seed0 = json.loads((tmp_path / "rec" / "seed-0" / "a.json").read_text())["result"]["final_test_accuracy"]
+    rec["result"] = {"label": "a", "overrides": variants["a"], "diverged_round": 7, "diverged": "training diverged in round 7",
+                     "final_val_accuracy": None, "final_test_accuracy": None}  # fmt: skip
+    path.write_text(json.dumps(rec))
+    row = recorded_seeded("quickstart", variants, seeds=(0, 1), common=common, records=tmp_path / "rec")["results"][0]
+    assert row["seeds"] == 1 and row["final_test_accuracy"] == seed0 and row["final_test_accuracy_std"] == 0.0
+    assert row["diverged"] == [{"seed": 1, "round": 7}]
+    assert per_seed_cell(row) == f"{seed0:.4f}, seed 1 diverged (round 7)"
+
+
+def test_a_windowed_validation_score_judges_where_a_swinging_run_sits():
+    from fedge.bench.variants import pick_by_validation, screen_cell, validation_score, widened_grid
+
+    steady = {"label": "lr=0.01", "final_val_accuracy": 0.20, "val_accuracy_by_round": [None, 0.19, None, 0.21, None, 0.20]}
+    swing = {"label": "lr=0.03", "final_val_accuracy": 0.25, "val_accuracy_by_round": [None, 0.05, None, 0.10, None, 0.25]}
+    assert validation_score(steady) == 0.20 and validation_score(swing, 1) == 0.25  # the final evaluation
+    assert validation_score(steady, 3) == pytest.approx(0.20) and validation_score(swing, 3) == pytest.approx(0.4 / 3)
+    assert validation_score(swing, 2) == pytest.approx(0.175)  # the last 2 evaluations; rounds not evaluated skipped
+    assert validation_score({"label": "x", "diverged_round": 4}, 3) is None
+    labels = {0.01: "lr=0.01", 0.03: "lr=0.03"}
+    assert pick_by_validation([steady, swing], labels) == 0.03  # its last evaluation happened to be high
+    assert pick_by_validation([steady, swing], labels, window=3) == 0.01
+    assert screen_cell(swing, 3) == "0.1333"
+    # the window decides the widening too: 0.01 wins at the lower edge, so 0.003 is screened next
+    assert widened_grid((0.01, 0.03), lambda lr: f"lr={lr}", [steady, swing], window=3) == (0.003, 0.01, 0.03)

@@ -12,7 +12,8 @@ FAMILIES = (f"NTK-BAFFLE K={PLAN.kmid}", f"BAFFLE (dense) K={PLAN.kmid}", "BP Fe
 
 
 def _rows(curves: dict[tuple[str, str], dict[float, float]]) -> list[dict]:
-    return [{"label": f"screen {o} {f} lr={lr}", "final_val_accuracy": v, "final_test_accuracy": 1 - v}
+    return [{"label": f"screen {o} {f} lr={lr}", "final_val_accuracy": v, "final_test_accuracy": 1 - v,
+             "val_accuracy_by_round": [None, v, None, v]}  # the screen's score: the mean of its last evaluations
             for (o, f), curve in curves.items() for lr, v in curve.items()]  # fmt: skip
 
 

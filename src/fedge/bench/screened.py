@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from fedge.bench.variants import Screen, recorded_grown, run_screened, run_seeded_variants
+from fedge.bench.variants import Screen, diverged_note, recorded_grown, run_screened, run_seeded_variants
 
 __all__ = ["Plan", "machines_note", "per_seed_cell", "read_plan_screen", "recorded_screen", "recorded_seeded", "run_plan", "when_picked"]
 
@@ -68,8 +68,9 @@ def when_picked(
 
 
 def per_seed_cell(row: dict[str, Any], key: str = "final_test_accuracy") -> str:
-    """A :func:`run_seeded_variants` row's ``key`` of every seed run, in seed order: ``0.8123, 0.8201``."""
-    return ", ".join(f"{x[key]:.4f}" for x in row["runs"])
+    """A :func:`run_seeded_variants` row's ``key`` of every finished seed run, in seed order, then
+    the seeds that diverged: ``0.8123, 0.8201, seed 2 diverged (round 40)``."""
+    return ", ".join([*(f"{x[key]:.4f}" for x in row["runs"]), *([diverged_note(row["diverged"])] if row.get("diverged") else [])])
 
 
 def machine_name(m: dict[str, Any]) -> str:

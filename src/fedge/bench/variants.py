@@ -21,11 +21,14 @@ from fedge.experiment.rundir import RunDir, RunDirBusyError
 __all__ = [
     "paired_difference",
     "t_interval",
+    "validation_score",
     "per_client_costs",
     "pick_by_validation",
     "recorded",
     "run_screened",
     "run_seeded_variants",
+    "diverged_note",
+    "not_run_cell",
     "screen_cell",
     "run_variants",
     "grid_step",
@@ -308,7 +311,13 @@ def run_seeded_variants(
     """:func:`run_variants` for every seed (``seed=S`` added to the overrides, one directory per
     variant and seed), aggregated per variant: mean ± sample std over the seeds of the final
     test accuracy, of the best test accuracy, and — when the base holds out a validation set —
-    of the test accuracy at the round of best validation accuracy (the honest "best")."""
+    of the test accuracy at the round of best validation accuracy (the honest "best").
+
+    A seed whose run diverged (a recorded :func:`_diverged_row`) is not averaged in: it is
+    listed under the row's ``"diverged"`` (``[{"seed", "round"}]``; ``"runs"`` and ``"seeds"``
+    count the finished seeds), and a variant whose every seed diverged is under the report's
+    ``"diverged"`` ({label: [...]}) instead of its ``"results"``, so a table says so
+    (:func:`not_run_cell`) rather than showing a mean of what was left."""
     if len(seeds) < 1:
         raise ConfigError("give at least one seed (a table a reviewer accepts has three or more)")
     per_seed = {
@@ -317,12 +326,17 @@ def run_seeded_variants(
         for s in seeds
     }
     results, missing = [], sorted({m for r in per_seed.values() for m in r["missing"]})
+    diverged: dict[str, list[dict[str, Any]]] = {}
     for label, overrides in variants.items():
-        runs = [{**next(x for x in per_seed[s]["results"] if x["label"] == label), "seed": s} for s in seeds
-                if any(x["label"] == label for x in per_seed[s]["results"])]  # fmt: skip
+        every = [{**next(x for x in per_seed[s]["results"] if x["label"] == label), "seed": s} for s in seeds
+                 if any(x["label"] == label for x in per_seed[s]["results"])]  # fmt: skip
+        runs = [r for r in every if "diverged_round" not in r]
+        gone = [{"seed": r["seed"], "round": r["diverged_round"]} for r in every if "diverged_round" in r]
         if not runs:
+            if gone:
+                diverged[label] = gone
             continue
-        agg = {"label": label, "overrides": overrides, "seeds": len(runs)}
+        agg = {"label": label, "overrides": overrides, "seeds": len(runs), "diverged": gone}
         for key in ("final_test_accuracy", "best_test_accuracy", "test_accuracy_at_best_val"):
             vals = [r[key] for r in runs if r.get(key) is not None]
             if vals:
@@ -338,7 +352,19 @@ def run_seeded_variants(
         agg["runs"] = runs
         results.append(agg)
     return {"benchmark": "seeded-variants", "base": base, "common": common or [], "seeds": list(seeds),
-            "results": results, "missing": missing}  # fmt: skip
+            "results": results, "missing": missing, "diverged": diverged}  # fmt: skip
+
+
+def diverged_note(gone: Sequence[dict[str, Any]]) -> str:
+    """``[{"seed": 2, "round": 40}]`` as a table says it: "seed 2 diverged (round 40)"."""
+    return ", ".join(f"seed {d['seed']} diverged (round {d['round']})" for d in gone)
+
+
+def not_run_cell(report: dict[str, Any], label: str) -> str:
+    """The cell of a variant absent from a :func:`run_seeded_variants` report's results: every
+    seed diverged (which seeds, which rounds), or it is not run yet."""
+    gone = (report.get("diverged") or {}).get(label)
+    return diverged_note(gone) if gone else "not run yet"
 
 
 def seeded_markdown(report: dict[str, Any], command: str, intro: str) -> str:
@@ -362,17 +388,32 @@ def seeded_markdown(report: dict[str, Any], command: str, intro: str) -> str:
     return command_section([intro], command, [base, "", *markdown_table(head, rows), *_missing_note(report)])
 
 
-def pick_by_validation(results: list[dict[str, Any]], labels: dict[float, str]) -> float | None:
-    """The value (a learning rate) whose run, ``labels[value]``, ended with the best final
-    **validation** accuracy (ties: the smaller value); None while one of them is not recorded.
-    A run that diverged (``diverged_round``) scores below every run that did not. The test set
-    is never looked at."""
+def validation_score(row: dict[str, Any], window: int = 1) -> float | None:
+    """A screen run's score: its final **validation** accuracy, or with ``window`` > 1 the mean of
+    its last ``window`` validation evaluations (a run whose accuracy still swings from one
+    evaluation to the next — label skew, few local steps — is judged by where it sits, not by
+    where its last evaluation happened to land); None for a diverged run or one without a
+    validation set."""
+    if "diverged_round" in row:
+        return None
+    if window <= 1:
+        return row.get("final_val_accuracy")
+    vals = [v for v in row.get("val_accuracy_by_round") or [] if v is not None][-window:]
+    return statistics.mean(vals) if vals else None
+
+
+def pick_by_validation(results: list[dict[str, Any]], labels: dict[float, str], *, window: int = 1) -> float | None:
+    """The value (a learning rate) whose run, ``labels[value]``, has the best
+    :func:`validation_score` (final validation accuracy, or the mean of the last ``window``
+    evaluations; ties: the smaller value); None while one of them is not recorded. A run that
+    diverged (``diverged_round``) scores below every run that did not. The test set is never
+    looked at."""
     rows = {r["label"]: r for r in results}
     if any(label not in rows for label in labels.values()):
         return None
     scored = []
     for value, label in labels.items():
-        val = rows[label].get("final_val_accuracy")
+        val = validation_score(rows[label], window)
         if "diverged_round" in rows[label]:
             val = -math.inf
         elif val is None:
@@ -381,14 +422,14 @@ def pick_by_validation(results: list[dict[str, Any]], labels: dict[float, str]) 
     return max(scored)[2]
 
 
-def screen_cell(row: dict[str, Any] | None) -> str:
-    """A screen table's cell: the run's final validation accuracy, "diverged (round N)", or
+def screen_cell(row: dict[str, Any] | None, window: int = 1) -> str:
+    """A screen table's cell: the run's :func:`validation_score`, "diverged (round N)", or
     "not run" (``row`` None)."""
     if row is None:
         return "not run"
     if "diverged_round" in row:
         return f"diverged (round {row['diverged_round']})"
-    return f"{row['final_val_accuracy']:.4f}"
+    return f"{validation_score(row, window):.4f}"
 
 
 def grid_step(x: float, *, up: bool) -> float:
@@ -402,15 +443,15 @@ def grid_step(x: float, *, up: bool) -> float:
 
 
 def widened_grid(grid: Sequence[float], label_of: Callable[[float], str], results: list[dict[str, Any]], *,
-                 steps: int = 2) -> tuple[float, ...]:  # fmt: skip
+                 steps: int = 2, window: int = 1) -> tuple[float, ...]:  # fmt: skip
     """``grid``, grown one :func:`grid_step` past an edge where the best **validation** run sits
     (:func:`pick_by_validation`), again while the new edge is best, at most ``steps`` times: a
     screen whose pick sits at the edge of its grid has not bracketed the optimum. A value added
     but not yet recorded is in the grid returned (the caller screens it; the pick waits for it).
-    ``label_of(lr)``: the screen run's label."""
+    ``label_of(lr)``: the screen run's label; ``window``: as :func:`pick_by_validation`."""
     lrs = sorted(grid)
     for _ in range(steps):
-        best = pick_by_validation(results, {lr: label_of(lr) for lr in lrs})
+        best = pick_by_validation(results, {lr: label_of(lr) for lr in lrs}, window=window)
         if best is None or (len(lrs) > 1 and lrs[0] < best < lrs[-1]):
             break
         if best == lrs[-1]:
@@ -510,7 +551,7 @@ def run_screened(
        callable ``screen(recorded results)`` grows the screen with what it has found (e.g.
        :func:`widened_grid`: one more learning rate past an edge that won); it is screened until
        it stops growing. A screen run that diverges is recorded as diverged (the worst of its
-       grid), not an error.
+       grid), not an error; so is a main run (step 3), which the tables list as diverged.
     2. ``main(screen report)`` turns the recorded screen into the table's variants (None while a
        screen run is missing: a worker waits, polling every ``poll_s`` s, for the others).
     3. Every variant × seed with ``protocol + [seed=S]``; with ``probe_common``, each variant
@@ -559,7 +600,7 @@ def run_screened(
     def main_one(task: tuple[str, int]) -> None:
         label, seed = task
         run_variants(base, {label: variants[label]}, out_root=out / f"seed-{seed}", common=[*protocol, f"seed={seed}"],
-                     records=root / f"seed-{seed}")  # fmt: skip
+                     records=root / f"seed-{seed}", record_divergence=True)  # a seed that diverges is a result  # fmt: skip
         if probe_common is not None and seed == seeds[0]:
             run_variants(base, {label: variants[label]}, out_root=out / "probe", common=probe_common, records=root / "probe")
 
