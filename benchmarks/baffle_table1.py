@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import publish
-from fedge.bench.screened import machines_note, per_seed_cell, recorded_screen, recorded_seeded, when_picked
+from fedge.bench.screened import machines_note, mean_cell, per_seed_cell, recorded_screen, recorded_seeded, when_picked
 from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
 from fedge.bench.variants import (
     not_run_cell,
@@ -171,11 +171,7 @@ def table(command: str, *, k500: bool) -> str:
             lines.append(f"| {label} | 0 | {not_run_cell(report, label)} | | | | {'' if flops is None else f'{flops:.1f}'} | {PAPER.get(label, '')} |")
             continue
         per_seed = per_seed_cell(r)
-        def spread(key: str, r: dict[str, Any] = r) -> str:  # a single seed has no spread to show
-            return f" ± {r[key + '_std']:.4f}" if r["seeds"] > 1 else " (one seed)"
-
-        lines.append(f"| {label} | {r['seeds']} | {r['final_test_accuracy']:.4f}{spread('final_test_accuracy')} | "
-                     f"{r['test_accuracy_at_best_val']:.4f}{spread('test_accuracy_at_best_val')} | {per_seed} | "
+        lines.append(f"| {label} | {r['seeds']} | {mean_cell(r)} | {mean_cell(r, 'test_accuracy_at_best_val')} | {per_seed} | "
                      f"{r['bytes_up_per_client_round']:.0f} | {'-' if flops is None else f'{flops:.1f}'} | {PAPER.get(label, '')} |")
     context = run_context(Path("/nonexistent"), run=False)  # the recorded context rows
     lines += ["", *verdicts(agg), "", *context_lines(agg.get("BP FedAvg"), context)]
@@ -193,8 +189,7 @@ def context_lines(bp: dict[str, Any] | None, context: list[dict[str, Any]]) -> l
         if r is None:
             out.append(f"| {label} | 0 | not run yet | |")
             continue
-        spread = f" ± {r['final_test_accuracy_std']:.4f}" if r["seeds"] > 1 else " (one seed)"
-        out.append(f"| {label} | {r['seeds']} | {r['final_test_accuracy']:.4f}{spread} | {per_seed_cell(r)} |")
+        out.append(f"| {label} | {r['seeds']} | {mean_cell(r)} | {per_seed_cell(r)} |")
     return out
 
 

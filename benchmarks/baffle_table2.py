@@ -43,7 +43,15 @@ from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import publish
-from fedge.bench.screened import machines_note, per_seed_cell, read_plan_screen, recorded_seeded, run_plan, when_picked
+from fedge.bench.screened import (
+    machines_note,
+    mean_cell,
+    per_seed_cell,
+    read_plan_screen,
+    recorded_seeded,
+    run_plan,
+    when_picked,
+)
 from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
 from fedge.bench.variants import (
     not_run_cell,
@@ -180,8 +188,7 @@ def table(plan: Plan, command: str) -> str:
                 lines.append(f"| {family} | {part} | 0 | {not_run_cell(report, f'{family}, {part}')} | | | |")
                 continue
             per_seed = per_seed_cell(r)
-            lines.append(f"| {family} | {part} | {r['seeds']} | {r['final_test_accuracy']:.4f} ± {r['final_test_accuracy_std']:.4f} "
-                         f"| {r['test_accuracy_at_best_val']:.4f} ± {r['test_accuracy_at_best_val_std']:.4f} | {per_seed} "
+            lines.append(f"| {family} | {part} | {r['seeds']} | {mean_cell(r)} | {mean_cell(r, 'test_accuracy_at_best_val')} | {per_seed} "
                          f"| {r['bytes_up_per_client_round']:.0f} |")  # fmt: skip
     lines += ["", *verdicts(plan, agg)]
     if note := machines_note(report["results"]):

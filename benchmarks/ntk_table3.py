@@ -66,7 +66,15 @@ from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import publish
-from fedge.bench.screened import machines_note, per_seed_cell, read_plan_screen, recorded_seeded, run_plan, when_picked
+from fedge.bench.screened import (
+    machines_note,
+    mean_cell,
+    per_seed_cell,
+    read_plan_screen,
+    recorded_seeded,
+    run_plan,
+    when_picked,
+)
 from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
 from fedge.bench.variants import (
     not_run_cell,
@@ -349,8 +357,7 @@ def table(plan: Plan, command: str) -> str:
         per_seed = per_seed_cell(r)
         pruning = (f"{r['pretraining_bytes_up_per_client']:.0f} / {r['pretraining_bytes_down_per_client']:.0f}"
                    if r.get("pretraining_phases") else "-")  # fmt: skip
-        lines.append(f"| {label} | {r['seeds']} | {r['final_test_accuracy']:.4f} ± {r['final_test_accuracy_std']:.4f} | "
-                     f"{r['test_accuracy_at_best_val']:.4f} ± {r['test_accuracy_at_best_val_std']:.4f} | {per_seed} | "
+        lines.append(f"| {label} | {r['seeds']} | {mean_cell(r)} | {mean_cell(r, 'test_accuracy_at_best_val')} | {per_seed} | "
                      f"{r['bytes_up_per_client_round']:.0f} | {r['bytes_down_per_client_round']:.0f} | {pruning} | {flops} | {eff} |")
     lines += ["", *verdicts(plan, agg)]
     if note := machines_note(report["results"]):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fedge.bench.screened import (
     machines_note,
+    mean_cell,
     per_seed_cell,
     read_plan_screen,
     recorded_screen,
@@ -43,6 +44,12 @@ def test_when_picked_builds_the_variants_once_the_pick_is_made():
 def test_per_seed_cell_lists_every_seed_in_order():
     row = {"runs": [{"final_test_accuracy": 0.81234, "x": 1.0}, {"final_test_accuracy": 0.5, "x": 0.25}]}
     assert per_seed_cell(row) == "0.8123, 0.5000" and per_seed_cell(row, "x") == "1.0000, 0.2500"
+
+
+def test_mean_cell_shows_a_spread_only_where_there_are_seeds_to_spread():
+    row = {"seeds": 3, "final_test_accuracy": 0.81234, "final_test_accuracy_std": 0.00571, "x": 0.5, "x_std": 0.0}
+    assert mean_cell(row) == "0.8123 ± 0.0057" and mean_cell(row, "x") == "0.5000 ± 0.0000"
+    assert mean_cell({**row, "seeds": 1}) == "0.8123 (one seed)"  # not "± 0.0000": one seed has no spread
 
 
 def test_machines_note_names_each_machines_runs_and_rounds():

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from fedge.bench.variants import Screen, diverged_note, recorded_grown, run_screened, run_seeded_variants
 
-__all__ = ["Plan", "machines_note", "per_seed_cell", "read_plan_screen", "recorded_screen", "recorded_seeded", "run_plan", "when_picked"]
+__all__ = ["Plan", "machines_note", "mean_cell", "per_seed_cell", "read_plan_screen", "recorded_screen", "recorded_seeded", "run_plan", "when_picked"]
 
 T = TypeVar("T")
 
@@ -71,6 +71,12 @@ def per_seed_cell(row: dict[str, Any], key: str = "final_test_accuracy") -> str:
     """A :func:`run_seeded_variants` row's ``key`` of every finished seed run, in seed order, then
     the seeds that diverged: ``0.8123, 0.8201, seed 2 diverged (round 40)``."""
     return ", ".join([*(f"{x[key]:.4f}" for x in row["runs"]), *([diverged_note(row["diverged"])] if row.get("diverged") else [])])
+
+
+def mean_cell(row: dict[str, Any], key: str = "final_test_accuracy") -> str:
+    """A :func:`run_seeded_variants` row's mean ± sample std of ``key`` over its seeds:
+    ``0.8123 ± 0.0057``, or ``0.8123 (one seed)`` (one seed has no spread to show)."""
+    return f"{row[key]:.4f}" + (f" ± {row[key + '_std']:.4f}" if row["seeds"] > 1 else " (one seed)")
 
 
 def machine_name(m: dict[str, Any]) -> str:
