@@ -68,8 +68,8 @@ def run_variants(
     ``record_divergence``: a variant whose training diverges (:class:`DivergenceError`) is a
     result, not a failure — its row holds ``diverged_round`` (and ``final_val_accuracy`` None)
     and is recorded like any other, so a learning-rate screen counts a step size too large as
-    the worst of its grid (:func:`pick_by_validation`) instead of stopping the worker. Without
-    it the error propagates (a main run that diverges is not silently a row).
+    the worst of its grid (:func:`pick_by_validation`) and a table lists the seed as diverged
+    (:func:`run_seeded_variants`) instead of the worker stopping. Without it the error propagates.
     """
     root = Path(out_root)
     results = []
