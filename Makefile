@@ -22,8 +22,11 @@ $(STAMP): pyproject.toml constraints.txt
 quickstart: $(STAMP)
 	$(VENV)/bin/fedge run quickstart
 
+# Two worker processes (one torch thread each, tests/conftest.py), a test file per worker at a time:
+# the suite takes about half the single-process time on 2 cores. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # ruff (lint + import order) on src, tests, benchmarks; mypy (config in pyproject.toml) on src/fedge.
 lint: $(STAMP)

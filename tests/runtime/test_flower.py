@@ -186,6 +186,18 @@ def _processes_in(path):
     return found
 
 
+def _left_in(path, seconds=30.0):
+    """The processes still running in ``path`` once they have had ``seconds`` to exit. A process of
+    the deployment can take a while to go after loopback stops it on a loaded machine (seen with
+    two test workers beside benchmark runs on 2 cores); one still there after that was left behind."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while (found := _processes_in(path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found
+
+
 @pytest.mark.slow
 def test_loopback_deployment_superlink_and_3_supernodes_same_accuracies_as_the_engine(tmp_path):
     """A real Flower deployment: SuperLink and SuperNodes as processes on 127.0.0.1, 2 rounds,
@@ -210,7 +222,7 @@ def test_loopback_deployment_superlink_and_3_supernodes_same_accuracies_as_the_e
     port = int(superlink.rsplit(":", 1)[1])
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0  # nothing listens any more
-    assert _processes_in(work) == []
+    assert _left_in(work) == []
     deployed = first
     assert [x["test_accuracy"] for x in deployed] == pytest.approx([x["test_accuracy"] for x in engine], rel=1e-9)
     _assert_same(engine, deployed)
@@ -413,7 +425,7 @@ def test_loopback_deployment_over_tls_with_user_certificates(tmp_path):
         started = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in _processes_in(work)]
         ours = [c for c in started if any(a.endswith((b"flower-superlink", b"flower-supernode")) for a in c[:2])]
         assert len(ours) == 3 and all(b"--insecure" not in c for c in ours)  # SuperLink and SuperNodes: TLS
-    assert _processes_in(work) == []
+    assert _left_in(work) == []
     conn = tomllib.loads((tmp_path / "app" / "flwr-home" / "config.toml").read_text())["superlink"]["fedge"]
     assert conn["insecure"] is False and conn["root-certificates"] == str(ca.resolve())
     deployed = _lines(out)
