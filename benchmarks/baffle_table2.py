@@ -221,10 +221,10 @@ def verdicts(plan: Plan, agg: dict[str, dict[str, Any]]) -> list[str]:
                 "label skew does not hurt BAFFLE more than backprop):", ""]  # fmt: skip
         for family in families(plan)[1:]:
             a, b = agg.get(f"{family}, IID"), agg.get(f"{family}, Dirichlet 0.3")
-            if family not in costs or a is None or b is None:
-                continue
-            diff = _cost_difference(a, b, agg["BP FedAvg, IID"], agg["BP FedAvg, Dirichlet 0.3"])
+            diff = None if family not in costs or a is None or b is None else _cost_difference(
+                a, b, agg["BP FedAvg, IID"], agg["BP FedAvg, Dirichlet 0.3"])  # fmt: skip
             if diff is None:
+                out.append(f"- {family} − BP: needs both partitions of both rows on at least 2 common seeds.")
                 continue
             mean, std, (lo, hi) = statistics.mean(diff), statistics.stdev(diff), t_interval(diff)
             verdict = ("does NOT reproduce (skew costs BAFFLE more than BP)" if lo > 0 else
