@@ -399,3 +399,12 @@ def test_a_windowed_validation_score_judges_where_a_swinging_run_sits():
     assert screen_cell(swing, 3) == "0.1333"
     # the window decides the widening too: 0.01 wins at the lower edge, so 0.003 is screened next
     assert widened_grid((0.01, 0.03), lambda lr: f"lr={lr}", [steady, swing], window=3) == (0.003, 0.01, 0.03)
+
+
+def test_main_tasks_are_seed_major_and_respect_only():
+    from fedge.bench.variants import main_tasks
+
+    assert main_tasks(["a", "b", "c"], (0, 1)) == [("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1), ("c", 1)]
+    # a table stopped after its first len(variants) runs has one seed of every row
+    assert {label for label, _ in main_tasks(["a", "b", "c"], (0, 1, 2))[:3]} == {"a", "b", "c"}
+    assert main_tasks(["a", "b"], (0, 1, 2), only=[("b", None), ("a", 2)]) == [("b", 0), ("b", 1), ("a", 2), ("b", 2)]

@@ -528,6 +528,17 @@ def _work_share(items: Sequence[T], shard: int, shards: int, run_one: Callable[[
             continue
 
 
+def main_tasks(
+    variants: Sequence[str], seeds: Sequence[int], only: Sequence[tuple[str, int | None]] = ()
+) -> list[tuple[str, int]]:
+    """The main runs of a table, (label, seed), **seed-major**: every variant's first seed before
+    any second seed, so a table that is stopped part-way has one seed of every row (a complete,
+    if unreplicated, table) rather than three seeds of its first rows and nothing of the rest.
+    ``only`` as in :func:`run_screened`."""
+    return [(label, seed) for seed in seeds for label in variants
+            if not only or any(label == o and s in (None, seed) for o, s in only)]  # fmt: skip
+
+
 def run_screened(
     base: str,
     screen: Screen,
@@ -554,8 +565,8 @@ def run_screened(
        grid), not an error; so is a main run (step 3), which the tables list as diverged.
     2. ``main(screen report)`` turns the recorded screen into the table's variants (None while a
        screen run is missing: a worker waits, polling every ``poll_s`` s, for the others).
-    3. Every variant × seed with ``protocol + [seed=S]``; with ``probe_common``, each variant
-       once more under it (e.g. one metered round) after its first seed.
+    3. Every variant × seed with ``protocol + [seed=S]``, seed-major (:func:`main_tasks`); with
+       ``probe_common``, each variant once more under it (e.g. one metered round) after its first seed.
 
     Worker ``shard`` of ``shards`` takes every ``shards``-th run of each list (start ``shards``
     processes with one torch thread each); with ``steal`` (the default) it then takes the other
@@ -594,8 +605,7 @@ def run_screened(
     unknown = sorted({label for label, _ in only if label not in variants})
     if unknown:
         raise ConfigError(f"--only {unknown}: not a variant of this table; expected one of {list(variants)}")
-    tasks = [(label, seed) for label in variants for seed in seeds
-             if not only or any(label == o and s in (None, seed) for o, s in only)]  # fmt: skip
+    tasks = main_tasks(variants, seeds, only)
 
     def main_one(task: tuple[str, int]) -> None:
         label, seed = task
