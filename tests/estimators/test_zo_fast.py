@@ -171,13 +171,21 @@ def test_register_channelwise_takes_module_types_only() -> None:
         register_channelwise(StridedMaxPool())  # type: ignore[arg-type]
 
 
+@pytest.fixture
+def no_batching(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every forward counts as too much work to batch: fast mode splits the lean loop over
+    threads (the tests' models are far too small to reach the real threshold)."""
+    monkeypatch.setattr(zeroth_order, "_MAX_BATCHED_WORK", 0.0)
+
+
 def _big_batch() -> tuple[torch.Tensor, torch.Tensor]:
-    """More samples than the batched path takes: fast mode splits the lean loop over threads."""
+    """A batch for the threaded path (with :func:`no_batching`)."""
     g = torch.Generator().manual_seed(4)
-    x = torch.randn(zeroth_order._MAX_BATCHED_BATCH + 4, 1, 10, 10, generator=g, dtype=torch.float64)
+    x = torch.randn(12, 1, 10, 10, generator=g, dtype=torch.float64)
     return x, torch.randint(0, 3, (x.shape[0],), generator=g)
 
 
+@pytest.mark.usefixtures("no_batching")
 @pytest.mark.parametrize("workers", [2, 3])
 @pytest.mark.parametrize("scheme", ["central", "forward"])
 @pytest.mark.parametrize("make", [lenet_like, Residual, lambda: bn_convnet().train()])
@@ -193,6 +201,7 @@ def test_threaded_spans_equal_lean(make, scheme: str, workers: int) -> None:
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+@pytest.mark.usefixtures("no_batching")
 def test_threaded_spans_honour_masks_and_a_parameter_subset() -> None:
     model = _build(lenet_like)
     g = torch.Generator().manual_seed(2)
@@ -203,6 +212,7 @@ def test_threaded_spans_honour_masks_and_a_parameter_subset() -> None:
     _assert_same(lean, fast)
 
 
+@pytest.mark.usefixtures("no_batching")
 def test_threaded_spans_run_on_worker_threads_and_propagate_errors() -> None:
     import threading
 
@@ -233,3 +243,41 @@ def test_workers_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="workers"):
         loss_differences(_build(Residual), F.cross_entropy, _big_batch(), k=2, sigma=1e-3, seed=0,
                          scheme="central", mode="fast", workers=0)  # fmt: skip
+
+
+def test_work_not_batch_size_decides_batching(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Flatten + Linear(100, 10): 2·100·10 = 2000 FLOPs a sample (torch's flop counter)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(100, 10))
+    monkeypatch.setattr(zeroth_order, "_MAX_BATCHED_WORK", 5 * 2000.0)
+    monkeypatch.setattr(zeroth_order, "_FLOPS_PER_SAMPLE", {})
+    x = torch.randn(6, 1, 10, 10)
+    assert zeroth_order.batched_pays(model, x[:5]) and not zeroth_order.batched_pays(model, x)
+    assert list(zeroth_order._FLOPS_PER_SAMPLE.values()) == [2000.0]  # probed once, for both calls
+
+
+def test_real_models_batch_where_it_pays() -> None:
+    """LeNet-5 (0.56 MFLOP a sample) batches its NTK Table 3 batches of 32; BAFFLE's LeNet
+    (10.7 MFLOP) batches up to 8 samples, its Table 1 batches of 20 run the lean loop."""
+    from fedge.models.registry import build_model
+
+    lenet5 = build_model("lenet5", input_shape=(1, 28, 28), num_classes=10, activation="hardswish")
+    lenet = build_model("lenet", input_shape=(1, 28, 28), num_classes=10, activation="hardswish")
+    x = torch.randn(64, 1, 28, 28)
+    assert zeroth_order.batched_pays(lenet5, x[:32]) and zeroth_order.batched_pays(lenet5, x)
+    assert zeroth_order.batched_pays(lenet, x[:8]) and not zeroth_order.batched_pays(lenet, x[:9])
+
+
+def test_the_work_probe_is_not_metered_and_leaves_rng_and_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedge.core.meter import FlopCounter
+
+    monkeypatch.setattr(zeroth_order, "_FLOPS_PER_SAMPLE", {})
+    model = _build(bn_convnet, train=True)
+    model.add_module("drop", nn.Dropout(0.5))  # a train-mode forward draws from the global RNG
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = _batch()[0]
+    torch.manual_seed(3)
+    with FlopCounter() as counter:
+        assert zeroth_order.batched_pays(model, x)
+    assert counter.flops == 0  # the probe is not client work
+    assert torch.equal(torch.rand(3), (torch.manual_seed(3), torch.rand(3))[1])  # nor a draw
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # nor a BatchNorm update

@@ -123,10 +123,10 @@ def fast_path(model: nn.Module, batch: tuple[Tensor, Tensor]) -> str:
     """What fast mode runs for ``model`` on ``batch``: ``"batched"``, ``"lean-fallback"`` (a
     model it cannot batch) or ``"lean-large-batch"`` (batching is slower at this batch size),
     the last two suffixed ``" in N threads"`` when the perturbations are split over N threads."""
-    from fedge.estimators.zeroth_order import _MAX_BATCHED_BATCH
+    from fedge.estimators.zeroth_order import batched_pays
 
     ev = BatchedEvaluator.build(model, select(model), 0, batch[0], F.cross_entropy, batch[1])
-    if ev is not None and batch[0].shape[0] <= _MAX_BATCHED_BATCH:
+    if ev is not None and batched_pays(model, batch[0]):
         return "batched"
     path = "lean-fallback" if ev is None else "lean-large-batch"
     spans = torch.get_num_threads()
@@ -428,9 +428,10 @@ def zo_markdown(report: dict[str, Any], command: str) -> str:
         "(per k: fresh `torch.randn` per parameter, in-place `W += σz`, forward(s), restore,",
         "`g += ΔL·z`). Models as BAFFLE runs them: Hardswish and GroupNorm; LeNet and LeNet-5 on",
         "1×28×28, WRN-10-2 on 3×32×32; σ = 1e-4. *lean-fallback*: the batched path cannot run the",
-        "model (residual units), so fast mode runs the lean loop; *lean-large-batch*: above 8",
-        "samples batching is slower than one plain forward per perturbation, so fast mode runs the",
-        "lean loop; *in N threads*: fast mode splits the K perturbations over N threads.",
+        "model (residual units), so fast mode runs the lean loop; *lean-large-batch*: one forward",
+        "of the batch costs more than ~90 MFLOP, where batching is slower than one plain forward per",
+        "perturbation, so fast mode runs the lean loop; *in N threads*: fast mode splits the K",
+        "perturbations over N threads.",
         "",
         f"{t} torch thread(s) of {report['cores']} cores. 1-thread peak (best of a 1024² `torch.mm` "
         f"and a 64→64 3×3 conv on 64×64×16×16): {p1['peak']:.0f} GFLOP/s at the start "

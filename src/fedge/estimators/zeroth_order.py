@@ -41,7 +41,8 @@ Modes of :func:`loss_differences` (same ΔL up to float rounding, same seed, sam
   read through their module's attribute inside that module's forward (true of torch layers;
   not of modules that cache weights, such as nn.LSTM's flat weights).
 - ``fast``: evaluates a chunk of perturbed models in one batched pass (:mod:`.batched`) when
-  that is faster, i.e. for batches of at most 8 samples. For larger batches, and for models it
+  that is faster, i.e. when one forward of the batch is at most ~90 MFLOP (BAFFLE's LeNet: batches
+  of up to 8; LeNet-5: up to 159; :func:`batched_pays`). For larger batches, and for models it
   cannot batch, it splits the K perturbations into contiguous spans over ``workers`` threads
   (default: torch's intra-op thread count), each running the lean loop with one intra-op
   thread on its own shallow copy of the model (shared parameters, copied buffers). The
@@ -92,11 +93,17 @@ Mode = Literal["lean", "fast"]
 # c in ĝ = Σ ΔL_k δ_k / (c K σ²): central ΔL ≈ 2 δᵀ∇L (Eq. 2), forward ΔL ≈ δᵀ∇L (Eq. 1).
 _NORMALIZER: dict[str, float] = {"central": 2.0, "forward": 1.0}
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
-# Above this batch size one plain forward already runs at the kernels' peak, and the batched
-# pass only adds layout and stacking work: fast mode runs the lean loop, split over threads.
-# Measured (docs/benchmarks.md, "Zeroth-order step time"): batched wins 1.4-2x at batch <= 4,
-# ties at 8, loses at 16 (3.52 vs 3.19 ms per forward) and 64 (9.9 vs 9.0).
-_MAX_BATCHED_BATCH = 8
+# Above this much work per forward (FLOPs of one forward of the batch, torch's flop counter) one
+# plain forward already runs near the kernels' speed, and the batched pass only adds layout and
+# stacking work: fast mode runs the lean loop, split over threads. Below it, a forward is
+# overhead-bound and batching the perturbed models pays. Work, not batch size, decides, because
+# models differ 20x in FLOPs per sample. Measured on one thread (K = 100, forward scheme; lean /
+# batched time): BAFFLE's LeNet (10.7 MFLOP a sample) 2.6x at batch 2 (21 MFLOP), 1.5x at 8
+# (85 MFLOP), 0.96x at 16 (171 MFLOP); LeNet-5 (0.56 MFLOP a sample) 1.7x at batch 64 (36 MFLOP),
+# 1.9x at 128 (72 MFLOP), 1.4x at 256 (144 MFLOP). 90 MFLOP keeps BAFFLE's LeNet exactly where a
+# batch-size rule of 8 put it (batched up to 8, lean from 9) and batches LeNet-5 up to 159.
+_MAX_BATCHED_WORK = 90e6
+_FLOPS_PER_SAMPLE: dict[tuple, float] = {}  # (model structure, input shape, dtype) -> FLOPs of one sample's forward
 # Perturbed models per batched pass by default: about 512 model-samples, within [8, 32]. Tuned on
 # a LeNet (B = 8..64) on a 2-core CPU: it keeps the widest stacked activation to a few MB, where
 # larger passes got up to 1.6x slower per model.
@@ -207,7 +214,7 @@ def loss_differences(
     try:
         with torch.no_grad(), _maybe_autocast(x, autocast):
             result = None
-            if mode == "fast" and x.shape[0] <= _MAX_BATCHED_BATCH:
+            if mode == "fast" and batched_pays(model, x):
                 fast = batched.BatchedEvaluator.build(model, sel, seed, x, loss_fn, y)
                 try:
                     if fast is not None:
@@ -452,6 +459,35 @@ def _run_threaded(
     if errors:
         raise errors[0]
     return plus, minus
+
+
+def batched_pays(model: nn.Module, x: Tensor) -> bool:
+    """Whether fast mode should batch the perturbed models for this forward: the batch's forward
+    costs at most ``_MAX_BATCHED_WORK`` FLOPs (see there). FLOPs per sample come from one forward
+    of ``x[:2]`` under torch's flop counter, once per model structure and input shape, run with
+    the caller's dispatch modes (fedge's FLOP meter, memory accounting) switched off and the global
+    RNG restored, so the probe is neither metered as client work nor changes a later draw."""
+    if x.dim() == 0 or x.shape[0] == 0:
+        return False
+    key = (type(model), tuple((n, tuple(p.shape), p.dtype) for n, p in model.named_parameters()),
+           tuple(x.shape[1:]), x.dtype)  # fmt: skip
+    per_sample = _FLOPS_PER_SAMPLE.get(key)
+    if per_sample is None:
+        from torch.utils._python_dispatch import _disable_current_modes
+        from torch.utils.flop_counter import FlopCounterMode
+
+        probe = x[:2]
+        buffers = [(b, b.detach().clone()) for b in model.buffers()]
+        try:
+            with _disable_current_modes(), torch.random.fork_rng(devices=[]), torch.no_grad():
+                counter = FlopCounterMode(display=False)
+                with counter:
+                    model(probe)
+        finally:
+            for b, saved in buffers:  # a train-mode BatchNorm updated its running stats
+                b.copy_(saved)
+        per_sample = _FLOPS_PER_SAMPLE[key] = counter.get_total_flops() / probe.shape[0]
+    return x.shape[0] * per_sample <= _MAX_BATCHED_WORK
 
 
 def _with_directions(sel: Selection, directions: DirectionKind, k: int) -> Selection:
