@@ -109,8 +109,9 @@ class BaffleConfig(SecureAggregationOptions, FreezeOption):
     scheme: Literal["central", "forward"] = Field("forward", description="central or twice-FD (forward)")
     estimator: Literal["lean", "fast"] = Field(
         "fast",
-        description="lean (least memory) or fast (batches of <= 8 samples: perturbations batched; larger: "
-        "perturbations split over `perturbation_threads`, one model copy per thread)",
+        description="lean (least memory) or fast (a forward of the batch of at most ~90 MFLOP, e.g. LeNet-5 up to "
+        "159 samples, BAFFLE's LeNet up to 8: perturbations batched; more: perturbations split over "
+        "`perturbation_threads`, one model copy per thread)",
     )
     perturbation_threads: int | None = Field(
         None,
