@@ -605,7 +605,7 @@ def run_screened(
     unknown = sorted({label for label, _ in only if label not in variants})
     if unknown:
         raise ConfigError(f"--only {unknown}: not a variant of this table; expected one of {list(variants)}")
-    tasks = main_tasks(variants, seeds, only)
+    tasks = main_tasks(list(variants), seeds, only)
 
     def main_one(task: tuple[str, int]) -> None:
         label, seed = task
