@@ -48,6 +48,11 @@ K = 100-equivalents, Adam's 2 (``--adam-all``: 9), Rand/Ori 2 plus their zeroth-
 screens (2 optimizers x 2 zeroth-order families x 3-5 lrs x 100 rounds) ~1.5 h; **~12 CPU-hours
 in all** for 3 seeds (~17 with ``--adam-all``); run it in shards.
 
+Context (``--context``, outside the paper's table): dense and NTK-BAFFLE at K = 100 under SGD
+with BAFFLE's reference-code clip (inf-norm 0.3), both at NTK-BAFFLE's picked lr, 3 seeds
+(~30 CPU-minutes a seed): whether dense fails here only for want of the clip, and whether NTK's
+advantage survives it.
+
 Resumable across machines: every finished run writes its row, with its full config, to
 ``benchmarks/results/ntk_table3/`` (commit it); rerunning reads those rows and runs only what is
 missing. Parallel workers: ``--shard 0/4`` ... ``--shard 3/4`` (one torch thread and one core each: ``OMP_NUM_THREADS=1 taskset -c I``).
@@ -81,6 +86,7 @@ from fedge.bench.variants import (
     paired_difference,
     pick_by_validation,
     recorded,
+    run_seeded_variants,
     screen_cell,
     widened_grid,
 )
@@ -301,6 +307,62 @@ def main_variants(plan: Plan, chosen: dict[tuple[str, str], float]) -> dict[str,
     return out
 
 
+def context_variants(plan: Plan, chosen: dict[tuple[str, str], float]) -> dict[str, list[str]]:
+    """Context rows outside the paper's table (``--context`` runs them): dense and NTK-BAFFLE at
+    K = kmid under SGD **with** BAFFLE's reference-code clip (inf-norm 0.3), both at NTK-BAFFLE's
+    picked lr (dense diverged there without the clip). They answer what the table cannot: does dense
+    BAFFLE fail here only for want of the clip the NTK paper drops, and does NTK's advantage survive
+    the clip at a matched lr? Not screened: the lr is the table's NTK pick, stated."""
+    lr, k = chosen["SGD", "NTK-BAFFLE"], plan.kmid
+
+    def clipped(overrides: list[str]) -> list[str]:
+        return [*(o for o in overrides if o != "method.clip=null"), "method.clip=0.3"]
+
+    return {f"SGD BAFFLE (dense) K={k}, clip 0.3": clipped(dense("SGD", lr, k)),
+            f"SGD NTK-BAFFLE K={k}, clip 0.3": clipped(ntk(plan, "SGD", lr, k))}  # fmt: skip
+
+
+def run_context(plan: Plan, out: Path, *, run: bool = True) -> dict[str, Any] | None:
+    """The context rows over the plan's seeds (seed-major), recorded under ``records/context``;
+    with ``run=False`` only what is recorded. None until the screen has picked."""
+    chosen = picks(plan, read_screen(plan))
+    if chosen is None:
+        return None
+    return run_seeded_variants(BASE, context_variants(plan, chosen), seeds=plan.seeds, out_root=out / "context",
+                               common=plan.protocol(), run=run, records=plan.records / "context")  # fmt: skip
+
+
+def context_lines(plan: Plan, agg: dict[str, dict[str, Any]], context: dict[str, Any] | None) -> list[str]:
+    """The clip context rows beside the table's unclipped SGD K = kmid rows, and two paired
+    directions: NTK − dense with the clip, and dense with − without it."""
+    if context is None:
+        return []
+    k, rows = plan.kmid, {r["label"]: r for r in context["results"]}
+    dense_nc, ntk_nc = f"SGD BAFFLE (dense) K={k}", f"SGD NTK-BAFFLE K={k}"
+    dense_c, ntk_c = f"{dense_nc}, clip 0.3", f"{ntk_nc}, clip 0.3"
+    out = ["**Does dense BAFFLE fail only for want of the clip?** (context rows, outside the paper's table; "
+           "`--context` runs them; SGD, both at NTK-BAFFLE's picked lr, not screened, with BAFFLE's reference-code "
+           "inf-norm 0.3 clip of each estimate; the table's unclipped rows beside them):", "",
+           "| row | seeds | final test acc (mean ± std) | test acc at best val | per seed (final) |", "|---|---|---|---|---|"]  # fmt: skip
+    shown = [(f"{dense_nc} (the table's, no clip)", agg.get(dense_nc), "not run yet"),
+             (f"{ntk_nc} (the table's, no clip)", agg.get(ntk_nc), "not run yet"),
+             (dense_c, rows.get(dense_c), not_run_cell(context, dense_c)), (ntk_c, rows.get(ntk_c), not_run_cell(context, ntk_c))]  # fmt: skip
+    for label, r, missing in shown:
+        if r is None:
+            out.append(f"| {label} | 0 | {missing} | | |")
+        else:
+            out.append(f"| {label} | {r['seeds']} | {mean_cell(r)} | {mean_cell(r, 'test_accuracy_at_best_val')} | {per_seed_cell(r)} |")
+    both = {**agg, **rows}
+
+    def diff(a: str, b: str) -> dict[str, Any] | None:
+        return paired_difference(both[a], both[b], "test_accuracy_at_best_val") if a in both and b in both else None
+
+    return [*out, "", _direction(f"SGD, K={k}, with the clip: NTK-BAFFLE − dense BAFFLE", diff(ntk_c, dense_c),
+                                 "not reported; NTK should stay higher"),
+            _direction(f"SGD, K={k}: dense BAFFLE with the clip − without", diff(dense_c, dense_nc),
+                       "not reported; higher if dense fails for want of the clip")]  # fmt: skip
+
+
 def read_screen(plan: Plan) -> dict[str, Any]:
     return read_plan_screen(BASE, plan, lambda results: screen_variants(plan, results))
 
@@ -359,8 +421,11 @@ def table(plan: Plan, command: str) -> str:
                    if r.get("pretraining_phases") else "-")  # fmt: skip
         lines.append(f"| {label} | {r['seeds']} | {mean_cell(r)} | {mean_cell(r, 'test_accuracy_at_best_val')} | {per_seed} | "
                      f"{r['bytes_up_per_client_round']:.0f} | {r['bytes_down_per_client_round']:.0f} | {pruning} | {flops} | {eff} |")
+    context = run_context(plan, Path("/nonexistent"), run=False)  # the recorded context rows
     lines += ["", *verdicts(plan, agg)]
-    if note := machines_note(report["results"]):
+    if extra := context_lines(plan, agg, context):
+        lines += ["", *extra]
+    if note := machines_note([*report["results"], *(context["results"] if context else [])]):
         lines += ["", note]
     quality_file = plan.records / "estimate_quality.json"
     if quality_file.exists():
@@ -422,12 +487,16 @@ executed; effective counts multiplications by kept weights only)."""
 def main(argv: list[str] | None = None) -> int:
     ap = reproduction_parser(__doc__, out="runs/bench-ntk-table3")
     ap.add_argument("--adam-all", action="store_true", help="under Adam too: K = 50/200 and the magnitude/random rows")
+    ap.add_argument("--context", action="store_true", help="run only the context rows (dense and NTK-BAFFLE with the 0.3 clip)")
     args, shard, shards = parse_reproduction_args(ap, argv)
     plan = smoke_plan(Path(args.out)) if args.smoke else Plan()
     plan = dataclasses.replace(plan, adam_all=args.adam_all)
     if progress_action(args, plan.records):
         return 0
-    if not args.table_only:
+    if args.context and not args.table_only:
+        with usage_errors(ap):
+            run_context(plan, Path(args.out))
+    elif not args.table_only:
         with usage_errors(ap):
             run_all(plan, shard, shards, Path(args.out), only=args.only, steal=not args.no_steal)
     flags = (" --adam-all" if args.adam_all else "") + (" --smoke" if args.smoke else "")

@@ -33,3 +33,40 @@ def test_a_low_edge_that_wins_adds_the_lr_below_and_picks_are_per_optimizer_and_
     chosen = bench.picks(PLAN, {"results": done})
     assert chosen is not None and chosen["SGD", "NTK-BAFFLE"] == low[0]  # 0.01, now bracketed by 0.003
     assert chosen["Adam", "BP FedAvg"] == PLAN.screen_lrs("Adam")[1]
+
+
+CHOSEN = {("SGD", "NTK-BAFFLE"): 0.03, ("SGD", "BAFFLE (dense)"): 0.01, ("SGD", "BP FedAvg"): 0.1,
+          ("Adam", "NTK-BAFFLE"): 0.003, ("Adam", "BAFFLE (dense)"): 0.003, ("Adam", "BP FedAvg"): 0.01}  # fmt: skip
+
+
+def test_the_clip_context_differs_from_the_tables_rows_only_by_the_clip() -> None:
+    main = bench.main_variants(PLAN, CHOSEN)
+    ctx = bench.context_variants(PLAN, CHOSEN)
+    ntk, dense = ctx["SGD NTK-BAFFLE K=100, clip 0.3"], ctx["SGD BAFFLE (dense) K=100, clip 0.3"]
+    assert [o for o in ntk if o != "method.clip=0.3"] == [o for o in main["SGD NTK-BAFFLE K=100"] if o != "method.clip=null"]
+    assert "method.clip=null" not in ntk + dense and ntk[-1] == dense[-1] == "method.clip=0.3"
+    # dense runs at NTK's lr (0.03, where unclipped dense diverged), not at dense's own pick (0.01)
+    assert "method.client_optimizer.lr=0.03" in dense and "method.client_optimizer.lr=0.01" not in dense
+    assert {o for o in dense if "lr=" not in o} - {"method.clip=0.3"} == {o for o in main["SGD BAFFLE (dense) K=100"] if "lr=" not in o} - {"method.clip=null"}
+
+
+def _seeded(label: str, accs: dict[int, float]) -> dict:
+    runs = [{"seed": s, "test_accuracy_at_best_val": a, "final_test_accuracy": a} for s, a in accs.items()]
+    mean = sum(accs.values()) / len(accs)
+    return {"label": label, "seeds": len(runs), "runs": runs, "diverged": [], "final_test_accuracy": mean,
+            "final_test_accuracy_std": 0.01, "test_accuracy_at_best_val": mean, "test_accuracy_at_best_val_std": 0.01}  # fmt: skip
+
+
+def test_the_clip_context_pairs_seeds_and_says_a_diverged_row() -> None:
+    agg = {"SGD BAFFLE (dense) K=100": _seeded("SGD BAFFLE (dense) K=100", {0: 0.17, 1: 0.18, 2: 0.16}),
+           "SGD NTK-BAFFLE K=100": _seeded("SGD NTK-BAFFLE K=100", {0: 0.70, 1: 0.71, 2: 0.69})}  # fmt: skip
+    context = {"results": [_seeded("SGD BAFFLE (dense) K=100, clip 0.3", {0: 0.60, 1: 0.62, 2: 0.61}),
+                           _seeded("SGD NTK-BAFFLE K=100, clip 0.3", {0: 0.65, 1: 0.66, 2: 0.64})], "diverged": {}}  # fmt: skip
+    text = "\n".join(bench.context_lines(PLAN, agg, context))
+    assert "| SGD BAFFLE (dense) K=100, clip 0.3 | 3 | 0.6100 ± 0.0100 |" in text
+    assert "with the clip: NTK-BAFFLE − dense BAFFLE: +4.00 ± 1.00 points" in text and text.count("→ reproduces") == 2
+    context = {"results": context["results"][1:], "diverged": {"SGD BAFFLE (dense) K=100, clip 0.3": [{"seed": 0, "round": 7}]}}
+    text = "\n".join(bench.context_lines(PLAN, agg, context))
+    assert "| SGD BAFFLE (dense) K=100, clip 0.3 | 0 | seed 0 diverged (round 7) |" in text
+    assert "needs both rows on at least 2 common seeds" in text
+    assert bench.context_lines(PLAN, agg, None) == []
