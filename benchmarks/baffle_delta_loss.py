@@ -41,11 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import update_section
-from fedge.bench.screened import machines_note, recorded_screen, recorded_seeded, when_picked
+from fedge.bench.screened import machines_note, recorded_probes, recorded_screen, recorded_seeded, when_picked
 from fedge.bench.variants import (
     paired_difference,
     pick_by_validation,
-    recorded,
     run_screened,
     run_variants,
     screen_cell,
@@ -244,7 +243,7 @@ def table(command: str) -> str:
     if chosen is None:
         return "\n".join([*lines, "The screen is not finished; no main runs yet."])
     report = recorded_seeded(BASE, main_variants(chosen), seeds=SEEDS, common=PROTOCOL, records=RECORDS)
-    probes = {r["label"]: r for r in recorded(BASE, probe_variants(), common=PROBE, records=RECORDS / "probe")["results"]}
+    probes = recorded_probes(BASE, probe_variants(), common=PROBE, records=RECORDS / "probe")
     note = machines_note(report["results"])
     return "\n".join([*lines, *result_lines(report, probes), *(["", note] if note else [])])
 

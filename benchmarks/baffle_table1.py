@@ -34,13 +34,20 @@ from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import publish
-from fedge.bench.screened import machines_note, mean_cell, per_seed_cell, recorded_screen, recorded_seeded, when_picked
+from fedge.bench.screened import (
+    machines_note,
+    mean_cell,
+    per_seed_cell,
+    recorded_probes,
+    recorded_screen,
+    recorded_seeded,
+    when_picked,
+)
 from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
 from fedge.bench.variants import (
     not_run_cell,
     paired_difference,
     pick_by_validation,
-    recorded,
     run_screened,
     run_seeded_variants,
     screen_cell,
@@ -162,7 +169,7 @@ def table(command: str, *, k500: bool) -> str:
     lines += ["", f"Picked: BAFFLE lr {zo_lr}, BP FedAvg lr {bp_lr}." + (f" At the edge of its grid: {', '.join(edge)}." if edge else ""), ""]
     variants = main_variants(zo_lr, bp_lr, k500=k500)
     report = recorded_seeded(BASE, variants, seeds=SEEDS, common=PROTOCOL, records=RECORDS)
-    probes = {r["label"]: r for r in recorded(BASE, variants, common=PROBE, records=RECORDS / "probe")["results"]}
+    probes = recorded_probes(BASE, variants, common=PROBE, records=RECORDS / "probe")
     lines += ["| variant | seeds | final test acc (mean ± std) | test acc at best val | per seed (final) | "
               "up B/client/round | client GFLOP/round (one client) | paper, MNIST % |", "|---|---|---|---|---|---|---|---|"]
     agg = {r["label"]: r for r in report["results"]}

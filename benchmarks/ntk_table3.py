@@ -76,6 +76,7 @@ from fedge.bench.screened import (
     mean_cell,
     per_seed_cell,
     read_plan_screen,
+    recorded_probes,
     recorded_seeded,
     run_plan,
     when_picked,
@@ -85,7 +86,6 @@ from fedge.bench.variants import (
     not_run_cell,
     paired_difference,
     pick_by_validation,
-    recorded,
     run_seeded_variants,
     screen_cell,
     widened_grid,
@@ -401,7 +401,7 @@ def table(plan: Plan, command: str) -> str:
               + (f" At the edge of its grid even after widening: {', '.join(edge)}." if edge else ""), ""]  # fmt: skip
     variants = main_variants(plan, chosen)
     report = recorded_seeded(BASE, variants, seeds=plan.seeds, common=plan.protocol(), records=plan.records)
-    probes = {r["label"]: r for r in recorded(BASE, variants, common=plan.probe_common(), records=plan.records / "probe")["results"]}
+    probes = recorded_probes(BASE, variants, common=plan.probe_common(), records=plan.records / "probe")
     agg = {r["label"]: r for r in report["results"]}
     lines += ["| row | seeds | final test acc (mean ± std) | test acc at best val | per seed (final) | up B/client/round "
               "(mean of all rounds) | down B/client/round | pruning phases B/client (up / down) | client GFLOP/client/round, "

@@ -358,14 +358,19 @@ def test_pick_by_validation_ranks_a_diverged_run_below_every_finished_one():
 
 
 def test_a_main_run_that_diverges_is_a_listed_result_not_averaged_in(tmp_path):
-    from fedge.bench.screened import per_seed_cell, recorded_seeded
+    from fedge.bench.screened import per_seed_cell, recorded_probes, recorded_seeded
     from fedge.bench.variants import not_run_cell, run_screened
 
     variants = {"a": ["method.client_optimizer.lr=0.1"],
                 "boom": ["method.client_optimizer.lr=0.1", "method.server_optimizer.lr=1e5"]}  # fmt: skip
     common = [*COMMON, "rounds=1"]
+    probe = [*common, "measure.flops=true"]
     run_screened("quickstart", {}, lambda _rep: variants, screen_common=common, protocol=common, seeds=(0, 1),
-                 records=tmp_path / "rec", out=tmp_path / "runs", poll_s=0.05)  # fmt: skip  # the worker went on
+                 records=tmp_path / "rec", out=tmp_path / "runs", poll_s=0.05, probe_common=probe)  # fmt: skip  # the worker went on
+    # the probe of "boom" diverged too: recorded as such (not rerun), and left out of the table's probes
+    assert json.loads((tmp_path / "rec" / "probe" / "boom.json").read_text())["result"]["diverged_round"] == 1
+    probes = recorded_probes("quickstart", variants, common=probe, records=tmp_path / "rec" / "probe")
+    assert list(probes) == ["a"] and probes["a"]["client_flops_per_client_round"] > 0
     report = recorded_seeded("quickstart", variants, seeds=(0, 1), common=common, records=tmp_path / "rec")
     assert [r["label"] for r in report["results"]] == ["a"] and report["missing"] == []
     assert report["diverged"] == {"boom": [{"seed": 0, "round": 1}, {"seed": 1, "round": 1}]}

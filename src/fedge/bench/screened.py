@@ -15,9 +15,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from fedge.bench.variants import Screen, diverged_note, recorded_grown, run_screened, run_seeded_variants
+from fedge.bench.variants import Screen, diverged_note, recorded, recorded_grown, run_screened, run_seeded_variants
 
-__all__ = ["Plan", "machines_note", "mean_cell", "per_seed_cell", "read_plan_screen", "recorded_screen", "recorded_seeded", "run_plan", "when_picked"]
+__all__ = [
+    "Plan",
+    "machines_note",
+    "mean_cell",
+    "per_seed_cell",
+    "read_plan_screen",
+    "recorded_probes",
+    "recorded_screen",
+    "recorded_seeded",
+    "run_plan",
+    "when_picked",
+]
 
 T = TypeVar("T")
 
@@ -51,6 +62,15 @@ def recorded_seeded(
     whatever seeds are recorded, nothing runs."""
     return run_seeded_variants(base, variants, seeds=seeds, out_root="/nonexistent", common=common, run=False,
                                records=records)  # fmt: skip
+
+
+def recorded_probes(base: str, variants: dict[str, list[str]], *, common: list[str], records: str | Path) -> dict[str, dict[str, Any]]:
+    """The probe runs of a :func:`fedge.bench.variants.run_screened` table (``probe_common``,
+    recorded under ``records``, e.g. ``records/probe``) by label: the finished ones only. A probe
+    that diverged measured no complete round, so its label is absent and the table's cell says
+    "-" as for a probe not run yet."""
+    rows = recorded(base, variants, common=common, records=records)["results"]
+    return {r["label"]: r for r in rows if "diverged_round" not in r}
 
 
 def when_picked(

@@ -566,7 +566,9 @@ def run_screened(
     2. ``main(screen report)`` turns the recorded screen into the table's variants (None while a
        screen run is missing: a worker waits, polling every ``poll_s`` s, for the others).
     3. Every variant × seed with ``protocol + [seed=S]``, seed-major (:func:`main_tasks`); with
-       ``probe_common``, each variant once more under it (e.g. one metered round) after its first seed.
+       ``probe_common``, each variant once more under it (e.g. one metered round) after its first seed
+       (a probe that diverges is recorded as diverged too; :func:`fedge.bench.screened.recorded_probes`
+       leaves it out).
 
     Worker ``shard`` of ``shards`` takes every ``shards``-th run of each list (start ``shards``
     processes with one torch thread each); with ``steal`` (the default) it then takes the other
@@ -612,7 +614,8 @@ def run_screened(
         run_variants(base, {label: variants[label]}, out_root=out / f"seed-{seed}", common=[*protocol, f"seed={seed}"],
                      records=root / f"seed-{seed}", record_divergence=True)  # a seed that diverges is a result  # fmt: skip
         if probe_common is not None and seed == seeds[0]:
-            run_variants(base, {label: variants[label]}, out_root=out / "probe", common=probe_common, records=root / "probe")
+            run_variants(base, {label: variants[label]}, out_root=out / "probe", common=probe_common, records=root / "probe",
+                         record_divergence=True)  # a probe that diverges is recorded; its table shows no figures  # fmt: skip
 
     _work_share(tasks, shard, shards, main_one, steal=steal)
     return variants
