@@ -250,7 +250,8 @@ def intro(plan: Plan) -> str:
 label skew by Dirichlet(alpha = 0.3) with at least 5 samples per client, and a **matched IID
 run** (same clients, data, rounds, optimizer, seeds; only the partition differs) so the skew
 cost is measured; epoch-level BAFFLE (one local epoch of batches of 20, twice-FD, sigma 1e-4,
-EMA 0.995 with warm-up, the reference code's 0.3 inf-norm clip), client Adam (b2 0.99), FedAvg
+EMA 0.995 with warm-up, the reference code's 0.3 inf-norm clip), client Adam (b2 0.99, built
+fresh each round; the reference code keeps one per client), FedAvg
 on the server, **{plan.rounds} rounds**, **{plan.train:,} training samples** (a seeded subset of the 60,000) plus
 {plan.validation:,} held out for validation, {plan.test:,} test images, seeds {", ".join(map(str, plan.seeds))}. Reduced from the paper:
 {plan.train:,} of the 60,000 training images (CPU time: a K = 100 seed costs ~30 CPU-minutes here), K =

@@ -145,19 +145,21 @@ def test_bytes_of_a_run_without_pruning_are_the_mean_over_rounds(tmp_path):
     assert r["client_flops_per_client_round"] == pytest.approx(r["client_flops_per_round"] / 3)
 
 
-def test_a_record_from_before_a_neutral_key_existed_still_matches(tmp_path):
-    """A record committed before ``client_optimizer.lr_decay`` existed (its config lacks the key)
-    is the same run as one with lr_decay=1 (no decay), and a different one with any other value."""
+@pytest.mark.parametrize(("key", "neutral", "other"), [("lr_decay", 1.0, "0.9"), ("state", "fresh", "persistent")])
+def test_a_record_from_before_a_neutral_key_existed_still_matches(tmp_path, key, neutral, other):
+    """A record committed before ``client_optimizer.lr_decay`` (or ``.state``) existed (its config
+    lacks the key) is the same run as one with the neutral value (no decay; a fresh optimizer each
+    round), and a different one with any other value."""
     run_variants("quickstart", {"a": []}, out_root=tmp_path / "runs", common=COMMON, records=tmp_path / "rec")
     path = tmp_path / "rec" / "a.json"
     stored = json.loads(path.read_text())
-    assert stored["config"]["method"]["client_optimizer"].pop("lr_decay") == 1.0
+    assert stored["config"]["method"]["client_optimizer"].pop(key) == neutral
     path.write_text(json.dumps(stored))
     (row,) = run_variants("quickstart", {"a": []}, out_root=tmp_path / "none", common=COMMON, records=tmp_path / "rec")["results"]
     assert row["run_dir"] is None and not (tmp_path / "none").exists()
     with pytest.raises(ConfigError, match="different config"):
-        run_variants("quickstart", {"a": ["method.client_optimizer.lr_decay=0.9"]}, out_root=tmp_path / "none", common=COMMON,
-                     records=tmp_path / "rec")  # fmt: skip
+        run_variants("quickstart", {"a": [f"method.client_optimizer.{key}={other}"]}, out_root=tmp_path / "none",
+                     common=COMMON, records=tmp_path / "rec")  # fmt: skip
 
 
 def test_run_screened_picks_on_validation_and_shards_split_the_runs(tmp_path):

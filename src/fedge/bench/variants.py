@@ -145,6 +145,7 @@ def _row(label: str, overrides: list[str], out: Path, summary: dict[str, Any], l
 NEUTRAL_ADDITIONS: dict[tuple[str, ...], Any] = {
     ("method", "client_optimizer", "lr_decay"): 1.0,
     ("method", "prune_route"): "autograd",
+    ("method", "client_optimizer", "state"): "fresh",
 }
 
 

@@ -8,7 +8,7 @@ Composition, not inheritance: a :class:`LocalTraining` client program is given a
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +26,16 @@ GradientFn = Callable[[torch.nn.Module, Batch, ClientContext, Masks], tuple[floa
 
 
 class ClientOptimizerConfig(MethodConfigBase):
-    """The optimizer a client runs locally (fresh each round, as in FedAvg)."""
+    """The optimizer a client runs locally.
+
+    ``state``: ``fresh`` builds it anew each round (FedAvg as McMahan et al. state it: a
+    client is stateless between rounds, which cross-device sampling requires); ``persistent``
+    keeps its state (SGD momentum buffers, Adam's moments and step counts) on the client from
+    one round it takes part in to the next, as BAFFLE's reference code does (one
+    ``torch.optim.Adam`` per client built once for the whole run; every client takes part every
+    round in its Tables 1-2). The state lives in the client's persistent state, so it is
+    checkpointed and survives ``--resume``; the model weights still come from the server each round.
+    """
 
     name: Literal["sgd", "adam"] = "sgd"
     lr: float = Field(0.05, gt=0)
@@ -38,6 +47,10 @@ class ClientOptimizerConfig(MethodConfigBase):
     )  # fmt: skip
     b1: float = Field(0.9, ge=0, lt=1, description="Adam beta1")
     b2: float = Field(0.999, ge=0, lt=1, description="Adam beta2")
+    state: Literal["fresh", "persistent"] = Field(
+        "fresh", description="fresh: a new optimizer each round; persistent: its state (momentum, Adam moments) "
+        "kept on the client across the rounds it takes part in (BAFFLE's reference code)",
+    )  # fmt: skip
 
     def build(self, params: list[torch.nn.Parameter], rnd: int = 1) -> torch.optim.Optimizer:
         """The optimizer of round ``rnd`` (1-based): its learning rate decayed ``rnd − 1`` times."""
@@ -45,6 +58,39 @@ class ClientOptimizerConfig(MethodConfigBase):
         if self.name == "adam":
             return torch.optim.Adam(params, lr=lr, betas=(self.b1, self.b2), weight_decay=self.weight_decay)
         return torch.optim.SGD(params, lr=lr, momentum=self.momentum, weight_decay=self.weight_decay)
+
+
+_OPT = "client_optimizer."
+
+
+def save_optimizer_state(opt: torch.optim.Optimizer, store: dict[str, Any], *, names: list[str]) -> None:
+    """Write ``opt``'s per-parameter state into a party's persistent ``store`` as flat
+    ``client_optimizer.<parameter name>.<field>`` tensors (the store holds tensors and scalars only)."""
+    for key in [k for k in store if k.startswith(_OPT)]:
+        del store[key]
+    params = opt.param_groups[0]["params"]
+    for name, p in zip(names, params, strict=True):
+        for field, value in opt.state.get(p, {}).items():
+            if value is not None:
+                store[f"{_OPT}{name}.{field}"] = torch.as_tensor(value).detach().clone()
+
+
+def restore_optimizer_state(opt: torch.optim.Optimizer, store: dict[str, Any], *, names: list[str]) -> None:
+    """Load the state :func:`save_optimizer_state` wrote back into a freshly built ``opt`` (the
+    same parameters, by name); nothing to load on a client's first round."""
+    params = opt.param_groups[0]["params"]
+    for name, p in zip(names, params, strict=True):
+        prefix = f"{_OPT}{name}."
+        fields = {k[len(prefix):]: v for k, v in store.items() if k.startswith(prefix)}
+        if not fields:
+            continue
+        for field, value in fields.items():
+            if value.shape != p.shape and value.dim() != 0:
+                raise ValueError(
+                    f"client optimizer state {name}.{field} has shape {tuple(value.shape)}, the parameter "
+                    f"{tuple(p.shape)}: the model changed under a persistent optimizer state"
+                )
+        opt.state[p] = {f: v.clone() for f, v in fields.items()}
 
 
 class LocalTrainingOptions(Protocol):
@@ -144,6 +190,8 @@ class LocalTraining:
         start = {k: state[k].detach().clone() for k in params + buffers}
         named = dict(model.named_parameters())
         opt = self.optimizer.build([named[k] for k in params], rnd=ctx.rnd)
+        if self.optimizer.state == "persistent":
+            restore_optimizer_state(opt, ctx.state, names=params)
         losses: list[float] = []
         steps = 0
         for _ in range(self.local_epochs):
@@ -160,6 +208,8 @@ class LocalTraining:
                     break
             if self.max_steps is not None and steps >= self.max_steps:
                 break
+        if self.optimizer.state == "persistent":
+            save_optimizer_state(opt, ctx.state, names=params)
         state = model.state_dict()
         arrays = {k: state[k].detach() - start[k] for k in start}
         for k, m in (self.masks or {}).items():  # a sparse model's delta: kept coordinates only
