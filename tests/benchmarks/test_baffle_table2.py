@@ -41,3 +41,27 @@ def test_an_edge_that_wins_adds_the_next_lr_and_the_pick_waits_for_it() -> None:
     assert chosen == {("BAFFLE", p): 0.03 for p in bench.PARTITIONS} | {("BP FedAvg", p): 0.01 for p in bench.PARTITIONS}
     main = bench.main_variants(PLAN, chosen)
     assert "method.client_optimizer.lr=0.03" in main["BAFFLE K=200, IID"]  # the larger K reuse BAFFLE's pick
+
+
+def test_the_context_screens_bp_at_full_length_fresh_and_persistent_and_picks_on_validation() -> None:
+    cplan = bench.context_plan(PLAN)
+    assert cplan.screen_rounds == PLAN.rounds and cplan.records == PLAN.records / "context"
+    assert f"rounds={PLAN.rounds}" in cplan.screen_common() and "seed=0" in cplan.screen_common()
+    labels = bench.context_screen_variants(cplan)
+    assert len(labels) == 2 * 2 * len(bench.SCREEN_LRS)
+    persistent = labels["screen BP FedAvg, persistent Adam, IID, lr=0.01"]
+    assert "method.client_optimizer.state=persistent" in persistent and "method.name=fedavg" in persistent
+    assert not any("state=" in o for o in labels["screen BP FedAvg, fresh Adam, IID, lr=0.01"])
+    assert bench.context_picks(cplan, {"results": []}) is None
+    interior = {0.003: 0.3, 0.01: 0.5, 0.03: 0.4}
+    later = {0.003: 0.6, 0.01: 0.5, 0.03: 0.4}  # the smallest lr wins at full length: the grid grows below it
+    results = _rows(_all({"BP FedAvg, fresh Adam": interior, "BP FedAvg, persistent Adam": later}))
+    grown = bench.context_screen_variants(cplan, results)
+    assert sorted(set(grown) - set(labels)) == [f"screen BP FedAvg, persistent Adam, {p}, lr=0.001" for p in bench.PARTITIONS]
+    assert bench.context_picks(cplan, {"results": results}) is None
+    done = results + _rows({("BP FedAvg, persistent Adam", p, 0.001): 0.55 for p in bench.PARTITIONS})
+    chosen = bench.context_picks(cplan, {"results": done})
+    assert chosen == {("fresh Adam", p): 0.01 for p in bench.PARTITIONS} | {("persistent Adam", p): 0.003 for p in bench.PARTITIONS}
+    rows = bench.context_variants(chosen)
+    assert "method.client_optimizer.lr=0.003" in rows["BP FedAvg, persistent Adam, Dirichlet 0.3"]
+    assert "partition.alpha=0.3" in rows["BP FedAvg, persistent Adam, Dirichlet 0.3"]
