@@ -46,7 +46,8 @@ def test_an_edge_that_wins_adds_the_next_lr_and_the_pick_waits_for_it() -> None:
 def test_the_context_screens_bp_at_full_length_fresh_and_persistent_and_picks_on_validation() -> None:
     cplan = bench.context_plan(PLAN)
     assert cplan.screen_rounds == PLAN.rounds and cplan.records == PLAN.records / "context"
-    assert f"rounds={PLAN.rounds}" in cplan.screen_common() and "seed=0" in cplan.screen_common()
+    assert cplan.screen_common()[-3:] == [f"rounds={PLAN.rounds}", "seed=0", "eval_every=10"]
+    assert "eval_every=10" not in cplan.protocol() and PLAN.screen_common() == [*PLAN.protocol(), "rounds=10", "seed=0"]
     labels = bench.context_screen_variants(cplan)
     assert len(labels) == 2 * 2 * len(bench.SCREEN_LRS)
     persistent = labels["screen BP FedAvg, persistent Adam, IID, lr=0.01"]
