@@ -32,6 +32,7 @@ missing. Parallel workers: ``--shard 0/2`` and ``--shard 1/2`` (one torch thread
     python benchmarks/baffle_table2.py [--shard I/N] [--k500] [--out runs/bench-baffle-table2] [--docs docs/benchmarks.md]
     python benchmarks/baffle_table2.py --table-only --docs docs/benchmarks.md   # tabulate what is recorded
     python benchmarks/baffle_table2.py --smoke --out /tmp/t2                    # seconds: the whole pipeline, tiny
+    python benchmarks/baffle_table2.py --context      # the context rows (BP: ~2 CPU-h; BAFFLE persistent: ~9 CPU-h)
 """
 
 from __future__ import annotations
@@ -209,6 +210,63 @@ def run_context(plan: Plan, shard: int, shards: int, out: Path, *, steal: bool =
     main = when_picked(lambda screen: context_picks(cplan, screen), context_variants)
     run_plan(BASE, cplan, lambda results: context_screen_variants(cplan, results), main, out=out / "context", shard=shard,
              shards=shards, steal=steal)  # fmt: skip
+    zplan = zo_context_plan(plan)
+    zmain = when_picked(lambda screen: zo_context_picks(zplan, screen), lambda chosen: zo_context_variants(zplan, chosen))
+    run_plan(BASE, zplan, lambda results: zo_context_screen_variants(zplan, results), zmain,
+             out=out / "context-baffle-persistent", shard=shard, shards=shards, steal=steal)  # fmt: skip
+
+
+def zo_context_plan(plan: Plan) -> Plan:
+    """BAFFLE's smallest K with the client Adam kept across rounds: screened as the table's BAFFLE
+    rows are (``plan.screen_rounds`` rounds), so that its row matches the persistent BP row's
+    optimizer state; records apart."""
+    return dataclasses.replace(plan, records=plan.records / "context-baffle-persistent")
+
+
+def _zo_family(plan: Plan) -> str:
+    return f"BAFFLE K={plan.ks[0]}, persistent Adam"
+
+
+def zo_context_screen_variants(plan: Plan, results: Sequence[dict[str, Any]] = ()) -> dict[str, list[str]]:
+    family, k = _zo_family(plan), plan.ks[0]
+    return {f"screen {family}, {part}, lr={lr}": [*p, f"method.k={k}", *CONTEXT_STATES["persistent Adam"],
+                                                  f"method.client_optimizer.lr={lr}"]
+            for part, p in PARTITIONS.items() for lr in grid(plan, results, family, part)}  # fmt: skip
+
+
+def zo_context_picks(plan: Plan, screen: dict[str, Any]) -> dict[str, float] | None:
+    """{partition: lr} picked on the screen's final validation accuracy, or None."""
+    chosen = {}
+    for part in PARTITIONS:
+        lrs = grid(plan, screen["results"], _zo_family(plan), part)
+        lr = pick_by_validation(screen["results"], {lr: f"screen {_zo_family(plan)}, {part}, lr={lr}" for lr in lrs})
+        if lr is None:
+            return None
+        chosen[part] = lr
+    return chosen
+
+
+def zo_context_variants(plan: Plan, chosen: dict[str, float]) -> dict[str, list[str]]:
+    return {f"{_zo_family(plan)}, {part}": [*PARTITIONS[part], f"method.k={plan.ks[0]}", *CONTEXT_STATES["persistent Adam"],
+                                            f"method.client_optimizer.lr={lr}"] for part, lr in chosen.items()}  # fmt: skip
+
+
+def _zo_context(plan: Plan) -> tuple[list[str], dict[str, float] | None, dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """The BAFFLE persistent-Adam screen as one line per partition, its picks, its recorded rows by label."""
+    zplan = zo_context_plan(plan)
+    screen = read_plan_screen(BASE, zplan, lambda results: zo_context_screen_variants(zplan, results))
+    rows = {r["label"]: r for r in screen["results"]}
+    family = _zo_family(plan)
+    lines = [f"{family} screen ({zplan.screen_rounds} rounds, seed 0, as the table's BAFFLE screen; validation accuracy by lr):", ""]
+    for part in PARTITIONS:
+        cells = [f"{lr}: {screen_cell(rows.get(f'screen {family}, {part}, lr={lr}'))}" for lr in grid(zplan, screen["results"], family, part)]
+        lines.append(f"- {part}: " + ", ".join(cells))
+    chosen = zo_context_picks(zplan, screen)
+    if chosen is None:
+        return lines, None, {}, []
+    report = recorded_seeded(BASE, zo_context_variants(zplan, chosen), seeds=zplan.seeds, common=zplan.protocol(),
+                             records=zplan.records)  # fmt: skip
+    return lines, chosen, {r["label"]: r for r in report["results"]}, report["results"]
 
 
 def context_lines(plan: Plan, agg: dict[str, dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
@@ -219,11 +277,14 @@ def context_lines(plan: Plan, agg: dict[str, dict[str, Any]]) -> tuple[list[str]
     rows = {r["label"]: r for r in screen["results"]}
     cols = [(state, part) for part in PARTITIONS for state in CONTEXT_STATES]
     grids = {(state, part): grid(cplan, screen["results"], f"BP FedAvg, {state}", part) for state, part in cols}
-    out = [f"**Is the BP row under-tuned?** (context rows, outside the paper's table; `--context` runs them): BP "
+    out = [f"**Is the BP row under-tuned, and does the client optimizer's state matter?** (context rows, outside the "
+           "paper's table; `--context` runs them): BP "
            f"FedAvg with its lr screened at the full length ({cplan.screen_rounds} rounds, seed 0, picked by final "
            f"validation accuracy, evaluated every {max(1, cplan.rounds // 4)} rounds; BP runs cost minutes, BAFFLE's hours, so only BP gets a full-length screen), with the "
            "client Adam built fresh each round as in the table, and kept across rounds "
-           "(`method.client_optimizer.state=persistent`) as BAFFLE's reference code keeps it.", "",
+           "(`method.client_optimizer.state=persistent`) as BAFFLE's reference code keeps it; and BAFFLE's smallest K "
+           "with the persistent Adam too, screened as the table's BAFFLE rows, so one pair of rows matches the "
+           "optimizer state.", "",
            "| lr | " + " | ".join(f"{state}, {part} val acc" for state, part in cols) + " |", "|---|" + "---|" * len(cols)]  # fmt: skip
     for lr in sorted({lr for g in grids.values() for lr in g}):
         cells = [screen_cell(rows.get(f"screen BP FedAvg, {s}, {p}, lr={lr}")) if lr in grids[s, p] else "-" for s, p in cols]
@@ -233,32 +294,46 @@ def context_lines(plan: Plan, agg: dict[str, dict[str, Any]]) -> tuple[list[str]
         return [*out, "", "The context screen is not finished."], []
     report = recorded_seeded(BASE, context_variants(chosen), seeds=cplan.seeds, common=cplan.protocol(), records=cplan.records)
     ctx = {r["label"]: r for r in report["results"]}
+    zo_lines, zo_chosen, zo_rows, zo_results = _zo_context(plan)
+    out += ["", *zo_lines]
     out += ["", "| row | partition | lr | seeds | final test acc (mean ± std) | test acc at best val | per seed (final) |",
             "|---|---|---|---|---|---|---|"]  # fmt: skip
     zo = f"BAFFLE K={plan.ks[0]}"
     lines_after = []
     for part in PARTITIONS:
-        for label, r, lr in [(f"BP FedAvg (the table's row, {plan.screen_rounds}-round screen)", agg.get(f"BP FedAvg, {part}"), None),
-                             *((f"BP FedAvg, {s}, full-length screen", ctx.get(f"BP FedAvg, {s}, {part}"), chosen[s, part])
-                               for s in CONTEXT_STATES),
-                             (f"{zo} (the table's row)", agg.get(f"{zo}, {part}"), None)]:  # fmt: skip
-            lr_cell = "" if lr is None else str(lr)
+        entries: list[tuple[str, dict[str, Any] | None, float | None]] = [
+            (f"BP FedAvg (the table's row, {plan.screen_rounds}-round screen)", agg.get(f"BP FedAvg, {part}"), None),
+            *((f"BP FedAvg, {s}, full-length screen", ctx.get(f"BP FedAvg, {s}, {part}"), chosen[s, part]) for s in CONTEXT_STATES),
+            (f"{zo} (the table's row)", agg.get(f"{zo}, {part}"), None),
+            (_zo_family(plan), zo_rows.get(f"{_zo_family(plan)}, {part}"), None if zo_chosen is None else zo_chosen[part]),
+        ]
+        for label, r, row_lr in entries:
+            if label == _zo_family(plan):
+                if r is not None and (bp := ctx.get(f"BP FedAvg, persistent Adam, {part}")) is not None:
+                    d = paired_difference(r, bp)
+                    if d is not None:
+                        who = "BP ahead" if d["hi"] < 0 else "BAFFLE ahead" if d["lo"] > 0 else "not resolved: the interval holds 0"
+                        lines_after.append(f"- {part}, both with persistent Adam: {label.split(',')[0]} − BP FedAvg: "
+                                           f"{d['mean'] * 100:+.2f} ± {d['std'] * 100:.2f} points over seeds {d['seeds']} "
+                                           f"(95% interval {d['lo'] * 100:+.1f} to {d['hi'] * 100:+.1f}) → {who}.")  # fmt: skip
+            lr_cell = "" if row_lr is None else str(row_lr)
             if r is None:
                 out.append(f"| {label} | {part} | {lr_cell} | 0 | not run yet | | |")
                 continue
             out.append(f"| {label} | {part} | {lr_cell} | {r['seeds']} | {mean_cell(r)} | "
                        f"{mean_cell(r, 'test_accuracy_at_best_val')} | {per_seed_cell(r)} |")  # fmt: skip
-            if lr is not None and agg.get(f"{zo}, {part}") is not None:
+            if row_lr is not None and label != _zo_family(plan) and agg.get(f"{zo}, {part}") is not None:
                 d = paired_difference(agg[f"{zo}, {part}"], r)
                 if d is not None:
                     who = "BP ahead" if d["hi"] < 0 else "BAFFLE ahead" if d["lo"] > 0 else "not resolved: the interval holds 0"
-                    lines_after.append(f"- {part}: {zo} − BP FedAvg ({label.split(', ')[1]}, lr {lr}): "
+                    lines_after.append(f"- {part}: {zo} − BP FedAvg ({label.split(', ')[1]}, lr {row_lr}): "
                                        f"{d['mean'] * 100:+.2f} ± {d['std'] * 100:.2f} points over seeds {d['seeds']} "
                                        f"(95% interval {d['lo'] * 100:+.1f} to {d['hi'] * 100:+.1f}) → {who}.")  # fmt: skip
     if lines_after:
         out += ["", f"{zo} against the context rows (final test accuracy, paired by seed; the paper has BP ahead "
-                "everywhere):", "", *lines_after]  # fmt: skip
-    return out, report["results"]
+                "everywhere; the table's BAFFLE row has a fresh Adam each round, the last lines match the optimizer "
+                "state too):", "", *lines_after]  # fmt: skip
+    return out, [*report["results"], *zo_results]
 
 
 def table(plan: Plan, command: str) -> str:

@@ -66,3 +66,18 @@ def test_the_context_screens_bp_at_full_length_fresh_and_persistent_and_picks_on
     rows = bench.context_variants(chosen)
     assert "method.client_optimizer.lr=0.003" in rows["BP FedAvg, persistent Adam, Dirichlet 0.3"]
     assert "partition.alpha=0.3" in rows["BP FedAvg, persistent Adam, Dirichlet 0.3"]
+
+
+def test_baffle_with_persistent_adam_is_screened_as_the_table_s_baffle_and_picked_on_validation() -> None:
+    zplan = bench.zo_context_plan(PLAN)
+    assert zplan.screen_common() == PLAN.screen_common() and zplan.records == PLAN.records / "context-baffle-persistent"
+    labels = bench.zo_context_screen_variants(zplan)
+    assert len(labels) == 2 * len(bench.SCREEN_LRS)
+    one = labels["screen BAFFLE K=100, persistent Adam, IID, lr=0.01"]
+    assert "method.client_optimizer.state=persistent" in one and "method.k=100" in one and "partition.name=iid" in one
+    assert bench.zo_context_picks(zplan, {"results": []}) is None
+    results = _rows(_all({"BAFFLE K=100, persistent Adam": {0.003: 0.3, 0.01: 0.5, 0.03: 0.4}}))
+    chosen = bench.zo_context_picks(zplan, {"results": results})
+    assert chosen == dict.fromkeys(bench.PARTITIONS, 0.01)
+    rows = bench.zo_context_variants(zplan, chosen)
+    assert "method.client_optimizer.lr=0.01" in rows["BAFFLE K=100, persistent Adam, Dirichlet 0.3"]
