@@ -127,14 +127,19 @@ def screen_variants(plan: Plan, results: Sequence[dict[str, Any]] = ()) -> dict[
     return out
 
 
+def _pick(plan: Plan, screen: dict[str, Any], family: str, part: str) -> float | None:
+    """``family``'s lr under ``part`` picked on the screen's validation accuracy over its grown grid
+    (None while a screen run is missing)."""
+    lrs = grid(plan, screen["results"], family, part)
+    return pick_by_validation(screen["results"], {lr: f"screen {family}, {part}, lr={lr}" for lr in lrs})
+
+
 def picks(plan: Plan, screen: dict[str, Any]) -> dict[tuple[str, str], float] | None:
     """{(family, partition): lr} picked on validation, or None while a screen run is missing."""
     chosen = {}
     for part in PARTITIONS:
         for family in (f"BAFFLE K={plan.ks[0]}", "BP FedAvg"):
-            lrs = grid(plan, screen["results"], family, part)
-            lr = pick_by_validation(screen["results"], {lr: f"screen {family}, {part}, lr={lr}" for lr in lrs})
-            if lr is None:
+            if (lr := _pick(plan, screen, family, part)) is None:
                 return None
             chosen[family.split(" K=")[0], part] = lr
     return chosen
@@ -190,10 +195,7 @@ def context_picks(plan: Plan, screen: dict[str, Any]) -> dict[tuple[str, str], f
     chosen = {}
     for part in PARTITIONS:
         for state in CONTEXT_STATES:
-            family = f"BP FedAvg, {state}"
-            lrs = grid(plan, screen["results"], family, part)
-            lr = pick_by_validation(screen["results"], {lr: f"screen {family}, {part}, lr={lr}" for lr in lrs})
-            if lr is None:
+            if (lr := _pick(plan, screen, f"BP FedAvg, {state}", part)) is None:
                 return None
             chosen[state, part] = lr
     return chosen
@@ -238,9 +240,7 @@ def zo_context_picks(plan: Plan, screen: dict[str, Any]) -> dict[str, float] | N
     """{partition: lr} picked on the screen's final validation accuracy, or None."""
     chosen = {}
     for part in PARTITIONS:
-        lrs = grid(plan, screen["results"], _zo_family(plan), part)
-        lr = pick_by_validation(screen["results"], {lr: f"screen {_zo_family(plan)}, {part}, lr={lr}" for lr in lrs})
-        if lr is None:
+        if (lr := _pick(plan, screen, _zo_family(plan), part)) is None:
             return None
         chosen[part] = lr
     return chosen
@@ -267,6 +267,13 @@ def _zo_context(plan: Plan) -> tuple[list[str], dict[str, float] | None, dict[st
     report = recorded_seeded(BASE, zo_context_variants(zplan, chosen), seeds=zplan.seeds, common=zplan.protocol(),
                              records=zplan.records)  # fmt: skip
     return lines, chosen, {r["label"]: r for r in report["results"]}, report["results"]
+
+
+def _versus_bp(what: str, d: dict[str, Any]) -> str:
+    """A BAFFLE − BP paired difference (:func:`paired_difference`) as a bullet with its direction."""
+    who = "BP ahead" if d["hi"] < 0 else "BAFFLE ahead" if d["lo"] > 0 else "not resolved: the interval holds 0"
+    return (f"- {what}: {d['mean'] * 100:+.2f} ± {d['std'] * 100:.2f} points over seeds {d['seeds']} "
+            f"(95% interval {d['lo'] * 100:+.1f} to {d['hi'] * 100:+.1f}) → {who}.")  # fmt: skip
 
 
 def context_lines(plan: Plan, agg: dict[str, dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
@@ -310,12 +317,8 @@ def context_lines(plan: Plan, agg: dict[str, dict[str, Any]]) -> tuple[list[str]
         for label, r, row_lr in entries:
             if label == _zo_family(plan):
                 if r is not None and (bp := ctx.get(f"BP FedAvg, persistent Adam, {part}")) is not None:
-                    d = paired_difference(r, bp)
-                    if d is not None:
-                        who = "BP ahead" if d["hi"] < 0 else "BAFFLE ahead" if d["lo"] > 0 else "not resolved: the interval holds 0"
-                        lines_after.append(f"- {part}, both with persistent Adam: {label.split(',')[0]} − BP FedAvg: "
-                                           f"{d['mean'] * 100:+.2f} ± {d['std'] * 100:.2f} points over seeds {d['seeds']} "
-                                           f"(95% interval {d['lo'] * 100:+.1f} to {d['hi'] * 100:+.1f}) → {who}.")  # fmt: skip
+                    if (d := paired_difference(r, bp)) is not None:
+                        lines_after.append(_versus_bp(f"{part}, both with persistent Adam: {label.split(',')[0]} − BP FedAvg", d))
             lr_cell = "" if row_lr is None else str(row_lr)
             if r is None:
                 out.append(f"| {label} | {part} | {lr_cell} | 0 | not run yet | | |")
@@ -323,12 +326,8 @@ def context_lines(plan: Plan, agg: dict[str, dict[str, Any]]) -> tuple[list[str]
             out.append(f"| {label} | {part} | {lr_cell} | {r['seeds']} | {mean_cell(r)} | "
                        f"{mean_cell(r, 'test_accuracy_at_best_val')} | {per_seed_cell(r)} |")  # fmt: skip
             if row_lr is not None and label != _zo_family(plan) and agg.get(f"{zo}, {part}") is not None:
-                d = paired_difference(agg[f"{zo}, {part}"], r)
-                if d is not None:
-                    who = "BP ahead" if d["hi"] < 0 else "BAFFLE ahead" if d["lo"] > 0 else "not resolved: the interval holds 0"
-                    lines_after.append(f"- {part}: {zo} − BP FedAvg ({label.split(', ')[1]}, lr {row_lr}): "
-                                       f"{d['mean'] * 100:+.2f} ± {d['std'] * 100:.2f} points over seeds {d['seeds']} "
-                                       f"(95% interval {d['lo'] * 100:+.1f} to {d['hi'] * 100:+.1f}) → {who}.")  # fmt: skip
+                if (d := paired_difference(agg[f"{zo}, {part}"], r)) is not None:
+                    lines_after.append(_versus_bp(f"{part}: {zo} − BP FedAvg ({label.split(', ')[1]}, lr {row_lr})", d))
     if lines_after:
         out += ["", f"{zo} against the context rows (final test accuracy, paired by seed; the paper has BP ahead "
                 "everywhere; the table's BAFFLE row has a fresh Adam each round, the last lines match the optimizer "
