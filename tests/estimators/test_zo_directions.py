@@ -11,7 +11,14 @@ from torch import nn
 
 from fedge.core.errors import ConfigError
 from fedge.estimators import estimate_gradient, loss_differences, zeroth_order_gradient
-from fedge.estimators.directions import block_split, hadamard_chunk, make_directions, match_params
+from fedge.estimators.directions import (
+    Directions,
+    block_split,
+    hadamard_chunk,
+    make_directions,
+    match_params,
+    remembered,
+)
 
 
 def _mean_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -201,3 +208,93 @@ def test_baffle_config_passes_directions_and_subset_to_the_server() -> None:
     after = dict(model.named_parameters())
     assert torch.equal(after["a.weight"], before["a.weight"]) and torch.equal(after["a.bias"], before["a.bias"])
     assert not torch.equal(after["b.weight"], before["b.weight"])
+
+
+def test_remembered_draws_each_direction_once_and_returns_the_same_numbers() -> None:
+    calls: list[list[int]] = []
+    base = make_directions("gaussian", {"w": (3, 4)}, 8)
+
+    def counting(seed: int, ks, name: str, shape) -> torch.Tensor:
+        calls.append([int(k) for k in ks])
+        return base.draw(seed, ks, name, shape)
+
+    dirs = remembered(Directions("gaussian", 8, counting, base.weights), budget_bytes=1 << 20)
+    first = dirs.draw(5, [0, 1, 2], "w", (3, 4))
+    again = dirs.draw(5, [1, 2, 3], "w", (3, 4))  # 1 and 2 kept, only 3 drawn
+    assert calls == [[0, 1, 2], [3]]
+    assert torch.equal(first, base.draw(5, [0, 1, 2], "w", (3, 4)))
+    assert torch.equal(again, base.draw(5, [1, 2, 3], "w", (3, 4)))
+    dirs.draw(6, [0], "w", (3, 4))  # another seed is another direction
+    assert calls[-1] == [0]
+    # Past the budget nothing is kept: every draw goes to the base again.
+    calls.clear()
+    tight = remembered(Directions("gaussian", 8, counting, base.weights), budget_bytes=0)
+    tight.draw(5, [0], "w", (3, 4))
+    tight.draw(5, [0], "w", (3, 4))
+    assert calls == [[0], [0]]
+
+
+class _SmallConv(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3)
+        self.fc = nn.Linear(4 * 6 * 6, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(F.hardswish(self.conv(x)).flatten(1))
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "orthogonal", "block"])
+@pytest.mark.parametrize("scheme", ["central", "forward"])
+@pytest.mark.parametrize(("path", "workers"), [("batched", 1), ("lean", 1), ("threaded", 2)])
+def test_fast_gradient_reusing_draws_is_bit_for_bit_the_two_halves(kind: str, scheme: str, path: str,
+                                                                   workers: int) -> None:  # fmt: skip
+    # Oracle: the client's loss differences then the server's rebuild, each drawing on its own.
+    # A Sequential runs the batched path; any other module the lean loop, threaded with 2 workers.
+    g = torch.Generator().manual_seed(1)
+    if path == "batched":
+        model: nn.Module = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Hardswish(), nn.Flatten(), nn.Linear(144, 5))
+        masked = "0.weight"
+    else:
+        model, masked = _SmallConv(), "conv.weight"
+    batch = (torch.randn(6, 1, 8, 8, generator=g), torch.randint(0, 5, (6,), generator=g))
+    masks = {masked: torch.rand(4, 1, 3, 3, generator=g) < 0.5}
+    kw = dict(k=12, sigma=1e-3, seed=9, scheme=scheme, masks=masks, directions=kind)
+    diffs = loss_differences(model, F.cross_entropy, batch, mode="fast", workers=workers, **kw)
+    want = estimate_gradient(dict(model.named_parameters()), diffs, sigma=1e-3, seed=9, scheme=scheme, masks=masks,
+                             directions=kind)  # fmt: skip
+    got = zeroth_order_gradient(model, F.cross_entropy, batch, mode="fast", workers=workers, **kw)
+    assert list(got) == list(want)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+
+def test_given_directions_must_match_k() -> None:
+    model = nn.Linear(3, 1)
+    dirs = make_directions("gaussian", {n: p.shape for n, p in model.named_parameters()}, 4)
+    batch = (torch.ones(2, 3), torch.zeros(2))
+    with pytest.raises(ConfigError, match="made for k=4, but this step has k=5"):
+        loss_differences(model, _mean_loss, batch, k=5, sigma=0.1, seed=0, scheme="forward", directions=dirs)
+    with pytest.raises(ConfigError, match="made for k=4, but this step has k=3"):
+        estimate_gradient(dict(model.named_parameters()), torch.ones(3), sigma=0.1, seed=0, scheme="forward",
+                          directions=dirs)  # fmt: skip
+
+
+# lean keeps one parameter's noise at a time: z_k for W + δ_k, again for W − δ_k, again to rebuild.
+@pytest.mark.parametrize(("mode", "draws_per_direction"), [("fast", 1), ("lean", 3)])
+def test_fast_gradient_draws_each_direction_once(monkeypatch: pytest.MonkeyPatch, mode: str,
+                                                 draws_per_direction: int) -> None:  # fmt: skip
+    import fedge.estimators.directions as directions
+
+    drawn: dict[str, int] = {}
+    real = directions.standard_normal_chunk
+
+    def counting(seed: int, ks, name: str, shape) -> torch.Tensor:
+        drawn[name] = drawn.get(name, 0) + len(ks)
+        return real(seed, ks, name, shape)
+
+    monkeypatch.setattr(directions, "standard_normal_chunk", counting)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Hardswish(), nn.Flatten(), nn.Linear(144, 5))
+    batch = (torch.randn(6, 1, 8, 8), torch.randint(0, 5, (6,)))
+    zeroth_order_gradient(model, F.cross_entropy, batch, k=10, sigma=1e-3, seed=3, scheme="central", mode=mode)
+    assert drawn == {name: 10 * draws_per_direction for name, _ in model.named_parameters()}

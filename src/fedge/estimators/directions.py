@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal, get_args
 
@@ -66,7 +67,7 @@ from fedge.core.errors import ConfigError
 from fedge.core.rng import generator
 from fedge.estimators.perturbation import standard_normal_chunk
 
-__all__ = ["DirectionKind", "Directions", "block_split", "make_directions", "match_params"]
+__all__ = ["DirectionKind", "Directions", "block_split", "make_directions", "match_params", "remembered"]
 
 DirectionKind = Literal["gaussian", "orthogonal", "block"]
 Draw = Callable[[int, Sequence[int], str, Sequence[int]], Tensor]
@@ -79,6 +80,44 @@ class Directions:
 
     def __init__(self, kind: str, k: int, draw: Draw, weights: Tensor) -> None:
         self.kind, self.k, self.draw, self.weights = kind, k, draw, weights
+
+
+def remembered(dirs: Directions, budget_bytes: int) -> Directions:
+    """``dirs`` drawing each ``z_k`` once: a draw keeps what it returns, up to ``budget_bytes``.
+
+    For the two halves of one estimate run on one device (BAFFLE's epoch level): the client's
+    forwards draw every ``z_k`` to perturb the weights and its own ``estimate_gradient`` draws
+    the same ``z_k`` again to rebuild ĝ. For a small model the second draw is not small: on
+    LeNet-5 (batch 32, K = 100, forward scheme) drawing is about half of the client's step
+    and the rebuild's draw alone ~a quarter. Remembering returns the very same numbers (each
+    direction is a function of ``(seed, k, name, shape)`` only), so results are bit for bit
+    those of drawing twice; the cost is memory, K × n float32 at most, hence the budget: draws
+    past it are not kept and are drawn again. Kept draws are shared with the caller, who must
+    not write into them (no estimator does).
+    """
+    kept: dict[tuple[int, str, tuple[int, ...], int], Tensor] = {}
+    used = [0]
+    lock = threading.Lock()
+
+    def draw(seed: int, ks: Sequence[int], name: str, shape: Sequence[int]) -> Tensor:
+        keys = [(int(seed), name, tuple(int(s) for s in shape), int(k)) for k in ks]
+        with lock:
+            rows = [kept.get(key) for key in keys]
+        missing = [i for i, row in enumerate(rows) if row is None]
+        if not missing:
+            return torch.stack(rows)  # type: ignore[arg-type]
+        fresh = dirs.draw(seed, [ks[i] for i in missing], name, shape)
+        with lock:
+            if used[0] + fresh.numel() * fresh.element_size() <= budget_bytes:
+                used[0] += fresh.numel() * fresh.element_size()
+                kept.update((keys[i], fresh[j]) for j, i in enumerate(missing))
+        if len(missing) == len(keys):
+            return fresh
+        for j, i in enumerate(missing):
+            rows[i] = fresh[j]
+        return torch.stack(rows)  # type: ignore[arg-type]
+
+    return Directions(dirs.kind, dirs.k, draw, dirs.weights)
 
 
 def make_directions(kind: str, shapes: Mapping[str, Sequence[int]], k: int) -> Directions:

@@ -70,7 +70,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from fedge.core.config import check_positive_int
 from fedge.core.errors import ConfigError, MessageError
 from fedge.estimators import batched
-from fedge.estimators.directions import DirectionKind, make_directions
+from fedge.estimators.directions import DirectionKind, Directions, make_directions, remembered
 from fedge.estimators.lean import LeanEvaluator, LossFn
 from fedge.estimators.perturbation import Selection, check_masks, select
 
@@ -108,6 +108,10 @@ _FLOPS_PER_SAMPLE: dict[tuple, float] = {}  # (model structure, input shape, dty
 # a LeNet (B = 8..64) on a 2-core CPU: it keeps the widest stacked activation to a few MB, where
 # larger passes got up to 1.6x slower per model.
 _MODEL_SAMPLES_PER_PASS, _MIN_MODELS, _MAX_MODELS = 512, 8, 32
+# zeroth_order_gradient in fast mode keeps the client's draws for its own rebuild of ĝ up to this
+# many bytes (see directions.remembered): K = 100 directions of LeNet-5 (62k parameters) take
+# 25 MB, of BAFFLE's LeNet 11 MB; a larger selection keeps its first directions only.
+_REMEMBER_BYTES = 64 << 20
 
 
 class ZerothOrderWarning(UserWarning):
@@ -157,7 +161,7 @@ def loss_differences(
     chunk: int | None = None,
     dtype: torch.dtype | None = None,
     workers: int | None = None,
-    directions: DirectionKind = "gaussian",
+    directions: DirectionKind | Directions = "gaussian",
 ) -> Tensor:
     """Client side of BAFFLE (Algorithm 1, lines 11-12): K loss differences, forwards only.
 
@@ -184,6 +188,9 @@ def loss_differences(
             the model.
         directions: ``"gaussian"`` (BAFFLE's i.i.d. N(0, σ² I)), ``"orthogonal"`` or
             ``"block"`` (:mod:`fedge.estimators.directions`); the server must use the same.
+            Or a :class:`~fedge.estimators.directions.Directions` built for this selection and
+            K (e.g. one :func:`~fedge.estimators.directions.remembered`, shared with
+            :func:`estimate_gradient`).
 
     Returns:
         float32 tensor ``(k,)``: ``ΔL_k`` for ``k = 0..K-1``, each the difference of two losses
@@ -253,7 +260,7 @@ def estimate_gradient(
     seed: int,
     scheme: Scheme,
     masks: Mapping[str, Tensor] | None = None,
-    directions: DirectionKind = "gaussian",
+    directions: DirectionKind | Directions = "gaussian",
 ) -> dict[str, Tensor]:
     """Server side of BAFFLE (Algorithm 1, line 16; Eq. 6): rebuild ĝ from K loss differences.
 
@@ -282,8 +289,8 @@ def estimate_gradient(
         raise ConfigError("shapes_or_params is empty; pass the parameters the client perturbed")
     mask_of = check_masks(shapes, masks)
     k = diffs.numel()
-    dirs = make_directions(directions, shapes, k)
-    if directions == "block":  # w_k = 1 / K_b
+    dirs = _directions(directions, shapes, k)
+    if dirs.kind == "block":  # w_k = 1 / K_b
         coef = (diffs * dirs.weights / (_NORMALIZER[scheme] * sigma)).to(torch.float32)  # (K,)
     else:  # w_k = 1 / K, as BAFFLE Eq. (6) writes it
         coef = (diffs / (_NORMALIZER[scheme] * k * sigma)).to(torch.float32)
@@ -347,21 +354,30 @@ def zeroth_order_gradient(
     mode: Mode = "lean",
     chunk: int | None = None,
     dtype: torch.dtype | None = None,
-    directions: DirectionKind = "gaussian",
+    workers: int | None = None,
+    directions: DirectionKind | Directions = "gaussian",
 ) -> dict[str, Tensor]:
     """Both halves on one device (BAFFLE's epoch-level mode, Section 3.2): ĝ for ``model``.
 
     Same arguments as :func:`loss_differences`; returns name -> estimate in each parameter's
-    dtype and device, for exactly the selected parameters.
+    dtype and device, for exactly the selected parameters: bit for bit
+    ``estimate_gradient(loss_differences(...))``. In ``fast`` mode the rebuild reuses the
+    directions the forwards drew instead of drawing them again (up to ``_REMEMBER_BYTES`` of
+    them; :func:`~fedge.estimators.directions.remembered`); ``lean`` keeps its one-parameter
+    memory and draws twice.
     """
+    sel = select(model, params, masks)
+    _check_k_sigma(k, sigma)
+    dirs = _directions(directions, {n: p.shape for n, p in sel.params.items()}, k)
+    if mode == "fast":
+        dirs = remembered(dirs, _REMEMBER_BYTES)
     diffs = loss_differences(
         model, loss_fn, batch, k=k, sigma=sigma, seed=seed, scheme=scheme, params=params,
-        masks=masks, mode=mode, chunk=chunk, dtype=dtype, directions=directions,
+        masks=masks, mode=mode, chunk=chunk, dtype=dtype, workers=workers, directions=dirs,
     )  # fmt: skip
-    sel = select(model, params, masks)
     return estimate_gradient(
         dict(sel.params), diffs, sigma=sigma, seed=seed, scheme=scheme, masks=sel.masks,
-        directions=directions,
+        directions=dirs,
     )  # fmt: skip
 
 
@@ -401,7 +417,7 @@ def _run_threaded(
     sigma: float,
     spans: int,
     autocast: torch.dtype | None,
-    directions: DirectionKind = "gaussian",
+    directions: DirectionKind | Directions = "gaussian",
 ) -> tuple[Tensor, Tensor]:
     """:func:`_run` of the lean loop with k = 0..K-1 split into ``spans`` contiguous spans, one
     thread each, every thread on a shallow copy of ``model`` (Parameters shared, never written;
@@ -490,10 +506,24 @@ def batched_pays(model: nn.Module, x: Tensor) -> bool:
     return x.shape[0] * per_sample <= _MAX_BATCHED_WORK
 
 
-def _with_directions(sel: Selection, directions: DirectionKind, k: int) -> Selection:
+def _with_directions(sel: Selection, directions: DirectionKind | Directions, k: int) -> Selection:
     """``sel`` drawing the step's ``directions`` (built from the selection's shapes and K)."""
-    dirs = make_directions(directions, {n: p.shape for n, p in sel.params.items()}, k)
+    dirs = _directions(directions, {n: p.shape for n, p in sel.params.items()}, k)
     return dataclasses.replace(sel, draw=dirs.draw)
+
+
+def _directions(
+    directions: DirectionKind | Directions, shapes: Mapping[str, Sequence[int]], k: int
+) -> Directions:
+    """The step's directions: built from a kind, or a given set checked against K."""
+    if not isinstance(directions, Directions):
+        return make_directions(directions, shapes, k)
+    if directions.k != k:
+        raise ConfigError(
+            f"the given directions were made for k={directions.k}, but this step has k={k}; "
+            "build them with make_directions(kind, shapes, k) for the same k"
+        )
+    return directions
 
 
 def _default_chunk(x: Tensor, models_per_perturbation: int) -> int:

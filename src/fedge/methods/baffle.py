@@ -69,6 +69,7 @@ from fedge.estimators import (
     combine_loss_differences,
     estimate_gradient,
     loss_differences,
+    zeroth_order_gradient,
 )
 from fedge.methods.baffle_downlink import (
     ClientReplica,
@@ -220,13 +221,11 @@ def zeroth_order_gradient_fn(cfg: BaffleConfig, threads: int = 1) -> Any:
         seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator))
         params = perturbed_params(model, cfg)
         masks = perturbed_masks(masks, params)
-        diffs = loss_differences(
+        g = zeroth_order_gradient(
             model, F.cross_entropy, batch, k=cfg.k, sigma=cfg.sigma, seed=seed, scheme=cfg.scheme,
             params=list(params), masks=masks, mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype,
             workers=threads, directions=cfg.directions,
         )  # fmt: skip
-        g = estimate_gradient(params, diffs, sigma=cfg.sigma, seed=seed, scheme=cfg.scheme, masks=masks,
-                              directions=cfg.directions)  # fmt: skip
         return None, clip_inf_norm(g, cfg.clip)
 
     return gradient
