@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import update_section
-from fedge.bench.screened import machines_note, recorded_probes, recorded_screen, recorded_seeded, when_picked
+from fedge.bench.screened import recorded_probes, recorded_screen, recorded_seeded, run_notes, when_picked
 from fedge.bench.variants import (
     paired_difference,
     pick_by_validation,
@@ -244,8 +244,7 @@ def table(command: str) -> str:
         return "\n".join([*lines, "The screen is not finished; no main runs yet."])
     report = recorded_seeded(BASE, main_variants(chosen), seeds=SEEDS, common=PROTOCOL, records=RECORDS)
     probes = recorded_probes(BASE, probe_variants(), common=PROBE, records=RECORDS / "probe")
-    note = machines_note(report["results"])
-    return "\n".join([*lines, *result_lines(report, probes), *(["", note] if note else [])])
+    return "\n".join([*lines, *result_lines(report, probes), *run_notes(report["results"])])
 
 
 INTRO = "\n\n".join((__doc__ or "").split("\n\n")[:4]).strip()

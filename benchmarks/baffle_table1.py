@@ -35,12 +35,12 @@ from typing import Any
 
 from fedge.bench.docs import publish
 from fedge.bench.screened import (
-    machines_note,
     mean_cell,
     per_seed_cell,
     recorded_probes,
     recorded_screen,
     recorded_seeded,
+    run_notes,
     when_picked,
 )
 from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
@@ -184,8 +184,7 @@ def table(command: str, *, k500: bool) -> str:
                      f"{r['bytes_up_per_client_round']:.0f} | {'-' if flops is None else f'{flops:.1f}'} | {PAPER.get(label, '')} |")
     context = run_context(Path("/nonexistent"), run=False)  # the recorded context rows
     lines += ["", *verdicts(agg), "", *context_lines(agg.get("BP FedAvg"), context)]
-    if note := machines_note([*report["results"], *context]):
-        lines += ["", note]
+    lines += run_notes([*report["results"], *context])
     return "\n".join(lines)
 
 

@@ -17,13 +17,13 @@ picked from ``SCREEN_LRS`` by the final **validation** accuracy after ``screen_r
 the same protocol on seed 0 (never the test set); a grid whose best sits at its edge grows one step
 past it (0.03 -> 0.1; at most twice), so the pick is bracketed; the larger K reuse BAFFLE's pick.
 
-Cost (measured here: one round of K = 100 over all 100 Dirichlet clients on 5,000 training
-samples took 81 CPU-seconds, start-up and evaluation included, on a 2-core machine shared at
-load ~15, so an upper estimate; per round it scales with the training samples): on the
-protocol's **3,000 training samples** a round costs ~45 CPU-seconds and a K = 100 seed (40 rounds)
-~30 CPU-minutes; K = 200 ~60, K = 500 ~150, BP FedAvg ~2. Full protocol: screens (2 partitions x
-3 lrs x 10 rounds of K = 100) ~45 min, then per seed and partition K = 100 + 200 + BP ~92 min,
-x 3 seeds x 2 partitions: **~10 CPU-hours** (~25 with ``--k500``); run it in shards.
+Cost (the records' wall time, one torch thread per run on a 2-core machine running two
+workers; the section lists every row's minutes below the table): on the protocol's **3,000
+training samples** a 40-round run of K = 100 took 63-122 CPU-minutes (1.5-3 minutes a round),
+K = 200 ~110, BP FedAvg 11-15 (an early estimate from one unshared round, ~30 minutes for K = 100,
+was 2-4x too low). Full protocol: screens (2 partitions x 3 lrs x 10 rounds of K = 100) ~1.5 h,
+then per seed and partition K = 100 + 200 + BP ~3.5 h, x 3 seeds x 2 partitions: **~22 CPU-hours**
+(K = 500 adds ~2.5x K = 100's time per seed and partition); run it in shards.
 
 Resumable across machines: every finished run writes its row, with its full config, to
 ``benchmarks/results/baffle_table2/`` (commit it); rerunning reads those rows and runs only what is
@@ -45,11 +45,11 @@ from typing import Any
 
 from fedge.bench.docs import publish
 from fedge.bench.screened import (
-    machines_note,
     mean_cell,
     per_seed_cell,
     read_plan_screen,
     recorded_seeded,
+    run_notes,
     run_plan,
     when_picked,
 )
@@ -369,8 +369,7 @@ def table(plan: Plan, command: str) -> str:
                          f"| {r['bytes_up_per_client_round']:.0f} |")  # fmt: skip
     context, context_rows = context_lines(plan, agg)
     lines += ["", *verdicts(plan, agg), "", *context]
-    if note := machines_note([*report["results"], *context_rows]):
-        lines += ["", note]
+    lines += run_notes([*report["results"], *context_rows])
     return "\n".join(lines)
 
 
@@ -432,7 +431,7 @@ EMA 0.995 with warm-up, the reference code's 0.3 inf-norm clip), client Adam (b2
 fresh each round; the reference code keeps one per client), FedAvg
 on the server, **{plan.rounds} rounds**, **{plan.train:,} training samples** (a seeded subset of the 60,000) plus
 {plan.validation:,} held out for validation, {plan.test:,} test images, seeds {", ".join(map(str, plan.seeds))}. Reduced from the paper:
-{plan.train:,} of the 60,000 training images (CPU time: a K = 100 seed costs ~30 CPU-minutes here), K =
+{plan.train:,} of the 60,000 training images (CPU time: each run's minutes are listed at the end), K =
 {"/".join(map(str, plan.ks))} (the paper's LeNet rows: 200/500/1000 on CIFAR-10). "Final" is the last round's test
 accuracy; "at best val" the test accuracy of the round with the best validation accuracy. Bytes
 are the serialized model delta (epoch level: BAFFLE uploads what BP FedAvg does)."""

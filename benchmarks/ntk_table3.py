@@ -38,15 +38,15 @@ single evaluations swung by up to 10 points from one to the next (Adam NTK-BAFFL
 0.216 at round 45, 0.114 at round 50).
 
 Cost: the long runs switch the FLOP counter off; each row's client FLOPs per client per round
-are measured by a 2-round probe of seed 0 with the counter on. Measured here (3 rounds of
-NTK-BAFFLE K = 100 under the SGD recipe, 10 clients of ~50 samples each, evaluation on 11,000
-images every round: 17 CPU-seconds with start-up and the 50 data-free pruning rounds, on a
-2-core machine shared at load ~15): **~3 CPU-seconds a round** at K = 100, so a K = 100 run of 300
-rounds is **~15 CPU-minutes**, K = 200 ~30, K = 50 ~8, BP FedAvg ~2. Per seed: the SGD rows are 9
+are measured by a 2-round probe of seed 0 with the counter on. The records' wall time (one torch
+thread per run on a 2-core machine running two workers; the section lists every row's minutes):
+a K = 100 run of 300 rounds took **18-31 CPU-minutes**, K = 200 53-65, K = 50 9-14, BP FedAvg ~1,
+before the client reused its forwards' draws for its own estimate (``zeroth_order_gradient``,
+bit-identical results): that took ~22% off a zeroth-order client's time here. Per seed: the SGD rows are 9
 K = 100-equivalents, Adam's 2 (``--adam-all``: 9), Rand/Ori 2 plus their zeroth-order pruning
-(50 rounds x 2K x 2 forwards of 160 inputs, ~5-10 min each): **~3.5 CPU-hours a seed**;
-screens (2 optimizers x 2 zeroth-order families x 3-5 lrs x 100 rounds) ~1.5 h; **~12 CPU-hours
-in all** for 3 seeds (~17 with ``--adam-all``); run it in shards.
+(50 rounds x 2K x 2 forwards of 160 inputs, ~10 min each): **~4 CPU-hours a seed**;
+screens (2 optimizers x 2 zeroth-order families x 3-5 lrs x 100 rounds) ~1.5 h; **~14 CPU-hours
+in all** for 3 seeds (~20 with ``--adam-all``); run it in shards.
 
 Context (``--context``, outside the paper's table): dense and NTK-BAFFLE at K = 100 under SGD
 with BAFFLE's reference-code clip (inf-norm 0.3), both at NTK-BAFFLE's picked lr, 3 seeds
@@ -72,12 +72,12 @@ from typing import Any
 
 from fedge.bench.docs import publish
 from fedge.bench.screened import (
-    machines_note,
     mean_cell,
     per_seed_cell,
     read_plan_screen,
     recorded_probes,
     recorded_seeded,
+    run_notes,
     run_plan,
     when_picked,
 )
@@ -425,8 +425,7 @@ def table(plan: Plan, command: str) -> str:
     lines += ["", *verdicts(plan, agg)]
     if extra := context_lines(plan, agg, context):
         lines += ["", *extra]
-    if note := machines_note([*report["results"], *(context["results"] if context else [])]):
-        lines += ["", note]
+    lines += run_notes([*report["results"], *(context["results"] if context else [])])
     quality_file = plan.records / "estimate_quality.json"
     if quality_file.exists():
         lines += ["", quality_markdown(json.loads(quality_file.read_text()))]

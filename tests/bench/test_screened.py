@@ -7,12 +7,14 @@ import shutil
 from pathlib import Path
 
 from fedge.bench.screened import (
+    cost_note,
     machines_note,
     mean_cell,
     per_seed_cell,
     read_plan_screen,
     recorded_screen,
     recorded_seeded,
+    run_notes,
     run_plan,
     when_picked,
 )
@@ -65,6 +67,18 @@ def test_machines_note_names_each_machines_runs_and_rounds():
         "not recorded: K=200 seed 0 (rounds 1-3); Xeon (16 cores), torch 2.11.0: K=200 seed 0 (rounds 4-9); "
         "1 run recorded before records named their machine."
     )
+
+
+def test_cost_note_gives_each_rows_minutes_over_its_seeds():
+    rows = [{"label": "BP", "runs": [{"seed": 0, "wall_s": 650.0}, {"seed": 1, "wall_s": 910.0}]},
+            {"label": "K=100", "runs": [{"seed": 0, "wall_s": 3800.0}, {"seed": 2, "wall_s": 3820.0}]},  # both 63-64
+            {"label": "K=200", "runs": [{"seed": 0, "wall_s": 6638.0}]},
+            {"label": "old", "runs": [{"seed": 0}]}]  # fmt: skip
+    assert cost_note(rows).endswith("): BP 11-15; K=100 63-64; K=200 111.")
+    assert cost_note([{"label": "old", "runs": [{"seed": 0}]}]) == ""
+    # The section's closing lines: each note after a blank line, none for an empty note.
+    assert run_notes(rows[:1]) == ["", cost_note(rows[:1]), "", machines_note(rows[:1])]
+    assert run_notes([{"label": "x", "runs": []}]) == []
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,7 @@ from fedge.bench.variants import Screen, diverged_note, recorded, recorded_grown
 
 __all__ = [
     "Plan",
+    "cost_note",
     "machines_note",
     "mean_cell",
     "per_seed_cell",
@@ -26,6 +27,7 @@ __all__ = [
     "recorded_probes",
     "recorded_screen",
     "recorded_seeded",
+    "run_notes",
     "run_plan",
     "when_picked",
 ]
@@ -132,6 +134,30 @@ def machines_note(rows: Sequence[dict[str, Any]]) -> str:
     if unknown:
         parts.append(f"{unknown} run{'s' if unknown > 1 else ''} recorded before records named their machine")
     return "Where the runs ran (from the records; a run resumed on another machine is the same run up to float roundoff): " + "; ".join(parts) + "."
+
+
+def cost_note(rows: Sequence[dict[str, Any]]) -> str:
+    """What each row's runs cost, from the records: the wall time of their rounds (training and
+    evaluation, summed over every session of a resumed run; start-up excluded), in minutes,
+    min-max over the row's seeds. What a reader needs to plan a rerun, measured rather than
+    estimated. Empty when there are no runs."""
+    parts = []
+    for row in rows:
+        minutes = sorted(run["wall_s"] / 60 for run in row["runs"] if run.get("wall_s") is not None)
+        if not minutes:
+            continue
+        lo, hi = f"{minutes[0]:.0f}", f"{minutes[-1]:.0f}"
+        parts.append(f"{row['label']} {lo if lo == hi else f'{lo}-{hi}'}")
+    if not parts:
+        return ""
+    return ("Minutes a run took (from the records: its rounds' wall time, evaluation included, one torch thread, on "
+            "the machines named below; min-max over seeds): " + "; ".join(parts) + ".")
+
+
+def run_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The lines closing a reproduction's section: :func:`cost_note` then :func:`machines_note`,
+    each after a blank line; none for notes that are empty."""
+    return [line for note in (cost_note(rows), machines_note(rows)) if note for line in ("", note)]
 
 
 def run_plan(
