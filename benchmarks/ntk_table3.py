@@ -42,7 +42,8 @@ are measured by a 2-round probe of seed 0 with the counter on. The records' wall
 thread per run on a 2-core machine running two workers; the section lists every row's minutes):
 a K = 100 run of 300 rounds took **18-31 CPU-minutes**, K = 200 53-65, K = 50 9-14, BP FedAvg ~1,
 before the client reused its forwards' draws for its own estimate (``zeroth_order_gradient``,
-bit-identical results): that took ~22% off a zeroth-order client's time here. Per seed: the SGD rows are 9
+bit-identical results), which cut NTK-BAFFLE K = 100's client time to 0.77x (rounds 2-6 of this
+recipe, one thread, best of 3 interleaved runs each way). Per seed: the SGD rows are 9
 K = 100-equivalents, Adam's 2 (``--adam-all``: 9), Rand/Ori 2 plus their zeroth-order pruning
 (50 rounds x 2K x 2 forwards of 160 inputs, ~10 min each): **~4 CPU-hours a seed**;
 screens (2 optimizers x 2 zeroth-order families x 3-5 lrs x 100 rounds) ~1.5 h; **~14 CPU-hours
