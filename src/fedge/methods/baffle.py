@@ -112,7 +112,8 @@ class BaffleConfig(SecureAggregationOptions, FreezeOption):
         "fast",
         description="lean (least memory) or fast (a forward of the batch of at most ~90 MFLOP, e.g. LeNet-5 up to "
         "159 samples, BAFFLE's LeNet up to 8: perturbations batched; more: perturbations split over "
-        "`perturbation_threads`, one model copy per thread)",
+        "`perturbation_threads`, one model copy per thread; at epoch level it keeps up to 64 MiB of the forwards' "
+        "perturbations so the client's own estimate does not draw them again)",
     )
     perturbation_threads: int | None = Field(
         None,
