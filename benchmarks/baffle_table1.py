@@ -230,41 +230,46 @@ def verdicts(agg: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
-INTRO = """Protocol (the paper's Table 1 setting, on Fashion-MNIST instead of MNIST): BAFFLE's LeNet
-(Hardswish, GroupNorm; 26,730 parameters), C = 10 IID clients, all 10 every round, epoch-level
-BAFFLE (one local epoch of batches of 20 per round, twice-FD, σ = 1e-4, EMA 0.995 with warm-up,
-the reference code's 0.3 inf-norm clip of each estimate), client Adam (b2 0.99; built fresh
-each round, as FedAvg states it, where BAFFLE's reference code keeps one Adam per client for the
-whole run: `method.client_optimizer.state=persistent`, measured for BP below), FedAvg on the
-server, **20 rounds**, **10,000 training samples** (a seeded subset of the 60,000; 1,000 per
-client) plus 2,000 held out as a validation set, the full 10,000-image test set, seeds 0, 1, 2
-(seed changes the subset, the split, the initialisation and the perturbations). Reduced from
-the paper: 10,000 of the 60,000 training images (CPU time: a K = 100 seed costs ~40-80
-CPU-minutes, the table ~14-28 CPU-hours; at 60,000 it would be ~6x); K = 500 not run unless
-listed. **This reduction caps BP FedAvg below 0.80**: one local epoch of 1,000 samples gives a
-client 50 steps a round, and the context rows below the table show what more steps buy: twice
-the data (20,000) still ends below 0.80, so the table would pass it only somewhere between 20,000
-and 58,000 samples, at 3-6x this table's ~14-28 CPU-hours (not affordable on this machine). The
+INTRO = """**Protocol** (the paper's Table 1 setting, on Fashion-MNIST instead of MNIST): BAFFLE's
+LeNet (Hardswish, GroupNorm; 26,730 parameters), C = 10 IID clients, all 10 every round,
+epoch-level BAFFLE (one local epoch of batches of 20 per round, twice-FD, σ = 1e-4, EMA 0.995
+with warm-up, the reference code's 0.3 inf-norm clip of each estimate), client Adam (b2 0.99;
+built fresh each round, as FedAvg states it, where BAFFLE's reference code keeps one Adam per
+client for the whole run: `method.client_optimizer.state=persistent`, measured for BP below),
+FedAvg on the server, **20 rounds**, **10,000 training samples** (a seeded subset of the 60,000;
+1,000 per client) plus 2,000 held out as a validation set, the full 10,000-image test set, seeds
+0, 1, 2 (seed changes the subset, the split, the initialisation and the perturbations).
+
+**Reduced from the paper**: 10,000 of the 60,000 training images (CPU time: a K = 100 seed costs
+~40-80 CPU-minutes, the table ~14-28 CPU-hours; at 60,000 it would be ~6x; each run's minutes are
+listed at the end); K = 500 not run unless listed.
+
+**This reduction caps BP FedAvg below 0.80**: one local epoch of 1,000 samples gives a client 50
+steps a round, and the context rows below the table show what more steps buy: twice the data
+(20,000) still ends below 0.80, so the table would pass it only somewhere between 20,000 and
+58,000 samples, at 3-6x this table's ~14-28 CPU-hours (not affordable on this machine). The
 paper's own protocol under-trains BP too: its BP FedAvg LeNet reaches 94.31% on MNIST, where a
-LeNet trained to convergence passes 99%. The BP
-recipe is not the cap either (ad hoc, seed 0, outside the records): batches of 5 instead of 20 (4x
-the steps, Adam lr 0.01) end at 0.772 test / 0.781 validation accuracy (`fedge run
-baffle-fmnist-lenet` with the protocol's data settings and `method.name=fedavg
-method.batch_size=5 method.client_optimizer.lr=0.01`), and client SGD with momentum 0.9 instead of Adam,
-lr 0.05, reached 0.753 validation accuracy, and Adam kept across rounds as the reference code keeps it
-(`method.client_optimizer.state=persistent`, the paper's lr 0.01) ended at 0.762 test / 0.764 validation. "Final" is the round-20 test accuracy; "at best
-val" is the test accuracy of the round with the best validation accuracy. Client GFLOP per round
-is one client's round measured by torch's FLOP counter (forwards only for BAFFLE); bytes are the
-serialized update. EMA, as in the paper, averages the global model once a round and only the
-evaluated model uses it: clients always train from W, so on one seed the "w/o EMA" row trains the
-same W as the K = 100 row and their difference is exactly what the average gains or lags on one
-trajectory. With the reference code's warm-up its decay at round n is min(0.995, (1+n)/(10+n)),
-0.70 at round 20: it averages about the last three rounds of a model still gaining ~0.5-1 point a
-round (the paper's EMA smooths oscillations of a longer run). Some runs were carried between
-machines mid-way (`--save-progress` / `--restore-progress`; rounds of the central-difference
-seeds, SELU seed 2 and the K = 200 seeds ran on a lent machine's CPUs under torch 2.11): a
-resumed run is the same run, every draw derived from (seed, purpose, round, client), so only
-float roundoff differs from an uninterrupted one."""
+LeNet trained to convergence passes 99%. The BP recipe is not the cap either (ad hoc, seed 0,
+outside the records): batches of 5 instead of 20 (4x the steps, Adam lr 0.01) end at 0.772 test /
+0.781 validation accuracy (`fedge run baffle-fmnist-lenet` with the protocol's data settings and
+`method.name=fedavg method.batch_size=5 method.client_optimizer.lr=0.01`); client SGD with
+momentum 0.9 instead of Adam, lr 0.05, reached 0.753 validation accuracy; and Adam kept across
+rounds as the reference code keeps it (`method.client_optimizer.state=persistent`, the paper's lr
+0.01) ended at 0.762 test / 0.764 validation.
+
+**Reading the table**: "final" is the round-20 test accuracy; "at best val" is the test accuracy
+of the round with the best validation accuracy. Client GFLOP per round is one client's round
+measured by torch's FLOP counter (forwards only for BAFFLE); bytes are the serialized update. EMA,
+as in the paper, averages the global model once a round and only the evaluated model uses it:
+clients always train from W, so on one seed the "w/o EMA" row trains the same W as the K = 100 row
+and their difference is exactly what the average gains or lags on one trajectory. With the
+reference code's warm-up its decay at round n is min(0.995, (1+n)/(10+n)), 0.70 at round 20: it
+averages about the last three rounds of a model still gaining ~0.5-1 point a round (the paper's
+EMA smooths oscillations of a longer run). Some runs were carried between machines mid-way
+(`--save-progress` / `--restore-progress`; rounds of the central-difference seeds, SELU seed 2
+and the K = 200 seeds ran on a lent machine's CPUs under torch 2.11): a resumed run is the same
+run, every draw derived from (seed, purpose, round, client), so only float roundoff differs from
+an uninterrupted one."""
 
 
 def main(argv: list[str] | None = None) -> int:
