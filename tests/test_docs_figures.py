@@ -114,7 +114,7 @@ def test_parameter_counts_and_sqrt_k_over_n() -> None:
 
     # Table 1 analogue: "BAFFLE's LeNet (Hardswish, GroupNorm; 26,730 parameters)"
     lenet = count_parameters(_built("baffle-fmnist-lenet").model_fn())
-    m = re.search(r"BAFFLE's LeNet\s+\(Hardswish, GroupNorm; ([\d,]+) parameters\)", _section("baffle-table1"))
+    m = re.search(r"BAFFLE's\s+LeNet\s+\(Hardswish, GroupNorm; ([\d,]+) parameters\)", _section("baffle-table1"))
     assert m and int(m.group(1).replace(",", "")) == lenet
 
     # NTK Table 3 estimate-quality table: trainable n, dense and at density 0.1
