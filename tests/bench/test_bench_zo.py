@@ -19,6 +19,7 @@ ZO_KEYS = {
     "forward_efficiency", "zo_floor_s", "zo_floor_ratio", "zo_lean_floor_ratio",
     "meets_floor_ratio", "zo_bound_s", "zo_over_bound", "forward_channels_last_s",
     "forward_breakdown", "forward_loop_s", "zo_loop_ratio", "zo_lean_loop_ratio",
+    "zo_epoch_step_s", "epoch_over_split",
 }  # fmt: skip
 
 
@@ -47,7 +48,7 @@ def test_run_zo_json_shape_and_markdown(report: dict) -> None:
     assert report["threads"] == 1 and report["malloc_retained"] is False
     assert report["cores"] >= 1 and report["peak_1thread"]["start"]["peak"] > 0
     text = zo_markdown(report, "fedge bench zo")
-    assert "Command: `fedge bench zo`" in text
+    assert "Command: `fedge bench zo`" in text and "epoch-level s (vs fast)" in text
     assert text.count("\n| lenet |") == 2 + 1  # two scheme rows + one breakdown row
     assert "| lenet5 | central | 2 | 2 | batched |" in text
 
@@ -59,6 +60,7 @@ def test_floor_and_bound_arithmetic(report: dict) -> None:
         assert math.isclose(r["zo_floor_ratio"], r["zo_step_s"] / r["zo_floor_s"])
         assert r["meets_floor_ratio"] == (r["zo_floor_ratio"] <= zo.FLOOR_RATIO_TARGET)
         assert math.isclose(r["zo_loop_ratio"], r["zo_step_s"] / r["forward_loop_s"])
+        assert math.isclose(r["epoch_over_split"], r["zo_epoch_step_s"] / r["zo_step_s"])
         # bound = forwards × FLOPs / (1-thread peak × threads), here 1 thread
         bound = forwards * r["forward_gflops"] / r["peak_1thread_gflops"]
         assert math.isclose(r["zo_bound_s"], bound)

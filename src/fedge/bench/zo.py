@@ -7,6 +7,10 @@ measures, per model and difference scheme, the wall time of
 - **ZO step** (``zo_step_s``, fast mode; ``zo_lean_step_s``, lean mode): the whole computation of
   one estimate, client and server, i.e. :func:`~fedge.estimators.loss_differences` then
   :func:`~fedge.estimators.estimate_gradient` on the same seed;
+- **epoch-level step** (``zo_epoch_step_s``): the same estimate computed on one device, as
+  BAFFLE's epoch-level clients do (:func:`~fedge.estimators.zeroth_order_gradient`, fast mode),
+  which rebuilds ĝ from the directions its forwards drew instead of drawing them again;
+  ``epoch_over_split`` = epoch-level step / ZO step (fast) is what that reuse saves;
 - **forward** (``forward_s``): one plain forward of the model on the batch;
 - **BP step** (``bp_step_s``): forward, backward and a plain SGD step (no momentum);
 - **reference loop** (``reference_loop_step_s``): the estimate computed the way the BAFFLE
@@ -64,7 +68,12 @@ from fedge.bench.machine import (
 )
 from fedge.bench.reference import reference_gradient
 from fedge.core.meter import FlopCounter
-from fedge.estimators import estimate_gradient, forward_budget, loss_differences
+from fedge.estimators import (
+    estimate_gradient,
+    forward_budget,
+    loss_differences,
+    zeroth_order_gradient,
+)
 from fedge.estimators.batched import BatchedEvaluator
 from fedge.estimators.perturbation import select
 from fedge.models import build_model
@@ -100,6 +109,13 @@ def _zo_step(model: nn.Module, batch: tuple[Tensor, Tensor], *, k: int, scheme: 
                              scheme=scheme, mode=mode)  # type: ignore[arg-type]  # fmt: skip
     return estimate_gradient(dict(model.named_parameters()), diffs, sigma=SIGMA, seed=seed,
                              scheme=scheme)  # type: ignore[arg-type]  # fmt: skip
+
+
+def _epoch_step(model: nn.Module, batch: tuple[Tensor, Tensor], *, k: int, scheme: str,
+                seed: int) -> dict[str, Tensor]:  # fmt: skip
+    """The same estimate on one device (epoch-level BAFFLE): the rebuild reuses the forwards' draws."""
+    return zeroth_order_gradient(model, F.cross_entropy, batch, k=k, sigma=SIGMA, seed=seed,
+                                 scheme=scheme, mode="fast")  # type: ignore[arg-type]  # fmt: skip
 
 
 def _bp_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple[Tensor, Tensor]) -> None:
@@ -229,6 +245,9 @@ def _bench_model(name: str, *, schemes: Sequence[str], k: int, batch: int, repea
     def zo(scheme: str, mode: str, kk: int) -> Callable[[], object]:
         return lambda: _zo_step(model, data, k=kk, scheme=scheme, mode=mode, seed=7)
 
+    def epoch(scheme: str, kk: int) -> Callable[[], object]:
+        return lambda: _epoch_step(model, data, k=kk, scheme=scheme, seed=7)
+
     def ref(scheme: str, kk: int) -> Callable[[], object]:
         return lambda: reference_gradient(model, F.cross_entropy, data, k=kk, sigma=SIGMA,
                                           scheme=scheme, generator=gen)  # fmt: skip
@@ -242,6 +261,7 @@ def _bench_model(name: str, *, schemes: Sequence[str], k: int, batch: int, repea
         variants[f"{s}/loop"] = (loop(1), loop(forward_budget(k, s)))  # type: ignore[arg-type]
         variants[f"{s}/fast"] = (zo(s, "fast", _WARMUP_K), zo(s, "fast", k))
         variants[f"{s}/lean"] = (zo(s, "lean", _WARMUP_K), zo(s, "lean", k))
+        variants[f"{s}/epoch"] = (epoch(s, _WARMUP_K), epoch(s, k))
         variants[f"{s}/reference"] = (ref(s, _WARMUP_K), ref(s, k))
     for warm, _ in variants.values():
         warm()
@@ -284,6 +304,8 @@ def _bench_model(name: str, *, schemes: Sequence[str], k: int, batch: int, repea
                 "fast_path": fast_path(model, data),
                 "zo_step_s": fast,
                 "zo_lean_step_s": lean,
+                "zo_epoch_step_s": best[f"{s}/epoch"],
+                "epoch_over_split": best[f"{s}/epoch"] / fast,
                 "bp_step_s": bp,
                 "reference_loop_step_s": reference,
                 "forward_s": fwd_s,
@@ -401,8 +423,8 @@ def zo_markdown(report: dict[str, Any], command: str) -> str:
     rows = [
         "| model | scheme | K | batch | fast path | forward ms | fwd GFLOP/s (of bound) "
         "| ZO fast s | ZO GFLOP/s | floor s | fast/floor | lean/floor | fast/loop | bound s | BP step "
-        "| fast/(K·BP) | reference s | fast vs ref |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| fast/(K·BP) | reference s | fast vs ref | epoch-level s (vs fast) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
         rows.append(
@@ -413,7 +435,8 @@ def zo_markdown(report: dict[str, Any], command: str) -> str:
             f"| {r['zo_floor_ratio']:.3f} ≤ {target}: {_mark(r['meets_floor_ratio'])} "
             f"| {r['zo_lean_floor_ratio']:.3f} | {r['zo_loop_ratio']:.3f} | {r['zo_bound_s']:.3f} "
             f"| {r['bp_step_s'] * 1e3:.1f} ms | {r['zo_over_bp_per_k']:.3f} "
-            f"| {r['reference_loop_step_s']:.3f} | {r['speedup_vs_reference']:.2f}x |"
+            f"| {r['reference_loop_step_s']:.3f} | {r['speedup_vs_reference']:.2f}x "
+            f"| {r['zo_epoch_step_s']:.3f} ({r['epoch_over_split']:.2f}x) |"
         )
     lines = [
         "Time of one zeroth-order step (client `loss_differences` + server `estimate_gradient`: one",
@@ -431,7 +454,9 @@ def zo_markdown(report: dict[str, Any], command: str) -> str:
         "model (residual units), so fast mode runs the lean loop; *lean-large-batch*: one forward",
         "of the batch costs more than ~90 MFLOP, where batching is slower than one plain forward per",
         "perturbation, so fast mode runs the lean loop; *in N threads*: fast mode splits the K",
-        "perturbations over N threads.",
+        "perturbations over N threads. *epoch-level*: the same estimate on one device",
+        "(`zeroth_order_gradient`, fast mode, as BAFFLE's epoch-level clients run it), whose rebuild",
+        "of ĝ reuses the directions its forwards drew; *(vs fast)* its time over the ZO fast step's.",
         "",
         f"{t} torch thread(s) of {report['cores']} cores. 1-thread peak (best of a 1024² `torch.mm` "
         f"and a 64→64 3×3 conv on 64×64×16×16): {p1['peak']:.0f} GFLOP/s at the start "
