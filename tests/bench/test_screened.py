@@ -81,6 +81,23 @@ def test_cost_note_gives_each_rows_minutes_over_its_seeds():
     assert run_notes([{"label": "x", "runs": []}]) == []
 
 
+def test_cost_note_never_mixes_machines_in_one_range():
+    def on(*isas: str) -> list[dict]:
+        return [{"machine": {"isa": isa, "cpu": "AMD EPYC", "cores": 2}, "rounds": [i + 1, i + 1]}
+                for i, isa in enumerate(isas)]  # fmt: skip
+
+    rows = [{"label": "K=200", "runs": [{"seed": 0, "wall_s": 3300.0, "machines": on("avx2")},
+                                        {"seed": 1, "wall_s": 3540.0, "machines": on("avx2")},
+                                        {"seed": 2, "wall_s": 900.0, "machines": on("avx512f")}]},
+            {"label": "K=50", "runs": [{"seed": 0, "wall_s": 600.0, "machines": on("avx2", "avx512f")},
+                                       {"seed": 1, "wall_s": 660.0}]}]  # fmt: skip
+    note = cost_note(rows)
+    assert "by the machine's instruction set" in note
+    assert note.endswith("): K=200 55-59 (avx2), 15 (avx512f); K=50 10 (resumed across machines), 11 (machine not recorded).")
+    # One kind of machine throughout: no labels, as before.
+    assert cost_note([{"label": "K=200", "runs": rows[0]["runs"][:2]}]).endswith("): K=200 55-59.")
+
+
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     """What a script's Plan gives run_plan (fedge.bench.screened.Plan)."""

@@ -136,22 +136,47 @@ def machines_note(rows: Sequence[dict[str, Any]]) -> str:
     return "Where the runs ran (from the records; a run resumed on another machine is the same run up to float roundoff): " + "; ".join(parts) + "."
 
 
+def _ran_on(run: dict[str, Any]) -> str:
+    """Which machine computed ``run``, by instruction set (what sets a CPU's speed here):
+    ``"avx2"``, ``"avx512f"``, ...; ``"resumed across machines"`` when its rounds ran on
+    machines of different instruction sets; ``"machine not recorded"`` for older records."""
+    tags = {seg["machine"]["isa"] if seg.get("machine") else "machine not recorded"
+            for seg in run.get("machines") or []}  # fmt: skip
+    if not tags:
+        return "machine not recorded"
+    return tags.pop() if len(tags) == 1 else "resumed across machines"
+
+
 def cost_note(rows: Sequence[dict[str, Any]]) -> str:
     """What each row's runs cost, from the records: the wall time of their rounds (training and
     evaluation, summed over every session of a resumed run; start-up excluded), in minutes,
     min-max over the row's seeds. What a reader needs to plan a rerun, measured rather than
-    estimated. Empty when there are no runs."""
-    parts = []
-    for row in rows:
-        minutes = sorted(run["wall_s"] / 60 for run in row["runs"] if run.get("wall_s") is not None)
-        if not minutes:
-            continue
-        lo, hi = f"{minutes[0]:.0f}", f"{minutes[-1]:.0f}"
-        parts.append(f"{row['label']} {lo if lo == hi else f'{lo}-{hi}'}")
-    if not parts:
+    estimated. Where the section's runs ran on machines of different instruction sets (a 4x
+    difference in speed has been seen between an avx2 and an avx512 EPYC), each row's minutes
+    are given per instruction set, so a range never mixes machines. Empty when there are no runs."""
+    timed = [(row["label"], _ran_on(run), run["wall_s"] / 60)
+             for row in rows for run in row["runs"] if run.get("wall_s") is not None]  # fmt: skip
+    if not timed:
         return ""
+    several = len({where for _, where, _ in timed}) > 1
+
+    def span(minutes: list[float]) -> str:
+        lo, hi = f"{min(minutes):.0f}", f"{max(minutes):.0f}"
+        return lo if lo == hi else f"{lo}-{hi}"
+
+    parts = []
+    for label in dict.fromkeys(label for label, _, _ in timed):
+        by_machine: dict[str, list[float]] = {}
+        for lab, where, minutes in timed:
+            if lab == label:
+                by_machine.setdefault(where, []).append(minutes)
+        if several:
+            parts.append(f"{label} " + ", ".join(f"{span(m)} ({where})" for where, m in by_machine.items()))
+        else:
+            parts.append(f"{label} {span(next(iter(by_machine.values())))}")
+    how = "min-max over seeds, by the machine's instruction set" if several else "min-max over seeds"
     return ("Minutes a run took (from the records: its rounds' wall time, evaluation included, one torch thread, on "
-            "the machines named below; min-max over seeds): " + "; ".join(parts) + ".")
+            f"the machines named below; {how}): " + "; ".join(parts) + ".")
 
 
 def run_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
