@@ -94,8 +94,10 @@ def test_cost_note_never_mixes_machines_in_one_range():
     note = cost_note(rows)
     assert "by the machine's instruction set" in note
     assert note.endswith("): K=200 55-59 (avx2), 15 (avx512f); K=50 10 (resumed across machines), 11 (machine not recorded).")
-    # One kind of machine throughout: no labels, as before.
+    # One known kind of machine throughout (old records without one do not count): no labels.
     assert cost_note([{"label": "K=200", "runs": rows[0]["runs"][:2]}]).endswith("): K=200 55-59.")
+    assert cost_note([{"label": "K=200", "runs": [*rows[0]["runs"][:2], {"seed": 2, "wall_s": 60.0}]}]
+                     ).endswith("): K=200 1-59.")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

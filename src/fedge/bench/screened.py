@@ -151,14 +151,17 @@ def cost_note(rows: Sequence[dict[str, Any]]) -> str:
     """What each row's runs cost, from the records: the wall time of their rounds (training and
     evaluation, summed over every session of a resumed run; start-up excluded), in minutes,
     min-max over the row's seeds. What a reader needs to plan a rerun, measured rather than
-    estimated. Where the section's runs ran on machines of different instruction sets (a 4x
+    estimated. Where the section's runs ran on machines of different instruction sets (a 3x
     difference in speed has been seen between an avx2 and an avx512 EPYC), each row's minutes
-    are given per instruction set, so a range never mixes machines. Empty when there are no runs."""
+    are given per instruction set, so a range never mixes known machines (runs whose machine
+    was not recorded, wholly or in part, are kept apart too). Empty when there are no runs."""
     timed = [(row["label"], _ran_on(run), run["wall_s"] / 60)
              for row in rows for run in row["runs"] if run.get("wall_s") is not None]  # fmt: skip
     if not timed:
         return ""
-    several = len({where for _, where, _ in timed}) > 1
+    isas = {seg["machine"]["isa"] for row in rows for run in row["runs"]
+            for seg in run.get("machines") or [] if seg.get("machine")}  # fmt: skip
+    several = len(isas) > 1  # runs of unrecorded machines alone do not split the ranges
 
     def span(minutes: list[float]) -> str:
         lo, hi = f"{min(minutes):.0f}", f"{max(minutes):.0f}"
@@ -173,7 +176,7 @@ def cost_note(rows: Sequence[dict[str, Any]]) -> str:
         if several:
             parts.append(f"{label} " + ", ".join(f"{span(m)} ({where})" for where, m in by_machine.items()))
         else:
-            parts.append(f"{label} {span(next(iter(by_machine.values())))}")
+            parts.append(f"{label} {span([m for ms in by_machine.values() for m in ms])}")
     how = "min-max over seeds, by the machine's instruction set" if several else "min-max over seeds"
     return ("Minutes a run took (from the records: its rounds' wall time, evaluation included, one torch thread, on "
             f"the machines named below; {how}): " + "; ".join(parts) + ".")
