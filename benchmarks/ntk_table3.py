@@ -481,7 +481,16 @@ NTK-Ori's ride in round 1 as {plan.prune_rounds} exchanges with round 1's 10 cli
 each pruning round). "At best val": the test accuracy of the evaluation with the best validation
 accuracy (the paper reports the maximum test accuracy). Bytes: per client per round, mean of
 all rounds, NTK-Ori's pruning phases apart; FLOPs: a 2-round probe of seed 0 (dense kernels
-executed; effective counts multiplications by kept weights only)."""
+executed; effective counts multiplications by kept weights only).
+
+The data-free NTK mask depends on the CPU as well as the seed: oneDNN's avx512 convolution
+kernels round the {plan.prune_rounds} iterative pruning rounds to another mask than its avx2 ones (on
+seed 0's initial model an avx512 EPYC keeps 0.49 of conv1 where an avx2 one keeps 0.55;
+`ONEDNN_MAX_CPU_ISA=AVX2` reproduces avx2's mask on an avx512 machine). So a seed's NTK rows are
+that seed on the machine named at the end; the magnitude and random masks do not depend on it. A
+run resumed on another machine keeps the mask it started with (its checkpoint holds it); the one
+run that switched mask mid-way before checkpoints held masks (SGD NTK-BAFFLE K=200 seed 2, rounds
+1-25 on avx2) was run again from round 1."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,3 +52,38 @@ def test_verdicts_need_two_paired_seeds() -> None:
     assert bench.verdicts({"BAFFLE K=100": _row({0: 0.6})})[0].startswith("Verdicts need")
     lines = bench.verdicts({"BAFFLE K=100": _row(BASE), "K=100 ReLU": _row({0: 0.5})})
     assert not any(x.startswith("- K=100 ReLU") for x in lines)
+
+
+def test_plan_keeps_the_recorded_protocol_and_separates_other_sizes(tmp_path, monkeypatch) -> None:
+    # The 10,000-sample table's overrides are those its records were run with (order included).
+    assert bench.Plan().protocol() == ["threads=1", "rounds=20", "dataset.limit_train=12000", "dataset.validation=2000",
+                                       "dataset.limit_test=10000", "measure.flops=false"]  # fmt: skip
+    assert bench.Plan().records == bench.RECORDS and bench.Plan().out(tmp_path) == tmp_path
+    big = bench.Plan(30000)
+    assert "dataset.limit_train=32000" in big.protocol() and big.screen_common()[-2:] == ["rounds=5", "seed=0"]
+    assert big.records == bench.RECORDS / "train-30000" and big.out(tmp_path) == tmp_path / "train-30000"
+    assert big.command() == "python benchmarks/baffle_table1.py --train 30000"
+    # A size with records gets its own table in the section, after the 10,000-sample one.
+    monkeypatch.setattr(bench, "RECORDS", tmp_path)
+    (tmp_path / "train-30000").mkdir()
+    assert bench.other_sizes() == [30000]
+    text = bench.section(k500=False)
+    assert text.index("**Protocol**") < text.index("### The same table on 30,000 training samples")
+    assert text.count("The screen is not finished") == 2
+
+
+def test_bp_bar_needs_every_seed() -> None:
+    assert bench.bp_bar(None) == []
+    assert bench.bp_bar(_row({0: 0.81, 1: 0.80, 2: 0.83}))[0].endswith("every seed (3 seeds): yes.")
+    assert bench.bp_bar(_row({0: 0.81, 1: 0.7975}))[0].endswith("every seed (2 seeds): no, lowest seed 0.7975.")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--train", "1005"], "--train 1005: expected a multiple of 10"),
+    (["--train", "60000"], "from 1,000 to 58,000"),
+    (["--train", "30000", "--context"], "drop --train"),
+])  # fmt: skip
+def test_bad_train_size_is_a_clear_usage_error(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench.main([*argv, "--table-only", "--docs", "/nonexistent/never-written.md"])
+    assert exc.value.code == 2 and message in capsys.readouterr().err

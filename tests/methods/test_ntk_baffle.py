@@ -125,3 +125,29 @@ def test_freeze_composes_with_ntk_baffle(tiny, mode):
     for name, mask in strategy.server.masks.items():
         assert torch.all(after[name][~mask] == 0)
     sim.close()
+
+
+def test_a_resumed_run_keeps_the_masks_it_was_trained_with(tmp_path, tiny, monkeypatch):
+    """Another machine can round the iterative data-free pruning to another mask; the resumed run
+    must go on with the checkpoint's (and end as the uninterrupted run), not switch mid-way."""
+    from fedge.experiment.run import resume_experiment
+    from fedge.methods import ntk_baffle
+
+    cfg = _cfg(tiny, mode="epoch")
+    full = run_experiment(_cfg(tiny, mode="epoch").model_copy(update={"rounds": 3}), out=tmp_path / "full", render=False)
+    short = run_experiment(cfg.model_copy(update={"rounds": 2}), out=tmp_path / "short", render=False)
+    original = ntk_baffle.data_free_masks
+
+    def elsewhere(mcfg, w0, *, seed, input_shape):  # what another CPU's pruning might select
+        return original(mcfg.model_copy(update={"prune_score": "magnitude"}), w0, seed=seed, input_shape=input_shape)
+
+    built = build_run(cfg)
+    args = {"seed": cfg.seed, "input_shape": tuple(built.dataset.input_shape)}
+    mcfg = built.method_config
+    ours, theirs = original(mcfg, built.model_fn(), **args), elsewhere(mcfg, built.model_fn(), **args)
+    assert any(not torch.equal(ours[k], theirs[k]) for k in ours)  # the stand-in really differs
+    monkeypatch.setattr(ntk_baffle, "data_free_masks", elsewhere)
+    with pytest.warns(RuntimeWarning, match="continues with the checkpoint's masks"):
+        resume_experiment(short, rounds=3, render=False)
+    got, want = load_file(short / "model.safetensors"), load_file(full / "model.safetensors")
+    assert got.keys() == want.keys() and all(got[k].equal(want[k]) for k in want)
