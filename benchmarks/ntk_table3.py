@@ -47,7 +47,9 @@ recipe, one thread, best of 3 interleaved runs each way). Per seed: the SGD rows
 K = 100-equivalents, Adam's 2 (``--adam-all``: 9), Rand/Ori 2 plus their zeroth-order pruning
 (50 rounds x 2K x 2 forwards of 160 inputs, ~10 min each): **~4 CPU-hours a seed**;
 screens (2 optimizers x 2 zeroth-order families x 3-5 lrs x 100 rounds) ~1.5 h; **~14 CPU-hours
-in all** for 3 seeds (~20 with ``--adam-all``); run it in shards.
+in all** for 3 seeds (~20 with ``--adam-all``); run it in shards. Those figures are an avx2
+EPYC's; an avx512 EPYC ran seed 2 about 3x faster (K = 100 8 minutes, K = 200 15, K = 50 5: the
+whole seed in ~1.5 CPU-hours).
 
 Context (``--context``, outside the paper's table): dense and NTK-BAFFLE at K = 100 under SGD
 with BAFFLE's reference-code clip (inf-norm 0.3), both at NTK-BAFFLE's picked lr, 3 seeds
