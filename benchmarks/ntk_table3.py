@@ -440,8 +440,12 @@ def _direction(label: str, d: dict[str, Any] | None, paper: str, want: str = "hi
         return f"- {label}: needs both rows on at least 2 common seeds."
     ours = "higher" if d["lo"] > 0 else ("lower" if d["hi"] < 0 else "noise")
     verdict = "reproduces" if ours == want else ("not resolved (the interval holds 0)" if ours == "noise" else "does NOT reproduce")
-    return (f"- {label}: {d['mean'] * 100:+.2f} ± {d['std'] * 100:.2f} points over seeds {d['seeds']} "
-            f"(95% interval {d['lo'] * 100:+.1f} to {d['hi'] * 100:+.1f}; paper {paper}) → {verdict}.")  # fmt: skip
+    if ours == "noise":  # whether the seeds at least agree in sign: a consistent but unequal gap
+        agree = sum(x > 0 if want == "higher" else x < 0 for x in d["diffs"])
+        verdict += f"; the expected sign on {agree} of {len(d['diffs'])} seeds"
+    per_seed = ", ".join(f"{s}: {100 * x:+.1f}" for s, x in zip(d["seeds"], d["diffs"], strict=True))
+    return (f"- {label}: {d['mean'] * 100:+.2f} ± {d['std'] * 100:.2f} points (seeds {per_seed}; "
+            f"95% interval {d['lo'] * 100:+.1f} to {d['hi'] * 100:+.1f}; paper {paper}) → {verdict}.")  # fmt: skip
 
 
 def verdicts(plan: Plan, agg: dict[str, dict[str, Any]]) -> list[str]:

@@ -70,3 +70,15 @@ def test_the_clip_context_pairs_seeds_and_says_a_diverged_row() -> None:
     assert "| SGD BAFFLE (dense) K=100, clip 0.3 | 0 | seed 0 diverged (round 7) |" in text
     assert "needs both rows on at least 2 common seeds" in text
     assert bench.context_lines(PLAN, agg, None) == []
+
+
+def test_an_unresolved_direction_says_per_seed_gaps_and_how_many_seeds_agree_in_sign() -> None:
+    # NTK above dense on every seed, by very unequal gaps (dense at chance on seed 0): not resolved
+    agg = {"SGD NTK-BAFFLE K=100": _seeded("SGD NTK-BAFFLE K=100", {0: 0.68, 1: 0.72, 2: 0.70}),
+           "SGD BAFFLE (dense) K=100": _seeded("SGD BAFFLE (dense) K=100", {0: 0.10, 1: 0.52, 2: 0.68})}  # fmt: skip
+    (line,) = [x for x in bench.verdicts(PLAN, agg) if x.startswith("- SGD, K=100: NTK-BAFFLE − dense")]
+    assert "(seeds 0: +58.0, 1: +20.0, 2: +2.0; 95% interval" in line
+    assert line.endswith("→ not resolved (the interval holds 0); the expected sign on 3 of 3 seeds.")
+    agg["SGD BAFFLE (dense) K=100"] = _seeded("SGD BAFFLE (dense) K=100", {0: 0.10, 1: 0.52, 2: 0.75})
+    (line,) = [x for x in bench.verdicts(PLAN, agg) if x.startswith("- SGD, K=100: NTK-BAFFLE − dense")]
+    assert line.endswith("the expected sign on 2 of 3 seeds.")
