@@ -23,7 +23,8 @@ training samples** a 40-round run of K = 100 took 63-122 CPU-minutes (1.5-3 minu
 K = 200 ~110, BP FedAvg 11-15 (an early estimate from one unshared round, ~30 minutes for K = 100,
 was 2-4x too low). Full protocol: screens (2 partitions x 3 lrs x 10 rounds of K = 100) ~1.5 h,
 then per seed and partition K = 100 + 200 + BP ~3.5 h, x 3 seeds x 2 partitions: **~22 CPU-hours**
-(K = 500 adds ~2.5x K = 100's time per seed and partition); run it in shards.
+(K = 500 adds ~2.5x K = 100's time per seed and partition); run it in shards. Those figures are an
+avx2 EPYC's; an avx512 EPYC ran K = 200 at 95-108 s a round (~65-70 minutes a run, ~1.6x faster).
 
 Resumable across machines: every finished run writes its row, with its full config, to
 ``benchmarks/results/baffle_table2/`` (commit it); rerunning reads those rows and runs only what is
