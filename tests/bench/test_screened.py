@@ -92,8 +92,8 @@ def test_cost_note_never_mixes_machines_in_one_range():
             {"label": "K=50", "runs": [{"seed": 0, "wall_s": 600.0, "machines": on("avx2", "avx512f")},
                                        {"seed": 1, "wall_s": 660.0}]}]  # fmt: skip
     note = cost_note(rows)
-    assert "by the machine's instruction set" in note
-    assert note.endswith("): K=200 55-59 (avx2), 15 (avx512f); K=50 10 (resumed across machines), 11 (machine not recorded).")
+    assert note.endswith("grouped by the machine's instruction set). On avx2: K=200 55-59. On avx512f: K=200 15. "
+                         "Resumed across machines: K=50 10. Machine not recorded: K=50 11.")
     # One known kind of machine throughout (old records without one do not count): no labels.
     assert cost_note([{"label": "K=200", "runs": rows[0]["runs"][:2]}]).endswith("): K=200 55-59.")
     assert cost_note([{"label": "K=200", "runs": [*rows[0]["runs"][:2], {"seed": 2, "wall_s": 60.0}]}]

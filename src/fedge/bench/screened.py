@@ -152,9 +152,10 @@ def cost_note(rows: Sequence[dict[str, Any]]) -> str:
     evaluation, summed over every session of a resumed run; start-up excluded), in minutes,
     min-max over the row's seeds. What a reader needs to plan a rerun, measured rather than
     estimated. Where the section's runs ran on machines of different instruction sets (a 3x
-    difference in speed has been seen between an avx2 and an avx512 EPYC), each row's minutes
-    are given per instruction set, so a range never mixes known machines (runs whose machine
-    was not recorded, wholly or in part, are kept apart too). Empty when there are no runs."""
+    difference in speed has been seen between an avx2 and an avx512 EPYC), the minutes are
+    grouped by instruction set, one sentence each (known ones first, then runs resumed across
+    machines, then runs whose machine was not recorded), so a range never mixes machines.
+    Empty when there are no runs."""
     timed = [(row["label"], _ran_on(run), run["wall_s"] / 60)
              for row in rows for run in row["runs"] if run.get("wall_s") is not None]  # fmt: skip
     if not timed:
@@ -163,23 +164,22 @@ def cost_note(rows: Sequence[dict[str, Any]]) -> str:
             for seg in run.get("machines") or [] if seg.get("machine")}  # fmt: skip
     several = len(isas) > 1  # runs of unrecorded machines alone do not split the ranges
 
-    def span(minutes: list[float]) -> str:
-        lo, hi = f"{min(minutes):.0f}", f"{max(minutes):.0f}"
-        return lo if lo == hi else f"{lo}-{hi}"
+    def minutes(group: list[tuple[str, str, float]]) -> str:
+        by_label: dict[str, list[float]] = {}
+        for label, _, m in group:
+            by_label.setdefault(label, []).append(m)
+        spans = {label: (f"{min(m):.0f}", f"{max(m):.0f}") for label, m in by_label.items()}
+        return "; ".join(f"{label} {lo if lo == hi else f'{lo}-{hi}'}" for label, (lo, hi) in spans.items())
 
-    parts = []
-    for label in dict.fromkeys(label for label, _, _ in timed):
-        by_machine: dict[str, list[float]] = {}
-        for lab, where, minutes in timed:
-            if lab == label:
-                by_machine.setdefault(where, []).append(minutes)
-        if several:
-            parts.append(f"{label} " + ", ".join(f"{span(m)} ({where})" for where, m in by_machine.items()))
-        else:
-            parts.append(f"{label} {span([m for ms in by_machine.values() for m in ms])}")
-    how = "min-max over seeds, by the machine's instruction set" if several else "min-max over seeds"
-    return ("Minutes a run took (from the records: its rounds' wall time, evaluation included, one torch thread, on "
-            f"the machines named below; {how}): " + "; ".join(parts) + ".")
+    head = ("Minutes a run took (from the records: its rounds' wall time, evaluation included, one torch thread, on "
+            "the machines named below; min-max over seeds")
+    if not several:
+        return f"{head}): {minutes(timed)}."
+    unknown = ("resumed across machines", "machine not recorded")
+    order = sorted({where for _, where, _ in timed} - set(unknown)) + [u for u in unknown if any(w == u for _, w, _ in timed)]
+    groups = [f"{'On ' + where if where not in unknown else where[0].upper() + where[1:]}: "
+              f"{minutes([t for t in timed if t[1] == where])}." for where in order]  # fmt: skip
+    return f"{head}, grouped by the machine's instruction set). " + " ".join(groups)
 
 
 def run_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
