@@ -29,6 +29,9 @@ avx2 EPYC's; an avx512 EPYC ran K = 200 at 95-108 s a round (~65-70 minutes a ru
 Resumable across machines: every finished run writes its row, with its full config, to
 ``benchmarks/results/baffle_table2/`` (commit it); rerunning reads those rows and runs only what is
 missing. Parallel workers: ``--shard 0/2`` and ``--shard 1/2`` (one torch thread and one core each: ``OMP_NUM_THREADS=1 taskset -c I``).
+``--save-progress`` does not carry the BAFFLE persistent-Adam context runs part-way (each holds all
+100 clients' Adam moments, ~31 MB, over its 8 MB limit): start them where they can finish (a
+10-round screen run, or a 40-round seed run: 1-2 CPU-hours, as the table's K = 100 rows).
 
     python benchmarks/baffle_table2.py [--shard I/N] [--k500] [--out runs/bench-baffle-table2] [--docs docs/benchmarks.md]
     python benchmarks/baffle_table2.py --table-only --docs docs/benchmarks.md   # tabulate what is recorded

@@ -23,7 +23,7 @@ def test_a_restored_run_resumes_to_the_numbers_of_the_original(tmp_path):
     here, there = tmp_path / "here", tmp_path / "there"
     unfinished_run(here / "seed-0" / "a", 1)
     archive = tmp_path / "rec" / "in-progress.tar.gz"
-    held = save_progress(here, archive)
+    held = save_progress(here, archive).held
     assert [(p.run, p.rounds) for p in held] == [("seed-0/a", 1)]
     assert [(p.run, p.rounds) for p in restore_progress(archive, there)] == [("seed-0/a", 1)]
     assert restore_progress(archive, there) == []  # nothing newer the second time
@@ -32,7 +32,7 @@ def test_a_restored_run_resumes_to_the_numbers_of_the_original(tmp_path):
     assert _accuracies(there / "seed-0" / "a") == _accuracies(here / "seed-0" / "a")
     assert len(_accuracies(here / "seed-0" / "a")) == 3
     assert unfinished_runs(there) == []
-    assert save_progress(there, archive) == [] and not archive.exists()  # complete here: the archive has nothing to carry
+    assert save_progress(there, archive).held == [] and not archive.exists()  # complete here: the archive has nothing to carry
 
 
 def test_saving_merges_with_the_archive_and_never_loses_a_further_run(tmp_path):
@@ -42,14 +42,51 @@ def test_saving_merges_with_the_archive_and_never_loses_a_further_run(tmp_path):
     save_progress(a, archive)
     unfinished_run(b / "x", 1)  # behind the archive's copy of x
     unfinished_run(b / "y", 1, seed=1)
-    held = {p.run: p.rounds for p in save_progress(b, archive)}
+    held = {p.run: p.rounds for p in save_progress(b, archive).held}
     assert held == {"x": 2, "y": 1}
     fresh = tmp_path / "fresh"
     save_progress(fresh, archive)  # an empty --out (a new machine) keeps everything
     assert {p.run: p.rounds for p in restore_progress(archive, fresh)} == {"x": 2, "y": 1}
     assert {p.run: p.rounds for p in restore_progress(archive, b)} == {"x": 2}  # b's x moved forward, y as far
     resume_experiment(b / "x", render=False)
-    assert {p.run: p.rounds for p in save_progress(b, archive)} == {"y": 1}  # x complete in b: its record carries it
+    assert {p.run: p.rounds for p in save_progress(b, archive).held} == {"y": 1}  # x complete in b: its record carries it
+
+
+def test_the_same_runs_pack_to_the_same_bytes_wherever_they_are_packed(tmp_path):
+    here, there = tmp_path / "here", tmp_path / "there"
+    unfinished_run(here / "x", 1)
+    unfinished_run(here / "y", 1, seed=1)
+    first, again, moved = (tmp_path / n / "in-progress.tar.gz" for n in ("first", "again", "moved"))
+    save_progress(here, first)
+    (here / "x" / "metrics.jsonl").touch()  # a newer time on a file changes nothing packed
+    save_progress(here, again)
+    restore_progress(first, there)  # another machine: new files, times, owner
+    save_progress(there, moved)
+    assert first.read_bytes() == again.read_bytes() == moved.read_bytes()
+    save_progress(there, moved)  # merging with itself: unchanged too
+    assert moved.read_bytes() == first.read_bytes()
+    with tarfile.open(first) as tar:
+        assert {(m.mtime, m.uname, m.mode) for m in tar.getmembers()} == {(0, "", 0o644)}
+
+
+def test_a_run_too_large_to_commit_is_left_out_and_named(tmp_path):
+    out, archive = tmp_path / "out", tmp_path / "rec" / "in-progress.tar.gz"
+    small, big = unfinished_run(out / "small", 1), unfinished_run(out / "big", 2, seed=1)
+    (big / "client_state.bin").write_bytes(bytes(5000))  # what a run's per-client state adds
+    sizes = {p.run: p.nbytes for p in unfinished_runs(out)}
+    for run in (small, big):  # every file that travels, as a plain sum
+        assert sizes[run.name] == sum(f.stat().st_size for f in run.iterdir() if f.is_file())
+    limit = sizes["small"] + 1000
+    packed = save_progress(out, archive, max_run_bytes=limit)
+    assert [(p.run, p.rounds) for p in packed.held] == [("small", 1)]
+    assert [(p.run, p.rounds, p.nbytes) for p in packed.left_out] == [("big", 2, sizes["big"])]
+    assert [p.run for p in restore_progress(archive, tmp_path / "new")] == ["small"]
+    # No limit packs it; a later save under the limit drops the archived copy too, saying so.
+    assert [p.run for p in save_progress(out, archive, max_run_bytes=None).held] == ["big", "small"]
+    shutil.rmtree(out / "big")
+    packed = save_progress(out, archive, max_run_bytes=limit)
+    assert [p.run for p in packed.held] == ["small"] and [p.run for p in packed.left_out] == ["big"]
+    assert [p.run for p in restore_progress(archive, tmp_path / "newer")] == ["small"]
 
 
 def test_restore_leaves_a_complete_or_further_run_alone(tmp_path):

@@ -61,7 +61,8 @@ def test_only_arrives_as_label_seed_pairs():
      (["--smoke", "--docs", "docs/benchmarks.md"], "--smoke writes no docs: drop --docs"),
      (["--only", "K=200@two"], "--only 'K=200@two': expected a variant's label, or LABEL@SEED"),
      (["--table-only", "--save-progress"], "--table-only and --save-progress exclude each other"),
-     (["--save-progress", "--restore-progress"], "--save-progress and --restore-progress exclude each other")],
+     (["--save-progress", "--restore-progress"], "--save-progress and --restore-progress exclude each other"),
+     (["--save-progress", "--progress-max-mb", "-1"], "--progress-max-mb -1: expected a size in MB >= 0")],
 )  # fmt: skip
 def test_bad_arguments_exit_2_with_the_fix(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -91,6 +92,12 @@ def test_progress_flags_save_then_restore_through_the_records_folder(tmp_path, c
     assert progress_action(args, records) and (fresh / "seed-0" / "a" / "checkpoint.pt").exists()
     assert f"restored under {fresh}: seed-0/a (round 1)" in capsys.readouterr().out
     assert not progress_action(parse_reproduction_args(reproduction_parser("d", out="o"), [])[0], records)
+    # A run too large to commit at every save is named, with what it costs and the way to keep it.
+    args, _, _ = parse_reproduction_args(reproduction_parser("d", out=str(out)), ["--save-progress", "--progress-max-mb", "0.01"])
+    assert progress_action(args, records) and not (records / "in-progress.tar.gz").exists()
+    said = capsys.readouterr().out
+    assert "nothing to carry (archive removed)" in said
+    assert "not carried: seed-0/a (round 1, 0.4 MB > --progress-max-mb 0.01)" in said and "--progress-max-mb 1)" in said
 
 
 def _script(name: str):

@@ -21,10 +21,20 @@ copy never holds a checkpoint newer than its metrics).
     python benchmarks/baffle_table1.py --restore-progress       # on the new machine, first
     ... the workers run ...
     python benchmarks/baffle_table1.py --save-progress          # before the session ends; commit
+
+The archive is committed at every save, so it is kept small and stable: its bytes depend only on
+what it holds (no timestamps, owners or file modes of the machine that packed it), so a save that
+carries the same runs as the last one changes nothing git has to store; and a run whose files
+exceed ``max_run_bytes`` (8 MB by default: a 100-client run with a persistent client optimizer
+holds every client's Adam moments, ~31 MB for BAFFLE's LeNet) is left out and named, since git
+would keep another copy of it at every save. Such a run restarts from round 1 on the next
+machine: finish it within a session, or raise the limit (``--progress-max-mb``) knowingly.
 """
 
 from __future__ import annotations
 
+import copy
+import gzip
 import io
 import json
 import os
@@ -37,18 +47,30 @@ from pathlib import Path
 from fedge.core.errors import ConfigError
 from fedge.experiment.rundir import CHECKPOINT, CONFIG, RunDir
 
-__all__ = ["ARCHIVE", "Progress", "restore_progress", "save_progress", "unfinished_runs"]
+__all__ = ["ARCHIVE", "MAX_RUN_BYTES", "Packed", "Progress", "restore_progress", "save_progress", "unfinished_runs"]
 
 ARCHIVE = "in-progress.tar.gz"  # its name in a reproduction's records folder
 _INDEX = "in-progress.json"  # inside the archive: {run path: completed rounds}
+MAX_RUN_BYTES = 8_000_000  # a run larger than this (its files, unpacked) is not carried by default
 
 
 @dataclass(frozen=True)
 class Progress:
-    """One unfinished run: its directory relative to ``--out`` and its completed rounds."""
+    """One unfinished run: its directory relative to ``--out``, its completed rounds and the
+    size of its files (unpacked; 0 where not measured)."""
 
     run: str
     rounds: int
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class Packed:
+    """What :func:`save_progress` did: the runs the archive now holds, and the unfinished runs it
+    left out for their size (they restart from round 1 on another machine)."""
+
+    held: list[Progress]
+    left_out: list[Progress]
 
 
 def _rounds_done(run_dir: Path) -> int:
@@ -66,7 +88,8 @@ def unfinished_runs(out: str | Path) -> list[Progress]:
     for ck in root.rglob(CHECKPOINT):
         run_dir = ck.parent
         if (run_dir / CONFIG).is_file() and not RunDir(run_dir).is_complete():
-            found.append(Progress(run_dir.relative_to(root).as_posix(), _rounds_done(run_dir)))
+            size = sum(p.stat().st_size for p in _run_files(run_dir))
+            found.append(Progress(run_dir.relative_to(root).as_posix(), _rounds_done(run_dir), size))
     return sorted(found, key=lambda p: p.run)
 
 
@@ -87,45 +110,69 @@ def _read_archive(archive: Path) -> tuple[dict[str, int], tarfile.TarFile | None
     return {str(k): int(v) for k, v in index.items()}, tar
 
 
-def _add_run(tar: tarfile.TarFile, run_dir: Path, name: str) -> None:
-    """The run's files under ``name/``: the checkpoint first (see the module docstring), no temporaries."""
+def _run_files(run_dir: Path) -> list[Path]:
+    """The files of a run that travel: all but temporaries, the checkpoint first (see the module
+    docstring), the rest by name."""
     files = sorted(p for p in run_dir.iterdir() if p.is_file() and not p.name.endswith(".tmp"))
-    for path in sorted(files, key=lambda p: p.name != CHECKPOINT):
-        tar.add(path, arcname=f"{name}/{path.name}")
+    return sorted(files, key=lambda p: p.name != CHECKPOINT)
 
 
-def save_progress(out: str | Path, archive: str | Path) -> list[Progress]:
+def _plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """``info`` without what only describes the machine that packed it (time, owner, mode), so
+    an archive's bytes depend on its contents alone."""
+    info = copy.copy(info)
+    info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = 0, 0o644, 0, 0, "", ""
+    return info
+
+
+def save_progress(out: str | Path, archive: str | Path, *, max_run_bytes: int | None = MAX_RUN_BYTES) -> Packed:
     """Pack the unfinished runs under ``out`` into ``archive`` (written whole, then renamed).
 
     The archive's earlier runs are merged, never silently lost: a run kept there that is further
     along than (or absent from) ``out`` stays as it was; a run that is complete under ``out``
-    leaves the archive (its record carries it now). With nothing left to carry the archive is
-    removed. Returns what the archive now holds."""
+    leaves the archive (its record carries it now). A run (the copy chosen, from ``out`` or the
+    archive) whose files exceed ``max_run_bytes`` is left out and reported (None: no limit).
+    With nothing left to carry the archive is removed. The same runs give the same bytes."""
     root, archive = Path(out), Path(archive)
     old, old_tar = _read_archive(archive)
-    local = {p.run: p.rounds for p in unfinished_runs(root)}
+    old_sizes: dict[str, int] = {}
+    for member in old_tar.getmembers() if old_tar is not None else []:
+        if (run := _run_of(member.name, old)) is not None:
+            old_sizes[run] = old_sizes.get(run, 0) + member.size
+    local = {p.run: p for p in unfinished_runs(root)}
     complete = {run for run in old if RunDir(root / run).is_complete()}
-    keep_old = {run: r for run, r in old.items() if run not in complete and r > local.get(run, -1)}
-    take_local = {run: r for run, r in local.items() if run not in keep_old}
-    held = [Progress(run, r) for run, r in sorted({**keep_old, **take_local}.items())]
+    keep_old = {run: Progress(run, r, old_sizes.get(run, 0)) for run, r in old.items()
+                if run not in complete and r > (local[run].rounds if run in local else -1)}  # fmt: skip
+    take_local = {run: p for run, p in local.items() if run not in keep_old}
+    chosen = sorted({**keep_old, **take_local}.values(), key=lambda p: p.run)
+    left_out = [p for p in chosen if max_run_bytes is not None and p.nbytes > max_run_bytes]
+    held = [p for p in chosen if p not in left_out]
     try:
         if not held:
             archive.unlink(missing_ok=True)
-            return []
+            return Packed(held, left_out)
         archive.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=archive.name + ".", suffix=".tmp", dir=archive.parent)
         try:
-            with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w:gz") as tar:
+            with (
+                os.fdopen(fd, "wb") as f,
+                gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0) as gz,  # no name, no time in its header
+                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+            ):
                 index = json.dumps({p.run: p.rounds for p in held}, indent=1, sort_keys=True).encode()
                 info = tarfile.TarInfo(_INDEX)
                 info.size = len(index)
-                tar.addfile(info, io.BytesIO(index))
-                for run in sorted(take_local):
-                    _add_run(tar, root / run, run)
-                if old_tar is not None:
-                    for member in old_tar.getmembers():
-                        if _run_of(member.name, keep_old) is not None:
-                            tar.addfile(member, old_tar.extractfile(member))
+                tar.addfile(_plain(info), io.BytesIO(index))
+                for p in held:
+                    if p.run in take_local:
+                        for path in _run_files(root / p.run):
+                            with path.open("rb") as data:
+                                tar.addfile(_plain(tar.gettarinfo(path, arcname=f"{p.run}/{path.name}")), data)
+                    else:
+                        assert old_tar is not None
+                        for member in old_tar.getmembers():
+                            if _run_of(member.name, {p.run: p.rounds}) is not None:
+                                tar.addfile(_plain(member), old_tar.extractfile(member))
             os.chmod(tmp, 0o644)  # mkstemp makes it private; an archive to commit is not
             os.replace(tmp, archive)
         except BaseException:
@@ -134,7 +181,7 @@ def save_progress(out: str | Path, archive: str | Path) -> list[Progress]:
     finally:
         if old_tar is not None:
             old_tar.close()
-    return held
+    return Packed(held, left_out)
 
 
 def _run_of(name: str, runs: dict[str, int]) -> str | None:

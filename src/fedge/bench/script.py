@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import update_section
+from fedge.bench.progress import MAX_RUN_BYTES
 from fedge.core.errors import ConfigError
 
 __all__ = [
@@ -91,8 +92,8 @@ def report_and_document(
 
 def reproduction_parser(description: str | None, *, out: str, smoke: bool = True) -> argparse.ArgumentParser:
     """The flags every reproduction script shares: ``--out``, ``--docs``, ``--shard I/N``,
-    ``--no-steal``, ``--only LABEL[@SEED]``, ``--table-only``, ``--save-progress``, ``--restore-progress`` and
-    (with ``smoke``) ``--smoke``."""
+    ``--no-steal``, ``--only LABEL[@SEED]``, ``--table-only``, ``--save-progress`` (with
+    ``--progress-max-mb``), ``--restore-progress`` and (with ``smoke``) ``--smoke``."""
     ap = runs_parser(description, out=out)
     ap.add_argument("--shard", default="0/1", help="I/N: run every N-th run starting at I (parallel workers), then "
                     "the other workers' runs that nobody is running now")
@@ -107,6 +108,9 @@ def reproduction_parser(description: str | None, *, out: str, smoke: bool = True
                     help="pack the unfinished runs under --out into the records folder (commit it), run nothing")  # fmt: skip
     ap.add_argument("--restore-progress", action="store_true",
                     help="unpack the records folder's unfinished runs under --out (before starting workers), run nothing")  # fmt: skip
+    ap.add_argument("--progress-max-mb", type=float, default=MAX_RUN_BYTES / 1e6, metavar="MB",
+                    help="with --save-progress: leave out (and name) an unfinished run whose files exceed MB "
+                         "megabytes, since git keeps a copy at every save; 0 packs every run (default %(default)g)")  # fmt: skip
     if smoke:
         ap.add_argument("--smoke", action="store_true", help="a tiny protocol (seconds), recorded under --out, never the docs")
     return ap
@@ -136,6 +140,8 @@ def parse_reproduction_args(ap: argparse.ArgumentParser, argv: Sequence[str] | N
     actions = [f for f in ("table_only", "save_progress", "restore_progress") if getattr(args, f, False)]
     if len(actions) > 1:
         ap.error(f"{' and '.join('--' + a.replace('_', '-') for a in actions)} exclude each other: give one")
+    if getattr(args, "progress_max_mb", 0) < 0:
+        ap.error(f"--progress-max-mb {args.progress_max_mb:g}: expected a size in MB >= 0 (0 packs every run)")
     if hasattr(args, "only"):  # as (label, seed or None) pairs
         parsed_only = [parse_only(item) for item in args.only]
         for item, pair in zip(args.only, parsed_only, strict=True):
@@ -177,8 +183,14 @@ def progress_action(args: argparse.Namespace, records: str | Path) -> bool:
 
     archive = Path(records) / ARCHIVE
     if getattr(args, "save_progress", False):
-        held = save_progress(args.out, archive)
-        print(f"{archive}: " + (", ".join(f"{p.run} (round {p.rounds})" for p in held) if held else "nothing in progress (removed)"))
+        limit = args.progress_max_mb
+        packed = save_progress(args.out, archive, max_run_bytes=int(limit * 1e6) if limit > 0 else None)
+        held = packed.held
+        print(f"{archive}: " + (", ".join(f"{p.run} (round {p.rounds})" for p in held) if held else "nothing to carry (archive removed)"))
+        for p in packed.left_out:
+            print(f"not carried: {p.run} (round {p.rounds}, {p.nbytes / 1e6:.1f} MB > --progress-max-mb {limit:g}): "
+                  f"git would keep another copy at every save; it restarts from round 1 on another machine "
+                  f"(finish it on this one, or save again with --progress-max-mb {p.nbytes / 1e6 + 1:.0f})")  # fmt: skip
         return True
     if getattr(args, "restore_progress", False):
         restored = restore_progress(archive, args.out)
