@@ -89,6 +89,21 @@ def test_a_run_too_large_to_commit_is_left_out_and_named(tmp_path):
     assert [p.run for p in restore_progress(archive, tmp_path / "newer")] == ["small"]
 
 
+def test_a_run_recorded_as_finished_elsewhere_leaves_the_archive(tmp_path):
+    out, records = tmp_path / "out", tmp_path / "rec"
+    archive = records / "in-progress.tar.gz"
+    unfinished_run(out / "seed-0" / "a", 1)
+    unfinished_run(out / "seed-0" / "b", 1, seed=1)
+    assert [p.run for p in save_progress(out, archive, records=records).held] == ["seed-0/a", "seed-0/b"]
+    (records / "seed-0").mkdir()
+    (records / "seed-0" / "a.json").write_text("{}")  # another machine finished a and recorded it
+    shutil.rmtree(out / "seed-0" / "b")  # b is in the archive only
+    (records / "seed-0" / "b.json").write_text("{}")
+    packed = save_progress(out, archive, records=records)
+    assert packed.held == [] and not archive.exists()
+    assert [(p.run, p.rounds) for p in packed.recorded] == [("seed-0/a", 1), ("seed-0/b", 1)]
+
+
 def test_restore_leaves_a_complete_or_further_run_alone(tmp_path):
     archive = tmp_path / "in-progress.tar.gz"
     unfinished_run(tmp_path / "old" / "x", 1)

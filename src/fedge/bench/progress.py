@@ -66,11 +66,13 @@ class Progress:
 
 @dataclass(frozen=True)
 class Packed:
-    """What :func:`save_progress` did: the runs the archive now holds, and the unfinished runs it
-    left out for their size (they restart from round 1 on another machine)."""
+    """What :func:`save_progress` did: the runs the archive now holds, the unfinished runs it
+    left out for their size (they restart from round 1 on another machine), and the unfinished
+    copies it dropped because their run is recorded as finished (on another machine)."""
 
     held: list[Progress]
     left_out: list[Progress]
+    recorded: list[Progress]
 
 
 def _rounds_done(run_dir: Path) -> int:
@@ -125,14 +127,23 @@ def _plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return info
 
 
-def save_progress(out: str | Path, archive: str | Path, *, max_run_bytes: int | None = MAX_RUN_BYTES) -> Packed:
+def save_progress(
+    out: str | Path,
+    archive: str | Path,
+    *,
+    records: str | Path | None = None,
+    max_run_bytes: int | None = MAX_RUN_BYTES,
+) -> Packed:
     """Pack the unfinished runs under ``out`` into ``archive`` (written whole, then renamed).
 
     The archive's earlier runs are merged, never silently lost: a run kept there that is further
     along than (or absent from) ``out`` stays as it was; a run that is complete under ``out``
-    leaves the archive (its record carries it now). A run (the copy chosen, from ``out`` or the
-    archive) whose files exceed ``max_run_bytes`` is left out and reported (None: no limit).
-    With nothing left to carry the archive is removed. The same runs give the same bytes."""
+    leaves the archive (its record carries it now), and so does a run recorded as finished in
+    ``records`` (``records/<run>.json``, :func:`fedge.bench.variants.run_variants`' layout: it
+    finished on another machine, and the copy here or in the archive would never be resumed). A
+    run (the copy chosen, from ``out`` or the archive) whose files exceed ``max_run_bytes`` is
+    left out and reported (None: no limit). With nothing left to carry the archive is removed.
+    The same runs give the same bytes."""
     root, archive = Path(out), Path(archive)
     old, old_tar = _read_archive(archive)
     old_sizes: dict[str, int] = {}
@@ -144,13 +155,15 @@ def save_progress(out: str | Path, archive: str | Path, *, max_run_bytes: int | 
     keep_old = {run: Progress(run, r, old_sizes.get(run, 0)) for run, r in old.items()
                 if run not in complete and r > (local[run].rounds if run in local else -1)}  # fmt: skip
     take_local = {run: p for run, p in local.items() if run not in keep_old}
-    chosen = sorted({**keep_old, **take_local}.values(), key=lambda p: p.run)
+    candidates = sorted({**keep_old, **take_local}.values(), key=lambda p: p.run)
+    finished = [p for p in candidates if records is not None and (Path(records) / f"{p.run}.json").is_file()]
+    chosen = [p for p in candidates if p not in finished]
     left_out = [p for p in chosen if max_run_bytes is not None and p.nbytes > max_run_bytes]
     held = [p for p in chosen if p not in left_out]
     try:
         if not held:
             archive.unlink(missing_ok=True)
-            return Packed(held, left_out)
+            return Packed(held, left_out, finished)
         archive.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=archive.name + ".", suffix=".tmp", dir=archive.parent)
         try:
@@ -181,7 +194,7 @@ def save_progress(out: str | Path, archive: str | Path, *, max_run_bytes: int | 
     finally:
         if old_tar is not None:
             old_tar.close()
-    return Packed(held, left_out)
+    return Packed(held, left_out, finished)
 
 
 def _run_of(name: str, runs: dict[str, int]) -> str | None:

@@ -184,9 +184,11 @@ def progress_action(args: argparse.Namespace, records: str | Path) -> bool:
     archive = Path(records) / ARCHIVE
     if getattr(args, "save_progress", False):
         limit = args.progress_max_mb
-        packed = save_progress(args.out, archive, max_run_bytes=int(limit * 1e6) if limit > 0 else None)
+        packed = save_progress(args.out, archive, records=records, max_run_bytes=int(limit * 1e6) if limit > 0 else None)
         held = packed.held
         print(f"{archive}: " + (", ".join(f"{p.run} (round {p.rounds})" for p in held) if held else "nothing to carry (archive removed)"))
+        if packed.recorded:
+            print("dropped, recorded as finished (on another machine): " + ", ".join(f"{p.run} (round {p.rounds})" for p in packed.recorded))
         for p in packed.left_out:
             print(f"not carried: {p.run} (round {p.rounds}, {p.nbytes / 1e6:.1f} MB > --progress-max-mb {limit:g}): "
                   f"git would keep another copy at every save; it restarts from round 1 on another machine "
