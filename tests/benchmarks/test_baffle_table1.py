@@ -87,3 +87,19 @@ def test_bad_train_size_is_a_clear_usage_error(argv, message, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         bench.main([*argv, "--table-only", "--docs", "/nonexistent/never-written.md"])
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_screen_won_at_its_edge_grows_past_it_before_picking() -> None:
+    def screened(vals: dict[str, dict[float, float]]) -> list[dict]:
+        return [{"label": f"screen {f} lr={lr}", "final_val_accuracy": v} for f, by in vals.items() for lr, v in by.items()]
+
+    inside = {"BAFFLE K=100": {0.001: 0.50, 0.003: 0.56, 0.01: 0.55, 0.03: 0.53},
+              "BP FedAvg": {0.003: 0.74, 0.01: 0.76, 0.03: 0.77, 0.1: 0.76}}  # fmt: skip
+    assert set(bench.screen_variants(screened(inside))) == set(bench.screen_variants())  # bracketed: no growth
+    assert bench.picks({"results": screened(inside)}) == (0.003, 0.03)
+    edge = {**inside, "BP FedAvg": {**inside["BP FedAvg"], 0.1: 0.78}}  # BP best at the top of its grid
+    grown = bench.screen_variants(screened(edge))
+    assert set(grown) - set(bench.screen_variants()) == {"screen BP FedAvg lr=0.3"}
+    assert grown["screen BP FedAvg lr=0.3"][-1] == "method.client_optimizer.lr=0.3"
+    assert bench.picks({"results": screened(edge)}) is None  # waits for the new run
+    assert bench.picks({"results": screened({**edge, "BP FedAvg": {**edge["BP FedAvg"], 0.3: 0.70}})}) == (0.003, 0.1)
