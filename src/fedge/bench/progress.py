@@ -124,6 +124,7 @@ def _plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
     an archive's bytes depend on its contents alone."""
     info = copy.copy(info)
     info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = 0, 0o644, 0, 0, "", ""
+    info.pax_headers = {}  # an older archive's may hold its times; a long name gets its own again on writing
     return info
 
 
