@@ -48,6 +48,7 @@ from fedge.bench.variants import (
     run_screened,
     run_variants,
     screen_cell,
+    seed_gaps,
 )
 
 BASE = "baffle-fmnist-lenet"
@@ -159,7 +160,7 @@ def _diff_cell(d: dict[str, Any] | None) -> str:
     """Mean ± std of a paired difference in points, then each seed's (seed: difference)."""
     if d is None:
         return "-"
-    per_seed = ", ".join(f"{s}: {100 * x:+.1f}" for s, x in zip(d["seeds"], d["diffs"]))
+    per_seed = seed_gaps(d)
     return f"{100 * d['mean']:+.2f} ± {100 * d['std']:.2f} ({per_seed})"
 
 

@@ -59,6 +59,7 @@ from fedge.bench.variants import (
     run_screened,
     run_seeded_variants,
     screen_cell,
+    seed_gaps,
     widened_grid,
 )
 
@@ -313,7 +314,7 @@ def verdicts(agg: dict[str, dict[str, Any]]) -> list[str]:
         want = "higher" if paper > 0 else "lower"
         verdict = ("reproduces" if ours == want else "does NOT reproduce (the opposite direction)" if ours
                    else "not resolved (the interval holds 0)")  # fmt: skip
-        per_seed = ", ".join(f"{s}: {100 * x:+.1f}" for s, x in zip(d["seeds"], d["diffs"], strict=True))
+        per_seed = seed_gaps(d)
         out.append(f"- {label}: {100 * d['mean']:+.2f} ± {100 * d['std']:.2f} points (seeds {per_seed}; 95% interval "
                    f"{100 * d['lo']:+.1f} to {100 * d['hi']:+.1f}; paper {paper:+.2f}) → {verdict}.")  # fmt: skip
     return out

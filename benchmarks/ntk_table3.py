@@ -91,6 +91,7 @@ from fedge.bench.variants import (
     pick_by_validation,
     run_seeded_variants,
     screen_cell,
+    seed_gaps,
     widened_grid,
 )
 
@@ -443,7 +444,7 @@ def _direction(label: str, d: dict[str, Any] | None, paper: str, want: str = "hi
     if ours == "noise":  # whether the seeds at least agree in sign: a consistent but unequal gap
         agree = sum(x > 0 if want == "higher" else x < 0 for x in d["diffs"])
         verdict += f"; the expected sign on {agree} of {len(d['diffs'])} seeds"
-    per_seed = ", ".join(f"{s}: {100 * x:+.1f}" for s, x in zip(d["seeds"], d["diffs"], strict=True))
+    per_seed = seed_gaps(d)
     return (f"- {label}: {d['mean'] * 100:+.2f} ± {d['std'] * 100:.2f} points (seeds {per_seed}; "
             f"95% interval {d['lo'] * 100:+.1f} to {d['hi'] * 100:+.1f}; paper {paper}) → {verdict}.")  # fmt: skip
 
