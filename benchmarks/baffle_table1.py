@@ -5,7 +5,9 @@ runs the same table on N training samples (up to the paper's 58,000) beside it.
 
 Rows: backprop FedAvg with the same client optimizer, K = 100 and 200 (and 500 when it fits),
 and the paper's four ablations at K = 100 (no EMA, ReLU, SELU, central differences at the same
-forward budget: K = 50 central = 100 forwards, as K = 100 twice-FD spends 101).
+forward budget: K = 50 central = 100 forwards, as K = 100 twice-FD spends 101). On every
+training-set size but 10,000 the "w/o EMA" row is the raw W of the K = 100 runs, evaluated beside
+their EMA (``method.ema_also_raw``; ``RAW_ROW``): the same trajectory, one run a seed saved.
 
 Tuning: the client learning rate of BAFFLE (K = 100) and of BP FedAvg is picked from its grid in
 ``SCREEN_LRS`` by the **validation** accuracy after ``SCREEN_ROUNDS`` rounds of the same
@@ -60,6 +62,7 @@ from fedge.bench.variants import (
     run_seeded_variants,
     screen_cell,
     seed_gaps,
+    side_row,
     widened_grid,
 )
 
@@ -111,6 +114,13 @@ class Plan:
         """One client's metered round."""
         return [*self.protocol(), "seed=0", "rounds=1", "clients.per_round=1", "measure.flops=true"]
 
+    @property
+    def raw_from_k100(self) -> bool:
+        """Whether the "w/o EMA" row is the K = 100 runs' raw W (``method.ema_also_raw``, see
+        :data:`RAW_ROW`) rather than runs of its own: on every size but 10,000, whose separate
+        runs were recorded before the option existed."""
+        return self.train != TRAIN
+
     def command(self) -> str:
         return "python benchmarks/baffle_table1.py" + ("" if self.train == TRAIN else f" --train {self.train}")
 
@@ -119,6 +129,16 @@ def other_sizes() -> list[int]:
     """The training-set sizes other than 10,000 whose table has records (``--train N`` ran)."""
     return sorted(int(p.name.removeprefix("train-")) for p in RECORDS.glob("train-*") if p.is_dir())
 
+
+# The "w/o EMA" ablation trains exactly the W of the K = 100 row: EMA only averages the global
+# model for evaluation and draws no randomness (fedge.methods.ema), so evaluating the raw W beside
+# the average in the K = 100 runs (method.ema_also_raw) gives that row's figures from the same runs,
+# bit for bit those of a run with ema=null (tests/bench/test_variants.py, tests/methods/test_ema.py)
+# and saves a K = 100 run a seed (~2.5 CPU-hours each on 30,000 samples).
+RAW_ROW = "K=100 w/o EMA"
+RAW_NOTE = ("`K=100 w/o EMA` is the raw global model W of the K = 100 runs, evaluated beside their EMA each round "
+            "(`method.ema_also_raw=true`): EMA never feeds training, so this is exactly the run with `method.ema=null` "
+            "(tests/methods/test_ema.py checks it figure for figure), at no extra training.")
 
 ABLATIONS = {
     "K=100 w/o EMA": ["method.k=100", "method.ema=null"],
@@ -174,10 +194,13 @@ def screen_variants(results: Sequence[dict[str, Any]] = ()) -> dict[str, list[st
     return out  # the costly BAFFLE screens first, so that workers taking every N-th share them
 
 
-def main_variants(zo_lr: float, bp_lr: float, *, k500: bool) -> dict[str, list[str]]:
+def main_variants(zo_lr: float, bp_lr: float, *, k500: bool, raw_from_k100: bool = False) -> dict[str, list[str]]:
+    """The runs of the table (with ``raw_from_k100`` the K = 100 runs also log their raw W and
+    :data:`RAW_ROW` has no runs of its own: :func:`rows`)."""
     lr = [f"method.client_optimizer.lr={zo_lr}"]
-    out = {"BP FedAvg": [*BP, f"method.client_optimizer.lr={bp_lr}"], "BAFFLE K=100": ["method.k=100", *lr]}
-    out.update({label: [*o, *lr] for label, o in ABLATIONS.items()})
+    out = {"BP FedAvg": [*BP, f"method.client_optimizer.lr={bp_lr}"],
+           "BAFFLE K=100": ["method.k=100", *lr, *(["method.ema_also_raw=true"] if raw_from_k100 else [])]}  # fmt: skip
+    out.update({label: [*o, *lr] for label, o in ABLATIONS.items() if not (raw_from_k100 and label == RAW_ROW)})
     out["BAFFLE K=200"] = ["method.k=200", *lr]
     if k500:
         out["BAFFLE K=500"] = ["method.k=500", *lr]
@@ -198,7 +221,7 @@ def picks(screen: dict[str, Any]) -> tuple[float, float] | None:
 
 def run_all(plan: Plan, shard: int, shards: int, out: Path, *, k500: bool,
             only: list[tuple[str, int | None]] | None = None, steal: bool = True) -> None:  # fmt: skip
-    main = when_picked(picks, lambda chosen: main_variants(*chosen, k500=k500))
+    main = when_picked(picks, lambda chosen: main_variants(*chosen, k500=k500, raw_from_k100=plan.raw_from_k100))
     run_screened(BASE, screen_variants, main, screen_common=plan.screen_common(), protocol=plan.protocol(),
                  seeds=plan.seeds, records=plan.records, out=plan.out(out), shard=shard, shards=shards,
                  probe_common=plan.probe(), only=only or (), steal=steal)  # fmt: skip
@@ -240,22 +263,29 @@ def table(plan: Plan, *, k500: bool) -> str:
     zo_lr, bp_lr = chosen
     edge = [f"{f} ({lr})" for f, lr in zip(grids, chosen, strict=True) if lr in (min(grids[f]), max(grids[f]))]
     lines += ["", f"Picked: BAFFLE lr {zo_lr}, BP FedAvg lr {bp_lr}." + (f" At the edge of its grid: {', '.join(edge)}." if edge else ""), ""]
-    variants = main_variants(zo_lr, bp_lr, k500=k500)
+    variants = main_variants(zo_lr, bp_lr, k500=k500, raw_from_k100=plan.raw_from_k100)
     report = recorded_seeded(BASE, variants, seeds=plan.seeds, common=plan.protocol(), records=plan.records)
     probes = recorded_probes(BASE, variants, common=plan.probe(), records=plan.records / "probe")
     lines += ["| variant | seeds | final test acc (mean ± std) | test acc at best val | per seed (final) | "
               "up B/client/round | client GFLOP/round (one client) | paper, MNIST % |", "|---|---|---|---|---|---|---|---|"]
     agg = {r["label"]: r for r in report["results"]}
-    for label in variants:
+    derived = {RAW_ROW: "BAFFLE K=100"} if plan.raw_from_k100 else {}  # row -> the row whose runs give it
+    for label, source in derived.items():
+        row = side_row(agg[source], "raw", label, variants[source]) if source in agg else None
+        if row is not None:
+            agg[label] = row
+    for label in main_variants(zo_lr, bp_lr, k500=k500):  # the table's rows, in order
         r = agg.get(label)
-        flops = probes[label]["client_flops_per_round"] / 1e9 if label in probes else None
+        probe = probes.get(derived.get(label, label))
+        flops = probe["client_flops_per_round"] / 1e9 if probe else None
         if r is None:
-            lines.append(f"| {label} | 0 | {not_run_cell(report, label)} | | | | {'' if flops is None else f'{flops:.1f}'} | {PAPER.get(label, '')} |")
+            cell = f"from {derived[label]}'s runs: not run yet" if label in derived else not_run_cell(report, label)
+            lines.append(f"| {label} | 0 | {cell} | | | | {'' if flops is None else f'{flops:.1f}'} | {PAPER.get(label, '')} |")
             continue
         per_seed = per_seed_cell(r)
         lines.append(f"| {label} | {r['seeds']} | {mean_cell(r)} | {mean_cell(r, 'test_accuracy_at_best_val')} | {per_seed} | "
                      f"{r['bytes_up_per_client_round']:.0f} | {'-' if flops is None else f'{flops:.1f}'} | {PAPER.get(label, '')} |")
-    lines += ["", *verdicts(agg), "", *bp_bar(agg.get("BP FedAvg"))]
+    lines += ["", *([RAW_NOTE, ""] if derived else []), *verdicts(agg), "", *bp_bar(agg.get("BP FedAvg"))]
     if plan.train == TRAIN:
         context = run_context(Path("/nonexistent"), run=False)  # the recorded context rows
         lines += ["", *context_lines(agg.get("BP FedAvg"), context)]

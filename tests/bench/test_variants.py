@@ -415,3 +415,33 @@ def test_main_tasks_are_seed_major_and_respect_only():
     # a table stopped after its first len(variants) runs has one seed of every row
     assert {label for label, _ in main_tasks(["a", "b", "c"], (0, 1, 2))[:3]} == {"a", "b", "c"}
     assert main_tasks(["a", "b"], (0, 1, 2), only=[("b", None), ("a", 2)]) == [("b", 0), ("b", 1), ("a", 2), ("b", 2)]
+
+
+def test_a_side_evaluated_model_is_a_row_equal_to_its_own_runs(tmp_path):
+    """The raw model logged beside an EMA (``method.ema_also_raw``) makes the "w/o EMA" row from
+    the EMA row's runs: the oracle is the same variant run with ``ema=null``, seed by seed."""
+    import statistics
+
+    from fedge.bench.variants import run_seeded_variants, side_row
+
+    common = [*COMMON, "rounds=3", "dataset.validation=0.1", "method.name=baffle", "method.mode=epoch", "method.k=8",
+              "method.max_steps=3", "method.sigma=0.001"]  # fmt: skip
+    report = run_seeded_variants("quickstart", {"ema": ["method.ema_also_raw=true"], "w/o": ["method.ema=null"]}, seeds=[0, 1],
+                                 out_root=tmp_path / "runs", common=common, records=tmp_path / "rec")  # fmt: skip
+    ema, plain = report["results"]
+    raw = side_row(ema, "raw", "w/o (raw)", ["method.ema_also_raw=true"])
+    assert raw is not None and raw["label"] == "w/o (raw)" and raw["seeds"] == 2
+    for key in ("final_test_accuracy", "final_test_accuracy_std", "best_test_accuracy", "test_accuracy_at_best_val"):
+        assert raw[key] == plain[key], key
+    assert [r["accuracy_by_round"] for r in raw["runs"]] == [r["accuracy_by_round"] for r in plain["runs"]]
+    assert raw["final_test_accuracy"] == statistics.mean(r["side"]["raw"]["final_test_accuracy"] for r in ema["runs"])
+    assert raw["bytes_up_per_client_round"] == ema["bytes_up_per_client_round"]  # the same runs, the same costs
+    assert side_row(plain, "raw", "x", []) is None  # runs made without the side evaluation have none
+    # a record made before the key existed matches ema_also_raw's neutral value (off), not on
+    path = tmp_path / "rec" / "seed-0" / "w-o.json"
+    stored = json.loads(path.read_text())
+    assert stored["config"]["method"].pop("ema_also_raw") is False
+    path.write_text(json.dumps(stored))
+    again = run_seeded_variants("quickstart", {"w/o": ["method.ema=null"]}, seeds=[0], out_root=tmp_path / "none",
+                                common=common, records=tmp_path / "rec")  # fmt: skip
+    assert again["results"][0]["runs"][0]["run_dir"] is None and not (tmp_path / "none").exists()

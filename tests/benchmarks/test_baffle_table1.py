@@ -103,3 +103,33 @@ def test_a_screen_won_at_its_edge_grows_past_it_before_picking() -> None:
     assert grown["screen BP FedAvg lr=0.3"][-1] == "method.client_optimizer.lr=0.3"
     assert bench.picks({"results": screened(edge)}) is None  # waits for the new run
     assert bench.picks({"results": screened({**edge, "BP FedAvg": {**edge["BP FedAvg"], 0.3: 0.70}})}) == (0.003, 0.1)
+
+
+def test_on_other_sizes_the_w_o_ema_row_is_the_k100_runs_raw_model(monkeypatch) -> None:
+    ten = bench.main_variants(0.003, 0.03, k500=False, raw_from_k100=bench.Plan().raw_from_k100)
+    big = bench.main_variants(0.003, 0.03, k500=False, raw_from_k100=bench.Plan(30000).raw_from_k100)
+    assert "K=100 w/o EMA" in ten and ten["K=100 w/o EMA"][-2:] == ["method.ema=null", "method.client_optimizer.lr=0.003"]
+    assert set(ten) - set(big) == {"K=100 w/o EMA"}  # no runs of its own
+    assert big["BAFFLE K=100"] == [*ten["BAFFLE K=100"], "method.ema_also_raw=true"]
+    # the table: each K=100 run's raw figures make the row, its verdict paired by seed like any other
+    ema, raw = {0: 0.60, 1: 0.55, 2: 0.56}, {0: 0.58, 1: 0.53, 2: 0.545}
+    costs = {"bytes_up_per_client_round": 107.0, "bytes_down_per_client_round": 107.0, "client_flops_per_round": 1.0, "wall_s": 60.0}
+    runs = [{"seed": s, "final_test_accuracy": a, "test_accuracy_at_best_val": a, **costs,
+             "side": {"raw": {"final_test_accuracy": raw[s], "test_accuracy_at_best_val": raw[s]}}} for s, a in ema.items()]  # fmt: skip
+    k100 = {"label": "BAFFLE K=100", "seeds": 3, "runs": runs, "diverged": [], **costs,
+            "final_test_accuracy": statistics.mean(ema.values()), "final_test_accuracy_std": statistics.stdev(ema.values()),
+            "test_accuracy_at_best_val": statistics.mean(ema.values()), "test_accuracy_at_best_val_std": statistics.stdev(ema.values())}  # fmt: skip
+    picked = {"screen BAFFLE K=100 lr=0.003", "screen BP FedAvg lr=0.03"}  # inside their grids: nothing grows
+    screen = [{"label": label, "final_val_accuracy": 0.6 if label in picked else 0.5} for label in bench.screen_variants()]
+    monkeypatch.setattr(bench, "read_screen", lambda plan: {"results": screen})
+    monkeypatch.setattr(bench, "recorded_seeded", lambda *a, **k: {"results": [k100], "missing": [], "diverged": {}})
+    monkeypatch.setattr(bench, "recorded_probes", lambda *a, **k: {"BAFFLE K=100": {"client_flops_per_round": 2.5e9}})
+    text = bench.table(bench.Plan(30000), k500=False).splitlines()
+    (row,) = [x for x in text if x.startswith("| K=100 w/o EMA |")]
+    mean, std = statistics.mean(raw.values()), statistics.stdev(raw.values())
+    assert f"| 3 | {mean:.4f} ± {std:.4f} |" in row and "0.5800, 0.5300, 0.5450" in row and "| 2.5 |" in row
+    # paired differences -2, -2, -1.5 points: mean -1.83, std 0.29
+    assert "-1.83 ± 0.29 points" in _line(text, "K=100 w/o EMA") and any("method.ema_also_raw=true" in x for x in text)
+    monkeypatch.setattr(bench, "recorded_seeded", lambda *a, **k: {"results": [], "missing": [], "diverged": {}})
+    (row,) = [x for x in bench.table(bench.Plan(30000), k500=False).splitlines() if x.startswith("| K=100 w/o EMA |")]
+    assert "from BAFFLE K=100's runs: not run yet" in row

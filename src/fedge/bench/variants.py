@@ -35,6 +35,7 @@ __all__ = [
     "recorded_grown",
     "seeded_markdown",
     "seed_gaps",
+    "side_row",
     "widened_grid",
     "variants_markdown",
 ]
@@ -136,7 +137,25 @@ def _row(label: str, overrides: list[str], out: Path, summary: dict[str, Any], l
         "accuracy_by_round": [x["test_accuracy"] for x in lines],
         **({"val_accuracy_by_round": [x.get("val_accuracy") for x in lines],
             "final_val_accuracy": lines[-1].get("val_accuracy")} if "val_accuracy" in lines[-1] else {}),  # fmt: skip
+        **_side_figures(summary, lines),
     }
+
+
+def _side_figures(summary: dict[str, Any], lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{"side": {name: figures}}`` for each model the run side-evaluated (``<name>_*`` in its
+    summary and metrics; see :func:`side_row`), with the main model's keys; ``{}`` when none."""
+    names = sorted(k.removesuffix("_final_test_accuracy") for k in summary if k.endswith("_final_test_accuracy"))
+    side = {}
+    for n in names:
+        side[n] = {
+            "final_test_accuracy": summary[f"{n}_final_test_accuracy"],
+            "test_accuracy_at_best_val": summary.get(f"{n}_test_accuracy_at_best_val"),
+            "best_test_accuracy": summary[f"{n}_best_test_accuracy"],
+            "accuracy_by_round": [x.get(f"{n}_test_accuracy") for x in lines],
+            **({"val_accuracy_by_round": [x.get(f"{n}_val_accuracy") for x in lines],
+                "final_val_accuracy": lines[-1].get(f"{n}_val_accuracy")} if f"{n}_val_accuracy" in lines[-1] else {}),  # fmt: skip
+        }
+    return {"side": side} if side else {}
 
 
 # Config keys added after result records were first committed, each with the value that reproduces
@@ -147,6 +166,7 @@ NEUTRAL_ADDITIONS: dict[tuple[str, ...], Any] = {
     ("method", "client_optimizer", "lr_decay"): 1.0,
     ("method", "prune_route"): "autograd",
     ("method", "client_optimizer", "state"): "fresh",
+    ("method", "ema_also_raw"): False,
 }
 
 
@@ -338,23 +358,39 @@ def run_seeded_variants(
             if gone:
                 diverged[label] = gone
             continue
-        agg = {"label": label, "overrides": overrides, "seeds": len(runs), "diverged": gone}
-        for key in ("final_test_accuracy", "best_test_accuracy", "test_accuracy_at_best_val"):
-            vals = [r[key] for r in runs if r.get(key) is not None]
-            if vals:
-                agg[key] = statistics.mean(vals)
-                agg[key + "_std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
-        for key in ("bytes_up_per_client_round", "bytes_down_per_client_round", "client_flops_per_round", "wall_s"):
-            agg[key] = statistics.mean(r[key] for r in runs)
-        for key in ("client_flops_per_client_round", "client_flops_effective_per_client_round", "client_flops_effective_per_round",
-                    "pretraining_bytes_up_per_client", "pretraining_bytes_down_per_client"):  # fmt: skip
-            vals = [r.get(key) for r in runs]  # a record written before the key existed lacks it
-            agg[key] = None if any(v is None for v in vals) else statistics.mean(vals)
-        agg["pretraining_phases"] = max(r.get("pretraining_phases") or 0 for r in runs)
-        agg["runs"] = runs
-        results.append(agg)
+        results.append(_aggregate(label, overrides, runs, gone))
     return {"benchmark": "seeded-variants", "base": base, "common": common or [], "seeds": list(seeds),
             "results": results, "missing": missing, "diverged": diverged}  # fmt: skip
+
+
+def side_row(row: dict[str, Any], name: str, label: str, overrides: list[str]) -> dict[str, Any] | None:
+    """A :func:`run_seeded_variants` row for the model side-evaluated as ``name`` in ``row``'s
+    runs (``Strategy.side_eval_models``; e.g. ``"raw"``, the raw global model of an EMA run):
+    the same runs, so the same costs, seeds and divergences, with that model's accuracies,
+    aggregated as any row. None when a run lacks them (made without the side evaluation)."""
+    if any(name not in r.get("side", {}) for r in row["runs"]):
+        return None
+    runs = [{**r, **r["side"][name]} for r in row["runs"]]
+    return _aggregate(label, overrides, runs, row.get("diverged", []))
+
+
+def _aggregate(label: str, overrides: list[str], runs: list[dict[str, Any]], gone: list[dict[str, Any]]) -> dict[str, Any]:
+    """One variant's row over its finished seed ``runs`` (``gone``: the seeds that diverged)."""
+    agg: dict[str, Any] = {"label": label, "overrides": overrides, "seeds": len(runs), "diverged": gone}
+    for key in ("final_test_accuracy", "best_test_accuracy", "test_accuracy_at_best_val"):
+        vals = [r[key] for r in runs if r.get(key) is not None]
+        if vals:
+            agg[key] = statistics.mean(vals)
+            agg[key + "_std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
+    for key in ("bytes_up_per_client_round", "bytes_down_per_client_round", "client_flops_per_round", "wall_s"):
+        agg[key] = statistics.mean(r[key] for r in runs)
+    for key in ("client_flops_per_client_round", "client_flops_effective_per_client_round", "client_flops_effective_per_round",
+                "pretraining_bytes_up_per_client", "pretraining_bytes_down_per_client"):  # fmt: skip
+        vals = [r.get(key) for r in runs]  # a record written before the key existed lacks it
+        agg[key] = None if any(v is None for v in vals) else statistics.mean(vals)
+    agg["pretraining_phases"] = max(r.get("pretraining_phases") or 0 for r in runs)
+    agg["runs"] = runs
+    return agg
 
 
 def diverged_note(gone: Sequence[dict[str, Any]]) -> str:

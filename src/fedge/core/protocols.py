@@ -130,6 +130,13 @@ class Strategy:
         """The model to evaluate on the test set now (e.g. the EMA of the global model)."""
         raise NotImplementedError
 
+    def side_eval_models(self) -> dict[str, torch.nn.Module]:
+        """Models evaluated beside :meth:`eval_model` each evaluation round, by name; the engine
+        logs each one's figures under ``<name>_`` (``raw_test_accuracy``, ``raw_val_accuracy``,
+        ...). E.g. the EMA wrapper's raw global model, whose figures are the same run's
+        "without EMA" row. Default: none."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume after the last aggregated round (tensors, numbers, str)."""
         return {}
@@ -180,6 +187,9 @@ class StrategyWrapper(Strategy):
 
     def eval_model(self) -> torch.nn.Module:
         return self.inner.eval_model()
+
+    def side_eval_models(self) -> dict[str, torch.nn.Module]:
+        return self.inner.side_eval_models()
 
     def state_dict(self) -> dict[str, Any]:
         return {"inner": self.inner.state_dict()}

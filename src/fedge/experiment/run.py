@@ -136,6 +136,8 @@ def _summary(built: BuiltRun, sim: Simulation, lines: list[dict[str, Any]]) -> d
         "model_params": sum(p.numel() for p in model.parameters()),
         "model_bytes": len(Message(model_arrays(model)).to_bytes()),
     }
+    for name in sim.strategy.side_eval_models():  # e.g. "raw": the EMA wrapper's raw global model
+        out.update(_side_summary(name, rec.extra, lines))
     if "test_top5" in (lines[-1] if lines else {}):
         out["final_test_top5"] = lines[-1]["test_top5"]
     if lines and "trainable_fraction" in lines[-1]:  # FedPT: the strategy reports it each round
@@ -144,6 +146,19 @@ def _summary(built: BuiltRun, sim: Simulation, lines: list[dict[str, Any]]) -> d
         for key in ("client_peak_bytes", "client_tensor_peak_bytes"):
             vals = [x[key] for x in lines if x.get(key) is not None]
             out[key] = max(vals) if vals else None
+    return out
+
+
+def _side_summary(name: str, extra: dict[str, Any], lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """A side-evaluated model's summary figures (``<name>_final_test_accuracy``, ...), named as
+    the main model's with the prefix."""
+    accs = [x[f"{name}_test_accuracy"] for x in lines if x.get(f"{name}_test_accuracy") is not None]
+    out: dict[str, Any] = {f"{name}_final_test_accuracy": lines[-1].get(f"{name}_test_accuracy") if lines else None,
+                           f"{name}_best_test_accuracy": max(accs) if accs else None}  # fmt: skip
+    if f"{name}_best_val_accuracy" in extra:
+        out.update({f"{name}_best_val_accuracy": extra[f"{name}_best_val_accuracy"],
+                    f"{name}_test_accuracy_at_best_val": extra[f"{name}_test_at_best_val"],
+                    f"{name}_best_val_round": extra[f"{name}_best_val_round"]})  # fmt: skip
     return out
 
 

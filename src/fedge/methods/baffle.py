@@ -145,6 +145,11 @@ class BaffleConfig(SecureAggregationOptions, FreezeOption):
     )
     ema: float | None = Field(0.995, ge=0, lt=1, description="EMA decay for evaluation; null or 0: off")
     ema_warmup: bool = Field(True, description="decay min(ema, (1+n)/(10+n)) as the reference code's torch_ema")
+    ema_also_raw: bool = Field(
+        False,
+        description="also evaluate the raw global model W beside its EMA (metrics raw_test_accuracy, raw_val_accuracy, "
+        "...): the EMA never feeds training, so these are exactly the figures of the same run with ema=null",
+    )
     shared_perturbations: bool = True
     downlink: Literal["model", "seeds"] = Field(
         "model",
@@ -181,6 +186,11 @@ class BaffleConfig(SecureAggregationOptions, FreezeOption):
             )
         if self.secure_aggregation is None:
             self.secure_aggregation = self.mode == "batch" and self.shared_perturbations
+        if self.ema_also_raw and not self.ema:
+            raise ValueError(
+                f"ema_also_raw evaluates the raw model beside its EMA, but ema is {self.ema!r} (off): the evaluated "
+                "model is already the raw one; set method.ema (e.g. 0.995) or drop method.ema_also_raw"
+            )
         if self.secagg_dropout and not self.secure_aggregation:
             raise ValueError("secagg_dropout only applies with secure_aggregation=true")
         if self.downlink == "seeds" and (self.mode != "batch" or not self.shared_perturbations):
@@ -449,5 +459,5 @@ def build(
     if wrap is not None:
         strategy = wrap(strategy)
     if cfg.ema:
-        strategy = EMAEvaluation(strategy, decay=cfg.ema, warmup=cfg.ema_warmup)
+        strategy = EMAEvaluation(strategy, decay=cfg.ema, warmup=cfg.ema_warmup, also_raw=cfg.ema_also_raw)
     return MethodBuild(strategy, program)

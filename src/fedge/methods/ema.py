@@ -4,7 +4,10 @@
 :class:`EMAEvaluation` wraps any strategy with a global model (``strategy.global_model``):
 after every aggregated round it updates ``avg ← d·avg + (1−d)·W`` over the model's floating
 state (parameters and float buffers), and ``eval_model()`` returns a model holding ``avg``.
-Training is unaffected: clients always receive ``W``, not the average.
+Training is unaffected: clients always receive ``W``, not the average, and the wrapper draws no
+randomness. So with ``also_raw`` the raw ``W`` evaluated beside the average (the engine's
+``raw_*`` metrics) is exactly what the same run with EMA off would report: one run gives both
+the "with EMA" and the "w/o EMA" rows of BAFFLE's ablation.
 """
 
 from __future__ import annotations
@@ -30,13 +33,15 @@ class EMAEvaluation(StrategyWrapper):
         decay: d, e.g. 0.995 (the paper's value).
         warmup: use ``min(d, (1+n)/(10+n))`` (the torch_ema schedule the reference code's
             EMA follows when its warm-up is on) instead of a constant d.
+        also_raw: also offer the raw global model ``W`` for evaluation
+            (:meth:`side_eval_models` ``{"raw": W}``).
     """
 
-    def __init__(self, inner: Strategy, *, decay: float, warmup: bool = False) -> None:
+    def __init__(self, inner: Strategy, *, decay: float, warmup: bool = False, also_raw: bool = False) -> None:
         super().__init__(inner)
         if inner.global_model is None:
             raise ConfigError(f"an EMA of the global model needs a strategy with one; {type(inner).__name__} has none")
-        self.decay, self.warmup = decay, warmup
+        self.decay, self.warmup, self.also_raw = decay, warmup, also_raw
         self._floating = [k for k, v in self.model.state_dict().items() if v.is_floating_point()]
         self.ema = T.ema_init(self._state())
         self._eval = copy.deepcopy(self.model)
@@ -56,6 +61,12 @@ class EMAEvaluation(StrategyWrapper):
         full = {**self.model.state_dict(), **self.ema["avg"]}
         load_arrays(self._eval, full, who="EMA")
         return self._eval
+
+    def side_eval_models(self) -> dict[str, torch.nn.Module]:
+        inner = self.inner.side_eval_models()
+        if "raw" in inner:
+            raise ConfigError("two EMA wrappers both offer the raw model for evaluation; wrap once")
+        return {"raw": self.model, **inner} if self.also_raw else inner
 
     def state_dict(self) -> dict[str, Any]:
         return {"inner": self.inner.state_dict(), "ema": self.ema}

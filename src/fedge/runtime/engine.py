@@ -396,17 +396,11 @@ class Simulation:
         r.cum_client_flops += flops
         line: dict[str, Any] = {"round": rnd, "clients": len(ids)}
         if rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
-            ev = evaluate(self.strategy.eval_model(), *self.test, batch_size=cfg.eval_batch_size, num_classes=self.num_classes)
-            line.update(ev)
+            ev = self._evaluate(rnd, self.strategy.eval_model(), line)
             r.last_test_accuracy = ev["test_accuracy"]
             r.best_test_accuracy = max(r.best_test_accuracy or 0.0, ev["test_accuracy"])
-            if self.validation is not None:
-                val = evaluate(self.strategy.eval_model(), *self.validation, batch_size=cfg.eval_batch_size,
-                               num_classes=self.num_classes)  # fmt: skip
-                line.update({k.replace("test_", "val_"): v for k, v in val.items()})
-                if val["test_accuracy"] > r.extra.get("best_val_accuracy", -1.0):
-                    r.extra.update(best_val_accuracy=val["test_accuracy"], test_at_best_val=ev["test_accuracy"],
-                                   best_val_round=rnd)  # fmt: skip
+            for name, model in self.strategy.side_eval_models().items():
+                self._evaluate(rnd, model, line, prefix=f"{name}_")
         else:
             line.update(test_accuracy=None, test_loss=None)
         line.update(
@@ -435,6 +429,22 @@ class Simulation:
         line["client_wall_s"] = client.wall_s
         line["wall_s"] = time.perf_counter() - t0
         return line
+
+    def _evaluate(self, rnd: int, model: torch.nn.Module, line: dict[str, Any], *, prefix: str = "") -> dict[str, Any]:
+        """``model``'s test figures (and validation figures, as ``val_*``) into ``line`` under
+        ``prefix``; the record keeps, per prefix, the test accuracy at the round of best
+        validation accuracy (``{prefix}test_at_best_val``, ``{prefix}best_val_accuracy``,
+        ``{prefix}best_val_round`` in ``record.extra``). Returns the test figures."""
+        cfg, r = self.cfg, self.record
+        ev = evaluate(model, *self.test, batch_size=cfg.eval_batch_size, num_classes=self.num_classes)
+        line.update({prefix + k: v for k, v in ev.items()})
+        if self.validation is not None:
+            val = evaluate(model, *self.validation, batch_size=cfg.eval_batch_size, num_classes=self.num_classes)
+            line.update({prefix + k.replace("test_", "val_"): v for k, v in val.items()})
+            if val["test_accuracy"] > r.extra.get(f"{prefix}best_val_accuracy", -1.0):
+                r.extra.update({f"{prefix}best_val_accuracy": val["test_accuracy"], f"{prefix}test_at_best_val": ev["test_accuracy"],
+                                f"{prefix}best_val_round": rnd})  # fmt: skip
+        return ev
 
     def _server_call(self, rnd: int, call: PartyCall, acc: _RoundTotals) -> Message:
         """A strategy's call to a server-side party, metered on the party's account."""
