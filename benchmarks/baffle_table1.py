@@ -198,7 +198,7 @@ def screen_variants(results: Sequence[dict[str, Any]] = ()) -> dict[str, list[st
 
 def main_variants(zo_lr: float, bp_lr: float, *, k500: bool, raw_from_k100: bool = False) -> dict[str, list[str]]:
     """The runs of the table (with ``raw_from_k100`` the K = 100 runs also log their raw W and
-    :data:`RAW_ROW` has no runs of its own: :func:`rows`)."""
+    :data:`RAW_ROW` has no runs of its own: :func:`table` builds it from theirs)."""
     lr = [f"method.client_optimizer.lr={zo_lr}"]
     out = {"BP FedAvg": [*BP, f"method.client_optimizer.lr={bp_lr}"],
            "BAFFLE K=100": ["method.k=100", *lr, *(["method.ema_also_raw=true"] if raw_from_k100 else [])]}  # fmt: skip
