@@ -40,7 +40,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from fedge.bench.docs import update_section
+from fedge.bench.docs import records_line, update_section
 from fedge.bench.screened import recorded_probes, recorded_screen, recorded_seeded, run_notes, when_picked
 from fedge.bench.variants import (
     paired_difference,
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     if args.docs:
         update_section(args.docs, "baffle-delta-loss", "BAFFLE batch-level: ΔL over a mini-batch vs over the local set D_c",
-                       f"{INTRO}\n\n{body}")  # fmt: skip
+                       f"{INTRO}\n\n{body}", machine=records_line("benchmarks/results/baffle_delta_loss/"))  # fmt: skip
     return 0
 
 

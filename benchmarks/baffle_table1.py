@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedge.bench.docs import publish
+from fedge.bench.docs import publish, records_line
 from fedge.bench.screened import (
     mean_cell,
     per_seed_cell,
@@ -418,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             run_all(Plan(args.train), shard, shards, Path(args.out), k500=args.k500, only=args.only,
                     steal=not args.no_steal)  # fmt: skip
     text = section(k500=args.k500)
-    publish(text, args.docs, "baffle-table1", "BAFFLE Table 1 analogue (3 seeds, validation-tuned)")
+    publish(text, args.docs, "baffle-table1", "BAFFLE Table 1 analogue (3 seeds, validation-tuned)",
+            machine=records_line("benchmarks/results/baffle_table1/"))
     return 0
 
 

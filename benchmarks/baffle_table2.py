@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedge.bench.docs import publish
+from fedge.bench.docs import publish, records_line
 from fedge.bench.screened import (
     mean_cell,
     per_seed_cell,
@@ -457,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         with usage_errors(ap):
             run_all(plan, shard, shards, Path(args.out), only=args.only, steal=not args.no_steal)
     text = table(plan, "python benchmarks/baffle_table2.py" + (" --k500" if args.k500 else "") + (" --smoke" if args.smoke else ""))
-    publish(text, args.docs, "baffle-table2", "BAFFLE Table 2 analogue (matched IID, 3 seeds, validation-tuned)")
+    publish(text, args.docs, "baffle-table2", "BAFFLE Table 2 analogue (matched IID, 3 seeds, validation-tuned)",
+            machine=records_line("benchmarks/results/baffle_table2/"))
     return 0
 
 

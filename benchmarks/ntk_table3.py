@@ -73,7 +73,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedge.bench.docs import publish
+from fedge.bench.docs import publish, records_line
 from fedge.bench.screened import (
     mean_cell,
     per_seed_cell,
@@ -517,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
             run_all(plan, shard, shards, Path(args.out), only=args.only, steal=not args.no_steal)
     flags = (" --adam-all" if args.adam_all else "") + (" --smoke" if args.smoke else "")
     text = table(plan, "python benchmarks/ntk_table3.py" + flags)
-    publish(text, args.docs, "ntk-table3", "NTK-BAFFLE Table 3 analogue (paper's recipe, 3 seeds, validation-tuned)")
+    publish(text, args.docs, "ntk-table3", "NTK-BAFFLE Table 3 analogue (paper's recipe, 3 seeds, validation-tuned)",
+            machine=records_line("benchmarks/results/ntk_table3/"))
     return 0
 
 

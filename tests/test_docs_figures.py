@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedge.bench.docs import records_line
 from tests_helpers import benchmark_script
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
@@ -330,12 +331,16 @@ def test_baffle_delta_loss_bytes(tmp_path: Path) -> None:
 # Each reproduction script writes one record per finished run under benchmarks/results/ and renders
 # its docs section from those records alone (`--table-only`). The section must be exactly that
 # rendering: records committed without re-rendering, or a change to how the tables are computed
-# (means, intervals, verdicts, picks), fails here. Only the "Machine: ... measured <date>" line,
-# written when the section was rendered, is left out of the comparison.
+# (means, intervals, verdicts, picks), fails here. The section's first line must say it was
+# rendered from those records (not stamp the renderer's machine and clock as the runs').
 RECORD_TABLES = {
     "baffle-table1": ("baffle_table1", lambda b: b.section(k500=False)),
     "baffle-table2": ("baffle_table2", lambda b: b.table(b.Plan(), "python benchmarks/baffle_table2.py")),
     "ntk-table3": ("ntk_table3", lambda b: b.table(b.Plan(), "python benchmarks/ntk_table3.py")),
+    "baffle-delta-loss": (
+        "baffle_delta_loss",
+        lambda b: f"{b.INTRO}\n\n{b.table('python benchmarks/baffle_delta_loss.py --docs docs/benchmarks.md')}",
+    ),
 }
 
 
@@ -344,6 +349,6 @@ def test_reproduction_sections_are_their_records_rendered(name: str) -> None:
     script, render = RECORD_TABLES[name]
     body = _section(name).strip().split("\n", 1)[1]  # the "## title" line is the script's too
     machine, _, docs = body.strip().partition("\n\n")
-    assert machine.startswith("Machine: "), machine
     fix = f"python benchmarks/{script}.py --table-only --docs docs/benchmarks.md"
+    assert machine == records_line(f"benchmarks/results/{script}/"), f"bench:{name} opens with {machine!r}: run `{fix}`"
     assert docs.strip() == render(benchmark_script(script)).strip(), f"stale section bench:{name}: run `{fix}`"

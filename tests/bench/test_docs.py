@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedge.bench.docs import publish, update_section
+from fedge.bench.docs import publish, records_line, update_section
 
 
 def test_update_section_replaces_its_own_section_only(tmp_path):
@@ -24,6 +24,17 @@ def test_publish_prints_and_writes_the_section_only_when_asked(tmp_path, capsys)
     assert capsys.readouterr().out == "| a |\n|---|\n"
     block = docs.read_text().split("<!-- bench:t -->\n", 1)[1]
     assert block.startswith("## T\n\nMachine: ") and block.endswith("\n\n| a |\n|---|\n<!-- /bench:t -->\n")
+
+
+def test_a_section_rendered_from_records_names_them_not_the_renderer(tmp_path):
+    docs = tmp_path / "benchmarks.md"
+    line = records_line("benchmarks/results/x/")
+    assert "benchmarks/results/x/" in line and "Machine:" not in line and "measured" not in line
+    publish("| a |\n|---|", str(docs), "t", "T", machine=line)
+    first = docs.read_text()
+    assert f"## T\n\n{line}\n\n| a |" in first
+    publish("| a |\n|---|", str(docs), "t", "T", machine=line)
+    assert docs.read_text() == first  # unchanged records render byte-identical: no clock in it
 
 
 def test_markdown_table_and_the_section_layout():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["command_section", "machine_line", "markdown_table", "publish", "update_section"]
+__all__ = ["command_section", "machine_line", "markdown_table", "publish", "records_line", "update_section"]
 
 HEADER = """# fedge benchmarks
 
@@ -28,24 +28,37 @@ def machine_line() -> str:
     )
 
 
-def update_section(path: str | Path, name: str, title: str, body: str) -> None:
-    """Replace (or append) the section ``name`` of the Markdown file at ``path``."""
+def records_line(where: str) -> str:
+    """The line heading a section rendered from committed run records (under ``where``) rather
+    than measured by the command that wrote it: the renderer's machine and clock say nothing
+    about those runs, so the line says where their machines and minutes are given instead. A
+    re-render of unchanged records is then byte-identical."""
+    return (
+        f"Rendered from the committed run records under `{where}`; the machines the runs ran on "
+        "and their minutes are listed with the tables below."
+    )
+
+
+def update_section(path: str | Path, name: str, title: str, body: str, *, machine: str | None = None) -> None:
+    """Replace (or append) the section ``name`` of the Markdown file at ``path``. It opens with
+    ``machine`` when given (e.g. :func:`records_line`), else with this machine and the time."""
     p = Path(path)
     text = p.read_text() if p.exists() else HEADER
     begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
-    block = f"{begin}\n## {title}\n\n{machine_line()}\n\n{body.rstrip()}\n{end}"
+    block = f"{begin}\n## {title}\n\n{machine or machine_line()}\n\n{body.rstrip()}\n{end}"
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(text)
 
 
-def publish(text: str, docs: str | Path | None, name: str, title: str) -> None:
+def publish(text: str, docs: str | Path | None, name: str, title: str, *, machine: str | None = None) -> None:
     """Print ``text`` and, when ``docs`` names a file, make it that file's section ``name``
-    (headed ``title``): the last step of a script whose docs section is its printed table."""
+    (headed ``title``, opened by ``machine`` as in :func:`update_section`): the last step of a
+    script whose docs section is its printed table."""
     print(text)
     if docs:
-        update_section(docs, name, title, text)
+        update_section(docs, name, title, text, machine=machine)
 
 
 def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]], *, left: int | None = None) -> list[str]:
