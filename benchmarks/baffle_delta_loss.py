@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     if args.docs:
         update_section(args.docs, "baffle-delta-loss", "BAFFLE batch-level: ΔL over a mini-batch vs over the local set D_c",
-                       f"{INTRO}\n\n{body}", machine=records_line("benchmarks/results/baffle_delta_loss/"))  # fmt: skip
+                       f"{INTRO}\n\n{body}", machine=records_line(RECORDS, root=Path(__file__).resolve().parents[1]))  # fmt: skip
     return 0
 
 

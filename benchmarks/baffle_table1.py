@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
                     steal=not args.no_steal)  # fmt: skip
     text = section(k500=args.k500)
     publish(text, args.docs, "baffle-table1", "BAFFLE Table 1 analogue (3 seeds, validation-tuned)",
-            machine=records_line("benchmarks/results/baffle_table1/"))
+            machine=records_line(RECORDS, root=Path(__file__).resolve().parents[1]))
     return 0
 
 

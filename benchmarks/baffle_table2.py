@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
             run_all(plan, shard, shards, Path(args.out), only=args.only, steal=not args.no_steal)
     text = table(plan, "python benchmarks/baffle_table2.py" + (" --k500" if args.k500 else "") + (" --smoke" if args.smoke else ""))
     publish(text, args.docs, "baffle-table2", "BAFFLE Table 2 analogue (matched IID, 3 seeds, validation-tuned)",
-            machine=records_line("benchmarks/results/baffle_table2/"))
+            machine=records_line(plan.records, root=Path(__file__).resolve().parents[1]))
     return 0
 
 

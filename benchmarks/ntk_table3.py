@@ -518,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = (" --adam-all" if args.adam_all else "") + (" --smoke" if args.smoke else "")
     text = table(plan, "python benchmarks/ntk_table3.py" + flags)
     publish(text, args.docs, "ntk-table3", "NTK-BAFFLE Table 3 analogue (paper's recipe, 3 seeds, validation-tuned)",
-            machine=records_line("benchmarks/results/ntk_table3/"))
+            machine=records_line(plan.records, root=Path(__file__).resolve().parents[1]))
     return 0
 
 

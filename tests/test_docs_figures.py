@@ -350,5 +350,5 @@ def test_reproduction_sections_are_their_records_rendered(name: str) -> None:
     body = _section(name).strip().split("\n", 1)[1]  # the "## title" line is the script's too
     machine, _, docs = body.strip().partition("\n\n")
     fix = f"python benchmarks/{script}.py --table-only --docs docs/benchmarks.md"
-    assert machine == records_line(f"benchmarks/results/{script}/"), f"bench:{name} opens with {machine!r}: run `{fix}`"
+    assert machine == records_line(f"benchmarks/results/{script}"), f"bench:{name} opens with {machine!r}: run `{fix}`"
     assert docs.strip() == render(benchmark_script(script)).strip(), f"stale section bench:{name}: run `{fix}`"

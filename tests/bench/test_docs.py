@@ -28,8 +28,8 @@ def test_publish_prints_and_writes_the_section_only_when_asked(tmp_path, capsys)
 
 def test_a_section_rendered_from_records_names_them_not_the_renderer(tmp_path):
     docs = tmp_path / "benchmarks.md"
-    line = records_line("benchmarks/results/x/")
-    assert "benchmarks/results/x/" in line and "Machine:" not in line and "measured" not in line
+    line = records_line(tmp_path / "results" / "x", root=tmp_path)
+    assert "`results/x/`" in line and "Machine:" not in line and "measured" not in line
     publish("| a |\n|---|", str(docs), "t", "T", machine=line)
     first = docs.read_text()
     assert f"## T\n\n{line}\n\n| a |" in first

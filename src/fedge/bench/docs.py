@@ -28,14 +28,24 @@ def machine_line() -> str:
     )
 
 
-def records_line(where: str) -> str:
-    """The line heading a section rendered from committed run records (under ``where``) rather
-    than measured by the command that wrote it: the renderer's machine and clock say nothing
-    about those runs, so the line says where their machines and minutes are given instead. A
-    re-render of unchanged records is then byte-identical."""
+def records_line(records: str | Path, *, root: str | Path | None = None) -> str:
+    """The line heading a section rendered from the run records in ``records`` (shown relative
+    to ``root`` when under it) rather than measured by the command that wrote it: the
+    renderer's machine and clock say nothing about those runs, so the line says where their
+    machines and minutes are given instead. A re-render of unchanged records is then
+    byte-identical.
+
+    >>> "under `benchmarks/results/t2/`;" in records_line("/repo/benchmarks/results/t2", root="/repo")
+    True
+    >>> "`/tmp/t2/records/`" in records_line("/tmp/t2/records", root="/repo")
+    True
+    """
+    where = Path(records)
+    if root is not None and where.is_relative_to(root):
+        where = where.relative_to(root)
     return (
-        f"Rendered from the committed run records under `{where}`; the machines the runs ran on "
-        "and their minutes are listed with the tables below."
+        f"Rendered from the committed run records under `{where.as_posix()}/`; the machines the runs "
+        "ran on and their minutes are listed with the tables below."
     )
 
 
