@@ -1,10 +1,23 @@
 """The public Python API, for notebooks and scripts: ``import fedge`` and go.
 
->>> import fedge
+>>> import fedge, torch
 >>> run = fedge.run("quickstart", overrides={"rounds": 3}, out="runs/nb1")
->>> run.summary["final_test_accuracy"], len(run.metrics)
->>> logits = run.model(x)                                  # the trained torch model
->>> fedge.run({"dataset": {"name": "npz", "path": "mine.npz"}, "model": {"name": "mlp"}})
+>>> len(run.metrics), run.summary["final_test_accuracy"] > 0.9
+(3, True)
+>>> run.model(torch.zeros(2, 1, 8, 8)).shape               # the trained torch model
+torch.Size([2, 10])
+
+Your own arrays need no Python beyond writing them (``x_train``, ``y_train``, ``x_test``,
+``y_test`` in a ``.npz`` file; see :mod:`fedge.data.user`):
+
+>>> import numpy as np
+>>> rng = np.random.default_rng(0)
+>>> np.savez("mine.npz", x_train=rng.normal(size=(200, 5)), y_train=rng.integers(0, 2, 200),
+...          x_test=rng.normal(size=(50, 5)), y_test=rng.integers(0, 2, 50))
+>>> run = fedge.run({"dataset": {"name": "npz", "path": "mine.npz"}, "model": {"name": "mlp"}},
+...                 overrides={"rounds": 2})
+>>> len(run.metrics), run.path.parent.name
+(2, 'runs')
 
 Everything here calls the experiment layer (:mod:`fedge.experiment`); nothing here holds
 logic of its own beyond turning Python arguments into a config.

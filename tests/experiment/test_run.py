@@ -195,6 +195,18 @@ def test_a_plain_function_is_still_a_progress_callback(tmp_path, tiny):
     assert seen == [(1, 2), (2, 2)]
 
 
+def test_a_progress_that_is_neither_is_refused_before_anything_is_written(tmp_path, tiny):
+    out = tmp_path / "r"
+    with pytest.raises(ConfigError, match=r"progress=False \(bool\).*None to show nothing"):
+        run_experiment(load_config(tiny(rounds=1)), out=out, progress=False, render=False)
+    assert not out.exists()
+    done = run_experiment(load_config(tiny(rounds=1)), out=out, render=False)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in done.iterdir())
+    with pytest.raises(ConfigError, match="progress='bar'"):
+        resume_experiment(done, rounds=2, progress="bar")
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in done.iterdir()) == before
+
+
 def test_repeated_warnings_are_shown_once_with_a_count(tmp_path, tiny, monkeypatch):
     import warnings
 

@@ -10,10 +10,14 @@ pseudo-gradient ``g = -Δ`` where ``Δ`` is the weighted mean client delta (Redd
 Every state is a dict/tuple of tensors and floats, so it checkpoints with ``torch.save``.
 
 Example:
+    >>> params = {"w": torch.zeros(3)}
+    >>> grads = {"w": torch.tensor([1.0, -2.0, 0.5])}
     >>> opt = chain(scale_by_adam(b1=0.9, b2=0.99), scale_by_learning_rate(0.01))
     >>> state = opt.init(params)
     >>> updates, state = opt.update(grads, state, params)
     >>> params = apply_updates(params, updates)
+    >>> params["w"]                   # Adam's first step: lr against each gradient's sign
+    tensor([-0.0100,  0.0100, -0.0100])
 """
 
 from __future__ import annotations

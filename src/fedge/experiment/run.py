@@ -94,9 +94,15 @@ Renderer = Callable[[Path], Any] | bool | None
 
 
 def _as_progress(p: ProgressLike) -> Progress:
+    """``p`` as a Progress; anything neither a Progress, a function nor None is refused up front."""
     if p is None:
         return Progress()
-    return p if isinstance(p, Progress) else _FunctionProgress(p)
+    if isinstance(p, Progress):
+        return p
+    if not callable(p):
+        raise ConfigError(f"progress={p!r} ({type(p).__name__}) is neither a fedge Progress nor a function "
+                          "f(metrics_line, total_rounds); pass one of those, or None to show nothing")  # fmt: skip
+    return _FunctionProgress(p)
 
 
 def resolved_config(built: BuiltRun | RunConfig) -> dict[str, Any]:
@@ -362,6 +368,7 @@ def run_experiment(
     """
     check_finite(cfg.to_dict())
     _check_runtime(runtime, backend)
+    progress = _as_progress(progress)
     rundir = RunDir(out)
     rundir.claim()
     try:
@@ -435,6 +442,7 @@ def resume_experiment(
     another process is driving now is refused (:class:`~fedge.experiment.rundir.RunDirBusyError`).
     """
     _check_runtime(runtime, backend)
+    progress = _as_progress(progress)
     rundir = RunDir(run_dir)
     rundir.hold()  # another process driving it now: RunDirBusyError, nothing written
     try:

@@ -89,6 +89,7 @@ def model_blocks(model: nn.Module) -> list[Block]:
     """The model's parameter blocks in forward order: ``[Block(name, params, kind, freezable)]``.
 
     Example:
+        >>> from fedge.models import build_model
         >>> net = build_model("cnn-fedpt", input_shape=(1, 28, 28), num_classes=10, seed=0)
         >>> [(b.name, b.params) for b in model_blocks(net)]
         [('features.conv1', 320), ('features.conv2', 18496), ('classifier.fc1', 1179776), ('classifier.out', 1290)]

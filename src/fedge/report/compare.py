@@ -1,9 +1,17 @@
 """Side-by-side comparison of runs: one table, overlaid plots.
 
-Example:
-    >>> cmp = compare_runs(["runs/fedavg", "runs/baffle"], "compare-out", target_accuracy=0.6)
+Example (two short quick-start runs, two client learning rates):
+    >>> import fedge
+    >>> for lr in (0.1, 0.03):
+    ...     _ = fedge.run("quickstart", overrides={"rounds": 2, "method.client_optimizer.lr": lr},
+    ...                   out=f"runs/lr-{lr}")
+    >>> cmp = compare_runs(["runs/lr-0.1", "runs/lr-0.03"], "compare-out", target_accuracy=0.6)
     >>> print(cmp.table_markdown())
-    >>> rich.console.Console().print(cmp.table_rich())    # what `fedge compare` shows
+    | run | method | model | dataset | rounds | final acc | best acc | bytes down | bytes up | bytes to 60.00% | client FLOPs | wall time |
+    |---|---|---|---|---|---|---|---|---|---|---|---|
+    | lr-0.1 | fedavg | mlp | digits | 2 | ...% | ...% | 4.42 MB | 4.42 MB | 4.42 MB | 1.74 GFLOP | ... s |
+    | lr-0.03 | fedavg | mlp | digits | 2 | ...% | ...% | 4.42 MB | 4.42 MB | 4.42 MB | 1.74 GFLOP | ... s |
+    >>> table = cmp.table_rich()      # a rich.table.Table: what `fedge compare` prints
 """
 
 from __future__ import annotations

@@ -7,8 +7,12 @@ complete summary is a run in progress (or one that crashed); everything here rea
 and reports it as "incomplete (N rounds so far)".
 
 Example:
-    >>> run = load_run("runs/fedavg-cifar10")
+    >>> import fedge
+    >>> _ = fedge.run("quickstart", overrides={"rounds": 2}, out="runs/quick")
+    >>> run = load_run("runs/quick")
     >>> rounds, acc = run.series("test_accuracy")   # nulls skipped
+    >>> rounds
+    [1, 2]
     >>> run.status
     'complete'
 """

@@ -1,7 +1,12 @@
 """Federated partitions: split a dataset's training indices across clients.
 
+>>> import numpy as np
+>>> labels = np.repeat(np.arange(10), 6000)                      # 60,000 samples, 10 classes
 >>> parts = partition("dirichlet", labels, 100, seed=0, alpha=0.1)   # list of 100 index arrays
+>>> len(parts), sum(len(p) for p in parts)
+(100, 60000)
 >>> partition_summary(parts, labels, 10)["clients"][0]["label_counts"]
+[10, 0, 132, 0, 0, 0, 7, 0, 0, 0]
 
 Registered partitioners (``PARTITIONERS[name].params`` holds each one's defaults):
 
