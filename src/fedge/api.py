@@ -42,7 +42,7 @@ from fedge.data.registry import register_dataset as _register_spec
 from fedge.data.registry import register_function
 from fedge.data.spec import DatasetSpec
 from fedge.experiment.export import ExportResult, TrainedModel, export_model, load_trained_model
-from fedge.experiment.run import Progress, resume_experiment, run_experiment
+from fedge.experiment.run import ProgressLike, resume_experiment, run_experiment
 from fedge.experiment.rundir import default_run_path
 from fedge.report.runlog import RunLog
 from fedge.report.runlog import load_run as _load_log
@@ -116,7 +116,7 @@ def run(
     *,
     out: str | Path | None = None,
     overrides: Mapping[str, Any] | list[str] | None = None,
-    progress: Progress | None = None,
+    progress: ProgressLike = None,
     render: bool = False,
 ) -> RunResult:
     """Train a federation and write its run directory; the same as ``fedge run``.
@@ -127,7 +127,8 @@ def run(
         out: the run directory (must not exist or be empty); default ``runs/<name>-<time>``.
         overrides: ``{"rounds": 5, "method.client_optimizer.lr": 0.05}`` or
             ``["rounds=5", ...]``, as ``--set``.
-        progress: called with each round's metrics line and the total number of rounds.
+        progress: a function ``f(metrics_line, total_rounds)`` called after every round, or a
+            :class:`fedge.experiment.run.Progress` (start, clients inside a round, round).
         render: also write plots and ``report.md``/``report.html`` (as the CLI does).
 
     Raises:
@@ -144,7 +145,7 @@ def run(
     return load_run(path)
 
 
-def resume(run_dir: str | Path, *, rounds: int | None = None, progress: Progress | None = None,
+def resume(run_dir: str | Path, *, rounds: int | None = None, progress: ProgressLike = None,
            render: bool = False) -> RunResult:
     """Continue an interrupted run, or extend a finished one to ``rounds`` (``fedge run --resume``)."""
     path = resume_experiment(run_dir, rounds=rounds, progress=progress, render=_renderer(render))
