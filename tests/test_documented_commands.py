@@ -1,14 +1,15 @@
-"""The commands the README and docs/benchmarks.md show exist as written.
+"""The commands and Python names the README and docs/ show exist as written.
 
 Every ``fedge ...`` command in their bash blocks and inline code names a real (sub)command and
 real options, every preset it names exists, and every ``--set`` it shows validates for that
 preset; every ``python benchmarks/X.py ...`` names a script that exists and options its parser
-accepts (read from its ``--help``). Running them is the tests' and benchmarks' job; this
+accepts (read from its ``--help``); every ``fedge.x.y`` named in code resolves. Running them is the tests' and benchmarks' job; this
 catches documentation that drifted from the code.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 import shlex
 import subprocess
@@ -24,7 +25,7 @@ from fedge.core.config import load_config
 from fedge.experiment.build import method_config, privacy_config
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/benchmarks.md")
+DOCS = ("README.md", "docs/benchmarks.md", "docs/architecture.md")
 #: subcommands whose positional arguments are presets (or YAML files)
 PRESET_ARGS = (["run"], ["fedpt-search"], ["bench", "presets"])
 
@@ -34,14 +35,18 @@ def _placeholder(arg: str) -> bool:
     return bool(re.fullmatch(r"[A-Z][A-Z0-9_-]*", arg)) or arg.startswith("my-")
 
 
+def _code(doc: str) -> list[str]:
+    """The lines of ``doc``'s code blocks (continuations joined) and its inline code spans."""
+    text = (REPO / doc).read_text(encoding="utf-8")
+    lines = [s for b in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S) for s in b.replace("\\\n", " ").splitlines()]
+    return lines + re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+
+
 def _commands(prefix: str) -> list[tuple[str, str]]:
-    """(document, command) for every code-block line or inline code span holding ``prefix`` (from there on)."""
+    """(document, command) for every code line or span holding ``prefix`` (from there on)."""
     found = []
     for doc in DOCS:
-        text = (REPO / doc).read_text(encoding="utf-8")
-        lines = [s for b in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S) for s in b.replace("\\\n", " ").splitlines()]
-        lines += re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
-        for line in lines:
+        for line in _code(doc):
             at = line.find(prefix)
             if at < 0 or "..." in line or "[" in line:  # an elided or optional-argument sketch
                 continue
@@ -127,9 +132,36 @@ def test_documented_benchmark_scripts_exist_and_take_the_options_shown():
         assert flags <= accepted, f"benchmarks/{name}: the docs use {sorted(flags - accepted)}, not in its --help"
 
 
+def _resolve(dotted: str) -> object:
+    """``fedge.a.b.c``: the longest importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[i:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+PY_NAMES = sorted({(doc, n) for doc in DOCS for line in _code(doc)
+                   for n in re.findall(r"(?<![\w/.])fedge(?:\.[A-Za-z_]\w*)+", line)
+                   if not re.search(r"\.(json|ya?ml|pt|md|html|safetensors)$", n)})  # fmt: skip
+
+
+@pytest.mark.parametrize(("doc", "dotted"), PY_NAMES)
+def test_a_documented_python_name_exists(doc, dotted):
+    _resolve(dotted)
+
+
 def test_the_check_catches_a_drifted_command():
     with pytest.raises(AssertionError, match="no option --rounds"):
         _parse("fedge run quickstart --rounds 3")
     with pytest.raises(AssertionError, match="no command 'fedge bench engines'"):
         _parse("fedge bench engines")
+    with pytest.raises(AttributeError, match="register_plugin"):
+        _resolve("fedge.register_plugin")
+    assert len(PY_NAMES) >= 20 and ("README.md", "fedge.register_dataset") in PY_NAMES
     assert _parse("fedge run quickstart --set rounds=3 -q") == (["run"], {"--set": ["rounds=3"], "-q": []}, ["quickstart"])
