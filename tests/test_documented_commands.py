@@ -2,9 +2,9 @@
 
 Every ``fedge ...`` command in their bash blocks and inline code names a real (sub)command and
 real options, every preset it names exists, and every ``--set`` it shows validates for that
-preset; every ``python benchmarks/X.py ...`` names a script that exists and options its parser
-accepts (read from its ``--help``); every ``fedge.x.y`` named in code resolves. Running them is the tests' and benchmarks' job; this
-catches documentation that drifted from the code.
+preset; every ``python benchmarks/X.py ...`` names a script that exists and options its
+parser accepts (read from its ``--help``); every ``fedge.x.y`` named in code resolves. Running
+them is the tests' and benchmarks' job; this catches documentation that drifted from the code.
 """
 
 from __future__ import annotations
