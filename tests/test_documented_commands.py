@@ -3,8 +3,9 @@
 Every ``fedge ...`` command in their bash blocks and inline code names a real (sub)command and
 real options, every preset it names exists, and every ``--set`` it shows validates for that
 preset; every ``python benchmarks/X.py ...`` names a script that exists and options its
-parser accepts (read from its ``--help``); every ``fedge.x.y`` named in code resolves. Running
-them is the tests' and benchmarks' job; this catches documentation that drifted from the code.
+parser accepts (read from its ``--help``); every ``fedge.x.y`` named in code resolves, and every
+config key named in inline code (``method.ema_also_raw``) exists. Running them is the tests' and
+benchmarks' job; this catches documentation that drifted from the code.
 """
 
 from __future__ import annotations
@@ -14,15 +15,21 @@ import re
 import shlex
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import click
 import pytest
 import typer
+from pydantic import BaseModel
 
 from fedge.cli.main import app
-from fedge.core.config import load_config
+from fedge.core.config import RunConfig, load_config
+from fedge.data.partition import PARTITIONERS
+from fedge.data.registry import DATASETS
 from fedge.experiment.build import method_config, privacy_config
+from fedge.methods import METHODS
+from fedge.privacy.dp import PrivacyConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/benchmarks.md", "docs/architecture.md")
@@ -156,6 +163,42 @@ def test_a_documented_python_name_exists(doc, dotted):
     _resolve(dotted)
 
 
+def _models(annotation: object) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for a in typing.get_args(annotation) for m in _models(a)]
+
+
+def _has_key(models: list[type[BaseModel]], parts: list[str]) -> bool:
+    for m in models:
+        field = m.model_fields.get(parts[0])
+        if field is not None and (len(parts) == 1 or _has_key(_models(field.annotation), parts[1:])):
+            return True
+    return False
+
+
+#: the config classes a documented ``section.key`` may belong to: the method and privacy sections
+#: are checked against every method's and the privacy mechanisms' own classes (the sections
+#: themselves take any key); a dataset or partition key may also be a registered one's option
+SECTIONS: dict[str, list[type[BaseModel]]] = {
+    **{name: _models(f.annotation) for name, f in RunConfig.model_fields.items()},
+    "method": [spec.config for spec in METHODS.values()],
+    "privacy": [PrivacyConfig],
+}
+EXTRA_KEYS = {"dataset": {k for spec in DATASETS.values() for k in spec.options},
+              "partition": {k for spec in PARTITIONERS.values() for k in spec.params}}  # fmt: skip
+CONFIG_KEYS = sorted({(doc, m[0]) for doc in DOCS for line in _code(doc)
+                      if (m := re.fullmatch(r"(clients|dataset|partition|model|method|measure|privacy)\.[\w.]+(=\S+)?", line))
+                      and not re.search(r"\.(json|onnx|safetensors|pt)$", line)})  # fmt: skip
+
+
+@pytest.mark.parametrize(("doc", "key"), CONFIG_KEYS)
+def test_a_documented_config_key_exists(doc, key):
+    section, *parts = key.split("=")[0].split(".")
+    assert _has_key(SECTIONS[section], parts) or parts[0] in EXTRA_KEYS.get(section, ()), (
+        f"{doc} names config key {key!r}, which no {section} config class has")
+
+
 def test_the_check_catches_a_drifted_command():
     with pytest.raises(AssertionError, match="no option --rounds"):
         _parse("fedge run quickstart --rounds 3")
@@ -164,4 +207,8 @@ def test_the_check_catches_a_drifted_command():
     with pytest.raises(AttributeError, match="register_plugin"):
         _resolve("fedge.register_plugin")
     assert len(PY_NAMES) >= 20 and ("README.md", "fedge.register_dataset") in PY_NAMES
+    assert len(CONFIG_KEYS) >= 50 and ("docs/benchmarks.md", "method.ema_also_raw=true") in CONFIG_KEYS
+    assert _has_key(SECTIONS["method"], ["client_optimizer", "lr"])
+    assert not _has_key(SECTIONS["method"], ["client_optimizer", "learning_rate"])
+    assert not _has_key(SECTIONS["clients"], ["per_rounds"])
     assert _parse("fedge run quickstart --set rounds=3 -q") == (["run"], {"--set": ["rounds=3"], "-q": []}, ["quickstart"])
