@@ -243,12 +243,12 @@ def _collapsed_warnings(current_round: Callable[[], int]) -> Iterator[None]:
 
 
 def _drive(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: dict[str, Any] | None,
-           progress: ProgressLike, render: Renderer, runtime: Any = "engine", backend: str = "local") -> Path:
+           progress: Progress, render: Renderer, runtime: Any = "engine", backend: str = "local") -> Path:
     before = torch.get_num_threads()  # a notebook's own setting comes back after the run
     if built.config.threads is not None:
         torch.set_num_threads(built.config.threads)
     try:
-        return _drive_rounds(built, rundir, lines, state, _as_progress(progress), render, runtime, backend)
+        return _drive_rounds(built, rundir, lines, state, progress, render, runtime, backend)
     except BaseException:
         for tmp in rundir.temp_files():  # half-written checkpoint/model/metrics from this process
             tmp.unlink(missing_ok=True)
@@ -368,7 +368,7 @@ def run_experiment(
     """
     check_finite(cfg.to_dict())
     _check_runtime(runtime, backend)
-    progress = _as_progress(progress)
+    shown = _as_progress(progress)
     rundir = RunDir(out)
     rundir.claim()
     try:
@@ -381,7 +381,7 @@ def run_experiment(
     try:
         source = built.dataset.source if Path(built.dataset.source).is_dir() else None
         rundir.create(resolved_config(built), built.partition_summary, data_source=source)
-        return _drive(built, rundir, [], None, progress, render, runtime, backend)
+        return _drive(built, rundir, [], None, shown, render, runtime, backend)
     finally:
         rundir.let_go()
 
@@ -442,16 +442,16 @@ def resume_experiment(
     another process is driving now is refused (:class:`~fedge.experiment.rundir.RunDirBusyError`).
     """
     _check_runtime(runtime, backend)
-    progress = _as_progress(progress)
+    shown = _as_progress(progress)
     rundir = RunDir(run_dir)
     rundir.hold()  # another process driving it now: RunDirBusyError, nothing written
     try:
-        return _resume(rundir, rounds, progress, render, allow_config_change, runtime, backend)
+        return _resume(rundir, rounds, shown, render, allow_config_change, runtime, backend)
     finally:
         rundir.let_go()
 
 
-def _resume(rundir: RunDir, rounds: int | None, progress: ProgressLike, render: Renderer, allow_config_change: bool,
+def _resume(rundir: RunDir, rounds: int | None, progress: Progress, render: Renderer, allow_config_change: bool,
             runtime: Any, backend: str) -> Path:  # fmt: skip
     """:func:`resume_experiment` once ``rundir`` is held."""
     raw = rundir.read_config()
