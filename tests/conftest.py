@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# PPFL's simulated TEE fuses: a file of this test process's own (and of the processes it
+# starts), never the user's ~/.local/state/fedge/tee-platform
+_TEE_DIR = tempfile.mkdtemp(prefix="fedge-test-tee-")
+atexit.register(shutil.rmtree, _TEE_DIR, ignore_errors=True)
+os.environ["FEDGE_TEE_PLATFORM"] = os.path.join(_TEE_DIR, "platform")
 torch.set_num_threads(1)
 
 

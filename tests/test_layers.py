@@ -129,6 +129,8 @@ def _package_of(module: str) -> str:
     parts = module.split(".")
     if len(parts) == 1:
         return ""
+    if parts[1] == "__main__":  # ``python -m fedge``: the command line, so the cli's layer
+        return "cli"
     sub = parts[1]
     # a top-level module fedge/x.py (not a package) belongs to the API layer
     return sub if sub in LAYERS else ""

@@ -310,3 +310,98 @@ def test_no_nonce_repeats_under_a_session_key_in_a_run():
     _run(built, 6)
     nonces = [(cid, blob[:12]) for cid, blob in rec.seen]  # one session key per client
     assert len(nonces) == 6 * 2 * 2 and len(set(nonces)) == len(nonces)
+
+
+# -- resuming --------------------------------------------------------------------------------
+
+_RESUME = {"rounds": 5, "method.rounds_per_stage": 2, "clients.per_round": 3, "eval_every": 1}
+
+
+def _deterministic(run_dir):
+    """metrics.jsonl without any timing (``*_s``, ``wall_s.*``)."""
+    from tests_helpers import metrics_without_wall
+
+    return [{k: v for k, v in ln.items() if not (k.endswith("_s") or "wall_s" in k)} for ln in metrics_without_wall(run_dir)]
+
+
+def _cut_after(cfg, out, cut_round, monkeypatch):
+    """Run ``cfg`` into ``out`` and crash it right after round ``cut_round``'s checkpoint."""
+    import fedge.experiment.rundir as rd
+    from fedge.experiment.run import run_experiment
+
+    original = rd.RunDir.save_checkpoint
+
+    class Cut(Exception):
+        pass
+
+    def crash(self, state):
+        original(self, state)
+        if state["record"]["round"] == cut_round:
+            raise Cut
+
+    monkeypatch.setattr(rd.RunDir, "save_checkpoint", crash)
+    with pytest.raises(Cut):
+        run_experiment(load_config(cfg), out=out, render=False)
+    monkeypatch.setattr(rd.RunDir, "save_checkpoint", original)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    from fedge.experiment.run import run_experiment
+
+    return run_experiment(load_config(_cfg(**_RESUME)), out=tmp_path_factory.mktemp("ppfl") / "full", render=False)
+
+
+@pytest.mark.parametrize("cut,process", [(2, "this"), (3, "new")])  # 2: a stage just ended, its release due; 3: mid-stage
+def test_interrupted_run_resumes_to_the_uninterrupted_metrics(tmp_path, monkeypatch, uninterrupted, cut, process):
+    """The enclaves' sealed state (stage model, session keys, channel counters) is in the
+    checkpoint and opens again in a later process on the same platform; every draw derives
+    from the seed, so the resumed run is the uninterrupted one (timings aside)."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from fedge.experiment.run import resume_experiment
+
+    _cut_after(_cfg(**_RESUME), tmp_path / "cut", cut, monkeypatch)
+    assert len(_deterministic(tmp_path / "cut")) == cut
+    if process == "new":
+        done = subprocess.run([sys.executable, "-m", "fedge", "run", "--resume", str(tmp_path / "cut")],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    else:
+        resume_experiment(tmp_path / "cut", render=False)
+    assert _deterministic(tmp_path / "cut") == _deterministic(uninterrupted)
+    assert [ln["stage"] for ln in _deterministic(uninterrupted)] == [0, 0, 1, 1, 2]
+    a, b = load_file(str(tmp_path / "cut" / "model.safetensors")), load_file(str(uninterrupted / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _tree(path):
+    return {p.relative_to(path): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_resume_on_another_platform_is_refused_by_name_and_changes_nothing(tmp_path, monkeypatch):
+    from fedge.core.errors import ResumeError
+    from fedge.experiment.run import resume_experiment
+    from fedge.privacy.tee import platform_id
+
+    _cut_after(_cfg(**_RESUME), tmp_path / "cut", 3, monkeypatch)
+    before, here = _tree(tmp_path / "cut"), platform_id()
+    monkeypatch.setenv("FEDGE_TEE_PLATFORM", str(tmp_path / "other-machine"))
+    assert platform_id() != here  # a fresh platform: other fuses
+    with pytest.raises(ResumeError, match=f"sealed on TEE platform {here}.*Resume it where it ran"):
+        resume_experiment(tmp_path / "cut", render=False)
+    assert _tree(tmp_path / "cut") == before
+
+
+def test_finished_run_cannot_be_extended_and_is_left_as_it_was(tmp_path):
+    from fedge.core.errors import ResumeError
+    from fedge.experiment.run import resume_experiment, run_experiment
+
+    out = run_experiment(load_config(_cfg(rounds=2)), out=tmp_path / "r", render=False)
+    before = _tree(out)
+    with pytest.raises(ResumeError, match="finished ppfl run cannot be extended.*rounds=4"):
+        resume_experiment(out, rounds=4, render=False)
+    assert _tree(out) == before

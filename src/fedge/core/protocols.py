@@ -144,6 +144,12 @@ class Strategy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         return None
 
+    def check_resume(self, state: dict[str, Any], rounds: int) -> None:
+        """Raise :class:`~fedge.core.errors.ResumeError` if the checkpointed ``state`` (what
+        :meth:`state_dict` returned) cannot go on here to ``rounds`` rounds in all (e.g. state
+        sealed on another machine); called before a resume writes anything. Default: it can."""
+        return None
+
 
 class StrategyWrapper(Strategy):
     """A strategy that adds behaviour around ``inner`` and forwards the rest. The wrapped
@@ -196,6 +202,9 @@ class StrategyWrapper(Strategy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state["inner"])
+
+    def check_resume(self, state: dict[str, Any], rounds: int) -> None:
+        self.inner.check_resume(state["inner"], rounds)
 
 
 @runtime_checkable

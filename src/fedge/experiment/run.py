@@ -499,6 +499,8 @@ def _resume(rundir: RunDir, rounds: int | None, progress: Progress, render: Rend
             f"run {str(rundir.path)!r}: checkpoint is at round {last} but metrics.jsonl has "
             f"{len(lines)} complete rounds; the directory was modified by hand"
         )
+    if state is not None:
+        built.method.strategy.check_resume(state["strategy"], cfg.rounds)
     # -- every check passed: from here on the directory is written
     resolved = resolved_config(built)
     if changes:

@@ -63,7 +63,15 @@ def test_bound_to_client_and_direction():
 
 def test_sealed_storage():
     key = b"k" * 32
-    blob = seal_blob(key, b"state", label=b"x", counter=1)
+    blob = seal_blob(key, b"state", label=b"x")
     assert open_blob(key, blob, label=b"x") == b"state"
     with pytest.raises(SealError):
         open_blob(b"j" * 32, blob, label=b"x")
+    with pytest.raises(SealError, match="failed authentication"):
+        open_blob(key, blob, label=b"y")  # another enclave's storage
+    with pytest.raises(SealError):
+        open_blob(key, blob[:20], label=b"x")
+    # the hardware key outlives runs: every blob is sealed under its own derived key, so the
+    # same state sealed twice never repeats a (key, nonce) pair and the ciphertexts differ
+    again = seal_blob(key, b"state", label=b"x")
+    assert again[:16] != blob[:16] and again[16:] != blob[16:] and open_blob(key, again, label=b"x") == b"state"

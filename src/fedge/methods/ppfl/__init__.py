@@ -54,10 +54,12 @@ served model leaks) but no weights; the stage's layers reach the REE only when t
 ends (Algorithm 1: "save θ_l from TEE as θ_l^0 in REE").
 
 **Simulation limits.** The enclaves run in-process; their plaintext lives only in the party
-objects during a call, and the state the engine keeps between calls is sealed under a
-per-process device key. So a PPFL run cannot be resumed in another process, and clients
-run sequentially (``clients.workers: 0``). A run that ends mid-stage releases that stage's
-layers (not its head) at the last round.
+objects during a call, and the state the engine keeps between calls is sealed under the
+platform's hardware keys (:mod:`fedge.privacy.tee.attest`: simulated fuses kept in a file per
+machine). So an interrupted PPFL run resumes on the machine that ran it (``fedge run --resume``,
+attested sessions and all) and is refused by name elsewhere; clients run sequentially
+(``clients.workers: 0``). A run that ends mid-stage releases that stage's layers (not its
+head) at the last round, so a finished run cannot be extended.
 
 **Transfer** (Sec. 6.4): ``init_from`` (a ``model.safetensors`` or a run directory holding
 one) initialises every layer from a pretrained model; ``freeze_from_init: k`` treats the
@@ -77,13 +79,13 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from fedge.core.context import ClientContext
-from fedge.core.errors import ConfigError, MessageError
+from fedge.core.errors import ConfigError, MessageError, ResumeError
 from fedge.core.messages import Message
 from fedge.core.protocols import Exchange, PartyCall, PartySpec, Round, Strategy
 from fedge.methods.base import MethodBuild, MethodConfigBase, MethodEnv
 from fedge.methods.ppfl.enclaves import ClientEnclave, EnclaveSpec, ServerEnclave, _cv, open_eval_blob
 from fedge.methods.ppfl.stages import Stage, frozen_net, plan_stages, stage_need
-from fedge.privacy.tee import MiB
+from fedge.privacy.tee import MiB, platform_id, platform_path
 
 __all__ = ["PpflConfig", "PpflStrategy", "PpflClient", "PpflTeeConfig", "build"]
 
@@ -173,7 +175,6 @@ class PpflStrategy(Strategy):
         self.eval_blob: bytes | None = None
         self.budgets: dict[int, int] = {}
         self._checked = False  # the no-fit check over every stage has run
-        self.history: list[dict[str, Any]] = []
 
     # -- selection ---------------------------------------------------------------
     def min_batch(self) -> int:
@@ -225,7 +226,6 @@ class PpflStrategy(Strategy):
         if self.advance:  # the stage ended last round (the stage number already moved on, for sampling)
             yield from self._release(self.stage - 1)
         self._rnd = rnd
-        ",".join(map(str, client_ids))
         new = [c for c in client_ids if c not in self.attested and c not in self.refused]
         if new:
             hello = yield PartyCall("server_tee", Message(config={"op": "hello", "ids": ",".join(map(str, new))}))
@@ -342,12 +342,44 @@ class PpflStrategy(Strategy):
         return _EnclaveEval(frozen_net(self.model, self.stages, st.index), self.eval_blob, self.spec, st.index, self.released)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "rounds_in_stage": self.rounds_in_stage, "best": self.best, "bad": self.bad,
-                "advance": self.advance, "released": dict(self.released)}  # fmt: skip
+        """Everything the REE keeps between rounds; the stage model and the session keys are
+        not here but in the enclaves' sealed party states, which the engine checkpoints."""
+        return {"platform": platform_id(), "rnd": self._rnd, "rounds": self.rounds, "stage": self.stage,
+                "rounds_in_stage": self.rounds_in_stage, "best": self.best, "bad": self.bad, "advance": self.advance,
+                "released": dict(self.released), "client_has": dict(self.client_has), "attested": sorted(self.attested),
+                "refused": sorted(self.refused), "eval_blob": self.eval_blob, "budgets": dict(self.budgets),
+                "checked": self._checked}  # fmt: skip
+
+    def check_resume(self, state: dict[str, Any], rounds: int) -> None:
+        """The enclaves' sealed state opens only on the platform that sealed it (see
+        :mod:`fedge.privacy.tee.attest`): another platform is refused by name. A finished run
+        cannot be extended: at its last round the server enclave released the stage's layers
+        to the REE and dropped the stage's head."""
+        if "platform" not in state:
+            raise ResumeError("this ppfl run was checkpointed by a fedge that could not resume ppfl runs; start it again")
+        here = platform_id()
+        if state["platform"] != here:
+            raise ResumeError(
+                f"this ppfl run's enclave state was sealed on TEE platform {state['platform']}, and this machine is "
+                f"platform {here} ({str(platform_path())!r}): sealed storage opens only where it was sealed. Resume "
+                "it where it ran (with the same $FEDGE_TEE_PLATFORM file), or start it again"
+            )
+        if rounds > state["rounds"] and state["rnd"] >= state["rounds"]:
+            raise ResumeError(
+                f"a finished ppfl run cannot be extended: at its last round ({state['rnd']}) the server enclave "
+                f"released stage {state['stage']}'s layers to the REE and dropped its head; start a run with "
+                f"rounds={rounds} instead"
+            )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        raise ConfigError("a ppfl run cannot be resumed: its enclaves' sealed state is bound to the process that "
-                          "ran them (simulated device keys); start the run again")  # fmt: skip
+        self.check_resume(state, self.rounds)
+        self._rnd, self.stage, self.rounds_in_stage = state["rnd"], state["stage"], state["rounds_in_stage"]
+        self.best, self.bad, self.advance = state["best"], state["bad"], state["advance"]
+        self.released = dict(state["released"])
+        self._load_released()
+        self.client_has, self.budgets = dict(state["client_has"]), dict(state["budgets"])
+        self.attested, self.refused = set(state["attested"]), set(state["refused"])
+        self.eval_blob, self._checked = state["eval_blob"], state["checked"]
 
 
 class PpflClient:

@@ -118,9 +118,8 @@ def _load_sealed(ctx: PartyContext, label: bytes) -> Message:
 
 
 def _store_sealed(ctx: PartyContext, label: bytes, msg: Message) -> None:
-    ctr = int(ctx.state.get("storage_ctr", 0)) + 1
     ctx.state.clear()
-    ctx.state.update(sealed=seal_blob(hardware_key(label.decode()), msg.to_bytes(), label=label, counter=ctr), storage_ctr=ctr)
+    ctx.state["sealed"] = seal_blob(hardware_key(label.decode()), msg.to_bytes(), label=label)
 
 
 def open_eval_blob(blob: bytes) -> dict[str, torch.Tensor]:
@@ -320,9 +319,7 @@ class ServerEnclave:
             if weight > 0:
                 for k, v in total.items():
                     model[k] = (v / weight).to(model[k].dtype) if v.is_floating_point() else v
-            ctr = int(conf.get("eval_ctr", 0)) + 1
-            conf["eval_ctr"] = ctr
-            blob = seal_blob(hardware_key("server"), _pack(model), label=b"eval", counter=ctr)
+            blob = seal_blob(hardware_key("server"), _pack(model), label=b"eval")
             return Message(config={"rejected": _str(rejected), "eval": blob}, metrics={"server_tee_peak": mem.peak})
         if op == "release":
             stage = _cv(c, "stage", int)

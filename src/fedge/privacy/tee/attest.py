@@ -6,11 +6,20 @@ with an Ed25519 attestation key, as a vendor-provisioned device key would; the v
 checks the signature against the vendor's public key and compares the measurement with the
 one it expects, refusing anything else (:class:`AttestationError`).
 
-Simulation: the attestation key stands for a key burned into the device by its vendor. It
-lives in this module's :data:`_FUSES` (one per process), never in an object the REE
-holds, and is created from OS randomness, so no one who knows the run seed can forge a
-report. A consequence: a run's enclaves cannot be re-attested in another process (no resume
-across processes mid-run).
+**The platform** (simulated fuses). A real TEE derives its sealing keys from a secret fused
+into the CPU, so what an enclave sealed can be opened again by the same enclave on the same
+machine after a restart, and nowhere else. Here the fuses are a file of OS randomness (a
+32-byte root secret and the Ed25519 attestation key's seed), created on first use with mode
+0600 at ``$FEDGE_TEE_PLATFORM``, else ``$XDG_STATE_HOME/fedge/tee-platform`` (default
+``~/.local/state/fedge/tee-platform``). So a PPFL run can be resumed by a later process on
+the same machine (the same file), and its sealed state opens nowhere else; no one who knows
+the run seed can forge a report or open sealed storage. :func:`platform_id` names the
+platform (a hash of its public attestation key) so a resume on another platform is refused
+by name. If the file cannot be created (a read-only home), the platform lives in this
+process only, with a warning: runs still work but cannot be resumed.
+
+The file stands for hardware the REE cannot read; in this simulation the REE is the same
+user and could. The isolation here is by convention (see :mod:`fedge.privacy.tee`).
 """
 
 from __future__ import annotations
@@ -19,41 +28,121 @@ import hashlib
 import inspect
 import json
 import os
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from fedge.core.errors import FedgeError
 
-__all__ = ["AttestationError", "Report", "hardware_key", "measure", "sign_report", "verify_report", "vendor_public_key"]
+__all__ = [
+    "AttestationError", "Report", "hardware_key", "measure", "platform_id", "platform_path", "sign_report",
+    "verify_report", "vendor_public_key",
+]  # fmt: skip
 
-_FUSES: dict[str, Any] = {}
+_MAGIC = b"fedge-tee-platform-v1\n"
+_SIZE = len(_MAGIC) + 64
+
+
+@dataclass(frozen=True)
+class _Platform:
+    root: bytes  # the fused root secret: sealing keys derive from it
+    vendor: Ed25519PrivateKey  # the provisioned attestation key
+
+
+_PLATFORMS: dict[str, _Platform] = {}  # by file path ("" for a process-only platform)
 
 
 class AttestationError(FedgeError, PermissionError):
     """An attestation report was refused (bad signature or unexpected measurement)."""
 
 
+def platform_path() -> Path:
+    """Where this machine's simulated fuses live (see the module docstring)."""
+    env = os.environ.get("FEDGE_TEE_PLATFORM")
+    if env:
+        return Path(env).expanduser()
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "fedge" / "tee-platform"
+
+
+def _read_platform(path: Path) -> _Platform:
+    data = path.read_bytes()
+    if len(data) != _SIZE or not data.startswith(_MAGIC):
+        raise AttestationError(
+            f"{str(path)!r} is not a fedge TEE platform file ({len(data)} bytes; expected {_SIZE} starting "
+            f"{_MAGIC[:-1].decode()!r}); point $FEDGE_TEE_PLATFORM elsewhere, or delete it (runs sealed under it "
+            "can then no longer be resumed)"
+        )
+    body = data[len(_MAGIC) :]
+    return _Platform(body[:32], Ed25519PrivateKey.from_private_bytes(body[32:]))
+
+
+def _create_platform(path: Path) -> _Platform:
+    """Write fresh fuses to ``path`` (0600, atomically: a concurrent creator's file wins)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_MAGIC + os.urandom(32) + os.urandom(32))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)  # fails if another process created it first
+        except FileExistsError:
+            pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return _read_platform(path)
+
+
+def _platform() -> _Platform:
+    path = platform_path()
+    key = str(path)
+    if key in _PLATFORMS:
+        return _PLATFORMS[key]
+    try:
+        plat = _read_platform(path) if path.exists() else _create_platform(path)
+    except AttestationError:  # a file that is not a platform: never replaced silently
+        raise
+    except OSError as e:
+        warnings.warn(
+            f"cannot keep the simulated TEE platform at {key!r} ({e.strerror or e}); using one that lives in "
+            "this process only, so PPFL runs started now cannot be resumed by another process. Set "
+            "$FEDGE_TEE_PLATFORM to a writable file to keep it",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        plat = _PLATFORMS.setdefault("", _Platform(os.urandom(32), Ed25519PrivateKey.generate()))
+    _PLATFORMS[key] = plat
+    return plat
+
+
 def _vendor_key() -> Ed25519PrivateKey:
-    if "vendor" not in _FUSES:
-        _FUSES["vendor"] = Ed25519PrivateKey.generate()
-    return _FUSES["vendor"]
+    return _platform().vendor
 
 
 def vendor_public_key() -> bytes:
     return _vendor_key().public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
+def platform_id() -> str:
+    """A public name of this platform: the first 16 hex digits of SHA-256 of its attestation key."""
+    return hashlib.sha256(b"fedge/tee/platform" + vendor_public_key()).hexdigest()[:16]
+
+
 def hardware_key(label: str) -> bytes:
-    """A 32-byte device-unique sealing key (simulated fuses; OS randomness, once per process)."""
-    k = "huk/" + label
-    if k not in _FUSES:
-        _FUSES[k] = os.urandom(32)
-    return _FUSES[k]
+    """A 32-byte sealing key unique to this platform and ``label`` (HKDF-SHA256 of the fused
+    root secret; the same in every process on this platform)."""
+    info = b"fedge/tee/v1/huk/" + label.encode()
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(_platform().root)
 
 
 def measure(modules: list[ModuleType], config: dict[str, Any]) -> bytes:

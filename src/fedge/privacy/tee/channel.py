@@ -16,6 +16,7 @@ or reordered message is rejected (:class:`SealError`) even though its tag is val
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 
@@ -91,15 +92,29 @@ class SealedChannel:
         return plain
 
 
-def seal_blob(key: bytes, plaintext: bytes, *, label: bytes, counter: int) -> bytes:
-    """Seal an enclave's own state for storage outside it (sealed storage, key = hardware key)."""
-    nonce = _NONCE.pack(0, counter)
-    return nonce + AESGCM(key).encrypt(nonce, plaintext, b"fedge/tee/v1/storage" + label)
+def seal_blob(key: bytes, plaintext: bytes, *, label: bytes) -> bytes:
+    """Seal an enclave's own state for storage outside it (sealed storage; ``key`` is a
+    hardware key). As SGX's sealing does, each blob gets a fresh random 16-byte key id and is
+    encrypted under HKDF(key, salt = key id, info = label): the hardware key outlives runs and
+    processes, so counter nonces under it would repeat; a key used once needs no nonce care.
+    Layout: ``key id (16) ‖ AES-GCM ciphertext and tag`` (nonce all zero)."""
+    key_id = os.urandom(16)
+    return key_id + AESGCM(_storage_key(key, key_id, label)).encrypt(_ZERO_NONCE, plaintext, _STORAGE_AD + label)
 
 
 def open_blob(key: bytes, blob: bytes, *, label: bytes) -> bytes:
     try:
-        return AESGCM(key).decrypt(blob[:12], blob[12:], b"fedge/tee/v1/storage" + label)
+        if len(blob) < 16 + 16:
+            raise InvalidTag
+        return AESGCM(_storage_key(key, blob[:16], label)).decrypt(_ZERO_NONCE, blob[16:], _STORAGE_AD + label)
     except InvalidTag as e:
-        raise SealError(f"sealed enclave storage {label!r} failed authentication: modified, or sealed by "
-                        "another device or process (an enclave's storage cannot be resumed elsewhere)") from e
+        raise SealError(f"sealed enclave storage {label!r} failed authentication: modified, or sealed on another "
+                        "platform (a TEE's sealed storage opens only where it was sealed)") from e
+
+
+_STORAGE_AD = b"fedge/tee/v1/storage"
+_ZERO_NONCE = bytes(12)
+
+
+def _storage_key(key: bytes, key_id: bytes, label: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=key_id, info=_STORAGE_AD + label).derive(key)
