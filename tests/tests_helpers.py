@@ -11,6 +11,32 @@ from types import ModuleType
 WALL_KEYS = {"wall_s", "client_wall_s"}
 
 
+class Interrupt(Exception):
+    """The crash :func:`run_cut_after` simulates."""
+
+
+def run_cut_after(cfg: dict, out: Path, cut_round: int, monkeypatch) -> None:
+    """Run ``cfg`` into ``out`` and crash it right after round ``cut_round``'s checkpoint
+    (as a kill between rounds would leave it)."""
+    import pytest
+
+    import fedge.experiment.rundir as rd
+    from fedge.core.config import load_config
+    from fedge.experiment.run import run_experiment
+
+    original = rd.RunDir.save_checkpoint
+
+    def crash_after_the_cut(self, state):
+        original(self, state)
+        if state["record"]["round"] == cut_round:
+            raise Interrupt
+
+    monkeypatch.setattr(rd.RunDir, "save_checkpoint", crash_after_the_cut)
+    with pytest.raises(Interrupt):
+        run_experiment(load_config(cfg), out=out, render=False)
+    monkeypatch.setattr(rd.RunDir, "save_checkpoint", original)
+
+
 def metrics_without_wall(run_dir: str | Path) -> list[dict]:
     """metrics.jsonl of a run, minus wall-clock fields (which legitimately differ)."""
     lines = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]

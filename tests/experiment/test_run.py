@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, DataNotFoundError, ResumeError, UnknownNameError
 from fedge.experiment.run import resume_experiment, run_experiment
-from tests_helpers import metrics_without_wall
+from tests_helpers import metrics_without_wall, run_cut_after
 
 
 def test_run_writes_a_complete_directory(tmp_path, tiny):
@@ -39,31 +39,10 @@ def test_same_seed_same_metrics(tmp_path, tiny):
     assert metrics_without_wall(a) != metrics_without_wall(c)
 
 
-class Interrupt(Exception):
-    pass
-
-
-def _run_cut_after(cfg, out, cut_round, monkeypatch) -> None:
-    """Run ``cfg`` into ``out`` and crash it right after round ``cut_round``'s checkpoint."""
-    import fedge.experiment.rundir as rd
-
-    original = rd.RunDir.save_checkpoint
-
-    def crash_after_the_cut(self, state):
-        original(self, state)
-        if state["record"]["round"] == cut_round:
-            raise Interrupt
-
-    monkeypatch.setattr(rd.RunDir, "save_checkpoint", crash_after_the_cut)
-    with pytest.raises(Interrupt):
-        run_experiment(load_config(cfg), out=out, render=False)
-    monkeypatch.setattr(rd.RunDir, "save_checkpoint", original)
-
-
 def test_interrupted_run_resumes_to_identical_metrics(tmp_path, tiny, monkeypatch):
     cfg = tiny(rounds=6, **{"clients.num": 6, "clients.per_round": 3})
     full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False)
-    _run_cut_after(cfg, tmp_path / "cut", 3, monkeypatch)
+    run_cut_after(cfg, tmp_path / "cut", 3, monkeypatch)
     assert not (tmp_path / "cut" / "summary.json").exists()
     # a torn line from a kill mid-write must not matter
     with open(tmp_path / "cut" / "metrics.jsonl", "a") as f:
@@ -269,7 +248,7 @@ def test_persistent_client_optimizer_state_resumes_to_identical_metrics(tmp_path
     opt = {"method.client_optimizer": {"name": "adam", "lr": 0.01, "state": "persistent"}}
     cfg = tiny(rounds=4, **{"clients.num": 6, "clients.per_round": 3}, **opt)
     full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False)
-    _run_cut_after(cfg, tmp_path / "cut", 2, monkeypatch)
+    run_cut_after(cfg, tmp_path / "cut", 2, monkeypatch)
     resume_experiment(tmp_path / "cut", render=False)
     assert metrics_without_wall(tmp_path / "cut") == metrics_without_wall(full)
     fresh = tiny(rounds=4, **{"clients.num": 6, "clients.per_round": 3},

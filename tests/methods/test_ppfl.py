@@ -17,6 +17,7 @@ from fedge.experiment.build import build_run
 from fedge.methods.ppfl.enclaves import ClientEnclave, EnclaveSpec, open_eval_blob
 from fedge.privacy.tee import MiB
 from tests.conftest import tiny_config
+from tests_helpers import metrics_without_wall, run_cut_after
 
 
 def _cfg(**over):
@@ -319,30 +320,7 @@ _RESUME = {"rounds": 5, "method.rounds_per_stage": 2, "clients.per_round": 3, "e
 
 def _deterministic(run_dir):
     """metrics.jsonl without any timing (``*_s``, ``wall_s.*``)."""
-    from tests_helpers import metrics_without_wall
-
     return [{k: v for k, v in ln.items() if not (k.endswith("_s") or "wall_s" in k)} for ln in metrics_without_wall(run_dir)]
-
-
-def _cut_after(cfg, out, cut_round, monkeypatch):
-    """Run ``cfg`` into ``out`` and crash it right after round ``cut_round``'s checkpoint."""
-    import fedge.experiment.rundir as rd
-    from fedge.experiment.run import run_experiment
-
-    original = rd.RunDir.save_checkpoint
-
-    class Cut(Exception):
-        pass
-
-    def crash(self, state):
-        original(self, state)
-        if state["record"]["round"] == cut_round:
-            raise Cut
-
-    monkeypatch.setattr(rd.RunDir, "save_checkpoint", crash)
-    with pytest.raises(Cut):
-        run_experiment(load_config(cfg), out=out, render=False)
-    monkeypatch.setattr(rd.RunDir, "save_checkpoint", original)
 
 
 @pytest.fixture(scope="module")
@@ -364,7 +342,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_metrics(tmp_path, monkeypa
 
     from fedge.experiment.run import resume_experiment
 
-    _cut_after(_cfg(**_RESUME), tmp_path / "cut", cut, monkeypatch)
+    run_cut_after(_cfg(**_RESUME), tmp_path / "cut", cut, monkeypatch)
     assert len(_deterministic(tmp_path / "cut")) == cut
     if process == "new":
         done = subprocess.run([sys.executable, "-m", "fedge", "run", "--resume", str(tmp_path / "cut")],
@@ -387,7 +365,7 @@ def test_resume_on_another_platform_is_refused_by_name_and_changes_nothing(tmp_p
     from fedge.experiment.run import resume_experiment
     from fedge.privacy.tee import platform_id
 
-    _cut_after(_cfg(**_RESUME), tmp_path / "cut", 3, monkeypatch)
+    run_cut_after(_cfg(**_RESUME), tmp_path / "cut", 3, monkeypatch)
     before, here = _tree(tmp_path / "cut"), platform_id()
     monkeypatch.setenv("FEDGE_TEE_PLATFORM", str(tmp_path / "other-machine"))
     assert platform_id() != here  # a fresh platform: other fuses
