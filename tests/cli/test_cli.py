@@ -479,3 +479,23 @@ def test_killed_process_resumes_to_identical_metrics(tmp_path, tiny):
     res = subprocess.run([*fedge, "run", "--resume", str(cut), "-q"], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert metrics_without_wall(cut) == metrics_without_wall(full)
+
+
+def test_partition_of_a_config_before_running_equals_the_runs(tmp_path, tiny):
+    """``fedge partition`` reads a run directory, or a preset/YAML file (with --set) before
+    anything runs: the same shard either way, and --set changes it."""
+    cfg = _write_cfg(tmp_path, tiny, **{"partition": {"name": "dirichlet", "alpha": 0.3}})
+    run = _finished(tmp_path, tiny, **{"partition": {"name": "dirichlet", "alpha": 0.3}})
+    before = _run("partition", cfg, "--client", 2)
+    assert before.exit_code == 0, before.output
+    shard = json.loads(before.stdout)
+    assert shard == json.loads(_run("partition", run, "--client", 2).stdout)
+    assert sum(shard["label_counts"]) == shard["samples"] > 0
+    other = json.loads(_run("partition", cfg, "--client", 2, "--set", "partition.alpha=100").stdout)
+    assert other != shard and other["client"] == 2
+    _one_error_line(_run("partition", run, "--client", 2, "--set", "seed=1"),
+                    r"--set goes with a preset or YAML file; '.*' is a run directory, whose config.yaml fixes its population")  # fmt: skip
+    (tmp_path / "empty").mkdir()
+    _one_error_line(_run("partition", tmp_path / "empty", "--client", 0),
+                    r"'.*' is not a fedge run directory \(no config.yaml\); give a run directory, a preset or a YAML file")  # fmt: skip
+    _one_error_line(_run("partition", "no-such-preset", "--client", 0), r"unknown preset 'no-such-preset'; .*")

@@ -79,17 +79,28 @@ def compare(
 
 
 def partition(
-    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+    source: Annotated[str, typer.Argument(help="a run directory, a preset name or a YAML config file")],
     client: Annotated[int, typer.Option("--client", help="the client whose shard to show")],
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="with a preset or YAML file: override a config key (--set partition.alpha=0.1)")] = None,
 ) -> None:
-    """One client's shard of a run (sample count, label histogram), also for generated populations."""
+    """One client's shard of a run (sample count, label histogram), also for generated
+    populations; of a preset or config file too, before anything is run."""
     import json
 
     from fedge.core.config import load_config
     from fedge.experiment.build import client_shard
 
     try:
-        cfg = load_config(str(run_dir / "config.yaml"))
+        if Path(source).is_dir():
+            if set_:
+                fail(f"--set goes with a preset or YAML file; {source!r} is a run directory, whose config.yaml "
+                     "fixes its population")  # fmt: skip
+            if not (Path(source) / "config.yaml").is_file():
+                fail(f"{source!r} is not a fedge run directory (no config.yaml); give a run directory, a preset or a YAML file")
+            cfg = load_config(str(Path(source) / "config.yaml"))
+        else:
+            cfg = load_config(source, overrides=list(set_ or []))
         out().print_json(json.dumps(client_shard(cfg, client)))
     except FedgeError as exc:
         fail(exc)
