@@ -86,7 +86,8 @@ def methods(s: dict[str, Any], stages: int) -> dict[str, dict[str, dict[str, Any
             "dra": {"name": "ppfl", "rounds_per_stage": 1, "local_epochs": 1, "batch_size": 1, "min_batch_size": 1,
                     "lr": 0.1, "momentum": 0.0, "tee": tee},
             "mia": {"name": "ppfl", "rounds_per_stage": s["rounds"] // stages, "local_epochs": s["local_epochs"],
-                    "batch_size": s["batch"], "lr": s["lr"], "momentum": 0.9, "tee": tee},
+                    "batch_size": s["batch"], "lr": s["lr"], "momentum": 0.9, "tee": tee,
+                    "keep_last_in_tee": False},  # the released model; the kept case is mia_withheld's
             "pia": {"name": "ppfl", "rounds_per_stage": 1, "local_epochs": 1, "batch_size": 8, "lr": 0.1, "momentum": 0.0,
                     "tee": tee},
         },
@@ -156,25 +157,21 @@ def mia(s: dict[str, Any], method: dict[str, Any]) -> dict[str, Any]:
 def mia_withheld(s: dict[str, Any], method: dict[str, Any]) -> dict[str, Any]:
     """The MIA when the last layer stays in the clients' enclaves (PPFL Sec. 3): the holder of
     the released model gets its feature layers only, trains a classifier of its own atop them on
-    its own data (:func:`~fedge.attacks.completion.complete_classifier`; the test samples not
-    used as non-members, as the shadow models use) and runs the loss-threshold attack on the
-    completed model, against the same members and non-members as :func:`mia`."""
-    from fedge.attacks.completion import complete_classifier  # noqa: PLC0415
-    from fedge.attacks.harness import _mia_split, round_models  # noqa: PLC0415  (the same split as mia())
-    from fedge.attacks.membership import loss_threshold_attack  # noqa: PLC0415
-    from fedge.core.rng import generator  # noqa: PLC0415
+    its own data (the test samples not used as non-members, as the shadow models use) and runs
+    the loss-threshold attack on the completed model, against the same members and non-members
+    as :func:`mia` (:func:`~fedge.attacks.harness.membership_attacks` with ``withheld``, what
+    ``fedge attack --attack mia`` runs on a PPFL run that kept it)."""
+    from fedge.attacks.harness import membership_attacks, round_models  # noqa: PLC0415
 
     t = time.perf_counter()
     cfg = _cfg(s, method, clients=s["clients"], per_client=s["per_client"], test=s["test"], rounds=s["rounds"])
     built = _quiet(lambda: build_run(cfg))
     model = _quiet(lambda: round_models(built, [s["rounds"]]))[s["rounds"]]
-    members, non, rest, _ = _mia_split(built, s["clients"] * s["per_client"], s["seed"])
-    ds = built.dataset
-    done = complete_classifier(model, (ds.x_test[rest], ds.y_test[rest]), generator=generator(s["seed"], "attack", "head"))
-    with torch.no_grad():
-        acc = {k: float((done(x).argmax(-1) == y).double().mean()) for k, (x, y) in (("train", members), ("non", non))}
-    return {"loss": loss_threshold_attack(done, members, non).__dict__, "train_accuracy": acc["train"],
-            "test_accuracy": acc["non"], "aux": len(rest), "seconds": time.perf_counter() - t}  # fmt: skip
+    withheld = tuple(k for k in model.state_dict() if k.startswith("classifier."))
+    r = membership_attacks(built, model, samples=s["clients"] * s["per_client"], seed=s["seed"], withheld=withheld)
+    acc = r["completed"]["accuracy"]
+    return {"loss": r["loss"], "train_accuracy": acc["members"], "test_accuracy": acc["non_members"],
+            "aux": r["completed"]["aux_samples"], "seconds": time.perf_counter() - t}  # fmt: skip
 
 
 def pia(s: dict[str, Any], method: dict[str, Any]) -> dict[str, Any]:
@@ -285,9 +282,10 @@ feature map (pixels of the top-left 18x18), and it also costs 3x the compute.
 - **MIA** (holder of the released model): {s['clients']} clients x {s['per_client']} samples, {s['rounds']} rounds,
   {s['local_epochs']} local epochs, batch {s['batch']}, SGD lr {s['lr']} momentum 0.9. FedAvg trains the whole model
   every round; PPFL trains its {stages} stages (3 conv blocks, then the classifier) {rps} rounds each, the same
-  rounds, epochs, batch and learning rate, and releases every layer at the end (fedge's PPFL has no
-  option to keep the last layer in the client enclaves, which is what the paper credits for its MIA
-  precision ≈ 0.5: here the attack sees the whole released PPFL model; that case is measured below).
+  rounds, epochs, batch and learning rate, and releases every layer at the end
+  (`method.keep_last_in_tee=false`; by default fedge's PPFL keeps the last stage in the enclaves,
+  which is what the paper credits for its MIA precision ≈ 0.5: here the attack sees the whole
+  released PPFL model; the default's case is measured below).
   Members: all {n} training
   samples; non-members: {n} test samples; {s['shadows']} shadow runs of the same method and config
   (another seed, on the attacker's own test samples); offline LiRA from the same shadows.
@@ -303,8 +301,9 @@ feature map (pixels of the top-left 18x18), and it also costs 3x the compute.
 {verdict}
 
 **MIA with the last layer withheld** (what the paper credits for PPFL's MIA precision ≈ 0.5: "PPFL
-can keep the last layer inside the clients TEEs after training"; fedge's PPFL releases it, so this is
-measured on the same trained models with the classifier taken away): the attacker gets the released
+can keep the last layer inside the clients TEEs after training"; fedge's PPFL default,
+`method.keep_last_in_tee`; measured on the same trained models with the classifier taken away, as
+`fedge attack --attack mia` attacks a run that kept it): the attacker gets the released
 conv layers only, trains a classifier of its own atop them on its {_aux(results)} test samples (those not
 used as non-members; Adam, 300 steps, `src/fedge/attacks/completion.py`) and runs the loss-threshold
 attack on the completed model against the same members and non-members:

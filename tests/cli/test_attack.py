@@ -126,3 +126,43 @@ def test_pia_on_an_eppfl_run_attacks_the_released_activations_at_the_edge_server
     assert data["method"] == "eppfl" and data["uploads"] == 6 and data["rounds_observed"] == 1  # 6 devices, round 1
     assert 0 < data["with_property"] < 6 and 0.0 <= data["auc"] <= 1.0 and "edge server" in data["note"]
     assert "property inference AUC" in result.output
+
+
+def test_mia_on_a_ppfl_run_that_kept_its_classifier_attacks_the_attackers_completion(tmp_path: Path) -> None:
+    """The REE holds the conv layers only (PPFL's keep_last_in_tee, the default): the attack
+    completes them with a classifier trained on the attacker's own data, the same figures as
+    completing and attacking by hand; shadow attacks on it are refused by name."""
+    import torch
+    import yaml
+
+    from fedge.attacks.completion import complete_classifier
+    from fedge.attacks.harness import _mia_split
+    from fedge.attacks.membership import loss_threshold_attack
+    from fedge.core.config import load_config
+    from fedge.core.rng import generator
+    from fedge.experiment.build import build_run
+    from fedge.experiment.export import load_trained_model
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(**{"rounds": 3, "clients.num": 2, "clients.per_round": 2, "dataset.limit_train": 64,
+                         "dataset.limit_test": 80, "dataset.shape": [1, 16, 16], "model": {"name": "lenet-ppfl"},
+                         "method": {"name": "ppfl", "rounds_per_stage": 1, "batch_size": 8, "lr": 0.05}})  # fmt: skip
+    (tmp_path / "ppfl.yaml").write_text(yaml.safe_dump(cfg))
+    run = tmp_path / "run"
+    assert runner.invoke(app, ["run", str(tmp_path / "ppfl.yaml"), "--out", str(run), "-q"]).exit_code == 0
+    result = runner.invoke(app, ["attack", str(run), "--attack", "mia", "--samples", "20"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((run / "attacks" / "mia.json").read_text())
+    assert "completed with a classifier the attacker trains" in data["attack"]
+    assert data["completed"]["withheld"] and all(k.startswith("classifier.") for k in data["completed"]["withheld"])
+    built = build_run(load_config(cfg))
+    members, non, rest, _ = _mia_split(built, 20, 0)
+    ds = built.dataset
+    done = complete_classifier(load_trained_model(run, withheld_ok=True).model, (ds.x_test[rest], ds.y_test[rest]),
+                               generator=generator(0, "attack", "head"))  # fmt: skip
+    by_hand = loss_threshold_attack(done, members, non)
+    assert data["auc"] == by_hand.auc and data["completed"]["aux_samples"] == len(rest) == 60
+    with torch.no_grad():
+        assert data["completed"]["accuracy"]["members"] == float((done(members[0]).argmax(-1) == members[1]).double().mean())
+    shadow = runner.invoke(app, ["attack", str(run), "--attack", "mia-shadow", "--shadows", "1", "--samples", "20"])
+    assert shadow.exit_code == 2 and "kept its last layer in the enclaves" in shadow.output

@@ -56,8 +56,8 @@ def test_all_stages_run_and_log_stage_memory_and_eligibility():
         phases = [ln["client_open_s"], ln["client_train_s"], ln["client_upload_s"]]
         assert all(p > 0 for p in phases) and sum(phases) <= ln["client_wall_s"] + ln["wall_s.tee"]
         assert ln["client_upload_s"] >= ln["seal_s"]  # the upload call seals (and packs) the stage model
-    # the REE got every layer when its stage ended; at the end the classifier too
-    assert set(sim.strategy.released) == set(built.model_fn().state_dict())
+    # the REE got every layer when its stage ended, but the classifier stays in the enclaves
+    assert set(sim.strategy.released) == {k for k in built.model_fn().state_dict() if not k.startswith("classifier.")}
 
 
 def _needs(built):
@@ -276,18 +276,53 @@ def test_enclave_refuses_a_batch_over_its_budget(monkeypatch):
         sim.run_round(1)
 
 
-def test_finished_run_saves_the_full_model_usable_as_init_from(tmp_path):
+def test_finished_run_released_in_full_saves_the_model_usable_as_init_from(tmp_path):
     from safetensors.torch import load_file
 
+    from fedge.core.errors import PrivacyWarning
     from fedge.experiment.run import run_experiment
 
-    run_experiment(load_config(_cfg()), out=tmp_path / "r", render=False)
+    with pytest.warns(PrivacyWarning, match="keep_last_in_tee=false.*membership inference"):
+        run_experiment(load_config(_cfg(**{"method.keep_last_in_tee": False})), out=tmp_path / "r", render=False)
     saved = load_file(str(tmp_path / "r" / "model.safetensors"))
     model = _built().model_fn()
     assert set(saved) == set(model.state_dict())
     built = _built(**{"method.init_from": str(tmp_path / "r"), "method.freeze_from_init": 2})
     assert built.method.strategy.stage == 2
     assert torch.equal(built.method.strategy.released["features.conv2.conv.weight"], saved["features.conv2.conv.weight"])
+
+
+def test_last_stage_stays_in_the_enclaves_by_default(tmp_path):
+    """PPFL Sec. 3: the classifier is never released. The REE and model.safetensors get the
+    conv layers only; the final evaluation (an ECALL) equals the released run's, whose training
+    is the same; the completed model cannot be loaded or exported, but a run can be attacked
+    (the attacker's own classifier atop the released layers) and extended."""
+    from safetensors.torch import load_file
+
+    from fedge.experiment.export import WithheldModelError, export_model, load_trained_model
+    from fedge.experiment.run import resume_experiment, run_experiment
+
+    kept = run_experiment(load_config(_cfg()), out=tmp_path / "kept", render=False)
+    with pytest.warns(UserWarning):
+        full = run_experiment(load_config(_cfg(**{"method.keep_last_in_tee": False})), out=tmp_path / "full", render=False)
+    model = _built().model_fn().state_dict()
+    classifier = sorted(k for k in model if k.startswith("classifier."))
+    saved = load_file(str(kept / "model.safetensors"))
+    assert classifier and set(saved) == set(model) - set(classifier)
+    full_saved = load_file(str(full / "model.safetensors"))
+    assert all(torch.equal(saved[k], full_saved[k]) for k in saved)
+    a, b = _deterministic(kept), _deterministic(full)
+    assert [x["test_accuracy"] for x in a] == [x["test_accuracy"] for x in b]
+    assert a[-1]["tee_kept_params"] == sum(model[k].numel() for k in classifier) and "tee_kept_params" not in b[-1]
+    with pytest.raises(WithheldModelError, match=r"kept its last stage \(classifier\..*\) inside the enclaves.*keep_last_in_tee=false"):
+        export_model(kept)
+    with pytest.raises(WithheldModelError):
+        load_trained_model(kept)
+    trained = load_trained_model(kept, withheld_ok=True)
+    assert trained.withheld == tuple(classifier)
+    assert torch.equal(trained.model.state_dict()[classifier[0]], model[classifier[0]])  # the initial value, not the trained
+    resume_experiment(kept, rounds=4, render=False)  # the enclaves still hold the last stage: it trains on
+    assert len(_deterministic(kept)) == 4 and _deterministic(kept)[-1]["stage"] == 2
 
 
 class _Record:
@@ -380,6 +415,6 @@ def test_finished_run_cannot_be_extended_and_is_left_as_it_was(tmp_path):
 
     out = run_experiment(load_config(_cfg(rounds=2)), out=tmp_path / "r", render=False)
     before = _tree(out)
-    with pytest.raises(ResumeError, match="finished ppfl run cannot be extended.*rounds=4"):
+    with pytest.raises(ResumeError, match="this ppfl run cannot be extended.*released stage 1.*rounds=4"):
         resume_experiment(out, rounds=4, render=False)
     assert _tree(out) == before

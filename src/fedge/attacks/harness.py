@@ -600,17 +600,34 @@ def _mia_split(built: BuiltRun, samples: int, seed: int) -> tuple[Any, Any, torc
 
 
 def membership_attacks(built: BuiltRun, model: torch.nn.Module, *, samples: int, shadows: int = 0, seed: int = 0,
-                       progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:  # fmt: skip
+                       progress: Callable[[int, int], None] | None = None,
+                       withheld: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
     """The loss-threshold attack and, with ``shadows`` > 0, Shokri et al.'s shadow-model attack
     and offline LiRA, on ``model``: ``samples`` of the clients' training samples (members) vs
     ``samples`` test samples (non-members); the rest of the test split is the attacker's own
-    data for the shadow models (disjoint from both)."""
+    data for the shadow models (disjoint from both).
+
+    ``withheld``: the model's classifier tensors the attacker does not hold (PPFL's
+    ``keep_last_in_tee``): the attacker completes the model with a classifier of its own,
+    trained atop the released layers on its own data (the same rest of the test split;
+    :func:`~fedge.attacks.completion.complete_classifier`), and the loss-threshold attack runs
+    on the completed model. Shadow attacks are not run on such a model (a ConfigError)."""
     from fedge.attacks.membership import lira_offline, loss_threshold_attack, shadow_attack  # noqa: PLC0415
 
     ds = built.dataset
     m, nm, rest, n_train = _mia_split(built, samples, seed)
-    out: dict[str, Any] = {"method": built.config.method.name, "chance_auc": 0.5,
-                           "loss": loss_threshold_attack(model, m, nm).__dict__}  # fmt: skip
+    out: dict[str, Any] = {"method": built.config.method.name, "chance_auc": 0.5}
+    if withheld:
+        if shadows:
+            raise ConfigError("the run kept its last layer in the enclaves (PPFL's method.keep_last_in_tee): shadow "
+                              "attacks on the attacker's completed model are not built; run --attack mia")  # fmt: skip
+        from fedge.attacks.completion import complete_classifier  # noqa: PLC0415
+
+        model = complete_classifier(model, (ds.x_test[rest], ds.y_test[rest]), generator=generator(seed, "attack", "head"))
+        with torch.no_grad():
+            acc = {k: float((model(x).argmax(-1) == y).double().mean()) for k, (x, y) in (("members", m), ("non_members", nm))}
+        out["completed"] = {"withheld": list(withheld), "aux_samples": len(rest), "accuracy": acc}
+    out["loss"] = loss_threshold_attack(model, m, nm).__dict__
     if shadows:
         sh = shadow_models(built.config, (ds.x_test[rest], ds.y_test[rest]), train_size=n_train, shadows=shadows,
                            seed=seed, progress=progress)  # fmt: skip

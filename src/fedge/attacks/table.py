@@ -109,7 +109,10 @@ ROWS: tuple[Row, ...] = (
         {"name": "fedavg", "local_epochs": 1, "batch_size": 1, "client_optimizer": _SGD}, model="lenet-ppfl",
         pia_method={"name": "fedavg", "local_epochs": 1, "batch_size": 8, "client_optimizer": _SGD}),
     Row("ppfl, lenet-ppfl, 1 local epoch, batch 1 (sealed uploads)",
-        {"name": "ppfl", "rounds_per_stage": 1, "local_epochs": 1, "batch_size": 1, "min_batch_size": 1},
+        # the MIA attacks the released model: every layer released (the default keeps the classifier in the
+        # enclaves, measured in the PPFL Table 2 analogue)
+        {"name": "ppfl", "rounds_per_stage": 1, "local_epochs": 1, "batch_size": 1, "min_batch_size": 1,
+         "keep_last_in_tee": False},
         model="lenet-ppfl", skip={"pia": _PPFL_PIA}),
 )  # fmt: skip
 

@@ -139,15 +139,20 @@ def _mia_rounds(raw: dict[str, Any], rounds: list[int], samples: int, seed: int,
 
 
 def _mia(run_dir: Path, raw: dict[str, Any], samples: int, seed: int, shadows: int) -> dict[str, Any]:
-    trained = load_trained_model(run_dir)
+    trained = load_trained_model(run_dir, withheld_ok=True)
     with one_line_warnings():
         built = build_run(load_config(raw))
     if not shadows:
-        r = membership_attacks(built, trained.model, samples=samples, seed=seed)
-        return {"attack": "loss-threshold (Yeom et al. 2018)", "method": r["method"], "chance_auc": 0.5, **r["loss"]}
+        r = membership_attacks(built, trained.model, samples=samples, seed=seed, withheld=trained.withheld)
+        what = "loss-threshold (Yeom et al. 2018)"
+        if trained.withheld:
+            what += (", on the released layers completed with a classifier the attacker trains on its own data "
+                     "(the run kept its last layer in the enclaves)")  # fmt: skip
+        extra = {"completed": r["completed"]} if "completed" in r else {}
+        return {"attack": what, "method": r["method"], "chance_auc": 0.5, **r["loss"], **extra}
     with Progress(transient=True) as bar, one_line_warnings():
         task = bar.add_task(f"training {shadows} shadow models ({built.config.rounds} rounds each)", total=shadows)
-        result = membership_attacks(built, trained.model, samples=samples, shadows=shadows, seed=seed,
+        result = membership_attacks(built, trained.model, samples=samples, shadows=shadows, seed=seed, withheld=trained.withheld,
                                     progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
     return {"attack": "loss threshold (Yeom et al. 2018), shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022)",
             **result}  # fmt: skip

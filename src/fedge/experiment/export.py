@@ -30,7 +30,7 @@ from fedge.core.errors import ConfigError, ResumeError
 from fedge.experiment.build import BuiltRun, build_run
 from fedge.experiment.rundir import RunDir
 
-__all__ = ["ExportResult", "TrainedModel", "export_model", "load_trained_model"]
+__all__ = ["ExportResult", "TrainedModel", "WithheldModelError", "export_model", "load_trained_model"]
 
 Format = Literal["torchscript", "onnx"]
 
@@ -45,6 +45,7 @@ class TrainedModel:
     classes: tuple[str, ...]
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    withheld: tuple[str, ...] = ()  # tensors kept in PPFL's enclaves (``withheld_ok``): at their initial values here
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -83,14 +84,51 @@ def _find_masks(obj: Any, depth: int = 0, seen: set[int] | None = None) -> dict[
     return {}
 
 
-def load_trained_model(run_dir: str | Path) -> TrainedModel:
+class WithheldModelError(ResumeError):
+    """The run's last stage stayed inside PPFL's enclaves (``method.keep_last_in_tee``): no
+    complete model exists outside them. ``kept`` names the tensors."""
+
+    def __init__(self, message: str, *, kept: list[str]) -> None:
+        super().__init__(message)
+        self.kept = kept
+
+
+def _kept_in_tee(built: BuiltRun, model: torch.nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
+    """The tensors a PPFL run kept in its enclaves: in the model, absent from the file, and all
+    of the last stage (a run that ended before its last stage released everything)."""
+    if not getattr(built.method_config, "keep_last_in_tee", False):
+        return []
+    names = set(model.state_dict())
+    absent = sorted(names - set(state))
+    stages = getattr(built.method.strategy, "stages", None)  # PPFL's stage plan
+    if not stages:
+        return []
+    prefixes = stages[-1].prefixes
+    if not absent or set(state) - names or not all(any(k.startswith(p + ".") for p in prefixes) for k in absent):
+        return []
+    return absent
+
+
+def _names(keys: list[str]) -> str:
+    """``classifier.0.weight, classifier.0.bias`` -> ``classifier.0``."""
+    return ", ".join(sorted({k.rsplit(".", 1)[0] for k in keys}))
+
+
+def load_trained_model(run_dir: str | Path, *, withheld_ok: bool = False) -> TrainedModel:
     """The final model of a complete run (``model.safetensors``), masks applied, in eval mode.
 
     The architecture is rebuilt from the run's ``config.yaml`` (which also reloads the data,
     for its shape and normalization statistics, and the method, for a pruned model's masks).
 
+    Args:
+        withheld_ok: for a PPFL run that kept its last stage in the enclaves, load the layers it
+            released and leave the kept ones at their initial values, named in
+            :attr:`TrainedModel.withheld` (what an attacker holding the released layers starts
+            from); without it such a run is a :class:`WithheldModelError`.
+
     Raises:
         ResumeError: not a run directory, or the run has not finished (no model yet).
+        WithheldModelError: the run kept its last stage in the enclaves (see ``withheld_ok``).
     """
     rundir = RunDir(run_dir)
     raw = rundir.read_config()
@@ -104,10 +142,18 @@ def load_trained_model(run_dir: str | Path) -> TrainedModel:
     model = built.model_fn()
     state = load_file(str(weights))
     missing = sorted(set(model.state_dict()) ^ set(state))
-    if missing:
+    kept = _kept_in_tee(built, model, state)
+    if kept and not withheld_ok:
+        raise WithheldModelError(
+            f"run {str(rundir.path)!r} kept its last stage ({_names(kept)}) inside the enclaves "
+            "(method.keep_last_in_tee, PPFL's defence against membership inference): model.safetensors holds only "
+            "the layers before it, so there is no complete model to load or export; train with --set "
+            "method.keep_last_in_tee=false to release it", kept=kept,
+        )  # fmt: skip
+    if missing and not kept:
         raise ResumeError(f"{str(weights)!r} does not match the run's model "
                           f"{raw.get('model', {}).get('name')!r} (keys {missing[:3]} differ)")
-    model.load_state_dict(state)
+    model.load_state_dict(state, strict=not kept)
     sim = built.simulation()
     checkpoint = rundir.load_checkpoint()
     if checkpoint is not None:
@@ -120,7 +166,7 @@ def load_trained_model(run_dir: str | Path) -> TrainedModel:
     model.eval()
     ds = built.dataset
     return TrainedModel(model, masks, tuple(ds.input_shape), tuple(ds.classes), tuple(ds.mean),
-                        tuple(ds.std))
+                        tuple(ds.std), tuple(kept))
 
 
 def _export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path,

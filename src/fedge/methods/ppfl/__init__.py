@@ -59,7 +59,21 @@ platform's hardware keys (:mod:`fedge.privacy.tee.attest`: simulated fuses kept 
 machine). So an interrupted PPFL run resumes on the machine that ran it (``fedge run --resume``,
 attested sessions and all) and is refused by name elsewhere; clients run sequentially
 (``clients.workers: 0``). A run that ends mid-stage releases that stage's layers (not its
-head) at the last round, so a finished run cannot be extended.
+head) at the last round, so it cannot be extended; one whose last stage stayed in the
+enclaves can.
+
+**The last layer stays in the enclaves** (Sec. 3, "Privacy-by-design Guarantee": "PPFL can
+keep the last layer inside the clients TEEs after training", which the paper credits for its
+MIA precision of ~0.5 in Table 2). With ``keep_last_in_tee`` (the default) the last stage —
+the classifier atop the convs, trained as one stage, so for a classifier of several FC layers
+all of them: the paper's "last layer" is one layer, but releasing the FC layers trained jointly
+with it would hand the REE all but one matrix of the same stage — is never released: the run's
+``model.safetensors`` holds the layers before it, the final evaluation is an ECALL into the
+server enclave, and the last round logs ``tee_kept_params``. ``fedge export`` and
+:func:`~fedge.experiment.export.load_trained_model` refuse such a run by name (there is no complete model
+outside the enclaves); ``fedge attack --attack mia`` attacks what a holder of the released
+layers can build: a classifier of its own atop them. ``keep_last_in_tee: false`` releases
+everything, with a :class:`~fedge.core.errors.PrivacyWarning`.
 
 **Transfer** (Sec. 6.4): ``init_from`` (a ``model.safetensors`` or a run directory holding
 one) initialises every layer from a pretrained model; ``freeze_from_init: k`` treats the
@@ -69,6 +83,7 @@ first k stages as already trained (released, frozen) and starts at stage k.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
@@ -79,7 +94,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from fedge.core.context import ClientContext
-from fedge.core.errors import ConfigError, MessageError, ResumeError
+from fedge.core.errors import ConfigError, MessageError, PrivacyWarning, ResumeError
 from fedge.core.messages import Message
 from fedge.core.protocols import Exchange, PartyCall, PartySpec, Round, Strategy
 from fedge.methods.base import MethodBuild, MethodConfigBase, MethodEnv
@@ -108,6 +123,9 @@ class PpflConfig(MethodConfigBase):
     momentum: float = Field(0.9, ge=0, lt=1)
     tee: PpflTeeConfig = PpflTeeConfig()
     on_bad_upload: Literal["drop", "abort"] = "drop"
+    keep_last_in_tee: bool = Field(True, description="when training ends, keep the last stage (the classifier) inside the "
+                                   "enclaves: the REE and model.safetensors get only the layers before it (Sec. 3, "
+                                   "PPFL's defence against membership inference)")
     init_from: str | None = Field(None, description="pretrained model.safetensors, or a run directory holding one")
     freeze_from_init: int = Field(0, ge=0, description="stages taken as trained from init_from")
 
@@ -175,6 +193,7 @@ class PpflStrategy(Strategy):
         self.eval_blob: bytes | None = None
         self.budgets: dict[int, int] = {}
         self._checked = False  # the no-fit check over every stage has run
+        self.final_release = 0  # the round whose end released the stage in training (0: none yet)
 
     # -- selection ---------------------------------------------------------------
     def min_batch(self) -> int:
@@ -291,9 +310,21 @@ class PpflStrategy(Strategy):
             client_upload_s=sum(m["upload_s"] for m in r),
             train_loss=sum(m["loss"] * m["samples"] for m in r) / max(1, sum(m["samples"] for m in r)),
         )
-        if rnd == self.rounds:  # the run ends: the REE gets this stage's layers
-            yield from self._release(stage, final=True)
+        if rnd == self.rounds:  # the run ends: the REE gets this stage's layers (the last one only if not kept)
+            if self.keeps(stage):
+                metrics["tee_kept_params"] = sum(v.numel() for k, v in self.model.state_dict().items() if self._in_stage(k, stage))
+            else:
+                yield from self._release(stage, final=True)
+                self.final_release = rnd
         return metrics
+
+    def keeps(self, stage: int) -> bool:
+        """Whether ``stage``'s layers stay in the enclaves at the run's end (the last stage,
+        under ``method.keep_last_in_tee``)."""
+        return self.cfg.keep_last_in_tee and stage == len(self.stages) - 1
+
+    def _in_stage(self, key: str, stage: int) -> bool:
+        return any(key.startswith(p + ".") for p in self.stages[stage].prefixes)
 
     def stage_start_units(self) -> int:
         return self.stage
@@ -348,13 +379,13 @@ class PpflStrategy(Strategy):
                 "rounds_in_stage": self.rounds_in_stage, "best": self.best, "bad": self.bad, "advance": self.advance,
                 "released": dict(self.released), "client_has": dict(self.client_has), "attested": sorted(self.attested),
                 "refused": sorted(self.refused), "eval_blob": self.eval_blob, "budgets": dict(self.budgets),
-                "checked": self._checked}  # fmt: skip
+                "checked": self._checked, "final_release": self.final_release}  # fmt: skip
 
     def check_resume(self, state: dict[str, Any], rounds: int) -> None:
         """The enclaves' sealed state opens only on the platform that sealed it (see
         :mod:`fedge.privacy.tee.attest`): another platform is refused by name. A finished run
-        cannot be extended: at its last round the server enclave released the stage's layers
-        to the REE and dropped the stage's head."""
+        whose last round released the stage in training cannot be extended (the server enclave
+        let go of it); one whose last stage stayed in the enclaves (``keep_last_in_tee``) can."""
         if "platform" not in state:
             raise ResumeError("this ppfl run was checkpointed by a fedge that could not resume ppfl runs; start it again")
         here = platform_id()
@@ -364,22 +395,26 @@ class PpflStrategy(Strategy):
                 f"platform {here} ({str(platform_path())!r}): sealed storage opens only where it was sealed. Resume "
                 "it where it ran (with the same $FEDGE_TEE_PLATFORM file), or start it again"
             )
-        if rounds > state["rounds"] and state["rnd"] >= state["rounds"]:
+        if rounds > state["rounds"] and state["final_release"]:
             raise ResumeError(
-                f"a finished ppfl run cannot be extended: at its last round ({state['rnd']}) the server enclave "
-                f"released stage {state['stage']}'s layers to the REE and dropped its head; start a run with "
+                f"this ppfl run cannot be extended: at its last round ({state['final_release']}) the server enclave "
+                f"released stage {state['stage']}'s layers to the REE and dropped the stage's model; start a run with "
                 f"rounds={rounds} instead"
             )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.check_resume(state, self.rounds)
-        self._rnd, self.stage, self.rounds_in_stage = state["rnd"], state["stage"], state["rounds_in_stage"]
+        """Restore the REE's state as it was; whether the enclaves' sealed state can go on here
+        is :meth:`check_resume`'s question (a finished run's model loads anywhere, and a
+        checkpoint of an older fedge, which kept less, loads for that)."""
+        self.stage, self.rounds_in_stage = state["stage"], state["rounds_in_stage"]
         self.best, self.bad, self.advance = state["best"], state["bad"], state["advance"]
         self.released = dict(state["released"])
         self._load_released()
-        self.client_has, self.budgets = dict(state["client_has"]), dict(state["budgets"])
-        self.attested, self.refused = set(state["attested"]), set(state["refused"])
-        self.eval_blob, self._checked = state["eval_blob"], state["checked"]
+        self._rnd = state.get("rnd", 0)
+        self.client_has, self.budgets = dict(state.get("client_has", {})), dict(state.get("budgets", {}))
+        self.attested, self.refused = set(state.get("attested", ())), set(state.get("refused", ()))
+        self.eval_blob, self._checked = state.get("eval_blob"), state.get("checked", False)
+        self.final_release = state.get("final_release", 0)
 
 
 class PpflClient:
@@ -457,6 +492,14 @@ def build(cfg: PpflConfig, env: MethodEnv) -> MethodBuild:
     stages = plan_stages(env.model_fn(), tuple(env.input_shape), cfg.block_layers)
     spec = EnclaveSpec(env.model_fn, stages, env.seed, _init_arrays(cfg, env),
                        cfg.model_dump(exclude={"init_from"}), cfg.tee.server_mb)  # fmt: skip
+    if not cfg.keep_last_in_tee:
+        warnings.warn(
+            "method.keep_last_in_tee=false: when training ends the REE and model.safetensors get every layer, the last "
+            "one included, so whoever holds the model can run membership inference on it (PPFL keeps the last layer in "
+            "the client enclaves against exactly this, Sec. 3); keep it unless you are measuring that risk",
+            PrivacyWarning,
+            stacklevel=2,
+        )
     strategy = PpflStrategy(cfg, spec, num_clients=len(env.client_sizes), rounds=env.rounds)
     parties = {
         "tee": PartySpec("tee", partial(ClientEnclave, spec), scope="client"),
