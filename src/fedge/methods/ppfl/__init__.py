@@ -73,7 +73,12 @@ server enclave, and the last round logs ``tee_kept_params``. ``fedge export`` an
 :func:`~fedge.experiment.export.load_trained_model` refuse such a run by name (there is no complete model
 outside the enclaves); ``fedge attack --attack mia`` attacks what a holder of the released
 layers can build: a classifier of its own atop them. ``keep_last_in_tee: false`` releases
-everything, with a :class:`~fedge.core.errors.PrivacyWarning`.
+everything, with a :class:`~fedge.core.errors.PrivacyWarning`. What this does not cover: the
+server's REE computes test accuracy by ECALLs into its enclave, so while it keeps that
+enclave it can query the kept model's logits on inputs of its choice (a black-box oracle;
+``fedge attack --attack mia --rounds`` measures that view, round by round); the paper does
+not say how its server evaluates. The attack on a finished run measures a holder of the
+released layers, with no oracle.
 
 **Transfer** (Sec. 6.4): ``init_from`` (a ``model.safetensors`` or a run directory holding
 one) initialises every layer from a pretrained model; ``freeze_from_init: k`` treats the
