@@ -161,3 +161,23 @@ def test_cli_bad_theta_exits_2(tmp_path):
     assert res.exit_code == 2, res.output
     assert "theta_g" in res.output
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_each_protection_left_off_is_a_privacy_warning_naming_it():
+    import warnings
+
+    from fedge.core.errors import PrivacyWarning
+
+    def warned(**over):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            _built(**over)
+        return [str(w.message) for w in seen if issubclass(w.category, PrivacyWarning)]
+
+    dp = {"epsilon": 5.0, "clip": 100.0}
+    assert warned(**{"method.dp": dp}) == []  # both on, as the preset
+    (no_dp,) = warned()
+    assert no_dp.startswith("method.dp is not set") and "inverted" in no_dp
+    (no_masks,) = warned(**{"method.dp": dp, "method.masks": False})
+    assert no_masks.startswith("method.masks=false") and "in the clear" in no_masks
+    assert len(warned(**{"method.masks": False})) == 2

@@ -53,6 +53,7 @@ which is what any device computes after step ⑨. Nothing it computes travels or
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import Literal
@@ -60,6 +61,7 @@ from typing import Literal
 from pydantic import Field
 from torch import nn
 
+from fedge.core.errors import PrivacyWarning
 from fedge.core.protocols import PartySpec
 from fedge.methods.base import MethodBuild, MethodConfigBase, MethodEnv
 from fedge.methods.eppfl.device import DeviceProgram, float_keys
@@ -99,10 +101,33 @@ def _split(model_fn: Callable[[], nn.Module], cut: str | None) -> Split:
     return split_model(model_fn(), cut)
 
 
+def _warn_unprotected(cfg: EppflConfig) -> None:
+    """A :class:`PrivacyWarning` for each of EPPFL's two protections that is off (its paper
+    relies on both; the preset ``eppfl-fmnist-vgg`` has both on)."""
+    if cfg.dp is None:
+        warnings.warn(
+            "method.dp is not set: each device's edge server receives its cut-layer activations without noise "
+            "(EPPFL releases them under Laplace DP), and activations this close to the input can be inverted to it "
+            "(fedge attack --attack dlg on an EPPFL run measures that); set method.dp (e.g. {epsilon: 5.0, clip: "
+            "100.0}, as configs/eppfl-fmnist-vgg.yaml) unless you are measuring exactly this",
+            PrivacyWarning,
+            stacklevel=3,
+        )
+    if not cfg.masks:
+        warnings.warn(
+            "method.masks=false: the aggregation server sees each device's model half M_c in the clear (EPPFL hides "
+            "it under a third party's additive masks), from which a device's update, and its data, can be attacked; "
+            "keep the masks unless you are measuring exactly this",
+            PrivacyWarning,
+            stacklevel=3,
+        )
+
+
 def build(cfg: EppflConfig, env: MethodEnv) -> MethodBuild:
     """Build EPPFL: the device program, S_a, and the side parties ``edge`` and ``sr``."""
     split_fn = partial(_split, env.model_fn, cfg.cut)
     split = split_fn()  # validates the cut now (ConfigError naming it)
+    _warn_unprotected(cfg)
     length = sum(split.device.state_dict()[split.device_keys[k]].numel() for k in float_keys(split))
     keys = MaskKeys.from_run_seed(env.seed, length, FIXED_POINT)
     strategy = AggregationServer(env.model_fn(), split_fn, cfg, seed=env.seed, num_clients=len(env.client_sizes),
