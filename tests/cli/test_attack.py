@@ -154,6 +154,7 @@ def test_mia_on_a_ppfl_run_that_kept_its_classifier_attacks_the_attackers_comple
     assert result.exit_code == 0, result.output
     data = json.loads((run / "attacks" / "mia.json").read_text())
     assert "completed with a classifier the attacker trains" in data["attack"]
+    assert "kept its last layer in the enclaves: attacking the released layers completed" in result.output
     assert data["completed"]["withheld"] and all(k.startswith("classifier.") for k in data["completed"]["withheld"])
     built = build_run(load_config(cfg))
     members, non, rest, _ = _mia_split(built, 20, 0)

@@ -246,6 +246,11 @@ def attack(
             console.print(f"{name}: median MSE {a['median_mse']:.2e} (PSNR {a['median_psnr_db']:.1f} dB)"
                           + (f", label accuracy {a['label_accuracy']:.2f}" if "label_accuracy" in a else "") + f"  -> {result['images'][name]}")  # fmt: skip
     else:
+        if "completed" in result:
+            c = result["completed"]
+            console.print(f"the run kept its last layer in the enclaves: attacking the released layers completed with a "
+                          f"classifier trained on {c['aux_samples']} samples of the attacker's own (its accuracy: members "
+                          f"{c['accuracy']['members']:.3f}, non-members {c['accuracy']['non_members']:.3f})")  # fmt: skip
         console.print(f"membership AUC {result['auc']:.3f} (chance 0.5), TPR@1%FPR {result['tpr_at_1pct_fpr']:.3f}, "
                       f"precision {result['precision']:.3f} (best {result['best_precision']:.3f})")  # fmt: skip
     console.print(f"wrote {path}")
