@@ -103,8 +103,7 @@ def _kept_in_tee(built: BuiltRun, model: torch.nn.Module, state: dict[str, torch
     stages = getattr(built.method.strategy, "stages", None)  # PPFL's stage plan
     if not stages:
         return []
-    prefixes = stages[-1].prefixes
-    if not absent or set(state) - names or not all(any(k.startswith(p + ".") for p in prefixes) for k in absent):
+    if not absent or set(state) - names or not all(stages[-1].holds(k) for k in absent):
         return []
     return absent
 

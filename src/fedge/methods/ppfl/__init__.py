@@ -329,7 +329,7 @@ class PpflStrategy(Strategy):
         return self.cfg.keep_last_in_tee and stage == len(self.stages) - 1
 
     def _in_stage(self, key: str, stage: int) -> bool:
-        return any(key.startswith(p + ".") for p in self.stages[stage].prefixes)
+        return self.stages[stage].holds(key)
 
     def stage_start_units(self) -> int:
         return self.stage
@@ -464,7 +464,7 @@ class PpflClient:
 
 
 def _stage_arrays(st: Stage, arrays: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in arrays.items() if any(k.startswith(p + ".") for p in st.prefixes)}
+    return {k: v for k, v in arrays.items() if st.holds(k)}
 
 
 def _init_arrays(cfg: PpflConfig, env: MethodEnv) -> dict[str, torch.Tensor]:

@@ -34,6 +34,10 @@ class Stage:
     out_shape: tuple[int, ...]
     is_classifier: bool
 
+    def holds(self, key: str) -> bool:
+        """Whether the model tensor ``key`` (a state-dict name) is trained in this stage."""
+        return any(key.startswith(p + ".") for p in self.prefixes)
+
 
 def _check(model: nn.Module) -> None:
     if not (isinstance(getattr(model, "features", None), nn.Sequential) and isinstance(getattr(model, "classifier", None), nn.Sequential)):
