@@ -75,3 +75,15 @@ def test_check_positive_int_accepts_counts_and_names_the_bad_value():
         with pytest.raises(ConfigError) as err:
             check_positive_int("k", bad)
         assert str(err.value) == f"k must be a positive int, got {bad!r}"
+
+
+def test_client_failure_options_name_the_bad_value_and_the_fix():
+    base = {"clients": {"num": 10, "per_round": 4}}
+    with pytest.raises(ConfigError, match=r"clients.dropout=0.2 loses clients' replies.*set clients.min_replies"):
+        load_config({**base, "clients": {**base["clients"], "dropout": 0.2}})
+    with pytest.raises(ConfigError, match=r"clients.min_replies=5 exceeds the 4 clients sampled per round"):
+        load_config({**base, "clients": {**base["clients"], "min_replies": 5}})
+    with pytest.raises(ConfigError, match="dropout"):
+        load_config({**base, "clients": {**base["clients"], "dropout": 1.0, "min_replies": 1}})
+    cfg = load_config({**base, "clients": {**base["clients"], "dropout": 0.2, "min_replies": 2}})
+    assert (cfg.clients.dropout, cfg.clients.min_replies) == (0.2, 2)

@@ -113,6 +113,10 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tiny):
         ({"partition.name": "dirichlet", "partition.alpha": -1}, ConfigError),
         ({"model.activation": "no-such-activation"}, ConfigError),  # tanh and sigmoid exist now (lenet-dlg)
         ({"dataset.name": "mnist", "dataset.root": "/nonexistent"}, DataNotFoundError),
+        ({"clients.dropout": 0.2}, ConfigError),  # loses replies while every reply is needed
+        ({"clients.min_replies": 5}, ConfigError),  # more than the 4 clients of a round
+        ({"clients.min_replies": 2, "method": {"name": "eppfl"}, "model": {"name": "vgg9"}}, ConfigError),  # masks need all
+        ({"clients.min_replies": 2, "method": {"name": "baffle", "mode": "batch", "downlink": "seeds"}}, ConfigError),
     ],
 )
 def test_bad_input_writes_nothing(tmp_path, tiny, override, error):

@@ -74,3 +74,34 @@ def test_dropout_option_needs_secure_aggregation():
     with pytest.raises(ValueError, match="secure_aggregation=true"):
         SecureAggregationOptions(secagg_dropout=0.2)
     assert math.isclose(SecureAggregationOptions(secure_aggregation=True, secagg_dropout=0.2).secagg_dropout, 0.2)
+
+
+def test_real_dropouts_at_every_step_are_recovered_to_the_survivors_plain_mean(tiny):
+    """clients.dropout loses replies at any of the four exchanges; the unmasked mean is the plain
+    FedAvg mean over exactly the clients whose masked inputs arrived (the oracle: a plain run
+    whose round samples just those), up to the fixed-point step."""
+    over = {"clients.num": 10, "clients.per_round": 10, "clients.dropout": 0.12, "clients.min_replies": 4, "seed": 30}
+    method = {"name": "fedavg", "local_epochs": 1, "batch_size": 16, "client_optimizer": {"lr": 0.1}}
+    built = build_run(load_config(tiny(method={**method, "secure_aggregation": True}, **over)))
+    sim = built.simulation()
+    got: dict[int, list[int]] = {}
+    exchange = sim._exchange
+
+    def recording(rnd, phase, messages, acc):
+        replies = exchange(rnd, phase, messages, acc)
+        got[phase] = sorted(replies)
+        return replies
+
+    sim._exchange = recording
+    line = sim.run_round(1)
+    survivors = got[2]  # U3: their masked inputs are in the sum (this seed loses one client at each step)
+    assert [10 - len(got[0]), len(got[0]) - len(got[1]), len(got[1]) - len(survivors), len(survivors) - len(got[3])] == [1, 1, 1, 1]
+    assert line["secagg_survivors"] == len(survivors) and line["clients_failed"] == 10 - len(got[3])
+    plain = build_run(load_config(tiny(method=method, **{**over, "clients.dropout": 0.0})))
+    oracle = plain.simulation()
+    oracle.sample = lambda rnd: survivors
+    oracle.run_round(1)
+    sizes = [len(plain.parts[c]) for c in survivors]
+    fixed = len(sizes) * 2.0 ** -(FIXED_POINT.frac_bits + 1) / sum(sizes)
+    for (k, a), b in zip(oracle.strategy.model.state_dict().items(), sim.strategy.model.state_dict().values()):
+        assert float((a - b).abs().max()) <= 2 * (fixed + 2e-7 * float(a.abs().max()) + 1e-7), k

@@ -339,3 +339,85 @@ def test_profiles_from_the_config_cover_the_population_in_their_shares(tiny):
     assert profiles == cfg.clients.assign_profiles(cfg.seed)
     with pytest.raises(ConfigError, match="sum to"):
         load_config(tiny(**{"clients.profiles": [{"name": "a", "fraction": 0.5}]}))
+
+
+# ---- clients that fail to reply (clients.dropout, clients.min_replies) -----------------------------
+
+
+class PartialEcho(EchoStrategy):
+    """EchoStrategy that aggregates whatever replies arrive."""
+
+    partial_replies = True
+
+
+def _lossy(strategy=None, program=None, n=10, per_round=10, rounds=1, dropout=0.3, min_replies=1):
+    return Simulation(
+        strategy=strategy or PartialEcho(), program=program or DrawClient(), clients=_clients(n),
+        test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)), num_classes=2,
+        config=EngineConfig(seed=0, rounds=rounds, per_round=per_round, dropout=dropout, min_replies=min_replies),
+    )  # fmt: skip
+
+
+def _drawn_out(rnd, phase, ids, p, seed=0):
+    """The oracle: each client's own uniform draw from (seed, "dropout", round, exchange, client)."""
+    from fedge.core.rng import generator
+
+    return {c for c in ids if float(torch.rand(1, generator=generator(seed, "dropout", rnd, phase, c), dtype=torch.float64)) < p}
+
+
+def test_dropout_loses_seeded_clients_and_the_round_goes_on_with_the_rest():
+    sim = _lossy(rounds=20)
+    lines = [sim.run_round(r) for r in range(1, 21)]
+    size = len(Message(config={"seed": 1}).to_bytes())
+    lost_total = 0
+    for rnd, line in enumerate(lines, start=1):
+        lost = _drawn_out(rnd, 0, range(10), 0.3)
+        assert sim.strategy.seen[rnd - 1] == sorted(set(range(10)) - lost)
+        assert line["clients"] == 10 and line["clients_failed"] == len(lost)
+        assert line["bytes_down"] == 10 * size  # the message reached the device before it dropped out
+        assert line["bytes_up"] == (10 - len(lost)) * len(Message({"v": torch.zeros(3)}, config={"calls": 1}).to_bytes())
+        lost_total += len(lost)
+    assert 30 <= lost_total <= 90  # 200 draws at p = 0.3: ~60 expected
+    again = _lossy(rounds=20)
+    assert [again.run_round(r)["clients_failed"] for r in range(1, 21)] == [x["clients_failed"] for x in lines]
+
+
+def test_a_client_that_failed_gets_nothing_more_that_round_and_is_back_the_next():
+    class TwoSteps(PartialEcho):
+        def round(self, rnd, ids):
+            first = yield Exchange(dict.fromkeys(ids, Message(config={"a": 1})))
+            second = yield Exchange(dict.fromkeys(ids, Message(config={"b": 1})))  # addresses the failed ones too
+            self.seen.append((sorted(first), sorted(second)))
+            return {}
+
+    class Ok:
+        def run(self, message, ctx):
+            return Message(config={"ok": 1})
+
+    sim = _lossy(strategy=TwoSteps(), program=Ok(), dropout=0.25, rounds=2)
+    for rnd in (1, 2):
+        line = sim.run_round(rnd)
+        out0 = _drawn_out(rnd, 0, range(10), 0.25)
+        out1 = _drawn_out(rnd, 1, set(range(10)) - out0, 0.25)
+        first, second = sim.strategy.seen[-1]
+        assert first == sorted(set(range(10)) - out0) and second == sorted(set(first) - out1)
+        assert line["clients_failed"] == len(out0 | out1)
+        a, b = len(Message(config={"a": 1}).to_bytes()), len(Message(config={"b": 1}).to_bytes())
+        assert line["bytes_down"] == 10 * a + (10 - len(out0)) * b  # nothing is sent to a client already gone
+    assert _drawn_out(1, 0, range(10), 0.25) != _drawn_out(2, 0, range(10), 0.25)
+
+
+def test_failures_stop_the_round_when_the_strategy_needs_every_reply_or_too_few_arrive():
+    with pytest.raises(MessageError, match=r"round 1, exchange 1: \d+ of 10 clients gave no result \(client \d+: dropped out "
+                                           r"\(clients.dropout=0.5\).*needs every addressed client's reply"):  # fmt: skip
+        _lossy(strategy=EchoStrategy(), dropout=0.5).run_round(1)
+    replied = 10 - len(_drawn_out(1, 0, range(10), 0.5))
+    with pytest.raises(MessageError, match=rf"only {replied} replied, fewer than clients.min_replies=10.*lower clients.dropout"):
+        _lossy(dropout=0.5, min_replies=10).run_round(1)
+    line = _lossy(dropout=0.5, min_replies=replied).run_round(1)
+    assert line["clients_failed"] == 10 - replied
+
+
+def test_without_min_replies_nothing_changes():
+    assert "clients_failed" not in _sim().run_round(1)
+    assert _lossy(dropout=0.0).run_round(1)["clients_failed"] == 0

@@ -86,6 +86,12 @@ class ClientsConfig(_Strict):
     profiles: list[DeviceProfile] | None = Field(
         None, description="device kinds with their shares of the population (fractions summing to 1); null: all alike"
     )
+    dropout: float = Field(
+        0.0, ge=0, lt=1, description="probability that a client addressed in an exchange drops out before replying (simulated, seeded)"
+    )
+    min_replies: int | None = Field(
+        None, ge=1, description="replies an exchange needs to go on without the failed clients (null: every addressed client must reply)"
+    )
 
     @model_validator(mode="after")
     def _check_profiles(self) -> ClientsConfig:
@@ -124,6 +130,20 @@ class ClientsConfig(_Strict):
             raise ValueError(
                 f"clients.per_round={m} must be between 1 and clients.num={self.num}; "
                 "lower clients.per_round or raise clients.num"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_failures(self) -> ClientsConfig:
+        if self.dropout > 0 and self.min_replies is None:
+            raise ValueError(
+                f"clients.dropout={self.dropout:g} loses clients' replies, but clients.min_replies is null (every "
+                "reply needed); set clients.min_replies, e.g. to half of clients.per_round"
+            )
+        if self.min_replies is not None and self.min_replies > self.count():
+            raise ValueError(
+                f"clients.min_replies={self.min_replies} exceeds the {self.count()} clients sampled per round "
+                "(clients.per_round); lower clients.min_replies"
             )
         return self
 

@@ -59,7 +59,9 @@ class Exchange:
 
     The engine sends ``messages`` (to any subset of the round's sampled clients: the others
     sit this exchange out), runs those clients' programs, and sends the decoded replies back
-    into the round generator. Returning the *same* Message object for several clients marks
+    into the round generator. When the strategy takes :attr:`Strategy.partial_replies`, a
+    client that failed (``clients.dropout``, a Flower node that did not answer) is simply
+    absent from the replies, and from every later exchange of the round. Returning the *same* Message object for several clients marks
     a broadcast: it is serialized once (every client is still charged its bytes)."""
 
     messages: dict[int, Message]
@@ -101,6 +103,14 @@ class Strategy:
         """The :class:`~fedge.methods.base.GlobalModel` this strategy trains (its model, masks
         and optimizer), or None for a strategy without one."""
         return None
+
+    @property
+    def partial_replies(self) -> bool:
+        """Whether a round can go on when some addressed clients do not reply (a device that
+        drops out, a Flower node that fails): the exchange then hands the round only the
+        replies that arrived. Only then does ``clients.min_replies`` apply; otherwise a
+        missing reply fails the round. Default: no (the strategy needs every reply)."""
+        return False
 
     def eligible(self, profile: Mapping[str, Any]) -> bool:
         """Whether a client with this device profile (``clients.profiles`` in the config:
@@ -166,6 +176,10 @@ class StrategyWrapper(Strategy):
     def model(self) -> torch.nn.Module:
         """The global model being trained (the innermost strategy's)."""
         return self.global_model.model
+
+    @property
+    def partial_replies(self) -> bool:
+        return self.inner.partial_replies
 
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
         return self.inner.configure_round(rnd, client_ids)

@@ -80,6 +80,8 @@ class BuiltRun:
             workers=c.clients.workers,
             measure_flops=c.measure.flops,
             measure_memory=c.measure.memory,
+            dropout=c.clients.dropout,
+            min_replies=c.clients.min_replies,
         )
 
     def simulation(self, on_round: Any = None, runtime: Any = "engine", backend: str = "local") -> Simulation:
@@ -240,6 +242,15 @@ def build_run(cfg: RunConfig) -> BuiltRun:
             f"privacy.mechanism={privacy.mechanism}: method {cfg.method.name!r} does not average client "
             "contributions, so DP-FedAvg/DP-FTRL does not apply to it; use fedavg, fedsgd, fedpt, baffle or "
             "ntk-baffle, or set privacy.mechanism=none"
+        )
+    if cfg.clients.min_replies is not None and not method.strategy.partial_replies:
+        inner = method.strategy
+        while getattr(inner, "inner", None) is not None and not inner.inner.partial_replies:
+            inner = inner.inner  # name the strategy that needs every reply, not a wrapper around it
+        raise ConfigError(
+            f"clients.min_replies={cfg.clients.min_replies}: method {cfg.method.name!r} with this configuration needs "
+            f"every addressed client's reply ({type(inner).__name__} cannot aggregate a subset), so a round "
+            "cannot go on without the failed clients; set clients.min_replies=null and clients.dropout=0"
         )
     return BuiltRun(cfg, dataset, parts, summary, method, method_cfg, clients, model_fn, validation)
 

@@ -338,6 +338,13 @@ class BaffleBatchStrategy(Strategy):
         path = ("baffle", rnd) if cid is None else ("baffle", rnd, cid)
         return derive_seed(self.seed, *path, bits=62)
 
+    @property
+    def partial_replies(self) -> bool:
+        """Yes, Eq. 7's weights renormalize over the clients that replied — except with
+        ``downlink: seeds``, whose record of the round each client's model is at assumes the
+        clients it sent a replay to applied it (a lost reply leaves that unknown)."""
+        return self.downlink is None
+
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
         if self.downlink is not None:
             return self.downlink.messages(rnd, client_ids, self.round_seed(rnd), self.server)

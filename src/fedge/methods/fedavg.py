@@ -127,6 +127,11 @@ class DeltaAveraging(Strategy):
         state = self.model.state_dict()
         return {k: (state[k].shape, state[k].dtype) for k in self.expected}
 
+    @property
+    def partial_replies(self) -> bool:
+        """Yes: the weights of the clients that replied renormalize the mean."""
+        return True
+
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
         broadcast = Message(self.server.arrays(), config={"round": rnd})
         return dict.fromkeys(client_ids, broadcast)

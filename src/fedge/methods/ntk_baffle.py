@@ -49,7 +49,7 @@ densities weighted by torch's per-module FLOP counts), and the engine derives
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from typing import Any, Literal
 
 import torch
@@ -169,13 +169,15 @@ class ClientDataPruning(StrategyWrapper):
 
     def round(self, rnd: int, client_ids: list[int]) -> Round:
         if not self.done:
-            yield from self.prune(rnd, client_ids)
+            client_ids = yield from self.prune(rnd, client_ids)
         return (yield from self.inner.round(rnd, client_ids))
 
-    def prune(self, rnd: int, client_ids: list[int]) -> Round:
-        """The remaining pruning rounds, one exchange each; then the pruned model is the global one."""
+    def prune(self, rnd: int, client_ids: list[int]) -> Generator[Exchange, Any, list[int]]:
+        """The remaining pruning rounds, one exchange each; then the pruned model is the global
+        one. Returns the clients still in the round (those that replied to every exchange)."""
         while self.step < self.cfg.prune_rounds:
             replies = yield Exchange(dict.fromkeys(client_ids, self._prune_message()))
+            client_ids = sorted(replies)  # a client that failed (clients.min_replies) is out for the round
             diffs, weights = [], []
             for cid, reply in replies.items():
                 d, n = reply.arrays.get("dI"), reply.config.get("num_samples")
@@ -193,7 +195,7 @@ class ClientDataPruning(StrategyWrapper):
         self.server.set_masks(self.masks)
         if self.cfg.rescale:
             rescale_(self.model, self.masks)
-        return {}
+        return client_ids
 
     def state_dict(self) -> dict[str, Any]:
         return {"inner": self.inner.state_dict(), "masks": self.masks, "step": self.step, "done": self.done}

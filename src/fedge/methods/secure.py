@@ -235,7 +235,7 @@ class SecureAggregation(StrategyWrapper):
         if not weight > 0:
             raise MessageError(f"round {rnd}: secure aggregation summed a total weight of {weight}; expected > 0")
         metrics = self.summable.apply_mean(rnd, self._unflatten(total[:-1] / weight), weight=weight)
-        return {**metrics, "secagg_survivors": len(server.survivors), "secagg_dropped": len(dropped)}
+        return {**metrics, "secagg_survivors": len(server.survivors), "secagg_dropped": len(server.dropped)}
 
     def _unflatten(self, flat: np.ndarray) -> dict[str, torch.Tensor]:
         out, start = {}, 0

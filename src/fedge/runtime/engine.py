@@ -18,6 +18,14 @@ and ``bytes_up`` are lengths of real encoded messages and a client can never sha
 with the server by accident. A message object returned for several clients (a broadcast)
 is encoded once and charged to every client.
 
+A client that fails to reply — dropped out (``dropout``: each client an exchange addresses
+fails with that probability, a seeded draw per round, exchange and client, before it computes
+anything; the message it was sent is still counted) or a Flower node that errs or times out —
+is out for the rest of the round. A strategy that takes :attr:`Strategy.partial_replies`
+goes on with the replies that arrived, as long as at least ``min_replies`` did; any other
+failure stops the round with one error naming every client that did not deliver (the rounds
+before it are checkpointed). ``clients_failed`` counts the round's failed clients.
+
 Clients run sequentially in this process by default, or in a pool of forked worker
 processes (``workers > 0``; one torch thread each, since two torch threads per process
 collapse under contention on small machines). Only bytes cross the process boundary.
@@ -58,6 +66,8 @@ class EngineConfig:
     workers: int = 0
     measure_flops: bool = True
     measure_memory: bool = False
+    dropout: float = 0.0
+    min_replies: int | None = None
 
 
 def sample_clients(seed: int, rnd: int, num_clients: int, per_round: int, eligible: Sequence[int] | None = None) -> list[int]:
@@ -252,6 +262,8 @@ class Simulation:
         self.party_states: dict[str, dict[int, bytes]] = {name: {} for name in self.parties}
         self.record = RoundRecord()
         self._round_states: dict[int, bytes] = {}
+        self._failed: dict[int, str] = {}  # this round's clients that did not reply: why
+        self._simulated: set[int] = set()  # those of them that dropped out by ``dropout``
         self._pool: Any = None
 
     # -- checkpointing -------------------------------------------------------------
@@ -314,7 +326,10 @@ class Simulation:
         return _Task(cid, rnd, phase, message, self.client_states.get(cid), self._round_states.get(cid),
                      self._party_states_for(cid))  # fmt: skip
 
-    def _run_clients(self, rnd: int, phase: int, messages: list[tuple[int, bytes]]) -> list[_Result]:
+    def _run_clients(self, rnd: int, phase: int, messages: list[tuple[int, bytes]]) -> tuple[dict[int, _Result], dict[int, str]]:
+        """Run the addressed clients: their results by client id, and why each client that gave
+        none failed (always empty here, where a client's exception is a bug and propagates; a
+        runtime with real devices reports them)."""
         total = len(messages)
         if self.cfg.workers > 0 and total > 1:
             if self._pool is None:
@@ -322,22 +337,55 @@ class Simulation:
                 self._pool = ctx.Pool(self.cfg.workers, _worker_init, (self.program, self.clients, self._kwargs()))
             tasks = [self._task(cid, rnd, phase, m) for cid, m in messages]
             chunk = max(1, total // (4 * self.cfg.workers))
-            results = []
+            results = {}
             for i, result in enumerate(self._pool.imap(_worker_task, tasks, chunksize=chunk)):
                 self._keep(tasks[i].cid, result, parallel=True)
-                results.append(result)
+                results[tasks[i].cid] = result
                 if self.on_progress is not None:
                     self.on_progress(rnd, phase, i + 1, total)
-            return results
+            return results, {}
         kw = self._kwargs()
-        results = []
+        results = {}
         for i, (cid, m) in enumerate(messages):  # sequential: a shared party's state flows client to client
             result = execute_client(self.program, self.clients[cid], self._task(cid, rnd, phase, m), **kw)
             self._keep(cid, result, parallel=False)
-            results.append(result)
+            results[cid] = result
             if self.on_progress is not None:
                 self.on_progress(rnd, phase, i + 1, total)
-        return results
+        return results, {}
+
+    def _drops_out(self, rnd: int, phase: int, cid: int) -> bool:
+        """Whether client ``cid`` drops out before replying to exchange ``phase`` of round
+        ``rnd`` (``dropout``): a uniform draw from the generator (seed, "dropout", round,
+        exchange, client), so the same run loses the same clients whatever the runtime."""
+        p = self.cfg.dropout
+        if p <= 0:
+            return False
+        u = torch.rand(1, generator=generator(self.cfg.seed, "dropout", rnd, phase, cid), dtype=torch.float64)
+        return float(u) < p
+
+    def _check_failures(self, rnd: int, phase: int, addressed: int, replied: int, failed: Mapping[int, str]) -> None:
+        """Let the round go on without the ``failed`` clients' replies, or stop it with one error
+        naming each of them and what would let it go on."""
+        cfg = self.cfg
+        if cfg.min_replies is not None and self.strategy.partial_replies and replied >= cfg.min_replies:
+            return
+        listed = "; ".join(f"client {cid}: {why}" for cid, why in sorted(failed.items())[:5])
+        more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
+        head = f"round {rnd}, exchange {phase + 1}: {len(failed)} of {addressed} clients gave no result ({listed}{more}); "
+        if not self.strategy.partial_replies:
+            why = (f"this method ({type(self.strategy).__name__}) needs every addressed client's reply, "
+                   "so this round is not completed. ")  # fmt: skip
+        elif cfg.min_replies is None:
+            why = ("this round is not completed: set clients.min_replies (e.g. to half of clients.per_round) to let "
+                   "a round go on with the replies that arrive. ")  # fmt: skip
+        else:
+            why = f"only {replied} replied, fewer than clients.min_replies={cfg.min_replies}, so this round is not completed. "
+        simulated = any(cid in self._simulated for cid in failed)
+        fix = (f"Rounds up to {rnd - 1} are kept: " + ("lower clients.dropout or clients.min_replies and start again"
+               if simulated else "bring the node(s) back and continue with fedge run --resume RUN_DIR (with the same "
+               "--runtime, or another)"))  # fmt: skip
+        raise MessageError(head + why + fix)
 
     def sample(self, rnd: int) -> list[int]:
         """The clients of round ``rnd``: the strategy's own draw if it makes one, else
@@ -360,6 +408,7 @@ class Simulation:
         acc = _RoundTotals()
         exchanges = 0
         self._round_states.clear()
+        self._failed, self._simulated = {}, set()
         rounds = self.strategy.round(rnd, ids)
         try:
             step = next(rounds)
@@ -395,6 +444,8 @@ class Simulation:
         r.cum_bytes_up += bytes_up
         r.cum_client_flops += flops
         line: dict[str, Any] = {"round": rnd, "clients": len(ids)}
+        if cfg.min_replies is not None:
+            line["clients_failed"] = len(self._failed)
         if rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
             ev = self._evaluate(rnd, self.strategy.eval_model(), line)
             r.last_test_accuracy = ev["test_accuracy"]
@@ -471,21 +522,35 @@ class Simulation:
         return Message.from_bytes(down)
 
     def _exchange(self, rnd: int, phase: int, messages: dict[int, Message], acc: _RoundTotals) -> dict[int, Message]:
-        """Send ``messages``, run the addressed clients, return their decoded replies."""
+        """Send ``messages``, run the addressed clients, return the decoded replies of those
+        that delivered (all of them, unless the strategy takes partial replies)."""
         encoded: dict[int, bytes] = {}  # id(message) -> bytes: a broadcast is encoded once
         ids = sorted(messages)
         outgoing: list[tuple[int, bytes]] = []
+        failed: dict[int, str] = {}
         for cid in ids:
+            if cid in self._failed:  # failed earlier this round: nothing more is sent to it
+                failed[cid] = f"failed earlier this round ({self._failed[cid]})"
+                continue
             m = messages[cid]
             b = encoded.get(id(m))
             if b is None:
                 b = encoded[id(m)] = m.to_bytes()
             acc.bytes_down += len(b)
+            if self._drops_out(rnd, phase, cid):
+                failed[cid] = f"dropped out (clients.dropout={self.cfg.dropout:g})"
+                self._simulated.add(cid)
+                continue
             outgoing.append((cid, b))
         del encoded
-        results = self._run_clients(rnd, phase, outgoing)
+        results, lost = self._run_clients(rnd, phase, outgoing)
+        failed.update(lost)
+        if failed:
+            self._check_failures(rnd, phase, len(ids), len(results), failed)
+            self._failed.update({cid: why for cid, why in failed.items() if cid not in self._failed})
         replies: dict[int, Message] = {}
-        for cid, result in zip(ids, results, strict=True):
+        for cid in sorted(results):
+            result = results[cid]
             acc.bytes_up += len(result.reply)
             msg = Message.from_bytes(result.reply)
             msg.check_finite(who=f"round {rnd}, client {cid}")

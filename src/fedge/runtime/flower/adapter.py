@@ -35,6 +35,14 @@ does not count party state as traffic either).
 Running a party as its own Flower node would need node-to-node messages, which Flower's
 Message API routes only through the ServerApp; not built.
 
+Failed nodes. A node that does not reply (within ``timeout``) or answers with an error (a
+ClientApp exception; a SuperLink's reply for a node it found offline) is a failed client to the
+engine: with ``clients.min_replies`` set and a strategy that takes partial replies, the round
+goes on with the replies that arrived (secure aggregation recovers the failed clients' masks
+from their neighbours' shares); otherwise the round stops, naming each failed client. A node
+whose reply was lost may still have updated its own state; the server does not fetch that
+state (it does not know of it), so it is checkpointed as the last reply left it.
+
 Checkpoints and resuming. A client's persistent state lives on its node; a reply says when the
 node holds one (``has_state``), and when the engine checkpoints (:meth:`FlowerSimulation.state_dict`,
 after every round) the server fetches the states changed since the last checkpoint with a
@@ -287,7 +295,7 @@ class FlowerSimulation(Simulation):
             self._push_restore()
 
     # -- the one engine step replaced ------------------------------------------------------
-    def _run_clients(self, rnd: int, phase: int, messages: list[tuple[int, bytes]]) -> list[_Result]:
+    def _run_clients(self, rnd: int, phase: int, messages: list[tuple[int, bytes]]) -> tuple[dict[int, _Result], dict[int, str]]:
         if self.grid is None:
             raise RuntimeError("FlowerSimulation is not connected to a grid; call run() or connect(grid)")
         out = []
@@ -302,9 +310,9 @@ class FlowerSimulation(Simulation):
             out.append(m)
         cids = [cid for cid, _ in messages]
         by_cid = self._by_client(out, cids, self.grid.send_and_receive(out, timeout=self.timeout))
-        self._check_replies(rnd, phase, cids, by_cid)
-        results = []
-        for i, cid in enumerate(cids):
+        failed = self._failures(cids, by_cid)
+        results = {}
+        for i, cid in enumerate(c for c in cids if c not in failed):
             reply = by_cid[cid]
             self._wire[1] += _flower_size(reply)
             rec = reply.content.config_records[RECORD]
@@ -315,10 +323,10 @@ class FlowerSimulation(Simulation):
             self._keep(cid, result, parallel=True)  # a shared party's state may not change (see module doc)
             if rec.get("has_state"):
                 self._changed.add(cid)  # fetched from the node at the next checkpoint
-            results.append(result)
+            results[cid] = result
             if self.on_progress is not None:
                 self.on_progress(rnd, phase, i + 1, len(messages))
-        return results
+        return results, failed
 
     def _by_client(self, sent: list[Message], cids: list[int], replies: Iterable[Message]) -> dict[int, Message]:
         """The replies by client: matched to the message they answer (a SuperLink answers for a
@@ -332,27 +340,19 @@ class FlowerSimulation(Simulation):
                 out[cid] = r
         return out
 
-    def _check_replies(self, rnd: int, phase: int, cids: list[int], by_cid: Mapping[int, Message]) -> None:
-        """Every addressed client must have replied without error: fedge's strategies aggregate
-        every sampled client's reply (secure aggregation's dropout recovery is simulated inside
-        the strategy, not fed by missing Flower replies). Otherwise the round fails, naming every
-        client that did not deliver, before any state of this exchange is kept."""
-        bad = []
+    def _failures(self, cids: list[int], by_cid: Mapping[int, Message]) -> dict[int, str]:
+        """Why each addressed client gave no result: no reply (within the timeout), or an error
+        reply (a SuperLink's for a node it found offline, or the ClientApp's exception). The
+        engine then goes on without them, or stops the round (``Simulation._check_failures``)."""
+        bad = {}
         for cid in cids:
             reply = by_cid.get(cid)
             if reply is None:
                 within = f" within {self.timeout:g} s" if self.timeout is not None else ""
-                bad.append(f"client {cid} (node {self.nodes[cid]}): no reply{within}")
+                bad[cid] = f"node {self.nodes[cid]}: no reply{within}"
             elif reply.has_error():
-                bad.append(f"client {cid} (node {self.nodes[cid]}): {reply.error.reason}")
-        if bad:
-            raise MessageError(
-                f"round {rnd}, exchange {phase + 1}: {len(bad)} of {len(cids)} clients gave no result ("
-                + "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
-                + "); fedge's strategies need every sampled client's reply, so this round is not completed. "
-                f"Rounds up to {rnd - 1} are kept: bring the node(s) back and continue with "
-                "fedge run --resume RUN_DIR (with the same --runtime, or another)"
-            )
+                bad[cid] = f"node {self.nodes[cid]}: {reply.error.reason}"
+        return bad
 
     def run_round(self, rnd: int) -> dict[str, Any]:
         self._wire = [0, 0, 0]
