@@ -72,6 +72,19 @@ def test_batch_baffle_with_secure_aggregation_same_metrics_as_the_engine(tmp_pat
     _assert_same(engine, flower)
 
 
+def test_simulated_dropouts_lose_the_same_clients_as_on_the_engine(tmp_path):
+    """clients.dropout is drawn by the engine's own code, so Flower loses the same clients, here
+    inside secure aggregation's four exchanges, with the same figures."""
+    method = {"name": "baffle", "mode": "batch", "k": 4, "batch_size": 32, "clip": None, "ema": None,
+              "secure_aggregation": True}  # fmt: skip
+    cfg = tiny_config(rounds=2, method=method, **{"dataset": {"name": "digits"}, "clients.num": 6, "clients.per_round": 6,
+                                                  "clients.dropout": 0.1, "clients.min_replies": 3, "seed": 10})  # fmt: skip
+    engine, flower, _ = _both(tmp_path, cfg)
+    assert sum(x["clients_failed"] for x in engine) > 0
+    assert [x["clients_failed"] for x in flower] == [x["clients_failed"] for x in engine]
+    _assert_same(engine, flower)
+
+
 def test_eppfl_side_parties_co_located_same_metrics_as_the_engine(tmp_path):
     cfg = tiny_config(**{
         "rounds": 2, "clients.num": 3, "clients.per_round": 2, "dataset.limit_train": 96,
@@ -292,18 +305,12 @@ def test_resume_with_an_unknown_backend_is_refused_before_writing(tmp_path):
 # ---- faults: a node that fails or does not reply ----------------------------------------------
 
 
-@pytest.mark.parametrize("fault", ["raises", "no reply", "offline"])
-def test_a_failed_node_fails_the_round_naming_it_and_the_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, fault):
-    """Client 1's node fails in round 2 (its ClientApp raises, or it never replies, as a killed
-    SuperNode): the run stops with one message naming round, client, node and the way on; the
-    directory keeps round 1 and no summary; resuming gives an uninterrupted run's metrics."""
+def _fail_node_1_in_round_2(monkeypatch, fault):
+    """Client 1's node (1001) fails its round-2 message: its ClientApp raises, or its reply never
+    arrives ("no reply"), or the SuperLink answers for it as offline ("offline")."""
     from flwr.app import Error
     from flwr.common.serde import message_to_proto
 
-    from fedge.experiment.run import resume_experiment
-
-    cfg = tiny_config(rounds=3, **{"dataset": {"name": "digits"}, "clients.num": 3, "clients.per_round": 3})
-    full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False, runtime="flower-sim")
     push, deliver = LocalGrid.push_messages, LocalGrid._deliver
 
     def failing_deliver(self, msg, context):
@@ -336,10 +343,24 @@ def test_a_failed_node_fails_the_round_naming_it_and_the_run_resumes_to_the_same
     monkeypatch.setattr(LocalGrid, "_deliver", failing_deliver if fault == "raises" else deliver)
     if fault != "raises":
         monkeypatch.setattr(LocalGrid, "push_messages", dropping_push)
+
+
+@pytest.mark.parametrize("fault", ["raises", "no reply", "offline"])
+def test_a_failed_node_fails_the_round_naming_it_and_the_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, fault):
+    """Client 1's node fails in round 2 (its ClientApp raises, or it never replies, as a killed
+    SuperNode): the run stops with one message naming round, client, node and the way on; the
+    directory keeps round 1 and no summary; resuming gives an uninterrupted run's metrics."""
+    from fedge.experiment.run import resume_experiment
+
+    cfg = tiny_config(rounds=3, **{"dataset": {"name": "digits"}, "clients.num": 3, "clients.per_round": 3})
+    full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False, runtime="flower-sim")
+    push, deliver = LocalGrid.push_messages, LocalGrid._deliver
+    _fail_node_1_in_round_2(monkeypatch, fault)
     with pytest.raises(MessageError) as info:
         run_experiment(load_config(cfg), out=tmp_path / "cut", render=False, runtime="flower-sim")
     text = str(info.value)
-    assert text.startswith("round 2, exchange 1: 1 of 3 clients gave no result (client 1 (node 1001): ")
+    assert text.startswith("round 2, exchange 1: 1 of 3 clients gave no result (client 1: node 1001: ")
+    assert "set clients.min_replies" in text
     why = {"raises": "RuntimeError: the node went away", "no reply": "no reply", "offline": "Node Unavailable"}
     assert why[fault] in text
     assert "--resume" in text and "Rounds up to 1 are kept" in text
@@ -351,6 +372,28 @@ def test_a_failed_node_fails_the_round_naming_it_and_the_run_resumes_to_the_same
     a, b = _lines(tmp_path / "cut"), _lines(full)
     assert [x["test_accuracy"] for x in a] == [x["test_accuracy"] for x in b]
     assert [(x["bytes_down"], x["bytes_up"]) for x in a] == [(x["bytes_down"], x["bytes_up"]) for x in b]
+
+
+@pytest.mark.parametrize("fault", ["raises", "no reply"])
+def test_with_min_replies_a_round_goes_on_without_the_failed_node(tmp_path, monkeypatch, fault):
+    """With clients.min_replies, the round client 1's node fails completes on the other two: its
+    figures are those of an engine run whose round 2 samples just clients 0 and 2 (the oracle),
+    client 1's downlink is still counted, and it is back in round 3."""
+    from fedge.runtime.engine import Simulation
+
+    cfg = tiny_config(rounds=3, **{"dataset": {"name": "digits"}, "clients.num": 3, "clients.per_round": 3,
+                                   "clients.min_replies": 2})  # fmt: skip
+    sample = Simulation.sample
+    monkeypatch.setattr(Simulation, "sample", lambda self, rnd: [c for c in sample(self, rnd) if (rnd, c) != (2, 1)])
+    oracle = _lines(run_experiment(load_config(cfg), out=tmp_path / "oracle", render=False))
+    monkeypatch.setattr(Simulation, "sample", sample)
+    _fail_node_1_in_round_2(monkeypatch, fault)
+    lines = _lines(run_experiment(load_config(cfg), out=tmp_path / "lossy", render=False, runtime="flower-sim"))
+    assert [x["clients_failed"] for x in lines] == [0, 1, 0] and [x["clients"] for x in lines] == [3, 3, 3]
+    assert [x["test_accuracy"] for x in lines] == [x["test_accuracy"] for x in oracle]
+    assert [x["test_loss"] for x in lines] == [x["test_loss"] for x in oracle]
+    assert [x["bytes_up"] for x in lines] == [x["bytes_up"] for x in oracle]
+    assert lines[1]["bytes_down"] == lines[0]["bytes_down"] == oracle[1]["bytes_down"] * 3 // 2  # sent, then lost
 
 
 def test_cli_resume_on_flower_sim_and_its_bad_combinations(tmp_path):

@@ -244,7 +244,7 @@ def build_run(cfg: RunConfig) -> BuiltRun:
             "ntk-baffle, or set privacy.mechanism=none"
         )
     if cfg.clients.min_replies is not None and not method.strategy.partial_replies:
-        inner = method.strategy
+        inner: Any = method.strategy
         while getattr(inner, "inner", None) is not None and not inner.inner.partial_replies:
             inner = inner.inner  # name the strategy that needs every reply, not a wrapper around it
         raise ConfigError(

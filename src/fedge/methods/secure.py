@@ -28,8 +28,14 @@ A client's secrets (key pairs, self-mask seed, shares) live in ``ctx.round_state
 between the round's exchanges, across worker processes, and dropped when the round ends —
 never in a checkpoint. Dropouts are simulated as the protocol sees them: ``secagg_dropout`` of
 the clients (a seeded choice per round) vanish after key agreement (they are never sent step
-3); their pair masks are removed with their neighbours' shares. Too many dropouts abort the
-round with :class:`~fedge.privacy.secagg.SecAggError`.
+3); their pair masks are removed with their neighbours' shares. Real failures — a client whose
+reply to any of the four exchanges does not arrive (``clients.dropout``, a failed Flower node;
+the engine hands the round only the replies that came, ``clients.min_replies``) — go the same
+way: the server state works on whichever clients answered each step, so a client lost before
+its masked input is left out of the sum, one lost after it is in the sum and unmasked from its
+neighbours' shares (tested against the plain mean over exactly the clients whose inputs
+arrived). ``secagg_dropped`` counts both kinds. Too many dropouts abort the round with
+:class:`~fedge.privacy.secagg.SecAggError`.
 """
 
 from __future__ import annotations

@@ -382,7 +382,7 @@ class Simulation:
         else:
             why = f"only {replied} replied, fewer than clients.min_replies={cfg.min_replies}, so this round is not completed. "
         simulated = any(cid in self._simulated for cid in failed)
-        fix = (f"Rounds up to {rnd - 1} are kept: " + ("lower clients.dropout or clients.min_replies and start again"
+        fix = ((f"Rounds up to {rnd - 1} are kept: " if rnd > 1 else "") + ("lower clients.dropout or clients.min_replies and start again"
                if simulated else "bring the node(s) back and continue with fedge run --resume RUN_DIR (with the same "
                "--runtime, or another)"))  # fmt: skip
         raise MessageError(head + why + fix)
