@@ -181,3 +181,33 @@ def test_each_protection_left_off_is_a_privacy_warning_naming_it():
     (no_masks,) = warned(**{"method.dp": dp, "method.masks": False})
     assert no_masks.startswith("method.masks=false") and "in the clear" in no_masks
     assert len(warned(**{"method.masks": False})) == 2
+
+
+def test_a_device_that_fails_is_left_out_as_the_replies_that_arrived_say():
+    """clients.dropout loses device 1 in round 1 and device 2 in round 2 (seed 2): S_a aggregates
+    the others and S_r's mask sum covers just them, so the global model is the one of a run
+    whose rounds sample only the devices that replied (the oracle, up to the fixed-point step);
+    a failed device still counts for DP accounting (it may have released activations)."""
+    over = {"clients.num": 4, "clients.per_round": 4, "seed": 2, "method.masks": True}
+    built = _built(**over, **{"clients.dropout": 0.3, "clients.min_replies": 2})
+    sim = built.simulation()
+    replied: dict[int, list[int]] = {}
+    exchange = sim._exchange
+
+    def recording(rnd, phase, messages, acc):
+        replies = exchange(rnd, phase, messages, acc)
+        replied[rnd] = sorted(replies)
+        return replies
+
+    sim._exchange = recording
+    lines = [sim.run_round(r) for r in (1, 2)]
+    assert replied == {1: [0, 2, 3], 2: [0, 1, 3]} and [x["clients_failed"] for x in lines] == [1, 1]
+    assert [x["eppfl_aggregated"] for x in lines] == [3, 3]
+    oracle = _built(**over).simulation()
+    oracle.sample = lambda rnd: replied[rnd]
+    for r in (1, 2):
+        oracle.run_round(r)
+    got, want = sim.strategy.eval_model().state_dict(), oracle.strategy.eval_model().state_dict()
+    for k in want:
+        assert torch.allclose(got[k], want[k], atol=1e-5), k
+    assert sim.strategy.participation.tolist() == [2, 2, 2, 2] and oracle.strategy.participation.tolist() == [2, 1, 1, 2]

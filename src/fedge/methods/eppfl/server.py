@@ -7,12 +7,15 @@ One round, top to bottom in :meth:`AggregationServer.round`:
    last round's masked uploads (it never sees M_c in the clear) plus their count — or, in
    round 1, the public initial weights;
 3. drop a seeded ``upload_dropout`` fraction of the uploads (lost in transit: neither the
-   device's nor its edge server's model is aggregated);
+   device's nor its edge server's model is aggregated); a device whose reply did not arrive at
+   all (``clients.dropout``, a failed Flower node; with ``clients.min_replies``) is left out the
+   same way, its edge server's state discarded;
 4. ⑤ ``upload`` W_s from the edge servers of the aggregated devices and average (Eq. 10);
 5. sum the masked uploads in Z_{2^64} (Eq. 9 before the division) and tell S_r which devices
    were aggregated, so its Σ r_j (⑧) covers exactly them.
 
-Privacy accounting: every sampled device released each of its samples once per local epoch;
+Privacy accounting: every sampled device released each of its samples once per local epoch
+(a device that failed is counted too: it may have released activations before failing);
 the worst device's count (participations × E) gives the cumulative ε logged each round
 (``dp_epsilon_pure``, ``dp_epsilon_rdp``, ``dp_epsilon_pld`` at ``dp_delta``).
 """
@@ -57,6 +60,12 @@ class AggregationServer(Strategy):
         self.model_round = 0
         self.participation = torch.zeros(num_clients, dtype=torch.int64)
 
+    @property
+    def partial_replies(self) -> bool:
+        """Yes: S_r's Σ r_j covers exactly the devices S_a aggregates, so a device whose reply
+        is missing is simply not aggregated (as an ``upload_dropout`` one)."""
+        return True
+
     def round(self, rnd: int, client_ids: list[int]) -> Round:
         for cid in client_ids:  # ⑦
             yield PartyCall("edge", Message(dict(self.edge_global), config={"op": "load"}), key=cid)
@@ -68,11 +77,11 @@ class AggregationServer(Strategy):
             arrays = dict(self.device_plain)
         broadcast = Message(arrays, config=config)
         replies = yield Exchange(dict.fromkeys(client_ids, broadcast))  # ⑥, then ②-④ on the devices
-        self.participation[torch.tensor(sorted(replies), dtype=torch.int64)] += 1
+        self.participation[torch.tensor(client_ids, dtype=torch.int64)] += 1
 
         dropped = self._dropouts(rnd, sorted(replies))
         agg = [c for c in sorted(replies) if c not in dropped]
-        for cid in dropped:
+        for cid in sorted(dropped | (set(client_ids) - set(replies))):
             yield PartyCall("edge", Message(config={"op": "discard"}), key=cid)
         if not agg:
             raise MessageError(f"round {rnd}: every upload was lost; lower method.upload_dropout")
