@@ -350,11 +350,12 @@ class PartialEcho(EchoStrategy):
     partial_replies = True
 
 
-def _lossy(strategy=None, program=None, n=10, per_round=10, rounds=1, dropout=0.3, min_replies=1):
+def _lossy(strategy=None, program=None, n=10, per_round=10, rounds=1, dropout=0.3, min_replies=1, workers=0):
     return Simulation(
         strategy=strategy or PartialEcho(), program=program or DrawClient(), clients=_clients(n),
         test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)), num_classes=2,
-        config=EngineConfig(seed=0, rounds=rounds, per_round=per_round, dropout=dropout, min_replies=min_replies),
+        config=EngineConfig(seed=0, rounds=rounds, per_round=per_round, dropout=dropout, min_replies=min_replies,
+                            workers=workers),
     )  # fmt: skip
 
 
@@ -365,9 +366,13 @@ def _drawn_out(rnd, phase, ids, p, seed=0):
     return {c for c in ids if float(torch.rand(1, generator=generator(seed, "dropout", rnd, phase, c), dtype=torch.float64)) < p}
 
 
-def test_dropout_loses_seeded_clients_and_the_round_goes_on_with_the_rest():
-    sim = _lossy(rounds=20)
-    lines = [sim.run_round(r) for r in range(1, 21)]
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dropout_loses_seeded_clients_and_the_round_goes_on_with_the_rest(workers):
+    sim = _lossy(rounds=20, workers=workers)
+    try:
+        lines = [sim.run_round(r) for r in range(1, 21)]
+    finally:
+        sim.close()
     size = len(Message(config={"seed": 1}).to_bytes())
     lost_total = 0
     for rnd, line in enumerate(lines, start=1):
