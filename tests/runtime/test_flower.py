@@ -352,7 +352,8 @@ def test_a_failed_node_fails_the_round_naming_it_and_the_run_resumes_to_the_same
     directory keeps round 1 and no summary; resuming gives an uninterrupted run's metrics."""
     from fedge.experiment.run import resume_experiment
 
-    cfg = tiny_config(rounds=3, **{"dataset": {"name": "digits"}, "clients.num": 3, "clients.per_round": 3})
+    cfg = tiny_config(rounds=3, **{"dataset": {"name": "digits"}, "clients.num": 3, "clients.per_round": 3,
+                                   "clients.reply_timeout": 30})  # fmt: skip
     full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False, runtime="flower-sim")
     push, deliver = LocalGrid.push_messages, LocalGrid._deliver
     _fail_node_1_in_round_2(monkeypatch, fault)
@@ -361,7 +362,7 @@ def test_a_failed_node_fails_the_round_naming_it_and_the_run_resumes_to_the_same
     text = str(info.value)
     assert text.startswith("round 2, exchange 1: 1 of 3 clients gave no result (client 1: node 1001: ")
     assert "set clients.min_replies" in text
-    why = {"raises": "RuntimeError: the node went away", "no reply": "no reply", "offline": "Node Unavailable"}
+    why = {"raises": "RuntimeError: the node went away", "no reply": "no reply within 30 s", "offline": "Node Unavailable"}
     assert why[fault] in text
     assert "--resume" in text and "Rounds up to 1 are kept" in text
     assert [x["round"] for x in _lines(tmp_path / "cut")] == [1]

@@ -92,6 +92,9 @@ class ClientsConfig(_Strict):
     min_replies: int | None = Field(
         None, ge=1, description="replies an exchange needs to go on without the failed clients (null: every addressed client must reply)"
     )
+    reply_timeout: float | None = Field(
+        None, gt=0, description="Flower runtimes: seconds an exchange waits for its replies; a node not answering by then has failed (null: no limit)"
+    )
 
     @model_validator(mode="after")
     def _check_profiles(self) -> ClientsConfig:

@@ -96,6 +96,7 @@ class BuiltRun:
             from fedge.runtime.flower import FlowerSimulation
 
             cls = FlowerSimulation
+            extra["timeout"] = self.config.clients.reply_timeout
             if not isinstance(runtime, str):
                 extra["grid"] = runtime
             else:
