@@ -418,3 +418,40 @@ def test_finished_run_cannot_be_extended_and_is_left_as_it_was(tmp_path):
     with pytest.raises(ResumeError, match="this ppfl run cannot be extended.*released stage 1.*rounds=4"):
         resume_experiment(out, rounds=4, render=False)
     assert _tree(out) == before
+
+
+def _recorded(sim):
+    """Wrap ``sim``'s exchanges to record, per (round, exchange), the clients that replied."""
+    got: dict[tuple[int, int], list[int]] = {}
+    exchange = sim._exchange
+
+    def recording(rnd, phase, messages, acc):
+        replies = exchange(rnd, phase, messages, acc)
+        got[(rnd, phase)] = sorted(replies)
+        return replies
+
+    sim._exchange = recording
+    return got
+
+
+def test_clients_that_fail_are_left_out_of_attestation_and_aggregation():
+    """clients.dropout loses clients at the attestation exchange and at the training exchange;
+    each round's enclave-evaluated model is that of a run whose rounds sample only the clients
+    that delivered their training reply (the oracle), and a client lost at attestation attests
+    when next sampled."""
+    over = {"clients.dropout": 0.25, "clients.min_replies": 1, "seed": 5}
+    sim = _built(**over).simulation()
+    got = _recorded(sim)
+    lines = [sim.run_round(r) for r in (1, 2, 3)]
+    sim.close()
+    last = {r: got[(r, max(p for q, p in got if q == r))] for r in (1, 2, 3)}
+    lost_at_attest = set(range(4)) - set(got[(1, 0)])
+    assert lost_at_attest and any(set(got[(1, 0)]) - set(last[1]) or len(last[r]) < 4 for r in (2, 3))
+    assert sum(x["clients_failed"] for x in lines) > len(lost_at_attest)
+    oracle = _built(**{**over, "clients.dropout": 0.0, "clients.min_replies": None}).simulation()
+    oracle.sample = lambda rnd: last[rnd]
+    expected = [oracle.run_round(r) for r in (1, 2, 3)]
+    oracle.close()
+    assert [(x["test_accuracy"], x["test_loss"]) for x in lines] == [(x["test_accuracy"], x["test_loss"]) for x in expected]
+    assert [x["trained_clients"] for x in lines] == [len(last[r]) for r in (1, 2, 3)]
+    assert sim.strategy.attested == {c for r in (1, 2, 3) for c in last[r]} | set(got[(1, 0)])

@@ -242,6 +242,15 @@ class PpflStrategy(Strategy):
         return self.budgets.get(cid, int(self.cfg.tee.client_mb * MiB))
 
     # -- the round ---------------------------------------------------------------
+    @property
+    def partial_replies(self) -> bool:
+        """Yes. A new client whose attestation reply is missing is neither attested nor refused
+        (it attests when next sampled); a client whose training reply is missing is left out of
+        the server enclave's weighted mean, and the REE does not record it as holding the layers
+        it was sent (if it did get them, they are sent again: harmless). The sealed channels
+        need only increasing counters, so a message a client never opened breaks nothing."""
+        return True
+
     def round(self, rnd: int, client_ids: list[int]) -> Round:
         metrics: dict[str, float] = {}
         if not self._checked:  # no clients.profiles: every enclave is method.tee.client_mb
@@ -259,14 +268,16 @@ class PpflStrategy(Strategy):
                 msgs[c] = Message(config={"op": "attest", "challenge": hello.config[f"challenge/{c}"],
                                           **{k: hello.config[k] for k in ("server_measurement", "server_pk", "server_signature")}})  # fmt: skip
             replies = yield Exchange(msgs)
-            reg: dict[str, Any] = {"op": "register", "ids": ",".join(map(str, new))}
-            for c in new:
-                for k in ("measurement", "pk", "signature"):
-                    reg[f"{k}/{c}"] = replies[c].config[k]
-            out = yield PartyCall("server_tee", Message(config=reg))
-            refused = [int(x) for x in out.config["refused"].split(",") if x]
-            self.refused.update(refused)
-            self.attested.update(c for c in new if c not in refused)
+            answered = [c for c in new if c in replies]  # the others failed (clients.min_replies)
+            if answered:
+                reg: dict[str, Any] = {"op": "register", "ids": ",".join(map(str, answered))}
+                for c in answered:
+                    for k in ("measurement", "pk", "signature"):
+                        reg[f"{k}/{c}"] = replies[c].config[k]
+                out = yield PartyCall("server_tee", Message(config=reg))
+                refused = [int(x) for x in out.config["refused"].split(",") if x]
+                self.refused.update(refused)
+                self.attested.update(c for c in answered if c not in refused)
         ids = [c for c in client_ids if c in self.attested and self.batch_for(self._budget(c), self.stage) is not None]
         stage = self.stage
         bc = yield PartyCall("server_tee", Message(config={"op": "broadcast", "stage": stage, "rnd": rnd, "ids": ",".join(map(str, ids))}))
@@ -282,8 +293,10 @@ class PpflStrategy(Strategy):
                                        "batch_size": self.batch_for(self._budget(c), stage), "budget": self._budget(c),
                                        "epochs": self.cfg.local_epochs, "lr": self.cfg.lr, "momentum": self.cfg.momentum,
                                        "frozen_upto": upto})  # fmt: skip
-            self.client_has[c] = stage
         replies = yield Exchange(msgs)
+        ids = [c for c in ids if c in replies]  # a client that failed (clients.min_replies) is left out
+        for c in ids:
+            self.client_has[c] = stage
         agg: dict[str, Any] = {"op": "aggregate", "stage": stage, "rnd": rnd, "ids": ",".join(map(str, ids))}
         for c in ids:
             agg[f"u/{c}"] = replies[c].config["upload"]
