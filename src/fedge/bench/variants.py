@@ -167,6 +167,9 @@ NEUTRAL_ADDITIONS: dict[tuple[str, ...], Any] = {
     ("method", "prune_route"): "autograd",
     ("method", "client_optimizer", "state"): "fresh",
     ("method", "ema_also_raw"): False,
+    ("clients", "dropout"): 0.0,
+    ("clients", "min_replies"): None,
+    ("clients", "reply_timeout"): None,
 }
 
 
