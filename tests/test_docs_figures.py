@@ -326,6 +326,35 @@ def test_baffle_delta_loss_bytes(tmp_path: Path) -> None:
         assert row[5] == f"{gflop:.1f}", f"{label}: docs GFLOP {row[5]}, code {gflop}"
 
 
+# --- clients that fail to reply (bench:client-failures) ---------------------------------------
+
+
+def test_client_failures_plain_rows_follow_from_the_dropout_draws() -> None:
+    """Plain FedAvg's failed clients and summed inputs per round are the engine's seeded draws on
+    each round's sample (no training needed); its downlink is every sampled client's broadcast
+    (a failed client's is counted); its uplink is one reply per summed input (a reply's size is
+    the control row's uplink over its 7 clients). The secure rows' figures come from the runs."""
+    from fedge.runtime.engine import drops_out, sample_clients
+
+    bench = benchmark_script("client_failures")
+    rows = {r[0]: r for r in _rows(_section("client-failures"), "| row | final accuracy")}
+    assert set(rows) == set(bench.ROWS)
+    built = _built(bench.PRESET, tuple(bench.COMMON))
+    broadcast = len(built.method.strategy.configure_round(1, [0])[0].to_bytes())
+    reply = float(rows[bench.CONTROL][6].replace(",", "")) / 7
+    seeds = int(re.search(r"\(n=(\d+)\)", rows[bench.CONTROL][1]).group(1))
+    for p in bench.DROPOUTS:
+        row = rows[f"FedAvg, dropout {p:g}"]
+        failed = [sum(drops_out(s, p, r, 0, c) for c in sample_clients(s, r, 20, 10)) for s in range(seeds)
+                  for r in range(1, bench.ROUNDS + 1)]  # fmt: skip
+        mean_failed = sum(failed) / len(failed)
+        assert row[2] == f"{sum(10 - f < 2 for f in failed) / seeds:.1f}", f"p={p}: rounds skipped {row[2]}"
+        assert row[3] == f"{10 - mean_failed:.2f}" and row[4] == f"{mean_failed:.2f}", f"p={p}: {row[3:5]}"
+        assert row[5] == f"{10 * broadcast:,.0f}", f"p={p}: bytes down {row[5]}, broadcast {broadcast} B"
+        assert abs(float(row[6].replace(",", "")) - (10 - mean_failed) * reply) <= 0.5, f"p={p}: bytes up {row[6]}"
+    assert rows[bench.CONTROL][5] == f"{7 * broadcast:,.0f}"
+
+
 # --- reproduction tables rendered from committed records ---------------------------------------
 
 # Each reproduction script writes one record per finished run under benchmarks/results/ and renders

@@ -105,3 +105,24 @@ def test_real_dropouts_at_every_step_are_recovered_to_the_survivors_plain_mean(t
     fixed = len(sizes) * 2.0 ** -(FIXED_POINT.frac_bits + 1) / sum(sizes)
     for (k, a), b in zip(oracle.strategy.model.state_dict().items(), sim.strategy.model.state_dict().values()):
         assert float((a - b).abs().max()) <= 2 * (fixed + 2e-7 * float(a.abs().max()) + 1e-7), k
+
+
+def test_a_round_below_the_threshold_is_skipped_and_leaves_the_model_as_it_was(tiny):
+    """At dropout 0.15 per exchange, 10 clients and t = 6, most secure rounds end with fewer than
+    t masked inputs or shares (seed 2: rounds 1, 2 and 4): under clients.min_replies such a round
+    is skipped (the model exactly as before it, the reason recorded) and the run goes on."""
+    method = {"name": "fedavg", "local_epochs": 1, "batch_size": 16, "client_optimizer": {"lr": 0.1}, "secure_aggregation": True}
+    over = {"clients.num": 10, "clients.per_round": 10, "clients.dropout": 0.15, "clients.min_replies": 2, "seed": 2}
+    sim = build_run(load_config(tiny(method=method, **over))).simulation()
+    states = [{k: v.clone() for k, v in sim.strategy.model.state_dict().items()}]
+    lines = []
+    for r in range(1, 5):
+        lines.append(sim.run_round(r))
+        states.append({k: v.clone() for k, v in sim.strategy.model.state_dict().items()})
+    assert [x.get("round_skipped", 0) for x in lines] == [1, 1, 0, 1]
+    for r, line in enumerate(lines, start=1):
+        same = all(torch.equal(states[r][k], states[r - 1][k]) for k in states[r])
+        assert same == bool(line.get("round_skipped")), r
+    assert lines[2]["secagg_survivors"] >= 6 and "secagg_survivors" not in lines[3]
+    reasons = sim.record.extra["skipped_rounds"]
+    assert sorted(reasons) == ["1", "2", "4"] and all("threshold t=6" in why for why in reasons.values())

@@ -7,7 +7,7 @@ from fedge.core.context import ClientData
 from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Exchange, PartySpec, Strategy
-from fedge.runtime.engine import EngineConfig, Simulation, decode_state, sample_clients
+from fedge.runtime.engine import EngineConfig, Simulation, decode_state, drops_out, sample_clients
 
 
 class EchoStrategy(Strategy):
@@ -363,7 +363,9 @@ def _drawn_out(rnd, phase, ids, p, seed=0):
     """The oracle: each client's own uniform draw from (seed, "dropout", round, exchange, client)."""
     from fedge.core.rng import generator
 
-    return {c for c in ids if float(torch.rand(1, generator=generator(seed, "dropout", rnd, phase, c), dtype=torch.float64)) < p}
+    out = {c for c in ids if float(torch.rand(1, generator=generator(seed, "dropout", rnd, phase, c), dtype=torch.float64)) < p}
+    assert out == {c for c in ids if drops_out(seed, p, rnd, phase, c)}  # the function the docs tests use
+    return out
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -412,15 +414,28 @@ def test_a_client_that_failed_gets_nothing_more_that_round_and_is_back_the_next(
     assert _drawn_out(1, 0, range(10), 0.25) != _drawn_out(2, 0, range(10), 0.25)
 
 
-def test_failures_stop_the_round_when_the_strategy_needs_every_reply_or_too_few_arrive():
+def test_failures_stop_the_run_when_the_strategy_needs_every_reply():
     with pytest.raises(MessageError, match=r"round 1, exchange 1: \d+ of 10 clients gave no result \(client \d+: dropped out "
                                            r"\(clients.dropout=0.5\).*needs every addressed client's reply"):  # fmt: skip
         _lossy(strategy=EchoStrategy(), dropout=0.5).run_round(1)
-    replied = 10 - len(_drawn_out(1, 0, range(10), 0.5))
-    with pytest.raises(MessageError, match=rf"only {replied} replied, fewer than clients.min_replies=10.*lower clients.dropout"):
-        _lossy(dropout=0.5, min_replies=10).run_round(1)
-    line = _lossy(dropout=0.5, min_replies=replied).run_round(1)
-    assert line["clients_failed"] == 10 - replied
+
+
+def test_a_round_with_fewer_replies_than_min_replies_is_skipped_with_the_strategy_as_before():
+    rounds = range(1, 7)
+    replied = [10 - len(_drawn_out(r, 0, range(10), 0.5)) for r in rounds]  # 6, 6, 7, 3, 4, 4
+    need = 5  # rounds 4-6 fall short of it
+    sim = _lossy(dropout=0.5, min_replies=need, rounds=6)
+    lines = [sim.run_round(r) for r in rounds]
+    skipped = [n < need for n in replied]
+    assert any(skipped) and not all(skipped)
+    assert [x.get("round_skipped", 0) == 1 for x in lines] == skipped
+    assert [x["clients_failed"] for x in lines] == [10 - n for n in replied]
+    assert len(sim.strategy.seen) == sum(not s for s in skipped)  # a skipped round never aggregated
+    totals = [x["total"] for x in lines if "total" in x]
+    assert sim.strategy.total == totals[-1]  # the skipped rounds changed nothing
+    reasons = sim.record.extra["skipped_rounds"]
+    assert sorted(reasons) == [str(r) for r, s in zip(rounds, skipped, strict=True) if s]
+    assert all(f"fewer than clients.min_replies={need}" in why for why in reasons.values())
 
 
 def test_without_min_replies_nothing_changes():

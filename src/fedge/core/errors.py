@@ -13,6 +13,7 @@ __all__ = [
     "MessageError",
     "PrivacyWarning",
     "ResumeError",
+    "ShortRoundError",
     "UnknownNameError",
 ]
 
@@ -44,6 +45,13 @@ class DataNotFoundError(FedgeError, FileNotFoundError):
 
 class MessageError(FedgeError, ValueError):
     """A message is malformed, non-finite, or fails to decode."""
+
+
+class ShortRoundError(MessageError):
+    """A round cannot complete with the clients that replied: fewer than ``clients.min_replies``
+    in an exchange, or fewer than a protocol's threshold (secure aggregation's t). With
+    ``clients.min_replies`` set the engine skips such a round (the global model unchanged) and
+    goes on; without it, it stops the run."""
 
 
 class ResumeError(FedgeError, RuntimeError):

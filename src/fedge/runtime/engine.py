@@ -22,9 +22,14 @@ A client that fails to reply — dropped out (``dropout``: each client an exchan
 fails with that probability, a seeded draw per round, exchange and client, before it computes
 anything; the message it was sent is still counted) or a Flower node that errs or times out —
 is out for the rest of the round. A strategy that takes :attr:`Strategy.partial_replies`
-goes on with the replies that arrived, as long as at least ``min_replies`` did; any other
-failure stops the round with one error naming every client that did not deliver (the rounds
-before it are checkpointed). ``clients_failed`` counts the round's failed clients.
+goes on with the replies that arrived, as long as at least ``min_replies`` did. A round that
+cannot complete under ``min_replies`` (fewer replies than that, or fewer than a protocol's
+threshold: a :class:`~fedge.core.errors.ShortRoundError`) is skipped: the strategy's state
+is put back as it was before the round (the global model unchanged; the clients' own states
+keep what their steps did), the round is evaluated and logged with ``round_skipped``, and the
+run goes on. Without ``min_replies`` any failure stops the run with one error naming every
+client that did not deliver (the rounds before it are checkpointed). ``clients_failed``
+counts the round's failed clients.
 
 Clients run sequentially in this process by default, or in a pool of forked worker
 processes (``workers > 0``; one torch thread each, since two torch threads per process
@@ -35,6 +40,7 @@ if torch's own thread count differs between the two settings.
 
 from __future__ import annotations
 
+import copy
 import multiprocessing as mp
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,14 +50,14 @@ from typing import Any
 import torch
 
 from fedge.core.context import ClientContext, ClientData, Link, PartyContext, decode_state, encode_state
-from fedge.core.errors import ConfigError, MessageError
+from fedge.core.errors import ConfigError, MessageError, ShortRoundError
 from fedge.core.messages import Message
 from fedge.core.meter import Meter, StepStats
 from fedge.core.protocols import ClientProgram, Exchange, PartyCall, PartySpec, Strategy
 from fedge.core.rng import generator
 from fedge.runtime.evaluate import evaluate
 
-__all__ = ["EngineConfig", "Simulation", "decode_state", "encode_state", "sample_clients"]
+__all__ = ["EngineConfig", "Simulation", "decode_state", "drops_out", "encode_state", "sample_clients"]
 
 SHARED = -1  # the state key of a shared party's single instance
 
@@ -90,6 +96,15 @@ def sample_clients(seed: int, rnd: int, num_clients: int, per_round: int, eligib
         chosen.add(j if t in chosen else t)
     picked = chosen if eligible is None else {eligible[i] for i in chosen}
     return sorted(picked)
+
+
+def drops_out(seed: int, p: float, rnd: int, phase: int, cid: int) -> bool:
+    """Whether client ``cid`` drops out before replying to exchange ``phase`` (0-based) of round
+    ``rnd`` under ``clients.dropout = p``: a uniform draw from the generator (seed, "dropout",
+    round, exchange, client) below ``p``, so a run loses the same clients whatever the runtime."""
+    if p <= 0:
+        return False
+    return float(torch.rand(1, generator=generator(seed, "dropout", rnd, phase, cid), dtype=torch.float64)) < p
 
 
 # ------------------------------------------------------------------ client execution
@@ -355,37 +370,31 @@ class Simulation:
         return results, {}
 
     def _drops_out(self, rnd: int, phase: int, cid: int) -> bool:
-        """Whether client ``cid`` drops out before replying to exchange ``phase`` of round
-        ``rnd`` (``dropout``): a uniform draw from the generator (seed, "dropout", round,
-        exchange, client), so the same run loses the same clients whatever the runtime."""
-        p = self.cfg.dropout
-        if p <= 0:
-            return False
-        u = torch.rand(1, generator=generator(self.cfg.seed, "dropout", rnd, phase, cid), dtype=torch.float64)
-        return float(u) < p
+        return drops_out(self.cfg.seed, self.cfg.dropout, rnd, phase, cid)
 
     def _check_failures(self, rnd: int, phase: int, addressed: int, replied: int, failed: Mapping[int, str]) -> None:
-        """Let the round go on without the ``failed`` clients' replies, or stop it with one error
-        naming each of them and what would let it go on."""
+        """Let the round go on without the ``failed`` clients' replies; or, under
+        ``min_replies``, with fewer replies than that, a :class:`ShortRoundError` (the round is
+        skipped); otherwise stop the run with one error naming each failed client and the way on."""
         cfg = self.cfg
-        if cfg.min_replies is not None and self.strategy.partial_replies and replied >= cfg.min_replies:
+        need = cfg.min_replies
+        tolerant = need is not None and self.strategy.partial_replies
+        if tolerant and replied >= (need or 0):
             return
         listed = "; ".join(f"client {cid}: {why}" for cid, why in sorted(failed.items())[:5])
         more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
-        head = f"round {rnd}, exchange {phase + 1}: {len(failed)} of {addressed} clients gave no result ({listed}{more}); "
+        head = f"round {rnd}, exchange {phase + 1}: {len(failed)} of {addressed} clients gave no result ({listed}{more})"
+        if tolerant:
+            raise ShortRoundError(f"{head}; only {replied} replied, fewer than clients.min_replies={need}")
         if not self.strategy.partial_replies:
             why = (f"this method ({type(self.strategy).__name__}) needs every addressed client's reply, "
                    "so this round is not completed. ")  # fmt: skip
-        elif cfg.min_replies is None:
+        else:
             why = ("this round is not completed: set clients.min_replies (e.g. to half of clients.per_round) to let "
                    "a round go on with the replies that arrive. ")  # fmt: skip
-        else:
-            why = f"only {replied} replied, fewer than clients.min_replies={cfg.min_replies}, so this round is not completed. "
-        simulated = any(cid in self._simulated for cid in failed)
-        fix = ((f"Rounds up to {rnd - 1} are kept: " if rnd > 1 else "") + ("lower clients.dropout or clients.min_replies and start again"
-               if simulated else "bring the node(s) back and continue with fedge run --resume RUN_DIR (with the same "
-               "--runtime, or another)"))  # fmt: skip
-        raise MessageError(head + why + fix)
+        fix = ((f"Rounds up to {rnd - 1} are kept: " if rnd > 1 else "") + "bring the node(s) back and continue with "
+               "fedge run --resume RUN_DIR (with the same --runtime, or another)")  # fmt: skip
+        raise MessageError(f"{head}; {why}{fix}")
 
     def sample(self, rnd: int) -> list[int]:
         """The clients of round ``rnd``: the strategy's own draw if it makes one, else
@@ -409,6 +418,8 @@ class Simulation:
         exchanges = 0
         self._round_states.clear()
         self._failed, self._simulated = {}, set()
+        # a round too short to complete is skipped under min_replies: the strategy as before it
+        before = copy.deepcopy(self.strategy.state_dict()) if cfg.min_replies is not None else None
         rounds = self.strategy.round(rnd, ids)
         try:
             step = next(rounds)
@@ -433,6 +444,13 @@ class Simulation:
                     raise TypeError(f"round {rnd}: a strategy's round yields Exchange or PartyCall, got {type(step).__name__}")
         except StopIteration as stop:
             agg: dict[str, Any] = dict(stop.value or {})
+        except ShortRoundError as short:
+            if before is None:
+                raise
+            rounds.close()
+            self.strategy.load_state_dict(before)
+            agg = {"round_skipped": 1}
+            self.record.extra.setdefault("skipped_rounds", {})[str(rnd)] = str(short)
         finally:
             self._round_states.clear()  # round secrets never outlive the round
         client = acc.client
@@ -546,8 +564,8 @@ class Simulation:
         results, lost = self._run_clients(rnd, phase, outgoing)
         failed.update(lost)
         if failed:
-            self._check_failures(rnd, phase, len(ids), len(results), failed)
             self._failed.update({cid: why for cid, why in failed.items() if cid not in self._failed})
+            self._check_failures(rnd, phase, len(ids), len(results), failed)
         replies: dict[int, Message] = {}
         for cid in sorted(results):
             result = results[cid]

@@ -15,7 +15,7 @@ third-party additive masks).
 
 from fedge.privacy.secagg.client import ClientState
 from fedge.privacy.secagg.config import SecAggConfig
-from fedge.privacy.secagg.errors import FixedPointRangeError, SecAggError, ShareDecryptionError
+from fedge.privacy.secagg.errors import FixedPointRangeError, SecAggError, ShareDecryptionError, TooFewClientsError
 from fedge.privacy.secagg.fixedpoint import FixedPoint, RingArray
 from fedge.privacy.secagg.graph import MaskGraph, recommended_neighbors, recommended_threshold
 from fedge.privacy.secagg.prg import prg
@@ -33,6 +33,7 @@ __all__ = [
     "SecAggResult",
     "ServerState",
     "ShareDecryptionError",
+    "TooFewClientsError",
     "prg",
     "recommended_neighbors",
     "recommended_threshold",

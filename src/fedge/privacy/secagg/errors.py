@@ -6,14 +6,20 @@ once, and a builtin (ValueError / RuntimeError) so a caller who does not know fe
 
 from __future__ import annotations
 
-from fedge.core.errors import FedgeError
+from fedge.core.errors import FedgeError, ShortRoundError
 
-__all__ = ["FixedPointRangeError", "SecAggError", "ShareDecryptionError"]
+__all__ = ["FixedPointRangeError", "SecAggError", "ShareDecryptionError", "TooFewClientsError"]
 
 
 class SecAggError(FedgeError, RuntimeError):
     """The secure-aggregation round aborts: too few parties, a protocol step out of order, a
     message that does not fit the protocol. Never a silently wrong sum."""
+
+
+class TooFewClientsError(SecAggError, ShortRoundError):
+    """Fewer clients than the threshold t answered a step (or hold shares of a dropped client's
+    secret): the round cannot be unmasked. A :class:`~fedge.core.errors.ShortRoundError`, so
+    an engine that tolerates failures skips the round."""
 
 
 class ShareDecryptionError(SecAggError):

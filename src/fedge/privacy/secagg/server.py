@@ -22,7 +22,7 @@ from collections.abc import Container
 import numpy as np
 
 from fedge.privacy.secagg.config import SecAggConfig, Step, check_round
-from fedge.privacy.secagg.errors import SecAggError
+from fedge.privacy.secagg.errors import SecAggError, TooFewClientsError
 from fedge.privacy.secagg.fixedpoint import RingArray
 from fedge.privacy.secagg.graph import MaskGraph, connected_components
 from fedge.privacy.secagg.keys import KeyPair, agree, pair_mask_seed
@@ -78,7 +78,7 @@ class ServerState:
     def _close(self, stage: Step, received: int, what: str) -> None:
         self._stage = Step(stage + 1)
         if received < self.config.threshold:
-            raise SecAggError(
+            raise TooFewClientsError(
                 f"only {received} clients sent {what}; at least the threshold t="
                 f"{self.config.threshold} are needed, the round aborts"
             )
@@ -190,7 +190,7 @@ class ServerState:
         t = self.config.threshold
         if len(shares) < t:
             what = "self-mask seed b_u" if secret == "b" else "mask key s_sk"
-            raise SecAggError(
+            raise TooFewClientsError(
                 f"cannot unmask: only {len(shares)} of the threshold t={t} shares of client "
                 f"{owner}'s {what} arrived; the round aborts"
             )
