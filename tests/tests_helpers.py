@@ -69,3 +69,18 @@ def benchmark_script(name: str) -> ModuleType:
         return importlib.import_module(name)
     finally:
         sys.path.pop(0)
+
+
+def record_replies(sim) -> dict[tuple[int, int], list[int]]:
+    """Wrap ``sim``'s exchanges (an engine ``Simulation``) to record the clients that replied to
+    each, by (round, exchange); returns the dict it fills as the rounds run."""
+    got: dict[tuple[int, int], list[int]] = {}
+    exchange = sim._exchange
+
+    def recording(rnd, phase, messages, acc):
+        replies = exchange(rnd, phase, messages, acc)
+        got[(rnd, phase)] = sorted(replies)
+        return replies
+
+    sim._exchange = recording
+    return got

@@ -19,6 +19,7 @@ from fedge.methods.eppfl.parties import MaskKeys, seeded_rng
 from fedge.methods.eppfl.split import gradient_positions, split_model
 from fedge.privacy.dp.laplace import laplace_epsilon
 from tests.conftest import tiny_config
+from tests_helpers import record_replies
 
 
 def _cfg(**over):
@@ -191,16 +192,9 @@ def test_a_device_that_fails_is_left_out_as_the_replies_that_arrived_say():
     over = {"clients.num": 4, "clients.per_round": 4, "seed": 2, "method.masks": True}
     built = _built(**over, **{"clients.dropout": 0.3, "clients.min_replies": 2})
     sim = built.simulation()
-    replied: dict[int, list[int]] = {}
-    exchange = sim._exchange
-
-    def recording(rnd, phase, messages, acc):
-        replies = exchange(rnd, phase, messages, acc)
-        replied[rnd] = sorted(replies)
-        return replies
-
-    sim._exchange = recording
+    got = record_replies(sim)
     lines = [sim.run_round(r) for r in (1, 2)]
+    replied = {rnd: ids for (rnd, _), ids in got.items()}  # one exchange a round
     assert replied == {1: [0, 2, 3], 2: [0, 1, 3]} and [x["clients_failed"] for x in lines] == [1, 1]
     assert [x["eppfl_aggregated"] for x in lines] == [3, 3]
     oracle = _built(**over).simulation()

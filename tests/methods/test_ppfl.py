@@ -17,7 +17,7 @@ from fedge.experiment.build import build_run
 from fedge.methods.ppfl.enclaves import ClientEnclave, EnclaveSpec, open_eval_blob
 from fedge.privacy.tee import MiB
 from tests.conftest import tiny_config
-from tests_helpers import metrics_without_wall, run_cut_after
+from tests_helpers import metrics_without_wall, record_replies, run_cut_after
 
 
 def _cfg(**over):
@@ -420,20 +420,6 @@ def test_finished_run_cannot_be_extended_and_is_left_as_it_was(tmp_path):
     assert _tree(out) == before
 
 
-def _recorded(sim):
-    """Wrap ``sim``'s exchanges to record, per (round, exchange), the clients that replied."""
-    got: dict[tuple[int, int], list[int]] = {}
-    exchange = sim._exchange
-
-    def recording(rnd, phase, messages, acc):
-        replies = exchange(rnd, phase, messages, acc)
-        got[(rnd, phase)] = sorted(replies)
-        return replies
-
-    sim._exchange = recording
-    return got
-
-
 def test_clients_that_fail_are_left_out_of_attestation_and_aggregation():
     """clients.dropout loses clients at the attestation exchange and at the training exchange;
     each round's enclave-evaluated model is that of a run whose rounds sample only the clients
@@ -441,7 +427,7 @@ def test_clients_that_fail_are_left_out_of_attestation_and_aggregation():
     when next sampled."""
     over = {"clients.dropout": 0.25, "clients.min_replies": 1, "seed": 5}
     sim = _built(**over).simulation()
-    got = _recorded(sim)
+    got = record_replies(sim)
     lines = [sim.run_round(r) for r in (1, 2, 3)]
     sim.close()
     last = {r: got[(r, max(p for q, p in got if q == r))] for r in (1, 2, 3)}

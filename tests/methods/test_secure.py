@@ -12,6 +12,7 @@ from fedge.core.errors import ConfigError
 from fedge.experiment.build import build_run
 from fedge.methods.fedavg import DeltaAveraging
 from fedge.methods.secure import FIXED_POINT, SecureAggregation, SecureAggregationOptions
+from tests_helpers import record_replies
 
 
 def _run(tiny, rounds=2, workers=0, **method):
@@ -84,16 +85,9 @@ def test_real_dropouts_at_every_step_are_recovered_to_the_survivors_plain_mean(t
     method = {"name": "fedavg", "local_epochs": 1, "batch_size": 16, "client_optimizer": {"lr": 0.1}}
     built = build_run(load_config(tiny(method={**method, "secure_aggregation": True}, **over)))
     sim = built.simulation()
-    got: dict[int, list[int]] = {}
-    exchange = sim._exchange
-
-    def recording(rnd, phase, messages, acc):
-        replies = exchange(rnd, phase, messages, acc)
-        got[phase] = sorted(replies)
-        return replies
-
-    sim._exchange = recording
+    recorded = record_replies(sim)
     line = sim.run_round(1)
+    got = {phase: ids for (_, phase), ids in recorded.items()}
     survivors = got[2]  # U3: their masked inputs are in the sum (this seed loses one client at each step)
     assert [10 - len(got[0]), len(got[0]) - len(got[1]), len(got[1]) - len(survivors), len(survivors) - len(got[3])] == [1, 1, 1, 1]
     assert line["secagg_survivors"] == len(survivors) and line["clients_failed"] == 10 - len(got[3])
