@@ -30,7 +30,7 @@ from typing import Any
 from fedge.bench.docs import markdown_table
 from fedge.bench.figures import read_run_logs
 from fedge.bench.script import report_and_document, runs_parser
-from fedge.bench.variants import run_variants
+from fedge.bench.variants import run_seeded_variants
 
 PRESET = "fedavg-fmnist-lenet"
 ROUNDS = 10
@@ -122,10 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = runs_parser(__doc__, out="runs/bench-client-failures")
     ap.add_argument("--seeds", type=int, default=3)
     args = ap.parse_args(argv)
-    variants = {f"{label} seed={s}": [f"seed={s}", *over] for s in range(args.seeds) for label, over in ROWS.items()}
-    runs = run_variants(PRESET, variants, out_root=args.out, common=COMMON)
-    dirs = {r["label"]: r["run_dir"] for r in runs["results"]}
-    report = {"rows": {label: _row([dirs[f"{label} seed={s}"] for s in range(args.seeds)]) for label in ROWS}}
+    runs = run_seeded_variants(PRESET, ROWS, seeds=range(args.seeds), out_root=args.out, common=COMMON)
+    report = {"rows": {r["label"]: _row([x["run_dir"] for x in r["runs"]]) for r in runs["results"]}}
     return report_and_document(report, table(report), args.docs, section="client-failures", title="Clients that fail to reply",
                                markdown=lambda command: markdown(report, command), script=__file__, argv=argv)
 
