@@ -28,7 +28,7 @@ import statistics
 from typing import Any
 
 from fedge.bench.docs import markdown_table
-from fedge.bench.figures import read_run_logs
+from fedge.bench.figures import few_seeds_note, read_run_logs
 from fedge.bench.script import report_and_document, runs_parser
 from fedge.bench.variants import run_seeded_variants
 
@@ -107,10 +107,7 @@ def _notes(report: dict[str, Any]) -> str:
             f"{sec1['server_s']:.3f} s at p = 0.1, where fewer inputs to unmask weigh more than the dropped clients' "
             "pair masks it reconstructs (timings on a machine shared with other jobs: compare within the table)."
         )
-    seeds = min(r["seeds"] for r in rows.values())
-    if seeds < 3:
-        text += f" Only {seeds} seed(s) were run (the script's default is 3)."
-    return text
+    return text + few_seeds_note(rows)
 
 
 def markdown(report: dict[str, Any], command: str) -> str:

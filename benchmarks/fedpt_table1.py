@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedge.bench.docs import markdown_table
-from fedge.bench.figures import communication_reduction, mean_over_seeds, mib, run_figures
+from fedge.bench.figures import communication_reduction, few_seeds_note, mean_over_seeds, mib, run_figures
 from fedge.bench.script import report_and_document, runs_parser
 from fedge.bench.variants import run_variants
 
@@ -81,10 +81,7 @@ def _notes(report: dict[str, Any]) -> str:
         f"state or start copy for fc1), at {gap:.1f} accuracy points after {ROUNDS} rounds (the paper: 1.7 points at "
         "convergence; this budget is far from convergence, so the gap is not comparable to the paper's)."
     )
-    seeds = min(r["seeds"] for r in rows.values())
-    if seeds < 3:
-        text += f" Only {seeds} seeds were run to fit the time budget (the script's default is 3; rerun to add them)."
-    return text
+    return text + few_seeds_note(rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fedge.bench.figures import communication_reduction, mean_over_seeds, mib, read_run_logs, run_figures
+from fedge.bench.figures import communication_reduction, few_seeds_note, mean_over_seeds, mib, read_run_logs, run_figures
 
 
 def _run(tmp_path: Path, name: str, *, accuracy: float, wall: tuple[float, float], peak: int | None) -> Path:
@@ -47,3 +47,11 @@ def test_mean_over_seeds_averages_skips_missing_and_gives_the_accuracy_std(tmp_p
 def test_reduction_and_mib_cells():
     assert communication_reduction({"bytes_down": 300, "bytes_up": 100}, {"bytes_down": 30, "bytes_up": 10}) == 10.0
     assert mib(3 * 2**19) == "1.5" and mib(3 * 2**19, 2) == "1.50" and mib(None) == "n/a"
+
+
+def test_few_seeds_note_names_the_fewest_seeds_and_is_empty_with_enough():
+    assert few_seeds_note({"a": {"seeds": 3}, "b": {"seeds": 4}}) == ""
+    assert few_seeds_note({"a": {"seeds": 3}, "b": {"seeds": 1}}) == (
+        " Only 1 seed(s) were run (the script's default is 3; rerun to add them)."
+    )
+    assert few_seeds_note({"a": {"seeds": 3}}, default=5).startswith(" Only 3 seed(s)")

@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-__all__ = ["communication_reduction", "mean_over_seeds", "mib", "read_run_logs", "run_figures"]
+__all__ = ["communication_reduction", "few_seeds_note", "mean_over_seeds", "mib", "read_run_logs", "run_figures"]
 
 
 def read_run_logs(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -65,3 +65,12 @@ def communication_reduction(full: dict[str, Any], row: dict[str, Any]) -> float:
 def mib(b: float | None, digits: int = 1) -> str:
     """Bytes as MiB with ``digits`` decimals; ``n/a`` for a figure not measured (None)."""
     return "n/a" if b is None else f"{b / 2**20:.{digits}f}"
+
+
+def few_seeds_note(rows: dict[str, dict[str, Any]], default: int = 3) -> str:
+    """A sentence for a table whose rows have fewer seeds (``"seeds"``) than the script's
+    ``default``, so a reader knows; empty when every row has them."""
+    seeds = min(r["seeds"] for r in rows.values())
+    if seeds >= default:
+        return ""
+    return f" Only {seeds} seed(s) were run (the script's default is {default}; rerun to add them)."
