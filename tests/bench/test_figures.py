@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from fedge.bench.figures import communication_reduction, few_seeds_note, mean_over_seeds, mib, read_run_logs, run_figures
+from fedge.bench.figures import (
+    communication_reduction,
+    few_seeds_note,
+    mean_over_seeds,
+    mib,
+    read_run_logs,
+    run_figures,
+)
 
 
 def _run(tmp_path: Path, name: str, *, accuracy: float, wall: tuple[float, float], peak: int | None) -> Path:
