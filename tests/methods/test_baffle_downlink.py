@@ -57,19 +57,21 @@ def test_history_falls_back_to_the_full_state_when_replay_costs_more():
     server = GlobalModel(layer, T.sgd(0.1))
     hist = DownlinkHistory(k=50)
     hist.messages(1, [0, 1], seed=11, server=server)
+    assert hist.synced == {}  # sent, not yet confirmed by a reply
+    hist.confirm(1, [0, 1])
     g = torch.Generator().manual_seed(0)
     for rnd in range(1, 4):
         hist.record(rnd, seed=100 + rnd, combined=torch.randn(50, generator=g))
     msgs = hist.messages(4, [0], seed=12, server=server)
     assert "replay_dL" not in msgs[0].arrays and "weight" in msgs[0].arrays  # 3·(200+8) B > a 6-weight model
-    assert msgs[0].config["sync_to"] == 4 and hist.synced[0] == 4
+    hist.confirm(4, [0])
+    assert msgs[0].config["sync_to"] == 4 and hist.synced == {0: 4, 1: 1}
 
 
 def test_a_client_out_of_step_is_told_so(tiny):
     sim = _sim(tiny, "seeds", per_round=5)
     sim.run_round(1)
-    sim.strategy.downlink.synced[0] = 0  # the server believes client 0 holds an older model
-    sim.strategy.downlink.history[0] = (1, torch.zeros(K))
+    sim.strategy.downlink.synced[0] = 2  # the server believes client 0 holds a newer model than it does
     with pytest.raises(MessageError, match="out of step"):
         sim.run_round(2)
 

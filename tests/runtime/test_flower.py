@@ -305,16 +305,18 @@ def test_resume_with_an_unknown_backend_is_refused_before_writing(tmp_path):
 # ---- faults: a node that fails or does not reply ----------------------------------------------
 
 
-def _fail_node_1_in_round_2(monkeypatch, fault):
-    """Client 1's node (1001) fails its round-2 message: its ClientApp raises, or its reply never
-    arrives ("no reply"), or the SuperLink answers for it as offline ("offline")."""
+def _fail_node_1_in_round_2(monkeypatch, fault, exchange=0):
+    """Client 1's node (1001) fails its message of round 2's ``exchange``: its ClientApp raises,
+    or its reply never arrives ("no reply": the node ran the step), or the SuperLink answers
+    for it as offline ("offline")."""
+    group = f"2.{exchange}"
     from flwr.app import Error
     from flwr.common.serde import message_to_proto
 
     push, deliver = LocalGrid.push_messages, LocalGrid._deliver
 
     def failing_deliver(self, msg, context):
-        if context.node_id == 1001 and msg.metadata.group_id == "2.0":
+        if context.node_id == 1001 and msg.metadata.group_id == group:
             app = self.app
 
             def boom(m, c):
@@ -331,7 +333,7 @@ def _fail_node_1_in_round_2(monkeypatch, fault):
         messages = list(messages)
         ids = list(push(self, messages))
         for m, mid in zip(messages, ids, strict=True):
-            if m.metadata.dst_node_id == 1001 and m.metadata.group_id == "2.0":
+            if m.metadata.dst_node_id == 1001 and m.metadata.group_id == group:
                 self._pending.pop(mid)  # the reply never arrives
                 if fault == "offline":  # Flower's SuperLink answers for a node it found offline, as itself
                     err = Message(Error(code=5, reason="Error: Node Unavailable"), reply_to=m)
@@ -475,3 +477,25 @@ def test_loopback_deployment_over_tls_with_user_certificates(tmp_path):
     deployed = _lines(out)
     assert [x["test_accuracy"] for x in deployed] == pytest.approx([x["test_accuracy"] for x in engine], rel=1e-9)
     assert [x["bytes_up"] for x in deployed] == [x["bytes_up"] for x in engine]
+
+
+def test_a_seeds_downlink_client_whose_reply_was_lost_skips_the_rounds_it_replayed(tmp_path, monkeypatch):
+    """BAFFLE with `downlink: seeds` (and secure aggregation, its default): client 1's node syncs
+    to round 2's model when it computes its masked input, but that reply is lost; its input is
+    not in the sum, so the server still records it at round 1, round 3 replays rounds 1 and 2 to
+    it and it skips the one it holds. Its round-3 loss differences are then taken on the
+    server's model: the run equals an engine run whose round 2 samples only clients 0 and 2
+    (the oracle; the same secure sums, exact in the ring)."""
+    from fedge.runtime.engine import Simulation
+
+    method = {"name": "baffle", "mode": "batch", "k": 4, "batch_size": 32, "clip": None, "ema": None, "downlink": "seeds"}
+    cfg = tiny_config(rounds=3, method=method, **{"dataset": {"name": "digits"}, "clients.num": 3, "clients.per_round": 3,
+                                                  "clients.min_replies": 2})  # fmt: skip
+    sample = Simulation.sample
+    monkeypatch.setattr(Simulation, "sample", lambda self, rnd: [c for c in sample(self, rnd) if (rnd, c) != (2, 1)])
+    oracle = _lines(run_experiment(load_config(cfg), out=tmp_path / "oracle", render=False))
+    monkeypatch.setattr(Simulation, "sample", sample)
+    _fail_node_1_in_round_2(monkeypatch, "no reply", exchange=2)  # secure aggregation's step 3: the masked input
+    lines = _lines(run_experiment(load_config(cfg), out=tmp_path / "lossy", render=False, runtime="flower-sim"))
+    assert [x["clients_failed"] for x in lines] == [0, 1, 0] and lines[1]["secagg_survivors"] == 2
+    assert [(x["test_accuracy"], x["test_loss"]) for x in lines] == [(x["test_accuracy"], x["test_loss"]) for x in oracle]

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -340,10 +340,11 @@ class BaffleBatchStrategy(Strategy):
 
     @property
     def partial_replies(self) -> bool:
-        """Yes, Eq. 7's weights renormalize over the clients that replied — except with
-        ``downlink: seeds``, whose record of the round each client's model is at assumes the
-        clients it sent a replay to applied it (a lost reply leaves that unknown)."""
-        return self.downlink is None
+        """Yes: Eq. 7's weights renormalize over the clients that replied. With ``downlink:
+        seeds`` the server counts a client as holding this round's model only once its reply
+        is in the update (:meth:`DownlinkHistory.confirm`); a client whose reply was lost after
+        it synced is then ahead of that record and skips the rounds it already replayed."""
+        return True
 
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
         if self.downlink is not None:
@@ -368,7 +369,7 @@ class BaffleBatchStrategy(Strategy):
         checked = {c: self.check_reply(rnd, c, r) for c, r in replies.items()}
         if self.cfg.shared_perturbations:
             combined = combine_loss_differences([d for d, _ in checked.values()], [n for _, n in checked.values()])
-            return self.shared_update(rnd, combined)
+            return self.shared_update(rnd, combined, sorted(replies))
         return self.apply(self.per_client_estimate(rnd, checked))
 
     def estimate(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, torch.Tensor]:
@@ -399,13 +400,15 @@ class BaffleBatchStrategy(Strategy):
                 g[k] = g[k].add_(v, alpha=n / total) if k in g else v * (n / total)
         return g
 
-    def shared_update(self, rnd: int, combined: torch.Tensor) -> dict[str, float]:
+    def shared_update(self, rnd: int, combined: torch.Tensor, clients: Sequence[int] = ()) -> dict[str, float]:
         """ĝ (Eq. 6) from Σ_c (N_c/N) ΔL_c on the round's shared perturbations (Eq. 7), clip,
-        optimizer — the step a ``downlink: seeds`` client replays from (s_t, ΔL_t)."""
+        optimizer — the step a ``downlink: seeds`` client replays from (s_t, ΔL_t); ``clients``:
+        those whose ΔL is in ``combined`` (they hold this round's model)."""
         seed = self.round_seed(rnd)
         if self.downlink is None:
             return self.apply(self.shared_estimate(rnd, combined))
         g = replay_step(self.server, self.cfg, seed, combined)
+        self.downlink.confirm(rnd, clients)
         self.downlink.record(rnd, seed, combined)
         return {"estimate_inf_norm": max(float(v.abs().max()) for v in g.values())}
 
@@ -413,9 +416,10 @@ class BaffleBatchStrategy(Strategy):
         self.server.step(clip_inf_norm(grads, self.cfg.clip))
         return {"estimate_inf_norm": max(float(v.abs().max()) for v in grads.values())}
 
-    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float = 1.0) -> dict[str, float]:
+    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float = 1.0,
+                   clients: Sequence[int] = ()) -> dict[str, float]:  # fmt: skip
         """The update from the weighted mean of the clients' ΔL (what secure aggregation yields)."""
-        return self.shared_update(rnd, mean["dL"].to(torch.float32))
+        return self.shared_update(rnd, mean["dL"].to(torch.float32), clients)
 
     def eval_model(self) -> torch.nn.Module:
         return self.model

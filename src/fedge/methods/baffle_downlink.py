@@ -8,12 +8,15 @@ receiving W_t (the model: 107 KB for BAFFLE's LeNet). This is the idea of FedKSe
 al., "Federated Full-Parameter Tuning of Billion-Sized Language Models with Communication Cost
 under 18 Kilobytes", arXiv:2312.06353v3, Section 3.3), applied to BAFFLE's Stein estimator.
 
-- The server keeps, per client, the round whose model that client holds, and the history of
-  (s_r, ΔL_r). It sends a client the rounds it missed — or the full model *and the optimizer
+- The server keeps, per client, the round whose model that client holds — counted once the
+  client's reply is in that round's update (:meth:`DownlinkHistory.confirm`), so a client that
+  failed is never taken to hold a model it may not have — and the history of (s_r, ΔL_r). It sends a client the rounds it missed — or the full model *and the optimizer
   state* when that is smaller or the client is new (the optimizer state is what lets it replay
   Adam later; it costs 2× the model once).
 - The client keeps (W, O, masks) in its persistent state and replays with exactly the server's
-  code (:func:`replay_step`): same ops, one torch thread, so the rebuild is bit-identical.
+  code (:func:`replay_step`): same ops, one torch thread, so the rebuild is bit-identical. A
+  client ahead of the server's record (it synced, then its reply was lost: a failed Flower node,
+  a skipped round) skips the replayed rounds it already holds.
 - Trade-off, stated: the client now holds the optimizer state between rounds (Adam: 2× the
   model), so the lean estimator's "inference memory only" no longer holds in this mode.
 """
@@ -21,7 +24,7 @@ under 18 Kilobytes", arXiv:2312.06353v3, Section 3.3), applied to BAFFLE's Stein
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -93,6 +96,7 @@ class DownlinkHistory:
 
     def __init__(self, k: int) -> None:
         self.k = k
+        self._full_size = 0  # this round's full-state message size (set by messages())
         self.synced: dict[int, int] = {}  # client -> the round whose model W_r it holds
         self.history: dict[int, tuple[int, torch.Tensor]] = {}  # round r -> (s_r, ΔL_r)
 
@@ -105,6 +109,7 @@ class DownlinkHistory:
                        config={"seed": seed, "sync_to": rnd})  # fmt: skip
         full_size = len(full.to_bytes())
         out: dict[int, Message] = {}
+        self._full_size = full_size
         for c in client_ids:
             at = self.synced.get(c)
             missed = None if at is None else range(at, rnd)
@@ -116,12 +121,17 @@ class DownlinkHistory:
                 )  # fmt: skip
                 if len(replay.to_bytes()) < full_size:
                     out[c] = replay
-                    self.synced[c] = rnd
                     continue
             out[c] = full
-            self.synced[c] = rnd
         self._forget(rnd, full_size)
         return out
+
+    def confirm(self, rnd: int, clients: Sequence[int]) -> None:
+        """``clients`` replied to round ``rnd``'s message, so they hold its model W_rnd (a client
+        sent it but not confirmed keeps its older record)."""
+        for c in clients:
+            self.synced[c] = rnd
+        self._forget(rnd, self._full_size)
 
     def _forget(self, rnd: int, full_size: int) -> None:
         """Drop rounds no replay can use: older than every client's model, or so old that
@@ -155,17 +165,18 @@ class ClientReplica:
             raise MessageError(f"{who}: the server's message names no model round (sync_to)")
         if "replay_dL" in message.arrays:
             self._restore(ctx, who)
-            frm = message.config.get("sync_from")
-            if ctx.state.get("at") != frm:
+            frm, at = message.config.get("sync_from"), ctx.state.get("at")
+            if not isinstance(frm, int) or not isinstance(at, int) or not frm <= at <= to:
                 raise MessageError(
-                    f"{who}: the server replays rounds from {frm!r} but this client holds the model of round "
-                    f"{ctx.state.get('at')}; its state is out of step with the server's (was the run resumed "
-                    "from a different checkpoint?)"
+                    f"{who}: the server replays rounds {frm!r} to {to} but this client holds the model of round "
+                    f"{at}; its state is out of step with the server's (was the run resumed from a different "
+                    "checkpoint?)"
                 )
             seeds, diffs = message.arrays["replay_seeds"], message.arrays["replay_dL"]
             if diffs.dim() != 2 or diffs.shape != (seeds.numel(), self.cfg.k):
                 raise MessageError(f"{who}: replay_dL has shape {tuple(diffs.shape)}; expected ({seeds.numel()}, {self.cfg.k})")
-            for seed, d in zip(seeds.tolist(), diffs, strict=True):
+            skip = at - frm  # rounds this client replayed already (its last reply did not reach the server)
+            for seed, d in zip(seeds.tolist()[skip:], diffs[skip:], strict=True):
                 replay_step(self.server, self.cfg, int(seed), d)
         else:
             model_part = {k: v for k, v in message.arrays.items() if not k.startswith(_OPT)}

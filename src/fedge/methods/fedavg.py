@@ -16,7 +16,7 @@ or uniform.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -157,11 +157,12 @@ class DeltaAveraging(Strategy):
             w = weights[cid] / total
             for k, a in reply.arrays.items():
                 mean[k] = mean[k].add_(a, alpha=w) if k in mean else a * w
-        metrics = self.apply_mean(rnd, mean, weight=total)
+        metrics = self.apply_mean(rnd, mean, weight=total, clients=sorted(replies))
         losses = [(weights[c] / total) * float(r.metrics["train_loss"]) for c, r in replies.items() if "train_loss" in r.metrics]
         return {**metrics, "train_loss": sum(losses)} if losses else metrics
 
-    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float = 1.0) -> dict[str, float]:
+    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float = 1.0,
+                   clients: Sequence[int] = ()) -> dict[str, float]:  # fmt: skip
         """Server optimizer step on the mean (pseudo-)gradient; float buffers move by their mean delta."""
         self.server.step({k: (mean[k] if self.gradients else -mean[k]) for k in self.server.param_names})
         self.server.add_to_buffers(mean)

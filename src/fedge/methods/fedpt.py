@@ -29,7 +29,7 @@ always trained (Sec. 3.1).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -129,8 +129,9 @@ class FedPTServer(StrategyWrapper):
     def summands(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
         return self.averaging.summands()
 
-    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float = 1.0) -> dict[str, float]:
-        return {**self.averaging.apply_mean(rnd, mean, weight=weight), **self._metrics()}
+    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float = 1.0,
+                   clients: Sequence[int] = ()) -> dict[str, float]:  # fmt: skip
+        return {**self.averaging.apply_mean(rnd, mean, weight=weight, clients=clients), **self._metrics()}
 
 
 class FedPTClient:

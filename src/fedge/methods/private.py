@@ -25,7 +25,7 @@ the OS's CSPRNG instead, as a deployment must.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -110,17 +110,17 @@ class DifferentialPrivacy(StrategyWrapper):
                 raise MessageError(f"round {rnd}, client {cid}: expected arrays {sorted(self.template)}, got {sorted(reply.arrays)}")
             clipped, norm = clip_contribution({k: reply.arrays[k] for k in self.template}, self.cfg)  # the server's own bound check
             contributions.append(clipped)
-        return self._update(rnd, contributions)
+        return self._update(rnd, contributions, sorted(replies))
 
-    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float) -> dict[str, float]:
+    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float, clients: Sequence[int] = ()) -> dict[str, float]:
         """Secure aggregation's unmasked mean over ``weight`` clients (uniform weights): the sum
         is ``weight · mean``, and the noise goes on that sum."""
-        return self._update(rnd, [{k: v * weight for k, v in mean.items()}])
+        return self._update(rnd, [{k: v * weight for k, v in mean.items()}], clients)
 
-    def _update(self, rnd: int, contributions: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    def _update(self, rnd: int, contributions: list[dict[str, torch.Tensor]], clients: Sequence[int]) -> dict[str, float]:
         mean, metrics = self.dp.aggregate(contributions, rnd, like=self.template)
         out = self.summable.apply_mean(rnd, {k: v.to(self.template[k].dtype) for k, v in mean.items()},
-                                       weight=float(len(contributions)))  # fmt: skip
+                                       weight=float(len(contributions)), clients=clients)  # fmt: skip
         self.last_epsilon = metrics["epsilon"]
         return {**out, **metrics}
 

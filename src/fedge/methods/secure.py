@@ -41,7 +41,7 @@ arrived). ``secagg_dropped`` counts both kinds. Too many dropouts abort the roun
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -104,9 +104,10 @@ class Summable(Protocol):
 
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]: ...
 
-    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float) -> dict[str, float]:
+    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float, clients: Sequence[int] = ()) -> dict[str, float]:
         """Update the global state from the weighted mean of the replies (``weight``: their
-        total weight, the client count when unweighted); return metrics."""
+        total weight, the client count when unweighted; ``clients``: whose replies are in it);
+        return metrics."""
         ...
 
 
@@ -240,7 +241,8 @@ class SecureAggregation(StrategyWrapper):
         weight = float(total[-1])
         if not weight > 0:
             raise MessageError(f"round {rnd}: secure aggregation summed a total weight of {weight}; expected > 0")
-        metrics = self.summable.apply_mean(rnd, self._unflatten(total[:-1] / weight), weight=weight)
+        metrics = self.summable.apply_mean(rnd, self._unflatten(total[:-1] / weight), weight=weight,
+                                           clients=sorted(server.survivors))  # fmt: skip
         return {**metrics, "secagg_survivors": len(server.survivors), "secagg_dropped": len(server.dropped)}
 
     def _unflatten(self, flat: np.ndarray) -> dict[str, torch.Tensor]:
