@@ -15,9 +15,9 @@ class Interrupt(Exception):
     """The crash :func:`run_cut_after` simulates."""
 
 
-def run_cut_after(cfg: dict, out: Path, cut_round: int, monkeypatch) -> None:
-    """Run ``cfg`` into ``out`` and crash it right after round ``cut_round``'s checkpoint
-    (as a kill between rounds would leave it)."""
+def run_cut_after(cfg: dict, out: Path, cut_round: int, monkeypatch, **run_kwargs) -> None:
+    """Run ``cfg`` into ``out`` (``run_experiment``'s keywords: ``runtime``, ...) and crash it
+    right after round ``cut_round``'s checkpoint (as a kill between rounds would leave it)."""
     import pytest
 
     import fedge.experiment.rundir as rd
@@ -33,7 +33,7 @@ def run_cut_after(cfg: dict, out: Path, cut_round: int, monkeypatch) -> None:
 
     monkeypatch.setattr(rd.RunDir, "save_checkpoint", crash_after_the_cut)
     with pytest.raises(Interrupt):
-        run_experiment(load_config(cfg), out=out, render=False)
+        run_experiment(load_config(cfg), out=out, render=False, **run_kwargs)
     monkeypatch.setattr(rd.RunDir, "save_checkpoint", original)
 
 

@@ -399,6 +399,65 @@ def test_with_min_replies_a_round_goes_on_without_the_failed_node(tmp_path, monk
     assert lines[1]["bytes_down"] == lines[0]["bytes_down"] == oracle[1]["bytes_down"] * 3 // 2  # sent, then lost
 
 
+def _persistent_adam_config(**extra):
+    """FedAvg whose clients keep their Adam moments on their nodes between rounds, 3 clients a round."""
+    return tiny_config(rounds=3, **{"dataset": {"name": "digits"}, "clients.num": 3, "clients.per_round": 3,
+                                    "method.client_optimizer": {"name": "adam", "lr": 0.01, "state": "persistent"},
+                                    **extra})  # fmt: skip
+
+
+def test_a_node_whose_reply_was_lost_has_its_state_fetched_so_a_resume_continues_as_the_run(tmp_path, monkeypatch):
+    """Client 1's node trains in round 2 (its Adam moments move on the node) but its reply is
+    lost; the round goes on without it (clients.min_replies). The checkpoint after round 2 fetches
+    that node's state too, so a run cut there and resumed gives the uninterrupted run's metrics
+    (a checkpoint keeping its round-1 moments would hand the node those on resume)."""
+    from fedge.experiment.run import resume_experiment
+    from tests.tests_helpers import run_cut_after
+
+    cfg = _persistent_adam_config(**{"clients.min_replies": 2})
+    _fail_node_1_in_round_2(monkeypatch, "no reply")
+    full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False, runtime="flower-sim")
+    assert [x["clients_failed"] for x in _lines(full)] == [0, 1, 0]
+    run_cut_after(cfg, tmp_path / "cut", 2, monkeypatch, runtime="flower-sim")
+    resume_experiment(tmp_path / "cut", render=False, runtime="flower-sim")
+    assert [(x["test_accuracy"], x["test_loss"], x["train_loss"]) for x in _lines(tmp_path / "cut")] == [
+        (x["test_accuracy"], x["test_loss"], x["train_loss"]) for x in _lines(full)
+    ]
+
+
+def _node_1_misses_state_fetches(monkeypatch):
+    """Client 1's node (1001) does not answer the checkpoint's state fetches (it is down then)."""
+    from fedge.runtime.flower.adapter import STATE_GET
+
+    push = LocalGrid.push_messages
+
+    def push_dropping_fetches(self, messages):
+        messages = list(messages)
+        ids = list(push(self, messages))
+        for m, mid in zip(messages, ids, strict=True):
+            if m.metadata.dst_node_id == 1001 and m.metadata.group_id == STATE_GET:
+                self._pending.pop(mid)
+        return ids
+
+    monkeypatch.setattr(LocalGrid, "push_messages", push_dropping_fetches)
+
+
+def test_a_node_that_misses_the_state_fetch_is_warned_about_under_min_replies_and_stops_the_run_otherwise(tmp_path, monkeypatch):
+    """With clients.min_replies the run goes on (its metrics untouched: the fetch only feeds the
+    checkpoint), warning at each checkpoint that client 1's state there is as last fetched;
+    without it, the first checkpoint stops the run naming the node."""
+    plain = _lines(run_experiment(load_config(_persistent_adam_config()), out=tmp_path / "plain", render=False,
+                                  runtime="flower-sim"))  # fmt: skip
+    _node_1_misses_state_fetches(monkeypatch)
+    with pytest.warns(RuntimeWarning, match=r"checkpoint after round 1: the node\(s\) of client\(s\) \[1\] did not answer") as caught:
+        lossy = run_experiment(load_config(_persistent_adam_config(**{"clients.min_replies": 2})), out=tmp_path / "lossy",
+                               render=False, runtime="flower-sim")  # fmt: skip
+    assert any("more RuntimeWarnings like the one above (rounds 1–3)" in str(w.message) for w in caught)  # one a round
+    assert [x["test_accuracy"] for x in _lines(lossy)] == [x["test_accuracy"] for x in plain]
+    with pytest.raises(MessageError, match=r"fedge_state_get: 1 of 3 nodes failed \(client 1 \(node 1001\): no reply\)"):
+        run_experiment(load_config(_persistent_adam_config()), out=tmp_path / "strict", render=False, runtime="flower-sim")
+
+
 def test_cli_resume_on_flower_sim_and_its_bad_combinations(tmp_path):
     from typer.testing import CliRunner
 

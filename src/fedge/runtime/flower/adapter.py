@@ -40,8 +40,11 @@ ClientApp exception; a SuperLink's reply for a node it found offline) is a faile
 engine: with ``clients.min_replies`` set and a strategy that takes partial replies, the round
 goes on with the replies that arrived (secure aggregation recovers the failed clients' masks
 from their neighbours' shares); otherwise the round stops, naming each failed client. A node
-whose reply was lost may still have updated its own state; the server does not fetch that
-state (it does not know of it), so it is checkpointed as the last reply left it.
+whose reply was lost may still have run the step and updated its own state, so the checkpoint
+after the round asks every failed node for its state too: a resumed run continues from what
+the node holds, as an uninterrupted one does. Under ``clients.min_replies`` a node that does not
+answer that fetch either (it is down) keeps its state of the last fetch in the checkpoint, with
+a warning naming it; without ``min_replies`` the fetch failing stops the run.
 
 Checkpoints and resuming. A client's persistent state lives on its node; a reply says when the
 node holds one (``has_state``), and when the engine checkpoints (:meth:`FlowerSimulation.state_dict`,
@@ -56,6 +59,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
 from typing import Any
@@ -79,7 +83,6 @@ RECORD = "fedge"  # the ConfigRecord carrying fedge's bytes, in messages and in 
 STATE_GET, STATE_SET = "fedge_state_get", "fedge_state_set"  # query actions: a node's client state, to/from a checkpoint
 
 
-
 def _int(rec: Any, key: str) -> int:
     """A Flower ConfigRecord value that must be an int."""
     v = rec[key]
@@ -96,6 +99,7 @@ def _bytes(v: Any, key: str) -> bytes:
 
 def _opt_bytes(v: Any, key: str) -> bytes | None:
     return None if v is None else _bytes(v, key)
+
 
 def _stats_to_bytes(s: StepStats) -> bytes:
     return json.dumps(asdict(s)).encode()
@@ -261,30 +265,47 @@ class FlowerSimulation(Simulation):
             self._query(STATE_SET, {cid: {"state": b} for cid, b in sorted(self._restore.items())})
             self._restore = {}
 
-    def _query(self, action: str, content: Mapping[int, Mapping[str, Any]]) -> dict[int, Any]:
-        """One ``query.ACTION`` message to each client's node; the replies' fedge records, by client."""
+    def _query(self, action: str, content: Mapping[int, Mapping[str, Any]], *, strict: bool = True) -> dict[int, Any]:
+        """One ``query.ACTION`` message to each client's node; the replies' fedge records, by
+        client. A node that does not answer (within the timeout) or answers with an error is an
+        error naming it, or, not ``strict``, left out of the result."""
         assert self.grid is not None
         msgs = [Message(RecordDict({RECORD: ConfigRecord({"cid": cid, **c})}), dst_node_id=self.nodes[cid],
                         message_type=f"query.{action}", group_id=action) for cid, c in content.items()]  # fmt: skip
         by_cid = self._by_client(msgs, list(content), self.grid.send_and_receive(msgs, timeout=self.timeout))
-        out = {}
+        out, failed = {}, {}
         for cid in content:
             reply = by_cid.get(cid)
             if reply is None or reply.has_error():
-                why = "no reply" if reply is None else reply.error.reason
-                raise MessageError(f"{action}: client {cid} (node {self.nodes[cid]}) failed: {why}")
-            out[cid] = reply.content.config_records[RECORD]
+                failed[cid] = "no reply" if reply is None else reply.error.reason
+            else:
+                out[cid] = reply.content.config_records[RECORD]
+        if failed and strict:
+            listed = "; ".join(f"client {cid} (node {self.nodes[cid]}): {why}" for cid, why in sorted(failed.items())[:5])
+            more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
+            raise MessageError(f"{action}: {len(failed)} of {len(content)} nodes failed ({listed}{more})")
         return out
 
     # -- checkpoints: client states live on the nodes --------------------------------------
     def state_dict(self) -> dict[str, Any]:
         if self._changed and self.grid is not None:
-            for cid, rec in self._query(STATE_GET, {cid: {} for cid in sorted(self._changed)}).items():
+            asked = sorted(self._changed)
+            got = self._query(STATE_GET, dict.fromkeys(asked, {}), strict=self.cfg.min_replies is None)
+            for cid, rec in got.items():
                 state = _opt_bytes(rec.get("state"), "state")
                 if state is None:
                     self.client_states.pop(cid, None)
                 else:
                     self.client_states[cid] = state
+            unfetched = [cid for cid in asked if cid not in got]
+            if unfetched:
+                warnings.warn(
+                    f"checkpoint after round {self.record.round}: the node(s) of client(s) {unfetched} did not answer "
+                    "the state fetch; the checkpoint keeps their states as last fetched, so a run resumed from it "
+                    "hands them those (older) states, where this run goes on with what the nodes hold",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             self._changed.clear()
         return super().state_dict()
 
@@ -311,6 +332,7 @@ class FlowerSimulation(Simulation):
         cids = [cid for cid, _ in messages]
         by_cid = self._by_client(out, cids, self.grid.send_and_receive(out, timeout=self.timeout))
         failed = self._failures(cids, by_cid)
+        self._changed.update(failed)  # a node whose reply was lost may have run the step: fetch its state too
         results = {}
         for i, cid in enumerate(c for c in cids if c not in failed):
             reply = by_cid[cid]
