@@ -99,6 +99,33 @@ def test_poisson_sampling_draws_a_varying_number_of_clients(tiny):
     assert len(counts) > 2
 
 
+def _ntk_epoch(tiny, privacy):
+    method = {"name": "ntk-baffle", "mode": "epoch", "k": 8, "batch_size": 16, "max_steps": 2, "density": 0.2,
+              "prune_rounds": 3, "prune_inputs": 8}  # fmt: skip
+    return load_config(tiny(model={"name": "mlp", "hidden": [32]}, method=method, privacy=privacy,
+                            **{"clients.num": 4, "clients.per_round": 4}))  # fmt: skip
+
+
+def test_dp_on_a_pruned_model_clips_and_noises_its_kept_coordinates(tiny):
+    """Epoch-level NTK-BAFFLE under DP: a contribution is what its client sends, the kept
+    coordinates of the pruned tensors (and the dense rest). With σ = 0 and no clip the model is
+    the plain run's (equal client sizes: the uniform mean is the sample-weighted one); with noise
+    the kept weights move and the pruned ones stay exactly zero."""
+    plain = build_run(_ntk_epoch(tiny, {"mechanism": "none"}))
+    assert len({len(p) for p in plain.parts}) == 1
+    sims = [plain.simulation()] + [
+        build_run(_ntk_epoch(tiny, {"mechanism": "gaussian", "noise_multiplier": sigma, "clip": clip})).simulation()
+        for sigma, clip in ((0.0, float("inf")), (1.0, 0.5))
+    ]
+    for sim in sims:
+        sim.run_round(1)
+    oracle, exact, noisy = (_weights(sim) for sim in sims)
+    masks = sims[0].strategy.global_model.masks
+    assert masks and all(torch.equal(oracle[k], exact[k]) for k in oracle)
+    for k, m in masks.items():
+        assert not noisy[k][~m].any() and not torch.allclose(noisy[k][m], oracle[k][m]), k
+
+
 def test_a_method_that_cannot_take_dp_is_refused(tiny):
     cfg = load_config(tiny(privacy={"mechanism": "gaussian", "noise_multiplier": 1.0},
                            method={"name": "baffle", "mode": "batch", "shared_perturbations": False, "k": 4}))

@@ -63,12 +63,56 @@ def test_secure_aggregation_refuses_a_strategy_that_does_not_sum():
         SecureAggregation(NotSumming(), SecureAggregationOptions(secure_aggregation=True), seed=0)
 
 
-def test_sparse_deltas_are_refused():
+def test_a_pruned_tensor_is_summed_as_its_kept_coordinates():
+    """The masked vector of a pruned model: a pruned tensor's kept coordinates (3 of 6 weights)
+    and the dense bias (2), plus the weight; and a kept-coordinates mean lands on them."""
     model = torch.nn.Linear(3, 2)
-    masks = {"weight": torch.tensor([[True, False, True], [False, True, True]])}
+    masks = {"weight": torch.tensor([[True, False, True], [False, True, False]])}
     strategy = DeltaAveraging(model, T.sgd(1.0), replies_are_gradients=False, masks=masks)
-    with pytest.raises(ConfigError, match="sparse"):
-        SecureAggregation(strategy, SecureAggregationOptions(secure_aggregation=True), seed=0)
+    secure = SecureAggregation(strategy, SecureAggregationOptions(secure_aggregation=True), seed=0)
+    assert secure.summands == {"bias": (torch.Size([2]), torch.float32), "weight": (torch.Size([3]), torch.float32)}
+    assert secure.length == 3 + 2 + 1
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    strategy.apply_mean(1, {"weight": torch.tensor([1.0, 2.0, 3.0]), "bias": torch.tensor([0.5, -0.5])})
+    want = before["weight"] + torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]])  # SGD lr 1 on the pseudo-gradient -Δ
+    assert torch.allclose(model.weight.detach(), want * masks["weight"]) and torch.allclose(model.bias.detach(), before["bias"] + torch.tensor([0.5, -0.5]))
+
+
+def _ntk_epoch(tiny, **method):
+    base = {"name": "ntk-baffle", "mode": "epoch", "k": 8, "batch_size": 16, "max_steps": 2, "density": 0.2,
+            "prune_rounds": 3, "prune_inputs": 8, **method}  # fmt: skip
+    return load_config(tiny(model={"name": "mlp", "hidden": [32]}, method=base, **{"clients.num": 4, "clients.per_round": 4}))
+
+
+def _secure_wrapper(strategy):
+    while not isinstance(strategy, SecureAggregation):
+        strategy = strategy.inner
+    return strategy
+
+
+@pytest.mark.parametrize("prune_data", ["random", "client"])
+def test_a_pruned_model_is_aggregated_securely_to_the_plain_mean(tiny, prune_data):
+    """Epoch-level NTK-BAFFLE (data-free pruning, or NTK-Ori's pruning rounds inside round 1, which
+    change the masks under the wrapper): secure aggregation sums each client's kept coordinates;
+    the model is the plain run's up to the fixed-point step, pruned weights stay exactly zero,
+    and the masked vector is as long as the kept coordinates plus the dense tensors. One round:
+    after it the clients start from models that differ in the last bits, which zeroth-order
+    estimates (ΔL/σ, σ = 1e-4) amplify past the fixed-point bound."""
+    extra = {"prune_data": prune_data, "prune_k": 6} if prune_data == "client" else {}
+    plain = build_run(_ntk_epoch(tiny, **extra)).simulation()
+    secure = build_run(_ntk_epoch(tiny, secure_aggregation=True, **extra)).simulation()
+    plain.run_round(1)
+    line = secure.run_round(1)
+    assert line["secagg_survivors"] == 4
+    masks = plain.strategy.global_model.masks
+    assert masks and all(torch.equal(masks[k], secure.strategy.global_model.masks[k]) for k in masks)
+    state = secure.strategy.model.state_dict()
+    assert _secure_wrapper(secure.strategy).length == sum(int(masks[k].sum()) if k in masks else state[k].numel() for k in state) + 1
+    fixed = 4 * 2.0 ** -(FIXED_POINT.frac_bits + 1)  # the largest possible Σw is 4 clients' samples ≥ 4
+    for k, a in plain.strategy.model.state_dict().items():
+        assert float((a - state[k]).abs().max()) <= 2 * (fixed + 2e-7 * float(a.abs().max()) + 1e-7), k
+        if k in masks:
+            assert not state[k][~masks[k]].any(), k
 
 
 def test_dropout_option_needs_secure_aggregation():

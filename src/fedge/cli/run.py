@@ -94,7 +94,7 @@ def run(
         "on simulated nodes: --backend) or flower (a Flower deployment: --superlink)")] = "engine",
     backend: Annotated[str | None, typer.Option(
         "--backend", help="with --runtime flower-sim: local (in-process grid, the default) or ray "
-        "(Flower's simulation engine; pip install 'fedge[flower-sim]')")] = None,
+        "(Flower's simulation engine; pip install 'fedge\\[flower-sim]')")] = None,
     superlink: Annotated[str | None, typer.Option(
         "--superlink", help="with --runtime flower: the SuperLink's HOST:PORT")] = None,
     insecure: Annotated[bool, typer.Option(

@@ -44,9 +44,13 @@ Deliberate choices where the paper and its reference code differ:
   To compare the schemes at the same forward budget, as the paper's ablation does, give
   ``forward`` about twice the K of ``central`` (:func:`fedge.estimators.num_differences`).
 - **Client optimizer (epoch-level).** The reference keeps each client's Adam state across
-  rounds; fedge builds a fresh client optimizer each round as FedAvg does (clients that
-  are not sampled every round would otherwise carry stale moments). Adam, lr 0.01,
+  rounds; fedge by default builds a fresh client optimizer each round as FedAvg does (clients
+  that are not sampled every round would otherwise carry stale moments), and
+  ``client_optimizer.state: persistent`` keeps it as the reference does. Adam, lr 0.01,
   β = (0.9, 0.99) by default, as the paper states.
+- **Secure aggregation (epoch-level).** Not in the paper for this mode: its clients upload
+  model deltas, as FedAvg's, and ``secure_aggregation: true`` masks them as for fedavg (off by
+  default, as there; on by default in batch mode, whose K loss differences Eq. 7 sums).
 """
 
 from __future__ import annotations
@@ -158,8 +162,9 @@ class BaffleConfig(SecureAggregationOptions, FreezeOption):
     )
     secure_aggregation: bool | None = Field(  # type: ignore[assignment]
         None,
-        description="mask each client's K loss differences so the server learns only their sum (Eq. 7). "
-        "null: on in batch mode (the paper relies on it), off in epoch mode (it uploads model deltas)",
+        description="mask each client's upload so the server learns only the sum: batch mode's K loss differences "
+        "(Eq. 7), epoch mode's model deltas (as fedavg's). null: on in batch mode (the paper relies on it), off in "
+        "epoch mode (its uploads are model deltas, as fedavg's, where it is off by default too)",
     )
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
 
@@ -198,12 +203,7 @@ class BaffleConfig(SecureAggregationOptions, FreezeOption):
                 "downlink=seeds rebuilds the model from the round seed and the K aggregated loss differences: "
                 "it needs mode=batch and shared_perturbations=true"
             )
-        if self.secure_aggregation and self.mode != "batch":
-            raise ValueError(
-                "secure_aggregation applies to the K loss differences of batch-level BAFFLE; "
-                "set method.mode=batch (epoch-level uploads model deltas)"
-            )
-        if self.secure_aggregation and not self.shared_perturbations:
+        if self.secure_aggregation and self.mode == "batch" and not self.shared_perturbations:
             raise ValueError(
                 "secure_aggregation needs shared_perturbations=true: the server only learns "
                 "the sum of the loss differences, so every client must use the same perturbations"

@@ -24,7 +24,7 @@ from pydantic import Field
 
 from fedge.core import transforms as T
 from fedge.core.context import ClientContext
-from fedge.core.errors import ConfigError, MessageError
+from fedge.core.errors import MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
 from fedge.methods.base import (
@@ -118,14 +118,25 @@ class DeltaAveraging(Strategy):
 
     def summands(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
         """What a reply sums (:class:`~fedge.methods.secure.Summable`): every trainable
-        parameter's delta (or gradient) and every float buffer's delta, dense."""
-        if self.server.masks:
-            raise ConfigError(
-                "secure aggregation of sparse (pruned) deltas is not supported: they travel as kept values "
-                "only; set method.secure_aggregation=false"
-            )
-        state = self.model.state_dict()
-        return {k: (state[k].shape, state[k].dtype) for k in self.expected}
+        parameter's delta (or gradient) and every float buffer's delta — dense, or for a pruned
+        tensor its kept coordinates only (1-D, in the mask's order), as the clients send it. The
+        masks are the server's own (data-free, or from the aggregated pruning scores), so which
+        coordinates are summed reveals nothing about one client. They can change between rounds
+        (NTK-Ori prunes in round 1): ask each round."""
+        state, masks = self.model.state_dict(), self.server.masks or {}
+        return {k: (torch.Size([int(masks[k].sum())]) if k in masks else state[k].shape, state[k].dtype)
+                for k in self.expected}  # fmt: skip
+
+    def _dense(self, arrays: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``arrays`` with each pruned tensor sent as its kept coordinates put back in its shape
+        (zeros elsewhere); anything else unchanged (a malformed one is caught by the shape check)."""
+        for k, m in (self.server.masks or {}).items():
+            a = arrays.get(k)
+            if a is not None and a.dim() == 1 and a.numel() == int(m.sum()) and a.shape != m.shape:
+                full = torch.zeros(m.shape, dtype=a.dtype)
+                full[m] = a
+                arrays[k] = full
+        return arrays
 
     @property
     def partial_replies(self) -> bool:
@@ -138,14 +149,8 @@ class DeltaAveraging(Strategy):
 
     def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float]:
         weights: dict[int, float] = {}
-        masks = self.server.masks or {}
         for cid, reply in replies.items():
-            for k, m in masks.items():  # sparse deltas: kept coordinates only
-                a = reply.arrays.get(k)
-                if a is not None and a.dim() == 1 and a.numel() == int(m.sum()):
-                    full = torch.zeros(m.shape, dtype=a.dtype)
-                    full[m] = a
-                    reply.arrays[k] = full
+            self._dense(reply.arrays)  # sparse deltas: kept coordinates only
             check_reply_arrays(reply, self.expected, who=f"round {rnd}, client {cid}")
             n = reply.config.get("num_samples")
             if not isinstance(n, int) or n < 1:
@@ -163,7 +168,10 @@ class DeltaAveraging(Strategy):
 
     def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float = 1.0,
                    clients: Sequence[int] = ()) -> dict[str, float]:  # fmt: skip
-        """Server optimizer step on the mean (pseudo-)gradient; float buffers move by their mean delta."""
+        """Server optimizer step on the mean (pseudo-)gradient; float buffers move by their mean
+        delta. A pruned tensor's mean may come as its kept coordinates (secure aggregation and DP
+        sum :meth:`summands`)."""
+        mean = self._dense(dict(mean))
         self.server.step({k: (mean[k] if self.gradients else -mean[k]) for k in self.server.param_names})
         self.server.add_to_buffers(mean)
         return {}

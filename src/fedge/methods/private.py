@@ -76,8 +76,14 @@ class DifferentialPrivacy(StrategyWrapper):
         self.summable: Summable = inner
         self.cfg, self.seed, self.population, self.per_round = cfg, seed, population, clients_per_round
         self.dp = DPAggregator(cfg, population=population, clients_per_round=clients_per_round, seed=seed)
-        self.template = {k: torch.zeros(shape, dtype=dtype) for k, (shape, dtype) in inner.summands().items()}
+        self.summable.summands()  # a method that cannot say what it sums fails here, at build
         self.last_epsilon = 0.0
+
+    @property
+    def template(self) -> dict[str, torch.Tensor]:
+        """Zeros shaped as this round's contributions (:meth:`Summable.summands`: a pruned tensor
+        contributes its kept coordinates, which can change when the model is pruned)."""
+        return {k: torch.zeros(shape, dtype=dtype) for k, (shape, dtype) in self.summable.summands().items()}
 
     def summands(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
         return self.summable.summands()
@@ -103,12 +109,13 @@ class DifferentialPrivacy(StrategyWrapper):
 
     def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float]:
         contributions = []
+        template = self.template
         for cid, reply in replies.items():
-            got = {k: reply.arrays.get(k) for k in self.template}
-            bad = [k for k, v in got.items() if v is None or v.shape != self.template[k].shape]
-            if bad or set(reply.arrays) != set(self.template):
-                raise MessageError(f"round {rnd}, client {cid}: expected arrays {sorted(self.template)}, got {sorted(reply.arrays)}")
-            clipped, norm = clip_contribution({k: reply.arrays[k] for k in self.template}, self.cfg)  # the server's own bound check
+            got = {k: reply.arrays.get(k) for k in template}
+            bad = [k for k, v in got.items() if v is None or v.shape != template[k].shape]
+            if bad or set(reply.arrays) != set(template):
+                raise MessageError(f"round {rnd}, client {cid}: expected arrays {sorted(template)}, got {sorted(reply.arrays)}")
+            clipped, norm = clip_contribution({k: reply.arrays[k] for k in template}, self.cfg)  # the server's own bound check
             contributions.append(clipped)
         return self._update(rnd, contributions, sorted(replies))
 
@@ -118,8 +125,9 @@ class DifferentialPrivacy(StrategyWrapper):
         return self._update(rnd, [{k: v * weight for k, v in mean.items()}], clients)
 
     def _update(self, rnd: int, contributions: list[dict[str, torch.Tensor]], clients: Sequence[int]) -> dict[str, float]:
-        mean, metrics = self.dp.aggregate(contributions, rnd, like=self.template)
-        out = self.summable.apply_mean(rnd, {k: v.to(self.template[k].dtype) for k, v in mean.items()},
+        template = self.template
+        mean, metrics = self.dp.aggregate(contributions, rnd, like=template)
+        out = self.summable.apply_mean(rnd, {k: v.to(template[k].dtype) for k, v in mean.items()},
                                        weight=float(len(contributions)), clients=clients)  # fmt: skip
         self.last_epsilon = metrics["epsilon"]
         return {**out, **metrics}

@@ -208,10 +208,16 @@ class SecureAggregation(StrategyWrapper):
         super().__init__(inner)
         self.summable: Summable = inner
         self.opts, self.seed = options, seed
-        self.summands = inner.summands()
+        self._summands()
+
+    def _summands(self) -> None:
+        """What this round sums: asked each round, since a pruned model's kept coordinates can
+        change (NTK-Ori prunes in round 1); the vector is their values plus the weight."""
+        self.summands = self.summable.summands()
         self.length = sum(math.prod(shape) for shape, _ in self.summands.values()) + 1
 
     def round(self, rnd: int, client_ids: list[int]) -> Round:
+        self._summands()
         graph = _graph(self.opts, client_ids, seed=self.seed, rnd=rnd)
         server = ServerState(round=rnd, config=_config(self.opts, graph, self.length), graph=graph)
         ids = torch.tensor(client_ids, dtype=torch.int32)
