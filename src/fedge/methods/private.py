@@ -157,7 +157,8 @@ def protect(
         if weighted:
             warnings.warn(
                 "privacy: client contributions are averaged uniformly under DP (sample-count weights would change "
-                "the sensitivity the accountant assumes); method.weighting=samples is not used",
+                "the sensitivity the accountant assumes); the method's sample-count weights (method.weighting=samples, "
+                "or BAFFLE's, which always weighs by samples) are not used",
                 PrivacyWarning,
                 stacklevel=2,
             )
