@@ -93,6 +93,14 @@ def _interrupted(tmp_path, tiny, rounds=3) -> Path:
         (["--measure-memory", "true"],
          r"unexpected argument 'true' \(--measure-memory, --allow-config-change and --quiet are flags and take "
          r"no value\); e.g. fedge run quickstart --measure-memory"),
+        (["--set", "privacy.noise_multiplier=1"],
+         r"config key 'privacy': privacy.noise_multiplier=1.0 set, but privacy.mechanism=none: the run would have no "
+         r"differential privacy and these keys no effect; set privacy.mechanism=gaussian \(DP-FedAvg\) or tree "
+         r"\(DP-FTRL\), or remove them"),
+        (["--set", "method.name=baffle", "--set", "method.perturb=[zzz]"],
+         r"method.perturb=\['zzz'\]: parameter pattern 'zzz' matches no parameter; parameters: .*"),  # checked at build
+        (["--runtime", "flowr"], r"--runtime 'flowr' is not known; expected engine, flower-sim or flower"),
+        (["--set", "dataset.name=cifar[red]"], r"unknown dataset 'cifar\[red\]'.*"),  # brackets printed as typed
         (["--set", "method.name=baffle", "--set", "method.mode=batch", "--set", "method.client_optimizer.lr=5"],
          r"config key 'method': method.client_optimizer is not used in batch mode: clients send loss differences "
          r"and the server steps with method.server_optimizer; set method.server_optimizer.\* instead "
@@ -104,6 +112,68 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, args, patt
     res = _run("run", "quickstart", "--out", out, "-q", *args)
     _one_error_line(res, pattern)
     assert not out.exists()
+
+
+def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path):
+    path = tmp_path / "bin.yaml"
+    path.write_bytes(b"\xff\xfe\x00bad")
+    _one_error_line(_run("run", path, "--out", tmp_path / "run", "-q"),
+                    r"config file '.*bin.yaml' is not UTF-8 text \(byte 0: invalid start byte\); save it as UTF-8 YAML")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_user_data_function_that_raises_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "myd.py").write_text("def boom(seed):\n    raise ValueError('my loader failed')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    res = _run("run", "quickstart", "--out", tmp_path / "run", "-q", "--set", "dataset.name=module",
+               "--set", "dataset.target=myd:boom")  # fmt: skip
+    _one_error_line(res, r"dataset 'module': myd:boom raised ValueError: my loader failed; fix that function "
+                         r"\(call it alone to see its traceback\)")  # fmt: skip
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("kind", ["file", "foreign", "complete", "unfinished"])
+def test_an_out_that_exists_is_named_for_what_it_holds(tmp_path, tiny, kind):
+    """--out on an existing path: the message says what is there and offers --resume only for a
+    run that can continue (a complete one: with --set rounds=N); nothing is changed."""
+    target = {"file": tmp_path / "f", "foreign": tmp_path / "d"}.get(kind)
+    if kind == "file":
+        target.write_text("x")
+    elif kind == "foreign":
+        target.mkdir()
+        (target / "notes.txt").write_text("mine")
+    elif kind == "complete":
+        target = _finished(tmp_path, tiny, rounds=1)
+    else:
+        target = _interrupted(tmp_path, tiny)
+    before = _snapshot(target) if target.is_dir() else target.read_bytes()
+    want = {"file": r"is a file, not a directory; choose another --out",
+            "foreign": r"already holds files and is not a fedge run; choose another --out",
+            "complete": r"holds a complete run; choose another --out, or train that run further with: fedge run --resume .* --set rounds=N",
+            "unfinished": r"holds an unfinished run; choose another --out, or continue that run with: fedge run --resume .*"}[kind]  # fmt: skip
+    _one_error_line(_run("run", _write_cfg(tmp_path, tiny, rounds=1), "--out", target, "-q"), r"output directory '.*' " + want)
+    assert (_snapshot(target) if target.is_dir() else target.read_bytes()) == before
+
+
+def test_resume_with_out_is_refused(tmp_path, tiny):
+    run = _interrupted(tmp_path, tiny)
+    before = _snapshot(run)
+    _one_error_line(_run("run", "--resume", run, "--out", tmp_path / "elsewhere", "-q"),
+                    r"--resume .* continues the run in that directory; --out .* cannot move it \(drop --out\)")
+    assert _snapshot(run) == before and not (tmp_path / "elsewhere").exists()
+
+
+def test_resume_without_a_checkpoint_after_several_rounds_is_refused(tmp_path, tiny):
+    """A run whose checkpoint.pt is gone cannot continue where it stopped: refused, nothing changed
+    (only a run killed before its first checkpoint, one metrics line at most, starts over)."""
+    run = _interrupted(tmp_path, tiny, rounds=4)
+    (run / "checkpoint.pt").unlink()
+    before = _snapshot(run)
+    _one_error_line(_run("run", "--resume", run, "-q"),
+                    r"run '.*' has no checkpoint.pt, but metrics.jsonl records 3 rounds: the state after them is gone, "
+                    r"so the run cannot continue where it stopped; restore checkpoint.pt, or start the run anew into "
+                    r"another --out \(nothing was changed\)")  # fmt: skip
+    assert _snapshot(run) == before
 
 
 def test_non_finite_number_in_a_yaml_file(tmp_path, tiny):
@@ -413,7 +483,7 @@ def test_concurrent_runs_on_one_out_never_mix(tmp_path, tiny):
         assert [o[0] for o in outcome] == ["ok", "refused"], outcome
         assert re.fullmatch(r"output directory '.*' (was claimed by another fedge run started at the same time|"
                             r"is being set up by another fedge run|is being run by another fedge process|"
-                            r"already exists and is not empty).*", outcome[1][1])
+                            r"holds (a complete|an unfinished) run).*", outcome[1][1])
         claim = json.loads((out / ".fedge-claim").read_text())
         assert claim["pid"] == outcome[0][1]  # the directory belongs to the process that finished
         assert json.loads((out / "summary.json").read_text())["status"] == "complete"

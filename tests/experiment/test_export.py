@@ -75,6 +75,22 @@ def test_export_errors(tmp_path: Path, tiny) -> None:
     assert res.exit_code == 2 and "not a fedge run directory" in res.output
 
 
+def test_export_refuses_a_corrupt_model_or_a_directory_as_out_and_leaves_no_temp_file(tmp_path: Path, tiny) -> None:
+    run = run_experiment(load_config(tiny(rounds=1)), out=tmp_path / "r", render=False)
+    (tmp_path / "dir").mkdir()
+    res = CliRunner().invoke(app, ["export", str(run), "--out", str(tmp_path / "dir")])
+    assert res.exit_code == 2 and "is a directory; name the file to write, e.g. --out" in res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "r"] and not any((tmp_path / "dir").iterdir())
+    weights = run / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    res = CliRunner().invoke(app, ["export", str(run)])
+    assert res.exit_code == 2 and "cannot be read as safetensors" in res.output and "corrupt or truncated" in res.output
+    weights.unlink()
+    with pytest.raises(ResumeError, match="complete but its model.safetensors is missing"):
+        export_model(run)
+    assert not list(run.glob("*.tmp")) and not (run / "model.pt").exists()
+
+
 def test_onnx_export_matches_the_model(tmp_path: Path, tiny) -> None:
     onnx = pytest.importorskip("onnx")
     pytest.importorskip("onnxscript")

@@ -126,7 +126,7 @@ def test_bad_input_writes_nothing(tmp_path, tiny, override, error):
 def test_existing_output_directory_is_refused(tmp_path, tiny):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "keep.txt").write_text("mine")
-    with pytest.raises(ConfigError, match="--resume"):
+    with pytest.raises(ConfigError, match="already holds files and is not a fedge run; choose another --out"):
         run_experiment(load_config(tiny()), out=tmp_path / "run", render=False)
     assert (tmp_path / "run" / "keep.txt").read_text() == "mine"
 

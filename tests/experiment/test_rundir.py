@@ -50,7 +50,7 @@ def test_hold_is_exclusive_until_let_go_and_writes_nothing(tmp_path):
     assert not b.busy()
     b.hold()
     b.let_go()
-    with pytest.raises(rd.ConfigError, match="already exists and is not empty"):
+    with pytest.raises(rd.ConfigError, match=r"holds an unfinished run; choose another --out, or continue that run with: fedge run --resume"):
         RunDir.check_new(tmp_path / "r")
     assert [p.name for p in (tmp_path / "r").iterdir()] == ["config.yaml"]
     RunDir(tmp_path / "missing").hold()  # nothing to hold: the caller's own checks name the problem

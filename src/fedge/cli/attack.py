@@ -253,7 +253,7 @@ def attack(
                           f"{c['accuracy']['members']:.3f}, non-members {c['accuracy']['non_members']:.3f})")  # fmt: skip
         console.print(f"membership AUC {result['auc']:.3f} (chance 0.5), TPR@1%FPR {result['tpr_at_1pct_fpr']:.3f}, "
                       f"precision {result['precision']:.3f} (best {result['best_precision']:.3f})")  # fmt: skip
-    console.print(f"wrote {path}")
+    console.print(f"wrote {path}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

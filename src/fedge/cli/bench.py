@@ -37,13 +37,13 @@ def _emit(
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(text + "\n")
-        console.print(f"wrote {json_path}")
+        console.print(f"wrote {json_path}", markup=False)
     else:
         console.print_json(text)
     if docs is not None and section is not None:
         name, title, markdown = section
         update_section(docs, name, title, markdown(report, _command_line()))
-        console.print(f"updated {docs}")
+        console.print(f"updated {docs}", markup=False)
 
 
 @bench_app.command("engine")

@@ -10,6 +10,7 @@ from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 __all__ = ["EXIT_BAD_INPUT", "err", "fail", "one_line_warnings", "out", "parse_list"]
 
@@ -28,7 +29,7 @@ def out() -> Console:
 
 def fail(exc: BaseException | str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     """Print ``error: <message>`` to stderr (never wrapped) and exit with ``code``."""
-    err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+    err.print("[bold red]error:[/] " + escape(str(exc)), highlight=False, markup=True, soft_wrap=True)  # the text as is: '[x]' too
     raise typer.Exit(code)
 
 
@@ -54,7 +55,7 @@ def one_line_warnings() -> Iterator[None]:
     shown = warnings.showwarning
 
     def show(message: Any, category: type[Warning], *_: Any, **__: Any) -> None:
-        err.print(f"[yellow]warning:[/] {category.__name__}: {message}", highlight=False, soft_wrap=True)
+        err.print("[yellow]warning:[/] " + escape(f"{category.__name__}: {message}"), highlight=False, soft_wrap=True)
 
     warnings.showwarning = show
     try:

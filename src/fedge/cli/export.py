@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from fedge.cli.common import fail
 from fedge.core.errors import FedgeError
 
 __all__ = ["export"]
@@ -28,12 +29,11 @@ def export(
     try:
         result = export_model(run_dir, format=format, out=out)  # type: ignore[arg-type]
     except FedgeError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        fail(exc)
     meta = result.metadata
     Console().print(
         f"wrote {result.path} ({result.format}; input {tuple(meta['input_shape'])}, "
         f"{meta['num_classes']} classes" + (f", density {meta['density']:.4f}" if meta["density"] else "")
         + "; normalization in fedge.json)",
-        highlight=False, soft_wrap=True,
+        highlight=False, soft_wrap=True, markup=False,
     )

@@ -79,7 +79,7 @@ def fedpt_search(
     chosen = result["chosen"]
     out.print(f"chosen: --set method.freeze=[{','.join(chosen['freeze'])}]  (trainable {100 * chosen['trainable_fraction']:.2f}%, "
               f"accuracy {chosen['accuracy']:.4f}, baseline {result['baseline']['accuracy']:.4f})", markup=False)  # fmt: skip
-    out.print(f"wrote {target / 'search.json'}")
+    out.print(f"wrote {target / 'search.json'}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -114,8 +114,12 @@ def run(
         overrides.append("measure.memory=true")
     if workers is not None:
         overrides.append(f"clients.workers={workers}")
+    if runtime not in ("engine", "flower-sim", "flower"):
+        fail(f"--runtime {runtime!r} is not known; expected engine, flower-sim or flower")
     if backend is not None and runtime != "flower-sim":
         fail(f"--backend {backend} goes with --runtime flower-sim (got --runtime {runtime})")
+    if resume is not None and out_dir is not None:
+        fail(f"--resume {resume} continues the run in that directory; --out {out_dir} cannot move it (drop --out)")
     if allow_config_change and resume is None:
         fail("--allow-config-change goes with --resume RUN_DIR (it accepts edits of that run's config.yaml)")
     target: Path | None = None
@@ -177,10 +181,10 @@ def run(
     except FedgeError as exc:
         fail(exc)
     except KeyboardInterrupt:
-        err.print(f"interrupted; continue with: fedge run --resume {target}")
+        err.print(f"interrupted; continue with: fedge run --resume {target}", markup=False)
         raise typer.Exit(130) from None
     summary = json.loads((path / "summary.json").read_text())
     acc = summary.get("final_test_accuracy")
     console = out()
     console.print(f"final test accuracy: {acc:.4f}" if acc is not None else "final test accuracy: n/a")
-    console.print(f"run directory: {path}")
+    console.print(f"run directory: {path}", markup=False)

@@ -27,7 +27,7 @@ def datasets() -> None:
 
 def models(
     input_shape: Annotated[str, typer.Option(help="C,H,W of the input")] = "1,28,28",
-    num_classes: Annotated[int, typer.Option(help="number of classes")] = 10,
+    num_classes: Annotated[int, typer.Option(help="number of classes", min=1)] = 10,
     blocks: Annotated[str | None, typer.Option("--blocks", help="list this model's parameter blocks (for method.freeze)")] = None,
 ) -> None:
     """List the model zoo with parameter counts for an input shape."""
@@ -57,7 +57,7 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> 
         md, html = render_report(run_dir)
     except FedgeError as exc:
         fail(exc)
-    out().print(f"wrote {md}\nwrote {html}")
+    out().print(f"wrote {md}\nwrote {html}", markup=False)
 
 
 def compare(
@@ -75,7 +75,7 @@ def compare(
         fail(exc)
     console = out()
     console.print(cmp.table_rich())
-    console.print(f"plots in {dest}")
+    console.print(f"plots in {dest}", markup=False)
 
 
 def partition(

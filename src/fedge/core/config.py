@@ -427,9 +427,14 @@ def load_config(source: str | Path | dict[str, Any], *, overrides: list[str] | N
     else:
         path = preset_path(source)
         try:
-            raw = yaml.safe_load(path.read_text()) or {}
+            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (byte {exc.start}: {exc.reason}); "
+                              "save it as UTF-8 YAML") from None  # fmt: skip
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping, got {type(raw).__name__}")
     raw = apply_overrides(raw, list(overrides or []))

@@ -47,8 +47,8 @@ _LAYOUT = {
 def _how(name: str) -> str:
     train, test, _, folder, _, archive = _LAYOUT[name]
     return (f"get {archive} on a machine with network access and extract it (tar xzf {archive}) "
-            f"into $FEDGE_DATA/{name} or ~/.cache/fedge/{name}, or pass root=DIR to "
-            f"load_dataset; fedge reads {folder}/{{{','.join(train + test)}}}")
+            f"into $FEDGE_DATA/{name} or ~/.cache/fedge/{name}, or point to it with --set dataset.root=DIR (Python: "
+            f"load_dataset(root=DIR)); fedge reads {folder}/{{{','.join(train + test)}}}")
 
 
 def _find(name: str, root: str | Path | None) -> dict[str, Path]:

@@ -49,8 +49,8 @@ EMNIST_SPLITS: dict[str, tuple[str, ...]] = {
     "mnist": _DIGITS,
 }
 
-_PLACE = ("put them (plain or .gz) in $FEDGE_DATA/{name} or ~/.cache/fedge/{name}, or pass "
-          "root=DIR to load_dataset")
+_PLACE = ("put them (plain or .gz) in $FEDGE_DATA/{name} or ~/.cache/fedge/{name}, or point to them "
+          "with --set dataset.root=DIR (Python: load_dataset(root=DIR))")
 _HOW = {
     "mnist": "get the four MNIST IDX files (train-images-idx3-ubyte, train-labels-idx1-ubyte, "
              "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte) on a machine with network access and "

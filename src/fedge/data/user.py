@@ -267,7 +267,11 @@ def call_target(dataset: str, fn: Callable[..., Any], *, seed: int, kwargs: Mapp
     args = dict(kwargs)
     if "seed" in params and "seed" not in args:
         args["seed"] = seed
-    out = fn(**args)
+    try:
+        out = fn(**args)
+    except Exception as exc:  # the user's code: one line naming it (the traceback stays chained for the API)
+        raise ConfigError(f"dataset {dataset!r}: {source} raised {type(exc).__name__}: {exc}; fix that function "
+                          "(call it alone to see its traceback)") from exc  # fmt: skip
     if isinstance(out, RawData):
         return out
     if isinstance(out, (tuple, list)) and len(out) == 4:

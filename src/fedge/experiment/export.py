@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from fedge.core.config import load_config
@@ -132,14 +133,25 @@ def load_trained_model(run_dir: str | Path, *, withheld_ok: bool = False) -> Tra
     rundir = RunDir(run_dir)
     raw = rundir.read_config()
     weights = rundir.path / "model.safetensors"
-    if not rundir.is_complete() or not weights.is_file():
+    if not rundir.is_complete():
         raise ResumeError(
             f"run {str(rundir.path)!r} has no final model yet (it is not complete); finish it "
             f"with: fedge run --resume {rundir.path}"
         )
+    if not weights.is_file():
+        raise ResumeError(
+            f"run {str(rundir.path)!r} is complete but its model.safetensors is missing (deleted or moved); "
+            "put it back, or train the run anew into another --out"
+        )
     built: BuiltRun = build_run(load_config(raw))
     model = built.model_fn()
-    state = load_file(str(weights))
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError) as exc:
+        raise ResumeError(
+            f"{str(weights)!r} cannot be read as safetensors ({exc}): the file is corrupt or truncated; "
+            "put back an intact copy, or train the run anew into another --out"
+        ) from None
     missing = sorted(set(model.state_dict()) ^ set(state))
     kept = _kept_in_tee(built, model, state)
     if kept and not withheld_ok:
@@ -224,10 +236,23 @@ def export_model(
     dest = Path(out) if out is not None else Path(run_dir) / (
         "model.pt" if format == "torchscript" else "model.onnx"
     )
+    if dest.is_dir():
+        raise ConfigError(
+            f"export --out {str(dest)!r} is a directory; name the file to write, e.g. --out {dest / ('model.pt' if format == 'torchscript' else 'model.onnx')}"
+        )
     dest.parent.mkdir(parents=True, exist_ok=True)
     meta = trained.metadata()
     example = torch.zeros((1, *trained.input_shape))
     tmp = dest.with_name(dest.name + ".tmp")
+    try:
+        _write_model(trained, format, example, tmp, meta)
+        tmp.replace(dest)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed write leaves nothing half-written
+    return ExportResult(dest, format, meta)
+
+
+def _write_model(trained: TrainedModel, format: Format, example: torch.Tensor, tmp: Path, meta: dict[str, Any]) -> None:
     if format == "torchscript":
         # tracing records one forward; the models are static graphs (no data-dependent
         # control flow: their shape checks are constants for a fixed input shape), and the
@@ -239,5 +264,3 @@ def export_model(
             torch.jit.save(traced, str(tmp), _extra_files={"fedge.json": json.dumps(meta)})
     else:
         _export_onnx(trained.model, torch.zeros((2, *trained.input_shape)), tmp, meta)
-    tmp.replace(dest)
-    return ExportResult(dest, format, meta)

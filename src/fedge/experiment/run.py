@@ -494,6 +494,12 @@ def _resume(rundir: RunDir, rounds: int | None, progress: Progress, render: Rend
     if rounds is not None and rundir.is_complete() and state is None:
         raise ResumeError(f"run {str(rundir.path)!r} has no checkpoint.pt to continue from")
     last = 0 if state is None else int(state["record"]["round"])
+    if state is None and len(recorded := rundir.read_metrics(2**31)) > 1:  # a kill before round 1's checkpoint leaves one line
+        raise ResumeError(
+            f"run {str(rundir.path)!r} has no checkpoint.pt, but metrics.jsonl records {len(recorded)} rounds: the "
+            "state after them is gone, so the run cannot continue where it stopped; restore checkpoint.pt, or "
+            "start the run anew into another --out (nothing was changed)"
+        )
     lines = rundir.read_metrics(last)
     if len(lines) != last:
         raise ResumeError(

@@ -184,9 +184,18 @@ class RunDir:
                 )
             if p.is_dir() and RunDir(p).busy():
                 raise RunDirBusyError(f"output directory {str(p)!r} is being run by another fedge process; choose another --out")
+            if not p.is_dir():
+                raise ConfigError(f"output directory {str(p)!r} is a file, not a directory; choose another --out")
+            if not (p / CONFIG).is_file():
+                raise ConfigError(f"output directory {str(p)!r} already holds files and is not a fedge run; choose another --out")
+            if RunDir(p).is_complete():
+                raise ConfigError(
+                    f"output directory {str(p)!r} holds a complete run; choose another --out, or train that run further "
+                    f"with: fedge run --resume {p} --set rounds=N"
+                )
             raise ConfigError(
-                f"output directory {str(p)!r} already exists and is not empty; "
-                f"choose another --out, or continue that run with: fedge run --resume {p}"
+                f"output directory {str(p)!r} holds an unfinished run; choose another --out, or continue that run with: "
+                f"fedge run --resume {p}"
             )
 
     def claim(self) -> None:

@@ -447,6 +447,11 @@ def build(
     ``wrap`` adds server behaviour beneath the EMA (e.g. NTK-Ori's pruning exchanges)."""
     assert cfg.server_optimizer is not None
     env = cfg.frozen_env(env)
+    if cfg.perturb is not None:  # checked here, before a run directory is made, not in the first round
+        try:
+            perturbed_params(env.model_fn(), cfg)
+        except ConfigError as exc:
+            raise ConfigError(f"method.perturb={cfg.perturb}: {exc}") from None
     strategy: Strategy
     program: Any
     if cfg.mode == "batch":

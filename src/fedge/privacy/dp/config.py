@@ -118,6 +118,16 @@ class PrivacyConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> PrivacyConfig:
+        if self.mechanism == "none":
+            fields = type(self).model_fields
+            moot = [f"privacy.{k}={getattr(self, k)!r}" for k in fields
+                    if k != "mechanism" and getattr(self, k) != fields[k].default]  # fmt: skip
+            if moot:
+                raise ValueError(
+                    f"{', '.join(moot)} set, but privacy.mechanism=none: the run would have no differential "
+                    "privacy and these keys no effect; set privacy.mechanism=gaussian (DP-FedAvg) or tree "
+                    "(DP-FTRL), or remove them"
+                )
         if math.isinf(self.clip) and self.noise_multiplier > 0:
             raise ValueError(
                 f"privacy.clip=inf with privacy.noise_multiplier={self.noise_multiplier} would add infinite "
