@@ -46,7 +46,7 @@ def test_bad_attack_name_and_missing_run_exit_2(tmp_path: Path) -> None:
     bad = runner.invoke(app, ["attack", str(tmp_path), "--attack", "zzz"])
     assert bad.exit_code == 2 and "zzz" in bad.output
     missing = runner.invoke(app, ["attack", str(tmp_path / "nope"), "--attack", "dlg"])
-    assert missing.exit_code == 2 and "not a fedge run directory" in missing.output
+    assert missing.exit_code == 2 and "nope' does not exist; give the directory of a fedge run" in missing.output
 
 
 def test_mia_shadow_writes_loss_shadow_and_lira(tmp_path: Path) -> None:

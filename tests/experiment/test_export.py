@@ -72,7 +72,7 @@ def test_export_errors(tmp_path: Path, tiny) -> None:
     with pytest.raises(ResumeError, match="not complete"):
         export_model(run)
     res = CliRunner().invoke(app, ["export", str(tmp_path / "nothing")])
-    assert res.exit_code == 2 and "not a fedge run directory" in res.output
+    assert res.exit_code == 2 and "nothing' does not exist; give the directory of a fedge run" in res.output
 
 
 def test_export_refuses_a_corrupt_model_or_a_directory_as_out_and_leaves_no_temp_file(tmp_path: Path, tiny) -> None:

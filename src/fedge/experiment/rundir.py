@@ -350,6 +350,8 @@ class RunDir:
     def read_config(self) -> dict[str, Any]:
         """``config.yaml`` as a mapping; :class:`ResumeError` (one line) if missing or not YAML."""
         cfg_path = self.path / CONFIG
+        if not self.path.exists():
+            raise ResumeError(f"{str(self.path)!r} does not exist; give the directory of a fedge run")
         if not cfg_path.is_file():
             raise ResumeError(f"{str(self.path)!r} is not a fedge run directory (no {CONFIG})")
         try:
