@@ -155,6 +155,14 @@ def test_an_out_that_exists_is_named_for_what_it_holds(tmp_path, tiny, kind):
     assert (_snapshot(target) if target.is_dir() else target.read_bytes()) == before
 
 
+def test_a_refusal_before_any_round_leaves_no_progress_bar(tmp_path):
+    """Without -q the progress bar starts at once ("preparing"); a command refused before its
+    first round removes it, so the error is the only line (piped here)."""
+    _one_error_line(_run("run", "--resume", tmp_path / "nope"), r"'.*nope' does not exist; give the directory of a fedge run")
+    _one_error_line(_run("run", "quickstart", "--out", tmp_path / "r", "--set", "method.name=baffle",
+                         "--set", "method.perturb=[zzz]"), r"method.perturb=.*")  # fmt: skip
+
+
 def test_resume_with_out_is_refused(tmp_path, tiny):
     run = _interrupted(tmp_path, tiny)
     before = _snapshot(run)

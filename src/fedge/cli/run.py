@@ -45,6 +45,7 @@ class _Bar(Progress):
             else None
         )
         self.task: Any = None
+        self.started = False  # the run got as far as its rounds
 
     def __enter__(self) -> _Bar:
         if self.progress is not None:
@@ -54,9 +55,21 @@ class _Bar(Progress):
 
     def __exit__(self, *exc: Any) -> None:
         if self.progress is not None:
+            if exc[0] is not None and not self.started:  # refused before any round: no bar left above the error
+                self.progress.remove_task(self.task)
+                live = self.progress.live
+                live.transient = True  # a terminal: the bar is erased
+                quiet = live.console.quiet
+                live.console.quiet = quiet or not live.console.is_terminal  # a pipe: not even its blank line
+                try:
+                    self.progress.__exit__(*exc)
+                finally:
+                    live.console.quiet = quiet
+                return
             self.progress.__exit__(*exc)
 
     def start(self, total_rounds: int, done: int) -> None:
+        self.started = True
         if self.progress is not None:
             self.progress.update(self.task, total=total_rounds, completed=done, inside="")
 
