@@ -403,8 +403,10 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], *, pre
         else:
             msg = err["msg"].removeprefix("Value error, ")
             got = err.get("input")
-            # a check of a whole section names its values itself; echoing the section would be noise
-            lines.append(f"config key {key!r}: {msg}" + ("" if isinstance(got, dict) else f" (got {got!r})"))
+            # a check of a whole section names its values itself, as do checks that say "got ...":
+            # echoing the value again would be noise
+            named = isinstance(got, dict) or f"got {got!r}" in msg or f"got {got}" in msg
+            lines.append(f"config key {key!r}: {msg}" + ("" if named else f" (got {got!r})"))
     return "\n".join(lines)
 
 
