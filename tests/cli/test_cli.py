@@ -529,6 +529,8 @@ def test_listing_commands_print_everything_when_piped():
     assert res.exit_code == 0 and "…" not in res.stdout
     for st in available_datasets():  # every row whole, however long its location or hint
         assert str(st.location or st.how_to_get) in res.stdout and st.description in res.stdout
+    assert "synthetic-fed │ yes" in res.stdout  # the generated population, not a registry entry, listed too
+    _one_error_line(_run("run", "quickstart", "-q", "--set", "dataset.name=foo"), r"unknown dataset 'foo'; expected one of: .*, synthetic-fed")
     _one_error_line(_run("models", "--input-shape", "1,28"), r"--input-shape '1,28': expected C,H,W such as 1,28,28")
     _one_error_line(_run("models", "--input-shape", "1,x,28"),
                     r"--input-shape '1,x,28': expected comma-separated positive integers such as 1,28,28")

@@ -18,10 +18,16 @@ __all__ = ["compare", "datasets", "models", "partition", "report"]
 def datasets() -> None:
     """List the datasets fedge knows and whether their files are available here."""
     from fedge.data import available_datasets
+    from fedge.experiment.build import FEDERATED
 
     table = Table("dataset", "available", "location", "description")
-    for st in available_datasets():
-        table.add_row(st.name, "yes" if st.available else "no", str(st.location or st.how_to_get), st.description)
+    rows = [(st.name, "yes" if st.available else "no", str(st.location or st.how_to_get), st.description)
+            for st in available_datasets()]  # fmt: skip
+    rows.append((FEDERATED, "yes", "generated per client from the run seed",
+                 "Synthetic(alpha, beta) of FedProx: a population of any size, each client's data made when it is "
+                 "sampled (dataset.alpha, dataset.beta, dataset.max_samples)"))  # fmt: skip
+    for row in sorted(rows):
+        table.add_row(*row)
     out().print(table)
 
 

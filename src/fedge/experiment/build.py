@@ -16,7 +16,7 @@ import torch
 
 from fedge.core.config import RunConfig, validate_section
 from fedge.core.context import ClientData
-from fedge.core.errors import ConfigError
+from fedge.core.errors import ConfigError, UnknownNameError
 from fedge.core.rng import derive_seed, numpy_rng
 from fedge.data import Dataset, load_dataset
 from fedge.data.dataset import stratified_subset
@@ -150,7 +150,10 @@ def with_dataset_options(cfg: RunConfig) -> RunConfig:
     d = cfg.dataset
     if d.name == FEDERATED:
         return cfg
-    data_options = resolve_dataset_options(d.name, d.options())
+    try:
+        data_options = resolve_dataset_options(d.name, d.options())
+    except UnknownNameError as exc:  # the generated population is a dataset name too
+        raise UnknownNameError(exc.kind, exc.name, [*exc.choices, FEDERATED]) from None
     if data_options == d.options():
         return cfg
     fixed = d.model_dump(exclude=set(d.options()))
