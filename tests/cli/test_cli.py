@@ -350,6 +350,27 @@ def test_resume_allow_config_change_records_it(tmp_path, tiny):
     assert yaml.safe_load(cfg.read_text())["method"]["client_optimizer"]["lr"] == 0.5
 
 
+def test_resume_without_the_config_record_is_refused_unless_the_change_is_allowed(tmp_path, tiny):
+    """.fedge-config.json deleted: an edit of config.yaml could no longer be seen, so resume is
+    refused (nothing changed); with --allow-config-change it takes config.yaml as it is and says
+    so in config_changes.jsonl, which restores the record."""
+    out = _interrupted(tmp_path, tiny)
+    (out / ".fedge-config.json").unlink()
+    cfg = out / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("seed: 0", "seed: 5"))
+    before = _snapshot(out)
+    _one_error_line(_run("run", "--resume", out, "-q"),
+                    r"'.*\.fedge-config\.json', the record of the config this run used, is missing, so edits of "
+                    r"config.yaml cannot be checked; restore it, or resume with --allow-config-change to take "
+                    r"config.yaml as it is \(nothing was changed\)")  # fmt: skip
+    assert _snapshot(out) == before
+    res = _run("run", "--resume", out, "-q", "--allow-config-change")
+    assert res.exit_code == 0, res.output
+    (change,) = [json.loads(x) for x in (out / "config_changes.jsonl").read_text().splitlines()]
+    assert change["after_round"] == 2 and change["changes"] == {}
+    assert ".fedge-config.json was missing" in change["note"] and (out / ".fedge-config.json").is_file()
+
+
 def test_resume_accepts_rounds_grown_in_config_yaml(tmp_path, tiny):
     out = _finished(tmp_path, tiny, rounds=2)
     cfg = out / "config.yaml"

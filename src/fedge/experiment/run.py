@@ -458,6 +458,13 @@ def _resume(rundir: RunDir, rounds: int | None, progress: Progress, render: Rend
     raw = rundir.read_config()
     applied = rundir.applied_config()
     changes: dict[str, tuple[Any, Any]] = {}
+    lost_record = applied is None and rundir.has_sessions()  # written since runs keep sessions.jsonl: deleted
+    if lost_record and not allow_config_change:
+        raise ResumeError(
+            f"{str(rundir.path / '.fedge-config.json')!r}, the record of the config this run used, is missing, so "
+            "edits of config.yaml cannot be checked; restore it, or resume with --allow-config-change to take "
+            "config.yaml as it is (nothing was changed)"
+        )
     if applied is not None:
         changes = config_diff(applied, raw)
         grown = changes.pop("rounds", None)
@@ -512,6 +519,9 @@ def _resume(rundir: RunDir, rounds: int | None, progress: Progress, render: Rend
     resolved = resolved_config(built)
     if changes:
         rundir.record_config_change(last, changes, resolved)
+    elif lost_record:
+        rundir.record_config_change(last, {}, resolved, note=".fedge-config.json was missing: any edits of config.yaml "
+                                    "before this resume are unknown; config.yaml taken as it was")  # fmt: skip
     if rounds is not None or changes:
         rundir.reopen(resolved)
     rundir.write_metrics(lines)

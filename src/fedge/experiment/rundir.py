@@ -371,6 +371,10 @@ class RunDir:
             )
         return raw
 
+    def has_sessions(self) -> bool:
+        """Whether the run keeps ``sessions.jsonl`` (every run made since it also keeps ``.fedge-config.json``)."""
+        return (self.path / SESSIONS).is_file()
+
     def applied_config(self) -> dict[str, Any] | None:
         """The resolved config the run last ran with (None for runs written before it was kept)."""
         path = self.path / APPLIED
@@ -382,9 +386,13 @@ class RunDir:
             raise ResumeError(f"{str(path)!r} is corrupt; restore it (it records the config the run used)") from None
         return obj if isinstance(obj, dict) else None
 
-    def record_config_change(self, at_round: int, changes: dict[str, tuple[Any, Any]], config: dict[str, Any]) -> None:
-        """Log accepted edits to ``config_changes.jsonl`` and make ``config`` the applied one."""
-        line = {"after_round": at_round, "changes": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}}
+    def record_config_change(self, at_round: int, changes: dict[str, tuple[Any, Any]], config: dict[str, Any],
+                             note: str | None = None) -> None:  # fmt: skip
+        """Log accepted edits (and a ``note`` when the edits are unknown) to ``config_changes.jsonl``
+        and make ``config`` the applied one."""
+        line: dict[str, Any] = {"after_round": at_round, "changes": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}}
+        if note:
+            line["note"] = note
         with _storage(self.path / CHANGES, "append to", self._fix()):
             _append_file(self.path / CHANGES, (json.dumps(line) + "\n").encode())
         _atomic_write(self.path / APPLIED, json.dumps(config).encode(), self._fix())
