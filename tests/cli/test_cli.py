@@ -54,6 +54,13 @@ def _run(*args):
     return runner.invoke(app, [str(a) for a in args])
 
 
+def _resume_refused(run: Path, pattern: str, *args) -> None:
+    """``fedge run --resume RUN -q ARGS`` fails with one ``error: <pattern>`` line and changes no byte of the run."""
+    before = _snapshot(run)
+    _one_error_line(_run("run", "--resume", run, "-q", *args), pattern)
+    assert _snapshot(run) == before
+
+
 def _finished(tmp_path, tiny, name="run", rounds=2, **overrides) -> Path:
     out = tmp_path / name
     res = _run("run", _write_cfg(tmp_path, tiny, rounds=rounds, **overrides), "--out", out, "-q")
@@ -176,12 +183,9 @@ def test_resume_without_a_checkpoint_after_several_rounds_is_refused(tmp_path, t
     (only a run killed before its first checkpoint, one metrics line at most, starts over)."""
     run = _interrupted(tmp_path, tiny, rounds=4)
     (run / "checkpoint.pt").unlink()
-    before = _snapshot(run)
-    _one_error_line(_run("run", "--resume", run, "-q"),
-                    r"run '.*' has no checkpoint.pt, but metrics.jsonl records 3 rounds: the state after them is gone, "
-                    r"so the run cannot continue where it stopped; restore checkpoint.pt, or start the run anew into "
-                    r"another --out \(nothing was changed\)")  # fmt: skip
-    assert _snapshot(run) == before
+    _resume_refused(run, r"run '.*' has no checkpoint.pt, but metrics.jsonl records 3 rounds: the state after them is "
+                         r"gone, so the run cannot continue where it stopped; restore checkpoint.pt, or start the run "
+                         r"anew into another --out \(nothing was changed\)")  # fmt: skip
 
 
 def test_non_finite_number_in_a_yaml_file(tmp_path, tiny):
@@ -328,13 +332,10 @@ def test_resume_refuses_an_edited_config_and_changes_nothing(tmp_path, tiny):
     out = _interrupted(tmp_path, tiny)
     cfg = out / "config.yaml"
     cfg.write_text(cfg.read_text().replace("lr: 0.1", "lr: 0.5"))
-    before = _snapshot(out)
-    res = _run("run", "--resume", out, "-q")
-    _one_error_line(res, re.escape(f"'{cfg}' was edited since the run used it "
+    _resume_refused(out, re.escape(f"'{cfg}' was edited since the run used it "
                                    "(method.client_optimizer.lr 0.1 -> 0.5); resuming would mix two configs in one "
                                    "run: restore those values (only rounds may grow), or resume with "
                                    "--allow-config-change to record the change in config_changes.jsonl"))  # fmt: skip
-    assert _snapshot(out) == before
 
 
 def test_resume_allow_config_change_records_it(tmp_path, tiny):
@@ -358,12 +359,9 @@ def test_resume_without_the_config_record_is_refused_unless_the_change_is_allowe
     (out / ".fedge-config.json").unlink()
     cfg = out / "config.yaml"
     cfg.write_text(cfg.read_text().replace("seed: 0", "seed: 5"))
-    before = _snapshot(out)
-    _one_error_line(_run("run", "--resume", out, "-q"),
-                    r"'.*\.fedge-config\.json', the record of the config this run used, is missing, so edits of "
-                    r"config.yaml cannot be checked; restore it, or resume with --allow-config-change to take "
-                    r"config.yaml as it is \(nothing was changed\)")  # fmt: skip
-    assert _snapshot(out) == before
+    _resume_refused(out, r"'.*\.fedge-config\.json', the record of the config this run used, is missing, so edits of "
+                         r"config.yaml cannot be checked; restore it, or resume with --allow-config-change to take "
+                         r"config.yaml as it is \(nothing was changed\)")  # fmt: skip
     res = _run("run", "--resume", out, "-q", "--allow-config-change")
     assert res.exit_code == 0, res.output
     (change,) = [json.loads(x) for x in (out / "config_changes.jsonl").read_text().splitlines()]
@@ -384,12 +382,9 @@ def test_resume_accepts_rounds_grown_in_config_yaml(tmp_path, tiny):
 def test_resume_with_invalid_yaml_is_one_line(tmp_path, tiny):
     out = _interrupted(tmp_path, tiny)
     (out / "config.yaml").write_text("seed: 0\nrounds: [3\n")
-    before = _snapshot(out)
-    res = _run("run", "--resume", out, "-q")
-    _one_error_line(res, re.escape(f"'{out / 'config.yaml'}' is not valid YAML at line 3, column 1 "
+    _resume_refused(out, re.escape(f"'{out / 'config.yaml'}' is not valid YAML at line 3, column 1 "
                                    "(expected ',' or ']', but got '<stream end>'); fix or restore it, then resume "
                                    "again"))  # fmt: skip
-    assert _snapshot(out) == before
 
 
 def test_resume_with_a_corrupt_middle_metrics_line_changes_nothing(tmp_path, tiny):
@@ -397,12 +392,9 @@ def test_resume_with_a_corrupt_middle_metrics_line_changes_nothing(tmp_path, tin
     lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
     lines[1] = '{"round": 2, "test_acc\n'
     (out / "metrics.jsonl").write_text("".join(lines))
-    before = _snapshot(out)
-    res = _run("run", "--resume", out, "-q")
-    _one_error_line(res, re.escape(f"'{out / 'metrics.jsonl'}' line 2 is not a metrics record "
+    _resume_refused(out, re.escape(f"'{out / 'metrics.jsonl'}' line 2 is not a metrics record "
                                    "('{\"round\": 2, \"test_acc'); only the last line may be torn by a crash: "
                                    "restore the file or delete that line, then resume again (nothing was changed)"))
-    assert _snapshot(out) == before
 
 
 def test_resume_of_a_run_another_process_drives_is_one_line_and_changes_nothing(tmp_path, tiny):
@@ -434,10 +426,7 @@ def test_resume_refuses_extra_arguments(tmp_path):
     (["--set", "rounds=5", "--set", "rounds=6"], r"--resume takes only the run directory .*"),
 ])  # fmt: skip
 def test_resume_takes_only_a_larger_round_count(tmp_path, tiny, extra, pattern):
-    out = _finished(tmp_path, tiny, rounds=3)
-    before = _snapshot(out)
-    _one_error_line(_run("run", "--resume", out, *extra, "-q"), pattern)
-    assert _snapshot(out) == before
+    _resume_refused(_finished(tmp_path, tiny, rounds=3), pattern, *extra)
 
 
 def test_resume_with_more_rounds_trains_a_finished_run_further(tmp_path, tiny):
