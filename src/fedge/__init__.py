@@ -32,6 +32,7 @@ _LAZY = {
     "ModelOptions": "fedge.models.registry",
     "Network": "fedge.models",
     "RawData": "fedge.data",
+    "ResumeError": "fedge.core.errors",
     "RunConfig": "fedge.core.config",
     "RunLog": "fedge.report.runlog",
     "RunResult": "fedge.api",
@@ -66,6 +67,7 @@ __all__ = [
     "ModelOptions",
     "Network",
     "RawData",
+    "ResumeError",
     "RunConfig",
     "RunLog",
     "RunResult",
@@ -109,7 +111,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # static checkers and IDEs see the real objects
     from fedge.api import RunResult, load_run, register_dataset, resume, run
     from fedge.core.config import RunConfig, load_config, preset_names
-    from fedge.core.errors import ConfigError, DataNotFoundError, FedgeError, UnknownNameError
+    from fedge.core.errors import ConfigError, DataNotFoundError, FedgeError, ResumeError, UnknownNameError
     from fedge.data import Dataset, DatasetSpec, RawData, dataset_names, load_dataset
     from fedge.data.partition import register_partitioner
     from fedge.experiment.export import ExportResult, TrainedModel, export_model

@@ -29,7 +29,7 @@ afterwards; pass ``overrides={"threads": None}`` to keep torch's own default dur
 
 from __future__ import annotations
 
-import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from fedge.core.config import RunConfig, load_config
+from fedge.core.errors import ConfigError
 from fedge.data.registry import register_dataset as _register_spec
 from fedge.data.registry import register_function
 from fedge.data.spec import DatasetSpec
@@ -99,12 +100,11 @@ class RunResult:
         return f"RunResult({str(self.path)!r}, rounds={len(self.metrics)}, final_test_accuracy={acc})"
 
 
-def _override_strings(overrides: Mapping[str, Any] | list[str] | None) -> list[str]:
-    if overrides is None:
-        return []
-    if isinstance(overrides, Mapping):  # {"method.lr": 0.1} -> "method.lr=0.1" (JSON is YAML)
-        return [f"{k}={json.dumps(v)}" for k, v in overrides.items()]
-    return list(overrides)
+def _path(name: str, value: Any) -> Path:
+    """``value`` as a path, or a ConfigError naming the argument."""
+    if isinstance(value, (str, os.PathLike)) and str(value):
+        return Path(value)
+    raise ConfigError(f"{name}={value!r} ({type(value).__name__}): expected a path, as a str or pathlib.Path")
 
 
 def _default_out(config: Any) -> Path:
@@ -136,11 +136,12 @@ def run(
         written then.
     """
     if isinstance(config, RunConfig):
-        cfg = load_config(config.to_dict(), overrides=_override_strings(overrides))
+        cfg = load_config(config.to_dict(), overrides=overrides)
+    elif isinstance(config, Mapping):
+        cfg = load_config(dict(config), overrides=overrides)
     else:
-        source = dict(config) if isinstance(config, Mapping) else config
-        cfg = load_config(source, overrides=_override_strings(overrides))
-    target = Path(out) if out is not None else _default_out(config)
+        cfg = load_config(_path("config", config) if not isinstance(config, str) else config, overrides=overrides)
+    target = _path("out", out) if out is not None else _default_out(config)
     path = run_experiment(cfg, out=target, progress=progress, render=_renderer(render))
     return load_run(path)
 
@@ -148,15 +149,16 @@ def run(
 def resume(run_dir: str | Path, *, rounds: int | None = None, progress: ProgressLike = None,
            render: bool = False) -> RunResult:
     """Continue an interrupted run, or extend a finished one to ``rounds`` (``fedge run --resume``)."""
-    path = resume_experiment(run_dir, rounds=rounds, progress=progress, render=_renderer(render))
+    path = resume_experiment(_path("run_dir", run_dir), rounds=rounds, progress=progress, render=_renderer(render))
     return load_run(path)
 
 
 def load_run(run_dir: str | Path) -> RunResult:
     """Read a run directory (finished or in progress): metrics, summary, config; ``.model``
     loads the trained model."""
-    log = _load_log(run_dir)
-    return RunResult(Path(run_dir), log)
+    path = _path("run_dir", run_dir)
+    log = _load_log(path)
+    return RunResult(path, log)
 
 
 def register_dataset(

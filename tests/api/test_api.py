@@ -137,6 +137,126 @@ def test_bad_user_data_writes_no_run_dir(tmp_path: Path) -> None:
     assert res.returncode == 2 and "missing.npz" in res.stderr and not (tmp_path / "r2").exists()
 
 
+@pytest.fixture
+def registered():
+    """Register datasets for one test; the registry is left as the other tests expect it."""
+    from fedge.data import registry
+
+    names: list[str] = []
+
+    def register(name, fn, **kw):
+        spec = fedge.register_dataset(name, fn, replace=True, **kw)
+        names.append(name)
+        return spec
+
+    yield register
+    for name in names:
+        if name in registry._REGISTRY:
+            registry._REGISTRY.unregister(name)
+        registry._FUNCTIONS.discard(name)
+
+
+def test_a_resume_refused_because_the_data_changed_leaves_the_run_as_it_was(tmp_path: Path, registered) -> None:
+    """The dataset registered under the run's name now has 4 classes, not 3: the checkpoint no
+    longer fits the model, which resume finds before it writes anything."""
+    registered("api-tab", lambda seed: (*_tabular(60, 0), *_tabular(15, 1)))
+    run = fedge.run(_cfg({"name": "api-tab"}, rounds=1), out=tmp_path / "r")
+    before = {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
+
+    def four_classes(seed):
+        x, y = _tabular(60, 0)
+        return x, np.arange(60) % 4, x[:15], np.arange(15) % 4
+
+    registered("api-tab", four_classes)
+    with pytest.raises(fedge.ResumeError, match=r"its checkpoint does not fit the model built from its config now .*"
+                                                r"\(nothing was changed\)"):
+        fedge.resume(run.path, rounds=2)
+    assert {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()} == before
+
+
+def test_registered_function_options_must_be_plain_values(registered) -> None:
+    def numpy_default(seed=0, w=np.float32(1.5)):
+        return (*_tabular(60, 0), *_tabular(15, 1))
+
+    with pytest.raises(fedge.ConfigError, match=r"the default of parameter 'w' is .*1.5.* \(float32\); a dataset option must be a plain"):
+        registered("api-np", numpy_default)
+    with pytest.raises(fedge.ConfigError, match="cannot read the parameters of"):
+        registered("api-dict", dict)
+
+
+def test_label_ids_that_are_not_class_indices_are_refused_and_unseen_test_labels_warned(tmp_path: Path, registered) -> None:
+    def ids(seed):
+        x, y = _tabular(60, 0)
+        return x, y * 1_000_000, x[:15], y[:15] * 1_000_000
+
+    registered("api-ids", ids)
+    with pytest.raises(fedge.ConfigError, match=r"labels are class indices 0..C-1, but these run up to 2000000 with only "
+                                                r"3 distinct values \(0, 1000000, 2000000\).*map them to 0..2"):
+        fedge.run(_cfg({"name": "api-ids"}, rounds=1), out=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+    def unseen(seed):
+        x, y = _tabular(60, 0)
+        return x, y, x[:15], np.full(15, 4)
+
+    registered("api-unseen", unseen)
+    with pytest.warns(UserWarning, match=r"test labels \[4\] never occur in the training labels"):
+        fedge.run(_cfg({"name": "api-unseen"}, rounds=1), out=tmp_path / "u")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda d: fedge.run(None, out=d / "r"), r"config=None \(NoneType\): expected a path"),
+    (lambda d: fedge.run(5, out=d / "r"), r"config=5 \(int\): expected a path"),
+    (lambda d: fedge.run("quickstart", out=123), r"out=123 \(int\): expected a path"),
+    (lambda d: fedge.load_run(None), r"run_dir=None \(NoneType\): expected a path"),
+    (lambda d: fedge.resume(5), r"run_dir=5 \(int\): expected a path"),
+    (lambda d: fedge.load_config(None), r"config None \(NoneType\)"),
+    (lambda d: fedge.run("quickstart", out=d / "r", overrides="rounds=1"),
+     r"overrides='rounds=1' is one string; give a list of 'KEY=VALUE' strings \(\['rounds=1'\]\) or a mapping"),
+    (lambda d: fedge.run("quickstart", out=d / "r", overrides=[("rounds", 1)]),
+     r"overrides=\[\('rounds', 1\)\]: expected a list of 'KEY=VALUE' strings or a mapping"),
+    (lambda d: fedge.run("quickstart", out=d / "r", overrides={"rounds": object()}),
+     r"overrides: rounds=<object object at .*> \(object\) is not a config value"),
+])  # fmt: skip
+def test_wrong_argument_types_are_config_errors_naming_the_argument(tmp_path: Path, call, message) -> None:
+    with pytest.raises(fedge.ConfigError, match=message):
+        call(tmp_path)
+    assert not (tmp_path / "r").exists()
+
+
+def test_mapping_overrides_take_paths_numpy_numbers_and_nested_sections(tmp_path: Path) -> None:
+    """A nested mapping sets the keys it names and keeps the section's others (batch_size 8 here)."""
+    from fedge.core.config import load_config
+
+    cfg = load_config(_cfg({"name": "digits"}), overrides={"rounds": np.int64(4), "dataset": {"root": tmp_path},
+                                                             "method": {"local_epochs": 2}})  # fmt: skip
+    assert cfg.rounds == 4 and cfg.dataset.root == str(tmp_path)
+    assert cfg.to_dict()["method"]["local_epochs"] == 2 and cfg.to_dict()["method"]["batch_size"] == 8
+
+
+def test_resume_and_export_name_their_bad_arguments(tmp_path: Path) -> None:
+    run = fedge.run(_cfg({"name": "digits"}, rounds=1), out=tmp_path / "r")
+    with pytest.raises(fedge.ConfigError, match=r"rounds='2' \(str\): expected a whole number of rounds"):
+        fedge.resume(run.path, rounds="2")  # type: ignore[arg-type]
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(fedge.ConfigError, match=r"a part of its folder .*afile' is a file"):
+        run.export(out=tmp_path / "afile" / "m.pt")
+    with pytest.raises(fedge.ConfigError, match=r"export out=5 \(int\): expected a file path"):
+        run.export(out=5)  # type: ignore[arg-type]
+
+
+def test_a_run_of_a_dataset_registered_from_python_says_to_register_it_again(tmp_path: Path, registered) -> None:
+    from fedge.data import registry
+
+    registered("api-gone", lambda seed: (*_tabular(60, 0), *_tabular(15, 1)))
+    run = fedge.run(_cfg({"name": "api-gone"}, rounds=1), out=tmp_path / "r")
+    registry._REGISTRY.unregister("api-gone")  # as in a fresh process
+    with pytest.raises(fedge.ConfigError, match=r"unknown dataset 'api-gone'.*register it again in this process first"):
+        fedge.resume(run.path, rounds=2)
+    with pytest.raises(fedge.ConfigError, match=r"register it again in this process first"):
+        run.export()
+
+
 def torch_tensor(a: np.ndarray):  # noqa: ANN201
     import torch
 

@@ -67,11 +67,13 @@ def test_finished_run_extended_to_more_rounds_equals_a_longer_run(tmp_path, tiny
         assert v.equal(load_file(full / "model.safetensors")[k])
 
 
-@pytest.mark.parametrize("rounds", [3, 2, 0, "7"])
-def test_extension_must_add_rounds_and_changes_nothing_otherwise(tmp_path, tiny, rounds):
+@pytest.mark.parametrize("rounds, error, message", [(3, ResumeError, "larger total"), (2, ResumeError, "larger total"),
+                                                     (0, ResumeError, "larger total"),
+                                                     ("7", ConfigError, r"rounds='7' \(str\): expected a whole number")])  # fmt: skip
+def test_extension_must_add_rounds_and_changes_nothing_otherwise(tmp_path, tiny, rounds, error, message):
     out = run_experiment(load_config(tiny(rounds=3)), out=tmp_path / "run", render=False)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    with pytest.raises(ResumeError, match="larger total"):
+    with pytest.raises(error, match=message):
         resume_experiment(out, rounds=rounds, render=False)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import copy
 import difflib
+import json
 import math
 import re
+from collections.abc import Mapping
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -310,6 +312,52 @@ def _parse_value(text: str) -> Any:
 CHOICE_SECTIONS = ("partition", "model", "method")
 
 
+def override_strings(overrides: Any) -> list[str]:
+    """``KEY=VALUE`` strings from the overrides a caller gives: a list of such strings (``--set``),
+    or a mapping (``{"rounds": 5, "method.client_optimizer.lr": 0.05}``, where a nested mapping
+    such as ``{"method": {"local_epochs": 2}}`` sets the keys it names and keeps the section's
+    others); values may be paths and numpy scalars. Anything else is a :class:`ConfigError`."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, str):
+        raise ConfigError(f"overrides={overrides!r} is one string; give a list of 'KEY=VALUE' strings "
+                          f"([{overrides!r}]) or a mapping ({{'rounds': 5}})")  # fmt: skip
+    if isinstance(overrides, Mapping):
+        out: list[str] = []
+
+        def add(prefix: str, mapping: Mapping[Any, Any]) -> None:
+            for k, v in mapping.items():
+                if not isinstance(k, str) or not k:
+                    raise ConfigError(f"overrides: key {k!r} is not a config key name; give keys such as 'rounds' or 'method.lr'")
+                key = f"{prefix}{k}"
+                if isinstance(v, Mapping) and v:
+                    add(f"{key}.", v)
+                    continue
+                try:
+                    text = json.dumps(v, default=_plain_value)  # JSON is YAML
+                except (TypeError, ValueError):
+                    raise ConfigError(f"overrides: {key}={v!r} ({type(v).__name__}) is not a config value; give a "
+                                      "number, string, bool, None, or a list or mapping of them") from None  # fmt: skip
+                out.append(f"{key}={text}")
+
+        add("", overrides)
+        return out
+    if isinstance(overrides, (list, tuple)) and all(isinstance(o, str) for o in overrides):
+        return list(overrides)
+    raise ConfigError(f"overrides={overrides!r}: expected a list of 'KEY=VALUE' strings or a mapping of keys to "
+                      "values, e.g. {'rounds': 5}")  # fmt: skip
+
+
+def _plain_value(v: Any) -> Any:
+    """A path as its string, a numpy scalar or 0-d array as its Python value (for JSON)."""
+    if isinstance(v, PurePath):
+        return str(v)
+    item = getattr(v, "item", None)
+    if callable(item) and getattr(v, "shape", None) == ():
+        return item()
+    raise TypeError(type(v).__name__)
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key.sub=value`` strings (values parsed as YAML scalars) to a nested dict.
 
@@ -418,7 +466,7 @@ def validate_section(model: type[BaseModel], data: dict[str, Any], *, prefix: st
         raise ConfigError(format_validation_error(exc, model, prefix=prefix)) from None
 
 
-def load_config(source: str | Path | dict[str, Any], *, overrides: list[str] | None = None) -> RunConfig:
+def load_config(source: str | Path | dict[str, Any], *, overrides: Any = None) -> RunConfig:
     """Load a preset name, YAML path or dict, apply overrides and validate the fixed sections.
 
     The choice-dependent sections (partition, model, method) are validated by
@@ -426,6 +474,9 @@ def load_config(source: str | Path | dict[str, Any], *, overrides: list[str] | N
     """
     if isinstance(source, dict):
         raw = copy.deepcopy(source)
+    elif not isinstance(source, (str, PurePath)) or not str(source):
+        raise ConfigError(f"config {source!r} ({type(source).__name__}): expected a preset name, a YAML path or a "
+                          "mapping of config keys")  # fmt: skip
     else:
         path = preset_path(source)
         try:
@@ -439,7 +490,7 @@ def load_config(source: str | Path | dict[str, Any], *, overrides: list[str] | N
             raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping, got {type(raw).__name__}")
-    raw = apply_overrides(raw, list(overrides or []))
+    raw = apply_overrides(raw, override_strings(overrides))
     check_finite(raw)
     cfg = validate_section(RunConfig, raw, prefix="")
     assert isinstance(cfg, RunConfig)

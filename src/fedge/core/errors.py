@@ -29,10 +29,10 @@ class ConfigError(FedgeError, ValueError):
 class UnknownNameError(ConfigError, KeyError):
     """A name was looked up in a registry that does not hold it."""
 
-    def __init__(self, kind: str, name: str, choices: list[str] | tuple[str, ...]) -> None:
+    def __init__(self, kind: str, name: str, choices: list[str] | tuple[str, ...], *, hint: str = "") -> None:
         self.kind, self.name, self.choices = kind, name, tuple(sorted(choices))
         super().__init__(
-            f"unknown {kind} {name!r}; expected one of: {', '.join(self.choices)}"
+            f"unknown {kind} {name!r}; expected one of: {', '.join(self.choices)}" + (f"; {hint}" if hint else "")
         )
 
     def __str__(self) -> str:  # KeyError would otherwise repr() the message

@@ -81,8 +81,19 @@ def register_function(
         return source
 
     options: dict[str, Any] = {"target": target}
-    for key, param in inspect.signature(fn).parameters.items():
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        raise ConfigError(f"register_dataset({name!r}): cannot read the parameters of {fn!r}; register a Python "
+                          "function (def or lambda) returning the arrays") from None  # fmt: skip
+    for key, param in params.items():
         if key != "seed" and param.default is not inspect.Parameter.empty:
+            if not _plain(param.default):  # it becomes dataset.<key> in config.yaml
+                raise ConfigError(
+                    f"register_dataset({name!r}): the default of parameter {key!r} is {param.default!r} "
+                    f"({type(param.default).__name__}); a dataset option must be a plain value (int, float, str, "
+                    "bool, None, or lists and mappings of them) to be written to config.yaml, e.g. float(x)"
+                )
             options[key] = param.default
     if replace and name in _FUNCTIONS:
         _REGISTRY.unregister(name)
@@ -94,6 +105,17 @@ def register_function(
 
 
 _FUNCTIONS: set[str] = set()  # names registered by register_function (replaceable)
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is what YAML and JSON hold as they are (so config.yaml records it)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
 
 
 def dataset_names() -> list[str]:

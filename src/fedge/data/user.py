@@ -26,6 +26,7 @@ import csv
 import importlib
 import inspect
 import math
+import warnings
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -93,6 +94,21 @@ def raw_from_arrays(
             f"{xs['test'].dtype}; both splits must have the same sample shape and dtype"
         )
     num_classes = int(max(ys["train"].max(), ys["test"].max())) + 1
+    seen = np.union1d(np.unique(ys["train"]), np.unique(ys["test"]))
+    if num_classes > max(2 * len(seen), len(seen) + 100):  # ids, not class indices: a model this wide is a mistake
+        raise ConfigError(
+            f"dataset {dataset!r} ({source}): labels are class indices 0..C-1, but these run up to {num_classes - 1} "
+            f"with only {len(seen)} distinct values ({', '.join(map(str, seen[:5].tolist()))}"
+            f"{', ...' if len(seen) > 5 else ''}): the model would have {num_classes} outputs; map them to "
+            f"0..{len(seen) - 1} (e.g. np.unique(y, return_inverse=True)[1])"
+        )
+    unseen = np.setdiff1d(np.unique(ys["test"]), np.unique(ys["train"]))
+    if len(unseen):
+        warnings.warn(
+            f"dataset {dataset!r} ({source}): test labels {unseen[:5].tolist()}{' ...' if len(unseen) > 5 else ''} never "
+            "occur in the training labels; no client can learn them, so test accuracy on them is 0",
+            stacklevel=2,
+        )
     if classes is None:
         classes = tuple(str(k) for k in range(num_classes))
     scale = 255.0 if xs["train"].dtype == np.uint8 else 1.0

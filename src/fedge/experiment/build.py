@@ -185,6 +185,17 @@ def _synthetic_federated(cfg: RunConfig) -> SyntheticFederated:
     return SyntheticFederated(cfg.clients.num, cfg.seed, alpha=d.alpha, beta=d.beta, max_samples=d.max_samples)
 
 
+def rebuild_run(cfg: RunConfig) -> BuiltRun:
+    """:func:`build_run` for a recorded run (resume, export, ``.model``): a name it cannot find
+    may be one registered from Python in the process that trained it, so the error says so."""
+    try:
+        return build_run(cfg)
+    except UnknownNameError as exc:
+        raise UnknownNameError(exc.kind, exc.name, exc.choices,
+                               hint=f"if the run used a {exc.kind} registered from Python, register it again in this "
+                                    "process first (fedge.register_model, fedge.register_dataset, ...)") from None  # fmt: skip
+
+
 def build_run(cfg: RunConfig) -> BuiltRun:
     """Validate the choice-dependent sections and build data, partition, model and method."""
     spec = get_method(cfg.method.name)

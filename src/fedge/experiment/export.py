@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Literal
 
 import torch
@@ -28,7 +28,7 @@ from safetensors.torch import load_file
 
 from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, ResumeError
-from fedge.experiment.build import BuiltRun, build_run
+from fedge.experiment.build import BuiltRun, rebuild_run
 from fedge.experiment.rundir import RunDir
 
 __all__ = ["ExportResult", "TrainedModel", "WithheldModelError", "export_model", "load_trained_model"]
@@ -143,7 +143,7 @@ def load_trained_model(run_dir: str | Path, *, withheld_ok: bool = False) -> Tra
             f"run {str(rundir.path)!r} is complete but its model.safetensors is missing (deleted or moved); "
             "put it back, or train the run anew into another --out"
         )
-    built: BuiltRun = build_run(load_config(raw))
+    built: BuiltRun = rebuild_run(load_config(raw))
     model = built.model_fn()
     try:
         state = load_file(str(weights))
@@ -233,6 +233,8 @@ def export_model(
                 "onnxscript`), or use --format torchscript"
             ) from None
     trained = load_trained_model(run_dir)
+    if out is not None and not (isinstance(out, (str, PurePath)) and str(out)):
+        raise ConfigError(f"export out={out!r} ({type(out).__name__}): expected a file path, as a str or pathlib.Path")
     dest = Path(out) if out is not None else Path(run_dir) / (
         "model.pt" if format == "torchscript" else "model.onnx"
     )
@@ -240,7 +242,11 @@ def export_model(
         raise ConfigError(
             f"export --out {str(dest)!r} is a directory; name the file to write, e.g. --out {dest / ('model.pt' if format == 'torchscript' else 'model.onnx')}"
         )
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(f"export --out {str(dest)!r}: a part of its folder {str(dest.parent)!r} is a file; "
+                          "choose another --out") from None  # fmt: skip
     meta = trained.metadata()
     example = torch.zeros((1, *trained.input_shape))
     tmp = dest.with_name(dest.name + ".tmp")

@@ -27,12 +27,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic_core import PydanticSerializationError
 
 from fedge.core.config import RunConfig, check_finite, load_config
 from fedge.core.errors import ConfigError, DataNotFoundError, FedgeError, MessageError, ResumeError
 from fedge.core.messages import Message
 from fedge.data import get_dataset_spec
-from fedge.experiment.build import RUNTIMES, BuiltRun, build_run, method_config, privacy_config, with_dataset_options
+from fedge.experiment.build import (
+    RUNTIMES,
+    BuiltRun,
+    build_run,
+    method_config,
+    privacy_config,
+    rebuild_run,
+    with_dataset_options,
+)
 from fedge.experiment.provenance import machine, segments
 from fedge.experiment.rundir import RunDir, config_diff
 from fedge.methods.base import model_arrays
@@ -112,9 +121,13 @@ def resolved_config(built: BuiltRun | RunConfig) -> dict[str, Any]:
         cfg, method_cfg = built.config, built.method_config
     else:
         cfg, method_cfg = with_dataset_options(built), method_config(built)
-    out = cfg.to_dict()
-    out["method"] = method_cfg.model_dump(mode="json")
-    out["privacy"] = privacy_config(cfg).model_dump(mode="json")
+    try:
+        out = cfg.to_dict()
+        out["method"] = method_cfg.model_dump(mode="json")
+        out["privacy"] = privacy_config(cfg).model_dump(mode="json")
+    except PydanticSerializationError as exc:  # e.g. a registered function's default of a numpy type
+        raise ConfigError(f"the run's config cannot be written to config.yaml ({exc}); give plain values (int, "
+                          "float, str, bool, lists and mappings of them), e.g. float(x) for a numpy number") from None  # fmt: skip
     return out
 
 
@@ -376,12 +389,13 @@ def run_experiment(
         rundir.hold()
         check_dataset_root(cfg)
         built = build_run(cfg)
+        resolved = resolved_config(built)
     except BaseException:
         rundir.release()
         raise
     try:
         source = built.dataset.source if Path(built.dataset.source).is_dir() else None
-        rundir.create(resolved_config(built), built.partition_summary, data_source=source)
+        rundir.create(resolved, built.partition_summary, data_source=source)
         return _drive(built, rundir, [], None, shown, render, runtime, backend)
     finally:
         rundir.let_go()
@@ -488,7 +502,9 @@ def _resume(rundir: RunDir, rounds: int | None, progress: Progress, render: Rend
         )
     if rounds is not None:
         old = int(raw.get("rounds", 0))
-        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds <= old:
+        if isinstance(rounds, bool) or not isinstance(rounds, int):
+            raise ConfigError(f"rounds={rounds!r} ({type(rounds).__name__}): expected a whole number of rounds (an int)")
+        if rounds <= old:
             raise ResumeError(
                 f"rounds={rounds!r} does not extend run {str(rundir.path)!r}, which has rounds={old}; "
                 f"give a larger total (e.g. rounds={2 * old})"
@@ -496,7 +512,7 @@ def _resume(rundir: RunDir, rounds: int | None, progress: Progress, render: Rend
         raw = {**raw, "rounds": rounds}
     cfg = load_config(raw)
     check_dataset_root(cfg)
-    built = build_run(cfg)
+    built = rebuild_run(cfg)
     state = rundir.load_checkpoint()
     if rounds is not None and rundir.is_complete() and state is None:
         raise ResumeError(f"run {str(rundir.path)!r} has no checkpoint.pt to continue from")
@@ -515,6 +531,14 @@ def _resume(rundir: RunDir, rounds: int | None, progress: Progress, render: Rend
         )
     if state is not None:
         built.method.strategy.check_resume(state["strategy"], cfg.rounds)
+        try:  # the same load the rounds start with: a checkpoint that no longer fits fails here, before any write
+            built.method.strategy.load_state_dict(state["strategy"])
+        except (MessageError, ValueError, KeyError, RuntimeError) as exc:
+            raise ResumeError(
+                f"run {str(rundir.path)!r}: its checkpoint does not fit the model built from its config now ({exc}); "
+                "did a registered dataset or model change since the run? Restore it as it was, or start the run "
+                "anew into another --out (nothing was changed)"
+            ) from None
     # -- every check passed: from here on the directory is written
     resolved = resolved_config(built)
     if changes:
