@@ -215,6 +215,8 @@ def test_label_ids_that_are_not_class_indices_are_refused_and_unseen_test_labels
      r"overrides='rounds=1' is one string; give a list of 'KEY=VALUE' strings \(\['rounds=1'\]\) or a mapping"),
     (lambda d: fedge.run("quickstart", out=d / "r", overrides=[("rounds", 1)]),
      r"overrides=\[\('rounds', 1\)\]: expected a list of 'KEY=VALUE' strings or a mapping"),
+    (lambda d: fedge.run("quickstart", out=d / "r", progress=lambda line: None),
+     r"progress=<function .*> cannot be called as f\(metrics_line, total_rounds\)"),
     (lambda d: fedge.run("quickstart", out=d / "r", overrides={"rounds": object()}),
      r"overrides: rounds=<object object at .*> \(object\) is not a config value"),
 ])  # fmt: skip

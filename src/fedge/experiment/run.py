@@ -19,6 +19,7 @@ and the fix, and never in a directory that looks complete:
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from collections.abc import Callable, Iterator
@@ -111,6 +112,13 @@ def _as_progress(p: ProgressLike) -> Progress:
     if not callable(p):
         raise ConfigError(f"progress={p!r} ({type(p).__name__}) is neither a fedge Progress nor a function "
                           "f(metrics_line, total_rounds); pass one of those, or None to show nothing")  # fmt: skip
+    try:
+        inspect.signature(p).bind(None, None)
+    except TypeError:
+        raise ConfigError(f"progress={p!r} cannot be called as f(metrics_line, total_rounds); give it those two "
+                          "parameters") from None  # fmt: skip
+    except ValueError:  # no signature to read (a builtin): it will tell when called
+        pass
     return _FunctionProgress(p)
 
 
