@@ -187,3 +187,22 @@ def test_register_model_from_defaults_builds_a_typed_config() -> None:
             build_model("test-tiny", input_shape=(3,), num_classes=2, width=True)
     finally:
         _REGISTRY.unregister("test-tiny")
+
+
+@pytest.mark.parametrize("builder, message", [
+    (lambda *, input_shape, num_classes: None, r"its builder cannot be called \(.*activation.*\); a builder takes"),
+    (lambda **kw: None, r"its builder returned NoneType; a builder takes .* returns \(features, classifier\)"),
+    (lambda **kw: (torch.nn.Flatten(), torch.nn.Linear(3, 7)), r"outputs shape \(7,\) for num_classes=2; its classifier must end in 2 outputs"),
+    (lambda **kw: (torch.nn.Flatten(), torch.nn.Linear(3, 2, dtype=torch.float64)), r"has torch.float64 parameters; fedge trains float32"),
+])  # fmt: skip
+def test_a_registered_builder_that_breaks_the_contract_is_a_config_error(builder, message) -> None:
+    from fedge.models.registry import register_model
+
+    register_model("test-bad", description="d", reference="r", flat_inputs=True)(builder)
+    try:
+        with pytest.raises(ConfigError, match=message):
+            build_model("test-bad", input_shape=(3,), num_classes=2)
+    finally:
+        _REGISTRY.unregister("test-bad")
+    with pytest.raises(ConfigError, match=r"register_model\('test-bad'\) decorates a builder function; got 5"):
+        register_model("test-bad", description="d", reference="r")(5)  # type: ignore[arg-type]

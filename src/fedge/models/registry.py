@@ -223,6 +223,9 @@ def register_model(
     defaults = {k: f.default for k, f in config.model_fields.items()}
 
     def deco(builder: Builder) -> Builder:
+        if not callable(builder):
+            raise ConfigError(f"register_model({name!r}) decorates a builder function; got {builder!r} "
+                              f"({type(builder).__name__})")  # fmt: skip
         _REGISTRY.register(name, _Entry(
             ModelInfo(
                 name=name,
@@ -338,18 +341,30 @@ def _resolve(
 
 def _assemble(entry: _Entry, spec: ModelSpec) -> Network:
     """Build the network for ``spec`` on the ``meta`` device: shapes only, no data, no RNG."""
+    contract = ("a builder takes (input_shape, num_classes, activation, norm, **options) and returns "
+                "(features, classifier), two torch modules")
     with torch.device("meta"):
-        features, classifier = entry.builder(
-            input_shape=spec.input_shape,
-            num_classes=spec.num_classes,
-            activation=spec.activation,
-            norm=spec.norm,
-            **spec.options,
-        )
-        net = Network(features, classifier, spec)
+        try:
+            built = entry.builder(
+                input_shape=spec.input_shape,
+                num_classes=spec.num_classes,
+                activation=spec.activation,
+                norm=spec.norm,
+                **spec.options,
+            )
+        except TypeError as exc:  # a registered builder with another signature
+            raise ConfigError(f"model {spec.name!r}: its builder cannot be called ({exc}); {contract}") from None
+        if not (isinstance(built, tuple) and len(built) == 2 and all(isinstance(m, torch.nn.Module) for m in built)):
+            raise ConfigError(f"model {spec.name!r}: its builder returned {type(built).__name__}; {contract}")
+        net = Network(built[0], built[1], spec)
         out = output_shape(net, spec.input_shape)
-    if out != (spec.num_classes,):  # a builder bug, not a user error
-        raise RuntimeError(f"model {spec.name!r} outputs {out}, expected ({spec.num_classes},)")
+    if out != (spec.num_classes,):  # a registered builder's mistake (a built-in one's is a bug)
+        raise ConfigError(f"model {spec.name!r} outputs shape {out} for num_classes={spec.num_classes}; its classifier "
+                          f"must end in {spec.num_classes} outputs")  # fmt: skip
+    odd = sorted({str(t.dtype) for t in net.parameters() if t.dtype != torch.float32})
+    if odd:
+        raise ConfigError(f"model {spec.name!r} has {', '.join(odd)} parameters; fedge trains float32 models "
+                          "(build its layers with the default dtype)")  # fmt: skip
     return net
 
 
