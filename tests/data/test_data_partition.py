@@ -198,3 +198,23 @@ def test_summary_is_json_and_adds_up() -> None:
     assert summary["size_min"] >= 5
     with pytest.raises(ConfigError, match=r"labels must lie in \[0, 3\)"):
         partition_summary(parts, labels, 3)
+
+
+@pytest.mark.parametrize("owner, message", [
+    (lambda n, c: None, r"returned NoneType of shape None; it must return an integer array of shape \(12,\)"),
+    (lambda n, c: np.full(n, 99), r"gave client ids 99..99; expected 0..2 \(clients.num=3\)"),
+    (lambda n, c: np.full(n, -1), r"gave client ids -1..-1; expected 0..2"),
+    (lambda n, c: np.zeros(n) + 0.5, r"returned ndarray of shape \(12,\); it must return an integer array"),
+])  # fmt: skip
+def test_a_registered_partitioner_must_give_every_sample_a_client(owner, message) -> None:
+    from fedge.data.partition import _REGISTRY, PartitionerSpec, register_partitioner
+
+    register_partitioner(PartitionerSpec("test-bad", "d", lambda labels, c, rng, domains=None: owner(len(labels), c),
+                                         lambda p: dict(p), {}))  # fmt: skip
+    try:
+        with pytest.raises(ConfigError, match=r"partitioner 'test-bad' " + message):
+            partition("test-bad", np.arange(12) % 3, 3, seed=0)
+    finally:
+        _REGISTRY.unregister("test-bad")
+    with pytest.raises(ConfigError, match=r"register_partitioner takes a PartitionerSpec"):
+        register_partitioner("test-bad")  # type: ignore[arg-type]

@@ -87,3 +87,19 @@ def test_global_model_keeps_pruned_coordinates_zero():
         m = masks.get(n, torch.ones_like(p, dtype=torch.bool))
         assert torch.all(p[~m] == 0)
         torch.testing.assert_close(p[m], before[n][m] - 0.1, rtol=0, atol=1e-6)
+
+
+def test_register_method_checks_its_spec() -> None:
+    import pytest
+
+    from fedge.core.errors import ConfigError
+    from fedge.methods import register
+    from fedge.methods.base import MethodSpec
+    from fedge.methods.fedavg import FedAvgConfig
+
+    with pytest.raises(ConfigError, match=r"register_method takes a MethodSpec\(name, description, config, build\)"):
+        register("foo")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"with a pydantic config class and a callable build; got"):
+        register(MethodSpec("bad", "d", dict, lambda cfg, env: None))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"MethodSpec 'bad2' has config FedAvgConfig whose name is 'fedavg'"):
+        register(MethodSpec("bad2", "d", FedAvgConfig, lambda cfg, env: None))

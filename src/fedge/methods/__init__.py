@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pydantic import BaseModel
+
+from fedge.core.errors import ConfigError
 from fedge.core.registry import Registry
 from fedge.methods import baffle, eppfl, fedavg, fedpt, ntk_baffle, ppfl
 from fedge.methods.base import MethodBuild, MethodEnv, MethodSpec
@@ -30,8 +33,18 @@ def register(spec: MethodSpec) -> MethodSpec:
     """Add a method to the registry (a later issue's method calls this in its module).
 
     Its ``config`` (a pydantic model) validates the run's ``method.*`` keys; a name already
-    taken is a :class:`~fedge.core.errors.ConfigError`.
+    taken, or anything but a :class:`MethodSpec` whose config is a pydantic model and whose build
+    is callable, is a :class:`~fedge.core.errors.ConfigError`.
     """
+    config = getattr(spec, "config", None)
+    if not isinstance(spec, MethodSpec) or not (isinstance(config, type) and issubclass(config, BaseModel)) \
+            or not callable(spec.build):
+        raise ConfigError(f"register_method takes a MethodSpec(name, description, config, build) with a pydantic "
+                          f"config class and a callable build; got {spec!r}")  # fmt: skip
+    name_field = config.model_fields.get("name")
+    if name_field is not None and name_field.default != spec.name:
+        raise ConfigError(f"register_method: MethodSpec {spec.name!r} has config {config.__name__} whose name is "
+                          f"{name_field.default!r}; give the config a name field defaulting to {spec.name!r}")  # fmt: skip
     return _REGISTRY.register(spec.name, spec)
 
 

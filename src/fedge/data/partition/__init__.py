@@ -79,7 +79,11 @@ PARTITIONERS: Mapping[str, PartitionerSpec] = _REGISTRY.view()
 
 
 def register_partitioner(spec: PartitionerSpec) -> PartitionerSpec:
-    """Add a partitioner; a name already taken is a :class:`ConfigError`."""
+    """Add a partitioner; a name already taken, or anything but a :class:`PartitionerSpec` with
+    callable ``split`` and ``validate``, is a :class:`ConfigError`."""
+    if not isinstance(spec, PartitionerSpec) or not callable(spec.split) or not callable(spec.validate):
+        raise ConfigError(f"register_partitioner takes a PartitionerSpec(name, description, split, validate, params) "
+                          f"with callable split and validate; got {spec!r}")  # fmt: skip
     return _REGISTRY.register(spec.name, spec)
 
 
@@ -158,7 +162,21 @@ def partition(
         )
     rng = numpy_rng(seed, "partition", name)
     owner = _spec(name).split(labels, int(num_clients), rng, domains=domains, **params)
+    _check_owner(name, owner, n, int(num_clients))
     return parts_from_owner(owner, int(num_clients))
+
+
+def _check_owner(name: str, owner: Any, n: int, num_clients: int) -> None:
+    """A partitioner's result must give each of the ``n`` samples a client in ``0..num_clients-1``
+    (a registered one's mistake is named here, before any run starts; a client may get none)."""
+    arr = np.asarray(owner) if owner is not None else None
+    if arr is None or arr.shape != (n,) or not np.issubdtype(arr.dtype, np.integer):
+        raise ConfigError(f"partitioner {name!r} returned {type(owner).__name__} of shape "
+                          f"{getattr(arr, 'shape', None)}; it must return an integer array of shape ({n},): "
+                          "each sample's client")  # fmt: skip
+    if n and (arr.min() < 0 or arr.max() >= num_clients):
+        raise ConfigError(f"partitioner {name!r} gave client ids {int(arr.min())}..{int(arr.max())}; expected "
+                          f"0..{num_clients - 1} (clients.num={num_clients})")  # fmt: skip
 
 
 def partition_summary(parts: list[np.ndarray], labels: np.ndarray,
