@@ -87,3 +87,14 @@ def test_client_failure_options_name_the_bad_value_and_the_fix():
         load_config({**base, "clients": {**base["clients"], "dropout": 1.0, "min_replies": 1}})
     cfg = load_config({**base, "clients": {**base["clients"], "dropout": 0.2, "min_replies": 2}})
     assert (cfg.clients.dropout, cfg.clients.min_replies) == (0.2, 2)
+
+
+@pytest.mark.parametrize("key", ["rounds", "clients.num", "seed", "method.local_epochs", "method.client_optimizer.lr"])
+def test_a_bool_is_not_a_number(key):
+    """rounds=True would otherwise pass as 1: refused in every section (numeric strings, which
+    PyYAML makes of 1e-3, are still read as numbers)."""
+    from fedge.experiment.build import method_config
+
+    with pytest.raises(ConfigError, match=rf"config key '{key}': expected a number, got True \(a bool\)$"):
+        method_config(load_config("quickstart", overrides={key: True}))
+    assert method_config(load_config("quickstart", overrides=["method.client_optimizer.lr=1e-3"])).client_optimizer.lr == 0.001

@@ -19,6 +19,8 @@ import difflib
 import json
 import math
 import re
+import types
+import typing
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path, PurePath
@@ -31,6 +33,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
@@ -41,6 +44,7 @@ from fedge.core.rng import generator
 
 __all__ = [
     "ClientsConfig",
+    "ConfigModel",
     "DatasetConfig",
     "MeasureConfig",
     "RunConfig",
@@ -54,11 +58,32 @@ __all__ = [
 ]
 
 
-class _Strict(BaseModel):
+def _takes_a_number(annotation: Any) -> bool:
+    """Whether a field annotated so holds an int or float (alone or in a union), and no bool."""
+    args = typing.get_args(annotation)
+    kinds = set(args) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else {annotation}
+    return bool(kinds & {int, float}) and bool not in kinds
+
+
+class ConfigModel(BaseModel):
+    """Base of every config model: pydantic's lax mode, except that a bool is not a number (it
+    would pass as 1 or 0: ``rounds=True`` runs one round); numeric strings stay accepted (PyYAML
+    reads ``1e-3`` as a string)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _takes_a_number(field.annotation):
+            raise ValueError(f"expected a number, got {value!r} (a bool)")
+        return value
+
+
+class _Strict(ConfigModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class _Open(BaseModel):
+class _Open(ConfigModel):
     """A section whose extra keys are checked later by the component it names."""
 
     model_config = ConfigDict(extra="allow")

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from fedge.core import transforms as T
+from fedge.core.config import ConfigModel
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import ClientProgram, PartySpec, Strategy
@@ -35,7 +36,7 @@ __all__ = [
 MASK_PREFIX = "mask/"
 
 
-class MethodConfigBase(BaseModel):
+class MethodConfigBase(ConfigModel):
     """Base of every method's config section (``method.*`` keys); unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid")

@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import torch
-from pydantic import AllowInfNan, BaseModel, BeforeValidator, ConfigDict, Strict, create_model
+from pydantic import AllowInfNan, BeforeValidator, ConfigDict, Strict, create_model
 from torch import nn
 
+from fedge.core.config import ConfigModel
 from fedge.core.errors import ConfigError
 from fedge.core.registry import Registry, validate_options
 from fedge.models.initialization import reset_parameters
@@ -85,7 +86,7 @@ def _raise_number(value: Any) -> float:
     raise ValueError("expected a float")
 
 
-class ModelOptions(BaseModel):
+class ModelOptions(ConfigModel):
     """Base of a model's options config: one field per model-specific option, with its default.
 
     Subclass it next to the builder (``class LeNetOptions(ModelOptions): channels: Widths =

@@ -35,7 +35,9 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from fedge.core.config import ConfigModel
 
 __all__ = ["Accountant", "Mechanism", "PrivacyConfig", "Sampling"]
 
@@ -44,7 +46,7 @@ Sampling = Literal["poisson", "fixed", "shuffle"]
 Accountant = Literal["rdp", "pld"]
 
 
-class PrivacyConfig(BaseModel):
+class PrivacyConfig(ConfigModel):
     """Validated ``privacy:`` section. ``mechanism: none`` (the default) turns DP off."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
