@@ -263,3 +263,13 @@ def torch_tensor(a: np.ndarray):  # noqa: ANN201
     import torch
 
     return torch.as_tensor(a)
+
+
+def test_a_model_whose_data_moved_says_why_the_data_is_needed(tmp_path: Path) -> None:
+    x, y = _tabular(60, 0)
+    np.savez(tmp_path / "d.npz", x_train=x, y_train=y, x_test=x[:15], y_test=y[:15])
+    run = fedge.run(_cfg({"name": "npz", "path": str(tmp_path / "d.npz")}, rounds=1), out=tmp_path / "r")
+    (tmp_path / "d.npz").rename(tmp_path / "moved.npz")
+    with pytest.raises(fedge.DataNotFoundError, match=r"the model of run '.*' is rebuilt from the run's config, which "
+                                                      r"reads its dataset \(input shape, normalization statistics\): .*d.npz"):
+        fedge.load_run(run.path).model  # noqa: B018

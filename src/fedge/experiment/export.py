@@ -27,7 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from fedge.core.config import load_config
-from fedge.core.errors import ConfigError, ResumeError
+from fedge.core.errors import ConfigError, DataNotFoundError, ResumeError
 from fedge.experiment.build import BuiltRun, rebuild_run
 from fedge.experiment.rundir import RunDir
 
@@ -143,7 +143,11 @@ def load_trained_model(run_dir: str | Path, *, withheld_ok: bool = False) -> Tra
             f"run {str(rundir.path)!r} is complete but its model.safetensors is missing (deleted or moved); "
             "put it back, or train the run anew into another --out"
         )
-    built: BuiltRun = rebuild_run(load_config(raw))
+    try:
+        built: BuiltRun = rebuild_run(load_config(raw))
+    except DataNotFoundError as exc:
+        raise DataNotFoundError(f"the model of run {str(rundir.path)!r} is rebuilt from the run's config, which reads "
+                                f"its dataset (input shape, normalization statistics): {exc}") from None  # fmt: skip
     model = built.model_fn()
     try:
         state = load_file(str(weights))
