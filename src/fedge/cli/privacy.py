@@ -10,6 +10,7 @@ with ``--target-epsilon`` the most rounds that stay within it. Bad input exits w
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated
 
 import typer
@@ -34,6 +35,15 @@ _ASSUMES = {
     ("gaussian", "shuffle"): "a client joins at most once per pass over the population; no amplification",
     ("tree", "shuffle"): "a client is a leaf at most once per tree; trees restart each pass; no amplification",
 }
+
+
+def _as_flags(message: str) -> str:
+    """A config check's message in this command's terms: ``privacy.noise_multiplier=1.0`` as
+    ``--noise-multiplier 1.0`` (the keys are this command's options)."""
+    message = re.sub(r"^config key 'privacy': ", "", message)
+    message = re.sub(r"^config key 'privacy\.([a-z_]+)': ", lambda m: "--" + m.group(1).replace("_", "-") + ": ", message)
+    message = re.sub(r"(?<!')privacy\.([a-z_]+)(=?)", lambda m: "--" + m.group(1).replace("_", "-") + (" " if m.group(2) else ""), message)
+    return re.sub(r"^(--[a-z-]+): \1 ", r"\1 ", message)  # the check named its flag itself
 
 
 @app.command("epsilon")
@@ -61,22 +71,22 @@ def epsilon_cmd(
         fail(f"--rounds {rounds}: expected an integer >= 0")
     if sampling is None:
         sampling = "shuffle" if mechanism == "tree" else "fixed"
+    if mechanism == "none":
+        fail("--mechanism none has no ε; use --mechanism gaussian or tree")
     rows = []
     for z in zs:
         data = {"mechanism": mechanism, "noise_multiplier": z, "sampling": sampling, "delta": delta,
                 "accountant": accountant, "tree_restart_rounds": tree_restart_rounds}  # fmt: skip
         try:
             cfg = PrivacyConfig.model_validate(data)
-            if not cfg.enabled:
-                raise ConfigError("--mechanism none has no ε; use --mechanism gaussian or tree")
             kw = {"population": population, "clients_per_round": clients_per_round}
             eps = epsilon(cfg, rounds=rounds, **kw)
             event = dp_event(cfg, rounds=rounds, **kw).event
             best = None if target_epsilon is None else max_rounds(cfg, target_epsilon, **kw)
         except ValidationError as exc:
-            fail(format_validation_error(exc, PrivacyConfig, prefix="privacy.").replace("\n", "; "))
+            fail(_as_flags(format_validation_error(exc, PrivacyConfig, prefix="privacy.").replace("\n", "; ")))
         except ConfigError as exc:
-            fail(str(exc))
+            fail(_as_flags(str(exc)))
         rows.append({"noise_multiplier": z, "epsilon": eps, "max_rounds": best, "event": repr(event)})
     assumes = _ASSUMES[(mechanism, sampling)]
     report = {"mechanism": mechanism, "sampling": sampling, "assumes": assumes, "accountant": accountant,

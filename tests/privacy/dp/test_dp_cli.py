@@ -35,10 +35,11 @@ def test_gaussian_with_target():
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["--noise-multiplier", "-1"], "noise_multiplier"),
+        (["--noise-multiplier", "-1"], "error: --noise-multiplier must be a finite number >= 0, got -1.0; e.g. --noise-multiplier 1.0"),
         (["--noise-multiplier", "abc"], "expected numbers"),
-        (["--delta", "1"], "privacy.delta"),
-        (["--mechanism", "tree", "--sampling", "fixed"], "sampling=shuffle"),
+        (["--delta", "1"], "error: --delta must be in (0, 1), got 1.0"),  # the command's flags, not config keys
+        (["--mechanism", "tree", "--sampling", "fixed"], "set --sampling shuffle"),
+        (["--mechanism", "none"], "--mechanism none has no ε"),
         (["--mechanism", "laplace"], "mechanism"),
         (["--clients-per-round", "20", "--population", "10"], "population=10"),
         (["--rounds", "-3"], "--rounds"),
