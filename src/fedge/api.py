@@ -29,7 +29,6 @@ afterwards; pass ``overrides={"threads": None}`` to keep torch's own default dur
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,8 +36,7 @@ from typing import Any
 
 import torch
 
-from fedge.core.config import RunConfig, load_config
-from fedge.core.errors import ConfigError
+from fedge.core.config import RunConfig, load_config, path_argument
 from fedge.data.registry import register_dataset as _register_spec
 from fedge.data.registry import register_function
 from fedge.data.spec import DatasetSpec
@@ -100,13 +98,6 @@ class RunResult:
         return f"RunResult({str(self.path)!r}, rounds={len(self.metrics)}, final_test_accuracy={acc})"
 
 
-def _path(name: str, value: Any) -> Path:
-    """``value`` as a path, or a ConfigError naming the argument."""
-    if isinstance(value, (str, os.PathLike)) and str(value):
-        return Path(value)
-    raise ConfigError(f"{name}={value!r} ({type(value).__name__}): expected a path, as a str or pathlib.Path")
-
-
 def _default_out(config: Any) -> Path:
     return default_run_path(Path(config).stem if isinstance(config, (str, Path)) else "run")
 
@@ -140,8 +131,8 @@ def run(
     elif isinstance(config, Mapping):
         cfg = load_config(dict(config), overrides=overrides)
     else:
-        cfg = load_config(_path("config", config) if not isinstance(config, str) else config, overrides=overrides)
-    target = _path("out", out) if out is not None else _default_out(config)
+        cfg = load_config(path_argument("config", config) if not isinstance(config, str) else config, overrides=overrides)
+    target = path_argument("out", out) if out is not None else _default_out(config)
     path = run_experiment(cfg, out=target, progress=progress, render=_renderer(render))
     return load_run(path)
 
@@ -149,14 +140,14 @@ def run(
 def resume(run_dir: str | Path, *, rounds: int | None = None, progress: ProgressLike = None,
            render: bool = False) -> RunResult:
     """Continue an interrupted run, or extend a finished one to ``rounds`` (``fedge run --resume``)."""
-    path = resume_experiment(_path("run_dir", run_dir), rounds=rounds, progress=progress, render=_renderer(render))
+    path = resume_experiment(path_argument("run_dir", run_dir), rounds=rounds, progress=progress, render=_renderer(render))
     return load_run(path)
 
 
 def load_run(run_dir: str | Path) -> RunResult:
     """Read a run directory (finished or in progress): metrics, summary, config; ``.model``
     loads the trained model."""
-    path = _path("run_dir", run_dir)
+    path = path_argument("run_dir", run_dir)
     log = _load_log(path)
     return RunResult(path, log)
 

@@ -373,6 +373,14 @@ def override_strings(overrides: Any) -> list[str]:
                       "values, e.g. {'rounds': 5}")  # fmt: skip
 
 
+def path_argument(name: str, value: Any, *, what: str = "a path") -> Path:
+    """``value`` (a caller's argument ``name``) as a path: a non-empty str or path-like, else a
+    :class:`ConfigError` naming the argument."""
+    if isinstance(value, (str, PurePath)) and str(value):
+        return Path(value)
+    raise ConfigError(f"{name}={value!r} ({type(value).__name__}): expected {what}, as a str or pathlib.Path")
+
+
 def _plain_value(v: Any) -> Any:
     """A path as its string, a numpy scalar or 0-d array as its Python value (for JSON)."""
     if isinstance(v, PurePath):

@@ -19,14 +19,14 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import dataclass
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from fedge.core.config import load_config
+from fedge.core.config import load_config, path_argument
 from fedge.core.errors import ConfigError, DataNotFoundError, ResumeError
 from fedge.experiment.build import BuiltRun, rebuild_run
 from fedge.experiment.rundir import RunDir
@@ -237,15 +237,10 @@ def export_model(
                 "onnxscript`), or use --format torchscript"
             ) from None
     trained = load_trained_model(run_dir)
-    if out is not None and not (isinstance(out, (str, PurePath)) and str(out)):
-        raise ConfigError(f"export out={out!r} ({type(out).__name__}): expected a file path, as a str or pathlib.Path")
-    dest = Path(out) if out is not None else Path(run_dir) / (
-        "model.pt" if format == "torchscript" else "model.onnx"
-    )
+    name = "model.pt" if format == "torchscript" else "model.onnx"
+    dest = path_argument("export out", out, what="a file path") if out is not None else Path(run_dir) / name
     if dest.is_dir():
-        raise ConfigError(
-            f"export --out {str(dest)!r} is a directory; name the file to write, e.g. --out {dest / ('model.pt' if format == 'torchscript' else 'model.onnx')}"
-        )
+        raise ConfigError(f"export --out {str(dest)!r} is a directory; name the file to write, e.g. --out {dest / name}")
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
