@@ -85,7 +85,7 @@ def test_dirichlet_min_size_honoured(num_clients: int, alpha: float, min_size: i
         parts = partition("dirichlet", labels, num_clients, seed=seed, alpha=alpha,
                           min_size=min_size)
     except ConfigError as exc:  # allowed only as the documented, actionable failure
-        assert "lower min_size or raise alpha" in str(exc)
+        assert "lower partition.min_size or raise partition.alpha" in str(exc)
         return
     assert min(len(p) for p in parts) >= min_size
 
@@ -106,7 +106,7 @@ def test_dirichlet_impossible_or_exhausted_min_size() -> None:
     with pytest.raises(ConfigError, match="needs 110 samples, only 100 available"):
         partition("dirichlet", labels, 11, seed=0, min_size=10)
     with pytest.raises(ConfigError, match="no draw in 100 gave every client at least "
-                                          "min_size=9.*lower min_size or raise alpha"):
+                                          "min_size=9.*lower partition.min_size or raise partition.alpha"):
         partition("dirichlet", labels, 10, seed=0, alpha=0.01, min_size=9)
 
 
@@ -172,8 +172,13 @@ def test_validation_messages() -> None:
     with pytest.raises(ConfigError, match="balance must be true or false"):
         partition("dirichlet", labels, 2, seed=0, balance="yes")
     for bad in (0, 51, True, 2.0):
-        with pytest.raises(ConfigError, match=r"num_clients must be an integer in \[1, 50\]"):
+        with pytest.raises(ConfigError, match=r"num_clients must be an integer in \[1, 50\].*lower the number of clients \(clients.num\)"):
             partition("iid", labels, bad, seed=0)  # type: ignore[arg-type]
+    # the fix names the config keys a run sets (clients.num, partition.*), not the parameter names
+    with pytest.raises(ConfigError, match=r"lower partition.min_size or the number of clients \(clients.num\)"):
+        partition("dirichlet", labels, 20, seed=0, alpha=1.0, min_size=3)
+    with pytest.raises(ConfigError, match=r"clients.num \* shards_per_client = 20 \* 3.*partition.shards_per_client or clients.num"):
+        partition("shards", labels, 20, seed=0, shards_per_client=3)
     with pytest.raises(ConfigError, match="1-D integer array"):
         partition("iid", labels.reshape(5, 10), 2, seed=0)
 

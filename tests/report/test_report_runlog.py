@@ -105,6 +105,27 @@ def test_empty_metrics_is_a_run_with_no_rounds_yet(make_run):
     assert run.final_accuracy is None and run.total_bytes_down is None
 
 
+def test_complete_run_whose_metrics_lost_rounds_warns_naming_them(make_run):
+    path = make_run()  # complete, 5 rounds
+    lines = (path / "metrics.jsonl").read_text().splitlines()
+    (path / "metrics.jsonl").write_text("\n".join(lines[:2] + lines[3:4]) + "\n")  # rounds 1, 2, 4
+    with pytest.warns(RunLogWarning, match=r"completed 5 rounds but .*holds rounds 1-4 \(3 lines\); missing 3, 5"):
+        run = load_run(path)
+    assert [m["round"] for m in run.metrics] == [1, 2, 4]
+    (path / "metrics.jsonl").write_text("")
+    with pytest.warns(RunLogWarning, match="completed 5 rounds but .*holds no rounds: .*restore it"):
+        load_run(path)
+
+
+def test_intact_and_unfinished_runs_load_without_a_rounds_warning(make_run, recwarn):
+    load_run(make_run("done"))
+    partial = make_run("partial", complete=False)
+    lines = (partial / "metrics.jsonl").read_text().splitlines()
+    (partial / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    load_run(partial)
+    assert not [w for w in recwarn if issubclass(w.category, RunLogWarning)]
+
+
 def test_missing_directory_is_a_clear_error(tmp_path):
     missing = tmp_path / "nope"
     with pytest.raises(NotARunDirError, match="does not exist") as e:

@@ -387,10 +387,52 @@ def load_run(run_dir: str | Path) -> RunLog:
             f"{str(path)!r} is not a fedge run directory: it has no {METRICS_FILE}; "
             "pass a directory written by `fedge run`"
         )
+    metrics = _read_metrics(metrics_path)
+    summary = _read_json(path / SUMMARY_FILE)
+    _check_rounds_logged(path, metrics, summary)
     return RunLog(
         path=path,
         config=_read_config(path / CONFIG_FILE),
-        metrics=_read_metrics(metrics_path),
-        summary=_read_json(path / SUMMARY_FILE),
+        metrics=metrics,
+        summary=summary,
         partition=_read_json(path / PARTITION_FILE),
     )
+
+
+def _check_rounds_logged(path: Path, metrics: list[dict[str, Any]], summary: dict[str, Any] | None) -> None:
+    """Warn when a complete run's ``metrics.jsonl`` does not hold rounds 1..N of its summary.
+
+    A run writes one metrics line per round (a skipped round too) before its summary, so a gap
+    means the file was truncated, replaced or edited afterwards; the report would then show
+    fewer rounds than the headline numbers, which come from the summary.
+    """
+    if not summary or summary.get("status") != "complete":
+        return
+    planned = summary.get("rounds")
+    if not isinstance(planned, int) or isinstance(planned, bool):
+        return
+    logged = [m["round"] for m in metrics]
+    if logged == list(range(1, planned + 1)):
+        return
+    missing = sorted(set(range(1, planned + 1)) - set(logged))
+    held = f"rounds {logged[0]}-{logged[-1]} ({len(logged)} lines)" if logged else "no rounds"
+    gap = f"; missing {_rounds_text(missing)}" if missing and logged else ""
+    warnings.warn(
+        f"{path / SUMMARY_FILE} says the run completed {planned} rounds but "
+        f"{path / METRICS_FILE} holds {held}{gap}: the metrics file was truncated, replaced "
+        "or edited after the run; restore it (per-round figures use what it holds)",
+        RunLogWarning,
+        3,
+    )
+
+
+def _rounds_text(rounds: list[int]) -> str:
+    """``[1, 2, 3, 7]`` → ``"1-3, 7"`` (the first five stretches)."""
+    spans: list[list[int]] = []
+    for r in rounds:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    text = ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in spans[:5])
+    return text + (", ..." if len(spans) > 5 else "")

@@ -158,7 +158,7 @@ def partition(
             or not 1 <= num_clients <= n:
         raise ConfigError(
             f"partition: num_clients must be an integer in [1, {n}] (the number of samples), "
-            f"got {num_clients!r}; lower num_clients or use more data"
+            f"got {num_clients!r}; lower the number of clients (clients.num) or use more data"
         )
     rng = numpy_rng(seed, "partition", name)
     owner = _spec(name).split(labels, int(num_clients), rng, domains=domains, **params)

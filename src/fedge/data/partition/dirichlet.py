@@ -45,7 +45,7 @@ def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
     if min_size * num_clients > n:
         raise ConfigError(
             f"partitioner 'dirichlet': min_size={min_size} for {num_clients} clients needs "
-            f"{min_size * num_clients} samples, only {n} available; lower min_size or num_clients"
+            f"{min_size * num_clients} samples, only {n} available; lower partition.min_size or the number of clients (clients.num)"
         )
     class_indices = [np.flatnonzero(labels == k) for k in np.unique(labels)]
     smallest = 0
@@ -70,5 +70,5 @@ def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
     raise ConfigError(
         f"partitioner 'dirichlet': no draw in {MAX_TRIES} gave every client at least "
         f"min_size={min_size} samples (alpha={alpha}, {num_clients} clients, {n} samples; the "
-        f"last draw's smallest client had {smallest}); lower min_size or raise alpha"
+        f"last draw's smallest client had {smallest}); lower partition.min_size or raise partition.alpha"
     )

@@ -51,7 +51,7 @@ def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
             raise ConfigError(
                 f"partitioner 'domain': domain {keys[d]!r} has {len(members)} samples for "
                 f"{len(clients)} clients, so some client would be empty; use fewer clients "
-                f"(num_clients={num_clients} puts about {num_clients / num_domains:.1f} on each "
+                f"(clients.num={num_clients} puts about {num_clients / num_domains:.1f} on each "
                 f"of the {num_domains} domains) or merge small domains"
             )
         owner[members] = np.repeat(clients, even_sizes(len(members), len(clients)))

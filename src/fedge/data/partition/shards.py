@@ -35,9 +35,9 @@ def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
     num_shards = num_clients * shards_per_client
     if num_shards > n:
         raise ConfigError(
-            f"partitioner 'shards': num_clients * shards_per_client = {num_clients} * "
+            f"partitioner 'shards': clients.num * shards_per_client = {num_clients} * "
             f"{shards_per_client} = {num_shards} shards, more than the {n} samples; lower "
-            "shards_per_client or num_clients"
+            "partition.shards_per_client or clients.num"
         )
     perm = rng.permutation(n)
     by_label = perm[np.argsort(labels[perm], kind="stable")]  # sorted by label, random within
