@@ -589,3 +589,42 @@ def test_partition_of_a_config_before_running_equals_the_runs(tmp_path, tiny):
     _one_error_line(_run("partition", tmp_path / "empty", "--client", 0),
                     r"'.*' is not a fedge run directory \(no config.yaml\); give a run directory, a preset or a YAML file")  # fmt: skip
     _one_error_line(_run("partition", "no-such-preset", "--client", 0), r"unknown preset 'no-such-preset'; .*")
+
+
+def _commands(typer_app, prefix=()):
+    """(command words, callback) of every command of a Typer app, its sub-apps' too."""
+    for info in typer_app.registered_commands:
+        yield (*prefix, info.name or info.callback.__name__.replace("_", "-")), info.callback
+    for group in typer_app.registered_groups:
+        yield from _commands(group.typer_instance, (*prefix, group.name))
+
+
+def test_every_commands_help_shows_its_arguments_help():
+    """Each positional argument's help text reaches ``--help`` (typer 0.20 with click 8.5 drops it,
+    hence the click pin in constraints.txt)."""
+    import typing
+
+    import typer
+
+    checked = 0
+    for words, callback in _commands(app):
+        hints = typing.get_type_hints(callback, include_extras=True)
+        helps = [m.help for h in hints.values() for m in getattr(h, "__metadata__", ())
+                 if isinstance(m, typer.models.ArgumentInfo) and m.help]  # fmt: skip
+        if not helps:
+            continue
+        page = " ".join(_run(*words, "--help").stdout.replace("│", " ").split())
+        for text in helps:
+            assert " ".join(text.split()) in page, (words, text)
+            checked += 1
+    assert checked >= 8  # run, export, report, compare, partition, attack, fedpt-search, bench ...
+
+
+def test_command_descriptions_have_one_line_paragraphs():
+    """Typer's rich help keeps a docstring's line breaks, so a paragraph wrapped in the source
+    would print as ragged lines: each paragraph of a command's docstring is one line."""
+    import inspect
+
+    for words, callback in _commands(app):
+        for paragraph in (inspect.getdoc(callback) or "").split("\n\n"):
+            assert "\n" not in paragraph, (words, paragraph)

@@ -49,8 +49,9 @@ def fedpt_search(
     out_dir: Annotated[Path | None, typer.Option("--out", help="directory for the trials and search.json")] = None,
     max_trials: Annotated[int | None, typer.Option("--max-trials", help="stop after this many trials besides the baseline")] = None,
 ) -> None:
-    """FedPT's search for a partially trainable network (principles 1-4): freeze the largest
-    block, add blocks while accuracy holds, switch to a smaller one when it drops."""
+    """FedPT's search for a partially trainable network (principles 1-4).
+
+    Freeze the largest block, add blocks while accuracy holds, switch to a smaller one when it drops."""
     import time
 
     from fedge.core.config import load_config

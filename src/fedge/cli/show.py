@@ -90,8 +90,9 @@ def partition(
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="with a preset or YAML file: override a config key (--set partition.alpha=0.1)")] = None,
 ) -> None:
-    """One client's shard of a run (sample count, label histogram), also for generated
-    populations; of a preset or config file too, before anything is run."""
+    """One client's shard (sample count, label histogram) of a run, a preset or a config file.
+
+    A preset or config file is partitioned as a run would, before anything runs (generated populations too)."""
     import json
 
     from fedge.core.config import load_config
