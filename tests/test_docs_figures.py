@@ -297,6 +297,24 @@ def test_ppfl_table2_parameters_and_upload_bytes() -> None:
         assert rows[label][3] == want, f"{label}: upload bytes {rows[label][3]}, code {want}"
 
 
+def test_ppfl_table4_remarks_describe_its_table() -> None:
+    """The remarks under PPFL's Table 4 (ratios, shares of the phases) are what
+    ``ppfl_tables.table4_notes`` computes from the timing table printed above them."""
+    bench = benchmark_script("ppfl_tables")
+    section = _section("ppfl")
+    table = section.split("### Table 4 analogue", 1)[1]
+    by_model: dict[str, list[dict[str, object]]] = {}
+    for r in _rows(table, "| model | run | stage | broadcast s |"):
+        if r[2] != "Σ":
+            by_model.setdefault(r[0], []).append(
+                {"run": r[1], "stage": r[2], "broadcast": float(r[3]), "training": float(r[4]),
+                 "upload": float(r[5]), "aggregation": float(r[6]), "round": float(r[9])}  # fmt: skip
+            )
+    assert set(by_model) == {"lenet-ppfl", *bench.LARGE}
+    notes = bench.table4_notes(by_model)
+    assert notes in table, "stale Table 4 remarks: run `python benchmarks/ppfl_tables.py --docs docs/benchmarks.md`"
+
+
 # --- BAFFLE ΔL over a batch vs the local set (bench:baffle-delta-loss) -------------------------
 
 
