@@ -2,8 +2,9 @@
 against ΔL over the client's whole local set D_c, as Algorithm 1 (line 12) states
 (``method.delta_loss_on: batch | local_set``; issue 14).
 
-Protocol (reduced from the paper's 10 IID clients on the full training set, to fit ~20
-CPU-minutes on one thread of a shared 2-core machine; 3 seeds, 0, 1 and 2): batch-level
+Protocol (reduced from the paper's 10 IID clients on the full training set, to fit ~40
+CPU-minutes, screen and probes included, on one thread of a shared 2-core machine; 3 seeds,
+0, 1 and 2): batch-level
 BAFFLE (FedSGD; each client uploads K = 100 loss differences, twice-FD, σ = 1e-4, EMA evaluation,
 server Adam β = (0.9, 0.99), inf-norm clip 0.3, secure aggregation on, all as the method's
 defaults), BAFFLE's LeNet, Fashion-MNIST, **4 IID clients, all of them every round, 64 training

@@ -18,9 +18,11 @@ round can move the best lr).
 
 Cost: the long runs switch the FLOP counter off (it doubles their time); each variant's
 client FLOPs per round are measured by a separate one-client, one-round probe with the
-counter on. A K = 100 seed costs ~40-80 CPU-minutes (2-4 minutes a round on one unshared
-core, by machine), K = 200 twice that; the whole table ~14-28 CPU-hours. Time grows with the
-training set (one local epoch a round): ``--train 30000`` is ~3x.
+counter on. A K = 100 seed took 66-84 CPU-minutes (3-4 minutes a round, one core of a 2-core
+machine running two workers), the ablations 43-116, K = 200 about twice K = 100; the whole
+table ~24 CPU-hours. Time grows with the training set (one local epoch a round):
+``--train 30000`` takes 3x the steps (a K = 100 seed took 149-163 minutes on an avx512 EPYC, K = 200
+~170; the table ~40 CPU-hours).
 
 Resumable across machines: every finished run writes its row, with its full config, to
 ``benchmarks/results/baffle_table1/`` (commit it); rerunning the command reads those rows and
@@ -362,9 +364,9 @@ FedAvg on the server, **20 rounds**, **10,000 training samples** (a seeded subse
 1,000 per client) plus 2,000 held out as a validation set, the full 10,000-image test set, seeds
 0, 1, 2 (seed changes the subset, the split, the initialisation and the perturbations).
 
-**Reduced from the paper**: 10,000 of the 60,000 training images (CPU time: a K = 100 seed costs
-~40-80 CPU-minutes, the table ~14-28 CPU-hours; at 60,000 it would be ~6x; each run's minutes are
-listed at the end); K = 500 not run unless listed.
+**Reduced from the paper**: 10,000 of the 60,000 training images (CPU time: a K = 100 seed took
+66-84 CPU-minutes, the ablations 43-116, the table ~24 CPU-hours; at 60,000 it would be ~6x; each
+run's minutes are listed at the end); K = 500 not run unless listed.
 
 **This reduction caps BP FedAvg below 0.80**: one local epoch of 1,000 samples gives a client 50
 steps a round, and the context rows below the table show what more steps buy: twice the data

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from fedge.attacks.harness import attack_config, membership_by_round
+from fedge.attacks.membership import chance_auc_std
 from fedge.bench.docs import update_section
 from fedge.bench.script import load_measurement, measurement_parser, measurement_settings, save_measurement
 from fedge.experiment.build import build_run
@@ -81,7 +82,7 @@ samples; non-members: {n} test samples; {s['shadows']} shadow runs per method (s
 another seed, on {n} of the attacker's test samples; the shadow's own round-r model for
 round r); LiRA offline with one global variance. Precision at the threshold of best balanced
 accuracy; chance is AUC 0.5, TPR@1%FPR 0.01, precision 0.5. With {n} non-members, TPR@1%FPR
-is the TPR above the top {max(1, n // 100)} non-member score(s) (noisy), and AUCs carry roughly ±0.05 of sampling noise.
+is the TPR above the top {max(1, n // 100)} non-member score(s) (noisy), and an AUC at chance has a standard deviation of {chance_auc_std(n, n):.2f}.
 
 After round {last}: {verdict}.
 

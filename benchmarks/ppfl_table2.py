@@ -46,6 +46,7 @@ from fedge.attacks.harness import (
     pia_attack,
     reconstruction_attack,
 )
+from fedge.attacks.membership import chance_auc_std
 from fedge.bench.docs import update_section
 from fedge.bench.script import load_measurement, measurement_parser, parse_settings, save_measurement
 from fedge.core.config import RunConfig
@@ -271,7 +272,7 @@ C128x3-AP16-FC10: {info['parameters']:,} parameters), {s['dataset']} {side}, IID
 cell is the result of running the attack on what the adversary observes (`benchmarks/ppfl_table2.py`,
 harness `src/fedge/attacks/harness.py`). Images are resized so that the model's 16x16 average pool
 covers the whole image: at 28x28 its single pooling window sees only the top-left 16x16 of the last
-feature map (pixels of the top-left 18x18), and it also costs 3x the compute.
+feature map (pixels of the top-left 19x19: three 3x3 convolutions add 3 pixels), and it also costs 3x the compute.
 
 - **DRA** (honest-but-curious server, round 1): {s['dra_clients']} clients, each holding the one sample its
   upload depends on. FedAvg: one local SGD step (lr 0.1), the delta Δ attacked as the gradient −Δ/η;
@@ -318,8 +319,8 @@ Reduced vs the paper to fit ~30 CPU-minutes on one shared thread: Fashion-MNIST 
 of CIFAR-10 (3x32x32); AlexNet only (no VGG9); {s['clients']} clients of {s['per_client']} samples trained for {s['rounds']} rounds
 instead of 100 clients (10 per round) to convergence; DRA on {s['dra_clients']} single-sample uploads with
 {s['iterations']} L-BFGS iterations; PIA on {s['pia_clients']} uploads; {s['shadows']} shadow models; one seed, so no
-confidence intervals (with {n} members and {n} non-members an AUC carries roughly ±0.07 of
-sampling noise). Total {seconds / 60:.1f} min wall-clock on one thread of a shared machine (other
+confidence intervals (with {n} members and {n} non-members an AUC at chance has a standard deviation
+of {chance_auc_std(n, n):.2f}). Total {seconds / 60:.1f} min wall-clock on one thread of a shared machine (other
 jobs running on both cores).
 
 Reproduce: `OMP_NUM_THREADS=1 python benchmarks/ppfl_table2.py --docs docs/benchmarks.md{_set_args(s)}`

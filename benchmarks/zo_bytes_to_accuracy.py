@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     out += ["", "Where the bytes go: the seeds downlink sends a client it has never served the model **and the server "
             "optimizer's state** (Adam: two more model-sized tensors) once, then only the (seed, K values) of the rounds "
             "it missed. With 5 of 10 clients a round, first contacts dominate the first rounds; afterwards a round costs "
-            "a few hundred bytes per client. Cumulative bytes (both directions, all sampled clients), secure aggregation "
+            "about a kilobyte per client, a few with secure aggregation's keys and masks (its figure is below). "
+            "Cumulative bytes (both directions, all sampled clients), secure aggregation "
             "on, mean over seeds:", "", "| after round | " + " | ".join(str(r) for r in range(1, len(per_round[
                 "model secure=True seed 0"][0]) + 1)) + " |", "|---|" + "---|" * len(per_round["model secure=True seed 0"][0])]
     cum: dict[str, list[float]] = {}

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from fedge.attacks.membership import loss_threshold_attack, roc_auc
+from fedge.attacks.membership import chance_auc_std, loss_threshold_attack, roc_auc
 
 
 def test_auc_by_hand() -> None:
@@ -86,3 +87,16 @@ def test_shadow_models_and_lira_find_memorized_members_and_not_in_a_fresh_model(
     fresh = _memorizer(*members, seed=0, steps=0)
     assert 0.25 < shadow_attack(fresh, shadows, members, non).auc < 0.75
     assert 0.25 < lira_offline(fresh, [m for m, _, _ in shadows], members, non).auc < 0.75
+
+
+def test_chance_auc_std_matches_the_spread_of_chance_aucs():
+    """Against simulation: AUCs of scores drawn independently of membership."""
+    g = torch.Generator().manual_seed(0)
+    for n_pos, n_neg in ((64, 64), (12, 12), (10, 40)):
+        aucs = torch.tensor([roc_auc(torch.rand(n_pos, generator=g), torch.rand(n_neg, generator=g))
+                             for _ in range(4000)])  # fmt: skip
+        assert abs(float(aucs.mean()) - 0.5) < 0.005
+        assert float(aucs.std()) == pytest.approx(chance_auc_std(n_pos, n_neg), rel=0.05)
+    assert chance_auc_std(64, 64) == pytest.approx(0.0512, abs=1e-4)
+    with pytest.raises(ValueError, match="at least one sample of each kind, got 0 and 5"):
+        chance_auc_std(0, 5)

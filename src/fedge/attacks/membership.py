@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "MembershipResult",
+    "chance_auc_std",
     "lira_offline",
     "logit_confidence",
     "loss_threshold_attack",
@@ -53,6 +54,18 @@ def roc_auc(pos: torch.Tensor, neg: torch.Tensor) -> float:
     """P(score of a positive > score of a negative) + ½ P(tie): the Mann-Whitney form of AUC."""
     p, n = pos.double().view(-1, 1), neg.double().view(1, -1)
     return float((p > n).double().mean() + 0.5 * (p == n).double().mean())
+
+
+def chance_auc_std(n_pos: int, n_neg: int) -> float:
+    """Standard deviation of :func:`roc_auc` for an attack at chance (scores that do not depend on
+    membership, no ties): the Mann-Whitney U null, ``sqrt((n_pos + n_neg + 1) / (12 n_pos n_neg))``.
+
+    The sampling noise an AUC from ``n_pos`` members and ``n_neg`` non-members carries: 0.051 for
+    64 and 64, so an AUC within ~0.1 of 0.5 is not evidence of leakage at that size.
+    """
+    if n_pos < 1 or n_neg < 1:
+        raise ValueError(f"chance_auc_std needs at least one sample of each kind, got {n_pos} and {n_neg}")
+    return ((n_pos + n_neg + 1) / (12 * n_pos * n_neg)) ** 0.5
 
 
 def _tpr_at(pos: torch.Tensor, neg: torch.Tensor, fpr: float) -> float:

@@ -142,7 +142,7 @@ def engine_markdown(report: dict[str, Any], command: str) -> str:
         "Engine overhead per client per round with trivial clients (everything but client compute:",
         "sampling, serialization both ways, generator derivation, meter with FLOP counting, finiteness",
         "check, aggregation). Target: < 0.5 ms per client at 1000 clients per round (Flower's Ray",
-        "simulation costs about 5 ms per client message here), and memory that does not grow with",
-        "the number of clients beyond their data.",
+        "simulation costs 4-20 ms per client message here: the section \"Engine vs Flower's Ray",
+        "simulation engine\"), and memory that does not grow with the number of clients beyond their data.",
     ]
     return command_section(intro, command, markdown_table(head, rows))
