@@ -74,6 +74,10 @@ def main() -> None:
         last = res[f"dp-eps{e}"][-1]
         print(f"| {e} | {acc(f'dp-eps{e}'):.3f} | {last['dp_releases_max']} | {last['dp_epsilon_pure']:.1f} | "
               f"{last['dp_epsilon_rdp']:.1f} | {last['dp_epsilon_pld']:.1f} |")
+    print("\nThe cumulative ε counts each sample's own releases, as the paper does. With BatchNorm in the device "
+          "half (this model; the build warns) a batch's rows depend on one another, so one batch release can cost "
+          "a sample up to 16·ε (batch 16), and the device's SGD on raw samples carries them into later releases: "
+          "read these ε as the paper's accounting, not as a bound for this model.")
     print("\n### Fig. 5 analogue: selection (θ_a = θ_g = 0.5 at ε = 5; grid without DP)\n")
     print(f"EPPFL θ=0.5, ε=5: final acc {acc('eppfl-eps5-t0.5'):.3f} (DP ε=5 alone: {acc('dp-eps5'):.3f}).\n")
     print(f"No selection (θ=1): {acc('vanilla-E2'):.3f}.\n")

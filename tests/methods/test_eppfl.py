@@ -205,3 +205,36 @@ def test_a_device_that_fails_is_left_out_as_the_replies_that_arrived_say():
     for k in want:
         assert torch.allclose(got[k], want[k], atol=1e-5), k
     assert sim.strategy.participation.tolist() == [2, 2, 2, 2] and oracle.strategy.participation.tolist() == [2, 1, 1, 2]
+
+
+def test_dp_with_batch_statistics_on_the_device_is_a_privacy_warning():
+    """BatchNorm in the device half couples a batch's releases (the per-release ε would understate
+    a sample's loss); GroupNorm does not, and gets no warning."""
+    import warnings
+
+    from fedge.core.errors import PrivacyWarning
+
+    def warned(norm):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            _built(**{"method.dp": {"epsilon": 5.0, "clip": 100.0}, "model": {"name": "vgg9", "dropout": False, "norm": norm}})
+        return [str(w.message) for w in seen if issubclass(w.category, PrivacyWarning)]
+
+    (msg,) = warned("batch")
+    assert "BatchNorm2d in the device half" in msg and "all 16 samples of its batch" in msg and "16·ε" in msg
+    assert warned("group") == []
+
+
+def test_secure_noise_draws_laplace_noise_the_seed_does_not_fix():
+    """Reproducible by default (same seed, same released activations, same model); with
+    ``method.dp.secure_noise`` two runs of one config train on different noise."""
+    def round_one(secure):
+        over = {"method.dp": {"epsilon": 1.0, "clip": 10.0, "secure_noise": secure}, "clients.per_round": 1}
+        sim = _built(**over).simulation()
+        try:
+            return sim.run_round(1)["train_loss"]
+        finally:
+            sim.close()
+
+    assert round_one(False) == round_one(False)
+    assert round_one(True) != round_one(True)

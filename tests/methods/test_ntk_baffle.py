@@ -151,3 +151,19 @@ def test_a_resumed_run_keeps_the_masks_it_was_trained_with(tmp_path, tiny, monke
         resume_experiment(short, rounds=3, render=False)
     got, want = load_file(short / "model.safetensors"), load_file(full / "model.safetensors")
     assert got.keys() == want.keys() and all(got[k].equal(want[k]) for k in want)
+
+
+def test_ntk_ori_pruning_with_dp_is_refused_and_data_free_pruning_takes_it(tiny):
+    """NTK-Ori's pruning rounds upload statistics of client data outside DP's clipping, noise and ε:
+    refused with DP on; data-free pruning (which sees no client data) builds under DP."""
+    dp = {"mechanism": "gaussian", "noise_multiplier": 1.0, "clip": 1.0}
+
+    def cfg(prune_data):
+        return load_config(tiny(model={"name": "mlp", "hidden": [32]}, privacy=dp,
+                                method={"name": "ntk-baffle", "mode": "batch", "k": 8, "batch_size": 16,
+                                        "density": 0.5, "prune_rounds": 2, "prune_data": prune_data}))  # fmt: skip
+
+    with pytest.raises(ConfigError, match=r"prune_data=client: NTK-Ori's pruning rounds upload statistics .*outside DP"
+                                          r".*use method.prune_data=random"):
+        build_run(cfg("client"))
+    build_run(cfg("random"))

@@ -56,7 +56,7 @@ import torch
 from pydantic import Field, model_validator
 
 from fedge.core.context import ClientContext
-from fedge.core.errors import MessageError
+from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
 from fedge.core.meter import effective_flops_ratio
 from fedge.core.protocols import Exchange, Round, Strategy, StrategyWrapper
@@ -281,5 +281,15 @@ def build(cfg: NtkBaffleConfig, env: MethodEnv) -> MethodBuild:
         built.strategy = ReportEffectiveFlops(built.strategy, sample)
         return built
     # NTK-Ori: pruning exchanges run under the EMA (the average starts from the pruned model)
+    if env.privacy is not None and env.privacy.enabled:
+        # The pruning exchanges upload K statistic differences of each client's data in the clear,
+        # outside the clipping and noise (and the ε) of the training rounds, and the mask they pick
+        # is released with every model: the run's ε would not cover them.
+        raise ConfigError(
+            f"privacy.mechanism={env.privacy.mechanism} with method.prune_data=client: NTK-Ori's pruning rounds "
+            "upload statistics of each client's data outside DP (no clipping, no noise, not in ε), and the mask "
+            "they choose is released with the model; use method.prune_data=random (data-free pruning, which "
+            "sees no client data) with DP, or set privacy.mechanism=none"
+        )
     built = build_baffle(cfg, env, wrap=lambda inner: ClientDataPruning(inner, cfg, seed=env.seed))
     return MethodBuild(ReportEffectiveFlops(built.strategy, sample), PruningClient(built.program, env.model_fn, cfg))

@@ -83,7 +83,7 @@ class SecureAggregationOptions(MethodConfigBase):
     secure_aggregation: bool = Field(False, description="mask each client's reply; the server learns only the sum")
     secagg_threshold: float = Field(0.6, gt=0, le=1, description="Shamir threshold as a fraction of each client's share holders")
     secagg_dropout: float = Field(0.0, ge=0, lt=1, description="simulated fraction of clients dropping out after key agreement")
-    secagg_neighbors: int | None = Field(None, ge=2, description="mask-graph degree (null: complete graph up to 100 clients)")
+    secagg_neighbors: int | None = Field(None, ge=2, description="mask-graph degree (null: complete graph up to 33 clients, else a 2·⌈3·log2 n⌉-regular graph, see fedge.privacy.secagg.graph)")
 
     @model_validator(mode="after")
     def _dropout_needs_secagg(self) -> SecureAggregationOptions:
@@ -266,7 +266,7 @@ class SecureAggregation(StrategyWrapper):
             blob = reply.config.get("secagg")
             if not isinstance(blob, bytes):
                 raise MessageError(f"round {rnd}, client {cid}: reply carries no secagg bytes")
-            receive(blob)
+            receive(blob, sender=cid)
 
     def _dropouts(self, rnd: int, ids: list[int]) -> set[int]:
         count = int(self.opts.secagg_dropout * len(ids))

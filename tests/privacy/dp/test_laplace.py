@@ -24,6 +24,15 @@ def test_noise_is_laplace_with_the_stated_scale():
     assert stats.kstest(x.numpy(), "laplace", args=(0.0, 3.0)).pvalue > 1e-3
 
 
+def test_secure_noise_is_laplace_from_the_os_and_never_repeats():
+    from fedge.privacy.dp.mechanisms import SECURE
+
+    x = laplace_noise((20000,), 3.0, generator=SECURE, dtype=torch.float64)
+    assert stats.kstest(x.numpy(), "laplace", args=(0.0, 3.0)).pvalue > 1e-6  # not seeded: fails 1 run in 10^6
+    assert not torch.equal(laplace_noise((8,), 1.0, generator=SECURE), laplace_noise((8,), 1.0, generator=SECURE))
+    assert laplace_noise((0, 3), 1.0, generator=SECURE).shape == (0, 3)
+
+
 def test_mechanism_sensitivity_is_replace_one_and_release_is_clip_plus_noise():
     m = LaplaceMechanism(epsilon=2.0, clip=1.5)
     assert m.sensitivity == 3.0 and m.scale == 1.5

@@ -193,6 +193,37 @@ def test_steps_run_once_and_in_order(fixed_entropy: Entropy) -> None:
         clients[0].masked_input(fwd[1], np.ones(3))
 
 
+def test_a_message_must_name_the_client_it_arrived_from(fixed_entropy: Entropy) -> None:
+    """Authenticated channels (Bonawitz et al. Sec. 4): client 0 sending client 1's keys is refused
+    and changes nothing, so client 1's own message is still taken."""
+    config = SecAggConfig(threshold=2, length=3)
+    graph = MaskGraph.complete(range(3))
+    server = ServerState(round=5, config=config, graph=graph)
+    clients = {u: ClientState(u, round=5, config=config, graph=graph, entropy=fixed_entropy(f"c{u}")) for u in range(3)}
+    forged = Advertise(5, 1, b"a" * 32, b"b" * 32).to_bytes()
+    with pytest.raises(SecAggError, match="claims to be from client 1 but arrived from client 0"):
+        server.receive_advertise(forged, sender=0)
+    for u, c in clients.items():
+        server.receive_advertise(c.advertise_keys(), sender=u)
+    replies = {u: clients[u].share_keys(msg) for u, msg in server.broadcast_keys().items()}
+    with pytest.raises(SecAggError, match="Shares claims to be from client 2 but arrived from client 1"):
+        server.receive_shares(replies[2], sender=1)
+    for u, msg in replies.items():
+        server.receive_shares(msg, sender=u)
+    fwd = server.forward_shares()
+    ys = {u: clients[u].masked_input(fwd[u], np.full(3, float(u))) for u in range(3)}
+    with pytest.raises(SecAggError, match="MaskedInput claims to be from client 0 but arrived from client 2"):
+        server.receive_masked_input(ys[0], sender=2)
+    for u, y in ys.items():
+        server.receive_masked_input(y, sender=u)
+    answers = {u: clients[u].unmask(req) for u, req in server.unmask_requests().items()}
+    with pytest.raises(SecAggError, match="UnmaskResponse claims to be from client 1 but arrived from client 0"):
+        server.receive_unmask(answers[1], sender=0)
+    for u, a in answers.items():
+        server.receive_unmask(a, sender=u)
+    assert np.allclose(config.fixed_point.decode(server.finalize()), np.full(3, 3.0))
+
+
 def test_dropouts_at_every_step_together() -> None:
     inputs = _inputs(8, K)
     res = secure_sum(

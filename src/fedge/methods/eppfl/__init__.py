@@ -29,7 +29,13 @@ Bytes are counted per link by the engine: ``bytes.client->edge`` / ``bytes.edge-
   Δ₁ = 2·clip): one release is ε-DP for that sample's input. Each sample is released once per
   local epoch of every round its device joins; ``dp-accounting`` composes those Laplace events
   (RDP and PLD) and the worst device's cumulative ε is logged each round. The labels travel
-  in the clear, as in the paper: the guarantee covers the inputs, with labels public.
+  in the clear, as in the paper: the guarantee covers the inputs, with labels public. What ε
+  does not cover (as in the paper's own accounting): a release depends on its sample through
+  the device half that computed it, which SGD trains on the raw samples between releases, so
+  later releases carry traces of earlier samples; and batch statistics (BatchNorm in the device
+  half, which the build warns about) make a batch's rows depend on each other. The noise comes
+  from the run's generators (reproducible, so the edge server could subtract it if it knew the
+  seed) unless ``method.dp.secure_noise``, which draws it from the OS CSPRNG.
 - *Masks*. ``W_c + r_i`` in floats hides nothing exactly. Here W_c is encoded in the
   fixed-point ring Z_{2^64} (32 fractional bits) and masked with r_i = PRG(HKDF(secret, t, i))
   (AES-256-CTR), so a single upload is uniformly distributed whatever W_c is, and
@@ -40,7 +46,10 @@ Bytes are counted per link by the engine: ``bytes.client->edge`` / ``bytes.edge-
   restarted every round on both, like FedAvg's client optimizer.
 
 **Threat model.** S_a and S_r must not collude (together they unmask the global M_c; with a
-device's id S_r's secret also unmasks that device's upload). S_a sees only masked M_c uploads
+device's id S_r's secret also unmasks that device's upload), nor S_a and a device (S_r gives
+Σ r_j over whatever set S_a registers; see :mod:`.parties`). S_r's secret is derived from the run
+seed, so this holds only against parties that do not know the seed: a simulation, as the
+reproducible DP noise. S_a sees only masked M_c uploads
 and, in the clear, the edge servers' W_s (as the paper, which argues M_s is DP by
 post-processing). S_r sees only ids. A device learns the global M_c (it must, to train). An
 edge server sees its device's DP-released activations and labels. Devices that drop out are
@@ -81,6 +90,10 @@ class EppflDpConfig(MethodConfigBase):
     epsilon: float = Field(gt=0, description="ε of one release of one sample's activations")
     clip: float = Field(gt=0, description="per-sample L1 bound C of the released activations (Δ₁ = 2C)")
     delta: float = Field(1e-5, gt=0, lt=1, description="δ at which the cumulative ε is reported (RDP, PLD)")
+    secure_noise: bool = Field(
+        False, description="draw the Laplace noise from the OS CSPRNG (a deployment; not reproducible). Off: from "
+                           "the run's generators, so anyone who knows the seed, the edge server included, can subtract it"
+    )
 
 
 class EppflConfig(MethodConfigBase):
@@ -123,11 +136,29 @@ def _warn_unprotected(cfg: EppflConfig) -> None:
         )
 
 
+def _warn_batch_coupling(cfg: EppflConfig, split: Split) -> None:
+    """A :class:`PrivacyWarning` when DP is on and the device half normalizes with batch
+    statistics: each released row then depends on every sample of its batch, so the logged ε
+    (a sample's own releases, ε each) understates what one sample's batch releases reveal."""
+    norms = sorted({type(m).__name__ for m in split.device.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)})
+    if cfg.dp is None or not norms:
+        return
+    warnings.warn(
+        f"method.dp with {'/'.join(norms)} in the device half (cut {cfg.cut or 'default'}): batch statistics make every "
+        f"released row depend on all {cfg.batch_size} samples of its batch, so a sample's privacy loss per batch can "
+        f"reach {cfg.batch_size}·ε, not the ε each release is accounted at; use a model whose device half has no batch "
+        "statistics (e.g. model.norm: group) or cut before the norm, for the logged ε to bound it",
+        PrivacyWarning,
+        stacklevel=3,
+    )
+
+
 def build(cfg: EppflConfig, env: MethodEnv) -> MethodBuild:
     """Build EPPFL: the device program, S_a, and the side parties ``edge`` and ``sr``."""
     split_fn = partial(_split, env.model_fn, cfg.cut)
     split = split_fn()  # validates the cut now (ConfigError naming it)
     _warn_unprotected(cfg)
+    _warn_batch_coupling(cfg, split)
     length = sum(split.device.state_dict()[split.device_keys[k]].numel() for k in float_keys(split))
     keys = MaskKeys.from_run_seed(env.seed, length, FIXED_POINT)
     strategy = AggregationServer(env.model_fn(), split_fn, cfg, seed=env.seed, num_clients=len(env.client_sizes),

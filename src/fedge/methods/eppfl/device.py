@@ -29,6 +29,7 @@ from fedge.core.messages import ConfigValue, Message
 from fedge.methods.eppfl.parties import seeded_rng
 from fedge.methods.eppfl.split import Split, activation_positions, kept, scatter
 from fedge.privacy.dp.laplace import LaplaceMechanism
+from fedge.privacy.dp.mechanisms import SECURE
 from fedge.privacy.secagg import FixedPoint
 from fedge.privacy.secagg.prg import prg
 
@@ -67,6 +68,7 @@ class DeviceProgram:
         self.split_fn, self.cfg, self.fp = split_fn, cfg, fp
         self._split: Split | None = None
         self.mech = LaplaceMechanism(cfg.dp.epsilon, cfg.dp.clip) if cfg.dp is not None else None
+        self.secure_noise = cfg.dp is not None and cfg.dp.secure_noise  # the OS CSPRNG, not the run's generators
 
     @property
     def split(self) -> Split:
@@ -132,7 +134,7 @@ class DeviceProgram:
                     pos = activation_positions(seed, (b, c, n), kept(n, cfg.theta_a))
                     flat = flat.gather(-1, pos)
                 if self.mech is not None:
-                    vals, released = self.mech.release(flat, generator=noise_gen)
+                    vals, released = self.mech.release(flat, generator=SECURE if self.secure_noise else noise_gen)
                 else:
                     vals, released = flat, flat.detach()
                 req = Message({"a": released.contiguous(), "y": y.to(torch.int32)},

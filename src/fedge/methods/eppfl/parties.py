@@ -27,7 +27,16 @@ party is safe with worker processes: devices only read it). Messages:
 
 The device's request names its id; the simulation trusts it (an authenticated channel is
 assumed). S_r answers the sum only for the set S_a registered, never for a set a device
-chooses, so a device colluding with S_a cannot obtain a single r_j.
+chooses; but it does not bound that set (the paper has no threshold), so S_a colluding with one
+device learns the sum of the *other* registered devices' uploads — device j's alone if S_a
+registers just j and the colluder. The masks protect the uploads against S_a alone, not against
+S_a with a device.
+
+The secret is derived from the run seed (:meth:`MaskKeys.from_run_seed`): runs are
+reproducible, and every process that hosts S_r (a worker, a Flower node) derives the same one
+without a key exchange. So anyone who knows the run's seed — S_a's operator included — can
+rebuild every mask: a simulation of the protocol's messages and arithmetic, not a deployment,
+which would draw the secret with ``os.urandom`` inside S_r alone (not built).
 """
 
 from __future__ import annotations
@@ -60,8 +69,8 @@ class MaskKeys:
 
     @staticmethod
     def from_run_seed(seed: int, length: int, fp: FixedPoint) -> MaskKeys:
-        """A secret derived from the run seed (reproducible runs; a deployment draws it with
-        ``os.urandom``)."""
+        """A secret derived from the run seed: reproducible, and the same in every process that
+        hosts S_r, but known to anyone who knows the seed (see the module docstring)."""
         hk = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"fedge-eppfl-sr-secret")
         return MaskKeys(hk.derive(int(seed).to_bytes(16, "little", signed=True)), length, fp)
 

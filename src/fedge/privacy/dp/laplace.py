@@ -10,7 +10,16 @@ A release of one sample is ``clip_l1(v) + Lap(b)^d`` with ``b = Δ₁ / ε``:
   add/remove adjacency a whole release appears or vanishes, which a fixed-count release
   schedule does not model; we do not claim it.)
 - each coordinate gets independent ``Lap(b)`` noise, so one release is ``ε``-DP (pure) for
-  that sample, and the other samples' releases do not depend on it.
+  that sample's vector.
+
+What this does not cover (stated, not hidden): a release is a function of the sample *through the
+model that computed it*. If that model mixes samples (batch statistics: BatchNorm in training
+mode), another sample's release moves when this one changes, so one batch release is worth up to
+``B·ε`` for a sample of a batch of B; and a model trained on the raw samples between releases
+(EPPFL's device half) carries each sample into the weights behind every later release. The
+accounting below counts a sample's own releases, as EPPFL's paper does; it is a bound only when
+neither applies (see :mod:`fedge.methods.eppfl`, which warns when its device half has batch
+statistics).
 
 Accounting: a sample released ``k`` times (every local epoch of every round its device takes
 part in) composes ``k`` Laplace mechanisms with ``noise_multiplier = b / Δ₁ = 1 / ε``
@@ -18,18 +27,23 @@ part in) composes ``k`` Laplace mechanisms with ``noise_multiplier = b / Δ₁ =
 composition ``k·ε``, and the ``(ε, δ)`` of the RDP and PLD accountants; no subsampling
 amplification is claimed (the receiver sees every release).
 
-Everything here is pure: the noise is drawn from an explicit ``torch.Generator``.
+Everything here is pure: the noise is drawn from an explicit ``torch.Generator`` (reproducible
+from the run seed, so anyone who knows the seed can subtract it) or, for a deployment, from the
+OS CSPRNG (:data:`fedge.privacy.dp.mechanisms.SECURE`: ``method.dp.secure_noise`` in EPPFL).
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import torch
 
 from fedge.core.errors import ConfigError
+from fedge.privacy.dp.mechanisms import NoiseSource, SecureNoise
 
 __all__ = ["LaplaceMechanism", "clip_l1", "laplace_epsilon", "laplace_noise", "pld_interval"]
 
@@ -44,11 +58,18 @@ def clip_l1(v: torch.Tensor, clip: float) -> torch.Tensor:
     return v * factor.reshape((-1,) + (1,) * (v.dim() - 1))
 
 
-def laplace_noise(shape: tuple[int, ...], scale: float, *, generator: torch.Generator,
+def laplace_noise(shape: tuple[int, ...], scale: float, *, generator: NoiseSource,
                   dtype: torch.dtype = torch.float32) -> torch.Tensor:  # fmt: skip
     """i.i.d. Lap(0, scale) samples: the difference of two Exp(1) draws, times ``scale``
-    (drawn in float64 from ``generator``, then cast)."""
-    u = torch.rand((2, *shape), generator=generator, dtype=torch.float64)
+    (drawn in float64 from ``generator`` — a ``torch.Generator``, or :data:`SECURE` for 53-bit
+    uniforms from ``secrets.token_bytes`` — then cast). Like the Gaussian sampler, the
+    floating-point sampler is not hardened against Mironov's (CCS 2012) attacks."""
+    if isinstance(generator, SecureNoise):
+        numel = 2 * math.prod(shape)
+        raw = np.frombuffer(secrets.token_bytes(8 * numel), dtype=np.uint64) if numel else np.zeros(0, np.uint64)
+        u = torch.from_numpy((raw >> np.uint64(11)).astype(np.float64) * 2.0**-53).reshape((2, *shape))  # [0, 1)
+    else:
+        u = torch.rand((2, *shape), generator=generator, dtype=torch.float64)
     e = -torch.log1p(-u)  # Exp(1); u < 1 so finite
     return (scale * (e[0] - e[1])).to(dtype)
 
@@ -81,7 +102,7 @@ class LaplaceMechanism:
         """b = Δ₁ / ε."""
         return self.sensitivity / self.epsilon
 
-    def release(self, v: torch.Tensor, *, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def release(self, v: torch.Tensor, *, generator: NoiseSource) -> tuple[torch.Tensor, torch.Tensor]:
         """(clipped v — differentiable, noise-free, for the owner's backward pass — and the
         released ``clipped + noise``, detached)."""
         clipped = clip_l1(v, self.clip)

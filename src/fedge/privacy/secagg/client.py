@@ -15,7 +15,8 @@ round 1) is, in Z_{2^b}^K,
     y_u = x_u + PRG(b_u) + Σ_{v ∈ M(u), v > u} PRG(s_uv) − Σ_{v ∈ M(u), v < u} PRG(s_uv),
 
 where x_u is the fixed-point encoding of u's vector (BAFFLE Alg. 1 l. 13: the K loss
-differences, pre-multiplied by the weight N_u/N for Eq. (7)). The pair masks cancel in the sum
+differences, pre-multiplied by the client's weight N_u, its sample count, for Eq. (7); N_u rides
+along as one more masked coordinate, so the server learns only N = Σ N_u and divides). The pair masks cancel in the sum
 over clients; the self mask b_u keeps y_u hidden even if the server later learns s_sk_u
 (it would, wrongly, if u were merely slow and declared dropped). A client reveals at most one
 of the two secrets of each neighbour, and answers the unmasking request once.

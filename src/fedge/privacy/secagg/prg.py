@@ -4,9 +4,10 @@ PRG(seed) is the AES-256-CTR keystream under key = seed, starting from the all-z
 block, read as little-endian unsigned integers of b bits (Bonawitz et al., CCS 2017, §4: "PRG").
 AES is a pseudo-random permutation, so for a uniformly random secret seed the output is
 computationally indistinguishable from uniform over Z_{2^b}^K — which is what lets a mask hide the
-plaintext completely. Every seed that reaches here comes out of HKDF with an ``info`` naming
-its purpose (self mask, pair mask, round, pair), so fixing the nonce to zero never makes two
-uses of one (key, nonce) pair.
+plaintext completely. Every seed that reaches here is used once: a pair-mask seed comes out of
+HKDF with an ``info`` naming its purpose (pair mask, round, pair), a self-mask seed b_u is fresh
+OS entropy drawn for its round; so fixing the nonce to zero never makes two uses of one
+(key, nonce) pair.
 
 The keystream is produced by ``cryptography`` (OpenSSL, AES-NI where present) and wrapped
 zero-copy by ``np.frombuffer``: ~5 µs for K = 100 values.

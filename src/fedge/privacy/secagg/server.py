@@ -63,8 +63,12 @@ class ServerState:
 
     # ---- bookkeeping ------------------------------------------------------------------------
     def _accept(
-        self, stage: Step, round: int, party: int, allowed: Container[int], what: str
+        self, stage: Step, round: int, party: int, allowed: Container[int], what: str, sender: int | None
     ) -> None:
+        if sender is not None and party != sender:
+            # Bonawitz et al. assume authenticated client-server channels: a message names the
+            # client it arrived from, or one client could advertise keys (or answer) for another.
+            raise SecAggError(f"{what} claims to be from client {party} but arrived from client {sender}; refused")
         if self._stage != stage:
             raise SecAggError(
                 f"{what} from client {party} arrived at stage {self._stage.name}, after its "
@@ -94,9 +98,9 @@ class ServerState:
         return frozenset(self._blobs) - frozenset(self._y)
 
     # ---- round 0 ----------------------------------------------------------------------------
-    def receive_advertise(self, msg: bytes) -> None:
+    def receive_advertise(self, msg: bytes, *, sender: int | None = None) -> None:
         m = Advertise.from_bytes(msg)
-        self._accept(Step.ADVERTISE, m.round, m.party, self.graph.adjacency, "Advertise")
+        self._accept(Step.ADVERTISE, m.round, m.party, self.graph.adjacency, "Advertise", sender)
         if m.party in self._keys:
             raise SecAggError(f"client {m.party} advertised keys twice")
         self._keys[m.party] = (m.c_pk, m.s_pk)
@@ -111,9 +115,9 @@ class ServerState:
         return out
 
     # ---- round 1 ----------------------------------------------------------------------------
-    def receive_shares(self, msg: bytes) -> None:
+    def receive_shares(self, msg: bytes, *, sender: int | None = None) -> None:
         m = Shares.from_bytes(msg)
-        self._accept(Step.SHARE_KEYS, m.round, m.party, self._keys, "Shares")
+        self._accept(Step.SHARE_KEYS, m.round, m.party, self._keys, "Shares", sender)
         if m.party in self._blobs:
             raise SecAggError(f"client {m.party} sent shares twice")
         expected = {v for v in self.graph.neighbors(m.party) if v in self._keys}
@@ -136,9 +140,9 @@ class ServerState:
         return {u: Forward(self.round, u, box).to_bytes() for u, box in sorted(inbox.items())}
 
     # ---- round 2 ----------------------------------------------------------------------------
-    def receive_masked_input(self, msg: bytes) -> None:
+    def receive_masked_input(self, msg: bytes, *, sender: int | None = None) -> None:
         m = MaskedInput.from_bytes(msg)
-        self._accept(Step.MASKED_INPUT, m.round, m.party, self._blobs, "MaskedInput")
+        self._accept(Step.MASKED_INPUT, m.round, m.party, self._blobs, "MaskedInput", sender)
         if m.party in self._y:
             raise SecAggError(f"client {m.party} sent its masked input twice")
         fp, K = self.config.fixed_point, self.config.length
@@ -169,9 +173,9 @@ class ServerState:
         return out
 
     # ---- round 3 ----------------------------------------------------------------------------
-    def receive_unmask(self, msg: bytes) -> None:
+    def receive_unmask(self, msg: bytes, *, sender: int | None = None) -> None:
         m = UnmaskResponse.from_bytes(msg)
-        self._accept(Step.UNMASK, m.round, m.party, self._y, "UnmaskResponse")
+        self._accept(Step.UNMASK, m.round, m.party, self._y, "UnmaskResponse", sender)
         if m.party in self._responses:
             raise SecAggError(f"client {m.party} answered the unmask request twice")
         nbrs = self._mask_nbrs[m.party]

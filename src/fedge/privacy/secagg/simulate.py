@@ -120,19 +120,19 @@ def secure_sum(
         return msg
 
     for u in ids:
-        server.receive_advertise(send(u, clients[u].advertise_keys()))
+        server.receive_advertise(send(u, clients[u].advertise_keys()), sender=u)
     for u, msg in server.broadcast_keys().items():
         keys = recv(u, msg)
         if u not in dropouts_after_advertise:
-            server.receive_shares(send(u, clients[u].share_keys(keys)))
+            server.receive_shares(send(u, clients[u].share_keys(keys)), sender=u)
     for u, msg in server.forward_shares().items():
         fwd = recv(u, msg)
         if u not in dropouts_after_keys:
-            server.receive_masked_input(send(u, clients[u].masked_input(fwd, arrays[u])))
+            server.receive_masked_input(send(u, clients[u].masked_input(fwd, arrays[u])), sender=u)
     for u, msg in server.unmask_requests().items():
         req = recv(u, msg)
         if u not in dropouts_before_unmask:
-            server.receive_unmask(send(u, clients[u].unmask(req)))
+            server.receive_unmask(send(u, clients[u].unmask(req)), sender=u)
     total = server.finalize().reshape(shape)
     return SecAggResult(
         sum_fixed=total,
