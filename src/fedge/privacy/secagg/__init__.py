@@ -11,6 +11,14 @@ expansion), ``shamir`` (t-of-n sharing over F_{2^130-5}), ``keys`` (X25519, HKDF
 party's protocol state each), ``simulate`` (:func:`secure_sum`, the whole round in process).
 The masks and fixed-point codec are reusable by other aggregation schemes (e.g. EPPFL's
 third-party additive masks).
+
+Threat model: an honest-but-curious server, and up to t - 1 clients colluding with it. Not
+built (Bonawitz et al. Sec. 6, the actively secure variant): signatures on the advertised keys
+(a PKI) and the consistency-check round, so a server that substitutes its own public keys for
+the clients' could decrypt every share; and each reconstruction uses the first t shares without
+cross-checking the rest, so a client that sends a wrong share corrupts the sum undetected. The
+sparse graph's order is derived from the public run seed (reproducible), so, unlike Bell et al.'s
+assumption, an adversary knows each client's neighbours before it chooses whom to corrupt.
 """
 
 from fedge.privacy.secagg.client import ClientState
