@@ -99,6 +99,23 @@ def test_poisson_sampling_draws_a_varying_number_of_clients(tiny):
     assert len(counts) > 2
 
 
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_secure_noise_draws_the_clients_the_seed_does_not_fix(tiny, sampling):
+    """Amplification by subsampling assumes a secret sample: seeded without secure_noise (two
+    builds agree round by round), from the OS CSPRNG with it (two builds disagree)."""
+    def samples(secure):
+        priv = {"mechanism": "gaussian", "noise_multiplier": 1.0, "clip": 1.0, "sampling": sampling,
+                "secure_noise": secure}  # fmt: skip
+        sim = build_run(_cfg(tiny, priv, **{"clients.num": 40, "clients.per_round": 5})).simulation()
+        return [sim.sample(r) for r in range(1, 11)]
+
+    assert samples(False) == samples(False)
+    a, b = samples(True), samples(True)
+    assert a != b
+    if sampling == "fixed":
+        assert all(len(s) == 5 and len(set(s)) == 5 and set(s) <= set(range(40)) for s in a + b)
+
+
 def _ntk_epoch(tiny, privacy):
     method = {"name": "ntk-baffle", "mode": "epoch", "k": 8, "batch_size": 16, "max_steps": 2, "density": 0.2,
               "prune_rounds": 3, "prune_inputs": 8}  # fmt: skip

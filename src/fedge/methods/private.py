@@ -11,7 +11,9 @@
   DP-FedAvg's Gaussian N(0, (z·C)²) on the sum (McMahan et al., arXiv:1710.06963v3) or
   DP-FTRL's tree-aggregated noise (Kairouz et al., arXiv:2103.00039v3, as FedPT uses it) —
   and hands the noisy mean to the method's own update (:meth:`Summable.apply_mean`). The
-  server re-clips what arrives, so a client that skips its clip cannot break the bound.
+  server re-clips what arrives in the clear, so a client that skips its clip cannot break the
+  bound; under secure aggregation it sees only the sum and cannot, so the bound then rests on
+  the clients clipping (honest clients, as secure aggregation's threat model).
 - The clients of a round are drawn as the accountant assumes (``privacy.sampling``: fixed
   size, Poisson, or shuffled passes), ε is logged every round (``epsilon``), and with
   ``privacy.target_epsilon`` the run stops before a round that would exceed it, and says so.
@@ -19,7 +21,8 @@
 With secure aggregation on, DP composes underneath it: clients clip, the masked sum is all the
 server learns, and the noise is added to that sum (central DP on a securely aggregated sum).
 Noise comes from the run's generators (reproducible); ``privacy.secure_noise`` draws it from
-the OS's CSPRNG instead, as a deployment must.
+the OS's CSPRNG instead, as a deployment must, and the clients of each round too (``poisson``,
+``fixed``): amplification by subsampling assumes the adversary does not know the sample.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from fedge.core.protocols import ClientProgram, Round, Strategy, StrategyWrapper
 from fedge.methods.secure import SecureAggregationOptions, Summable, secure
 from fedge.privacy.dp.aggregate import DPAggregator, clip_contribution
 from fedge.privacy.dp.config import PrivacyConfig
-from fedge.privacy.dp.schedule import poisson_clients, shuffled_clients
+from fedge.privacy.dp.schedule import poisson_clients, secret_clients, shuffled_clients
 
 __all__ = ["DifferentialPrivacy", "PrivateClient", "protect"]
 
@@ -93,8 +96,16 @@ class DifferentialPrivacy(StrategyWrapper):
         return Strategy.round(self, rnd, client_ids)
 
     def select_clients(self, rnd: int, num_clients: int, per_round: int) -> list[int] | None:
-        """The round's clients as the accountant assumes them (fixed size: the engine's draw)."""
+        """The round's clients as the accountant assumes them (fixed size: the engine's draw).
+
+        With ``secure_noise`` the ``poisson`` and ``fixed`` draws come from the OS CSPRNG too:
+        the accountant's amplification by subsampling holds only against an adversary who does
+        not know which clients a round drew, and the run's generators would tell anyone who knows
+        the seed. (``shuffle`` claims no amplification; its passes stay seeded.)
+        """
         kw = dict(population=num_clients, clients_per_round=per_round)
+        if self.cfg.secure_noise and self.cfg.sampling in ("poisson", "fixed"):
+            return secret_clients(self.cfg.sampling, population=num_clients, clients_per_round=per_round)
         if self.cfg.sampling == "poisson":
             return poisson_clients(self.seed, rnd, **kw)
         if self.cfg.sampling == "shuffle":

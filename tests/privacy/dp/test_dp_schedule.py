@@ -1,6 +1,6 @@
 """Shuffled passes give each client at most once per pass; Poisson has the right mean."""
 
-from fedge.privacy.dp.schedule import poisson_clients, shuffled_clients
+from fedge.privacy.dp.schedule import poisson_clients, secret_clients, shuffled_clients
 
 
 def test_shuffled_each_client_once_per_pass_and_reproducible():
@@ -22,3 +22,12 @@ def test_poisson_mean_count():
     counts = [len(poisson_clients(0, r, population=2000, clients_per_round=20)) for r in range(1, 201)]
     assert abs(sum(counts) / len(counts) - 20) < 1.5  # sd of the mean ≈ √20/√200 ≈ 0.32
     assert len(set(counts)) > 1  # the count varies
+
+
+def test_secret_clients_fixed_is_an_m_subset_and_poisson_has_mean_qn():
+    for _ in range(20):
+        got = secret_clients("fixed", population=50, clients_per_round=7)
+        assert got == sorted(set(got)) and len(got) == 7 and set(got) <= set(range(50))
+    counts = [len(secret_clients("poisson", population=2000, clients_per_round=20)) for _ in range(200)]
+    # not seeded: the mean of 200 Binomial(2000, 0.01) counts has sd ≈ 0.31; 3.0 is ~10 sd
+    assert abs(sum(counts) / len(counts) - 20) < 3.0 and len(set(counts)) > 1

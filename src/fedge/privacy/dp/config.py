@@ -26,8 +26,10 @@ Sampling (what the accountant assumes; the engine must sample the same way):
 so a run is bit-reproducible from its config, which is what experiments need but means anyone
 who knows the seed can subtract the noise. A deployment sets ``secure_noise: true``: noise is
 then drawn from the operating system's CSPRNG (``secrets``/``os.urandom``) and a rerun gives
-different (equally distributed) noise. It fixes the predictability of the source only; the
-floating-point Gaussian sampler is not hardened against the attacks of Mironov (CCS 2012).
+different (equally distributed) noise. The clients of each round are then drawn from it too
+(``poisson``, ``fixed``): the subsampling amplification the accountant claims holds only if the
+adversary does not know which clients a round drew. It fixes the predictability of the sources
+only; the floating-point Gaussian sampler is not hardened against the attacks of Mironov (CCS 2012).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class PrivacyConfig(ConfigModel):
         None, description="tree: restart every this many rounds within a pass (None: once per pass)"
     )
     momentum: float = Field(0.0, description="tree: DP-FTRLM momentum γ in [0, 1)")
-    secure_noise: bool = Field(False, description="draw noise from the OS CSPRNG (not reproducible)")
+    secure_noise: bool = Field(False, description="draw noise, and the poisson/fixed client sample, from the OS CSPRNG (not reproducible)")
 
     @field_validator("clip")
     @classmethod

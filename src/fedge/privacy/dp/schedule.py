@@ -11,12 +11,16 @@ joins at most once per pass, and the trees restarting at pass boundaries never s
 
 from __future__ import annotations
 
+import secrets
+from typing import Literal
+
+import numpy as np
 import torch
 
 from fedge.core.rng import generator
 from fedge.privacy.dp.accounting import rounds_per_pass
 
-__all__ = ["poisson_clients", "shuffled_clients"]
+__all__ = ["poisson_clients", "secret_clients", "shuffled_clients"]
 
 
 def shuffled_clients(seed: int, rnd: int, *, population: int, clients_per_round: int) -> list[int]:
@@ -35,3 +39,15 @@ def poisson_clients(seed: int, rnd: int, *, population: int, clients_per_round: 
     rounds_per_pass(population, clients_per_round)  # validates both
     u = torch.rand(population, generator=generator(seed, "dp-poisson", rnd), dtype=torch.float64)
     return torch.nonzero(u < clients_per_round / population).flatten().tolist()
+
+
+def secret_clients(sampling: Literal["poisson", "fixed"], *, population: int, clients_per_round: int) -> list[int]:
+    """A round's clients drawn from the OS CSPRNG (``privacy.secure_noise``), so no one who knows
+    the run seed knows the sample: ``poisson`` (each joins with q = m/N, from 53-bit uniforms of
+    ``secrets.token_bytes``) or ``fixed`` (a uniform m-subset, ``secrets.SystemRandom().sample``)."""
+    rounds_per_pass(population, clients_per_round)  # validates both
+    if sampling == "fixed":
+        return sorted(secrets.SystemRandom().sample(range(population), clients_per_round))
+    raw = np.frombuffer(secrets.token_bytes(8 * population), dtype=np.uint64)
+    u = (raw >> np.uint64(11)).astype(np.float64) * 2.0**-53  # uniform on [0, 1)
+    return np.flatnonzero(u < clients_per_round / population).tolist()
