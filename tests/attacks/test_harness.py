@@ -137,7 +137,8 @@ def test_dp_clips_what_the_server_sees_and_the_harness_fits_the_scale() -> None:
     s = reconstruction_attack(run, iterations=40)
     assert {"baffle-k", "baffle-k-fit", "baffle-stein"} == set(s["attacks"])
     fit = s["attacks"]["baffle-k-fit"]["clients"]
-    assert all(0 <= c["match_loss"] < 1 for c in fit)  # relative residual after the best scale: better than orthogonal
+    # relative residual after the best scale: better than orthogonal (≥ 0 up to float32 roundoff of 1 − cos²)
+    assert all(-1e-6 <= c["match_loss"] < 1 for c in fit)
 
 
 def test_eppfl_aggregation_server_view_is_the_device_gradient_unmasked_and_noise_masked() -> None:
@@ -189,4 +190,6 @@ def test_edge_server_reads_released_activations_at_their_positions_and_infers_th
                    parties=("edge",))  # fmt: skip
     r = edge_pia_attack(pia, prop=0)
     assert r["uploads"] == 24 and 0 < r["with_property"] < 24
-    assert r["auc"] > 0.8
+    # the step messages carry the batch's labels in the clear: the property is read off them
+    assert r["labels_in_clear"] and r["auc"] == 1.0
+    assert r["auc_activations"] > 0.8  # the released activations alone also give it away here

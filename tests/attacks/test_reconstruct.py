@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -133,3 +134,32 @@ def test_a_clipped_upload_is_still_reconstructed_when_the_scale_is_fitted() -> N
                     generator=torch.Generator().manual_seed(0))  # fmt: skip
     assert F.mse_loss(fitted.x, x) < 1e-3 < F.mse_loss(torch.full_like(x, 0.5), x)
     assert fitted.loss < 1e-5
+
+
+def test_dlg_returns_its_best_iterate_with_that_iterates_loss() -> None:
+    """The reported matching loss is the loss at the returned x (L-BFGS's step returns the loss
+    before the step, which must not be paired with the point after it)."""
+    m = _model()
+    x, y = torch.rand(1, 1, 8, 8, generator=torch.Generator().manual_seed(3)), torch.tensor([2])
+    target = GradientTarget(_grads(m, x, y))
+    # one L-BFGS call (20 iterations): far from converged, so the loss before and after it differ
+    rec = invert(m, target, input_shape=(1, 8, 8), num_classes=10, labels=torch.tensor([2]), iterations=20,
+                 generator=torch.Generator().manual_seed(1))  # fmt: skip
+    params = dict(m.named_parameters())
+    dummy = rec.x.clone()
+    g = torch.autograd.grad(F.cross_entropy(m(dummy), rec.labels), list(params.values()))
+    assert float(target.loss(dict(zip(params, g, strict=True)))) == pytest.approx(rec.loss, rel=1e-4, abs=1e-12)
+    assert rec.iterations == 20
+
+
+def test_a_target_without_a_finite_objective_is_not_optimized() -> None:
+    """Ciphertext read as float32: squares overflow, so DLG cannot start; it says so (loss inf,
+    0 iterations) and returns the dummy start untouched."""
+    m = _model()
+    huge = {n: torch.full_like(p, 3e38) for n, p in m.named_parameters()}
+    rec = invert(m, GradientTarget(huge), input_shape=(1, 8, 8), num_classes=10, labels=torch.tensor([0]),
+                 iterations=40, generator=torch.Generator().manual_seed(0))  # fmt: skip
+    start = invert(m, GradientTarget(huge), input_shape=(1, 8, 8), num_classes=10, labels=torch.tensor([0]),
+                   iterations=0, generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert rec.loss == float("inf") and rec.iterations == 0
+    assert torch.equal(rec.x, start.x)

@@ -50,7 +50,9 @@ def invert_activations(
     """Find inputs whose released activations match ``released``.
 
     Args:
-        device: M_c with the weights the device used (put in eval mode here).
+        device: M_c with the weights the device used, in the mode the device ran it (the
+            harness passes :func:`fedge.attacks.harness.device_as_run`: BatchNorm on batch
+            statistics, as in training); its parameters are frozen for the attack, its mode left.
         released: (B, C, k) observed values (k = N_c when every position travels).
         input_shape: (C, H, W) of one input.
         positions: (B, C, k) kept positions in each channel's N_c entries (None: all).
@@ -62,8 +64,6 @@ def invert_activations(
     b = released.shape[0]
     x = torch.randn((b, *input_shape), generator=generator).mul_(0.5).requires_grad_(True)
     target = released.detach().to(torch.float32)
-    was = device.training
-    device.eval()
     for p in device.parameters():
         p.requires_grad_(False)
     opt = torch.optim.Adam([x], lr=lr)
@@ -89,5 +89,4 @@ def invert_activations(
                 x.copy_(torch.maximum(torch.minimum(x, bounds[1]), bounds[0]))
     for p in device.parameters():
         p.requires_grad_(True)
-    device.train(was)
     return ActivationInversion(x.detach(), float(loss.detach()))

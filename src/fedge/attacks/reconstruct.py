@@ -28,6 +28,7 @@ and lands wherever the optimization lands; the best iterate by matching loss is 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -231,13 +232,18 @@ def invert(
 ) -> Reconstruction:
     """DLG (Zhu et al. 2019): L-BFGS on dummy data (and soft labels unless ``labels`` given)
     so that the dummy's gradient at ``model`` matches ``target``. The model is evaluated with
-    its parameters as given (eval mode is not set: the attacked upload came from train mode)."""
+    its parameters as given (eval mode is not set: the attacked upload came from train mode).
+
+    Returns the best iterate by matching loss, each scored where it stands: the dummy start,
+    then the point after every L-BFGS call of 20 iterations (``LBFGS.step`` returns the loss
+    *before* its step, so it is not used as the score). A target with no finite matching loss
+    at the start (ciphertext read as floats overflows the squared error) cannot be optimized:
+    the start comes back with ``loss = inf`` and ``iterations = 0``, which callers report as
+    "no finite objective" rather than as an attack's result."""
     params, names, x, y_logits, variables = _dummy_start(
         model, target, input_shape, num_classes, batch, labels, generator
     )
     opt = torch.optim.LBFGS(variables, lr=1.0, max_iter=20, history_size=100, line_search_fn="strong_wolfe")
-    best = (float("inf"), x.detach().clone(), y_logits.detach().clone())
-    steps = 0
 
     def closure() -> Tensor:
         opt.zero_grad()
@@ -245,13 +251,18 @@ def invert(
         match.backward()
         return match
 
-    for _ in range(max(1, iterations // 20)):
-        loss = opt.step(closure)
-        steps += 20
-        value = float(loss.detach())
-        if not torch.isfinite(loss) or not torch.isfinite(x).all():
-            break
-        if value < best[0]:
-            best = (value, x.detach().clone(), y_logits.detach().clone())
+    best = (float(closure().detach()), x.detach().clone(), y_logits.detach().clone())
+    steps = 0
+    if math.isfinite(best[0]):
+        for _ in range(max(1, iterations // 20)):
+            opt.step(closure)
+            steps += 20
+            if not torch.isfinite(x).all():
+                break
+            value = float(closure().detach())
+            if not math.isfinite(value):
+                break
+            if value < best[0]:
+                best = (value, x.detach().clone(), y_logits.detach().clone())
     guess = labels if labels is not None else best[2].argmax(-1)
     return Reconstruction(best[1], guess, best[0], steps)

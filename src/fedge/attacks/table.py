@@ -156,12 +156,14 @@ def privacy_row(
                       "all": {a: v["median_mse"] for a, v in s["attacks"].items()},
                       "mean_image": s["baseline_mean_image_mse"], "mid_gray": s["baseline_mid_gray_mse"],
                       "masked": s.get("masked", False), "sealed": any(v.sealed for v in run.views),
+                      "finite_objective": s["attacks"][best].get("finite_objective", 1.0),
                       "upload_bytes": sorted(sizes)[len(sizes) // 2],
                       "seconds": time.perf_counter() - t}  # fmt: skip
         if eppfl:  # the aggregation server S_a's view of the same run: the masked M_c uploads
             sa = reconstruction_attack(run, iterations=iterations)
             a = min(sa["attacks"], key=lambda k: sa["attacks"][k]["median_mse"])
             out["dra"]["server"] = {"attack": a, "median_mse": sa["attacks"][a]["median_mse"], "masked": sa["masked"],
+                                    "finite_objective": sa["attacks"][a].get("finite_objective", 1.0),
                                     "mean_image": sa["baseline_mean_image_mse"]}  # fmt: skip
         if row.privacy and not out["dra"]["masked"]:  # is the client's clip active on what the server sees?
             clip = float(row.privacy["clip"])
