@@ -238,3 +238,38 @@ def test_secure_noise_draws_laplace_noise_the_seed_does_not_fix():
 
     assert round_one(False) == round_one(False)
     assert round_one(True) != round_one(True)
+
+
+def test_releases_in_a_skipped_round_stay_counted():
+    """Seed 2, 2 of 4 devices a round, clients.dropout 0.3, clients.min_replies 2: round 1
+    (devices 1, 3) loses a reply and is skipped, S_a put back as before it; rounds 2 (1, 3) and
+    3 (1, 2) complete. The devices addressed in round 1 released E epochs of activations all
+    the same, so the worst device (1) has released 3·E times after round 3, not 2·E. Oracle:
+    the releases counted from the exchanges' addressees, and ε from dp-accounting directly."""
+    import dp_accounting as dpa
+
+    over = {"method.dp": {"epsilon": 3.0, "clip": 10.0}, "method.local_epochs": 2, "clients.num": 4,
+            "clients.per_round": 2, "seed": 2, "clients.dropout": 0.3, "clients.min_replies": 2}  # fmt: skip
+    sim = _built(**over).simulation()
+    addressed: list[list[int]] = []
+    exchange = sim._exchange
+
+    def recording(rnd, phase, messages, acc):
+        addressed.append(sorted(messages))  # before the exchange: a skipped one is recorded too
+        return exchange(rnd, phase, messages, acc)
+
+    sim._exchange = recording
+    lines = [sim.run_round(r) for r in (1, 2, 3)]
+    assert [x.get("round_skipped", 0) for x in lines] == [1, 0, 0] and addressed == [[1, 3], [1, 3], [1, 2]]
+    for r, line in enumerate(lines, start=1):
+        per_device = [sum(c in ids for ids in addressed[:r]) for c in range(4)]
+        releases = max(per_device) * 2
+        rdp = dpa.rdp.RdpAccountant()
+        rdp.compose(dpa.SelfComposedDpEvent(dpa.LaplaceDpEvent(1 / 3.0), releases))
+        pld = dpa.pld.PLDAccountant()
+        pld.compose(dpa.SelfComposedDpEvent(dpa.LaplaceDpEvent(1 / 3.0), releases))
+        assert line["dp_releases_max"] == releases == 2 * r
+        assert line["dp_epsilon_pure"] == 3.0 * releases
+        assert line["dp_epsilon_rdp"] == pytest.approx(rdp.get_epsilon(1e-5), rel=1e-12)
+        assert line["dp_epsilon_pld"] == pytest.approx(pld.get_epsilon(1e-5), rel=1e-9)
+    assert sim.strategy.participation.tolist() == [0, 3, 1, 2]

@@ -2,19 +2,23 @@
 against oracles: the non-private uniform mean (σ = 0, no clipping), the accountant, the clip."""
 
 import json
+import warnings
 
+import dp_accounting as dpa
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from fedge.cli.main import app
 from fedge.core.config import load_config
-from fedge.core.errors import ConfigError
+from fedge.core.errors import ConfigError, PrivacyWarning
+from fedge.core.rng import generator
 from fedge.experiment.build import build_run
 from fedge.experiment.run import run_experiment
 from fedge.methods.private import DifferentialPrivacy
 from fedge.privacy.dp.accounting import epsilon
 from fedge.privacy.dp.config import PrivacyConfig
+from fedge.privacy.dp.mechanisms import TreeAggregator, gaussian_like
 
 
 def _cfg(tiny, privacy=None, **over):
@@ -90,6 +94,77 @@ def test_target_epsilon_stops_the_run_and_says_so(tiny, tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert "target_epsilon=15.0 reached" in summary["stopped"] and summary["rounds"] < 10
     assert summary["epsilon"] <= 15.0
+
+
+def _dp(strategy):
+    while not isinstance(strategy, DifferentialPrivacy):
+        strategy = strategy.inner
+    return strategy.dp
+
+
+def _dp_accounting(mechanism, z, releases):
+    """ε from dp-accounting on the run's event for ``releases`` releases: 12 clients, 3 a round,
+    δ = 1e-6; ``fixed`` sampling (Wang et al. Thm. 27, replace-one: z/2), or one shuffled pass
+    (4 rounds) that is one tree of ``releases`` leaves (Kairouz et al. App. D)."""
+    if mechanism == "gaussian":
+        event = dpa.SelfComposedDpEvent(dpa.SampledWithoutReplacementDpEvent(12, 3, dpa.GaussianDpEvent(z / 2)), releases)
+        relation = dpa.privacy_accountant.NeighboringRelation.REPLACE_ONE
+    else:
+        event = dpa.SingleEpochTreeAggregationDpEvent(z, releases)
+        relation = dpa.privacy_accountant.NeighboringRelation.REPLACE_SPECIAL
+    accountant = dpa.rdp.RdpAccountant(neighboring_relation=relation)
+    accountant.compose(event)
+    return accountant.get_epsilon(1e-6)
+
+
+@pytest.mark.parametrize("mechanism, sampling, seed, skipped", [("gaussian", "fixed", 1, 3), ("tree", "shuffle", 2, 2)])
+def test_a_skipped_round_releases_nothing_and_the_run_goes_on(tiny, mechanism, sampling, seed, skipped):
+    """clients.dropout 0.2 with clients.min_replies = clients.per_round skips round ``skipped``
+    (the seeded draws); the rounds after it run. Oracles: each released round's ε is
+    dp-accounting's for the releases so far, and each release is, by hand, the clipped sum plus
+    the noise of its own round's generator: Gaussian, or the tree of the releases alone
+    (N_j − N_{j−1} of a TreeAggregator stepped once per release), over m = 3."""
+    z, clip = 1.0, 1.0
+    priv = {"mechanism": mechanism, "sampling": sampling, "noise_multiplier": z, "clip": clip}
+    over = {"clients.num": 12, "clients.per_round": 3, "rounds": 4, "seed": seed, "clients.dropout": 0.2,
+            "clients.min_replies": 3}  # fmt: skip
+    sim = build_run(_cfg(tiny, priv, **over)).simulation()
+    dp = _dp(sim.strategy)
+    calls = []
+    aggregate = dp.aggregate
+
+    def spy(contributions, rnd, **kw):
+        mean, metrics = aggregate(contributions, rnd, **kw)
+        calls.append((rnd, [{k: v.clone() for k, v in c.items()} for c in contributions], mean))
+        return mean, metrics
+
+    dp.aggregate = spy
+    lines = [sim.run_round(r) for r in range(1, 5)]
+    assert [r for r, x in enumerate(lines, 1) if x.get("round_skipped")] == [skipped]
+    assert [rnd for rnd, _, _ in calls] == [r for r in range(1, 5) if r != skipped]
+    released = [x["epsilon"] for x in lines if not x.get("round_skipped")]
+    assert released == pytest.approx([_dp_accounting(mechanism, z, j) for j in (1, 2, 3)], rel=1e-12)
+    tree, prev = TreeAggregator(z * clip), None
+    for rnd, contributions, mean in calls:
+        total = {k: sum(c[k] for c in contributions) for k in mean}
+        source = generator(seed, "dp-noise", rnd)
+        if mechanism == "gaussian":
+            noise = gaussian_like(total, z * clip, source)
+        else:
+            n = tree.step(total, source)
+            noise = n if prev is None else {k: n[k] - prev[k] for k in n}
+            prev = n
+        for k in mean:
+            torch.testing.assert_close(mean[k], (total[k] + noise[k]) / 3, rtol=1e-5, atol=1e-6)
+
+
+def test_poisson_sampling_with_min_replies_warns(tiny):
+    priv = {"mechanism": "gaussian", "noise_multiplier": 1.0, "clip": 1.0, "sampling": "poisson"}
+    with pytest.warns(PrivacyWarning, match="privacy.sampling=poisson with clients.min_replies=2"):
+        build_run(_cfg(tiny, priv, **{"clients.min_replies": 2}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyWarning)
+        build_run(_cfg(tiny, {**priv, "sampling": "fixed"}, **{"clients.min_replies": 2}))
 
 
 def test_poisson_sampling_draws_a_varying_number_of_clients(tiny):

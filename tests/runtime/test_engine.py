@@ -438,6 +438,21 @@ def test_a_round_with_fewer_replies_than_min_replies_is_skipped_with_the_strateg
     assert all(f"fewer than clients.min_replies={need}" in why for why in reasons.values())
 
 
+def test_a_skipped_round_is_told_to_the_strategy_after_the_restore():
+    """Rounds 4-6 fall short of min_replies 5 (as above): each is restored, then handed to
+    :meth:`Strategy.round_skipped` (a spend ledger kept outside the state survives only there)."""
+
+    class Ledger(PartialEcho):
+        def round_skipped(self, rnd):
+            self.told.append((rnd, self.total))  # the state as before the round
+
+    strategy = Ledger()
+    strategy.told = []
+    sim = _lossy(strategy=strategy, dropout=0.5, min_replies=5, rounds=6)
+    lines = [sim.run_round(r) for r in range(1, 7)]
+    assert strategy.told == [(r, lines[2]["total"]) for r in (4, 5, 6)]
+
+
 def test_without_min_replies_nothing_changes():
     assert "clients_failed" not in _sim().run_round(1)
     assert _lossy(dropout=0.0).run_round(1)["clients_failed"] == 0

@@ -79,10 +79,11 @@ def epsilon_cmd(
                 "accountant": accountant, "tree_restart_rounds": tree_restart_rounds}  # fmt: skip
         try:
             cfg = PrivacyConfig.model_validate(data)
-            kw = {"population": population, "clients_per_round": clients_per_round}
-            eps = epsilon(cfg, rounds=rounds, **kw)
-            event = dp_event(cfg, rounds=rounds, **kw).event
-            best = None if target_epsilon is None else max_rounds(cfg, target_epsilon, **kw)
+            eps = epsilon(cfg, rounds=rounds, population=population, clients_per_round=clients_per_round)
+            event = dp_event(cfg, rounds=rounds, population=population, clients_per_round=clients_per_round).event
+            best = None if target_epsilon is None else max_rounds(
+                cfg, target_epsilon, population=population, clients_per_round=clients_per_round
+            )
         except ValidationError as exc:
             fail(_as_flags(format_validation_error(exc, PrivacyConfig, prefix="privacy.").replace("\n", "; ")))
         except ConfigError as exc:

@@ -136,6 +136,14 @@ class Strategy:
         ``client_flops``, bytes, ...); called once per round, after evaluation."""
         return {}
 
+    def round_skipped(self, rnd: int) -> None:
+        """Round ``rnd`` could not complete (under ``clients.min_replies``) and the engine has
+        put this strategy back with :meth:`load_state_dict` as it was before the round. Redo
+        here what must outlive that restore: privacy spent in the round (clients that released
+        noised data before the round failed spent budget; a restore puts the model back, not
+        the budget). Default: nothing."""
+        return None
+
     def eval_model(self) -> torch.nn.Module:
         """The model to evaluate on the test set now (e.g. the EMA of the global model)."""
         raise NotImplementedError
@@ -198,6 +206,9 @@ class StrategyWrapper(Strategy):
 
     def round_metrics(self, line: Mapping[str, Any]) -> dict[str, Any]:
         return self.inner.round_metrics(line)
+
+    def round_skipped(self, rnd: int) -> None:
+        self.inner.round_skipped(rnd)
 
     def select_clients(self, rnd: int, num_clients: int, per_round: int) -> list[int] | None:
         return self.inner.select_clients(rnd, num_clients, per_round)

@@ -7,6 +7,7 @@ partition parameters) fails here, before anything is written to disk.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ import torch
 
 from fedge.core.config import RunConfig, validate_section
 from fedge.core.context import ClientData
-from fedge.core.errors import ConfigError, UnknownNameError
+from fedge.core.errors import ConfigError, PrivacyWarning, UnknownNameError
 from fedge.core.rng import derive_seed, numpy_rng
 from fedge.data import Dataset, load_dataset
 from fedge.data.dataset import stratified_subset
@@ -266,6 +267,15 @@ def build_run(cfg: RunConfig) -> BuiltRun:
             f"clients.min_replies={cfg.clients.min_replies}: method {cfg.method.name!r} with this configuration needs "
             f"every addressed client's reply ({type(inner).__name__} cannot aggregate a subset), so a round "
             "cannot go on without the failed clients; set clients.min_replies=null and clients.dropout=0"
+        )
+    if privacy.enabled and privacy.sampling == "poisson" and cfg.clients.min_replies is not None:
+        warnings.warn(
+            f"privacy.sampling=poisson with clients.min_replies={cfg.clients.min_replies}: whether a round is skipped "
+            "depends on how many clients it sampled, which one client's presence changes; the accountant counts a "
+            "skipped round as no release and does not cover that. Use privacy.sampling=fixed or shuffle (a round's "
+            "size does not depend on any one client), or set clients.min_replies=null",
+            PrivacyWarning,
+            stacklevel=2,
         )
     return BuiltRun(cfg, dataset, parts, summary, method, method_cfg, clients, model_fn, validation)
 

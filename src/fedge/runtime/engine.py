@@ -26,7 +26,8 @@ goes on with the replies that arrived, as long as at least ``min_replies`` did. 
 cannot complete under ``min_replies`` (fewer replies than that, or fewer than a protocol's
 threshold: a :class:`~fedge.core.errors.ShortRoundError`) is skipped: the strategy's state
 is put back as it was before the round (the global model unchanged; the clients' own states
-keep what their steps did), the round is evaluated and logged with ``round_skipped``, and the
+keep what their steps did; :meth:`Strategy.round_skipped` then redoes what must outlive the
+restore, such as privacy spent), the round is evaluated and logged with ``round_skipped``, and the
 run goes on. Without ``min_replies`` any failure stops the run with one error naming every
 client that did not deliver (the rounds before it are checkpointed). ``clients_failed``
 counts the round's failed clients.
@@ -449,6 +450,7 @@ class Simulation:
                 raise
             rounds.close()
             self.strategy.load_state_dict(before)
+            self.strategy.round_skipped(rnd)  # e.g. privacy the round spent, which the restore must not undo
             agg = {"round_skipped": 1}
             self.record.extra.setdefault("skipped_rounds", {})[str(rnd)] = str(short)
         finally:

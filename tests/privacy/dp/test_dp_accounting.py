@@ -132,3 +132,23 @@ def test_max_rounds_brackets_the_target():
     kw = dict(population=1000, clients_per_round=10)
     t = max_rounds(cfg, 2.0, **kw)
     assert epsilon(cfg, rounds=t, **kw) <= 2.0 < epsilon(cfg, rounds=t + 1, **kw)
+
+
+def test_skipped_rounds_are_no_releases():
+    """Oracle: dp-accounting on the events of the released rounds alone. R = 5 rounds a pass."""
+    kw = {"population": 11, "clients_per_round": 2}
+    assert tree_steps(7, **kw, restart_rounds=2, skipped=[3, 4]) == [[2, 1], [2]]
+    assert tree_steps(7, **kw, restart_rounds=None, skipped=[6, 7]) == [[5]]
+    assert tree_steps(7, **kw, restart_rounds=2, skipped=[9]) == [[2, 2, 1], [2]]  # past T: ignored
+    fixed = PrivacyConfig(mechanism="gaussian", sampling="fixed", noise_multiplier=1.1)
+    ev = dpa.SampledWithoutReplacementDpEvent(11, 2, dpa.GaussianDpEvent(0.55))
+    assert epsilon(fixed, rounds=7, **kw, skipped=[2, 5]) == _rdp(dpa.SelfComposedDpEvent(ev, 5), Rel.REPLACE_ONE, 1e-6)
+    # shuffle: round 6 is pass 2's only round; skipped, pass 2 released nothing
+    shuffle = PrivacyConfig(mechanism="gaussian", sampling="shuffle", noise_multiplier=1.1)
+    one_pass = _rdp(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(1.1), 1), Rel.REPLACE_SPECIAL, 1e-6)
+    assert epsilon(shuffle, rounds=6, **kw, skipped=[6]) == one_pass < epsilon(shuffle, rounds=6, **kw)
+    tree = PrivacyConfig(mechanism="tree", sampling="shuffle", noise_multiplier=1.1, tree_restart_rounds=2)
+    want = dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(dpa.SingleEpochTreeAggregationDpEvent(1.1, [2, 1]), 1),
+                                dpa.SelfComposedDpEvent(dpa.SingleEpochTreeAggregationDpEvent(1.1, 2), 1)])  # fmt: skip
+    assert epsilon(tree, rounds=7, **kw, skipped=[3, 4]) == _rdp(want, Rel.REPLACE_SPECIAL, 1e-6)
+    assert epsilon(tree, rounds=3, **kw, skipped=[1, 2, 3]) == 0.0

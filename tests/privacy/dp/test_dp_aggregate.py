@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedge.core.rng import generator
-from fedge.privacy.dp.accounting import epsilon
+from fedge.privacy.dp.accounting import epsilon, max_rounds
 from fedge.privacy.dp.aggregate import DPAggregator, clip_contribution
 from fedge.privacy.dp.config import PrivacyConfig
 from fedge.privacy.dp.mechanisms import TreeAggregator, gaussian_like, global_norm
@@ -113,13 +113,26 @@ def test_secure_noise_is_not_reproducible():
     assert not torch.equal(a["w"], b["w"])
 
 
-def test_target_epsilon_and_round_order():
+def _at_round(agg, rnd, skipped=()):
+    """``agg`` as after round ``rnd`` was released, the rounds in ``skipped`` having released nothing."""
+    agg.load_state_dict({"round": rnd, "skipped": list(skipped), "tree": None, "prev_noise": None, "momentum": None})
+    return agg
+
+
+def test_target_epsilon_counts_releases_and_rounds_go_forward():
+    """The budget allows exactly T = max_rounds releases (the accountant's own bisection): not
+    round T+1 after T releases, but round T+1 after a skipped round, which released nothing."""
     cfg = PrivacyConfig(mechanism="gaussian", sampling="poisson", clip=1.0, noise_multiplier=1.0, target_epsilon=3.0)
-    agg = DPAggregator(cfg, population=1000, clients_per_round=10, seed=SEED)
-    t = next(r for r in range(1, 10_000) if not agg.allows(r))
-    assert agg.epsilon(t - 1) <= 3.0 < agg.epsilon(t)
-    with pytest.raises(ValueError, match="expected round 1, got 2"):
-        agg.aggregate(_contribs(2), 2)
+    kw = {"population": 1000, "clients_per_round": 10}
+    t = max_rounds(cfg, 3.0, **kw)
+    assert epsilon(cfg, rounds=t, **kw) <= 3.0 < epsilon(cfg, rounds=t + 1, **kw)
+    agg = DPAggregator(cfg, seed=SEED, **kw)
+    assert not _at_round(agg, t).allows(t + 1) and agg.epsilon(t) == epsilon(cfg, rounds=t, **kw)
+    assert _at_round(agg, t - 1).allows(t + 1)  # round t skipped
+    assert agg.epsilon(t + 1) == epsilon(cfg, rounds=t, **kw)
+    assert _at_round(agg, t, skipped=[3]).allows(t + 1)
+    with pytest.raises(ValueError, match=f"round {t} after round {t} was aggregated"):
+        agg.aggregate(_contribs(t), t)
 
 
 def test_empty_poisson_round_is_noise_alone():
@@ -132,3 +145,63 @@ def test_empty_poisson_round_is_noise_alone():
     noise = gaussian_like(like, 1.0, generator(SEED, "dp-noise", 1))
     for k in like:
         torch.testing.assert_close(mean[k], noise[k] / M)
+
+
+# ---- skipped rounds (clients.min_replies): the engine restores the state and goes on -------------
+
+
+def test_the_engines_restore_then_a_later_round_is_a_round_with_no_release():
+    """The engine's path: aggregate(1), save, load (round 2 skipped), aggregate(3). The Gaussian
+    release of round 3 is round 3's own (its generator); ε is that of 2 releases; the skip is
+    kept in the state; a round number that goes back is refused."""
+    cfg = PrivacyConfig(mechanism="gaussian", clip=1.0, noise_multiplier=1.0)
+    agg = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED)
+    agg.aggregate(_contribs(1), 1)
+    agg.load_state_dict(agg.state_dict())
+    mean, metrics = agg.aggregate(_contribs(3), 3)
+    total = {k: sum(c[k] for c in _contribs(3)) for k in mean}
+    noise = gaussian_like(total, 1.0, generator(SEED, "dp-noise", 3))
+    for k in total:
+        torch.testing.assert_close(mean[k], (total[k] + noise[k]) / M)
+    assert metrics["epsilon"] == epsilon(cfg, rounds=2, population=N, clients_per_round=M)
+    assert agg.state_dict()["skipped"] == [2]
+    with pytest.raises(ValueError, match="round 2 after round 3 was aggregated"):
+        agg.aggregate(_contribs(2), 2)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+def test_tree_after_a_skipped_round_is_the_tree_of_the_releases(momentum):
+    """Round 2 skipped: round 3 is the tree's 2nd leaf. Oracle, by hand from the node noises:
+    N_1 = ν_1 (level-0 node, round 1's generator), N_2 = ν_2 (level-1 node, round 3's), so
+    inc_3 = (Σ c_3 + N_2 − N_1)/m, then u_3 = γ·u_1 + inc_3; round 4 is the 3rd leaf,
+    N_3 = ν_2 + ν_3 (round 4's). ε is that of one pass, a tree of 3 leaves."""
+    cfg = PrivacyConfig(mechanism="tree", sampling="shuffle", clip=10.0, noise_multiplier=1.5, momentum=momentum)
+    agg = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED)
+    like = _contribs(1)[0]
+    nu = {r: gaussian_like(like, 15.0, generator(SEED, "dp-noise", r)) for r in (1, 3, 4)}
+    total = {r: {k: sum(c[k] for c in _contribs(r)) for k in like} for r in (1, 3, 4)}
+    u1, _ = agg.aggregate(_contribs(1), 1)
+    agg.load_state_dict(agg.state_dict())
+    u3, _ = agg.aggregate(_contribs(3), 3)
+    u4, metrics = agg.aggregate(_contribs(4), 4)
+    for k in like:
+        torch.testing.assert_close(u1[k], (total[1][k] + nu[1][k]) / M)
+        inc3 = (total[3][k] + nu[3][k] - nu[1][k]) / M
+        torch.testing.assert_close(u3[k], momentum * u1[k] + inc3, rtol=1e-5, atol=1e-5)
+        inc4 = (total[4][k] + nu[4][k]) / M  # N_3 − N_2 = ν_3
+        torch.testing.assert_close(u4[k], momentum * u3[k] + inc4, rtol=1e-5, atol=1e-5)
+    assert metrics["epsilon"] == epsilon(cfg, rounds=3, population=N, clients_per_round=M)
+
+
+def test_a_tree_restarts_at_a_skipped_boundary_round():
+    """R = 4: round 5 starts pass 2. Skipped, round 6 must still start a fresh tree (pass 2's
+    clients are not pass 1's), whose first node is round 6's; ε: 4 + 1 leaves in two passes."""
+    cfg = PrivacyConfig(mechanism="tree", sampling="shuffle", clip=10.0, noise_multiplier=1.5)
+    agg = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED)
+    for rnd in range(1, 5):
+        agg.aggregate(_contribs(rnd), rnd)
+    inc, metrics = agg.aggregate(_contribs(6), 6)
+    nu = gaussian_like(inc, 15.0, generator(SEED, "dp-noise", 6))
+    for k in inc:
+        torch.testing.assert_close(inc[k], (sum(c[k] for c in _contribs(6)) + nu[k]) / M)
+    assert metrics["epsilon"] == epsilon(cfg, rounds=5, population=N, clients_per_round=M)

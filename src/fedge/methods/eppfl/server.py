@@ -17,7 +17,10 @@ One round, top to bottom in :meth:`AggregationServer.round`:
 Privacy accounting: every sampled device released each of its samples once per local epoch
 (a device that failed is counted too: it may have released activations before failing);
 the worst device's count (participations × E) gives the cumulative ε logged each round
-(``dp_epsilon_pure``, ``dp_epsilon_rdp``, ``dp_epsilon_pld`` at ``dp_delta``).
+(``dp_epsilon_pure``, ``dp_epsilon_rdp``, ``dp_epsilon_pld`` at ``dp_delta``). A device
+counts when the exchange addresses it, and still counts when the round is then skipped
+(``clients.min_replies``): the engine puts S_a's model back as before the round, but the
+activations released to the edge servers stay released (:meth:`AggregationServer.round_skipped`).
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ class AggregationServer(Strategy):
         self.masked_sum: np.ndarray | None = None
         self.count = 0
         self.model_round = 0
-        self.participation = torch.zeros(num_clients, dtype=torch.int64)
+        self.participation = torch.zeros(num_clients, dtype=torch.int64)  # rounds each device released in
+        self._released: list[int] = []  # this round's devices that released (kept out of the state)
 
     @property
     def partial_replies(self) -> bool:
@@ -67,6 +71,7 @@ class AggregationServer(Strategy):
         return True
 
     def round(self, rnd: int, client_ids: list[int]) -> Round:
+        self._released = []
         for cid in client_ids:  # ⑦
             yield PartyCall("edge", Message(dict(self.edge_global), config={"op": "load"}), key=cid)
         config: dict[str, Any] = {"round": rnd, "model_round": self.model_round, "n_summands": len(client_ids)}
@@ -76,8 +81,9 @@ class AggregationServer(Strategy):
         else:
             arrays = dict(self.device_plain)
         broadcast = Message(arrays, config=config)
+        self._released = list(client_ids)  # they release to their edge servers in this exchange
+        self.participation[torch.tensor(self._released, dtype=torch.int64)] += 1
         replies = yield Exchange(dict.fromkeys(client_ids, broadcast))  # ⑥, then ②-④ on the devices
-        self.participation[torch.tensor(client_ids, dtype=torch.int64)] += 1
 
         dropped = self._dropouts(rnd, sorted(replies))
         agg = [c for c in sorted(replies) if c not in dropped]
@@ -126,6 +132,12 @@ class AggregationServer(Strategy):
             return set()
         perm = torch.randperm(len(ids), generator=generator(self.seed, "eppfl-dropout", rnd))
         return {ids[i] for i in perm[:count].tolist()}
+
+    def round_skipped(self, rnd: int) -> None:
+        """The restore took back this round's participations; the devices addressed had already
+        released their activations (the privacy is spent), so count them again."""
+        if self._released:
+            self.participation[torch.tensor(self._released, dtype=torch.int64)] += 1
 
     def round_metrics(self, line: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}

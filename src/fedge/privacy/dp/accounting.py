@@ -22,11 +22,20 @@ tree of s steps is α·⌈log₂(s+1)⌉/(2z²) under replace-with-zero (REPLACE
 the Gaussian mechanism with sensitivity √depth. The PLD accountant has no tree event, so for
 ``pld`` each pass is that equivalent ``GaussianDpEvent(z/√depth)`` (depth of its deepest tree).
 A sampling under which a client can be a leaf twice in one tree is refused (``config.py``).
+
+Skipped rounds (``skipped``: a round the engine skipped under ``clients.min_replies`` before
+the server released anything) are not releases: T above counts released rounds, a shuffled
+pass counts only if one of its rounds released, and a tree has one leaf per released round of
+its window (the windows stay where the round numbers put them, as the trees restart there).
+The decision to skip depends only on the seeded dropout draws and the round's size, which
+replacing one client does not change; under ``poisson`` (add-or-remove) the size can, so there
+a skipped round may say a little more than nothing, which is not accounted (``build_run`` warns).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import dp_accounting as dpa
@@ -64,16 +73,27 @@ def rounds_per_pass(population: int, clients_per_round: int) -> int:
     return population // clients_per_round
 
 
-def tree_steps(rounds: int, *, population: int, clients_per_round: int, restart_rounds: int | None) -> list[list[int]]:
-    """Steps of each tree, grouped by pass: trees restart at each pass boundary and every
-    ``restart_rounds`` rounds within a pass. E.g. R = 5, restart 2, T = 7 → [[2, 2, 1], [2]]."""
+def tree_steps(
+    rounds: int, *, population: int, clients_per_round: int, restart_rounds: int | None, skipped: Collection[int] = ()
+) -> list[list[int]]:
+    """Steps (leaves) of each tree, grouped by pass: trees restart at each pass boundary and every
+    ``restart_rounds`` rounds within a pass. E.g. R = 5, restart 2, T = 7 → [[2, 2, 1], [2]].
+
+    A round in ``skipped`` released nothing, so its tree has one leaf fewer; a tree, or a pass,
+    left with none drops out. E.g. the same with rounds 3 and 4 skipped → [[2, 1], [2]]."""
     r = rounds_per_pass(population, clients_per_round)
     k = r if restart_rounds is None else min(restart_rounds, r)
     passes = []
     for start in range(0, rounds, r):
         n = min(r, rounds - start)
         passes.append([k] * (n // k) + ([n % k] if n % k else []))
-    return passes
+    gone = {s for s in skipped if 1 <= s <= rounds}
+    if not gone:
+        return passes
+    for s in gone:
+        p, i = divmod(s - 1, r)
+        passes[p][i // k] -= 1
+    return [kept for kept in ([n for n in g if n] for g in passes) if kept]
 
 
 def tree_depth(steps: int) -> int:
@@ -81,28 +101,33 @@ def tree_depth(steps: int) -> int:
     return math.ceil(math.log2(steps + 1))
 
 
-def dp_event(cfg: PrivacyConfig, *, rounds: int, population: int, clients_per_round: int) -> Accounted:
-    """The DP event of ``rounds`` rounds of ``cfg``'s mechanism (see the module docstring)."""
+def dp_event(
+    cfg: PrivacyConfig, *, rounds: int, population: int, clients_per_round: int, skipped: Collection[int] = ()
+) -> Accounted:
+    """The DP event of rounds 1..``rounds`` of ``cfg``'s mechanism, those in ``skipped``
+    releasing nothing (see the module docstring)."""
     if not cfg.enabled:
         raise ConfigError("privacy.mechanism=none has no DP event; set privacy.mechanism=gaussian or tree")
     if not isinstance(rounds, int) or rounds < 0:
         raise ConfigError(f"rounds must be an int >= 0, got {rounds!r}")
     _check_population(population, clients_per_round)
     z, m, n = cfg.noise_multiplier, clients_per_round, population
-    if rounds == 0:
+    gone = {s for s in skipped if 1 <= s <= rounds}
+    releases = rounds - len(gone)
+    if releases == 0:
         return Accounted(dpa.NoOpDpEvent(), NeighborRel.ADD_OR_REMOVE_ONE)
     if z == 0 or math.isinf(cfg.clip):
         return Accounted(dpa.NonPrivateDpEvent(), NeighborRel.ADD_OR_REMOVE_ONE)
     if cfg.mechanism == "gaussian":
         if cfg.sampling == "poisson":
             ev = dpa.PoissonSampledDpEvent(m / n, dpa.GaussianDpEvent(z))
-            return Accounted(dpa.SelfComposedDpEvent(ev, rounds), NeighborRel.ADD_OR_REMOVE_ONE)
+            return Accounted(dpa.SelfComposedDpEvent(ev, releases), NeighborRel.ADD_OR_REMOVE_ONE)
         if cfg.sampling == "fixed":
             ev = dpa.SampledWithoutReplacementDpEvent(n, m, dpa.GaussianDpEvent(z / 2))
-            return Accounted(dpa.SelfComposedDpEvent(ev, rounds), NeighborRel.REPLACE_ONE)
-        passes = math.ceil(rounds / rounds_per_pass(n, m))
+            return Accounted(dpa.SelfComposedDpEvent(ev, releases), NeighborRel.REPLACE_ONE)
+        passes = len(tree_steps(rounds, population=n, clients_per_round=m, restart_rounds=None, skipped=gone))
         return Accounted(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), passes), NeighborRel.REPLACE_SPECIAL)
-    groups = tree_steps(rounds, population=n, clients_per_round=m, restart_rounds=cfg.tree_restart_rounds)
+    groups = tree_steps(rounds, population=n, clients_per_round=m, restart_rounds=cfg.tree_restart_rounds, skipped=gone)
     if cfg.accountant == "pld":
         events = [dpa.GaussianDpEvent(z / math.sqrt(tree_depth(max(g)))) for g in groups]
     else:
@@ -118,9 +143,12 @@ def dp_event(cfg: PrivacyConfig, *, rounds: int, population: int, clients_per_ro
     return Accounted(event, NeighborRel.REPLACE_SPECIAL)
 
 
-def epsilon(cfg: PrivacyConfig, *, rounds: int, population: int, clients_per_round: int) -> float:
-    """ε at ``cfg.delta`` after ``rounds`` rounds, from ``cfg.accountant`` (inf without noise)."""
-    acc = dp_event(cfg, rounds=rounds, population=population, clients_per_round=clients_per_round)
+def epsilon(
+    cfg: PrivacyConfig, *, rounds: int, population: int, clients_per_round: int, skipped: Collection[int] = ()
+) -> float:
+    """ε at ``cfg.delta`` after rounds 1..``rounds``, those in ``skipped`` releasing nothing,
+    from ``cfg.accountant`` (inf without noise)."""
+    acc = dp_event(cfg, rounds=rounds, population=population, clients_per_round=clients_per_round, skipped=skipped)
     if isinstance(acc.event, dpa.NoOpDpEvent):
         return 0.0
     if isinstance(acc.event, dpa.NonPrivateDpEvent):

@@ -21,6 +21,23 @@ server that adds η·mean to its weights computes W_t = W_0 + η·S_t/m exactly 
 Noise comes from the generator (seed, "dp-noise", t) unless ``secure_noise``. ε after each
 round is in ``metrics["epsilon"]``; :meth:`DPAggregator.allows` says whether one more round
 keeps ε within ``target_epsilon``. σ = 0 with clip = inf gives back the plain mean exactly.
+
+**Skipped rounds.** Under ``clients.min_replies`` the engine skips a round that cannot complete
+and puts the server back as it was before it, so the next call can be ``rnd = t + 2`` after
+round t. This object is the only thing that releases (central DP: clients send their clipped
+contributions to it, and only the noised mean leaves it), so a round it did not aggregate
+released nothing: it is recorded as skipped and is no release for the accountant. With
+``tree`` the leaves are the *releases*: a skipped round adds no leaf, draws no node noise, and
+the next release is the next leaf, its increment taken over the last released prefix
+S_{j−1} — the tree is exactly that of a run whose rounds were only the released ones (each
+node's noise still drawn from the generator of the round that completed it). Counting
+releases rather than rounds (a zero leaf per skipped round would also be private) keeps the
+tree as shallow as its releases allow and makes the accounting exact: a tree has one leaf per
+released round of its window. The windows stay on round numbers, since the shuffled passes
+that let a client be a leaf of only one tree are defined by them: a tree restarts when a pass
+or ``tree_restart_rounds`` boundary lies between the last release and this one, even when the
+round at the boundary was skipped. Momentum carries over a skipped round unchanged. A round
+number that does not move forward is refused.
 """
 
 from __future__ import annotations
@@ -78,17 +95,23 @@ class DPAggregator:
         self.tree = TreeAggregator(self.std) if cfg.mechanism == "tree" else None
         self.prev_noise: Contribution | None = None  # N_{t−1} of the current tree
         self.momentum: Contribution | None = None
-        self.round = 0
+        self.round = 0  # the last round released
+        self.skipped: list[int] = []  # rounds before it that released nothing
 
     def _source(self, rnd: int) -> NoiseSource:
         return SECURE if self.cfg.secure_noise else generator(self.seed, "dp-noise", rnd)
 
-    def _restarts_at(self, rnd: int) -> bool:
-        """Round ``rnd`` (1-based) begins a new tree: at a pass boundary or every k rounds."""
-        r = rounds_per_pass(self.population, self.m)
-        i = (rnd - 1) % r
+    def _tree_of(self, rnd: int) -> tuple[int, int]:
+        """(pass, tree within the pass) of round ``rnd`` (1-based): trees restart at pass
+        boundaries and every ``tree_restart_rounds`` rounds within a pass."""
+        p, i = divmod(rnd - 1, rounds_per_pass(self.population, self.m))
         k = self.cfg.tree_restart_rounds
-        return i == 0 or (k is not None and i % k == 0)
+        return p, 0 if k is None else i // k
+
+    def _skipped_before(self, rnd: int) -> list[int]:
+        """The rounds before ``rnd`` that released nothing: those recorded, and every round since
+        the last release (rounds run in order, so one not aggregated by now was skipped)."""
+        return self.skipped + list(range(self.round + 1, rnd))
 
     def aggregate(
         self, contributions: list[Contribution], rnd: int, *, like: Contribution | None = None
@@ -98,10 +121,14 @@ class DPAggregator:
         Weighting is uniform (each client's clipped contribution counts 1/m): sample-count
         weights would change the sensitivity. A Poisson round can have no client; pass ``like``
         (the contribution's shapes) and the round's mean is the noise alone, as the accountant
-        assumes.
+        assumes. Rounds between the last one aggregated and ``rnd`` were skipped (no release;
+        see the module docstring); ``rnd`` must come after the last one aggregated.
         """
-        if rnd != self.round + 1:
-            raise ValueError(f"DP rounds must run in order: expected round {self.round + 1}, got {rnd}")
+        if rnd <= self.round:
+            raise ValueError(
+                f"DP rounds must run in order: round {rnd} after round {self.round} was aggregated; each round is "
+                "aggregated at most once (to start over, build a new DPAggregator or load_state_dict an earlier state)"
+            )
         w = 1.0 / self.expected
         if contributions:
             mean = _weighted_sum(contributions, w)  # Σ c / m
@@ -116,7 +143,7 @@ class DPAggregator:
             if self.std > 0:  # (Σ c + N(0, σ²)) / m
                 mean = add(mean, scale(gaussian_like(mean, self.std, source), w))
         else:
-            if self._restarts_at(rnd):
+            if self.round == 0 or self._tree_of(rnd) != self._tree_of(self.round):
                 self.tree.reset()
                 self.prev_noise = None
             if self.std > 0:  # (S_t − S_{t−1}) / m = (Σ c)/m + (N_t − N_{t−1})/m
@@ -127,20 +154,25 @@ class DPAggregator:
             if self.cfg.momentum > 0:  # DP-FTRLM: u_t = γ·u_{t−1} + inc_t
                 mean = mean if self.momentum is None else add(scale(self.momentum, self.cfg.momentum), mean)
                 self.momentum = mean
+        self.skipped = self._skipped_before(rnd)
         self.round = rnd
         return mean, {"epsilon": self.epsilon(rnd)}
 
-    def epsilon(self, rounds: int) -> float:
-        return epsilon(self.cfg, rounds=rounds, population=self.population, clients_per_round=self.m)
+    def epsilon(self, rnd: int) -> float:
+        """ε after a release in round ``rnd``, counting only releases: the rounds skipped before
+        it (see :meth:`_skipped_before`) released nothing."""
+        skipped = self._skipped_before(rnd)
+        return epsilon(self.cfg, rounds=rnd, population=self.population, clients_per_round=self.m, skipped=skipped)
 
     def allows(self, rnd: int) -> bool:
-        """Whether running round ``rnd`` keeps ε <= ``target_epsilon`` (always, without one)."""
+        """Whether a release in round ``rnd`` keeps ε <= ``target_epsilon`` (always, without one)."""
         t = self.cfg.target_epsilon
         return t is None or self.epsilon(rnd) <= t
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "round": self.round,
+            "skipped": list(self.skipped),
             "tree": None if self.tree is None else self.tree.state_dict(),
             "prev_noise": self.prev_noise,
             "momentum": self.momentum,
@@ -148,6 +180,7 @@ class DPAggregator:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round = int(state["round"])
+        self.skipped = [int(r) for r in state.get("skipped", [])]  # absent: a checkpoint from before skips were kept
         if (state["tree"] is None) != (self.tree is None):
             raise ValueError("DP state and config disagree on mechanism=tree; resume with the same privacy config")
         if self.tree is not None:
