@@ -102,8 +102,11 @@ table. Reduced to fit shared CPUs, all on {s['dataset']}, IID, `lenet-dlg` unles
 - DRA: round 1, {s['clients']} clients each holding exactly the batch its upload depends on; DLG
   (L-BFGS, {s['iterations']} iterations; iDLG labels for one sample) on gradients and −Δ/η of
   deltas, K-value matching (`baffle-k`) and DLG on the Stein estimate for BAFFLE batch mode
-  (the better of the two is shown), PPFL's ciphertext read as float32 plaintext; MSE in [0, 1]
-  pixels to the closest image of the client's set, beside the training set's mean image.
+  (the better of the two is shown), PPFL's ciphertext read as float32 plaintext (a quarter of
+  random float32 words exceed 1.8e19, so its squared-error objective is not finite and DLG cannot
+  take a step: the cell is the dummy start's MSE, marked "no finite objective"); MSE in [0, 1]
+  pixels to the closest image of the client's set, beside the training set's mean image. DLG
+  returns its best iterate by matching loss, each iterate scored where it stands.
   EPPFL's devices send the server only a masked M_c, so its DRA is the edge server's:
   each device's released activations (the kept outputs of M_c, clipped to L1 norm C and
   Laplace-noised with scale 2C/ε when DP is on) inverted to the input with the round's M_c
@@ -133,10 +136,13 @@ table. Reduced to fit shared CPUs, all on {s['dataset']}, IID, `lenet-dlg` unles
 - PIA: round 1, {s['pia_clients']} clients x 8 samples (fedsgd/fedavg/fedpt/baffle-epoch/eppfl
   at batch 8 so the upload depends on all 8); "class 0 occurs in the batch"; the server simulates
   the client program on 64 auxiliary batches (test split) per broadcast, logistic regression.
-  EPPFL's is the edge server's (S_a's masked M_c gives a classifier nothing to read): it
-  simulates the device pipeline (M_c of the round, kept positions, L1 clip and Laplace noise
-  when DP is on) on 64 auxiliary batches, trains a per-sample "is class 0" classifier on the
-  released activations and scores each device by its most confident sample ("at S_e").
+  EPPFL's is the edge server's (S_a's masked M_c gives a classifier nothing to read). Each
+  step message carries the batch's labels in the clear (as the paper), and the property is a
+  function of the labels, so the edge server reads it exactly (AUC 1.0, with or without DP);
+  beside it ("activations alone") the attack a server without the labels could run: it
+  simulates the device pipeline (M_c of the round in training mode, kept positions, L1 clip and
+  Laplace noise when DP is on) on 64 auxiliary batches, trains a per-sample "is class 0"
+  classifier on the released activations and scores each device by its most confident sample.
   Under DP the Laplace noise (scale 2C/ε per released value) is far above the values (L1 ≤ C
   over all of a sample's): the same seeds draw the same noise scaled by 1/ε, so after
   standardization the ε = 5 and ε = 1 rows give the classifier the same features.
