@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from fedge.core.config import load_config
-from fedge.core.errors import ConfigError, MessageError
+from fedge.core.errors import ConfigError, MessageError, ShortRoundError
 from fedge.core.protocols import PartySpec
 from fedge.experiment.build import build_run
 from fedge.methods.ppfl.enclaves import ClientEnclave, EnclaveSpec, open_eval_blob
@@ -239,8 +239,11 @@ def test_refused_attestation_excludes_the_client():
     spec = built.method.strategy.spec
     other = _Rogue(spec.model_fn, spec.stages, spec.seed, spec.init_arrays, spec.config, spec.server_mb)
     built.method.parties["tee"] = PartySpec("tee", partial(ClientEnclave, other), scope="client")
-    sim, lines = _run(built, 1)
-    assert lines[0]["trained_clients"] == 0 and sim.strategy.refused == {0, 1, 2, 3}
+    sim = built.simulation()
+    with pytest.raises(ShortRoundError, match="0 of the sampled clients are attested"):  # no cohort left to train
+        sim.run_round(1)
+    sim.close()
+    assert sim.strategy.refused == {0, 1, 2, 3} and not sim.strategy.attested
 
 
 def test_transfer_freezes_layers_from_a_pretrained_file(tmp_path):
@@ -425,7 +428,8 @@ def test_clients_that_fail_are_left_out_of_attestation_and_aggregation():
     each round's enclave-evaluated model is that of a run whose rounds sample only the clients
     that delivered their training reply (the oracle), and a client lost at attestation attests
     when next sampled."""
-    over = {"clients.dropout": 0.25, "clients.min_replies": 1, "seed": 5}
+    # min_cohort 1: this seed leaves one client in a round, and the oracle must average it too
+    over = {"clients.dropout": 0.25, "clients.min_replies": 1, "seed": 5, "method.min_cohort": 1}
     sim = _built(**over).simulation()
     got = record_replies(sim)
     lines = [sim.run_round(r) for r in (1, 2, 3)]
@@ -441,3 +445,214 @@ def test_clients_that_fail_are_left_out_of_attestation_and_aggregation():
     assert [(x["test_accuracy"], x["test_loss"]) for x in lines] == [(x["test_accuracy"], x["test_loss"]) for x in expected]
     assert [x["trained_clients"] for x in lines] == [len(last[r]) for r in (1, 2, 3)]
     assert sim.strategy.attested == {c for r in (1, 2, 3) for c in last[r]} | set(got[(1, 0)])
+
+
+# -- what the enclaves let the REEs do ---------------------------------------------------------
+
+
+class _Enclaves:
+    """The two enclaves driven directly, as an REE may drive them (any op, any order): a
+    server enclave, and a client enclave per client, each with the sealed state the REE keeps."""
+
+    def __init__(self, built, cids=(0, 1)):
+        from fedge.methods.ppfl.enclaves import ServerEnclave
+
+        self.spec = built.method.strategy.spec
+        self.server = ServerEnclave(self.spec)
+        # an REE may still name lr and momentum in begin: the measured values are accepted
+        self.measured = {"lr": self.spec.config["lr"], "momentum": self.spec.config["momentum"]}
+        self.states: dict[int | None, dict] = {None: {}, **{c: {} for c in cids}}
+        hello = self.server_call(op="hello", ids=_ids(cids))
+        reg = {"op": "register", "ids": _ids(cids)}
+        for c in cids:
+            rep = self.client_call(c, op="attest", challenge=hello.config[f"challenge/{c}"],
+                                   **{k: hello.config[k] for k in ("server_measurement", "server_pk", "server_signature")})  # fmt: skip
+            reg.update({f"{k}/{c}": rep.config[k] for k in ("measurement", "pk", "signature")})
+        assert self.server_call(**reg).config["refused"] == ""
+
+    def _ctx(self, key):
+        from fedge.core.context import PartyContext
+        from fedge.core.meter import Meter
+
+        return PartyContext("tee" if key is not None else "server_tee", key, 1, self.states[key], torch.Generator(), Meter())
+
+    def server_call(self, arrays=None, **config):
+        from fedge.core.messages import Message
+        from fedge.methods.ppfl.enclaves import ServerEnclave
+
+        return ServerEnclave(self.spec).handle(Message(arrays or {}, config), self._ctx(None))
+
+    def client_call(self, cid, arrays=None, enclave=None, **config):
+        from fedge.core.messages import Message
+
+        return (enclave or ClientEnclave(self.spec)).handle(Message(arrays or {}, config), self._ctx(cid))
+
+    def batch(self, n):
+        st = self.spec.stages[0]
+        g = torch.Generator().manual_seed(n)
+        return {"x": torch.randn(n, *st.in_shape, generator=g), "y": torch.randint(0, 10, (n,), generator=g)}
+
+    def train(self, cid, blob, *, batches, rnd=1):
+        """begin, a batch of each size in ``batches``, end, on one enclave object (one client
+        step): the replies to the batches and to end."""
+        enc = ClientEnclave(self.spec)
+        self.client_call(cid, enclave=enc, op="begin", blob=blob, rnd=rnd, stage=0, budget=16 * MiB, **self.measured)
+        replies = [self.client_call(cid, self.batch(n), enclave=enc, op="batch") for n in batches]
+        return replies, self.client_call(cid, enclave=enc, op="end")
+
+
+def _ids(cids):
+    return ",".join(map(str, cids))
+
+
+def test_a_replayed_broadcast_is_refused_by_the_client_enclave():
+    """The REE cannot open one stage model in its enclave again and again: the broadcast's
+    counter is spent when ``begin`` opens it, not only at ``end``."""
+    from fedge.privacy.tee import SealError
+
+    e = _Enclaves(_built())
+    blob = e.server_call(op="broadcast", stage=0, rnd=1, ids="0,1").config["c/0"]
+    begin = {"op": "begin", "blob": blob, "rnd": 1, "stage": 0, "budget": 16 * MiB, **e.measured}
+    e.client_call(0, **begin)  # opened; this client step then never reaches end
+    with pytest.raises(SealError, match="replayed or reordered"):
+        e.client_call(0, **begin)
+
+
+def test_client_enclave_lets_out_no_loss_and_trains_at_the_measured_lr():
+    """No per-batch loss leaves the enclave (it was an oracle on the hidden model: −log p_y per
+    query); ``end`` lets out its memory peak and sealing time, the sample count and mean loss
+    travel sealed. The step is SGD at the measured lr and momentum (oracle: torch's SGD on the
+    broadcast model); a begin asking for another lr, momentum or budget is refused."""
+    e = _Enclaves(_built())
+    spec = e.spec
+    bc = e.server_call(op="broadcast", stage=0, rnd=1, ids="0,1")
+    enc = ClientEnclave(spec)
+    e.client_call(0, enclave=enc, op="begin", blob=bc.config["c/0"], rnd=1, stage=0, budget=16 * MiB, **e.measured)
+    xy = e.batch(8)
+    reply = e.client_call(0, xy, enclave=enc, op="batch")
+    assert not reply.arrays and not reply.config and not reply.metrics
+    net = spec.net(0)  # what the server enclave broadcast: the stage's initial model
+    opt = torch.optim.SGD(net.parameters(), lr=spec.config["lr"], momentum=spec.config["momentum"])
+    torch.nn.functional.cross_entropy(net(xy["x"]), xy["y"]).backward()
+    opt.step()
+    got = enc._live.net.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in net.state_dict().items())
+    end = e.client_call(0, enclave=enc, op="end")
+    assert set(end.metrics) == {"peak", "seal_s"} and set(end.config) == {"upload"}
+
+    def begin(rnd, **over):
+        blob = e.server_call(op="broadcast", stage=0, rnd=rnd, ids="1").config["c/1"]
+        return e.client_call(1, op="begin", blob=blob, rnd=rnd, stage=0, **{"budget": 16 * MiB, **e.measured, **over})
+
+    for rnd, (k, v) in enumerate((("lr", 0.0), ("momentum", 0.0)), start=2):  # lr = 0: the loss-oracle query
+        with pytest.raises(MessageError, match=f"{k}={v}.*the attested configuration says"):
+            begin(rnd, **{k: v})
+    begin(4)  # the measured values are fine; this first begin fixes the enclave's size
+    with pytest.raises(MessageError, match=f"budget of {64 * MiB} bytes.*created with {16 * MiB}"):
+        begin(5, budget=64 * MiB)
+
+
+def test_server_enclave_weights_by_sealed_counts_and_refuses_a_lone_upload():
+    """The REE's sample counts are not used (the oracle: the mean weighted by what each client
+    enclave trained on); one upload alone is not averaged, and the stage's layers are not
+    released before a cohort of method.min_cohort=2 was."""
+    spy_trained = {}
+    e = _Enclaves(_built(), cids=(0, 1, 2))
+    bc = e.server_call(op="broadcast", stage=0, rnd=1, ids="0,1,2")
+    uploads = {}
+    for c, batches in ((0, [8]), (1, [8, 8, 8]), (2, [4])):
+        enc = ClientEnclave(e.spec)
+        e.client_call(c, enclave=enc, op="begin", blob=bc.config[f"c/{c}"], rnd=1, stage=0, budget=16 * MiB, **e.measured)
+        for n in batches:
+            e.client_call(c, e.batch(n), enclave=enc, op="batch")
+        spy_trained[c] = {k: v.clone() for k, v in enc._live.net.state_dict().items()}
+        uploads[c] = e.client_call(c, enclave=enc, op="end").config["upload"]
+    lone = e.server_call(op="aggregate", stage=0, rnd=1, ids="2", **{"u/2": uploads[2], "n/2": 1000})
+    assert "eval" not in lone.config and "fewer than method.min_cohort=2" in lone.config["short"]
+    with pytest.raises(MessageError, match="has not aggregated a cohort"):
+        e.server_call(op="release", stage=0)
+    out = e.server_call(op="aggregate", stage=0, rnd=1, ids="0,1", **{"u/0": uploads[0], "u/1": uploads[1],
+                                                                        "n/0": 1000, "n/1": 1})  # fmt: skip
+    got = open_eval_blob(out.config["eval"])
+    for k, v in got.items():
+        if v.is_floating_point():
+            torch.testing.assert_close(v, (8 * spy_trained[0][k] + 24 * spy_trained[1][k]) / 32, rtol=1e-5, atol=1e-6)
+    assert set(e.server_call(op="release", stage=0).arrays) == set(e.spec.to_model_keys(0, got))
+
+
+def test_a_client_report_over_no_pending_challenge_is_refused():
+    """A report answers the challenge ``hello`` drew for that client, once: a report over no
+    challenge (no hello for it, or its challenge already used) registers nothing."""
+    from fedge.privacy.secagg.keys import KeyPair
+    from fedge.privacy.tee import sign_report
+
+    e = _Enclaves(_built(), cids=(0,))
+    e.states[1] = {}
+    report = sign_report(e.spec.measurement("client"), KeyPair.generate().public, b"")
+    reg = {"op": "register", "ids": "1", "measurement/1": report.measurement, "pk/1": report.public_key,
+           "signature/1": report.signature}  # fmt: skip
+    assert e.server_call(**reg).config["refused"] == "1"
+    with pytest.raises(MessageError, match="client 1 has no attested session"):
+        e.server_call(op="broadcast", stage=0, rnd=1, ids="1")
+
+
+def test_a_round_skipped_right_after_a_stage_ends_keeps_the_released_layers():
+    """Round 2 opens stage 1: the server enclave releases stage 0 and broadcasts stage 1, then
+    the training exchange falls short of clients.min_replies (seed 47 drops clients 0 and 2 in
+    it, and no one else in rounds 1-3) and the round is skipped: the strategy's state is put
+    back, the enclave's is not. Round 3 asks for stage 0 again and gets the same layers; the
+    run ends as one whose round 2 did nothing (the oracle: a round 2 skipped before any call)."""
+    over = {"clients.dropout": 0.2, "clients.min_replies": 3, "seed": 47, "method.rounds_per_stage": 1}
+    sim, lines = _run(_built(**over), 3)
+    assert [ln.get("round_skipped", 0) for ln in lines] == [0, 1, 0] and lines[1]["clients_failed"] == 2
+    assert "clients.min_replies=3" in sim.record.extra["skipped_rounds"]["2"]
+    oracle = _built(**over).simulation()
+    real_round = oracle.strategy.round
+
+    def round_(rnd, ids):
+        if rnd != 2:
+            return real_round(rnd, ids)
+
+        def nothing():
+            raise ShortRoundError("round 2 does nothing")
+            yield
+
+        return nothing()
+
+    oracle.strategy.round = round_
+    expected = [oracle.run_round(r) for r in (1, 2, 3)]
+    oracle.close()
+    assert [ln.get("round_skipped", 0) for ln in expected] == [0, 1, 0] and expected[2]["stage"] == 1
+    pick = ("stage", "trained_clients", "test_accuracy", "test_loss", "train_loss")
+    assert [{k: ln.get(k) for k in pick} for ln in lines] == [{k: ln.get(k) for k in pick} for ln in expected]
+    a, b = sim.strategy.released, oracle.strategy.released
+    assert any(k.startswith("features.conv2") for k in a)  # stage 1 released at the run's end
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_measurement_covers_the_enclaves_code_and_config(monkeypatch):
+    """The measurement hashes the code the enclaves run — attestation, the key agreement, the
+    message encoding and the model's code among it — and the config they apply (lr, momentum,
+    min_cohort): an enclave measured with another lr has another measurement, and the server
+    enclave refuses its report."""
+    from fedge.methods.ppfl import enclaves as me
+    from fedge.privacy.secagg.keys import KeyPair
+    from fedge.privacy.tee import sign_report
+
+    e = _Enclaves(_built(), cids=())
+    spec, seen = e.spec, []
+    real = me.measure
+    monkeypatch.setattr(me, "measure", lambda mods, cfg: seen.append(mods) or real(mods, cfg))
+    spec.measurement("client")
+    names = {m.__name__ for m in seen[0]}
+    model = {type(m).__module__ for m in spec.template().modules() if type(m).__module__.startswith("fedge.")}
+    assert {"fedge.privacy.tee.attest", "fedge.privacy.secagg.keys", "fedge.core.messages", spec.model_fn.__module__,
+            "fedge.methods.ppfl.enclaves", "fedge.privacy.tee.channel"} | model <= names  # fmt: skip
+    for k, v in (("lr", 0.5), ("momentum", 0.0), ("min_cohort", 1)):
+        other = EnclaveSpec(spec.model_fn, spec.stages, spec.seed, spec.init_arrays, {**spec.config, k: v}, spec.server_mb)
+        assert other.measurement("client") != spec.measurement("client")
+    hello = e.server_call(op="hello", ids="5")
+    report = sign_report(other.measurement("client"), KeyPair.generate().public, hello.config["challenge/5"])
+    reg = {"op": "register", "ids": "5", "measurement/5": report.measurement, "pk/5": report.public_key,
+           "signature/5": report.signature}  # fmt: skip
+    assert e.server_call(**reg).config["refused"] == "5"

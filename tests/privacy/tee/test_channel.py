@@ -25,6 +25,36 @@ def test_nonces_unique_over_1e5_seals_both_directions():
     assert len(nonces) == 100_000
 
 
+def test_a_rolled_back_sender_does_not_repeat_a_nonce():
+    """The REE keeps a sender's sealed state and can roll it back (a reply lost after the
+    enclave sealed): the sender then seals another plaintext under the same counter. The
+    nonces must still differ (else C1 xor C2 = P1 xor P2), the receiver still opens the new
+    message, the counter is still bound in the associated data and still checked for replay."""
+    c, s = _pair()
+    c.seal(b"round 1", rnd=1, stage=0)
+    saved = (c.send_ctr, c.recv_ctr)  # the REE's copy of the sender's state
+    m1 = c.seal(b"upload A", rnd=2, stage=0)
+    c.send_ctr, c.recv_ctr = saved  # rolled back
+    m2 = c.seal(b"upload B", rnd=2, stage=0)
+    assert m1[1:5] == m2[1:5]  # the same counter...
+    assert m1[:12] != m2[:12]  # ...but not the same nonce
+    assert s.open(m2, rnd=2, stage=0) == b"upload B"
+    with pytest.raises(SealError, match="replayed or reordered"):
+        s.open(m1, rnd=2, stage=0)  # its counter was accepted already
+    fresh = SealedChannel(s.key, 3, DOWN)  # a receiver that accepted nothing yet
+    moved = bytearray(m1)
+    moved[1:5] = (7).to_bytes(4, "big")  # another counter in the clear: the AD no longer matches
+    with pytest.raises(SealError, match="authentication"):
+        fresh.open(bytes(moved), rnd=2, stage=0)
+
+
+def test_counter_refuses_to_wrap():
+    c, _ = _pair()
+    c.send_ctr = (1 << 32) - 1
+    with pytest.raises(SealError, match="exhausted"):
+        c.seal(b"", rnd=1, stage=0)
+
+
 @pytest.mark.parametrize("pos", [0, 5, 12, 20, -1])
 def test_one_tampered_byte_is_rejected(pos):
     c, s = _pair()

@@ -22,10 +22,16 @@ server enclave      :class:`.enclaves.ServerEnclave`             session keys, t
 ==================  =========================================  ==================================
 
 Before a client first trains, it and the server enclave attest each other (Ed25519 reports
-over measurement = SHA-256 of the enclave code and config) and agree a session key (X25519 +
-HKDF); every model message between enclaves is AES-GCM sealed with counter nonces and
-associated data (round, stage, client, direction). An upload that fails to open is rejected:
-the round aggregates the others (``on_bad_upload: drop``) or stops (``abort``).
+over measurement = SHA-256 of the enclaves' code, the model's code and the config, lr and
+momentum included) and agree a session key (X25519 + HKDF); every model message between
+enclaves is AES-GCM sealed (nonce: direction, counter, random bytes; associated data: round,
+stage, client, direction, counter; :mod:`fedge.privacy.tee.channel`). An upload that fails to
+open is rejected: the round aggregates the others (``on_bad_upload: drop``) or stops
+(``abort``). The server enclave averages at least ``min_cohort`` uploads (default 2), weighted
+by the sample counts sealed inside them; a round with fewer is a
+:class:`~fedge.core.errors.ShortRoundError` (skipped under ``clients.min_replies``). What each
+enclave lets out, and the limits (no rollback protection for sealed state; the server's
+report is not fresh): :mod:`.enclaves`.
 
 **Client selection by enclave memory** (Algorithm 1). S_l(b) (:func:`.stages.stage_need`)
 counts the stage's layer and head, their gradients and momentum, and per sample the input
@@ -51,7 +57,10 @@ test accuracy is computed by an ECALL into the server enclave: the evaluation mo
 REE's frozen layers followed by a handle holding only the sealed stage model; each call
 unseals it inside the "enclave" and returns logits. The REE learns test predictions (as any
 served model leaks) but no weights; the stage's layers reach the REE only when the stage
-ends (Algorithm 1: "save θ_l from TEE as θ_l^0 in REE").
+ends (Algorithm 1: "save θ_l from TEE as θ_l^0 in REE"), and only as a mean of at least
+``min_cohort`` clients' updates (a stage whose every round was skipped goes on until one
+aggregates). The released layers stay in the server enclave until the next stage's first
+aggregate, so a round skipped right after a release asks for them again and gets them.
 
 **Simulation limits.** The enclaves run in-process; their plaintext lives only in the party
 objects during a call, and the state the engine keeps between calls is sealed under the
@@ -99,7 +108,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from fedge.core.context import ClientContext
-from fedge.core.errors import ConfigError, MessageError, PrivacyWarning, ResumeError
+from fedge.core.errors import ConfigError, MessageError, PrivacyWarning, ResumeError, ShortRoundError
 from fedge.core.messages import Message
 from fedge.core.protocols import Exchange, PartyCall, PartySpec, Round, Strategy
 from fedge.methods.base import MethodBuild, MethodConfigBase, MethodEnv
@@ -128,6 +137,9 @@ class PpflConfig(MethodConfigBase):
     momentum: float = Field(0.9, ge=0, lt=1)
     tee: PpflTeeConfig = PpflTeeConfig()
     on_bad_upload: Literal["drop", "abort"] = "drop"
+    min_cohort: int = Field(2, ge=1, description="fewest uploads the server enclave averages: a round with fewer that "
+                            "open is skipped (under clients.min_replies) or stops the run, so the REE never gets one "
+                            "client's update as a stage's layers; 1 allows exactly that")
     keep_last_in_tee: bool = Field(True, description="when training ends, keep the last stage (the classifier) inside the "
                                    "enclaves: the REE and model.safetensors get only the layers before it (Sec. 3, "
                                    "PPFL's defence against membership inference)")
@@ -199,6 +211,7 @@ class PpflStrategy(Strategy):
         self.budgets: dict[int, int] = {}
         self._checked = False  # the no-fit check over every stage has run
         self.final_release = 0  # the round whose end released the stage in training (0: none yet)
+        self.stage_aggregated = False  # the server enclave averaged a cohort for the current stage
 
     # -- selection ---------------------------------------------------------------
     def min_batch(self) -> int:
@@ -247,8 +260,13 @@ class PpflStrategy(Strategy):
         """Yes. A new client whose attestation reply is missing is neither attested nor refused
         (it attests when next sampled); a client whose training reply is missing is left out of
         the server enclave's weighted mean, and the REE does not record it as holding the layers
-        it was sent (if it did get them, they are sent again: harmless). The sealed channels
-        need only increasing counters, so a message a client never opened breaks nothing."""
+        it was sent (if it did get them, they are sent again: harmless). A sealed message a
+        client never opened leaves a gap in the counters, which the receiver allows (it needs
+        only increasing counters); a reply lost after the client enclave sealed leaves the REE
+        with that enclave's older sealed state, whose counter the next upload reuses — under
+        a fresh random nonce part (:mod:`fedge.privacy.tee.channel`). A round left with fewer
+        than ``method.min_cohort`` uploads that open is a :class:`ShortRoundError`: skipped
+        under ``clients.min_replies``."""
         return True
 
     def round(self, rnd: int, client_ids: list[int]) -> Round:
@@ -257,7 +275,7 @@ class PpflStrategy(Strategy):
             self._checked = True
             self.check_fits([int(self.cfg.tee.client_mb * MiB)])
         if self.advance:  # the stage ended last round (the stage number already moved on, for sampling)
-            yield from self._release(self.stage - 1)
+            yield from self._release(self.stage - 1)  # asked again after a skipped round: the same arrays
         self._rnd = rnd
         new = [c for c in client_ids if c not in self.attested and c not in self.refused]
         if new:
@@ -280,6 +298,8 @@ class PpflStrategy(Strategy):
                 self.attested.update(c for c in answered if c not in refused)
         ids = [c for c in client_ids if c in self.attested and self.batch_for(self._budget(c), self.stage) is not None]
         stage = self.stage
+        if len(ids) < self.cfg.min_cohort:  # the server enclave would refuse to average them
+            raise ShortRoundError(self._short(rnd, f"{len(ids)} of the sampled clients are attested and fit stage {stage}"))
         bc = yield PartyCall("server_tee", Message(config={"op": "broadcast", "stage": stage, "rnd": rnd, "ids": ",".join(map(str, ids))}))
         upto = self.stage_start_units()
         skip = Message(config={"op": "skip"})
@@ -291,22 +311,23 @@ class PpflStrategy(Strategy):
                 arrays.update(_stage_arrays(st, self.released))
             msgs[c] = Message(arrays, {"op": "train", "stage": stage, "rnd": rnd, "blob": bc.config[f"c/{c}"],
                                        "batch_size": self.batch_for(self._budget(c), stage), "budget": self._budget(c),
-                                       "epochs": self.cfg.local_epochs, "lr": self.cfg.lr, "momentum": self.cfg.momentum,
-                                       "frozen_upto": upto})  # fmt: skip
+                                       "epochs": self.cfg.local_epochs, "frozen_upto": upto})  # fmt: skip
         replies = yield Exchange(msgs)
         ids = [c for c in ids if c in replies]  # a client that failed (clients.min_replies) is left out
         for c in ids:
             self.client_has[c] = stage
         agg: dict[str, Any] = {"op": "aggregate", "stage": stage, "rnd": rnd, "ids": ",".join(map(str, ids))}
-        for c in ids:
+        for c in ids:  # weighted by the sample counts sealed inside (the enclave's own count)
             agg[f"u/{c}"] = replies[c].config["upload"]
-            agg[f"n/{c}"] = int(replies[c].metrics["samples"])
         out = yield PartyCall("server_tee", Message(config=agg))
-        rejected = [int(x) for x in out.config["rejected"].split(",") if x]
+        rejected = [int(x) for x in _cv(out.config, "rejected", str).split(",") if x]
         if rejected and self.cfg.on_bad_upload == "abort":
             raise MessageError(f"round {rnd}: the server enclave rejected the sealed uploads of clients {rejected} "
                                "(failed authentication); stopping as method.on_bad_upload=abort")  # fmt: skip
+        if "short" in out.config:
+            raise ShortRoundError(self._short(rnd, f"the server enclave did not aggregate: {out.config['short']}"))
         self.eval_blob = out.config["eval"]
+        self.stage_aggregated = True
         eligible = sum(1 for c in range(self.num_clients) if self.batch_for(self._budget(c), stage) is not None)
         r = [replies[c].metrics for c in ids]
         metrics.update(
@@ -326,7 +347,7 @@ class PpflStrategy(Strategy):
             client_open_s=sum(m["open_s"] for m in r),
             client_train_s=sum(m["train_s"] for m in r),
             client_upload_s=sum(m["upload_s"] for m in r),
-            train_loss=sum(m["loss"] * m["samples"] for m in r) / max(1, sum(m["samples"] for m in r)),
+            train_loss=out.metrics["train_loss"],  # the server enclave's mean over the uploads it averaged
         )
         if rnd == self.rounds:  # the run ends: the REE gets this stage's layers (the last one only if not kept)
             if self.keeps(stage):
@@ -335,6 +356,11 @@ class PpflStrategy(Strategy):
                 yield from self._release(stage, final=True)
                 self.final_release = rnd
         return metrics
+
+    def _short(self, rnd: int, why: str) -> str:
+        return (f"round {rnd}: {why}; the server enclave averages at least method.min_cohort={self.cfg.min_cohort} "
+                "uploads (fewer would hand the REE one client's update). Set clients.min_replies to skip such rounds, "
+                "sample more clients (clients.per_round), or lower method.min_cohort")  # fmt: skip
 
     def keeps(self, stage: int) -> bool:
         """Whether ``stage``'s layers stay in the enclaves at the run's end (the last stage,
@@ -377,11 +403,14 @@ class PpflStrategy(Strategy):
             or (c.target_accuracy is not None and acc is not None and acc >= c.target_accuracy)
         )
         last = self.stage == len(self.stages) - 1
+        if done and not self.stage_aggregated:  # every round of it skipped: it trains on (nothing to release)
+            done = False
         if done and not last and self._rnd < self.rounds:
             # the next round samples by the next stage's need; its first step releases this stage
             self.advance = True
             self.stage += 1
             self.rounds_in_stage, self.best, self.bad = 0, -1.0, 0
+            self.stage_aggregated = False
         return {"stage_done": int(bool(done))}
 
     def eval_model(self) -> nn.Module:
@@ -397,7 +426,8 @@ class PpflStrategy(Strategy):
                 "rounds_in_stage": self.rounds_in_stage, "best": self.best, "bad": self.bad, "advance": self.advance,
                 "released": dict(self.released), "client_has": dict(self.client_has), "attested": sorted(self.attested),
                 "refused": sorted(self.refused), "eval_blob": self.eval_blob, "budgets": dict(self.budgets),
-                "checked": self._checked, "final_release": self.final_release}  # fmt: skip
+                "checked": self._checked, "final_release": self.final_release,
+                "stage_aggregated": self.stage_aggregated}  # fmt: skip
 
     def check_resume(self, state: dict[str, Any], rounds: int) -> None:
         """The enclaves' sealed state opens only on the platform that sealed it (see
@@ -433,6 +463,7 @@ class PpflStrategy(Strategy):
         self.attested, self.refused = set(state.get("attested", ())), set(state.get("refused", ()))
         self.eval_blob, self._checked = state.get("eval_blob"), state.get("checked", False)
         self.final_release = state.get("final_release", 0)
+        self.stage_aggregated = state.get("stage_aggregated", self.eval_blob is not None)
 
 
 class PpflClient:
@@ -456,7 +487,7 @@ class PpflClient:
         model.load_state_dict(frozen_arrays, strict=False)
         frozen = frozen_net(model, self.spec.stages, stage)
         t_start = time.perf_counter()
-        tee.call(Message(config={"op": "begin", **{k: c[k] for k in ("blob", "rnd", "stage", "budget", "lr", "momentum")}}))
+        tee.call(Message(config={"op": "begin", **{k: c[k] for k in ("blob", "rnd", "stage", "budget")}}))
         tee_s = open_s = time.perf_counter() - t_start
         for _ in range(_cv(c, "epochs", int)):
             for x, y in ctx.data.batches(_cv(c, "batch_size", int), generator=ctx.generator):

@@ -6,25 +6,49 @@ only while it handles a call; what it hands the engine to keep between calls is 
 under its device key (:func:`fedge.privacy.tee.hardware_key`), so the engine's stored party
 states — REE memory — hold ciphertext only. Every message leaving an enclave for the other
 is sealed on the attested channel (:class:`fedge.privacy.tee.SealedChannel`).
+
+What each enclave lets out, and why that is all (the REEs on both sides are untrusted):
+
+- The client enclave answers ``batch`` with nothing and ``end`` with the sealed upload, its
+  memory peak (a function of the batch shapes) and its sealing time. The number of samples it
+  trained on and its mean training loss travel *inside* the sealed upload: a per-batch loss in
+  the clear let the REE open the same stage model again and again (training at lr = 0) and read
+  −log p_y of the hidden layer and head for inputs of its choice. Its learning rate, momentum
+  and memory budget are not the REE's to choose (see :class:`ClientEnclave`).
+- The server enclave hands the REE only FedAvg means of at least ``method.min_cohort``
+  uploads that opened (weighted by the sample counts sealed inside them, not by numbers the
+  REE supplies), and releases a stage's layers only once it has aggregated such a cohort, so
+  no single client's update reaches the REE in plaintext (see :class:`ServerEnclave`).
+
+Limits: the sealed state has no rollback protection (a real TEE pairs sealing with a
+monotonic counter), so a REE that restores an older sealed state can replay messages that
+state had not yet accepted; the sealed channel's nonces stay unique regardless
+(:mod:`fedge.privacy.tee.channel`). The server's attestation report answers a constant
+challenge (:data:`SERVER_HELLO_NONCE`), see there.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from dataclasses import dataclass, field
+from functools import partial
+from types import ModuleType
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedge.core import messages as messages_mod
 from fedge.core.context import PartyContext
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
 from fedge.methods.ppfl import stages as stages_mod
 from fedge.methods.ppfl.stages import Stage, StageNet, stage_net
 from fedge.privacy import tee
+from fedge.privacy.secagg import keys as keys_mod
 from fedge.privacy.tee import (
     DOWN,
     UP,
@@ -47,6 +71,16 @@ from fedge.privacy.tee import (
 __all__ = ["ClientEnclave", "EnclaveSpec", "ServerEnclave", "open_eval_blob", "SERVER_HELLO_NONCE"]
 
 SERVER_HELLO_NONCE = b"\x00" * 16
+"""The challenge the server enclave's report answers: a constant, so that report is not fresh
+and can be replayed (getting a fresh one would cost each client a round trip before ``hello``).
+What a replay can do is bounded: the report binds the server enclave's X25519 public key to its
+measurement, and a client's session key is agreed between that key and a *fresh* key the client
+enclave draws at ``attest`` (HKDF of X25519), so only whoever holds the reported key's private
+half — the server enclave, sealed under the platform's keys — can open what the client seals
+or seal what it will accept. A replayed report helps only an attacker who extracted that
+private key (e.g. from a compromised platform), which a fresh report would not stop either
+until the key changes. The client reports are fresh: each answers a challenge the server
+enclave drew for that client (``hello``) and refuses when none is pending (``register``)."""
 
 
 @dataclass
@@ -69,9 +103,23 @@ class EnclaveSpec:
         return self._template
 
     def measurement(self, role: str) -> bytes:
+        """SHA-256 over the code the enclaves run and their configuration (``self.config``:
+        the method's config, so lr, momentum and ``min_cohort`` the enclaves apply). The code:
+        this module, the stages, the channel, memory accounting, attestation, the key
+        agreement, the message encoding the enclaves parse, and the model's code (the module
+        building it and those defining its layers)."""
         import fedge.methods.ppfl.enclaves as me
 
-        return measure([me, stages_mod, tee.channel, tee.memory], {"role": role, **self.config})
+        return measure([me, stages_mod, tee.channel, tee.memory, tee.attest, keys_mod, messages_mod, *self.model_modules()],
+                       {"role": role, **self.config})  # fmt: skip
+
+    def model_modules(self) -> list[ModuleType]:
+        """The modules of the model's code: where ``model_fn`` is defined and where each of the
+        model's layer classes is (fedge's own; torch's are the platform's), sorted by name."""
+        fn = self.model_fn.func if isinstance(self.model_fn, partial) else self.model_fn
+        found = {inspect.getmodule(fn)} | {inspect.getmodule(type(m)) for m in self.template().modules()}
+        mods = {m for m in found if m is not None and m.__name__.split(".")[0] != "torch"}
+        return sorted(mods, key=lambda m: m.__name__)
 
     def net(self, stage: int, arrays: dict[str, torch.Tensor] | None = None) -> StageNet:
         net = stage_net(self.template(), self.stages, stage, seed=self.seed)
@@ -102,8 +150,9 @@ def _cv(c: Any, key: str, kind: type) -> Any:
         raise MessageError(f"message config {key!r} is {type(v).__name__}; expected {kind.__name__}")
     return v
 
-def _pack(arrays: dict[str, torch.Tensor], config: dict[str, Any] | None = None) -> bytes:
-    return Message({k: v.detach().clone() for k, v in arrays.items()}, dict(config or {})).to_bytes()
+def _pack(arrays: dict[str, torch.Tensor], config: dict[str, Any] | None = None,
+          metrics: dict[str, float | int] | None = None) -> bytes:  # fmt: skip
+    return Message({k: v.detach().clone() for k, v in arrays.items()}, dict(config or {}), dict(metrics or {})).to_bytes()
 
 
 def _unpack(data: bytes) -> Message:
@@ -135,6 +184,7 @@ class _Training:
     channel: SealedChannel
     rnd: int
     stage: int
+    budget: int
     samples: int = 0
     loss_sum: float = 0.0
     seal_s: float = 0.0
@@ -143,7 +193,23 @@ class _Training:
 class ClientEnclave:
     """A client's enclave. Ops: ``attest``, ``begin`` (open the global stage model),
     ``batch`` (one SGD step on frozen-layer features the REE computed), ``end`` (seal the
-    trained layer + head for the server enclave)."""
+    trained layer + head for the server enclave).
+
+    What the REE cannot steer or read (see the module docstring):
+
+    - ``begin`` persists the channel's receive counter as soon as it opens the broadcast, so
+      the same blob sent again is refused as a replay (before, the counter was kept only at
+      ``end``, and the REE could open one stage model as often as it liked).
+    - The learning rate and momentum are the measured config's (``spec.config``: the
+      attestation covers them); a ``begin`` naming others is refused. The memory budget is
+      the enclave's size, a property of the device (as SGX fixes an enclave's size when it is
+      created): per-device sizes are not in the run config the measurement covers, so the
+      first ``begin`` fixes it in the sealed state and a later one naming another is refused.
+    - ``batch`` replies with nothing; ``end``'s reply carries the memory peak and the sealing
+      time only. The sample count and the step's mean training loss (one scalar per client
+      step, weighted into the round's ``train_loss`` by the server enclave) go inside the
+      sealed upload.
+    """
 
     def __init__(self, spec: EnclaveSpec) -> None:
         self.spec = spec
@@ -168,19 +234,29 @@ class ClientEnclave:
                 raise MessageError(f"client enclave {ctx.key}: no attested session; attest first")
             ch = SealedChannel(saved["key"], int(ctx.key), UP, _cv(saved, "send", int), _cv(saved, "recv", int))  # type: ignore[arg-type]
             c = msg.config
+            lr, momentum = float(self.spec.config["lr"]), float(self.spec.config["momentum"])
+            for k, v in (("lr", lr), ("momentum", momentum)):
+                if k in c and _cv(c, k, float) != v:
+                    raise MessageError(f"client enclave {ctx.key}: 'begin' asks for {k}={c[k]!r}, but the attested "
+                                       f"configuration says {v!r}; refused (the REE cannot change how the enclave trains)")  # fmt: skip
+            budget = _cv(saved, "budget", int) if "budget" in saved else _cv(c, "budget", int)
+            if "budget" in c and _cv(c, "budget", int) != budget:
+                raise MessageError(f"client enclave {ctx.key}: 'begin' gives a memory budget of {c['budget']!r} bytes, "
+                                   f"but this enclave was created with {budget}; refused")  # fmt: skip
             rnd, stage = _cv(c, "rnd", int), _cv(c, "stage", int)
             arrays = _unpack(ch.open(_cv(c, "blob", bytes), rnd=rnd, stage=stage)).arrays
-            mem = EnclaveMemory(_cv(c, "budget", int), who=f"client {ctx.key}'s enclave")
+            # the broadcast is consumed now: the same blob sent again is a replay
+            _store_sealed(ctx, label, Message(config={"key": ch.key, "send": ch.send_ctr, "recv": ch.recv_ctr, "budget": budget}))
+            mem = EnclaveMemory(budget, who=f"client {ctx.key}'s enclave")
             net = self.spec.net(stage, arrays).train()
             params = [p for p in net.parameters()]
             mem.alloc_tensors("layer+head", params)
             mem.alloc_tensors("buffers", list(net.buffers()))
             mem.alloc_tensors("gradients", params)
-            momentum = _cv(c, "momentum", float)
             if momentum > 0:
                 mem.alloc_tensors("optimizer", params)
-            opt = torch.optim.SGD(params, lr=_cv(c, "lr", float), momentum=momentum)
-            self._live = _Training(net, opt, mem, ch, rnd, stage)
+            opt = torch.optim.SGD(params, lr=lr, momentum=momentum)
+            self._live = _Training(net, opt, mem, ch, rnd, stage, budget)
             return Message(metrics={"ok": 1})
         if op == "batch":
             t = self._require()
@@ -206,19 +282,18 @@ class ClientEnclave:
             t.memory.free("activations")
             t.memory.free("batch")
             t.samples += len(y)
-            lv = float(loss.detach())
-            t.loss_sum += lv * len(y)
-            return Message(metrics={"loss": lv})
+            t.loss_sum += float(loss.detach()) * len(y)
+            return Message()  # no loss: it would be a per-query oracle on the hidden model
         if op == "end":
             t = self._require()
             t0 = time.perf_counter()
-            blob = t.channel.seal(_pack(t.net.state_dict()), rnd=t.rnd, stage=t.stage)
+            stats = {"samples": t.samples, "loss": t.loss_sum / max(1, t.samples)}  # for the server enclave only
+            blob = t.channel.seal(_pack(t.net.state_dict(), metrics=stats), rnd=t.rnd, stage=t.stage)
             t.seal_s += time.perf_counter() - t0
-            _store_sealed(ctx, label, Message(config={"key": t.channel.key, "send": t.channel.send_ctr, "recv": t.channel.recv_ctr}))
+            _store_sealed(ctx, label, Message(config={"key": t.channel.key, "send": t.channel.send_ctr,
+                                                      "recv": t.channel.recv_ctr, "budget": t.budget}))  # fmt: skip
             self._live = None
-            return Message(config={"upload": blob},
-                           metrics={"peak": t.memory.peak, "samples": t.samples, "seal_s": t.seal_s,
-                                    "loss": t.loss_sum / max(1, t.samples)})  # fmt: skip
+            return Message(config={"upload": blob}, metrics={"peak": t.memory.peak, "seal_s": t.seal_s})
         raise MessageError(f"client enclave: unknown op {op!r}")
 
     def _require(self) -> _Training:
@@ -231,7 +306,24 @@ class ServerEnclave:
     """The server's enclave. Ops: ``hello`` (its report and a challenge per new client),
     ``register`` (verify client reports, agree session keys), ``broadcast`` (seal the stage
     model to each client), ``aggregate`` (open uploads, reject bad ones, FedAvg), ``release``
-    (hand the REE the stage's trained layers when the stage ends)."""
+    (hand the REE the stage's trained layers when the stage ends).
+
+    The REE drives every op, so each guards what it lets out:
+
+    - ``register`` accepts a client report only over the challenge ``hello`` drew for that
+      client (one use; none pending: refused).
+    - ``aggregate`` weights each upload by the sample count sealed inside it (the client
+      enclave counted what it trained on), and updates the stage model only when at least
+      ``min_cohort`` uploads open (``method.min_cohort``, in the measured config; default 2):
+      with fewer it changes nothing and answers ``short``, which the strategy turns into a
+      skipped round. So the stage model, and the evaluation blob, are a mean of at least that
+      many clients' updates — never one client's, which the REE could otherwise get by passing
+      a single upload.
+    - ``release`` hands out a stage's layers only after it aggregated such a cohort at least
+      once. It keeps what it released until the next stage's first aggregate and hands the
+      same arrays out again if asked for that stage once more: a round skipped after the
+      release (the strategy's state put back, this enclave's not) must not lose the layers.
+    """
 
     def __init__(self, spec: EnclaveSpec) -> None:
         self.spec = spec
@@ -269,7 +361,11 @@ class ServerEnclave:
             keys = KeyPair.from_private_bytes(conf["sk"])
             refused = []
             for cid in _ids(_cv(c, "ids", str)):
-                r = Report(_cv(c, f"measurement/{cid}", bytes), _cv(c, f"pk/{cid}", bytes), conf.pop(f"ch/{cid}", b""),
+                challenge = conf.pop(f"ch/{cid}", None)
+                if challenge is None:  # no hello for this client: a report over no challenge is not fresh
+                    refused.append(cid)
+                    continue
+                r = Report(_cv(c, f"measurement/{cid}", bytes), _cv(c, f"pk/{cid}", bytes), challenge,
                            _cv(c, f"signature/{cid}", bytes))
                 try:
                     verify_report(r, expected=self.spec.measurement("client"), nonce=r.nonce)
@@ -283,7 +379,7 @@ class ServerEnclave:
             if conf.get("stage") != stage or not model:
                 model.clear()
                 model.update(self.spec.net(stage).state_dict())
-                conf["stage"] = stage
+                conf["stage"], conf["aggregated"] = stage, 0
             payload = _pack(model)
             reply = {}
             for cid in _ids(_cv(c, "ids", str)):
@@ -293,41 +389,60 @@ class ServerEnclave:
             return Message(config=reply)
         if op == "aggregate":
             stage, rnd = _cv(c, "stage", int), _cv(c, "rnd", int)
+            if conf.get("stage") != stage or not model:
+                raise MessageError(f"server enclave: asked to aggregate stage {stage}, but it holds {conf.get('stage')}")
             mem = EnclaveMemory(int(self.spec.server_mb * tee.MiB), who="server enclave")
             mem.alloc_tensors("global", list(model.values()))
             total: dict[str, torch.Tensor] = {}
-            weight, rejected = 0.0, []
+            weight, loss, opened, rejected = 0.0, 0.0, 0, []
             for cid in _ids(_cv(c, "ids", str)):
                 ch = self._channel(conf, cid)
                 try:
-                    arrays = _unpack(ch.open(_cv(c, f"u/{cid}", bytes), rnd=rnd, stage=stage)).arrays
-                    if set(arrays) != set(model):
+                    up = _unpack(ch.open(_cv(c, f"u/{cid}", bytes), rnd=rnd, stage=stage))
+                    if set(up.arrays) != set(model):
                         raise SealError(f"client {cid}'s upload has other tensors than the stage model")
+                    n = up.metrics.get("samples")
+                    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                        raise SealError(f"client {cid}'s upload gives {n!r} samples; expected a positive int")
                 except (SealError, MessageError):
                     rejected.append(cid)
                     continue
-                self._keep(conf, ch)
-                n = _cv(c, f"n/{cid}", float)
-                mem.alloc_tensors("upload", list(arrays.values()))
-                for k, v in arrays.items():
+                self._keep(conf, ch)  # its counter is spent whether or not the round aggregates
+                opened += 1
+                mem.alloc_tensors("upload", list(up.arrays.values()))
+                for k, v in up.arrays.items():
                     if v.is_floating_point():
                         total[k] = total[k] + n * v if k in total else n * v
                     else:
                         total.setdefault(k, v)
                 mem.alloc_tensors("sum", list(total.values()))
                 weight += n
-            if weight > 0:
-                for k, v in total.items():
-                    model[k] = (v / weight).to(model[k].dtype) if v.is_floating_point() else v
+                loss += n * float(up.metrics.get("loss", 0.0))
+            need = int(self.spec.config["min_cohort"])
+            if opened < need:  # the stage model stays as it was: no mean of fewer than `need` clients goes out
+                return Message(config={"rejected": _str(rejected), "short": f"{opened} of the uploads opened, fewer "
+                                       f"than method.min_cohort={need}"}, metrics={"server_tee_peak": mem.peak})  # fmt: skip
+            for k, v in total.items():
+                model[k] = (v / weight).to(model[k].dtype) if v.is_floating_point() else v
+            conf["aggregated"] = int(conf.get("aggregated", 0)) + 1
+            conf.pop("released", None)  # the REE's state now holds the last release for good
+            conf.pop("released_stage", None)
             blob = seal_blob(hardware_key("server"), _pack(model), label=b"eval")
-            return Message(config={"rejected": _str(rejected), "eval": blob}, metrics={"server_tee_peak": mem.peak})
+            return Message(config={"rejected": _str(rejected), "eval": blob},
+                           metrics={"server_tee_peak": mem.peak, "train_loss": loss / weight})  # fmt: skip
         if op == "release":
             stage = _cv(c, "stage", int)
+            if conf.get("released_stage") == stage:  # released already; a skipped round lost it in the REE
+                return Message(_unpack(_cv(conf, "released", bytes)).arrays)
             if conf.get("stage") != stage:
                 raise MessageError(f"server enclave: stage {stage} is not the one it holds ({conf.get('stage')})")
+            if not conf.get("aggregated"):
+                raise MessageError(f"server enclave: stage {stage} has not aggregated a cohort yet; its layers are "
+                                   "not released before they are a mean of method.min_cohort clients' updates")  # fmt: skip
             arrays = self.spec.to_model_keys(stage, model)
             model.clear()
             conf.pop("stage", None)
+            conf["aggregated"], conf["released_stage"], conf["released"] = 0, stage, _pack(arrays)
             return Message(arrays)
         raise MessageError(f"server enclave: unknown op {op!r}")
 
