@@ -233,7 +233,9 @@ def attack(
                 for k in ("loss", "shadow", "lira") if k in row) + " (chance AUC 0.5)")  # fmt: skip
     elif attack == "pia":
         console.print(f"property inference AUC {result['auc']:.3f} (chance 0.5) on {result['uploads']} uploads "
-                      f"({result['with_property']} with class {property_class})" + (" (uploads masked)" if result["masked"] else ""))  # fmt: skip
+                      f"({result['with_property']} with class {property_class})" + (" (uploads masked)" if result["masked"] else "")
+                      + (f"; read from the labels the edge server receives in the clear (from the released activations "
+                         f"alone: AUC {result['auc_activations']:.3f})" if result.get("labels_in_clear") else ""))  # fmt: skip
     elif attack == "mia-shadow":
         for key in ("loss", "shadow", "lira"):
             r = result[key]
@@ -244,7 +246,10 @@ def attack(
                       f"mid-gray {result['baseline_mid_gray_mse']:.4f}" + (" (uploads masked)" if result.get("masked") else ""))  # fmt: skip
         for name, a in result["attacks"].items():
             console.print(f"{name}: median MSE {a['median_mse']:.2e} (PSNR {a['median_psnr_db']:.1f} dB)"
-                          + (f", label accuracy {a['label_accuracy']:.2f}" if "label_accuracy" in a else "") + f"  -> {result['images'][name]}")  # fmt: skip
+                          + (f", label accuracy {a['label_accuracy']:.2f}" if "label_accuracy" in a else "")
+                          + (" — no finite objective (ciphertext read as floats): the dummy start, not an attack's result"
+                             if a.get("finite_objective", 1.0) == 0 else "")
+                          + f"  -> {result['images'][name]}")  # fmt: skip
     else:
         if "completed" in result:
             c = result["completed"]
