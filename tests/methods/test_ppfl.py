@@ -79,6 +79,19 @@ def test_client_with_small_enclave_excluded_from_a_stage_only():
     assert small and all(sim.strategy.client_has.get(c, 0) == 2 for c in small)  # first trained in stage 2
 
 
+def test_a_stage_fewer_enclaves_fit_than_min_cohort_fails_before_training():
+    """One client of four fits stage 0: under the default min_cohort 2 no stage-0 round could
+    ever be averaged, so the run stops at its first sampling, naming the stage and the fixes."""
+    needs = _needs(_built())
+    small_mb = (needs[2] + needs[0]) / 2 / MiB  # fits the classifier stage, not stage 0
+    prof = [{"name": "big", "fraction": 0.25, "enclave_mb": 16}, {"name": "small", "fraction": 0.75, "enclave_mb": small_mb}]
+    sim = _built(**{"clients.profiles": prof}).simulation()
+    with pytest.raises(ConfigError, match=r"stage 0 .* fits the enclaves of 1 client\(s\), fewer than method.min_cohort=2"):
+        sim.run_round(1)
+    assert not any(sim.party_states.values())
+    _built(**{"clients.profiles": prof, "method.min_cohort": 1}).simulation().run_round(1)  # one suffices then
+
+
 def test_enclave_sizes_are_recorded_by_client_id_in_any_offer_order():
     s = _built(**{"method.min_batch_size": 1}).method.strategy
     sizes = {3: 16.0, 0: 2.0, 2: 8.0, 1: 4.0}  # offered out of client order

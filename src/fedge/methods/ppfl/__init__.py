@@ -240,8 +240,11 @@ class PpflStrategy(Strategy):
         return self.batch_for(int((self.cfg.tee.client_mb if mb is None else mb) * MiB), self.stage) is not None
 
     def check_fits(self, budgets: list[int]) -> None:
-        """ConfigError (before training) if some stage fits no client's enclave."""
+        """ConfigError (before training) if some stage fits no client's enclave, or fewer clients'
+        enclaves than ``method.min_cohort`` (its rounds could then never be averaged). ``budgets``:
+        every client's enclave size, or one size that all share."""
         largest = max(budgets)
+        every = budgets if len(budgets) == self.num_clients else [largest] * self.num_clients
         for st in self.stages[self.stage :]:
             if self.batch_for(largest, st.index) is None:
                 raise ConfigError(
@@ -249,6 +252,14 @@ class PpflStrategy(Strategy):
                     f"of enclave memory at batch {self.min_batch()}, but the largest client enclave is {largest / MiB:.2f} MiB; "
                     "give clients larger enclaves (clients.profiles enclave_mb or method.tee.client_mb), allow smaller "
                     "batches (method.min_batch_size) or use a smaller model"
+                )
+            fits = sum(self.batch_for(b, st.index) is not None for b in every)
+            if fits < self.cfg.min_cohort:
+                raise ConfigError(
+                    f"ppfl stage {st.index} ({'+'.join(st.prefixes)}) fits the enclaves of {fits} client(s), fewer than "
+                    f"method.min_cohort={self.cfg.min_cohort} the server enclave averages, so none of its rounds could "
+                    "complete; give more clients enclaves that fit (clients.profiles enclave_mb), allow smaller batches "
+                    "(method.min_batch_size) or lower method.min_cohort"
                 )
 
     def _budget(self, cid: int) -> int:
