@@ -389,8 +389,9 @@ of the round with the best validation accuracy. Client GFLOP per round is one cl
 measured by torch's FLOP counter (forwards only for BAFFLE); bytes are the serialized update. EMA,
 as in the paper, averages the global model once a round and only the evaluated model uses it:
 clients always train from W, so on one seed the "w/o EMA" row trains the same W as the K = 100 row
-and their difference is exactly what the average gains or lags on one trajectory. With the
-reference code's warm-up its decay at round n is min(0.995, (1+n)/(10+n)), 0.70 at round 20: it
+and their difference is exactly what the average gains or lags on one trajectory. With fedge's
+warm-up the decay of round n's update is min(0.995, n/(9+n)), 0.69 at round 20 (one update behind
+the reference code's torch_ema, whose count includes the current update: (n+1)/(n+10), 0.70): it
 averages about the last three rounds of a model still gaining ~0.5-1 point a round (the paper's
 EMA smooths oscillations of a longer run). Some runs were carried between machines mid-way
 (`--save-progress` / `--restore-progress`; rounds of the central-difference seeds, SELU seed 2

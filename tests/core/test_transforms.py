@@ -161,3 +161,45 @@ def test_server_optimizer_config_selects_zo_transforms():
         assert torch.equal(_run(tx, seq, p)["w"], _run(ref, seq, p)["w"])
     with pytest.raises(ValueError, match="weight_decay"):
         ServerOptimizerConfig(name="zo_adamm", weight_decay=0.1)
+
+
+def _per_param(state):
+    """The per-parameter dicts inside a transform's state (dicts keyed by the parameter names)."""
+    if isinstance(state, dict) and set(state) == {"a", "b"}:
+        return [state]
+    if isinstance(state, dict):
+        return [d for v in state.values() for d in _per_param(v)]
+    if isinstance(state, tuple | list):
+        return [d for v in state for d in _per_param(v)]
+    return []
+
+
+@pytest.mark.parametrize("make", [
+    lambda: T.trace(0.9), lambda: T.trace(0.9, nesterov=True), lambda: T.scale_by_adam(), lambda: T.scale_by_yogi(),
+    lambda: T.scale_by_adagrad(b1=0.5), lambda: T.scale_by_ema_momentum(0.9), lambda: T.scale_by_zo_adamm(),
+])  # fmt: skip
+def test_a_parameter_without_a_gradient_keeps_its_state_and_gets_no_update(make):
+    """Gradients for only some parameters (BAFFLE's method.perturb): the others' state is carried
+    unchanged, the state keeps its structure (a message template still fits it), and only the
+    parameters with a gradient get an update; those match an update over them alone."""
+    params = {"a": torch.ones(2, 3), "b": torch.ones(4)}
+    t = make()
+    state = t.init(params)
+    full = {"a": torch.full((2, 3), 0.5), "b": torch.full((4,), -0.25)}
+    _, state = t.update(full, state, params)  # every parameter has some state now
+    part = {"a": torch.full((2, 3), 0.1)}
+    out, after = t.update(part, state, params)
+    assert set(out) == {"a"}
+    before_flat, after_flat = T.state_to_arrays(state), T.state_to_arrays(after)
+    assert list(before_flat) == list(after_flat)
+    assert all(before_flat[k].shape == after_flat[k].shape for k in before_flat)
+    pairs = list(zip(_per_param(state), _per_param(after), strict=True))
+    assert pairs  # every one of these transforms keeps per-parameter state
+    for old, new in pairs:
+        assert list(old) == list(new) == ["a", "b"]
+        torch.testing.assert_close(new["b"], old["b"])
+    alone = make()
+    alone_state = alone.init({"a": params["a"]})
+    _, alone_state = alone.update({"a": full["a"]}, alone_state, {"a": params["a"]})
+    ref, _ = alone.update(part, alone_state, {"a": params["a"]})
+    torch.testing.assert_close(out["a"], ref["a"])

@@ -16,17 +16,21 @@ from fedge.runtime.engine import decode_state
 K = 8
 
 
-def _sim(tiny, downlink, *, workers=0, per_round=2, secure=False):
+def _sim(tiny, downlink, *, workers=0, per_round=2, secure=False, perturb=None):
     method = {"name": "baffle", "mode": "batch", "k": K, "batch_size": 16, "ema": None, "downlink": downlink,
-              "secure_aggregation": secure}
+              "secure_aggregation": secure, **({"perturb": perturb} if perturb else {})}
     cfg = load_config(tiny(model={"name": "mlp", "hidden": [16]}, method=method,
                            **{"clients.num": 5, "clients.per_round": per_round, "clients.workers": workers}))
     return build_run(cfg).simulation()
 
 
-@pytest.mark.parametrize("workers, secure", [(0, False), (2, False), (2, True)])
-def test_clients_rebuild_the_servers_model_exactly(tiny, workers, secure):
-    seeds, model = _sim(tiny, "seeds", workers=workers, secure=secure), _sim(tiny, "model", secure=secure)
+@pytest.mark.parametrize("workers, secure, perturb", [(0, False, None), (2, False, None), (2, True, None),
+                                                      (0, False, ["features.*"])])  # fmt: skip
+def test_clients_rebuild_the_servers_model_exactly(tiny, workers, secure, perturb):
+    """Also with ``method.perturb`` (some parameters only): the server's Adam keeps the others'
+    (zero) moments, so the state a client rebuilds keeps its shape round after round."""
+    seeds = _sim(tiny, "seeds", workers=workers, secure=secure, perturb=perturb)
+    model = _sim(tiny, "model", secure=secure, perturb=perturb)
     snapshots = {1: model_arrays(seeds.strategy.model)}  # W_1: the initial model
     for rnd in range(1, 7):
         a, b = seeds.run_round(rnd), model.run_round(rnd)

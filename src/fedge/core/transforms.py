@@ -75,6 +75,14 @@ def _zeros(params: Params) -> Params:
     return {k: torch.zeros_like(v) for k, v in params.items()}
 
 
+def _carry(old: Params, new: Params) -> Params:
+    """A per-parameter state after an update that touched only ``new``'s keys: the others keep
+    their state (as torch's optimizers skip a parameter with no gradient), in ``old``'s order, so
+    the state keeps its structure when only some parameters get gradients (BAFFLE's
+    ``method.perturb``)."""
+    return {k: new[k] if k in new else v for k, v in old.items()}
+
+
 def _positive(name: str, value: float) -> None:
     if not value > 0:
         raise ConfigError(f"{name} must be > 0, got {value}")
@@ -148,7 +156,7 @@ def trace(momentum: float, *, nesterov: bool = False) -> Transform:
     def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
         m = {k: momentum * state[k] + g for k, g in grads.items()}
         out = {k: grads[k] + momentum * m[k] for k in grads} if nesterov else m
-        return out, m
+        return out, _carry(state, m)
 
     return Transform(_zeros, update)
 
@@ -173,7 +181,7 @@ def scale_by_adam(
         v = {k: b2 * state["v"][k] + (1 - b2) * g * g for k, g in grads.items()}
         c1, c2 = (1 - b1**t, 1 - b2**t) if bias_correction else (1.0, 1.0)
         out = {k: (m[k] / c1) / ((v[k] / c2).sqrt() + eps) for k in grads}
-        return out, {"m": m, "v": v, "t": t}
+        return out, {"m": _carry(state["m"], m), "v": _carry(state["v"], v), "t": t}
 
     return Transform(init, update)
 
@@ -198,7 +206,7 @@ def scale_by_yogi(
         for k, g in grads.items():
             g2 = g * g
             v[k] = state["v"][k] - (1 - b2) * g2 * torch.sign(state["v"][k] - g2)
-        return {k: m[k] / (v[k].sqrt() + eps) for k in grads}, {"m": m, "v": v}
+        return {k: m[k] / (v[k].sqrt() + eps) for k in grads}, {"m": _carry(state["m"], m), "v": _carry(state["v"], v)}
 
     return Transform(init, update)
 
@@ -214,7 +222,7 @@ def scale_by_adagrad(*, b1: float = 0.0, eps: float = 1e-3, initial_accumulator:
     def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
         m = {k: b1 * state["m"][k] + (1 - b1) * g for k, g in grads.items()}
         v = {k: state["v"][k] + g * g for k, g in grads.items()}
-        return {k: m[k] / (v[k].sqrt() + eps) for k in grads}, {"m": m, "v": v}
+        return {k: m[k] / (v[k].sqrt() + eps) for k in grads}, {"m": _carry(state["m"], m), "v": _carry(state["v"], v)}
 
     return Transform(init, update)
 
@@ -291,7 +299,7 @@ def scale_by_ema_momentum(beta: float, *, bias_correction: bool = True) -> Trans
         t = state["t"] + 1
         m = {k: beta * state["m"][k] + (1 - beta) * g for k, g in grads.items()}
         c = 1 - beta**t if bias_correction else 1.0
-        return {k: v / c for k, v in m.items()}, {"m": m, "t": t}
+        return {k: v / c for k, v in m.items()}, {"m": _carry(state["m"], m), "t": t}
 
     return Transform(init, update)
 
@@ -318,7 +326,8 @@ def scale_by_zo_adamm(*, b1: float = 0.9, b2: float = 0.99, eps: float = 1e-8) -
         m = {k: b1 * state["m"][k] + (1 - b1) * g for k, g in grads.items()}
         v = {k: b2 * state["v"][k] + (1 - b2) * g * g for k, g in grads.items()}
         vhat = {k: torch.maximum(state["vhat"][k], v[k]) for k in grads}
-        return {k: m[k] / (vhat[k].sqrt() + eps) for k in grads}, {"m": m, "v": v, "vhat": vhat}
+        return {k: m[k] / (vhat[k].sqrt() + eps) for k in grads}, {
+            "m": _carry(state["m"], m), "v": _carry(state["v"], v), "vhat": _carry(state["vhat"], vhat)}
 
     return Transform(init, update)
 
@@ -347,7 +356,8 @@ def ema_init(params: Params) -> dict[str, Any]:
 
 def ema_update(state: dict[str, Any], params: Params, *, decay: float, warmup: bool = False) -> dict[str, Any]:
     """``avg ← d·avg + (1−d)·params`` with ``d = decay``, or ``min(decay, (1+n)/(10+n))``
-    with ``warmup`` (the BAFFLE reference code's schedule; n counts previous updates)."""
+    with ``warmup``, n counting the previous updates (the BAFFLE reference code's torch_ema
+    counts the current update too, so its decay is one update ahead: see :mod:`fedge.methods.baffle`)."""
     n = state["n"]
     d = min(decay, (1 + n) / (10 + n)) if warmup else decay
     avg = {k: d * a + (1 - d) * params[k].to(a.dtype) for k, a in state["avg"].items()}

@@ -31,8 +31,9 @@ class EMAEvaluation(StrategyWrapper):
     Args:
         inner: the wrapped strategy; must have a global model.
         decay: d, e.g. 0.995 (the paper's value).
-        warmup: use ``min(d, (1+n)/(10+n))`` (the torch_ema schedule the reference code's
-            EMA follows when its warm-up is on) instead of a constant d.
+        warmup: use ``min(d, (1+n)/(10+n))``, n the earlier updates, instead of a constant d
+            (the reference code's torch_ema warm-up counts the current update too, one update
+            ahead of this: see :mod:`fedge.methods.baffle`).
         also_raw: also offer the raw global model ``W`` for evaluation
             (:meth:`side_eval_models` ``{"raw": W}``).
     """
