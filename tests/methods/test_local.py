@@ -125,3 +125,27 @@ def test_a_persistent_state_for_another_shape_is_a_clear_error():
 
     with pytest.raises(ValueError, match=r"weight\.exp_avg has shape \(4,\), the parameter \(3,\)"):
         restore_optimizer_state(opt, store, names=["weight"])
+
+
+def test_dropout_draws_are_the_clients_own_whatever_ran_before(tiny):
+    """A model with dropout (vgg9) trains the same in the engine's process (clients one after
+    another) as in worker processes, and the same when another client ran first: its dropout
+    stream is seeded from the client's own generator, not left to torch's global RNG."""
+    from fedge.core.config import load_config
+    from fedge.experiment.build import build_run
+
+    def round_one(workers: int, burn: bool = False) -> float:
+        cfg = load_config(tiny(model={"name": "vgg9"}, method={"name": "fedavg", "local_epochs": 1, "batch_size": 16},
+                               **{"clients.num": 3, "clients.per_round": 3, "clients.workers": workers}))  # fmt: skip
+        sim = build_run(cfg).simulation()
+        try:
+            if burn:
+                torch.rand(1000)  # someone else used the global RNG in this process
+            return sim.run_round(1)["test_loss"]
+        finally:
+            sim.close()
+
+    assert any(isinstance(m, torch.nn.Dropout) for m in build_run(load_config(tiny(model={"name": "vgg9"}))).model_fn().modules())
+    base = round_one(0)
+    assert round_one(0, burn=True) == base
+    assert round_one(2) == base

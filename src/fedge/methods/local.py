@@ -119,6 +119,9 @@ def backprop_gradient_fn(
     return float(loss.detach()), grads
 
 
+_DROPOUT_SALT = 0x5EED_D809  # separates the dropout stream's seed from the client generator's own
+
+
 class LocalTraining:
     """Client program: load the global model, run local steps, upload the model delta.
 
@@ -194,20 +197,26 @@ class LocalTraining:
             restore_optimizer_state(opt, ctx.state, names=params)
         losses: list[float] = []
         steps = 0
-        for _ in range(self.local_epochs):
-            for batch in ctx.data.batches(self.batch_size, generator=ctx.generator):
-                loss, grads = self.gradient_fn(model, batch, ctx, self.masks)
-                for k, g in grads.items():
-                    named[k].grad = g
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                if loss is not None:
-                    losses.append(loss)
-                steps += 1
+        # Dropout (vgg9, wrn) draws from torch's global RNG, which no generator of the run fixes:
+        # seeded here from the client's own generator's seed (not drawn from it, so the batch
+        # order is untouched), a client step is the same in the engine's process, a worker, a
+        # Flower node or after a resume. A model without random layers never reads it.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(ctx.generator.initial_seed() ^ _DROPOUT_SALT)
+            for _ in range(self.local_epochs):
+                for batch in ctx.data.batches(self.batch_size, generator=ctx.generator):
+                    loss, grads = self.gradient_fn(model, batch, ctx, self.masks)
+                    for k, g in grads.items():
+                        named[k].grad = g
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    if loss is not None:
+                        losses.append(loss)
+                    steps += 1
+                    if self.max_steps is not None and steps >= self.max_steps:
+                        break
                 if self.max_steps is not None and steps >= self.max_steps:
                     break
-            if self.max_steps is not None and steps >= self.max_steps:
-                break
         if self.optimizer.state == "persistent":
             save_optimizer_state(opt, ctx.state, names=params)
         state = model.state_dict()
