@@ -425,18 +425,21 @@ def test_a_node_whose_reply_was_lost_has_its_state_fetched_so_a_resume_continues
     ]
 
 
-def _node_1_misses_state_fetches(monkeypatch):
-    """Client 1's node (1001) does not answer the checkpoint's state fetches (it is down then)."""
+def _node_1_misses_state_fetches(monkeypatch, *, answered=0):
+    """Client 1's node (1001) answers its first ``answered`` state fetches, then none (it is down
+    at the checkpoints after those)."""
     from fedge.runtime.flower.adapter import STATE_GET
 
-    push = LocalGrid.push_messages
+    push, seen = LocalGrid.push_messages, []
 
     def push_dropping_fetches(self, messages):
         messages = list(messages)
         ids = list(push(self, messages))
         for m, mid in zip(messages, ids, strict=True):
             if m.metadata.dst_node_id == 1001 and m.metadata.group_id == STATE_GET:
-                self._pending.pop(mid)
+                seen.append(mid)
+                if len(seen) > answered:
+                    self._pending.pop(mid)
         return ids
 
     monkeypatch.setattr(LocalGrid, "push_messages", push_dropping_fetches)
@@ -444,16 +447,31 @@ def _node_1_misses_state_fetches(monkeypatch):
 
 def test_a_node_that_misses_the_state_fetch_is_warned_about_under_min_replies_and_stops_the_run_otherwise(tmp_path, monkeypatch):
     """With clients.min_replies the run goes on (its metrics untouched: the fetch only feeds the
-    checkpoint), warning at each checkpoint that client 1's state there is as last fetched;
-    without it, the first checkpoint stops the run naming the node."""
+    checkpoint), warning at each checkpoint that client 1's state there is as last fetched, and
+    the checkpoints hold that state (the one fetched after round 1; a checkpoint without it would
+    give client 1 fresh Adam moments on resume); without it, the checkpoint stops the run naming
+    the node."""
+    import fedge.experiment.rundir as rd
+
     plain = _lines(run_experiment(load_config(_persistent_adam_config()), out=tmp_path / "plain", render=False,
                                   runtime="flower-sim"))  # fmt: skip
-    _node_1_misses_state_fetches(monkeypatch)
-    with pytest.warns(RuntimeWarning, match=r"checkpoint after round 1: the node\(s\) of client\(s\) \[1\] did not answer") as caught:
+    _node_1_misses_state_fetches(monkeypatch, answered=1)
+    original, saved = rd.RunDir.save_checkpoint, []
+
+    def save_checkpoint(self, state):
+        saved.append({cid: bytes(b) for cid, b in state["client_states"].items()})
+        original(self, state)
+
+    monkeypatch.setattr(rd.RunDir, "save_checkpoint", save_checkpoint)
+    with pytest.warns(RuntimeWarning, match=r"checkpoint after round 2: the node\(s\) of client\(s\) \[1\] did not answer") as caught:
         lossy = run_experiment(load_config(_persistent_adam_config(**{"clients.min_replies": 2})), out=tmp_path / "lossy",
                                render=False, runtime="flower-sim")  # fmt: skip
-    assert any("more RuntimeWarnings like the one above (rounds 1–3)" in str(w.message) for w in caught)  # one a round
+    assert any("more RuntimeWarnings like the one above (rounds 2–3)" in str(w.message) for w in caught)  # one a round
     assert [x["test_accuracy"] for x in _lines(lossy)] == [x["test_accuracy"] for x in plain]
+    assert [sorted(s) for s in saved] == [[0, 1, 2]] * 3
+    assert saved[1][1] == saved[2][1] == saved[0][1]  # client 1: as fetched after round 1
+    assert saved[1][0] != saved[0][0]  # the others: as their nodes hold them now
+    monkeypatch.setattr(rd.RunDir, "save_checkpoint", original)
     with pytest.raises(MessageError, match=r"fedge_state_get: 1 of 3 nodes failed \(client 1 \(node 1001\): no reply\)"):
         run_experiment(load_config(_persistent_adam_config()), out=tmp_path / "strict", render=False, runtime="flower-sim")
 

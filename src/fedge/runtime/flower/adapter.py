@@ -342,9 +342,12 @@ class FlowerSimulation(Simulation):
             self._wire[2] += sum(len(v) for v in states.values() if v is not None)
             result = _Result(_bytes(rec["reply"], "reply"), None, None, states,
                              _stats_from(json.loads(_bytes(rec["stats"], "stats"))))  # fmt: skip
+            fetched = self.client_states.get(cid)
             self._keep(cid, result, parallel=True)  # a shared party's state may not change (see module doc)
-            if rec.get("has_state"):
-                self._changed.add(cid)  # fetched from the node at the next checkpoint
+            if rec.get("has_state"):  # the node holds the state: fetched from it at the next checkpoint,
+                self._changed.add(cid)  # kept as last fetched till then (a node missing the fetch keeps it)
+                if fetched is not None:
+                    self.client_states[cid] = fetched
             results[cid] = result
             if self.on_progress is not None:
                 self.on_progress(rnd, phase, i + 1, len(messages))
