@@ -133,6 +133,22 @@ def test_client_state_lives_in_the_nodes_context_state():
     assert bytes(grid.contexts[1000].state.config_records[RECORD]["state"]) == encode_state({"calls": 1})
 
 
+def test_a_shared_party_whose_state_changes_is_refused_with_advice_that_works_on_flower():
+    """clients.workers=0 (the engine's fix) does nothing on Flower: the error says what does."""
+    from fedge.core.protocols import PartySpec
+    from fedge.runtime.engine import EngineConfig
+    from fedge.runtime.flower import FlowerSimulation
+    from tests.runtime.test_engine import CountingServer, Device, Edge, _clients
+
+    sim = FlowerSimulation(strategy=CountingServer(), program=Device(), clients=_clients(3),
+                           test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)), num_classes=2,
+                           config=EngineConfig(seed=0, rounds=1, per_round=3),
+                           parties={"edge": PartySpec("edge", Edge, scope="shared")})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"changed its state on a Flower node .*; keep that state per client "
+                       r"\(scope='client'\), or run on the engine \(--runtime engine\) with clients.workers=0$"):
+        sim.run()
+
+
 def test_a_node_without_partition_id_replies_with_an_error_naming_it():
     app = client_app(_Counter(), lambda cid: None, seed=0, measure_flops=False, measure_memory=False, parties={})
     grid = LocalGrid(app, [{"something": 3}])

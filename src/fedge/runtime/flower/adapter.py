@@ -219,6 +219,10 @@ class FlowerSimulation(Simulation):
         **kwargs: as :class:`~fedge.runtime.engine.Simulation`.
     """
 
+    _concurrent = ("on a Flower node (clients step concurrently on Flower)",
+                   "keep that state per client (scope='client'), or run on the engine (--runtime engine) with "
+                   "clients.workers=0")  # fmt: skip
+
     def __init__(self, *, grid: Grid | None = None, timeout: float | None = None, wait_nodes_s: float = 60.0,
                  backend: str = "local", node_app: ClientApp | None = None, cpus: int | None = None,
                  **kwargs: Any) -> None:  # fmt: skip
