@@ -177,6 +177,45 @@ def test_missing_node_for_a_client_is_named(tmp_path):
 
 
 
+class _OfflineLastNodeGrid(LocalGrid):
+    """Its last node is offline: the SuperLink answers for it with an error, from its own node id."""
+
+    def _deliver(self, msg, context):
+        from uuid import uuid4
+
+        from flwr.app import Error
+        from flwr.common.constant import SUPERLINK_NODE_ID
+
+        from fedge.runtime.flower.grid import _wire
+
+        if context.node_id != self.node_ids[-1]:
+            return super()._deliver(msg, context)
+        reply = Message(Error(code=3, reason="node offline"), reply_to=msg)
+        reply.metadata.__dict__.update(_src_node_id=SUPERLINK_NODE_ID, _message_id=str(uuid4()))
+        return _wire(reply)
+
+
+@pytest.mark.parametrize("offline", ["a stale extra node", "the only node of client 2"])
+def test_a_node_failing_the_handshake_is_skipped_unless_its_client_has_no_other(offline):
+    """A SuperNode restarted during a run leaves its old registration behind (offline): the
+    handshake goes on without it; a client left with no node is an error naming the node asked
+    (not the SuperLink, whose node id the error reply carries)."""
+    from fedge.experiment.build import build_run
+
+    built = build_run(load_config(tiny_config(rounds=1, **{"clients.num": 3, "clients.per_round": 3})))
+    sim = built.simulation(runtime="flower-sim")
+    app = client_app(built.method.program, built.clients.__getitem__, seed=0, measure_flops=False,
+                     measure_memory=False, parties={})  # fmt: skip
+    sim.wait_nodes_s = 0
+    if offline == "a stale extra node":
+        sim.connect(_OfflineLastNodeGrid(app, [{"partition-id": i} for i in (0, 1, 2, 2)]))
+        assert sim.nodes == {0: 1000, 1: 1001, 2: 1002}
+    else:
+        with pytest.raises(MessageError, match=r"partition-ids \[2\]\); 1 node\(s\) failed the handshake "
+                           r"\(node 1002: node offline\)$"):  # fmt: skip
+            sim.connect(_OfflineLastNodeGrid(app, [{"partition-id": i} for i in (0, 1, 2)]))
+
+
 def test_cli_quickstart_on_flower_sim_writes_a_complete_run_directory(tmp_path):
     from typer.testing import CliRunner
 
