@@ -16,8 +16,10 @@ state (``ctx.round_state``, valid for the round it was written in) live in Flowe
 
 What travels. fedge's own serialized messages travel as ``bytes`` inside a Flower
 ``ConfigRecord`` named ``fedge``, so ``bytes_down``/``bytes_up`` count exactly what the built-in
-engine counts; Flower's own encoded message sizes (protobuf, metadata included) are logged
-next to them as ``flower_bytes_down``/``flower_bytes_up``.
+engine counts. Next to them, ``flower_bytes_down``/``flower_bytes_up`` estimate Flower's bytes:
+each message encoded as one protobuf (``message_to_proto(msg).ByteSize()``, metadata included).
+Flower 1.41 sends otherwise (a message and its content objects pushed separately, objects the
+SuperLink holds skipped), and the downlink is measured before the message id is assigned.
 
 Side parties. All run co-located with the ClientApp (in its process, on the client's node),
 metered on their own account as in the engine (``flops.edge``, ``bytes.client->edge``, ...).
@@ -45,8 +47,7 @@ after the round asks every failed node for its state too: a resumed run continue
 the node holds, as an uninterrupted one does. Under ``clients.min_replies`` a node that does not
 answer that fetch either (it is down) keeps its state of the last fetch in the checkpoint, with
 a warning naming it; without ``min_replies`` the fetch failing stops the run. On connecting, a
-node that fails the handshake (e.g. the old registration of a SuperNode restarted since, which
-Flower lists as a node of its own) is skipped; it is an error only if a client is left without a
+node that fails the handshake (e.g. one the SuperLink answers for as offline) is skipped; it is an error only if a client is left without a
 node. Nodes are matched to clients once, on connecting: a SuperNode restarted during a run
 registers under a new node id and is addressed again only when the run is resumed.
 
