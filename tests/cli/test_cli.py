@@ -107,6 +107,11 @@ def _interrupted(tmp_path, tiny, rounds=3) -> Path:
         (["--set", "method.name=baffle", "--set", "method.perturb=[zzz]"],
          r"method.perturb=\['zzz'\]: parameter pattern 'zzz' matches no parameter; parameters: .*"),  # checked at build
         (["--runtime", "flowr"], r"--runtime 'flowr' is not known; expected engine, flower-sim or flower"),
+        (["--superlink", "h:9093"], r"--superlink goes with --runtime flower \(got --runtime engine\); .*"),
+        (["--runtime", "flower-sim", "--insecure"], r"--insecure goes with --runtime flower \(got --runtime flower-sim\); .*"),
+        (["--root-certificates", "ca.crt", "--insecure"],
+         r"--insecure and --root-certificates go with --runtime flower \(got --runtime engine\); add --runtime "
+         r"flower to run on a Flower deployment, or drop them"),
         (["--set", "dataset.name=cifar[red]"], r"unknown dataset 'cifar\[red\]'.*"),  # brackets printed as typed
         (["--set", "method.name=baffle", "--set", "method.mode=batch", "--set", "method.client_optimizer.lr=5"],
          r"config key 'method': method.client_optimizer is not used in batch mode: clients send loss differences "
@@ -176,6 +181,14 @@ def test_resume_with_out_is_refused(tmp_path, tiny):
     _one_error_line(_run("run", "--resume", run, "--out", tmp_path / "elsewhere", "-q"),
                     r"--resume .* continues the run in that directory; --out .* cannot move it \(drop --out\)")
     assert _snapshot(run) == before and not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("args", [["--superlink", "h:9093"], ["--insecure"], ["--root-certificates", "ca.crt"],
+                                  ["--runtime", "flower-sim", "--superlink", "h:9093"]])  # fmt: skip
+def test_resume_refuses_flower_deployment_options_without_runtime_flower(tmp_path, tiny, args):
+    """They would be ignored: the run would resume on the engine (or flower-sim), not the SuperLink."""
+    _resume_refused(_interrupted(tmp_path, tiny), r"--(superlink|insecure|root-certificates) goes with --runtime "
+                    r"flower \(got --runtime (engine|flower-sim)\); .*", *args)  # fmt: skip
 
 
 def test_resume_without_a_checkpoint_after_several_rounds_is_refused(tmp_path, tiny):

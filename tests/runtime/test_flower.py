@@ -133,6 +133,22 @@ def test_client_state_lives_in_the_nodes_context_state():
     assert bytes(grid.contexts[1000].state.config_records[RECORD]["state"]) == encode_state({"calls": 1})
 
 
+def test_a_shared_party_whose_state_changes_is_refused_with_advice_that_works_on_flower():
+    """clients.workers=0 (the engine's fix) does nothing on Flower: the error says what does."""
+    from fedge.core.protocols import PartySpec
+    from fedge.runtime.engine import EngineConfig
+    from fedge.runtime.flower import FlowerSimulation
+    from tests.runtime.test_engine import CountingServer, Device, Edge, _clients
+
+    sim = FlowerSimulation(strategy=CountingServer(), program=Device(), clients=_clients(3),
+                           test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)), num_classes=2,
+                           config=EngineConfig(seed=0, rounds=1, per_round=3),
+                           parties={"edge": PartySpec("edge", Edge, scope="shared")})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"changed its state on a Flower node .*; keep that state per client "
+                       r"\(scope='client'\), or run on the engine \(--runtime engine\) with clients.workers=0$"):
+        sim.run()
+
+
 def test_a_node_without_partition_id_replies_with_an_error_naming_it():
     app = client_app(_Counter(), lambda cid: None, seed=0, measure_flops=False, measure_memory=False, parties={})
     grid = LocalGrid(app, [{"something": 3}])
@@ -159,6 +175,45 @@ def test_missing_node_for_a_client_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"partition-ids \[2\]"):
         sim.connect(LocalGrid(app, [{"partition-id": 0}, {"partition-id": 1}]))
 
+
+
+class _OfflineLastNodeGrid(LocalGrid):
+    """Its last node is offline: the SuperLink answers for it with an error, from its own node id."""
+
+    def _deliver(self, msg, context):
+        from uuid import uuid4
+
+        from flwr.app import Error
+        from flwr.common.constant import SUPERLINK_NODE_ID
+
+        from fedge.runtime.flower.grid import _wire
+
+        if context.node_id != self.node_ids[-1]:
+            return super()._deliver(msg, context)
+        reply = Message(Error(code=3, reason="node offline"), reply_to=msg)
+        reply.metadata.__dict__.update(_src_node_id=SUPERLINK_NODE_ID, _message_id=str(uuid4()))
+        return _wire(reply)
+
+
+@pytest.mark.parametrize("offline", ["a stale extra node", "the only node of client 2"])
+def test_a_node_failing_the_handshake_is_skipped_unless_its_client_has_no_other(offline):
+    """A SuperNode restarted during a run leaves its old registration behind (offline): the
+    handshake goes on without it; a client left with no node is an error naming the node asked
+    (not the SuperLink, whose node id the error reply carries)."""
+    from fedge.experiment.build import build_run
+
+    built = build_run(load_config(tiny_config(rounds=1, **{"clients.num": 3, "clients.per_round": 3})))
+    sim = built.simulation(runtime="flower-sim")
+    app = client_app(built.method.program, built.clients.__getitem__, seed=0, measure_flops=False,
+                     measure_memory=False, parties={})  # fmt: skip
+    sim.wait_nodes_s = 0
+    if offline == "a stale extra node":
+        sim.connect(_OfflineLastNodeGrid(app, [{"partition-id": i} for i in (0, 1, 2, 2)]))
+        assert sim.nodes == {0: 1000, 1: 1001, 2: 1002}
+    else:
+        with pytest.raises(MessageError, match=r"partition-ids \[2\]\); 1 node\(s\) failed the handshake "
+                           r"\(node 1002: node offline\)$"):  # fmt: skip
+            sim.connect(_OfflineLastNodeGrid(app, [{"partition-id": i} for i in (0, 1, 2)]))
 
 
 def test_cli_quickstart_on_flower_sim_writes_a_complete_run_directory(tmp_path):
@@ -425,18 +480,21 @@ def test_a_node_whose_reply_was_lost_has_its_state_fetched_so_a_resume_continues
     ]
 
 
-def _node_1_misses_state_fetches(monkeypatch):
-    """Client 1's node (1001) does not answer the checkpoint's state fetches (it is down then)."""
+def _node_1_misses_state_fetches(monkeypatch, *, answered=0):
+    """Client 1's node (1001) answers its first ``answered`` state fetches, then none (it is down
+    at the checkpoints after those)."""
     from fedge.runtime.flower.adapter import STATE_GET
 
-    push = LocalGrid.push_messages
+    push, seen = LocalGrid.push_messages, []
 
     def push_dropping_fetches(self, messages):
         messages = list(messages)
         ids = list(push(self, messages))
         for m, mid in zip(messages, ids, strict=True):
             if m.metadata.dst_node_id == 1001 and m.metadata.group_id == STATE_GET:
-                self._pending.pop(mid)
+                seen.append(mid)
+                if len(seen) > answered:
+                    self._pending.pop(mid)
         return ids
 
     monkeypatch.setattr(LocalGrid, "push_messages", push_dropping_fetches)
@@ -444,16 +502,31 @@ def _node_1_misses_state_fetches(monkeypatch):
 
 def test_a_node_that_misses_the_state_fetch_is_warned_about_under_min_replies_and_stops_the_run_otherwise(tmp_path, monkeypatch):
     """With clients.min_replies the run goes on (its metrics untouched: the fetch only feeds the
-    checkpoint), warning at each checkpoint that client 1's state there is as last fetched;
-    without it, the first checkpoint stops the run naming the node."""
+    checkpoint), warning at each checkpoint that client 1's state there is as last fetched, and
+    the checkpoints hold that state (the one fetched after round 1; a checkpoint without it would
+    give client 1 fresh Adam moments on resume); without it, the checkpoint stops the run naming
+    the node."""
+    import fedge.experiment.rundir as rd
+
     plain = _lines(run_experiment(load_config(_persistent_adam_config()), out=tmp_path / "plain", render=False,
                                   runtime="flower-sim"))  # fmt: skip
-    _node_1_misses_state_fetches(monkeypatch)
-    with pytest.warns(RuntimeWarning, match=r"checkpoint after round 1: the node\(s\) of client\(s\) \[1\] did not answer") as caught:
+    _node_1_misses_state_fetches(monkeypatch, answered=1)
+    original, saved = rd.RunDir.save_checkpoint, []
+
+    def save_checkpoint(self, state):
+        saved.append({cid: bytes(b) for cid, b in state["client_states"].items()})
+        original(self, state)
+
+    monkeypatch.setattr(rd.RunDir, "save_checkpoint", save_checkpoint)
+    with pytest.warns(RuntimeWarning, match=r"checkpoint after round 2: the node\(s\) of client\(s\) \[1\] did not answer") as caught:
         lossy = run_experiment(load_config(_persistent_adam_config(**{"clients.min_replies": 2})), out=tmp_path / "lossy",
                                render=False, runtime="flower-sim")  # fmt: skip
-    assert any("more RuntimeWarnings like the one above (rounds 1–3)" in str(w.message) for w in caught)  # one a round
+    assert any("more RuntimeWarnings like the one above (rounds 2–3)" in str(w.message) for w in caught)  # one a round
     assert [x["test_accuracy"] for x in _lines(lossy)] == [x["test_accuracy"] for x in plain]
+    assert [sorted(s) for s in saved] == [[0, 1, 2]] * 3
+    assert saved[1][1] == saved[2][1] == saved[0][1]  # client 1: as fetched after round 1
+    assert saved[1][0] != saved[0][0]  # the others: as their nodes hold them now
+    monkeypatch.setattr(rd.RunDir, "save_checkpoint", original)
     with pytest.raises(MessageError, match=r"fedge_state_get: 1 of 3 nodes failed \(client 1 \(node 1001\): no reply\)"):
         run_experiment(load_config(_persistent_adam_config()), out=tmp_path / "strict", render=False, runtime="flower-sim")
 

@@ -131,6 +131,13 @@ def run(
         fail(f"--runtime {runtime!r} is not known; expected engine, flower-sim or flower")
     if backend is not None and runtime != "flower-sim":
         fail(f"--backend {backend} goes with --runtime flower-sim (got --runtime {runtime})")
+    if runtime != "flower":
+        given = [f for f, on in (("--superlink", superlink is not None), ("--insecure", insecure),
+                                 ("--root-certificates", root_certificates is not None)) if on]  # fmt: skip
+        if given:
+            verb = "goes" if len(given) == 1 else "go"
+            fail(f"{' and '.join(given)} {verb} with --runtime flower (got --runtime {runtime}); add --runtime flower "
+                 "to run on a Flower deployment, or drop them")  # fmt: skip
     if resume is not None and out_dir is not None:
         fail(f"--resume {resume} continues the run in that directory; --out {out_dir} cannot move it (drop --out)")
     if allow_config_change and resume is None:
@@ -184,8 +191,6 @@ def run(
                     path = submit(cfg, out=target, superlink=superlink, insecure=insecure,
                                   root_certificates=root_certificates)  # fmt: skip
                 else:
-                    if superlink is not None:
-                        fail(f"--superlink goes with --runtime flower (got --runtime {runtime})")
                     with _Bar(not quiet) as bar:
                         path = run_experiment(cfg, out=target, progress=bar, render=render_report, runtime=runtime,
                                               backend=backend or "local")  # fmt: skip

@@ -248,6 +248,9 @@ class Simulation:
             clients done, clients in the exchange), for progress displays.
     """
 
+    #: where concurrent client steps run, and how to let a shared party's state change there
+    _concurrent = ("in a worker process", "set clients.workers=0, or keep that state per client (scope='client')")
+
     def __init__(
         self,
         *,
@@ -329,10 +332,8 @@ class Simulation:
             key = cid if self.parties[name].scope == "client" else SHARED
             states = self.party_states[name]
             if parallel and key == SHARED and value != states.get(SHARED):
-                raise ConfigError(
-                    f"shared side party {name!r} changed its state in a worker process, where the change "
-                    "would be lost; set clients.workers=0, or keep that state per client (scope='client')"
-                )
+                where, fix = self._concurrent
+                raise ConfigError(f"shared side party {name!r} changed its state {where}, where the change would be lost; {fix}")
             if value is not None:
                 states[key] = value
             else:

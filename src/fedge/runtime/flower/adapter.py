@@ -16,8 +16,10 @@ state (``ctx.round_state``, valid for the round it was written in) live in Flowe
 
 What travels. fedge's own serialized messages travel as ``bytes`` inside a Flower
 ``ConfigRecord`` named ``fedge``, so ``bytes_down``/``bytes_up`` count exactly what the built-in
-engine counts; Flower's own encoded message sizes (protobuf, metadata included) are logged
-next to them as ``flower_bytes_down``/``flower_bytes_up``.
+engine counts. Next to them, ``flower_bytes_down``/``flower_bytes_up`` estimate Flower's bytes:
+each message encoded as one protobuf (``message_to_proto(msg).ByteSize()``, metadata included).
+Flower 1.41 sends otherwise (a message and its content objects pushed separately, objects the
+SuperLink holds skipped), and the downlink is measured before the message id is assigned.
 
 Side parties. All run co-located with the ClientApp (in its process, on the client's node),
 metered on their own account as in the engine (``flops.edge``, ``bytes.client->edge``, ...).
@@ -44,7 +46,10 @@ whose reply was lost may still have run the step and updated its own state, so t
 after the round asks every failed node for its state too: a resumed run continues from what
 the node holds, as an uninterrupted one does. Under ``clients.min_replies`` a node that does not
 answer that fetch either (it is down) keeps its state of the last fetch in the checkpoint, with
-a warning naming it; without ``min_replies`` the fetch failing stops the run.
+a warning naming it; without ``min_replies`` the fetch failing stops the run. On connecting, a
+node that fails the handshake (e.g. one the SuperLink answers for as offline) is skipped; it is an error only if a client is left without a
+node. Nodes are matched to clients once, on connecting: a SuperNode restarted during a run
+registers under a new node id and is addressed again only when the run is resumed.
 
 Checkpoints and resuming. A client's persistent state lives on its node; a reply says when the
 node holds one (``has_state``), and when the engine checkpoints (:meth:`FlowerSimulation.state_dict`,
@@ -219,6 +224,10 @@ class FlowerSimulation(Simulation):
         **kwargs: as :class:`~fedge.runtime.engine.Simulation`.
     """
 
+    _concurrent = ("on a Flower node (clients step concurrently on Flower)",
+                   "keep that state per client (scope='client'), or run on the engine (--runtime engine) with "
+                   "clients.workers=0")  # fmt: skip
+
     def __init__(self, *, grid: Grid | None = None, timeout: float | None = None, wait_nodes_s: float = 60.0,
                  backend: str = "local", node_app: ClientApp | None = None, cpus: int | None = None,
                  **kwargs: Any) -> None:  # fmt: skip
@@ -245,19 +254,29 @@ class FlowerSimulation(Simulation):
             node_ids = list(grid.get_node_ids())
         asks = [Message(RecordDict({RECORD: ConfigRecord({})}), dst_node_id=n, message_type="query", group_id="hello")
                 for n in node_ids]  # fmt: skip
-        self.nodes = {}
-        for reply in grid.send_and_receive(asks, timeout=self.timeout):
-            if reply.has_error():
-                raise MessageError(f"node {reply.metadata.src_node_id} failed the handshake: {reply.error.reason}")
+        replies = list(grid.send_and_receive(asks, timeout=self.timeout))
+        asked = {m.metadata.message_id: m.metadata.dst_node_id for m in asks}
+        self.nodes, failed = {}, {}
+        for reply in replies:
+            # the node asked: a SuperLink answers for a node it found offline from its own node id
+            node = asked.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+            if reply.has_error():  # e.g. a SuperNode's registration from before it restarted: skipped
+                failed[node] = reply.error.reason
+                continue
             cid = _int(reply.content.config_records[RECORD], "cid")
             if cid in self.nodes:
-                raise ConfigError(f"nodes {self.nodes[cid]} and {reply.metadata.src_node_id} both say partition-id={cid}; "
+                raise ConfigError(f"nodes {self.nodes[cid]} and {node} both say partition-id={cid}; "
                                   "give each SuperNode its own partition-id")  # fmt: skip
-            self.nodes[cid] = reply.metadata.src_node_id
+            self.nodes[cid] = node
         missing = sorted(set(range(len(self.clients))) - set(self.nodes))
         if missing:
-            raise ConfigError(f"{len(missing)} of {len(self.clients)} clients have no Flower node (partition-ids "
-                              f"{missing[:10]}); start one SuperNode per partition-id 0..{len(self.clients) - 1}")  # fmt: skip
+            n = len(self.clients)
+            text = f"{len(missing)} of {n} clients have no Flower node (partition-ids {missing[:10]})"
+            if failed:
+                listed = "; ".join(f"node {nid}: {why}" for nid, why in sorted(failed.items())[:5])
+                more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
+                raise MessageError(f"{text}; {len(failed)} node(s) failed the handshake ({listed}{more})")
+            raise ConfigError(f"{text}; start one SuperNode per partition-id 0..{n - 1}")
         self._push_restore()
 
     def _push_restore(self) -> None:
@@ -342,9 +361,12 @@ class FlowerSimulation(Simulation):
             self._wire[2] += sum(len(v) for v in states.values() if v is not None)
             result = _Result(_bytes(rec["reply"], "reply"), None, None, states,
                              _stats_from(json.loads(_bytes(rec["stats"], "stats"))))  # fmt: skip
+            fetched = self.client_states.get(cid)
             self._keep(cid, result, parallel=True)  # a shared party's state may not change (see module doc)
-            if rec.get("has_state"):
-                self._changed.add(cid)  # fetched from the node at the next checkpoint
+            if rec.get("has_state"):  # the node holds the state: fetched from it at the next checkpoint,
+                self._changed.add(cid)  # kept as last fetched till then (a node missing the fetch keeps it)
+                if fetched is not None:
+                    self.client_states[cid] = fetched
             results[cid] = result
             if self.on_progress is not None:
                 self.on_progress(rnd, phase, i + 1, len(messages))

@@ -1,11 +1,12 @@
 """An in-process Flower Grid: Flower's ``Grid`` API, with SuperNodes that are ClientApps in this
 process.
 
-Every message makes the trip a deployed SuperLink would give it: it is encoded to Flower's
-wire format (protobuf, ``flwr.common.serde.message_to_proto``), decoded on the "node", handed
+Every message makes the trip a deployed SuperLink would give it: it is encoded with Flower's
+protobuf serde (``flwr.common.serde.message_to_proto``, one protobuf a message, where a deployed
+Flower 1.41 pushes a message's objects separately), decoded on the "node", handed
 to the ClientApp with that node's own :class:`flwr.app.Context` (its ``node_config`` and its
-persistent ``state``), and the reply goes back the same way. The encoded sizes are Flower's
-own record sizes (:attr:`LocalGrid.wire_bytes_down`, :attr:`LocalGrid.wire_bytes_up`).
+persistent ``state``), and the reply goes back the same way. The encoded sizes (one protobuf a
+message) are in :attr:`LocalGrid.wire_bytes_down`, :attr:`LocalGrid.wire_bytes_up`.
 
 Flower's simulation engine (``flwr.simulation.run_simulation``, ``--backend ray``:
 :mod:`fedge.runtime.flower.simulation`) needs Ray, which is heavy to install, takes 10-20 s to

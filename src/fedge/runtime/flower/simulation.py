@@ -37,7 +37,9 @@ BACKENDS = ("local", "ray")  # --backend of --runtime flower-sim: fedge's LocalG
 
 def backend_config(num_nodes: int, cpus: int | None = None) -> dict[str, Any]:
     """Flower's ``backend_config`` for the Ray backend: one CPU and no GPU per ClientApp actor,
-    ``cpus`` actors (default: this machine's cores, at most one per node), Ray on loopback."""
+    ``cpus`` actors (default: this machine's cores, at most one per node). ``init_args`` gives Ray
+    no address: Flower starts a local Ray instance (whose servers listen on all interfaces, see the
+    README), not one bound to loopback."""
     cpus = max(1, min(num_nodes, cpus if cpus is not None else (os.cpu_count() or 1)))
     return {
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
