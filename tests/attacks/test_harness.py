@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
+
 from fedge.attacks.harness import attack_config, observe_run, reconstruction_attack
 
 
@@ -193,3 +195,17 @@ def test_edge_server_reads_released_activations_at_their_positions_and_infers_th
     # the step messages carry the batch's labels in the clear: the property is read off them
     assert r["labels_in_clear"] and r["auc"] == 1.0
     assert r["auc_activations"] > 0.8  # the released activations alone also give it away here
+
+
+def test_dlg_on_deltas_warns_when_the_delta_is_not_one_plain_sgd_step() -> None:
+    """−Δ/η is the gradient only after one plain SGD step: no warning for the leakage table's
+    FedAvg row (batch 1, SGD); a warning naming the steps and momentum for a 2-step momentum run."""
+    exact = _observe({"name": "fedavg", "local_epochs": 1, "batch_size": 1, "client_optimizer": {"name": "sgd", "lr": 0.1}},
+                     clients=2, per_client=1)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        reconstruction_attack(exact, iterations=20)
+    approx = _observe({"name": "fedavg", "local_epochs": 1, "batch_size": 1,
+                       "client_optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}, clients=2, per_client=2)  # fmt: skip
+    with pytest.warns(UserWarning, match=r"deltas of 2 local steps \(momentum 0.9\): −Δ/η is then not the gradient"):
+        reconstruction_attack(approx, iterations=20)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -143,6 +144,34 @@ def _mean_image(built: BuiltRun, limit: int = 10_000) -> torch.Tensor:
     return (pixels - torch.tensor(ds.mean).view(1, -1, 1, 1)) / torch.tensor(ds.std).view(1, -1, 1, 1)
 
 
+def _warn_delta_is_not_a_gradient(name: str, built: Any, views: list[Any]) -> None:
+    """−Δ/η, the target DLG matches for a model delta, is the client's gradient only after one
+    plain SGD step; warn (naming why) when the observed run's client did more, so the figure is
+    read as an attack on an approximation, not as what the upload would give a better attack."""
+    if name not in ("fedavg", "fedpt"):
+        return
+    mcfg = built.method_config
+    opt = mcfg.client_optimizer
+    n = max(len(built.clients[v.cid].indices) for v in views)
+    steps = mcfg.local_epochs * -(-n // mcfg.batch_size)
+    if mcfg.max_steps is not None:
+        steps = min(steps, mcfg.max_steps)
+    why = [w for w, bad in (
+        (f"client optimizer {opt.name}", opt.name != "sgd"),
+        (f"weight decay {opt.weight_decay:g}", opt.weight_decay > 0),
+        ("a client optimizer state kept across rounds", opt.state == "persistent"),
+        (f"{steps} local steps (momentum {opt.momentum:g})", steps > 1),
+    ) if bad]  # fmt: skip
+    if why:
+        warnings.warn(
+            f"the attacked {name} uploads are deltas of {', '.join(why)}: −Δ/η is then not the gradient DLG "
+            "matches, so the reconstruction figures attack an approximation (one plain SGD step per upload, e.g. "
+            "method.max_steps=1 and an SGD client optimizer without momentum, makes it exact)",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def _targets(name: str, view: ServerView, model: torch.nn.Module, mcfg: Any,
              masks: dict[str, torch.Tensor] | None = None, *, clipped: bool = False) -> Iterator[tuple[str, Any, bool]]:
     """(attack name, target, whether iDLG may read the label) for one upload; ``clipped``: the
@@ -207,6 +236,7 @@ def reconstruction_attack(
         raise ConfigError("no upload observed in round 1: nothing to attack")
     model = built.model_fn()
     shape, classes = tuple(ds.input_shape), ds.num_classes
+    _warn_delta_is_not_a_gradient(name, built, views)
     mean_img = _mean_image(built)
     gray = ((0.5 - torch.tensor(ds.mean)) / torch.tensor(ds.std)).view(1, -1, 1, 1).expand_as(mean_img)
     results: dict[str, list[dict[str, Any]]] = {}
