@@ -47,6 +47,7 @@ from fedge.attacks.harness import (
     reconstruction_attack,
 )
 from fedge.attacks.membership import chance_auc_std
+from fedge.attacks.table import objective_note
 from fedge.bench.docs import update_section
 from fedge.bench.script import load_measurement, measurement_parser, parse_settings, save_measurement
 from fedge.core.config import RunConfig
@@ -208,18 +209,12 @@ def _three(m: dict[str, Any], key: str, fmt: str = ".2f") -> str:
     return " / ".join(format(m[k][key], fmt) if k in m else "—" for k in ("loss", "shadow", "lira"))
 
 
-def _start(d: dict[str, Any]) -> str:
-    """A DLG whose target gave no finite matching loss (ciphertext read as floats) never left its
-    dummy start: its MSE is the start's, not an attack's result."""
-    return " (no finite objective: the dummy start)" if d.get("finite_objective", 1.0) == 0 else ""
-
-
 def cells(r: dict[str, Any]) -> dict[str, str]:
     """The rendered cells of one method's results."""
     d, m, p = r["dra"], r["mia"], r["pia"]
     mse = f"{d['median_mse']:.3g}"
     out = {
-        "dra": (f"**{mse}**" if d["median_mse"] < d["mean_image"] else mse) + _start(d),
+        "dra": (f"**{mse}**" if d["median_mse"] < d["mean_image"] else mse) + objective_note(d),
         "mean_image": f"{d['mean_image']:.3g}",
         "upload": f"{d['upload_bytes']:,}" + (" (sealed)" if d["sealed"] else ""),
         "test_acc": f"{m['test_accuracy']:.2f}",
@@ -262,7 +257,7 @@ def render(results: dict[str, dict[str, Any]], s: dict[str, Any], seconds: float
         best = {n: max(r["mia"][k]["auc"] for k in ("loss", "shadow", "lira") if k in r["mia"]) for n, r in results.items()}
         verdict = (f"DRA: FedAvg's one-sample deltas reconstruct to median MSE {f['dra']['median_mse']:.3g} "
                    f"(mean image {f['dra']['mean_image']:.3g}); PPFL's ciphertext read as plaintext gives "
-                   f"{p['dra']['median_mse']:.3g}{_start(p['dra'])}. MIA on the released model: best AUC {best['fedavg']:.2f} (FedAvg, "
+                   f"{p['dra']['median_mse']:.3g}{objective_note(p['dra'])}. MIA on the released model: best AUC {best['fedavg']:.2f} (FedAvg, "
                    f"train − test accuracy {f['mia']['train_accuracy'] - f['mia']['test_accuracy']:.2f}) vs "
                    f"{best['ppfl']:.2f} (PPFL, gap {p['mia']['train_accuracy'] - p['mia']['test_accuracy']:.2f}).")  # fmt: skip
         if p["mia"]["test_accuracy"] < f["mia"]["test_accuracy"] - 0.05:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from fedge.attacks.table import ROWS, privacy_row
+from fedge.attacks.table import ROWS, objective_note, privacy_row
 from fedge.bench.docs import update_section
 from fedge.bench.script import load_measurement, measurement_parser, measurement_settings, save_measurement
 
@@ -47,9 +47,9 @@ def _cells(r: dict[str, Any]) -> list[str]:
             seen += f", {d['clipped']:.0%} clipped"
         if "server" in d:  # EPPFL: the edge server's inversion; S_a's masked view beside it
             sa = d["server"]
-            seen += f" at S_e; {sa['attack']}{' (masked)' if sa['masked'] else ''} at S_a: {sa['median_mse']:.3g}{_start(sa)}"
+            seen += f" at S_e; {sa['attack']}{' (masked)' if sa['masked'] else ''} at S_a: {sa['median_mse']:.3g}{objective_note(sa)}"
         mse = f"**{d['median_mse']:.3g}**" if d["median_mse"] < d["mean_image"] else f"{d['median_mse']:.3g}"
-        dra = [f"{d['attack']}{seen}", mse + _start(d), f"{d['mean_image']:.3g}"]
+        dra = [f"{d['attack']}{seen}", mse + objective_note(d), f"{d['mean_image']:.3g}"]
     if "skipped" in m:
         mia = ["—"] * 5
     else:
@@ -63,13 +63,6 @@ def _cells(r: dict[str, Any]) -> list[str]:
                 if p.get("labels_in_clear") else " (at S_e)")  # fmt: skip
     return dra + mia + [pia]
 
-
-def _start(d: dict[str, Any]) -> str:
-    """A DRA whose target gave no finite matching loss never moved from its dummy start: say so."""
-    share = d.get("finite_objective", 1.0)
-    if share >= 1.0:
-        return ""
-    return " (no finite objective: the dummy start)" if share == 0 else f" (finite objective for {share:.0%} of clients)"
 
 
 def render(results: list[dict[str, Any]], settings: dict[str, Any], seconds: float, merged: list[str] | None = None) -> str:

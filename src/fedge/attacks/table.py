@@ -47,7 +47,7 @@ from fedge.attacks.harness import (
 )
 from fedge.experiment.build import build_run
 
-__all__ = ["ROWS", "Row", "privacy_row", "privacy_table"]
+__all__ = ["ROWS", "Row", "objective_note", "privacy_row", "privacy_table"]
 
 _SGD = {"name": "sgd", "lr": 0.1}
 
@@ -204,6 +204,15 @@ def _accuracy(model: Any, built: Any) -> float:
     model.eval()
     with torch.no_grad():
         return float((model(ds.x_test).argmax(-1) == ds.y_test).double().mean())
+
+
+def objective_note(dra: dict[str, Any]) -> str:
+    """What to append to a DRA cell whose target gave no finite matching loss for some clients
+    (ciphertext read as floats): their reconstruction never left its dummy start."""
+    share = dra.get("finite_objective", 1.0)
+    if share >= 1.0:
+        return ""
+    return " (no finite objective: the dummy start)" if share == 0 else f" (finite objective for {share:.0%} of clients)"
 
 
 def privacy_table(rows: list[str] | None = None, progress: Callable[[str], None] | None = None,

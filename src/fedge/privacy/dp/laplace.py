@@ -35,15 +35,13 @@ OS CSPRNG (:data:`fedge.privacy.dp.mechanisms.SECURE`: ``method.dp.secure_noise`
 from __future__ import annotations
 
 import math
-import secrets
 from dataclasses import dataclass
 from functools import lru_cache
 
-import numpy as np
 import torch
 
 from fedge.core.errors import ConfigError
-from fedge.privacy.dp.mechanisms import NoiseSource, SecureNoise
+from fedge.privacy.dp.mechanisms import NoiseSource, SecureNoise, secure_uniform
 
 __all__ = ["LaplaceMechanism", "clip_l1", "laplace_epsilon", "laplace_noise", "pld_interval"]
 
@@ -65,9 +63,7 @@ def laplace_noise(shape: tuple[int, ...], scale: float, *, generator: NoiseSourc
     uniforms from ``secrets.token_bytes`` — then cast). Like the Gaussian sampler, the
     floating-point sampler is not hardened against Mironov's (CCS 2012) attacks."""
     if isinstance(generator, SecureNoise):
-        numel = 2 * math.prod(shape)
-        raw = np.frombuffer(secrets.token_bytes(8 * numel), dtype=np.uint64) if numel else np.zeros(0, np.uint64)
-        u = torch.from_numpy((raw >> np.uint64(11)).astype(np.float64) * 2.0**-53).reshape((2, *shape))  # [0, 1)
+        u = torch.from_numpy(secure_uniform(2 * math.prod(shape))).reshape((2, *shape))
     else:
         u = torch.rand((2, *shape), generator=generator, dtype=torch.float64)
     e = -torch.log1p(-u)  # Exp(1); u < 1 so finite

@@ -32,6 +32,7 @@ __all__ = [
     "gaussian_like",
     "global_norm",
     "scale",
+    "secure_uniform",
 ]
 
 Contribution = dict[str, Tensor]
@@ -86,12 +87,18 @@ def add(a: Contribution, b: Contribution) -> Contribution:
     return {k: a[k] + b[k] for k in a}
 
 
+def secure_uniform(n: int) -> np.ndarray:
+    """``n`` uniforms on [0, 1) from the OS CSPRNG: 53-bit multiples of 2^-53 out of
+    ``secrets.token_bytes`` (what every :data:`SECURE` draw starts from)."""
+    raw = np.frombuffer(secrets.token_bytes(8 * n), dtype=np.uint64) if n else np.zeros(0, np.uint64)
+    return (raw >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
 def _secure_standard_normal(numel: int) -> np.ndarray:
-    """N(0, 1) samples by Box–Muller from 53-bit uniforms out of ``secrets.token_bytes``."""
+    """N(0, 1) samples by Box–Muller from :func:`secure_uniform`."""
     pairs = (numel + 1) // 2
-    raw = np.frombuffer(secrets.token_bytes(16 * pairs), dtype=np.uint64).reshape(2, pairs)
-    u1 = ((raw[0] >> np.uint64(11)).astype(np.float64) + 1.0) * 2.0**-53  # (0, 1]
-    u2 = (raw[1] >> np.uint64(11)).astype(np.float64) * 2.0**-53  # [0, 1)
+    u = secure_uniform(2 * pairs).reshape(2, pairs)
+    u1, u2 = u[0] + 2.0**-53, u[1]  # u1 on (0, 1]: its log is finite
     r = np.sqrt(-2.0 * np.log(u1))
     z = np.concatenate([r * np.cos(2 * np.pi * u2), r * np.sin(2 * np.pi * u2)])
     return z[:numel]

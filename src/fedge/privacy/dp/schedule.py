@@ -19,6 +19,7 @@ import torch
 
 from fedge.core.rng import generator
 from fedge.privacy.dp.accounting import rounds_per_pass
+from fedge.privacy.dp.mechanisms import secure_uniform
 
 __all__ = ["poisson_clients", "secret_clients", "shuffled_clients"]
 
@@ -43,11 +44,10 @@ def poisson_clients(seed: int, rnd: int, *, population: int, clients_per_round: 
 
 def secret_clients(sampling: Literal["poisson", "fixed"], *, population: int, clients_per_round: int) -> list[int]:
     """A round's clients drawn from the OS CSPRNG (``privacy.secure_noise``), so no one who knows
-    the run seed knows the sample: ``poisson`` (each joins with q = m/N, from 53-bit uniforms of
-    ``secrets.token_bytes``) or ``fixed`` (a uniform m-subset, ``secrets.SystemRandom().sample``)."""
+    the run seed knows the sample: ``poisson`` (each joins with q = m/N, from
+    :func:`~fedge.privacy.dp.mechanisms.secure_uniform`) or ``fixed`` (a uniform m-subset,
+    ``secrets.SystemRandom().sample``)."""
     rounds_per_pass(population, clients_per_round)  # validates both
     if sampling == "fixed":
         return sorted(secrets.SystemRandom().sample(range(population), clients_per_round))
-    raw = np.frombuffer(secrets.token_bytes(8 * population), dtype=np.uint64)
-    u = (raw >> np.uint64(11)).astype(np.float64) * 2.0**-53  # uniform on [0, 1)
-    return np.flatnonzero(u < clients_per_round / population).tolist()
+    return np.flatnonzero(secure_uniform(population) < clients_per_round / population).tolist()

@@ -359,14 +359,14 @@ class FlowerSimulation(Simulation):
             rec = reply.content.config_records[RECORD]
             states = {name: _opt_bytes(rec.get(f"party.{name}"), f"party.{name}") for name in self.parties}
             self._wire[2] += sum(len(v) for v in states.values() if v is not None)
-            result = _Result(_bytes(rec["reply"], "reply"), None, None, states,
+            # The node holds the client's state: fetched from it at the next checkpoint, the last
+            # fetched bytes kept till then (a node that misses the fetch keeps them).
+            held = self.client_states.get(cid) if rec.get("has_state") else None
+            result = _Result(_bytes(rec["reply"], "reply"), held, None, states,
                              _stats_from(json.loads(_bytes(rec["stats"], "stats"))))  # fmt: skip
-            fetched = self.client_states.get(cid)
             self._keep(cid, result, parallel=True)  # a shared party's state may not change (see module doc)
-            if rec.get("has_state"):  # the node holds the state: fetched from it at the next checkpoint,
-                self._changed.add(cid)  # kept as last fetched till then (a node missing the fetch keeps it)
-                if fetched is not None:
-                    self.client_states[cid] = fetched
+            if rec.get("has_state"):
+                self._changed.add(cid)
             results[cid] = result
             if self.on_progress is not None:
                 self.on_progress(rnd, phase, i + 1, len(messages))
