@@ -163,14 +163,16 @@ def mia_withheld(s: dict[str, Any], method: dict[str, Any]) -> dict[str, Any]:
     the loss-threshold attack on the completed model, against the same members and non-members
     as :func:`mia` (:func:`~fedge.attacks.harness.membership_attacks` with ``withheld``, what
     ``fedge attack --attack mia`` runs on a PPFL run that kept it)."""
-    from fedge.attacks.harness import membership_attacks, round_models  # noqa: PLC0415
+    from fedge.attacks.harness import membership_attacks, replay  # noqa: PLC0415
 
     t = time.perf_counter()
     cfg = _cfg(s, method, clients=s["clients"], per_client=s["per_client"], test=s["test"], rounds=s["rounds"])
     built = _quiet(lambda: build_run(cfg))
-    model = _quiet(lambda: round_models(built, [s["rounds"]]))[s["rounds"]]
+    rep = _quiet(lambda: replay(built, [s["rounds"]]))
+    model = rep.models[s["rounds"]]
     withheld = tuple(k for k in model.state_dict() if k.startswith("classifier."))
-    r = membership_attacks(built, model, samples=s["clients"] * s["per_client"], seed=s["seed"], withheld=withheld)
+    r = membership_attacks(built, model, samples=s["clients"] * s["per_client"], seed=s["seed"], withheld=withheld,
+                           trained=rep.trained_by(s["rounds"]))  # fmt: skip
     acc = r["completed"]["accuracy"]
     return {"loss": r["loss"], "train_accuracy": acc["members"], "test_accuracy": acc["non_members"],
             "aux": r["completed"]["aux_samples"], "seconds": time.perf_counter() - t}  # fmt: skip

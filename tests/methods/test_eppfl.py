@@ -207,6 +207,17 @@ def test_a_device_that_fails_is_left_out_as_the_replies_that_arrived_say():
     assert sim.strategy.participation.tolist() == [2, 2, 2, 2] and oracle.strategy.participation.tolist() == [2, 1, 1, 2]
 
 
+def test_aggregated_clients_leave_out_the_lost_uploads():
+    """``upload_dropout`` loses a seeded third of the replies that arrived (oracle: the same
+    draw); the devices aggregated, whose data trained both M_c and M_s, are the others."""
+    built = _built(**{"clients.num": 3, "rounds": 1, "method.upload_dropout": 0.34})
+    sim = built.simulation()
+    line = sim.run_round(1)
+    lost = torch.randperm(3, generator=generator(built.config.seed, "eppfl-dropout", 1))[:1].tolist()
+    assert sim.strategy.aggregated_clients() == sorted(set(range(3)) - set(lost))
+    assert line["eppfl_aggregated"] == 2 and line["eppfl_dropped"] == 1
+
+
 def test_dp_with_batch_statistics_on_the_device_is_a_privacy_warning():
     """BatchNorm in the device half couples a batch's releases (the per-release ε would understate
     a sample's loss); GroupNorm does not, and gets no warning."""

@@ -159,6 +159,7 @@ def test_tampered_upload_is_rejected_and_the_rest_averaged(monkeypatch):
     built.method.program = _Tamper(built.method.program, victim=2)
     sim, lines = _run(built, 1)
     assert lines[0]["rejected_clients"] == 1 and lines[0]["trained_clients"] == 3
+    assert sim.strategy.aggregated_clients() == [0, 1, 3]  # the rejected upload is not in the model
     got = open_eval_blob(sim.strategy.eval_blob)
     ok = [c for c in spy.trained if c != 2]
     n = {c: spy.samples[c] for c in ok}

@@ -135,6 +135,7 @@ def test_real_dropouts_at_every_step_are_recovered_to_the_survivors_plain_mean(t
     survivors = got[2]  # U3: their masked inputs are in the sum (this seed loses one client at each step)
     assert [10 - len(got[0]), len(got[0]) - len(got[1]), len(got[1]) - len(survivors), len(survivors) - len(got[3])] == [1, 1, 1, 1]
     assert line["secagg_survivors"] == len(survivors) and line["clients_failed"] == 10 - len(got[3])
+    assert sim.strategy.aggregated_clients() == sorted(survivors) != sorted(got[3])  # a survivor lost at unmasking is in
     plain = build_run(load_config(tiny(method=method, **{**over, "clients.dropout": 0.0})))
     oracle = plain.simulation()
     oracle.sample = lambda rnd: survivors

@@ -36,13 +36,13 @@ from __future__ import annotations
 import math
 import statistics
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from fedge.attacks.observe import Observer, PartyObserved, ServerView, observe_parties, server_views
+from fedge.attacks.observe import Observer, Participation, PartyObserved, ServerView, observe_parties, server_views
 from fedge.attacks.reconstruct import (
     GradientTarget,
     baffle_projection,
@@ -56,7 +56,7 @@ from fedge.core.rng import generator
 from fedge.experiment.build import BuiltRun, build_run, privacy_config
 from fedge.methods.base import unpack_model_arrays
 
-__all__ = ["ATTACKABLE", "activation_inversion", "LEAKAGE_ROWS", "ObservedRun", "attack_config", "edge_pia_attack", "eppfl_server_views", "released_activations", "leakage_table", "membership_attacks", "membership_by_round", "observe_run", "one_batch_clients", "pia_attack", "pixel_mse", "reconstruction_attack", "round_models", "shadow_models"]
+__all__ = ["ATTACKABLE", "activation_inversion", "LEAKAGE_ROWS", "ObservedRun", "Replay", "attack_config", "edge_pia_attack", "eppfl_server_views", "released_activations", "leakage_table", "membership_attacks", "membership_by_round", "observe_run", "one_batch_clients", "pia_attack", "pixel_mse", "reconstruction_attack", "replay", "round_models", "shadow_models"]
 
 ATTACKABLE = ("fedsgd", "fedavg", "fedpt", "baffle", "ntk-baffle", "ppfl")
 SEALED = ("ppfl",)  # methods whose upload is an enclave-sealed ciphertext
@@ -577,38 +577,61 @@ def pia_attack(run: ObservedRun, *, prop: int = 0, aux_updates: int = 64, seed: 
             "method": built.config.method.name, "property_class": prop, "chance_auc": 0.5, **r.__dict__}  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Replay:
+    """A run re-run from its own config (same seed, same data, so the same rounds): the global
+    model after each kept round, and per completed round the clients whose replies it
+    aggregated (:class:`~fedge.attacks.observe.Participation`; a skipped round is absent)."""
+
+    models: dict[int, torch.nn.Module]
+    aggregated: dict[int, list[int]]
+
+    def trained_by(self, rnd: int) -> list[int]:
+        """The clients aggregated in at least one completed round ``<= rnd``: those whose
+        samples the global model after round ``rnd`` was trained on."""
+        return sorted({c for r, ids in self.aggregated.items() if r <= rnd for c in ids})
+
+
 def _run_rounds(built: BuiltRun, rounds: int) -> torch.nn.Module:
-    return _round_models(built, [rounds])[rounds]
+    return _replay(built, [rounds]).models[rounds]
 
 
-def _round_models(built: BuiltRun, keep: list[int]) -> dict[int, torch.nn.Module]:
+def _replay(built: BuiltRun, keep: list[int]) -> Replay:
     """Run rounds 1..max(``keep``) and keep a copy of the global model after each round in
     ``keep``: the model the server broadcasts at the start of the next round (and, after the
-    last round, the released one)."""
+    last round, the released one); record who each round aggregated."""
     import copy  # noqa: PLC0415
 
     want = set(keep)
     out: dict[int, torch.nn.Module] = {}
+    recorder = Participation(built.method.strategy)
+    built = replace(built, method=replace(built.method, strategy=recorder))
     sim = built.simulation()
     try:
         for t in range(1, max(want) + 1):
             sim.run_round(t)
             if t in want:
-                out[t] = copy.deepcopy(built.method.strategy.eval_model())
+                out[t] = copy.deepcopy(recorder.eval_model())
     finally:
         sim.close()
-    return out
+    return Replay(out, recorder.aggregated)
 
 
-def round_models(built: BuiltRun, rounds: list[int]) -> dict[int, torch.nn.Module]:
+def replay(built: BuiltRun, rounds: list[int]) -> Replay:
     """The intermediate global models a holder of the broadcasts sees: the run re-run from its
     own config (same seed, same data, so the same models) with the global model copied after
-    each round in ``rounds`` (every method broadcasts it to the next round's clients)."""
+    each round in ``rounds`` (every method broadcasts it to the next round's clients), and
+    whose replies each round aggregated. Trains ``built``'s own strategy: pass a fresh build."""
     bad = [r for r in rounds if not 1 <= r <= built.config.rounds]
     if not rounds or bad:
         raise ConfigError(f"rounds {bad or rounds} are not rounds of this run; expected round numbers in 1..{built.config.rounds}, "
                           "e.g. --rounds 1,5,10")  # fmt: skip
-    return _round_models(built, sorted(set(rounds)))
+    return _replay(built, sorted(set(rounds)))
+
+
+def round_models(built: BuiltRun, rounds: list[int]) -> dict[int, torch.nn.Module]:
+    """:func:`replay`'s models: the global model after each round in ``rounds``."""
+    return replay(built, rounds).models
 
 
 def shadow_models(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, train_size: int, shadows: int,
@@ -624,7 +647,10 @@ def shadow_models(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, tra
 
 def _shadow_runs(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, train_size: int, shadows: int, seed: int,
                  keep: list[int], progress: Callable[[int, int], None] | None = None) -> list[tuple[dict[int, torch.nn.Module], tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]:  # fmt: skip
-    """:func:`shadow_models`, each shadow's global model kept after every round in ``keep``."""
+    """:func:`shadow_models`, each shadow's global model kept after every round in ``keep``. A
+    shadow's training set is the samples of its clients aggregated by round ``min(keep)``
+    (:meth:`Replay.trained_by`; all of them when every client takes part), the held-out set as
+    large: when the run samples clients, the others never trained on theirs."""
     from fedge.core.context import ClientData  # noqa: PLC0415
 
     x, y = aux
@@ -641,30 +667,66 @@ def _shadow_runs(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, trai
         bounds = (sizes.cumsum(0) / sizes.sum() * n).round().long().tolist()
         parts = [inside[a:b] for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
         built = replace(built, clients=[ClientData(x, y, p if len(p) else inside[:1]) for p in parts])
-        out.append((_round_models(built, keep), (x[inside], y[inside]), (x[outside], y[outside])))
+        rep = _replay(built, keep)
+        trained = rep.trained_by(min(keep))
+        if len(trained) < len(parts):  # some shadow client never trained (else: inside as drawn, as ever)
+            inside = torch.cat([built.clients[c].indices for c in trained]).unique() if trained else inside[:0]
+            outside = outside[: len(inside)]
+        out.append((rep.models, (x[inside], y[inside]), (x[outside], y[outside])))
         if progress is not None:
             progress(i + 1, shadows)
     return out
 
 
-def _mia_split(built: BuiltRun, samples: int, seed: int) -> tuple[Any, Any, torch.Tensor, int]:
-    """(members, non-members, the attacker's own test indices, number of training samples)."""
+def _mia_split(built: BuiltRun, samples: int, seed: int, trained: Collection[int] | None = None, *,
+               when: str = "in any round", fix: str = "") -> tuple[Any, Any, torch.Tensor, int]:  # fmt: skip
+    """(members, non-members, the attacker's own test indices, number of training samples).
+
+    Members: ``samples`` of the training samples of the clients in ``trained`` (None: every
+    client), a uniform draw from their indices concatenated in client order; non-members:
+    ``samples`` test samples. With every client in ``trained`` the draws are those of every
+    client's samples. A ConfigError, naming ``when`` the clients were aggregated and the ways
+    out (``fix`` first), if ``trained``'s clients hold fewer than ``min(samples, all training
+    samples)``: fewer members than asked only because some clients never trained."""
     ds = built.dataset
-    idx = torch.cat([c.indices for c in built.clients])
+    n_train = sum(len(c.indices) for c in built.clients)
+    chosen = built.clients if trained is None else [built.clients[c] for c in sorted(set(trained))]
+    idx = torch.cat([c.indices for c in chosen]) if chosen else torch.zeros(0, dtype=torch.long)
+    if len(idx) < min(samples, n_train):
+        c = built.config.clients
+        raise ConfigError(
+            f"membership inference draws samples={samples} members from the clients whose samples the model trained "
+            f"on, but the {len(chosen)} of {c.num} clients aggregated {when} hold {len(idx)} samples (clients.per_round="
+            f"{c.per_round}{f', clients.dropout={c.dropout:g}' if c.dropout else ''}: the others never trained); "
+            f"lower samples (--samples) to at most {len(idx)}{fix}, or run with clients.per_round={c.num}"
+        )
     g = generator(seed, "attack", "mia")
     members = idx[torch.randperm(len(idx), generator=g)[:samples]]
     test = torch.randperm(len(ds.y_test), generator=g)
     non, rest = test[:samples], test[samples:]
-    return (ds.x_train[members], ds.y_train[members]), (ds.x_test[non], ds.y_test[non]), rest, len(idx)
+    return (ds.x_train[members], ds.y_train[members]), (ds.x_test[non], ds.y_test[non]), rest, n_train
 
 
 def membership_attacks(built: BuiltRun, model: torch.nn.Module, *, samples: int, shadows: int = 0, seed: int = 0,
-                       progress: Callable[[int, int], None] | None = None,
-                       withheld: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
+                       progress: Callable[[int, int], None] | None = None, withheld: tuple[str, ...] = (),
+                       trained: Collection[int] | None = None) -> dict[str, Any]:  # fmt: skip
     """The loss-threshold attack and, with ``shadows`` > 0, Shokri et al.'s shadow-model attack
-    and offline LiRA, on ``model``: ``samples`` of the clients' training samples (members) vs
-    ``samples`` test samples (non-members); the rest of the test split is the attacker's own
-    data for the shadow models (disjoint from both).
+    and offline LiRA, on ``model``, the run's final model: ``samples`` of the training samples
+    it was trained on (members) vs ``samples`` test samples (non-members); the rest of the test
+    split is the attacker's own data for the shadow models (disjoint from both).
+
+    Members come only from clients aggregated in at least one round of the run (``trained``;
+    None: found by re-running the run from its config, :func:`replay`, which costs one run's
+    training: pass :meth:`Replay.trained_by` when you hold a replay). When the run samples
+    clients (``clients.per_round`` < ``clients.num``), drops them (``clients.dropout``), skips
+    rounds (``clients.min_replies``) or its method leaves some out (secure aggregation's
+    survivors, EPPFL's lost uploads, PPFL's clients whose enclave no stage fits), a client never
+    aggregated holds samples the model never saw; counting them as members would pull every
+    figure towards chance. When every client is aggregated the members are those of every
+    client, the same draws as ever. Too few such samples for ``samples`` is a ConfigError. The
+    replay is the engine's: a run whose clients failed for real (Flower nodes) or that drew its
+    clients from the OS CSPRNG (``privacy.secure_noise``) is not reproduced by it; pass
+    ``trained`` from the run's own record there.
 
     ``withheld``: the model's classifier tensors the attacker does not hold (PPFL's
     ``keep_last_in_tee``): the attacker completes the model with a classifier of its own,
@@ -674,7 +736,10 @@ def membership_attacks(built: BuiltRun, model: torch.nn.Module, *, samples: int,
     from fedge.attacks.membership import lira_offline, loss_threshold_attack, shadow_attack  # noqa: PLC0415
 
     ds = built.dataset
-    m, nm, rest, n_train = _mia_split(built, samples, seed)
+    if trained is None:  # a fresh build: ``built``'s own strategy may have trained already
+        fresh = replace(build_run(built.config), clients=built.clients)
+        trained = _replay(fresh, [built.config.rounds]).trained_by(built.config.rounds)
+    m, nm, rest, n_train = _mia_split(built, samples, seed, trained)
     out: dict[str, Any] = {"method": built.config.method.name, "chance_auc": 0.5}
     if withheld:
         if shadows:
@@ -700,16 +765,29 @@ def membership_attacks(built: BuiltRun, model: torch.nn.Module, *, samples: int,
 def membership_by_round(built: BuiltRun, rounds: list[int], *, samples: int, shadows: int = 0, seed: int = 0,
                         progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:  # fmt: skip
     """:func:`membership_attacks` against the global model after each round in ``rounds``
-    (:func:`round_models`): the same members and non-members for every round; with
-    ``shadows``, the shadow models' own round-r models for round r (trained the same way for
-    the same number of rounds). Per round: the attacks' results, the model's test accuracy and its accuracy on the members
-    (``train_accuracy``)."""
+    (:func:`replay`): the same members and non-members for every round; with ``shadows``, the
+    shadow models' own round-r models for round r (trained the same way for the same number of
+    rounds). Per round: the attacks' results, the model's test accuracy and its accuracy on the
+    members (``train_accuracy``). Trains ``built``'s own strategy: pass a fresh build.
+
+    Members are drawn once, from the clients aggregated by the *earliest* round in ``rounds``
+    (:meth:`Replay.trained_by`): every reported model was trained on each of them, so a
+    change across rounds is the model's, not the member set's. (A set per round, from the
+    clients aggregated by that round, would be larger late in the run but would compare
+    different samples round to round; the union over the run would count, at early rounds,
+    samples of clients not yet sampled, as if trained on.) With every client in every round
+    that is every client, the same draws as ever. When the run samples clients and those
+    aggregated by the earliest round hold fewer than ``samples`` samples (and fewer than all
+    training samples), a ConfigError names the ways out: fewer samples, a later first round, or
+    ``clients.per_round`` = ``clients.num``. The shadow runs' training sets follow the same rule."""
     from fedge.attacks.membership import lira_offline, loss_threshold_attack, shadow_attack  # noqa: PLC0415
 
     ds = built.dataset
     keep = sorted(set(rounds))
-    targets = round_models(built, keep)
-    m, nm, rest, n_train = _mia_split(built, samples, seed)
+    rep = replay(built, keep)
+    targets, first = rep.models, keep[0]
+    m, nm, rest, n_train = _mia_split(built, samples, seed, rep.trained_by(first), when=f"by round {first}",
+                                      fix=f", report from a later first round than {first} (--rounds)")  # fmt: skip
     sh = (_shadow_runs(built.config, (ds.x_test[rest], ds.y_test[rest]), train_size=n_train, shadows=shadows, seed=seed,
                        keep=keep, progress=progress) if shadows else [])  # fmt: skip
     per: dict[str, Any] = {}

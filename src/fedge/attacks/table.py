@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedge.attacks.harness import (
-    _run_rounds,
+    _replay,
     activation_inversion,
     attack_config,
     edge_pia_attack,
@@ -178,9 +178,11 @@ def privacy_row(
         cfg = attack_config(row.method, clients=mia_clients, per_client=mia_per_client, dataset=dataset, model=row.model,
                             test=test, rounds=mia_rounds, privacy=row.privacy)  # fmt: skip
         built = _quiet(lambda: build_run(cfg))
-        model = _quiet(lambda: _run_rounds(built, cfg.rounds))
+        rep = _quiet(lambda: _replay(built, [cfg.rounds]))
+        model = rep.models[cfg.rounds]
         acc = _accuracy(model, built)
-        r = _quiet(lambda: membership_attacks(built, model, samples=mia_samples, shadows=shadows))
+        r = _quiet(lambda: membership_attacks(built, model, samples=mia_samples, shadows=shadows,
+                                              trained=rep.trained_by(cfg.rounds)))  # fmt: skip
         out["mia"] = {**r, "test_accuracy": acc, "seconds": time.perf_counter() - t}
     if "pia" in row.skip:
         out["pia"] = {"skipped": row.skip["pia"]}

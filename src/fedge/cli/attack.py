@@ -15,7 +15,10 @@ devices send the server only a masked M_c, the edge server's view instead: each 
 released (kept, clipped, noisy) activations inverted to the input with the round's M_c
 (:mod:`fedge.attacks.inversion`). ``ig`` runs the
 same with Inverting Gradients' objective (cosine + total variation, Adam). ``mia`` runs the
-loss-threshold membership attack on the run's final model (training samples vs test samples);
+loss-threshold membership attack on the run's final model (training samples vs test samples;
+the members are samples of clients the run aggregated in at least one round, found by
+re-running its rounds from its config, so a run that samples clients or loses some is scored
+on samples the model did train on);
 ``mia-shadow`` adds Shokri et al.'s shadow-model attack and offline LiRA, with ``--shadows``
 shadow models trained by the run's own config (another seed) on half of the test samples not
 used as non-members. With ``--rounds``/``--all-rounds`` the membership attacks run against
@@ -23,7 +26,9 @@ the global model after each listed round — what every method broadcasts to the
 clients, so an honest-but-curious holder of the broadcasts can attack it: the run is re-run
 from its config (same seed and data, so the same models; the last round's equals the saved
 final model) and its global model copied after each listed round; shadow models are their
-own round-r models (``attacks/mia-rounds.json``, ``attacks/mia-shadow-rounds.json``). ``pia`` re-runs the run's config for ⌈samples / clients a round⌉ rounds
+own round-r models (``attacks/mia-rounds.json``, ``attacks/mia-shadow-rounds.json``). The
+members are the same for every listed round: samples of clients aggregated by the first listed
+round (too few for ``--samples`` is an error naming the ways out). ``pia`` re-runs the run's config for ⌈samples / clients a round⌉ rounds
 with each client's local set cut to the one batch its upload is computed on, and infers from
 each upload whether ``--property-class`` occurs in that batch (Melis et al. 2019; auxiliary
 data: the test split).
@@ -50,6 +55,7 @@ from fedge.attacks.harness import (
     one_batch_clients,
     pia_attack,
     reconstruction_attack,
+    replay,
 )
 from fedge.cli.common import fail, one_line_warnings, out
 from fedge.core.config import load_config
@@ -142,8 +148,12 @@ def _mia(run_dir: Path, raw: dict[str, Any], samples: int, seed: int, shadows: i
     trained = load_trained_model(run_dir, withheld_ok=True)
     with one_line_warnings():
         built = build_run(load_config(raw))
+    last = built.config.rounds
+    with Progress(transient=True) as bar, one_line_warnings():  # members: samples of clients the run aggregated
+        bar.add_task(f"re-running {last} rounds to find the clients the model trained on", total=None)
+        who = replay(built, [last]).trained_by(last)  # (trains built's strategy: the attacks read its data only)
     if not shadows:
-        r = membership_attacks(built, trained.model, samples=samples, seed=seed, withheld=trained.withheld)
+        r = membership_attacks(built, trained.model, samples=samples, seed=seed, withheld=trained.withheld, trained=who)
         what = "loss-threshold (Yeom et al. 2018)"
         if trained.withheld:
             what += (", on the released layers completed with a classifier the attacker trains on its own data "
@@ -153,7 +163,7 @@ def _mia(run_dir: Path, raw: dict[str, Any], samples: int, seed: int, shadows: i
     with Progress(transient=True) as bar, one_line_warnings():
         task = bar.add_task(f"training {shadows} shadow models ({built.config.rounds} rounds each)", total=shadows)
         result = membership_attacks(built, trained.model, samples=samples, shadows=shadows, seed=seed, withheld=trained.withheld,
-                                    progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
+                                    trained=who, progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
     return {"attack": "loss threshold (Yeom et al. 2018), shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022)",
             **result}  # fmt: skip
 

@@ -144,6 +144,14 @@ class Strategy:
         the budget). Default: nothing."""
         return None
 
+    def aggregated_clients(self) -> list[int] | None:
+        """The clients whose replies the last completed round folded into the global model, when
+        that is not simply every client that replied to the round's last exchange (secure
+        aggregation's survivors, PPFL's uploads that opened, EPPFL's uploads that were not
+        lost); None: those. Read after each completed round by whoever must know whose data
+        trained the model (membership inference draws its members from those clients only)."""
+        return None
+
     def eval_model(self) -> torch.nn.Module:
         """The model to evaluate on the test set now (e.g. the EMA of the global model)."""
         raise NotImplementedError
@@ -212,6 +220,9 @@ class StrategyWrapper(Strategy):
 
     def select_clients(self, rnd: int, num_clients: int, per_round: int) -> list[int] | None:
         return self.inner.select_clients(rnd, num_clients, per_round)
+
+    def aggregated_clients(self) -> list[int] | None:
+        return self.inner.aggregated_clients()
 
     def stop_reason(self, rnd: int) -> str | None:
         return self.inner.stop_reason(rnd)

@@ -208,6 +208,7 @@ class SecureAggregation(StrategyWrapper):
         super().__init__(inner)
         self.summable: Summable = inner
         self.opts, self.seed = options, seed
+        self._aggregated: list[int] | None = None  # the last completed round's survivors
         self._summands()
 
     def _summands(self) -> None:
@@ -247,9 +248,15 @@ class SecureAggregation(StrategyWrapper):
         weight = float(total[-1])
         if not weight > 0:
             raise MessageError(f"round {rnd}: secure aggregation summed a total weight of {weight}; expected > 0")
+        self._aggregated = sorted(server.survivors)
         metrics = self.summable.apply_mean(rnd, self._unflatten(total[:-1] / weight), weight=weight,
-                                           clients=sorted(server.survivors))  # fmt: skip
+                                           clients=self._aggregated)  # fmt: skip
         return {**metrics, "secagg_survivors": len(server.survivors), "secagg_dropped": len(server.dropped)}
+
+    def aggregated_clients(self) -> list[int] | None:
+        """U3, the survivors: the clients whose masked inputs are in the sum (a client that
+        vanished after key agreement, ``secagg_dropout``, replied to the first exchanges only)."""
+        return self._aggregated
 
     def _unflatten(self, flat: np.ndarray) -> dict[str, torch.Tensor]:
         out, start = {}, 0

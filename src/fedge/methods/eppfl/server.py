@@ -63,6 +63,7 @@ class AggregationServer(Strategy):
         self.model_round = 0
         self.participation = torch.zeros(num_clients, dtype=torch.int64)  # rounds each device released in
         self._released: list[int] = []  # this round's devices that released (kept out of the state)
+        self._agg_clients: list[int] | None = None  # the last completed round's aggregated devices
 
     @property
     def partial_replies(self) -> bool:
@@ -117,11 +118,17 @@ class AggregationServer(Strategy):
             total = sum(replies[c].arrays[k].to(torch.float64) for c in agg)
             self.device_plain[k] = _mean(total, len(agg), self.device_plain[k].dtype)
         self.model_round = rnd
+        self._agg_clients = list(agg)
         losses = [float(replies[c].metrics["train_loss"]) for c in agg if "train_loss" in replies[c].metrics]
         out: dict[str, float] = {"eppfl_aggregated": float(len(agg)), "eppfl_dropped": float(len(dropped))}
         if losses:
             out["train_loss"] = sum(losses) / len(losses)
         return out
+
+    def aggregated_clients(self) -> list[int] | None:
+        """The devices aggregated last round (their replies arrived and their uploads were not
+        lost, ``upload_dropout``): both halves of the split model, M_c and M_s, trained on their data."""
+        return self._agg_clients
 
     def _length(self) -> int:
         return sum(self.device_plain[k].numel() for k in self.float_keys)

@@ -212,6 +212,7 @@ class PpflStrategy(Strategy):
         self._checked = False  # the no-fit check over every stage has run
         self.final_release = 0  # the round whose end released the stage in training (0: none yet)
         self.stage_aggregated = False  # the server enclave averaged a cohort for the current stage
+        self._aggregated: list[int] | None = None  # the last completed round's clients whose uploads opened
 
     # -- selection ---------------------------------------------------------------
     def min_batch(self) -> int:
@@ -280,6 +281,13 @@ class PpflStrategy(Strategy):
         under ``clients.min_replies``."""
         return True
 
+    def aggregated_clients(self) -> list[int] | None:
+        """The clients whose sealed uploads the server enclave averaged last round: not those
+        sent ``skip`` (not attested, or the stage does not fit their enclave), nor a rejected
+        upload. Each trained the stage's layer (and head) on its data; a client that trained an
+        earlier stage's layer is in the released model through it."""
+        return self._aggregated
+
     def round(self, rnd: int, client_ids: list[int]) -> Round:
         metrics: dict[str, float] = {}
         if not self._checked:  # no clients.profiles: every enclave is method.tee.client_mb
@@ -339,6 +347,7 @@ class PpflStrategy(Strategy):
             raise ShortRoundError(self._short(rnd, f"the server enclave did not aggregate: {out.config['short']}"))
         self.eval_blob = out.config["eval"]
         self.stage_aggregated = True
+        self._aggregated = [c for c in ids if c not in rejected]
         eligible = sum(1 for c in range(self.num_clients) if self.batch_for(self._budget(c), stage) is not None)
         r = [replies[c].metrics for c in ids]
         metrics.update(
