@@ -98,7 +98,8 @@ table. Reduced to fit shared CPUs, all on {s['dataset']}, IID, `lenet-dlg` unles
   (the better of the two is shown), PPFL's ciphertext read as float32 plaintext (a quarter of
   random float32 words exceed 1.8e19, so its squared-error objective is not finite and DLG cannot
   take a step: the cell is the dummy start's MSE, marked "no finite objective"); MSE in [0, 1]
-  pixels to the closest image of the client's set, beside the training set's mean image. DLG
+  pixels to the client's images (one image: the closest; a batch: matched one to one, least total
+  MSE), beside the training set's mean image scored the same way. DLG
   returns its best iterate by matching loss, each iterate scored where it stands.
   EPPFL's devices send the server only a masked M_c, so its DRA is the edge server's:
   each device's released activations (the kept outputs of M_c, clipped to L1 norm C and

@@ -301,3 +301,51 @@ def test_mia_by_round_with_too_few_members_by_the_first_round_names_the_ways_out
     for fix in ("at most 5", "later first round than 1", "clients.per_round=4"):
         assert fix in str(e.value)
     assert membership_by_round(build_run(cfg), [1, 2], samples=5)["rounds"]["2"]["loss"]["members"] == 5
+
+
+def test_a_batch_is_matched_one_to_one_and_one_image_to_its_closest() -> None:
+    """Two reconstructions near the same local image: closest-image matching scores both
+    against it (0.01 each); the one-to-one assignment must give the second the other image.
+    Against brute force over every injective assignment on random images."""
+    import itertools
+    from types import SimpleNamespace
+
+    import torch
+
+    from fedge.attacks.harness import match_images
+
+    ds = SimpleNamespace(mean=(0.0,), std=(1.0,))  # normalized space = pixel space
+    local = torch.stack([torch.zeros(1, 2, 2), torch.ones(1, 2, 2)])
+    recs = torch.full((2, 1, 2, 2), 0.1)
+    assert match_images(recs[:1], local, ds) == [(pytest.approx(0.01), 0)]
+    got = match_images(recs, local, ds)
+    assert sorted(at for _, at in got) == [0, 1]
+    assert sorted(m for m, _ in got) == [pytest.approx(0.01), pytest.approx(0.81)]
+
+    g = torch.Generator().manual_seed(0)
+    local, recs = torch.rand(6, 1, 3, 3, generator=g), torch.rand(4, 1, 3, 3, generator=g)
+    cost = [[float(((r - x) ** 2).mean()) for x in local] for r in recs]
+    best = min(sum(cost[j][p[j]] for j in range(4)) for p in itertools.permutations(range(6), 4))
+    got = match_images(recs, local, ds)
+    assert len({at for _, at in got}) == 4
+    assert sum(m for m, _ in got) == pytest.approx(best)
+    with pytest.raises(ValueError, match="at most as many reconstructions as images"):
+        match_images(recs, local[:3], ds)
+
+
+def test_batch_baselines_are_scored_like_the_attack() -> None:
+    """The mean-image baseline of a batch of 2 is 2 copies of it matched one to one: the mean
+    image against each of the client's 2 images, not twice against the closer one."""
+    import statistics
+
+    from fedge.attacks.harness import _mean_image, pixel_mse
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = observe_run(attack_config({"name": "fedsgd", "batch_size": 2}, clients=2, per_client=2, dataset="digits"))
+    s = reconstruction_attack(run, iterations=20)
+    ds, mean_img = run.built.dataset, _mean_image(run.built)
+    each = [float(v) for c in run.built.clients for v in pixel_mse(mean_img.expand(2, -1, -1, -1), c.x[c.indices],
+                                                                    ds.mean, ds.std)]  # fmt: skip
+    assert s["baseline_mean_image_mse"] == pytest.approx(statistics.median(each))
+    assert len({tuple(t.flatten().tolist()) for t in s["_images"]["dlg"][0][:2]}) == 2  # two distinct truths

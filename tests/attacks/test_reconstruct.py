@@ -163,3 +163,20 @@ def test_a_target_without_a_finite_objective_is_not_optimized() -> None:
                    iterations=0, generator=torch.Generator().manual_seed(0))  # fmt: skip
     assert rec.loss == float("inf") and rec.iterations == 0
     assert torch.equal(rec.x, start.x)
+
+
+def test_inverting_gradients_stays_in_the_pixel_box_when_given_one() -> None:
+    """Eq. 4 of Geiping et al. minimizes over x in [0, 1]^n: with ``bounds`` every pixel of the
+    result lies in the box (normalized space); without, the signed Adam steps leave it."""
+    from fedge.attacks.reconstruct import invert_ig
+
+    m = _model()
+    x, y = torch.rand(1, 1, 8, 8, generator=torch.Generator().manual_seed(3)), torch.tensor([1])
+    lo, hi = torch.full((1, 1, 1, 1), -0.4), torch.full((1, 1, 1, 1), 0.6)
+    target = GradientTarget(_grads(m, x, y))
+    free = invert_ig(m, target, input_shape=(1, 8, 8), num_classes=10, labels=y, iterations=40,
+                     generator=torch.Generator().manual_seed(0))  # fmt: skip
+    boxed = invert_ig(m, target, input_shape=(1, 8, 8), num_classes=10, labels=y, iterations=40, bounds=(lo, hi),
+                      generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert float(free.x.min()) < -0.4 or float(free.x.max()) > 0.6
+    assert float(boxed.x.min()) >= -0.4 and float(boxed.x.max()) <= 0.6

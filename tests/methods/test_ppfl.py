@@ -233,6 +233,47 @@ def test_zoo_models_train_one_round_of_one_stage(model):
     assert 0 < lines[0]["tee_peak_bytes"] <= 64 * MiB and lines[0]["test_accuracy"] is not None
 
 
+def test_dropout_in_the_client_enclave_draws_from_its_own_stream(monkeypatch):
+    """A stage with dropout (vgg9, ``block_layers: 4``: conv1-conv4, D0.05 among them) trains
+    the same in a client enclave whatever ran before it in the process — torch's global RNG
+    used in between, or another client's step first — since its masks come from a stream
+    seeded from the enclave's own generator (as local training's, ``tests/methods/test_local.py``).
+    Oracle: each client's trained stage model (layer and head) at ``end``, before sealing."""
+    trained: dict[int, dict[str, torch.Tensor]] = {}
+    handle = ClientEnclave.handle
+
+    def keep(self, msg, ctx):
+        if msg.config.get("op") == "end":
+            trained[ctx.key] = {k: v.clone() for k, v in self._live.net.state_dict().items()}
+        return handle(self, msg, ctx)
+
+    monkeypatch.setattr(ClientEnclave, "handle", keep)
+    over = {"model": {"name": "vgg9"}, "method.block_layers": 4, "clients.num": 3, "clients.per_round": 3,
+            "dataset.limit_train": 24, "method.batch_size": 4, "method.tee": {"client_mb": 64}}  # fmt: skip
+
+    def round_one(sample, burn=False):
+        built = _built(**over)
+        assert any(isinstance(m, torch.nn.Dropout) for m in built.method.strategy.spec.net(0).modules())
+        sim = built.simulation()
+        sim.sample = lambda rnd: sample
+        trained.clear()
+        try:
+            if burn:
+                torch.rand(1000)  # someone else used the global RNG in this process
+            return sim.run_round(1)["test_loss"], dict(trained)
+        finally:
+            sim.close()
+
+    def same(a, b):
+        return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    loss, base = round_one([0, 1, 2])
+    burned_loss, burned = round_one([0, 1, 2], burn=True)
+    assert burned_loss == loss and all(same(burned[c], base[c]) for c in (0, 1, 2))
+    _, alone = round_one([1, 2])  # client 1 first now: no client 0 drew dropout masks before it
+    assert all(same(alone[c], base[c]) for c in (1, 2))
+
+
 def test_block_layers_two_trains_both_convs_in_one_stage():
     built = _built(**{"method.block_layers": 2})
     s = built.method.strategy
@@ -646,9 +687,9 @@ def test_a_round_skipped_right_after_a_stage_ends_keeps_the_released_layers():
 
 def test_measurement_covers_the_enclaves_code_and_config(monkeypatch):
     """The measurement hashes the code the enclaves run — attestation, the key agreement, the
-    message encoding and the model's code among it — and the config they apply (lr, momentum,
-    min_cohort): an enclave measured with another lr has another measurement, and the server
-    enclave refuses its report."""
+    message encoding, the derived randomness and the model's code among it — and the config
+    they apply (lr, momentum, min_cohort): an enclave measured with another lr has another
+    measurement, and the server enclave refuses its report."""
     from fedge.methods.ppfl import enclaves as me
     from fedge.privacy.secagg.keys import KeyPair
     from fedge.privacy.tee import sign_report
@@ -661,7 +702,7 @@ def test_measurement_covers_the_enclaves_code_and_config(monkeypatch):
     names = {m.__name__ for m in seen[0]}
     model = {type(m).__module__ for m in spec.template().modules() if type(m).__module__.startswith("fedge.")}
     assert {"fedge.privacy.tee.attest", "fedge.privacy.secagg.keys", "fedge.core.messages", spec.model_fn.__module__,
-            "fedge.methods.ppfl.enclaves", "fedge.privacy.tee.channel"} | model <= names  # fmt: skip
+            "fedge.methods.ppfl.enclaves", "fedge.privacy.tee.channel", "fedge.core.rng"} | model <= names  # fmt: skip
     for k, v in (("lr", 0.5), ("momentum", 0.0), ("min_cohort", 1)):
         other = EnclaveSpec(spec.model_fn, spec.stages, spec.seed, spec.init_arrays, {**spec.config, k: v}, spec.server_mb)
         assert other.measurement("client") != spec.measurement("client")

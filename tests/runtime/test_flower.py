@@ -360,10 +360,23 @@ def test_resume_with_an_unknown_backend_is_refused_before_writing(tmp_path):
 # ---- faults: a node that fails or does not reply ----------------------------------------------
 
 
+def _replies_late(monkeypatch, late):
+    """LocalGrid's ``send_and_receive`` gives up on the replies to the messages ``late(msg)``
+    picks (as on a timeout): they come later, to a pull of their message ids, as a node that
+    outlives the timeout delivers them on Flower."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        ids = list(self.push_messages(messages))
+        return self.pull_messages([mid for m, mid in zip(messages, ids, strict=True) if not late(m)])
+
+    monkeypatch.setattr(LocalGrid, "send_and_receive", send_and_receive)
+
+
 def _fail_node_1_in_round_2(monkeypatch, fault, exchange=0):
     """Client 1's node (1001) fails its message of round 2's ``exchange``: its ClientApp raises,
-    or its reply never arrives ("no reply": the node ran the step), or the SuperLink answers
-    for it as offline ("offline")."""
+    or its reply comes after the exchange stopped waiting ("no reply": the node ran the step),
+    or the SuperLink answers for it as offline ("offline")."""
     group = f"2.{exchange}"
     from flwr.app import Error
     from flwr.common.serde import message_to_proto
@@ -384,35 +397,35 @@ def _fail_node_1_in_round_2(monkeypatch, fault, exchange=0):
                 self.app = app
         return deliver(self, msg, context)
 
-    def dropping_push(self, messages):
+    def offline_push(self, messages):
         messages = list(messages)
         ids = list(push(self, messages))
         for m, mid in zip(messages, ids, strict=True):
             if m.metadata.dst_node_id == 1001 and m.metadata.group_id == group:
-                self._pending.pop(mid)  # the reply never arrives
-                if fault == "offline":  # Flower's SuperLink answers for a node it found offline, as itself
-                    err = Message(Error(code=5, reason="Error: Node Unavailable"), reply_to=m)
-                    err.metadata.__dict__["_src_node_id"] = 1
-                    err.metadata.__dict__["_message_id"] = "e" + mid
-                    self._pending[mid] = message_to_proto(err).SerializeToString()
+                # Flower's SuperLink answers for a node it found offline, as itself
+                err = Message(Error(code=5, reason="Error: Node Unavailable"), reply_to=m)
+                err.metadata.__dict__["_src_node_id"] = 1
+                err.metadata.__dict__["_message_id"] = "e" + mid
+                self._pending[mid] = message_to_proto(err).SerializeToString()
         return ids
 
     monkeypatch.setattr(LocalGrid, "_deliver", failing_deliver if fault == "raises" else deliver)
-    if fault != "raises":
-        monkeypatch.setattr(LocalGrid, "push_messages", dropping_push)
+    if fault == "offline":
+        monkeypatch.setattr(LocalGrid, "push_messages", offline_push)
+    if fault == "no reply":
+        _replies_late(monkeypatch, lambda m: m.metadata.dst_node_id == 1001 and m.metadata.group_id == group)
 
 
 @pytest.mark.parametrize("fault", ["raises", "no reply", "offline"])
 def test_a_failed_node_fails_the_round_naming_it_and_the_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, fault):
-    """Client 1's node fails in round 2 (its ClientApp raises, or it never replies, as a killed
-    SuperNode): the run stops with one message naming round, client, node and the way on; the
+    """Client 1's node fails in round 2 (its ClientApp raises, its reply comes after the 30 s, or
+    the SuperLink answers for it as offline, as for a killed SuperNode): the run stops with one message naming round, client, node and the way on; the
     directory keeps round 1 and no summary; resuming gives an uninterrupted run's metrics."""
     from fedge.experiment.run import resume_experiment
 
     cfg = tiny_config(rounds=3, **{"dataset": {"name": "digits"}, "clients.num": 3, "clients.per_round": 3,
                                    "clients.reply_timeout": 30})  # fmt: skip
     full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False, runtime="flower-sim")
-    push, deliver = LocalGrid.push_messages, LocalGrid._deliver
     _fail_node_1_in_round_2(monkeypatch, fault)
     with pytest.raises(MessageError) as info:
         run_experiment(load_config(cfg), out=tmp_path / "cut", render=False, runtime="flower-sim")
@@ -424,8 +437,7 @@ def test_a_failed_node_fails_the_round_naming_it_and_the_run_resumes_to_the_same
     assert "--resume" in text and "Rounds up to 1 are kept" in text
     assert [x["round"] for x in _lines(tmp_path / "cut")] == [1]
     assert not (tmp_path / "cut" / "summary.json").exists()
-    monkeypatch.setattr(LocalGrid, "_deliver", deliver)
-    monkeypatch.setattr(LocalGrid, "push_messages", push)
+    monkeypatch.undo()  # the node is back
     resume_experiment(tmp_path / "cut", render=False, runtime="flower-sim")
     a, b = _lines(tmp_path / "cut"), _lines(full)
     assert [x["test_accuracy"] for x in a] == [x["test_accuracy"] for x in b]
@@ -481,23 +493,19 @@ def test_a_node_whose_reply_was_lost_has_its_state_fetched_so_a_resume_continues
 
 
 def _node_1_misses_state_fetches(monkeypatch, *, answered=0):
-    """Client 1's node (1001) answers its first ``answered`` state fetches, then none (it is down
-    at the checkpoints after those)."""
+    """Client 1's node (1001) answers its first ``answered`` state fetches in time, the later ones
+    only after the checkpoint stopped waiting (it is away at the checkpoints after those)."""
     from fedge.runtime.flower.adapter import STATE_GET
 
-    push, seen = LocalGrid.push_messages, []
+    seen = []
 
-    def push_dropping_fetches(self, messages):
-        messages = list(messages)
-        ids = list(push(self, messages))
-        for m, mid in zip(messages, ids, strict=True):
-            if m.metadata.dst_node_id == 1001 and m.metadata.group_id == STATE_GET:
-                seen.append(mid)
-                if len(seen) > answered:
-                    self._pending.pop(mid)
-        return ids
+    def late(m):
+        if m.metadata.dst_node_id == 1001 and m.metadata.group_id == STATE_GET:
+            seen.append(m)
+            return len(seen) > answered
+        return False
 
-    monkeypatch.setattr(LocalGrid, "push_messages", push_dropping_fetches)
+    _replies_late(monkeypatch, late)
 
 
 def test_a_node_that_misses_the_state_fetch_is_warned_about_under_min_replies_and_stops_the_run_otherwise(tmp_path, monkeypatch):

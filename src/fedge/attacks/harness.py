@@ -24,11 +24,14 @@ public protocol (method, K, σ, scheme, directions, client learning rate) would:
   FedAvg delta. The edge server's view is :func:`activation_inversion` and :func:`edge_pia_attack`.
 
 Ground truth: each client's local set. The metric is the MSE in [0, 1] pixel space between
-each reconstructed image and the closest image of that client's local set (a batch's order
-is not identifiable, and which samples a client drew is the client's secret), with the
-training set's mean image and mid-gray, scored the same way (closest local image), as
-baselines. With local sets as small as the batch (:func:`attack_config`) the two coincide
-with "the sample that was attacked".
+each reconstructed image and an image of that client's local set (a batch's order is not
+identifiable, and which samples a client drew is the client's secret): for one image the
+closest local image; for a batch of B the one-to-one assignment of the B reconstructions to
+B distinct local images with the least total MSE (:func:`match_images`), so one good
+reconstruction cannot stand for several samples (closest-image matching let it, and flattered
+batch attacks). The baselines are the training set's mean image and mid-gray, B copies of
+each scored the same way. With local sets as small as the batch (:func:`attack_config`)
+the local set is "the samples that were attacked".
 """
 
 from __future__ import annotations
@@ -121,6 +124,34 @@ def _nearest(img: torch.Tensor, local: torch.Tensor, ds: Any) -> tuple[float, in
                      for chunk in local.split(4096)])  # fmt: skip
     i = int(mse.argmin())
     return float(mse[i]), i
+
+
+def match_images(recs: torch.Tensor, local: torch.Tensor, ds: Any) -> list[tuple[float, int]]:
+    """(pixel MSE, index into ``local``) for each of the B images of ``recs`` (B, C, H, W).
+
+    B = 1: the closest image of ``local``. B > 1: a one-to-one assignment of the B images to
+    B distinct images of ``local`` minimizing the summed MSE (the Hungarian method,
+    :func:`scipy.optimize.linear_sum_assignment`), the usual scoring of batch gradient
+    inversion: matching each image to its closest independently lets one good reconstruction
+    (or the batch's mean repeated B times) stand for every sample."""
+    if len(recs) == 1:
+        return [_nearest(recs, local, ds)]
+    if len(recs) > len(local):
+        raise ValueError(f"{len(recs)} reconstructions for a local set of {len(local)} images: "
+                         "a one-to-one assignment needs at most as many reconstructions as images")  # fmt: skip
+    from scipy.optimize import linear_sum_assignment  # noqa: PLC0415
+
+    cost = torch.stack([torch.cat([pixel_mse(r[None].expand(len(chunk), *r.shape), chunk, ds.mean, ds.std)
+                                   for chunk in local.split(4096)]) for r in recs])  # fmt: skip
+    rows, cols = linear_sum_assignment(cost.double().numpy())
+    at = dict(zip(rows.tolist(), cols.tolist(), strict=True))
+    return [(float(cost[j, at[j]]), at[j]) for j in range(len(recs))]
+
+
+def _pixel_box(ds: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pixel range [0, 1] in the dataset's normalized input space, as (low, high) of shape (1, C, 1, 1)."""
+    m, s = torch.tensor(ds.mean).view(1, -1, 1, 1), torch.tensor(ds.std).view(1, -1, 1, 1)
+    return (0 - m) / s, (1 - m) / s
 
 
 def _batch(mcfg: Any, local: int) -> int:
@@ -225,7 +256,7 @@ def reconstruction_attack(
     """Attack every observed upload of round 1 (at most ``samples`` clients); returns the
     per-attack median/mean MSE, PSNR and label accuracy, baselines, and per-client results.
     ``optimizer``: ``dlg`` (L2 matching, L-BFGS) or ``ig`` (Inverting Gradients: cosine + TV,
-    Adam; attack names get ``ig`` / ``-ig``)."""
+    Adam, projected onto the pixel box [0, 1]; attack names get ``ig`` / ``-ig``)."""
     if optimizer not in ("dlg", "ig"):
         raise ConfigError(f"optimizer {optimizer!r}; expected 'dlg' or 'ig'")
     built = run.built
@@ -239,6 +270,7 @@ def reconstruction_attack(
     _warn_delta_is_not_a_gradient(name, built, views)
     mean_img = _mean_image(built)
     gray = ((0.5 - torch.tensor(ds.mean)) / torch.tensor(ds.std)).view(1, -1, 1, 1).expand_as(mean_img)
+    box = _pixel_box(ds)
     results: dict[str, list[dict[str, Any]]] = {}
     base_mean, base_gray, base_typical = [], [], []
     for i, view in enumerate(views):
@@ -248,31 +280,27 @@ def reconstruction_attack(
         dense, masks = unpack_model_arrays(dict(view.model), state, who="the observed broadcast")
         model.load_state_dict({k: dense.get(k, v) for k, v in state.items()})
         model.train()
-        base_mean.append(_nearest(mean_img, x_true, ds)[0])
-        base_gray.append(_nearest(gray, x_true, ds)[0])
+        b = _batch(built.method_config, x_true.shape[0])
+        base_mean += [m for m, _ in match_images(mean_img.expand(b, *mean_img.shape[1:]), x_true, ds)]
+        base_gray += [m for m, _ in match_images(gray.expand(b, *gray.shape[1:]), x_true, ds)]
         base_typical.append(float(pixel_mse(mean_img.expand_as(x_true), x_true, ds.mean, ds.std).mean()))
         clipped = privacy_config(built.config).enabled
         for attack, target, idlg in _targets(name, view, model, built.method_config, masks, clipped=clipped):
-            b = _batch(built.method_config, x_true.shape[0])
             labels = idlg_labels(target.grads, model) if idlg and b == 1 and isinstance(target, GradientTarget) else None
             gen = generator(seed, "attack", attack, view.rnd, view.cid)
             if optimizer == "ig":
                 attack = "ig" if attack == "dlg" else f"{attack}-ig"
                 rec = invert_ig(model, target, input_shape=shape, num_classes=classes, batch=b, labels=labels,
-                                iterations=iterations, generator=gen)  # fmt: skip
+                                iterations=iterations, bounds=box, generator=gen)  # fmt: skip
             else:
                 rec = invert(model, target, input_shape=shape, num_classes=classes, batch=b, labels=labels,
                              iterations=iterations, generator=gen)  # fmt: skip
-            mse = []
-            label_hits = 0
-            for j in range(b):  # each reconstruction against the closest image of the client's local set
-                m, at = _nearest(rec.x[j : j + 1], x_true, ds)
-                mse.append(m)
-                label_hits += int(rec.labels[j] == y_true[at])
+            matched = match_images(rec.x, x_true, ds)
+            label_hits = sum(int(rec.labels[j] == y_true[at]) for j, (_, at) in enumerate(matched))
             results.setdefault(attack, []).append({
-                "cid": view.cid, "mse": mse, "label_accuracy": label_hits / b,
+                "cid": view.cid, "mse": [m for m, _ in matched], "label_accuracy": label_hits / b,
                 "match_loss": rec.loss, "masked": view.masked, "x": rec.x,
-                "truth": torch.stack([x_true[_nearest(rec.x[j : j + 1], x_true, ds)[1]] for j in range(b)]),
+                "truth": torch.stack([x_true[at] for _, at in matched]),
             })  # fmt: skip
         if progress is not None:
             progress(i + 1, len(views))
@@ -325,8 +353,7 @@ def activation_inversion(
     steps, split = _edge_view(run, "activation inversion")
     ds = built.dataset
     shape = tuple(ds.input_shape)
-    m, s = torch.tensor(ds.mean).view(1, -1, 1, 1), torch.tensor(ds.std).view(1, -1, 1, 1)
-    bounds = ((0 - m) / s, (1 - m) / s)
+    bounds = _pixel_box(ds)
     clip = mcfg.dp.clip if mcfg.dp is not None else None
     mean_img = _mean_image(built)
     gray = ((0.5 - torch.tensor(ds.mean)) / torch.tensor(ds.std)).view(1, -1, 1, 1).expand_as(mean_img)
@@ -345,10 +372,10 @@ def activation_inversion(
                                  iterations=iterations, generator=generator(seed, "attack", "eppfl-inversion", cid))  # fmt: skip
         data = built.clients[cid]
         x_true = data.x[data.indices]
-        per = [_nearest(rec.x[j : j + 1], x_true, ds) for j in range(b)]
+        per = match_images(rec.x, x_true, ds)
         mse += [p[0] for p in per]
-        base_mean.append(_nearest(mean_img, x_true, ds)[0])
-        base_gray.append(_nearest(gray, x_true, ds)[0])
+        base_mean += [m for m, _ in match_images(mean_img.expand(b, *mean_img.shape[1:]), x_true, ds)]
+        base_gray += [m for m, _ in match_images(gray.expand(b, *gray.shape[1:]), x_true, ds)]
         clients.append({"cid": cid, "mse": [p[0] for p in per], "match_loss": rec.loss, "released": list(a.shape)})
         truths.append(torch.stack([x_true[p[1]] for p in per]))
         recs.append(rec.x)

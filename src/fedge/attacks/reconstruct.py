@@ -193,12 +193,18 @@ def invert_ig(
     iterations: int = 1000,
     tv: float = 1e-2,
     lr: float = 0.1,
+    bounds: tuple[Tensor, Tensor] | None = None,
     generator: torch.Generator,
 ) -> Reconstruction:
     """Inverting Gradients (Geiping et al. 2020): cosine matching loss + ``tv`` · total
     variation, Adam on the signed gradient of the dummy data (their Sec. 4), learning rate
     decayed ×0.1 at 3/8, 5/8 and 7/8 of the iterations. Soft labels are optimized jointly
-    when ``labels`` is None. Returns the last iterate (the objective includes the prior)."""
+    when ``labels`` is None. Returns the last iterate (the objective includes the prior).
+
+    ``bounds``: (low, high), broadcastable to the dummy batch — the valid pixel range [0, 1]
+    in the model's normalized input space. Their Eq. 4 minimizes over x ∈ [0, 1]^n, and their
+    code projects the dummy data onto that box after every step (its default ``boxed``); so
+    does this, when given. The dummy start (N(0, I)) is not projected, as theirs is not."""
     params, names, x, y_logits, variables = _dummy_start(
         model, target, input_shape, num_classes, batch, labels, generator
     )
@@ -214,6 +220,9 @@ def invert_ig(
         x.grad.sign_()  # type: ignore[union-attr]
         opt.step()
         sched.step()
+        if bounds is not None:
+            with torch.no_grad():
+                x.copy_(torch.maximum(torch.minimum(x, bounds[1]), bounds[0]))
         value = float(objective.detach())
     guess = labels if labels is not None else y_logits.detach().argmax(-1)
     return Reconstruction(x.detach().clone(), guess, value, iterations)

@@ -16,6 +16,7 @@ from pydantic import Field
 
 from fedge.core.context import ClientContext
 from fedge.core.messages import Message
+from fedge.core.rng import GlobalStream
 from fedge.methods.base import MethodConfigBase, load_arrays, split_trainable, unpack_model_arrays
 
 __all__ = ["ClientOptimizerConfig", "GradientFn", "LocalTraining", "LocalTrainingOptions", "backprop_gradient_fn"]
@@ -119,9 +120,6 @@ def backprop_gradient_fn(
     return float(loss.detach()), grads
 
 
-_DROPOUT_SALT = 0x5EED_D809  # separates the dropout stream's seed from the client generator's own
-
-
 class LocalTraining:
     """Client program: load the global model, run local steps, upload the model delta.
 
@@ -198,11 +196,10 @@ class LocalTraining:
         losses: list[float] = []
         steps = 0
         # Dropout (vgg9, wrn) draws from torch's global RNG, which no generator of the run fixes:
-        # seeded here from the client's own generator's seed (not drawn from it, so the batch
-        # order is untouched), a client step is the same in the engine's process, a worker, a
+        # a stream seeded from the client's own generator's seed (not drawn from it, so the batch
+        # order is untouched) makes a client step the same in the engine's process, a worker, a
         # Flower node or after a resume. A model without random layers never reads it.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(ctx.generator.initial_seed() ^ _DROPOUT_SALT)
+        with GlobalStream(ctx.generator).active():
             for _ in range(self.local_epochs):
                 for batch in ctx.data.batches(self.batch_size, generator=ctx.generator):
                     loss, grads = self.gradient_fn(model, batch, ctx, self.masks)

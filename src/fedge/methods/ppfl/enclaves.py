@@ -42,9 +42,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedge.core import messages as messages_mod
+from fedge.core import rng as rng_mod
 from fedge.core.context import PartyContext
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
+from fedge.core.rng import GlobalStream
 from fedge.methods.ppfl import stages as stages_mod
 from fedge.methods.ppfl.stages import Stage, StageNet, stage_net
 from fedge.privacy import tee
@@ -106,12 +108,13 @@ class EnclaveSpec:
         """SHA-256 over the code the enclaves run and their configuration (``self.config``:
         the method's config, so lr, momentum and ``min_cohort`` the enclaves apply). The code:
         this module, the stages, the channel, memory accounting, attestation, the key
-        agreement, the message encoding the enclaves parse, and the model's code (the module
-        building it and those defining its layers)."""
+        agreement, the message encoding the enclaves parse, the derived randomness (the stage
+        heads' initialisation, the dropout stream) and the model's code (the module building it
+        and those defining its layers)."""
         import fedge.methods.ppfl.enclaves as me
 
-        return measure([me, stages_mod, tee.channel, tee.memory, tee.attest, keys_mod, messages_mod, *self.model_modules()],
-                       {"role": role, **self.config})  # fmt: skip
+        return measure([me, stages_mod, tee.channel, tee.memory, tee.attest, keys_mod, messages_mod, rng_mod,
+                        *self.model_modules()], {"role": role, **self.config})  # fmt: skip
 
     def model_modules(self) -> list[ModuleType]:
         """The modules of the model's code: where ``model_fn`` is defined and where each of the
@@ -171,6 +174,28 @@ def _store_sealed(ctx: PartyContext, label: bytes, msg: Message) -> None:
     ctx.state["sealed"] = seal_blob(hardware_key(label.decode()), msg.to_bytes(), label=label)
 
 
+def _client_label(ctx: PartyContext) -> bytes:
+    return f"client-{ctx.key}".encode()
+
+
+def _seal_session(ctx: PartyContext, ch: SealedChannel, budget: int | None = None) -> None:
+    """The client enclave's sealed session record: its session key, the channel's counters
+    and (once a ``begin`` fixed it) its memory budget; every other field of its state goes."""
+    record: dict[str, Any] = {"key": ch.key, "send": ch.send_ctr, "recv": ch.recv_ctr}
+    if budget is not None:
+        record["budget"] = budget
+    _store_sealed(ctx, _client_label(ctx), Message(config=record))
+
+
+def _open_session(ctx: PartyContext) -> tuple[SealedChannel, int | None]:
+    """What :func:`_seal_session` stored: the channel and the memory budget (None: none fixed yet)."""
+    saved = _load_sealed(ctx, _client_label(ctx)).config
+    if "key" not in saved:
+        raise MessageError(f"client enclave {ctx.key}: no attested session; attest first")
+    ch = SealedChannel(saved["key"], int(ctx.key), UP, _cv(saved, "send", int), _cv(saved, "recv", int))  # type: ignore[arg-type]
+    return ch, _cv(saved, "budget", int) if "budget" in saved else None
+
+
 def open_eval_blob(blob: bytes) -> dict[str, torch.Tensor]:
     """Inside the server enclave (an ECALL for evaluation): the stage model's arrays."""
     return _unpack(open_blob(hardware_key("server"), blob, label=b"eval")).arrays
@@ -185,6 +210,7 @@ class _Training:
     rnd: int
     stage: int
     budget: int
+    dropout: GlobalStream  # the stream nn.Dropout draws from (see ClientEnclave)
     samples: int = 0
     loss_sum: float = 0.0
     seal_s: float = 0.0
@@ -209,6 +235,12 @@ class ClientEnclave:
       time only. The sample count and the step's mean training loss (one scalar per client
       step, weighted into the round's ``train_loss`` by the server enclave) go inside the
       sealed upload.
+
+    Random layers (vgg9's dropouts) draw from a :class:`~fedge.core.rng.GlobalStream` seeded
+    from the enclave's own generator when ``begin`` opens the stage model and carried from one
+    ``batch`` to the next, not from torch's global RNG, so a client step trains the same
+    whatever ran before it in the process (another client, another run); as in
+    :class:`fedge.methods.local.LocalTraining`. A model without random layers never reads it.
     """
 
     def __init__(self, spec: EnclaveSpec) -> None:
@@ -216,7 +248,6 @@ class ClientEnclave:
         self._live: _Training | None = None  # only within one client step (the enclave's RAM)
 
     def handle(self, msg: Message, ctx: PartyContext) -> Message:
-        label = f"client-{ctx.key}".encode()
         op = msg.config.get("op")
         if op == "attest":
             c = msg.config
@@ -225,28 +256,25 @@ class ClientEnclave:
             verify_report(server, expected=self.spec.measurement("server"), nonce=SERVER_HELLO_NONCE)
             keys = KeyPair.generate()
             key = session_key(keys, server.public_key, client=int(ctx.key))  # type: ignore[arg-type]
-            _store_sealed(ctx, label, Message(config={"key": key, "send": 0, "recv": -1}))
+            _seal_session(ctx, SealedChannel(key, int(ctx.key), UP))  # type: ignore[arg-type]
             r = sign_report(self.spec.measurement("client"), keys.public, _cv(c, "challenge", bytes))
             return Message(config={"measurement": r.measurement, "pk": r.public_key, "signature": r.signature})
         if op == "begin":
-            saved = _load_sealed(ctx, label).config
-            if "key" not in saved:
-                raise MessageError(f"client enclave {ctx.key}: no attested session; attest first")
-            ch = SealedChannel(saved["key"], int(ctx.key), UP, _cv(saved, "send", int), _cv(saved, "recv", int))  # type: ignore[arg-type]
+            ch, sealed_budget = _open_session(ctx)
             c = msg.config
             lr, momentum = float(self.spec.config["lr"]), float(self.spec.config["momentum"])
             for k, v in (("lr", lr), ("momentum", momentum)):
                 if k in c and _cv(c, k, float) != v:
                     raise MessageError(f"client enclave {ctx.key}: 'begin' asks for {k}={c[k]!r}, but the attested "
                                        f"configuration says {v!r}; refused (the REE cannot change how the enclave trains)")  # fmt: skip
-            budget = _cv(saved, "budget", int) if "budget" in saved else _cv(c, "budget", int)
+            budget = sealed_budget if sealed_budget is not None else _cv(c, "budget", int)
             if "budget" in c and _cv(c, "budget", int) != budget:
                 raise MessageError(f"client enclave {ctx.key}: 'begin' gives a memory budget of {c['budget']!r} bytes, "
                                    f"but this enclave was created with {budget}; refused")  # fmt: skip
             rnd, stage = _cv(c, "rnd", int), _cv(c, "stage", int)
             arrays = _unpack(ch.open(_cv(c, "blob", bytes), rnd=rnd, stage=stage)).arrays
             # the broadcast is consumed now: the same blob sent again is a replay
-            _store_sealed(ctx, label, Message(config={"key": ch.key, "send": ch.send_ctr, "recv": ch.recv_ctr, "budget": budget}))
+            _seal_session(ctx, ch, budget)
             mem = EnclaveMemory(budget, who=f"client {ctx.key}'s enclave")
             net = self.spec.net(stage, arrays).train()
             params = [p for p in net.parameters()]
@@ -256,7 +284,7 @@ class ClientEnclave:
             if momentum > 0:
                 mem.alloc_tensors("optimizer", params)
             opt = torch.optim.SGD(params, lr=lr, momentum=momentum)
-            self._live = _Training(net, opt, mem, ch, rnd, stage, budget)
+            self._live = _Training(net, opt, mem, ch, rnd, stage, budget, GlobalStream(ctx.generator))
             return Message(metrics={"ok": 1})
         if op == "batch":
             t = self._require()
@@ -269,11 +297,12 @@ class ClientEnclave:
                 acts += tensor_bytes([out])
 
             hs = [m.register_forward_hook(hook) for m in t.net.modules() if not list(m.children())]
-            try:
-                logits = t.net(x)
-            finally:
-                for h in hs:
-                    h.remove()
+            with t.dropout.active():
+                try:
+                    logits = t.net(x)
+                finally:
+                    for h in hs:
+                        h.remove()
             t.memory.alloc("activations", 2 * acts)  # outputs kept for backward, and their gradients
             loss = F.cross_entropy(logits, y)
             t.opt.zero_grad()
@@ -290,8 +319,7 @@ class ClientEnclave:
             stats = {"samples": t.samples, "loss": t.loss_sum / max(1, t.samples)}  # for the server enclave only
             blob = t.channel.seal(_pack(t.net.state_dict(), metrics=stats), rnd=t.rnd, stage=t.stage)
             t.seal_s += time.perf_counter() - t0
-            _store_sealed(ctx, label, Message(config={"key": t.channel.key, "send": t.channel.send_ctr,
-                                                      "recv": t.channel.recv_ctr, "budget": t.budget}))  # fmt: skip
+            _seal_session(ctx, t.channel, t.budget)
             self._live = None
             return Message(config={"upload": blob}, metrics={"peak": t.memory.peak, "seal_s": t.seal_s})
         raise MessageError(f"client enclave: unknown op {op!r}")

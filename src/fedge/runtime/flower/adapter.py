@@ -51,6 +51,21 @@ node that fails the handshake (e.g. one the SuperLink answers for as offline) is
 node. Nodes are matched to clients once, on connecting: a SuperNode restarted during a run
 registers under a new node id and is addressed again only when the run is resumed.
 
+Late replies. Replies are matched to the message they answer (``reply_to_message_id``), and
+Flower's grids hand back only replies to the messages of the ``send_and_receive`` call that
+pulls them, so a reply that comes after its exchange stopped waiting is never taken for a later
+one. But its node may still be running that message: Flower's simulation engine runs a node's
+messages on as many workers as are free, each on a copy of the node's Context that it writes
+back when the step returns, so a second message to the node would run beside the first and one
+of their states would be lost. So a client whose message got no reply is sent nothing more
+until the grid has its reply (pulled by its message id before the client's next message): the
+client fails the exchanges it is addressed in meanwhile ("still busy"), like any failed
+client; a node that never answers is busy until the SuperLink answers for it with an error
+(it went offline, or the message's TTL ran out: 12 h, Flower's default). The late reply itself is not used (a warning names it); the node keeps the state that
+step left, fetched at the next checkpoint. A message the SuperLink refused (no message id back
+from ``push_messages``) is answered by the SuperLink with an error when pulled, which ends the
+wait for it; its client has failed the exchange.
+
 Checkpoints and resuming. A client's persistent state lives on its node; a reply says when the
 node holds one (``has_state``), and when the engine checkpoints (:meth:`FlowerSimulation.state_dict`,
 after every round) the server fetches the states changed since the last checkpoint with a
@@ -240,6 +255,8 @@ class FlowerSimulation(Simulation):
         self.backend, self.node_app, self.cpus = backend, node_app, cpus
         self.nodes: dict[int, int] = {}  # cid -> node id
         self._changed: set[int] = set()  # clients whose node state changed since the last checkpoint
+        # cid -> (message id, what it was, a step?) of a message left without a reply: its node may still run it
+        self._late: dict[int, tuple[str, str, bool]] = {}
         self._restore: dict[int, bytes] = {}  # states to put on the nodes before the first round (resume)
         self._wire = [0, 0, 0]  # Flower bytes down, up; party-state bytes carried (both ways) this round
 
@@ -291,12 +308,14 @@ class FlowerSimulation(Simulation):
         assert self.grid is not None
         msgs = [Message(RecordDict({RECORD: ConfigRecord({"cid": cid, **c})}), dst_node_id=self.nodes[cid],
                         message_type=f"query.{action}", group_id=action) for cid, c in content.items()]  # fmt: skip
-        by_cid = self._by_client(msgs, list(content), self.grid.send_and_receive(msgs, timeout=self.timeout))
-        out, failed = {}, {}
+        by_cid, failed = self._send(msgs, list(content), f"the {action} query", step=False)
+        out = {}
         for cid in content:
+            if cid in failed:  # its node is still busy
+                continue
             reply = by_cid.get(cid)
             if reply is None or reply.has_error():
-                failed[cid] = "no reply" if reply is None else reply.error.reason
+                failed[cid] = "no reply" if reply is None else str(reply.error.reason)
             else:
                 out[cid] = reply.content.config_records[RECORD]
         if failed and strict:
@@ -325,7 +344,7 @@ class FlowerSimulation(Simulation):
                     RuntimeWarning,
                     stacklevel=2,
                 )
-            self._changed.clear()
+            self._changed = set(unfetched) & set(self._late)  # still busy: asked again at the next checkpoint
         return super().state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -338,19 +357,23 @@ class FlowerSimulation(Simulation):
     def _run_clients(self, rnd: int, phase: int, messages: list[tuple[int, bytes]]) -> tuple[dict[int, _Result], dict[int, str]]:
         if self.grid is None:
             raise RuntimeError("FlowerSimulation is not connected to a grid; call run() or connect(grid)")
-        out = []
+        out, sizes = [], {}  # sizes: Flower bytes down, party-state bytes carried down, by client
         for cid, b in messages:
             content: dict[str, Any] = {"cid": cid, "rnd": rnd, "phase": phase, "message": b}
             carried = {f"party.{k}": v for k, v in self._party_states_for(cid).items() if v is not None}
-            self._wire[2] += sum(len(v) for v in carried.values())
             content.update(carried)
             m = Message(RecordDict({RECORD: ConfigRecord(content)}), dst_node_id=self.nodes[cid], message_type="train",
                         group_id=f"{rnd}.{phase}")  # fmt: skip
-            self._wire[0] += _flower_size(m)
+            sizes[cid] = (_flower_size(m), sum(len(v) for v in carried.values()))
             out.append(m)
         cids = [cid for cid, _ in messages]
-        by_cid = self._by_client(out, cids, self.grid.send_and_receive(out, timeout=self.timeout))
-        failed = self._failures(cids, by_cid)
+        by_cid, busy = self._send(out, cids, f"round {rnd}, exchange {phase + 1}", step=True)
+        for cid in cids:
+            if cid not in busy:  # sent
+                self._wire[0] += sizes[cid][0]
+                self._wire[2] += sizes[cid][1]
+        failed = {cid: f"node {self.nodes[cid]}: {why}" for cid, why in busy.items()}
+        failed.update(self._failures([cid for cid in cids if cid not in busy], by_cid))
         self._changed.update(failed)  # a node whose reply was lost may have run the step: fetch its state too
         results = {}
         for i, cid in enumerate(c for c in cids if c not in failed):
@@ -372,14 +395,52 @@ class FlowerSimulation(Simulation):
                 self.on_progress(rnd, phase, i + 1, len(messages))
         return results, failed
 
+    def _send(self, msgs: list[Message], cids: list[int], what: str, *, step: bool) -> tuple[dict[int, Message], dict[int, str]]:
+        """Send client ``cids[i]`` the message ``msgs[i]`` (``what``: for messages; ``step``: a
+        client step, not a query), except to clients whose node has not answered an earlier
+        message yet (see "Late replies" in the module doc): the replies by client, and why each
+        client not sent its message failed."""
+        assert self.grid is not None
+        busy = self._settle(cids)
+        sent = [(m, cid) for m, cid in zip(msgs, cids, strict=True) if cid not in busy]
+        replies = self.grid.send_and_receive([m for m, _ in sent], timeout=self.timeout) if sent else []
+        by_cid = self._by_client([m for m, _ in sent], [cid for _, cid in sent], replies)
+        for m, cid in sent:
+            if cid not in by_cid and m.metadata.message_id:  # its node may still be running it
+                self._late[cid] = (m.metadata.message_id, what, step)
+        return by_cid, busy
+
+    def _settle(self, cids: Iterable[int]) -> dict[int, str]:
+        """Pull the replies still owed to ``cids`` (by the message ids they answer): a client whose
+        reply is in is free again, its reply not used (a warning says so when its node ran a
+        step); the others are still busy, each with why."""
+        assert self.grid is not None
+        owed = {self._late[cid][0]: cid for cid in cids if cid in self._late}
+        if owed:
+            for reply in self.grid.pull_messages(list(owed)):
+                cid = owed.get(reply.metadata.reply_to_message_id)
+                if cid is None or cid not in self._late:
+                    continue
+                _, what, step = self._late.pop(cid)
+                if reply.has_error() or not step:
+                    continue  # the node failed that message, or answered a query: no step ran
+                self._changed.add(cid)  # the step ran on the node: its state is fetched at the next checkpoint
+                within = f"the {self.timeout:g} s clients.reply_timeout" if self.timeout is not None else "its exchange"
+                warnings.warn(f"client {cid} (node {self.nodes[cid]}) answered {what} after {within}; the reply "
+                              "is not used (that exchange went on without it), the node keeps the state the step left",
+                              RuntimeWarning, stacklevel=4)  # fmt: skip
+        return {cid: f"still busy with {self._late[cid][1]}, which it has not answered; sent nothing more until it does"
+                for cid in cids if cid in self._late}  # fmt: skip
+
     def _by_client(self, sent: list[Message], cids: list[int], replies: Iterable[Message]) -> dict[int, Message]:
-        """The replies by client: matched to the message they answer (a SuperLink answers for a
-        node it found offline, from its own node id), else by the node they come from."""
+        """The replies by client, matched to the message they answer (a SuperLink answers for a
+        node it found offline from its own node id, so the sender says nothing). A reply that
+        answers none of ``sent`` (the SuperLink's error for a message it refused, which has no
+        message id) is left out."""
         asked = {m.metadata.message_id: cid for m, cid in zip(sent, cids, strict=True) if m.metadata.message_id}
-        of_node = {self.nodes[cid]: cid for cid in cids}
         out: dict[int, Message] = {}
         for r in replies:
-            cid = asked.get(r.metadata.reply_to_message_id, of_node.get(r.metadata.src_node_id))
+            cid = asked.get(r.metadata.reply_to_message_id)
             if cid is not None:
                 out[cid] = r
         return out
@@ -387,13 +448,17 @@ class FlowerSimulation(Simulation):
     def _failures(self, cids: list[int], by_cid: Mapping[int, Message]) -> dict[int, str]:
         """Why each addressed client gave no result: no reply (within the timeout), or an error
         reply (a SuperLink's for a node it found offline, or the ClientApp's exception). The
-        engine then goes on without them, or stops the round (``Simulation._check_failures``)."""
+        engine then goes on without them, or stops the round (``Simulation._check_failures``).
+        Without a timeout, Flower's grids return without a reply only for a message the
+        SuperLink did not accept (``InMemoryGrid`` leaves its id out; ``HttpGrid`` gets the id
+        ``""``, whose pull the SuperLink answers with an error that names no message)."""
         bad = {}
         for cid in cids:
             reply = by_cid.get(cid)
             if reply is None:
-                within = f" within {self.timeout:g} s" if self.timeout is not None else ""
-                bad[cid] = f"node {self.nodes[cid]}: no reply{within}"
+                why = (f"within {self.timeout:g} s" if self.timeout is not None else
+                       "(its message was not accepted, e.g. the node is no longer registered)")  # fmt: skip
+                bad[cid] = f"node {self.nodes[cid]}: no reply {why}"
             elif reply.has_error():
                 bad[cid] = f"node {self.nodes[cid]}: {reply.error.reason}"
         return bad
