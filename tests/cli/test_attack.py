@@ -42,6 +42,35 @@ def test_mia_on_the_final_model(tmp_path: Path) -> None:
     assert data["members"] == 50 and data["non_members"] == 50 and 0 <= data["auc"] <= 1
 
 
+def test_mia_reads_the_trained_clients_from_the_run_and_replays_only_an_older_run(tmp_path: Path, monkeypatch) -> None:
+    """Prepare: 4 clients, 1 a round, 2 rounds (oracle: the engine's sampler). Assert: the
+    summary records each sampled client's first round; the attack uses that record (no
+    re-run); a summary without it (an older run) is re-run and gives the same members."""
+    import fedge.cli.attack as cli_attack
+    from fedge.runtime.engine import sample_clients
+
+    run = _run(tmp_path, "--set", "method.name=fedavg", "--set", "rounds=2", "--set", "clients.num=4",
+               "--set", "clients.per_round=1")  # fmt: skip
+    summary = json.loads((run / "summary.json").read_text())
+    picked = {r: sample_clients(0, r, 4, 1)[0] for r in (1, 2)}
+    assert summary["first_aggregated"] == {str(c): min(r for r in picked if picked[r] == c) for c in set(picked.values())}
+    real_replay = cli_attack.replay
+
+    def no_replay(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("re-ran the run although its summary records the clients")
+
+    monkeypatch.setattr(cli_attack, "replay", no_replay)
+    first = runner.invoke(app, ["attack", str(run), "--attack", "mia", "--samples", "4"])
+    assert first.exit_code == 0, first.output
+    recorded = json.loads((run / "attacks" / "mia.json").read_text())
+    del summary["first_aggregated"]
+    (run / "summary.json").write_text(json.dumps(summary))
+    monkeypatch.setattr(cli_attack, "replay", real_replay)
+    again = runner.invoke(app, ["attack", str(run), "--attack", "mia", "--samples", "4"])
+    assert again.exit_code == 0, again.output
+    assert json.loads((run / "attacks" / "mia.json").read_text())["auc"] == recorded["auc"]
+
+
 def test_bad_attack_name_and_missing_run_exit_2(tmp_path: Path) -> None:
     bad = runner.invoke(app, ["attack", str(tmp_path), "--attack", "zzz"])
     assert bad.exit_code == 2 and "zzz" in bad.output

@@ -456,3 +456,53 @@ def test_a_skipped_round_is_told_to_the_strategy_after_the_restore():
 def test_without_min_replies_nothing_changes():
     assert "clients_failed" not in _sim().run_round(1)
     assert _lossy(dropout=0.0).run_round(1)["clients_failed"] == 0
+
+
+def _first_aggregated(cfg, rounds):  # noqa: ANN001, ANN202
+    """Run ``rounds`` rounds of ``cfg``: the engine's first_aggregated record and the round lines."""
+    import warnings
+
+    from fedge.experiment.build import build_run
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sim = build_run(cfg).simulation()
+    lines = [sim.run_round(t) for t in range(1, rounds + 1)]
+    sim.close()
+    return {int(c): r for c, r in sim.record.extra["first_aggregated"].items()}, lines
+
+
+def test_the_record_notes_each_clients_first_aggregated_round_not_the_dropped_nor_a_skipped_round() -> None:
+    """Oracle: the engine's own sampler and dropout draws. Prepare: 3 of 4 clients a round,
+    each dropping out with p = 0.4, a round needing 2 replies. Assert: each client's first
+    completed round among those that sampled it and did not lose it; a skipped round notes no one."""
+    from fedge.attacks.harness import attack_config
+
+    cfg = attack_config({"name": "fedavg", "local_epochs": 1, "batch_size": 2}, clients=4, per_client=2,
+                        dataset="digits", model="lenet", rounds=6)  # fmt: skip
+    cfg = cfg.model_copy(update={"clients": cfg.clients.model_copy(update={"per_round": 3, "dropout": 0.4, "min_replies": 2})})
+    first, lines = _first_aggregated(cfg, cfg.rounds)
+    expected: dict[int, int] = {}
+    for r in range(1, cfg.rounds + 1):
+        replied = [c for c in sample_clients(cfg.seed, r, 4, 3) if not drops_out(cfg.seed, 0.4, r, 0, c)]
+        if len(replied) >= 2:
+            for c in replied:
+                expected.setdefault(c, r)
+    assert first == expected
+    skipped = [i + 1 for i, line in enumerate(lines) if "round_skipped" in line]
+    assert skipped and not set(skipped) & set(first.values())  # exercised, and a skipped round notes no one
+    assert any(r > 1 for r in first.values())  # a client first aggregated after round 1
+
+
+def test_the_record_under_secure_aggregation_is_the_survivors() -> None:
+    """Clients that vanish after key agreement (``secagg_dropout``) replied to the first two
+    exchanges but are not in the sum: the strategy names the survivors, U3."""
+    from fedge.attacks.harness import attack_config
+    from fedge.core.rng import generator
+
+    method = {"name": "fedavg", "local_epochs": 1, "batch_size": 2, "secure_aggregation": True, "secagg_dropout": 0.25}
+    cfg = attack_config(method, clients=4, per_client=2, dataset="digits", model="lenet", rounds=1)
+    first, lines = _first_aggregated(cfg, 1)
+    gone = torch.randperm(4, generator=generator(cfg.seed, "secagg-dropout", 1))[:1].tolist()
+    assert sorted(first) == sorted(set(range(4)) - set(gone)) and set(first.values()) == {1}
+    assert lines[0]["secagg_survivors"] == 3

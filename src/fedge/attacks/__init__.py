@@ -17,8 +17,8 @@ a method's internals:
 - :mod:`fedge.attacks.membership`: membership inference on a released model (the final one,
   or the global model broadcast after any round, :func:`~fedge.attacks.harness.membership_by_round`): loss threshold
   (Yeom et al. 2018), shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022).
-  Members are samples of clients whose replies were aggregated (:class:`~fedge.attacks.observe.Participation`
-  records them as a replay runs): a client the run never sampled holds samples it never saw.
+  Members are samples of clients whose replies were aggregated (the engine records them, the
+  run summary's ``first_aggregated``): a client the run never sampled holds samples it never saw.
 - :mod:`fedge.attacks.property`: property inference from uploads (Melis et al. 2019).
 - :mod:`fedge.attacks.completion`: the attacker's own classifier atop released feature layers
   (membership inference when the last layer is withheld, as PPFL can keep it in the TEEs).

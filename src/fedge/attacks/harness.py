@@ -39,13 +39,13 @@ from __future__ import annotations
 import math
 import statistics
 import warnings
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from fedge.attacks.observe import Observer, Participation, PartyObserved, ServerView, observe_parties, server_views
+from fedge.attacks.observe import Observer, PartyObserved, ServerView, observe_parties, server_views
 from fedge.attacks.reconstruct import (
     GradientTarget,
     baffle_projection,
@@ -59,7 +59,7 @@ from fedge.core.rng import generator
 from fedge.experiment.build import BuiltRun, build_run, privacy_config
 from fedge.methods.base import unpack_model_arrays
 
-__all__ = ["ATTACKABLE", "activation_inversion", "LEAKAGE_ROWS", "ObservedRun", "Replay", "attack_config", "edge_pia_attack", "eppfl_server_views", "released_activations", "leakage_table", "membership_attacks", "membership_by_round", "observe_run", "one_batch_clients", "pia_attack", "pixel_mse", "reconstruction_attack", "replay", "round_models", "shadow_models"]
+__all__ = ["ATTACKABLE", "activation_inversion", "LEAKAGE_ROWS", "ObservedRun", "Replay", "attack_config", "edge_pia_attack", "eppfl_server_views", "released_activations", "leakage_table", "match_images", "membership_attacks", "membership_by_round", "observe_run", "one_batch_clients", "pia_attack", "pixel_mse", "reconstruction_attack", "replay", "round_models", "shadow_models", "trained_by"]
 
 ATTACKABLE = ("fedsgd", "fedavg", "fedpt", "baffle", "ntk-baffle", "ppfl")
 SEALED = ("ppfl",)  # methods whose upload is an enclave-sealed ciphertext
@@ -607,16 +607,23 @@ def pia_attack(run: ObservedRun, *, prop: int = 0, aux_updates: int = 64, seed: 
 @dataclass(frozen=True)
 class Replay:
     """A run re-run from its own config (same seed, same data, so the same rounds): the global
-    model after each kept round, and per completed round the clients whose replies it
-    aggregated (:class:`~fedge.attacks.observe.Participation`; a skipped round is absent)."""
+    model after each kept round, and for each client the first completed round that aggregated
+    its reply (the engine's ``first_aggregated`` record,
+    :meth:`~fedge.runtime.engine.Simulation._record_aggregated`; a skipped round counts no one)."""
 
     models: dict[int, torch.nn.Module]
-    aggregated: dict[int, list[int]]
+    first_aggregated: dict[int, int]
 
     def trained_by(self, rnd: int) -> list[int]:
         """The clients aggregated in at least one completed round ``<= rnd``: those whose
         samples the global model after round ``rnd`` was trained on."""
-        return sorted({c for r, ids in self.aggregated.items() if r <= rnd for c in ids})
+        return trained_by(self.first_aggregated, rnd)
+
+
+def trained_by(first_aggregated: Mapping[Any, int], rnd: int) -> list[int]:
+    """The clients of a ``first_aggregated`` record (client id -> first round that aggregated
+    it; the run summary's, with string keys, or a :class:`Replay`'s) aggregated by round ``rnd``."""
+    return sorted(int(c) for c, r in first_aggregated.items() if r <= rnd)
 
 
 def _run_rounds(built: BuiltRun, rounds: int) -> torch.nn.Module:
@@ -626,22 +633,21 @@ def _run_rounds(built: BuiltRun, rounds: int) -> torch.nn.Module:
 def _replay(built: BuiltRun, keep: list[int]) -> Replay:
     """Run rounds 1..max(``keep``) and keep a copy of the global model after each round in
     ``keep``: the model the server broadcasts at the start of the next round (and, after the
-    last round, the released one); record who each round aggregated."""
+    last round, the released one); with the engine's record of who each round aggregated."""
     import copy  # noqa: PLC0415
 
     want = set(keep)
     out: dict[int, torch.nn.Module] = {}
-    recorder = Participation(built.method.strategy)
-    built = replace(built, method=replace(built.method, strategy=recorder))
     sim = built.simulation()
     try:
         for t in range(1, max(want) + 1):
             sim.run_round(t)
             if t in want:
-                out[t] = copy.deepcopy(recorder.eval_model())
+                out[t] = copy.deepcopy(sim.strategy.eval_model())
     finally:
         sim.close()
-    return Replay(out, recorder.aggregated)
+    first = sim.record.extra.get("first_aggregated", {})
+    return Replay(out, {int(c): r for c, r in first.items()})
 
 
 def replay(built: BuiltRun, rounds: list[int]) -> Replay:

@@ -22,9 +22,6 @@ over a device → edge link, not through the server) are observed by :func:`obse
 it wraps a method's :class:`~fedge.core.context.PartySpec` factories so that every message a
 party receives is recorded (:class:`PartyObserved`), as the party decodes it from the wire,
 before the party handles it — the view of an honest-but-curious edge server.
-
-:class:`Participation` records whose replies each completed round aggregated — what the server
-knows of whose data trained its model, and where membership inference must draw its members.
 """
 
 from __future__ import annotations
@@ -41,7 +38,7 @@ from fedge.core.context import PartyContext, PartySpec
 from fedge.core.messages import Message
 from fedge.core.protocols import Exchange, Round, Strategy, StrategyWrapper
 
-__all__ = ["Observed", "Observer", "Participation", "PartyObserved", "ServerView", "observe_parties", "server_views"]
+__all__ = ["Observed", "Observer", "PartyObserved", "ServerView", "observe_parties", "server_views"]
 
 
 def _copy(m: Message) -> Message:
@@ -81,35 +78,6 @@ class Observer(StrategyWrapper):
                     step += 1
                 item = gen.send(answer)
         except StopIteration as stop:
-            return stop.value
-
-
-class Participation(StrategyWrapper):
-    """Records, for every round that completes, the clients whose replies the server aggregated:
-    the wrapped strategy's :meth:`~fedge.core.protocols.Strategy.aggregated_clients` where it
-    names them (secure aggregation's survivors, PPFL's opened uploads, EPPFL's uploads not
-    lost), else the clients that replied to the round's last exchange. A client the round never
-    sampled, one that dropped out (``clients.dropout``) and every client of a skipped round
-    (``clients.min_replies``: the round ends in an error, never here) are absent. Draws nothing,
-    changes nothing: the run trains exactly as without it."""
-
-    def __init__(self, inner: Strategy) -> None:
-        super().__init__(inner)
-        self.aggregated: dict[int, list[int]] = {}  # round -> sorted client ids
-
-    def round(self, rnd: int, client_ids: list[int]) -> Round:
-        gen = self.inner.round(rnd, client_ids)
-        replied: list[int] = []
-        try:
-            item = next(gen)
-            while True:
-                answer = yield item
-                if isinstance(item, Exchange):
-                    replied = sorted(answer)
-                item = gen.send(answer)
-        except StopIteration as stop:
-            own = self.inner.aggregated_clients()
-            self.aggregated[rnd] = sorted(replied if own is None else own)
             return stop.value
 
 

@@ -16,9 +16,9 @@ released (kept, clipped, noisy) activations inverted to the input with the round
 (:mod:`fedge.attacks.inversion`). ``ig`` runs the
 same with Inverting Gradients' objective (cosine + total variation, Adam). ``mia`` runs the
 loss-threshold membership attack on the run's final model (training samples vs test samples;
-the members are samples of clients the run aggregated in at least one round, found by
-re-running its rounds from its config, so a run that samples clients or loses some is scored
-on samples the model did train on);
+the members are samples of clients the run aggregated in at least one round, as its summary
+records them — re-running its rounds from its config for a run written before that record —
+so a run that samples clients or loses some is scored on samples the model did train on);
 ``mia-shadow`` adds Shokri et al.'s shadow-model attack and offline LiRA, with ``--shadows``
 shadow models trained by the run's own config (another seed) on half of the test samples not
 used as non-members. With ``--rounds``/``--all-rounds`` the membership attacks run against
@@ -56,6 +56,7 @@ from fedge.attacks.harness import (
     pia_attack,
     reconstruction_attack,
     replay,
+    trained_by,
 )
 from fedge.cli.common import fail, one_line_warnings, out
 from fedge.core.config import load_config
@@ -144,14 +145,26 @@ def _mia_rounds(raw: dict[str, Any], rounds: list[int], samples: int, seed: int,
     return {"attack": f"{what}, against the global model broadcast after each round (the run re-run from its config)", **result}
 
 
+def _trained_clients(run_dir: Path, built: Any) -> list[int]:
+    """The clients whose samples the run's final model trained on: the run's own record
+    (``first_aggregated`` in summary.json), else — a run written before fedge recorded it — the
+    run's rounds re-run from its config (same seed and data, so the same clients; a Flower
+    deployment's node failures are not replayed). Trains ``built``'s strategy in that case."""
+    last = built.config.rounds
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if "first_aggregated" in summary:
+        return trained_by(summary["first_aggregated"], last)
+    with Progress(transient=True) as bar, one_line_warnings():
+        bar.add_task(f"re-running {last} rounds to find the clients the model trained on (the run predates its record)",
+                     total=None)  # fmt: skip
+        return replay(built, [last]).trained_by(last)
+
+
 def _mia(run_dir: Path, raw: dict[str, Any], samples: int, seed: int, shadows: int) -> dict[str, Any]:
     trained = load_trained_model(run_dir, withheld_ok=True)
     with one_line_warnings():
         built = build_run(load_config(raw))
-    last = built.config.rounds
-    with Progress(transient=True) as bar, one_line_warnings():  # members: samples of clients the run aggregated
-        bar.add_task(f"re-running {last} rounds to find the clients the model trained on", total=None)
-        who = replay(built, [last]).trained_by(last)  # (trains built's strategy: the attacks read its data only)
+    who = _trained_clients(run_dir, built)
     if not shadows:
         r = membership_attacks(built, trained.model, samples=samples, seed=seed, withheld=trained.withheld, trained=who)
         what = "loss-threshold (Yeom et al. 2018)"

@@ -149,6 +149,8 @@ def _summary(built: BuiltRun, sim: Simulation, lines: list[dict[str, Any]]) -> d
             "best_val_round": rec.extra["best_val_round"]} if "best_val_accuracy" in rec.extra else {}),  # fmt: skip
         **({"stopped": rec.extra["stopped"]} if "stopped" in rec.extra else {}),
         **({"skipped_rounds": rec.extra["skipped_rounds"]} if "skipped_rounds" in rec.extra else {}),
+        # client id -> the first round that aggregated it: whose samples the model trained on
+        **({"first_aggregated": rec.extra["first_aggregated"]} if "first_aggregated" in rec.extra else {}),
         **({"epsilon": lines[-1]["epsilon"], "delta": cfg.privacy.model_dump().get("delta", 1e-6)}
            if lines and "epsilon" in lines[-1] else {}),  # fmt: skip
         "total_bytes_down": rec.cum_bytes_down,

@@ -418,6 +418,7 @@ class Simulation:
         ids = self.sample(rnd)
         acc = _RoundTotals()
         exchanges = 0
+        replied: list[int] = []  # the clients that replied to the round's last exchange
         self._round_states.clear()
         self._failed, self._simulated = {}, set()
         # a round too short to complete is skipped under min_replies: the strategy as before it
@@ -438,6 +439,7 @@ class Simulation:
                         )
                     replies = self._exchange(rnd, exchanges, step.messages, acc)
                     exchanges += 1
+                    replied = sorted(replies)
                     step = rounds.send(replies)
                     del replies
                 elif isinstance(step, PartyCall):
@@ -446,6 +448,7 @@ class Simulation:
                     raise TypeError(f"round {rnd}: a strategy's round yields Exchange or PartyCall, got {type(step).__name__}")
         except StopIteration as stop:
             agg: dict[str, Any] = dict(stop.value or {})
+            self._record_aggregated(rnd, replied)
         except ShortRoundError as short:
             if before is None:
                 raise
@@ -501,6 +504,19 @@ class Simulation:
         line["client_wall_s"] = client.wall_s
         line["wall_s"] = time.perf_counter() - t0
         return line
+
+    def _record_aggregated(self, rnd: int, replied: list[int]) -> None:
+        """Note, for each client, the first completed round that aggregated its reply
+        (``record.extra["first_aggregated"]``, client id -> round): the clients the strategy
+        names (:meth:`~fedge.core.protocols.Strategy.aggregated_clients`: secure aggregation's
+        survivors, PPFL's opened uploads, EPPFL's uploads not lost), else those that replied to
+        the round's last exchange. A client never sampled, one that dropped out and every client
+        of a skipped round are absent: the global model after round r trained on the samples of
+        exactly the clients noted at a round <= r (membership inference draws its members there)."""
+        own = self.strategy.aggregated_clients()
+        first = self.record.extra.setdefault("first_aggregated", {})
+        for cid in replied if own is None else own:
+            first.setdefault(str(cid), rnd)  # str keys: the record is written as JSON
 
     def _evaluate(self, rnd: int, model: torch.nn.Module, line: dict[str, Any], *, prefix: str = "") -> dict[str, Any]:
         """``model``'s test figures (and validation figures, as ``val_*``) into ``line`` under
