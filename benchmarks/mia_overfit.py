@@ -3,7 +3,7 @@
 The privacy-leakage table's MIA cells are at chance because its tiny runs barely train. Here
 each method trains LeNet-5 on Fashion-MNIST with few samples per client and several local
 epochs, so that the released model has something to give away; the loss-threshold,
-shadow-model and offline-LiRA attacks (:func:`fedge.attacks.harness.membership_by_round`)
+shadow-model and offline-LiRA attacks (:func:`fedge.attacks.membership_run.membership_by_round`)
 run against the global model after rounds 1, R/2 and R (every method broadcasts it, so an
 honest-but-curious holder of the broadcasts sees each). Members: every training sample;
 non-members: as many test samples; shadows: runs of the same config with another seed on
@@ -20,8 +20,9 @@ from typing import Any
 
 import torch
 
-from fedge.attacks.harness import attack_config, membership_by_round
+from fedge.attacks.harness import attack_config
 from fedge.attacks.membership import chance_auc_std
+from fedge.attacks.membership_run import membership_by_round
 from fedge.bench.docs import update_section
 from fedge.bench.script import load_measurement, measurement_parser, measurement_settings, save_measurement
 from fedge.experiment.build import build_run

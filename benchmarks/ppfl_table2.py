@@ -17,7 +17,7 @@ Here every cell comes from running the attack on what the adversary observes in 
   local epochs, so that the end-to-end model fits its training set; PPFL trains layer-wise to
   the same number of rounds, local epochs, batch and learning rate (rounds split evenly over
   its stages). Loss threshold, Shokri-style shadow models and offline LiRA
-  (:func:`~fedge.attacks.harness.membership_by_round` on the final model), with the test
+  (:func:`~fedge.attacks.membership_run.membership_by_round` on the final model), with the test
   accuracy and train − test gap beside them.
 - **PIA** (the server, round 1): "class 0 occurs in the client's batch" on each upload
   (:func:`~fedge.attacks.harness.pia_attack`). For PPFL the run is made and its uploads
@@ -41,12 +41,12 @@ import torch
 from fedge.attacks.harness import (
     ObservedRun,
     attack_config,
-    membership_by_round,
     observe_run,
     pia_attack,
     reconstruction_attack,
 )
 from fedge.attacks.membership import chance_auc_std
+from fedge.attacks.membership_run import membership_by_round
 from fedge.attacks.table import objective_note
 from fedge.bench.docs import update_section
 from fedge.bench.script import load_measurement, measurement_parser, parse_settings, save_measurement
@@ -161,9 +161,9 @@ def mia_withheld(s: dict[str, Any], method: dict[str, Any]) -> dict[str, Any]:
     the released model gets its feature layers only, trains a classifier of its own atop them on
     its own data (the test samples not used as non-members, as the shadow models use) and runs
     the loss-threshold attack on the completed model, against the same members and non-members
-    as :func:`mia` (:func:`~fedge.attacks.harness.membership_attacks` with ``withheld``, what
+    as :func:`mia` (:func:`~fedge.attacks.membership_run.membership_attacks` with ``withheld``, what
     ``fedge attack --attack mia`` runs on a PPFL run that kept it)."""
-    from fedge.attacks.harness import membership_attacks, replay  # noqa: PLC0415
+    from fedge.attacks.membership_run import membership_attacks, replay  # noqa: PLC0415
 
     t = time.perf_counter()
     cfg = _cfg(s, method, clients=s["clients"], per_client=s["per_client"], test=s["test"], rounds=s["rounds"])

@@ -165,8 +165,8 @@ def test_mia_on_a_ppfl_run_that_kept_its_classifier_attacks_the_attackers_comple
     import yaml
 
     from fedge.attacks.completion import complete_classifier
-    from fedge.attacks.harness import _mia_split
     from fedge.attacks.membership import loss_threshold_attack
+    from fedge.attacks.membership_run import _mia_split
     from fedge.core.config import load_config
     from fedge.core.rng import generator
     from fedge.experiment.build import build_run

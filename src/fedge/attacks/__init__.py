@@ -15,7 +15,7 @@ a method's internals:
 - :mod:`fedge.attacks.inversion`: EPPFL's released (kept, clipped, noisy) activations
   inverted to the input with M_c (model inversion at the edge server).
 - :mod:`fedge.attacks.membership`: membership inference on a released model (the final one,
-  or the global model broadcast after any round, :func:`~fedge.attacks.harness.membership_by_round`): loss threshold
+  or the global model broadcast after any round, :func:`~fedge.attacks.membership_run.membership_by_round`): loss threshold
   (Yeom et al. 2018), shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022).
   Members are samples of clients whose replies were aggregated (the engine records them, the
   run summary's ``first_aggregated``): a client the run never sampled holds samples it never saw.
@@ -23,5 +23,7 @@ a method's internals:
 - :mod:`fedge.attacks.completion`: the attacker's own classifier atop released feature layers
   (membership inference when the last layer is withheld, as PPFL can keep it in the TEEs).
 - :mod:`fedge.attacks.harness`: one short instrumented run, the attacks, and the baselines.
+- :mod:`fedge.attacks.membership_run`: membership inference against a run's released or
+  broadcast models, members drawn from the clients it trained on, shadow models.
 - :mod:`fedge.attacks.table`: the leakage table of every method (DRA, MIA, PIA per row).
 """

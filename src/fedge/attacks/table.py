@@ -10,7 +10,7 @@ Each :class:`Row` is one method configuration. Per row:
   best attack's median pixel MSE beside the mean-image baseline.
 - **MIA**: the same method trained for ``mia_rounds`` rounds on ``mia_clients`` x
   ``mia_per_client`` samples; the loss-threshold, shadow-model and offline-LiRA attacks on the
-  final (released) model (:func:`~fedge.attacks.harness.membership_attacks`).
+  final (released) model (:func:`~fedge.attacks.membership_run.membership_attacks`).
   For EPPFL, whose server receives only a masked M_c, the edge server's view: each device's
   released activations inverted to the input (:func:`~fedge.attacks.harness.activation_inversion`);
   the aggregation server S_a's view is attacked too (``dra["server"]``: DLG on the masked
@@ -36,15 +36,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedge.attacks.harness import (
-    _replay,
     activation_inversion,
     attack_config,
     edge_pia_attack,
-    membership_attacks,
     observe_run,
     pia_attack,
     reconstruction_attack,
 )
+from fedge.attacks.membership_run import membership_attacks, replay
 from fedge.experiment.build import build_run
 
 __all__ = ["ROWS", "Row", "objective_note", "privacy_row", "privacy_table"]
@@ -178,7 +177,7 @@ def privacy_row(
         cfg = attack_config(row.method, clients=mia_clients, per_client=mia_per_client, dataset=dataset, model=row.model,
                             test=test, rounds=mia_rounds, privacy=row.privacy)  # fmt: skip
         built = _quiet(lambda: build_run(cfg))
-        rep = _quiet(lambda: _replay(built, [cfg.rounds]))
+        rep = _quiet(lambda: replay(built, [cfg.rounds]))
         model = rep.models[cfg.rounds]
         acc = _accuracy(model, built)
         r = _quiet(lambda: membership_attacks(built, model, samples=mia_samples, shadows=shadows,

@@ -49,15 +49,12 @@ from rich.progress import Progress
 from fedge.attacks.harness import (
     activation_inversion,
     edge_pia_attack,
-    membership_attacks,
-    membership_by_round,
     observe_run,
     one_batch_clients,
     pia_attack,
     reconstruction_attack,
-    replay,
-    trained_by,
 )
+from fedge.attacks.membership_run import membership_attacks, membership_by_round, replay, trained_by
 from fedge.cli.common import fail, one_line_warnings, out
 from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, FedgeError
