@@ -71,6 +71,20 @@ def test_mia_reads_the_trained_clients_from_the_run_and_replays_only_an_older_ru
     assert json.loads((run / "attacks" / "mia.json").read_text())["auc"] == recorded["auc"]
 
 
+def test_attacks_that_rerun_a_run_with_os_random_noise_warn(tmp_path: Path) -> None:
+    """A run whose DP noise came from the OS CSPRNG cannot be re-run exactly: dlg (which
+    re-runs round 1) says its figures describe a re-run; a seeded run gets no such warning."""
+    dp = ("--set", "method.name=fedsgd", "--set", "method.batch_size=1", "--set", "privacy.mechanism=gaussian",
+          "--set", "privacy.noise_multiplier=1.0")  # fmt: skip
+    secure = _run(tmp_path / "a", *dp, "--set", "privacy.secure_noise=true")
+    seeded = _run(tmp_path / "b", *dp)
+    warned = runner.invoke(app, ["attack", str(secure), "--attack", "dlg", "--iterations", "5", "--samples", "1"])
+    assert warned.exit_code == 0, warned.output
+    assert "OS CSPRNG (privacy.secure_noise: true)" in warned.output
+    quiet = runner.invoke(app, ["attack", str(seeded), "--attack", "dlg", "--iterations", "5", "--samples", "1"])
+    assert quiet.exit_code == 0 and "OS CSPRNG" not in quiet.output
+
+
 def test_bad_attack_name_and_missing_run_exit_2(tmp_path: Path) -> None:
     bad = runner.invoke(app, ["attack", str(tmp_path), "--attack", "zzz"])
     assert bad.exit_code == 2 and "zzz" in bad.output

@@ -31,14 +31,18 @@ members are the same for every listed round: samples of clients aggregated by th
 round (too few for ``--samples`` is an error naming the ways out). ``pia`` re-runs the run's config for ⌈samples / clients a round⌉ rounds
 with each client's local set cut to the one batch its upload is computed on, and infers from
 each upload whether ``--property-class`` occurs in that batch (Melis et al. 2019; auxiliary
-data: the test split).
+data: the test split). Every re-run assumes the run is reproducible from its config; one that
+drew its noise from the OS CSPRNG (``privacy.secure_noise``, EPPFL's ``method.dp.secure_noise``)
+is not, and the attacks that re-run it warn that their figures describe the re-run.
 Results go to ``RUN_DIR/attacks/NAME.json`` and, for ``dlg``, an image grid per attack
-(top: the closest image of the client's data; bottom: the reconstruction).
+(top: the client's image matched to the reconstruction, one to one for a batch; bottom: the
+reconstruction).
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -57,7 +61,7 @@ from fedge.attacks.harness import (
 from fedge.attacks.membership_run import membership_attacks, membership_by_round, replay, trained_by
 from fedge.cli.common import fail, one_line_warnings, out
 from fedge.core.config import load_config
-from fedge.core.errors import ConfigError, FedgeError
+from fedge.core.errors import ConfigError, FedgeError, PrivacyWarning
 from fedge.experiment.build import build_run
 from fedge.experiment.export import load_trained_model
 from fedge.experiment.rundir import RunDir
@@ -120,6 +124,28 @@ def _dlg(run_dir: Path, raw: dict[str, Any], iterations: int, samples: int, seed
     return result
 
 
+def _os_random(raw: dict[str, Any]) -> str | None:
+    """The config key that makes the run draw from the OS CSPRNG (so a re-run from its config
+    is another run of the same protocol, not this one), or None."""
+    if (raw.get("privacy") or {}).get("secure_noise"):
+        return "privacy.secure_noise"
+    dp = (raw.get("method") or {}).get("dp")
+    if isinstance(dp, dict) and dp.get("secure_noise"):
+        return "method.dp.secure_noise"
+    return None
+
+
+def _warn_if_not_replayable(raw: dict[str, Any]) -> None:
+    """These attacks re-run the run from its config (same seed, so the same uploads and
+    models): not so when it drew its noise (and client sample) from the OS CSPRNG."""
+    key = _os_random(raw)
+    if key is not None:
+        warnings.warn(f"the run drew its noise from the OS CSPRNG ({key}: true), so re-running it from its config, as "
+                      "this attack does, gives another run of the same protocol and seed, not the saved one: the "
+                      "figures describe that re-run (its uploads, its intermediate models), not the run's exact "
+                      "messages", PrivacyWarning, stacklevel=2)  # fmt: skip
+
+
 def _parse_rounds(text: str) -> list[int]:
     try:
         rounds = [int(p) for p in text.split(",") if p.strip()]
@@ -152,6 +178,7 @@ def _trained_clients(run_dir: Path, built: Any) -> list[int]:
     if "first_aggregated" in summary:
         return trained_by(summary["first_aggregated"], last)
     with Progress(transient=True) as bar, one_line_warnings():
+        _warn_if_not_replayable(built.config.to_dict())
         bar.add_task(f"re-running {last} rounds to find the clients the model trained on (the run predates its record)",
                      total=None)  # fmt: skip
         return replay(built, [last]).trained_by(last)
@@ -231,6 +258,9 @@ def attack(
         raw = RunDir(run_dir).read_config()
         if (rounds or all_rounds) and attack not in ("mia", "mia-shadow"):
             raise ConfigError(f"--rounds/--all-rounds apply to --attack mia or mia-shadow, not {attack!r}; drop them")
+        if rounds or all_rounds or attack in ("dlg", "ig", "pia"):
+            with one_line_warnings():
+                _warn_if_not_replayable(raw)
         if rounds or all_rounds:
             every = list(range(1, int(load_config(raw).rounds) + 1))
             result = _mia_rounds(raw, every if all_rounds else _parse_rounds(rounds), samples, seed,
