@@ -167,3 +167,24 @@ def test_ntk_ori_pruning_with_dp_is_refused_and_data_free_pruning_takes_it(tiny)
                                           r".*use method.prune_data=random"):
         build_run(cfg("client"))
     build_run(cfg("random"))
+
+
+def test_ntk_ori_ema_starts_from_the_pruned_model(tiny):
+    """NTK-Ori prunes, and rescales the kept weights, in the first exchanges of round 1, beneath the
+    EMA: the average starts from the pruned model, where NTK-Rand's starts (oracle: one EMA step
+    from the pruned, rescaled W0 to W1). It used to start from the dense W0, which left d·W0 in
+    the kept weights instead of d·W0/sqrt(density) (0.14 off here with a constant decay)."""
+    from fedge.pruning import apply_masks_, rescale_
+
+    built = build_run(_cfg(tiny, mode="batch", prune_data="client", prune_k=6, secure_aggregation=False,
+                           ema=0.9, ema_warmup=False))  # fmt: skip
+    sim = built.simulation()
+    ema = sim.strategy.inner  # ReportEffectiveFlops(EMAEvaluation(...))
+    sim.run_round(1)
+    masks = ema.global_model.masks
+    start = rescale_(apply_masks_(built.model_fn(), masks), masks).state_dict()
+    w1 = ema.model.state_dict()
+    assert ema.ema["avg"].keys() == {k for k, v in w1.items() if v.is_floating_point()}
+    for name, avg in ema.ema["avg"].items():
+        torch.testing.assert_close(avg, 0.9 * start[name] + 0.1 * w1[name], rtol=1e-6, atol=1e-7)
+    sim.close()

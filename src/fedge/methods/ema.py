@@ -52,11 +52,35 @@ class EMAEvaluation(StrategyWrapper):
         return {k: state[k] for k in self._floating}
 
     def round(self, rnd: int, client_ids: list[int]) -> Round:
-        out = yield from self.inner.round(rnd, client_ids)
+        out = yield from self._restart_when_pruned(self.inner.round(rnd, client_ids))
         self.ema = T.ema_update(self.ema, self._state(), decay=self.decay, warmup=self.warmup)
         for name, mask in (self.global_model.masks or {}).items():  # a pruned model's average is pruned too
             self.ema["avg"][name].mul_(mask.to(self.ema["avg"][name].dtype))
         return out
+
+    def _restart_when_pruned(self, inner: Round) -> Round:
+        """``inner``'s exchanges, passed through. When the global model is pruned in the course of
+        the round (NTK-Ori's pruning rounds are the first exchanges of round 1, and they rescale
+        the kept weights), the average starts over from the pruned model, as it does for a model
+        pruned before the run: an average of the dense model and the pruned one is neither."""
+        masks, reply = self.global_model.masks, None
+        try:
+            while True:
+                try:
+                    step = inner.send(reply)
+                except StopIteration as stop:
+                    self._restart_if_pruned(masks)
+                    return stop.value
+                masks = self._restart_if_pruned(masks)
+                reply = yield step
+        finally:
+            inner.close()  # a round the engine abandons (clients.min_replies) closes the inner one too
+
+    def _restart_if_pruned(self, masks: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+        """Start the average from the current model if its masks are no longer ``masks``; the masks now."""
+        if self.global_model.masks is not masks:
+            self.ema = T.ema_init(self._state())
+        return self.global_model.masks
 
     def eval_model(self) -> torch.nn.Module:
         full = {**self.model.state_dict(), **self.ema["avg"]}
