@@ -188,3 +188,20 @@ def test_ntk_ori_ema_starts_from_the_pruned_model(tiny):
     for name, avg in ema.ema["avg"].items():
         torch.testing.assert_close(avg, 0.9 * start[name] + 0.1 * w1[name], rtol=1e-6, atol=1e-7)
     sim.close()
+
+
+def test_ntk_ori_pruning_uploads_outside_secure_aggregation_are_warned(tiny):
+    """With secure aggregation on, the server learns only sums in the training rounds, but NTK-Ori's
+    pruning rounds upload each client's K differences of the NTK statistic on its own inputs in the
+    clear: a legal choice (Algorithm 1 sends F_i in the clear) that must say so, not pass silently.
+    Data-free pruning sees no client data and is not warned."""
+    import warnings
+
+    from fedge.core.errors import PrivacyWarning
+
+    with pytest.warns(PrivacyWarning, match=r"prune_data=client.*in the clear.*prune_data=random"):
+        build_run(_cfg(tiny, mode="batch", prune_data="client", prune_k=6, secure_aggregation=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build_run(_cfg(tiny, mode="batch", secure_aggregation=True))
+    assert not [w for w in caught if "prune_data=client" in str(w.message)]

@@ -22,6 +22,12 @@ Pruning data (``prune_data``):
   combines them with weights N_c/N, estimates ∂I/∂m by Stein's identity, and prunes. Its
   bytes and FLOPs are logged with round 1. (Algorithm 1 has devices send one scalar, from
   which no derivative can be formed; this is the forward-only protocol closest to it.)
+  Round 1's sampled clients answer every pruning round (a stated difference: Algorithm 1,
+  lines 2-3, samples G_p participants anew in each pruning round; here the pruning rounds are
+  exchanges of one federation round, which can address only the clients that round sampled,
+  and G_p = G_t = clients per round). These K scalars per client travel in the clear, as
+  Algorithm 1's F_i do, also when ``secure_aggregation`` covers the training rounds (the build
+  warns); under DP the build refuses NTK-Ori.
 
 Rescaling (``rescale: true``, the default; a deliberate addition to Algorithm 1): after
 pruning, each pruned tensor's kept weights are scaled by 1/sqrt(its density), which restores
@@ -49,6 +55,7 @@ densities weighted by torch's per-module FLOP counts), and the engine derives
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Generator, Mapping
 from typing import Any, Literal
 
@@ -56,7 +63,7 @@ import torch
 from pydantic import Field, model_validator
 
 from fedge.core.context import ClientContext
-from fedge.core.errors import ConfigError, MessageError
+from fedge.core.errors import ConfigError, MessageError, PrivacyWarning
 from fedge.core.messages import Message
 from fedge.core.meter import effective_flops_ratio
 from fedge.core.protocols import Exchange, Round, Strategy, StrategyWrapper
@@ -89,7 +96,9 @@ __all__ = ["ClientDataPruning", "NtkBaffleConfig", "PruningClient", "ReportEffec
 class NtkBaffleConfig(BaffleConfig):
     name: Literal["ntk-baffle"] = "ntk-baffle"  # type: ignore[assignment]
     density: float = Field(0.1, gt=0, le=1, description="kept fraction of prunable weights")
-    prune_rounds: int = Field(10, ge=1, description="T_p (the paper: 50 for LeNet)")
+    prune_rounds: int = Field(
+        10, ge=1, description="T_p (the paper: 50 for LeNet, 20 for ResNet-20; the LeNet preset uses 50; 10: a quicker build)"
+    )
     prune_data: Literal["random", "client"] = Field("random", description="NTK-Rand (Gaussian inputs) or NTK-Ori")
     prune_score: Literal["ntk", "magnitude", "random"] = "ntk"
     prune_inputs: int = Field(256, ge=1, description="inputs per pruning round (per client with prune_data=client)")
@@ -290,6 +299,15 @@ def build(cfg: NtkBaffleConfig, env: MethodEnv) -> MethodBuild:
             "upload statistics of each client's data outside DP (no clipping, no noise, not in ε), and the mask "
             "they choose is released with the model; use method.prune_data=random (data-free pruning, which "
             "sees no client data) with DP, or set privacy.mechanism=none"
+        )
+    if cfg.secure_aggregation:
+        warnings.warn(
+            "method.secure_aggregation=true with method.prune_data=client: NTK-Ori's pruning rounds upload each "
+            "client's K differences of the NTK statistic on its own inputs in the clear (secure aggregation covers "
+            "the training rounds only); use method.prune_data=random (data-free pruning, which sees no client data) "
+            "to keep every upload under secure aggregation",
+            PrivacyWarning,
+            stacklevel=2,
         )
     built = build_baffle(cfg, env, wrap=lambda inner: ClientDataPruning(inner, cfg, seed=env.seed))
     return MethodBuild(ReportEffectiveFlops(built.strategy, sample), PruningClient(built.program, env.model_fn, cfg))
