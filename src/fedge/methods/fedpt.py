@@ -7,10 +7,11 @@ line 1). Each round:
 - the server sends ``(y^(t), z)`` (line 3): the trainable tensors, the float buffers
   (BatchNorm statistics) and the model-init seed — never a frozen value;
 - a client reconstructs ``x = Reconstruct(y, z)`` (line 5) by re-running the seeded
-  initialisation (:func:`fedge.models.reset_parameters` with ``z``, which is bit-identical on
-  every machine) and overwriting the trainable tensors with ``y``; it runs ``ClientOpt`` on ``y``
-  only (lines 6–9; frozen parameters have ``requires_grad=False``, so no gradient or optimizer
-  state is ever held for them) and uploads ``Δ_i = y_i^(t,τ) − y_i^(t,0)`` (line 10);
+  initialisation (:func:`fedge.models.reset_parameters` with ``z``, bit-identical across
+  processes and machines of one torch build) and overwriting the trainable tensors with ``y``;
+  it runs ``ClientOpt`` on ``y`` only (lines 6–9; frozen parameters have
+  ``requires_grad=False``, so no gradient or optimizer state is ever held for them) and
+  uploads ``Δ_i = y_i^(t,τ) − y_i^(t,0)`` (line 10);
 - the server averages with weights ``p_i = n_i`` (line 12) and applies ``ServerOpt`` to
   ``−Δ`` (line 13).
 
@@ -24,6 +25,15 @@ Secure aggregation wraps it as it wraps FedAvg.
 Which tensors freeze: ``method.freeze`` (:func:`fedge.models.blocks.resolve_freeze`):
 ``largest`` (principle 1), ``largest:N`` or module-name patterns. Normalization layers are
 always trained (Sec. 3.1).
+
+The frozen values (a stated difference): the paper's "are generated from Gaussian
+initializers" (Sec. 3.1); ours are torch's default initialisation (kaiming-uniform weights,
+uniform biases, bound ``1/sqrt(fan_in)``: :mod:`fedge.models.initialization`), which every model
+of the zoo starts from, so that a FedPT run and its fully trainable FedAvg baseline start from
+the same ``x^(0)`` and differ only in what is frozen. Regenerating them needs what the paper
+asks, "the same random number generator" on server and clients; :func:`build` checks the
+server's side, but nothing checks a client's at run time (a client on a torch build that drew
+other numbers from the same seed would train against other frozen tensors).
 """
 
 from __future__ import annotations

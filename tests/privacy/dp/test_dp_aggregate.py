@@ -87,6 +87,26 @@ def test_tree_momentum_hand_computed():
     assert outs == [1.0, 2.5, 5.25]  # u1 = 1, u2 = 0.5·1 + 2, u3 = 0.5·2.5 + 4
 
 
+def test_tree_momentum_is_dp_ftrlm_on_the_noisy_prefix_sums_within_a_tree():
+    """Oracle: Kairouz et al.'s DP-FTRLM, v_t = γ·v_{t−1} + S_t and W_t = W_0 − η·v_t, on the noisy
+    prefix sums S_t of the same tree (the γ = 0 run's increments summed): the increments u_t summed
+    give v_t. R = 4 rounds per pass, so the tree of rounds 1-4 never restarts here."""
+    gamma = 0.9
+    cfg = PrivacyConfig(mechanism="tree", sampling="shuffle", clip=1.0, noise_multiplier=1.0)
+    plain = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED)
+    heavy = DPAggregator(cfg.model_copy(update={"momentum": gamma}), population=N, clients_per_round=M, seed=SEED)
+    prefix = v = moved = None
+    for rnd in range(1, 5):
+        cs = [clip_contribution(c, cfg)[0] for c in _contribs(rnd)]
+        inc, _ = plain.aggregate(cs, rnd)
+        u, _ = heavy.aggregate(cs, rnd)
+        prefix = inc if prefix is None else {k: prefix[k] + inc[k] for k in inc}  # S_t / m
+        v = prefix if v is None else {k: gamma * v[k] + prefix[k] for k in prefix}
+        moved = u if moved is None else {k: moved[k] + u[k] for k in u}  # (W_t − W_0) / η
+        for k in v:
+            torch.testing.assert_close(moved[k], v[k], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("mechanism", ["gaussian", "tree"])
 def test_state_dict_resume_gives_identical_rounds(mechanism):
     sampling = "shuffle" if mechanism == "tree" else "fixed"
