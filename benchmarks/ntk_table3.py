@@ -488,7 +488,11 @@ NTK-Ori's ride in round 1 as {plan.prune_rounds} exchanges with round 1's 10 cli
 each pruning round). "At best val": the test accuracy of the evaluation with the best validation
 accuracy (the paper reports the maximum test accuracy). Bytes: per client per round, mean of
 all rounds, NTK-Ori's pruning phases apart; FLOPs: a 2-round probe of seed 0 (dense kernels
-executed; effective counts multiplications by kept weights only).
+executed; effective counts multiplications by kept weights only). The NTK-Ori runs predate the
+2026-11-29 fix that restarts the EMA from the pruned model after round 1's pruning phases (it
+averaged in the dense, unrescaled W0): under the warm-up decay that start weighs 9!·t!/(t+9)! after
+t rounds (~5e-4 at round 5, ~1e-13 at round 110), so the accuracies at the rounds reported here
+are unchanged up to roundoff; the early evaluations (rounds 5-10) moved slightly.
 
 The data-free NTK mask depends on the CPU as well as the seed: oneDNN's avx512 convolution
 kernels round the {plan.prune_rounds} iterative pruning rounds to another mask than its avx2 ones (on
