@@ -87,15 +87,16 @@ def main() -> None:
         print(f"| {a} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
     print("\n### Communication and offloading (per device per round, round 1)\n")
     # paper: up 4·D·E·(θ_a·N + 1), down 4·θ_g·T·E·N; N = activation size per sample, D images, T batches
+    # (down: gradients of the θ_a·N released values only, so 4·θ_g·θ_a·D·E·N plus int16 indices at θ_g < 1)
     d_img, n_act, t_b = 50, 32 * 16 * 16, -(-50 // 16)
-    print("| run | E | θ_a | θ_g | device→edge measured | paper 4DE(θ_aN+1) | edge→device measured | paper 4θ_gTEN | corrected 4θ_gDEN |\n|---|---|---|---|---|---|---|---|---|")
+    print("| run | E | θ_a | θ_g | device→edge measured | paper 4DE(θ_aN+1) | edge→device measured | paper 4θ_gTEN | corrected 4θ_gθ_aDEN |\n|---|---|---|---|---|---|---|---|---|")
     for n in ("vanilla-E2", "sel-a0.5-g0.5", "sel-a0.25-g0.25", "eppfl-eps5-t0.5"):
         m = RUNS[n]["method"]
         e, ta, tg = m["local_epochs"], m.get("theta_a", 1.0), m.get("theta_g", 1.0)
         l1 = res[n][0]
         k = l1["clients"]
         print(f"| {n} | {e} | {ta} | {tg} | {l1['bytes.client->edge'] / k:,.0f} | {4 * d_img * e * (ta * n_act + 1):,.0f} | "
-              f"{l1['bytes.edge->client'] / k:,.0f} | {4 * tg * t_b * e * n_act:,.0f} | {4 * tg * d_img * e * n_act:,.0f} |")
+              f"{l1['bytes.edge->client'] / k:,.0f} | {4 * tg * t_b * e * n_act:,.0f} | {4 * tg * ta * d_img * e * n_act:,.0f} |")
     f, v = res["fedavg-E2"][0], res["vanilla-E2"][0]
     print(f"\nDevice compute, round 1, per device: EPPFL {v['client_flops'] / v['clients']:,.0f} FLOPs vs FedAvg "
           f"{f['client_flops'] / f['clients']:,.0f} (ratio {v['client_flops'] / f['client_flops']:.4f}); "

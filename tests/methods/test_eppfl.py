@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import numpy as np
 import pytest
@@ -284,3 +285,99 @@ def test_releases_in_a_skipped_round_stay_counted():
         assert line["dp_epsilon_rdp"] == pytest.approx(rdp.get_epsilon(1e-5), rel=1e-12)
         assert line["dp_epsilon_pld"] == pytest.approx(pld.get_epsilon(1e-5), rel=1e-9)
     assert sim.strategy.participation.tolist() == [0, 3, 1, 2]
+
+
+def _keep_top_k(g, k):
+    """g with all but its k largest |entries| per row (last dim) zeroed."""
+    idx = g.abs().topk(k, dim=-1).indices
+    return torch.zeros_like(g).scatter(-1, idx, g.gather(-1, idx))
+
+
+def _masked_reference(built, *, theta_a, theta_g, lr=0.01, momentum=0.5):
+    """One round of one device trained unsplit: M_s reads ``scatter(gather(A, pos))`` (θ_a's
+    positions, drawn as the device draws them) and the gradient reaching M_c through the k_a
+    released values keeps only the top k_g = round(θ_g·k_a) of them by |dA'| per sample and
+    channel. M_s's own gradient is the full one."""
+    from fedge.methods.eppfl.split import activation_positions, kept, scatter
+
+    model = built.model_fn()
+    sp = split_model(model, None)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    gen = generator(built.config.seed, "client", 1, 0)
+    noise_gen = torch.Generator().manual_seed(seeded_rng(gen))
+    for x, y in built.clients[0].batches(16, generator=gen):
+        seeded_rng(noise_gen)  # the device's dropout seed
+        seed = seeded_rng(noise_gen)
+        a = sp.device(x)
+        b, c = a.shape[:2]
+        n = a[0].numel() // c
+        pos = activation_positions(seed, (b, c, n), kept(n, theta_a))
+        released = a.reshape(b, c, n).gather(-1, pos)
+        k_g = kept(released.shape[-1], theta_g)
+        if k_g < released.shape[-1]:
+            released.register_hook(partial(_keep_top_k, k=k_g))
+        opt.zero_grad()
+        F.cross_entropy(sp.edge(scatter(released, pos, n).reshape(a.shape)), y).backward()
+        opt.step()
+    return model.state_dict()
+
+
+@pytest.mark.parametrize("theta_g", [1.0, 0.5, 0.25])
+def test_selection_trains_as_unsplit_training_on_the_released_activations(theta_g):
+    """θ_a = 0.5: the edge server returns dA'_b, the gradients at the released values, and θ_g
+    keeps the largest θ_g of *those*, none at a position the device did not release. Oracle:
+    the unsplit model on the zero-filled released activations, with a top-k hook on their
+    gradient (autograd). M_c moves by ~1e-6 in this round, so each entry is compared relative
+    to its update."""
+    built = _built(**{"clients.num": 1, "clients.per_round": 1, "method.masks": False,
+                      "method.theta_a": 0.5, "method.theta_g": theta_g})  # fmt: skip
+    sim = built.simulation()
+    sim.run_round(1)
+    got = sim.strategy.eval_model().state_dict()
+    want = _masked_reference(built, theta_a=0.5, theta_g=theta_g)
+    init = built.model_fn().state_dict()
+    for k in want:
+        step = (want[k] - init[k]).abs().max()
+        assert step > 0 and (got[k] - want[k]).abs().max() <= 1e-4 * step, k
+
+
+@pytest.mark.parametrize("theta_g,indices", [(1.0, False), (0.5, True)])
+def test_edge_to_device_bytes_are_the_released_activations_gradients(theta_g, indices):
+    """θ_a = 0.5 (k_a = 32 of N_c = 64 per channel): each step's reply is one float32 gradient per
+    released value (θ_g = 1: no indices), or k_g = 16 of them with their int16 indices among the
+    released values (θ_g = 0.5); nothing for the 32 positions not released. Oracle: the encoded
+    size of exactly that message per batch, summed over the round's batches."""
+    from fedge.core.messages import Message
+
+    built = _built(**{"clients.num": 1, "clients.per_round": 1, "method.theta_a": 0.5, "method.theta_g": theta_g})
+    line = built.simulation().run_round(1)
+    sp = split_model(built.model_fn(), None)
+    c, h, w = sp.device(torch.zeros(1, 1, 8, 8)).shape[1:]
+    k = 16 if indices else 32
+    want = 0
+    for x, _ in built.clients[0].batches(16, generator=torch.Generator().manual_seed(0)):
+        arrays = {"g": torch.zeros(len(x), c, k)}
+        if indices:
+            arrays["pos"] = torch.zeros(len(x), c, k, dtype=torch.int16)
+        want += len(Message(arrays, metrics={"loss": 0.0}).to_bytes())
+    assert h * w == 64  # N_c: k_a = 32 released
+    assert line["bytes.edge->client"] == want
+
+
+def test_device_upload_to_the_aggregation_server_is_the_masked_m_c_alone():
+    """S_a's view of a device (masks on, no integer buffers in M_c): the masked ring vector,
+    no dataset size (Eq. 9 weighs uploads equally; S_a has no use for |d_i|)."""
+    sim = _built(**{"rounds": 1}).simulation()
+    seen = {}
+    exchange = sim._exchange
+
+    def recording(rnd, phase, messages, acc):
+        replies = exchange(rnd, phase, messages, acc)
+        seen.update(replies)
+        return replies
+
+    sim._exchange = recording
+    sim.run_round(1)
+    assert sorted(seen) == [0, 1, 2]
+    for reply in seen.values():
+        assert set(reply.config) == {"masked"} and reply.arrays == {}

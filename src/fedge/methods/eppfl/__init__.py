@@ -17,9 +17,10 @@ random numbers S_r   :class:`~.parties.RandomnessServer`     which devices were 
 
 Bytes are counted per link by the engine: ``bytes.client->edge`` / ``bytes.edge->client``
 (activations up, gradients down), ``bytes_up`` / ``bytes_down`` (device ↔ S_a),
-``bytes.server->edge`` / ``bytes.edge->server`` (M_s down / W_s up), ``bytes.sr->client``
-(mask seed and Σ r_j), ``bytes.server->sr``. The device's FLOPs and memory are the client's
-(``client_flops``); the edge servers' are ``flops.edge``.
+``bytes.server->edge`` / ``bytes.edge->server`` (M_s down / W_s up), ``bytes.client->sr`` /
+``bytes.sr->client`` (the device's request; its mask seed and Σ r_j), ``bytes.server->sr`` /
+``bytes.sr->server`` (the aggregated ids; S_r's acknowledgement). The device's FLOPs and
+memory are the client's (``client_flops``); the edge servers' are ``flops.edge``.
 
 **Differences from the paper, and why.**
 
@@ -42,6 +43,10 @@ Bytes are counted per link by the engine: ``bytes.client->edge`` / ``bytes.edge-
   (Σ uploads − Σ r_j) / n is exactly the fixed-point mean: it differs from the float mean
   by at most 2^-33 per coordinate (each encoding rounds by ≤ 2^-33), plus float32 rounding.
   S_r sends Σ r_j rather than r̄ (the device divides after unmasking).
+- *Weights*. Both halves are averaged with equal weights, Eq. (9)-(10) (the paper's devices
+  hold equal data), not Eq. (1)'s η_i = |d_i|/Σ|d_j|: with unequal local datasets a device's
+  update counts as much as any other's, unlike FedAvg. (Weighting under the masks would need
+  each device to scale W_c by |d_i| before encoding, and S_a to learn the sizes.)
 - *Optimizer*. SGD with momentum on both halves (lr 0.01, momentum 0.5, batch 16, as Sec. 3),
   restarted every round on both, like FedAvg's client optimizer.
 
@@ -49,11 +54,14 @@ Bytes are counted per link by the engine: ``bytes.client->edge`` / ``bytes.edge-
 device's id S_r's secret also unmasks that device's upload), nor S_a and a device (S_r gives
 Σ r_j over whatever set S_a registers; see :mod:`.parties`). S_r's secret is derived from the run
 seed, so this holds only against parties that do not know the seed: a simulation, as the
-reproducible DP noise. S_a sees only masked M_c uploads
-and, in the clear, the edge servers' W_s (as the paper, which argues M_s is DP by
-post-processing). S_r sees only ids. A device learns the global M_c (it must, to train). An
-edge server sees its device's DP-released activations and labels. Devices that drop out are
-handled without recovery: S_r's Σ r_j covers exactly the devices S_a reports as aggregated.
+reproducible DP noise. S_a sees masked M_c uploads and, in the clear, the edge servers' W_s
+(as the paper, which argues M_s is DP by post-processing); also in the clear, M_c's integer
+buffers (BatchNorm's ``num_batches_tracked`` in the device half: how many batches it trained,
+so |d_i| to within a batch) and each device's mean training loss (a metric, sent for the
+run's log; the paper's S_a receives neither). S_r sees only ids. A device learns the global
+M_c (it must, to train). An edge server sees its device's DP-released activations and labels.
+Devices that drop out are handled without recovery: S_r's Σ r_j covers exactly the devices
+S_a reports as aggregated.
 
 **Simulation shortcut.** S_a cannot evaluate M_c; the run's test evaluation reads it through
 an evaluation-only copy of S_r's keys (:class:`~.server.AggregationServer` ``oracle``),
@@ -104,7 +112,8 @@ class EppflConfig(MethodConfigBase):
     lr: float = Field(0.01, gt=0, description="SGD learning rate, device and edge server")
     momentum: float = Field(0.5, ge=0, lt=1)
     theta_a: float = Field(1.0, gt=0, le=1, description="fraction of each channel's activations sent")
-    theta_g: float = Field(1.0, gt=0, le=1, description="fraction of each channel's gradients returned (largest |dA|)")
+    theta_g: float = Field(1.0, gt=0, le=1, description="fraction of each channel's released activations whose "
+                                                        "gradient is returned (largest |dA|)")
     dp: EppflDpConfig | None = None
     masks: bool = Field(True, description="third-party additive masks on the uploaded M_c")
     upload_dropout: float = Field(0.0, ge=0, lt=1, description="simulated fraction of uploads lost each round")

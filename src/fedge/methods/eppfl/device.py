@@ -8,8 +8,9 @@ server's selected gradients → backward through the selection and the clip → 
 momentum on M_c. Noise enters the released values only: the device differentiates its own
 clipped, noise-free activations (the noise is an additive constant of the loss's input).
 
-A gradient the edge selected at a position the device did not release is multiplied by zero
-(the device's activation there never reached M_s, so the loss does not depend on it).
+The edge server returns gradients for the released values only (dA'_b, Sec. 2.2): the device's
+activation at a position it did not release never reached M_s, so the loss does not depend on
+it, and neither downlink bytes nor θ_g's budget go to such positions (:mod:`.split`).
 
 Randomness: batch order from ``ctx.generator``; activation-selection seeds and noise from a
 generator seeded by one draw of it taken first, so the batches are those of unsplit training.
@@ -140,17 +141,18 @@ class DeviceProgram:
                 req = Message({"a": released.contiguous(), "y": y.to(torch.int32)},
                               config={"op": "step", "seed": seed, "shape": ",".join(map(str, shape))})  # fmt: skip
                 reply = edge.call(req)
-                g = reply.arrays["g"]
+                g = reply.arrays["g"]  # dA'_b at the released values, or θ_g's top-k of them
                 if "pos" in reply.arrays:
-                    g = scatter(g, reply.arrays["pos"], n)
-                if pos is not None:
-                    g = g.gather(-1, pos)
+                    g = scatter(g, reply.arrays["pos"], vals.shape[-1])
+                if g.shape != vals.shape:
+                    raise MessageError(f"{who}: the edge server returned gradients of shape {tuple(g.shape)}; "
+                                       f"expected one per released activation, {tuple(vals.shape)}")  # fmt: skip
                 opt.zero_grad(set_to_none=True)
                 vals.backward(g.to(vals.dtype))
                 opt.step()
                 losses.append(float(reply.metrics["loss"]))
         metrics = {"train_loss": sum(losses) / len(losses)} if losses else {}
-        config: dict[str, Any] = {"num_samples": ctx.data.num_samples}
+        config: dict[str, Any] = {}  # no num_samples: S_a weighs uploads equally (Eq. 9) and must not learn |d_i|
         state = sp.device.state_dict()
         out = {k: state[local].detach().clone() for k, local in sp.device_keys.items()}
         if not cfg.masks:

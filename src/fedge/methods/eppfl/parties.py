@@ -10,7 +10,8 @@ state-dict keys. Messages:
 - ``step`` (from its device, step ②-③): released activations (kept values, and the seed that
   regenerates their positions when θ_a < 1) and labels. Forward M_s, cross-entropy, backward,
   SGD-with-momentum step (``torch.optim.SGD``'s update, written out), then the gradient
-  selection of dA; the reply is the kept gradients and their positions.
+  selection of dA'_b, the gradients at the released values only; the reply is the kept
+  gradients and, when θ_g < 1, their indices among the released values (:mod:`.split`).
 - ``upload`` (from S_a, step ⑤): W_s; the state is then cleared (the next ``load`` brings the
   global model), so checkpoints do not hold one model per client. ``discard`` only clears.
 
@@ -162,9 +163,10 @@ class EdgeServer:
         n = int(np.prod(shape[1:])) // c
         values = message.arrays["a"].to(torch.float32)
         seed = message.config_int("seed", -1)
+        pos = None
         if seed >= 0:
             pos = activation_positions(seed, (b, c, n), values.shape[-1])
-            dense = scatter(values, pos, n)
+            dense = scatter(values, pos, n)  # zeros where nothing was released: M_s's input
         else:
             dense = values.reshape(b, c, n)
         a_hat = dense.reshape(shape).requires_grad_(True)
@@ -187,8 +189,12 @@ class EdgeServer:
                     g = buf
                 p.add_(g, alpha=-self.lr)
         da = grads[0].reshape(b, c, n)
+        if pos is not None:  # dA'_b: the loss's partial w.r.t. the released values, (B, C, k_a)
+            da = da.gather(-1, pos)
         metrics = {"loss": float(loss.detach())}
-        if self.theta_g < 1:
-            pos = gradient_positions(da, kept(n, self.theta_g))
-            return Message({"g": da.gather(-1, pos), "pos": pos.to(position_dtype(n))}, metrics=metrics)
+        k_a = da.shape[-1]
+        k_g = kept(k_a, self.theta_g)  # θ_g of the gradients the device can use
+        if k_g < k_a:
+            idx = gradient_positions(da, k_g)  # indices among the released values
+            return Message({"g": da.gather(-1, idx), "pos": idx.to(position_dtype(k_a))}, metrics=metrics)
         return Message({"g": da}, metrics=metrics)

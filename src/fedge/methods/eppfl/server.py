@@ -10,7 +10,8 @@ One round, top to bottom in :meth:`AggregationServer.round`:
    device's nor its edge server's model is aggregated); a device whose reply did not arrive at
    all (``clients.dropout``, a failed Flower node; with ``clients.min_replies``) is left out the
    same way, its edge server's state discarded;
-4. ⑤ ``upload`` W_s from the edge servers of the aggregated devices and average (Eq. 10);
+4. ⑤ ``upload`` W_s from the edge servers of the aggregated devices and average them with
+   equal weights (Eq. 10; see :mod:`fedge.methods.eppfl` on Eq. (1)'s η_i);
 5. sum the masked uploads in Z_{2^64} (Eq. 9 before the division) and tell S_r which devices
    were aggregated, so its Σ r_j (⑧) covers exactly them.
 

@@ -10,14 +10,22 @@ as the paper's VGG-19 (Sec. 3: "the first convolutional layer and ReLU function"
 
 **Activation selection** (θ_a): for every sample and channel of the cut activation (shape
 ``(B, C, N_c)`` after flattening the spatial dims) keep a uniformly random ``k_a = max(1,
-round(θ_a·N_c))`` of the ``N_c`` positions. The positions depend only on a 63-bit seed drawn
+round(θ_a·N_c))`` of the ``N_c`` positions. The positions depend only on a 62-bit seed drawn
 by the device, so the seed travels instead of the positions (8 bytes per batch) and the edge
 server regenerates them (:func:`activation_positions`).
 
-**Gradient selection** (θ_g): for every sample and channel of dA keep the ``k_g = max(1,
-round(θ_g·N_c))`` entries with the *largest* absolute value (the paper's text), ties broken
-by the lowest index (a stable sort). These positions depend on data and travel with the
-values (int16 when ``N_c <= 32767``, else int32).
+**Gradient selection** (θ_g): the edge server computes dA'_b, the loss's partial w.r.t. the
+values the device *released* (Sec. 2.2), ``k_a`` per sample and channel (``N_c`` when θ_a = 1),
+and keeps the ``k_g = max(1, round(θ_g·k_a))`` of them with the *largest* absolute value (the
+paper's text: the "(N_c θ_g)-th largest" of each channel of dA'_b), ties broken by the lowest
+index (a stable sort). The kept indices (among the k_a released values) depend on data and
+travel with the values (int16 when ``k_a <= 32767``, else int32): per sample, 4·θ_g·θ_a·N
+bytes of gradients (Sec. 2.3's 4·θ_g·N assumes θ_a = 1) plus 2·θ_g·θ_a·N of indices.
+Selecting over the whole N_c, as the authors' code does (its hook sees the zero-filled dense
+dA), would spend part of θ_g's budget and of the downlink on positions the device did not
+release, whose gradients it must discard. (That code also keeps the *smallest* |dA|, over the
+whole batch tensor; we follow the text.) Both selections are per sample and channel: the
+paper says "for each channel", and its byte formulas count N = C·N_c per sample.
 """
 
 from __future__ import annotations
