@@ -2,7 +2,8 @@
 
 Every figure that is not a timing, a memory measurement or the outcome of a long training is
 recomputed here (cheaply) and compared with the text of the docs: message bytes (the BAFFLE
-communication table, with the same code as `fedge bench comm`), serialized model sizes and
+communication table, with the same code as `fedge bench comm`; EPPFL's device↔edge and S_a
+bytes, from one round of its benchmark's configs), serialized model sizes and
 parameter counts, kept fractions of the magnitude and random pruning masks, and the figures the
 docs derive from other figures (ratios, sqrt(K/n), accuracy differences). A change that alters
 one fails here until the section is regenerated with the command shown in it.
@@ -399,3 +400,28 @@ def test_reproduction_sections_are_their_records_rendered(name: str) -> None:
     fix = f"python benchmarks/{script}.py --table-only --docs docs/benchmarks.md"
     assert machine == records_line(f"benchmarks/results/{script}"), f"bench:{name} opens with {machine!r}: run `{fix}`"
     assert docs.strip() == render(benchmark_script(script)).strip(), f"stale section bench:{name}: run `{fix}`"
+
+
+@pytest.mark.slow
+def test_eppfl_communication_bytes(tmp_path: Path) -> None:
+    """The EPPFL section's measured device↔edge bytes per device in round 1 (and S_a's upload):
+    one round of the benchmark's own configs (bytes do not depend on what the rounds learn)."""
+    import json
+
+    from fedge.core.config import load_config
+    from fedge.experiment.run import run_experiment
+
+    script = benchmark_script("eppfl_figures")
+    section = _section("eppfl")
+    rows = {r[0]: r for r in _rows(section, "| run | E | θ_a | θ_g | device→edge measured |")}
+    assert set(rows) == {"vanilla-E2", "sel-a0.5-g0.5", "sel-a0.25-g0.25", "eppfl-eps5-t0.5"}
+    for name in ("vanilla-E2", "sel-a0.5-g0.5", "sel-a0.25-g0.25"):
+        cfg = {**script.RUNS[name], "rounds": 1, "measure": {"memory": False}}
+        run_experiment(load_config(cfg), out=tmp_path / name, render=False)
+        line = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
+        k = line["clients"]
+        assert rows[name][4] == f"{line['bytes.client->edge'] / k:,.0f}", f"{name}: device→edge"
+        assert rows[name][6] == f"{line['bytes.edge->client'] / k:,.0f}", f"{name}: edge→device"
+        if name == "vanilla-E2":
+            up = re.search(r"EPPFL up ([\d,]+) B", section)
+            assert up and up.group(1) == f"{line['bytes_up'] / k:,.0f}", "S_a upload"
