@@ -85,6 +85,17 @@ def test_attacks_that_rerun_a_run_with_os_random_noise_warn(tmp_path: Path) -> N
     assert quiet.exit_code == 0 and "OS CSPRNG" not in quiet.output
 
 
+def test_an_attacks_warnings_are_one_line(tmp_path: Path) -> None:
+    """DLG on FedAvg deltas of several momentum steps warns that it attacks an approximation:
+    one ``warning:`` line, as every command's warnings (not the source file and code line)."""
+    run = _run(tmp_path, "--set", "method.name=fedavg")
+    res = runner.invoke(app, ["attack", str(run), "--attack", "dlg", "--iterations", "1", "--samples", "1"])
+    assert res.exit_code == 0, res.output
+    warned = [line for line in res.stderr.splitlines() if "deltas of" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: UserWarning: the attacked fedavg uploads are deltas of")
+    assert "attack.py" not in res.stderr and "reconstruction_attack(" not in res.stderr
+
+
 def test_bad_attack_name_and_missing_run_exit_2(tmp_path: Path) -> None:
     bad = runner.invoke(app, ["attack", str(tmp_path), "--attack", "zzz"])
     assert bad.exit_code == 2 and "zzz" in bad.output

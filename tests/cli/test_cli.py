@@ -338,6 +338,77 @@ def test_disk_full_mid_run_cleans_up_and_resumes(tmp_path, tiny, monkeypatch):
     assert metrics_without_wall(out) == metrics_without_wall(full)
 
 
+@pytest.fixture
+def sigterm_is_caught():
+    """Should ``fedge run`` not handle SIGTERM itself, it fails the test instead of killing pytest."""
+
+    def unhandled(*_):  # noqa: ANN002, ANN202
+        raise AssertionError("SIGTERM reached the test's fallback handler: fedge run did not handle it")
+
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_mid_run_stops_as_ctrl_c_does_and_the_run_resumes(tmp_path, tiny, monkeypatch, sigterm_is_caught):
+    """``kill``, a scheduler's stop or ``timeout`` send SIGTERM: the run stops after cleaning up
+    (no temporary file, not complete), says how to continue (exit 143), and resumes to the
+    uninterrupted run's metrics."""
+    cfg = _write_cfg(tmp_path, tiny, rounds=4)
+    full = tmp_path / "full"
+    assert _run("run", cfg, "--out", full, "-q").exit_code == 0
+    out = tmp_path / "cut"
+    real = rundir_mod._save_torch
+
+    def save_then_terminated(obj, path):
+        if obj["record"]["round"] == 3:
+            path.write_bytes(b"half a checkpoint")
+            os.kill(os.getpid(), signal.SIGTERM)  # handled at once, in this (the main) thread
+        real(obj, path)
+
+    monkeypatch.setattr(rundir_mod, "_save_torch", save_then_terminated)
+    res = _run("run", cfg, "--out", out, "-q")
+    assert res.exit_code == 143, res.output
+    assert res.stderr == f"terminated (SIGTERM); continue with: fedge run --resume {out}\n"
+    assert not list(out.glob("*.tmp")) and not (out / "summary.json").exists()
+    monkeypatch.setattr(rundir_mod, "_save_torch", real)
+    res = _run("run", "--resume", out, "-q")
+    assert res.exit_code == 0, res.output
+    assert metrics_without_wall(out) == metrics_without_wall(full)
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_a_stop_before_the_run_writes_anything_leaves_nothing_and_offers_no_resume(tmp_path, tiny, monkeypatch, how,
+                                                                                  sigterm_is_caught):  # fmt: skip
+    """Stopped while loading its data: the claim is undone (no directory), and the message does
+    not send the user to ``--resume`` a directory that is not there."""
+    import fedge.experiment.run as run_mod
+
+    def stop(cfg):  # noqa: ANN001, ANN202
+        if how == "ctrl-c":
+            raise KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(run_mod, "build_run", stop)
+    out = tmp_path / "run"
+    res = _run("run", _write_cfg(tmp_path, tiny), "--out", out, "-q")
+    assert res.exit_code == (130 if how == "ctrl-c" else 143), res.output
+    what = "interrupted" if how == "ctrl-c" else "terminated (SIGTERM)"
+    assert res.stderr == f"{what} before the run wrote anything; nothing to resume: run the command again\n"
+    assert not out.exists()
+
+
+def test_a_config_file_with_a_key_given_twice_is_one_line_and_writes_nothing(tmp_path, tiny):
+    """The second ``method:`` section would otherwise replace the first whole, silently."""
+    path = tmp_path / "twice.yaml"
+    path.write_text(yaml.safe_dump(tiny(rounds=1)) + "method:\n  name: fedsgd\n")
+    _one_error_line(_run("run", path, "--out", tmp_path / "run", "-q"),
+                    r"config file '.*twice.yaml' is not valid YAML at line \d+, column 1 \(key 'method' given twice, "
+                    r"first on line \d+\); fix it")  # fmt: skip
+    assert not (tmp_path / "run").exists()
+
+
 # ---- resume -----------------------------------------------------------------------------------
 
 
@@ -380,6 +451,17 @@ def test_resume_without_the_config_record_is_refused_unless_the_change_is_allowe
     (change,) = [json.loads(x) for x in (out / "config_changes.jsonl").read_text().splitlines()]
     assert change["after_round"] == 2 and change["changes"] == {}
     assert ".fedge-config.json was missing" in change["note"] and (out / ".fedge-config.json").is_file()
+
+
+def test_resume_refuses_rounds_below_those_already_run_even_with_allow_config_change(tmp_path, tiny):
+    """Two of three rounds ran; config.yaml edited to rounds: 1. The run would "finish" with
+    two rounds in metrics.jsonl under a config that says one."""
+    out = _interrupted(tmp_path, tiny)
+    cfg = out / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("rounds: 3", "rounds: 1"))
+    _resume_refused(out, re.escape(f"run {str(out)!r} has run 2 rounds, but its config.yaml now says rounds=1; rounds "
+                                   "cannot go below the rounds already run: set rounds to 2 or more (nothing was "
+                                   "changed)"), "--allow-config-change")  # fmt: skip
 
 
 def test_resume_accepts_rounds_grown_in_config_yaml(tmp_path, tiny):
@@ -541,6 +623,19 @@ def test_run_then_report_and_compare(tmp_path, tiny):
     assert "…" not in res.stdout and f"plots in {tmp_path / 'cmp'}" in res.stdout
     rows = [x for x in res.stdout.splitlines() if x.startswith("│ ")]
     assert [r.split("│")[1].strip() for r in rows] == ["a", "b"]
+
+
+def test_report_and_compare_show_warnings_on_one_line(tmp_path, tiny):
+    """A torn last metrics line is a warning, shown as ``warning: Category: message`` (not
+    Python's two lines with the source file and code)."""
+    run = _finished(tmp_path, tiny, rounds=2)
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"round": 3, "test_acc')
+    for args in (["report", run], ["compare", run, run, "--out", tmp_path / "cmp"]):
+        res = _run(*args)
+        assert res.exit_code == 0, res.output
+        assert res.stderr == (f"warning: RunLogWarning: {run / 'metrics.jsonl'} line 3 is truncated (the run probably "
+                              "stopped mid-write); ignoring that round\n")  # fmt: skip
 
 
 def test_listing_commands_print_everything_when_piped():

@@ -98,3 +98,44 @@ def test_a_bool_is_not_a_number(key):
     with pytest.raises(ConfigError, match=rf"config key '{key}': expected a number, got True \(a bool\)$"):
         method_config(load_config("quickstart", overrides={key: True}))
     assert method_config(load_config("quickstart", overrides=["method.client_optimizer.lr=1e-3"])).client_optimizer.lr == 0.001
+
+
+def test_a_key_given_twice_in_a_config_file_is_refused_with_both_lines(tmp_path):
+    """PyYAML keeps the last of two equal keys silently: a second ``method:`` section would
+    replace the first whole. fedge refuses it, naming the key and both lines."""
+    path = tmp_path / "c.yaml"
+    path.write_text("method:\n  name: fedavg\n  local_epochs: 2\nrounds: 1\nmethod:\n  name: fedsgd\n")
+    with pytest.raises(ConfigError, match=r"^config file '.*c.yaml' is not valid YAML at line 5, column 1 \(key "
+                       r"'method' given twice, first on line 1\); fix it$"):  # fmt: skip
+        load_config(path)
+    path.write_text("clients: {num: 3, num: 4}\n")
+    with pytest.raises(ConfigError, match=r"key 'num' given twice, first on line 1"):
+        load_config(path)
+
+
+def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("_c: &c {num: 4, per_round: 4}\nclients:\n  <<: *c\n  per_round: 2\n")
+    from fedge.core.config import read_yaml
+
+    assert read_yaml(path.read_text())["clients"] == {"num": 4, "per_round": 2}
+
+
+def test_invalid_yaml_is_one_line_naming_where(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("rounds: [1\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    assert "\n" not in str(exc.value)
+    assert str(exc.value).startswith(f"config file '{path}' is not valid YAML at line 2, column 1 (")
+
+
+def test_a_directory_given_as_config_is_named_so(tmp_path):
+    (tmp_path / "run.yaml").mkdir()
+    with pytest.raises(ConfigError, match=r"config file '.*run.yaml' is a directory; give a YAML file$"):
+        load_config(tmp_path / "run.yaml")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("rounds: 1\n")
+    with pytest.raises(ConfigError, match=r"is a directory; give a YAML file \(to continue the run in it: fedge run "
+                       r"--resume .*run\)"):  # fmt: skip
+        load_config(tmp_path / "run")

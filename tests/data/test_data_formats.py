@@ -101,6 +101,21 @@ def test_cifar_reader_wrong_content(tmp_path: Path) -> None:
         read_cifar_batch(path, b"fine_labels")
 
 
+@pytest.mark.parametrize(
+    "labels,shown",
+    [(["cat", "dog"], r"<U3 of shape \(2,\) \(e.g. \['cat', 'dog'\]\)"),  # was: ValueError from int()
+     ([None, None], r"object of shape \(2,\)"),  # was: TypeError
+     ([[0, 1], [1, 0]], r"int64 of shape \(2, 2\)"),  # was: accepted, then a crash mid-round
+     ([[0], [1, 2]], r"object of shape \(2,\)")],  # ragged
+)
+def test_cifar_labels_that_are_not_one_integer_per_image(tmp_path: Path, labels: list, shown: str) -> None:
+    path = tmp_path / "test_batch"
+    path.write_bytes(pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"labels": labels}))
+    with pytest.raises(ConfigError, match=rf"test_batch: expected b'labels' to hold one integer label per image, got "
+                       rf"{shown}.*; delete it and extract the archive again"):  # fmt: skip
+        read_cifar_batch(path, b"labels")
+
+
 def test_search_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FEDGE_DATA", str(tmp_path / "env"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

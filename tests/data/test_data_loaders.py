@@ -124,6 +124,16 @@ def test_labels_out_of_range_are_rejected(tmp_path: Path) -> None:
         load_dataset("mnist", root=tmp_path / "m")
 
 
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_an_empty_split_is_refused_naming_it(tmp_path: Path, split: str) -> None:
+    """IDX files holding 0 images parse; a run on them would report test accuracy 0.0 (an
+    empty test split) or a partition error about "[1, 0]" clients (an empty train split)."""
+    write_mnist_like(tmp_path / "m", **{f"n_{split}": 0})
+    with pytest.raises(ConfigError, match=rf"^dataset 'mnist' \(.*m\): the {split} split holds no samples; .*check "
+                       "or replace the files$"):  # fmt: skip
+        load_dataset("mnist", root=tmp_path / "m")
+
+
 def write_cifar(directory: Path, files: dict[str, int], label_key: bytes, classes: int) -> None:
     directory.mkdir(parents=True)
     for i, (name, n) in enumerate(files.items()):

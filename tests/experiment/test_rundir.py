@@ -107,3 +107,68 @@ def test_default_run_path_is_stamped_and_skips_taken_names(tmp_path, monkeypatch
     first.mkdir(parents=True)
     rd.Path("runs/quickstart-20260101-120000-1").mkdir()
     assert default_run_path("quickstart") == rd.Path("runs/quickstart-20260101-120000-2")
+
+
+def _dead_pid() -> int:
+    """The id of a process that has exited (and been reaped)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize("with_host", [True, False])  # claims written before the host was kept
+def test_a_claim_whose_run_died_before_writing_is_named_as_such(tmp_path, with_host):
+    """A run killed (SIGKILL, out of memory) while loading its data leaves only .fedge-claim;
+    the next run aimed there hears that the claimant is dead and how to reuse the directory,
+    not that another run is setting it up. Nothing is changed."""
+    import json
+    import socket
+
+    (tmp_path / "r").mkdir()
+    pid = _dead_pid()
+    info = {"pid": pid, **({"host": socket.gethostname()} if with_host else {}), "time": "2026-01-01T12:00:00"}
+    (tmp_path / "r" / ".fedge-claim").write_text(json.dumps(info))
+    with pytest.raises(rd.ConfigError, match=rf"output directory '.*r' holds only the claim of a fedge run \(pid {pid} "
+                       r"on .*, claimed at 2026-01-01T12:00:00\) that is no longer running: .*; delete the directory "
+                       r"\(rm -r .*r\) and run again, or choose another --out") as exc:  # fmt: skip
+        RunDir.check_new(tmp_path / "r")
+    assert not isinstance(exc.value, rd.RunDirBusyError)
+    assert [p.name for p in (tmp_path / "r").iterdir()] == [".fedge-claim"]
+
+
+def test_a_claim_of_a_live_or_unknown_run_is_still_busy(tmp_path):
+    import json
+
+    (tmp_path / "r").mkdir()
+    for info in ({"pid": os.getpid()}, {"pid": _dead_pid(), "host": "another-machine"}, "not json"):
+        (tmp_path / "r" / ".fedge-claim").write_text(info if isinstance(info, str) else json.dumps(info))
+        with pytest.raises(rd.RunDirBusyError, match="is being set up by another fedge run"):
+            RunDir.check_new(tmp_path / "r")
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"complete"', "3", "null"])
+def test_a_summary_that_is_not_a_mapping_is_not_complete(tmp_path, text):
+    run = RunDir(tmp_path / "r")
+    run.create({"rounds": 1}, {"clients": []})
+    (run.path / "summary.json").write_text(text)
+    assert not run.is_complete()  # was: AttributeError ('list' object has no attribute 'get')
+
+
+def test_a_config_record_that_is_not_a_mapping_is_corrupt_not_missing(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.create({"rounds": 1}, {"clients": []})
+    (run.path / ".fedge-config.json").write_text("[1, 2]")
+    with pytest.raises(ResumeError, match=r"\.fedge-config\.json' is corrupt \(holds list, not a mapping"):
+        run.applied_config()
+
+
+def test_read_config_refuses_a_key_given_twice(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.create({"rounds": 1}, {"clients": []})
+    (run.path / "config.yaml").write_text("rounds: 1\nmethod: {name: fedavg}\nmethod: {name: fedsgd}\n")
+    with pytest.raises(ResumeError, match=r"config.yaml' is not valid YAML at line 3, column 1 \(key 'method' given "
+                       r"twice, first on line 2\); fix or restore it"):  # fmt: skip
+        run.read_config()

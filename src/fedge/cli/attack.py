@@ -255,22 +255,22 @@ def attack(
     if attack not in ATTACKS:
         fail(f"--attack {attack!r} is not an attack here; expected one of {list(ATTACKS)} (e.g. --attack dlg)")
     try:
-        raw = RunDir(run_dir).read_config()
-        if (rounds or all_rounds) and attack not in ("mia", "mia-shadow"):
-            raise ConfigError(f"--rounds/--all-rounds apply to --attack mia or mia-shadow, not {attack!r}; drop them")
-        if rounds or all_rounds or attack in ("dlg", "ig", "pia"):
-            with one_line_warnings():
+        with one_line_warnings():  # every warning one line, as the run's own
+            raw = RunDir(run_dir).read_config()
+            if (rounds or all_rounds) and attack not in ("mia", "mia-shadow"):
+                raise ConfigError(f"--rounds/--all-rounds apply to --attack mia or mia-shadow, not {attack!r}; drop them")
+            if rounds or all_rounds or attack in ("dlg", "ig", "pia"):
                 _warn_if_not_replayable(raw)
-        if rounds or all_rounds:
-            every = list(range(1, int(load_config(raw).rounds) + 1))
-            result = _mia_rounds(raw, every if all_rounds else _parse_rounds(rounds), samples, seed,
-                                 shadows if attack == "mia-shadow" else 0)
-        elif attack in ("dlg", "ig"):
-            result = _dlg(run_dir, raw, iterations, samples, seed, attack)
-        elif attack == "pia":
-            result = _pia(raw, samples, seed, property_class)
-        else:
-            result = _mia(run_dir, raw, samples, seed, shadows if attack == "mia-shadow" else 0)
+            if rounds or all_rounds:
+                every = list(range(1, int(load_config(raw).rounds) + 1))
+                result = _mia_rounds(raw, every if all_rounds else _parse_rounds(rounds), samples, seed,
+                                     shadows if attack == "mia-shadow" else 0)
+            elif attack in ("dlg", "ig"):
+                result = _dlg(run_dir, raw, iterations, samples, seed, attack)
+            elif attack == "pia":
+                result = _pia(raw, samples, seed, property_class)
+            else:
+                result = _mia(run_dir, raw, samples, seed, shadows if attack == "mia-shadow" else 0)
     except FedgeError as exc:
         fail(exc)
     result["seed"] = seed

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -19,6 +23,47 @@ __all__ = ["run"]
 
 def _default_out(source: str) -> Path:
     return default_run_path(Path(source).stem if source.endswith((".yaml", ".yml")) else source)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a batch scheduler's stop, ``timeout``) raised where the run is, so that
+    it stops as after Ctrl-C: temporary files removed, a claim undone, a resumable directory."""
+
+
+@contextmanager
+def _sigterm_stops_like_ctrl_c() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`_Terminated` in this process (Python's default
+    ends it on the spot, leaving a half-made claim or temporary files). Forked client workers
+    inherit the handler; they die of the signal as before (the pool stops them with it)."""
+    me = os.getpid()
+
+    def stop(signum: int, frame: Any) -> None:
+        if os.getpid() != me:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise _Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread (an embedding app): leave its handling alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(target: Path | None, exc: KeyboardInterrupt) -> NoReturn:
+    """The line after Ctrl-C or SIGTERM: how to continue, or that nothing was written."""
+    what = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
+    if target is not None and (target / "config.yaml").is_file():
+        err.print(f"{what}; continue with: fedge run --resume {target}", markup=False, soft_wrap=True)
+    else:
+        err.print(f"{what} before the run wrote anything; nothing to resume: run the command again", markup=False,
+                  soft_wrap=True)
+    raise typer.Exit(143 if isinstance(exc, _Terminated) else 130) from None
 
 
 class _Bar(Progress):
@@ -144,7 +189,7 @@ def run(
         fail("--allow-config-change goes with --resume RUN_DIR (it accepts edits of that run's config.yaml)")
     target: Path | None = None
     try:
-        with one_line_warnings():
+        with one_line_warnings(), _sigterm_stops_like_ctrl_c():
             if resume is not None:
                 extend = [o for o in overrides if o.split("=", 1)[0].strip() == "rounds"]
                 if config is not None or len(extend) != len(overrides) or len(extend) > 1:
@@ -198,9 +243,8 @@ def run(
         fail(exc, code=1)
     except FedgeError as exc:
         fail(exc)
-    except KeyboardInterrupt:
-        err.print(f"interrupted; continue with: fedge run --resume {target}", markup=False)
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as exc:
+        _interrupted(target, exc)
     summary = json.loads((path / "summary.json").read_text())
     acc = summary.get("final_test_accuracy")
     console = out()

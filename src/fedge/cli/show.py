@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from fedge.cli.common import fail, out, parse_list
+from fedge.cli.common import fail, one_line_warnings, out, parse_list
 from fedge.core.errors import FedgeError
 
 __all__ = ["compare", "datasets", "models", "partition", "report"]
@@ -60,7 +60,8 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> 
     from fedge.report import render_report
 
     try:
-        md, html = render_report(run_dir)
+        with one_line_warnings():
+            md, html = render_report(run_dir)
     except FedgeError as exc:
         fail(exc)
     out().print(f"wrote {md}\nwrote {html}", markup=False)
@@ -76,7 +77,8 @@ def compare(
 
     dest = out_dir or Path(f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
-        cmp = compare_runs(run_dirs, dest, target_accuracy=target)
+        with one_line_warnings():
+            cmp = compare_runs(run_dirs, dest, target_accuracy=target)
     except FedgeError as exc:
         fail(exc)
     console = out()

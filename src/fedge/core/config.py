@@ -51,10 +51,12 @@ __all__ = [
     "apply_overrides",
     "check_finite",
     "check_positive_int",
+    "describe_yaml_error",
     "format_validation_error",
     "load_config",
     "preset_names",
     "preset_path",
+    "read_yaml",
 ]
 
 
@@ -313,6 +315,9 @@ def preset_path(name_or_path: str | Path) -> Path:
     """Resolve a preset name (``quickstart``) or a path to a YAML file."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or p.exists():
+        if p.is_dir():
+            run = f" (to continue the run in it: fedge run --resume {p})" if (p / "config.yaml").is_file() else ""
+            raise ConfigError(f"config file {str(p)!r} is a directory; give a YAML file{run}")
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
         return p
@@ -325,6 +330,42 @@ def preset_path(name_or_path: str | Path) -> Path:
         f"unknown preset {str(name_or_path)!r}{hint}; expected a YAML file path or one of: "
         + ", ".join(preset_names())
     )
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error: PyYAML
+    keeps the last silently, so a second ``method:`` section would replace the first whole."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *base' merges; its keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: SafeLoader names it
+                continue
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice, first on line {first}",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(text: str) -> Any:
+    """Parse config text: YAML as :func:`yaml.safe_load` reads it, but a repeated key is a
+    :class:`yaml.YAMLError` (see :func:`describe_yaml_error`)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def describe_yaml_error(exc: yaml.YAMLError) -> str:
+    """``at line L, column C (problem)``: a YAML error on one line."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"at line {mark.line + 1}, column {mark.column + 1} " if mark is not None else ""
+    return f"{where}({getattr(exc, 'problem', None) or exc.__class__.__name__})"
 
 
 def _parse_value(text: str) -> Any:
@@ -513,12 +554,12 @@ def load_config(source: str | Path | dict[str, Any], *, overrides: Any = None) -
     else:
         path = preset_path(source)
         try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            raw = read_yaml(path.read_text(encoding="utf-8")) or {}
         except UnicodeDecodeError as exc:
             raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (byte {exc.start}: {exc.reason}); "
                               "save it as UTF-8 YAML") from None  # fmt: skip
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML {describe_yaml_error(exc)}; fix it") from None
         except OSError as exc:
             raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
         if not isinstance(raw, dict):

@@ -235,7 +235,16 @@ def read_cifar_batch(path: str | Path, label_key: bytes) -> tuple[np.ndarray, np
             f"{path}: expected a dict with keys b'data' and {label_key!r}, got {keys}; {fix}"
         )
     x = np.asarray(batch[b"data"])
-    y = np.asarray(batch[label_key], dtype=np.int64)
+    try:
+        y = np.asarray(batch[label_key])
+    except ValueError:  # ragged lists
+        y = np.asarray(batch[label_key], dtype=object)
+    if y.ndim != 1 or (y.size and not np.issubdtype(y.dtype, np.integer)):
+        raise ConfigError(
+            f"{path}: expected {label_key!r} to hold one integer label per image, got {y.dtype} of shape "
+            f"{y.shape} (e.g. {y.ravel()[:3].tolist()}); {fix}"
+        )
+    y = y.astype(np.int64)
     if x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3 * 32 * 32 or len(x) != len(y):
         raise ConfigError(
             f"{path}: expected uint8 data of shape (N, 3072) and N labels, got data "

@@ -236,6 +236,10 @@ def _prepare(name: str, raw: RawData, resize: int | None, limits: dict[str, int]
     splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     domains = raw.train_domains
     for split, x, y in (("train", raw.x_train, raw.y_train), ("test", raw.x_test, raw.y_test)):
+        if len(y) == 0:  # a test accuracy over no samples would read 0.0; no client could train on none
+            raise ConfigError(f"dataset {name!r} ({raw.source}): the {split} split holds no samples; clients train on "
+                              "the train split and the run reports accuracy on the test split, so both need samples: "
+                              "check or replace the files")  # fmt: skip
         if split in limits and limits[split] < len(y):
             idx = stratified_subset(y, limits[split], numpy_rng(seed, "data", name, split))
             x, y = x[idx], y[idx]

@@ -527,6 +527,11 @@ def _resume(rundir: RunDir, rounds: int | None, progress: Progress, render: Rend
     if rounds is not None and rundir.is_complete() and state is None:
         raise ResumeError(f"run {str(rundir.path)!r} has no checkpoint.pt to continue from")
     last = 0 if state is None else int(state["record"]["round"])
+    if cfg.rounds < last:  # only --allow-config-change lets rounds shrink this far
+        raise ResumeError(
+            f"run {str(rundir.path)!r} has run {last} rounds, but its config.yaml now says rounds={cfg.rounds}; "
+            f"rounds cannot go below the rounds already run: set rounds to {last} or more (nothing was changed)"
+        )
     if state is None and len(recorded := rundir.read_metrics(2**31)) > 1:  # a kill before round 1's checkpoint leaves one line
         raise ResumeError(
             f"run {str(rundir.path)!r} has no checkpoint.pt, but metrics.jsonl records {len(recorded)} rounds: the "

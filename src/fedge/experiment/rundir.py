@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,6 +42,7 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
+from fedge.core.config import describe_yaml_error, read_yaml
 from fedge.core.errors import ConfigError, FedgeError, ResumeError
 
 try:
@@ -179,6 +181,13 @@ class RunDir:
         p = Path(path)
         if p.exists() and (not p.is_dir() or any(p.iterdir())):
             if p.is_dir() and [x.name for x in p.iterdir()] == [CLAIM]:
+                gone = RunDir(p).dead_claimant()
+                if gone is not None:  # killed (SIGKILL, out of memory) before it wrote anything
+                    raise ConfigError(
+                        f"output directory {str(p)!r} holds only the claim of a fedge run ({gone}) that is no longer "
+                        f"running: it was stopped before it wrote anything; delete the directory (rm -r {p}) and run "
+                        "again, or choose another --out"
+                    )
                 raise RunDirBusyError(
                     f"output directory {str(p)!r} is being set up by another fedge run; choose another --out"
                 )
@@ -208,7 +217,8 @@ class RunDir:
         fix = "choose a writable --out"
         with _storage(self.path, "create the run directory", fix):
             self._created = _mkdir(self.path)
-        info = json.dumps({"pid": os.getpid(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode()
+        info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                           "time": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode()  # fmt: skip
         try:
             _create_exclusive(self.path / CLAIM, info)
         except FileExistsError:
@@ -271,6 +281,28 @@ class RunDir:
             return True
         probe.let_go()
         return False
+
+    def dead_claimant(self) -> str | None:
+        """``"pid N on HOST, claimed at T"`` when the run that claimed the directory has died (a
+        process of this host that no longer exists and holds no lock), else None: alive, on
+        another host, or not known."""
+        try:
+            info = json.loads((self.path / CLAIM).read_text())
+        except (OSError, ValueError):
+            return None
+        pid = info.get("pid") if isinstance(info, dict) else None
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            return None
+        host = info.get("host", socket.gethostname())  # claims from before the host was kept: this one's
+        if host != socket.gethostname() or self.busy():
+            return None
+        try:
+            os.kill(pid, 0)  # signal 0: only asks whether the process exists
+        except ProcessLookupError:
+            return f"pid {pid} on {host}, claimed at {info.get('time', '?')}"
+        except OSError:  # exists, but another user's
+            return None
+        return None
 
     def _remove_if_created(self) -> None:
         if self._created:
@@ -355,13 +387,10 @@ class RunDir:
         if not cfg_path.is_file():
             raise ResumeError(f"{str(self.path)!r} is not a fedge run directory (no {CONFIG})")
         try:
-            raw = yaml.safe_load(cfg_path.read_text())
+            raw = read_yaml(cfg_path.read_text())
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(exc, "problem", None) or exc.__class__.__name__
             raise ResumeError(
-                f"{str(cfg_path)!r} is not valid YAML{where} ({problem}); fix or restore it, then resume again"
+                f"{str(cfg_path)!r} is not valid YAML {describe_yaml_error(exc)}; fix or restore it, then resume again"
             ) from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ResumeError(f"cannot read {str(cfg_path)!r} ({exc}); restore it, then resume again") from None
@@ -384,7 +413,10 @@ class RunDir:
             obj = json.loads(path.read_text())
         except (OSError, ValueError):
             raise ResumeError(f"{str(path)!r} is corrupt; restore it (it records the config the run used)") from None
-        return obj if isinstance(obj, dict) else None
+        if not isinstance(obj, dict):
+            raise ResumeError(f"{str(path)!r} is corrupt (holds {type(obj).__name__}, not a mapping of config keys); "
+                              "restore it (it records the config the run used)")  # fmt: skip
+        return obj
 
     def record_config_change(self, at_round: int, changes: dict[str, tuple[Any, Any]], config: dict[str, Any],
                              note: str | None = None) -> None:  # fmt: skip
@@ -399,9 +431,10 @@ class RunDir:
 
     def is_complete(self) -> bool:
         try:
-            return json.loads((self.path / SUMMARY).read_text()).get("status") == "complete"
+            summary = json.loads((self.path / SUMMARY).read_text())
         except (OSError, ValueError):
             return False
+        return isinstance(summary, dict) and summary.get("status") == "complete"
 
     def load_checkpoint(self) -> dict[str, Any] | None:
         """The last checkpoint (None if the run stopped before round 1 finished)."""
