@@ -61,6 +61,11 @@ def test_unknown_preset_lists_presets():
         load_config("quikstart")
 
 
+def test_a_missing_path_without_a_yaml_suffix_is_a_missing_file_not_a_preset(tmp_path):
+    with pytest.raises(ConfigError, match=r"config file '.*nope/cfg' does not exist; give a YAML file or a preset name"):
+        load_config(str(tmp_path / "nope" / "cfg"))
+
+
 def test_switching_a_choice_section_drops_the_old_choices_keys():
     raw = {"method": {"name": "baffle", "k": 100}, "model": {"name": "lenet", "activation": "hardswish"}}
     out = apply_overrides(raw, ["method.local_epochs=2", "method.name=fedavg", "model.name=lenet"])

@@ -321,6 +321,9 @@ def preset_path(name_or_path: str | Path) -> Path:
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
         return p
+    if len(p.parts) > 1:  # a path, not a preset name
+        raise ConfigError(f"config file {str(p)!r} does not exist; give a YAML file or a preset name "
+                          f"({', '.join(preset_names())})")  # fmt: skip
     cand = _preset_dir() / f"{name_or_path}.yaml"
     if cand.is_file():
         return cand
