@@ -314,25 +314,35 @@ def test_read_only_existing_empty_out_leaves_it_empty(tmp_path, tiny, monkeypatc
     assert list(out.iterdir()) == []
 
 
-def test_disk_full_mid_run_cleans_up_and_resumes(tmp_path, tiny, monkeypatch):
+def _cut_at_round_3(tmp_path, tiny, monkeypatch, fault):  # noqa: ANN001, ANN202
+    """A complete 4-round run, then the same run whose round-3 checkpoint write leaves half a
+    file and calls ``fault()``: (the complete run, the cut one, the cut run's result)."""
     cfg = _write_cfg(tmp_path, tiny, rounds=4)
     full = tmp_path / "full"
     assert _run("run", cfg, "--out", full, "-q").exit_code == 0
     out = tmp_path / "cut"
     real = rundir_mod._save_torch
 
-    def save_then_fill_disk(obj, path):
+    def save_then_fault(obj, path):  # noqa: ANN001, ANN202
         if obj["record"]["round"] == 3:
-            path.write_bytes(b"half a checkpoint")  # what a full disk leaves behind
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            path.write_bytes(b"half a checkpoint")  # what a full disk or a kill leaves behind
+            fault()
         real(obj, path)
 
-    monkeypatch.setattr(rundir_mod, "_save_torch", save_then_fill_disk)
+    monkeypatch.setattr(rundir_mod, "_save_torch", save_then_fault)
     res = _run("run", cfg, "--out", out, "-q")
+    monkeypatch.setattr(rundir_mod, "_save_torch", real)
+    return full, out, res
+
+
+def test_disk_full_mid_run_cleans_up_and_resumes(tmp_path, tiny, monkeypatch):
+    def disk_full():  # noqa: ANN202
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    full, out, res = _cut_at_round_3(tmp_path, tiny, monkeypatch, disk_full)
     _one_error_line(res, re.escape(f"cannot write '{out / 'checkpoint.pt'}' (errno 28: No space left on device); "
                                    f"free space or fix the permissions, then continue with: fedge run --resume {out}"))
     assert not list(out.glob("*.tmp")) and not (out / "summary.json").exists()
-    monkeypatch.setattr(rundir_mod, "_save_torch", real)
     res = _run("run", "--resume", out, "-q")
     assert res.exit_code == 0, res.output
     assert metrics_without_wall(out) == metrics_without_wall(full)
@@ -354,24 +364,10 @@ def test_sigterm_mid_run_stops_as_ctrl_c_does_and_the_run_resumes(tmp_path, tiny
     """``kill``, a scheduler's stop or ``timeout`` send SIGTERM: the run stops after cleaning up
     (no temporary file, not complete), says how to continue (exit 143), and resumes to the
     uninterrupted run's metrics."""
-    cfg = _write_cfg(tmp_path, tiny, rounds=4)
-    full = tmp_path / "full"
-    assert _run("run", cfg, "--out", full, "-q").exit_code == 0
-    out = tmp_path / "cut"
-    real = rundir_mod._save_torch
-
-    def save_then_terminated(obj, path):
-        if obj["record"]["round"] == 3:
-            path.write_bytes(b"half a checkpoint")
-            os.kill(os.getpid(), signal.SIGTERM)  # handled at once, in this (the main) thread
-        real(obj, path)
-
-    monkeypatch.setattr(rundir_mod, "_save_torch", save_then_terminated)
-    res = _run("run", cfg, "--out", out, "-q")
-    assert res.exit_code == 143, res.output
+    full, out, res = _cut_at_round_3(tmp_path, tiny, monkeypatch, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    assert res.exit_code == 143, res.output  # (the signal is handled at once, in this, the main, thread)
     assert res.stderr == f"terminated (SIGTERM); continue with: fedge run --resume {out}\n"
     assert not list(out.glob("*.tmp")) and not (out / "summary.json").exists()
-    monkeypatch.setattr(rundir_mod, "_save_torch", real)
     res = _run("run", "--resume", out, "-q")
     assert res.exit_code == 0, res.output
     assert metrics_without_wall(out) == metrics_without_wall(full)
