@@ -125,6 +125,18 @@ def test_labels_out_of_range_are_rejected(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("split", ["train", "test"])
+def test_images_not_28x28_are_refused_naming_the_file(tmp_path: Path, split: str) -> None:
+    """A resized or foreign IDX file parses; every MNIST-family image is 28x28, so anything else
+    is the wrong file (and a test split of another size would fail only in the first forward)."""
+    write_mnist_like(tmp_path / "m")
+    name = _IDX_NAMES[0] if split == "train" else _IDX_NAMES[2]
+    write_idx(tmp_path / "m" / name, fake_images(40 if split == "train" else 20, 3, size=32))
+    with pytest.raises(ConfigError, match=rf"{name}: expected 28x28 images .* got 32x32; .*"
+                       "dataset.name=npz"):  # fmt: skip
+        load_dataset("mnist", root=tmp_path / "m")
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
 def test_an_empty_split_is_refused_naming_it(tmp_path: Path, split: str) -> None:
     """IDX files holding 0 images parse; a run on them would report test accuracy 0.0 (an
     empty test split) or a partition error about "[1, 0]" clients (an empty train split)."""

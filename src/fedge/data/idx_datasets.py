@@ -103,6 +103,14 @@ def _read_cached(key: tuple[tuple[str, str, int, int], ...], transpose: bool, la
                 f"{paths[f'{split}_images']}: expected uint8 images (N, H, W) and N labels, got "
                 f"images {x.dtype}{x.shape} and labels {y.shape}; the files do not belong together"
             )
+        if x.shape[1:] != (28, 28):
+            raise ConfigError(
+                f"{paths[f'{split}_images']}: expected 28x28 images (every MNIST, Fashion-MNIST "
+                f"and EMNIST image is), got {x.shape[1]}x{x.shape[2]}; the file is not one of "
+                "this dataset's. For other images use dataset.name=npz (dataset.path: a .npz "
+                "file with x_train, y_train, x_test, y_test); dataset.resize changes the input "
+                "size a model sees"
+            )
         if transpose:  # EMNIST stores column-major images: (N, W, H) -> (N, H, W)
             x = x.transpose(0, 2, 1)
         y = y.astype(np.int64) - label_offset
