@@ -135,6 +135,19 @@ def test_invalid_yaml_is_one_line_naming_where(tmp_path):
     assert str(exc.value).startswith(f"config file '{path}' is not valid YAML at line 2, column 1 (")
 
 
+@pytest.mark.parametrize("text", ["", "\n\n", "# rounds: 5\n"])
+def test_a_config_file_without_settings_is_refused_but_an_empty_mapping_runs_defaults(tmp_path, text):
+    """A blank file (saved before it was written, truncated, every line commented out) would run
+    every default without a word; ``{}`` says that on purpose."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"^config file '.*c.yaml' holds no settings \(empty, or only comments\); "
+                       r"write the keys to change, or '\{\}' to run every default on purpose$"):  # fmt: skip
+        load_config(path)
+    path.write_text("{}  # every default\n")
+    assert load_config(path) == load_config({})
+
+
 def test_a_directory_given_as_config_is_named_so(tmp_path):
     (tmp_path / "run.yaml").mkdir()
     with pytest.raises(ConfigError, match=r"config file '.*run.yaml' is a directory; give a YAML file$"):

@@ -557,7 +557,7 @@ def load_config(source: str | Path | dict[str, Any], *, overrides: Any = None) -
     else:
         path = preset_path(source)
         try:
-            raw = read_yaml(path.read_text(encoding="utf-8")) or {}
+            raw = read_yaml(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as exc:
             raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (byte {exc.start}: {exc.reason}); "
                               "save it as UTF-8 YAML") from None  # fmt: skip
@@ -565,6 +565,9 @@ def load_config(source: str | Path | dict[str, Any], *, overrides: Any = None) -
             raise ConfigError(f"config file {str(path)!r} is not valid YAML {describe_yaml_error(exc)}; fix it") from None
         except OSError as exc:
             raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+        if raw is None:  # nothing but blanks and comments: a truncated or unsaved file, most likely
+            raise ConfigError(f"config file {str(path)!r} holds no settings (empty, or only comments); write the "
+                              "keys to change, or '{}' to run every default on purpose")  # fmt: skip
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping, got {type(raw).__name__}")
     raw = apply_overrides(raw, override_strings(overrides))
