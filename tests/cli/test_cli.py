@@ -507,14 +507,18 @@ def test_resume_of_a_run_another_process_drives_is_one_line_and_changes_nothing(
 def test_resume_refuses_extra_arguments(tmp_path):
     res = _run("run", "quickstart", "--resume", tmp_path)
     _one_error_line(res, r"--resume takes only the run directory \(its config.yaml fixes everything else\) and "
-                         r"optionally --set rounds=N to train a run further")  # fmt: skip
+                         r"optionally --set rounds=N to train a run further; drop the config quickstart \(to change "
+                         r"the run's config: edit .*config.yaml and add --allow-config-change\)$")  # fmt: skip
 
 
 @pytest.mark.parametrize("extra,pattern", [
-    (["--set", "seed=3"], r"--resume takes only the run directory .*"),
+    (["--set", "seed=3"], r"--resume takes only the run directory .*; drop --set seed=3 \(to change.*"),
     (["--set", "rounds=2"], r"rounds=2 does not extend run '.*', which has rounds=3; give a larger total \(e.g. rounds=6\)"),
+    (["--set", "rounds=-1"], r"rounds=-1 does not extend run '.*', which has rounds=3; give a larger total.*"),
     (["--set", "rounds=x"], r"--set rounds=x: rounds must be a whole number of rounds"),
-    (["--set", "rounds=5", "--set", "rounds=6"], r"--resume takes only the run directory .*"),
+    (["--set", "rounds=5", "--set", "rounds=6"], r"--resume takes only .*; drop --set rounds=5, --set rounds=6 \(to.*"),
+    (["--set", "rounds=5", "--workers", "2", "--measure-memory"],
+     r"--resume takes only .*; drop --measure-memory, --workers 2 \(to change.*"),
 ])  # fmt: skip
 def test_resume_takes_only_a_larger_round_count(tmp_path, tiny, extra, pattern):
     _resume_refused(_finished(tmp_path, tiny, rounds=3), pattern, *extra)

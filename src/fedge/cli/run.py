@@ -191,18 +191,24 @@ def run(
     try:
         with one_line_warnings(), _sigterm_stops_like_ctrl_c():
             if resume is not None:
-                extend = [o for o in overrides if o.split("=", 1)[0].strip() == "rounds"]
-                if config is not None or len(extend) != len(overrides) or len(extend) > 1:
+                extend = [o for o in set_ or [] if o.split("=", 1)[0].strip() == "rounds"]
+                extra = ([f"the config {config}"] if config is not None else []) + [
+                    f"--set {o}" for o in set_ or [] if o not in extend or len(extend) > 1] + (
+                    ["--measure-memory"] if measure_memory else []) + (
+                    [f"--workers {workers}"] if workers is not None else [])  # fmt: skip
+                if extra:
                     fail(
                         "--resume takes only the run directory (its config.yaml fixes everything else) "
-                        "and optionally --set rounds=N to train a run further"
+                        f"and optionally --set rounds=N to train a run further; drop {', '.join(extra)} (to "
+                        f"change the run's config: edit {resume / 'config.yaml'} and add --allow-config-change)"
                     )
                 rounds = None
                 if extend:
                     value = extend[0].split("=", 1)[1].strip() if "=" in extend[0] else ""
-                    if not value.isdigit():
+                    try:
+                        rounds = int(value)
+                    except ValueError:
                         fail(f"--set {extend[0]}: rounds must be a whole number of rounds")
-                    rounds = int(value)
                 target = resume
                 if runtime == "flower":
                     from fedge.experiment.flower import submit
