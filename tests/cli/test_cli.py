@@ -89,7 +89,7 @@ def _interrupted(tmp_path, tiny, rounds=3) -> Path:
         (["--set", "no.such.key=1"], r"unknown config key 'no'; valid keys here: .*"),
         (["--set", "clients.per_round=11"],
          r"config key 'clients': clients.per_round=11 must be between 1 and clients.num=10; .*"),
-        (["--set", "model.name=resnet99"], r"unknown model 'resnet99'; expected one of: .*"),
+        (["--set", "model.name=resnet99"], r"unknown model 'resnet99' \(did you mean 'resnet20'\?\); expected one of: .*"),
         (["--set", "rounds"], r"--set 'rounds': expected KEY=VALUE, e.g. --set rounds=20"),
         (["--set", "method.client_optimizer.lr=inf"],
          r"config key 'method.client_optimizer.lr': 'inf' is not a finite number; give a finite value"),

@@ -20,6 +20,21 @@ def test_register_get_and_unknown_name_lists_choices() -> None:
     assert e.value.choices == ("blue", "red")
 
 
+@pytest.mark.parametrize("typed,meant", [
+    ("FedAvg", "fedavg"), ("Fashion_MNIST", "fashion-mnist"), ("NTK BAFFLE", "ntk-baffle"),  # case, _ and spaces
+    ("mnits", "mnist"), ("fedav", "fedavg"),  # a near spelling
+    ("xyz", None), ("fedprox", None),  # nothing near (FedProx is another method, not a misspelt FedPT)
+])  # fmt: skip
+def test_unknown_name_suggests_the_choice_it_most_likely_meant(typed, meant) -> None:
+    reg: Registry[int] = Registry("name")
+    for i, name in enumerate(("fedavg", "fashion-mnist", "ntk-baffle", "mnist", "baffle", "fedpt")):
+        reg.register(name, i)
+    with pytest.raises(UnknownNameError) as e:
+        reg.get(typed)
+    hint = f" (did you mean {meant!r}?)" if meant else ""
+    assert str(e.value) == f"unknown name {typed!r}{hint}; expected one of: baffle, fashion-mnist, fedavg, fedpt, mnist, ntk-baffle"
+
+
 def test_duplicates_refused_and_view_read_only() -> None:
     reg: Registry[int] = Registry("colour")
     reg.register("red", 1)

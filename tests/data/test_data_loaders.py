@@ -230,7 +230,7 @@ def test_limit_is_stratified_seeded_and_ordered() -> None:
 def test_registry_names_status_and_describe() -> None:
     assert dataset_names() == ["cifar10", "cifar100", "csv", "digits", "emnist",
                                "fashion-mnist", "mnist", "module", "npz", "synthetic"]
-    with pytest.raises(UnknownNameError, match="unknown dataset 'mnits'; expected one of: cifar10"):
+    with pytest.raises(UnknownNameError, match="unknown dataset 'mnits' \\(did you mean 'mnist'\\?\\); expected one of: cifar10"):
         load_dataset("mnits")
     status = {s.name: s for s in available_datasets()}
     assert status["digits"].available and status["synthetic"].available

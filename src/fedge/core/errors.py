@@ -6,6 +6,8 @@ ValueError/TypeError/etc so callers that do not know fedge can still catch them.
 
 from __future__ import annotations
 
+import difflib
+
 __all__ = [
     "ConfigError",
     "DataNotFoundError",
@@ -31,9 +33,25 @@ class UnknownNameError(ConfigError, KeyError):
 
     def __init__(self, kind: str, name: str, choices: list[str] | tuple[str, ...], *, hint: str = "") -> None:
         self.kind, self.name, self.choices = kind, name, tuple(sorted(choices))
+        close = self.closest(str(name), self.choices)
         super().__init__(
-            f"unknown {kind} {name!r}; expected one of: {', '.join(self.choices)}" + (f"; {hint}" if hint else "")
+            f"unknown {kind} {name!r}{f' (did you mean {close!r}?)' if close else ''}; expected one of: "
+            f"{', '.join(self.choices)}" + (f"; {hint}" if hint else "")
         )
+
+    @staticmethod
+    def closest(name: str, choices: tuple[str, ...]) -> str | None:
+        """The choice ``name`` most likely meant: one equal up to case, ``-``/``_`` and spaces
+        (``FedAvg``, ``Fashion_MNIST``), else the nearest spelling (``mnits``), else None."""
+        def fold(s: str) -> str:
+            return s.lower().replace("_", "-").replace(" ", "-")
+
+        same = [c for c in choices if fold(c) == fold(name)]
+        if same:
+            return same[0]
+        # cutoff 0.75, not difflib's 0.6: 'fedprox' (another method) must not read as 'fedpt'
+        near = difflib.get_close_matches(fold(name), [fold(c) for c in choices], n=1, cutoff=0.75)
+        return next(c for c in choices if fold(c) == near[0]) if near else None
 
     def __str__(self) -> str:  # KeyError would otherwise repr() the message
         return self.args[0]
