@@ -213,6 +213,22 @@ def test_synthetic_options_and_domains() -> None:
         load_dataset("synthetic", num_classes=1)
 
 
+def test_a_dataset_that_cannot_fit_in_memory_is_refused_before_allocating(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """digits at resize=64: 1797 x 1x64x64 float32 = 29.4 MB; on a machine "with 20 MB" that is
+    refused with the sizes and the fixes, and limits that make it fit are accepted."""
+    from fedge.data import registry
+
+    monkeypatch.setattr(registry, "physical_memory", lambda: 20 * 2**20)
+    with pytest.raises(ConfigError, match=r"^dataset 'digits' with resize=64: 1437 train and 360 test samples of "
+                       r"1x64x64 take 29.4 MB as float32, more than this machine's 21.0 MB of memory; use a smaller "
+                       r"dataset.resize, or fewer samples \(dataset.limit_train, dataset.limit_test\)$"):  # fmt: skip
+        load_dataset("digits", resize=64)
+    assert load_dataset("digits", resize=64, limit_train=800).x_train.shape == (800, 1, 64, 64)
+    monkeypatch.setattr(registry, "physical_memory", lambda: None)  # the OS does not say: no check
+    assert load_dataset("digits", resize=64).num_train == 1437
+
+
 def test_limit_is_stratified_seeded_and_ordered() -> None:
     full = load_dataset("synthetic")
     a = load_dataset("synthetic", limit_train=100, limit_test=50, seed=0)

@@ -12,6 +12,7 @@ Nothing here touches the network: loaders read standard files from known places 
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -231,8 +232,40 @@ def load_dataset(
     return _prepare(name, raw, resize, limits, seed)
 
 
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def _check_fits(name: str, raw: RawData, resize: int | None, limits: dict[str, int]) -> None:
+    """Refuse, before allocating, a dataset whose float32 samples cannot fit in this machine's
+    memory (a large ``resize`` would otherwise end in the OS killing the process, or in swap)."""
+    shape = tuple(raw.x_train.shape[1:])
+    if resize is not None and len(shape) == 3:
+        shape = (shape[0], resize, resize)
+    counts = {split: min(limits.get(split, len(x)), len(x)) for split, x in (("train", raw.x_train),
+                                                                                ("test", raw.x_test))}  # fmt: skip
+    total = sum(counts.values()) * int(np.prod(shape)) * 4
+    memory = physical_memory()
+    if memory is not None and total > memory:
+        raise ConfigError(
+            f"dataset {name!r}{f' with resize={resize}' if resize else ''}: {counts['train']} train and "
+            f"{counts['test']} test samples of {'x'.join(map(str, shape))} take {_size(total)} as "
+            f"float32, more than this machine's {_size(memory)} of memory; use a smaller "
+            "dataset.resize, or fewer samples (dataset.limit_train, dataset.limit_test)"
+        )
+
+
 def _prepare(name: str, raw: RawData, resize: int | None, limits: dict[str, int],
              seed: int) -> Dataset:
+    _check_fits(name, raw, resize, limits)
     splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     domains = raw.train_domains
     for split, x, y in (("train", raw.x_train, raw.y_train), ("test", raw.x_test, raw.y_test)):
