@@ -129,6 +129,45 @@ def test_block_directions_touch_one_block_and_split_k_by_sqrt_size() -> None:
         block_split([4, 5, 6], 2)
 
 
+def test_block_directions_under_masks_split_k_by_kept_coordinates() -> None:
+    """A pruned model's blocks are what the masks keep: b.weight keeps 4 of 100 coordinates, so
+    blocks a (4) and b (4) share K = 12 evenly; a block pruned away entirely gets no direction.
+    The client's forwards, its one-device estimate and the server's rebuild all split alike."""
+    shapes = {"a.weight": (1, 3), "a.bias": (1,), "b.weight": (10, 10)}
+    keep = torch.zeros(10, 10, dtype=torch.bool)
+    keep[0, :4] = True
+    assert block_split([4, 4], 12) == [6, 6] and block_split([4, 0, 100], 12) == [3, 0, 9]
+    dirs = make_directions("block", shapes, 12, {"b.weight": keep})
+    assert dirs.weights.tolist() == [1 / 6] * 12
+    gone = make_directions("block", shapes, 2, {"b.weight": torch.zeros(10, 10, dtype=torch.bool)})
+    assert gone.weights.tolist() == [0.5, 0.5]  # both directions on block a; b's K_b = 0 needs no k
+    assert bool(gone.draw(0, range(2), "b.weight", (10, 10)).eq(0).all())
+    with pytest.raises(ConfigError, match="every selected one is masked out"):
+        block_split([0, 0], 3)
+
+    model = _TwoLinear(10).double()
+    g = torch.Generator().manual_seed(0)
+    batch = (torch.randn(8, 10, generator=g, dtype=torch.float64), torch.zeros(8))
+    masks = {"b.weight": keep[:1].reshape(1, 10)}  # b.weight is (1, 10) here: 4 of 10 kept
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    # blocks a (11 coordinates) and b (4 kept): 8 extra ∝ (sqrt 11, 2) -> 1 + 4.99, 1 + 3.01 -> 6, 4
+    # (unmasked, b's 10 coordinates would take 5 of them)
+    split = make_directions("block", shapes, 10, masks)
+    assert split.weights.tolist() == [1 / 6] * 6 + [1 / 4] * 4
+    assert make_directions("block", shapes, 10).weights.tolist() == [1 / 5] * 10
+    kw = dict(sigma=0.05, seed=3, scheme="central", directions="block", masks=masks)
+    one_device = zeroth_order_gradient(model, _mean_loss, batch, k=10, **kw)
+    diffs = loss_differences(model, _mean_loss, batch, k=10, **kw)
+    rebuilt = estimate_gradient(dict(model.named_parameters()), diffs, **kw)
+    # the linear oracle: ĝ = Σ_k w_k z_k z_kᵀ a over the kept coordinates, with the masked split's weights
+    a = dict(zip(shapes, torch.autograd.grad(_mean_loss(model(batch[0]), None), list(model.parameters()))))
+    keep_of = {n: masks.get(n, torch.ones(sh, dtype=torch.bool)).reshape(-1) for n, sh in shapes.items()}
+    z = torch.cat([split.draw(3, range(10), n, sh).view(10, -1) * keep_of[n] for n, sh in shapes.items()], 1).double()
+    want = (split.weights[:, None] * z * (z @ _flat(a))[:, None]).sum(0)
+    assert torch.allclose(_flat(one_device), want, rtol=1e-5, atol=1e-8)
+    assert torch.allclose(_flat(rebuilt).double(), want, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("kind", ["orthogonal", "block"])
 def test_lean_fast_and_threads_agree_for_every_direction_kind(kind: str) -> None:
     torch.manual_seed(0)

@@ -41,11 +41,14 @@ server regenerates a chunk of directions per parameter; no K × n matrix is ever
 ``block`` (per-layer perturbations)
     Blocks are the selected parameters grouped by their module (``"conv1.weight"`` and
     ``"conv1.bias"`` form block ``"conv1"``). The K directions are split over the B blocks in
-    contiguous ranges, block b getting ``K_b ∝ sqrt(n_b)`` of them (n_b its coordinates; at
-    least 1 each, largest-remainder rounding; ``block_split``). δ_k touches only its block
+    contiguous ranges, block b getting ``K_b ∝ sqrt(n_b)`` of them (n_b its perturbed
+    coordinates: under masks, the kept ones, so a pruned model's directions follow what is
+    left of each layer and a block pruned away entirely gets none; at least 1 each otherwise,
+    largest-remainder rounding; ``block_split``). δ_k touches only its block
     (Gaussian there, zero elsewhere) and ``w_k = 1/K_b``, so each block's estimate is
     BAFFLE's with K_b directions in n_b dimensions, unbiased. The sqrt(n_b) split minimises
-    Σ_b |∇_b L|² n_b / K_b when the blocks' gradient norms are equal. Needs K ≥ B.
+    Σ_b |∇_b L|² n_b / K_b when the blocks' gradient norms are equal. Needs K ≥ B (the blocks
+    with a perturbed coordinate).
 
 Perturbing only a subset of the parameters is the ``params`` argument of the estimators (names;
 :func:`match_params` resolves shell-style patterns); it composes with every choice above and
@@ -120,8 +123,12 @@ def remembered(dirs: Directions, budget_bytes: int) -> Directions:
     return Directions(dirs.kind, dirs.k, draw, dirs.weights)
 
 
-def make_directions(kind: str, shapes: Mapping[str, Sequence[int]], k: int) -> Directions:
-    """The directions ``kind`` for a selection (name -> shape, in model order) and K."""
+def make_directions(
+    kind: str, shapes: Mapping[str, Sequence[int]], k: int, masks: Mapping[str, Tensor] | None = None
+) -> Directions:
+    """The directions ``kind`` for a selection (name -> shape, in model order) and K; ``masks``
+    (name -> boolean, True = perturbed) size ``block``'s blocks by their kept coordinates (the
+    other kinds draw every coordinate and leave masking to the estimator)."""
     if kind not in get_args(DirectionKind):
         raise ConfigError(
             f"directions must be one of {list(get_args(DirectionKind))}, got {kind!r}; "
@@ -132,12 +139,16 @@ def make_directions(kind: str, shapes: Mapping[str, Sequence[int]], k: int) -> D
         return Directions(kind, k, standard_normal_chunk, uniform)
     if kind == "orthogonal":
         return Directions(kind, k, hadamard_chunk, uniform)
-    return _block(shapes, k)
+    return _block(shapes, k, masks or {})
 
 
 def block_split(sizes: Sequence[int], k: int) -> list[int]:
-    """K_b ∝ sqrt(n_b), each ≥ 1, summing to K (largest remainder; ties to the earlier block)."""
-    b = len(sizes)
+    """K_b ∝ sqrt(n_b), each ≥ 1 (0 for a block of no coordinates), summing to K (largest
+    remainder; ties to the earlier block)."""
+    live = [i for i, n in enumerate(sizes) if n > 0]
+    b = len(live)
+    if b == 0:
+        raise ConfigError("block directions need a perturbed coordinate; every selected one is masked out")
     if k < b:
         raise ConfigError(
             f"block directions need k >= the number of blocks: k={k}, {b} blocks; "
@@ -146,9 +157,9 @@ def block_split(sizes: Sequence[int], k: int) -> list[int]:
     roots = [math.sqrt(n) for n in sizes]
     extra = k - b  # one each first
     share = [extra * r / sum(roots) for r in roots]
-    out = [1 + int(s) for s in share]
+    out = [(1 + int(s)) if n > 0 else 0 for s, n in zip(share, sizes)]
     left = k - sum(out)
-    for i in sorted(range(b), key=lambda i: (-(share[i] - int(share[i])), i))[:left]:
+    for i in sorted(live, key=lambda i: (-(share[i] - int(share[i])), i))[:left]:
         out[i] += 1
     return out
 
@@ -158,17 +169,18 @@ def block_of(name: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else name
 
 
-def _block(shapes: Mapping[str, Sequence[int]], k: int) -> Directions:
+def _block(shapes: Mapping[str, Sequence[int]], k: int, masks: Mapping[str, Tensor]) -> Directions:
     blocks: dict[str, int] = {}
     for name, shape in shapes.items():
-        blocks[block_of(name)] = blocks.get(block_of(name), 0) + math.prod(shape)
+        n = int(masks[name].sum()) if name in masks else math.prod(shape)
+        blocks[block_of(name)] = blocks.get(block_of(name), 0) + n
     counts = block_split(list(blocks.values()), k)
     ranges: dict[str, range] = {}
     weights = torch.empty(k, dtype=torch.float64)
     start = 0
     for b, kb in zip(blocks, counts):
         ranges[b] = range(start, start + kb)
-        weights[start : start + kb] = 1.0 / kb
+        weights[start : start + kb] = 1.0 / max(kb, 1)  # kb = 0: an empty range
         start += kb
 
     def draw(seed: int, ks: Sequence[int], name: str, shape: Sequence[int]) -> Tensor:

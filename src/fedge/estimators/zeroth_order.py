@@ -289,7 +289,7 @@ def estimate_gradient(
         raise ConfigError("shapes_or_params is empty; pass the parameters the client perturbed")
     mask_of = check_masks(shapes, masks)
     k = diffs.numel()
-    dirs = _directions(directions, shapes, k)
+    dirs = _directions(directions, shapes, k, mask_of)
     if dirs.kind == "block":  # w_k = 1 / K_b
         coef = (diffs * dirs.weights / (_NORMALIZER[scheme] * sigma)).to(torch.float32)  # (K,)
     else:  # w_k = 1 / K, as BAFFLE Eq. (6) writes it
@@ -368,7 +368,7 @@ def zeroth_order_gradient(
     """
     sel = select(model, params, masks)
     _check_k_sigma(k, sigma)
-    dirs = _directions(directions, {n: p.shape for n, p in sel.params.items()}, k)
+    dirs = _directions(directions, {n: p.shape for n, p in sel.params.items()}, k, sel.masks)
     if mode == "fast":
         dirs = remembered(dirs, _REMEMBER_BYTES)
     diffs = loss_differences(
@@ -508,16 +508,18 @@ def batched_pays(model: nn.Module, x: Tensor) -> bool:
 
 def _with_directions(sel: Selection, directions: DirectionKind | Directions, k: int) -> Selection:
     """``sel`` drawing the step's ``directions`` (built from the selection's shapes and K)."""
-    dirs = _directions(directions, {n: p.shape for n, p in sel.params.items()}, k)
+    dirs = _directions(directions, {n: p.shape for n, p in sel.params.items()}, k, sel.masks)
     return dataclasses.replace(sel, draw=dirs.draw)
 
 
 def _directions(
-    directions: DirectionKind | Directions, shapes: Mapping[str, Sequence[int]], k: int
+    directions: DirectionKind | Directions, shapes: Mapping[str, Sequence[int]], k: int,
+    masks: Mapping[str, Tensor],
 ) -> Directions:
-    """The step's directions: built from a kind, or a given set checked against K."""
+    """The step's directions: built from a kind (block's sized by the masks' kept coordinates),
+    or a given set checked against K."""
     if not isinstance(directions, Directions):
-        return make_directions(directions, shapes, k)
+        return make_directions(directions, shapes, k, masks)
     if directions.k != k:
         raise ConfigError(
             f"the given directions were made for k={directions.k}, but this step has k={k}; "
