@@ -216,6 +216,51 @@ def test_a_node_failing_the_handshake_is_skipped_unless_its_client_has_no_other(
             sim.connect(_OfflineLastNodeGrid(app, [{"partition-id": i} for i in (0, 1, 2)]))
 
 
+class _OtherTorchLastNodeGrid(LocalGrid):
+    """Its last node runs a torch that draws other numbers from the same seeds."""
+
+    def _deliver(self, msg, context):
+        from fedge.runtime.flower.grid import _unwire, _wire
+
+        reply = _unwire(super()._deliver(msg, context))
+        rec = reply.content.config_records[RECORD]
+        if context.node_id == self.node_ids[-1] and "rng_probe" in rec:
+            rec["rng_probe"], rec["torch"] = [x + 0.5 for x in rec["rng_probe"]], "9.9.9"
+        return _wire(reply)
+
+
+@pytest.mark.parametrize("method", ["baffle", "fedavg"])
+def test_a_node_drawing_other_numbers_from_the_seeds_is_refused_where_the_method_rebuilds_draws(method):
+    """BAFFLE's server rebuilds the clients' perturbations from their seeds: a node whose torch
+    draws other numbers would train on mismatched perturbations without any error, so it is
+    refused on connecting, naming it; FedAvg rebuilds nothing, so it only gets a warning."""
+    from fedge.experiment.build import build_run
+    from fedge.runtime.rngprobe import rng_probe, same_draws
+
+    overrides = {"clients.num": 3, "clients.per_round": 3}
+    if method == "baffle":
+        overrides["method"] = {"name": "baffle", "mode": "batch", "k": 4, "batch_size": 32}
+    built = build_run(load_config(tiny_config(rounds=1, **overrides)))
+    sim = built.simulation(runtime="flower-sim")
+    assert sim.shared_rng is (method == "baffle")
+    app = client_app(built.method.program, built.clients.__getitem__, seed=0, measure_flops=False,
+                     measure_memory=False, parties={})  # fmt: skip
+    sim.wait_nodes_s = 0
+    sim.connect(LocalGrid(app, [{"partition-id": i} for i in range(3)]))  # same machine: same draws
+    assert same_draws(rng_probe(), rng_probe()) and not same_draws(rng_probe(), [x + 0.5 for x in rng_probe()])
+    other = _OtherTorchLastNodeGrid(app, [{"partition-id": i} for i in range(3)])
+    text = (r"1 node\(s\) draw other numbers from the same seeds than this server \(torch .*\): node 1002 \(client 2, "
+            r"torch 9.9.9\); ")  # fmt: skip
+    if method == "baffle":
+        with pytest.raises(ConfigError, match=text + r"this method rebuilds .* give every SuperNode this server's torch "
+                           r"build \(pip install torch==\d"):  # fmt: skip
+            sim.connect(other)
+    else:
+        with pytest.warns(RuntimeWarning, match=text + "the run trains as configured"):
+            sim.connect(other)
+        assert sim.nodes == {0: 1000, 1: 1001, 2: 1002}
+
+
 def test_cli_quickstart_on_flower_sim_writes_a_complete_run_directory(tmp_path):
     from typer.testing import CliRunner
 

@@ -48,7 +48,9 @@ the node holds, as an uninterrupted one does. Under ``clients.min_replies`` a no
 answer that fetch either (it is down) keeps its state of the last fetch in the checkpoint, with
 a warning naming it; without ``min_replies`` the fetch failing stops the run. On connecting, a
 node that fails the handshake (e.g. one the SuperLink answers for as offline) is skipped; it is an error only if a client is left without a
-node. Nodes are matched to clients once, on connecting: a SuperNode restarted during a run
+node. The handshake also compares each node's seeded draws with the server's
+(:mod:`fedge.runtime.rngprobe`): a node drawing other numbers is refused where the method
+rebuilds draws across parties (``shared_rng``), else warned about. Nodes are matched to clients once, on connecting: a SuperNode restarted during a run
 registers under a new node id and is addressed again only when the run is resumed.
 
 Late replies. Replies are matched to the message they answer (``reply_to_message_id``), and
@@ -84,6 +86,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
 from typing import Any
 
+import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID
@@ -96,6 +99,7 @@ from fedge.core.meter import StepStats
 from fedge.core.protocols import ClientProgram
 from fedge.runtime.engine import RoundRecord, Simulation, _Result, _Task, execute_client
 from fedge.runtime.flower.grid import LocalGrid
+from fedge.runtime.rngprobe import rng_probe, same_draws
 
 __all__ = ["FlowerSimulation", "client_app", "server_app"]
 
@@ -156,8 +160,10 @@ def client_app(
 
     @app.query()
     def hello(msg: Message, context: Context) -> Message:
-        """The handshake: which fedge client this node is."""
-        return Message(RecordDict({RECORD: ConfigRecord({"cid": _node_cid(context)})}), reply_to=msg)
+        """The handshake: which fedge client this node is, and what its seeded draws give
+        (:func:`~fedge.runtime.rngprobe.rng_probe`, with its torch version)."""
+        return Message(RecordDict({RECORD: ConfigRecord({"cid": _node_cid(context), "rng_probe": rng_probe(),
+                                                         "torch": torch.__version__})}), reply_to=msg)  # fmt: skip
 
     @app.query(STATE_GET)
     def get_state(msg: Message, context: Context) -> Message:
@@ -236,6 +242,10 @@ class FlowerSimulation(Simulation):
             program and clients). With ``backend="ray"`` it is pickled to Ray's actors with every
             message: give a small one (:func:`fedge.experiment.build.configured_client_app`).
         cpus: with ``backend="ray"``, how many ClientApp actors (one CPU each; default: the cores).
+        shared_rng: the method rebuilds on one side what the other drew from a shared seed
+            (:attr:`fedge.methods.base.MethodBuild.shared_rng`): a node whose seeded draws differ
+            from the server's (:mod:`fedge.runtime.rngprobe`, checked on connecting) is then an
+            error; otherwise a warning (the run trains correctly but is not the engine's).
         **kwargs: as :class:`~fedge.runtime.engine.Simulation`.
     """
 
@@ -245,14 +255,14 @@ class FlowerSimulation(Simulation):
 
     def __init__(self, *, grid: Grid | None = None, timeout: float | None = None, wait_nodes_s: float = 60.0,
                  backend: str = "local", node_app: ClientApp | None = None, cpus: int | None = None,
-                 **kwargs: Any) -> None:  # fmt: skip
+                 shared_rng: bool = True, **kwargs: Any) -> None:  # fmt: skip
         from fedge.runtime.flower.simulation import BACKENDS
 
         if backend not in BACKENDS:
             raise ConfigError(f"Flower simulation backend {backend!r} is not known; expected one of {list(BACKENDS)}")
         super().__init__(**kwargs)
         self.grid, self.timeout, self.wait_nodes_s = grid, timeout, wait_nodes_s
-        self.backend, self.node_app, self.cpus = backend, node_app, cpus
+        self.backend, self.node_app, self.cpus, self.shared_rng = backend, node_app, cpus, shared_rng
         self.nodes: dict[int, int] = {}  # cid -> node id
         self._changed: set[int] = set()  # clients whose node state changed since the last checkpoint
         # cid -> (message id, what it was, a step?) of a message left without a reply: its node may still run it
@@ -273,18 +283,22 @@ class FlowerSimulation(Simulation):
                 for n in node_ids]  # fmt: skip
         replies = list(grid.send_and_receive(asks, timeout=self.timeout))
         asked = {m.metadata.message_id: m.metadata.dst_node_id for m in asks}
-        self.nodes, failed = {}, {}
+        self.nodes, failed, other_rng = {}, {}, {}
+        probe = rng_probe()
         for reply in replies:
             # the node asked: a SuperLink answers for a node it found offline from its own node id
             node = asked.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
             if reply.has_error():  # e.g. a SuperNode's registration from before it restarted: skipped
                 failed[node] = reply.error.reason
                 continue
-            cid = _int(reply.content.config_records[RECORD], "cid")
+            rec = reply.content.config_records[RECORD]
+            cid = _int(rec, "cid")
             if cid in self.nodes:
                 raise ConfigError(f"nodes {self.nodes[cid]} and {node} both say partition-id={cid}; "
                                   "give each SuperNode its own partition-id")  # fmt: skip
             self.nodes[cid] = node
+            if not same_draws(probe, rec.get("rng_probe")):
+                other_rng[node] = (cid, str(rec.get("torch", "a fedge without the probe")))
         missing = sorted(set(range(len(self.clients))) - set(self.nodes))
         if missing:
             n = len(self.clients)
@@ -294,7 +308,25 @@ class FlowerSimulation(Simulation):
                 more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
                 raise MessageError(f"{text}; {len(failed)} node(s) failed the handshake ({listed}{more})")
             raise ConfigError(f"{text}; start one SuperNode per partition-id 0..{n - 1}")
+        if other_rng:
+            self._other_rng(other_rng)
         self._push_restore()
+
+    def _other_rng(self, nodes: Mapping[int, tuple[int, str]]) -> None:
+        """Nodes whose seeded draws differ from this server's: an error for a method that
+        rebuilds across parties what was drawn from a seed, else a warning."""
+        listed = ", ".join(f"node {nid} (client {cid}, torch {v})" for nid, (cid, v) in sorted(nodes.items())[:5])
+        more = f" and {len(nodes) - 5} more" if len(nodes) > 5 else ""
+        text = (f"{len(nodes)} node(s) draw other numbers from the same seeds than this server (torch "
+                f"{torch.__version__}): {listed}{more}")  # fmt: skip
+        if self.shared_rng:
+            raise ConfigError(
+                f"{text}; this method rebuilds on one side what the other drew from a seed (perturbations, frozen "
+                "weights, masks), so the run would train on mismatched numbers without an error: give every "
+                f"SuperNode this server's torch build (pip install torch=={torch.__version__.split('+')[0]})"
+            )
+        warnings.warn(f"{text}; the run trains as configured, but its numbers will not be the engine's (batch orders "
+                      "and other client-side draws differ)", RuntimeWarning, stacklevel=2)  # fmt: skip
 
     def _push_restore(self) -> None:
         if self._restore:

@@ -1,0 +1,58 @@
+"""Do two machines draw the same numbers from the same seed? A probe to compare them by.
+
+Several methods rebuild on one side what the other drew from a shared seed: BAFFLE's server
+regenerates the clients' perturbations, FedPT's clients regenerate the frozen weights, EPPFL's
+masks and PPFL's stage heads come from the run seed on every party. On one machine that holds
+by construction; across machines (Flower SuperNodes) it holds only where torch draws the same
+numbers, which a different torch build need not do. If it does not, nothing fails: the server
+rebuilds other perturbations than the client ran, and the run trains on noise, silently.
+
+:func:`rng_probe` draws, from a fixed seed, through the very paths those methods use: a
+perturbation direction (:func:`~fedge.estimators.perturbation.standard_normal_chunk`), a seeded
+model initialisation (:func:`~fedge.models.initialization.reset_parameters`, what FedPT
+regenerates) and a permutation and uniforms of a derived generator
+(:func:`~fedge.core.rng.generator`, batch orders and dropouts). :func:`same_draws` compares two
+probes: equal up to float roundoff (rtol 1e-5), so two instruction sets whose vectorized
+kernels round differently still agree, while another generator or initialiser does not (its
+numbers are unrelated: they differ at the first digit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from fedge.core.rng import generator
+from fedge.estimators.perturbation import standard_normal_chunk
+from fedge.models.initialization import reset_parameters
+
+__all__ = ["rng_probe", "same_draws"]
+
+_SEED = 20_26_11_29
+
+
+def rng_probe() -> list[float]:
+    """112 numbers drawn from a fixed seed through fedge's seeded paths (see the module)."""
+    normals = standard_normal_chunk(_SEED, range(2), "fedge/rng-probe", (24,)).reshape(-1)
+    model = reset_parameters(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 2)),
+                             generator(_SEED, "fedge/rng-probe", "init"))  # fmt: skip
+    init = torch.cat([p.detach().reshape(-1) for p in model.parameters()])[:32]
+    g = generator(_SEED, "fedge/rng-probe", "stream")
+    perm, uniform = torch.randperm(16, generator=g).to(torch.float32), torch.rand(16, generator=g)
+    return torch.cat([normals, init, perm, uniform]).double().tolist()
+
+
+def same_draws(a: object, b: object) -> bool:
+    """Whether two probes agree (up to float roundoff); a missing or malformed probe (a node
+    with an older fedge, a reply that is not a list of numbers) agrees with nothing."""
+    if not (_numbers(a) and _numbers(b)) or len(a) != len(b):  # type: ignore[arg-type]
+        return False
+    ta, tb = (torch.tensor(list(x), dtype=torch.float64) for x in (a, b))  # type: ignore[call-overload]
+    return bool(torch.allclose(ta, tb, rtol=1e-5, atol=1e-6))
+
+
+def _numbers(x: object) -> bool:
+    return isinstance(x, Sequence) and not isinstance(x, (str, bytes)) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in x)  # fmt: skip

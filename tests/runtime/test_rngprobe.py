@@ -1,0 +1,26 @@
+"""runtime.rngprobe: the probe draws through fedge's seeded paths and compares up to roundoff."""
+
+from __future__ import annotations
+
+import torch
+
+from fedge.estimators.perturbation import standard_normal_chunk
+from fedge.runtime import rngprobe
+from fedge.runtime.rngprobe import rng_probe, same_draws
+
+
+def test_the_probe_is_the_seeded_paths_draws_and_repeats() -> None:
+    p = rng_probe()
+    assert len(p) == 112 and p == rng_probe()
+    want = standard_normal_chunk(rngprobe._SEED, range(2), "fedge/rng-probe", (24,)).reshape(-1).double()
+    assert torch.equal(torch.tensor(p[:48], dtype=torch.float64), want)
+    assert sorted(p[80:96]) == list(map(float, range(16)))  # a permutation of 0..15
+
+
+def test_same_draws_tolerates_roundoff_only() -> None:
+    p = rng_probe()
+    assert same_draws(p, [x * (1 + 1e-7) for x in p])  # another ISA's rounding
+    assert not same_draws(p, [x + 1e-3 for x in p])  # another generator or initialiser
+    assert not same_draws(p, p[:-1])
+    for bad in (None, "probe", b"probe", [True] * len(p), [*p[:-1], "x"]):  # an older fedge, a garbled reply
+        assert not same_draws(p, bad)
