@@ -32,8 +32,10 @@ uniform biases, bound ``1/sqrt(fan_in)``: :mod:`fedge.models.initialization`), w
 of the zoo starts from, so that a FedPT run and its fully trainable FedAvg baseline start from
 the same ``x^(0)`` and differ only in what is frozen. Regenerating them needs what the paper
 asks, "the same random number generator" on server and clients; :func:`build` checks the
-server's side, but nothing checks a client's at run time (a client on a torch build that drew
-other numbers from the same seed would train against other frozen tensors).
+server's side; on Flower, a node whose seeded draws differ from the server's (another torch
+build, which would train against other frozen tensors) is refused when it connects
+(:mod:`fedge.runtime.rngprobe`). No per-round digest of the rebuilt tensors travels (it would
+add bytes to every downlink).
 """
 
 from __future__ import annotations
