@@ -126,6 +126,20 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, args, patt
     assert not out.exists()
 
 
+def test_version_names_fedge_torch_and_python_and_matches_the_installed_package():
+    import importlib.metadata
+    import platform
+
+    import torch
+
+    import fedge
+
+    res = _run("--version")
+    assert res.exit_code == 0, res.output
+    assert res.stdout == f"fedge {fedge.__version__} (torch {torch.__version__}, Python {platform.python_version()})\n"
+    assert fedge.__version__ == importlib.metadata.version("fedge")  # one version, not two that drift
+
+
 def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path):
     path = tmp_path / "bin.yaml"
     path.write_bytes(b"\xff\xfe\x00bad")

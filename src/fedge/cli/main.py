@@ -37,6 +37,28 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        import platform
+
+        import torch
+
+        from fedge import __version__
+
+        typer.echo(f"fedge {__version__} (torch {torch.__version__}, Python {platform.python_version()})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="print fedge's version (and torch's and Python's) and exit"),  # fmt: skip
+) -> None:
+    """Federated learning on resource-constrained edge devices, measured honestly."""
+
+
 app.command("run", context_settings={"allow_extra_args": True})(run.run)
 app.command("datasets")(show.datasets)
 app.command("models")(show.models)
