@@ -120,10 +120,9 @@ def _dead_pid() -> int:
 
 
 @pytest.mark.parametrize("with_host", [True, False])  # claims written before the host was kept
-def test_a_claim_whose_run_died_before_writing_is_named_as_such(tmp_path, with_host):
+def test_a_claim_whose_run_died_before_writing_is_taken_over(tmp_path, with_host):
     """A run killed (SIGKILL, out of memory) while loading its data leaves only .fedge-claim;
-    the next run aimed there hears that the claimant is dead and how to reuse the directory,
-    not that another run is setting it up. Nothing is changed."""
+    the next run aimed there takes the directory over, saying so, instead of refusing it."""
     import json
     import socket
 
@@ -131,12 +130,40 @@ def test_a_claim_whose_run_died_before_writing_is_named_as_such(tmp_path, with_h
     pid = _dead_pid()
     info = {"pid": pid, **({"host": socket.gethostname()} if with_host else {}), "time": "2026-01-01T12:00:00"}
     (tmp_path / "r" / ".fedge-claim").write_text(json.dumps(info))
-    with pytest.raises(rd.ConfigError, match=rf"output directory '.*r' holds only the claim of a fedge run \(pid {pid} "
-                       r"on .*, claimed at 2026-01-01T12:00:00\) that is no longer running: .*; delete the directory "
-                       r"\(rm -r .*r\) and run again, or choose another --out") as exc:  # fmt: skip
-        RunDir.check_new(tmp_path / "r")
-    assert not isinstance(exc.value, rd.RunDirBusyError)
+    RunDir.check_new(tmp_path / "r")  # usable
+    run = RunDir(tmp_path / "r")
+    with pytest.warns(RuntimeWarning, match=rf"output directory '.*r' held only the claim of a fedge run \(pid {pid} on "
+                      r".*, claimed at 2026-01-01T12:00:00\) that died before writing anything; this run takes the "
+                      r"directory over$"):  # fmt: skip
+        run.claim()
+    assert json.loads((tmp_path / "r" / ".fedge-claim").read_text())["pid"] == os.getpid()
     assert [p.name for p in (tmp_path / "r").iterdir()] == [".fedge-claim"]
+    run.create({"rounds": 1}, {"clients": []})
+    run.let_go()
+    assert (tmp_path / "r" / "config.yaml").is_file()
+
+
+def test_a_dead_claim_another_process_is_taking_over_is_busy_and_left_alone(tmp_path, monkeypatch):
+    """Two runs finding the same dead claim: the one holding the directory's lock takes it over;
+    the other gets RunDirBusyError and changes nothing (whether it sees the lock while checking
+    the directory, or only after, when its own claim fails)."""
+    import json
+    import socket
+
+    (tmp_path / "r").mkdir()
+    text = json.dumps({"pid": _dead_pid(), "host": socket.gethostname(), "time": "t"})
+    (tmp_path / "r" / ".fedge-claim").write_text(text)
+    first = RunDir(tmp_path / "r")
+    first.hold()  # mid-takeover
+    try:
+        with pytest.raises(rd.RunDirBusyError, match="is being set up by another fedge run"):
+            RunDir(tmp_path / "r").claim()
+        monkeypatch.setattr(RunDir, "check_new", staticmethod(lambda path: None))  # it checked before the lock was taken
+        with pytest.raises(rd.RunDirBusyError, match="was claimed by another fedge run started at the same time"):
+            RunDir(tmp_path / "r").claim()
+    finally:
+        first.let_go()
+    assert (tmp_path / "r" / ".fedge-claim").read_text() == text
 
 
 def test_a_claim_of_a_live_or_unknown_run_is_still_busy(tmp_path):

@@ -33,6 +33,7 @@ import json
 import os
 import socket
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -177,17 +178,14 @@ class RunDir:
     @staticmethod
     def check_new(path: str | Path) -> None:
         """Raise :class:`ConfigError` if ``path`` exists and is not an empty directory
-        (:class:`RunDirBusyError` if another run is setting it up or running it now)."""
+        (:class:`RunDirBusyError` if another run is setting it up or running it now). A
+        directory holding only the claim of a run of this host that died before writing
+        anything (SIGKILL, out of memory while loading data) passes: :meth:`claim` takes it over."""
         p = Path(path)
         if p.exists() and (not p.is_dir() or any(p.iterdir())):
             if p.is_dir() and [x.name for x in p.iterdir()] == [CLAIM]:
-                gone = RunDir(p).dead_claimant()
-                if gone is not None:  # killed (SIGKILL, out of memory) before it wrote anything
-                    raise ConfigError(
-                        f"output directory {str(p)!r} holds only the claim of a fedge run ({gone}) that is no longer "
-                        f"running: it was stopped before it wrote anything; delete the directory (rm -r {p}) and run "
-                        "again, or choose another --out"
-                    )
+                if RunDir(p).dead_claimant() is not None:  # killed before it wrote anything: claim() takes it over
+                    return
                 raise RunDirBusyError(
                     f"output directory {str(p)!r} is being set up by another fedge run; choose another --out"
                 )
@@ -222,10 +220,11 @@ class RunDir:
         try:
             _create_exclusive(self.path / CLAIM, info)
         except FileExistsError:
-            raise RunDirBusyError(
-                f"output directory {str(self.path)!r} was claimed by another fedge run started at the same "
-                "time; choose another --out"
-            ) from None
+            if not self._take_over_dead_claim(info):
+                raise RunDirBusyError(
+                    f"output directory {str(self.path)!r} was claimed by another fedge run started at the same "
+                    "time; choose another --out"
+                ) from None
         except OSError as exc:
             self._remove_if_created()
             with _storage(self.path, "create the run directory", fix):
@@ -238,6 +237,26 @@ class RunDir:
                 f"output directory {str(self.path)!r} is not empty ({', '.join(sorted(others)[:3])}); "
                 "choose another --out"
             )
+
+    def _take_over_dead_claim(self, info: bytes) -> bool:
+        """Replace the claim of a run that died before writing anything with ours (``info``),
+        under the directory's lock, so of two runs taking it over at once one wins and the
+        other sees a live claim; False (nothing changed) when the claimant is alive, unknown or
+        of another host, the directory holds more than the claim, or locks are not available."""
+        try:
+            self.hold()
+        except RunDirBusyError:
+            return False
+        if self._held is None:  # no locks here: a takeover could race another
+            return False
+        gone = self._dead(self._claim_info())
+        if gone is None or [x.name for x in self.path.iterdir()] != [CLAIM]:
+            self.let_go()
+            return False
+        _atomic_write(self.path / CLAIM, info, "choose a writable --out")
+        warnings.warn(f"output directory {str(self.path)!r} held only the claim of a fedge run ({gone}) that died "
+                      "before writing anything; this run takes the directory over", RuntimeWarning, stacklevel=3)  # fmt: skip
+        return True
 
     # -- holding (one process drives a run's rounds at a time) ------------------------
     def hold(self) -> None:
@@ -286,15 +305,22 @@ class RunDir:
         """``"pid N on HOST, claimed at T"`` when the run that claimed the directory has died (a
         process of this host that no longer exists and holds no lock), else None: alive, on
         another host, or not known."""
+        return None if self.busy() else self._dead(self._claim_info())
+
+    def _claim_info(self) -> Any:
         try:
-            info = json.loads((self.path / CLAIM).read_text())
+            return json.loads((self.path / CLAIM).read_text())
         except (OSError, ValueError):
             return None
+
+    @staticmethod
+    def _dead(info: Any) -> str | None:
+        """:meth:`dead_claimant` of a claim's contents, the lock aside."""
         pid = info.get("pid") if isinstance(info, dict) else None
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
             return None
         host = info.get("host", socket.gethostname())  # claims from before the host was kept: this one's
-        if host != socket.gethostname() or self.busy():
+        if host != socket.gethostname():
             return None
         try:
             os.kill(pid, 0)  # signal 0: only asks whether the process exists
