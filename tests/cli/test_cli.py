@@ -711,6 +711,8 @@ def test_partition_of_a_config_before_running_equals_the_runs(tmp_path, tiny):
     _one_error_line(_run("partition", tmp_path / "empty", "--client", 0),
                     r"'.*' is not a fedge run directory \(no config.yaml\); give a run directory, a preset or a YAML file")  # fmt: skip
     _one_error_line(_run("partition", "no-such-preset", "--client", 0), r"unknown preset 'no-such-preset'; .*")
+    _one_error_line(_run("partition", tmp_path / "gone", "--client", 0),
+                    r"'.*gone' does not exist; give a run directory, a YAML file or a preset name")  # fmt: skip
 
 
 def _commands(typer_app, prefix=()):
