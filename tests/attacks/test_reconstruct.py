@@ -51,6 +51,23 @@ def test_baffle_projection_reproduces_the_clients_loss_differences() -> None:
         torch.testing.assert_close(proj.project(_grads(m, x, y)), proj.t, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("directions", ["gaussian", "block"])
+def test_baffle_projection_under_masks_reproduces_a_pruned_clients_loss_differences(directions: str) -> None:
+    """NTK-BAFFLE's client perturbs only kept coordinates, its block directions split by what
+    each block keeps: the attacker's regenerated z_k ⊙ m must be exactly those."""
+    m = _model()
+    x, y = torch.randn(1, 1, 8, 8, generator=torch.Generator().manual_seed(1)), torch.tensor([4])
+    params = dict(m.named_parameters())
+    g = torch.Generator().manual_seed(3)
+    masks = {n: torch.rand(p.shape, generator=g) < (0.05 if i == 0 else 0.9) for i, (n, p) in enumerate(params.items())}
+    d = loss_differences(m, F.cross_entropy, (x, y), k=16, sigma=1e-3, seed=7, scheme="central", params=list(params),
+                         masks=masks, directions=directions)  # fmt: skip
+    proj = baffle_projection({n: p.shape for n, p in params.items()}, d, sigma=1e-3, seed=7, scheme="central",
+                             directions=directions, masks=masks)  # fmt: skip
+    torch.testing.assert_close(proj.project(_grads(m, x, y)), proj.t, rtol=2e-2, atol=2e-2)
+    assert all(bool(z[:, ~masks[n]].eq(0).all()) for n, z in proj.directions.items())
+
+
 def test_dlg_inverts_a_single_sample_gradient() -> None:
     m = _model()
     x, y = torch.rand(1, 1, 8, 8, generator=torch.Generator().manual_seed(2)), torch.tensor([6])

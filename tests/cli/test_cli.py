@@ -527,6 +527,7 @@ def test_resume_refuses_extra_arguments(tmp_path):
 
 @pytest.mark.parametrize("extra,pattern", [
     (["--set", "seed=3"], r"--resume takes only the run directory .*; drop --set seed=3 \(to change.*"),
+    (["--set", "seed=3", "--runtime", "flower"], r"--resume takes only .*; drop --set seed=3"),  # --allow-config-change: not on flower
     (["--set", "rounds=2"], r"rounds=2 does not extend run '.*', which has rounds=3; give a larger total \(e.g. rounds=6\)"),
     (["--set", "rounds=-1"], r"rounds=-1 does not extend run '.*', which has rounds=3; give a larger total.*"),
     (["--set", "rounds=x"], r"--set rounds=x: rounds must be a whole number of rounds"),
@@ -711,8 +712,9 @@ def test_partition_of_a_config_before_running_equals_the_runs(tmp_path, tiny):
     _one_error_line(_run("partition", tmp_path / "empty", "--client", 0),
                     r"'.*' is not a fedge run directory \(no config.yaml\); give a run directory, a preset or a YAML file")  # fmt: skip
     _one_error_line(_run("partition", "no-such-preset", "--client", 0), r"unknown preset 'no-such-preset'; .*")
-    _one_error_line(_run("partition", tmp_path / "gone", "--client", 0),
-                    r"'.*gone' does not exist; give a run directory, a YAML file or a preset name")  # fmt: skip
+    for gone in (tmp_path / "gone", "./gone"):
+        _one_error_line(_run("partition", gone, "--client", 0),
+                        r"'.*gone' does not exist; give a run directory, a YAML file or a preset name")  # fmt: skip
 
 
 def _commands(typer_app, prefix=()):

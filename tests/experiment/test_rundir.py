@@ -166,6 +166,32 @@ def test_a_dead_claim_another_process_is_taking_over_is_busy_and_left_alone(tmp_
     assert (tmp_path / "r" / ".fedge-claim").read_text() == text
 
 
+def test_a_takeover_that_cannot_write_or_lock_lets_go_and_says_what_to_do(tmp_path, monkeypatch):
+    """A claim that cannot be rewritten (disk full) is a StorageError and leaves the directory
+    unlocked (a long-lived process must not keep it); without locks the dead claim is named,
+    with the fix, rather than taken over racily."""
+    import json
+    import socket
+
+    (tmp_path / "r").mkdir()
+    text = json.dumps({"pid": _dead_pid(), "host": socket.gethostname(), "time": "t"})
+    (tmp_path / "r" / ".fedge-claim").write_text(text)
+
+    def full(path, data):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(rd, "_write_file", full)
+        with pytest.raises(rd.StorageError, match="No space left on device"):
+            RunDir(tmp_path / "r").claim()
+    assert not RunDir(tmp_path / "r").busy()
+    monkeypatch.setattr(rd, "fcntl", None)
+    with pytest.raises(rd.ConfigError, match=r"holds only the claim of a fedge run \(pid .*\) that is no longer running: "
+                       r".*delete the directory \(rm -r .*r\) and run again, or choose another --out$"):  # fmt: skip
+        RunDir(tmp_path / "r").claim()
+    assert (tmp_path / "r" / ".fedge-claim").read_text() == text
+
+
 def test_a_claim_of_a_live_or_unknown_run_is_still_busy(tmp_path):
     import json
 

@@ -216,8 +216,12 @@ def test_a_node_failing_the_handshake_is_skipped_unless_its_client_has_no_other(
             sim.connect(_OfflineLastNodeGrid(app, [{"partition-id": i} for i in (0, 1, 2)]))
 
 
-class _OtherTorchLastNodeGrid(LocalGrid):
-    """Its last node runs a torch that draws other numbers from the same seeds."""
+class _OtherBuildLastNodeGrid(LocalGrid):
+    """Its last node runs another build (``older``: a fedge from before the probe)."""
+
+    def __init__(self, *args, older=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.older = older
 
     def _deliver(self, msg, context):
         from fedge.runtime.flower.grid import _unwire, _wire
@@ -225,40 +229,39 @@ class _OtherTorchLastNodeGrid(LocalGrid):
         reply = _unwire(super()._deliver(msg, context))
         rec = reply.content.config_records[RECORD]
         if context.node_id == self.node_ids[-1] and "rng_probe" in rec:
-            rec["rng_probe"], rec["torch"] = [x + 0.5 for x in rec["rng_probe"]], "9.9.9"
+            if self.older:
+                for key in ("rng_probe", "fedge", "torch", "numpy"):
+                    del rec[key]
+            else:
+                rec["rng_probe"], rec["torch"] = [x + 0.5 for x in rec["rng_probe"]], "9.9.9"
         return _wire(reply)
 
 
 @pytest.mark.parametrize("method", ["baffle", "fedavg"])
-def test_a_node_drawing_other_numbers_from_the_seeds_is_refused_where_the_method_rebuilds_draws(method):
-    """BAFFLE's server rebuilds the clients' perturbations from their seeds: a node whose torch
-    draws other numbers would train on mismatched perturbations without any error, so it is
-    refused on connecting, naming it; FedAvg rebuilds nothing, so it only gets a warning."""
+def test_a_node_drawing_other_numbers_from_the_seeds_is_refused_naming_it_and_the_fix(method):
+    """A node whose torch or numpy draws other numbers from the run's seeds would partition its
+    clients' data differently from the server (every method), and under BAFFLE train against
+    other perturbations than the server rebuilds, all without an error: refused on connecting."""
     from fedge.experiment.build import build_run
-    from fedge.runtime.rngprobe import rng_probe, same_draws
 
     overrides = {"clients.num": 3, "clients.per_round": 3}
     if method == "baffle":
         overrides["method"] = {"name": "baffle", "mode": "batch", "k": 4, "batch_size": 32}
     built = build_run(load_config(tiny_config(rounds=1, **overrides)))
     sim = built.simulation(runtime="flower-sim")
-    assert sim.shared_rng is (method == "baffle")
     app = client_app(built.method.program, built.clients.__getitem__, seed=0, measure_flops=False,
                      measure_memory=False, parties={})  # fmt: skip
     sim.wait_nodes_s = 0
-    sim.connect(LocalGrid(app, [{"partition-id": i} for i in range(3)]))  # same machine: same draws
-    assert same_draws(rng_probe(), rng_probe()) and not same_draws(rng_probe(), [x + 0.5 for x in rng_probe()])
-    other = _OtherTorchLastNodeGrid(app, [{"partition-id": i} for i in range(3)])
-    text = (r"1 node\(s\) draw other numbers from the same seeds than this server \(torch .*\): node 1002 \(client 2, "
-            r"torch 9.9.9\); ")  # fmt: skip
-    if method == "baffle":
-        with pytest.raises(ConfigError, match=text + r"this method rebuilds .* give every SuperNode this server's torch "
-                           r"build \(pip install torch==\d"):  # fmt: skip
-            sim.connect(other)
-    else:
-        with pytest.warns(RuntimeWarning, match=text + "the run trains as configured"):
-            sim.connect(other)
-        assert sim.nodes == {0: 1000, 1: 1001, 2: 1002}
+    nodes = [{"partition-id": i} for i in range(3)]
+    sim.connect(LocalGrid(app, nodes))  # one machine: the same draws
+    assert sim.nodes == {0: 1000, 1: 1001, 2: 1002}
+    head = r"^1 node\(s\) draw other numbers from the run's seeds than this server \(fedge .*, torch .*, numpy .*\): "
+    fix = (r"\. Their clients would train on other data shards than the run's partition, .*; install this server's "
+           r"fedge, torch and numpy versions on those SuperNodes$")  # fmt: skip
+    with pytest.raises(ConfigError, match=head + r"node 1002 \(client 2: fedge .*, torch 9\.9\.9, numpy .*\)" + fix):
+        sim.connect(_OtherBuildLastNodeGrid(app, nodes))
+    with pytest.raises(ConfigError, match=head + r"node 1002 \(client 2: a fedge without the handshake's probe\)" + fix):
+        sim.connect(_OtherBuildLastNodeGrid(app, nodes, older=True))
 
 
 def test_cli_quickstart_on_flower_sim_writes_a_complete_run_directory(tmp_path):

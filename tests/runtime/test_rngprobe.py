@@ -9,12 +9,14 @@ from fedge.runtime import rngprobe
 from fedge.runtime.rngprobe import rng_probe, same_draws
 
 
-def test_the_probe_is_the_seeded_paths_draws_and_repeats() -> None:
+def test_the_probe_is_the_seeded_paths_draws_repeats_and_leaves_the_global_generator() -> None:
+    before = torch.get_rng_state()
     p = rng_probe()
-    assert len(p) == 112 and p == rng_probe()
+    assert torch.equal(torch.get_rng_state(), before)
+    assert len(p) == 144 and p == rng_probe()
     want = standard_normal_chunk(rngprobe._SEED, range(2), "fedge/rng-probe", (24,)).reshape(-1).double()
     assert torch.equal(torch.tensor(p[:48], dtype=torch.float64), want)
-    assert sorted(p[80:96]) == list(map(float, range(16)))  # a permutation of 0..15
+    assert sorted(p[80:96]) == sorted(p[112:128]) == list(map(float, range(16)))  # torch's and numpy's permutations
 
 
 def test_same_draws_tolerates_roundoff_only() -> None:

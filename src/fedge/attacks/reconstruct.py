@@ -115,14 +115,18 @@ _NORMALIZER = {"forward": 1.0, "central": 2.0}
 
 
 def baffle_projection(
-    shapes: Mapping[str, torch.Size], loss_diffs: Tensor, *, sigma: float, seed: int, scheme: str, directions: str
+    shapes: Mapping[str, torch.Size], loss_diffs: Tensor, *, sigma: float, seed: int, scheme: str, directions: str,
+    masks: Mapping[str, Tensor] | None = None,
 ) -> ProjectionTarget:
     """What BAFFLE's K loss differences tell a server that knows the seed: t_k = ΔL_k / (cσ)
     ≈ z_kᵀ∇L, with z_k regenerated exactly as the client drew them
-    (:func:`fedge.estimators.directions.make_directions`)."""
+    (:func:`fedge.estimators.directions.make_directions`; ``masks``, NTK-BAFFLE's, zero the
+    pruned coordinates, z_k ⊙ m, and size the blocks of ``block`` directions as the client's)."""
     k = loss_diffs.numel()
-    dirs = make_directions(directions, {n: tuple(s) for n, s in shapes.items()}, k)
+    masks = masks or {}
+    dirs = make_directions(directions, {n: tuple(s) for n, s in shapes.items()}, k, masks)
     z = {n: dirs.draw(seed, range(k), n, tuple(s)).reshape(k, *s) for n, s in shapes.items()}
+    z = {n: v * masks[n].to(v.dtype) if n in masks else v for n, v in z.items()}
     return ProjectionTarget(z, loss_diffs.to(torch.float32) / (_NORMALIZER[scheme] * sigma))
 
 

@@ -197,10 +197,11 @@ def run(
                     ["--measure-memory"] if measure_memory else []) + (
                     [f"--workers {workers}"] if workers is not None else [])  # fmt: skip
                 if extra:
+                    edit = (f" (to change the run's config: edit {resume / 'config.yaml'} and add "
+                            "--allow-config-change)" if runtime != "flower" else "")  # fmt: skip
                     fail(
                         "--resume takes only the run directory (its config.yaml fixes everything else) "
-                        f"and optionally --set rounds=N to train a run further; drop {', '.join(extra)} (to "
-                        f"change the run's config: edit {resume / 'config.yaml'} and add --allow-config-change)"
+                        f"and optionally --set rounds=N to train a run further; drop {', '.join(extra)}{edit}"
                     )
                 rounds = None
                 if extend:

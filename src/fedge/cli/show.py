@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Annotated
@@ -109,7 +110,7 @@ def partition(
                 fail(f"{source!r} is not a fedge run directory (no config.yaml); give a run directory, a preset or a YAML file")
             cfg = load_config(str(Path(source) / "config.yaml"))
         else:
-            if len(Path(source).parts) > 1 and not Path(source).exists():  # a path, not a preset name
+            if (os.sep in source or source.startswith(".")) and not Path(source).exists():  # a path, not a preset
                 fail(f"{source!r} does not exist; give a run directory, a YAML file or a preset name")
             cfg = load_config(source, overrides=list(set_ or []))
         out().print_json(json.dumps(client_shard(cfg, client)))

@@ -232,12 +232,25 @@ def load_dataset(
     return _prepare(name, raw, resize, limits, seed)
 
 
+_CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+
+
 def physical_memory() -> int | None:
-    """This machine's physical memory in bytes (None where the OS does not say)."""
+    """The memory this process may use, in bytes: the machine's physical memory, or a
+    container's (cgroup v2 or v1) limit where that is smaller; None where the OS does not say."""
+    limits = []
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
-        return None
+        pass
+    for path in _CGROUP_LIMITS:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max" (v2) or a huge number (v1): no limit
+            limits.append(int(text))
+    return min(limits) if limits else None
 
 
 def _size(n: int) -> str:
@@ -258,7 +271,7 @@ def _check_fits(name: str, raw: RawData, resize: int | None, limits: dict[str, i
         raise ConfigError(
             f"dataset {name!r}{f' with resize={resize}' if resize else ''}: {counts['train']} train and "
             f"{counts['test']} test samples of {'x'.join(map(str, shape))} take {_size(total)} as "
-            f"float32, more than this machine's {_size(memory)} of memory; use a smaller "
+            f"float32, more than the {_size(memory)} of memory this process may use; use a smaller "
             "dataset.resize, or fewer samples (dataset.limit_train, dataset.limit_test)"
         )
 

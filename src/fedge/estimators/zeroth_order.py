@@ -523,7 +523,7 @@ def _directions(
     if directions.k != k:
         raise ConfigError(
             f"the given directions were made for k={directions.k}, but this step has k={k}; "
-            "build them with make_directions(kind, shapes, k) for the same k"
+            "build them with make_directions(kind, shapes, k, masks) for the same k (and masks)"
         )
     return directions
 

@@ -98,7 +98,6 @@ class BuiltRun:
 
             cls = FlowerSimulation
             extra["timeout"] = self.config.clients.reply_timeout
-            extra["shared_rng"] = self.method.shared_rng
             if not isinstance(runtime, str):
                 extra["grid"] = runtime
             else:

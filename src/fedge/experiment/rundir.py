@@ -2,6 +2,7 @@
 second run aimed at the same place never leaves something that looks complete.
 
     .fedge-claim       created exclusively (O_EXCL) before anything else: one run owns the directory
+                       (the claim of a run of this host that died before writing more is taken over)
     .fedge-config.json the resolved config as last run (what ``--resume`` compares config.yaml to)
     config.yaml        resolved config (every default filled in)
     config_changes.jsonl  edits accepted by ``--resume --allow-config-change`` (round, key, old, new)
@@ -220,11 +221,7 @@ class RunDir:
         try:
             _create_exclusive(self.path / CLAIM, info)
         except FileExistsError:
-            if not self._take_over_dead_claim(info):
-                raise RunDirBusyError(
-                    f"output directory {str(self.path)!r} was claimed by another fedge run started at the same "
-                    "time; choose another --out"
-                ) from None
+            self._take_over_dead_claim(info)
         except OSError as exc:
             self._remove_if_created()
             with _storage(self.path, "create the run directory", fix):
@@ -238,25 +235,41 @@ class RunDir:
                 "choose another --out"
             )
 
-    def _take_over_dead_claim(self, info: bytes) -> bool:
-        """Replace the claim of a run that died before writing anything with ours (``info``),
-        under the directory's lock, so of two runs taking it over at once one wins and the
-        other sees a live claim; False (nothing changed) when the claimant is alive, unknown or
-        of another host, the directory holds more than the claim, or locks are not available."""
+    def _take_over_dead_claim(self, info: bytes) -> None:
+        """Replace the claim of a run of this host that died before writing anything with ours
+        (``info``), under the directory's lock, which the run then keeps: of two runs taking it
+        over at once one wins and the other, finding a live claim, gets :class:`RunDirBusyError`
+        (so does any run finding a live, unknown or foreign claim). Without locks (some network
+        filesystems) a takeover could race another: a dead claim is then reported, with the fix."""
+        busy = RunDirBusyError(f"output directory {str(self.path)!r} was claimed by another fedge run started at the "
+                               "same time; choose another --out")  # fmt: skip
+        for attempt in range(20):  # another process's busy() check holds the lock for an instant
+            try:
+                self.hold()
+                break
+            except RunDirBusyError:
+                if attempt == 19:
+                    raise busy from None
+                time.sleep(0.05)
         try:
-            self.hold()
-        except RunDirBusyError:
-            return False
-        if self._held is None:  # no locks here: a takeover could race another
-            return False
-        gone = self._dead(self._claim_info())
-        if gone is None or [x.name for x in self.path.iterdir()] != [CLAIM]:
+            gone = self._dead(self._claim_info())
+            if self._held is None:  # no locks here
+                if gone is None:
+                    raise busy
+                raise ConfigError(
+                    f"output directory {str(self.path)!r} holds only the claim of a fedge run ({gone}) that is no "
+                    f"longer running: it was stopped before it wrote anything; delete the directory (rm -r {self.path}) "
+                    "and run again, or choose another --out"
+                )
+            if gone is None or [x.name for x in self.path.iterdir()] != [CLAIM]:
+                raise busy
+            with _storage(self.path / CLAIM, "write", "choose a writable --out"):
+                _write_file(self.path / CLAIM, info)  # in place: the lock keeps other runs out meanwhile
+        except BaseException:
             self.let_go()
-            return False
-        _atomic_write(self.path / CLAIM, info, "choose a writable --out")
+            raise
         warnings.warn(f"output directory {str(self.path)!r} held only the claim of a fedge run ({gone}) that died "
                       "before writing anything; this run takes the directory over", RuntimeWarning, stacklevel=3)  # fmt: skip
-        return True
 
     # -- holding (one process drives a run's rounds at a time) ------------------------
     def hold(self) -> None:

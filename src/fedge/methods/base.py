@@ -134,19 +134,11 @@ class MethodEnv:
 
 @dataclass
 class MethodBuild:
-    """A built method: its two sides and its side parties (by name).
-
-    ``shared_rng``: one side rebuilds what another drew from a shared seed (BAFFLE's server
-    the clients' perturbations, FedPT's clients the frozen weights, EPPFL's and PPFL's parties
-    their masks and heads), so every machine of a run must draw the same numbers from a seed;
-    on Flower a node that does not is refused (:mod:`fedge.runtime.rngprobe`). True unless
-    the method says otherwise: a method that needs no shared draws (FedAvg, FedSGD) sets False,
-    and such a node is only warned about."""
+    """A built method: its two sides and its side parties (by name)."""
 
     strategy: Strategy
     program: ClientProgram
     parties: dict[str, PartySpec] = field(default_factory=dict)
-    shared_rng: bool = True
 
 
 @dataclass(frozen=True)

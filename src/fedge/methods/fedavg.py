@@ -200,5 +200,4 @@ def build(cfg: FedAvgConfig | FedSGDConfig, env: MethodEnv) -> MethodBuild:
         program: Any = FedSGDClient(env.model_fn, cfg)
     else:
         program = LocalTraining.from_config(env.model_fn, cfg)
-    # no draw is rebuilt across parties (secure aggregation's masks come from X25519 and AES-CTR)
-    return MethodBuild(*protect(strategy, program, cfg, **env.protection(weighted=strategy.weighted)), shared_rng=False)
+    return MethodBuild(*protect(strategy, program, cfg, **env.protection(weighted=strategy.weighted)))

@@ -49,8 +49,8 @@ answer that fetch either (it is down) keeps its state of the last fetch in the c
 a warning naming it; without ``min_replies`` the fetch failing stops the run. On connecting, a
 node that fails the handshake (e.g. one the SuperLink answers for as offline) is skipped; it is an error only if a client is left without a
 node. The handshake also compares each node's seeded draws with the server's
-(:mod:`fedge.runtime.rngprobe`): a node drawing other numbers is refused where the method
-rebuilds draws across parties (``shared_rng``), else warned about. Nodes are matched to clients once, on connecting: a SuperNode restarted during a run
+(:mod:`fedge.runtime.rngprobe`): a node drawing other numbers (another torch or numpy build)
+is refused by name. Nodes are matched to clients once, on connecting: a SuperNode restarted during a run
 registers under a new node id and is addressed again only when the run is resumed.
 
 Late replies. Replies are matched to the message they answer (``reply_to_message_id``), and
@@ -161,9 +161,9 @@ def client_app(
     @app.query()
     def hello(msg: Message, context: Context) -> Message:
         """The handshake: which fedge client this node is, and what its seeded draws give
-        (:func:`~fedge.runtime.rngprobe.rng_probe`, with its torch version)."""
+        (:func:`~fedge.runtime.rngprobe.rng_probe`, with its fedge, torch and numpy versions)."""
         return Message(RecordDict({RECORD: ConfigRecord({"cid": _node_cid(context), "rng_probe": rng_probe(),
-                                                         "torch": torch.__version__})}), reply_to=msg)  # fmt: skip
+                                                         **_versions()})}), reply_to=msg)  # fmt: skip
 
     @app.query(STATE_GET)
     def get_state(msg: Message, context: Context) -> Message:
@@ -214,6 +214,14 @@ def client_app(
     return app
 
 
+def _versions() -> dict[str, str]:
+    import numpy
+
+    from fedge import __version__
+
+    return {"fedge": __version__, "torch": torch.__version__, "numpy": numpy.__version__}
+
+
 def server_app(main: Callable[[Grid, Context], None]) -> ServerApp:
     """A Flower ServerApp whose main is ``main(grid, context)``, e.g. one that builds a
     :class:`FlowerSimulation` on ``grid`` and runs it."""
@@ -242,10 +250,6 @@ class FlowerSimulation(Simulation):
             program and clients). With ``backend="ray"`` it is pickled to Ray's actors with every
             message: give a small one (:func:`fedge.experiment.build.configured_client_app`).
         cpus: with ``backend="ray"``, how many ClientApp actors (one CPU each; default: the cores).
-        shared_rng: the method rebuilds on one side what the other drew from a shared seed
-            (:attr:`fedge.methods.base.MethodBuild.shared_rng`): a node whose seeded draws differ
-            from the server's (:mod:`fedge.runtime.rngprobe`, checked on connecting) is then an
-            error; otherwise a warning (the run trains correctly but is not the engine's).
         **kwargs: as :class:`~fedge.runtime.engine.Simulation`.
     """
 
@@ -255,14 +259,14 @@ class FlowerSimulation(Simulation):
 
     def __init__(self, *, grid: Grid | None = None, timeout: float | None = None, wait_nodes_s: float = 60.0,
                  backend: str = "local", node_app: ClientApp | None = None, cpus: int | None = None,
-                 shared_rng: bool = True, **kwargs: Any) -> None:  # fmt: skip
+                 **kwargs: Any) -> None:  # fmt: skip
         from fedge.runtime.flower.simulation import BACKENDS
 
         if backend not in BACKENDS:
             raise ConfigError(f"Flower simulation backend {backend!r} is not known; expected one of {list(BACKENDS)}")
         super().__init__(**kwargs)
         self.grid, self.timeout, self.wait_nodes_s = grid, timeout, wait_nodes_s
-        self.backend, self.node_app, self.cpus, self.shared_rng = backend, node_app, cpus, shared_rng
+        self.backend, self.node_app, self.cpus = backend, node_app, cpus
         self.nodes: dict[int, int] = {}  # cid -> node id
         self._changed: set[int] = set()  # clients whose node state changed since the last checkpoint
         # cid -> (message id, what it was, a step?) of a message left without a reply: its node may still run it
@@ -298,7 +302,7 @@ class FlowerSimulation(Simulation):
                                   "give each SuperNode its own partition-id")  # fmt: skip
             self.nodes[cid] = node
             if not same_draws(probe, rec.get("rng_probe")):
-                other_rng[node] = (cid, str(rec.get("torch", "a fedge without the probe")))
+                other_rng[node] = (cid, {k: str(rec[k]) for k in ("fedge", "torch", "numpy") if k in rec})
         missing = sorted(set(range(len(self.clients))) - set(self.nodes))
         if missing:
             n = len(self.clients)
@@ -312,21 +316,25 @@ class FlowerSimulation(Simulation):
             self._other_rng(other_rng)
         self._push_restore()
 
-    def _other_rng(self, nodes: Mapping[int, tuple[int, str]]) -> None:
-        """Nodes whose seeded draws differ from this server's: an error for a method that
-        rebuilds across parties what was drawn from a seed, else a warning."""
-        listed = ", ".join(f"node {nid} (client {cid}, torch {v})" for nid, (cid, v) in sorted(nodes.items())[:5])
-        more = f" and {len(nodes) - 5} more" if len(nodes) > 5 else ""
-        text = (f"{len(nodes)} node(s) draw other numbers from the same seeds than this server (torch "
-                f"{torch.__version__}): {listed}{more}")  # fmt: skip
-        if self.shared_rng:
-            raise ConfigError(
-                f"{text}; this method rebuilds on one side what the other drew from a seed (perturbations, frozen "
-                "weights, masks), so the run would train on mismatched numbers without an error: give every "
-                f"SuperNode this server's torch build (pip install torch=={torch.__version__.split('+')[0]})"
-            )
-        warnings.warn(f"{text}; the run trains as configured, but its numbers will not be the engine's (batch orders "
-                      "and other client-side draws differ)", RuntimeWarning, stacklevel=2)  # fmt: skip
+    def _other_rng(self, nodes: Mapping[int, tuple[int, dict[str, str]]]) -> None:
+        """Refuse nodes whose seeded draws differ from this server's (:mod:`fedge.runtime.rngprobe`):
+        their clients would train on other shards than the run's partition, or against other
+        perturbations, frozen weights or masks than the server rebuilds, without an error."""
+        here = _versions()
+
+        def versions(v: Mapping[str, str]) -> str:
+            if "fedge" not in v:
+                return "a fedge without the handshake's probe"
+            return ", ".join(f"{k} {v.get(k, '?')}" for k in here)
+
+        listed = "; ".join(f"node {nid} (client {cid}: {versions(v)})" for nid, (cid, v) in sorted(nodes.items())[:5])
+        more = f"; and {len(nodes) - 5} more" if len(nodes) > 5 else ""
+        raise ConfigError(
+            f"{len(nodes)} node(s) draw other numbers from the run's seeds than this server ({versions(here)}): "
+            f"{listed}{more}. Their clients would train on other data shards than the run's partition, or against "
+            "other perturbations, frozen weights or masks than the other parties rebuild, without any error; install "
+            "this server's fedge, torch and numpy versions on those SuperNodes"
+        )
 
     def _push_restore(self) -> None:
         if self._restore:
