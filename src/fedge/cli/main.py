@@ -45,7 +45,7 @@ def _version(value: bool) -> None:
 
         import torch
 
-        from fedge import __version__
+        from fedge.core.version import __version__
 
         typer.echo(f"fedge {__version__} (torch {torch.__version__}, Python {platform.python_version()})")
         raise typer.Exit()

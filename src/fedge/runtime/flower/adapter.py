@@ -217,7 +217,7 @@ def client_app(
 def _versions() -> dict[str, str]:
     import numpy
 
-    from fedge import __version__
+    from fedge.core.version import __version__
 
     return {"fedge": __version__, "torch": torch.__version__, "numpy": numpy.__version__}
 
