@@ -219,13 +219,13 @@ def test_a_dataset_that_cannot_fit_in_memory_is_refused_before_allocating(
     refused with the sizes and the fixes, and limits that make it fit are accepted."""
     from fedge.data import registry
 
-    monkeypatch.setattr(registry, "physical_memory", lambda: 20 * 2**20)
+    monkeypatch.setattr(registry, "memory_limit", lambda: 20 * 2**20)
     with pytest.raises(ConfigError, match=r"^dataset 'digits' with resize=64: 1437 train and 360 test samples of "
                        r"1x64x64 take 29.4 MB as float32, more than the 21.0 MB of memory this process may use; use a smaller "
                        r"dataset.resize, or fewer samples \(dataset.limit_train, dataset.limit_test\)$"):  # fmt: skip
         load_dataset("digits", resize=64)
     assert load_dataset("digits", resize=64, limit_train=800).x_train.shape == (800, 1, 64, 64)
-    monkeypatch.setattr(registry, "physical_memory", lambda: None)  # the OS does not say: no check
+    monkeypatch.setattr(registry, "memory_limit", lambda: None)  # the OS does not say: no check
     assert load_dataset("digits", resize=64).num_train == 1437
 
 
@@ -234,13 +234,13 @@ def test_the_memory_limit_is_a_containers_where_that_is_smaller(tmp_path, monkey
 
     v2, v1 = tmp_path / "memory.max", tmp_path / "limit_in_bytes"
     monkeypatch.setattr(registry, "_CGROUP_LIMITS", (v2, v1))
-    machine = registry.physical_memory()
+    machine = registry.memory_limit()
     assert machine is not None and machine > 2**20
     v2.write_text("max\n")  # no limit
     v1.write_text("9223372036854771712\n")  # v1's "no limit"
-    assert registry.physical_memory() == machine
+    assert registry.memory_limit() == machine
     v2.write_text(f"{2**20}\n")
-    assert registry.physical_memory() == 2**20
+    assert registry.memory_limit() == 2**20
 
 
 def test_limit_is_stratified_seeded_and_ordered() -> None:

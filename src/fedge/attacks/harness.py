@@ -229,7 +229,7 @@ def _targets(name: str, view: ServerView, model: torch.nn.Module, mcfg: Any,
             raise ConfigError("the harness attacks BAFFLE with method.perturb=null (all parameters)")
         shapes = {n: params[n].shape for n in names}
         proj = baffle_projection(shapes, view.upload["dL"], sigma=mcfg.sigma, seed=seed, scheme=mcfg.scheme,
-                                 directions=mcfg.directions, masks={n: m for n, m in (masks or {}).items() if n in shapes})  # fmt: skip
+                                 directions=mcfg.directions, masks=masks)  # fmt: skip
         yield "baffle-k", proj, False
         if clipped:
             yield "baffle-k-fit", replace(proj, fit_scale=True), False

@@ -235,7 +235,7 @@ def load_dataset(
 _CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 
 
-def physical_memory() -> int | None:
+def memory_limit() -> int | None:
     """The memory this process may use, in bytes: the machine's physical memory, or a
     container's (cgroup v2 or v1) limit where that is smaller; None where the OS does not say."""
     limits = []
@@ -266,7 +266,7 @@ def _check_fits(name: str, raw: RawData, resize: int | None, limits: dict[str, i
     counts = {split: min(limits.get(split, len(x)), len(x)) for split, x in (("train", raw.x_train),
                                                                                 ("test", raw.x_test))}  # fmt: skip
     total = sum(counts.values()) * int(np.prod(shape)) * 4
-    memory = physical_memory()
+    memory = memory_limit()
     if memory is not None and total > memory:
         raise ConfigError(
             f"dataset {name!r}{f' with resize={resize}' if resize else ''}: {counts['train']} train and "
