@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from fedge.core.config import apply_overrides, check_positive_int, load_config, preset_names
@@ -64,6 +66,15 @@ def test_unknown_preset_lists_presets():
 def test_a_missing_path_without_a_yaml_suffix_is_a_missing_file_not_a_preset(tmp_path):
     with pytest.raises(ConfigError, match=r"config file '.*nope/cfg' does not exist; give a YAML file or a preset name"):
         load_config(str(tmp_path / "nope" / "cfg"))
+
+
+@pytest.mark.parametrize("written", ["./nope", "../nope", ".nope", "nope/"])
+def test_a_missing_path_written_relative_is_a_missing_file_not_a_preset(written, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # Path("./nope") is Path("nope"): the text says it is a path, and is echoed
+    with pytest.raises(ConfigError, match=rf"config file '{re.escape(written)}' does not exist; give a YAML file"):
+        load_config(written)
+    with pytest.raises(ConfigError, match="unknown preset 'nope'"):
+        load_config("nope")
 
 
 def test_switching_a_choice_section_drops_the_old_choices_keys():

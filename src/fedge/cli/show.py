@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Annotated
@@ -98,7 +97,7 @@ def partition(
     A preset or config file is partitioned as a run would, before anything runs (generated populations too)."""
     import json
 
-    from fedge.core.config import load_config
+    from fedge.core.config import load_config, looks_like_path
     from fedge.experiment.build import client_shard
 
     try:
@@ -110,7 +109,7 @@ def partition(
                 fail(f"{source!r} is not a fedge run directory (no config.yaml); give a run directory, a preset or a YAML file")
             cfg = load_config(str(Path(source) / "config.yaml"))
         else:
-            if (os.sep in source or source.startswith(".")) and not Path(source).exists():  # a path, not a preset
+            if looks_like_path(source) and not Path(source).exists():
                 fail(f"{source!r} does not exist; give a run directory, a YAML file or a preset name")
             cfg = load_config(source, overrides=list(set_ or []))
         out().print_json(json.dumps(client_shard(cfg, client)))

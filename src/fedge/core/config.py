@@ -18,6 +18,7 @@ import copy
 import difflib
 import json
 import math
+import os
 import re
 import types
 import typing
@@ -311,6 +312,14 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in _preset_dir().glob("*.yaml"))
 
 
+def looks_like_path(name_or_path: str | Path) -> bool:
+    """Whether ``name_or_path`` was written as a path rather than a preset name: it has a
+    directory separator (``runs/x``, ``./x``: ``Path`` drops the ``./``, so the text is read) or
+    starts with a dot (``.``, ``..``). Preset names are plain words."""
+    s = str(name_or_path)
+    return isinstance(name_or_path, Path) and len(name_or_path.parts) > 1 or "/" in s or os.sep in s or s.startswith(".")
+
+
 def preset_path(name_or_path: str | Path) -> Path:
     """Resolve a preset name (``quickstart``) or a path to a YAML file."""
     p = Path(name_or_path)
@@ -321,8 +330,8 @@ def preset_path(name_or_path: str | Path) -> Path:
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
         return p
-    if len(p.parts) > 1:  # a path, not a preset name
-        raise ConfigError(f"config file {str(p)!r} does not exist; give a YAML file or a preset name "
+    if looks_like_path(name_or_path):
+        raise ConfigError(f"config file {str(name_or_path)!r} does not exist; give a YAML file or a preset name "
                           f"({', '.join(preset_names())})")  # fmt: skip
     cand = _preset_dir() / f"{name_or_path}.yaml"
     if cand.is_file():
