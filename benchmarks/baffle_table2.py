@@ -31,12 +31,13 @@ Resumable across machines: every finished run writes its row, with its full conf
 missing. Parallel workers: ``--shard 0/2`` and ``--shard 1/2`` (one torch thread and one core each: ``OMP_NUM_THREADS=1 taskset -c I``).
 ``--save-progress`` does not carry the BAFFLE persistent-Adam context runs part-way (each holds all
 100 clients' Adam moments, ~31 MB, over its 8 MB limit): start them where they can finish (a
-10-round screen run, or a 40-round seed run: 1-2 CPU-hours, as the table's K = 100 rows).
+10-round screen run, or a 40-round seed run: ~20 CPU-minutes on an avx512 EPYC, up to ~1-2
+CPU-hours on a busier avx2 one, as the table's K = 100 rows).
 
     python benchmarks/baffle_table2.py [--shard I/N] [--k500] [--out runs/bench-baffle-table2] [--docs docs/benchmarks.md]
     python benchmarks/baffle_table2.py --table-only --docs docs/benchmarks.md   # tabulate what is recorded
     python benchmarks/baffle_table2.py --smoke --out /tmp/t2                    # seconds: the whole pipeline, tiny
-    python benchmarks/baffle_table2.py --context      # the context rows (BP: ~2 CPU-h; BAFFLE persistent: ~9 CPU-h)
+    python benchmarks/baffle_table2.py --context      # the context rows (BP ~2 CPU-h; BAFFLE persistent: screen + 6 runs, ~4 CPU-h)
 """
 
 from __future__ import annotations
