@@ -274,9 +274,10 @@ def _zo_context(plan: Plan) -> tuple[list[str], dict[str, float] | None, dict[st
     return lines, chosen, {r["label"]: r for r in report["results"]}, report["results"]
 
 
-def _versus_bp(what: str, d: dict[str, Any]) -> str:
-    """A BAFFLE − BP paired difference (:func:`paired_difference`) as a bullet with its direction."""
-    who = "BP ahead" if d["hi"] < 0 else "BAFFLE ahead" if d["lo"] > 0 else "not resolved: the interval holds 0"
+def _versus_bp(what: str, d: dict[str, Any], ahead: tuple[str, str] = ("BAFFLE ahead", "BP ahead")) -> str:
+    """A paired difference A − B (:func:`paired_difference`; by default BAFFLE − BP) as a bullet
+    with its direction: ``ahead`` names the verdicts for A ahead and for B ahead."""
+    who = ahead[1] if d["hi"] < 0 else ahead[0] if d["lo"] > 0 else "not resolved: the interval holds 0"
     return (f"- {what}: {d['mean'] * 100:+.2f} ± {d['std'] * 100:.2f} points over seeds {d['seeds']} "
             f"(95% interval {d['lo'] * 100:+.1f} to {d['hi'] * 100:+.1f}) → {who}.")  # fmt: skip
 
@@ -340,7 +341,29 @@ def context_lines(plan: Plan, agg: dict[str, dict[str, Any]]) -> tuple[list[str]
                  "no line matches the optimizer state yet: its persistent-Adam BAFFLE rows are not finished")
         out += ["", f"{zo} against the context rows (final test accuracy, paired by seed; the paper has BP ahead "
                 f"everywhere; the table's BAFFLE row has a fresh Adam each round; {state}):", "", *lines_after]  # fmt: skip
+    out += _optimizer_state_lines(plan, agg, ctx, zo_rows)
     return out, [*report["results"], *zo_results]
+
+
+def _optimizer_state_lines(plan: Plan, agg: dict[str, dict[str, Any]], ctx: dict[str, dict[str, Any]],
+                           zo_rows: dict[str, dict[str, Any]]) -> list[str]:  # fmt: skip
+    """What keeping the client Adam across rounds is worth (persistent − fresh, paired by seed), for
+    BP (both rows screened at the full length) and for BAFFLE (the persistent row against the
+    table's fresh row, each at the lr its own screen picked)."""
+    zo, lines = f"BAFFLE K={plan.ks[0]}", []
+    for part in PARTITIONS:
+        pairs = [("BP FedAvg (full-length screens)", ctx.get(f"BP FedAvg, persistent Adam, {part}"),
+                  ctx.get(f"BP FedAvg, fresh Adam, {part}")),
+                 (f"{zo} ({plan.screen_rounds}-round screens)", zo_rows.get(f"{_zo_family(plan)}, {part}"),
+                  agg.get(f"{zo}, {part}"))]  # fmt: skip
+        for what, kept, fresh in pairs:
+            if kept is not None and fresh is not None and (d := paired_difference(kept, fresh)) is not None:
+                lines.append(_versus_bp(f"{part}: {what}, persistent − fresh Adam", d,
+                                        ahead=("the persistent Adam ahead", "the fresh Adam ahead")))  # fmt: skip
+    if not lines:
+        return []
+    return ["", "What the client optimizer's state is worth (final test accuracy, persistent − fresh Adam, paired "
+            "by seed; each row at the lr its own screen picked):", "", *lines]  # fmt: skip
 
 
 def table(plan: Plan, command: str) -> str:

@@ -81,3 +81,25 @@ def test_baffle_with_persistent_adam_is_screened_as_the_table_s_baffle_and_picke
     assert chosen == dict.fromkeys(bench.PARTITIONS, 0.01)
     rows = bench.zo_context_variants(zplan, chosen)
     assert "method.client_optimizer.lr=0.01" in rows["BAFFLE K=100, persistent Adam, Dirichlet 0.3"]
+
+
+def _seeded(label: str, accs: list[float]) -> dict:
+    return {"label": label, "runs": [{"seed": s, "final_test_accuracy": a} for s, a in enumerate(accs)]}
+
+
+def test_the_optimizer_state_lines_pair_persistent_with_fresh_by_seed_and_say_the_direction() -> None:
+    iid, skew = "IID", "Dirichlet 0.3"
+    ctx = {f"BP FedAvg, persistent Adam, {iid}": _seeded("", [0.70, 0.66, 0.68]),
+           f"BP FedAvg, fresh Adam, {iid}": _seeded("", [0.50, 0.46, 0.49])}  # fmt: skip
+    agg = {f"BAFFLE K=100, {skew}": _seeded("", [0.45, 0.45])}
+    zo = {f"BAFFLE K=100, persistent Adam, {skew}": _seeded("", [0.44, 0.47])}
+    lines = bench._optimizer_state_lines(PLAN, agg, ctx, zo)
+    bullets = [line for line in lines if line.startswith("- ")]
+    assert len(bullets) == 2  # only the pairs with both rows
+    (bp,) = [b for b in bullets if b.startswith(f"- {iid}: BP FedAvg")]
+    # hand: diffs +0.20, +0.20, +0.19 -> mean +19.67 points, std 0.58; every seed ahead -> resolved
+    assert "persistent − fresh Adam: +19.67 ± 0.58 points over seeds [0, 1, 2]" in bp and bp.endswith("→ the persistent Adam ahead.")
+    (zo_line,) = [b for b in bullets if b.startswith(f"- {skew}: BAFFLE K=100 (10-round screens)")]
+    # hand: diffs -0.01, +0.02 -> mean +0.50 points, std 2.12; the interval holds 0
+    assert "+0.50 ± 2.12 points over seeds [0, 1]" in zo_line and zo_line.endswith("→ not resolved: the interval holds 0.")
+    assert bench._optimizer_state_lines(PLAN, {}, {}, {}) == []
