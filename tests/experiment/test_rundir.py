@@ -225,3 +225,35 @@ def test_read_config_refuses_a_key_given_twice(tmp_path):
     with pytest.raises(ResumeError, match=r"config.yaml' is not valid YAML at line 3, column 1 \(key 'method' given "
                        r"twice, first on line 2\); fix or restore it"):  # fmt: skip
         run.read_config()
+
+
+def test_a_claim_waits_out_a_momentary_lock_and_then_holds_the_directory(tmp_path):
+    """Another process's busy() probe (or takeover check) holds the lock for an instant: the run
+    that owns the new claim waits it out instead of refusing (which had left two racing runs
+    both refused), and holds the directory from its claim on."""
+    import threading
+
+    out = tmp_path / "r"
+    out.mkdir()
+    probe = RunDir(out)
+    probe.hold()
+    timer = threading.Timer(0.2, probe.let_go)  # well inside HOLD_WAIT_S
+    timer.start()
+    run = RunDir(out)
+    run.claim()
+    timer.join()
+    assert (out / rd.CLAIM).is_file() and RunDir(out).busy()  # held by the claimant now
+    run.release()
+    assert not RunDir(out).busy() and not (out / rd.CLAIM).exists()
+
+
+def test_a_claim_refused_by_a_lasting_lock_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(rd, "HOLD_WAIT_S", 0.05)
+    out = tmp_path / "r"
+    out.mkdir()
+    other = RunDir(out)
+    other.hold()
+    with pytest.raises(rd.RunDirBusyError, match="is being run by another fedge process right now"):
+        RunDir(out).claim()
+    assert list(out.iterdir()) == []  # the claim was undone
+    other.let_go()

@@ -62,6 +62,9 @@ CLAIM = ".fedge-claim"
 APPLIED = ".fedge-config.json"
 CHANGES = "config_changes.jsonl"
 SESSIONS = "sessions.jsonl"
+HOLD_WAIT_S = 1.0
+"""How long a process that owns a directory (its claim, or a takeover) retries the lock before
+refusing: other processes' :meth:`RunDir.busy` probes hold it for an instant."""
 
 
 class StorageError(FedgeError, OSError):
@@ -227,6 +230,13 @@ class RunDir:
             with _storage(self.path, "create the run directory", fix):
                 raise exc
         self._claimed = True
+        try:
+            # ours from now on: another process's busy check or takeover check may hold the lock
+            # for an instant (and then finds this live claim), so wait that out rather than refuse
+            self.hold(wait_s=HOLD_WAIT_S)
+        except BaseException:
+            self.release()
+            raise
         others = [p.name for p in self.path.iterdir() if p.name != CLAIM]
         if others:  # a file appeared between the check and the claim: not ours to write into
             self.release()
@@ -243,14 +253,12 @@ class RunDir:
         filesystems) a takeover could race another: a dead claim is then reported, with the fix."""
         busy = RunDirBusyError(f"output directory {str(self.path)!r} was claimed by another fedge run started at the "
                                "same time; choose another --out")  # fmt: skip
-        for attempt in range(20):  # another process's busy() check holds the lock for an instant
-            try:
-                self.hold()
-                break
-            except RunDirBusyError:
-                if attempt == 19:
-                    raise busy from None
-                time.sleep(0.05)
+        if fcntl is not None and self._dead(self._claim_info()) is None:
+            raise busy  # a live (or foreign, or unreadable) claimant: nothing to take over, no lock needed
+        try:
+            self.hold(wait_s=HOLD_WAIT_S)  # another process's busy() check holds the lock for an instant
+        except RunDirBusyError:
+            raise busy from None
         try:
             gone = self._dead(self._claim_info())
             if self._held is None:  # no locks here
@@ -272,30 +280,38 @@ class RunDir:
                       "before writing anything; this run takes the directory over", RuntimeWarning, stacklevel=3)  # fmt: skip
 
     # -- holding (one process drives a run's rounds at a time) ------------------------
-    def hold(self) -> None:
+    def hold(self, *, wait_s: float = 0.0) -> None:
         """Hold the directory while this process runs it: an exclusive, non-blocking ``flock``.
 
         Raises :class:`RunDirBusyError` when another process (or another :class:`RunDir` of this
-        one) holds it. Call :meth:`let_go` when done; a process that dies lets go by itself. A
-        directory that does not exist (yet) is not held, nor one on a filesystem without locks
-        (there the caller must not run one directory twice at once)."""
+        one) holds it, after retrying for ``wait_s`` seconds (other processes' :meth:`busy`
+        probes hold it for an instant; a run holds it for as long as it runs). Call
+        :meth:`let_go` when done; a process that dies lets go by itself. A directory that does
+        not exist (yet) is not held, nor one on a filesystem without locks (there the caller
+        must not run one directory twice at once)."""
         if fcntl is None or self._held is not None or not self.path.is_dir():
             return
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except OSError:  # unreadable: the run's own reads will name the problem
             return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise RunDirBusyError(
-                f"run directory {str(self.path)!r} is being run by another fedge process right now; wait for it "
-                f"to finish (or stop it), then continue it with: fedge run --resume {self.path}"
-            ) from None
-        except OSError:  # no locks here (e.g. some network filesystems): run unheld
-            os.close(fd)
-            return
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.02)
+                    continue
+                os.close(fd)
+                raise RunDirBusyError(
+                    f"run directory {str(self.path)!r} is being run by another fedge process right now; wait for it "
+                    f"to finish (or stop it), then continue it with: fedge run --resume {self.path}"
+                ) from None
+            except OSError:  # no locks here (e.g. some network filesystems): run unheld
+                os.close(fd)
+                return
         self._held = fd
 
     def let_go(self) -> None:
