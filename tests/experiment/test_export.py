@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -41,19 +42,47 @@ def test_torchscript_export_matches_the_model(tmp_path: Path, tiny) -> None:
     assert list(meta["mean"]) == pytest.approx(list(trained.mean))
 
 
-def test_pruned_model_exports_with_exact_zeros(tmp_path: Path, tiny) -> None:
+def test_pt2_export_matches_the_model_at_any_batch_size(tmp_path: Path, tiny) -> None:
+    cfg = load_config(tiny(rounds=2, model={"name": "lenet", "channels": [4, 8]}))
+    run = run_experiment(cfg, out=tmp_path / "r", render=False)
+    res = CliRunner().invoke(app, ["export", str(run), "--format", "pt2"])
+    assert res.exit_code == 0, res.output
+    assert "wrote" in res.output and "model.pt2 (pt2;" in res.output
+    extra = {"fedge.json": ""}
+    program = torch.export.load(str(run / "model.pt2"), extra_files=extra)
+    meta = json.loads(extra["fedge.json"])
+    trained = load_trained_model(run)
+    assert meta == trained.metadata() and meta["input_shape"] == [1, 8, 8]
+    module = program.module()
+    x = _batch((1, 8, 8))  # 17: the program was traced on 2, its batch axis is dynamic
+    with torch.no_grad():
+        assert torch.allclose(module(x), trained.model(x), atol=1e-6)
+        assert torch.allclose(module(x[:1]), trained.model(x[:1]), atol=1e-6)
+
+
+def _exported_weights(path: Path, format: str) -> tuple[dict[str, torch.Tensor], Any]:
+    """(parameter name -> tensor, a callable module) of an exported file."""
+    if format == "torchscript":
+        scripted = torch.jit.load(str(path))
+        return dict(scripted.named_parameters()), scripted
+    program = torch.export.load(str(path))
+    return dict(program.state_dict), program.module()
+
+
+@pytest.mark.parametrize("format", ["torchscript", "pt2"])
+def test_pruned_model_exports_with_exact_zeros(tmp_path: Path, tiny, format: str) -> None:
     method = {"name": "ntk-baffle", "k": 8, "batch_size": 16, "max_steps": 2, "density": 0.2,
               "prune_rounds": 3, "prune_inputs": 8, "mode": "epoch"}
     cfg = load_config(tiny(rounds=2, model={"name": "mlp", "hidden": [32]}, method=method,
                            **{"clients.num": 4, "clients.per_round": 4}))
     run = run_experiment(cfg, out=tmp_path / "r", render=False)
-    result = export_model(run)
-    assert result.path == run / "model.pt" and result.metadata["density"] == pytest.approx(0.2, abs=1e-3)
+    result = export_model(run, format=format)  # type: ignore[arg-type]
+    assert result.path == run / {"torchscript": "model.pt", "pt2": "model.pt2"}[format]
+    assert result.metadata["density"] == pytest.approx(0.2, abs=1e-3)
     trained = load_trained_model(run)
     names = prunable_parameters(trained.model)
     assert set(trained.masks) == set(names)
-    scripted = torch.jit.load(str(result.path))
-    weights = dict(scripted.named_parameters())
+    weights, scripted = _exported_weights(result.path, format)
     for name, mask in trained.masks.items():
         assert torch.all(weights[name][~mask] == 0)  # pruned: exactly zero in the file
     kept = sum(int((weights[n] != 0).sum()) for n in names)
@@ -66,7 +95,7 @@ def test_pruned_model_exports_with_exact_zeros(tmp_path: Path, tiny) -> None:
 def test_export_errors(tmp_path: Path, tiny) -> None:
     cfg = load_config(tiny(rounds=1))
     run = run_experiment(cfg, out=tmp_path / "r", render=False)
-    with pytest.raises(ConfigError, match="expected torchscript or onnx"):
+    with pytest.raises(ConfigError, match="'tflite' is not supported; expected one of torchscript, pt2, onnx"):
         export_model(run, format="tflite")  # type: ignore[arg-type]
     (run / "summary.json").unlink()
     with pytest.raises(ResumeError, match="not complete"):

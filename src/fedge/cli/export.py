@@ -1,4 +1,4 @@
-"""``fedge export RUN_DIR --format torchscript [--out FILE]``: the trained model for the edge.
+"""``fedge export RUN_DIR [--format torchscript|pt2|onnx] [--out FILE]``: the trained model for the edge.
 
 Only parses and calls :func:`fedge.experiment.export.export_model`; bad input prints one
 message and exits with status 2.
@@ -20,8 +20,8 @@ __all__ = ["export"]
 
 def export(
     run_dir: Annotated[Path, typer.Argument(help="a complete run directory")],
-    format: Annotated[str, typer.Option("--format", help="torchscript or onnx")] = "torchscript",
-    out: Annotated[Path | None, typer.Option("--out", help="file to write (default RUN_DIR/model.pt)")] = None,
+    format: Annotated[str, typer.Option("--format", help="torchscript (model.pt), pt2 (torch.export, model.pt2) or onnx (model.onnx)")] = "torchscript",
+    out: Annotated[Path | None, typer.Option("--out", help="file to write (default RUN_DIR/model.pt, .pt2 or .onnx by --format)")] = None,
 ) -> None:
     """Write a run's trained model (pruned weights exactly zero) for on-device inference."""
     from fedge.experiment.export import export_model

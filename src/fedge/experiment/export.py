@@ -9,6 +9,12 @@ inside the file as ``fedge.json`` (input shape, class names, and the per-channel
 A pruned model (``ntk-baffle``) is exported with its masks applied, so every pruned weight is
 exactly zero in the file.
 
+``--format pt2`` writes ``model.pt2``: a ``torch.export`` ExportedProgram (``torch.export.load``,
+then ``.module()``; the input ExecuTorch lowers for a device runtime), with a dynamic batch axis
+and the same ``fedge.json`` as an extra file. TorchScript stays the default because it loads on
+older torch builds and from C++ (libtorch) without a lowering step, although torch 2.13
+deprecates ``torch.jit``; ``pt2`` is the route that keeps working.
+
 ``--format onnx`` writes ``model.onnx`` (input ``x`` with a dynamic batch axis, output
 ``logits``, the same ``fedge.json`` in its metadata_props). It needs the ``onnx`` extra
 (``pip install 'fedge[onnx]'``: onnx and onnxscript); where they are missing the error says so.
@@ -33,7 +39,9 @@ from fedge.experiment.rundir import RunDir
 
 __all__ = ["ExportResult", "TrainedModel", "WithheldModelError", "export_model", "load_trained_model"]
 
-Format = Literal["torchscript", "onnx"]
+Format = Literal["torchscript", "pt2", "onnx"]
+FORMATS: dict[str, str] = {"torchscript": "model.pt", "pt2": "model.pt2", "onnx": "model.onnx"}
+"""Each export format and the file name it is written to by default (in the run directory)."""
 
 
 @dataclass
@@ -217,15 +225,17 @@ def export_model(
     """Write a complete run's model for on-device inference.
 
     Args:
-        format: ``"torchscript"`` (``torch.jit.load``-able, metadata in ``fedge.json``) or
-            ``"onnx"`` (needs the ``onnx`` package).
-        out: the file to write; default ``RUN_DIR/model.pt`` or ``RUN_DIR/model.onnx``.
+        format: ``"torchscript"`` (``torch.jit.load``-able, metadata in ``fedge.json``),
+            ``"pt2"`` (a ``torch.export`` program, ``torch.export.load``-able, batch axis
+            dynamic, metadata in the extra file ``fedge.json``) or ``"onnx"`` (needs the
+            ``onnx`` package).
+        out: the file to write; default ``RUN_DIR/`` ``model.pt``, ``model.pt2`` or ``model.onnx``.
 
     Returns:
         where it was written, the format, and the input metadata.
     """
-    if format not in ("torchscript", "onnx"):
-        raise ConfigError(f"export format {format!r} is not supported; expected torchscript or onnx")
+    if format not in FORMATS:
+        raise ConfigError(f"export format {format!r} is not supported; expected one of {', '.join(FORMATS)}")
     if format == "onnx":
         try:
             import onnx  # noqa: F401
@@ -237,7 +247,7 @@ def export_model(
                 "onnxscript`), or use --format torchscript"
             ) from None
     trained = load_trained_model(run_dir)
-    name = "model.pt" if format == "torchscript" else "model.onnx"
+    name = FORMATS[format]
     dest = path_argument("export out", out, what="a file path") if out is not None else Path(run_dir) / name
     if dest.is_dir():
         raise ConfigError(f"export --out {str(dest)!r} is a directory; name the file to write, e.g. --out {dest / name}")
@@ -267,5 +277,16 @@ def _write_model(trained: TrainedModel, format: Format, example: torch.Tensor, t
             warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch")
             traced = torch.jit.trace(trained.model, example)
             torch.jit.save(traced, str(tmp), _extra_files={"fedge.json": json.dumps(meta)})
+    elif format == "pt2":
+        _export_program(trained.model, torch.zeros((2, *trained.input_shape)), tmp, meta)
     else:
         _export_onnx(trained.model, torch.zeros((2, *trained.input_shape)), tmp, meta)
+
+
+def _export_program(model: torch.nn.Module, example: torch.Tensor, path: Path, meta: dict[str, Any]) -> None:
+    """``torch.export`` the model with a dynamic batch axis (traced on a batch of two, so the
+    axis is not specialised to 1) and save it with ``fedge.json`` as an extra file."""
+    batch = torch.export.Dim("batch", min=1)
+    with torch.no_grad():
+        program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+    torch.export.save(program, str(path), extra_files={"fedge.json": json.dumps(meta)})
