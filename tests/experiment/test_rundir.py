@@ -1,6 +1,7 @@
 """RunDir: the claim, storage errors, read-only resume checks, config diffs."""
 
 import errno
+import json
 import os
 
 import pytest
@@ -253,7 +254,22 @@ def test_a_claim_refused_by_a_lasting_lock_leaves_nothing(tmp_path, monkeypatch)
     out.mkdir()
     other = RunDir(out)
     other.hold()
-    with pytest.raises(rd.RunDirBusyError, match="is being run by another fedge process right now"):
+    with pytest.raises(rd.RunDirBusyError, match=r"output directory '.*' is in use by another fedge process; choose another --out$"):
         RunDir(out).claim()
     assert list(out.iterdir()) == []  # the claim was undone
     other.let_go()
+
+
+def test_a_live_claim_is_refused_without_waiting_for_its_lock(tmp_path, monkeypatch):
+    """The loser of a race finds the winner's live claim (this process's pid) and is refused at
+    once: it must not try the lock, which the winner holds for the whole run."""
+    out = tmp_path / "r"
+    winner = RunDir(out)
+    winner.claim()
+    monkeypatch.setattr(RunDir, "check_new", staticmethod(lambda path: None))  # as if it raced past the check
+    monkeypatch.setattr(RunDir, "hold", lambda self, **kw: pytest.fail("the loser tried the lock"))
+    with pytest.raises(rd.RunDirBusyError, match="was claimed by another fedge run started at the same time"):
+        RunDir(out).claim()
+    assert json.loads((out / rd.CLAIM).read_text())["pid"] == os.getpid()  # the winner's claim stands
+    monkeypatch.undo()
+    winner.release()

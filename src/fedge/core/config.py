@@ -314,10 +314,11 @@ def preset_names() -> list[str]:
 
 def looks_like_path(name_or_path: str | Path) -> bool:
     """Whether ``name_or_path`` was written as a path rather than a preset name: it has a
-    directory separator (``runs/x``, ``./x``: ``Path`` drops the ``./``, so the text is read) or
-    starts with a dot (``.``, ``..``). Preset names are plain words."""
+    directory separator (``runs/x``, ``./x``, ``x/``) or starts with a dot (``.x``, ``..``).
+    Preset names are plain words. Read the text the user typed: a ``Path`` has already dropped a
+    leading ``./`` and a trailing ``/``."""
     s = str(name_or_path)
-    return isinstance(name_or_path, Path) and len(name_or_path.parts) > 1 or "/" in s or os.sep in s or s.startswith(".")
+    return "/" in s or os.sep in s or s.startswith(".")
 
 
 def preset_path(name_or_path: str | Path) -> Path:

@@ -44,7 +44,7 @@ from fedge.experiment.build import (
     with_dataset_options,
 )
 from fedge.experiment.provenance import machine, segments
-from fedge.experiment.rundir import HOLD_WAIT_S, RunDir, config_diff
+from fedge.experiment.rundir import RunDir, config_diff
 from fedge.methods.base import model_arrays
 from fedge.privacy.secagg.errors import FixedPointRangeError
 from fedge.runtime.engine import Simulation
@@ -394,9 +394,8 @@ def run_experiment(
     _check_runtime(runtime, backend)
     shown = _as_progress(progress)
     rundir = RunDir(out)
-    rundir.claim()
+    rundir.claim()  # and holds it
     try:
-        rundir.hold()
         check_dataset_root(cfg)
         built = build_run(cfg)
         resolved = resolved_config(built)
@@ -469,7 +468,7 @@ def resume_experiment(
     _check_runtime(runtime, backend)
     shown = _as_progress(progress)
     rundir = RunDir(run_dir)
-    rundir.hold(wait_s=HOLD_WAIT_S)  # another process driving it now: RunDirBusyError, nothing written
+    rundir.hold(wait=True)  # another process driving it now: RunDirBusyError, nothing written
     try:
         return _resume(rundir, rounds, shown, render, allow_config_change, runtime, backend)
     finally:

@@ -63,8 +63,8 @@ APPLIED = ".fedge-config.json"
 CHANGES = "config_changes.jsonl"
 SESSIONS = "sessions.jsonl"
 HOLD_WAIT_S = 1.0
-"""How long a process that owns a directory (its claim, or a takeover) retries the lock before
-refusing: other processes' :meth:`RunDir.busy` probes hold it for an instant."""
+"""How long ``RunDir.hold(wait=True)`` retries the lock before refusing (a new claim, a takeover,
+a resume): other processes' :meth:`RunDir.busy` probes hold it for an instant."""
 
 
 class StorageError(FedgeError, OSError):
@@ -213,8 +213,9 @@ class RunDir:
         """Own the directory: create it (if needed) and ``.fedge-claim`` exclusively.
 
         Of two runs started at once with the same ``--out``, exactly one succeeds; the other
-        gets :class:`RunDirBusyError` and writes nothing. Call :meth:`release` if the run
-        fails before :meth:`create`, to leave no directory behind."""
+        gets :class:`RunDirBusyError` and writes nothing. On return the directory is also held
+        (:meth:`hold`): call :meth:`let_go` when the run ends, or :meth:`release` if it fails
+        before :meth:`create`, to leave no directory behind."""
         self.check_new(self.path)
         fix = "choose a writable --out"
         with _storage(self.path, "create the run directory", fix):
@@ -231,9 +232,13 @@ class RunDir:
                 raise exc
         self._claimed = True
         try:
-            # ours from now on: another process's busy check or takeover check may hold the lock
-            # for an instant (and then finds this live claim), so wait that out rather than refuse
-            self.hold(wait_s=HOLD_WAIT_S)
+            # ours from now on: another process's busy check may hold the lock for an instant
+            # (and then finds this live claim), so wait that out rather than refuse
+            self.hold(wait=True)
+        except RunDirBusyError:
+            self.release()
+            raise RunDirBusyError(f"output directory {str(self.path)!r} is in use by another fedge process; "
+                                  "choose another --out") from None  # fmt: skip
         except BaseException:
             self.release()
             raise
@@ -256,7 +261,7 @@ class RunDir:
         if fcntl is not None and self._dead(self._claim_info()) is None:
             raise busy  # a live (or foreign, or unreadable) claimant: nothing to take over, no lock needed
         try:
-            self.hold(wait_s=HOLD_WAIT_S)  # another process's busy() check holds the lock for an instant
+            self.hold(wait=True)  # another process's busy() check holds the lock for an instant
         except RunDirBusyError:
             raise busy from None
         try:
@@ -280,12 +285,12 @@ class RunDir:
                       "before writing anything; this run takes the directory over", RuntimeWarning, stacklevel=3)  # fmt: skip
 
     # -- holding (one process drives a run's rounds at a time) ------------------------
-    def hold(self, *, wait_s: float = 0.0) -> None:
+    def hold(self, *, wait: bool = False) -> None:
         """Hold the directory while this process runs it: an exclusive, non-blocking ``flock``.
 
         Raises :class:`RunDirBusyError` when another process (or another :class:`RunDir` of this
-        one) holds it, after retrying for ``wait_s`` seconds (other processes' :meth:`busy`
-        probes hold it for an instant; a run holds it for as long as it runs). Call
+        one) holds it, with ``wait`` after retrying for :data:`HOLD_WAIT_S` seconds (other
+        processes' :meth:`busy` probes hold it for an instant; a run, as long as it runs). Call
         :meth:`let_go` when done; a process that dies lets go by itself. A directory that does
         not exist (yet) is not held, nor one on a filesystem without locks (there the caller
         must not run one directory twice at once)."""
@@ -295,24 +300,35 @@ class RunDir:
             fd = os.open(self.path, os.O_RDONLY)
         except OSError:  # unreadable: the run's own reads will name the problem
             return
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + (HOLD_WAIT_S if wait else 0.0)
+        try:
+            locked = self._lock(fd, deadline)
+        except BaseException:  # busy, or interrupted while waiting: the descriptor goes with it
+            os.close(fd)
+            raise
+        if locked:
+            self._held = fd
+        else:  # no locks here (e.g. some network filesystems): run unheld
+            os.close(fd)
+
+    def _lock(self, fd: int, deadline: float) -> bool:
+        """``flock`` ``fd`` for :meth:`hold`, retrying until ``deadline``: True once locked, False
+        where the filesystem has no locks; :class:`RunDirBusyError` when still held by another."""
+        assert fcntl is not None
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                return True
             except BlockingIOError:
                 if time.monotonic() < deadline:
                     time.sleep(0.02)
                     continue
-                os.close(fd)
                 raise RunDirBusyError(
                     f"run directory {str(self.path)!r} is being run by another fedge process right now; wait for it "
                     f"to finish (or stop it), then continue it with: fedge run --resume {self.path}"
                 ) from None
-            except OSError:  # no locks here (e.g. some network filesystems): run unheld
-                os.close(fd)
-                return
-        self._held = fd
+            except OSError:
+                return False
 
     def let_go(self) -> None:
         """Release :meth:`hold` (closing the descriptor drops the lock)."""
@@ -376,7 +392,8 @@ class RunDir:
 
     def create(self, config: dict[str, Any], partition: dict[str, Any], *, data_source: str | None = None) -> None:
         """Write config.yaml (headed by a comment naming where the data was read, when given),
-        partition.json and an empty metrics.jsonl, claiming the directory first if needed.
+        partition.json and an empty metrics.jsonl, claiming (and so holding, see :meth:`claim`)
+        the directory first if needed.
         If a write fails, everything written here is removed again (and the claim released)."""
         if not self._claimed:
             self.claim()
