@@ -274,7 +274,7 @@ def _zo_context(plan: Plan) -> tuple[list[str], dict[str, float] | None, dict[st
     return lines, chosen, {r["label"]: r for r in report["results"]}, report["results"]
 
 
-def _versus_bp(what: str, d: dict[str, Any], ahead: tuple[str, str] = ("BAFFLE ahead", "BP ahead")) -> str:
+def _paired_bullet(what: str, d: dict[str, Any], ahead: tuple[str, str] = ("BAFFLE ahead", "BP ahead")) -> str:
     """A paired difference A − B (:func:`paired_difference`; by default BAFFLE − BP) as a bullet
     with its direction: ``ahead`` names the verdicts for A ahead and for B ahead."""
     who = ahead[1] if d["hi"] < 0 else ahead[0] if d["lo"] > 0 else "not resolved: the interval holds 0"
@@ -325,7 +325,7 @@ def context_lines(plan: Plan, agg: dict[str, dict[str, Any]]) -> tuple[list[str]
             if label == _zo_family(plan):
                 if r is not None and (bp := ctx.get(f"BP FedAvg, persistent Adam, {part}")) is not None:
                     if (d := paired_difference(r, bp)) is not None:
-                        lines_after.append(_versus_bp(f"{part}, both with persistent Adam: {label.split(',')[0]} − BP FedAvg", d))
+                        lines_after.append(_paired_bullet(f"{part}, both with persistent Adam: {label.split(',')[0]} − BP FedAvg", d))
                         matched = True
             lr_cell = "" if row_lr is None else str(row_lr)
             if r is None:
@@ -335,7 +335,7 @@ def context_lines(plan: Plan, agg: dict[str, dict[str, Any]]) -> tuple[list[str]
                        f"{mean_cell(r, 'test_accuracy_at_best_val')} | {per_seed_cell(r)} |")  # fmt: skip
             if row_lr is not None and label != _zo_family(plan) and agg.get(f"{zo}, {part}") is not None:
                 if (d := paired_difference(agg[f"{zo}, {part}"], r)) is not None:
-                    lines_after.append(_versus_bp(f"{part}: {zo} − BP FedAvg ({label.split(', ')[1]}, lr {row_lr})", d))
+                    lines_after.append(_paired_bullet(f"{part}: {zo} − BP FedAvg ({label.split(', ')[1]}, lr {row_lr})", d))
     if lines_after:
         state = ("the lines \"both with persistent Adam\" match the optimizer state too" if matched else
                  "no line matches the optimizer state yet: its persistent-Adam BAFFLE rows are not finished")
@@ -358,7 +358,7 @@ def _optimizer_state_lines(plan: Plan, agg: dict[str, dict[str, Any]], ctx: dict
                   agg.get(f"{zo}, {part}"))]  # fmt: skip
         for what, kept, fresh in pairs:
             if kept is not None and fresh is not None and (d := paired_difference(kept, fresh)) is not None:
-                lines.append(_versus_bp(f"{part}: {what}, persistent − fresh Adam", d,
+                lines.append(_paired_bullet(f"{part}: {what}, persistent − fresh Adam", d,
                                         ahead=("the persistent Adam ahead", "the fresh Adam ahead")))  # fmt: skip
     if not lines:
         return []

@@ -90,12 +90,16 @@ def _seeded(label: str, accs: list[float]) -> dict:
 def test_the_optimizer_state_lines_pair_persistent_with_fresh_by_seed_and_say_the_direction() -> None:
     iid, skew = "IID", "Dirichlet 0.3"
     ctx = {f"BP FedAvg, persistent Adam, {iid}": _seeded("", [0.70, 0.66, 0.68]),
-           f"BP FedAvg, fresh Adam, {iid}": _seeded("", [0.50, 0.46, 0.49])}  # fmt: skip
+           f"BP FedAvg, fresh Adam, {iid}": _seeded("", [0.50, 0.46, 0.49]),
+           f"BP FedAvg, persistent Adam, {skew}": _seeded("", [0.40, 0.41, 0.39]),
+           f"BP FedAvg, fresh Adam, {skew}": _seeded("", [0.50, 0.50, 0.50])}  # fmt: skip
     agg = {f"BAFFLE K=100, {skew}": _seeded("", [0.45, 0.45])}
     zo = {f"BAFFLE K=100, persistent Adam, {skew}": _seeded("", [0.44, 0.47])}
     lines = bench._optimizer_state_lines(PLAN, agg, ctx, zo)
     bullets = [line for line in lines if line.startswith("- ")]
-    assert len(bullets) == 2  # only the pairs with both rows
+    assert len(bullets) == 3  # only the pairs with both rows
+    (bp_skew,) = [b for b in bullets if b.startswith(f"- {skew}: BP FedAvg")]
+    assert "-10.00 ± 1.00 points" in bp_skew and bp_skew.endswith("→ the fresh Adam ahead.")
     (bp,) = [b for b in bullets if b.startswith(f"- {iid}: BP FedAvg")]
     # hand: diffs +0.20, +0.20, +0.19 -> mean +19.67 points, std 0.58; every seed ahead -> resolved
     assert "persistent − fresh Adam: +19.67 ± 0.58 points over seeds [0, 1, 2]" in bp and bp.endswith("→ the persistent Adam ahead.")
