@@ -28,9 +28,11 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
-# ruff (lint + import order) on src, tests, benchmarks; mypy (config in pyproject.toml) on src/fedge.
+# ruff (lint + import order, and the formatter: `ruff format` fixes what --check finds) on src,
+# tests, benchmarks; mypy (config in pyproject.toml) on src/fedge.
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff format --check src tests benchmarks
 	$(PY) -m mypy
 
 clean:

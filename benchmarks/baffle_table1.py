@@ -55,7 +55,12 @@ from fedge.bench.screened import (
     run_notes,
     when_picked,
 )
-from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
+from fedge.bench.script import (
+    parse_reproduction_args,
+    progress_action,
+    reproduction_parser,
+    usage_errors,
+)
 from fedge.bench.variants import (
     not_run_cell,
     paired_difference,
@@ -72,18 +77,31 @@ BASE = "baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "baffle_table1"
 SEEDS = (0, 1, 2)
 ROUNDS = 20
-TRAIN = 10_000  # the table's training samples (the paper: all 58,000 left beside the validation set)
+TRAIN = (
+    10_000  # the table's training samples (the paper: all 58,000 left beside the validation set)
+)
 VALIDATION = 2000
 MAX_TRAIN = 60_000 - VALIDATION
 # Per family, before widening (widened_grid). Each 10,000-sample grid was first widened by hand where
 # its first screen's best sat at an edge (BAFFLE at 0.003, BP at 0.03); both picks are inside them.
 SCREEN_LRS = {"BAFFLE K=100": (0.001, 0.003, 0.01, 0.03), "BP FedAvg": (0.003, 0.01, 0.03, 0.1)}
 SCREEN_ROUNDS = 5
-BP = ["method.name=fedavg", "method.batch_size=20", "method.client_optimizer.name=adam", "method.client_optimizer.b2=0.99"]
+BP = [
+    "method.name=fedavg",
+    "method.batch_size=20",
+    "method.client_optimizer.name=adam",
+    "method.client_optimizer.b2=0.99",
+]
 PAPER = {  # Table 1, LeNet on MNIST (accuracy %); the direction each ablation should show
-    "BP FedAvg": 94.31, "BAFFLE K=100": 87.27, "BAFFLE K=200": 89.48, "BAFFLE K=500": 92.18,
-    "K=100 w/o EMA": 85.06, "K=100 ReLU": 81.55, "K=100 SELU": 86.18, "K=100 central (same forwards)": 76.02,
-}  # fmt: skip
+    "BP FedAvg": 94.31,
+    "BAFFLE K=100": 87.27,
+    "BAFFLE K=200": 89.48,
+    "BAFFLE K=500": 92.18,
+    "K=100 w/o EMA": 85.06,
+    "K=100 ReLU": 81.55,
+    "K=100 SELU": 86.18,
+    "K=100 central (same forwards)": 76.02,
+}
 
 
 @dataclass(frozen=True)
@@ -106,8 +124,14 @@ class Plan:
         return out if self.train == TRAIN else out / f"train-{self.train}"
 
     def protocol(self) -> list[str]:
-        return ["threads=1", f"rounds={ROUNDS}", f"dataset.limit_train={self.train + VALIDATION}",
-                f"dataset.validation={VALIDATION}", "dataset.limit_test=10000", "measure.flops=false"]  # fmt: skip
+        return [
+            "threads=1",
+            f"rounds={ROUNDS}",
+            f"dataset.limit_train={self.train + VALIDATION}",
+            f"dataset.validation={VALIDATION}",
+            "dataset.limit_test=10000",
+            "measure.flops=false",
+        ]
 
     def screen_common(self) -> list[str]:
         return [*self.protocol(), f"rounds={SCREEN_ROUNDS}", "seed=0"]
@@ -124,7 +148,9 @@ class Plan:
         return self.train != TRAIN
 
     def command(self) -> str:
-        return "python benchmarks/baffle_table1.py" + ("" if self.train == TRAIN else f" --train {self.train}")
+        return "python benchmarks/baffle_table1.py" + (
+            "" if self.train == TRAIN else f" --train {self.train}"
+        )
 
 
 def other_sizes() -> list[int]:
@@ -138,11 +164,15 @@ def other_sizes() -> list[int]:
 # bit for bit those of a run with ema=null (tests/bench/test_variants.py, tests/methods/test_ema.py)
 # and saves a K = 100 run a seed (~2.5 CPU-hours each on 30,000 samples).
 RAW_ROW = "K=100 w/o EMA"
-RAW_NOTE = ("`K=100 w/o EMA` is the raw global model W of the K = 100 runs, evaluated beside their EMA each round "
-            "(`method.ema_also_raw=true`): EMA never feeds training, so this is exactly the run with `method.ema=null` "
-            "(tests/methods/test_ema.py checks it figure for figure), at no extra training.")
-RAW_CHECKED = {30_000: " On 30,000 samples a separate `ema=null` run of seed 0, stopped when the option landed, matched "
-                       "the raw test and validation accuracy and loss of rounds 1-5 bit for bit."}
+RAW_NOTE = (
+    "`K=100 w/o EMA` is the raw global model W of the K = 100 runs, evaluated beside their EMA each round "
+    "(`method.ema_also_raw=true`): EMA never feeds training, so this is exactly the run with `method.ema=null` "
+    "(tests/methods/test_ema.py checks it figure for figure), at no extra training."
+)
+RAW_CHECKED = {
+    30_000: " On 30,000 samples a separate `ema=null` run of seed 0, stopped when the option landed, matched "
+    "the raw test and validation accuracy and loss of rounds 1-5 bit for bit."
+}
 
 ABLATIONS = {
     "K=100 w/o EMA": ["method.k=100", "method.ema=null"],
@@ -167,7 +197,10 @@ CONTEXT = {
 
 
 def context_variants(bp_lr: float) -> dict[str, tuple[list[str], tuple[int, ...]]]:
-    return {label: ([*BP, f"method.client_optimizer.lr={bp_lr}", *o], seeds) for label, (o, seeds) in CONTEXT.items()}
+    return {
+        label: ([*BP, f"method.client_optimizer.lr={bp_lr}", *o], seeds)
+        for label, (o, seeds) in CONTEXT.items()
+    }
 
 
 def run_context(out: Path, *, run: bool = True) -> list[dict[str, Any]]:
@@ -179,8 +212,15 @@ def run_context(out: Path, *, run: bool = True) -> list[dict[str, Any]]:
         return []
     rows = []
     for label, (overrides, seeds) in context_variants(chosen[1]).items():
-        report = run_seeded_variants(BASE, {label: overrides}, seeds=seeds, out_root=out / "context", common=plan.protocol(),
-                                     run=run, records=RECORDS / "context")  # fmt: skip
+        report = run_seeded_variants(
+            BASE,
+            {label: overrides},
+            seeds=seeds,
+            out_root=out / "context",
+            common=plan.protocol(),
+            run=run,
+            records=RECORDS / "context",
+        )
         rows += report["results"]
     return rows
 
@@ -192,19 +232,40 @@ def grid(family: str, results: Sequence[dict[str, Any]]) -> tuple[float, ...]:
 
 def screen_variants(results: Sequence[dict[str, Any]] = ()) -> dict[str, list[str]]:
     """The screen runs, grown by what the recorded ``results`` found."""
-    out = {f"screen BAFFLE K=100 lr={lr}": ["method.k=100", f"method.client_optimizer.lr={lr}"]
-           for lr in grid("BAFFLE K=100", results)}  # fmt: skip
-    out.update({f"screen BP FedAvg lr={lr}": [*BP, f"method.client_optimizer.lr={lr}"] for lr in grid("BP FedAvg", results)})
+    out = {
+        f"screen BAFFLE K=100 lr={lr}": ["method.k=100", f"method.client_optimizer.lr={lr}"]
+        for lr in grid("BAFFLE K=100", results)
+    }
+    out.update(
+        {
+            f"screen BP FedAvg lr={lr}": [*BP, f"method.client_optimizer.lr={lr}"]
+            for lr in grid("BP FedAvg", results)
+        }
+    )
     return out  # the costly BAFFLE screens first, so that workers taking every N-th share them
 
 
-def main_variants(zo_lr: float, bp_lr: float, *, k500: bool, raw_from_k100: bool = False) -> dict[str, list[str]]:
+def main_variants(
+    zo_lr: float, bp_lr: float, *, k500: bool, raw_from_k100: bool = False
+) -> dict[str, list[str]]:
     """The runs of the table (with ``raw_from_k100`` the K = 100 runs also log their raw W and
     :data:`RAW_ROW` has no runs of its own: :func:`table` builds it from theirs)."""
     lr = [f"method.client_optimizer.lr={zo_lr}"]
-    out = {"BP FedAvg": [*BP, f"method.client_optimizer.lr={bp_lr}"],
-           "BAFFLE K=100": ["method.k=100", *lr, *(["method.ema_also_raw=true"] if raw_from_k100 else [])]}  # fmt: skip
-    out.update({label: [*o, *lr] for label, o in ABLATIONS.items() if not (raw_from_k100 and label == RAW_ROW)})
+    out = {
+        "BP FedAvg": [*BP, f"method.client_optimizer.lr={bp_lr}"],
+        "BAFFLE K=100": [
+            "method.k=100",
+            *lr,
+            *(["method.ema_also_raw=true"] if raw_from_k100 else []),
+        ],
+    }
+    out.update(
+        {
+            label: [*o, *lr]
+            for label, o in ABLATIONS.items()
+            if not (raw_from_k100 and label == RAW_ROW)
+        }
+    )
     out["BAFFLE K=200"] = ["method.k=200", *lr]
     if k500:
         out["BAFFLE K=500"] = ["method.k=500", *lr]
@@ -223,12 +284,34 @@ def picks(screen: dict[str, Any]) -> tuple[float, float] | None:
     return chosen[0], chosen[1]
 
 
-def run_all(plan: Plan, shard: int, shards: int, out: Path, *, k500: bool,
-            only: list[tuple[str, int | None]] | None = None, steal: bool = True) -> None:  # fmt: skip
-    main = when_picked(picks, lambda chosen: main_variants(*chosen, k500=k500, raw_from_k100=plan.raw_from_k100))
-    run_screened(BASE, screen_variants, main, screen_common=plan.screen_common(), protocol=plan.protocol(),
-                 seeds=plan.seeds, records=plan.records, out=plan.out(out), shard=shard, shards=shards,
-                 probe_common=plan.probe(), only=only or (), steal=steal)  # fmt: skip
+def run_all(
+    plan: Plan,
+    shard: int,
+    shards: int,
+    out: Path,
+    *,
+    k500: bool,
+    only: list[tuple[str, int | None]] | None = None,
+    steal: bool = True,
+) -> None:
+    main = when_picked(
+        picks, lambda chosen: main_variants(*chosen, k500=k500, raw_from_k100=plan.raw_from_k100)
+    )
+    run_screened(
+        BASE,
+        screen_variants,
+        main,
+        screen_common=plan.screen_common(),
+        protocol=plan.protocol(),
+        seeds=plan.seeds,
+        records=plan.records,
+        out=plan.out(out),
+        shard=shard,
+        shards=shards,
+        probe_common=plan.probe(),
+        only=only or (),
+        steal=steal,
+    )
 
 
 def read_screen(plan: Plan) -> dict[str, Any]:
@@ -247,33 +330,65 @@ def table(plan: Plan, *, k500: bool) -> str:
     screen = read_screen(plan)
     chosen = picks(screen)
     command = plan.command() + (" --k500" if k500 else "")
-    head = [INTRO] if plan.train == TRAIN else [
-        f"### The same table on {plan.train:,} training samples", "",
-        f"The protocol above on **{plan.train:,} training samples** ({plan.train // 10:,} per client, "
-        f"{plan.train / TRAIN:g}x the 10,000-sample table's steps a round) plus the same 2,000-sample validation "
-        "set; its own learning-rate screen on the same grids (a grid grows one step past an edge that wins), picked "
-        "on validation.",
-    ]  # fmt: skip
-    lines = [*head, "", f"Command: `{command}`", "", "**Learning-rate screen** (client Adam lr; seed 0, the protocol's "
-             f"data, {SCREEN_ROUNDS} rounds; picked by final **validation** accuracy):", "",
-             "| lr | BAFFLE K=100 val acc | BP FedAvg val acc |", "|---|---|---|"]  # fmt: skip
+    head = (
+        [INTRO]
+        if plan.train == TRAIN
+        else [
+            f"### The same table on {plan.train:,} training samples",
+            "",
+            f"The protocol above on **{plan.train:,} training samples** ({plan.train // 10:,} per client, "
+            f"{plan.train / TRAIN:g}x the 10,000-sample table's steps a round) plus the same 2,000-sample validation "
+            "set; its own learning-rate screen on the same grids (a grid grows one step past an edge that wins), picked "
+            "on validation.",
+        ]
+    )
+    lines = [
+        *head,
+        "",
+        f"Command: `{command}`",
+        "",
+        "**Learning-rate screen** (client Adam lr; seed 0, the protocol's "
+        f"data, {SCREEN_ROUNDS} rounds; picked by final **validation** accuracy):",
+        "",
+        "| lr | BAFFLE K=100 val acc | BP FedAvg val acc |",
+        "|---|---|---|",
+    ]
     rows = {r["label"]: r for r in screen["results"]}
     grids = {f: grid(f, screen["results"]) for f in SCREEN_LRS}
     for lr in sorted({lr for lrs in grids.values() for lr in lrs}):
-        cells = [screen_cell(rows.get(f"screen {f} lr={lr}")) if lr in lrs else "-" for f, lrs in grids.items()]
+        cells = [
+            screen_cell(rows.get(f"screen {f} lr={lr}")) if lr in lrs else "-"
+            for f, lrs in grids.items()
+        ]
         lines.append(f"| {lr} | {cells[0]} | {cells[1]} |")
     if chosen is None:
         return "\n".join([*lines, "", "The screen is not finished; no main runs yet."])
     zo_lr, bp_lr = chosen
-    edge = [f"{f} ({lr})" for f, lr in zip(grids, chosen, strict=True) if lr in (min(grids[f]), max(grids[f]))]
-    lines += ["", f"Picked: BAFFLE lr {zo_lr}, BP FedAvg lr {bp_lr}." + (f" At the edge of its grid: {', '.join(edge)}." if edge else ""), ""]
+    edge = [
+        f"{f} ({lr})"
+        for f, lr in zip(grids, chosen, strict=True)
+        if lr in (min(grids[f]), max(grids[f]))
+    ]
+    lines += [
+        "",
+        f"Picked: BAFFLE lr {zo_lr}, BP FedAvg lr {bp_lr}."
+        + (f" At the edge of its grid: {', '.join(edge)}." if edge else ""),
+        "",
+    ]
     variants = main_variants(zo_lr, bp_lr, k500=k500, raw_from_k100=plan.raw_from_k100)
-    report = recorded_seeded(BASE, variants, seeds=plan.seeds, common=plan.protocol(), records=plan.records)
+    report = recorded_seeded(
+        BASE, variants, seeds=plan.seeds, common=plan.protocol(), records=plan.records
+    )
     probes = recorded_probes(BASE, variants, common=plan.probe(), records=plan.records / "probe")
-    lines += ["| variant | seeds | final test acc (mean ± std) | test acc at best val | per seed (final) | "
-              "up B/client/round | client GFLOP/round (one client) | paper, MNIST % |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| variant | seeds | final test acc (mean ± std) | test acc at best val | per seed (final) | "
+        "up B/client/round | client GFLOP/round (one client) | paper, MNIST % |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     agg = {r["label"]: r for r in report["results"]}
-    derived = {RAW_ROW: "BAFFLE K=100"} if plan.raw_from_k100 else {}  # row -> the row whose runs give it
+    derived = (
+        {RAW_ROW: "BAFFLE K=100"} if plan.raw_from_k100 else {}
+    )  # row -> the row whose runs give it
     for label, source in derived.items():
         row = side_row(agg[source], "raw", label, variants[source]) if source in agg else None
         if row is not None:
@@ -283,13 +398,27 @@ def table(plan: Plan, *, k500: bool) -> str:
         probe = probes.get(derived.get(label, label))
         flops = probe["client_flops_per_round"] / 1e9 if probe else None
         if r is None:
-            cell = f"from {derived[label]}'s runs: not run yet" if label in derived else not_run_cell(report, label)
-            lines.append(f"| {label} | 0 | {cell} | | | | {'' if flops is None else f'{flops:.1f}'} | {PAPER.get(label, '')} |")
+            cell = (
+                f"from {derived[label]}'s runs: not run yet"
+                if label in derived
+                else not_run_cell(report, label)
+            )
+            lines.append(
+                f"| {label} | 0 | {cell} | | | | {'' if flops is None else f'{flops:.1f}'} | {PAPER.get(label, '')} |"
+            )
             continue
         per_seed = per_seed_cell(r)
-        lines.append(f"| {label} | {r['seeds']} | {mean_cell(r)} | {mean_cell(r, 'test_accuracy_at_best_val')} | {per_seed} | "
-                     f"{r['bytes_up_per_client_round']:.0f} | {'-' if flops is None else f'{flops:.1f}'} | {PAPER.get(label, '')} |")
-    lines += ["", *([RAW_NOTE + RAW_CHECKED.get(plan.train, ""), ""] if derived else []), *verdicts(agg), "", *bp_bar(agg.get("BP FedAvg"))]
+        lines.append(
+            f"| {label} | {r['seeds']} | {mean_cell(r)} | {mean_cell(r, 'test_accuracy_at_best_val')} | {per_seed} | "
+            f"{r['bytes_up_per_client_round']:.0f} | {'-' if flops is None else f'{flops:.1f}'} | {PAPER.get(label, '')} |"
+        )
+    lines += [
+        "",
+        *([RAW_NOTE + RAW_CHECKED.get(plan.train, ""), ""] if derived else []),
+        *verdicts(agg),
+        "",
+        *bp_bar(agg.get("BP FedAvg")),
+    ]
     if plan.train == TRAIN:
         context = run_context(Path("/nonexistent"), run=False)  # the recorded context rows
         lines += ["", *context_lines(agg.get("BP FedAvg"), context)]
@@ -309,15 +438,24 @@ def bp_bar(bp: dict[str, Any] | None) -> list[str]:
     low = min(run["final_test_accuracy"] for run in bp["runs"])
     seeds = f"{bp['seeds']} seed{'s' if bp['seeds'] != 1 else ''}"
     verdict = "yes" if low >= BP_BAR else f"no, lowest seed {low:.4f}"
-    return [f"BP FedAvg at or above {BP_BAR:.2f} final test accuracy on every seed ({seeds}): {verdict}."]
+    return [
+        f"BP FedAvg at or above {BP_BAR:.2f} final test accuracy on every seed ({seeds}): {verdict}."
+    ]
 
 
 def context_lines(bp: dict[str, Any] | None, context: list[dict[str, Any]]) -> list[str]:
     """What caps BP here: the CONTEXT rows beside the table's BP row (``--context`` runs them)."""
     rows = {r["label"]: r for r in context}
-    out = ["**What caps BP at this protocol** (context rows, outside the paper's table; `--context` runs them; "
-           "same optimizer and lr as the BP row):", "", "| run | seeds | final test acc | per seed |", "|---|---|---|---|"]  # fmt: skip
-    for label, r in ([("BP FedAvg (the table's row)", bp)] if bp else []) + [(k, rows.get(k)) for k in CONTEXT]:
+    out = [
+        "**What caps BP at this protocol** (context rows, outside the paper's table; `--context` runs them; "
+        "same optimizer and lr as the BP row):",
+        "",
+        "| run | seeds | final test acc | per seed |",
+        "|---|---|---|---|",
+    ]
+    for label, r in ([("BP FedAvg (the table's row)", bp)] if bp else []) + [
+        (k, rows.get(k)) for k in CONTEXT
+    ]:
         if r is None:
             out.append(f"| {label} | 0 | not run yet | |")
             continue
@@ -336,9 +474,19 @@ def verdicts(agg: dict[str, dict[str, Any]]) -> list[str]:
     base = agg.get("BAFFLE K=100")
     if base is None or base["seeds"] < 2:
         return ["Verdicts need BAFFLE K=100 on at least 2 seeds."]
-    out = ["Directions against BAFFLE K=100 (final test accuracy, paired by seed: mean ± std of the per-seed "
-           "differences, their 95% t interval; a direction counts only when the interval excludes 0):", ""]
-    for label in ("K=100 w/o EMA", "K=100 ReLU", "K=100 SELU", "K=100 central (same forwards)", "BAFFLE K=200", "BP FedAvg"):
+    out = [
+        "Directions against BAFFLE K=100 (final test accuracy, paired by seed: mean ± std of the per-seed "
+        "differences, their 95% t interval; a direction counts only when the interval excludes 0):",
+        "",
+    ]
+    for label in (
+        "K=100 w/o EMA",
+        "K=100 ReLU",
+        "K=100 SELU",
+        "K=100 central (same forwards)",
+        "BAFFLE K=200",
+        "BP FedAvg",
+    ):
         r = agg.get(label)
         d = None if r is None else paired_difference(r, base)
         if d is None:
@@ -346,11 +494,18 @@ def verdicts(agg: dict[str, dict[str, Any]]) -> list[str]:
         paper = PAPER[label] - PAPER["BAFFLE K=100"]
         ours = "higher" if d["lo"] > 0 else ("lower" if d["hi"] < 0 else None)
         want = "higher" if paper > 0 else "lower"
-        verdict = ("reproduces" if ours == want else "does NOT reproduce (the opposite direction)" if ours
-                   else "not resolved (the interval holds 0)")  # fmt: skip
+        verdict = (
+            "reproduces"
+            if ours == want
+            else "does NOT reproduce (the opposite direction)"
+            if ours
+            else "not resolved (the interval holds 0)"
+        )
         per_seed = seed_gaps(d)
-        out.append(f"- {label}: {100 * d['mean']:+.2f} ± {100 * d['std']:.2f} points (seeds {per_seed}; 95% interval "
-                   f"{100 * d['lo']:+.1f} to {100 * d['hi']:+.1f}; paper {paper:+.2f}) → {verdict}.")  # fmt: skip
+        out.append(
+            f"- {label}: {100 * d['mean']:+.2f} ± {100 * d['std']:.2f} points (seeds {per_seed}; 95% interval "
+            f"{100 * d['lo']:+.1f} to {100 * d['hi']:+.1f}; paper {paper:+.2f}) → {verdict}."
+        )
     return out
 
 
@@ -402,26 +557,51 @@ an uninterrupted one."""
 def main(argv: list[str] | None = None) -> int:
     ap = reproduction_parser(__doc__, out="runs/bench-baffle-table1", smoke=False)
     ap.add_argument("--k500", action="store_true", help="also K = 500 (about 2.5 CPU-hours a seed)")
-    ap.add_argument("--context", action="store_true", help="run only the context rows for BP (what caps it here)")
-    ap.add_argument("--train", type=int, default=TRAIN, metavar="N",
-                    help=f"training samples (default {TRAIN:,}); another size is a table of its own beside this one")
+    ap.add_argument(
+        "--context",
+        action="store_true",
+        help="run only the context rows for BP (what caps it here)",
+    )
+    ap.add_argument(
+        "--train",
+        type=int,
+        default=TRAIN,
+        metavar="N",
+        help=f"training samples (default {TRAIN:,}); another size is a table of its own beside this one",
+    )
     args, shard, shards = parse_reproduction_args(ap, argv)
     if not TRAIN // 10 <= args.train <= MAX_TRAIN or args.train % 10:
-        ap.error(f"--train {args.train}: expected a multiple of 10 (10 equal clients) from {TRAIN // 10:,} to "
-                 f"{MAX_TRAIN:,} (the 60,000 training images less the {VALIDATION:,} held out for validation)")
+        ap.error(
+            f"--train {args.train}: expected a multiple of 10 (10 equal clients) from {TRAIN // 10:,} to "
+            f"{MAX_TRAIN:,} (the 60,000 training images less the {VALIDATION:,} held out for validation)"
+        )
     if args.context and args.train != TRAIN:
-        ap.error(f"--context runs the context rows of the {TRAIN:,}-sample table (what caps BP there); drop --train")
+        ap.error(
+            f"--context runs the context rows of the {TRAIN:,}-sample table (what caps BP there); drop --train"
+        )
     if progress_action(args, RECORDS):  # every size's unfinished runs, all under --out
         return 0
     if args.context and not args.table_only:
         run_context(Path(args.out))
     elif not args.table_only:
         with usage_errors(ap):
-            run_all(Plan(args.train), shard, shards, Path(args.out), k500=args.k500, only=args.only,
-                    steal=not args.no_steal)  # fmt: skip
+            run_all(
+                Plan(args.train),
+                shard,
+                shards,
+                Path(args.out),
+                k500=args.k500,
+                only=args.only,
+                steal=not args.no_steal,
+            )
     text = section(k500=args.k500)
-    publish(text, args.docs, "baffle-table1", "BAFFLE Table 1 analogue (3 seeds, validation-tuned)",
-            machine=records_line(RECORDS, root=Path(__file__).resolve().parents[1]))
+    publish(
+        text,
+        args.docs,
+        "baffle-table1",
+        "BAFFLE Table 1 analogue (3 seeds, validation-tuned)",
+        machine=records_line(RECORDS, root=Path(__file__).resolve().parents[1]),
+    )
     return 0
 
 

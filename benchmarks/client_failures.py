@@ -34,21 +34,39 @@ from fedge.bench.variants import run_seeded_variants
 
 PRESET = "fedavg-fmnist-lenet"
 ROUNDS = 10
-COMMON = ["threads=1", f"rounds={ROUNDS}", f"eval_every={ROUNDS}", "dataset.limit_train=6000", "dataset.limit_test=2000",
-          "clients.num=20", "clients.per_round=10", "clients.min_replies=2"]  # fmt: skip
+COMMON = [
+    "threads=1",
+    f"rounds={ROUNDS}",
+    f"eval_every={ROUNDS}",
+    "dataset.limit_train=6000",
+    "dataset.limit_test=2000",
+    "clients.num=20",
+    "clients.per_round=10",
+    "clients.min_replies=2",
+]
 DROPOUTS = (0.0, 0.1, 0.3)
 ROWS: dict[str, list[str]] = {}
 for _p in DROPOUTS:
     ROWS[f"FedAvg, dropout {_p:g}"] = [f"clients.dropout={_p}"]
-    ROWS[f"FedAvg + secure aggregation, dropout {_p:g}"] = [f"clients.dropout={_p}", "method.secure_aggregation=true"]
+    ROWS[f"FedAvg + secure aggregation, dropout {_p:g}"] = [
+        f"clients.dropout={_p}",
+        "method.secure_aggregation=true",
+    ]
 CONTROL = "FedAvg, 7 clients per round, no dropout"
 ROWS[CONTROL] = ["clients.per_round=7", "clients.min_replies=null"]
 
 
 def _figures(run_dir: str) -> dict[str, Any]:
     summary, lines = read_run_logs(run_dir)
-    summed = [0 if x.get("round_skipped") else x.get("secagg_survivors", x["clients"] - x.get("clients_failed", 0)) for x in lines]
-    server = [x["wall_s"] - x["client_wall_s"] for x in lines if x.get("test_accuracy") is None]  # rounds without evaluation
+    summed = [
+        0
+        if x.get("round_skipped")
+        else x.get("secagg_survivors", x["clients"] - x.get("clients_failed", 0))
+        for x in lines
+    ]
+    server = [
+        x["wall_s"] - x["client_wall_s"] for x in lines if x.get("test_accuracy") is None
+    ]  # rounds without evaluation
     return {
         "accuracy": summary["final_test_accuracy"],
         "skipped": sum(1 for x in lines if x.get("round_skipped")),
@@ -63,24 +81,46 @@ def _figures(run_dir: str) -> dict[str, Any]:
 def _row(run_dirs: list[str]) -> dict[str, Any]:
     per = [_figures(d) for d in run_dirs]
     acc = [p["accuracy"] for p in per]
-    out = {k: statistics.mean(p[k] for p in per) for k in ("skipped", "summed", "failed", "bytes_down", "bytes_up")}
+    out = {
+        k: statistics.mean(p[k] for p in per)
+        for k in ("skipped", "summed", "failed", "bytes_down", "bytes_up")
+    }
     server = [p["server_s"] for p in per if p["server_s"] is not None]
-    out.update(accuracy_mean=statistics.mean(acc), accuracy_std=statistics.stdev(acc) if len(acc) > 1 else 0.0,
-               accuracies=acc, server_s=statistics.mean(server) if server else None, seeds=len(per),
-               run_dirs=run_dirs)  # fmt: skip
+    out.update(
+        accuracy_mean=statistics.mean(acc),
+        accuracy_std=statistics.stdev(acc) if len(acc) > 1 else 0.0,
+        accuracies=acc,
+        server_s=statistics.mean(server) if server else None,
+        seeds=len(per),
+        run_dirs=run_dirs,
+    )
     return out
 
 
 def table(report: dict[str, Any]) -> str:
-    head = ["row", "final accuracy (mean ± std)", f"rounds skipped (of {ROUNDS})", "inputs in the mean / round", "clients failed / round",
-            "bytes down / round", "bytes up / round", "server s / round"]  # fmt: skip
+    head = [
+        "row",
+        "final accuracy (mean ± std)",
+        f"rounds skipped (of {ROUNDS})",
+        "inputs in the mean / round",
+        "clients failed / round",
+        "bytes down / round",
+        "bytes up / round",
+        "server s / round",
+    ]
     cells = [
-        [label, f"{100 * r['accuracy_mean']:.2f} ± {100 * r['accuracy_std']:.2f} (n={r['seeds']})", f"{r['skipped']:.1f}",
-         f"{r['summed']:.2f}",
-         f"{r['failed']:.2f}", f"{r['bytes_down']:,.0f}", f"{r['bytes_up']:,.0f}",
-         "n/a" if r["server_s"] is None else f"{r['server_s']:.3f}"]
+        [
+            label,
+            f"{100 * r['accuracy_mean']:.2f} ± {100 * r['accuracy_std']:.2f} (n={r['seeds']})",
+            f"{r['skipped']:.1f}",
+            f"{r['summed']:.2f}",
+            f"{r['failed']:.2f}",
+            f"{r['bytes_down']:,.0f}",
+            f"{r['bytes_up']:,.0f}",
+            "n/a" if r["server_s"] is None else f"{r['server_s']:.3f}",
+        ]
         for label, r in report["rows"].items()
-    ]  # fmt: skip
+    ]
     return "\n".join(markdown_table(head, cells, left=1))
 
 
@@ -111,18 +151,38 @@ def _notes(report: dict[str, Any]) -> str:
 
 
 def markdown(report: dict[str, Any], command: str) -> str:
-    doc = (__doc__ or "").replace("``", "`").split("\n\n")  # the setting and the columns, as the docstring says them
-    return f"Command: `{command}`\n\n" + "\n\n".join(" ".join(p.split()) for p in doc[1:3]) + "\n\n" + table(report) + _notes(report)
+    doc = (
+        (__doc__ or "").replace("``", "`").split("\n\n")
+    )  # the setting and the columns, as the docstring says them
+    return (
+        f"Command: `{command}`\n\n"
+        + "\n\n".join(" ".join(p.split()) for p in doc[1:3])
+        + "\n\n"
+        + table(report)
+        + _notes(report)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = runs_parser(__doc__, out="runs/bench-client-failures")
     ap.add_argument("--seeds", type=int, default=3)
     args = ap.parse_args(argv)
-    runs = run_seeded_variants(PRESET, ROWS, seeds=range(args.seeds), out_root=args.out, common=COMMON)
-    report = {"rows": {r["label"]: _row([x["run_dir"] for x in r["runs"]]) for r in runs["results"]}}
-    return report_and_document(report, table(report), args.docs, section="client-failures", title="Clients that fail to reply",
-                               markdown=lambda command: markdown(report, command), script=__file__, argv=argv)
+    runs = run_seeded_variants(
+        PRESET, ROWS, seeds=range(args.seeds), out_root=args.out, common=COMMON
+    )
+    report = {
+        "rows": {r["label"]: _row([x["run_dir"] for x in r["runs"]]) for r in runs["results"]}
+    }
+    return report_and_document(
+        report,
+        table(report),
+        args.docs,
+        section="client-failures",
+        title="Clients that fail to reply",
+        markdown=lambda command: markdown(report, command),
+        script=__file__,
+        argv=argv,
+    )
 
 
 if __name__ == "__main__":

@@ -26,49 +26,66 @@ BASE = "cross-device-synthetic"
 VARIANTS = {
     "FedAvg": [],
     "BAFFLE batch K=100 (no secure aggregation)": [
-        "method.name=baffle", "method.mode=batch", "method.k=100", "method.batch_size=256",
-        "method.secure_aggregation=false", "method.ema=null", "method.server_optimizer.name=adam",
+        "method.name=baffle",
+        "method.mode=batch",
+        "method.k=100",
+        "method.batch_size=256",
+        "method.secure_aggregation=false",
+        "method.ema=null",
+        "method.server_optimizer.name=adam",
         "method.server_optimizer.lr=0.01",
     ],
     "BAFFLE batch K=100, secure aggregation (1 round)": [
-        "rounds=1", "method.name=baffle", "method.mode=batch", "method.k=100", "method.batch_size=256",
+        "rounds=1",
+        "method.name=baffle",
+        "method.mode=batch",
+        "method.k=100",
+        "method.batch_size=256",
         "method.ema=null",
     ],
 }
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", default="runs/bench-cross-device")
     ap.add_argument("--docs", default=None)
     args = ap.parse_args(argv)
     report = run_variants(BASE, VARIANTS, out_root=args.out)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(report, indent=2))
-    rows = ["| run | rounds | accuracy at round 1 / 10 / 25 / 50 (final) | best | bytes down / up per client per round | wall s per round |",
-            "|---|---|---|---|---|---|"]
+    rows = [
+        "| run | rounds | accuracy at round 1 / 10 / 25 / 50 (final) | best | bytes down / up per client per round | wall s per round |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in report["results"]:
         acc = r["accuracy_by_round"]
         pick = " / ".join(f"{acc[i - 1]:.3f}" for i in (1, 10, 25, 50) if i <= len(acc))
-        rows.append(f"| {r['label']} | {len(acc)} | {pick} | {r['best_test_accuracy']:.3f} "
-                    f"| {r['bytes_down_per_client_round']:.0f} / {r['bytes_up_per_client_round']:.0f} "
-                    f"| {r['wall_s'] / len(acc):.1f} |")
-    text = "\n".join([
-        "synthetic-fed: 10^6 devices generated on demand from (seed, device), FedProx's Synthetic(1, 1)",
-        "(60 features, 10 classes, power-law sizes capped at 2000), 1,000 devices a round, logistic",
-        "regression; FedAvg: one local epoch of SGD (lr 0.01, batch 10); BAFFLE: batch level, ΔL over",
-        "each device's local set, K = 100, Adam on the server (lr 0.01). Test: 10,000 fresh samples",
-        "from 100 devices of the population. One process, one thread. Peak RSS of the whole script:",
-        f"{peak_mb:.0f} MB.",
-        "",
-        f"Command: `{script_command(__file__, argv)}`",
-        "",
-        *rows,
-        "",
-        "Reading: accuracy stays near chance (0.10) for both methods: in Synthetic(1, 1) each device labels with its own "
-        "random linear model, so one global model fits few of the 100 test devices. These runs show the scale (memory "
-        "flat in the population, minutes per 1,000-device round), not an accuracy claim.",
-    ])
+        rows.append(
+            f"| {r['label']} | {len(acc)} | {pick} | {r['best_test_accuracy']:.3f} "
+            f"| {r['bytes_down_per_client_round']:.0f} / {r['bytes_up_per_client_round']:.0f} "
+            f"| {r['wall_s'] / len(acc):.1f} |"
+        )
+    text = "\n".join(
+        [
+            "synthetic-fed: 10^6 devices generated on demand from (seed, device), FedProx's Synthetic(1, 1)",
+            "(60 features, 10 classes, power-law sizes capped at 2000), 1,000 devices a round, logistic",
+            "regression; FedAvg: one local epoch of SGD (lr 0.01, batch 10); BAFFLE: batch level, ΔL over",
+            "each device's local set, K = 100, Adam on the server (lr 0.01). Test: 10,000 fresh samples",
+            "from 100 devices of the population. One process, one thread. Peak RSS of the whole script:",
+            f"{peak_mb:.0f} MB.",
+            "",
+            f"Command: `{script_command(__file__, argv)}`",
+            "",
+            *rows,
+            "",
+            "Reading: accuracy stays near chance (0.10) for both methods: in Synthetic(1, 1) each device labels with its own "
+            "random linear model, so one global model fits few of the 100 test devices. These runs show the scale (memory "
+            "flat in the population, minutes per 1,000-device round), not an accuracy claim.",
+        ]
+    )
     if args.docs:
         update_section(args.docs, "cross-device", "Cross-device scale: a million devices", text)
     return 0

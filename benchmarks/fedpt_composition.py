@@ -44,18 +44,44 @@ from fedge.models.blocks import resolve_freeze
 PRESET = "baffle-fmnist-lenet"
 ROUNDS = 10
 FREEZE = "method.freeze=[features.conv2]"
-COMMON = ["threads=1", f"rounds={ROUNDS}", f"eval_every={ROUNDS}", "measure.memory=true", "dataset.limit_train=500",
-          "dataset.limit_test=2000", "method.batch_size=25"]  # fmt: skip
-BP = ["method.client_optimizer.name=adam", "method.client_optimizer.lr=0.01", "method.client_optimizer.b2=0.99"]
+COMMON = [
+    "threads=1",
+    f"rounds={ROUNDS}",
+    f"eval_every={ROUNDS}",
+    "measure.memory=true",
+    "dataset.limit_train=500",
+    "dataset.limit_test=2000",
+    "method.batch_size=25",
+]
+BP = [
+    "method.client_optimizer.name=adam",
+    "method.client_optimizer.lr=0.01",
+    "method.client_optimizer.b2=0.99",
+]
 # the preset's BAFFLE keys, spelled out for ntk-baffle (switching method.name drops the preset's method keys)
-BAFFLE = ["method.mode=epoch", "method.k=100", "method.sigma=1e-4", "method.scheme=forward", "method.estimator=fast",
-          "method.local_epochs=1", "method.clip=0.3", "method.ema=0.995", *BP]  # fmt: skip
+BAFFLE = [
+    "method.mode=epoch",
+    "method.k=100",
+    "method.sigma=1e-4",
+    "method.scheme=forward",
+    "method.estimator=fast",
+    "method.local_epochs=1",
+    "method.clip=0.3",
+    "method.ema=0.995",
+    *BP,
+]
 ROWS = {
     "BP FedAvg full": ["method.name=fedavg", *BP],
     "BP FedPT": ["method.name=fedpt", *BP, FREEZE],
     "BAFFLE full": ["method.freeze=[]"],
     "BAFFLE + freeze": [FREEZE],
-    "NTK-BAFFLE + freeze": ["method.name=ntk-baffle", *BAFFLE, "method.density=0.1", "method.prune_rounds=10", FREEZE],
+    "NTK-BAFFLE + freeze": [
+        "method.name=ntk-baffle",
+        *BAFFLE,
+        "method.density=0.1",
+        "method.prune_rounds=10",
+        FREEZE,
+    ],
 }
 
 
@@ -93,18 +119,38 @@ def _clients(run: dict[str, Any]) -> int:
 
 def table(rows: dict[str, dict[str, Any]]) -> str:
     bp = rows["BP FedAvg full"]
-    head = ["row", "method.name", "trainable params", "final accuracy %", "vs BP FedAvg (points)",
-            "client GFLOP / client / round", "uplink B / client / round", "downlink B / client / round",
-            "client peak, tensors (MiB)"]  # fmt: skip
+    head = [
+        "row",
+        "method.name",
+        "trainable params",
+        "final accuracy %",
+        "vs BP FedAvg (points)",
+        "client GFLOP / client / round",
+        "uplink B / client / round",
+        "downlink B / client / round",
+        "client peak, tensors (MiB)",
+    ]
     cells = []
     for label, r in rows.items():
-        name = next((o.split("=", 1)[1] for o in ROWS[label] if o.startswith("method.name=")), "baffle")
+        name = next(
+            (o.split("=", 1)[1] for o in ROWS[label] if o.startswith("method.name=")), "baffle"
+        )
         trainable = f"{r['trainable_params']:,}"
         if r["trainable_nonzero"] != r["trainable_params"]:
             trainable += f" ({r['trainable_nonzero']:,} kept)"
-        cells.append([label, name, trainable, f"{100 * r['accuracy']:.2f}", f"{100 * (r['accuracy'] - bp['accuracy']):+.2f}",
-                      f"{r['client_flops'] / 1e9:.2f}", f"{r['bytes_up']:,.0f}", f"{r['bytes_down']:,.0f}",
-                      mib(r["tensor_peak"], 2)])  # fmt: skip
+        cells.append(
+            [
+                label,
+                name,
+                trainable,
+                f"{100 * r['accuracy']:.2f}",
+                f"{100 * (r['accuracy'] - bp['accuracy']):+.2f}",
+                f"{r['client_flops'] / 1e9:.2f}",
+                f"{r['bytes_up']:,.0f}",
+                f"{r['bytes_down']:,.0f}",
+                mib(r["tensor_peak"], 2),
+            ]
+        )
     return "\n".join(markdown_table(head, cells, left=2))
 
 
@@ -163,9 +209,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     runs = run_variants(PRESET, ROWS, out_root=args.out, common=COMMON)
     rows = {r["label"]: _read(r) for r in runs["results"]}
-    return report_and_document(rows, table(rows), args.docs, section="fedpt-composition",
-                               title="Composition: freezing with forward-only clients",
-                               markdown=lambda command: markdown(rows, command), script=__file__, argv=argv)  # fmt: skip
+    return report_and_document(
+        rows,
+        table(rows),
+        args.docs,
+        section="fedpt-composition",
+        title="Composition: freezing with forward-only clients",
+        markdown=lambda command: markdown(rows, command),
+        script=__file__,
+        argv=argv,
+    )
 
 
 if __name__ == "__main__":

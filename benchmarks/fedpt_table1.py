@@ -19,36 +19,80 @@ from __future__ import annotations
 from typing import Any
 
 from fedge.bench.docs import markdown_table
-from fedge.bench.figures import communication_reduction, few_seeds_note, mean_over_seeds, mib, run_figures
+from fedge.bench.figures import (
+    communication_reduction,
+    few_seeds_note,
+    mean_over_seeds,
+    mib,
+    run_figures,
+)
 from fedge.bench.script import report_and_document, runs_parser
 from fedge.bench.variants import run_variants
 
 PRESET = "fedpt-fmnist-cnn"
 ROUNDS = 6
-COMMON = ["threads=1", f"rounds={ROUNDS}", f"eval_every={ROUNDS}", "measure.memory=true",
-          "dataset.limit_train=3000", "dataset.limit_test=2000"]  # fmt: skip
-ROWS = {"fully trainable": "method.freeze=[]", "dense layer frozen": "method.freeze=[classifier.fc1]"}
+COMMON = [
+    "threads=1",
+    f"rounds={ROUNDS}",
+    f"eval_every={ROUNDS}",
+    "measure.memory=true",
+    "dataset.limit_train=3000",
+    "dataset.limit_test=2000",
+]
+ROWS = {
+    "fully trainable": "method.freeze=[]",
+    "dense layer frozen": "method.freeze=[classifier.fc1]",
+}
 
 
 def _row(run_dirs: list[str]) -> dict[str, Any]:
     agg = mean_over_seeds([run_figures(d) for d in run_dirs])
-    out = {k: agg[k] for k in ("trainable_fraction", "bytes_down", "bytes_up", "client_s", "tensor_peak", "rss_peak")}
-    out.update(accuracy_mean=agg["accuracy"], accuracy_std=agg["accuracy_std"], seeds=agg["seeds"], run_dirs=run_dirs)
+    out = {
+        k: agg[k]
+        for k in (
+            "trainable_fraction",
+            "bytes_down",
+            "bytes_up",
+            "client_s",
+            "tensor_peak",
+            "rss_peak",
+        )
+    }
+    out.update(
+        accuracy_mean=agg["accuracy"],
+        accuracy_std=agg["accuracy_std"],
+        seeds=agg["seeds"],
+        run_dirs=run_dirs,
+    )
     return out
 
 
 def table(report: dict[str, Any]) -> str:
     rows = report["rows"]
     full = rows["fully trainable"]
-    head = ["model", "trainable %", "bytes down / client / round", "bytes up / client / round", "communication reduction",
-            "final accuracy (mean ± std)", "client s / round", "client peak, tensors (MiB)"]  # fmt: skip
+    head = [
+        "model",
+        "trainable %",
+        "bytes down / client / round",
+        "bytes up / client / round",
+        "communication reduction",
+        "final accuracy (mean ± std)",
+        "client s / round",
+        "client peak, tensors (MiB)",
+    ]
     cells = [
-        [label, f"{100 * r['trainable_fraction']:.2f}", f"{r['bytes_down']:,.0f}", f"{r['bytes_up']:,.0f}",
-         f"{communication_reduction(full, r):.1f}×",
-         f"{100 * r['accuracy_mean']:.2f} ± {100 * r['accuracy_std']:.2f} (n={r['seeds']})", f"{r['client_s']:.2f}",
-         mib(r["tensor_peak"])]
+        [
+            label,
+            f"{100 * r['trainable_fraction']:.2f}",
+            f"{r['bytes_down']:,.0f}",
+            f"{r['bytes_up']:,.0f}",
+            f"{communication_reduction(full, r):.1f}×",
+            f"{100 * r['accuracy_mean']:.2f} ± {100 * r['accuracy_std']:.2f} (n={r['seeds']})",
+            f"{r['client_s']:.2f}",
+            mib(r["tensor_peak"]),
+        ]
         for label, r in rows.items()
-    ]  # fmt: skip
+    ]
     return "\n".join(markdown_table(head, cells, left=1))
 
 
@@ -65,9 +109,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
         "seeds). The runs also log RSS growth of the process high-water mark, but the rows run one after "
         "another in one process, so a later row's RSS grows only beyond what an earlier row already took: "
         "not a per-row figure, so it is left out. Client time per round is wall time per client step on a "
-        "machine shared with other jobs: noisy.\n\n"
-        + table(report)
-        + _notes(report)
+        "machine shared with other jobs: noisy.\n\n" + table(report) + _notes(report)
     )
 
 
@@ -88,12 +130,28 @@ def main(argv: list[str] | None = None) -> int:
     ap = runs_parser(__doc__, out="runs/bench-fedpt-table1")
     ap.add_argument("--seeds", type=int, default=3)
     args = ap.parse_args(argv)
-    variants = {f"{label} seed={s}": [f"seed={s}", freeze] for s in range(args.seeds) for label, freeze in ROWS.items()}
+    variants = {
+        f"{label} seed={s}": [f"seed={s}", freeze]
+        for s in range(args.seeds)
+        for label, freeze in ROWS.items()
+    }
     runs = run_variants(PRESET, variants, out_root=args.out, common=COMMON)
     dirs = {r["label"]: r["run_dir"] for r in runs["results"]}
-    report = {"rows": {label: _row([dirs[f"{label} seed={s}"] for s in range(args.seeds)]) for label in ROWS}}
-    return report_and_document(report, table(report), args.docs, section="fedpt-table1", title="FedPT Table 1 analogue",
-                               markdown=lambda command: markdown(report, command), script=__file__, argv=argv)
+    report = {
+        "rows": {
+            label: _row([dirs[f"{label} seed={s}"] for s in range(args.seeds)]) for label in ROWS
+        }
+    }
+    return report_and_document(
+        report,
+        table(report),
+        args.docs,
+        section="fedpt-table1",
+        title="FedPT Table 1 analogue",
+        markdown=lambda command: markdown(report, command),
+        script=__file__,
+        argv=argv,
+    )
 
 
 if __name__ == "__main__":

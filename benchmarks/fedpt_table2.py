@@ -39,8 +39,15 @@ from fedge.bench.variants import run_seeded_variants
 
 PRESET = "fedpt-fmnist-cnn"
 ROUNDS = 5
-COMMON = ["threads=1", "model.name=resnet20", f"rounds={ROUNDS}", f"eval_every={ROUNDS}", "measure.memory=true",
-          "dataset.limit_train=3000", "dataset.limit_test=2000"]  # fmt: skip
+COMMON = [
+    "threads=1",
+    "model.name=resnet20",
+    f"rounds={ROUNDS}",
+    f"eval_every={ROUNDS}",
+    "measure.memory=true",
+    "dataset.limit_train=3000",
+    "dataset.limit_test=2000",
+]
 ROWS = {
     "fully trainable": "method.freeze=[]",
     "largest:1 frozen": "method.freeze=largest:1",
@@ -60,16 +67,37 @@ FROZEN_BLOCKS = {
 def table(report: dict[str, Any]) -> str:
     rows = report["rows"]
     full = rows["fully trainable"]
-    head = ["frozen (method.freeze)", "blocks frozen", "trainable %", "bytes down / client / round",
-            "bytes up / client / round", "communication reduction", "final accuracy", "client GFLOP / round",
-            "client s / round (ratio to full)", "client peak, tensors (MiB)"]  # fmt: skip
+    head = [
+        "frozen (method.freeze)",
+        "blocks frozen",
+        "trainable %",
+        "bytes down / client / round",
+        "bytes up / client / round",
+        "communication reduction",
+        "final accuracy",
+        "client GFLOP / round",
+        "client s / round (ratio to full)",
+        "client peak, tensors (MiB)",
+    ]
     cells = []
     for label, r in rows.items():
-        acc = f"{100 * r['accuracy']:.2f}" + (f" ± {100 * r['accuracy_std']:.2f}" if r["seeds"] > 1 else "")
-        cells.append([ROWS[label].split("=", 1)[1], FROZEN_BLOCKS[label], f"{100 * r['trainable_fraction']:.2f}",
-                      f"{r['bytes_down']:,.0f}", f"{r['bytes_up']:,.0f}", f"{communication_reduction(full, r):.1f}×", acc,
-                      f"{r['client_flops'] / 1e9:.1f}", f"{r['client_s']:.2f} ({r['client_s'] / full['client_s']:.2f})",
-                      mib(r["tensor_peak"])])  # fmt: skip
+        acc = f"{100 * r['accuracy']:.2f}" + (
+            f" ± {100 * r['accuracy_std']:.2f}" if r["seeds"] > 1 else ""
+        )
+        cells.append(
+            [
+                ROWS[label].split("=", 1)[1],
+                FROZEN_BLOCKS[label],
+                f"{100 * r['trainable_fraction']:.2f}",
+                f"{r['bytes_down']:,.0f}",
+                f"{r['bytes_up']:,.0f}",
+                f"{communication_reduction(full, r):.1f}×",
+                acc,
+                f"{r['client_flops'] / 1e9:.1f}",
+                f"{r['client_s']:.2f} ({r['client_s'] / full['client_s']:.2f})",
+                mib(r["tensor_peak"]),
+            ]
+        )
     return "\n".join(markdown_table(head, cells, left=2))
 
 
@@ -85,8 +113,10 @@ def markdown(report: dict[str, Any], command: str) -> str:
         "layers always trainable. Reduced: preset `fedpt-fmnist-cnn` with `model.name=resnet20`, 3,000 "
         f"training samples over 10 IID clients (all sampled each round), {ROUNDS} rounds of one local epoch "
         "(batches of 32, SGD lr 0.05 momentum 0.9), 2,000 test images, one torch thread, "
-        + (f"{seeds} seed{'s' * (seeds > 1)} ({'mean ± std' if seeds > 1 else 'seed 0 only: 3 seeds did not fit the time budget'})"
-           ". ")  # fmt: skip
+        + (
+            f"{seeds} seed{'s' * (seeds > 1)} ({'mean ± std' if seeds > 1 else 'seed 0 only: 3 seeds did not fit the time budget'})"
+            ". "
+        )
         + "Bytes are the real serialized messages per client per round (frozen rows: trainable tensors, "
         "BatchNorm statistics and the 8-byte seed down; the trainable delta up). Client GFLOP are counted "
         "by torch's flop counter per client step. Client time is wall time per client step on a machine shared "
@@ -95,9 +125,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
         "runs also log RSS growth of the process high-water mark, but all rows run in one process, one "
         f"after another, so only the first row's RSS grows ({mib(report['rows']['fully trainable']['rss_peak'])} MiB here) "
         "and the later rows read (nearly) 0: "
-        "not a per-row figure, so it is left out of the table.\n\n"
-        + table(report)
-        + _notes(report)
+        "not a per-row figure, so it is left out of the table.\n\n" + table(report) + _notes(report)
     )
 
 
@@ -114,8 +142,7 @@ def _notes(report: dict[str, Any]) -> str:
         "(7x7 maps); a client still backpropagates through a frozen block to reach trainable layers before it, "
         "so the memory saved is mostly gradients, optimizer state and the start copy, not activations, and "
         "the FLOPs fall only by the frozen blocks' weight gradients. This budget is far from convergence, "
-        "so the accuracies compare the rows with each other, not with the paper's."
-        + _shape(rows)
+        "so the accuracies compare the rows with each other, not with the paper's." + _shape(rows)
     )
 
 
@@ -146,11 +173,28 @@ def main(argv: list[str] | None = None) -> int:
     ap = runs_parser(__doc__, out="runs/bench-fedpt-table2")
     ap.add_argument("--seeds", type=int, default=1)
     args = ap.parse_args(argv)
-    runs = run_seeded_variants(PRESET, {k: [v] for k, v in ROWS.items()}, seeds=range(args.seeds), out_root=args.out, common=COMMON)
-    rows = {r["label"]: mean_over_seeds([run_figures(x["run_dir"]) for x in r["runs"]]) for r in runs["results"]}
+    runs = run_seeded_variants(
+        PRESET,
+        {k: [v] for k, v in ROWS.items()},
+        seeds=range(args.seeds),
+        out_root=args.out,
+        common=COMMON,
+    )
+    rows = {
+        r["label"]: mean_over_seeds([run_figures(x["run_dir"]) for x in r["runs"]])
+        for r in runs["results"]
+    }
     report = {"rows": rows}
-    return report_and_document(report, table(report), args.docs, section="fedpt-table2", title="FedPT Table 2/4 analogue",
-                               markdown=lambda command: markdown(report, command), script=__file__, argv=argv)
+    return report_and_document(
+        report,
+        table(report),
+        args.docs,
+        section="fedpt-table2",
+        title="FedPT Table 2/4 analogue",
+        markdown=lambda command: markdown(report, command),
+        script=__file__,
+        argv=argv,
+    )
 
 
 if __name__ == "__main__":

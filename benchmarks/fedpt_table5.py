@@ -39,12 +39,22 @@ POPULATION, PER_ROUND, CLIP, DELTA, MOMENTUM = 1000, 100, 0.1, 1e-6, 0.9
 Z_PAPER = (1.13, 2.33, 4.03, 6.21, 8.83)
 EPS_PAPER = {1.13: 18.71, 2.33: 7.83, 4.03: 4.19, 6.21: 2.60, 8.83: 1.77}
 COMMON = [
-    "threads=1", f"rounds={ROUNDS}", "eval_every=10", "dataset.resize=14", f"dataset.limit_train={10 * POPULATION}",
-    "dataset.limit_test=2000", f"clients.num={POPULATION}", f"clients.per_round={PER_ROUND}",
-    "method.batch_size=10", "method.client_optimizer.lr=0.1",
-    "privacy.mechanism=tree", "privacy.sampling=shuffle", f"privacy.clip={CLIP}", f"privacy.delta={DELTA}",
+    "threads=1",
+    f"rounds={ROUNDS}",
+    "eval_every=10",
+    "dataset.resize=14",
+    f"dataset.limit_train={10 * POPULATION}",
+    "dataset.limit_test=2000",
+    f"clients.num={POPULATION}",
+    f"clients.per_round={PER_ROUND}",
+    "method.batch_size=10",
+    "method.client_optimizer.lr=0.1",
+    "privacy.mechanism=tree",
+    "privacy.sampling=shuffle",
+    f"privacy.clip={CLIP}",
+    f"privacy.delta={DELTA}",
     f"privacy.momentum={MOMENTUM}",
-]  # fmt: skip
+]
 MODELS = {"FT": "method.freeze=[]", "PT": "method.freeze=[classifier.fc1]"}
 
 
@@ -56,7 +66,9 @@ def _read(run_dir: str) -> dict[str, Any]:
         "epsilon": math.inf if eps is None else float(eps),
         "trainable_fraction": summary["trainable_fraction"],
         "trainable_params": lines[-1]["trainable_params"],
-        "curve": [(x["round"], x["test_accuracy"]) for x in lines if x.get("test_accuracy") is not None],
+        "curve": [
+            (x["round"], x["test_accuracy"]) for x in lines if x.get("test_accuracy") is not None
+        ],
     }
 
 
@@ -69,17 +81,31 @@ def table(report: dict[str, Any]) -> str:
     rows = report["rows"]
     head = "| | " + " | ".join(f"z = {z:g}" if z else "z = 0 (clip only)" for z in zs) + " |"
     lines = [head, "|---|" + "---:|" * len(zs)]
-    lines.append("| ε, FedPT Table 5 (their setting) | " + " | ".join(f"{EPS_PAPER[z]:.2f}" if z in EPS_PAPER else "–" for z in zs) + " |")
-    lines.append("| ε, this reduced run (summary.json) | " + " | ".join(_eps(rows[f"FT z={z:g}"]["epsilon"]) for z in zs) + " |")
+    lines.append(
+        "| ε, FedPT Table 5 (their setting) | "
+        + " | ".join(f"{EPS_PAPER[z]:.2f}" if z in EPS_PAPER else "–" for z in zs)
+        + " |"
+    )
+    lines.append(
+        "| ε, this reduced run (summary.json) | "
+        + " | ".join(_eps(rows[f"FT z={z:g}"]["epsilon"]) for z in zs)
+        + " |"
+    )
     for m in MODELS:
         frac = rows[f"{m} z={zs[0]:g}"]["trainable_fraction"]
-        lines.append(f"| {m} ({100 * frac:.1f}% trainable) accuracy % | "
-                     + " | ".join(f"{100 * rows[f'{m} z={z:g}']['accuracy']:.2f}" for z in zs) + " |")  # fmt: skip
+        lines.append(
+            f"| {m} ({100 * frac:.1f}% trainable) accuracy % | "
+            + " | ".join(f"{100 * rows[f'{m} z={z:g}']['accuracy']:.2f}" for z in zs)
+            + " |"
+        )
     if 0 in zs:
         for m in MODELS:
             base = rows[f"{m} z=0"]["accuracy"]
-            lines.append(f"| {m} drop vs z = 0 (points) | "
-                         + " | ".join(f"{100 * (base - rows[f'{m} z={z:g}']['accuracy']):.2f}" for z in zs) + " |")  # fmt: skip
+            lines.append(
+                f"| {m} drop vs z = 0 (points) | "
+                + " | ".join(f"{100 * (base - rows[f'{m} z={z:g}']['accuracy']):.2f}" for z in zs)
+                + " |"
+            )
     return "\n".join(lines)
 
 
@@ -104,12 +130,16 @@ def verdict(report: dict[str, Any]) -> str:
     if ft_loss > pt_loss and not behind:
         text += "The paper's direction (PT degrades less than FT as noise grows) reproduces in this reduced setting"
     elif ft_loss > pt_loss and len(ahead) > len(behind):
-        text += ("The paper's direction (PT degrades less than FT as noise grows) reproduces only partly here: PT "
-                 f"loses less over the whole range but is not ahead at z = {', '.join(behind)}")
+        text += (
+            "The paper's direction (PT degrades less than FT as noise grows) reproduces only partly here: PT "
+            f"loses less over the whole range but is not ahead at z = {', '.join(behind)}"
+        )
     else:
-        text += ("The paper's direction (PT degrades less than FT as noise grows) does not clearly reproduce in "
-                 f"this reduced setting: PT is ahead at z = {', '.join(ahead) or 'none'} and not at z = "
-                 f"{', '.join(behind) or 'none'}, so the ordering flips with z rather than widening in PT's favour")
+        text += (
+            "The paper's direction (PT degrades less than FT as noise grows) does not clearly reproduce in "
+            f"this reduced setting: PT is ahead at z = {', '.join(ahead) or 'none'} and not at z = "
+            f"{', '.join(behind) or 'none'}, so the ordering flips with z rather than widening in PT's favour"
+        )
     return text + (
         ". One seed: the 3-seed spread of the FedPT Table 1 analogue above (0.6–1.3 points std, another "
         "setting) suggests that gaps of 1–3 points between FT and PT need more seeds before they carry weight."
@@ -118,7 +148,11 @@ def verdict(report: dict[str, Any]) -> str:
 
 def markdown(report: dict[str, Any], command: str) -> str:
     zs = report["z"]
-    subset = "" if tuple(z for z in zs if z) == Z_PAPER else f" (a subset of the paper's {', '.join(map(str, Z_PAPER))})"
+    subset = (
+        ""
+        if tuple(z for z in zs if z) == Z_PAPER
+        else f" (a subset of the paper's {', '.join(map(str, Z_PAPER))})"
+    )
     return (
         f"Command: `{command}`\n\n"
         "FedPT (seed 002) Table 5: Stack Overflow, 100 clients per round, 1600 rounds, δ = 1e-6, DP-FTRL; the "
@@ -140,15 +174,28 @@ def markdown(report: dict[str, Any], command: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = runs_parser(__doc__, out="runs/bench-fedpt-table5")
-    ap.add_argument("--z", default="0," + ",".join(map(str, Z_PAPER)), help="comma-separated noise multipliers")
+    ap.add_argument(
+        "--z", default="0," + ",".join(map(str, Z_PAPER)), help="comma-separated noise multipliers"
+    )
     args = ap.parse_args(argv)
     zs = [float(z) for z in args.z.split(",")]
-    variants = {f"{m} z={z:g}": [freeze, f"privacy.noise_multiplier={z}"] for z in zs for m, freeze in MODELS.items()}
+    variants = {
+        f"{m} z={z:g}": [freeze, f"privacy.noise_multiplier={z}"]
+        for z in zs
+        for m, freeze in MODELS.items()
+    }
     runs = run_variants(PRESET, variants, out_root=args.out, common=COMMON)
     report = {"z": zs, "rows": {r["label"]: _read(r["run_dir"]) for r in runs["results"]}}
-    return report_and_document(report, table(report) + "\n" + verdict(report), args.docs, section="fedpt-table5",
-                               title="FedPT Table 5 analogue (accuracy under DP-FTRL)",
-                               markdown=lambda command: markdown(report, command), script=__file__, argv=argv)  # fmt: skip
+    return report_and_document(
+        report,
+        table(report) + "\n" + verdict(report),
+        args.docs,
+        section="fedpt-table5",
+        title="FedPT Table 5 analogue (accuracy under DP-FTRL)",
+        markdown=lambda command: markdown(report, command),
+        script=__file__,
+        argv=argv,
+    )
 
 
 if __name__ == "__main__":

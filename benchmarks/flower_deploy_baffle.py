@@ -28,43 +28,83 @@ def lines(out: Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--docs", default=None)
     args = ap.parse_args(argv)
-    overrides = [f"rounds={args.rounds}", f"clients.num={NODES}", f"clients.per_round={NODES}", "method.mode=batch",
-                 "threads=1"]  # fmt: skip
+    overrides = [
+        f"rounds={args.rounds}",
+        f"clients.num={NODES}",
+        f"clients.per_round={NODES}",
+        "method.mode=batch",
+        "threads=1",
+    ]
     cfg = load_config("baffle-fmnist-lenet", overrides=overrides)
     with tempfile.TemporaryDirectory(prefix="fedge-deploy-") as tmp:
         t = Path(tmp)
         engine = lines(run_experiment(cfg, out=t / "engine", render=False))
         with loopback(NODES, workdir=t / "flwr") as superlink:
-            deployed = lines(submit(cfg, out=t / "deployed", superlink=superlink, insecure=True, workdir=t / "app",
-                                    timeout=1200))  # fmt: skip
-    same = all(a["test_accuracy"] == b["test_accuracy"] and a["bytes_up"] == b["bytes_up"] and a["bytes_down"] == b["bytes_down"]
-               for a, b in zip(engine, deployed, strict=True))  # fmt: skip
-    rows = ["| runtime | round | test accuracy | fedge bytes down / up (all clients) | Flower message bytes down / up | "
-            "Flower / fedge (down, up) | round wall s |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+            deployed = lines(
+                submit(
+                    cfg,
+                    out=t / "deployed",
+                    superlink=superlink,
+                    insecure=True,
+                    workdir=t / "app",
+                    timeout=1200,
+                )
+            )
+    same = all(
+        a["test_accuracy"] == b["test_accuracy"]
+        and a["bytes_up"] == b["bytes_up"]
+        and a["bytes_down"] == b["bytes_down"]
+        for a, b in zip(engine, deployed, strict=True)
+    )
+    rows = [
+        "| runtime | round | test accuracy | fedge bytes down / up (all clients) | Flower message bytes down / up | "
+        "Flower / fedge (down, up) | round wall s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, run in (("engine", engine), ("Flower deployment", deployed)):
         for x in run:
             fl = (x.get("flower_bytes_down"), x.get("flower_bytes_up"))
             wire = "—" if fl[0] is None else f"{fl[0]:,} / {fl[1]:,}"
-            ratio = "—" if fl[0] is None else f"{fl[0] / x['bytes_down']:.4f}, {fl[1] / x['bytes_up']:.3f}"
-            rows.append(f"| {name} | {x['round']} | {x['test_accuracy']:.4f} | {x['bytes_down']:,} / {x['bytes_up']:,} | "
-                        f"{wire} | {ratio} | {x['wall_s']:.1f} |")
+            ratio = (
+                "—"
+                if fl[0] is None
+                else f"{fl[0] / x['bytes_down']:.4f}, {fl[1] / x['bytes_up']:.3f}"
+            )
+            rows.append(
+                f"| {name} | {x['round']} | {x['test_accuracy']:.4f} | {x['bytes_down']:,} / {x['bytes_up']:,} | "
+                f"{wire} | {ratio} | {x['wall_s']:.1f} |"
+            )
     command = script_command(__file__, argv)
-    body = "\n".join([
-        f"One SuperLink and {NODES} SuperNodes as separate processes on 127.0.0.1 (`fedge.experiment.flower.loopback`), "
-        f"`baffle-fmnist-lenet` in batch mode (K = 100 loss differences up, secure aggregation on: its four exchanges a "
-        f"round travel as Flower messages) with {NODES} clients, all every round, {args.rounds} rounds; the same config "
-        "on the built-in engine. The machine's 2 cores were shared: wall times are indicative (Flower's deployment "
-        "polls, so a round has a floor of seconds).", "", f"Command: `{command.strip()}`", "", *rows, "",
-        f"Per-round accuracy and fedge's byte counts {'equal' if same else 'DIFFER from'} the engine's in every round. "
-        "Flower's bytes are its messages' record sizes (arrays, config and metadata) as the adapter sees them.",
-    ])  # fmt: skip
+    body = "\n".join(
+        [
+            f"One SuperLink and {NODES} SuperNodes as separate processes on 127.0.0.1 (`fedge.experiment.flower.loopback`), "
+            f"`baffle-fmnist-lenet` in batch mode (K = 100 loss differences up, secure aggregation on: its four exchanges a "
+            f"round travel as Flower messages) with {NODES} clients, all every round, {args.rounds} rounds; the same config "
+            "on the built-in engine. The machine's 2 cores were shared: wall times are indicative (Flower's deployment "
+            "polls, so a round has a floor of seconds).",
+            "",
+            f"Command: `{command.strip()}`",
+            "",
+            *rows,
+            "",
+            f"Per-round accuracy and fedge's byte counts {'equal' if same else 'DIFFER from'} the engine's in every round. "
+            "Flower's bytes are its messages' record sizes (arrays, config and metadata) as the adapter sees them.",
+        ]
+    )
     print(body)
     if args.docs:
-        update_section(args.docs, "flower-deploy-baffle", "Flower loopback deployment: BAFFLE, 4 SuperNodes", body)
+        update_section(
+            args.docs,
+            "flower-deploy-baffle",
+            "Flower loopback deployment: BAFFLE, 4 SuperNodes",
+            body,
+        )
     return 0 if same else 1
 
 

@@ -44,7 +44,9 @@ RUNTIMES = ("engine", "flower-sim", "flower-ray")
 
 def _tiny_data(cid: int) -> ClientData:
     """A node's data for the Ray actors: built there (pickled with the ClientApp, so kept tiny)."""
-    return ClientData(torch.zeros(32, 1, 8, 8), torch.zeros(32, dtype=torch.int64), torch.arange(32))
+    return ClientData(
+        torch.zeros(32, 1, 8, 8), torch.zeros(32, dtype=torch.int64), torch.arange(32)
+    )
 
 
 def _descendants_rss_kb() -> int:
@@ -63,7 +65,11 @@ def _descendants_rss_kb() -> int:
             p = parent[p]
         if p == me and pid != me:
             try:
-                line = next(x for x in (Path("/proc") / str(pid) / "status").read_text().splitlines() if x.startswith("VmRSS"))
+                line = next(
+                    x
+                    for x in (Path("/proc") / str(pid) / "status").read_text().splitlines()
+                    if x.startswith("VmRSS")
+                )
                 total += int(line.split()[1])
             except (OSError, StopIteration):
                 continue
@@ -88,9 +94,14 @@ def _measure(kind: str, n: int, rounds: int, ray_cpus: int = 2) -> dict:
     x = torch.randn(n * 32, 1, 8, 8)
     y = torch.zeros(n * 32, dtype=torch.int64)
     clients = [ClientData(x, y, torch.arange(i * 32, (i + 1) * 32)) for i in range(n)]
-    kw = dict(strategy=_SeedBroadcast(), program=_Trivial(), clients=clients,
-              test=(torch.zeros(1, 1), torch.zeros(1, dtype=torch.int64)), num_classes=2,
-              config=EngineConfig(seed=0, rounds=rounds + 1, per_round=n, eval_every=10**9))  # fmt: skip
+    kw = dict(
+        strategy=_SeedBroadcast(),
+        program=_Trivial(),
+        clients=clients,
+        test=(torch.zeros(1, 1), torch.zeros(1, dtype=torch.int64)),
+        num_classes=2,
+        config=EngineConfig(seed=0, rounds=rounds + 1, per_round=n, eval_every=10**9),
+    )
     ray_rss = None
     if kind == "engine":
         sim = Simulation(**kw)
@@ -116,15 +127,22 @@ def _measure(kind: str, n: int, rounds: int, ray_cpus: int = 2) -> dict:
         over, lines, ray_rss = got
     rss1 = _status_kb("VmRSS") or 0
     out = {
-        "runtime": kind, "clients_per_round": n, "rounds_timed": rounds,
+        "runtime": kind,
+        "clients_per_round": n,
+        "rounds_timed": rounds,
         "overhead_ms_per_client_median": 1e3 * sorted(over)[len(over) // 2] / n,
         "overhead_ms_per_client_best": 1e3 * min(over) / n,
-        "bytes_down_per_client": lines[-1]["bytes_down"] // n, "bytes_up_per_client": lines[-1]["bytes_up"] // n,
+        "bytes_down_per_client": lines[-1]["bytes_down"] // n,
+        "bytes_up_per_client": lines[-1]["bytes_up"] // n,
         "flower_bytes_down_per_client": lines[-1].get("flower_bytes_down", 0) // n,
         "flower_bytes_up_per_client": lines[-1].get("flower_bytes_up", 0) // n,
         "rss_growth_bytes": max(0, rss1 - rss0),
-        **({"ray_processes_rss_bytes": ray_rss * 1024, "ray_cpus": ray_cpus} if ray_rss is not None else {}),
-    }  # fmt: skip
+        **(
+            {"ray_processes_rss_bytes": ray_rss * 1024, "ray_cpus": ray_cpus}
+            if ray_rss is not None
+            else {}
+        ),
+    }
     del sim, clients, x, y
     return out
 
@@ -132,58 +150,82 @@ def _measure(kind: str, n: int, rounds: int, ray_cpus: int = 2) -> dict:
 def markdown_ray(results: list[dict], command: str) -> str:
     table = markdown(results, command).split("Command: ", 1)[1]
     cpus = next((r["ray_cpus"] for r in results if "ray_cpus" in r), None)
-    return "\n".join([
-        "The same trivial federation on three runtimes measured in one process, one after the other:",
-        "the built-in engine, `--runtime flower-sim` on fedge's in-process `LocalGrid`, and",
-        "`--runtime flower-sim --backend ray`: Flower's simulation engine (`flwr.simulation.run_simulation`,",
-        f"Ray 2.55.1, {cpus} ClientApp actors of 1 CPU each, Flower's `InMemoryGrid` in a ServerApp thread).",
-        "Ray's start-up (10–20 s here) is outside the timed rounds. \"RSS growth\" is this process's;",
-        "for Ray, the resident sets of its processes (GCS, raylet, workers, actors) at the end of the timed",
-        "rounds are added in brackets (summed: pages they share are counted once per process).",
-        "Flower's simulation engine polls: its message pump picks up messages every 0.1 s and",
-        "`InMemoryGrid` pulls replies every 0.1 s, so each exchange has a ~0.1–0.2 s floor, which at 10",
-        "clients is most of the per-client figure; at 100 the per-message cost of a Ray actor call remains.",
-        "The machine's 2 cores were shared with other work while this ran:",
-        "compare rows of one table, not absolute times. Deployment (loopback SuperLink/SuperNodes): the",
-        "*Flower loopback deployment* table (a ~15–18 s round floor from polling).",
-        "",
-        "Command: " + table,
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "The same trivial federation on three runtimes measured in one process, one after the other:",
+            "the built-in engine, `--runtime flower-sim` on fedge's in-process `LocalGrid`, and",
+            "`--runtime flower-sim --backend ray`: Flower's simulation engine (`flwr.simulation.run_simulation`,",
+            f"Ray 2.55.1, {cpus} ClientApp actors of 1 CPU each, Flower's `InMemoryGrid` in a ServerApp thread).",
+            "Ray's start-up (10–20 s here) is outside the timed rounds. \"RSS growth\" is this process's;",
+            "for Ray, the resident sets of its processes (GCS, raylet, workers, actors) at the end of the timed",
+            "rounds are added in brackets (summed: pages they share are counted once per process).",
+            "Flower's simulation engine polls: its message pump picks up messages every 0.1 s and",
+            "`InMemoryGrid` pulls replies every 0.1 s, so each exchange has a ~0.1–0.2 s floor, which at 10",
+            "clients is most of the per-client figure; at 100 the per-message cost of a Ray actor call remains.",
+            "The machine's 2 cores were shared with other work while this ran:",
+            "compare rows of one table, not absolute times. Deployment (loopback SuperLink/SuperNodes): the",
+            "*Flower loopback deployment* table (a ~15–18 s round floor from polling).",
+            "",
+            "Command: " + table,
+        ]
+    )
 
 
 def markdown(results: list[dict], command: str) -> str:
-    rows = ["| clients/round | runtime | overhead ms/client (median, best) | bytes down/up per client (fedge) "
-            "| Flower message bytes down/up per client | RSS growth |", "|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| clients/round | runtime | overhead ms/client (median, best) | bytes down/up per client (fedge) "
+        "| Flower message bytes down/up per client | RSS growth |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in results:
-        fl = f"{r['flower_bytes_down_per_client']} / {r['flower_bytes_up_per_client']}" if r["runtime"] != "engine" else "—"
-        rows.append(f"| {r['clients_per_round']} | {r['runtime']} | {r['overhead_ms_per_client_median']:.3f}, "
-                    f"{r['overhead_ms_per_client_best']:.3f} | {r['bytes_down_per_client']} / {r['bytes_up_per_client']} "
-                    f"| {fl} | {r['rss_growth_bytes'] / 1e6:.1f} MB"
-                    + (f" (+ Ray processes {r['ray_processes_rss_bytes'] / 1e6:.0f} MB)" if "ray_cpus" in r else "")
-                    + " |")  # fmt: skip
-    return "\n".join([
-        "Per-round overhead per client with trivial clients (as in *Engine overhead*): the built-in engine",
-        "against the same rounds through Flower's Grid API (`--runtime flower-sim`: `FlowerSimulation` on",
-        "`LocalGrid`, in-process SuperNodes; every message encoded to Flower's protobuf wire format and",
-        "decoded on both ends, a handshake once per run, each node's ClientApp with its own `Context`).",
-        "fedge's byte counts are identical on both runtimes; Flower's message bytes add its metadata",
-        "(ids, run, node, type, TTL) and record framing to fedge's bytes; a reply also carries the client's",
-        "meter readings (FLOPs, time, memory; JSON, about 200 bytes). Flower's Ray simulation engine",
-        "(`--backend ray`) and a loopback deployment: below.",
-        "",
-        f"Command: `{command}`",
-        "",
-        *rows,
-    ])  # fmt: skip
+        fl = (
+            f"{r['flower_bytes_down_per_client']} / {r['flower_bytes_up_per_client']}"
+            if r["runtime"] != "engine"
+            else "—"
+        )
+        rows.append(
+            f"| {r['clients_per_round']} | {r['runtime']} | {r['overhead_ms_per_client_median']:.3f}, "
+            f"{r['overhead_ms_per_client_best']:.3f} | {r['bytes_down_per_client']} / {r['bytes_up_per_client']} "
+            f"| {fl} | {r['rss_growth_bytes'] / 1e6:.1f} MB"
+            + (
+                f" (+ Ray processes {r['ray_processes_rss_bytes'] / 1e6:.0f} MB)"
+                if "ray_cpus" in r
+                else ""
+            )
+            + " |"
+        )
+    return "\n".join(
+        [
+            "Per-round overhead per client with trivial clients (as in *Engine overhead*): the built-in engine",
+            "against the same rounds through Flower's Grid API (`--runtime flower-sim`: `FlowerSimulation` on",
+            "`LocalGrid`, in-process SuperNodes; every message encoded to Flower's protobuf wire format and",
+            "decoded on both ends, a handshake once per run, each node's ClientApp with its own `Context`).",
+            "fedge's byte counts are identical on both runtimes; Flower's message bytes add its metadata",
+            "(ids, run, node, type, TTL) and record framing to fedge's bytes; a reply also carries the client's",
+            "meter readings (FLOPs, time, memory; JSON, about 200 bytes). Flower's Ray simulation engine",
+            "(`--backend ray`) and a loopback deployment: below.",
+            "",
+            f"Command: `{command}`",
+            "",
+            *rows,
+        ]
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", default="10,100,1000")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--runtimes", default="engine,flower-sim", help=f"comma-separated, of {', '.join(RUNTIMES)}")
+    ap.add_argument(
+        "--runtimes", default="engine,flower-sim", help=f"comma-separated, of {', '.join(RUNTIMES)}"
+    )
     ap.add_argument("--ray-cpus", type=int, default=2, help="Ray ClientApp actors (1 CPU each)")
-    ap.add_argument("--section", default="flower", choices=["flower", "flower-ray"], help="docs section to write")
+    ap.add_argument(
+        "--section",
+        default="flower",
+        choices=["flower", "flower-ray"],
+        help="docs section to write",
+    )
     ap.add_argument("--docs")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -201,12 +243,26 @@ def main() -> None:
         with open(a.json, "w") as f:
             json.dump({"benchmark": "flower-overhead", "results": results}, f, indent=1)
     if a.docs and a.section == "flower-ray":
-        cmd = (f"OMP_NUM_THREADS=1 python benchmarks/flower_overhead.py --clients {a.clients} --rounds {a.rounds} "
-               f"--runtimes {a.runtimes} --ray-cpus {a.ray_cpus} --section flower-ray --docs docs/benchmarks.md")  # fmt: skip
-        update_section(a.docs, "flower-ray", "Engine vs Flower's Ray simulation engine", markdown_ray(results, cmd))
+        cmd = (
+            f"OMP_NUM_THREADS=1 python benchmarks/flower_overhead.py --clients {a.clients} --rounds {a.rounds} "
+            f"--runtimes {a.runtimes} --ray-cpus {a.ray_cpus} --section flower-ray --docs docs/benchmarks.md"
+        )
+        update_section(
+            a.docs,
+            "flower-ray",
+            "Engine vs Flower's Ray simulation engine",
+            markdown_ray(results, cmd),
+        )
     elif a.docs:
-        update_section(a.docs, "flower", "Engine vs Flower overhead",
-                       markdown(results, "OMP_NUM_THREADS=1 python benchmarks/flower_overhead.py --docs docs/benchmarks.md"))  # fmt: skip
+        update_section(
+            a.docs,
+            "flower",
+            "Engine vs Flower overhead",
+            markdown(
+                results,
+                "OMP_NUM_THREADS=1 python benchmarks/flower_overhead.py --docs docs/benchmarks.md",
+            ),
+        )
 
 
 if __name__ == "__main__":

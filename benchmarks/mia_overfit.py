@@ -24,11 +24,25 @@ from fedge.attacks.harness import attack_config
 from fedge.attacks.membership import chance_auc_std
 from fedge.attacks.membership_run import membership_by_round
 from fedge.bench.docs import update_section
-from fedge.bench.script import load_measurement, measurement_parser, measurement_settings, save_measurement
+from fedge.bench.script import (
+    load_measurement,
+    measurement_parser,
+    measurement_settings,
+    save_measurement,
+)
 from fedge.experiment.build import build_run
 
-SETTINGS: dict[str, Any] = {"clients": 4, "per_client": 16, "rounds": 20, "local_epochs": 5, "batch": 8, "k": 100,
-                            "shadows": 2, "test": 1000, "model": "lenet5"}  # fmt: skip
+SETTINGS: dict[str, Any] = {
+    "clients": 4,
+    "per_client": 16,
+    "rounds": 20,
+    "local_epochs": 5,
+    "batch": 8,
+    "k": 100,
+    "shadows": 2,
+    "test": 1000,
+    "model": "lenet5",
+}
 
 
 def rows(s: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -36,50 +50,82 @@ def rows(s: dict[str, Any]) -> dict[str, dict[str, Any]]:
     common = {"local_epochs": s["local_epochs"], "batch_size": s["batch"]}
     return {
         "fedavg (backprop)": {"name": "fedavg", **common, "client_optimizer": sgd},
-        "fedpt, largest layer frozen (backprop)": {"name": "fedpt", "freeze": "largest", **common, "client_optimizer": sgd},
-        f"baffle epoch, K={s['k']} (forward only)": {"name": "baffle", "mode": "epoch", "k": s["k"], "ema": None, **common,
-                                                     "client_optimizer": {"name": "adam", "lr": 0.01}},
-    }  # fmt: skip
+        "fedpt, largest layer frozen (backprop)": {
+            "name": "fedpt",
+            "freeze": "largest",
+            **common,
+            "client_optimizer": sgd,
+        },
+        f"baffle epoch, K={s['k']} (forward only)": {
+            "name": "baffle",
+            "mode": "epoch",
+            "k": s["k"],
+            "ema": None,
+            **common,
+            "client_optimizer": {"name": "adam", "lr": 0.01},
+        },
+    }
 
 
 def measure(label: str, method: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
-    cfg = attack_config(method, clients=s["clients"], per_client=s["per_client"], model=s["model"], test=s["test"],
-                        rounds=s["rounds"])  # fmt: skip
+    cfg = attack_config(
+        method,
+        clients=s["clients"],
+        per_client=s["per_client"],
+        model=s["model"],
+        test=s["test"],
+        rounds=s["rounds"],
+    )
     keep = sorted({1, max(1, s["rounds"] // 2), s["rounds"]})
     t = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        r = membership_by_round(build_run(cfg), keep, samples=s["clients"] * s["per_client"], shadows=s["shadows"])
+        r = membership_by_round(
+            build_run(cfg), keep, samples=s["clients"] * s["per_client"], shadows=s["shadows"]
+        )
     return {"row": label, **r, "seconds": time.perf_counter() - t}
 
 
 def _cell(m: dict[str, Any], key: str) -> str:
-    return " / ".join(format(m[k][key], ".2f") if k in m else "—" for k in ("loss", "shadow", "lira"))
+    return " / ".join(
+        format(m[k][key], ".2f") if k in m else "—" for k in ("loss", "shadow", "lira")
+    )
 
 
 def render(results: list[dict[str, Any]], s: dict[str, Any], seconds: float) -> str:
-    head = ["method", "round", "test acc.", "train acc.", "AUC loss / shadow / LiRA", "TPR@1%FPR", "precision"]
+    head = [
+        "method",
+        "round",
+        "test acc.",
+        "train acc.",
+        "AUC loss / shadow / LiRA",
+        "TPR@1%FPR",
+        "precision",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         for rnd, m in r["rounds"].items():
-            lines.append(f"| {r['row']} | {rnd} | {m['test_accuracy']:.2f} | {m['train_accuracy']:.2f} | "
-                         f"{_cell(m, 'auc')} | {_cell(m, 'tpr_at_1pct_fpr')} | {_cell(m, 'precision')} |")  # fmt: skip
+            lines.append(
+                f"| {r['row']} | {rnd} | {m['test_accuracy']:.2f} | {m['train_accuracy']:.2f} | "
+                f"{_cell(m, 'auc')} | {_cell(m, 'tpr_at_1pct_fpr')} | {_cell(m, 'precision')} |"
+            )
     n = s["clients"] * s["per_client"]
     shown = ",".join(results[0]["rounds"]) if results else ""
     last = str(s["rounds"])
     verdict = "; ".join(
         f"{r['row'].split(' (')[0]}: train − test accuracy {r['rounds'][last]['train_accuracy'] - r['rounds'][last]['test_accuracy']:.2f}, "
         f"best AUC {max(r['rounds'][last][k]['auc'] for k in ('loss', 'shadow', 'lira') if k in r['rounds'][last]):.2f}"
-        for r in results)  # fmt: skip
+        for r in results
+    )
     return f"""The leakage table's MIA cells sit at chance because its runs barely train. Here each
-method trains `{s['model']}` on Fashion-MNIST (IID) with few samples per client and
-{s['local_epochs']} local epochs (batch {s['batch']}) for {s['rounds']} rounds on {s['clients']} clients x
-{s['per_client']} samples, one seed (0); BAFFLE at the same rounds, epochs and batches (epoch
-mode, K = {s['k']}, forward passes only, Adam 0.01; FedAvg/FedPT SGD 0.05, momentum 0.9). The
+method trains `{s["model"]}` on Fashion-MNIST (IID) with few samples per client and
+{s["local_epochs"]} local epochs (batch {s["batch"]}) for {s["rounds"]} rounds on {s["clients"]} clients x
+{s["per_client"]} samples, one seed (0); BAFFLE at the same rounds, epochs and batches (epoch
+mode, K = {s["k"]}, forward passes only, Adam 0.01; FedAvg/FedPT SGD 0.05, momentum 0.9). The
 attacks run against the global model after the rounds shown — every method broadcasts it to the
 next round's clients, so this is what an honest-but-curious holder of the broadcasts can
 attack (`fedge attack RUN --attack mia-shadow --rounds {shown}`). Members: all {n} training
-samples; non-members: {n} test samples; {s['shadows']} shadow runs per method (same config,
+samples; non-members: {n} test samples; {s["shadows"]} shadow runs per method (same config,
 another seed, on {n} of the attacker's test samples; the shadow's own round-r model for
 round r); LiRA offline with one global variance. Precision at the threshold of best balanced
 accuracy; chance is AUC 0.5, TPR@1%FPR 0.01, precision 0.5. With {n} non-members, TPR@1%FPR
@@ -108,14 +154,22 @@ def main(argv: list[str] | None = None) -> int:
         for label, method in rows(settings).items():
             results.append(measure(label, method, settings))
             last = results[-1]["rounds"][str(settings["rounds"])]
-            print(f"{label}: {results[-1]['seconds']:.0f} s  acc {last['test_accuracy']:.2f}  AUC {_cell(last, 'auc')}",
-                  flush=True)  # fmt: skip
+            print(
+                f"{label}: {results[-1]['seconds']:.0f} s  acc {last['test_accuracy']:.2f}  AUC {_cell(last, 'auc')}",
+                flush=True,
+            )
         seconds = time.perf_counter() - t0
         if args.json:
-            save_measurement(args.json, {"settings": settings, "seconds": seconds, "results": results})
+            save_measurement(
+                args.json, {"settings": settings, "seconds": seconds, "results": results}
+            )
     if args.docs:
-        update_section(args.docs, "mia-overfit", "Membership inference against models that fit (per round)",
-                       render(results, settings, seconds))  # fmt: skip
+        update_section(
+            args.docs,
+            "mia-overfit",
+            "Membership inference against models that fit (per round)",
+            render(results, settings, seconds),
+        )
     return 0
 
 

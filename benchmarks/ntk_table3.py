@@ -84,7 +84,12 @@ from fedge.bench.screened import (
     run_plan,
     when_picked,
 )
-from fedge.bench.script import parse_reproduction_args, progress_action, reproduction_parser, usage_errors
+from fedge.bench.script import (
+    parse_reproduction_args,
+    progress_action,
+    reproduction_parser,
+    usage_errors,
+)
 from fedge.bench.variants import (
     not_run_cell,
     paired_difference,
@@ -99,14 +104,31 @@ BASE = "ntk-baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "ntk_table3"
 OPTIMIZERS = {
     "SGD": ["method.client_optimizer.name=sgd", "method.client_optimizer.momentum=0.9"],
-    "Adam": ["method.client_optimizer.name=adam", "method.client_optimizer.b1=0.9", "method.client_optimizer.b2=0.99"],
+    "Adam": [
+        "method.client_optimizer.name=adam",
+        "method.client_optimizer.b1=0.9",
+        "method.client_optimizer.b2=0.99",
+    ],
 }
-RECIPE = ["method.client_optimizer.weight_decay=0.001", "method.client_optimizer.lr_decay=0.998", "method.batch_size=32"]
-SCREEN_LRS = {"SGD": (0.01, 0.03, 0.1), "Adam": (0.001, 0.003, 0.01)}  # SGD: the paper's 0.01, and 0.03 (best of the old 0.003-0.3 screen)
-PAPER = {50: 4.62, 100: 6.35, 200: 3.8}  # NTK-BAFFLE − vanilla BAFFLE, maximum accuracy, LeNet on CIFAR-10 (points)
+RECIPE = [
+    "method.client_optimizer.weight_decay=0.001",
+    "method.client_optimizer.lr_decay=0.998",
+    "method.batch_size=32",
+]
+SCREEN_LRS = {
+    "SGD": (0.01, 0.03, 0.1),
+    "Adam": (0.001, 0.003, 0.01),
+}  # SGD: the paper's 0.01, and 0.03 (best of the old 0.003-0.3 screen)
+PAPER = {
+    50: 4.62,
+    100: 6.35,
+    200: 3.8,
+}  # NTK-BAFFLE − vanilla BAFFLE, maximum accuracy, LeNet on CIFAR-10 (points)
 
 
-def estimate_quality(ks: tuple[int, ...] = (50, 100, 200), seeds: int = 5, batch: int = 320) -> dict[str, Any]:
+def estimate_quality(
+    ks: tuple[int, ...] = (50, 100, 200), seeds: int = 5, batch: int = 320
+) -> dict[str, Any]:
     """Cosine between one zeroth-order estimate and the backprop gradient, dense vs pruned.
 
     The preset's initial LeNet-5 (the first round's model), its NTK / magnitude / random masks at
@@ -127,40 +149,83 @@ def estimate_quality(ks: tuple[int, ...] = (50, 100, 200), seeds: int = 5, batch
     from fedge.pruning import apply_masks_, rescale_
 
     torch.set_num_threads(1)
-    built = build_run(load_config("ntk-baffle-fmnist-lenet", overrides=["threads=1", "method.mode=batch"]))
+    built = build_run(
+        load_config("ntk-baffle-fmnist-lenet", overrides=["threads=1", "method.mode=batch"])
+    )
     cfg, data = built.method_config, built.dataset
     g = torch.Generator().manual_seed(0)
     idx = torch.randperm(len(data.y_train), generator=g)[:batch]
     x, y = data.x_train[idx], data.y_train[idx]
     rows, layers = [], {}
-    for label, score in (("dense", None), ("NTK", "ntk"), ("magnitude", "magnitude"), ("random", "random")):
+    for label, score in (
+        ("dense", None),
+        ("NTK", "ntk"),
+        ("magnitude", "magnitude"),
+        ("random", "random"),
+    ):
         model = built.model_fn()
         masks = None
         if score is not None:
-            masks = data_free_masks(cfg.model_copy(update={"prune_score": score}), built.model_fn(),
-                                    seed=built.config.seed, input_shape=tuple(data.input_shape))  # fmt: skip
+            masks = data_free_masks(
+                cfg.model_copy(update={"prune_score": score}),
+                built.model_fn(),
+                seed=built.config.seed,
+                input_shape=tuple(data.input_shape),
+            )
             model = rescale_(apply_masks_(model, masks), masks)
             layers[label] = {name: float(m.float().mean()) for name, m in masks.items()}
         params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-        grads = dict(zip(params, torch.autograd.grad(F.cross_entropy(model(x), y), list(params.values())), strict=True))
+        grads = dict(
+            zip(
+                params,
+                torch.autograd.grad(F.cross_entropy(model(x), y), list(params.values())),
+                strict=True,
+            )
+        )
         kept = {n: gr * masks[n] if masks and n in masks else gr for n, gr in grads.items()}
         full = torch.cat([gr.flatten() for gr in grads.values()])
         target = torch.cat([gr.flatten() for gr in kept.values()])
-        n = int(sum((masks[k].sum() if masks and k in masks else p.numel()) for k, p in params.items()))
+        n = int(
+            sum((masks[k].sum() if masks and k in masks else p.numel()) for k, p in params.items())
+        )
         for k in ks:
             cos_kept, cos_full = [], []
             for seed in range(seeds):
-                diffs = loss_differences(model, F.cross_entropy, (x, y), k=k, sigma=1e-4, seed=seed, scheme="forward",
-                                         masks=masks)  # fmt: skip
-                est = estimate_gradient(params, diffs, sigma=1e-4, seed=seed, scheme="forward", masks=masks)
+                diffs = loss_differences(
+                    model,
+                    F.cross_entropy,
+                    (x, y),
+                    k=k,
+                    sigma=1e-4,
+                    seed=seed,
+                    scheme="forward",
+                    masks=masks,
+                )
+                est = estimate_gradient(
+                    params, diffs, sigma=1e-4, seed=seed, scheme="forward", masks=masks
+                )
                 e = torch.cat([est[name].flatten() for name in params])
                 cos_kept.append(float(F.cosine_similarity(e, target, dim=0)))
                 cos_full.append(float(F.cosine_similarity(e, full, dim=0)))
-            rows.append({"model": label, "k": k, "trainable": n, "cos_kept": sum(cos_kept) / seeds,
-                         "cos_full": sum(cos_full) / seeds, "sqrt_k_over_n": (k / n) ** 0.5,
-                         "kept_energy": float(target.square().sum() / full.square().sum())})  # fmt: skip
-    return {"batch": batch, "seeds": seeds, "scheme": "forward", "sigma": 1e-4, "results": rows,
-            "layer_density": layers}  # fmt: skip
+            rows.append(
+                {
+                    "model": label,
+                    "k": k,
+                    "trainable": n,
+                    "cos_kept": sum(cos_kept) / seeds,
+                    "cos_full": sum(cos_full) / seeds,
+                    "sqrt_k_over_n": (k / n) ** 0.5,
+                    "kept_energy": float(target.square().sum() / full.square().sum()),
+                }
+            )
+    return {
+        "batch": batch,
+        "seeds": seeds,
+        "scheme": "forward",
+        "sigma": 1e-4,
+        "results": rows,
+        "layer_density": layers,
+    }
 
 
 def quality_markdown(report: dict[str, Any]) -> str:
@@ -174,18 +239,25 @@ def quality_markdown(report: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
-        lines.append(f"| {r['model']} | {r['trainable']} | {r['k']} | {r['cos_kept']:.3f} | {r['sqrt_k_over_n']:.3f} "
-                     f"| {r['cos_full']:.3f} | {r['kept_energy']:.3f} |")  # fmt: skip
+        lines.append(
+            f"| {r['model']} | {r['trainable']} | {r['k']} | {r['cos_kept']:.3f} | {r['sqrt_k_over_n']:.3f} "
+            f"| {r['cos_full']:.3f} | {r['kept_energy']:.3f} |"
+        )
     dens = report.get("layer_density") or {}
     if dens:
         scores = list(dens)
-        lines += ["", "Kept fraction per pruned tensor (one global threshold; overall density 0.1):", "",
-                  "| tensor | " + " | ".join(scores) + " |", "|---|" + "---|" * len(scores)]  # fmt: skip
+        lines += [
+            "",
+            "Kept fraction per pruned tensor (one global threshold; overall density 0.1):",
+            "",
+            "| tensor | " + " | ".join(scores) + " |",
+            "|---|" + "---|" * len(scores),
+        ]
         for name in dens[scores[0]]:
-            lines.append(f"| {name} | " + " | ".join(f"{dens[sc][name]:.3f}" for sc in scores) + " |")
+            lines.append(
+                f"| {name} | " + " | ".join(f"{dens[sc][name]:.3f}" for sc in scores) + " |"
+            )
     return "\n".join(lines)
-
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,9 +290,16 @@ class Plan:
         return dict(self.lrs)[opt]
 
     def protocol(self) -> list[str]:
-        return ["threads=1", f"rounds={self.rounds}", f"eval_every={self.eval_every}",
-                f"dataset.limit_train={self.train + self.validation}", f"dataset.validation={self.validation}",
-                f"dataset.limit_test={self.test}", "measure.flops=false", *self.extra]  # fmt: skip
+        return [
+            "threads=1",
+            f"rounds={self.rounds}",
+            f"eval_every={self.eval_every}",
+            f"dataset.limit_train={self.train + self.validation}",
+            f"dataset.validation={self.validation}",
+            f"dataset.limit_test={self.test}",
+            "measure.flops=false",
+            *self.extra,
+        ]
 
     def screen_common(self) -> list[str]:
         return [*self.protocol(), f"rounds={self.screen_rounds}", "seed=0"]
@@ -231,9 +310,23 @@ class Plan:
 
 
 def smoke_plan(out: Path) -> Plan:
-    return Plan(seeds=(0, 1), rounds=2, eval_every=1, train=600, validation=100, test=200, ks=(4, 8, 12), screen_rounds=1,
-                lrs=(("SGD", (0.01, 0.03)), ("Adam", (0.003, 0.01))), prune_rounds=2, prune_inputs=4, prune_k=4,
-                quality=False, records=out / "records", extra=("clients.num=10", "clients.per_round=5"))  # fmt: skip
+    return Plan(
+        seeds=(0, 1),
+        rounds=2,
+        eval_every=1,
+        train=600,
+        validation=100,
+        test=200,
+        ks=(4, 8, 12),
+        screen_rounds=1,
+        lrs=(("SGD", (0.01, 0.03)), ("Adam", (0.003, 0.01))),
+        prune_rounds=2,
+        prune_inputs=4,
+        prune_k=4,
+        quality=False,
+        records=out / "records",
+        extra=("clients.num=10", "clients.per_round=5"),
+    )
 
 
 def _opt(opt: str, lr: float) -> list[str]:
@@ -249,13 +342,23 @@ def dense(opt: str, lr: float, k: int) -> list[str]:
 
 
 def ntk(plan: Plan, opt: str, lr: float, k: int, *extra: str) -> list[str]:
-    return [*_opt(opt, lr), "method.clip=null", f"method.k={k}", f"method.prune_rounds={plan.prune_rounds}", *extra]
+    return [
+        *_opt(opt, lr),
+        "method.clip=null",
+        f"method.k={k}",
+        f"method.prune_rounds={plan.prune_rounds}",
+        *extra,
+    ]
 
 
 def grid(plan: Plan, results: Sequence[dict[str, Any]], opt: str, family: str) -> tuple[float, ...]:
     """The optimizer's screen lrs, widened past an edge that won the screen so far (:func:`widened_grid`)."""
-    return widened_grid(plan.screen_lrs(opt), lambda lr: f"screen {opt} {family} lr={lr}", list(results),
-                        window=plan.screen_window)  # fmt: skip
+    return widened_grid(
+        plan.screen_lrs(opt),
+        lambda lr: f"screen {opt} {family} lr={lr}",
+        list(results),
+        window=plan.screen_window,
+    )
 
 
 def screen_variants(plan: Plan, results: Sequence[dict[str, Any]] = ()) -> dict[str, list[str]]:
@@ -263,11 +366,28 @@ def screen_variants(plan: Plan, results: Sequence[dict[str, Any]] = ()) -> dict[
     past an edge whose run had the best validation accuracy)."""
     out: dict[str, list[str]] = {}
     nf, df = f"NTK-BAFFLE K={plan.kmid}", f"BAFFLE (dense) K={plan.kmid}"
-    for opt in OPTIMIZERS:  # the costly zeroth-order screens first, so that workers taking every N-th share them
-        out.update({f"screen {opt} {nf} lr={lr}": ntk(plan, opt, lr, plan.kmid) for lr in grid(plan, results, opt, nf)})
-        out.update({f"screen {opt} {df} lr={lr}": dense(opt, lr, plan.kmid) for lr in grid(plan, results, opt, df)})
+    for opt in (
+        OPTIMIZERS
+    ):  # the costly zeroth-order screens first, so that workers taking every N-th share them
+        out.update(
+            {
+                f"screen {opt} {nf} lr={lr}": ntk(plan, opt, lr, plan.kmid)
+                for lr in grid(plan, results, opt, nf)
+            }
+        )
+        out.update(
+            {
+                f"screen {opt} {df} lr={lr}": dense(opt, lr, plan.kmid)
+                for lr in grid(plan, results, opt, df)
+            }
+        )
     for opt in OPTIMIZERS:
-        out.update({f"screen {opt} BP FedAvg lr={lr}": bp(opt, lr) for lr in grid(plan, results, opt, "BP FedAvg")})
+        out.update(
+            {
+                f"screen {opt} BP FedAvg lr={lr}": bp(opt, lr)
+                for lr in grid(plan, results, opt, "BP FedAvg")
+            }
+        )
     return out
 
 
@@ -277,8 +397,11 @@ def picks(plan: Plan, screen: dict[str, Any]) -> dict[tuple[str, str], float] | 
     for opt in OPTIMIZERS:
         for family in (f"NTK-BAFFLE K={plan.kmid}", f"BAFFLE (dense) K={plan.kmid}", "BP FedAvg"):
             lrs = grid(plan, screen["results"], opt, family)
-            lr = pick_by_validation(screen["results"], {lr: f"screen {opt} {family} lr={lr}" for lr in lrs},
-                                    window=plan.screen_window)  # fmt: skip
+            lr = pick_by_validation(
+                screen["results"],
+                {lr: f"screen {opt} {family} lr={lr}" for lr in lrs},
+                window=plan.screen_window,
+            )
             if lr is None:
                 return None
             chosen[opt, family.split(" K=")[0]] = lr
@@ -296,16 +419,32 @@ def main_variants(plan: Plan, chosen: dict[tuple[str, str], float]) -> dict[str,
             out[f"{opt} NTK-BAFFLE K={kk}"] = ntk(plan, opt, chosen[opt, "NTK-BAFFLE"], kk)
             out[f"{opt} BAFFLE (dense) K={kk}"] = dense(opt, chosen[opt, "BAFFLE (dense)"], kk)
         for score in ("magnitude", "random"):
-            out[f"{opt} {score}-pruned K={k}"] = ntk(plan, opt, chosen[opt, "NTK-BAFFLE"], k, f"method.prune_score={score}")
+            out[f"{opt} {score}-pruned K={k}"] = ntk(
+                plan, opt, chosen[opt, "NTK-BAFFLE"], k, f"method.prune_score={score}"
+            )
     if not plan.adam_all:
         out[f"Adam NTK-BAFFLE K={k}"] = ntk(plan, "Adam", chosen["Adam", "NTK-BAFFLE"], k)
         out[f"Adam BAFFLE (dense) K={k}"] = dense("Adam", chosen["Adam", "BAFFLE (dense)"], k)
     lr = chosen["SGD", "NTK-BAFFLE"]
     pruning = [f"method.prune_k={plan.prune_k}", "method.density=0.2"]
-    out[f"SGD NTK-Rand d=0.2 K={k}"] = ntk(plan, "SGD", lr, k, *pruning, "method.prune_route=zeroth_order",
-                                           f"method.prune_inputs={10 * plan.prune_inputs}")  # fmt: skip
-    out[f"SGD NTK-Ori d=0.2 K={k}"] = ntk(plan, "SGD", lr, k, *pruning, "method.prune_data=client",
-                                          f"method.prune_inputs={plan.prune_inputs}")  # fmt: skip
+    out[f"SGD NTK-Rand d=0.2 K={k}"] = ntk(
+        plan,
+        "SGD",
+        lr,
+        k,
+        *pruning,
+        "method.prune_route=zeroth_order",
+        f"method.prune_inputs={10 * plan.prune_inputs}",
+    )
+    out[f"SGD NTK-Ori d=0.2 K={k}"] = ntk(
+        plan,
+        "SGD",
+        lr,
+        k,
+        *pruning,
+        "method.prune_data=client",
+        f"method.prune_inputs={plan.prune_inputs}",
+    )
     for opt in OPTIMIZERS:
         out[f"{opt} BP FedAvg"] = bp(opt, chosen[opt, "BP FedAvg"])
     return out
@@ -322,8 +461,10 @@ def context_variants(plan: Plan, chosen: dict[tuple[str, str], float]) -> dict[s
     def clipped(overrides: list[str]) -> list[str]:
         return [*(o for o in overrides if o != "method.clip=null"), "method.clip=0.3"]
 
-    return {f"SGD BAFFLE (dense) K={k}, clip 0.3": clipped(dense("SGD", lr, k)),
-            f"SGD NTK-BAFFLE K={k}, clip 0.3": clipped(ntk(plan, "SGD", lr, k))}  # fmt: skip
+    return {
+        f"SGD BAFFLE (dense) K={k}, clip 0.3": clipped(dense("SGD", lr, k)),
+        f"SGD NTK-BAFFLE K={k}, clip 0.3": clipped(ntk(plan, "SGD", lr, k)),
+    }
 
 
 def run_context(plan: Plan, out: Path, *, run: bool = True) -> dict[str, Any] | None:
@@ -332,11 +473,20 @@ def run_context(plan: Plan, out: Path, *, run: bool = True) -> dict[str, Any] | 
     chosen = picks(plan, read_screen(plan))
     if chosen is None:
         return None
-    return run_seeded_variants(BASE, context_variants(plan, chosen), seeds=plan.seeds, out_root=out / "context",
-                               common=plan.protocol(), run=run, records=plan.records / "context")  # fmt: skip
+    return run_seeded_variants(
+        BASE,
+        context_variants(plan, chosen),
+        seeds=plan.seeds,
+        out_root=out / "context",
+        common=plan.protocol(),
+        run=run,
+        records=plan.records / "context",
+    )
 
 
-def context_lines(plan: Plan, agg: dict[str, dict[str, Any]], context: dict[str, Any] | None) -> list[str]:
+def context_lines(
+    plan: Plan, agg: dict[str, dict[str, Any]], context: dict[str, Any] | None
+) -> list[str]:
     """The clip context rows beside the table's unclipped SGD K = kmid rows, and two paired
     directions: NTK − dense with the clip, and dense with − without it."""
     if context is None:
@@ -344,87 +494,173 @@ def context_lines(plan: Plan, agg: dict[str, dict[str, Any]], context: dict[str,
     k, rows = plan.kmid, {r["label"]: r for r in context["results"]}
     dense_nc, ntk_nc = f"SGD BAFFLE (dense) K={k}", f"SGD NTK-BAFFLE K={k}"
     dense_c, ntk_c = f"{dense_nc}, clip 0.3", f"{ntk_nc}, clip 0.3"
-    out = ["**Does dense BAFFLE fail only for want of the clip?** (context rows, outside the paper's table; "
-           "`--context` runs them; SGD, both at NTK-BAFFLE's picked lr, not screened, with BAFFLE's reference-code "
-           "inf-norm 0.3 clip of each estimate; the table's unclipped rows beside them):", "",
-           "| row | seeds | final test acc (mean ± std) | test acc at best val | per seed (final) |", "|---|---|---|---|---|"]  # fmt: skip
-    shown = [(f"{dense_nc} (the table's, no clip)", agg.get(dense_nc), "not run yet"),
-             (f"{ntk_nc} (the table's, no clip)", agg.get(ntk_nc), "not run yet"),
-             (dense_c, rows.get(dense_c), not_run_cell(context, dense_c)), (ntk_c, rows.get(ntk_c), not_run_cell(context, ntk_c))]  # fmt: skip
+    out = [
+        "**Does dense BAFFLE fail only for want of the clip?** (context rows, outside the paper's table; "
+        "`--context` runs them; SGD, both at NTK-BAFFLE's picked lr, not screened, with BAFFLE's reference-code "
+        "inf-norm 0.3 clip of each estimate; the table's unclipped rows beside them):",
+        "",
+        "| row | seeds | final test acc (mean ± std) | test acc at best val | per seed (final) |",
+        "|---|---|---|---|---|",
+    ]
+    shown = [
+        (f"{dense_nc} (the table's, no clip)", agg.get(dense_nc), "not run yet"),
+        (f"{ntk_nc} (the table's, no clip)", agg.get(ntk_nc), "not run yet"),
+        (dense_c, rows.get(dense_c), not_run_cell(context, dense_c)),
+        (ntk_c, rows.get(ntk_c), not_run_cell(context, ntk_c)),
+    ]
     for label, r, missing in shown:
         if r is None:
             out.append(f"| {label} | 0 | {missing} | | |")
         else:
-            out.append(f"| {label} | {r['seeds']} | {mean_cell(r)} | {mean_cell(r, 'test_accuracy_at_best_val')} | {per_seed_cell(r)} |")
+            out.append(
+                f"| {label} | {r['seeds']} | {mean_cell(r)} | {mean_cell(r, 'test_accuracy_at_best_val')} | {per_seed_cell(r)} |"
+            )
     both = {**agg, **rows}
 
     def diff(a: str, b: str) -> dict[str, Any] | None:
-        return paired_difference(both[a], both[b], "test_accuracy_at_best_val") if a in both and b in both else None
+        return (
+            paired_difference(both[a], both[b], "test_accuracy_at_best_val")
+            if a in both and b in both
+            else None
+        )
 
-    return [*out, "", _direction(f"SGD, K={k}, with the clip: NTK-BAFFLE − dense BAFFLE", diff(ntk_c, dense_c),
-                                 "not reported; NTK should stay higher"),
-            _direction(f"SGD, K={k}: dense BAFFLE with the clip − without", diff(dense_c, dense_nc),
-                       "not reported; higher if dense fails for want of the clip")]  # fmt: skip
+    return [
+        *out,
+        "",
+        _direction(
+            f"SGD, K={k}, with the clip: NTK-BAFFLE − dense BAFFLE",
+            diff(ntk_c, dense_c),
+            "not reported; NTK should stay higher",
+        ),
+        _direction(
+            f"SGD, K={k}: dense BAFFLE with the clip − without",
+            diff(dense_c, dense_nc),
+            "not reported; higher if dense fails for want of the clip",
+        ),
+    ]
 
 
 def read_screen(plan: Plan) -> dict[str, Any]:
     return read_plan_screen(BASE, plan, lambda results: screen_variants(plan, results))
 
 
-def run_all(plan: Plan, shard: int, shards: int, out: Path, only: list[tuple[str, int | None]] | None = None, *,
-            steal: bool = True) -> None:  # fmt: skip
-    main = when_picked(lambda screen: picks(plan, screen), lambda chosen: main_variants(plan, chosen))
-    run_plan(BASE, plan, lambda results: screen_variants(plan, results), main, out=out, shard=shard, shards=shards,
-             probe_common=plan.probe_common(), only=only or (), steal=steal)  # fmt: skip
+def run_all(
+    plan: Plan,
+    shard: int,
+    shards: int,
+    out: Path,
+    only: list[tuple[str, int | None]] | None = None,
+    *,
+    steal: bool = True,
+) -> None:
+    main = when_picked(
+        lambda screen: picks(plan, screen), lambda chosen: main_variants(plan, chosen)
+    )
+    run_plan(
+        BASE,
+        plan,
+        lambda results: screen_variants(plan, results),
+        main,
+        out=out,
+        shard=shard,
+        shards=shards,
+        probe_common=plan.probe_common(),
+        only=only or (),
+        steal=steal,
+    )
     if shard == 0 and plan.quality and not (plan.records / "estimate_quality.json").exists():
-        plan.records.mkdir(parents=True, exist_ok=True)  # deterministic, a few CPU-minutes: recorded with the runs
-        (plan.records / "estimate_quality.json").write_text(json.dumps(estimate_quality(), indent=1) + "\n")
+        plan.records.mkdir(
+            parents=True, exist_ok=True
+        )  # deterministic, a few CPU-minutes: recorded with the runs
+        (plan.records / "estimate_quality.json").write_text(
+            json.dumps(estimate_quality(), indent=1) + "\n"
+        )
 
 
 def table(plan: Plan, command: str) -> str:
     screen = read_screen(plan)
     rows = {r["label"]: r for r in screen["results"]}
-    lines = [intro(plan), "", f"Command: `{command}`", "", f"**Learning-rate screen** (client lr; seed 0, the protocol's data, "
-             f"{plan.screen_rounds} rounds; picked by **validation** accuracy, the mean of the last {plan.screen_window} "
-             "evaluations; a grid grows one step past an edge that wins, at most twice; a lr that diverges loses):", ""]  # fmt: skip
+    lines = [
+        intro(plan),
+        "",
+        f"Command: `{command}`",
+        "",
+        f"**Learning-rate screen** (client lr; seed 0, the protocol's data, "
+        f"{plan.screen_rounds} rounds; picked by **validation** accuracy, the mean of the last {plan.screen_window} "
+        "evaluations; a grid grows one step past an edge that wins, at most twice; a lr that diverges loses):",
+        "",
+    ]
     families = (f"NTK-BAFFLE K={plan.kmid}", f"BAFFLE (dense) K={plan.kmid}", "BP FedAvg")
     grids = {(o, f): grid(plan, screen["results"], o, f) for o in OPTIMIZERS for f in families}
     for opt in OPTIMIZERS:
-        lines += [f"| {opt} lr | " + " | ".join(f"{f} val acc" for f in families) + " |", "|---|" + "---|" * len(families)]
+        lines += [
+            f"| {opt} lr | " + " | ".join(f"{f} val acc" for f in families) + " |",
+            "|---|" + "---|" * len(families),
+        ]
         for lr in sorted({lr for f in families for lr in grids[opt, f]}):
-            cells = [screen_cell(rows.get(f"screen {opt} {f} lr={lr}"), plan.screen_window) if lr in grids[opt, f] else "-"
-                     for f in families]  # fmt: skip
+            cells = [
+                screen_cell(rows.get(f"screen {opt} {f} lr={lr}"), plan.screen_window)
+                if lr in grids[opt, f]
+                else "-"
+                for f in families
+            ]
             lines.append(f"| {lr} | " + " | ".join(cells) + " |")
         lines.append("")
     chosen = picks(plan, screen)
     if chosen is None:
         return "\n".join([*lines, "The screen is not finished; no main runs yet."])
-    edge = [f"{o} {f}" for o in OPTIMIZERS for f in families
-            if chosen[o, f.split(" K=")[0]] in (min(grids[o, f]), max(grids[o, f]))]  # fmt: skip
-    lines += ["Picked: " + "; ".join(f"{o} {f}: lr {lr}" for (o, f), lr in chosen.items()) + "."
-              + (f" At the edge of its grid even after widening: {', '.join(edge)}." if edge else ""), ""]  # fmt: skip
+    edge = [
+        f"{o} {f}"
+        for o in OPTIMIZERS
+        for f in families
+        if chosen[o, f.split(" K=")[0]] in (min(grids[o, f]), max(grids[o, f]))
+    ]
+    lines += [
+        "Picked: "
+        + "; ".join(f"{o} {f}: lr {lr}" for (o, f), lr in chosen.items())
+        + "."
+        + (f" At the edge of its grid even after widening: {', '.join(edge)}." if edge else ""),
+        "",
+    ]
     variants = main_variants(plan, chosen)
-    report = recorded_seeded(BASE, variants, seeds=plan.seeds, common=plan.protocol(), records=plan.records)
-    probes = recorded_probes(BASE, variants, common=plan.probe_common(), records=plan.records / "probe")
+    report = recorded_seeded(
+        BASE, variants, seeds=plan.seeds, common=plan.protocol(), records=plan.records
+    )
+    probes = recorded_probes(
+        BASE, variants, common=plan.probe_common(), records=plan.records / "probe"
+    )
     agg = {r["label"]: r for r in report["results"]}
-    lines += ["| row | seeds | final test acc (mean ± std) | test acc at best val | per seed (final) | up B/client/round "
-              "(mean of all rounds) | down B/client/round | pruning phases B/client (up / down) | client GFLOP/client/round, "
-              "executed (probe) | effective GFLOP/client/round (probe) |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "| row | seeds | final test acc (mean ± std) | test acc at best val | per seed (final) | up B/client/round "
+        "(mean of all rounds) | down B/client/round | pruning phases B/client (up / down) | client GFLOP/client/round, "
+        "executed (probe) | effective GFLOP/client/round (probe) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for label in variants:
         r, pr = agg.get(label), probes.get(label)
         flops = "-" if pr is None else f"{pr['client_flops_per_client_round'] / 1e9:.3f}"
-        eff = "-" if pr is None or pr.get("client_flops_effective_per_client_round") is None else (
-            f"{pr['client_flops_effective_per_client_round'] / 1e9:.3f}")  # fmt: skip
+        eff = (
+            "-"
+            if pr is None or pr.get("client_flops_effective_per_client_round") is None
+            else (f"{pr['client_flops_effective_per_client_round'] / 1e9:.3f}")
+        )
         if pr is not None and pr.get("pretraining_phases"):
             flops, eff = f"{flops} (incl. pruning)", f"{eff} (incl. pruning)"
         if r is None:
-            lines.append(f"| {label} | 0 | {not_run_cell(report, label)} | | | | | | {flops} | {eff} |")
+            lines.append(
+                f"| {label} | 0 | {not_run_cell(report, label)} | | | | | | {flops} | {eff} |"
+            )
             continue
         per_seed = per_seed_cell(r)
-        pruning = (f"{r['pretraining_bytes_up_per_client']:.0f} / {r['pretraining_bytes_down_per_client']:.0f}"
-                   if r.get("pretraining_phases") else "-")  # fmt: skip
-        lines.append(f"| {label} | {r['seeds']} | {mean_cell(r)} | {mean_cell(r, 'test_accuracy_at_best_val')} | {per_seed} | "
-                     f"{r['bytes_up_per_client_round']:.0f} | {r['bytes_down_per_client_round']:.0f} | {pruning} | {flops} | {eff} |")
+        pruning = (
+            f"{r['pretraining_bytes_up_per_client']:.0f} / {r['pretraining_bytes_down_per_client']:.0f}"
+            if r.get("pretraining_phases")
+            else "-"
+        )
+        lines.append(
+            f"| {label} | {r['seeds']} | {mean_cell(r)} | {mean_cell(r, 'test_accuracy_at_best_val')} | {per_seed} | "
+            f"{r['bytes_up_per_client_round']:.0f} | {r['bytes_down_per_client_round']:.0f} | {pruning} | {flops} | {eff} |"
+        )
     context = run_context(plan, Path("/nonexistent"), run=False)  # the recorded context rows
     lines += ["", *verdicts(plan, agg)]
     if extra := context_lines(plan, agg, context):
@@ -440,13 +676,19 @@ def _direction(label: str, d: dict[str, Any] | None, paper: str, want: str = "hi
     if d is None:
         return f"- {label}: needs both rows on at least 2 common seeds."
     ours = "higher" if d["lo"] > 0 else ("lower" if d["hi"] < 0 else "noise")
-    verdict = "reproduces" if ours == want else ("not resolved (the interval holds 0)" if ours == "noise" else "does NOT reproduce")
+    verdict = (
+        "reproduces"
+        if ours == want
+        else ("not resolved (the interval holds 0)" if ours == "noise" else "does NOT reproduce")
+    )
     if ours == "noise":  # whether the seeds at least agree in sign: a consistent but unequal gap
         agree = sum(x > 0 if want == "higher" else x < 0 for x in d["diffs"])
         verdict += f"; the expected sign on {agree} of {len(d['diffs'])} seeds"
     per_seed = seed_gaps(d)
-    return (f"- {label}: {d['mean'] * 100:+.2f} ± {d['std'] * 100:.2f} points (seeds {per_seed}; "
-            f"95% interval {d['lo'] * 100:+.1f} to {d['hi'] * 100:+.1f}; paper {paper}) → {verdict}.")  # fmt: skip
+    return (
+        f"- {label}: {d['mean'] * 100:+.2f} ± {d['std'] * 100:.2f} points (seeds {per_seed}; "
+        f"95% interval {d['lo'] * 100:+.1f} to {d['hi'] * 100:+.1f}; paper {paper}) → {verdict}."
+    )
 
 
 def verdicts(plan: Plan, agg: dict[str, dict[str, Any]]) -> list[str]:
@@ -458,19 +700,38 @@ def verdicts(plan: Plan, agg: dict[str, dict[str, Any]]) -> list[str]:
     def diff(a: str, b: str) -> dict[str, Any] | None:
         return paired_difference(agg[a], agg[b], key) if a in agg and b in agg else None
 
-    out = ["Directions (test accuracy at the best-validation round, per-seed paired differences, mean ± std and "
-           "their 95% t interval; a direction counts only when the interval excludes 0):", ""]
+    out = [
+        "Directions (test accuracy at the best-validation round, per-seed paired differences, mean ± std and "
+        "their 95% t interval; a direction counts only when the interval excludes 0):",
+        "",
+    ]
     for opt in OPTIMIZERS:
         for k, paper_k in zip(plan.ks, (50, 100, 200), strict=True):
             a, b = f"{opt} NTK-BAFFLE K={k}", f"{opt} BAFFLE (dense) K={k}"
             if a in agg or b in agg or opt == "SGD":
-                out.append(_direction(f"{opt}, K={k}: NTK-BAFFLE − dense BAFFLE", diff(a, b), f"at K={paper_k}, SGD: +{PAPER[paper_k]:.2f}"))
+                out.append(
+                    _direction(
+                        f"{opt}, K={k}: NTK-BAFFLE − dense BAFFLE",
+                        diff(a, b),
+                        f"at K={paper_k}, SGD: +{PAPER[paper_k]:.2f}",
+                    )
+                )
     k = plan.kmid
     for score in ("magnitude", "random"):
-        out.append(_direction(f"SGD, K={k}: NTK-BAFFLE − {score}-pruned (same density)",
-                              diff(f"SGD NTK-BAFFLE K={k}", f"SGD {score}-pruned K={k}"), "not reported; NTK should be higher"))  # fmt: skip
-    out.append(_direction(f"SGD, K={k}, density 0.2: NTK-Rand − NTK-Ori (same pruning rounds, inputs, scoring route)",
-                          diff(f"SGD NTK-Rand d=0.2 K={k}", f"SGD NTK-Ori d=0.2 K={k}"), "Figure 1: Rand higher"))  # fmt: skip
+        out.append(
+            _direction(
+                f"SGD, K={k}: NTK-BAFFLE − {score}-pruned (same density)",
+                diff(f"SGD NTK-BAFFLE K={k}", f"SGD {score}-pruned K={k}"),
+                "not reported; NTK should be higher",
+            )
+        )
+    out.append(
+        _direction(
+            f"SGD, K={k}, density 0.2: NTK-Rand − NTK-Ori (same pruning rounds, inputs, scoring route)",
+            diff(f"SGD NTK-Rand d=0.2 K={k}", f"SGD NTK-Ori d=0.2 K={k}"),
+            "Figure 1: Rand higher",
+        )
+    )
     return out
 
 
@@ -506,8 +767,16 @@ run that switched mask mid-way before checkpoints held masks (SGD NTK-BAFFLE K=2
 
 def main(argv: list[str] | None = None) -> int:
     ap = reproduction_parser(__doc__, out="runs/bench-ntk-table3")
-    ap.add_argument("--adam-all", action="store_true", help="under Adam too: K = 50/200 and the magnitude/random rows")
-    ap.add_argument("--context", action="store_true", help="run only the context rows (dense and NTK-BAFFLE with the 0.3 clip)")
+    ap.add_argument(
+        "--adam-all",
+        action="store_true",
+        help="under Adam too: K = 50/200 and the magnitude/random rows",
+    )
+    ap.add_argument(
+        "--context",
+        action="store_true",
+        help="run only the context rows (dense and NTK-BAFFLE with the 0.3 clip)",
+    )
     args, shard, shards = parse_reproduction_args(ap, argv)
     plan = smoke_plan(Path(args.out)) if args.smoke else Plan()
     plan = dataclasses.replace(plan, adam_all=args.adam_all)
@@ -521,8 +790,13 @@ def main(argv: list[str] | None = None) -> int:
             run_all(plan, shard, shards, Path(args.out), only=args.only, steal=not args.no_steal)
     flags = (" --adam-all" if args.adam_all else "") + (" --smoke" if args.smoke else "")
     text = table(plan, "python benchmarks/ntk_table3.py" + flags)
-    publish(text, args.docs, "ntk-table3", "NTK-BAFFLE Table 3 analogue (paper's recipe, 3 seeds, validation-tuned)",
-            machine=records_line(plan.records, root=Path(__file__).resolve().parents[1]))
+    publish(
+        text,
+        args.docs,
+        "ntk-table3",
+        "NTK-BAFFLE Table 3 analogue (paper's recipe, 3 seeds, validation-tuned)",
+        machine=records_line(plan.records, root=Path(__file__).resolve().parents[1]),
+    )
     return 0
 
 

@@ -49,21 +49,39 @@ from fedge.attacks.membership import chance_auc_std
 from fedge.attacks.membership_run import membership_by_round
 from fedge.attacks.table import objective_note
 from fedge.bench.docs import update_section
-from fedge.bench.script import load_measurement, measurement_parser, parse_settings, save_measurement
+from fedge.bench.script import (
+    load_measurement,
+    measurement_parser,
+    parse_settings,
+    save_measurement,
+)
 from fedge.core.config import RunConfig
 from fedge.core.errors import ConfigError
 from fedge.experiment.build import build_run
 
 SETTINGS: dict[str, Any] = {
-    "dataset": "fashion-mnist", "resize": 16, "model": "alexnet-ppfl", "seed": 0,
-    "dra_clients": 4, "iterations": 1000,  # DRA
-    "clients": 4, "per_client": 16, "rounds": 12, "local_epochs": 10, "batch": 8, "lr": 0.05,  # MIA training
-    "shadows": 2, "test": 1000,  # MIA attacker
+    "dataset": "fashion-mnist",
+    "resize": 16,
+    "model": "alexnet-ppfl",
+    "seed": 0,
+    "dra_clients": 4,
+    "iterations": 1000,  # DRA
+    "clients": 4,
+    "per_client": 16,
+    "rounds": 12,
+    "local_epochs": 10,
+    "batch": 8,
+    "lr": 0.05,  # MIA training
+    "shadows": 2,
+    "test": 1000,  # MIA attacker
     "pia_clients": 24,  # PIA: clients x 8 samples
-}  # fmt: skip
+}
 
 # PPFL's Table 2, AlexNet rows (CIFAR-10, IID; mean over runs): E2E FL vs PPFL.
-PAPER = {"fedavg": {"dra": "0.017", "pia": "0.930", "mia": "0.874"}, "ppfl": {"dra": "1.0", "pia": "0.5", "mia": "0.506"}}
+PAPER = {
+    "fedavg": {"dra": "0.017", "pia": "0.930", "mia": "0.874"},
+    "ppfl": {"dra": "1.0", "pia": "0.5", "mia": "0.506"},
+}
 _TEE_MB = 1024.0  # client enclaves large enough for every AlexNet-PPFL stage at the batch used (selection is not measured here)
 
 
@@ -74,36 +92,93 @@ def _sgd(lr: float) -> dict[str, Any]:
 def methods(s: dict[str, Any], stages: int) -> dict[str, dict[str, dict[str, Any]]]:
     """Per method (``fedavg``, ``ppfl``) the method section of each attack's run."""
     if s["rounds"] % stages:
-        raise ConfigError(f"rounds={s['rounds']} does not split evenly over PPFL's {stages} stages of {s['model']}; "
-                          f"expected a multiple of {stages} (e.g. --set rounds={stages * max(1, s['rounds'] // stages)})")  # fmt: skip
+        raise ConfigError(
+            f"rounds={s['rounds']} does not split evenly over PPFL's {stages} stages of {s['model']}; "
+            f"expected a multiple of {stages} (e.g. --set rounds={stages * max(1, s['rounds'] // stages)})"
+        )
     tee = {"client_mb": _TEE_MB}
     return {
         "fedavg": {
-            "dra": {"name": "fedavg", "local_epochs": 1, "batch_size": 1, "client_optimizer": {"name": "sgd", "lr": 0.1}},
-            "mia": {"name": "fedavg", "local_epochs": s["local_epochs"], "batch_size": s["batch"],
-                    "client_optimizer": _sgd(s["lr"])},
-            "pia": {"name": "fedavg", "local_epochs": 1, "batch_size": 8, "client_optimizer": {"name": "sgd", "lr": 0.1}},
+            "dra": {
+                "name": "fedavg",
+                "local_epochs": 1,
+                "batch_size": 1,
+                "client_optimizer": {"name": "sgd", "lr": 0.1},
+            },
+            "mia": {
+                "name": "fedavg",
+                "local_epochs": s["local_epochs"],
+                "batch_size": s["batch"],
+                "client_optimizer": _sgd(s["lr"]),
+            },
+            "pia": {
+                "name": "fedavg",
+                "local_epochs": 1,
+                "batch_size": 8,
+                "client_optimizer": {"name": "sgd", "lr": 0.1},
+            },
         },
         "ppfl": {
-            "dra": {"name": "ppfl", "rounds_per_stage": 1, "local_epochs": 1, "batch_size": 1, "min_batch_size": 1,
-                    "lr": 0.1, "momentum": 0.0, "tee": tee},
-            "mia": {"name": "ppfl", "rounds_per_stage": s["rounds"] // stages, "local_epochs": s["local_epochs"],
-                    "batch_size": s["batch"], "lr": s["lr"], "momentum": 0.9, "tee": tee,
-                    "keep_last_in_tee": False},  # the released model; the kept case is mia_withheld's
-            "pia": {"name": "ppfl", "rounds_per_stage": 1, "local_epochs": 1, "batch_size": 8, "lr": 0.1, "momentum": 0.0,
-                    "tee": tee},
+            "dra": {
+                "name": "ppfl",
+                "rounds_per_stage": 1,
+                "local_epochs": 1,
+                "batch_size": 1,
+                "min_batch_size": 1,
+                "lr": 0.1,
+                "momentum": 0.0,
+                "tee": tee,
+            },
+            "mia": {
+                "name": "ppfl",
+                "rounds_per_stage": s["rounds"] // stages,
+                "local_epochs": s["local_epochs"],
+                "batch_size": s["batch"],
+                "lr": s["lr"],
+                "momentum": 0.9,
+                "tee": tee,
+                "keep_last_in_tee": False,
+            },  # the released model; the kept case is mia_withheld's
+            "pia": {
+                "name": "ppfl",
+                "rounds_per_stage": 1,
+                "local_epochs": 1,
+                "batch_size": 8,
+                "lr": 0.1,
+                "momentum": 0.0,
+                "tee": tee,
+            },
         },
-    }  # fmt: skip
+    }
 
 
-def _cfg(s: dict[str, Any], method: dict[str, Any], *, clients: int, per_client: int, test: int = 10,
-         rounds: int = 1) -> RunConfig:  # fmt: skip
-    cfg = attack_config(method, clients=clients, per_client=per_client, seed=s["seed"], model=s["model"],
-                        dataset=s["dataset"], test=test, rounds=rounds)  # fmt: skip
+def _cfg(
+    s: dict[str, Any],
+    method: dict[str, Any],
+    *,
+    clients: int,
+    per_client: int,
+    test: int = 10,
+    rounds: int = 1,
+) -> RunConfig:
+    cfg = attack_config(
+        method,
+        clients=clients,
+        per_client=per_client,
+        seed=s["seed"],
+        model=s["model"],
+        dataset=s["dataset"],
+        test=test,
+        rounds=rounds,
+    )
     if s["resize"]:  # 0: the native size
         if s["resize"] < 4:
-            raise ConfigError(f"resize={s['resize']}; expected 0 (native size) or a side of at least 4 pixels")
-        cfg = cfg.model_copy(update={"dataset": cfg.dataset.model_copy(update={"resize": s["resize"]})})
+            raise ConfigError(
+                f"resize={s['resize']}; expected 0 (native size) or a side of at least 4 pixels"
+            )
+        cfg = cfg.model_copy(
+            update={"dataset": cfg.dataset.model_copy(update={"resize": s["resize"]})}
+        )
     return cfg
 
 
@@ -120,7 +195,10 @@ def model_info(s: dict[str, Any]) -> dict[str, int]:
 
     m = {"name": "ppfl", "rounds_per_stage": 1, "tee": {"client_mb": _TEE_MB}}
     built = _quiet(lambda: build_run(_cfg(s, m, clients=1, per_client=1)))
-    return {"stages": len(built.method.strategy.stages), "parameters": count_parameters(built.model_fn())}
+    return {
+        "stages": len(built.method.strategy.stages),
+        "parameters": count_parameters(built.model_fn()),
+    }
 
 
 def dra_run(s: dict[str, Any], method: dict[str, Any]) -> ObservedRun:
@@ -140,20 +218,45 @@ def dra(s: dict[str, Any], method: dict[str, Any]) -> dict[str, Any]:
     r = reconstruction_attack(run, iterations=s["iterations"], seed=s["seed"])
     a = r["attacks"]["dlg"]
     views = [v for v in run.views if v.rnd == 1]
-    return {"attack": "dlg", "median_mse": a["median_mse"], "mean_mse": a["mean_mse"], "psnr_db": a["median_psnr_db"],
-            "label_accuracy": a["label_accuracy"], "mean_image": r["baseline_mean_image_mse"],
-            "mid_gray": r["baseline_mid_gray_mse"], "clients_attacked": r["clients_attacked"],
-            "sealed": all(v.sealed for v in views), "upload_bytes": upload_bytes(run),
-            "finite_objective": a.get("finite_objective", 1.0), "seconds": time.perf_counter() - t}  # fmt: skip
+    return {
+        "attack": "dlg",
+        "median_mse": a["median_mse"],
+        "mean_mse": a["mean_mse"],
+        "psnr_db": a["median_psnr_db"],
+        "label_accuracy": a["label_accuracy"],
+        "mean_image": r["baseline_mean_image_mse"],
+        "mid_gray": r["baseline_mid_gray_mse"],
+        "clients_attacked": r["clients_attacked"],
+        "sealed": all(v.sealed for v in views),
+        "upload_bytes": upload_bytes(run),
+        "finite_objective": a.get("finite_objective", 1.0),
+        "seconds": time.perf_counter() - t,
+    }
 
 
 def mia(s: dict[str, Any], method: dict[str, Any]) -> dict[str, Any]:
     t = time.perf_counter()
-    cfg = _cfg(s, method, clients=s["clients"], per_client=s["per_client"], test=s["test"], rounds=s["rounds"])
+    cfg = _cfg(
+        s,
+        method,
+        clients=s["clients"],
+        per_client=s["per_client"],
+        test=s["test"],
+        rounds=s["rounds"],
+    )
     built = _quiet(lambda: build_run(cfg))
     n = s["clients"] * s["per_client"]
-    r = _quiet(lambda: membership_by_round(built, [s["rounds"]], samples=n, shadows=s["shadows"], seed=s["seed"]))
-    return {**r["rounds"][str(s["rounds"])], "members": n, "shadows": s["shadows"], "seconds": time.perf_counter() - t}
+    r = _quiet(
+        lambda: membership_by_round(
+            built, [s["rounds"]], samples=n, shadows=s["shadows"], seed=s["seed"]
+        )
+    )
+    return {
+        **r["rounds"][str(s["rounds"])],
+        "members": n,
+        "shadows": s["shadows"],
+        "seconds": time.perf_counter() - t,
+    }
 
 
 def mia_withheld(s: dict[str, Any], method: dict[str, Any]) -> dict[str, Any]:
@@ -166,41 +269,70 @@ def mia_withheld(s: dict[str, Any], method: dict[str, Any]) -> dict[str, Any]:
     from fedge.attacks.membership_run import membership_attacks, replay  # noqa: PLC0415
 
     t = time.perf_counter()
-    cfg = _cfg(s, method, clients=s["clients"], per_client=s["per_client"], test=s["test"], rounds=s["rounds"])
+    cfg = _cfg(
+        s,
+        method,
+        clients=s["clients"],
+        per_client=s["per_client"],
+        test=s["test"],
+        rounds=s["rounds"],
+    )
     built = _quiet(lambda: build_run(cfg))
     rep = _quiet(lambda: replay(built, [s["rounds"]]))
     model = rep.models[s["rounds"]]
     withheld = tuple(k for k in model.state_dict() if k.startswith("classifier."))
-    r = membership_attacks(built, model, samples=s["clients"] * s["per_client"], seed=s["seed"], withheld=withheld,
-                           trained=rep.trained_by(s["rounds"]))  # fmt: skip
+    r = membership_attacks(
+        built,
+        model,
+        samples=s["clients"] * s["per_client"],
+        seed=s["seed"],
+        withheld=withheld,
+        trained=rep.trained_by(s["rounds"]),
+    )
     acc = r["completed"]["accuracy"]
-    return {"loss": r["loss"], "train_accuracy": acc["members"], "test_accuracy": acc["non_members"],
-            "aux": r["completed"]["aux_samples"], "seconds": time.perf_counter() - t}  # fmt: skip
+    return {
+        "loss": r["loss"],
+        "train_accuracy": acc["members"],
+        "test_accuracy": acc["non_members"],
+        "aux": r["completed"]["aux_samples"],
+        "seconds": time.perf_counter() - t,
+    }
 
 
 def pia(s: dict[str, Any], method: dict[str, Any]) -> dict[str, Any]:
     t = time.perf_counter()
-    run = _quiet(lambda: observe_run(_cfg(s, method, clients=s["pia_clients"], per_client=8, test=s["test"])))
+    run = _quiet(
+        lambda: observe_run(_cfg(s, method, clients=s["pia_clients"], per_client=8, test=s["test"]))
+    )
     views = run.views
     if views and all(v.sealed for v in views):
         sizes = sorted(v.reply_bytes for v in views)
-        return {"skipped": f"not measurable: all {len(views)} uploads the server observed are AES-GCM ciphertext "
-                           f"(median {sizes[len(sizes) // 2]:,} bytes) sealed under enclave session keys it does not hold, and "
-                           "the client program runs in an attested enclave, so the server cannot compute uploads on "
-                           "auxiliary batches with and without the property to train its classifier on",
-                "uploads": len(views), "seconds": time.perf_counter() - t}  # fmt: skip
+        return {
+            "skipped": f"not measurable: all {len(views)} uploads the server observed are AES-GCM ciphertext "
+            f"(median {sizes[len(sizes) // 2]:,} bytes) sealed under enclave session keys it does not hold, and "
+            "the client program runs in an attested enclave, so the server cannot compute uploads on "
+            "auxiliary batches with and without the property to train its classifier on",
+            "uploads": len(views),
+            "seconds": time.perf_counter() - t,
+        }
     r = pia_attack(run, prop=0, seed=s["seed"])
     return {**r, "seconds": time.perf_counter() - t}
 
 
-def table2(s: dict[str, Any], progress: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+def table2(
+    s: dict[str, Any], progress: Callable[[str], None] | None = None
+) -> dict[str, dict[str, Any]]:
     """Every cell of the table: method -> attack -> result (or ``{"skipped": reason}``)."""
     ms = methods(s, model_info(s)["stages"])
     out: dict[str, dict[str, Any]] = {}
     for name, per in ms.items():
         out[name] = {}
-        for attack, run, fn in (("dra", "dra", dra), ("mia", "mia", mia), ("mia_withheld", "mia", mia_withheld),
-                                ("pia", "pia", pia)):  # fmt: skip
+        for attack, run, fn in (
+            ("dra", "dra", dra),
+            ("mia", "mia", mia),
+            ("mia_withheld", "mia", mia_withheld),
+            ("pia", "pia", pia),
+        ):
             out[name][attack] = fn(s, per[run])
             if progress is not None:
                 progress(f"{name} {attack}: {out[name][attack]['seconds']:.0f} s")
@@ -229,72 +361,102 @@ def cells(r: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def render(results: dict[str, dict[str, Any]], s: dict[str, Any], seconds: float, info: dict[str, int]) -> str:
+def render(
+    results: dict[str, dict[str, Any]], s: dict[str, Any], seconds: float, info: dict[str, int]
+) -> str:
     stages = info["stages"]
     side = f"resized to {s['resize']}x{s['resize']}" if s["resize"] else "at its native size"
     label = {"fedavg": "end-to-end FL (fedavg)", "ppfl": "PPFL (layer-wise, in enclaves)"}
-    head = ["method", "DRA median MSE", "mean image", "upload bytes", "PIA AUC", "MIA precision loss / shadow / LiRA",
-            "MIA AUC loss / shadow / LiRA", "TPR@1%FPR", "test acc.", "train acc. / gap"]  # fmt: skip
+    head = [
+        "method",
+        "DRA median MSE",
+        "mean image",
+        "upload bytes",
+        "PIA AUC",
+        "MIA precision loss / shadow / LiRA",
+        "MIA AUC loss / shadow / LiRA",
+        "TPR@1%FPR",
+        "test acc.",
+        "train acc. / gap",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    paper = ["| paper (AlexNet, CIFAR-10) | DRA MSE | PIA AUC | MIA precision |", "|---|---:|---:|---:|"]
+    paper = [
+        "| paper (AlexNet, CIFAR-10) | DRA MSE | PIA AUC | MIA precision |",
+        "|---|---:|---:|---:|",
+    ]
     notes = []
     for name, r in results.items():
         c = cells(r)
-        lines.append(f"| {label[name]} | {c['dra']} | {c['mean_image']} | {c['upload']} | {c['pia']} | {c['mia_precision']} | "
-                     f"{c['mia_auc']} | {c['mia_tpr']} | {c['test_acc']} | {c['gap']} |")  # fmt: skip
-        paper.append(f"| {label[name]} | {PAPER[name]['dra']} | {PAPER[name]['pia']} | {PAPER[name]['mia']} |")
+        lines.append(
+            f"| {label[name]} | {c['dra']} | {c['mean_image']} | {c['upload']} | {c['pia']} | {c['mia_precision']} | "
+            f"{c['mia_auc']} | {c['mia_tpr']} | {c['test_acc']} | {c['gap']} |"
+        )
+        paper.append(
+            f"| {label[name]} | {PAPER[name]['dra']} | {PAPER[name]['pia']} | {PAPER[name]['mia']} |"
+        )
         for k in ("dra", "mia", "pia"):
             if "skipped" in r[k]:
                 notes.append(f"- {label[name]}, {k.upper()}: {r[k]['skipped']}.")
-    withheld = ["| last layer withheld | loss-threshold AUC | precision | TPR@1%FPR | completed model: acc. members / non-members |",
-                "|---|---:|---:|---:|---:|"]  # fmt: skip
+    withheld = [
+        "| last layer withheld | loss-threshold AUC | precision | TPR@1%FPR | completed model: acc. members / non-members |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name, r in results.items():
         w = r.get("mia_withheld")
         if w:
-            withheld.append(f"| {label[name]} | {w['loss']['auc']:.2f} | {w['loss']['precision']:.2f} | "
-                            f"{w['loss']['tpr_at_1pct_fpr']:.2f} | {w['train_accuracy']:.2f} / {w['test_accuracy']:.2f} |")  # fmt: skip
+            withheld.append(
+                f"| {label[name]} | {w['loss']['auc']:.2f} | {w['loss']['precision']:.2f} | "
+                f"{w['loss']['tpr_at_1pct_fpr']:.2f} | {w['train_accuracy']:.2f} / {w['test_accuracy']:.2f} |"
+            )
     f, p = results.get("fedavg"), results.get("ppfl")
     verdict = ""
     if f and p:
-        best = {n: max(r["mia"][k]["auc"] for k in ("loss", "shadow", "lira") if k in r["mia"]) for n, r in results.items()}
-        verdict = (f"DRA: FedAvg's one-sample deltas reconstruct to median MSE {f['dra']['median_mse']:.3g} "
-                   f"(mean image {f['dra']['mean_image']:.3g}); PPFL's ciphertext read as plaintext gives "
-                   f"{p['dra']['median_mse']:.3g}{objective_note(p['dra'])}. MIA on the released model: best AUC {best['fedavg']:.2f} (FedAvg, "
-                   f"train − test accuracy {f['mia']['train_accuracy'] - f['mia']['test_accuracy']:.2f}) vs "
-                   f"{best['ppfl']:.2f} (PPFL, gap {p['mia']['train_accuracy'] - p['mia']['test_accuracy']:.2f}).")  # fmt: skip
+        best = {
+            n: max(r["mia"][k]["auc"] for k in ("loss", "shadow", "lira") if k in r["mia"])
+            for n, r in results.items()
+        }
+        verdict = (
+            f"DRA: FedAvg's one-sample deltas reconstruct to median MSE {f['dra']['median_mse']:.3g} "
+            f"(mean image {f['dra']['mean_image']:.3g}); PPFL's ciphertext read as plaintext gives "
+            f"{p['dra']['median_mse']:.3g}{objective_note(p['dra'])}. MIA on the released model: best AUC {best['fedavg']:.2f} (FedAvg, "
+            f"train − test accuracy {f['mia']['train_accuracy'] - f['mia']['test_accuracy']:.2f}) vs "
+            f"{best['ppfl']:.2f} (PPFL, gap {p['mia']['train_accuracy'] - p['mia']['test_accuracy']:.2f})."
+        )
         if p["mia"]["test_accuracy"] < f["mia"]["test_accuracy"] - 0.05:
-            verdict += (f" At the same rounds, epochs and learning rate PPFL's layer-wise training leaves AlexNet-PPFL far "
-                        f"less trained (test accuracy {p['mia']['test_accuracy']:.2f} vs {f['mia']['test_accuracy']:.2f}; "
-                        "as in the PPFL Table 3 analogue above), so its MIA cells measure a model that barely fits its "
-                        "members as much as PPFL's protection; a PPFL AUC or precision away from 0.5 with no train − "
-                        "test gap should be read against the sampling noise (one seed, a few dozen members, few shadows).")  # fmt: skip
+            verdict += (
+                f" At the same rounds, epochs and learning rate PPFL's layer-wise training leaves AlexNet-PPFL far "
+                f"less trained (test accuracy {p['mia']['test_accuracy']:.2f} vs {f['mia']['test_accuracy']:.2f}; "
+                "as in the PPFL Table 3 analogue above), so its MIA cells measure a model that barely fits its "
+                "members as much as PPFL's protection; a PPFL AUC or precision away from 0.5 with no train − "
+                "test gap should be read against the sampling noise (one seed, a few dozen members, few shadows)."
+            )
     n = s["clients"] * s["per_client"]
     rps = s["rounds"] // stages
-    return f"""PPFL (seed 001) Table 2 measured with fedge's attacks on `{s['model']}` (PPFL's AlexNet,
-C128x3-AP16-FC10: {info['parameters']:,} parameters), {s['dataset']} {side}, IID, seed {s['seed']}; every
+    return f"""PPFL (seed 001) Table 2 measured with fedge's attacks on `{s["model"]}` (PPFL's AlexNet,
+C128x3-AP16-FC10: {info["parameters"]:,} parameters), {s["dataset"]} {side}, IID, seed {s["seed"]}; every
 cell is the result of running the attack on what the adversary observes (`benchmarks/ppfl_table2.py`,
 harness `src/fedge/attacks/harness.py`). Images are resized so that the model's 16x16 average pool
 covers the whole image: at 28x28 its single pooling window sees only the top-left 16x16 of the last
 feature map (pixels of the top-left 19x19: three 3x3 convolutions add 3 pixels), and it also costs 3x the compute.
 
-- **DRA** (honest-but-curious server, round 1): {s['dra_clients']} clients, each holding the one sample its
+- **DRA** (honest-but-curious server, round 1): {s["dra_clients"]} clients, each holding the one sample its
   upload depends on. FedAvg: one local SGD step (lr 0.1), the delta Δ attacked as the gradient −Δ/η;
   PPFL: stage 1, batch 1, the client's upload is its enclave's AES-GCM ciphertext, read as float32
-  plaintext laid over the model's parameters. DLG (L-BFGS, {s['iterations']} iterations, iDLG labels);
+  plaintext laid over the model's parameters. DLG (L-BFGS, {s["iterations"]} iterations, iDLG labels);
   median pixel MSE in [0, 1] to the client's image, beside the training set's mean image (bold:
   better than the mean image).
-- **MIA** (holder of the released model): {s['clients']} clients x {s['per_client']} samples, {s['rounds']} rounds,
-  {s['local_epochs']} local epochs, batch {s['batch']}, SGD lr {s['lr']} momentum 0.9. FedAvg trains the whole model
+- **MIA** (holder of the released model): {s["clients"]} clients x {s["per_client"]} samples, {s["rounds"]} rounds,
+  {s["local_epochs"]} local epochs, batch {s["batch"]}, SGD lr {s["lr"]} momentum 0.9. FedAvg trains the whole model
   every round; PPFL trains its {stages} stages (3 conv blocks, then the classifier) {rps} rounds each, the same
   rounds, epochs, batch and learning rate, and releases every layer at the end
   (`method.keep_last_in_tee=false`; by default fedge's PPFL keeps the last stage in the enclaves,
   which is what the paper credits for its MIA precision ≈ 0.5: here the attack sees the whole
   released PPFL model; the default's case is measured below).
   Members: all {n} training
-  samples; non-members: {n} test samples; {s['shadows']} shadow runs of the same method and config
+  samples; non-members: {n} test samples; {s["shadows"]} shadow runs of the same method and config
   (another seed, on the attacker's own test samples); offline LiRA from the same shadows.
   Precision at the threshold of best balanced accuracy; chance: AUC and precision 0.5.
-- **PIA** (server, round 1): {s['pia_clients']} clients x 8 samples, one step of batch 8 (FedAvg lr 0.1;
+- **PIA** (server, round 1): {s["pia_clients"]} clients x 8 samples, one step of batch 8 (FedAvg lr 0.1;
   PPFL stage 1); "class 0 occurs in the client's batch"; the server simulates the client program
   on 64 auxiliary batches (test split) and trains a logistic-regression classifier on them.
 
@@ -319,9 +481,9 @@ Paper's Table 2 (AlexNet rows, CIFAR-10, IID, to convergence; its DRA MSE is not
 {chr(10).join(paper)}
 
 Reduced vs the paper to fit ~30 CPU-minutes on one shared thread: Fashion-MNIST {side} instead
-of CIFAR-10 (3x32x32); AlexNet only (no VGG9); {s['clients']} clients of {s['per_client']} samples trained for {s['rounds']} rounds
-instead of 100 clients (10 per round) to convergence; DRA on {s['dra_clients']} single-sample uploads with
-{s['iterations']} L-BFGS iterations; PIA on {s['pia_clients']} uploads; {s['shadows']} shadow models; one seed, so no
+of CIFAR-10 (3x32x32); AlexNet only (no VGG9); {s["clients"]} clients of {s["per_client"]} samples trained for {s["rounds"]} rounds
+instead of 100 clients (10 per round) to convergence; DRA on {s["dra_clients"]} single-sample uploads with
+{s["iterations"]} L-BFGS iterations; PIA on {s["pia_clients"]} uploads; {s["shadows"]} shadow models; one seed, so no
 confidence intervals (with {n} members and {n} non-members an AUC at chance has a standard deviation
 of {chance_auc_std(n, n):.2f}). Total {seconds / 60:.1f} min wall-clock on one thread of a shared machine (other
 jobs running on both cores).
@@ -345,7 +507,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.from_json:
         saved = load_measurement(args.from_json)
-        results, s, seconds, info = saved["results"], saved["settings"], saved["seconds"], saved["model"]
+        results, s, seconds, info = (
+            saved["results"],
+            saved["settings"],
+            saved["seconds"],
+            saved["model"],
+        )
     else:
         try:
             s = parse_settings(SETTINGS, args.set)
@@ -359,7 +526,9 @@ def main(argv: list[str] | None = None) -> int:
         results = table2(s, progress=lambda m: print(m, flush=True))
         seconds = time.perf_counter() - t0
         if args.json:
-            save_measurement(args.json, {"settings": s, "seconds": seconds, "model": info, "results": results})
+            save_measurement(
+                args.json, {"settings": s, "seconds": seconds, "model": info, "results": results}
+            )
     text = render(results, s, seconds, info)
     if args.docs:
         update_section(args.docs, "ppfl-table2", "PPFL Table 2 analogue on AlexNet-PPFL", text)

@@ -43,7 +43,9 @@ from fedge.core.protocols import Exchange, PartyCall, Round, StrategyWrapper
 from fedge.experiment.build import build_run
 from fedge.experiment.run import run_experiment
 
-COMMAND = "OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/ppfl_tables.py --docs docs/benchmarks.md"
+COMMAND = (
+    "OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/ppfl_tables.py --docs docs/benchmarks.md"
+)
 SEEDS = (0, 1, 2)
 LENET_ROUNDS, LENET_CAP = 15, 10
 LARGE_ROUNDS, LARGE_CAP = 15, 6
@@ -59,8 +61,14 @@ def base(model: str, part: str, seed: int = 0) -> dict[str, Any]:
         clients, data = {"num": 20, "per_round": 5}, {"limit_train": 2000, "limit_test": 1000}
     else:
         clients, data = {"num": 100, "per_round": 10}, {"limit_train": 3000, "limit_test": 500}
-    return {"seed": seed, "clients": clients, "partition": PARTS[part], "dataset": {"name": "fashion-mnist", **data},
-            "model": {"name": model}, "measure": {"memory": True}}  # fmt: skip
+    return {
+        "seed": seed,
+        "clients": clients,
+        "partition": PARTS[part],
+        "dataset": {"name": "fashion-mnist", **data},
+        "model": {"name": model},
+        "measure": {"memory": True},
+    }
 
 
 def batch(model: str) -> int:
@@ -69,9 +77,16 @@ def batch(model: str) -> int:
 
 def fedavg(model: str, part: str, seed: int = 0, rounds: int | None = None) -> dict[str, Any]:
     r = rounds or (LENET_ROUNDS if model == "lenet-ppfl" else LARGE_ROUNDS)
-    return {**base(model, part, seed), "rounds": r,
-            "method": {"name": "fedavg", "batch_size": batch(model), "local_epochs": 1,
-                       "client_optimizer": {"name": "sgd", **OPT}}}  # fmt: skip
+    return {
+        **base(model, part, seed),
+        "rounds": r,
+        "method": {
+            "name": "fedavg",
+            "batch_size": batch(model),
+            "local_epochs": 1,
+            "client_optimizer": {"name": "sgd", **OPT},
+        },
+    }
 
 
 def n_stages(model: str, block: int) -> int:
@@ -79,10 +94,24 @@ def n_stages(model: str, block: int) -> int:
     return -(-convs // block) + 1
 
 
-def ppfl(model: str, part: str, target: float | None, block: int = 1, seed: int = 0, cap: int | None = None) -> dict[str, Any]:
+def ppfl(
+    model: str,
+    part: str,
+    target: float | None,
+    block: int = 1,
+    seed: int = 0,
+    cap: int | None = None,
+) -> dict[str, Any]:
     cap = cap or (LENET_CAP if model == "lenet-ppfl" else LARGE_CAP)
-    method: dict[str, Any] = {"name": "ppfl", "batch_size": batch(model), "local_epochs": 1, **OPT, "block_layers": block,
-                              "rounds_per_stage": cap, "target_accuracy": target}  # fmt: skip
+    method: dict[str, Any] = {
+        "name": "ppfl",
+        "batch_size": batch(model),
+        "local_epochs": 1,
+        **OPT,
+        "block_layers": block,
+        "rounds_per_stage": cap,
+        "target_accuracy": target,
+    }
     if model != "lenet-ppfl":
         method["tee"] = {"client_mb": 32}
     return {**base(model, part, seed), "rounds": cap * n_stages(model, block), "method": method}
@@ -114,13 +143,20 @@ def reach(lines: list[dict[str, Any]], target: float) -> tuple[int | None, int]:
 
 
 def per_stage(lines: list[dict[str, Any]]) -> list[int]:
-    return [sum(1 for ln in lines if ln["stage"] == s) for s in range(max(ln["stage"] for ln in lines) + 1)]
+    return [
+        sum(1 for ln in lines if ln["stage"] == s)
+        for s in range(max(ln["stage"] for ln in lines) + 1)
+    ]
 
 
-def table3_runs(model: str, part: str, seed: int, block: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def table3_runs(
+    model: str, part: str, seed: int, block: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     tag = f"{model}/seed-{seed}"
     fa = run(f"{tag}/fedavg-{part}", fedavg(model, part, seed))
-    return fa, run(f"{tag}/ppfl-{part}-b{block}", ppfl(model, part, fa[-1]["test_accuracy"], block, seed))
+    return fa, run(
+        f"{tag}/ppfl-{part}-b{block}", ppfl(model, part, fa[-1]["test_accuracy"], block, seed)
+    )
 
 
 def all_table3_runs() -> None:
@@ -141,9 +177,11 @@ def ms(xs: list[float], fmt: str = ".3f") -> str:
 
 def table3() -> tuple[str, str]:
     """(the seeded LeNet table, the larger-model table)."""
-    head = ("| data | PPFL block | FedAvg target acc | rounds to target (runs reaching it) | rounds ratio (vs FedAvg's "
-            f"{LENET_ROUNDS}) | bytes ratio to target | whole-run bytes ratio (rounds) | best PPFL acc | final PPFL acc |\n"
-            "|---|---|---|---|---|---|---|---|---|")
+    head = (
+        "| data | PPFL block | FedAvg target acc | rounds to target (runs reaching it) | rounds ratio (vs FedAvg's "
+        f"{LENET_ROUNDS}) | bytes ratio to target | whole-run bytes ratio (rounds) | best PPFL acc | final PPFL acc |\n"
+        "|---|---|---|---|---|---|---|---|---|"
+    )
     rows = [head]
     for part in PARTS:
         for block in (1, 2):
@@ -162,14 +200,22 @@ def table3() -> tuple[str, str]:
                     reached += 1
                     rr.append(float(r))
                     br.append(b / total_bytes(fa))
-            rounds = f"{ms(rr, '.1f')} ({reached}/{len(SEEDS)})" if rr else f"not reached (0/{len(SEEDS)})"
+            rounds = (
+                f"{ms(rr, '.1f')} ({reached}/{len(SEEDS)})"
+                if rr
+                else f"not reached (0/{len(SEEDS)})"
+            )
             ratio = ms([r / LENET_ROUNDS for r in rr], ".2f") if rr else "—"
-            rows.append(f"| {part} | {block} | {ms(tg)} | {rounds} | {ratio} | {ms(br, '.2f') if br else '—'} | "
-                        f"{ms(wr, '.2f')} ({'/'.join(map(str, sorted(lengths)))}) | {ms(best)} | {ms(fin)} |")  # fmt: skip
+            rows.append(
+                f"| {part} | {block} | {ms(tg)} | {rounds} | {ratio} | {ms(br, '.2f') if br else '—'} | "
+                f"{ms(wr, '.2f')} ({'/'.join(map(str, sorted(lengths)))}) | {ms(best)} | {ms(fin)} |"
+            )
     lenet = "\n".join(rows)
-    rows = ["| model | data | FedAvg target acc (rounds) | FedAvg bytes | PPFL rounds to target (run) | rounds ratio | "
-            "PPFL bytes to target (run) | bytes ratio | best PPFL acc | rounds per stage |",
-            "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| model | data | FedAvg target acc (rounds) | FedAvg bytes | PPFL rounds to target (run) | rounds ratio | "
+        "PPFL bytes to target (run) | bytes ratio | best PPFL acc | rounds per stage |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for model in LARGE:
         for part in PARTS:
             fa, lines = table3_runs(model, part, 0, 1)
@@ -178,8 +224,10 @@ def table3() -> tuple[str, str]:
             rr = f"{r} ({len(lines)})" if r else f"not reached ({len(lines)})"
             ratio = f"{r / len(fa):.2f}" if r else "—"
             br = f"{b / fb:.2f}" if r else f"({b / fb:.2f} for the whole run)"
-            rows.append(f"| {model} | {part} | {target:.3f} ({len(fa)}) | {fb / 1e6:.1f} MB | {rr} | {ratio} | "
-                        f"{b / 1e6:.1f} MB | {br} | {max(ln['test_accuracy'] for ln in lines):.3f} | {per_stage(lines)} |")  # fmt: skip
+            rows.append(
+                f"| {model} | {part} | {target:.3f} ({len(fa)}) | {fb / 1e6:.1f} MB | {rr} | {ratio} | "
+                f"{b / 1e6:.1f} MB | {br} | {max(ln['test_accuracy'] for ln in lines):.3f} | {per_stage(lines)} |"
+            )
     return lenet, "\n".join(rows)
 
 
@@ -195,7 +243,13 @@ class PhaseTimer(StrategyWrapper):
         self.log: list[dict[str, float]] = []
 
     def round(self, rnd: int, client_ids: list[int]) -> Round:
-        t: dict[str, float] = {"pre": 0.0, "post": 0.0, "exchange": 0.0, "encode_down": 0.0, "encode_up": 0.0}
+        t: dict[str, float] = {
+            "pre": 0.0,
+            "post": 0.0,
+            "exchange": 0.0,
+            "encode_down": 0.0,
+            "encode_up": 0.0,
+        }
         gen = self.inner.round(rnd, client_ids)
         reply: Any = None
         first, seen_exchange = True, False
@@ -263,8 +317,14 @@ def phases(model: str) -> list[dict[str, Any]]:
     row: dict[str, Any] = {"run": "FedAvg E2E", "stage": "—"}
     for line, t in fa:
         enc = t["encode_down"] + t["encode_up"]
-        _add(row, broadcast=t["pre"] + t["encode_down"], training=max(0.0, t["exchange"] - enc), upload=t["encode_up"],
-             aggregation=t["post"], round=line["wall_s"])  # fmt: skip
+        _add(
+            row,
+            broadcast=t["pre"] + t["encode_down"],
+            training=max(0.0, t["exchange"] - enc),
+            upload=t["encode_up"],
+            aggregation=t["post"],
+            round=line["wall_s"],
+        )
     rows.append(_mean(row, len(fa)))
     cfg = ppfl(model, "iid", None, 1, cap=PHASE_ROUNDS)
     pp = phase_rounds(cfg, PHASE_ROUNDS * n_stages(model, 1))
@@ -272,10 +332,16 @@ def phases(model: str) -> list[dict[str, Any]]:
         row = {"run": "PPFL", "stage": st}
         sel = [(ln, t) for ln, t in pp if ln["stage"] == st]
         for line, t in sel:
-            _add(row, broadcast=t.get("call.broadcast", 0.0) + t["encode_down"] + line["client_open_s"],
-                 training=line["client_train_s"], upload=line["client_upload_s"] + t["encode_up"],
-                 aggregation=t.get("call.aggregate", 0.0), round=line["wall_s"],
-                 attest=t.get("call.hello", 0.0) + t.get("call.register", 0.0), release=t.get("call.release", 0.0))  # fmt: skip
+            _add(
+                row,
+                broadcast=t.get("call.broadcast", 0.0) + t["encode_down"] + line["client_open_s"],
+                training=line["client_train_s"],
+                upload=line["client_upload_s"] + t["encode_up"],
+                aggregation=t.get("call.aggregate", 0.0),
+                round=line["wall_s"],
+                attest=t.get("call.hello", 0.0) + t.get("call.register", 0.0),
+                release=t.get("call.release", 0.0),
+            )
         rows.append(_mean(row, len(sel)))
     path.write_text(json.dumps(rows))
     return rows
@@ -291,17 +357,26 @@ def _mean(row: dict[str, Any], n: int) -> dict[str, Any]:
 
 
 def table4() -> str:
-    rows = ["| model | run | stage | broadcast s | training s | upload s | aggregation s | sum of phases s | "
-            "× FedAvg's sum | round wall s (with eval) |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| model | run | stage | broadcast s | training s | upload s | aggregation s | sum of phases s | "
+        "× FedAvg's sum | round wall s (with eval) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for model in ("lenet-ppfl", *LARGE):
         ph = phases(model)
         keys = ("broadcast", "training", "upload", "aggregation", "round")
         base_sum = sum(ph[0][k] for k in keys[:4])
-        total = {"run": "PPFL, all stages (sum)", "stage": "Σ", **{k: sum(r[k] for r in ph[1:]) for k in keys}}
+        total = {
+            "run": "PPFL, all stages (sum)",
+            "stage": "Σ",
+            **{k: sum(r[k] for r in ph[1:]) for k in keys},
+        }
         for r in [*ph, total]:
             s = sum(r[k] for k in ("broadcast", "training", "upload", "aggregation"))
-            rows.append(f"| {model} | {r['run']} | {r['stage']} | {r['broadcast']:.4f} | {r['training']:.3f} | "
-                        f"{r['upload']:.4f} | {r['aggregation']:.4f} | {s:.3f} | {s / base_sum:.2f} | {r['round']:.3f} |")  # fmt: skip
+            rows.append(
+                f"| {model} | {r['run']} | {r['stage']} | {r['broadcast']:.4f} | {r['training']:.3f} | "
+                f"{r['upload']:.4f} | {r['aggregation']:.4f} | {s:.3f} | {s / base_sum:.2f} | {r['round']:.3f} |"
+            )
     return "\n".join(rows)
 
 
@@ -337,7 +412,7 @@ def table4_notes(by_model: dict[str, list[dict[str, Any]]]) -> str:
         f"LeNet: one round of a PPFL stage costs {span(l_stages, '.2f')}x a FedAvg round (the early stages train the "
         "big head; later stages add the REE's frozen forward); one round of every stage adds up to "
         f"{l_sum:.1f}x FedAvg's round (the paper's LeNet row: 2.4x; it speaks of a \"3x or higher delay, similar "
-        "to the number of layers\" to train all layers).",
+        'to the number of layers" to train all layers).',
         f"AlexNet-PPFL: {span(a_stages, '.2f')}x a FedAvg round per stage (stage 0 trains one conv with a tiny head; "
         f"stages 1-2 re-run the frozen 128-channel convs at 28x28 in the REE), {a_sum:.1f}x summed over the "
         f"{len(large) - 1} stages (the paper: 3.8x on CIFAR-10, on a phone).",
@@ -350,7 +425,9 @@ def table4_notes(by_model: dict[str, list[dict[str, Any]]]) -> str:
         "(These remarks describe the measurement above, cached in `runs/ppfl-bench/phases-*.json`; delete those "
         "to re-time.)",
     ]
-    return "\n".join(textwrap.fill(b, 95, initial_indent="- ", subsequent_indent="  ") for b in bullets)
+    return "\n".join(
+        textwrap.fill(b, 95, initial_indent="- ", subsequent_indent="  ") for b in bullets
+    )
 
 
 # -- transfer and memory (LeNet, seed 0) ----------------------------------------------------
@@ -375,7 +452,9 @@ def pretrain_public() -> Path:
     from fedge.models import build_model
 
     full = load_dataset("fashion-mnist")
-    private = stratified_subset(full.y_train.numpy(), 2000, numpy_rng(0, "data", "fashion-mnist", "train"))
+    private = stratified_subset(
+        full.y_train.numpy(), 2000, numpy_rng(0, "data", "fashion-mnist", "train")
+    )
     rest = np.setdiff1d(np.arange(len(full.y_train)), private)
     public = torch.from_numpy(np.sort(numpy_rng(0, "public").choice(rest, PUBLIC, replace=False)))
     assert not set(public.tolist()) & set(private.tolist())
@@ -401,16 +480,27 @@ def transfer() -> str:
     cfg["rounds"] = 2 * LENET_CAP
     cfg["method"].update(init_from=str(pre), freeze_from_init=1)
     tr = run("lenet-ppfl/seed-0/ppfl-iid-transfer", cfg)
-    rows = ["| run | stages trained | rounds | final acc | best acc | bytes |", "|---|---|---|---|---|---|"]
-    for name, lines in (("from scratch (1-layer, target schedule)", scratch), ("transfer: conv1 frozen from public", tr)):
-        rows.append(f"| {name} | {sorted({ln['stage'] for ln in lines})} | {len(lines)} | {lines[-1]['test_accuracy']:.3f} | "
-                    f"{max(ln['test_accuracy'] for ln in lines):.3f} | {total_bytes(lines) / 1e6:.1f} MB |")  # fmt: skip
+    rows = [
+        "| run | stages trained | rounds | final acc | best acc | bytes |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, lines in (
+        ("from scratch (1-layer, target schedule)", scratch),
+        ("transfer: conv1 frozen from public", tr),
+    ):
+        rows.append(
+            f"| {name} | {sorted({ln['stage'] for ln in lines})} | {len(lines)} | {lines[-1]['test_accuracy']:.3f} | "
+            f"{max(ln['test_accuracy'] for ln in lines):.3f} | {total_bytes(lines) / 1e6:.1f} MB |"
+        )
     return "\n".join(rows)
 
 
 def memory() -> str:
-    rows = ["| model, run | stage | S_l at the run's batch (predicted) | enclave peak (measured) | budget | eligible clients | "
-            "client→tee bytes per round | sealing s per round |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| model, run | stage | S_l at the run's batch (predicted) | enclave peak (measured) | budget | eligible clients | "
+        "client→tee bytes per round | sealing s per round |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     keys = [("lenet-ppfl", "iid", 1), ("lenet-ppfl", "iid", 2), *((m, "iid", 1) for m in LARGE)]
     for model, part, block in keys:
         _, lines = table3_runs(model, part, 0, block)
@@ -419,13 +509,24 @@ def memory() -> str:
         for s in sorted({ln["stage"] for ln in lines}):
             ls = [ln for ln in lines if ln["stage"] == s]
             ln = ls[0]
-            rows.append(f"| {model} {part}-b{block} | {s} | {ln['tee_need_bytes'] / 2**20:.2f} MiB | "
-                        f"{max(x['tee_peak_bytes'] for x in ls) / 2**20:.2f} MiB | {budget} MiB | {ln['eligible_clients']} / {n} | "
-                        f"{sum(x['bytes.client->tee'] for x in ls) / len(ls) / 1e6:.2f} MB | {sum(x['seal_s'] for x in ls) / len(ls):.4f} |")  # fmt: skip
+            rows.append(
+                f"| {model} {part}-b{block} | {s} | {ln['tee_need_bytes'] / 2**20:.2f} MiB | "
+                f"{max(x['tee_peak_bytes'] for x in ls) / 2**20:.2f} MiB | {budget} MiB | {ln['eligible_clients']} / {n} | "
+                f"{sum(x['bytes.client->tee'] for x in ls) / len(ls) / 1e6:.2f} MB | {sum(x['seal_s'] for x in ls) / len(ls):.4f} |"
+            )
     return "\n".join(rows)
 
 
-def render(*, lenet: str, large: str, table4: str, table4_notes: str, transfer: str, memory: str, command: str) -> str:
+def render(
+    *,
+    lenet: str,
+    large: str,
+    table4: str,
+    table4_notes: str,
+    transfer: str,
+    memory: str,
+    command: str,
+) -> str:
     seeds = ", ".join(map(str, SEEDS))
     return f"""Command: `{command}` (resumable: finished run directories under `runs/ppfl-bench` are
 skipped). The machine was shared with other developers' jobs (2 cores, load average 8-14 during
@@ -564,7 +665,11 @@ def main() -> None:
     global OUT
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(OUT), help="root of the run directories (resumable)")
-    ap.add_argument("--docs", default=None, help="write the `ppfl` section of this Markdown file (else print it)")
+    ap.add_argument(
+        "--docs",
+        default=None,
+        help="write the `ppfl` section of this Markdown file (else print it)",
+    )
     ap.add_argument("--runs-only", action="store_true", help="run the Table 3 runs and stop")
     a = ap.parse_args()
     OUT = Path(a.out)
@@ -575,8 +680,15 @@ def main() -> None:
         return
     lenet, large = table3()
     notes = table4_notes({model: phases(model) for model in ("lenet-ppfl", *LARGE)})
-    body = render(lenet=lenet, large=large, table4=table4(), table4_notes=notes, transfer=transfer(), memory=memory(),
-                  command=COMMAND)
+    body = render(
+        lenet=lenet,
+        large=large,
+        table4=table4(),
+        table4_notes=notes,
+        transfer=transfer(),
+        memory=memory(),
+        command=COMMAND,
+    )
     if a.docs:
         from fedge.bench.docs import update_section
 

@@ -27,10 +27,25 @@ import torch
 
 from fedge.attacks.table import ROWS, objective_note, privacy_row
 from fedge.bench.docs import update_section
-from fedge.bench.script import load_measurement, measurement_parser, measurement_settings, save_measurement
+from fedge.bench.script import (
+    load_measurement,
+    measurement_parser,
+    measurement_settings,
+    save_measurement,
+)
 
-SETTINGS = {"dataset": "fashion-mnist", "clients": 4, "iterations": 200, "mia_clients": 2, "mia_per_client": 32,
-            "mia_rounds": 3, "mia_samples": 64, "shadows": 2, "pia_clients": 24, "test": 600}  # fmt: skip
+SETTINGS = {
+    "dataset": "fashion-mnist",
+    "clients": 4,
+    "iterations": 200,
+    "mia_clients": 2,
+    "mia_per_client": 32,
+    "mia_rounds": 3,
+    "mia_samples": 64,
+    "shadows": 2,
+    "pia_clients": 24,
+    "test": 600,
+}
 
 
 def _f(v: Any, fmt: str = ".3f") -> str:
@@ -48,27 +63,51 @@ def _cells(r: dict[str, Any]) -> list[str]:
         if "server" in d:  # EPPFL: the edge server's inversion; S_a's masked view beside it
             sa = d["server"]
             seen += f" at S_e; {sa['attack']}{' (masked)' if sa['masked'] else ''} at S_a: {sa['median_mse']:.3g}{objective_note(sa)}"
-        mse = f"**{d['median_mse']:.3g}**" if d["median_mse"] < d["mean_image"] else f"{d['median_mse']:.3g}"
+        mse = (
+            f"**{d['median_mse']:.3g}**"
+            if d["median_mse"] < d["mean_image"]
+            else f"{d['median_mse']:.3g}"
+        )
         dra = [f"{d['attack']}{seen}", mse + objective_note(d), f"{d['mean_image']:.3g}"]
     if "skipped" in m:
         mia = ["—"] * 5
     else:
-        mia = [_f(m["test_accuracy"], ".2f"), " / ".join(_f(m[k]["auc"]) for k in ("loss", "shadow", "lira")),
-               " / ".join(_f(m[k]["tpr_at_1pct_fpr"], ".2f") for k in ("loss", "shadow", "lira")),
-               " / ".join(_f(m[k]["tpr_at_01pct_fpr"], ".2f") for k in ("loss", "shadow", "lira")),
-               " / ".join(_f(m[k]["precision"], ".2f") for k in ("loss", "shadow", "lira"))]  # fmt: skip
+        mia = [
+            _f(m["test_accuracy"], ".2f"),
+            " / ".join(_f(m[k]["auc"]) for k in ("loss", "shadow", "lira")),
+            " / ".join(_f(m[k]["tpr_at_1pct_fpr"], ".2f") for k in ("loss", "shadow", "lira")),
+            " / ".join(_f(m[k]["tpr_at_01pct_fpr"], ".2f") for k in ("loss", "shadow", "lira")),
+            " / ".join(_f(m[k]["precision"], ".2f") for k in ("loss", "shadow", "lira")),
+        ]
     pia = "—" if "skipped" in p else _f(p["auc"]) + (" (masked)" if p.get("masked") else "")
     if "edge server" in p.get("attack", ""):
-        pia += (f" (at S_e: the labels it receives; activations alone {_f(p['auc_activations'])})"
-                if p.get("labels_in_clear") else " (at S_e)")  # fmt: skip
+        pia += (
+            f" (at S_e: the labels it receives; activations alone {_f(p['auc_activations'])})"
+            if p.get("labels_in_clear")
+            else " (at S_e)"
+        )
     return dra + mia + [pia]
 
 
-
-def render(results: list[dict[str, Any]], settings: dict[str, Any], seconds: float, merged: list[str] | None = None) -> str:
+def render(
+    results: list[dict[str, Any]],
+    settings: dict[str, Any],
+    seconds: float,
+    merged: list[str] | None = None,
+) -> str:
     s = settings
-    head = ["method (what the server sees)", "DRA attack", "DRA median MSE", "mean image", "test acc.",
-            "MIA AUC loss / shadow / LiRA", "TPR@1%FPR", "TPR@0.1%FPR", "precision", "PIA AUC"]  # fmt: skip
+    head = [
+        "method (what the server sees)",
+        "DRA attack",
+        "DRA median MSE",
+        "mean image",
+        "test acc.",
+        "MIA AUC loss / shadow / LiRA",
+        "TPR@1%FPR",
+        "TPR@0.1%FPR",
+        "precision",
+        "PIA AUC",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     notes = []
     for r in results:
@@ -79,21 +118,32 @@ def render(results: list[dict[str, Any]], settings: dict[str, Any], seconds: flo
     t2 = [r for r in results if r["row"].startswith(("fedavg, lenet-ppfl", "ppfl, lenet-ppfl"))]
     table2 = ""
     if len(t2) == 2:
-        rows2 = ["| | DRA MSE (mean image) | PIA AUC | MIA precision (loss / shadow / LiRA) | MIA AUC (loss / shadow / LiRA) |",
-                 "|---|---:|---:|---:|---:|"]  # fmt: skip
+        rows2 = [
+            "| | DRA MSE (mean image) | PIA AUC | MIA precision (loss / shadow / LiRA) | MIA AUC (loss / shadow / LiRA) |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for r in t2:
             c = _cells(r)
-            rows2.append(f"| {'end-to-end FL (fedavg)' if r['row'].startswith('fedavg') else 'PPFL'} | {c[1]} ({c[2]}) | {c[8]} | {c[7]} | {c[4]} |")
-        table2 = ("\n\nPPFL Table 2 analogue on the small `lenet-ppfl` (the two rows above; Fashion-MNIST, IID, reduced as stated; the AlexNet-PPFL version is the section \"PPFL Table 2 analogue on AlexNet-PPFL\"; "
-                  "PPFL's own Table 2 trains to convergence on MNIST/CIFAR10 with AlexNet/VGG9):\n\n" + "\n".join(rows2))  # fmt: skip
-    later = (f"Rows measured in a later run than the rest (same settings, merged with `--merge-into`): "
-             f"{'; '.join(merged)}.\n\n" if merged else "")  # fmt: skip
+            rows2.append(
+                f"| {'end-to-end FL (fedavg)' if r['row'].startswith('fedavg') else 'PPFL'} | {c[1]} ({c[2]}) | {c[8]} | {c[7]} | {c[4]} |"
+            )
+        table2 = (
+            '\n\nPPFL Table 2 analogue on the small `lenet-ppfl` (the two rows above; Fashion-MNIST, IID, reduced as stated; the AlexNet-PPFL version is the section "PPFL Table 2 analogue on AlexNet-PPFL"; '
+            "PPFL's own Table 2 trains to convergence on MNIST/CIFAR10 with AlexNet/VGG9):\n\n"
+            + "\n".join(rows2)
+        )
+    later = (
+        f"Rows measured in a later run than the rest (same settings, merged with `--merge-into`): "
+        f"{'; '.join(merged)}.\n\n"
+        if merged
+        else ""
+    )
     body = f"""Every cell is the result of running the attack on what the adversary observes (issue 12;
 `src/fedge/attacks/table.py`); a cell the harness cannot measure names the reason below the
-table. Reduced to fit shared CPUs, all on {s['dataset']}, IID, `lenet-dlg` unless named:
+table. Reduced to fit shared CPUs, all on {s["dataset"]}, IID, `lenet-dlg` unless named:
 
-- DRA: round 1, {s['clients']} clients each holding exactly the batch its upload depends on; DLG
-  (L-BFGS, {s['iterations']} iterations; iDLG labels for one sample) on gradients and −Δ/η of
+- DRA: round 1, {s["clients"]} clients each holding exactly the batch its upload depends on; DLG
+  (L-BFGS, {s["iterations"]} iterations; iDLG labels for one sample) on gradients and −Δ/η of
   deltas, K-value matching (`baffle-k`) and DLG on the Stein estimate for BAFFLE batch mode
   (the better of the two is shown), PPFL's ciphertext read as float32 plaintext (a quarter of
   random float32 words exceed 1.8e19, so its squared-error objective is not finite and DLG cannot
@@ -104,7 +154,7 @@ table. Reduced to fit shared CPUs, all on {s['dataset']}, IID, `lenet-dlg` unles
   EPPFL's devices send the server only a masked M_c, so its DRA is the edge server's:
   each device's released activations (the kept outputs of M_c, clipped to L1 norm C and
   Laplace-noised with scale 2C/ε when DP is on) inverted to the input with the round's M_c
-  (Adam, {s['iterations']} iterations, inside the pixel box, no image prior: under noise it
+  (Adam, {s["iterations"]} iterations, inside the pixel box, no image prior: under noise it
   fits the noise; `eppfl-inversion` at S_e). The aggregation server S_a's view of the same
   run is attacked too: each device's M_c upload (W_c + r_i in the fixed-point ring) decoded
   as if it were the plaintext, DLG on −(W_c − W_c⁰)/η ("at S_a" in the DRA cell); what it
@@ -120,14 +170,14 @@ table. Reduced to fit shared CPUs, all on {s['dataset']}, IID, `lenet-dlg` unles
   `baffle-k-fit`, the K-value match with s ≥ 0 fitted in closed form (relative residual
   ‖t‖²(1 − cos²)); the better of the three (with `baffle-stein`) is shown. MIA and PIA run
   on the DP-trained model and DP runs (the PIA server simulates the clipped client).
-- MIA: the method trained {s['mia_rounds']} rounds on {s['mia_clients']} clients x
-  {s['mia_per_client']} samples; {s['mia_samples']} members vs {s['mia_samples']} test
-  non-members; loss threshold, a Shokri-style attack model from {s['shadows']} shadow models
+- MIA: the method trained {s["mia_rounds"]} rounds on {s["mia_clients"]} clients x
+  {s["mia_per_client"]} samples; {s["mia_samples"]} members vs {s["mia_samples"]} test
+  non-members; loss threshold, a Shokri-style attack model from {s["shadows"]} shadow models
   (each a run of the same method and config with another seed on half of the attacker's
   data = test samples not used as non-members) and offline LiRA from the same shadows;
-  precision at the threshold of best balanced accuracy. TPR@0.1%FPR with {s['mia_samples']}
+  precision at the threshold of best balanced accuracy. TPR@0.1%FPR with {s["mia_samples"]}
   non-members is the TPR at zero false positives.
-- PIA: round 1, {s['pia_clients']} clients x 8 samples (fedsgd/fedavg/fedpt/baffle-epoch/eppfl
+- PIA: round 1, {s["pia_clients"]} clients x 8 samples (fedsgd/fedavg/fedpt/baffle-epoch/eppfl
   at batch 8 so the upload depends on all 8); "class 0 occurs in the batch"; the server simulates
   the client program on 64 auxiliary batches (test split) per broadcast, logistic regression.
   EPPFL's is the edge server's (S_a's masked M_c gives a classifier nothing to read). Each
@@ -157,20 +207,30 @@ Reproduce: `OMP_NUM_THREADS=1 python benchmarks/privacy_leakage.py --docs docs/b
 def main(argv: list[str] | None = None) -> int:
     ap = measurement_parser(__doc__, section="privacy-leakage", example="mia_rounds=5")
     ap.add_argument("--rows", nargs="*", help="row labels (default: every row)")
-    ap.add_argument("--merge-into", help="measure --rows and put them into this --json file of an earlier run (same "
-                    "settings; rows with the same label replaced, table order kept), then render the whole")
+    ap.add_argument(
+        "--merge-into",
+        help="measure --rows and put them into this --json file of an earlier run (same "
+        "settings; rows with the same label replaced, table order kept), then render the whole",
+    )
     args = ap.parse_args(argv)
     if args.from_json:
         saved = load_measurement(args.from_json)
         if args.docs:
-            update_section(args.docs, "privacy-leakage", "Privacy leakage of every method",
-                           render(saved["results"], saved["settings"], saved["seconds"], saved.get("merged")))  # fmt: skip
+            update_section(
+                args.docs,
+                "privacy-leakage",
+                "Privacy leakage of every method",
+                render(saved["results"], saved["settings"], saved["seconds"], saved.get("merged")),
+            )
         return 0
     settings = measurement_settings(ap, args.set, SETTINGS)
     torch.set_num_threads(1)
     rows = [r for r in ROWS if not args.rows or r.label in args.rows]
     if args.rows and len(rows) != len(args.rows):
-        print(f"unknown row among {args.rows}; expected labels from {[r.label for r in ROWS]}", file=sys.stderr)
+        print(
+            f"unknown row among {args.rows}; expected labels from {[r.label for r in ROWS]}",
+            file=sys.stderr,
+        )
         return 2
     t0, results = time.perf_counter(), []
     for row in rows:
@@ -181,21 +241,37 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge_into:
         saved = load_measurement(args.merge_into)
         if saved["settings"] != settings:
-            print(f"--merge-into {args.merge_into!r} was measured with {saved['settings']}, not {settings}; "
-                  "pass the same --set values", file=sys.stderr)
+            print(
+                f"--merge-into {args.merge_into!r} was measured with {saved['settings']}, not {settings}; "
+                "pass the same --set values",
+                file=sys.stderr,
+            )
             return 2
         fresh = {r["row"]: r for r in results}
         old = {r["row"]: r for r in saved["results"]}
-        results = [fresh.get(r.label) or old[r.label] for r in ROWS if r.label in fresh or r.label in old]
-        seconds = sum(c.get("seconds", 0.0) for r in results for c in (r["dra"], r["mia"], r["pia"]))
-        merged = sorted(set(saved.get("merged", [])) | set(fresh), key=[r.label for r in ROWS].index)
+        results = [
+            fresh.get(r.label) or old[r.label] for r in ROWS if r.label in fresh or r.label in old
+        ]
+        seconds = sum(
+            c.get("seconds", 0.0) for r in results for c in (r["dra"], r["mia"], r["pia"])
+        )
+        merged = sorted(
+            set(saved.get("merged", [])) | set(fresh), key=[r.label for r in ROWS].index
+        )
     else:
         merged = []
     if args.json:
-        save_measurement(args.json, {"settings": settings, "seconds": seconds, "results": results, "merged": merged})
+        save_measurement(
+            args.json,
+            {"settings": settings, "seconds": seconds, "results": results, "merged": merged},
+        )
     if args.docs:
-        update_section(args.docs, "privacy-leakage", "Privacy leakage of every method",
-                       render(results, settings, seconds, merged))  # fmt: skip
+        update_section(
+            args.docs,
+            "privacy-leakage",
+            "Privacy leakage of every method",
+            render(results, settings, seconds, merged),
+        )
     return 0
 
 

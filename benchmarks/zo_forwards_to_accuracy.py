@@ -52,14 +52,28 @@ FORWARDS_PER_CLIENT_ROUND = K + 1  # twice-FD: K perturbed forwards + one baseli
 ROUNDS, TARGET_ROUND, TUNE_ROUNDS = 8, 5, 6
 SEEDS = (0, 1, 2)
 COMMON = [
-    "threads=1", f"rounds={ROUNDS}", "method.mode=batch", f"clients.per_round={CLIENTS_PER_ROUND}",
-    "dataset.limit_train=2000", "dataset.limit_test=1000", "method.batch_size=32", f"method.k={K}",
-    "method.secure_aggregation=false", "method.perturbation_threads=1", "measure.flops=false",
-]  # fmt: skip
+    "threads=1",
+    f"rounds={ROUNDS}",
+    "method.mode=batch",
+    f"clients.per_round={CLIENTS_PER_ROUND}",
+    "dataset.limit_train=2000",
+    "dataset.limit_test=1000",
+    "method.batch_size=32",
+    f"method.k={K}",
+    "method.secure_aggregation=false",
+    "method.perturbation_threads=1",
+    "measure.flops=false",
+]
 # Server optimizers and their learning-rate grids (validation-tuned).
 OPTIMIZERS = {
-    "adam": (["method.server_optimizer.name=adam", "method.server_optimizer.b2=0.99"], [0.003, 0.01, 0.03]),
-    "zo_adamm": (["method.server_optimizer.name=zo_adamm", "method.server_optimizer.b2=0.99"], [0.003, 0.01, 0.03]),
+    "adam": (
+        ["method.server_optimizer.name=adam", "method.server_optimizer.b2=0.99"],
+        [0.003, 0.01, 0.03],
+    ),
+    "zo_adamm": (
+        ["method.server_optimizer.name=zo_adamm", "method.server_optimizer.b2=0.99"],
+        [0.003, 0.01, 0.03],
+    ),
 }
 # label -> (server optimizer, extra overrides)
 CHOICES = {
@@ -68,9 +82,19 @@ CHOICES = {
     "block + adam": ("adam", ["method.directions=block"]),
     "gaussian + zo_adamm": ("zo_adamm", []),
 }
-COSINE_KINDS = {"gaussian": {}, "orthogonal": {"directions": "orthogonal"}, "block": {"directions": "block"},
-                "subset conv1+classifier": {"params": ["features.conv1.conv.weight", "features.conv1.conv.bias",
-                                                       "classifier.out.weight", "classifier.out.bias"]}}  # fmt: skip
+COSINE_KINDS = {
+    "gaussian": {},
+    "orthogonal": {"directions": "orthogonal"},
+    "block": {"directions": "block"},
+    "subset conv1+classifier": {
+        "params": [
+            "features.conv1.conv.weight",
+            "features.conv1.conv.bias",
+            "classifier.out.weight",
+            "classifier.out.bias",
+        ]
+    },
+}
 
 
 def validation_root(out: Path) -> Path:
@@ -140,9 +164,13 @@ def cosines(repeats: int = 10) -> dict[str, tuple[float, float]]:
     for label, kw in COSINE_KINDS.items():
         vals = []
         for s in range(repeats):
-            g = zeroth_order_gradient(net, F.cross_entropy, (x, y), k=K, sigma=1e-4, seed=1000 + s,
-                                      scheme="forward", **kw)  # fmt: skip
-            a = torch.cat([g[n].flatten() for n in true if n in g] + [torch.zeros(true[n].numel()) for n in true if n not in g])
+            g = zeroth_order_gradient(
+                net, F.cross_entropy, (x, y), k=K, sigma=1e-4, seed=1000 + s, scheme="forward", **kw
+            )
+            a = torch.cat(
+                [g[n].flatten() for n in true if n in g]
+                + [torch.zeros(true[n].numel()) for n in true if n not in g]
+            )
             b = torch.cat([true[n].flatten() for n in true])
             vals.append(float(torch.dot(a, b) / (a.norm() * b.norm())))
         t = torch.tensor(vals)
@@ -151,7 +179,9 @@ def cosines(repeats: int = 10) -> dict[str, tuple[float, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", default="runs/bench-zo-fta")
     ap.add_argument("--docs", default=None)
     args = ap.parse_args(argv)
@@ -163,7 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     for label, (opt, extra) in CHOICES.items():
         ov, _ = OPTIMIZERS[opt]
         for seed in SEEDS:
-            variants[f"{label} seed {seed}"] = [*ov, f"method.server_optimizer.lr={lrs[opt]}", *extra, f"seed={seed}"]
+            variants[f"{label} seed {seed}"] = [
+                *ov,
+                f"method.server_optimizer.lr={lrs[opt]}",
+                *extra,
+                f"seed={seed}",
+            ]
     report = run_variants(BASE, variants, out_root=out / "runs", common=COMMON)
     curves = {r["label"]: curve(r["run_dir"]) for r in report["results"]}
     base0 = curves[f"{next(iter(CHOICES))} seed 0"]
@@ -181,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         f"({CLIENTS_PER_ROUND} clients x {FORWARDS_PER_CLIENT_ROUND} per round); '—' = not reached in {ROUNDS} rounds. "
         f"Tuned server learning rates (validation split): {', '.join(f'{k} {v:g}' for k, v in lrs.items())}.",
         "",
-        "| choice | forwards to target, seeds " + ", ".join(map(str, SEEDS)) + " | client wall s to target | "
+        "| choice | forwards to target, seeds "
+        + ", ".join(map(str, SEEDS))
+        + " | client wall s to target | "
         "vs Gaussian (forwards, per seed) | final test acc (mean) |",
         "|---|---|---|---|---|",
     ]
@@ -189,37 +226,54 @@ def main(argv: list[str] | None = None) -> int:
         fw = ", ".join("—" if f is None else f"{f:,}" for f, _ in per_seed)
         wall = ", ".join("—" if w is None else f"{w:.0f}" for _, w in per_seed)
         ratio = ", ".join(
-            "—" if f is None or g is None else f"{g / f:.2f}x" for (f, _), (g, _) in zip(per_seed, gauss)
+            "—" if f is None or g is None else f"{g / f:.2f}x"
+            for (f, _), (g, _) in zip(per_seed, gauss)
         )
         lines.append(f"| {label} | {fw} | {wall} | {ratio} | {sum(finals) / len(finals):.3f} |")
     lines.append("")
     for label, per_seed, _ in rows[1:]:
-        ratios = [None if f is None or g is None else g / f for (f, _), (g, _) in zip(per_seed, gauss)]
+        ratios = [
+            None if f is None or g is None else g / f for (f, _), (g, _) in zip(per_seed, gauss)
+        ]
         wins = all(r is not None and r > 1 for r in ratios)
         meets = all(r is not None and r >= 3 for r in ratios)
-        lines.append(f"- {label}: {'fewer' if wins else 'not fewer'} forwards than Gaussian on every seed; "
-                     f"3x target {'met' if meets else 'not met'}.")
-    lines += ["", f"Cosine with the autograd gradient, K = {K}, twice-FD, σ = 1e-4, LeNet at init, one batch of 32 "
-              "(mean ± std over 10 perturbation seeds; the subset's estimate is 0 outside the subset):", "",
-              "| estimator | cos(ĝ, ∇L) | sqrt(K/n) |", "|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"- {label}: {'fewer' if wins else 'not fewer'} forwards than Gaussian on every seed; "
+            f"3x target {'met' if meets else 'not met'}."
+        )
+    lines += [
+        "",
+        f"Cosine with the autograd gradient, K = {K}, twice-FD, σ = 1e-4, LeNet at init, one batch of 32 "
+        "(mean ± std over 10 perturbation seeds; the subset's estimate is 0 outside the subset):",
+        "",
+        "| estimator | cos(ĝ, ∇L) | sqrt(K/n) |",
+        "|---|---|---|",
+    ]
     n_all = 26730
     for label, (m, s) in cos.items():
         n = 1066 if label.startswith("subset") else n_all
         lines.append(f"| {label} | {m:.4f} ± {s:.4f} | {math.sqrt(K / n):.4f} |")
-    lines += ["", "Reading: every direction choice has the Gaussian's cosine, about sqrt(K/n), as the theory in "
-              "fedge.estimators.directions predicts for K << n (orthogonality only gains sqrt(1 + K/n); block "
-              "splitting helps only when the gradient norm is concentrated in small blocks — at LeNet's init it is "
-              "in conv2, which is also why the conv1+classifier subset's estimate is nearly orthogonal to the full "
-              "gradient). No choice reaches the target with fewer forwards on every seed, so `gaussian` stays the "
-              "default and the 3x target is not met by any choice here."]
+    lines += [
+        "",
+        "Reading: every direction choice has the Gaussian's cosine, about sqrt(K/n), as the theory in "
+        "fedge.estimators.directions predicts for K << n (orthogonality only gains sqrt(1 + K/n); block "
+        "splitting helps only when the gradient norm is concentrated in small blocks — at LeNet's init it is "
+        "in conv2, which is also why the conv1+classifier subset's estimate is nearly orthogonal to the full "
+        "gradient). No choice reaches the target with fewer forwards on every seed, so `gaussian` stays the "
+        "default and the 3x target is not met by any choice here.",
+    ]
     body = "\n".join(lines)
     print(body)
     (out / "table.md").write_text(body + "\n")
     if args.docs:
         command = script_command(__file__, argv)
         intro = "\n\n".join((__doc__ or "").split("\n\n")[2:4]).strip()
-        update_section(args.docs, "zo-forwards-to-accuracy", "Zeroth-order forwards to accuracy",
-                       f"{intro}\n\nCommand: `{command}`\n\n{body}")  # fmt: skip
+        update_section(
+            args.docs,
+            "zo-forwards-to-accuracy",
+            "Zeroth-order forwards to accuracy",
+            f"{intro}\n\nCommand: `{command}`\n\n{body}",
+        )
     return 0
 
 

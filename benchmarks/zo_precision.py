@@ -37,10 +37,18 @@ def measure() -> dict[str, dict[str, list[float]]]:
     true = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     kw = dict(k=100, sigma=1e-4, scheme="forward", mode="lean")
     new_mean_loss = lean.mean_loss
-    out: dict[str, dict[str, list[float]]] = {"float32 loss": {"err": [], "cos": []}, "float64 loss": {"err": [], "cos": []}}
+    out: dict[str, dict[str, list[float]]] = {
+        "float32 loss": {"err": [], "cos": []},
+        "float64 loss": {"err": [], "cos": []},
+    }
     for seed in SEEDS:
-        oracle = loss_differences(model64, F.cross_entropy, (x.double(), y), seed=seed, **kw).double()
-        for label, fn in (("float32 loss", lambda lf, o, t: lean.scalar_loss(lf(o, t))), ("float64 loss", new_mean_loss)):
+        oracle = loss_differences(
+            model64, F.cross_entropy, (x.double(), y), seed=seed, **kw
+        ).double()
+        for label, fn in (
+            ("float32 loss", lambda lf, o, t: lean.scalar_loss(lf(o, t))),
+            ("float64 loss", new_mean_loss),
+        ):
             lean.mean_loss = fn
             try:
                 d = loss_differences(model, F.cross_entropy, (x, y), seed=seed, **kw)
@@ -55,20 +63,27 @@ def measure() -> dict[str, dict[str, list[float]]]:
 
 
 def markdown(res: dict[str, dict[str, list[float]]], command: str) -> str:
-    rows = ["| loss and batch mean in | ΔL relative error vs float64 oracle (mean ± std) | cosine(ĝ, ∇L) (mean ± std) |", "|---|---|---|"]
+    rows = [
+        "| loss and batch mean in | ΔL relative error vs float64 oracle (mean ± std) | cosine(ĝ, ∇L) (mean ± std) |",
+        "|---|---|---|",
+    ]
     for label, r in res.items():
-        rows.append(f"| {label} | {statistics.mean(r['err']):.2e} ± {statistics.stdev(r['err']):.1e} "
-                    f"| {statistics.mean(r['cos']):.4f} ± {statistics.stdev(r['cos']):.4f} |")
-    return "\n".join([
-        "BAFFLE's LeNet, Fashion-MNIST batch of 64, K = 100, σ = 1e-4, forward scheme, perturbation seeds 0-4,",
-        "1 thread. The forwards run in float32 either way; fedge now takes the loss on the logits and its",
-        "batch mean in float64. The estimate's cosine with the true gradient is set by sqrt(K/n), not by",
-        "this rounding, so it does not move (to 4 digits): the gain is loss differences ~30× closer to exact.",
-        "",
-        f"Command: `{command}`",
-        "",
-        *rows,
-    ])
+        rows.append(
+            f"| {label} | {statistics.mean(r['err']):.2e} ± {statistics.stdev(r['err']):.1e} "
+            f"| {statistics.mean(r['cos']):.4f} ± {statistics.stdev(r['cos']):.4f} |"
+        )
+    return "\n".join(
+        [
+            "BAFFLE's LeNet, Fashion-MNIST batch of 64, K = 100, σ = 1e-4, forward scheme, perturbation seeds 0-4,",
+            "1 thread. The forwards run in float32 either way; fedge now takes the loss on the logits and its",
+            "batch mean in float64. The estimate's cosine with the true gradient is set by sqrt(K/n), not by",
+            "this rounding, so it does not move (to 4 digits): the gain is loss differences ~30× closer to exact.",
+            "",
+            f"Command: `{command}`",
+            "",
+            *rows,
+        ]
+    )
 
 
 if __name__ == "__main__":

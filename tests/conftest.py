@@ -29,7 +29,12 @@ def tiny_config(**overrides):
         "dataset": {"name": "synthetic"},
         "partition": {"name": "iid"},
         "model": {"name": "mlp"},
-        "method": {"name": "fedavg", "local_epochs": 1, "batch_size": 32, "client_optimizer": {"lr": 0.1}},
+        "method": {
+            "name": "fedavg",
+            "local_epochs": 1,
+            "batch_size": 32,
+            "client_optimizer": {"lr": 0.1},
+        },
     }
     for key, value in overrides.items():
         node = cfg

@@ -32,7 +32,9 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 
 def _section(name: str) -> str:
     text = DOCS.read_text()
-    m = re.search(rf"<!-- bench:{re.escape(name)} -->(.*?)<!-- /bench:{re.escape(name)} -->", text, re.S)
+    m = re.search(
+        rf"<!-- bench:{re.escape(name)} -->(.*?)<!-- /bench:{re.escape(name)} -->", text, re.S
+    )
     assert m, f"docs/benchmarks.md has no section bench:{name}"
     return m.group(1)
 
@@ -62,12 +64,16 @@ def _comm(monkeypatch: pytest.MonkeyPatch, k: int) -> tuple[dict, str]:
 
     torch.set_num_threads(1)
     real = comm._rounds
-    monkeypatch.setattr(comm, "_rounds", lambda overrides, rounds=1: real([*overrides, *CHEAP], rounds))
+    monkeypatch.setattr(
+        comm, "_rounds", lambda overrides, rounds=1: real([*overrides, *CHEAP], rounds)
+    )
     report = comm.run_comm(ks=(k,))
     return report, comm.comm_markdown(report, "fedge bench comm --docs docs/benchmarks.md")
 
 
-@pytest.mark.parametrize("k", [100, pytest.param(200, marks=pytest.mark.slow), pytest.param(500, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "k", [100, pytest.param(200, marks=pytest.mark.slow), pytest.param(500, marks=pytest.mark.slow)]
+)
 def test_comm_table_row(monkeypatch: pytest.MonkeyPatch, k: int) -> None:
     report, markdown = _comm(monkeypatch, k)
     docs = _section("baffle-comm")
@@ -116,16 +122,26 @@ def test_parameter_counts_and_sqrt_k_over_n() -> None:
 
     # Table 1 analogue: "BAFFLE's LeNet (Hardswish, GroupNorm; 26,730 parameters)"
     lenet = count_parameters(_built("baffle-fmnist-lenet").model_fn())
-    m = re.search(r"BAFFLE's\s+LeNet\s+\(Hardswish, GroupNorm; ([\d,]+) parameters\)", _section("baffle-table1"))
+    m = re.search(
+        r"BAFFLE's\s+LeNet\s+\(Hardswish, GroupNorm; ([\d,]+) parameters\)",
+        _section("baffle-table1"),
+    )
     assert m and int(m.group(1).replace(",", "")) == lenet
 
     # NTK Table 3 estimate-quality table: trainable n, dense and at density 0.1
     built = _built("ntk-baffle-fmnist-lenet", ("method.mode=batch",))
     dense_n = count_parameters(built.model_fn(), trainable_only=True)
-    masks = data_free_masks(built.method_config.model_copy(update={"prune_score": "magnitude"}), built.model_fn(),
-                            seed=built.config.seed, input_shape=tuple(built.dataset.input_shape))  # fmt: skip
-    pruned_n = sum(int(masks[n].sum()) if n in masks else p.numel()
-                   for n, p in built.model_fn().named_parameters() if p.requires_grad)  # fmt: skip
+    masks = data_free_masks(
+        built.method_config.model_copy(update={"prune_score": "magnitude"}),
+        built.model_fn(),
+        seed=built.config.seed,
+        input_shape=tuple(built.dataset.input_shape),
+    )
+    pruned_n = sum(
+        int(masks[n].sum()) if n in masks else p.numel()
+        for n, p in built.model_fn().named_parameters()
+        if p.requires_grad
+    )
     rows = _rows(_section("ntk-table3"), "| model (density) | trainable n |")
     for row in rows:
         label, n, k, sqrt_k_n = row[0], int(row[1]), int(row[2]), row[4]
@@ -135,15 +151,23 @@ def test_parameter_counts_and_sqrt_k_over_n() -> None:
 
 def _kept_table() -> dict[str, dict[str, str]]:
     rows = _rows(_section("ntk-table3"), "| tensor | NTK | magnitude | random |")
-    return {"ntk": {r[0]: r[1] for r in rows}, "magnitude": {r[0]: r[2] for r in rows}, "random": {r[0]: r[3] for r in rows}}
+    return {
+        "ntk": {r[0]: r[1] for r in rows},
+        "magnitude": {r[0]: r[2] for r in rows},
+        "random": {r[0]: r[3] for r in rows},
+    }
 
 
 def _kept_fractions(score: str) -> dict[str, str]:
     from fedge.methods.ntk_baffle import data_free_masks
 
     built = _built("ntk-baffle-fmnist-lenet", ("method.mode=batch",))
-    masks = data_free_masks(built.method_config.model_copy(update={"prune_score": score}), built.model_fn(),
-                            seed=built.config.seed, input_shape=tuple(built.dataset.input_shape))  # fmt: skip
+    masks = data_free_masks(
+        built.method_config.model_copy(update={"prune_score": score}),
+        built.model_fn(),
+        seed=built.config.seed,
+        input_shape=tuple(built.dataset.input_shape),
+    )
     return {name: f"{float(m.float().mean()):.3f}" for name, m in masks.items()}
 
 
@@ -162,11 +186,15 @@ def test_ntk_kept_fractions() -> None:
     import subprocess
     import sys
 
-    code = ("import json, sys; sys.path.insert(0, 'tests'); import test_docs_figures as t; "
-            "print(json.dumps(t._kept_fractions('ntk')))")  # fmt: skip
+    code = (
+        "import json, sys; sys.path.insert(0, 'tests'); import test_docs_figures as t; "
+        "print(json.dumps(t._kept_fractions('ntk')))"
+    )
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == _kept_table()["ntk"]
 
@@ -189,8 +217,16 @@ def test_table4_ratios() -> None:
 # what is frozen and the MessagePack width of a client's sample count (its reply reports it:
 # 256..65535 takes 3 bytes), so 300 samples per client (as in the FedPT benchmarks) and one
 # local step measure the same bytes as the benchmark's runs.
-TINY = ["threads=1", "rounds=1", "dataset.limit_train=600", "dataset.limit_test=10", "clients.num=2",
-        "clients.per_round=2", "method.max_steps=1", "measure.flops=false"]  # fmt: skip
+TINY = [
+    "threads=1",
+    "rounds=1",
+    "dataset.limit_train=600",
+    "dataset.limit_test=10",
+    "clients.num=2",
+    "clients.per_round=2",
+    "method.max_steps=1",
+    "measure.flops=false",
+]
 
 
 def _one_round(tmp_path: Path, preset: str, overrides: list[str]) -> dict:
@@ -206,7 +242,9 @@ def _one_round(tmp_path: Path, preset: str, overrides: list[str]) -> dict:
     return {**json.loads((out / "summary.json").read_text()), **line, "run_dir": str(out)}
 
 
-def _check_fedpt_rows(tmp_path: Path, rows: list[list[str]], preset: str, overrides: dict[str, list[str]]) -> None:
+def _check_fedpt_rows(
+    tmp_path: Path, rows: list[list[str]], preset: str, overrides: dict[str, list[str]]
+) -> None:
     """Trainable %, bytes down/up per client per round and the communication reduction."""
     full = None
     for row in rows:
@@ -214,7 +252,9 @@ def _check_fedpt_rows(tmp_path: Path, rows: list[list[str]], preset: str, overri
         got = _one_round(tmp_path, preset, overrides[label])
         n = got["clients"]
         trainable, down, up, reduction = (row[i] for i in overrides["_columns"])
-        assert trainable == f"{100 * got['trainable_fraction']:.2f}", f"{label}: trainable % {trainable}"
+        assert trainable == f"{100 * got['trainable_fraction']:.2f}", (
+            f"{label}: trainable % {trainable}"
+        )
         assert down == f"{got['bytes_down'] / n:,.0f}", f"{label}: bytes down {down}"
         assert up == f"{got['bytes_up'] / n:,.0f}", f"{label}: bytes up {up}"
         total = (got["bytes_down"] + got["bytes_up"]) / n
@@ -224,8 +264,11 @@ def _check_fedpt_rows(tmp_path: Path, rows: list[list[str]], preset: str, overri
 
 def test_fedpt_table1_bytes(tmp_path: Path) -> None:
     rows = _rows(_section("fedpt-table1"), "| model | trainable % |")
-    overrides = {"fully trainable": ["method.freeze=[]"], "dense layer frozen": ["method.freeze=[classifier.fc1]"],
-                 "_columns": [1, 2, 3, 4]}  # fmt: skip
+    overrides = {
+        "fully trainable": ["method.freeze=[]"],
+        "dense layer frozen": ["method.freeze=[classifier.fc1]"],
+        "_columns": [1, 2, 3, 4],
+    }
     assert [r[0] for r in rows] == ["fully trainable", "dense layer frozen"]
     _check_fedpt_rows(tmp_path, rows, "fedpt-fmnist-cnn", overrides)
 
@@ -245,17 +288,34 @@ def test_fedpt_table5_epsilon_row() -> None:
 
     section = _section("fedpt-table5")
     head = next(line for line in section.splitlines() if line.startswith("| | z = "))
-    zs = [0.0 if "clip only" in c else float(c.split("=")[1]) for c in (c.strip() for c in head.strip().strip("|").split("|")[1:])]
+    zs = [
+        0.0 if "clip only" in c else float(c.split("=")[1])
+        for c in (c.strip() for c in head.strip().strip("|").split("|")[1:])
+    ]
     population = int(re.search(r"over ([\d,]+) IID clients", section).group(1).replace(",", ""))
     per_round = int(re.search(r"(\d+) clients per round", section).group(1))
     rounds = int(re.search(r"(\d+) rounds =", section).group(1))
     clip = float(re.search(r"clip ([\d.]+) on each", section).group(1))
     rows = {r[0]: r[1:] for r in _rows(section, "| | z = ")}
     paper = {1.13: "18.71", 2.33: "7.83", 4.03: "4.19", 6.21: "2.60", 8.83: "1.77"}
-    for z, ours, theirs in zip(zs, rows["ε, this reduced run (summary.json)"], rows["ε, FedPT Table 5 (their setting)"], strict=True):
-        cfg = PrivacyConfig(mechanism="tree", sampling="shuffle", noise_multiplier=z, clip=clip, delta=1e-6, momentum=0.9)
+    for z, ours, theirs in zip(
+        zs,
+        rows["ε, this reduced run (summary.json)"],
+        rows["ε, FedPT Table 5 (their setting)"],
+        strict=True,
+    ):
+        cfg = PrivacyConfig(
+            mechanism="tree",
+            sampling="shuffle",
+            noise_multiplier=z,
+            clip=clip,
+            delta=1e-6,
+            momentum=0.9,
+        )
         eps = epsilon(cfg, rounds=rounds, population=population, clients_per_round=per_round)
-        assert ours == ("∞" if math.isinf(eps) else f"{eps:.2f}"), f"z={z}: docs ε {ours}, accountant {eps}"
+        assert ours == ("∞" if math.isinf(eps) else f"{eps:.2f}"), (
+            f"z={z}: docs ε {ours}, accountant {eps}"
+        )
         assert theirs == paper.get(z, "–")  # no column of the paper for z = 0
 
 
@@ -266,13 +326,23 @@ def test_fedpt_composition_bytes(tmp_path: Path) -> None:
     bench = benchmark_script("fedpt_composition")
     rows = {r[0]: r for r in _rows(_section("fedpt-composition"), "| row | method.name |")}
     assert list(rows) == list(bench.ROWS)
-    tiny = ["rounds=1", "eval_every=1", "dataset.limit_train=100", "dataset.limit_test=10", "clients.num=2",
-            "clients.per_round=2", "method.max_steps=1", "measure.memory=false"]  # fmt: skip
+    tiny = [
+        "rounds=1",
+        "eval_every=1",
+        "dataset.limit_train=100",
+        "dataset.limit_test=10",
+        "clients.num=2",
+        "clients.per_round=2",
+        "method.max_steps=1",
+        "measure.memory=false",
+    ]
     for label, overrides in bench.ROWS.items():
         got = _one_round(tmp_path, bench.PRESET, [*bench.COMMON, *overrides, *tiny])
         n = got["clients"]
         row = rows[label]
-        trainable, kept = bench._trainable(got)  # frozen tensors left out; kept: nonzero after pruning
+        trainable, kept = bench._trainable(
+            got
+        )  # frozen tensors left out; kept: nonzero after pruning
         want = f"{trainable:,}" + (f" ({kept:,} kept)" if kept != trainable else "")
         assert row[2] == want, f"{label}: trainable {row[2]}, code {want}"
         assert row[6] == f"{got['bytes_up'] / n:,.0f}", f"{label}: uplink {row[6]}"
@@ -292,7 +362,10 @@ def test_ppfl_table2_parameters_and_upload_bytes() -> None:
     assert f"{info['parameters']:,} parameters" in section
     rows = {r[0]: r for r in _rows(section, "| method | DRA median MSE |")}
     ms = bench.methods(s, info["stages"])
-    for label, name in (("end-to-end FL (fedavg)", "fedavg"), ("PPFL (layer-wise, in enclaves)", "ppfl")):
+    for label, name in (
+        ("end-to-end FL (fedavg)", "fedavg"),
+        ("PPFL (layer-wise, in enclaves)", "ppfl"),
+    ):
         got = bench.upload_bytes(bench.dra_run(s, ms[name]["dra"]))
         want = f"{got:,}" + (" (sealed)" if name == "ppfl" else "")
         assert rows[label][3] == want, f"{label}: upload bytes {rows[label][3]}, code {want}"
@@ -308,12 +381,21 @@ def test_ppfl_table4_remarks_describe_its_table() -> None:
     for r in _rows(table, "| model | run | stage | broadcast s |"):
         if r[2] != "Σ":
             by_model.setdefault(r[0], []).append(
-                {"run": r[1], "stage": r[2], "broadcast": float(r[3]), "training": float(r[4]),
-                 "upload": float(r[5]), "aggregation": float(r[6]), "round": float(r[9])}  # fmt: skip
+                {
+                    "run": r[1],
+                    "stage": r[2],
+                    "broadcast": float(r[3]),
+                    "training": float(r[4]),
+                    "upload": float(r[5]),
+                    "aggregation": float(r[6]),
+                    "round": float(r[9]),
+                }
             )
     assert set(by_model) == {"lenet-ppfl", *bench.LARGE}
     notes = bench.table4_notes(by_model)
-    assert notes in table, "stale Table 4 remarks: run `python benchmarks/ppfl_tables.py --docs docs/benchmarks.md`"
+    assert notes in table, (
+        "stale Table 4 remarks: run `python benchmarks/ppfl_tables.py --docs docs/benchmarks.md`"
+    )
 
 
 # --- BAFFLE ΔL over a batch vs the local set (bench:baffle-delta-loss) -------------------------
@@ -330,18 +412,33 @@ def test_baffle_delta_loss_bytes(tmp_path: Path) -> None:
     from fedge.experiment.run import run_experiment
 
     bench = benchmark_script("baffle_delta_loss")
-    overrides = [*bench.PROTOCOL, "seed=0", "rounds=1", "method.delta_loss_on=batch", "measure.flops=true"]
+    overrides = [
+        *bench.PROTOCOL,
+        "seed=0",
+        "rounds=1",
+        "method.delta_loss_on=batch",
+        "measure.flops=true",
+    ]
     run_experiment(load_config(bench.BASE, overrides=overrides), out=tmp_path / "r", render=False)
     line = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[0])
     rows = {r[0]: r for r in _rows(_section("baffle-delta-loss"), "| ΔL over |")}
     assert set(rows) == set(bench.VARIANTS)
     for label, row in rows.items():
         up, down = row[6], row[7]
-        assert up == f"{line['bytes_up'] / line['clients']:,.0f}", f"{label}: docs up {up}, code {line}"
-        assert down == f"{line['bytes_down'] / line['clients']:,.0f}", f"{label}: docs down {down}, code {line}"
+        assert up == f"{line['bytes_up'] / line['clients']:,.0f}", (
+            f"{label}: docs up {up}, code {line}"
+        )
+        assert down == f"{line['bytes_down'] / line['clients']:,.0f}", (
+            f"{label}: docs down {down}, code {line}"
+        )
         assert row[4] == f"{bench.FORWARDS[label]:,}", f"{label}: forwards {row[4]}"
         # FLOPs: local_set runs the batch's forwards on each of its RATIO chunks of the same shape
-        gflop = line["client_flops"] / line["clients"] * (bench.RATIO if label == "local_set" else 1) / 1e9
+        gflop = (
+            line["client_flops"]
+            / line["clients"]
+            * (bench.RATIO if label == "local_set" else 1)
+            / 1e9
+        )
         assert row[5] == f"{gflop:.1f}", f"{label}: docs GFLOP {row[5]}, code {gflop}"
 
 
@@ -364,13 +461,24 @@ def test_client_failures_plain_rows_follow_from_the_dropout_draws() -> None:
     seeds = int(re.search(r"\(n=(\d+)\)", rows[bench.CONTROL][1]).group(1))
     for p in bench.DROPOUTS:
         row = rows[f"FedAvg, dropout {p:g}"]
-        failed = [sum(drops_out(s, p, r, 0, c) for c in sample_clients(s, r, 20, 10)) for s in range(seeds)
-                  for r in range(1, bench.ROUNDS + 1)]  # fmt: skip
+        failed = [
+            sum(drops_out(s, p, r, 0, c) for c in sample_clients(s, r, 20, 10))
+            for s in range(seeds)
+            for r in range(1, bench.ROUNDS + 1)
+        ]
         mean_failed = sum(failed) / len(failed)
-        assert row[2] == f"{sum(10 - f < 2 for f in failed) / seeds:.1f}", f"p={p}: rounds skipped {row[2]}"
-        assert row[3] == f"{10 - mean_failed:.2f}" and row[4] == f"{mean_failed:.2f}", f"p={p}: {row[3:5]}"
-        assert row[5] == f"{10 * broadcast:,.0f}", f"p={p}: bytes down {row[5]}, broadcast {broadcast} B"
-        assert abs(float(row[6].replace(",", "")) - (10 - mean_failed) * reply) <= 0.5, f"p={p}: bytes up {row[6]}"
+        assert row[2] == f"{sum(10 - f < 2 for f in failed) / seeds:.1f}", (
+            f"p={p}: rounds skipped {row[2]}"
+        )
+        assert row[3] == f"{10 - mean_failed:.2f}" and row[4] == f"{mean_failed:.2f}", (
+            f"p={p}: {row[3:5]}"
+        )
+        assert row[5] == f"{10 * broadcast:,.0f}", (
+            f"p={p}: bytes down {row[5]}, broadcast {broadcast} B"
+        )
+        assert abs(float(row[6].replace(",", "")) - (10 - mean_failed) * reply) <= 0.5, (
+            f"p={p}: bytes up {row[6]}"
+        )
     assert rows[bench.CONTROL][5] == f"{7 * broadcast:,.0f}"
 
 
@@ -383,11 +491,16 @@ def test_client_failures_plain_rows_follow_from_the_dropout_draws() -> None:
 # rendered from those records (not stamp the renderer's machine and clock as the runs').
 RECORD_TABLES = {
     "baffle-table1": ("baffle_table1", lambda b: b.section(k500=False)),
-    "baffle-table2": ("baffle_table2", lambda b: b.table(b.Plan(), "python benchmarks/baffle_table2.py")),
+    "baffle-table2": (
+        "baffle_table2",
+        lambda b: b.table(b.Plan(), "python benchmarks/baffle_table2.py"),
+    ),
     "ntk-table3": ("ntk_table3", lambda b: b.table(b.Plan(), "python benchmarks/ntk_table3.py")),
     "baffle-delta-loss": (
         "baffle_delta_loss",
-        lambda b: f"{b.INTRO}\n\n{b.table('python benchmarks/baffle_delta_loss.py --docs docs/benchmarks.md')}",
+        lambda b: (
+            f"{b.INTRO}\n\n{b.table('python benchmarks/baffle_delta_loss.py --docs docs/benchmarks.md')}"
+        ),
     ),
 }
 
@@ -398,8 +511,12 @@ def test_reproduction_sections_are_their_records_rendered(name: str) -> None:
     body = _section(name).strip().split("\n", 1)[1]  # the "## title" line is the script's too
     machine, _, docs = body.strip().partition("\n\n")
     fix = f"python benchmarks/{script}.py --table-only --docs docs/benchmarks.md"
-    assert machine == records_line(f"benchmarks/results/{script}"), f"bench:{name} opens with {machine!r}: run `{fix}`"
-    assert docs.strip() == render(benchmark_script(script)).strip(), f"stale section bench:{name}: run `{fix}`"
+    assert machine == records_line(f"benchmarks/results/{script}"), (
+        f"bench:{name} opens with {machine!r}: run `{fix}`"
+    )
+    assert docs.strip() == render(benchmark_script(script)).strip(), (
+        f"stale section bench:{name}: run `{fix}`"
+    )
 
 
 @pytest.mark.slow

@@ -45,7 +45,11 @@ def _placeholder(arg: str) -> bool:
 def _code(doc: str) -> list[str]:
     """The lines of ``doc``'s code blocks (continuations joined) and its inline code spans."""
     text = (REPO / doc).read_text(encoding="utf-8")
-    lines = [s for b in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S) for s in b.replace("\\\n", " ").splitlines()]
+    lines = [
+        s
+        for b in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S)
+        for s in b.replace("\\\n", " ").splitlines()
+    ]
     return lines + re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
 
 
@@ -74,10 +78,17 @@ def _parse(line: str) -> tuple[list[str], dict[str, list[str]], list[str]] | Non
     while isinstance(cmd, click.Group) and tokens and not tokens[0].startswith("-"):
         if tokens[0] not in cmd.commands and any(re.fullmatch(r"[a-z]+/[a-z]+", t) for t in tokens):
             return None  # "fedge flower superlink/supernode": prose naming alternatives
-        assert tokens[0] in cmd.commands, f"{line!r}: no command {' '.join(['fedge', *path, tokens[0]])!r}"
+        assert tokens[0] in cmd.commands, (
+            f"{line!r}: no command {' '.join(['fedge', *path, tokens[0]])!r}"
+        )
         path.append(tokens.pop(0))
         cmd = cmd.commands[path[-1]]
-    options = {o: p for p in cmd.params if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)}
+    options = {
+        o: p
+        for p in cmd.params
+        if isinstance(p, click.Option)
+        for o in (*p.opts, *p.secondary_opts)
+    }
     given: dict[str, list[str]] = {}
     positional: list[str] = []
     while tokens:
@@ -86,18 +97,24 @@ def _parse(line: str) -> tuple[list[str], dict[str, list[str]], list[str]] | Non
             positional.append(tok)
             continue
         name, eq, value = tok.partition("=")
-        assert name in options, f"{line!r}: 'fedge {' '.join(path)}' has no option {name}; it has {sorted(options)}"
+        assert name in options, (
+            f"{line!r}: 'fedge {' '.join(path)}' has no option {name}; it has {sorted(options)}"
+        )
         opt = options[name]
         if opt.is_flag or opt.count:
             given.setdefault(name, [])
         else:
-            given.setdefault(name, []).append(value if eq or not tokens else tokens.pop(0))  # prose: no value
+            given.setdefault(name, []).append(
+                value if eq or not tokens else tokens.pop(0)
+            )  # prose: no value
     return path, given, positional
 
 
 def test_the_docs_show_commands():
     assert sum(doc == "README.md" for doc, _ in FEDGE) >= 30
-    assert {"baffle_table1", "ntk_table3", "zo_precision"} <= {re.search(r"benchmarks/(\w+)\.py", c)[1] for _, c in SCRIPTS}
+    assert {"baffle_table1", "ntk_table3", "zo_precision"} <= {
+        re.search(r"benchmarks/(\w+)\.py", c)[1] for _, c in SCRIPTS
+    }
 
 
 @pytest.mark.parametrize(("doc", "line"), FEDGE)
@@ -120,23 +137,35 @@ def test_documented_benchmark_scripts_exist_and_take_the_options_shown():
     for _, line in SCRIPTS:
         name = re.search(r"benchmarks/(\w+\.py)", line)[1]
         assert (REPO / "benchmarks" / name).is_file(), f"{line!r}: no script benchmarks/{name}"
-        scripts.setdefault(name, set()).update(t.split("=")[0] for t in shlex.split(line) if t.startswith("--"))
+        scripts.setdefault(name, set()).update(
+            t.split("=")[0] for t in shlex.split(line) if t.startswith("--")
+        )
     # one interpreter reads every script's --help (each parser exits after printing it)
-    program = ("import contextlib, io, runpy, sys\n"
-               "sys.path.insert(0, 'benchmarks')\n"  # as `python benchmarks/X.py` has it: scripts import each other
-               "for name in sys.argv[1:]:\n"
-               "    sys.argv = [name, '--help']; out = io.StringIO()\n"
-               "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(out):\n"
-               "        runpy.run_path('benchmarks/' + name, run_name='__main__')\n"
-               "    print('=== ' + name); print(out.getvalue())\n")  # fmt: skip
-    res = subprocess.run([sys.executable, "-c", program, *sorted(scripts)], cwd=REPO, capture_output=True, text=True,
-                         timeout=300, check=False)  # fmt: skip
+    program = (
+        "import contextlib, io, runpy, sys\n"
+        "sys.path.insert(0, 'benchmarks')\n"  # as `python benchmarks/X.py` has it: scripts import each other
+        "for name in sys.argv[1:]:\n"
+        "    sys.argv = [name, '--help']; out = io.StringIO()\n"
+        "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(out):\n"
+        "        runpy.run_path('benchmarks/' + name, run_name='__main__')\n"
+        "    print('=== ' + name); print(out.getvalue())\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", program, *sorted(scripts)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
     helps = dict(re.findall(r"^=== (\S+)\n(.*?)(?=^=== |\Z)", res.stdout, flags=re.S | re.M))
     for name, flags in scripts.items():
         accepted = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", helps.get(name, "")))
         assert accepted, f"benchmarks/{name} --help printed no options:\n{helps.get(name)}"
-        assert flags <= accepted, f"benchmarks/{name}: the docs use {sorted(flags - accepted)}, not in its --help"
+        assert flags <= accepted, (
+            f"benchmarks/{name}: the docs use {sorted(flags - accepted)}, not in its --help"
+        )
 
 
 def _resolve(dotted: str) -> object:
@@ -153,9 +182,15 @@ def _resolve(dotted: str) -> object:
     raise ModuleNotFoundError(dotted)
 
 
-PY_NAMES = sorted({(doc, n) for doc in DOCS for line in _code(doc)
-                   for n in re.findall(r"(?<![\w/.])fedge(?:\.[A-Za-z_]\w*)+", line)
-                   if not re.search(r"\.(json|ya?ml|pt|md|html|safetensors)$", n)})  # fmt: skip
+PY_NAMES = sorted(
+    {
+        (doc, n)
+        for doc in DOCS
+        for line in _code(doc)
+        for n in re.findall(r"(?<![\w/.])fedge(?:\.[A-Za-z_]\w*)+", line)
+        if not re.search(r"\.(json|ya?ml|pt|md|html|safetensors)$", n)
+    }
+)
 
 
 @pytest.mark.parametrize(("doc", "dotted"), PY_NAMES)
@@ -172,7 +207,9 @@ def _models(annotation: object) -> list[type[BaseModel]]:
 def _has_key(models: list[type[BaseModel]], parts: list[str]) -> bool:
     for m in models:
         field = m.model_fields.get(parts[0])
-        if field is not None and (len(parts) == 1 or _has_key(_models(field.annotation), parts[1:])):
+        if field is not None and (
+            len(parts) == 1 or _has_key(_models(field.annotation), parts[1:])
+        ):
             return True
     return False
 
@@ -185,18 +222,31 @@ SECTIONS: dict[str, list[type[BaseModel]]] = {
     "method": [spec.config for spec in METHODS.values()],
     "privacy": [PrivacyConfig],
 }
-EXTRA_KEYS = {"dataset": {k for spec in DATASETS.values() for k in spec.options},
-              "partition": {k for spec in PARTITIONERS.values() for k in spec.params}}  # fmt: skip
-CONFIG_KEYS = sorted({(doc, m[0]) for doc in DOCS for line in _code(doc)
-                      if (m := re.fullmatch(r"(clients|dataset|partition|model|method|measure|privacy)\.[\w.]+(=\S+)?", line))
-                      and not re.search(r"\.(json|onnx|safetensors|pt)$", line)})  # fmt: skip
+EXTRA_KEYS = {
+    "dataset": {k for spec in DATASETS.values() for k in spec.options},
+    "partition": {k for spec in PARTITIONERS.values() for k in spec.params},
+}
+CONFIG_KEYS = sorted(
+    {
+        (doc, m[0])
+        for doc in DOCS
+        for line in _code(doc)
+        if (
+            m := re.fullmatch(
+                r"(clients|dataset|partition|model|method|measure|privacy)\.[\w.]+(=\S+)?", line
+            )
+        )
+        and not re.search(r"\.(json|onnx|safetensors|pt)$", line)
+    }
+)
 
 
 @pytest.mark.parametrize(("doc", "key"), CONFIG_KEYS)
 def test_a_documented_config_key_exists(doc, key):
     section, *parts = key.split("=")[0].split(".")
     assert _has_key(SECTIONS[section], parts) or parts[0] in EXTRA_KEYS.get(section, ()), (
-        f"{doc} names config key {key!r}, which no {section} config class has")
+        f"{doc} names config key {key!r}, which no {section} config class has"
+    )
 
 
 def test_the_check_catches_a_drifted_command():
@@ -207,8 +257,14 @@ def test_the_check_catches_a_drifted_command():
     with pytest.raises(AttributeError, match="register_plugin"):
         _resolve("fedge.register_plugin")
     assert len(PY_NAMES) >= 20 and ("README.md", "fedge.register_dataset") in PY_NAMES
-    assert len(CONFIG_KEYS) >= 50 and ("docs/benchmarks.md", "method.ema_also_raw=true") in CONFIG_KEYS
+    assert (
+        len(CONFIG_KEYS) >= 50 and ("docs/benchmarks.md", "method.ema_also_raw=true") in CONFIG_KEYS
+    )
     assert _has_key(SECTIONS["method"], ["client_optimizer", "lr"])
     assert not _has_key(SECTIONS["method"], ["client_optimizer", "learning_rate"])
     assert not _has_key(SECTIONS["clients"], ["per_rounds"])
-    assert _parse("fedge run quickstart --set rounds=3 -q") == (["run"], {"--set": ["rounds=3"], "-q": []}, ["quickstart"])
+    assert _parse("fedge run quickstart --set rounds=3 -q") == (
+        ["run"],
+        {"--set": ["rounds=3"], "-q": []},
+        ["quickstart"],
+    )

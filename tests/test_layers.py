@@ -212,7 +212,11 @@ def layer_violations(graph: dict[str, set[str]]) -> list[tuple[str, str, str]]:
                 found.append((mod, target, f"layer {dst_layer} above {src_layer}"))
             elif dst_layer == src_layer and (src_pkg, dst_pkg) not in SAME_LAYER_ALLOWED:
                 found.append(
-                    (mod, target, f"same layer {dst_layer}: {src_pkg} may not import {dst_pkg or 'the API'}")
+                    (
+                        mod,
+                        target,
+                        f"same layer {dst_layer}: {src_pkg} may not import {dst_pkg or 'the API'}",
+                    )
                 )
     return found
 
@@ -251,8 +255,15 @@ def test_import_collection_sees_type_checking_function_and_relative_imports() ->
         "    import fedge.bench.comm\n"
     )
     names = set(_imported_names(ast.parse(source), "fedge.runtime.engine", is_package=False))
-    assert {"fedge.runtime.sibling", "fedge.core.rng", "fedge.methods.base.X", "fedge.bench.comm"} <= names
-    names_pkg = set(_imported_names(ast.parse("from .engine import run\n"), "fedge.runtime", is_package=True))
+    assert {
+        "fedge.runtime.sibling",
+        "fedge.core.rng",
+        "fedge.methods.base.X",
+        "fedge.bench.comm",
+    } <= names
+    names_pkg = set(
+        _imported_names(ast.parse("from .engine import run\n"), "fedge.runtime", is_package=True)
+    )
     assert "fedge.runtime.engine" in names_pkg
 
 
@@ -267,7 +278,10 @@ def test_layer_checker_flags_upward_and_same_layer_imports() -> None:
         "fedge.experiment.run": set(),
     }
     got = {(a, b) for a, b, _ in layer_violations(graph)}
-    assert got == {("fedge.core.rng", "fedge.methods.base"), ("fedge.methods.base", "fedge.runtime.engine")}
+    assert got == {
+        ("fedge.core.rng", "fedge.methods.base"),
+        ("fedge.methods.base", "fedge.runtime.engine"),
+    }
 
 
 def test_graph_is_real() -> None:
@@ -275,7 +289,15 @@ def test_graph_is_real() -> None:
     graph = import_graph()
     assert len(graph) > 50
     imported_pkgs = {_package_of(t) for targets in graph.values() for t in targets}
-    assert {"core", "data", "models", "estimators", "methods", "runtime", "experiment"} <= imported_pkgs
+    assert {
+        "core",
+        "data",
+        "models",
+        "estimators",
+        "methods",
+        "runtime",
+        "experiment",
+    } <= imported_pkgs
     # known top-level edges, absolute to a module and to a package's __init__:
     assert "fedge.core.errors" in graph["fedge.core.config"]
     assert {"fedge.methods.base", "fedge.estimators"} <= graph["fedge.methods.baffle"]
@@ -304,7 +326,9 @@ def _current_violations() -> tuple[list[str], set[tuple[str, str]]]:
 def test_no_cycles_and_no_upward_imports() -> None:
     lines, _ = _current_violations()
     unexpected = [
-        line for line in lines if tuple(line.split(" (")[0].split(" imports ")) not in KNOWN_VIOLATIONS_TO_FIX
+        line
+        for line in lines
+        if tuple(line.split(" (")[0].split(" imports ")) not in KNOWN_VIOLATIONS_TO_FIX
     ]
     for line in unexpected:
         print(line)

@@ -39,7 +39,11 @@ def run_cut_after(cfg: dict, out: Path, cut_round: int, monkeypatch, **run_kwarg
 
 def metrics_without_wall(run_dir: str | Path) -> list[dict]:
     """metrics.jsonl of a run, minus wall-clock fields (which legitimately differ)."""
-    lines = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    lines = [
+        json.loads(x)
+        for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+        if x.strip()
+    ]
     return [{k: v for k, v in line.items() if k not in WALL_KEYS} for line in lines]
 
 
@@ -57,8 +61,11 @@ def unfinished_run(path: Path, rounds: int, seed: int = 0) -> Path:
     (path / "summary.json").unlink()
     for name in ("config.yaml", ".fedge-config.json"):
         text = (path / name).read_text()
-        (path / name).write_text(text.replace(f"rounds: {rounds}\n", f"rounds: {rounds + 2}\n")
-                                 .replace(f'"rounds": {rounds},', f'"rounds": {rounds + 2},'))  # fmt: skip
+        (path / name).write_text(
+            text.replace(f"rounds: {rounds}\n", f"rounds: {rounds + 2}\n").replace(
+                f'"rounds": {rounds},', f'"rounds": {rounds + 2},'
+            )
+        )
     return path
 
 

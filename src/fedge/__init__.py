@@ -111,7 +111,13 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # static checkers and IDEs see the real objects
     from fedge.api import RunResult, load_run, register_dataset, resume, run
     from fedge.core.config import RunConfig, load_config, preset_names
-    from fedge.core.errors import ConfigError, DataNotFoundError, FedgeError, ResumeError, UnknownNameError
+    from fedge.core.errors import (
+        ConfigError,
+        DataNotFoundError,
+        FedgeError,
+        ResumeError,
+        UnknownNameError,
+    )
     from fedge.data import Dataset, DatasetSpec, RawData, dataset_names, load_dataset
     from fedge.data.partition import register_partitioner
     from fedge.experiment.export import ExportResult, TrainedModel, export_model

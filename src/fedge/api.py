@@ -95,7 +95,9 @@ class RunResult:
 
     def __repr__(self) -> str:
         acc = (self.summary or {}).get("final_test_accuracy")
-        return f"RunResult({str(self.path)!r}, rounds={len(self.metrics)}, final_test_accuracy={acc})"
+        return (
+            f"RunResult({str(self.path)!r}, rounds={len(self.metrics)}, final_test_accuracy={acc})"
+        )
 
 
 def _default_out(config: Any) -> Path:
@@ -131,16 +133,29 @@ def run(
     elif isinstance(config, Mapping):
         cfg = load_config(dict(config), overrides=overrides)
     else:
-        cfg = load_config(path_argument("config", config) if not isinstance(config, str) else config, overrides=overrides)
+        cfg = load_config(
+            path_argument("config", config) if not isinstance(config, str) else config,
+            overrides=overrides,
+        )
     target = path_argument("out", out) if out is not None else _default_out(config)
     path = run_experiment(cfg, out=target, progress=progress, render=_renderer(render))
     return load_run(path)
 
 
-def resume(run_dir: str | Path, *, rounds: int | None = None, progress: ProgressLike = None,
-           render: bool = False) -> RunResult:
+def resume(
+    run_dir: str | Path,
+    *,
+    rounds: int | None = None,
+    progress: ProgressLike = None,
+    render: bool = False,
+) -> RunResult:
     """Continue an interrupted run, or extend a finished one to ``rounds`` (``fedge run --resume``)."""
-    path = resume_experiment(path_argument("run_dir", run_dir), rounds=rounds, progress=progress, render=_renderer(render))
+    path = resume_experiment(
+        path_argument("run_dir", run_dir),
+        rounds=rounds,
+        progress=progress,
+        render=_renderer(render),
+    )
     return load_run(path)
 
 
@@ -171,8 +186,10 @@ def register_dataset(
     if fn is None or not callable(fn):
         from fedge.core.errors import ConfigError
 
-        raise ConfigError(f"register_dataset({name!r}, fn): fn must be a function returning "
-                          f"(x_train, y_train, x_test, y_test), got {fn!r}")
+        raise ConfigError(
+            f"register_dataset({name!r}, fn): fn must be a function returning "
+            f"(x_train, y_train, x_test, y_test), got {fn!r}"
+        )
     return register_function(name, fn, description=description, replace=replace)
 
 

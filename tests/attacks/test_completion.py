@@ -29,7 +29,9 @@ def _data(n: int = 200) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_the_head_is_retrained_on_frozen_features_and_the_model_is_untouched() -> None:
     net = _Net()
-    with torch.no_grad():  # features that keep x recoverable: tanh of a scaled identity (and its negation)
+    with (
+        torch.no_grad()
+    ):  # features that keep x recoverable: tanh of a scaled identity (and its negation)
         net.features[0].weight.copy_(torch.tensor([[0.5, 0], [0, 0.5], [-0.5, 0], [0, -0.5]]))
         net.features[0].bias.zero_()
         net.classifier[0].weight.fill_(7.0)  # the withheld head: never reused
@@ -37,13 +39,20 @@ def test_the_head_is_retrained_on_frozen_features_and_the_model_is_untouched() -
     before = {k: v.clone() for k, v in net.state_dict().items()}
     x, y = _data()
     out = complete_classifier(net, (x, y), generator=generator(0, "t"), steps=400, lr=0.05)
-    assert all(torch.equal(v, net.state_dict()[k]) for k, v in before.items())  # the original is untouched
-    assert all(torch.equal(out.state_dict()[k], v) for k, v in before.items() if k.startswith("features"))
+    assert all(
+        torch.equal(v, net.state_dict()[k]) for k, v in before.items()
+    )  # the original is untouched
+    assert all(
+        torch.equal(out.state_dict()[k], v) for k, v in before.items() if k.startswith("features")
+    )
     assert not (out.classifier[0].weight == 7.0).any()
     assert float((out(x).argmax(1) == y).double().mean()) > 0.97  # the attacker's own data is fit
     assert not any(p.requires_grad for p in out.parameters())
     again = complete_classifier(net, (x, y), generator=generator(0, "t"), steps=400, lr=0.05)
-    assert all(torch.equal(a, b) for a, b in zip(out.state_dict().values(), again.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(out.state_dict().values(), again.state_dict().values(), strict=True)
+    )
 
 
 def test_bad_inputs_name_what_is_missing() -> None:

@@ -25,22 +25,33 @@ def test_single_sample_fedsgd_leaks_the_image_and_label() -> None:
 
 
 def test_masked_baffle_upload_is_no_better_than_the_mean_image() -> None:
-    s = _attack({"name": "baffle", "mode": "batch", "k": 100})  # EMA on: secure aggregation sits beneath it
+    s = _attack(
+        {"name": "baffle", "mode": "batch", "k": 100}
+    )  # EMA on: secure aggregation sits beneath it
     assert s["masked"]
     for attack in ("baffle-k", "baffle-stein"):
         assert s["attacks"][attack]["median_mse"] > s["baseline_mean_image_mse"]
 
 
 def test_clear_baffle_k_values_leak_an_image_smaller_than_k() -> None:
-    s = _attack({"name": "baffle", "mode": "batch", "k": 100, "ema": None, "secure_aggregation": False}, 300)
+    s = _attack(
+        {"name": "baffle", "mode": "batch", "k": 100, "ema": None, "secure_aggregation": False}, 300
+    )
     assert not s["masked"]
     assert s["attacks"]["baffle-k"]["median_mse"] < s["baseline_mean_image_mse"] / 4
     assert "baffle-k-fit" not in s["attacks"]  # no DP: the K values come at their own scale
 
 
 def test_fedpt_delta_of_one_step_leaks_like_a_gradient() -> None:
-    s = _attack({"name": "fedpt", "freeze": "largest", "local_epochs": 1, "batch_size": 1,
-                 "client_optimizer": {"name": "sgd", "lr": 0.1}})  # fmt: skip
+    s = _attack(
+        {
+            "name": "fedpt",
+            "freeze": "largest",
+            "local_epochs": 1,
+            "batch_size": 1,
+            "client_optimizer": {"name": "sgd", "lr": 0.1},
+        }
+    )
     assert s["attacks"]["dlg"]["median_mse"] < s["baseline_mean_image_mse"] / 4
 
 
@@ -52,7 +63,14 @@ def test_ntk_baffle_k_values_are_projections_on_masked_directions() -> None:
     from fedge.attacks.harness import _targets
     from fedge.methods.base import unpack_model_arrays
 
-    method = {"name": "ntk-baffle", "mode": "batch", "k": 32, "ema": None, "density": 0.5, "secure_aggregation": False}
+    method = {
+        "name": "ntk-baffle",
+        "mode": "batch",
+        "k": 32,
+        "ema": None,
+        "density": 0.5,
+        "secure_aggregation": False,
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run = observe_run(attack_config(method, clients=1, per_client=1, dataset="digits"))
@@ -63,16 +81,29 @@ def test_ntk_baffle_k_values_are_projections_on_masked_directions() -> None:
     model.load_state_dict({k: dense.get(k, x) for k, x in model.state_dict().items()})
     d = run.built.clients[v.cid]
     names = [n for n, _ in model.named_parameters()]
-    g = dict(zip(names, torch.autograd.grad(F.cross_entropy(model(d.x[d.indices]), d.y[d.indices]),
-                                            list(model.parameters())), strict=True))  # fmt: skip
-    proj = next(t for name, t, _ in _targets("ntk-baffle", v, model, run.built.method_config, masks) if name == "baffle-k")
+    g = dict(
+        zip(
+            names,
+            torch.autograd.grad(
+                F.cross_entropy(model(d.x[d.indices]), d.y[d.indices]), list(model.parameters())
+            ),
+            strict=True,
+        )
+    )
+    proj = next(
+        t
+        for name, t, _ in _targets("ntk-baffle", v, model, run.built.method_config, masks)
+        if name == "baffle-k"
+    )
     torch.testing.assert_close(proj.project(g), proj.t, rtol=2e-2, atol=2e-2)
 
 
 def _observe(method: dict, privacy: dict | None = None, parties: tuple[str, ...] = (), **kw):  # noqa: ANN202
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return observe_run(attack_config(method, privacy=privacy, dataset="digits", **kw), parties=parties)
+        return observe_run(
+            attack_config(method, privacy=privacy, dataset="digits", **kw), parties=parties
+        )
 
 
 def test_dp_clips_what_the_server_sees_and_the_harness_fits_the_scale() -> None:
@@ -86,11 +117,16 @@ def test_dp_clips_what_the_server_sees_and_the_harness_fits_the_scale() -> None:
     dp = {"mechanism": "gaussian", "clip": 1e-4, "noise_multiplier": 1.0}
     run = _observe(method, dp, clients=2, per_client=1)
     clear = _observe(method, clients=2, per_client=1)
-    for v, c in zip(run.views, clear.views, strict=True):  # the same client, the same seed: only the clip differs
+    for v, c in zip(
+        run.views, clear.views, strict=True
+    ):  # the same client, the same seed: only the clip differs
         assert abs(float(v.upload["dL"].norm()) - 1e-4) < 1e-9 < float(c.upload["dL"].norm()) - 1e-4
         torch.testing.assert_close(v.upload["dL"], c.upload["dL"] * (1e-4 / c.upload["dL"].norm()))
     model = run.built.model_fn()
-    names = [n for n, *_ in _targets("baffle", run.views[0], model, run.built.method_config, clipped=True)]
+    names = [
+        n
+        for n, *_ in _targets("baffle", run.views[0], model, run.built.method_config, clipped=True)
+    ]
     assert names == ["baffle-k", "baffle-k-fit", "baffle-stein"]
     s = reconstruction_attack(run, iterations=40)
     assert {"baffle-k", "baffle-k-fit", "baffle-stein"} == set(s["attacks"])
@@ -116,16 +152,22 @@ def test_eppfl_aggregation_server_view_is_the_device_gradient_unmasked_and_noise
         model.load_state_dict({**model.state_dict(), **v.model})
         d = run.built.clients[v.cid]
         params = dict(model.named_parameters())
-        g = torch.autograd.grad(F.cross_entropy(model(d.x[d.indices]), d.y[d.indices]), [params[n] for n in v.upload])
+        g = torch.autograd.grad(
+            F.cross_entropy(model(d.x[d.indices]), d.y[d.indices]), [params[n] for n in v.upload]
+        )
         for (n, up), gn in zip(v.upload.items(), g, strict=True):
-            torch.testing.assert_close(-up / run.built.method_config.lr, gn, rtol=1e-3, atol=1e-5, msg=n)
+            torch.testing.assert_close(
+                -up / run.built.method_config.lr, gn, rtol=1e-3, atol=1e-5, msg=n
+            )
     masked = _observe(method, clients=2, per_client=1, parties=("edge",))
     assert all(v.masked for v in masked.views) and len(masked.views) == 2
     s = reconstruction_attack(masked, iterations=40)
     assert s["masked"] and s["attacks"]["dlg"]["median_mse"] > s["baseline_mean_image_mse"]
 
 
-def test_edge_server_reads_released_activations_at_their_positions_and_infers_the_property() -> None:
+def test_edge_server_reads_released_activations_at_their_positions_and_infers_the_property() -> (
+    None
+):
     """Oracle: the released kept activations (θ_a = 0.5), put back at the positions the
     message's seed regenerates, are M_c(x) there and 0 elsewhere. Then property inference
     at the edge server (no DP) separates devices with class 0 in their batch."""
@@ -133,8 +175,12 @@ def test_edge_server_reads_released_activations_at_their_positions_and_infers_th
 
     from fedge.attacks.harness import _edge_view, edge_pia_attack, released_activations
 
-    run = _observe({"name": "eppfl", "local_epochs": 1, "batch_size": 1, "theta_a": 0.5}, clients=2, per_client=1,
-                   parties=("edge",))  # fmt: skip
+    run = _observe(
+        {"name": "eppfl", "local_epochs": 1, "batch_size": 1, "theta_a": 0.5},
+        clients=2,
+        per_client=1,
+        parties=("edge",),
+    )
     steps, split = _edge_view(run, "test")
     for cid, msg in steps.items():
         d = run.built.clients[cid]
@@ -144,8 +190,13 @@ def test_edge_server_reads_released_activations_at_their_positions_and_infers_th
         kept = dense != 0
         assert 0.4 < float(kept.double().mean()) < 0.6
         torch.testing.assert_close(dense[kept], full[kept])
-    pia = _observe({"name": "eppfl", "local_epochs": 1, "batch_size": 8}, clients=24, per_client=8, test=300,
-                   parties=("edge",))  # fmt: skip
+    pia = _observe(
+        {"name": "eppfl", "local_epochs": 1, "batch_size": 8},
+        clients=24,
+        per_client=8,
+        test=300,
+        parties=("edge",),
+    )
     r = edge_pia_attack(pia, prop=0)
     assert r["uploads"] == 24 and 0 < r["with_property"] < 24
     # the step messages carry the batch's labels in the clear: the property is read off them
@@ -156,14 +207,33 @@ def test_edge_server_reads_released_activations_at_their_positions_and_infers_th
 def test_dlg_on_deltas_warns_when_the_delta_is_not_one_plain_sgd_step() -> None:
     """−Δ/η is the gradient only after one plain SGD step: no warning for the leakage table's
     FedAvg row (batch 1, SGD); a warning naming the steps and momentum for a 2-step momentum run."""
-    exact = _observe({"name": "fedavg", "local_epochs": 1, "batch_size": 1, "client_optimizer": {"name": "sgd", "lr": 0.1}},
-                     clients=2, per_client=1)  # fmt: skip
+    exact = _observe(
+        {
+            "name": "fedavg",
+            "local_epochs": 1,
+            "batch_size": 1,
+            "client_optimizer": {"name": "sgd", "lr": 0.1},
+        },
+        clients=2,
+        per_client=1,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         reconstruction_attack(exact, iterations=20)
-    approx = _observe({"name": "fedavg", "local_epochs": 1, "batch_size": 1,
-                       "client_optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}, clients=2, per_client=2)  # fmt: skip
-    with pytest.warns(UserWarning, match=r"deltas of 2 local steps \(momentum 0.9\): −Δ/η is then not the gradient"):
+    approx = _observe(
+        {
+            "name": "fedavg",
+            "local_epochs": 1,
+            "batch_size": 1,
+            "client_optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9},
+        },
+        clients=2,
+        per_client=2,
+    )
+    with pytest.warns(
+        UserWarning,
+        match=r"deltas of 2 local steps \(momentum 0.9\): −Δ/η is then not the gradient",
+    ):
         reconstruction_attack(approx, iterations=20)
 
 
@@ -206,10 +276,19 @@ def test_batch_baselines_are_scored_like_the_attack() -> None:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run = observe_run(attack_config({"name": "fedsgd", "batch_size": 2}, clients=2, per_client=2, dataset="digits"))
+        run = observe_run(
+            attack_config(
+                {"name": "fedsgd", "batch_size": 2}, clients=2, per_client=2, dataset="digits"
+            )
+        )
     s = reconstruction_attack(run, iterations=20)
     ds, mean_img = run.built.dataset, _mean_image(run.built)
-    each = [float(v) for c in run.built.clients for v in pixel_mse(mean_img.expand(2, -1, -1, -1), c.x[c.indices],
-                                                                    ds.mean, ds.std)]  # fmt: skip
+    each = [
+        float(v)
+        for c in run.built.clients
+        for v in pixel_mse(mean_img.expand(2, -1, -1, -1), c.x[c.indices], ds.mean, ds.std)
+    ]
     assert s["baseline_mean_image_mse"] == pytest.approx(statistics.median(each))
-    assert len({tuple(t.flatten().tolist()) for t in s["_images"]["dlg"][0][:2]}) == 2  # two distinct truths
+    assert (
+        len({tuple(t.flatten().tolist()) for t in s["_images"]["dlg"][0][:2]}) == 2
+    )  # two distinct truths

@@ -27,22 +27,41 @@ def test_exact_kept_activations_invert_to_the_input_and_noise_defeats_it() -> No
     with torch.no_grad():
         released = dev(x).reshape(2, 8, 64).gather(-1, pos)
     box = (torch.zeros(1), torch.ones(1))
-    rec = invert_activations(dev, released, input_shape=(1, 8, 8), positions=pos, bounds=box, iterations=400,
-                             generator=torch.Generator().manual_seed(2))  # fmt: skip
+    rec = invert_activations(
+        dev,
+        released,
+        input_shape=(1, 8, 8),
+        positions=pos,
+        bounds=box,
+        iterations=400,
+        generator=torch.Generator().manual_seed(2),
+    )
     mse = ((rec.x - x) ** 2).mean().item()
     baseline = ((x.mean(0, keepdim=True) - x) ** 2).mean().item()  # the batch's own mean image
     assert mse < baseline / 100 and rec.loss < 1e-3
     noisy = released + 5.0 * torch.randn(released.shape, generator=g)
-    bad = invert_activations(dev, noisy, input_shape=(1, 8, 8), positions=pos, bounds=box, iterations=400,
-                             generator=torch.Generator().manual_seed(2))  # fmt: skip
+    bad = invert_activations(
+        dev,
+        noisy,
+        input_shape=(1, 8, 8),
+        positions=pos,
+        bounds=box,
+        iterations=400,
+        generator=torch.Generator().manual_seed(2),
+    )
     assert ((bad.x - x) ** 2).mean().item() > 10 * mse
 
 
 def _eppfl(dp: dict | None):  # type: ignore[no-untyped-def]
     from fedge.attacks.harness import activation_inversion, attack_config, observe_run
 
-    cfg = attack_config({"name": "eppfl", "local_epochs": 1, "batch_size": 1, "dp": dp}, clients=2, per_client=1,
-                        dataset="digits", model="lenet")  # fmt: skip
+    cfg = attack_config(
+        {"name": "eppfl", "local_epochs": 1, "batch_size": 1, "dp": dp},
+        clients=2,
+        per_client=1,
+        dataset="digits",
+        model="lenet",
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run = observe_run(cfg, parties=("edge",))
@@ -52,10 +71,17 @@ def _eppfl(dp: dict | None):  # type: ignore[no-untyped-def]
 def test_edge_server_view_is_recorded_and_inverted_without_dp() -> None:
     run, r = _eppfl(None)
     ops = [(p.key, p.message.config.get("op")) for p in run.party_records]
-    for cid in (0, 1):  # one batch, one epoch: S_a loads M_s, the device steps once, S_a collects M_s
+    for cid in (
+        0,
+        1,
+    ):  # one batch, one epoch: S_a loads M_s, the device steps once, S_a collects M_s
         assert [op for k, op in ops if k == cid] == ["load", "step", "upload"]
     step = next(p.message for p in run.party_records if p.message.config.get("op") == "step")
-    assert step.arrays["a"].shape == (1, 16, 64)  # lenet's first conv output on 8x8 digits: what the device sent
+    assert step.arrays["a"].shape == (
+        1,
+        16,
+        64,
+    )  # lenet's first conv output on 8x8 digits: what the device sent
     a = r["attacks"]["eppfl-inversion"]
     assert a["median_mse"] < r["baseline_mean_image_mse"] / 100
 

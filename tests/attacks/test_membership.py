@@ -56,7 +56,9 @@ def test_precision_and_tpr_by_hand() -> None:
     r = scores_result(torch.tensor([4.0, 2.0]), torch.tensor([3.0, 1.0]))
     assert r.best_precision == 1.0 and r.precision == 1.0 and r.auc == 0.75
     assert r.tpr_at_1pct_fpr == 0.5  # no false positive allowed: only 4 is above the top non-member
-    tied = scores_result(torch.tensor([1.0, 1.0]), torch.tensor([1.0, 1.0]))  # one tie group: one cut
+    tied = scores_result(
+        torch.tensor([1.0, 1.0]), torch.tensor([1.0, 1.0])
+    )  # one tie group: one cut
     assert tied.best_precision == 0.5 and tied.auc == 0.5
 
 
@@ -68,7 +70,9 @@ def test_logit_confidence_is_log_odds_of_the_label() -> None:
         model.weight.copy_(torch.eye(3))
     x, y = torch.tensor([[2.0, 0.0, 1.0]]), torch.tensor([0])
     p = torch.softmax(x.double(), -1)[0, 0]
-    torch.testing.assert_close(logit_confidence(model, x, y), (torch.log(p) - torch.log1p(-p)).double().view(1))
+    torch.testing.assert_close(
+        logit_confidence(model, x, y), (torch.log(p) - torch.log1p(-p)).double().view(1)
+    )
 
 
 def test_shadow_models_and_lira_find_memorized_members_and_not_in_a_fresh_model() -> None:
@@ -83,7 +87,9 @@ def test_shadow_models_and_lira_find_memorized_members_and_not_in_a_fresh_model(
     s = shadow_attack(target, shadows, members, non)
     lira = lira_offline(target, [m for m, _, _ in shadows], members, non)
     assert s.auc > 0.9 and s.precision > 0.8
-    assert lira.auc > 0.8 and lira.tpr_at_1pct_fpr > 0.2  # 3 shadows, global variance: offline LiRA is weaker
+    assert (
+        lira.auc > 0.8 and lira.tpr_at_1pct_fpr > 0.2
+    )  # 3 shadows, global variance: offline LiRA is weaker
     fresh = _memorizer(*members, seed=0, steps=0)
     assert 0.25 < shadow_attack(fresh, shadows, members, non).auc < 0.75
     assert 0.25 < lira_offline(fresh, [m for m, _, _ in shadows], members, non).auc < 0.75
@@ -93,8 +99,12 @@ def test_chance_auc_std_matches_the_spread_of_chance_aucs():
     """Against simulation: AUCs of scores drawn independently of membership."""
     g = torch.Generator().manual_seed(0)
     for n_pos, n_neg in ((64, 64), (12, 12), (10, 40)):
-        aucs = torch.tensor([roc_auc(torch.rand(n_pos, generator=g), torch.rand(n_neg, generator=g))
-                             for _ in range(4000)])  # fmt: skip
+        aucs = torch.tensor(
+            [
+                roc_auc(torch.rand(n_pos, generator=g), torch.rand(n_neg, generator=g))
+                for _ in range(4000)
+            ]
+        )
         assert abs(float(aucs.mean()) - 0.5) < 0.005
         assert float(aucs.std()) == pytest.approx(chance_auc_std(n_pos, n_neg), rel=0.05)
     assert chance_auc_std(64, 64) == pytest.approx(0.0512, abs=1e-4)

@@ -15,7 +15,9 @@ def test_shadow_models_train_on_the_attackers_data_with_the_runs_method() -> Non
     from fedge.experiment.build import build_run
 
     method = {"name": "fedavg", "local_epochs": 1, "batch_size": 8}
-    cfg = attack_config(method, clients=2, per_client=20, dataset="digits", test=120, rounds=2, model="lenet")
+    cfg = attack_config(
+        method, clients=2, per_client=20, dataset="digits", test=120, rounds=2, model="lenet"
+    )
     built = build_run(cfg)
     target = _run_rounds(built, cfg.rounds)
     r = membership_attacks(built, target, samples=30, shadows=2)
@@ -25,20 +27,29 @@ def test_shadow_models_train_on_the_attackers_data_with_the_runs_method() -> Non
     from fedge.attacks.membership_run import shadow_models
 
     ds = built.dataset
-    (m0, inside, outside), = shadow_models(cfg, (ds.x_test, ds.y_test), train_size=40, shadows=1)
+    ((m0, inside, outside),) = shadow_models(cfg, (ds.x_test, ds.y_test), train_size=40, shadows=1)
     train = {tuple(v.flatten().tolist()) for v in ds.x_train}
     assert not any(tuple(v.flatten().tolist()) in train for v in torch.cat([inside[0], outside[0]]))
-    assert not all(torch.equal(a, b) for a, b in zip(m0.parameters(), target.parameters(), strict=True))
+    assert not all(
+        torch.equal(a, b) for a, b in zip(m0.parameters(), target.parameters(), strict=True)
+    )
 
 
 def test_round_models_are_the_runs_own_models_and_shadows_follow_the_rounds() -> None:
     import torch
 
-    from fedge.attacks.membership_run import _run_rounds, membership_attacks, membership_by_round, round_models
+    from fedge.attacks.membership_run import (
+        _run_rounds,
+        membership_attacks,
+        membership_by_round,
+        round_models,
+    )
     from fedge.experiment.build import build_run
 
     method = {"name": "fedavg", "local_epochs": 1, "batch_size": 8}
-    cfg = attack_config(method, clients=2, per_client=20, dataset="digits", test=120, rounds=3, model="lenet")
+    cfg = attack_config(
+        method, clients=2, per_client=20, dataset="digits", test=120, rounds=3, model="lenet"
+    )
     ms = round_models(build_run(cfg), [3, 1])
     for r in (1, 3):  # an independent run of r rounds gives the same model
         ref = _run_rounds(build_run(cfg.model_copy(update={"rounds": r})), r)
@@ -47,15 +58,28 @@ def test_round_models_are_the_runs_own_models_and_shadows_follow_the_rounds() ->
     built = build_run(cfg)
     by = membership_by_round(built, [1, 3], samples=30, shadows=2)
     final = membership_attacks(build_run(cfg), ms[3], samples=30, shadows=2)
-    for key in ("loss", "shadow", "lira"):  # round 3 = the final model against shadows trained 3 rounds
+    for key in (
+        "loss",
+        "shadow",
+        "lira",
+    ):  # round 3 = the final model against shadows trained 3 rounds
         assert by["rounds"]["3"][key] == final[key]
     assert by["rounds"]["1"]["loss"] != by["rounds"]["3"]["loss"]
 
 
 def _sampled_config(*, clients: int, per_client: int, per_round: int, rounds: int, test: int = 60):  # noqa: ANN202
-    cfg = attack_config({"name": "fedavg", "local_epochs": 1, "batch_size": 4}, clients=clients, per_client=per_client,
-                        dataset="digits", model="lenet", test=test, rounds=rounds)  # fmt: skip
-    return cfg.model_copy(update={"clients": cfg.clients.model_copy(update={"per_round": per_round})})
+    cfg = attack_config(
+        {"name": "fedavg", "local_epochs": 1, "batch_size": 4},
+        clients=clients,
+        per_client=per_client,
+        dataset="digits",
+        model="lenet",
+        test=test,
+        rounds=rounds,
+    )
+    return cfg.model_copy(
+        update={"clients": cfg.clients.model_copy(update={"per_round": per_round})}
+    )
 
 
 def _capture_members(monkeypatch: pytest.MonkeyPatch) -> list:
@@ -77,7 +101,9 @@ def _rows(x) -> set:  # noqa: ANN001
     return {tuple(v.flatten().tolist()) for v in x}
 
 
-def test_mia_members_are_samples_of_clients_the_model_trained_on(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mia_members_are_samples_of_clients_the_model_trained_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Prepare: 4 clients, 1 sampled a round, 2 rounds, so at least 2 clients never train
     (oracle: the engine's sampler). Assert: every member of the final-model attack is a sample
     of a client sampled in round 1 or 2, and every member of the per-round attack (rounds 1
@@ -96,16 +122,24 @@ def test_mia_members_are_samples_of_clients_the_model_trained_on(monkeypatch: py
     built = build_run(cfg)
     x = built.dataset.x_train
     rows = {c: _rows(x[built.clients[c].indices]) for c in range(4)}
-    final = membership_attacks(built, replay(build_run(cfg), [2]).models[2], samples=5 * len(ever), shadows=1)
-    assert final["loss"]["members"] == 5 * len(ever) and final["shadow_train_size"] <= 10  # 2 of 4 shadow clients at most
-    (members, _), = seen
-    assert _rows(members[0]) == set().union(*(rows[c] for c in ever))  # all of them, none of the others
+    final = membership_attacks(
+        built, replay(build_run(cfg), [2]).models[2], samples=5 * len(ever), shadows=1
+    )
+    assert (
+        final["loss"]["members"] == 5 * len(ever) and final["shadow_train_size"] <= 10
+    )  # 2 of 4 shadow clients at most
+    ((members, _),) = seen
+    assert _rows(members[0]) == set().union(
+        *(rows[c] for c in ever)
+    )  # all of them, none of the others
     seen.clear()
     membership_by_round(build_run(cfg), [1, 2], samples=5)
     assert len(seen) == 2 and all(_rows(m[0]) == rows[picked[1][0]] for m, _ in seen)
 
 
-def test_mia_members_with_every_client_are_the_draws_of_every_clients_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mia_members_with_every_client_are_the_draws_of_every_clients_samples(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Every client trains every round: the members and non-members are exactly the old
     draws (the published tables' figures), from every client's samples concatenated."""
     import torch
@@ -117,7 +151,9 @@ def test_mia_members_with_every_client_are_the_draws_of_every_clients_samples(mo
     cfg = _sampled_config(clients=3, per_client=6, per_round=3, rounds=2)
     built = build_run(cfg)
     ds = built.dataset
-    idx = torch.cat([c.indices for c in built.clients])  # the formula before participation was minded
+    idx = torch.cat(
+        [c.indices for c in built.clients]
+    )  # the formula before participation was minded
     g = generator(0, "attack", "mia")
     members = idx[torch.randperm(len(idx), generator=g)[:7]]
     non = torch.randperm(len(ds.y_test), generator=g)[:7]
@@ -138,8 +174,13 @@ def test_mia_by_round_with_too_few_members_by_the_first_round_names_the_ways_out
     from fedge.experiment.build import build_run
 
     cfg = _sampled_config(clients=4, per_client=5, per_round=1, rounds=2)
-    with pytest.raises(ConfigError, match=r"samples=6 .*1 of 4 clients aggregated by round 1 hold 5 samples") as e:
+    with pytest.raises(
+        ConfigError, match=r"samples=6 .*1 of 4 clients aggregated by round 1 hold 5 samples"
+    ) as e:
         membership_by_round(build_run(cfg), [1, 2], samples=6)
     for fix in ("at most 5", "later first round than 1", "clients.per_round=4"):
         assert fix in str(e.value)
-    assert membership_by_round(build_run(cfg), [1, 2], samples=5)["rounds"]["2"]["loss"]["members"] == 5
+    assert (
+        membership_by_round(build_run(cfg), [1, 2], samples=5)["rounds"]["2"]["loss"]["members"]
+        == 5
+    )

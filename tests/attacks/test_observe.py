@@ -14,7 +14,9 @@ from fedge.experiment.build import build_run
 def _quiet_run(method: dict, clients: int = 2, per_client: int = 1):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return observe_run(attack_config(method, clients=clients, per_client=per_client, dataset="digits"))
+        return observe_run(
+            attack_config(method, clients=clients, per_client=per_client, dataset="digits")
+        )
 
 
 def test_fedsgd_upload_is_the_clients_gradient_at_the_broadcast_model() -> None:
@@ -41,7 +43,9 @@ def test_observer_does_not_change_the_trained_model() -> None:
     sim = plain.simulation()
     sim.run_round(1)
     sim.close()
-    for a, b in zip(run.observer.model.parameters(), plain.method.strategy.model.parameters(), strict=True):
+    for a, b in zip(
+        run.observer.model.parameters(), plain.method.strategy.model.parameters(), strict=True
+    ):
         torch.testing.assert_close(a, b)
 
 

@@ -14,7 +14,9 @@ from fedge.attacks.property import aux_batch, plaintext_program
 def _pia(method: dict, clients: int = 32) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run = observe_run(attack_config(method, clients=clients, per_client=8, dataset="digits", test=360))
+        run = observe_run(
+            attack_config(method, clients=clients, per_client=8, dataset="digits", test=360)
+        )
     return pia_attack(run, prop=0, aux_updates=64)
 
 
@@ -33,12 +35,17 @@ def test_fedsgd_batch_gradients_reveal_the_class_and_masked_ones_do_not() -> Non
     assert not clear["masked"] and 0 < clear["with_property"] < clear["uploads"] == 32
     assert clear["auc"] > 0.8
     masked = _pia({"name": "fedsgd", "batch_size": 8, "secure_aggregation": True})
-    assert masked["masked"] and masked["train_accuracy"] > 0.9  # the classifier works on plaintexts ...
+    assert (
+        masked["masked"] and masked["train_accuracy"] > 0.9
+    )  # the classifier works on plaintexts ...
     assert abs(masked["auc"] - 0.5) < 0.25  # ... and finds nothing in the masked vectors
 
 
 def test_baffle_k_values_reveal_the_class_without_secure_aggregation() -> None:
-    r = _pia({"name": "baffle", "mode": "batch", "k": 100, "ema": None, "secure_aggregation": False}, clients=16)
+    r = _pia(
+        {"name": "baffle", "mode": "batch", "k": 100, "ema": None, "secure_aggregation": False},
+        clients=16,
+    )
     assert r["classifiers"] == 1 and r["auc"] > 0.8
 
 
@@ -47,8 +54,14 @@ def test_the_server_simulates_the_plaintext_program_beneath_secure_aggregation()
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run = observe_run(attack_config({"name": "fedsgd", "batch_size": 1, "secure_aggregation": True},
-                                        clients=2, per_client=1, dataset="digits"))  # fmt: skip
+        run = observe_run(
+            attack_config(
+                {"name": "fedsgd", "batch_size": 1, "secure_aggregation": True},
+                clients=2,
+                per_client=1,
+                dataset="digits",
+            )
+        )
     assert isinstance(run.built.method.program, SecureClient)
     assert not isinstance(plaintext_program(run.built.method.program), SecureClient)
 
@@ -56,7 +69,14 @@ def test_the_server_simulates_the_plaintext_program_beneath_secure_aggregation()
 def test_property_inference_is_reproducible_from_its_seed() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run = observe_run(attack_config({"name": "fedsgd", "batch_size": 8, "secure_aggregation": True},
-                                        clients=16, per_client=8, dataset="digits", test=360))  # fmt: skip
+        run = observe_run(
+            attack_config(
+                {"name": "fedsgd", "batch_size": 8, "secure_aggregation": True},
+                clients=16,
+                per_client=8,
+                dataset="digits",
+                test=360,
+            )
+        )
     a, b = pia_attack(run, seed=3, aux_updates=32), pia_attack(run, seed=3, aux_updates=32)
     assert a == b

@@ -13,14 +13,37 @@ from fedge.bench import zo
 from fedge.bench.zo import forward_breakdown, run_zo, zo_markdown
 
 ZO_KEYS = {
-    "model", "scheme", "k", "batch", "zo_step_s", "bp_step_s", "reference_loop_step_s",
-    "zo_lean_step_s", "zo_over_bp_per_k", "speedup_vs_reference", "forward_gflops", "fast_path",
-    "forward_s", "forward_achieved_gflops", "zo_achieved_gflops", "peak_1thread_gflops",
-    "forward_efficiency", "zo_floor_s", "zo_floor_ratio", "zo_lean_floor_ratio",
-    "meets_floor_ratio", "zo_bound_s", "zo_over_bound", "forward_channels_last_s",
-    "forward_breakdown", "forward_loop_s", "zo_loop_ratio", "zo_lean_loop_ratio",
-    "zo_epoch_step_s", "epoch_over_split",
-}  # fmt: skip
+    "model",
+    "scheme",
+    "k",
+    "batch",
+    "zo_step_s",
+    "bp_step_s",
+    "reference_loop_step_s",
+    "zo_lean_step_s",
+    "zo_over_bp_per_k",
+    "speedup_vs_reference",
+    "forward_gflops",
+    "fast_path",
+    "forward_s",
+    "forward_achieved_gflops",
+    "zo_achieved_gflops",
+    "peak_1thread_gflops",
+    "forward_efficiency",
+    "zo_floor_s",
+    "zo_floor_ratio",
+    "zo_lean_floor_ratio",
+    "meets_floor_ratio",
+    "zo_bound_s",
+    "zo_over_bound",
+    "forward_channels_last_s",
+    "forward_breakdown",
+    "forward_loop_s",
+    "zo_loop_ratio",
+    "zo_lean_loop_ratio",
+    "zo_epoch_step_s",
+    "epoch_over_split",
+}
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +52,15 @@ def report() -> dict:
     with warnings.catch_warnings():  # busy-machine warnings: tested below
         warnings.simplefilter("ignore", RuntimeWarning)
         try:
-            return run_zo(["lenet", "lenet5"], k=2, batch=2, repeats=1,
-                          schemes=("central", "forward"), retain_memory=False, probe_k=None)  # fmt: skip
+            return run_zo(
+                ["lenet", "lenet5"],
+                k=2,
+                batch=2,
+                repeats=1,
+                schemes=("central", "forward"),
+                retain_memory=False,
+                probe_k=None,
+            )
         finally:
             torch.set_num_threads(threads)
 
@@ -39,11 +69,17 @@ def test_run_zo_json_shape_and_markdown(report: dict) -> None:
     json.dumps(report)
     rows = report["results"]
     assert [(r["model"], r["scheme"]) for r in rows] == [
-        ("lenet", "central"), ("lenet", "forward"), ("lenet5", "central"), ("lenet5", "forward")]
+        ("lenet", "central"),
+        ("lenet", "forward"),
+        ("lenet5", "central"),
+        ("lenet5", "forward"),
+    ]
     for r in rows:
         assert ZO_KEYS <= r.keys()
         assert r["fast_path"] == "batched"
-        assert min(r["zo_step_s"], r["zo_lean_step_s"], r["bp_step_s"], r["reference_loop_step_s"]) > 0
+        assert (
+            min(r["zo_step_s"], r["zo_lean_step_s"], r["bp_step_s"], r["reference_loop_step_s"]) > 0
+        )
         assert r["forwards_per_step"] == (4 if r["scheme"] == "central" else 3)
     assert report["threads"] == 1 and report["malloc_retained"] is False
     assert report["cores"] >= 1 and report["peak_1thread"]["start"]["peak"] > 0
@@ -64,7 +100,9 @@ def test_floor_and_bound_arithmetic(report: dict) -> None:
         # bound = forwards × FLOPs / (1-thread peak × threads), here 1 thread
         bound = forwards * r["forward_gflops"] / r["peak_1thread_gflops"]
         assert math.isclose(r["zo_bound_s"], bound)
-        assert math.isclose(r["forward_efficiency"], r["forward_achieved_gflops"] / r["peak_1thread_gflops"])
+        assert math.isclose(
+            r["forward_efficiency"], r["forward_achieved_gflops"] / r["peak_1thread_gflops"]
+        )
     lenet = report["results"][0]
     # BAFFLE's LeNet on 2 samples of 1×28×28: conv1 1→16 (5×5, pad 2) on 28², conv2 16→64 on 14²,
     # FC 64→10: 2·(16·25·784 + 64·400·196 + 640)·2 FLOPs (the hand-computed oracle).
@@ -72,8 +110,9 @@ def test_floor_and_bound_arithmetic(report: dict) -> None:
 
 
 def test_forward_breakdown_names_each_leaf_kind() -> None:
-    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Sequential(nn.Conv2d(4, 4, 3), nn.ReLU()),
-                          nn.Flatten())  # fmt: skip
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Sequential(nn.Conv2d(4, 4, 3), nn.ReLU()), nn.Flatten()
+    )
     got = forward_breakdown(model, torch.randn(2, 1, 8, 8), repeats=1)
     assert set(got) == {"Conv2d", "ReLU", "Flatten"}
     assert all(v > 0 for v in got.values())
@@ -83,12 +122,21 @@ def test_forward_breakdown_names_each_leaf_kind() -> None:
 def test_run_zo_warns_when_the_machine_is_busy(monkeypatch: pytest.MonkeyPatch) -> None:
     busy = {"load_1min": 5.0, "cores": 2, "matmul_512_s": 1e-3, "spread": 1.0, "repeats": 5}
     monkeypatch.setattr(zo, "load_probe", lambda: busy)
-    monkeypatch.setattr(zo, "one_thread_peak", lambda: {"matmul": 100.0, "conv": 90.0, "peak": 100.0})
+    monkeypatch.setattr(
+        zo, "one_thread_peak", lambda: {"matmul": 100.0, "conv": 90.0, "peak": 100.0}
+    )
     threads = torch.get_num_threads()
     try:
         with pytest.warns(RuntimeWarning, match="load average 5.00"):
-            rep = run_zo(["lenet5"], k=1, batch=2, repeats=1, schemes=("forward",),
-                         retain_memory=False, probe_k=None)  # fmt: skip
+            rep = run_zo(
+                ["lenet5"],
+                k=1,
+                batch=2,
+                repeats=1,
+                schemes=("forward",),
+                retain_memory=False,
+                probe_k=None,
+            )
     finally:
         torch.set_num_threads(threads)
     assert len(rep["warnings"]) == 2  # at the start and at the end

@@ -47,8 +47,9 @@ def _probe(load: float, spread: float = 1.0) -> dict:
     ],
 )
 def test_busy_warnings(before, after, threads, peaks, needles) -> None:
-    got = machine.busy_warnings(before, after, threads=threads, peak_before=peaks[0],
-                                peak_after=peaks[1])  # fmt: skip
+    got = machine.busy_warnings(
+        before, after, threads=threads, peak_before=peaks[0], peak_after=peaks[1]
+    )
     assert len(got) == len(needles)
     for msg, needle in zip(got, needles):
         assert needle in msg

@@ -14,9 +14,16 @@ from fedge.cli.main import app
 runner = CliRunner()
 
 MEMORY_KEYS = {
-    "model", "batch", "inference_peak_bytes", "bp_peak_bytes", "zo_lean_peak_bytes",
-    "zo_fast_peak_bytes", "bp_over_lean", "lean_over_inference", "zo_lean_peak_bytes_by_k",
-}  # fmt: skip
+    "model",
+    "batch",
+    "inference_peak_bytes",
+    "bp_peak_bytes",
+    "zo_lean_peak_bytes",
+    "zo_fast_peak_bytes",
+    "bp_over_lean",
+    "lean_over_inference",
+    "zo_lean_peak_bytes_by_k",
+}
 
 
 def test_step_accountant_counts_new_storages_not_weight_views():
@@ -60,14 +67,53 @@ def test_rss_child_reports_growth():
 def test_cli_bench_commands_write_json_and_docs(tmp_path):
     docs = tmp_path / "benchmarks.md"
     zo_json, mem_json = tmp_path / "zo.json", tmp_path / "mem.json"
-    res = runner.invoke(app, ["bench", "zo", "--models", "lenet", "--k", "1", "--batch", "2",
-                              "--repeats", "1", "--schemes", "forward", "--no-retain-memory",
-                              "--probe-k", "0", "--json", str(zo_json), "--docs", str(docs)])  # fmt: skip
+    res = runner.invoke(
+        app,
+        [
+            "bench",
+            "zo",
+            "--models",
+            "lenet",
+            "--k",
+            "1",
+            "--batch",
+            "2",
+            "--repeats",
+            "1",
+            "--schemes",
+            "forward",
+            "--no-retain-memory",
+            "--probe-k",
+            "0",
+            "--json",
+            str(zo_json),
+            "--docs",
+            str(docs),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(zo_json.read_text())["results"][0]["scheme"] == "forward"
-    res = runner.invoke(app, ["bench", "memory", "--models", "lenet", "--batches", "2",
-                              "--lean-ks", "2,1", "--fast-k", "1", "--rss-repeats", "0",
-                              "--json", str(mem_json), "--docs", str(docs)])  # fmt: skip
+    res = runner.invoke(
+        app,
+        [
+            "bench",
+            "memory",
+            "--models",
+            "lenet",
+            "--batches",
+            "2",
+            "--lean-ks",
+            "2,1",
+            "--fast-k",
+            "1",
+            "--rss-repeats",
+            "0",
+            "--json",
+            str(mem_json),
+            "--docs",
+            str(docs),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(mem_json.read_text())["results"][0]["batch"] == 2
     text = docs.read_text()

@@ -27,8 +27,15 @@ def test_reference_gradient_matches_autograd_and_restores_weights(scheme: str) -
     F.mse_loss(model(batch[0]), batch[1]).backward()
     truth = torch.cat([p.grad.flatten() for p in model.parameters()])
     # Execute
-    est = reference_gradient(model, F.mse_loss, batch, k=4000, sigma=1e-3, scheme=scheme,
-                             generator=torch.Generator().manual_seed(1))  # fmt: skip
+    est = reference_gradient(
+        model,
+        F.mse_loss,
+        batch,
+        k=4000,
+        sigma=1e-3,
+        scheme=scheme,
+        generator=torch.Generator().manual_seed(1),
+    )
     # Assert
     got = torch.cat([est[n].flatten() for n, _ in model.named_parameters()])
     assert F.cosine_similarity(got, truth, dim=0) > 0.99
@@ -40,5 +47,12 @@ def test_reference_gradient_matches_autograd_and_restores_weights(scheme: str) -
 def test_reference_gradient_rejects_unknown_scheme() -> None:
     model, batch = _quadratic_model()
     with pytest.raises(ValueError, match="backward"):
-        reference_gradient(model, F.mse_loss, batch, k=1, sigma=1e-3, scheme="backward",
-                           generator=torch.Generator())  # fmt: skip
+        reference_gradient(
+            model,
+            F.mse_loss,
+            batch,
+            k=1,
+            sigma=1e-3,
+            scheme="backward",
+            generator=torch.Generator(),
+        )

@@ -13,7 +13,9 @@ def test_update_section_replaces_its_own_section_only(tmp_path):
     text = docs.read_text()
     assert text.startswith("# fedge benchmarks") and text.count("<!-- bench:a -->") == 1
     assert "second" in text and "first" not in text and "<!-- bench:b -->\n## B\n" in text
-    assert text.index("<!-- bench:a -->") < text.index("<!-- bench:b -->")  # replaced where it stood
+    assert text.index("<!-- bench:a -->") < text.index(
+        "<!-- bench:b -->"
+    )  # replaced where it stood
 
 
 def test_publish_prints_and_writes_the_section_only_when_asked(tmp_path, capsys):
@@ -23,7 +25,9 @@ def test_publish_prints_and_writes_the_section_only_when_asked(tmp_path, capsys)
     publish("| a |\n|---|", str(docs), "t", "T")
     assert capsys.readouterr().out == "| a |\n|---|\n"
     block = docs.read_text().split("<!-- bench:t -->\n", 1)[1]
-    assert block.startswith("## T\n\nMachine: ") and block.endswith("\n\n| a |\n|---|\n<!-- /bench:t -->\n")
+    assert block.startswith("## T\n\nMachine: ") and block.endswith(
+        "\n\n| a |\n|---|\n<!-- /bench:t -->\n"
+    )
 
 
 def test_a_section_rendered_from_records_names_them_not_the_renderer(tmp_path):
@@ -43,7 +47,14 @@ def test_markdown_table_and_the_section_layout():
     lines = markdown_table(["K", "up B"], [["100", "412"], ["200", "812"]])
     assert lines == ["| K | up B |", "|---|---|", "| 100 | 412 |", "| 200 | 812 |"]
     assert markdown_table(["a"], []) == ["| a |", "|---|"]
-    assert markdown_table(["row", "name", "acc %", "MiB"], [["a", "b", "1.00", "2.0"]], left=2)[1:] == [
-        "|---|---|---:|---:|", "| a | b | 1.00 | 2.0 |"]  # fmt: skip
+    assert markdown_table(["row", "name", "acc %", "MiB"], [["a", "b", "1.00", "2.0"]], left=2)[
+        1:
+    ] == [
+        "|---|---|---:|---:|",
+        "| a | b | 1.00 | 2.0 |",
+    ]
     text = command_section(["Intro one,", "intro two."], "fedge bench comm", lines)
-    assert text == "Intro one,\nintro two.\n\nCommand: `fedge bench comm`\n\n| K | up B |\n|---|---|\n| 100 | 412 |\n| 200 | 812 |"
+    assert (
+        text
+        == "Intro one,\nintro two.\n\nCommand: `fedge bench comm`\n\n| K | up B |\n|---|---|\n| 100 | 412 |\n| 200 | 812 |"
+    )

@@ -16,7 +16,10 @@ from tests_helpers import unfinished_run
 
 
 def _accuracies(path):
-    return [json.loads(line)["test_accuracy"] for line in (path / "metrics.jsonl").read_text().splitlines()]
+    return [
+        json.loads(line)["test_accuracy"]
+        for line in (path / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def test_a_restored_run_resumes_to_the_numbers_of_the_original(tmp_path):
@@ -32,7 +35,9 @@ def test_a_restored_run_resumes_to_the_numbers_of_the_original(tmp_path):
     assert _accuracies(there / "seed-0" / "a") == _accuracies(here / "seed-0" / "a")
     assert len(_accuracies(here / "seed-0" / "a")) == 3
     assert unfinished_runs(there) == []
-    assert save_progress(there, archive).held == [] and not archive.exists()  # complete here: the archive has nothing to carry
+    assert (
+        save_progress(there, archive).held == [] and not archive.exists()
+    )  # complete here: the archive has nothing to carry
 
 
 def test_saving_merges_with_the_archive_and_never_loses_a_further_run(tmp_path):
@@ -47,9 +52,13 @@ def test_saving_merges_with_the_archive_and_never_loses_a_further_run(tmp_path):
     fresh = tmp_path / "fresh"
     save_progress(fresh, archive)  # an empty --out (a new machine) keeps everything
     assert {p.run: p.rounds for p in restore_progress(archive, fresh)} == {"x": 2, "y": 1}
-    assert {p.run: p.rounds for p in restore_progress(archive, b)} == {"x": 2}  # b's x moved forward, y as far
+    assert {p.run: p.rounds for p in restore_progress(archive, b)} == {
+        "x": 2
+    }  # b's x moved forward, y as far
     resume_experiment(b / "x", render=False)
-    assert {p.run: p.rounds for p in save_progress(b, archive).held} == {"y": 1}  # x complete in b: its record carries it
+    assert {p.run: p.rounds for p in save_progress(b, archive).held} == {
+        "y": 1
+    }  # x complete in b: its record carries it
 
 
 def test_the_same_runs_pack_to_the_same_bytes_wherever_they_are_packed(tmp_path):
@@ -94,7 +103,10 @@ def test_a_run_recorded_as_finished_elsewhere_leaves_the_archive(tmp_path):
     archive = records / "in-progress.tar.gz"
     unfinished_run(out / "seed-0" / "a", 1)
     unfinished_run(out / "seed-0" / "b", 1, seed=1)
-    assert [p.run for p in save_progress(out, archive, records=records).held] == ["seed-0/a", "seed-0/b"]
+    assert [p.run for p in save_progress(out, archive, records=records).held] == [
+        "seed-0/a",
+        "seed-0/b",
+    ]
     (records / "seed-0").mkdir()
     (records / "seed-0" / "a.json").write_text("{}")  # another machine finished a and recorded it
     shutil.rmtree(out / "seed-0" / "b")  # b is in the archive only
@@ -131,7 +143,9 @@ def test_restore_leaves_a_run_being_driven_alone(tmp_path):
     finally:
         driver.let_go()
     assert (behind / "checkpoint.pt").read_bytes() == before
-    assert [(p.run, p.rounds) for p in restore_progress(archive, tmp_path / "new")] == [("x", 2)]  # once let go
+    assert [(p.run, p.rounds) for p in restore_progress(archive, tmp_path / "new")] == [
+        ("x", 2)
+    ]  # once let go
 
 
 def test_a_damaged_or_unsafe_archive_is_refused_with_the_fix(tmp_path):
@@ -144,7 +158,10 @@ def test_a_damaged_or_unsafe_archive_is_refused_with_the_fix(tmp_path):
     assert bad.read_bytes() == b"not a tar"  # a refused save changes nothing
     evil = tmp_path / "evil.tar.gz"
     with tarfile.open(evil, "w:gz") as tar:
-        for name, data in (("in-progress.json", b'{"../escape": 1}'), ("../escape/checkpoint.pt", b"x")):
+        for name, data in (
+            ("in-progress.json", b'{"../escape": 1}'),
+            ("../escape/checkpoint.pt", b"x"),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))

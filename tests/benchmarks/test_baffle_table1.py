@@ -13,7 +13,10 @@ bench = benchmark_script("baffle_table1")
 
 
 def _row(accs: dict[int, float]) -> dict:
-    return {"seeds": len(accs), "runs": [{"seed": s, "final_test_accuracy": a} for s, a in accs.items()]}
+    return {
+        "seeds": len(accs),
+        "runs": [{"seed": s, "final_test_accuracy": a} for s, a in accs.items()],
+    }
 
 
 BASE = {0: 0.60, 1: 0.55, 2: 0.56}  # seeds differ by 5 points: unpaired, no 1-point gap is resolved
@@ -34,17 +37,24 @@ def test_t_interval_by_hand() -> None:
 
 def test_a_consistent_small_gap_is_resolved_by_pairing_seeds() -> None:
     # SELU ~1 point above K=100 on every seed: far inside the seeds' 2.6-point std, but paired it is clear
-    agg = {"BAFFLE K=100": _row(BASE), "K=100 SELU": _row({s: a + 0.010 + 0.001 * s for s, a in BASE.items()}),
-           "K=100 ReLU": _row({s: a - 0.010 - 0.001 * s for s, a in BASE.items()}),
-           "K=100 w/o EMA": _row({0: 0.61, 1: 0.54, 2: 0.565})}  # fmt: skip
+    agg = {
+        "BAFFLE K=100": _row(BASE),
+        "K=100 SELU": _row({s: a + 0.010 + 0.001 * s for s, a in BASE.items()}),
+        "K=100 ReLU": _row({s: a - 0.010 - 0.001 * s for s, a in BASE.items()}),
+        "K=100 w/o EMA": _row({0: 0.61, 1: 0.54, 2: 0.565}),
+    }
     lines = bench.verdicts(agg)
     d = paired_difference(agg["K=100 SELU"], agg["BAFFLE K=100"])
     assert d is not None and d["diffs"] == pytest.approx([0.010, 0.011, 0.012])
     assert d["std"] == pytest.approx(statistics.stdev([0.010, 0.011, 0.012]))
     assert "+1.10 ± 0.10 points" in _line(lines, "K=100 SELU")
-    assert _line(lines, "K=100 SELU").endswith("→ does NOT reproduce (the opposite direction).")  # paper: SELU lower
+    assert _line(lines, "K=100 SELU").endswith(
+        "→ does NOT reproduce (the opposite direction)."
+    )  # paper: SELU lower
     assert _line(lines, "K=100 ReLU").endswith("→ reproduces.")  # paper: ReLU lower
-    assert _line(lines, "K=100 w/o EMA").endswith("→ not resolved (the interval holds 0).")  # +1, -1, +0.5
+    assert _line(lines, "K=100 w/o EMA").endswith(
+        "→ not resolved (the interval holds 0)."
+    )  # +1, -1, +0.5
     assert not any(x.startswith("- BAFFLE K=200") for x in lines)  # not run: no line
 
 
@@ -56,12 +66,24 @@ def test_verdicts_need_two_paired_seeds() -> None:
 
 def test_plan_keeps_the_recorded_protocol_and_separates_other_sizes(tmp_path, monkeypatch) -> None:
     # The 10,000-sample table's overrides are those its records were run with (order included).
-    assert bench.Plan().protocol() == ["threads=1", "rounds=20", "dataset.limit_train=12000", "dataset.validation=2000",
-                                       "dataset.limit_test=10000", "measure.flops=false"]  # fmt: skip
+    assert bench.Plan().protocol() == [
+        "threads=1",
+        "rounds=20",
+        "dataset.limit_train=12000",
+        "dataset.validation=2000",
+        "dataset.limit_test=10000",
+        "measure.flops=false",
+    ]
     assert bench.Plan().records == bench.RECORDS and bench.Plan().out(tmp_path) == tmp_path
     big = bench.Plan(30000)
-    assert "dataset.limit_train=32000" in big.protocol() and big.screen_common()[-2:] == ["rounds=5", "seed=0"]
-    assert big.records == bench.RECORDS / "train-30000" and big.out(tmp_path) == tmp_path / "train-30000"
+    assert "dataset.limit_train=32000" in big.protocol() and big.screen_common()[-2:] == [
+        "rounds=5",
+        "seed=0",
+    ]
+    assert (
+        big.records == bench.RECORDS / "train-30000"
+        and big.out(tmp_path) == tmp_path / "train-30000"
+    )
     assert big.command() == "python benchmarks/baffle_table1.py --train 30000"
     # A size with records gets its own table in the section, after the 10,000-sample one.
     monkeypatch.setattr(bench, "RECORDS", tmp_path)
@@ -75,14 +97,19 @@ def test_plan_keeps_the_recorded_protocol_and_separates_other_sizes(tmp_path, mo
 def test_bp_bar_needs_every_seed() -> None:
     assert bench.bp_bar(None) == []
     assert bench.bp_bar(_row({0: 0.81, 1: 0.80, 2: 0.83}))[0].endswith("every seed (3 seeds): yes.")
-    assert bench.bp_bar(_row({0: 0.81, 1: 0.7975}))[0].endswith("every seed (2 seeds): no, lowest seed 0.7975.")
+    assert bench.bp_bar(_row({0: 0.81, 1: 0.7975}))[0].endswith(
+        "every seed (2 seeds): no, lowest seed 0.7975."
+    )
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--train", "1005"], "--train 1005: expected a multiple of 10"),
-    (["--train", "60000"], "from 1,000 to 58,000"),
-    (["--train", "30000", "--context"], "drop --train"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--train", "1005"], "--train 1005: expected a multiple of 10"),
+        (["--train", "60000"], "from 1,000 to 58,000"),
+        (["--train", "30000", "--context"], "drop --train"),
+    ],
+)
 def test_bad_train_size_is_a_clear_usage_error(argv, message, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         bench.main([*argv, "--table-only", "--docs", "/nonexistent/never-written.md"])
@@ -91,45 +118,108 @@ def test_bad_train_size_is_a_clear_usage_error(argv, message, capsys) -> None:
 
 def test_a_screen_won_at_its_edge_grows_past_it_before_picking() -> None:
     def screened(vals: dict[str, dict[float, float]]) -> list[dict]:
-        return [{"label": f"screen {f} lr={lr}", "final_val_accuracy": v} for f, by in vals.items() for lr, v in by.items()]
+        return [
+            {"label": f"screen {f} lr={lr}", "final_val_accuracy": v}
+            for f, by in vals.items()
+            for lr, v in by.items()
+        ]
 
-    inside = {"BAFFLE K=100": {0.001: 0.50, 0.003: 0.56, 0.01: 0.55, 0.03: 0.53},
-              "BP FedAvg": {0.003: 0.74, 0.01: 0.76, 0.03: 0.77, 0.1: 0.76}}  # fmt: skip
-    assert set(bench.screen_variants(screened(inside))) == set(bench.screen_variants())  # bracketed: no growth
+    inside = {
+        "BAFFLE K=100": {0.001: 0.50, 0.003: 0.56, 0.01: 0.55, 0.03: 0.53},
+        "BP FedAvg": {0.003: 0.74, 0.01: 0.76, 0.03: 0.77, 0.1: 0.76},
+    }
+    assert set(bench.screen_variants(screened(inside))) == set(
+        bench.screen_variants()
+    )  # bracketed: no growth
     assert bench.picks({"results": screened(inside)}) == (0.003, 0.03)
-    edge = {**inside, "BP FedAvg": {**inside["BP FedAvg"], 0.1: 0.78}}  # BP best at the top of its grid
+    edge = {
+        **inside,
+        "BP FedAvg": {**inside["BP FedAvg"], 0.1: 0.78},
+    }  # BP best at the top of its grid
     grown = bench.screen_variants(screened(edge))
     assert set(grown) - set(bench.screen_variants()) == {"screen BP FedAvg lr=0.3"}
     assert grown["screen BP FedAvg lr=0.3"][-1] == "method.client_optimizer.lr=0.3"
     assert bench.picks({"results": screened(edge)}) is None  # waits for the new run
-    assert bench.picks({"results": screened({**edge, "BP FedAvg": {**edge["BP FedAvg"], 0.3: 0.70}})}) == (0.003, 0.1)
+    assert bench.picks(
+        {"results": screened({**edge, "BP FedAvg": {**edge["BP FedAvg"], 0.3: 0.70}})}
+    ) == (0.003, 0.1)
 
 
 def test_on_other_sizes_the_w_o_ema_row_is_the_k100_runs_raw_model(monkeypatch) -> None:
     ten = bench.main_variants(0.003, 0.03, k500=False, raw_from_k100=bench.Plan().raw_from_k100)
-    big = bench.main_variants(0.003, 0.03, k500=False, raw_from_k100=bench.Plan(30000).raw_from_k100)
-    assert "K=100 w/o EMA" in ten and ten["K=100 w/o EMA"][-2:] == ["method.ema=null", "method.client_optimizer.lr=0.003"]
+    big = bench.main_variants(
+        0.003, 0.03, k500=False, raw_from_k100=bench.Plan(30000).raw_from_k100
+    )
+    assert "K=100 w/o EMA" in ten and ten["K=100 w/o EMA"][-2:] == [
+        "method.ema=null",
+        "method.client_optimizer.lr=0.003",
+    ]
     assert set(ten) - set(big) == {"K=100 w/o EMA"}  # no runs of its own
     assert big["BAFFLE K=100"] == [*ten["BAFFLE K=100"], "method.ema_also_raw=true"]
     # the table: each K=100 run's raw figures make the row, its verdict paired by seed like any other
     ema, raw = {0: 0.60, 1: 0.55, 2: 0.56}, {0: 0.58, 1: 0.53, 2: 0.545}
-    costs = {"bytes_up_per_client_round": 107.0, "bytes_down_per_client_round": 107.0, "client_flops_per_round": 1.0, "wall_s": 60.0}
-    runs = [{"seed": s, "final_test_accuracy": a, "test_accuracy_at_best_val": a, **costs,
-             "side": {"raw": {"final_test_accuracy": raw[s], "test_accuracy_at_best_val": raw[s]}}} for s, a in ema.items()]  # fmt: skip
-    k100 = {"label": "BAFFLE K=100", "seeds": 3, "runs": runs, "diverged": [], **costs,
-            "final_test_accuracy": statistics.mean(ema.values()), "final_test_accuracy_std": statistics.stdev(ema.values()),
-            "test_accuracy_at_best_val": statistics.mean(ema.values()), "test_accuracy_at_best_val_std": statistics.stdev(ema.values())}  # fmt: skip
-    picked = {"screen BAFFLE K=100 lr=0.003", "screen BP FedAvg lr=0.03"}  # inside their grids: nothing grows
-    screen = [{"label": label, "final_val_accuracy": 0.6 if label in picked else 0.5} for label in bench.screen_variants()]
+    costs = {
+        "bytes_up_per_client_round": 107.0,
+        "bytes_down_per_client_round": 107.0,
+        "client_flops_per_round": 1.0,
+        "wall_s": 60.0,
+    }
+    runs = [
+        {
+            "seed": s,
+            "final_test_accuracy": a,
+            "test_accuracy_at_best_val": a,
+            **costs,
+            "side": {"raw": {"final_test_accuracy": raw[s], "test_accuracy_at_best_val": raw[s]}},
+        }
+        for s, a in ema.items()
+    ]
+    k100 = {
+        "label": "BAFFLE K=100",
+        "seeds": 3,
+        "runs": runs,
+        "diverged": [],
+        **costs,
+        "final_test_accuracy": statistics.mean(ema.values()),
+        "final_test_accuracy_std": statistics.stdev(ema.values()),
+        "test_accuracy_at_best_val": statistics.mean(ema.values()),
+        "test_accuracy_at_best_val_std": statistics.stdev(ema.values()),
+    }
+    picked = {
+        "screen BAFFLE K=100 lr=0.003",
+        "screen BP FedAvg lr=0.03",
+    }  # inside their grids: nothing grows
+    screen = [
+        {"label": label, "final_val_accuracy": 0.6 if label in picked else 0.5}
+        for label in bench.screen_variants()
+    ]
     monkeypatch.setattr(bench, "read_screen", lambda plan: {"results": screen})
-    monkeypatch.setattr(bench, "recorded_seeded", lambda *a, **k: {"results": [k100], "missing": [], "diverged": {}})
-    monkeypatch.setattr(bench, "recorded_probes", lambda *a, **k: {"BAFFLE K=100": {"client_flops_per_round": 2.5e9}})
+    monkeypatch.setattr(
+        bench, "recorded_seeded", lambda *a, **k: {"results": [k100], "missing": [], "diverged": {}}
+    )
+    monkeypatch.setattr(
+        bench,
+        "recorded_probes",
+        lambda *a, **k: {"BAFFLE K=100": {"client_flops_per_round": 2.5e9}},
+    )
     text = bench.table(bench.Plan(30000), k500=False).splitlines()
     (row,) = [x for x in text if x.startswith("| K=100 w/o EMA |")]
     mean, std = statistics.mean(raw.values()), statistics.stdev(raw.values())
-    assert f"| 3 | {mean:.4f} ± {std:.4f} |" in row and "0.5800, 0.5300, 0.5450" in row and "| 2.5 |" in row
+    assert (
+        f"| 3 | {mean:.4f} ± {std:.4f} |" in row
+        and "0.5800, 0.5300, 0.5450" in row
+        and "| 2.5 |" in row
+    )
     # paired differences -2, -2, -1.5 points: mean -1.83, std 0.29
-    assert "-1.83 ± 0.29 points" in _line(text, "K=100 w/o EMA") and any("method.ema_also_raw=true" in x for x in text)
-    monkeypatch.setattr(bench, "recorded_seeded", lambda *a, **k: {"results": [], "missing": [], "diverged": {}})
-    (row,) = [x for x in bench.table(bench.Plan(30000), k500=False).splitlines() if x.startswith("| K=100 w/o EMA |")]
+    assert "-1.83 ± 0.29 points" in _line(text, "K=100 w/o EMA") and any(
+        "method.ema_also_raw=true" in x for x in text
+    )
+    monkeypatch.setattr(
+        bench, "recorded_seeded", lambda *a, **k: {"results": [], "missing": [], "diverged": {}}
+    )
+    (row,) = [
+        x
+        for x in bench.table(bench.Plan(30000), k500=False).splitlines()
+        if x.startswith("| K=100 w/o EMA |")
+    ]
     assert "from BAFFLE K=100's runs: not run yet" in row

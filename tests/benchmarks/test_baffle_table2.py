@@ -12,17 +12,30 @@ PLAN = bench.Plan()
 
 def _rows(vals: dict[tuple[str, str, float], float]) -> list[dict]:
     """Screen rows (family, partition, lr) -> validation accuracy; the test accuracy says the opposite."""
-    return [{"label": f"screen {f}, {p}, lr={lr}", "final_val_accuracy": v, "final_test_accuracy": 1 - v}
-            for (f, p, lr), v in vals.items()]  # fmt: skip
+    return [
+        {
+            "label": f"screen {f}, {p}, lr={lr}",
+            "final_val_accuracy": v,
+            "final_test_accuracy": 1 - v,
+        }
+        for (f, p, lr), v in vals.items()
+    ]
 
 
 def _all(per_family: dict[str, dict[float, float]]) -> dict[tuple[str, str, float], float]:
-    return {(f, p, lr): v for f, curve in per_family.items() for p in bench.PARTITIONS for lr, v in curve.items()}
+    return {
+        (f, p, lr): v
+        for f, curve in per_family.items()
+        for p in bench.PARTITIONS
+        for lr, v in curve.items()
+    }
 
 
 def test_the_screen_starts_on_the_grid_and_waits_for_every_run() -> None:
     labels = list(bench.screen_variants(PLAN))
-    assert len(labels) == 2 * 2 * len(bench.SCREEN_LRS) and labels[0].startswith("screen BAFFLE K=100")  # costly first
+    assert len(labels) == 2 * 2 * len(bench.SCREEN_LRS) and labels[0].startswith(
+        "screen BAFFLE K=100"
+    )  # costly first
     assert bench.picks(PLAN, {"results": []}) is None
 
 
@@ -38,43 +51,75 @@ def test_an_edge_that_wins_adds_the_next_lr_and_the_pick_waits_for_it() -> None:
     done = results + _rows({("BAFFLE K=100", p, 0.1): 0.35 for p in bench.PARTITIONS})
     assert bench.screen_variants(PLAN, done).keys() == grown.keys()  # bracketed: it stops growing
     chosen = bench.picks(PLAN, {"results": done})
-    assert chosen == {("BAFFLE", p): 0.03 for p in bench.PARTITIONS} | {("BP FedAvg", p): 0.01 for p in bench.PARTITIONS}
+    assert chosen == {("BAFFLE", p): 0.03 for p in bench.PARTITIONS} | {
+        ("BP FedAvg", p): 0.01 for p in bench.PARTITIONS
+    }
     main = bench.main_variants(PLAN, chosen)
-    assert "method.client_optimizer.lr=0.03" in main["BAFFLE K=200, IID"]  # the larger K reuse BAFFLE's pick
+    assert (
+        "method.client_optimizer.lr=0.03" in main["BAFFLE K=200, IID"]
+    )  # the larger K reuse BAFFLE's pick
 
 
-def test_the_context_screens_bp_at_full_length_fresh_and_persistent_and_picks_on_validation() -> None:
+def test_the_context_screens_bp_at_full_length_fresh_and_persistent_and_picks_on_validation() -> (
+    None
+):
     cplan = bench.context_plan(PLAN)
     assert cplan.screen_rounds == PLAN.rounds and cplan.records == PLAN.records / "context"
     assert cplan.screen_common()[-3:] == [f"rounds={PLAN.rounds}", "seed=0", "eval_every=10"]
-    assert "eval_every=10" not in cplan.protocol() and PLAN.screen_common() == [*PLAN.protocol(), "rounds=10", "seed=0"]
+    assert "eval_every=10" not in cplan.protocol() and PLAN.screen_common() == [
+        *PLAN.protocol(),
+        "rounds=10",
+        "seed=0",
+    ]
     labels = bench.context_screen_variants(cplan)
     assert len(labels) == 2 * 2 * len(bench.SCREEN_LRS)
     persistent = labels["screen BP FedAvg, persistent Adam, IID, lr=0.01"]
-    assert "method.client_optimizer.state=persistent" in persistent and "method.name=fedavg" in persistent
+    assert (
+        "method.client_optimizer.state=persistent" in persistent
+        and "method.name=fedavg" in persistent
+    )
     assert not any("state=" in o for o in labels["screen BP FedAvg, fresh Adam, IID, lr=0.01"])
     assert bench.context_picks(cplan, {"results": []}) is None
     interior = {0.003: 0.3, 0.01: 0.5, 0.03: 0.4}
-    later = {0.003: 0.6, 0.01: 0.5, 0.03: 0.4}  # the smallest lr wins at full length: the grid grows below it
+    later = {
+        0.003: 0.6,
+        0.01: 0.5,
+        0.03: 0.4,
+    }  # the smallest lr wins at full length: the grid grows below it
     results = _rows(_all({"BP FedAvg, fresh Adam": interior, "BP FedAvg, persistent Adam": later}))
     grown = bench.context_screen_variants(cplan, results)
-    assert sorted(set(grown) - set(labels)) == [f"screen BP FedAvg, persistent Adam, {p}, lr=0.001" for p in bench.PARTITIONS]
+    assert sorted(set(grown) - set(labels)) == [
+        f"screen BP FedAvg, persistent Adam, {p}, lr=0.001" for p in bench.PARTITIONS
+    ]
     assert bench.context_picks(cplan, {"results": results}) is None
-    done = results + _rows({("BP FedAvg, persistent Adam", p, 0.001): 0.55 for p in bench.PARTITIONS})
+    done = results + _rows(
+        {("BP FedAvg, persistent Adam", p, 0.001): 0.55 for p in bench.PARTITIONS}
+    )
     chosen = bench.context_picks(cplan, {"results": done})
-    assert chosen == {("fresh Adam", p): 0.01 for p in bench.PARTITIONS} | {("persistent Adam", p): 0.003 for p in bench.PARTITIONS}
+    assert chosen == {("fresh Adam", p): 0.01 for p in bench.PARTITIONS} | {
+        ("persistent Adam", p): 0.003 for p in bench.PARTITIONS
+    }
     rows = bench.context_variants(chosen)
     assert "method.client_optimizer.lr=0.003" in rows["BP FedAvg, persistent Adam, Dirichlet 0.3"]
     assert "partition.alpha=0.3" in rows["BP FedAvg, persistent Adam, Dirichlet 0.3"]
 
 
-def test_baffle_with_persistent_adam_is_screened_as_the_table_s_baffle_and_picked_on_validation() -> None:
+def test_baffle_with_persistent_adam_is_screened_as_the_table_s_baffle_and_picked_on_validation() -> (
+    None
+):
     zplan = bench.zo_context_plan(PLAN)
-    assert zplan.screen_common() == PLAN.screen_common() and zplan.records == PLAN.records / "context-baffle-persistent"
+    assert (
+        zplan.screen_common() == PLAN.screen_common()
+        and zplan.records == PLAN.records / "context-baffle-persistent"
+    )
     labels = bench.zo_context_screen_variants(zplan)
     assert len(labels) == 2 * len(bench.SCREEN_LRS)
     one = labels["screen BAFFLE K=100, persistent Adam, IID, lr=0.01"]
-    assert "method.client_optimizer.state=persistent" in one and "method.k=100" in one and "partition.name=iid" in one
+    assert (
+        "method.client_optimizer.state=persistent" in one
+        and "method.k=100" in one
+        and "partition.name=iid" in one
+    )
     assert bench.zo_context_picks(zplan, {"results": []}) is None
     results = _rows(_all({"BAFFLE K=100, persistent Adam": {0.003: 0.3, 0.01: 0.5, 0.03: 0.4}}))
     chosen = bench.zo_context_picks(zplan, {"results": results})
@@ -84,15 +129,22 @@ def test_baffle_with_persistent_adam_is_screened_as_the_table_s_baffle_and_picke
 
 
 def _seeded(label: str, accs: list[float]) -> dict:
-    return {"label": label, "runs": [{"seed": s, "final_test_accuracy": a} for s, a in enumerate(accs)]}
+    return {
+        "label": label,
+        "runs": [{"seed": s, "final_test_accuracy": a} for s, a in enumerate(accs)],
+    }
 
 
-def test_the_optimizer_state_lines_pair_persistent_with_fresh_by_seed_and_say_the_direction() -> None:
+def test_the_optimizer_state_lines_pair_persistent_with_fresh_by_seed_and_say_the_direction() -> (
+    None
+):
     iid, skew = "IID", "Dirichlet 0.3"
-    ctx = {f"BP FedAvg, persistent Adam, {iid}": _seeded("", [0.70, 0.66, 0.68]),
-           f"BP FedAvg, fresh Adam, {iid}": _seeded("", [0.50, 0.46, 0.49]),
-           f"BP FedAvg, persistent Adam, {skew}": _seeded("", [0.40, 0.41, 0.39]),
-           f"BP FedAvg, fresh Adam, {skew}": _seeded("", [0.50, 0.50, 0.50])}  # fmt: skip
+    ctx = {
+        f"BP FedAvg, persistent Adam, {iid}": _seeded("", [0.70, 0.66, 0.68]),
+        f"BP FedAvg, fresh Adam, {iid}": _seeded("", [0.50, 0.46, 0.49]),
+        f"BP FedAvg, persistent Adam, {skew}": _seeded("", [0.40, 0.41, 0.39]),
+        f"BP FedAvg, fresh Adam, {skew}": _seeded("", [0.50, 0.50, 0.50]),
+    }
     agg = {f"BAFFLE K=100, {skew}": _seeded("", [0.45, 0.45])}
     zo = {f"BAFFLE K=100, persistent Adam, {skew}": _seeded("", [0.44, 0.47])}
     lines = bench._optimizer_state_lines(PLAN, agg, ctx, zo)
@@ -102,8 +154,13 @@ def test_the_optimizer_state_lines_pair_persistent_with_fresh_by_seed_and_say_th
     assert "-10.00 ± 1.00 points" in bp_skew and bp_skew.endswith("→ the fresh Adam ahead.")
     (bp,) = [b for b in bullets if b.startswith(f"- {iid}: BP FedAvg")]
     # hand: diffs +0.20, +0.20, +0.19 -> mean +19.67 points, std 0.58; every seed ahead -> resolved
-    assert "persistent − fresh Adam: +19.67 ± 0.58 points over seeds [0, 1, 2]" in bp and bp.endswith("→ the persistent Adam ahead.")
+    assert (
+        "persistent − fresh Adam: +19.67 ± 0.58 points over seeds [0, 1, 2]" in bp
+        and bp.endswith("→ the persistent Adam ahead.")
+    )
     (zo_line,) = [b for b in bullets if b.startswith(f"- {skew}: BAFFLE K=100 (10-round screens)")]
     # hand: diffs -0.01, +0.02 -> mean +0.50 points, std 2.12; the interval holds 0
-    assert "+0.50 ± 2.12 points over seeds [0, 1]" in zo_line and zo_line.endswith("→ not resolved: the interval holds 0.")
+    assert "+0.50 ± 2.12 points over seeds [0, 1]" in zo_line and zo_line.endswith(
+        "→ not resolved: the interval holds 0."
+    )
     assert bench._optimizer_state_lines(PLAN, {}, {}, {}) == []

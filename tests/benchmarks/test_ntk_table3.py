@@ -12,9 +12,16 @@ FAMILIES = (f"NTK-BAFFLE K={PLAN.kmid}", f"BAFFLE (dense) K={PLAN.kmid}", "BP Fe
 
 
 def _rows(curves: dict[tuple[str, str], dict[float, float]]) -> list[dict]:
-    return [{"label": f"screen {o} {f} lr={lr}", "final_val_accuracy": v, "final_test_accuracy": 1 - v,
-             "val_accuracy_by_round": [None, v, None, v]}  # the screen's score: the mean of its last evaluations
-            for (o, f), curve in curves.items() for lr, v in curve.items()]  # fmt: skip
+    return [
+        {
+            "label": f"screen {o} {f} lr={lr}",
+            "final_val_accuracy": v,
+            "final_test_accuracy": 1 - v,
+            "val_accuracy_by_round": [None, v, None, v],
+        }  # the screen's score: the mean of its last evaluations
+        for (o, f), curve in curves.items()
+        for lr, v in curve.items()
+    ]
 
 
 def _bracketed(lrs: tuple[float, ...]) -> dict[float, float]:
@@ -24,48 +31,91 @@ def _bracketed(lrs: tuple[float, ...]) -> dict[float, float]:
 def test_a_low_edge_that_wins_adds_the_lr_below_and_picks_are_per_optimizer_and_family() -> None:
     curves = {(o, f): _bracketed(PLAN.screen_lrs(o)) for o in bench.OPTIMIZERS for f in FAMILIES}
     low = PLAN.screen_lrs("SGD")
-    curves["SGD", FAMILIES[0]] = {lr: 0.6 - 0.1 * i for i, lr in enumerate(low)}  # the smallest wins
+    curves["SGD", FAMILIES[0]] = {
+        lr: 0.6 - 0.1 * i for i, lr in enumerate(low)
+    }  # the smallest wins
     results = _rows(curves)
     new = sorted(set(bench.screen_variants(PLAN, results)) - set(bench.screen_variants(PLAN)))
     assert new == ["screen SGD NTK-BAFFLE K=100 lr=0.003"]  # the 1-3-10 ladder below 0.01
     assert bench.picks(PLAN, {"results": results}) is None
     done = results + _rows({("SGD", FAMILIES[0]): {0.003: 0.1}})
     chosen = bench.picks(PLAN, {"results": done})
-    assert chosen is not None and chosen["SGD", "NTK-BAFFLE"] == low[0]  # 0.01, now bracketed by 0.003
+    assert (
+        chosen is not None and chosen["SGD", "NTK-BAFFLE"] == low[0]
+    )  # 0.01, now bracketed by 0.003
     assert chosen["Adam", "BP FedAvg"] == PLAN.screen_lrs("Adam")[1]
 
 
-CHOSEN = {("SGD", "NTK-BAFFLE"): 0.03, ("SGD", "BAFFLE (dense)"): 0.01, ("SGD", "BP FedAvg"): 0.1,
-          ("Adam", "NTK-BAFFLE"): 0.003, ("Adam", "BAFFLE (dense)"): 0.003, ("Adam", "BP FedAvg"): 0.01}  # fmt: skip
+CHOSEN = {
+    ("SGD", "NTK-BAFFLE"): 0.03,
+    ("SGD", "BAFFLE (dense)"): 0.01,
+    ("SGD", "BP FedAvg"): 0.1,
+    ("Adam", "NTK-BAFFLE"): 0.003,
+    ("Adam", "BAFFLE (dense)"): 0.003,
+    ("Adam", "BP FedAvg"): 0.01,
+}
 
 
 def test_the_clip_context_differs_from_the_tables_rows_only_by_the_clip() -> None:
     main = bench.main_variants(PLAN, CHOSEN)
     ctx = bench.context_variants(PLAN, CHOSEN)
     ntk, dense = ctx["SGD NTK-BAFFLE K=100, clip 0.3"], ctx["SGD BAFFLE (dense) K=100, clip 0.3"]
-    assert [o for o in ntk if o != "method.clip=0.3"] == [o for o in main["SGD NTK-BAFFLE K=100"] if o != "method.clip=null"]
+    assert [o for o in ntk if o != "method.clip=0.3"] == [
+        o for o in main["SGD NTK-BAFFLE K=100"] if o != "method.clip=null"
+    ]
     assert "method.clip=null" not in ntk + dense and ntk[-1] == dense[-1] == "method.clip=0.3"
     # dense runs at NTK's lr (0.03, where unclipped dense diverged), not at dense's own pick (0.01)
-    assert "method.client_optimizer.lr=0.03" in dense and "method.client_optimizer.lr=0.01" not in dense
-    assert {o for o in dense if "lr=" not in o} - {"method.clip=0.3"} == {o for o in main["SGD BAFFLE (dense) K=100"] if "lr=" not in o} - {"method.clip=null"}
+    assert (
+        "method.client_optimizer.lr=0.03" in dense
+        and "method.client_optimizer.lr=0.01" not in dense
+    )
+    assert {o for o in dense if "lr=" not in o} - {"method.clip=0.3"} == {
+        o for o in main["SGD BAFFLE (dense) K=100"] if "lr=" not in o
+    } - {"method.clip=null"}
 
 
 def _seeded(label: str, accs: dict[int, float]) -> dict:
-    runs = [{"seed": s, "test_accuracy_at_best_val": a, "final_test_accuracy": a} for s, a in accs.items()]
+    runs = [
+        {"seed": s, "test_accuracy_at_best_val": a, "final_test_accuracy": a}
+        for s, a in accs.items()
+    ]
     mean = sum(accs.values()) / len(accs)
-    return {"label": label, "seeds": len(runs), "runs": runs, "diverged": [], "final_test_accuracy": mean,
-            "final_test_accuracy_std": 0.01, "test_accuracy_at_best_val": mean, "test_accuracy_at_best_val_std": 0.01}  # fmt: skip
+    return {
+        "label": label,
+        "seeds": len(runs),
+        "runs": runs,
+        "diverged": [],
+        "final_test_accuracy": mean,
+        "final_test_accuracy_std": 0.01,
+        "test_accuracy_at_best_val": mean,
+        "test_accuracy_at_best_val_std": 0.01,
+    }
 
 
 def test_the_clip_context_pairs_seeds_and_says_a_diverged_row() -> None:
-    agg = {"SGD BAFFLE (dense) K=100": _seeded("SGD BAFFLE (dense) K=100", {0: 0.17, 1: 0.18, 2: 0.16}),
-           "SGD NTK-BAFFLE K=100": _seeded("SGD NTK-BAFFLE K=100", {0: 0.70, 1: 0.71, 2: 0.69})}  # fmt: skip
-    context = {"results": [_seeded("SGD BAFFLE (dense) K=100, clip 0.3", {0: 0.60, 1: 0.62, 2: 0.61}),
-                           _seeded("SGD NTK-BAFFLE K=100, clip 0.3", {0: 0.65, 1: 0.66, 2: 0.64})], "diverged": {}}  # fmt: skip
+    agg = {
+        "SGD BAFFLE (dense) K=100": _seeded(
+            "SGD BAFFLE (dense) K=100", {0: 0.17, 1: 0.18, 2: 0.16}
+        ),
+        "SGD NTK-BAFFLE K=100": _seeded("SGD NTK-BAFFLE K=100", {0: 0.70, 1: 0.71, 2: 0.69}),
+    }
+    context = {
+        "results": [
+            _seeded("SGD BAFFLE (dense) K=100, clip 0.3", {0: 0.60, 1: 0.62, 2: 0.61}),
+            _seeded("SGD NTK-BAFFLE K=100, clip 0.3", {0: 0.65, 1: 0.66, 2: 0.64}),
+        ],
+        "diverged": {},
+    }
     text = "\n".join(bench.context_lines(PLAN, agg, context))
     assert "| SGD BAFFLE (dense) K=100, clip 0.3 | 3 | 0.6100 ± 0.0100 |" in text
-    assert "with the clip: NTK-BAFFLE − dense BAFFLE: +4.00 ± 1.00 points" in text and text.count("→ reproduces") == 2
-    context = {"results": context["results"][1:], "diverged": {"SGD BAFFLE (dense) K=100, clip 0.3": [{"seed": 0, "round": 7}]}}
+    assert (
+        "with the clip: NTK-BAFFLE − dense BAFFLE: +4.00 ± 1.00 points" in text
+        and text.count("→ reproduces") == 2
+    )
+    context = {
+        "results": context["results"][1:],
+        "diverged": {"SGD BAFFLE (dense) K=100, clip 0.3": [{"seed": 0, "round": 7}]},
+    }
     text = "\n".join(bench.context_lines(PLAN, agg, context))
     assert "| SGD BAFFLE (dense) K=100, clip 0.3 | 0 | seed 0 diverged (round 7) |" in text
     assert "needs both rows on at least 2 common seeds" in text
@@ -74,11 +124,23 @@ def test_the_clip_context_pairs_seeds_and_says_a_diverged_row() -> None:
 
 def test_an_unresolved_direction_says_per_seed_gaps_and_how_many_seeds_agree_in_sign() -> None:
     # NTK above dense on every seed, by very unequal gaps (dense at chance on seed 0): not resolved
-    agg = {"SGD NTK-BAFFLE K=100": _seeded("SGD NTK-BAFFLE K=100", {0: 0.68, 1: 0.72, 2: 0.70}),
-           "SGD BAFFLE (dense) K=100": _seeded("SGD BAFFLE (dense) K=100", {0: 0.10, 1: 0.52, 2: 0.68})}  # fmt: skip
-    (line,) = [x for x in bench.verdicts(PLAN, agg) if x.startswith("- SGD, K=100: NTK-BAFFLE − dense")]
+    agg = {
+        "SGD NTK-BAFFLE K=100": _seeded("SGD NTK-BAFFLE K=100", {0: 0.68, 1: 0.72, 2: 0.70}),
+        "SGD BAFFLE (dense) K=100": _seeded(
+            "SGD BAFFLE (dense) K=100", {0: 0.10, 1: 0.52, 2: 0.68}
+        ),
+    }
+    (line,) = [
+        x for x in bench.verdicts(PLAN, agg) if x.startswith("- SGD, K=100: NTK-BAFFLE − dense")
+    ]
     assert "(seeds 0: +58.0, 1: +20.0, 2: +2.0; 95% interval" in line
-    assert line.endswith("→ not resolved (the interval holds 0); the expected sign on 3 of 3 seeds.")
-    agg["SGD BAFFLE (dense) K=100"] = _seeded("SGD BAFFLE (dense) K=100", {0: 0.10, 1: 0.52, 2: 0.75})
-    (line,) = [x for x in bench.verdicts(PLAN, agg) if x.startswith("- SGD, K=100: NTK-BAFFLE − dense")]
+    assert line.endswith(
+        "→ not resolved (the interval holds 0); the expected sign on 3 of 3 seeds."
+    )
+    agg["SGD BAFFLE (dense) K=100"] = _seeded(
+        "SGD BAFFLE (dense) K=100", {0: 0.10, 1: 0.52, 2: 0.75}
+    )
+    (line,) = [
+        x for x in bench.verdicts(PLAN, agg) if x.startswith("- SGD, K=100: NTK-BAFFLE − dense")
+    ]
     assert line.endswith("the expected sign on 2 of 3 seeds.")

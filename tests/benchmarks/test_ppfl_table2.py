@@ -14,8 +14,19 @@ import pytest
 from fedge.core.errors import ConfigError
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ppfl_table2.py"
-TINY = ["dataset=digits", "resize=16", "dra_clients=2", "iterations=20", "clients=2", "per_client=8", "rounds=4",
-        "local_epochs=1", "shadows=1", "test=120", "pia_clients=8"]  # fmt: skip
+TINY = [
+    "dataset=digits",
+    "resize=16",
+    "dra_clients=2",
+    "iterations=20",
+    "clients=2",
+    "per_client=8",
+    "rounds=4",
+    "local_epochs=1",
+    "shadows=1",
+    "test=120",
+    "pia_clients=8",
+]
 
 
 def _load() -> ModuleType:
@@ -43,11 +54,15 @@ def test_settings_parse_and_bad_values_name_the_fix() -> None:
         bench.parse_settings(bench.SETTINGS, ["round=8"])
     with pytest.raises(ConfigError, match="rounds='x' is not a number"):
         bench.parse_settings(bench.SETTINGS, ["rounds=x"])
-    with pytest.raises(ConfigError, match=r"rounds=10 does not split evenly over PPFL's 4 stages.*rounds=8"):
+    with pytest.raises(
+        ConfigError, match=r"rounds=10 does not split evenly over PPFL's 4 stages.*rounds=8"
+    ):
         bench.methods({**s, "rounds": 10}, 4)
 
 
-def test_bad_settings_exit_2_and_write_no_docs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_settings_exit_2_and_write_no_docs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     docs = tmp_path / "benchmarks.md"
     assert bench.main(["--docs", str(docs), "--set", *TINY, "rounds=6"]) == 2
     assert "rounds=6 does not split evenly" in capsys.readouterr().err and not docs.exists()
@@ -75,7 +90,11 @@ def test_table_cells_come_from_the_attacks(tiny: Any) -> None:
     # MIA: every training sample a member, accuracies of the released models
     for m in (f["mia"], p["mia"]):
         assert m["members"] == s["clients"] * s["per_client"] and m["shadows"] == 1
-        assert {"loss", "shadow", "lira"} <= set(m) and 0 <= m["loss"]["auc"] <= 1 and 0.5 <= m["loss"]["precision"] <= 1
+        assert (
+            {"loss", "shadow", "lira"} <= set(m)
+            and 0 <= m["loss"]["auc"] <= 1
+            and 0.5 <= m["loss"]["precision"] <= 1
+        )
         assert 0 <= m["test_accuracy"] <= 1 and 0 <= m["train_accuracy"] <= 1
     # the last layer withheld: a classifier completed on the attacker's test samples (all but the non-members)
     for w in (f["mia_withheld"], p["mia_withheld"]):
@@ -88,18 +107,26 @@ def test_table_cells_come_from_the_attacks(tiny: Any) -> None:
     gap = f["mia"]["train_accuracy"] - f["mia"]["test_accuracy"]
     assert c["gap"] == f"{f['mia']['train_accuracy']:.2f} / {gap:.2f}"
     assert c["mia_precision"].split(" / ")[0] == f"{f['mia']['loss']['precision']:.2f}"
-    assert bench.cells(p)["upload"].endswith("(sealed)") and bench.cells(p)["pia"].startswith("not measurable")
+    assert bench.cells(p)["upload"].endswith("(sealed)") and bench.cells(p)["pia"].startswith(
+        "not measurable"
+    )
 
 
 def test_rendered_section_round_trips_through_json(tiny: Any, tmp_path: Path) -> None:
     s, info, r = tiny
     saved = tmp_path / "t2.json"
-    saved.write_text(json.dumps({"settings": s, "seconds": 1.0, "model": info, "results": r}, default=str))
+    saved.write_text(
+        json.dumps({"settings": s, "seconds": 1.0, "model": info, "results": r}, default=str)
+    )
     docs = tmp_path / "benchmarks.md"
     assert bench.main(["--from-json", str(saved), "--docs", str(docs)]) == 0
     text = docs.read_text()
     assert "<!-- bench:ppfl-table2 -->" in text and "<!-- /bench:ppfl-table2 -->" in text
     assert "| end-to-end FL (fedavg) |" in text and "| PPFL (layer-wise, in enclaves) |" in text
     assert f"{info['parameters']:,} parameters" in text and "resized to 16x16" in text
-    assert text.count("| end-to-end FL (fedavg) |") == 3  # the table, the withheld-layer table, the paper's
-    assert "--set dataset=digits" in text and "rounds=4" in text  # the exact command, with its overrides
+    assert (
+        text.count("| end-to-end FL (fedavg) |") == 3
+    )  # the table, the withheld-layer table, the paper's
+    assert (
+        "--set dataset=digits" in text and "rounds=4" in text
+    )  # the exact command, with its overrides

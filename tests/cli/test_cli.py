@@ -37,7 +37,9 @@ def _write_cfg(tmp_path, tiny, **overrides):
 
 
 def _snapshot(path: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()
+    }
 
 
 def _one_error_line(res, pattern: str) -> str:
@@ -74,8 +76,11 @@ def _interrupted(tmp_path, tiny, rounds=3) -> Path:
     for name in ("summary.json", "model.safetensors", "report.md", "report.html"):
         (out / name).unlink()
     for path in (out / "config.yaml", out / ".fedge-config.json"):
-        path.write_text(path.read_text().replace(f"rounds: {rounds - 1}", f"rounds: {rounds}")
-                        .replace(f'"rounds": {rounds - 1}', f'"rounds": {rounds}'))  # fmt: skip
+        path.write_text(
+            path.read_text()
+            .replace(f"rounds: {rounds - 1}", f"rounds: {rounds}")
+            .replace(f'"rounds": {rounds - 1}', f'"rounds": {rounds}')
+        )
     return out
 
 
@@ -85,38 +90,81 @@ def _interrupted(tmp_path, tiny, rounds=3) -> Path:
 @pytest.mark.parametrize(
     "args,pattern",
     [
-        (["--set", "rounds=-1"], r"config key 'rounds': Input should be greater than or equal to 1 \(got -1\)"),
+        (
+            ["--set", "rounds=-1"],
+            r"config key 'rounds': Input should be greater than or equal to 1 \(got -1\)",
+        ),
         (["--set", "no.such.key=1"], r"unknown config key 'no'; valid keys here: .*"),
-        (["--set", "clients.per_round=11"],
-         r"config key 'clients': clients.per_round=11 must be between 1 and clients.num=10; .*"),
-        (["--set", "model.name=resnet99"], r"unknown model 'resnet99' \(did you mean 'resnet20'\?\); expected one of: .*"),
+        (
+            ["--set", "clients.per_round=11"],
+            r"config key 'clients': clients.per_round=11 must be between 1 and clients.num=10; .*",
+        ),
+        (
+            ["--set", "model.name=resnet99"],
+            r"unknown model 'resnet99' \(did you mean 'resnet20'\?\); expected one of: .*",
+        ),
         (["--set", "rounds"], r"--set 'rounds': expected KEY=VALUE, e.g. --set rounds=20"),
-        (["--set", "method.client_optimizer.lr=inf"],
-         r"config key 'method.client_optimizer.lr': 'inf' is not a finite number; give a finite value"),
-        (["--set", "method.client_optimizer.lr=.nan"],
-         r"config key 'method.client_optimizer.lr': nan is not a finite number; give a finite value"),
-        (["--set", "partition.name=dirichlet", "--set", "partition.alpha=-.inf"],
-         r"config key 'partition.alpha': -inf is not a finite number; give a finite value"),
-        (["--measure-memory", "true"],
-         r"unexpected argument 'true' \(--measure-memory, --allow-config-change and --quiet are flags and take "
-         r"no value\); e.g. fedge run quickstart --measure-memory"),
-        (["--set", "privacy.noise_multiplier=1"],
-         r"config key 'privacy': privacy.noise_multiplier=1.0 set, but privacy.mechanism=none: the run would have no "
-         r"differential privacy and these keys no effect; set privacy.mechanism=gaussian \(DP-FedAvg\) or tree "
-         r"\(DP-FTRL\), or remove them"),
-        (["--set", "method.name=baffle", "--set", "method.perturb=[zzz]"],
-         r"method.perturb=\['zzz'\]: parameter pattern 'zzz' matches no parameter; parameters: .*"),  # checked at build
-        (["--runtime", "flowr"], r"--runtime 'flowr' is not known; expected engine, flower-sim or flower"),
-        (["--superlink", "h:9093"], r"--superlink goes with --runtime flower \(got --runtime engine\); .*"),
-        (["--runtime", "flower-sim", "--insecure"], r"--insecure goes with --runtime flower \(got --runtime flower-sim\); .*"),
-        (["--root-certificates", "ca.crt", "--insecure"],
-         r"--insecure and --root-certificates go with --runtime flower \(got --runtime engine\); add --runtime "
-         r"flower to run on a Flower deployment, or drop them"),
-        (["--set", "dataset.name=cifar[red]"], r"unknown dataset 'cifar\[red\]'.*"),  # brackets printed as typed
-        (["--set", "method.name=baffle", "--set", "method.mode=batch", "--set", "method.client_optimizer.lr=5"],
-         r"config key 'method': method.client_optimizer is not used in batch mode: clients send loss differences "
-         r"and the server steps with method.server_optimizer; set method.server_optimizer.\* instead "
-         r"\(or method.mode=epoch\)"),
+        (
+            ["--set", "method.client_optimizer.lr=inf"],
+            r"config key 'method.client_optimizer.lr': 'inf' is not a finite number; give a finite value",
+        ),
+        (
+            ["--set", "method.client_optimizer.lr=.nan"],
+            r"config key 'method.client_optimizer.lr': nan is not a finite number; give a finite value",
+        ),
+        (
+            ["--set", "partition.name=dirichlet", "--set", "partition.alpha=-.inf"],
+            r"config key 'partition.alpha': -inf is not a finite number; give a finite value",
+        ),
+        (
+            ["--measure-memory", "true"],
+            r"unexpected argument 'true' \(--measure-memory, --allow-config-change and --quiet are flags and take "
+            r"no value\); e.g. fedge run quickstart --measure-memory",
+        ),
+        (
+            ["--set", "privacy.noise_multiplier=1"],
+            r"config key 'privacy': privacy.noise_multiplier=1.0 set, but privacy.mechanism=none: the run would have no "
+            r"differential privacy and these keys no effect; set privacy.mechanism=gaussian \(DP-FedAvg\) or tree "
+            r"\(DP-FTRL\), or remove them",
+        ),
+        (
+            ["--set", "method.name=baffle", "--set", "method.perturb=[zzz]"],
+            r"method.perturb=\['zzz'\]: parameter pattern 'zzz' matches no parameter; parameters: .*",
+        ),  # checked at build
+        (
+            ["--runtime", "flowr"],
+            r"--runtime 'flowr' is not known; expected engine, flower-sim or flower",
+        ),
+        (
+            ["--superlink", "h:9093"],
+            r"--superlink goes with --runtime flower \(got --runtime engine\); .*",
+        ),
+        (
+            ["--runtime", "flower-sim", "--insecure"],
+            r"--insecure goes with --runtime flower \(got --runtime flower-sim\); .*",
+        ),
+        (
+            ["--root-certificates", "ca.crt", "--insecure"],
+            r"--insecure and --root-certificates go with --runtime flower \(got --runtime engine\); add --runtime "
+            r"flower to run on a Flower deployment, or drop them",
+        ),
+        (
+            ["--set", "dataset.name=cifar[red]"],
+            r"unknown dataset 'cifar\[red\]'.*",
+        ),  # brackets printed as typed
+        (
+            [
+                "--set",
+                "method.name=baffle",
+                "--set",
+                "method.mode=batch",
+                "--set",
+                "method.client_optimizer.lr=5",
+            ],
+            r"config key 'method': method.client_optimizer is not used in batch mode: clients send loss differences "
+            r"and the server steps with method.server_optimizer; set method.server_optimizer.\* instead "
+            r"\(or method.mode=epoch\)",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, args, pattern):
@@ -136,25 +184,44 @@ def test_version_names_fedge_torch_and_python_and_matches_the_installed_package(
 
     res = _run("--version")
     assert res.exit_code == 0, res.output
-    assert res.stdout == f"fedge {fedge.__version__} (torch {torch.__version__}, Python {platform.python_version()})\n"
-    assert fedge.__version__ == importlib.metadata.version("fedge")  # one version, not two that drift
+    assert (
+        res.stdout
+        == f"fedge {fedge.__version__} (torch {torch.__version__}, Python {platform.python_version()})\n"
+    )
+    assert fedge.__version__ == importlib.metadata.version(
+        "fedge"
+    )  # one version, not two that drift
 
 
 def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path):
     path = tmp_path / "bin.yaml"
     path.write_bytes(b"\xff\xfe\x00bad")
-    _one_error_line(_run("run", path, "--out", tmp_path / "run", "-q"),
-                    r"config file '.*bin.yaml' is not UTF-8 text \(byte 0: invalid start byte\); save it as UTF-8 YAML")
+    _one_error_line(
+        _run("run", path, "--out", tmp_path / "run", "-q"),
+        r"config file '.*bin.yaml' is not UTF-8 text \(byte 0: invalid start byte\); save it as UTF-8 YAML",
+    )
     assert not (tmp_path / "run").exists()
 
 
 def test_a_user_data_function_that_raises_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "myd.py").write_text("def boom(seed):\n    raise ValueError('my loader failed')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    res = _run("run", "quickstart", "--out", tmp_path / "run", "-q", "--set", "dataset.name=module",
-               "--set", "dataset.target=myd:boom")  # fmt: skip
-    _one_error_line(res, r"dataset 'module': myd:boom raised ValueError: my loader failed; fix that function "
-                         r"\(call it alone to see its traceback\)")  # fmt: skip
+    res = _run(
+        "run",
+        "quickstart",
+        "--out",
+        tmp_path / "run",
+        "-q",
+        "--set",
+        "dataset.name=module",
+        "--set",
+        "dataset.target=myd:boom",
+    )
+    _one_error_line(
+        res,
+        r"dataset 'module': myd:boom raised ValueError: my loader failed; fix that function "
+        r"\(call it alone to see its traceback\)",
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -173,36 +240,68 @@ def test_an_out_that_exists_is_named_for_what_it_holds(tmp_path, tiny, kind):
     else:
         target = _interrupted(tmp_path, tiny)
     before = _snapshot(target) if target.is_dir() else target.read_bytes()
-    want = {"file": r"is a file, not a directory; choose another --out",
-            "foreign": r"already holds files and is not a fedge run; choose another --out",
-            "complete": r"holds a complete run; choose another --out, or train that run further with: fedge run --resume .* --set rounds=N",
-            "unfinished": r"holds an unfinished run; choose another --out, or continue that run with: fedge run --resume .*"}[kind]  # fmt: skip
-    _one_error_line(_run("run", _write_cfg(tmp_path, tiny, rounds=1), "--out", target, "-q"), r"output directory '.*' " + want)
+    want = {
+        "file": r"is a file, not a directory; choose another --out",
+        "foreign": r"already holds files and is not a fedge run; choose another --out",
+        "complete": r"holds a complete run; choose another --out, or train that run further with: fedge run --resume .* --set rounds=N",
+        "unfinished": r"holds an unfinished run; choose another --out, or continue that run with: fedge run --resume .*",
+    }[kind]
+    _one_error_line(
+        _run("run", _write_cfg(tmp_path, tiny, rounds=1), "--out", target, "-q"),
+        r"output directory '.*' " + want,
+    )
     assert (_snapshot(target) if target.is_dir() else target.read_bytes()) == before
 
 
 def test_a_refusal_before_any_round_leaves_no_progress_bar(tmp_path):
     """Without -q the progress bar starts at once ("preparing"); a command refused before its
     first round removes it, so the error is the only line (piped here)."""
-    _one_error_line(_run("run", "--resume", tmp_path / "nope"), r"'.*nope' does not exist; give the directory of a fedge run")
-    _one_error_line(_run("run", "quickstart", "--out", tmp_path / "r", "--set", "method.name=baffle",
-                         "--set", "method.perturb=[zzz]"), r"method.perturb=.*")  # fmt: skip
+    _one_error_line(
+        _run("run", "--resume", tmp_path / "nope"),
+        r"'.*nope' does not exist; give the directory of a fedge run",
+    )
+    _one_error_line(
+        _run(
+            "run",
+            "quickstart",
+            "--out",
+            tmp_path / "r",
+            "--set",
+            "method.name=baffle",
+            "--set",
+            "method.perturb=[zzz]",
+        ),
+        r"method.perturb=.*",
+    )
 
 
 def test_resume_with_out_is_refused(tmp_path, tiny):
     run = _interrupted(tmp_path, tiny)
     before = _snapshot(run)
-    _one_error_line(_run("run", "--resume", run, "--out", tmp_path / "elsewhere", "-q"),
-                    r"--resume .* continues the run in that directory; --out .* cannot move it \(drop --out\)")
+    _one_error_line(
+        _run("run", "--resume", run, "--out", tmp_path / "elsewhere", "-q"),
+        r"--resume .* continues the run in that directory; --out .* cannot move it \(drop --out\)",
+    )
     assert _snapshot(run) == before and not (tmp_path / "elsewhere").exists()
 
 
-@pytest.mark.parametrize("args", [["--superlink", "h:9093"], ["--insecure"], ["--root-certificates", "ca.crt"],
-                                  ["--runtime", "flower-sim", "--superlink", "h:9093"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--superlink", "h:9093"],
+        ["--insecure"],
+        ["--root-certificates", "ca.crt"],
+        ["--runtime", "flower-sim", "--superlink", "h:9093"],
+    ],
+)
 def test_resume_refuses_flower_deployment_options_without_runtime_flower(tmp_path, tiny, args):
     """They would be ignored: the run would resume on the engine (or flower-sim), not the SuperLink."""
-    _resume_refused(_interrupted(tmp_path, tiny), r"--(superlink|insecure|root-certificates) goes with --runtime "
-                    r"flower \(got --runtime (engine|flower-sim)\); .*", *args)  # fmt: skip
+    _resume_refused(
+        _interrupted(tmp_path, tiny),
+        r"--(superlink|insecure|root-certificates) goes with --runtime "
+        r"flower \(got --runtime (engine|flower-sim)\); .*",
+        *args,
+    )
 
 
 def test_resume_without_a_checkpoint_after_several_rounds_is_refused(tmp_path, tiny):
@@ -210,9 +309,12 @@ def test_resume_without_a_checkpoint_after_several_rounds_is_refused(tmp_path, t
     (only a run killed before its first checkpoint, one metrics line at most, starts over)."""
     run = _interrupted(tmp_path, tiny, rounds=4)
     (run / "checkpoint.pt").unlink()
-    _resume_refused(run, r"run '.*' has no checkpoint.pt, but metrics.jsonl records 3 rounds: the state after them is "
-                         r"gone, so the run cannot continue where it stopped; restore checkpoint.pt, or start the run "
-                         r"anew into another --out \(nothing was changed\)")  # fmt: skip
+    _resume_refused(
+        run,
+        r"run '.*' has no checkpoint.pt, but metrics.jsonl records 3 rounds: the state after them is "
+        r"gone, so the run cannot continue where it stopped; restore checkpoint.pt, or start the run "
+        r"anew into another --out \(nothing was changed\)",
+    )
 
 
 def test_non_finite_number_in_a_yaml_file(tmp_path, tiny):
@@ -221,7 +323,10 @@ def test_non_finite_number_in_a_yaml_file(tmp_path, tiny):
     path = tmp_path / "inf.yaml"
     path.write_text(yaml.safe_dump(cfg))  # written as .inf
     res = _run("run", path, "--out", tmp_path / "run", "-q")
-    _one_error_line(res, r"config key 'method.client_optimizer.lr': inf is not a finite number; give a finite value")
+    _one_error_line(
+        res,
+        r"config key 'method.client_optimizer.lr': inf is not a finite number; give a finite value",
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -248,19 +353,31 @@ def test_measure_memory_is_a_flag_in_help_and_behaviour(tmp_path, tiny):
 
 # ---- dataset.root ---------------------------------------------------------------------------
 
-_IDX = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+_IDX = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
 
 
 def _write_idx(path: Path, array: np.ndarray) -> None:
-    path.write_bytes(bytes([0, 0, 0x08, array.ndim]) + np.array(array.shape, ">u4").tobytes()
-                     + array.astype(np.uint8).tobytes())  # fmt: skip
+    path.write_bytes(
+        bytes([0, 0, 0x08, array.ndim])
+        + np.array(array.shape, ">u4").tobytes()
+        + array.astype(np.uint8).tobytes()
+    )
 
 
 def _fake_mnist(directory: Path, names=_IDX) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    arrays = {_IDX[0]: rng.integers(0, 256, (80, 28, 28)), _IDX[1]: np.arange(80) % 10,
-              _IDX[2]: rng.integers(0, 256, (20, 28, 28)), _IDX[3]: np.arange(20) % 10}  # fmt: skip
+    arrays = {
+        _IDX[0]: rng.integers(0, 256, (80, 28, 28)),
+        _IDX[1]: np.arange(80) % 10,
+        _IDX[2]: rng.integers(0, 256, (20, 28, 28)),
+        _IDX[3]: np.arange(20) % 10,
+    }
     for name in names:
         _write_idx(directory / name, arrays[name])
 
@@ -274,11 +391,21 @@ def mnist_elsewhere(tmp_path, monkeypatch):
 
 
 def test_dataset_root_that_does_not_exist_is_an_error(tmp_path, tiny, mnist_elsewhere):
-    cfg = _write_cfg(tmp_path, tiny, dataset={"name": "mnist", "root": str(tmp_path / "nope")}, model={"name": "mlp"})
+    cfg = _write_cfg(
+        tmp_path,
+        tiny,
+        dataset={"name": "mnist", "root": str(tmp_path / "nope")},
+        model={"name": "mlp"},
+    )
     res = _run("run", cfg, "--out", tmp_path / "run", "-q")
-    _one_error_line(res, re.escape(f"dataset.root='{tmp_path / 'nope'}' does not hold the 'mnist' files "
-                                   f"(no such directory; names as found in {mnist_elsewhere}); put them there, "
-                                   f"or remove dataset.root to read the copy in {mnist_elsewhere}"))  # fmt: skip
+    _one_error_line(
+        res,
+        re.escape(
+            f"dataset.root='{tmp_path / 'nope'}' does not hold the 'mnist' files "
+            f"(no such directory; names as found in {mnist_elsewhere}); put them there, "
+            f"or remove dataset.root to read the copy in {mnist_elsewhere}"
+        ),
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -286,9 +413,15 @@ def test_dataset_root_lacking_files_lists_them(tmp_path, tiny, mnist_elsewhere):
     _fake_mnist(tmp_path / "partial", names=_IDX[:1])
     cfg = _write_cfg(tmp_path, tiny, dataset={"name": "mnist", "root": str(tmp_path / "partial")})
     res = _run("run", cfg, "--out", tmp_path / "run", "-q")
-    _one_error_line(res, re.escape(f"dataset.root='{tmp_path / 'partial'}' does not hold the 'mnist' files "
-                                   f"(missing: t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, "
-                                   f"train-labels-idx1-ubyte;") + ".*")  # fmt: skip
+    _one_error_line(
+        res,
+        re.escape(
+            f"dataset.root='{tmp_path / 'partial'}' does not hold the 'mnist' files "
+            f"(missing: t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, "
+            f"train-labels-idx1-ubyte;"
+        )
+        + ".*",
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -313,8 +446,12 @@ def test_read_only_out_is_one_line_naming_the_path(tmp_path, tiny, monkeypatch):
     out = tmp_path / "ro" / "run"
     monkeypatch.setattr(rundir_mod, "_mkdir", _raise(errno.EROFS))
     res = _run("run", _write_cfg(tmp_path, tiny), "--out", out, "-q")
-    _one_error_line(res, re.escape(f"cannot create the run directory '{out}' (errno 30: Read-only file system); "
-                                   "choose a writable --out"))  # fmt: skip
+    _one_error_line(
+        res,
+        re.escape(
+            f"cannot create the run directory '{out}' (errno 30: Read-only file system); choose a writable --out"
+        ),
+    )
     assert not out.exists()
 
 
@@ -323,8 +460,13 @@ def test_read_only_existing_empty_out_leaves_it_empty(tmp_path, tiny, monkeypatc
     out.mkdir()
     monkeypatch.setattr(rundir_mod, "_write_file", _raise(errno.EROFS))
     res = _run("run", _write_cfg(tmp_path, tiny), "--out", out, "-q")
-    _one_error_line(res, re.escape(f"cannot write '{out / 'partition.json'}' (errno 30: Read-only file system); "
-                                   "choose a writable --out with free space"))  # fmt: skip
+    _one_error_line(
+        res,
+        re.escape(
+            f"cannot write '{out / 'partition.json'}' (errno 30: Read-only file system); "
+            "choose a writable --out with free space"
+        ),
+    )
     assert list(out.iterdir()) == []
 
 
@@ -354,8 +496,13 @@ def test_disk_full_mid_run_cleans_up_and_resumes(tmp_path, tiny, monkeypatch):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     full, out, res = _cut_at_round_3(tmp_path, tiny, monkeypatch, disk_full)
-    _one_error_line(res, re.escape(f"cannot write '{out / 'checkpoint.pt'}' (errno 28: No space left on device); "
-                                   f"free space or fix the permissions, then continue with: fedge run --resume {out}"))
+    _one_error_line(
+        res,
+        re.escape(
+            f"cannot write '{out / 'checkpoint.pt'}' (errno 28: No space left on device); "
+            f"free space or fix the permissions, then continue with: fedge run --resume {out}"
+        ),
+    )
     assert not list(out.glob("*.tmp")) and not (out / "summary.json").exists()
     res = _run("run", "--resume", out, "-q")
     assert res.exit_code == 0, res.output
@@ -367,19 +514,27 @@ def sigterm_is_caught():
     """Should ``fedge run`` not handle SIGTERM itself, it fails the test instead of killing pytest."""
 
     def unhandled(*_):  # noqa: ANN002, ANN202
-        raise AssertionError("SIGTERM reached the test's fallback handler: fedge run did not handle it")
+        raise AssertionError(
+            "SIGTERM reached the test's fallback handler: fedge run did not handle it"
+        )
 
     previous = signal.signal(signal.SIGTERM, unhandled)
     yield
     signal.signal(signal.SIGTERM, previous)
 
 
-def test_sigterm_mid_run_stops_as_ctrl_c_does_and_the_run_resumes(tmp_path, tiny, monkeypatch, sigterm_is_caught):
+def test_sigterm_mid_run_stops_as_ctrl_c_does_and_the_run_resumes(
+    tmp_path, tiny, monkeypatch, sigterm_is_caught
+):
     """``kill``, a scheduler's stop or ``timeout`` send SIGTERM: the run stops after cleaning up
     (no temporary file, not complete), says how to continue (exit 143), and resumes to the
     uninterrupted run's metrics."""
-    full, out, res = _cut_at_round_3(tmp_path, tiny, monkeypatch, lambda: os.kill(os.getpid(), signal.SIGTERM))
-    assert res.exit_code == 143, res.output  # (the signal is handled at once, in this, the main, thread)
+    full, out, res = _cut_at_round_3(
+        tmp_path, tiny, monkeypatch, lambda: os.kill(os.getpid(), signal.SIGTERM)
+    )
+    assert res.exit_code == 143, (
+        res.output
+    )  # (the signal is handled at once, in this, the main, thread)
     assert res.stderr == f"terminated (SIGTERM); continue with: fedge run --resume {out}\n"
     assert not list(out.glob("*.tmp")) and not (out / "summary.json").exists()
     res = _run("run", "--resume", out, "-q")
@@ -388,8 +543,9 @@ def test_sigterm_mid_run_stops_as_ctrl_c_does_and_the_run_resumes(tmp_path, tiny
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
-def test_a_stop_before_the_run_writes_anything_leaves_nothing_and_offers_no_resume(tmp_path, tiny, monkeypatch, how,
-                                                                                  sigterm_is_caught):  # fmt: skip
+def test_a_stop_before_the_run_writes_anything_leaves_nothing_and_offers_no_resume(
+    tmp_path, tiny, monkeypatch, how, sigterm_is_caught
+):
     """Stopped while loading its data: the claim is undone (no directory), and the message does
     not send the user to ``--resume`` a directory that is not there."""
     import fedge.experiment.run as run_mod
@@ -405,7 +561,10 @@ def test_a_stop_before_the_run_writes_anything_leaves_nothing_and_offers_no_resu
     res = _run("run", _write_cfg(tmp_path, tiny), "--out", out, "-q")
     assert res.exit_code == (130 if how == "ctrl-c" else 143), res.output
     what = "interrupted" if how == "ctrl-c" else "terminated (SIGTERM)"
-    assert res.stderr == f"{what} before the run wrote anything; nothing to resume: run the command again\n"
+    assert (
+        res.stderr
+        == f"{what} before the run wrote anything; nothing to resume: run the command again\n"
+    )
     assert not out.exists()
 
 
@@ -413,9 +572,11 @@ def test_a_config_file_with_a_key_given_twice_is_one_line_and_writes_nothing(tmp
     """The second ``method:`` section would otherwise replace the first whole, silently."""
     path = tmp_path / "twice.yaml"
     path.write_text(yaml.safe_dump(tiny(rounds=1)) + "method:\n  name: fedsgd\n")
-    _one_error_line(_run("run", path, "--out", tmp_path / "run", "-q"),
-                    r"config file '.*twice.yaml' is not valid YAML at line \d+, column 1 \(key 'method' given twice, "
-                    r"first on line \d+\); fix it")  # fmt: skip
+    _one_error_line(
+        _run("run", path, "--out", tmp_path / "run", "-q"),
+        r"config file '.*twice.yaml' is not valid YAML at line \d+, column 1 \(key 'method' given twice, "
+        r"first on line \d+\); fix it",
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -426,10 +587,15 @@ def test_resume_refuses_an_edited_config_and_changes_nothing(tmp_path, tiny):
     out = _interrupted(tmp_path, tiny)
     cfg = out / "config.yaml"
     cfg.write_text(cfg.read_text().replace("lr: 0.1", "lr: 0.5"))
-    _resume_refused(out, re.escape(f"'{cfg}' was edited since the run used it "
-                                   "(method.client_optimizer.lr 0.1 -> 0.5); resuming would mix two configs in one "
-                                   "run: restore those values (only rounds may grow), or resume with "
-                                   "--allow-config-change to record the change in config_changes.jsonl"))  # fmt: skip
+    _resume_refused(
+        out,
+        re.escape(
+            f"'{cfg}' was edited since the run used it "
+            "(method.client_optimizer.lr 0.1 -> 0.5); resuming would mix two configs in one "
+            "run: restore those values (only rounds may grow), or resume with "
+            "--allow-config-change to record the change in config_changes.jsonl"
+        ),
+    )
 
 
 def test_resume_allow_config_change_records_it(tmp_path, tiny):
@@ -439,7 +605,9 @@ def test_resume_allow_config_change_records_it(tmp_path, tiny):
     res = _run("run", "--resume", out, "-q", "--allow-config-change")
     assert res.exit_code == 0, res.output
     changes = [json.loads(x) for x in (out / "config_changes.jsonl").read_text().splitlines()]
-    assert changes == [{"after_round": 2, "changes": {"method.client_optimizer.lr": {"from": 0.1, "to": 0.5}}}]
+    assert changes == [
+        {"after_round": 2, "changes": {"method.client_optimizer.lr": {"from": 0.1, "to": 0.5}}}
+    ]
     assert [x["round"] for x in metrics_without_wall(out)] == [1, 2, 3]
     assert json.loads((out / "summary.json").read_text())["status"] == "complete"
     assert yaml.safe_load(cfg.read_text())["method"]["client_optimizer"]["lr"] == 0.5
@@ -453,25 +621,39 @@ def test_resume_without_the_config_record_is_refused_unless_the_change_is_allowe
     (out / ".fedge-config.json").unlink()
     cfg = out / "config.yaml"
     cfg.write_text(cfg.read_text().replace("seed: 0", "seed: 5"))
-    _resume_refused(out, r"'.*\.fedge-config\.json', the record of the config this run used, is missing, so edits of "
-                         r"config.yaml cannot be checked; restore it, or resume with --allow-config-change to take "
-                         r"config.yaml as it is \(nothing was changed\)")  # fmt: skip
+    _resume_refused(
+        out,
+        r"'.*\.fedge-config\.json', the record of the config this run used, is missing, so edits of "
+        r"config.yaml cannot be checked; restore it, or resume with --allow-config-change to take "
+        r"config.yaml as it is \(nothing was changed\)",
+    )
     res = _run("run", "--resume", out, "-q", "--allow-config-change")
     assert res.exit_code == 0, res.output
     (change,) = [json.loads(x) for x in (out / "config_changes.jsonl").read_text().splitlines()]
     assert change["after_round"] == 2 and change["changes"] == {}
-    assert ".fedge-config.json was missing" in change["note"] and (out / ".fedge-config.json").is_file()
+    assert (
+        ".fedge-config.json was missing" in change["note"]
+        and (out / ".fedge-config.json").is_file()
+    )
 
 
-def test_resume_refuses_rounds_below_those_already_run_even_with_allow_config_change(tmp_path, tiny):
+def test_resume_refuses_rounds_below_those_already_run_even_with_allow_config_change(
+    tmp_path, tiny
+):
     """Two of three rounds ran; config.yaml edited to rounds: 1. The run would "finish" with
     two rounds in metrics.jsonl under a config that says one."""
     out = _interrupted(tmp_path, tiny)
     cfg = out / "config.yaml"
     cfg.write_text(cfg.read_text().replace("rounds: 3", "rounds: 1"))
-    _resume_refused(out, re.escape(f"run {str(out)!r} has run 2 rounds, but its config.yaml now says rounds=1; rounds "
-                                   "cannot go below the rounds already run: set rounds to 2 or more (nothing was "
-                                   "changed)"), "--allow-config-change")  # fmt: skip
+    _resume_refused(
+        out,
+        re.escape(
+            f"run {str(out)!r} has run 2 rounds, but its config.yaml now says rounds=1; rounds "
+            "cannot go below the rounds already run: set rounds to 2 or more (nothing was "
+            "changed)"
+        ),
+        "--allow-config-change",
+    )
 
 
 def test_resume_accepts_rounds_grown_in_config_yaml(tmp_path, tiny):
@@ -487,9 +669,14 @@ def test_resume_accepts_rounds_grown_in_config_yaml(tmp_path, tiny):
 def test_resume_with_invalid_yaml_is_one_line(tmp_path, tiny):
     out = _interrupted(tmp_path, tiny)
     (out / "config.yaml").write_text("seed: 0\nrounds: [3\n")
-    _resume_refused(out, re.escape(f"'{out / 'config.yaml'}' is not valid YAML at line 3, column 1 "
-                                   "(expected ',' or ']', but got '<stream end>'); fix or restore it, then resume "
-                                   "again"))  # fmt: skip
+    _resume_refused(
+        out,
+        re.escape(
+            f"'{out / 'config.yaml'}' is not valid YAML at line 3, column 1 "
+            "(expected ',' or ']', but got '<stream end>'); fix or restore it, then resume "
+            "again"
+        ),
+    )
 
 
 def test_resume_with_a_corrupt_middle_metrics_line_changes_nothing(tmp_path, tiny):
@@ -497,9 +684,14 @@ def test_resume_with_a_corrupt_middle_metrics_line_changes_nothing(tmp_path, tin
     lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
     lines[1] = '{"round": 2, "test_acc\n'
     (out / "metrics.jsonl").write_text("".join(lines))
-    _resume_refused(out, re.escape(f"'{out / 'metrics.jsonl'}' line 2 is not a metrics record "
-                                   "('{\"round\": 2, \"test_acc'); only the last line may be torn by a crash: "
-                                   "restore the file or delete that line, then resume again (nothing was changed)"))
+    _resume_refused(
+        out,
+        re.escape(
+            f"'{out / 'metrics.jsonl'}' line 2 is not a metrics record "
+            '(\'{"round": 2, "test_acc\'); only the last line may be torn by a crash: '
+            "restore the file or delete that line, then resume again (nothing was changed)"
+        ),
+    )
 
 
 def test_resume_of_a_run_another_process_drives_is_one_line_and_changes_nothing(tmp_path, tiny):
@@ -513,28 +705,56 @@ def test_resume_of_a_run_another_process_drives_is_one_line_and_changes_nothing(
         res = _run("run", "--resume", out, "-q")
     finally:
         driver.let_go()
-    _one_error_line(res, re.escape(f"run directory {str(out)!r} is being run by another fedge process right now; wait for "
-                                   f"it to finish (or stop it), then continue it with: fedge run --resume {out}"))
+    _one_error_line(
+        res,
+        re.escape(
+            f"run directory {str(out)!r} is being run by another fedge process right now; wait for "
+            f"it to finish (or stop it), then continue it with: fedge run --resume {out}"
+        ),
+    )
     assert _snapshot(out) == before
 
 
 def test_resume_refuses_extra_arguments(tmp_path):
     res = _run("run", "quickstart", "--resume", tmp_path)
-    _one_error_line(res, r"--resume takes only the run directory \(its config.yaml fixes everything else\) and "
-                         r"optionally --set rounds=N to train a run further; drop the config quickstart \(to change "
-                         r"the run's config: edit .*config.yaml and add --allow-config-change\)$")  # fmt: skip
+    _one_error_line(
+        res,
+        r"--resume takes only the run directory \(its config.yaml fixes everything else\) and "
+        r"optionally --set rounds=N to train a run further; drop the config quickstart \(to change "
+        r"the run's config: edit .*config.yaml and add --allow-config-change\)$",
+    )
 
 
-@pytest.mark.parametrize("extra,pattern", [
-    (["--set", "seed=3"], r"--resume takes only the run directory .*; drop --set seed=3 \(to change.*"),
-    (["--set", "seed=3", "--runtime", "flower"], r"--resume takes only .*; drop --set seed=3"),  # --allow-config-change: not on flower
-    (["--set", "rounds=2"], r"rounds=2 does not extend run '.*', which has rounds=3; give a larger total \(e.g. rounds=6\)"),
-    (["--set", "rounds=-1"], r"rounds=-1 does not extend run '.*', which has rounds=3; give a larger total.*"),
-    (["--set", "rounds=x"], r"--set rounds=x: rounds must be a whole number of rounds"),
-    (["--set", "rounds=5", "--set", "rounds=6"], r"--resume takes only .*; drop --set rounds=5, --set rounds=6 \(to.*"),
-    (["--set", "rounds=5", "--workers", "2", "--measure-memory"],
-     r"--resume takes only .*; drop --measure-memory, --workers 2 \(to change.*"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "extra,pattern",
+    [
+        (
+            ["--set", "seed=3"],
+            r"--resume takes only the run directory .*; drop --set seed=3 \(to change.*",
+        ),
+        (
+            ["--set", "seed=3", "--runtime", "flower"],
+            r"--resume takes only .*; drop --set seed=3",
+        ),  # --allow-config-change: not on flower
+        (
+            ["--set", "rounds=2"],
+            r"rounds=2 does not extend run '.*', which has rounds=3; give a larger total \(e.g. rounds=6\)",
+        ),
+        (
+            ["--set", "rounds=-1"],
+            r"rounds=-1 does not extend run '.*', which has rounds=3; give a larger total.*",
+        ),
+        (["--set", "rounds=x"], r"--set rounds=x: rounds must be a whole number of rounds"),
+        (
+            ["--set", "rounds=5", "--set", "rounds=6"],
+            r"--resume takes only .*; drop --set rounds=5, --set rounds=6 \(to.*",
+        ),
+        (
+            ["--set", "rounds=5", "--workers", "2", "--measure-memory"],
+            r"--resume takes only .*; drop --measure-memory, --workers 2 \(to change.*",
+        ),
+    ],
+)
 def test_resume_takes_only_a_larger_round_count(tmp_path, tiny, extra, pattern):
     _resume_refused(_finished(tmp_path, tiny, rounds=3), pattern, *extra)
 
@@ -543,7 +763,12 @@ def test_resume_with_more_rounds_trains_a_finished_run_further(tmp_path, tiny):
     out = _finished(tmp_path, tiny, rounds=2)
     res = _run("run", "--resume", out, "--set", "rounds=4", "-q")
     assert res.exit_code == 0, res.output
-    assert [json.loads(x)["round"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    assert [json.loads(x)["round"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [
+        1,
+        2,
+        3,
+        4,
+    ]
     assert json.loads((out / "summary.json").read_text())["rounds"] == 4
 
 
@@ -552,17 +777,29 @@ def test_resume_with_more_rounds_trains_a_finished_run_further(tmp_path, tiny):
 
 def test_fedavg_divergence_names_keys_that_exist(tmp_path, tiny):
     out = tmp_path / "run"
-    res = _run("run", _write_cfg(tmp_path, tiny, **{"method.client_optimizer.lr": 1e6}), "--out", out, "-q")
+    res = _run(
+        "run", _write_cfg(tmp_path, tiny, **{"method.client_optimizer.lr": 1e6}), "--out", out, "-q"
+    )
     msg = _one_error_line(res, r"training diverged in round 1: .*")
-    assert "lower method.client_optimizer.lr (now 1000000.0) or method.server_optimizer.lr (now 1.0)" in msg
+    assert (
+        "lower method.client_optimizer.lr (now 1000000.0) or method.server_optimizer.lr (now 1.0)"
+        in msg
+    )
     assert "clip" not in msg  # FedAvg has no clip key
     assert not (out / "summary.json").exists() and (out / "metrics.jsonl").read_text() == ""
 
 
 def test_baffle_divergence_stops_with_the_round_and_collapsed_warnings(tmp_path, tiny):
     out = tmp_path / "run"
-    method = {"name": "baffle", "mode": "batch", "k": 10, "batch_size": 64, "clip": None, "ema": None,
-              "server_optimizer": {"name": "sgd", "lr": 1e5}}  # fmt: skip
+    method = {
+        "name": "baffle",
+        "mode": "batch",
+        "k": 10,
+        "batch_size": 64,
+        "clip": None,
+        "ema": None,
+        "server_optimizer": {"name": "sgd", "lr": 1e5},
+    }
     res = _run("run", _write_cfg(tmp_path, tiny, rounds=4, method=method), "--out", out, "-q")
     assert res.exit_code == 2, res.output
     errors = [x for x in res.stderr.splitlines() if x.startswith("error:")]
@@ -571,9 +808,12 @@ def test_baffle_divergence_stops_with_the_round_and_collapsed_warnings(tmp_path,
         r"error: training diverged in round 1: test_loss=\S+ \(limit 100·ln\(10\) = 230.3\); likely cause: a step "
         r"size too large for this model: lower method.server_optimizer.lr \(now 100000.0\), or turn on method.clip "
         r"\(now null; the reference code uses 0.3\)\. The run directory '.*' keeps round 1 and is not complete: .*",
-        errors[0])  # fmt: skip
+        errors[0],
+    )
     warning_lines = [x for x in res.stderr.splitlines() if x.startswith("warning:")]
-    assert len(warning_lines) == len({x.split(":")[1] for x in warning_lines}) <= 2  # no repeated raw warnings
+    assert (
+        len(warning_lines) == len({x.split(":")[1] for x in warning_lines}) <= 2
+    )  # no repeated raw warnings
     assert not (out / "summary.json").exists()
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["diverged"] is True
 
@@ -602,16 +842,21 @@ def test_concurrent_runs_on_one_out_never_mix(tmp_path, tiny):
     for trial in range(20):
         out = tmp_path / f"race{trial}"
         barrier, results = ctx.Barrier(2), ctx.Queue()
-        procs = [ctx.Process(target=_claimant, args=(cfg, str(out), barrier, results)) for _ in range(2)]
+        procs = [
+            ctx.Process(target=_claimant, args=(cfg, str(out), barrier, results)) for _ in range(2)
+        ]
         for p in procs:
             p.start()
         for p in procs:
             p.join(120)
         outcome = sorted(results.get(timeout=5) for _ in procs)
         assert [o[0] for o in outcome] == ["ok", "refused"], outcome
-        assert re.fullmatch(r"output directory '.*' (was claimed by another fedge run started at the same time|"
-                            r"is being set up by another fedge run|is being run by another fedge process|"
-                            r"holds (a complete|an unfinished) run).*", outcome[1][1])
+        assert re.fullmatch(
+            r"output directory '.*' (was claimed by another fedge run started at the same time|"
+            r"is being set up by another fedge run|is being run by another fedge process|"
+            r"holds (a complete|an unfinished) run).*",
+            outcome[1][1],
+        )
         claim = json.loads((out / ".fedge-claim").read_text())
         assert claim["pid"] == outcome[0][1]  # the directory belongs to the process that finished
         assert json.loads((out / "summary.json").read_text())["status"] == "complete"
@@ -631,7 +876,9 @@ def test_run_then_report_and_compare(tmp_path, tiny):
         assert re.fullmatch(r"final test accuracy: 0\.\d{4}", res.stdout.splitlines()[-2])
     assert (a / "report.html").exists() and (a / "plots" / "accuracy.png").exists()
     res = _run("report", a)
-    assert res.exit_code == 0 and res.stdout == f"wrote {a / 'report.md'}\nwrote {a / 'report.html'}\n"
+    assert (
+        res.exit_code == 0 and res.stdout == f"wrote {a / 'report.md'}\nwrote {a / 'report.html'}\n"
+    )
     res = _run("compare", a, b, "--out", tmp_path / "cmp")
     assert res.exit_code == 0, res.output
     assert any((tmp_path / "cmp").glob("*.png"))
@@ -649,8 +896,10 @@ def test_report_and_compare_show_warnings_on_one_line(tmp_path, tiny):
     for args in (["report", run], ["compare", run, run, "--out", tmp_path / "cmp"]):
         res = _run(*args)
         assert res.exit_code == 0, res.output
-        assert res.stderr == (f"warning: RunLogWarning: {run / 'metrics.jsonl'} line 3 is truncated (the run probably "
-                              "stopped mid-write); ignoring that round\n")  # fmt: skip
+        assert res.stderr == (
+            f"warning: RunLogWarning: {run / 'metrics.jsonl'} line 3 is truncated (the run probably "
+            "stopped mid-write); ignoring that round\n"
+        )
 
 
 def test_listing_commands_print_everything_when_piped():
@@ -662,23 +911,41 @@ def test_listing_commands_print_everything_when_piped():
     assert res.exit_code == 0 and "…" not in res.stdout
     for st in available_datasets():  # every row whole, however long its location or hint
         assert str(st.location or st.how_to_get) in res.stdout and st.description in res.stdout
-    assert "synthetic-fed │ yes" in res.stdout  # the generated population, not a registry entry, listed too
-    _one_error_line(_run("run", "quickstart", "-q", "--set", "dataset.name=foo"), r"unknown dataset 'foo'; expected one of: .*, synthetic-fed")
-    _one_error_line(_run("models", "--input-shape", "1,28"), r"--input-shape '1,28': expected C,H,W such as 1,28,28")
-    _one_error_line(_run("models", "--input-shape", "1,x,28"),
-                    r"--input-shape '1,x,28': expected comma-separated positive integers such as 1,28,28")
+    assert (
+        "synthetic-fed │ yes" in res.stdout
+    )  # the generated population, not a registry entry, listed too
+    _one_error_line(
+        _run("run", "quickstart", "-q", "--set", "dataset.name=foo"),
+        r"unknown dataset 'foo'; expected one of: .*, synthetic-fed",
+    )
+    _one_error_line(
+        _run("models", "--input-shape", "1,28"),
+        r"--input-shape '1,28': expected C,H,W such as 1,28,28",
+    )
+    _one_error_line(
+        _run("models", "--input-shape", "1,x,28"),
+        r"--input-shape '1,x,28': expected comma-separated positive integers such as 1,28,28",
+    )
 
 
 def test_killed_process_resumes_to_identical_metrics(tmp_path, tiny):
     """A real SIGKILL mid-run, then `fedge run --resume`: metrics equal an uninterrupted run."""
-    cfg = _write_cfg(tmp_path, tiny, rounds=6, dataset={"name": "synthetic"}, **{"method.local_epochs": 8})
+    cfg = _write_cfg(
+        tmp_path, tiny, rounds=6, dataset={"name": "synthetic"}, **{"method.local_epochs": 8}
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     fedge = [sys.executable, "-m", "fedge.cli.main"]
     full = tmp_path / "full"
-    subprocess.run([*fedge, "run", cfg, "--out", str(full), "-q"], check=True, env=env, capture_output=True)
+    subprocess.run(
+        [*fedge, "run", cfg, "--out", str(full), "-q"], check=True, env=env, capture_output=True
+    )
     cut = tmp_path / "cut"
-    proc = subprocess.Popen([*fedge, "run", cfg, "--out", str(cut), "-q"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*fedge, "run", cfg, "--out", str(cut), "-q"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 120
     metrics = cut / "metrics.jsonl"
     while time.time() < deadline and proc.poll() is None:
@@ -689,7 +956,9 @@ def test_killed_process_resumes_to_identical_metrics(tmp_path, tiny):
     proc.wait()
     if (cut / "summary.json").exists():
         pytest.skip("the run finished before it could be killed (machine too fast for this test)")
-    res = subprocess.run([*fedge, "run", "--resume", str(cut), "-q"], env=env, capture_output=True, text=True)
+    res = subprocess.run(
+        [*fedge, "run", "--resume", str(cut), "-q"], env=env, capture_output=True, text=True
+    )
     assert res.returncode == 0, res.stderr
     assert metrics_without_wall(cut) == metrics_without_wall(full)
 
@@ -706,15 +975,23 @@ def test_partition_of_a_config_before_running_equals_the_runs(tmp_path, tiny):
     assert sum(shard["label_counts"]) == shard["samples"] > 0
     other = json.loads(_run("partition", cfg, "--client", 2, "--set", "partition.alpha=100").stdout)
     assert other != shard and other["client"] == 2
-    _one_error_line(_run("partition", run, "--client", 2, "--set", "seed=1"),
-                    r"--set goes with a preset or YAML file; '.*' is a run directory, whose config.yaml fixes its population")  # fmt: skip
+    _one_error_line(
+        _run("partition", run, "--client", 2, "--set", "seed=1"),
+        r"--set goes with a preset or YAML file; '.*' is a run directory, whose config.yaml fixes its population",
+    )
     (tmp_path / "empty").mkdir()
-    _one_error_line(_run("partition", tmp_path / "empty", "--client", 0),
-                    r"'.*' is not a fedge run directory \(no config.yaml\); give a run directory, a preset or a YAML file")  # fmt: skip
-    _one_error_line(_run("partition", "no-such-preset", "--client", 0), r"unknown preset 'no-such-preset'; .*")
+    _one_error_line(
+        _run("partition", tmp_path / "empty", "--client", 0),
+        r"'.*' is not a fedge run directory \(no config.yaml\); give a run directory, a preset or a YAML file",
+    )
+    _one_error_line(
+        _run("partition", "no-such-preset", "--client", 0), r"unknown preset 'no-such-preset'; .*"
+    )
     for gone in (tmp_path / "gone", "./gone"):
-        _one_error_line(_run("partition", gone, "--client", 0),
-                        r"'.*gone' does not exist; give a run directory, a YAML file or a preset name")  # fmt: skip
+        _one_error_line(
+            _run("partition", gone, "--client", 0),
+            r"'.*gone' does not exist; give a run directory, a YAML file or a preset name",
+        )
 
 
 def _commands(typer_app, prefix=()):
@@ -735,8 +1012,12 @@ def test_every_commands_help_shows_its_arguments_help():
     checked = 0
     for words, callback in _commands(app):
         hints = typing.get_type_hints(callback, include_extras=True)
-        helps = [m.help for h in hints.values() for m in getattr(h, "__metadata__", ())
-                 if isinstance(m, typer.models.ArgumentInfo) and m.help]  # fmt: skip
+        helps = [
+            m.help
+            for h in hints.values()
+            for m in getattr(h, "__metadata__", ())
+            if isinstance(m, typer.models.ArgumentInfo) and m.help
+        ]
         if not helps:
             continue
         page = " ".join(_run(*words, "--help").stdout.replace("│", " ").split())

@@ -21,7 +21,11 @@ def test_round_trip_all_dtypes():
         "empty": torch.empty(0, 3),
         "scalar": torch.tensor(3.5),
     }
-    msg = Message(arrays, {"seed": 2**62, "lr": 0.1, "tag": "x", "raw": b"\x00\x01", "ok": True, "none": None}, {"loss": 1.5})
+    msg = Message(
+        arrays,
+        {"seed": 2**62, "lr": 0.1, "tag": "x", "raw": b"\x00\x01", "ok": True, "none": None},
+        {"loss": 1.5},
+    )
     back = Message.from_bytes(msg.to_bytes())
     assert back.config == msg.config and back.metrics == msg.metrics
     for k, v in arrays.items():
@@ -70,13 +74,17 @@ def test_bad_config_value_is_rejected_with_its_name():
 def test_check_finite_names_the_array():
     Message({"a": torch.ones(2)}).check_finite()
     with pytest.raises(MessageError, match="'b'"):
-        Message({"a": torch.ones(2), "b": torch.tensor([1.0, math.nan])}).check_finite(who="client 3")
+        Message({"a": torch.ones(2), "b": torch.tensor([1.0, math.nan])}).check_finite(
+            who="client 3"
+        )
     with pytest.raises(MessageError, match="loss"):
         Message(metrics={"loss": math.inf}).check_finite()
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.floats(allow_nan=False, width=32), max_size=50), st.integers(-(2**63), 2**63 - 1))
+@given(
+    st.lists(st.floats(allow_nan=False, width=32), max_size=50), st.integers(-(2**63), 2**63 - 1)
+)
 def test_round_trip_property(values, seed):
     msg = Message({"v": torch.tensor(values, dtype=torch.float32)}, {"seed": seed})
     back = Message.from_bytes(msg.to_bytes())
@@ -84,7 +92,9 @@ def test_round_trip_property(values, seed):
 
 
 def test_config_int_and_float_read_numbers_and_name_bad_values():
-    msg = Message.from_bytes(Message(config={"round": 7, "seed": 2**62, "lr": 0.25, "tag": "x", "none": None}).to_bytes())
+    msg = Message.from_bytes(
+        Message(config={"round": 7, "seed": 2**62, "lr": 0.25, "tag": "x", "none": None}).to_bytes()
+    )
     assert msg.config_int("round") == 7 and msg.config_int("seed") == 2**62
     assert msg.config_int("missing", 3) == 3 and msg.config_int("round", 3) == 7
     assert msg.config_float("lr") == 0.25 and msg.config_float("round") == 7.0

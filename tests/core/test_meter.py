@@ -6,7 +6,9 @@ from fedge.runtime.evaluate import evaluate
 
 
 def test_flop_counter_matches_torch_flop_counter_mode():
-    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3)
+    )
     x = torch.randn(5, 1, 8, 8)
     with FlopCounter() as lite:
         model(x).sum().backward()
@@ -50,7 +52,9 @@ def test_meter_reports_resident_model_plus_transient():
 
 
 def test_evaluate_top1_top5_and_loss():
-    logits = torch.tensor([[5.0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9.0]])
+    logits = torch.tensor(
+        [[5.0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9.0]]
+    )
 
     class Fixed(torch.nn.Module):
         def forward(self, x):

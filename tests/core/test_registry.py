@@ -20,11 +20,18 @@ def test_register_get_and_unknown_name_lists_choices() -> None:
     assert e.value.choices == ("blue", "red")
 
 
-@pytest.mark.parametrize("typed,meant", [
-    ("FedAvg", "fedavg"), ("Fashion_MNIST", "fashion-mnist"), ("NTK BAFFLE", "ntk-baffle"),  # case, _ and spaces
-    ("mnits", "mnist"), ("fedav", "fedavg"),  # a near spelling
-    ("xyz", None), ("fedprox", None),  # nothing near (FedProx is another method, not a misspelt FedPT)
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "typed,meant",
+    [
+        ("FedAvg", "fedavg"),
+        ("Fashion_MNIST", "fashion-mnist"),
+        ("NTK BAFFLE", "ntk-baffle"),  # case, _ and spaces
+        ("mnits", "mnist"),
+        ("fedav", "fedavg"),  # a near spelling
+        ("xyz", None),
+        ("fedprox", None),  # nothing near (FedProx is another method, not a misspelt FedPT)
+    ],
+)
 def test_unknown_name_suggests_the_choice_it_most_likely_meant(typed, meant) -> None:
     reg: Registry[int] = Registry("name")
     for i, name in enumerate(("fedavg", "fashion-mnist", "ntk-baffle", "mnist", "baffle", "fedpt")):
@@ -32,7 +39,10 @@ def test_unknown_name_suggests_the_choice_it_most_likely_meant(typed, meant) -> 
     with pytest.raises(UnknownNameError) as e:
         reg.get(typed)
     hint = f" (did you mean {meant!r}?)" if meant else ""
-    assert str(e.value) == f"unknown name {typed!r}{hint}; expected one of: baffle, fashion-mnist, fedavg, fedpt, mnist, ntk-baffle"
+    assert (
+        str(e.value)
+        == f"unknown name {typed!r}{hint}; expected one of: baffle, fashion-mnist, fedavg, fedpt, mnist, ntk-baffle"
+    )
 
 
 def test_duplicates_refused_and_view_read_only() -> None:
@@ -58,7 +68,9 @@ def test_validate_options_names_key_value_and_valid_keys() -> None:
     assert validate_options(_Opts, {"alpha": 2}, what="thing 'x'").alpha == 2.0  # type: ignore[attr-defined]
     with pytest.raises(ConfigError, match="thing 'x' has no option 'beta'; valid options: alpha"):
         validate_options(_Opts, {"beta": 1}, what="thing 'x'")
-    with pytest.raises(ConfigError, match=r"option 'alpha' of thing 'x': .*greater than 0, got -1; default 0.5"):
+    with pytest.raises(
+        ConfigError, match=r"option 'alpha' of thing 'x': .*greater than 0, got -1; default 0.5"
+    ):
         validate_options(_Opts, {"alpha": -1}, what="thing 'x'")
 
 

@@ -24,7 +24,9 @@ def test_no_global_rng_is_touched():
 
 def test_seeds_are_stable_across_processes():
     code = "from fedge.core.rng import derive_seed; print(derive_seed(7, 'partition', 3))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert int(out) == derive_seed(7, "partition", 3)
     assert 0 <= derive_seed(7, "partition", 3) < 2**63
 

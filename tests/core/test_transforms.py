@@ -25,7 +25,9 @@ def test_sgd_matches_torch(momentum, nesterov):
     g = torch.Generator().manual_seed(0)
     w0 = torch.randn(5, generator=g)
     grads = [torch.randn(5, generator=g) for _ in range(4)]
-    out = _run(T.sgd(0.1, momentum=momentum, nesterov=nesterov), [{"w": x} for x in grads], {"w": w0})
+    out = _run(
+        T.sgd(0.1, momentum=momentum, nesterov=nesterov), [{"w": x} for x in grads], {"w": w0}
+    )
     w = w0.clone().requires_grad_()
     opt = torch.optim.SGD([w], lr=0.1, momentum=momentum, nesterov=nesterov)
     for x in grads:
@@ -73,7 +75,9 @@ def test_weight_decay_and_lr_decay_match_torch(name):
 def test_yogi_and_adagrad_by_hand():
     g = torch.tensor([2.0])
     # Adagrad (b1 = 0): v = 0 + 4, u = -lr * 2 / (2 + eps)
-    (u, _) = T.adagrad(0.5, eps=1e-3).update({"w": g}, T.adagrad(0.5, eps=1e-3).init({"w": g}), {"w": g})
+    (u, _) = T.adagrad(0.5, eps=1e-3).update(
+        {"w": g}, T.adagrad(0.5, eps=1e-3).init({"w": g}), {"w": g}
+    )
     assert torch.allclose(u["w"], torch.tensor([-0.5 * 2 / (2 + 1e-3)]))
     # Yogi first step: m = 0.1*2 = 0.2, v = 1e-6 - 0.01*4*sign(1e-6 - 4) = 0.040001
     tx = T.yogi(1.0, b1=0.9, b2=0.99, eps=1e-3)
@@ -99,8 +103,16 @@ def test_ema_plain_and_warmup():
     assert torch.allclose(s["avg"]["w"], torch.tensor([0.9]))
 
 
-@pytest.mark.parametrize("factory", [lambda: T.sgd(0.0), lambda: T.sgd(1.0, momentum=1.0), lambda: T.adam(0.1, b2=1.5),
-                                     lambda: T.sgd(0.1, lr_decay=1.5), lambda: T.sgd(0.1, weight_decay=-1.0)])
+@pytest.mark.parametrize(
+    "factory",
+    [
+        lambda: T.sgd(0.0),
+        lambda: T.sgd(1.0, momentum=1.0),
+        lambda: T.adam(0.1, b2=1.5),
+        lambda: T.sgd(0.1, lr_decay=1.5),
+        lambda: T.sgd(0.1, weight_decay=-1.0),
+    ],
+)
 def test_bad_hyperparameters_raise(factory):
     with pytest.raises(ConfigError):
         factory()
@@ -115,10 +127,16 @@ def test_ema_momentum_by_hand():
     u, s = tx.update({"w": torch.tensor([4.0])}, s, {})
     assert torch.allclose(u["w"], torch.tensor([10.0 / 3.0]))
     assert torch.allclose(s["m"]["w"], torch.tensor([2.5])) and s["t"] == 2
-    u, _ = T.scale_by_ema_momentum(0.5, bias_correction=False).update({"w": torch.tensor([2.0])}, {"m": {"w": torch.zeros(1)}, "t": 0}, {})
+    u, _ = T.scale_by_ema_momentum(0.5, bias_correction=False).update(
+        {"w": torch.tensor([2.0])}, {"m": {"w": torch.zeros(1)}, "t": 0}, {}
+    )
     assert torch.allclose(u["w"], torch.tensor([1.0]))
     # zo_sgdm descends: w = 1 - lr·u
-    out = _run(T.zo_sgdm(0.1, beta=0.5), [{"w": torch.tensor([2.0])}, {"w": torch.tensor([4.0])}], {"w": torch.ones(1)})
+    out = _run(
+        T.zo_sgdm(0.1, beta=0.5),
+        [{"w": torch.tensor([2.0])}, {"w": torch.tensor([4.0])}],
+        {"w": torch.ones(1)},
+    )
     assert torch.allclose(out["w"], torch.tensor([1.0 - 0.2 - 1.0 / 3.0]))
 
 
@@ -139,13 +157,18 @@ def test_zo_adamm_by_hand():
     _, sa = a.update({"w": torch.tensor([2.0], dtype=torch.float64)}, sa, {})
     ua, _ = a.update({"w": torch.tensor([0.0], dtype=torch.float64)}, sa, {})
     assert not torch.allclose(ua["w"], u["w"])
-    out = _run(T.zo_adamm(0.1, b1=0.5, b2=0.5, eps=1e-30), [{"w": torch.tensor([2.0], dtype=torch.float64)}],
-               {"w": torch.ones(1, dtype=torch.float64)})
+    out = _run(
+        T.zo_adamm(0.1, b1=0.5, b2=0.5, eps=1e-30),
+        [{"w": torch.tensor([2.0], dtype=torch.float64)}],
+        {"w": torch.ones(1, dtype=torch.float64)},
+    )
     assert torch.allclose(out["w"], torch.tensor([1.0 - 0.1 * 2**-0.5], dtype=torch.float64))
 
 
-@pytest.mark.parametrize("factory", [lambda: T.scale_by_ema_momentum(1.0), lambda: T.zo_adamm(0.1, b2=1.0),
-                                     lambda: T.zo_sgdm(0.0)])
+@pytest.mark.parametrize(
+    "factory",
+    [lambda: T.scale_by_ema_momentum(1.0), lambda: T.zo_adamm(0.1, b2=1.0), lambda: T.zo_sgdm(0.0)],
+)
 def test_bad_zo_hyperparameters_raise(factory):
     with pytest.raises(ConfigError):
         factory()
@@ -155,7 +178,10 @@ def test_server_optimizer_config_selects_zo_transforms():
     from fedge.methods.base import ServerOptimizerConfig
 
     p = {"w": torch.ones(1)}
-    for name, ref in (("zo_sgdm", T.zo_sgdm(0.1, beta=0.5)), ("zo_adamm", T.zo_adamm(0.1, b1=0.5, b2=0.5))):
+    for name, ref in (
+        ("zo_sgdm", T.zo_sgdm(0.1, beta=0.5)),
+        ("zo_adamm", T.zo_adamm(0.1, b1=0.5, b2=0.5)),
+    ):
         tx = ServerOptimizerConfig(name=name, lr=0.1, b1=0.5, b2=0.5).build()
         seq = [{"w": torch.tensor([2.0])}, {"w": torch.tensor([-1.0])}]
         assert torch.equal(_run(tx, seq, p)["w"], _run(ref, seq, p)["w"])
@@ -174,10 +200,18 @@ def _per_param(state):
     return []
 
 
-@pytest.mark.parametrize("make", [
-    lambda: T.trace(0.9), lambda: T.trace(0.9, nesterov=True), lambda: T.scale_by_adam(), lambda: T.scale_by_yogi(),
-    lambda: T.scale_by_adagrad(b1=0.5), lambda: T.scale_by_ema_momentum(0.9), lambda: T.scale_by_zo_adamm(),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: T.trace(0.9),
+        lambda: T.trace(0.9, nesterov=True),
+        lambda: T.scale_by_adam(),
+        lambda: T.scale_by_yogi(),
+        lambda: T.scale_by_adagrad(b1=0.5),
+        lambda: T.scale_by_ema_momentum(0.9),
+        lambda: T.scale_by_zo_adamm(),
+    ],
+)
 def test_a_parameter_without_a_gradient_keeps_its_state_and_gets_no_update(make):
     """Gradients for only some parameters (BAFFLE's method.perturb): the others' state is carried
     unchanged, the state keeps its structure (a message template still fits it), and only the

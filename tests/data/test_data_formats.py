@@ -14,8 +14,14 @@ from fedge.core.errors import ConfigError, DataNotFoundError
 from fedge.data import formats
 from fedge.data.formats import locate_files, read_cifar_batch, read_idx, search_dirs
 
-_CODES = {np.dtype("u1"): 0x08, np.dtype("i1"): 0x09, np.dtype(">i2"): 0x0B,
-          np.dtype(">i4"): 0x0C, np.dtype(">f4"): 0x0D, np.dtype(">f8"): 0x0E}
+_CODES = {
+    np.dtype("u1"): 0x08,
+    np.dtype("i1"): 0x09,
+    np.dtype(">i2"): 0x0B,
+    np.dtype(">i4"): 0x0C,
+    np.dtype(">f4"): 0x0D,
+    np.dtype(">f8"): 0x0E,
+}
 
 
 def idx_bytes(array: np.ndarray, dtype: str = "u1") -> bytes:
@@ -103,16 +109,26 @@ def test_cifar_reader_wrong_content(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "labels,shown",
-    [(["cat", "dog"], r"<U3 of shape \(2,\) \(e.g. \['cat', 'dog'\]\)"),  # was: ValueError from int()
-     ([None, None], r"object of shape \(2,\)"),  # was: TypeError
-     ([[0, 1], [1, 0]], r"int64 of shape \(2, 2\)"),  # was: accepted, then a crash mid-round
-     ([[0], [1, 2]], r"object of shape \(2,\)")],  # ragged
+    [
+        (
+            ["cat", "dog"],
+            r"<U3 of shape \(2,\) \(e.g. \['cat', 'dog'\]\)",
+        ),  # was: ValueError from int()
+        ([None, None], r"object of shape \(2,\)"),  # was: TypeError
+        ([[0, 1], [1, 0]], r"int64 of shape \(2, 2\)"),  # was: accepted, then a crash mid-round
+        ([[0], [1, 2]], r"object of shape \(2,\)"),
+    ],  # ragged
 )
-def test_cifar_labels_that_are_not_one_integer_per_image(tmp_path: Path, labels: list, shown: str) -> None:
+def test_cifar_labels_that_are_not_one_integer_per_image(
+    tmp_path: Path, labels: list, shown: str
+) -> None:
     path = tmp_path / "test_batch"
     path.write_bytes(pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"labels": labels}))
-    with pytest.raises(ConfigError, match=rf"test_batch: expected b'labels' to hold one integer label per image, got "
-                       rf"{shown}.*; delete it and extract the archive again"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=rf"test_batch: expected b'labels' to hold one integer label per image, got "
+        rf"{shown}.*; delete it and extract the archive again",
+    ):
         read_cifar_batch(path, b"labels")
 
 
@@ -129,8 +145,9 @@ def test_search_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ]
 
 
-def test_locate_prefers_first_complete_directory(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_locate_prefers_first_complete_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("FEDGE_DATA", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(formats, "SYSTEM_DATA_DIR", tmp_path / "system")
@@ -145,7 +162,11 @@ def test_locate_prefers_first_complete_directory(tmp_path: Path,
     with pytest.raises(DataNotFoundError) as info:
         locate_files("toy", {"x": "a", "z": "c"}, root=partial, how_to_get="do this")
     message = str(info.value)
-    for line in (f"{partial}  (missing: c)", f"{full}  (missing: c)",
-                 f"{tmp_path / 'system' / 'toy'}  (no such directory)", "$FEDGE_DATA  (not set)",
-                 "To fix: do this"):
+    for line in (
+        f"{partial}  (missing: c)",
+        f"{full}  (missing: c)",
+        f"{tmp_path / 'system' / 'toy'}  (no such directory)",
+        "$FEDGE_DATA  (not set)",
+        "To fix: do this",
+    ):
         assert line in message

@@ -22,8 +22,12 @@ from fedge.data import (
     load_dataset,
 )
 
-_IDX_NAMES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+_IDX_NAMES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -45,12 +49,23 @@ def fake_images(n: int, seed: int, size: int = 28) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (n, size, size), dtype=np.uint8)
 
 
-def write_mnist_like(directory: Path, names: tuple[str, ...] = _IDX_NAMES, *, n_train: int = 40,
-                     n_test: int = 20, num_classes: int = 10, offset: int = 0,
-                     gz: bool = False) -> tuple[np.ndarray, ...]:
+def write_mnist_like(
+    directory: Path,
+    names: tuple[str, ...] = _IDX_NAMES,
+    *,
+    n_train: int = 40,
+    n_test: int = 20,
+    num_classes: int = 10,
+    offset: int = 0,
+    gz: bool = False,
+) -> tuple[np.ndarray, ...]:
     directory.mkdir(parents=True, exist_ok=True)
-    arrays = (fake_images(n_train, 1), np.arange(n_train) % num_classes + offset,
-              fake_images(n_test, 2), np.arange(n_test) % num_classes + offset)
+    arrays = (
+        fake_images(n_train, 1),
+        np.arange(n_train) % num_classes + offset,
+        fake_images(n_test, 2),
+        np.arange(n_test) % num_classes + offset,
+    )
     for name, array in zip(names, arrays):
         write_idx(directory / (name + (".gz" if gz else "")), array, gz)
     return arrays
@@ -69,13 +84,13 @@ def test_mnist_from_root(tmp_path: Path) -> None:
     assert abs(float(ds.x_train.mean())) < 1e-5
     assert float(ds.x_train.std()) == pytest.approx(1, rel=1e-3)
     restored = ds.x_train[0, 0] * ds.std[0] + ds.mean[0]
-    torch.testing.assert_close(restored, torch.from_numpy(x_tr[0] / 255).float(), atol=1e-5,
-                               rtol=0)
+    torch.testing.assert_close(restored, torch.from_numpy(x_tr[0] / 255).float(), atol=1e-5, rtol=0)
     assert ds.source == str(tmp_path / "m") and ds.classes == tuple("0123456789")
 
 
-def test_mnist_from_fedge_data_and_torchvision_layout(tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mnist_from_fedge_data_and_torchvision_layout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     write_mnist_like(tmp_path / "store" / "mnist" / "MNIST" / "raw")
     monkeypatch.setenv("FEDGE_DATA", str(tmp_path / "store"))
     assert load_dataset("mnist").num_train == 40
@@ -88,9 +103,14 @@ def test_missing_data_lists_every_path_and_the_fix(tmp_path: Path) -> None:
     with pytest.raises(DataNotFoundError) as info:
         load_dataset("fashion-mnist", root=tmp_path / "nowhere")
     message = str(info.value)
-    for expected in (str(tmp_path / "nowhere"), str(tmp_path / "cache" / "fedge" / "fashion-mnist"),
-                     str(tmp_path / "system" / "fashion-mnist"), "$FEDGE_DATA  (not set)",
-                     "train-images-idx3-ubyte[.gz]", "apt-get install dataset-fashion-mnist"):
+    for expected in (
+        str(tmp_path / "nowhere"),
+        str(tmp_path / "cache" / "fedge" / "fashion-mnist"),
+        str(tmp_path / "system" / "fashion-mnist"),
+        "$FEDGE_DATA  (not set)",
+        "train-images-idx3-ubyte[.gz]",
+        "apt-get install dataset-fashion-mnist",
+    ):
         assert expected in message
     assert isinstance(info.value, FileNotFoundError)  # callers unaware of fedge can catch it
 
@@ -131,8 +151,11 @@ def test_images_not_28x28_are_refused_naming_the_file(tmp_path: Path, split: str
     write_mnist_like(tmp_path / "m")
     name = _IDX_NAMES[0] if split == "train" else _IDX_NAMES[2]
     write_idx(tmp_path / "m" / name, fake_images(40 if split == "train" else 20, 3, size=32))
-    with pytest.raises(ConfigError, match=rf"{name}: expected 28x28 images .* got 32x32; .*"
-                       "dataset.name=npz"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=rf"{name}: expected 28x28 images .* got 32x32; .*"
+        "dataset.name=npz",
+    ):
         load_dataset("mnist", root=tmp_path / "m")
 
 
@@ -141,8 +164,11 @@ def test_an_empty_split_is_refused_naming_it(tmp_path: Path, split: str) -> None
     """IDX files holding 0 images parse; a run on them would report test accuracy 0.0 (an
     empty test split) or a partition error about "[1, 0]" clients (an empty train split)."""
     write_mnist_like(tmp_path / "m", **{f"n_{split}": 0})
-    with pytest.raises(ConfigError, match=rf"^dataset 'mnist' \(.*m\): the {split} split holds no samples; .*check "
-                       "or replace the files$"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=rf"^dataset 'mnist' \(.*m\): the {split} split holds no samples; .*check "
+        "or replace the files$",
+    ):
         load_dataset("mnist", root=tmp_path / "m")
 
 
@@ -201,8 +227,15 @@ def test_synthetic_is_deterministic_and_learnable() -> None:
 
 
 def test_synthetic_options_and_domains() -> None:
-    ds = load_dataset("synthetic", num_train=90, num_test=30, shape=[3, 4, 5], num_classes=3,
-                      num_domains=4, limit_train=45)
+    ds = load_dataset(
+        "synthetic",
+        num_train=90,
+        num_test=30,
+        shape=[3, 4, 5],
+        num_classes=3,
+        num_domains=4,
+        limit_train=45,
+    )
     assert ds.x_train.shape == (45, 3, 4, 5) and ds.train_domains is not None
     assert ds.train_domains.shape == (45,) and set(ds.train_domains) <= {0, 1, 2, 3}
     with pytest.raises(ConfigError, match=r"has no option colour; valid options: .*num_train"):
@@ -214,22 +247,28 @@ def test_synthetic_options_and_domains() -> None:
 
 
 def test_a_dataset_that_cannot_fit_in_memory_is_refused_before_allocating(
-        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """digits at resize=64: 1797 x 1x64x64 float32 = 29.4 MB; on a machine "with 20 MB" that is
     refused with the sizes and the fixes, and limits that make it fit are accepted."""
     from fedge.data import registry
 
     monkeypatch.setattr(registry, "memory_limit", lambda: 20 * 2**20)
-    with pytest.raises(ConfigError, match=r"^dataset 'digits' with resize=64: 1437 train and 360 test samples of "
-                       r"1x64x64 take 29.4 MB as float32, more than the 21.0 MB of memory this process may use; use a smaller "
-                       r"dataset.resize, or fewer samples \(dataset.limit_train, dataset.limit_test\)$"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^dataset 'digits' with resize=64: 1437 train and 360 test samples of "
+        r"1x64x64 take 29.4 MB as float32, more than the 21.0 MB of memory this process may use; use a smaller "
+        r"dataset.resize, or fewer samples \(dataset.limit_train, dataset.limit_test\)$",
+    ):
         load_dataset("digits", resize=64)
     assert load_dataset("digits", resize=64, limit_train=800).x_train.shape == (800, 1, 64, 64)
     monkeypatch.setattr(registry, "memory_limit", lambda: None)  # the OS does not say: no check
     assert load_dataset("digits", resize=64).num_train == 1437
 
 
-def test_the_memory_limit_is_a_containers_where_that_is_smaller(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_memory_limit_is_a_containers_where_that_is_smaller(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from fedge.data import registry
 
     v2, v1 = tmp_path / "memory.max", tmp_path / "limit_in_bytes"
@@ -258,9 +297,22 @@ def test_limit_is_stratified_seeded_and_ordered() -> None:
 
 
 def test_registry_names_status_and_describe() -> None:
-    assert dataset_names() == ["cifar10", "cifar100", "csv", "digits", "emnist",
-                               "fashion-mnist", "mnist", "module", "npz", "synthetic"]
-    with pytest.raises(UnknownNameError, match="unknown dataset 'mnits' \\(did you mean 'mnist'\\?\\); expected one of: cifar10"):
+    assert dataset_names() == [
+        "cifar10",
+        "cifar100",
+        "csv",
+        "digits",
+        "emnist",
+        "fashion-mnist",
+        "mnist",
+        "module",
+        "npz",
+        "synthetic",
+    ]
+    with pytest.raises(
+        UnknownNameError,
+        match="unknown dataset 'mnits' \\(did you mean 'mnist'\\?\\); expected one of: cifar10",
+    ):
         load_dataset("mnits")
     status = {s.name: s for s in available_datasets()}
     assert status["digits"].available and status["synthetic"].available

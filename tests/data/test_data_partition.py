@@ -21,8 +21,12 @@ from fedge.data.partition import (
 
 FAST = settings(max_examples=40, deadline=None)
 # params that make every scheme succeed on any input (dirichlet: min_size=0 never retries)
-ALWAYS_OK = {"iid": {}, "dirichlet": {"min_size": 0}, "shards": {"shards_per_client": 1},
-             "domain": {}}
+ALWAYS_OK = {
+    "iid": {},
+    "dirichlet": {"min_size": 0},
+    "shards": {"shards_per_client": 1},
+    "domain": {},
+}
 
 
 @st.composite
@@ -78,12 +82,14 @@ def test_iid_sizes_differ_by_at_most_one(n: int, num_clients: int, seed: int) ->
 
 @FAST
 @given(st.integers(2, 10), st.floats(0.05, 20), st.integers(0, 15), st.integers(0, 2**32))
-def test_dirichlet_min_size_honoured(num_clients: int, alpha: float, min_size: int,
-                                     seed: int) -> None:
+def test_dirichlet_min_size_honoured(
+    num_clients: int, alpha: float, min_size: int, seed: int
+) -> None:
     labels = np.arange(400) % 10
     try:
-        parts = partition("dirichlet", labels, num_clients, seed=seed, alpha=alpha,
-                          min_size=min_size)
+        parts = partition(
+            "dirichlet", labels, num_clients, seed=seed, alpha=alpha, min_size=min_size
+        )
     except ConfigError as exc:  # allowed only as the documented, actionable failure
         assert "lower partition.min_size or raise partition.alpha" in str(exc)
         return
@@ -105,22 +111,27 @@ def test_dirichlet_impossible_or_exhausted_min_size() -> None:
     labels = np.arange(100) % 10
     with pytest.raises(ConfigError, match="needs 110 samples, only 100 available"):
         partition("dirichlet", labels, 11, seed=0, min_size=10)
-    with pytest.raises(ConfigError, match="no draw in 100 gave every client at least "
-                                          "min_size=9.*lower partition.min_size or raise partition.alpha"):
+    with pytest.raises(
+        ConfigError,
+        match="no draw in 100 gave every client at least min_size=9.*lower partition.min_size or raise partition.alpha",
+    ):
         partition("dirichlet", labels, 10, seed=0, alpha=0.01, min_size=9)
 
 
 @FAST
 @given(st.integers(1, 8), st.integers(1, 4), st.integers(1, 6), st.data())
-def test_shards_at_most_shards_per_client_labels(num_clients: int, spc: int, shard_size: int,
-                                                 data: st.DataObject) -> None:
+def test_shards_at_most_shards_per_client_labels(
+    num_clients: int, spc: int, shard_size: int, data: st.DataObject
+) -> None:
     # Prepare: class sizes are multiples of the shard size, so every shard holds one label
-    shard_labels = data.draw(st.lists(st.integers(0, 9), min_size=num_clients * spc,
-                                      max_size=num_clients * spc))
+    shard_labels = data.draw(
+        st.lists(st.integers(0, 9), min_size=num_clients * spc, max_size=num_clients * spc)
+    )
     labels = np.repeat(shard_labels, shard_size)
     labels = labels[np.random.default_rng(0).permutation(len(labels))]
-    parts = partition("shards", labels, num_clients, seed=data.draw(st.integers(0, 2**32)),
-                      shards_per_client=spc)
+    parts = partition(
+        "shards", labels, num_clients, seed=data.draw(st.integers(0, 2**32)), shards_per_client=spc
+    )
     for p in parts:
         assert len(p) == spc * shard_size
         assert len(np.unique(labels[p])) <= spc
@@ -158,8 +169,9 @@ def test_validation_messages() -> None:
     labels = np.arange(50) % 5
     with pytest.raises(UnknownNameError, match="unknown partitioner 'noniid'; expected one of"):
         partition("noniid", labels, 2, seed=0)
-    with pytest.raises(ConfigError, match="has no parameter beta; valid parameters: alpha, "
-                                          "balance, min_size"):
+    with pytest.raises(
+        ConfigError, match="has no parameter beta; valid parameters: alpha, balance, min_size"
+    ):
         partition("dirichlet", labels, 2, seed=0, beta=1.0)
     with pytest.raises(ConfigError, match="valid parameters: \\(none\\)"):
         partition("iid", labels, 2, seed=0, alpha=1.0)
@@ -172,12 +184,20 @@ def test_validation_messages() -> None:
     with pytest.raises(ConfigError, match="balance must be true or false"):
         partition("dirichlet", labels, 2, seed=0, balance="yes")
     for bad in (0, 51, True, 2.0):
-        with pytest.raises(ConfigError, match=r"num_clients must be an integer in \[1, 50\].*lower the number of clients \(clients.num\)"):
+        with pytest.raises(
+            ConfigError,
+            match=r"num_clients must be an integer in \[1, 50\].*lower the number of clients \(clients.num\)",
+        ):
             partition("iid", labels, bad, seed=0)  # type: ignore[arg-type]
     # the fix names the config keys a run sets (clients.num, partition.*), not the parameter names
-    with pytest.raises(ConfigError, match=r"lower partition.min_size or the number of clients \(clients.num\)"):
+    with pytest.raises(
+        ConfigError, match=r"lower partition.min_size or the number of clients \(clients.num\)"
+    ):
         partition("dirichlet", labels, 20, seed=0, alpha=1.0, min_size=3)
-    with pytest.raises(ConfigError, match=r"clients.num \* shards_per_client = 20 \* 3.*partition.shards_per_client or clients.num"):
+    with pytest.raises(
+        ConfigError,
+        match=r"clients.num \* shards_per_client = 20 \* 3.*partition.shards_per_client or clients.num",
+    ):
         partition("shards", labels, 20, seed=0, shards_per_client=3)
     with pytest.raises(ConfigError, match="1-D integer array"):
         partition("iid", labels.reshape(5, 10), 2, seed=0)
@@ -185,12 +205,14 @@ def test_validation_messages() -> None:
 
 def test_registry_exposes_defaults() -> None:
     assert partitioner_names() == ["dirichlet", "domain", "iid", "shards"]
-    assert dict(PARTITIONERS["dirichlet"].params) == {"alpha": 0.5, "min_size": 10,
-                                                      "balance": True}
+    assert dict(PARTITIONERS["dirichlet"].params) == {"alpha": 0.5, "min_size": 10, "balance": True}
     assert dict(PARTITIONERS["shards"].params) == {"shards_per_client": 2}
     assert PARTITIONERS["domain"].needs_domains and not PARTITIONERS["iid"].needs_domains
     assert resolve_partition_params("dirichlet", {"alpha": 1}) == {
-        "alpha": 1.0, "min_size": 10, "balance": True}
+        "alpha": 1.0,
+        "min_size": 10,
+        "balance": True,
+    }
 
 
 def test_summary_is_json_and_adds_up() -> None:
@@ -205,17 +227,33 @@ def test_summary_is_json_and_adds_up() -> None:
         partition_summary(parts, labels, 3)
 
 
-@pytest.mark.parametrize("owner, message", [
-    (lambda n, c: None, r"returned NoneType of shape None; it must return an integer array of shape \(12,\)"),
-    (lambda n, c: np.full(n, 99), r"gave client ids 99..99; expected 0..2 \(clients.num=3\)"),
-    (lambda n, c: np.full(n, -1), r"gave client ids -1..-1; expected 0..2"),
-    (lambda n, c: np.zeros(n) + 0.5, r"returned ndarray of shape \(12,\); it must return an integer array"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "owner, message",
+    [
+        (
+            lambda n, c: None,
+            r"returned NoneType of shape None; it must return an integer array of shape \(12,\)",
+        ),
+        (lambda n, c: np.full(n, 99), r"gave client ids 99..99; expected 0..2 \(clients.num=3\)"),
+        (lambda n, c: np.full(n, -1), r"gave client ids -1..-1; expected 0..2"),
+        (
+            lambda n, c: np.zeros(n) + 0.5,
+            r"returned ndarray of shape \(12,\); it must return an integer array",
+        ),
+    ],
+)
 def test_a_registered_partitioner_must_give_every_sample_a_client(owner, message) -> None:
     from fedge.data.partition import _REGISTRY, PartitionerSpec, register_partitioner
 
-    register_partitioner(PartitionerSpec("test-bad", "d", lambda labels, c, rng, domains=None: owner(len(labels), c),
-                                         lambda p: dict(p), {}))  # fmt: skip
+    register_partitioner(
+        PartitionerSpec(
+            "test-bad",
+            "d",
+            lambda labels, c, rng, domains=None: owner(len(labels), c),
+            lambda p: dict(p),
+            {},
+        )
+    )
     try:
         with pytest.raises(ConfigError, match=r"partitioner 'test-bad' " + message):
             partition("test-bad", np.arange(12) % 3, 3, seed=0)

@@ -41,8 +41,13 @@ def test_npz_images_get_a_channel_axis_and_the_shared_pipeline(tmp_path: Path) -
 def test_npz_tabular_is_normalized_per_feature(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     x = rng.normal([0, 10, -5], [1, 3, 0.5], size=(50, 3)).astype(np.float32)
-    np.savez(tmp_path / "t.npz", x_train=x, y_train=np.arange(50) % 2, x_test=x[:10],
-             y_test=np.arange(10) % 2)
+    np.savez(
+        tmp_path / "t.npz",
+        x_train=x,
+        y_train=np.arange(50) % 2,
+        x_test=x[:10],
+        y_test=np.arange(10) % 2,
+    )
     ds = load_dataset("npz", path=tmp_path / "t.npz")
     assert ds.input_shape == (3,) and ds.x_train.shape == (50, 3)
     assert np.allclose(ds.x_train.mean(0).numpy(), 0, atol=1e-5)
@@ -108,7 +113,9 @@ def test_csv_errors(tmp_path: Path) -> None:
         load_dataset("csv", path=str(tr), test_path=str(tmp_path / "none.csv"))
 
 
-def test_module_target_and_recorded_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_module_target_and_recorded_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "my_data_mod.py").write_text(
         "import numpy as np\n"
         "def make(n=20, seed=0):\n"
@@ -130,10 +137,15 @@ def test_module_target_and_recorded_options(tmp_path: Path, monkeypatch: pytest.
     sys.modules.pop("my_data_mod", None)
 
 
-def test_resolved_options_make_paths_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resolved_options_make_paths_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     out = resolve_dataset_options("csv", {"path": "tr.csv", "test_path": "te.csv"})
-    assert out == {"path": str(tmp_path / "tr.csv"), "test_path": str(tmp_path / "te.csv"),
-                   "label": "label"}
+    assert out == {
+        "path": str(tmp_path / "tr.csv"),
+        "test_path": str(tmp_path / "te.csv"),
+        "label": "label",
+    }
     with pytest.raises(ConfigError, match="dataset 'npz' has no option pth; valid options: path"):
         resolve_dataset_options("npz", {"pth": "x"})

@@ -17,9 +17,13 @@ def test_a_client_is_the_same_whenever_and_wherever_it_is_made():
     x, y = fed.client(123_456)
     x2, y2 = SyntheticFederated(10**6, seed=3).client(123_456)
     assert torch.equal(x, x2) and torch.equal(y, y2)
-    code = ("from fedge.data.federated import SyntheticFederated as S; import hashlib;"
-            "x, y = S(10**6, seed=3).client(123_456); print(hashlib.sha256(x.numpy().tobytes()).hexdigest())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    code = (
+        "from fedge.data.federated import SyntheticFederated as S; import hashlib;"
+        "x, y = S(10**6, seed=3).client(123_456); print(hashlib.sha256(x.numpy().tobytes()).hexdigest())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     import hashlib
 
     assert out == hashlib.sha256(x.numpy().tobytes()).hexdigest()
@@ -69,8 +73,14 @@ def test_bad_parameters_are_named():
 
 
 def test_a_million_client_run_builds_nothing_per_client(tiny):
-    cfg = load_config(tiny(model={"name": "logreg"}, dataset={"name": "synthetic-fed"}, rounds=2,
-                           **{"clients.num": 10**6, "clients.per_round": 20}))
+    cfg = load_config(
+        tiny(
+            model={"name": "logreg"},
+            dataset={"name": "synthetic-fed"},
+            rounds=2,
+            **{"clients.num": 10**6, "clients.per_round": 20},
+        )
+    )
     built = build_run(cfg)
     assert isinstance(built.clients, LazyClients) and built.partition_summary["lazy"] is True
     sim = built.simulation()
@@ -89,13 +99,22 @@ def test_partition_command_shows_one_clients_shard(tiny, tmp_path):
     from fedge.cli.main import app
     from fedge.experiment.run import run_experiment
 
-    cfg = load_config(tiny(model={"name": "logreg"}, dataset={"name": "synthetic-fed"}, rounds=1,
-                           **{"clients.num": 10**6, "clients.per_round": 5}))
+    cfg = load_config(
+        tiny(
+            model={"name": "logreg"},
+            dataset={"name": "synthetic-fed"},
+            rounds=1,
+            **{"clients.num": 10**6, "clients.per_round": 5},
+        )
+    )
     run = run_experiment(cfg, out=tmp_path / "run", render=False)
     res = CliRunner().invoke(app, ["partition", str(run), "--client", "999999"])
     assert res.exit_code == 0, res.output
     shard = json.loads(res.output)
     want = SyntheticFederated(10**6, seed=0).client(999_999)[1]
-    assert shard["samples"] == want.numel() and shard["label_counts"] == torch.bincount(want, minlength=10).tolist()
+    assert (
+        shard["samples"] == want.numel()
+        and shard["label_counts"] == torch.bincount(want, minlength=10).tolist()
+    )
     bad = CliRunner().invoke(app, ["partition", str(run), "--client", str(10**6)])
     assert bad.exit_code == 2 and "outside the population" in bad.output

@@ -49,7 +49,9 @@ def _mean_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def _mlp_problem() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(1)
-    model = _seeded(nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double(), g)  # n = 51
+    model = _seeded(
+        nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double(), g
+    )  # n = 51
     x = torch.randn(32, 4, generator=g, dtype=torch.float64)
     return model, (x, torch.randint(0, 3, (32,), generator=g))
 
@@ -112,12 +114,27 @@ def test_cosine_with_autograd_grows_like_sqrt_k_over_n() -> None:
     cos = []
     for k in (8, 32, 128, 512):
         c = [
-            float(F.cosine_similarity(_flat(zeroth_order_gradient(
-                model, F.cross_entropy, batch, k=k, sigma=1e-5, seed=s, scheme="forward",
-                mode="fast", chunk=64,
-            )), true, dim=0))
+            float(
+                F.cosine_similarity(
+                    _flat(
+                        zeroth_order_gradient(
+                            model,
+                            F.cross_entropy,
+                            batch,
+                            k=k,
+                            sigma=1e-5,
+                            seed=s,
+                            scheme="forward",
+                            mode="fast",
+                            chunk=64,
+                        )
+                    ),
+                    true,
+                    dim=0,
+                )
+            )
             for s in range(4)
-        ]  # fmt: skip
+        ]
         cos.append(sum(c) / len(c))
         assert abs(cos[-1] - (1 + (n + 1) / k) ** -0.5) < 0.15
     assert cos == sorted(cos)
@@ -135,8 +152,16 @@ def _z(seed: int, k: int, name: str, shape: torch.Size) -> torch.Tensor:
 
 
 def _reference_loss_differences(
-    model: nn.Module, loss_fn, batch, *, k: int, sigma: float, seed: int, scheme: str,
-    params: list[str] | None = None, masks: dict[str, torch.Tensor] | None = None,
+    model: nn.Module,
+    loss_fn,
+    batch,
+    *,
+    k: int,
+    sigma: float,
+    seed: int,
+    scheme: str,
+    params: list[str] | None = None,
+    masks: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """BAFFLE Algorithm 1 lines 11-12 as a plain loop: ΔL_k = L(W + δ_k) − L(W ∓ ...)."""
     base = {n: p.detach().double() for n, p in model.named_parameters()}
@@ -164,7 +189,12 @@ def _reference_loss_differences(
 
 
 def _reference_estimate(
-    shapes: dict[str, torch.Size], diffs: torch.Tensor, *, sigma: float, seed: int, scheme: str,
+    shapes: dict[str, torch.Size],
+    diffs: torch.Tensor,
+    *,
+    sigma: float,
+    seed: int,
+    scheme: str,
     masks: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """BAFFLE Eq. (6): ĝ = 1/(c·K·σ²) Σ_k ΔL_k δ_k, c = 2 (central) or 1 (forward)."""
@@ -187,7 +217,14 @@ def _reference_estimate(
 def test_loss_differences_equal_a_float64_reference_loop(scheme: str, mode: str) -> None:
     model, batch = _mlp_problem()
     mask = torch.rand(6, 4, generator=torch.Generator().manual_seed(4)) > 0.5
-    kw = dict(k=7, sigma=1e-3, seed=13, scheme=scheme, params=["0.weight", "2.bias"], masks={"0.weight": mask})
+    kw = dict(
+        k=7,
+        sigma=1e-3,
+        seed=13,
+        scheme=scheme,
+        params=["0.weight", "2.bias"],
+        masks={"0.weight": mask},
+    )
     got = loss_differences(model, F.cross_entropy, batch, mode=mode, **kw)
     want = _reference_loss_differences(model, F.cross_entropy, batch, **kw)
     assert got.dtype == torch.float32 and got.shape == (7,)
@@ -209,7 +246,9 @@ def test_estimate_gradient_equals_the_reference_sum(scheme: str) -> None:
     assert bool((got["a.weight"][~mask] == 0).all())
 
 
-def _quadratic_problem(n: int = 10) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor]:
+def _quadratic_problem(
+    n: int = 10,
+) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor]:
     """L(W) = ½·mean_i (x_iᵀW − y_i)²: gradient Xᵀ(XW − y)/N and Hessian XᵀX/N in closed form."""
     g = torch.Generator().manual_seed(7)
     model = _seeded(nn.Linear(n, 1, bias=False).double(), g)
@@ -232,7 +271,9 @@ def test_closed_form_estimate_on_a_quadratic_loss(scheme: str) -> None:
     # A large σ makes the forward scheme's second-order term visible: a wrong constant or a
     # wrong sign of δ in either half breaks the equality.
     model, batch, grad, hess = _quadratic_problem()
-    autograd = torch.autograd.grad(_half_mse(model(batch[0]), batch[1]), model.weight)[0].reshape(-1)
+    autograd = torch.autograd.grad(_half_mse(model(batch[0]), batch[1]), model.weight)[0].reshape(
+        -1
+    )
     torch.testing.assert_close(autograd, grad)  # the closed form is the true gradient
     k, sigma, seed = 30, 0.5, 3
     got = zeroth_order_gradient(model, _half_mse, batch, k=k, sigma=sigma, seed=seed, scheme=scheme)
@@ -293,7 +334,9 @@ def test_zeroth_order_gradient_equals_the_reference_on_a_subset() -> None:
     model, batch = _mlp_problem()
     kw = dict(k=6, sigma=1e-4, seed=9, scheme="central")
     g = zeroth_order_gradient(model, F.cross_entropy, batch, params=["2.weight", "2.bias"], **kw)
-    diffs = _reference_loss_differences(model, F.cross_entropy, batch, params=["2.weight", "2.bias"], **kw)
+    diffs = _reference_loss_differences(
+        model, F.cross_entropy, batch, params=["2.weight", "2.bias"], **kw
+    )
     shapes = {n: p.shape for n, p in model.named_parameters() if n.startswith("2.")}
     want = _reference_estimate(shapes, diffs, sigma=1e-4, seed=9, scheme="central")
     assert list(g) == ["2.weight", "2.bias"]
@@ -349,7 +392,10 @@ def test_precision_warning_for_sigma_below_half_precision_resolution() -> None:
 
 def test_dropout_in_train_mode_warns() -> None:
     model = nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.5))
-    batch = (torch.randn(4, 4, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1, 2, 0]))
+    batch = (
+        torch.randn(4, 4, generator=torch.Generator().manual_seed(0)),
+        torch.tensor([0, 1, 2, 0]),
+    )
     with pytest.warns(ZerothOrderWarning, match="dropout is active"):
         loss_differences(model, F.cross_entropy, batch, k=2, sigma=1e-2, seed=0, scheme="forward")
     model.eval()

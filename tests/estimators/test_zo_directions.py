@@ -37,12 +37,19 @@ class _TwoLinear(nn.Module):
         return self.a(x) + self.b(x)
 
 
-def _linear_problem(n: int = 5) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]:
+def _linear_problem(
+    n: int = 5,
+) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(0)
     model = _TwoLinear(n).double()
     x = torch.randn(16, n, generator=g, dtype=torch.float64) + 0.5
     batch = (x, torch.zeros(16))
-    grad = dict(zip(dict(model.named_parameters()), torch.autograd.grad(_mean_loss(model(x), None), list(model.parameters()))))
+    grad = dict(
+        zip(
+            dict(model.named_parameters()),
+            torch.autograd.grad(_mean_loss(model(x), None), list(model.parameters())),
+        )
+    )
     return model, batch, grad
 
 
@@ -72,10 +79,19 @@ def test_orthogonal_with_k_equal_n_recovers_a_linear_gradient_exactly(scheme: st
     a = x.mean(0)
     out = {}
     for kind in ("orthogonal", "gaussian"):
-        diffs = loss_differences(model, _mean_loss, (x, torch.zeros(8)), k=16, sigma=0.1, seed=2, scheme=scheme,
-                                 directions=kind)  # fmt: skip
-        got = estimate_gradient(dict(model.named_parameters()), diffs, sigma=0.1, seed=2, scheme=scheme,
-                                directions=kind)  # fmt: skip
+        diffs = loss_differences(
+            model,
+            _mean_loss,
+            (x, torch.zeros(8)),
+            k=16,
+            sigma=0.1,
+            seed=2,
+            scheme=scheme,
+            directions=kind,
+        )
+        got = estimate_gradient(
+            dict(model.named_parameters()), diffs, sigma=0.1, seed=2, scheme=scheme, directions=kind
+        )
         out[kind] = got["weight"].view(-1)
     assert torch.allclose(out["orthogonal"], a, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(out["gaussian"], a, rtol=0.1)
@@ -86,9 +102,13 @@ def test_estimate_on_a_linear_loss_is_the_directions_sum_exactly(kind: str) -> N
     # ΔL_k = c σ z_kᵀ a exactly, so ĝ = Σ_k w_k z_k z_kᵀ a with the directions' own weights.
     model, batch, a = _linear_problem()
     k = 7
-    g = zeroth_order_gradient(model, _mean_loss, batch, k=k, sigma=0.05, seed=11, scheme="central", directions=kind)
+    g = zeroth_order_gradient(
+        model, _mean_loss, batch, k=k, sigma=0.05, seed=11, scheme="central", directions=kind
+    )
     dirs = make_directions(kind, {n: p.shape for n, p in model.named_parameters()}, k)
-    z = torch.cat([dirs.draw(11, range(k), n, p.shape).view(k, -1) for n, p in model.named_parameters()], 1).double()
+    z = torch.cat(
+        [dirs.draw(11, range(k), n, p.shape).view(k, -1) for n, p in model.named_parameters()], 1
+    ).double()
     want = (dirs.weights[:, None] * z * (z @ _flat(a))[:, None]).sum(0)
     assert torch.allclose(_flat(g), want, rtol=1e-5, atol=1e-8)
 
@@ -105,7 +125,9 @@ def test_unbiased_with_constant_one(kind: str) -> None:
     acc = torch.zeros(7, 7, dtype=torch.float64)
     sq = torch.zeros(7, 7, dtype=torch.float64)
     for s in range(seeds):
-        z = torch.cat([dirs.draw(s, range(k), n, sh).view(k, -1) for n, sh in shapes.items()], 1).double()
+        z = torch.cat(
+            [dirs.draw(s, range(k), n, sh).view(k, -1) for n, sh in shapes.items()], 1
+        ).double()
         m = (dirs.weights[:, None, None] * z[:, :, None] * z[:, None, :]).sum(0)
         acc += m
         sq += m * m
@@ -121,9 +143,15 @@ def test_block_directions_touch_one_block_and_split_k_by_sqrt_size() -> None:
     assert block_split([4, 100], 12) == [3, 9]
     assert dirs.weights.tolist() == [1 / 3] * 3 + [1 / 9] * 9
     for k in range(12):
-        za = torch.cat([dirs.draw(0, [k], n, s).flatten() for n, s in shapes.items() if n.startswith("a.")])
+        za = torch.cat(
+            [dirs.draw(0, [k], n, s).flatten() for n, s in shapes.items() if n.startswith("a.")]
+        )
         zb = dirs.draw(0, [k], "b.weight", (10, 10)).flatten()
-        assert (bool(za.ne(0).all()) and bool(zb.eq(0).all())) if k < 3 else (bool(za.eq(0).all()) and bool(zb.ne(0).all()))
+        assert (
+            (bool(za.ne(0).all()) and bool(zb.eq(0).all()))
+            if k < 3
+            else (bool(za.eq(0).all()) and bool(zb.ne(0).all()))
+        )
     assert sum(block_split([1, 4, 9, 10_000], 37)) == 37
     with pytest.raises(ConfigError, match="k >= the number of blocks"):
         block_split([4, 5, 6], 2)
@@ -160,9 +188,17 @@ def test_block_directions_under_masks_split_k_by_kept_coordinates() -> None:
     diffs = loss_differences(model, _mean_loss, batch, k=10, **kw)
     rebuilt = estimate_gradient(dict(model.named_parameters()), diffs, **kw)
     # the linear oracle: ĝ = Σ_k w_k z_k z_kᵀ a over the kept coordinates, with the masked split's weights
-    a = dict(zip(shapes, torch.autograd.grad(_mean_loss(model(batch[0]), None), list(model.parameters()))))
-    keep_of = {n: masks.get(n, torch.ones(sh, dtype=torch.bool)).reshape(-1) for n, sh in shapes.items()}
-    z = torch.cat([split.draw(3, range(10), n, sh).view(10, -1) * keep_of[n] for n, sh in shapes.items()], 1).double()
+    a = dict(
+        zip(
+            shapes, torch.autograd.grad(_mean_loss(model(batch[0]), None), list(model.parameters()))
+        )
+    )
+    keep_of = {
+        n: masks.get(n, torch.ones(sh, dtype=torch.bool)).reshape(-1) for n, sh in shapes.items()
+    }
+    z = torch.cat(
+        [split.draw(3, range(10), n, sh).view(10, -1) * keep_of[n] for n, sh in shapes.items()], 1
+    ).double()
     want = (split.weights[:, None] * z * (z @ _flat(a))[:, None]).sum(0)
     assert torch.allclose(_flat(one_device), want, rtol=1e-5, atol=1e-8)
     assert torch.allclose(_flat(rebuilt).double(), want, rtol=1e-4, atol=1e-6)
@@ -171,7 +207,9 @@ def test_block_directions_under_masks_split_k_by_kept_coordinates() -> None:
 @pytest.mark.parametrize("kind", ["orthogonal", "block"])
 def test_lean_fast_and_threads_agree_for_every_direction_kind(kind: str) -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 4 * 4, 4)).eval()
+    model = nn.Sequential(
+        nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 4 * 4, 4)
+    ).eval()
     g = torch.Generator().manual_seed(1)
     batch = (torch.randn(4, 1, 6, 6, generator=g), torch.randint(0, 4, (4,), generator=g))
     big = (torch.randn(12, 1, 6, 6, generator=g), torch.randint(0, 4, (12,), generator=g))
@@ -180,9 +218,13 @@ def test_lean_fast_and_threads_agree_for_every_direction_kind(kind: str) -> None
     fast = loss_differences(model, F.cross_entropy, batch, mode="fast", **kw)  # batched pass
     assert torch.allclose(lean, fast, rtol=1e-4, atol=1e-6)
     lean_big = loss_differences(model, F.cross_entropy, big, mode="lean", **kw)
-    threaded = loss_differences(model, F.cross_entropy, big, mode="fast", workers=2, **kw)  # two spans
+    threaded = loss_differences(
+        model, F.cross_entropy, big, mode="fast", workers=2, **kw
+    )  # two spans
     assert torch.allclose(lean_big, threaded, rtol=1e-5, atol=1e-7)
-    gauss = loss_differences(model, F.cross_entropy, batch, mode="lean", **{**kw, "directions": "gaussian"})
+    gauss = loss_differences(
+        model, F.cross_entropy, batch, mode="lean", **{**kw, "directions": "gaussian"}
+    )
     assert not torch.allclose(lean, gauss)
 
 
@@ -190,14 +232,32 @@ def test_subset_perturbs_and_estimates_only_the_chosen_parameters() -> None:
     model, batch, a = _linear_problem()
     names = match_params([n for n, _ in model.named_parameters()], ["a.*"])
     assert names == ["a.weight", "a.bias"]
-    g = zeroth_order_gradient(model, _mean_loss, batch, k=5, sigma=0.05, seed=1, scheme="forward", params=names,
-                              directions="orthogonal")  # fmt: skip
+    g = zeroth_order_gradient(
+        model,
+        _mean_loss,
+        batch,
+        k=5,
+        sigma=0.05,
+        seed=1,
+        scheme="forward",
+        params=names,
+        directions="orthogonal",
+    )
     assert list(g) == names
     # Only a's coordinates move: the loss differences equal those of a model whose b is zero.
     with torch.no_grad():
         model.b.weight.zero_()
-    g0 = zeroth_order_gradient(model, _mean_loss, batch, k=5, sigma=0.05, seed=1, scheme="forward", params=names,
-                               directions="orthogonal")  # fmt: skip
+    g0 = zeroth_order_gradient(
+        model,
+        _mean_loss,
+        batch,
+        k=5,
+        sigma=0.05,
+        seed=1,
+        scheme="forward",
+        params=names,
+        directions="orthogonal",
+    )
     assert all(torch.allclose(g[n], g0[n]) for n in names)
     with pytest.raises(ConfigError, match="matches no parameter"):
         match_params(["a.weight"], ["fc.*"])
@@ -206,7 +266,9 @@ def test_subset_perturbs_and_estimates_only_the_chosen_parameters() -> None:
 def test_unknown_direction_kind_is_one_clear_error() -> None:
     model, batch, _ = _linear_problem()
     with pytest.raises(ConfigError, match="directions must be one of"):
-        loss_differences(model, _mean_loss, batch, k=2, sigma=0.1, seed=0, scheme="central", directions="sobol")
+        loss_differences(
+            model, _mean_loss, batch, k=2, sigma=0.1, seed=0, scheme="central", directions="sobol"
+        )
 
 
 def test_orthogonal_gives_no_free_lunch_when_k_is_much_smaller_than_n() -> None:
@@ -218,8 +280,16 @@ def test_orthogonal_gives_no_free_lunch_when_k_is_much_smaller_than_n() -> None:
     for kind in ("gaussian", "orthogonal"):
         vals = []
         for s in range(40):
-            g = zeroth_order_gradient(model, _mean_loss, (x, torch.zeros(2)), k=16, sigma=0.1, seed=s,
-                                      scheme="central", directions=kind)["weight"].view(-1)  # fmt: skip
+            g = zeroth_order_gradient(
+                model,
+                _mean_loss,
+                (x, torch.zeros(2)),
+                k=16,
+                sigma=0.1,
+                seed=s,
+                scheme="central",
+                directions=kind,
+            )["weight"].view(-1)
             vals.append(float(g @ a / (g.norm() * a.norm())))
         cos[kind] = sum(vals) / len(vals)
     assert abs(cos["orthogonal"] - math.sqrt(16 / 256)) < 0.03
@@ -234,18 +304,33 @@ def test_baffle_config_passes_directions_and_subset_to_the_server() -> None:
     model, _, _ = _linear_problem()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cfg = BaffleConfig(mode="batch", k=4, directions="block", perturb=["b.*"], secure_aggregation=False, clip=None)
+        cfg = BaffleConfig(
+            mode="batch",
+            k=4,
+            directions="block",
+            perturb=["b.*"],
+            secure_aggregation=False,
+            clip=None,
+        )
     strategy = BaffleBatchStrategy(model, cfg, seed=0)
     diffs = torch.tensor([0.1, -0.2, 0.3, 0.05])
     g = strategy.shared_estimate(1, diffs)
     assert list(g) == ["b.weight"]
-    want = estimate_gradient({"b.weight": model.b.weight}, diffs, sigma=cfg.sigma, seed=strategy.round_seed(1),
-                             scheme=cfg.scheme, directions="block")  # fmt: skip
+    want = estimate_gradient(
+        {"b.weight": model.b.weight},
+        diffs,
+        sigma=cfg.sigma,
+        seed=strategy.round_seed(1),
+        scheme=cfg.scheme,
+        directions="block",
+    )
     assert torch.equal(g["b.weight"], want["b.weight"])
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     strategy.apply(g)
     after = dict(model.named_parameters())
-    assert torch.equal(after["a.weight"], before["a.weight"]) and torch.equal(after["a.bias"], before["a.bias"])
+    assert torch.equal(after["a.weight"], before["a.weight"]) and torch.equal(
+        after["a.bias"], before["a.bias"]
+    )
     assert not torch.equal(after["b.weight"], before["b.weight"])
 
 
@@ -286,13 +371,16 @@ class _SmallConv(nn.Module):
 @pytest.mark.parametrize("kind", ["gaussian", "orthogonal", "block"])
 @pytest.mark.parametrize("scheme", ["central", "forward"])
 @pytest.mark.parametrize(("path", "workers"), [("batched", 1), ("lean", 1), ("threaded", 2)])
-def test_fast_gradient_reusing_draws_is_bit_for_bit_the_two_halves(kind: str, scheme: str, path: str,
-                                                                   workers: int) -> None:  # fmt: skip
+def test_fast_gradient_reusing_draws_is_bit_for_bit_the_two_halves(
+    kind: str, scheme: str, path: str, workers: int
+) -> None:
     # Oracle: the client's loss differences then the server's rebuild, each drawing on its own.
     # A Sequential runs the batched path; any other module the lean loop, threaded with 2 workers.
     g = torch.Generator().manual_seed(1)
     if path == "batched":
-        model: nn.Module = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Hardswish(), nn.Flatten(), nn.Linear(144, 5))
+        model: nn.Module = nn.Sequential(
+            nn.Conv2d(1, 4, 3), nn.Hardswish(), nn.Flatten(), nn.Linear(144, 5)
+        )
         masked = "0.weight"
     else:
         model, masked = _SmallConv(), "conv.weight"
@@ -300,8 +388,15 @@ def test_fast_gradient_reusing_draws_is_bit_for_bit_the_two_halves(kind: str, sc
     masks = {masked: torch.rand(4, 1, 3, 3, generator=g) < 0.5}
     kw = dict(k=12, sigma=1e-3, seed=9, scheme=scheme, masks=masks, directions=kind)
     diffs = loss_differences(model, F.cross_entropy, batch, mode="fast", workers=workers, **kw)
-    want = estimate_gradient(dict(model.named_parameters()), diffs, sigma=1e-3, seed=9, scheme=scheme, masks=masks,
-                             directions=kind)  # fmt: skip
+    want = estimate_gradient(
+        dict(model.named_parameters()),
+        diffs,
+        sigma=1e-3,
+        seed=9,
+        scheme=scheme,
+        masks=masks,
+        directions=kind,
+    )
     got = zeroth_order_gradient(model, F.cross_entropy, batch, mode="fast", workers=workers, **kw)
     assert list(got) == list(want)
     for name in want:
@@ -313,16 +408,25 @@ def test_given_directions_must_match_k() -> None:
     dirs = make_directions("gaussian", {n: p.shape for n, p in model.named_parameters()}, 4)
     batch = (torch.ones(2, 3), torch.zeros(2))
     with pytest.raises(ConfigError, match="made for k=4, but this step has k=5"):
-        loss_differences(model, _mean_loss, batch, k=5, sigma=0.1, seed=0, scheme="forward", directions=dirs)
+        loss_differences(
+            model, _mean_loss, batch, k=5, sigma=0.1, seed=0, scheme="forward", directions=dirs
+        )
     with pytest.raises(ConfigError, match="made for k=4, but this step has k=3"):
-        estimate_gradient(dict(model.named_parameters()), torch.ones(3), sigma=0.1, seed=0, scheme="forward",
-                          directions=dirs)  # fmt: skip
+        estimate_gradient(
+            dict(model.named_parameters()),
+            torch.ones(3),
+            sigma=0.1,
+            seed=0,
+            scheme="forward",
+            directions=dirs,
+        )
 
 
 # lean keeps one parameter's noise at a time: z_k for W + δ_k, again for W − δ_k, again to rebuild.
 @pytest.mark.parametrize(("mode", "draws_per_direction"), [("fast", 1), ("lean", 3)])
-def test_fast_gradient_draws_each_direction_once(monkeypatch: pytest.MonkeyPatch, mode: str,
-                                                 draws_per_direction: int) -> None:  # fmt: skip
+def test_fast_gradient_draws_each_direction_once(
+    monkeypatch: pytest.MonkeyPatch, mode: str, draws_per_direction: int
+) -> None:
     import fedge.estimators.directions as directions
 
     drawn: dict[str, int] = {}
@@ -335,5 +439,7 @@ def test_fast_gradient_draws_each_direction_once(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(directions, "standard_normal_chunk", counting)
     model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Hardswish(), nn.Flatten(), nn.Linear(144, 5))
     batch = (torch.randn(6, 1, 8, 8), torch.randint(0, 5, (6,)))
-    zeroth_order_gradient(model, F.cross_entropy, batch, k=10, sigma=1e-3, seed=3, scheme="central", mode=mode)
+    zeroth_order_gradient(
+        model, F.cross_entropy, batch, k=10, sigma=1e-3, seed=3, scheme="central", mode=mode
+    )
     assert drawn == {name: 10 * draws_per_direction for name, _ in model.named_parameters()}

@@ -27,26 +27,47 @@ register_channelwise(StridedMaxPool)
 
 def lenet_like() -> nn.Sequential:
     return nn.Sequential(
-        nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4), nn.Hardswish(), StridedMaxPool(),
+        nn.Conv2d(1, 4, 3),
+        nn.GroupNorm(2, 4),
+        nn.Hardswish(),
+        StridedMaxPool(),
         nn.Sequential(nn.Conv2d(4, 6, 3, padding=1), nn.GroupNorm(3, 6, affine=False)),
-        nn.Hardswish(), StridedMaxPool(), nn.Flatten(), nn.Linear(6 * 2 * 2, 8),
-        nn.Hardswish(), nn.Linear(8, 3),
-    )  # fmt: skip
+        nn.Hardswish(),
+        StridedMaxPool(),
+        nn.Flatten(),
+        nn.Linear(6 * 2 * 2, 8),
+        nn.Hardswish(),
+        nn.Linear(8, 3),
+    )
 
 
 def mlp() -> nn.Sequential:
     return nn.Sequential(
-        nn.Flatten(), nn.Linear(100, 8), nn.LayerNorm(8), nn.SELU(), nn.Dropout(0.3),
-        nn.Linear(8, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3, bias=False),
-    )  # fmt: skip
+        nn.Flatten(),
+        nn.Linear(100, 8),
+        nn.LayerNorm(8),
+        nn.SELU(),
+        nn.Dropout(0.3),
+        nn.Linear(8, 6),
+        nn.BatchNorm1d(6),
+        nn.ReLU(),
+        nn.Linear(6, 3, bias=False),
+    )
 
 
 def bn_convnet() -> nn.Sequential:
     return nn.Sequential(
-        nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
-        nn.Conv2d(4, 4, 3, stride=2, padding=1, groups=2), nn.MaxPool2d(2), nn.Tanh(),
-        nn.AvgPool2d(1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3),
-    )  # fmt: skip
+        nn.Conv2d(1, 4, 3, padding=1, bias=False),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.Conv2d(4, 4, 3, stride=2, padding=1, groups=2),
+        nn.MaxPool2d(2),
+        nn.Tanh(),
+        nn.AvgPool2d(1),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4, 3),
+    )
 
 
 class Residual(nn.Module):
@@ -90,8 +111,12 @@ def _assert_same(lean: torch.Tensor, fast: torch.Tensor) -> None:
     torch.testing.assert_close(fast, lean, rtol=1e-5, atol=1e-5 * float(lean.abs().max()))
 
 
-MODELS = {"lenet_like": (lenet_like, False), "mlp": (mlp, False), "bn_train": (bn_convnet, True),
-          "bn_eval": (bn_convnet, False)}  # fmt: skip
+MODELS = {
+    "lenet_like": (lenet_like, False),
+    "mlp": (mlp, False),
+    "bn_train": (bn_convnet, True),
+    "bn_eval": (bn_convnet, False),
+}
 
 
 @pytest.mark.parametrize("scheme", ["central", "forward"])
@@ -113,11 +138,23 @@ def test_fast_equals_lean_with_masks_and_a_frozen_prefix(
 ) -> None:
     model = _build(lenet_like)
     g = torch.Generator().manual_seed(2)
-    masks = {"4.0.weight": torch.rand(6, 4, 3, 3, generator=g) > 0.5,
-             "8.weight": torch.rand(8, 24, generator=g) > 0.3}  # fmt: skip
+    masks = {
+        "4.0.weight": torch.rand(6, 4, 3, 3, generator=g) > 0.5,
+        "8.weight": torch.rand(8, 24, generator=g) > 0.3,
+    }
     for params in (None, ["4.0.weight", "4.0.bias", "8.weight", "10.bias"]):
-        lean, fast = _both(model, _batch(), monkeypatch, k=5, sigma=1e-3, seed=8, scheme=scheme,
-                           chunk=2, params=params, masks=masks)  # fmt: skip
+        lean, fast = _both(
+            model,
+            _batch(),
+            monkeypatch,
+            k=5,
+            sigma=1e-3,
+            seed=8,
+            scheme=scheme,
+            chunk=2,
+            params=params,
+            masks=masks,
+        )
         _assert_same(lean, fast)
 
 
@@ -161,8 +198,17 @@ def test_low_precision_forward_runs_under_autocast(mode: str) -> None:
     x, y = _batch()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        d = loss_differences(model, F.cross_entropy, (x.float(), y), k=4, sigma=0.05, seed=0,
-                             scheme="central", mode=mode, dtype=torch.bfloat16)  # fmt: skip
+        d = loss_differences(
+            model,
+            F.cross_entropy,
+            (x.float(), y),
+            k=4,
+            sigma=0.05,
+            seed=0,
+            scheme="central",
+            mode=mode,
+            dtype=torch.bfloat16,
+        )
     assert d.dtype == torch.float32 and d.shape == (4,) and bool(torch.isfinite(d).all())
 
 
@@ -195,7 +241,9 @@ def test_threaded_spans_equal_lean(make, scheme: str, workers: int) -> None:
     threads = torch.get_num_threads()
     kw = dict(k=7, sigma=1e-3, seed=5, scheme=scheme)
     lean = loss_differences(model, F.cross_entropy, _big_batch(), mode="lean", **kw)
-    fast = loss_differences(model, F.cross_entropy, _big_batch(), mode="fast", workers=workers, **kw)
+    fast = loss_differences(
+        model, F.cross_entropy, _big_batch(), mode="fast", workers=workers, **kw
+    )
     _assert_same(lean, fast)
     assert torch.get_num_threads() == threads
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -206,7 +254,9 @@ def test_threaded_spans_honour_masks_and_a_parameter_subset() -> None:
     model = _build(lenet_like)
     g = torch.Generator().manual_seed(2)
     masks = {"4.0.weight": torch.rand(6, 4, 3, 3, generator=g) > 0.5}
-    kw = dict(k=5, sigma=1e-3, seed=8, scheme="central", masks=masks, params=["4.0.weight", "10.bias"])
+    kw = dict(
+        k=5, sigma=1e-3, seed=8, scheme="central", masks=masks, params=["4.0.weight", "10.bias"]
+    )
     lean = loss_differences(model, F.cross_entropy, _big_batch(), mode="lean", **kw)
     fast = loss_differences(model, F.cross_entropy, _big_batch(), mode="fast", workers=2, **kw)
     _assert_same(lean, fast)
@@ -223,8 +273,17 @@ def test_threaded_spans_run_on_worker_threads_and_propagate_errors() -> None:
         seen.add(threading.current_thread().name)
         return F.cross_entropy(logits, y)
 
-    loss_differences(model, recording_loss, _big_batch(), k=4, sigma=1e-3, seed=0, scheme="central",
-                     mode="fast", workers=2)  # fmt: skip
+    loss_differences(
+        model,
+        recording_loss,
+        _big_batch(),
+        k=4,
+        sigma=1e-3,
+        seed=0,
+        scheme="central",
+        mode="fast",
+        workers=2,
+    )
     assert len(seen) == 2 and all(n.startswith("fedge-zo") for n in seen)
 
     def failing_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -232,8 +291,17 @@ def test_threaded_spans_run_on_worker_threads_and_propagate_errors() -> None:
 
     threads = torch.get_num_threads()
     with pytest.raises(RuntimeError, match="boom"):
-        loss_differences(model, failing_loss, _big_batch(), k=4, sigma=1e-3, seed=0, scheme="central",
-                         mode="fast", workers=2)  # fmt: skip
+        loss_differences(
+            model,
+            failing_loss,
+            _big_batch(),
+            k=4,
+            sigma=1e-3,
+            seed=0,
+            scheme="central",
+            mode="fast",
+            workers=2,
+        )
     assert torch.get_num_threads() == threads
 
 
@@ -241,8 +309,17 @@ def test_workers_must_be_positive() -> None:
     from fedge.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="workers"):
-        loss_differences(_build(Residual), F.cross_entropy, _big_batch(), k=2, sigma=1e-3, seed=0,
-                         scheme="central", mode="fast", workers=0)  # fmt: skip
+        loss_differences(
+            _build(Residual),
+            F.cross_entropy,
+            _big_batch(),
+            k=2,
+            sigma=1e-3,
+            seed=0,
+            scheme="central",
+            mode="fast",
+            workers=0,
+        )
 
 
 def test_work_not_batch_size_decides_batching(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -267,7 +344,9 @@ def test_real_models_batch_where_it_pays() -> None:
     assert zeroth_order.batched_pays(lenet, x[:8]) and not zeroth_order.batched_pays(lenet, x[:9])
 
 
-def test_the_work_probe_is_not_metered_and_leaves_rng_and_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_work_probe_is_not_metered_and_leaves_rng_and_buffers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from fedge.core.meter import FlopCounter
 
     monkeypatch.setattr(zeroth_order, "_FLOPS_PER_SAMPLE", {})
@@ -280,4 +359,6 @@ def test_the_work_probe_is_not_metered_and_leaves_rng_and_buffers(monkeypatch: p
         assert zeroth_order.batched_pays(model, x)
     assert counter.flops == 0  # the probe is not client work
     assert torch.equal(torch.rand(3), (torch.manual_seed(3), torch.rand(3))[1])  # nor a draw
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # nor a BatchNorm update
+    assert all(
+        torch.equal(before[k], v) for k, v in model.state_dict().items()
+    )  # nor a BatchNorm update

@@ -24,9 +24,13 @@ class Recording(nn.Linear):
 def _convnet() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Hardswish(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(4 * 3 * 3, 5),
-    )  # fmt: skip
+        nn.Conv2d(1, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.Hardswish(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(4 * 3 * 3, 5),
+    )
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,9 +77,16 @@ def test_forward_sees_perturbation_only_on_selected_unmasked_coordinates() -> No
     w0, w2 = model[0].weight.detach().clone(), model[2].weight.detach().clone()
     sigma = 0.1
     loss_differences(
-        model, F.cross_entropy, (torch.randn(5, 3), torch.randint(0, 2, (5,))), k=2,
-        sigma=sigma, seed=4, scheme="central", params=["0.weight"], masks={"0.weight": mask},
-    )  # fmt: skip
+        model,
+        F.cross_entropy,
+        (torch.randn(5, 3), torch.randint(0, 2, (5,))),
+        k=2,
+        sigma=sigma,
+        seed=4,
+        scheme="central",
+        params=["0.weight"],
+        masks={"0.weight": mask},
+    )
     # Forwards: (k=0, +), (k=0, −), (k=1, +), (k=1, −).
     for i, (k, s) in enumerate([(0, 1), (0, -1), (1, 1), (1, -1)]):
         seen = model[0].seen[i]
@@ -98,9 +109,14 @@ def test_parameter_of_a_module_that_never_runs_is_an_error() -> None:
     model = HalfUsed()
     with pytest.raises(ConfigError, match=r"\['spare.bias', 'spare.weight'\] are not used"):
         loss_differences(
-            model, F.cross_entropy, (torch.randn(4, 3), torch.tensor([0, 1, 0, 1])),
-            k=1, sigma=1e-2, seed=0, scheme="forward",
-        )  # fmt: skip
+            model,
+            F.cross_entropy,
+            (torch.randn(4, 3), torch.tensor([0, 1, 0, 1])),
+            k=1,
+            sigma=1e-2,
+            seed=0,
+            scheme="forward",
+        )
 
 
 class LargestAllocation(TorchDispatchMode):
@@ -133,7 +149,9 @@ def test_lean_never_allocates_more_than_a_forward_or_a_parameter() -> None:
     assert lean.largest <= max(plain.largest, largest_param) < k * n // 10
 
 
-def test_reused_directions_are_drawn_once_per_k_and_change_no_loss(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reused_directions_are_drawn_once_per_k_and_change_no_loss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from fedge.estimators import zeroth_order
     from fedge.estimators.lean import LeanEvaluator
     from fedge.estimators.perturbation import select
@@ -151,14 +169,33 @@ def test_reused_directions_are_drawn_once_per_k_and_change_no_loss(monkeypatch: 
         draws.clear()
         sel = select(model)
         sel = type(sel)(sel.params, sel.masks, counting)
-        with torch.no_grad(), LeanEvaluator(model, sel, 7, x, F.cross_entropy, y, reuse_directions=reuse) as ev:
+        with (
+            torch.no_grad(),
+            LeanEvaluator(model, sel, 7, x, F.cross_entropy, y, reuse_directions=reuse) as ev,
+        ):
             losses[reuse] = ev.losses([0, 1, 2], (1.0, -1.0), 1e-3, baseline=False)
         n = len(sel.params)
-        assert len(draws) == (3 * n if reuse else 6 * n)  # central: one draw per k and parameter when reused
+        assert len(draws) == (
+            3 * n if reuse else 6 * n
+        )  # central: one draw per k and parameter when reused
         assert len(set(draws)) == 3 * n
     assert torch.equal(losses[False], losses[True])
-    monkeypatch.setattr(zeroth_order, "_MAX_BATCHED_WORK", 0.0)  # too much work to batch: fast mode runs
+    monkeypatch.setattr(
+        zeroth_order, "_MAX_BATCHED_WORK", 0.0
+    )  # too much work to batch: fast mode runs
     big = (torch.cat([x] * 3), torch.cat([y] * 3))  # the lean loop, reusing z
-    lean = loss_differences(model, F.cross_entropy, big, k=3, sigma=1e-3, seed=7, scheme="central", mode="lean")
-    fast = loss_differences(model, F.cross_entropy, big, k=3, sigma=1e-3, seed=7, scheme="central", mode="fast", workers=1)
+    lean = loss_differences(
+        model, F.cross_entropy, big, k=3, sigma=1e-3, seed=7, scheme="central", mode="lean"
+    )
+    fast = loss_differences(
+        model,
+        F.cross_entropy,
+        big,
+        k=3,
+        sigma=1e-3,
+        seed=7,
+        scheme="central",
+        mode="fast",
+        workers=1,
+    )
     assert torch.equal(lean, fast)

@@ -38,16 +38,22 @@ def _one_forward_flops(model: torch.nn.Module, x: torch.Tensor) -> int:
     return meter.stats.flops
 
 
-@pytest.mark.parametrize("scheme, forwards", [("forward", lambda k: k + 1), ("central", lambda k: 2 * k)])
+@pytest.mark.parametrize(
+    "scheme, forwards", [("forward", lambda k: k + 1), ("central", lambda k: 2 * k)]
+)
 @pytest.mark.parametrize("n_threads", [1, 2])
-def test_fast_mode_flops_are_forwards_times_one_forward(lenet_batch, threads, scheme, forwards, n_threads):
+def test_fast_mode_flops_are_forwards_times_one_forward(
+    lenet_batch, threads, scheme, forwards, n_threads
+):
     model, x, y = lenet_batch
     f = _one_forward_flops(model, x)
     assert f > 0
     threads(n_threads)
     meter = Meter()
     with meter.measure():
-        loss_differences(model, F.cross_entropy, (x, y), k=6, sigma=1e-4, seed=3, scheme=scheme, mode="fast")
+        loss_differences(
+            model, F.cross_entropy, (x, y), k=6, sigma=1e-4, seed=3, scheme=scheme, mode="fast"
+        )
     assert meter.stats.flops == forwards(6) * f
 
 
@@ -59,7 +65,16 @@ def test_fast_mode_memory_counts_every_thread(lenet_batch, threads):
         meter = Meter(memory=True)
         meter.resident = model
         with meter.measure():
-            loss_differences(model, F.cross_entropy, (x, y), k=6, sigma=1e-4, seed=3, scheme="forward", mode="fast")
+            loss_differences(
+                model,
+                F.cross_entropy,
+                (x, y),
+                k=6,
+                sigma=1e-4,
+                seed=3,
+                scheme="forward",
+                mode="fast",
+            )
         peaks[n] = meter.stats.tensor_peak_bytes
     # Two spans run two forwards at once (and hold a replica's buffers): never less than one.
     assert peaks[2] >= peaks[1] > 0
@@ -72,6 +87,8 @@ def test_loss_differences_match_a_float64_oracle(lenet_batch):
     model, x, y = lenet_batch
     kw = dict(k=50, sigma=1e-4, seed=11, scheme="forward", mode="lean")
     ours = loss_differences(model, F.cross_entropy, (x, y), **kw).double()
-    oracle = loss_differences(copy.deepcopy(model).double(), F.cross_entropy, (x.double(), y), **kw).double()
+    oracle = loss_differences(
+        copy.deepcopy(model).double(), F.cross_entropy, (x.double(), y), **kw
+    ).double()
     rel = float((ours - oracle).norm() / oracle.norm())
     assert rel < 3e-4, rel

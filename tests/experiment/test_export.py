@@ -31,7 +31,9 @@ def test_torchscript_export_matches_the_model(tmp_path: Path, tiny) -> None:
     extra = {"fedge.json": ""}
     scripted = torch.jit.load(str(tmp_path / "m.pt"), _extra_files=extra)
     meta = json.loads(extra["fedge.json"])
-    assert meta["input_shape"] == [1, 8, 8] and meta["num_classes"] == 10 and meta["density"] is None
+    assert (
+        meta["input_shape"] == [1, 8, 8] and meta["num_classes"] == 10 and meta["density"] is None
+    )
     # oracle: the run's final weights (model.safetensors) in a freshly built model
     trained = load_trained_model(run)
     state = load_file(str(run / "model.safetensors"))
@@ -71,10 +73,24 @@ def _exported_weights(path: Path, format: str) -> tuple[dict[str, torch.Tensor],
 
 @pytest.mark.parametrize("format", ["torchscript", "pt2"])
 def test_pruned_model_exports_with_exact_zeros(tmp_path: Path, tiny, format: str) -> None:
-    method = {"name": "ntk-baffle", "k": 8, "batch_size": 16, "max_steps": 2, "density": 0.2,
-              "prune_rounds": 3, "prune_inputs": 8, "mode": "epoch"}
-    cfg = load_config(tiny(rounds=2, model={"name": "mlp", "hidden": [32]}, method=method,
-                           **{"clients.num": 4, "clients.per_round": 4}))
+    method = {
+        "name": "ntk-baffle",
+        "k": 8,
+        "batch_size": 16,
+        "max_steps": 2,
+        "density": 0.2,
+        "prune_rounds": 3,
+        "prune_inputs": 8,
+        "mode": "epoch",
+    }
+    cfg = load_config(
+        tiny(
+            rounds=2,
+            model={"name": "mlp", "hidden": [32]},
+            method=method,
+            **{"clients.num": 4, "clients.per_round": 4},
+        )
+    )
     run = run_experiment(cfg, out=tmp_path / "r", render=False)
     result = export_model(run, format=format)  # type: ignore[arg-type]
     assert result.path == run / {"torchscript": "model.pt", "pt2": "model.pt2"}[format]
@@ -95,25 +111,38 @@ def test_pruned_model_exports_with_exact_zeros(tmp_path: Path, tiny, format: str
 def test_export_errors(tmp_path: Path, tiny) -> None:
     cfg = load_config(tiny(rounds=1))
     run = run_experiment(cfg, out=tmp_path / "r", render=False)
-    with pytest.raises(ConfigError, match="'tflite' is not supported; expected one of torchscript, pt2, onnx"):
+    with pytest.raises(
+        ConfigError, match="'tflite' is not supported; expected one of torchscript, pt2, onnx"
+    ):
         export_model(run, format="tflite")  # type: ignore[arg-type]
     (run / "summary.json").unlink()
     with pytest.raises(ResumeError, match="not complete"):
         export_model(run)
     res = CliRunner().invoke(app, ["export", str(tmp_path / "nothing")])
-    assert res.exit_code == 2 and "nothing' does not exist; give the directory of a fedge run" in res.output
+    assert (
+        res.exit_code == 2
+        and "nothing' does not exist; give the directory of a fedge run" in res.output
+    )
 
 
-def test_export_refuses_a_corrupt_model_or_a_directory_as_out_and_leaves_no_temp_file(tmp_path: Path, tiny) -> None:
+def test_export_refuses_a_corrupt_model_or_a_directory_as_out_and_leaves_no_temp_file(
+    tmp_path: Path, tiny
+) -> None:
     run = run_experiment(load_config(tiny(rounds=1)), out=tmp_path / "r", render=False)
     (tmp_path / "dir").mkdir()
     res = CliRunner().invoke(app, ["export", str(run), "--out", str(tmp_path / "dir")])
     assert res.exit_code == 2 and "is a directory; name the file to write, e.g. --out" in res.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "r"] and not any((tmp_path / "dir").iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "r"] and not any(
+        (tmp_path / "dir").iterdir()
+    )
     weights = run / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     res = CliRunner().invoke(app, ["export", str(run)])
-    assert res.exit_code == 2 and "cannot be read as safetensors" in res.output and "corrupt or truncated" in res.output
+    assert (
+        res.exit_code == 2
+        and "cannot be read as safetensors" in res.output
+        and "corrupt or truncated" in res.output
+    )
     weights.unlink()
     with pytest.raises(ResumeError, match="complete but its model.safetensors is missing"):
         export_model(run)
@@ -125,8 +154,11 @@ def test_onnx_export_matches_the_model(tmp_path: Path, tiny) -> None:
     pytest.importorskip("onnxscript")
     from onnx.reference import ReferenceEvaluator
 
-    run = run_experiment(load_config(tiny(rounds=1, model={"name": "lenet", "channels": [4, 8]})),
-                         out=tmp_path / "r", render=False)
+    run = run_experiment(
+        load_config(tiny(rounds=1, model={"name": "lenet", "channels": [4, 8]})),
+        out=tmp_path / "r",
+        render=False,
+    )
     result = export_model(run, format="onnx")
     proto = onnx.load(str(result.path))
     meta = json.loads({p.key: p.value for p in proto.metadata_props}["fedge.json"])

@@ -15,7 +15,14 @@ from tests_helpers import metrics_without_wall, run_cut_after
 def test_run_writes_a_complete_directory(tmp_path, tiny):
     out = run_experiment(load_config(tiny(rounds=2)), out=tmp_path / "run", render=False)
     names = {p.name for p in out.iterdir()}
-    assert {"config.yaml", "partition.json", "metrics.jsonl", "summary.json", "model.safetensors", "checkpoint.pt"} <= names
+    assert {
+        "config.yaml",
+        "partition.json",
+        "metrics.jsonl",
+        "summary.json",
+        "model.safetensors",
+        "checkpoint.pt",
+    } <= names
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["round"] for x in lines] == [1, 2]
     for key in ("test_accuracy", "test_loss", "bytes_down", "bytes_up", "client_flops", "wall_s"):
@@ -54,7 +61,10 @@ def test_interrupted_run_resumes_to_identical_metrics(tmp_path, tiny, monkeypatc
 
 
 def test_finished_run_extended_to_more_rounds_equals_a_longer_run(tmp_path, tiny):
-    cfg = tiny(rounds=5, **{"clients.num": 6, "clients.per_round": 3, "method.client_optimizer.momentum": 0.5})
+    cfg = tiny(
+        rounds=5,
+        **{"clients.num": 6, "clients.per_round": 3, "method.client_optimizer.momentum": 0.5},
+    )
     full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False)
     short = run_experiment(load_config({**cfg, "rounds": 3}), out=tmp_path / "short", render=False)
     resume_experiment(short, rounds=5, render=False)
@@ -62,15 +72,26 @@ def test_finished_run_extended_to_more_rounds_equals_a_longer_run(tmp_path, tiny
     assert yaml.safe_load((short / "config.yaml").read_text())["rounds"] == 5
     summary = json.loads((short / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["rounds"] == 5
-    assert load_file(short / "model.safetensors").keys() == load_file(full / "model.safetensors").keys()
+    assert (
+        load_file(short / "model.safetensors").keys()
+        == load_file(full / "model.safetensors").keys()
+    )
     for k, v in load_file(short / "model.safetensors").items():
         assert v.equal(load_file(full / "model.safetensors")[k])
 
 
-@pytest.mark.parametrize("rounds, error, message", [(3, ResumeError, "larger total"), (2, ResumeError, "larger total"),
-                                                     (0, ResumeError, "larger total"),
-                                                     ("7", ConfigError, r"rounds='7' \(str\): expected a whole number")])  # fmt: skip
-def test_extension_must_add_rounds_and_changes_nothing_otherwise(tmp_path, tiny, rounds, error, message):
+@pytest.mark.parametrize(
+    "rounds, error, message",
+    [
+        (3, ResumeError, "larger total"),
+        (2, ResumeError, "larger total"),
+        (0, ResumeError, "larger total"),
+        ("7", ConfigError, r"rounds='7' \(str\): expected a whole number"),
+    ],
+)
+def test_extension_must_add_rounds_and_changes_nothing_otherwise(
+    tmp_path, tiny, rounds, error, message
+):
     out = run_experiment(load_config(tiny(rounds=3)), out=tmp_path / "run", render=False)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     with pytest.raises(error, match=message):
@@ -113,7 +134,10 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tiny):
         ({"method.local_epochs": 0}, ConfigError),
         ({"method.bogus": 1}, ConfigError),
         ({"partition.name": "dirichlet", "partition.alpha": -1}, ConfigError),
-        ({"model.activation": "no-such-activation"}, ConfigError),  # tanh and sigmoid exist now (lenet-dlg)
+        (
+            {"model.activation": "no-such-activation"},
+            ConfigError,
+        ),  # tanh and sigmoid exist now (lenet-dlg)
         ({"dataset.name": "mnist", "dataset.root": "/nonexistent"}, DataNotFoundError),
         ({"clients.dropout": 0.2}, ConfigError),  # loses replies while every reply is needed
         ({"clients.min_replies": 5}, ConfigError),  # more than the 4 clients of a round
@@ -128,19 +152,30 @@ def test_bad_input_writes_nothing(tmp_path, tiny, override, error):
 def test_existing_output_directory_is_refused(tmp_path, tiny):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "keep.txt").write_text("mine")
-    with pytest.raises(ConfigError, match="already holds files and is not a fedge run; choose another --out"):
+    with pytest.raises(
+        ConfigError, match="already holds files and is not a fedge run; choose another --out"
+    ):
         run_experiment(load_config(tiny()), out=tmp_path / "run", render=False)
     assert (tmp_path / "run" / "keep.txt").read_text() == "mine"
 
 
 def test_worker_pool_gives_the_same_run(tmp_path, tiny):
     seq = run_experiment(load_config(tiny(rounds=2)), out=tmp_path / "seq", render=False)
-    pool = run_experiment(load_config(tiny(rounds=2, **{"clients.workers": 2})), out=tmp_path / "pool", render=False)
+    pool = run_experiment(
+        load_config(tiny(rounds=2, **{"clients.workers": 2})), out=tmp_path / "pool", render=False
+    )
     assert metrics_without_wall(seq) == metrics_without_wall(pool)
 
 
 def test_fedsgd_and_server_adam_train(tmp_path, tiny):
-    cfg = tiny(rounds=5, method={"name": "fedsgd", "batch_size": 32, "server_optimizer": {"name": "adam", "lr": 0.01}})
+    cfg = tiny(
+        rounds=5,
+        method={
+            "name": "fedsgd",
+            "batch_size": 32,
+            "server_optimizer": {"name": "adam", "lr": 0.01},
+        },
+    )
     out = run_experiment(load_config(cfg), out=tmp_path / "r", render=False)
     lines = metrics_without_wall(out)
     assert lines[-1]["test_loss"] < lines[0]["test_loss"]
@@ -163,8 +198,12 @@ def test_progress_reports_start_clients_inside_rounds_and_rounds(tmp_path, tiny)
             self.calls.append(("round", line["round"], total_rounds))
 
     rec = Record()
-    run_experiment(load_config(tiny(rounds=2, **{"clients.num": 3, "clients.per_round": 3})),
-                   out=tmp_path / "r", progress=rec, render=False)  # fmt: skip
+    run_experiment(
+        load_config(tiny(rounds=2, **{"clients.num": 3, "clients.per_round": 3})),
+        out=tmp_path / "r",
+        progress=rec,
+        render=False,
+    )
     expected = [("start", 2, 0)]
     for rnd in (1, 2):
         expected += [("clients", rnd, i, 3) for i in (1, 2, 3)] + [("round", rnd, 2)]
@@ -173,8 +212,12 @@ def test_progress_reports_start_clients_inside_rounds_and_rounds(tmp_path, tiny)
 
 def test_a_plain_function_is_still_a_progress_callback(tmp_path, tiny):
     seen = []
-    run_experiment(load_config(tiny(rounds=2)), out=tmp_path / "r", progress=lambda line, n: seen.append((line["round"], n)),
-                   render=False)  # fmt: skip
+    run_experiment(
+        load_config(tiny(rounds=2)),
+        out=tmp_path / "r",
+        progress=lambda line, n: seen.append((line["round"], n)),
+        render=False,
+    )
     assert seen == [(1, 2), (2, 2)]
 
 
@@ -215,14 +258,26 @@ def test_on_divergence_continue_logs_and_finishes(tmp_path, tiny):
 
     from fedge.experiment.run import DivergenceError, DivergenceWarning
 
-    method = {"name": "baffle", "mode": "batch", "k": 10, "batch_size": 64, "clip": None, "ema": None,
-              "server_optimizer": {"name": "sgd", "lr": 1e5}}  # fmt: skip
+    method = {
+        "name": "baffle",
+        "mode": "batch",
+        "k": 10,
+        "batch_size": 64,
+        "clip": None,
+        "ema": None,
+        "server_optimizer": {"name": "sgd", "lr": 1e5},
+    }
     with pytest.raises(DivergenceError, match=r"^training diverged in round 1: test_loss="):
-        run_experiment(load_config(tiny(rounds=2, method=method)), out=tmp_path / "stop", render=False)
+        run_experiment(
+            load_config(tiny(rounds=2, method=method)), out=tmp_path / "stop", render=False
+        )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = run_experiment(load_config(tiny(rounds=1, method=method, on_divergence="continue")),
-                             out=tmp_path / "go", render=False)  # fmt: skip
+        out = run_experiment(
+            load_config(tiny(rounds=1, method=method, on_divergence="continue")),
+            out=tmp_path / "go",
+            render=False,
+        )
     assert json.loads((out / "summary.json").read_text())["status"] == "complete"
     assert any(w.category is DivergenceWarning for w in caught)
     assert all(line["diverged"] for line in metrics_without_wall(out))
@@ -241,11 +296,15 @@ def test_a_claimed_directory_refuses_a_second_run(tmp_path, tiny):
 
 def test_build_failure_after_claim_leaves_no_directory(tmp_path, tiny):
     with pytest.raises(UnknownNameError):
-        run_experiment(load_config(tiny(**{"model.name": "nope"})), out=tmp_path / "r", render=False)
+        run_experiment(
+            load_config(tiny(**{"model.name": "nope"})), out=tmp_path / "r", render=False
+        )
     assert not (tmp_path / "r").exists()
 
 
-def test_persistent_client_optimizer_state_resumes_to_identical_metrics(tmp_path, tiny, monkeypatch):
+def test_persistent_client_optimizer_state_resumes_to_identical_metrics(
+    tmp_path, tiny, monkeypatch
+):
     """Clients keep their Adam moments across the rounds they take part in (3 of 6 a round);
     the state is checkpointed, so a run cut after round 2 resumes to the uninterrupted metrics,
     and it is a different run from the fresh-optimizer one."""
@@ -255,17 +314,29 @@ def test_persistent_client_optimizer_state_resumes_to_identical_metrics(tmp_path
     run_cut_after(cfg, tmp_path / "cut", 2, monkeypatch)
     resume_experiment(tmp_path / "cut", render=False)
     assert metrics_without_wall(tmp_path / "cut") == metrics_without_wall(full)
-    fresh = tiny(rounds=4, **{"clients.num": 6, "clients.per_round": 3},
-                 **{"method.client_optimizer": {"name": "adam", "lr": 0.01}})  # fmt: skip
-    assert metrics_without_wall(run_experiment(load_config(fresh), out=tmp_path / "fresh", render=False)) != metrics_without_wall(full)
+    fresh = tiny(
+        rounds=4,
+        **{"clients.num": 6, "clients.per_round": 3},
+        **{"method.client_optimizer": {"name": "adam", "lr": 0.01}},
+    )
+    assert metrics_without_wall(
+        run_experiment(load_config(fresh), out=tmp_path / "fresh", render=False)
+    ) != metrics_without_wall(full)
 
 
-def test_min_replies_with_a_strategy_that_needs_every_reply_is_refused_naming_it(tmp_path, tiny, monkeypatch):
+def test_min_replies_with_a_strategy_that_needs_every_reply_is_refused_naming_it(
+    tmp_path, tiny, monkeypatch
+):
     """Every built-in strategy takes partial replies; one that does not (a user's, here FedAvg's
     made to say no) cannot run under clients.min_replies: a config error names it, nothing is written."""
     from fedge.methods.fedavg import DeltaAveraging
 
     monkeypatch.setattr(DeltaAveraging, "partial_replies", property(lambda self: False))
-    with pytest.raises(ConfigError, match=r"clients.min_replies=2: method 'fedavg'.*\(DeltaAveraging cannot aggregate a subset\)"):
-        run_experiment(load_config(tiny(**{"clients.min_replies": 2})), out=tmp_path / "run", render=False)
+    with pytest.raises(
+        ConfigError,
+        match=r"clients.min_replies=2: method 'fedavg'.*\(DeltaAveraging cannot aggregate a subset\)",
+    ):
+        run_experiment(
+            load_config(tiny(**{"clients.min_replies": 2})), out=tmp_path / "run", render=False
+        )
     assert not (tmp_path / "run").exists()

@@ -12,9 +12,20 @@ from fedge.experiment.rundir import RunDir, StorageError, config_diff, default_r
 
 
 def test_config_diff_names_dotted_keys():
-    old = {"rounds": 3, "method": {"name": "fedavg", "client_optimizer": {"lr": 0.1, "momentum": 0.5}}}
-    new = {"rounds": 4, "method": {"name": "fedavg", "client_optimizer": {"lr": 0.2, "momentum": 0.5}}, "x": 1}
-    assert config_diff(old, new) == {"method.client_optimizer.lr": (0.1, 0.2), "rounds": (3, 4), "x": (None, 1)}
+    old = {
+        "rounds": 3,
+        "method": {"name": "fedavg", "client_optimizer": {"lr": 0.1, "momentum": 0.5}},
+    }
+    new = {
+        "rounds": 4,
+        "method": {"name": "fedavg", "client_optimizer": {"lr": 0.2, "momentum": 0.5}},
+        "x": 1,
+    }
+    assert config_diff(old, new) == {
+        "method.client_optimizer.lr": (0.1, 0.2),
+        "rounds": (3, 4),
+        "x": (None, 1),
+    }
     assert config_diff(old, old) == {}
 
 
@@ -32,7 +43,9 @@ def test_claim_lost_at_the_exclusive_create(tmp_path, monkeypatch):
     monkeypatch.setattr(RunDir, "check_new", staticmethod(lambda path: None))
     a, b = RunDir(tmp_path / "r"), RunDir(tmp_path / "r")
     a.claim()
-    with pytest.raises(rd.RunDirBusyError, match="was claimed by another fedge run started at the same time"):
+    with pytest.raises(
+        rd.RunDirBusyError, match="was claimed by another fedge run started at the same time"
+    ):
         b.claim()
     assert [p.name for p in (tmp_path / "r").iterdir()] == [".fedge-claim"]
 
@@ -43,7 +56,9 @@ def test_hold_is_exclusive_until_let_go_and_writes_nothing(tmp_path):
     a, b = RunDir(tmp_path / "r"), RunDir(tmp_path / "r")
     a.hold()
     assert b.busy() and a.busy()  # a probe is another holder: both see it held
-    with pytest.raises(rd.RunDirBusyError, match=r"being run by another fedge process.*fedge run --resume"):
+    with pytest.raises(
+        rd.RunDirBusyError, match=r"being run by another fedge process.*fedge run --resume"
+    ):
         b.hold()
     with pytest.raises(rd.RunDirBusyError, match="being run by another fedge process"):
         RunDir.check_new(tmp_path / "r")  # a fresh run aimed at it: busy, not merely "exists"
@@ -51,7 +66,10 @@ def test_hold_is_exclusive_until_let_go_and_writes_nothing(tmp_path):
     assert not b.busy()
     b.hold()
     b.let_go()
-    with pytest.raises(rd.ConfigError, match=r"holds an unfinished run; choose another --out, or continue that run with: fedge run --resume"):
+    with pytest.raises(
+        rd.ConfigError,
+        match=r"holds an unfinished run; choose another --out, or continue that run with: fedge run --resume",
+    ):
         RunDir.check_new(tmp_path / "r")
     assert [p.name for p in (tmp_path / "r").iterdir()] == ["config.yaml"]
     RunDir(tmp_path / "missing").hold()  # nothing to hold: the caller's own checks name the problem
@@ -62,9 +80,13 @@ def test_a_dead_holder_lets_go(tmp_path):
     import sys
 
     (tmp_path / "r").mkdir()
-    code = ("import sys, time; from fedge.experiment.rundir import RunDir; RunDir(sys.argv[1]).hold(); "
-            "print('held', flush=True); time.sleep(60)")  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "r")], stdout=subprocess.PIPE, text=True)
+    code = (
+        "import sys, time; from fedge.experiment.rundir import RunDir; RunDir(sys.argv[1]).hold(); "
+        "print('held', flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path / "r")], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "held"
         assert RunDir(tmp_path / "r").busy()  # held by another process
@@ -83,7 +105,9 @@ def test_storage_error_removes_the_temp_file(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(rd, "_write_file", half_write)
-    with pytest.raises(StorageError, match=r"^cannot write '.*summary.json' \(errno 28: No space left on device\)"):
+    with pytest.raises(
+        StorageError, match=r"^cannot write '.*summary.json' \(errno 28: No space left on device\)"
+    ):
         rd._atomic_write(run.path / "summary.json", b"{}", "fix")
     assert not list(run.path.glob("*.tmp")) and not (run.path / "summary.json").exists()
 
@@ -129,13 +153,20 @@ def test_a_claim_whose_run_died_before_writing_is_taken_over(tmp_path, with_host
 
     (tmp_path / "r").mkdir()
     pid = _dead_pid()
-    info = {"pid": pid, **({"host": socket.gethostname()} if with_host else {}), "time": "2026-01-01T12:00:00"}
+    info = {
+        "pid": pid,
+        **({"host": socket.gethostname()} if with_host else {}),
+        "time": "2026-01-01T12:00:00",
+    }
     (tmp_path / "r" / ".fedge-claim").write_text(json.dumps(info))
     RunDir.check_new(tmp_path / "r")  # usable
     run = RunDir(tmp_path / "r")
-    with pytest.warns(RuntimeWarning, match=rf"output directory '.*r' held only the claim of a fedge run \(pid {pid} on "
-                      r".*, claimed at 2026-01-01T12:00:00\) that died before writing anything; this run takes the "
-                      r"directory over$"):  # fmt: skip
+    with pytest.warns(
+        RuntimeWarning,
+        match=rf"output directory '.*r' held only the claim of a fedge run \(pid {pid} on "
+        r".*, claimed at 2026-01-01T12:00:00\) that died before writing anything; this run takes the "
+        r"directory over$",
+    ):
         run.claim()
     assert json.loads((tmp_path / "r" / ".fedge-claim").read_text())["pid"] == os.getpid()
     assert [p.name for p in (tmp_path / "r").iterdir()] == [".fedge-claim"]
@@ -159,8 +190,12 @@ def test_a_dead_claim_another_process_is_taking_over_is_busy_and_left_alone(tmp_
     try:
         with pytest.raises(rd.RunDirBusyError, match="is being set up by another fedge run"):
             RunDir(tmp_path / "r").claim()
-        monkeypatch.setattr(RunDir, "check_new", staticmethod(lambda path: None))  # it checked before the lock was taken
-        with pytest.raises(rd.RunDirBusyError, match="was claimed by another fedge run started at the same time"):
+        monkeypatch.setattr(
+            RunDir, "check_new", staticmethod(lambda path: None)
+        )  # it checked before the lock was taken
+        with pytest.raises(
+            rd.RunDirBusyError, match="was claimed by another fedge run started at the same time"
+        ):
             RunDir(tmp_path / "r").claim()
     finally:
         first.let_go()
@@ -187,8 +222,11 @@ def test_a_takeover_that_cannot_write_or_lock_lets_go_and_says_what_to_do(tmp_pa
             RunDir(tmp_path / "r").claim()
     assert not RunDir(tmp_path / "r").busy()
     monkeypatch.setattr(rd, "fcntl", None)
-    with pytest.raises(rd.ConfigError, match=r"holds only the claim of a fedge run \(pid .*\) that is no longer running: "
-                       r".*delete the directory \(rm -r .*r\) and run again, or choose another --out$"):  # fmt: skip
+    with pytest.raises(
+        rd.ConfigError,
+        match=r"holds only the claim of a fedge run \(pid .*\) that is no longer running: "
+        r".*delete the directory \(rm -r .*r\) and run again, or choose another --out$",
+    ):
         RunDir(tmp_path / "r").claim()
     assert (tmp_path / "r" / ".fedge-claim").read_text() == text
 
@@ -198,7 +236,9 @@ def test_a_claim_of_a_live_or_unknown_run_is_still_busy(tmp_path):
 
     (tmp_path / "r").mkdir()
     for info in ({"pid": os.getpid()}, {"pid": _dead_pid(), "host": "another-machine"}, "not json"):
-        (tmp_path / "r" / ".fedge-claim").write_text(info if isinstance(info, str) else json.dumps(info))
+        (tmp_path / "r" / ".fedge-claim").write_text(
+            info if isinstance(info, str) else json.dumps(info)
+        )
         with pytest.raises(rd.RunDirBusyError, match="is being set up by another fedge run"):
             RunDir.check_new(tmp_path / "r")
 
@@ -215,16 +255,23 @@ def test_a_config_record_that_is_not_a_mapping_is_corrupt_not_missing(tmp_path):
     run = RunDir(tmp_path / "r")
     run.create({"rounds": 1}, {"clients": []})
     (run.path / ".fedge-config.json").write_text("[1, 2]")
-    with pytest.raises(ResumeError, match=r"\.fedge-config\.json' is corrupt \(holds list, not a mapping"):
+    with pytest.raises(
+        ResumeError, match=r"\.fedge-config\.json' is corrupt \(holds list, not a mapping"
+    ):
         run.applied_config()
 
 
 def test_read_config_refuses_a_key_given_twice(tmp_path):
     run = RunDir(tmp_path / "r")
     run.create({"rounds": 1}, {"clients": []})
-    (run.path / "config.yaml").write_text("rounds: 1\nmethod: {name: fedavg}\nmethod: {name: fedsgd}\n")
-    with pytest.raises(ResumeError, match=r"config.yaml' is not valid YAML at line 3, column 1 \(key 'method' given "
-                       r"twice, first on line 2\); fix or restore it"):  # fmt: skip
+    (run.path / "config.yaml").write_text(
+        "rounds: 1\nmethod: {name: fedavg}\nmethod: {name: fedsgd}\n"
+    )
+    with pytest.raises(
+        ResumeError,
+        match=r"config.yaml' is not valid YAML at line 3, column 1 \(key 'method' given "
+        r"twice, first on line 2\); fix or restore it",
+    ):
         run.read_config()
 
 
@@ -254,7 +301,10 @@ def test_a_claim_refused_by_a_lasting_lock_leaves_nothing(tmp_path, monkeypatch)
     out.mkdir()
     other = RunDir(out)
     other.hold()
-    with pytest.raises(rd.RunDirBusyError, match=r"output directory '.*' is in use by another fedge process; choose another --out$"):
+    with pytest.raises(
+        rd.RunDirBusyError,
+        match=r"output directory '.*' is in use by another fedge process; choose another --out$",
+    ):
         RunDir(out).claim()
     assert list(out.iterdir()) == []  # the claim was undone
     other.let_go()
@@ -266,10 +316,16 @@ def test_a_live_claim_is_refused_without_waiting_for_its_lock(tmp_path, monkeypa
     out = tmp_path / "r"
     winner = RunDir(out)
     winner.claim()
-    monkeypatch.setattr(RunDir, "check_new", staticmethod(lambda path: None))  # as if it raced past the check
+    monkeypatch.setattr(
+        RunDir, "check_new", staticmethod(lambda path: None)
+    )  # as if it raced past the check
     monkeypatch.setattr(RunDir, "hold", lambda self, **kw: pytest.fail("the loser tried the lock"))
-    with pytest.raises(rd.RunDirBusyError, match="was claimed by another fedge run started at the same time"):
+    with pytest.raises(
+        rd.RunDirBusyError, match="was claimed by another fedge run started at the same time"
+    ):
         RunDir(out).claim()
-    assert json.loads((out / rd.CLAIM).read_text())["pid"] == os.getpid()  # the winner's claim stands
+    assert (
+        json.loads((out / rd.CLAIM).read_text())["pid"] == os.getpid()
+    )  # the winner's claim stands
     monkeypatch.undo()
     winner.release()

@@ -14,8 +14,12 @@ def test_run_uses_one_thread_by_default_and_restores_the_callers(tiny, tmp_path)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        run_experiment(cfg, out=tmp_path / "run", progress=lambda line, total: seen.append(torch.get_num_threads()),
-                       render=False)
+        run_experiment(
+            cfg,
+            out=tmp_path / "run",
+            progress=lambda line, total: seen.append(torch.get_num_threads()),
+            render=False,
+        )
         assert seen == [1]
         assert torch.get_num_threads() == 2
     finally:

@@ -14,7 +14,9 @@ from fedge.methods.baffle import BaffleBatchStrategy, BaffleConfig, clip_inf_nor
 
 def _cfg(tiny, **method):
     base = {"name": "baffle", "k": 8, "batch_size": 16, **method}
-    return load_config(tiny(model={"name": "logreg"}, method=base, **{"clients.num": 4, "clients.per_round": 4}))
+    return load_config(
+        tiny(model={"name": "logreg"}, method=base, **{"clients.num": 4, "clients.per_round": 4})
+    )
 
 
 def _model():
@@ -29,11 +31,21 @@ def _model():
 
 def test_a_partial_server_optimizer_tunes_the_modes_default():
     batch = BaffleConfig(mode="batch", server_optimizer={"lr": 0.03}).server_optimizer
-    assert (batch.name, batch.lr, batch.b1, batch.b2) == ("adam", 0.03, 0.9, 0.99)  # not an SGD at lr 0.03
-    epoch = BaffleConfig(server_optimizer={"momentum": 0.9}).server_optimizer  # mode defaults to epoch
+    assert (batch.name, batch.lr, batch.b1, batch.b2) == (
+        "adam",
+        0.03,
+        0.9,
+        0.99,
+    )  # not an SGD at lr 0.03
+    epoch = BaffleConfig(
+        server_optimizer={"momentum": 0.9}
+    ).server_optimizer  # mode defaults to epoch
     assert (epoch.name, epoch.lr, epoch.momentum) == ("sgd", 1.0, 0.9)
     named = BaffleConfig(mode="batch", server_optimizer={"name": "sgd", "lr": 0.5}).server_optimizer
-    assert (named.name, named.lr) == ("sgd", 0.5)  # naming the optimizer starts from its own defaults
+    assert (named.name, named.lr) == (
+        "sgd",
+        0.5,
+    )  # naming the optimizer starts from its own defaults
 
 
 def test_config_rules():
@@ -42,7 +54,9 @@ def test_config_rules():
     assert BaffleConfig(mode="epoch").secure_aggregation is False
     assert BaffleConfig(mode="batch", shared_perturbations=False).secure_aggregation is False
     assert BaffleConfig(mode="epoch").server_optimizer.name == "sgd"
-    assert BaffleConfig(mode="epoch", secure_aggregation=True).secure_aggregation is True  # its model deltas, as fedavg's
+    assert (
+        BaffleConfig(mode="epoch", secure_aggregation=True).secure_aggregation is True
+    )  # its model deltas, as fedavg's
     with pytest.raises(ValueError, match="shared_perturbations"):
         BaffleConfig(mode="batch", secure_aggregation=True, shared_perturbations=False)
 
@@ -69,28 +83,40 @@ def test_server_estimate_equals_oracle_on_two_clients():
     strat = BaffleBatchStrategy(_model(), cfg, seed=5)
     g = torch.Generator().manual_seed(0)
     d0, d1 = torch.randn(6, generator=g), torch.randn(6, generator=g)
-    replies = {0: Message({"dL": d0}, {"num_samples": 1}), 1: Message({"dL": d1}, {"num_samples": 3})}
+    replies = {
+        0: Message({"dL": d0}, {"num_samples": 1}),
+        1: Message({"dL": d1}, {"num_samples": 3}),
+    }
     got = strat.estimate(1, replies)
     combined = 0.25 * d0.double() + 0.75 * d1.double()
     seed = strat.round_seed(1)
     assert got.keys() == dict(strat.model.named_parameters()).keys()
     for name, p in strat.model.named_parameters():
-        want = sum(float(combined[k]) * standard_normal(seed, k, name, p.shape).double() for k in range(6)) / (6 * 1e-3)
+        want = sum(
+            float(combined[k]) * standard_normal(seed, k, name, p.shape).double() for k in range(6)
+        ) / (6 * 1e-3)
         torch.testing.assert_close(got[name].double(), want, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(combine_loss_differences([d0, d1], [1, 3]).double(), combined, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(
+        combine_loss_differences([d0, d1], [1, 3]).double(), combined, rtol=1e-6, atol=1e-7
+    )
 
 
 def test_independent_perturbations_use_one_seed_per_client():
     cfg = BaffleConfig(mode="batch", k=4, shared_perturbations=False)
     strat = BaffleBatchStrategy(_model(), cfg, seed=0)
     msgs = strat.configure_round(1, [0, 1])
-    assert [msgs[c].config["seed"] for c in (0, 1)] == [strat.round_seed(1, 0), strat.round_seed(1, 1)]
+    assert [msgs[c].config["seed"] for c in (0, 1)] == [
+        strat.round_seed(1, 0),
+        strat.round_seed(1, 1),
+    ]
     assert msgs[0].config["seed"] != msgs[1].config["seed"]
     shared_strat = BaffleBatchStrategy(_model(), BaffleConfig(mode="batch", k=4), seed=0)
     shared = shared_strat.configure_round(1, [0, 1])
     assert shared[0].config["seed"] == shared[1].config["seed"] == shared_strat.round_seed(1)
     assert shared[0].to_bytes() == shared[1].to_bytes()  # one broadcast: the same bytes for all
-    assert shared_strat.configure_round(2, [0])[0].config["seed"] != shared[0].config["seed"]  # fresh per round
+    assert (
+        shared_strat.configure_round(2, [0])[0].config["seed"] != shared[0].config["seed"]
+    )  # fresh per round
 
 
 def test_malformed_loss_differences_are_rejected():
@@ -114,9 +140,15 @@ def test_secure_aggregation_matches_plain_aggregate(tiny):
         plain.run_round(rnd)
         line = secure.run_round(rnd)
     assert line["phases"] == 4 and line["secagg_survivors"] == 4
-    start = build_run(_cfg(tiny, mode="batch", ema=None, secure_aggregation=False)).model_fn().state_dict()
+    start = (
+        build_run(_cfg(tiny, mode="batch", ema=None, secure_aggregation=False))
+        .model_fn()
+        .state_dict()
+    )
     moved = 0.0
-    for (k, a), b in zip(plain.strategy.model.state_dict().items(), secure.strategy.model.state_dict().values()):
+    for (k, a), b in zip(
+        plain.strategy.model.state_dict().items(), secure.strategy.model.state_dict().values()
+    ):
         # Adam divides by sqrt(v): a coordinate whose estimate is near 0 turns the 2^-32
         # fixed-point step into ~1e-6 of weight; the loss differences themselves agree to 1e-9.
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), k
@@ -135,7 +167,9 @@ def test_secure_aggregation_runs_in_worker_processes(tiny):
     lines = []
     for workers in (0, 2):
         cfg = _cfg(tiny, mode="batch", ema=None, secure_aggregation=True)
-        cfg = load_config({**cfg.to_dict(), "clients": {**cfg.to_dict()["clients"], "workers": workers}})
+        cfg = load_config(
+            {**cfg.to_dict(), "clients": {**cfg.to_dict()["clients"], "workers": workers}}
+        )
         sim = build_run(cfg).simulation()
         lines.append(sim.run_round(1))
         sim.close()
@@ -147,7 +181,9 @@ def test_secure_aggregation_runs_in_worker_processes(tiny):
 def test_lean_and_fast_estimators_give_the_same_run(tiny, mode):
     runs = []
     for est in ("lean", "fast"):
-        sim = build_run(_cfg(tiny, mode=mode, estimator=est, max_steps=2, batch_size=8)).simulation()  # batched path
+        sim = build_run(
+            _cfg(tiny, mode=mode, estimator=est, max_steps=2, batch_size=8)
+        ).simulation()  # batched path
         runs.append([sim.run_round(r)["test_loss"] for r in (1, 2)])
     # the two modes sum the forward in different orders: ΔL agree to ~1e-6 absolute, which
     # after division by σ and a few local steps moves the loss by ~1e-4 relative
@@ -191,19 +227,35 @@ def test_delta_loss_on_the_local_set_equals_one_forward_over_it(tiny):
     from fedge.estimators import loss_differences
     from fedge.methods.baffle import BaffleBatchClient
 
-    built = build_run(_cfg(tiny, mode="batch", ema=None, secure_aggregation=False, delta_loss_on="local_set"))
+    built = build_run(
+        _cfg(tiny, mode="batch", ema=None, secure_aggregation=False, delta_loss_on="local_set")
+    )
     msg = built.method.strategy.configure_round(1, [0])[0]
     client = BaffleBatchClient(built.model_fn, built.method_config)
     sim = built.simulation()
     from fedge.runtime.engine import _Task, execute_client
 
-    res = execute_client(client, built.clients[0], _Task(0, 1, 0, msg.to_bytes(), None, None, {}),
-                         seed=0, measure_flops=False, measure_memory=False, parties={})
+    res = execute_client(
+        client,
+        built.clients[0],
+        _Task(0, 1, 0, msg.to_bytes(), None, None, {}),
+        seed=0,
+        measure_flops=False,
+        measure_memory=False,
+        parties={},
+    )
     got = Message.from_bytes(res.reply).arrays["dL"]
     x, y = built.clients[0].tensors()
     model = built.model_fn()
-    want = loss_differences(model, F.cross_entropy, (x, y), k=8, sigma=built.method_config.sigma,
-                            seed=msg.config["seed"], scheme="forward")
+    want = loss_differences(
+        model,
+        F.cross_entropy,
+        (x, y),
+        k=8,
+        sigma=built.method_config.sigma,
+        seed=msg.config["seed"],
+        scheme="forward",
+    )
     assert x.shape[0] > 16  # several chunks
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-7)
     sim.close()
@@ -216,12 +268,26 @@ def test_freeze_composes_with_baffle(tiny, mode):
     from fedge.core.config import load_config
     from fedge.models.blocks import resolve_freeze
 
-    cfg = load_config(tiny(model={"name": "mlp", "hidden": [16]}, method={
-        "name": "baffle", "mode": mode, "k": 8, "batch_size": 16, "ema": None, "secure_aggregation": False,
-        "freeze": ["features.fc1"], "max_steps": 2}))
+    cfg = load_config(
+        tiny(
+            model={"name": "mlp", "hidden": [16]},
+            method={
+                "name": "baffle",
+                "mode": mode,
+                "k": 8,
+                "batch_size": 16,
+                "ema": None,
+                "secure_aggregation": False,
+                "freeze": ["features.fc1"],
+                "max_steps": 2,
+            },
+        )
+    )
     built = build_run(cfg)
     frozen = resolve_freeze(built.model_fn(), ["features.fc1"])
-    assert frozen and all(not dict(built.method.strategy.model.named_parameters())[n].requires_grad for n in frozen)
+    assert frozen and all(
+        not dict(built.method.strategy.model.named_parameters())[n].requires_grad for n in frozen
+    )
     before = {k: v.clone() for k, v in built.method.strategy.model.state_dict().items()}
     sim = built.simulation()
     if mode == "batch":
@@ -233,4 +299,8 @@ def test_freeze_composes_with_baffle(tiny, mode):
         sim.run_round(r)
     after = sim.strategy.model.state_dict()
     assert all(torch.equal(after[n], before[n]) for n in frozen)
-    assert any(not torch.equal(after[n], before[n]) for n in after if n not in frozen and after[n].is_floating_point())
+    assert any(
+        not torch.equal(after[n], before[n])
+        for n in after
+        if n not in frozen and after[n].is_floating_point()
+    )

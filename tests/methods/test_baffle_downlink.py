@@ -17,15 +17,30 @@ K = 8
 
 
 def _sim(tiny, downlink, *, workers=0, per_round=2, secure=False, perturb=None):
-    method = {"name": "baffle", "mode": "batch", "k": K, "batch_size": 16, "ema": None, "downlink": downlink,
-              "secure_aggregation": secure, **({"perturb": perturb} if perturb else {})}
-    cfg = load_config(tiny(model={"name": "mlp", "hidden": [16]}, method=method,
-                           **{"clients.num": 5, "clients.per_round": per_round, "clients.workers": workers}))
+    method = {
+        "name": "baffle",
+        "mode": "batch",
+        "k": K,
+        "batch_size": 16,
+        "ema": None,
+        "downlink": downlink,
+        "secure_aggregation": secure,
+        **({"perturb": perturb} if perturb else {}),
+    }
+    cfg = load_config(
+        tiny(
+            model={"name": "mlp", "hidden": [16]},
+            method=method,
+            **{"clients.num": 5, "clients.per_round": per_round, "clients.workers": workers},
+        )
+    )
     return build_run(cfg).simulation()
 
 
-@pytest.mark.parametrize("workers, secure, perturb", [(0, False, None), (2, False, None), (2, True, None),
-                                                      (0, False, ["features.*"])])  # fmt: skip
+@pytest.mark.parametrize(
+    "workers, secure, perturb",
+    [(0, False, None), (2, False, None), (2, True, None), (0, False, ["features.*"])],
+)
 def test_clients_rebuild_the_servers_model_exactly(tiny, workers, secure, perturb):
     """Also with ``method.perturb`` (some parameters only): the server's Adam keeps the others'
     (zero) moments, so the state a client rebuilds keeps its shape round after round."""
@@ -42,7 +57,9 @@ def test_clients_rebuild_the_servers_model_exactly(tiny, workers, secure, pertur
     for c, st in held.items():
         w = {k[2:]: v for k, v in st.items() if k.startswith("w/")}
         want = snapshots[st["at"]]
-        assert all(torch.equal(w[k], want[k]) for k in want), f"client {c} holds a model unlike W_{st['at']}"
+        assert all(torch.equal(w[k], want[k]) for k in want), (
+            f"client {c} holds a model unlike W_{st['at']}"
+        )
 
 
 def test_downlink_of_a_client_from_the_previous_round_is_seed_and_k_scalars(tiny):
@@ -67,7 +84,9 @@ def test_history_falls_back_to_the_full_state_when_replay_costs_more():
     for rnd in range(1, 4):
         hist.record(rnd, seed=100 + rnd, combined=torch.randn(50, generator=g))
     msgs = hist.messages(4, [0], seed=12, server=server)
-    assert "replay_dL" not in msgs[0].arrays and "weight" in msgs[0].arrays  # 3·(200+8) B > a 6-weight model
+    assert (
+        "replay_dL" not in msgs[0].arrays and "weight" in msgs[0].arrays
+    )  # 3·(200+8) B > a 6-weight model
     hist.confirm(4, [0])
     assert msgs[0].config["sync_to"] == 4 and hist.synced == {0: 4, 1: 1}
 
@@ -75,7 +94,9 @@ def test_history_falls_back_to_the_full_state_when_replay_costs_more():
 def test_a_client_out_of_step_is_told_so(tiny):
     sim = _sim(tiny, "seeds", per_round=5)
     sim.run_round(1)
-    sim.strategy.downlink.synced[0] = 2  # the server believes client 0 holds a newer model than it does
+    sim.strategy.downlink.synced[0] = (
+        2  # the server believes client 0 holds a newer model than it does
+    )
     with pytest.raises(MessageError, match="out of step"):
         sim.run_round(2)
 

@@ -21,7 +21,11 @@ def _model(seed: int = 0):
 
 def _masks(model, density):
     g = torch.Generator().manual_seed(1)
-    return {n: torch.rand(p.shape, generator=g) < density for n, p in model.named_parameters() if n.endswith("weight")}
+    return {
+        n: torch.rand(p.shape, generator=g) < density
+        for n, p in model.named_parameters()
+        if n.endswith("weight")
+    }
 
 
 @pytest.mark.parametrize("density", [0.05, 0.5, 0.95])
@@ -97,9 +101,15 @@ def test_register_method_checks_its_spec() -> None:
     from fedge.methods.base import MethodSpec
     from fedge.methods.fedavg import FedAvgConfig
 
-    with pytest.raises(ConfigError, match=r"register_method takes a MethodSpec\(name, description, config, build\)"):
+    with pytest.raises(
+        ConfigError, match=r"register_method takes a MethodSpec\(name, description, config, build\)"
+    ):
         register("foo")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match=r"with a pydantic config class and a callable build; got"):
+    with pytest.raises(
+        ConfigError, match=r"with a pydantic config class and a callable build; got"
+    ):
         register(MethodSpec("bad", "d", dict, lambda cfg, env: None))  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match=r"MethodSpec 'bad2' has config FedAvgConfig whose name is 'fedavg'"):
+    with pytest.raises(
+        ConfigError, match=r"MethodSpec 'bad2' has config FedAvgConfig whose name is 'fedavg'"
+    ):
         register(MethodSpec("bad2", "d", FedAvgConfig, lambda cfg, env: None))

@@ -11,8 +11,21 @@ from fedge.methods.baffle import BaffleConfig
 
 
 def _run(tiny, tmp_path, name, **method):
-    cfg = load_config(tiny(model={"name": "logreg"}, rounds=4, dataset={"name": "digits", "validation": 100},
-                           method={"name": "baffle", "mode": "epoch", "k": 8, "batch_size": 32, "sigma": 1e-3, **method}))  # fmt: skip
+    cfg = load_config(
+        tiny(
+            model={"name": "logreg"},
+            rounds=4,
+            dataset={"name": "digits", "validation": 100},
+            method={
+                "name": "baffle",
+                "mode": "epoch",
+                "k": 8,
+                "batch_size": 32,
+                "sigma": 1e-3,
+                **method,
+            },
+        )
+    )
     run = run_experiment(cfg, out=tmp_path / name, render=False)
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     return lines, json.loads((run / "summary.json").read_text())
@@ -26,7 +39,13 @@ def test_the_raw_model_beside_the_ema_is_the_run_without_ema(tiny, tmp_path):
             assert a[f"raw_{key}"] == b[key], (a["round"], key)  # the same W, bit for bit
     # the main figures are the average's, not W's: the loss differs every round
     assert all(a["test_loss"] != b["test_loss"] for a, b in zip(both, plain, strict=True))
-    for key in ("final_test_accuracy", "best_test_accuracy", "best_val_accuracy", "test_accuracy_at_best_val", "best_val_round"):
+    for key in (
+        "final_test_accuracy",
+        "best_test_accuracy",
+        "best_val_accuracy",
+        "test_accuracy_at_best_val",
+        "best_val_round",
+    ):
         assert both_summary[f"raw_{key}"] == plain_summary[key], key
     assert both_summary["final_test_accuracy"] == both[-1]["test_accuracy"]  # the EMA's, as before
     assert "raw_final_test_accuracy" not in plain_summary

@@ -25,10 +25,14 @@ from tests_helpers import record_replies
 
 def _cfg(**over):
     base = {
-        "rounds": 2, "clients.num": 3, "clients.per_round": 3, "dataset.limit_train": 96,
-        "dataset.limit_test": 50, "model": {"name": "vgg9", "dropout": False},
+        "rounds": 2,
+        "clients.num": 3,
+        "clients.per_round": 3,
+        "dataset.limit_train": 96,
+        "dataset.limit_test": 50,
+        "model": {"name": "vgg9", "dropout": False},
         "method": {"name": "eppfl", "local_epochs": 1, "batch_size": 16},
-    }  # fmt: skip
+    }
     base.update(over)
     return tiny_config(**base)
 
@@ -60,8 +64,16 @@ def test_default_cut_is_first_conv_and_relu_and_bad_cut_is_a_config_error():
         _built(**{"method.cut": "classifier"})
 
 
-@pytest.mark.parametrize("key,value", [("theta_a", 0.0), ("theta_a", 1.5), ("theta_g", -0.1), ("dp", {"epsilon": 0, "clip": 1.0}),
-                                       ("dp", {"epsilon": -2, "clip": 1.0})])  # fmt: skip
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("theta_a", 0.0),
+        ("theta_a", 1.5),
+        ("theta_g", -0.1),
+        ("dp", {"epsilon": 0, "clip": 1.0}),
+        ("dp", {"epsilon": -2, "clip": 1.0}),
+    ],
+)
 def test_bad_config_is_a_config_error_naming_the_key(key, value):
     cfg = load_config(_cfg(**{f"method.{key}": value}))
     with pytest.raises(ConfigError, match=f"method.{key}"):
@@ -82,14 +94,23 @@ def _unsplit_reference(built, cid, rnd, epochs, lr, momentum):
 
 
 def test_split_is_exact_one_client_no_privacy_no_masks():
-    built = _built(**{"clients.num": 1, "clients.per_round": 1, "method.local_epochs": 2, "method.masks": False})
+    built = _built(
+        **{
+            "clients.num": 1,
+            "clients.per_round": 1,
+            "method.local_epochs": 2,
+            "method.masks": False,
+        }
+    )
     sim = built.simulation()
     sim.run_round(1)
     got = sim.strategy.eval_model().state_dict()
     want = _unsplit_reference(built, 0, 1, 2, 0.01, 0.5)
     for k in want:
         assert torch.allclose(got[k], want[k], atol=1e-6, rtol=1e-5), k
-    assert any((got[k] - built.model_fn().state_dict()[k]).abs().max() > 1e-4 for k in want)  # it did train
+    assert any(
+        (got[k] - built.model_fn().state_dict()[k]).abs().max() > 1e-4 for k in want
+    )  # it did train
 
 
 def test_masked_aggregate_equals_fixed_point_mean_and_float_mean_within_bound():
@@ -121,8 +142,15 @@ def test_single_masked_upload_is_uniform_whatever_w_c():
     Z_{2^64} (chi-square on the top 4 bits, KS on y / 2^64), and indistinguishable."""
     keys = MaskKeys(bytes(32), 16, FIXED_POINT)
     big = np.full(16, 0.9 * FIXED_POINT.max_abs(10))
-    ys = {name: np.stack([FIXED_POINT.add(FIXED_POINT.encode(w, n_summands=10), keys.mask(t, 7)) for t in range(400)])
-          for name, w in (("zero", np.zeros(16)), ("big", big))}  # fmt: skip
+    ys = {
+        name: np.stack(
+            [
+                FIXED_POINT.add(FIXED_POINT.encode(w, n_summands=10), keys.mask(t, 7))
+                for t in range(400)
+            ]
+        )
+        for name, w in (("zero", np.zeros(16)), ("big", big))
+    }
     for v in ys.values():
         top = np.bincount((v >> np.uint64(60)).astype(np.int64).ravel(), minlength=16)
         assert stats.chisquare(top).pvalue > 1e-3
@@ -132,8 +160,12 @@ def test_single_masked_upload_is_uniform_whatever_w_c():
 
 
 def test_dp_run_logs_epsilon_equal_to_the_accountant_and_works_with_two_workers():
-    over = {"method.dp": {"epsilon": 3.0, "clip": 10.0}, "method.theta_a": 0.5, "method.theta_g": 0.5,
-            "clients.per_round": 2}  # fmt: skip
+    over = {
+        "method.dp": {"epsilon": 3.0, "clip": 10.0},
+        "method.theta_a": 0.5,
+        "method.theta_g": 0.5,
+        "clients.per_round": 2,
+    }
     lines = {}
     for workers in (0, 2):
         built = _built(**over, **{"clients.workers": workers})
@@ -148,7 +180,9 @@ def test_dp_run_logs_epsilon_equal_to_the_accountant_and_works_with_two_workers(
     assert last["dp_epsilon_rdp"] == laplace_epsilon(3.0, releases, 1e-5)["rdp"]
     assert last["dp_epsilon_pld"] == laplace_epsilon(3.0, releases, 1e-5)["pld"]
     for l0, l2 in zip(lines[0], lines[2], strict=True):
-        assert l0["test_accuracy"] == l2["test_accuracy"] and l0["train_loss"] == pytest.approx(l2["train_loss"], rel=1e-5)
+        assert l0["test_accuracy"] == l2["test_accuracy"] and l0["train_loss"] == pytest.approx(
+            l2["train_loss"], rel=1e-5
+        )
         assert l0["bytes.client->edge"] == l2["bytes.client->edge"]
 
 
@@ -196,7 +230,10 @@ def test_a_device_that_fails_is_left_out_as_the_replies_that_arrived_say():
     got = record_replies(sim)
     lines = [sim.run_round(r) for r in (1, 2)]
     replied = {rnd: ids for (rnd, _), ids in got.items()}  # one exchange a round
-    assert replied == {1: [0, 2, 3], 2: [0, 1, 3]} and [x["clients_failed"] for x in lines] == [1, 1]
+    assert replied == {1: [0, 2, 3], 2: [0, 1, 3]} and [x["clients_failed"] for x in lines] == [
+        1,
+        1,
+    ]
     assert [x["eppfl_aggregated"] for x in lines] == [3, 3]
     oracle = _built(**over).simulation()
     oracle.sample = lambda rnd: replied[rnd]
@@ -205,7 +242,17 @@ def test_a_device_that_fails_is_left_out_as_the_replies_that_arrived_say():
     got, want = sim.strategy.eval_model().state_dict(), oracle.strategy.eval_model().state_dict()
     for k in want:
         assert torch.allclose(got[k], want[k], atol=1e-5), k
-    assert sim.strategy.participation.tolist() == [2, 2, 2, 2] and oracle.strategy.participation.tolist() == [2, 1, 1, 2]
+    assert sim.strategy.participation.tolist() == [
+        2,
+        2,
+        2,
+        2,
+    ] and oracle.strategy.participation.tolist() == [
+        2,
+        1,
+        1,
+        2,
+    ]
 
 
 def test_aggregated_clients_leave_out_the_lost_uploads():
@@ -214,7 +261,9 @@ def test_aggregated_clients_leave_out_the_lost_uploads():
     built = _built(**{"clients.num": 3, "rounds": 1, "method.upload_dropout": 0.34})
     sim = built.simulation()
     line = sim.run_round(1)
-    lost = torch.randperm(3, generator=generator(built.config.seed, "eppfl-dropout", 1))[:1].tolist()
+    lost = torch.randperm(3, generator=generator(built.config.seed, "eppfl-dropout", 1))[
+        :1
+    ].tolist()
     assert sim.strategy.aggregated_clients() == sorted(set(range(3)) - set(lost))
     assert line["eppfl_aggregated"] == 2 and line["eppfl_dropped"] == 1
 
@@ -229,19 +278,32 @@ def test_dp_with_batch_statistics_on_the_device_is_a_privacy_warning():
     def warned(norm):
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            _built(**{"method.dp": {"epsilon": 5.0, "clip": 100.0}, "model": {"name": "vgg9", "dropout": False, "norm": norm}})
+            _built(
+                **{
+                    "method.dp": {"epsilon": 5.0, "clip": 100.0},
+                    "model": {"name": "vgg9", "dropout": False, "norm": norm},
+                }
+            )
         return [str(w.message) for w in seen if issubclass(w.category, PrivacyWarning)]
 
     (msg,) = warned("batch")
-    assert "BatchNorm2d in the device half" in msg and "all 16 samples of its batch" in msg and "16·ε" in msg
+    assert (
+        "BatchNorm2d in the device half" in msg
+        and "all 16 samples of its batch" in msg
+        and "16·ε" in msg
+    )
     assert warned("group") == []
 
 
 def test_secure_noise_draws_laplace_noise_the_seed_does_not_fix():
     """Reproducible by default (same seed, same released activations, same model); with
     ``method.dp.secure_noise`` two runs of one config train on different noise."""
+
     def round_one(secure):
-        over = {"method.dp": {"epsilon": 1.0, "clip": 10.0, "secure_noise": secure}, "clients.per_round": 1}
+        over = {
+            "method.dp": {"epsilon": 1.0, "clip": 10.0, "secure_noise": secure},
+            "clients.per_round": 1,
+        }
         sim = _built(**over).simulation()
         try:
             return sim.run_round(1)["train_loss"]
@@ -260,8 +322,15 @@ def test_releases_in_a_skipped_round_stay_counted():
     the releases counted from the exchanges' addressees, and ε from dp-accounting directly."""
     import dp_accounting as dpa
 
-    over = {"method.dp": {"epsilon": 3.0, "clip": 10.0}, "method.local_epochs": 2, "clients.num": 4,
-            "clients.per_round": 2, "seed": 2, "clients.dropout": 0.3, "clients.min_replies": 2}  # fmt: skip
+    over = {
+        "method.dp": {"epsilon": 3.0, "clip": 10.0},
+        "method.local_epochs": 2,
+        "clients.num": 4,
+        "clients.per_round": 2,
+        "seed": 2,
+        "clients.dropout": 0.3,
+        "clients.min_replies": 2,
+    }
     sim = _built(**over).simulation()
     addressed: list[list[int]] = []
     exchange = sim._exchange
@@ -272,7 +341,11 @@ def test_releases_in_a_skipped_round_stay_counted():
 
     sim._exchange = recording
     lines = [sim.run_round(r) for r in (1, 2, 3)]
-    assert [x.get("round_skipped", 0) for x in lines] == [1, 0, 0] and addressed == [[1, 3], [1, 3], [1, 2]]
+    assert [x.get("round_skipped", 0) for x in lines] == [1, 0, 0] and addressed == [
+        [1, 3],
+        [1, 3],
+        [1, 2],
+    ]
     for r, line in enumerate(lines, start=1):
         per_device = [sum(c in ids for ids in addressed[:r]) for c in range(4)]
         releases = max(per_device) * 2
@@ -329,8 +402,15 @@ def test_selection_trains_as_unsplit_training_on_the_released_activations(theta_
     the unsplit model on the zero-filled released activations, with a top-k hook on their
     gradient (autograd). M_c moves by ~1e-6 in this round, so each entry is compared relative
     to its update."""
-    built = _built(**{"clients.num": 1, "clients.per_round": 1, "method.masks": False,
-                      "method.theta_a": 0.5, "method.theta_g": theta_g})  # fmt: skip
+    built = _built(
+        **{
+            "clients.num": 1,
+            "clients.per_round": 1,
+            "method.masks": False,
+            "method.theta_a": 0.5,
+            "method.theta_g": theta_g,
+        }
+    )
     sim = built.simulation()
     sim.run_round(1)
     got = sim.strategy.eval_model().state_dict()
@@ -349,7 +429,14 @@ def test_edge_to_device_bytes_are_the_released_activations_gradients(theta_g, in
     size of exactly that message per batch, summed over the round's batches."""
     from fedge.core.messages import Message
 
-    built = _built(**{"clients.num": 1, "clients.per_round": 1, "method.theta_a": 0.5, "method.theta_g": theta_g})
+    built = _built(
+        **{
+            "clients.num": 1,
+            "clients.per_round": 1,
+            "method.theta_a": 0.5,
+            "method.theta_g": theta_g,
+        }
+    )
     line = built.simulation().run_round(1)
     sp = split_model(built.model_fn(), None)
     c, h, w = sp.device(torch.zeros(1, 1, 8, 8)).shape[1:]

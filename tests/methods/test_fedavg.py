@@ -18,7 +18,11 @@ def _model():
 
 
 def _reply(dw, db, n, loss=1.0):
-    return Message({"weight": torch.tensor([dw]), "bias": torch.tensor([db])}, {"num_samples": n}, {"train_loss": loss})
+    return Message(
+        {"weight": torch.tensor([dw]), "bias": torch.tensor([db])},
+        {"num_samples": n},
+        {"train_loss": loss},
+    )
 
 
 def test_fedavg_two_clients_weighted_by_samples():
@@ -26,7 +30,9 @@ def test_fedavg_two_clients_weighted_by_samples():
     msgs = strat.configure_round(1, [0, 1])
     assert msgs[0] is msgs[1]  # one broadcast
     assert torch.equal(msgs[0].arrays["weight"], torch.tensor([[1.0, 2.0]]))
-    out = strat.aggregate_round(1, {0: _reply([1.0, 0.0], 1.0, 1, loss=2.0), 1: _reply([0.0, 3.0], -1.0, 3, loss=1.0)})
+    out = strat.aggregate_round(
+        1, {0: _reply([1.0, 0.0], 1.0, 1, loss=2.0), 1: _reply([0.0, 3.0], -1.0, 3, loss=1.0)}
+    )
     # Δ = 1/4 Δ0 + 3/4 Δ1 = [0.25, 2.25], bias 0.25 - 0.75 = -0.5
     assert torch.allclose(strat.model.weight, torch.tensor([[1.25, 4.25]]))
     assert torch.allclose(strat.model.bias, torch.tensor([0.0]))
@@ -52,7 +58,9 @@ def test_bad_replies_are_rejected_with_client_named():
     with pytest.raises(MessageError, match="client 7"):
         strat.aggregate_round(1, {7: Message({"weight": torch.zeros(1, 2)}, {"num_samples": 1})})
     with pytest.raises(MessageError, match="shape"):
-        strat.aggregate_round(1, {7: Message({"weight": torch.zeros(2), "bias": torch.zeros(1)}, {"num_samples": 1})})
+        strat.aggregate_round(
+            1, {7: Message({"weight": torch.zeros(2), "bias": torch.zeros(1)}, {"num_samples": 1})}
+        )
     with pytest.raises(MessageError, match="num_samples"):
         strat.aggregate_round(1, {7: _reply([0.0, 0.0], 0.0, 0)})
 

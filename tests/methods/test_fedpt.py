@@ -50,14 +50,18 @@ def test_frozen_tensors_rebuild_bit_identically_in_another_process():
             h.update(m.state_dict()[n].numpy().tobytes())
         print(h.hexdigest())
     """)
-    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    got = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert got == want
 
 
 def _linear_server():
     model = torch.nn.Sequential(torch.nn.Linear(2, 1), torch.nn.Linear(1, 1))
     freeze_(model, ["0.weight"])
-    return FedPTServer(DeltaAveraging(model, T.sgd(1.0), replies_are_gradients=False), seed=5), model
+    return FedPTServer(
+        DeltaAveraging(model, T.sgd(1.0), replies_are_gradients=False), seed=5
+    ), model
 
 
 def test_server_sends_trainable_part_and_seed_and_averages_only_it():
@@ -68,8 +72,15 @@ def test_server_sends_trainable_part_and_seed_and_averages_only_it():
     assert list(msgs[0].arrays) == ["0.bias", "1.weight", "1.bias"] and msgs[0].config["seed"] == 5
 
     def reply(d, n):
-        return Message({"0.bias": torch.tensor([d]), "1.weight": torch.tensor([[d]]), "1.bias": torch.tensor([d])},
-                       {"num_samples": n}, {"train_loss": 1.0})  # fmt: skip
+        return Message(
+            {
+                "0.bias": torch.tensor([d]),
+                "1.weight": torch.tensor([[d]]),
+                "1.bias": torch.tensor([d]),
+            },
+            {"num_samples": n},
+            {"train_loss": 1.0},
+        )
 
     b0 = model[0].bias.detach().clone()
     out = server.aggregate_round(1, {0: reply(1.0, 1), 1: reply(-1.0, 3)})  # Δ = 1/4 - 3/4 = -0.5
@@ -77,9 +88,18 @@ def test_server_sends_trainable_part_and_seed_and_averages_only_it():
     assert torch.equal(model[0].weight, w0)
     assert out["trainable_fraction"] == pytest.approx(3 / 5)  # bias, 1.weight, 1.bias of 5 scalars
     with pytest.raises(MessageError, match=r"client 3.*unexpected arrays \['0.weight'\]"):
-        server.aggregate_round(2, {3: Message({**reply(0.0, 1).arrays, "0.weight": torch.zeros(1, 2)}, {"num_samples": 1})})
+        server.aggregate_round(
+            2,
+            {
+                3: Message(
+                    {**reply(0.0, 1).arrays, "0.weight": torch.zeros(1, 2)}, {"num_samples": 1}
+                )
+            },
+        )
     with pytest.raises(MessageError, match="shape"):
-        server.aggregate_round(2, {3: Message({**reply(0.0, 1).arrays, "1.bias": torch.zeros(2)}, {"num_samples": 1})})
+        server.aggregate_round(
+            2, {3: Message({**reply(0.0, 1).arrays, "1.bias": torch.zeros(2)}, {"num_samples": 1})}
+        )
 
 
 def _client_and_message(tmp_seed=0):
@@ -90,11 +110,19 @@ def _client_and_message(tmp_seed=0):
         return build_model("cnn-fedpt", input_shape=(1, 12, 12), num_classes=3, seed=z, hidden=16)
 
     server_model = freeze_(model_fn(), FC1)
-    server = FedPTServer(DeltaAveraging(server_model, T.sgd(1.0), replies_are_gradients=False), seed=z)
+    server = FedPTServer(
+        DeltaAveraging(server_model, T.sgd(1.0), replies_are_gradients=False), seed=z
+    )
     client = FedPTClient(model_fn, FC1, cfg)
     g = torch.Generator().manual_seed(0)
-    data = ClientData(torch.randn(16, 1, 12, 12, generator=g), torch.randint(0, 3, (16,), generator=g), torch.arange(16))
-    ctx = ClientContext(cid=0, rnd=1, data=data, generator=torch.Generator().manual_seed(1), meter=Meter())
+    data = ClientData(
+        torch.randn(16, 1, 12, 12, generator=g),
+        torch.randint(0, 3, (16,), generator=g),
+        torch.arange(16),
+    )
+    ctx = ClientContext(
+        cid=0, rnd=1, data=data, generator=torch.Generator().manual_seed(1), meter=Meter()
+    )
     return server, server_model, client, ctx
 
 
@@ -134,8 +162,15 @@ def test_run_bytes_are_the_serialized_trainable_part_plus_the_seed(tmp_path, tin
     cfg = load_config(_fedpt(tiny, rounds=2))
     built = build_run(cfg)
     initial = built.model_fn()
-    frozen = [n for n, p in built.method.strategy.averaging.model.named_parameters() if not p.requires_grad]
-    assert frozen == ["features.fc2.linear.weight", "features.fc2.linear.bias"]  # the largest block of the mlp
+    frozen = [
+        n
+        for n, p in built.method.strategy.averaging.model.named_parameters()
+        if not p.requires_grad
+    ]
+    assert frozen == [
+        "features.fc2.linear.weight",
+        "features.fc2.linear.bias",
+    ]  # the largest block of the mlp
     out = run_experiment(cfg, out=tmp_path / "run", render=False)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     trainable = {n: p.detach() for n, p in initial.named_parameters() if n not in frozen}
@@ -147,7 +182,9 @@ def test_run_bytes_are_the_serialized_trainable_part_plus_the_seed(tmp_path, tin
         assert abs(per_client_down - (payload + seed_bytes)) <= 0.01 * payload
         assert abs(per_client_up - payload) <= 0.01 * payload
         total = sum(p.numel() for p in initial.parameters())
-        assert line["trainable_fraction"] == pytest.approx(sum(t.numel() for t in trainable.values()) / total)
+        assert line["trainable_fraction"] == pytest.approx(
+            sum(t.numel() for t in trainable.values()) / total
+        )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trainable_fraction"] == lines[-1]["trainable_fraction"] < 1
     final = load_file(out / "model.safetensors")
@@ -157,18 +194,29 @@ def test_run_bytes_are_the_serialized_trainable_part_plus_the_seed(tmp_path, tin
 
 
 def test_nothing_frozen_equals_fedavg_exactly(tmp_path, tiny):
-    a = run_experiment(load_config(_fedpt(tiny, **{"method.freeze": []})), out=tmp_path / "pt", render=False)
+    a = run_experiment(
+        load_config(_fedpt(tiny, **{"method.freeze": []})), out=tmp_path / "pt", render=False
+    )
     b = run_experiment(load_config(tiny()), out=tmp_path / "avg", render=False)
     keep = ("test_accuracy", "test_loss", "train_loss")
-    assert [{k: x[k] for k in keep} for x in metrics_without_wall(a)] == [{k: x[k] for k in keep} for x in metrics_without_wall(b)]
+    assert [{k: x[k] for k in keep} for x in metrics_without_wall(a)] == [
+        {k: x[k] for k in keep} for x in metrics_without_wall(b)
+    ]
 
 
 def test_freezing_lowers_client_tensor_peak_memory(tmp_path, tiny):
     peaks = {}
     for freeze in ([], "largest", "largest:2"):
-        out = run_experiment(load_config(_fedpt(tiny, rounds=1, **{"method.freeze": freeze, "measure.memory": True})),
-                             out=tmp_path / str(freeze), render=False)  # fmt: skip
-        peaks[str(freeze)] = json.loads((out / "summary.json").read_text())["client_tensor_peak_bytes"]
+        out = run_experiment(
+            load_config(
+                _fedpt(tiny, rounds=1, **{"method.freeze": freeze, "measure.memory": True})
+            ),
+            out=tmp_path / str(freeze),
+            render=False,
+        )
+        peaks[str(freeze)] = json.loads((out / "summary.json").read_text())[
+            "client_tensor_peak_bytes"
+        ]
     assert peaks["[]"] > peaks["largest"] > peaks["largest:2"]
 
 
@@ -179,8 +227,11 @@ def test_bad_freeze_is_a_config_error_naming_the_blocks(tiny):
 
 def test_secure_aggregation_composes(tmp_path, tiny):
     a = run_experiment(load_config(_fedpt(tiny, rounds=1)), out=tmp_path / "plain", render=False)
-    b = run_experiment(load_config(_fedpt(tiny, rounds=1, **{"method.secure_aggregation": True})), out=tmp_path / "sec",
-                       render=False)  # fmt: skip
+    b = run_experiment(
+        load_config(_fedpt(tiny, rounds=1, **{"method.secure_aggregation": True})),
+        out=tmp_path / "sec",
+        render=False,
+    )
     ma, mb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
     for k in ma:
         assert torch.allclose(ma[k], mb[k], atol=1e-6)

@@ -22,7 +22,12 @@ def test_round_t_uses_lr_times_decay_to_the_t_minus_1():
     p = torch.nn.Parameter(torch.ones(2))
     assert cfg.build([p]).param_groups[0]["lr"] == 0.1
     assert cfg.build([p], rnd=3).param_groups[0]["lr"] == 0.1 * 0.5**2
-    assert ClientOptimizerConfig(name="adam", lr=0.01, lr_decay=0.998).build([p], rnd=11).param_groups[0]["lr"] == 0.01 * 0.998**10
+    assert (
+        ClientOptimizerConfig(name="adam", lr=0.01, lr_decay=0.998)
+        .build([p], rnd=11)
+        .param_groups[0]["lr"]
+        == 0.01 * 0.998**10
+    )
 
 
 def test_local_training_applies_the_round_s_learning_rate():
@@ -32,14 +37,23 @@ def test_local_training_applies_the_round_s_learning_rate():
 
     def grad_fn(model, batch, ctx, masks):
         loss = model(batch[0]).square().sum()
-        return float(loss.detach()), dict(zip(["weight"], torch.autograd.grad(loss, [model.weight]), strict=True))
+        return float(loss.detach()), dict(
+            zip(["weight"], torch.autograd.grad(loss, [model.weight]), strict=True)
+        )
 
-    client = LocalTraining(_model, local_epochs=1, batch_size=1, max_steps=1, optimizer=cfg, gradient_fn=grad_fn)
+    client = LocalTraining(
+        _model, local_epochs=1, batch_size=1, max_steps=1, optimizer=cfg, gradient_fn=grad_fn
+    )
     w0 = _model().weight.detach()
     expected_grad = 2 * (x @ w0.T).item() * x
     for rnd in (1, 4):
-        ctx = ClientContext(cid=0, rnd=rnd, data=ClientData(x, y, torch.arange(1)), generator=torch.Generator().manual_seed(0),
-                            meter=Meter())  # fmt: skip
+        ctx = ClientContext(
+            cid=0,
+            rnd=rnd,
+            data=ClientData(x, y, torch.arange(1)),
+            generator=torch.Generator().manual_seed(0),
+            meter=Meter(),
+        )
         reply = client.run(Message({"weight": w0.clone()}), ctx)
         torch.testing.assert_close(reply.arrays["weight"], -0.2 * 0.9 ** (rnd - 1) * expected_grad)
 
@@ -48,7 +62,9 @@ def test_from_config_and_loader_carry_the_config_fields() -> None:
     # Prepare: a FedAvg config with non-default local fields, a gradient function of our own.
     from fedge.methods.fedavg import FedAvgConfig
 
-    cfg = FedAvgConfig(local_epochs=3, batch_size=7, max_steps=5, client_optimizer=ClientOptimizerConfig(lr=0.2))
+    cfg = FedAvgConfig(
+        local_epochs=3, batch_size=7, max_steps=5, client_optimizer=ClientOptimizerConfig(lr=0.2)
+    )
 
     def grad_fn(model, batch, ctx, masks):
         return None, {}
@@ -66,7 +82,9 @@ def test_from_config_and_loader_carry_the_config_fields() -> None:
 
 def _square_grad_fn(model, batch, ctx, masks):
     loss = model(batch[0]).square().mean()
-    return float(loss.detach()), dict(zip(["weight"], torch.autograd.grad(loss, [model.weight]), strict=True))
+    return float(loss.detach()), dict(
+        zip(["weight"], torch.autograd.grad(loss, [model.weight]), strict=True)
+    )
 
 
 def _rounds(cfg: ClientOptimizerConfig, rounds: int, steps: int) -> torch.Tensor:
@@ -76,11 +94,24 @@ def _rounds(cfg: ClientOptimizerConfig, rounds: int, steps: int) -> torch.Tensor
 
     x = torch.tensor([[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]])
     y = torch.zeros(2, dtype=torch.long)
-    client = LocalTraining(_model, local_epochs=steps, batch_size=2, max_steps=None, optimizer=cfg, gradient_fn=_square_grad_fn)
+    client = LocalTraining(
+        _model,
+        local_epochs=steps,
+        batch_size=2,
+        max_steps=None,
+        optimizer=cfg,
+        gradient_fn=_square_grad_fn,
+    )
     w, state = _model().weight.detach().clone(), b""
     for rnd in range(1, rounds + 1):
-        ctx = ClientContext(cid=0, rnd=rnd, data=ClientData(x, y, torch.arange(2)), generator=torch.Generator().manual_seed(rnd),
-                            meter=Meter(), state=decode_state(state))  # fmt: skip
+        ctx = ClientContext(
+            cid=0,
+            rnd=rnd,
+            data=ClientData(x, y, torch.arange(2)),
+            generator=torch.Generator().manual_seed(rnd),
+            meter=Meter(),
+            state=decode_state(state),
+        )
         w = w + client.run(Message({"weight": w.clone()}), ctx).arrays["weight"]
         state = encode_state(ctx.state) if ctx.state else b""
     return w
@@ -120,7 +151,10 @@ def test_a_persistent_state_for_another_shape_is_a_clear_error():
 
     p = torch.nn.Parameter(torch.ones(3))
     opt = ClientOptimizerConfig(name="adam", state="persistent").build([p])
-    store = {"client_optimizer.weight.exp_avg": torch.zeros(4), "client_optimizer.weight.step": torch.tensor(2.0)}
+    store = {
+        "client_optimizer.weight.exp_avg": torch.zeros(4),
+        "client_optimizer.weight.step": torch.tensor(2.0),
+    }
     import pytest
 
     with pytest.raises(ValueError, match=r"weight\.exp_avg has shape \(4,\), the parameter \(3,\)"):
@@ -135,8 +169,13 @@ def test_dropout_draws_are_the_clients_own_whatever_ran_before(tiny):
     from fedge.experiment.build import build_run
 
     def round_one(workers: int, burn: bool = False) -> float:
-        cfg = load_config(tiny(model={"name": "vgg9"}, method={"name": "fedavg", "local_epochs": 1, "batch_size": 16},
-                               **{"clients.num": 3, "clients.per_round": 3, "clients.workers": workers}))  # fmt: skip
+        cfg = load_config(
+            tiny(
+                model={"name": "vgg9"},
+                method={"name": "fedavg", "local_epochs": 1, "batch_size": 16},
+                **{"clients.num": 3, "clients.per_round": 3, "clients.workers": workers},
+            )
+        )
         sim = build_run(cfg).simulation()
         try:
             if burn:
@@ -145,7 +184,10 @@ def test_dropout_draws_are_the_clients_own_whatever_ran_before(tiny):
         finally:
             sim.close()
 
-    assert any(isinstance(m, torch.nn.Dropout) for m in build_run(load_config(tiny(model={"name": "vgg9"}))).model_fn().modules())
+    assert any(
+        isinstance(m, torch.nn.Dropout)
+        for m in build_run(load_config(tiny(model={"name": "vgg9"}))).model_fn().modules()
+    )
     base = round_one(0)
     assert round_one(0, burn=True) == base
     assert round_one(2) == base

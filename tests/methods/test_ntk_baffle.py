@@ -15,10 +15,23 @@ from fedge.pruning import prunable_parameters
 
 
 def _cfg(tiny, **method):
-    base = {"name": "ntk-baffle", "k": 8, "batch_size": 16, "max_steps": 2, "density": 0.2, "prune_rounds": 3,
-            "prune_inputs": 8, **method}
-    return load_config(tiny(model={"name": "mlp", "hidden": [32]}, method=base,
-                            **{"clients.num": 4, "clients.per_round": 4}))
+    base = {
+        "name": "ntk-baffle",
+        "k": 8,
+        "batch_size": 16,
+        "max_steps": 2,
+        "density": 0.2,
+        "prune_rounds": 3,
+        "prune_inputs": 8,
+        **method,
+    }
+    return load_config(
+        tiny(
+            model={"name": "mlp", "hidden": [32]},
+            method=base,
+            **{"clients.num": 4, "clients.per_round": 4},
+        )
+    )
 
 
 def test_preset_validates():
@@ -41,8 +54,25 @@ def test_final_model_has_the_density_and_pruned_weights_are_zero(tmp_path, tiny)
 
 def test_batch_uplink_is_unchanged_and_downlink_is_sparse(tiny):
     sparse = build_run(_cfg(tiny, mode="batch", secure_aggregation=False)).simulation().run_round(1)
-    dense = build_run(load_config(tiny(model={"name": "mlp", "hidden": [32]}, method={"name": "baffle", "mode": "batch", "k": 8, "batch_size": 16, "secure_aggregation": False},
-                                       **{"clients.num": 4, "clients.per_round": 4}))).simulation().run_round(1)
+    dense = (
+        build_run(
+            load_config(
+                tiny(
+                    model={"name": "mlp", "hidden": [32]},
+                    method={
+                        "name": "baffle",
+                        "mode": "batch",
+                        "k": 8,
+                        "batch_size": 16,
+                        "secure_aggregation": False,
+                    },
+                    **{"clients.num": 4, "clients.per_round": 4},
+                )
+            )
+        )
+        .simulation()
+        .run_round(1)
+    )
     assert sparse["bytes_up"] == dense["bytes_up"]
     assert sparse["bytes_down"] < 0.5 * dense["bytes_down"]
 
@@ -60,7 +90,9 @@ def test_estimates_touch_only_kept_coordinates(tiny):
 
 
 def test_client_data_pruning_runs_as_phases_of_round_one(tiny):
-    sim = build_run(_cfg(tiny, mode="batch", prune_data="client", prune_k=6, secure_aggregation=False)).simulation()
+    sim = build_run(
+        _cfg(tiny, mode="batch", prune_data="client", prune_k=6, secure_aggregation=False)
+    ).simulation()
     line = sim.run_round(1)
     assert line["phases"] == 3 + 1 and line["density"] == pytest.approx(0.2, abs=1e-3)
     assert "phases" not in sim.run_round(2)
@@ -93,16 +125,23 @@ def test_zeroth_order_route_for_ntk_rand_scores_what_autograd_scores(tiny):
     cfg = built.method_config
     shape = tuple(built.dataset.input_shape)
     exact = data_free_masks(cfg, built.model_fn(), seed=0, input_shape=shape)
-    zo = data_free_masks(cfg.model_copy(update={"prune_route": "zeroth_order", "prune_k": 1000}), built.model_fn(), seed=0,
-                         input_shape=shape)  # fmt: skip
+    zo = data_free_masks(
+        cfg.model_copy(update={"prune_route": "zeroth_order", "prune_k": 1000}),
+        built.model_fn(),
+        seed=0,
+        input_shape=shape,
+    )
     kept = {n: int(m.sum()) for n, m in exact.items()}
     assert sum(int(m.sum()) for m in zo.values()) == sum(kept.values())
     both = sum(int((exact[n] & zo[n]).sum()) for n in exact)
     total = sum(m.numel() for m in exact.values())
-    chance = sum(kept.values()) ** 2 / total  # expected overlap of two independent draws at this density
+    chance = (
+        sum(kept.values()) ** 2 / total
+    )  # expected overlap of two independent draws at this density
     assert both > 1.4 * chance  # measured 153 against a chance 95 (sd ~8); K = 100 gives 97
     with pytest.raises(ValueError, match="prune_route=zeroth_order"):
         NtkBaffleConfig(prune_route="zeroth_order", prune_score="magnitude")
+
 
 @pytest.mark.parametrize("mode", ["batch", "epoch"])
 def test_freeze_composes_with_ntk_baffle(tiny, mode):
@@ -111,7 +150,9 @@ def test_freeze_composes_with_ntk_baffle(tiny, mode):
     (Epoch mode used to fail: the client masked the delta of a frozen tensor it never sends.)"""
     from fedge.models.blocks import resolve_freeze
 
-    built = build_run(_cfg(tiny, mode=mode, ema=None, secure_aggregation=False, freeze=["features.fc1"]))
+    built = build_run(
+        _cfg(tiny, mode=mode, ema=None, secure_aggregation=False, freeze=["features.fc1"])
+    )
     frozen = resolve_freeze(built.model_fn(), ["features.fc1"])
     sim = built.simulation()
     strategy = sim.strategy.inner
@@ -120,7 +161,11 @@ def test_freeze_composes_with_ntk_baffle(tiny, mode):
         sim.run_round(r)
     after = strategy.model.state_dict()
     assert frozen and all(torch.equal(after[n], before[n]) for n in frozen)
-    trained = [n for n in after if n not in frozen and after[n].is_floating_point() and not torch.equal(after[n], before[n])]
+    trained = [
+        n
+        for n in after
+        if n not in frozen and after[n].is_floating_point() and not torch.equal(after[n], before[n])
+    ]
     assert trained
     for name, mask in strategy.server.masks.items():
         assert torch.all(after[name][~mask] == 0)
@@ -134,17 +179,31 @@ def test_a_resumed_run_keeps_the_masks_it_was_trained_with(tmp_path, tiny, monke
     from fedge.methods import ntk_baffle
 
     cfg = _cfg(tiny, mode="epoch")
-    full = run_experiment(_cfg(tiny, mode="epoch").model_copy(update={"rounds": 3}), out=tmp_path / "full", render=False)
-    short = run_experiment(cfg.model_copy(update={"rounds": 2}), out=tmp_path / "short", render=False)
+    full = run_experiment(
+        _cfg(tiny, mode="epoch").model_copy(update={"rounds": 3}),
+        out=tmp_path / "full",
+        render=False,
+    )
+    short = run_experiment(
+        cfg.model_copy(update={"rounds": 2}), out=tmp_path / "short", render=False
+    )
     original = ntk_baffle.data_free_masks
 
     def elsewhere(mcfg, w0, *, seed, input_shape):  # what another CPU's pruning might select
-        return original(mcfg.model_copy(update={"prune_score": "magnitude"}), w0, seed=seed, input_shape=input_shape)
+        return original(
+            mcfg.model_copy(update={"prune_score": "magnitude"}),
+            w0,
+            seed=seed,
+            input_shape=input_shape,
+        )
 
     built = build_run(cfg)
     args = {"seed": cfg.seed, "input_shape": tuple(built.dataset.input_shape)}
     mcfg = built.method_config
-    ours, theirs = original(mcfg, built.model_fn(), **args), elsewhere(mcfg, built.model_fn(), **args)
+    ours, theirs = (
+        original(mcfg, built.model_fn(), **args),
+        elsewhere(mcfg, built.model_fn(), **args),
+    )
     assert any(not torch.equal(ours[k], theirs[k]) for k in ours)  # the stand-in really differs
     monkeypatch.setattr(ntk_baffle, "data_free_masks", elsewhere)
     with pytest.warns(RuntimeWarning, match="continues with the checkpoint's masks"):
@@ -159,12 +218,27 @@ def test_ntk_ori_pruning_with_dp_is_refused_and_data_free_pruning_takes_it(tiny)
     dp = {"mechanism": "gaussian", "noise_multiplier": 1.0, "clip": 1.0}
 
     def cfg(prune_data):
-        return load_config(tiny(model={"name": "mlp", "hidden": [32]}, privacy=dp,
-                                method={"name": "ntk-baffle", "mode": "batch", "k": 8, "batch_size": 16,
-                                        "density": 0.5, "prune_rounds": 2, "prune_data": prune_data}))  # fmt: skip
+        return load_config(
+            tiny(
+                model={"name": "mlp", "hidden": [32]},
+                privacy=dp,
+                method={
+                    "name": "ntk-baffle",
+                    "mode": "batch",
+                    "k": 8,
+                    "batch_size": 16,
+                    "density": 0.5,
+                    "prune_rounds": 2,
+                    "prune_data": prune_data,
+                },
+            )
+        )
 
-    with pytest.raises(ConfigError, match=r"prune_data=client: NTK-Ori's pruning rounds upload statistics .*outside DP"
-                                          r".*use method.prune_data=random"):
+    with pytest.raises(
+        ConfigError,
+        match=r"prune_data=client: NTK-Ori's pruning rounds upload statistics .*outside DP"
+        r".*use method.prune_data=random",
+    ):
         build_run(cfg("client"))
     build_run(cfg("random"))
 
@@ -176,8 +250,17 @@ def test_ntk_ori_ema_starts_from_the_pruned_model(tiny):
     the kept weights instead of d·W0/sqrt(density) (0.14 off here with a constant decay)."""
     from fedge.pruning import apply_masks_, rescale_
 
-    built = build_run(_cfg(tiny, mode="batch", prune_data="client", prune_k=6, secure_aggregation=False,
-                           ema=0.9, ema_warmup=False))  # fmt: skip
+    built = build_run(
+        _cfg(
+            tiny,
+            mode="batch",
+            prune_data="client",
+            prune_k=6,
+            secure_aggregation=False,
+            ema=0.9,
+            ema_warmup=False,
+        )
+    )
     sim = built.simulation()
     ema = sim.strategy.inner  # ReportEffectiveFlops(EMAEvaluation(...))
     sim.run_round(1)

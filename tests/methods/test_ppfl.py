@@ -22,10 +22,15 @@ from tests_helpers import metrics_without_wall, record_replies, run_cut_after
 
 def _cfg(**over):
     base = {
-        "rounds": 3, "clients.num": 4, "clients.per_round": 4, "dataset.limit_train": 64,
-        "dataset.limit_test": 40, "dataset.shape": [1, 16, 16], "model": {"name": "lenet-ppfl"},
+        "rounds": 3,
+        "clients.num": 4,
+        "clients.per_round": 4,
+        "dataset.limit_train": 64,
+        "dataset.limit_test": 40,
+        "dataset.shape": [1, 16, 16],
+        "model": {"name": "lenet-ppfl"},
         "method": {"name": "ppfl", "rounds_per_stage": 1, "batch_size": 8, "lr": 0.05},
-    }  # fmt: skip
+    }
     base.update(over)
     return tiny_config(**base)
 
@@ -47,17 +52,29 @@ def test_all_stages_run_and_log_stage_memory_and_eligibility():
     sim, lines = _run(built, 3)
     assert [ln["stage"] for ln in lines] == [0, 1, 2]  # conv1, conv2, classifier
     for ln in lines:
-        assert ln["eligible_clients"] == 4 and ln["trained_clients"] == 4 and ln["rejected_clients"] == 0
+        assert (
+            ln["eligible_clients"] == 4
+            and ln["trained_clients"] == 4
+            and ln["rejected_clients"] == 0
+        )
         # S_l at the full batch is exactly what the enclave held at its peak (first batch is full)
-        assert ln["tee_peak_bytes"] == ln["tee_need_bytes"] <= ln["tee_budget_min_bytes"] == 16 * MiB
-        assert ln["bytes.client->tee"] > 0 and ln["bytes.server->server_tee"] > 0 and ln["seal_s"] > 0
+        assert (
+            ln["tee_peak_bytes"] == ln["tee_need_bytes"] <= ln["tee_budget_min_bytes"] == 16 * MiB
+        )
+        assert (
+            ln["bytes.client->tee"] > 0 and ln["bytes.server->server_tee"] > 0 and ln["seal_s"] > 0
+        )
         # Table 4's client phases: opening the broadcast, training, sealing the upload; each
         # measured, disjoint, within the engine's wall time of the client programs (REE) and their enclaves
         phases = [ln["client_open_s"], ln["client_train_s"], ln["client_upload_s"]]
         assert all(p > 0 for p in phases) and sum(phases) <= ln["client_wall_s"] + ln["wall_s.tee"]
-        assert ln["client_upload_s"] >= ln["seal_s"]  # the upload call seals (and packs) the stage model
+        assert (
+            ln["client_upload_s"] >= ln["seal_s"]
+        )  # the upload call seals (and packs) the stage model
     # the REE got every layer when its stage ended, but the classifier stays in the enclaves
-    assert set(sim.strategy.released) == {k for k in built.model_fn().state_dict() if not k.startswith("classifier.")}
+    assert set(sim.strategy.released) == {
+        k for k in built.model_fn().state_dict() if not k.startswith("classifier.")
+    }
 
 
 def _needs(built):
@@ -67,16 +84,23 @@ def _needs(built):
 
 def test_client_with_small_enclave_excluded_from_a_stage_only():
     needs = _needs(_built())
-    assert needs[0] > needs[2]  # conv1's head (800→500 FC atop a 1x1 conv) needs more than the classifier
+    assert (
+        needs[0] > needs[2]
+    )  # conv1's head (800→500 FC atop a 1x1 conv) needs more than the classifier
     small_mb = (needs[2] + needs[0]) / 2 / MiB  # fits the classifier stage, not stage 0
-    prof = [{"name": "big", "fraction": 0.5, "enclave_mb": 16}, {"name": "small", "fraction": 0.5, "enclave_mb": small_mb}]
+    prof = [
+        {"name": "big", "fraction": 0.5, "enclave_mb": 16},
+        {"name": "small", "fraction": 0.5, "enclave_mb": small_mb},
+    ]
     built = _built(**{"clients.profiles": prof, "method.rounds_per_stage": 1})
     sim, lines = _run(built, 3)
     small = {c for c, p in enumerate(sim.profiles) if p["name"] == "small"}
     assert lines[0]["eligible_clients"] == 2 and lines[0]["trained_clients"] == 2
     assert lines[2]["eligible_clients"] == 4 and lines[2]["trained_clients"] == 4
     assert lines[0]["tee_peak_bytes"] <= 16 * MiB
-    assert small and all(sim.strategy.client_has.get(c, 0) == 2 for c in small)  # first trained in stage 2
+    assert small and all(
+        sim.strategy.client_has.get(c, 0) == 2 for c in small
+    )  # first trained in stage 2
 
 
 def test_a_stage_fewer_enclaves_fit_than_min_cohort_fails_before_training():
@@ -84,12 +108,20 @@ def test_a_stage_fewer_enclaves_fit_than_min_cohort_fails_before_training():
     ever be averaged, so the run stops at its first sampling, naming the stage and the fixes."""
     needs = _needs(_built())
     small_mb = (needs[2] + needs[0]) / 2 / MiB  # fits the classifier stage, not stage 0
-    prof = [{"name": "big", "fraction": 0.25, "enclave_mb": 16}, {"name": "small", "fraction": 0.75, "enclave_mb": small_mb}]
+    prof = [
+        {"name": "big", "fraction": 0.25, "enclave_mb": 16},
+        {"name": "small", "fraction": 0.75, "enclave_mb": small_mb},
+    ]
     sim = _built(**{"clients.profiles": prof}).simulation()
-    with pytest.raises(ConfigError, match=r"stage 0 .* fits the enclaves of 1 client\(s\), fewer than method.min_cohort=2"):
+    with pytest.raises(
+        ConfigError,
+        match=r"stage 0 .* fits the enclaves of 1 client\(s\), fewer than method.min_cohort=2",
+    ):
         sim.run_round(1)
     assert not any(sim.party_states.values())
-    _built(**{"clients.profiles": prof, "method.min_cohort": 1}).simulation().run_round(1)  # one suffices then
+    _built(**{"clients.profiles": prof, "method.min_cohort": 1}).simulation().run_round(
+        1
+    )  # one suffices then
 
 
 def test_enclave_sizes_are_recorded_by_client_id_in_any_offer_order():
@@ -106,13 +138,19 @@ def test_batch_shrinks_to_fit():
     needs = _needs(_built())
     s = _built(**{"method.min_batch_size": 2}).method.strategy
     budget = (s.need[0](4) + s.need[0](5)) // 2
-    assert s.batch_for(budget, 0) == 4 and s.batch_for(needs[0], 0) == 8 and s.batch_for(s.need[0](2) - 1, 0) is None
+    assert (
+        s.batch_for(budget, 0) == 4
+        and s.batch_for(needs[0], 0) == 8
+        and s.batch_for(s.need[0](2) - 1, 0) is None
+    )
 
 
 def test_no_client_fits_fails_before_training():
     built = _built(**{"method.tee": {"client_mb": 0.5}})
     sim = built.simulation()
-    with pytest.raises(ConfigError, match=r"stage 0 .* needs S_l = .* largest client enclave is 0.50 MiB"):
+    with pytest.raises(
+        ConfigError, match=r"stage 0 .* needs S_l = .* largest client enclave is 0.50 MiB"
+    ):
         sim.run_round(1)
     assert not sim.client_states and not any(sim.party_states.values())  # nothing ran
     # with profiles: a stage no profile fits stops at the first sampling, before training
@@ -132,7 +170,9 @@ class _Spy:
 
         def handle(this, msg, ctx):
             if msg.config.get("op") == "end":
-                self.trained[ctx.key] = {k: v.detach().clone() for k, v in this._live.net.state_dict().items()}
+                self.trained[ctx.key] = {
+                    k: v.detach().clone() for k, v in this._live.net.state_dict().items()
+                }
                 self.samples = getattr(self, "samples", {})
                 self.samples[ctx.key] = this._live.samples
             return orig(this, msg, ctx)
@@ -181,7 +221,9 @@ def _reachable(root):
     seen, out, stack = set(), [], [root]
     while stack:
         o = stack.pop()
-        if id(o) in seen or isinstance(o, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):
+        if id(o) in seen or isinstance(
+            o, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)
+        ):
             continue
         seen.add(id(o))
         out.append(o)
@@ -204,7 +246,12 @@ def test_ree_objects_hold_no_plaintext_of_the_trained_layer_or_head(monkeypatch)
     built = _built(**{"method.rounds_per_stage": 5, "rounds": 5})
     sim, _ = _run(built, 2)  # mid-stage: nothing released yet
     secrets = [open_eval_blob(sim.strategy.eval_blob)] + list(spy.trained.values())
-    probes = [v.flatten()[:16].numpy().tobytes() for s in secrets for v in s.values() if v.is_floating_point() and v.numel() >= 16]
+    probes = [
+        v.flatten()[:16].numpy().tobytes()
+        for s in secrets
+        for v in s.values()
+        if v.is_floating_point() and v.numel() >= 16
+    ]
     tensors = [v for s in secrets for v in s.values() if v.is_floating_point()]
     objs = _reachable(sim) + _reachable(built.method.program)
     nbytes = ntens = 0
@@ -221,13 +268,24 @@ def test_ree_objects_hold_no_plaintext_of_the_trained_layer_or_head(monkeypatch)
     assert ntens > 0
     # the probes do find plaintext where it is: in the unsealed state
     from fedge.methods.ppfl.enclaves import _pack
+
     assert all(any(p in _pack(s) for s in secrets) for p in probes)
 
 
-@pytest.mark.parametrize("model", [{"name": "lenet-ppfl"}, {"name": "alexnet-ppfl"}, {"name": "vgg9", "dropout": False}])
+@pytest.mark.parametrize(
+    "model", [{"name": "lenet-ppfl"}, {"name": "alexnet-ppfl"}, {"name": "vgg9", "dropout": False}]
+)
 def test_zoo_models_train_one_round_of_one_stage(model):
-    built = _built(**{"model": model, "clients.num": 2, "clients.per_round": 2, "dataset.limit_train": 16,
-                      "method.batch_size": 4, "method.tee": {"client_mb": 64}})  # fmt: skip
+    built = _built(
+        **{
+            "model": model,
+            "clients.num": 2,
+            "clients.per_round": 2,
+            "dataset.limit_train": 16,
+            "method.batch_size": 4,
+            "method.tee": {"client_mb": 64},
+        }
+    )
     sim, lines = _run(built, 1)
     assert lines[0]["stage"] == 0 and lines[0]["trained_clients"] == 2
     assert 0 < lines[0]["tee_peak_bytes"] <= 64 * MiB and lines[0]["test_accuracy"] is not None
@@ -248,12 +306,21 @@ def test_dropout_in_the_client_enclave_draws_from_its_own_stream(monkeypatch):
         return handle(self, msg, ctx)
 
     monkeypatch.setattr(ClientEnclave, "handle", keep)
-    over = {"model": {"name": "vgg9"}, "method.block_layers": 4, "clients.num": 3, "clients.per_round": 3,
-            "dataset.limit_train": 24, "method.batch_size": 4, "method.tee": {"client_mb": 64}}  # fmt: skip
+    over = {
+        "model": {"name": "vgg9"},
+        "method.block_layers": 4,
+        "clients.num": 3,
+        "clients.per_round": 3,
+        "dataset.limit_train": 24,
+        "method.batch_size": 4,
+        "method.tee": {"client_mb": 64},
+    }
 
     def round_one(sample, burn=False):
         built = _built(**over)
-        assert any(isinstance(m, torch.nn.Dropout) for m in built.method.strategy.spec.net(0).modules())
+        assert any(
+            isinstance(m, torch.nn.Dropout) for m in built.method.strategy.spec.net(0).modules()
+        )
         sim = built.simulation()
         sim.sample = lambda rnd: sample
         trained.clear()
@@ -277,7 +344,10 @@ def test_dropout_in_the_client_enclave_draws_from_its_own_stream(monkeypatch):
 def test_block_layers_two_trains_both_convs_in_one_stage():
     built = _built(**{"method.block_layers": 2})
     s = built.method.strategy
-    assert [st.prefixes for st in s.stages] == [("features.conv1", "features.conv2"), ("classifier",)]
+    assert [st.prefixes for st in s.stages] == [
+        ("features.conv1", "features.conv2"),
+        ("classifier",),
+    ]
     sim, lines = _run(built, 2)
     assert [ln["stage"] for ln in lines] == [0, 1]
 
@@ -292,10 +362,14 @@ class _Rogue(EnclaveSpec):
 def test_refused_attestation_excludes_the_client():
     built = _built()
     spec = built.method.strategy.spec
-    other = _Rogue(spec.model_fn, spec.stages, spec.seed, spec.init_arrays, spec.config, spec.server_mb)
+    other = _Rogue(
+        spec.model_fn, spec.stages, spec.seed, spec.init_arrays, spec.config, spec.server_mb
+    )
     built.method.parties["tee"] = PartySpec("tee", partial(ClientEnclave, other), scope="client")
     sim = built.simulation()
-    with pytest.raises(ShortRoundError, match="0 of the sampled clients are attested"):  # no cohort left to train
+    with pytest.raises(
+        ShortRoundError, match="0 of the sampled clients are attested"
+    ):  # no cohort left to train
         sim.run_round(1)
     sim.close()
     assert sim.strategy.refused == {0, 1, 2, 3} and not sim.strategy.attested
@@ -310,7 +384,9 @@ def test_transfer_freezes_layers_from_a_pretrained_file(tmp_path):
     built = _built(**{"method.init_from": str(tmp_path), "method.freeze_from_init": 1})
     sim, lines = _run(built, 2)
     assert [ln["stage"] for ln in lines] == [1, 2]
-    assert torch.equal(sim.strategy.released["features.conv1.conv.weight"], pre.features.conv1.conv.weight)
+    assert torch.equal(
+        sim.strategy.released["features.conv1.conv.weight"], pre.features.conv1.conv.weight
+    )
     with pytest.raises(ConfigError, match="no such file"):
         _built(**{"method.init_from": str(tmp_path / "nope")})
 
@@ -341,13 +417,20 @@ def test_finished_run_released_in_full_saves_the_model_usable_as_init_from(tmp_p
     from fedge.experiment.run import run_experiment
 
     with pytest.warns(PrivacyWarning, match="keep_last_in_tee=false.*membership inference"):
-        run_experiment(load_config(_cfg(**{"method.keep_last_in_tee": False})), out=tmp_path / "r", render=False)
+        run_experiment(
+            load_config(_cfg(**{"method.keep_last_in_tee": False})),
+            out=tmp_path / "r",
+            render=False,
+        )
     saved = load_file(str(tmp_path / "r" / "model.safetensors"))
     model = _built().model_fn()
     assert set(saved) == set(model.state_dict())
     built = _built(**{"method.init_from": str(tmp_path / "r"), "method.freeze_from_init": 2})
     assert built.method.strategy.stage == 2
-    assert torch.equal(built.method.strategy.released["features.conv2.conv.weight"], saved["features.conv2.conv.weight"])
+    assert torch.equal(
+        built.method.strategy.released["features.conv2.conv.weight"],
+        saved["features.conv2.conv.weight"],
+    )
 
 
 def test_last_stage_stays_in_the_enclaves_by_default(tmp_path):
@@ -362,7 +445,11 @@ def test_last_stage_stays_in_the_enclaves_by_default(tmp_path):
 
     kept = run_experiment(load_config(_cfg()), out=tmp_path / "kept", render=False)
     with pytest.warns(UserWarning):
-        full = run_experiment(load_config(_cfg(**{"method.keep_last_in_tee": False})), out=tmp_path / "full", render=False)
+        full = run_experiment(
+            load_config(_cfg(**{"method.keep_last_in_tee": False})),
+            out=tmp_path / "full",
+            render=False,
+        )
     model = _built().model_fn().state_dict()
     classifier = sorted(k for k in model if k.startswith("classifier."))
     saved = load_file(str(kept / "model.safetensors"))
@@ -371,15 +458,25 @@ def test_last_stage_stays_in_the_enclaves_by_default(tmp_path):
     assert all(torch.equal(saved[k], full_saved[k]) for k in saved)
     a, b = _deterministic(kept), _deterministic(full)
     assert [x["test_accuracy"] for x in a] == [x["test_accuracy"] for x in b]
-    assert a[-1]["tee_kept_params"] == sum(model[k].numel() for k in classifier) and "tee_kept_params" not in b[-1]
-    with pytest.raises(WithheldModelError, match=r"kept its last stage \(classifier\..*\) inside the enclaves.*keep_last_in_tee=false"):
+    assert (
+        a[-1]["tee_kept_params"] == sum(model[k].numel() for k in classifier)
+        and "tee_kept_params" not in b[-1]
+    )
+    with pytest.raises(
+        WithheldModelError,
+        match=r"kept its last stage \(classifier\..*\) inside the enclaves.*keep_last_in_tee=false",
+    ):
         export_model(kept)
     with pytest.raises(WithheldModelError):
         load_trained_model(kept)
     trained = load_trained_model(kept, withheld_ok=True)
     assert trained.withheld == tuple(classifier)
-    assert torch.equal(trained.model.state_dict()[classifier[0]], model[classifier[0]])  # the initial value, not the trained
-    resume_experiment(kept, rounds=4, render=False)  # the enclaves still hold the last stage: it trains on
+    assert torch.equal(
+        trained.model.state_dict()[classifier[0]], model[classifier[0]]
+    )  # the initial value, not the trained
+    resume_experiment(
+        kept, rounds=4, render=False
+    )  # the enclaves still hold the last stage: it trains on
     assert len(_deterministic(kept)) == 4 and _deterministic(kept)[-1]["stage"] == 2
 
 
@@ -413,18 +510,27 @@ _RESUME = {"rounds": 5, "method.rounds_per_stage": 2, "clients.per_round": 3, "e
 
 def _deterministic(run_dir):
     """metrics.jsonl without any timing (``*_s``, ``wall_s.*``)."""
-    return [{k: v for k, v in ln.items() if not (k.endswith("_s") or "wall_s" in k)} for ln in metrics_without_wall(run_dir)]
+    return [
+        {k: v for k, v in ln.items() if not (k.endswith("_s") or "wall_s" in k)}
+        for ln in metrics_without_wall(run_dir)
+    ]
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     from fedge.experiment.run import run_experiment
 
-    return run_experiment(load_config(_cfg(**_RESUME)), out=tmp_path_factory.mktemp("ppfl") / "full", render=False)
+    return run_experiment(
+        load_config(_cfg(**_RESUME)), out=tmp_path_factory.mktemp("ppfl") / "full", render=False
+    )
 
 
-@pytest.mark.parametrize("cut,process", [(2, "this"), (3, "new")])  # 2: a stage just ended, its release due; 3: mid-stage
-def test_interrupted_run_resumes_to_the_uninterrupted_metrics(tmp_path, monkeypatch, uninterrupted, cut, process):
+@pytest.mark.parametrize(
+    "cut,process", [(2, "this"), (3, "new")]
+)  # 2: a stage just ended, its release due; 3: mid-stage
+def test_interrupted_run_resumes_to_the_uninterrupted_metrics(
+    tmp_path, monkeypatch, uninterrupted, cut, process
+):
     """The enclaves' sealed state (stage model, session keys, channel counters) is in the
     checkpoint and opens again in a later process on the same platform; every draw derives
     from the seed, so the resumed run is the uninterrupted one (timings aside)."""
@@ -438,14 +544,21 @@ def test_interrupted_run_resumes_to_the_uninterrupted_metrics(tmp_path, monkeypa
     run_cut_after(_cfg(**_RESUME), tmp_path / "cut", cut, monkeypatch)
     assert len(_deterministic(tmp_path / "cut")) == cut
     if process == "new":
-        done = subprocess.run([sys.executable, "-m", "fedge", "run", "--resume", str(tmp_path / "cut")],
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "fedge", "run", "--resume", str(tmp_path / "cut")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stderr
     else:
         resume_experiment(tmp_path / "cut", render=False)
     assert _deterministic(tmp_path / "cut") == _deterministic(uninterrupted)
     assert [ln["stage"] for ln in _deterministic(uninterrupted)] == [0, 0, 1, 1, 2]
-    a, b = load_file(str(tmp_path / "cut" / "model.safetensors")), load_file(str(uninterrupted / "model.safetensors"))
+    a, b = (
+        load_file(str(tmp_path / "cut" / "model.safetensors")),
+        load_file(str(uninterrupted / "model.safetensors")),
+    )
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -473,7 +586,9 @@ def test_finished_run_cannot_be_extended_and_is_left_as_it_was(tmp_path):
 
     out = run_experiment(load_config(_cfg(rounds=2)), out=tmp_path / "r", render=False)
     before = _tree(out)
-    with pytest.raises(ResumeError, match="this ppfl run cannot be extended.*released stage 1.*rounds=4"):
+    with pytest.raises(
+        ResumeError, match="this ppfl run cannot be extended.*released stage 1.*rounds=4"
+    ):
         resume_experiment(out, rounds=4, render=False)
     assert _tree(out) == before
 
@@ -491,13 +606,17 @@ def test_clients_that_fail_are_left_out_of_attestation_and_aggregation():
     sim.close()
     last = {r: got[(r, max(p for q, p in got if q == r))] for r in (1, 2, 3)}
     lost_at_attest = set(range(4)) - set(got[(1, 0)])
-    assert lost_at_attest and any(set(got[(1, 0)]) - set(last[1]) or len(last[r]) < 4 for r in (2, 3))
+    assert lost_at_attest and any(
+        set(got[(1, 0)]) - set(last[1]) or len(last[r]) < 4 for r in (2, 3)
+    )
     assert sum(x["clients_failed"] for x in lines) > len(lost_at_attest)
     oracle = _built(**{**over, "clients.dropout": 0.0, "clients.min_replies": None}).simulation()
     oracle.sample = lambda rnd: last[rnd]
     expected = [oracle.run_round(r) for r in (1, 2, 3)]
     oracle.close()
-    assert [(x["test_accuracy"], x["test_loss"]) for x in lines] == [(x["test_accuracy"], x["test_loss"]) for x in expected]
+    assert [(x["test_accuracy"], x["test_loss"]) for x in lines] == [
+        (x["test_accuracy"], x["test_loss"]) for x in expected
+    ]
     assert [x["trained_clients"] for x in lines] == [len(last[r]) for r in (1, 2, 3)]
     assert sim.strategy.attested == {c for r in (1, 2, 3) for c in last[r]} | set(got[(1, 0)])
 
@@ -520,8 +639,15 @@ class _Enclaves:
         hello = self.server_call(op="hello", ids=_ids(cids))
         reg = {"op": "register", "ids": _ids(cids)}
         for c in cids:
-            rep = self.client_call(c, op="attest", challenge=hello.config[f"challenge/{c}"],
-                                   **{k: hello.config[k] for k in ("server_measurement", "server_pk", "server_signature")})  # fmt: skip
+            rep = self.client_call(
+                c,
+                op="attest",
+                challenge=hello.config[f"challenge/{c}"],
+                **{
+                    k: hello.config[k]
+                    for k in ("server_measurement", "server_pk", "server_signature")
+                },
+            )
             reg.update({f"{k}/{c}": rep.config[k] for k in ("measurement", "pk", "signature")})
         assert self.server_call(**reg).config["refused"] == ""
 
@@ -529,7 +655,14 @@ class _Enclaves:
         from fedge.core.context import PartyContext
         from fedge.core.meter import Meter
 
-        return PartyContext("tee" if key is not None else "server_tee", key, 1, self.states[key], torch.Generator(), Meter())
+        return PartyContext(
+            "tee" if key is not None else "server_tee",
+            key,
+            1,
+            self.states[key],
+            torch.Generator(),
+            Meter(),
+        )
 
     def server_call(self, arrays=None, **config):
         from fedge.core.messages import Message
@@ -540,18 +673,32 @@ class _Enclaves:
     def client_call(self, cid, arrays=None, enclave=None, **config):
         from fedge.core.messages import Message
 
-        return (enclave or ClientEnclave(self.spec)).handle(Message(arrays or {}, config), self._ctx(cid))
+        return (enclave or ClientEnclave(self.spec)).handle(
+            Message(arrays or {}, config), self._ctx(cid)
+        )
 
     def batch(self, n):
         st = self.spec.stages[0]
         g = torch.Generator().manual_seed(n)
-        return {"x": torch.randn(n, *st.in_shape, generator=g), "y": torch.randint(0, 10, (n,), generator=g)}
+        return {
+            "x": torch.randn(n, *st.in_shape, generator=g),
+            "y": torch.randint(0, 10, (n,), generator=g),
+        }
 
     def train(self, cid, blob, *, batches, rnd=1):
         """begin, a batch of each size in ``batches``, end, on one enclave object (one client
         step): the replies to the batches and to end."""
         enc = ClientEnclave(self.spec)
-        self.client_call(cid, enclave=enc, op="begin", blob=blob, rnd=rnd, stage=0, budget=16 * MiB, **self.measured)
+        self.client_call(
+            cid,
+            enclave=enc,
+            op="begin",
+            blob=blob,
+            rnd=rnd,
+            stage=0,
+            budget=16 * MiB,
+            **self.measured,
+        )
         replies = [self.client_call(cid, self.batch(n), enclave=enc, op="batch") for n in batches]
         return replies, self.client_call(cid, enclave=enc, op="end")
 
@@ -582,7 +729,16 @@ def test_client_enclave_lets_out_no_loss_and_trains_at_the_measured_lr():
     spec = e.spec
     bc = e.server_call(op="broadcast", stage=0, rnd=1, ids="0,1")
     enc = ClientEnclave(spec)
-    e.client_call(0, enclave=enc, op="begin", blob=bc.config["c/0"], rnd=1, stage=0, budget=16 * MiB, **e.measured)
+    e.client_call(
+        0,
+        enclave=enc,
+        op="begin",
+        blob=bc.config["c/0"],
+        rnd=1,
+        stage=0,
+        budget=16 * MiB,
+        **e.measured,
+    )
     xy = e.batch(8)
     reply = e.client_call(0, xy, enclave=enc, op="batch")
     assert not reply.arrays and not reply.config and not reply.metrics
@@ -597,9 +753,13 @@ def test_client_enclave_lets_out_no_loss_and_trains_at_the_measured_lr():
 
     def begin(rnd, **over):
         blob = e.server_call(op="broadcast", stage=0, rnd=rnd, ids="1").config["c/1"]
-        return e.client_call(1, op="begin", blob=blob, rnd=rnd, stage=0, **{"budget": 16 * MiB, **e.measured, **over})
+        return e.client_call(
+            1, op="begin", blob=blob, rnd=rnd, stage=0, **{"budget": 16 * MiB, **e.measured, **over}
+        )
 
-    for rnd, (k, v) in enumerate((("lr", 0.0), ("momentum", 0.0)), start=2):  # lr = 0: the loss-oracle query
+    for rnd, (k, v) in enumerate(
+        (("lr", 0.0), ("momentum", 0.0)), start=2
+    ):  # lr = 0: the loss-oracle query
         with pytest.raises(MessageError, match=f"{k}={v}.*the attested configuration says"):
             begin(rnd, **{k: v})
     begin(4)  # the measured values are fine; this first begin fixes the enclave's size
@@ -617,21 +777,39 @@ def test_server_enclave_weights_by_sealed_counts_and_refuses_a_lone_upload():
     uploads = {}
     for c, batches in ((0, [8]), (1, [8, 8, 8]), (2, [4])):
         enc = ClientEnclave(e.spec)
-        e.client_call(c, enclave=enc, op="begin", blob=bc.config[f"c/{c}"], rnd=1, stage=0, budget=16 * MiB, **e.measured)
+        e.client_call(
+            c,
+            enclave=enc,
+            op="begin",
+            blob=bc.config[f"c/{c}"],
+            rnd=1,
+            stage=0,
+            budget=16 * MiB,
+            **e.measured,
+        )
         for n in batches:
             e.client_call(c, e.batch(n), enclave=enc, op="batch")
         spy_trained[c] = {k: v.clone() for k, v in enc._live.net.state_dict().items()}
         uploads[c] = e.client_call(c, enclave=enc, op="end").config["upload"]
-    lone = e.server_call(op="aggregate", stage=0, rnd=1, ids="2", **{"u/2": uploads[2], "n/2": 1000})
+    lone = e.server_call(
+        op="aggregate", stage=0, rnd=1, ids="2", **{"u/2": uploads[2], "n/2": 1000}
+    )
     assert "eval" not in lone.config and "fewer than method.min_cohort=2" in lone.config["short"]
     with pytest.raises(MessageError, match="has not aggregated a cohort"):
         e.server_call(op="release", stage=0)
-    out = e.server_call(op="aggregate", stage=0, rnd=1, ids="0,1", **{"u/0": uploads[0], "u/1": uploads[1],
-                                                                        "n/0": 1000, "n/1": 1})  # fmt: skip
+    out = e.server_call(
+        op="aggregate",
+        stage=0,
+        rnd=1,
+        ids="0,1",
+        **{"u/0": uploads[0], "u/1": uploads[1], "n/0": 1000, "n/1": 1},
+    )
     got = open_eval_blob(out.config["eval"])
     for k, v in got.items():
         if v.is_floating_point():
-            torch.testing.assert_close(v, (8 * spy_trained[0][k] + 24 * spy_trained[1][k]) / 32, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(
+                v, (8 * spy_trained[0][k] + 24 * spy_trained[1][k]) / 32, rtol=1e-5, atol=1e-6
+            )
     assert set(e.server_call(op="release", stage=0).arrays) == set(e.spec.to_model_keys(0, got))
 
 
@@ -644,8 +822,13 @@ def test_a_client_report_over_no_pending_challenge_is_refused():
     e = _Enclaves(_built(), cids=(0,))
     e.states[1] = {}
     report = sign_report(e.spec.measurement("client"), KeyPair.generate().public, b"")
-    reg = {"op": "register", "ids": "1", "measurement/1": report.measurement, "pk/1": report.public_key,
-           "signature/1": report.signature}  # fmt: skip
+    reg = {
+        "op": "register",
+        "ids": "1",
+        "measurement/1": report.measurement,
+        "pk/1": report.public_key,
+        "signature/1": report.signature,
+    }
     assert e.server_call(**reg).config["refused"] == "1"
     with pytest.raises(MessageError, match="client 1 has no attested session"):
         e.server_call(op="broadcast", stage=0, rnd=1, ids="1")
@@ -657,9 +840,16 @@ def test_a_round_skipped_right_after_a_stage_ends_keeps_the_released_layers():
     it, and no one else in rounds 1-3) and the round is skipped: the strategy's state is put
     back, the enclave's is not. Round 3 asks for stage 0 again and gets the same layers; the
     run ends as one whose round 2 did nothing (the oracle: a round 2 skipped before any call)."""
-    over = {"clients.dropout": 0.2, "clients.min_replies": 3, "seed": 47, "method.rounds_per_stage": 1}
+    over = {
+        "clients.dropout": 0.2,
+        "clients.min_replies": 3,
+        "seed": 47,
+        "method.rounds_per_stage": 1,
+    }
     sim, lines = _run(_built(**over), 3)
-    assert [ln.get("round_skipped", 0) for ln in lines] == [0, 1, 0] and lines[1]["clients_failed"] == 2
+    assert [ln.get("round_skipped", 0) for ln in lines] == [0, 1, 0] and lines[1][
+        "clients_failed"
+    ] == 2
     assert "clients.min_replies=3" in sim.record.extra["skipped_rounds"]["2"]
     oracle = _built(**over).simulation()
     real_round = oracle.strategy.round
@@ -677,9 +867,13 @@ def test_a_round_skipped_right_after_a_stage_ends_keeps_the_released_layers():
     oracle.strategy.round = round_
     expected = [oracle.run_round(r) for r in (1, 2, 3)]
     oracle.close()
-    assert [ln.get("round_skipped", 0) for ln in expected] == [0, 1, 0] and expected[2]["stage"] == 1
+    assert [ln.get("round_skipped", 0) for ln in expected] == [0, 1, 0] and expected[2][
+        "stage"
+    ] == 1
     pick = ("stage", "trained_clients", "test_accuracy", "test_loss", "train_loss")
-    assert [{k: ln.get(k) for k in pick} for ln in lines] == [{k: ln.get(k) for k in pick} for ln in expected]
+    assert [{k: ln.get(k) for k in pick} for ln in lines] == [
+        {k: ln.get(k) for k in pick} for ln in expected
+    ]
     a, b = sim.strategy.released, oracle.strategy.released
     assert any(k.startswith("features.conv2") for k in a)  # stage 1 released at the run's end
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -700,14 +894,39 @@ def test_measurement_covers_the_enclaves_code_and_config(monkeypatch):
     monkeypatch.setattr(me, "measure", lambda mods, cfg: seen.append(mods) or real(mods, cfg))
     spec.measurement("client")
     names = {m.__name__ for m in seen[0]}
-    model = {type(m).__module__ for m in spec.template().modules() if type(m).__module__.startswith("fedge.")}
-    assert {"fedge.privacy.tee.attest", "fedge.privacy.secagg.keys", "fedge.core.messages", spec.model_fn.__module__,
-            "fedge.methods.ppfl.enclaves", "fedge.privacy.tee.channel", "fedge.core.rng"} | model <= names  # fmt: skip
+    model = {
+        type(m).__module__
+        for m in spec.template().modules()
+        if type(m).__module__.startswith("fedge.")
+    }
+    assert {
+        "fedge.privacy.tee.attest",
+        "fedge.privacy.secagg.keys",
+        "fedge.core.messages",
+        spec.model_fn.__module__,
+        "fedge.methods.ppfl.enclaves",
+        "fedge.privacy.tee.channel",
+        "fedge.core.rng",
+    } | model <= names
     for k, v in (("lr", 0.5), ("momentum", 0.0), ("min_cohort", 1)):
-        other = EnclaveSpec(spec.model_fn, spec.stages, spec.seed, spec.init_arrays, {**spec.config, k: v}, spec.server_mb)
+        other = EnclaveSpec(
+            spec.model_fn,
+            spec.stages,
+            spec.seed,
+            spec.init_arrays,
+            {**spec.config, k: v},
+            spec.server_mb,
+        )
         assert other.measurement("client") != spec.measurement("client")
     hello = e.server_call(op="hello", ids="5")
-    report = sign_report(other.measurement("client"), KeyPair.generate().public, hello.config["challenge/5"])
-    reg = {"op": "register", "ids": "5", "measurement/5": report.measurement, "pk/5": report.public_key,
-           "signature/5": report.signature}  # fmt: skip
+    report = sign_report(
+        other.measurement("client"), KeyPair.generate().public, hello.config["challenge/5"]
+    )
+    reg = {
+        "op": "register",
+        "ids": "5",
+        "measurement/5": report.measurement,
+        "pk/5": report.public_key,
+        "signature/5": report.signature,
+    }
     assert e.server_call(**reg).config["refused"] == "5"

@@ -33,12 +33,16 @@ def _weights(sim):
 
 def test_no_noise_and_no_clip_is_the_plain_uniform_mean(tiny):
     plain = build_run(_cfg(tiny)).simulation()
-    private = build_run(_cfg(tiny, {"mechanism": "gaussian", "noise_multiplier": 0.0, "clip": float("inf")})).simulation()
+    private = build_run(
+        _cfg(tiny, {"mechanism": "gaussian", "noise_multiplier": 0.0, "clip": float("inf")})
+    ).simulation()
     for r in (1, 2):
         plain.run_round(r)
         line = private.run_round(r)
     assert line["epsilon"] == float("inf")
-    assert all(torch.equal(a, b) for a, b in zip(_weights(plain).values(), _weights(private).values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(_weights(plain).values(), _weights(private).values())
+    )
 
 
 def test_epsilon_each_round_is_the_accountants(tiny, tmp_path):
@@ -62,7 +66,10 @@ def test_what_reaches_the_server_is_clipped(tiny):
     original = dp.aggregate_round
 
     def spy(rnd, replies):
-        seen.extend(float(torch.cat([a.flatten() for a in r.arrays.values()]).norm()) for r in replies.values())
+        seen.extend(
+            float(torch.cat([a.flatten() for a in r.arrays.values()]).norm())
+            for r in replies.values()
+        )
         return original(rnd, replies)
 
     dp.aggregate_round = spy
@@ -83,7 +90,11 @@ def test_dp_under_secure_aggregation_matches_dp_alone_without_noise(tiny):
 
 def test_baffle_batch_clips_its_k_loss_differences(tiny):
     priv = {"mechanism": "gaussian", "noise_multiplier": 1.0, "clip": 1e-4}
-    cfg = _cfg(tiny, priv, method={"name": "baffle", "mode": "batch", "k": 8, "batch_size": 16, "ema": None})
+    cfg = _cfg(
+        tiny,
+        priv,
+        method={"name": "baffle", "mode": "batch", "k": 8, "batch_size": 16, "ema": None},
+    )
     line = build_run(cfg).simulation().run_round(1)
     assert line["epsilon"] > 0 and line["phases"] == 4  # secure aggregation stays on by default
 
@@ -107,7 +118,9 @@ def _dp_accounting(mechanism, z, releases):
     δ = 1e-6; ``fixed`` sampling (Wang et al. Thm. 27, replace-one: z/2), or one shuffled pass
     (4 rounds) that is one tree of ``releases`` leaves (Kairouz et al. App. D)."""
     if mechanism == "gaussian":
-        event = dpa.SelfComposedDpEvent(dpa.SampledWithoutReplacementDpEvent(12, 3, dpa.GaussianDpEvent(z / 2)), releases)
+        event = dpa.SelfComposedDpEvent(
+            dpa.SampledWithoutReplacementDpEvent(12, 3, dpa.GaussianDpEvent(z / 2)), releases
+        )
         relation = dpa.privacy_accountant.NeighboringRelation.REPLACE_ONE
     else:
         event = dpa.SingleEpochTreeAggregationDpEvent(z, releases)
@@ -117,8 +130,12 @@ def _dp_accounting(mechanism, z, releases):
     return accountant.get_epsilon(1e-6)
 
 
-@pytest.mark.parametrize("mechanism, sampling, seed, skipped", [("gaussian", "fixed", 1, 3), ("tree", "shuffle", 2, 2)])
-def test_a_skipped_round_releases_nothing_and_the_run_goes_on(tiny, mechanism, sampling, seed, skipped):
+@pytest.mark.parametrize(
+    "mechanism, sampling, seed, skipped", [("gaussian", "fixed", 1, 3), ("tree", "shuffle", 2, 2)]
+)
+def test_a_skipped_round_releases_nothing_and_the_run_goes_on(
+    tiny, mechanism, sampling, seed, skipped
+):
     """clients.dropout 0.2 with clients.min_replies = clients.per_round skips round ``skipped``
     (the seeded draws); the rounds after it run. Oracles: each released round's ε is
     dp-accounting's for the releases so far, and each release is, by hand, the clipped sum plus
@@ -126,8 +143,14 @@ def test_a_skipped_round_releases_nothing_and_the_run_goes_on(tiny, mechanism, s
     (N_j − N_{j−1} of a TreeAggregator stepped once per release), over m = 3."""
     z, clip = 1.0, 1.0
     priv = {"mechanism": mechanism, "sampling": sampling, "noise_multiplier": z, "clip": clip}
-    over = {"clients.num": 12, "clients.per_round": 3, "rounds": 4, "seed": seed, "clients.dropout": 0.2,
-            "clients.min_replies": 3}  # fmt: skip
+    over = {
+        "clients.num": 12,
+        "clients.per_round": 3,
+        "rounds": 4,
+        "seed": seed,
+        "clients.dropout": 0.2,
+        "clients.min_replies": 3,
+    }
     sim = build_run(_cfg(tiny, priv, **over)).simulation()
     dp = _dp(sim.strategy)
     calls = []
@@ -143,7 +166,9 @@ def test_a_skipped_round_releases_nothing_and_the_run_goes_on(tiny, mechanism, s
     assert [r for r, x in enumerate(lines, 1) if x.get("round_skipped")] == [skipped]
     assert [rnd for rnd, _, _ in calls] == [r for r in range(1, 5) if r != skipped]
     released = [x["epsilon"] for x in lines if not x.get("round_skipped")]
-    assert released == pytest.approx([_dp_accounting(mechanism, z, j) for j in (1, 2, 3)], rel=1e-12)
+    assert released == pytest.approx(
+        [_dp_accounting(mechanism, z, j) for j in (1, 2, 3)], rel=1e-12
+    )
     tree, prev = TreeAggregator(z * clip), None
     for rnd, contributions, mean in calls:
         total = {k: sum(c[k] for c in contributions) for k in mean}
@@ -178,10 +203,18 @@ def test_poisson_sampling_draws_a_varying_number_of_clients(tiny):
 def test_secure_noise_draws_the_clients_the_seed_does_not_fix(tiny, sampling):
     """Amplification by subsampling assumes a secret sample: seeded without secure_noise (two
     builds agree round by round), from the OS CSPRNG with it (two builds disagree)."""
+
     def samples(secure):
-        priv = {"mechanism": "gaussian", "noise_multiplier": 1.0, "clip": 1.0, "sampling": sampling,
-                "secure_noise": secure}  # fmt: skip
-        sim = build_run(_cfg(tiny, priv, **{"clients.num": 40, "clients.per_round": 5})).simulation()
+        priv = {
+            "mechanism": "gaussian",
+            "noise_multiplier": 1.0,
+            "clip": 1.0,
+            "sampling": sampling,
+            "secure_noise": secure,
+        }
+        sim = build_run(
+            _cfg(tiny, priv, **{"clients.num": 40, "clients.per_round": 5})
+        ).simulation()
         return [sim.sample(r) for r in range(1, 11)]
 
     assert samples(False) == samples(False)
@@ -192,10 +225,24 @@ def test_secure_noise_draws_the_clients_the_seed_does_not_fix(tiny, sampling):
 
 
 def _ntk_epoch(tiny, privacy):
-    method = {"name": "ntk-baffle", "mode": "epoch", "k": 8, "batch_size": 16, "max_steps": 2, "density": 0.2,
-              "prune_rounds": 3, "prune_inputs": 8}  # fmt: skip
-    return load_config(tiny(model={"name": "mlp", "hidden": [32]}, method=method, privacy=privacy,
-                            **{"clients.num": 4, "clients.per_round": 4}))  # fmt: skip
+    method = {
+        "name": "ntk-baffle",
+        "mode": "epoch",
+        "k": 8,
+        "batch_size": 16,
+        "max_steps": 2,
+        "density": 0.2,
+        "prune_rounds": 3,
+        "prune_inputs": 8,
+    }
+    return load_config(
+        tiny(
+            model={"name": "mlp", "hidden": [32]},
+            method=method,
+            privacy=privacy,
+            **{"clients.num": 4, "clients.per_round": 4},
+        )
+    )
 
 
 def test_dp_on_a_pruned_model_clips_and_noises_its_kept_coordinates(tiny):
@@ -206,7 +253,9 @@ def test_dp_on_a_pruned_model_clips_and_noises_its_kept_coordinates(tiny):
     plain = build_run(_ntk_epoch(tiny, {"mechanism": "none"}))
     assert len({len(p) for p in plain.parts}) == 1
     sims = [plain.simulation()] + [
-        build_run(_ntk_epoch(tiny, {"mechanism": "gaussian", "noise_multiplier": sigma, "clip": clip})).simulation()
+        build_run(
+            _ntk_epoch(tiny, {"mechanism": "gaussian", "noise_multiplier": sigma, "clip": clip})
+        ).simulation()
         for sigma, clip in ((0.0, float("inf")), (1.0, 0.5))
     ]
     for sim in sims:
@@ -219,15 +268,38 @@ def test_dp_on_a_pruned_model_clips_and_noises_its_kept_coordinates(tiny):
 
 
 def test_a_method_that_cannot_take_dp_is_refused(tiny):
-    cfg = load_config(tiny(privacy={"mechanism": "gaussian", "noise_multiplier": 1.0},
-                           method={"name": "baffle", "mode": "batch", "shared_perturbations": False, "k": 4}))
+    cfg = load_config(
+        tiny(
+            privacy={"mechanism": "gaussian", "noise_multiplier": 1.0},
+            method={"name": "baffle", "mode": "batch", "shared_perturbations": False, "k": 4},
+        )
+    )
     with pytest.raises(ConfigError, match="privacy|shared"):
         build_run(cfg)
 
 
-@pytest.mark.parametrize("bad", ["privacy.noise_multiplier=-1", "privacy.clip=0", "privacy.delta=1", "privacy.mechanism=laplace"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "privacy.noise_multiplier=-1",
+        "privacy.clip=0",
+        "privacy.delta=1",
+        "privacy.mechanism=laplace",
+    ],
+)
 def test_bad_privacy_input_exits_2(tmp_path, bad):
-    r = CliRunner().invoke(app, ["run", "quickstart", "--set", "privacy.mechanism=gaussian", "--set", bad,
-                                 "--out", str(tmp_path / "x")])  # fmt: skip
+    r = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "quickstart",
+            "--set",
+            "privacy.mechanism=gaussian",
+            "--set",
+            bad,
+            "--out",
+            str(tmp_path / "x"),
+        ],
+    )
     assert r.exit_code == 2, r.output
     assert "privacy." in r.output and not (tmp_path / "x").exists()

@@ -19,8 +19,12 @@ def _run(tiny, rounds=2, workers=0, **method):
     base = {"name": "fedavg", "local_epochs": 1, "batch_size": 16, "client_optimizer": {"lr": 0.1}}
     if method.get("name") == "fedsgd":
         base = {}
-    cfg = load_config(tiny(method={**base, **method},
-                           **{"clients.workers": workers, "clients.num": 4, "clients.per_round": 4}))
+    cfg = load_config(
+        tiny(
+            method={**base, **method},
+            **{"clients.workers": workers, "clients.num": 4, "clients.per_round": 4},
+        )
+    )
     built = build_run(cfg)
     sim = built.simulation()
     lines = [sim.run_round(r) for r in range(1, rounds + 1)]
@@ -28,7 +32,9 @@ def _run(tiny, rounds=2, workers=0, **method):
     return sim, lines, built
 
 
-@pytest.mark.parametrize("name, weighting", [("fedavg", "samples"), ("fedavg", "uniform"), ("fedsgd", "samples")])
+@pytest.mark.parametrize(
+    "name, weighting", [("fedavg", "samples"), ("fedavg", "uniform"), ("fedsgd", "samples")]
+)
 def test_secure_equals_plain_up_to_the_fixed_point_step(tiny, name, weighting):
     extra = {"name": name, "weighting": weighting}
     if name == "fedsgd":
@@ -42,7 +48,9 @@ def test_secure_equals_plain_up_to_the_fixed_point_step(tiny, name, weighting):
     sizes = [len(p) for p in built.parts]
     weight = sum(sizes) if weighting == "samples" else len(sizes)
     fixed = len(sizes) * 2.0 ** -(FIXED_POINT.frac_bits + 1) / weight
-    for (k, a), b in zip(plain.strategy.model.state_dict().items(), secure.strategy.model.state_dict().values()):
+    for (k, a), b in zip(
+        plain.strategy.model.state_dict().items(), secure.strategy.model.state_dict().values()
+    ):
         bound = 2 * (fixed + 2e-7 * float(a.abs().max()) + 1e-7)
         assert float((a - b).abs().max()) <= bound, k
     assert "train_loss" not in lines[-1]  # per-client losses would leak around the masks
@@ -70,18 +78,42 @@ def test_a_pruned_tensor_is_summed_as_its_kept_coordinates():
     masks = {"weight": torch.tensor([[True, False, True], [False, True, False]])}
     strategy = DeltaAveraging(model, T.sgd(1.0), replies_are_gradients=False, masks=masks)
     secure = SecureAggregation(strategy, SecureAggregationOptions(secure_aggregation=True), seed=0)
-    assert secure.summands == {"bias": (torch.Size([2]), torch.float32), "weight": (torch.Size([3]), torch.float32)}
+    assert secure.summands == {
+        "bias": (torch.Size([2]), torch.float32),
+        "weight": (torch.Size([3]), torch.float32),
+    }
     assert secure.length == 3 + 2 + 1
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    strategy.apply_mean(1, {"weight": torch.tensor([1.0, 2.0, 3.0]), "bias": torch.tensor([0.5, -0.5])})
-    want = before["weight"] + torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]])  # SGD lr 1 on the pseudo-gradient -Δ
-    assert torch.allclose(model.weight.detach(), want * masks["weight"]) and torch.allclose(model.bias.detach(), before["bias"] + torch.tensor([0.5, -0.5]))
+    strategy.apply_mean(
+        1, {"weight": torch.tensor([1.0, 2.0, 3.0]), "bias": torch.tensor([0.5, -0.5])}
+    )
+    want = before["weight"] + torch.tensor(
+        [[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]]
+    )  # SGD lr 1 on the pseudo-gradient -Δ
+    assert torch.allclose(model.weight.detach(), want * masks["weight"]) and torch.allclose(
+        model.bias.detach(), before["bias"] + torch.tensor([0.5, -0.5])
+    )
 
 
 def _ntk_epoch(tiny, **method):
-    base = {"name": "ntk-baffle", "mode": "epoch", "k": 8, "batch_size": 16, "max_steps": 2, "density": 0.2,
-            "prune_rounds": 3, "prune_inputs": 8, **method}  # fmt: skip
-    return load_config(tiny(model={"name": "mlp", "hidden": [32]}, method=base, **{"clients.num": 4, "clients.per_round": 4}))
+    base = {
+        "name": "ntk-baffle",
+        "mode": "epoch",
+        "k": 8,
+        "batch_size": 16,
+        "max_steps": 2,
+        "density": 0.2,
+        "prune_rounds": 3,
+        "prune_inputs": 8,
+        **method,
+    }
+    return load_config(
+        tiny(
+            model={"name": "mlp", "hidden": [32]},
+            method=base,
+            **{"clients.num": 4, "clients.per_round": 4},
+        )
+    )
 
 
 def _secure_wrapper(strategy):
@@ -105,12 +137,21 @@ def test_a_pruned_model_is_aggregated_securely_to_the_plain_mean(tiny, prune_dat
     line = secure.run_round(1)
     assert line["secagg_survivors"] == 4
     masks = plain.strategy.global_model.masks
-    assert masks and all(torch.equal(masks[k], secure.strategy.global_model.masks[k]) for k in masks)
+    assert masks and all(
+        torch.equal(masks[k], secure.strategy.global_model.masks[k]) for k in masks
+    )
     state = secure.strategy.model.state_dict()
-    assert _secure_wrapper(secure.strategy).length == sum(int(masks[k].sum()) if k in masks else state[k].numel() for k in state) + 1
-    fixed = 4 * 2.0 ** -(FIXED_POINT.frac_bits + 1)  # the largest possible Σw is 4 clients' samples ≥ 4
+    assert (
+        _secure_wrapper(secure.strategy).length
+        == sum(int(masks[k].sum()) if k in masks else state[k].numel() for k in state) + 1
+    )
+    fixed = 4 * 2.0 ** -(
+        FIXED_POINT.frac_bits + 1
+    )  # the largest possible Σw is 4 clients' samples ≥ 4
     for k, a in plain.strategy.model.state_dict().items():
-        assert float((a - state[k]).abs().max()) <= 2 * (fixed + 2e-7 * float(a.abs().max()) + 1e-7), k
+        assert float((a - state[k]).abs().max()) <= 2 * (
+            fixed + 2e-7 * float(a.abs().max()) + 1e-7
+        ), k
         if k in masks:
             assert not state[k][~masks[k]].any(), k
 
@@ -118,31 +159,55 @@ def test_a_pruned_model_is_aggregated_securely_to_the_plain_mean(tiny, prune_dat
 def test_dropout_option_needs_secure_aggregation():
     with pytest.raises(ValueError, match="secure_aggregation=true"):
         SecureAggregationOptions(secagg_dropout=0.2)
-    assert math.isclose(SecureAggregationOptions(secure_aggregation=True, secagg_dropout=0.2).secagg_dropout, 0.2)
+    assert math.isclose(
+        SecureAggregationOptions(secure_aggregation=True, secagg_dropout=0.2).secagg_dropout, 0.2
+    )
 
 
 def test_real_dropouts_at_every_step_are_recovered_to_the_survivors_plain_mean(tiny):
     """clients.dropout loses replies at any of the four exchanges; the unmasked mean is the plain
     FedAvg mean over exactly the clients whose masked inputs arrived (the oracle: a plain run
     whose round samples just those), up to the fixed-point step."""
-    over = {"clients.num": 10, "clients.per_round": 10, "clients.dropout": 0.12, "clients.min_replies": 4, "seed": 30}
-    method = {"name": "fedavg", "local_epochs": 1, "batch_size": 16, "client_optimizer": {"lr": 0.1}}
+    over = {
+        "clients.num": 10,
+        "clients.per_round": 10,
+        "clients.dropout": 0.12,
+        "clients.min_replies": 4,
+        "seed": 30,
+    }
+    method = {
+        "name": "fedavg",
+        "local_epochs": 1,
+        "batch_size": 16,
+        "client_optimizer": {"lr": 0.1},
+    }
     built = build_run(load_config(tiny(method={**method, "secure_aggregation": True}, **over)))
     sim = built.simulation()
     recorded = record_replies(sim)
     line = sim.run_round(1)
     got = {phase: ids for (_, phase), ids in recorded.items()}
-    survivors = got[2]  # U3: their masked inputs are in the sum (this seed loses one client at each step)
-    assert [10 - len(got[0]), len(got[0]) - len(got[1]), len(got[1]) - len(survivors), len(survivors) - len(got[3])] == [1, 1, 1, 1]
+    survivors = got[
+        2
+    ]  # U3: their masked inputs are in the sum (this seed loses one client at each step)
+    assert [
+        10 - len(got[0]),
+        len(got[0]) - len(got[1]),
+        len(got[1]) - len(survivors),
+        len(survivors) - len(got[3]),
+    ] == [1, 1, 1, 1]
     assert line["secagg_survivors"] == len(survivors) and line["clients_failed"] == 10 - len(got[3])
-    assert sim.strategy.aggregated_clients() == sorted(survivors) != sorted(got[3])  # a survivor lost at unmasking is in
+    assert (
+        sim.strategy.aggregated_clients() == sorted(survivors) != sorted(got[3])
+    )  # a survivor lost at unmasking is in
     plain = build_run(load_config(tiny(method=method, **{**over, "clients.dropout": 0.0})))
     oracle = plain.simulation()
     oracle.sample = lambda rnd: survivors
     oracle.run_round(1)
     sizes = [len(plain.parts[c]) for c in survivors]
     fixed = len(sizes) * 2.0 ** -(FIXED_POINT.frac_bits + 1) / sum(sizes)
-    for (k, a), b in zip(oracle.strategy.model.state_dict().items(), sim.strategy.model.state_dict().values()):
+    for (k, a), b in zip(
+        oracle.strategy.model.state_dict().items(), sim.strategy.model.state_dict().values()
+    ):
         assert float((a - b).abs().max()) <= 2 * (fixed + 2e-7 * float(a.abs().max()) + 1e-7), k
 
 
@@ -150,8 +215,20 @@ def test_a_round_below_the_threshold_is_skipped_and_leaves_the_model_as_it_was(t
     """At dropout 0.15 per exchange, 10 clients and t = 6, most secure rounds end with fewer than
     t masked inputs or shares (seed 2: rounds 1, 2 and 4): under clients.min_replies such a round
     is skipped (the model exactly as before it, the reason recorded) and the run goes on."""
-    method = {"name": "fedavg", "local_epochs": 1, "batch_size": 16, "client_optimizer": {"lr": 0.1}, "secure_aggregation": True}
-    over = {"clients.num": 10, "clients.per_round": 10, "clients.dropout": 0.15, "clients.min_replies": 2, "seed": 2}
+    method = {
+        "name": "fedavg",
+        "local_epochs": 1,
+        "batch_size": 16,
+        "client_optimizer": {"lr": 0.1},
+        "secure_aggregation": True,
+    }
+    over = {
+        "clients.num": 10,
+        "clients.per_round": 10,
+        "clients.dropout": 0.15,
+        "clients.min_replies": 2,
+        "seed": 2,
+    }
     sim = build_run(load_config(tiny(method=method, **over))).simulation()
     states = [{k: v.clone() for k, v in sim.strategy.model.state_dict().items()}]
     lines = []
@@ -164,4 +241,6 @@ def test_a_round_below_the_threshold_is_skipped_and_leaves_the_model_as_it_was(t
         assert same == bool(line.get("round_skipped")), r
     assert lines[2]["secagg_survivors"] >= 6 and "secagg_survivors" not in lines[3]
     reasons = sim.record.extra["skipped_rounds"]
-    assert sorted(reasons) == ["1", "2", "4"] and all("threshold t=6" in why for why in reasons.values())
+    assert sorted(reasons) == ["1", "2", "4"] and all(
+        "threshold t=6" in why for why in reasons.values()
+    )

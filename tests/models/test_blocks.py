@@ -37,9 +37,15 @@ def test_norm_parameters_are_counted_but_never_freezable():
 def test_patterns_match_full_names_and_dotted_suffixes():
     net = _cnn()
     assert resolve_freeze(net, ["fc1"]) == ["classifier.fc1.0.weight", "classifier.fc1.0.bias"]
-    assert resolve_freeze(net, "classifier.fc1") == ["classifier.fc1.0.weight", "classifier.fc1.0.bias"]
+    assert resolve_freeze(net, "classifier.fc1") == [
+        "classifier.fc1.0.weight",
+        "classifier.fc1.0.bias",
+    ]
     assert resolve_freeze(net, ["features.*"]) == [
-        "features.conv1.conv.weight", "features.conv1.conv.bias", "features.conv2.conv.weight", "features.conv2.conv.bias",
+        "features.conv1.conv.weight",
+        "features.conv1.conv.bias",
+        "features.conv2.conv.weight",
+        "features.conv2.conv.bias",
     ]
     assert resolve_freeze(net, ["classifier.out.weight"]) == ["classifier.out.weight"]
     assert resolve_freeze(net, []) == []
@@ -48,12 +54,16 @@ def test_patterns_match_full_names_and_dotted_suffixes():
 def test_largest_rules_rank_by_freezable_parameters():
     net = _cnn()
     assert resolve_freeze(net, "largest") == resolve_freeze(net, ["classifier.fc1"])
-    assert resolve_freeze(net, "largest:2") == resolve_freeze(net, ["features.conv2", "classifier.fc1"])
+    assert resolve_freeze(net, "largest:2") == resolve_freeze(
+        net, ["features.conv2", "classifier.fc1"]
+    )
 
 
 def test_errors_name_the_pattern_and_list_the_blocks():
     net = _cnn()
-    with pytest.raises(ConfigError, match=r"'fc9' matches no module.*classifier\.fc1 \(linear, 1,179,776 params"):
+    with pytest.raises(
+        ConfigError, match=r"'fc9' matches no module.*classifier\.fc1 \(linear, 1,179,776 params"
+    ):
         resolve_freeze(net, ["fc9"])
     with pytest.raises(ConfigError, match="nothing would be trained"):
         resolve_freeze(net, ["*"])
@@ -77,6 +87,8 @@ def test_freeze_turns_off_exactly_the_resolved_parameters():
     model = _cnn()
     frozen = resolve_freeze(model, ["classifier.fc1"])
     assert freeze_(model, frozen) is model
-    assert [n for n, p in model.named_parameters() if not p.requires_grad] == frozen == [
-        "classifier.fc1.0.weight", "classifier.fc1.0.bias"
-    ]
+    assert (
+        [n for n, p in model.named_parameters() if not p.requires_grad]
+        == frozen
+        == ["classifier.fc1.0.weight", "classifier.fc1.0.bias"]
+    )

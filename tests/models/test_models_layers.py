@@ -22,8 +22,15 @@ from fedge.models.layers import (
 
 @pytest.mark.parametrize(
     "shape",
-    [(2, 3, 8, 8), (2, 3, 7, 9), (1, 1, 2, 2), (1, 2, 3, 3), (4, 5, 28, 28), (3, 5, 6),
-     (1, 1, 2, 11)],  # fmt: skip
+    [
+        (2, 3, 8, 8),
+        (2, 3, 7, 9),
+        (1, 1, 2, 2),
+        (1, 2, 3, 3),
+        (4, 5, 28, 28),
+        (3, 5, 6),
+        (1, 1, 2, 11),
+    ],
 )
 def test_maxpool2x2_matches_maxpool2d_values_and_gradients(shape: tuple[int, ...]) -> None:
     # Prepare: continuous random input (no ties), a random upstream gradient.
@@ -117,8 +124,13 @@ def test_fc_classifier_is_flatten_hidden_layers_then_out() -> None:
     # Assert: stable child names (state-dict keys) and the plain composition as the oracle.
     assert [n for n, _ in head.named_children()] == ["flatten", "fc1", "fc2", "out"]
     assert list(head.state_dict()) == [
-        "fc1.0.weight", "fc1.0.bias", "fc2.0.weight", "fc2.0.bias", "out.weight", "out.bias"
-    ]  # fmt: skip
+        "fc1.0.weight",
+        "fc1.0.bias",
+        "fc2.0.weight",
+        "fc2.0.bias",
+        "out.weight",
+        "out.bias",
+    ]
     h = x.flatten(1)
     for fc in (head.fc1[0], head.fc2[0]):
         h = torch.relu(fc(h))
@@ -169,5 +181,7 @@ def test_maxpool2x2_equals_previous_implementation_including_ties(shape: tuple[i
     assert torch.equal(y_new, y_old) and torch.equal(y_new, nn.MaxPool2d(2)(x))
     assert x_new.grad is not None and x_old.grad is not None
     windows = x_new.grad[..., : shape[-2] // 2 * 2, : shape[-1] // 2 * 2]
-    assert torch.equal(nn.functional.avg_pool2d(windows.reshape(-1, 1, *windows.shape[-2:]), 2) * 4,
-                       torch.ones_like(y_new).reshape(-1, 1, *y_new.shape[-2:]))  # fmt: skip
+    assert torch.equal(
+        nn.functional.avg_pool2d(windows.reshape(-1, 1, *windows.shape[-2:]), 2) * 4,
+        torch.ones_like(y_new).reshape(-1, 1, *y_new.shape[-2:]),
+    )

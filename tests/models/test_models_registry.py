@@ -50,9 +50,15 @@ def test_bad_options_raise_config_error_naming_them(
 
 @pytest.mark.parametrize(
     ("name", "shape", "minimum"),
-    [("lenet5", (1, 8, 8), 16), ("lenet-ppfl", (1, 12, 12), 16), ("alexnet-ppfl", (1, 8, 8), 16),
-     ("vgg19", (3, 28, 28), 32), ("lenet", (1, 1, 1), 2), ("lenet5", (1, 15, 40), 16)],
-)  # fmt: skip
+    [
+        ("lenet5", (1, 8, 8), 16),
+        ("lenet-ppfl", (1, 12, 12), 16),
+        ("alexnet-ppfl", (1, 8, 8), 16),
+        ("vgg19", (3, 28, 28), 32),
+        ("lenet", (1, 1, 1), 2),
+        ("lenet5", (1, 15, 40), 16),
+    ],
+)
 def test_too_small_input_names_the_minimum(
     name: str, shape: tuple[int, int, int], minimum: int
 ) -> None:
@@ -69,7 +75,10 @@ def test_lenet5_padding_lowers_minimum() -> None:
 def test_model_info_and_list_models() -> None:
     info = model_info("lenet")
     assert info.defaults == {
-        "activation": "hardswish", "norm": "group", "channels": (16, 64), "norm_affine": False
+        "activation": "hardswish",
+        "norm": "group",
+        "channels": (16, 64),
+        "norm_affine": False,
     }
     assert model_info("wrn-10-2").defaults["norm"] == "batch"
     assert model_info("logreg").activations == ()
@@ -97,9 +106,12 @@ def test_seeded_init_equals_torch_default_init(name: str) -> None:
     torch.manual_seed(s)
     info = model_info(name)
     features, classifier = _REGISTRY[name].builder(
-        input_shape=shape, num_classes=10, activation=info.default_activation,
-        norm=info.default_norm, **info.options,
-    )  # fmt: skip
+        input_shape=shape,
+        num_classes=10,
+        activation=info.default_activation,
+        norm=info.default_norm,
+        **info.options,
+    )
     ref = torch.nn.Sequential(features, classifier).state_dict()  # keys "0.conv1..." / "1.out..."
     got = net.state_dict()  # keys "features.conv1..." / "classifier.out..."
     assert [k.split(".", 1)[1] for k in got] == [k.split(".", 1)[1] for k in ref]
@@ -151,7 +163,9 @@ def test_each_model_carries_an_options_config() -> None:
         config = _REGISTRY[name].config
         assert issubclass(config, ModelOptions)
         assert {k: f.default for k, f in config.model_fields.items()} == model_info(name).options
-    with pytest.raises(ConfigError, match="option 'hidden' of model 'mlp': expected a sequence of positive ints"):
+    with pytest.raises(
+        ConfigError, match="option 'hidden' of model 'mlp': expected a sequence of positive ints"
+    ):
         build_model("mlp", input_shape=(4,), num_classes=2, hidden=[8, True])
 
 
@@ -167,7 +181,9 @@ def test_flat_models_take_tabular_features(name: str) -> None:
 
 
 def test_image_models_refuse_tabular_features_naming_the_fix() -> None:
-    with pytest.raises(ConfigError, match=r"takes images .* got tabular input_shape \(5,\); .*logreg, mlp"):
+    with pytest.raises(
+        ConfigError, match=r"takes images .* got tabular input_shape \(5,\); .*logreg, mlp"
+    ):
         build_model("lenet", input_shape=(5,), num_classes=3)
 
 
@@ -176,25 +192,45 @@ def test_register_model_from_defaults_builds_a_typed_config() -> None:
 
     from fedge.models.registry import register_model
 
-    @register_model("test-tiny", description="d", reference="r", options={"width": 4}, flat_inputs=True)
+    @register_model(
+        "test-tiny", description="d", reference="r", options={"width": 4}, flat_inputs=True
+    )
     def _build(*, input_shape, num_classes, activation, norm, width):  # type: ignore[no-untyped-def]
         return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], width)), nn.Sequential(
-            nn.Linear(width, num_classes))
+            nn.Linear(width, num_classes)
+        )
 
     try:
-        assert build_model("test-tiny", input_shape=(3,), num_classes=2, width=6).spec.options == {"width": 6}
+        assert build_model("test-tiny", input_shape=(3,), num_classes=2, width=6).spec.options == {
+            "width": 6
+        }
         with pytest.raises(ConfigError, match="option 'width' of model 'test-tiny'"):
             build_model("test-tiny", input_shape=(3,), num_classes=2, width=True)
     finally:
         _REGISTRY.unregister("test-tiny")
 
 
-@pytest.mark.parametrize("builder, message", [
-    (lambda *, input_shape, num_classes: None, r"its builder cannot be called \(.*activation.*\); a builder takes"),
-    (lambda **kw: None, r"its builder returned NoneType; a builder takes .* returns \(features, classifier\)"),
-    (lambda **kw: (torch.nn.Flatten(), torch.nn.Linear(3, 7)), r"outputs shape \(7,\) for num_classes=2; its classifier must end in 2 outputs"),
-    (lambda **kw: (torch.nn.Flatten(), torch.nn.Linear(3, 2, dtype=torch.float64)), r"has torch.float64 parameters; fedge trains float32"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "builder, message",
+    [
+        (
+            lambda *, input_shape, num_classes: None,
+            r"its builder cannot be called \(.*activation.*\); a builder takes",
+        ),
+        (
+            lambda **kw: None,
+            r"its builder returned NoneType; a builder takes .* returns \(features, classifier\)",
+        ),
+        (
+            lambda **kw: (torch.nn.Flatten(), torch.nn.Linear(3, 7)),
+            r"outputs shape \(7,\) for num_classes=2; its classifier must end in 2 outputs",
+        ),
+        (
+            lambda **kw: (torch.nn.Flatten(), torch.nn.Linear(3, 2, dtype=torch.float64)),
+            r"has torch.float64 parameters; fedge trains float32",
+        ),
+    ],
+)
 def test_a_registered_builder_that_breaks_the_contract_is_a_config_error(builder, message) -> None:
     from fedge.models.registry import register_model
 
@@ -204,5 +240,7 @@ def test_a_registered_builder_that_breaks_the_contract_is_a_config_error(builder
             build_model("test-bad", input_shape=(3,), num_classes=2)
     finally:
         _REGISTRY.unregister("test-bad")
-    with pytest.raises(ConfigError, match=r"register_model\('test-bad'\) decorates a builder function; got 5"):
+    with pytest.raises(
+        ConfigError, match=r"register_model\('test-bad'\) decorates a builder function; got 5"
+    ):
         register_model("test-bad", description="d", reference="r")(5)  # type: ignore[arg-type]

@@ -35,7 +35,9 @@ def _gen(seed: int) -> torch.Generator:
 
 def _mlp(dtype: torch.dtype = torch.float32) -> nn.Module:
     """A smooth (Hardswish, C^1) 4 -> 6 -> 3 MLP: 42 prunable weights."""
-    net = build_model("mlp", input_shape=(1, 2, 2), num_classes=3, hidden=(6,), activation="hardswish", seed=0)
+    net = build_model(
+        "mlp", input_shape=(1, 2, 2), num_classes=3, hidden=(6,), activation="hardswish", seed=0
+    )
     return net.to(dtype)
 
 
@@ -49,7 +51,10 @@ def _noise(net: nn.Module, eps: float, samples: int, seed: int) -> list[dict[str
     """ΔW draws replicated from the documented contract (sample-major, prunable order)."""
     g, params = _gen(seed), dict(net.named_parameters())
     return [
-        {n: torch.randn(params[n].shape, generator=g).to(params[n].dtype) * math.sqrt(eps) for n in prunable_parameters(net)}
+        {
+            n: torch.randn(params[n].shape, generator=g).to(params[n].dtype) * math.sqrt(eps)
+            for n in prunable_parameters(net)
+        }
         for _ in range(samples)
     ]
 
@@ -104,7 +109,9 @@ def test_statistic_is_forward_only_and_leaves_the_model_alone() -> None:
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(1) or t, lambda t: t):
         ntk_forward_statistic(net, None, torch.randn(2, 1, 8, 8), samples=2, generator=_gen(0))
-        ntk_statistic_differences(net, None, torch.randn(2, 1, 8, 8), generator=_gen(0), k=2, sigma=1e-2, seed=0)
+        ntk_statistic_differences(
+            net, None, torch.randn(2, 1, 8, 8), generator=_gen(0), k=2, sigma=1e-2, seed=0
+        )
     assert saved == []  # nothing kept for a backward pass: no autograd memory on the device
     assert all(p.grad is None for p in net.parameters())
     assert net.training and all(torch.equal(v, state[k]) for k, v in net.state_dict().items())
@@ -127,7 +134,9 @@ def test_ntk_saliency_equals_finite_differences_of_I_in_m(pruned: bool) -> None:
             down = {n: v.clone() for n, v in m.items()}
             up[name].view(-1)[j] += h
             down[name].view(-1)[j] -= h
-            fd = (_oracle_statistic(net, up, x, noise) - _oracle_statistic(net, down, x, noise)) / (2 * h)
+            fd = (_oracle_statistic(net, up, x, noise) - _oracle_statistic(net, down, x, noise)) / (
+                2 * h
+            )
             got = float(scores[name].view(-1)[j])
             if mask.view(-1)[j]:
                 assert got == pytest.approx(abs(float(fd)), rel=1e-5, abs=1e-12)
@@ -148,7 +157,9 @@ def test_ntk_saliency_of_a_linear_model_is_the_trace_derivative() -> None:
     torch.testing.assert_close(s, expected, rtol=1e-4, atol=1e-10)
 
 
-def _exact_gradient(net: nn.Module, masks: dict, x: torch.Tensor, noise: list[dict]) -> torch.Tensor:
+def _exact_gradient(
+    net: nn.Module, masks: dict, x: torch.Tensor, noise: list[dict]
+) -> torch.Tensor:
     """Signed ∂I/∂m on the live coordinates, by central differences of the float64 oracle."""
     net64 = copy.deepcopy(net).double()
     x64, noise64 = x.double(), [{n: v.double() for n, v in d.items()} for d in noise]
@@ -160,7 +171,13 @@ def _exact_gradient(net: nn.Module, masks: dict, x: torch.Tensor, noise: list[di
             down = {n: v.clone() for n, v in m.items()}
             up[name].view(-1)[j] += 1e-6
             down[name].view(-1)[j] -= 1e-6
-            out.append((_oracle_statistic(net64, up, x64, noise64) - _oracle_statistic(net64, down, x64, noise64)) / 2e-6)
+            out.append(
+                (
+                    _oracle_statistic(net64, up, x64, noise64)
+                    - _oracle_statistic(net64, down, x64, noise64)
+                )
+                / 2e-6
+            )
     return torch.stack(out)
 
 
@@ -183,7 +200,10 @@ def test_zeroth_order_saliency_converges_to_the_exact_gradient() -> None:
             net, masks, x, eps=eps, samples=samples, generator=_gen(7), k=k, sigma=sigma, seed=seed
         )
         assert diffs.shape == (k,) and diffs.dtype == torch.float32  # the K scalars sent up
-        est = _live(estimate_gradient(shapes, diffs, sigma=sigma, seed=seed, scheme="central", masks=masks), masks)
+        est = _live(
+            estimate_gradient(shapes, diffs, sigma=sigma, seed=seed, scheme="central", masks=masks),
+            masks,
+        )
         return float(F.cosine_similarity(est, exact, dim=0))
 
     few, many = cosine(20, 0), cosine(1500, 0)
@@ -191,8 +211,12 @@ def test_zeroth_order_saliency_converges_to_the_exact_gradient() -> None:
     assert many > few
 
     # the one-call form is |Stein estimate| ⊙ m, zero at pruned coordinates
-    diffs = ntk_statistic_differences(net, masks, x, eps=eps, samples=samples, generator=_gen(7), k=50, sigma=sigma, seed=3)
-    both = ntk_saliency_zeroth_order(net, masks, x, eps=eps, samples=samples, generator=_gen(7), k=50, sigma=sigma, seed=3)
+    diffs = ntk_statistic_differences(
+        net, masks, x, eps=eps, samples=samples, generator=_gen(7), k=50, sigma=sigma, seed=3
+    )
+    both = ntk_saliency_zeroth_order(
+        net, masks, x, eps=eps, samples=samples, generator=_gen(7), k=50, sigma=sigma, seed=3
+    )
     g = estimate_gradient(shapes, diffs, sigma=sigma, seed=3, scheme="central", masks=masks)
     for n in masks:
         torch.testing.assert_close(both[n], g[n].abs() * masks[n])
@@ -237,7 +261,10 @@ def test_magnitude_and_random_scores() -> None:
     masks = _some_pruned(net)
     params = dict(net.named_parameters())
     mag = magnitude_saliency(net, masks)
-    r1, r2 = random_saliency(net, masks, generator=_gen(0)), random_saliency(net, masks, generator=_gen(0))
+    r1, r2 = (
+        random_saliency(net, masks, generator=_gen(0)),
+        random_saliency(net, masks, generator=_gen(0)),
+    )
     for n, m in masks.items():
         torch.testing.assert_close(mag[n], params[n].detach().abs() * m)
         assert torch.equal(r1[n], r2[n]) and bool((r1[n][~m] == 0).all())

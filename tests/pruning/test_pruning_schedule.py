@@ -55,13 +55,19 @@ def test_density_schedule_and_keep_counts() -> None:
 
 
 def test_prune_step_is_global_exact_nested_and_breaks_ties_by_position() -> None:
-    masks = {"a": torch.tensor([True, True, False, True]), "b": torch.tensor([[True, True], [True, False]])}
+    masks = {
+        "a": torch.tensor([True, True, False, True]),
+        "b": torch.tensor([[True, True], [True, False]]),
+    }
     scores = {"a": torch.tensor([0.1, 5.0, 9.0, 0.3]), "b": torch.tensor([[2.0, 0.3], [0.3, 99.0]])}
     out = prune_step(scores, masks, 3)  # 9.0 and 99.0 sit on pruned coordinates: never revived
     assert out["a"].tolist() == [False, True, False, True]  # 5.0, then the 0.3 tie goes to "a"
     assert out["b"].tolist() == [[True, False], [False, False]]  # 2.0
     ties = prune_step({"a": torch.zeros(4), "b": torch.zeros(2, 2)}, masks, 4)
-    assert ties["a"].tolist() == [True, True, False, True] and ties["b"].tolist() == [[True, False], [False, False]]
+    assert ties["a"].tolist() == [True, True, False, True] and ties["b"].tolist() == [
+        [True, False],
+        [False, False],
+    ]
     with pytest.raises(ConfigError, match="keep"):
         prune_step(scores, masks, 7)  # only 6 live
     with pytest.raises(ConfigError, match="non-finite"):
@@ -82,11 +88,15 @@ SCORE_KW = {
 def test_rounds_follow_the_schedule_exactly_and_nest(lenet: torch.nn.Module, score: str) -> None:
     rounds, d = 4, 0.05
     history = list(
-        pruning_rounds(lenet, density=d, rounds=rounds, score=score, generator=_gen(0), **SCORE_KW[score])
+        pruning_rounds(
+            lenet, density=d, rounds=rounds, score=score, generator=_gen(0), **SCORE_KW[score]
+        )
     )
     total = _total(history[0])
     assert [_kept(m) for m in history] == keep_counts(total, d, rounds)
-    assert _kept(history[-1]) == round(d * total) and density(history[-1], lenet) == pytest.approx(d, abs=1 / total)
+    assert _kept(history[-1]) == round(d * total) and density(history[-1], lenet) == pytest.approx(
+        d, abs=1 / total
+    )
     for before, after in zip(history, history[1:]):
         for n in before:
             assert not bool((after[n] & ~before[n]).any())  # a pruned weight never comes back
@@ -122,7 +132,9 @@ def test_ntk_data_free_needs_an_input_shape_and_snip_needs_data() -> None:
         prune(bare, density=0.5, rounds=1, generator=_gen(0))
     masks = prune(bare, density=0.5, rounds=2, generator=_gen(0), input_shape=(4,), num_inputs=3)
     assert _kept(masks) == round(0.5 * 18)
-    fixed = prune(bare, density=0.5, rounds=2, generator=_gen(0), inputs=torch.randn(5, 4))  # NTK-Ori
+    fixed = prune(
+        bare, density=0.5, rounds=2, generator=_gen(0), inputs=torch.randn(5, 4)
+    )  # NTK-Ori
     assert _kept(fixed) == 9
     with pytest.raises(ConfigError, match="labelled batch"):
         prune(bare, density=0.5, rounds=1, score="snip", generator=_gen(0))

@@ -57,8 +57,11 @@ def write_run(
         labels += [i % num_classes] * (10 * (i + 1))
         parts.append(np.arange(start, start + 10 * (i + 1)))
         start += 10 * (i + 1)
-    partition = {"name": "dirichlet", "params": {"alpha": 0.5},
-                 **partition_summary(parts, np.array(labels), num_classes)}  # fmt: skip
+    partition = {
+        "name": "dirichlet",
+        "params": {"alpha": 0.5},
+        **partition_summary(parts, np.array(labels), num_classes),
+    }
     (path / "partition.json").write_text(json.dumps(partition))
     with (path / "metrics.jsonl").open("w") as f:
         for r, acc in enumerate(accuracies, start=1):
@@ -83,12 +86,21 @@ def write_run(
     if complete:
         evaluated = [a for a in accuracies if a is not None]
         summary = {
-            "final_test_accuracy": evaluated[-1], "best_test_accuracy": max(evaluated),
-            "total_bytes_down": n * BYTES_DOWN, "total_bytes_up": n * BYTES_UP,
-            "total_client_flops": n * flops, "rounds": n, "method": method, "model": model,
-            "dataset": dataset, "seed": 7, "wall_s": 0.5 * n, "model_params": 62_006,
-            "model_bytes": 248_024, "status": "complete",
-        }  # fmt: skip
+            "final_test_accuracy": evaluated[-1],
+            "best_test_accuracy": max(evaluated),
+            "total_bytes_down": n * BYTES_DOWN,
+            "total_bytes_up": n * BYTES_UP,
+            "total_client_flops": n * flops,
+            "rounds": n,
+            "method": method,
+            "model": model,
+            "dataset": dataset,
+            "seed": 7,
+            "wall_s": 0.5 * n,
+            "model_params": 62_006,
+            "model_bytes": 248_024,
+            "status": "complete",
+        }
         if peak_bytes is not None:
             summary["client_peak_bytes"] = peak_bytes
         (path / "summary.json").write_text(json.dumps(summary))

@@ -12,8 +12,9 @@ from fedge.report import ComparisonWarning, NotARunDirError, compare_runs
 @pytest.fixture
 def two_runs(make_run):
     a = make_run("fedavg", accuracies=(0.2, 0.4, 0.6, 0.7))
-    b = make_run("baffle", method="baffle", accuracies=(0.1, 0.3, 0.55), complete=False,
-                 peak_bytes=2_000_000)  # fmt: skip
+    b = make_run(
+        "baffle", method="baffle", accuracies=(0.1, 0.3, 0.55), complete=False, peak_bytes=2_000_000
+    )
     return a, b
 
 
@@ -48,8 +49,12 @@ def test_rich_table_has_a_row_per_run(two_runs):
 def test_out_dir_gets_overlaid_plots_and_markdown(two_runs, tmp_path):
     cmp = compare_runs(list(two_runs), tmp_path / "cmp")
     names = sorted(p.name for p in cmp.plots)
-    assert names == ["accuracy.png", "accuracy_vs_bytes.png", "accuracy_vs_flops.png",
-                     "peak_memory.png"]  # fmt: skip
+    assert names == [
+        "accuracy.png",
+        "accuracy_vs_bytes.png",
+        "accuracy_vs_flops.png",
+        "peak_memory.png",
+    ]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in cmp.plots)
     assert cmp.table_markdown() in (tmp_path / "cmp" / "comparison.md").read_text()
 
@@ -88,15 +93,28 @@ def test_privacy_columns_appear_only_with_attack_results(two_runs):
     a, b = two_runs
     assert not any("AUC" in c for c in compare_runs([a, b]).columns())
     (a / "attacks").mkdir()
-    (a / "attacks" / "dlg.json").write_text(json.dumps({"baseline_mean_image_mse": 0.078, "attacks": {
-        "dlg": {"median_mse": 0.00026}, "other": {"median_mse": 0.3}}}))
+    (a / "attacks" / "dlg.json").write_text(
+        json.dumps(
+            {
+                "baseline_mean_image_mse": 0.078,
+                "attacks": {"dlg": {"median_mse": 0.00026}, "other": {"median_mse": 0.3}},
+            }
+        )
+    )
     (a / "attacks" / "mia.json").write_text(json.dumps({"auc": 0.55, "precision": 0.52}))
-    (a / "attacks" / "mia-shadow.json").write_text(json.dumps({"lira": {"auc": 0.61, "precision": 0.57}}))
+    (a / "attacks" / "mia-shadow.json").write_text(
+        json.dumps({"lira": {"auc": 0.61, "precision": 0.57}})
+    )
     (b / "attacks").mkdir()
     (b / "attacks" / "pia.json").write_text(json.dumps({"auc": 0.5, "masked": True}))
     cmp = compare_runs([a, b])
     cols = cmp.columns()
     assert cols[-4:] == ["DRA MSE (mean img)", "MIA AUC", "MIA precision", "PIA AUC"]
     row_a, row_b = cmp.rows()
-    assert row_a[-4:] == ["0.00026 (0.078) dlg", "0.610 lira", "0.570", "—"]  # the strongest MIA, the best DRA
+    assert row_a[-4:] == [
+        "0.00026 (0.078) dlg",
+        "0.610 lira",
+        "0.570",
+        "—",
+    ]  # the strongest MIA, the best DRA
     assert row_b[-4:] == ["—", "—", "—", "0.500 masked"]

@@ -18,9 +18,16 @@ from fedge.report import (
 
 @pytest.mark.parametrize(
     ("n", "text"),
-    [(0, "0 B"), (999, "999 B"), (1_000, "1.00 kB"), (1_234_567, "1.23 MB"),
-     (56_700_000, "56.7 MB"), (123_400_000_000, "123 GB"), (-2_000, "-2.00 kB")],
-)  # fmt: skip
+    [
+        (0, "0 B"),
+        (999, "999 B"),
+        (1_000, "1.00 kB"),
+        (1_234_567, "1.23 MB"),
+        (56_700_000, "56.7 MB"),
+        (123_400_000_000, "123 GB"),
+        (-2_000, "-2.00 kB"),
+    ],
+)
 def test_format_bytes(n, text):
     assert format_bytes(n) == text
 
@@ -113,8 +120,12 @@ def test_report_of_a_real_dirichlet_run_shows_label_histograms(tmp_path, tiny):
     from fedge.core.config import load_config
     from fedge.experiment.run import run_experiment
 
-    cfg = tiny(rounds=1, partition={"name": "dirichlet", "alpha": 0.1},
-               dataset={"name": "digits"}, clients={"num": 5, "per_round": 5})  # fmt: skip
+    cfg = tiny(
+        rounds=1,
+        partition={"name": "dirichlet", "alpha": 0.1},
+        dataset={"name": "digits"},
+        clients={"num": 5, "per_round": 5},
+    )
     out = run_experiment(load_config(cfg), out=tmp_path / "run", render=False)
     part = json.loads((out / "partition.json").read_text())
     md = render_report(out)[0].read_text()

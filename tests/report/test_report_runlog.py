@@ -109,11 +109,15 @@ def test_complete_run_whose_metrics_lost_rounds_warns_naming_them(make_run):
     path = make_run()  # complete, 5 rounds
     lines = (path / "metrics.jsonl").read_text().splitlines()
     (path / "metrics.jsonl").write_text("\n".join(lines[:2] + lines[3:4]) + "\n")  # rounds 1, 2, 4
-    with pytest.warns(RunLogWarning, match=r"completed 5 rounds but .*holds rounds 1-4 \(3 lines\); missing 3, 5"):
+    with pytest.warns(
+        RunLogWarning, match=r"completed 5 rounds but .*holds rounds 1-4 \(3 lines\); missing 3, 5"
+    ):
         run = load_run(path)
     assert [m["round"] for m in run.metrics] == [1, 2, 4]
     (path / "metrics.jsonl").write_text("")
-    with pytest.warns(RunLogWarning, match="completed 5 rounds but .*holds no rounds: .*restore it"):
+    with pytest.warns(
+        RunLogWarning, match="completed 5 rounds but .*holds no rounds: .*restore it"
+    ):
         load_run(path)
 
 
@@ -144,5 +148,9 @@ def test_effective_flops_fall_back_to_executed_flops_for_dense_runs(make_run):
 
     dense = load_run(make_run("dense", accuracies=(0.1, 0.2), flops=5))
     assert dense.series("test_accuracy", x=CUM_EFFECTIVE_FLOPS) == ([5, 10], [0.1, 0.2])
-    sparse = load_run(make_run("sparse", accuracies=(0.1, 0.2), flops=5, extra={"cum_client_flops_effective": 2.0}))
+    sparse = load_run(
+        make_run(
+            "sparse", accuracies=(0.1, 0.2), flops=5, extra={"cum_client_flops_effective": 2.0}
+        )
+    )
     assert sparse.series("test_accuracy", x=CUM_EFFECTIVE_FLOPS) == ([2.0, 2.0], [0.1, 0.2])

@@ -167,7 +167,9 @@ def test_multi_step_round_counts_every_exchange():
         def round(self, rnd, ids):
             replies = yield Exchange(self.configure_round(rnd, ids))
             assert all(r.config["phase"] == 0 for r in replies.values())
-            keep = sorted(replies)[:2]  # second exchange only for the two lowest ids (the others "drop out")
+            keep = sorted(replies)[
+                :2
+            ]  # second exchange only for the two lowest ids (the others "drop out")
             replies = yield Exchange({c: Message(config={"go": True}) for c in keep})
             self.seen.append(sorted(replies))
             return {"second_phase_clients": len(replies)}
@@ -183,7 +185,9 @@ def test_multi_step_round_counts_every_exchange():
     first = 4 * len(Message(config={"seed": 1}).to_bytes())
     second = 2 * len(Message(config={"go": True}).to_bytes())
     assert line["bytes_down"] == first + second
-    assert line["bytes_up"] == 4 * len(Message(config={"phase": 0}).to_bytes()) + 2 * len(Message(config={"phase": 1}).to_bytes())
+    assert line["bytes_up"] == 4 * len(Message(config={"phase": 0}).to_bytes()) + 2 * len(
+        Message(config={"phase": 1}).to_bytes()
+    )
     assert decode_state(sim.client_states[0])["phases"] == "01"
     assert decode_state(sim.client_states[3])["phases"] == "0"
 
@@ -208,7 +212,10 @@ class TwoExchanges(EchoStrategy):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_round_state_crosses_exchanges_and_processes_but_not_rounds(workers):
-    sims = [_sim(strategy=TwoExchanges(), program=SecretsClient(), n=4, per_round=4, workers=w) for w in (0, workers)]
+    sims = [
+        _sim(strategy=TwoExchanges(), program=SecretsClient(), n=4, per_round=4, workers=w)
+        for w in (0, workers)
+    ]
     for sim in sims:
         sim.run()
         assert sim._round_states == {}
@@ -249,8 +256,14 @@ class CountingServer(EchoStrategy):
 
 
 def _three_party(**kw):
-    return _sim(strategy=CountingServer(), program=Device(), n=3, per_round=3,
-                parties={"edge": PartySpec("edge", Edge, scope="client")}, **kw)
+    return _sim(
+        strategy=CountingServer(),
+        program=Device(),
+        n=3,
+        per_round=3,
+        parties={"edge": PartySpec("edge", Edge, scope="client")},
+        **kw,
+    )
 
 
 def test_three_party_edge_is_metered_on_its_own_account():
@@ -261,7 +274,9 @@ def test_three_party_edge_is_metered_on_its_own_account():
     up = len(Message({"h": torch.ones(2, 4)}).to_bytes())
     down = len(Message({"out": torch.ones(3)}, config={"batches": 1}).to_bytes())
     assert line["bytes.client->edge"] == 3 * up and line["bytes.edge->client"] == 3 * down
-    assert line["bytes_up"] == 3 * len(Message({"v": torch.ones(3)}, config={"batches": 1}).to_bytes())
+    assert line["bytes_up"] == 3 * len(
+        Message({"v": torch.ones(3)}, config={"batches": 1}).to_bytes()
+    )
     assert line["wall_s.edge"] >= 0
 
 
@@ -283,16 +298,27 @@ def test_three_party_edge_state_survives_rounds_and_resume():
 
 
 def test_shared_party_state_changed_in_a_worker_is_refused():
-    sim = _sim(strategy=CountingServer(), program=Device(), n=4, per_round=4, workers=2,
-               parties={"edge": PartySpec("edge", Edge, scope="shared")})
+    sim = _sim(
+        strategy=CountingServer(),
+        program=Device(),
+        n=4,
+        per_round=4,
+        workers=2,
+        parties={"edge": PartySpec("edge", Edge, scope="shared")},
+    )
     with pytest.raises(ConfigError, match="workers=0"):
         sim.run_round(1)
     sim.close()
 
 
 def test_shared_party_state_flows_from_client_to_client():
-    sim = _sim(strategy=CountingServer(), program=Device(), n=3, per_round=3,
-               parties={"edge": PartySpec("edge", Edge, scope="shared")})
+    sim = _sim(
+        strategy=CountingServer(),
+        program=Device(),
+        n=3,
+        per_round=3,
+        parties={"edge": PartySpec("edge", Edge, scope="shared")},
+    )
     sim.run_round(1)
     assert sorted(sim.strategy.batches[0].values()) == [1, 2, 3]
 
@@ -303,8 +329,15 @@ def test_profiles_restrict_sampling_to_eligible_clients():
             return profile["memory_mb"] >= 100
 
     profiles = [{"memory_mb": m} for m in (50, 200, 150, 10, 300, 20)]
-    sim = Simulation(strategy=BigOnly(), program=DrawClient(), clients=_clients(6), test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)),
-                     num_classes=2, config=EngineConfig(seed=0, rounds=3, per_round=2), profiles=profiles)
+    sim = Simulation(
+        strategy=BigOnly(),
+        program=DrawClient(),
+        clients=_clients(6),
+        test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)),
+        num_classes=2,
+        config=EngineConfig(seed=0, rounds=3, per_round=2),
+        profiles=profiles,
+    )
     for rnd in (1, 2, 3):
         assert set(sim.sample(rnd)) <= {1, 2, 4}
 
@@ -321,8 +354,15 @@ def test_eligible_client_gets_each_clients_id_with_its_profile():
 
     profiles = [{"memory_mb": m} for m in (50, 200, 150, 10, 300, 20)]
     strategy = ById()
-    sim = Simulation(strategy=strategy, program=DrawClient(), clients=_clients(6), test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)),
-                     num_classes=2, config=EngineConfig(seed=0, rounds=3, per_round=2), profiles=profiles)
+    sim = Simulation(
+        strategy=strategy,
+        program=DrawClient(),
+        clients=_clients(6),
+        test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)),
+        num_classes=2,
+        config=EngineConfig(seed=0, rounds=3, per_round=2),
+        profiles=profiles,
+    )
     for rnd in (1, 2):
         assert set(sim.sample(rnd)) <= {0, 2, 4}
     assert strategy.asked == [(c, p["memory_mb"]) for c, p in enumerate(profiles)] * 2
@@ -331,9 +371,17 @@ def test_eligible_client_gets_each_clients_id_with_its_profile():
 def test_profiles_from_the_config_cover_the_population_in_their_shares(tiny):
     from fedge.core.config import load_config
 
-    cfg = load_config(tiny(**{"clients.num": 10, "clients.profiles": [
-        {"name": "phone", "fraction": 0.7, "memory_mb": 512, "enclave_mb": 0},
-        {"name": "board", "fraction": 0.3, "memory_mb": 64, "enclave_mb": 8}]}))
+    cfg = load_config(
+        tiny(
+            **{
+                "clients.num": 10,
+                "clients.profiles": [
+                    {"name": "phone", "fraction": 0.7, "memory_mb": 512, "enclave_mb": 0},
+                    {"name": "board", "fraction": 0.3, "memory_mb": 64, "enclave_mb": 8},
+                ],
+            }
+        )
+    )
     profiles = cfg.clients.assign_profiles(cfg.seed)
     assert [p["name"] for p in profiles].count("phone") == 7 and len(profiles) == 10
     assert profiles == cfg.clients.assign_profiles(cfg.seed)
@@ -350,21 +398,41 @@ class PartialEcho(EchoStrategy):
     partial_replies = True
 
 
-def _lossy(strategy=None, program=None, n=10, per_round=10, rounds=1, dropout=0.3, min_replies=1, workers=0):
+def _lossy(
+    strategy=None, program=None, n=10, per_round=10, rounds=1, dropout=0.3, min_replies=1, workers=0
+):
     return Simulation(
-        strategy=strategy or PartialEcho(), program=program or DrawClient(), clients=_clients(n),
-        test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)), num_classes=2,
-        config=EngineConfig(seed=0, rounds=rounds, per_round=per_round, dropout=dropout, min_replies=min_replies,
-                            workers=workers),
-    )  # fmt: skip
+        strategy=strategy or PartialEcho(),
+        program=program or DrawClient(),
+        clients=_clients(n),
+        test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)),
+        num_classes=2,
+        config=EngineConfig(
+            seed=0,
+            rounds=rounds,
+            per_round=per_round,
+            dropout=dropout,
+            min_replies=min_replies,
+            workers=workers,
+        ),
+    )
 
 
 def _drawn_out(rnd, phase, ids, p, seed=0):
     """The oracle: each client's own uniform draw from (seed, "dropout", round, exchange, client)."""
     from fedge.core.rng import generator
 
-    out = {c for c in ids if float(torch.rand(1, generator=generator(seed, "dropout", rnd, phase, c), dtype=torch.float64)) < p}
-    assert out == {c for c in ids if drops_out(seed, p, rnd, phase, c)}  # the function the docs tests use
+    out = {
+        c
+        for c in ids
+        if float(
+            torch.rand(1, generator=generator(seed, "dropout", rnd, phase, c), dtype=torch.float64)
+        )
+        < p
+    }
+    assert out == {
+        c for c in ids if drops_out(seed, p, rnd, phase, c)
+    }  # the function the docs tests use
     return out
 
 
@@ -381,19 +449,27 @@ def test_dropout_loses_seeded_clients_and_the_round_goes_on_with_the_rest(worker
         lost = _drawn_out(rnd, 0, range(10), 0.3)
         assert sim.strategy.seen[rnd - 1] == sorted(set(range(10)) - lost)
         assert line["clients"] == 10 and line["clients_failed"] == len(lost)
-        assert line["bytes_down"] == 10 * size  # the message reached the device before it dropped out
-        assert line["bytes_up"] == (10 - len(lost)) * len(Message({"v": torch.zeros(3)}, config={"calls": 1}).to_bytes())
+        assert (
+            line["bytes_down"] == 10 * size
+        )  # the message reached the device before it dropped out
+        assert line["bytes_up"] == (10 - len(lost)) * len(
+            Message({"v": torch.zeros(3)}, config={"calls": 1}).to_bytes()
+        )
         lost_total += len(lost)
     assert 30 <= lost_total <= 90  # 200 draws at p = 0.3: ~60 expected
     again = _lossy(rounds=20)
-    assert [again.run_round(r)["clients_failed"] for r in range(1, 21)] == [x["clients_failed"] for x in lines]
+    assert [again.run_round(r)["clients_failed"] for r in range(1, 21)] == [
+        x["clients_failed"] for x in lines
+    ]
 
 
 def test_a_client_that_failed_gets_nothing_more_that_round_and_is_back_the_next():
     class TwoSteps(PartialEcho):
         def round(self, rnd, ids):
             first = yield Exchange(dict.fromkeys(ids, Message(config={"a": 1})))
-            second = yield Exchange(dict.fromkeys(ids, Message(config={"b": 1})))  # addresses the failed ones too
+            second = yield Exchange(
+                dict.fromkeys(ids, Message(config={"b": 1}))
+            )  # addresses the failed ones too
             self.seen.append((sorted(first), sorted(second)))
             return {}
 
@@ -410,13 +486,18 @@ def test_a_client_that_failed_gets_nothing_more_that_round_and_is_back_the_next(
         assert first == sorted(set(range(10)) - out0) and second == sorted(set(first) - out1)
         assert line["clients_failed"] == len(out0 | out1)
         a, b = len(Message(config={"a": 1}).to_bytes()), len(Message(config={"b": 1}).to_bytes())
-        assert line["bytes_down"] == 10 * a + (10 - len(out0)) * b  # nothing is sent to a client already gone
+        assert (
+            line["bytes_down"] == 10 * a + (10 - len(out0)) * b
+        )  # nothing is sent to a client already gone
     assert _drawn_out(1, 0, range(10), 0.25) != _drawn_out(2, 0, range(10), 0.25)
 
 
 def test_failures_stop_the_run_when_the_strategy_needs_every_reply():
-    with pytest.raises(MessageError, match=r"round 1, exchange 1: \d+ of 10 clients gave no result \(client \d+: dropped out "
-                                           r"\(clients.dropout=0.5\).*needs every addressed client's reply"):  # fmt: skip
+    with pytest.raises(
+        MessageError,
+        match=r"round 1, exchange 1: \d+ of 10 clients gave no result \(client \d+: dropped out "
+        r"\(clients.dropout=0.5\).*needs every addressed client's reply",
+    ):
         _lossy(strategy=EchoStrategy(), dropout=0.5).run_round(1)
 
 
@@ -472,25 +553,43 @@ def _first_aggregated(cfg, rounds):  # noqa: ANN001, ANN202
     return {int(c): r for c, r in sim.record.extra["first_aggregated"].items()}, lines
 
 
-def test_the_record_notes_each_clients_first_aggregated_round_not_the_dropped_nor_a_skipped_round() -> None:
+def test_the_record_notes_each_clients_first_aggregated_round_not_the_dropped_nor_a_skipped_round() -> (
+    None
+):
     """Oracle: the engine's own sampler and dropout draws. Prepare: 3 of 4 clients a round,
     each dropping out with p = 0.4, a round needing 2 replies. Assert: each client's first
     completed round among those that sampled it and did not lose it; a skipped round notes no one."""
     from fedge.attacks.harness import attack_config
 
-    cfg = attack_config({"name": "fedavg", "local_epochs": 1, "batch_size": 2}, clients=4, per_client=2,
-                        dataset="digits", model="lenet", rounds=6)  # fmt: skip
-    cfg = cfg.model_copy(update={"clients": cfg.clients.model_copy(update={"per_round": 3, "dropout": 0.4, "min_replies": 2})})
+    cfg = attack_config(
+        {"name": "fedavg", "local_epochs": 1, "batch_size": 2},
+        clients=4,
+        per_client=2,
+        dataset="digits",
+        model="lenet",
+        rounds=6,
+    )
+    cfg = cfg.model_copy(
+        update={
+            "clients": cfg.clients.model_copy(
+                update={"per_round": 3, "dropout": 0.4, "min_replies": 2}
+            )
+        }
+    )
     first, lines = _first_aggregated(cfg, cfg.rounds)
     expected: dict[int, int] = {}
     for r in range(1, cfg.rounds + 1):
-        replied = [c for c in sample_clients(cfg.seed, r, 4, 3) if not drops_out(cfg.seed, 0.4, r, 0, c)]
+        replied = [
+            c for c in sample_clients(cfg.seed, r, 4, 3) if not drops_out(cfg.seed, 0.4, r, 0, c)
+        ]
         if len(replied) >= 2:
             for c in replied:
                 expected.setdefault(c, r)
     assert first == expected
     skipped = [i + 1 for i, line in enumerate(lines) if "round_skipped" in line]
-    assert skipped and not set(skipped) & set(first.values())  # exercised, and a skipped round notes no one
+    assert skipped and not set(skipped) & set(
+        first.values()
+    )  # exercised, and a skipped round notes no one
     assert any(r > 1 for r in first.values())  # a client first aggregated after round 1
 
 
@@ -500,7 +599,13 @@ def test_the_record_under_secure_aggregation_is_the_survivors() -> None:
     from fedge.attacks.harness import attack_config
     from fedge.core.rng import generator
 
-    method = {"name": "fedavg", "local_epochs": 1, "batch_size": 2, "secure_aggregation": True, "secagg_dropout": 0.25}
+    method = {
+        "name": "fedavg",
+        "local_epochs": 1,
+        "batch_size": 2,
+        "secure_aggregation": True,
+        "secagg_dropout": 0.25,
+    }
     cfg = attack_config(method, clients=4, per_client=2, dataset="digits", model="lenet", rounds=1)
     first, lines = _first_aggregated(cfg, 1)
     gone = torch.randperm(4, generator=generator(cfg.seed, "secagg-dropout", 1))[:1].tolist()

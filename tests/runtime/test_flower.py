@@ -7,7 +7,10 @@ import json
 
 import pytest
 
-pytest.importorskip("flwr", reason="flwr is not installed (pip install 'fedge[flower]'); the Flower runtime is optional")
+pytest.importorskip(
+    "flwr",
+    reason="flwr is not installed (pip install 'fedge[flower]'); the Flower runtime is optional",
+)
 
 import torch  # noqa: E402
 from flwr.app import ConfigRecord, Message, RecordDict  # noqa: E402
@@ -22,8 +25,18 @@ from fedge.runtime.flower import LocalGrid, client_app  # noqa: E402
 from fedge.runtime.flower.adapter import RECORD  # noqa: E402
 from tests.conftest import tiny_config  # noqa: E402
 
-SAME = ("test_accuracy", "test_loss", "bytes_down", "bytes_up", "client_flops", "cum_bytes_down", "cum_bytes_up",
-        "cum_client_flops", "phases", "train_loss")  # fmt: skip
+SAME = (
+    "test_accuracy",
+    "test_loss",
+    "bytes_down",
+    "bytes_up",
+    "client_flops",
+    "cum_bytes_down",
+    "cum_bytes_up",
+    "cum_client_flops",
+    "phases",
+    "train_loss",
+)
 
 
 def _lines(path):
@@ -32,7 +45,9 @@ def _lines(path):
 
 def _both(tmp_path, cfg):
     a = run_experiment(load_config(cfg), out=tmp_path / "engine", render=False)
-    b = run_experiment(load_config(cfg), out=tmp_path / "flower", render=False, runtime="flower-sim")
+    b = run_experiment(
+        load_config(cfg), out=tmp_path / "flower", render=False, runtime="flower-sim"
+    )
     return _lines(a), _lines(b), b
 
 
@@ -48,14 +63,21 @@ def _assert_same(engine, flower):
                 assert f[key] == e[key], key
         # Flower's own message sizes: fedge's bytes plus Flower's metadata and record framing
         framing = 2000 * f["clients"] * f.get("phases", 1)
-        party = f.get("flower_party_state_bytes", 0)  # side parties' states travel with the messages
+        party = f.get(
+            "flower_party_state_bytes", 0
+        )  # side parties' states travel with the messages
         assert f["bytes_down"] < f["flower_bytes_down"]
         assert f["bytes_up"] < f["flower_bytes_up"]
-        assert f["flower_bytes_down"] + f["flower_bytes_up"] < f["bytes_down"] + f["bytes_up"] + party + 2 * framing
+        assert (
+            f["flower_bytes_down"] + f["flower_bytes_up"]
+            < f["bytes_down"] + f["bytes_up"] + party + 2 * framing
+        )
 
 
 def test_fedavg_on_digits_same_metrics_as_the_engine(tmp_path):
-    cfg = tiny_config(rounds=2, **{"dataset": {"name": "digits"}, "clients.num": 4, "clients.per_round": 3})
+    cfg = tiny_config(
+        rounds=2, **{"dataset": {"name": "digits"}, "clients.num": 4, "clients.per_round": 3}
+    )
     engine, flower, run = _both(tmp_path, cfg)
     _assert_same(engine, flower)
     assert engine[-1]["test_accuracy"] > 0.3  # it trained
@@ -64,9 +86,20 @@ def test_fedavg_on_digits_same_metrics_as_the_engine(tmp_path):
 
 
 def test_batch_baffle_with_secure_aggregation_same_metrics_as_the_engine(tmp_path):
-    method = {"name": "baffle", "mode": "batch", "k": 4, "batch_size": 32, "clip": None, "ema": None,
-              "secure_aggregation": True}  # fmt: skip
-    cfg = tiny_config(rounds=2, method=method, **{"dataset": {"name": "digits"}, "clients.num": 3, "clients.per_round": 3})
+    method = {
+        "name": "baffle",
+        "mode": "batch",
+        "k": 4,
+        "batch_size": 32,
+        "clip": None,
+        "ema": None,
+        "secure_aggregation": True,
+    }
+    cfg = tiny_config(
+        rounds=2,
+        method=method,
+        **{"dataset": {"name": "digits"}, "clients.num": 3, "clients.per_round": 3},
+    )
     engine, flower, _ = _both(tmp_path, cfg)
     assert engine[0].get("phases", 1) > 1  # secure aggregation's exchanges ran
     _assert_same(engine, flower)
@@ -75,10 +108,27 @@ def test_batch_baffle_with_secure_aggregation_same_metrics_as_the_engine(tmp_pat
 def test_simulated_dropouts_lose_the_same_clients_as_on_the_engine(tmp_path):
     """clients.dropout is drawn by the engine's own code, so Flower loses the same clients, here
     inside secure aggregation's four exchanges, with the same figures."""
-    method = {"name": "baffle", "mode": "batch", "k": 4, "batch_size": 32, "clip": None, "ema": None,
-              "secure_aggregation": True}  # fmt: skip
-    cfg = tiny_config(rounds=2, method=method, **{"dataset": {"name": "digits"}, "clients.num": 6, "clients.per_round": 6,
-                                                  "clients.dropout": 0.1, "clients.min_replies": 3, "seed": 10})  # fmt: skip
+    method = {
+        "name": "baffle",
+        "mode": "batch",
+        "k": 4,
+        "batch_size": 32,
+        "clip": None,
+        "ema": None,
+        "secure_aggregation": True,
+    }
+    cfg = tiny_config(
+        rounds=2,
+        method=method,
+        **{
+            "dataset": {"name": "digits"},
+            "clients.num": 6,
+            "clients.per_round": 6,
+            "clients.dropout": 0.1,
+            "clients.min_replies": 3,
+            "seed": 10,
+        },
+    )
     engine, flower, _ = _both(tmp_path, cfg)
     assert sum(x["clients_failed"] for x in engine) > 0
     assert [x["clients_failed"] for x in flower] == [x["clients_failed"] for x in engine]
@@ -86,11 +136,17 @@ def test_simulated_dropouts_lose_the_same_clients_as_on_the_engine(tmp_path):
 
 
 def test_eppfl_side_parties_co_located_same_metrics_as_the_engine(tmp_path):
-    cfg = tiny_config(**{
-        "rounds": 2, "clients.num": 3, "clients.per_round": 2, "dataset.limit_train": 96,
-        "dataset.limit_test": 50, "model": {"name": "vgg9", "dropout": False},
-        "method": {"name": "eppfl", "local_epochs": 1, "batch_size": 16},
-    })  # fmt: skip
+    cfg = tiny_config(
+        **{
+            "rounds": 2,
+            "clients.num": 3,
+            "clients.per_round": 2,
+            "dataset.limit_train": 96,
+            "dataset.limit_test": 50,
+            "model": {"name": "vgg9", "dropout": False},
+            "method": {"name": "eppfl", "local_epochs": 1, "batch_size": 16},
+        }
+    )
     engine, flower, _ = _both(tmp_path, cfg)
     assert any(k.startswith("bytes.client->edge") for k in engine[0])
     _assert_same(engine, flower)
@@ -105,12 +161,20 @@ class _Counter:
     def run(self, msg, ctx):
         ctx.state["calls"] = ctx.state.get("calls", 0) + 1
         ctx.round_state["in_round"] = ctx.round_state.get("in_round", 0) + 1
-        return FedgeMessage({}, {"cid": ctx.cid, "calls": ctx.state["calls"], "in_round": ctx.round_state["in_round"]})
+        return FedgeMessage(
+            {},
+            {"cid": ctx.cid, "calls": ctx.state["calls"], "in_round": ctx.round_state["in_round"]},
+        )
 
 
 def _train(cid, rnd, phase):
     body = {"cid": cid, "rnd": rnd, "phase": phase, "message": FedgeMessage({}, {}).to_bytes()}
-    return Message(RecordDict({RECORD: ConfigRecord(body)}), dst_node_id=1000 + cid, message_type="train", group_id="g")
+    return Message(
+        RecordDict({RECORD: ConfigRecord(body)}),
+        dst_node_id=1000 + cid,
+        message_type="train",
+        group_id="g",
+    )
 
 
 def _reply(m):
@@ -120,7 +184,9 @@ def _reply(m):
 
 def test_client_state_lives_in_the_nodes_context_state():
     data = ClientData(torch.zeros(4, 2), torch.zeros(4, dtype=torch.int64), torch.arange(4))
-    app = client_app(_Counter(), lambda cid: data, seed=0, measure_flops=False, measure_memory=False, parties={})
+    app = client_app(
+        _Counter(), lambda cid: data, seed=0, measure_flops=False, measure_memory=False, parties={}
+    )
     grid = LocalGrid(app, [{"partition-id": i} for i in range(2)])
     seen = [_reply(m) for m in grid.send_and_receive([_train(1, 1, 0), _train(0, 1, 0)])]
     assert [(r["cid"], r["calls"], r["in_round"]) for r in seen] == [(1, 1, 1), (0, 1, 1)]
@@ -130,7 +196,9 @@ def test_client_state_lives_in_the_nodes_context_state():
     assert (_reply(later)["calls"], _reply(later)["in_round"]) == (3, 1)
     node = grid.contexts[1001].state.config_records[RECORD]
     assert bytes(node["state"]) == encode_state({"calls": 3})
-    assert bytes(grid.contexts[1000].state.config_records[RECORD]["state"]) == encode_state({"calls": 1})
+    assert bytes(grid.contexts[1000].state.config_records[RECORD]["state"]) == encode_state(
+        {"calls": 1}
+    )
 
 
 def test_a_shared_party_whose_state_changes_is_refused_with_advice_that_works_on_flower():
@@ -140,17 +208,27 @@ def test_a_shared_party_whose_state_changes_is_refused_with_advice_that_works_on
     from fedge.runtime.flower import FlowerSimulation
     from tests.runtime.test_engine import CountingServer, Device, Edge, _clients
 
-    sim = FlowerSimulation(strategy=CountingServer(), program=Device(), clients=_clients(3),
-                           test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)), num_classes=2,
-                           config=EngineConfig(seed=0, rounds=1, per_round=3),
-                           parties={"edge": PartySpec("edge", Edge, scope="shared")})  # fmt: skip
-    with pytest.raises(ConfigError, match=r"changed its state on a Flower node .*; keep that state per client "
-                       r"\(scope='client'\), or run on the engine \(--runtime engine\) with clients.workers=0$"):
+    sim = FlowerSimulation(
+        strategy=CountingServer(),
+        program=Device(),
+        clients=_clients(3),
+        test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)),
+        num_classes=2,
+        config=EngineConfig(seed=0, rounds=1, per_round=3),
+        parties={"edge": PartySpec("edge", Edge, scope="shared")},
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"changed its state on a Flower node .*; keep that state per client "
+        r"\(scope='client'\), or run on the engine \(--runtime engine\) with clients.workers=0$",
+    ):
         sim.run()
 
 
 def test_a_node_without_partition_id_replies_with_an_error_naming_it():
-    app = client_app(_Counter(), lambda cid: None, seed=0, measure_flops=False, measure_memory=False, parties={})
+    app = client_app(
+        _Counter(), lambda cid: None, seed=0, measure_flops=False, measure_memory=False, parties={}
+    )
     grid = LocalGrid(app, [{"something": 3}])
     (reply,) = grid.send_and_receive([_train(0, 1, 0)])
     assert reply.has_error() and "partition-id" in reply.error.reason
@@ -166,15 +244,22 @@ def test_missing_node_for_a_client_is_named(tmp_path):
     from fedge.experiment.build import build_run
     from fedge.runtime.flower import FlowerSimulation
 
-    built = build_run(load_config(tiny_config(rounds=1, **{"clients.num": 3, "clients.per_round": 3})))
+    built = build_run(
+        load_config(tiny_config(rounds=1, **{"clients.num": 3, "clients.per_round": 3}))
+    )
     sim = built.simulation(runtime="flower-sim")
     assert isinstance(sim, FlowerSimulation)
-    app = client_app(built.method.program, built.clients.__getitem__, seed=0, measure_flops=False,
-                     measure_memory=False, parties={})  # fmt: skip
+    app = client_app(
+        built.method.program,
+        built.clients.__getitem__,
+        seed=0,
+        measure_flops=False,
+        measure_memory=False,
+        parties={},
+    )
     sim.wait_nodes_s = 0
     with pytest.raises(ConfigError, match=r"partition-ids \[2\]"):
         sim.connect(LocalGrid(app, [{"partition-id": 0}, {"partition-id": 1}]))
-
 
 
 class _OfflineLastNodeGrid(LocalGrid):
@@ -202,17 +287,28 @@ def test_a_node_failing_the_handshake_is_skipped_unless_its_client_has_no_other(
     (not the SuperLink, whose node id the error reply carries)."""
     from fedge.experiment.build import build_run
 
-    built = build_run(load_config(tiny_config(rounds=1, **{"clients.num": 3, "clients.per_round": 3})))
+    built = build_run(
+        load_config(tiny_config(rounds=1, **{"clients.num": 3, "clients.per_round": 3}))
+    )
     sim = built.simulation(runtime="flower-sim")
-    app = client_app(built.method.program, built.clients.__getitem__, seed=0, measure_flops=False,
-                     measure_memory=False, parties={})  # fmt: skip
+    app = client_app(
+        built.method.program,
+        built.clients.__getitem__,
+        seed=0,
+        measure_flops=False,
+        measure_memory=False,
+        parties={},
+    )
     sim.wait_nodes_s = 0
     if offline == "a stale extra node":
         sim.connect(_OfflineLastNodeGrid(app, [{"partition-id": i} for i in (0, 1, 2, 2)]))
         assert sim.nodes == {0: 1000, 1: 1001, 2: 1002}
     else:
-        with pytest.raises(MessageError, match=r"partition-ids \[2\]\); 1 node\(s\) failed the handshake "
-                           r"\(node 1002: node offline\)$"):  # fmt: skip
+        with pytest.raises(
+            MessageError,
+            match=r"partition-ids \[2\]\); 1 node\(s\) failed the handshake "
+            r"\(node 1002: node offline\)$",
+        ):
             sim.connect(_OfflineLastNodeGrid(app, [{"partition-id": i} for i in (0, 1, 2)]))
 
 
@@ -249,18 +345,31 @@ def test_a_node_drawing_other_numbers_from_the_seeds_is_refused_naming_it_and_th
         overrides["method"] = {"name": "baffle", "mode": "batch", "k": 4, "batch_size": 32}
     built = build_run(load_config(tiny_config(rounds=1, **overrides)))
     sim = built.simulation(runtime="flower-sim")
-    app = client_app(built.method.program, built.clients.__getitem__, seed=0, measure_flops=False,
-                     measure_memory=False, parties={})  # fmt: skip
+    app = client_app(
+        built.method.program,
+        built.clients.__getitem__,
+        seed=0,
+        measure_flops=False,
+        measure_memory=False,
+        parties={},
+    )
     sim.wait_nodes_s = 0
     nodes = [{"partition-id": i} for i in range(3)]
     sim.connect(LocalGrid(app, nodes))  # one machine: the same draws
     assert sim.nodes == {0: 1000, 1: 1001, 2: 1002}
     head = r"^1 node\(s\) draw other numbers from the run's seeds than this server \(fedge .*, torch .*, numpy .*\): "
-    fix = (r"\. Their clients would train on other data shards than the run's partition, .*; install this server's "
-           r"fedge, torch and numpy versions on those SuperNodes$")  # fmt: skip
-    with pytest.raises(ConfigError, match=head + r"node 1002 \(client 2: fedge .*, torch 9\.9\.9, numpy .*\)" + fix):
+    fix = (
+        r"\. Their clients would train on other data shards than the run's partition, .*; install this server's "
+        r"fedge, torch and numpy versions on those SuperNodes$"
+    )
+    with pytest.raises(
+        ConfigError, match=head + r"node 1002 \(client 2: fedge .*, torch 9\.9\.9, numpy .*\)" + fix
+    ):
         sim.connect(_OtherBuildLastNodeGrid(app, nodes))
-    with pytest.raises(ConfigError, match=head + r"node 1002 \(client 2: a fedge without the handshake's probe\)" + fix):
+    with pytest.raises(
+        ConfigError,
+        match=head + r"node 1002 \(client 2: a fedge without the handshake's probe\)" + fix,
+    ):
         sim.connect(_OtherBuildLastNodeGrid(app, nodes, older=True))
 
 
@@ -270,19 +379,58 @@ def test_cli_quickstart_on_flower_sim_writes_a_complete_run_directory(tmp_path):
     from fedge.cli.main import app
 
     out = tmp_path / "qs"
-    res = CliRunner().invoke(app, ["run", "quickstart", "--runtime", "flower-sim", "--set", "rounds=3", "--out", str(out), "-q"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "quickstart",
+            "--runtime",
+            "flower-sim",
+            "--set",
+            "rounds=3",
+            "--out",
+            str(out),
+            "-q",
+        ],
+    )
     assert res.exit_code == 0, res.output
     lines = _lines(out)
     assert [x["round"] for x in lines] == [1, 2, 3] and all("flower_bytes_down" in x for x in lines)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["runtime"] == "flower-sim" and summary["final_test_accuracy"] == lines[-1]["test_accuracy"]
+    assert (
+        summary["runtime"] == "flower-sim"
+        and summary["final_test_accuracy"] == lines[-1]["test_accuracy"]
+    )
     assert (out / "report.md").exists() and (out / "model.safetensors").exists()
-    bad = CliRunner().invoke(app, ["run", "quickstart", "--runtime", "ray", "--out", str(tmp_path / "bad")])
-    assert bad.exit_code == 2 and "runtime 'ray' is not known" in bad.output and not (tmp_path / "bad").exists()
-    bad = CliRunner().invoke(app, ["run", "quickstart", "--runtime", "flower", "--out", str(tmp_path / "bad")])
-    assert bad.exit_code == 2 and "--runtime flower needs --superlink" in bad.output and not (tmp_path / "bad").exists()
-    bad = CliRunner().invoke(app, ["run", "quickstart", "--runtime", "flower", "--superlink", "127.0.0.1:1",
-                                   "--out", str(tmp_path / "bad")])  # fmt: skip
+    bad = CliRunner().invoke(
+        app, ["run", "quickstart", "--runtime", "ray", "--out", str(tmp_path / "bad")]
+    )
+    assert (
+        bad.exit_code == 2
+        and "runtime 'ray' is not known" in bad.output
+        and not (tmp_path / "bad").exists()
+    )
+    bad = CliRunner().invoke(
+        app, ["run", "quickstart", "--runtime", "flower", "--out", str(tmp_path / "bad")]
+    )
+    assert (
+        bad.exit_code == 2
+        and "--runtime flower needs --superlink" in bad.output
+        and not (tmp_path / "bad").exists()
+    )
+    bad = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "quickstart",
+            "--runtime",
+            "flower",
+            "--superlink",
+            "127.0.0.1:1",
+            "--out",
+            str(tmp_path / "bad"),
+        ],
+    )
     assert bad.exit_code == 2 and "--insecure" in bad.output and not (tmp_path / "bad").exists()
 
 
@@ -295,7 +443,10 @@ def _processes_in(path):
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if os.readlink(d / "cwd") == str(path) and (d / "status").read_text().find("State:\tZ") < 0:
+                if (
+                    os.readlink(d / "cwd") == str(path)
+                    and (d / "status").read_text().find("State:\tZ") < 0
+                ):
                     found.append(int(d.name))
             except OSError:
                 continue
@@ -323,15 +474,27 @@ def test_loopback_deployment_superlink_and_3_supernodes_same_accuracies_as_the_e
     from fedge.experiment.flower import loopback, submit
 
     cfg = load_config("quickstart", overrides=["rounds=2", "clients.num=3", "clients.per_round=3"])
-    engine3 = _lines(run_experiment(load_config({**cfg.to_dict(), "rounds": 3}), out=tmp_path / "engine", render=False))
+    engine3 = _lines(
+        run_experiment(
+            load_config({**cfg.to_dict(), "rounds": 3}), out=tmp_path / "engine", render=False
+        )
+    )
     engine = engine3[:2]
     work = tmp_path / "flwr"
     with loopback(3, workdir=work) as superlink:
         assert len(_processes_in(work)) >= 4  # SuperLink + 3 SuperNodes
-        out = submit(cfg, out=tmp_path / "deployed", superlink=superlink, insecure=True, workdir=tmp_path / "app",
-                     timeout=400)  # fmt: skip
+        out = submit(
+            cfg,
+            out=tmp_path / "deployed",
+            superlink=superlink,
+            insecure=True,
+            workdir=tmp_path / "app",
+            timeout=400,
+        )
         first = _lines(out)
-        with pytest.raises(MessageError, match="did not write"):  # the run directory exists: the ServerApp fails
+        with pytest.raises(
+            MessageError, match="did not write"
+        ):  # the run directory exists: the ServerApp fails
             submit(cfg, out=out, superlink=superlink, insecure=True, timeout=400)
         # resumed on the same federation, to 3 rounds (fedge run --resume OUT --set rounds=3 --runtime flower ...)
         submit(cfg, out=out, superlink=superlink, insecure=True, timeout=400, resume=True, rounds=3)
@@ -340,7 +503,9 @@ def test_loopback_deployment_superlink_and_3_supernodes_same_accuracies_as_the_e
         assert s.connect_ex(("127.0.0.1", port)) != 0  # nothing listens any more
     assert _left_in(work) == []
     deployed = first
-    assert [x["test_accuracy"] for x in deployed] == pytest.approx([x["test_accuracy"] for x in engine], rel=1e-9)
+    assert [x["test_accuracy"] for x in deployed] == pytest.approx(
+        [x["test_accuracy"] for x in engine], rel=1e-9
+    )
     _assert_same(engine, deployed)
     resumed = _lines(out)
     assert [x["round"] for x in resumed] == [1, 2, 3]
@@ -355,18 +520,33 @@ def _without_wall(path):
     return [{k: v for k, v in x.items() if "wall" not in k} for x in _lines(path)]
 
 
-def test_interrupted_flower_run_resumes_to_the_same_metrics_with_node_held_client_state(tmp_path, monkeypatch):
+def test_interrupted_flower_run_resumes_to_the_same_metrics_with_node_held_client_state(
+    tmp_path, monkeypatch
+):
     """BAFFLE with ``downlink: seeds`` keeps each client's model replica in ``ctx.state`` (on its
     node); a resumed run without those states fails ("out of step"), and one with wrong states
     changes the losses."""
     import fedge.experiment.rundir as rd
     from fedge.experiment.run import resume_experiment
 
-    method = {"name": "baffle", "mode": "batch", "k": 4, "batch_size": 16, "ema": None, "downlink": "seeds"}
-    cfg = tiny_config(rounds=5, model={"name": "mlp", "hidden": [16]}, method=method,
-                      **{"clients.num": 5, "clients.per_round": 2})  # fmt: skip
+    method = {
+        "name": "baffle",
+        "mode": "batch",
+        "k": 4,
+        "batch_size": 16,
+        "ema": None,
+        "downlink": "seeds",
+    }
+    cfg = tiny_config(
+        rounds=5,
+        model={"name": "mlp", "hidden": [16]},
+        method=method,
+        **{"clients.num": 5, "clients.per_round": 2},
+    )
     engine = run_experiment(load_config(cfg), out=tmp_path / "engine", render=False)
-    full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False, runtime="flower-sim")
+    full = run_experiment(
+        load_config(cfg), out=tmp_path / "full", render=False, runtime="flower-sim"
+    )
     original = rd.RunDir.save_checkpoint
     saved = []
 
@@ -386,8 +566,14 @@ def test_interrupted_flower_run_resumes_to_the_same_metrics_with_node_held_clien
     for a, b in zip(_without_wall(tmp_path / "cut"), _without_wall(full), strict=True):
         assert a.keys() == b.keys()
         # Flower's own message sizes vary by a few bytes (varint-coded metadata); fedge's are exact
-        assert {k: v for k, v in a.items() if b[k] != v and not k.startswith("flower_bytes")} == {}, a["round"]
-        assert all(abs(a[k] - b[k]) <= 16 * a["clients"] * a["phases"] for k in a if k.startswith("flower_bytes"))
+        assert {
+            k: v for k, v in a.items() if b[k] != v and not k.startswith("flower_bytes")
+        } == {}, a["round"]
+        assert all(
+            abs(a[k] - b[k]) <= 16 * a["clients"] * a["phases"]
+            for k in a
+            if k.startswith("flower_bytes")
+        )
     _assert_same(_lines(engine), _lines(tmp_path / "cut"))
     summary = json.loads((tmp_path / "cut" / "summary.json").read_text())
     assert summary["runtime"] == "flower-sim" and summary["flower_backend"] == "local"
@@ -416,7 +602,9 @@ def _replies_late(monkeypatch, late):
     def send_and_receive(self, messages, *, timeout=None):
         messages = list(messages)
         ids = list(self.push_messages(messages))
-        return self.pull_messages([mid for m, mid in zip(messages, ids, strict=True) if not late(m)])
+        return self.pull_messages(
+            [mid for m, mid in zip(messages, ids, strict=True) if not late(m)]
+        )
 
     monkeypatch.setattr(LocalGrid, "send_and_receive", send_and_receive)
 
@@ -461,26 +649,45 @@ def _fail_node_1_in_round_2(monkeypatch, fault, exchange=0):
     if fault == "offline":
         monkeypatch.setattr(LocalGrid, "push_messages", offline_push)
     if fault == "no reply":
-        _replies_late(monkeypatch, lambda m: m.metadata.dst_node_id == 1001 and m.metadata.group_id == group)
+        _replies_late(
+            monkeypatch, lambda m: m.metadata.dst_node_id == 1001 and m.metadata.group_id == group
+        )
 
 
 @pytest.mark.parametrize("fault", ["raises", "no reply", "offline"])
-def test_a_failed_node_fails_the_round_naming_it_and_the_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, fault):
+def test_a_failed_node_fails_the_round_naming_it_and_the_run_resumes_to_the_same_metrics(
+    tmp_path, monkeypatch, fault
+):
     """Client 1's node fails in round 2 (its ClientApp raises, its reply comes after the 30 s, or
     the SuperLink answers for it as offline, as for a killed SuperNode): the run stops with one message naming round, client, node and the way on; the
     directory keeps round 1 and no summary; resuming gives an uninterrupted run's metrics."""
     from fedge.experiment.run import resume_experiment
 
-    cfg = tiny_config(rounds=3, **{"dataset": {"name": "digits"}, "clients.num": 3, "clients.per_round": 3,
-                                   "clients.reply_timeout": 30})  # fmt: skip
-    full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False, runtime="flower-sim")
+    cfg = tiny_config(
+        rounds=3,
+        **{
+            "dataset": {"name": "digits"},
+            "clients.num": 3,
+            "clients.per_round": 3,
+            "clients.reply_timeout": 30,
+        },
+    )
+    full = run_experiment(
+        load_config(cfg), out=tmp_path / "full", render=False, runtime="flower-sim"
+    )
     _fail_node_1_in_round_2(monkeypatch, fault)
     with pytest.raises(MessageError) as info:
         run_experiment(load_config(cfg), out=tmp_path / "cut", render=False, runtime="flower-sim")
     text = str(info.value)
-    assert text.startswith("round 2, exchange 1: 1 of 3 clients gave no result (client 1: node 1001: ")
+    assert text.startswith(
+        "round 2, exchange 1: 1 of 3 clients gave no result (client 1: node 1001: "
+    )
     assert "set clients.min_replies" in text
-    why = {"raises": "RuntimeError: the node went away", "no reply": "no reply within 30 s", "offline": "Node Unavailable"}
+    why = {
+        "raises": "RuntimeError: the node went away",
+        "no reply": "no reply within 30 s",
+        "offline": "Node Unavailable",
+    }
     assert why[fault] in text
     assert "--resume" in text and "Rounds up to 1 are kept" in text
     assert [x["round"] for x in _lines(tmp_path / "cut")] == [1]
@@ -489,7 +696,9 @@ def test_a_failed_node_fails_the_round_naming_it_and_the_run_resumes_to_the_same
     resume_experiment(tmp_path / "cut", render=False, runtime="flower-sim")
     a, b = _lines(tmp_path / "cut"), _lines(full)
     assert [x["test_accuracy"] for x in a] == [x["test_accuracy"] for x in b]
-    assert [(x["bytes_down"], x["bytes_up"]) for x in a] == [(x["bytes_down"], x["bytes_up"]) for x in b]
+    assert [(x["bytes_down"], x["bytes_up"]) for x in a] == [
+        (x["bytes_down"], x["bytes_up"]) for x in b
+    ]
 
 
 @pytest.mark.parametrize("fault", ["raises", "no reply"])
@@ -499,29 +708,55 @@ def test_with_min_replies_a_round_goes_on_without_the_failed_node(tmp_path, monk
     client 1's downlink is still counted, and it is back in round 3."""
     from fedge.runtime.engine import Simulation
 
-    cfg = tiny_config(rounds=3, **{"dataset": {"name": "digits"}, "clients.num": 3, "clients.per_round": 3,
-                                   "clients.min_replies": 2})  # fmt: skip
+    cfg = tiny_config(
+        rounds=3,
+        **{
+            "dataset": {"name": "digits"},
+            "clients.num": 3,
+            "clients.per_round": 3,
+            "clients.min_replies": 2,
+        },
+    )
     sample = Simulation.sample
-    monkeypatch.setattr(Simulation, "sample", lambda self, rnd: [c for c in sample(self, rnd) if (rnd, c) != (2, 1)])
+    monkeypatch.setattr(
+        Simulation, "sample", lambda self, rnd: [c for c in sample(self, rnd) if (rnd, c) != (2, 1)]
+    )
     oracle = _lines(run_experiment(load_config(cfg), out=tmp_path / "oracle", render=False))
     monkeypatch.setattr(Simulation, "sample", sample)
     _fail_node_1_in_round_2(monkeypatch, fault)
-    lines = _lines(run_experiment(load_config(cfg), out=tmp_path / "lossy", render=False, runtime="flower-sim"))
-    assert [x["clients_failed"] for x in lines] == [0, 1, 0] and [x["clients"] for x in lines] == [3, 3, 3]
+    lines = _lines(
+        run_experiment(load_config(cfg), out=tmp_path / "lossy", render=False, runtime="flower-sim")
+    )
+    assert [x["clients_failed"] for x in lines] == [0, 1, 0] and [x["clients"] for x in lines] == [
+        3,
+        3,
+        3,
+    ]
     assert [x["test_accuracy"] for x in lines] == [x["test_accuracy"] for x in oracle]
     assert [x["test_loss"] for x in lines] == [x["test_loss"] for x in oracle]
     assert [x["bytes_up"] for x in lines] == [x["bytes_up"] for x in oracle]
-    assert lines[1]["bytes_down"] == lines[0]["bytes_down"] == oracle[1]["bytes_down"] * 3 // 2  # sent, then lost
+    assert (
+        lines[1]["bytes_down"] == lines[0]["bytes_down"] == oracle[1]["bytes_down"] * 3 // 2
+    )  # sent, then lost
 
 
 def _persistent_adam_config(**extra):
     """FedAvg whose clients keep their Adam moments on their nodes between rounds, 3 clients a round."""
-    return tiny_config(rounds=3, **{"dataset": {"name": "digits"}, "clients.num": 3, "clients.per_round": 3,
-                                    "method.client_optimizer": {"name": "adam", "lr": 0.01, "state": "persistent"},
-                                    **extra})  # fmt: skip
+    return tiny_config(
+        rounds=3,
+        **{
+            "dataset": {"name": "digits"},
+            "clients.num": 3,
+            "clients.per_round": 3,
+            "method.client_optimizer": {"name": "adam", "lr": 0.01, "state": "persistent"},
+            **extra,
+        },
+    )
 
 
-def test_a_node_whose_reply_was_lost_has_its_state_fetched_so_a_resume_continues_as_the_run(tmp_path, monkeypatch):
+def test_a_node_whose_reply_was_lost_has_its_state_fetched_so_a_resume_continues_as_the_run(
+    tmp_path, monkeypatch
+):
     """Client 1's node trains in round 2 (its Adam moments move on the node) but its reply is
     lost; the round goes on without it (clients.min_replies). The checkpoint after round 2 fetches
     that node's state too, so a run cut there and resumed gives the uninterrupted run's metrics
@@ -531,13 +766,15 @@ def test_a_node_whose_reply_was_lost_has_its_state_fetched_so_a_resume_continues
 
     cfg = _persistent_adam_config(**{"clients.min_replies": 2})
     _fail_node_1_in_round_2(monkeypatch, "no reply")
-    full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False, runtime="flower-sim")
+    full = run_experiment(
+        load_config(cfg), out=tmp_path / "full", render=False, runtime="flower-sim"
+    )
     assert [x["clients_failed"] for x in _lines(full)] == [0, 1, 0]
     run_cut_after(cfg, tmp_path / "cut", 2, monkeypatch, runtime="flower-sim")
     resume_experiment(tmp_path / "cut", render=False, runtime="flower-sim")
-    assert [(x["test_accuracy"], x["test_loss"], x["train_loss"]) for x in _lines(tmp_path / "cut")] == [
-        (x["test_accuracy"], x["test_loss"], x["train_loss"]) for x in _lines(full)
-    ]
+    assert [
+        (x["test_accuracy"], x["test_loss"], x["train_loss"]) for x in _lines(tmp_path / "cut")
+    ] == [(x["test_accuracy"], x["test_loss"], x["train_loss"]) for x in _lines(full)]
 
 
 def _node_1_misses_state_fetches(monkeypatch, *, answered=0):
@@ -556,7 +793,9 @@ def _node_1_misses_state_fetches(monkeypatch, *, answered=0):
     _replies_late(monkeypatch, late)
 
 
-def test_a_node_that_misses_the_state_fetch_is_warned_about_under_min_replies_and_stops_the_run_otherwise(tmp_path, monkeypatch):
+def test_a_node_that_misses_the_state_fetch_is_warned_about_under_min_replies_and_stops_the_run_otherwise(
+    tmp_path, monkeypatch
+):
     """With clients.min_replies the run goes on (its metrics untouched: the fetch only feeds the
     checkpoint), warning at each checkpoint that client 1's state there is as last fetched, and
     the checkpoints hold that state (the one fetched after round 1; a checkpoint without it would
@@ -564,8 +803,14 @@ def test_a_node_that_misses_the_state_fetch_is_warned_about_under_min_replies_an
     the node."""
     import fedge.experiment.rundir as rd
 
-    plain = _lines(run_experiment(load_config(_persistent_adam_config()), out=tmp_path / "plain", render=False,
-                                  runtime="flower-sim"))  # fmt: skip
+    plain = _lines(
+        run_experiment(
+            load_config(_persistent_adam_config()),
+            out=tmp_path / "plain",
+            render=False,
+            runtime="flower-sim",
+        )
+    )
     _node_1_misses_state_fetches(monkeypatch, answered=1)
     original, saved = rd.RunDir.save_checkpoint, []
 
@@ -574,17 +819,34 @@ def test_a_node_that_misses_the_state_fetch_is_warned_about_under_min_replies_an
         original(self, state)
 
     monkeypatch.setattr(rd.RunDir, "save_checkpoint", save_checkpoint)
-    with pytest.warns(RuntimeWarning, match=r"checkpoint after round 2: the node\(s\) of client\(s\) \[1\] did not answer") as caught:
-        lossy = run_experiment(load_config(_persistent_adam_config(**{"clients.min_replies": 2})), out=tmp_path / "lossy",
-                               render=False, runtime="flower-sim")  # fmt: skip
-    assert any("more RuntimeWarnings like the one above (rounds 2–3)" in str(w.message) for w in caught)  # one a round
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"checkpoint after round 2: the node\(s\) of client\(s\) \[1\] did not answer",
+    ) as caught:
+        lossy = run_experiment(
+            load_config(_persistent_adam_config(**{"clients.min_replies": 2})),
+            out=tmp_path / "lossy",
+            render=False,
+            runtime="flower-sim",
+        )
+    assert any(
+        "more RuntimeWarnings like the one above (rounds 2–3)" in str(w.message) for w in caught
+    )  # one a round
     assert [x["test_accuracy"] for x in _lines(lossy)] == [x["test_accuracy"] for x in plain]
     assert [sorted(s) for s in saved] == [[0, 1, 2]] * 3
     assert saved[1][1] == saved[2][1] == saved[0][1]  # client 1: as fetched after round 1
     assert saved[1][0] != saved[0][0]  # the others: as their nodes hold them now
     monkeypatch.setattr(rd.RunDir, "save_checkpoint", original)
-    with pytest.raises(MessageError, match=r"fedge_state_get: 1 of 3 nodes failed \(client 1 \(node 1001\): no reply\)"):
-        run_experiment(load_config(_persistent_adam_config()), out=tmp_path / "strict", render=False, runtime="flower-sim")
+    with pytest.raises(
+        MessageError,
+        match=r"fedge_state_get: 1 of 3 nodes failed \(client 1 \(node 1001\): no reply\)",
+    ):
+        run_experiment(
+            load_config(_persistent_adam_config()),
+            out=tmp_path / "strict",
+            render=False,
+            runtime="flower-sim",
+        )
 
 
 def test_cli_resume_on_flower_sim_and_its_bad_combinations(tmp_path):
@@ -594,14 +856,32 @@ def test_cli_resume_on_flower_sim_and_its_bad_combinations(tmp_path):
 
     out = tmp_path / "qs"
     args = ["--set", "clients.num=3", "--set", "clients.per_round=3", "-q"]
-    res = CliRunner().invoke(app, ["run", "quickstart", "--runtime", "flower-sim", "--set", "rounds=1", "--out", str(out),
-                                   *args])  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "quickstart",
+            "--runtime",
+            "flower-sim",
+            "--set",
+            "rounds=1",
+            "--out",
+            str(out),
+            *args,
+        ],
+    )
     assert res.exit_code == 0, res.output
-    bad = CliRunner().invoke(app, ["run", "--resume", str(out), "--set", "rounds=2", "--runtime", "flower", "-q"])
+    bad = CliRunner().invoke(
+        app, ["run", "--resume", str(out), "--set", "rounds=2", "--runtime", "flower", "-q"]
+    )
     assert bad.exit_code == 2 and "--runtime flower needs --superlink" in bad.output
-    bad = CliRunner().invoke(app, ["run", "--resume", str(out), "--set", "rounds=2", "--backend", "ray", "-q"])
+    bad = CliRunner().invoke(
+        app, ["run", "--resume", str(out), "--set", "rounds=2", "--backend", "ray", "-q"]
+    )
     assert bad.exit_code == 2 and "--backend ray goes with --runtime flower-sim" in bad.output
-    res = CliRunner().invoke(app, ["run", "--resume", str(out), "--set", "rounds=2", "--runtime", "flower-sim", "-q"])
+    res = CliRunner().invoke(
+        app, ["run", "--resume", str(out), "--set", "rounds=2", "--runtime", "flower-sim", "-q"]
+    )
     assert res.exit_code == 0, res.output
     lines = _lines(out)
     assert [x["round"] for x in lines] == [1, 2] and all("flower_bytes_down" in x for x in lines)
@@ -618,25 +898,51 @@ def _certificates(d):
     from cryptography.x509.oid import NameOID
 
     now = datetime.datetime.now(datetime.UTC)
-    valid = {"not_valid_before": now - datetime.timedelta(minutes=5), "not_valid_after": now + datetime.timedelta(days=1)}
+    valid = {
+        "not_valid_before": now - datetime.timedelta(minutes=5),
+        "not_valid_after": now + datetime.timedelta(days=1),
+    }
 
     def cert(subject, issuer, public_key, signer, ext):
-        b = x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(issuer)
+            .public_key(public_key)
+        )
         b = b.serial_number(x509.random_serial_number()).not_valid_before(valid["not_valid_before"])
         b = b.not_valid_after(valid["not_valid_after"]).add_extension(*ext)
         return b.sign(signer, hashes.SHA256())
 
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedge test CA")])
-    ca = cert(ca_name, ca_name, ca_key.public_key(), ca_key, (x509.BasicConstraints(ca=True, path_length=None), True))
-    san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")])
-    server = cert(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]), ca_name, key.public_key(), ca_key,
-                  (san, False))  # fmt: skip
+    ca = cert(
+        ca_name,
+        ca_name,
+        ca_key.public_key(),
+        ca_key,
+        (x509.BasicConstraints(ca=True, path_length=None), True),
+    )
+    san = x509.SubjectAlternativeName(
+        [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+    )
+    server = cert(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]),
+        ca_name,
+        key.public_key(),
+        ca_key,
+        (san, False),
+    )
     d.mkdir(parents=True)
     (d / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     (d / "server.pem").write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    (d / "server.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                     serialization.NoEncryption()))  # fmt: skip
+    (d / "server.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     return d / "ca.crt", d / "server.pem", d / "server.key"
 
 
@@ -654,20 +960,40 @@ def test_loopback_deployment_over_tls_with_user_certificates(tmp_path):
     engine = _lines(run_experiment(cfg, out=tmp_path / "engine", render=False))
     work = tmp_path / "flwr"
     with loopback(2, workdir=work, tls=(ca, cert, key)) as superlink:
-        out = submit(cfg, out=tmp_path / "deployed", superlink=superlink, root_certificates=ca,
-                     workdir=tmp_path / "app", timeout=400)  # fmt: skip
-        started = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in _processes_in(work)]
-        ours = [c for c in started if any(a.endswith((b"flower-superlink", b"flower-supernode")) for a in c[:2])]
-        assert len(ours) == 3 and all(b"--insecure" not in c for c in ours)  # SuperLink and SuperNodes: TLS
+        out = submit(
+            cfg,
+            out=tmp_path / "deployed",
+            superlink=superlink,
+            root_certificates=ca,
+            workdir=tmp_path / "app",
+            timeout=400,
+        )
+        started = [
+            Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in _processes_in(work)
+        ]
+        ours = [
+            c
+            for c in started
+            if any(a.endswith((b"flower-superlink", b"flower-supernode")) for a in c[:2])
+        ]
+        assert len(ours) == 3 and all(
+            b"--insecure" not in c for c in ours
+        )  # SuperLink and SuperNodes: TLS
     assert _left_in(work) == []
-    conn = tomllib.loads((tmp_path / "app" / "flwr-home" / "config.toml").read_text())["superlink"]["fedge"]
+    conn = tomllib.loads((tmp_path / "app" / "flwr-home" / "config.toml").read_text())["superlink"][
+        "fedge"
+    ]
     assert conn["insecure"] is False and conn["root-certificates"] == str(ca.resolve())
     deployed = _lines(out)
-    assert [x["test_accuracy"] for x in deployed] == pytest.approx([x["test_accuracy"] for x in engine], rel=1e-9)
+    assert [x["test_accuracy"] for x in deployed] == pytest.approx(
+        [x["test_accuracy"] for x in engine], rel=1e-9
+    )
     assert [x["bytes_up"] for x in deployed] == [x["bytes_up"] for x in engine]
 
 
-def test_a_seeds_downlink_client_whose_reply_was_lost_skips_the_rounds_it_replayed(tmp_path, monkeypatch):
+def test_a_seeds_downlink_client_whose_reply_was_lost_skips_the_rounds_it_replayed(
+    tmp_path, monkeypatch
+):
     """BAFFLE with `downlink: seeds` (and secure aggregation, its default): client 1's node syncs
     to round 2's model when it computes its masked input, but that reply is lost; its input is
     not in the sum, so the server still records it at round 1, round 3 replays rounds 1 and 2 to
@@ -676,14 +1002,38 @@ def test_a_seeds_downlink_client_whose_reply_was_lost_skips_the_rounds_it_replay
     (the oracle; the same secure sums, exact in the ring)."""
     from fedge.runtime.engine import Simulation
 
-    method = {"name": "baffle", "mode": "batch", "k": 4, "batch_size": 32, "clip": None, "ema": None, "downlink": "seeds"}
-    cfg = tiny_config(rounds=3, method=method, **{"dataset": {"name": "digits"}, "clients.num": 3, "clients.per_round": 3,
-                                                  "clients.min_replies": 2})  # fmt: skip
+    method = {
+        "name": "baffle",
+        "mode": "batch",
+        "k": 4,
+        "batch_size": 32,
+        "clip": None,
+        "ema": None,
+        "downlink": "seeds",
+    }
+    cfg = tiny_config(
+        rounds=3,
+        method=method,
+        **{
+            "dataset": {"name": "digits"},
+            "clients.num": 3,
+            "clients.per_round": 3,
+            "clients.min_replies": 2,
+        },
+    )
     sample = Simulation.sample
-    monkeypatch.setattr(Simulation, "sample", lambda self, rnd: [c for c in sample(self, rnd) if (rnd, c) != (2, 1)])
+    monkeypatch.setattr(
+        Simulation, "sample", lambda self, rnd: [c for c in sample(self, rnd) if (rnd, c) != (2, 1)]
+    )
     oracle = _lines(run_experiment(load_config(cfg), out=tmp_path / "oracle", render=False))
     monkeypatch.setattr(Simulation, "sample", sample)
-    _fail_node_1_in_round_2(monkeypatch, "no reply", exchange=2)  # secure aggregation's step 3: the masked input
-    lines = _lines(run_experiment(load_config(cfg), out=tmp_path / "lossy", render=False, runtime="flower-sim"))
+    _fail_node_1_in_round_2(
+        monkeypatch, "no reply", exchange=2
+    )  # secure aggregation's step 3: the masked input
+    lines = _lines(
+        run_experiment(load_config(cfg), out=tmp_path / "lossy", render=False, runtime="flower-sim")
+    )
     assert [x["clients_failed"] for x in lines] == [0, 1, 0] and lines[1]["secagg_survivors"] == 2
-    assert [(x["test_accuracy"], x["test_loss"]) for x in lines] == [(x["test_accuracy"], x["test_loss"]) for x in oracle]
+    assert [(x["test_accuracy"], x["test_loss"]) for x in lines] == [
+        (x["test_accuracy"], x["test_loss"]) for x in oracle
+    ]

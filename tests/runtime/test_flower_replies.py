@@ -77,7 +77,9 @@ class _ThreadBackend(Backend):
 def _link_state():
     """A SuperLink's in-memory LinkState holding one run (as ``flwr.simulation.run_simulation``
     makes it), the run, and the ServerApp's task in it."""
-    state_factory = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory())
+    state_factory = LinkStateFactory(
+        FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()
+    )
     run = Run.create_empty(run_id=secrets.randbits(63))
     run.primary_task_id, run.federation_id = 1, NOOP_FEDERATION_ID
     state = state_factory.state()
@@ -99,8 +101,18 @@ def _flower_engine(app, num_nodes: int, *, workers: int = 2):
     nodes = vce_api._register_nodes(num_nodes, state_factory)
     stores = vce_api._register_node_info_stores(nodes, run)
     stop = threading.Event()
-    engine = threading.Thread(target=vce_api.run_api, args=(lambda: app, lambda: _ThreadBackend(workers), nodes,
-                                                             state_factory, stores, stop, VceMetrics()))  # fmt: skip
+    engine = threading.Thread(
+        target=vce_api.run_api,
+        args=(
+            lambda: app,
+            lambda: _ThreadBackend(workers),
+            nodes,
+            state_factory,
+            stores,
+            stop,
+            VceMetrics(),
+        ),
+    )
     engine.start()
     try:
         yield grid, stores, state
@@ -152,19 +164,39 @@ def test_a_node_whose_step_timed_out_is_sent_nothing_until_it_answers_and_its_la
     used and addresses client 1 again: its node ran 2 steps and holds calls = 2."""
     gate = threading.Event()
     program = _Watched(gate)
-    app = client_app(program, _clients(2).__getitem__, seed=0, measure_flops=False, measure_memory=False, parties={})
+    app = client_app(
+        program,
+        _clients(2).__getitem__,
+        seed=0,
+        measure_flops=False,
+        measure_memory=False,
+        parties={},
+    )
     with _flower_engine(app, 2) as (grid, stores, state):
-        sim = FlowerSimulation(strategy=_Tolerant(), program=program, clients=_clients(2), timeout=2.0,
-                               test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)), num_classes=2,
-                               config=EngineConfig(seed=0, rounds=3, per_round=2, measure_flops=False, min_replies=1))  # fmt: skip
-        sim.on_progress = lambda rnd, phase, i, n: gate.set() if rnd == 2 else None  # round 2's replies are in
+        sim = FlowerSimulation(
+            strategy=_Tolerant(),
+            program=program,
+            clients=_clients(2),
+            timeout=2.0,
+            test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)),
+            num_classes=2,
+            config=EngineConfig(seed=0, rounds=3, per_round=2, measure_flops=False, min_replies=1),
+        )
+        sim.on_progress = lambda rnd, phase, i, n: (
+            gate.set() if rnd == 2 else None
+        )  # round 2's replies are in
         failed, check = [], sim._check_failures
-        sim._check_failures = lambda rnd, phase, *counts: (failed.append(dict(counts[-1])), check(rnd, phase, *counts))
+        sim._check_failures = lambda rnd, phase, *counts: (
+            failed.append(dict(counts[-1])),
+            check(rnd, phase, *counts),
+        )
         sim.connect(grid)
         lines = [sim.run_round(1), sim.run_round(2)]
         gate.set()
         deadline = time.monotonic() + 30
-        while program.done[1] < 1 or not state.message_res_store:  # the late reply reaches the SuperLink
+        while (
+            program.done[1] < 1 or not state.message_res_store
+        ):  # the late reply reaches the SuperLink
             assert time.monotonic() < deadline
             time.sleep(0.02)
         with warnings.catch_warnings(record=True) as caught:
@@ -173,14 +205,21 @@ def test_a_node_whose_step_timed_out_is_sent_nothing_until_it_answers_and_its_la
         node_1 = sim.nodes[1]
     assert program.most[1] == 1, "two steps of client 1 ran at once on its node"
     assert [x["clients_failed"] for x in lines] == [1, 1, 0]
-    assert failed == [{1: f"node {node_1}: no reply within 2 s"},
-                      {1: f"node {node_1}: still busy with round 1, exchange 1, which it has not answered; sent nothing "
-                          "more until it does"}]  # fmt: skip
+    assert failed == [
+        {1: f"node {node_1}: no reply within 2 s"},
+        {
+            1: f"node {node_1}: still busy with round 1, exchange 1, which it has not answered; sent nothing "
+            "more until it does"
+        },
+    ]
     assert program.done == {0: 3, 1: 2}
     assert _node_calls(stores, node_1, grid.run.run_id) == 2  # no step's state lost
     (late,) = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
-    assert re.match(r"client 1 \(node \d+\) answered round 1, exchange 1 after the 2 s clients.reply_timeout; "
-                    r"the reply is not used", late)  # fmt: skip
+    assert re.match(
+        r"client 1 \(node \d+\) answered round 1, exchange 1 after the 2 s clients.reply_timeout; "
+        r"the reply is not used",
+        late,
+    )
 
 
 def test_flowers_inmemorygrid_hands_a_late_reply_only_to_a_pull_of_the_message_it_answers():
@@ -200,25 +239,40 @@ def test_flowers_inmemorygrid_hands_a_late_reply_only_to_a_pull_of_the_message_i
     late.metadata.__dict__["_message_id"] = "late"
     assert state.store_message_res(late) == "late"  # the node answers, after the timeout
     second = Message(RecordDict(), dst_node_id=node, message_type="query")
-    assert list(grid.send_and_receive([second], timeout=0.05)) == []  # not the second message's reply
+    assert (
+        list(grid.send_and_receive([second], timeout=0.05)) == []
+    )  # not the second message's reply
     (reply,) = grid.pull_messages([first.metadata.message_id])
-    assert (reply.metadata.message_id, reply.metadata.reply_to_message_id) == ("late", first.metadata.message_id)
+    assert (reply.metadata.message_id, reply.metadata.reply_to_message_id) == (
+        "late",
+        first.metadata.message_id,
+    )
 
 
 def test_a_reply_is_matched_by_the_message_it_answers_never_by_the_node_it_comes_from():
     """A grid that handed back a reply to an earlier message of the same node (Flower's do not:
     above) would not have it taken for the reply to this one."""
-    sim = FlowerSimulation(strategy=_Tolerant(), program=_Watched(threading.Event()), clients=_clients(1),
-                           test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)), num_classes=2,
-                           config=EngineConfig(seed=0, rounds=1, per_round=1))  # fmt: skip
+    sim = FlowerSimulation(
+        strategy=_Tolerant(),
+        program=_Watched(threading.Event()),
+        clients=_clients(1),
+        test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)),
+        num_classes=2,
+        config=EngineConfig(seed=0, rounds=1, per_round=1),
+    )
     sim.nodes = {0: 1000}
     server_identity(1)
     earlier, now = (Message(RecordDict(), dst_node_id=1000, message_type="train") for _ in range(2))
-    earlier.metadata.__dict__["_message_id"], now.metadata.__dict__["_message_id"] = "earlier", "now"
+    earlier.metadata.__dict__["_message_id"], now.metadata.__dict__["_message_id"] = (
+        "earlier",
+        "now",
+    )
     stale = Message(RecordDict(), reply_to=earlier)  # from node 1000
     assert stale.metadata.src_node_id == 1000
     assert sim._by_client([now], [0], [stale]) == {}
-    assert sim._by_client([now], [0], [stale, fresh := Message(RecordDict(), reply_to=now)]) == {0: fresh}
+    assert sim._by_client([now], [0], [stale, fresh := Message(RecordDict(), reply_to=now)]) == {
+        0: fresh
+    }
 
 
 # ---- a message the SuperLink refuses ----------------------------------------------------------
@@ -230,8 +284,12 @@ class _RuntimeApi:
     def __init__(self, state, task) -> None:
         self.state, self.task = state, task
 
-    def __getattr__(self, rpc):  # PushMessages -> runtime_handlers.push_messages(request, state, task)
-        handler = getattr(runtime_handlers, "".join("_" + c.lower() if c.isupper() else c for c in rpc)[1:])
+    def __getattr__(
+        self, rpc
+    ):  # PushMessages -> runtime_handlers.push_messages(request, state, task)
+        handler = getattr(
+            runtime_handlers, "".join("_" + c.lower() if c.isupper() else c for c in rpc)[1:]
+        )
         return lambda request: handler(request, self.state, self.task)
 
 
@@ -273,24 +331,43 @@ def test_httpgrid_does_not_wait_for_a_message_the_superlink_refused():
     MESSAGE_UNAVAILABLE error from itself whose ``reply_to_message_id`` is "" (the LinkState's
     ``verify_message_ids``), which ends ``send_and_receive``'s wait even with no timeout."""
     grid = _http_grid()
-    assert list(grid.push_messages([Message(RecordDict(), dst_node_id=4242, message_type="query")])) == [""]
-    (reply,) = _within(20, lambda: list(grid.send_and_receive(
-        [Message(RecordDict(), dst_node_id=4242, message_type="query")], timeout=None)))  # fmt: skip
+    assert list(
+        grid.push_messages([Message(RecordDict(), dst_node_id=4242, message_type="query")])
+    ) == [""]
+    (reply,) = _within(
+        20,
+        lambda: list(
+            grid.send_and_receive(
+                [Message(RecordDict(), dst_node_id=4242, message_type="query")], timeout=None
+            )
+        ),
+    )
     assert reply.has_error() and reply.error.code == ErrorCode.MESSAGE_UNAVAILABLE
-    assert (reply.metadata.reply_to_message_id, reply.metadata.src_node_id) == ("", SUPERLINK_NODE_ID)
+    assert (reply.metadata.reply_to_message_id, reply.metadata.src_node_id) == (
+        "",
+        SUPERLINK_NODE_ID,
+    )
 
 
 def test_on_httpgrid_a_refused_message_is_its_clients_failure_at_once_even_without_a_timeout():
     """Both clients' nodes are gone from the SuperLink (no clients.reply_timeout): the round stops
     at once naming each with why, as for any failed client (the SuperLink's error for a refused
     message names no message: it is no client's reply)."""
-    sim = FlowerSimulation(strategy=_Tolerant(), program=_Watched(threading.Event()), clients=_clients(2),
-                           test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)), num_classes=2,
-                           config=EngineConfig(seed=0, rounds=1, per_round=2, measure_flops=False))  # fmt: skip
+    sim = FlowerSimulation(
+        strategy=_Tolerant(),
+        program=_Watched(threading.Event()),
+        clients=_clients(2),
+        test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)),
+        num_classes=2,
+        config=EngineConfig(seed=0, rounds=1, per_round=2, measure_flops=False),
+    )
     sim.grid, sim.nodes = _http_grid(), {0: 4242, 1: 4343}  # as connected before the nodes left
-    with pytest.raises(MessageError, match=r"^round 1, exchange 1: 2 of 2 clients gave no result \(client 0: node "
-                       r"4242: no reply \(its message was not accepted, e.g. the node is no longer registered\); "
-                       r"client 1: node 4343: no reply"):  # fmt: skip
+    with pytest.raises(
+        MessageError,
+        match=r"^round 1, exchange 1: 2 of 2 clients gave no result \(client 0: node "
+        r"4242: no reply \(its message was not accepted, e.g. the node is no longer registered\); "
+        r"client 1: node 4343: no reply",
+    ):
         _within(20, lambda: sim.run_round(1))
 
 
@@ -299,11 +376,23 @@ def test_on_flowers_engine_a_refused_message_fails_its_client_and_the_round_goes
     refused message out of the ids it waits for. With clients.min_replies the rounds go on with
     client 0; client 1 fails each, naming why; no reply_timeout is needed."""
     program = _Watched(threading.Event())
-    app = client_app(program, _clients(2).__getitem__, seed=0, measure_flops=False, measure_memory=False, parties={})
+    app = client_app(
+        program,
+        _clients(2).__getitem__,
+        seed=0,
+        measure_flops=False,
+        measure_memory=False,
+        parties={},
+    )
     with _flower_engine(app, 2) as (grid, stores, state):
-        sim = FlowerSimulation(strategy=_Tolerant(), program=program, clients=_clients(2),
-                               test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)), num_classes=2,
-                               config=EngineConfig(seed=0, rounds=2, per_round=2, measure_flops=False, min_replies=1))  # fmt: skip
+        sim = FlowerSimulation(
+            strategy=_Tolerant(),
+            program=program,
+            clients=_clients(2),
+            test=(torch.randn(4, 2), torch.zeros(4, dtype=torch.long)),
+            num_classes=2,
+            config=EngineConfig(seed=0, rounds=2, per_round=2, measure_flops=False, min_replies=1),
+        )
         sim.connect(grid)
         state.delete_node(NOOP_FLWR_AID, sim.nodes[1])  # flwr supernode unregister
         failed = []

@@ -17,7 +17,15 @@ from fedge.experiment.run import run_experiment  # noqa: E402
 from fedge.runtime.flower.simulation import backend_config  # noqa: E402
 from tests.conftest import tiny_config  # noqa: E402
 
-SAME = ("test_accuracy", "test_loss", "bytes_down", "bytes_up", "client_flops", "cum_bytes_down", "cum_bytes_up")
+SAME = (
+    "test_accuracy",
+    "test_loss",
+    "bytes_down",
+    "bytes_up",
+    "client_flops",
+    "cum_bytes_down",
+    "cum_bytes_up",
+)
 
 
 def _lines(path):
@@ -55,7 +63,12 @@ def test_backend_config_one_cpu_per_actor_no_gpu_no_dashboard():
 
 def test_unknown_backend_is_a_config_error_and_claims_no_directory(tmp_path):
     with pytest.raises(ConfigError, match="backend 'dask' is not known"):
-        run_experiment(load_config(tiny_config(rounds=1)), out=tmp_path / "r", runtime="flower-sim", backend="dask")
+        run_experiment(
+            load_config(tiny_config(rounds=1)),
+            out=tmp_path / "r",
+            runtime="flower-sim",
+            backend="dask",
+        )
     with pytest.raises(ConfigError, match="goes with runtime 'flower-sim'"):
         run_experiment(load_config(tiny_config(rounds=1)), out=tmp_path / "r", backend="ray")
     assert not (tmp_path / "r").exists()
@@ -72,19 +85,53 @@ def test_quickstart_on_rays_simulation_engine_equals_the_engine_and_resumes(tmp_
     from fedge.cli.main import app
 
     sets = ["--set", "clients.num=3", "--set", "clients.per_round=3"]
-    engine = _lines(run_experiment(load_config("quickstart", overrides=["rounds=3", "clients.num=3",
-                                                                         "clients.per_round=3"]),
-                                   out=tmp_path / "engine", render=False))  # fmt: skip
+    engine = _lines(
+        run_experiment(
+            load_config(
+                "quickstart", overrides=["rounds=3", "clients.num=3", "clients.per_round=3"]
+            ),
+            out=tmp_path / "engine",
+            render=False,
+        )
+    )
     out = tmp_path / "ray"
-    res = CliRunner().invoke(app, ["run", "quickstart", "--runtime", "flower-sim", "--backend", "ray", "--set",
-                                   "rounds=2", *sets, "--out", str(out), "-q"])  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "quickstart",
+            "--runtime",
+            "flower-sim",
+            "--backend",
+            "ray",
+            "--set",
+            "rounds=2",
+            *sets,
+            "--out",
+            str(out),
+            "-q",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert _descendants() == []  # Ray's processes are gone
     summary = json.loads((out / "summary.json").read_text())
     assert summary["runtime"] == "flower-sim" and summary["flower_backend"] == "ray"
     assert (out / "report.md").exists() and (out / "model.safetensors").exists()
-    res = CliRunner().invoke(app, ["run", "--resume", str(out), "--set", "rounds=3", "--runtime", "flower-sim",
-                                   "--backend", "local", "-q"])  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--resume",
+            str(out),
+            "--set",
+            "rounds=3",
+            "--runtime",
+            "flower-sim",
+            "--backend",
+            "local",
+            "-q",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert _descendants() == []
     ray = _lines(out)

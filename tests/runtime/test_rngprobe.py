@@ -14,9 +14,15 @@ def test_the_probe_is_the_seeded_paths_draws_repeats_and_leaves_the_global_gener
     p = rng_probe()
     assert torch.equal(torch.get_rng_state(), before)
     assert len(p) == 144 and p == rng_probe()
-    want = standard_normal_chunk(rngprobe._SEED, range(2), "fedge/rng-probe", (24,)).reshape(-1).double()
+    want = (
+        standard_normal_chunk(rngprobe._SEED, range(2), "fedge/rng-probe", (24,))
+        .reshape(-1)
+        .double()
+    )
     assert torch.equal(torch.tensor(p[:48], dtype=torch.float64), want)
-    assert sorted(p[80:96]) == sorted(p[112:128]) == list(map(float, range(16)))  # torch's and numpy's permutations
+    assert (
+        sorted(p[80:96]) == sorted(p[112:128]) == list(map(float, range(16)))
+    )  # torch's and numpy's permutations
 
 
 def test_same_draws_tolerates_roundoff_only() -> None:
@@ -24,5 +30,11 @@ def test_same_draws_tolerates_roundoff_only() -> None:
     assert same_draws(p, [x * (1 + 1e-7) for x in p])  # another ISA's rounding
     assert not same_draws(p, [x + 1e-3 for x in p])  # another generator or initialiser
     assert not same_draws(p, p[:-1])
-    for bad in (None, "probe", b"probe", [True] * len(p), [*p[:-1], "x"]):  # an older fedge, a garbled reply
+    for bad in (
+        None,
+        "probe",
+        b"probe",
+        [True] * len(p),
+        [*p[:-1], "x"],
+    ):  # an older fedge, a garbled reply
         assert not same_draws(p, bad)

@@ -38,12 +38,16 @@ def complete_classifier(
     left untouched; the copy's features are bit-identical to it."""
     features, classifier = getattr(model, "features", None), getattr(model, "classifier", None)
     if not isinstance(features, nn.Module) or not isinstance(classifier, nn.Module):
-        raise ConfigError(f"completing a withheld classifier needs a zoo model with `features` and `classifier`; "
-                          f"{type(model).__name__} has not")  # fmt: skip
+        raise ConfigError(
+            f"completing a withheld classifier needs a zoo model with `features` and `classifier`; "
+            f"{type(model).__name__} has not"
+        )
     x, y = aux
     if len(y) == 0 or steps < 1 or batch < 1:
-        raise ConfigError(f"classifier completion needs auxiliary data, steps >= 1 and batch >= 1; got {len(y)} "
-                          f"samples, steps={steps}, batch={batch}")  # fmt: skip
+        raise ConfigError(
+            f"classifier completion needs auxiliary data, steps >= 1 and batch >= 1; got {len(y)} "
+            f"samples, steps={steps}, batch={batch}"
+        )
     out = copy.deepcopy(model).eval()
     head = out.classifier
     assert isinstance(head, nn.Module)

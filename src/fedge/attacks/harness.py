@@ -59,7 +59,23 @@ from fedge.core.rng import generator
 from fedge.experiment.build import BuiltRun, build_run, privacy_config
 from fedge.methods.base import unpack_model_arrays
 
-__all__ = ["activation_inversion", "attack_config", "ATTACKABLE", "edge_pia_attack", "eppfl_server_views", "LEAKAGE_ROWS", "leakage_table", "match_images", "observe_run", "ObservedRun", "one_batch_clients", "pia_attack", "pixel_mse", "reconstruction_attack", "released_activations"]
+__all__ = [
+    "activation_inversion",
+    "attack_config",
+    "ATTACKABLE",
+    "edge_pia_attack",
+    "eppfl_server_views",
+    "LEAKAGE_ROWS",
+    "leakage_table",
+    "match_images",
+    "observe_run",
+    "ObservedRun",
+    "one_batch_clients",
+    "pia_attack",
+    "pixel_mse",
+    "reconstruction_attack",
+    "released_activations",
+]
 
 ATTACKABLE = ("fedsgd", "fedavg", "fedpt", "baffle", "ntk-baffle", "ppfl")
 SEALED = ("ppfl",)  # methods whose upload is an enclave-sealed ciphertext
@@ -69,13 +85,17 @@ SEALED = ("ppfl",)  # methods whose upload is an enclave-sealed ciphertext
 class ObservedRun:
     built: BuiltRun
     observer: Observer
-    party_records: list[PartyObserved] = field(default_factory=list)  # side parties' inputs (observe_run parties=)
+    party_records: list[PartyObserved] = field(
+        default_factory=list
+    )  # side parties' inputs (observe_run parties=)
 
     @property
     def views(self) -> list[ServerView]:
         layout = None
         strategy: Any = self.observer.inner
-        while strategy is not None:  # through wrappers (EMA, ...) to secure aggregation's flattening layout
+        while (
+            strategy is not None
+        ):  # through wrappers (EMA, ...) to secure aggregation's flattening layout
             summands = getattr(strategy, "summands", None)
             if isinstance(summands, dict):
                 layout = {n: shape for n, (shape, _) in summands.items()}
@@ -84,13 +104,19 @@ class ObservedRun:
         if self.built.config.method.name == "eppfl":
             return eppfl_server_views(self)
         sealed = None
-        if self.built.config.method.name in SEALED:  # the public protocol says the upload is a ciphertext
+        if (
+            self.built.config.method.name in SEALED
+        ):  # the public protocol says the upload is a ciphertext
             sealed = {n: p.shape for n, p in self.built.model_fn().named_parameters()}
         return server_views(self.observer.records, layout, sealed)
 
 
-def observe_run(cfg: RunConfig, rounds: int = 1, prepare: Callable[[BuiltRun], BuiltRun] | None = None,
-                parties: tuple[str, ...] = ()) -> ObservedRun:  # fmt: skip
+def observe_run(
+    cfg: RunConfig,
+    rounds: int = 1,
+    prepare: Callable[[BuiltRun], BuiltRun] | None = None,
+    parties: tuple[str, ...] = (),
+) -> ObservedRun:
     """Build ``cfg`` (then ``prepare`` it, e.g. to cut clients' local sets) and run ``rounds``
     rounds with every exchange recorded, and every message to the side ``parties`` named
     (e.g. EPPFL's ``edge``)."""
@@ -99,7 +125,11 @@ def observe_run(cfg: RunConfig, rounds: int = 1, prepare: Callable[[BuiltRun], B
         built = prepare(built)
     observer = Observer(built.method.strategy)
     records: list[PartyObserved] = []
-    spies = observe_parties(built.method.parties, list(parties), records) if parties else built.method.parties
+    spies = (
+        observe_parties(built.method.parties, list(parties), records)
+        if parties
+        else built.method.parties
+    )
     built = replace(built, method=replace(built.method, strategy=observer, parties=spies))
     sim = built.simulation()
     try:
@@ -110,7 +140,9 @@ def observe_run(cfg: RunConfig, rounds: int = 1, prepare: Callable[[BuiltRun], B
     return ObservedRun(built, observer, records)
 
 
-def pixel_mse(a: torch.Tensor, b: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+def pixel_mse(
+    a: torch.Tensor, b: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]
+) -> torch.Tensor:
     """Per-image MSE in [0, 1] pixel space of normalized images a, b of shape (B, C, H, W)."""
     s = torch.tensor(std).view(1, -1, 1, 1)
     m = torch.tensor(mean).view(1, -1, 1, 1)
@@ -120,8 +152,12 @@ def pixel_mse(a: torch.Tensor, b: torch.Tensor, mean: tuple[float, ...], std: tu
 
 def _nearest(img: torch.Tensor, local: torch.Tensor, ds: Any) -> tuple[float, int]:
     """(pixel MSE, index) of the image of ``local`` closest to ``img`` (1, C, H, W)."""
-    mse = torch.cat([pixel_mse(img.expand(len(chunk), *img.shape[1:]), chunk, ds.mean, ds.std)
-                     for chunk in local.split(4096)])  # fmt: skip
+    mse = torch.cat(
+        [
+            pixel_mse(img.expand(len(chunk), *img.shape[1:]), chunk, ds.mean, ds.std)
+            for chunk in local.split(4096)
+        ]
+    )
     i = int(mse.argmin())
     return float(mse[i]), i
 
@@ -137,12 +173,23 @@ def match_images(recs: torch.Tensor, local: torch.Tensor, ds: Any) -> list[tuple
     if len(recs) == 1:
         return [_nearest(recs, local, ds)]
     if len(recs) > len(local):
-        raise ValueError(f"{len(recs)} reconstructions for a local set of {len(local)} images: "
-                         "a one-to-one assignment needs at most as many reconstructions as images")  # fmt: skip
+        raise ValueError(
+            f"{len(recs)} reconstructions for a local set of {len(local)} images: "
+            "a one-to-one assignment needs at most as many reconstructions as images"
+        )
     from scipy.optimize import linear_sum_assignment  # noqa: PLC0415
 
-    cost = torch.stack([torch.cat([pixel_mse(r[None].expand(len(chunk), *r.shape), chunk, ds.mean, ds.std)
-                                   for chunk in local.split(4096)]) for r in recs])  # fmt: skip
+    cost = torch.stack(
+        [
+            torch.cat(
+                [
+                    pixel_mse(r[None].expand(len(chunk), *r.shape), chunk, ds.mean, ds.std)
+                    for chunk in local.split(4096)
+                ]
+            )
+            for r in recs
+        ]
+    )
     rows, cols = linear_sum_assignment(cost.double().numpy())
     at = dict(zip(rows.tolist(), cols.tolist(), strict=True))
     return [(float(cost[j, at[j]]), at[j]) for j in range(len(recs))]
@@ -169,10 +216,19 @@ def _mean_image(built: BuiltRun, limit: int = 10_000) -> torch.Tensor:
     from fedge.data.registry import load_dataset  # noqa: PLC0415
 
     d, ds = built.config.dataset, built.dataset
-    ref = load_dataset(d.name, root=d.root, resize=d.resize, limit_train=limit, limit_test=1, seed=built.config.seed)
+    ref = load_dataset(
+        d.name,
+        root=d.root,
+        resize=d.resize,
+        limit_train=limit,
+        limit_test=1,
+        seed=built.config.seed,
+    )
     s_ref, m_ref = torch.tensor(ref.std).view(1, -1, 1, 1), torch.tensor(ref.mean).view(1, -1, 1, 1)
     pixels = (ref.x_train * s_ref + m_ref).mean(0, keepdim=True)
-    return (pixels - torch.tensor(ds.mean).view(1, -1, 1, 1)) / torch.tensor(ds.std).view(1, -1, 1, 1)
+    return (pixels - torch.tensor(ds.mean).view(1, -1, 1, 1)) / torch.tensor(ds.std).view(
+        1, -1, 1, 1
+    )
 
 
 def _warn_delta_is_not_a_gradient(name: str, built: Any, views: list[Any]) -> None:
@@ -187,12 +243,16 @@ def _warn_delta_is_not_a_gradient(name: str, built: Any, views: list[Any]) -> No
     steps = mcfg.local_epochs * -(-n // mcfg.batch_size)
     if mcfg.max_steps is not None:
         steps = min(steps, mcfg.max_steps)
-    why = [w for w, bad in (
-        (f"client optimizer {opt.name}", opt.name != "sgd"),
-        (f"weight decay {opt.weight_decay:g}", opt.weight_decay > 0),
-        ("a client optimizer state kept across rounds", opt.state == "persistent"),
-        (f"{steps} local steps (momentum {opt.momentum:g})", steps > 1),
-    ) if bad]  # fmt: skip
+    why = [
+        w
+        for w, bad in (
+            (f"client optimizer {opt.name}", opt.name != "sgd"),
+            (f"weight decay {opt.weight_decay:g}", opt.weight_decay > 0),
+            ("a client optimizer state kept across rounds", opt.state == "persistent"),
+            (f"{steps} local steps (momentum {opt.momentum:g})", steps > 1),
+        )
+        if bad
+    ]
     if why:
         warnings.warn(
             f"the attacked {name} uploads are deltas of {', '.join(why)}: −Δ/η is then not the gradient DLG "
@@ -203,33 +263,59 @@ def _warn_delta_is_not_a_gradient(name: str, built: Any, views: list[Any]) -> No
         )
 
 
-def _targets(name: str, view: ServerView, model: torch.nn.Module, mcfg: Any,
-             masks: dict[str, torch.Tensor] | None = None, *, clipped: bool = False) -> Iterator[tuple[str, Any, bool]]:
+def _targets(
+    name: str,
+    view: ServerView,
+    model: torch.nn.Module,
+    mcfg: Any,
+    masks: dict[str, torch.Tensor] | None = None,
+    *,
+    clipped: bool = False,
+) -> Iterator[tuple[str, Any, bool]]:
     """(attack name, target, whether iDLG may read the label) for one upload; ``clipped``: the
     run's clients clip their uploads (DP), so BAFFLE's K values come at an unknown scale."""
     params = dict(model.named_parameters())
     if name == "eppfl":  # W_c − W_c⁰ after one SGD step (momentum's first step is plain SGD): −η∇L
-        yield "dlg", GradientTarget({n: -v / mcfg.lr for n, v in view.upload.items() if n in params}), True
+        yield (
+            "dlg",
+            GradientTarget({n: -v / mcfg.lr for n, v in view.upload.items() if n in params}),
+            True,
+        )
     elif name == "fedsgd":
         yield "dlg", GradientTarget({n: v for n, v in view.upload.items() if n in params}), True
     elif name in ("fedavg", "fedpt") or (name == "baffle" and mcfg.mode == "epoch"):
         # a model delta: −Δ/η is the gradient for one SGD step (baffle epoch: of its estimates)
         lr = mcfg.client_optimizer.lr
-        yield "dlg", GradientTarget({n: -v / lr for n, v in view.upload.items() if n in params}), True
+        yield (
+            "dlg",
+            GradientTarget({n: -v / lr for n, v in view.upload.items() if n in params}),
+            True,
+        )
     elif name == "ppfl":  # a ciphertext read as if it were the plaintext gradient
         yield "dlg", GradientTarget({n: v for n, v in view.upload.items() if n in params}), True
     elif name in ("baffle", "ntk-baffle"):
         if mcfg.mode != "batch":
-            raise ConfigError(f"the reconstruction harness attacks {name}'s batch mode (method.mode=batch)")
+            raise ConfigError(
+                f"the reconstruction harness attacks {name}'s batch mode (method.mode=batch)"
+            )
         seed = view.config.get("seed")
         if not isinstance(seed, int):
             raise ConfigError("the observed BAFFLE broadcast carries no seed")
         names = list(params) if mcfg.perturb is None else None
         if names is None:
-            raise ConfigError("the harness attacks BAFFLE with method.perturb=null (all parameters)")
+            raise ConfigError(
+                "the harness attacks BAFFLE with method.perturb=null (all parameters)"
+            )
         shapes = {n: params[n].shape for n in names}
-        proj = baffle_projection(shapes, view.upload["dL"], sigma=mcfg.sigma, seed=seed, scheme=mcfg.scheme,
-                                 directions=mcfg.directions, masks=masks)  # fmt: skip
+        proj = baffle_projection(
+            shapes,
+            view.upload["dL"],
+            sigma=mcfg.sigma,
+            seed=seed,
+            scheme=mcfg.scheme,
+            directions=mcfg.directions,
+            masks=masks,
+        )
         yield "baffle-k", proj, False
         if clipped:
             yield "baffle-k-fit", replace(proj, fit_scale=True), False
@@ -238,7 +324,9 @@ def _targets(name: str, view: ServerView, model: torch.nn.Module, mcfg: Any,
         stein = {n: torch.einsum("k,k...->...", proj.t, z) / k for n, z in proj.directions.items()}
         yield "baffle-stein", GradientTarget(stein), True
     else:
-        raise ConfigError(f"no reconstruction attack for method {name!r}; expected one of {list(ATTACKABLE)}")
+        raise ConfigError(
+            f"no reconstruction attack for method {name!r}; expected one of {list(ATTACKABLE)}"
+        )
 
 
 def reconstruction_attack(
@@ -266,7 +354,9 @@ def reconstruction_attack(
     shape, classes = tuple(ds.input_shape), ds.num_classes
     _warn_delta_is_not_a_gradient(name, built, views)
     mean_img = _mean_image(built)
-    gray = ((0.5 - torch.tensor(ds.mean)) / torch.tensor(ds.std)).view(1, -1, 1, 1).expand_as(mean_img)
+    gray = (
+        ((0.5 - torch.tensor(ds.mean)) / torch.tensor(ds.std)).view(1, -1, 1, 1).expand_as(mean_img)
+    )
     box = _pixel_box(ds)
     results: dict[str, list[dict[str, Any]]] = {}
     base_mean, base_gray, base_typical = [], [], []
@@ -278,27 +368,60 @@ def reconstruction_attack(
         model.load_state_dict({k: dense.get(k, v) for k, v in state.items()})
         model.train()
         b = _batch(built.method_config, x_true.shape[0])
-        base_mean += [m for m, _ in match_images(mean_img.expand(b, *mean_img.shape[1:]), x_true, ds)]
+        base_mean += [
+            m for m, _ in match_images(mean_img.expand(b, *mean_img.shape[1:]), x_true, ds)
+        ]
         base_gray += [m for m, _ in match_images(gray.expand(b, *gray.shape[1:]), x_true, ds)]
-        base_typical.append(float(pixel_mse(mean_img.expand_as(x_true), x_true, ds.mean, ds.std).mean()))
+        base_typical.append(
+            float(pixel_mse(mean_img.expand_as(x_true), x_true, ds.mean, ds.std).mean())
+        )
         clipped = privacy_config(built.config).enabled
-        for attack, target, idlg in _targets(name, view, model, built.method_config, masks, clipped=clipped):
-            labels = idlg_labels(target.grads, model) if idlg and b == 1 and isinstance(target, GradientTarget) else None
+        for attack, target, idlg in _targets(
+            name, view, model, built.method_config, masks, clipped=clipped
+        ):
+            labels = (
+                idlg_labels(target.grads, model)
+                if idlg and b == 1 and isinstance(target, GradientTarget)
+                else None
+            )
             gen = generator(seed, "attack", attack, view.rnd, view.cid)
             if optimizer == "ig":
                 attack = "ig" if attack == "dlg" else f"{attack}-ig"
-                rec = invert_ig(model, target, input_shape=shape, num_classes=classes, batch=b, labels=labels,
-                                iterations=iterations, bounds=box, generator=gen)  # fmt: skip
+                rec = invert_ig(
+                    model,
+                    target,
+                    input_shape=shape,
+                    num_classes=classes,
+                    batch=b,
+                    labels=labels,
+                    iterations=iterations,
+                    bounds=box,
+                    generator=gen,
+                )
             else:
-                rec = invert(model, target, input_shape=shape, num_classes=classes, batch=b, labels=labels,
-                             iterations=iterations, generator=gen)  # fmt: skip
+                rec = invert(
+                    model,
+                    target,
+                    input_shape=shape,
+                    num_classes=classes,
+                    batch=b,
+                    labels=labels,
+                    iterations=iterations,
+                    generator=gen,
+                )
             matched = match_images(rec.x, x_true, ds)
             label_hits = sum(int(rec.labels[j] == y_true[at]) for j, (_, at) in enumerate(matched))
-            results.setdefault(attack, []).append({
-                "cid": view.cid, "mse": [m for m, _ in matched], "label_accuracy": label_hits / b,
-                "match_loss": rec.loss, "masked": view.masked, "x": rec.x,
-                "truth": torch.stack([x_true[at] for _, at in matched]),
-            })  # fmt: skip
+            results.setdefault(attack, []).append(
+                {
+                    "cid": view.cid,
+                    "mse": [m for m, _ in matched],
+                    "label_accuracy": label_hits / b,
+                    "match_loss": rec.loss,
+                    "masked": view.masked,
+                    "x": rec.x,
+                    "truth": torch.stack([x_true[at] for _, at in matched]),
+                }
+            )
         if progress is not None:
             progress(i + 1, len(views))
     summary: dict[str, Any] = {
@@ -322,10 +445,15 @@ def reconstruction_attack(
             "label_accuracy": statistics.fmean(r["label_accuracy"] for r in rows),
             # share of clients whose target gave a finite matching loss at all (ciphertext read
             # as floats does not: the "reconstruction" is then the dummy start, not an attack's result)
-            "finite_objective": statistics.fmean(float(math.isfinite(r["match_loss"])) for r in rows),
+            "finite_objective": statistics.fmean(
+                float(math.isfinite(r["match_loss"])) for r in rows
+            ),
             "clients": [{k: v for k, v in r.items() if k not in ("x", "truth")} for r in rows],
         }
-    summary["_images"] = {a: (torch.cat([r["truth"] for r in rows]), torch.cat([r["x"] for r in rows])) for a, rows in results.items()}
+    summary["_images"] = {
+        a: (torch.cat([r["truth"] for r in rows]), torch.cat([r["x"] for r in rows]))
+        for a, rows in results.items()
+    }
     return summary
 
 
@@ -353,7 +481,9 @@ def activation_inversion(
     bounds = _pixel_box(ds)
     clip = mcfg.dp.clip if mcfg.dp is not None else None
     mean_img = _mean_image(built)
-    gray = ((0.5 - torch.tensor(ds.mean)) / torch.tensor(ds.std)).view(1, -1, 1, 1).expand_as(mean_img)
+    gray = (
+        ((0.5 - torch.tensor(ds.mean)) / torch.tensor(ds.std)).view(1, -1, 1, 1).expand_as(mean_img)
+    )
     cids = sorted(steps)[: samples or None]
     mse: list[float] = []
     base_mean, base_gray, clients, truths, recs = [], [], [], [], []
@@ -365,15 +495,32 @@ def activation_inversion(
         n = math.prod(full[1:]) // c
         seed_pos = msg.config_int("seed", -1)
         pos = activation_positions(seed_pos, (b, c, n), a.shape[-1]) if seed_pos >= 0 else None
-        rec = invert_activations(device_as_run(split.device), a, input_shape=shape, positions=pos, clip=clip, bounds=bounds,
-                                 iterations=iterations, generator=generator(seed, "attack", "eppfl-inversion", cid))  # fmt: skip
+        rec = invert_activations(
+            device_as_run(split.device),
+            a,
+            input_shape=shape,
+            positions=pos,
+            clip=clip,
+            bounds=bounds,
+            iterations=iterations,
+            generator=generator(seed, "attack", "eppfl-inversion", cid),
+        )
         data = built.clients[cid]
         x_true = data.x[data.indices]
         per = match_images(rec.x, x_true, ds)
         mse += [p[0] for p in per]
-        base_mean += [m for m, _ in match_images(mean_img.expand(b, *mean_img.shape[1:]), x_true, ds)]
+        base_mean += [
+            m for m, _ in match_images(mean_img.expand(b, *mean_img.shape[1:]), x_true, ds)
+        ]
         base_gray += [m for m, _ in match_images(gray.expand(b, *gray.shape[1:]), x_true, ds)]
-        clients.append({"cid": cid, "mse": [p[0] for p in per], "match_loss": rec.loss, "released": list(a.shape)})
+        clients.append(
+            {
+                "cid": cid,
+                "mse": [p[0] for p in per],
+                "match_loss": rec.loss,
+                "released": list(a.shape),
+            }
+        )
         truths.append(torch.stack([x_true[p[1]] for p in per]))
         recs.append(rec.x)
         if progress is not None:
@@ -381,14 +528,25 @@ def activation_inversion(
     med = statistics.median(mse)
     eps = mcfg.dp.epsilon if mcfg.dp is not None else None
     return {
-        "method": "eppfl", "attack": "activation inversion at the edge server (white-box M_c, Adam, pixel box)",
-        "epsilon": eps, "clip": clip, "theta_a": mcfg.theta_a, "clients_attacked": len(cids), "iterations": iterations,
-        "baseline_mean_image_mse": statistics.median(base_mean), "baseline_mid_gray_mse": statistics.median(base_gray),
-        "attacks": {"eppfl-inversion": {"median_mse": med, "mean_mse": statistics.fmean(mse),
-                                        "median_psnr_db": 10 * math.log10(1 / med) if med > 0 else float("inf"),
-                                        "clients": clients}},
+        "method": "eppfl",
+        "attack": "activation inversion at the edge server (white-box M_c, Adam, pixel box)",
+        "epsilon": eps,
+        "clip": clip,
+        "theta_a": mcfg.theta_a,
+        "clients_attacked": len(cids),
+        "iterations": iterations,
+        "baseline_mean_image_mse": statistics.median(base_mean),
+        "baseline_mid_gray_mse": statistics.median(base_gray),
+        "attacks": {
+            "eppfl-inversion": {
+                "median_mse": med,
+                "mean_mse": statistics.fmean(mse),
+                "median_psnr_db": 10 * math.log10(1 / med) if med > 0 else float("inf"),
+                "clients": clients,
+            }
+        },
         "_images": {"eppfl-inversion": (torch.cat(truths), torch.cat(recs))},
-    }  # fmt: skip
+    }
 
 
 def _edge_view(run: ObservedRun, attack: str) -> tuple[dict[int, Any], Any]:
@@ -399,13 +557,24 @@ def _edge_view(run: ObservedRun, attack: str) -> tuple[dict[int, Any], Any]:
 
     built = run.built
     if built.config.method.name != "eppfl":
-        raise ConfigError(f"{attack} attacks EPPFL's released activations; this run is {built.config.method.name!r}")
+        raise ConfigError(
+            f"{attack} attacks EPPFL's released activations; this run is {built.config.method.name!r}"
+        )
     steps: dict[int, Any] = {}
-    for r in run.party_records:  # the first step of each device in round 1: taken with the broadcast M_c
-        if r.party == "edge" and r.rnd == 1 and r.message.config.get("op") == "step" and r.key is not None:
+    for r in (
+        run.party_records
+    ):  # the first step of each device in round 1: taken with the broadcast M_c
+        if (
+            r.party == "edge"
+            and r.rnd == 1
+            and r.message.config.get("op") == "step"
+            and r.key is not None
+        ):
             steps.setdefault(r.key, r.message)
     if not steps:
-        raise ConfigError("no activations observed at the edge server in round 1; run observe_run with parties=('edge',)")
+        raise ConfigError(
+            "no activations observed at the edge server in round 1; run observe_run with parties=('edge',)"
+        )
     sent = next((o.sent for o in run.observer.records if o.rnd == 1 and o.sent.arrays), None)
     if sent is None or "masked_sum" in sent.config:
         raise ConfigError("round 1's broadcast of M_c was not observed in the clear")
@@ -443,7 +612,9 @@ def eppfl_server_views(run: ObservedRun) -> list[ServerView]:
             continue
         config = {k: v for k, v in r.sent.config.items() if not isinstance(v, bytes)}
         upload = {k: w[k].to(torch.float32) - w0[k].to(torch.float32) for k in keys}
-        views.append(ServerView(r.rnd, r.cid, dict(r.sent.arrays), config, upload, masked, r.reply.nbytes))
+        views.append(
+            ServerView(r.rnd, r.cid, dict(r.sent.arrays), config, upload, masked, r.reply.nbytes)
+        )
     return views
 
 
@@ -452,7 +623,9 @@ def _dense(a: torch.Tensor, seed_pos: int, shape: tuple[int, int, int]) -> torch
     from fedge.methods.eppfl.split import activation_positions, scatter  # noqa: PLC0415
 
     if seed_pos >= 0:
-        a = scatter(a.to(torch.float32), activation_positions(seed_pos, shape, a.shape[-1]), shape[-1])
+        a = scatter(
+            a.to(torch.float32), activation_positions(seed_pos, shape, a.shape[-1]), shape[-1]
+        )
     return a.reshape(shape[0], -1).to(torch.float32)
 
 
@@ -478,7 +651,9 @@ def released_activations(step: Any) -> torch.Tensor:
     return _dense(step.arrays["a"], step.config_int("seed", -1), (b, c, math.prod(full[1:]) // c))
 
 
-def edge_pia_attack(run: ObservedRun, *, prop: int = 0, aux_updates: int = 64, seed: int = 0) -> dict[str, Any]:
+def edge_pia_attack(
+    run: ObservedRun, *, prop: int = 0, aux_updates: int = 64, seed: int = 0
+) -> dict[str, Any]:
     """Property inference at EPPFL's edge server (Melis et al. 2019's batch property, "class
     ``prop`` occurs in the batch", against the split-learning view): S_e sees each device's
     released kept activations (noisy under DP) and knows the round's M_c. It simulates the
@@ -510,9 +685,11 @@ def edge_pia_attack(run: ObservedRun, *, prop: int = 0, aux_updates: int = 64, s
         data = built.clients[cid]
         truth[cid] = bool((data.y[data.indices] == prop).any())
     if len(set(truth.values())) == 1:
-        raise ConfigError(f"edge property inference needs devices with and without class {prop} in their batch; all "
-                          f"{len(truth)} observed devices {'had' if all(truth.values()) else 'lacked'} it. Use more devices "
-                          "or another property class")  # fmt: skip
+        raise ConfigError(
+            f"edge property inference needs devices with and without class {prop} in their batch; all "
+            f"{len(truth)} observed devices {'had' if all(truth.values()) else 'lacked'} it. Use more devices "
+            "or another property class"
+        )
     size = max(len(v) for v in observed.values())
     device = device_as_run(split.device)
     feats, labels = [], []
@@ -532,12 +709,19 @@ def edge_pia_attack(run: ObservedRun, *, prop: int = 0, aux_updates: int = 64, s
         feats.append(_dense(flat, seed_pos, (b, c, n)))
         labels.append(ds.y_test[idx] == prop)
     x, y = torch.cat(feats).double().numpy(), torch.cat(labels).numpy()
-    clf = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000, class_weight="balanced"))
+    clf = make_pipeline(
+        StandardScaler(), LogisticRegression(C=1.0, max_iter=2000, class_weight="balanced")
+    )
     clf.fit(x, y)
-    scores = {cid: float(clf.predict_proba(f.double().numpy())[:, 1].max()) for cid, f in observed.items()}
+    scores = {
+        cid: float(clf.predict_proba(f.double().numpy())[:, 1].max()) for cid, f in observed.items()
+    }
 
     def auc(score: dict[int, float]) -> float:
-        return roc_auc(torch.tensor([score[c] for c in score if truth[c]]), torch.tensor([score[c] for c in score if not truth[c]]))
+        return roc_auc(
+            torch.tensor([score[c] for c in score if truth[c]]),
+            torch.tensor([score[c] for c in score if not truth[c]]),
+        )
 
     from_activations = auc(scores)
     # The step messages carry the batch's labels in the clear (as in the paper), and the property
@@ -545,15 +729,27 @@ def edge_pia_attack(run: ObservedRun, *, prop: int = 0, aux_updates: int = 64, s
     # uses everything the adversary observes; the activations-only figure says what the
     # released values alone give (what hiding the labels would leave).
     labelled = all(v is not None for v in seen_labels.values())
-    from_labels = auc({c: float(bool((v == prop).any())) for c, v in seen_labels.items() if v is not None}) if labelled else None
-    return {"attack": "property inference at the edge server (the labels it receives; a per-sample classifier on "
-                      "released activations, max over the batch)",
-            "method": "eppfl", "property_class": prop, "chance_auc": 0.5,
-            "auc": from_labels if from_labels is not None else from_activations, "auc_activations": from_activations,
-            "labels_in_clear": labelled,
-            "uploads": len(scores), "with_property": sum(truth.values()), "aux_updates": aux_updates,
-            "train_accuracy": float(clf.score(x, y)), "masked": False,
-            "epsilon": mcfg.dp.epsilon if mcfg.dp is not None else None}  # fmt: skip
+    from_labels = (
+        auc({c: float(bool((v == prop).any())) for c, v in seen_labels.items() if v is not None})
+        if labelled
+        else None
+    )
+    return {
+        "attack": "property inference at the edge server (the labels it receives; a per-sample classifier on "
+        "released activations, max over the batch)",
+        "method": "eppfl",
+        "property_class": prop,
+        "chance_auc": 0.5,
+        "auc": from_labels if from_labels is not None else from_activations,
+        "auc_activations": from_activations,
+        "labels_in_clear": labelled,
+        "uploads": len(scores),
+        "with_property": sum(truth.values()),
+        "aux_updates": aux_updates,
+        "train_accuracy": float(clf.score(x, y)),
+        "masked": False,
+        "epsilon": mcfg.dp.epsilon if mcfg.dp is not None else None,
+    }
 
 
 def one_batch_clients(built: BuiltRun, seed: int = 0) -> BuiltRun:
@@ -566,13 +762,21 @@ def one_batch_clients(built: BuiltRun, seed: int = 0) -> BuiltRun:
     cut: list[ClientData] = []
     for c in built.clients:
         b = _batch(built.method_config, c.num_samples)
-        keep = c.indices[torch.randperm(c.num_samples, generator=generator(seed, "pia-cut", len(cut)))[:b]]
+        keep = c.indices[
+            torch.randperm(c.num_samples, generator=generator(seed, "pia-cut", len(cut)))[:b]
+        ]
         cut.append(ClientData(c.x, c.y, keep))
     return replace(built, clients=cut)
 
 
-def pia_attack(run: ObservedRun, *, prop: int = 0, aux_updates: int = 64, seed: int = 0,
-               progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+def pia_attack(
+    run: ObservedRun,
+    *,
+    prop: int = 0,
+    aux_updates: int = 64,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
     """Property inference (:func:`fedge.attacks.property.property_inference`) on every observed
     upload: "does class ``prop`` occur in the data the upload was computed on" (each client's
     local set), auxiliary data = the run's test split (disjoint from every client's data)."""
@@ -593,29 +797,56 @@ def pia_attack(run: ObservedRun, *, prop: int = 0, aux_updates: int = 64, seed: 
             f"property inference needs uploads with and without class {prop}; every one of the {len(views)} observed "
             f"uploads was computed on {size} samples {'with' if held == {True} else 'without'} it. Use small batches "
             "(method.batch_size, and for baffle method.delta_loss_on=batch), more uploads (--samples), "
-            "or another --property-class")
+            "or another --property-class"
+        )
     ds = built.dataset
-    r = property_inference(views, built.method.program, truth, (ds.x_test, ds.y_test), prop=prop,
-                           aux_updates=aux_updates, seed=seed, progress=progress)  # fmt: skip
-    return {"attack": "property inference (Melis et al. 2019), class present in the batch",
-            "method": built.config.method.name, "property_class": prop, "chance_auc": 0.5, **r.__dict__}  # fmt: skip
+    r = property_inference(
+        views,
+        built.method.program,
+        truth,
+        (ds.x_test, ds.y_test),
+        prop=prop,
+        aux_updates=aux_updates,
+        seed=seed,
+        progress=progress,
+    )
+    return {
+        "attack": "property inference (Melis et al. 2019), class present in the batch",
+        "method": built.config.method.name,
+        "property_class": prop,
+        "chance_auc": 0.5,
+        **r.__dict__,
+    }
 
 
-def attack_config(method: dict[str, Any], *, clients: int, per_client: int, seed: int = 0,
-                  model: str = "lenet-dlg", dataset: str = "fashion-mnist", test: int = 10,
-                  rounds: int = 1, privacy: dict[str, Any] | None = None) -> RunConfig:
+def attack_config(
+    method: dict[str, Any],
+    *,
+    clients: int,
+    per_client: int,
+    seed: int = 0,
+    model: str = "lenet-dlg",
+    dataset: str = "fashion-mnist",
+    test: int = 10,
+    rounds: int = 1,
+    privacy: dict[str, Any] | None = None,
+) -> RunConfig:
     """A short run whose clients each hold exactly ``per_client`` samples; ``test`` test
     samples (the attacker's auxiliary data and non-members come from there); ``privacy``: the
     run's ``privacy:`` section (None: no DP)."""
-    return load_config({
-        **({"privacy": privacy} if privacy else {}),
-        "seed": seed, "rounds": rounds, "eval_every": rounds,
-        "clients": {"num": clients, "per_round": clients},
-        "dataset": {"name": dataset, "limit_train": clients * per_client, "limit_test": test},
-        "partition": {"name": "iid"},
-        "model": {"name": model},
-        "method": method,
-    })  # fmt: skip
+    return load_config(
+        {
+            **({"privacy": privacy} if privacy else {}),
+            "seed": seed,
+            "rounds": rounds,
+            "eval_every": rounds,
+            "clients": {"num": clients, "per_round": clients},
+            "dataset": {"name": dataset, "limit_train": clients * per_client, "limit_test": test},
+            "partition": {"name": "iid"},
+            "model": {"name": model},
+            "method": method,
+        }
+    )
 
 
 # The leakage table of docs/benchmarks.md ("Privacy leakage"): label -> (method section, batch).
@@ -623,20 +854,45 @@ LEAKAGE_ROWS: dict[str, tuple[dict[str, Any], int]] = {
     "fedsgd, batch 1": ({"name": "fedsgd", "batch_size": 1}, 1),
     "fedsgd, batch 8": ({"name": "fedsgd", "batch_size": 8}, 8),
     "fedavg, 1 local SGD step, batch 1": (
-        {"name": "fedavg", "local_epochs": 1, "batch_size": 1, "client_optimizer": {"name": "sgd", "lr": 0.1}}, 1),
-    "fedsgd, batch 1, secure aggregation": ({"name": "fedsgd", "batch_size": 1, "secure_aggregation": True}, 1),
+        {
+            "name": "fedavg",
+            "local_epochs": 1,
+            "batch_size": 1,
+            "client_optimizer": {"name": "sgd", "lr": 0.1},
+        },
+        1,
+    ),
+    "fedsgd, batch 1, secure aggregation": (
+        {"name": "fedsgd", "batch_size": 1, "secure_aggregation": True},
+        1,
+    ),
     "baffle batch, K=10, no secure aggregation": (
-        {"name": "baffle", "mode": "batch", "k": 10, "ema": None, "secure_aggregation": False}, 1),
+        {"name": "baffle", "mode": "batch", "k": 10, "ema": None, "secure_aggregation": False},
+        1,
+    ),
     "baffle batch, K=100, no secure aggregation": (
-        {"name": "baffle", "mode": "batch", "k": 100, "ema": None, "secure_aggregation": False}, 1),
+        {"name": "baffle", "mode": "batch", "k": 100, "ema": None, "secure_aggregation": False},
+        1,
+    ),
     "baffle batch, K=1000, no secure aggregation": (
-        {"name": "baffle", "mode": "batch", "k": 1000, "ema": None, "secure_aggregation": False}, 1),
-    "baffle batch, K=100, secure aggregation (default)": ({"name": "baffle", "mode": "batch", "k": 100, "ema": None}, 1),
+        {"name": "baffle", "mode": "batch", "k": 1000, "ema": None, "secure_aggregation": False},
+        1,
+    ),
+    "baffle batch, K=100, secure aggregation (default)": (
+        {"name": "baffle", "mode": "batch", "k": 100, "ema": None},
+        1,
+    ),
 }
 
 
-def leakage_table(*, clients: int = 4, iterations: int = 300, dataset: str = "fashion-mnist",
-                  rows: list[str] | None = None, optimizer: str = "dlg") -> list[dict[str, Any]]:  # fmt: skip
+def leakage_table(
+    *,
+    clients: int = 4,
+    iterations: int = 300,
+    dataset: str = "fashion-mnist",
+    rows: list[str] | None = None,
+    optimizer: str = "dlg",
+) -> list[dict[str, Any]]:
     """One line per (row, attack): median/mean MSE, label accuracy and the baselines."""
     import warnings  # noqa: PLC0415
 
@@ -645,11 +901,22 @@ def leakage_table(*, clients: int = 4, iterations: int = 300, dataset: str = "fa
         method, per_client = LEAKAGE_ROWS[label]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            run = observe_run(attack_config(method, clients=clients, per_client=per_client, dataset=dataset))
+            run = observe_run(
+                attack_config(method, clients=clients, per_client=per_client, dataset=dataset)
+            )
         s = reconstruction_attack(run, iterations=iterations, optimizer=optimizer)
         for attack, a in s["attacks"].items():
-            out.append({"row": label, "attack": attack, "masked": s["masked"], "median_mse": a["median_mse"],
-                        "mean_mse": a["mean_mse"], "label_accuracy": a["label_accuracy"],
-                        "mean_image": s["baseline_mean_image_mse"], "mid_gray": s["baseline_mid_gray_mse"],
-                        "upload_bytes": statistics.median(v.reply_bytes for v in run.views)})  # fmt: skip
+            out.append(
+                {
+                    "row": label,
+                    "attack": attack,
+                    "masked": s["masked"],
+                    "median_mse": a["median_mse"],
+                    "mean_mse": a["mean_mse"],
+                    "label_accuracy": a["label_accuracy"],
+                    "mean_image": s["baseline_mean_image_mse"],
+                    "mid_gray": s["baseline_mid_gray_mse"],
+                    "upload_bytes": statistics.median(v.reply_bytes for v in run.views),
+                }
+            )
     return out

@@ -40,12 +40,18 @@ __all__ = [
 
 
 @torch.no_grad()
-def sample_losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 512) -> torch.Tensor:
+def sample_losses(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 512
+) -> torch.Tensor:
     """Per-sample cross-entropy of ``model`` (eval mode) on (x, y)."""
     was = model.training
     model.eval()
-    out = torch.cat([F.cross_entropy(model(x[i : i + batch]), y[i : i + batch], reduction="none")
-                     for i in range(0, len(x), batch)])  # fmt: skip
+    out = torch.cat(
+        [
+            F.cross_entropy(model(x[i : i + batch]), y[i : i + batch], reduction="none")
+            for i in range(0, len(x), batch)
+        ]
+    )
     model.train(was)
     return out
 
@@ -64,7 +70,9 @@ def chance_auc_std(n_pos: int, n_neg: int) -> float:
     64 and 64, so an AUC within ~0.1 of 0.5 is not evidence of leakage at that size.
     """
     if n_pos < 1 or n_neg < 1:
-        raise ValueError(f"chance_auc_std needs at least one sample of each kind, got {n_pos} and {n_neg}")
+        raise ValueError(
+            f"chance_auc_std needs at least one sample of each kind, got {n_pos} and {n_neg}"
+        )
     return ((n_pos + n_neg + 1) / (12 * n_pos * n_neg)) ** 0.5
 
 
@@ -87,7 +95,9 @@ class MembershipResult:
 
 
 def loss_threshold_attack(
-    model: torch.nn.Module, members: tuple[torch.Tensor, torch.Tensor], non_members: tuple[torch.Tensor, torch.Tensor]
+    model: torch.nn.Module,
+    members: tuple[torch.Tensor, torch.Tensor],
+    non_members: tuple[torch.Tensor, torch.Tensor],
 ) -> MembershipResult:
     """Yeom et al.'s attack, every threshold at once."""
     return scores_result(-sample_losses(model, *members), -sample_losses(model, *non_members))
@@ -109,15 +119,24 @@ def scores_result(pos: torch.Tensor, neg: torch.Tensor) -> MembershipResult:
     best_precision = float(prec[cut & enough].max())
     balanced = (tp / len(pos) + 1 - (flagged - tp) / len(neg)) / 2
     at = int(torch.where(cut, balanced, torch.full_like(balanced, -1.0)).argmax())
-    return MembershipResult(roc_auc(pos, neg), _tpr_at(pos, neg, 0.01), _tpr_at(pos, neg, 0.001), best_precision,
-                            float(prec[at]), pos.numel(), neg.numel())  # fmt: skip
+    return MembershipResult(
+        roc_auc(pos, neg),
+        _tpr_at(pos, neg, 0.01),
+        _tpr_at(pos, neg, 0.001),
+        best_precision,
+        float(prec[at]),
+        pos.numel(),
+        neg.numel(),
+    )
 
 
 Data = tuple[torch.Tensor, torch.Tensor]
 
 
 @torch.no_grad()
-def logit_confidence(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 512) -> torch.Tensor:
+def logit_confidence(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 512
+) -> torch.Tensor:
     """φ = log p_y − log(1 − p_y), computed stably from the logits (Carlini et al. 2022, Sec. IV-B):
     z_y − logsumexp_{j≠y} z_j."""
     was = model.training
@@ -144,7 +163,9 @@ def output_features(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) ->
     loss = -logp.gather(1, y.view(-1, 1)).view(-1)
     entropy = -(p * logp).sum(-1)
     right = (logp.argmax(-1) == y).double()
-    return torch.stack([logit_confidence(model, x, y), loss, p.max(-1).values, entropy, right], dim=1)
+    return torch.stack(
+        [logit_confidence(model, x, y), loss, p.max(-1).values, entropy, right], dim=1
+    )
 
 
 def shadow_attack(
@@ -168,12 +189,16 @@ def shadow_attack(
     clf.fit(np.nan_to_num(torch.cat(feats).numpy()), torch.cat(labels).numpy())
 
     def score(d: Data) -> torch.Tensor:
-        return torch.from_numpy(clf.predict_proba(np.nan_to_num(output_features(model, *d).numpy()))[:, 1])
+        return torch.from_numpy(
+            clf.predict_proba(np.nan_to_num(output_features(model, *d).numpy()))[:, 1]
+        )
 
     return scores_result(score(members), score(non_members))
 
 
-def lira_offline(model: torch.nn.Module, shadows: list[torch.nn.Module], members: Data, non_members: Data) -> MembershipResult:
+def lira_offline(
+    model: torch.nn.Module, shadows: list[torch.nn.Module], members: Data, non_members: Data
+) -> MembershipResult:
     """Offline LiRA: every candidate is OUT of every shadow model's training set (the shadows
     were trained on the attacker's own data); score Φ((φ − μ_out)/σ_out) with the per-sample
     mean μ_out over shadows and one global σ_out (Carlini et al.'s choice for few shadows)."""

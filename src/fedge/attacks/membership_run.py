@@ -25,7 +25,15 @@ from fedge.core.errors import ConfigError
 from fedge.core.rng import generator
 from fedge.experiment.build import BuiltRun, build_run
 
-__all__ = ["Replay", "membership_attacks", "membership_by_round", "replay", "round_models", "shadow_models", "trained_by"]
+__all__ = [
+    "Replay",
+    "membership_attacks",
+    "membership_by_round",
+    "replay",
+    "round_models",
+    "shadow_models",
+    "trained_by",
+]
 
 
 @dataclass(frozen=True)
@@ -79,8 +87,10 @@ def replay(built: BuiltRun, rounds: list[int]) -> Replay:
     whose replies each round aggregated. Trains ``built``'s own strategy: pass a fresh build."""
     bad = [r for r in rounds if not 1 <= r <= built.config.rounds]
     if not rounds or bad:
-        raise ConfigError(f"rounds {bad or rounds} are not rounds of this run; expected round numbers in 1..{built.config.rounds}, "
-                          "e.g. --rounds 1,5,10")  # fmt: skip
+        raise ConfigError(
+            f"rounds {bad or rounds} are not rounds of this run; expected round numbers in 1..{built.config.rounds}, "
+            "e.g. --rounds 1,5,10"
+        )
     return _replay(built, sorted(set(rounds)))
 
 
@@ -89,19 +99,51 @@ def round_models(built: BuiltRun, rounds: list[int]) -> dict[int, torch.nn.Modul
     return replay(built, rounds).models
 
 
-def shadow_models(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, train_size: int, shadows: int,
-                  seed: int = 0, progress: Callable[[int, int], None] | None = None) -> list[tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]:  # fmt: skip
+def shadow_models(
+    cfg: RunConfig,
+    aux: tuple[torch.Tensor, torch.Tensor],
+    *,
+    train_size: int,
+    shadows: int,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[
+    tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+]:
     """Shadow models trained the way the target was — the run's own method, config and number
     of rounds, with a different run seed — on a random half of the attacker's data ``aux``
     (at most ``train_size`` samples, split IID over the run's clients in their proportions);
     each comes with its training set and an equally large held-out set of ``aux``."""
-    return [(ms[cfg.rounds], inside, outside) for ms, inside, outside in
-            _shadow_runs(cfg, aux, train_size=train_size, shadows=shadows, seed=seed, keep=[cfg.rounds],
-                         progress=progress)]  # fmt: skip
+    return [
+        (ms[cfg.rounds], inside, outside)
+        for ms, inside, outside in _shadow_runs(
+            cfg,
+            aux,
+            train_size=train_size,
+            shadows=shadows,
+            seed=seed,
+            keep=[cfg.rounds],
+            progress=progress,
+        )
+    ]
 
 
-def _shadow_runs(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, train_size: int, shadows: int, seed: int,
-                 keep: list[int], progress: Callable[[int, int], None] | None = None) -> list[tuple[dict[int, torch.nn.Module], tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]:  # fmt: skip
+def _shadow_runs(
+    cfg: RunConfig,
+    aux: tuple[torch.Tensor, torch.Tensor],
+    *,
+    train_size: int,
+    shadows: int,
+    seed: int,
+    keep: list[int],
+    progress: Callable[[int, int], None] | None = None,
+) -> list[
+    tuple[
+        dict[int, torch.nn.Module],
+        tuple[torch.Tensor, torch.Tensor],
+        tuple[torch.Tensor, torch.Tensor],
+    ]
+]:
     """:func:`shadow_models`, each shadow's global model kept after every round in ``keep``. A
     shadow's training set is the samples of its clients aggregated by round ``min(keep)``
     (:meth:`Replay.trained_by`; all of them when every client takes part), the held-out set as
@@ -111,7 +153,9 @@ def _shadow_runs(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, trai
     x, y = aux
     n = min(train_size, len(y) // 2)
     if n < 2:
-        raise ConfigError(f"shadow models need auxiliary data: got {len(y)} samples; raise dataset.limit_test")
+        raise ConfigError(
+            f"shadow models need auxiliary data: got {len(y)} samples; raise dataset.limit_test"
+        )
     out = []
     for i in range(shadows):
         g = generator(seed, "shadow", i)
@@ -121,11 +165,19 @@ def _shadow_runs(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, trai
         sizes = torch.tensor([c.num_samples for c in built.clients], dtype=torch.float64)
         bounds = (sizes.cumsum(0) / sizes.sum() * n).round().long().tolist()
         parts = [inside[a:b] for a, b in zip([0, *bounds[:-1]], bounds, strict=True)]
-        built = replace(built, clients=[ClientData(x, y, p if len(p) else inside[:1]) for p in parts])
+        built = replace(
+            built, clients=[ClientData(x, y, p if len(p) else inside[:1]) for p in parts]
+        )
         rep = _replay(built, keep)
         trained = rep.trained_by(min(keep))
-        if len(trained) < len(parts):  # some shadow client never trained (else: inside as drawn, as ever)
-            inside = torch.cat([built.clients[c].indices for c in trained]).unique() if trained else inside[:0]
+        if len(trained) < len(
+            parts
+        ):  # some shadow client never trained (else: inside as drawn, as ever)
+            inside = (
+                torch.cat([built.clients[c].indices for c in trained]).unique()
+                if trained
+                else inside[:0]
+            )
             outside = outside[: len(inside)]
         out.append((rep.models, (x[inside], y[inside]), (x[outside], y[outside])))
         if progress is not None:
@@ -133,8 +185,15 @@ def _shadow_runs(cfg: RunConfig, aux: tuple[torch.Tensor, torch.Tensor], *, trai
     return out
 
 
-def _mia_split(built: BuiltRun, samples: int, seed: int, trained: Collection[int] | None = None, *,
-               when: str = "in any round", fix: str = "") -> tuple[Any, Any, torch.Tensor, int]:  # fmt: skip
+def _mia_split(
+    built: BuiltRun,
+    samples: int,
+    seed: int,
+    trained: Collection[int] | None = None,
+    *,
+    when: str = "in any round",
+    fix: str = "",
+) -> tuple[Any, Any, torch.Tensor, int]:
     """(members, non-members, the attacker's own test indices, number of training samples).
 
     Members: ``samples`` of the training samples of the clients in ``trained`` (None: every
@@ -159,12 +218,25 @@ def _mia_split(built: BuiltRun, samples: int, seed: int, trained: Collection[int
     members = idx[torch.randperm(len(idx), generator=g)[:samples]]
     test = torch.randperm(len(ds.y_test), generator=g)
     non, rest = test[:samples], test[samples:]
-    return (ds.x_train[members], ds.y_train[members]), (ds.x_test[non], ds.y_test[non]), rest, n_train
+    return (
+        (ds.x_train[members], ds.y_train[members]),
+        (ds.x_test[non], ds.y_test[non]),
+        rest,
+        n_train,
+    )
 
 
-def membership_attacks(built: BuiltRun, model: torch.nn.Module, *, samples: int, shadows: int = 0, seed: int = 0,
-                       progress: Callable[[int, int], None] | None = None, withheld: tuple[str, ...] = (),
-                       trained: Collection[int] | None = None) -> dict[str, Any]:  # fmt: skip
+def membership_attacks(
+    built: BuiltRun,
+    model: torch.nn.Module,
+    *,
+    samples: int,
+    shadows: int = 0,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+    withheld: tuple[str, ...] = (),
+    trained: Collection[int] | None = None,
+) -> dict[str, Any]:
     """The loss-threshold attack and, with ``shadows`` > 0, Shokri et al.'s shadow-model attack
     and offline LiRA, on ``model``, the run's final model: ``samples`` of the training samples
     it was trained on (members) vs ``samples`` test samples (non-members); the rest of the test
@@ -198,18 +270,31 @@ def membership_attacks(built: BuiltRun, model: torch.nn.Module, *, samples: int,
     out: dict[str, Any] = {"method": built.config.method.name, "chance_auc": 0.5}
     if withheld:
         if shadows:
-            raise ConfigError("the run kept its last layer in the enclaves (PPFL's method.keep_last_in_tee): shadow "
-                              "attacks on the attacker's completed model are not built; run --attack mia")  # fmt: skip
+            raise ConfigError(
+                "the run kept its last layer in the enclaves (PPFL's method.keep_last_in_tee): shadow "
+                "attacks on the attacker's completed model are not built; run --attack mia"
+            )
         from fedge.attacks.completion import complete_classifier  # noqa: PLC0415
 
-        model = complete_classifier(model, (ds.x_test[rest], ds.y_test[rest]), generator=generator(seed, "attack", "head"))
+        model = complete_classifier(
+            model, (ds.x_test[rest], ds.y_test[rest]), generator=generator(seed, "attack", "head")
+        )
         with torch.no_grad():
-            acc = {k: float((model(x).argmax(-1) == y).double().mean()) for k, (x, y) in (("members", m), ("non_members", nm))}
+            acc = {
+                k: float((model(x).argmax(-1) == y).double().mean())
+                for k, (x, y) in (("members", m), ("non_members", nm))
+            }
         out["completed"] = {"withheld": list(withheld), "aux_samples": len(rest), "accuracy": acc}
     out["loss"] = loss_threshold_attack(model, m, nm).__dict__
     if shadows:
-        sh = shadow_models(built.config, (ds.x_test[rest], ds.y_test[rest]), train_size=n_train, shadows=shadows,
-                           seed=seed, progress=progress)  # fmt: skip
+        sh = shadow_models(
+            built.config,
+            (ds.x_test[rest], ds.y_test[rest]),
+            train_size=n_train,
+            shadows=shadows,
+            seed=seed,
+            progress=progress,
+        )
         out["shadows"] = shadows
         out["shadow_train_size"] = len(sh[0][1][1])
         out["shadow"] = shadow_attack(model, sh, m, nm).__dict__
@@ -217,8 +302,15 @@ def membership_attacks(built: BuiltRun, model: torch.nn.Module, *, samples: int,
     return out
 
 
-def membership_by_round(built: BuiltRun, rounds: list[int], *, samples: int, shadows: int = 0, seed: int = 0,
-                        progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:  # fmt: skip
+def membership_by_round(
+    built: BuiltRun,
+    rounds: list[int],
+    *,
+    samples: int,
+    shadows: int = 0,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
     """:func:`membership_attacks` against the global model after each round in ``rounds``
     (:func:`replay`): the same members and non-members for every round; with ``shadows``, the
     shadow models' own round-r models for round r (trained the same way for the same number of
@@ -241,10 +333,27 @@ def membership_by_round(built: BuiltRun, rounds: list[int], *, samples: int, sha
     keep = sorted(set(rounds))
     rep = replay(built, keep)
     targets, first = rep.models, keep[0]
-    m, nm, rest, n_train = _mia_split(built, samples, seed, rep.trained_by(first), when=f"by round {first}",
-                                      fix=f", report from a later first round than {first} (--rounds)")  # fmt: skip
-    sh = (_shadow_runs(built.config, (ds.x_test[rest], ds.y_test[rest]), train_size=n_train, shadows=shadows, seed=seed,
-                       keep=keep, progress=progress) if shadows else [])  # fmt: skip
+    m, nm, rest, n_train = _mia_split(
+        built,
+        samples,
+        seed,
+        rep.trained_by(first),
+        when=f"by round {first}",
+        fix=f", report from a later first round than {first} (--rounds)",
+    )
+    sh = (
+        _shadow_runs(
+            built.config,
+            (ds.x_test[rest], ds.y_test[rest]),
+            train_size=n_train,
+            shadows=shadows,
+            seed=seed,
+            keep=keep,
+            progress=progress,
+        )
+        if shadows
+        else []
+    )
     per: dict[str, Any] = {}
     for r in keep:
         model = targets[r]
@@ -252,7 +361,11 @@ def membership_by_round(built: BuiltRun, rounds: list[int], *, samples: int, sha
         with torch.no_grad():
             acc = float((model(ds.x_test).argmax(-1) == ds.y_test).double().mean())
             fit = float((model(m[0]).argmax(-1) == m[1]).double().mean())
-        row: dict[str, Any] = {"test_accuracy": acc, "train_accuracy": fit, "loss": loss_threshold_attack(model, m, nm).__dict__}
+        row: dict[str, Any] = {
+            "test_accuracy": acc,
+            "train_accuracy": fit,
+            "loss": loss_threshold_attack(model, m, nm).__dict__,
+        }
         if sh:
             row["shadow"] = shadow_attack(model, [(ms[r], i, o) for ms, i, o in sh], m, nm).__dict__
             row["lira"] = lira_offline(model, [ms[r] for ms, _, _ in sh], m, nm).__dict__

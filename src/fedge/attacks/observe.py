@@ -43,7 +43,9 @@ __all__ = ["Observed", "Observer", "PartyObserved", "ServerView", "observe_parti
 
 def _copy(m: Message) -> Message:
     return Message(
-        {k: v.detach().clone() for k, v in m.arrays.items()}, config=dict(m.config), metrics=dict(m.metrics)
+        {k: v.detach().clone() for k, v in m.arrays.items()},
+        config=dict(m.config),
+        metrics=dict(m.metrics),
     )
 
 
@@ -74,7 +76,9 @@ class Observer(StrategyWrapper):
                 answer = yield item
                 if isinstance(item, Exchange):
                     for cid, reply in answer.items():
-                        self.records.append(Observed(rnd, step, cid, _copy(item.messages[cid]), _copy(reply)))
+                        self.records.append(
+                            Observed(rnd, step, cid, _copy(item.messages[cid]), _copy(reply))
+                        )
                     step += 1
                 item = gen.send(answer)
         except StopIteration as stop:
@@ -112,7 +116,9 @@ class _RecordingFactory:
         return _RecordingParty(self.inner(), self.name, self.records)
 
 
-def observe_parties(parties: Mapping[str, PartySpec], names: list[str], records: list[PartyObserved]) -> dict[str, PartySpec]:
+def observe_parties(
+    parties: Mapping[str, PartySpec], names: list[str], records: list[PartyObserved]
+) -> dict[str, PartySpec]:
     """``parties`` with those named ``names`` recording every message they receive into
     ``records`` (in this process: the run needs ``clients.workers: 0``)."""
     unknown = sorted(set(names) - set(parties))
@@ -120,8 +126,10 @@ def observe_parties(parties: Mapping[str, PartySpec], names: list[str], records:
         from fedge.core.errors import ConfigError  # noqa: PLC0415
 
         raise ConfigError(f"no side party {unknown} to observe; this method has {sorted(parties)}")
-    return {n: PartySpec(n, _RecordingFactory(p.factory, n, records), p.scope) if n in names else p
-            for n, p in parties.items()}  # fmt: skip
+    return {
+        n: PartySpec(n, _RecordingFactory(p.factory, n, records), p.scope) if n in names else p
+        for n, p in parties.items()
+    }
 
 
 @dataclass
@@ -152,7 +160,9 @@ def _masked_vector(blob: bytes) -> np.ndarray:
     return np.asarray(FIXED_POINT.decode(y), dtype=np.float64)
 
 
-def _lay_out(flat: torch.Tensor, layout: Mapping[str, torch.Size], *, pad: bool = False) -> dict[str, torch.Tensor]:
+def _lay_out(
+    flat: torch.Tensor, layout: Mapping[str, torch.Size], *, pad: bool = False
+) -> dict[str, torch.Tensor]:
     """``flat`` cut into ``layout``'s arrays in sorted-name order (zero-padded if ``pad``)."""
     total = sum(math.prod(s) for s in layout.values())
     if pad and flat.numel() < total:
@@ -188,15 +198,33 @@ def server_views(
     views = []
     for r in records:
         blob = _ciphertext(r.reply) if sealed_layout is not None else None
-        if blob is not None and sealed_layout is not None and len(blob) > 1024:  # a payload, not a handshake
+        if (
+            blob is not None and sealed_layout is not None and len(blob) > 1024
+        ):  # a payload, not a handshake
             with np.errstate(invalid="ignore", over="ignore"):
                 vals = np.frombuffer(blob[: len(blob) // 4 * 4], dtype="<f4").astype(np.float64)
-            flat = torch.from_numpy(np.nan_to_num(vals, nan=0.0, posinf=0.0, neginf=0.0)).to(torch.float32)
-            public: dict[str, Any] = {k: v for k, v in r.sent.config.items() if not isinstance(v, bytes)}
-            views.append(ServerView(r.rnd, r.cid, dict(r.sent.arrays), public, _lay_out(flat, sealed_layout, pad=True),
-                                    True, r.reply.nbytes, sealed=True))  # fmt: skip
+            flat = torch.from_numpy(np.nan_to_num(vals, nan=0.0, posinf=0.0, neginf=0.0)).to(
+                torch.float32
+            )
+            public: dict[str, Any] = {
+                k: v for k, v in r.sent.config.items() if not isinstance(v, bytes)
+            }
+            views.append(
+                ServerView(
+                    r.rnd,
+                    r.cid,
+                    dict(r.sent.arrays),
+                    public,
+                    _lay_out(flat, sealed_layout, pad=True),
+                    True,
+                    r.reply.nbytes,
+                    sealed=True,
+                )
+            )
             continue
-        if not r.sent.arrays or r.sent.config.get("secagg_step", "forward") != "forward":  # key agreement, unmasking
+        if (
+            not r.sent.arrays or r.sent.config.get("secagg_step", "forward") != "forward"
+        ):  # key agreement, unmasking
             continue
         if r.reply.arrays:
             upload, masked = dict(r.reply.arrays), False
@@ -207,5 +235,7 @@ def server_views(
         else:
             continue
         config = {k: v for k, v in r.sent.config.items() if k not in ("secagg", "secagg_step")}
-        views.append(ServerView(r.rnd, r.cid, dict(r.sent.arrays), config, upload, masked, r.reply.nbytes))
+        views.append(
+            ServerView(r.rnd, r.cid, dict(r.sent.arrays), config, upload, masked, r.reply.nbytes)
+        )
     return views

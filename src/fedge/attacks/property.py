@@ -108,7 +108,9 @@ def property_inference(
         raise ConfigError("property inference: no upload was observed; nothing to attack")
     x_aux, y_aux = aux
     if not bool((y_aux == prop).any()) or not bool((y_aux != prop).any()):
-        raise ConfigError(f"property class {prop}: the auxiliary data needs samples with and without it")
+        raise ConfigError(
+            f"property class {prop}: the auxiliary data needs samples with and without it"
+        )
     inner = plaintext_program(program)
     groups: dict[tuple[Any, ...], list[ServerView]] = {}
     for v in views:
@@ -125,8 +127,13 @@ def property_inference(
             has = j % 2 == 0
             g = generator(seed, "pia", ref.rnd, gi, j)
             idx = aux_batch(y_aux, size, prop, has, g)
-            ctx = ClientContext(cid=-1, rnd=ref.rnd, data=ClientData(x_aux, y_aux, idx), generator=g,
-                                meter=Meter(flops=False))  # fmt: skip
+            ctx = ClientContext(
+                cid=-1,
+                rnd=ref.rnd,
+                data=ClientData(x_aux, y_aux, idx),
+                generator=g,
+                meter=Meter(flops=False),
+            )
             reply = inner.run(msg, ctx)
             names = sorted(n for n in reply.arrays if n in ref.upload)
             feats.append(_features(dict(reply.arrays), names))
@@ -144,5 +151,12 @@ def property_inference(
     s, t = torch.tensor(scores), torch.tensor(labels)
     pos, neg = s[t], s[~t]
     auc = roc_auc(pos, neg) if len(pos) and len(neg) else float("nan")
-    return PropertyResult(auc, len(scores), int(t.sum()), aux_updates, len(groups), statistics.median(train_acc),
-                          any(v.masked for v in views))  # fmt: skip
+    return PropertyResult(
+        auc,
+        len(scores),
+        int(t.sum()),
+        aux_updates,
+        len(groups),
+        statistics.median(train_acc),
+        any(v.masked for v in views),
+    )

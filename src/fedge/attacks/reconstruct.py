@@ -115,7 +115,13 @@ _NORMALIZER = {"forward": 1.0, "central": 2.0}
 
 
 def baffle_projection(
-    shapes: Mapping[str, torch.Size], loss_diffs: Tensor, *, sigma: float, seed: int, scheme: str, directions: str,
+    shapes: Mapping[str, torch.Size],
+    loss_diffs: Tensor,
+    *,
+    sigma: float,
+    seed: int,
+    scheme: str,
+    directions: str,
     masks: Mapping[str, Tensor] | None = None,
 ) -> ProjectionTarget:
     """What BAFFLE's K loss differences tell a server that knows the seed: t_k = ΔL_k / (cσ)
@@ -150,11 +156,19 @@ class Reconstruction:
 
 def total_variation(x: Tensor) -> Tensor:
     """Anisotropic total variation: mean |horizontal| + mean |vertical| neighbour differences."""
-    return (x[..., 1:, :] - x[..., :-1, :]).abs().mean() + (x[..., :, 1:] - x[..., :, :-1]).abs().mean()
+    return (x[..., 1:, :] - x[..., :-1, :]).abs().mean() + (
+        x[..., :, 1:] - x[..., :, :-1]
+    ).abs().mean()
 
 
-def _dummy_gradient(model: torch.nn.Module, params: dict[str, Tensor], names: Sequence[str], x: Tensor,
-                    labels: Tensor | None, y_logits: Tensor) -> dict[str, Tensor]:
+def _dummy_gradient(
+    model: torch.nn.Module,
+    params: dict[str, Tensor],
+    names: Sequence[str],
+    x: Tensor,
+    labels: Tensor | None,
+    y_logits: Tensor,
+) -> dict[str, Tensor]:
     """The gradient of the dummy batch's loss (hard ``labels``, else soft labels ``softmax(y_logits)``)
     with respect to the attacked parameters ``names``, kept differentiable in ``x`` and ``y_logits``."""
     p = {n: (v.clone().requires_grad_(True) if n in names else v) for n, v in params.items()}
@@ -256,7 +270,9 @@ def invert(
     params, names, x, y_logits, variables = _dummy_start(
         model, target, input_shape, num_classes, batch, labels, generator
     )
-    opt = torch.optim.LBFGS(variables, lr=1.0, max_iter=20, history_size=100, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        variables, lr=1.0, max_iter=20, history_size=100, line_search_fn="strong_wolfe"
+    )
 
     def closure() -> Tensor:
         opt.zero_grad()

@@ -72,48 +72,146 @@ def _baffle(k: int, secagg: bool) -> dict[str, Any]:
 _DP = {"mechanism": "gaussian", "clip": 1e-3, "noise_multiplier": 1.0}
 _DP_LABEL = f"DP clip {_DP['clip']:g}, z={_DP['noise_multiplier']:g}"
 _EPPFL_DP_CLIP = 100.0  # configs/eppfl-fmnist-vgg.yaml's per-sample L1 clip
-_PPFL_PIA = ("not run: the server cannot simulate an upload to train the classifier on (the client program "
-             "runs in an attested enclave whose session key the server lacks); it observes AES-GCM ciphertext")  # fmt: skip
+_PPFL_PIA = (
+    "not run: the server cannot simulate an upload to train the classifier on (the client program "
+    "runs in an attested enclave whose session key the server lacks); it observes AES-GCM ciphertext"
+)
 
 ROWS: tuple[Row, ...] = (
-    Row("fedavg, 1 local SGD step, batch 1", {"name": "fedavg", "local_epochs": 1, "batch_size": 1, "client_optimizer": _SGD},
-        pia_method={"name": "fedavg", "local_epochs": 1, "batch_size": 8, "client_optimizer": _SGD}),
-    Row("fedsgd, batch 1", {"name": "fedsgd", "batch_size": 1}, pia_method={"name": "fedsgd", "batch_size": 8}),
+    Row(
+        "fedavg, 1 local SGD step, batch 1",
+        {"name": "fedavg", "local_epochs": 1, "batch_size": 1, "client_optimizer": _SGD},
+        pia_method={"name": "fedavg", "local_epochs": 1, "batch_size": 8, "client_optimizer": _SGD},
+    ),
+    Row(
+        "fedsgd, batch 1",
+        {"name": "fedsgd", "batch_size": 1},
+        pia_method={"name": "fedsgd", "batch_size": 8},
+    ),
     Row("fedsgd, batch 8", {"name": "fedsgd", "batch_size": 8}, batch=8),
-    Row("fedsgd, batch 1, secure aggregation", {"name": "fedsgd", "batch_size": 1, "secure_aggregation": True},
-        pia_method={"name": "fedsgd", "batch_size": 8, "secure_aggregation": True}),
-    *(Row(f"baffle batch, K={k}, no secure aggregation", _baffle(k, False)) for k in (10, 100, 1000)),
-    *(Row(f"baffle batch, K={k}, secure aggregation (default)", _baffle(k, True)) for k in (10, 100, 1000)),
-    *(Row(f"baffle batch, K={k}, {_DP_LABEL}, no secure aggregation", _baffle(k, False), privacy=_DP)
-      for k in (10, 100, 1000)),
+    Row(
+        "fedsgd, batch 1, secure aggregation",
+        {"name": "fedsgd", "batch_size": 1, "secure_aggregation": True},
+        pia_method={"name": "fedsgd", "batch_size": 8, "secure_aggregation": True},
+    ),
+    *(
+        Row(f"baffle batch, K={k}, no secure aggregation", _baffle(k, False))
+        for k in (10, 100, 1000)
+    ),
+    *(
+        Row(f"baffle batch, K={k}, secure aggregation (default)", _baffle(k, True))
+        for k in (10, 100, 1000)
+    ),
+    *(
+        Row(
+            f"baffle batch, K={k}, {_DP_LABEL}, no secure aggregation",
+            _baffle(k, False),
+            privacy=_DP,
+        )
+        for k in (10, 100, 1000)
+    ),
     Row(f"baffle batch, K=100, {_DP_LABEL}, secure aggregation", _baffle(100, True), privacy=_DP),
-    *(Row(f"baffle epoch, K={k}, 1 local step, batch 1",
-          {"name": "baffle", "mode": "epoch", "k": k, "ema": None, "batch_size": 1, "local_epochs": 1, "client_optimizer": _SGD},
-          pia_method={"name": "baffle", "mode": "epoch", "k": k, "ema": None, "batch_size": 8, "local_epochs": 1,
-                      "client_optimizer": _SGD}) for k in (10, 100, 1000)),
-    Row("ntk-baffle batch, K=100, density 0.5, no secure aggregation",
-        {"name": "ntk-baffle", "mode": "batch", "k": 100, "ema": None, "density": 0.5, "secure_aggregation": False}),
-    Row("ntk-baffle batch, K=100, density 0.5, secure aggregation (default)",
-        {"name": "ntk-baffle", "mode": "batch", "k": 100, "ema": None, "density": 0.5}),
-    Row("fedpt, largest layer frozen, 1 local SGD step, batch 1",
-        {"name": "fedpt", "freeze": "largest", "local_epochs": 1, "batch_size": 1, "client_optimizer": _SGD},
-        pia_method={"name": "fedpt", "freeze": "largest", "local_epochs": 1, "batch_size": 8, "client_optimizer": _SGD}),
-    Row("eppfl, 1 local epoch, batch 1", {"name": "eppfl", "local_epochs": 1, "batch_size": 1},
-        pia_method={"name": "eppfl", "local_epochs": 1, "batch_size": 8}),
-    *(Row(f"eppfl, 1 local epoch, batch 1, Laplace ε={eps:g} (clip {_EPPFL_DP_CLIP:g})",
-          {"name": "eppfl", "local_epochs": 1, "batch_size": 1, "dp": {"epsilon": eps, "clip": _EPPFL_DP_CLIP}},
-          pia_method={"name": "eppfl", "local_epochs": 1, "batch_size": 8, "dp": {"epsilon": eps, "clip": _EPPFL_DP_CLIP}})
-      for eps in (5.0, 1.0)),
-    Row("fedavg, lenet-ppfl, 1 local SGD step, batch 1",
-        {"name": "fedavg", "local_epochs": 1, "batch_size": 1, "client_optimizer": _SGD}, model="lenet-ppfl",
-        pia_method={"name": "fedavg", "local_epochs": 1, "batch_size": 8, "client_optimizer": _SGD}),
-    Row("ppfl, lenet-ppfl, 1 local epoch, batch 1 (sealed uploads)",
+    *(
+        Row(
+            f"baffle epoch, K={k}, 1 local step, batch 1",
+            {
+                "name": "baffle",
+                "mode": "epoch",
+                "k": k,
+                "ema": None,
+                "batch_size": 1,
+                "local_epochs": 1,
+                "client_optimizer": _SGD,
+            },
+            pia_method={
+                "name": "baffle",
+                "mode": "epoch",
+                "k": k,
+                "ema": None,
+                "batch_size": 8,
+                "local_epochs": 1,
+                "client_optimizer": _SGD,
+            },
+        )
+        for k in (10, 100, 1000)
+    ),
+    Row(
+        "ntk-baffle batch, K=100, density 0.5, no secure aggregation",
+        {
+            "name": "ntk-baffle",
+            "mode": "batch",
+            "k": 100,
+            "ema": None,
+            "density": 0.5,
+            "secure_aggregation": False,
+        },
+    ),
+    Row(
+        "ntk-baffle batch, K=100, density 0.5, secure aggregation (default)",
+        {"name": "ntk-baffle", "mode": "batch", "k": 100, "ema": None, "density": 0.5},
+    ),
+    Row(
+        "fedpt, largest layer frozen, 1 local SGD step, batch 1",
+        {
+            "name": "fedpt",
+            "freeze": "largest",
+            "local_epochs": 1,
+            "batch_size": 1,
+            "client_optimizer": _SGD,
+        },
+        pia_method={
+            "name": "fedpt",
+            "freeze": "largest",
+            "local_epochs": 1,
+            "batch_size": 8,
+            "client_optimizer": _SGD,
+        },
+    ),
+    Row(
+        "eppfl, 1 local epoch, batch 1",
+        {"name": "eppfl", "local_epochs": 1, "batch_size": 1},
+        pia_method={"name": "eppfl", "local_epochs": 1, "batch_size": 8},
+    ),
+    *(
+        Row(
+            f"eppfl, 1 local epoch, batch 1, Laplace ε={eps:g} (clip {_EPPFL_DP_CLIP:g})",
+            {
+                "name": "eppfl",
+                "local_epochs": 1,
+                "batch_size": 1,
+                "dp": {"epsilon": eps, "clip": _EPPFL_DP_CLIP},
+            },
+            pia_method={
+                "name": "eppfl",
+                "local_epochs": 1,
+                "batch_size": 8,
+                "dp": {"epsilon": eps, "clip": _EPPFL_DP_CLIP},
+            },
+        )
+        for eps in (5.0, 1.0)
+    ),
+    Row(
+        "fedavg, lenet-ppfl, 1 local SGD step, batch 1",
+        {"name": "fedavg", "local_epochs": 1, "batch_size": 1, "client_optimizer": _SGD},
+        model="lenet-ppfl",
+        pia_method={"name": "fedavg", "local_epochs": 1, "batch_size": 8, "client_optimizer": _SGD},
+    ),
+    Row(
+        "ppfl, lenet-ppfl, 1 local epoch, batch 1 (sealed uploads)",
         # the MIA attacks the released model: every layer released (the default keeps the classifier in the
         # enclaves, measured in the PPFL Table 2 analogue)
-        {"name": "ppfl", "rounds_per_stage": 1, "local_epochs": 1, "batch_size": 1, "min_batch_size": 1,
-         "keep_last_in_tee": False},
-        model="lenet-ppfl", skip={"pia": _PPFL_PIA}),
-)  # fmt: skip
+        {
+            "name": "ppfl",
+            "rounds_per_stage": 1,
+            "local_epochs": 1,
+            "batch_size": 1,
+            "min_batch_size": 1,
+            "keep_last_in_tee": False,
+        },
+        model="lenet-ppfl",
+        skip={"pia": _PPFL_PIA},
+    ),
+)
 
 
 def _quiet(fn: Callable[[], Any]) -> Any:
@@ -142,31 +240,58 @@ def privacy_row(
         out["dra"] = {"skipped": row.skip["dra"]}
     else:
         t = time.perf_counter()
-        cfg = attack_config(row.method, clients=clients, per_client=row.batch, dataset=dataset, model=row.model,
-                            privacy=row.privacy)  # fmt: skip
+        cfg = attack_config(
+            row.method,
+            clients=clients,
+            per_client=row.batch,
+            dataset=dataset,
+            model=row.model,
+            privacy=row.privacy,
+        )
         eppfl = row.method["name"] == "eppfl"  # the edge server's view: the released activations
         run = _quiet(lambda: observe_run(cfg, parties=("edge",) if eppfl else ()))
-        s = activation_inversion(run, iterations=iterations) if eppfl else reconstruction_attack(run, iterations=iterations)
-        sizes = ([p.message.nbytes for p in run.party_records if p.message.config.get("op") == "step"] if eppfl
-                 else [v.reply_bytes for v in run.views])  # fmt: skip
+        s = (
+            activation_inversion(run, iterations=iterations)
+            if eppfl
+            else reconstruction_attack(run, iterations=iterations)
+        )
+        sizes = (
+            [p.message.nbytes for p in run.party_records if p.message.config.get("op") == "step"]
+            if eppfl
+            else [v.reply_bytes for v in run.views]
+        )
         best = min(s["attacks"], key=lambda a: s["attacks"][a]["median_mse"])
-        out["dra"] = {"attack": best, "median_mse": s["attacks"][best]["median_mse"],
-                      "label_accuracy": s["attacks"][best].get("label_accuracy"),
-                      "all": {a: v["median_mse"] for a, v in s["attacks"].items()},
-                      "mean_image": s["baseline_mean_image_mse"], "mid_gray": s["baseline_mid_gray_mse"],
-                      "masked": s.get("masked", False), "sealed": any(v.sealed for v in run.views),
-                      "finite_objective": s["attacks"][best].get("finite_objective", 1.0),
-                      "upload_bytes": sorted(sizes)[len(sizes) // 2],
-                      "seconds": time.perf_counter() - t}  # fmt: skip
+        out["dra"] = {
+            "attack": best,
+            "median_mse": s["attacks"][best]["median_mse"],
+            "label_accuracy": s["attacks"][best].get("label_accuracy"),
+            "all": {a: v["median_mse"] for a, v in s["attacks"].items()},
+            "mean_image": s["baseline_mean_image_mse"],
+            "mid_gray": s["baseline_mid_gray_mse"],
+            "masked": s.get("masked", False),
+            "sealed": any(v.sealed for v in run.views),
+            "finite_objective": s["attacks"][best].get("finite_objective", 1.0),
+            "upload_bytes": sorted(sizes)[len(sizes) // 2],
+            "seconds": time.perf_counter() - t,
+        }
         if eppfl:  # the aggregation server S_a's view of the same run: the masked M_c uploads
             sa = reconstruction_attack(run, iterations=iterations)
             a = min(sa["attacks"], key=lambda k: sa["attacks"][k]["median_mse"])
-            out["dra"]["server"] = {"attack": a, "median_mse": sa["attacks"][a]["median_mse"], "masked": sa["masked"],
-                                    "finite_objective": sa["attacks"][a].get("finite_objective", 1.0),
-                                    "mean_image": sa["baseline_mean_image_mse"]}  # fmt: skip
-        if row.privacy and not out["dra"]["masked"]:  # is the client's clip active on what the server sees?
+            out["dra"]["server"] = {
+                "attack": a,
+                "median_mse": sa["attacks"][a]["median_mse"],
+                "masked": sa["masked"],
+                "finite_objective": sa["attacks"][a].get("finite_objective", 1.0),
+                "mean_image": sa["baseline_mean_image_mse"],
+            }
+        if (
+            row.privacy and not out["dra"]["masked"]
+        ):  # is the client's clip active on what the server sees?
             clip = float(row.privacy["clip"])
-            norms = [float(sum((v.double() ** 2).sum() for v in w.upload.values()) ** 0.5) for w in run.views]
+            norms = [
+                float(sum((v.double() ** 2).sum() for v in w.upload.values()) ** 0.5)
+                for w in run.views
+            ]
             out["dra"]["clip"] = clip
             out["dra"]["clipped"] = sum(n >= clip * (1 - 1e-4) for n in norms) / len(norms)
         out["dra"]["seconds"] = time.perf_counter() - t  # with S_a's attack
@@ -174,22 +299,46 @@ def privacy_row(
         out["mia"] = {"skipped": row.skip["mia"]}
     else:
         t = time.perf_counter()
-        cfg = attack_config(row.method, clients=mia_clients, per_client=mia_per_client, dataset=dataset, model=row.model,
-                            test=test, rounds=mia_rounds, privacy=row.privacy)  # fmt: skip
+        cfg = attack_config(
+            row.method,
+            clients=mia_clients,
+            per_client=mia_per_client,
+            dataset=dataset,
+            model=row.model,
+            test=test,
+            rounds=mia_rounds,
+            privacy=row.privacy,
+        )
         built = _quiet(lambda: build_run(cfg))
         rep = _quiet(lambda: replay(built, [cfg.rounds]))
         model = rep.models[cfg.rounds]
         acc = _accuracy(model, built)
-        r = _quiet(lambda: membership_attacks(built, model, samples=mia_samples, shadows=shadows,
-                                              trained=rep.trained_by(cfg.rounds)))  # fmt: skip
+        r = _quiet(
+            lambda: membership_attacks(
+                built,
+                model,
+                samples=mia_samples,
+                shadows=shadows,
+                trained=rep.trained_by(cfg.rounds),
+            )
+        )
         out["mia"] = {**r, "test_accuracy": acc, "seconds": time.perf_counter() - t}
     if "pia" in row.skip:
         out["pia"] = {"skipped": row.skip["pia"]}
     else:
         t = time.perf_counter()
-        cfg = attack_config(row.pia_method or row.method, clients=pia_clients, per_client=8, dataset=dataset,
-                            model=row.model, test=test, privacy=row.privacy)  # fmt: skip
-        if row.method["name"] == "eppfl":  # the edge server's view: each device's released activations
+        cfg = attack_config(
+            row.pia_method or row.method,
+            clients=pia_clients,
+            per_client=8,
+            dataset=dataset,
+            model=row.model,
+            test=test,
+            privacy=row.privacy,
+        )
+        if (
+            row.method["name"] == "eppfl"
+        ):  # the edge server's view: each device's released activations
             run = _quiet(lambda: observe_run(cfg, parties=("edge",)))
             out["pia"] = {**edge_pia_attack(run, prop=0), "seconds": time.perf_counter() - t}
         else:
@@ -213,11 +362,16 @@ def objective_note(dra: dict[str, Any]) -> str:
     share = dra.get("finite_objective", 1.0)
     if share >= 1.0:
         return ""
-    return " (no finite objective: the dummy start)" if share == 0 else f" (finite objective for {share:.0%} of clients)"
+    return (
+        " (no finite objective: the dummy start)"
+        if share == 0
+        else f" (finite objective for {share:.0%} of clients)"
+    )
 
 
-def privacy_table(rows: list[str] | None = None, progress: Callable[[str], None] | None = None,
-                  **kwargs: Any) -> list[dict[str, Any]]:  # fmt: skip
+def privacy_table(
+    rows: list[str] | None = None, progress: Callable[[str], None] | None = None, **kwargs: Any
+) -> list[dict[str, Any]]:
     """:func:`privacy_row` for every row of :data:`ROWS` (or those labelled ``rows``)."""
     out = []
     for row in ROWS:

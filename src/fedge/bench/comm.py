@@ -47,7 +47,15 @@ def run_comm(ks: tuple[int, ...] = (100, 200, 500)) -> dict[str, Any]:
     for k in ks:
         batch = _round(["method.mode=batch", f"method.k={k}", "method.secure_aggregation=false"])
         secure = _round(["method.mode=batch", f"method.k={k}", "method.secure_aggregation=true"])
-        seeds = _rounds(["method.mode=batch", f"method.k={k}", "method.secure_aggregation=false", "method.downlink=seeds"], 2)
+        seeds = _rounds(
+            [
+                "method.mode=batch",
+                f"method.k={k}",
+                "method.secure_aggregation=false",
+                "method.downlink=seeds",
+            ],
+            2,
+        )
         n = batch["clients"]
         up = batch["bytes_up"] / n
         results.append(
@@ -74,16 +82,23 @@ def run_comm(ks: tuple[int, ...] = (100, 200, 500)) -> dict[str, Any]:
 
 
 def comm_markdown(report: dict[str, Any], command: str) -> str:
-    head = ["K", "uplink B/client (payload 4K + framing)", "downlink B/client (seed entry)",
-            "with secure aggregation: up / down B/client",
-            "`downlink: seeds`: down B/client, first round / each next round"]  # fmt: skip
+    head = [
+        "K",
+        "uplink B/client (payload 4K + framing)",
+        "downlink B/client (seed entry)",
+        "with secure aggregation: up / down B/client",
+        "`downlink: seeds`: down B/client, first round / each next round",
+    ]
     rows = [
-        [f"{r['k']}", f"{r['batch_up_per_client']:.0f} ({r['payload_bytes']} + {r['framing_bytes']:.0f})",
-         f"{r['batch_down_per_client']:.0f} ({r['seed_entry_bytes']})",
-         f"{r['secure_up_per_client']:.0f} / {r['secure_down_per_client']:.0f}",
-         f"{r['seeds_down_first_round']:.0f} / {r['seeds_down_next_round']:.0f}"]
+        [
+            f"{r['k']}",
+            f"{r['batch_up_per_client']:.0f} ({r['payload_bytes']} + {r['framing_bytes']:.0f})",
+            f"{r['batch_down_per_client']:.0f} ({r['seed_entry_bytes']})",
+            f"{r['secure_up_per_client']:.0f} / {r['secure_down_per_client']:.0f}",
+            f"{r['seeds_down_first_round']:.0f} / {r['seeds_down_next_round']:.0f}",
+        ]
         for r in report["results"]
-    ]  # fmt: skip
+    ]
     return command_section(
         [
             "Batch-level BAFFLE messages measured from one real round (digits, BAFFLE's LeNet, 10 clients).",

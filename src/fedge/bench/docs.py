@@ -10,7 +10,14 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["command_section", "machine_line", "markdown_table", "publish", "records_line", "update_section"]
+__all__ = [
+    "command_section",
+    "machine_line",
+    "markdown_table",
+    "publish",
+    "records_line",
+    "update_section",
+]
 
 HEADER = """# fedge benchmarks
 
@@ -49,7 +56,9 @@ def records_line(records: str | Path, *, root: str | Path | None = None) -> str:
     )
 
 
-def update_section(path: str | Path, name: str, title: str, body: str, *, machine: str | None = None) -> None:
+def update_section(
+    path: str | Path, name: str, title: str, body: str, *, machine: str | None = None
+) -> None:
     """Replace (or append) the section ``name`` of the Markdown file at ``path``. It opens with
     ``machine`` when given (e.g. :func:`records_line`), else with this machine and the time."""
     p = Path(path)
@@ -57,12 +66,18 @@ def update_section(path: str | Path, name: str, title: str, body: str, *, machin
     begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
     block = f"{begin}\n## {title}\n\n{machine or machine_line()}\n\n{body.rstrip()}\n{end}"
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    text = (
+        pattern.sub(lambda _: block, text)
+        if pattern.search(text)
+        else text.rstrip() + "\n\n" + block + "\n"
+    )
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(text)
 
 
-def publish(text: str, docs: str | Path | None, name: str, title: str, *, machine: str | None = None) -> None:
+def publish(
+    text: str, docs: str | Path | None, name: str, title: str, *, machine: str | None = None
+) -> None:
     """Print ``text`` and, when ``docs`` names a file, make it that file's section ``name``
     (headed ``title``, opened by ``machine`` as in :func:`update_section`): the last step of a
     script whose docs section is its printed table."""
@@ -71,7 +86,9 @@ def publish(text: str, docs: str | Path | None, name: str, title: str, *, machin
         update_section(docs, name, title, text, machine=machine)
 
 
-def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]], *, left: int | None = None) -> list[str]:
+def markdown_table(
+    head: Sequence[str], rows: Iterable[Sequence[str]], *, left: int | None = None
+) -> list[str]:
     """The lines of a Markdown table: ``head``, the rule and one line per row of cells. Every
     column is left-aligned, or with ``left`` only the first ``left`` (the labels) and the rest
     (the figures) right-aligned.

@@ -72,7 +72,10 @@ def _warm_up() -> None:
 
 
 def run_engine_overhead(
-    client_counts: tuple[int, ...] = (10, 100, 1000), *, rounds: int = 5, samples_per_client: int = 32
+    client_counts: tuple[int, ...] = (10, 100, 1000),
+    *,
+    rounds: int = 5,
+    samples_per_client: int = 32,
 ) -> dict[str, Any]:
     """Measure engine overhead per client per round for each number of clients per round."""
     torch.set_num_threads(1)
@@ -84,7 +87,8 @@ def run_engine_overhead(
         x = torch.randn(n * samples_per_client, 1, 8, 8)
         y = torch.zeros(n * samples_per_client, dtype=torch.int64)
         clients = [
-            ClientData(x, y, torch.arange(i * samples_per_client, (i + 1) * samples_per_client)) for i in range(n)
+            ClientData(x, y, torch.arange(i * samples_per_client, (i + 1) * samples_per_client))
+            for i in range(n)
         ]
         data_bytes = x.nbytes + y.nbytes + sum(c.indices.nbytes for c in clients)
         sim = Simulation(
@@ -128,21 +132,32 @@ def run_engine_overhead(
 
 def engine_markdown(report: dict[str, Any], command: str) -> str:
     """The docs/benchmarks.md section for :func:`run_engine_overhead`."""
-    head = ["clients/round", "overhead ms/client (best, median)", "client step ms/client", "round wall s",
-            "bytes down/up per client", "RSS growth (all / over timed rounds)", "client data bytes"]  # fmt: skip
+    head = [
+        "clients/round",
+        "overhead ms/client (best, median)",
+        "client step ms/client",
+        "round wall s",
+        "bytes down/up per client",
+        "RSS growth (all / over timed rounds)",
+        "client data bytes",
+    ]
     rows = [
-        [f"{r['clients_per_round']}", f"{r['overhead_ms_per_client']:.3f}, {r['overhead_ms_per_client_median']:.3f}",
-         f"{r['client_step_ms_per_client']:.3f}", f"{r['round_wall_s']:.4f}",
-         f"{r['bytes_down_per_client']} / {r['bytes_up_per_client']}",
-         f"{r['rss_growth_bytes'] / 1e6:.2f} MB / {r['rss_growth_over_timed_rounds_bytes'] / 1e6:.2f} MB",
-         f"{r['client_data_bytes'] / 1e6:.2f} MB"]
+        [
+            f"{r['clients_per_round']}",
+            f"{r['overhead_ms_per_client']:.3f}, {r['overhead_ms_per_client_median']:.3f}",
+            f"{r['client_step_ms_per_client']:.3f}",
+            f"{r['round_wall_s']:.4f}",
+            f"{r['bytes_down_per_client']} / {r['bytes_up_per_client']}",
+            f"{r['rss_growth_bytes'] / 1e6:.2f} MB / {r['rss_growth_over_timed_rounds_bytes'] / 1e6:.2f} MB",
+            f"{r['client_data_bytes'] / 1e6:.2f} MB",
+        ]
         for r in report["results"]
-    ]  # fmt: skip
+    ]
     intro = [
         "Engine overhead per client per round with trivial clients (everything but client compute:",
         "sampling, serialization both ways, generator derivation, meter with FLOP counting, finiteness",
         "check, aggregation). Target: < 0.5 ms per client at 1000 clients per round (Flower's Ray",
         "simulation costs 4-20 ms per client message here: the section \"Engine vs Flower's Ray",
-        "simulation engine\"), and memory that does not grow with the number of clients beyond their data.",
+        'simulation engine"), and memory that does not grow with the number of clients beyond their data.',
     ]
     return command_section(intro, command, markdown_table(head, rows))

@@ -14,7 +14,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-__all__ = ["communication_reduction", "few_seeds_note", "mean_over_seeds", "mib", "read_run_logs", "run_figures"]
+__all__ = [
+    "communication_reduction",
+    "few_seeds_note",
+    "mean_over_seeds",
+    "mib",
+    "read_run_logs",
+    "run_figures",
+]
 
 
 def read_run_logs(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -40,7 +47,9 @@ def run_figures(run_dir: str | Path) -> dict[str, Any]:
         "client_flops": summary["total_client_flops"] / summary["rounds"] / n,
         "client_s": statistics.mean(x["client_wall_s"] / n for x in lines),
         "tensor_peak": summary.get("client_tensor_peak_bytes"),
-        "rss_peak": summary.get("client_peak_bytes"),  # max over rounds: round 1, before the allocator holds memory
+        "rss_peak": summary.get(
+            "client_peak_bytes"
+        ),  # max over rounds: round 1, before the allocator holds memory
     }
 
 

@@ -103,12 +103,23 @@ def load_probe(repeats: int = 5) -> dict[str, Any]:
     finally:
         torch.set_num_threads(threads)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {"load_1min": load, "cores": usable_cores(), "matmul_512_s": min(times),
-            "spread": max(times) / min(times), "repeats": repeats}  # fmt: skip
+    return {
+        "load_1min": load,
+        "cores": usable_cores(),
+        "matmul_512_s": min(times),
+        "spread": max(times) / min(times),
+        "repeats": repeats,
+    }
 
 
-def busy_warnings(before: dict[str, Any], after: dict[str, Any], *, threads: int,
-                  peak_before: float, peak_after: float) -> list[str]:  # fmt: skip
+def busy_warnings(
+    before: dict[str, Any],
+    after: dict[str, Any],
+    *,
+    threads: int,
+    peak_before: float,
+    peak_after: float,
+) -> list[str]:
     """Why this run's timings may not show the machine's speed (empty if nothing was seen).
 
     ``before``/``after`` are :func:`load_probe` results taken at the start and the end of the

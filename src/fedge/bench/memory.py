@@ -89,7 +89,9 @@ def _resident_tensors(model: nn.Module, batch: tuple[Tensor, Tensor]) -> list[Te
     return [*model.parameters(), *model.buffers(), *batch]
 
 
-def _make_step(kind: str, model: nn.Module, batch: tuple[Tensor, Tensor], k: int) -> Callable[[], object]:
+def _make_step(
+    kind: str, model: nn.Module, batch: tuple[Tensor, Tensor], k: int
+) -> Callable[[], object]:
     """The client step of ``kind`` on ``batch``; the model is put in the right mode first."""
     x, y = batch
     if kind == "inference":
@@ -112,14 +114,24 @@ def _make_step(kind: str, model: nn.Module, batch: tuple[Tensor, Tensor], k: int
         return bp
     if kind in ("zo_lean", "zo_fast"):
         mode: Literal["lean", "fast"] = "lean" if kind == "zo_lean" else "fast"
-        return lambda: loss_differences(model, F.cross_entropy, (x, y), k=k, sigma=SIGMA, seed=0,
-                                        scheme="central", mode=mode)  # fmt: skip
+        return lambda: loss_differences(
+            model, F.cross_entropy, (x, y), k=k, sigma=SIGMA, seed=0, scheme="central", mode=mode
+        )
     if kind == "zo_sparse":
         masks = sparse_masks(model, SPARSE_DENSITY)
 
         def sparse() -> Tensor:
-            return loss_differences(model, F.cross_entropy, (x, y), k=k, sigma=SIGMA, seed=0, scheme="central",
-                                    mode="lean", masks=masks)  # fmt: skip
+            return loss_differences(
+                model,
+                F.cross_entropy,
+                (x, y),
+                k=k,
+                sigma=SIGMA,
+                seed=0,
+                scheme="central",
+                mode="lean",
+                masks=masks,
+            )
 
         sparse.resident = list(masks.values())  # type: ignore[attr-defined]  # held by the client all along
         return sparse
@@ -139,7 +151,9 @@ def sparse_masks(model: nn.Module, density: float, seed: int = 0) -> dict[str, T
     return {n: m.view_as(params[n]) for n, m in zip(names, keep.split(sizes), strict=True)}
 
 
-def step_peak_bytes(kind: str, model: nn.Module, batch: tuple[Tensor, Tensor], *, k: int = 8) -> dict[str, int]:
+def step_peak_bytes(
+    kind: str, model: nn.Module, batch: tuple[Tensor, Tensor], *, k: int = 8
+) -> dict[str, int]:
     """Tensor-accounting peak of one step: ``{"peak_bytes", "resident_bytes", "step_bytes"}``.
 
     ``peak_bytes = resident_bytes + step_bytes``; see the module docstring for the definitions.
@@ -152,8 +166,11 @@ def step_peak_bytes(kind: str, model: nn.Module, batch: tuple[Tensor, Tensor], *
     del result
     model.zero_grad(set_to_none=True)
     resident = module_bytes(model) + sum(t.nbytes for t in [*batch, *held])
-    return {"peak_bytes": resident + accountant.peak, "resident_bytes": resident,
-            "step_bytes": accountant.peak}  # fmt: skip
+    return {
+        "peak_bytes": resident + accountant.peak,
+        "resident_bytes": resident,
+        "step_bytes": accountant.peak,
+    }
 
 
 def _malloc_trim() -> None:
@@ -218,14 +235,19 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
 
-def _measure(name: str, batch: int, lean_ks: Sequence[int], fast_k: int, rss_repeats: int,
-             threads: int) -> dict[str, Any]:  # fmt: skip
+def _measure(
+    name: str, batch: int, lean_ks: Sequence[int], fast_k: int, rss_repeats: int, threads: int
+) -> dict[str, Any]:
     model, data = bench_model(name, batch)
     runs = [("inference", "inference", 1), ("bp", "bp", 1), ("zo_fast", "zo_fast", fast_k)]
     runs += [(f"zo_lean_k{k}", "zo_lean", k) for k in lean_ks]
     runs += [("zo_sparse", "zo_sparse", lean_ks[0])]
     acct = {key: step_peak_bytes(kind, model, data, k=k) for key, kind, k in runs}
-    rss_of = {key: _rss(name, batch, kind, k, threads, rss_repeats) for key, kind, k in runs} if rss_repeats else {}
+    rss_of = (
+        {key: _rss(name, batch, kind, k, threads, rss_repeats) for key, kind, k in runs}
+        if rss_repeats
+        else {}
+    )
     lean_key = f"zo_lean_k{lean_ks[0]}"
     row: dict[str, Any] = {
         "model": name,
@@ -250,17 +272,26 @@ def _measure(name: str, batch: int, lean_ks: Sequence[int], fast_k: int, rss_rep
     row["fast_over_lean"] = row["zo_fast_peak_bytes"] / row["zo_lean_peak_bytes"]
     row["zo_sparse_density"] = SPARSE_DENSITY
     row["zo_sparse_peak_bytes"] = acct["zo_sparse"]["peak_bytes"]  # masks included (resident)
-    row["zo_sparse_mask_bytes"] = acct["zo_sparse"]["resident_bytes"] - acct[lean_key]["resident_bytes"]
+    row["zo_sparse_mask_bytes"] = (
+        acct["zo_sparse"]["resident_bytes"] - acct[lean_key]["resident_bytes"]
+    )
     row["zo_sparse_over_lean"] = row["zo_sparse_peak_bytes"] / row["zo_lean_peak_bytes"]
     row["meets_lean_over_inference"] = row["lean_over_inference"] <= LEAN_OVER_INFERENCE_TARGET
     if rss_repeats:
-        for key, short in (("inference", "inference"), ("bp", "bp"), (lean_key, "zo_lean"),
-                           ("zo_fast", "zo_fast"), ("zo_sparse", "zo_sparse")):  # fmt: skip
+        for key, short in (
+            ("inference", "inference"),
+            ("bp", "bp"),
+            (lean_key, "zo_lean"),
+            ("zo_fast", "zo_fast"),
+            ("zo_sparse", "zo_sparse"),
+        ):
             row[f"rss_{short}_peak_bytes"] = rss_of[key]["min"]
             row[f"rss_{short}_peak_bytes_max"] = rss_of[key]["max"]
         row["rss_before_step_bytes"] = rss_of["inference"]["before"]
         row["rss_mmap_threshold_fixed"] = all(v["fixed"] for v in rss_of.values())
-        row["rss_zo_lean_peak_bytes_by_k"] = {str(k): rss_of[f"zo_lean_k{k}"]["min"] for k in lean_ks}
+        row["rss_zo_lean_peak_bytes_by_k"] = {
+            str(k): rss_of[f"zo_lean_k{k}"]["min"] for k in lean_ks
+        }
         row["rss_bp_over_lean"] = _ratio(row["rss_bp_peak_bytes"], row["rss_zo_lean_peak_bytes"])
         row["rss_lean_over_inference"] = _ratio(
             row["rss_zo_lean_peak_bytes"], row["rss_inference_peak_bytes"]
@@ -294,8 +325,15 @@ def run_memory(
     """
     unknown = [m for m in models if m not in BENCH_MODELS]
     if not models or unknown:
-        raise ValueError(f"unknown model(s) {unknown or models}; choose from {sorted(BENCH_MODELS)}")
-    if not batches or not lean_ks or min(*batches, *lean_ks, fast_k, threads) < 1 or rss_repeats < 0:
+        raise ValueError(
+            f"unknown model(s) {unknown or models}; choose from {sorted(BENCH_MODELS)}"
+        )
+    if (
+        not batches
+        or not lean_ks
+        or min(*batches, *lean_ks, fast_k, threads) < 1
+        or rss_repeats < 0
+    ):
         raise ValueError(
             f"batches, lean_ks, fast_k and threads must be positive and rss_repeats >= 0, got "
             f"{list(batches)}, {list(lean_ks)}, {fast_k}, {threads}, {rss_repeats}"
@@ -376,7 +414,11 @@ def memory_markdown(report: dict[str, Any], command: str) -> str:
             return f"{_mb(r[f'rss_{short}_peak_bytes'])} ({_mb(r[f'rss_{short}_peak_bytes_max'])})"
 
         for r in res:
-            others = [_mb(v) for kk, v in r["rss_zo_lean_peak_bytes_by_k"].items() if kk != str(r["lean_k"])]
+            others = [
+                _mb(v)
+                for kk, v in r["rss_zo_lean_peak_bytes_by_k"].items()
+                if kk != str(r["lean_k"])
+            ]
             lean = " / ".join([both(r, "zo_lean"), *others])
             li, bl = r["rss_lean_over_inference"], r["rss_bp_over_lean"]
             lines.append(

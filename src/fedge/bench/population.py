@@ -40,11 +40,16 @@ class _LazyTrivialClients(Sequence[ClientData]):
         if isinstance(cid, slice):
             raise TypeError("a lazy population is indexed one client at a time")
         g = torch.Generator().manual_seed(int(cid))
-        return ClientData(torch.randn(8, 1, 8, 8, generator=g), torch.zeros(8, dtype=torch.int64), torch.arange(8))
+        return ClientData(
+            torch.randn(8, 1, 8, 8, generator=g), torch.zeros(8, dtype=torch.int64), torch.arange(8)
+        )
 
 
 def run_population_scale(
-    populations: Sequence[int] = (1_000, 10_000, 100_000, 1_000_000), *, per_round: int = 1000, rounds: int = 10
+    populations: Sequence[int] = (1_000, 10_000, 100_000, 1_000_000),
+    *,
+    per_round: int = 1000,
+    rounds: int = 10,
 ) -> dict[str, Any]:
     torch.set_num_threads(1)
     _warm_up()
@@ -59,7 +64,9 @@ def run_population_scale(
             clients=_LazyTrivialClients(n),
             test=(torch.zeros(1, 1), torch.zeros(1, dtype=torch.int64)),
             num_classes=2,
-            config=EngineConfig(seed=0, rounds=rounds + 1, per_round=min(per_round, n), eval_every=10**9),
+            config=EngineConfig(
+                seed=0, rounds=rounds + 1, per_round=min(per_round, n), eval_every=10**9
+            ),
         )
         sim.run_round(1)
         startup = time.perf_counter() - t0
@@ -71,27 +78,41 @@ def run_population_scale(
             overhead.append(time.perf_counter() - t - line["client_wall_s"])
         rss1 = _status_kb("VmRSS") or 0
         m = min(per_round, n)
-        results.append({
-            "population": n,
-            "clients_per_round": m,
-            "startup_s": startup,
-            "overhead_ms_per_client": 1e3 * sorted(overhead)[len(overhead) // 2] / m,
-            "rss_mb": rss1 / 1e6,
-            "rss_growth_mb_per_round": (rss1 - rss_first) / 1e6 / rounds,
-            "rss_over_start_mb": (rss1 - rss0) / 1e6,
-        })  # fmt: skip
+        results.append(
+            {
+                "population": n,
+                "clients_per_round": m,
+                "startup_s": startup,
+                "overhead_ms_per_client": 1e3 * sorted(overhead)[len(overhead) // 2] / m,
+                "rss_mb": rss1 / 1e6,
+                "rss_growth_mb_per_round": (rss1 - rss_first) / 1e6 / rounds,
+                "rss_over_start_mb": (rss1 - rss0) / 1e6,
+            }
+        )
         del sim
     return {"benchmark": "population-scale", "rounds": rounds, "results": results}
 
 
 def population_markdown(report: dict[str, Any], command: str) -> str:
-    head = ["population", "clients/round", "start-up s", "overhead ms/client (median)", "RSS after rounds MB",
-            "RSS growth MB/round"]  # fmt: skip
+    head = [
+        "population",
+        "clients/round",
+        "start-up s",
+        "overhead ms/client (median)",
+        "RSS after rounds MB",
+        "RSS growth MB/round",
+    ]
     rows = [
-        [f"{r['population']:,}", f"{r['clients_per_round']}", f"{r['startup_s']:.2f}", f"{r['overhead_ms_per_client']:.3f}",
-         f"{r['rss_mb']:.1f}", f"{r['rss_growth_mb_per_round']:.2f}"]
+        [
+            f"{r['population']:,}",
+            f"{r['clients_per_round']}",
+            f"{r['startup_s']:.2f}",
+            f"{r['overhead_ms_per_client']:.3f}",
+            f"{r['rss_mb']:.1f}",
+            f"{r['rss_growth_mb_per_round']:.2f}",
+        ]
         for r in report["results"]
-    ]  # fmt: skip
+    ]
     intro = [
         f"A lazily generated population of trivial clients, {report['rounds']} timed rounds each; one process,",
         "one torch thread. Targets (cross-device issue): ≤ 0.05 ms per client per round at every population,",

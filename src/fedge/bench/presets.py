@@ -20,7 +20,9 @@ from fedge.experiment.run import run_experiment
 __all__ = ["presets_markdown", "run_presets"]
 
 
-def run_presets(names: list[str], *, overrides: list[str] | None = None, out_root: str | Path | None = None) -> dict[str, Any]:
+def run_presets(
+    names: list[str], *, overrides: list[str] | None = None, out_root: str | Path | None = None
+) -> dict[str, Any]:
     """Run each preset (with ``overrides``) and collect its figures."""
     root = Path(out_root) if out_root else Path(tempfile.mkdtemp(prefix="fedge-bench-"))
     results = []
@@ -48,18 +50,32 @@ def run_presets(names: list[str], *, overrides: list[str] | None = None, out_roo
 
 
 def presets_markdown(report: dict[str, Any], command: str) -> str:
-    head = ["preset", "rounds", "final acc", "best acc", "model bytes", "down B/client/round, mean of rounds (ratio)",
-            "up B/client/round, mean of rounds (ratio)", "wall s"]  # fmt: skip
+    head = [
+        "preset",
+        "rounds",
+        "final acc",
+        "best acc",
+        "model bytes",
+        "down B/client/round, mean of rounds (ratio)",
+        "up B/client/round, mean of rounds (ratio)",
+        "wall s",
+    ]
     rows = [
-        [f"{r['preset']}", f"{r['rounds']}", f"{r['final_test_accuracy']:.4f}", f"{r['best_test_accuracy']:.4f}",
-         f"{r['model_bytes']}",
-         f"{r['bytes_down_per_client_round']:.0f} ({r['bytes_down_per_client_round'] / r['model_bytes']:.4f})",
-         f"{r['bytes_up_per_client_round']:.0f} ({r['bytes_up_per_client_round'] / r['model_bytes']:.4f})",
-         f"{r['wall_s']:.0f}"]
+        [
+            f"{r['preset']}",
+            f"{r['rounds']}",
+            f"{r['final_test_accuracy']:.4f}",
+            f"{r['best_test_accuracy']:.4f}",
+            f"{r['model_bytes']}",
+            f"{r['bytes_down_per_client_round']:.0f} ({r['bytes_down_per_client_round'] / r['model_bytes']:.4f})",
+            f"{r['bytes_up_per_client_round']:.0f} ({r['bytes_up_per_client_round'] / r['model_bytes']:.4f})",
+            f"{r['wall_s']:.0f}",
+        ]
         for r in report["results"]
-    ]  # fmt: skip
+    ]
     curves = [
-        f"- {r['preset']}: " + ", ".join("—" if a is None else f"{a:.3f}" for a in r["accuracy_by_round"])
+        f"- {r['preset']}: "
+        + ", ".join("—" if a is None else f"{a:.3f}" for a in r["accuracy_by_round"])
         for r in report["results"]
     ]
     intro = [
@@ -67,4 +83,6 @@ def presets_markdown(report: dict[str, Any], command: str) -> str:
         "(averaged over all rounds) with the serialized size of the model (the same encoding); they",
         "must be within 1% of 1.",
     ]
-    return command_section(intro, command, [*markdown_table(head, rows), "", "Test accuracy by round:", "", *curves])
+    return command_section(
+        intro, command, [*markdown_table(head, rows), "", "Test accuracy by round:", "", *curves]
+    )

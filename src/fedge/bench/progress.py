@@ -47,7 +47,15 @@ from pathlib import Path
 from fedge.core.errors import ConfigError
 from fedge.experiment.rundir import CHECKPOINT, CONFIG, RunDir
 
-__all__ = ["ARCHIVE", "MAX_RUN_BYTES", "Packed", "Progress", "restore_progress", "save_progress", "unfinished_runs"]
+__all__ = [
+    "ARCHIVE",
+    "MAX_RUN_BYTES",
+    "Packed",
+    "Progress",
+    "restore_progress",
+    "save_progress",
+    "unfinished_runs",
+]
 
 ARCHIVE = "in-progress.tar.gz"  # its name in a reproduction's records folder
 _INDEX = "in-progress.json"  # inside the archive: {run path: completed rounds}
@@ -91,7 +99,9 @@ def unfinished_runs(out: str | Path) -> list[Progress]:
         run_dir = ck.parent
         if (run_dir / CONFIG).is_file() and not RunDir(run_dir).is_complete():
             size = sum(p.stat().st_size for p in _run_files(run_dir))
-            found.append(Progress(run_dir.relative_to(root).as_posix(), _rounds_done(run_dir), size))
+            found.append(
+                Progress(run_dir.relative_to(root).as_posix(), _rounds_done(run_dir), size)
+            )
     return sorted(found, key=lambda p: p.run)
 
 
@@ -108,7 +118,9 @@ def _read_archive(archive: Path) -> tuple[dict[str, int], tarfile.TarFile | None
             "restore it from git (git checkout -- PATH) or delete it to start those runs afresh"
         ) from None
     if not isinstance(index, dict):
-        raise ConfigError(f"progress archive {str(archive)!r} has no {_INDEX} index; delete it or restore it from git")
+        raise ConfigError(
+            f"progress archive {str(archive)!r} has no {_INDEX} index; delete it or restore it from git"
+        )
     return {str(k): int(v) for k, v in index.items()}, tar
 
 
@@ -153,11 +165,16 @@ def save_progress(
             old_sizes[run] = old_sizes.get(run, 0) + member.size
     local = {p.run: p for p in unfinished_runs(root)}
     complete = {run for run in old if RunDir(root / run).is_complete()}
-    keep_old = {run: Progress(run, r, old_sizes.get(run, 0)) for run, r in old.items()
-                if run not in complete and r > (local[run].rounds if run in local else -1)}  # fmt: skip
+    keep_old = {
+        run: Progress(run, r, old_sizes.get(run, 0))
+        for run, r in old.items()
+        if run not in complete and r > (local[run].rounds if run in local else -1)
+    }
     take_local = {run: p for run, p in local.items() if run not in keep_old}
     candidates = sorted({**keep_old, **take_local}.values(), key=lambda p: p.run)
-    finished = [p for p in candidates if records is not None and (Path(records) / f"{p.run}.json").is_file()]
+    finished = [
+        p for p in candidates if records is not None and (Path(records) / f"{p.run}.json").is_file()
+    ]
     chosen = [p for p in candidates if p not in finished]
     left_out = [p for p in chosen if max_run_bytes is not None and p.nbytes > max_run_bytes]
     held = [p for p in chosen if p not in left_out]
@@ -170,10 +187,14 @@ def save_progress(
         try:
             with (
                 os.fdopen(fd, "wb") as f,
-                gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0) as gz,  # no name, no time in its header
+                gzip.GzipFile(
+                    filename="", mode="wb", fileobj=f, mtime=0
+                ) as gz,  # no name, no time in its header
                 tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
             ):
-                index = json.dumps({p.run: p.rounds for p in held}, indent=1, sort_keys=True).encode()
+                index = json.dumps(
+                    {p.run: p.rounds for p in held}, indent=1, sort_keys=True
+                ).encode()
                 info = tarfile.TarInfo(_INDEX)
                 info.size = len(index)
                 tar.addfile(_plain(info), io.BytesIO(index))
@@ -181,7 +202,10 @@ def save_progress(
                     if p.run in take_local:
                         for path in _run_files(root / p.run):
                             with path.open("rb") as data:
-                                tar.addfile(_plain(tar.gettarinfo(path, arcname=f"{p.run}/{path.name}")), data)
+                                tar.addfile(
+                                    _plain(tar.gettarinfo(path, arcname=f"{p.run}/{path.name}")),
+                                    data,
+                                )
                     else:
                         assert old_tar is not None
                         for member in old_tar.getmembers():
@@ -219,7 +243,9 @@ def restore_progress(archive: str | Path, out: str | Path) -> list[Progress]:
     with tar:
         for run, rounds in sorted(index.items()):
             target = root / run
-            if RunDir(target).is_complete() or (target.exists() and (RunDir(target).busy() or _rounds_done(target) >= rounds)):
+            if RunDir(target).is_complete() or (
+                target.exists() and (RunDir(target).busy() or _rounds_done(target) >= rounds)
+            ):
                 continue
             members = [m for m in tar.getmembers() if _run_of(m.name, {run: rounds}) is not None]
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -228,7 +254,9 @@ def restore_progress(archive: str | Path, out: str | Path) -> list[Progress]:
                 try:
                     tar.extractall(staging, members=members, filter="data")
                 except tarfile.FilterError as exc:
-                    raise ConfigError(f"progress archive {str(archive)!r} holds an unsafe member ({exc}); delete it") from None
+                    raise ConfigError(
+                        f"progress archive {str(archive)!r} holds an unsafe member ({exc}); delete it"
+                    ) from None
                 if target.exists():
                     shutil.rmtree(target)
                 (staging / run).rename(target)

@@ -15,7 +15,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from fedge.bench.variants import Screen, diverged_note, recorded, recorded_grown, run_screened, run_seeded_variants
+from fedge.bench.variants import (
+    Screen,
+    diverged_note,
+    recorded,
+    recorded_grown,
+    run_screened,
+    run_seeded_variants,
+)
 
 __all__ = [
     "Plan",
@@ -51,22 +58,38 @@ class Plan(Protocol):
     def screen_common(self) -> list[str]: ...
 
 
-def recorded_screen(base: str, screen: Screen, *, common: list[str], records: str | Path) -> dict[str, Any]:
+def recorded_screen(
+    base: str, screen: Screen, *, common: list[str], records: str | Path
+) -> dict[str, Any]:
     """The screen runs of a :func:`fedge.bench.variants.run_screened` table as recorded under ``records/screen``
     (nothing runs; the rest are ``"missing"``); a growing screen as far as its records grew it."""
     return recorded_grown(base, screen, common=common, records=Path(records) / "screen")
 
 
 def recorded_seeded(
-    base: str, variants: dict[str, list[str]], *, seeds: Sequence[int], common: list[str], records: str | Path
+    base: str,
+    variants: dict[str, list[str]],
+    *,
+    seeds: Sequence[int],
+    common: list[str],
+    records: str | Path,
 ) -> dict[str, Any]:
     """:func:`run_seeded_variants` reading only ``records`` (``records/seed-S``): the table of
     whatever seeds are recorded, nothing runs."""
-    return run_seeded_variants(base, variants, seeds=seeds, out_root="/nonexistent", common=common, run=False,
-                               records=records)  # fmt: skip
+    return run_seeded_variants(
+        base,
+        variants,
+        seeds=seeds,
+        out_root="/nonexistent",
+        common=common,
+        run=False,
+        records=records,
+    )
 
 
-def recorded_probes(base: str, variants: dict[str, list[str]], *, common: list[str], records: str | Path) -> dict[str, dict[str, Any]]:
+def recorded_probes(
+    base: str, variants: dict[str, list[str]], *, common: list[str], records: str | Path
+) -> dict[str, dict[str, Any]]:
     """The probe runs of a :func:`fedge.bench.variants.run_screened` table (``probe_common``,
     recorded under ``records``, e.g. ``records/probe``) by label: the finished ones only. A probe
     that diverged measured no complete round, so its label is absent and the table's cell says
@@ -92,13 +115,20 @@ def when_picked(
 def per_seed_cell(row: dict[str, Any], key: str = "final_test_accuracy") -> str:
     """A :func:`run_seeded_variants` row's ``key`` of every finished seed run, in seed order, then
     the seeds that diverged: ``0.8123, 0.8201, seed 2 diverged (round 40)``."""
-    return ", ".join([*(f"{x[key]:.4f}" for x in row["runs"]), *([diverged_note(row["diverged"])] if row.get("diverged") else [])])
+    return ", ".join(
+        [
+            *(f"{x[key]:.4f}" for x in row["runs"]),
+            *([diverged_note(row["diverged"])] if row.get("diverged") else []),
+        ]
+    )
 
 
 def mean_cell(row: dict[str, Any], key: str = "final_test_accuracy") -> str:
     """A :func:`run_seeded_variants` row's mean ± sample std of ``key`` over its seeds:
     ``0.8123 ± 0.0057``, or ``0.8123 (one seed)`` (one seed has no spread to show)."""
-    return f"{row[key]:.4f}" + (f" ± {row[key + '_std']:.4f}" if row["seeds"] > 1 else " (one seed)")
+    return f"{row[key]:.4f}" + (
+        f" ± {row[key + '_std']:.4f}" if row["seeds"] > 1 else " (one seed)"
+    )
 
 
 def machine_name(m: dict[str, Any]) -> str:
@@ -123,7 +153,9 @@ def machines_note(rows: Sequence[dict[str, Any]]) -> str:
             whole = len(segs) == 1
             for seg in segs:
                 a, b = seg["rounds"]
-                where = f"{row['label']} seed {run['seed']}" + ("" if whole else f" (rounds {a}-{b})")
+                where = f"{row['label']} seed {run['seed']}" + (
+                    "" if whole else f" (rounds {a}-{b})"
+                )
                 if seg["machine"] is None:
                     ran.setdefault("not recorded", []).append(where)
                 else:
@@ -132,16 +164,24 @@ def machines_note(rows: Sequence[dict[str, Any]]) -> str:
     if not parts and not unknown:
         return ""
     if unknown:
-        parts.append(f"{unknown} run{'s' if unknown > 1 else ''} recorded before records named their machine")
-    return "Where the runs ran (from the records; a run resumed on another machine is the same run up to float roundoff): " + "; ".join(parts) + "."
+        parts.append(
+            f"{unknown} run{'s' if unknown > 1 else ''} recorded before records named their machine"
+        )
+    return (
+        "Where the runs ran (from the records; a run resumed on another machine is the same run up to float roundoff): "
+        + "; ".join(parts)
+        + "."
+    )
 
 
 def _ran_on(run: dict[str, Any]) -> str:
     """Which machine computed ``run``, by instruction set (what sets a CPU's speed here):
     ``"avx2"``, ``"avx512f"``, ...; ``"resumed across machines"`` when its rounds ran on
     machines of different instruction sets; ``"machine not recorded"`` for older records."""
-    tags = {seg["machine"]["isa"] if seg.get("machine") else "machine not recorded"
-            for seg in run.get("machines") or []}  # fmt: skip
+    tags = {
+        seg["machine"]["isa"] if seg.get("machine") else "machine not recorded"
+        for seg in run.get("machines") or []
+    }
     if not tags:
         return "machine not recorded"
     return tags.pop() if len(tags) == 1 else "resumed across machines"
@@ -156,12 +196,21 @@ def cost_note(rows: Sequence[dict[str, Any]]) -> str:
     grouped by instruction set, one sentence each (known ones first, then runs resumed across
     machines, then runs whose machine was not recorded), so a range never mixes machines.
     Empty when there are no runs."""
-    timed = [(row["label"], _ran_on(run), run["wall_s"] / 60)
-             for row in rows for run in row["runs"] if run.get("wall_s") is not None]  # fmt: skip
+    timed = [
+        (row["label"], _ran_on(run), run["wall_s"] / 60)
+        for row in rows
+        for run in row["runs"]
+        if run.get("wall_s") is not None
+    ]
     if not timed:
         return ""
-    isas = {seg["machine"]["isa"] for row in rows for run in row["runs"]
-            for seg in run.get("machines") or [] if seg.get("machine")}  # fmt: skip
+    isas = {
+        seg["machine"]["isa"]
+        for row in rows
+        for run in row["runs"]
+        for seg in run.get("machines") or []
+        if seg.get("machine")
+    }
     several = len(isas) > 1  # runs of unrecorded machines alone do not split the ranges
 
     def minutes(group: list[tuple[str, str, float]]) -> str:
@@ -169,16 +218,25 @@ def cost_note(rows: Sequence[dict[str, Any]]) -> str:
         for label, _, m in group:
             by_label.setdefault(label, []).append(m)
         spans = {label: (f"{min(m):.0f}", f"{max(m):.0f}") for label, m in by_label.items()}
-        return "; ".join(f"{label} {lo if lo == hi else f'{lo}-{hi}'}" for label, (lo, hi) in spans.items())
+        return "; ".join(
+            f"{label} {lo if lo == hi else f'{lo}-{hi}'}" for label, (lo, hi) in spans.items()
+        )
 
-    head = ("Minutes a run took (from the records: its rounds' wall time, evaluation included, one torch thread, on "
-            "the machines named below; min-max over seeds")
+    head = (
+        "Minutes a run took (from the records: its rounds' wall time, evaluation included, one torch thread, on "
+        "the machines named below; min-max over seeds"
+    )
     if not several:
         return f"{head}): {minutes(timed)}."
     unknown = ("resumed across machines", "machine not recorded")
-    order = sorted({where for _, where, _ in timed} - set(unknown)) + [u for u in unknown if any(w == u for _, w, _ in timed)]
-    groups = [f"{'On ' + where if where not in unknown else where[0].upper() + where[1:]}: "
-              f"{minutes([t for t in timed if t[1] == where])}." for where in order]  # fmt: skip
+    order = sorted({where for _, where, _ in timed} - set(unknown)) + [
+        u for u in unknown if any(w == u for _, w, _ in timed)
+    ]
+    groups = [
+        f"{'On ' + where if where not in unknown else where[0].upper() + where[1:]}: "
+        f"{minutes([t for t in timed if t[1] == where])}."
+        for where in order
+    ]
     return f"{head}, grouped by the machine's instruction set). " + " ".join(groups)
 
 
@@ -204,9 +262,21 @@ def run_plan(
     """:func:`fedge.bench.variants.run_screened` of ``plan``: its screen overrides, protocol,
     seeds and records, worker ``shard`` of ``shards`` (taking idle workers' runs with ``steal``),
     the runs ``only`` names (all when empty)."""
-    run_screened(base, screen, main, screen_common=plan.screen_common(), protocol=plan.protocol(), seeds=plan.seeds,
-                 records=plan.records, out=out, shard=shard, shards=shards, probe_common=probe_common,
-                 only=only, steal=steal)  # fmt: skip
+    run_screened(
+        base,
+        screen,
+        main,
+        screen_common=plan.screen_common(),
+        protocol=plan.protocol(),
+        seeds=plan.seeds,
+        records=plan.records,
+        out=out,
+        shard=shard,
+        shards=shards,
+        probe_common=probe_common,
+        only=only,
+        steal=steal,
+    )
 
 
 def read_plan_screen(base: str, plan: Plan, screen: Screen) -> dict[str, Any]:

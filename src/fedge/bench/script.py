@@ -52,9 +52,15 @@ __all__ = [
 def runs_parser(description: str | None, *, out: str) -> argparse.ArgumentParser:
     """``--out`` (default ``out``) and ``--docs``: the flags of every script that runs variants
     into run directories and tabulates them (the FedPT tables; :func:`reproduction_parser`)."""
-    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", default=out, help="where the runs' directories (checkpoints) go")
-    ap.add_argument("--docs", default=None, help="rewrite this script's section of this file (docs/benchmarks.md)")
+    ap.add_argument(
+        "--docs",
+        default=None,
+        help="rewrite this script's section of this file (docs/benchmarks.md)",
+    )
     return ap
 
 
@@ -90,29 +96,60 @@ def report_and_document(
     return 0
 
 
-def reproduction_parser(description: str | None, *, out: str, smoke: bool = True) -> argparse.ArgumentParser:
+def reproduction_parser(
+    description: str | None, *, out: str, smoke: bool = True
+) -> argparse.ArgumentParser:
     """The flags every reproduction script shares: ``--out``, ``--docs``, ``--shard I/N``,
     ``--no-steal``, ``--only LABEL[@SEED]``, ``--table-only``, ``--save-progress`` (with
     ``--progress-max-mb``), ``--restore-progress`` and (with ``smoke``) ``--smoke``."""
     ap = runs_parser(description, out=out)
-    ap.add_argument("--shard", default="0/1", help="I/N: run every N-th run starting at I (parallel workers), then "
-                    "the other workers' runs that nobody is running now")
-    ap.add_argument("--no-steal", action="store_true",
-                    help="run only this shard's runs, never another worker's (for shards on different machines, "
-                         "which cannot see each other's runs)")  # fmt: skip
-    ap.add_argument("--only", action="append", default=[], metavar="LABEL[@SEED]",
-                    help="run only this variant (every seed, or the one after @); repeatable. Sends chosen "
-                         "runs to a given machine or core; the screen still runs first")  # fmt: skip
-    ap.add_argument("--table-only", action="store_true", help="tabulate the recorded runs, run nothing")
-    ap.add_argument("--save-progress", action="store_true",
-                    help="pack the unfinished runs under --out into the records folder (commit it), run nothing")  # fmt: skip
-    ap.add_argument("--restore-progress", action="store_true",
-                    help="unpack the records folder's unfinished runs under --out (before starting workers), run nothing")  # fmt: skip
-    ap.add_argument("--progress-max-mb", type=float, default=MAX_RUN_BYTES / 1e6, metavar="MB",
-                    help="with --save-progress: leave out (and name) an unfinished run whose files exceed MB "
-                         "megabytes, since git keeps a copy at every save; 0 packs every run (default %(default)g)")  # fmt: skip
+    ap.add_argument(
+        "--shard",
+        default="0/1",
+        help="I/N: run every N-th run starting at I (parallel workers), then "
+        "the other workers' runs that nobody is running now",
+    )
+    ap.add_argument(
+        "--no-steal",
+        action="store_true",
+        help="run only this shard's runs, never another worker's (for shards on different machines, "
+        "which cannot see each other's runs)",
+    )
+    ap.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="LABEL[@SEED]",
+        help="run only this variant (every seed, or the one after @); repeatable. Sends chosen "
+        "runs to a given machine or core; the screen still runs first",
+    )
+    ap.add_argument(
+        "--table-only", action="store_true", help="tabulate the recorded runs, run nothing"
+    )
+    ap.add_argument(
+        "--save-progress",
+        action="store_true",
+        help="pack the unfinished runs under --out into the records folder (commit it), run nothing",
+    )
+    ap.add_argument(
+        "--restore-progress",
+        action="store_true",
+        help="unpack the records folder's unfinished runs under --out (before starting workers), run nothing",
+    )
+    ap.add_argument(
+        "--progress-max-mb",
+        type=float,
+        default=MAX_RUN_BYTES / 1e6,
+        metavar="MB",
+        help="with --save-progress: leave out (and name) an unfinished run whose files exceed MB "
+        "megabytes, since git keeps a copy at every save; 0 packs every run (default %(default)g)",
+    )
     if smoke:
-        ap.add_argument("--smoke", action="store_true", help="a tiny protocol (seconds), recorded under --out, never the docs")
+        ap.add_argument(
+            "--smoke",
+            action="store_true",
+            help="a tiny protocol (seconds), recorded under --out, never the docs",
+        )
     return ap
 
 
@@ -129,7 +166,9 @@ def parse_shard(text: str) -> tuple[int, int] | None:
     return (shard, shards) if 0 <= shard < shards else None
 
 
-def parse_reproduction_args(ap: argparse.ArgumentParser, argv: Sequence[str] | None) -> tuple[argparse.Namespace, int, int]:
+def parse_reproduction_args(
+    ap: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> tuple[argparse.Namespace, int, int]:
     """Parse ``argv``; a bad ``--shard`` or ``--smoke`` with ``--docs`` exits 2 with the fix."""
     args = ap.parse_args(argv)
     parsed = parse_shard(args.shard)
@@ -137,16 +176,24 @@ def parse_reproduction_args(ap: argparse.ArgumentParser, argv: Sequence[str] | N
         ap.error(f"--shard {args.shard!r}: expected I/N with 0 <= I < N, e.g. 0/2")
     if getattr(args, "smoke", False) and args.docs:
         ap.error("--smoke writes no docs: drop --docs")
-    actions = [f for f in ("table_only", "save_progress", "restore_progress") if getattr(args, f, False)]
+    actions = [
+        f for f in ("table_only", "save_progress", "restore_progress") if getattr(args, f, False)
+    ]
     if len(actions) > 1:
-        ap.error(f"{' and '.join('--' + a.replace('_', '-') for a in actions)} exclude each other: give one")
+        ap.error(
+            f"{' and '.join('--' + a.replace('_', '-') for a in actions)} exclude each other: give one"
+        )
     if getattr(args, "progress_max_mb", 0) < 0:
-        ap.error(f"--progress-max-mb {args.progress_max_mb:g}: expected a size in MB >= 0 (0 packs every run)")
+        ap.error(
+            f"--progress-max-mb {args.progress_max_mb:g}: expected a size in MB >= 0 (0 packs every run)"
+        )
     if hasattr(args, "only"):  # as (label, seed or None) pairs
         parsed_only = [parse_only(item) for item in args.only]
         for item, pair in zip(args.only, parsed_only, strict=True):
             if pair is None:
-                ap.error(f"--only {item!r}: expected a variant's label, or LABEL@SEED with a whole-number seed")
+                ap.error(
+                    f"--only {item!r}: expected a variant's label, or LABEL@SEED with a whole-number seed"
+                )
         args.only = parsed_only
     if parsed[1] > 1 and not args.table_only:
         warn_unpinned_shard(parsed[0])
@@ -184,19 +231,39 @@ def progress_action(args: argparse.Namespace, records: str | Path) -> bool:
     archive = Path(records) / ARCHIVE
     if getattr(args, "save_progress", False):
         limit = args.progress_max_mb
-        packed = save_progress(args.out, archive, records=records, max_run_bytes=int(limit * 1e6) if limit > 0 else None)
+        packed = save_progress(
+            args.out,
+            archive,
+            records=records,
+            max_run_bytes=int(limit * 1e6) if limit > 0 else None,
+        )
         held = packed.held
-        print(f"{archive}: " + (", ".join(f"{p.run} (round {p.rounds})" for p in held) if held else "nothing to carry (archive removed)"))
+        print(
+            f"{archive}: "
+            + (
+                ", ".join(f"{p.run} (round {p.rounds})" for p in held)
+                if held
+                else "nothing to carry (archive removed)"
+            )
+        )
         if packed.recorded:
-            print("dropped, recorded as finished (on another machine): " + ", ".join(f"{p.run} (round {p.rounds})" for p in packed.recorded))
+            print(
+                "dropped, recorded as finished (on another machine): "
+                + ", ".join(f"{p.run} (round {p.rounds})" for p in packed.recorded)
+            )
         for p in packed.left_out:
-            print(f"not carried: {p.run} (round {p.rounds}, {p.nbytes / 1e6:.1f} MB > --progress-max-mb {limit:g}): "
-                  f"git would keep another copy at every save; it restarts from round 1 on another machine "
-                  f"(finish it on this one, or save again with --progress-max-mb {p.nbytes / 1e6 + 1:.0f})")  # fmt: skip
+            print(
+                f"not carried: {p.run} (round {p.rounds}, {p.nbytes / 1e6:.1f} MB > --progress-max-mb {limit:g}): "
+                f"git would keep another copy at every save; it restarts from round 1 on another machine "
+                f"(finish it on this one, or save again with --progress-max-mb {p.nbytes / 1e6 + 1:.0f})"
+            )
         return True
     if getattr(args, "restore_progress", False):
         restored = restore_progress(archive, args.out)
-        print(f"restored under {args.out}: " + (", ".join(f"{p.run} (round {p.rounds})" for p in restored) or "nothing newer"))
+        print(
+            f"restored under {args.out}: "
+            + (", ".join(f"{p.run} (round {p.rounds})" for p in restored) or "nothing newer")
+        )
         return True
     return False
 
@@ -219,14 +286,22 @@ def warn_unpinned_shard(shard: int) -> None:
         )
 
 
-def measurement_parser(description: str | None, *, section: str, example: str) -> argparse.ArgumentParser:
+def measurement_parser(
+    description: str | None, *, section: str, example: str
+) -> argparse.ArgumentParser:
     """``--docs``, ``--json``, ``--from-json`` and ``--set key=value ...`` (``example``: one such
     override, shown in the help) for a script that writes the ``section`` of docs/benchmarks.md."""
-    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--docs", help=f"update the {section} section of this Markdown file")
     ap.add_argument("--json", help="write the raw results here")
-    ap.add_argument("--from-json", help="render a --json file of an earlier run instead of measuring")
-    ap.add_argument("--set", nargs="*", default=[], help=f"settings overrides, key=value (e.g. {example})")
+    ap.add_argument(
+        "--from-json", help="render a --json file of an earlier run instead of measuring"
+    )
+    ap.add_argument(
+        "--set", nargs="*", default=[], help=f"settings overrides, key=value (e.g. {example})"
+    )
     return ap
 
 
@@ -249,11 +324,15 @@ def parse_settings(defaults: dict[str, Any], pairs: Sequence[str]) -> dict[str, 
         try:
             s[k] = float(v) if isinstance(defaults[k], float) else int(v)
         except ValueError:
-            raise ConfigError(f"setting {k}={v!r} is not a number; expected e.g. {k}={defaults[k]}") from None
+            raise ConfigError(
+                f"setting {k}={v!r} is not a number; expected e.g. {k}={defaults[k]}"
+            ) from None
     return s
 
 
-def measurement_settings(ap: argparse.ArgumentParser, pairs: Sequence[str], defaults: dict[str, Any]) -> dict[str, Any]:
+def measurement_settings(
+    ap: argparse.ArgumentParser, pairs: Sequence[str], defaults: dict[str, Any]
+) -> dict[str, Any]:
     """:func:`parse_settings` of a measurement script's ``--set``: a bad key or value exits 2
     through ``ap.error`` with the message that names it and the fix."""
     try:

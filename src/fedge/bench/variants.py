@@ -105,20 +105,45 @@ def run_variants(
         if record is not None:
             record.parent.mkdir(parents=True, exist_ok=True)
             row = {k: v for k, v in results[-1].items() if k != "run_dir"}
-            tmp = record.with_suffix(".json.tmp")  # written whole, then renamed: never a half record
-            tmp.write_text(json.dumps({"config": resolved_config(wanted), "result": row}, indent=1, sort_keys=True) + "\n")
+            tmp = record.with_suffix(
+                ".json.tmp"
+            )  # written whole, then renamed: never a half record
+            tmp.write_text(
+                json.dumps(
+                    {"config": resolved_config(wanted), "result": row}, indent=1, sort_keys=True
+                )
+                + "\n"
+            )
             tmp.replace(record)
-    return {"benchmark": "variants", "base": base, "common": common or [], "results": results, "missing": missing}
+    return {
+        "benchmark": "variants",
+        "base": base,
+        "common": common or [],
+        "results": results,
+        "missing": missing,
+    }
 
 
 def _diverged_row(label: str, overrides: list[str], exc: DivergenceError) -> dict[str, Any]:
     """The row of a variant whose training diverged: no accuracy, the round and the reason."""
-    return {"label": label, "overrides": overrides, "run_dir": None, "diverged_round": exc.round,
-            "diverged": str(exc).split("; likely cause")[0], "final_val_accuracy": None,
-            "final_test_accuracy": None}  # fmt: skip
+    return {
+        "label": label,
+        "overrides": overrides,
+        "run_dir": None,
+        "diverged_round": exc.round,
+        "diverged": str(exc).split("; likely cause")[0],
+        "final_val_accuracy": None,
+        "final_test_accuracy": None,
+    }
 
 
-def _row(label: str, overrides: list[str], out: Path, summary: dict[str, Any], lines: list[dict[str, Any]]) -> dict[str, Any]:
+def _row(
+    label: str,
+    overrides: list[str],
+    out: Path,
+    summary: dict[str, Any],
+    lines: list[dict[str, Any]],
+) -> dict[str, Any]:
     """The row of a finished variant, read from its run's summary and metrics."""
     return {
         "label": label,
@@ -135,8 +160,14 @@ def _row(label: str, overrides: list[str], out: Path, summary: dict[str, Any], l
         # which machine ran which rounds (absent from runs made before it was recorded)
         **({"machines": summary["machines"]} if "machines" in summary else {}),
         "accuracy_by_round": [x["test_accuracy"] for x in lines],
-        **({"val_accuracy_by_round": [x.get("val_accuracy") for x in lines],
-            "final_val_accuracy": lines[-1].get("val_accuracy")} if "val_accuracy" in lines[-1] else {}),  # fmt: skip
+        **(
+            {
+                "val_accuracy_by_round": [x.get("val_accuracy") for x in lines],
+                "final_val_accuracy": lines[-1].get("val_accuracy"),
+            }
+            if "val_accuracy" in lines[-1]
+            else {}
+        ),
         **_side_figures(summary, lines),
     }
 
@@ -144,7 +175,11 @@ def _row(label: str, overrides: list[str], out: Path, summary: dict[str, Any], l
 def _side_figures(summary: dict[str, Any], lines: list[dict[str, Any]]) -> dict[str, Any]:
     """``{"side": {name: figures}}`` for each model the run side-evaluated (``<name>_*`` in its
     summary and metrics; see :func:`side_row`), with the main model's keys; ``{}`` when none."""
-    names = sorted(k.removesuffix("_final_test_accuracy") for k in summary if k.endswith("_final_test_accuracy"))
+    names = sorted(
+        k.removesuffix("_final_test_accuracy")
+        for k in summary
+        if k.endswith("_final_test_accuracy")
+    )
     side = {}
     for n in names:
         side[n] = {
@@ -152,8 +187,14 @@ def _side_figures(summary: dict[str, Any], lines: list[dict[str, Any]]) -> dict[
             "test_accuracy_at_best_val": summary.get(f"{n}_test_accuracy_at_best_val"),
             "best_test_accuracy": summary[f"{n}_best_test_accuracy"],
             "accuracy_by_round": [x.get(f"{n}_test_accuracy") for x in lines],
-            **({"val_accuracy_by_round": [x.get(f"{n}_val_accuracy") for x in lines],
-                "final_val_accuracy": lines[-1].get(f"{n}_val_accuracy")} if f"{n}_val_accuracy" in lines[-1] else {}),  # fmt: skip
+            **(
+                {
+                    "val_accuracy_by_round": [x.get(f"{n}_val_accuracy") for x in lines],
+                    "final_val_accuracy": lines[-1].get(f"{n}_val_accuracy"),
+                }
+                if f"{n}_val_accuracy" in lines[-1]
+                else {}
+            ),
         }
     return {"side": side} if side else {}
 
@@ -181,8 +222,16 @@ def _with_neutral_additions(have: dict[str, Any], want: dict[str, Any]) -> dict[
         h: Any = have
         w: Any = want
         for part in path[:-1]:
-            h, w = h.get(part) if isinstance(h, dict) else None, w.get(part) if isinstance(w, dict) else None
-        if isinstance(h, dict) and isinstance(w, dict) and path[-1] not in h and w.get(path[-1]) == neutral:
+            h, w = (
+                h.get(part) if isinstance(h, dict) else None,
+                w.get(part) if isinstance(w, dict) else None,
+            )
+        if (
+            isinstance(h, dict)
+            and isinstance(w, dict)
+            and path[-1] not in h
+            and w.get(path[-1]) == neutral
+        ):
             h[path[-1]] = neutral
     return have
 
@@ -250,8 +299,14 @@ def per_client_costs(lines: list[dict[str, Any]]) -> dict[str, Any]:
         else:
             out[f"pretraining_{key}_per_client"] = None if len(lines) == 1 and first > 1 else 0.0
         out[f"{key}_per_client_round"] = sum(values) / len(values)
-    out["client_flops_per_client_round"] = sum(per_client("client_flops", x) for x in lines) / len(lines)
-    eff = [x["client_flops_effective"] / x["clients"] for x in lines if x.get("client_flops_effective") is not None]
+    out["client_flops_per_client_round"] = sum(per_client("client_flops", x) for x in lines) / len(
+        lines
+    )
+    eff = [
+        x["client_flops_effective"] / x["clients"]
+        for x in lines
+        if x.get("client_flops_effective") is not None
+    ]
     out["client_flops_effective_per_client_round"] = sum(eff) / len(lines) if eff else None
     return out
 
@@ -284,7 +339,9 @@ def _flops_cell(r: dict[str, Any], key: str) -> str:
 def _pruning_cell(r: dict[str, Any]) -> str:
     if not r.get("pretraining_phases"):
         return "-"
-    return f"{r['pretraining_bytes_up_per_client']:.0f} / {r['pretraining_bytes_down_per_client']:.0f}"
+    return (
+        f"{r['pretraining_bytes_up_per_client']:.0f} / {r['pretraining_bytes_down_per_client']:.0f}"
+    )
 
 
 def variants_markdown(report: dict[str, Any], command: str, intro: str) -> str:
@@ -296,14 +353,29 @@ def variants_markdown(report: dict[str, Any], command: str, intro: str) -> str:
     effective = any(r.get("client_flops_effective_per_round") is not None for r in results)
     memory = any(r.get("client_tensor_peak_bytes") is not None for r in results)
     pruning = any(r.get("pretraining_phases") for r in results)
-    flops = "client GFLOP/client/round, executed (mean of all rounds)" if effective else "client GFLOP/client/round (mean of all rounds)"
-    head = ["variant", "overrides", "final acc", "best acc", UP, DOWN] + [PRUNING] * pruning + [flops]
-    head += ["effective GFLOP/client/round"] * effective + ["client peak MiB (tensors)"] * memory + ["wall s"]
+    flops = (
+        "client GFLOP/client/round, executed (mean of all rounds)"
+        if effective
+        else "client GFLOP/client/round (mean of all rounds)"
+    )
+    head = (
+        ["variant", "overrides", "final acc", "best acc", UP, DOWN] + [PRUNING] * pruning + [flops]
+    )
+    head += (
+        ["effective GFLOP/client/round"] * effective
+        + ["client peak MiB (tensors)"] * memory
+        + ["wall s"]
+    )
     rows = []
     for r in results:
-        cells = [r["label"], f"`{' '.join(r['overrides']) or '-'}`", f"{r['final_test_accuracy']:.4f}",
-                 f"{r['best_test_accuracy']:.4f}", f"{r['bytes_up_per_client_round']:.0f}",
-                 f"{r['bytes_down_per_client_round']:.0f}"]  # fmt: skip
+        cells = [
+            r["label"],
+            f"`{' '.join(r['overrides']) or '-'}`",
+            f"{r['final_test_accuracy']:.4f}",
+            f"{r['best_test_accuracy']:.4f}",
+            f"{r['bytes_up_per_client_round']:.0f}",
+            f"{r['bytes_down_per_client_round']:.0f}",
+        ]
         cells += [_pruning_cell(r)] * pruning + [_flops_cell(r, "client_flops")]
         if effective:
             cells.append(_flops_cell(r, "client_flops_effective"))
@@ -314,7 +386,9 @@ def variants_markdown(report: dict[str, Any], command: str, intro: str) -> str:
         rows.append(cells)
     common = " ".join(report["common"])
     base = f"Base: `{report['base']}`" + (f" with `{common}`" if common else "")
-    return command_section([intro], command, [base, "", *markdown_table(head, rows), *_missing_note(report)])
+    return command_section(
+        [intro], command, [base, "", *markdown_table(head, rows), *_missing_note(report)]
+    )
 
 
 def _missing_note(report: dict[str, Any]) -> list[str]:
@@ -346,27 +420,49 @@ def run_seeded_variants(
     if len(seeds) < 1:
         raise ConfigError("give at least one seed (a table a reviewer accepts has three or more)")
     per_seed = {
-        s: run_variants(base, variants, out_root=Path(out_root) / f"seed-{s}", common=[*(common or []), f"seed={s}"], run=run,
-                        records=None if records is None else Path(records) / f"seed-{s}")  # fmt: skip
+        s: run_variants(
+            base,
+            variants,
+            out_root=Path(out_root) / f"seed-{s}",
+            common=[*(common or []), f"seed={s}"],
+            run=run,
+            records=None if records is None else Path(records) / f"seed-{s}",
+        )
         for s in seeds
     }
     results, missing = [], sorted({m for r in per_seed.values() for m in r["missing"]})
     diverged: dict[str, list[dict[str, Any]]] = {}
     for label, overrides in variants.items():
-        every = [{**next(x for x in per_seed[s]["results"] if x["label"] == label), "seed": s} for s in seeds
-                 if any(x["label"] == label for x in per_seed[s]["results"])]  # fmt: skip
+        every = [
+            {**next(x for x in per_seed[s]["results"] if x["label"] == label), "seed": s}
+            for s in seeds
+            if any(x["label"] == label for x in per_seed[s]["results"])
+        ]
         runs = [r for r in every if "diverged_round" not in r]
-        gone = [{"seed": r["seed"], "round": r["diverged_round"]} for r in every if "diverged_round" in r]
+        gone = [
+            {"seed": r["seed"], "round": r["diverged_round"]}
+            for r in every
+            if "diverged_round" in r
+        ]
         if not runs:
             if gone:
                 diverged[label] = gone
             continue
         results.append(_aggregate(label, overrides, runs, gone))
-    return {"benchmark": "seeded-variants", "base": base, "common": common or [], "seeds": list(seeds),
-            "results": results, "missing": missing, "diverged": diverged}  # fmt: skip
+    return {
+        "benchmark": "seeded-variants",
+        "base": base,
+        "common": common or [],
+        "seeds": list(seeds),
+        "results": results,
+        "missing": missing,
+        "diverged": diverged,
+    }
 
 
-def side_row(row: dict[str, Any], name: str, label: str, overrides: list[str]) -> dict[str, Any] | None:
+def side_row(
+    row: dict[str, Any], name: str, label: str, overrides: list[str]
+) -> dict[str, Any] | None:
     """A :func:`run_seeded_variants` row for the model side-evaluated as ``name`` in ``row``'s
     runs (``Strategy.side_eval_models``; e.g. ``"raw"``, the raw global model of an EMA run):
     the same runs, so the same costs, seeds and divergences, with that model's accuracies,
@@ -377,18 +473,35 @@ def side_row(row: dict[str, Any], name: str, label: str, overrides: list[str]) -
     return _aggregate(label, overrides, runs, row.get("diverged", []))
 
 
-def _aggregate(label: str, overrides: list[str], runs: list[dict[str, Any]], gone: list[dict[str, Any]]) -> dict[str, Any]:
+def _aggregate(
+    label: str, overrides: list[str], runs: list[dict[str, Any]], gone: list[dict[str, Any]]
+) -> dict[str, Any]:
     """One variant's row over its finished seed ``runs`` (``gone``: the seeds that diverged)."""
-    agg: dict[str, Any] = {"label": label, "overrides": overrides, "seeds": len(runs), "diverged": gone}
+    agg: dict[str, Any] = {
+        "label": label,
+        "overrides": overrides,
+        "seeds": len(runs),
+        "diverged": gone,
+    }
     for key in ("final_test_accuracy", "best_test_accuracy", "test_accuracy_at_best_val"):
         vals = [r[key] for r in runs if r.get(key) is not None]
         if vals:
             agg[key] = statistics.mean(vals)
             agg[key + "_std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
-    for key in ("bytes_up_per_client_round", "bytes_down_per_client_round", "client_flops_per_round", "wall_s"):
+    for key in (
+        "bytes_up_per_client_round",
+        "bytes_down_per_client_round",
+        "client_flops_per_round",
+        "wall_s",
+    ):
         agg[key] = statistics.mean(r[key] for r in runs)
-    for key in ("client_flops_per_client_round", "client_flops_effective_per_client_round", "client_flops_effective_per_round",
-                "pretraining_bytes_up_per_client", "pretraining_bytes_down_per_client"):  # fmt: skip
+    for key in (
+        "client_flops_per_client_round",
+        "client_flops_effective_per_client_round",
+        "client_flops_effective_per_round",
+        "pretraining_bytes_up_per_client",
+        "pretraining_bytes_down_per_client",
+    ):
         vals = [r.get(key) for r in runs]  # a record written before the key existed lacks it
         agg[key] = None if any(v is None for v in vals) else statistics.mean(vals)
     agg["pretraining_phases"] = max(r.get("pretraining_phases") or 0 for r in runs)
@@ -411,22 +524,37 @@ def not_run_cell(report: dict[str, Any], label: str) -> str:
 def seeded_markdown(report: dict[str, Any], command: str, intro: str) -> str:
     """Mean ± std over seeds per variant (the columns a reviewer asks for)."""
     has_val = any("test_accuracy_at_best_val" in r for r in report["results"])
-    head = ["variant", "seeds", "final test acc", "best test acc"] + ["test acc at best val"] * has_val
+    head = ["variant", "seeds", "final test acc", "best test acc"] + [
+        "test acc at best val"
+    ] * has_val
     pruning = any(r.get("pretraining_phases") for r in report["results"])
-    head += [UP] + [PRUNING] * pruning + ["client GFLOP/client/round (mean of all rounds)", "wall s"]
+    head += (
+        [UP] + [PRUNING] * pruning + ["client GFLOP/client/round (mean of all rounds)", "wall s"]
+    )
     rows = []
 
     def ms(r: dict[str, Any], key: str) -> str:
         return f"{r[key]:.4f} ± {r[key + '_std']:.4f}" if key in r else "-"
 
     for r in report["results"]:
-        cells = [r["label"], str(r["seeds"]), ms(r, "final_test_accuracy"), ms(r, "best_test_accuracy")]
+        cells = [
+            r["label"],
+            str(r["seeds"]),
+            ms(r, "final_test_accuracy"),
+            ms(r, "best_test_accuracy"),
+        ]
         cells += [ms(r, "test_accuracy_at_best_val")] * has_val
-        cells += [f"{r['bytes_up_per_client_round']:.0f}", *[_pruning_cell(r)] * pruning, _flops_cell(r, "client_flops"),
-                  f"{r['wall_s']:.0f}"]  # fmt: skip
+        cells += [
+            f"{r['bytes_up_per_client_round']:.0f}",
+            *[_pruning_cell(r)] * pruning,
+            _flops_cell(r, "client_flops"),
+            f"{r['wall_s']:.0f}",
+        ]
         rows.append(cells)
     base = f"Base: `{report['base']}`, seeds {', '.join(map(str, report['seeds']))}; mean ± sample std."
-    return command_section([intro], command, [base, "", *markdown_table(head, rows), *_missing_note(report)])
+    return command_section(
+        [intro], command, [base, "", *markdown_table(head, rows), *_missing_note(report)]
+    )
 
 
 def validation_score(row: dict[str, Any], window: int = 1) -> float | None:
@@ -443,7 +571,9 @@ def validation_score(row: dict[str, Any], window: int = 1) -> float | None:
     return statistics.mean(vals) if vals else None
 
 
-def pick_by_validation(results: list[dict[str, Any]], labels: dict[float, str], *, window: int = 1) -> float | None:
+def pick_by_validation(
+    results: list[dict[str, Any]], labels: dict[float, str], *, window: int = 1
+) -> float | None:
     """The value (a learning rate) whose run, ``labels[value]``, has the best
     :func:`validation_score` (final validation accuracy, or the mean of the last ``window``
     evaluations; ties: the smaller value); None while one of them is not recorded. A run that
@@ -458,7 +588,9 @@ def pick_by_validation(results: list[dict[str, Any]], labels: dict[float, str], 
         if "diverged_round" in rows[label]:
             val = -math.inf
         elif val is None:
-            raise ConfigError(f"screen run {label!r} has no validation accuracy; give the protocol dataset.validation=N")
+            raise ConfigError(
+                f"screen run {label!r} has no validation accuracy; give the protocol dataset.validation=N"
+            )
         scored.append((val, -value, value))
     return max(scored)[2]
 
@@ -478,13 +610,23 @@ def grid_step(x: float, *, up: bool) -> float:
     off the ladder, a factor of sqrt(10)."""
     e = math.floor(math.log10(x) + 1e-9)
     m = round(x / 10**e, 6)
-    nxt = {(1.0, True): 3 * 10**e, (3.0, True): 10 ** (e + 1), (1.0, False): 3 * 10 ** (e - 1), (3.0, False): 10**e}.get(
-        (m, up), x * 10 ** (0.5 if up else -0.5))
+    nxt = {
+        (1.0, True): 3 * 10**e,
+        (3.0, True): 10 ** (e + 1),
+        (1.0, False): 3 * 10 ** (e - 1),
+        (3.0, False): 10**e,
+    }.get((m, up), x * 10 ** (0.5 if up else -0.5))
     return float(f"{nxt:.3g}")
 
 
-def widened_grid(grid: Sequence[float], label_of: Callable[[float], str], results: list[dict[str, Any]], *,
-                 steps: int = 2, window: int = 1) -> tuple[float, ...]:  # fmt: skip
+def widened_grid(
+    grid: Sequence[float],
+    label_of: Callable[[float], str],
+    results: list[dict[str, Any]],
+    *,
+    steps: int = 2,
+    window: int = 1,
+) -> tuple[float, ...]:
     """``grid``, grown one :func:`grid_step` past an edge where the best **validation** run sits
     (:func:`pick_by_validation`), again while the new edge is best, at most ``steps`` times: a
     screen whose pick sits at the edge of its grid has not bracketed the optimum. A value added
@@ -516,7 +658,9 @@ def t_interval(diffs: Sequence[float]) -> tuple[float, float]:
     return mean - half, mean + half
 
 
-def paired_difference(a: dict[str, Any], b: dict[str, Any], key: str = "final_test_accuracy") -> dict[str, Any] | None:
+def paired_difference(
+    a: dict[str, Any], b: dict[str, Any], key: str = "final_test_accuracy"
+) -> dict[str, Any] | None:
     """``a − b`` of two :func:`run_seeded_variants` rows over the seeds both have: the per-seed
     differences (the same seed draws the same data subset and initial model in both), their
     mean, sample std and 95% t interval of the mean (``lo``, ``hi``). None with fewer than two
@@ -528,7 +672,14 @@ def paired_difference(a: dict[str, Any], b: dict[str, Any], key: str = "final_te
         return None
     diffs = [av[s] - bv[s] for s in common]
     lo, hi = t_interval(diffs)
-    return {"seeds": common, "diffs": diffs, "mean": statistics.mean(diffs), "std": statistics.stdev(diffs), "lo": lo, "hi": hi}
+    return {
+        "seeds": common,
+        "diffs": diffs,
+        "mean": statistics.mean(diffs),
+        "std": statistics.stdev(diffs),
+        "lo": lo,
+        "hi": hi,
+    }
 
 
 def seed_gaps(d: dict[str, Any]) -> str:
@@ -536,9 +687,18 @@ def seed_gaps(d: dict[str, Any]) -> str:
     return ", ".join(f"{s}: {100 * x:+.1f}" for s, x in zip(d["seeds"], d["diffs"], strict=True))
 
 
-def recorded(base: str, variants: dict[str, list[str]], *, common: list[str], records: str | Path) -> dict[str, Any]:
+def recorded(
+    base: str, variants: dict[str, list[str]], *, common: list[str], records: str | Path
+) -> dict[str, Any]:
     """:func:`run_variants` reading only ``records`` (nothing runs; the rest are ``"missing"``)."""
-    return run_variants(base, variants, out_root=Path(records) / ".unused", common=common, run=False, records=records)
+    return run_variants(
+        base,
+        variants,
+        out_root=Path(records) / ".unused",
+        common=common,
+        run=False,
+        records=records,
+    )
 
 
 Screen = dict[str, list[str]] | Callable[[list[dict[str, Any]]], dict[str, list[str]]]
@@ -548,7 +708,9 @@ def _grower(screen: Screen) -> Callable[[list[dict[str, Any]]], dict[str, list[s
     return screen if callable(screen) else (lambda _results: screen)
 
 
-def recorded_grown(base: str, screen: Screen, *, common: list[str], records: str | Path) -> dict[str, Any]:
+def recorded_grown(
+    base: str, screen: Screen, *, common: list[str], records: str | Path
+) -> dict[str, Any]:
     """:func:`recorded` of a screen that grows with its results (see :func:`run_screened`): the
     recorded runs of the screen as it stands, grown as far as its records take it."""
     grow = _grower(screen)
@@ -561,8 +723,15 @@ def recorded_grown(base: str, screen: Screen, *, common: list[str], records: str
         current = bigger
 
 
-def _work_share(items: Sequence[T], shard: int, shards: int, run_one: Callable[[T], None], *, steal: bool,
-                own: bool = True) -> None:  # fmt: skip
+def _work_share(
+    items: Sequence[T],
+    shard: int,
+    shards: int,
+    run_one: Callable[[T], None],
+    *,
+    steal: bool,
+    own: bool = True,
+) -> None:
     """Run worker ``shard``'s items (every ``shards``-th, with ``own``), then, with ``steal``, the
     others'; an item whose run another process is running now (RunDirBusyError) is left to it."""
     mine = [x for i, x in enumerate(items) if i % shards == shard]
@@ -581,8 +750,12 @@ def main_tasks(
     any second seed, so a table that is stopped part-way has one seed of every row (a complete,
     if unreplicated, table) rather than three seeds of its first rows and nothing of the rest.
     ``only`` as in :func:`run_screened`."""
-    return [(label, seed) for seed in seeds for label in variants
-            if not only or any(label == o and s in (None, seed) for o, s in only)]  # fmt: skip
+    return [
+        (label, seed)
+        for seed in seeds
+        for label in variants
+        if not only or any(label == o and s in (None, seed) for o, s in only)
+    ]
 
 
 def run_screened(
@@ -628,20 +801,30 @@ def run_screened(
     ``records`` (``screen/``, ``seed-S/``, ``probe/``) and read back instead of rerun, on any
     machine. Returns the main variants."""
     if not 0 <= shard < shards:
-        raise ConfigError(f"shard {shard} of {shards}: expected 0 <= shard < shards, e.g. --shard 0/2")
+        raise ConfigError(
+            f"shard {shard} of {shards}: expected 0 <= shard < shards, e.g. --shard 0/2"
+        )
     root, out = Path(records), Path(out)
 
     grow = _grower(screen)
     current = grow([])
 
     def screen_one(label: str) -> None:
-        run_variants(base, {label: current[label]}, out_root=out / "screen", common=screen_common, records=root / "screen",
-                     record_divergence=True)  # a step size that diverges loses the screen  # fmt: skip
+        run_variants(
+            base,
+            {label: current[label]},
+            out_root=out / "screen",
+            common=screen_common,
+            records=root / "screen",
+            record_divergence=True,
+        )  # a step size that diverges loses the screen
 
     _work_share(list(current), shard, shards, screen_one, steal=steal)
     while True:
         rep = recorded(base, current, common=screen_common, records=root / "screen")
-        if (bigger := grow(rep["results"])).keys() != current.keys():  # the screen grew: screen the new runs
+        if (
+            bigger := grow(rep["results"])
+        ).keys() != current.keys():  # the screen grew: screen the new runs
             current = bigger
             _work_share(list(current), shard, shards, screen_one, steal=steal)
             continue
@@ -652,16 +835,30 @@ def run_screened(
             _work_share(list(current), shard, shards, screen_one, steal=True, own=False)
     unknown = sorted({label for label, _ in only if label not in variants})
     if unknown:
-        raise ConfigError(f"--only {unknown}: not a variant of this table; expected one of {list(variants)}")
+        raise ConfigError(
+            f"--only {unknown}: not a variant of this table; expected one of {list(variants)}"
+        )
     tasks = main_tasks(list(variants), seeds, only)
 
     def main_one(task: tuple[str, int]) -> None:
         label, seed = task
-        run_variants(base, {label: variants[label]}, out_root=out / f"seed-{seed}", common=[*protocol, f"seed={seed}"],
-                     records=root / f"seed-{seed}", record_divergence=True)  # a seed that diverges is a result  # fmt: skip
+        run_variants(
+            base,
+            {label: variants[label]},
+            out_root=out / f"seed-{seed}",
+            common=[*protocol, f"seed={seed}"],
+            records=root / f"seed-{seed}",
+            record_divergence=True,
+        )  # a seed that diverges is a result
         if probe_common is not None and seed == seeds[0]:
-            run_variants(base, {label: variants[label]}, out_root=out / "probe", common=probe_common, records=root / "probe",
-                         record_divergence=True)  # a probe that diverges is recorded; its table shows no figures  # fmt: skip
+            run_variants(
+                base,
+                {label: variants[label]},
+                out_root=out / "probe",
+                common=probe_common,
+                records=root / "probe",
+                record_divergence=True,
+            )  # a probe that diverges is recorded; its table shows no figures
 
     _work_share(tasks, shard, shards, main_one, steal=steal)
     return variants

@@ -102,20 +102,38 @@ FLOOR_RATIO_TARGET = 1.1  # issue 15: a ZO step within 1.1x of its forwards
 _WARMUP_K = 2
 
 
-def _zo_step(model: nn.Module, batch: tuple[Tensor, Tensor], *, k: int, scheme: str, mode: str,
-             seed: int) -> dict[str, Tensor]:  # fmt: skip
+def _zo_step(
+    model: nn.Module, batch: tuple[Tensor, Tensor], *, k: int, scheme: str, mode: str, seed: int
+) -> dict[str, Tensor]:
     """One whole estimate: the client's loss differences, then the server's ĝ."""
-    diffs = loss_differences(model, F.cross_entropy, batch, k=k, sigma=SIGMA, seed=seed,
-                             scheme=scheme, mode=mode)  # type: ignore[arg-type]  # fmt: skip
-    return estimate_gradient(dict(model.named_parameters()), diffs, sigma=SIGMA, seed=seed,
-                             scheme=scheme)  # type: ignore[arg-type]  # fmt: skip
+    diffs = loss_differences(
+        model,
+        F.cross_entropy,
+        batch,
+        k=k,
+        sigma=SIGMA,
+        seed=seed,
+        scheme=scheme,  # type: ignore[arg-type]
+        mode=mode,  # type: ignore[arg-type]
+    )
+    params = dict(model.named_parameters())
+    return estimate_gradient(params, diffs, sigma=SIGMA, seed=seed, scheme=scheme)  # type: ignore[arg-type]
 
 
-def _epoch_step(model: nn.Module, batch: tuple[Tensor, Tensor], *, k: int, scheme: str,
-                seed: int) -> dict[str, Tensor]:  # fmt: skip
+def _epoch_step(
+    model: nn.Module, batch: tuple[Tensor, Tensor], *, k: int, scheme: str, seed: int
+) -> dict[str, Tensor]:
     """The same estimate on one device (epoch-level BAFFLE): the rebuild reuses the forwards' draws."""
-    return zeroth_order_gradient(model, F.cross_entropy, batch, k=k, sigma=SIGMA, seed=seed,
-                                 scheme=scheme, mode="fast")  # type: ignore[arg-type]  # fmt: skip
+    return zeroth_order_gradient(
+        model,
+        F.cross_entropy,
+        batch,
+        k=k,
+        sigma=SIGMA,
+        seed=seed,
+        scheme=scheme,  # type: ignore[arg-type]
+        mode="fast",
+    )
 
 
 def _bp_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple[Tensor, Tensor]) -> None:
@@ -127,8 +145,9 @@ def _bp_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple[Tensor, 
 def bench_model(name: str, batch: int, seed: int = 0) -> tuple[nn.Module, tuple[Tensor, Tensor]]:
     """A model of :data:`BENCH_MODELS` (Hardswish, GroupNorm) and a seeded batch ``(x, y)``."""
     shape = BENCH_MODELS[name]
-    model = build_model(name, input_shape=shape, num_classes=10, activation="hardswish",
-                        norm="group", seed=seed)  # fmt: skip
+    model = build_model(
+        name, input_shape=shape, num_classes=10, activation="hardswish", norm="group", seed=seed
+    )
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, *shape, generator=g)  # (B, C, H, W)
     y = torch.randint(0, 10, (batch,), generator=g)
@@ -175,8 +194,10 @@ def forward_breakdown(model: nn.Module, x: Tensor, *, repeats: int = 3) -> dict[
     """
     leaves = [(n, m) for n, m in model.named_modules() if next(m.children(), None) is None]
     inputs: dict[str, Tensor] = {}
-    hooks = [m.register_forward_hook(lambda _m, i, _o, n=n: inputs.__setitem__(n, i[0]))
-             for n, m in leaves]  # fmt: skip
+    hooks = [
+        m.register_forward_hook(lambda _m, i, _o, n=n: inputs.__setitem__(n, i[0]))
+        for n, m in leaves
+    ]
     try:
         with torch.no_grad():
             model(x)
@@ -192,8 +213,9 @@ def forward_breakdown(model: nn.Module, x: Tensor, *, repeats: int = 3) -> dict[
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def _allocator_probe(models: Sequence[str], *, k: int, batch: int, threads: int,
-                     repeats: int) -> dict[str, Any]:  # fmt: skip
+def _allocator_probe(
+    models: Sequence[str], *, k: int, batch: int, threads: int, repeats: int
+) -> dict[str, Any]:
     """Central-scheme rows at a small ``k`` in two fresh processes: glibc's default vs retained."""
     out: dict[str, Any] = {}
     for retain in (False, True):
@@ -213,20 +235,36 @@ def _allocator_probe(models: Sequence[str], *, k: int, batch: int, threads: int,
         key = "retained" if retain else "glibc_default"
         for r in got["rows"]:
             out.setdefault(r["model"], {})[key] = {
-                f: r[f] for f in ("forward_s", "bp_step_s", "zo_step_s", "zo_lean_step_s",
-                                  "reference_loop_step_s")
-            }  # fmt: skip
+                f: r[f]
+                for f in (
+                    "forward_s",
+                    "bp_step_s",
+                    "zo_step_s",
+                    "zo_lean_step_s",
+                    "reference_loop_step_s",
+                )
+            }
     return {"k": k, "scheme": "central", "batch": batch, "models": out}
 
 
-def _bench_model(name: str, *, schemes: Sequence[str], k: int, batch: int, repeats: int,
-                 peak1: float, diagnose: bool = True) -> list[dict[str, Any]]:  # fmt: skip
+def _bench_model(
+    name: str,
+    *,
+    schemes: Sequence[str],
+    k: int,
+    batch: int,
+    repeats: int,
+    peak1: float,
+    diagnose: bool = True,
+) -> list[dict[str, Any]]:
     """Rows (one per scheme) for one model; every variant timed in interleaved repetitions.
 
     ``peak1``: the 1-thread peak GFLOP/s the hardware bound is computed from.
     """
     model, data = bench_model(name, batch)
-    bp_model, _ = bench_model(name, batch)  # BP updates its weights: keep them apart from the ZO model
+    bp_model, _ = bench_model(
+        name, batch
+    )  # BP updates its weights: keep them apart from the ZO model
     opt = torch.optim.SGD(bp_model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(1)
 
@@ -249,8 +287,9 @@ def _bench_model(name: str, *, schemes: Sequence[str], k: int, batch: int, repea
         return lambda: _epoch_step(model, data, k=kk, scheme=scheme, seed=7)
 
     def ref(scheme: str, kk: int) -> Callable[[], object]:
-        return lambda: reference_gradient(model, F.cross_entropy, data, k=kk, sigma=SIGMA,
-                                          scheme=scheme, generator=gen)  # fmt: skip
+        return lambda: reference_gradient(
+            model, F.cross_entropy, data, k=kk, sigma=SIGMA, scheme=scheme, generator=gen
+        )
 
     # name -> (warm-up, timed): the ZO variants warm up at a small K (first-call costs only).
     variants: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
@@ -368,30 +407,42 @@ def run_zo(
     """
     unknown = [m for m in models if m not in BENCH_MODELS]
     if not models or unknown:
-        raise ValueError(f"unknown model(s) {unknown or models}; choose from {sorted(BENCH_MODELS)}")
+        raise ValueError(
+            f"unknown model(s) {unknown or models}; choose from {sorted(BENCH_MODELS)}"
+        )
     bad = [s for s in schemes if s not in ("central", "forward")]
     if not schemes or bad:
         raise ValueError(f"unknown scheme(s) {bad or schemes}; choose from ['central', 'forward']")
     if min(k, batch, repeats, threads, probe_k or 1) < 1:
         raise ValueError(
-            f"k, batch, repeats, threads and probe_k must be >= 1, got {k}, {batch}, {repeats}, "
-            f"{threads}, {probe_k}"
+            f"k, batch, repeats, threads and probe_k must be >= 1, got {k}, {batch}, {repeats}, {threads}, {probe_k}"
         )
     retained = retain_freed_memory() if retain_memory else False
     torch.set_num_threads(threads)  # left set, like the engine benchmark: the docs line reports it
     probe_before, peak_before = load_probe(), one_thread_peak()
     peak = matmul_peak_gflops()
-    rows = [r for m in models
-            for r in _bench_model(m, schemes=schemes, k=k, batch=batch, repeats=repeats,
-                                  peak1=peak_before["peak"])]  # fmt: skip
+    rows = [
+        r
+        for m in models
+        for r in _bench_model(
+            m, schemes=schemes, k=k, batch=batch, repeats=repeats, peak1=peak_before["peak"]
+        )
+    ]
     probe_after, peak_after = load_probe(), one_thread_peak()
-    busy = busy_warnings(probe_before, probe_after, threads=threads,
-                         peak_before=peak_before["peak"], peak_after=peak_after["peak"])  # fmt: skip
+    busy = busy_warnings(
+        probe_before,
+        probe_after,
+        threads=threads,
+        peak_before=peak_before["peak"],
+        peak_after=peak_after["peak"],
+    )
     for msg in busy:
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
     allocator = None
     if probe_k is not None:
-        allocator = _allocator_probe(models, k=probe_k, batch=batch, threads=threads, repeats=repeats)
+        allocator = _allocator_probe(
+            models, k=probe_k, batch=batch, threads=threads, repeats=repeats
+        )
     return {
         "benchmark": "zo-step",
         "threads": threads,
@@ -468,12 +519,20 @@ def zo_markdown(report: dict[str, Any], command: str) -> str:
         "",
     ]
     if report["warnings"]:
-        lines += ["**Machine busy — timings slowed by other work:**", "",
-                  *[f"- {w}" for w in report["warnings"]], ""]  # fmt: skip
+        lines += [
+            "**Machine busy — timings slowed by other work:**",
+            "",
+            *[f"- {w}" for w in report["warnings"]],
+            "",
+        ]
     else:
         lines += ["Load probe: no other work seen at the start or the end of the run.", ""]
     lines += [f"Command: `{command}`", "", *rows]
-    diag = [r for r in report["results"] if "forward_breakdown" in r and r["scheme"] == report["results"][0]["scheme"]]
+    diag = [
+        r
+        for r in report["results"]
+        if "forward_breakdown" in r and r["scheme"] == report["results"][0]["scheme"]
+    ]
     if diag:
         lines += [
             "",
@@ -487,11 +546,13 @@ def zo_markdown(report: dict[str, Any], command: str) -> str:
         for r in diag:
             parts = r["forward_breakdown"]
             total = sum(parts.values())
-            kinds = ", ".join(f"{k} {v * 1e3:.2f} ({v / total:.0%})" for k, v in parts.items()
-                              if v / total >= 0.01)  # fmt: skip
+            kinds = ", ".join(
+                f"{k} {v * 1e3:.2f} ({v / total:.0%})"
+                for k, v in parts.items()
+                if v / total >= 0.01
+            )
             lines.append(
-                f"| {r['model']} | {r['forward_s'] * 1e3:.2f} "
-                f"| {r['forward_channels_last_s'] * 1e3:.2f} | {kinds} |"
+                f"| {r['model']} | {r['forward_s'] * 1e3:.2f} | {r['forward_channels_last_s'] * 1e3:.2f} | {kinds} |"
             )
     probe = report.get("allocator")
     if probe:

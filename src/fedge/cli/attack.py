@@ -71,7 +71,13 @@ __all__ = ["attack", "register"]
 ATTACKS = ("dlg", "ig", "mia", "mia-shadow", "pia")
 
 
-def _grid(truth: torch.Tensor, rec: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...], path: Path) -> Path:
+def _grid(
+    truth: torch.Tensor,
+    rec: torch.Tensor,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    path: Path,
+) -> Path:
     """Two rows (truth over reconstruction) in [0, 1] pixel space; PNG with Pillow, else PGM/PPM."""
     s, m = torch.tensor(std).view(1, -1, 1, 1), torch.tensor(mean).view(1, -1, 1, 1)
     rows = [torch.cat(list((v * s + m).clamp(0, 1)), dim=-1) for v in (truth, rec)]  # (C, H, n*W)
@@ -101,24 +107,43 @@ def _write(run_dir: Path, name: str, result: dict[str, Any]) -> Path:
     return path
 
 
-def _dlg(run_dir: Path, raw: dict[str, Any], iterations: int, samples: int, seed: int, optimizer: str) -> dict[str, Any]:
+def _dlg(
+    run_dir: Path, raw: dict[str, Any], iterations: int, samples: int, seed: int, optimizer: str
+) -> dict[str, Any]:
     cfg = load_config({**raw, "rounds": 1})
-    eppfl = cfg.method.name == "eppfl"  # what leaks is the activations at the edge server, not an upload
+    eppfl = (
+        cfg.method.name == "eppfl"
+    )  # what leaks is the activations at the edge server, not an upload
     with one_line_warnings():
         run = observe_run(cfg, parties=("edge",) if eppfl else ())
     with Progress(transient=True) as bar:
         task = bar.add_task(f"inverting {samples} uploads x {iterations} iterations", total=samples)
         if eppfl:
-            result = activation_inversion(run, iterations=iterations, samples=samples, seed=seed,
-                                          progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
+            result = activation_inversion(
+                run,
+                iterations=iterations,
+                samples=samples,
+                seed=seed,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )
         else:
-            result = reconstruction_attack(run, iterations=iterations, samples=samples, seed=seed, optimizer=optimizer,
-                                           progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
+            result = reconstruction_attack(
+                run,
+                iterations=iterations,
+                samples=samples,
+                seed=seed,
+                optimizer=optimizer,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )
     ds = run.built.dataset
     images = result.pop("_images")
     (run_dir / "attacks").mkdir(exist_ok=True)
     result["images"] = {
-        a: str(_grid(t, r, ds.mean, ds.std, run_dir / "attacks" / f"{optimizer}-{a}").relative_to(run_dir))
+        a: str(
+            _grid(t, r, ds.mean, ds.std, run_dir / "attacks" / f"{optimizer}-{a}").relative_to(
+                run_dir
+            )
+        )
         for a, (t, r) in images.items()
     }
     return result
@@ -140,10 +165,14 @@ def _warn_if_not_replayable(raw: dict[str, Any]) -> None:
     models): not so when it drew its noise (and client sample) from the OS CSPRNG."""
     key = _os_random(raw)
     if key is not None:
-        warnings.warn(f"the run drew its noise from the OS CSPRNG ({key}: true), so re-running it from its config, as "
-                      "this attack does, gives another run of the same protocol and seed, not the saved one: the "
-                      "figures describe that re-run (its uploads, its intermediate models), not the run's exact "
-                      "messages", PrivacyWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"the run drew its noise from the OS CSPRNG ({key}: true), so re-running it from its config, as "
+            "this attack does, gives another run of the same protocol and seed, not the saved one: the "
+            "figures describe that re-run (its uploads, its intermediate models), not the run's exact "
+            "messages",
+            PrivacyWarning,
+            stacklevel=2,
+        )
 
 
 def _parse_rounds(text: str) -> list[int]:
@@ -152,20 +181,39 @@ def _parse_rounds(text: str) -> list[int]:
     except ValueError:
         rounds = []
     if not rounds:
-        raise ConfigError(f"--rounds {text!r} is not a list of round numbers; expected e.g. --rounds 1,5,10")
+        raise ConfigError(
+            f"--rounds {text!r} is not a list of round numbers; expected e.g. --rounds 1,5,10"
+        )
     return rounds
 
 
-def _mia_rounds(raw: dict[str, Any], rounds: list[int], samples: int, seed: int, shadows: int) -> dict[str, Any]:
+def _mia_rounds(
+    raw: dict[str, Any], rounds: list[int], samples: int, seed: int, shadows: int
+) -> dict[str, Any]:
     with one_line_warnings():
         built = build_run(load_config(raw))
-    label = f"re-running {built.config.rounds if not rounds else max(rounds)} rounds" + (f" and {shadows} shadow runs" if shadows else "")
+    label = f"re-running {built.config.rounds if not rounds else max(rounds)} rounds" + (
+        f" and {shadows} shadow runs" if shadows else ""
+    )
     with Progress(transient=True) as bar, one_line_warnings():
         task = bar.add_task(label, total=max(shadows, 1))
-        result = membership_by_round(built, rounds, samples=samples, shadows=shadows, seed=seed,
-                                     progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
-    what = "loss threshold (Yeom et al. 2018)" + (", shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022)" if shadows else "")
-    return {"attack": f"{what}, against the global model broadcast after each round (the run re-run from its config)", **result}
+        result = membership_by_round(
+            built,
+            rounds,
+            samples=samples,
+            shadows=shadows,
+            seed=seed,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    what = "loss threshold (Yeom et al. 2018)" + (
+        ", shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022)"
+        if shadows
+        else ""
+    )
+    return {
+        "attack": f"{what}, against the global model broadcast after each round (the run re-run from its config)",
+        **result,
+    }
 
 
 def _trained_clients(run_dir: Path, built: Any) -> list[int]:
@@ -179,30 +227,50 @@ def _trained_clients(run_dir: Path, built: Any) -> list[int]:
         return trained_by(summary["first_aggregated"], last)
     with Progress(transient=True) as bar, one_line_warnings():
         _warn_if_not_replayable(built.config.to_dict())
-        bar.add_task(f"re-running {last} rounds to find the clients the model trained on (the run predates its record)",
-                     total=None)  # fmt: skip
+        bar.add_task(
+            f"re-running {last} rounds to find the clients the model trained on (the run predates its record)",
+            total=None,
+        )
         return replay(built, [last]).trained_by(last)
 
 
-def _mia(run_dir: Path, raw: dict[str, Any], samples: int, seed: int, shadows: int) -> dict[str, Any]:
+def _mia(
+    run_dir: Path, raw: dict[str, Any], samples: int, seed: int, shadows: int
+) -> dict[str, Any]:
     trained = load_trained_model(run_dir, withheld_ok=True)
     with one_line_warnings():
         built = build_run(load_config(raw))
     who = _trained_clients(run_dir, built)
     if not shadows:
-        r = membership_attacks(built, trained.model, samples=samples, seed=seed, withheld=trained.withheld, trained=who)
+        r = membership_attacks(
+            built, trained.model, samples=samples, seed=seed, withheld=trained.withheld, trained=who
+        )
         what = "loss-threshold (Yeom et al. 2018)"
         if trained.withheld:
-            what += (", on the released layers completed with a classifier the attacker trains on its own data "
-                     "(the run kept its last layer in the enclaves)")  # fmt: skip
+            what += (
+                ", on the released layers completed with a classifier the attacker trains on its own data "
+                "(the run kept its last layer in the enclaves)"
+            )
         extra = {"completed": r["completed"]} if "completed" in r else {}
         return {"attack": what, "method": r["method"], "chance_auc": 0.5, **r["loss"], **extra}
     with Progress(transient=True) as bar, one_line_warnings():
-        task = bar.add_task(f"training {shadows} shadow models ({built.config.rounds} rounds each)", total=shadows)
-        result = membership_attacks(built, trained.model, samples=samples, shadows=shadows, seed=seed, withheld=trained.withheld,
-                                    trained=who, progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
-    return {"attack": "loss threshold (Yeom et al. 2018), shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022)",
-            **result}  # fmt: skip
+        task = bar.add_task(
+            f"training {shadows} shadow models ({built.config.rounds} rounds each)", total=shadows
+        )
+        result = membership_attacks(
+            built,
+            trained.model,
+            samples=samples,
+            shadows=shadows,
+            seed=seed,
+            withheld=trained.withheld,
+            trained=who,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    return {
+        "attack": "loss threshold (Yeom et al. 2018), shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022)",
+        **result,
+    }
 
 
 def _pia(raw: dict[str, Any], samples: int, seed: int, prop: int) -> dict[str, Any]:
@@ -215,8 +283,12 @@ def _pia(raw: dict[str, Any], samples: int, seed: int, prop: int) -> dict[str, A
         run = observe_run(cfg, rounds, prepare=lambda b: one_batch_clients(b, seed))
     with Progress(transient=True) as bar:
         task = bar.add_task("property inference", total=1)
-        result = pia_attack(run, prop=prop, seed=seed,
-                            progress=lambda done, total: bar.update(task, completed=done, total=total))  # fmt: skip
+        result = pia_attack(
+            run,
+            prop=prop,
+            seed=seed,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
     result["rounds_observed"] = rounds
     result["note"] = "each client's local set cut to the one batch its upload is computed on"
     return result
@@ -227,7 +299,9 @@ def _edge_pia(raw: dict[str, Any], samples: int, seed: int, prop: int) -> dict[s
     S_a is masked). The edge server knows round 1's M_c (broadcast in the clear), so round 1 is
     re-run with ``min(samples, clients.num)`` devices, each cut to its first batch."""
     devices = min(samples, int(load_config(raw).clients.num))
-    cfg = load_config({**raw, "rounds": 1, "clients": {**raw.get("clients", {}), "per_round": devices}})
+    cfg = load_config(
+        {**raw, "rounds": 1, "clients": {**raw.get("clients", {}), "per_round": devices}}
+    )
     with one_line_warnings():
         run = observe_run(cfg, 1, prepare=lambda b: one_batch_clients(b, seed), parties=("edge",))
     with Progress(transient=True) as bar:
@@ -235,36 +309,72 @@ def _edge_pia(raw: dict[str, Any], samples: int, seed: int, prop: int) -> dict[s
         result = edge_pia_attack(run, prop=prop, seed=seed)
         bar.update(task, completed=1)
     result["rounds_observed"] = 1
-    result["note"] = (f"the edge server's view of round 1: {devices} devices (raise clients.num to attack more), "
-                      "each cut to the one batch of its first step")  # fmt: skip
+    result["note"] = (
+        f"the edge server's view of round 1: {devices} devices (raise clients.num to attack more), "
+        "each cut to the one batch of its first step"
+    )
     return result
 
 
 def attack(
-    run_dir: Annotated[Path, typer.Argument(help="a run directory (dlg: its config; mia: its final model)")],
-    attack: Annotated[str, typer.Option("--attack", help="dlg | ig | mia | mia-shadow | pia")] = "dlg",
-    iterations: Annotated[int, typer.Option(min=1, help="dlg/ig: optimizer iterations per upload")] = 300,
-    samples: Annotated[int, typer.Option(min=1, help="dlg/ig/pia: uploads attacked; mia: members and non-members each")] = 10,
+    run_dir: Annotated[
+        Path, typer.Argument(help="a run directory (dlg: its config; mia: its final model)")
+    ],
+    attack: Annotated[
+        str, typer.Option("--attack", help="dlg | ig | mia | mia-shadow | pia")
+    ] = "dlg",
+    iterations: Annotated[
+        int, typer.Option(min=1, help="dlg/ig: optimizer iterations per upload")
+    ] = 300,
+    samples: Annotated[
+        int,
+        typer.Option(min=1, help="dlg/ig/pia: uploads attacked; mia: members and non-members each"),
+    ] = 10,
     seed: Annotated[int, typer.Option(help="the attacker's seed (dummy data, sample choice)")] = 0,
-    shadows: Annotated[int, typer.Option(min=1, help="mia-shadow: shadow models (each a full run of the config)")] = 4,
-    property_class: Annotated[int, typer.Option("--property-class", min=0, help="pia: the class whose presence is inferred")] = 0,
-    rounds: Annotated[str, typer.Option("--rounds", help="mia/mia-shadow: attack the global model after these rounds, e.g. 1,5,10")] = "",
-    all_rounds: Annotated[bool, typer.Option("--all-rounds", help="mia/mia-shadow: attack the global model after every round")] = False,
+    shadows: Annotated[
+        int, typer.Option(min=1, help="mia-shadow: shadow models (each a full run of the config)")
+    ] = 4,
+    property_class: Annotated[
+        int,
+        typer.Option("--property-class", min=0, help="pia: the class whose presence is inferred"),
+    ] = 0,
+    rounds: Annotated[
+        str,
+        typer.Option(
+            "--rounds",
+            help="mia/mia-shadow: attack the global model after these rounds, e.g. 1,5,10",
+        ),
+    ] = "",
+    all_rounds: Annotated[
+        bool,
+        typer.Option(
+            "--all-rounds", help="mia/mia-shadow: attack the global model after every round"
+        ),
+    ] = False,
 ) -> None:
     """Measure what a run leaks: reconstruct clients' data from their uploads, or infer membership."""
     if attack not in ATTACKS:
-        fail(f"--attack {attack!r} is not an attack here; expected one of {list(ATTACKS)} (e.g. --attack dlg)")
+        fail(
+            f"--attack {attack!r} is not an attack here; expected one of {list(ATTACKS)} (e.g. --attack dlg)"
+        )
     try:
         with one_line_warnings():  # every warning one line, as the run's own
             raw = RunDir(run_dir).read_config()
             if (rounds or all_rounds) and attack not in ("mia", "mia-shadow"):
-                raise ConfigError(f"--rounds/--all-rounds apply to --attack mia or mia-shadow, not {attack!r}; drop them")
+                raise ConfigError(
+                    f"--rounds/--all-rounds apply to --attack mia or mia-shadow, not {attack!r}; drop them"
+                )
             if rounds or all_rounds or attack in ("dlg", "ig", "pia"):
                 _warn_if_not_replayable(raw)
             if rounds or all_rounds:
                 every = list(range(1, int(load_config(raw).rounds) + 1))
-                result = _mia_rounds(raw, every if all_rounds else _parse_rounds(rounds), samples, seed,
-                                     shadows if attack == "mia-shadow" else 0)
+                result = _mia_rounds(
+                    raw,
+                    every if all_rounds else _parse_rounds(rounds),
+                    samples,
+                    seed,
+                    shadows if attack == "mia-shadow" else 0,
+                )
             elif attack in ("dlg", "ig"):
                 result = _dlg(run_dir, raw, iterations, samples, seed, attack)
             elif attack == "pia":
@@ -278,36 +388,63 @@ def attack(
     console = out()
     if "rounds" in result:
         for r, row in result["rounds"].items():
-            console.print(f"round {r} (test accuracy {row['test_accuracy']:.3f}): " + ", ".join(
-                f"{k} AUC {row[k]['auc']:.3f} TPR@1%FPR {row[k]['tpr_at_1pct_fpr']:.3f} precision {row[k]['precision']:.3f}"
-                for k in ("loss", "shadow", "lira") if k in row) + " (chance AUC 0.5)")  # fmt: skip
+            console.print(
+                f"round {r} (test accuracy {row['test_accuracy']:.3f}): "
+                + ", ".join(
+                    f"{k} AUC {row[k]['auc']:.3f} TPR@1%FPR {row[k]['tpr_at_1pct_fpr']:.3f} precision {row[k]['precision']:.3f}"
+                    for k in ("loss", "shadow", "lira")
+                    if k in row
+                )
+                + " (chance AUC 0.5)"
+            )
     elif attack == "pia":
-        console.print(f"property inference AUC {result['auc']:.3f} (chance 0.5) on {result['uploads']} uploads "
-                      f"({result['with_property']} with class {property_class})" + (" (uploads masked)" if result["masked"] else "")
-                      + (f"; read from the labels the edge server receives in the clear (from the released activations "
-                         f"alone: AUC {result['auc_activations']:.3f})" if result.get("labels_in_clear") else ""))  # fmt: skip
+        console.print(
+            f"property inference AUC {result['auc']:.3f} (chance 0.5) on {result['uploads']} uploads "
+            f"({result['with_property']} with class {property_class})"
+            + (" (uploads masked)" if result["masked"] else "")
+            + (
+                f"; read from the labels the edge server receives in the clear (from the released activations "
+                f"alone: AUC {result['auc_activations']:.3f})"
+                if result.get("labels_in_clear")
+                else ""
+            )
+        )
     elif attack == "mia-shadow":
         for key in ("loss", "shadow", "lira"):
             r = result[key]
-            console.print(f"{key}: membership AUC {r['auc']:.3f} (chance 0.5), TPR@1%FPR {r['tpr_at_1pct_fpr']:.3f}, "
-                          f"TPR@0.1%FPR {r['tpr_at_01pct_fpr']:.3f}, precision {r['precision']:.3f}")  # fmt: skip
+            console.print(
+                f"{key}: membership AUC {r['auc']:.3f} (chance 0.5), TPR@1%FPR {r['tpr_at_1pct_fpr']:.3f}, "
+                f"TPR@0.1%FPR {r['tpr_at_01pct_fpr']:.3f}, precision {r['precision']:.3f}"
+            )
     elif attack != "mia":
-        console.print(f"baselines: mean image MSE {result['baseline_mean_image_mse']:.4f}, "
-                      f"mid-gray {result['baseline_mid_gray_mse']:.4f}" + (" (uploads masked)" if result.get("masked") else ""))  # fmt: skip
+        console.print(
+            f"baselines: mean image MSE {result['baseline_mean_image_mse']:.4f}, "
+            f"mid-gray {result['baseline_mid_gray_mse']:.4f}"
+            + (" (uploads masked)" if result.get("masked") else "")
+        )
         for name, a in result["attacks"].items():
-            console.print(f"{name}: median MSE {a['median_mse']:.2e} (PSNR {a['median_psnr_db']:.1f} dB)"
-                          + (f", label accuracy {a['label_accuracy']:.2f}" if "label_accuracy" in a else "")
-                          + (" — no finite objective (ciphertext read as floats): the dummy start, not an attack's result"
-                             if a.get("finite_objective", 1.0) == 0 else "")
-                          + f"  -> {result['images'][name]}")  # fmt: skip
+            console.print(
+                f"{name}: median MSE {a['median_mse']:.2e} (PSNR {a['median_psnr_db']:.1f} dB)"
+                + (f", label accuracy {a['label_accuracy']:.2f}" if "label_accuracy" in a else "")
+                + (
+                    " — no finite objective (ciphertext read as floats): the dummy start, not an attack's result"
+                    if a.get("finite_objective", 1.0) == 0
+                    else ""
+                )
+                + f"  -> {result['images'][name]}"
+            )
     else:
         if "completed" in result:
             c = result["completed"]
-            console.print(f"the run kept its last layer in the enclaves: attacking the released layers completed with a "
-                          f"classifier trained on {c['aux_samples']} samples of the attacker's own (its accuracy: members "
-                          f"{c['accuracy']['members']:.3f}, non-members {c['accuracy']['non_members']:.3f})")  # fmt: skip
-        console.print(f"membership AUC {result['auc']:.3f} (chance 0.5), TPR@1%FPR {result['tpr_at_1pct_fpr']:.3f}, "
-                      f"precision {result['precision']:.3f} (best {result['best_precision']:.3f})")  # fmt: skip
+            console.print(
+                f"the run kept its last layer in the enclaves: attacking the released layers completed with a "
+                f"classifier trained on {c['aux_samples']} samples of the attacker's own (its accuracy: members "
+                f"{c['accuracy']['members']:.3f}, non-members {c['accuracy']['non_members']:.3f})"
+            )
+        console.print(
+            f"membership AUC {result['auc']:.3f} (chance 0.5), TPR@1%FPR {result['tpr_at_1pct_fpr']:.3f}, "
+            f"precision {result['precision']:.3f} (best {result['best_precision']:.3f})"
+        )
     console.print(f"wrote {path}", markup=False)
 
 

@@ -14,7 +14,10 @@ from fedge.core.errors import FedgeError
 
 __all__ = ["bench_app"]
 
-bench_app = typer.Typer(help="Benchmarks: measure, print JSON, optionally update docs/benchmarks.md.", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Benchmarks: measure, print JSON, optionally update docs/benchmarks.md.",
+    no_args_is_help=True,
+)
 
 
 def _command_line() -> str:
@@ -51,10 +54,17 @@ def bench_engine(
     clients: Annotated[str, typer.Option(help="comma-separated clients per round")] = "10,100,1000",
     rounds: Annotated[int, typer.Option(help="timed rounds per setting")] = 5,
     populations: Annotated[
-        str, typer.Option(help="comma-separated population sizes (1000 clients a round): e.g. 1000,1000000")
+        str,
+        typer.Option(
+            help="comma-separated population sizes (1000 clients a round): e.g. 1000,1000000"
+        ),
     ] = "",
-    json_path: Annotated[Path | None, typer.Option("--json", help="write the figures to this JSON file")] = None,
-    docs: Annotated[Path | None, typer.Option("--docs", help="update this Markdown file's engine section")] = None,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="write the figures to this JSON file")
+    ] = None,
+    docs: Annotated[
+        Path | None, typer.Option("--docs", help="update this Markdown file's engine section")
+    ] = None,
 ) -> None:
     """Engine overhead per client per round with trivial clients (and against the population size)."""
     from fedge.bench.engine import engine_markdown, run_engine_overhead
@@ -64,7 +74,12 @@ def bench_engine(
 
         sizes = parse_list("--populations", populations, int, example="1000,1000000", positive=True)
         scale = run_population_scale(sizes, rounds=rounds)
-        _emit(scale, json_path, docs, ("population", "Engine cost against the population size", population_markdown))
+        _emit(
+            scale,
+            json_path,
+            docs,
+            ("population", "Engine cost against the population size", population_markdown),
+        )
         return
 
     counts = parse_list("--clients", clients, int, example="10,100,1000", positive=True)
@@ -74,18 +89,31 @@ def bench_engine(
 
 @bench_app.command("zo")
 def bench_zo(
-    models: Annotated[str, typer.Option(help="comma-separated models: lenet, lenet5, wrn-10-2, ...")] = "lenet,lenet5,wrn-10-2",
+    models: Annotated[
+        str, typer.Option(help="comma-separated models: lenet, lenet5, wrn-10-2, ...")
+    ] = "lenet,lenet5,wrn-10-2",
     k: Annotated[int, typer.Option("--k", min=1, help="loss differences per estimate (K)")] = 100,
     batch: Annotated[int, typer.Option(min=1, help="samples per step")] = 64,
-    repeats: Annotated[int, typer.Option(min=1, help="interleaved timed repetitions (minimum reported)")] = 3,
+    repeats: Annotated[
+        int, typer.Option(min=1, help="interleaved timed repetitions (minimum reported)")
+    ] = 3,
     threads: Annotated[int, typer.Option(min=1, help="torch threads")] = 1,
-    schemes: Annotated[str, typer.Option(help="comma-separated: central, forward")] = "central,forward",
+    schemes: Annotated[
+        str, typer.Option(help="comma-separated: central, forward")
+    ] = "central,forward",
     retain_memory: Annotated[
-        bool, typer.Option("--retain-memory/--no-retain-memory", help="glibc mallopt: keep freed memory")
+        bool,
+        typer.Option("--retain-memory/--no-retain-memory", help="glibc mallopt: keep freed memory"),
     ] = True,
-    probe_k: Annotated[int, typer.Option(min=0, help="K of the allocator comparison in fresh processes; 0 skips")] = 8,
-    json_path: Annotated[Path | None, typer.Option("--json", help="write the figures to this JSON file")] = None,
-    docs: Annotated[Path | None, typer.Option("--docs", help="update this Markdown file's zo section")] = None,
+    probe_k: Annotated[
+        int, typer.Option(min=0, help="K of the allocator comparison in fresh processes; 0 skips")
+    ] = 8,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="write the figures to this JSON file")
+    ] = None,
+    docs: Annotated[
+        Path | None, typer.Option("--docs", help="update this Markdown file's zo section")
+    ] = None,
 ) -> None:
     """Zeroth-order step time (fast, lean) against a backprop step and BAFFLE's reference loop."""
     from fedge.bench.zo import run_zo, zo_markdown
@@ -93,8 +121,16 @@ def bench_zo(
     names: tuple[str, ...] = parse_list("--models", models, example="lenet,wrn-10-2")
     scheme_list: tuple[str, ...] = parse_list("--schemes", schemes, example="central,forward")
     try:
-        report = run_zo(list(names), k=k, batch=batch, repeats=repeats, threads=threads, schemes=list(scheme_list),
-                        retain_memory=retain_memory, probe_k=probe_k or None)  # fmt: skip
+        report = run_zo(
+            list(names),
+            k=k,
+            batch=batch,
+            repeats=repeats,
+            threads=threads,
+            schemes=list(scheme_list),
+            retain_memory=retain_memory,
+            probe_k=probe_k or None,
+        )
     except ValueError as exc:
         fail(exc)
     _emit(report, json_path, docs, ("zo-step", "Zeroth-order step time", zo_markdown))
@@ -102,14 +138,24 @@ def bench_zo(
 
 @bench_app.command("memory")
 def bench_memory(
-    models: Annotated[str, typer.Option(help="comma-separated models: lenet, lenet5, wrn-10-2, ...")] = "lenet,lenet5,wrn-10-2",
+    models: Annotated[
+        str, typer.Option(help="comma-separated models: lenet, lenet5, wrn-10-2, ...")
+    ] = "lenet,lenet5,wrn-10-2",
     batches: Annotated[str, typer.Option(help="comma-separated batch sizes")] = "64,256",
-    lean_ks: Annotated[str, typer.Option(help="K values of the lean step (the first is the headline)")] = "8,2",
+    lean_ks: Annotated[
+        str, typer.Option(help="K values of the lean step (the first is the headline)")
+    ] = "8,2",
     fast_k: Annotated[int, typer.Option(min=1, help="K of the fast step")] = 8,
-    rss_repeats: Annotated[int, typer.Option(min=0, help="fresh processes per RSS figure; 0 skips RSS")] = 3,
+    rss_repeats: Annotated[
+        int, typer.Option(min=0, help="fresh processes per RSS figure; 0 skips RSS")
+    ] = 3,
     threads: Annotated[int, typer.Option(min=1, help="torch threads")] = 1,
-    json_path: Annotated[Path | None, typer.Option("--json", help="write the figures to this JSON file")] = None,
-    docs: Annotated[Path | None, typer.Option("--docs", help="update this Markdown file's memory section")] = None,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="write the figures to this JSON file")
+    ] = None,
+    docs: Annotated[
+        Path | None, typer.Option("--docs", help="update this Markdown file's memory section")
+    ] = None,
 ) -> None:
     """Peak client-step memory: inference, backprop, lean and fast zeroth-order."""
     from fedge.bench.memory import memory_markdown, run_memory
@@ -118,8 +164,14 @@ def bench_memory(
     sizes = parse_list("--batches", batches, int, example="64,256", positive=True)
     ks = parse_list("--lean-ks", lean_ks, int, example="8,2", positive=True)
     try:
-        report = run_memory(list(names), batches=sizes, lean_ks=ks,
-                            fast_k=fast_k, rss_repeats=rss_repeats, threads=threads)  # fmt: skip
+        report = run_memory(
+            list(names),
+            batches=sizes,
+            lean_ks=ks,
+            fast_k=fast_k,
+            rss_repeats=rss_repeats,
+            threads=threads,
+        )
     except ValueError as exc:
         fail(exc)
     _emit(report, json_path, docs, ("client-memory", "Client step memory", memory_markdown))
@@ -128,8 +180,12 @@ def bench_memory(
 @bench_app.command("comm")
 def bench_comm(
     ks: Annotated[str, typer.Option("--k", help="comma-separated K values")] = "100,200,500",
-    json_path: Annotated[Path | None, typer.Option("--json", help="write the figures to this JSON file")] = None,
-    docs: Annotated[Path | None, typer.Option("--docs", help="update this Markdown file's section")] = None,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="write the figures to this JSON file")
+    ] = None,
+    docs: Annotated[
+        Path | None, typer.Option("--docs", help="update this Markdown file's section")
+    ] = None,
 ) -> None:
     """BAFFLE message sizes from real rounds: uplink 4K + framing, seed bytes, secure aggregation."""
     from fedge.bench.comm import comm_markdown, run_comm
@@ -142,10 +198,18 @@ def bench_comm(
 @bench_app.command("presets")
 def bench_presets(
     names: Annotated[list[str], typer.Argument(help="presets to run")],
-    set_: Annotated[list[str] | None, typer.Option("--set", help="override a config key in every run")] = None,
-    out_root: Annotated[Path | None, typer.Option("--out", help="directory for the run directories")] = None,
-    json_path: Annotated[Path | None, typer.Option("--json", help="write the figures to this JSON file")] = None,
-    docs: Annotated[Path | None, typer.Option("--docs", help="update this Markdown file's presets section")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="override a config key in every run")
+    ] = None,
+    out_root: Annotated[
+        Path | None, typer.Option("--out", help="directory for the run directories")
+    ] = None,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="write the figures to this JSON file")
+    ] = None,
+    docs: Annotated[
+        Path | None, typer.Option("--docs", help="update this Markdown file's presets section")
+    ] = None,
 ) -> None:
     """Run presets end to end; tabulate accuracy and per-client bytes against the model size."""
     from fedge.bench.presets import presets_markdown, run_presets

@@ -29,12 +29,20 @@ def out() -> Console:
 
 def fail(exc: BaseException | str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     """Print ``error: <message>`` to stderr (never wrapped) and exit with ``code``."""
-    err.print("[bold red]error:[/] " + escape(str(exc)), highlight=False, markup=True, soft_wrap=True)  # the text as is: '[x]' too
+    err.print(
+        "[bold red]error:[/] " + escape(str(exc)), highlight=False, markup=True, soft_wrap=True
+    )  # the text as is: '[x]' too
     raise typer.Exit(code)
 
 
-def parse_list(option: str, text: str, kind: Callable[[str], T] = str, *, example: str,  # type: ignore[assignment]
-               positive: bool = False) -> tuple[T, ...]:
+def parse_list(
+    option: str,
+    text: str,
+    kind: Callable[[str], T] = str,  # type: ignore[assignment]
+    *,
+    example: str,
+    positive: bool = False,
+) -> tuple[T, ...]:
     """``"10, 100,1000"`` -> ``(10, 100, 1000)`` for ``--option``; any bad item exits 2 with
     one line naming the option, the text and an example of what is expected."""
     what = "positive integers" if positive else ("integers" if kind is int else "names")
@@ -55,7 +63,11 @@ def one_line_warnings() -> Iterator[None]:
     shown = warnings.showwarning
 
     def show(message: Any, category: type[Warning], *_: Any, **__: Any) -> None:
-        err.print("[yellow]warning:[/] " + escape(f"{category.__name__}: {message}"), highlight=False, soft_wrap=True)
+        err.print(
+            "[yellow]warning:[/] " + escape(f"{category.__name__}: {message}"),
+            highlight=False,
+            soft_wrap=True,
+        )
 
     warnings.showwarning = show
     try:

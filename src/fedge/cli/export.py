@@ -20,8 +20,19 @@ __all__ = ["export"]
 
 def export(
     run_dir: Annotated[Path, typer.Argument(help="a complete run directory")],
-    format: Annotated[str, typer.Option("--format", help="torchscript (model.pt), pt2 (torch.export, model.pt2) or onnx (model.onnx)")] = "torchscript",
-    out: Annotated[Path | None, typer.Option("--out", help="file to write (default RUN_DIR/model.pt, .pt2 or .onnx by --format)")] = None,
+    format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="torchscript (model.pt), pt2 (torch.export, model.pt2) or onnx (model.onnx)",
+        ),
+    ] = "torchscript",
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="file to write (default RUN_DIR/model.pt, .pt2 or .onnx by --format)"
+        ),
+    ] = None,
 ) -> None:
     """Write a run's trained model (pruned weights exactly zero) for on-device inference."""
     from fedge.experiment.export import export_model
@@ -33,7 +44,10 @@ def export(
     meta = result.metadata
     Console().print(
         f"wrote {result.path} ({result.format}; input {tuple(meta['input_shape'])}, "
-        f"{meta['num_classes']} classes" + (f", density {meta['density']:.4f}" if meta["density"] else "")
+        f"{meta['num_classes']} classes"
+        + (f", density {meta['density']:.4f}" if meta["density"] else "")
         + "; normalization in fedge.json)",
-        highlight=False, soft_wrap=True, markup=False,
+        highlight=False,
+        soft_wrap=True,
+        markup=False,
     )

@@ -47,14 +47,21 @@ def _version(value: bool) -> None:
 
         from fedge.core.version import __version__
 
-        typer.echo(f"fedge {__version__} (torch {torch.__version__}, Python {platform.python_version()})")
+        typer.echo(
+            f"fedge {__version__} (torch {torch.__version__}, Python {platform.python_version()})"
+        )
         raise typer.Exit()
 
 
 @app.callback()
 def _options(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                 help="print fedge's version (and torch's and Python's) and exit"),  # fmt: skip
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_version,
+        is_eager=True,
+        help="print fedge's version (and torch's and Python's) and exit",
+    ),
 ) -> None:
     """Federated learning on resource-constrained edge devices, measured honestly."""
 

@@ -59,10 +59,15 @@ def _interrupted(target: Path | None, exc: KeyboardInterrupt) -> NoReturn:
     """The line after Ctrl-C or SIGTERM: how to continue, or that nothing was written."""
     what = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
     if target is not None and (target / "config.yaml").is_file():
-        err.print(f"{what}; continue with: fedge run --resume {target}", markup=False, soft_wrap=True)
+        err.print(
+            f"{what}; continue with: fedge run --resume {target}", markup=False, soft_wrap=True
+        )
     else:
-        err.print(f"{what} before the run wrote anything; nothing to resume: run the command again", markup=False,
-                  soft_wrap=True)
+        err.print(
+            f"{what} before the run wrote anything; nothing to resume: run the command again",
+            markup=False,
+            soft_wrap=True,
+        )
     raise typer.Exit(143 if isinstance(exc, _Terminated) else 130) from None
 
 
@@ -95,17 +100,23 @@ class _Bar(Progress):
     def __enter__(self) -> _Bar:
         if self.progress is not None:
             self.progress.__enter__()
-            self.task = self.progress.add_task("run", total=None, inside="preparing", acc="", bytes="")
+            self.task = self.progress.add_task(
+                "run", total=None, inside="preparing", acc="", bytes=""
+            )
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self.progress is not None:
-            if exc[0] is not None and not self.started:  # refused before any round: no bar left above the error
+            if (
+                exc[0] is not None and not self.started
+            ):  # refused before any round: no bar left above the error
                 self.progress.remove_task(self.task)
                 live = self.progress.live
                 live.transient = True  # a terminal: the bar is erased
                 quiet = live.console.quiet
-                live.console.quiet = quiet or not live.console.is_terminal  # a pipe: not even its blank line
+                live.console.quiet = (
+                    quiet or not live.console.is_terminal
+                )  # a pipe: not even its blank line
                 try:
                     self.progress.__exit__(*exc)
                 finally:
@@ -130,35 +141,85 @@ class _Bar(Progress):
 
         acc = line.get("test_accuracy")
         moved = line["cum_bytes_down"] + line["cum_bytes_up"]
-        self.progress.update(self.task, completed=line["round"], inside="",
-                             acc=f"acc {acc:.4f}" if acc is not None else "", bytes=f"{format_bytes(moved)} moved")  # fmt: skip
+        self.progress.update(
+            self.task,
+            completed=line["round"],
+            inside="",
+            acc=f"acc {acc:.4f}" if acc is not None else "",
+            bytes=f"{format_bytes(moved)} moved",
+        )
 
 
 def run(
     ctx: typer.Context,
-    config: Annotated[str | None, typer.Argument(help="preset name (see configs/) or path to a YAML file")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="override a config key: --set rounds=20")] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="run directory to write (default runs/<preset>-<time>)")] = None,
-    resume: Annotated[Path | None, typer.Option("--resume", help="continue the interrupted run in this directory")] = None,
-    allow_config_change: Annotated[bool, typer.Option(
-        "--allow-config-change", metavar="",
-        help="with --resume: accept edits of the run's config.yaml (recorded in config_changes.jsonl)")] = False,
-    measure_memory: Annotated[bool, typer.Option(
-        "--measure-memory", metavar="", help="a flag (no value): measure client peak memory, as --set measure.memory=true")] = False,
-    workers: Annotated[int | None, typer.Option("--workers", help="client worker processes")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="no progress bar")] = False,
-    runtime: Annotated[str, typer.Option(
-        "--runtime", help="engine (built-in), flower-sim (the same rounds through Flower's ServerApp/ClientApp "
-        "on simulated nodes: --backend) or flower (a Flower deployment: --superlink)")] = "engine",
-    backend: Annotated[str | None, typer.Option(
-        "--backend", help="with --runtime flower-sim: local (in-process grid, the default) or ray "
-        "(Flower's simulation engine; pip install 'fedge\\[flower-sim]')")] = None,
-    superlink: Annotated[str | None, typer.Option(
-        "--superlink", help="with --runtime flower: the SuperLink's HOST:PORT")] = None,
-    insecure: Annotated[bool, typer.Option(
-        "--insecure", metavar="", help="with --runtime flower: no TLS (loopback tests only)")] = False,
-    root_certificates: Annotated[Path | None, typer.Option(
-        "--root-certificates", help="with --runtime flower: the CA certificate the SuperLink's TLS certificate is signed with")] = None,
+    config: Annotated[
+        str | None, typer.Argument(help="preset name (see configs/) or path to a YAML file")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="override a config key: --set rounds=20")
+    ] = None,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", help="run directory to write (default runs/<preset>-<time>)"),
+    ] = None,
+    resume: Annotated[
+        Path | None, typer.Option("--resume", help="continue the interrupted run in this directory")
+    ] = None,
+    allow_config_change: Annotated[
+        bool,
+        typer.Option(
+            "--allow-config-change",
+            metavar="",
+            help="with --resume: accept edits of the run's config.yaml (recorded in config_changes.jsonl)",
+        ),
+    ] = False,
+    measure_memory: Annotated[
+        bool,
+        typer.Option(
+            "--measure-memory",
+            metavar="",
+            help="a flag (no value): measure client peak memory, as --set measure.memory=true",
+        ),
+    ] = False,
+    workers: Annotated[
+        int | None, typer.Option("--workers", help="client worker processes")
+    ] = None,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", metavar="", help="no progress bar")
+    ] = False,
+    runtime: Annotated[
+        str,
+        typer.Option(
+            "--runtime",
+            help="engine (built-in), flower-sim (the same rounds through Flower's ServerApp/ClientApp "
+            "on simulated nodes: --backend) or flower (a Flower deployment: --superlink)",
+        ),
+    ] = "engine",
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            help="with --runtime flower-sim: local (in-process grid, the default) or ray "
+            "(Flower's simulation engine; pip install 'fedge\\[flower-sim]')",
+        ),
+    ] = None,
+    superlink: Annotated[
+        str | None,
+        typer.Option("--superlink", help="with --runtime flower: the SuperLink's HOST:PORT"),
+    ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure", metavar="", help="with --runtime flower: no TLS (loopback tests only)"
+        ),
+    ] = False,
+    root_certificates: Annotated[
+        Path | None,
+        typer.Option(
+            "--root-certificates",
+            help="with --runtime flower: the CA certificate the SuperLink's TLS certificate is signed with",
+        ),
+    ] = None,
 ) -> None:
     """Train a federation and write its run directory."""
     from fedge.core.config import load_config
@@ -166,7 +227,9 @@ def run(
 
     if ctx.args:
         flag = " (--measure-memory, --allow-config-change and --quiet are flags and take no value)"
-        fail(f"unexpected argument {ctx.args[0]!r}{flag}; e.g. fedge run quickstart --measure-memory")
+        fail(
+            f"unexpected argument {ctx.args[0]!r}{flag}; e.g. fedge run quickstart --measure-memory"
+        )
     overrides = list(set_ or [])
     if measure_memory:
         overrides.append("measure.memory=true")
@@ -177,28 +240,46 @@ def run(
     if backend is not None and runtime != "flower-sim":
         fail(f"--backend {backend} goes with --runtime flower-sim (got --runtime {runtime})")
     if runtime != "flower":
-        given = [f for f, on in (("--superlink", superlink is not None), ("--insecure", insecure),
-                                 ("--root-certificates", root_certificates is not None)) if on]  # fmt: skip
+        given = [
+            f
+            for f, on in (
+                ("--superlink", superlink is not None),
+                ("--insecure", insecure),
+                ("--root-certificates", root_certificates is not None),
+            )
+            if on
+        ]
         if given:
             verb = "goes" if len(given) == 1 else "go"
-            fail(f"{' and '.join(given)} {verb} with --runtime flower (got --runtime {runtime}); add --runtime flower "
-                 "to run on a Flower deployment, or drop them")  # fmt: skip
+            fail(
+                f"{' and '.join(given)} {verb} with --runtime flower (got --runtime {runtime}); add --runtime flower "
+                "to run on a Flower deployment, or drop them"
+            )
     if resume is not None and out_dir is not None:
-        fail(f"--resume {resume} continues the run in that directory; --out {out_dir} cannot move it (drop --out)")
+        fail(
+            f"--resume {resume} continues the run in that directory; --out {out_dir} cannot move it (drop --out)"
+        )
     if allow_config_change and resume is None:
-        fail("--allow-config-change goes with --resume RUN_DIR (it accepts edits of that run's config.yaml)")
+        fail(
+            "--allow-config-change goes with --resume RUN_DIR (it accepts edits of that run's config.yaml)"
+        )
     target: Path | None = None
     try:
         with one_line_warnings(), _sigterm_stops_like_ctrl_c():
             if resume is not None:
                 extend = [o for o in set_ or [] if o.split("=", 1)[0].strip() == "rounds"]
-                extra = ([f"the config {config}"] if config is not None else []) + [
-                    f"--set {o}" for o in set_ or [] if o not in extend or len(extend) > 1] + (
-                    ["--measure-memory"] if measure_memory else []) + (
-                    [f"--workers {workers}"] if workers is not None else [])  # fmt: skip
+                extra = (
+                    ([f"the config {config}"] if config is not None else [])
+                    + [f"--set {o}" for o in set_ or [] if o not in extend or len(extend) > 1]
+                    + (["--measure-memory"] if measure_memory else [])
+                    + ([f"--workers {workers}"] if workers is not None else [])
+                )
                 if extra:
-                    edit = (f" (to change the run's config: edit {resume / 'config.yaml'} and add "
-                            "--allow-config-change)" if runtime != "flower" else "")  # fmt: skip
+                    edit = (
+                        f" (to change the run's config: edit {resume / 'config.yaml'} and add --allow-config-change)"
+                        if runtime != "flower"
+                        else ""
+                    )
                     fail(
                         "--resume takes only the run directory (its config.yaml fixes everything else) "
                         f"and optionally --set rounds=N to train a run further; drop {', '.join(extra)}{edit}"
@@ -215,37 +296,70 @@ def run(
                     from fedge.experiment.flower import submit
 
                     if superlink is None:
-                        fail("--runtime flower needs --superlink HOST:PORT (and --root-certificates FILE, or --insecure)")
+                        fail(
+                            "--runtime flower needs --superlink HOST:PORT (and --root-certificates FILE, or --insecure)"
+                        )
                     if allow_config_change:
-                        fail("--allow-config-change is not supported with --runtime flower; resume on the engine or "
-                             "--runtime flower-sim to record a config change")  # fmt: skip
+                        fail(
+                            "--allow-config-change is not supported with --runtime flower; resume on the engine or "
+                            "--runtime flower-sim to record a config change"
+                        )
                     if not (resume / "config.yaml").is_file():
-                        fail(f"--resume {resume}: no config.yaml there; give the run directory (readable here, "
-                             "and the same path on the SuperLink's machine)")  # fmt: skip
-                    path = submit(load_config(str(resume / "config.yaml")), out=resume, superlink=superlink,
-                                  insecure=insecure, root_certificates=root_certificates, resume=True,
-                                  rounds=rounds)  # fmt: skip
+                        fail(
+                            f"--resume {resume}: no config.yaml there; give the run directory (readable here, "
+                            "and the same path on the SuperLink's machine)"
+                        )
+                    path = submit(
+                        load_config(str(resume / "config.yaml")),
+                        out=resume,
+                        superlink=superlink,
+                        insecure=insecure,
+                        root_certificates=root_certificates,
+                        resume=True,
+                        rounds=rounds,
+                    )
                 else:
                     with _Bar(not quiet) as bar:
-                        path = resume_experiment(resume, rounds=rounds, progress=bar, render=render_report,
-                                                 allow_config_change=allow_config_change, runtime=runtime,
-                                                 backend=backend or "local")  # fmt: skip
+                        path = resume_experiment(
+                            resume,
+                            rounds=rounds,
+                            progress=bar,
+                            render=render_report,
+                            allow_config_change=allow_config_change,
+                            runtime=runtime,
+                            backend=backend or "local",
+                        )
             else:
                 if config is None:
-                    fail("give a preset or YAML file (e.g. fedge run quickstart), or --resume RUN_DIR")
+                    fail(
+                        "give a preset or YAML file (e.g. fedge run quickstart), or --resume RUN_DIR"
+                    )
                 cfg = load_config(config, overrides=overrides)
                 target = out_dir or _default_out(config)
                 if runtime == "flower":
                     from fedge.experiment.flower import submit
 
                     if superlink is None:
-                        fail("--runtime flower needs --superlink HOST:PORT (and --root-certificates FILE, or --insecure)")
-                    path = submit(cfg, out=target, superlink=superlink, insecure=insecure,
-                                  root_certificates=root_certificates)  # fmt: skip
+                        fail(
+                            "--runtime flower needs --superlink HOST:PORT (and --root-certificates FILE, or --insecure)"
+                        )
+                    path = submit(
+                        cfg,
+                        out=target,
+                        superlink=superlink,
+                        insecure=insecure,
+                        root_certificates=root_certificates,
+                    )
                 else:
                     with _Bar(not quiet) as bar:
-                        path = run_experiment(cfg, out=target, progress=bar, render=render_report, runtime=runtime,
-                                              backend=backend or "local")  # fmt: skip
+                        path = run_experiment(
+                            cfg,
+                            out=target,
+                            progress=bar,
+                            render=render_report,
+                            runtime=runtime,
+                            backend=backend or "local",
+                        )
     except MessageError as exc:
         fail(exc, code=1)
     except FedgeError as exc:
@@ -255,5 +369,7 @@ def run(
     summary = json.loads((path / "summary.json").read_text())
     acc = summary.get("final_test_accuracy")
     console = out()
-    console.print(f"final test accuracy: {acc:.4f}" if acc is not None else "final test accuracy: n/a")
+    console.print(
+        f"final test accuracy: {acc:.4f}" if acc is not None else "final test accuracy: n/a"
+    )
     console.print(f"run directory: {path}", markup=False)

@@ -21,11 +21,24 @@ def datasets() -> None:
     from fedge.experiment.build import FEDERATED
 
     table = Table("dataset", "available", "location", "description")
-    rows = [(st.name, "yes" if st.available else "no", str(st.location or st.how_to_get), st.description)
-            for st in available_datasets()]  # fmt: skip
-    rows.append((FEDERATED, "yes", "generated per client from the run seed",
-                 "Synthetic(alpha, beta) of FedProx: a population of any size, each client's data made when it is "
-                 "sampled (dataset.alpha, dataset.beta, dataset.max_samples)"))  # fmt: skip
+    rows = [
+        (
+            st.name,
+            "yes" if st.available else "no",
+            str(st.location or st.how_to_get),
+            st.description,
+        )
+        for st in available_datasets()
+    ]
+    rows.append(
+        (
+            FEDERATED,
+            "yes",
+            "generated per client from the run seed",
+            "Synthetic(alpha, beta) of FedProx: a population of any size, each client's data made when it is "
+            "sampled (dataset.alpha, dataset.beta, dataset.max_samples)",
+        )
+    )
     for row in sorted(rows):
         table.add_row(*row)
     out().print(table)
@@ -34,7 +47,10 @@ def datasets() -> None:
 def models(
     input_shape: Annotated[str, typer.Option(help="C,H,W of the input")] = "1,28,28",
     num_classes: Annotated[int, typer.Option(help="number of classes", min=1)] = 10,
-    blocks: Annotated[str | None, typer.Option("--blocks", help="list this model's parameter blocks (for method.freeze)")] = None,
+    blocks: Annotated[
+        str | None,
+        typer.Option("--blocks", help="list this model's parameter blocks (for method.freeze)"),
+    ] = None,
 ) -> None:
     """List the model zoo with parameter counts for an input shape."""
     from fedge.models import list_models
@@ -50,8 +66,12 @@ def models(
     table = Table("model", "parameters", "defaults", "description")
     for row in list_models(input_shape=shape, num_classes=num_classes):
         params = row.get("params")
-        table.add_row(row["name"], f"{params:,}" if isinstance(params, int) else str(params),
-                      ", ".join(f"{k}={v}" for k, v in (row.get("defaults") or {}).items()), row["description"])
+        table.add_row(
+            row["name"],
+            f"{params:,}" if isinstance(params, int) else str(params),
+            ", ".join(f"{k}={v}" for k, v in (row.get("defaults") or {}).items()),
+            row["description"],
+        )
     out().print(table)
 
 
@@ -70,7 +90,9 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> 
 def compare(
     run_dirs: Annotated[list[Path], typer.Argument(help="two or more run directories")],
     out_dir: Annotated[Path | None, typer.Option("--out", help="where to write the plots")] = None,
-    target: Annotated[float | None, typer.Option(help="also report bytes to reach this test accuracy (0-1)")] = None,
+    target: Annotated[
+        float | None, typer.Option(help="also report bytes to reach this test accuracy (0-1)")
+    ] = None,
 ) -> None:
     """Side-by-side table and overlaid plots of several runs."""
     from fedge.report import compare_runs
@@ -87,10 +109,17 @@ def compare(
 
 
 def partition(
-    source: Annotated[str, typer.Argument(help="a run directory, a preset name or a YAML config file")],
+    source: Annotated[
+        str, typer.Argument(help="a run directory, a preset name or a YAML config file")
+    ],
     client: Annotated[int, typer.Option("--client", help="the client whose shard to show")],
-    set_: Annotated[list[str] | None, typer.Option(
-        "--set", help="with a preset or YAML file: override a config key (--set partition.alpha=0.1)")] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="with a preset or YAML file: override a config key (--set partition.alpha=0.1)",
+        ),
+    ] = None,
 ) -> None:
     """One client's shard (sample count, label histogram) of a run, a preset or a config file.
 
@@ -103,14 +132,20 @@ def partition(
     try:
         if Path(source).is_dir():
             if set_:
-                fail(f"--set goes with a preset or YAML file; {source!r} is a run directory, whose config.yaml "
-                     "fixes its population")  # fmt: skip
+                fail(
+                    f"--set goes with a preset or YAML file; {source!r} is a run directory, whose config.yaml "
+                    "fixes its population"
+                )
             if not (Path(source) / "config.yaml").is_file():
-                fail(f"{source!r} is not a fedge run directory (no config.yaml); give a run directory, a preset or a YAML file")
+                fail(
+                    f"{source!r} is not a fedge run directory (no config.yaml); give a run directory, a preset or a YAML file"
+                )
             cfg = load_config(str(Path(source) / "config.yaml"))
         else:
             if looks_like_path(source) and not Path(source).exists():
-                fail(f"{source!r} does not exist; give a run directory, a YAML file or a preset name")
+                fail(
+                    f"{source!r} does not exist; give a run directory, a YAML file or a preset name"
+                )
             cfg = load_config(source, overrides=list(set_ or []))
         out().print_json(json.dumps(client_shard(cfg, client)))
     except FedgeError as exc:

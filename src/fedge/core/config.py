@@ -64,7 +64,11 @@ __all__ = [
 def _takes_a_number(annotation: Any) -> bool:
     """Whether a field annotated so holds an int or float (alone or in a union), and no bool."""
     args = typing.get_args(annotation)
-    kinds = set(args) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else {annotation}
+    kinds = (
+        set(args)
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        else {annotation}
+    )
     return bool(kinds & {int, float}) and bool not in kinds
 
 
@@ -104,26 +108,40 @@ class DeviceProfile(_Strict):
     name: str
     fraction: float = Field(gt=0, le=1, description="share of the clients with this profile")
     memory_mb: float | None = Field(None, gt=0, description="device memory for training")
-    enclave_mb: float | None = Field(None, ge=0, description="trusted-execution-environment memory (0: none)")
+    enclave_mb: float | None = Field(
+        None, ge=0, description="trusted-execution-environment memory (0: none)"
+    )
     uplink_kbps: float | None = Field(None, gt=0)
     downlink_kbps: float | None = Field(None, gt=0)
 
 
 class ClientsConfig(_Strict):
     num: int = Field(10, ge=1, description="number of clients the data is split into")
-    per_round: int | float = Field(10, description="clients sampled per round: a count, or a fraction in (0, 1]")
-    workers: int = Field(0, ge=0, description="client worker processes (0: run clients in this process)")
+    per_round: int | float = Field(
+        10, description="clients sampled per round: a count, or a fraction in (0, 1]"
+    )
+    workers: int = Field(
+        0, ge=0, description="client worker processes (0: run clients in this process)"
+    )
     profiles: list[DeviceProfile] | None = Field(
-        None, description="device kinds with their shares of the population (fractions summing to 1); null: all alike"
+        None,
+        description="device kinds with their shares of the population (fractions summing to 1); null: all alike",
     )
     dropout: float = Field(
-        0.0, ge=0, lt=1, description="probability that a client addressed in an exchange drops out before replying (simulated, seeded)"
+        0.0,
+        ge=0,
+        lt=1,
+        description="probability that a client addressed in an exchange drops out before replying (simulated, seeded)",
     )
     min_replies: int | None = Field(
-        None, ge=1, description="replies an exchange needs to go on without the failed clients (null: every addressed client must reply)"
+        None,
+        ge=1,
+        description="replies an exchange needs to go on without the failed clients (null: every addressed client must reply)",
     )
     reply_timeout: float | None = Field(
-        None, gt=0, description="Flower runtimes: seconds an exchange waits for its replies; a node not answering by then has failed (null: no limit)"
+        None,
+        gt=0,
+        description="Flower runtimes: seconds an exchange waits for its replies; a node not answering by then has failed (null: no limit)",
     )
 
     @model_validator(mode="after")
@@ -146,7 +164,9 @@ class ClientsConfig(_Strict):
         counts = [int(x) for x in exact]
         for i in sorted(range(len(exact)), key=lambda i: counts[i] - exact[i])[: n - sum(counts)]:
             counts[i] += 1
-        kinds = [p.model_dump() for p, c in zip(self.profiles, counts, strict=True) for _ in range(c)]
+        kinds = [
+            p.model_dump() for p, c in zip(self.profiles, counts, strict=True) for _ in range(c)
+        ]
         order = torch.randperm(n, generator=generator(seed, "profiles")).tolist()
         return [kinds[order[c]] for c in range(n)]
 
@@ -156,8 +176,7 @@ class ClientsConfig(_Strict):
         if isinstance(m, float):
             if not 0 < m <= 1:
                 raise ValueError(
-                    f"clients.per_round={m}: a float is a fraction and must be in (0, 1]; "
-                    "give an integer for a count"
+                    f"clients.per_round={m}: a float is a fraction and must be in (0, 1]; give an integer for a count"
                 )
         elif not 1 <= m <= self.num:
             raise ValueError(
@@ -195,16 +214,30 @@ class DatasetConfig(_Open):
     name: str = "digits"
     root: str | None = Field(None, description="directory holding the dataset's files")
     resize: int | None = Field(None, ge=4, description="resize images to resize x resize")
-    limit_train: int | None = Field(None, ge=1, description="use a seeded subset of this many training samples")
-    limit_test: int | None = Field(None, ge=1, description="use a seeded subset of this many test samples")
+    limit_train: int | None = Field(
+        None, ge=1, description="use a seeded subset of this many training samples"
+    )
+    limit_test: int | None = Field(
+        None, ge=1, description="use a seeded subset of this many test samples"
+    )
     validation: float | int | None = Field(
         None,
         description="hold out this fraction (0 < f < 1) or count of the training samples, class-stratified "
         "and seeded, as a validation set: evaluated every round (val_accuracy), never trained on; tune on it",
     )
-    alpha: float | None = Field(None, ge=0, description="synthetic-fed: spread of the devices' models (FedProx's α; default 1)")
-    beta: float | None = Field(None, ge=0, description="synthetic-fed: spread of the devices' features (FedProx's β; default 1)")
-    max_samples: int | None = Field(None, ge=1, description="synthetic-fed: cap on one device's samples (default 2000)")
+    alpha: float | None = Field(
+        None,
+        ge=0,
+        description="synthetic-fed: spread of the devices' models (FedProx's α; default 1)",
+    )
+    beta: float | None = Field(
+        None,
+        ge=0,
+        description="synthetic-fed: spread of the devices' features (FedProx's β; default 1)",
+    )
+    max_samples: int | None = Field(
+        None, ge=1, description="synthetic-fed: cap on one device's samples (default 2000)"
+    )
 
     _FEDERATED_KEYS: ClassVar[tuple[str, ...]] = ("alpha", "beta", "max_samples")
     _FEDERATED_DEFAULTS: ClassVar[dict[str, Any]] = {"alpha": 1.0, "beta": 1.0, "max_samples": 2000}
@@ -212,8 +245,14 @@ class DatasetConfig(_Open):
     @model_validator(mode="after")
     def _validation_size(self) -> DatasetConfig:
         v = self.validation
-        if v is not None and (isinstance(v, bool) or (isinstance(v, float) and not 0 < v < 1) or (isinstance(v, int) and v < 1)):
-            raise ValueError(f"dataset.validation={v!r}: give a fraction in (0, 1) or a count >= 1 of training samples")
+        if v is not None and (
+            isinstance(v, bool)
+            or (isinstance(v, float) and not 0 < v < 1)
+            or (isinstance(v, int) and v < 1)
+        ):
+            raise ValueError(
+                f"dataset.validation={v!r}: give a fraction in (0, 1) or a count >= 1 of training samples"
+            )
         return self
 
     @model_validator(mode="after")
@@ -225,7 +264,9 @@ class DatasetConfig(_Open):
         else:
             given = [k for k in self._FEDERATED_KEYS if getattr(self, k) is not None]
             if given:
-                raise ValueError(f"dataset.{given[0]} applies to dataset.name=synthetic-fed only; remove it")
+                raise ValueError(
+                    f"dataset.{given[0]} applies to dataset.name=synthetic-fed only; remove it"
+                )
         return self
 
     @model_serializer(mode="wrap")
@@ -258,7 +299,9 @@ class PrivacySection(_Open):
 
 class MeasureConfig(_Strict):
     flops: bool = Field(True, description="count client FLOPs with torch's flop counter")
-    memory: bool = Field(False, description="measure client peak memory (tensor accounting + peak RSS)")
+    memory: bool = Field(
+        False, description="measure client peak memory (tensor accounting + peak RSS)"
+    )
 
 
 class RunConfig(_Strict):
@@ -266,7 +309,9 @@ class RunConfig(_Strict):
 
     seed: int = 0
     rounds: int = Field(10, ge=1)
-    eval_every: int = Field(1, ge=1, description="evaluate on the test set every N rounds (and after the last)")
+    eval_every: int = Field(
+        1, ge=1, description="evaluate on the test set every N rounds (and after the last)"
+    )
     eval_batch_size: int = Field(1000, ge=1)
     threads: int | None = Field(
         1,
@@ -326,14 +371,20 @@ def preset_path(name_or_path: str | Path) -> Path:
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or p.exists():
         if p.is_dir():
-            run = f" (to continue the run in it: fedge run --resume {p})" if (p / "config.yaml").is_file() else ""
+            run = (
+                f" (to continue the run in it: fedge run --resume {p})"
+                if (p / "config.yaml").is_file()
+                else ""
+            )
             raise ConfigError(f"config file {str(p)!r} is a directory; give a YAML file{run}")
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
         return p
     if looks_like_path(name_or_path):
-        raise ConfigError(f"config file {str(name_or_path)!r} does not exist; give a YAML file or a preset name "
-                          f"({', '.join(preset_names())})")  # fmt: skip
+        raise ConfigError(
+            f"config file {str(name_or_path)!r} does not exist; give a YAML file or a preset name "
+            f"({', '.join(preset_names())})"
+        )
     cand = _preset_dir() / f"{name_or_path}.yaml"
     if cand.is_file():
         return cand
@@ -352,7 +403,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *base' merges; its keys may be overridden
+            if (
+                key_node.tag == "tag:yaml.org,2002:merge"
+            ):  # '<<: *base' merges; its keys may be overridden
                 continue
             key = self.construct_object(key_node, deep=True)
             try:
@@ -361,7 +414,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 continue
             if first is not None:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} given twice, first on line {first}",
+                    None,
+                    None,
+                    f"key {key!r} given twice, first on line {first}",
                     key_node.start_mark,
                 )
             seen[key] = key_node.start_mark.line + 1
@@ -399,15 +454,19 @@ def override_strings(overrides: Any) -> list[str]:
     if overrides is None:
         return []
     if isinstance(overrides, str):
-        raise ConfigError(f"overrides={overrides!r} is one string; give a list of 'KEY=VALUE' strings "
-                          f"([{overrides!r}]) or a mapping ({{'rounds': 5}})")  # fmt: skip
+        raise ConfigError(
+            f"overrides={overrides!r} is one string; give a list of 'KEY=VALUE' strings "
+            f"([{overrides!r}]) or a mapping ({{'rounds': 5}})"
+        )
     if isinstance(overrides, Mapping):
         out: list[str] = []
 
         def add(prefix: str, mapping: Mapping[Any, Any]) -> None:
             for k, v in mapping.items():
                 if not isinstance(k, str) or not k:
-                    raise ConfigError(f"overrides: key {k!r} is not a config key name; give keys such as 'rounds' or 'method.lr'")
+                    raise ConfigError(
+                        f"overrides: key {k!r} is not a config key name; give keys such as 'rounds' or 'method.lr'"
+                    )
                 key = f"{prefix}{k}"
                 if isinstance(v, Mapping) and v:
                     add(f"{key}.", v)
@@ -415,16 +474,20 @@ def override_strings(overrides: Any) -> list[str]:
                 try:
                     text = json.dumps(v, default=_plain_value)  # JSON is YAML
                 except (TypeError, ValueError):
-                    raise ConfigError(f"overrides: {key}={v!r} ({type(v).__name__}) is not a config value; give a "
-                                      "number, string, bool, None, or a list or mapping of them") from None  # fmt: skip
+                    raise ConfigError(
+                        f"overrides: {key}={v!r} ({type(v).__name__}) is not a config value; give a "
+                        "number, string, bool, None, or a list or mapping of them"
+                    ) from None
                 out.append(f"{key}={text}")
 
         add("", overrides)
         return out
     if isinstance(overrides, (list, tuple)) and all(isinstance(o, str) for o in overrides):
         return list(overrides)
-    raise ConfigError(f"overrides={overrides!r}: expected a list of 'KEY=VALUE' strings or a mapping of keys to "
-                      "values, e.g. {'rounds': 5}")  # fmt: skip
+    raise ConfigError(
+        f"overrides={overrides!r}: expected a list of 'KEY=VALUE' strings or a mapping of keys to "
+        "values, e.g. {'rounds': 5}"
+    )
 
 
 def path_argument(name: str, value: Any, *, what: str = "a path") -> Path:
@@ -432,7 +495,9 @@ def path_argument(name: str, value: Any, *, what: str = "a path") -> Path:
     :class:`ConfigError` naming the argument."""
     if isinstance(value, (str, PurePath)) and str(value):
         return Path(value)
-    raise ConfigError(f"{name}={value!r} ({type(value).__name__}): expected {what}, as a str or pathlib.Path")
+    raise ConfigError(
+        f"{name}={value!r} ({type(value).__name__}): expected {what}, as a str or pathlib.Path"
+    )
 
 
 def _plain_value(v: Any) -> Any:
@@ -503,7 +568,9 @@ def check_finite(raw: Any, prefix: str = "") -> None:
         text = str(raw).strip().lower()
         if key in _INF_ALLOWED and text in ("inf", "+inf", "infinity", "+infinity"):
             return
-        raise ConfigError(f"config key {key!r}: {raw!r} is not a finite number; give a finite value")
+        raise ConfigError(
+            f"config key {key!r}: {raw!r} is not a finite number; give a finite value"
+        )
 
 
 def check_positive_int(what: str, value: object) -> None:
@@ -524,7 +591,9 @@ def _valid_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return sorted(model.model_fields)
 
 
-def format_validation_error(exc: ValidationError, model: type[BaseModel], *, prefix: str = "") -> str:
+def format_validation_error(
+    exc: ValidationError, model: type[BaseModel], *, prefix: str = ""
+) -> str:
     """One line per problem: ``config key 'a.b': <what is wrong> (got <value>)``."""
     lines = []
     for err in exc.errors():
@@ -533,7 +602,11 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], *, pre
         if err["type"] == "extra_forbidden":
             valid = _valid_keys(model, loc)
             close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
-            hint = f" (did you mean {prefix}{'.'.join(map(str, loc[:-1] + (close[0],)))}?)" if close else ""
+            hint = (
+                f" (did you mean {prefix}{'.'.join(map(str, loc[:-1] + (close[0],)))}?)"
+                if close
+                else ""
+            )
             lines.append(f"unknown config key {key!r}{hint}; valid keys here: {', '.join(valid)}")
         else:
             msg = err["msg"].removeprefix("Value error, ")
@@ -562,24 +635,35 @@ def load_config(source: str | Path | dict[str, Any], *, overrides: Any = None) -
     if isinstance(source, dict):
         raw = copy.deepcopy(source)
     elif not isinstance(source, (str, PurePath)) or not str(source):
-        raise ConfigError(f"config {source!r} ({type(source).__name__}): expected a preset name, a YAML path or a "
-                          "mapping of config keys")  # fmt: skip
+        raise ConfigError(
+            f"config {source!r} ({type(source).__name__}): expected a preset name, a YAML path or a "
+            "mapping of config keys"
+        )
     else:
         path = preset_path(source)
         try:
             raw = read_yaml(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (byte {exc.start}: {exc.reason}); "
-                              "save it as UTF-8 YAML") from None  # fmt: skip
+            raise ConfigError(
+                f"config file {str(path)!r} is not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8 YAML"
+            ) from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not valid YAML {describe_yaml_error(exc)}; fix it") from None
+            raise ConfigError(
+                f"config file {str(path)!r} is not valid YAML {describe_yaml_error(exc)}; fix it"
+            ) from None
         except OSError as exc:
-            raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+            raise ConfigError(
+                f"config file {str(path)!r} cannot be read: {exc.strerror or exc}"
+            ) from None
         if raw is None:  # nothing but blanks and comments: a truncated or unsaved file, most likely
-            raise ConfigError(f"config file {str(path)!r} holds no settings (empty, or only comments); write the "
-                              "keys to change, or '{}' to run every default on purpose")  # fmt: skip
+            raise ConfigError(
+                f"config file {str(path)!r} holds no settings (empty, or only comments); write the "
+                "keys to change, or '{}' to run every default on purpose"
+            )
         if not isinstance(raw, dict):
-            raise ConfigError(f"config file {str(path)!r} must hold a mapping, got {type(raw).__name__}")
+            raise ConfigError(
+                f"config file {str(path)!r} must hold a mapping, got {type(raw).__name__}"
+            )
     raw = apply_overrides(raw, override_strings(overrides))
     check_finite(raw)
     cfg = validate_section(RunConfig, raw, prefix="")

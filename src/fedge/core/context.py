@@ -26,7 +26,15 @@ from fedge.core.messages import Message
 from fedge.core.meter import Meter
 from fedge.core.rng import generator
 
-__all__ = ["ClientContext", "ClientData", "Link", "PartyContext", "PartySpec", "decode_state", "encode_state"]
+__all__ = [
+    "ClientContext",
+    "ClientData",
+    "Link",
+    "PartyContext",
+    "PartySpec",
+    "decode_state",
+    "encode_state",
+]
 
 
 @dataclass(frozen=True)
@@ -45,7 +53,6 @@ class PartySpec:
     name: str
     factory: Callable[[], Any]  # -> a fedge.core.protocols.SideParty
     scope: Literal["client", "shared"] = "client"
-
 
 
 def encode_state(state: dict[str, Any]) -> bytes:
@@ -84,7 +91,11 @@ class ClientData:
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Mini-batches in an order shuffled by ``generator`` (in index order if None)."""
         n = self.num_samples
-        order = self.indices if generator is None else self.indices[torch.randperm(n, generator=generator)]
+        order = (
+            self.indices
+            if generator is None
+            else self.indices[torch.randperm(n, generator=generator)]
+        )
         stop = n - n % batch_size if drop_last else n
         for start in range(0, stop, batch_size):
             idx = order[start : start + batch_size]
@@ -114,8 +125,17 @@ class Link:
     own. The party's state is decoded on first use and handed back to the engine after the
     client step (:attr:`state_bytes`)."""
 
-    def __init__(self, spec: PartySpec, *, key: int | None, rnd: int, phase: int, seed: int,
-                 state: bytes | None, client_meter: Meter) -> None:  # fmt: skip
+    def __init__(
+        self,
+        spec: PartySpec,
+        *,
+        key: int | None,
+        rnd: int,
+        phase: int,
+        seed: int,
+        state: bytes | None,
+        client_meter: Meter,
+    ) -> None:
         self.spec, self.key, self.rnd, self.phase, self.seed = spec, key, rnd, phase, seed
         self.client_meter = client_meter
         self._state_in = state
@@ -135,7 +155,12 @@ class Link:
                 rnd=self.rnd,
                 state=decode_state(self._state_in),
                 generator=generator(
-                    self.seed, "party", self.spec.name, -1 if self.key is None else self.key, self.rnd, self.phase
+                    self.seed,
+                    "party",
+                    self.spec.name,
+                    -1 if self.key is None else self.key,
+                    self.rnd,
+                    self.phase,
                 ),
                 meter=Meter(flops=m.count_flops, memory=m.memory),
             )
@@ -154,7 +179,9 @@ class Link:
             with ctx.meter.measure():
                 reply = self._party.handle(Message.from_bytes(up), ctx)
             if not isinstance(reply, Message):
-                raise TypeError(f"side party {name!r} returned {type(reply).__name__}; expected a Message")
+                raise TypeError(
+                    f"side party {name!r} returned {type(reply).__name__}; expected a Message"
+                )
             down = reply.to_bytes()
         stats.add_party(name, party_stats.since(before))
         stats.add_link(f"{name}->client", len(down))
@@ -192,5 +219,7 @@ class ClientContext:
     def link(self, name: str) -> Link:
         """The link to side party ``name``."""
         if name not in self.links:
-            raise KeyError(f"client {self.cid} has no side party {name!r}; known: {sorted(self.links)}")
+            raise KeyError(
+                f"client {self.cid} has no side party {name!r}; known: {sorted(self.links)}"
+            )
         return self.links[name]

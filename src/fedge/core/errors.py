@@ -31,7 +31,9 @@ class ConfigError(FedgeError, ValueError):
 class UnknownNameError(ConfigError, KeyError):
     """A name was looked up in a registry that does not hold it."""
 
-    def __init__(self, kind: str, name: str, choices: list[str] | tuple[str, ...], *, hint: str = "") -> None:
+    def __init__(
+        self, kind: str, name: str, choices: list[str] | tuple[str, ...], *, hint: str = ""
+    ) -> None:
         self.kind, self.name, self.choices = kind, name, tuple(sorted(choices))
         close = self.closest(str(name), self.choices)
         super().__init__(
@@ -43,6 +45,7 @@ class UnknownNameError(ConfigError, KeyError):
     def closest(name: str, choices: tuple[str, ...]) -> str | None:
         """The choice ``name`` most likely meant: one equal up to case, ``-``/``_`` and spaces
         (``FedAvg``, ``Fashion_MNIST``), else the nearest spelling (``mnits``), else None."""
+
         def fold(s: str) -> str:
             return s.lower().replace("_", "-").replace(" ", "-")
 

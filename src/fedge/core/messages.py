@@ -108,7 +108,9 @@ def _array_to_wire(name: str, t: torch.Tensor) -> list:
         raise MessageError(f"array {name!r} is a {type(t).__name__}; expected a torch.Tensor")
     code = _CODES.get(t.dtype)
     if code is None:
-        raise MessageError(f"array {name!r} has dtype {t.dtype}; expected one of {sorted(map(str, _CODES))}")
+        raise MessageError(
+            f"array {name!r} has dtype {t.dtype}; expected one of {sorted(map(str, _CODES))}"
+        )
     t = t.detach().to("cpu").contiguous()
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)
@@ -155,7 +157,10 @@ def encode(message: Message) -> bytes:
     _check_config(message.config)
     _check_config(message.metrics)
     arrays = [_array_to_wire(name, t) for name, t in message.arrays.items()]
-    metrics = {k: (v.item() if isinstance(v, (np.generic, torch.Tensor)) else v) for k, v in message.metrics.items()}
+    metrics = {
+        k: (v.item() if isinstance(v, (np.generic, torch.Tensor)) else v)
+        for k, v in message.metrics.items()
+    }
     return msgpack.packb([WIRE_VERSION, arrays, message.config, metrics], use_bin_type=True)
 
 

@@ -38,7 +38,15 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
-__all__ = ["FlopCounter", "Meter", "effective_flops_ratio", "StepStats", "TensorAccountant", "rss_peak_reset", "rss_peak_since_reset"]
+__all__ = [
+    "FlopCounter",
+    "Meter",
+    "effective_flops_ratio",
+    "StepStats",
+    "TensorAccountant",
+    "rss_peak_reset",
+    "rss_peak_since_reset",
+]
 
 
 @dataclass
@@ -60,8 +68,12 @@ class StepStats:
 
     def since(self, before: StepStats) -> StepStats:
         """The cost added since ``before`` (peaks are kept as they are: they are maxima)."""
-        return StepStats(self.flops - before.flops, self.wall_s - before.wall_s, self.tensor_peak_bytes,
-                         self.rss_peak_bytes)  # fmt: skip
+        return StepStats(
+            self.flops - before.flops,
+            self.wall_s - before.wall_s,
+            self.tensor_peak_bytes,
+            self.rss_peak_bytes,
+        )
 
     def add_link(self, link: str, nbytes: int) -> None:
         self.links[link] = self.links.get(link, 0) + nbytes
@@ -113,7 +125,13 @@ class FlopCounter(TorchDispatchMode):
         out = func(*args, **kwargs)
         formula = flop_registry.get(func._overloadpacket)
         if formula is not None:
-            n = int(formula(*tree_map(_shape, args), **tree_map(_shape, kwargs), out_val=tree_map(_shape, out)))
+            n = int(
+                formula(
+                    *tree_map(_shape, args),
+                    **tree_map(_shape, kwargs),
+                    out_val=tree_map(_shape, out),
+                )
+            )
             with self._lock:
                 self.flops += n
         return out
@@ -213,7 +231,9 @@ def module_bytes(module: torch.nn.Module | None) -> int:
     """Bytes held by a module's parameters and buffers."""
     if module is None:
         return 0
-    return sum(t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers()))
+    return sum(
+        t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers())
+    )
 
 
 class Meter:
@@ -284,7 +304,9 @@ class Meter:
                 self.stats.rss_peak_bytes = rss_peak_since_reset(start_rss)
 
 
-def effective_flops_ratio(model: torch.nn.Module, masks: dict[str, torch.Tensor], sample: torch.Tensor) -> float:
+def effective_flops_ratio(
+    model: torch.nn.Module, masks: dict[str, torch.Tensor], sample: torch.Tensor
+) -> float:
     """Fraction of a forward's FLOPs that multiply non-zero weights, for a pruned model.
 
     Dense kernels execute every multiply-add, so the executed FLOPs of a pruned model are

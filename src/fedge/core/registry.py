@@ -46,8 +46,7 @@ class Registry(Mapping[str, T], Generic[T]):
             raise ConfigError(f"a {self.kind} name must be a non-empty string, got {name!r}")
         if name in self._entries:
             raise ConfigError(
-                f"{self.kind} {name!r} is already registered; pick another name "
-                f"(registered: {', '.join(self.names())})"
+                f"{self.kind} {name!r} is already registered; pick another name (registered: {', '.join(self.names())})"
             )
         self._entries[name] = entry
         return entry

@@ -198,7 +198,10 @@ def scale_by_yogi(
     _positive("eps", eps)
 
     def init(params: Params) -> State:
-        return {"m": _zeros(params), "v": {k: torch.full_like(p, initial_accumulator) for k, p in params.items()}}
+        return {
+            "m": _zeros(params),
+            "v": {k: torch.full_like(p, initial_accumulator) for k, p in params.items()},
+        }
 
     def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
         m = {k: b1 * state["m"][k] + (1 - b1) * g for k, g in grads.items()}
@@ -206,23 +209,34 @@ def scale_by_yogi(
         for k, g in grads.items():
             g2 = g * g
             v[k] = state["v"][k] - (1 - b2) * g2 * torch.sign(state["v"][k] - g2)
-        return {k: m[k] / (v[k].sqrt() + eps) for k in grads}, {"m": _carry(state["m"], m), "v": _carry(state["v"], v)}
+        return {k: m[k] / (v[k].sqrt() + eps) for k in grads}, {
+            "m": _carry(state["m"], m),
+            "v": _carry(state["v"], v),
+        }
 
     return Transform(init, update)
 
 
-def scale_by_adagrad(*, b1: float = 0.0, eps: float = 1e-3, initial_accumulator: float = 0.0) -> Transform:
+def scale_by_adagrad(
+    *, b1: float = 0.0, eps: float = 1e-3, initial_accumulator: float = 0.0
+) -> Transform:
     """FedAdagrad (Reddi et al., Algorithm 2): ``v ← v + g²``, ``u = m / (sqrt(v) + τ)``."""
     _unit("b1", b1)
     _positive("eps", eps)
 
     def init(params: Params) -> State:
-        return {"m": _zeros(params), "v": {k: torch.full_like(p, initial_accumulator) for k, p in params.items()}}
+        return {
+            "m": _zeros(params),
+            "v": {k: torch.full_like(p, initial_accumulator) for k, p in params.items()},
+        }
 
     def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
         m = {k: b1 * state["m"][k] + (1 - b1) * g for k, g in grads.items()}
         v = {k: state["v"][k] + g * g for k, g in grads.items()}
-        return {k: m[k] / (v[k].sqrt() + eps) for k in grads}, {"m": _carry(state["m"], m), "v": _carry(state["v"], v)}
+        return {k: m[k] / (v[k].sqrt() + eps) for k in grads}, {
+            "m": _carry(state["m"], m),
+            "v": _carry(state["v"], v),
+        }
 
     return Transform(init, update)
 
@@ -232,7 +246,12 @@ def clip_by_global_norm(max_norm: float) -> Transform:
     _positive("max_norm", max_norm)
 
     def update(grads: Params, state: State, params: Params) -> tuple[Params, State]:
-        norm = torch.sqrt(sum(((g.double() ** 2).sum() for g in grads.values()), torch.zeros((), dtype=torch.float64)))
+        norm = torch.sqrt(
+            sum(
+                ((g.double() ** 2).sum() for g in grads.values()),
+                torch.zeros((), dtype=torch.float64),
+            )
+        )
         factor = min(1.0, max_norm / (float(norm) + 1e-12))
         return {k: g * factor for k, g in grads.items()}, state
 
@@ -240,14 +259,21 @@ def clip_by_global_norm(max_norm: float) -> Transform:
 
 
 def sgd(
-    lr: float, *, momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0, lr_decay: float = 1.0
+    lr: float,
+    *,
+    momentum: float = 0.0,
+    nesterov: bool = False,
+    weight_decay: float = 0.0,
+    lr_decay: float = 1.0,
 ) -> Transform:
     """SGD with optional (Nesterov) momentum, coupled weight decay and a learning rate multiplied
     by ``lr_decay`` after each update (torch.optim.SGD's order: decay, momentum, step).
     ``sgd(1.0)`` on ``-Δ`` is FedAvg."""
     parts = [add_decayed_weights(weight_decay)] if weight_decay else []
     parts += [trace(momentum, nesterov=nesterov)] if momentum else []
-    step = scale_by_learning_rate(lr) if lr_decay == 1.0 else scale_by_exponential_decay(lr, lr_decay)
+    step = (
+        scale_by_learning_rate(lr) if lr_decay == 1.0 else scale_by_exponential_decay(lr, lr_decay)
+    )
     return chain(*parts, step)
 
 
@@ -264,8 +290,12 @@ def adam(
     """Adam (torch.optim.Adam semantics with ``bias_correction=True``, L2 ``weight_decay`` added
     to the gradient as torch does), learning rate multiplied by ``lr_decay`` after each update."""
     parts = [add_decayed_weights(weight_decay)] if weight_decay else []
-    step = scale_by_learning_rate(lr) if lr_decay == 1.0 else scale_by_exponential_decay(lr, lr_decay)
-    return chain(*parts, scale_by_adam(b1=b1, b2=b2, eps=eps, bias_correction=bias_correction), step)
+    step = (
+        scale_by_learning_rate(lr) if lr_decay == 1.0 else scale_by_exponential_decay(lr, lr_decay)
+    )
+    return chain(
+        *parts, scale_by_adam(b1=b1, b2=b2, eps=eps, bias_correction=bias_correction), step
+    )
 
 
 def yogi(lr: float, *, b1: float = 0.9, b2: float = 0.99, eps: float = 1e-3) -> Transform:
@@ -327,20 +357,29 @@ def scale_by_zo_adamm(*, b1: float = 0.9, b2: float = 0.99, eps: float = 1e-8) -
         v = {k: b2 * state["v"][k] + (1 - b2) * g * g for k, g in grads.items()}
         vhat = {k: torch.maximum(state["vhat"][k], v[k]) for k in grads}
         return {k: m[k] / (vhat[k].sqrt() + eps) for k in grads}, {
-            "m": _carry(state["m"], m), "v": _carry(state["v"], v), "vhat": _carry(state["vhat"], vhat)}
+            "m": _carry(state["m"], m),
+            "v": _carry(state["v"], v),
+            "vhat": _carry(state["vhat"], vhat),
+        }
 
     return Transform(init, update)
 
 
 def zo_sgdm(lr: float, *, beta: float = 0.9, lr_decay: float = 1.0) -> Transform:
     """ZO-SGD with averaged momentum (:func:`scale_by_ema_momentum`) and learning rate ``lr``."""
-    step = scale_by_learning_rate(lr) if lr_decay == 1.0 else scale_by_exponential_decay(lr, lr_decay)
+    step = (
+        scale_by_learning_rate(lr) if lr_decay == 1.0 else scale_by_exponential_decay(lr, lr_decay)
+    )
     return chain(scale_by_ema_momentum(beta), step)
 
 
-def zo_adamm(lr: float, *, b1: float = 0.9, b2: float = 0.99, eps: float = 1e-8, lr_decay: float = 1.0) -> Transform:
+def zo_adamm(
+    lr: float, *, b1: float = 0.9, b2: float = 0.99, eps: float = 1e-8, lr_decay: float = 1.0
+) -> Transform:
     """ZO-AdaMM server optimizer (:func:`scale_by_zo_adamm`, arXiv:1910.06513)."""
-    step = scale_by_learning_rate(lr) if lr_decay == 1.0 else scale_by_exponential_decay(lr, lr_decay)
+    step = (
+        scale_by_learning_rate(lr) if lr_decay == 1.0 else scale_by_exponential_decay(lr, lr_decay)
+    )
     return chain(scale_by_zo_adamm(b1=b1, b2=b2, eps=eps), step)
 
 
@@ -354,7 +393,9 @@ def ema_init(params: Params) -> dict[str, Any]:
     return {"avg": {k: v.detach().clone() for k, v in params.items()}, "n": 0}
 
 
-def ema_update(state: dict[str, Any], params: Params, *, decay: float, warmup: bool = False) -> dict[str, Any]:
+def ema_update(
+    state: dict[str, Any], params: Params, *, decay: float, warmup: bool = False
+) -> dict[str, Any]:
     """``avg ← d·avg + (1−d)·params`` with ``d = decay``, or ``min(decay, (1+n)/(10+n))``
     with ``warmup``, n counting the previous updates (the BAFFLE reference code's torch_ema
     counts the current update too, so its decay is one update ahead: see :mod:`fedge.methods.baffle`)."""
@@ -370,22 +411,30 @@ def state_to_arrays(state: State, *, prefix: str = "opt/") -> dict[str, torch.Te
     state of the same transform (``tx.init(params)``), which fixes the structure and the types."""
     leaves, _ = tree_flatten(state)
     return {
-        f"{prefix}{i}": leaf.detach().clone() if isinstance(leaf, torch.Tensor) else torch.tensor(float(leaf), dtype=torch.float64)
+        f"{prefix}{i}": leaf.detach().clone()
+        if isinstance(leaf, torch.Tensor)
+        else torch.tensor(float(leaf), dtype=torch.float64)
         for i, leaf in enumerate(leaves)
     }
 
 
-def state_from_arrays(arrays: dict[str, torch.Tensor], template: State, *, prefix: str = "opt/") -> State:
+def state_from_arrays(
+    arrays: dict[str, torch.Tensor], template: State, *, prefix: str = "opt/"
+) -> State:
     """Rebuild an optimizer state from :func:`state_to_arrays`' tensors, shaped like ``template``."""
     leaves, spec = tree_flatten(template)
     out = []
     for i, leaf in enumerate(leaves):
         a = arrays.get(f"{prefix}{i}")
         if a is None:
-            raise ConfigError(f"optimizer state leaf {prefix}{i} is missing; the state was made by another optimizer")
+            raise ConfigError(
+                f"optimizer state leaf {prefix}{i} is missing; the state was made by another optimizer"
+            )
         if isinstance(leaf, torch.Tensor):
             if a.shape != leaf.shape:
-                raise ConfigError(f"optimizer state leaf {prefix}{i} has shape {tuple(a.shape)}; expected {tuple(leaf.shape)}")
+                raise ConfigError(
+                    f"optimizer state leaf {prefix}{i} has shape {tuple(a.shape)}; expected {tuple(leaf.shape)}"
+                )
             out.append(a.to(leaf.dtype))
         else:
             out.append(type(leaf)(a.item()))

@@ -39,8 +39,9 @@ def _digits() -> tuple[np.ndarray, ...]:
     bunch = sk_load_digits()
     x = bunch.images.astype(np.uint8)[:, None]  # (1797, 1, 8, 8), values 0..16
     y = bunch.target.astype(np.int64)
-    test = stratified_subset(y, _DIGITS_TEST_SIZE,
-                             numpy_rng(_DIGITS_SPLIT_SEED, "data", "digits", "test-split"))
+    test = stratified_subset(
+        y, _DIGITS_TEST_SIZE, numpy_rng(_DIGITS_SPLIT_SEED, "data", "digits", "test-split")
+    )
     train = np.setdiff1d(np.arange(len(y)), test)
     out = (x[train], y[train], x[test], y[test])
     for a in out:
@@ -50,14 +51,17 @@ def _digits() -> tuple[np.ndarray, ...]:
 
 def load_digits(*, root: str | Path | None, seed: int) -> RawData:
     x_tr, y_tr, x_te, y_te = _digits()
-    return RawData(x_tr, y_tr, x_te, y_te, tuple(str(d) for d in range(10)), 16.0,
-                   "scikit-learn")
+    return RawData(x_tr, y_tr, x_te, y_te, tuple(str(d) for d in range(10)), 16.0, "scikit-learn")
 
 
 def _check_shape(shape: object) -> tuple[int, int, int]:
-    if (not isinstance(shape, Sequence) or len(shape) != 3
-            or not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 1
-                       for s in shape)):
+    if (
+        not isinstance(shape, Sequence)
+        or len(shape) != 3
+        or not all(
+            isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 1 for s in shape
+        )
+    ):
         raise ConfigError(
             f"dataset 'synthetic': option shape must be three positive integers (C, H, W), "
             f"got {shape!r}; e.g. shape=(1, 8, 8)"
@@ -81,15 +85,17 @@ def load_synthetic(
     num_train = check_int("synthetic", "num_train", num_train, low=1)
     num_test = check_int("synthetic", "num_test", num_test, low=1)
     num_classes = check_int("synthetic", "num_classes", num_classes, low=2)
-    num_domains = check_int("synthetic", "num_domains", num_domains, low=0,
-                            fix="0 disables domains")
+    num_domains = check_int(
+        "synthetic", "num_domains", num_domains, low=0, fix="0 disables domains"
+    )
     c, h, w = _check_shape(shape)
     if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not noise >= 0:
         raise ConfigError(f"dataset 'synthetic': option noise must be a number >= 0, got {noise!r}")
 
     mu = numpy_rng(seed, "data", "synthetic", "means").standard_normal((num_classes, c, h, w))
     delta = 0.5 * numpy_rng(seed, "data", "synthetic", "domains").standard_normal(
-        (max(num_domains, 1), c, h, w))
+        (max(num_domains, 1), c, h, w)
+    )
 
     def draw(split: str, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         rng = numpy_rng(seed, "data", "synthetic", split)
@@ -103,8 +109,16 @@ def load_synthetic(
 
     x_tr, y_tr, d_tr = draw("train", num_train)
     x_te, y_te, _ = draw("test", num_test)
-    return RawData(x_tr, y_tr, x_te, y_te, tuple(f"class_{k}" for k in range(num_classes)), 1.0,
-                   "generated", d_tr)
+    return RawData(
+        x_tr,
+        y_tr,
+        x_te,
+        y_te,
+        tuple(f"class_{k}" for k in range(num_classes)),
+        1.0,
+        "generated",
+        d_tr,
+    )
 
 
 def _always(where: str) -> Locator:
@@ -115,13 +129,28 @@ def _always(where: str) -> Locator:
 
 
 SPECS = (
-    DatasetSpec("digits", "scikit-learn digits: 1437/360 fixed split, 8x8 grayscale, 10 classes "
-                "(bundled; resize=28 for MNIST-sized models)", load_digits,
-                _always("bundled with scikit-learn"), "nothing to do: ships with scikit-learn"),
-    DatasetSpec("synthetic", "Gaussian class-conditional images generated from the seed "
-                "(for tests; options num_train, num_test, shape, num_classes, noise, num_domains)",
-                load_synthetic, _always("generated from the seed"),
-                "nothing to do: generated at load time",
-                {"num_train": 600, "num_test": 200, "shape": (1, 8, 8), "num_classes": 10,
-                 "noise": 1.0, "num_domains": 0}),
+    DatasetSpec(
+        "digits",
+        "scikit-learn digits: 1437/360 fixed split, 8x8 grayscale, 10 classes "
+        "(bundled; resize=28 for MNIST-sized models)",
+        load_digits,
+        _always("bundled with scikit-learn"),
+        "nothing to do: ships with scikit-learn",
+    ),
+    DatasetSpec(
+        "synthetic",
+        "Gaussian class-conditional images generated from the seed "
+        "(for tests; options num_train, num_test, shape, num_classes, noise, num_domains)",
+        load_synthetic,
+        _always("generated from the seed"),
+        "nothing to do: generated at load time",
+        {
+            "num_train": 600,
+            "num_test": 200,
+            "shape": (1, 8, 8),
+            "num_classes": 10,
+            "noise": 1.0,
+            "num_domains": 0,
+        },
+    ),
 )

@@ -22,9 +22,20 @@ from fedge.data.spec import DatasetSpec, RawData
 
 __all__ = ["CIFAR100_CLASSES", "CIFAR10_CLASSES", "SPECS", "load_cifar10", "load_cifar100"]
 
-CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer",
-                   "dog", "frog", "horse", "ship", "truck")
-CIFAR100_CLASSES = tuple("""
+CIFAR10_CLASSES = (
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)
+CIFAR100_CLASSES = tuple(
+    """
 apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus butterfly
 camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach couch crab crocodile cup
 dinosaur dolphin elephant flatfish forest fox girl hamster house kangaroo keyboard lamp lawn_mower
@@ -33,22 +44,37 @@ otter palm_tree pear pickup_truck pine_tree plain plate poppy porcupine possum r
 road rocket rose sea seal shark shrew skunk skyscraper snail snake spider squirrel streetcar
 sunflower sweet_pepper table tank telephone television tiger tractor train trout tulip turtle
 wardrobe whale willow_tree wolf woman worm
-""".split())
+""".split()
+)
 
 # name -> (train batch files, test batch files, label key, archive folder, classes, archive)
 _LAYOUT = {
-    "cifar10": (tuple(f"data_batch_{i}" for i in range(1, 6)), ("test_batch",), b"labels",
-                "cifar-10-batches-py", CIFAR10_CLASSES, "cifar-10-python.tar.gz"),
-    "cifar100": (("train",), ("test",), b"fine_labels",
-                 "cifar-100-python", CIFAR100_CLASSES, "cifar-100-python.tar.gz"),
+    "cifar10": (
+        tuple(f"data_batch_{i}" for i in range(1, 6)),
+        ("test_batch",),
+        b"labels",
+        "cifar-10-batches-py",
+        CIFAR10_CLASSES,
+        "cifar-10-python.tar.gz",
+    ),
+    "cifar100": (
+        ("train",),
+        ("test",),
+        b"fine_labels",
+        "cifar-100-python",
+        CIFAR100_CLASSES,
+        "cifar-100-python.tar.gz",
+    ),
 }
 
 
 def _how(name: str) -> str:
     train, test, _, folder, _, archive = _LAYOUT[name]
-    return (f"get {archive} on a machine with network access and extract it (tar xzf {archive}) "
-            f"into $FEDGE_DATA/{name} or ~/.cache/fedge/{name}, or point to it with --set dataset.root=DIR (Python: "
-            f"load_dataset(root=DIR)); fedge reads {folder}/{{{','.join(train + test)}}}")
+    return (
+        f"get {archive} on a machine with network access and extract it (tar xzf {archive}) "
+        f"into $FEDGE_DATA/{name} or ~/.cache/fedge/{name}, or point to it with --set dataset.root=DIR (Python: "
+        f"load_dataset(root=DIR)); fedge reads {folder}/{{{','.join(train + test)}}}"
+    )
 
 
 def _find(name: str, root: str | Path | None) -> dict[str, Path]:
@@ -99,8 +125,18 @@ def load_cifar100(*, root: str | Path | None, seed: int) -> RawData:
 
 
 SPECS = (
-    DatasetSpec("cifar10", "CIFAR-10: 50k/10k 32x32 RGB, 10 classes (your python batches)",
-                load_cifar10, functools.partial(_where, "cifar10"), _how("cifar10")),
-    DatasetSpec("cifar100", "CIFAR-100: 50k/10k 32x32 RGB, 100 fine classes (your python batches)",
-                load_cifar100, functools.partial(_where, "cifar100"), _how("cifar100")),
+    DatasetSpec(
+        "cifar10",
+        "CIFAR-10: 50k/10k 32x32 RGB, 10 classes (your python batches)",
+        load_cifar10,
+        functools.partial(_where, "cifar10"),
+        _how("cifar10"),
+    ),
+    DatasetSpec(
+        "cifar100",
+        "CIFAR-100: 50k/10k 32x32 RGB, 100 fine classes (your python batches)",
+        load_cifar100,
+        functools.partial(_where, "cifar100"),
+        _how("cifar100"),
+    ),
 )

@@ -67,18 +67,26 @@ class Dataset:
         splits = (("train", self.x_train, self.y_train), ("test", self.x_test, self.y_test))
         for split, x, y in splits:
             if x.dtype != torch.float32 or y.dtype != torch.int64:
-                raise ConfigError(f"{self.name} {split}: expected float32 images and int64 labels, "
-                                  f"got {x.dtype} and {y.dtype}")
-            if x.ndim not in (2, 4) or tuple(x.shape[1:]) != tuple(self.input_shape) \
-                    or len(x) != len(y):
-                raise ConfigError(f"{self.name} {split}: images {tuple(x.shape)} and labels "
-                                  f"{tuple(y.shape)} do not match input_shape {self.input_shape}")
+                raise ConfigError(
+                    f"{self.name} {split}: expected float32 images and int64 labels, got {x.dtype} and {y.dtype}"
+                )
+            if (
+                x.ndim not in (2, 4)
+                or tuple(x.shape[1:]) != tuple(self.input_shape)
+                or len(x) != len(y)
+            ):
+                raise ConfigError(
+                    f"{self.name} {split}: images {tuple(x.shape)} and labels "
+                    f"{tuple(y.shape)} do not match input_shape {self.input_shape}"
+                )
         if len(self.classes) != self.num_classes:
-            raise ConfigError(f"{self.name}: {len(self.classes)} class names for "
-                              f"num_classes={self.num_classes}")
+            raise ConfigError(
+                f"{self.name}: {len(self.classes)} class names for num_classes={self.num_classes}"
+            )
         if self.train_domains is not None and len(self.train_domains) != len(self.y_train):
-            raise ConfigError(f"{self.name}: {len(self.train_domains)} domain keys for "
-                              f"{len(self.y_train)} training samples")
+            raise ConfigError(
+                f"{self.name}: {len(self.train_domains)} domain keys for {len(self.y_train)} training samples"
+            )
 
     @property
     def num_train(self) -> int:
@@ -99,16 +107,19 @@ class Dataset:
             "classes": list(self.classes),
             "train_label_counts": _counts(self.y_train, self.num_classes),
             "test_label_counts": _counts(self.y_test, self.num_classes),
-            "num_domains": (None if self.train_domains is None
-                            else len(np.unique(self.train_domains))),
+            "num_domains": (
+                None if self.train_domains is None else len(np.unique(self.train_domains))
+            ),
             "mean": list(self.mean),
             "std": list(self.std),
             "source": self.source,
         }
 
     def __repr__(self) -> str:
-        return (f"Dataset({self.name!r}, train={self.num_train}, test={self.num_test}, "
-                f"shape={tuple(self.input_shape)}, classes={self.num_classes})")
+        return (
+            f"Dataset({self.name!r}, train={self.num_train}, test={self.num_test}, "
+            f"shape={tuple(self.input_shape)}, classes={self.num_classes})"
+        )
 
 
 def _counts(y: torch.Tensor, num_classes: int) -> list[int]:
@@ -143,12 +154,14 @@ def resize_images(x: torch.Tensor, size: int) -> torch.Tensor:
     if tuple(x.shape[-2:]) == (size, size):
         return x
     shrink = size < max(x.shape[-2:])
-    return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False,
-                         antialias=shrink)
+    return F.interpolate(
+        x, size=(size, size), mode="bilinear", align_corners=False, antialias=shrink
+    )
 
 
-def normalize_(x_train: torch.Tensor, x_test: torch.Tensor, scale: float = 1.0
-               ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def normalize_(
+    x_train: torch.Tensor, x_test: torch.Tensor, scale: float = 1.0
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Standardize both splits in place, per channel, with the train split's mean and std.
 
     Args:

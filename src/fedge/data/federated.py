@@ -54,9 +54,13 @@ class SyntheticFederated:
         for name in ("alpha", "beta"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ConfigError(f"dataset.{name}={v!r}: expected a finite number >= 0 (FedProx uses 0, 0.5 or 1)")
+                raise ConfigError(
+                    f"dataset.{name}={v!r}: expected a finite number >= 0 (FedProx uses 0, 0.5 or 1)"
+                )
         if self.num_clients < 1:
-            raise ConfigError(f"synthetic-fed needs at least one client, got clients.num={self.num_clients}")
+            raise ConfigError(
+                f"synthetic-fed needs at least one client, got clients.num={self.num_clients}"
+            )
 
     num_classes = _CLASSES
     input_shape = (_DIM,)
@@ -94,21 +98,32 @@ class SyntheticFederated:
     def test_devices(self) -> list[int]:
         """The devices the test set is drawn from (seeded, O(1) in the population)."""
         k = min(_TEST_DEVICES, self.num_clients)
-        return sorted({derive_seed(self.seed, "synthetic-fed", "test-device", j) % self.num_clients for j in range(k)})
+        return sorted(
+            {
+                derive_seed(self.seed, "synthetic-fed", "test-device", j) % self.num_clients
+                for j in range(k)
+            }
+        )
 
     def test_set(self) -> tuple[torch.Tensor, torch.Tensor]:
         """10,000 held-out samples: fresh draws from :meth:`test_devices`' models."""
         devices = self.test_devices()
         per = math.ceil(_TEST_DEVICES * _TEST_PER_DEVICE / len(devices))
         xs, ys = zip(*(self._samples(c, per, "test") for c in devices), strict=True)
-        return torch.cat(xs)[: _TEST_DEVICES * _TEST_PER_DEVICE], torch.cat(ys)[: _TEST_DEVICES * _TEST_PER_DEVICE]
+        return torch.cat(xs)[: _TEST_DEVICES * _TEST_PER_DEVICE], torch.cat(ys)[
+            : _TEST_DEVICES * _TEST_PER_DEVICE
+        ]
 
     def summary(self, *, sample: int = 10_000) -> dict[str, Any]:
         """What ``partition.json`` records for a lazily generated population: the law and the
         sizes of a seeded sample of clients (listing a million clients would defeat the point).
         One client's shard: :meth:`client` (``fedge partition RUN --client I``)."""
         n = self.num_clients
-        ids = range(n) if n <= sample else sorted({derive_seed(self.seed, "summary", j) % n for j in range(sample)})
+        ids = (
+            range(n)
+            if n <= sample
+            else sorted({derive_seed(self.seed, "summary", j) % n for j in range(sample)})
+        )
         sizes = sorted(self.size(c) for c in ids)
         return {
             "name": "synthetic-fed",
@@ -117,8 +132,12 @@ class SyntheticFederated:
             "lazy": True,
             "size_law": "min(max_samples, int(lognormal(4, 2)) + 50)",
             "sampled_clients": len(sizes),
-            "sizes": {"min": sizes[0], "median": sizes[len(sizes) // 2], "max": sizes[-1],
-                      "mean": sum(sizes) / len(sizes)},  # fmt: skip
+            "sizes": {
+                "min": sizes[0],
+                "median": sizes[len(sizes) // 2],
+                "max": sizes[-1],
+                "mean": sum(sizes) / len(sizes),
+            },
         }
 
 

@@ -127,7 +127,8 @@ def locate_files(
         tried.append("  $FEDGE_DATA  (not set)")
     files = ", ".join(f"{stem}[.gz]" for stem in stems.values())
     raise DataNotFoundError(
-        f"dataset {name!r} not found. Looked for {files} in:\n" + "\n".join(tried)
+        f"dataset {name!r} not found. Looked for {files} in:\n"
+        + "\n".join(tried)
         + f"\nTo fix: {how_to_get}"
     )
 
@@ -151,8 +152,7 @@ def read_bytes(path: str | Path) -> bytes:
         return gzip.decompress(raw)
     except (OSError, EOFError, zlib.error) as exc:
         raise ConfigError(
-            f"{path}: corrupt or truncated gzip data ({exc}); delete the file and "
-            "obtain it again"
+            f"{path}: corrupt or truncated gzip data ({exc}); delete the file and obtain it again"
         ) from None
 
 
@@ -168,8 +168,7 @@ def read_idx(path: str | Path) -> np.ndarray:
     fix = "the file is not a valid IDX file; delete it and obtain it again"
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
         raise ConfigError(
-            f"{path}: bad IDX magic number {data[:4].hex() or '(empty file)'}; expected "
-            f"00 00 <type> <ndim>; {fix}"
+            f"{path}: bad IDX magic number {data[:4].hex() or '(empty file)'}; expected 00 00 <type> <ndim>; {fix}"
         )
     code, ndim = data[2], data[3]
     if code not in _IDX_DTYPES:

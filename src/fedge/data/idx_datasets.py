@@ -34,8 +34,18 @@ _STEMS = {
     "test_images": "t10k-images-idx3-ubyte",
     "test_labels": "t10k-labels-idx1-ubyte",
 }
-_FASHION_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
+_FASHION_CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 _DIGITS = tuple(string.digits)
 _MERGED = _DIGITS + tuple(string.ascii_uppercase) + tuple("abdefghnqrt")
 
@@ -49,18 +59,20 @@ EMNIST_SPLITS: dict[str, tuple[str, ...]] = {
     "mnist": _DIGITS,
 }
 
-_PLACE = ("put them (plain or .gz) in $FEDGE_DATA/{name} or ~/.cache/fedge/{name}, or point to them "
-          "with --set dataset.root=DIR (Python: load_dataset(root=DIR))")
+_PLACE = (
+    "put them (plain or .gz) in $FEDGE_DATA/{name} or ~/.cache/fedge/{name}, or point to them "
+    "with --set dataset.root=DIR (Python: load_dataset(root=DIR))"
+)
 _HOW = {
     "mnist": "get the four MNIST IDX files (train-images-idx3-ubyte, train-labels-idx1-ubyte, "
-             "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte) on a machine with network access and "
-             + _PLACE.format(name="mnist"),
+    "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte) on a machine with network access and "
+    + _PLACE.format(name="mnist"),
     "fashion-mnist": "apt-get install dataset-fashion-mnist (installs them into "
-                     "/usr/share/datasets/fashion-mnist), or get the four Fashion-MNIST IDX files "
-                     "(same names as MNIST's) and " + _PLACE.format(name="fashion-mnist"),
+    "/usr/share/datasets/fashion-mnist), or get the four Fashion-MNIST IDX files "
+    "(same names as MNIST's) and " + _PLACE.format(name="fashion-mnist"),
     "emnist": "get EMNIST's gzip.zip (NIST) on a machine with network access, unzip it, take the "
-              "emnist-<split>-{train,test}-{images-idx3,labels-idx1}-ubyte files and "
-              + _PLACE.format(name="emnist"),
+    "emnist-<split>-{train,test}-{images-idx3,labels-idx1}-ubyte files and "
+    + _PLACE.format(name="emnist"),
 }
 _SUBDIRS = {
     "mnist": ("", "MNIST/raw"),
@@ -72,28 +84,27 @@ _SUBDIRS = {
 def _stems(name: str, split: str) -> dict[str, str]:
     if name != "emnist":
         return _STEMS
-    return {
-        role: f"emnist-{split}-{stem.replace('t10k', 'test')}" for role, stem in _STEMS.items()
-    }
+    return {role: f"emnist-{split}-{stem.replace('t10k', 'test')}" for role, stem in _STEMS.items()}
 
 
 def _check_split(split: Any) -> str:
     if split not in EMNIST_SPLITS:
         raise ConfigError(
-            f"dataset 'emnist': option split must be one of {', '.join(sorted(EMNIST_SPLITS))}, "
-            f"got {split!r}"
+            f"dataset 'emnist': option split must be one of {', '.join(sorted(EMNIST_SPLITS))}, got {split!r}"
         )
     return str(split)
 
 
 def _find(name: str, root: str | Path | None, split: str) -> dict[str, Path]:
-    return locate_files(name, _stems(name, split), root=root, subdirs=_SUBDIRS[name],
-                        how_to_get=_HOW[name])
+    return locate_files(
+        name, _stems(name, split), root=root, subdirs=_SUBDIRS[name], how_to_get=_HOW[name]
+    )
 
 
 @functools.lru_cache(maxsize=4)
-def _read_cached(key: tuple[tuple[str, str, int, int], ...], transpose: bool, label_offset: int,
-                 num_classes: int) -> tuple[np.ndarray, ...]:
+def _read_cached(
+    key: tuple[tuple[str, str, int, int], ...], transpose: bool, label_offset: int, num_classes: int
+) -> tuple[np.ndarray, ...]:
     paths = {role: Path(path) for role, path, _, _ in key}
     out = []
     for split in ("train", "test"):
@@ -128,8 +139,9 @@ def _read_cached(key: tuple[tuple[str, str, int, int], ...], transpose: bool, la
 def _load(name: str, root: str | Path | None, classes: tuple[str, ...], split: str = "") -> RawData:
     paths = _find(name, root, split)
     emnist = name == "emnist"
-    x_tr, y_tr, x_te, y_te = _read_cached(file_key(paths), emnist, int(split == "letters"),
-                                          len(classes))
+    x_tr, y_tr, x_te, y_te = _read_cached(
+        file_key(paths), emnist, int(split == "letters"), len(classes)
+    )
     return RawData(x_tr, y_tr, x_te, y_te, classes, 255.0, str(paths["train_images"].parent))
 
 
@@ -159,14 +171,26 @@ def locate_emnist(*, root: str | Path | None, split: str = "balanced") -> str | 
 
 SPECS = (
     DatasetSpec(
-        "mnist", "MNIST handwritten digits: 60k/10k 28x28 grayscale, 10 classes (your IDX files)",
-        load_mnist, functools.partial(_where, "mnist"), _HOW["mnist"]),
+        "mnist",
+        "MNIST handwritten digits: 60k/10k 28x28 grayscale, 10 classes (your IDX files)",
+        load_mnist,
+        functools.partial(_where, "mnist"),
+        _HOW["mnist"],
+    ),
     DatasetSpec(
-        "fashion-mnist", "Fashion-MNIST clothing: 60k/10k 28x28 grayscale, 10 classes "
-        "(Debian package dataset-fashion-mnist)",
-        load_fashion_mnist, functools.partial(_where, "fashion-mnist"), _HOW["fashion-mnist"]),
+        "fashion-mnist",
+        "Fashion-MNIST clothing: 60k/10k 28x28 grayscale, 10 classes (Debian package dataset-fashion-mnist)",
+        load_fashion_mnist,
+        functools.partial(_where, "fashion-mnist"),
+        _HOW["fashion-mnist"],
+    ),
     DatasetSpec(
-        "emnist", "EMNIST handwritten characters, 28x28 grayscale; option split (default "
+        "emnist",
+        "EMNIST handwritten characters, 28x28 grayscale; option split (default "
         "balanced: 112.8k/18.8k, 47 classes) (your IDX files)",
-        load_emnist, locate_emnist, _HOW["emnist"], {"split": "balanced"}),
+        load_emnist,
+        locate_emnist,
+        _HOW["emnist"],
+        {"split": "balanced"},
+    ),
 )

@@ -74,8 +74,9 @@ def register_function(
     target = user.callable_target(fn)
     source = target or f"function {getattr(fn, '__qualname__', fn)!r}"
 
-    def load(*, root: str | Path | None, seed: int, target: str | None = None,
-             **kwargs: Any) -> RawData:
+    def load(
+        *, root: str | Path | None, seed: int, target: str | None = None, **kwargs: Any
+    ) -> RawData:
         return user.call_target(name, fn, seed=seed, kwargs=kwargs, source=source)
 
     def locate(*, root: str | Path | None, **options: object) -> str:
@@ -85,8 +86,10 @@ def register_function(
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        raise ConfigError(f"register_dataset({name!r}): cannot read the parameters of {fn!r}; register a Python "
-                          "function (def or lambda) returning the arrays") from None  # fmt: skip
+        raise ConfigError(
+            f"register_dataset({name!r}): cannot read the parameters of {fn!r}; register a Python "
+            "function (def or lambda) returning the arrays"
+        ) from None
     for key, param in params.items():
         if key != "seed" and param.default is not inspect.Parameter.empty:
             if not _plain(param.default):  # it becomes dataset.<key> in config.yaml
@@ -98,8 +101,14 @@ def register_function(
             options[key] = param.default
     if replace and name in _FUNCTIONS:
         _REGISTRY.unregister(name)
-    spec = DatasetSpec(name, description or f"your function {source}", load, locate,
-                       "registered from Python with fedge.register_dataset", options)
+    spec = DatasetSpec(
+        name,
+        description or f"your function {source}",
+        load,
+        locate,
+        "registered from Python with fedge.register_dataset",
+        options,
+    )
     register_dataset(spec)
     _FUNCTIONS.add(name)
     return spec
@@ -152,8 +161,9 @@ def _check_options(name: str, spec: DatasetSpec, options: Mapping[str, Any]) -> 
     unknown = sorted(set(options) - set(spec.options))
     if unknown:
         valid = ", ".join(sorted(spec.options)) or "(none)"
-        raise ConfigError(f"dataset {name!r} has no option {', '.join(unknown)}; valid options: "
-                          f"{valid}")
+        raise ConfigError(
+            f"dataset {name!r} has no option {', '.join(unknown)}; valid options: {valid}"
+        )
 
 
 @dataclass(frozen=True)
@@ -179,8 +189,9 @@ def available_datasets(root: str | Path | None = None) -> list[DatasetStatus]:
     for name in dataset_names():
         spec = _REGISTRY[name]
         location = spec.locate(root=root)
-        out.append(DatasetStatus(name, location is not None, location, spec.description,
-                                 spec.how_to_get))
+        out.append(
+            DatasetStatus(name, location is not None, location, spec.description, spec.how_to_get)
+        )
     return out
 
 
@@ -226,13 +237,17 @@ def load_dataset(
     limits = {}
     for split, limit in (("train", limit_train), ("test", limit_test)):
         if limit is not None:
-            limits[split] = check_int(name, f"limit_{split}", limit, low=1,
-                                      fix="or None to keep the whole split")
+            limits[split] = check_int(
+                name, f"limit_{split}", limit, low=1, fix="or None to keep the whole split"
+            )
     raw = spec.load(root=root, seed=seed, **options)
     return _prepare(name, raw, resize, limits, seed)
 
 
-_CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+_CGROUP_LIMITS = (
+    Path("/sys/fs/cgroup/memory.max"),
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+)
 
 
 def memory_limit() -> int | None:
@@ -263,8 +278,10 @@ def _check_fits(name: str, raw: RawData, resize: int | None, limits: dict[str, i
     shape = tuple(raw.x_train.shape[1:])
     if resize is not None and len(shape) == 3:
         shape = (shape[0], resize, resize)
-    counts = {split: min(limits.get(split, len(x)), len(x)) for split, x in (("train", raw.x_train),
-                                                                                ("test", raw.x_test))}  # fmt: skip
+    counts = {
+        split: min(limits.get(split, len(x)), len(x))
+        for split, x in (("train", raw.x_train), ("test", raw.x_test))
+    }
     total = sum(counts.values()) * int(np.prod(shape)) * 4
     memory = memory_limit()
     if memory is not None and total > memory:
@@ -276,16 +293,21 @@ def _check_fits(name: str, raw: RawData, resize: int | None, limits: dict[str, i
         )
 
 
-def _prepare(name: str, raw: RawData, resize: int | None, limits: dict[str, int],
-             seed: int) -> Dataset:
+def _prepare(
+    name: str, raw: RawData, resize: int | None, limits: dict[str, int], seed: int
+) -> Dataset:
     _check_fits(name, raw, resize, limits)
     splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     domains = raw.train_domains
     for split, x, y in (("train", raw.x_train, raw.y_train), ("test", raw.x_test, raw.y_test)):
-        if len(y) == 0:  # a test accuracy over no samples would read 0.0; no client could train on none
-            raise ConfigError(f"dataset {name!r} ({raw.source}): the {split} split holds no samples; clients train on "
-                              "the train split and the run reports accuracy on the test split, so both need samples: "
-                              "check or replace the files")  # fmt: skip
+        if (
+            len(y) == 0
+        ):  # a test accuracy over no samples would read 0.0; no client could train on none
+            raise ConfigError(
+                f"dataset {name!r} ({raw.source}): the {split} split holds no samples; clients train on "
+                "the train split and the run reports accuracy on the test split, so both need samples: "
+                "check or replace the files"
+            )
         if split in limits and limits[split] < len(y):
             idx = stratified_subset(y, limits[split], numpy_rng(seed, "data", name, split))
             x, y = x[idx], y[idx]
@@ -294,16 +316,26 @@ def _prepare(name: str, raw: RawData, resize: int | None, limits: dict[str, int]
         # (N, C, H, W): a fresh C-contiguous float32 copy; the raw arrays are shared and read-only
         xt = torch.from_numpy(np.array(x, dtype=np.float32, order="C"))
         if resize is not None and xt.ndim != 4:
-            raise ConfigError(f"dataset {name!r}: resize={resize} applies to images, but this "
-                              f"data is tabular {tuple(xt.shape[1:])}; leave resize unset")
+            raise ConfigError(
+                f"dataset {name!r}: resize={resize} applies to images, but this "
+                f"data is tabular {tuple(xt.shape[1:])}; leave resize unset"
+            )
         if resize is not None:
             xt = resize_images(xt, resize)
         splits[split] = (xt, torch.from_numpy(np.array(y, dtype=np.int64)))
     (x_tr, y_tr), (x_te, y_te) = splits["train"], splits["test"]
     mean, std = normalize_(x_tr, x_te, raw.scale)
     return Dataset(
-        name=name, x_train=x_tr, y_train=y_tr, x_test=x_te, y_test=y_te,
-        num_classes=len(raw.classes), input_shape=tuple(x_tr.shape[1:]),
-        classes=raw.classes, train_domains=None if domains is None else np.array(domains),
-        mean=mean, std=std, source=raw.source,
+        name=name,
+        x_train=x_tr,
+        y_train=y_tr,
+        x_test=x_te,
+        y_test=y_te,
+        num_classes=len(raw.classes),
+        input_shape=tuple(x_tr.shape[1:]),
+        classes=raw.classes,
+        train_domains=None if domains is None else np.array(domains),
+        mean=mean,
+        std=std,
+        source=raw.source,
     )

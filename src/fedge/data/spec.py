@@ -84,4 +84,3 @@ def check_int(dataset: str, key: str, value: Any, *, low: int, fix: str = "") ->
             + (f"; {fix}" if fix else "")
         )
     return int(value)
-

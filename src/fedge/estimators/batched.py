@@ -43,10 +43,23 @@ from fedge.estimators.perturbation import Selection, perturb
 __all__ = ["BatchedEvaluator", "register_channelwise"]
 
 _ELEMENTWISE: tuple[type[nn.Module], ...] = (
-    nn.CELU, nn.ELU, nn.GELU, nn.Hardsigmoid, nn.Hardswish, nn.Hardtanh, nn.Identity,
-    nn.LeakyReLU, nn.Mish, nn.ReLU, nn.ReLU6, nn.SELU, nn.Sigmoid, nn.SiLU, nn.Softplus,
+    nn.CELU,
+    nn.ELU,
+    nn.GELU,
+    nn.Hardsigmoid,
+    nn.Hardswish,
+    nn.Hardtanh,
+    nn.Identity,
+    nn.LeakyReLU,
+    nn.Mish,
+    nn.ReLU,
+    nn.ReLU6,
+    nn.SELU,
+    nn.Sigmoid,
+    nn.SiLU,
+    nn.Softplus,
     nn.Tanh,
-)  # fmt: skip
+)
 _TORCH_POOLING = (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.AvgPool2d, nn.MaxPool2d)
 _CHANNELWISE: list[type[nn.Module]] = list(_TORCH_POOLING)
 # In-place forms of element-wise modules, for activations the batched pass owns (same kernels,
@@ -99,9 +112,15 @@ class BatchedEvaluator:
     """Losses of M perturbed copies of a Sequential per pass; see the module docstring."""
 
     _STACKABLE: ClassVar[tuple[type[nn.Module], ...]] = (
-        nn.Conv2d, nn.Linear, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm,
-        nn.Flatten, nn.Dropout,
-    )  # fmt: skip
+        nn.Conv2d,
+        nn.Linear,
+        nn.GroupNorm,
+        nn.BatchNorm1d,
+        nn.BatchNorm2d,
+        nn.LayerNorm,
+        nn.Flatten,
+        nn.Dropout,
+    )
 
     def __init__(
         self,
@@ -272,8 +291,9 @@ class BatchedEvaluator:
                     for i in range(2)
                 ]
                 return "image", out.view(h.shape[0], mc * cout, *hw)
-            out = F.conv2d(h, wt.reshape(mc * cout, *wt.shape[2:]), _flat(b), m.stride,
-                           m.padding, m.dilation)  # fmt: skip
+            out = F.conv2d(
+                h, wt.reshape(mc * cout, *wt.shape[2:]), _flat(b), m.stride, m.padding, m.dilation
+            )
             return "image", out
         if kind == "shared":
             kind, h = _lift(h, mc)
@@ -283,12 +303,26 @@ class BatchedEvaluator:
             # GroupNorm is ~10x slower on channels_last, and a grouped convolution runs as fast in
             # the default layout here (torch 2.13): skip the layout round trip (measured: 17-28%
             # of a fast-mode step for BAFFLE's LeNet, docs/benchmarks.md "Zeroth-order step time").
-            out = F.conv2d(h.contiguous(), wt.reshape(mc * cout, *wt.shape[2:]), _flat(b), m.stride,
-                           m.padding, m.dilation, mc * m.groups)  # fmt: skip
+            out = F.conv2d(
+                h.contiguous(),
+                wt.reshape(mc * cout, *wt.shape[2:]),
+                _flat(b),
+                m.stride,
+                m.padding,
+                m.dilation,
+                mc * m.groups,
+            )
             return "image", out
         h = h.contiguous(memory_format=torch.channels_last)
-        out = F.conv2d(h, wt.reshape(mc * cout, *wt.shape[2:]), _flat(b), m.stride, m.padding,
-                       m.dilation, mc * m.groups)  # fmt: skip
+        out = F.conv2d(
+            h,
+            wt.reshape(mc * cout, *wt.shape[2:]),
+            _flat(b),
+            m.stride,
+            m.padding,
+            m.dilation,
+            mc * m.groups,
+        )
         return "image", out
 
     def _linear(
@@ -318,9 +352,11 @@ class BatchedEvaluator:
         wt, b = w.get(m.weight), w.get(m.bias)
         # Running statistics are never updated here (the lean mode restores them instead).
         return _per_channel(
-            kind, h, mc,
+            kind,
+            h,
+            mc,
             lambda t: F.batch_norm(t, rm, rv, _flat(wt), _flat(b), batch_stats, 0.0, m.eps),
-        )  # fmt: skip
+        )
 
     def _norm_follows(self, m: nn.Module) -> bool:
         i = next(j for j, layer in enumerate(self.layers) if layer is m)

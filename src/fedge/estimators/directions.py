@@ -70,7 +70,14 @@ from fedge.core.errors import ConfigError
 from fedge.core.rng import generator
 from fedge.estimators.perturbation import standard_normal_chunk
 
-__all__ = ["DirectionKind", "Directions", "block_split", "make_directions", "match_params", "remembered"]
+__all__ = [
+    "DirectionKind",
+    "Directions",
+    "block_split",
+    "make_directions",
+    "match_params",
+    "remembered",
+]
 
 DirectionKind = Literal["gaussian", "orthogonal", "block"]
 Draw = Callable[[int, Sequence[int], str, Sequence[int]], Tensor]
@@ -124,7 +131,10 @@ def remembered(dirs: Directions, budget_bytes: int) -> Directions:
 
 
 def make_directions(
-    kind: str, shapes: Mapping[str, Sequence[int]], k: int, masks: Mapping[str, Tensor] | None = None
+    kind: str,
+    shapes: Mapping[str, Sequence[int]],
+    k: int,
+    masks: Mapping[str, Tensor] | None = None,
 ) -> Directions:
     """The directions ``kind`` for a selection (name -> shape, in model order) and K; ``masks``
     (name -> boolean, True = perturbed) size ``block``'s blocks by their kept coordinates (the
@@ -148,7 +158,9 @@ def block_split(sizes: Sequence[int], k: int) -> list[int]:
     live = [i for i, n in enumerate(sizes) if n > 0]
     b = len(live)
     if b == 0:
-        raise ConfigError("block directions need a perturbed coordinate; every selected one is masked out")
+        raise ConfigError(
+            "block directions need a perturbed coordinate; every selected one is masked out"
+        )
     if k < b:
         raise ConfigError(
             f"block directions need k >= the number of blocks: k={k}, {b} blocks; "
@@ -186,7 +198,9 @@ def _block(shapes: Mapping[str, Sequence[int]], k: int, masks: Mapping[str, Tens
     def draw(seed: int, ks: Sequence[int], name: str, shape: Sequence[int]) -> Tensor:
         own = ranges.get(block_of(name))
         if own is None:
-            raise ConfigError(f"parameter {name!r} is not in the selection the block directions were made for")
+            raise ConfigError(
+                f"parameter {name!r} is not in the selection the block directions were made for"
+            )
         out = torch.zeros((len(ks), *shape))
         rows = [i for i, kk in enumerate(ks) if int(kk) in own]
         if rows:
@@ -215,7 +229,10 @@ def hadamard_chunk(seed: int, ks: Sequence[int], name: str, shape: Sequence[int]
         c = int(k) // n
         if c not in perms:
             g = generator(seed, "zo-hadamard", c, name)
-            perms[c] = (torch.randperm(n, generator=g), torch.randint(0, 2, (n,), generator=g) * 2 - 1)
+            perms[c] = (
+                torch.randperm(n, generator=g),
+                torch.randint(0, 2, (n,), generator=g) * 2 - 1,
+            )
         perm, s = perms[c]
         cols[i], signs[i] = perm[int(k) % n], s[int(k) % n]
     rows = torch.arange(m, dtype=torch.int64)

@@ -138,8 +138,7 @@ def check_masks(
             )
         if tuple(mask.shape) != tuple(shapes[name]):
             raise ConfigError(
-                f"mask for {name!r} has shape {tuple(mask.shape)}, "
-                f"expected the parameter's shape {tuple(shapes[name])}"
+                f"mask for {name!r} has shape {tuple(mask.shape)}, expected the parameter's shape {tuple(shapes[name])}"
             )
         out[name] = mask
     return out

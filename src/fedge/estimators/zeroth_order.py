@@ -103,7 +103,9 @@ _LOW_PRECISION = (torch.bfloat16, torch.float16)
 # 1.9x at 128 (72 MFLOP), 1.4x at 256 (144 MFLOP). 90 MFLOP keeps BAFFLE's LeNet exactly where a
 # batch-size rule of 8 put it (batched up to 8, lean from 9) and batches LeNet-5 up to 159.
 _MAX_BATCHED_WORK = 90e6
-_FLOPS_PER_SAMPLE: dict[tuple, float] = {}  # (model structure, input shape, dtype) -> FLOPs of one sample's forward
+_FLOPS_PER_SAMPLE: dict[
+    tuple, float
+] = {}  # (model structure, input shape, dtype) -> FLOPs of one sample's forward
 # Perturbed models per batched pass by default: about 512 model-samples, within [8, 32]. Tuned on
 # a LeNet (B = 8..64) on a 2-core CPU: it keeps the widest stacked activation to a few MB, where
 # larger passes got up to 1.6x slower per model.
@@ -231,10 +233,24 @@ def loss_differences(
                     result = None
             spans = min(k, workers or torch.get_num_threads()) if mode == "fast" else 1
             if result is None and spans > 1:
-                result = _run_threaded(model, params, masks, seed, batch, loss_fn, k, blocks, sigma,
-                                       spans, autocast, directions)  # fmt: skip
+                result = _run_threaded(
+                    model,
+                    params,
+                    masks,
+                    seed,
+                    batch,
+                    loss_fn,
+                    k,
+                    blocks,
+                    sigma,
+                    spans,
+                    autocast,
+                    directions,
+                )
             if result is None:  # lean, or a model the batched path cannot run
-                lean = LeanEvaluator(model, sel, seed, x, loss_fn, y, reuse_directions=mode == "fast")
+                lean = LeanEvaluator(
+                    model, sel, seed, x, loss_fn, y, reuse_directions=mode == "fast"
+                )
                 result = _run(lean, k, k, blocks, sigma)
     finally:
         for b, saved in buffers:  # e.g. BatchNorm running stats updated by train-mode forwards
@@ -309,9 +325,7 @@ def estimate_gradient(
     return out
 
 
-def combine_loss_differences(
-    loss_diffs: Sequence[Tensor], weights: Sequence[float]
-) -> Tensor:
+def combine_loss_differences(loss_diffs: Sequence[Tensor], weights: Sequence[float]) -> Tensor:
     """BAFFLE Eq. (7): Σ_c w_c ΔL_c with weights normalized to sum 1 (pass N_c or N_c / N).
 
     With perturbations shared through one seed, ``estimate_gradient(combined)`` equals
@@ -320,8 +334,7 @@ def combine_loss_differences(
     """
     if len(loss_diffs) != len(weights) or not loss_diffs:
         raise ConfigError(
-            f"need one weight per client: got {len(loss_diffs)} loss-difference vectors "
-            f"and {len(weights)} weights"
+            f"need one weight per client: got {len(loss_diffs)} loss-difference vectors and {len(weights)} weights"
         )
     w = torch.tensor([float(v) for v in weights], dtype=torch.float64)
     if not bool(torch.isfinite(w).all()) or bool((w < 0).any()) or float(w.sum()) <= 0:
@@ -372,13 +385,30 @@ def zeroth_order_gradient(
     if mode == "fast":
         dirs = remembered(dirs, _REMEMBER_BYTES)
     diffs = loss_differences(
-        model, loss_fn, batch, k=k, sigma=sigma, seed=seed, scheme=scheme, params=params,
-        masks=masks, mode=mode, chunk=chunk, dtype=dtype, workers=workers, directions=dirs,
-    )  # fmt: skip
-    return estimate_gradient(
-        dict(sel.params), diffs, sigma=sigma, seed=seed, scheme=scheme, masks=sel.masks,
+        model,
+        loss_fn,
+        batch,
+        k=k,
+        sigma=sigma,
+        seed=seed,
+        scheme=scheme,
+        params=params,
+        masks=masks,
+        mode=mode,
+        chunk=chunk,
+        dtype=dtype,
+        workers=workers,
         directions=dirs,
-    )  # fmt: skip
+    )
+    return estimate_gradient(
+        dict(sel.params),
+        diffs,
+        sigma=sigma,
+        seed=seed,
+        scheme=scheme,
+        masks=sel.masks,
+        directions=dirs,
+    )
 
 
 def _run(
@@ -446,7 +476,9 @@ def _run_threaded(
             stack.enter_context(torch.no_grad())
             stack.enter_context(_maybe_autocast(x, autocast))
             stack.enter_context(ev)
-            losses = ev.losses(list(range(lo, hi)), blocks, sigma, baseline=len(blocks) == 1 and i == 0)
+            losses = ev.losses(
+                list(range(lo, hi)), blocks, sigma, baseline=len(blocks) == 1 and i == 0
+            )
         n = hi - lo
         plus[lo:hi] = losses[:n]
         if len(blocks) == 2:
@@ -465,7 +497,9 @@ def _run_threaded(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        workers = [threading.Thread(target=guarded, args=(i,), name=f"fedge-zo-{i}") for i in range(spans)]
+        workers = [
+            threading.Thread(target=guarded, args=(i,), name=f"fedge-zo-{i}") for i in range(spans)
+        ]
         for t in workers:
             t.start()
         for t in workers:
@@ -485,8 +519,12 @@ def batched_pays(model: nn.Module, x: Tensor) -> bool:
     RNG restored, so the probe is neither metered as client work nor changes a later draw."""
     if x.dim() == 0 or x.shape[0] == 0:
         return False
-    key = (type(model), tuple((n, tuple(p.shape), p.dtype) for n, p in model.named_parameters()),
-           tuple(x.shape[1:]), x.dtype)  # fmt: skip
+    key = (
+        type(model),
+        tuple((n, tuple(p.shape), p.dtype) for n, p in model.named_parameters()),
+        tuple(x.shape[1:]),
+        x.dtype,
+    )
     per_sample = _FLOPS_PER_SAMPLE.get(key)
     if per_sample is None:
         from torch.utils._python_dispatch import _disable_current_modes
@@ -513,7 +551,9 @@ def _with_directions(sel: Selection, directions: DirectionKind | Directions, k: 
 
 
 def _directions(
-    directions: DirectionKind | Directions, shapes: Mapping[str, Sequence[int]], k: int,
+    directions: DirectionKind | Directions,
+    shapes: Mapping[str, Sequence[int]],
+    k: int,
     masks: Mapping[str, Tensor],
 ) -> Directions:
     """The step's directions: built from a kind (block's sized by the masks' kept coordinates),
@@ -617,8 +657,6 @@ def _check_diffs(d: Tensor) -> Tensor:
 def _check_scheme(scheme: str) -> None:
     if scheme not in _NORMALIZER:
         raise ConfigError(f"scheme must be one of {sorted(_NORMALIZER)}, got {scheme!r}")
-
-
 
 
 def _check_seed(seed: object) -> None:

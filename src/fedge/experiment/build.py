@@ -31,9 +31,18 @@ from fedge.models import build_model
 from fedge.privacy.dp.config import PrivacyConfig
 from fedge.runtime.engine import EngineConfig, Simulation
 
-__all__ = ["BuiltRun", "build_run", "client_shard", "configured_client_app", "model_factory", "node_app_for"]
+__all__ = [
+    "BuiltRun",
+    "build_run",
+    "client_shard",
+    "configured_client_app",
+    "model_factory",
+    "node_app_for",
+]
 
-FEDERATED = "synthetic-fed"  # the dataset whose clients are generated on demand (fedge.data.federated)
+FEDERATED = (
+    "synthetic-fed"  # the dataset whose clients are generated on demand (fedge.data.federated)
+)
 
 
 def model_factory(cfg: RunConfig, dataset: Dataset) -> Callable[[], torch.nn.Module]:
@@ -85,7 +94,9 @@ class BuiltRun:
             min_replies=c.clients.min_replies,
         )
 
-    def simulation(self, on_round: Any = None, runtime: Any = "engine", backend: str = "local") -> Simulation:
+    def simulation(
+        self, on_round: Any = None, runtime: Any = "engine", backend: str = "local"
+    ) -> Simulation:
         """The engine for this run: the built-in one (``runtime="engine"``), or the same rounds
         with client steps sent through Flower (``"flower-sim"``: simulated Flower nodes, run by
         ``backend`` ``"local"``, an in-process grid, or ``"ray"``, Flower's simulation engine;
@@ -102,7 +113,9 @@ class BuiltRun:
                 extra["grid"] = runtime
             else:
                 extra["backend"] = backend
-                if backend == "ray":  # the actors build their clients from the config (a small pickle)
+                if (
+                    backend == "ray"
+                ):  # the actors build their clients from the config (a small pickle)
                     import json
 
                     extra["node_app"] = configured_client_app(json.dumps(self.config.to_dict()))
@@ -132,15 +145,21 @@ def hold_out_validation(
     n = len(dataset.y_train)
     count = round(size * n) if isinstance(size, float) else int(size)
     if not 1 <= count < n:
-        raise ConfigError(f"dataset.validation={size!r} holds out {count} of {n} training samples; "
-                          "it must leave at least one for training and take at least one")  # fmt: skip
+        raise ConfigError(
+            f"dataset.validation={size!r} holds out {count} of {n} training samples; "
+            "it must leave at least one for training and take at least one"
+        )
     held = stratified_subset(dataset.y_train.numpy(), count, numpy_rng(seed, "validation"))
     keep = np.ones(n, dtype=bool)
     keep[held] = False
     idx_keep, idx_held = torch.from_numpy(np.flatnonzero(keep)), torch.from_numpy(held)
     domains = None if dataset.train_domains is None else dataset.train_domains[keep]
-    train = dataclasses.replace(dataset, x_train=dataset.x_train[idx_keep], y_train=dataset.y_train[idx_keep],
-                                train_domains=domains)  # fmt: skip
+    train = dataclasses.replace(
+        dataset,
+        x_train=dataset.x_train[idx_keep],
+        y_train=dataset.y_train[idx_keep],
+        train_domains=domains,
+    )
     return train, (dataset.x_train[idx_held], dataset.y_train[idx_held])
 
 
@@ -176,14 +195,18 @@ def _wraps(strategy: Any, kind: type) -> bool:
 
 def method_config(cfg: RunConfig) -> Any:
     """The ``method`` section validated by its method's config class (every default filled in)."""
-    return validate_section(get_method(cfg.method.name).config, cfg.method.model_dump(), prefix="method.")
+    return validate_section(
+        get_method(cfg.method.name).config, cfg.method.model_dump(), prefix="method."
+    )
 
 
 def _synthetic_federated(cfg: RunConfig) -> SyntheticFederated:
     d = cfg.dataset
     # DatasetConfig fills the defaults of these keys for synthetic-fed, so none is None here
     assert d.alpha is not None and d.beta is not None and d.max_samples is not None
-    return SyntheticFederated(cfg.clients.num, cfg.seed, alpha=d.alpha, beta=d.beta, max_samples=d.max_samples)
+    return SyntheticFederated(
+        cfg.clients.num, cfg.seed, alpha=d.alpha, beta=d.beta, max_samples=d.max_samples
+    )
 
 
 def rebuild_run(cfg: RunConfig) -> BuiltRun:
@@ -192,9 +215,13 @@ def rebuild_run(cfg: RunConfig) -> BuiltRun:
     try:
         return build_run(cfg)
     except UnknownNameError as exc:
-        raise UnknownNameError(exc.kind, exc.name, exc.choices,
-                               hint=f"if the run used a {exc.kind} registered from Python, register it again in this "
-                                    "process first (fedge.register_model, fedge.register_dataset, ...)") from None  # fmt: skip
+        raise UnknownNameError(
+            exc.kind,
+            exc.name,
+            exc.choices,
+            hint=f"if the run used a {exc.kind} registered from Python, register it again in this "
+            "process first (fedge.register_model, fedge.register_dataset, ...)",
+        ) from None
 
 
 def build_run(cfg: RunConfig) -> BuiltRun:
@@ -208,16 +235,30 @@ def build_run(cfg: RunConfig) -> BuiltRun:
     if d.name == FEDERATED:  # clients generated on demand: nothing per client is built up front
         fed = _synthetic_federated(cfg)
         x_test, y_test = fed.test_set()
-        dataset = Dataset(FEDERATED, x_test[:0], y_test[:0], x_test, y_test, fed.num_classes, fed.input_shape,
-                          tuple(str(c) for c in range(fed.num_classes)), source="generated")  # fmt: skip
+        dataset = Dataset(
+            FEDERATED,
+            x_test[:0],
+            y_test[:0],
+            x_test,
+            y_test,
+            fed.num_classes,
+            fed.input_shape,
+            tuple(str(c) for c in range(fed.num_classes)),
+            source="generated",
+        )
         lazy = LazyClients(fed)
         clients, sizes, parts, summary = lazy, lazy.sizes(), [], fed.summary()
     else:
         cfg = with_dataset_options(cfg)
         d = cfg.dataset
         dataset = load_dataset(
-            d.name, root=d.root, resize=d.resize, limit_train=d.limit_train, limit_test=d.limit_test,
-            seed=cfg.seed, **d.options(),
+            d.name,
+            root=d.root,
+            resize=d.resize,
+            limit_train=d.limit_train,
+            limit_test=d.limit_test,
+            seed=cfg.seed,
+            **d.options(),
         )
     validation = None
     if d.validation is not None:
@@ -229,7 +270,12 @@ def build_run(cfg: RunConfig) -> BuiltRun:
         labels = dataset.y_train.numpy()
         p = cfg.partition
         parts = partition(
-            p.name, labels, cfg.clients.num, seed=cfg.seed, domains=dataset.train_domains, **p.options()
+            p.name,
+            labels,
+            cfg.clients.num,
+            seed=cfg.seed,
+            domains=dataset.train_domains,
+            **p.options(),
         )
         summary = {
             "name": p.name,
@@ -237,7 +283,11 @@ def build_run(cfg: RunConfig) -> BuiltRun:
             **partition_summary(parts, labels, dataset.num_classes),
         }
         clients = [
-            ClientData(dataset.x_train, dataset.y_train, torch.as_tensor(np.asarray(idx), dtype=torch.int64))
+            ClientData(
+                dataset.x_train,
+                dataset.y_train,
+                torch.as_tensor(np.asarray(idx), dtype=torch.int64),
+            )
             for idx in parts
         ]
         sizes = tuple(len(idx) for idx in parts)
@@ -315,11 +365,20 @@ def node_app_for(config_text: str) -> Any:
 
         built = build_run(load_config(json.loads(config_text)))
         c = built.config
-        if c.threads is not None:  # this node process is the run's client side: the run's torch threads, as the
-            torch.set_num_threads(c.threads)  # engine uses (2 threads sum conv gradients in another order)
-        app = client_app(built.method.program, built.clients.__getitem__, seed=c.seed,
-                         measure_flops=c.measure.flops, measure_memory=c.measure.memory,
-                         parties=built.method.parties)  # fmt: skip
+        if (
+            c.threads is not None
+        ):  # this node process is the run's client side: the run's torch threads, as the
+            torch.set_num_threads(
+                c.threads
+            )  # engine uses (2 threads sum conv gradients in another order)
+        app = client_app(
+            built.method.program,
+            built.clients.__getitem__,
+            seed=c.seed,
+            measure_flops=c.measure.flops,
+            measure_memory=c.measure.memory,
+            parties=built.method.parties,
+        )
         _NODE_APPS.clear()
         _NODE_APPS[config_text] = (built, app)
     return _NODE_APPS[config_text][1]

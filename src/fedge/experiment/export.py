@@ -37,7 +37,13 @@ from fedge.core.errors import ConfigError, DataNotFoundError, ResumeError
 from fedge.experiment.build import BuiltRun, rebuild_run
 from fedge.experiment.rundir import RunDir
 
-__all__ = ["ExportResult", "TrainedModel", "WithheldModelError", "export_model", "load_trained_model"]
+__all__ = [
+    "ExportResult",
+    "TrainedModel",
+    "WithheldModelError",
+    "export_model",
+    "load_trained_model",
+]
 
 Format = Literal["torchscript", "pt2", "onnx"]
 FORMATS: dict[str, str] = {"torchscript": "model.pt", "pt2": "model.pt2", "onnx": "model.onnx"}
@@ -54,7 +60,9 @@ class TrainedModel:
     classes: tuple[str, ...]
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    withheld: tuple[str, ...] = ()  # tensors kept in PPFL's enclaves (``withheld_ok``): at their initial values here
+    withheld: tuple[
+        str, ...
+    ] = ()  # tensors kept in PPFL's enclaves (``withheld_ok``): at their initial values here
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -82,8 +90,10 @@ def _find_masks(obj: Any, depth: int = 0, seen: set[int] | None = None) -> dict[
         return {}
     seen.add(id(obj))
     masks = getattr(obj, "masks", None)
-    if isinstance(masks, dict) and masks and all(
-        isinstance(m, torch.Tensor) and m.dtype == torch.bool for m in masks.values()
+    if (
+        isinstance(masks, dict)
+        and masks
+        and all(isinstance(m, torch.Tensor) and m.dtype == torch.bool for m in masks.values())
     ):
         return masks
     for value in vars(obj).values() if hasattr(obj, "__dict__") else ():
@@ -102,7 +112,9 @@ class WithheldModelError(ResumeError):
         self.kept = kept
 
 
-def _kept_in_tee(built: BuiltRun, model: torch.nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
+def _kept_in_tee(
+    built: BuiltRun, model: torch.nn.Module, state: dict[str, torch.Tensor]
+) -> list[str]:
     """The tensors a PPFL run kept in its enclaves: in the model, absent from the file, and all
     of the last stage (a run that ended before its last stage released everything)."""
     if not getattr(built.method_config, "keep_last_in_tee", False):
@@ -154,8 +166,10 @@ def load_trained_model(run_dir: str | Path, *, withheld_ok: bool = False) -> Tra
     try:
         built: BuiltRun = rebuild_run(load_config(raw))
     except DataNotFoundError as exc:
-        raise DataNotFoundError(f"the model of run {str(rundir.path)!r} is rebuilt from the run's config, which reads "
-                                f"its dataset (input shape, normalization statistics): {exc}") from None  # fmt: skip
+        raise DataNotFoundError(
+            f"the model of run {str(rundir.path)!r} is rebuilt from the run's config, which reads "
+            f"its dataset (input shape, normalization statistics): {exc}"
+        ) from None
     model = built.model_fn()
     try:
         state = load_file(str(weights))
@@ -171,11 +185,14 @@ def load_trained_model(run_dir: str | Path, *, withheld_ok: bool = False) -> Tra
             f"run {str(rundir.path)!r} kept its last stage ({_names(kept)}) inside the enclaves "
             "(method.keep_last_in_tee, PPFL's defence against membership inference): model.safetensors holds only "
             "the layers before it, so there is no complete model to load or export; train with --set "
-            "method.keep_last_in_tee=false to release it", kept=kept,
-        )  # fmt: skip
+            "method.keep_last_in_tee=false to release it",
+            kept=kept,
+        )
     if missing and not kept:
-        raise ResumeError(f"{str(weights)!r} does not match the run's model "
-                          f"{raw.get('model', {}).get('name')!r} (keys {missing[:3]} differ)")
+        raise ResumeError(
+            f"{str(weights)!r} does not match the run's model "
+            f"{raw.get('model', {}).get('name')!r} (keys {missing[:3]} differ)"
+        )
     model.load_state_dict(state, strict=not kept)
     sim = built.simulation()
     checkpoint = rundir.load_checkpoint()
@@ -188,12 +205,20 @@ def load_trained_model(run_dir: str | Path, *, withheld_ok: bool = False) -> Tra
             params[name].mul_(mask.to(params[name].dtype))  # pruned weights exactly 0
     model.eval()
     ds = built.dataset
-    return TrainedModel(model, masks, tuple(ds.input_shape), tuple(ds.classes), tuple(ds.mean),
-                        tuple(ds.std), tuple(kept))
+    return TrainedModel(
+        model,
+        masks,
+        tuple(ds.input_shape),
+        tuple(ds.classes),
+        tuple(ds.mean),
+        tuple(ds.std),
+        tuple(kept),
+    )
 
 
-def _export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path,
-                 meta: dict[str, Any]) -> None:
+def _export_onnx(
+    model: torch.nn.Module, example: torch.Tensor, path: Path, meta: dict[str, Any]
+) -> None:
     """ONNX with a dynamic batch axis (input ``x``, output ``logits``) and ``fedge.json`` in
     the model's metadata_props."""
     import contextlib
@@ -203,9 +228,15 @@ def _export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path,
 
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (example,), str(path), input_names=["x"],
-                          output_names=["logits"], dynamic_axes={"x": {0: "batch"}},
-                          external_data=False)
+        torch.onnx.export(
+            model,
+            (example,),
+            str(path),
+            input_names=["x"],
+            output_names=["logits"],
+            dynamic_axes={"x": {0: "batch"}},
+            external_data=False,
+        )
     proto = onnx.load(str(path))
     entry = proto.metadata_props.add()
     entry.key, entry.value = "fedge.json", json.dumps(meta)
@@ -235,7 +266,9 @@ def export_model(
         where it was written, the format, and the input metadata.
     """
     if format not in FORMATS:
-        raise ConfigError(f"export format {format!r} is not supported; expected one of {', '.join(FORMATS)}")
+        raise ConfigError(
+            f"export format {format!r} is not supported; expected one of {', '.join(FORMATS)}"
+        )
     if format == "onnx":
         try:
             import onnx  # noqa: F401
@@ -248,14 +281,21 @@ def export_model(
             ) from None
     trained = load_trained_model(run_dir)
     name = FORMATS[format]
-    dest = path_argument("export out", out, what="a file path") if out is not None else Path(run_dir) / name
+    dest = (
+        path_argument("export out", out, what="a file path")
+        if out is not None
+        else Path(run_dir) / name
+    )
     if dest.is_dir():
-        raise ConfigError(f"export --out {str(dest)!r} is a directory; name the file to write, e.g. --out {dest / name}")
+        raise ConfigError(
+            f"export --out {str(dest)!r} is a directory; name the file to write, e.g. --out {dest / name}"
+        )
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        raise ConfigError(f"export --out {str(dest)!r}: a part of its folder {str(dest.parent)!r} is a file; "
-                          "choose another --out") from None  # fmt: skip
+        raise ConfigError(
+            f"export --out {str(dest)!r}: a part of its folder {str(dest.parent)!r} is a file; choose another --out"
+        ) from None
     meta = trained.metadata()
     example = torch.zeros((1, *trained.input_shape))
     tmp = dest.with_name(dest.name + ".tmp")
@@ -267,7 +307,9 @@ def export_model(
     return ExportResult(dest, format, meta)
 
 
-def _write_model(trained: TrainedModel, format: Format, example: torch.Tensor, tmp: Path, meta: dict[str, Any]) -> None:
+def _write_model(
+    trained: TrainedModel, format: Format, example: torch.Tensor, tmp: Path, meta: dict[str, Any]
+) -> None:
     if format == "torchscript":
         # tracing records one forward; the models are static graphs (no data-dependent
         # control flow: their shape checks are constants for a fixed input shape), and the
@@ -283,7 +325,9 @@ def _write_model(trained: TrainedModel, format: Format, example: torch.Tensor, t
         _export_onnx(trained.model, torch.zeros((2, *trained.input_shape)), tmp, meta)
 
 
-def _export_program(model: torch.nn.Module, example: torch.Tensor, path: Path, meta: dict[str, Any]) -> None:
+def _export_program(
+    model: torch.nn.Module, example: torch.Tensor, path: Path, meta: dict[str, Any]
+) -> None:
     """``torch.export`` the model with a dynamic batch axis (traced on a batch of two, so the
     axis is not specialised to 1) and save it with ``fedge.json`` as an extra file. Checked on
     torch 2.13 for every registered model at batch sizes 1 and 5; older torch builds, whose

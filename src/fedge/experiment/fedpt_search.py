@@ -65,7 +65,9 @@ def _trial_config(cfg: RunConfig, freeze: list[str], rounds: int) -> RunConfig:
 def _run(cfg: RunConfig, out: Path, freeze: list[str], accepted: bool | None) -> Trial:
     rundir = RunDir(out)
     if (out / "config.yaml").exists():
-        same = json.loads(json.dumps(rundir.read_config())) == json.loads(json.dumps(resolved_config(cfg)))
+        same = json.loads(json.dumps(rundir.read_config())) == json.loads(
+            json.dumps(resolved_config(cfg))
+        )
         if not same:
             raise ConfigError(
                 f"{str(out)!r} holds a trial of a different configuration (another config or --budget-rounds); "
@@ -79,8 +81,15 @@ def _run(cfg: RunConfig, out: Path, freeze: list[str], accepted: bool | None) ->
     summary = json.loads((out / "summary.json").read_text())
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     n = last["clients"]
-    return Trial(list(freeze), summary.get("trainable_fraction", 1.0), summary["final_test_accuracy"],
-                 last["bytes_down"] / n, last["bytes_up"] / n, accepted, str(out))  # fmt: skip
+    return Trial(
+        list(freeze),
+        summary.get("trainable_fraction", 1.0),
+        summary["final_test_accuracy"],
+        last["bytes_down"] / n,
+        last["bytes_up"] / n,
+        accepted,
+        str(out),
+    )
 
 
 def fedpt_search(
@@ -103,9 +112,13 @@ def fedpt_search(
         progress: called with each finished trial.
     """
     if budget_rounds < 1:
-        raise ConfigError(f"--budget-rounds {budget_rounds}: expected a whole number of rounds >= 1")
+        raise ConfigError(
+            f"--budget-rounds {budget_rounds}: expected a whole number of rounds >= 1"
+        )
     if not 0 <= tolerance < 1:
-        raise ConfigError(f"--tolerance {tolerance}: expected an accuracy drop in [0, 1), e.g. 0.02")
+        raise ConfigError(
+            f"--tolerance {tolerance}: expected an accuracy drop in [0, 1), e.g. 0.02"
+        )
     root = Path(out)
     base_cfg = _trial_config(cfg, [], budget_rounds)
     model = build_run(base_cfg).model_fn()

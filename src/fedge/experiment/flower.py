@@ -40,8 +40,10 @@ __all__ = ["client_app", "configured_client_app", "loopback", "server_app", "sub
 def _config_text(context: Context) -> str:
     text = context.run_config.get("fedge-config")
     if not isinstance(text, str) or not text:
-        raise ConfigError("the Flower run has no 'fedge-config' in its run_config; start it with "
-                          "fedge's generated app (fedge.experiment.flower)")  # fmt: skip
+        raise ConfigError(
+            "the Flower run has no 'fedge-config' in its run_config; start it with "
+            "fedge's generated app (fedge.experiment.flower)"
+        )
     return text
 
 
@@ -77,11 +79,17 @@ def _server_main(grid: Grid, context: Context) -> None:
     out: Any = context.run_config.get("out")
     if not isinstance(out, str) or not out:
         raise ConfigError("the Flower run has no 'out' (run directory) in its run_config")
-    if context.run_config.get("resume"):  # continue the run in `out` (its config.yaml; rounds may grow)
+    if context.run_config.get(
+        "resume"
+    ):  # continue the run in `out` (its config.yaml; rounds may grow)
         rounds = context.run_config.get("resume-rounds")
-        resume_experiment(out, rounds=rounds if isinstance(rounds, int) and rounds > 0 else None, runtime=grid)
+        resume_experiment(
+            out, rounds=rounds if isinstance(rounds, int) and rounds > 0 else None, runtime=grid
+        )
         return
-    run_experiment(cfg, out=out, runtime=grid)  # the report is rendered by `fedge report OUT` (a layer above)
+    run_experiment(
+        cfg, out=out, runtime=grid
+    )  # the report is rendered by `fedge report OUT` (a layer above)
 
 
 server_app = make_server_app(_server_main)
@@ -142,21 +150,34 @@ def _flower_bin(name: str) -> str:
     here = Path(sys.executable).parent / name
     found = str(here) if here.exists() else shutil.which(name)
     if found is None:
-        raise ConfigError(f"Flower's {name!r} command is not installed; install it with: pip install 'fedge[flower]'")
+        raise ConfigError(
+            f"Flower's {name!r} command is not installed; install it with: pip install 'fedge[flower]'"
+        )
     return found
 
 
 def _env(extra_path: str | None = None) -> dict[str, str]:
     env = {**os.environ, **FLOWER_ENV}
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")  # flower-superexec, flwr-*
+    env["PATH"] = (
+        str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    )  # flower-superexec, flwr-*
     src = str(Path(__file__).resolve().parents[2])  # fedge importable in every Flower process
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 
-def submit(cfg: RunConfig, *, out: str | Path, superlink: str, insecure: bool = False,
-           root_certificates: str | Path | None = None, workdir: str | Path | None = None,
-           timeout: float | None = None, resume: bool = False, rounds: int | None = None) -> Path:  # fmt: skip
+def submit(
+    cfg: RunConfig,
+    *,
+    out: str | Path,
+    superlink: str,
+    insecure: bool = False,
+    root_certificates: str | Path | None = None,
+    workdir: str | Path | None = None,
+    timeout: float | None = None,
+    resume: bool = False,
+    rounds: int | None = None,
+) -> Path:
     """Run ``cfg`` on the Flower federation whose SuperLink is at ``superlink`` (HOST:PORT),
     with ``flwr run`` and the generated app; the ServerApp writes the run directory ``out``
     (an absolute path on the SuperLink's machine). TLS: ``root_certificates`` (the CA
@@ -170,12 +191,23 @@ def submit(cfg: RunConfig, *, out: str | Path, superlink: str, insecure: bool = 
 
     out = Path(out).resolve()
     if not insecure and root_certificates is None:
-        raise ConfigError(f"Flower SuperLink {superlink!r}: give the CA certificate (root_certificates / "
-                          "--root-certificates FILE), or insecure=True (--insecure) for a loopback test")  # fmt: skip
+        raise ConfigError(
+            f"Flower SuperLink {superlink!r}: give the CA certificate (root_certificates / "
+            "--root-certificates FILE), or insecure=True (--insecure) for a loopback test"
+        )
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="fedge-flwr-") as tmp:
-            return submit(cfg, out=out, superlink=superlink, insecure=insecure, root_certificates=root_certificates,
-                          workdir=tmp, timeout=timeout, resume=resume, rounds=rounds)  # fmt: skip
+            return submit(
+                cfg,
+                out=out,
+                superlink=superlink,
+                insecure=insecure,
+                root_certificates=root_certificates,
+                workdir=tmp,
+                timeout=timeout,
+                resume=resume,
+                rounds=rounds,
+            )
     work = Path(workdir)
     app = write_app(work / "app")
     home = work / "flwr-home"
@@ -183,24 +215,48 @@ def submit(cfg: RunConfig, *, out: str | Path, superlink: str, insecure: bool = 
     conn: dict[str, Any] = {"address": superlink, "insecure": bool(insecure)}
     if root_certificates is not None:
         conn["root-certificates"] = str(Path(root_certificates).resolve())
-    (home / "config.toml").write_text(tomli_w.dumps({"superlink": {"default": "fedge", "fedge": conn}}))
+    (home / "config.toml").write_text(
+        tomli_w.dumps({"superlink": {"default": "fedge", "fedge": conn}})
+    )
     run_config = work / "run_config.toml"
     if resume and rounds is not None:
         cfg = load_config({**cfg.to_dict(), "rounds": rounds})
-    run_config.write_text(tomli_w.dumps({"fedge-config": json.dumps(cfg.to_dict()), "out": str(out),
-                                         "resume": bool(resume), "resume-rounds": int(rounds or 0)}))  # fmt: skip
+    run_config.write_text(
+        tomli_w.dumps(
+            {
+                "fedge-config": json.dumps(cfg.to_dict()),
+                "out": str(out),
+                "resume": bool(resume),
+                "resume-rounds": int(rounds or 0),
+            }
+        )
+    )
     env = {**_env(), "FLWR_HOME": str(home)}
-    cmd = [_flower_bin("flwr"), "run", str(app), "fedge", "--stream", "--run-config", str(run_config)]
+    cmd = [
+        _flower_bin("flwr"),
+        "run",
+        str(app),
+        "fedge",
+        "--stream",
+        "--run-config",
+        str(run_config),
+    ]
     summary = out / "summary.json"
     before = summary.stat().st_mtime_ns if summary.exists() else None
     try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
     except subprocess.TimeoutExpired:
-        raise MessageError(f"flwr run did not finish within {timeout} s (SuperLink {superlink})") from None
+        raise MessageError(
+            f"flwr run did not finish within {timeout} s (SuperLink {superlink})"
+        ) from None
     if done.returncode != 0 or not summary.exists() or summary.stat().st_mtime_ns == before:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise MessageError(f"the Flower run on {superlink} did not write {out / 'summary.json'} "
-                           f"(flwr run exit {done.returncode}):\n{tail}")  # fmt: skip
+        raise MessageError(
+            f"the Flower run on {superlink} did not write {out / 'summary.json'} "
+            f"(flwr run exit {done.returncode}):\n{tail}"
+        )
     return out
 
 
@@ -214,7 +270,9 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, seconds: flo
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise MessageError(f"Flower process exited with {proc.returncode} before listening on {port}; see {log}")
+            raise MessageError(
+                f"Flower process exited with {proc.returncode} before listening on {port}; see {log}"
+            )
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
@@ -253,8 +311,12 @@ def _group_running(pgid: int) -> bool:
 
 
 @contextlib.contextmanager
-def loopback(num_nodes: int, *, workdir: str | Path,
-             tls: tuple[str | Path, str | Path, str | Path] | None = None) -> Iterator[str]:  # fmt: skip
+def loopback(
+    num_nodes: int,
+    *,
+    workdir: str | Path,
+    tls: tuple[str | Path, str | Path, str | Path] | None = None,
+) -> Iterator[str]:
     """A Flower federation on 127.0.0.1: one SuperLink and ``num_nodes`` SuperNodes
     (``partition-id`` 0..n-1), each a separate process; yields the SuperLink's HOST:PORT. Every
     process (and what it started) is stopped when the block ends, pass or fail.
@@ -271,7 +333,9 @@ def loopback(num_nodes: int, *, workdir: str | Path,
     def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
         f = log.open("wb")
         logs.append(f)
-        p = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, cwd=work)
+        p = subprocess.Popen(
+            cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, cwd=work
+        )
         procs.append(p)
         return p
 
@@ -283,13 +347,33 @@ def loopback(num_nodes: int, *, workdir: str | Path,
             ca, cert, key = (str(Path(f).resolve()) for f in tls)
             link_sec = ["--ssl-ca-certfile", ca, "--ssl-certfile", cert, "--ssl-keyfile", key]
             node_sec = ["--root-certificates", ca]
-        link = start([_flower_bin("flower-superlink"), *link_sec, "--host", "127.0.0.1", "--port", str(port),
-                      "--disable-runtime-dependency-installation"], work / "superlink.log")  # fmt: skip
+        link = start(
+            [
+                _flower_bin("flower-superlink"),
+                *link_sec,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--disable-runtime-dependency-installation",
+            ],
+            work / "superlink.log",
+        )
         _wait_port(port, link, work / "superlink.log")
         for i in range(num_nodes):
-            start([_flower_bin("flower-supernode"), *node_sec, "--superlink", f"127.0.0.1:{port}",
-                   "--port", str(free_port()), "--node-config", f"partition-id={i} num-partitions={num_nodes}"],
-                  work / f"supernode-{i}.log")  # fmt: skip
+            start(
+                [
+                    _flower_bin("flower-supernode"),
+                    *node_sec,
+                    "--superlink",
+                    f"127.0.0.1:{port}",
+                    "--port",
+                    str(free_port()),
+                    "--node-config",
+                    f"partition-id={i} num-partitions={num_nodes}",
+                ],
+                work / f"supernode-{i}.log",
+            )
         yield f"127.0.0.1:{port}"
     finally:
         for p in reversed(procs):

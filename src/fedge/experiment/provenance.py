@@ -72,7 +72,9 @@ def machine() -> dict[str, Any]:
         "cpu": cpu,
         "isa": isa,
         "cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "fedge": _fedge_version(),

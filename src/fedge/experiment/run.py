@@ -110,13 +110,16 @@ def _as_progress(p: ProgressLike) -> Progress:
     if isinstance(p, Progress):
         return p
     if not callable(p):
-        raise ConfigError(f"progress={p!r} ({type(p).__name__}) is neither a fedge Progress nor a function "
-                          "f(metrics_line, total_rounds); pass one of those, or None to show nothing")  # fmt: skip
+        raise ConfigError(
+            f"progress={p!r} ({type(p).__name__}) is neither a fedge Progress nor a function "
+            "f(metrics_line, total_rounds); pass one of those, or None to show nothing"
+        )
     try:
         inspect.signature(p).bind(None, None)
     except TypeError:
-        raise ConfigError(f"progress={p!r} cannot be called as f(metrics_line, total_rounds); give it those two "
-                          "parameters") from None  # fmt: skip
+        raise ConfigError(
+            f"progress={p!r} cannot be called as f(metrics_line, total_rounds); give it those two parameters"
+        ) from None
     except ValueError:  # no signature to read (a builtin): it will tell when called
         pass
     return _FunctionProgress(p)
@@ -133,9 +136,13 @@ def resolved_config(built: BuiltRun | RunConfig) -> dict[str, Any]:
         out = cfg.to_dict()
         out["method"] = method_cfg.model_dump(mode="json")
         out["privacy"] = privacy_config(cfg).model_dump(mode="json")
-    except PydanticSerializationError as exc:  # e.g. a registered function's default of a numpy type
-        raise ConfigError(f"the run's config cannot be written to config.yaml ({exc}); give plain values (int, "
-                          "float, str, bool, lists and mappings of them), e.g. float(x) for a numpy number") from None  # fmt: skip
+    except (
+        PydanticSerializationError
+    ) as exc:  # e.g. a registered function's default of a numpy type
+        raise ConfigError(
+            f"the run's config cannot be written to config.yaml ({exc}); give plain values (int, "
+            "float, str, bool, lists and mappings of them), e.g. float(x) for a numpy number"
+        ) from None
     return out
 
 
@@ -145,14 +152,30 @@ def _summary(built: BuiltRun, sim: Simulation, lines: list[dict[str, Any]]) -> d
     out: dict[str, Any] = {
         "final_test_accuracy": rec.last_test_accuracy,
         "best_test_accuracy": rec.best_test_accuracy,
-        **({"best_val_accuracy": rec.extra["best_val_accuracy"], "test_accuracy_at_best_val": rec.extra["test_at_best_val"],
-            "best_val_round": rec.extra["best_val_round"]} if "best_val_accuracy" in rec.extra else {}),  # fmt: skip
+        **(
+            {
+                "best_val_accuracy": rec.extra["best_val_accuracy"],
+                "test_accuracy_at_best_val": rec.extra["test_at_best_val"],
+                "best_val_round": rec.extra["best_val_round"],
+            }
+            if "best_val_accuracy" in rec.extra
+            else {}
+        ),
         **({"stopped": rec.extra["stopped"]} if "stopped" in rec.extra else {}),
-        **({"skipped_rounds": rec.extra["skipped_rounds"]} if "skipped_rounds" in rec.extra else {}),
+        **(
+            {"skipped_rounds": rec.extra["skipped_rounds"]} if "skipped_rounds" in rec.extra else {}
+        ),
         # client id -> the first round that aggregated it: whose samples the model trained on
-        **({"first_aggregated": rec.extra["first_aggregated"]} if "first_aggregated" in rec.extra else {}),
-        **({"epsilon": lines[-1]["epsilon"], "delta": cfg.privacy.model_dump().get("delta", 1e-6)}
-           if lines and "epsilon" in lines[-1] else {}),  # fmt: skip
+        **(
+            {"first_aggregated": rec.extra["first_aggregated"]}
+            if "first_aggregated" in rec.extra
+            else {}
+        ),
+        **(
+            {"epsilon": lines[-1]["epsilon"], "delta": cfg.privacy.model_dump().get("delta", 1e-6)}
+            if lines and "epsilon" in lines[-1]
+            else {}
+        ),
         "total_bytes_down": rec.cum_bytes_down,
         "total_bytes_up": rec.cum_bytes_up,
         "total_client_flops": rec.cum_client_flops,
@@ -183,12 +206,18 @@ def _side_summary(name: str, extra: dict[str, Any], lines: list[dict[str, Any]])
     """A side-evaluated model's summary figures (``<name>_final_test_accuracy``, ...), named as
     the main model's with the prefix."""
     accs = [x[f"{name}_test_accuracy"] for x in lines if x.get(f"{name}_test_accuracy") is not None]
-    out: dict[str, Any] = {f"{name}_final_test_accuracy": lines[-1].get(f"{name}_test_accuracy") if lines else None,
-                           f"{name}_best_test_accuracy": max(accs) if accs else None}  # fmt: skip
+    out: dict[str, Any] = {
+        f"{name}_final_test_accuracy": lines[-1].get(f"{name}_test_accuracy") if lines else None,
+        f"{name}_best_test_accuracy": max(accs) if accs else None,
+    }
     if f"{name}_best_val_accuracy" in extra:
-        out.update({f"{name}_best_val_accuracy": extra[f"{name}_best_val_accuracy"],
-                    f"{name}_test_accuracy_at_best_val": extra[f"{name}_test_at_best_val"],
-                    f"{name}_best_val_round": extra[f"{name}_best_val_round"]})  # fmt: skip
+        out.update(
+            {
+                f"{name}_best_val_accuracy": extra[f"{name}_best_val_accuracy"],
+                f"{name}_test_accuracy_at_best_val": extra[f"{name}_test_at_best_val"],
+                f"{name}_best_val_round": extra[f"{name}_best_val_round"],
+            }
+        )
     return out
 
 
@@ -205,8 +234,11 @@ def _advice(built: BuiltRun) -> str:
         keys.append(f"method.server_optimizer.lr (now {m['server_optimizer'].get('lr')})")
     advice = "lower " + " or ".join(keys) if keys else "lower the learning rate"
     if "clip" in m:
-        advice += f", or set a smaller method.clip (now {m['clip']})" if m["clip"] is not None else (
-            ", or turn on method.clip (now null; the reference code uses 0.3)")
+        advice += (
+            f", or set a smaller method.clip (now {m['clip']})"
+            if m["clip"] is not None
+            else (", or turn on method.clip (now null; the reference code uses 0.3)")
+        )
     return advice
 
 
@@ -217,12 +249,18 @@ def _loss_limit(built: BuiltRun) -> float:
 def _diverged(line: dict[str, Any], limit: float) -> tuple[str, float] | None:
     for key in ("test_loss", "train_loss"):
         v = line.get(key)
-        if isinstance(v, int | float) and not isinstance(v, bool) and (not math.isfinite(v) or v > limit):
+        if (
+            isinstance(v, int | float)
+            and not isinstance(v, bool)
+            and (not math.isfinite(v) or v > limit)
+        ):
             return key, float(v)
     return None
 
 
-def _divergence_message(built: BuiltRun, rnd: int, what: str, rundir: RunDir, kept: int, *, hard: bool = False) -> str:
+def _divergence_message(
+    built: BuiltRun, rnd: int, what: str, rundir: RunDir, kept: int, *, hard: bool = False
+) -> str:
     go_on = "" if hard else " (or set on_divergence: continue to go on regardless)"
     return (
         f"training diverged in round {rnd}: {what}; likely cause: a step size too large for this model: "
@@ -240,7 +278,14 @@ def _collapsed_warnings(current_round: Callable[[], int]) -> Iterator[None]:
     seen: dict[tuple[Any, str, int], list[Any]] = {}
     shown = warnings.showwarning
 
-    def show(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+    def show(
+        message: Any,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: Any = None,
+        line: Any = None,
+    ) -> None:
         key = (category, filename, lineno)
         rnd = current_round()
         entry = seen.get(key)
@@ -259,15 +304,27 @@ def _collapsed_warnings(current_round: Callable[[], int]) -> Iterator[None]:
         for (category, filename, lineno), (more, first, last) in seen.items():
             if more:
                 rounds = f"round {first}" if first == last else f"rounds {first}–{last}"
-                shown(f"{more} more {category.__name__}s like the one above ({rounds}); shown once",
-                      category, filename, lineno)  # fmt: skip
+                shown(
+                    f"{more} more {category.__name__}s like the one above ({rounds}); shown once",
+                    category,
+                    filename,
+                    lineno,
+                )
 
 
 # ---- driving rounds -----------------------------------------------------------------------------
 
 
-def _drive(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: dict[str, Any] | None,
-           progress: Progress, render: Renderer, runtime: Any = "engine", backend: str = "local") -> Path:
+def _drive(
+    built: BuiltRun,
+    rundir: RunDir,
+    lines: list[dict[str, Any]],
+    state: dict[str, Any] | None,
+    progress: Progress,
+    render: Renderer,
+    runtime: Any = "engine",
+    backend: str = "local",
+) -> Path:
     before = torch.get_num_threads()  # a notebook's own setting comes back after the run
     if built.config.threads is not None:
         torch.set_num_threads(built.config.threads)
@@ -281,12 +338,22 @@ def _drive(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: 
         torch.set_num_threads(before)
 
 
-def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], state: dict[str, Any] | None,
-                  progress: Progress, render: Renderer, runtime: Any = "engine", backend: str = "local") -> Path:
+def _drive_rounds(
+    built: BuiltRun,
+    rundir: RunDir,
+    lines: list[dict[str, Any]],
+    state: dict[str, Any] | None,
+    progress: Progress,
+    render: Renderer,
+    runtime: Any = "engine",
+    backend: str = "local",
+) -> Path:
     cfg = built.config
     limit = _loss_limit(built)
 
-    writing: list[int] = []  # the round being written while on_round runs (its warnings belong to it)
+    writing: list[
+        int
+    ] = []  # the round being written while on_round runs (its warnings belong to it)
 
     def on_round(line: dict[str, Any], sim: Simulation) -> None:
         writing[:] = [line["round"]]
@@ -301,10 +368,15 @@ def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], 
         if bad is not None:
             what = f"{key}={value:.4g} (limit 100·ln({built.dataset.num_classes}) = {limit:.4g})"
             if cfg.on_divergence == "stop":
-                raise DivergenceError(_divergence_message(built, line["round"], what, rundir, line["round"]),
-                                      round=line["round"])
-            warnings.warn(f"training diverged in round {line['round']}: {what}; {_advice(built)}",
-                          DivergenceWarning, stacklevel=2)  # fmt: skip
+                raise DivergenceError(
+                    _divergence_message(built, line["round"], what, rundir, line["round"]),
+                    round=line["round"],
+                )
+            warnings.warn(
+                f"training diverged in round {line['round']}: {what}; {_advice(built)}",
+                DivergenceWarning,
+                stacklevel=2,
+            )
         writing.clear()
 
     sim = built.simulation(on_round, runtime=runtime, backend=backend)
@@ -318,13 +390,22 @@ def _drive_rounds(built: BuiltRun, rundir: RunDir, lines: list[dict[str, Any]], 
             sim.run()
         except (MessageError, FixedPointRangeError) as exc:
             text = str(exc)
-            blown = isinstance(exc, FixedPointRangeError) and "exceeds the fixed-point range" in text
-            if not blown and "non-finite" not in text and " is nan" not in text and " is inf" not in text:
+            blown = (
+                isinstance(exc, FixedPointRangeError) and "exceeds the fixed-point range" in text
+            )
+            if (
+                not blown
+                and "non-finite" not in text
+                and " is nan" not in text
+                and " is inf" not in text
+            ):
                 raise
             who, _, what = text.split(";")[0].rpartition(": ")
             rnd = sim.record.round + 1
             what = f"{what} ({who})" if who else what
-            raise DivergenceError(_divergence_message(built, rnd, what, rundir, rnd - 1, hard=True), round=rnd) from None
+            raise DivergenceError(
+                _divergence_message(built, rnd, what, rundir, rnd - 1, hard=True), round=rnd
+            ) from None
     summary = _summary(built, sim, lines)
     summary["machines"] = segments(rundir.read_sessions(), sim.record.round)
     if runtime != "engine":
@@ -364,7 +445,9 @@ def check_dataset_root(cfg: RunConfig) -> None:
     if not mine.is_dir():
         state = "no such directory"
     else:
-        state = "missing: " + ", ".join(sorted(p.name for p in where.iterdir() if p.is_file() and not (mine / p.name).exists()))
+        state = "missing: " + ", ".join(
+            sorted(p.name for p in where.iterdir() if p.is_file() and not (mine / p.name).exists())
+        )
     raise DataNotFoundError(
         f"dataset.root={root!r} does not hold the {cfg.dataset.name!r} files ({state}; names as found in {found}); "
         f"put them there, or remove dataset.root to read the copy in {found}"
@@ -375,7 +458,12 @@ def check_dataset_root(cfg: RunConfig) -> None:
 
 
 def run_experiment(
-    cfg: RunConfig, *, out: str | Path, progress: ProgressLike = None, render: Renderer = None, runtime: Any = "engine",
+    cfg: RunConfig,
+    *,
+    out: str | Path,
+    progress: ProgressLike = None,
+    render: Renderer = None,
+    runtime: Any = "engine",
     backend: str = "local",
 ) -> Path:
     """Build and run ``cfg``, writing the run directory ``out`` (which must not exist or be empty).
@@ -416,19 +504,25 @@ def _check_runtime(runtime: Any, backend: str) -> None:
         raise ConfigError(f"runtime {runtime!r} is not known; expected one of {list(RUNTIMES)}")
     if runtime != "flower-sim":
         if backend != "local":
-            raise ConfigError(f"backend {backend!r} goes with runtime 'flower-sim' (got runtime {runtime!r})")
+            raise ConfigError(
+                f"backend {backend!r} goes with runtime 'flower-sim' (got runtime {runtime!r})"
+            )
         return
     import fedge.runtime.flower  # noqa: F401  (a missing flwr fails here)
     from fedge.runtime.flower.simulation import BACKENDS
 
     if backend not in BACKENDS:
-        raise ConfigError(f"Flower simulation backend {backend!r} is not known; expected one of {list(BACKENDS)}")
+        raise ConfigError(
+            f"Flower simulation backend {backend!r} is not known; expected one of {list(BACKENDS)}"
+        )
     if backend == "ray":
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:
-            raise ConfigError("--backend ray runs Flower's simulation engine, which needs Ray (not installed); "
-                              "install it with: pip install 'fedge[flower-sim]', or use --backend local")  # fmt: skip
+            raise ConfigError(
+                "--backend ray runs Flower's simulation engine, which needs Ray (not installed); "
+                "install it with: pip install 'fedge[flower-sim]', or use --backend local"
+            )
 
 
 def _changed_keys(changes: dict[str, tuple[Any, Any]]) -> str:
@@ -475,13 +569,22 @@ def resume_experiment(
         rundir.let_go()
 
 
-def _resume(rundir: RunDir, rounds: int | None, progress: Progress, render: Renderer, allow_config_change: bool,
-            runtime: Any, backend: str) -> Path:  # fmt: skip
+def _resume(
+    rundir: RunDir,
+    rounds: int | None,
+    progress: Progress,
+    render: Renderer,
+    allow_config_change: bool,
+    runtime: Any,
+    backend: str,
+) -> Path:
     """:func:`resume_experiment` once ``rundir`` is held."""
     raw = rundir.read_config()
     applied = rundir.applied_config()
     changes: dict[str, tuple[Any, Any]] = {}
-    lost_record = applied is None and rundir.has_sessions()  # written since runs keep sessions.jsonl: deleted
+    lost_record = (
+        applied is None and rundir.has_sessions()
+    )  # written since runs keep sessions.jsonl: deleted
     if lost_record and not allow_config_change:
         raise ResumeError(
             f"{str(rundir.path / '.fedge-config.json')!r}, the record of the config this run used, is missing, so "
@@ -512,7 +615,9 @@ def _resume(rundir: RunDir, rounds: int | None, progress: Progress, render: Rend
     if rounds is not None:
         old = int(raw.get("rounds", 0))
         if isinstance(rounds, bool) or not isinstance(rounds, int):
-            raise ConfigError(f"rounds={rounds!r} ({type(rounds).__name__}): expected a whole number of rounds (an int)")
+            raise ConfigError(
+                f"rounds={rounds!r} ({type(rounds).__name__}): expected a whole number of rounds (an int)"
+            )
         if rounds <= old:
             raise ResumeError(
                 f"rounds={rounds!r} does not extend run {str(rundir.path)!r}, which has rounds={old}; "
@@ -531,7 +636,9 @@ def _resume(rundir: RunDir, rounds: int | None, progress: Progress, render: Rend
             f"run {str(rundir.path)!r} has run {last} rounds, but its config.yaml now says rounds={cfg.rounds}; "
             f"rounds cannot go below the rounds already run: set rounds to {last} or more (nothing was changed)"
         )
-    if state is None and len(recorded := rundir.read_metrics(2**31)) > 1:  # a kill before round 1's checkpoint leaves one line
+    if (
+        state is None and len(recorded := rundir.read_metrics(2**31)) > 1
+    ):  # a kill before round 1's checkpoint leaves one line
         raise ResumeError(
             f"run {str(rundir.path)!r} has no checkpoint.pt, but metrics.jsonl records {len(recorded)} rounds: the "
             "state after them is gone, so the run cannot continue where it stopped; restore checkpoint.pt, or "
@@ -558,8 +665,13 @@ def _resume(rundir: RunDir, rounds: int | None, progress: Progress, render: Rend
     if changes:
         rundir.record_config_change(last, changes, resolved)
     elif lost_record:
-        rundir.record_config_change(last, {}, resolved, note=".fedge-config.json was missing: any edits of config.yaml "
-                                    "before this resume are unknown; config.yaml taken as it was")  # fmt: skip
+        rundir.record_config_change(
+            last,
+            {},
+            resolved,
+            note=".fedge-config.json was missing: any edits of config.yaml "
+            "before this resume are unknown; config.yaml taken as it was",
+        )
     if rounds is not None or changes:
         rundir.reopen(resolved)
     rundir.write_metrics(lines)

@@ -128,7 +128,9 @@ def _storage(path: Path, doing: str, fix: str, *, tmp: Path | None = None) -> It
             except OSError:
                 pass
         errno_txt = f"errno {exc.errno}: " if exc.errno else ""
-        raise StorageError(f"cannot {doing} {str(path)!r} ({errno_txt}{_describe(exc)}); {fix}") from None
+        raise StorageError(
+            f"cannot {doing} {str(path)!r} ({errno_txt}{_describe(exc)}); {fix}"
+        ) from None
 
 
 def _atomic_write(path: Path, data: bytes, fix: str) -> None:
@@ -176,7 +178,9 @@ class RunDir:
         self._held: int | None = None  # the descriptor whose flock holds the directory
 
     def _fix(self) -> str:
-        return f"free space or fix the permissions, then continue with: fedge run --resume {self.path}"
+        return (
+            f"free space or fix the permissions, then continue with: fedge run --resume {self.path}"
+        )
 
     # -- creation -------------------------------------------------------------------
     @staticmethod
@@ -188,17 +192,25 @@ class RunDir:
         p = Path(path)
         if p.exists() and (not p.is_dir() or any(p.iterdir())):
             if p.is_dir() and [x.name for x in p.iterdir()] == [CLAIM]:
-                if RunDir(p).dead_claimant() is not None:  # killed before it wrote anything: claim() takes it over
+                if (
+                    RunDir(p).dead_claimant() is not None
+                ):  # killed before it wrote anything: claim() takes it over
                     return
                 raise RunDirBusyError(
                     f"output directory {str(p)!r} is being set up by another fedge run; choose another --out"
                 )
             if p.is_dir() and RunDir(p).busy():
-                raise RunDirBusyError(f"output directory {str(p)!r} is being run by another fedge process; choose another --out")
+                raise RunDirBusyError(
+                    f"output directory {str(p)!r} is being run by another fedge process; choose another --out"
+                )
             if not p.is_dir():
-                raise ConfigError(f"output directory {str(p)!r} is a file, not a directory; choose another --out")
+                raise ConfigError(
+                    f"output directory {str(p)!r} is a file, not a directory; choose another --out"
+                )
             if not (p / CONFIG).is_file():
-                raise ConfigError(f"output directory {str(p)!r} already holds files and is not a fedge run; choose another --out")
+                raise ConfigError(
+                    f"output directory {str(p)!r} already holds files and is not a fedge run; choose another --out"
+                )
             if RunDir(p).is_complete():
                 raise ConfigError(
                     f"output directory {str(p)!r} holds a complete run; choose another --out, or train that run further "
@@ -220,8 +232,13 @@ class RunDir:
         fix = "choose a writable --out"
         with _storage(self.path, "create the run directory", fix):
             self._created = _mkdir(self.path)
-        info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                           "time": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode()  # fmt: skip
+        info = json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            }
+        ).encode()
         try:
             _create_exclusive(self.path / CLAIM, info)
         except FileExistsError:
@@ -237,8 +254,9 @@ class RunDir:
             self.hold(wait=True)
         except RunDirBusyError:
             self.release()
-            raise RunDirBusyError(f"output directory {str(self.path)!r} is in use by another fedge process; "
-                                  "choose another --out") from None  # fmt: skip
+            raise RunDirBusyError(
+                f"output directory {str(self.path)!r} is in use by another fedge process; choose another --out"
+            ) from None
         except BaseException:
             self.release()
             raise
@@ -256,8 +274,10 @@ class RunDir:
         over at once one wins and the other, finding a live claim, gets :class:`RunDirBusyError`
         (so does any run finding a live, unknown or foreign claim). Without locks (some network
         filesystems) a takeover could race another: a dead claim is then reported, with the fix."""
-        busy = RunDirBusyError(f"output directory {str(self.path)!r} was claimed by another fedge run started at the "
-                               "same time; choose another --out")  # fmt: skip
+        busy = RunDirBusyError(
+            f"output directory {str(self.path)!r} was claimed by another fedge run started at the "
+            "same time; choose another --out"
+        )
         if fcntl is not None and self._dead(self._claim_info()) is None:
             raise busy  # a live (or foreign, or unreadable) claimant: nothing to take over, no lock needed
         try:
@@ -277,12 +297,18 @@ class RunDir:
             if gone is None or [x.name for x in self.path.iterdir()] != [CLAIM]:
                 raise busy
             with _storage(self.path / CLAIM, "write", "choose a writable --out"):
-                _write_file(self.path / CLAIM, info)  # in place: the lock keeps other runs out meanwhile
+                _write_file(
+                    self.path / CLAIM, info
+                )  # in place: the lock keeps other runs out meanwhile
         except BaseException:
             self.let_go()
             raise
-        warnings.warn(f"output directory {str(self.path)!r} held only the claim of a fedge run ({gone}) that died "
-                      "before writing anything; this run takes the directory over", RuntimeWarning, stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"output directory {str(self.path)!r} held only the claim of a fedge run ({gone}) that died "
+            "before writing anything; this run takes the directory over",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     # -- holding (one process drives a run's rounds at a time) ------------------------
     def hold(self, *, wait: bool = False) -> None:
@@ -364,7 +390,9 @@ class RunDir:
         pid = info.get("pid") if isinstance(info, dict) else None
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
             return None
-        host = info.get("host", socket.gethostname())  # claims from before the host was kept: this one's
+        host = info.get(
+            "host", socket.gethostname()
+        )  # claims from before the host was kept: this one's
         if host != socket.gethostname():
             return None
         try:
@@ -390,7 +418,9 @@ class RunDir:
             self._claimed = False
         self._remove_if_created()
 
-    def create(self, config: dict[str, Any], partition: dict[str, Any], *, data_source: str | None = None) -> None:
+    def create(
+        self, config: dict[str, Any], partition: dict[str, Any], *, data_source: str | None = None
+    ) -> None:
         """Write config.yaml (headed by a comment naming where the data was read, when given),
         partition.json and an empty metrics.jsonl, claiming (and so holding, see :meth:`claim`)
         the directory first if needed.
@@ -407,12 +437,16 @@ class RunDir:
             self.release()
             raise
 
-    def _create(self, config: dict[str, Any], partition: dict[str, Any], data_source: str | None) -> None:
+    def _create(
+        self, config: dict[str, Any], partition: dict[str, Any], data_source: str | None
+    ) -> None:
         fix = "choose a writable --out with free space"
         _atomic_write(self.path / "partition.json", json.dumps(partition).encode(), fix)
         _atomic_write(self.path / APPLIED, json.dumps(config).encode(), fix)
         header = f"# dataset files read from: {data_source}\n" if data_source else ""
-        _atomic_write(self.path / CONFIG, (header + yaml.safe_dump(config, sort_keys=False)).encode(), fix)
+        _atomic_write(
+            self.path / CONFIG, (header + yaml.safe_dump(config, sort_keys=False)).encode(), fix
+        )
         with _storage(self.path / METRICS, "write", fix):
             _write_file(self.path / METRICS, b"")
 
@@ -455,7 +489,9 @@ class RunDir:
         """``config.yaml`` as a mapping; :class:`ResumeError` (one line) if missing or not YAML."""
         cfg_path = self.path / CONFIG
         if not self.path.exists():
-            raise ResumeError(f"{str(self.path)!r} does not exist; give the directory of a fedge run")
+            raise ResumeError(
+                f"{str(self.path)!r} does not exist; give the directory of a fedge run"
+            )
         if not cfg_path.is_file():
             raise ResumeError(f"{str(self.path)!r} is not a fedge run directory (no {CONFIG})")
         try:
@@ -465,7 +501,9 @@ class RunDir:
                 f"{str(cfg_path)!r} is not valid YAML {describe_yaml_error(exc)}; fix or restore it, then resume again"
             ) from None
         except (OSError, UnicodeDecodeError) as exc:
-            raise ResumeError(f"cannot read {str(cfg_path)!r} ({exc}); restore it, then resume again") from None
+            raise ResumeError(
+                f"cannot read {str(cfg_path)!r} ({exc}); restore it, then resume again"
+            ) from None
         if not isinstance(raw, dict):
             raise ResumeError(
                 f"{str(cfg_path)!r} must hold a mapping of config keys, got {type(raw).__name__}; restore it"
@@ -484,17 +522,29 @@ class RunDir:
         try:
             obj = json.loads(path.read_text())
         except (OSError, ValueError):
-            raise ResumeError(f"{str(path)!r} is corrupt; restore it (it records the config the run used)") from None
+            raise ResumeError(
+                f"{str(path)!r} is corrupt; restore it (it records the config the run used)"
+            ) from None
         if not isinstance(obj, dict):
-            raise ResumeError(f"{str(path)!r} is corrupt (holds {type(obj).__name__}, not a mapping of config keys); "
-                              "restore it (it records the config the run used)")  # fmt: skip
+            raise ResumeError(
+                f"{str(path)!r} is corrupt (holds {type(obj).__name__}, not a mapping of config keys); "
+                "restore it (it records the config the run used)"
+            )
         return obj
 
-    def record_config_change(self, at_round: int, changes: dict[str, tuple[Any, Any]], config: dict[str, Any],
-                             note: str | None = None) -> None:  # fmt: skip
+    def record_config_change(
+        self,
+        at_round: int,
+        changes: dict[str, tuple[Any, Any]],
+        config: dict[str, Any],
+        note: str | None = None,
+    ) -> None:
         """Log accepted edits (and a ``note`` when the edits are unknown) to ``config_changes.jsonl``
         and make ``config`` the applied one."""
-        line: dict[str, Any] = {"after_round": at_round, "changes": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}}
+        line: dict[str, Any] = {
+            "after_round": at_round,
+            "changes": {k: {"from": a, "to": b} for k, (a, b) in changes.items()},
+        }
         if note:
             line["note"] = note
         with _storage(self.path / CHANGES, "append to", self._fix()):
@@ -552,7 +602,9 @@ class RunDir:
 
     def write_metrics(self, lines: list[dict[str, Any]]) -> None:
         """Replace ``metrics.jsonl`` by ``lines`` (atomically)."""
-        _atomic_write(self.path / METRICS, "".join(json.dumps(x) + "\n" for x in lines).encode(), self._fix())
+        _atomic_write(
+            self.path / METRICS, "".join(json.dumps(x) + "\n" for x in lines).encode(), self._fix()
+        )
 
     def truncate_metrics(self, last_round: int) -> list[dict[str, Any]]:
         """Keep the metrics lines of rounds ``<= last_round`` (drop a torn last line)."""
@@ -575,7 +627,11 @@ class RunDir:
         except (OSError, UnicodeDecodeError):
             old = []
         header = "".join(x for x in old[:1] if x.startswith("# dataset files read from:"))
-        _atomic_write(self.path / CONFIG, (header + yaml.safe_dump(config, sort_keys=False)).encode(), self._fix())
+        _atomic_write(
+            self.path / CONFIG,
+            (header + yaml.safe_dump(config, sort_keys=False)).encode(),
+            self._fix(),
+        )
 
     # -- finish ---------------------------------------------------------------------
     def finish(self, summary: dict[str, Any], model: torch.nn.Module) -> None:
@@ -584,10 +640,11 @@ class RunDir:
         with _storage(self.path / "model.safetensors", "write", self._fix(), tmp=tmp):
             save_file(tensors, str(tmp), metadata={"format": "pt"})
             os.replace(tmp, self.path / "model.safetensors")
-        _atomic_write(self.path / SUMMARY, (json.dumps({**summary, "status": "complete"}, indent=2) + "\n").encode(),
-                      self._fix())  # fmt: skip
+        _atomic_write(
+            self.path / SUMMARY,
+            (json.dumps({**summary, "status": "complete"}, indent=2) + "\n").encode(),
+            self._fix(),
+        )
 
     def temp_files(self) -> list[Path]:
         return sorted(self.path.glob("*.tmp"))
-
-

@@ -37,14 +37,21 @@ def register(spec: MethodSpec) -> MethodSpec:
     is callable, is a :class:`~fedge.core.errors.ConfigError`.
     """
     config = getattr(spec, "config", None)
-    if not isinstance(spec, MethodSpec) or not (isinstance(config, type) and issubclass(config, BaseModel)) \
-            or not callable(spec.build):
-        raise ConfigError(f"register_method takes a MethodSpec(name, description, config, build) with a pydantic "
-                          f"config class and a callable build; got {spec!r}")  # fmt: skip
+    if (
+        not isinstance(spec, MethodSpec)
+        or not (isinstance(config, type) and issubclass(config, BaseModel))
+        or not callable(spec.build)
+    ):
+        raise ConfigError(
+            f"register_method takes a MethodSpec(name, description, config, build) with a pydantic "
+            f"config class and a callable build; got {spec!r}"
+        )
     name_field = config.model_fields.get("name")
     if name_field is not None and name_field.default != spec.name:
-        raise ConfigError(f"register_method: MethodSpec {spec.name!r} has config {config.__name__} whose name is "
-                          f"{name_field.default!r}; give the config a name field defaulting to {spec.name!r}")  # fmt: skip
+        raise ConfigError(
+            f"register_method: MethodSpec {spec.name!r} has config {config.__name__} whose name is "
+            f"{name_field.default!r}; give the config a name field defaulting to {spec.name!r}"
+        )
     return _REGISTRY.register(spec.name, spec)
 
 
@@ -58,10 +65,59 @@ def method_names() -> list[str]:
     return _REGISTRY.names()
 
 
-register(MethodSpec("fedavg", "FedAvg: E local epochs of backprop, weighted delta averaging, server optimizer", fedavg.FedAvgConfig, fedavg.build))
-register(MethodSpec("fedsgd", "FedSGD: one backprop gradient per client per round, server optimizer", fedavg.FedSGDConfig, fedavg.build))
-register(MethodSpec("baffle", "BAFFLE: forward-only zeroth-order estimates, K loss differences or model deltas uploaded", baffle.BaffleConfig, baffle.build))
-register(MethodSpec("ntk-baffle", "NTK foresight pruning (data-free or on client data), then BAFFLE on the sparse model", ntk_baffle.NtkBaffleConfig, ntk_baffle.build))
-register(MethodSpec("fedpt", "FedPT: FedAvg on a partially trainable network; frozen tensors rebuilt from a seed, only the trainable part travels", fedpt.FedPTConfig, fedpt.build))
-register(MethodSpec("eppfl", "EPPFL: device/edge split learning, Laplace DP on cut activations, selection, third-party masks", eppfl.EppflConfig, eppfl.build))
-register(MethodSpec("ppfl", "PPFL: greedy layer-wise FL, the layer under training inside attested, memory-budgeted, sealed enclaves", ppfl.PpflConfig, ppfl.build))
+register(
+    MethodSpec(
+        "fedavg",
+        "FedAvg: E local epochs of backprop, weighted delta averaging, server optimizer",
+        fedavg.FedAvgConfig,
+        fedavg.build,
+    )
+)
+register(
+    MethodSpec(
+        "fedsgd",
+        "FedSGD: one backprop gradient per client per round, server optimizer",
+        fedavg.FedSGDConfig,
+        fedavg.build,
+    )
+)
+register(
+    MethodSpec(
+        "baffle",
+        "BAFFLE: forward-only zeroth-order estimates, K loss differences or model deltas uploaded",
+        baffle.BaffleConfig,
+        baffle.build,
+    )
+)
+register(
+    MethodSpec(
+        "ntk-baffle",
+        "NTK foresight pruning (data-free or on client data), then BAFFLE on the sparse model",
+        ntk_baffle.NtkBaffleConfig,
+        ntk_baffle.build,
+    )
+)
+register(
+    MethodSpec(
+        "fedpt",
+        "FedPT: FedAvg on a partially trainable network; frozen tensors rebuilt from a seed, only the trainable part travels",
+        fedpt.FedPTConfig,
+        fedpt.build,
+    )
+)
+register(
+    MethodSpec(
+        "eppfl",
+        "EPPFL: device/edge split learning, Laplace DP on cut activations, selection, third-party masks",
+        eppfl.EppflConfig,
+        eppfl.build,
+    )
+)
+register(
+    MethodSpec(
+        "ppfl",
+        "PPFL: greedy layer-wise FL, the layer under training inside attested, memory-budgeted, sealed enclaves",
+        ppfl.PpflConfig,
+        ppfl.build,
+    )
+)

@@ -115,10 +115,14 @@ _EPOCH_SERVER_OPTIMIZER: dict[str, Any] = {"name": "sgd", "lr": 1.0}
 
 class BaffleConfig(SecureAggregationOptions, FreezeOption):
     name: Literal["baffle"] = "baffle"
-    mode: Literal["batch", "epoch"] = Field("epoch", description="batch-level (FedSGD) or epoch-level (FedAvg)")
+    mode: Literal["batch", "epoch"] = Field(
+        "epoch", description="batch-level (FedSGD) or epoch-level (FedAvg)"
+    )
     k: int = Field(100, ge=1, description="K: loss differences per estimate")
     sigma: float = Field(1e-4, gt=0, description="perturbation scale σ")
-    scheme: Literal["central", "forward"] = Field("forward", description="central or twice-FD (forward)")
+    scheme: Literal["central", "forward"] = Field(
+        "forward", description="central or twice-FD (forward)"
+    )
     estimator: Literal["lean", "fast"] = Field(
         "fast",
         description="lean (least memory) or fast (a forward of the batch of at most ~90 MFLOP, e.g. LeNet-5 up to "
@@ -132,31 +136,50 @@ class BaffleConfig(SecureAggregationOptions, FreezeOption):
         description="fast estimator: threads the K perturbations are split over, one torch thread each "
         "(null: every usable core when clients run in the engine's process, 1 with clients.workers > 0)",
     )
-    chunk: int | None = Field(None, ge=1, description="perturbations per batched pass (fast estimator)")
+    chunk: int | None = Field(
+        None, ge=1, description="perturbations per batched pass (fast estimator)"
+    )
     directions: Literal["gaussian", "orthogonal", "block"] = Field(
         "gaussian",
         description="perturbation directions: gaussian (BAFFLE's i.i.d.), orthogonal (randomized Hadamard per "
         "tensor) or block (per-layer, K split ∝ sqrt(layer size)); see fedge.estimators.directions",
     )
     perturb: list[str] | None = Field(
-        None, description="shell-style patterns of the parameters to perturb and train (null: all trainable)"
+        None,
+        description="shell-style patterns of the parameters to perturb and train (null: all trainable)",
     )
-    batch_size: int = Field(64, ge=1, description="samples per loss evaluation (with delta_loss_on=local_set: per forward chunk)")
+    batch_size: int = Field(
+        64,
+        ge=1,
+        description="samples per loss evaluation (with delta_loss_on=local_set: per forward chunk)",
+    )
     delta_loss_on: Literal["batch", "local_set"] = Field(
         "local_set",
         description="batch mode: ΔL over the client's whole local set D_c (Algorithm 1, line 12; forwards run "
         "in chunks of batch_size) or over one mini-batch of batch_size drawn each round (cheaper, noisier)",
     )
     local_epochs: int = Field(1, ge=1, description="epoch-level: local epochs per round")
-    max_steps: int | None = Field(None, ge=1, description="epoch-level: cap on local steps per round")
-    clip: float | None = Field(0.3, gt=0, description="inf-norm clip of each estimate (reference code); null: off")
-    client_optimizer: ClientOptimizerConfig = ClientOptimizerConfig(name="adam", lr=0.01, b1=0.9, b2=0.99)
-    server_optimizer: ServerOptimizerConfig | None = Field(
-        None, description="default: adam lr 0.01 betas (0.9, 0.99) for batch mode, sgd lr 1 (FedAvg) for epoch mode"
+    max_steps: int | None = Field(
+        None, ge=1, description="epoch-level: cap on local steps per round"
     )
-    ema: float | None = Field(0.995, ge=0, lt=1, description="EMA decay for evaluation; null or 0: off")
-    ema_warmup: bool = Field(True, description="decay min(ema, (1+n)/(10+n)), n the earlier updates (torch_ema, "
-                                               "the reference code's, counts the current one too: one update ahead)")
+    clip: float | None = Field(
+        0.3, gt=0, description="inf-norm clip of each estimate (reference code); null: off"
+    )
+    client_optimizer: ClientOptimizerConfig = ClientOptimizerConfig(
+        name="adam", lr=0.01, b1=0.9, b2=0.99
+    )
+    server_optimizer: ServerOptimizerConfig | None = Field(
+        None,
+        description="default: adam lr 0.01 betas (0.9, 0.99) for batch mode, sgd lr 1 (FedAvg) for epoch mode",
+    )
+    ema: float | None = Field(
+        0.995, ge=0, lt=1, description="EMA decay for evaluation; null or 0: off"
+    )
+    ema_warmup: bool = Field(
+        True,
+        description="decay min(ema, (1+n)/(10+n)), n the earlier updates (torch_ema, "
+        "the reference code's, counts the current one too: one update ahead)",
+    )
     ema_also_raw: bool = Field(
         False,
         description="also evaluate the raw global model W beside its EMA (metrics raw_test_accuracy, raw_val_accuracy, "
@@ -181,8 +204,16 @@ class BaffleConfig(SecureAggregationOptions, FreezeOption):
     def _partial_server_optimizer(cls, data: Any) -> Any:
         """``method.server_optimizer.lr=0.03`` alone tunes the mode's default optimizer (batch mode's
         Adam), rather than building an SGD from the class defaults; naming ``name`` starts afresh."""
-        if isinstance(data, dict) and isinstance(data.get("server_optimizer"), dict) and "name" not in data["server_optimizer"]:
-            base = _BATCH_SERVER_OPTIMIZER if data.get("mode", "epoch") == "batch" else _EPOCH_SERVER_OPTIMIZER
+        if (
+            isinstance(data, dict)
+            and isinstance(data.get("server_optimizer"), dict)
+            and "name" not in data["server_optimizer"]
+        ):
+            base = (
+                _BATCH_SERVER_OPTIMIZER
+                if data.get("mode", "epoch") == "batch"
+                else _EPOCH_SERVER_OPTIMIZER
+            )
             data = {**data, "server_optimizer": {**base, **data["server_optimizer"]}}
         return data
 
@@ -192,7 +223,10 @@ class BaffleConfig(SecureAggregationOptions, FreezeOption):
             self.server_optimizer = ServerOptimizerConfig(
                 **(_BATCH_SERVER_OPTIMIZER if self.mode == "batch" else _EPOCH_SERVER_OPTIMIZER)
             )
-        if self.mode == "batch" and self.client_optimizer != type(self).model_fields["client_optimizer"].default:
+        if (
+            self.mode == "batch"
+            and self.client_optimizer != type(self).model_fields["client_optimizer"].default
+        ):
             raise ValueError(
                 "method.client_optimizer is not used in batch mode: clients send loss differences and the server "
                 "steps with method.server_optimizer; set method.server_optimizer.* instead (or method.mode=epoch)"
@@ -236,15 +270,31 @@ def perturbation_threads(cfg: BaffleConfig, env: MethodEnv) -> int:
 def zeroth_order_gradient_fn(cfg: BaffleConfig, threads: int = 1) -> Any:
     """A :data:`~fedge.methods.local.GradientFn` computing BAFFLE's local estimate."""
 
-    def gradient(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], ctx: ClientContext, masks: Any):
+    def gradient(
+        model: torch.nn.Module,
+        batch: tuple[torch.Tensor, torch.Tensor],
+        ctx: ClientContext,
+        masks: Any,
+    ):
         seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator))
         params = perturbed_params(model, cfg)
         masks = perturbed_masks(masks, params)
         g = zeroth_order_gradient(
-            model, F.cross_entropy, batch, k=cfg.k, sigma=cfg.sigma, seed=seed, scheme=cfg.scheme,
-            params=list(params), masks=masks, mode=cfg.estimator, chunk=cfg.chunk, dtype=cfg.dtype,
-            workers=threads, directions=cfg.directions,
-        )  # fmt: skip
+            model,
+            F.cross_entropy,
+            batch,
+            k=cfg.k,
+            sigma=cfg.sigma,
+            seed=seed,
+            scheme=cfg.scheme,
+            params=list(params),
+            masks=masks,
+            mode=cfg.estimator,
+            chunk=cfg.chunk,
+            dtype=cfg.dtype,
+            workers=threads,
+            directions=cfg.directions,
+        )
         return None, clip_inf_norm(g, cfg.clip)
 
     return gradient
@@ -263,7 +313,9 @@ class BaffleBatchClient:
         self.local = LocalTraining.loader(model_fn)
         self.replica = ClientReplica(model_fn(), cfg) if cfg.downlink == "seeds" else None
 
-    def load(self, message: Message, ctx: ClientContext) -> tuple[torch.nn.Module, dict[str, torch.Tensor] | None]:
+    def load(
+        self, message: Message, ctx: ClientContext
+    ) -> tuple[torch.nn.Module, dict[str, torch.Tensor] | None]:
         """The global model W_t (received, or rebuilt from seeds and scalars) and its masks."""
         if self.replica is None:
             return self.local.load(message, ctx), self.local.masks
@@ -277,10 +329,16 @@ class BaffleBatchClient:
         model, masks = self.load(message, ctx)
         seed = message.config.get("seed")
         if not isinstance(seed, int):
-            raise MessageError(f"round {ctx.rnd}, client {ctx.cid}: no perturbation seed in the server's message")
+            raise MessageError(
+                f"round {ctx.rnd}, client {ctx.cid}: no perturbation seed in the server's message"
+            )
         n = ctx.data.num_samples
         if cfg.delta_loss_on == "batch":
-            chunks = [ctx.data.indices[torch.randperm(n, generator=ctx.generator)[: min(cfg.batch_size, n)]]]
+            chunks = [
+                ctx.data.indices[
+                    torch.randperm(n, generator=ctx.generator)[: min(cfg.batch_size, n)]
+                ]
+            ]
         else:  # ΔL(D_c) = Σ_chunks (n_chunk / n) ΔL(chunk): the mean loss is linear in the samples
             chunks = list(ctx.data.indices.split(cfg.batch_size))
         params = perturbed_params(model, cfg)
@@ -288,10 +346,21 @@ class BaffleBatchClient:
         total = torch.zeros(cfg.k, dtype=torch.float64)
         for idx in chunks:
             d = loss_differences(
-                model, F.cross_entropy, (ctx.data.x[idx], ctx.data.y[idx]), k=cfg.k, sigma=cfg.sigma, seed=seed,
-                scheme=cfg.scheme, params=list(params), masks=masks, mode=cfg.estimator, chunk=cfg.chunk,
-                dtype=cfg.dtype, workers=self.threads, directions=cfg.directions,
-            )  # fmt: skip
+                model,
+                F.cross_entropy,
+                (ctx.data.x[idx], ctx.data.y[idx]),
+                k=cfg.k,
+                sigma=cfg.sigma,
+                seed=seed,
+                scheme=cfg.scheme,
+                params=list(params),
+                masks=masks,
+                mode=cfg.estimator,
+                chunk=cfg.chunk,
+                dtype=cfg.dtype,
+                workers=self.threads,
+                directions=cfg.directions,
+            )
             if len(chunks) == 1:
                 return d
             total += d.to(torch.float64) * (idx.numel() / n)
@@ -311,7 +380,12 @@ class BaffleBatchStrategy(Strategy):
     """
 
     def __init__(
-        self, model: torch.nn.Module, cfg: BaffleConfig, *, seed: int, masks: dict[str, torch.Tensor] | None = None
+        self,
+        model: torch.nn.Module,
+        cfg: BaffleConfig,
+        *,
+        seed: int,
+        masks: dict[str, torch.Tensor] | None = None,
     ) -> None:
         assert cfg.server_optimizer is not None
         self.model, self.cfg, self.seed = model, cfg, seed
@@ -367,16 +441,22 @@ class BaffleBatchStrategy(Strategy):
         n = reply.config.get("num_samples")
         if d is None or d.shape != (self.cfg.k,) or d.dtype != torch.float32:
             got = None if d is None else (tuple(d.shape), str(d.dtype))
-            raise MessageError(f"round {rnd}, client {cid}: expected dL of shape ({self.cfg.k},) float32, got {got}")
+            raise MessageError(
+                f"round {rnd}, client {cid}: expected dL of shape ({self.cfg.k},) float32, got {got}"
+            )
         if not isinstance(n, int) or n < 1:
-            raise MessageError(f"round {rnd}, client {cid}: num_samples={n!r}; expected an int >= 1")
+            raise MessageError(
+                f"round {rnd}, client {cid}: num_samples={n!r}; expected an int >= 1"
+            )
         return d, n
 
     def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float]:
         """Σ_c (N_c/N) ΔL_c (Eq. 7), then the update; per-client estimates when not shared."""
         checked = {c: self.check_reply(rnd, c, r) for c, r in replies.items()}
         if self.cfg.shared_perturbations:
-            combined = combine_loss_differences([d for d, _ in checked.values()], [n for _, n in checked.values()])
+            combined = combine_loss_differences(
+                [d for d, _ in checked.values()], [n for _, n in checked.values()]
+            )
             return self.shared_update(rnd, combined, sorted(replies))
         return self.apply(self.per_client_estimate(rnd, checked))
 
@@ -385,15 +465,26 @@ class BaffleBatchStrategy(Strategy):
         checked = {c: self.check_reply(rnd, c, r) for c, r in replies.items()}
         if not self.cfg.shared_perturbations:
             return self.per_client_estimate(rnd, checked)
-        combined = combine_loss_differences([d for d, _ in checked.values()], [n for _, n in checked.values()])
+        combined = combine_loss_differences(
+            [d for d, _ in checked.values()], [n for _, n in checked.values()]
+        )
         return self.shared_estimate(rnd, combined)
 
     def shared_estimate(self, rnd: int, combined: torch.Tensor) -> dict[str, torch.Tensor]:
         """ĝ (Eq. 6) from Σ_c (N_c/N) ΔL_c on the round's shared perturbations (Eq. 7), not applied."""
-        return estimate_gradient(self.params(), combined, sigma=self.cfg.sigma, seed=self.round_seed(rnd),
-                                 scheme=self.cfg.scheme, masks=self.masks(), directions=self.cfg.directions)  # fmt: skip
+        return estimate_gradient(
+            self.params(),
+            combined,
+            sigma=self.cfg.sigma,
+            seed=self.round_seed(rnd),
+            scheme=self.cfg.scheme,
+            masks=self.masks(),
+            directions=self.cfg.directions,
+        )
 
-    def per_client_estimate(self, rnd: int, checked: Mapping[int, tuple[torch.Tensor, int]]) -> dict[str, torch.Tensor]:
+    def per_client_estimate(
+        self, rnd: int, checked: Mapping[int, tuple[torch.Tensor, int]]
+    ) -> dict[str, torch.Tensor]:
         """Σ_c (N_c/N) ĝ_c, each client on its own perturbations (one regeneration per client)."""
         params = self.params()
         cfg = self.cfg
@@ -401,14 +492,21 @@ class BaffleBatchStrategy(Strategy):
         g: dict[str, torch.Tensor] = {}
         for c, (d, n) in checked.items():
             gc = estimate_gradient(
-                params, d, sigma=cfg.sigma, seed=self.round_seed(rnd, c), scheme=cfg.scheme, masks=self.masks(),
+                params,
+                d,
+                sigma=cfg.sigma,
+                seed=self.round_seed(rnd, c),
+                scheme=cfg.scheme,
+                masks=self.masks(),
                 directions=cfg.directions,
             )
             for k, v in gc.items():
                 g[k] = g[k].add_(v, alpha=n / total) if k in g else v * (n / total)
         return g
 
-    def shared_update(self, rnd: int, combined: torch.Tensor, clients: Sequence[int] = ()) -> dict[str, float]:
+    def shared_update(
+        self, rnd: int, combined: torch.Tensor, clients: Sequence[int] = ()
+    ) -> dict[str, float]:
         """ĝ (Eq. 6) from Σ_c (N_c/N) ΔL_c on the round's shared perturbations (Eq. 7), clip,
         optimizer — the step a ``downlink: seeds`` client replays from (s_t, ΔL_t); ``clients``:
         those whose ΔL is in ``combined`` (they hold this round's model)."""
@@ -424,8 +522,14 @@ class BaffleBatchStrategy(Strategy):
         self.server.step(clip_inf_norm(grads, self.cfg.clip))
         return {"estimate_inf_norm": max(float(v.abs().max()) for v in grads.values())}
 
-    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float = 1.0,
-                   clients: Sequence[int] = ()) -> dict[str, float]:  # fmt: skip
+    def apply_mean(
+        self,
+        rnd: int,
+        mean: dict[str, torch.Tensor],
+        *,
+        weight: float = 1.0,
+        clients: Sequence[int] = (),
+    ) -> dict[str, float]:
         """The update from the weighted mean of the clients' ΔL (what secure aggregation yields)."""
         return self.shared_update(rnd, mean["dL"].to(torch.float32), clients)
 
@@ -455,7 +559,9 @@ def build(
     ``wrap`` adds server behaviour beneath the EMA (e.g. NTK-Ori's pruning exchanges)."""
     assert cfg.server_optimizer is not None
     env = cfg.frozen_env(env)
-    if cfg.perturb is not None:  # checked here, before a run directory is made, not in the first round
+    if (
+        cfg.perturb is not None
+    ):  # checked here, before a run directory is made, not in the first round
         try:
             perturbed_params(env.model_fn(), cfg)
         except ConfigError as exc:
@@ -475,13 +581,19 @@ def build(
             )
         strategy, program = protect(strategy, program, cfg, **env.protection(weighted=True))
     else:
-        strategy = DeltaAveraging(env.model_fn(), cfg.server_optimizer.build(), replies_are_gradients=False, masks=masks)
+        strategy = DeltaAveraging(
+            env.model_fn(), cfg.server_optimizer.build(), replies_are_gradients=False, masks=masks
+        )
         program = LocalTraining.from_config(
-            env.model_fn, cfg, gradient_fn=zeroth_order_gradient_fn(cfg, perturbation_threads(cfg, env))
+            env.model_fn,
+            cfg,
+            gradient_fn=zeroth_order_gradient_fn(cfg, perturbation_threads(cfg, env)),
         )
         strategy, program = protect(strategy, program, cfg, **env.protection(weighted=True))
     if wrap is not None:
         strategy = wrap(strategy)
     if cfg.ema:
-        strategy = EMAEvaluation(strategy, decay=cfg.ema, warmup=cfg.ema_warmup, also_raw=cfg.ema_also_raw)
+        strategy = EMAEvaluation(
+            strategy, decay=cfg.ema, warmup=cfg.ema_warmup, also_raw=cfg.ema_also_raw
+        )
     return MethodBuild(strategy, program)

@@ -37,14 +37,23 @@ from fedge.estimators import estimate_gradient
 from fedge.estimators.directions import match_params
 from fedge.methods.base import GlobalModel, load_arrays, model_arrays, unpack_model_arrays
 
-__all__ = ["ClientReplica", "DownlinkHistory", "clip_inf_norm", "perturbed_masks", "perturbed_params", "replay_step"]
+__all__ = [
+    "ClientReplica",
+    "DownlinkHistory",
+    "clip_inf_norm",
+    "perturbed_masks",
+    "perturbed_params",
+    "replay_step",
+]
 
 _OPT = "opt/"
 _MODEL = "w/"
 _MASK = "m/"
 
 
-def clip_inf_norm(grads: dict[str, torch.Tensor], max_norm: float | None) -> dict[str, torch.Tensor]:
+def clip_inf_norm(
+    grads: dict[str, torch.Tensor], max_norm: float | None
+) -> dict[str, torch.Tensor]:
     """Scale all estimates together so that max |g| <= ``max_norm`` (the reference code's
     ``clip_grad_norm_(params, max_norm, norm_type=inf)``)."""
     if max_norm is None:
@@ -56,11 +65,19 @@ def clip_inf_norm(grads: dict[str, torch.Tensor], max_norm: float | None) -> dic
 
 def perturbed_params(model: torch.nn.Module, cfg: Any) -> dict[str, torch.Tensor]:
     """The trainable parameters matching ``cfg.perturb`` (all trainable ones when None)."""
-    trainable: dict[str, torch.Tensor] = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    return trainable if cfg.perturb is None else {n: trainable[n] for n in match_params(trainable, cfg.perturb)}
+    trainable: dict[str, torch.Tensor] = {
+        n: p for n, p in model.named_parameters() if p.requires_grad
+    }
+    return (
+        trainable
+        if cfg.perturb is None
+        else {n: trainable[n] for n in match_params(trainable, cfg.perturb)}
+    )
 
 
-def perturbed_masks(masks: dict[str, torch.Tensor] | None, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+def perturbed_masks(
+    masks: dict[str, torch.Tensor] | None, params: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor] | None:
     """The masks of the perturbed parameters only (None when none is masked)."""
     return {n: m for n, m in (masks or {}).items() if n in params} or None
 
@@ -79,14 +96,23 @@ def _one_thread() -> Iterator[None]:
             torch.set_num_threads(before)
 
 
-def replay_step(server: GlobalModel, cfg: Any, seed: int, combined: torch.Tensor) -> dict[str, torch.Tensor]:
+def replay_step(
+    server: GlobalModel, cfg: Any, seed: int, combined: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """One round of batch-level BAFFLE's server update: ĝ from Σ_c (N_c/N) ΔL_c on the
     perturbations of ``seed`` (Eq. 6-7), inf-norm clip, server optimizer. Returns ĝ (unclipped).
     The server runs it to train; a client runs it to rebuild the server's model."""
     with _one_thread():
         params = perturbed_params(server.model, cfg)
-        g = estimate_gradient(params, combined, sigma=cfg.sigma, seed=seed, scheme=cfg.scheme,
-                              masks=perturbed_masks(server.masks, params), directions=cfg.directions)  # fmt: skip
+        g = estimate_gradient(
+            params,
+            combined,
+            sigma=cfg.sigma,
+            seed=seed,
+            scheme=cfg.scheme,
+            masks=perturbed_masks(server.masks, params),
+            directions=cfg.directions,
+        )
         server.step(clip_inf_norm(g, cfg.clip))
     return g
 
@@ -103,10 +129,14 @@ class DownlinkHistory:
     def record(self, rnd: int, seed: int, combined: torch.Tensor) -> None:
         self.history[rnd] = (seed, combined.detach().to(torch.float32).clone())
 
-    def messages(self, rnd: int, client_ids: list[int], seed: int, server: GlobalModel) -> dict[int, Message]:
+    def messages(
+        self, rnd: int, client_ids: list[int], seed: int, server: GlobalModel
+    ) -> dict[int, Message]:
         """Round ``rnd``'s message per client: the rounds it missed, or the full state."""
-        full = Message({**server.arrays(), **T.state_to_arrays(server.opt_state, prefix=_OPT)},
-                       config={"seed": seed, "sync_to": rnd})  # fmt: skip
+        full = Message(
+            {**server.arrays(), **T.state_to_arrays(server.opt_state, prefix=_OPT)},
+            config={"seed": seed, "sync_to": rnd},
+        )
         full_size = len(full.to_bytes())
         out: dict[int, Message] = {}
         self._full_size = full_size
@@ -115,10 +145,16 @@ class DownlinkHistory:
             missed = None if at is None else range(at, rnd)
             if missed is not None and all(r in self.history for r in missed):
                 replay = Message(
-                    {"replay_seeds": torch.tensor([self.history[r][0] for r in missed], dtype=torch.int64),
-                     "replay_dL": torch.stack([self.history[r][1] for r in missed]) if len(missed) else torch.zeros(0, self.k)},
+                    {
+                        "replay_seeds": torch.tensor(
+                            [self.history[r][0] for r in missed], dtype=torch.int64
+                        ),
+                        "replay_dL": torch.stack([self.history[r][1] for r in missed])
+                        if len(missed)
+                        else torch.zeros(0, self.k),
+                    },
                     config={"seed": seed, "sync_from": at, "sync_to": rnd},
-                )  # fmt: skip
+                )
                 if len(replay.to_bytes()) < full_size:
                     out[c] = replay
                     continue
@@ -174,8 +210,12 @@ class ClientReplica:
                 )
             seeds, diffs = message.arrays["replay_seeds"], message.arrays["replay_dL"]
             if diffs.dim() != 2 or diffs.shape != (seeds.numel(), self.cfg.k):
-                raise MessageError(f"{who}: replay_dL has shape {tuple(diffs.shape)}; expected ({seeds.numel()}, {self.cfg.k})")
-            skip = at - frm  # rounds this client replayed already (its last reply did not reach the server)
+                raise MessageError(
+                    f"{who}: replay_dL has shape {tuple(diffs.shape)}; expected ({seeds.numel()}, {self.cfg.k})"
+                )
+            skip = (
+                at - frm
+            )  # rounds this client replayed already (its last reply did not reach the server)
             for seed, d in zip(seeds.tolist()[skip:], diffs[skip:], strict=True):
                 replay_step(self.server, self.cfg, int(seed), d)
         else:
@@ -190,9 +230,15 @@ class ClientReplica:
     def _restore(self, ctx: ClientContext, who: str) -> None:
         st = ctx.state
         if "at" not in st:
-            raise MessageError(f"{who}: the server sent rounds to replay, but this client holds no model")
-        load_arrays(self.server.model, {k[len(_MODEL):]: v for k, v in st.items() if k.startswith(_MODEL)}, who=who)
-        masks = {k[len(_MASK):]: v for k, v in st.items() if k.startswith(_MASK)}
+            raise MessageError(
+                f"{who}: the server sent rounds to replay, but this client holds no model"
+            )
+        load_arrays(
+            self.server.model,
+            {k[len(_MODEL) :]: v for k, v in st.items() if k.startswith(_MODEL)},
+            who=who,
+        )
+        masks = {k[len(_MASK) :]: v for k, v in st.items() if k.startswith(_MASK)}
         self.server.set_masks(masks or None)
         self.server.opt_state = T.state_from_arrays(st, self.template, prefix=_OPT)
 

@@ -75,7 +75,8 @@ class ServerOptimizerConfig(MethodConfigBase):
     """
 
     name: Literal["sgd", "adam", "yogi", "adagrad", "zo_sgdm", "zo_adamm"] = Field(
-        "sgd", description="zo_sgdm: averaged momentum (beta = b1); zo_adamm: ZO-AdaMM (fedge.core.transforms)"
+        "sgd",
+        description="zo_sgdm: averaged momentum (beta = b1); zo_adamm: ZO-AdaMM (fedge.core.transforms)",
     )
     lr: float = Field(1.0, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
@@ -83,13 +84,19 @@ class ServerOptimizerConfig(MethodConfigBase):
     b2: float = Field(0.99, ge=0, lt=1)
     eps: float | None = Field(None, gt=0)
     bias_correction: bool = True
-    weight_decay: float = Field(0.0, ge=0, description="L2 weight decay added to the gradient (sgd, adam)")
-    lr_decay: float = Field(1.0, gt=0, le=1, description="learning rate multiplied by this after each round (sgd, adam)")
+    weight_decay: float = Field(
+        0.0, ge=0, description="L2 weight decay added to the gradient (sgd, adam)"
+    )
+    lr_decay: float = Field(
+        1.0, gt=0, le=1, description="learning rate multiplied by this after each round (sgd, adam)"
+    )
 
     @model_validator(mode="after")
     def _decay_needs_sgd_or_adam(self) -> ServerOptimizerConfig:
         if self.name in ("zo_sgdm", "zo_adamm") and self.weight_decay:
-            raise ValueError(f"weight_decay is not supported by {self.name}; leave it at 0 or use sgd or adam")
+            raise ValueError(
+                f"weight_decay is not supported by {self.name}; leave it at 0 or use sgd or adam"
+            )
         if self.name in ("yogi", "adagrad") and (self.weight_decay or self.lr_decay != 1.0):
             raise ValueError(
                 f"weight_decay and lr_decay are supported for sgd and adam, not {self.name}; "
@@ -99,14 +106,28 @@ class ServerOptimizerConfig(MethodConfigBase):
 
     def build(self) -> T.Transform:
         if self.name == "sgd":
-            return T.sgd(self.lr, momentum=self.momentum, weight_decay=self.weight_decay, lr_decay=self.lr_decay)
+            return T.sgd(
+                self.lr,
+                momentum=self.momentum,
+                weight_decay=self.weight_decay,
+                lr_decay=self.lr_decay,
+            )
         if self.name == "adam":
-            return T.adam(self.lr, b1=self.b1, b2=self.b2, eps=self.eps or 1e-8, bias_correction=self.bias_correction,
-                          weight_decay=self.weight_decay, lr_decay=self.lr_decay)  # fmt: skip
+            return T.adam(
+                self.lr,
+                b1=self.b1,
+                b2=self.b2,
+                eps=self.eps or 1e-8,
+                bias_correction=self.bias_correction,
+                weight_decay=self.weight_decay,
+                lr_decay=self.lr_decay,
+            )
         if self.name == "zo_sgdm":
             return T.zo_sgdm(self.lr, beta=self.b1, lr_decay=self.lr_decay)
         if self.name == "zo_adamm":
-            return T.zo_adamm(self.lr, b1=self.b1, b2=self.b2, eps=self.eps or 1e-8, lr_decay=self.lr_decay)
+            return T.zo_adamm(
+                self.lr, b1=self.b1, b2=self.b2, eps=self.eps or 1e-8, lr_decay=self.lr_decay
+            )
         if self.name == "yogi":
             return T.yogi(self.lr, b1=self.b1, b2=self.b2, eps=self.eps or 1e-3)
         return T.adagrad(self.lr, b1=self.b1, eps=self.eps or 1e-3)
@@ -128,8 +149,13 @@ class MethodEnv:
 
     def protection(self, *, weighted: bool) -> dict[str, Any]:
         """Keyword arguments of :func:`fedge.methods.private.protect` for this run."""
-        return dict(privacy=self.privacy, seed=self.seed, weighted=weighted, population=len(self.client_sizes),
-                    clients_per_round=self.per_round)  # fmt: skip
+        return dict(
+            privacy=self.privacy,
+            seed=self.seed,
+            weighted=weighted,
+            population=len(self.client_sizes),
+            clients_per_round=self.per_round,
+        )
 
 
 @dataclass
@@ -198,14 +224,18 @@ def unpack_model_arrays(
         kept = int(mask.sum())
         if values is None or values.dim() != 1 or values.numel() != kept:
             got = None if values is None else tuple(values.shape)
-            raise MessageError(f"{who}: sparse array {name!r} must hold its {kept} kept values, got shape {got}")
+            raise MessageError(
+                f"{who}: sparse array {name!r} must hold its {kept} kept values, got shape {got}"
+            )
         full = torch.zeros(template[name].shape, dtype=values.dtype)
         full[mask] = values
         dense[name] = full
     return dense, masks
 
 
-def load_arrays(model: torch.nn.Module, arrays: dict[str, torch.Tensor], *, who: str = "message") -> None:
+def load_arrays(
+    model: torch.nn.Module, arrays: dict[str, torch.Tensor], *, who: str = "message"
+) -> None:
     """Copy ``arrays`` into ``model`` in place; every state entry must be present with its shape."""
     state = model.state_dict()
     missing = sorted(set(state) - set(arrays))
@@ -215,7 +245,9 @@ def load_arrays(model: torch.nn.Module, arrays: dict[str, torch.Tensor], *, who:
         for k, v in state.items():
             a = arrays[k]
             if a.shape != v.shape:
-                raise MessageError(f"{who}: array {k!r} has shape {tuple(a.shape)}; expected {tuple(v.shape)}")
+                raise MessageError(
+                    f"{who}: array {k!r} has shape {tuple(a.shape)}; expected {tuple(v.shape)}"
+                )
             v.copy_(a)
 
 
@@ -235,8 +267,9 @@ def check_reply_arrays(reply: Message, expected: dict[str, torch.Size], *, who: 
         raise MessageError(f"{who}: unexpected arrays {extra[:5]}, missing arrays {missing[:5]}")
     for k, shape in expected.items():
         if reply.arrays[k].shape != shape:
-            raise MessageError(f"{who}: array {k!r} has shape {tuple(reply.arrays[k].shape)}; expected {tuple(shape)}")
-
+            raise MessageError(
+                f"{who}: array {k!r} has shape {tuple(reply.arrays[k].shape)}; expected {tuple(shape)}"
+            )
 
 
 class GlobalModel:
@@ -247,7 +280,13 @@ class GlobalModel:
     parameters; ``add_to_buffers(deltas)`` adds averaged float-buffer deltas directly.
     """
 
-    def __init__(self, model: torch.nn.Module, tx: T.Transform, *, masks: dict[str, torch.Tensor] | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tx: T.Transform,
+        *,
+        masks: dict[str, torch.Tensor] | None = None,
+    ) -> None:
         self.model, self.tx = model, tx
         self.param_names, self.buffer_names = split_trainable(model)
         self.opt_state = tx.init(self.params())
@@ -309,8 +348,10 @@ class GlobalModel:
         saved = state.get("masks")
         if saved is None:
             return
-        if self.masks and (saved.keys() != self.masks.keys()
-                           or any(not torch.equal(saved[k], self.masks[k]) for k in saved)):  # fmt: skip
+        if self.masks and (
+            saved.keys() != self.masks.keys()
+            or any(not torch.equal(saved[k], self.masks[k]) for k in saved)
+        ):
             warnings.warn(
                 "the pruning masks rebuilt for this run differ from those its checkpoint was trained with "
                 "(another CPU or torch build rounds an iterative pruning differently); the run continues "

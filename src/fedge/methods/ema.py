@@ -38,10 +38,14 @@ class EMAEvaluation(StrategyWrapper):
             (:meth:`side_eval_models` ``{"raw": W}``).
     """
 
-    def __init__(self, inner: Strategy, *, decay: float, warmup: bool = False, also_raw: bool = False) -> None:
+    def __init__(
+        self, inner: Strategy, *, decay: float, warmup: bool = False, also_raw: bool = False
+    ) -> None:
         super().__init__(inner)
         if inner.global_model is None:
-            raise ConfigError(f"an EMA of the global model needs a strategy with one; {type(inner).__name__} has none")
+            raise ConfigError(
+                f"an EMA of the global model needs a strategy with one; {type(inner).__name__} has none"
+            )
         self.decay, self.warmup, self.also_raw = decay, warmup, also_raw
         self._floating = [k for k, v in self.model.state_dict().items() if v.is_floating_point()]
         self.ema = T.ema_init(self._state())
@@ -54,7 +58,9 @@ class EMAEvaluation(StrategyWrapper):
     def round(self, rnd: int, client_ids: list[int]) -> Round:
         out = yield from self._restart_when_pruned(self.inner.round(rnd, client_ids))
         self.ema = T.ema_update(self.ema, self._state(), decay=self.decay, warmup=self.warmup)
-        for name, mask in (self.global_model.masks or {}).items():  # a pruned model's average is pruned too
+        for name, mask in (
+            self.global_model.masks or {}
+        ).items():  # a pruned model's average is pruned too
             self.ema["avg"][name].mul_(mask.to(self.ema["avg"][name].dtype))
         return out
 
@@ -76,7 +82,9 @@ class EMAEvaluation(StrategyWrapper):
         finally:
             inner.close()  # a round the engine abandons (clients.min_replies) closes the inner one too
 
-    def _restart_if_pruned(self, masks: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+    def _restart_if_pruned(
+        self, masks: dict[str, torch.Tensor] | None
+    ) -> dict[str, torch.Tensor] | None:
         """Start the average from the current model if its masks are no longer ``masks``; the masks now."""
         if self.global_model.masks is not masks:
             self.ema = T.ema_init(self._state())

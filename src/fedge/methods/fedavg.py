@@ -51,7 +51,9 @@ class FedAvgConfig(SecureAggregationOptions):
     name: Literal["fedavg"] = "fedavg"
     local_epochs: int = Field(1, ge=1, description="E: local epochs per round")
     batch_size: int = Field(32, ge=1, description="B: local mini-batch size")
-    max_steps: int | None = Field(None, ge=1, description="cap on local steps per round (None: E full epochs)")
+    max_steps: int | None = Field(
+        None, ge=1, description="cap on local steps per round (None: E full epochs)"
+    )
     weighting: Literal["samples", "uniform"] = "samples"
     client_optimizer: ClientOptimizerConfig = ClientOptimizerConfig()
     server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()
@@ -59,7 +61,9 @@ class FedAvgConfig(SecureAggregationOptions):
 
 class FedSGDConfig(SecureAggregationOptions, FreezeOption):
     name: Literal["fedsgd"] = "fedsgd"
-    batch_size: int = Field(64, ge=0, description="samples per client gradient (0: the whole local set)")
+    batch_size: int = Field(
+        64, ge=0, description="samples per client gradient (0: the whole local set)"
+    )
     weighting: Literal["samples", "uniform"] = "samples"
     server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig(lr=0.1)
 
@@ -77,8 +81,12 @@ class FedSGDClient:
         _, buffers = split_trainable(model)
         start = {k: model.state_dict()[k].detach().clone() for k in buffers}
         n = ctx.data.num_samples
-        idx = ctx.data.indices[torch.randperm(n, generator=ctx.generator)[: min(self.cfg.batch_size or n, n)]]
-        loss, grads = backprop_gradient_fn(model, (ctx.data.x[idx], ctx.data.y[idx]), ctx, self.local.masks)
+        idx = ctx.data.indices[
+            torch.randperm(n, generator=ctx.generator)[: min(self.cfg.batch_size or n, n)]
+        ]
+        loss, grads = backprop_gradient_fn(
+            model, (ctx.data.x[idx], ctx.data.y[idx]), ctx, self.local.masks
+        )
         state = model.state_dict()
         arrays = {**grads, **{k: state[k].detach() - start[k] for k in buffers}}
         return Message(arrays, config={"num_samples": n}, metrics={"train_loss": loss})
@@ -110,7 +118,9 @@ class DeltaAveraging(Strategy):
         self.gradients, self.weighting = replies_are_gradients, weighting
         self.weighted = weighting == "samples"
         state = model.state_dict()
-        self.expected = {k: state[k].shape for k in self.server.param_names + self.server.buffer_names}
+        self.expected = {
+            k: state[k].shape for k in self.server.param_names + self.server.buffer_names
+        }
 
     @property
     def global_model(self) -> GlobalModel:
@@ -124,8 +134,10 @@ class DeltaAveraging(Strategy):
         coordinates are summed reveals nothing about one client. They can change between rounds
         (NTK-Ori prunes in round 1): ask each round."""
         state, masks = self.model.state_dict(), self.server.masks or {}
-        return {k: (torch.Size([int(masks[k].sum())]) if k in masks else state[k].shape, state[k].dtype)
-                for k in self.expected}  # fmt: skip
+        return {
+            k: (torch.Size([int(masks[k].sum())]) if k in masks else state[k].shape, state[k].dtype)
+            for k in self.expected
+        }
 
     def _dense(self, arrays: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``arrays`` with each pruned tensor sent as its kept coordinates put back in its shape
@@ -154,7 +166,9 @@ class DeltaAveraging(Strategy):
             check_reply_arrays(reply, self.expected, who=f"round {rnd}, client {cid}")
             n = reply.config.get("num_samples")
             if not isinstance(n, int) or n < 1:
-                raise MessageError(f"round {rnd}, client {cid}: num_samples={n!r}; expected an int >= 1")
+                raise MessageError(
+                    f"round {rnd}, client {cid}: num_samples={n!r}; expected an int >= 1"
+                )
             weights[cid] = float(n) if self.weighting == "samples" else 1.0
         total = sum(weights.values())
         mean: dict[str, torch.Tensor] = {}
@@ -163,16 +177,28 @@ class DeltaAveraging(Strategy):
             for k, a in reply.arrays.items():
                 mean[k] = mean[k].add_(a, alpha=w) if k in mean else a * w
         metrics = self.apply_mean(rnd, mean, weight=total, clients=sorted(replies))
-        losses = [(weights[c] / total) * float(r.metrics["train_loss"]) for c, r in replies.items() if "train_loss" in r.metrics]
+        losses = [
+            (weights[c] / total) * float(r.metrics["train_loss"])
+            for c, r in replies.items()
+            if "train_loss" in r.metrics
+        ]
         return {**metrics, "train_loss": sum(losses)} if losses else metrics
 
-    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float = 1.0,
-                   clients: Sequence[int] = ()) -> dict[str, float]:  # fmt: skip
+    def apply_mean(
+        self,
+        rnd: int,
+        mean: dict[str, torch.Tensor],
+        *,
+        weight: float = 1.0,
+        clients: Sequence[int] = (),
+    ) -> dict[str, float]:
         """Server optimizer step on the mean (pseudo-)gradient; float buffers move by their mean
         delta. A pruned tensor's mean may come as its kept coordinates (secure aggregation and DP
         sum :meth:`summands`)."""
         mean = self._dense(dict(mean))
-        self.server.step({k: (mean[k] if self.gradients else -mean[k]) for k in self.server.param_names})
+        self.server.step(
+            {k: (mean[k] if self.gradients else -mean[k]) for k in self.server.param_names}
+        )
         self.server.add_to_buffers(mean)
         return {}
 
@@ -200,4 +226,6 @@ def build(cfg: FedAvgConfig | FedSGDConfig, env: MethodEnv) -> MethodBuild:
         program: Any = FedSGDClient(env.model_fn, cfg)
     else:
         program = LocalTraining.from_config(env.model_fn, cfg)
-    return MethodBuild(*protect(strategy, program, cfg, **env.protection(weighted=strategy.weighted)))
+    return MethodBuild(
+        *protect(strategy, program, cfg, **env.protection(weighted=strategy.weighted))
+    )

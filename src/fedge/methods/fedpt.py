@@ -59,7 +59,16 @@ from fedge.methods.private import protect
 from fedge.models.blocks import freeze_, resolve_freeze
 from fedge.models.initialization import reset_parameters
 
-__all__ = ["FedPTClient", "FedPTConfig", "FedPTServer", "build", "describe", "freeze_", "reconstruct_", "trainable_fraction"]
+__all__ = [
+    "FedPTClient",
+    "FedPTConfig",
+    "FedPTServer",
+    "build",
+    "describe",
+    "freeze_",
+    "reconstruct_",
+    "trainable_fraction",
+]
 
 SEED_KEY = "seed"  # the downlink config key carrying z
 
@@ -77,12 +86,16 @@ class FedPTConfig(FedAvgConfig):
     @classmethod
     def _non_empty_strings(cls, v: str | list[str]) -> str | list[str]:
         if isinstance(v, str) and not v:
-            raise ValueError("expected 'largest', 'largest:N' or a list of module-name patterns, got ''")
+            raise ValueError(
+                "expected 'largest', 'largest:N' or a list of module-name patterns, got ''"
+            )
         return v
 
 
 @torch.no_grad()
-def reconstruct_(model: torch.nn.Module, arrays: Mapping[str, torch.Tensor], seed: int) -> torch.nn.Module:
+def reconstruct_(
+    model: torch.nn.Module, arrays: Mapping[str, torch.Tensor], seed: int
+) -> torch.nn.Module:
     """``Reconstruct(y, z)`` (Algorithm 1, line 5), in place: every tensor re-initialised from
     ``seed`` exactly as :func:`fedge.models.build_model` does, then the tensors in ``arrays``
     (the trainable part and buffers) copied over. No second copy of the model is made."""
@@ -102,7 +115,9 @@ def trainable_fraction(model: torch.nn.Module) -> float:
 def _seed_of(message: Message, who: str) -> int:
     z = message.config.get(SEED_KEY)
     if isinstance(z, bool) or not isinstance(z, int) or not 0 <= z < 2**64:
-        raise MessageError(f"{who}: downlink seed {z!r}; expected the model-init seed, an int in [0, 2**64)")
+        raise MessageError(
+            f"{who}: downlink seed {z!r}; expected the model-init seed, an int in [0, 2**64)"
+        )
     return z
 
 
@@ -128,7 +143,10 @@ class FedPTServer(StrategyWrapper):
 
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
         state = self.averaging.model.state_dict()
-        broadcast = Message({k: state[k].detach().clone() for k in self.sent}, config={"round": rnd, SEED_KEY: self.seed})
+        broadcast = Message(
+            {k: state[k].detach().clone() for k in self.sent},
+            config={"round": rnd, SEED_KEY: self.seed},
+        )
         return dict.fromkeys(client_ids, broadcast)
 
     def _metrics(self) -> dict[str, float]:
@@ -141,9 +159,18 @@ class FedPTServer(StrategyWrapper):
     def summands(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
         return self.averaging.summands()
 
-    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float = 1.0,
-                   clients: Sequence[int] = ()) -> dict[str, float]:  # fmt: skip
-        return {**self.averaging.apply_mean(rnd, mean, weight=weight, clients=clients), **self._metrics()}
+    def apply_mean(
+        self,
+        rnd: int,
+        mean: dict[str, torch.Tensor],
+        *,
+        weight: float = 1.0,
+        clients: Sequence[int] = (),
+    ) -> dict[str, float]:
+        return {
+            **self.averaging.apply_mean(rnd, mean, weight=weight, clients=clients),
+            **self._metrics(),
+        }
 
 
 class FedPTClient:
@@ -153,7 +180,9 @@ class FedPTClient:
     arrays exactly the trainable tensors and float buffers, with their shapes.
     """
 
-    def __init__(self, model_fn: Callable[[], torch.nn.Module], frozen: list[str], cfg: FedPTConfig) -> None:
+    def __init__(
+        self, model_fn: Callable[[], torch.nn.Module], frozen: list[str], cfg: FedPTConfig
+    ) -> None:
         self.local = LocalTraining.from_config(lambda: freeze_(model_fn(), frozen), cfg)
         state = self.local.model.state_dict()
         params, buffers = split_trainable(self.local.model)
@@ -175,15 +204,23 @@ def build(cfg: FedPTConfig, env: MethodEnv) -> MethodBuild:
     the one seed ``z`` rebuilds, and compose the server and client."""
     model = env.model_fn()
     frozen = resolve_freeze(model, cfg.freeze)
-    z = derive_seed(env.seed, "model-init")  # the seed fedge.experiment.build initialises the model from
+    z = derive_seed(
+        env.seed, "model-init"
+    )  # the seed fedge.experiment.build initialises the model from
     rebuilt = reconstruct_(copy.deepcopy(model), {}, z)
-    if any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), rebuilt.state_dict().values(), strict=True)):
+    if any(
+        not torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), rebuilt.state_dict().values(), strict=True)
+    ):
         raise ConfigError(
             "fedpt: the initial model is not the one its init seed rebuilds, so clients could not "
             "regenerate the frozen tensors; build the model with build_model(..., seed=derive_seed(seed, 'model-init'))"
         )
     inner = DeltaAveraging(
-        freeze_(model, frozen), cfg.server_optimizer.build(), replies_are_gradients=False, weighting=cfg.weighting
+        freeze_(model, frozen),
+        cfg.server_optimizer.build(),
+        replies_are_gradients=False,
+        weighting=cfg.weighting,
     )
     server = FedPTServer(inner, seed=z)
     client = FedPTClient(env.model_fn, frozen, cfg)
@@ -196,5 +233,9 @@ def describe(model: torch.nn.Module, frozen: list[str]) -> dict[str, Any]:
     named = dict(model.named_parameters())
     total = sum(p.numel() for p in named.values())
     n_frozen = sum(named[k].numel() for k in frozen)
-    return {"frozen": frozen, "trainable_params": total - n_frozen, "total_params": total,
-            "trainable_fraction": (total - n_frozen) / total if total else 1.0}  # fmt: skip
+    return {
+        "frozen": frozen,
+        "trainable_params": total - n_frozen,
+        "total_params": total,
+        "trainable_fraction": (total - n_frozen) / total if total else 1.0,
+    }

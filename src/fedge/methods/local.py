@@ -19,11 +19,19 @@ from fedge.core.messages import Message
 from fedge.core.rng import GlobalStream
 from fedge.methods.base import MethodConfigBase, load_arrays, split_trainable, unpack_model_arrays
 
-__all__ = ["ClientOptimizerConfig", "GradientFn", "LocalTraining", "LocalTrainingOptions", "backprop_gradient_fn"]
+__all__ = [
+    "ClientOptimizerConfig",
+    "GradientFn",
+    "LocalTraining",
+    "LocalTrainingOptions",
+    "backprop_gradient_fn",
+]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Masks = dict[str, torch.Tensor] | None
-GradientFn = Callable[[torch.nn.Module, Batch, ClientContext, Masks], tuple[float | None, dict[str, torch.Tensor]]]
+GradientFn = Callable[
+    [torch.nn.Module, Batch, ClientContext, Masks], tuple[float | None, dict[str, torch.Tensor]]
+]
 
 
 class ClientOptimizerConfig(MethodConfigBase):
@@ -43,28 +51,38 @@ class ClientOptimizerConfig(MethodConfigBase):
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     lr_decay: float = Field(
-        1.0, gt=0, le=1, description="learning rate multiplied by this after each round: round t uses lr·lr_decay^(t−1) "
+        1.0,
+        gt=0,
+        le=1,
+        description="learning rate multiplied by this after each round: round t uses lr·lr_decay^(t−1) "
         "(NTK-BAFFLE's recipe: 0.998)",
-    )  # fmt: skip
+    )
     b1: float = Field(0.9, ge=0, lt=1, description="Adam beta1")
     b2: float = Field(0.999, ge=0, lt=1, description="Adam beta2")
     state: Literal["fresh", "persistent"] = Field(
-        "fresh", description="fresh: a new optimizer each round; persistent: its state (momentum, Adam moments) "
+        "fresh",
+        description="fresh: a new optimizer each round; persistent: its state (momentum, Adam moments) "
         "kept on the client across the rounds it takes part in (BAFFLE's reference code)",
-    )  # fmt: skip
+    )
 
     def build(self, params: list[torch.nn.Parameter], rnd: int = 1) -> torch.optim.Optimizer:
         """The optimizer of round ``rnd`` (1-based): its learning rate decayed ``rnd − 1`` times."""
         lr = self.lr * self.lr_decay ** (rnd - 1)
         if self.name == "adam":
-            return torch.optim.Adam(params, lr=lr, betas=(self.b1, self.b2), weight_decay=self.weight_decay)
-        return torch.optim.SGD(params, lr=lr, momentum=self.momentum, weight_decay=self.weight_decay)
+            return torch.optim.Adam(
+                params, lr=lr, betas=(self.b1, self.b2), weight_decay=self.weight_decay
+            )
+        return torch.optim.SGD(
+            params, lr=lr, momentum=self.momentum, weight_decay=self.weight_decay
+        )
 
 
 _OPT = "client_optimizer."
 
 
-def save_optimizer_state(opt: torch.optim.Optimizer, store: dict[str, Any], *, names: list[str]) -> None:
+def save_optimizer_state(
+    opt: torch.optim.Optimizer, store: dict[str, Any], *, names: list[str]
+) -> None:
     """Write ``opt``'s per-parameter state into a party's persistent ``store`` as flat
     ``client_optimizer.<parameter name>.<field>`` tensors (the store holds tensors and scalars only)."""
     for key in [k for k in store if k.startswith(_OPT)]:
@@ -76,13 +94,15 @@ def save_optimizer_state(opt: torch.optim.Optimizer, store: dict[str, Any], *, n
                 store[f"{_OPT}{name}.{field}"] = torch.as_tensor(value).detach().clone()
 
 
-def restore_optimizer_state(opt: torch.optim.Optimizer, store: dict[str, Any], *, names: list[str]) -> None:
+def restore_optimizer_state(
+    opt: torch.optim.Optimizer, store: dict[str, Any], *, names: list[str]
+) -> None:
     """Load the state :func:`save_optimizer_state` wrote back into a freshly built ``opt`` (the
     same parameters, by name); nothing to load on a client's first round."""
     params = opt.param_groups[0]["params"]
     for name, p in zip(names, params, strict=True):
         prefix = f"{_OPT}{name}."
-        fields = {k[len(prefix):]: v for k, v in store.items() if k.startswith(prefix)}
+        fields = {k[len(prefix) :]: v for k, v in store.items() if k.startswith(prefix)}
         if not fields:
             continue
         for field, value in fields.items():
@@ -160,15 +180,21 @@ class LocalTraining:
     ) -> LocalTraining:
         """The client program with ``cfg``'s local epochs, batch size, step cap and optimizer."""
         return cls(
-            model_fn, local_epochs=cfg.local_epochs, batch_size=cfg.batch_size, max_steps=cfg.max_steps,
-            optimizer=cfg.client_optimizer, gradient_fn=gradient_fn,
-        )  # fmt: skip
+            model_fn,
+            local_epochs=cfg.local_epochs,
+            batch_size=cfg.batch_size,
+            max_steps=cfg.max_steps,
+            optimizer=cfg.client_optimizer,
+            gradient_fn=gradient_fn,
+        )
 
     @classmethod
     def loader(cls, model_fn: Callable[[], torch.nn.Module]) -> LocalTraining:
         """An instance used only for :meth:`load` (the global model and its masks), by client
         programs that compute their reply themselves (FedSGD, batch-level BAFFLE)."""
-        return cls(model_fn, local_epochs=1, batch_size=1, max_steps=1, optimizer=ClientOptimizerConfig())
+        return cls(
+            model_fn, local_epochs=1, batch_size=1, max_steps=1, optimizer=ClientOptimizerConfig()
+        )
 
     def load(self, message: Message, ctx: ClientContext) -> torch.nn.Module:
         """The process's model instance holding the global weights, in train mode; a sparse
@@ -219,7 +245,9 @@ class LocalTraining:
         state = model.state_dict()
         arrays = {k: state[k].detach() - start[k] for k in start}
         for k, m in (self.masks or {}).items():  # a sparse model's delta: kept coordinates only
-            if k in arrays:  # a frozen tensor (method.freeze) is pruned but neither trained nor sent
+            if (
+                k in arrays
+            ):  # a frozen tensor (method.freeze) is pruned but neither trained nor sent
                 arrays[k] = arrays[k][m]
         metrics = {"train_loss": sum(losses) / len(losses)} if losses else {}
         return Message(arrays, config={"num_samples": ctx.data.num_samples}, metrics=metrics)

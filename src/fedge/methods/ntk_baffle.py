@@ -90,24 +90,44 @@ from fedge.pruning import (
     density as mask_density,
 )
 
-__all__ = ["ClientDataPruning", "NtkBaffleConfig", "PruningClient", "ReportEffectiveFlops", "build", "data_free_masks"]
+__all__ = [
+    "ClientDataPruning",
+    "NtkBaffleConfig",
+    "PruningClient",
+    "ReportEffectiveFlops",
+    "build",
+    "data_free_masks",
+]
 
 
 class NtkBaffleConfig(BaffleConfig):
     name: Literal["ntk-baffle"] = "ntk-baffle"  # type: ignore[assignment]
     density: float = Field(0.1, gt=0, le=1, description="kept fraction of prunable weights")
     prune_rounds: int = Field(
-        10, ge=1, description="T_p (the paper: 50 for LeNet, 20 for ResNet-20; the LeNet preset uses 50; 10: a quicker build)"
+        10,
+        ge=1,
+        description="T_p (the paper: 50 for LeNet, 20 for ResNet-20; the LeNet preset uses 50; 10: a quicker build)",
     )
-    prune_data: Literal["random", "client"] = Field("random", description="NTK-Rand (Gaussian inputs) or NTK-Ori")
+    prune_data: Literal["random", "client"] = Field(
+        "random", description="NTK-Rand (Gaussian inputs) or NTK-Ori"
+    )
     prune_score: Literal["ntk", "magnitude", "random"] = "ntk"
-    prune_inputs: int = Field(256, ge=1, description="inputs per pruning round (per client with prune_data=client)")
-    prune_eps: float = Field(DEFAULT_EPS, gt=0, description="variance of the weight perturbation in Eq. 15")
+    prune_inputs: int = Field(
+        256, ge=1, description="inputs per pruning round (per client with prune_data=client)"
+    )
+    prune_eps: float = Field(
+        DEFAULT_EPS, gt=0, description="variance of the weight perturbation in Eq. 15"
+    )
     prune_samples: int = Field(1, ge=1, description="weight-perturbation draws per input batch")
-    prune_k: int = Field(100, ge=1, description="prune_data=client: K scalars per client per pruning round")
-    prune_sigma: float = Field(1e-2, gt=0, description="prune_data=client: sigma of the mask perturbation")
+    prune_k: int = Field(
+        100, ge=1, description="prune_data=client: K scalars per client per pruning round"
+    )
+    prune_sigma: float = Field(
+        1e-2, gt=0, description="prune_data=client: sigma of the mask perturbation"
+    )
     rescale: bool = Field(
-        True, description="scale kept weights by 1/sqrt(layer density) after pruning (variance-preserving)"
+        True,
+        description="scale kept weights by 1/sqrt(layer density) after pruning (variance-preserving)",
     )
     prune_route: Literal["autograd", "zeroth_order"] = Field(
         "autograd",
@@ -151,11 +171,20 @@ class PruningClient:
         if not isinstance(seed, int):
             raise MessageError(f"{who}: prune_seed must be an int, got {seed!r}")
         n = ctx.data.num_samples
-        idx = ctx.data.indices[torch.randperm(n, generator=ctx.generator)[: min(cfg.prune_inputs, n)]]
+        idx = ctx.data.indices[
+            torch.randperm(n, generator=ctx.generator)[: min(cfg.prune_inputs, n)]
+        ]
         diffs = ntk_statistic_differences(
-            self.model, masks, ctx.data.x[idx], eps=cfg.prune_eps, samples=cfg.prune_samples,
-            generator=ctx.generator, k=cfg.prune_k, sigma=cfg.prune_sigma, seed=seed,
-        )  # fmt: skip
+            self.model,
+            masks,
+            ctx.data.x[idx],
+            eps=cfg.prune_eps,
+            samples=cfg.prune_samples,
+            generator=ctx.generator,
+            k=cfg.prune_k,
+            sigma=cfg.prune_sigma,
+            seed=seed,
+        )
         return Message({"dI": diffs}, config={"num_samples": n})
 
 
@@ -168,7 +197,9 @@ class ClientDataPruning(StrategyWrapper):
         self.cfg, self.seed = cfg, seed
         self.server = inner.global_model
         self.masks = dense_masks(self.model)
-        self.counts = keep_counts(sum(m.numel() for m in self.masks.values()), cfg.density, cfg.prune_rounds)
+        self.counts = keep_counts(
+            sum(m.numel() for m in self.masks.values()), cfg.density, cfg.prune_rounds
+        )
         self.step = 0
         self.done = False
 
@@ -186,17 +217,25 @@ class ClientDataPruning(StrategyWrapper):
         one. Returns the clients still in the round (those that replied to every exchange)."""
         while self.step < self.cfg.prune_rounds:
             replies = yield Exchange(dict.fromkeys(client_ids, self._prune_message()))
-            client_ids = sorted(replies)  # a client that failed (clients.min_replies) is out for the round
+            client_ids = sorted(
+                replies
+            )  # a client that failed (clients.min_replies) is out for the round
             diffs, weights = [], []
             for cid, reply in replies.items():
                 d, n = reply.arrays.get("dI"), reply.config.get("num_samples")
                 if d is None or d.shape != (self.cfg.prune_k,) or not isinstance(n, int) or n < 1:
-                    raise MessageError(f"round {rnd}, client {cid}: expected dI of shape ({self.cfg.prune_k},) and num_samples")
+                    raise MessageError(
+                        f"round {rnd}, client {cid}: expected dI of shape ({self.cfg.prune_k},) and num_samples"
+                    )
                 diffs.append(d)
                 weights.append(n)
             seed = derive_seed(self.seed, "ntk-ori", self.step, bits=62)
             scores = ntk_saliency_from_differences(
-                self.model, self.masks, combine_loss_differences(diffs, weights), sigma=self.cfg.prune_sigma, seed=seed
+                self.model,
+                self.masks,
+                combine_loss_differences(diffs, weights),
+                sigma=self.cfg.prune_sigma,
+                seed=seed,
             )
             self.masks = prune_step(scores, self.masks, self.counts[self.step])
             self.step += 1
@@ -207,7 +246,12 @@ class ClientDataPruning(StrategyWrapper):
         return client_ids
 
     def state_dict(self) -> dict[str, Any]:
-        return {"inner": self.inner.state_dict(), "masks": self.masks, "step": self.step, "done": self.done}
+        return {
+            "inner": self.inner.state_dict(),
+            "masks": self.masks,
+            "step": self.step,
+            "done": self.done,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state["inner"])
@@ -231,12 +275,20 @@ class ReportEffectiveFlops(StrategyWrapper):
         out = yield from self.inner.round(rnd, client_ids)
         gm = self.global_model
         self.ratio = effective_flops_ratio(gm.model, gm.masks or {}, self.sample)
-        return {**out, "effective_flops_ratio": self.ratio, "density": mask_density(gm.masks, gm.model)}
+        return {
+            **out,
+            "effective_flops_ratio": self.ratio,
+            "density": mask_density(gm.masks, gm.model),
+        }
 
     def round_metrics(self, line: Mapping[str, Any]) -> dict[str, Any]:
         eff = round(int(line["client_flops"]) * self.ratio)
         self.cum += eff
-        return {**self.inner.round_metrics(line), "client_flops_effective": eff, "cum_client_flops_effective": self.cum}
+        return {
+            **self.inner.round_metrics(line),
+            "client_flops_effective": eff,
+            "cum_client_flops_effective": self.cum,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {"inner": self.inner.state_dict(), "cum_client_flops_effective": self.cum}
@@ -260,25 +312,42 @@ def data_free_masks(
     if cfg.prune_route == "zeroth_order":
         step = iter(range(cfg.prune_rounds))
 
-        def score(model: torch.nn.Module, masks: dict[str, torch.Tensor], ctx: ScoreContext) -> dict[str, torch.Tensor]:
+        def score(
+            model: torch.nn.Module, masks: dict[str, torch.Tensor], ctx: ScoreContext
+        ) -> dict[str, torch.Tensor]:
             x = gaussian_inputs(input_shape, cfg.prune_inputs, generator=ctx.generator)
             return ntk_saliency_zeroth_order(
-                model, masks, x, eps=ctx.eps, samples=ctx.samples, generator=ctx.generator, k=cfg.prune_k,
-                sigma=cfg.prune_sigma, seed=derive_seed(seed, "ntk-ori", next(step), bits=62),
-            )  # fmt: skip
+                model,
+                masks,
+                x,
+                eps=ctx.eps,
+                samples=ctx.samples,
+                generator=ctx.generator,
+                k=cfg.prune_k,
+                sigma=cfg.prune_sigma,
+                seed=derive_seed(seed, "ntk-ori", next(step), bits=62),
+            )
 
     return prune(
-        w0, density=cfg.density, rounds=cfg.prune_rounds, score=score,
-        generator=generator(seed, "prune"), input_shape=input_shape,
-        num_inputs=cfg.prune_inputs, eps=cfg.prune_eps, samples=cfg.prune_samples,
-    )  # fmt: skip
+        w0,
+        density=cfg.density,
+        rounds=cfg.prune_rounds,
+        score=score,
+        generator=generator(seed, "prune"),
+        input_shape=input_shape,
+        num_inputs=cfg.prune_inputs,
+        eps=cfg.prune_eps,
+        samples=cfg.prune_samples,
+    )
 
 
 def build(cfg: NtkBaffleConfig, env: MethodEnv) -> MethodBuild:
     """Prune (data-free, on the server) or arrange client-data pruning, then build BAFFLE."""
     sample = torch.zeros((1, *env.input_shape))
     if cfg.prune_data == "random":
-        masks = data_free_masks(cfg, env.model_fn(), seed=env.seed, input_shape=tuple(env.input_shape))
+        masks = data_free_masks(
+            cfg, env.model_fn(), seed=env.seed, input_shape=tuple(env.input_shape)
+        )
         base_fn = env.model_fn
 
         def pruned_model() -> torch.nn.Module:
@@ -310,4 +379,7 @@ def build(cfg: NtkBaffleConfig, env: MethodEnv) -> MethodBuild:
             stacklevel=2,
         )
     built = build_baffle(cfg, env, wrap=lambda inner: ClientDataPruning(inner, cfg, seed=env.seed))
-    return MethodBuild(ReportEffectiveFlops(built.strategy, sample), PruningClient(built.program, env.model_fn, cfg))
+    return MethodBuild(
+        ReportEffectiveFlops(built.strategy, sample),
+        PruningClient(built.program, env.model_fn, cfg),
+    )

@@ -71,14 +71,31 @@ class DifferentialPrivacy(StrategyWrapper):
 
     weighted = False  # uniform: the clipped contributions each count 1/m
 
-    def __init__(self, inner: Strategy, cfg: PrivacyConfig, *, population: int, clients_per_round: int, seed: int) -> None:
+    def __init__(
+        self,
+        inner: Strategy,
+        cfg: PrivacyConfig,
+        *,
+        population: int,
+        clients_per_round: int,
+        seed: int,
+    ) -> None:
         if not isinstance(inner, Summable):
-            raise ConfigError(f"privacy.mechanism={cfg.mechanism} needs a method whose server averages client "
-                              f"contributions; {type(inner).__name__} does not (set privacy.mechanism=none)")  # fmt: skip
+            raise ConfigError(
+                f"privacy.mechanism={cfg.mechanism} needs a method whose server averages client "
+                f"contributions; {type(inner).__name__} does not (set privacy.mechanism=none)"
+            )
         super().__init__(inner)
         self.summable: Summable = inner
-        self.cfg, self.seed, self.population, self.per_round = cfg, seed, population, clients_per_round
-        self.dp = DPAggregator(cfg, population=population, clients_per_round=clients_per_round, seed=seed)
+        self.cfg, self.seed, self.population, self.per_round = (
+            cfg,
+            seed,
+            population,
+            clients_per_round,
+        )
+        self.dp = DPAggregator(
+            cfg, population=population, clients_per_round=clients_per_round, seed=seed
+        )
         self.summable.summands()  # a method that cannot say what it sums fails here, at build
         self.last_epsilon = 0.0
 
@@ -86,7 +103,10 @@ class DifferentialPrivacy(StrategyWrapper):
     def template(self) -> dict[str, torch.Tensor]:
         """Zeros shaped as this round's contributions (:meth:`Summable.summands`: a pruned tensor
         contributes its kept coordinates, which can change when the model is pruned)."""
-        return {k: torch.zeros(shape, dtype=dtype) for k, (shape, dtype) in self.summable.summands().items()}
+        return {
+            k: torch.zeros(shape, dtype=dtype)
+            for k, (shape, dtype) in self.summable.summands().items()
+        }
 
     def summands(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
         return self.summable.summands()
@@ -105,7 +125,9 @@ class DifferentialPrivacy(StrategyWrapper):
         """
         kw = dict(population=num_clients, clients_per_round=per_round)
         if self.cfg.secure_noise and self.cfg.sampling in ("poisson", "fixed"):
-            return secret_clients(self.cfg.sampling, population=num_clients, clients_per_round=per_round)
+            return secret_clients(
+                self.cfg.sampling, population=num_clients, clients_per_round=per_round
+            )
         if self.cfg.sampling == "poisson":
             return poisson_clients(self.seed, rnd, **kw)
         if self.cfg.sampling == "shuffle":
@@ -114,8 +136,10 @@ class DifferentialPrivacy(StrategyWrapper):
 
     def stop_reason(self, rnd: int) -> str | None:
         if not self.dp.allows(rnd):
-            return (f"privacy.target_epsilon={self.cfg.target_epsilon} reached: round {rnd} would bring ε to "
-                    f"{self.dp.epsilon(rnd):.4g} (δ={self.cfg.delta}); stopped after round {rnd - 1}")  # fmt: skip
+            return (
+                f"privacy.target_epsilon={self.cfg.target_epsilon} reached: round {rnd} would bring ε to "
+                f"{self.dp.epsilon(rnd):.4g} (δ={self.cfg.delta}); stopped after round {rnd - 1}"
+            )
         return self.inner.stop_reason(rnd)
 
     def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float]:
@@ -125,21 +149,33 @@ class DifferentialPrivacy(StrategyWrapper):
             got = {k: reply.arrays.get(k) for k in template}
             bad = [k for k, v in got.items() if v is None or v.shape != template[k].shape]
             if bad or set(reply.arrays) != set(template):
-                raise MessageError(f"round {rnd}, client {cid}: expected arrays {sorted(template)}, got {sorted(reply.arrays)}")
-            clipped, norm = clip_contribution({k: reply.arrays[k] for k in template}, self.cfg)  # the server's own bound check
+                raise MessageError(
+                    f"round {rnd}, client {cid}: expected arrays {sorted(template)}, got {sorted(reply.arrays)}"
+                )
+            clipped, norm = clip_contribution(
+                {k: reply.arrays[k] for k in template}, self.cfg
+            )  # the server's own bound check
             contributions.append(clipped)
         return self._update(rnd, contributions, sorted(replies))
 
-    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float, clients: Sequence[int] = ()) -> dict[str, float]:
+    def apply_mean(
+        self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float, clients: Sequence[int] = ()
+    ) -> dict[str, float]:
         """Secure aggregation's unmasked mean over ``weight`` clients (uniform weights): the sum
         is ``weight · mean``, and the noise goes on that sum."""
         return self._update(rnd, [{k: v * weight for k, v in mean.items()}], clients)
 
-    def _update(self, rnd: int, contributions: list[dict[str, torch.Tensor]], clients: Sequence[int]) -> dict[str, float]:
+    def _update(
+        self, rnd: int, contributions: list[dict[str, torch.Tensor]], clients: Sequence[int]
+    ) -> dict[str, float]:
         template = self.template
         mean, metrics = self.dp.aggregate(contributions, rnd, like=template)
-        out = self.summable.apply_mean(rnd, {k: v.to(template[k].dtype) for k, v in mean.items()},
-                                       weight=float(len(contributions)), clients=clients)  # fmt: skip
+        out = self.summable.apply_mean(
+            rnd,
+            {k: v.to(template[k].dtype) for k, v in mean.items()},
+            weight=float(len(contributions)),
+            clients=clients,
+        )
         self.last_epsilon = metrics["epsilon"]
         return {**out, **metrics}
 
@@ -173,7 +209,9 @@ def protect(
                 PrivacyWarning,
                 stacklevel=2,
             )
-        strategy = DifferentialPrivacy(strategy, privacy, population=population, clients_per_round=clients_per_round, seed=seed)
+        strategy = DifferentialPrivacy(
+            strategy, privacy, population=population, clients_per_round=clients_per_round, seed=seed
+        )
         program = PrivateClient(program, privacy)
         weighted = False
     return secure(strategy, program, options, seed=seed, weighted=weighted)

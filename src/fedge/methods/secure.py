@@ -80,10 +80,23 @@ _KEYS = ("secagg_step", "secagg")  # config keys the wrapper adds to the method'
 class SecureAggregationOptions(MethodConfigBase):
     """The ``method.secure_aggregation`` keys, spelled the same for every method that takes them."""
 
-    secure_aggregation: bool = Field(False, description="mask each client's reply; the server learns only the sum")
-    secagg_threshold: float = Field(0.6, gt=0, le=1, description="Shamir threshold as a fraction of each client's share holders")
-    secagg_dropout: float = Field(0.0, ge=0, lt=1, description="simulated fraction of clients dropping out after key agreement")
-    secagg_neighbors: int | None = Field(None, ge=2, description="mask-graph degree (null: complete graph up to 33 clients, else a 2·⌈3·log2 n⌉-regular graph, see fedge.privacy.secagg.graph)")
+    secure_aggregation: bool = Field(
+        False, description="mask each client's reply; the server learns only the sum"
+    )
+    secagg_threshold: float = Field(
+        0.6, gt=0, le=1, description="Shamir threshold as a fraction of each client's share holders"
+    )
+    secagg_dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="simulated fraction of clients dropping out after key agreement",
+    )
+    secagg_neighbors: int | None = Field(
+        None,
+        ge=2,
+        description="mask-graph degree (null: complete graph up to 33 clients, else a 2·⌈3·log2 n⌉-regular graph, see fedge.privacy.secagg.graph)",
+    )
 
     @model_validator(mode="after")
     def _dropout_needs_secagg(self) -> SecureAggregationOptions:
@@ -104,7 +117,9 @@ class Summable(Protocol):
 
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]: ...
 
-    def apply_mean(self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float, clients: Sequence[int] = ()) -> dict[str, float]:
+    def apply_mean(
+        self, rnd: int, mean: dict[str, torch.Tensor], *, weight: float, clients: Sequence[int] = ()
+    ) -> dict[str, float]:
         """Update the global state from the weighted mean of the replies (``weight``: their
         total weight, the client count when unweighted; ``clients``: whose replies are in it);
         return metrics."""
@@ -112,7 +127,11 @@ class Summable(Protocol):
 
 
 def _graph(opts: SecureAggregationOptions, ids: list[int], *, seed: int, rnd: int) -> MaskGraph:
-    k = opts.secagg_neighbors if opts.secagg_neighbors is not None else recommended_neighbors(len(ids))
+    k = (
+        opts.secagg_neighbors
+        if opts.secagg_neighbors is not None
+        else recommended_neighbors(len(ids))
+    )
     if k is not None and k >= len(ids) - 1:
         k = None
     return MaskGraph.build(ids, k, seed=seed, round=rnd)
@@ -135,7 +154,9 @@ class SecureClient:
         weighted: multiply by the sample count (True) or weigh every client 1 (False).
     """
 
-    def __init__(self, inner: ClientProgram, options: SecureAggregationOptions, *, seed: int, weighted: bool) -> None:
+    def __init__(
+        self, inner: ClientProgram, options: SecureAggregationOptions, *, seed: int, weighted: bool
+    ) -> None:
         self.inner, self.opts, self.seed, self.weighted = inner, options, seed, weighted
 
     def _session(self, ctx: ClientContext, length: int = 1) -> ClientState:
@@ -145,7 +166,9 @@ class SecureClient:
         saved = ctx.round_state.get("secagg")
         ids = ctx.round_state.get("secagg_ids")
         if not isinstance(saved, bytes) or not isinstance(ids, torch.Tensor):
-            raise MessageError(f"round {ctx.rnd}, client {ctx.cid}: secure-aggregation step without a key agreement")
+            raise MessageError(
+                f"round {ctx.rnd}, client {ctx.cid}: secure-aggregation step without a key agreement"
+            )
         graph = _graph(self.opts, [int(v) for v in ids.tolist()], seed=self.seed, rnd=ctx.rnd)
         return ClientState.from_bytes(saved, config=_config(self.opts, graph, length), graph=graph)
 
@@ -157,12 +180,16 @@ class SecureClient:
             if ids is None:
                 raise MessageError(f"{who}: no participant list")
             graph = _graph(self.opts, [int(v) for v in ids.tolist()], seed=self.seed, rnd=ctx.rnd)
-            state = ClientState(ctx.cid, round=ctx.rnd, config=_config(self.opts, graph, 1), graph=graph)
+            state = ClientState(
+                ctx.cid, round=ctx.rnd, config=_config(self.opts, graph, 1), graph=graph
+            )
             reply = Message(config={"secagg": state.advertise_keys()})
             ctx.round_state.update(secagg=state.to_bytes(), secagg_ids=ids)
             return reply
         if step not in _STEPS:
-            raise MessageError(f"{who}: unknown secure-aggregation step {step!r}; expected one of {_STEPS}")
+            raise MessageError(
+                f"{who}: unknown secure-aggregation step {step!r}; expected one of {_STEPS}"
+            )
         blob = message.config.get("secagg")
         if not isinstance(blob, bytes):
             raise MessageError(f"{who}: secure-aggregation step {step!r} carries no secagg bytes")
@@ -170,13 +197,20 @@ class SecureClient:
             state = self._session(ctx)
             out = state.share_keys(blob)
         elif step == "forward":
-            inner_msg = Message(message.arrays, config={k: v for k, v in message.config.items() if k not in _KEYS})
+            inner_msg = Message(
+                message.arrays, config={k: v for k, v in message.config.items() if k not in _KEYS}
+            )
             reply = self.inner.run(inner_msg, ctx)
             n = reply.config.get("num_samples")
             if not isinstance(n, int) or n < 1:
-                raise MessageError(f"{who}: the method's reply has num_samples={n!r}; expected an int >= 1")
+                raise MessageError(
+                    f"{who}: the method's reply has num_samples={n!r}; expected an int >= 1"
+                )
             w = float(n) if self.weighted else 1.0
-            parts = [reply.arrays[name].detach().to(torch.float64).reshape(-1).numpy() for name in sorted(reply.arrays)]
+            parts = [
+                reply.arrays[name].detach().to(torch.float64).reshape(-1).numpy()
+                for name in sorted(reply.arrays)
+            ]
             x = np.concatenate([w * np.concatenate(parts), [w]]) if parts else np.array([w])
             state = self._session(ctx, length=x.size)
             out = state.masked_input(blob, x)
@@ -227,31 +261,47 @@ class SecureAggregation(StrategyWrapper):
         self._receive(rnd, replies, server.receive_advertise)
 
         keys = server.broadcast_keys()
-        replies = yield Exchange({c: Message(config={"secagg_step": "keys", "secagg": b}) for c, b in keys.items()})
+        replies = yield Exchange(
+            {c: Message(config={"secagg_step": "keys", "secagg": b}) for c, b in keys.items()}
+        )
         self._receive(rnd, replies, server.receive_shares)
 
         forwards = server.forward_shares()
         dropped = self._dropouts(rnd, sorted(forwards))
         senders = sorted(c for c in forwards if c not in dropped)
         method = self.summable.configure_round(rnd, senders) if senders else {}
-        replies = yield Exchange({
-            c: Message(method[c].arrays, config={"secagg_step": "forward", **method[c].config, "secagg": forwards[c]})
-            for c in senders
-        })  # fmt: skip
+        replies = yield Exchange(
+            {
+                c: Message(
+                    method[c].arrays,
+                    config={"secagg_step": "forward", **method[c].config, "secagg": forwards[c]},
+                )
+                for c in senders
+            }
+        )
         self._receive(rnd, replies, server.receive_masked_input)
 
         requests = server.unmask_requests()
-        replies = yield Exchange({c: Message(config={"secagg_step": "unmask", "secagg": b}) for c, b in requests.items()})
+        replies = yield Exchange(
+            {c: Message(config={"secagg_step": "unmask", "secagg": b}) for c, b in requests.items()}
+        )
         self._receive(rnd, replies, server.receive_unmask)
 
         total = FIXED_POINT.decode(server.finalize())  # (length,) float64: [Σ w_c·v_c, Σ w_c]
         weight = float(total[-1])
         if not weight > 0:
-            raise MessageError(f"round {rnd}: secure aggregation summed a total weight of {weight}; expected > 0")
+            raise MessageError(
+                f"round {rnd}: secure aggregation summed a total weight of {weight}; expected > 0"
+            )
         self._aggregated = sorted(server.survivors)
-        metrics = self.summable.apply_mean(rnd, self._unflatten(total[:-1] / weight), weight=weight,
-                                           clients=self._aggregated)  # fmt: skip
-        return {**metrics, "secagg_survivors": len(server.survivors), "secagg_dropped": len(server.dropped)}
+        metrics = self.summable.apply_mean(
+            rnd, self._unflatten(total[:-1] / weight), weight=weight, clients=self._aggregated
+        )
+        return {
+            **metrics,
+            "secagg_survivors": len(server.survivors),
+            "secagg_dropped": len(server.dropped),
+        }
 
     def aggregated_clients(self) -> list[int] | None:
         """U3, the survivors: the clients whose masked inputs are in the sum (a client that
@@ -284,9 +334,16 @@ class SecureAggregation(StrategyWrapper):
 
 
 def secure(
-    strategy: Strategy, program: ClientProgram, options: SecureAggregationOptions, *, seed: int, weighted: bool
+    strategy: Strategy,
+    program: ClientProgram,
+    options: SecureAggregationOptions,
+    *,
+    seed: int,
+    weighted: bool,
 ) -> tuple[Strategy, ClientProgram]:
     """Both sides wrapped when ``options.secure_aggregation`` is on; unchanged otherwise."""
     if not options.secure_aggregation:
         return strategy, program
-    return SecureAggregation(strategy, options, seed=seed), SecureClient(program, options, seed=seed, weighted=weighted)
+    return SecureAggregation(strategy, options, seed=seed), SecureClient(
+        program, options, seed=seed, weighted=weighted
+    )

@@ -27,9 +27,21 @@ from torch import nn
 
 from fedge.core.errors import ConfigError
 
-__all__ = ["NORM_TYPES", "Block", "format_blocks", "freeze_", "model_blocks", "norm_parameter_names", "resolve_freeze"]
+__all__ = [
+    "NORM_TYPES",
+    "Block",
+    "format_blocks",
+    "freeze_",
+    "model_blocks",
+    "norm_parameter_names",
+    "resolve_freeze",
+]
 
-NORM_TYPES: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+NORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._NormBase,
+    nn.GroupNorm,
+    nn.LayerNorm,
+)
 
 
 class Block(NamedTuple):
@@ -107,7 +119,9 @@ def model_blocks(model: nn.Module) -> list[Block]:
 def format_blocks(blocks: Sequence[Block]) -> str:
     """The blocks as aligned text lines, for error messages."""
     total = sum(b.params for b in blocks) or 1
-    return "; ".join(f"{b.name} ({b.kind}, {b.params:,} params, {100 * b.params / total:.1f}%)" for b in blocks)
+    return "; ".join(
+        f"{b.name} ({b.kind}, {b.params:,} params, {100 * b.params / total:.1f}%)" for b in blocks
+    )
 
 
 def _parse_rule(spec: str) -> int | None:
@@ -117,7 +131,9 @@ def _parse_rule(spec: str) -> int | None:
     if spec.startswith("largest:"):
         n = spec.split(":", 1)[1]
         if not n.isdigit() or int(n) < 1:
-            raise ConfigError(f"method.freeze={spec!r}: expected largest:N with N a whole number >= 1, e.g. largest:2")
+            raise ConfigError(
+                f"method.freeze={spec!r}: expected largest:N with N a whole number >= 1, e.g. largest:2"
+            )
         return int(n)
     return None
 
@@ -160,7 +176,9 @@ def resolve_freeze(model: nn.Module, freeze: str | Sequence[str]) -> list[str]:
     params = [n for n, _ in model.named_parameters()]
     patterns = [freeze] if isinstance(freeze, str) else list(freeze)
     if any(not isinstance(p, str) or not p for p in patterns):
-        raise ConfigError(f"method.freeze={freeze!r}: expected 'largest', 'largest:N' or a list of module-name patterns")
+        raise ConfigError(
+            f"method.freeze={freeze!r}: expected 'largest', 'largest:N' or a list of module-name patterns"
+        )
     prefixes: list[str] = []
     for pattern in patterns:
         n = _parse_rule(pattern)
@@ -187,7 +205,11 @@ def resolve_freeze(model: nn.Module, freeze: str | Sequence[str]) -> list[str]:
                 f"choose among: {format_blocks(blocks)}"
             )
         prefixes += names
-    frozen = [p for p in params if p not in norms and any(p == m or p.startswith(m + ".") for m in prefixes)]
+    frozen = [
+        p
+        for p in params
+        if p not in norms and any(p == m or p.startswith(m + ".") for m in prefixes)
+    ]
     if frozen and len(frozen) == len(params):
         raise ConfigError(
             f"method.freeze={freeze!r} freezes every parameter of the model: nothing would be trained; "

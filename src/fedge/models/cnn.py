@@ -45,7 +45,9 @@ def build_cnn_fedpt(
     norm_affine: bool,
 ) -> tuple[nn.Sequential, nn.Sequential]:
     if len(channels) != 2:
-        raise ConfigError(f"option 'channels' of model 'cnn-fedpt' takes 2 widths, got {channels!r}")
+        raise ConfigError(
+            f"option 'channels' of model 'cnn-fedpt' takes 2 widths, got {channels!r}"
+        )
     if hidden < 1:
         raise ConfigError(f"option 'hidden' of model 'cnn-fedpt' must be >= 1, got {hidden}")
     common = ConvOptions(kernel_size=3, activation=activation, norm=norm, norm_affine=norm_affine)

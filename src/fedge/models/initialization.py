@@ -21,7 +21,9 @@ __all__ = ["reset_parameters"]
 _NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
 
-def _kaiming_default(module: nn.modules.conv._ConvNd | nn.Linear, generator: torch.Generator | None) -> None:
+def _kaiming_default(
+    module: nn.modules.conv._ConvNd | nn.Linear, generator: torch.Generator | None
+) -> None:
     """torch's default Conv/Linear init: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias."""
     w = module.weight
     # kaiming_uniform_(a=sqrt(5)) is U(±1/sqrt(fan_in)); called the same way torch does so the

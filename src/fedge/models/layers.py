@@ -109,9 +109,7 @@ class MaxPool2x2(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., H, W) -> (..., H//2, W//2)
         h, w = x.shape[-2] // 2 * 2, x.shape[-1] // 2 * 2
         if h == 0 or w == 0:
-            raise ValueError(
-                f"MaxPool2x2 needs inputs of at least 2x2, got {tuple(x.shape[-2:])}"
-            )
+            raise ValueError(f"MaxPool2x2 needs inputs of at least 2x2, got {tuple(x.shape[-2:])}")
         rows = torch.maximum(x[..., 0:h:2, :w], x[..., 1:h:2, :w])  # (..., H//2, W)
         return torch.maximum(rows[..., 0::2], rows[..., 1::2])  # (..., H//2, W//2)
 

@@ -162,9 +162,14 @@ def _pooled_convs_fc(
     """Two 5x5 convs, each followed by 2x2 max pooling (the first padded by ``padding``), then
     fully connected layers of widths ``hidden`` and the output layer."""
     features = _two_conv(
-        input_shape, channels, padding=(padding, 0), pool2=True, activation=activation, norm=norm,
+        input_shape,
+        channels,
+        padding=(padding, 0),
+        pool2=True,
+        activation=activation,
+        norm=norm,
         norm_affine=norm_affine,
-    )  # fmt: skip
+    )
     c, h, w = output_shape(features, input_shape)
     return features, fc_classifier(c * h * w, num_classes, hidden=hidden, activation=activation)
 
@@ -184,7 +189,9 @@ def build_lenet5(
     padding: int,
     norm_affine: bool,
 ) -> tuple[nn.Sequential, nn.Sequential]:
-    return _pooled_convs_fc(input_shape, (6, 16), (120, 84), num_classes, activation, norm, padding, norm_affine)
+    return _pooled_convs_fc(
+        input_shape, (6, 16), (120, 84), num_classes, activation, norm, padding, norm_affine
+    )
 
 
 @register_model(
@@ -202,7 +209,9 @@ def build_lenet_ppfl(
     padding: int,
     norm_affine: bool,
 ) -> tuple[nn.Sequential, nn.Sequential]:
-    return _pooled_convs_fc(input_shape, (20, 50), (500,), num_classes, activation, norm, padding, norm_affine)
+    return _pooled_convs_fc(
+        input_shape, (20, 50), (500,), num_classes, activation, norm, padding, norm_affine
+    )
 
 
 @register_model(

@@ -76,9 +76,17 @@ def _positive_ints(value: Any) -> tuple[int, ...]:
 #: finite floats (ints accepted), and lists of positive ints read from YAML become tuples.
 Flag = Annotated[bool, Strict()]
 Int = Annotated[int, Strict()]
-Number = Annotated[float, AllowInfNan(False), BeforeValidator(
-    lambda v: v if isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool))
-    else _raise_number(v))]
+Number = Annotated[
+    float,
+    AllowInfNan(False),
+    BeforeValidator(
+        lambda v: (
+            v
+            if isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool))
+            else _raise_number(v)
+        )
+    ),
+]
 Widths = Annotated[tuple[int, ...], BeforeValidator(_positive_ints)]
 
 
@@ -225,24 +233,28 @@ def register_model(
 
     def deco(builder: Builder) -> Builder:
         if not callable(builder):
-            raise ConfigError(f"register_model({name!r}) decorates a builder function; got {builder!r} "
-                              f"({type(builder).__name__})")  # fmt: skip
-        _REGISTRY.register(name, _Entry(
-            ModelInfo(
-                name=name,
-                description=description,
-                reference=reference,
-                activations=activations,
-                norms=norms,
-                default_activation=default_activation,
-                default_norm=default_norm,
-                options=defaults,
-                input_shapes=input_shapes,
-                flat_inputs=flat_inputs,
+            raise ConfigError(
+                f"register_model({name!r}) decorates a builder function; got {builder!r} ({type(builder).__name__})"
+            )
+        _REGISTRY.register(
+            name,
+            _Entry(
+                ModelInfo(
+                    name=name,
+                    description=description,
+                    reference=reference,
+                    activations=activations,
+                    norms=norms,
+                    default_activation=default_activation,
+                    default_norm=default_norm,
+                    options=defaults,
+                    input_shapes=input_shapes,
+                    flat_inputs=flat_inputs,
+                ),
+                builder,
+                config,
             ),
-            builder,
-            config,
-        ))
+        )
         return builder
 
     return deco
@@ -306,8 +318,7 @@ def _check_choice(info: ModelInfo, kind: str, value: Any, allowed: tuple[str, ..
             f"model {info.name!r} takes no {kind} (got {kind}={value!r}); leave {kind} unset"
         )
     raise ConfigError(
-        f"model {info.name!r} does not support {kind}={value!r}; "
-        f"expected one of: {', '.join(allowed)}"
+        f"model {info.name!r} does not support {kind}={value!r}; expected one of: {', '.join(allowed)}"
     )
 
 
@@ -333,8 +344,7 @@ def _resolve(
     if unknown:
         valid = [*sorted(info.options), "activation", "norm", "seed"]
         raise ConfigError(
-            f"model {info.name!r} has no option {', '.join(map(repr, unknown))}; "
-            f"valid options: {', '.join(valid)}"
+            f"model {info.name!r} has no option {', '.join(map(repr, unknown))}; valid options: {', '.join(valid)}"
         )
     opts = validate_options(entry.config, options, what=f"model {info.name!r}").model_dump()
     return entry, ModelSpec(name, shape, num_classes, act, nrm, opts)
@@ -342,8 +352,10 @@ def _resolve(
 
 def _assemble(entry: _Entry, spec: ModelSpec) -> Network:
     """Build the network for ``spec`` on the ``meta`` device: shapes only, no data, no RNG."""
-    contract = ("a builder takes (input_shape, num_classes, activation, norm, **options) and returns "
-                "(features, classifier), two torch modules")
+    contract = (
+        "a builder takes (input_shape, num_classes, activation, norm, **options) and returns "
+        "(features, classifier), two torch modules"
+    )
     with torch.device("meta"):
         try:
             built = entry.builder(
@@ -354,18 +366,30 @@ def _assemble(entry: _Entry, spec: ModelSpec) -> Network:
                 **spec.options,
             )
         except TypeError as exc:  # a registered builder with another signature
-            raise ConfigError(f"model {spec.name!r}: its builder cannot be called ({exc}); {contract}") from None
-        if not (isinstance(built, tuple) and len(built) == 2 and all(isinstance(m, torch.nn.Module) for m in built)):
-            raise ConfigError(f"model {spec.name!r}: its builder returned {type(built).__name__}; {contract}")
+            raise ConfigError(
+                f"model {spec.name!r}: its builder cannot be called ({exc}); {contract}"
+            ) from None
+        if not (
+            isinstance(built, tuple)
+            and len(built) == 2
+            and all(isinstance(m, torch.nn.Module) for m in built)
+        ):
+            raise ConfigError(
+                f"model {spec.name!r}: its builder returned {type(built).__name__}; {contract}"
+            )
         net = Network(built[0], built[1], spec)
         out = output_shape(net, spec.input_shape)
     if out != (spec.num_classes,):  # a registered builder's mistake (a built-in one's is a bug)
-        raise ConfigError(f"model {spec.name!r} outputs shape {out} for num_classes={spec.num_classes}; its classifier "
-                          f"must end in {spec.num_classes} outputs")  # fmt: skip
+        raise ConfigError(
+            f"model {spec.name!r} outputs shape {out} for num_classes={spec.num_classes}; its classifier "
+            f"must end in {spec.num_classes} outputs"
+        )
     odd = sorted({str(t.dtype) for t in net.parameters() if t.dtype != torch.float32})
     if odd:
-        raise ConfigError(f"model {spec.name!r} has {', '.join(odd)} parameters; fedge trains float32 models "
-                          "(build its layers with the default dtype)")  # fmt: skip
+        raise ConfigError(
+            f"model {spec.name!r} has {', '.join(odd)} parameters; fedge trains float32 models "
+            "(build its layers with the default dtype)"
+        )
     return net
 
 

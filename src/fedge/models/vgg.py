@@ -38,8 +38,29 @@ __all__ = ["VGG9", "VGG19", "build_vgg19", "build_vgg9", "vgg_features"]
 Config = Sequence[int | float | str]
 
 VGG9: Config = (32, 64, "M", 128, 128, "M", 0.05, 256, 256, "M", 0.1)
-VGG19: Config = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M",
-                 512, 512, 512, 512, "M", 512, 512, 512, 512, "M")  # fmt: skip
+VGG19: Config = (
+    64,
+    64,
+    "M",
+    128,
+    128,
+    "M",
+    256,
+    256,
+    256,
+    256,
+    "M",
+    512,
+    512,
+    512,
+    512,
+    "M",
+    512,
+    512,
+    512,
+    512,
+    "M",
+)
 
 
 def vgg_features(
@@ -51,9 +72,14 @@ def vgg_features(
     for item in config:
         if isinstance(item, int):
             block = conv_block(
-                in_channels, item, kernel_size=3, padding=1,
-                activation=activation, norm=norm, norm_affine=norm_affine,
-            )  # fmt: skip
+                in_channels,
+                item,
+                kernel_size=3,
+                padding=1,
+                activation=activation,
+                norm=norm,
+                norm_affine=norm_affine,
+            )
             features.add_module(f"conv{len(features) + 1}", block)
             in_channels = item
         elif block is None:
@@ -124,4 +150,3 @@ def build_vgg19(
     )
     c, h, w = output_shape(features, input_shape)
     return features, fc_classifier(c * h * w, num_classes)
-

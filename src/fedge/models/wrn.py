@@ -50,9 +50,16 @@ class WideUnit(nn.Module):
     """Pre-activation residual unit: ``x + conv2(drop(act(norm(conv1(act(norm(x)))))))``."""
 
     def __init__(
-        self, c_in: int, c_out: int, *, stride: int, activation: str, norm: str, affine: bool,
+        self,
+        c_in: int,
+        c_out: int,
+        *,
+        stride: int,
+        activation: str,
+        norm: str,
+        affine: bool,
         dropout: float,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         self.pre = _norm_act(norm, c_in, affine, activation)
         self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
@@ -73,9 +80,16 @@ class WideUnit(nn.Module):
 
 
 def _wrn(
-    input_shape: tuple[int, int, int], num_classes: int, *, depth: int, width: int,
-    activation: str, norm: str, affine: bool, dropout: float,
-) -> tuple[nn.Sequential, nn.Sequential]:  # fmt: skip
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    *,
+    depth: int,
+    width: int,
+    activation: str,
+    norm: str,
+    affine: bool,
+    dropout: float,
+) -> tuple[nn.Sequential, nn.Sequential]:
     n = (depth - 4) // 6
     widths = [16 * width, 32 * width, 64 * width]
     blocks: OrderedDict[str, nn.Module] = OrderedDict(
@@ -87,9 +101,14 @@ def _wrn(
             stride = 2 if s > 1 and b == 1 else 1
             name = f"unit{s}" if n == 1 else f"s{s}u{b}"
             blocks[name] = WideUnit(
-                c_in, c, stride=stride, activation=activation, norm=norm, affine=affine,
+                c_in,
+                c,
+                stride=stride,
+                activation=activation,
+                norm=norm,
+                affine=affine,
                 dropout=dropout,
-            )  # fmt: skip
+            )
             c_in = c
     blocks["post"] = _norm_act(norm, c_in, affine, activation)
     return nn.Sequential(blocks), pooled_classifier(c_in, num_classes)
@@ -129,6 +148,12 @@ def build_wrn_10_2(
     norm_affine: bool,
 ) -> tuple[nn.Sequential, nn.Sequential]:
     return _wrn(
-        input_shape, num_classes, depth=10, width=2, activation=activation, norm=norm,
-        affine=norm_affine, dropout=dropout,
-    )  # fmt: skip
+        input_shape,
+        num_classes,
+        depth=10,
+        width=2,
+        activation=activation,
+        norm=norm,
+        affine=norm_affine,
+        dropout=dropout,
+    )

@@ -73,8 +73,7 @@ def dense_masks(model: nn.Module) -> dict[str, Tensor]:
     names = prunable_parameters(model)
     if not names:
         raise ConfigError(
-            f"{type(model).__name__} has no prunable weight (no nn.Linear or nn.Conv*d); "
-            "pruning needs at least one"
+            f"{type(model).__name__} has no prunable weight (no nn.Linear or nn.Conv*d); pruning needs at least one"
         )
     return {n: torch.ones_like(params[n], dtype=torch.bool) for n in names}
 
@@ -183,10 +182,14 @@ def encode_masks(masks: Mapping[str, Tensor]) -> dict[str, Tensor]:
     out: dict[str, Tensor] = {}
     for name, mask in masks.items():
         if name.endswith((_KEPT, _PRUNED)):
-            raise ConfigError(f"mask name {name!r} ends with a reserved suffix {_KEPT!r}/{_PRUNED!r}")
+            raise ConfigError(
+                f"mask name {name!r} ends with a reserved suffix {_KEPT!r}/{_PRUNED!r}"
+            )
         flat = _as_bool(name, mask).detach().cpu().reshape(-1)
         if flat.numel() >= 2**31:
-            raise ConfigError(f"mask {name!r} has {flat.numel()} coordinates; int32 indices need < 2**31")
+            raise ConfigError(
+                f"mask {name!r} has {flat.numel()} coordinates; int32 indices need < 2**31"
+            )
         bitmap, index = _sizes(flat)
         if bitmap <= index:
             out[name] = torch.from_numpy(np.packbits(flat.numpy()))
@@ -214,7 +217,9 @@ def decode_masks(
             if key.endswith(suffix):
                 base, kind = key[: -len(suffix)], suffix[1:]
         if base not in shapes:
-            raise MessageError(f"unexpected mask array {key!r}; expected masks for {sorted(shapes)}")
+            raise MessageError(
+                f"unexpected mask array {key!r}; expected masks for {sorted(shapes)}"
+            )
         if base in by_name:
             raise MessageError(f"mask {base!r} is encoded twice (as {by_name[base][0]} and {kind})")
         by_name[base] = (kind, arr)
@@ -233,13 +238,21 @@ def decode_masks(
             flat = torch.from_numpy(np.unpackbits(arr.cpu().numpy(), count=n).astype(np.bool_))
         else:
             if arr.dtype != torch.int32 or arr.dim() != 1:
-                raise MessageError(f"{kind} indices for {name!r} must be 1-D int32, got {arr.dtype}")
+                raise MessageError(
+                    f"{kind} indices for {name!r} must be 1-D int32, got {arr.dtype}"
+                )
             idx = arr.cpu().to(torch.int64)
-            if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n or bool((idx[1:] <= idx[:-1]).any())):
+            if idx.numel() and (
+                int(idx.min()) < 0 or int(idx.max()) >= n or bool((idx[1:] <= idx[:-1]).any())
+            ):
                 raise MessageError(
                     f"{kind} indices for {name!r} must be strictly increasing in [0, {n})"
                 )
-            flat = torch.zeros(n, dtype=torch.bool) if kind == "kept" else torch.ones(n, dtype=torch.bool)
+            flat = (
+                torch.zeros(n, dtype=torch.bool)
+                if kind == "kept"
+                else torch.ones(n, dtype=torch.bool)
+            )
             flat[idx] = kind == "kept"
         out[name] = flat.reshape(tuple(shape))
     return out

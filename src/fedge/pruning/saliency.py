@@ -104,9 +104,7 @@ class NTKStatistic(NamedTuple):
     num_inputs: int
 
 
-def gaussian_inputs(
-    input_shape: tuple[int, ...], n: int, *, generator: torch.Generator
-) -> Tensor:
+def gaussian_inputs(input_shape: tuple[int, ...], n: int, *, generator: torch.Generator) -> Tensor:
     """NTK-Rand inputs (Algorithm 1, line 10): ``n`` draws of ``x ~ N(0, I)``, shape (n, *input_shape)."""
     check_positive_int("n", n)
     return torch.randn((n, *input_shape), generator=generator)
@@ -203,9 +201,17 @@ def ntk_statistic_differences(
     wrapper = _MaskedStatistic(model, full, w0, noise)
     with _eval_mode(model):
         return loss_differences(
-            wrapper, _statistic_as_loss, (inputs, inputs), k=k, sigma=sigma, seed=seed,
-            scheme=scheme, params=list(full), masks=full, mode="lean",
-        )  # fmt: skip
+            wrapper,
+            _statistic_as_loss,
+            (inputs, inputs),
+            k=k,
+            sigma=sigma,
+            seed=seed,
+            scheme=scheme,
+            params=list(full),
+            masks=full,
+            mode="lean",
+        )
 
 
 def ntk_saliency_from_differences(
@@ -224,9 +230,13 @@ def ntk_saliency_from_differences(
     """
     full = check_masks(model, masks)
     grad = estimate_gradient(
-        {n: m.shape for n, m in full.items()}, diffs, sigma=sigma, seed=seed, scheme=scheme,
+        {n: m.shape for n, m in full.items()},
+        diffs,
+        sigma=sigma,
+        seed=seed,
+        scheme=scheme,
         masks=full,
-    )  # fmt: skip
+    )
     return _scores(full, grad)
 
 
@@ -245,9 +255,17 @@ def ntk_saliency_zeroth_order(
 ) -> dict[str, Tensor]:
     """Both halves of the data-based protocol on one machine (device differences, server score)."""
     diffs = ntk_statistic_differences(
-        model, masks, inputs, eps=eps, samples=samples, generator=generator, k=k, sigma=sigma,
-        seed=seed, scheme=scheme,
-    )  # fmt: skip
+        model,
+        masks,
+        inputs,
+        eps=eps,
+        samples=samples,
+        generator=generator,
+        k=k,
+        sigma=sigma,
+        seed=seed,
+        scheme=scheme,
+    )
     return ntk_saliency_from_differences(model, masks, diffs, sigma=sigma, seed=seed, scheme=scheme)
 
 
@@ -313,7 +331,9 @@ class _MaskedStatistic(nn.Module):
     parameter tree, so they are neither selected nor perturbed.
     """
 
-    def __init__(self, model: nn.Module, masks: dict[str, Tensor], w0: Weights, noise: list[Weights]):
+    def __init__(
+        self, model: nn.Module, masks: dict[str, Tensor], w0: Weights, noise: list[Weights]
+    ):
         super().__init__()
         self._fixed = (model, w0, noise)
         for name, mask in masks.items():
@@ -323,7 +343,9 @@ class _MaskedStatistic(nn.Module):
                 if part not in owner._modules:
                     owner.add_module(part, _Gate())
                 owner = owner._modules[part]  # type: ignore[assignment]
-            owner.register_parameter(attr, nn.Parameter(mask.to(w0[name].dtype), requires_grad=False))
+            owner.register_parameter(
+                attr, nn.Parameter(mask.to(w0[name].dtype), requires_grad=False)
+            )
         self._names = list(masks)
 
     def forward(self, inputs: Tensor) -> Tensor:
@@ -339,7 +361,9 @@ def _statistic_as_loss(value: Tensor, _unused: Tensor) -> Tensor:
     return value
 
 
-def _statistic(model: nn.Module, inputs: Tensor, u: Weights, w0: Weights, noise: list[Weights]) -> Tensor:
+def _statistic(
+    model: nn.Module, inputs: Tensor, u: Weights, w0: Weights, noise: list[Weights]
+) -> Tensor:
     """Eq. 13 and 15: mean over inputs and ΔW draws of ‖f(x; W0 ⊙ u) − f(x; (W0 + ΔW) ⊙ u)‖²."""
     clean = functional_call(model, {n: w0[n] * u[n] for n in u}, (inputs,))  # (N, classes)
     total = clean.new_zeros(())
@@ -360,15 +384,25 @@ def _setup(
     if not isinstance(inputs, Tensor) or inputs.dim() < 1 or inputs.shape[0] == 0:
         got = tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__
         raise ConfigError(f"inputs must be a non-empty batch (N, ...), got {got}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
-        raise ConfigError(f"eps (the variance of ΔW, Eq. 15) must be a finite number > 0, got {eps!r}")
+    if (
+        isinstance(eps, bool)
+        or not isinstance(eps, (int, float))
+        or not math.isfinite(eps)
+        or eps <= 0
+    ):
+        raise ConfigError(
+            f"eps (the variance of ΔW, Eq. 15) must be a finite number > 0, got {eps!r}"
+        )
     check_positive_int("samples", samples)
     full = check_masks(model, masks)
     params = dict(model.named_parameters())
     w0 = {n: params[n].detach() for n in full}
     std = math.sqrt(eps)
     noise = [
-        {n: torch.randn(w.shape, generator=generator).to(w.device, w.dtype) * std for n, w in w0.items()}
+        {
+            n: torch.randn(w.shape, generator=generator).to(w.device, w.dtype) * std
+            for n, w in w0.items()
+        }
         for _ in range(samples)
     ]
     return full, w0, noise

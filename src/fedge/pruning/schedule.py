@@ -59,7 +59,9 @@ __all__ = [
 ]
 
 ScoreName = Literal["ntk", "magnitude", "random", "snip"]
-DEFAULT_NUM_INPUTS = 256  # NTK-Rand inputs per pruning round: the paper's pruning batch size (Sec. 5.1)
+DEFAULT_NUM_INPUTS = (
+    256  # NTK-Rand inputs per pruning round: the paper's pruning batch size (Sec. 5.1)
+)
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,9 @@ def prune_step(
     for n in names:
         if n not in scores or scores[n].shape != masks[n].shape:
             got = tuple(scores[n].shape) if n in scores else "nothing"
-            raise ConfigError(f"scores for {n!r} must have the mask's shape {tuple(masks[n].shape)}, got {got}")
+            raise ConfigError(
+                f"scores for {n!r} must have the mask's shape {tuple(masks[n].shape)}, got {got}"
+            )
     live = torch.cat([masks[n].detach().reshape(-1).cpu() for n in names])
     flat = torch.cat([scores[n].detach().reshape(-1).cpu().to(torch.float64) for n in names])
     n_live = int(live.sum())
@@ -216,9 +220,14 @@ def pruning_rounds(
         spec = getattr(model, "spec", None)
         input_shape = tuple(spec.input_shape) if spec is not None else None
     ctx = ScoreContext(
-        generator=generator, inputs=inputs, input_shape=input_shape, num_inputs=num_inputs,
-        batch=batch, eps=eps, samples=samples,
-    )  # fmt: skip
+        generator=generator,
+        inputs=inputs,
+        input_shape=input_shape,
+        num_inputs=num_inputs,
+        batch=batch,
+        eps=eps,
+        samples=samples,
+    )
     for keep in counts:
         current = prune_step(scorer(model, current, ctx), current, keep)
         yield current
@@ -265,10 +274,19 @@ def prune(
         >>> masks = prune(net, density=0.2, rounds=5, generator=generator(0, "prune"), num_inputs=8)
     """
     rounds_ = pruning_rounds(
-        model, density=density, rounds=rounds, score=score, generator=generator, inputs=inputs,
-        input_shape=input_shape, num_inputs=num_inputs, batch=batch, eps=eps, samples=samples,
+        model,
+        density=density,
+        rounds=rounds,
+        score=score,
+        generator=generator,
+        inputs=inputs,
+        input_shape=input_shape,
+        num_inputs=num_inputs,
+        batch=batch,
+        eps=eps,
+        samples=samples,
         masks=masks,
-    )  # fmt: skip
+    )
     return deque(rounds_, maxlen=1)[0]  # only the last round's masks are held
 
 
@@ -282,4 +300,6 @@ def _scorer(score: str | Scorer) -> Scorer:
 
 def _check_density(density: object) -> None:
     if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
-        raise ConfigError(f"density must be a number in (0, 1] (the kept fraction), got {density!r}")
+        raise ConfigError(
+            f"density must be a number in (0, 1] (the kept fraction), got {density!r}"
+        )

@@ -56,8 +56,17 @@ class Comparison:
 
     def columns(self) -> list[str]:
         """Table headers; the target and memory columns only appear when they have content."""
-        cols = ["run", "method", "model", "dataset", "rounds", "final acc", "best acc",
-                "bytes down", "bytes up"]  # fmt: skip
+        cols = [
+            "run",
+            "method",
+            "model",
+            "dataset",
+            "rounds",
+            "final acc",
+            "best acc",
+            "bytes down",
+            "bytes up",
+        ]
         if self.target_accuracy is not None:
             cols.append(f"bytes to {format_accuracy(self.target_accuracy)}")
         cols += ["client FLOPs", "wall time"]
@@ -79,9 +88,17 @@ class Comparison:
             if not r.complete:
                 planned = f" of {r.rounds_planned}" if r.rounds_planned is not None else ""
                 rounds += f"{planned} (incomplete)"
-            row = [r.label, r.method, r.model, r.dataset, rounds,
-                   format_accuracy(r.final_accuracy), format_accuracy(r.best_accuracy),
-                   format_bytes(r.total_bytes_down), format_bytes(r.total_bytes_up)]  # fmt: skip
+            row = [
+                r.label,
+                r.method,
+                r.model,
+                r.dataset,
+                rounds,
+                format_accuracy(r.final_accuracy),
+                format_accuracy(r.best_accuracy),
+                format_bytes(r.total_bytes_down),
+                format_bytes(r.total_bytes_up),
+            ]
             if self.target_accuracy is not None:
                 b = r.bytes_to_accuracy(self.target_accuracy)
                 row.append("not reached" if b is None else format_bytes(b))
@@ -159,8 +176,7 @@ def compare_runs(
         raise ConfigError("compare_runs got no run directories; pass at least one")
     if target_accuracy is not None and not 0 < target_accuracy <= 1:
         raise ConfigError(
-            f"target_accuracy is a fraction in (0, 1], got {target_accuracy!r}; "
-            "for 80% pass 0.8"
+            f"target_accuracy is a fraction in (0, 1], got {target_accuracy!r}; for 80% pass 0.8"
         )
     runs = _distinct_labels([r if isinstance(r, RunLog) else load_run(r) for r in run_dirs])
     datasets = sorted({r.dataset for r in runs})

@@ -11,7 +11,14 @@ from typing import Any
 import yaml
 
 from fedge.report.document import Block, Code, Heading, Image, Para, Table
-from fedge.report.format import DASH, format_accuracy, format_bytes, format_duration, format_flops, format_number
+from fedge.report.format import (
+    DASH,
+    format_accuracy,
+    format_bytes,
+    format_duration,
+    format_flops,
+    format_number,
+)
 from fedge.report.runlog import RunLog
 
 __all__ = ["document", "title"]
@@ -190,8 +197,12 @@ def _read_attack(path: Path) -> dict[str, Any] | None:
 def _mia_cell(r: dict[str, Any]) -> str:
     """AUC, then whichever of TPR at 1% / 0.1% FPR and precision the result holds."""
     parts = [f"AUC {r['auc']:.3f}"]
-    for key, name in (("tpr_at_1pct_fpr", "TPR@1%FPR"), ("tpr_at_01pct_fpr", "TPR@0.1%FPR"),
-                      ("precision", "precision"), ("best_precision", "best precision")):  # fmt: skip
+    for key, name in (
+        ("tpr_at_1pct_fpr", "TPR@1%FPR"),
+        ("tpr_at_01pct_fpr", "TPR@0.1%FPR"),
+        ("precision", "precision"),
+        ("best_precision", "best precision"),
+    ):
         if isinstance(r.get(key), (int, float)):
             parts.append(f"{name} {r[key]:.3f}")
     return ", ".join(parts)
@@ -205,35 +216,77 @@ def _privacy_blocks(run: RunLog) -> list[Block]:
         dlg = _read_attack(folder / f"{kind}.json")
         if dlg is None:
             continue
-        base = (f"mean image {dlg.get('baseline_mean_image_mse', float('nan')):.3g}, "
-                f"mid-gray {dlg.get('baseline_mid_gray_mse', float('nan')):.3g}")  # fmt: skip
-        seen = ("activations at the edge server" if dlg.get("method") == "eppfl"
-                else "masked uploads" if dlg.get("masked") else "uploads in the clear")  # fmt: skip
+        base = (
+            f"mean image {dlg.get('baseline_mean_image_mse', float('nan')):.3g}, "
+            f"mid-gray {dlg.get('baseline_mid_gray_mse', float('nan')):.3g}"
+        )
+        seen = (
+            "activations at the edge server"
+            if dlg.get("method") == "eppfl"
+            else "masked uploads"
+            if dlg.get("masked")
+            else "uploads in the clear"
+        )
         for name, a in dlg.get("attacks", {}).items():
-            labels = f", labels {a['label_accuracy']:.2f}" if isinstance(a.get("label_accuracy"), (int, float)) else ""
-            rows.append((f"reconstruction ({name}), {seen}", f"median MSE {a['median_mse']:.3g}{labels}", base))
+            labels = (
+                f", labels {a['label_accuracy']:.2f}"
+                if isinstance(a.get("label_accuracy"), (int, float))
+                else ""
+            )
+            rows.append(
+                (
+                    f"reconstruction ({name}), {seen}",
+                    f"median MSE {a['median_mse']:.3g}{labels}",
+                    base,
+                )
+            )
     mia = _read_attack(folder / "mia.json")
     if mia is not None:
         rows.append(("membership (loss threshold)", _mia_cell(mia), "AUC 0.5"))
     shadow = _read_attack(folder / "mia-shadow.json")
-    for key, name in (("loss", "loss threshold"), ("shadow", "shadow models"), ("lira", "offline LiRA")):
+    for key, name in (
+        ("loss", "loss threshold"),
+        ("shadow", "shadow models"),
+        ("lira", "offline LiRA"),
+    ):
         if shadow is not None and isinstance(shadow.get(key), dict):
             extra = f", {shadow.get('shadows')} shadows" if key != "loss" else ""
             rows.append((f"membership ({name}{extra})", _mia_cell(shadow[key]), "AUC 0.5"))
-    for kind in ("mia-rounds", "mia-shadow-rounds"):  # fedge attack --rounds: the broadcast after each round
+    for kind in (
+        "mia-rounds",
+        "mia-shadow-rounds",
+    ):  # fedge attack --rounds: the broadcast after each round
         per = _read_attack(folder / f"{kind}.json")
         for rnd, r in ((per or {}).get("rounds") or {}).items():
-            for key, name in (("loss", "loss threshold"), ("shadow", "shadow models"), ("lira", "offline LiRA")):
+            for key, name in (
+                ("loss", "loss threshold"),
+                ("shadow", "shadow models"),
+                ("lira", "offline LiRA"),
+            ):
                 if isinstance(r.get(key), dict):
-                    rows.append((f"membership ({name}), global model after round {rnd}", _mia_cell(r[key]), "AUC 0.5"))
+                    rows.append(
+                        (
+                            f"membership ({name}), global model after round {rnd}",
+                            _mia_cell(r[key]),
+                            "AUC 0.5",
+                        )
+                    )
     pia = _read_attack(folder / "pia.json")
     if pia is not None:
         seen = "masked uploads" if pia.get("masked") else "uploads in the clear"
-        rows.append((f"property (class {pia.get('property_class')} in the batch), {seen}",
-                     f"AUC {pia['auc']:.3f} on {pia.get('uploads')} uploads", "AUC 0.5"))  # fmt: skip
+        rows.append(
+            (
+                f"property (class {pia.get('property_class')} in the batch), {seen}",
+                f"AUC {pia['auc']:.3f} on {pia.get('uploads')} uploads",
+                "AUC 0.5",
+            )
+        )
     if not rows:
         return []
-    return [Heading(2, "Privacy"), Table(("attack", "result", "chance-level baseline"), tuple(rows))]
+    return [
+        Heading(2, "Privacy"),
+        Table(("attack", "result", "chance-level baseline"), tuple(rows)),
+    ]
 
 
 _CAPTIONS = {

@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["DASH", "format_accuracy", "format_bytes", "format_duration", "format_flops", "format_number"]
+__all__ = [
+    "DASH",
+    "format_accuracy",
+    "format_bytes",
+    "format_duration",
+    "format_flops",
+    "format_number",
+]
 
 DASH = "—"
 _DASH = DASH
@@ -26,12 +33,23 @@ def _si(n: float, units: Sequence[tuple[float, str]], base_unit: str) -> str:
 
 
 _BYTE_UNITS = ((1e15, "PB"), (1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB"))
-_FLOP_UNITS = ((1e18, "EFLOP"), (1e15, "PFLOP"), (1e12, "TFLOP"), (1e9, "GFLOP"),
-               (1e6, "MFLOP"), (1e3, "kFLOP"))  # fmt: skip
+_FLOP_UNITS = (
+    (1e18, "EFLOP"),
+    (1e15, "PFLOP"),
+    (1e12, "TFLOP"),
+    (1e9, "GFLOP"),
+    (1e6, "MFLOP"),
+    (1e3, "kFLOP"),
+)
 
 
 def _count(
-    n: float | None, units: Sequence[tuple[float, str]], base_unit: str, *, exact: bool, exact_unit: str
+    n: float | None,
+    units: Sequence[tuple[float, str]],
+    base_unit: str,
+    *,
+    exact: bool,
+    exact_unit: str,
 ) -> str:
     """``n`` in SI units (a dash for None); with ``exact``, the exact count (from 1000 up) after it."""
     if n is None:

@@ -41,7 +41,9 @@ def privacy_cells(run_dir: str | Path) -> dict[str, str]:
                 dra.append((float(a["median_mse"]), name, base))
     if dra:
         mse, name, base = min(dra, key=lambda t: t[0])
-        cells[PRIVACY_COLUMNS[0]] = f"{mse:.3g} ({base:.3g}) {name}" if base is not None else f"{mse:.3g} {name}"
+        cells[PRIVACY_COLUMNS[0]] = (
+            f"{mse:.3g} ({base:.3g}) {name}" if base is not None else f"{mse:.3g} {name}"
+        )
     mias = []
     plain = _read(folder / "mia.json")
     if plain is not None:
@@ -57,5 +59,7 @@ def privacy_cells(run_dir: str | Path) -> dict[str, str]:
             cells[PRIVACY_COLUMNS[2]] = f"{precision:.3f}"
     pia = _read(folder / "pia.json")
     if pia is not None and _num(pia.get("auc")) is not None:
-        cells[PRIVACY_COLUMNS[3]] = f"{float(pia['auc']):.3f}" + (" masked" if pia.get("masked") else "")
+        cells[PRIVACY_COLUMNS[3]] = f"{float(pia['auc']):.3f}" + (
+            " masked" if pia.get("masked") else ""
+        )
     return cells

@@ -336,8 +336,7 @@ def _read_metrics(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError as e:
             if pos == len(numbered) - 1:
                 warnings.warn(
-                    f"{path} line {lineno} is truncated (the run probably stopped mid-write); "
-                    "ignoring that round",
+                    f"{path} line {lineno} is truncated (the run probably stopped mid-write); ignoring that round",
                     RunLogWarning,
                     3,
                 )
@@ -399,7 +398,9 @@ def load_run(run_dir: str | Path) -> RunLog:
     )
 
 
-def _check_rounds_logged(path: Path, metrics: list[dict[str, Any]], summary: dict[str, Any] | None) -> None:
+def _check_rounds_logged(
+    path: Path, metrics: list[dict[str, Any]], summary: dict[str, Any] | None
+) -> None:
     """Warn when a complete run's ``metrics.jsonl`` does not hold rounds 1..N of its summary.
 
     A run writes one metrics line per round (a skipped round too) before its summary, so a gap

@@ -50,7 +50,14 @@ from typing import Any
 
 import torch
 
-from fedge.core.context import ClientContext, ClientData, Link, PartyContext, decode_state, encode_state
+from fedge.core.context import (
+    ClientContext,
+    ClientData,
+    Link,
+    PartyContext,
+    decode_state,
+    encode_state,
+)
 from fedge.core.errors import ConfigError, MessageError, ShortRoundError
 from fedge.core.messages import Message
 from fedge.core.meter import Meter, StepStats
@@ -58,7 +65,14 @@ from fedge.core.protocols import ClientProgram, Exchange, PartyCall, PartySpec, 
 from fedge.core.rng import generator
 from fedge.runtime.evaluate import evaluate
 
-__all__ = ["EngineConfig", "Simulation", "decode_state", "drops_out", "encode_state", "sample_clients"]
+__all__ = [
+    "EngineConfig",
+    "Simulation",
+    "decode_state",
+    "drops_out",
+    "encode_state",
+    "sample_clients",
+]
 
 SHARED = -1  # the state key of a shared party's single instance
 
@@ -77,7 +91,9 @@ class EngineConfig:
     min_replies: int | None = None
 
 
-def sample_clients(seed: int, rnd: int, num_clients: int, per_round: int, eligible: Sequence[int] | None = None) -> list[int]:
+def sample_clients(
+    seed: int, rnd: int, num_clients: int, per_round: int, eligible: Sequence[int] | None = None
+) -> list[int]:
     """The sorted ids of the ``per_round`` clients taking part in round ``rnd``, a uniformly
     random subset of ``eligible`` (default: every client) drawn from the generator
     (seed, "sample", round).
@@ -90,7 +106,9 @@ def sample_clients(seed: int, rnd: int, num_clients: int, per_round: int, eligib
     n = num_clients if eligible is None else len(eligible)
     if per_round >= n:
         return list(range(num_clients)) if eligible is None else sorted(eligible)
-    u = torch.rand(per_round, generator=generator(seed, "sample", rnd), dtype=torch.float64).tolist()
+    u = torch.rand(
+        per_round, generator=generator(seed, "sample", rnd), dtype=torch.float64
+    ).tolist()
     chosen: set[int] = set()
     for j, uj in zip(range(n - per_round, n), u, strict=True):
         t = min(int(uj * (j + 1)), j)
@@ -105,7 +123,14 @@ def drops_out(seed: int, p: float, rnd: int, phase: int, cid: int) -> bool:
     round, exchange, client) below ``p``, so a run loses the same clients whatever the runtime."""
     if p <= 0:
         return False
-    return float(torch.rand(1, generator=generator(seed, "dropout", rnd, phase, cid), dtype=torch.float64)) < p
+    return (
+        float(
+            torch.rand(
+                1, generator=generator(seed, "dropout", rnd, phase, cid), dtype=torch.float64
+            )
+        )
+        < p
+    )
 
 
 # ------------------------------------------------------------------ client execution
@@ -144,8 +169,15 @@ def execute_client(
     """Run one client step from message bytes to reply bytes (the unit a worker executes)."""
     meter = Meter(flops=measure_flops, memory=measure_memory)
     links = {
-        name: Link(spec, key=task.cid if spec.scope == "client" else None, rnd=task.rnd, phase=task.phase,
-                   seed=seed, state=task.party_states.get(name), client_meter=meter)  # fmt: skip
+        name: Link(
+            spec,
+            key=task.cid if spec.scope == "client" else None,
+            rnd=task.rnd,
+            phase=task.phase,
+            seed=seed,
+            state=task.party_states.get(name),
+            client_meter=meter,
+        )
         for name, spec in parties.items()
     }
     ctx = ClientContext(
@@ -176,7 +208,9 @@ def execute_client(
 _WORKER: dict[str, Any] = {}
 
 
-def _worker_init(program: ClientProgram, clients: Sequence[ClientData], kwargs: dict[str, Any]) -> None:
+def _worker_init(
+    program: ClientProgram, clients: Sequence[ClientData], kwargs: dict[str, Any]
+) -> None:
     torch.set_num_threads(1)
     _WORKER.update(program=program, clients=clients, kwargs=kwargs)
 
@@ -199,8 +233,16 @@ class _RoundTotals:
 
     def add(self, stats: StepStats) -> None:
         parties, links = stats.parties, stats.links
-        self.client.merge(StepStats(stats.flops, stats.wall_s, stats.tensor_peak_bytes, stats.rss_peak_bytes,
-                                    stats.side_bytes_down, stats.side_bytes_up))  # fmt: skip
+        self.client.merge(
+            StepStats(
+                stats.flops,
+                stats.wall_s,
+                stats.tensor_peak_bytes,
+                stats.rss_peak_bytes,
+                stats.side_bytes_down,
+                stats.side_bytes_up,
+            )
+        )
         for name, cost in parties.items():
             self.add_party(name, cost)
         for k, v in links.items():
@@ -249,7 +291,10 @@ class Simulation:
     """
 
     #: where concurrent client steps run, and how to let a shared party's state change there
-    _concurrent = ("in a worker process", "set clients.workers=0, or keep that state per client (scope='client')")
+    _concurrent = (
+        "in a worker process",
+        "set clients.workers=0, or keep that state per client (scope='client')",
+    )
 
     def __init__(
         self,
@@ -271,9 +316,13 @@ class Simulation:
         self.parties = dict(parties or {})
         for name, spec in self.parties.items():
             if name != spec.name:
-                raise ConfigError(f"side party registered as {name!r} is named {spec.name!r}; use one name")
+                raise ConfigError(
+                    f"side party registered as {name!r} is named {spec.name!r}; use one name"
+                )
         if profiles is not None and len(profiles) != len(clients):
-            raise ConfigError(f"got {len(profiles)} device profiles for {len(clients)} clients; give one per client")
+            raise ConfigError(
+                f"got {len(profiles)} device profiles for {len(clients)} clients; give one per client"
+            )
         self.profiles = profiles
         self.validation = validation
         self.on_round, self.on_progress = on_round, on_progress
@@ -313,7 +362,12 @@ class Simulation:
     # -- running -----------------------------------------------------------------
     def _kwargs(self) -> dict[str, Any]:
         c = self.cfg
-        return dict(seed=c.seed, measure_flops=c.measure_flops, measure_memory=c.measure_memory, parties=self.parties)
+        return dict(
+            seed=c.seed,
+            measure_flops=c.measure_flops,
+            measure_memory=c.measure_memory,
+            parties=self.parties,
+        )
 
     def _party_states_for(self, cid: int) -> dict[str, bytes | None]:
         return {
@@ -323,7 +377,10 @@ class Simulation:
 
     def _keep(self, cid: int, result: _Result, *, parallel: bool) -> None:
         """Store what a client step changed: its state, its round state, its parties' states."""
-        for store, value in ((self.client_states, result.state), (self._round_states, result.round_state)):
+        for store, value in (
+            (self.client_states, result.state),
+            (self._round_states, result.round_state),
+        ):
             if value is not None:
                 store[cid] = value
             else:
@@ -333,17 +390,28 @@ class Simulation:
             states = self.party_states[name]
             if parallel and key == SHARED and value != states.get(SHARED):
                 where, fix = self._concurrent
-                raise ConfigError(f"shared side party {name!r} changed its state {where}, where the change would be lost; {fix}")
+                raise ConfigError(
+                    f"shared side party {name!r} changed its state {where}, where the change would be lost; {fix}"
+                )
             if value is not None:
                 states[key] = value
             else:
                 states.pop(key, None)
 
     def _task(self, cid: int, rnd: int, phase: int, message: bytes) -> _Task:
-        return _Task(cid, rnd, phase, message, self.client_states.get(cid), self._round_states.get(cid),
-                     self._party_states_for(cid))  # fmt: skip
+        return _Task(
+            cid,
+            rnd,
+            phase,
+            message,
+            self.client_states.get(cid),
+            self._round_states.get(cid),
+            self._party_states_for(cid),
+        )
 
-    def _run_clients(self, rnd: int, phase: int, messages: list[tuple[int, bytes]]) -> tuple[dict[int, _Result], dict[int, str]]:
+    def _run_clients(
+        self, rnd: int, phase: int, messages: list[tuple[int, bytes]]
+    ) -> tuple[dict[int, _Result], dict[int, str]]:
         """Run the addressed clients: their results by client id, and why each client that gave
         none failed (always empty here, where a client's exception is a bug and propagates; a
         runtime with real devices reports them)."""
@@ -351,7 +419,9 @@ class Simulation:
         if self.cfg.workers > 0 and total > 1:
             if self._pool is None:
                 ctx = mp.get_context("fork")
-                self._pool = ctx.Pool(self.cfg.workers, _worker_init, (self.program, self.clients, self._kwargs()))
+                self._pool = ctx.Pool(
+                    self.cfg.workers, _worker_init, (self.program, self.clients, self._kwargs())
+                )
             tasks = [self._task(cid, rnd, phase, m) for cid, m in messages]
             chunk = max(1, total // (4 * self.cfg.workers))
             results = {}
@@ -363,8 +433,12 @@ class Simulation:
             return results, {}
         kw = self._kwargs()
         results = {}
-        for i, (cid, m) in enumerate(messages):  # sequential: a shared party's state flows client to client
-            result = execute_client(self.program, self.clients[cid], self._task(cid, rnd, phase, m), **kw)
+        for i, (cid, m) in enumerate(
+            messages
+        ):  # sequential: a shared party's state flows client to client
+            result = execute_client(
+                self.program, self.clients[cid], self._task(cid, rnd, phase, m), **kw
+            )
             self._keep(cid, result, parallel=False)
             results[cid] = result
             if self.on_progress is not None:
@@ -374,7 +448,9 @@ class Simulation:
     def _drops_out(self, rnd: int, phase: int, cid: int) -> bool:
         return drops_out(self.cfg.seed, self.cfg.dropout, rnd, phase, cid)
 
-    def _check_failures(self, rnd: int, phase: int, addressed: int, replied: int, failed: Mapping[int, str]) -> None:
+    def _check_failures(
+        self, rnd: int, phase: int, addressed: int, replied: int, failed: Mapping[int, str]
+    ) -> None:
         """Let the round go on without the ``failed`` clients' replies; or, under
         ``min_replies``, with fewer replies than that, a :class:`ShortRoundError` (the round is
         skipped); otherwise stop the run with one error naming each failed client and the way on."""
@@ -387,15 +463,23 @@ class Simulation:
         more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
         head = f"round {rnd}, exchange {phase + 1}: {len(failed)} of {addressed} clients gave no result ({listed}{more})"
         if tolerant:
-            raise ShortRoundError(f"{head}; only {replied} replied, fewer than clients.min_replies={need}")
+            raise ShortRoundError(
+                f"{head}; only {replied} replied, fewer than clients.min_replies={need}"
+            )
         if not self.strategy.partial_replies:
-            why = (f"this method ({type(self.strategy).__name__}) needs every addressed client's reply, "
-                   "so this round is not completed. ")  # fmt: skip
+            why = (
+                f"this method ({type(self.strategy).__name__}) needs every addressed client's reply, "
+                "so this round is not completed. "
+            )
         else:
-            why = ("this round is not completed: set clients.min_replies (e.g. to half of clients.per_round) to let "
-                   "a round go on with the replies that arrive. ")  # fmt: skip
-        fix = ((f"Rounds up to {rnd - 1} are kept: " if rnd > 1 else "") + "bring the node(s) back and continue with "
-               "fedge run --resume RUN_DIR (with the same --runtime, or another)")  # fmt: skip
+            why = (
+                "this round is not completed: set clients.min_replies (e.g. to half of clients.per_round) to let "
+                "a round go on with the replies that arrive. "
+            )
+        fix = (
+            (f"Rounds up to {rnd - 1} are kept: " if rnd > 1 else "")
+            + "bring the node(s) back and continue with fedge run --resume RUN_DIR (with the same --runtime, or another)"
+        )
         raise MessageError(f"{head}; {why}{fix}")
 
     def sample(self, rnd: int) -> list[int]:
@@ -406,10 +490,14 @@ class Simulation:
             return sorted(own)
         eligible = None
         if self.profiles is not None:
-            eligible = [c for c, p in enumerate(self.profiles) if self.strategy.eligible_client(c, p)]
+            eligible = [
+                c for c, p in enumerate(self.profiles) if self.strategy.eligible_client(c, p)
+            ]
             if not eligible:
-                raise ConfigError(f"round {rnd}: no client's device profile is eligible for this method; "
-                                  "check clients.profiles against the method's requirements")  # fmt: skip
+                raise ConfigError(
+                    f"round {rnd}: no client's device profile is eligible for this method; "
+                    "check clients.profiles against the method's requirements"
+                )
         return sample_clients(self.cfg.seed, rnd, len(self.clients), self.cfg.per_round, eligible)
 
     def run_round(self, rnd: int) -> dict[str, Any]:
@@ -431,7 +519,9 @@ class Simulation:
                     addressed = set(step.messages)
                     if exchanges == 0 and addressed != set(ids):
                         missing = sorted(set(ids) - addressed)
-                        raise MessageError(f"round {rnd}: strategy configured no message for clients {missing[:10]}")
+                        raise MessageError(
+                            f"round {rnd}: strategy configured no message for clients {missing[:10]}"
+                        )
                     if not addressed <= set(ids):
                         raise MessageError(
                             f"round {rnd}: exchange {exchanges + 1} addresses clients "
@@ -445,7 +535,9 @@ class Simulation:
                 elif isinstance(step, PartyCall):
                     step = rounds.send(self._server_call(rnd, step, acc))
                 else:
-                    raise TypeError(f"round {rnd}: a strategy's round yields Exchange or PartyCall, got {type(step).__name__}")
+                    raise TypeError(
+                        f"round {rnd}: a strategy's round yields Exchange or PartyCall, got {type(step).__name__}"
+                    )
         except StopIteration as stop:
             agg: dict[str, Any] = dict(stop.value or {})
             self._record_aggregated(rnd, replied)
@@ -454,7 +546,9 @@ class Simulation:
                 raise
             rounds.close()
             self.strategy.load_state_dict(before)
-            self.strategy.round_skipped(rnd)  # e.g. privacy the round spent, which the restore must not undo
+            self.strategy.round_skipped(
+                rnd
+            )  # e.g. privacy the round spent, which the restore must not undo
             agg = {"round_skipped": 1}
             self.record.extra.setdefault("skipped_rounds", {})[str(rnd)] = str(short)
         finally:
@@ -498,7 +592,10 @@ class Simulation:
                 if cfg.measure_memory:
                     line[f"tensor_peak_bytes.{name}"] = cost.tensor_peak_bytes
         if cfg.measure_memory:
-            line.update(client_tensor_peak_bytes=client.tensor_peak_bytes, client_peak_bytes=client.rss_peak_bytes)
+            line.update(
+                client_tensor_peak_bytes=client.tensor_peak_bytes,
+                client_peak_bytes=client.rss_peak_bytes,
+            )
         line.update({k: v for k, v in agg.items() if k not in line})
         line.update({k: v for k, v in self.strategy.round_metrics(line).items() if k not in line})
         line["client_wall_s"] = client.wall_s
@@ -518,36 +615,60 @@ class Simulation:
         for cid in replied if own is None else own:
             first.setdefault(str(cid), rnd)  # str keys: the record is written as JSON
 
-    def _evaluate(self, rnd: int, model: torch.nn.Module, line: dict[str, Any], *, prefix: str = "") -> dict[str, Any]:
+    def _evaluate(
+        self, rnd: int, model: torch.nn.Module, line: dict[str, Any], *, prefix: str = ""
+    ) -> dict[str, Any]:
         """``model``'s test figures (and validation figures, as ``val_*``) into ``line`` under
         ``prefix``; the record keeps, per prefix, the test accuracy at the round of best
         validation accuracy (``{prefix}test_at_best_val``, ``{prefix}best_val_accuracy``,
         ``{prefix}best_val_round`` in ``record.extra``). Returns the test figures."""
         cfg, r = self.cfg, self.record
-        ev = evaluate(model, *self.test, batch_size=cfg.eval_batch_size, num_classes=self.num_classes)
+        ev = evaluate(
+            model, *self.test, batch_size=cfg.eval_batch_size, num_classes=self.num_classes
+        )
         line.update({prefix + k: v for k, v in ev.items()})
         if self.validation is not None:
-            val = evaluate(model, *self.validation, batch_size=cfg.eval_batch_size, num_classes=self.num_classes)
+            val = evaluate(
+                model,
+                *self.validation,
+                batch_size=cfg.eval_batch_size,
+                num_classes=self.num_classes,
+            )
             line.update({prefix + k.replace("test_", "val_"): v for k, v in val.items()})
             if val["test_accuracy"] > r.extra.get(f"{prefix}best_val_accuracy", -1.0):
-                r.extra.update({f"{prefix}best_val_accuracy": val["test_accuracy"], f"{prefix}test_at_best_val": ev["test_accuracy"],
-                                f"{prefix}best_val_round": rnd})  # fmt: skip
+                r.extra.update(
+                    {
+                        f"{prefix}best_val_accuracy": val["test_accuracy"],
+                        f"{prefix}test_at_best_val": ev["test_accuracy"],
+                        f"{prefix}best_val_round": rnd,
+                    }
+                )
         return ev
 
     def _server_call(self, rnd: int, call: PartyCall, acc: _RoundTotals) -> Message:
         """A strategy's call to a server-side party, metered on the party's account."""
         spec = self.parties.get(call.party)
         if spec is None:
-            raise ConfigError(f"round {rnd}: the strategy called side party {call.party!r}; known: {sorted(self.parties)}")
+            raise ConfigError(
+                f"round {rnd}: the strategy called side party {call.party!r}; known: {sorted(self.parties)}"
+            )
         key = SHARED if spec.scope == "shared" or call.key is None else call.key
         up = call.message.to_bytes()
         meter = Meter(flops=self.cfg.measure_flops, memory=self.cfg.measure_memory)
-        ctx = PartyContext(spec.name, None if key == SHARED else key, rnd, decode_state(self.party_states[spec.name].get(key)),
-                           generator(self.cfg.seed, "party", spec.name, key, rnd, "server"), meter)  # fmt: skip
+        ctx = PartyContext(
+            spec.name,
+            None if key == SHARED else key,
+            rnd,
+            decode_state(self.party_states[spec.name].get(key)),
+            generator(self.cfg.seed, "party", spec.name, key, rnd, "server"),
+            meter,
+        )
         with meter.measure():
             reply = spec.factory().handle(Message.from_bytes(up), ctx)
         if not isinstance(reply, Message):
-            raise MessageError(f"side party {spec.name!r} returned {type(reply).__name__}; expected a Message")
+            raise MessageError(
+                f"side party {spec.name!r} returned {type(reply).__name__}; expected a Message"
+            )
         down = reply.to_bytes()
         if ctx.state:
             self.party_states[spec.name][key] = encode_state(ctx.state)
@@ -558,7 +679,9 @@ class Simulation:
             acc.links[link] = acc.links.get(link, 0) + n
         return Message.from_bytes(down)
 
-    def _exchange(self, rnd: int, phase: int, messages: dict[int, Message], acc: _RoundTotals) -> dict[int, Message]:
+    def _exchange(
+        self, rnd: int, phase: int, messages: dict[int, Message], acc: _RoundTotals
+    ) -> dict[int, Message]:
         """Send ``messages``, run the addressed clients, return the decoded replies of those
         that delivered (all of them, unless the strategy takes partial replies)."""
         encoded: dict[int, bytes] = {}  # id(message) -> bytes: a broadcast is encoded once
@@ -583,7 +706,9 @@ class Simulation:
         results, lost = self._run_clients(rnd, phase, outgoing)
         failed.update(lost)
         if failed:
-            self._failed.update({cid: why for cid, why in failed.items() if cid not in self._failed})
+            self._failed.update(
+                {cid: why for cid, why in failed.items() if cid not in self._failed}
+            )
             self._check_failures(rnd, phase, len(ids), len(results), failed)
         replies: dict[int, Message] = {}
         for cid in sorted(results):

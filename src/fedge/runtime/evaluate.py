@@ -9,7 +9,12 @@ __all__ = ["evaluate"]
 
 
 def evaluate(
-    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = 1000, num_classes: int
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    batch_size: int = 1000,
+    num_classes: int,
 ) -> dict[str, float]:
     """Mean cross-entropy and accuracy of ``model`` on (x, y), in eval mode, without grad.
 

@@ -42,7 +42,9 @@ def rng_probe() -> list[float]:
     """144 numbers drawn from a fixed seed through fedge's seeded paths (see the module);
     torch's global generator is left as it was."""
     normals = standard_normal_chunk(_SEED, range(2), "fedge/rng-probe", (24,)).reshape(-1)
-    with torch.random.fork_rng(devices=[]):  # the modules' constructors draw from the global generator
+    with torch.random.fork_rng(
+        devices=[]
+    ):  # the modules' constructors draw from the global generator
         shell = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 2))
     model = reset_parameters(shell, generator(_SEED, "fedge/rng-probe", "init"))
     init = torch.cat([p.detach().reshape(-1) for p in model.parameters()])[:32]
@@ -50,7 +52,9 @@ def rng_probe() -> list[float]:
     perm, uniform = torch.randperm(16, generator=g).to(torch.float32), torch.rand(16, generator=g)
     rng = numpy_rng(_SEED, "fedge/rng-probe")
     numpy_draws = torch.from_numpy(np.concatenate([rng.permutation(16), rng.random(16)]))
-    return torch.cat([normals, init, perm, uniform]).double().tolist() + numpy_draws.double().tolist()
+    return (
+        torch.cat([normals, init, perm, uniform]).double().tolist() + numpy_draws.double().tolist()
+    )
 
 
 def same_draws(a: object, b: object) -> bool:
@@ -63,5 +67,8 @@ def same_draws(a: object, b: object) -> bool:
 
 
 def _numbers(x: object) -> bool:
-    return isinstance(x, Sequence) and not isinstance(x, (str, bytes)) and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in x)  # fmt: skip
+    return (
+        isinstance(x, Sequence)
+        and not isinstance(x, (str, bytes))
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x)
+    )

@@ -47,32 +47,94 @@ P, M = 1000, 10
 @pytest.mark.parametrize(
     "cfg,direct",
     [
-        (dict(mechanism="gaussian", sampling="poisson", noise_multiplier=1.1),
-         lambda T: (dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(M / P, dpa.GaussianDpEvent(1.1)), T), Rel.ADD_OR_REMOVE_ONE, _rdp)),
-        (dict(mechanism="gaussian", sampling="poisson", noise_multiplier=1.1, accountant="pld"),
-         lambda T: (dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(M / P, dpa.GaussianDpEvent(1.1)), T), Rel.ADD_OR_REMOVE_ONE, _pld)),
+        (
+            dict(mechanism="gaussian", sampling="poisson", noise_multiplier=1.1),
+            lambda T: (
+                dpa.SelfComposedDpEvent(
+                    dpa.PoissonSampledDpEvent(M / P, dpa.GaussianDpEvent(1.1)), T
+                ),
+                Rel.ADD_OR_REMOVE_ONE,
+                _rdp,
+            ),
+        ),
+        (
+            dict(mechanism="gaussian", sampling="poisson", noise_multiplier=1.1, accountant="pld"),
+            lambda T: (
+                dpa.SelfComposedDpEvent(
+                    dpa.PoissonSampledDpEvent(M / P, dpa.GaussianDpEvent(1.1)), T
+                ),
+                Rel.ADD_OR_REMOVE_ONE,
+                _pld,
+            ),
+        ),
         # replace-one: one client moves the clipped sum by up to 2·clip, so z/2 per unit sensitivity
-        (dict(mechanism="gaussian", sampling="fixed", noise_multiplier=1.1),
-         lambda T: (dpa.SelfComposedDpEvent(dpa.SampledWithoutReplacementDpEvent(P, M, dpa.GaussianDpEvent(0.55)), T), Rel.REPLACE_ONE, _rdp)),
+        (
+            dict(mechanism="gaussian", sampling="fixed", noise_multiplier=1.1),
+            lambda T: (
+                dpa.SelfComposedDpEvent(
+                    dpa.SampledWithoutReplacementDpEvent(P, M, dpa.GaussianDpEvent(0.55)), T
+                ),
+                Rel.REPLACE_ONE,
+                _rdp,
+            ),
+        ),
         # shuffle: 250 rounds = 3 passes begun (R = 100), one Gaussian per pass
-        (dict(mechanism="gaussian", sampling="shuffle", noise_multiplier=1.1),
-         lambda T: (dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(1.1), 3), Rel.REPLACE_SPECIAL, _rdp)),
+        (
+            dict(mechanism="gaussian", sampling="shuffle", noise_multiplier=1.1),
+            lambda T: (
+                dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(1.1), 3),
+                Rel.REPLACE_SPECIAL,
+                _rdp,
+            ),
+        ),
         # tree, 2 full passes of 100 steps and one of 50, trees restart each pass
-        (dict(mechanism="tree", sampling="shuffle", noise_multiplier=3.0),
-         lambda T: (dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(dpa.SingleEpochTreeAggregationDpEvent(3.0, 100), 2),
-                                         dpa.SelfComposedDpEvent(dpa.SingleEpochTreeAggregationDpEvent(3.0, 50), 1)]),
-                    Rel.REPLACE_SPECIAL, _rdp)),
+        (
+            dict(mechanism="tree", sampling="shuffle", noise_multiplier=3.0),
+            lambda T: (
+                dpa.ComposedDpEvent(
+                    [
+                        dpa.SelfComposedDpEvent(dpa.SingleEpochTreeAggregationDpEvent(3.0, 100), 2),
+                        dpa.SelfComposedDpEvent(dpa.SingleEpochTreeAggregationDpEvent(3.0, 50), 1),
+                    ]
+                ),
+                Rel.REPLACE_SPECIAL,
+                _rdp,
+            ),
+        ),
         # tree restarting every 40 rounds within a pass: each pass is one epoch of trees [40, 40, 20]
-        (dict(mechanism="tree", sampling="shuffle", noise_multiplier=3.0, tree_restart_rounds=40),
-         lambda T: (dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(dpa.SingleEpochTreeAggregationDpEvent(3.0, [40, 40, 20]), 2),
-                                         dpa.SelfComposedDpEvent(dpa.SingleEpochTreeAggregationDpEvent(3.0, [40, 10]), 1)]),
-                    Rel.REPLACE_SPECIAL, _rdp)),
+        (
+            dict(
+                mechanism="tree", sampling="shuffle", noise_multiplier=3.0, tree_restart_rounds=40
+            ),
+            lambda T: (
+                dpa.ComposedDpEvent(
+                    [
+                        dpa.SelfComposedDpEvent(
+                            dpa.SingleEpochTreeAggregationDpEvent(3.0, [40, 40, 20]), 2
+                        ),
+                        dpa.SelfComposedDpEvent(
+                            dpa.SingleEpochTreeAggregationDpEvent(3.0, [40, 10]), 1
+                        ),
+                    ]
+                ),
+                Rel.REPLACE_SPECIAL,
+                _rdp,
+            ),
+        ),
         # PLD has no tree event: a single-epoch tree is the Gaussian with sensitivity √depth
-        (dict(mechanism="tree", sampling="shuffle", noise_multiplier=3.0, accountant="pld"),
-         lambda T: (dpa.ComposedDpEvent([dpa.GaussianDpEvent(3.0 / math.sqrt(7))] * 2 + [dpa.GaussianDpEvent(3.0 / math.sqrt(6))]),
-                    Rel.REPLACE_SPECIAL, _pld)),
+        (
+            dict(mechanism="tree", sampling="shuffle", noise_multiplier=3.0, accountant="pld"),
+            lambda T: (
+                dpa.ComposedDpEvent(
+                    [dpa.GaussianDpEvent(3.0 / math.sqrt(7))] * 2
+                    + [dpa.GaussianDpEvent(3.0 / math.sqrt(6))]
+                ),
+                Rel.REPLACE_SPECIAL,
+                _pld,
+            ),
+        ),
     ],
-)  # fmt: skip
+)
 def test_epsilon_equals_dp_accounting_directly(cfg, direct):
     T = 250
     config = PrivacyConfig(**cfg, delta=1e-5)
@@ -96,15 +158,22 @@ def test_every_client_every_round_tree_restarts_each_round():
     cfg = PrivacyConfig(mechanism="tree", sampling="shuffle", noise_multiplier=2.0)
     got = epsilon(cfg, rounds=20, population=10, clients_per_round=10)
     assert got == pytest.approx(
-        _rdp(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(2.0), 20), Rel.ADD_OR_REMOVE_ONE, 1e-6), rel=1e-6
+        _rdp(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(2.0), 20), Rel.ADD_OR_REMOVE_ONE, 1e-6),
+        rel=1e-6,
     )
 
 
 def test_degenerate_cases():
     kw = dict(population=100, clients_per_round=10)
-    assert epsilon(PrivacyConfig(mechanism="gaussian", noise_multiplier=0.0), rounds=5, **kw) == math.inf
+    assert (
+        epsilon(PrivacyConfig(mechanism="gaussian", noise_multiplier=0.0), rounds=5, **kw)
+        == math.inf
+    )
     assert epsilon(PrivacyConfig(mechanism="gaussian", noise_multiplier=1.0), rounds=0, **kw) == 0.0
-    e = [epsilon(PrivacyConfig(mechanism="gaussian", noise_multiplier=1.0), rounds=t, **kw) for t in (1, 10, 100)]
+    e = [
+        epsilon(PrivacyConfig(mechanism="gaussian", noise_multiplier=1.0), rounds=t, **kw)
+        for t in (1, 10, 100)
+    ]
     assert e[0] < e[1] < e[2]
 
 
@@ -112,7 +181,10 @@ def test_degenerate_cases():
     "kw,needle",
     [
         (dict(population=0, clients_per_round=1), "population must be an int >= 1"),
-        (dict(population=10, clients_per_round=11), "clients per round must be an int in [1, population=10]"),
+        (
+            dict(population=10, clients_per_round=11),
+            "clients per round must be an int in [1, population=10]",
+        ),
         (dict(population=10, clients_per_round=0), "got 0"),
     ],
 )
@@ -142,13 +214,23 @@ def test_skipped_rounds_are_no_releases():
     assert tree_steps(7, **kw, restart_rounds=2, skipped=[9]) == [[2, 2, 1], [2]]  # past T: ignored
     fixed = PrivacyConfig(mechanism="gaussian", sampling="fixed", noise_multiplier=1.1)
     ev = dpa.SampledWithoutReplacementDpEvent(11, 2, dpa.GaussianDpEvent(0.55))
-    assert epsilon(fixed, rounds=7, **kw, skipped=[2, 5]) == _rdp(dpa.SelfComposedDpEvent(ev, 5), Rel.REPLACE_ONE, 1e-6)
+    assert epsilon(fixed, rounds=7, **kw, skipped=[2, 5]) == _rdp(
+        dpa.SelfComposedDpEvent(ev, 5), Rel.REPLACE_ONE, 1e-6
+    )
     # shuffle: round 6 is pass 2's only round; skipped, pass 2 released nothing
     shuffle = PrivacyConfig(mechanism="gaussian", sampling="shuffle", noise_multiplier=1.1)
     one_pass = _rdp(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(1.1), 1), Rel.REPLACE_SPECIAL, 1e-6)
-    assert epsilon(shuffle, rounds=6, **kw, skipped=[6]) == one_pass < epsilon(shuffle, rounds=6, **kw)
-    tree = PrivacyConfig(mechanism="tree", sampling="shuffle", noise_multiplier=1.1, tree_restart_rounds=2)
-    want = dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(dpa.SingleEpochTreeAggregationDpEvent(1.1, [2, 1]), 1),
-                                dpa.SelfComposedDpEvent(dpa.SingleEpochTreeAggregationDpEvent(1.1, 2), 1)])  # fmt: skip
+    assert (
+        epsilon(shuffle, rounds=6, **kw, skipped=[6]) == one_pass < epsilon(shuffle, rounds=6, **kw)
+    )
+    tree = PrivacyConfig(
+        mechanism="tree", sampling="shuffle", noise_multiplier=1.1, tree_restart_rounds=2
+    )
+    want = dpa.ComposedDpEvent(
+        [
+            dpa.SelfComposedDpEvent(dpa.SingleEpochTreeAggregationDpEvent(1.1, [2, 1]), 1),
+            dpa.SelfComposedDpEvent(dpa.SingleEpochTreeAggregationDpEvent(1.1, 2), 1),
+        ]
+    )
     assert epsilon(tree, rounds=7, **kw, skipped=[3, 4]) == _rdp(want, Rel.REPLACE_SPECIAL, 1e-6)
     assert epsilon(tree, rounds=3, **kw, skipped=[1, 2, 3]) == 0.0

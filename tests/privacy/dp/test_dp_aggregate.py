@@ -16,7 +16,9 @@ N, M, SEED = 12, 3, 4  # R = 4 rounds per pass
 
 def _contribs(rnd, k=M):
     g = torch.Generator().manual_seed(100 + rnd)
-    return [{"w": torch.randn(3, 2, generator=g), "b": torch.randn(2, generator=g)} for _ in range(k)]
+    return [
+        {"w": torch.randn(3, 2, generator=g), "b": torch.randn(2, generator=g)} for _ in range(k)
+    ]
 
 
 def _plain_mean(cs):
@@ -54,7 +56,9 @@ def test_gaussian_adds_sigma_clip_noise_from_the_round_generator():
     noise = gaussian_like(total, 1.0, generator(SEED, "dp-noise", 1))
     for k in total:
         torch.testing.assert_close(mean[k], (total[k] + noise[k]) / M)
-    assert metrics["epsilon"] == pytest.approx(epsilon(cfg, rounds=1, population=N, clients_per_round=M), rel=1e-12)
+    assert metrics["epsilon"] == pytest.approx(
+        epsilon(cfg, rounds=1, population=N, clients_per_round=M), rel=1e-12
+    )
 
 
 def test_tree_increments_sum_to_the_noisy_prefix_sum_and_restart_each_pass():
@@ -81,9 +85,14 @@ def test_tree_increments_sum_to_the_noisy_prefix_sum_and_restart_each_pass():
 
 
 def test_tree_momentum_hand_computed():
-    cfg = PrivacyConfig(mechanism="tree", sampling="shuffle", clip=math.inf, noise_multiplier=0.0, momentum=0.5)
+    cfg = PrivacyConfig(
+        mechanism="tree", sampling="shuffle", clip=math.inf, noise_multiplier=0.0, momentum=0.5
+    )
     agg = DPAggregator(cfg, population=N, clients_per_round=1, seed=SEED)
-    outs = [float(agg.aggregate([{"x": torch.tensor([g])}], r)[0]["x"]) for r, g in enumerate([1.0, 2.0, 4.0], 1)]
+    outs = [
+        float(agg.aggregate([{"x": torch.tensor([g])}], r)[0]["x"])
+        for r, g in enumerate([1.0, 2.0, 4.0], 1)
+    ]
     assert outs == [1.0, 2.5, 5.25]  # u1 = 1, u2 = 0.5·1 + 2, u3 = 0.5·2.5 + 4
 
 
@@ -94,7 +103,9 @@ def test_tree_momentum_is_dp_ftrlm_on_the_noisy_prefix_sums_within_a_tree():
     gamma = 0.9
     cfg = PrivacyConfig(mechanism="tree", sampling="shuffle", clip=1.0, noise_multiplier=1.0)
     plain = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED)
-    heavy = DPAggregator(cfg.model_copy(update={"momentum": gamma}), population=N, clients_per_round=M, seed=SEED)
+    heavy = DPAggregator(
+        cfg.model_copy(update={"momentum": gamma}), population=N, clients_per_round=M, seed=SEED
+    )
     prefix = v = moved = None
     for rnd in range(1, 5):
         cs = [clip_contribution(c, cfg)[0] for c in _contribs(rnd)]
@@ -111,7 +122,9 @@ def test_tree_momentum_is_dp_ftrlm_on_the_noisy_prefix_sums_within_a_tree():
 def test_state_dict_resume_gives_identical_rounds(mechanism):
     sampling = "shuffle" if mechanism == "tree" else "fixed"
     extra = {"momentum": 0.9} if mechanism == "tree" else {}
-    cfg = PrivacyConfig(mechanism=mechanism, sampling=sampling, clip=1.0, noise_multiplier=1.0, **extra)
+    cfg = PrivacyConfig(
+        mechanism=mechanism, sampling=sampling, clip=1.0, noise_multiplier=1.0, **extra
+    )
     straight = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED)
     first = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED)
     for rnd in range(1, 4):
@@ -128,21 +141,29 @@ def test_state_dict_resume_gives_identical_rounds(mechanism):
 
 def test_secure_noise_is_not_reproducible():
     cfg = PrivacyConfig(mechanism="gaussian", clip=1.0, noise_multiplier=1.0, secure_noise=True)
-    a, _ = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED).aggregate(_contribs(1), 1)
-    b, _ = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED).aggregate(_contribs(1), 1)
+    a, _ = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED).aggregate(
+        _contribs(1), 1
+    )
+    b, _ = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED).aggregate(
+        _contribs(1), 1
+    )
     assert not torch.equal(a["w"], b["w"])
 
 
 def _at_round(agg, rnd, skipped=()):
     """``agg`` as after round ``rnd`` was released, the rounds in ``skipped`` having released nothing."""
-    agg.load_state_dict({"round": rnd, "skipped": list(skipped), "tree": None, "prev_noise": None, "momentum": None})
+    agg.load_state_dict(
+        {"round": rnd, "skipped": list(skipped), "tree": None, "prev_noise": None, "momentum": None}
+    )
     return agg
 
 
 def test_target_epsilon_counts_releases_and_rounds_go_forward():
     """The budget allows exactly T = max_rounds releases (the accountant's own bisection): not
     round T+1 after T releases, but round T+1 after a skipped round, which released nothing."""
-    cfg = PrivacyConfig(mechanism="gaussian", sampling="poisson", clip=1.0, noise_multiplier=1.0, target_epsilon=3.0)
+    cfg = PrivacyConfig(
+        mechanism="gaussian", sampling="poisson", clip=1.0, noise_multiplier=1.0, target_epsilon=3.0
+    )
     kw = {"population": 1000, "clients_per_round": 10}
     t = max_rounds(cfg, 3.0, **kw)
     assert epsilon(cfg, rounds=t, **kw) <= 3.0 < epsilon(cfg, rounds=t + 1, **kw)
@@ -195,7 +216,9 @@ def test_tree_after_a_skipped_round_is_the_tree_of_the_releases(momentum):
     N_1 = ν_1 (level-0 node, round 1's generator), N_2 = ν_2 (level-1 node, round 3's), so
     inc_3 = (Σ c_3 + N_2 − N_1)/m, then u_3 = γ·u_1 + inc_3; round 4 is the 3rd leaf,
     N_3 = ν_2 + ν_3 (round 4's). ε is that of one pass, a tree of 3 leaves."""
-    cfg = PrivacyConfig(mechanism="tree", sampling="shuffle", clip=10.0, noise_multiplier=1.5, momentum=momentum)
+    cfg = PrivacyConfig(
+        mechanism="tree", sampling="shuffle", clip=10.0, noise_multiplier=1.5, momentum=momentum
+    )
     agg = DPAggregator(cfg, population=N, clients_per_round=M, seed=SEED)
     like = _contribs(1)[0]
     nu = {r: gaussian_like(like, 15.0, generator(SEED, "dp-noise", r)) for r in (1, 3, 4)}

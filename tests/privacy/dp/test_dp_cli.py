@@ -9,8 +9,22 @@ from fedge.cli.main import app
 
 runner = CliRunner()
 
-TABLE5 = ["privacy", "epsilon", "--mechanism", "tree", "--noise-multiplier", "1.13,2.33,4.03,6.21,8.83",
-          "--rounds", "1600", "--clients-per-round", "100", "--population", "342477", "--delta", "1e-6"]  # fmt: skip
+TABLE5 = [
+    "privacy",
+    "epsilon",
+    "--mechanism",
+    "tree",
+    "--noise-multiplier",
+    "1.13,2.33,4.03,6.21,8.83",
+    "--rounds",
+    "1600",
+    "--clients-per-round",
+    "100",
+    "--population",
+    "342477",
+    "--delta",
+    "1e-6",
+]
 
 
 def test_table5_row_by_command():
@@ -24,9 +38,28 @@ def test_table5_row_by_command():
 
 
 def test_gaussian_with_target():
-    res = runner.invoke(app, ["privacy", "epsilon", "--mechanism", "gaussian", "--sampling", "poisson",
-                              "--noise-multiplier", "1.0", "--rounds", "100", "--clients-per-round", "10",
-                              "--population", "1000", "--target-epsilon", "2", "--json"])  # fmt: skip
+    res = runner.invoke(
+        app,
+        [
+            "privacy",
+            "epsilon",
+            "--mechanism",
+            "gaussian",
+            "--sampling",
+            "poisson",
+            "--noise-multiplier",
+            "1.0",
+            "--rounds",
+            "100",
+            "--clients-per-round",
+            "10",
+            "--population",
+            "1000",
+            "--target-epsilon",
+            "2",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     row = json.loads(res.output)["rows"][0]
     assert row["epsilon"] > 0 and row["max_rounds"] >= 1
@@ -35,9 +68,15 @@ def test_gaussian_with_target():
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["--noise-multiplier", "-1"], "error: --noise-multiplier must be a finite number >= 0, got -1.0; e.g. --noise-multiplier 1.0"),
+        (
+            ["--noise-multiplier", "-1"],
+            "error: --noise-multiplier must be a finite number >= 0, got -1.0; e.g. --noise-multiplier 1.0",
+        ),
         (["--noise-multiplier", "abc"], "expected numbers"),
-        (["--delta", "1"], "error: --delta must be in (0, 1), got 1.0"),  # the command's flags, not config keys
+        (
+            ["--delta", "1"],
+            "error: --delta must be in (0, 1), got 1.0",
+        ),  # the command's flags, not config keys
         (["--mechanism", "tree", "--sampling", "fixed"], "set --sampling shuffle"),
         (["--mechanism", "none"], "--mechanism none has no ε"),
         (["--mechanism", "laplace"], "mechanism"),

@@ -34,10 +34,24 @@ def test_defaults_are_off_and_valid():
         ({"mechanism": "gaussian", "accountant": "pld"}, ["accountant=rdp", "sampling=poisson"]),
         ({"mechanism": "gaussian", "momentum": 0.9}, ["mechanism=tree"]),
         ({"mechanism": "tree", "sampling": "shuffle", "momentum": 1.0}, ["momentum", "[0, 1)"]),
-        ({"mechanism": "tree", "sampling": "shuffle", "tree_restart_rounds": 0}, ["tree_restart_rounds", ">= 1"]),
-        ({"mechanism": "gaussian", "clip": math.inf, "noise_multiplier": 1.0}, ["infinite", "finite clip"]),
-        ({"noise_multiplier": 1.0, "sampling": "poisson"},  # DP keys without a mechanism: no DP, so an error
-         ["privacy.noise_multiplier=1.0, privacy.sampling='poisson' set, but privacy.mechanism=none", "mechanism=gaussian"]),
+        (
+            {"mechanism": "tree", "sampling": "shuffle", "tree_restart_rounds": 0},
+            ["tree_restart_rounds", ">= 1"],
+        ),
+        (
+            {"mechanism": "gaussian", "clip": math.inf, "noise_multiplier": 1.0},
+            ["infinite", "finite clip"],
+        ),
+        (
+            {
+                "noise_multiplier": 1.0,
+                "sampling": "poisson",
+            },  # DP keys without a mechanism: no DP, so an error
+            [
+                "privacy.noise_multiplier=1.0, privacy.sampling='poisson' set, but privacy.mechanism=none",
+                "mechanism=gaussian",
+            ],
+        ),
         ({"noise": 1.0}, ["unknown config key 'privacy.noise'", "noise_multiplier"]),
     ],
 )

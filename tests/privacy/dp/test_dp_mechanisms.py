@@ -35,7 +35,9 @@ def test_clipped_norm_at_most_clip_and_direction_kept(a, b, clip):
         assert all(clipped[k] is c[k] for k in c)  # unchanged, not a copy
     else:
         for k in c:  # same direction: clipped = c · clip/norm up to float32 rounding
-            torch.testing.assert_close(clipped[k].double(), c[k].double() * (clip / norm), rtol=1e-5, atol=1e-30)
+            torch.testing.assert_close(
+                clipped[k].double(), c[k].double() * (clip / norm), rtol=1e-5, atol=1e-30
+            )
 
 
 def test_clip_is_global_across_tensors():
@@ -72,7 +74,9 @@ def test_noise_reproducible_from_generator_not_from_secure():
     a = gaussian_like(like, 1.0, torch.Generator().manual_seed(3))
     b = gaussian_like(like, 1.0, torch.Generator().manual_seed(3))
     assert torch.equal(a["w"], b["w"])
-    assert not torch.equal(gaussian_like(like, 1.0, SECURE)["w"], gaussian_like(like, 1.0, SECURE)["w"])
+    assert not torch.equal(
+        gaussian_like(like, 1.0, SECURE)["w"], gaussian_like(like, 1.0, SECURE)["w"]
+    )
 
 
 def _leaf(v):
@@ -85,7 +89,9 @@ def test_tree_node_noise_and_prefix_sums_hand_computed():
     5: [5] (0), 6: [5,6] (1), 7: [7] (0). So the noisy prefix sums are
     S1=g1+z1, S2=g1+g2+z2, S3=..+z2+z3, S4=..+z4, S5=..+z4+z5, S6=..+z4+z6, S7=..+z4+z6+z7."""
     std = 2.0
-    expect_z = torch.randn(7, generator=torch.Generator().manual_seed(11), dtype=torch.float64) * std
+    expect_z = (
+        torch.randn(7, generator=torch.Generator().manual_seed(11), dtype=torch.float64) * std
+    )
     z = [None] + expect_z.tolist()
     decomposition = {1: [1], 2: [2], 3: [2, 3], 4: [4], 5: [4, 5], 6: [4, 6], 7: [4, 6, 7]}
     gs = [0.5, -1.0, 2.0, 0.25, 3.0, -0.5, 1.5]
@@ -124,7 +130,9 @@ def test_tree_reset_restarts_from_no_nodes():
         tree.step(_leaf(0), gen)
     tree.reset()
     assert tree.t == 0 and tree.nodes == {}
-    torch.testing.assert_close(tree.prefix_noise(_leaf(0))["g"], torch.zeros(1, dtype=torch.float64))
+    torch.testing.assert_close(
+        tree.prefix_noise(_leaf(0))["g"], torch.zeros(1, dtype=torch.float64)
+    )
 
 
 def test_ftrl_weights():

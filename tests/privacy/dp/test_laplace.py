@@ -20,7 +20,9 @@ def test_clip_l1_scales_only_rows_over_the_bound():
 
 
 def test_noise_is_laplace_with_the_stated_scale():
-    x = laplace_noise((20000,), 3.0, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    x = laplace_noise(
+        (20000,), 3.0, generator=torch.Generator().manual_seed(0), dtype=torch.float64
+    )
     assert stats.kstest(x.numpy(), "laplace", args=(0.0, 3.0)).pvalue > 1e-3
 
 
@@ -28,8 +30,12 @@ def test_secure_noise_is_laplace_from_the_os_and_never_repeats():
     from fedge.privacy.dp.mechanisms import SECURE
 
     x = laplace_noise((20000,), 3.0, generator=SECURE, dtype=torch.float64)
-    assert stats.kstest(x.numpy(), "laplace", args=(0.0, 3.0)).pvalue > 1e-6  # not seeded: fails 1 run in 10^6
-    assert not torch.equal(laplace_noise((8,), 1.0, generator=SECURE), laplace_noise((8,), 1.0, generator=SECURE))
+    assert (
+        stats.kstest(x.numpy(), "laplace", args=(0.0, 3.0)).pvalue > 1e-6
+    )  # not seeded: fails 1 run in 10^6
+    assert not torch.equal(
+        laplace_noise((8,), 1.0, generator=SECURE), laplace_noise((8,), 1.0, generator=SECURE)
+    )
     assert laplace_noise((0, 3), 1.0, generator=SECURE).shape == (0, 3)
 
 
@@ -51,8 +57,14 @@ def test_epsilon_equals_dp_accounting_called_directly(eps, count, delta):
     pld = pld_privacy_accountant.PLDAccountant()
     pld.compose(event)
     got = laplace_epsilon(eps, count, delta)
-    assert got == {"pure": count * eps, "rdp": rdp.get_epsilon(delta), "pld": pld.get_epsilon(delta)}
-    assert got["pld"] <= got["pure"] + 1e-6  # composition never worse than basic (up to discretization)
+    assert got == {
+        "pure": count * eps,
+        "rdp": rdp.get_epsilon(delta),
+        "pld": pld.get_epsilon(delta),
+    }
+    assert (
+        got["pld"] <= got["pure"] + 1e-6
+    )  # composition never worse than basic (up to discretization)
 
 
 @pytest.mark.parametrize("eps", [0.0, -1.0, float("inf"), float("nan")])

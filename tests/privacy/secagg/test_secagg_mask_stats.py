@@ -81,9 +81,12 @@ def test_masked_uploads_are_uniform_for_very_different_plaintexts(
     # the two upload distributions are indistinguishable from each other
     table = np.stack([_top_bits_counts(uploads["zeros"]), _top_bits_counts(uploads["large"])])
     assert stats.chi2_contingency(table).pvalue > ALPHA
-    assert stats.ks_2samp(
-        uploads["zeros"].ravel().astype(np.float64), uploads["large"].ravel().astype(np.float64)
-    ).pvalue > ALPHA
+    assert (
+        stats.ks_2samp(
+            uploads["zeros"].ravel().astype(np.float64), uploads["large"].ravel().astype(np.float64)
+        ).pvalue
+        > ALPHA
+    )
 
 
 def test_masked_upload_is_uncorrelated_with_plaintext(uploads: dict[str, np.ndarray]) -> None:

@@ -85,9 +85,7 @@ def test_too_many_dropouts_abort_with_a_clear_error() -> None:
 def test_sparse_graph_with_dropouts_is_exact() -> None:
     inputs = _inputs(40, 5)
     dropped = {3, 17, 18, 29}
-    res = secure_sum(
-        inputs, threshold=6, round=4, seed=3, neighbors=8, dropouts_after_keys=dropped
-    )
+    res = secure_sum(inputs, threshold=6, round=4, seed=3, neighbors=8, dropouts_after_keys=dropped)
     assert res.degree == 8
     np.testing.assert_array_equal(
         res.sum_fixed, _oracle(inputs, set(inputs) - dropped, res.fixed_point)
@@ -123,15 +121,29 @@ def test_byte_counts_match_the_wire_format() -> None:
     res = secure_sum(_inputs(n, k), threshold=6, round=1, seed=0)
     hdr, cnt, share = 9, 4, 34
     up = (
-        hdr + 64  # Advertise: c_pk, s_pk
-        + hdr + cnt + (n - 1) * (4 + BLOB_BYTES)  # Shares to each neighbour
-        + hdr + 8 * k  # MaskedInput, 64-bit ring
-        + hdr + cnt + n * (4 + share) + cnt  # UnmaskResponse: b-shares of all n (self too)
+        hdr
+        + 64  # Advertise: c_pk, s_pk
+        + hdr
+        + cnt
+        + (n - 1) * (4 + BLOB_BYTES)  # Shares to each neighbour
+        + hdr
+        + 8 * k  # MaskedInput, 64-bit ring
+        + hdr
+        + cnt
+        + n * (4 + share)
+        + cnt  # UnmaskResponse: b-shares of all n (self too)
     )
     down = (
-        hdr + cnt + (n - 1) * (4 + 64)  # KeyList
-        + hdr + cnt + (n - 1) * (4 + BLOB_BYTES)  # Forward
-        + hdr + cnt + (n - 1) * 4 + cnt  # UnmaskRequest
+        hdr
+        + cnt
+        + (n - 1) * (4 + 64)  # KeyList
+        + hdr
+        + cnt
+        + (n - 1) * (4 + BLOB_BYTES)  # Forward
+        + hdr
+        + cnt
+        + (n - 1) * 4
+        + cnt  # UnmaskRequest
     )
     assert BLOB_BYTES == 12 + 2 * share + 16
     assert set(res.bytes_up_per_client.values()) == {up} == {2192}
@@ -199,25 +211,34 @@ def test_a_message_must_name_the_client_it_arrived_from(fixed_entropy: Entropy) 
     config = SecAggConfig(threshold=2, length=3)
     graph = MaskGraph.complete(range(3))
     server = ServerState(round=5, config=config, graph=graph)
-    clients = {u: ClientState(u, round=5, config=config, graph=graph, entropy=fixed_entropy(f"c{u}")) for u in range(3)}
+    clients = {
+        u: ClientState(u, round=5, config=config, graph=graph, entropy=fixed_entropy(f"c{u}"))
+        for u in range(3)
+    }
     forged = Advertise(5, 1, b"a" * 32, b"b" * 32).to_bytes()
     with pytest.raises(SecAggError, match="claims to be from client 1 but arrived from client 0"):
         server.receive_advertise(forged, sender=0)
     for u, c in clients.items():
         server.receive_advertise(c.advertise_keys(), sender=u)
     replies = {u: clients[u].share_keys(msg) for u, msg in server.broadcast_keys().items()}
-    with pytest.raises(SecAggError, match="Shares claims to be from client 2 but arrived from client 1"):
+    with pytest.raises(
+        SecAggError, match="Shares claims to be from client 2 but arrived from client 1"
+    ):
         server.receive_shares(replies[2], sender=1)
     for u, msg in replies.items():
         server.receive_shares(msg, sender=u)
     fwd = server.forward_shares()
     ys = {u: clients[u].masked_input(fwd[u], np.full(3, float(u))) for u in range(3)}
-    with pytest.raises(SecAggError, match="MaskedInput claims to be from client 0 but arrived from client 2"):
+    with pytest.raises(
+        SecAggError, match="MaskedInput claims to be from client 0 but arrived from client 2"
+    ):
         server.receive_masked_input(ys[0], sender=2)
     for u, y in ys.items():
         server.receive_masked_input(y, sender=u)
     answers = {u: clients[u].unmask(req) for u, req in server.unmask_requests().items()}
-    with pytest.raises(SecAggError, match="UnmaskResponse claims to be from client 1 but arrived from client 0"):
+    with pytest.raises(
+        SecAggError, match="UnmaskResponse claims to be from client 1 but arrived from client 0"
+    ):
         server.receive_unmask(answers[1], sender=0)
     for u, a in answers.items():
         server.receive_unmask(a, sender=u)

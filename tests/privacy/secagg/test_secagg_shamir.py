@@ -41,9 +41,7 @@ def test_any_t_shares_reconstruct_and_t_minus_1_do_not(data: st.DataObject) -> N
     secret = data.draw(st.binary(min_size=1, max_size=48), label="secret")
     n = data.draw(st.integers(1, 9), label="n")
     t = data.draw(st.integers(1, n), label="t")
-    xs = data.draw(
-        st.lists(st.integers(1, 2**32), min_size=n, max_size=n, unique=True), label="xs"
-    )
+    xs = data.draw(st.lists(st.integers(1, 2**32), min_size=n, max_size=n, unique=True), label="xs")
     shares = split(secret, xs, threshold=t)
     # Execute / Assert: a random subset of exactly t shares gives the secret back
     chosen = data.draw(st.permutations(xs), label="order")[:t]

@@ -10,6 +10,7 @@ def test_measurement_depends_on_code_and_config():
     assert a == measure([memmod], {"budget": 16})
     assert a != measure([memmod], {"budget": 17})
     import fedge.privacy.tee.channel as ch
+
     assert a != measure([memmod, ch], {"budget": 16})
 
 
@@ -46,7 +47,9 @@ def fresh_platforms(monkeypatch):
     return at
 
 
-def test_platform_file_is_private_and_gives_the_same_keys_to_a_later_process(tmp_path, monkeypatch, fresh_platforms):
+def test_platform_file_is_private_and_gives_the_same_keys_to_a_later_process(
+    tmp_path, monkeypatch, fresh_platforms
+):
     at = fresh_platforms
     monkeypatch.setenv("FEDGE_TEE_PLATFORM", str(tmp_path / "fuses" / "platform"))
     key, pub, pid = at.hardware_key("server"), at.vendor_public_key(), at.platform_id()
@@ -59,7 +62,9 @@ def test_platform_file_is_private_and_gives_the_same_keys_to_a_later_process(tmp
     verify_report(report, expected=b"m" * 32, nonce=b"n" * 16)
     monkeypatch.setenv("FEDGE_TEE_PLATFORM", str(tmp_path / "another"))  # another machine
     assert at.hardware_key("server") != key and at.platform_id() != pid
-    with pytest.raises(AttestationError, match="signature"):  # its attestation key did not sign that report
+    with pytest.raises(
+        AttestationError, match="signature"
+    ):  # its attestation key did not sign that report
         verify_report(report, expected=b"m" * 32, nonce=b"n" * 16)
 
 
@@ -75,7 +80,9 @@ def test_a_file_that_is_not_a_platform_is_a_clear_error(tmp_path, monkeypatch, f
     bad = tmp_path / "platform"
     bad.write_bytes(b"hello")
     monkeypatch.setenv("FEDGE_TEE_PLATFORM", str(bad))
-    with pytest.raises(AttestationError, match=r"not a fedge TEE platform file \(5 bytes.*FEDGE_TEE_PLATFORM"):
+    with pytest.raises(
+        AttestationError, match=r"not a fedge TEE platform file \(5 bytes.*FEDGE_TEE_PLATFORM"
+    ):
         fresh_platforms.hardware_key("server")
     assert bad.read_bytes() == b"hello"  # left as it was
 
@@ -83,7 +90,9 @@ def test_a_file_that_is_not_a_platform_is_a_clear_error(tmp_path, monkeypatch, f
 def test_unwritable_platform_warns_and_lives_in_the_process(tmp_path, monkeypatch, fresh_platforms):
     at = fresh_platforms
     (tmp_path / "a-file").write_text("")
-    monkeypatch.setenv("FEDGE_TEE_PLATFORM", str(tmp_path / "a-file" / "platform"))  # cannot be created, even by root
+    monkeypatch.setenv(
+        "FEDGE_TEE_PLATFORM", str(tmp_path / "a-file" / "platform")
+    )  # cannot be created, even by root
     with pytest.warns(RuntimeWarning, match="cannot be resumed by another process"):
         key = at.hardware_key("server")
     assert at.hardware_key("server") == key and (tmp_path / "a-file").read_text() == ""

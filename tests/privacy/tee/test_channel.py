@@ -1,6 +1,15 @@
 import pytest
 
-from fedge.privacy.tee import DOWN, UP, KeyPair, SealedChannel, SealError, open_blob, seal_blob, session_key
+from fedge.privacy.tee import (
+    DOWN,
+    UP,
+    KeyPair,
+    SealedChannel,
+    SealError,
+    open_blob,
+    seal_blob,
+    session_key,
+)
 
 
 def _pair(client=3):
@@ -104,4 +113,8 @@ def test_sealed_storage():
     # the hardware key outlives runs: every blob is sealed under its own derived key, so the
     # same state sealed twice never repeats a (key, nonce) pair and the ciphertexts differ
     again = seal_blob(key, b"state", label=b"x")
-    assert again[:16] != blob[:16] and again[16:] != blob[16:] and open_blob(key, again, label=b"x") == b"state"
+    assert (
+        again[:16] != blob[:16]
+        and again[16:] != blob[16:]
+        and open_blob(key, again, label=b"x") == b"state"
+    )

@@ -81,21 +81,44 @@ PARTITIONERS: Mapping[str, PartitionerSpec] = _REGISTRY.view()
 def register_partitioner(spec: PartitionerSpec) -> PartitionerSpec:
     """Add a partitioner; a name already taken, or anything but a :class:`PartitionerSpec` with
     callable ``split`` and ``validate``, is a :class:`ConfigError`."""
-    if not isinstance(spec, PartitionerSpec) or not callable(spec.split) or not callable(spec.validate):
-        raise ConfigError(f"register_partitioner takes a PartitionerSpec(name, description, split, validate, params) "
-                          f"with callable split and validate; got {spec!r}")  # fmt: skip
+    if (
+        not isinstance(spec, PartitionerSpec)
+        or not callable(spec.split)
+        or not callable(spec.validate)
+    ):
+        raise ConfigError(
+            f"register_partitioner takes a PartitionerSpec(name, description, split, validate, params) "
+            f"with callable split and validate; got {spec!r}"
+        )
     return _REGISTRY.register(spec.name, spec)
 
 
 for _spec_ in (
-    PartitionerSpec("iid", "seeded shuffle split as evenly as possible",
-                    iid.split, iid.validate, iid.DEFAULTS),
-    PartitionerSpec("dirichlet", "label skew: per-class proportions ~ Dir(alpha) over clients",
-                    dirichlet.split, dirichlet.validate, dirichlet.DEFAULTS),
-    PartitionerSpec("shards", "McMahan et al. pathological split: label-sorted shards",
-                    shards.split, shards.validate, shards.DEFAULTS),
-    PartitionerSpec("domain", "feature skew: each client's samples come from one domain",
-                    domain.split, domain.validate, domain.DEFAULTS, needs_domains=True),
+    PartitionerSpec(
+        "iid", "seeded shuffle split as evenly as possible", iid.split, iid.validate, iid.DEFAULTS
+    ),
+    PartitionerSpec(
+        "dirichlet",
+        "label skew: per-class proportions ~ Dir(alpha) over clients",
+        dirichlet.split,
+        dirichlet.validate,
+        dirichlet.DEFAULTS,
+    ),
+    PartitionerSpec(
+        "shards",
+        "McMahan et al. pathological split: label-sorted shards",
+        shards.split,
+        shards.validate,
+        shards.DEFAULTS,
+    ),
+    PartitionerSpec(
+        "domain",
+        "feature skew: each client's samples come from one domain",
+        domain.split,
+        domain.validate,
+        domain.DEFAULTS,
+        needs_domains=True,
+    ),
 ):
     register_partitioner(_spec_)
 
@@ -121,8 +144,9 @@ def resolve_partition_params(name: str, params: Mapping[str, Any] | None = None)
     unknown = sorted(set(params) - set(spec.params))
     if unknown:
         valid = ", ".join(sorted(spec.params)) or "(none)"
-        raise ConfigError(f"partitioner {name!r} has no parameter {', '.join(unknown)}; valid "
-                          f"parameters: {valid}")
+        raise ConfigError(
+            f"partitioner {name!r} has no parameter {', '.join(unknown)}; valid parameters: {valid}"
+        )
     return spec.validate({**spec.params, **params})
 
 
@@ -151,11 +175,15 @@ def partition(
     params = resolve_partition_params(name, params)
     labels = np.asarray(labels)
     if labels.ndim != 1 or not (np.issubdtype(labels.dtype, np.integer) or labels.size == 0):
-        raise ConfigError(f"partition: labels must be a 1-D integer array, got "
-                          f"{labels.dtype} of shape {labels.shape}")
+        raise ConfigError(
+            f"partition: labels must be a 1-D integer array, got {labels.dtype} of shape {labels.shape}"
+        )
     n = len(labels)
-    if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) \
-            or not 1 <= num_clients <= n:
+    if (
+        isinstance(num_clients, bool)
+        or not isinstance(num_clients, (int, np.integer))
+        or not 1 <= num_clients <= n
+    ):
         raise ConfigError(
             f"partition: num_clients must be an integer in [1, {n}] (the number of samples), "
             f"got {num_clients!r}; lower the number of clients (clients.num) or use more data"
@@ -171,16 +199,21 @@ def _check_owner(name: str, owner: Any, n: int, num_clients: int) -> None:
     (a registered one's mistake is named here, before any run starts; a client may get none)."""
     arr = np.asarray(owner) if owner is not None else None
     if arr is None or arr.shape != (n,) or not np.issubdtype(arr.dtype, np.integer):
-        raise ConfigError(f"partitioner {name!r} returned {type(owner).__name__} of shape "
-                          f"{getattr(arr, 'shape', None)}; it must return an integer array of shape ({n},): "
-                          "each sample's client")  # fmt: skip
+        raise ConfigError(
+            f"partitioner {name!r} returned {type(owner).__name__} of shape "
+            f"{getattr(arr, 'shape', None)}; it must return an integer array of shape ({n},): "
+            "each sample's client"
+        )
     if n and (arr.min() < 0 or arr.max() >= num_clients):
-        raise ConfigError(f"partitioner {name!r} gave client ids {int(arr.min())}..{int(arr.max())}; expected "
-                          f"0..{num_clients - 1} (clients.num={num_clients})")  # fmt: skip
+        raise ConfigError(
+            f"partitioner {name!r} gave client ids {int(arr.min())}..{int(arr.max())}; expected "
+            f"0..{num_clients - 1} (clients.num={num_clients})"
+        )
 
 
-def partition_summary(parts: list[np.ndarray], labels: np.ndarray,
-                      num_classes: int) -> dict[str, Any]:
+def partition_summary(
+    parts: list[np.ndarray], labels: np.ndarray, num_classes: int
+) -> dict[str, Any]:
     """Per-client sizes and label histograms, plus totals; JSON-serializable.
 
     Returns:
@@ -190,15 +223,23 @@ def partition_summary(parts: list[np.ndarray], labels: np.ndarray,
     """
     labels = np.asarray(labels)
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ConfigError(f"partition_summary: labels must lie in [0, {num_classes}), found "
-                          f"{labels.min()}..{labels.max()}; pass the dataset's num_classes")
+        raise ConfigError(
+            f"partition_summary: labels must lie in [0, {num_classes}), found "
+            f"{labels.min()}..{labels.max()}; pass the dataset's num_classes"
+        )
     clients = []
     total = np.zeros(num_classes, dtype=np.int64)
     for i, part in enumerate(parts):
         hist = np.bincount(labels[part], minlength=num_classes)
         total += hist
-        clients.append({"client": i, "num_samples": int(len(part)),
-                        "num_labels": int(np.count_nonzero(hist)), "label_counts": hist.tolist()})
+        clients.append(
+            {
+                "client": i,
+                "num_samples": int(len(part)),
+                "num_labels": int(np.count_nonzero(hist)),
+                "label_counts": hist.tolist(),
+            }
+        )
     sizes = np.array([len(p) for p in parts], dtype=np.float64)
     return {
         "num_clients": len(parts),

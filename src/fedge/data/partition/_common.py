@@ -20,8 +20,9 @@ __all__ = ["check_bool", "check_float", "check_int", "even_sizes", "parts_from_o
 def check_int(partitioner: str, key: str, value: Any, *, low: int, fix: str) -> int:
     """``value`` as an int >= ``low``, else a ConfigError naming parameter, value, range, fix."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ConfigError(f"partitioner {partitioner!r}: {key} must be an integer >= {low}, "
-                          f"got {value!r}; {fix}")
+        raise ConfigError(
+            f"partitioner {partitioner!r}: {key} must be an integer >= {low}, got {value!r}; {fix}"
+        )
     return int(value)
 
 
@@ -29,15 +30,17 @@ def check_float(partitioner: str, key: str, value: Any, *, fix: str) -> float:
     """``value`` as a finite float > 0, else a ConfigError."""
     ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
     if not ok or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"partitioner {partitioner!r}: {key} must be a finite number > 0, "
-                          f"got {value!r}; {fix}")
+        raise ConfigError(
+            f"partitioner {partitioner!r}: {key} must be a finite number > 0, got {value!r}; {fix}"
+        )
     return float(value)
 
 
 def check_bool(partitioner: str, key: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise ConfigError(f"partitioner {partitioner!r}: {key} must be true or false, "
-                          f"got {value!r}")
+        raise ConfigError(
+            f"partitioner {partitioner!r}: {key} must be true or false, got {value!r}"
+        )
     return bool(value)
 
 

@@ -31,16 +31,26 @@ MAX_TRIES = 100
 
 def validate(params: Mapping[str, Any]) -> dict[str, Any]:
     return {
-        "alpha": check_float("dirichlet", "alpha", params["alpha"],
-                             fix="smaller is more skewed; 0.1 to 1 are usual"),
-        "min_size": check_int("dirichlet", "min_size", params["min_size"], low=0,
-                              fix="0 allows empty clients"),
+        "alpha": check_float(
+            "dirichlet", "alpha", params["alpha"], fix="smaller is more skewed; 0.1 to 1 are usual"
+        ),
+        "min_size": check_int(
+            "dirichlet", "min_size", params["min_size"], low=0, fix="0 allows empty clients"
+        ),
         "balance": check_bool("dirichlet", "balance", params["balance"]),
     }
 
 
-def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
-          domains: np.ndarray | None, alpha: float, min_size: int, balance: bool) -> np.ndarray:
+def split(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    *,
+    domains: np.ndarray | None,
+    alpha: float,
+    min_size: int,
+    balance: bool,
+) -> np.ndarray:
     n = len(labels)
     if min_size * num_clients > n:
         raise ConfigError(

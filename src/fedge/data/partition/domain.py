@@ -28,8 +28,9 @@ def validate(params: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
-          domains: np.ndarray | None) -> np.ndarray:
+def split(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, domains: np.ndarray | None
+) -> np.ndarray:
     if domains is None:
         raise ConfigError(
             "partitioner 'domain' needs a domain key per sample, got domains=None; pass "
@@ -38,15 +39,20 @@ def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
         )
     domains = np.asarray(domains)
     if domains.shape != labels.shape:
-        raise ConfigError(f"partitioner 'domain': domains has shape {domains.shape}, labels "
-                          f"{labels.shape}; give one domain key per sample")
+        raise ConfigError(
+            f"partitioner 'domain': domains has shape {domains.shape}, labels "
+            f"{labels.shape}; give one domain key per sample"
+        )
     keys, dom = np.unique(domains, return_inverse=True)
     num_domains = len(keys)
     owner = np.empty(len(labels), dtype=np.int64)
     for j, d in enumerate(rng.permutation(num_domains)):  # j-th domain in the random order
         members = rng.permutation(np.flatnonzero(dom == d))
-        clients = np.arange(j, num_clients, num_domains) if num_clients >= num_domains \
+        clients = (
+            np.arange(j, num_clients, num_domains)
+            if num_clients >= num_domains
             else np.array([j % num_clients])
+        )
         if len(members) < len(clients):
             raise ConfigError(
                 f"partitioner 'domain': domain {keys[d]!r} has {len(members)} samples for "

@@ -18,10 +18,12 @@ def validate(params: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
-          domains: np.ndarray | None) -> np.ndarray:
+def split(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, domains: np.ndarray | None
+) -> np.ndarray:
     """Owner of each sample: client sizes differ by at most one."""
     owner = np.empty(len(labels), dtype=np.int64)
-    owner[rng.permutation(len(labels))] = np.repeat(np.arange(num_clients),
-                                                    even_sizes(len(labels), num_clients))
+    owner[rng.permutation(len(labels))] = np.repeat(
+        np.arange(num_clients), even_sizes(len(labels), num_clients)
+    )
     return owner

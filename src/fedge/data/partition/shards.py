@@ -24,13 +24,25 @@ DEFAULTS: dict[str, Any] = {"shards_per_client": 2}
 
 
 def validate(params: Mapping[str, Any]) -> dict[str, Any]:
-    return {"shards_per_client": check_int(
-        "shards", "shards_per_client", params["shards_per_client"], low=1,
-        fix="use 2 for McMahan et al.'s pathological split")}
+    return {
+        "shards_per_client": check_int(
+            "shards",
+            "shards_per_client",
+            params["shards_per_client"],
+            low=1,
+            fix="use 2 for McMahan et al.'s pathological split",
+        )
+    }
 
 
-def split(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
-          domains: np.ndarray | None, shards_per_client: int) -> np.ndarray:
+def split(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    *,
+    domains: np.ndarray | None,
+    shards_per_client: int,
+) -> np.ndarray:
     n = len(labels)
     num_shards = num_clients * shards_per_client
     if num_shards > n:

@@ -96,11 +96,16 @@ class EppflDpConfig(MethodConfigBase):
     """``method.dp``: Laplace DP on the released activations (omit or null: no DP)."""
 
     epsilon: float = Field(gt=0, description="ε of one release of one sample's activations")
-    clip: float = Field(gt=0, description="per-sample L1 bound C of the released activations (Δ₁ = 2C)")
-    delta: float = Field(1e-5, gt=0, lt=1, description="δ at which the cumulative ε is reported (RDP, PLD)")
+    clip: float = Field(
+        gt=0, description="per-sample L1 bound C of the released activations (Δ₁ = 2C)"
+    )
+    delta: float = Field(
+        1e-5, gt=0, lt=1, description="δ at which the cumulative ε is reported (RDP, PLD)"
+    )
     secure_noise: bool = Field(
-        False, description="draw the Laplace noise from the OS CSPRNG (a deployment; not reproducible). Off: from "
-                           "the run's generators, so anyone who knows the seed, the edge server included, can subtract it"
+        False,
+        description="draw the Laplace noise from the OS CSPRNG (a deployment; not reproducible). Off: from "
+        "the run's generators, so anyone who knows the seed, the edge server included, can subtract it",
     )
 
 
@@ -111,12 +116,20 @@ class EppflConfig(MethodConfigBase):
     batch_size: int = Field(16, ge=1)
     lr: float = Field(0.01, gt=0, description="SGD learning rate, device and edge server")
     momentum: float = Field(0.5, ge=0, lt=1)
-    theta_a: float = Field(1.0, gt=0, le=1, description="fraction of each channel's activations sent")
-    theta_g: float = Field(1.0, gt=0, le=1, description="fraction of each channel's released activations whose "
-                                                        "gradient is returned (largest |dA|)")
+    theta_a: float = Field(
+        1.0, gt=0, le=1, description="fraction of each channel's activations sent"
+    )
+    theta_g: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="fraction of each channel's released activations whose gradient is returned (largest |dA|)",
+    )
     dp: EppflDpConfig | None = None
     masks: bool = Field(True, description="third-party additive masks on the uploaded M_c")
-    upload_dropout: float = Field(0.0, ge=0, lt=1, description="simulated fraction of uploads lost each round")
+    upload_dropout: float = Field(
+        0.0, ge=0, lt=1, description="simulated fraction of uploads lost each round"
+    )
 
 
 def _split(model_fn: Callable[[], nn.Module], cut: str | None) -> Split:
@@ -149,7 +162,13 @@ def _warn_batch_coupling(cfg: EppflConfig, split: Split) -> None:
     """A :class:`PrivacyWarning` when DP is on and the device half normalizes with batch
     statistics: each released row then depends on every sample of its batch, so the logged ε
     (a sample's own releases, ε each) understates what one sample's batch releases reveal."""
-    norms = sorted({type(m).__name__ for m in split.device.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)})
+    norms = sorted(
+        {
+            type(m).__name__
+            for m in split.device.modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm)
+        }
+    )
     if cfg.dp is None or not norms:
         return
     warnings.warn(
@@ -170,8 +189,15 @@ def build(cfg: EppflConfig, env: MethodEnv) -> MethodBuild:
     _warn_batch_coupling(cfg, split)
     length = sum(split.device.state_dict()[split.device_keys[k]].numel() for k in float_keys(split))
     keys = MaskKeys.from_run_seed(env.seed, length, FIXED_POINT)
-    strategy = AggregationServer(env.model_fn(), split_fn, cfg, seed=env.seed, num_clients=len(env.client_sizes),
-                                 fp=FIXED_POINT, oracle=keys if cfg.masks else None)  # fmt: skip
+    strategy = AggregationServer(
+        env.model_fn(),
+        split_fn,
+        cfg,
+        seed=env.seed,
+        num_clients=len(env.client_sizes),
+        fp=FIXED_POINT,
+        oracle=keys if cfg.masks else None,
+    )
     program = DeviceProgram(split_fn, cfg, FIXED_POINT)
     edge = EdgeServer(split_fn, theta_g=cfg.theta_g, lr=cfg.lr, momentum=cfg.momentum)
     sr = RandomnessServer(keys)

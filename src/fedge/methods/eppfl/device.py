@@ -47,7 +47,9 @@ def flatten(arrays: dict[str, torch.Tensor], keys: list[str]) -> np.ndarray:
     return np.concatenate([arrays[k].detach().to(torch.float64).reshape(-1).numpy() for k in keys])
 
 
-def unflatten(flat: np.ndarray, template: dict[str, torch.Tensor], keys: list[str]) -> dict[str, torch.Tensor]:
+def unflatten(
+    flat: np.ndarray, template: dict[str, torch.Tensor], keys: list[str]
+) -> dict[str, torch.Tensor]:
     out, i = {}, 0
     for k in keys:
         t = template[k]
@@ -69,7 +71,9 @@ class DeviceProgram:
         self.split_fn, self.cfg, self.fp = split_fn, cfg, fp
         self._split: Split | None = None
         self.mech = LaplaceMechanism(cfg.dp.epsilon, cfg.dp.clip) if cfg.dp is not None else None
-        self.secure_noise = cfg.dp is not None and cfg.dp.secure_noise  # the OS CSPRNG, not the run's generators
+        self.secure_noise = (
+            cfg.dp is not None and cfg.dp.secure_noise
+        )  # the OS CSPRNG, not the run's generators
 
     @property
     def split(self) -> Split:
@@ -82,7 +86,9 @@ class DeviceProgram:
         state = self.split.device.state_dict()
         return {k: state[local] for k, local in self.split.device_keys.items()}
 
-    def _global_model(self, message: Message, ctx: ClientContext, sr: Message | None) -> dict[str, torch.Tensor]:
+    def _global_model(
+        self, message: Message, ctx: ClientContext, sr: Message | None
+    ) -> dict[str, torch.Tensor]:
         """Step ⑨: W_c = (masked sum − Σ r_j) / |C_t|, or the plain model when unmasked."""
         who = f"round {ctx.rnd}, device {ctx.cid}"
         arrays = dict(message.arrays)
@@ -104,7 +110,10 @@ class DeviceProgram:
         sr = None
         if cfg.masks:  # step ① / line 6: this round's mask seed and, if needed, Σ r_j
             sr_req: dict[str, ConfigValue] = {
-                "op": "device", "cid": ctx.cid, "round": ctx.rnd, "unmask_round": message.config_int("model_round", 0)
+                "op": "device",
+                "cid": ctx.cid,
+                "round": ctx.rnd,
+                "unmask_round": message.config_int("model_round", 0),
             }
             sr = ctx.link("sr").call(Message(config=sr_req))
         arrays = self._global_model(message, ctx, sr)
@@ -135,24 +144,32 @@ class DeviceProgram:
                     pos = activation_positions(seed, (b, c, n), kept(n, cfg.theta_a))
                     flat = flat.gather(-1, pos)
                 if self.mech is not None:
-                    vals, released = self.mech.release(flat, generator=SECURE if self.secure_noise else noise_gen)
+                    vals, released = self.mech.release(
+                        flat, generator=SECURE if self.secure_noise else noise_gen
+                    )
                 else:
                     vals, released = flat, flat.detach()
-                req = Message({"a": released.contiguous(), "y": y.to(torch.int32)},
-                              config={"op": "step", "seed": seed, "shape": ",".join(map(str, shape))})  # fmt: skip
+                req = Message(
+                    {"a": released.contiguous(), "y": y.to(torch.int32)},
+                    config={"op": "step", "seed": seed, "shape": ",".join(map(str, shape))},
+                )
                 reply = edge.call(req)
                 g = reply.arrays["g"]  # dA'_b at the released values, or θ_g's top-k of them
                 if "pos" in reply.arrays:
                     g = scatter(g, reply.arrays["pos"], vals.shape[-1])
                 if g.shape != vals.shape:
-                    raise MessageError(f"{who}: the edge server returned gradients of shape {tuple(g.shape)}; "
-                                       f"expected one per released activation, {tuple(vals.shape)}")  # fmt: skip
+                    raise MessageError(
+                        f"{who}: the edge server returned gradients of shape {tuple(g.shape)}; "
+                        f"expected one per released activation, {tuple(vals.shape)}"
+                    )
                 opt.zero_grad(set_to_none=True)
                 vals.backward(g.to(vals.dtype))
                 opt.step()
                 losses.append(float(reply.metrics["loss"]))
         metrics = {"train_loss": sum(losses) / len(losses)} if losses else {}
-        config: dict[str, Any] = {}  # no num_samples: S_a weighs uploads equally (Eq. 9) and must not learn |d_i|
+        config: dict[
+            str, Any
+        ] = {}  # no num_samples: S_a weighs uploads equally (Eq. 9) and must not learn |d_i|
         state = sp.device.state_dict()
         out = {k: state[local].detach().clone() for k, local in sp.device_keys.items()}
         if not cfg.masks:

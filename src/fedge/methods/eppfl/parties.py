@@ -54,7 +54,14 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from fedge.core.context import PartyContext
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
-from fedge.methods.eppfl.split import Split, activation_positions, gradient_positions, kept, position_dtype, scatter
+from fedge.methods.eppfl.split import (
+    Split,
+    activation_positions,
+    gradient_positions,
+    kept,
+    position_dtype,
+    scatter,
+)
 from fedge.privacy.secagg import FixedPoint
 from fedge.privacy.secagg.prg import prg
 
@@ -106,8 +113,10 @@ class RandomnessServer:
         unmask = message.config_int("unmask_round", 0)
         if unmask > 0:
             if ctx.state.get("agg_round") != unmask:
-                raise MessageError(f"S_r: device {cid} asks for the masks of round {unmask}, "
-                                   f"but the last aggregate registered is round {ctx.state.get('agg_round')}")  # fmt: skip
+                raise MessageError(
+                    f"S_r: device {cid} asks for the masks of round {unmask}, "
+                    f"but the last aggregate registered is round {ctx.state.get('agg_round')}"
+                )
             ids = [int(v) for v in ctx.state["agg_ids"].tolist()]
             out["mask_sum"] = self.keys.fp.to_bytes(self.keys.mask_sum(unmask, ids))
         return Message(config=out)
@@ -123,7 +132,9 @@ class EdgeServer:
     """S_e (see the module docstring). ``split_fn`` builds the split model once per process
     (the module is a work buffer: the weights live in ``ctx.state``)."""
 
-    def __init__(self, split_fn: Callable[[], Split], *, theta_g: float, lr: float, momentum: float) -> None:
+    def __init__(
+        self, split_fn: Callable[[], Split], *, theta_g: float, lr: float, momentum: float
+    ) -> None:
         self.split_fn, self.theta_g, self.lr, self.momentum = split_fn, theta_g, lr, momentum
         self._split: Split | None = None
 
@@ -149,7 +160,11 @@ class EdgeServer:
         if op == "step":
             return self._step(message, ctx)
         if op in ("upload", "discard"):
-            arrays = {k[2:]: v for k, v in ctx.state.items() if k[:2] in ("w/", "b/")} if op == "upload" else {}
+            arrays = (
+                {k[2:]: v for k, v in ctx.state.items() if k[:2] in ("w/", "b/")}
+                if op == "upload"
+                else {}
+            )
             ctx.state.clear()
             return Message(arrays)
         raise MessageError(f"edge server {ctx.key}: unknown request {op!r}")
@@ -196,5 +211,7 @@ class EdgeServer:
         k_g = kept(k_a, self.theta_g)  # θ_g of the gradients the device can use
         if k_g < k_a:
             idx = gradient_positions(da, k_g)  # indices among the released values
-            return Message({"g": da.gather(-1, idx), "pos": idx.to(position_dtype(k_a))}, metrics=metrics)
+            return Message(
+                {"g": da.gather(-1, idx), "pos": idx.to(position_dtype(k_a))}, metrics=metrics
+            )
         return Message({"g": da}, metrics=metrics)

@@ -51,18 +51,31 @@ class AggregationServer(Strategy):
     :meth:`eval_model` to read the global M_c for the test set (what any device can compute
     after step ⑨); nothing it computes travels or enters training."""
 
-    def __init__(self, model: torch.nn.Module, split_fn: Callable[[], Split], cfg: Any, *, seed: int,
-                 num_clients: int, fp: FixedPoint, oracle: MaskKeys | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        split_fn: Callable[[], Split],
+        cfg: Any,
+        *,
+        seed: int,
+        num_clients: int,
+        fp: FixedPoint,
+        oracle: MaskKeys | None,
+    ) -> None:
         self.model, self.cfg, self.seed, self.fp, self.oracle = model, cfg, seed, fp, oracle
         self.split = split_fn()
         arrays = model_arrays(model)
         self.edge_global = {k: arrays[k] for k in self.split.edge_keys}
-        self.device_plain = {k: arrays[k] for k in self.split.device_keys}  # round 0 (public) or unmasked mode
+        self.device_plain = {
+            k: arrays[k] for k in self.split.device_keys
+        }  # round 0 (public) or unmasked mode
         self.float_keys = float_keys(self.split)
         self.masked_sum: np.ndarray | None = None
         self.count = 0
         self.model_round = 0
-        self.participation = torch.zeros(num_clients, dtype=torch.int64)  # rounds each device released in
+        self.participation = torch.zeros(
+            num_clients, dtype=torch.int64
+        )  # rounds each device released in
         self._released: list[int] = []  # this round's devices that released (kept out of the state)
         self._agg_clients: list[int] | None = None  # the last completed round's aggregated devices
 
@@ -76,7 +89,11 @@ class AggregationServer(Strategy):
         self._released = []
         for cid in client_ids:  # ⑦
             yield PartyCall("edge", Message(dict(self.edge_global), config={"op": "load"}), key=cid)
-        config: dict[str, Any] = {"round": rnd, "model_round": self.model_round, "n_summands": len(client_ids)}
+        config: dict[str, Any] = {
+            "round": rnd,
+            "model_round": self.model_round,
+            "n_summands": len(client_ids),
+        }
         if self.masked_sum is not None:
             config.update(masked_sum=self.fp.to_bytes(self.masked_sum), count=self.count)
             arrays = {k: v for k, v in self.device_plain.items() if k not in self.float_keys}
@@ -97,10 +114,16 @@ class AggregationServer(Strategy):
         for cid in agg:  # ⑤, Eq. (10)
             got = yield PartyCall("edge", Message(config={"op": "upload"}), key=cid)
             if set(got.arrays) != set(self.edge_global):
-                raise MessageError(f"round {rnd}: edge server {cid} uploaded {sorted(got.arrays)[:4]}...; expected M_s")
+                raise MessageError(
+                    f"round {rnd}: edge server {cid} uploaded {sorted(got.arrays)[:4]}...; expected M_s"
+                )
             for k, v in got.arrays.items():
-                edge_sum[k] = edge_sum[k] + v.to(torch.float64) if k in edge_sum else v.to(torch.float64)
-        self.edge_global = {k: _mean(edge_sum[k], len(agg), self.edge_global[k].dtype) for k in self.edge_global}
+                edge_sum[k] = (
+                    edge_sum[k] + v.to(torch.float64) if k in edge_sum else v.to(torch.float64)
+                )
+        self.edge_global = {
+            k: _mean(edge_sum[k], len(agg), self.edge_global[k].dtype) for k in self.edge_global
+        }
 
         ints = [k for k in self.device_plain if k not in self.float_keys]
         if self.cfg.masks:  # Eq. (9) in Z_{2^64}: S_a holds Σ (q_i + r_i), never W_c
@@ -108,10 +131,22 @@ class AggregationServer(Strategy):
             for cid in agg:
                 blob = replies[cid].config.get("masked")
                 if not isinstance(blob, bytes) or len(blob) != 8 * self._length():
-                    raise MessageError(f"round {rnd}, device {cid}: no masked M_c of {self._length()} ring elements")
+                    raise MessageError(
+                        f"round {rnd}, device {cid}: no masked M_c of {self._length()} ring elements"
+                    )
                 uploads.append(self.fp.from_bytes(blob))
-            self.masked_sum, self.count, self._agg_ids = self.fp.ring_sum(uploads), len(agg), list(agg)
-            yield PartyCall("sr", Message({"ids": torch.tensor(agg, dtype=torch.int64)}, config={"op": "aggregate", "round": rnd}))
+            self.masked_sum, self.count, self._agg_ids = (
+                self.fp.ring_sum(uploads),
+                len(agg),
+                list(agg),
+            )
+            yield PartyCall(
+                "sr",
+                Message(
+                    {"ids": torch.tensor(agg, dtype=torch.int64)},
+                    config={"op": "aggregate", "round": rnd},
+                ),
+            )
             keys = ints
         else:
             keys = list(self.device_plain)
@@ -120,8 +155,15 @@ class AggregationServer(Strategy):
             self.device_plain[k] = _mean(total, len(agg), self.device_plain[k].dtype)
         self.model_round = rnd
         self._agg_clients = list(agg)
-        losses = [float(replies[c].metrics["train_loss"]) for c in agg if "train_loss" in replies[c].metrics]
-        out: dict[str, float] = {"eppfl_aggregated": float(len(agg)), "eppfl_dropped": float(len(dropped))}
+        losses = [
+            float(replies[c].metrics["train_loss"])
+            for c in agg
+            if "train_loss" in replies[c].metrics
+        ]
+        out: dict[str, float] = {
+            "eppfl_aggregated": float(len(agg)),
+            "eppfl_dropped": float(len(dropped)),
+        }
         if losses:
             out["train_loss"] = sum(losses) / len(losses)
         return out
@@ -156,8 +198,14 @@ class AggregationServer(Strategy):
         if dp is not None:
             releases = int(self.participation.max()) * self.cfg.local_epochs
             eps = laplace_epsilon(float(dp.epsilon), releases, float(dp.delta))
-            out.update(dp_epsilon_step=dp.epsilon, dp_releases_max=releases, dp_delta=dp.delta,
-                       dp_epsilon_pure=eps["pure"], dp_epsilon_rdp=eps["rdp"], dp_epsilon_pld=eps["pld"])  # fmt: skip
+            out.update(
+                dp_epsilon_step=dp.epsilon,
+                dp_releases_max=releases,
+                dp_delta=dp.delta,
+                dp_epsilon_pure=eps["pure"],
+                dp_epsilon_rdp=eps["rdp"],
+                dp_epsilon_pld=eps["pld"],
+            )
         return out
 
     def global_device_model(self) -> dict[str, torch.Tensor]:
@@ -168,7 +216,9 @@ class AggregationServer(Strategy):
         ids = self._last_ids()
         total = self.fp.sub(self.masked_sum, self.oracle.mask_sum(self.model_round, ids))
         out = dict(self.device_plain)
-        out.update(unflatten(self.fp.decode(total) / self.count, self.device_plain, self.float_keys))
+        out.update(
+            unflatten(self.fp.decode(total) / self.count, self.device_plain, self.float_keys)
+        )
         return out
 
     def _last_ids(self) -> list[int]:
@@ -177,13 +227,19 @@ class AggregationServer(Strategy):
         return self._agg_ids
 
     def eval_model(self) -> torch.nn.Module:
-        load_arrays(self.model, {**self.global_device_model(), **self.edge_global}, who="eppfl global model")
+        load_arrays(
+            self.model, {**self.global_device_model(), **self.edge_global}, who="eppfl global model"
+        )
         return self.model
 
     def state_dict(self) -> dict[str, Any]:
-        s: dict[str, Any] = {"edge": dict(self.edge_global), "device": dict(self.device_plain),
-                             "model_round": self.model_round, "count": self.count,
-                             "participation": self.participation.clone()}  # fmt: skip
+        s: dict[str, Any] = {
+            "edge": dict(self.edge_global),
+            "device": dict(self.device_plain),
+            "model_round": self.model_round,
+            "count": self.count,
+            "participation": self.participation.clone(),
+        }
         if self.masked_sum is not None:
             s["masked_sum"] = torch.from_numpy(self.masked_sum.view(np.int64).copy())
             s["agg_ids"] = torch.tensor(self._agg_ids or [], dtype=torch.int64)

@@ -49,7 +49,19 @@ __all__ = [
     "split_model",
 ]
 
-_ACTIVATIONS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Hardtanh, nn.Softplus, nn.Mish)
+_ACTIVATIONS = (
+    nn.ReLU,
+    nn.ReLU6,
+    nn.LeakyReLU,
+    nn.ELU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Tanh,
+    nn.Sigmoid,
+    nn.Hardtanh,
+    nn.Softplus,
+    nn.Mish,
+)
 _NORMS = (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm2d)
 
 
@@ -72,7 +84,9 @@ def _chain_names(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], dict[st
         ends[q] = i
         parts = q.split(".")
         for j in range(1, len(parts)):
-            ends[".".join(parts[:j])] = i  # a container ends at its last leaf (later leaves overwrite)
+            ends[".".join(parts[:j])] = (
+                i  # a container ends at its last leaf (later leaves overwrite)
+            )
     return leaves, ends
 
 
@@ -87,7 +101,9 @@ def default_cut(model: nn.Module) -> str:
             if j + 1 < len(leaves) and isinstance(leaves[j + 1][1], _ACTIVATIONS):
                 j += 1
             return leaves[j][0]
-    raise ConfigError(f"{type(model).__name__} has no Conv or Linear layer to cut after; set method.cut to a module name")
+    raise ConfigError(
+        f"{type(model).__name__} has no Conv or Linear layer to cut after; set method.cut to a module name"
+    )
 
 
 @dataclass
@@ -119,9 +135,13 @@ def split_model(model: nn.Module, cut: str | None) -> Split:
         )
     end = ends[name]
     if end + 1 >= len(leaves):
-        raise ConfigError(f"method.cut={name!r} leaves nothing for the edge server; cut before the last module")
+        raise ConfigError(
+            f"method.cut={name!r} leaves nothing for the edge server; cut before the last module"
+        )
 
-    def part(items: list[tuple[str, nn.Module]], offset: int) -> tuple[nn.Sequential, dict[str, str]]:
+    def part(
+        items: list[tuple[str, nn.Module]], offset: int
+    ) -> tuple[nn.Sequential, dict[str, str]]:
         seq = nn.Sequential(OrderedDict((str(offset + i), m) for i, (_, m) in enumerate(items)))
         keys: dict[str, str] = {}
         for i, (q, m) in enumerate(items):

@@ -108,11 +108,23 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from fedge.core.context import ClientContext
-from fedge.core.errors import ConfigError, MessageError, PrivacyWarning, ResumeError, ShortRoundError
+from fedge.core.errors import (
+    ConfigError,
+    MessageError,
+    PrivacyWarning,
+    ResumeError,
+    ShortRoundError,
+)
 from fedge.core.messages import Message
 from fedge.core.protocols import Exchange, PartyCall, PartySpec, Round, Strategy
 from fedge.methods.base import MethodBuild, MethodConfigBase, MethodEnv
-from fedge.methods.ppfl.enclaves import ClientEnclave, EnclaveSpec, ServerEnclave, _cv, open_eval_blob
+from fedge.methods.ppfl.enclaves import (
+    ClientEnclave,
+    EnclaveSpec,
+    ServerEnclave,
+    _cv,
+    open_eval_blob,
+)
 from fedge.methods.ppfl.stages import Stage, frozen_net, plan_stages, stage_need
 from fedge.privacy.tee import MiB, platform_id, platform_path
 
@@ -120,40 +132,65 @@ __all__ = ["PpflConfig", "PpflStrategy", "PpflClient", "PpflTeeConfig", "build"]
 
 
 class PpflTeeConfig(MethodConfigBase):
-    client_mb: float = Field(16.0, gt=0, description="client enclave size when its profile gives no enclave_mb")
+    client_mb: float = Field(
+        16.0, gt=0, description="client enclave size when its profile gives no enclave_mb"
+    )
     server_mb: float = Field(256.0, gt=0, description="server enclave size")
 
 
 class PpflConfig(MethodConfigBase):
     name: Literal["ppfl"] = "ppfl"
-    block_layers: int = Field(1, ge=1, description="conv blocks trained together per stage (Table 5)")
+    block_layers: int = Field(
+        1, ge=1, description="conv blocks trained together per stage (Table 5)"
+    )
     rounds_per_stage: int | None = Field(None, ge=1, description="fixed schedule: rounds per stage")
-    patience: int | None = Field(None, ge=1, description="end a stage after this many rounds without a better test accuracy")
-    target_accuracy: float | None = Field(None, gt=0, le=1, description="end a stage when test accuracy reaches this")
+    patience: int | None = Field(
+        None, ge=1, description="end a stage after this many rounds without a better test accuracy"
+    )
+    target_accuracy: float | None = Field(
+        None, gt=0, le=1, description="end a stage when test accuracy reaches this"
+    )
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(16, ge=1)
-    min_batch_size: int | None = Field(None, ge=1, description="smallest batch a client may shrink to (null: no shrinking)")
+    min_batch_size: int | None = Field(
+        None, ge=1, description="smallest batch a client may shrink to (null: no shrinking)"
+    )
     lr: float = Field(0.01, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
     tee: PpflTeeConfig = PpflTeeConfig()
     on_bad_upload: Literal["drop", "abort"] = "drop"
-    min_cohort: int = Field(2, ge=1, description="fewest uploads the server enclave averages: a round with fewer that "
-                            "open is skipped (under clients.min_replies) or stops the run, so the REE never gets one "
-                            "client's update as a stage's layers; 1 allows exactly that")
-    keep_last_in_tee: bool = Field(True, description="when training ends, keep the last stage (the classifier) inside the "
-                                   "enclaves: the REE and model.safetensors get only the layers before it (Sec. 3, "
-                                   "PPFL's defence against membership inference)")
-    init_from: str | None = Field(None, description="pretrained model.safetensors, or a run directory holding one")
+    min_cohort: int = Field(
+        2,
+        ge=1,
+        description="fewest uploads the server enclave averages: a round with fewer that "
+        "open is skipped (under clients.min_replies) or stops the run, so the REE never gets one "
+        "client's update as a stage's layers; 1 allows exactly that",
+    )
+    keep_last_in_tee: bool = Field(
+        True,
+        description="when training ends, keep the last stage (the classifier) inside the "
+        "enclaves: the REE and model.safetensors get only the layers before it (Sec. 3, "
+        "PPFL's defence against membership inference)",
+    )
+    init_from: str | None = Field(
+        None, description="pretrained model.safetensors, or a run directory holding one"
+    )
     freeze_from_init: int = Field(0, ge=0, description="stages taken as trained from init_from")
 
     @model_validator(mode="after")
     def _check(self) -> PpflConfig:
         if self.rounds_per_stage is None and self.patience is None and self.target_accuracy is None:
-            raise ValueError("ppfl needs a stage schedule: set method.rounds_per_stage, method.patience or method.target_accuracy")
+            raise ValueError(
+                "ppfl needs a stage schedule: set method.rounds_per_stage, method.patience or method.target_accuracy"
+            )
         if self.min_batch_size is not None and self.min_batch_size > self.batch_size:
-            raise ValueError(f"method.min_batch_size={self.min_batch_size} exceeds batch_size={self.batch_size}")
+            raise ValueError(
+                f"method.min_batch_size={self.min_batch_size} exceeds batch_size={self.batch_size}"
+            )
         if self.freeze_from_init and self.init_from is None:
-            raise ValueError("method.freeze_from_init needs method.init_from (the pretrained model)")
+            raise ValueError(
+                "method.freeze_from_init needs method.init_from (the pretrained model)"
+            )
         return self
 
 
@@ -161,8 +198,14 @@ class _EnclaveEval(nn.Module):
     """Evaluation model: REE frozen layers, then an ECALL into the server enclave holding
     only the sealed stage model (see the module docstring)."""
 
-    def __init__(self, frozen: nn.Sequential, blob: bytes | None, spec: EnclaveSpec, stage: int,
-                 released: dict[str, torch.Tensor]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        frozen: nn.Sequential,
+        blob: bytes | None,
+        spec: EnclaveSpec,
+        stage: int,
+        released: dict[str, torch.Tensor],
+    ) -> None:
         super().__init__()
         self.frozen = frozen
         self._blob, self._spec, self._stage, self._released = blob, spec, stage, released
@@ -179,26 +222,31 @@ class _EnclaveEval(nn.Module):
         return _ecall_eval(self._spec, self._stage, self._blob, f)
 
 
-
 def _ecall_eval(spec: EnclaveSpec, stage: int, blob: bytes, f: torch.Tensor) -> torch.Tensor:
     net = spec.net(stage, open_eval_blob(blob)).eval()
     return net(f).detach()
 
 
 class PpflStrategy(Strategy):
-    def __init__(self, cfg: PpflConfig, spec: EnclaveSpec, *, num_clients: int, rounds: int) -> None:
+    def __init__(
+        self, cfg: PpflConfig, spec: EnclaveSpec, *, num_clients: int, rounds: int
+    ) -> None:
         self.cfg, self.spec, self.num_clients, self.rounds = cfg, spec, num_clients, rounds
         self.stages = spec.stages
         self.model = spec.model_fn()  # the REE's copy: released layers only (the rest never loaded)
         self.stage = cfg.freeze_from_init
         if self.stage >= len(self.stages):
-            raise ConfigError(f"method.freeze_from_init={self.stage} leaves no stage to train (the model has {len(self.stages)})")
+            raise ConfigError(
+                f"method.freeze_from_init={self.stage} leaves no stage to train (the model has {len(self.stages)})"
+            )
         self.released: dict[str, torch.Tensor] = {}
         for st in self.stages[: self.stage]:
             self.released.update(_stage_arrays(st, spec.init_arrays))
         self._load_released()
         nets = [spec.net(i) for i in range(len(self.stages))]
-        self.need = [partial(stage_need, n, st.in_shape) for n, st in zip(nets, self.stages, strict=True)]
+        self.need = [
+            partial(stage_need, n, st.in_shape) for n, st in zip(nets, self.stages, strict=True)
+        ]
         self.rounds_in_stage = 0
         self.best = -1.0
         self.bad = 0
@@ -212,7 +260,9 @@ class PpflStrategy(Strategy):
         self._checked = False  # the no-fit check over every stage has run
         self.final_release = 0  # the round whose end released the stage in training (0: none yet)
         self.stage_aggregated = False  # the server enclave averaged a cohort for the current stage
-        self._aggregated: list[int] | None = None  # the last completed round's clients whose uploads opened
+        self._aggregated: list[int] | None = (
+            None  # the last completed round's clients whose uploads opened
+        )
 
     # -- selection ---------------------------------------------------------------
     def min_batch(self) -> int:
@@ -229,7 +279,9 @@ class PpflStrategy(Strategy):
         mb = profile.get("enclave_mb")
         budget = int((self.cfg.tee.client_mb if mb is None else mb) * MiB)
         self.budgets[cid] = budget
-        if not self._checked and len(self.budgets) == self.num_clients:  # every client's enclave known
+        if (
+            not self._checked and len(self.budgets) == self.num_clients
+        ):  # every client's enclave known
             self._checked = True
             self.check_fits(list(self.budgets.values()))
         return self.batch_for(budget, self.stage) is not None
@@ -238,7 +290,10 @@ class PpflStrategy(Strategy):
         """Without a client id: whether a client with this profile fits the current stage
         (the engine asks :meth:`eligible_client`, which also records the client's enclave)."""
         mb = profile.get("enclave_mb")
-        return self.batch_for(int((self.cfg.tee.client_mb if mb is None else mb) * MiB), self.stage) is not None
+        return (
+            self.batch_for(int((self.cfg.tee.client_mb if mb is None else mb) * MiB), self.stage)
+            is not None
+        )
 
     def check_fits(self, budgets: list[int]) -> None:
         """ConfigError (before training) if some stage fits no client's enclave, or fewer clients'
@@ -293,17 +348,31 @@ class PpflStrategy(Strategy):
         if not self._checked:  # no clients.profiles: every enclave is method.tee.client_mb
             self._checked = True
             self.check_fits([int(self.cfg.tee.client_mb * MiB)])
-        if self.advance:  # the stage ended last round (the stage number already moved on, for sampling)
-            yield from self._release(self.stage - 1)  # asked again after a skipped round: the same arrays
+        if (
+            self.advance
+        ):  # the stage ended last round (the stage number already moved on, for sampling)
+            yield from self._release(
+                self.stage - 1
+            )  # asked again after a skipped round: the same arrays
         self._rnd = rnd
         new = [c for c in client_ids if c not in self.attested and c not in self.refused]
         if new:
-            hello = yield PartyCall("server_tee", Message(config={"op": "hello", "ids": ",".join(map(str, new))}))
+            hello = yield PartyCall(
+                "server_tee", Message(config={"op": "hello", "ids": ",".join(map(str, new))})
+            )
             skip = Message(config={"op": "skip"})
             msgs = {c: skip for c in client_ids}
             for c in new:
-                msgs[c] = Message(config={"op": "attest", "challenge": hello.config[f"challenge/{c}"],
-                                          **{k: hello.config[k] for k in ("server_measurement", "server_pk", "server_signature")}})  # fmt: skip
+                msgs[c] = Message(
+                    config={
+                        "op": "attest",
+                        "challenge": hello.config[f"challenge/{c}"],
+                        **{
+                            k: hello.config[k]
+                            for k in ("server_measurement", "server_pk", "server_signature")
+                        },
+                    }
+                )
             replies = yield Exchange(msgs)
             answered = [c for c in new if c in replies]  # the others failed (clients.min_replies)
             if answered:
@@ -315,11 +384,29 @@ class PpflStrategy(Strategy):
                 refused = [int(x) for x in out.config["refused"].split(",") if x]
                 self.refused.update(refused)
                 self.attested.update(c for c in answered if c not in refused)
-        ids = [c for c in client_ids if c in self.attested and self.batch_for(self._budget(c), self.stage) is not None]
+        ids = [
+            c
+            for c in client_ids
+            if c in self.attested and self.batch_for(self._budget(c), self.stage) is not None
+        ]
         stage = self.stage
         if len(ids) < self.cfg.min_cohort:  # the server enclave would refuse to average them
-            raise ShortRoundError(self._short(rnd, f"{len(ids)} of the sampled clients are attested and fit stage {stage}"))
-        bc = yield PartyCall("server_tee", Message(config={"op": "broadcast", "stage": stage, "rnd": rnd, "ids": ",".join(map(str, ids))}))
+            raise ShortRoundError(
+                self._short(
+                    rnd, f"{len(ids)} of the sampled clients are attested and fit stage {stage}"
+                )
+            )
+        bc = yield PartyCall(
+            "server_tee",
+            Message(
+                config={
+                    "op": "broadcast",
+                    "stage": stage,
+                    "rnd": rnd,
+                    "ids": ",".join(map(str, ids)),
+                }
+            ),
+        )
         upto = self.stage_start_units()
         skip = Message(config={"op": "skip"})
         msgs = {c: skip for c in client_ids}
@@ -328,27 +415,50 @@ class PpflStrategy(Strategy):
             arrays = {}
             for st in self.stages[have:stage]:
                 arrays.update(_stage_arrays(st, self.released))
-            msgs[c] = Message(arrays, {"op": "train", "stage": stage, "rnd": rnd, "blob": bc.config[f"c/{c}"],
-                                       "batch_size": self.batch_for(self._budget(c), stage), "budget": self._budget(c),
-                                       "epochs": self.cfg.local_epochs, "frozen_upto": upto})  # fmt: skip
+            msgs[c] = Message(
+                arrays,
+                {
+                    "op": "train",
+                    "stage": stage,
+                    "rnd": rnd,
+                    "blob": bc.config[f"c/{c}"],
+                    "batch_size": self.batch_for(self._budget(c), stage),
+                    "budget": self._budget(c),
+                    "epochs": self.cfg.local_epochs,
+                    "frozen_upto": upto,
+                },
+            )
         replies = yield Exchange(msgs)
-        ids = [c for c in ids if c in replies]  # a client that failed (clients.min_replies) is left out
+        ids = [
+            c for c in ids if c in replies
+        ]  # a client that failed (clients.min_replies) is left out
         for c in ids:
             self.client_has[c] = stage
-        agg: dict[str, Any] = {"op": "aggregate", "stage": stage, "rnd": rnd, "ids": ",".join(map(str, ids))}
+        agg: dict[str, Any] = {
+            "op": "aggregate",
+            "stage": stage,
+            "rnd": rnd,
+            "ids": ",".join(map(str, ids)),
+        }
         for c in ids:  # weighted by the sample counts sealed inside (the enclave's own count)
             agg[f"u/{c}"] = replies[c].config["upload"]
         out = yield PartyCall("server_tee", Message(config=agg))
         rejected = [int(x) for x in _cv(out.config, "rejected", str).split(",") if x]
         if rejected and self.cfg.on_bad_upload == "abort":
-            raise MessageError(f"round {rnd}: the server enclave rejected the sealed uploads of clients {rejected} "
-                               "(failed authentication); stopping as method.on_bad_upload=abort")  # fmt: skip
+            raise MessageError(
+                f"round {rnd}: the server enclave rejected the sealed uploads of clients {rejected} "
+                "(failed authentication); stopping as method.on_bad_upload=abort"
+            )
         if "short" in out.config:
-            raise ShortRoundError(self._short(rnd, f"the server enclave did not aggregate: {out.config['short']}"))
+            raise ShortRoundError(
+                self._short(rnd, f"the server enclave did not aggregate: {out.config['short']}")
+            )
         self.eval_blob = out.config["eval"]
         self.stage_aggregated = True
         self._aggregated = [c for c in ids if c not in rejected]
-        eligible = sum(1 for c in range(self.num_clients) if self.batch_for(self._budget(c), stage) is not None)
+        eligible = sum(
+            1 for c in range(self.num_clients) if self.batch_for(self._budget(c), stage) is not None
+        )
         r = [replies[c].metrics for c in ids]
         metrics.update(
             stage=stage,
@@ -367,20 +477,30 @@ class PpflStrategy(Strategy):
             client_open_s=sum(m["open_s"] for m in r),
             client_train_s=sum(m["train_s"] for m in r),
             client_upload_s=sum(m["upload_s"] for m in r),
-            train_loss=out.metrics["train_loss"],  # the server enclave's mean over the uploads it averaged
+            train_loss=out.metrics[
+                "train_loss"
+            ],  # the server enclave's mean over the uploads it averaged
         )
-        if rnd == self.rounds:  # the run ends: the REE gets this stage's layers (the last one only if not kept)
+        if (
+            rnd == self.rounds
+        ):  # the run ends: the REE gets this stage's layers (the last one only if not kept)
             if self.keeps(stage):
-                metrics["tee_kept_params"] = sum(v.numel() for k, v in self.model.state_dict().items() if self._in_stage(k, stage))
+                metrics["tee_kept_params"] = sum(
+                    v.numel()
+                    for k, v in self.model.state_dict().items()
+                    if self._in_stage(k, stage)
+                )
             else:
                 yield from self._release(stage, final=True)
                 self.final_release = rnd
         return metrics
 
     def _short(self, rnd: int, why: str) -> str:
-        return (f"round {rnd}: {why}; the server enclave averages at least method.min_cohort={self.cfg.min_cohort} "
-                "uploads (fewer would hand the REE one client's update). Set clients.min_replies to skip such rounds, "
-                "sample more clients (clients.per_round), or lower method.min_cohort")  # fmt: skip
+        return (
+            f"round {rnd}: {why}; the server enclave averages at least method.min_cohort={self.cfg.min_cohort} "
+            "uploads (fewer would hand the REE one client's update). Set clients.min_replies to skip such rounds, "
+            "sample more clients (clients.per_round), or lower method.min_cohort"
+        )
 
     def keeps(self, stage: int) -> bool:
         """Whether ``stage``'s layers stay in the enclaves at the run's end (the last stage,
@@ -423,7 +543,9 @@ class PpflStrategy(Strategy):
             or (c.target_accuracy is not None and acc is not None and acc >= c.target_accuracy)
         )
         last = self.stage == len(self.stages) - 1
-        if done and not self.stage_aggregated:  # every round of it skipped: it trains on (nothing to release)
+        if (
+            done and not self.stage_aggregated
+        ):  # every round of it skipped: it trains on (nothing to release)
             done = False
         if done and not last and self._rnd < self.rounds:
             # the next round samples by the next stage's need; its first step releases this stage
@@ -437,17 +559,36 @@ class PpflStrategy(Strategy):
         st = self.stages[self.stage - 1 if self.advance else self.stage]
         if self.eval_blob is None:  # after a release at the run's end: the REE's own model
             return self.model
-        return _EnclaveEval(frozen_net(self.model, self.stages, st.index), self.eval_blob, self.spec, st.index, self.released)
+        return _EnclaveEval(
+            frozen_net(self.model, self.stages, st.index),
+            self.eval_blob,
+            self.spec,
+            st.index,
+            self.released,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Everything the REE keeps between rounds; the stage model and the session keys are
         not here but in the enclaves' sealed party states, which the engine checkpoints."""
-        return {"platform": platform_id(), "rnd": self._rnd, "rounds": self.rounds, "stage": self.stage,
-                "rounds_in_stage": self.rounds_in_stage, "best": self.best, "bad": self.bad, "advance": self.advance,
-                "released": dict(self.released), "client_has": dict(self.client_has), "attested": sorted(self.attested),
-                "refused": sorted(self.refused), "eval_blob": self.eval_blob, "budgets": dict(self.budgets),
-                "checked": self._checked, "final_release": self.final_release,
-                "stage_aggregated": self.stage_aggregated}  # fmt: skip
+        return {
+            "platform": platform_id(),
+            "rnd": self._rnd,
+            "rounds": self.rounds,
+            "stage": self.stage,
+            "rounds_in_stage": self.rounds_in_stage,
+            "best": self.best,
+            "bad": self.bad,
+            "advance": self.advance,
+            "released": dict(self.released),
+            "client_has": dict(self.client_has),
+            "attested": sorted(self.attested),
+            "refused": sorted(self.refused),
+            "eval_blob": self.eval_blob,
+            "budgets": dict(self.budgets),
+            "checked": self._checked,
+            "final_release": self.final_release,
+            "stage_aggregated": self.stage_aggregated,
+        }
 
     def check_resume(self, state: dict[str, Any], rounds: int) -> None:
         """The enclaves' sealed state opens only on the platform that sealed it (see
@@ -455,7 +596,9 @@ class PpflStrategy(Strategy):
         whose last round released the stage in training cannot be extended (the server enclave
         let go of it); one whose last stage stayed in the enclaves (``keep_last_in_tee``) can."""
         if "platform" not in state:
-            raise ResumeError("this ppfl run was checkpointed by a fedge that could not resume ppfl runs; start it again")
+            raise ResumeError(
+                "this ppfl run was checkpointed by a fedge that could not resume ppfl runs; start it again"
+            )
         here = platform_id()
         if state["platform"] != here:
             raise ResumeError(
@@ -479,7 +622,10 @@ class PpflStrategy(Strategy):
         self.released = dict(state["released"])
         self._load_released()
         self._rnd = state.get("rnd", 0)
-        self.client_has, self.budgets = dict(state.get("client_has", {})), dict(state.get("budgets", {}))
+        self.client_has, self.budgets = (
+            dict(state.get("client_has", {})),
+            dict(state.get("budgets", {})),
+        )
         self.attested, self.refused = set(state.get("attested", ())), set(state.get("refused", ()))
         self.eval_blob, self._checked = state.get("eval_blob"), state.get("checked", False)
         self.final_release = state.get("final_release", 0)
@@ -507,7 +653,9 @@ class PpflClient:
         model.load_state_dict(frozen_arrays, strict=False)
         frozen = frozen_net(model, self.spec.stages, stage)
         t_start = time.perf_counter()
-        tee.call(Message(config={"op": "begin", **{k: c[k] for k in ("blob", "rnd", "stage", "budget")}}))
+        tee.call(
+            Message(config={"op": "begin", **{k: c[k] for k in ("blob", "rnd", "stage", "budget")}})
+        )
         tee_s = open_s = time.perf_counter() - t_start
         for _ in range(_cv(c, "epochs", int)):
             for x, y in ctx.data.batches(_cv(c, "batch_size", int), generator=ctx.generator):
@@ -522,9 +670,17 @@ class PpflClient:
         tee_s += upload_s
         ree_s = time.perf_counter() - t_start - tee_s  # frozen layers' forward and batching
         train_s = t1 - t_start - open_s
-        return Message(config={"upload": out.config["upload"]},
-                       metrics={**out.metrics, "tee_s": tee_s, "ree_s": max(0.0, ree_s), "open_s": open_s,
-                                "train_s": train_s, "upload_s": upload_s})  # fmt: skip
+        return Message(
+            config={"upload": out.config["upload"]},
+            metrics={
+                **out.metrics,
+                "tee_s": tee_s,
+                "ree_s": max(0.0, ree_s),
+                "open_s": open_s,
+                "train_s": train_s,
+                "upload_s": upload_s,
+            },
+        )
 
 
 def _stage_arrays(st: Stage, arrays: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -540,16 +696,22 @@ def _init_arrays(cfg: PpflConfig, env: MethodEnv) -> dict[str, torch.Tensor]:
     if path.is_dir():
         path = path / "model.safetensors"
     if not path.is_file():
-        raise ConfigError(f"method.init_from={cfg.init_from!r}: no such file (expected a model.safetensors or a run directory holding one)")
+        raise ConfigError(
+            f"method.init_from={cfg.init_from!r}: no such file (expected a model.safetensors or a run directory holding one)"
+        )
     from safetensors.torch import load_file
 
     loaded = load_file(str(path))
     unknown = sorted(set(loaded) - set(arrays))
     if unknown:
-        raise ConfigError(f"method.init_from={cfg.init_from!r} holds tensors {unknown[:5]} this model lacks; pretrain the same model")
+        raise ConfigError(
+            f"method.init_from={cfg.init_from!r} holds tensors {unknown[:5]} this model lacks; pretrain the same model"
+        )
     for k, v in loaded.items():
         if v.shape != arrays[k].shape:
-            raise ConfigError(f"method.init_from: {k} has shape {tuple(v.shape)}, the model expects {tuple(arrays[k].shape)}")
+            raise ConfigError(
+                f"method.init_from: {k} has shape {tuple(v.shape)}, the model expects {tuple(arrays[k].shape)}"
+            )
         arrays[k] = v.to(arrays[k].dtype)
     return arrays
 
@@ -557,10 +719,18 @@ def _init_arrays(cfg: PpflConfig, env: MethodEnv) -> dict[str, torch.Tensor]:
 def build(cfg: PpflConfig, env: MethodEnv) -> MethodBuild:
     """Build PPFL: the strategy, the client REE program, and the enclaves ``tee`` and ``server_tee``."""
     if env.workers:
-        raise ConfigError(f"ppfl needs clients.workers=0 (got {env.workers}): its enclaves' device keys live in one process")
+        raise ConfigError(
+            f"ppfl needs clients.workers=0 (got {env.workers}): its enclaves' device keys live in one process"
+        )
     stages = plan_stages(env.model_fn(), tuple(env.input_shape), cfg.block_layers)
-    spec = EnclaveSpec(env.model_fn, stages, env.seed, _init_arrays(cfg, env),
-                       cfg.model_dump(exclude={"init_from"}), cfg.tee.server_mb)  # fmt: skip
+    spec = EnclaveSpec(
+        env.model_fn,
+        stages,
+        env.seed,
+        _init_arrays(cfg, env),
+        cfg.model_dump(exclude={"init_from"}),
+        cfg.tee.server_mb,
+    )
     if not cfg.keep_last_in_tee:
         warnings.warn(
             "method.keep_last_in_tee=false: when training ends the REE and model.safetensors get every layer, the last "

@@ -68,7 +68,7 @@ from fedge.privacy.tee import (
     sign_report,
     tensor_bytes,
     verify_report,
-)  # fmt: skip
+)
 
 __all__ = ["ClientEnclave", "EnclaveSpec", "ServerEnclave", "open_eval_blob", "SERVER_HELLO_NONCE"]
 
@@ -113,14 +113,28 @@ class EnclaveSpec:
         and those defining its layers)."""
         import fedge.methods.ppfl.enclaves as me
 
-        return measure([me, stages_mod, tee.channel, tee.memory, tee.attest, keys_mod, messages_mod, rng_mod,
-                        *self.model_modules()], {"role": role, **self.config})  # fmt: skip
+        return measure(
+            [
+                me,
+                stages_mod,
+                tee.channel,
+                tee.memory,
+                tee.attest,
+                keys_mod,
+                messages_mod,
+                rng_mod,
+                *self.model_modules(),
+            ],
+            {"role": role, **self.config},
+        )
 
     def model_modules(self) -> list[ModuleType]:
         """The modules of the model's code: where ``model_fn`` is defined and where each of the
         model's layer classes is (fedge's own; torch's are the platform's), sorted by name."""
         fn = self.model_fn.func if isinstance(self.model_fn, partial) else self.model_fn
-        found = {inspect.getmodule(fn)} | {inspect.getmodule(type(m)) for m in self.template().modules()}
+        found = {inspect.getmodule(fn)} | {
+            inspect.getmodule(type(m)) for m in self.template().modules()
+        }
         mods = {m for m in found if m is not None and m.__name__.split(".")[0] != "torch"}
         return sorted(mods, key=lambda m: m.__name__)
 
@@ -141,7 +155,6 @@ class EnclaveSpec:
         return out
 
 
-
 def _cv(c: Any, key: str, kind: type) -> Any:
     """A config value of ``kind`` (int also from float, float also from int), or a MessageError."""
     v = c.get(key)
@@ -150,12 +163,20 @@ def _cv(c: Any, key: str, kind: type) -> Any:
     if kind is int and isinstance(v, float) and v.is_integer():
         return int(v)
     if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
-        raise MessageError(f"message config {key!r} is {type(v).__name__}; expected {kind.__name__}")
+        raise MessageError(
+            f"message config {key!r} is {type(v).__name__}; expected {kind.__name__}"
+        )
     return v
 
-def _pack(arrays: dict[str, torch.Tensor], config: dict[str, Any] | None = None,
-          metrics: dict[str, float | int] | None = None) -> bytes:  # fmt: skip
-    return Message({k: v.detach().clone() for k, v in arrays.items()}, dict(config or {}), dict(metrics or {})).to_bytes()
+
+def _pack(
+    arrays: dict[str, torch.Tensor],
+    config: dict[str, Any] | None = None,
+    metrics: dict[str, float | int] | None = None,
+) -> bytes:
+    return Message(
+        {k: v.detach().clone() for k, v in arrays.items()}, dict(config or {}), dict(metrics or {})
+    ).to_bytes()
 
 
 def _unpack(data: bytes) -> Message:
@@ -192,7 +213,13 @@ def _open_session(ctx: PartyContext) -> tuple[SealedChannel, int | None]:
     saved = _load_sealed(ctx, _client_label(ctx)).config
     if "key" not in saved:
         raise MessageError(f"client enclave {ctx.key}: no attested session; attest first")
-    ch = SealedChannel(saved["key"], int(ctx.key), UP, _cv(saved, "send", int), _cv(saved, "recv", int))  # type: ignore[arg-type]
+    ch = SealedChannel(
+        saved["key"],  # type: ignore[arg-type]
+        int(ctx.key),  # type: ignore[arg-type]
+        UP,
+        _cv(saved, "send", int),
+        _cv(saved, "recv", int),
+    )
     return ch, _cv(saved, "budget", int) if "budget" in saved else None
 
 
@@ -251,26 +278,40 @@ class ClientEnclave:
         op = msg.config.get("op")
         if op == "attest":
             c = msg.config
-            server = Report(_cv(c, "server_measurement", bytes), _cv(c, "server_pk", bytes), SERVER_HELLO_NONCE,
-                            _cv(c, "server_signature", bytes))
-            verify_report(server, expected=self.spec.measurement("server"), nonce=SERVER_HELLO_NONCE)
+            server = Report(
+                _cv(c, "server_measurement", bytes),
+                _cv(c, "server_pk", bytes),
+                SERVER_HELLO_NONCE,
+                _cv(c, "server_signature", bytes),
+            )
+            verify_report(
+                server, expected=self.spec.measurement("server"), nonce=SERVER_HELLO_NONCE
+            )
             keys = KeyPair.generate()
             key = session_key(keys, server.public_key, client=int(ctx.key))  # type: ignore[arg-type]
             _seal_session(ctx, SealedChannel(key, int(ctx.key), UP))  # type: ignore[arg-type]
-            r = sign_report(self.spec.measurement("client"), keys.public, _cv(c, "challenge", bytes))
-            return Message(config={"measurement": r.measurement, "pk": r.public_key, "signature": r.signature})
+            r = sign_report(
+                self.spec.measurement("client"), keys.public, _cv(c, "challenge", bytes)
+            )
+            return Message(
+                config={"measurement": r.measurement, "pk": r.public_key, "signature": r.signature}
+            )
         if op == "begin":
             ch, sealed_budget = _open_session(ctx)
             c = msg.config
             lr, momentum = float(self.spec.config["lr"]), float(self.spec.config["momentum"])
             for k, v in (("lr", lr), ("momentum", momentum)):
                 if k in c and _cv(c, k, float) != v:
-                    raise MessageError(f"client enclave {ctx.key}: 'begin' asks for {k}={c[k]!r}, but the attested "
-                                       f"configuration says {v!r}; refused (the REE cannot change how the enclave trains)")  # fmt: skip
+                    raise MessageError(
+                        f"client enclave {ctx.key}: 'begin' asks for {k}={c[k]!r}, but the attested "
+                        f"configuration says {v!r}; refused (the REE cannot change how the enclave trains)"
+                    )
             budget = sealed_budget if sealed_budget is not None else _cv(c, "budget", int)
             if "budget" in c and _cv(c, "budget", int) != budget:
-                raise MessageError(f"client enclave {ctx.key}: 'begin' gives a memory budget of {c['budget']!r} bytes, "
-                                   f"but this enclave was created with {budget}; refused")  # fmt: skip
+                raise MessageError(
+                    f"client enclave {ctx.key}: 'begin' gives a memory budget of {c['budget']!r} bytes, "
+                    f"but this enclave was created with {budget}; refused"
+                )
             rnd, stage = _cv(c, "rnd", int), _cv(c, "stage", int)
             arrays = _unpack(ch.open(_cv(c, "blob", bytes), rnd=rnd, stage=stage)).arrays
             # the broadcast is consumed now: the same blob sent again is a replay
@@ -284,7 +325,9 @@ class ClientEnclave:
             if momentum > 0:
                 mem.alloc_tensors("optimizer", params)
             opt = torch.optim.SGD(params, lr=lr, momentum=momentum)
-            self._live = _Training(net, opt, mem, ch, rnd, stage, budget, GlobalStream(ctx.generator))
+            self._live = _Training(
+                net, opt, mem, ch, rnd, stage, budget, GlobalStream(ctx.generator)
+            )
             return Message(metrics={"ok": 1})
         if op == "batch":
             t = self._require()
@@ -303,7 +346,9 @@ class ClientEnclave:
                 finally:
                     for h in hs:
                         h.remove()
-            t.memory.alloc("activations", 2 * acts)  # outputs kept for backward, and their gradients
+            t.memory.alloc(
+                "activations", 2 * acts
+            )  # outputs kept for backward, and their gradients
             loss = F.cross_entropy(logits, y)
             t.opt.zero_grad()
             loss.backward()
@@ -316,12 +361,19 @@ class ClientEnclave:
         if op == "end":
             t = self._require()
             t0 = time.perf_counter()
-            stats = {"samples": t.samples, "loss": t.loss_sum / max(1, t.samples)}  # for the server enclave only
-            blob = t.channel.seal(_pack(t.net.state_dict(), metrics=stats), rnd=t.rnd, stage=t.stage)
+            stats = {
+                "samples": t.samples,
+                "loss": t.loss_sum / max(1, t.samples),
+            }  # for the server enclave only
+            blob = t.channel.seal(
+                _pack(t.net.state_dict(), metrics=stats), rnd=t.rnd, stage=t.stage
+            )
             t.seal_s += time.perf_counter() - t0
             _seal_session(ctx, t.channel, t.budget)
             self._live = None
-            return Message(config={"upload": blob}, metrics={"peak": t.memory.peak, "seal_s": t.seal_s})
+            return Message(
+                config={"upload": blob}, metrics={"peak": t.memory.peak, "seal_s": t.seal_s}
+            )
         raise MessageError(f"client enclave: unknown op {op!r}")
 
     def _require(self) -> _Training:
@@ -367,21 +419,28 @@ class ServerEnclave:
     def _channel(self, conf: dict[str, Any], cid: int) -> SealedChannel:
         if f"k/{cid}" not in conf:
             raise MessageError(f"server enclave: client {cid} has no attested session")
-        return SealedChannel(conf[f"k/{cid}"], cid, DOWN, int(conf[f"s/{cid}"]), int(conf[f"r/{cid}"]))
+        return SealedChannel(
+            conf[f"k/{cid}"], cid, DOWN, int(conf[f"s/{cid}"]), int(conf[f"r/{cid}"])
+        )
 
     @staticmethod
     def _keep(conf: dict[str, Any], ch: SealedChannel) -> None:
         conf[f"s/{ch.client}"], conf[f"r/{ch.client}"] = ch.send_ctr, ch.recv_ctr
 
-    def _op(self, op: Any, msg: Message, conf: dict[str, Any], model: dict[str, torch.Tensor]) -> Message:
+    def _op(
+        self, op: Any, msg: Message, conf: dict[str, Any], model: dict[str, torch.Tensor]
+    ) -> Message:
         c = msg.config
         if op == "hello":
             if "sk" not in conf:
                 conf["sk"] = KeyPair.generate().private_bytes()
             keys = KeyPair.from_private_bytes(conf["sk"])
             r = sign_report(self.spec.measurement("server"), keys.public, SERVER_HELLO_NONCE)
-            reply: dict[str, Any] = {"server_measurement": r.measurement, "server_pk": r.public_key,
-                                     "server_signature": r.signature}  # fmt: skip
+            reply: dict[str, Any] = {
+                "server_measurement": r.measurement,
+                "server_pk": r.public_key,
+                "server_signature": r.signature,
+            }
             for cid in _ids(_cv(c, "ids", str)):
                 conf[f"ch/{cid}"] = reply[f"challenge/{cid}"] = os.urandom(16)
             return Message(config=reply)
@@ -390,17 +449,27 @@ class ServerEnclave:
             refused = []
             for cid in _ids(_cv(c, "ids", str)):
                 challenge = conf.pop(f"ch/{cid}", None)
-                if challenge is None:  # no hello for this client: a report over no challenge is not fresh
+                if (
+                    challenge is None
+                ):  # no hello for this client: a report over no challenge is not fresh
                     refused.append(cid)
                     continue
-                r = Report(_cv(c, f"measurement/{cid}", bytes), _cv(c, f"pk/{cid}", bytes), challenge,
-                           _cv(c, f"signature/{cid}", bytes))
+                r = Report(
+                    _cv(c, f"measurement/{cid}", bytes),
+                    _cv(c, f"pk/{cid}", bytes),
+                    challenge,
+                    _cv(c, f"signature/{cid}", bytes),
+                )
                 try:
                     verify_report(r, expected=self.spec.measurement("client"), nonce=r.nonce)
                 except AttestationError:
                     refused.append(cid)
                     continue
-                conf[f"k/{cid}"], conf[f"s/{cid}"], conf[f"r/{cid}"] = session_key(keys, r.public_key, client=cid), 0, -1
+                conf[f"k/{cid}"], conf[f"s/{cid}"], conf[f"r/{cid}"] = (
+                    session_key(keys, r.public_key, client=cid),
+                    0,
+                    -1,
+                )
             return Message(config={"refused": _str(refused)})
         if op == "broadcast":
             stage, rnd = _cv(c, "stage", int), _cv(c, "rnd", int)
@@ -418,7 +487,9 @@ class ServerEnclave:
         if op == "aggregate":
             stage, rnd = _cv(c, "stage", int), _cv(c, "rnd", int)
             if conf.get("stage") != stage or not model:
-                raise MessageError(f"server enclave: asked to aggregate stage {stage}, but it holds {conf.get('stage')}")
+                raise MessageError(
+                    f"server enclave: asked to aggregate stage {stage}, but it holds {conf.get('stage')}"
+                )
             mem = EnclaveMemory(int(self.spec.server_mb * tee.MiB), who="server enclave")
             mem.alloc_tensors("global", list(model.values()))
             total: dict[str, torch.Tensor] = {}
@@ -428,10 +499,14 @@ class ServerEnclave:
                 try:
                     up = _unpack(ch.open(_cv(c, f"u/{cid}", bytes), rnd=rnd, stage=stage))
                     if set(up.arrays) != set(model):
-                        raise SealError(f"client {cid}'s upload has other tensors than the stage model")
+                        raise SealError(
+                            f"client {cid}'s upload has other tensors than the stage model"
+                        )
                     n = up.metrics.get("samples")
                     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-                        raise SealError(f"client {cid}'s upload gives {n!r} samples; expected a positive int")
+                        raise SealError(
+                            f"client {cid}'s upload gives {n!r} samples; expected a positive int"
+                        )
                 except (SealError, MessageError):
                     rejected.append(cid)
                     continue
@@ -447,26 +522,41 @@ class ServerEnclave:
                 weight += n
                 loss += n * float(up.metrics.get("loss", 0.0))
             need = int(self.spec.config["min_cohort"])
-            if opened < need:  # the stage model stays as it was: no mean of fewer than `need` clients goes out
-                return Message(config={"rejected": _str(rejected), "short": f"{opened} of the uploads opened, fewer "
-                                       f"than method.min_cohort={need}"}, metrics={"server_tee_peak": mem.peak})  # fmt: skip
+            if (
+                opened < need
+            ):  # the stage model stays as it was: no mean of fewer than `need` clients goes out
+                return Message(
+                    config={
+                        "rejected": _str(rejected),
+                        "short": f"{opened} of the uploads opened, fewer than method.min_cohort={need}",
+                    },
+                    metrics={"server_tee_peak": mem.peak},
+                )
             for k, v in total.items():
                 model[k] = (v / weight).to(model[k].dtype) if v.is_floating_point() else v
             conf["aggregated"] = int(conf.get("aggregated", 0)) + 1
             conf.pop("released", None)  # the REE's state now holds the last release for good
             conf.pop("released_stage", None)
             blob = seal_blob(hardware_key("server"), _pack(model), label=b"eval")
-            return Message(config={"rejected": _str(rejected), "eval": blob},
-                           metrics={"server_tee_peak": mem.peak, "train_loss": loss / weight})  # fmt: skip
+            return Message(
+                config={"rejected": _str(rejected), "eval": blob},
+                metrics={"server_tee_peak": mem.peak, "train_loss": loss / weight},
+            )
         if op == "release":
             stage = _cv(c, "stage", int)
-            if conf.get("released_stage") == stage:  # released already; a skipped round lost it in the REE
+            if (
+                conf.get("released_stage") == stage
+            ):  # released already; a skipped round lost it in the REE
                 return Message(_unpack(_cv(conf, "released", bytes)).arrays)
             if conf.get("stage") != stage:
-                raise MessageError(f"server enclave: stage {stage} is not the one it holds ({conf.get('stage')})")
+                raise MessageError(
+                    f"server enclave: stage {stage} is not the one it holds ({conf.get('stage')})"
+                )
             if not conf.get("aggregated"):
-                raise MessageError(f"server enclave: stage {stage} has not aggregated a cohort yet; its layers are "
-                                   "not released before they are a mean of method.min_cohort clients' updates")  # fmt: skip
+                raise MessageError(
+                    f"server enclave: stage {stage} has not aggregated a cohort yet; its layers are "
+                    "not released before they are a mean of method.min_cohort clients' updates"
+                )
             arrays = self.spec.to_model_keys(stage, model)
             model.clear()
             conf.pop("stage", None)

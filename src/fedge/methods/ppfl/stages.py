@@ -30,7 +30,9 @@ F32 = 4
 class Stage:
     index: int
     prefixes: tuple[str, ...]  # module paths trained in this stage ("features.conv1", "classifier")
-    in_shape: tuple[int, ...]  # per-sample input shape of the stage (what the REE sends the enclave)
+    in_shape: tuple[
+        int, ...
+    ]  # per-sample input shape of the stage (what the REE sends the enclave)
     out_shape: tuple[int, ...]
     is_classifier: bool
 
@@ -40,8 +42,13 @@ class Stage:
 
 
 def _check(model: nn.Module) -> None:
-    if not (isinstance(getattr(model, "features", None), nn.Sequential) and isinstance(getattr(model, "classifier", None), nn.Sequential)):
-        raise ConfigError(f"ppfl needs a zoo model with `features` and `classifier` sequences; {type(model).__name__} has not")
+    if not (
+        isinstance(getattr(model, "features", None), nn.Sequential)
+        and isinstance(getattr(model, "classifier", None), nn.Sequential)
+    ):
+        raise ConfigError(
+            f"ppfl needs a zoo model with `features` and `classifier` sequences; {type(model).__name__} has not"
+        )
 
 
 def plan_stages(model: nn.Module, input_shape: tuple[int, ...], block_layers: int) -> list[Stage]:
@@ -61,7 +68,15 @@ def plan_stages(model: nn.Module, input_shape: tuple[int, ...], block_layers: in
             shape_in = tuple(x.shape[1:])
             for n in group:
                 x = getattr(model.features, n)(x)
-            stages.append(Stage(len(stages), tuple(f"features.{n}" for n in group), shape_in, tuple(x.shape[1:]), False))
+            stages.append(
+                Stage(
+                    len(stages),
+                    tuple(f"features.{n}" for n in group),
+                    shape_in,
+                    tuple(x.shape[1:]),
+                    False,
+                )
+            )
     stages.append(Stage(len(stages), ("classifier",), tuple(x.shape[1:]), (0,), True))
     return stages
 
@@ -139,7 +154,9 @@ def stage_need(net: nn.Module, in_shape: tuple[int, ...], batch_size: int) -> in
     and its gradient in backward."""
     params = sum(p.numel() * p.element_size() for p in net.parameters())
     buffers = sum(b.numel() * b.element_size() for b in net.buffers())
-    per_sample = math.prod(in_shape) * F32 + 8 + 2 * activation_bytes(net, in_shape)  # + an int64 label
+    per_sample = (
+        math.prod(in_shape) * F32 + 8 + 2 * activation_bytes(net, in_shape)
+    )  # + an int64 label
     return params * 3 + buffers + batch_size * per_sample
 
 

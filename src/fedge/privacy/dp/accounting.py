@@ -46,7 +46,15 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from fedge.core.errors import ConfigError
 from fedge.privacy.dp.config import PrivacyConfig
 
-__all__ = ["Accounted", "dp_event", "epsilon", "max_rounds", "rounds_per_pass", "tree_depth", "tree_steps"]
+__all__ = [
+    "Accounted",
+    "dp_event",
+    "epsilon",
+    "max_rounds",
+    "rounds_per_pass",
+    "tree_depth",
+    "tree_steps",
+]
 
 
 @dataclass(frozen=True)
@@ -59,7 +67,9 @@ class Accounted:
 
 def _check_population(population: int, clients_per_round: int) -> None:
     if not isinstance(population, int) or population < 1:
-        raise ConfigError(f"population must be an int >= 1 (the number of clients), got {population!r}")
+        raise ConfigError(
+            f"population must be an int >= 1 (the number of clients), got {population!r}"
+        )
     if not isinstance(clients_per_round, int) or not 1 <= clients_per_round <= population:
         raise ConfigError(
             f"clients per round must be an int in [1, population={population}], got {clients_per_round!r}; "
@@ -74,7 +84,12 @@ def rounds_per_pass(population: int, clients_per_round: int) -> int:
 
 
 def tree_steps(
-    rounds: int, *, population: int, clients_per_round: int, restart_rounds: int | None, skipped: Collection[int] = ()
+    rounds: int,
+    *,
+    population: int,
+    clients_per_round: int,
+    restart_rounds: int | None,
+    skipped: Collection[int] = (),
 ) -> list[list[int]]:
     """Steps (leaves) of each tree, grouped by pass: trees restart at each pass boundary and every
     ``restart_rounds`` rounds within a pass. E.g. R = 5, restart 2, T = 7 → [[2, 2, 1], [2]].
@@ -102,12 +117,19 @@ def tree_depth(steps: int) -> int:
 
 
 def dp_event(
-    cfg: PrivacyConfig, *, rounds: int, population: int, clients_per_round: int, skipped: Collection[int] = ()
+    cfg: PrivacyConfig,
+    *,
+    rounds: int,
+    population: int,
+    clients_per_round: int,
+    skipped: Collection[int] = (),
 ) -> Accounted:
     """The DP event of rounds 1..``rounds`` of ``cfg``'s mechanism, those in ``skipped``
     releasing nothing (see the module docstring)."""
     if not cfg.enabled:
-        raise ConfigError("privacy.mechanism=none has no DP event; set privacy.mechanism=gaussian or tree")
+        raise ConfigError(
+            "privacy.mechanism=none has no DP event; set privacy.mechanism=gaussian or tree"
+        )
     if not isinstance(rounds, int) or rounds < 0:
         raise ConfigError(f"rounds must be an int >= 0, got {rounds!r}")
     _check_population(population, clients_per_round)
@@ -125,13 +147,25 @@ def dp_event(
         if cfg.sampling == "fixed":
             ev = dpa.SampledWithoutReplacementDpEvent(n, m, dpa.GaussianDpEvent(z / 2))
             return Accounted(dpa.SelfComposedDpEvent(ev, releases), NeighborRel.REPLACE_ONE)
-        passes = len(tree_steps(rounds, population=n, clients_per_round=m, restart_rounds=None, skipped=gone))
-        return Accounted(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), passes), NeighborRel.REPLACE_SPECIAL)
-    groups = tree_steps(rounds, population=n, clients_per_round=m, restart_rounds=cfg.tree_restart_rounds, skipped=gone)
+        passes = len(
+            tree_steps(rounds, population=n, clients_per_round=m, restart_rounds=None, skipped=gone)
+        )
+        return Accounted(
+            dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), passes), NeighborRel.REPLACE_SPECIAL
+        )
+    groups = tree_steps(
+        rounds,
+        population=n,
+        clients_per_round=m,
+        restart_rounds=cfg.tree_restart_rounds,
+        skipped=gone,
+    )
     if cfg.accountant == "pld":
         events = [dpa.GaussianDpEvent(z / math.sqrt(tree_depth(max(g)))) for g in groups]
     else:
-        events = [dpa.SingleEpochTreeAggregationDpEvent(z, g if len(g) > 1 else g[0]) for g in groups]
+        events = [
+            dpa.SingleEpochTreeAggregationDpEvent(z, g if len(g) > 1 else g[0]) for g in groups
+        ]
     # equal passes compose as one SelfComposed event (keeps the ledger short for long runs)
     parts: list[dpa.DpEvent] = []
     for ev in events:
@@ -144,17 +178,30 @@ def dp_event(
 
 
 def epsilon(
-    cfg: PrivacyConfig, *, rounds: int, population: int, clients_per_round: int, skipped: Collection[int] = ()
+    cfg: PrivacyConfig,
+    *,
+    rounds: int,
+    population: int,
+    clients_per_round: int,
+    skipped: Collection[int] = (),
 ) -> float:
     """ε at ``cfg.delta`` after rounds 1..``rounds``, those in ``skipped`` releasing nothing,
     from ``cfg.accountant`` (inf without noise)."""
-    acc = dp_event(cfg, rounds=rounds, population=population, clients_per_round=clients_per_round, skipped=skipped)
+    acc = dp_event(
+        cfg,
+        rounds=rounds,
+        population=population,
+        clients_per_round=clients_per_round,
+        skipped=skipped,
+    )
     if isinstance(acc.event, dpa.NoOpDpEvent):
         return 0.0
     if isinstance(acc.event, dpa.NonPrivateDpEvent):
         return math.inf
     if cfg.accountant == "rdp":
-        accountant: dpa.PrivacyAccountant = rdp_privacy_accountant.RdpAccountant(neighboring_relation=acc.relation)
+        accountant: dpa.PrivacyAccountant = rdp_privacy_accountant.RdpAccountant(
+            neighboring_relation=acc.relation
+        )
     else:
         accountant = pld_privacy_accountant.PLDAccountant(neighboring_relation=acc.relation)
     accountant.compose(acc.event)
@@ -162,12 +209,20 @@ def epsilon(
 
 
 def max_rounds(
-    cfg: PrivacyConfig, target_epsilon: float, *, population: int, clients_per_round: int, limit: int = 10**7
+    cfg: PrivacyConfig,
+    target_epsilon: float,
+    *,
+    population: int,
+    clients_per_round: int,
+    limit: int = 10**7,
 ) -> int:
     """The most rounds whose ε stays <= ``target_epsilon`` (ε grows with rounds; bisection)."""
 
     def ok(t: int) -> bool:
-        return epsilon(cfg, rounds=t, population=population, clients_per_round=clients_per_round) <= target_epsilon
+        return (
+            epsilon(cfg, rounds=t, population=population, clients_per_round=clients_per_round)
+            <= target_epsilon
+        )
 
     if not ok(1):
         return 0

@@ -73,7 +73,9 @@ from fedge.privacy.dp.mechanisms import (
 __all__ = ["DPAggregator", "clip_contribution"]
 
 
-def clip_contribution(contribution: dict[str, Tensor], cfg: PrivacyConfig) -> tuple[Contribution, float]:
+def clip_contribution(
+    contribution: dict[str, Tensor], cfg: PrivacyConfig
+) -> tuple[Contribution, float]:
     """Client side: clip to L2 norm ``cfg.clip``; returns ``(clipped, pre-clip norm)``."""
     return clip_l2(contribution, cfg.clip)
 
@@ -93,9 +95,13 @@ def _weighted_sum(contributions: list[Contribution], w: float) -> Contribution:
 class DPAggregator:
     """Server state of one DP run (see the module docstring)."""
 
-    def __init__(self, cfg: PrivacyConfig, *, population: int, clients_per_round: int, seed: int) -> None:
+    def __init__(
+        self, cfg: PrivacyConfig, *, population: int, clients_per_round: int, seed: int
+    ) -> None:
         if not cfg.enabled:
-            raise ConfigError("privacy.mechanism=none: no DP aggregator; set privacy.mechanism=gaussian or tree")
+            raise ConfigError(
+                "privacy.mechanism=none: no DP aggregator; set privacy.mechanism=gaussian or tree"
+            )
         rounds_per_pass(population, clients_per_round)  # validates both
         self.cfg, self.population, self.m, self.seed = cfg, population, clients_per_round, seed
         self.expected = clients_per_round  # poisson: q·N = m by construction of q = m/N
@@ -156,11 +162,19 @@ class DPAggregator:
                 self.prev_noise = None
             if self.std > 0:  # (S_t − S_{t−1}) / m = (Σ c)/m + (N_t − N_{t−1})/m
                 noise = self.tree.step(mean, source)
-                delta = noise if self.prev_noise is None else {k: noise[k] - self.prev_noise[k] for k in noise}
+                delta = (
+                    noise
+                    if self.prev_noise is None
+                    else {k: noise[k] - self.prev_noise[k] for k in noise}
+                )
                 mean = add(mean, scale(delta, w))
                 self.prev_noise = noise
             if self.cfg.momentum > 0:  # DP-FTRLM: u_t = γ·u_{t−1} + inc_t
-                mean = mean if self.momentum is None else add(scale(self.momentum, self.cfg.momentum), mean)
+                mean = (
+                    mean
+                    if self.momentum is None
+                    else add(scale(self.momentum, self.cfg.momentum), mean)
+                )
                 self.momentum = mean
         self.skipped = self._skipped_before(rnd)
         self.round = rnd
@@ -170,7 +184,13 @@ class DPAggregator:
         """ε after a release in round ``rnd``, counting only releases: the rounds skipped before
         it (see :meth:`_skipped_before`) released nothing."""
         skipped = self._skipped_before(rnd)
-        return epsilon(self.cfg, rounds=rnd, population=self.population, clients_per_round=self.m, skipped=skipped)
+        return epsilon(
+            self.cfg,
+            rounds=rnd,
+            population=self.population,
+            clients_per_round=self.m,
+            skipped=skipped,
+        )
 
     def allows(self, rnd: int) -> bool:
         """Whether a release in round ``rnd`` keeps ε <= ``target_epsilon`` (always, without one)."""
@@ -188,9 +208,13 @@ class DPAggregator:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round = int(state["round"])
-        self.skipped = [int(r) for r in state.get("skipped", [])]  # absent: a checkpoint from before skips were kept
+        self.skipped = [
+            int(r) for r in state.get("skipped", [])
+        ]  # absent: a checkpoint from before skips were kept
         if (state["tree"] is None) != (self.tree is None):
-            raise ValueError("DP state and config disagree on mechanism=tree; resume with the same privacy config")
+            raise ValueError(
+                "DP state and config disagree on mechanism=tree; resume with the same privacy config"
+            )
         if self.tree is not None:
             self.tree.load_state_dict(state["tree"])
         self.prev_noise, self.momentum = state["prev_noise"], state["momentum"]

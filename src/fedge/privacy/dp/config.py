@@ -54,17 +54,30 @@ class PrivacyConfig(ConfigModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     mechanism: Mechanism = Field("none", description="none | gaussian (DP-FedAvg) | tree (DP-FTRL)")
-    clip: float = Field(1.0, description="L2 bound C on each client's contribution (inf: no clipping, no privacy)")
-    noise_multiplier: float = Field(0.0, description="z: noise std is z·clip on the sum (per tree node for tree)")
-    delta: float = Field(1e-6, description="δ at which ε is reported, in (0, 1); well below 1/population")
-    sampling: Sampling = Field("fixed", description="poisson | fixed | shuffle: how rounds pick clients")
+    clip: float = Field(
+        1.0, description="L2 bound C on each client's contribution (inf: no clipping, no privacy)"
+    )
+    noise_multiplier: float = Field(
+        0.0, description="z: noise std is z·clip on the sum (per tree node for tree)"
+    )
+    delta: float = Field(
+        1e-6, description="δ at which ε is reported, in (0, 1); well below 1/population"
+    )
+    sampling: Sampling = Field(
+        "fixed", description="poisson | fixed | shuffle: how rounds pick clients"
+    )
     accountant: Accountant = Field("rdp", description="rdp | pld (dp-accounting)")
-    target_epsilon: float | None = Field(None, description="stop the run before ε would exceed this")
+    target_epsilon: float | None = Field(
+        None, description="stop the run before ε would exceed this"
+    )
     tree_restart_rounds: int | None = Field(
         None, description="tree: restart every this many rounds within a pass (None: once per pass)"
     )
     momentum: float = Field(0.0, description="tree: DP-FTRLM momentum γ in [0, 1)")
-    secure_noise: bool = Field(False, description="draw noise, and the poisson/fixed client sample, from the OS CSPRNG (not reproducible)")
+    secure_noise: bool = Field(
+        False,
+        description="draw noise, and the poisson/fixed client sample, from the OS CSPRNG (not reproducible)",
+    )
 
     @field_validator("clip")
     @classmethod
@@ -117,15 +130,20 @@ class PrivacyConfig(ConfigModel):
     @classmethod
     def _momentum(cls, v: float) -> float:
         if not math.isfinite(v) or not 0 <= v < 1:
-            raise ValueError(f"privacy.momentum must be in [0, 1), got {v}; e.g. 0.9 (DP-FTRLM) or 0")
+            raise ValueError(
+                f"privacy.momentum must be in [0, 1), got {v}; e.g. 0.9 (DP-FTRLM) or 0"
+            )
         return v
 
     @model_validator(mode="after")
     def _consistent(self) -> PrivacyConfig:
         if self.mechanism == "none":
             fields = type(self).model_fields
-            moot = [f"privacy.{k}={getattr(self, k)!r}" for k in fields
-                    if k != "mechanism" and getattr(self, k) != fields[k].default]  # fmt: skip
+            moot = [
+                f"privacy.{k}={getattr(self, k)!r}"
+                for k in fields
+                if k != "mechanism" and getattr(self, k) != fields[k].default
+            ]
             if moot:
                 raise ValueError(
                     f"{', '.join(moot)} set, but privacy.mechanism=none: the run would have no differential "
@@ -146,7 +164,9 @@ class PrivacyConfig(ConfigModel):
                 "privacy.sampling=shuffle (one pass over the population in random order, the tree "
                 "restarting each pass), or use privacy.mechanism=gaussian"
             )
-        if self.mechanism != "tree" and (self.tree_restart_rounds is not None or self.momentum != 0):
+        if self.mechanism != "tree" and (
+            self.tree_restart_rounds is not None or self.momentum != 0
+        ):
             raise ValueError(
                 "privacy.tree_restart_rounds and privacy.momentum apply to mechanism=tree only; "
                 f"got mechanism={self.mechanism}: remove them or set privacy.mechanism=tree"

@@ -56,8 +56,13 @@ def clip_l1(v: torch.Tensor, clip: float) -> torch.Tensor:
     return v * factor.reshape((-1,) + (1,) * (v.dim() - 1))
 
 
-def laplace_noise(shape: tuple[int, ...], scale: float, *, generator: NoiseSource,
-                  dtype: torch.dtype = torch.float32) -> torch.Tensor:  # fmt: skip
+def laplace_noise(
+    shape: tuple[int, ...],
+    scale: float,
+    *,
+    generator: NoiseSource,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """i.i.d. Lap(0, scale) samples: the difference of two Exp(1) draws, times ``scale``
     (drawn in float64 from ``generator`` — a ``torch.Generator``, or :data:`SECURE` for 53-bit
     uniforms from ``secrets.token_bytes`` — then cast). Like the Gaussian sampler, the
@@ -83,8 +88,14 @@ class LaplaceMechanism:
     clip: float
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.epsilon, (int, float)) and math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise ConfigError(f"Laplace epsilon must be a finite number > 0, got {self.epsilon!r}; use e.g. 1, 5 or 10")
+        if not (
+            isinstance(self.epsilon, (int, float))
+            and math.isfinite(self.epsilon)
+            and self.epsilon > 0
+        ):
+            raise ConfigError(
+                f"Laplace epsilon must be a finite number > 0, got {self.epsilon!r}; use e.g. 1, 5 or 10"
+            )
         if not (isinstance(self.clip, (int, float)) and math.isfinite(self.clip) and self.clip > 0):
             raise ConfigError(f"Laplace L1 clip must be a finite number > 0, got {self.clip!r}")
 
@@ -98,7 +109,9 @@ class LaplaceMechanism:
         """b = Δ₁ / ε."""
         return self.sensitivity / self.epsilon
 
-    def release(self, v: torch.Tensor, *, generator: NoiseSource) -> tuple[torch.Tensor, torch.Tensor]:
+    def release(
+        self, v: torch.Tensor, *, generator: NoiseSource
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(clipped v — differentiable, noise-free, for the owner's backward pass — and the
         released ``clipped + noise``, detached)."""
         clipped = clip_l1(v, self.clip)
@@ -132,9 +145,17 @@ def laplace_epsilon(epsilon_step: float, count: int, delta: float) -> dict[str, 
     from dp_accounting.pld import pld_privacy_accountant
     from dp_accounting.rdp import rdp_privacy_accountant
 
-    event = dp_accounting.SelfComposedDpEvent(dp_accounting.LaplaceDpEvent(1.0 / epsilon_step), count)
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.LaplaceDpEvent(1.0 / epsilon_step), count
+    )
     rdp = rdp_privacy_accountant.RdpAccountant()
     rdp.compose(event)
-    pld = pld_privacy_accountant.PLDAccountant(value_discretization_interval=pld_interval(epsilon_step))
+    pld = pld_privacy_accountant.PLDAccountant(
+        value_discretization_interval=pld_interval(epsilon_step)
+    )
     pld.compose(event)
-    return {"pure": count * epsilon_step, "rdp": float(rdp.get_epsilon(delta)), "pld": float(pld.get_epsilon(delta))}
+    return {
+        "pure": count * epsilon_step,
+        "rdp": float(rdp.get_epsilon(delta)),
+        "pld": float(pld.get_epsilon(delta)),
+    }

@@ -90,7 +90,9 @@ def add(a: Contribution, b: Contribution) -> Contribution:
 def secure_uniform(n: int) -> np.ndarray:
     """``n`` uniforms on [0, 1) from the OS CSPRNG: 53-bit multiples of 2^-53 out of
     ``secrets.token_bytes`` (what every :data:`SECURE` draw starts from)."""
-    raw = np.frombuffer(secrets.token_bytes(8 * n), dtype=np.uint64) if n else np.zeros(0, np.uint64)
+    raw = (
+        np.frombuffer(secrets.token_bytes(8 * n), dtype=np.uint64) if n else np.zeros(0, np.uint64)
+    )
     return (raw >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
@@ -176,7 +178,9 @@ class TreeAggregator:
                 f"tree state has noise std {state['std']}, this tree {self.std}; resume with the same config"
             )
         self.t = int(state["t"])
-        self.nodes = {int(lv): {k: v.clone() for k, v in n.items()} for lv, n in state["nodes"].items()}
+        self.nodes = {
+            int(lv): {k: v.clone() for k, v in n.items()} for lv, n in state["nodes"].items()
+        }
         expected = {lv for lv in range(self.t.bit_length()) if self.t >> lv & 1}
         if set(self.nodes) != expected:
             raise ValueError(

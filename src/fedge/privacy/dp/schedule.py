@@ -42,7 +42,9 @@ def poisson_clients(seed: int, rnd: int, *, population: int, clients_per_round: 
     return torch.nonzero(u < clients_per_round / population).flatten().tolist()
 
 
-def secret_clients(sampling: Literal["poisson", "fixed"], *, population: int, clients_per_round: int) -> list[int]:
+def secret_clients(
+    sampling: Literal["poisson", "fixed"], *, population: int, clients_per_round: int
+) -> list[int]:
     """A round's clients drawn from the OS CSPRNG (``privacy.secure_noise``), so no one who knows
     the run seed knows the sample: ``poisson`` (each joins with q = m/N, from
     :func:`~fedge.privacy.dp.mechanisms.secure_uniform`) or ``fixed`` (a uniform m-subset,

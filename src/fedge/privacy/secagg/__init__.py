@@ -23,7 +23,12 @@ assumption, an adversary knows each client's neighbours before it chooses whom t
 
 from fedge.privacy.secagg.client import ClientState
 from fedge.privacy.secagg.config import SecAggConfig
-from fedge.privacy.secagg.errors import FixedPointRangeError, SecAggError, ShareDecryptionError, TooFewClientsError
+from fedge.privacy.secagg.errors import (
+    FixedPointRangeError,
+    SecAggError,
+    ShareDecryptionError,
+    TooFewClientsError,
+)
 from fedge.privacy.secagg.fixedpoint import FixedPoint, RingArray
 from fedge.privacy.secagg.graph import MaskGraph, recommended_neighbors, recommended_threshold
 from fedge.privacy.secagg.prg import prg

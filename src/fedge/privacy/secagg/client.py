@@ -94,10 +94,21 @@ class ClientState:
         (e.g. across worker processes). It holds private keys: keep it in memory for the
         round only, never in a checkpoint or on the wire."""
         return msgpack.packb(
-            [self.cid, self.round, int(self._step), self._c.private_bytes(), self._s.private_bytes(),
-             {v: list(pk) for v, pk in self._peers.items()}, self._blobs, self._k, self._b, self._own_b_share],
-            use_bin_type=True, strict_types=False,
-        )  # fmt: skip
+            [
+                self.cid,
+                self.round,
+                int(self._step),
+                self._c.private_bytes(),
+                self._s.private_bytes(),
+                {v: list(pk) for v, pk in self._peers.items()},
+                self._blobs,
+                self._k,
+                self._b,
+                self._own_b_share,
+            ],
+            use_bin_type=True,
+            strict_types=False,
+        )
 
     @classmethod
     def from_bytes(
@@ -121,7 +132,9 @@ class ClientState:
         state._b, state._own_b_share = bytes(b), bytes(own)
         return state
 
-    def _bind(self, cid: int, round: int, config: SecAggConfig, graph: MaskGraph, entropy: Entropy) -> None:
+    def _bind(
+        self, cid: int, round: int, config: SecAggConfig, graph: MaskGraph, entropy: Entropy
+    ) -> None:
         """The public part of the state: who u is in which round, and its graph neighbours."""
         check_round(round)
         if cid not in graph:
@@ -144,8 +157,7 @@ class ClientState:
     def _check_header(self, round: int, party: int, what: str) -> None:
         if round != self.round or party != self.cid:
             raise SecAggError(
-                f"client {self.cid} (round {self.round}) got a {what} for client {party} in "
-                f"round {round}"
+                f"client {self.cid} (round {self.round}) got a {what} for client {party} in round {round}"
             )
 
     # ---- round 0 ----------------------------------------------------------------------------
@@ -164,8 +176,7 @@ class ClientState:
         peers = msg.keys
         if not set(peers) <= self._neighbors:
             raise SecAggError(
-                f"client {self.cid}: key list names non-neighbours "
-                f"{sorted(set(peers) - self._neighbors)}"
+                f"client {self.cid}: key list names non-neighbours {sorted(set(peers) - self._neighbors)}"
             )
         pks = [k for pair in peers.values() for k in pair] + [self._c.public, self._s.public]
         if len(set(pks)) != len(pks):

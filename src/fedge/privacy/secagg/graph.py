@@ -138,4 +138,3 @@ def _check_ids(client_ids: Iterable[int]) -> list[int]:
     if not 0 <= ids[0] <= ids[-1] < 2**32 - 1:
         raise ConfigError(f"client ids must be in [0, 2^32 - 1), got {ids[0]}..{ids[-1]}")
     return ids
-

@@ -63,12 +63,20 @@ class ServerState:
 
     # ---- bookkeeping ------------------------------------------------------------------------
     def _accept(
-        self, stage: Step, round: int, party: int, allowed: Container[int], what: str, sender: int | None
+        self,
+        stage: Step,
+        round: int,
+        party: int,
+        allowed: Container[int],
+        what: str,
+        sender: int | None,
     ) -> None:
         if sender is not None and party != sender:
             # Bonawitz et al. assume authenticated client-server channels: a message names the
             # client it arrived from, or one client could advertise keys (or answer) for another.
-            raise SecAggError(f"{what} claims to be from client {party} but arrived from client {sender}; refused")
+            raise SecAggError(
+                f"{what} claims to be from client {party} but arrived from client {sender}; refused"
+            )
         if self._stage != stage:
             raise SecAggError(
                 f"{what} from client {party} arrived at stage {self._stage.name}, after its "
@@ -123,8 +131,7 @@ class ServerState:
         expected = {v for v in self.graph.neighbors(m.party) if v in self._keys}
         if set(m.blobs) != expected:
             raise SecAggError(
-                f"client {m.party} sent shares to {sorted(m.blobs)}, expected its neighbours "
-                f"in U1 {sorted(expected)}"
+                f"client {m.party} sent shares to {sorted(m.blobs)}, expected its neighbours in U1 {sorted(expected)}"
             )
         self._blobs[m.party] = m.blobs
 
@@ -148,8 +155,7 @@ class ServerState:
         fp, K = self.config.fixed_point, self.config.length
         if len(m.y) != K * fp.nbytes:
             raise SecAggError(
-                f"masked input of client {m.party} has {len(m.y)} bytes, expected "
-                f"K·b/8 = {K * fp.nbytes}"
+                f"masked input of client {m.party} has {len(m.y)} bytes, expected K·b/8 = {K * fp.nbytes}"
             )
         self._y[m.party] = fp.from_bytes(m.y)
 

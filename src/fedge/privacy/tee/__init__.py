@@ -19,12 +19,37 @@ from fedge.privacy.tee.attest import (
     sign_report,
     verify_report,
 )
-from fedge.privacy.tee.channel import DOWN, UP, KeyPair, SealedChannel, SealError, open_blob, seal_blob, session_key
+from fedge.privacy.tee.channel import (
+    DOWN,
+    UP,
+    KeyPair,
+    SealedChannel,
+    SealError,
+    open_blob,
+    seal_blob,
+    session_key,
+)
 from fedge.privacy.tee.memory import EnclaveMemory, EnclaveMemoryError, MiB, tensor_bytes
 
 __all__ = [
-    "AttestationError", "DOWN", "EnclaveMemory", "EnclaveMemoryError", "KeyPair", "MiB", "Report", "SealError",
-    "SealedChannel", "UP", "hardware_key", "measure", "open_blob", "platform_id", "platform_path", "seal_blob",
-    "session_key", "sign_report",
-    "tensor_bytes", "verify_report",
+    "AttestationError",
+    "DOWN",
+    "EnclaveMemory",
+    "EnclaveMemoryError",
+    "KeyPair",
+    "MiB",
+    "Report",
+    "SealError",
+    "SealedChannel",
+    "UP",
+    "hardware_key",
+    "measure",
+    "open_blob",
+    "platform_id",
+    "platform_path",
+    "seal_blob",
+    "session_key",
+    "sign_report",
+    "tensor_bytes",
+    "verify_report",
 ]

@@ -42,9 +42,16 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from fedge.core.errors import FedgeError
 
 __all__ = [
-    "AttestationError", "Report", "hardware_key", "measure", "platform_id", "platform_path", "sign_report",
-    "verify_report", "vendor_public_key",
-]  # fmt: skip
+    "AttestationError",
+    "Report",
+    "hardware_key",
+    "measure",
+    "platform_id",
+    "platform_path",
+    "sign_report",
+    "verify_report",
+    "vendor_public_key",
+]
 
 _MAGIC = b"fedge-tee-platform-v1\n"
 _SIZE = len(_MAGIC) + 64
@@ -130,7 +137,11 @@ def _vendor_key() -> Ed25519PrivateKey:
 
 
 def vendor_public_key() -> bytes:
-    return _vendor_key().public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return (
+        _vendor_key()
+        .public_key()
+        .public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    )
 
 
 def platform_id() -> str:
@@ -170,16 +181,22 @@ def sign_report(measurement: bytes, public_key: bytes, nonce: bytes) -> Report:
     return Report(measurement, public_key, nonce, _vendor_key().sign(unsigned.body()))
 
 
-def verify_report(report: Report, *, expected: bytes, nonce: bytes, vendor: bytes | None = None) -> None:
+def verify_report(
+    report: Report, *, expected: bytes, nonce: bytes, vendor: bytes | None = None
+) -> None:
     """Raise :class:`AttestationError` unless ``report`` is signed by the vendor key, answers
     ``nonce`` and carries the ``expected`` measurement."""
     key = Ed25519PublicKey.from_public_bytes(vendor or vendor_public_key())
     try:
         key.verify(report.signature, report.body())
     except InvalidSignature as e:
-        raise AttestationError("attestation report signature is invalid: not signed by the vendor key") from e
+        raise AttestationError(
+            "attestation report signature is invalid: not signed by the vendor key"
+        ) from e
     if report.nonce != nonce:
-        raise AttestationError("attestation report answers another challenge (stale or replayed report)")
+        raise AttestationError(
+            "attestation report answers another challenge (stale or replayed report)"
+        )
     if report.measurement != expected:
         raise AttestationError(
             f"enclave measurement {report.measurement.hex()[:16]}… differs from the expected "

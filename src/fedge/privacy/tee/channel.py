@@ -44,7 +44,16 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from fedge.core.errors import MessageError
 from fedge.privacy.secagg.keys import KeyPair, agree
 
-__all__ = ["DOWN", "UP", "SealError", "SealedChannel", "session_key", "KeyPair", "seal_blob", "open_blob"]
+__all__ = [
+    "DOWN",
+    "UP",
+    "SealError",
+    "SealedChannel",
+    "session_key",
+    "KeyPair",
+    "seal_blob",
+    "open_blob",
+]
 
 UP, DOWN = 1, 2  # client enclave -> server enclave, and back
 _NONCE = struct.Struct(">BI")  # direction, counter; then _RANDOM bytes from os.urandom
@@ -89,24 +98,32 @@ class SealedChannel:
         ctr = self.send_ctr
         self.send_ctr += 1
         nonce = _NONCE.pack(self.send_dir, ctr) + os.urandom(_RANDOM)
-        return nonce + AESGCM(self.key).encrypt(nonce, plaintext, self._ad(rnd, stage, self.send_dir, ctr))
+        return nonce + AESGCM(self.key).encrypt(
+            nonce, plaintext, self._ad(rnd, stage, self.send_dir, ctr)
+        )
 
     def open(self, blob: bytes, *, rnd: int, stage: int) -> bytes:
         if len(blob) < _NONCE_LEN + 16:
             raise SealError(f"sealed message of {len(blob)} bytes is too short")
         direction, ctr = _NONCE.unpack(blob[: _NONCE.size])
         if direction != self.recv_dir:
-            raise SealError(f"sealed message from client {self.client} has direction {direction}; expected {self.recv_dir}")
+            raise SealError(
+                f"sealed message from client {self.client} has direction {direction}; expected {self.recv_dir}"
+            )
         try:
-            plain = AESGCM(self.key).decrypt(blob[:_NONCE_LEN], blob[_NONCE_LEN:], self._ad(rnd, stage, direction, ctr))
+            plain = AESGCM(self.key).decrypt(
+                blob[:_NONCE_LEN], blob[_NONCE_LEN:], self._ad(rnd, stage, direction, ctr)
+            )
         except InvalidTag as e:
             raise SealError(
                 f"sealed message of client {self.client} (round {rnd}, stage {stage}) failed authentication: "
                 "modified in transit, or bound to another round, stage or client"
             ) from e
         if ctr <= self.recv_ctr:
-            raise SealError(f"sealed message of client {self.client} has counter {ctr} ≤ last accepted "
-                            f"{self.recv_ctr}: replayed or reordered; rejected")  # fmt: skip
+            raise SealError(
+                f"sealed message of client {self.client} has counter {ctr} ≤ last accepted "
+                f"{self.recv_ctr}: replayed or reordered; rejected"
+            )
         self.recv_ctr = ctr
         return plain
 
@@ -118,17 +135,23 @@ def seal_blob(key: bytes, plaintext: bytes, *, label: bytes) -> bytes:
     processes, so counter nonces under it would repeat; a key used once needs no nonce care.
     Layout: ``key id (16) ‖ AES-GCM ciphertext and tag`` (nonce all zero)."""
     key_id = os.urandom(16)
-    return key_id + AESGCM(_storage_key(key, key_id, label)).encrypt(_ZERO_NONCE, plaintext, _STORAGE_AD + label)
+    return key_id + AESGCM(_storage_key(key, key_id, label)).encrypt(
+        _ZERO_NONCE, plaintext, _STORAGE_AD + label
+    )
 
 
 def open_blob(key: bytes, blob: bytes, *, label: bytes) -> bytes:
     try:
         if len(blob) < 16 + 16:
             raise InvalidTag
-        return AESGCM(_storage_key(key, blob[:16], label)).decrypt(_ZERO_NONCE, blob[16:], _STORAGE_AD + label)
+        return AESGCM(_storage_key(key, blob[:16], label)).decrypt(
+            _ZERO_NONCE, blob[16:], _STORAGE_AD + label
+        )
     except InvalidTag as e:
-        raise SealError(f"sealed enclave storage {label!r} failed authentication: modified, or sealed on another "
-                        "platform (a TEE's sealed storage opens only where it was sealed)") from e
+        raise SealError(
+            f"sealed enclave storage {label!r} failed authentication: modified, or sealed on another "
+            "platform (a TEE's sealed storage opens only where it was sealed)"
+        ) from e
 
 
 _STORAGE_AD = b"fedge/tee/v1/storage"
@@ -136,4 +159,6 @@ _ZERO_NONCE = bytes(12)
 
 
 def _storage_key(key: bytes, key_id: bytes, label: bytes) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=key_id, info=_STORAGE_AD + label).derive(key)
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=key_id, info=_STORAGE_AD + label).derive(
+        key
+    )

@@ -33,7 +33,9 @@ class EnclaveMemory:
 
     def __init__(self, budget: int, *, who: str = "enclave") -> None:
         if budget <= 0:
-            raise EnclaveMemoryError(f"{who}: a memory budget of {budget} bytes holds nothing; give a positive size")
+            raise EnclaveMemoryError(
+                f"{who}: a memory budget of {budget} bytes holds nothing; give a positive size"
+            )
         self.budget, self.who = int(budget), who
         self.held: dict[str, int] = {}
         self.peak = 0

@@ -104,7 +104,10 @@ from fedge.runtime.rngprobe import rng_probe, same_draws
 __all__ = ["FlowerSimulation", "client_app", "server_app"]
 
 RECORD = "fedge"  # the ConfigRecord carrying fedge's bytes, in messages and in Context.state
-STATE_GET, STATE_SET = "fedge_state_get", "fedge_state_set"  # query actions: a node's client state, to/from a checkpoint
+STATE_GET, STATE_SET = (
+    "fedge_state_get",
+    "fedge_state_set",
+)  # query actions: a node's client state, to/from a checkpoint
 
 
 def _int(rec: Any, key: str) -> int:
@@ -162,8 +165,16 @@ def client_app(
     def hello(msg: Message, context: Context) -> Message:
         """The handshake: which fedge client this node is, and what its seeded draws give
         (:func:`~fedge.runtime.rngprobe.rng_probe`, with its fedge, torch and numpy versions)."""
-        return Message(RecordDict({RECORD: ConfigRecord({"cid": _node_cid(context), "rng_probe": rng_probe(),
-                                                         **_versions()})}), reply_to=msg)  # fmt: skip
+        return Message(
+            RecordDict(
+                {
+                    RECORD: ConfigRecord(
+                        {"cid": _node_cid(context), "rng_probe": rng_probe(), **_versions()}
+                    )
+                }
+            ),
+            reply_to=msg,
+        )
 
     @app.query(STATE_GET)
     def get_state(msg: Message, context: Context) -> Message:
@@ -180,7 +191,9 @@ def client_app(
         cid = _node_cid(context)
         rec = msg.content.config_records[RECORD]
         if _int(rec, "cid") != cid:
-            raise MessageError(f"node {context.node_id} is client {cid} but got client {rec['cid']!r}'s state")
+            raise MessageError(
+                f"node {context.node_id} is client {cid} but got client {rec['cid']!r}'s state"
+            )
         state = _opt_bytes(rec.get("state"), "state")
         context.state[RECORD] = ConfigRecord({} if state is None else {"state": state})
         return Message(RecordDict({RECORD: ConfigRecord({"cid": cid})}), reply_to=msg)
@@ -190,15 +203,37 @@ def client_app(
         cid = _node_cid(context)
         rec = msg.content.config_records[RECORD]
         if _int(rec, "cid") != cid:
-            raise MessageError(f"node {context.node_id} is client {cid} but got client {rec['cid']!r}'s message")
+            raise MessageError(
+                f"node {context.node_id} is client {cid} but got client {rec['cid']!r}'s message"
+            )
         rnd, phase = _int(rec, "rnd"), _int(rec, "phase")
         node = context.state.config_records.get(RECORD) or ConfigRecord()
-        round_state = _opt_bytes(node.get("round_state"), "round_state") if node.get("round_state_rnd") == rnd else None
-        party_states = {name: _opt_bytes(rec.get(f"party.{name}"), f"party.{name}") for name in parties}
-        task = _Task(cid, rnd, phase, _bytes(rec["message"], "message"), _opt_bytes(node.get("state"), "state"),
-                     round_state, party_states)  # fmt: skip
-        result = execute_client(program, data_of(cid), task, seed=seed, measure_flops=measure_flops,
-                                measure_memory=measure_memory, parties=parties)  # fmt: skip
+        round_state = (
+            _opt_bytes(node.get("round_state"), "round_state")
+            if node.get("round_state_rnd") == rnd
+            else None
+        )
+        party_states = {
+            name: _opt_bytes(rec.get(f"party.{name}"), f"party.{name}") for name in parties
+        }
+        task = _Task(
+            cid,
+            rnd,
+            phase,
+            _bytes(rec["message"], "message"),
+            _opt_bytes(node.get("state"), "state"),
+            round_state,
+            party_states,
+        )
+        result = execute_client(
+            program,
+            data_of(cid),
+            task,
+            seed=seed,
+            measure_flops=measure_flops,
+            measure_memory=measure_memory,
+            parties=parties,
+        )
         kept: dict[str, Any] = {}
         if result.state is not None:
             kept["state"] = result.state
@@ -253,26 +288,45 @@ class FlowerSimulation(Simulation):
         **kwargs: as :class:`~fedge.runtime.engine.Simulation`.
     """
 
-    _concurrent = ("on a Flower node (clients step concurrently on Flower)",
-                   "keep that state per client (scope='client'), or run on the engine (--runtime engine) with "
-                   "clients.workers=0")  # fmt: skip
+    _concurrent = (
+        "on a Flower node (clients step concurrently on Flower)",
+        "keep that state per client (scope='client'), or run on the engine (--runtime engine) with clients.workers=0",
+    )
 
-    def __init__(self, *, grid: Grid | None = None, timeout: float | None = None, wait_nodes_s: float = 60.0,
-                 backend: str = "local", node_app: ClientApp | None = None, cpus: int | None = None,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        grid: Grid | None = None,
+        timeout: float | None = None,
+        wait_nodes_s: float = 60.0,
+        backend: str = "local",
+        node_app: ClientApp | None = None,
+        cpus: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         from fedge.runtime.flower.simulation import BACKENDS
 
         if backend not in BACKENDS:
-            raise ConfigError(f"Flower simulation backend {backend!r} is not known; expected one of {list(BACKENDS)}")
+            raise ConfigError(
+                f"Flower simulation backend {backend!r} is not known; expected one of {list(BACKENDS)}"
+            )
         super().__init__(**kwargs)
         self.grid, self.timeout, self.wait_nodes_s = grid, timeout, wait_nodes_s
         self.backend, self.node_app, self.cpus = backend, node_app, cpus
         self.nodes: dict[int, int] = {}  # cid -> node id
-        self._changed: set[int] = set()  # clients whose node state changed since the last checkpoint
+        self._changed: set[int] = (
+            set()
+        )  # clients whose node state changed since the last checkpoint
         # cid -> (message id, what it was, a step?) of a message left without a reply: its node may still run it
         self._late: dict[int, tuple[str, str, bool]] = {}
-        self._restore: dict[int, bytes] = {}  # states to put on the nodes before the first round (resume)
-        self._wire = [0, 0, 0]  # Flower bytes down, up; party-state bytes carried (both ways) this round
+        self._restore: dict[
+            int, bytes
+        ] = {}  # states to put on the nodes before the first round (resume)
+        self._wire = [
+            0,
+            0,
+            0,
+        ]  # Flower bytes down, up; party-state bytes carried (both ways) this round
 
     # -- connecting ------------------------------------------------------------------
     def connect(self, grid: Grid) -> None:
@@ -280,11 +334,20 @@ class FlowerSimulation(Simulation):
         self.grid = grid
         node_ids = list(grid.get_node_ids())
         deadline = time.monotonic() + self.wait_nodes_s
-        while len(node_ids) < len(self.clients) and time.monotonic() < deadline:  # SuperNodes still joining
+        while (
+            len(node_ids) < len(self.clients) and time.monotonic() < deadline
+        ):  # SuperNodes still joining
             time.sleep(0.5)
             node_ids = list(grid.get_node_ids())
-        asks = [Message(RecordDict({RECORD: ConfigRecord({})}), dst_node_id=n, message_type="query", group_id="hello")
-                for n in node_ids]  # fmt: skip
+        asks = [
+            Message(
+                RecordDict({RECORD: ConfigRecord({})}),
+                dst_node_id=n,
+                message_type="query",
+                group_id="hello",
+            )
+            for n in node_ids
+        ]
         replies = list(grid.send_and_receive(asks, timeout=self.timeout))
         asked = {m.metadata.message_id: m.metadata.dst_node_id for m in asks}
         self.nodes, failed, other_rng = {}, {}, {}
@@ -292,25 +355,36 @@ class FlowerSimulation(Simulation):
         for reply in replies:
             # the node asked: a SuperLink answers for a node it found offline from its own node id
             node = asked.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
-            if reply.has_error():  # e.g. a SuperNode's registration from before it restarted: skipped
+            if (
+                reply.has_error()
+            ):  # e.g. a SuperNode's registration from before it restarted: skipped
                 failed[node] = reply.error.reason
                 continue
             rec = reply.content.config_records[RECORD]
             cid = _int(rec, "cid")
             if cid in self.nodes:
-                raise ConfigError(f"nodes {self.nodes[cid]} and {node} both say partition-id={cid}; "
-                                  "give each SuperNode its own partition-id")  # fmt: skip
+                raise ConfigError(
+                    f"nodes {self.nodes[cid]} and {node} both say partition-id={cid}; "
+                    "give each SuperNode its own partition-id"
+                )
             self.nodes[cid] = node
             if not same_draws(probe, rec.get("rng_probe")):
-                other_rng[node] = (cid, {k: str(rec[k]) for k in ("fedge", "torch", "numpy") if k in rec})
+                other_rng[node] = (
+                    cid,
+                    {k: str(rec[k]) for k in ("fedge", "torch", "numpy") if k in rec},
+                )
         missing = sorted(set(range(len(self.clients))) - set(self.nodes))
         if missing:
             n = len(self.clients)
-            text = f"{len(missing)} of {n} clients have no Flower node (partition-ids {missing[:10]})"
+            text = (
+                f"{len(missing)} of {n} clients have no Flower node (partition-ids {missing[:10]})"
+            )
             if failed:
                 listed = "; ".join(f"node {nid}: {why}" for nid, why in sorted(failed.items())[:5])
                 more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
-                raise MessageError(f"{text}; {len(failed)} node(s) failed the handshake ({listed}{more})")
+                raise MessageError(
+                    f"{text}; {len(failed)} node(s) failed the handshake ({listed}{more})"
+                )
             raise ConfigError(f"{text}; start one SuperNode per partition-id 0..{n - 1}")
         if other_rng:
             self._other_rng(other_rng)
@@ -327,7 +401,10 @@ class FlowerSimulation(Simulation):
                 return "a fedge without the handshake's probe"
             return ", ".join(f"{k} {v.get(k, '?')}" for k in here)
 
-        listed = "; ".join(f"node {nid} (client {cid}: {versions(v)})" for nid, (cid, v) in sorted(nodes.items())[:5])
+        listed = "; ".join(
+            f"node {nid} (client {cid}: {versions(v)})"
+            for nid, (cid, v) in sorted(nodes.items())[:5]
+        )
         more = f"; and {len(nodes) - 5} more" if len(nodes) > 5 else ""
         raise ConfigError(
             f"{len(nodes)} node(s) draw other numbers from the run's seeds than this server ({versions(here)}): "
@@ -341,13 +418,22 @@ class FlowerSimulation(Simulation):
             self._query(STATE_SET, {cid: {"state": b} for cid, b in sorted(self._restore.items())})
             self._restore = {}
 
-    def _query(self, action: str, content: Mapping[int, Mapping[str, Any]], *, strict: bool = True) -> dict[int, Any]:
+    def _query(
+        self, action: str, content: Mapping[int, Mapping[str, Any]], *, strict: bool = True
+    ) -> dict[int, Any]:
         """One ``query.ACTION`` message to each client's node; the replies' fedge records, by
         client. A node that does not answer (within the timeout) or answers with an error is an
         error naming it, or, not ``strict``, left out of the result."""
         assert self.grid is not None
-        msgs = [Message(RecordDict({RECORD: ConfigRecord({"cid": cid, **c})}), dst_node_id=self.nodes[cid],
-                        message_type=f"query.{action}", group_id=action) for cid, c in content.items()]  # fmt: skip
+        msgs = [
+            Message(
+                RecordDict({RECORD: ConfigRecord({"cid": cid, **c})}),
+                dst_node_id=self.nodes[cid],
+                message_type=f"query.{action}",
+                group_id=action,
+            )
+            for cid, c in content.items()
+        ]
         by_cid, failed = self._send(msgs, list(content), f"the {action} query", step=False)
         out = {}
         for cid in content:
@@ -359,16 +445,23 @@ class FlowerSimulation(Simulation):
             else:
                 out[cid] = reply.content.config_records[RECORD]
         if failed and strict:
-            listed = "; ".join(f"client {cid} (node {self.nodes[cid]}): {why}" for cid, why in sorted(failed.items())[:5])
+            listed = "; ".join(
+                f"client {cid} (node {self.nodes[cid]}): {why}"
+                for cid, why in sorted(failed.items())[:5]
+            )
             more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
-            raise MessageError(f"{action}: {len(failed)} of {len(content)} nodes failed ({listed}{more})")
+            raise MessageError(
+                f"{action}: {len(failed)} of {len(content)} nodes failed ({listed}{more})"
+            )
         return out
 
     # -- checkpoints: client states live on the nodes --------------------------------------
     def state_dict(self) -> dict[str, Any]:
         if self._changed and self.grid is not None:
             asked = sorted(self._changed)
-            got = self._query(STATE_GET, dict.fromkeys(asked, {}), strict=self.cfg.min_replies is None)
+            got = self._query(
+                STATE_GET, dict.fromkeys(asked, {}), strict=self.cfg.min_replies is None
+            )
             for cid, rec in got.items():
                 state = _opt_bytes(rec.get("state"), "state")
                 if state is None:
@@ -384,7 +477,9 @@ class FlowerSimulation(Simulation):
                     RuntimeWarning,
                     stacklevel=2,
                 )
-            self._changed = set(unfetched) & set(self._late)  # still busy: asked again at the next checkpoint
+            self._changed = set(unfetched) & set(
+                self._late
+            )  # still busy: asked again at the next checkpoint
         return super().state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -394,16 +489,26 @@ class FlowerSimulation(Simulation):
             self._push_restore()
 
     # -- the one engine step replaced ------------------------------------------------------
-    def _run_clients(self, rnd: int, phase: int, messages: list[tuple[int, bytes]]) -> tuple[dict[int, _Result], dict[int, str]]:
+    def _run_clients(
+        self, rnd: int, phase: int, messages: list[tuple[int, bytes]]
+    ) -> tuple[dict[int, _Result], dict[int, str]]:
         if self.grid is None:
-            raise RuntimeError("FlowerSimulation is not connected to a grid; call run() or connect(grid)")
+            raise RuntimeError(
+                "FlowerSimulation is not connected to a grid; call run() or connect(grid)"
+            )
         out, sizes = [], {}  # sizes: Flower bytes down, party-state bytes carried down, by client
         for cid, b in messages:
             content: dict[str, Any] = {"cid": cid, "rnd": rnd, "phase": phase, "message": b}
-            carried = {f"party.{k}": v for k, v in self._party_states_for(cid).items() if v is not None}
+            carried = {
+                f"party.{k}": v for k, v in self._party_states_for(cid).items() if v is not None
+            }
             content.update(carried)
-            m = Message(RecordDict({RECORD: ConfigRecord(content)}), dst_node_id=self.nodes[cid], message_type="train",
-                        group_id=f"{rnd}.{phase}")  # fmt: skip
+            m = Message(
+                RecordDict({RECORD: ConfigRecord(content)}),
+                dst_node_id=self.nodes[cid],
+                message_type="train",
+                group_id=f"{rnd}.{phase}",
+            )
             sizes[cid] = (_flower_size(m), sum(len(v) for v in carried.values()))
             out.append(m)
         cids = [cid for cid, _ in messages]
@@ -414,20 +519,31 @@ class FlowerSimulation(Simulation):
                 self._wire[2] += sizes[cid][1]
         failed = {cid: f"node {self.nodes[cid]}: {why}" for cid, why in busy.items()}
         failed.update(self._failures([cid for cid in cids if cid not in busy], by_cid))
-        self._changed.update(failed)  # a node whose reply was lost may have run the step: fetch its state too
+        self._changed.update(
+            failed
+        )  # a node whose reply was lost may have run the step: fetch its state too
         results = {}
         for i, cid in enumerate(c for c in cids if c not in failed):
             reply = by_cid[cid]
             self._wire[1] += _flower_size(reply)
             rec = reply.content.config_records[RECORD]
-            states = {name: _opt_bytes(rec.get(f"party.{name}"), f"party.{name}") for name in self.parties}
+            states = {
+                name: _opt_bytes(rec.get(f"party.{name}"), f"party.{name}") for name in self.parties
+            }
             self._wire[2] += sum(len(v) for v in states.values() if v is not None)
             # The node holds the client's state: fetched from it at the next checkpoint, the last
             # fetched bytes kept till then (a node that misses the fetch keeps them).
             held = self.client_states.get(cid) if rec.get("has_state") else None
-            result = _Result(_bytes(rec["reply"], "reply"), held, None, states,
-                             _stats_from(json.loads(_bytes(rec["stats"], "stats"))))  # fmt: skip
-            self._keep(cid, result, parallel=True)  # a shared party's state may not change (see module doc)
+            result = _Result(
+                _bytes(rec["reply"], "reply"),
+                held,
+                None,
+                states,
+                _stats_from(json.loads(_bytes(rec["stats"], "stats"))),
+            )
+            self._keep(
+                cid, result, parallel=True
+            )  # a shared party's state may not change (see module doc)
             if rec.get("has_state"):
                 self._changed.add(cid)
             results[cid] = result
@@ -435,7 +551,9 @@ class FlowerSimulation(Simulation):
                 self.on_progress(rnd, phase, i + 1, len(messages))
         return results, failed
 
-    def _send(self, msgs: list[Message], cids: list[int], what: str, *, step: bool) -> tuple[dict[int, Message], dict[int, str]]:
+    def _send(
+        self, msgs: list[Message], cids: list[int], what: str, *, step: bool
+    ) -> tuple[dict[int, Message], dict[int, str]]:
         """Send client ``cids[i]`` the message ``msgs[i]`` (``what``: for messages; ``step``: a
         client step, not a query), except to clients whose node has not answered an earlier
         message yet (see "Late replies" in the module doc): the replies by client, and why each
@@ -443,7 +561,9 @@ class FlowerSimulation(Simulation):
         assert self.grid is not None
         busy = self._settle(cids)
         sent = [(m, cid) for m, cid in zip(msgs, cids, strict=True) if cid not in busy]
-        replies = self.grid.send_and_receive([m for m, _ in sent], timeout=self.timeout) if sent else []
+        replies = (
+            self.grid.send_and_receive([m for m, _ in sent], timeout=self.timeout) if sent else []
+        )
         by_cid = self._by_client([m for m, _ in sent], [cid for _, cid in sent], replies)
         for m, cid in sent:
             if cid not in by_cid and m.metadata.message_id:  # its node may still be running it
@@ -464,20 +584,38 @@ class FlowerSimulation(Simulation):
                 _, what, step = self._late.pop(cid)
                 if reply.has_error() or not step:
                     continue  # the node failed that message, or answered a query: no step ran
-                self._changed.add(cid)  # the step ran on the node: its state is fetched at the next checkpoint
-                within = f"the {self.timeout:g} s clients.reply_timeout" if self.timeout is not None else "its exchange"
-                warnings.warn(f"client {cid} (node {self.nodes[cid]}) answered {what} after {within}; the reply "
-                              "is not used (that exchange went on without it), the node keeps the state the step left",
-                              RuntimeWarning, stacklevel=4)  # fmt: skip
-        return {cid: f"still busy with {self._late[cid][1]}, which it has not answered; sent nothing more until it does"
-                for cid in cids if cid in self._late}  # fmt: skip
+                self._changed.add(
+                    cid
+                )  # the step ran on the node: its state is fetched at the next checkpoint
+                within = (
+                    f"the {self.timeout:g} s clients.reply_timeout"
+                    if self.timeout is not None
+                    else "its exchange"
+                )
+                warnings.warn(
+                    f"client {cid} (node {self.nodes[cid]}) answered {what} after {within}; the reply "
+                    "is not used (that exchange went on without it), the node keeps the state the step left",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+        return {
+            cid: f"still busy with {self._late[cid][1]}, which it has not answered; sent nothing more until it does"
+            for cid in cids
+            if cid in self._late
+        }
 
-    def _by_client(self, sent: list[Message], cids: list[int], replies: Iterable[Message]) -> dict[int, Message]:
+    def _by_client(
+        self, sent: list[Message], cids: list[int], replies: Iterable[Message]
+    ) -> dict[int, Message]:
         """The replies by client, matched to the message they answer (a SuperLink answers for a
         node it found offline from its own node id, so the sender says nothing). A reply that
         answers none of ``sent`` (the SuperLink's error for a message it refused, which has no
         message id) is left out."""
-        asked = {m.metadata.message_id: cid for m, cid in zip(sent, cids, strict=True) if m.metadata.message_id}
+        asked = {
+            m.metadata.message_id: cid
+            for m, cid in zip(sent, cids, strict=True)
+            if m.metadata.message_id
+        }
         out: dict[int, Message] = {}
         for r in replies:
             cid = asked.get(r.metadata.reply_to_message_id)
@@ -496,8 +634,11 @@ class FlowerSimulation(Simulation):
         for cid in cids:
             reply = by_cid.get(cid)
             if reply is None:
-                why = (f"within {self.timeout:g} s" if self.timeout is not None else
-                       "(its message was not accepted, e.g. the node is no longer registered)")  # fmt: skip
+                why = (
+                    f"within {self.timeout:g} s"
+                    if self.timeout is not None
+                    else "(its message was not accepted, e.g. the node is no longer registered)"
+                )
                 bad[cid] = f"node {self.nodes[cid]}: no reply {why}"
             elif reply.has_error():
                 bad[cid] = f"node {self.nodes[cid]}: {reply.error.reason}"
@@ -533,10 +674,22 @@ class FlowerSimulation(Simulation):
             from fedge.runtime.flower.simulation import run_on_ray
 
             run_on_ray(server_app(main), app, n, cpus=self.cpus)
-            if not done:  # pragma: no cover - Flower returned without running the ServerApp to its end
-                raise MessageError("Flower's simulation engine ended before the ServerApp finished its rounds")
+            if (
+                not done
+            ):  # pragma: no cover - Flower returned without running the ServerApp to its end
+                raise MessageError(
+                    "Flower's simulation engine ended before the ServerApp finished its rounds"
+                )
             return done[0]
         grid = LocalGrid(app, [{"partition-id": i, "num-partitions": n} for i in range(n)])
-        server_app(main)(grid, Context(run_id=grid.run.run_id, node_id=SUPERLINK_NODE_ID, node_config={},
-                                       state=RecordDict(), run_config={}))  # fmt: skip
+        server_app(main)(
+            grid,
+            Context(
+                run_id=grid.run.run_id,
+                node_id=SUPERLINK_NODE_ID,
+                node_config={},
+                state=RecordDict(),
+                run_config={},
+            ),
+        )
         return done[0]

@@ -68,14 +68,25 @@ class LocalGrid(Grid):
         run_config: the run's ``run_config`` (visible to every node's Context).
     """
 
-    def __init__(self, app: ClientApp, node_configs: list[Mapping[str, Any]], *, run_id: int = 1,
-                 run_config: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        app: ClientApp,
+        node_configs: list[Mapping[str, Any]],
+        *,
+        run_id: int = 1,
+        run_config: Mapping[str, Any] | None = None,
+    ) -> None:
         self.app = app
         self._run = Run.create_empty(run_id)
         self.node_ids = [1000 + i for i in range(len(node_configs))]  # SuperLink is node 1
         self.contexts = {
-            nid: Context(run_id=run_id, node_id=nid, node_config=dict(nc), state=RecordDict(),
-                         run_config=dict(run_config or {}))  # fmt: skip
+            nid: Context(
+                run_id=run_id,
+                node_id=nid,
+                node_config=dict(nc),
+                state=RecordDict(),
+                run_config=dict(run_config or {}),
+            )
             for nid, nc in zip(self.node_ids, node_configs, strict=True)
         }
         self._pending: dict[str, bytes] = {}  # message id -> encoded reply
@@ -91,8 +102,14 @@ class LocalGrid(Grid):
     def run(self) -> Run:
         return self._run
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: float | None = None) -> Message:  # fmt: skip
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
@@ -121,7 +138,9 @@ class LocalGrid(Grid):
                 out.append(_unwire(up))
         return out
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
         return self.pull_messages(self.push_messages(messages))
 
     # -- the "SuperNode" -----------------------------------------------------------
@@ -129,6 +148,8 @@ class LocalGrid(Grid):
         try:
             reply = self.app(msg, context)
         except Exception as exc:  # what Flower's SuperNode does: an error reply, not a crash
-            reply = Message(Error(code=CLIENT_ERROR, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+            reply = Message(
+                Error(code=CLIENT_ERROR, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg
+            )
         reply.metadata.__dict__["_message_id"] = str(uuid4())
         return _wire(reply)

@@ -32,7 +32,10 @@ from fedge.core.errors import ConfigError
 
 __all__ = ["BACKENDS", "backend_config", "run_on_ray"]
 
-BACKENDS = ("local", "ray")  # --backend of --runtime flower-sim: fedge's LocalGrid, or Flower's Ray simulation
+BACKENDS = (
+    "local",
+    "ray",
+)  # --backend of --runtime flower-sim: fedge's LocalGrid, or Flower's Ray simulation
 
 
 def backend_config(num_nodes: int, cpus: int | None = None) -> dict[str, Any]:
@@ -54,28 +57,42 @@ def backend_config(num_nodes: int, cpus: int | None = None) -> dict[str, Any]:
     }
 
 
-def run_on_ray(server: ServerApp, client: ClientApp, num_nodes: int, *, cpus: int | None = None) -> None:
+def run_on_ray(
+    server: ServerApp, client: ClientApp, num_nodes: int, *, cpus: int | None = None
+) -> None:
     """Run ``server`` against ``num_nodes`` virtual SuperNodes running ``client`` in Flower's
     simulation engine (Ray backend). An exception of the ServerApp is raised here."""
     if importlib.util.find_spec("ray") is None:
-        raise ConfigError("--backend ray runs Flower's simulation engine, which needs Ray (not installed); install it "
-                          "with: pip install 'fedge[flower-sim]', or use --backend local")  # fmt: skip
+        raise ConfigError(
+            "--backend ray runs Flower's simulation engine, which needs Ray (not installed); install it "
+            "with: pip install 'fedge[flower-sim]', or use --backend local"
+        )
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # no GPUs asked for; silences a FutureWarning
+    os.environ.setdefault(
+        "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0"
+    )  # no GPUs asked for; silences a FutureWarning
     import ray
     from flwr.simulation import run_simulation
 
     if ray.is_initialized():  # Flower would reuse it with its own settings (e.g. not on loopback)
-        raise ConfigError("Ray is already initialised in this process; --backend ray starts (and stops) its own: "
-                          "call ray.shutdown() first")  # fmt: skip
+        raise ConfigError(
+            "Ray is already initialised in this process; --backend ray starts (and stops) its own: "
+            "call ray.shutdown() first"
+        )
     flwr_log = logging.getLogger("flwr")
     level = flwr_log.level
     flwr_log.setLevel(logging.ERROR)  # run_simulation's deprecation notice and per-round INFO lines
     try:
-        run_simulation(server_app=server, client_app=client, num_supernodes=num_nodes,
-                       backend_config=backend_config(num_nodes, cpus))  # fmt: skip
+        run_simulation(
+            server_app=server,
+            client_app=client,
+            num_supernodes=num_nodes,
+            backend_config=backend_config(num_nodes, cpus),
+        )
     finally:
         flwr_log.setLevel(level)
-        if ray.is_initialized():  # Flower shuts Ray down when its backend ran; not if it failed to start
+        if (
+            ray.is_initialized()
+        ):  # Flower shuts Ray down when its backend ran; not if it failed to start
             ray.shutdown()
