@@ -9,7 +9,7 @@ FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 export FLWR_TELEMETRY_ENABLED := 0
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: quickstart test lint venv bench clean
+.PHONY: quickstart test lint docs venv bench clean
 
 venv: $(STAMP)
 
@@ -35,5 +35,16 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check src tests benchmarks
 	$(PY) -m mypy
 
+# The documentation site (mkdocs.yml): MkDocs + Material + mkdocstrings, the `docs` extra installed
+# into .venv on first use; --strict makes every warning (a broken link or cross-reference, a page
+# missing from the nav) an error. The config reference is generated from the pydantic models.
+DOCS_STAMP := $(VENV)/.fedge-docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt $(FIND_LINKS) -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache
