@@ -1,4 +1,4 @@
-"""The commands and Python names the README and docs/ show exist as written.
+"""The commands and Python names the README and the documentation site show exist as written.
 
 Every ``fedge ...`` command in their bash blocks and inline code names a real (sub)command and
 real options, every preset it names exists, and every ``--set`` it shows validates for that
@@ -29,10 +29,13 @@ from fedge.data.partition import PARTITIONERS
 from fedge.data.registry import DATASETS
 from fedge.experiment.build import method_config, privacy_config
 from fedge.methods import METHODS
+from fedge.models import model_info, model_names
 from fedge.privacy.dp import PrivacyConfig
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/benchmarks.md", "docs/architecture.md")
+#: the README and every page of the site (docs/**/*.md; the config reference is generated, and
+#: tests/test_config_reference.py checks it)
+DOCS = ("README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md")))
 #: subcommands whose positional arguments are presets (or YAML files)
 PRESET_ARGS = (["run"], ["fedpt-search"], ["bench", "presets"])
 
@@ -111,7 +114,8 @@ def _parse(line: str) -> tuple[list[str], dict[str, list[str]], list[str]] | Non
 
 
 def test_the_docs_show_commands():
-    assert sum(doc == "README.md" for doc, _ in FEDGE) >= 30
+    assert sum(doc == "README.md" for doc, _ in FEDGE) >= 15
+    assert sum(doc.startswith("docs/guide/") for doc, _ in FEDGE) >= 30
     assert {"baffle_table1", "ntk_table3", "zo_precision"} <= {
         re.search(r"benchmarks/(\w+)\.py", c)[1] for _, c in SCRIPTS
     }
@@ -225,6 +229,7 @@ SECTIONS: dict[str, list[type[BaseModel]]] = {
 EXTRA_KEYS = {
     "dataset": {k for spec in DATASETS.values() for k in spec.options},
     "partition": {k for spec in PARTITIONERS.values() for k in spec.params},
+    "model": {k for name in model_names() for k in model_info(name).defaults},
 }
 CONFIG_KEYS = sorted(
     {

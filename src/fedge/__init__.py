@@ -1,7 +1,9 @@
 """fedge: federated learning on resource-constrained edge devices.
 
-BAFFLE (backpropagation-free FL), NTK-pruned BAFFLE and the FedAvg/FedSGD baselines on one
-engine, each measured honestly: bytes from real serialized messages, client FLOPs from
+FedAvg and FedSGD, BAFFLE (backpropagation-free FL), NTK-pruned BAFFLE, FedPT (partially
+trainable networks), EPPFL (device/edge split learning) and PPFL (layer-wise FL in enclaves) on
+one engine, with secure aggregation, differential privacy, privacy attacks as measurements and
+a Flower runtime; each measured honestly: bytes from real serialized messages, client FLOPs from
 torch's flop counter, memory from measurement.
 
 The public API (imported lazily, so ``import fedge`` stays cheap)::

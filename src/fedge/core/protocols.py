@@ -26,8 +26,7 @@ Wrappers (EMA evaluation, secure aggregation, pruning phases) subclass
 :class:`StrategyWrapper` and override only what they change.
 
 The shape mirrors Flower's Message API (configure/aggregate on the server, a handler on the
-client) on purpose: an adapter to Flower's engine (planned, not built yet) can drive both
-unchanged.
+client) on purpose: the Flower runtime (:mod:`fedge.runtime.flower`) drives both unchanged.
 """
 
 from __future__ import annotations
