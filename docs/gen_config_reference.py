@@ -144,7 +144,13 @@ def rows(model: type[BaseModel], prefix: str = "") -> Iterator[Row]:
 
 
 def _cell(text: str) -> str:
+    """Plain text in a table cell: a pipe escaped (it would end the cell)."""
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _code(text: str) -> str:
+    """Code in a table cell: Python-Markdown's tables keep a pipe inside a code span as is."""
+    return "`" + text.replace("`", "'").replace("\n", " ") + "`"
 
 
 def table(items: list[Row]) -> str:
@@ -152,14 +158,15 @@ def table(items: list[Row]) -> str:
     lines = ["| key | type | default | bounds | description |", "|---|---|---|---|---|"]
     for r in items:
         lines.append(
-            f"| `{r.key}` | `{_cell(r.type)}` | `{_cell(r.default)}` | {_cell(r.bounds)} | "
+            f"| `{r.key}` | {_code(r.type)} | {_code(r.default)} | {_cell(r.bounds)} | "
             f"{_cell(r.description)} |"
         )
     return "\n".join(lines)
 
 
 def _doc(obj: Any) -> str:
-    return " ".join((obj.__doc__ or "").split("\n\n")[0].split())
+    """The first paragraph of a docstring, reST's ``code`` written as Markdown's `code`."""
+    return " ".join((obj.__doc__ or "").split("\n\n")[0].split()).replace("``", "`")
 
 
 def method_sections() -> list[tuple[str, str, type[BaseModel]]]:
@@ -190,7 +197,7 @@ def _defaults_table(prefix: str, options: Mapping[str, Any]) -> str:
     for k, v in options.items():
         v = _plain(v)
         text = "null" if v is None else ("true" if v is True else "false" if v is False else v)
-        lines.append(f"| `{prefix}{k}` | `{_cell(str(text))}` |")
+        lines.append(f"| `{prefix}{k}` | {_code(str(text))} |")
     return "\n".join(lines)
 
 

@@ -62,7 +62,8 @@ def _rows(markdown: str) -> dict[str, list[str]]:
     for line in markdown.splitlines():
         m = re.match(r"\| `([^`]+)` \|(.*)\|$", line)
         if m:
-            rows.setdefault(m[1], re.split(r"(?<!\\)\|", m[2]))
+            # cells end at a pipe that is neither escaped nor inside a code span
+            rows.setdefault(m[1], re.split(r"(?<!\\)\|(?=(?:[^`]*`[^`]*`)*[^`]*$)", m[2]))
     return rows
 
 
