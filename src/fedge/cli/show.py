@@ -126,7 +126,8 @@ def partition(
     A preset or config file is partitioned as a run would, before anything runs (generated populations too)."""
     import json
 
-    from fedge.core.config import load_config, looks_like_path
+    from fedge.core.config import load_config
+    from fedge.core.presets import looks_like_path
     from fedge.experiment.build import client_shard
 
     try:

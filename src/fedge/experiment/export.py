@@ -32,8 +32,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from fedge.core.config import load_config, path_argument
+from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, DataNotFoundError, ResumeError
+from fedge.core.validation import path_argument
 from fedge.experiment.build import BuiltRun, rebuild_run
 from fedge.experiment.rundir import RunDir
 

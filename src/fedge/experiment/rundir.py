@@ -44,8 +44,8 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from fedge.core.config import describe_yaml_error, read_yaml
 from fedge.core.errors import ConfigError, FedgeError, ResumeError
+from fedge.core.presets import describe_yaml_error, read_yaml
 
 try:
     import fcntl
