@@ -12,6 +12,7 @@ from typing import Any
 from fedge.bench.figures import read_run_logs
 from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError
+from fedge.core.rundir_schema import CONFIG, FINAL_TEST_ACCURACY
 from fedge.experiment.run import DivergenceError, resolved_config, resume_experiment, run_experiment
 from fedge.experiment.rundir import RunDir
 
@@ -71,7 +72,7 @@ def run_variants(
             continue
         try:
             if not RunDir(out).is_complete():
-                if (out / "config.yaml").exists():
+                if (out / CONFIG).exists():
                     _check_same_run(out, wanted, allow_more_rounds=False)
                     resume_experiment(out, render=False)
                 else:
@@ -132,7 +133,7 @@ def _row(
         "label": label,
         "overrides": overrides,
         "run_dir": str(out),
-        "final_test_accuracy": summary["final_test_accuracy"],
+        "final_test_accuracy": summary[FINAL_TEST_ACCURACY],
         "test_accuracy_at_best_val": summary.get("test_accuracy_at_best_val"),
         "best_test_accuracy": summary["best_test_accuracy"],
         **per_client_costs(lines),

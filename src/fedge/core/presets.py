@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from fedge.core.errors import ConfigError
+from fedge.core.rundir_schema import CONFIG
 
 __all__ = [
     "describe_yaml_error",
@@ -48,7 +49,7 @@ def preset_path(name_or_path: str | Path) -> Path:
         if p.is_dir():
             run = (
                 f" (to continue the run in it: fedge run --resume {p})"
-                if (p / "config.yaml").is_file()
+                if (p / CONFIG).is_file()
                 else ""
             )
             raise ConfigError(f"config file {str(p)!r} is a directory; give a YAML file{run}")

@@ -15,7 +15,8 @@ second run aimed at the same place never leaves something that looks complete.
     model.safetensors  final model (the one evaluated: the EMA where a method keeps one)
     plots/, report.md, report.html
 
-A run is complete exactly when ``summary.json`` exists with ``status == "complete"``.
+A run is complete exactly when ``summary.json`` exists with ``status == "complete"``. The names
+of the files and keys are :mod:`fedge.core.rundir_schema`'s, which every reader uses too.
 
 While a process drives a run's rounds it holds the directory (:meth:`RunDir.hold`, the kernel's
 ``flock`` on the directory itself: no file is written, and a killed process lets go with it), so
@@ -46,6 +47,20 @@ from safetensors.torch import save_file
 
 from fedge.core.errors import ConfigError, FedgeError, ResumeError
 from fedge.core.presets import describe_yaml_error, read_yaml
+from fedge.core.rundir_schema import (
+    APPLIED_CONFIG,
+    CHECKPOINT,
+    CLAIM,
+    COMPLETE,
+    CONFIG,
+    CONFIG_CHANGES,
+    METRICS,
+    MODEL,
+    PARTITION,
+    SESSIONS,
+    STATUS,
+    SUMMARY,
+)
 
 try:
     import fcntl
@@ -54,14 +69,6 @@ except ImportError:  # not POSIX (Windows): runs are not locked; do not resume o
 
 __all__ = ["RunDir", "RunDirBusyError", "StorageError", "config_diff", "default_run_path"]
 
-CHECKPOINT = "checkpoint.pt"
-METRICS = "metrics.jsonl"
-SUMMARY = "summary.json"
-CONFIG = "config.yaml"
-CLAIM = ".fedge-claim"
-APPLIED = ".fedge-config.json"
-CHANGES = "config_changes.jsonl"
-SESSIONS = "sessions.jsonl"
 HOLD_WAIT_S = 1.0
 """How long ``RunDir.hold(wait=True)`` retries the lock before refusing (a new claim, a takeover,
 a resume): other processes' :meth:`RunDir.busy` probes hold it for an instant."""
@@ -430,7 +437,7 @@ class RunDir:
         try:
             self._create(config, partition, data_source)
         except BaseException:
-            for name in ("partition.json", APPLIED, CONFIG, METRICS):
+            for name in (PARTITION, APPLIED_CONFIG, CONFIG, METRICS):
                 (self.path / name).unlink(missing_ok=True)
             for tmp in self.temp_files():
                 tmp.unlink(missing_ok=True)
@@ -441,8 +448,8 @@ class RunDir:
         self, config: dict[str, Any], partition: dict[str, Any], data_source: str | None
     ) -> None:
         fix = "choose a writable --out with free space"
-        _atomic_write(self.path / "partition.json", json.dumps(partition).encode(), fix)
-        _atomic_write(self.path / APPLIED, json.dumps(config).encode(), fix)
+        _atomic_write(self.path / PARTITION, json.dumps(partition).encode(), fix)
+        _atomic_write(self.path / APPLIED_CONFIG, json.dumps(config).encode(), fix)
         header = f"# dataset files read from: {data_source}\n" if data_source else ""
         _atomic_write(
             self.path / CONFIG, (header + yaml.safe_dump(config, sort_keys=False)).encode(), fix
@@ -516,7 +523,7 @@ class RunDir:
 
     def applied_config(self) -> dict[str, Any] | None:
         """The resolved config the run last ran with (None for runs written before it was kept)."""
-        path = self.path / APPLIED
+        path = self.path / APPLIED_CONFIG
         if not path.is_file():
             return None
         try:
@@ -547,16 +554,16 @@ class RunDir:
         }
         if note:
             line["note"] = note
-        with _storage(self.path / CHANGES, "append to", self._fix()):
-            _append_file(self.path / CHANGES, (json.dumps(line) + "\n").encode())
-        _atomic_write(self.path / APPLIED, json.dumps(config).encode(), self._fix())
+        with _storage(self.path / CONFIG_CHANGES, "append to", self._fix()):
+            _append_file(self.path / CONFIG_CHANGES, (json.dumps(line) + "\n").encode())
+        _atomic_write(self.path / APPLIED_CONFIG, json.dumps(config).encode(), self._fix())
 
     def is_complete(self) -> bool:
         try:
             summary = json.loads((self.path / SUMMARY).read_text())
         except (OSError, ValueError):
             return False
-        return isinstance(summary, dict) and summary.get("status") == "complete"
+        return isinstance(summary, dict) and summary.get(STATUS) == COMPLETE
 
     def load_checkpoint(self) -> dict[str, Any] | None:
         """The last checkpoint (None if the run stopped before round 1 finished)."""
@@ -620,8 +627,8 @@ class RunDir:
         not run."""
         with _storage(self.path / SUMMARY, "remove", self._fix()):
             (self.path / SUMMARY).unlink(missing_ok=True)
-        if (self.path / APPLIED).exists():
-            _atomic_write(self.path / APPLIED, json.dumps(config).encode(), self._fix())
+        if (self.path / APPLIED_CONFIG).exists():
+            _atomic_write(self.path / APPLIED_CONFIG, json.dumps(config).encode(), self._fix())
         try:
             old = (self.path / CONFIG).read_text().splitlines(keepends=True)
         except (OSError, UnicodeDecodeError):
@@ -636,13 +643,13 @@ class RunDir:
     # -- finish ---------------------------------------------------------------------
     def finish(self, summary: dict[str, Any], model: torch.nn.Module) -> None:
         tensors = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-        tmp = self.path / "model.safetensors.tmp"
-        with _storage(self.path / "model.safetensors", "write", self._fix(), tmp=tmp):
+        tmp = self.path / (MODEL + ".tmp")
+        with _storage(self.path / MODEL, "write", self._fix(), tmp=tmp):
             save_file(tensors, str(tmp), metadata={"format": "pt"})
-            os.replace(tmp, self.path / "model.safetensors")
+            os.replace(tmp, self.path / MODEL)
         _atomic_write(
             self.path / SUMMARY,
-            (json.dumps({**summary, "status": "complete"}, indent=2) + "\n").encode(),
+            (json.dumps({**summary, STATUS: COMPLETE}, indent=2) + "\n").encode(),
             self._fix(),
         )
 
