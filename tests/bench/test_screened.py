@@ -338,7 +338,7 @@ def test_a_growing_screen_is_screened_until_it_stops_growing(tmp_path):
 
 def test_work_share_takes_its_own_first_then_the_idle_others_and_skips_busy_runs():
     from fedge.bench.screened import _work_share
-    from fedge.experiment.rundir import RunDirBusyError
+    from fedge.experiment.claim import RunDirBusyError
 
     ran: list[int] = []
 

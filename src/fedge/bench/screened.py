@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 from fedge.bench.variants import recorded, run_seeded_variants, run_variants
 from fedge.core.errors import ConfigError
-from fedge.experiment.rundir import RunDirBusyError
+from fedge.experiment.claim import RunDirBusyError
 
 __all__ = [
     "Plan",
