@@ -43,20 +43,16 @@ from typing import Any
 
 from fedge.bench.docs import records_line, update_section
 from fedge.bench.screened import (
+    pick_by_validation,
     recorded_probes,
     recorded_screen,
     recorded_seeded,
-    run_notes,
+    run_screened,
     when_picked,
 )
-from fedge.bench.variants import (
-    paired_difference,
-    pick_by_validation,
-    run_screened,
-    run_variants,
-    screen_cell,
-    seed_gaps,
-)
+from fedge.bench.stats import paired_difference
+from fedge.bench.tables import run_notes, screen_cell, seed_gaps
+from fedge.bench.variants import run_variants
 
 BASE = "baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "baffle_delta_loss"

@@ -47,13 +47,13 @@ from typing import Any
 
 from fedge.bench.docs import publish, records_line
 from fedge.bench.screened import (
-    mean_cell,
-    per_seed_cell,
+    pick_by_validation,
     recorded_probes,
     recorded_screen,
     recorded_seeded,
-    run_notes,
+    run_screened,
     when_picked,
+    widened_grid,
 )
 from fedge.bench.script import (
     parse_reproduction_args,
@@ -61,17 +61,16 @@ from fedge.bench.script import (
     reproduction_parser,
     usage_errors,
 )
-from fedge.bench.variants import (
+from fedge.bench.stats import paired_difference
+from fedge.bench.tables import (
+    mean_cell,
     not_run_cell,
-    paired_difference,
-    pick_by_validation,
-    run_screened,
-    run_seeded_variants,
+    per_seed_cell,
+    run_notes,
     screen_cell,
     seed_gaps,
-    side_row,
-    widened_grid,
 )
+from fedge.bench.variants import run_seeded_variants, side_row
 
 BASE = "baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "baffle_table1"

@@ -50,13 +50,12 @@ from typing import Any
 
 from fedge.bench.docs import publish, records_line
 from fedge.bench.screened import (
-    mean_cell,
-    per_seed_cell,
+    pick_by_validation,
     read_plan_screen,
     recorded_seeded,
-    run_notes,
     run_plan,
     when_picked,
+    widened_grid,
 )
 from fedge.bench.script import (
     parse_reproduction_args,
@@ -64,14 +63,8 @@ from fedge.bench.script import (
     reproduction_parser,
     usage_errors,
 )
-from fedge.bench.variants import (
-    not_run_cell,
-    paired_difference,
-    pick_by_validation,
-    screen_cell,
-    t_interval,
-    widened_grid,
-)
+from fedge.bench.stats import paired_difference, t_interval
+from fedge.bench.tables import mean_cell, not_run_cell, per_seed_cell, run_notes, screen_cell
 
 BASE = "baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "baffle_table2"
@@ -694,7 +687,7 @@ def verdicts(plan: Plan, agg: dict[str, dict[str, Any]]) -> list[str]:
     """The skew cost of every row (IID − Dirichlet, paired by seed: the same seed draws the same
     training subset and initial model for both partitions), and BAFFLE's cost against BP's.
     A difference counts as a direction only when the 95% t interval of its per-seed mean excludes 0
-    (:func:`fedge.bench.variants.t_interval`)."""
+    (:func:`fedge.bench.stats.t_interval`)."""
     costs = {}
     out = [
         "Skew cost (final test accuracy, IID − Dirichlet 0.3, per-seed paired; mean ± std over seeds):",

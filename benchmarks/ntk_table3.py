@@ -75,14 +75,13 @@ from typing import Any
 
 from fedge.bench.docs import publish, records_line
 from fedge.bench.screened import (
-    mean_cell,
-    per_seed_cell,
+    pick_by_validation,
     read_plan_screen,
     recorded_probes,
     recorded_seeded,
-    run_notes,
     run_plan,
     when_picked,
+    widened_grid,
 )
 from fedge.bench.script import (
     parse_reproduction_args,
@@ -90,15 +89,16 @@ from fedge.bench.script import (
     reproduction_parser,
     usage_errors,
 )
-from fedge.bench.variants import (
+from fedge.bench.stats import paired_difference
+from fedge.bench.tables import (
+    mean_cell,
     not_run_cell,
-    paired_difference,
-    pick_by_validation,
-    run_seeded_variants,
+    per_seed_cell,
+    run_notes,
     screen_cell,
     seed_gaps,
-    widened_grid,
 )
+from fedge.bench.variants import run_seeded_variants
 
 BASE = "ntk-baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "ntk_table3"
@@ -694,7 +694,7 @@ def _direction(label: str, d: dict[str, Any] | None, paper: str, want: str = "hi
 def verdicts(plan: Plan, agg: dict[str, dict[str, Any]]) -> list[str]:
     """Per-seed paired differences of the test accuracy at the round of best validation accuracy
     (the honest analogue of the paper's "maximum accuracy"); a direction counts only when the 95%
-    t interval of the mean per-seed difference excludes 0 (:func:`fedge.bench.variants.t_interval`)."""
+    t interval of the mean per-seed difference excludes 0 (:func:`fedge.bench.stats.t_interval`)."""
     key = "test_accuracy_at_best_val"
 
     def diff(a: str, b: str) -> dict[str, Any] | None:

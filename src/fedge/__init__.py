@@ -48,7 +48,7 @@ _LAZY = {
     "load_run": "fedge.api",
     "method_names": "fedge.methods",
     "model_names": "fedge.models",
-    "preset_names": "fedge.core.config",
+    "preset_names": "fedge.core.presets",
     "register_dataset": "fedge.api",
     "register_method": "fedge.methods",
     "register_model": "fedge.models",
@@ -112,7 +112,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # static checkers and IDEs see the real objects
     from fedge.api import RunResult, load_run, register_dataset, resume, run
-    from fedge.core.config import RunConfig, load_config, preset_names
+    from fedge.core.config import RunConfig, load_config
     from fedge.core.errors import (
         ConfigError,
         DataNotFoundError,
@@ -120,6 +120,7 @@ if TYPE_CHECKING:  # static checkers and IDEs see the real objects
         ResumeError,
         UnknownNameError,
     )
+    from fedge.core.presets import preset_names
     from fedge.data import Dataset, DatasetSpec, RawData, dataset_names, load_dataset
     from fedge.data.partition import register_partitioner
     from fedge.experiment.export import ExportResult, TrainedModel, export_model

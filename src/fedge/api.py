@@ -36,7 +36,8 @@ from typing import Any
 
 import torch
 
-from fedge.core.config import RunConfig, load_config, path_argument
+from fedge.core.config import RunConfig, load_config
+from fedge.core.validation import path_argument
 from fedge.data.registry import register_dataset as _register_spec
 from fedge.data.registry import register_function
 from fedge.data.spec import DatasetSpec

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedge.bench.variants import t_interval
+from fedge.bench.stats import t_interval
 from fedge.core.config import load_config
 from fedge.experiment.run import resolved_config
 from tests_helpers import benchmark_script

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from fedge.bench.variants import paired_difference, t_interval
+from fedge.bench.stats import paired_difference, t_interval
 from tests_helpers import benchmark_script
 
 bench = benchmark_script("baffle_table1")

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import fedge.experiment.rundir as rundir_mod
+import fedge.experiment.storage as storage_mod
 from fedge.cli.main import app
 from tests_helpers import metrics_without_wall
 
@@ -444,7 +444,7 @@ def _raise(code):
 
 def test_read_only_out_is_one_line_naming_the_path(tmp_path, tiny, monkeypatch):
     out = tmp_path / "ro" / "run"
-    monkeypatch.setattr(rundir_mod, "_mkdir", _raise(errno.EROFS))
+    monkeypatch.setattr(storage_mod, "make_dir", _raise(errno.EROFS))
     res = _run("run", _write_cfg(tmp_path, tiny), "--out", out, "-q")
     _one_error_line(
         res,
@@ -458,7 +458,7 @@ def test_read_only_out_is_one_line_naming_the_path(tmp_path, tiny, monkeypatch):
 def test_read_only_existing_empty_out_leaves_it_empty(tmp_path, tiny, monkeypatch):
     out = tmp_path / "run"
     out.mkdir()
-    monkeypatch.setattr(rundir_mod, "_write_file", _raise(errno.EROFS))
+    monkeypatch.setattr(storage_mod, "write_file", _raise(errno.EROFS))
     res = _run("run", _write_cfg(tmp_path, tiny), "--out", out, "-q")
     _one_error_line(
         res,
@@ -477,7 +477,7 @@ def _cut_at_round_3(tmp_path, tiny, monkeypatch, fault):  # noqa: ANN001, ANN202
     full = tmp_path / "full"
     assert _run("run", cfg, "--out", full, "-q").exit_code == 0
     out = tmp_path / "cut"
-    real = rundir_mod._save_torch
+    real = storage_mod.save_torch
 
     def save_then_fault(obj, path):  # noqa: ANN001, ANN202
         if obj["record"]["round"] == 3:
@@ -485,9 +485,9 @@ def _cut_at_round_3(tmp_path, tiny, monkeypatch, fault):  # noqa: ANN001, ANN202
             fault()
         real(obj, path)
 
-    monkeypatch.setattr(rundir_mod, "_save_torch", save_then_fault)
+    monkeypatch.setattr(storage_mod, "save_torch", save_then_fault)
     res = _run("run", cfg, "--out", out, "-q")
-    monkeypatch.setattr(rundir_mod, "_save_torch", real)
+    monkeypatch.setattr(storage_mod, "save_torch", real)
     return full, out, res
 
 

@@ -5,8 +5,9 @@ import json
 import pytest
 
 import fedge.experiment.run as run_module
+from fedge.core.rundir_schema import SESSIONS
 from fedge.experiment.provenance import _cpu, machine, segments
-from fedge.experiment.rundir import SESSIONS, RunDir
+from fedge.experiment.rundir import RunDir
 from tests_helpers import unfinished_run
 
 A = {

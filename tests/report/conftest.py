@@ -1,4 +1,5 @@
-"""Fake run directories, written exactly as the engine's run-directory format describes."""
+"""Fake run directories, written with the names of :mod:`fedge.core.rundir_schema`, as the engine
+writes them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
+from fedge.core import rundir_schema as schema
 from fedge.data.partition import partition_summary
 
 BYTES_DOWN = 1_000_000  # per round, summed over clients
@@ -48,7 +50,7 @@ def write_run(
         "model": {"name": model},
         "method": {"name": method, "lr": 0.1},
     }
-    (path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (path / schema.CONFIG).write_text(yaml.safe_dump(config, sort_keys=False))
     # partition.json exactly as a run writes it (fedge.experiment.build): the partitioner's name
     # and parameters plus partition_summary of real index arrays. Client i holds 10*(i+1) samples,
     # all of class i % num_classes.
@@ -62,8 +64,8 @@ def write_run(
         "params": {"alpha": 0.5},
         **partition_summary(parts, np.array(labels), num_classes),
     }
-    (path / "partition.json").write_text(json.dumps(partition))
-    with (path / "metrics.jsonl").open("w") as f:
+    (path / schema.PARTITION).write_text(json.dumps(partition))
+    with (path / schema.METRICS).open("w") as f:
         for r, acc in enumerate(accuracies, start=1):
             row: dict[str, Any] = {
                 "round": r,
@@ -99,11 +101,11 @@ def write_run(
             "wall_s": 0.5 * n,
             "model_params": 62_006,
             "model_bytes": 248_024,
-            "status": "complete",
+            schema.STATUS: schema.COMPLETE,
         }
         if peak_bytes is not None:
             summary["client_peak_bytes"] = peak_bytes
-        (path / "summary.json").write_text(json.dumps(summary))
+        (path / schema.SUMMARY).write_text(json.dumps(summary))
     return path
 
 

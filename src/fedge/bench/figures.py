@@ -14,6 +14,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from fedge.core.rundir_schema import FINAL_TEST_ACCURACY, METRICS, SUMMARY
+
 __all__ = [
     "communication_reduction",
     "few_seeds_note",
@@ -27,8 +29,8 @@ __all__ = [
 def read_run_logs(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``(summary.json, the metrics.jsonl lines)`` of the run in ``run_dir`` (blank lines skipped)."""
     d = Path(run_dir)
-    summary = json.loads((d / "summary.json").read_text())
-    lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    summary = json.loads((d / SUMMARY).read_text())
+    lines = [json.loads(x) for x in (d / METRICS).read_text().splitlines() if x.strip()]
     return summary, lines
 
 
@@ -40,7 +42,7 @@ def run_figures(run_dir: str | Path) -> dict[str, Any]:
     summary, lines = read_run_logs(run_dir)
     n = lines[0]["clients"]
     return {
-        "accuracy": summary["final_test_accuracy"],
+        "accuracy": summary[FINAL_TEST_ACCURACY],
         "trainable_fraction": summary["trainable_fraction"],
         "bytes_down": lines[-1]["bytes_down"] / n,
         "bytes_up": lines[-1]["bytes_up"] / n,

@@ -45,7 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedge.core.errors import ConfigError
-from fedge.experiment.rundir import CHECKPOINT, CONFIG, RunDir
+from fedge.core.rundir_schema import CHECKPOINT, CONFIG
+from fedge.experiment.rundir import RunDir
 
 __all__ = [
     "ARCHIVE",

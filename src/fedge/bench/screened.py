@@ -1,45 +1,287 @@
-"""A screened reproduction table read back from its records.
+"""A screened reproduction table: a learning-rate screen on validation, then every variant x
+seed, run resumably by parallel workers and read back from its records.
 
-:func:`fedge.bench.variants.run_screened` runs a paper table the way a reviewer accepts it (a
-learning-rate screen on validation, then every variant x seed) and records every finished run
-under ``records`` (``screen/``, ``seed-S/``, ``probe/``). The reproduction scripts
-(``benchmarks/baffle_table1.py``, ``baffle_table2.py``, ``ntk_table3.py``,
-``baffle_delta_loss.py``) build their ``main`` with :func:`when_picked` and tabulate from the
-records alone with :func:`recorded_screen` and :func:`recorded_seeded`, so ``--table-only`` on
-any machine renders what the workers recorded.
+:func:`run_screened` runs a paper table the way a reviewer accepts it and records every finished
+run under ``records`` (``screen/``, ``seed-S/``, ``probe/``); the screen is scored on validation
+(:func:`validation_score`, :func:`pick_by_validation`) and grown past a winning edge
+(:func:`widened_grid`). The reproduction scripts (``benchmarks/baffle_table1.py``,
+``baffle_table2.py``, ``ntk_table3.py``, ``baffle_delta_loss.py``) build their ``main`` with
+:func:`when_picked` and tabulate from the records alone with :func:`recorded_screen` and
+:func:`recorded_seeded`, so ``--table-only`` on any machine renders what the workers recorded.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from fedge.bench.variants import (
-    Screen,
-    diverged_note,
-    recorded,
-    recorded_grown,
-    run_screened,
-    run_seeded_variants,
-)
+from fedge.bench.variants import recorded, run_seeded_variants, run_variants
+from fedge.core.errors import ConfigError
+from fedge.experiment.claim import RunDirBusyError
 
 __all__ = [
     "Plan",
-    "cost_note",
-    "machines_note",
-    "mean_cell",
-    "per_seed_cell",
+    "Screen",
+    "grid_step",
+    "main_tasks",
+    "pick_by_validation",
     "read_plan_screen",
+    "recorded_grown",
     "recorded_probes",
     "recorded_screen",
     "recorded_seeded",
-    "run_notes",
     "run_plan",
+    "run_screened",
+    "validation_score",
     "when_picked",
+    "widened_grid",
 ]
 
 T = TypeVar("T")
+
+
+def validation_score(row: dict[str, Any], window: int = 1) -> float | None:
+    """A screen run's score: its final **validation** accuracy, or with ``window`` > 1 the mean of
+    its last ``window`` validation evaluations (a run whose accuracy still swings from one
+    evaluation to the next — label skew, few local steps — is judged by where it sits, not by
+    where its last evaluation happened to land); None for a diverged run or one without a
+    validation set."""
+    if "diverged_round" in row:
+        return None
+    if window <= 1:
+        return row.get("final_val_accuracy")
+    vals = [v for v in row.get("val_accuracy_by_round") or [] if v is not None][-window:]
+    return statistics.mean(vals) if vals else None
+
+
+def pick_by_validation(
+    results: list[dict[str, Any]], labels: dict[float, str], *, window: int = 1
+) -> float | None:
+    """The value (a learning rate) whose run, ``labels[value]``, has the best
+    :func:`validation_score` (final validation accuracy, or the mean of the last ``window``
+    evaluations; ties: the smaller value); None while one of them is not recorded. A run that
+    diverged (``diverged_round``) scores below every run that did not. The test set is never
+    looked at."""
+    rows = {r["label"]: r for r in results}
+    if any(label not in rows for label in labels.values()):
+        return None
+    scored = []
+    for value, label in labels.items():
+        val = validation_score(rows[label], window)
+        if "diverged_round" in rows[label]:
+            val = -math.inf
+        elif val is None:
+            raise ConfigError(
+                f"screen run {label!r} has no validation accuracy; give the protocol dataset.validation=N"
+            )
+        scored.append((val, -value, value))
+    return max(scored)[2]
+
+
+def grid_step(x: float, *, up: bool) -> float:
+    """The next learning rate past ``x`` on the 1-3-10 ladder (0.03 -> 0.1 up, 0.01 -> 0.003 down);
+    off the ladder, a factor of sqrt(10)."""
+    e = math.floor(math.log10(x) + 1e-9)
+    m = round(x / 10**e, 6)
+    nxt = {
+        (1.0, True): 3 * 10**e,
+        (3.0, True): 10 ** (e + 1),
+        (1.0, False): 3 * 10 ** (e - 1),
+        (3.0, False): 10**e,
+    }.get((m, up), x * 10 ** (0.5 if up else -0.5))
+    return float(f"{nxt:.3g}")
+
+
+def widened_grid(
+    grid: Sequence[float],
+    label_of: Callable[[float], str],
+    results: list[dict[str, Any]],
+    *,
+    steps: int = 2,
+    window: int = 1,
+) -> tuple[float, ...]:
+    """``grid``, grown one :func:`grid_step` past an edge where the best **validation** run sits
+    (:func:`pick_by_validation`), again while the new edge is best, at most ``steps`` times: a
+    screen whose pick sits at the edge of its grid has not bracketed the optimum. A value added
+    but not yet recorded is in the grid returned (the caller screens it; the pick waits for it).
+    ``label_of(lr)``: the screen run's label; ``window``: as :func:`pick_by_validation`."""
+    lrs = sorted(grid)
+    for _ in range(steps):
+        best = pick_by_validation(results, {lr: label_of(lr) for lr in lrs}, window=window)
+        if best is None or (len(lrs) > 1 and lrs[0] < best < lrs[-1]):
+            break
+        if best == lrs[-1]:
+            lrs.append(grid_step(best, up=True))
+        else:
+            lrs.insert(0, grid_step(best, up=False))
+    return tuple(lrs)
+
+
+Screen = dict[str, list[str]] | Callable[[list[dict[str, Any]]], dict[str, list[str]]]
+
+
+def _grower(screen: Screen) -> Callable[[list[dict[str, Any]]], dict[str, list[str]]]:
+    return screen if callable(screen) else (lambda _results: screen)
+
+
+def recorded_grown(
+    base: str, screen: Screen, *, common: list[str], records: str | Path
+) -> dict[str, Any]:
+    """:func:`fedge.bench.variants.recorded` of a screen that grows with its results (see
+    :func:`run_screened`): the recorded runs of the screen as it stands, grown as far as its records take it."""
+    grow = _grower(screen)
+    current = grow([])
+    while True:
+        rep = recorded(base, current, common=common, records=records)
+        bigger = grow(rep["results"])
+        if bigger.keys() == current.keys():
+            return rep
+        current = bigger
+
+
+def _work_share(
+    items: Sequence[T],
+    shard: int,
+    shards: int,
+    run_one: Callable[[T], None],
+    *,
+    steal: bool,
+    own: bool = True,
+) -> None:
+    """Run worker ``shard``'s items (every ``shards``-th, with ``own``), then, with ``steal``, the
+    others'; an item whose run another process is running now (RunDirBusyError) is left to it."""
+    mine = [x for i, x in enumerate(items) if i % shards == shard]
+    theirs = [x for i, x in enumerate(items) if i % shards != shard]
+    for item in (mine if own else []) + (theirs if steal else []):
+        try:
+            run_one(item)
+        except RunDirBusyError:
+            continue
+
+
+def main_tasks(
+    variants: Sequence[str], seeds: Sequence[int], only: Sequence[tuple[str, int | None]] = ()
+) -> list[tuple[str, int]]:
+    """The main runs of a table, (label, seed), **seed-major**: every variant's first seed before
+    any second seed, so a table that is stopped part-way has one seed of every row (a complete,
+    if unreplicated, table) rather than three seeds of its first rows and nothing of the rest.
+    ``only`` as in :func:`run_screened`."""
+    return [
+        (label, seed)
+        for seed in seeds
+        for label in variants
+        if not only or any(label == o and s in (None, seed) for o, s in only)
+    ]
+
+
+def run_screened(
+    base: str,
+    screen: Screen,
+    main: Callable[[dict[str, Any]], dict[str, list[str]] | None],
+    *,
+    screen_common: list[str],
+    protocol: list[str],
+    seeds: Sequence[int],
+    records: str | Path,
+    out: str | Path,
+    shard: int = 0,
+    shards: int = 1,
+    probe_common: list[str] | None = None,
+    poll_s: float = 30.0,
+    only: Sequence[tuple[str, int | None]] = (),
+    steal: bool = True,
+) -> dict[str, list[str]]:
+    """Run a paper table the way a reviewer accepts it, resumably and in parallel workers.
+
+    1. The ``screen`` runs (``screen_common``; e.g. learning rates on a validation split). A
+       callable ``screen(recorded results)`` grows the screen with what it has found (e.g.
+       :func:`widened_grid`: one more learning rate past an edge that won); it is screened until
+       it stops growing. A screen run that diverges is recorded as diverged (the worst of its
+       grid), not an error; so is a main run (step 3), which the tables list as diverged.
+    2. ``main(screen report)`` turns the recorded screen into the table's variants (None while a
+       screen run is missing: a worker waits, polling every ``poll_s`` s, for the others).
+    3. Every variant × seed with ``protocol + [seed=S]``, seed-major (:func:`main_tasks`); with
+       ``probe_common``, each variant once more under it (e.g. one metered round) after its first seed
+       (a probe that diverges is recorded as diverged too; :func:`fedge.bench.screened.recorded_probes`
+       leaves it out).
+
+    Worker ``shard`` of ``shards`` takes every ``shards``-th run of each list (start ``shards``
+    processes with one torch thread each); with ``steal`` (the default) it then takes the other
+    workers' runs that nobody is running now (:meth:`fedge.experiment.rundir.RunDir.busy`: not
+    started, or left unfinished by a stopped worker), so no core idles while another has work,
+    and a worker waiting for the screen screens meanwhile. Stealing sees only the runs under
+    ``out``: workers on different machines pass ``steal=False`` (or split by ``only``).
+    ``only``: (label, seed or None for every seed) pairs
+    that restrict step 3 to those runs (before sharding), to send chosen runs to a machine; an
+    unknown label is an error naming the table's labels. Finished runs are recorded under
+    ``records`` (``screen/``, ``seed-S/``, ``probe/``) and read back instead of rerun, on any
+    machine. Returns the main variants."""
+    if not 0 <= shard < shards:
+        raise ConfigError(
+            f"shard {shard} of {shards}: expected 0 <= shard < shards, e.g. --shard 0/2"
+        )
+    root, out = Path(records), Path(out)
+
+    grow = _grower(screen)
+    current = grow([])
+
+    def screen_one(label: str) -> None:
+        run_variants(
+            base,
+            {label: current[label]},
+            out_root=out / "screen",
+            common=screen_common,
+            records=root / "screen",
+            record_divergence=True,
+        )  # a step size that diverges loses the screen
+
+    _work_share(list(current), shard, shards, screen_one, steal=steal)
+    while True:
+        rep = recorded(base, current, common=screen_common, records=root / "screen")
+        if (
+            bigger := grow(rep["results"])
+        ).keys() != current.keys():  # the screen grew: screen the new runs
+            current = bigger
+            _work_share(list(current), shard, shards, screen_one, steal=steal)
+            continue
+        if (variants := main(rep)) is not None:
+            break
+        time.sleep(poll_s)  # another worker is still screening
+        if steal:  # ... unless it stopped: then its screen runs are free to take
+            _work_share(list(current), shard, shards, screen_one, steal=True, own=False)
+    unknown = sorted({label for label, _ in only if label not in variants})
+    if unknown:
+        raise ConfigError(
+            f"--only {unknown}: not a variant of this table; expected one of {list(variants)}"
+        )
+    tasks = main_tasks(list(variants), seeds, only)
+
+    def main_one(task: tuple[str, int]) -> None:
+        label, seed = task
+        run_variants(
+            base,
+            {label: variants[label]},
+            out_root=out / f"seed-{seed}",
+            common=[*protocol, f"seed={seed}"],
+            records=root / f"seed-{seed}",
+            record_divergence=True,
+        )  # a seed that diverges is a result
+        if probe_common is not None and seed == seeds[0]:
+            run_variants(
+                base,
+                {label: variants[label]},
+                out_root=out / "probe",
+                common=probe_common,
+                records=root / "probe",
+                record_divergence=True,
+            )  # a probe that diverges is recorded; its table shows no figures
+
+    _work_share(tasks, shard, shards, main_one, steal=steal)
+    return variants
 
 
 class Plan(Protocol):
@@ -61,7 +303,7 @@ class Plan(Protocol):
 def recorded_screen(
     base: str, screen: Screen, *, common: list[str], records: str | Path
 ) -> dict[str, Any]:
-    """The screen runs of a :func:`fedge.bench.variants.run_screened` table as recorded under ``records/screen``
+    """The screen runs of a :func:`run_screened` table as recorded under ``records/screen``
     (nothing runs; the rest are ``"missing"``); a growing screen as far as its records grew it."""
     return recorded_grown(base, screen, common=common, records=Path(records) / "screen")
 
@@ -74,8 +316,8 @@ def recorded_seeded(
     common: list[str],
     records: str | Path,
 ) -> dict[str, Any]:
-    """:func:`run_seeded_variants` reading only ``records`` (``records/seed-S``): the table of
-    whatever seeds are recorded, nothing runs."""
+    """:func:`fedge.bench.variants.run_seeded_variants` reading only ``records``
+    (``records/seed-S``): the table of whatever seeds are recorded, nothing runs."""
     return run_seeded_variants(
         base,
         variants,
@@ -90,7 +332,7 @@ def recorded_seeded(
 def recorded_probes(
     base: str, variants: dict[str, list[str]], *, common: list[str], records: str | Path
 ) -> dict[str, dict[str, Any]]:
-    """The probe runs of a :func:`fedge.bench.variants.run_screened` table (``probe_common``,
+    """The probe runs of a :func:`run_screened` table (``probe_common``,
     recorded under ``records``, e.g. ``records/probe``) by label: the finished ones only. A probe
     that diverged measured no complete round, so its label is absent and the table's cell says
     "-" as for a probe not run yet."""
@@ -101,7 +343,7 @@ def recorded_probes(
 def when_picked(
     pick: Callable[[dict[str, Any]], T | None], variants: Callable[[T], dict[str, list[str]]]
 ) -> Callable[[dict[str, Any]], dict[str, list[str]] | None]:
-    """The ``main`` of :func:`fedge.bench.variants.run_screened`: ``variants(pick(screen))`` — the table's variants
+    """The ``main`` of :func:`run_screened`: ``variants(pick(screen))`` — the table's variants
     built from what ``pick`` chose on the screen report — or None while ``pick`` returns None
     (a screen run is missing)."""
 
@@ -110,140 +352,6 @@ def when_picked(
         return None if chosen is None else variants(chosen)
 
     return main
-
-
-def per_seed_cell(row: dict[str, Any], key: str = "final_test_accuracy") -> str:
-    """A :func:`run_seeded_variants` row's ``key`` of every finished seed run, in seed order, then
-    the seeds that diverged: ``0.8123, 0.8201, seed 2 diverged (round 40)``."""
-    return ", ".join(
-        [
-            *(f"{x[key]:.4f}" for x in row["runs"]),
-            *([diverged_note(row["diverged"])] if row.get("diverged") else []),
-        ]
-    )
-
-
-def mean_cell(row: dict[str, Any], key: str = "final_test_accuracy") -> str:
-    """A :func:`run_seeded_variants` row's mean ± sample std of ``key`` over its seeds:
-    ``0.8123 ± 0.0057``, or ``0.8123 (one seed)`` (one seed has no spread to show)."""
-    return f"{row[key]:.4f}" + (
-        f" ± {row[key + '_std']:.4f}" if row["seeds"] > 1 else " (one seed)"
-    )
-
-
-def machine_name(m: dict[str, Any]) -> str:
-    """One machine of a record's ``machines``, as the docs name it: CPU (vector extension, cores), torch."""
-    isa = f"{m['isa']}, " if m.get("isa") else ""
-    return f"{m['cpu']} ({isa}{m['cores']} cores), torch {m['torch']}"
-
-
-def machines_note(rows: Sequence[dict[str, Any]]) -> str:
-    """Where the runs of :func:`run_seeded_variants` rows ran, from each record's ``machines``
-    (:mod:`fedge.experiment.provenance`): per machine, the runs (and rounds, when a run was
-    resumed on another machine) it computed; runs recorded before records held it are counted.
-    Empty when there are no runs."""
-    ran: dict[str, list[str]] = {}
-    unknown = 0
-    for row in rows:
-        for run in row["runs"]:
-            segs = run.get("machines")
-            if not segs:
-                unknown += 1
-                continue
-            whole = len(segs) == 1
-            for seg in segs:
-                a, b = seg["rounds"]
-                where = f"{row['label']} seed {run['seed']}" + (
-                    "" if whole else f" (rounds {a}-{b})"
-                )
-                if seg["machine"] is None:
-                    ran.setdefault("not recorded", []).append(where)
-                else:
-                    ran.setdefault(machine_name(seg["machine"]), []).append(where)
-    parts = [f"{name}: {', '.join(runs)}" for name, runs in ran.items()]
-    if not parts and not unknown:
-        return ""
-    if unknown:
-        parts.append(
-            f"{unknown} run{'s' if unknown > 1 else ''} recorded before records named their machine"
-        )
-    return (
-        "Where the runs ran (from the records; a run resumed on another machine is the same run up to float roundoff): "
-        + "; ".join(parts)
-        + "."
-    )
-
-
-def _ran_on(run: dict[str, Any]) -> str:
-    """Which machine computed ``run``, by instruction set (what sets a CPU's speed here):
-    ``"avx2"``, ``"avx512f"``, ...; ``"resumed across machines"`` when its rounds ran on
-    machines of different instruction sets; ``"machine not recorded"`` for older records."""
-    tags = {
-        seg["machine"]["isa"] if seg.get("machine") else "machine not recorded"
-        for seg in run.get("machines") or []
-    }
-    if not tags:
-        return "machine not recorded"
-    return tags.pop() if len(tags) == 1 else "resumed across machines"
-
-
-def cost_note(rows: Sequence[dict[str, Any]]) -> str:
-    """What each row's runs cost, from the records: the wall time of their rounds (training and
-    evaluation, summed over every session of a resumed run; start-up excluded), in minutes,
-    min-max over the row's seeds. What a reader needs to plan a rerun, measured rather than
-    estimated. Where the section's runs ran on machines of different instruction sets (a 3x
-    difference in speed has been seen between an avx2 and an avx512 EPYC), the minutes are
-    grouped by instruction set, one sentence each (known ones first, then runs resumed across
-    machines, then runs whose machine was not recorded), so a range never mixes machines.
-    Empty when there are no runs."""
-    timed = [
-        (row["label"], _ran_on(run), run["wall_s"] / 60)
-        for row in rows
-        for run in row["runs"]
-        if run.get("wall_s") is not None
-    ]
-    if not timed:
-        return ""
-    isas = {
-        seg["machine"]["isa"]
-        for row in rows
-        for run in row["runs"]
-        for seg in run.get("machines") or []
-        if seg.get("machine")
-    }
-    several = len(isas) > 1  # runs of unrecorded machines alone do not split the ranges
-
-    def minutes(group: list[tuple[str, str, float]]) -> str:
-        by_label: dict[str, list[float]] = {}
-        for label, _, m in group:
-            by_label.setdefault(label, []).append(m)
-        spans = {label: (f"{min(m):.0f}", f"{max(m):.0f}") for label, m in by_label.items()}
-        return "; ".join(
-            f"{label} {lo if lo == hi else f'{lo}-{hi}'}" for label, (lo, hi) in spans.items()
-        )
-
-    head = (
-        "Minutes a run took (from the records: its rounds' wall time, evaluation included, one torch thread, on "
-        "the machines named below; min-max over seeds"
-    )
-    if not several:
-        return f"{head}): {minutes(timed)}."
-    unknown = ("resumed across machines", "machine not recorded")
-    order = sorted({where for _, where, _ in timed} - set(unknown)) + [
-        u for u in unknown if any(w == u for _, w, _ in timed)
-    ]
-    groups = [
-        f"{'On ' + where if where not in unknown else where[0].upper() + where[1:]}: "
-        f"{minutes([t for t in timed if t[1] == where])}."
-        for where in order
-    ]
-    return f"{head}, grouped by the machine's instruction set). " + " ".join(groups)
-
-
-def run_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """The lines closing a reproduction's section: :func:`cost_note` then :func:`machines_note`,
-    each after a blank line; none for notes that are empty."""
-    return [line for note in (cost_note(rows), machines_note(rows)) if note for line in ("", note)]
 
 
 def run_plan(
@@ -259,7 +367,7 @@ def run_plan(
     only: Sequence[tuple[str, int | None]] = (),
     steal: bool = True,
 ) -> None:
-    """:func:`fedge.bench.variants.run_screened` of ``plan``: its screen overrides, protocol,
+    """:func:`run_screened` of ``plan``: its screen overrides, protocol,
     seeds and records, worker ``shard`` of ``shards`` (taking idle workers' runs with ``steal``),
     the runs ``only`` names (all when empty)."""
     run_screened(

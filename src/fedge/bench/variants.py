@@ -4,43 +4,26 @@ ablation) and tabulate accuracy, bytes and client FLOPs side by side."""
 from __future__ import annotations
 
 import json
-import math
 import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from fedge.bench.docs import command_section, markdown_table
 from fedge.bench.figures import read_run_logs
 from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError
+from fedge.core.rundir_schema import CONFIG, FINAL_TEST_ACCURACY
 from fedge.experiment.run import DivergenceError, resolved_config, resume_experiment, run_experiment
-from fedge.experiment.rundir import RunDir, RunDirBusyError
+from fedge.experiment.rundir import RunDir
 
 __all__ = [
-    "paired_difference",
-    "t_interval",
-    "validation_score",
+    "NEUTRAL_ADDITIONS",
     "per_client_costs",
-    "pick_by_validation",
     "recorded",
-    "run_screened",
     "run_seeded_variants",
-    "diverged_note",
-    "not_run_cell",
-    "screen_cell",
     "run_variants",
-    "grid_step",
-    "recorded_grown",
-    "seeded_markdown",
-    "seed_gaps",
     "side_row",
-    "widened_grid",
-    "variants_markdown",
 ]
-
-T = TypeVar("T")
 
 
 def run_variants(
@@ -70,8 +53,9 @@ def run_variants(
     ``record_divergence``: a variant whose training diverges (:class:`DivergenceError`) is a
     result, not a failure — its row holds ``diverged_round`` (and ``final_val_accuracy`` None)
     and is recorded like any other, so a learning-rate screen counts a step size too large as
-    the worst of its grid (:func:`pick_by_validation`) and a table lists the seed as diverged
-    (:func:`run_seeded_variants`) instead of the worker stopping. Without it the error propagates.
+    the worst of its grid (:func:`fedge.bench.screened.pick_by_validation`) and a table lists
+    the seed as diverged (:func:`run_seeded_variants`) instead of the worker stopping. Without
+    it the error propagates.
     """
     root = Path(out_root)
     results = []
@@ -88,7 +72,7 @@ def run_variants(
             continue
         try:
             if not RunDir(out).is_complete():
-                if (out / "config.yaml").exists():
+                if (out / CONFIG).exists():
                     _check_same_run(out, wanted, allow_more_rounds=False)
                     resume_experiment(out, render=False)
                 else:
@@ -149,7 +133,7 @@ def _row(
         "label": label,
         "overrides": overrides,
         "run_dir": str(out),
-        "final_test_accuracy": summary["final_test_accuracy"],
+        "final_test_accuracy": summary[FINAL_TEST_ACCURACY],
         "test_accuracy_at_best_val": summary.get("test_accuracy_at_best_val"),
         "best_test_accuracy": summary["best_test_accuracy"],
         **per_client_costs(lines),
@@ -322,81 +306,6 @@ def _max_over_rounds(lines: list[dict[str, Any]], key: str) -> int | None:
     return max(values) if values else None
 
 
-UP, DOWN = "up B/client/round (mean of all rounds)", "down B/client/round (mean of all rounds)"
-PRUNING = "pruning phases B/client (up / down)"
-
-
-def _flops_cell(r: dict[str, Any], key: str) -> str:
-    """GFLOP per client per round (``key`` + ``_per_client_round``); a row recorded before that
-    figure existed shows its sum over the round's clients, marked ``(sum)``."""
-    per_client = r.get(f"{key}_per_client_round")
-    if per_client is not None:
-        return f"{per_client / 1e9:.2f}"
-    summed = r.get(f"{key}_per_round")
-    return "-" if summed is None else f"{summed / 1e9:.1f} (sum)"
-
-
-def _pruning_cell(r: dict[str, Any]) -> str:
-    if not r.get("pretraining_phases"):
-        return "-"
-    return (
-        f"{r['pretraining_bytes_up_per_client']:.0f} / {r['pretraining_bytes_down_per_client']:.0f}"
-    )
-
-
-def variants_markdown(report: dict[str, Any], command: str, intro: str) -> str:
-    """A markdown table of ``report``. Bytes and GFLOP are per client per round, averaged over
-    all rounds (:func:`per_client_costs`); a column of NTK-Ori's pruning-phase bytes, and columns
-    for effective FLOPs and client memory, appear when some variant logged them (``-`` where a
-    variant did not)."""
-    results = report["results"]
-    effective = any(r.get("client_flops_effective_per_round") is not None for r in results)
-    memory = any(r.get("client_tensor_peak_bytes") is not None for r in results)
-    pruning = any(r.get("pretraining_phases") for r in results)
-    flops = (
-        "client GFLOP/client/round, executed (mean of all rounds)"
-        if effective
-        else "client GFLOP/client/round (mean of all rounds)"
-    )
-    head = (
-        ["variant", "overrides", "final acc", "best acc", UP, DOWN] + [PRUNING] * pruning + [flops]
-    )
-    head += (
-        ["effective GFLOP/client/round"] * effective
-        + ["client peak MiB (tensors)"] * memory
-        + ["wall s"]
-    )
-    rows = []
-    for r in results:
-        cells = [
-            r["label"],
-            f"`{' '.join(r['overrides']) or '-'}`",
-            f"{r['final_test_accuracy']:.4f}",
-            f"{r['best_test_accuracy']:.4f}",
-            f"{r['bytes_up_per_client_round']:.0f}",
-            f"{r['bytes_down_per_client_round']:.0f}",
-        ]
-        cells += [_pruning_cell(r)] * pruning + [_flops_cell(r, "client_flops")]
-        if effective:
-            cells.append(_flops_cell(r, "client_flops_effective"))
-        if memory:
-            peak = r.get("client_tensor_peak_bytes")
-            cells.append("-" if peak is None else f"{peak / 2**20:.2f}")
-        cells.append(f"{r['wall_s']:.0f}")
-        rows.append(cells)
-    common = " ".join(report["common"])
-    base = f"Base: `{report['base']}`" + (f" with `{common}`" if common else "")
-    return command_section(
-        [intro], command, [base, "", *markdown_table(head, rows), *_missing_note(report)]
-    )
-
-
-def _missing_note(report: dict[str, Any]) -> list[str]:
-    """The lines naming the variants not run yet (none when every one is)."""
-    missing = report.get("missing") or []
-    return ["", f"Not run yet (the command resumes them): {', '.join(missing)}"] if missing else []
-
-
 def run_seeded_variants(
     base: str,
     variants: dict[str, list[str]],
@@ -416,7 +325,7 @@ def run_seeded_variants(
     listed under the row's ``"diverged"`` (``[{"seed", "round"}]``; ``"runs"`` and ``"seeds"``
     count the finished seeds), and a variant whose every seed diverged is under the report's
     ``"diverged"`` ({label: [...]}) instead of its ``"results"``, so a table says so
-    (:func:`not_run_cell`) rather than showing a mean of what was left."""
+    (:func:`fedge.bench.tables.not_run_cell`) rather than showing a mean of what was left."""
     if len(seeds) < 1:
         raise ConfigError("give at least one seed (a table a reviewer accepts has three or more)")
     per_seed = {
@@ -509,184 +418,6 @@ def _aggregate(
     return agg
 
 
-def diverged_note(gone: Sequence[dict[str, Any]]) -> str:
-    """``[{"seed": 2, "round": 40}]`` as a table says it: "seed 2 diverged (round 40)"."""
-    return ", ".join(f"seed {d['seed']} diverged (round {d['round']})" for d in gone)
-
-
-def not_run_cell(report: dict[str, Any], label: str) -> str:
-    """The cell of a variant absent from a :func:`run_seeded_variants` report's results: every
-    seed diverged (which seeds, which rounds), or it is not run yet."""
-    gone = (report.get("diverged") or {}).get(label)
-    return diverged_note(gone) if gone else "not run yet"
-
-
-def seeded_markdown(report: dict[str, Any], command: str, intro: str) -> str:
-    """Mean ± std over seeds per variant (the columns a reviewer asks for)."""
-    has_val = any("test_accuracy_at_best_val" in r for r in report["results"])
-    head = ["variant", "seeds", "final test acc", "best test acc"] + [
-        "test acc at best val"
-    ] * has_val
-    pruning = any(r.get("pretraining_phases") for r in report["results"])
-    head += (
-        [UP] + [PRUNING] * pruning + ["client GFLOP/client/round (mean of all rounds)", "wall s"]
-    )
-    rows = []
-
-    def ms(r: dict[str, Any], key: str) -> str:
-        return f"{r[key]:.4f} ± {r[key + '_std']:.4f}" if key in r else "-"
-
-    for r in report["results"]:
-        cells = [
-            r["label"],
-            str(r["seeds"]),
-            ms(r, "final_test_accuracy"),
-            ms(r, "best_test_accuracy"),
-        ]
-        cells += [ms(r, "test_accuracy_at_best_val")] * has_val
-        cells += [
-            f"{r['bytes_up_per_client_round']:.0f}",
-            *[_pruning_cell(r)] * pruning,
-            _flops_cell(r, "client_flops"),
-            f"{r['wall_s']:.0f}",
-        ]
-        rows.append(cells)
-    base = f"Base: `{report['base']}`, seeds {', '.join(map(str, report['seeds']))}; mean ± sample std."
-    return command_section(
-        [intro], command, [base, "", *markdown_table(head, rows), *_missing_note(report)]
-    )
-
-
-def validation_score(row: dict[str, Any], window: int = 1) -> float | None:
-    """A screen run's score: its final **validation** accuracy, or with ``window`` > 1 the mean of
-    its last ``window`` validation evaluations (a run whose accuracy still swings from one
-    evaluation to the next — label skew, few local steps — is judged by where it sits, not by
-    where its last evaluation happened to land); None for a diverged run or one without a
-    validation set."""
-    if "diverged_round" in row:
-        return None
-    if window <= 1:
-        return row.get("final_val_accuracy")
-    vals = [v for v in row.get("val_accuracy_by_round") or [] if v is not None][-window:]
-    return statistics.mean(vals) if vals else None
-
-
-def pick_by_validation(
-    results: list[dict[str, Any]], labels: dict[float, str], *, window: int = 1
-) -> float | None:
-    """The value (a learning rate) whose run, ``labels[value]``, has the best
-    :func:`validation_score` (final validation accuracy, or the mean of the last ``window``
-    evaluations; ties: the smaller value); None while one of them is not recorded. A run that
-    diverged (``diverged_round``) scores below every run that did not. The test set is never
-    looked at."""
-    rows = {r["label"]: r for r in results}
-    if any(label not in rows for label in labels.values()):
-        return None
-    scored = []
-    for value, label in labels.items():
-        val = validation_score(rows[label], window)
-        if "diverged_round" in rows[label]:
-            val = -math.inf
-        elif val is None:
-            raise ConfigError(
-                f"screen run {label!r} has no validation accuracy; give the protocol dataset.validation=N"
-            )
-        scored.append((val, -value, value))
-    return max(scored)[2]
-
-
-def screen_cell(row: dict[str, Any] | None, window: int = 1) -> str:
-    """A screen table's cell: the run's :func:`validation_score`, "diverged (round N)", or
-    "not run" (``row`` None)."""
-    if row is None:
-        return "not run"
-    if "diverged_round" in row:
-        return f"diverged (round {row['diverged_round']})"
-    return f"{validation_score(row, window):.4f}"
-
-
-def grid_step(x: float, *, up: bool) -> float:
-    """The next learning rate past ``x`` on the 1-3-10 ladder (0.03 -> 0.1 up, 0.01 -> 0.003 down);
-    off the ladder, a factor of sqrt(10)."""
-    e = math.floor(math.log10(x) + 1e-9)
-    m = round(x / 10**e, 6)
-    nxt = {
-        (1.0, True): 3 * 10**e,
-        (3.0, True): 10 ** (e + 1),
-        (1.0, False): 3 * 10 ** (e - 1),
-        (3.0, False): 10**e,
-    }.get((m, up), x * 10 ** (0.5 if up else -0.5))
-    return float(f"{nxt:.3g}")
-
-
-def widened_grid(
-    grid: Sequence[float],
-    label_of: Callable[[float], str],
-    results: list[dict[str, Any]],
-    *,
-    steps: int = 2,
-    window: int = 1,
-) -> tuple[float, ...]:
-    """``grid``, grown one :func:`grid_step` past an edge where the best **validation** run sits
-    (:func:`pick_by_validation`), again while the new edge is best, at most ``steps`` times: a
-    screen whose pick sits at the edge of its grid has not bracketed the optimum. A value added
-    but not yet recorded is in the grid returned (the caller screens it; the pick waits for it).
-    ``label_of(lr)``: the screen run's label; ``window``: as :func:`pick_by_validation`."""
-    lrs = sorted(grid)
-    for _ in range(steps):
-        best = pick_by_validation(results, {lr: label_of(lr) for lr in lrs}, window=window)
-        if best is None or (len(lrs) > 1 and lrs[0] < best < lrs[-1]):
-            break
-        if best == lrs[-1]:
-            lrs.append(grid_step(best, up=True))
-        else:
-            lrs.insert(0, grid_step(best, up=False))
-    return tuple(lrs)
-
-
-# Two-sided 95% quantiles of Student's t by degrees of freedom (scipy.stats.t.ppf(0.975, df)).
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
-
-def t_interval(diffs: Sequence[float]) -> tuple[float, float]:
-    """The 95% Student t interval of the mean of ``diffs`` (at least two values; normal
-    quantile beyond 10). With 3 seeds the half-width is 4.303 · std / sqrt(3) ≈ 2.5 std."""
-    n = len(diffs)
-    if n < 2:
-        raise ValueError(f"a t interval needs at least 2 values, got {n}")
-    mean, half = statistics.mean(diffs), T_975.get(n - 1, 1.96) * statistics.stdev(diffs) / n**0.5
-    return mean - half, mean + half
-
-
-def paired_difference(
-    a: dict[str, Any], b: dict[str, Any], key: str = "final_test_accuracy"
-) -> dict[str, Any] | None:
-    """``a − b`` of two :func:`run_seeded_variants` rows over the seeds both have: the per-seed
-    differences (the same seed draws the same data subset and initial model in both), their
-    mean, sample std and 95% t interval of the mean (``lo``, ``hi``). None with fewer than two
-    common seeds."""
-    av = {r["seed"]: r[key] for r in a["runs"]}
-    bv = {r["seed"]: r[key] for r in b["runs"]}
-    common = sorted(av.keys() & bv.keys())
-    if len(common) < 2:
-        return None
-    diffs = [av[s] - bv[s] for s in common]
-    lo, hi = t_interval(diffs)
-    return {
-        "seeds": common,
-        "diffs": diffs,
-        "mean": statistics.mean(diffs),
-        "std": statistics.stdev(diffs),
-        "lo": lo,
-        "hi": hi,
-    }
-
-
-def seed_gaps(d: dict[str, Any]) -> str:
-    """A :func:`paired_difference`'s per-seed differences in points, ``"0: +0.7, 1: +0.5"``."""
-    return ", ".join(f"{s}: {100 * x:+.1f}" for s, x in zip(d["seeds"], d["diffs"], strict=True))
-
-
 def recorded(
     base: str, variants: dict[str, list[str]], *, common: list[str], records: str | Path
 ) -> dict[str, Any]:
@@ -699,166 +430,3 @@ def recorded(
         run=False,
         records=records,
     )
-
-
-Screen = dict[str, list[str]] | Callable[[list[dict[str, Any]]], dict[str, list[str]]]
-
-
-def _grower(screen: Screen) -> Callable[[list[dict[str, Any]]], dict[str, list[str]]]:
-    return screen if callable(screen) else (lambda _results: screen)
-
-
-def recorded_grown(
-    base: str, screen: Screen, *, common: list[str], records: str | Path
-) -> dict[str, Any]:
-    """:func:`recorded` of a screen that grows with its results (see :func:`run_screened`): the
-    recorded runs of the screen as it stands, grown as far as its records take it."""
-    grow = _grower(screen)
-    current = grow([])
-    while True:
-        rep = recorded(base, current, common=common, records=records)
-        bigger = grow(rep["results"])
-        if bigger.keys() == current.keys():
-            return rep
-        current = bigger
-
-
-def _work_share(
-    items: Sequence[T],
-    shard: int,
-    shards: int,
-    run_one: Callable[[T], None],
-    *,
-    steal: bool,
-    own: bool = True,
-) -> None:
-    """Run worker ``shard``'s items (every ``shards``-th, with ``own``), then, with ``steal``, the
-    others'; an item whose run another process is running now (RunDirBusyError) is left to it."""
-    mine = [x for i, x in enumerate(items) if i % shards == shard]
-    theirs = [x for i, x in enumerate(items) if i % shards != shard]
-    for item in (mine if own else []) + (theirs if steal else []):
-        try:
-            run_one(item)
-        except RunDirBusyError:
-            continue
-
-
-def main_tasks(
-    variants: Sequence[str], seeds: Sequence[int], only: Sequence[tuple[str, int | None]] = ()
-) -> list[tuple[str, int]]:
-    """The main runs of a table, (label, seed), **seed-major**: every variant's first seed before
-    any second seed, so a table that is stopped part-way has one seed of every row (a complete,
-    if unreplicated, table) rather than three seeds of its first rows and nothing of the rest.
-    ``only`` as in :func:`run_screened`."""
-    return [
-        (label, seed)
-        for seed in seeds
-        for label in variants
-        if not only or any(label == o and s in (None, seed) for o, s in only)
-    ]
-
-
-def run_screened(
-    base: str,
-    screen: Screen,
-    main: Callable[[dict[str, Any]], dict[str, list[str]] | None],
-    *,
-    screen_common: list[str],
-    protocol: list[str],
-    seeds: Sequence[int],
-    records: str | Path,
-    out: str | Path,
-    shard: int = 0,
-    shards: int = 1,
-    probe_common: list[str] | None = None,
-    poll_s: float = 30.0,
-    only: Sequence[tuple[str, int | None]] = (),
-    steal: bool = True,
-) -> dict[str, list[str]]:
-    """Run a paper table the way a reviewer accepts it, resumably and in parallel workers.
-
-    1. The ``screen`` runs (``screen_common``; e.g. learning rates on a validation split). A
-       callable ``screen(recorded results)`` grows the screen with what it has found (e.g.
-       :func:`widened_grid`: one more learning rate past an edge that won); it is screened until
-       it stops growing. A screen run that diverges is recorded as diverged (the worst of its
-       grid), not an error; so is a main run (step 3), which the tables list as diverged.
-    2. ``main(screen report)`` turns the recorded screen into the table's variants (None while a
-       screen run is missing: a worker waits, polling every ``poll_s`` s, for the others).
-    3. Every variant × seed with ``protocol + [seed=S]``, seed-major (:func:`main_tasks`); with
-       ``probe_common``, each variant once more under it (e.g. one metered round) after its first seed
-       (a probe that diverges is recorded as diverged too; :func:`fedge.bench.screened.recorded_probes`
-       leaves it out).
-
-    Worker ``shard`` of ``shards`` takes every ``shards``-th run of each list (start ``shards``
-    processes with one torch thread each); with ``steal`` (the default) it then takes the other
-    workers' runs that nobody is running now (:meth:`fedge.experiment.rundir.RunDir.busy`: not
-    started, or left unfinished by a stopped worker), so no core idles while another has work,
-    and a worker waiting for the screen screens meanwhile. Stealing sees only the runs under
-    ``out``: workers on different machines pass ``steal=False`` (or split by ``only``).
-    ``only``: (label, seed or None for every seed) pairs
-    that restrict step 3 to those runs (before sharding), to send chosen runs to a machine; an
-    unknown label is an error naming the table's labels. Finished runs are recorded under
-    ``records`` (``screen/``, ``seed-S/``, ``probe/``) and read back instead of rerun, on any
-    machine. Returns the main variants."""
-    if not 0 <= shard < shards:
-        raise ConfigError(
-            f"shard {shard} of {shards}: expected 0 <= shard < shards, e.g. --shard 0/2"
-        )
-    root, out = Path(records), Path(out)
-
-    grow = _grower(screen)
-    current = grow([])
-
-    def screen_one(label: str) -> None:
-        run_variants(
-            base,
-            {label: current[label]},
-            out_root=out / "screen",
-            common=screen_common,
-            records=root / "screen",
-            record_divergence=True,
-        )  # a step size that diverges loses the screen
-
-    _work_share(list(current), shard, shards, screen_one, steal=steal)
-    while True:
-        rep = recorded(base, current, common=screen_common, records=root / "screen")
-        if (
-            bigger := grow(rep["results"])
-        ).keys() != current.keys():  # the screen grew: screen the new runs
-            current = bigger
-            _work_share(list(current), shard, shards, screen_one, steal=steal)
-            continue
-        if (variants := main(rep)) is not None:
-            break
-        time.sleep(poll_s)  # another worker is still screening
-        if steal:  # ... unless it stopped: then its screen runs are free to take
-            _work_share(list(current), shard, shards, screen_one, steal=True, own=False)
-    unknown = sorted({label for label, _ in only if label not in variants})
-    if unknown:
-        raise ConfigError(
-            f"--only {unknown}: not a variant of this table; expected one of {list(variants)}"
-        )
-    tasks = main_tasks(list(variants), seeds, only)
-
-    def main_one(task: tuple[str, int]) -> None:
-        label, seed = task
-        run_variants(
-            base,
-            {label: variants[label]},
-            out_root=out / f"seed-{seed}",
-            common=[*protocol, f"seed={seed}"],
-            records=root / f"seed-{seed}",
-            record_divergence=True,
-        )  # a seed that diverges is a result
-        if probe_common is not None and seed == seeds[0]:
-            run_variants(
-                base,
-                {label: variants[label]},
-                out_root=out / "probe",
-                common=probe_common,
-                records=root / "probe",
-                record_divergence=True,
-            )  # a probe that diverges is recorded; its table shows no figures
-
-    _work_share(tasks, shard, shards, main_one, steal=steal)
-    return variants

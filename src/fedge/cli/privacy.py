@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fedge.cli.common import fail
-from fedge.core.config import format_validation_error
 from fedge.core.errors import ConfigError
+from fedge.core.validation import format_validation_error
 from fedge.privacy.dp.accounting import dp_event, epsilon, max_rounds
 from fedge.privacy.dp.config import PrivacyConfig
 

@@ -14,6 +14,14 @@ import typer
 
 from fedge.cli.common import err, fail, one_line_warnings, out
 from fedge.core.errors import FedgeError, MessageError
+from fedge.core.rundir_schema import (
+    CONFIG,
+    CUM_BYTES_DOWN,
+    CUM_BYTES_UP,
+    FINAL_TEST_ACCURACY,
+    ROUND,
+    SUMMARY,
+)
 from fedge.experiment.run import Progress
 from fedge.experiment.rundir import default_run_path
 from fedge.report import render_report
@@ -58,7 +66,7 @@ def _sigterm_stops_like_ctrl_c() -> Iterator[None]:
 def _interrupted(target: Path | None, exc: KeyboardInterrupt) -> NoReturn:
     """The line after Ctrl-C or SIGTERM: how to continue, or that nothing was written."""
     what = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
-    if target is not None and (target / "config.yaml").is_file():
+    if target is not None and (target / CONFIG).is_file():
         err.print(
             f"{what}; continue with: fedge run --resume {target}", markup=False, soft_wrap=True
         )
@@ -140,10 +148,10 @@ class _Bar(Progress):
         from fedge.report import format_bytes
 
         acc = line.get("test_accuracy")
-        moved = line["cum_bytes_down"] + line["cum_bytes_up"]
+        moved = line[CUM_BYTES_DOWN] + line[CUM_BYTES_UP]
         self.progress.update(
             self.task,
-            completed=line["round"],
+            completed=line[ROUND],
             inside="",
             acc=f"acc {acc:.4f}" if acc is not None else "",
             bytes=f"{format_bytes(moved)} moved",
@@ -276,7 +284,7 @@ def run(
                 )
                 if extra:
                     edit = (
-                        f" (to change the run's config: edit {resume / 'config.yaml'} and add --allow-config-change)"
+                        f" (to change the run's config: edit {resume / CONFIG} and add --allow-config-change)"
                         if runtime != "flower"
                         else ""
                     )
@@ -304,13 +312,13 @@ def run(
                             "--allow-config-change is not supported with --runtime flower; resume on the engine or "
                             "--runtime flower-sim to record a config change"
                         )
-                    if not (resume / "config.yaml").is_file():
+                    if not (resume / CONFIG).is_file():
                         fail(
                             f"--resume {resume}: no config.yaml there; give the run directory (readable here, "
                             "and the same path on the SuperLink's machine)"
                         )
                     path = submit(
-                        load_config(str(resume / "config.yaml")),
+                        load_config(str(resume / CONFIG)),
                         out=resume,
                         superlink=superlink,
                         insecure=insecure,
@@ -366,8 +374,8 @@ def run(
         fail(exc)
     except KeyboardInterrupt as exc:
         _interrupted(target, exc)
-    summary = json.loads((path / "summary.json").read_text())
-    acc = summary.get("final_test_accuracy")
+    summary = json.loads((path / SUMMARY).read_text())
+    acc = summary.get(FINAL_TEST_ACCURACY)
     console = out()
     console.print(
         f"final test accuracy: {acc:.4f}" if acc is not None else "final test accuracy: n/a"

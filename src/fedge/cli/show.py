@@ -11,6 +11,7 @@ from rich.table import Table
 
 from fedge.cli.common import fail, one_line_warnings, out, parse_list
 from fedge.core.errors import FedgeError
+from fedge.core.rundir_schema import CONFIG
 
 __all__ = ["compare", "datasets", "models", "partition", "report"]
 
@@ -126,7 +127,8 @@ def partition(
     A preset or config file is partitioned as a run would, before anything runs (generated populations too)."""
     import json
 
-    from fedge.core.config import load_config, looks_like_path
+    from fedge.core.config import load_config
+    from fedge.core.presets import looks_like_path
     from fedge.experiment.build import client_shard
 
     try:
@@ -136,11 +138,11 @@ def partition(
                     f"--set goes with a preset or YAML file; {source!r} is a run directory, whose config.yaml "
                     "fixes its population"
                 )
-            if not (Path(source) / "config.yaml").is_file():
+            if not (Path(source) / CONFIG).is_file():
                 fail(
                     f"{source!r} is not a fedge run directory (no config.yaml); give a run directory, a preset or a YAML file"
                 )
-            cfg = load_config(str(Path(source) / "config.yaml"))
+            cfg = load_config(str(Path(source) / CONFIG))
         else:
             if looks_like_path(source) and not Path(source).exists():
                 fail(

@@ -1,10 +1,12 @@
-"""Typed run configuration, validated at the edge.
+"""The run configuration: typed models of its sections, and :func:`load_config`, the one place
+a :class:`RunConfig` is made from a preset name, a YAML path or a mapping plus overrides.
 
-A run is described by one nested mapping (YAML preset or file, plus ``--set key=value``
-overrides). The fixed sections are pydantic models with ``extra="forbid"``; the sections
-whose keys depend on a choice (``partition``, ``model``, ``method``) are validated by the
-chosen partitioner, model or method. Every problem becomes one :class:`ConfigError` that
-names the dotted key, the bad value and the valid choices.
+The fixed sections are pydantic models with ``extra="forbid"``; the sections whose keys depend
+on a choice (``partition``, ``model``, ``method``) are validated by the chosen partitioner,
+model or method. Presets and YAML files are read by :mod:`fedge.core.presets`, ``--set``
+overrides applied by :mod:`fedge.core.overrides`, and every problem becomes one
+:class:`ConfigError` naming the dotted key, the bad value and the valid choices
+(:mod:`fedge.core.validation`).
 
 Example:
     >>> cfg = load_config("quickstart", overrides=["rounds=5", "method.local_epochs=2"])
@@ -15,25 +17,16 @@ Example:
 from __future__ import annotations
 
 import copy
-import difflib
-import json
-import math
-import os
-import re
 import types
 import typing
-from collections.abc import Mapping
-from importlib import resources
 from pathlib import Path, PurePath
 from typing import Any, ClassVar, Literal
 
 import torch
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_serializer,
@@ -41,7 +34,10 @@ from pydantic import (
 )
 
 from fedge.core.errors import ConfigError
+from fedge.core.overrides import apply_overrides, override_strings
+from fedge.core.presets import preset_path, read_config_file
 from fedge.core.rng import generator
+from fedge.core.validation import check_finite, check_positive_int, validate_section
 
 __all__ = [
     "ClientsConfig",
@@ -49,15 +45,12 @@ __all__ = [
     "DatasetConfig",
     "MeasureConfig",
     "RunConfig",
-    "apply_overrides",
+    "load_config",
+    # re-exported for the modules that import them from here (experiment.build, experiment.run,
+    # estimators.zeroth_order, pruning.saliency); their home is fedge.core.validation
     "check_finite",
     "check_positive_int",
-    "describe_yaml_error",
-    "format_validation_error",
-    "load_config",
-    "preset_names",
-    "preset_path",
-    "read_yaml",
+    "validate_section",
 ]
 
 
@@ -345,287 +338,6 @@ class RunConfig(_Strict):
         return self.model_dump(mode="json")
 
 
-# ---------------------------------------------------------------- presets and overrides
-
-
-def _preset_dir() -> Path:
-    return Path(str(resources.files("fedge") / "configs"))
-
-
-def preset_names() -> list[str]:
-    """Names of the YAML presets shipped with fedge."""
-    return sorted(p.stem for p in _preset_dir().glob("*.yaml"))
-
-
-def looks_like_path(name_or_path: str | Path) -> bool:
-    """Whether ``name_or_path`` was written as a path rather than a preset name: it has a
-    directory separator (``runs/x``, ``./x``, ``x/``) or starts with a dot (``.x``, ``..``).
-    Preset names are plain words. Read the text the user typed: a ``Path`` has already dropped a
-    leading ``./`` and a trailing ``/``."""
-    s = str(name_or_path)
-    return "/" in s or os.sep in s or s.startswith(".")
-
-
-def preset_path(name_or_path: str | Path) -> Path:
-    """Resolve a preset name (``quickstart``) or a path to a YAML file."""
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.exists():
-        if p.is_dir():
-            run = (
-                f" (to continue the run in it: fedge run --resume {p})"
-                if (p / "config.yaml").is_file()
-                else ""
-            )
-            raise ConfigError(f"config file {str(p)!r} is a directory; give a YAML file{run}")
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist")
-        return p
-    if looks_like_path(name_or_path):
-        raise ConfigError(
-            f"config file {str(name_or_path)!r} does not exist; give a YAML file or a preset name "
-            f"({', '.join(preset_names())})"
-        )
-    cand = _preset_dir() / f"{name_or_path}.yaml"
-    if cand.is_file():
-        return cand
-    close = difflib.get_close_matches(str(name_or_path), preset_names(), n=3)
-    hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    raise ConfigError(
-        f"unknown preset {str(name_or_path)!r}{hint}; expected a YAML file path or one of: "
-        + ", ".join(preset_names())
-    )
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error: PyYAML
-    keeps the last silently, so a second ``method:`` section would replace the first whole."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if (
-                key_node.tag == "tag:yaml.org,2002:merge"
-            ):  # '<<: *base' merges; its keys may be overridden
-                continue
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.get(key)
-            except TypeError:  # an unhashable key: SafeLoader names it
-                continue
-            if first is not None:
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"key {key!r} given twice, first on line {first}",
-                    key_node.start_mark,
-                )
-            seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
-
-
-def read_yaml(text: str) -> Any:
-    """Parse config text: YAML as :func:`yaml.safe_load` reads it, but a repeated key is a
-    :class:`yaml.YAMLError` (see :func:`describe_yaml_error`)."""
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-
-
-def describe_yaml_error(exc: yaml.YAMLError) -> str:
-    """``at line L, column C (problem)``: a YAML error on one line."""
-    mark = getattr(exc, "problem_mark", None)
-    where = f"at line {mark.line + 1}, column {mark.column + 1} " if mark is not None else ""
-    return f"{where}({getattr(exc, 'problem', None) or exc.__class__.__name__})"
-
-
-def _parse_value(text: str) -> Any:
-    try:
-        return yaml.safe_load(text) if text != "" else ""
-    except yaml.YAMLError:
-        return text
-
-
-CHOICE_SECTIONS = ("partition", "model", "method")
-
-
-def override_strings(overrides: Any) -> list[str]:
-    """``KEY=VALUE`` strings from the overrides a caller gives: a list of such strings (``--set``),
-    or a mapping (``{"rounds": 5, "method.client_optimizer.lr": 0.05}``, where a nested mapping
-    such as ``{"method": {"local_epochs": 2}}`` sets the keys it names and keeps the section's
-    others); values may be paths and numpy scalars. Anything else is a :class:`ConfigError`."""
-    if overrides is None:
-        return []
-    if isinstance(overrides, str):
-        raise ConfigError(
-            f"overrides={overrides!r} is one string; give a list of 'KEY=VALUE' strings "
-            f"([{overrides!r}]) or a mapping ({{'rounds': 5}})"
-        )
-    if isinstance(overrides, Mapping):
-        out: list[str] = []
-
-        def add(prefix: str, mapping: Mapping[Any, Any]) -> None:
-            for k, v in mapping.items():
-                if not isinstance(k, str) or not k:
-                    raise ConfigError(
-                        f"overrides: key {k!r} is not a config key name; give keys such as 'rounds' or 'method.lr'"
-                    )
-                key = f"{prefix}{k}"
-                if isinstance(v, Mapping) and v:
-                    add(f"{key}.", v)
-                    continue
-                try:
-                    text = json.dumps(v, default=_plain_value)  # JSON is YAML
-                except (TypeError, ValueError):
-                    raise ConfigError(
-                        f"overrides: {key}={v!r} ({type(v).__name__}) is not a config value; give a "
-                        "number, string, bool, None, or a list or mapping of them"
-                    ) from None
-                out.append(f"{key}={text}")
-
-        add("", overrides)
-        return out
-    if isinstance(overrides, (list, tuple)) and all(isinstance(o, str) for o in overrides):
-        return list(overrides)
-    raise ConfigError(
-        f"overrides={overrides!r}: expected a list of 'KEY=VALUE' strings or a mapping of keys to "
-        "values, e.g. {'rounds': 5}"
-    )
-
-
-def path_argument(name: str, value: Any, *, what: str = "a path") -> Path:
-    """``value`` (a caller's argument ``name``) as a path: a non-empty str or path-like, else a
-    :class:`ConfigError` naming the argument."""
-    if isinstance(value, (str, PurePath)) and str(value):
-        return Path(value)
-    raise ConfigError(
-        f"{name}={value!r} ({type(value).__name__}): expected {what}, as a str or pathlib.Path"
-    )
-
-
-def _plain_value(v: Any) -> Any:
-    """A path as its string, a numpy scalar or 0-d array as its Python value (for JSON)."""
-    if isinstance(v, PurePath):
-        return str(v)
-    item = getattr(v, "item", None)
-    if callable(item) and getattr(v, "shape", None) == ():
-        return item()
-    raise TypeError(type(v).__name__)
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key.sub=value`` strings (values parsed as YAML scalars) to a nested dict.
-
-    Overriding the ``name`` of a choice section (``method.name=fedavg`` on a BAFFLE preset)
-    switches to another component: the section's other keys from the file belong to the old
-    choice and are dropped; the section's keys given as overrides are kept, in any order.
-    """
-    out = copy.deepcopy(raw)
-    for item in overrides:
-        key, _, value = item.partition("=")
-        section, _, sub = key.strip().partition(".")
-        if section in CHOICE_SECTIONS and sub == "name" and isinstance(out.get(section), dict):
-            if out[section].get("name") != _parse_value(value):
-                out[section] = {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set rounds=20")
-        parts = key.strip().split(".")
-        node = out
-        for i, part in enumerate(parts[:-1]):
-            nxt = node.get(part)
-            if nxt is None:
-                nxt = node[part] = {}
-            elif not isinstance(nxt, dict):
-                raise ConfigError(
-                    f"--set {item!r}: {'.'.join(parts[: i + 1])!r} is a value ({nxt!r}), not a section"
-                )
-            node = nxt
-        node[parts[-1]] = _parse_value(value)
-    return out
-
-
-_NON_FINITE_TEXT = re.compile(r"^[+-]?(inf|infinity|nan)$", re.IGNORECASE)
-#: Keys where +inf is a meaningful setting (DP's "no clipping", for the no-privacy oracle).
-_INF_ALLOWED = frozenset({"privacy.clip"})
-
-
-def check_finite(raw: Any, prefix: str = "") -> None:
-    """Raise :class:`ConfigError` at the first non-finite number anywhere in a config mapping.
-
-    Floats that are inf or nan, and strings a float field would read as such (``"inf"``,
-    ``"-Infinity"``, ``"nan"``), are refused with the dotted key: no learning rate, sigma,
-    clip or partition parameter can be non-finite, and catching it here (before any section
-    is validated by its component) means no run directory is ever created for it."""
-    if isinstance(raw, dict):
-        for k, v in raw.items():
-            check_finite(v, f"{prefix}{k}.")
-    elif isinstance(raw, list | tuple):
-        for i, v in enumerate(raw):
-            check_finite(v, f"{prefix}{i}.")
-    elif (isinstance(raw, float) and not math.isfinite(raw)) or (
-        isinstance(raw, str) and _NON_FINITE_TEXT.match(raw.strip())
-    ):
-        key = prefix.rstrip(".") or "<root>"
-        text = str(raw).strip().lower()
-        if key in _INF_ALLOWED and text in ("inf", "+inf", "infinity", "+infinity"):
-            return
-        raise ConfigError(
-            f"config key {key!r}: {raw!r} is not a finite number; give a finite value"
-        )
-
-
-def check_positive_int(what: str, value: object) -> None:
-    """Raise :class:`ConfigError` unless ``value`` is an int >= 1 (a bool is not a count)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{what} must be a positive int, got {value!r}")
-
-
-def _valid_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """Field names of the (sub)model a validation error location points into."""
-    for part in loc[:-1]:
-        field = model.model_fields.get(str(part))
-        ann = getattr(field, "annotation", None) if field else None
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            model = ann
-        else:
-            return []
-    return sorted(model.model_fields)
-
-
-def format_validation_error(
-    exc: ValidationError, model: type[BaseModel], *, prefix: str = ""
-) -> str:
-    """One line per problem: ``config key 'a.b': <what is wrong> (got <value>)``."""
-    lines = []
-    for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        key = prefix + ".".join(str(p) for p in loc) if loc else prefix.rstrip(".") or "<root>"
-        if err["type"] == "extra_forbidden":
-            valid = _valid_keys(model, loc)
-            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
-            hint = (
-                f" (did you mean {prefix}{'.'.join(map(str, loc[:-1] + (close[0],)))}?)"
-                if close
-                else ""
-            )
-            lines.append(f"unknown config key {key!r}{hint}; valid keys here: {', '.join(valid)}")
-        else:
-            msg = err["msg"].removeprefix("Value error, ")
-            got = err.get("input")
-            # a check of a whole section names its values itself, as do checks that say "got ...":
-            # echoing the value again would be noise
-            named = isinstance(got, dict) or f"got {got!r}" in msg or f"got {got}" in msg
-            lines.append(f"config key {key!r}: {msg}" + ("" if named else f" (got {got!r})"))
-    return "\n".join(lines)
-
-
-def validate_section(model: type[BaseModel], data: dict[str, Any], *, prefix: str) -> BaseModel:
-    """Validate ``data`` against ``model``; raise :class:`ConfigError` with dotted keys."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, model, prefix=prefix)) from None
-
-
 def load_config(source: str | Path | dict[str, Any], *, overrides: Any = None) -> RunConfig:
     """Load a preset name, YAML path or dict, apply overrides and validate the fixed sections.
 
@@ -640,30 +352,7 @@ def load_config(source: str | Path | dict[str, Any], *, overrides: Any = None) -
             "mapping of config keys"
         )
     else:
-        path = preset_path(source)
-        try:
-            raw = read_yaml(path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as exc:
-            raise ConfigError(
-                f"config file {str(path)!r} is not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8 YAML"
-            ) from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(
-                f"config file {str(path)!r} is not valid YAML {describe_yaml_error(exc)}; fix it"
-            ) from None
-        except OSError as exc:
-            raise ConfigError(
-                f"config file {str(path)!r} cannot be read: {exc.strerror or exc}"
-            ) from None
-        if raw is None:  # nothing but blanks and comments: a truncated or unsaved file, most likely
-            raise ConfigError(
-                f"config file {str(path)!r} holds no settings (empty, or only comments); write the "
-                "keys to change, or '{}' to run every default on purpose"
-            )
-        if not isinstance(raw, dict):
-            raise ConfigError(
-                f"config file {str(path)!r} must hold a mapping, got {type(raw).__name__}"
-            )
+        raw = read_config_file(preset_path(source))
     raw = apply_overrides(raw, override_strings(overrides))
     check_finite(raw)
     cfg = validate_section(RunConfig, raw, prefix="")

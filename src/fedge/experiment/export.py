@@ -32,8 +32,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from fedge.core.config import load_config, path_argument
+from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, DataNotFoundError, ResumeError
+from fedge.core.rundir_schema import MODEL
+from fedge.core.validation import path_argument
 from fedge.experiment.build import BuiltRun, rebuild_run
 from fedge.experiment.rundir import RunDir
 
@@ -152,7 +154,7 @@ def load_trained_model(run_dir: str | Path, *, withheld_ok: bool = False) -> Tra
     """
     rundir = RunDir(run_dir)
     raw = rundir.read_config()
-    weights = rundir.path / "model.safetensors"
+    weights = rundir.path / MODEL
     if not rundir.is_complete():
         raise ResumeError(
             f"run {str(rundir.path)!r} has no final model yet (it is not complete); finish it "

@@ -29,6 +29,15 @@ from typing import Any
 
 from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError
+from fedge.core.rundir_schema import (
+    BYTES_DOWN,
+    BYTES_UP,
+    CLIENTS,
+    CONFIG,
+    FINAL_TEST_ACCURACY,
+    METRICS,
+    SUMMARY,
+)
 from fedge.experiment.build import build_run
 from fedge.experiment.run import resolved_config, resume_experiment, run_experiment
 from fedge.experiment.rundir import RunDir
@@ -64,7 +73,7 @@ def _trial_config(cfg: RunConfig, freeze: list[str], rounds: int) -> RunConfig:
 
 def _run(cfg: RunConfig, out: Path, freeze: list[str], accepted: bool | None) -> Trial:
     rundir = RunDir(out)
-    if (out / "config.yaml").exists():
+    if (out / CONFIG).exists():
         same = json.loads(json.dumps(rundir.read_config())) == json.loads(
             json.dumps(resolved_config(cfg))
         )
@@ -74,19 +83,19 @@ def _run(cfg: RunConfig, out: Path, freeze: list[str], accepted: bool | None) ->
                 "give the search a fresh --out directory"
             )
     if not rundir.is_complete():
-        if (out / "config.yaml").exists():
+        if (out / CONFIG).exists():
             resume_experiment(out, render=False)
         else:
             run_experiment(cfg, out=out, render=False)
-    summary = json.loads((out / "summary.json").read_text())
-    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
-    n = last["clients"]
+    summary = json.loads((out / SUMMARY).read_text())
+    last = json.loads((out / METRICS).read_text().splitlines()[-1])
+    n = last[CLIENTS]
     return Trial(
         list(freeze),
         summary.get("trainable_fraction", 1.0),
-        summary["final_test_accuracy"],
-        last["bytes_down"] / n,
-        last["bytes_up"] / n,
+        summary[FINAL_TEST_ACCURACY],
+        last[BYTES_DOWN] / n,
+        last[BYTES_UP] / n,
         accepted,
         str(out),
     )

@@ -29,6 +29,7 @@ from flwr.serverapp import Grid
 
 from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError, MessageError
+from fedge.core.rundir_schema import SUMMARY
 from fedge.experiment.build import configured_client_app, node_app_for
 from fedge.experiment.run import resume_experiment, run_experiment
 from fedge.runtime.flower import server_app as make_server_app
@@ -241,7 +242,7 @@ def submit(
         "--run-config",
         str(run_config),
     ]
-    summary = out / "summary.json"
+    summary = out / SUMMARY
     before = summary.stat().st_mtime_ns if summary.exists() else None
     try:
         done = subprocess.run(
@@ -254,7 +255,7 @@ def submit(
     if done.returncode != 0 or not summary.exists() or summary.stat().st_mtime_ns == before:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
         raise MessageError(
-            f"the Flower run on {superlink} did not write {out / 'summary.json'} "
+            f"the Flower run on {superlink} did not write {out / SUMMARY} "
             f"(flwr run exit {done.returncode}):\n{tail}"
         )
     return out

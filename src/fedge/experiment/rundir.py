@@ -15,28 +15,22 @@ second run aimed at the same place never leaves something that looks complete.
     model.safetensors  final model (the one evaluated: the EMA where a method keeps one)
     plots/, report.md, report.html
 
-A run is complete exactly when ``summary.json`` exists with ``status == "complete"``.
+A run is complete exactly when ``summary.json`` exists with ``status == "complete"``. The names
+of the files and keys are :mod:`fedge.core.rundir_schema`'s, which every reader uses too.
 
-While a process drives a run's rounds it holds the directory (:meth:`RunDir.hold`, the kernel's
-``flock`` on the directory itself: no file is written, and a killed process lets go with it), so
-a second ``--resume`` of the same directory, or a parallel benchmark worker looking for work,
-gets :class:`RunDirBusyError` instead of writing rounds into it at the same time.
-
-Every write goes through :func:`_write_file`, :func:`_append_file` or :func:`_save_torch`; an
-``OSError`` there (read-only filesystem, disk full) becomes one :class:`StorageError` naming the
-path, after the half-written temporary file is removed. What was written before stays
-consistent: ``--resume`` continues from the last checkpoint.
+One run owns the directory and one process at a time holds it while it drives the rounds
+(:mod:`fedge.experiment.claim`: a second run or ``--resume`` aimed at it gets
+:class:`~fedge.experiment.claim.RunDirBusyError`). Every write goes through
+:mod:`fedge.experiment.storage`: a file is replaced whole, and an ``OSError`` (read-only
+filesystem, disk full) becomes one :class:`~fedge.experiment.storage.StorageError` naming the
+path. What was written before stays consistent: ``--resume`` continues from the last checkpoint.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import time
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,100 +38,26 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from fedge.core.config import describe_yaml_error, read_yaml
-from fedge.core.errors import ConfigError, FedgeError, ResumeError
+from fedge.core.errors import ConfigError, ResumeError
+from fedge.core.presets import describe_yaml_error, read_yaml
+from fedge.core.rundir_schema import (
+    APPLIED_CONFIG,
+    CHECKPOINT,
+    CLAIM,
+    COMPLETE,
+    CONFIG,
+    CONFIG_CHANGES,
+    METRICS,
+    MODEL,
+    PARTITION,
+    SESSIONS,
+    STATUS,
+    SUMMARY,
+)
+from fedge.experiment import storage
+from fedge.experiment.claim import Claim, RunDirBusyError
 
-try:
-    import fcntl
-except ImportError:  # not POSIX (Windows): runs are not locked; do not resume one run twice at once
-    fcntl = None  # type: ignore[assignment]
-
-__all__ = ["RunDir", "RunDirBusyError", "StorageError", "config_diff", "default_run_path"]
-
-CHECKPOINT = "checkpoint.pt"
-METRICS = "metrics.jsonl"
-SUMMARY = "summary.json"
-CONFIG = "config.yaml"
-CLAIM = ".fedge-claim"
-APPLIED = ".fedge-config.json"
-CHANGES = "config_changes.jsonl"
-SESSIONS = "sessions.jsonl"
-HOLD_WAIT_S = 1.0
-"""How long ``RunDir.hold(wait=True)`` retries the lock before refusing (a new claim, a takeover,
-a resume): other processes' :meth:`RunDir.busy` probes hold it for an instant."""
-
-
-class StorageError(FedgeError, OSError):
-    """The run directory could not be written (read-only filesystem, disk full, permissions)."""
-
-
-class RunDirBusyError(ConfigError):
-    """Another run claimed the output directory first, or another process is running it now."""
-
-
-# -- the only places that touch the disk (tests inject OSError here) -----------------------
-def _mkdir(path: Path) -> bool:
-    """Create ``path`` (and parents); True if this call created it."""
-    try:
-        path.mkdir(parents=True)
-        return True
-    except FileExistsError:
-        return False
-
-
-def _create_exclusive(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _append_file(path: Path, data: bytes) -> None:
-    with open(path, "ab") as f:
-        f.write(data)
-        f.flush()
-
-
-def _save_torch(obj: Any, path: Path) -> None:
-    torch.save(obj, path)
-
-
-def _describe(exc: OSError) -> str:
-    return exc.strerror or exc.__class__.__name__
-
-
-@contextmanager
-def _storage(path: Path, doing: str, fix: str, *, tmp: Path | None = None) -> Iterator[None]:
-    """Turn an OSError into one StorageError line naming ``path``; remove ``tmp`` if left."""
-    try:
-        yield
-    except StorageError:
-        raise
-    except OSError as exc:
-        if tmp is not None:
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
-        errno_txt = f"errno {exc.errno}: " if exc.errno else ""
-        raise StorageError(
-            f"cannot {doing} {str(path)!r} ({errno_txt}{_describe(exc)}); {fix}"
-        ) from None
-
-
-def _atomic_write(path: Path, data: bytes, fix: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with _storage(path, "write", fix, tmp=tmp):
-        _write_file(tmp, data)
-        os.replace(tmp, path)
+__all__ = ["RunDir", "config_diff", "default_run_path"]
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -173,9 +93,7 @@ class RunDir:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._created = False
-        self._claimed = False
-        self._held: int | None = None  # the descriptor whose flock holds the directory
+        self._claim = Claim(self.path)
 
     def _fix(self) -> str:
         return (
@@ -221,202 +139,35 @@ class RunDir:
                 f"fedge run --resume {p}"
             )
 
+    # -- ownership (fedge.experiment.claim) ------------------------------------------
     def claim(self) -> None:
-        """Own the directory: create it (if needed) and ``.fedge-claim`` exclusively.
-
-        Of two runs started at once with the same ``--out``, exactly one succeeds; the other
-        gets :class:`RunDirBusyError` and writes nothing. On return the directory is also held
-        (:meth:`hold`): call :meth:`let_go` when the run ends, or :meth:`release` if it fails
-        before :meth:`create`, to leave no directory behind."""
+        """Own the directory after checking it may be a new run's (:meth:`check_new`): create it
+        (if needed) and ``.fedge-claim`` exclusively (:meth:`Claim.take`). On return the
+        directory is also held: call :meth:`let_go` when the run ends, or :meth:`release` if it
+        fails before :meth:`create`, to leave no directory behind."""
         self.check_new(self.path)
-        fix = "choose a writable --out"
-        with _storage(self.path, "create the run directory", fix):
-            self._created = _mkdir(self.path)
-        info = json.dumps(
-            {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            }
-        ).encode()
-        try:
-            _create_exclusive(self.path / CLAIM, info)
-        except FileExistsError:
-            self._take_over_dead_claim(info)
-        except OSError as exc:
-            self._remove_if_created()
-            with _storage(self.path, "create the run directory", fix):
-                raise exc
-        self._claimed = True
-        try:
-            # ours from now on: another process's busy check may hold the lock for an instant
-            # (and then finds this live claim), so wait that out rather than refuse
-            self.hold(wait=True)
-        except RunDirBusyError:
-            self.release()
-            raise RunDirBusyError(
-                f"output directory {str(self.path)!r} is in use by another fedge process; choose another --out"
-            ) from None
-        except BaseException:
-            self.release()
-            raise
-        others = [p.name for p in self.path.iterdir() if p.name != CLAIM]
-        if others:  # a file appeared between the check and the claim: not ours to write into
-            self.release()
-            raise ConfigError(
-                f"output directory {str(self.path)!r} is not empty ({', '.join(sorted(others)[:3])}); "
-                "choose another --out"
-            )
+        self._claim.take()
 
-    def _take_over_dead_claim(self, info: bytes) -> None:
-        """Replace the claim of a run of this host that died before writing anything with ours
-        (``info``), under the directory's lock, which the run then keeps: of two runs taking it
-        over at once one wins and the other, finding a live claim, gets :class:`RunDirBusyError`
-        (so does any run finding a live, unknown or foreign claim). Without locks (some network
-        filesystems) a takeover could race another: a dead claim is then reported, with the fix."""
-        busy = RunDirBusyError(
-            f"output directory {str(self.path)!r} was claimed by another fedge run started at the "
-            "same time; choose another --out"
-        )
-        if fcntl is not None and self._dead(self._claim_info()) is None:
-            raise busy  # a live (or foreign, or unreadable) claimant: nothing to take over, no lock needed
-        try:
-            self.hold(wait=True)  # another process's busy() check holds the lock for an instant
-        except RunDirBusyError:
-            raise busy from None
-        try:
-            gone = self._dead(self._claim_info())
-            if self._held is None:  # no locks here
-                if gone is None:
-                    raise busy
-                raise ConfigError(
-                    f"output directory {str(self.path)!r} holds only the claim of a fedge run ({gone}) that is no "
-                    f"longer running: it was stopped before it wrote anything; delete the directory (rm -r {self.path}) "
-                    "and run again, or choose another --out"
-                )
-            if gone is None or [x.name for x in self.path.iterdir()] != [CLAIM]:
-                raise busy
-            with _storage(self.path / CLAIM, "write", "choose a writable --out"):
-                _write_file(
-                    self.path / CLAIM, info
-                )  # in place: the lock keeps other runs out meanwhile
-        except BaseException:
-            self.let_go()
-            raise
-        warnings.warn(
-            f"output directory {str(self.path)!r} held only the claim of a fedge run ({gone}) that died "
-            "before writing anything; this run takes the directory over",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
-    # -- holding (one process drives a run's rounds at a time) ------------------------
     def hold(self, *, wait: bool = False) -> None:
-        """Hold the directory while this process runs it: an exclusive, non-blocking ``flock``.
-
-        Raises :class:`RunDirBusyError` when another process (or another :class:`RunDir` of this
-        one) holds it, with ``wait`` after retrying for :data:`HOLD_WAIT_S` seconds (other
-        processes' :meth:`busy` probes hold it for an instant; a run, as long as it runs). Call
-        :meth:`let_go` when done; a process that dies lets go by itself. A directory that does
-        not exist (yet) is not held, nor one on a filesystem without locks (there the caller
-        must not run one directory twice at once)."""
-        if fcntl is None or self._held is not None or not self.path.is_dir():
-            return
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except OSError:  # unreadable: the run's own reads will name the problem
-            return
-        deadline = time.monotonic() + (HOLD_WAIT_S if wait else 0.0)
-        try:
-            locked = self._lock(fd, deadline)
-        except BaseException:  # busy, or interrupted while waiting: the descriptor goes with it
-            os.close(fd)
-            raise
-        if locked:
-            self._held = fd
-        else:  # no locks here (e.g. some network filesystems): run unheld
-            os.close(fd)
-
-    def _lock(self, fd: int, deadline: float) -> bool:
-        """``flock`` ``fd`` for :meth:`hold`, retrying until ``deadline``: True once locked, False
-        where the filesystem has no locks; :class:`RunDirBusyError` when still held by another."""
-        assert fcntl is not None
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if time.monotonic() < deadline:
-                    time.sleep(0.02)
-                    continue
-                raise RunDirBusyError(
-                    f"run directory {str(self.path)!r} is being run by another fedge process right now; wait for it "
-                    f"to finish (or stop it), then continue it with: fedge run --resume {self.path}"
-                ) from None
-            except OSError:
-                return False
+        """Hold the directory while this process runs it (:meth:`Claim.hold`)."""
+        self._claim.hold(wait=wait)
 
     def let_go(self) -> None:
-        """Release :meth:`hold` (closing the descriptor drops the lock)."""
-        if self._held is not None:
-            os.close(self._held)
-            self._held = None
+        """Release :meth:`hold`."""
+        self._claim.let_go()
 
     def busy(self) -> bool:
         """Whether another process (or another :class:`RunDir` here) holds the directory now."""
-        probe = RunDir(self.path)
-        try:
-            probe.hold()
-        except RunDirBusyError:
-            return True
-        probe.let_go()
-        return False
+        return self._claim.busy()
 
     def dead_claimant(self) -> str | None:
-        """``"pid N on HOST, claimed at T"`` when the run that claimed the directory has died (a
-        process of this host that no longer exists and holds no lock), else None: alive, on
-        another host, or not known."""
-        return None if self.busy() else self._dead(self._claim_info())
-
-    def _claim_info(self) -> Any:
-        try:
-            return json.loads((self.path / CLAIM).read_text())
-        except (OSError, ValueError):
-            return None
-
-    @staticmethod
-    def _dead(info: Any) -> str | None:
-        """:meth:`dead_claimant` of a claim's contents, the lock aside."""
-        pid = info.get("pid") if isinstance(info, dict) else None
-        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-            return None
-        host = info.get(
-            "host", socket.gethostname()
-        )  # claims from before the host was kept: this one's
-        if host != socket.gethostname():
-            return None
-        try:
-            os.kill(pid, 0)  # signal 0: only asks whether the process exists
-        except ProcessLookupError:
-            return f"pid {pid} on {host}, claimed at {info.get('time', '?')}"
-        except OSError:  # exists, but another user's
-            return None
-        return None
-
-    def _remove_if_created(self) -> None:
-        if self._created:
-            try:
-                self.path.rmdir()
-            except OSError:
-                pass
+        """``"pid N on HOST, claimed at T"`` when the run that claimed the directory has died,
+        else None (:meth:`Claim.dead_claimant`)."""
+        return self._claim.dead_claimant()
 
     def release(self) -> None:
         """Undo :meth:`claim` (the run failed before writing anything)."""
-        self.let_go()
-        if self._claimed:
-            (self.path / CLAIM).unlink(missing_ok=True)
-            self._claimed = False
-        self._remove_if_created()
+        self._claim.release()
 
     def create(
         self, config: dict[str, Any], partition: dict[str, Any], *, data_source: str | None = None
@@ -425,12 +176,12 @@ class RunDir:
         partition.json and an empty metrics.jsonl, claiming (and so holding, see :meth:`claim`)
         the directory first if needed.
         If a write fails, everything written here is removed again (and the claim released)."""
-        if not self._claimed:
+        if not self._claim.claimed:
             self.claim()
         try:
             self._create(config, partition, data_source)
         except BaseException:
-            for name in ("partition.json", APPLIED, CONFIG, METRICS):
+            for name in (PARTITION, APPLIED_CONFIG, CONFIG, METRICS):
                 (self.path / name).unlink(missing_ok=True)
             for tmp in self.temp_files():
                 tmp.unlink(missing_ok=True)
@@ -441,25 +192,25 @@ class RunDir:
         self, config: dict[str, Any], partition: dict[str, Any], data_source: str | None
     ) -> None:
         fix = "choose a writable --out with free space"
-        _atomic_write(self.path / "partition.json", json.dumps(partition).encode(), fix)
-        _atomic_write(self.path / APPLIED, json.dumps(config).encode(), fix)
+        storage.atomic_write(self.path / PARTITION, json.dumps(partition).encode(), fix)
+        storage.atomic_write(self.path / APPLIED_CONFIG, json.dumps(config).encode(), fix)
         header = f"# dataset files read from: {data_source}\n" if data_source else ""
-        _atomic_write(
+        storage.atomic_write(
             self.path / CONFIG, (header + yaml.safe_dump(config, sort_keys=False)).encode(), fix
         )
-        with _storage(self.path / METRICS, "write", fix):
-            _write_file(self.path / METRICS, b"")
+        with storage.failing_as(self.path / METRICS, "write", fix):
+            storage.write_file(self.path / METRICS, b"")
 
     # -- per round ------------------------------------------------------------------
     def append_metrics(self, line: dict[str, Any]) -> None:
-        with _storage(self.path / METRICS, "append to", self._fix()):
-            _append_file(self.path / METRICS, (json.dumps(line) + "\n").encode())
+        with storage.failing_as(self.path / METRICS, "append to", self._fix()):
+            storage.append_file(self.path / METRICS, (json.dumps(line) + "\n").encode())
 
     def record_session(self, first_round: int, machine: dict[str, Any]) -> None:
         """Append a ``sessions.jsonl`` line: rounds from ``first_round`` on run on ``machine``."""
         line = {"first_round": first_round, "machine": machine}
-        with _storage(self.path / SESSIONS, "append to", self._fix()):
-            _append_file(self.path / SESSIONS, (json.dumps(line) + "\n").encode())
+        with storage.failing_as(self.path / SESSIONS, "append to", self._fix()):
+            storage.append_file(self.path / SESSIONS, (json.dumps(line) + "\n").encode())
 
     def read_sessions(self) -> list[dict[str, Any]]:
         """The ``sessions.jsonl`` lines (none for a run from before it existed; a torn last line
@@ -480,8 +231,8 @@ class RunDir:
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         tmp = self.path / (CHECKPOINT + ".tmp")
-        with _storage(self.path / CHECKPOINT, "write", self._fix(), tmp=tmp):
-            _save_torch(state, tmp)
+        with storage.failing_as(self.path / CHECKPOINT, "write", self._fix(), tmp=tmp):
+            storage.save_torch(state, tmp)
             os.replace(tmp, self.path / CHECKPOINT)
 
     # -- resume ---------------------------------------------------------------------
@@ -516,7 +267,7 @@ class RunDir:
 
     def applied_config(self) -> dict[str, Any] | None:
         """The resolved config the run last ran with (None for runs written before it was kept)."""
-        path = self.path / APPLIED
+        path = self.path / APPLIED_CONFIG
         if not path.is_file():
             return None
         try:
@@ -547,16 +298,16 @@ class RunDir:
         }
         if note:
             line["note"] = note
-        with _storage(self.path / CHANGES, "append to", self._fix()):
-            _append_file(self.path / CHANGES, (json.dumps(line) + "\n").encode())
-        _atomic_write(self.path / APPLIED, json.dumps(config).encode(), self._fix())
+        with storage.failing_as(self.path / CONFIG_CHANGES, "append to", self._fix()):
+            storage.append_file(self.path / CONFIG_CHANGES, (json.dumps(line) + "\n").encode())
+        storage.atomic_write(self.path / APPLIED_CONFIG, json.dumps(config).encode(), self._fix())
 
     def is_complete(self) -> bool:
         try:
             summary = json.loads((self.path / SUMMARY).read_text())
         except (OSError, ValueError):
             return False
-        return isinstance(summary, dict) and summary.get("status") == "complete"
+        return isinstance(summary, dict) and summary.get(STATUS) == COMPLETE
 
     def load_checkpoint(self) -> dict[str, Any] | None:
         """The last checkpoint (None if the run stopped before round 1 finished)."""
@@ -602,7 +353,7 @@ class RunDir:
 
     def write_metrics(self, lines: list[dict[str, Any]]) -> None:
         """Replace ``metrics.jsonl`` by ``lines`` (atomically)."""
-        _atomic_write(
+        storage.atomic_write(
             self.path / METRICS, "".join(json.dumps(x) + "\n" for x in lines).encode(), self._fix()
         )
 
@@ -618,16 +369,18 @@ class RunDir:
         In this order a crash in between leaves an incomplete run with the old config, which
         ``--resume`` simply finishes again; never a complete-looking run with a config it did
         not run."""
-        with _storage(self.path / SUMMARY, "remove", self._fix()):
+        with storage.failing_as(self.path / SUMMARY, "remove", self._fix()):
             (self.path / SUMMARY).unlink(missing_ok=True)
-        if (self.path / APPLIED).exists():
-            _atomic_write(self.path / APPLIED, json.dumps(config).encode(), self._fix())
+        if (self.path / APPLIED_CONFIG).exists():
+            storage.atomic_write(
+                self.path / APPLIED_CONFIG, json.dumps(config).encode(), self._fix()
+            )
         try:
             old = (self.path / CONFIG).read_text().splitlines(keepends=True)
         except (OSError, UnicodeDecodeError):
             old = []
         header = "".join(x for x in old[:1] if x.startswith("# dataset files read from:"))
-        _atomic_write(
+        storage.atomic_write(
             self.path / CONFIG,
             (header + yaml.safe_dump(config, sort_keys=False)).encode(),
             self._fix(),
@@ -636,13 +389,13 @@ class RunDir:
     # -- finish ---------------------------------------------------------------------
     def finish(self, summary: dict[str, Any], model: torch.nn.Module) -> None:
         tensors = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-        tmp = self.path / "model.safetensors.tmp"
-        with _storage(self.path / "model.safetensors", "write", self._fix(), tmp=tmp):
+        tmp = self.path / (MODEL + ".tmp")
+        with storage.failing_as(self.path / MODEL, "write", self._fix(), tmp=tmp):
             save_file(tensors, str(tmp), metadata={"format": "pt"})
-            os.replace(tmp, self.path / "model.safetensors")
-        _atomic_write(
+            os.replace(tmp, self.path / MODEL)
+        storage.atomic_write(
             self.path / SUMMARY,
-            (json.dumps({**summary, "status": "complete"}, indent=2) + "\n").encode(),
+            (json.dumps({**summary, STATUS: COMPLETE}, indent=2) + "\n").encode(),
             self._fix(),
         )
 

@@ -33,8 +33,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from fedge.core.config import check_positive_int
 from fedge.core.errors import ConfigError, UnknownNameError
+from fedge.core.validation import check_positive_int
 from fedge.pruning.masks import check_masks, dense_masks
 from fedge.pruning.saliency import (
     DEFAULT_EPS,

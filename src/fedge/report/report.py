@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fedge.core.rundir_schema import PLOTS, REPORT_HTML, REPORT_MD
 from fedge.report.content import document, title
 from fedge.report.document import to_html, to_markdown
 from fedge.report.format import format_accuracy, format_bytes, format_duration, format_flops
@@ -40,9 +41,9 @@ def render_report(run_dir: str | Path) -> tuple[Path, Path]:
         RunDirError: a file in it is malformed.
     """
     run = load_run(run_dir)
-    plots = plot_run(run, run.path / "plots")
+    plots = plot_run(run, run.path / PLOTS)
     blocks = document(run, plots)
-    md_path, html_path = run.path / "report.md", run.path / "report.html"
+    md_path, html_path = run.path / REPORT_MD, run.path / REPORT_HTML
     md_path.write_text(to_markdown(blocks, run.path), encoding="utf-8")
     html_path.write_text(to_html(blocks, title(run)), encoding="utf-8")
     return md_path, html_path

@@ -2,7 +2,8 @@
 
 A run directory holds ``config.yaml`` (resolved config), ``partition.json`` (who got which
 data), ``metrics.jsonl`` (one JSON object per completed round, flushed every round) and, once
-the run has finished, ``summary.json`` with ``"status": "complete"``. A directory without a
+the run has finished, ``summary.json`` with ``"status": "complete"``; the names of its files
+and keys are :mod:`fedge.core.rundir_schema`'s, which the writer uses too. A directory without a
 complete summary is a run in progress (or one that crashed); everything here reads it anyway
 and reports it as "incomplete (N rounds so far)".
 
@@ -28,6 +29,7 @@ from typing import Any, TypeGuard
 
 import yaml
 
+from fedge.core import rundir_schema as schema
 from fedge.core.errors import FedgeError
 
 __all__ = [
@@ -39,16 +41,11 @@ __all__ = [
     "load_run",
 ]
 
-CONFIG_FILE = "config.yaml"
-METRICS_FILE = "metrics.jsonl"
-PARTITION_FILE = "partition.json"
-SUMMARY_FILE = "summary.json"
-
 #: Virtual metric: cumulative bytes on the wire both ways (``cum_bytes_down + cum_bytes_up``).
 CUM_BYTES = "cum_bytes"
 #: Cumulative client FLOPs counting only non-zero weights (sparse models log it); a run that does
 #: not log it ran dense, and its executed FLOPs (``cum_client_flops``) stand in.
-CUM_EFFECTIVE_FLOPS = "cum_client_flops_effective"
+CUM_EFFECTIVE_FLOPS = schema.CUM_CLIENT_FLOPS_EFFECTIVE
 
 
 class RunDirError(FedgeError, ValueError):
@@ -132,12 +129,12 @@ class RunLog:
     @property
     def complete(self) -> bool:
         """True iff ``summary.json`` exists and says ``"status": "complete"``."""
-        return self.summary is not None and self.summary.get("status") == "complete"
+        return self.summary is not None and self.summary.get(schema.STATUS) == schema.COMPLETE
 
     @property
     def rounds_done(self) -> int:
         """The last completed round (0 before the first one finishes)."""
-        return int(self.metrics[-1]["round"]) if self.metrics else 0
+        return int(self.metrics[-1][schema.ROUND]) if self.metrics else 0
 
     @property
     def rounds_planned(self) -> int | None:
@@ -149,9 +146,9 @@ class RunLog:
     def status(self) -> str:
         """``"complete"`` or ``"incomplete (N rounds so far)"``."""
         if self.complete:
-            return "complete"
+            return schema.COMPLETE
         text = f"incomplete ({self.rounds_done} rounds so far)"
-        if self.summary and self.summary.get("status") is not None:
+        if self.summary and self.summary.get(schema.STATUS) is not None:
             text += f"; summary status {self.summary['status']!r}"
         return text
 
@@ -160,14 +157,14 @@ class RunLog:
     def value(self, row: dict[str, Any], key: str) -> float | None:
         """``row[key]`` as a finite number, else ``None``; understands :data:`CUM_BYTES`."""
         if key == CUM_BYTES:
-            down, up = row.get("cum_bytes_down"), row.get("cum_bytes_up")
+            down, up = row.get(schema.CUM_BYTES_DOWN), row.get(schema.CUM_BYTES_UP)
             return down + up if _finite(down) and _finite(up) else None
         if key == CUM_EFFECTIVE_FLOPS and key not in row:
-            key = "cum_client_flops"
+            key = schema.CUM_CLIENT_FLOPS
         v = row.get(key)
         return v if _finite(v) else None
 
-    def series(self, key: str, *, x: str = "round") -> tuple[list[float], list[float]]:
+    def series(self, key: str, *, x: str = schema.ROUND) -> tuple[list[float], list[float]]:
         """``(xs, ys)`` over rounds where both ``x`` and ``key`` are finite numbers.
 
         Nulls (e.g. accuracy on rounds that were not evaluated), missing keys and non-finite
@@ -210,21 +207,21 @@ class RunLog:
 
     @property
     def final_accuracy(self) -> float | None:
-        s = self._summary_number("final_test_accuracy")
-        return s if s is not None else self._last("test_accuracy")
+        s = self._summary_number(schema.FINAL_TEST_ACCURACY)
+        return s if s is not None else self._last(schema.TEST_ACCURACY)
 
     @property
     def best_accuracy(self) -> float | None:
-        s = self._summary_number("best_test_accuracy")
+        s = self._summary_number(schema.BEST_TEST_ACCURACY)
         if s is not None:
             return s
-        _, acc = self.series("test_accuracy")
+        _, acc = self.series(schema.TEST_ACCURACY)
         return max(acc) if acc else None
 
     @property
     def best_round(self) -> int | None:
         """The first round that reached :attr:`best_accuracy` (from the metrics)."""
-        rounds, acc = self.series("test_accuracy")
+        rounds, acc = self.series(schema.TEST_ACCURACY)
         if not acc:
             return None
         return int(rounds[acc.index(max(acc))])
@@ -241,47 +238,47 @@ class RunLog:
 
     @property
     def total_bytes_down(self) -> int | None:
-        return self._total("total_bytes_down", "cum_bytes_down", "bytes_down")
+        return self._total(schema.TOTAL_BYTES_DOWN, schema.CUM_BYTES_DOWN, schema.BYTES_DOWN)
 
     @property
     def total_bytes_up(self) -> int | None:
-        return self._total("total_bytes_up", "cum_bytes_up", "bytes_up")
+        return self._total(schema.TOTAL_BYTES_UP, schema.CUM_BYTES_UP, schema.BYTES_UP)
 
     @property
     def total_client_flops(self) -> int | None:
-        return self._total("total_client_flops", "cum_client_flops", "client_flops")
+        return self._total(schema.TOTAL_CLIENT_FLOPS, schema.CUM_CLIENT_FLOPS, schema.CLIENT_FLOPS)
 
     @property
     def wall_s(self) -> float | None:
-        s = self._summary_number("wall_s")
+        s = self._summary_number(schema.WALL_S)
         if s is not None:
             return float(s)
-        _, w = self.series("wall_s")
+        _, w = self.series(schema.WALL_S)
         return float(sum(w)) if w else None
 
     @property
     def peak_memory(self) -> int | None:
         """Client peak memory in bytes (max over rounds), if measured."""
-        s = (self.summary or {}).get("client_peak_bytes")
+        s = (self.summary or {}).get(schema.CLIENT_PEAK_BYTES)
         if _finite(s):
             return int(s)
-        _, p = self.series("client_peak_bytes")
+        _, p = self.series(schema.CLIENT_PEAK_BYTES)
         return int(max(p)) if p else None
 
     @property
     def model_params(self) -> int | None:
-        v = (self.summary or {}).get("model_params")
+        v = (self.summary or {}).get(schema.MODEL_PARAMS)
         return int(v) if _finite(v) else None
 
     @property
     def model_bytes(self) -> int | None:
-        v = (self.summary or {}).get("model_bytes")
+        v = (self.summary or {}).get(schema.MODEL_BYTES)
         return int(v) if _finite(v) else None
 
     def bytes_to_accuracy(self, target: float) -> int | None:
         """Cumulative bytes (down + up) when test accuracy first reached ``target``; else None."""
         for row in self.metrics:
-            acc = self.value(row, "test_accuracy")
+            acc = self.value(row, schema.TEST_ACCURACY)
             if acc is not None and acc >= target:
                 b = self.value(row, CUM_BYTES)
                 return int(b) if b is not None else None
@@ -345,7 +342,7 @@ def _read_metrics(path: Path) -> list[dict[str, Any]]:
                 f"{path} line {lineno} is not valid JSON ({e}); only the last line may be "
                 "truncated, so the file is corrupt: restore it or delete that line"
             ) from e
-        rnd = row.get("round") if isinstance(row, dict) else None
+        rnd = row.get(schema.ROUND) if isinstance(row, dict) else None
         if not isinstance(rnd, int) or isinstance(rnd, bool):
             raise RunDirError(
                 f"{path} line {lineno}: expected a JSON object with an integer 'round', "
@@ -380,21 +377,21 @@ def load_run(run_dir: str | Path) -> RunLog:
             f"run directory {str(path)!r} does not exist (or is not a directory); "
             "pass a directory written by `fedge run`"
         )
-    metrics_path = path / METRICS_FILE
+    metrics_path = path / schema.METRICS
     if not metrics_path.is_file():
         raise NotARunDirError(
-            f"{str(path)!r} is not a fedge run directory: it has no {METRICS_FILE}; "
+            f"{str(path)!r} is not a fedge run directory: it has no {schema.METRICS}; "
             "pass a directory written by `fedge run`"
         )
     metrics = _read_metrics(metrics_path)
-    summary = _read_json(path / SUMMARY_FILE)
+    summary = _read_json(path / schema.SUMMARY)
     _check_rounds_logged(path, metrics, summary)
     return RunLog(
         path=path,
-        config=_read_config(path / CONFIG_FILE),
+        config=_read_config(path / schema.CONFIG),
         metrics=metrics,
         summary=summary,
-        partition=_read_json(path / PARTITION_FILE),
+        partition=_read_json(path / schema.PARTITION),
     )
 
 
@@ -407,20 +404,20 @@ def _check_rounds_logged(
     means the file was truncated, replaced or edited afterwards; the report would then show
     fewer rounds than the headline numbers, which come from the summary.
     """
-    if not summary or summary.get("status") != "complete":
+    if not summary or summary.get(schema.STATUS) != schema.COMPLETE:
         return
-    planned = summary.get("rounds")
+    planned = summary.get(schema.ROUNDS)
     if not isinstance(planned, int) or isinstance(planned, bool):
         return
-    logged = [m["round"] for m in metrics]
+    logged = [m[schema.ROUND] for m in metrics]
     if logged == list(range(1, planned + 1)):
         return
     missing = sorted(set(range(1, planned + 1)) - set(logged))
     held = f"rounds {logged[0]}-{logged[-1]} ({len(logged)} lines)" if logged else "no rounds"
     gap = f"; missing {_rounds_text(missing)}" if missing and logged else ""
     warnings.warn(
-        f"{path / SUMMARY_FILE} says the run completed {planned} rounds but "
-        f"{path / METRICS_FILE} holds {held}{gap}: the metrics file was truncated, replaced "
+        f"{path / schema.SUMMARY} says the run completed {planned} rounds but "
+        f"{path / schema.METRICS} holds {held}{gap}: the metrics file was truncated, replaced "
         "or edited after the run; restore it (per-round figures use what it holds)",
         RunLogWarning,
         3,

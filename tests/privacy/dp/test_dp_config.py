@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from fedge.core.config import validate_section
 from fedge.core.errors import ConfigError
+from fedge.core.validation import validate_section
 from fedge.privacy.dp.config import PrivacyConfig
 
 

@@ -1,0 +1,140 @@
+"""The run directory's schema: the names of the files a run writes and the keys of its
+``metrics.jsonl`` lines and ``summary.json`` that readers depend on.
+
+The writer (:mod:`fedge.experiment.rundir`, with the engine's metrics lines and the summary of
+:mod:`fedge.experiment.run`) and every reader (:mod:`fedge.report.runlog`, the benchmark
+tables, the CLI) spell these names from here. A run is complete exactly when :data:`SUMMARY`
+holds :data:`STATUS` equal to :data:`COMPLETE`. Every metrics line holds :data:`ROUND_KEYS`
+(accuracy and loss are null on rounds not evaluated); a complete summary holds
+:data:`SUMMARY_KEYS`; methods and options add keys of their own to both.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "APPLIED_CONFIG",
+    "BEST_TEST_ACCURACY",
+    "BYTES_DOWN",
+    "BYTES_UP",
+    "CHECKPOINT",
+    "CLAIM",
+    "CLIENTS",
+    "CLIENT_FLOPS",
+    "CLIENT_FLOPS_EFFECTIVE",
+    "CLIENT_PEAK_BYTES",
+    "CLIENT_TENSOR_PEAK_BYTES",
+    "COMPLETE",
+    "CONFIG",
+    "CONFIG_CHANGES",
+    "CUM_BYTES_DOWN",
+    "CUM_BYTES_UP",
+    "CUM_CLIENT_FLOPS",
+    "CUM_CLIENT_FLOPS_EFFECTIVE",
+    "FINAL_TEST_ACCURACY",
+    "METRICS",
+    "MODEL",
+    "MODEL_BYTES",
+    "MODEL_PARAMS",
+    "PARTITION",
+    "PHASES",
+    "PLOTS",
+    "REPORT_HTML",
+    "REPORT_MD",
+    "ROUND",
+    "ROUNDS",
+    "ROUND_KEYS",
+    "SESSIONS",
+    "STATUS",
+    "SUMMARY",
+    "SUMMARY_KEYS",
+    "TEST_ACCURACY",
+    "TEST_ACCURACY_AT_BEST_VAL",
+    "TEST_LOSS",
+    "TOTAL_BYTES_DOWN",
+    "TOTAL_BYTES_UP",
+    "TOTAL_CLIENT_FLOPS",
+    "VAL_ACCURACY",
+    "WALL_S",
+]
+
+# ---- files, in the order a run writes them
+CLAIM = ".fedge-claim"  # created exclusively before anything else: one run owns the directory
+APPLIED_CONFIG = ".fedge-config.json"  # the resolved config as last run (what --resume checks)
+CONFIG = "config.yaml"  # the resolved config, every default filled in
+CONFIG_CHANGES = "config_changes.jsonl"  # edits accepted by --resume --allow-config-change
+PARTITION = "partition.json"  # samples and label histogram per client
+METRICS = "metrics.jsonl"  # one JSON object per completed round
+SESSIONS = "sessions.jsonl"  # one line each time rounds are driven: first round and machine
+CHECKPOINT = "checkpoint.pt"  # state after the last completed round, for --resume
+MODEL = "model.safetensors"  # the final model (the one evaluated)
+SUMMARY = "summary.json"  # written last
+PLOTS = "plots"  # a folder: the report's figures
+REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
+
+# ---- keys of every metrics.jsonl line
+ROUND = "round"  # 1-based
+CLIENTS = "clients"  # clients sampled this round
+TEST_ACCURACY = "test_accuracy"  # null on rounds not evaluated
+TEST_LOSS = "test_loss"
+BYTES_DOWN = "bytes_down"  # this round's bytes, summed over its clients
+BYTES_UP = "bytes_up"
+CLIENT_FLOPS = "client_flops"
+CUM_BYTES_DOWN = "cum_bytes_down"  # bytes of rounds 1..round
+CUM_BYTES_UP = "cum_bytes_up"
+CUM_CLIENT_FLOPS = "cum_client_flops"
+WALL_S = "wall_s"  # the round's wall time; in the summary, the rounds' total
+ROUND_KEYS = frozenset(
+    {
+        ROUND,
+        CLIENTS,
+        TEST_ACCURACY,
+        TEST_LOSS,
+        BYTES_DOWN,
+        BYTES_UP,
+        CLIENT_FLOPS,
+        CUM_BYTES_DOWN,
+        CUM_BYTES_UP,
+        CUM_CLIENT_FLOPS,
+        WALL_S,
+    }
+)
+
+# ---- keys of some metrics lines
+VAL_ACCURACY = "val_accuracy"  # with dataset.validation
+PHASES = "phases"  # exchanges of a round that ran more than one
+CLIENT_FLOPS_EFFECTIVE = "client_flops_effective"  # FLOPs of non-zero weights (sparse models)
+CUM_CLIENT_FLOPS_EFFECTIVE = "cum_client_flops_effective"
+CLIENT_PEAK_BYTES = "client_peak_bytes"  # with measure.memory (also in the summary)
+CLIENT_TENSOR_PEAK_BYTES = "client_tensor_peak_bytes"
+
+# ---- keys of a complete summary.json
+STATUS = "status"
+COMPLETE = "complete"  # the value of STATUS once the run has finished
+FINAL_TEST_ACCURACY = "final_test_accuracy"
+BEST_TEST_ACCURACY = "best_test_accuracy"
+TOTAL_BYTES_DOWN = "total_bytes_down"
+TOTAL_BYTES_UP = "total_bytes_up"
+TOTAL_CLIENT_FLOPS = "total_client_flops"
+ROUNDS = "rounds"  # rounds completed
+MODEL_PARAMS = "model_params"
+MODEL_BYTES = "model_bytes"
+SUMMARY_KEYS = frozenset(
+    {
+        STATUS,
+        FINAL_TEST_ACCURACY,
+        BEST_TEST_ACCURACY,
+        TOTAL_BYTES_DOWN,
+        TOTAL_BYTES_UP,
+        TOTAL_CLIENT_FLOPS,
+        ROUNDS,
+        "method",
+        "model",
+        "dataset",
+        "seed",
+        WALL_S,
+        MODEL_PARAMS,
+        MODEL_BYTES,
+    }
+)
+TEST_ACCURACY_AT_BEST_VAL = "test_accuracy_at_best_val"  # with dataset.validation

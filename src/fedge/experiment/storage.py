@@ -1,0 +1,99 @@
+"""The writes of a run directory, the only places that touch its disk: a file is written whole
+(to a temporary file, then renamed over the old one) or appended to, and any ``OSError``
+(read-only filesystem, disk full, permissions) becomes one :class:`StorageError` naming the
+path, after the half-written temporary file is removed. Callers call these through the module
+(``storage.write_file``), so a test can inject a failure at one place."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedge.core.errors import FedgeError
+
+__all__ = [
+    "StorageError",
+    "append_file",
+    "atomic_write",
+    "create_exclusive",
+    "failing_as",
+    "make_dir",
+    "save_torch",
+    "write_file",
+]
+
+
+class StorageError(FedgeError, OSError):
+    """The run directory could not be written (read-only filesystem, disk full, permissions)."""
+
+
+def make_dir(path: Path) -> bool:
+    """Create ``path`` (and parents); True if this call created it."""
+    try:
+        path.mkdir(parents=True)
+        return True
+    except FileExistsError:
+        return False
+
+
+def create_exclusive(path: Path, data: bytes) -> None:
+    """Create ``path`` holding ``data``; :class:`FileExistsError` if it exists (``O_EXCL``)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Write ``path`` in place and fsync it."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def append_file(path: Path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+        f.flush()
+
+
+def save_torch(obj: Any, path: Path) -> None:
+    torch.save(obj, path)
+
+
+def _describe(exc: OSError) -> str:
+    return exc.strerror or exc.__class__.__name__
+
+
+@contextmanager
+def failing_as(path: Path, doing: str, fix: str, *, tmp: Path | None = None) -> Iterator[None]:
+    """Turn an OSError into one StorageError line naming ``path``; remove ``tmp`` if left."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except OSError as exc:
+        if tmp is not None:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+        errno_txt = f"errno {exc.errno}: " if exc.errno else ""
+        raise StorageError(
+            f"cannot {doing} {str(path)!r} ({errno_txt}{_describe(exc)}); {fix}"
+        ) from None
+
+
+def atomic_write(path: Path, data: bytes, fix: str) -> None:
+    """Write ``path`` whole: to ``<path>.tmp``, then renamed over ``path``."""
+    tmp = path.with_name(path.name + ".tmp")
+    with failing_as(path, "write", fix, tmp=tmp):
+        write_file(tmp, data)
+        os.replace(tmp, path)
