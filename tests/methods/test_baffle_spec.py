@@ -54,7 +54,7 @@ def test_the_spec_is_built_from_the_config() -> None:
 def test_client_server_and_replica_estimate_with_the_configs_spec() -> None:
     """The client's ΔL and the server's ĝ are those of the estimator functions under
     ``cfg.zo_spec()``; the seeds-downlink replica replays with the same spec."""
-    cfg = BaffleConfig(mode="batch", k=5, sigma=1e-2, clip=None, ema=None, downlink="seeds")
+    cfg = BaffleConfig(mode="batch", k=5, sigma=1e-2, clip=None, downlink="seeds")
     spec = cfg.zo_spec()
     client = BaffleBatchClient(_model, cfg, threads=2)
     assert client.spec == cfg.zo_spec(workers=2)
