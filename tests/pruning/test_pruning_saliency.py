@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedge.core.errors import ConfigError
-from fedge.estimators import combine_loss_differences, estimate_gradient
+from fedge.estimators import ZerothOrderSpec, combine_loss_differences, estimate_gradient
 from fedge.models import build_model
 from fedge.pruning import (
     dense_masks,
@@ -109,8 +109,9 @@ def test_statistic_is_forward_only_and_leaves_the_model_alone() -> None:
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(1) or t, lambda t: t):
         ntk_forward_statistic(net, None, torch.randn(2, 1, 8, 8), samples=2, generator=_gen(0))
+        spec = ZerothOrderSpec(k=2, sigma=1e-2, scheme="central")
         ntk_statistic_differences(
-            net, None, torch.randn(2, 1, 8, 8), generator=_gen(0), k=2, sigma=1e-2, seed=0
+            net, None, torch.randn(2, 1, 8, 8), spec, generator=_gen(0), seed=0
         )
     assert saved == []  # nothing kept for a backward pass: no autograd memory on the device
     assert all(p.grad is None for p in net.parameters())
@@ -196,14 +197,12 @@ def test_zeroth_order_saliency_converges_to_the_exact_gradient() -> None:
     shapes = {n: m.shape for n, m in masks.items()}
 
     def cosine(k: int, seed: int) -> float:
+        spec = ZerothOrderSpec(k=k, sigma=sigma, scheme="central")
         diffs = ntk_statistic_differences(
-            net, masks, x, eps=eps, samples=samples, generator=_gen(7), k=k, sigma=sigma, seed=seed
+            net, masks, x, spec, eps=eps, samples=samples, generator=_gen(7), seed=seed
         )
         assert diffs.shape == (k,) and diffs.dtype == torch.float32  # the K scalars sent up
-        est = _live(
-            estimate_gradient(shapes, diffs, sigma=sigma, seed=seed, scheme="central", masks=masks),
-            masks,
-        )
+        est = _live(estimate_gradient(shapes, diffs, spec, seed=seed, masks=masks), masks)
         return float(F.cosine_similarity(est, exact, dim=0))
 
     few, many = cosine(20, 0), cosine(1500, 0)
@@ -211,11 +210,12 @@ def test_zeroth_order_saliency_converges_to_the_exact_gradient() -> None:
     assert many > few
 
     # the one-call form is |Stein estimate| ⊙ m, zero at pruned coordinates
+    spec = ZerothOrderSpec(k=50, sigma=sigma, scheme="central")
     diffs = ntk_statistic_differences(
-        net, masks, x, eps=eps, samples=samples, generator=_gen(7), k=50, sigma=sigma, seed=3
+        net, masks, x, spec, eps=eps, samples=samples, generator=_gen(7), seed=3
     )
     both = ntk_saliency_zeroth_order(
-        net, masks, x, eps=eps, samples=samples, generator=_gen(7), k=50, sigma=sigma, seed=3
+        net, masks, x, spec, eps=eps, samples=samples, generator=_gen(7), seed=3
     )
     g = estimate_gradient(shapes, diffs, sigma=sigma, seed=3, scheme="central", masks=masks)
     for n in masks:
@@ -227,11 +227,12 @@ def test_zeroth_order_combines_devices_like_eq_15() -> None:
     net = _mlp()
     masks = dense_masks(net)
     xs = [gaussian_inputs((1, 2, 2), n, generator=_gen(10 + n)) for n in (2, 6)]
-    kw = dict(eps=1e-3, samples=1, k=30, sigma=1e-2, seed=11)
-    diffs = [ntk_statistic_differences(net, masks, x, generator=_gen(0), **kw) for x in xs]
+    spec = ZerothOrderSpec(k=30, sigma=1e-2, scheme="central")
+    kw = dict(eps=1e-3, samples=1, seed=11)
+    diffs = [ntk_statistic_differences(net, masks, x, spec, generator=_gen(0), **kw) for x in xs]
     combined = combine_loss_differences(diffs, [2, 6])
-    scores = ntk_saliency_from_differences(net, masks, combined, sigma=1e-2, seed=11)
-    pooled = ntk_statistic_differences(net, masks, torch.cat(xs), generator=_gen(0), **kw)
+    scores = ntk_saliency_from_differences(net, masks, combined, spec, seed=11)
+    pooled = ntk_statistic_differences(net, masks, torch.cat(xs), spec, generator=_gen(0), **kw)
     torch.testing.assert_close(combined, pooled, rtol=1e-4, atol=1e-9)
     assert set(scores) == set(masks)
 

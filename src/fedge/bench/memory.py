@@ -55,7 +55,7 @@ from torch import Tensor, nn
 
 from fedge.bench.zo import BENCH_MODELS, SIGMA, bench_model, fast_path
 from fedge.core.meter import TensorAccountant, module_bytes, rss_peak_reset, rss_peak_since_reset
-from fedge.estimators import loss_differences
+from fedge.estimators import ZerothOrderSpec, loss_differences
 from fedge.pruning.masks import prunable_parameters
 
 __all__ = [
@@ -114,24 +114,14 @@ def _make_step(
         return bp
     if kind in ("zo_lean", "zo_fast"):
         mode: Literal["lean", "fast"] = "lean" if kind == "zo_lean" else "fast"
-        return lambda: loss_differences(
-            model, F.cross_entropy, (x, y), k=k, sigma=SIGMA, seed=0, scheme="central", mode=mode
-        )
+        spec = ZerothOrderSpec(k=k, sigma=SIGMA, scheme="central", mode=mode)
+        return lambda: loss_differences(model, F.cross_entropy, (x, y), spec, seed=0)
     if kind == "zo_sparse":
         masks = sparse_masks(model, SPARSE_DENSITY)
+        lean = ZerothOrderSpec(k=k, sigma=SIGMA, scheme="central", mode="lean")
 
         def sparse() -> Tensor:
-            return loss_differences(
-                model,
-                F.cross_entropy,
-                (x, y),
-                k=k,
-                sigma=SIGMA,
-                seed=0,
-                scheme="central",
-                mode="lean",
-                masks=masks,
-            )
+            return loss_differences(model, F.cross_entropy, (x, y), lean, seed=0, masks=masks)
 
         sparse.resident = list(masks.values())  # type: ignore[attr-defined]  # held by the client all along
         return sparse

@@ -69,6 +69,7 @@ from fedge.bench.machine import (
 from fedge.bench.reference import reference_gradient
 from fedge.core.meter import FlopCounter
 from fedge.estimators import (
+    ZerothOrderSpec,
     estimate_gradient,
     forward_budget,
     loss_differences,
@@ -106,34 +107,17 @@ def _zo_step(
     model: nn.Module, batch: tuple[Tensor, Tensor], *, k: int, scheme: str, mode: str, seed: int
 ) -> dict[str, Tensor]:
     """One whole estimate: the client's loss differences, then the server's ĝ."""
-    diffs = loss_differences(
-        model,
-        F.cross_entropy,
-        batch,
-        k=k,
-        sigma=SIGMA,
-        seed=seed,
-        scheme=scheme,  # type: ignore[arg-type]
-        mode=mode,  # type: ignore[arg-type]
-    )
-    params = dict(model.named_parameters())
-    return estimate_gradient(params, diffs, sigma=SIGMA, seed=seed, scheme=scheme)  # type: ignore[arg-type]
+    spec = ZerothOrderSpec(k=k, sigma=SIGMA, scheme=scheme, mode=mode)  # type: ignore[arg-type]
+    diffs = loss_differences(model, F.cross_entropy, batch, spec, seed=seed)
+    return estimate_gradient(dict(model.named_parameters()), diffs, spec, seed=seed)
 
 
 def _epoch_step(
     model: nn.Module, batch: tuple[Tensor, Tensor], *, k: int, scheme: str, seed: int
 ) -> dict[str, Tensor]:
     """The same estimate on one device (epoch-level BAFFLE): the rebuild reuses the forwards' draws."""
-    return zeroth_order_gradient(
-        model,
-        F.cross_entropy,
-        batch,
-        k=k,
-        sigma=SIGMA,
-        seed=seed,
-        scheme=scheme,  # type: ignore[arg-type]
-        mode="fast",
-    )
+    spec = ZerothOrderSpec(k=k, sigma=SIGMA, scheme=scheme, mode="fast")  # type: ignore[arg-type]
+    return zeroth_order_gradient(model, F.cross_entropy, batch, spec, seed=seed)
 
 
 def _bp_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple[Tensor, Tensor]) -> None:

@@ -1,13 +1,15 @@
 """Gradient estimators: the backprop oracle and BAFFLE's zeroth-order (Stein) estimate.
 
 Client: :func:`loss_differences` (forwards only). Server: :func:`estimate_gradient` from the
-same seed, after :func:`combine_loss_differences` for several clients. See
+same seed, after :func:`combine_loss_differences` for several clients. Both take one
+:class:`ZerothOrderSpec` (K, σ, scheme, directions, ...), built once from a method's config. See
 :mod:`fedge.estimators.zeroth_order` for the schemes, constants and modes.
 """
 
 from fedge.estimators.backprop import backprop_gradient
 from fedge.estimators.batched import register_channelwise
 from fedge.estimators.perturbation import perturbation
+from fedge.estimators.spec import ZerothOrderSpec
 from fedge.estimators.zeroth_order import (
     Mode,
     PrecisionWarning,
@@ -25,6 +27,7 @@ __all__ = [
     "Mode",
     "PrecisionWarning",
     "Scheme",
+    "ZerothOrderSpec",
     "ZerothOrderWarning",
     "backprop_gradient",
     "combine_loss_differences",

@@ -61,7 +61,7 @@ import math
 import threading
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Literal, get_args
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -73,11 +73,13 @@ from fedge.estimators import batched
 from fedge.estimators.directions import DirectionKind, Directions, make_directions, remembered
 from fedge.estimators.lean import LeanEvaluator, LossFn
 from fedge.estimators.perturbation import Selection, check_masks, select
+from fedge.estimators.spec import Mode, Scheme, ZerothOrderSpec, check_scheme, resolve_spec
 
 __all__ = [
     "Mode",
     "PrecisionWarning",
     "Scheme",
+    "ZerothOrderSpec",
     "ZerothOrderWarning",
     "combine_loss_differences",
     "estimate_gradient",
@@ -87,11 +89,6 @@ __all__ = [
     "zeroth_order_gradient",
 ]
 
-Scheme = Literal["central", "forward"]
-Mode = Literal["lean", "fast"]
-
-# c in ĝ = Σ ΔL_k δ_k / (c K σ²): central ΔL ≈ 2 δᵀ∇L (Eq. 2), forward ΔL ≈ δᵀ∇L (Eq. 1).
-_NORMALIZER: dict[str, float] = {"central": 2.0, "forward": 1.0}
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 # Above this much work per forward (FLOPs of one forward of the batch, torch's flop counter) one
 # plain forward already runs near the kernels' speed, and the batched pass only adds layout and
@@ -126,7 +123,7 @@ class PrecisionWarning(ZerothOrderWarning):
 
 def forward_budget(k: int, scheme: Scheme) -> int:
     """Forward passes to produce ``k`` loss differences: ``2k`` (central) or ``k + 1`` (forward)."""
-    _check_scheme(scheme)
+    check_scheme(scheme)
     check_positive_int("k", k)
     return 2 * k if scheme == "central" else k + 1
 
@@ -138,7 +135,7 @@ def num_differences(budget: int, scheme: Scheme) -> int:
         >>> num_differences(forward_budget(100, "central"), "forward")
         199
     """
-    _check_scheme(scheme)
+    check_scheme(scheme)
     k = budget // 2 if scheme == "central" else budget - 1
     if k < 1:
         raise ConfigError(
@@ -152,18 +149,12 @@ def loss_differences(
     model: nn.Module,
     loss_fn: LossFn,
     batch: tuple[Tensor, Tensor],
+    spec: ZerothOrderSpec | None = None,
     *,
-    k: int,
-    sigma: float,
     seed: int,
-    scheme: Scheme,
     params: Sequence[str] | None = None,
     masks: Mapping[str, Tensor] | None = None,
-    mode: Mode = "lean",
-    chunk: int | None = None,
-    dtype: torch.dtype | None = None,
-    workers: int | None = None,
-    directions: DirectionKind | Directions = "gaussian",
+    **settings: Any,
 ) -> Tensor:
     """Client side of BAFFLE (Algorithm 1, lines 11-12): K loss differences, forwards only.
 
@@ -172,27 +163,17 @@ def loss_differences(
             parameters and buffers are left exactly as they were.
         loss_fn: ``loss_fn(logits, y) -> scalar`` mean loss, e.g. ``F.cross_entropy``.
         batch: ``(x, y)``.
-        k: number of loss differences returned (K); see :func:`forward_budget` for the cost.
-        sigma: perturbation scale σ (the paper uses 1e-4).
+        spec: K, σ, scheme, directions, mode, chunk, dtype and workers
+            (:class:`~fedge.estimators.spec.ZerothOrderSpec`); the server must use the same
+            K, σ, scheme and directions. ``chunk`` and ``workers`` apply to fast mode only
+            (lean never copies the model); a ``dtype`` of ``torch.bfloat16`` or
+            ``torch.float16`` runs the forwards under autocast (perturbed weights are formed in
+            the parameters' dtype, then cast per layer, as a low-precision device would).
         seed: perturbation seed (the 4 bytes the server sends, Algorithm 1 line 7).
-        scheme: ``"central"`` or ``"forward"`` (twice-FD); see the module docstring.
         params: names of the perturbed parameters; None = every ``requires_grad`` parameter.
         masks: optional name -> bool mask; only True coordinates are perturbed.
-        mode: ``"lean"`` (minimal memory) or ``"fast"`` (batched throughput).
-        chunk: perturbations per batched pass in fast mode (default: enough for ~512
-            model-samples a pass, 8 to 32 models, each central perturbation being 2 models);
-            ignored by lean.
-        dtype: forward precision: None = the parameters' dtype; ``torch.bfloat16`` or
-            ``torch.float16`` run the forwards under autocast (perturbed weights are formed in
-            the parameters' dtype, then cast per layer, as a low-precision device would).
-        workers: threads the fast mode splits the perturbations over when it does not batch
-            them (None: ``torch.get_num_threads()``); ignored by lean, which never copies
-            the model.
-        directions: ``"gaussian"`` (BAFFLE's i.i.d. N(0, σ² I)), ``"orthogonal"`` or
-            ``"block"`` (:mod:`fedge.estimators.directions`); the server must use the same.
-            Or a :class:`~fedge.estimators.directions.Directions` built for this selection and
-            K (e.g. one :func:`~fedge.estimators.directions.remembered`, shared with
-            :func:`estimate_gradient`).
+        **settings: instead of ``spec``, its fields as keywords (``k=..., sigma=...,
+            scheme=...``): the spec they describe is used.
 
     Returns:
         float32 tensor ``(k,)``: ``ΔL_k`` for ``k = 0..K-1``, each the difference of two losses
@@ -202,23 +183,17 @@ def loss_differences(
         PrecisionWarning: σ < eps(dtype) · max|W| for a selected parameter.
         ZerothOrderWarning: dropout is active (forwards see different masks), or every ΔL is 0.
     """
-    _check_k_sigma(k, sigma)
-    _check_scheme(scheme)
+    spec = resolve_spec(spec, settings)
     _check_seed(seed)
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
         raise ConfigError(f"batch must be a pair (x, y), got {type(batch).__name__}")
-    if mode not in get_args(Mode):
-        raise ConfigError(f"mode must be one of {get_args(Mode)}, got {mode!r}")
-    if chunk is not None:
-        check_positive_int("chunk", chunk)
-    if workers is not None:
-        check_positive_int("workers", workers)
-    sel = _with_directions(select(model, params, masks), directions, k)
-    autocast = _autocast_dtype(sel, dtype)
-    _warn_if_unsafe(model, sel, sigma, dtype)
+    k, sigma, mode = spec.k, spec.sigma, spec.mode
+    sel = _with_directions(select(model, params, masks), spec.directions, k)
+    autocast = _autocast_dtype(sel, spec.dtype)
+    _warn_if_unsafe(model, sel, sigma, spec.dtype)
     x, y = batch
 
-    blocks = (1.0, -1.0) if scheme == "central" else (1.0,)  # signs s of W + s·δ_k
+    blocks = (1.0, -1.0) if spec.scheme == "central" else (1.0,)  # signs s of W + s·δ_k
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     try:
         with torch.no_grad(), _maybe_autocast(x, autocast):
@@ -227,25 +202,14 @@ def loss_differences(
                 fast = batched.BatchedEvaluator.build(model, sel, seed, x, loss_fn, y)
                 try:
                     if fast is not None:
-                        step = chunk or _default_chunk(x, len(blocks))
+                        step = spec.chunk or _default_chunk(x, len(blocks))
                         result = _run(fast, k, step, blocks, sigma)
                 except batched.Unsupported:  # found only at run time (e.g. a rank-3 input)
                     result = None
-            spans = min(k, workers or torch.get_num_threads()) if mode == "fast" else 1
+            spans = min(k, spec.workers or torch.get_num_threads()) if mode == "fast" else 1
             if result is None and spans > 1:
                 result = _run_threaded(
-                    model,
-                    params,
-                    masks,
-                    seed,
-                    batch,
-                    loss_fn,
-                    k,
-                    blocks,
-                    sigma,
-                    spans,
-                    autocast,
-                    directions,
+                    model, spec, params, masks, seed, batch, loss_fn, blocks, spans, autocast
                 )
             if result is None:  # lean, or a model the batched path cannot run
                 lean = LeanEvaluator(
@@ -271,12 +235,11 @@ def loss_differences(
 def estimate_gradient(
     shapes_or_params: Mapping[str, Tensor | torch.Size | Sequence[int]],
     loss_diffs: Tensor,
+    spec: ZerothOrderSpec | None = None,
     *,
-    sigma: float,
     seed: int,
-    scheme: Scheme,
     masks: Mapping[str, Tensor] | None = None,
-    directions: DirectionKind | Directions = "gaussian",
+    **settings: Any,
 ) -> dict[str, Tensor]:
     """Server side of BAFFLE (Algorithm 1, line 16; Eq. 6): rebuild ĝ from K loss differences.
 
@@ -291,25 +254,33 @@ def estimate_gradient(
             must be the names the client perturbed. Tensors give the output's dtype and device;
             shapes give float32 on the CPU.
         loss_diffs: ``(K,)`` from :func:`loss_differences` or :func:`combine_loss_differences`.
-        sigma, seed, scheme, masks, directions: as given to :func:`loss_differences`.
+        spec, seed, masks: as given to :func:`loss_differences` (``mode``, ``chunk``,
+            ``dtype`` and ``workers`` play no part here).
+        **settings: instead of ``spec``, its fields as keywords (``k`` defaults to
+            ``len(loss_diffs)``).
 
     Returns:
         name -> estimated gradient, exactly zero at masked-out coordinates.
     """
-    _check_scheme(scheme)
-    _check_k_sigma(1, sigma)
-    _check_seed(seed)
     diffs = _check_diffs(loss_diffs)
+    k = diffs.numel()
+    spec = resolve_spec(spec, {"k": k, **settings} if spec is None else settings)
+    _check_seed(seed)
+    if spec.k != k:
+        raise MessageError(
+            f"got {k} loss differences for a spec with k={spec.k}; every client of a step must "
+            "send K = spec.k of them"
+        )
+    sigma = spec.sigma
     shapes = {n: _shape_of(v) for n, v in shapes_or_params.items()}
     if not shapes:
         raise ConfigError("shapes_or_params is empty; pass the parameters the client perturbed")
     mask_of = check_masks(shapes, masks)
-    k = diffs.numel()
-    dirs = _directions(directions, shapes, k, mask_of)
+    dirs = _directions(spec.directions, shapes, k, mask_of)
     if dirs.kind == "block":  # w_k = 1 / K_b
-        coef = (diffs * dirs.weights / (_NORMALIZER[scheme] * sigma)).to(torch.float32)  # (K,)
+        coef = (diffs * dirs.weights / (spec.normalizer * sigma)).to(torch.float32)  # (K,)
     else:  # w_k = 1 / K, as BAFFLE Eq. (6) writes it
-        coef = (diffs / (_NORMALIZER[scheme] * k * sigma)).to(torch.float32)
+        coef = (diffs / (spec.normalizer * k * sigma)).to(torch.float32)
     out: dict[str, Tensor] = {}
     for name, shape in shapes.items():
         acc = torch.zeros(math.prod(shape))
@@ -357,18 +328,12 @@ def zeroth_order_gradient(
     model: nn.Module,
     loss_fn: LossFn,
     batch: tuple[Tensor, Tensor],
+    spec: ZerothOrderSpec | None = None,
     *,
-    k: int,
-    sigma: float,
     seed: int,
-    scheme: Scheme,
     params: Sequence[str] | None = None,
     masks: Mapping[str, Tensor] | None = None,
-    mode: Mode = "lean",
-    chunk: int | None = None,
-    dtype: torch.dtype | None = None,
-    workers: int | None = None,
-    directions: DirectionKind | Directions = "gaussian",
+    **settings: Any,
 ) -> dict[str, Tensor]:
     """Both halves on one device (BAFFLE's epoch-level mode, Section 3.2): ĝ for ``model``.
 
@@ -380,35 +345,15 @@ def zeroth_order_gradient(
     memory and draws twice.
     """
     sel = select(model, params, masks)
-    _check_k_sigma(k, sigma)
-    dirs = _directions(directions, {n: p.shape for n, p in sel.params.items()}, k, sel.masks)
-    if mode == "fast":
+    spec = resolve_spec(spec, settings)
+    dirs = _directions(
+        spec.directions, {n: p.shape for n, p in sel.params.items()}, spec.k, sel.masks
+    )
+    if spec.mode == "fast":
         dirs = remembered(dirs, _REMEMBER_BYTES)
-    diffs = loss_differences(
-        model,
-        loss_fn,
-        batch,
-        k=k,
-        sigma=sigma,
-        seed=seed,
-        scheme=scheme,
-        params=params,
-        masks=masks,
-        mode=mode,
-        chunk=chunk,
-        dtype=dtype,
-        workers=workers,
-        directions=dirs,
-    )
-    return estimate_gradient(
-        dict(sel.params),
-        diffs,
-        sigma=sigma,
-        seed=seed,
-        scheme=scheme,
-        masks=sel.masks,
-        directions=dirs,
-    )
+    step = dataclasses.replace(spec, directions=dirs)  # both halves draw the same directions
+    diffs = loss_differences(model, loss_fn, batch, step, seed=seed, params=params, masks=masks)
+    return estimate_gradient(dict(sel.params), diffs, step, seed=seed, masks=sel.masks)
 
 
 def _run(
@@ -437,17 +382,15 @@ def _run(
 
 def _run_threaded(
     model: nn.Module,
+    spec: ZerothOrderSpec,
     params: Sequence[str] | None,
     masks: Mapping[str, Tensor] | None,
     seed: int,
     batch: tuple[Tensor, Tensor],
     loss_fn: LossFn,
-    k: int,
     blocks: tuple[float, ...],
-    sigma: float,
     spans: int,
     autocast: torch.dtype | None,
-    directions: DirectionKind | Directions = "gaussian",
 ) -> tuple[Tensor, Tensor]:
     """:func:`_run` of the lean loop with k = 0..K-1 split into ``spans`` contiguous spans, one
     thread each, every thread on a shallow copy of ``model`` (Parameters shared, never written;
@@ -455,6 +398,7 @@ def _run_threaded(
     ``_parameters`` and a train-mode forward may update buffers). Intra-op threads are set to
     1 for the duration (torch ops release the GIL, so the spans run in parallel)."""
     x, y = batch
+    k, sigma = spec.k, spec.sigma
     bounds = [round(i * k / spans) for i in range(spans + 1)]
     memo: dict[int, object] = {id(p): p for p in model.parameters()}
     replicas = [model] + [copy.deepcopy(model, memo=dict(memo)) for _ in range(spans - 1)]
@@ -467,7 +411,7 @@ def _run_threaded(
     def span(i: int) -> None:
         lo, hi = bounds[i], bounds[i + 1]
         replica = replicas[i]
-        rsel = _with_directions(select(replica, params, masks), directions, k)
+        rsel = _with_directions(select(replica, params, masks), spec.directions, k)
         ev = LeanEvaluator(replica, rsel, seed, x, loss_fn, y, reuse_directions=True)
         # Grad mode and autocast are thread-local: enter them in the worker.
         with contextlib.ExitStack() as stack:
@@ -654,17 +598,6 @@ def _check_diffs(d: Tensor) -> Tensor:
     return d.detach().cpu().to(torch.float64)
 
 
-def _check_scheme(scheme: str) -> None:
-    if scheme not in _NORMALIZER:
-        raise ConfigError(f"scheme must be one of {sorted(_NORMALIZER)}, got {scheme!r}")
-
-
 def _check_seed(seed: object) -> None:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"seed must be an int, got {seed!r}")
-
-
-def _check_k_sigma(k: int, sigma: float) -> None:
-    check_positive_int("k", k)
-    if not isinstance(sigma, (int, float)) or not math.isfinite(sigma) or sigma <= 0:
-        raise ConfigError(f"sigma must be a finite number > 0 (BAFFLE uses 1e-4), got {sigma!r}")

@@ -77,6 +77,7 @@ from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
 from fedge.core.rng import derive_seed
 from fedge.estimators import (
+    ZerothOrderSpec,
     combine_loss_differences,
     estimate_gradient,
     loss_differences,
@@ -256,6 +257,21 @@ class BaffleConfig(SecureAggregationOptions, FreezeOption):
     def dtype(self) -> torch.dtype | None:
         return _DTYPES[self.precision]
 
+    def zo_spec(self, workers: int | None = None) -> ZerothOrderSpec:
+        """The zeroth-order estimate this config describes (BAFFLE Eq. 6: ``k``, ``sigma``,
+        ``scheme``, ``directions``; ``estimator`` as the mode, ``chunk``, ``precision``), its
+        fast mode split over ``workers`` threads (:func:`perturbation_threads`)."""
+        return ZerothOrderSpec(
+            k=self.k,
+            sigma=self.sigma,
+            scheme=self.scheme,
+            directions=self.directions,
+            mode=self.estimator,
+            chunk=self.chunk,
+            dtype=self.dtype,
+            workers=workers,
+        )
+
 
 # ------------------------------------------------------------------ epoch-level
 
@@ -269,6 +285,7 @@ def perturbation_threads(cfg: BaffleConfig, env: MethodEnv) -> int:
 
 def zeroth_order_gradient_fn(cfg: BaffleConfig, threads: int = 1) -> Any:
     """A :data:`~fedge.methods.local.GradientFn` computing BAFFLE's local estimate."""
+    spec = cfg.zo_spec(workers=threads)
 
     def gradient(
         model: torch.nn.Module,
@@ -277,23 +294,10 @@ def zeroth_order_gradient_fn(cfg: BaffleConfig, threads: int = 1) -> Any:
         masks: Any,
     ):
         seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator))
-        params = perturbed_params(model, cfg)
+        params = perturbed_params(model, cfg.perturb)
         masks = perturbed_masks(masks, params)
         g = zeroth_order_gradient(
-            model,
-            F.cross_entropy,
-            batch,
-            k=cfg.k,
-            sigma=cfg.sigma,
-            seed=seed,
-            scheme=cfg.scheme,
-            params=list(params),
-            masks=masks,
-            mode=cfg.estimator,
-            chunk=cfg.chunk,
-            dtype=cfg.dtype,
-            workers=threads,
-            directions=cfg.directions,
+            model, F.cross_entropy, batch, spec, seed=seed, params=list(params), masks=masks
         )
         return None, clip_inf_norm(g, cfg.clip)
 
@@ -309,9 +313,20 @@ class BaffleBatchClient:
     or over one mini-batch drawn with the client's generator (``batch``)."""
 
     def __init__(self, model_fn: Any, cfg: BaffleConfig, *, threads: int = 1) -> None:
-        self.cfg, self.threads = cfg, threads
+        assert cfg.server_optimizer is not None
+        self.cfg, self.spec = cfg, cfg.zo_spec(workers=threads)
         self.local = LocalTraining.loader(model_fn)
-        self.replica = ClientReplica(model_fn(), cfg) if cfg.downlink == "seeds" else None
+        self.replica = (
+            ClientReplica(
+                model_fn(),
+                cfg.server_optimizer.build(),
+                self.spec,
+                perturb=cfg.perturb,
+                clip=cfg.clip,
+            )
+            if cfg.downlink == "seeds"
+            else None
+        )
 
     def load(
         self, message: Message, ctx: ClientContext
@@ -341,25 +356,19 @@ class BaffleBatchClient:
             ]
         else:  # ΔL(D_c) = Σ_chunks (n_chunk / n) ΔL(chunk): the mean loss is linear in the samples
             chunks = list(ctx.data.indices.split(cfg.batch_size))
-        params = perturbed_params(model, cfg)
+        params = perturbed_params(model, cfg.perturb)
         masks = perturbed_masks(masks, params)
         total = torch.zeros(cfg.k, dtype=torch.float64)
         for idx in chunks:
+            batch = (ctx.data.x[idx], ctx.data.y[idx])
             d = loss_differences(
                 model,
                 F.cross_entropy,
-                (ctx.data.x[idx], ctx.data.y[idx]),
-                k=cfg.k,
-                sigma=cfg.sigma,
+                batch,
+                self.spec,
                 seed=seed,
-                scheme=cfg.scheme,
                 params=list(params),
                 masks=masks,
-                mode=cfg.estimator,
-                chunk=cfg.chunk,
-                dtype=cfg.dtype,
-                workers=self.threads,
-                directions=cfg.directions,
             )
             if len(chunks) == 1:
                 return d
@@ -389,6 +398,7 @@ class BaffleBatchStrategy(Strategy):
     ) -> None:
         assert cfg.server_optimizer is not None
         self.model, self.cfg, self.seed = model, cfg, seed
+        self.spec = cfg.zo_spec()  # the server runs no forwards: no workers
         self.server = GlobalModel(model, cfg.server_optimizer.build(), masks=masks)
         self.downlink = DownlinkHistory(cfg.k) if cfg.downlink == "seeds" else None
 
@@ -410,7 +420,7 @@ class BaffleBatchStrategy(Strategy):
 
     def params(self) -> dict[str, torch.Tensor]:
         """The perturbed (estimated) parameters: ``method.perturb``'s, or every trainable one."""
-        return perturbed_params(self.model, self.cfg)
+        return perturbed_params(self.model, self.cfg.perturb)
 
     def masks(self) -> dict[str, torch.Tensor] | None:
         return perturbed_masks(self.server.masks, self.params())
@@ -473,13 +483,7 @@ class BaffleBatchStrategy(Strategy):
     def shared_estimate(self, rnd: int, combined: torch.Tensor) -> dict[str, torch.Tensor]:
         """ĝ (Eq. 6) from Σ_c (N_c/N) ΔL_c on the round's shared perturbations (Eq. 7), not applied."""
         return estimate_gradient(
-            self.params(),
-            combined,
-            sigma=self.cfg.sigma,
-            seed=self.round_seed(rnd),
-            scheme=self.cfg.scheme,
-            masks=self.masks(),
-            directions=self.cfg.directions,
+            self.params(), combined, self.spec, seed=self.round_seed(rnd), masks=self.masks()
         )
 
     def per_client_estimate(
@@ -487,19 +491,11 @@ class BaffleBatchStrategy(Strategy):
     ) -> dict[str, torch.Tensor]:
         """Σ_c (N_c/N) ĝ_c, each client on its own perturbations (one regeneration per client)."""
         params = self.params()
-        cfg = self.cfg
         total = sum(n for _, n in checked.values())
         g: dict[str, torch.Tensor] = {}
         for c, (d, n) in checked.items():
-            gc = estimate_gradient(
-                params,
-                d,
-                sigma=cfg.sigma,
-                seed=self.round_seed(rnd, c),
-                scheme=cfg.scheme,
-                masks=self.masks(),
-                directions=cfg.directions,
-            )
+            seed = self.round_seed(rnd, c)
+            gc = estimate_gradient(params, d, self.spec, seed=seed, masks=self.masks())
             for k, v in gc.items():
                 g[k] = g[k].add_(v, alpha=n / total) if k in g else v * (n / total)
         return g
@@ -513,7 +509,9 @@ class BaffleBatchStrategy(Strategy):
         seed = self.round_seed(rnd)
         if self.downlink is None:
             return self.apply(self.shared_estimate(rnd, combined))
-        g = replay_step(self.server, self.cfg, seed, combined)
+        g = replay_step(
+            self.server, self.spec, seed, combined, perturb=self.cfg.perturb, clip=self.cfg.clip
+        )
         self.downlink.confirm(rnd, clients)
         self.downlink.record(rnd, seed, combined)
         return {"estimate_inf_norm": max(float(v.abs().max()) for v in g.values())}
@@ -563,7 +561,7 @@ def build(
         cfg.perturb is not None
     ):  # checked here, before a run directory is made, not in the first round
         try:
-            perturbed_params(env.model_fn(), cfg)
+            perturbed_params(env.model_fn(), cfg.perturb)
         except ConfigError as exc:
             raise ConfigError(f"method.perturb={cfg.perturb}: {exc}") from None
     strategy: Strategy

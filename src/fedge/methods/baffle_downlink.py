@@ -33,7 +33,8 @@ from fedge.core import transforms as T
 from fedge.core.context import ClientContext
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
-from fedge.estimators import estimate_gradient
+from fedge.core.transforms import Transform
+from fedge.estimators import ZerothOrderSpec, estimate_gradient
 from fedge.estimators.directions import match_params
 from fedge.methods.base import GlobalModel, load_arrays, model_arrays, unpack_model_arrays
 
@@ -63,15 +64,18 @@ def clip_inf_norm(
     return {k: g * factor for k, g in grads.items()} if factor < 1.0 else grads
 
 
-def perturbed_params(model: torch.nn.Module, cfg: Any) -> dict[str, torch.Tensor]:
-    """The trainable parameters matching ``cfg.perturb`` (all trainable ones when None)."""
+def perturbed_params(
+    model: torch.nn.Module, perturb: Sequence[str] | None
+) -> dict[str, torch.Tensor]:
+    """The trainable parameters matching the patterns ``perturb`` (``method.perturb``; all
+    trainable ones when None)."""
     trainable: dict[str, torch.Tensor] = {
         n: p for n, p in model.named_parameters() if p.requires_grad
     }
     return (
         trainable
-        if cfg.perturb is None
-        else {n: trainable[n] for n in match_params(trainable, cfg.perturb)}
+        if perturb is None
+        else {n: trainable[n] for n in match_params(trainable, perturb)}
     )
 
 
@@ -97,23 +101,23 @@ def _one_thread() -> Iterator[None]:
 
 
 def replay_step(
-    server: GlobalModel, cfg: Any, seed: int, combined: torch.Tensor
+    server: GlobalModel,
+    spec: ZerothOrderSpec,
+    seed: int,
+    combined: torch.Tensor,
+    *,
+    perturb: Sequence[str] | None,
+    clip: float | None,
 ) -> dict[str, torch.Tensor]:
     """One round of batch-level BAFFLE's server update: ĝ from Σ_c (N_c/N) ΔL_c on the
-    perturbations of ``seed`` (Eq. 6-7), inf-norm clip, server optimizer. Returns ĝ (unclipped).
-    The server runs it to train; a client runs it to rebuild the server's model."""
+    perturbations of ``seed`` (Eq. 6-7) under ``spec``, over the parameters ``perturb`` selects,
+    inf-norm clip to ``clip``, server optimizer. Returns ĝ (unclipped). The server runs it to
+    train; a client runs it to rebuild the server's model."""
     with _one_thread():
-        params = perturbed_params(server.model, cfg)
-        g = estimate_gradient(
-            params,
-            combined,
-            sigma=cfg.sigma,
-            seed=seed,
-            scheme=cfg.scheme,
-            masks=perturbed_masks(server.masks, params),
-            directions=cfg.directions,
-        )
-        server.step(clip_inf_norm(g, cfg.clip))
+        params = perturbed_params(server.model, perturb)
+        masks = perturbed_masks(server.masks, params)
+        g = estimate_gradient(params, combined, spec, seed=seed, masks=masks)
+        server.step(clip_inf_norm(g, clip))
     return g
 
 
@@ -187,11 +191,20 @@ class DownlinkHistory:
 
 class ClientReplica:
     """Client side: rebuilds the server's model W_t from what it holds and the message, and
-    keeps (W_t, O_t, masks) in ``ctx.state`` for next time."""
+    keeps (W_t, O_t, masks) in ``ctx.state`` for next time. ``optimizer``, ``spec``,
+    ``perturb`` and ``clip`` must be the server's (:func:`replay_step`)."""
 
-    def __init__(self, model: torch.nn.Module, cfg: Any) -> None:
-        self.cfg = cfg
-        self.server = GlobalModel(model, cfg.server_optimizer.build())
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: Transform,
+        spec: ZerothOrderSpec,
+        *,
+        perturb: Sequence[str] | None,
+        clip: float | None,
+    ) -> None:
+        self.spec, self.perturb, self.clip = spec, perturb, clip
+        self.server = GlobalModel(model, optimizer)
         self.template = self.server.opt_state
 
     def sync(self, message: Message, ctx: ClientContext) -> torch.nn.Module:
@@ -209,15 +222,17 @@ class ClientReplica:
                     "checkpoint?)"
                 )
             seeds, diffs = message.arrays["replay_seeds"], message.arrays["replay_dL"]
-            if diffs.dim() != 2 or diffs.shape != (seeds.numel(), self.cfg.k):
+            if diffs.dim() != 2 or diffs.shape != (seeds.numel(), self.spec.k):
                 raise MessageError(
-                    f"{who}: replay_dL has shape {tuple(diffs.shape)}; expected ({seeds.numel()}, {self.cfg.k})"
+                    f"{who}: replay_dL has shape {tuple(diffs.shape)}; expected ({seeds.numel()}, {self.spec.k})"
                 )
             skip = (
                 at - frm
             )  # rounds this client replayed already (its last reply did not reach the server)
             for seed, d in zip(seeds.tolist()[skip:], diffs[skip:], strict=True):
-                replay_step(self.server, self.cfg, int(seed), d)
+                replay_step(
+                    self.server, self.spec, int(seed), d, perturb=self.perturb, clip=self.clip
+                )
         else:
             model_part = {k: v for k, v in message.arrays.items() if not k.startswith(_OPT)}
             arrays, masks = unpack_model_arrays(model_part, self.server.model.state_dict(), who=who)

@@ -68,7 +68,7 @@ from fedge.core.messages import Message
 from fedge.core.meter import effective_flops_ratio
 from fedge.core.protocols import Exchange, Round, Strategy, StrategyWrapper
 from fedge.core.rng import derive_seed, generator
-from fedge.estimators import combine_loss_differences
+from fedge.estimators import ZerothOrderSpec, combine_loss_differences
 from fedge.methods.baffle import BaffleConfig
 from fedge.methods.baffle import build as build_baffle
 from fedge.methods.base import MethodBuild, MethodEnv, model_message_arrays, unpack_model_arrays
@@ -150,13 +150,18 @@ class NtkBaffleConfig(BaffleConfig):
             )
         return self
 
+    def prune_spec(self) -> ZerothOrderSpec:
+        """The zeroth-order estimate of ∂I/∂m (NTK-Ori, and NTK-Rand's ``zeroth_order`` route):
+        K = ``prune_k`` central differences of the NTK statistic at σ = ``prune_sigma``."""
+        return ZerothOrderSpec(k=self.prune_k, sigma=self.prune_sigma, scheme="central")
+
 
 class PruningClient:
     """Device side of NTK-Ori: K differences of the NTK statistic on local data, forwards
     only; any other message goes to the BAFFLE client program."""
 
     def __init__(self, inner: Any, model_fn: Any, cfg: NtkBaffleConfig) -> None:
-        self.inner, self.cfg = inner, cfg
+        self.inner, self.cfg, self.spec = inner, cfg, cfg.prune_spec()
         self.model = model_fn()
 
     def run(self, message: Message, ctx: ClientContext) -> Message:
@@ -178,11 +183,10 @@ class PruningClient:
             self.model,
             masks,
             ctx.data.x[idx],
+            self.spec,
             eps=cfg.prune_eps,
             samples=cfg.prune_samples,
             generator=ctx.generator,
-            k=cfg.prune_k,
-            sigma=cfg.prune_sigma,
             seed=seed,
         )
         return Message({"dI": diffs}, config={"num_samples": n})
@@ -194,7 +198,7 @@ class ClientDataPruning(StrategyWrapper):
 
     def __init__(self, inner: Strategy, cfg: NtkBaffleConfig, *, seed: int) -> None:
         super().__init__(inner)
-        self.cfg, self.seed = cfg, seed
+        self.cfg, self.seed, self.spec = cfg, seed, cfg.prune_spec()
         self.server = inner.global_model
         self.masks = dense_masks(self.model)
         self.counts = keep_counts(
@@ -230,12 +234,9 @@ class ClientDataPruning(StrategyWrapper):
                 diffs.append(d)
                 weights.append(n)
             seed = derive_seed(self.seed, "ntk-ori", self.step, bits=62)
+            combined = combine_loss_differences(diffs, weights)
             scores = ntk_saliency_from_differences(
-                self.model,
-                self.masks,
-                combine_loss_differences(diffs, weights),
-                sigma=self.cfg.prune_sigma,
-                seed=seed,
+                self.model, self.masks, combined, self.spec, seed=seed
             )
             self.masks = prune_step(scores, self.masks, self.counts[self.step])
             self.step += 1
@@ -311,6 +312,7 @@ def data_free_masks(
     score: Any = cfg.prune_score
     if cfg.prune_route == "zeroth_order":
         step = iter(range(cfg.prune_rounds))
+        spec = cfg.prune_spec()
 
         def score(
             model: torch.nn.Module, masks: dict[str, torch.Tensor], ctx: ScoreContext
@@ -320,11 +322,10 @@ def data_free_masks(
                 model,
                 masks,
                 x,
+                spec,
                 eps=ctx.eps,
                 samples=ctx.samples,
                 generator=ctx.generator,
-                k=cfg.prune_k,
-                sigma=cfg.prune_sigma,
                 seed=derive_seed(seed, "ntk-ori", next(step), bits=62),
             )
 

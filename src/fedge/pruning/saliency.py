@@ -56,6 +56,7 @@ Where it runs (Algorithm 1, lines 4-14):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -68,7 +69,7 @@ from torch.func import functional_call
 
 from fedge.core.config import check_positive_int
 from fedge.core.errors import ConfigError
-from fedge.estimators import Scheme, estimate_gradient, loss_differences
+from fedge.estimators import ZerothOrderSpec, estimate_gradient, loss_differences
 from fedge.pruning.masks import check_masks
 
 __all__ = [
@@ -170,14 +171,12 @@ def ntk_statistic_differences(
     model: nn.Module,
     masks: Mapping[str, Tensor] | None,
     inputs: Tensor,
+    spec: ZerothOrderSpec,
     *,
     eps: float = DEFAULT_EPS,
     samples: int = DEFAULT_SAMPLES,
     generator: torch.Generator,
-    k: int,
-    sigma: float,
     seed: int,
-    scheme: Scheme = "central",
 ) -> Tensor:
     """Device side of data-based NTK pruning: K differences of I under seeded mask perturbations.
 
@@ -185,14 +184,16 @@ def ntk_statistic_differences(
     ``δ_k ~ N(0, σ² I)`` on the live coordinates of the mask, drawn by
     :mod:`fedge.estimators.perturbation` from ``seed`` under the prunable weights' names, and the
     ΔW draws (from ``generator``) the same in every evaluation. Forwards only, through
-    :func:`fedge.estimators.loss_differences` in lean mode with I as the loss.
+    :func:`fedge.estimators.loss_differences` in lean mode (whatever ``spec.mode``) with I as
+    the loss.
 
     Args:
         model, masks, inputs, eps, samples, generator: as :func:`ntk_forward_statistic`.
-        k: K, the number of scalars sent up.
-        sigma: σ of the mask perturbation (the mask is 0/1, so 1e-2 is a 1% change).
+        spec: the estimate: ``spec.k`` = K, the number of scalars sent up; ``spec.sigma`` = σ
+            of the mask perturbation (the mask is 0/1, so 1e-2 is a 1% change); the scheme,
+            as in :mod:`fedge.estimators.zeroth_order`. NTK-BAFFLE's is
+            ``NtkBaffleConfig.prune_spec()`` (central).
         seed: the perturbation seed the server sent.
-        scheme: finite-difference scheme, as in :mod:`fedge.estimators.zeroth_order`.
 
     Returns:
         float32 ``(K,)``.
@@ -204,13 +205,10 @@ def ntk_statistic_differences(
             wrapper,
             _statistic_as_loss,
             (inputs, inputs),
-            k=k,
-            sigma=sigma,
+            dataclasses.replace(spec, mode="lean"),
             seed=seed,
-            scheme=scheme,
             params=list(full),
             masks=full,
-            mode="lean",
         )
 
 
@@ -218,24 +216,19 @@ def ntk_saliency_from_differences(
     model: nn.Module,
     masks: Mapping[str, Tensor] | None,
     diffs: Tensor,
+    spec: ZerothOrderSpec,
     *,
-    sigma: float,
     seed: int,
-    scheme: Scheme = "central",
 ) -> dict[str, Tensor]:
     """Server side of data-based NTK pruning: ``Ŝ = |∂̂I/∂m|`` from K differences (Stein, Eq. 9).
 
     ``diffs`` is one device's :func:`ntk_statistic_differences`, or several devices' combined by
-    :func:`fedge.estimators.combine_loss_differences` with weights N_i (Eq. 15's 1/N Σ_i).
+    :func:`fedge.estimators.combine_loss_differences` with weights N_i (Eq. 15's 1/N Σ_i), and
+    ``spec`` the devices'.
     """
     full = check_masks(model, masks)
     grad = estimate_gradient(
-        {n: m.shape for n, m in full.items()},
-        diffs,
-        sigma=sigma,
-        seed=seed,
-        scheme=scheme,
-        masks=full,
+        {n: m.shape for n, m in full.items()}, diffs, spec, seed=seed, masks=full
     )
     return _scores(full, grad)
 
@@ -244,29 +237,18 @@ def ntk_saliency_zeroth_order(
     model: nn.Module,
     masks: Mapping[str, Tensor] | None,
     inputs: Tensor,
+    spec: ZerothOrderSpec,
     *,
     eps: float = DEFAULT_EPS,
     samples: int = DEFAULT_SAMPLES,
     generator: torch.Generator,
-    k: int,
-    sigma: float,
     seed: int,
-    scheme: Scheme = "central",
 ) -> dict[str, Tensor]:
     """Both halves of the data-based protocol on one machine (device differences, server score)."""
     diffs = ntk_statistic_differences(
-        model,
-        masks,
-        inputs,
-        eps=eps,
-        samples=samples,
-        generator=generator,
-        k=k,
-        sigma=sigma,
-        seed=seed,
-        scheme=scheme,
+        model, masks, inputs, spec, eps=eps, samples=samples, generator=generator, seed=seed
     )
-    return ntk_saliency_from_differences(model, masks, diffs, sigma=sigma, seed=seed, scheme=scheme)
+    return ntk_saliency_from_differences(model, masks, diffs, spec, seed=seed)
 
 
 def snip_saliency(
