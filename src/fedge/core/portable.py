@@ -1,34 +1,24 @@
 """Portable seeded draws: numbers defined by the algorithm alone, the same bits on every machine.
 
-A draw here is a pure function of a 128-bit *key* (hashed from the run seed and a purpose path,
-like :func:`fedge.core.rng.generator`) and of a *position* in that key's stream. The bits come
-from the counter-based generator Philox4x64-10 (Salmon, Moraes, Dror and Shaw, "Parallel random
-numbers: as easy as 1, 2, 3", SC 2011): word ``p`` of a stream is a fixed integer function of
-``(key, p)``, so element ``i`` of a draw is computed without computing elements ``0..i-1``
-(a direction ``k`` of ``K``, or a slice of a long vector, costs only its own elements).
-Everything after the bits is integer arithmetic, a table lookup in a committed table and
-IEEE-754 float32 operations that are correctly rounded on every conforming machine (int-to-float
-conversion, one multiply, one add, each a separate operation), so the results are bit for bit
-the same on any CPU instruction set (``ATEN_CPU_CAPABILITY``, numpy's SIMD dispatch), OS, numpy
-or torch version and on a GPU — unlike ``torch.randn``, whose Box-Muller kernels evaluate
-log/sin/cos differently on different instruction sets.
+Each draw is a pure function of a *key*, hashed from the run seed and a purpose path as
+:func:`fedge.core.rng.generator`'s are, and of a *position* in that key's stream of 32-bit words,
+which come from the counter-based generator Philox4x64-10 (Salmon, Moraes, Dror and Shaw,
+"Parallel random numbers: as easy as 1, 2, 3", SC 2011; :func:`words`). Position addressing lets
+element ``i`` be drawn without elements ``0..i-1``: direction ``k`` of ``K``, or a slice of a
+long vector, costs only its own words. After the bits come only integer arithmetic, lookups in a
+committed table and float32 operations IEEE 754 rounds exactly (int-to-float conversion, a
+multiply, an add, each a separate operation), so a draw is bit for bit the same on any CPU
+instruction set (``ATEN_CPU_CAPABILITY``, numpy's SIMD dispatch), OS, numpy and torch version
+and on a GPU — unlike ``torch.randn``, whose vectorized Box-Muller kernels round log/sin/cos
+differently per instruction set. No subnormal number arises, so flush-to-zero modes change
+nothing either. Give every purpose its own key: draws of different kinds from
+one key read the same words.
 
-The stream. ``stream_key(seed, *path)`` is the 16-byte BLAKE2b digest of a canonical encoding of
-``(seed, *path)`` (:func:`stream_key`), read as two little-endian 64-bit words ``(k0, k1)``.
-Block ``b`` of the stream is ``Philox4x64-10(counter=(b mod 2^64, b >> 64 ..., ...), key=(k0,
-k1))``: four 64-bit words, each split into its low then its high 32-bit half, giving 32-bit
-words ``8b .. 8b+7``. :func:`philox4x64_10` is the block function in pure Python (the
-definition, checked against Random123's known-answer vectors in the tests); draws run it through
-numpy's ``Philox`` bit generator, whose docstring guarantees "that a fixed seed will always
-produce the same random integer stream" (numpy's random compatibility policy: BitGenerators have
-"stronger guarantees of version-to-version stream compatibility" than distributions), and the
-tests compare the two as well.
-
-Each draw below says how many 32-bit words an element takes; ``offset`` counts elements of that
-draw, so ``normal(key, (n,), offset=i)`` is elements ``i..i+n-1`` of ``normal(key, (i + n,))``.
-Results are float32/int64/bool torch tensors on the CPU, or on ``device``: for a device other
-than the CPU the 32-bit words are generated on the CPU and the rest of the transform runs on
-the device with the same exact operations (tested to give the CPU's bits).
+Example:
+    >>> key = stream_key(0, "zo", "conv1.weight")
+    >>> z = normal_rows(key, range(4), (6, 1, 5, 5))  # directions 0..3 of one parameter
+    >>> torch.equal(z[2], normal_rows(key, [2], (6, 1, 5, 5))[0])
+    True
 """
 
 from __future__ import annotations
@@ -49,9 +39,9 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "Key",
     "NORMAL_TABLE_SHA256",
     "NORMAL_TAIL",
-    "Key",
     "bernoulli",
     "build_normal_table",
     "integers",
@@ -199,7 +189,18 @@ def _chunks(key: Key, count: int, offset: int, chunk: int = _CHUNK) -> Iterator[
 
 
 def words(key: Key, count: int, *, offset: int = 0) -> np.ndarray:
-    """The 32-bit words ``offset .. offset+count-1`` of ``key``'s stream (uint32 numpy)."""
+    """The 32-bit words ``offset .. offset+count-1`` of ``key``'s stream (uint32 numpy).
+
+    Block ``b`` of the stream is ``Philox4x64-10(counter=b, key=(k0, k1))`` (:func:`philox4x64_10`;
+    ``b`` spread over the four 64-bit counter words, least significant first): four 64-bit
+    words, each split into its low then its high 32-bit half, are words ``8b .. 8b+7``. The
+    draws run Philox through numpy's ``Philox`` bit generator, whose docstring guarantees "that a
+    fixed seed will always produce the same random integer stream" (numpy's random compatibility
+    policy gives BitGenerators "stronger guarantees of version-to-version stream compatibility"
+    than its distributions); the tests check it against the pure-Python definition and
+    Random123's known answers, so a numpy that broke it would fail them, not change a run.
+    The other draws read these words: ``offset`` there counts the draw's elements.
+    """
     _check_count(count, offset)
     if count <= _CHUNK:
         return next(_chunks(key, count, offset), np.empty(0, np.uint32))
@@ -275,9 +276,9 @@ def _normal_np(w: np.ndarray, out: np.ndarray) -> None:
     np.bitwise_or(w.view(np.int32), 1, out=v, casting="unsafe")  # V = fl32(int32(w | 1))
     j = np.empty(w.shape, dtype=np.intp)
     np.right_shift(v.view(np.uint32), _SHIFT, out=j, casting="unsafe")
-    d = np.take(_TABLE_D, j, mode="clip")
+    d = _TABLE_D.take(j, mode="clip")
     np.multiply(v, d, out=d)  # V·D, rounded ...
-    np.add(np.take(_TABLE_A, j, mode="clip"), d, out=out)  # ... then A + (V·D), rounded
+    np.add(_TABLE_A.take(j, mode="clip"), d, out=out)  # ... then A + (V·D), rounded
 
 
 def _fill_normal(key: Key, out: np.ndarray, offset: int) -> None:
@@ -307,12 +308,13 @@ def _normal_torch(w: Tensor) -> Tensor:
 
 
 def normal_from_words(w: np.ndarray | Tensor) -> Tensor:
-    """Standard normals from 32-bit words, one each (the transform :func:`normal` applies):
-    uint32 numpy words give a CPU tensor through numpy, a torch int32 tensor one on its device."""
+    """Standard normals from 32-bit words, one each, as :func:`normal` maps them: uint32 numpy
+    words through numpy (a CPU tensor), a torch int32 tensor on its own device."""
     if isinstance(w, Tensor):
         return _normal_torch(w.to(torch.int32))
+    w = np.ascontiguousarray(w, dtype=np.uint32)
     out = np.empty(w.shape, dtype=np.float32)
-    _normal_np(np.array(w, dtype=np.uint32), out.reshape(-1) if out.ndim else out)
+    _normal_np(w.reshape(-1), out.reshape(-1))
     return torch.from_numpy(out)
 
 
@@ -328,8 +330,7 @@ def normal(key: Key, shape: Sequence[int], *, offset: int = 0, device: _Device =
 
     Accuracy (measured over every cell, tested): ``sup_z |F(z) − Φ(z)| < 1.1e-6`` for the
     distribution F of the draws, largest near |z| ≈ 0.67 where the top octave's cells are
-    widest; ``|z| ≤`` :data:`NORMAL_TAIL` ``≈ 6.23`` (torch's float32 ``randn`` stops at
-    ≈ 5.77). The mean is exactly 0 by the symmetry.
+    widest; ``|z| ≤`` :data:`NORMAL_TAIL` ``≈ 6.23``. The mean is exactly 0 by the symmetry.
 
     Args:
         key: the stream (:func:`stream_key`).
@@ -363,8 +364,10 @@ def normal_rows(
     n = math.prod(shape)
     stride = -(-n // 8) * 8
     starts = [int(r) * stride for r in rows]
-    if any(r < 0 for r in starts):
+    if starts and min(starts) < 0:
         raise ValueError(f"rows must be non-negative, got {list(rows)}")
+    if len(starts) == 1 and n == stride and _on_cpu(device):  # the lean client's one direction
+        return normal(key, (1, *shape), offset=starts[0])
     if not _on_cpu(device):
         w = np.empty((len(starts), n), dtype=np.uint32)
         for i, start in enumerate(starts):
