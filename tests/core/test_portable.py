@@ -144,6 +144,13 @@ def test_words_are_philox_blocks_low_half_first(block: int) -> None:
     assert got == _blocks_as_words(KZ, [block, block + 1])
 
 
+def test_a_numpy_whose_philox_differs_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    P._check_numpy_philox()  # this numpy passes
+    monkeypatch.setattr(P, "philox4x64_10", lambda counter, key: (0, 0, 0, 0))
+    with pytest.raises(RuntimeError, match="does not compute Philox4x64-10"):
+        P._check_numpy_philox()
+
+
 def test_any_slice_equals_the_stream_in_any_order() -> None:
     full = P.words(KP, 5000)
     rng = np.random.default_rng(0)

@@ -130,7 +130,7 @@ _KEPT = 256  # keys whose generator a thread keeps positioned (the lean client's
 
 
 class _Positioned:
-    """A numpy Philox on one key and the 64-bit word (``8 * block + ...`` halved) it yields next."""
+    """A numpy Philox on one key, and which of the stream's 64-bit words (4 a block) is next."""
 
     def __init__(self, key: Key) -> None:
         self.bg = np.random.Philox(key=np.array([key.k0, key.k1], dtype=np.uint64))
@@ -197,14 +197,31 @@ def words(key: Key, count: int, *, offset: int = 0) -> np.ndarray:
     draws run Philox through numpy's ``Philox`` bit generator, whose docstring guarantees "that a
     fixed seed will always produce the same random integer stream" (numpy's random compatibility
     policy gives BitGenerators "stronger guarantees of version-to-version stream compatibility"
-    than its distributions); the tests check it against the pure-Python definition and
-    Random123's known answers, so a numpy that broke it would fail them, not change a run.
-    The other draws read these words: ``offset`` there counts the draw's elements.
+    than its distributions); importing this module checks two blocks (across a carry of the
+    counter) against the pure-Python definition and refuses a numpy that differs, and the tests
+    check Random123's known answers. The other draws read these words: ``offset`` there counts
+    the draw's elements.
     """
     _check_count(count, offset)
     if count <= _CHUNK:
         return next(_chunks(key, count, offset), np.empty(0, np.uint32))
     return np.concatenate(list(_chunks(key, count, offset)))
+
+
+def _check_numpy_philox() -> None:
+    """Refuse a numpy whose Philox is not Philox4x64-10 (checked once, at import: ~50 µs)."""
+    key, block = Key(0x0123456789ABCDEF, 0xFEDCBA9876543210), (1 << 64) - 1
+    want = []
+    for b in (block, block + 1):
+        for v in philox4x64_10([(b >> (64 * i)) & _M64 for i in range(4)], key):
+            want += [v & 0xFFFFFFFF, v >> 32]
+    got = words(key, 16, offset=8 * block).tolist()
+    if got != want:
+        raise RuntimeError(
+            f"numpy {np.__version__}'s Philox does not compute Philox4x64-10 as fedge defines it "
+            f"(block {block}: got {got[:2]}..., expected {want[:2]}...); portable draws would "
+            "differ from other machines' — install a numpy that does (any from 1.17 to 2.x did)"
+        )
 
 
 # --- the standard normal: inverse CDF through a committed table ----------------------------------
@@ -494,3 +511,6 @@ def _check_count(count: int, offset: int) -> None:
         raise ValueError(
             f"a draw needs count >= 0 and offset >= 0, got count={count}, offset={offset}"
         )
+
+
+_check_numpy_philox()
