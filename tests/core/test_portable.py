@@ -265,6 +265,11 @@ def test_uniforms_are_exact_grids() -> None:
     shifted = P.uniform(KI, (4096,), low=-2.0, high=3.0).numpy()
     assert np.array_equal(shifted, u.astype(np.float32) * np.float32(5.0) + np.float32(-2.0))
     assert abs(P.uniform(KP, (1 << 16,)).mean().item() - 0.5) < 0.01
+    w2 = P.words(KI, 2 * 999).astype(object)  # float64: 53 bits of two words, exactly
+    want = [((w2[2 * i] + (w2[2 * i + 1] << 32)) >> 11) / 2**53 for i in range(999)]
+    u64 = P.uniform(KI, (999,), dtype=torch.float64)
+    assert u64.dtype == torch.float64 and u64.tolist() == want
+    assert torch.equal(P.uniform(KI, (9,), dtype=torch.float64, offset=990), u64[990:])
 
 
 def test_integers_permutation_signs_bernoulli() -> None:
@@ -294,6 +299,8 @@ def test_bad_arguments_are_refused() -> None:
         P.normal(KZ, (3,), offset=-1)
     with pytest.raises(ValueError, match=r"high must be in \[1, 2\^32\]"):
         P.integers(KP, (3,), 0)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        P.uniform(KI, (3,), dtype=torch.float16)
     with pytest.raises(ValueError, match="probability"):
         P.bernoulli(KM, (3,), 1.5)
     with pytest.raises(ValueError, match="non-negative"):

@@ -416,16 +416,28 @@ def uniform(
     *,
     low: float = 0.0,
     high: float = 1.0,
+    dtype: torch.dtype = torch.float32,
     offset: int = 0,
     device: _Device = "cpu",
 ) -> Tensor:
-    """Uniforms on [low, high) (float32), one word each: ``u = (w >> 8) · 2^-24`` exactly, a
-    multiple of 2^-24 in [0, 1); for other bounds ``fl(fl(u · fl32(high − low)) + fl32(low))``.
+    """Uniforms on [low, high). float32: one word each, ``u = (w >> 8) · 2^-24``; float64 (for
+    comparisons against small probabilities, e.g. Poisson sampling): two words each,
+    ``u = (r >> 11) · 2^-53`` with ``r = lo + 2^32 · hi`` as in :func:`integers`. Both exact, a
+    multiple of the step in [0, 1); for other bounds ``fl(fl(u · (high − low)) + low)`` with the
+    bounds rounded to the dtype.
     """
-    w = _words_for(key, shape, offset)
-    u = (w >> 8).astype(np.float32) * np.float32(2.0**-24)
+    if dtype == torch.float32:
+        w = _words_for(key, shape, offset)
+        ftype: type[np.floating] = np.float32
+        u = (w >> 8).astype(np.float32) * np.float32(2.0**-24)
+    elif dtype == torch.float64:
+        r = _pairs(key, math.prod(int(s) for s in shape), offset)
+        ftype = np.float64
+        u = (r >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    else:
+        raise ValueError(f"uniform draws float32 or float64, got dtype={dtype}")
     if (low, high) != (0.0, 1.0):
-        u = u * np.float32(high - low) + np.float32(low)
+        u = u * ftype(high - low) + ftype(low)
     return _tensor(u, shape, device)
 
 
@@ -452,7 +464,7 @@ def integers(
     high = operator.index(high)
     if not 1 <= high <= 1 << 32:
         raise ValueError(f"high must be in [1, 2^32], got {high}")
-    w = _words_for(key, (2 * math.prod(shape),), 2 * offset).astype(np.uint64)
+    w = _words_for(key, (2 * math.prod(int(s) for s in shape),), 2 * offset).astype(np.uint64)
     lo, hi = w[0::2], w[1::2]
     h = np.uint64(high)
     carry = (lo * h) >> np.uint64(32)  # lo · high < 2^64
@@ -465,8 +477,7 @@ def permutation(key: Key, n: int, *, device: _Device = "cpu") -> Tensor:
     (two words each, as in :func:`integers`) ascending, ties by index — a stable sort, so any
     correct sort gives the same result."""
     n = operator.index(n)
-    w = _words_for(key, (2 * n,), 0).astype(np.uint64)
-    keys = w[0::2] | (w[1::2] << np.uint64(32))
+    keys = _pairs(key, n, 0)
     return _tensor(np.argsort(keys, kind="stable").astype(np.int64), (n,), device)
 
 
@@ -492,6 +503,12 @@ def bernoulli(
     t = round(p * (1 << 32))
     w = _words_for(key, shape, offset).astype(np.uint64)
     return _tensor(w < np.uint64(t), shape, device)
+
+
+def _pairs(key: Key, count: int, offset: int) -> np.ndarray:
+    """64-bit values ``lo + 2^32 · hi`` of words ``2i, 2i + 1``, i = offset .. (uint64)."""
+    w = words(key, 2 * count, offset=2 * offset).astype(np.uint64)
+    return w[0::2] | (w[1::2] << np.uint64(32))
 
 
 def _words_for(key: Key, shape: Sequence[int], offset: int) -> np.ndarray:
