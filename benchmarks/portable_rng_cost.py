@@ -7,7 +7,8 @@ Three timings, each with torch's per-(k, parameter) ``randn`` (today's
 
 - **server draw**: every parameter's (K, *shape) directions, one chunk call per parameter
   (what ``estimate_gradient`` does in chunks of 64 and the fast mode per layer);
-- **lean draw**: one call per (k, parameter) (what the lean client does);
+- **lean draw**: one call per (k, parameter) (what the lean client does); and, portable only,
+  one ``normal_many`` call per k for all parameters (what a lean client could do);
 - **step**: one BAFFLE zeroth-order step, forward scheme, batch 32, lean and fast (batched)
   mode: the client's K + 1 forwards and draws (``loss_differences``) then the server's rebuild
   (``estimate_gradient``), the portable generator passed in as a ``Directions`` (the estimators
@@ -22,6 +23,7 @@ round by round; the medians and the median of the per-round ratios are printed.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -30,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedge.core.portable import normal_rows, stream_key
+from fedge.core.portable import normal_many, normal_rows, stream_key
 from fedge.estimators import estimate_gradient, loss_differences
 from fedge.estimators.directions import Directions
 from fedge.estimators.perturbation import standard_normal_chunk
@@ -77,9 +79,20 @@ def measure(rounds: int) -> dict[str, dict[str, float]]:
         d = loss_differences(model, F.cross_entropy, (x, y), k=K, mode=mode, workers=1, **kw)
         estimate_gradient(dict(model.named_parameters()), d, **kw)
 
+    keys = {name: stream_key(SEED, "zo", name) for name in shapes}
+    strides = {name: -(-math.prod(shape) // 8) * 8 for name, shape in shapes.items()}
+
+    def lean_many(draw: Callable[..., Tensor]) -> None:
+        if draw is standard_normal_chunk:  # torch has no batched counterpart: as lean
+            return lean(draw)
+        for k in range(K):
+            normal_many([(keys[n], s, k * strides[n]) for n, s in shapes.items()])
+        return None
+
     tasks = {
         "server draw": server,
         "lean draw": lean,
+        "lean draw, one call per k": lean_many,
         "step (lean)": lambda draw: step(draw, "lean"),
         "step (fast)": lambda draw: step(draw, "fast"),
     }
@@ -109,7 +122,7 @@ def main() -> None:
     elements = 26_730 * K
     for task, r in measure(args.rounds).items():
         print(
-            f"{task:12s} torch {r['torch_s'] * 1e3:8.2f} ms   portable {r['portable_s'] * 1e3:8.2f} ms"
+            f"{task:26s} torch {r['torch_s'] * 1e3:8.2f} ms   portable {r['portable_s'] * 1e3:8.2f} ms"
             f"   portable/torch {r['ratio']:.3f}"
             + (
                 f"   ({r['torch_s'] / elements * 1e9:.2f} vs {r['portable_s'] / elements * 1e9:.2f} ns/value)"

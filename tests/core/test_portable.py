@@ -250,6 +250,15 @@ def test_normal_offsets_and_rows() -> None:
         assert torch.equal(got, want)
 
 
+def test_normal_many_equals_one_by_one() -> None:
+    draws = [(KZ, (16, 1, 5, 5), 0), (KI, (10,), 3), (KZ, (0,), 5), (KP, (3, 7), 1000)]
+    got = P.normal_many(draws)
+    assert [tuple(z.shape) for z in got] == [(16, 1, 5, 5), (10,), (0,), (3, 7)]
+    for z, (key, shape, offset) in zip(got, draws):
+        assert torch.equal(z, P.normal(key, shape, offset=offset))
+    assert P.normal_many([]) == []
+
+
 # --- the other draws ------------------------------------------------------------------------------
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "integers",
     "normal",
     "normal_from_words",
+    "normal_many",
     "normal_rows",
     "permutation",
     "philox4x64_10",
@@ -405,6 +406,29 @@ def normal_rows(
             out[i:j] = padded[:, :n]
         i = j
     return torch.from_numpy(out.reshape(len(starts), *shape))
+
+
+def normal_many(
+    draws: Sequence[tuple[Key, Sequence[int], int]], *, device: _Device = "cpu"
+) -> list[Tensor]:
+    """Several :func:`normal` draws, ``(key, shape, offset)`` each, in one transform pass: the
+    same tensors as drawing them one by one, at a fraction of the per-call cost when they are
+    small (a lean client's direction k over every parameter: one call instead of one per
+    parameter; a bias of 10 costs about as much to draw alone as a 10,000-weight layer).
+    """
+    shapes = [tuple(int(s) for s in shape) for _, shape, _ in draws]
+    sizes = [math.prod(shape) for shape in shapes]
+    parts = []
+    for (key, _, offset), n in zip(draws, sizes):
+        _check_count(n, offset)
+        parts.append(words(key, n, offset=offset))
+    w = np.concatenate([*parts, np.empty(0, np.uint32)])
+    if _on_cpu(device):
+        flat = torch.empty(w.size)
+        _normal_np(w, flat.numpy())
+    else:
+        flat = _normal_torch(torch.from_numpy(w.view(np.int32)).to(device))
+    return [z.view(shape) for z, shape in zip(flat.split(sizes), shapes)]
 
 
 # --- uniforms, integers, permutations, signs, masks ----------------------------------------------
