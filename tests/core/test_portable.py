@@ -105,7 +105,9 @@ def bundle_digest() -> str:
         P.normal(k, (1 << 16,)),
         P.normal_from_words(torch.from_numpy(w.view(np.int32))),  # the torch (device) path
         P.normal_rows(k, [0, 1, 5, 6, 7], (3, 7)),
+        *P.normal_many([(k, (5,), 3), (P.stream_key(2, "bundle"), (9,), 100)]),
         P.uniform(k, (999,), low=-2.0, high=3.0),
+        P.uniform(k, (999,), low=-2.0, high=3.0, dtype=torch.float64),
         P.symmetric_uniform(k, (999,), 0.125),
         P.integers(k, (999,), 1000).to(torch.float64),
         P.permutation(k, 999).to(torch.float64),
@@ -118,7 +120,7 @@ def bundle_digest() -> str:
     return h.hexdigest()
 
 
-BUNDLE_SHA256 = "563bb193496580671763bac29e4aed6cd39aa7bc49724327a8e3e03b5171e579"
+BUNDLE_SHA256 = "dcfb1a279745cef78987d5a75b4c9c58047f7773ac5ff99bf60344067f94efa7"
 
 
 # --- the bits ---------------------------------------------------------------------------------
@@ -389,4 +391,7 @@ def test_cuda_draws_equal_cpu_bit_for_bit() -> None:
     assert torch.equal(
         P.normal_rows(k, [0, 3, 4], (10,), device="cuda").cpu(), P.normal_rows(k, [0, 3, 4], (10,))
     )
+    draws = [(k, (10,), 3), (P.stream_key(6, "cuda"), (64, 16, 5, 5), 0)]
+    for gpu, cpu in zip(P.normal_many(draws, device="cuda"), P.normal_many(draws)):
+        assert torch.equal(gpu.cpu(), cpu)
     assert torch.equal(P.uniform(k, (999,), device="cuda").cpu(), P.uniform(k, (999,)))
