@@ -121,15 +121,12 @@ def main() -> None:
     args = parser.parse_args()
     elements = 26_730 * K
     for task, r in measure(args.rounds).items():
-        print(
-            f"{task:26s} torch {r['torch_s'] * 1e3:8.2f} ms   portable {r['portable_s'] * 1e3:8.2f} ms"
-            f"   portable/torch {r['ratio']:.3f}"
-            + (
-                f"   ({r['torch_s'] / elements * 1e9:.2f} vs {r['portable_s'] / elements * 1e9:.2f} ns/value)"
-                if "draw" in task
-                else ""
-            )
-        )
+        t, p = r["torch_s"], r["portable_s"]
+        line = f"{task:26s} torch {t * 1e3:8.2f} ms   portable {p * 1e3:8.2f} ms"
+        line += f"   portable/torch {r['ratio']:.3f}"
+        if "draw" in task:
+            line += f"   ({t / elements * 1e9:.2f} vs {p / elements * 1e9:.2f} ns/value)"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,18 @@
 """Portable seeded draws: numbers defined by the algorithm alone, the same bits on every machine.
 
 Each draw is a pure function of a *key*, hashed from the run seed and a purpose path as
-:func:`fedge.core.rng.generator`'s are, and of a *position* in that key's stream of 32-bit words,
-which come from the counter-based generator Philox4x64-10 (Salmon, Moraes, Dror and Shaw,
+:func:`fedge.core.rng.generator`'s are, and of a *position* in that key's stream of 32-bit
+words, which come from the counter-based generator Philox4x64-10 (Salmon, Moraes, Dror and Shaw,
 "Parallel random numbers: as easy as 1, 2, 3", SC 2011; :func:`words`). Position addressing lets
 element ``i`` be drawn without elements ``0..i-1``: direction ``k`` of ``K``, or a slice of a
 long vector, costs only its own words. After the bits come only integer arithmetic, lookups in a
-committed table and float32 operations IEEE 754 rounds exactly (int-to-float conversion, a
-multiply, an add, each a separate operation), so a draw is bit for bit the same on any CPU
-instruction set (``ATEN_CPU_CAPABILITY``, numpy's SIMD dispatch), OS, numpy and torch version
-and on a GPU — unlike ``torch.randn``, whose vectorized Box-Muller kernels round log/sin/cos
-differently per instruction set. No subnormal number arises, so flush-to-zero modes change
-nothing either. Give every purpose its own key: draws of different kinds from
-one key read the same words.
+committed table and float32 operations IEEE 754 rounds exactly in its default mode, to nearest
+even (int-to-float conversion, a multiply, an add, each a separate eager operation: no fused
+multiply-add), so a draw is bit for bit the same on any CPU instruction set
+(``ATEN_CPU_CAPABILITY``, numpy's SIMD dispatch), OS, numpy and torch version and on a GPU —
+unlike ``torch.randn``, whose vectorized Box-Muller kernels round log/sin/cos differently per
+instruction set. No subnormal number arises, so flush-to-zero modes change nothing either. Give
+every purpose its own key: draws of different kinds from one key read the same words.
 
 Example:
     >>> key = stream_key(0, "zo", "conv1.weight")
@@ -231,7 +231,8 @@ _S = 7  # 2^S interpolation cells per octave of the tail probability
 _SHIFT = 23 - _S  # float32 bits >> _SHIFT = sign · 2^(S+8) + biased exponent · 2^S + cell
 _OCTAVES = 32  # |V| in [2^e, 2^(e+1)), e = 0..31 (2^31 itself is e = 31, cell 0)
 NORMAL_TABLE_SHA256 = "abd24068ab3cec651fd574b11c64d74d08581b7b6bd8d93fb3eccf72e2b53ce0"
-#: The largest |z| a portable normal takes: fl32(Q(2^-31)); P(|Z| > 6.2303) ≈ 4.66e-10 for Z ~ N(0, 1).
+#: The largest |z| a portable normal takes: fl32(Q(2^-31)); P(|Z| > 6.2303) ≈ 4.66e-10 for
+#: Z ~ N(0, 1).
 NORMAL_TAIL = 6.230260372161865
 
 
