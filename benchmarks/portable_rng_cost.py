@@ -1,0 +1,133 @@
+"""What portable draws (fedge.core.portable) cost against torch.randn in BAFFLE's step.
+
+BAFFLE's LeNet (``lenet``, 26,730 parameters in 6 tensors), K = 100 directions, one thread.
+Three timings, each with torch's per-(k, parameter) ``randn`` (today's
+``standard_normal_chunk``) and with the portable generator (``normal_rows`` on the key
+``(seed, "zo", name)``, row k = direction k):
+
+- **server draw**: every parameter's (K, *shape) directions, one chunk call per parameter
+  (what ``estimate_gradient`` does in chunks of 64 and the fast mode per layer);
+- **lean draw**: one call per (k, parameter) (what the lean client does); and, portable only,
+  one ``normal_many`` call per k for all parameters (what a lean client could do);
+- **step**: one BAFFLE zeroth-order step, forward scheme, batch 32, lean and fast (batched)
+  mode: the client's K + 1 forwards and draws (``loss_differences``) then the server's rebuild
+  (``estimate_gradient``), the portable generator passed in as a ``Directions`` (the estimators
+  are not modified).
+
+Times are process CPU seconds (a shared machine's waits do not count), the variants interleaved
+round by round; the medians and the median of the per-round ratios are printed.
+
+    OMP_NUM_THREADS=1 python benchmarks/portable_rng_cost.py [--rounds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedge.core.portable import normal_many, normal_rows, stream_key
+from fedge.estimators import estimate_gradient, loss_differences
+from fedge.estimators.directions import Directions
+from fedge.estimators.perturbation import standard_normal_chunk
+from fedge.models import build_model
+
+K = 100
+SEED = 7
+
+
+def portable_chunk(seed: int, ks: Sequence[int], name: str, shape: Sequence[int]) -> Tensor:
+    """The portable counterpart of ``standard_normal_chunk``: ``(len(ks), *shape)``."""
+    return normal_rows(stream_key(seed, "zo", name), ks, shape)
+
+
+def _cpu(fn: Callable[[], object]) -> float:
+    t = time.process_time()
+    fn()
+    return time.process_time() - t
+
+
+def measure(rounds: int) -> dict[str, dict[str, float]]:
+    torch.set_num_threads(1)
+    model = build_model("lenet", input_shape=(1, 28, 28), num_classes=10, seed=1)
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    x, y = (
+        torch.randn(32, 1, 28, 28, generator=torch.Generator().manual_seed(0)),
+        torch.arange(32) % 10,
+    )
+    weights = torch.full((K,), 1.0 / K, dtype=torch.float64)
+    draws = {"torch": standard_normal_chunk, "portable": portable_chunk}
+
+    def server(draw: Callable[..., Tensor]) -> None:
+        for name, shape in shapes.items():
+            draw(SEED, range(K), name, shape)
+
+    def lean(draw: Callable[..., Tensor]) -> None:
+        for k in range(K):
+            for name, shape in shapes.items():
+                draw(SEED, [k], name, shape)
+
+    def step(draw: Callable[..., Tensor], mode: str) -> None:
+        dirs = Directions("gaussian", K, draw, weights)
+        kw = dict(sigma=1e-4, seed=SEED, scheme="forward", directions=dirs)
+        d = loss_differences(model, F.cross_entropy, (x, y), k=K, mode=mode, workers=1, **kw)
+        estimate_gradient(dict(model.named_parameters()), d, **kw)
+
+    keys = {name: stream_key(SEED, "zo", name) for name in shapes}
+    strides = {name: -(-math.prod(shape) // 8) * 8 for name, shape in shapes.items()}
+
+    def lean_many(draw: Callable[..., Tensor]) -> None:
+        if draw is standard_normal_chunk:  # torch has no batched counterpart: as lean
+            return lean(draw)
+        for k in range(K):
+            normal_many([(keys[n], s, k * strides[n]) for n, s in shapes.items()])
+        return None
+
+    tasks = {
+        "server draw": server,
+        "lean draw": lean,
+        "lean draw, one call per k": lean_many,
+        "step (lean)": lambda draw: step(draw, "lean"),
+        "step (fast)": lambda draw: step(draw, "fast"),
+    }
+    for task in tasks.values():  # warm up
+        for draw in draws.values():
+            task(draw)
+    times: dict[str, dict[str, list[float]]] = {t: {d: [] for d in draws} for t in tasks}
+    for _ in range(rounds):
+        for t, task in tasks.items():
+            for d, draw in draws.items():
+                times[t][d].append(_cpu(lambda: task(draw)))  # noqa: B023
+    out: dict[str, dict[str, float]] = {}
+    for t in tasks:
+        a, b = times[t]["torch"], times[t]["portable"]
+        out[t] = {
+            "torch_s": statistics.median(a),
+            "portable_s": statistics.median(b),
+            "ratio": statistics.median(q / p for p, q in zip(a, b)),
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    elements = 26_730 * K
+    for task, r in measure(args.rounds).items():
+        t, p = r["torch_s"], r["portable_s"]
+        line = f"{task:26s} torch {t * 1e3:8.2f} ms   portable {p * 1e3:8.2f} ms"
+        line += f"   portable/torch {r['ratio']:.3f}"
+        if "draw" in task:
+            line += f"   ({t / elements * 1e9:.2f} vs {p / elements * 1e9:.2f} ns/value)"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
