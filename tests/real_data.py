@@ -28,8 +28,12 @@ import pytest
 #: The environment variable that turns a missing real data set into a failure.
 REQUIRE_ENV = "FEDGE_REQUIRE_DATA"
 
-#: Data set -> the one command that installs it (the Debian packages of ``dataset-<name>``).
-INSTALL = {"fashion-mnist": "sudo apt-get install dataset-fashion-mnist"}
+#: Data set -> how to provide it: Debian's ``dataset-<name>`` package, or the files by hand.
+#: (Another name falls back on its registry entry's ``how_to_get``.)
+FIX = {
+    "fashion-mnist": "`sudo apt-get install dataset-fashion-mnist`, or put its four IDX files "
+    "in $FEDGE_DATA/fashion-mnist"
+}
 
 IDX_STEMS = (
     "train-images-idx3-ubyte",
@@ -49,19 +53,17 @@ def missing_line(name: str) -> str | None:
     get it (the skip reason, or the failure under ``FEDGE_REQUIRE_DATA=1``)."""
     from fedge.data.registry import get_dataset_spec
 
-    if get_dataset_spec(name).locate(root=None) is not None:
+    spec = get_dataset_spec(name)  # an unknown name fails here, naming the known ones
+    if spec.locate(root=None) is not None:
         return None
-    how = INSTALL.get(name)
-    fix = f"`{how}`, or put" if how else "put"
-    return (
-        f"needs the real dataset {name!r}, which fedge's search does not find: {fix} its IDX "
-        f"files in $FEDGE_DATA/{name}"
-    )
+    fix = FIX.get(name) or spec.how_to_get
+    return f"needs the real dataset {name!r}, which fedge's search does not find: {fix}"
 
 
 def fake_images(labels: np.ndarray, seed: int) -> np.ndarray:
-    """28x28 uint8 images, one smooth blob each, placed by class (so a model can learn them and
-    a total-variation prior suits them, as it suits photographs), with seeded jitter and noise."""
+    """28x28 uint8 images, one smooth blob each, placed by class (a model can tell the classes
+    apart, and a total-variation prior suits them as it suits photographs), with seeded jitter
+    and pixel noise."""
     rng = np.random.default_rng(seed)
     n = len(labels)
     angle = 2 * np.pi * labels / 10

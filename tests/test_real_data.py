@@ -47,7 +47,7 @@ formats.SYSTEM_DATA_DIR = Path(__file__).parent / "system"
 
 LINE = (
     "needs the real dataset 'fashion-mnist', which fedge's search does not find: "
-    "`sudo apt-get install dataset-fashion-mnist`, or put its IDX files in "
+    "`sudo apt-get install dataset-fashion-mnist`, or put its four IDX files in "
     "$FEDGE_DATA/fashion-mnist"
 )
 
