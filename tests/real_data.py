@@ -80,7 +80,7 @@ def write_idx(path: Path, array: np.ndarray, gz: bool) -> None:
     """``array`` (uint8) as an IDX file: magic ``00 00 08 ndim``, big-endian dims, the bytes."""
     header = bytes([0, 0, 0x08, array.ndim]) + np.array(array.shape, ">u4").tobytes()
     data = header + array.astype(np.uint8).tobytes()
-    path.write_bytes(gzip.compress(data, mtime=0) if gz else data)
+    path.write_bytes(gzip.compress(data, compresslevel=1, mtime=0) if gz else data)
 
 
 def write_fake_idx(
