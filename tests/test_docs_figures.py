@@ -105,6 +105,7 @@ def _built(preset: str, overrides: tuple[str, ...] = ()):
 
 @functools.cache
 def _build(data: str | None, preset: str, overrides: tuple[str, ...]):
+    """``data`` (the directory read) is only part of the cache key."""
     from fedge.core.config import load_config
     from fedge.experiment.build import build_run
 
