@@ -1,4 +1,5 @@
-"""Shared test fixtures: tiny, fast federations."""
+"""Shared test fixtures: tiny, fast federations. The ``needs_data`` marker and the Fashion-MNIST
+fixtures (``fashion_mnist``, ``fake_fashion_mnist``) come from tests/real_data.py."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ _TEE_DIR = tempfile.mkdtemp(prefix="fedge-test-tee-")
 atexit.register(shutil.rmtree, _TEE_DIR, ignore_errors=True)
 os.environ["FEDGE_TEE_PLATFORM"] = os.path.join(_TEE_DIR, "platform")
 torch.set_num_threads(1)
+
+pytest_plugins = ["real_data"]
 
 
 def tiny_config(**overrides):

@@ -12,6 +12,11 @@ Not re-derived: timings, RSS and tensor-accounting memory, accuracies and FLOPs 
 runs (minutes to hours). The reproduction tables built from those trainings (BAFFLE Tables 1
 and 2, NTK-BAFFLE Table 3) are checked another way: their sections must be exactly what their
 scripts render from the committed run records (`test_reproduction_sections_are_their_records_rendered`).
+
+The figures re-derived from runs on Fashion-MNIST depend on its shapes and sample counts, not
+on its pixels: each such test (fixture ``fashion_mnist``) runs on a made stand-in of the same
+shapes, always, and on the real data where fedge finds it (skipped with the command that
+installs it where not; a failure under FEDGE_REQUIRE_DATA=1, as in CI).
 """
 
 from __future__ import annotations
@@ -90,15 +95,24 @@ def test_comm_table_row(monkeypatch: pytest.MonkeyPatch, k: int) -> None:
 # --- model sizes and parameter counts --------------------------------------------------------
 
 
-@functools.cache
 def _built(preset: str, overrides: tuple[str, ...] = ()):
-    """A built preset (cached: loading Fashion-MNIST dominates the cost)."""
+    """A built preset, cached per Fashion-MNIST directory (made or real; loading it dominates
+    the cost)."""
+    from fedge.data.registry import get_dataset_spec
+
+    return _build(get_dataset_spec("fashion-mnist").locate(root=None), preset, overrides)
+
+
+@functools.cache
+def _build(data: str | None, preset: str, overrides: tuple[str, ...]):
+    """``data`` (the directory read) is only part of the cache key."""
     from fedge.core.config import load_config
     from fedge.experiment.build import build_run
 
     return build_run(load_config(preset, overrides=["threads=1", *overrides]))
 
 
+@pytest.mark.usefixtures("fashion_mnist")
 def test_preset_model_bytes_and_ratios() -> None:
     """bench:presets: `model bytes` is the serialized model (as experiment.run's summary); the
     ratio columns are the byte columns divided by it."""
@@ -116,6 +130,7 @@ def test_preset_model_bytes_and_ratios() -> None:
             assert ratio == f"{int(value) / got:.4f}", f"{preset}: {cell} is not {value}/{got}"
 
 
+@pytest.mark.usefixtures("fashion_mnist")
 def test_parameter_counts_and_sqrt_k_over_n() -> None:
     from fedge.methods.ntk_baffle import data_free_masks
     from fedge.models.registry import count_parameters
@@ -172,6 +187,7 @@ def _kept_fractions(score: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("score", ["magnitude", "random"])
+@pytest.mark.usefixtures("fashion_mnist")
 def test_kept_fractions(score: str) -> None:
     assert _kept_fractions(score) == _kept_table()[score]
 
@@ -191,6 +207,7 @@ def _cpu_model() -> str:
 
 
 @pytest.mark.slow  # 50 data-free NTK pruning rounds: ~10 s
+@pytest.mark.usefixtures("fashion_mnist")
 def test_ntk_kept_fractions() -> None:
     """The 50 iterative float32 NTK rounds are rounded to another mask by each CPU's convolution
     kernels (oneDNN's avx512 and avx2 kernels differ; so do oneDNN's kernels for one ISA on Intel
@@ -285,6 +302,7 @@ def _check_fedpt_rows(
         assert reduction == f"{full / total:.1f}×", f"{label}: reduction {reduction}"
 
 
+@pytest.mark.usefixtures("fashion_mnist")
 def test_fedpt_table1_bytes(tmp_path: Path) -> None:
     rows = _rows(_section("fedpt-table1"), "| model | trainable % |")
     overrides = {
@@ -296,6 +314,7 @@ def test_fedpt_table1_bytes(tmp_path: Path) -> None:
     _check_fedpt_rows(tmp_path, rows, "fedpt-fmnist-cnn", overrides)
 
 
+@pytest.mark.usefixtures("fashion_mnist")
 def test_fedpt_table2_bytes(tmp_path: Path) -> None:
     rows = _rows(_section("fedpt-table2"), "| frozen (method.freeze) |")
     assert [r[0] for r in rows] == ["[]", "largest:1", "largest:3", "largest:6", "largest:9"]
@@ -342,6 +361,7 @@ def test_fedpt_table5_epsilon_row() -> None:
         assert theirs == paper.get(z, "–")  # no column of the paper for z = 0
 
 
+@pytest.mark.usefixtures("fashion_mnist")
 def test_fedpt_composition_bytes(tmp_path: Path) -> None:
     """Trainable parameters and the bytes per client per round of each composition row (one
     round, one local step; 50 samples per client as in the benchmark, so the sample count takes
@@ -372,6 +392,7 @@ def test_fedpt_composition_bytes(tmp_path: Path) -> None:
         assert row[7] == f"{got['bytes_down'] / n:,.0f}", f"{label}: downlink {row[7]}"
 
 
+@pytest.mark.usefixtures("fashion_mnist")
 def test_ppfl_table2_parameters_and_upload_bytes() -> None:
     """The PPFL Table 2 section's model size and the upload sizes the server observed (FedAvg's
     plaintext delta, PPFL's sealed stage-1 ciphertext), re-derived from round 1 of its DRA runs
@@ -424,6 +445,7 @@ def test_ppfl_table4_remarks_describe_its_table() -> None:
 # --- BAFFLE ΔL over a batch vs the local set (bench:baffle-delta-loss) -------------------------
 
 
+@pytest.mark.usefixtures("fashion_mnist")
 def test_baffle_delta_loss_bytes(tmp_path: Path) -> None:
     """Bytes, forwards and client GFLOP per client per round of both rows, from one round of the
     benchmark's protocol with ΔL on the mini-batch (every round moves the same messages: the model
@@ -468,6 +490,7 @@ def test_baffle_delta_loss_bytes(tmp_path: Path) -> None:
 # --- clients that fail to reply (bench:client-failures) ---------------------------------------
 
 
+@pytest.mark.usefixtures("fashion_mnist")
 def test_client_failures_plain_rows_follow_from_the_dropout_draws() -> None:
     """Plain FedAvg's failed clients and summed inputs per round are the engine's seeded draws on
     each round's sample (no training needed); its downlink is every sampled client's broadcast
@@ -543,6 +566,7 @@ def test_reproduction_sections_are_their_records_rendered(name: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("fashion_mnist")
 def test_eppfl_communication_bytes(tmp_path: Path) -> None:
     """The EPPFL section's measured device↔edge bytes per device in round 1 (and S_a's upload):
     one round of the benchmark's own configs (bytes do not depend on what the rounds learn)."""

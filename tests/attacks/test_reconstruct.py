@@ -169,16 +169,17 @@ def test_matching_k_values_rebuilds_an_image_with_fewer_pixels_than_k() -> None:
     assert F.mse_loss(rec.x, x) < baseline / 2
 
 
+@pytest.mark.usefixtures("fashion_mnist")
 def test_inverting_gradients_recovers_a_single_sample_and_tv_is_by_hand() -> None:
+    """On a Fashion-MNIST image, the real one and the made one (a smooth blob): images of the
+    kind the total-variation prior favours."""
     from fedge.attacks.reconstruct import invert_ig, total_variation
 
     img = torch.tensor([[[[0.0, 1.0], [3.0, 3.0]]]])  # |1-0|,|3-3| across; |3-0|,|3-1| down
     assert float(total_variation(img)) == (1 + 0) / 2 + (3 + 2) / 2
     from fedge.data.registry import load_dataset
 
-    ds = load_dataset(
-        "fashion-mnist", limit_train=10, limit_test=1, seed=0
-    )  # a real image: TV is an image prior
+    ds = load_dataset("fashion-mnist", limit_train=10, limit_test=1, seed=0)
     m = _model((1, 28, 28))
     x, y = ds.x_train[:1], ds.y_train[:1]
     rec = invert_ig(

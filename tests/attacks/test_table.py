@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from fedge.attacks.table import ROWS, Row, privacy_row
 
 TINY = {
@@ -44,7 +46,9 @@ def test_a_row_runs_every_attack_and_a_skipped_cell_carries_its_reason() -> None
     assert out["pia"]["uploads"] == 16 and out["pia"]["auc"] > 0.8
 
 
+@pytest.mark.usefixtures("fake_fashion_mnist")
 def test_sealed_ppfl_uploads_are_attacked_as_read() -> None:
+    """PPFL's row reads 28x28 images (made ones here: what is checked holds for any images)."""
     row = next(r for r in ROWS if r.method["name"] == "ppfl")
     out = privacy_row(row, **{**TINY, "dataset": "fashion-mnist", "mia_per_client": 8, "test": 100})
     assert (

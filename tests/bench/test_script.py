@@ -166,6 +166,7 @@ def _script(name: str):
     ("name", "needle"),
     [("baffle_table2", "BAFFLE's skew cost"), ("ntk_table3", "NTK-Rand − NTK-Ori")],
 )
+@pytest.mark.usefixtures("fake_fashion_mnist")  # the pipeline, not the figures: made images
 def test_smoke_protocol_runs_end_to_end_and_resumes(name, needle, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     script = _script(name)
