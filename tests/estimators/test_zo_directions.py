@@ -17,8 +17,11 @@ from fedge.estimators.directions import (
     hadamard_chunk,
     make_directions,
     match_params,
+    portable_hadamard_chunk,
     remembered,
 )
+
+DRAWS = pytest.mark.parametrize("draws", ["torch", "portable"])
 
 
 def _mean_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -57,16 +60,33 @@ def _flat(d: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([v.reshape(-1) for v in d.values()])
 
 
-def test_orthogonal_directions_are_exactly_orthogonal_for_a_power_of_two() -> None:
-    z = hadamard_chunk(3, range(64), "w", (8, 8)).view(64, -1).double()
+@pytest.mark.parametrize("chunk", [hadamard_chunk, portable_hadamard_chunk])
+def test_orthogonal_directions_are_exactly_orthogonal_for_a_power_of_two(chunk) -> None:
+    z = chunk(3, range(64), "w", (8, 8)).view(64, -1).double()
     assert torch.equal(z @ z.t(), 64 * torch.eye(64, dtype=torch.float64))
     assert set(z.unique().tolist()) == {-1.0, 1.0}
     # The next chunk (k = 64..127) is a fresh orthogonal set, not a repeat of the first.
-    z2 = hadamard_chunk(3, range(64, 128), "w", (8, 8)).view(64, -1).double()
+    z2 = chunk(3, range(64, 128), "w", (8, 8)).view(64, -1).double()
     assert torch.equal(z2 @ z2.t(), 64 * torch.eye(64, dtype=torch.float64))
     assert not torch.equal(z2, z)
     # Regenerable one direction at a time, in any order (what the lean client does).
-    assert torch.equal(hadamard_chunk(3, [17], "w", (8, 8))[0], z[17].view(8, 8).float())
+    assert torch.equal(chunk(3, [17], "w", (8, 8))[0], z[17].view(8, 8).float())
+    assert torch.equal(chunk(3, [70, 5], "w", (8, 8))[1], z[5].view(8, 8).float())
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "orthogonal", "block"])
+def test_portable_directions_differ_from_torch_and_are_addressed_by_k(kind: str) -> None:
+    shapes = {"a.weight": (3, 5), "a.bias": (3,), "b.weight": (4, 5)}
+    dirs = make_directions(kind, shapes, 6, draws="portable")
+    torch_dirs = make_directions(kind, shapes, 6)
+    assert (dirs.draws, torch_dirs.draws) == ("portable", "torch")
+    for name, shape in shapes.items():
+        z = dirs.draw(4, range(6), name, shape)
+        assert not torch.equal(z, torch_dirs.draw(4, range(6), name, shape))
+        for k in (5, 0, 3):  # one at a time, any order: the lean client's draws
+            assert torch.equal(dirs.draw(4, [k], name, shape)[0], z[k])
+    with pytest.raises(ConfigError, match="draws must be one of"):
+        make_directions(kind, shapes, 6, draws="numpy")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("scheme", ["central", "forward"])
@@ -97,15 +117,25 @@ def test_orthogonal_with_k_equal_n_recovers_a_linear_gradient_exactly(scheme: st
     assert not torch.allclose(out["gaussian"], a, rtol=0.1)
 
 
+@DRAWS
 @pytest.mark.parametrize("kind", ["gaussian", "orthogonal", "block"])
-def test_estimate_on_a_linear_loss_is_the_directions_sum_exactly(kind: str) -> None:
+def test_estimate_on_a_linear_loss_is_the_directions_sum_exactly(kind: str, draws: str) -> None:
     # ΔL_k = c σ z_kᵀ a exactly, so ĝ = Σ_k w_k z_k z_kᵀ a with the directions' own weights.
     model, batch, a = _linear_problem()
     k = 7
     g = zeroth_order_gradient(
-        model, _mean_loss, batch, k=k, sigma=0.05, seed=11, scheme="central", directions=kind
+        model,
+        _mean_loss,
+        batch,
+        k=k,
+        sigma=0.05,
+        seed=11,
+        scheme="central",
+        directions=kind,
+        draws=draws,
     )
-    dirs = make_directions(kind, {n: p.shape for n, p in model.named_parameters()}, k)
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    dirs = make_directions(kind, shapes, k, draws=draws)
     z = torch.cat(
         [dirs.draw(11, range(k), n, p.shape).view(k, -1) for n, p in model.named_parameters()], 1
     ).double()
@@ -113,15 +143,16 @@ def test_estimate_on_a_linear_loss_is_the_directions_sum_exactly(kind: str) -> N
     assert torch.allclose(_flat(g), want, rtol=1e-5, atol=1e-8)
 
 
+@DRAWS
 @pytest.mark.parametrize("kind", ["gaussian", "orthogonal", "block"])
-def test_unbiased_with_constant_one(kind: str) -> None:
+def test_unbiased_with_constant_one(kind: str, draws: str) -> None:
     # E[Σ_k w_k z_k z_kᵀ] = I across parameters of different modules: the Monte Carlo mean over
     # seeds is I within 4 standard errors (a wrong weight, e.g. 1/K instead of 1/K_b for block,
     # or correlated blocks, e.g. the orthogonal directions without their per-k signs, is off by >= 0.3).
     model, _, _ = _linear_problem(n=3)  # 3 + 1 + 3 = 7 coordinates, blocks a (4) and b (3)
     shapes = {n: p.shape for n, p in model.named_parameters()}
     k, seeds = 4, 3000
-    dirs = make_directions(kind, shapes, k)
+    dirs = make_directions(kind, shapes, k, draws=draws)
     acc = torch.zeros(7, 7, dtype=torch.float64)
     sq = torch.zeros(7, 7, dtype=torch.float64)
     for s in range(seeds):
@@ -204,8 +235,9 @@ def test_block_directions_under_masks_split_k_by_kept_coordinates() -> None:
     assert torch.allclose(_flat(rebuilt).double(), want, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["orthogonal", "block"])
-def test_lean_fast_and_threads_agree_for_every_direction_kind(kind: str) -> None:
+@DRAWS
+@pytest.mark.parametrize("kind", ["gaussian", "orthogonal", "block"])
+def test_lean_fast_and_threads_agree_for_every_direction_kind(kind: str, draws: str) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 4 * 4, 4)
@@ -213,7 +245,7 @@ def test_lean_fast_and_threads_agree_for_every_direction_kind(kind: str) -> None
     g = torch.Generator().manual_seed(1)
     batch = (torch.randn(4, 1, 6, 6, generator=g), torch.randint(0, 4, (4,), generator=g))
     big = (torch.randn(12, 1, 6, 6, generator=g), torch.randint(0, 4, (12,), generator=g))
-    kw = dict(k=9, sigma=1e-2, seed=5, scheme="central", directions=kind)
+    kw = dict(k=9, sigma=1e-2, seed=5, scheme="central", directions=kind, draws=draws)
     lean = loss_differences(model, F.cross_entropy, batch, mode="lean", **kw)
     fast = loss_differences(model, F.cross_entropy, batch, mode="fast", **kw)  # batched pass
     assert torch.allclose(lean, fast, rtol=1e-4, atol=1e-6)
@@ -222,8 +254,9 @@ def test_lean_fast_and_threads_agree_for_every_direction_kind(kind: str) -> None
         model, F.cross_entropy, big, mode="fast", workers=2, **kw
     )  # two spans
     assert torch.allclose(lean_big, threaded, rtol=1e-5, atol=1e-7)
+    other = "orthogonal" if kind == "gaussian" else "gaussian"
     gauss = loss_differences(
-        model, F.cross_entropy, batch, mode="lean", **{**kw, "directions": "gaussian"}
+        model, F.cross_entropy, batch, mode="lean", **{**kw, "directions": other}
     )
     assert not torch.allclose(lean, gauss)
 
@@ -368,11 +401,12 @@ class _SmallConv(nn.Module):
         return self.fc(F.hardswish(self.conv(x)).flatten(1))
 
 
+@DRAWS
 @pytest.mark.parametrize("kind", ["gaussian", "orthogonal", "block"])
 @pytest.mark.parametrize("scheme", ["central", "forward"])
 @pytest.mark.parametrize(("path", "workers"), [("batched", 1), ("lean", 1), ("threaded", 2)])
 def test_fast_gradient_reusing_draws_is_bit_for_bit_the_two_halves(
-    kind: str, scheme: str, path: str, workers: int
+    kind: str, scheme: str, path: str, workers: int, draws: str
 ) -> None:
     # Oracle: the client's loss differences then the server's rebuild, each drawing on its own.
     # A Sequential runs the batched path; any other module the lean loop, threaded with 2 workers.
@@ -386,7 +420,7 @@ def test_fast_gradient_reusing_draws_is_bit_for_bit_the_two_halves(
         model, masked = _SmallConv(), "conv.weight"
     batch = (torch.randn(6, 1, 8, 8, generator=g), torch.randint(0, 5, (6,), generator=g))
     masks = {masked: torch.rand(4, 1, 3, 3, generator=g) < 0.5}
-    kw = dict(k=12, sigma=1e-3, seed=9, scheme=scheme, masks=masks, directions=kind)
+    kw = dict(k=12, sigma=1e-3, seed=9, scheme=scheme, masks=masks, directions=kind, draws=draws)
     diffs = loss_differences(model, F.cross_entropy, batch, mode="fast", workers=workers, **kw)
     want = estimate_gradient(
         dict(model.named_parameters()),
@@ -396,6 +430,7 @@ def test_fast_gradient_reusing_draws_is_bit_for_bit_the_two_halves(
         scheme=scheme,
         masks=masks,
         directions=kind,
+        draws=draws,
     )
     got = zeroth_order_gradient(model, F.cross_entropy, batch, mode="fast", workers=workers, **kw)
     assert list(got) == list(want)
@@ -422,21 +457,40 @@ def test_given_directions_must_match_k() -> None:
         )
 
 
+def test_given_directions_must_match_the_specs_draws() -> None:
+    model = nn.Linear(3, 1)
+    dirs = make_directions("gaussian", {n: p.shape for n, p in model.named_parameters()}, 4)
+    batch = (torch.ones(2, 3), torch.zeros(2))
+    with pytest.raises(ConfigError, match="draw from 'torch' but the spec names draws='portable'"):
+        loss_differences(
+            model,
+            _mean_loss,
+            batch,
+            k=4,
+            sigma=0.1,
+            seed=0,
+            scheme="forward",
+            directions=dirs,
+            draws="portable",
+        )
+
+
 # lean keeps one parameter's noise at a time: z_k for W + δ_k, again for W − δ_k, again to rebuild.
 @pytest.mark.parametrize(("mode", "draws_per_direction"), [("fast", 1), ("lean", 3)])
 def test_fast_gradient_draws_each_direction_once(
     monkeypatch: pytest.MonkeyPatch, mode: str, draws_per_direction: int
 ) -> None:
-    import fedge.estimators.directions as directions
+    import importlib
 
+    perturbation = importlib.import_module("fedge.estimators.perturbation")
     drawn: dict[str, int] = {}
-    real = directions.standard_normal_chunk
+    real = perturbation.standard_normal_chunk
 
     def counting(seed: int, ks, name: str, shape) -> torch.Tensor:
         drawn[name] = drawn.get(name, 0) + len(ks)
         return real(seed, ks, name, shape)
 
-    monkeypatch.setattr(directions, "standard_normal_chunk", counting)
+    monkeypatch.setattr(perturbation, "standard_normal_chunk", counting)
     model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Hardswish(), nn.Flatten(), nn.Linear(144, 5))
     batch = (torch.randn(6, 1, 8, 8), torch.randint(0, 5, (6,)))
     zeroth_order_gradient(

@@ -119,22 +119,27 @@ MODELS = {
 }
 
 
+@pytest.mark.parametrize("draws", ["torch", "portable"])
 @pytest.mark.parametrize("scheme", ["central", "forward"])
 @pytest.mark.parametrize("arch", sorted(MODELS))
-def test_fast_equals_lean(arch: str, scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fast_equals_lean(
+    arch: str, scheme: str, draws: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     make, train = MODELS[arch]
     model = _build(make, train)
     x, y = _batch()
     assert BatchedEvaluator.build(model, select(model), 0, x, F.cross_entropy, y) is not None
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    lean, fast = _both(model, (x, y), monkeypatch, k=7, sigma=1e-3, seed=3, scheme=scheme, chunk=3)
+    kw = dict(k=7, sigma=1e-3, seed=3, scheme=scheme, chunk=3, draws=draws)
+    lean, fast = _both(model, (x, y), monkeypatch, **kw)
     _assert_same(lean, fast)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+@pytest.mark.parametrize("draws", ["torch", "portable"])
 @pytest.mark.parametrize("scheme", ["central", "forward"])
 def test_fast_equals_lean_with_masks_and_a_frozen_prefix(
-    scheme: str, monkeypatch: pytest.MonkeyPatch
+    scheme: str, draws: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = _build(lenet_like)
     g = torch.Generator().manual_seed(2)
@@ -154,6 +159,7 @@ def test_fast_equals_lean_with_masks_and_a_frozen_prefix(
             chunk=2,
             params=params,
             masks=masks,
+            draws=draws,
         )
         _assert_same(lean, fast)
 
@@ -232,14 +238,15 @@ def _big_batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.usefixtures("no_batching")
+@pytest.mark.parametrize("draws", ["torch", "portable"])
 @pytest.mark.parametrize("workers", [2, 3])
 @pytest.mark.parametrize("scheme", ["central", "forward"])
 @pytest.mark.parametrize("make", [lenet_like, Residual, lambda: bn_convnet().train()])
-def test_threaded_spans_equal_lean(make, scheme: str, workers: int) -> None:
+def test_threaded_spans_equal_lean(make, scheme: str, workers: int, draws: str) -> None:
     model = _build(make, train=make().training)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     threads = torch.get_num_threads()
-    kw = dict(k=7, sigma=1e-3, seed=5, scheme=scheme)
+    kw = dict(k=7, sigma=1e-3, seed=5, scheme=scheme, draws=draws)
     lean = loss_differences(model, F.cross_entropy, _big_batch(), mode="lean", **kw)
     fast = loss_differences(
         model, F.cross_entropy, _big_batch(), mode="fast", workers=workers, **kw

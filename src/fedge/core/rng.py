@@ -7,9 +7,15 @@ adding a new purpose never shifts the others, and no global RNG is ever touched 
 inside a :class:`GlobalStream`, which lends torch's global RNG, forked and seeded from a
 party's own generator, to layers that take no generator (``nn.Dropout``).
 
+Which generator a draw uses is an explicit choice, :data:`Draws`: ``"torch"`` (torch's and
+numpy's generators, bit-identical only on identical hardware and library versions) or
+``"portable"`` (:mod:`fedge.core.portable`: Philox words and exact arithmetic, the same bits on
+every machine). :class:`PortableGenerator` is the portable counterpart of a ``torch.Generator``
+for code that consumes one generator in order (pruning's inputs and ΔW, a partition's shuffles).
+
 Example:
     >>> g = generator(0, "client", 3, 17)   # run seed 0, round 3, client 17
-    >>> torch.randn(2, generator=g)          # same two numbers on every machine
+    >>> torch.randn(2, generator=g)          # same two numbers on this machine's kernels
     tensor([ 0.3206, -0.8424])
 """
 
@@ -18,13 +24,44 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Literal, TypeAlias, get_args
 
 import numpy as np
 import torch
+from torch import Tensor
 
-__all__ = ["GlobalStream", "derive_seed", "generator", "numpy_rng"]
+from fedge.core import portable
+from fedge.core.errors import ConfigError
+
+__all__ = [
+    "AnyGenerator",
+    "Draws",
+    "GlobalStream",
+    "PortableGenerator",
+    "check_draws",
+    "derive_seed",
+    "generator",
+    "make_generator",
+    "numpy_rng",
+    "rand",
+    "randn",
+]
 
 _Part = int | str
+
+#: Which generator seeded draws come from: ``"torch"`` (torch's/numpy's, today's numbers, what
+#: every committed record was made with) or ``"portable"`` (:mod:`fedge.core.portable`).
+Draws = Literal["torch", "portable"]
+
+
+def check_draws(draws: object) -> Draws:
+    """``draws`` if it names a :data:`Draws`, else a ConfigError naming the choices."""
+    if draws not in get_args(Draws):
+        raise ConfigError(
+            f"draws must be one of {list(get_args(Draws))}, got {draws!r}; 'portable' draws "
+            "the same bits on every machine, 'torch' reproduces records made before it existed"
+        )
+    return draws  # type: ignore[return-value]
 
 
 def derive_seed(seed: int, *path: _Part, bits: int = 63) -> int:
@@ -99,3 +136,68 @@ class GlobalStream:
                 yield
             finally:
                 self._state = torch.get_rng_state()
+
+
+class PortableGenerator:
+    """Portable draws consumed in order, as code consumes a ``torch.Generator``: call ``i`` (of
+    any kind) reads its own stream ``portable.stream_key(seed, *path, "seq", i)``.
+
+    So a sequence of calls is a pure function of ``(seed, path)`` and the calls' kinds and
+    shapes, the same bits on every machine (:mod:`fedge.core.portable`).
+
+    Example:
+        >>> g = PortableGenerator(0, "prune")
+        >>> x = g.normal((8, 1, 28, 28))   # call 0
+        >>> order = g.permutation(10)       # call 1
+    """
+
+    def __init__(self, seed: int, *path: _Part) -> None:
+        self.seed, self.path, self.calls = int(seed), tuple(path), 0
+
+    def next_key(self) -> portable.Key:
+        """The stream of the next call (and count it)."""
+        key = portable.stream_key(self.seed, *self.path, "seq", self.calls)
+        self.calls += 1
+        return key
+
+    def normal(self, shape: tuple[int, ...] | list[int] | torch.Size) -> Tensor:
+        """Standard normals (float32, CPU): :func:`fedge.core.portable.normal`."""
+        return portable.normal(self.next_key(), tuple(shape))
+
+    def uniform(self, shape: tuple[int, ...] | list[int] | torch.Size) -> Tensor:
+        """Uniforms on [0, 1) (float32, CPU): :func:`fedge.core.portable.uniform`."""
+        return portable.uniform(self.next_key(), tuple(shape))
+
+    def permutation(self, x: int | np.ndarray) -> np.ndarray:
+        """As numpy's ``Generator.permutation``: a permutation of ``range(x)`` (int64), or a
+        shuffled copy of array ``x`` along its first axis (:func:`fedge.core.portable.permutation`)."""
+        if isinstance(x, (int, np.integer)):
+            return portable.permutation(self.next_key(), int(x)).numpy()
+        arr = np.asarray(x)
+        return arr[portable.permutation(self.next_key(), len(arr)).numpy()]
+
+
+#: A generator that seeded draws in fedge accept: torch's, or the portable one.
+AnyGenerator: TypeAlias = torch.Generator | PortableGenerator
+
+
+def make_generator(draws: Draws, seed: int, *path: _Part) -> AnyGenerator:
+    """:func:`generator` ``(seed, *path)`` for ``"torch"``, :class:`PortableGenerator` for
+    ``"portable"``."""
+    if check_draws(draws) == "portable":
+        return PortableGenerator(seed, *path)
+    return generator(seed, *path)
+
+
+def randn(shape: tuple[int, ...] | list[int] | torch.Size, gen: AnyGenerator) -> Tensor:
+    """Standard normals (float32, CPU) from either kind of generator."""
+    if isinstance(gen, PortableGenerator):
+        return gen.normal(shape)
+    return torch.randn(tuple(shape), generator=gen)
+
+
+def rand(shape: tuple[int, ...] | list[int] | torch.Size, gen: AnyGenerator) -> Tensor:
+    """Uniforms on [0, 1) (float32, CPU) from either kind of generator."""
+    if isinstance(gen, PortableGenerator):
+        return gen.uniform(shape)
+    return torch.rand(tuple(shape), generator=gen)

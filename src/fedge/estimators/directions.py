@@ -50,6 +50,13 @@ server regenerates a chunk of directions per parameter; no K × n matrix is ever
     Σ_b |∇_b L|² n_b / K_b when the blocks' gradient norms are equal. Needs K ≥ B (the blocks
     with a perturbed coordinate).
 
+Every kind has a portable form (``draws="portable"``, :data:`fedge.core.rng.Draws`): the
+Gaussian rows come from :func:`~fedge.estimators.perturbation.portable_normal_chunk` (block's
+too), and ``orthogonal``'s signs and permutations from :func:`fedge.core.portable.signs` and
+:func:`fedge.core.portable.permutation` (streams ``(seed, "zo-hadamard", ...)``), so the same
+bits on every machine. The laws, weights and memory above are the same; the numbers differ from
+the ``"torch"`` draws, which stay the default and reproduce earlier records.
+
 Perturbing only a subset of the parameters is the ``params`` argument of the estimators (names;
 :func:`match_params` resolves shell-style patterns); it composes with every choice above and
 with masks (frozen or pruned coordinates are drawn, then zeroed, as before).
@@ -66,9 +73,10 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
+from fedge.core import portable
 from fedge.core.errors import ConfigError
-from fedge.core.rng import generator
-from fedge.estimators.perturbation import standard_normal_chunk
+from fedge.core.rng import Draws, check_draws, generator
+from fedge.estimators.perturbation import normal_chunk
 
 __all__ = [
     "DirectionKind",
@@ -85,11 +93,14 @@ Draw = Callable[[int, Sequence[int], str, Sequence[int]], Tensor]
 
 class Directions:
     """The K directions of one step: ``draw(seed, ks, name, shape) -> (len(ks), *shape)``
-    float32 CPU tensor of ``z_k`` restricted to parameter ``name``, and ``weights`` (K,) float64
-    with ĝ = 1/(c σ) Σ_k w_k ΔL_k z_k."""
+    float32 CPU tensor of ``z_k`` restricted to parameter ``name``, ``weights`` (K,) float64
+    with ĝ = 1/(c σ) Σ_k w_k ΔL_k z_k, and the generator ``draws`` they come from."""
 
-    def __init__(self, kind: str, k: int, draw: Draw, weights: Tensor) -> None:
+    def __init__(
+        self, kind: str, k: int, draw: Draw, weights: Tensor, draws: Draws = "torch"
+    ) -> None:
         self.kind, self.k, self.draw, self.weights = kind, k, draw, weights
+        self.draws = check_draws(draws)
 
 
 def remembered(dirs: Directions, budget_bytes: int) -> Directions:
@@ -127,7 +138,7 @@ def remembered(dirs: Directions, budget_bytes: int) -> Directions:
             rows[i] = fresh[j]
         return torch.stack(rows)  # type: ignore[arg-type]
 
-    return Directions(dirs.kind, dirs.k, draw, dirs.weights)
+    return Directions(dirs.kind, dirs.k, draw, dirs.weights, dirs.draws)
 
 
 def make_directions(
@@ -135,10 +146,14 @@ def make_directions(
     shapes: Mapping[str, Sequence[int]],
     k: int,
     masks: Mapping[str, Tensor] | None = None,
+    *,
+    draws: Draws = "torch",
 ) -> Directions:
     """The directions ``kind`` for a selection (name -> shape, in model order) and K; ``masks``
     (name -> boolean, True = perturbed) size ``block``'s blocks by their kept coordinates (the
-    other kinds draw every coordinate and leave masking to the estimator)."""
+    other kinds draw every coordinate and leave masking to the estimator); ``draws`` picks the
+    generator (``"torch"``, today's numbers, or ``"portable"``, the same on every machine)."""
+    check_draws(draws)
     if kind not in get_args(DirectionKind):
         raise ConfigError(
             f"directions must be one of {list(get_args(DirectionKind))}, got {kind!r}; "
@@ -146,10 +161,11 @@ def make_directions(
         )
     uniform = torch.full((k,), 1.0 / k, dtype=torch.float64)
     if kind == "gaussian":
-        return Directions(kind, k, standard_normal_chunk, uniform)
+        return Directions(kind, k, normal_chunk(draws), uniform, draws)
     if kind == "orthogonal":
-        return Directions(kind, k, hadamard_chunk, uniform)
-    return _block(shapes, k, masks or {})
+        chunk = portable_hadamard_chunk if draws == "portable" else hadamard_chunk
+        return Directions(kind, k, chunk, uniform, draws)
+    return _block(shapes, k, masks or {}, draws)
 
 
 def block_split(sizes: Sequence[int], k: int) -> list[int]:
@@ -181,7 +197,10 @@ def block_of(name: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else name
 
 
-def _block(shapes: Mapping[str, Sequence[int]], k: int, masks: Mapping[str, Tensor]) -> Directions:
+def _block(
+    shapes: Mapping[str, Sequence[int]], k: int, masks: Mapping[str, Tensor], draws: Draws
+) -> Directions:
+    gaussian = normal_chunk(draws)
     blocks: dict[str, int] = {}
     for name, shape in shapes.items():
         n = int(masks[name].sum()) if name in masks else math.prod(shape)
@@ -204,10 +223,10 @@ def _block(shapes: Mapping[str, Sequence[int]], k: int, masks: Mapping[str, Tens
         out = torch.zeros((len(ks), *shape))
         rows = [i for i, kk in enumerate(ks) if int(kk) in own]
         if rows:
-            out[rows] = standard_normal_chunk(seed, [ks[i] for i in rows], name, shape)
+            out[rows] = gaussian(seed, [ks[i] for i in rows], name, shape)
         return out
 
-    return Directions("block", k, draw, weights)
+    return Directions("block", k, draw, weights, draws)
 
 
 def _parity(v: Tensor) -> Tensor:
@@ -222,17 +241,49 @@ def hadamard_chunk(seed: int, ks: Sequence[int], name: str, shape: Sequence[int]
     m = math.prod(shape)
     n = 1 << max(0, (m - 1).bit_length())  # N = 2^ceil(log2 m)
     d = torch.randint(0, 2, (m,), generator=generator(seed, "zo-hadamard", name)).mul_(2).sub_(1)
+
+    def chunk(c: int) -> tuple[Tensor, Tensor]:
+        g = generator(seed, "zo-hadamard", c, name)
+        return torch.randperm(n, generator=g), torch.randint(0, 2, (n,), generator=g) * 2 - 1
+
+    return _hadamard(ks, shape, n, d, chunk)
+
+
+def portable_hadamard_chunk(
+    seed: int, ks: Sequence[int], name: str, shape: Sequence[int]
+) -> Tensor:
+    """:func:`hadamard_chunk` from portable draws: ``d`` = ``signs(stream_key(seed,
+    "zo-hadamard", name))``, chunk c's column order ``permutation(stream_key(seed,
+    "zo-hadamard", c, name))`` and signs ``signs(stream_key(seed, "zo-hadamard-sign", c, name))``."""
+    m = math.prod(shape)
+    n = 1 << max(0, (m - 1).bit_length())
+    seed = int(seed)
+    d = portable.signs(portable.stream_key(seed, "zo-hadamard", name), (m,)).to(torch.int64)
+
+    def chunk(c: int) -> tuple[Tensor, Tensor]:
+        perm = portable.permutation(portable.stream_key(seed, "zo-hadamard", c, name), n)
+        s = portable.signs(portable.stream_key(seed, "zo-hadamard-sign", c, name), (n,))
+        return perm, s.to(torch.int64)
+
+    return _hadamard(ks, shape, n, d, chunk)
+
+
+def _hadamard(
+    ks: Sequence[int],
+    shape: Sequence[int],
+    n: int,
+    d: Tensor,
+    chunk: Callable[[int], tuple[Tensor, Tensor]],
+) -> Tensor:
+    """z_k[i] = s_k · d[i] · H[i, π(k mod N)] for the chunks' (π, s) that ``chunk(c)`` draws."""
+    m = math.prod(shape)
     cols = torch.empty(len(ks), dtype=torch.int64)
     signs = torch.empty(len(ks), dtype=torch.int64)
     perms: dict[int, tuple[Tensor, Tensor]] = {}
     for i, k in enumerate(ks):
         c = int(k) // n
         if c not in perms:
-            g = generator(seed, "zo-hadamard", c, name)
-            perms[c] = (
-                torch.randperm(n, generator=g),
-                torch.randint(0, 2, (n,), generator=g) * 2 - 1,
-            )
+            perms[c] = chunk(c)
         perm, s = perms[c]
         cols[i], signs[i] = perm[int(k) % n], s[int(k) % n]
     rows = torch.arange(m, dtype=torch.int64)

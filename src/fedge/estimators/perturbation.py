@@ -27,6 +27,16 @@ kernel family; on CPUs without AVX2 (or ``ATEN_CPU_CAPABILITY=default``) the sam
 ~1e-6 — far below its Monte Carlo noise. Drawing in float64 through the portable scalar path
 would remove even that, at 7x the cost of the draw (it would dominate the fast mode).
 Perturbations for models on an accelerator are drawn on the CPU and copied, for the same reason.
+
+Portable draws (``draws="portable"``, :data:`fedge.core.rng.Draws`). ``z_{k,name}`` is row k of
+one stream per parameter,
+
+    z_{k,name} = fedge.core.portable.normal_rows(stream_key(seed, "zo", name), [k], shape)[0]
+
+(:func:`portable_normal_chunk`): Philox words through a committed inverse-CDF table with exactly
+rounded float32 operations, so the same bits on every CPU, OS and library version. Row k is
+addressed directly, so the lean mode (one parameter of one direction) and the fast mode and the
+server (a chunk of directions of one parameter, one stretch of the stream) draw the same numbers.
 """
 
 from __future__ import annotations
@@ -37,14 +47,17 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from fedge.core import portable
 from fedge.core.errors import ConfigError, UnknownNameError
-from fedge.core.rng import generator
+from fedge.core.rng import Draws, check_draws, generator
 
 __all__ = [
     "Selection",
     "check_masks",
+    "normal_chunk",
     "perturb",
     "perturbation",
+    "portable_normal_chunk",
     "select",
     "standard_normal",
     "standard_normal_chunk",
@@ -64,6 +77,20 @@ def standard_normal_chunk(seed: int, ks: Sequence[int], name: str, shape: Sequen
     for i, k in enumerate(ks):
         torch.randn(tuple(shape), generator=generator(seed, _PURPOSE, int(k), name), out=out[i])
     return out
+
+
+def portable_normal_chunk(seed: int, ks: Sequence[int], name: str, shape: Sequence[int]) -> Tensor:
+    """The portable ``z_{k,name}`` for every ``k`` in ``ks``, stacked: ``(len(ks), *shape)``,
+    row k of ``stream_key(seed, "zo", name)`` (:func:`fedge.core.portable.normal_rows`)."""
+    return portable.normal_rows(portable.stream_key(int(seed), _PURPOSE, name), ks, tuple(shape))
+
+
+def normal_chunk(
+    draws: Draws = "torch",
+) -> Callable[[int, Sequence[int], str, Sequence[int]], Tensor]:
+    """The Gaussian direction source of ``draws``: :func:`standard_normal_chunk` (``"torch"``)
+    or :func:`portable_normal_chunk` (``"portable"``)."""
+    return portable_normal_chunk if check_draws(draws) == "portable" else standard_normal_chunk
 
 
 def perturbation(

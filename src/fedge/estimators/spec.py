@@ -20,6 +20,7 @@ import torch
 
 from fedge.core.config import check_positive_int
 from fedge.core.errors import ConfigError
+from fedge.core.rng import Draws, check_draws
 from fedge.estimators.directions import DirectionKind, Directions
 
 __all__ = ["Mode", "Scheme", "ZerothOrderSpec", "resolve_spec"]
@@ -47,6 +48,10 @@ class ZerothOrderSpec:
             ``"orthogonal"`` or ``"block"`` (:mod:`fedge.estimators.directions`); or a
             :class:`~fedge.estimators.directions.Directions` already built for the selection
             and K (e.g. :func:`~fedge.estimators.directions.remembered`).
+        draws: the generator of the directions: ``"torch"`` (today's numbers, bit-identical
+            only on identical hardware; what earlier records used) or ``"portable"``
+            (:mod:`fedge.core.portable`: the same bits on every machine). A given
+            :class:`~fedge.estimators.directions.Directions` must have been built with the same.
         mode: ``"lean"`` (least memory) or ``"fast"`` (batched or threaded throughput);
             the same ΔL up to float rounding.
         chunk: fast mode: perturbations per batched pass (None: ~512 model-samples a pass).
@@ -66,6 +71,7 @@ class ZerothOrderSpec:
     sigma: float
     scheme: Scheme
     directions: DirectionKind | Directions = "gaussian"
+    draws: Draws = "torch"
     mode: Mode = "lean"
     chunk: int | None = None
     dtype: torch.dtype | None = None
@@ -81,6 +87,12 @@ class ZerothOrderSpec:
             raise ConfigError(
                 f"directions must be one of {list(get_args(DirectionKind))}, got "
                 f"{self.directions!r}; gaussian is BAFFLE's i.i.d. N(0, I)"
+            )
+        check_draws(self.draws)
+        if isinstance(self.directions, Directions) and self.directions.draws != self.draws:
+            raise ConfigError(
+                f"the given directions draw from {self.directions.draws!r} but the spec names "
+                f"draws={self.draws!r}; build them with make_directions(..., draws={self.draws!r})"
             )
         if self.mode not in get_args(Mode):
             raise ConfigError(f"mode must be one of {get_args(Mode)}, got {self.mode!r}")

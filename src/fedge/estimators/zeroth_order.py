@@ -69,6 +69,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from fedge.core.config import check_positive_int
 from fedge.core.errors import ConfigError, MessageError
+from fedge.core.rng import Draws
 from fedge.estimators import batched
 from fedge.estimators.directions import DirectionKind, Directions, make_directions, remembered
 from fedge.estimators.lean import LeanEvaluator, LossFn
@@ -188,7 +189,7 @@ def loss_differences(
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
         raise ConfigError(f"batch must be a pair (x, y), got {type(batch).__name__}")
     k, sigma, mode = spec.k, spec.sigma, spec.mode
-    sel = _with_directions(select(model, params, masks), spec.directions, k)
+    sel = _with_directions(select(model, params, masks), spec.directions, k, spec.draws)
     autocast = _autocast_dtype(sel, spec.dtype)
     _warn_if_unsafe(model, sel, sigma, spec.dtype)
     x, y = batch
@@ -276,7 +277,7 @@ def estimate_gradient(
     if not shapes:
         raise ConfigError("shapes_or_params is empty; pass the parameters the client perturbed")
     mask_of = check_masks(shapes, masks)
-    dirs = _directions(spec.directions, shapes, k, mask_of)
+    dirs = _directions(spec.directions, shapes, k, mask_of, spec.draws)
     if dirs.kind == "block":  # w_k = 1 / K_b
         coef = (diffs * dirs.weights / (spec.normalizer * sigma)).to(torch.float32)  # (K,)
     else:  # w_k = 1 / K, as BAFFLE Eq. (6) writes it
@@ -347,7 +348,7 @@ def zeroth_order_gradient(
     sel = select(model, params, masks)
     spec = resolve_spec(spec, settings)
     dirs = _directions(
-        spec.directions, {n: p.shape for n, p in sel.params.items()}, spec.k, sel.masks
+        spec.directions, {n: p.shape for n, p in sel.params.items()}, spec.k, sel.masks, spec.draws
     )
     if spec.mode == "fast":
         dirs = remembered(dirs, _REMEMBER_BYTES)
@@ -411,7 +412,7 @@ def _run_threaded(
     def span(i: int) -> None:
         lo, hi = bounds[i], bounds[i + 1]
         replica = replicas[i]
-        rsel = _with_directions(select(replica, params, masks), spec.directions, k)
+        rsel = _with_directions(select(replica, params, masks), spec.directions, k, spec.draws)
         ev = LeanEvaluator(replica, rsel, seed, x, loss_fn, y, reuse_directions=True)
         # Grad mode and autocast are thread-local: enter them in the worker.
         with contextlib.ExitStack() as stack:
@@ -488,9 +489,12 @@ def batched_pays(model: nn.Module, x: Tensor) -> bool:
     return x.shape[0] * per_sample <= _MAX_BATCHED_WORK
 
 
-def _with_directions(sel: Selection, directions: DirectionKind | Directions, k: int) -> Selection:
+def _with_directions(
+    sel: Selection, directions: DirectionKind | Directions, k: int, draws: Draws
+) -> Selection:
     """``sel`` drawing the step's ``directions`` (built from the selection's shapes and K)."""
-    dirs = _directions(directions, {n: p.shape for n, p in sel.params.items()}, k, sel.masks)
+    shapes = {n: p.shape for n, p in sel.params.items()}
+    dirs = _directions(directions, shapes, k, sel.masks, draws)
     return dataclasses.replace(sel, draw=dirs.draw)
 
 
@@ -499,11 +503,12 @@ def _directions(
     shapes: Mapping[str, Sequence[int]],
     k: int,
     masks: Mapping[str, Tensor],
+    draws: Draws,
 ) -> Directions:
-    """The step's directions: built from a kind (block's sized by the masks' kept coordinates),
-    or a given set checked against K."""
+    """The step's directions: built from a kind (block's sized by the masks' kept coordinates)
+    with ``draws``' generator, or a given set checked against K."""
     if not isinstance(directions, Directions):
-        return make_directions(directions, shapes, k, masks)
+        return make_directions(directions, shapes, k, masks, draws=draws)
     if directions.k != k:
         raise ConfigError(
             f"the given directions were made for k={directions.k}, but this step has k={k}; "
