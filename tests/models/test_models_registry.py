@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from fedge.core.errors import ConfigError, UnknownNameError
-from fedge.models import build_model, list_models, model_info, model_names, reset_parameters
+from fedge.models import (
+    build_model,
+    list_models,
+    model_info,
+    model_names,
+    portable_reset_parameters,
+    reset_parameters,
+)
 from fedge.models.registry import _REGISTRY
 
 
@@ -143,6 +152,71 @@ def test_reset_parameters_regenerates_frozen_weights() -> None:
     assert all(torch.equal(init[k], v) for k, v in net.state_dict().items())
 
 
+@pytest.mark.parametrize("name", ["lenet", "wrn-10-2", "resnet20", "mlp", "cnn-fedpt"])
+def test_portable_init_follows_torch_default_distributions(name: str) -> None:
+    # Oracle: torch's documented default, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for Conv/Linear
+    # weight and bias, ones/zeros for norms (the torch-drawn model's exact values there), and
+    # each parameter the portable symmetric_uniform of its own key.
+    from fedge.core import portable
+
+    shape = (1, 28, 28) if name == "cnn-fedpt" else (3, 32, 32)
+    net = build_model(name, input_shape=shape, num_classes=10, seed=5, draws="portable")
+    ref = build_model(name, input_shape=shape, num_classes=10, seed=5)
+    layers = (torch.nn.Linear, torch.nn.modules.conv._ConvNd)
+    scaled, ref_scaled = [], []
+    for mod_name, m in net.named_modules():
+        if isinstance(m, layers):
+            fan_in = m.weight[0].numel()
+            for attr in ("weight", "bias"):
+                p = getattr(m, attr)
+                if p is None:
+                    continue
+                bound = 1 / math.sqrt(fan_in)
+                key = portable.stream_key(5, "init", f"{mod_name}.{attr}")
+                assert torch.equal(p, portable.symmetric_uniform(key, p.shape, bound))
+                assert float(p.detach().abs().max()) < bound * (1 + 1e-6)
+                scaled.append(p.detach().flatten() / bound)
+                ref_p = ref.get_parameter(f"{mod_name}.{attr}")
+                ref_scaled.append(ref_p.detach().flatten() / bound)
+                assert not torch.equal(p, ref_p)
+    got, want = net.state_dict(), ref.state_dict()
+    norm_keys = [
+        k
+        for k in got
+        if not any(k.startswith(f"{n}.") for n, m in net.named_modules() if isinstance(m, layers))
+    ]
+    assert all(torch.equal(got[k], want[k]) for k in norm_keys)
+    # Same law as torch's draws: U(-1, 1) after scaling; deciles agree with torch's and the law's.
+    u, v = torch.cat(scaled).double(), torch.cat(ref_scaled).double()
+    q = torch.linspace(0.1, 0.9, 9, dtype=torch.float64)
+    tol = 4 / math.sqrt(u.numel()) + 1e-3
+    assert torch.allclose(torch.quantile(u, q), 2 * q - 1, atol=2 * tol)
+    assert torch.allclose(torch.quantile(u, q), torch.quantile(v, q), atol=3 * tol)
+
+
+def test_portable_init_is_seeded_named_and_global_rng_free() -> None:
+    before = torch.get_rng_state()
+    kw = dict(input_shape=(1, 28, 28), num_classes=10, draws="portable")
+    a = build_model("cnn-fedpt", seed=3, **kw)
+    assert torch.equal(before, torch.get_rng_state())
+    b = build_model("cnn-fedpt", seed=3, **kw)
+    c = build_model("cnn-fedpt", seed=4, **kw)
+    assert all(torch.equal(u, v) for u, v in zip(a.state_dict().values(), b.state_dict().values()))
+    assert not torch.equal(
+        a.state_dict()["classifier.fc1.0.weight"], c.state_dict()["classifier.fc1.0.weight"]
+    )
+    # FedPT: a client rebuilds the frozen weights from the seed after training changed them
+    with torch.no_grad():
+        for p in a.parameters():
+            p.add_(1.0)
+    portable_reset_parameters(a, 3)
+    assert all(torch.equal(u, v) for u, v in zip(a.state_dict().values(), b.state_dict().values()))
+    with pytest.raises(ConfigError, match="needs a seed"):
+        build_model("lenet", **kw)
+    with pytest.raises(ConfigError, match="draws must be one of"):
+        build_model("lenet", input_shape=(1, 28, 28), num_classes=10, seed=0, draws="numpy")
+
+
 def test_reset_parameters_refuses_unknown_parametrised_modules() -> None:
     class Scale(torch.nn.Module):
         def __init__(self) -> None:
@@ -151,6 +225,8 @@ def test_reset_parameters_refuses_unknown_parametrised_modules() -> None:
 
     with pytest.raises(TypeError, match="Scale"):
         reset_parameters(torch.nn.Sequential(torch.nn.Linear(2, 2), Scale()), None)
+    with pytest.raises(TypeError, match="Scale"):
+        portable_reset_parameters(torch.nn.Sequential(torch.nn.Linear(2, 2), Scale()), 0)
 
 
 # --- options configs and tabular inputs ---------------------------------------------------------

@@ -27,7 +27,7 @@ Every model is a :class:`Network`: ``features`` (named blocks in forward order) 
 """
 
 from fedge.models import alexnet, cnn, lenet, mlp, resnet, vgg, wrn  # noqa: F401  (registers models)
-from fedge.models.initialization import reset_parameters
+from fedge.models.initialization import portable_reset_parameters, reset_parameters
 from fedge.models.layers import MaxPool2x2
 from fedge.models.registry import (
     ModelInfo,
@@ -52,5 +52,6 @@ __all__ = [
     "model_info",
     "model_names",
     "register_model",
+    "portable_reset_parameters",
     "reset_parameters",
 ]

@@ -37,7 +37,8 @@ from torch import nn
 from fedge.core.config import ConfigModel
 from fedge.core.errors import ConfigError
 from fedge.core.registry import Registry, validate_options
-from fedge.models.initialization import reset_parameters
+from fedge.core.rng import Draws, check_draws
+from fedge.models.initialization import portable_reset_parameters, reset_parameters
 from fedge.models.layers import ACTIVATIONS, NORMS, InputTooSmallError, output_shape
 
 __all__ = [
@@ -342,7 +343,7 @@ def _resolve(
     _check_choice(info, "norm", nrm, info.norms)
     unknown = sorted(set(options) - set(info.options))
     if unknown:
-        valid = [*sorted(info.options), "activation", "norm", "seed"]
+        valid = [*sorted(info.options), "activation", "norm", "seed", "draws"]
         raise ConfigError(
             f"model {info.name!r} has no option {', '.join(map(repr, unknown))}; valid options: {', '.join(valid)}"
         )
@@ -430,6 +431,7 @@ def build_model(
     activation: str | None = None,
     norm: str | None = None,
     seed: int | None = None,
+    draws: Draws = "torch",
     **options: Any,
 ) -> Network:
     """Build and initialise a registered model.
@@ -445,6 +447,11 @@ def build_model(
             seed, bit-identical weights, and torch's global RNG is neither used nor advanced.
             None draws from torch's global generator, so ``torch.manual_seed(s)`` followed by
             ``build_model(..., seed=None)`` equals ``build_model(..., seed=s)``.
+        draws: ``"torch"`` (the above: torch's default init, bit-identical only for one CPU
+            kernel family and torch version) or ``"portable"``: the same distributions drawn by
+            :func:`~fedge.models.initialization.portable_reset_parameters` from ``seed``
+            (required), the same bits on every machine (what FedPT's clients rebuilding frozen
+            weights on different hardware need).
         **options: model-specific options, see ``model_info(name).options``.
 
     Returns:
@@ -461,17 +468,28 @@ def build_model(
         26730
     """
     entry, spec = _resolve(name, input_shape, num_classes, activation, norm, options)
+    check_draws(draws)
     generator = None
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
             raise ConfigError(f"seed must be an int in [0, 2**64), got {seed!r}")
-        generator = torch.Generator().manual_seed(seed)
+        if draws == "torch":
+            generator = torch.Generator().manual_seed(seed)
+    elif draws == "portable":
+        raise ConfigError(
+            "build_model(draws='portable') needs a seed (portable draws have no global "
+            "generator); pass seed=<int>"
+        )
     try:
         net = _assemble(entry, spec)
     except InputTooSmallError as e:
         raise _too_small(entry, spec, e) from None
     net.to_empty(device="cpu")
-    reset_parameters(net, generator)
+    if draws == "portable":
+        assert seed is not None
+        portable_reset_parameters(net, seed)
+    else:
+        reset_parameters(net, generator)
     return net
 
 
