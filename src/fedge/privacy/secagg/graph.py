@@ -10,6 +10,9 @@ and unknown to the adversary in advance. We use their construction: the Harary g
 — clients on a ring, each joined to the k/2 nearest on either side — over a random ordering of
 the clients. The ordering comes from the public run seed (``fedge.core.rng``), so server and
 clients build the same graph without messages; it is public, like the graph in Bell et al.
+``draws="portable"`` orders the ring by :func:`fedge.core.portable.permutation` of the stream
+``(seed, "secagg-graph", round)``, the same on every machine and library version; ``"torch"``
+(the default, what earlier records used) by numpy's PCG64 ``permutation``.
 
 What the server learns is the sum of each connected component of the *surviving* clients' mask
 graph, so k must keep that graph connected under dropouts and must leave every secret at least
@@ -25,8 +28,9 @@ import operator
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
+from fedge.core import portable
 from fedge.core.errors import ConfigError
-from fedge.core.rng import numpy_rng
+from fedge.core.rng import Draws, check_draws, numpy_rng
 
 __all__ = [
     "MaskGraph",
@@ -69,8 +73,12 @@ class MaskGraph:
         return cls({u: everyone - {u} for u in ids})
 
     @classmethod
-    def harary(cls, client_ids: Iterable[int], k: int, *, seed: int, round: int) -> MaskGraph:
-        """H(k, n) on a random ring order drawn from (seed, "secagg-graph", round); k even."""
+    def harary(
+        cls, client_ids: Iterable[int], k: int, *, seed: int, round: int, draws: Draws = "torch"
+    ) -> MaskGraph:
+        """H(k, n) on a random ring order drawn from (seed, "secagg-graph", round); k even.
+        ``draws`` picks the generator of the order (module docstring)."""
+        check_draws(draws)
         ids = _check_ids(client_ids)
         n = len(ids)
         if not isinstance(k, int) or k < 2 or k % 2 or k >= n - 1:
@@ -78,7 +86,11 @@ class MaskGraph:
                 f"neighbors must be an even int in [2, {n - 2}] for {n} clients, got {k!r}; "
                 f"use neighbors=None for the complete graph"
             )
-        order = [ids[i] for i in numpy_rng(seed, "secagg-graph", round).permutation(n)]
+        if draws == "portable":
+            perm = portable.permutation(portable.stream_key(seed, "secagg-graph", round), n)
+            order = [ids[i] for i in perm.tolist()]
+        else:
+            order = [ids[i] for i in numpy_rng(seed, "secagg-graph", round).permutation(n)]
         adj: dict[int, frozenset[int]] = {}
         for pos, u in enumerate(order):
             adj[u] = frozenset(order[(pos + d) % n] for d in range(-(k // 2), k // 2 + 1) if d)
@@ -86,13 +98,20 @@ class MaskGraph:
 
     @classmethod
     def build(
-        cls, client_ids: Iterable[int], neighbors: int | None, *, seed: int, round: int
+        cls,
+        client_ids: Iterable[int],
+        neighbors: int | None,
+        *,
+        seed: int,
+        round: int,
+        draws: Draws = "torch",
     ) -> MaskGraph:
         """Complete graph if ``neighbors`` is None or >= n - 1, else :meth:`harary`."""
         ids = _check_ids(client_ids)
+        check_draws(draws)
         if neighbors is None or neighbors >= len(ids) - 1:
             return cls.complete(ids)
-        return cls.harary(ids, neighbors, seed=seed, round=round)
+        return cls.harary(ids, neighbors, seed=seed, round=round, draws=draws)
 
     def __len__(self) -> int:
         return len(self.adjacency)

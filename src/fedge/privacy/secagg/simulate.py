@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fedge.core.errors import ConfigError
+from fedge.core.rng import Draws
 from fedge.privacy.secagg.client import ClientState
 from fedge.privacy.secagg.config import SecAggConfig
 from fedge.privacy.secagg.fixedpoint import FixedPoint, RingArray
@@ -65,6 +66,7 @@ def secure_sum(
     neighbors: int | None = None,
     bits: Literal[32, 64] = 64,
     frac_bits: int = 24,
+    draws: Draws = "torch",
 ) -> SecAggResult:
     """Σ of the surviving clients' vectors, computed by secure aggregation.
 
@@ -89,6 +91,7 @@ def secure_sum(
         neighbors: k for the sparse Harary graph (even), or None for the complete graph;
             ``graph.recommended_neighbors(n)`` gives a default for large n.
         bits, frac_bits: the fixed-point ring (fixedpoint.py; the range bound uses n clients).
+        draws: the generator of the sparse graph's ring order (:meth:`MaskGraph.harary`).
 
     Raises:
         SecAggError: the round aborts (e.g. fewer than t shares of some secret survive).
@@ -105,7 +108,7 @@ def secure_sum(
         raise ConfigError(f"all inputs must have one shape; client {ids[0]} has {shape}")
     fp = FixedPoint(bits=bits, frac_bits=frac_bits)
     config = SecAggConfig(threshold=threshold, length=int(np.prod(shape)), fixed_point=fp)
-    graph = MaskGraph.build(ids, neighbors, seed=seed, round=round)
+    graph = MaskGraph.build(ids, neighbors, seed=seed, round=round, draws=draws)
     server = ServerState(round=round, config=config, graph=graph)
     clients = {u: ClientState(u, round=round, config=config, graph=graph) for u in ids}
     up = dict.fromkeys(ids, 0)
