@@ -43,41 +43,76 @@ def problems(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, int, int]:
     return labels, domains, num_clients, draw(st.integers(0, 2**32))
 
 
+DRAWS = st.sampled_from(["torch", "portable"])
+
+
 @FAST
-@given(problems(), st.sampled_from(sorted(ALWAYS_OK)))
-def test_every_index_exactly_once(problem: tuple, name: str) -> None:
+@given(problems(), st.sampled_from(sorted(ALWAYS_OK)), DRAWS)
+def test_every_index_exactly_once(problem: tuple, name: str, draws: str) -> None:
     labels, domains, num_clients, seed = problem
-    parts = partition(name, labels, num_clients, seed=seed, domains=domains, **ALWAYS_OK[name])
+    kw = dict(seed=seed, domains=domains, draws=draws, **ALWAYS_OK[name])
+    parts = partition(name, labels, num_clients, **kw)
     assert len(parts) == num_clients
     assert sum(len(p) for p in parts) == len(labels)
     everything = np.concatenate(parts)
     np.testing.assert_array_equal(np.sort(everything), np.arange(len(labels)))
     for p in parts:
         assert p.dtype == np.int64 and np.all(np.diff(p) > 0)  # sorted, no repeats
-    again = partition(name, labels, num_clients, seed=seed, domains=domains, **ALWAYS_OK[name])
+    again = partition(name, labels, num_clients, **kw)
     assert all(np.array_equal(a, b) for a, b in zip(parts, again))  # deterministic
 
 
 @FAST
-@given(st.sampled_from(sorted(ALWAYS_OK)), st.integers(0, 2**32), st.integers(0, 2**32))
-def test_different_seed_different_split(name: str, s1: int, s2: int) -> None:
+@given(st.sampled_from(sorted(ALWAYS_OK)), st.integers(0, 2**32), st.integers(0, 2**32), DRAWS)
+def test_different_seed_different_split(name: str, s1: int, s2: int, draws: str) -> None:
     if s1 == s2:
         return
     # 3 classes of ~67 cut into shards of 40: which samples of a class share a shard is random
     # (with whole-class shards, 5 clients would have only 5! distinct splits)
     labels = np.arange(200) % 3
     domains = np.arange(200) % 3  # 5 clients over 3 domains: two domains are split in two
-    a = partition(name, labels, 5, seed=s1, domains=domains, **ALWAYS_OK[name])
-    b = partition(name, labels, 5, seed=s2, domains=domains, **ALWAYS_OK[name])
+    a = partition(name, labels, 5, seed=s1, domains=domains, draws=draws, **ALWAYS_OK[name])
+    b = partition(name, labels, 5, seed=s2, domains=domains, draws=draws, **ALWAYS_OK[name])
     assert not all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
 @FAST
-@given(st.integers(1, 500), st.integers(1, 40), st.integers(0, 2**32))
-def test_iid_sizes_differ_by_at_most_one(n: int, num_clients: int, seed: int) -> None:
+@given(st.integers(1, 500), st.integers(1, 40), st.integers(0, 2**32), DRAWS)
+def test_iid_sizes_differ_by_at_most_one(n: int, num_clients: int, seed: int, draws: str) -> None:
     num_clients = min(num_clients, n)
-    sizes = [len(p) for p in partition("iid", np.zeros(n, np.int64), num_clients, seed=seed)]
+    labels = np.zeros(n, np.int64)
+    sizes = [len(p) for p in partition("iid", labels, num_clients, seed=seed, draws=draws)]
     assert max(sizes) - min(sizes) <= 1
+
+
+def test_portable_partitions_shuffle_with_the_portable_generator() -> None:
+    # Oracle: iid spelled out on the first portable permutation of (seed, "partition", "iid").
+    from fedge.core import portable
+
+    labels = np.arange(103) % 7
+    perm = portable.permutation(portable.stream_key(4, "partition", "iid", "seq", 0), 103)
+    owner = np.empty(103, np.int64)
+    owner[perm.numpy()] = np.repeat(np.arange(5), [21, 21, 21, 20, 20])
+    got = partition("iid", labels, 5, seed=4, draws="portable")
+    for c, part in enumerate(got):
+        np.testing.assert_array_equal(part, np.flatnonzero(owner == c))
+    domains = np.arange(103) % 3
+    for name in ("iid", "shards", "domain"):  # portable differs from numpy's shuffles
+        a = partition(name, labels, 5, seed=4, domains=domains, draws="portable")
+        b = partition(name, labels, 5, seed=4, domains=domains)
+        assert not all(np.array_equal(x, y) for x, y in zip(a, b)), name
+    # dirichlet needs gamma variates: it stays on numpy whatever draws says
+    a = partition("dirichlet", labels, 5, seed=4, min_size=0, draws="portable")
+    b = partition("dirichlet", labels, 5, seed=4, min_size=0)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert [PARTITIONERS[n].portable for n in ("iid", "dirichlet", "shards", "domain")] == [
+        True,
+        False,
+        True,
+        True,
+    ]
+    with pytest.raises(ConfigError, match="draws must be one of"):
+        partition("iid", labels, 5, seed=4, draws="numpy")
 
 
 @FAST
@@ -130,7 +165,12 @@ def test_shards_at_most_shards_per_client_labels(
     labels = np.repeat(shard_labels, shard_size)
     labels = labels[np.random.default_rng(0).permutation(len(labels))]
     parts = partition(
-        "shards", labels, num_clients, seed=data.draw(st.integers(0, 2**32)), shards_per_client=spc
+        "shards",
+        labels,
+        num_clients,
+        seed=data.draw(st.integers(0, 2**32)),
+        shards_per_client=spc,
+        draws=data.draw(DRAWS),
     )
     for p in parts:
         assert len(p) == spc * shard_size

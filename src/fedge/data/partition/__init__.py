@@ -20,7 +20,11 @@ domain     feature skew: clients grouped by domain key   (none; needs ``domains`
 =========  ===========================================  ==========================================
 
 Every partitioner draws from ``numpy_rng(seed, "partition", name)`` only, assigns every
-sample to exactly one client, and returns one sorted int64 index array per client.
+sample to exactly one client, and returns one sorted int64 index array per client. With
+``draws="portable"`` a partitioner that shuffles only (``iid``, ``shards``, ``domain``:
+``PartitionerSpec.portable``) draws from :class:`fedge.core.rng.PortableGenerator` ``(seed,
+"partition", name)`` instead, the same partition on every machine and numpy version;
+``dirichlet`` needs gamma variates (transcendental math) and stays on numpy either way.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import numpy as np
 
 from fedge.core.errors import ConfigError
 from fedge.core.registry import Registry
-from fedge.core.rng import numpy_rng
+from fedge.core.rng import Draws, PortableGenerator, check_draws, numpy_rng
 from fedge.data.partition import dirichlet, domain, iid, shards
 from fedge.data.partition._common import parts_from_owner
 
@@ -60,6 +64,8 @@ class PartitionerSpec:
         validate: checks a full params dict (defaults filled in), returns it normalized.
         params: parameter names and their defaults.
         needs_domains: whether ``domains`` must be given.
+        portable: whether ``split`` draws only ``rng.permutation`` (of an int or an array), so
+            ``draws="portable"`` hands it a :class:`~fedge.core.rng.PortableGenerator`.
     """
 
     name: str
@@ -68,6 +74,7 @@ class PartitionerSpec:
     validate: Callable[[Mapping[str, Any]], dict[str, Any]]
     params: Mapping[str, Any] = field(default_factory=dict)
     needs_domains: bool = False
+    portable: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
@@ -95,7 +102,12 @@ def register_partitioner(spec: PartitionerSpec) -> PartitionerSpec:
 
 for _spec_ in (
     PartitionerSpec(
-        "iid", "seeded shuffle split as evenly as possible", iid.split, iid.validate, iid.DEFAULTS
+        "iid",
+        "seeded shuffle split as evenly as possible",
+        iid.split,
+        iid.validate,
+        iid.DEFAULTS,
+        portable=True,
     ),
     PartitionerSpec(
         "dirichlet",
@@ -110,6 +122,7 @@ for _spec_ in (
         shards.split,
         shards.validate,
         shards.DEFAULTS,
+        portable=True,
     ),
     PartitionerSpec(
         "domain",
@@ -118,6 +131,7 @@ for _spec_ in (
         domain.validate,
         domain.DEFAULTS,
         needs_domains=True,
+        portable=True,
     ),
 ):
     register_partitioner(_spec_)
@@ -157,6 +171,7 @@ def partition(
     *,
     seed: int,
     domains: np.ndarray | None = None,
+    draws: Draws = "torch",
     **params: Any,
 ) -> list[np.ndarray]:
     """Split sample indices ``0..N-1`` across ``num_clients`` clients.
@@ -167,6 +182,9 @@ def partition(
         num_clients: number of clients, ``1 <= num_clients <= N``.
         seed: run seed; the partitioner draws from ``numpy_rng(seed, "partition", name)``.
         domains: (N,) domain key per sample; required by ``domain``, ignored by the others.
+        draws: ``"torch"`` (numpy's PCG64, what earlier records used) or ``"portable"``
+            (:class:`~fedge.core.rng.PortableGenerator` for the partitioners that only shuffle;
+            ``dirichlet`` stays on numpy, see the module docstring).
         **params: partitioner parameters (see the table in this module's docstring).
 
     Returns:
@@ -188,8 +206,11 @@ def partition(
             f"partition: num_clients must be an integer in [1, {n}] (the number of samples), "
             f"got {num_clients!r}; lower the number of clients (clients.num) or use more data"
         )
-    rng = numpy_rng(seed, "partition", name)
-    owner = _spec(name).split(labels, int(num_clients), rng, domains=domains, **params)
+    spec = _spec(name)
+    rng: np.random.Generator | PortableGenerator = numpy_rng(seed, "partition", name)
+    if check_draws(draws) == "portable" and spec.portable:
+        rng = PortableGenerator(seed, "partition", name)
+    owner = spec.split(labels, int(num_clients), rng, domains=domains, **params)
     _check_owner(name, owner, n, int(num_clients))
     return parts_from_owner(owner, int(num_clients))
 

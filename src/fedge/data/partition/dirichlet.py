@@ -11,6 +11,11 @@ scheme of Yurochkin et al. 2019 (arXiv:1905.12022) as implemented in NIID-Bench 
 that already holds ``>= N / C`` samples, which keeps client sizes from exploding. The whole
 draw is repeated until every client holds at least ``min_size`` samples, at most
 ``MAX_TRIES`` times; then a ConfigError says to lower ``min_size`` or raise ``alpha``.
+
+Draws: numpy's generator only, also under ``draws="portable"``: a Dirichlet draw needs gamma
+variates, which numpy computes with transcendental functions (log, exp, pow) whose last bits
+may differ across CPUs, libms and numpy versions, so this partition is reproducible bit for bit
+only on the same numpy and platform; :mod:`fedge.core.portable` has no gamma variate.
 """
 
 from __future__ import annotations

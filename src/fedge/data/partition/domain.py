@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from fedge.core.errors import ConfigError
+from fedge.core.rng import PortableGenerator
 from fedge.data.partition._common import even_sizes
 
 __all__ = ["DEFAULTS", "split", "validate"]
@@ -29,7 +30,11 @@ def validate(params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def split(
-    labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, domains: np.ndarray | None
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator | PortableGenerator,
+    *,
+    domains: np.ndarray | None,
 ) -> np.ndarray:
     if domains is None:
         raise ConfigError(

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from fedge.core.rng import PortableGenerator
 from fedge.data.partition._common import even_sizes
 
 __all__ = ["DEFAULTS", "split", "validate"]
@@ -19,7 +20,11 @@ def validate(params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def split(
-    labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, domains: np.ndarray | None
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator | PortableGenerator,
+    *,
+    domains: np.ndarray | None,
 ) -> np.ndarray:
     """Owner of each sample: client sizes differ by at most one."""
     owner = np.empty(len(labels), dtype=np.int64)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from fedge.core.errors import ConfigError
+from fedge.core.rng import PortableGenerator
 from fedge.data.partition._common import check_int, even_sizes
 
 __all__ = ["DEFAULTS", "split", "validate"]
@@ -38,7 +39,7 @@ def validate(params: Mapping[str, Any]) -> dict[str, Any]:
 def split(
     labels: np.ndarray,
     num_clients: int,
-    rng: np.random.Generator,
+    rng: np.random.Generator | PortableGenerator,
     *,
     domains: np.ndarray | None,
     shards_per_client: int,
