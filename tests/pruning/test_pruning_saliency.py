@@ -4,6 +4,7 @@ the data-based zeroth-order protocol against the exact gradient; SNIP, magnitude
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -11,7 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedge.core import portable
 from fedge.core.errors import ConfigError
+from fedge.core.rng import PortableGenerator
 from fedge.estimators import ZerothOrderSpec, combine_loss_differences, estimate_gradient
 from fedge.models import build_model
 from fedge.pruning import (
@@ -100,6 +103,66 @@ def test_statistic_equals_direct_computation_with_the_same_draws() -> None:
     stat = ntk_forward_statistic(net, masks, x, eps=1e-3, samples=3, generator=_gen(9))
     oracle = _oracle_statistic(net, masks, x, _noise(net, 1e-3, 3, 9))
     assert stat.value == pytest.approx(float(oracle), rel=1e-5)
+
+
+def _portable_noise(net: nn.Module, eps: float, samples: int, seed: int) -> list[dict]:
+    """The contract's ΔW draws from PortableGenerator(seed, "ntk"): call i reads the key
+    (seed, "ntk", "seq", i); the inputs, if drawn first, take call 0."""
+    params, calls = dict(net.named_parameters()), iter(range(1, 10_000))
+    out = []
+    for _ in range(samples):
+        draw = {}
+        for n in prunable_parameters(net):
+            key = portable.stream_key(seed, "ntk", "seq", next(calls))
+            draw[n] = portable.normal(key, params[n].shape) * math.sqrt(eps)
+        out.append(draw)
+    return out
+
+
+def test_portable_generator_draws_inputs_then_noise_in_the_contracts_order() -> None:
+    net = _mlp()
+    masks = _some_pruned(net)
+    gen = PortableGenerator(4, "ntk")
+    x = gaussian_inputs((1, 2, 2), 7, generator=gen)
+    assert torch.equal(x, portable.normal(portable.stream_key(4, "ntk", "seq", 0), (7, 1, 2, 2)))
+    stat = ntk_forward_statistic(net, masks, x, eps=1e-3, samples=3, generator=gen)
+    oracle = _oracle_statistic(net, masks, x, _portable_noise(net, 1e-3, 3, 4))
+    assert stat.value == pytest.approx(float(oracle), rel=1e-5)
+    torch_stat = ntk_forward_statistic(net, masks, x, eps=1e-3, samples=3, generator=_gen(4))
+    assert stat.value != torch_stat.value
+    # the server's scores from the same generator state: the same ΔW (a fresh generator whose
+    # first call is spent on the inputs)
+    again = PortableGenerator(4, "ntk")
+    gaussian_inputs((1, 2, 2), 7, generator=again)
+    net64 = _mlp(torch.float64)
+    scores = ntk_saliency(net64, masks, x.double(), eps=1e-3, samples=3, generator=again)
+    exact = _exact_gradient(net64, masks, x, _portable_noise(net, 1e-3, 3, 4))
+    torch.testing.assert_close(_live(scores, masks), exact.abs(), rtol=1e-4, atol=1e-9)
+
+
+def test_portable_zeroth_order_saliency_rebuilds_the_devices_directions() -> None:
+    # NTK-Ori with portable ΔW and directions: the server's one-call estimate is the devices'
+    # differences rebuilt with the same spec; torch directions give other differences.
+    net = _mlp()
+    masks = _some_pruned(net)
+    x = gaussian_inputs((1, 2, 2), 5, generator=PortableGenerator(1, "x"))
+    spec = ZerothOrderSpec(k=40, sigma=1e-2, scheme="central", draws="portable")
+    kw = dict(eps=1e-3, samples=2, seed=3)
+    diffs = ntk_statistic_differences(
+        net, masks, x, spec, generator=PortableGenerator(7, "ntk"), **kw
+    )
+    both = ntk_saliency_zeroth_order(
+        net, masks, x, spec, generator=PortableGenerator(7, "ntk"), **kw
+    )
+    shapes = {n: m.shape for n, m in masks.items()}
+    g = estimate_gradient(shapes, diffs, spec, seed=3, masks=masks)
+    for n in masks:
+        torch.testing.assert_close(both[n], g[n].abs() * masks[n])
+    torch_spec = dataclasses.replace(spec, draws="torch")
+    other = ntk_statistic_differences(
+        net, masks, x, torch_spec, generator=PortableGenerator(7, "ntk"), **kw
+    )
+    assert not torch.allclose(diffs, other)
 
 
 def test_statistic_is_forward_only_and_leaves_the_model_alone() -> None:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fedge.core.errors import ConfigError, UnknownNameError
+from fedge.core.rng import PortableGenerator
 from fedge.models import build_model
 from fedge.pruning import (
     SCORERS,
@@ -106,21 +107,32 @@ def test_rounds_follow_the_schedule_exactly_and_nest(lenet: torch.nn.Module, sco
         assert max(layer.values()) > 2 * min(layer.values())  # the global threshold is uneven
 
 
+def _portable(seed: int) -> PortableGenerator:
+    return PortableGenerator(seed, "prune")
+
+
+@pytest.mark.parametrize("make", [_gen, _portable])
 @pytest.mark.parametrize("score", sorted(SCORERS))
-def test_prune_is_deterministic_by_seed(lenet: torch.nn.Module, score: str) -> None:
+def test_prune_is_deterministic_by_seed(lenet: torch.nn.Module, score: str, make) -> None:
     state = {k: v.clone() for k, v in lenet.state_dict().items()}
-    a = prune(lenet, density=0.1, rounds=3, score=score, generator=_gen(1), **SCORE_KW[score])
-    b = prune(lenet, density=0.1, rounds=3, score=score, generator=_gen(1), **SCORE_KW[score])
+    a = prune(lenet, density=0.1, rounds=3, score=score, generator=make(1), **SCORE_KW[score])
+    b = prune(lenet, density=0.1, rounds=3, score=score, generator=make(1), **SCORE_KW[score])
     assert all(torch.equal(a[n], b[n]) for n in a)
     assert all(torch.equal(v, state[k]) for k, v in lenet.state_dict().items())  # W0 untouched
     if score in ("ntk", "random"):
-        c = prune(lenet, density=0.1, rounds=3, score=score, generator=_gen(2), **SCORE_KW[score])
+        c = prune(lenet, density=0.1, rounds=3, score=score, generator=make(2), **SCORE_KW[score])
         assert any(not torch.equal(a[n], c[n]) for n in a)
+        if make is _portable:  # portable draws give another mask than torch's
+            t = prune(
+                lenet, density=0.1, rounds=3, score=score, generator=_gen(1), **SCORE_KW[score]
+            )
+            assert any(not torch.equal(a[n], t[n]) for n in a)
 
 
-def test_random_baseline_keeps_exactly_the_target_uniformly(lenet: torch.nn.Module) -> None:
+@pytest.mark.parametrize("make", [_gen, _portable])
+def test_random_baseline_keeps_exactly_the_target_uniformly(lenet: torch.nn.Module, make) -> None:
     total = _total(dense_masks(lenet))
-    masks = prune(lenet, density=0.3, rounds=1, score="random", generator=_gen(4))
+    masks = prune(lenet, density=0.3, rounds=1, score="random", generator=make(4))
     assert _kept(masks) == round(0.3 * total)
     for m in masks.values():  # each layer near 0.3 (binomial-like; 400 weights is the smallest)
         assert abs(float(m.float().mean()) - 0.3) < 0.1

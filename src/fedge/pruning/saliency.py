@@ -20,7 +20,11 @@ Choices, and where the paper is silent:
   ΔW per batch. Only the prunable weights (conv/linear, :mod:`.masks`) are perturbed.
 - Draw order (the contract that lets the server regenerate ΔW): for s in range(samples), for each
   prunable weight in ``named_parameters`` order, ``z = torch.randn(shape, generator=generator)``
-  (float32, CPU), cast to the weight's dtype, times √ε.
+  (float32, CPU), cast to the weight's dtype, times √ε. Every function that draws takes either a
+  ``torch.Generator`` or a :class:`fedge.core.rng.PortableGenerator` (``generator``): the
+  portable one draws each tensor (inputs, each ΔW, random scores) as its next call, in the same
+  order, the same bits on every machine (:mod:`fedge.core.portable`); the ZO directions of
+  NTK-Ori follow ``spec.draws`` (:class:`fedge.estimators.ZerothOrderSpec`).
 - Eq. 14's first form, ``∂I/∂m_j``, with the mask shared by both forwards (as NTK-SAP's code,
   which differentiates the shared mask). Eq. 14's second form, ``∂I/∂W0_j · W0_j``, is the
   SNIP/SynFlow identity, exact only when I depends on ``W0 ⊙ m`` alone; here
@@ -69,6 +73,7 @@ from torch.func import functional_call
 
 from fedge.core.config import check_positive_int
 from fedge.core.errors import ConfigError
+from fedge.core.rng import AnyGenerator, rand, randn
 from fedge.estimators import ZerothOrderSpec, estimate_gradient, loss_differences
 from fedge.pruning.masks import check_masks
 
@@ -105,10 +110,10 @@ class NTKStatistic(NamedTuple):
     num_inputs: int
 
 
-def gaussian_inputs(input_shape: tuple[int, ...], n: int, *, generator: torch.Generator) -> Tensor:
+def gaussian_inputs(input_shape: tuple[int, ...], n: int, *, generator: AnyGenerator) -> Tensor:
     """NTK-Rand inputs (Algorithm 1, line 10): ``n`` draws of ``x ~ N(0, I)``, shape (n, *input_shape)."""
     check_positive_int("n", n)
-    return torch.randn((n, *input_shape), generator=generator)
+    return randn((n, *input_shape), generator)
 
 
 @torch.no_grad()
@@ -119,7 +124,7 @@ def ntk_forward_statistic(
     *,
     eps: float = DEFAULT_EPS,
     samples: int = DEFAULT_SAMPLES,
-    generator: torch.Generator,
+    generator: AnyGenerator,
 ) -> NTKStatistic:
     """Device side of NTK pruning: I of Eq. 15 on ``inputs``, forward passes only (1 + samples).
 
@@ -149,7 +154,7 @@ def ntk_saliency(
     *,
     eps: float = DEFAULT_EPS,
     samples: int = DEFAULT_SAMPLES,
-    generator: torch.Generator,
+    generator: AnyGenerator,
 ) -> dict[str, Tensor]:
     """Server side of NTK pruning: ``S(m_j) = |∂I/∂m_j|`` (Eq. 14) by autograd, ΔW held fixed.
 
@@ -175,7 +180,7 @@ def ntk_statistic_differences(
     *,
     eps: float = DEFAULT_EPS,
     samples: int = DEFAULT_SAMPLES,
-    generator: torch.Generator,
+    generator: AnyGenerator,
     seed: int,
 ) -> Tensor:
     """Device side of data-based NTK pruning: K differences of I under seeded mask perturbations.
@@ -241,7 +246,7 @@ def ntk_saliency_zeroth_order(
     *,
     eps: float = DEFAULT_EPS,
     samples: int = DEFAULT_SAMPLES,
-    generator: torch.Generator,
+    generator: AnyGenerator,
     seed: int,
 ) -> dict[str, Tensor]:
     """Both halves of the data-based protocol on one machine (device differences, server score)."""
@@ -285,12 +290,12 @@ def magnitude_saliency(model: nn.Module, masks: Mapping[str, Tensor] | None) -> 
 
 
 def random_saliency(
-    model: nn.Module, masks: Mapping[str, Tensor] | None, *, generator: torch.Generator
+    model: nn.Module, masks: Mapping[str, Tensor] | None, *, generator: AnyGenerator
 ) -> dict[str, Tensor]:
     """Uniform ``[0, 1)`` scores from ``generator`` (prunable order): keeping the top ones keeps a
     uniformly random subset of the live coordinates, of exactly the requested size."""
     full = check_masks(model, masks)
-    draws = {n: torch.rand(m.shape, generator=generator).to(m.device) for n, m in full.items()}
+    draws = {n: rand(m.shape, generator).to(m.device) for n, m in full.items()}
     return _scores(full, draws)
 
 
@@ -361,7 +366,7 @@ def _setup(
     inputs: Tensor,
     eps: float,
     samples: int,
-    generator: torch.Generator,
+    generator: AnyGenerator,
 ) -> tuple[dict[str, Tensor], Weights, list[Weights]]:
     if not isinstance(inputs, Tensor) or inputs.dim() < 1 or inputs.shape[0] == 0:
         got = tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__
@@ -381,10 +386,7 @@ def _setup(
     w0 = {n: params[n].detach() for n in full}
     std = math.sqrt(eps)
     noise = [
-        {
-            n: torch.randn(w.shape, generator=generator).to(w.device, w.dtype) * std
-            for n, w in w0.items()
-        }
+        {n: randn(w.shape, generator).to(w.device, w.dtype) * std for n, w in w0.items()}
         for _ in range(samples)
     ]
     return full, w0, noise

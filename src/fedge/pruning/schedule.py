@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from fedge.core.errors import ConfigError, UnknownNameError
+from fedge.core.rng import AnyGenerator
 from fedge.core.validation import check_positive_int
 from fedge.pruning.masks import check_masks, dense_masks
 from fedge.pruning.saliency import (
@@ -78,7 +79,7 @@ class ScoreContext:
         samples: ΔW draws per round.
     """
 
-    generator: torch.Generator
+    generator: AnyGenerator
     inputs: Tensor | None
     input_shape: tuple[int, ...] | None
     num_inputs: int
@@ -192,7 +193,7 @@ def pruning_rounds(
     density: float,
     rounds: int,
     score: ScoreName | Scorer = "ntk",
-    generator: torch.Generator,
+    generator: AnyGenerator,
     inputs: Tensor | None = None,
     input_shape: tuple[int, ...] | None = None,
     num_inputs: int = DEFAULT_NUM_INPUTS,
@@ -239,7 +240,7 @@ def prune(
     density: float,
     rounds: int,
     score: ScoreName | Scorer = "ntk",
-    generator: torch.Generator,
+    generator: AnyGenerator,
     inputs: Tensor | None = None,
     input_shape: tuple[int, ...] | None = None,
     num_inputs: int = DEFAULT_NUM_INPUTS,
@@ -255,7 +256,9 @@ def prune(
         density: target kept fraction d in (0, 1]; exactly ``round(d · n)`` weights are kept.
         rounds: T_p (the paper: 50 for LeNet, 20 for ResNet-20).
         score: a name in :data:`SCORERS` or a callable ``(model, masks, ctx) -> scores``.
-        generator: every random draw (inputs, ΔW, random scores) comes from it, in order.
+        generator: every random draw (inputs, ΔW, random scores) comes from it, in order: a
+            ``torch.Generator`` (``fedge.core.rng.generator``) or, for a mask that is the same on
+            every machine's draws, a :class:`fedge.core.rng.PortableGenerator`.
         inputs: fixed NTK inputs (NTK-Ori on server data); None = fresh N(0, I) each round.
         input_shape: one sample's shape for NTK-Rand; default ``model.spec.input_shape``.
         num_inputs: NTK-Rand inputs per round (default 256, the paper's pruning batch).
