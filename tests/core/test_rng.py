@@ -1,9 +1,22 @@
 import subprocess
 import sys
 
+import numpy as np
+import pytest
 import torch
 
-from fedge.core.rng import derive_seed, generator, numpy_rng
+from fedge.core import portable
+from fedge.core.errors import ConfigError
+from fedge.core.rng import (
+    PortableGenerator,
+    check_draws,
+    derive_seed,
+    generator,
+    make_generator,
+    numpy_rng,
+    rand,
+    randn,
+)
 
 
 def test_same_path_same_draws_different_path_different():
@@ -34,3 +47,37 @@ def test_seeds_are_stable_across_processes():
 def test_path_parts_are_not_confused():
     assert derive_seed(0, "a", 12) != derive_seed(0, "a1", 2)
     assert derive_seed(0, 1, 23) != derive_seed(0, 12, 3)
+
+
+def test_portable_generator_gives_each_call_its_own_stream():
+    # Oracle: call i of PortableGenerator(seed, *path) is the portable draw of key
+    # (seed, *path, "seq", i), whatever the kind of the call.
+    g = PortableGenerator(3, "prune", 1)
+    a, b, c, d = (
+        g.normal((2, 5)),
+        g.uniform((7,)),
+        g.permutation(9),
+        g.permutation(np.arange(4) * 10),
+    )
+    key = [portable.stream_key(3, "prune", 1, "seq", i) for i in range(4)]
+    assert torch.equal(a, portable.normal(key[0], (2, 5)))
+    assert torch.equal(b, portable.uniform(key[1], (7,)))
+    np.testing.assert_array_equal(c, portable.permutation(key[2], 9).numpy())
+    np.testing.assert_array_equal(d, (portable.permutation(key[3], 4) * 10).numpy())
+    assert g.calls == 4
+    before = torch.get_rng_state()
+    h = make_generator("portable", 3, "prune", 1)
+    assert isinstance(h, PortableGenerator) and torch.equal(randn((2, 5), h), a)
+    assert torch.equal(rand((7,), h), b)
+    assert torch.equal(before, torch.get_rng_state())
+    t = make_generator("torch", 3, "prune", 1)
+    assert isinstance(t, torch.Generator)
+    assert torch.equal(randn((2, 5), t), torch.randn(2, 5, generator=generator(3, "prune", 1)))
+
+
+def test_draws_are_checked():
+    assert check_draws("torch") == "torch" and check_draws("portable") == "portable"
+    with pytest.raises(
+        ConfigError, match="draws must be one of \\['torch', 'portable'\\], got 'cuda'"
+    ):
+        check_draws("cuda")
