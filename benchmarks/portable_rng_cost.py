@@ -11,13 +11,16 @@ Three timings, each with torch's per-(k, parameter) ``randn`` (today's
   one ``normal_many`` call per k for all parameters (what a lean client could do);
 - **step**: one BAFFLE zeroth-order step, forward scheme, batch 32, lean and fast (batched)
   mode: the client's K + 1 forwards and draws (``loss_differences``) then the server's rebuild
-  (``estimate_gradient``), the portable generator passed in as a ``Directions`` (the estimators
-  are not modified).
+  (``estimate_gradient``), with ``ZerothOrderSpec(draws="torch" | "portable")``;
+- **bench zo step**: ``fedge bench zo``'s own step (:func:`fedge.bench.zo._zo_step`, the
+  client's loss differences then the server's rebuild, and ``_epoch_step``, the epoch-level
+  estimate on one device) at its defaults (batch 64, K = 100), for ``lenet`` and ``lenet5``,
+  both schemes, fast and lean mode, with ``draws="torch"`` and ``draws="portable"``.
 
 Times are process CPU seconds (a shared machine's waits do not count), the variants interleaved
 round by round; the medians and the median of the per-round ratios are printed.
 
-    OMP_NUM_THREADS=1 python benchmarks/portable_rng_cost.py [--rounds 15]
+    OMP_NUM_THREADS=1 python benchmarks/portable_rng_cost.py [--rounds 15] [--bench-zo-only]
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedge.bench.zo import _epoch_step, _zo_step, bench_model
 from fedge.core.portable import normal_many, normal_rows, stream_key
 from fedge.estimators import estimate_gradient, loss_differences
-from fedge.estimators.directions import Directions
 from fedge.estimators.perturbation import standard_normal_chunk
 from fedge.models import build_model
 
@@ -61,7 +64,6 @@ def measure(rounds: int) -> dict[str, dict[str, float]]:
         torch.randn(32, 1, 28, 28, generator=torch.Generator().manual_seed(0)),
         torch.arange(32) % 10,
     )
-    weights = torch.full((K,), 1.0 / K, dtype=torch.float64)
     draws = {"torch": standard_normal_chunk, "portable": portable_chunk}
 
     def server(draw: Callable[..., Tensor]) -> None:
@@ -74,8 +76,8 @@ def measure(rounds: int) -> dict[str, dict[str, float]]:
                 draw(SEED, [k], name, shape)
 
     def step(draw: Callable[..., Tensor], mode: str) -> None:
-        dirs = Directions("gaussian", K, draw, weights)
-        kw = dict(sigma=1e-4, seed=SEED, scheme="forward", directions=dirs)
+        name = "portable" if draw is portable_chunk else "torch"
+        kw = dict(sigma=1e-4, seed=SEED, scheme="forward", draws=name)
         d = loss_differences(model, F.cross_entropy, (x, y), k=K, mode=mode, workers=1, **kw)
         estimate_gradient(dict(model.named_parameters()), d, **kw)
 
@@ -96,6 +98,13 @@ def measure(rounds: int) -> dict[str, dict[str, float]]:
         "step (lean)": lambda draw: step(draw, "lean"),
         "step (fast)": lambda draw: step(draw, "fast"),
     }
+    return _interleaved(tasks, draws, rounds)
+
+
+def _interleaved(
+    tasks: dict[str, Callable[[object], object]], draws: dict[str, object], rounds: int
+) -> dict[str, dict[str, float]]:
+    """Each task under each draw, warmed up once, then ``rounds`` interleaved rounds."""
     for task in tasks.values():  # warm up
         for draw in draws.values():
             task(draw)
@@ -115,14 +124,36 @@ def measure(rounds: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def measure_bench_zo(rounds: int) -> dict[str, dict[str, float]]:
+    """``fedge bench zo``'s steps (batch 64, K = 100) with torch and portable directions."""
+    torch.set_num_threads(1)
+    tasks: dict[str, Callable[[object], object]] = {}
+    for name in ("lenet", "lenet5"):
+        model, data = bench_model(name, 64)
+        for scheme in ("central", "forward"):
+            for mode in ("fast", "lean"):
+                tasks[f"bench zo {name} {scheme} {mode}"] = (
+                    lambda d, m=model, b=data, s=scheme, mo=mode: _zo_step(
+                        m, b, k=K, scheme=s, mode=mo, seed=SEED, draws=d
+                    )
+                )
+            tasks[f"bench zo {name} {scheme} epoch"] = lambda d, m=model, b=data, s=scheme: (
+                _epoch_step(m, b, k=K, scheme=s, seed=SEED, draws=d)
+            )
+    return _interleaved(tasks, {"torch": "torch", "portable": "portable"}, rounds)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--bench-zo-only", action="store_true", help="only fedge bench zo's steps")
     args = parser.parse_args()
     elements = 26_730 * K
-    for task, r in measure(args.rounds).items():
+    results = {} if args.bench_zo_only else measure(args.rounds)
+    results |= measure_bench_zo(args.rounds)
+    for task, r in results.items():
         t, p = r["torch_s"], r["portable_s"]
-        line = f"{task:26s} torch {t * 1e3:8.2f} ms   portable {p * 1e3:8.2f} ms"
+        line = f"{task:32s} torch {t * 1e3:8.2f} ms   portable {p * 1e3:8.2f} ms"
         line += f"   portable/torch {r['ratio']:.3f}"
         if "draw" in task:
             line += f"   ({t / elements * 1e9:.2f} vs {p / elements * 1e9:.2f} ns/value)"

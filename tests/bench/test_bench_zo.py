@@ -7,10 +7,17 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fedge.bench import zo
 from fedge.bench.zo import forward_breakdown, run_zo, zo_markdown
+from fedge.estimators import (
+    ZerothOrderSpec,
+    estimate_gradient,
+    loss_differences,
+    zeroth_order_gradient,
+)
 
 ZO_KEYS = {
     "model",
@@ -82,11 +89,33 @@ def test_run_zo_json_shape_and_markdown(report: dict) -> None:
         )
         assert r["forwards_per_step"] == (4 if r["scheme"] == "central" else 3)
     assert report["threads"] == 1 and report["malloc_retained"] is False
+    assert report["draws"] == "torch"
     assert report["cores"] >= 1 and report["peak_1thread"]["start"]["peak"] > 0
     text = zo_markdown(report, "fedge bench zo")
     assert "Command: `fedge bench zo`" in text and "epoch-level s (vs fast)" in text
     assert text.count("\n| lenet |") == 2 + 1  # two scheme rows + one breakdown row
     assert "| lenet5 | central | 2 | 2 | batched |" in text
+
+
+def test_zo_steps_draw_the_named_directions() -> None:
+    # Oracle: the estimators called with a spec naming the same draws.
+    model, data = zo.bench_model("lenet", 2)
+    params = dict(model.named_parameters())
+    got = {}
+    for draws in ("torch", "portable"):
+        spec = ZerothOrderSpec(k=3, sigma=zo.SIGMA, scheme="central", mode="fast", draws=draws)
+        diffs = loss_differences(model, F.cross_entropy, data, spec, seed=7)
+        want = estimate_gradient(params, diffs, spec, seed=7)
+        step = zo._zo_step(model, data, k=3, scheme="central", mode="fast", seed=7, draws=draws)
+        assert all(torch.equal(step[n], want[n]) for n in want)
+        epoch = zo._epoch_step(model, data, k=3, scheme="central", seed=7, draws=draws)
+        want = zeroth_order_gradient(model, F.cross_entropy, data, spec, seed=7)
+        assert all(torch.equal(epoch[n], want[n]) for n in want)
+        got[draws] = step
+    assert not torch.equal(
+        got["torch"]["features.conv1.conv.weight"],
+        got["portable"]["features.conv1.conv.weight"],
+    )
 
 
 def test_floor_and_bound_arithmetic(report: dict) -> None:

@@ -68,6 +68,7 @@ from fedge.bench.machine import (
 )
 from fedge.bench.reference import reference_gradient
 from fedge.core.meter import FlopCounter
+from fedge.core.rng import Draws, check_draws
 from fedge.estimators import (
     ZerothOrderSpec,
     estimate_gradient,
@@ -104,19 +105,32 @@ _WARMUP_K = 2
 
 
 def _zo_step(
-    model: nn.Module, batch: tuple[Tensor, Tensor], *, k: int, scheme: str, mode: str, seed: int
+    model: nn.Module,
+    batch: tuple[Tensor, Tensor],
+    *,
+    k: int,
+    scheme: str,
+    mode: str,
+    seed: int,
+    draws: Draws = "torch",
 ) -> dict[str, Tensor]:
     """One whole estimate: the client's loss differences, then the server's ĝ."""
-    spec = ZerothOrderSpec(k=k, sigma=SIGMA, scheme=scheme, mode=mode)  # type: ignore[arg-type]
+    spec = ZerothOrderSpec(k=k, sigma=SIGMA, scheme=scheme, mode=mode, draws=draws)  # type: ignore[arg-type]
     diffs = loss_differences(model, F.cross_entropy, batch, spec, seed=seed)
     return estimate_gradient(dict(model.named_parameters()), diffs, spec, seed=seed)
 
 
 def _epoch_step(
-    model: nn.Module, batch: tuple[Tensor, Tensor], *, k: int, scheme: str, seed: int
+    model: nn.Module,
+    batch: tuple[Tensor, Tensor],
+    *,
+    k: int,
+    scheme: str,
+    seed: int,
+    draws: Draws = "torch",
 ) -> dict[str, Tensor]:
     """The same estimate on one device (epoch-level BAFFLE): the rebuild reuses the forwards' draws."""
-    spec = ZerothOrderSpec(k=k, sigma=SIGMA, scheme=scheme, mode="fast")  # type: ignore[arg-type]
+    spec = ZerothOrderSpec(k=k, sigma=SIGMA, scheme=scheme, mode="fast", draws=draws)  # type: ignore[arg-type]
     return zeroth_order_gradient(model, F.cross_entropy, batch, spec, seed=seed)
 
 
@@ -240,6 +254,7 @@ def _bench_model(
     repeats: int,
     peak1: float,
     diagnose: bool = True,
+    draws: Draws = "torch",
 ) -> list[dict[str, Any]]:
     """Rows (one per scheme) for one model; every variant timed in interleaved repetitions.
 
@@ -265,10 +280,10 @@ def _bench_model(
         return run
 
     def zo(scheme: str, mode: str, kk: int) -> Callable[[], object]:
-        return lambda: _zo_step(model, data, k=kk, scheme=scheme, mode=mode, seed=7)
+        return lambda: _zo_step(model, data, k=kk, scheme=scheme, mode=mode, seed=7, draws=draws)
 
     def epoch(scheme: str, kk: int) -> Callable[[], object]:
-        return lambda: _epoch_step(model, data, k=kk, scheme=scheme, seed=7)
+        return lambda: _epoch_step(model, data, k=kk, scheme=scheme, seed=7, draws=draws)
 
     def ref(scheme: str, kk: int) -> Callable[[], object]:
         return lambda: reference_gradient(
@@ -371,6 +386,7 @@ def run_zo(
     schemes: Sequence[str] = ("central", "forward"),
     retain_memory: bool = True,
     probe_k: int | None = 8,
+    draws: Draws = "torch",
 ) -> dict[str, Any]:
     """Time ZO steps (fast, lean), a forward, a BP step and the reference loop; see the module
     docstring.
@@ -385,6 +401,8 @@ def run_zo(
         retain_memory: apply :func:`retain_freed_memory` first (process-wide, not undone).
         probe_k: also time every variant (central, this K) in two fresh processes, with
             glibc's default allocator and with retained memory; None skips it.
+        draws: the directions' generator (:data:`fedge.core.rng.Draws`): ``"torch"`` or
+            ``"portable"`` (the ZO steps only; the reference loop keeps torch's).
 
     Warns (RuntimeWarning) when the load probe saw other work; the reasons are also in
     ``warnings`` of the returned report.
@@ -409,7 +427,13 @@ def run_zo(
         r
         for m in models
         for r in _bench_model(
-            m, schemes=schemes, k=k, batch=batch, repeats=repeats, peak1=peak_before["peak"]
+            m,
+            schemes=schemes,
+            k=k,
+            batch=batch,
+            repeats=repeats,
+            peak1=peak_before["peak"],
+            draws=check_draws(draws),
         )
     ]
     probe_after, peak_after = load_probe(), one_thread_peak()
@@ -432,6 +456,7 @@ def run_zo(
         "threads": threads,
         "cores": probe_before["cores"],
         "sigma": SIGMA,
+        "draws": draws,
         "repeats": repeats,
         "timing": "minimum over interleaved repetitions, after one warm-up of each variant",
         "malloc_retained": retained,
