@@ -250,6 +250,11 @@ def test_normal_offsets_and_rows() -> None:
         got = P.normal_rows(KZ, rows, shape)
         want = torch.stack([full[r * stride : r * stride + n].view(shape) for r in rows])
         assert torch.equal(got, want)
+        for r in [*rows, 3, 4, 5, 5, 0]:  # one row a call (the lean client's): any order
+            assert torch.equal(
+                P.normal_rows(KZ, [r], shape)[0],
+                want[rows.index(r)] if r in rows else full[r * stride : r * stride + n].view(shape),
+            )
 
 
 def test_normal_many_equals_one_by_one() -> None:
