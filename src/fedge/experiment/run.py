@@ -466,8 +466,8 @@ def run_experiment(
 ) -> Path:
     """Build and run ``cfg``, writing the run directory ``out`` (which must not exist or be empty).
 
-    ``runtime`` (a :class:`~fedge.runtime.spec.Runtime`, or as :meth:`Runtime.of
-    <fedge.runtime.spec.Runtime.of>` takes it): ``"engine"`` (the built-in engine), ``"flower-sim"`` (the same rounds through
+    ``runtime`` (a :class:`~fedge.runtime.spec.Runtime`, or what ``Runtime.of`` reads):
+    ``"engine"`` (the built-in engine), ``"flower-sim"`` (the same rounds through
     Flower's ServerApp/ClientApp on simulated nodes; needs ``flwr``), or a Flower ``Grid``
     (inside a deployed ServerApp: :mod:`fedge.experiment.flower`). ``backend`` (with
     ``"flower-sim"``): ``"local"`` (an in-process grid, sequential) or ``"ray"`` (Flower's

@@ -99,7 +99,8 @@ class Concurrent(NamedTuple):
 @dataclass
 class ExchangeOutcome:
     """An executor's answer for one exchange: the results by client id, why each client that
-    gave none failed, and the executor's own traffic counters (:attr:`ClientExecutor.metric_keys`)."""
+    gave none failed, and the executor's own traffic counters
+    (:attr:`ClientExecutor.metric_keys`)."""
 
     results: dict[int, ClientResult]
     failed: dict[int, str] = field(default_factory=dict)
@@ -198,8 +199,8 @@ class ClientStates:
             states = self.party[name]
             if concurrent is not None and key == SHARED and value != states.get(SHARED):
                 raise ConfigError(
-                    f"shared side party {name!r} changed its state {concurrent.where}, where the change "
-                    f"would be lost; {concurrent.fix}"
+                    f"shared side party {name!r} changed its state {concurrent.where}, "
+                    f"where the change would be lost; {concurrent.fix}"
                 )
             if value is not None:
                 states[key] = value

@@ -67,13 +67,14 @@ class Runtime:
             name, grid = "flower", runtime
         if name not in RUNTIMES:
             raise ConfigError(
-                f"{'--' if flags else ''}runtime {name!r} is not known; expected engine, flower-sim or flower"
+                f"{'--' if flags else ''}runtime {name!r} is not known; "
+                "expected engine, flower-sim or flower"
             )
         backend = "local" if backend is None else backend
         if backend != "local" and name != "flower-sim":
             raise ConfigError(
-                f"{_named('backend', backend, flags)} goes with {_named('runtime', 'flower-sim', flags)} "
-                f"(got {_named('runtime', name, flags)})"
+                f"{_named('backend', backend, flags)} goes with "
+                f"{_named('runtime', 'flower-sim', flags)} (got {_named('runtime', name, flags)})"
             )
         return cls(cast(RuntimeName, name), check_backend(backend), grid)
 
@@ -85,8 +86,8 @@ class Runtime:
         if self.name == "flower" and self.grid is None:
             raise ConfigError(
                 "runtime 'flower' runs the rounds on a Flower deployment, inside its ServerApp: "
-                "use fedge run --runtime flower --superlink HOST:PORT (fedge.experiment.flower.submit), "
-                "or, inside a ServerApp, pass its Grid as the runtime"
+                "use fedge run --runtime flower --superlink HOST:PORT "
+                "(fedge.experiment.flower.submit), or, inside a ServerApp, pass its Grid as the runtime"
             )
         import fedge.runtime.flower  # noqa: F401  (a missing flwr fails here)
 
