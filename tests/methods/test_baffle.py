@@ -233,12 +233,12 @@ def test_delta_loss_on_the_local_set_equals_one_forward_over_it(tiny):
     msg = built.method.strategy.configure_round(1, [0])[0]
     client = BaffleBatchClient(built.model_fn, built.method_config)
     sim = built.simulation()
-    from fedge.runtime.engine import _Task, execute_client
+    from fedge.runtime.executor import ClientTask, execute_client
 
     res = execute_client(
         client,
         built.clients[0],
-        _Task(0, 1, 0, msg.to_bytes(), None, None, {}),
+        ClientTask(0, 1, 0, msg.to_bytes(), None, None, {}),
         seed=0,
         measure_flops=False,
         measure_memory=False,

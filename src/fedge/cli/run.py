@@ -13,7 +13,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from fedge.cli.common import err, fail, one_line_warnings, out
-from fedge.core.errors import FedgeError, MessageError
+from fedge.core.errors import ConfigError, FedgeError, MessageError
 from fedge.core.rundir_schema import (
     CONFIG,
     CUM_BYTES_DOWN,
@@ -25,6 +25,7 @@ from fedge.core.rundir_schema import (
 from fedge.experiment.run import Progress
 from fedge.experiment.rundir import default_run_path
 from fedge.report import render_report
+from fedge.runtime.spec import Runtime
 
 __all__ = ["run"]
 
@@ -243,11 +244,11 @@ def run(
         overrides.append("measure.memory=true")
     if workers is not None:
         overrides.append(f"clients.workers={workers}")
-    if runtime not in ("engine", "flower-sim", "flower"):
-        fail(f"--runtime {runtime!r} is not known; expected engine, flower-sim or flower")
-    if backend is not None and runtime != "flower-sim":
-        fail(f"--backend {backend} goes with --runtime flower-sim (got --runtime {runtime})")
-    if runtime != "flower":
+    try:
+        chosen = Runtime.of(runtime, backend, flags=True)
+    except ConfigError as exc:
+        fail(exc)
+    if chosen.name != "flower":
         given = [
             f
             for f, on in (
@@ -285,7 +286,7 @@ def run(
                 if extra:
                     edit = (
                         f" (to change the run's config: edit {resume / CONFIG} and add --allow-config-change)"
-                        if runtime != "flower"
+                        if chosen.name != "flower"
                         else ""
                     )
                     fail(
@@ -300,7 +301,7 @@ def run(
                     except ValueError:
                         fail(f"--set {extend[0]}: rounds must be a whole number of rounds")
                 target = resume
-                if runtime == "flower":
+                if chosen.name == "flower":
                     from fedge.experiment.flower import submit
 
                     if superlink is None:
@@ -334,8 +335,7 @@ def run(
                             progress=bar,
                             render=render_report,
                             allow_config_change=allow_config_change,
-                            runtime=runtime,
-                            backend=backend or "local",
+                            runtime=chosen,
                         )
             else:
                 if config is None:
@@ -344,7 +344,7 @@ def run(
                     )
                 cfg = load_config(config, overrides=overrides)
                 target = out_dir or _default_out(config)
-                if runtime == "flower":
+                if chosen.name == "flower":
                     from fedge.experiment.flower import submit
 
                     if superlink is None:
@@ -365,8 +365,7 @@ def run(
                             out=target,
                             progress=bar,
                             render=render_report,
-                            runtime=runtime,
-                            backend=backend or "local",
+                            runtime=chosen,
                         )
     except MessageError as exc:
         fail(exc, code=1)

@@ -30,6 +30,7 @@ from fedge.methods.private import DifferentialPrivacy
 from fedge.models import build_model
 from fedge.privacy.dp.config import PrivacyConfig
 from fedge.runtime.engine import EngineConfig, Simulation
+from fedge.runtime.spec import Runtime
 
 __all__ = [
     "BuiltRun",
@@ -64,9 +65,6 @@ def model_factory(cfg: RunConfig, dataset: Dataset) -> Callable[[], torch.nn.Mod
     return make
 
 
-RUNTIMES = ("engine", "flower-sim")
-
-
 @dataclass
 class BuiltRun:
     config: RunConfig
@@ -94,33 +92,25 @@ class BuiltRun:
             min_replies=c.clients.min_replies,
         )
 
-    def simulation(
-        self, on_round: Any = None, runtime: Any = "engine", backend: str = "local"
-    ) -> Simulation:
-        """The engine for this run: the built-in one (``runtime="engine"``), or the same rounds
-        with client steps sent through Flower (``"flower-sim"``: simulated Flower nodes, run by
-        ``backend`` ``"local"``, an in-process grid, or ``"ray"``, Flower's simulation engine;
-        a Flower ``Grid`` object: that grid, inside a deployed ServerApp;
-        :mod:`fedge.runtime.flower`)."""
+    def simulation(self, on_round: Any = None, runtime: Runtime | str = "engine") -> Simulation:
+        """The engine for this run on ``runtime`` (:class:`~fedge.runtime.spec.Runtime`, or its
+        name): the built-in one (``engine``), or the same rounds with client steps sent through
+        Flower (``flower-sim``: simulated Flower nodes, run by its backend; ``flower``: its
+        Grid, inside a deployed ServerApp; :mod:`fedge.runtime.flower`)."""
+        rt = Runtime.of(runtime).ready()
         cls: Any = Simulation
         extra: dict[str, Any] = {}
-        if runtime == "flower-sim" or not isinstance(runtime, str):
-            from fedge.runtime.flower import FlowerSimulation
+        if rt.name != "engine":
+            from fedge.runtime.flower import flower_simulation
 
-            cls = FlowerSimulation
-            extra["timeout"] = self.config.clients.reply_timeout
-            if not isinstance(runtime, str):
-                extra["grid"] = runtime
-            else:
-                extra["backend"] = backend
-                if (
-                    backend == "ray"
-                ):  # the actors build their clients from the config (a small pickle)
-                    import json
+            cls = flower_simulation
+            extra.update(
+                grid=rt.grid, backend=rt.backend, timeout=self.config.clients.reply_timeout
+            )
+            if rt.backend == "ray":
+                import json  # the actors build their clients from the config (a small pickle)
 
-                    extra["node_app"] = configured_client_app(json.dumps(self.config.to_dict()))
-        elif runtime != "engine":
-            raise ConfigError(f"runtime {runtime!r} is not known; expected one of {list(RUNTIMES)}")
+                extra["node_app"] = configured_client_app(json.dumps(self.config.to_dict()))
         return cls(
             **extra,
             strategy=self.method.strategy,

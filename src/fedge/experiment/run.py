@@ -35,7 +35,6 @@ from fedge.core.errors import ConfigError, DataNotFoundError, FedgeError, Messag
 from fedge.core.messages import Message
 from fedge.data import get_dataset_spec
 from fedge.experiment.build import (
-    RUNTIMES,
     BuiltRun,
     build_run,
     method_config,
@@ -48,6 +47,7 @@ from fedge.experiment.rundir import RunDir, config_diff
 from fedge.methods.base import model_arrays
 from fedge.privacy.secagg.errors import FixedPointRangeError
 from fedge.runtime.engine import Simulation
+from fedge.runtime.spec import Runtime
 
 __all__ = [
     "DivergenceError",
@@ -322,14 +322,13 @@ def _drive(
     state: dict[str, Any] | None,
     progress: Progress,
     render: Renderer,
-    runtime: Any = "engine",
-    backend: str = "local",
+    runtime: Runtime,
 ) -> Path:
     before = torch.get_num_threads()  # a notebook's own setting comes back after the run
     if built.config.threads is not None:
         torch.set_num_threads(built.config.threads)
     try:
-        return _drive_rounds(built, rundir, lines, state, progress, render, runtime, backend)
+        return _drive_rounds(built, rundir, lines, state, progress, render, runtime)
     except BaseException:
         for tmp in rundir.temp_files():  # half-written checkpoint/model/metrics from this process
             tmp.unlink(missing_ok=True)
@@ -345,8 +344,7 @@ def _drive_rounds(
     state: dict[str, Any] | None,
     progress: Progress,
     render: Renderer,
-    runtime: Any = "engine",
-    backend: str = "local",
+    runtime: Runtime,
 ) -> Path:
     cfg = built.config
     limit = _loss_limit(built)
@@ -379,7 +377,7 @@ def _drive_rounds(
             )
         writing.clear()
 
-    sim = built.simulation(on_round, runtime=runtime, backend=backend)
+    sim = built.simulation(on_round, runtime=runtime)
     sim.on_progress = progress.clients
     if state is not None:
         sim.load_state_dict(state)
@@ -408,10 +406,10 @@ def _drive_rounds(
             ) from None
     summary = _summary(built, sim, lines)
     summary["machines"] = segments(rundir.read_sessions(), sim.record.round)
-    if runtime != "engine":
-        summary["runtime"] = runtime if isinstance(runtime, str) else "flower"
-    if runtime == "flower-sim":
-        summary["flower_backend"] = backend
+    if runtime.name != "engine":
+        summary["runtime"] = runtime.name
+    if runtime.name == "flower-sim":
+        summary["flower_backend"] = runtime.backend
     rundir.finish(summary, sim.strategy.eval_model())
     if callable(render):  # the caller's renderer (the report layer sits above this one)
         try:
@@ -463,12 +461,13 @@ def run_experiment(
     out: str | Path,
     progress: ProgressLike = None,
     render: Renderer = None,
-    runtime: Any = "engine",
-    backend: str = "local",
+    runtime: Runtime | str | Any = "engine",
+    backend: str | None = None,
 ) -> Path:
     """Build and run ``cfg``, writing the run directory ``out`` (which must not exist or be empty).
 
-    ``runtime``: ``"engine"`` (the built-in engine), ``"flower-sim"`` (the same rounds through
+    ``runtime`` (a :class:`~fedge.runtime.spec.Runtime`, or what ``Runtime.of`` reads):
+    ``"engine"`` (the built-in engine), ``"flower-sim"`` (the same rounds through
     Flower's ServerApp/ClientApp on simulated nodes; needs ``flwr``), or a Flower ``Grid``
     (inside a deployed ServerApp: :mod:`fedge.experiment.flower`). ``backend`` (with
     ``"flower-sim"``): ``"local"`` (an in-process grid, sequential) or ``"ray"`` (Flower's
@@ -479,7 +478,7 @@ def run_experiment(
     invalid input the claim is undone, leaving no directory.
     """
     check_finite(cfg.to_dict())
-    _check_runtime(runtime, backend)
+    rt = Runtime.of(runtime, backend).ready()
     shown = _as_progress(progress)
     rundir = RunDir(out)
     rundir.claim()  # and holds it
@@ -493,36 +492,9 @@ def run_experiment(
     try:
         source = built.dataset.source if Path(built.dataset.source).is_dir() else None
         rundir.create(resolved, built.partition_summary, data_source=source)
-        return _drive(built, rundir, [], None, shown, render, runtime, backend)
+        return _drive(built, rundir, [], None, shown, render, rt)
     finally:
         rundir.let_go()
-
-
-def _check_runtime(runtime: Any, backend: str) -> None:
-    """An unknown runtime or backend, or a missing flwr or Ray, fails before anything is written."""
-    if isinstance(runtime, str) and runtime not in RUNTIMES:
-        raise ConfigError(f"runtime {runtime!r} is not known; expected one of {list(RUNTIMES)}")
-    if runtime != "flower-sim":
-        if backend != "local":
-            raise ConfigError(
-                f"backend {backend!r} goes with runtime 'flower-sim' (got runtime {runtime!r})"
-            )
-        return
-    import fedge.runtime.flower  # noqa: F401  (a missing flwr fails here)
-    from fedge.runtime.flower.simulation import BACKENDS
-
-    if backend not in BACKENDS:
-        raise ConfigError(
-            f"Flower simulation backend {backend!r} is not known; expected one of {list(BACKENDS)}"
-        )
-    if backend == "ray":
-        import importlib.util
-
-        if importlib.util.find_spec("ray") is None:
-            raise ConfigError(
-                "--backend ray runs Flower's simulation engine, which needs Ray (not installed); "
-                "install it with: pip install 'fedge[flower-sim]', or use --backend local"
-            )
 
 
 def _changed_keys(changes: dict[str, tuple[Any, Any]]) -> str:
@@ -536,8 +508,8 @@ def resume_experiment(
     progress: ProgressLike = None,
     render: Renderer = None,
     allow_config_change: bool = False,
-    runtime: Any = "engine",
-    backend: str = "local",
+    runtime: Runtime | str | Any = "engine",
+    backend: str | None = None,
 ) -> Path:
     """Continue an interrupted run from its last completed round, or extend a run to more rounds.
 
@@ -559,12 +531,12 @@ def resume_experiment(
     Every check runs before the first write: a refused resume changes nothing on disk. A run
     another process is driving now is refused (:class:`~fedge.experiment.rundir.RunDirBusyError`).
     """
-    _check_runtime(runtime, backend)
+    rt = Runtime.of(runtime, backend).ready()
     shown = _as_progress(progress)
     rundir = RunDir(run_dir)
     rundir.hold(wait=True)  # another process driving it now: RunDirBusyError, nothing written
     try:
-        return _resume(rundir, rounds, shown, render, allow_config_change, runtime, backend)
+        return _resume(rundir, rounds, shown, render, allow_config_change, rt)
     finally:
         rundir.let_go()
 
@@ -575,8 +547,7 @@ def _resume(
     progress: Progress,
     render: Renderer,
     allow_config_change: bool,
-    runtime: Any,
-    backend: str,
+    runtime: Runtime,
 ) -> Path:
     """:func:`resume_experiment` once ``rundir`` is held."""
     raw = rundir.read_config()
@@ -675,4 +646,4 @@ def _resume(
     if rounds is not None or changes:
         rundir.reopen(resolved)
     rundir.write_metrics(lines)
-    return _drive(built, rundir, lines, state, progress, render, runtime, backend)
+    return _drive(built, rundir, lines, state, progress, render, runtime)

@@ -1,5 +1,5 @@
 """Flower's own simulation engine (``flwr.simulation.run_simulation``, Ray backend) as the
-grid a :class:`~fedge.runtime.flower.FlowerSimulation` runs on (``fedge run --runtime
+grid a :class:`~fedge.runtime.flower.FlowerExecutor` runs on (``fedge run --runtime
 flower-sim --backend ray``; needs ``pip install 'fedge[flower-sim]'``, which adds Ray).
 
 Flower starts ``num_nodes`` virtual SuperNodes (``node_config`` ``partition-id`` 0..n-1 and
@@ -20,7 +20,6 @@ builds the data on each actor once.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 from typing import Any
@@ -29,13 +28,9 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import ServerApp
 
 from fedge.core.errors import ConfigError
+from fedge.runtime.spec import require_ray
 
-__all__ = ["BACKENDS", "backend_config", "run_on_ray"]
-
-BACKENDS = (
-    "local",
-    "ray",
-)  # --backend of --runtime flower-sim: fedge's LocalGrid, or Flower's Ray simulation
+__all__ = ["backend_config", "run_on_ray"]
 
 
 def backend_config(num_nodes: int, cpus: int | None = None) -> dict[str, Any]:
@@ -62,11 +57,7 @@ def run_on_ray(
 ) -> None:
     """Run ``server`` against ``num_nodes`` virtual SuperNodes running ``client`` in Flower's
     simulation engine (Ray backend). An exception of the ServerApp is raised here."""
-    if importlib.util.find_spec("ray") is None:
-        raise ConfigError(
-            "--backend ray runs Flower's simulation engine, which needs Ray (not installed); install it "
-            "with: pip install 'fedge[flower-sim]', or use --backend local"
-        )
+    require_ray()
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ.setdefault(
