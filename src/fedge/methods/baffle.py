@@ -91,6 +91,7 @@ from fedge.methods.baffle_downlink import (
     replay_step,
 )
 from fedge.methods.base import (
+    Capabilities,
     FreezeOption,
     GlobalModel,
     MethodBuild,
@@ -101,6 +102,7 @@ from fedge.methods.ema import EMAEvaluation
 from fedge.methods.fedavg import DeltaAveraging
 from fedge.methods.local import ClientOptimizerConfig, LocalTraining
 from fedge.methods.private import protect
+from fedge.methods.registry import declare_method
 from fedge.methods.secure import SecureAggregationOptions
 
 __all__ = ["BaffleBatchClient", "BaffleBatchStrategy", "BaffleConfig", "build", "clip_inf_norm"]
@@ -548,6 +550,33 @@ class BaffleBatchStrategy(Strategy):
             self.downlink.load_state_dict(state["downlink"])
 
 
+#: what BAFFLE can do, in both modes: its server averages the replies (K loss differences or
+#: model deltas) into one global model, trained only where it is not frozen
+CAPABILITIES = Capabilities(
+    sums_replies=True, global_model=True, freezable=True, client_optimizer=True
+)
+
+
+def advice(cfg: BaffleConfig) -> list[str]:
+    """What else tames a diverging BAFFLE run: its inf-norm clip of the estimate."""
+    if cfg.clip is not None:
+        return [f"set a smaller method.clip (now {cfg.clip})"]
+    return ["turn on method.clip (now null; the reference code uses 0.3)"]
+
+
+def upload(cfg: BaffleConfig) -> Literal["loss_differences", "estimate_delta"]:
+    """Batch mode: K loss differences (with the seed broadcast); epoch mode: a model delta."""
+    return "loss_differences" if cfg.mode == "batch" else "estimate_delta"
+
+
+@declare_method(
+    "baffle",
+    "BAFFLE: forward-only zeroth-order estimates, K loss differences or model deltas uploaded",
+    config=BaffleConfig,
+    capabilities=CAPABILITIES,
+    advice=advice,
+    upload=upload,
+)
 def build(
     cfg: BaffleConfig,
     env: MethodEnv,

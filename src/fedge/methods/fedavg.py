@@ -16,6 +16,7 @@ or uniform.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -28,6 +29,7 @@ from fedge.core.errors import MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
 from fedge.methods.base import (
+    Capabilities,
     FreezeOption,
     GlobalModel,
     MethodBuild,
@@ -42,6 +44,7 @@ from fedge.methods.local import (
     backprop_gradient_fn,
 )
 from fedge.methods.private import protect
+from fedge.methods.registry import declare_method
 from fedge.methods.secure import SecureAggregationOptions
 
 __all__ = ["DeltaAveraging", "FedAvgConfig", "FedSGDClient", "FedSGDConfig", "build"]
@@ -212,6 +215,26 @@ class DeltaAveraging(Strategy):
         self.server.load_state_dict(state)
 
 
+#: what FedAvg and FedSGD can do: their server averages the replies into one global model
+CAPABILITIES = Capabilities(
+    sums_replies=True, global_model=True, freezable=True, client_optimizer=True
+)
+
+
+@declare_method(
+    "fedsgd",
+    "FedSGD: one backprop gradient per client per round, server optimizer",
+    config=FedSGDConfig,
+    capabilities=dataclasses.replace(CAPABILITIES, client_optimizer=False),
+    upload=lambda cfg: "gradient",
+)
+@declare_method(
+    "fedavg",
+    "FedAvg: E local epochs of backprop, weighted delta averaging, server optimizer",
+    config=FedAvgConfig,
+    capabilities=CAPABILITIES,
+    upload=lambda cfg: "delta",
+)
 def build(cfg: FedAvgConfig | FedSGDConfig, env: MethodEnv) -> MethodBuild:
     """Build FedAvg (``FedAvgConfig``) or FedSGD (``FedSGDConfig``)."""
     if isinstance(cfg, FedSGDConfig):

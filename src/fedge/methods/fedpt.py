@@ -52,10 +52,17 @@ from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Round, Strategy, StrategyWrapper
 from fedge.core.rng import derive_seed
-from fedge.methods.base import MethodBuild, MethodEnv, check_reply_arrays, split_trainable
+from fedge.methods.base import (
+    Capabilities,
+    MethodBuild,
+    MethodEnv,
+    check_reply_arrays,
+    split_trainable,
+)
 from fedge.methods.fedavg import DeltaAveraging, FedAvgConfig
 from fedge.methods.local import LocalTraining
 from fedge.methods.private import protect
+from fedge.methods.registry import declare_method
 from fedge.models.blocks import freeze_, resolve_freeze
 from fedge.models.initialization import reset_parameters
 
@@ -199,6 +206,16 @@ class FedPTClient:
         return self.local.train(model, ctx)
 
 
+@declare_method(
+    "fedpt",
+    "FedPT: FedAvg on a partially trainable network; frozen tensors rebuilt from a seed, only the trainable part travels",
+    config=FedPTConfig,
+    # its own method.freeze (the frozen tensors are rebuilt from a seed, never sent) is its core,
+    # not the composer's freezing
+    capabilities=Capabilities(sums_replies=True, global_model=True, client_optimizer=True),
+    summary_keys=("trainable_fraction",),
+    upload=lambda cfg: "delta",
+)
 def build(cfg: FedPTConfig, env: MethodEnv) -> MethodBuild:
     """Build FedPT: resolve ``freeze`` on the model, check that the initial model is exactly
     the one seed ``z`` rebuilds, and compose the server and client."""

@@ -69,9 +69,10 @@ from fedge.core.meter import effective_flops_ratio
 from fedge.core.protocols import Exchange, Round, Strategy, StrategyWrapper
 from fedge.core.rng import derive_seed, generator
 from fedge.estimators import combine_loss_differences
-from fedge.methods.baffle import BaffleConfig
+from fedge.methods.baffle import CAPABILITIES, BaffleConfig, advice
 from fedge.methods.baffle import build as build_baffle
 from fedge.methods.base import MethodBuild, MethodEnv, model_message_arrays, unpack_model_arrays
+from fedge.methods.registry import declare_method
 from fedge.pruning import (
     DEFAULT_EPS,
     ScoreContext,
@@ -341,6 +342,15 @@ def data_free_masks(
     )
 
 
+@declare_method(
+    "ntk-baffle",
+    "NTK foresight pruning (data-free or on client data), then BAFFLE on the sparse model",
+    config=NtkBaffleConfig,
+    capabilities=CAPABILITIES,
+    advice=advice,
+    # the reconstruction harness reads batch mode's K loss differences (not a sparse epoch delta)
+    upload=lambda cfg: "loss_differences" if cfg.mode == "batch" else None,
+)
 def build(cfg: NtkBaffleConfig, env: MethodEnv) -> MethodBuild:
     """Prune (data-free, on the server) or arrange client-data pruning, then build BAFFLE."""
     sample = torch.zeros((1, *env.input_shape))
