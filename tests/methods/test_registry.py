@@ -94,6 +94,6 @@ def test_declare_method_registers_the_build_unchanged():
         declare_method("fedavg", "again", config=FedAvgConfig)(build)
     spec = get_method("fedpt")
     assert spec.summary_keys == ("trainable_fraction",)
-    assert get_method("baffle").advice(get_method("baffle").config(clip=None)) == [
+    assert get_method("baffle").advice(get_method("baffle").section(clip=None)) == [
         "turn on method.clip (now null; the reference code uses 0.3)"
     ]

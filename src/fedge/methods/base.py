@@ -21,6 +21,7 @@ from fedge.core.protocols import ClientProgram, PartySpec, Strategy
 __all__ = [
     "Capabilities",
     "GlobalModel",
+    "Layer",
     "MethodBuild",
     "MethodConfigBase",
     "MethodEnv",
@@ -159,13 +160,32 @@ class MethodEnv:
         )
 
 
+@dataclass(frozen=True)
+class Layer:
+    """A method's own wrapper around its composed sides, placed by the composer at ``at`` in its
+    order (:mod:`fedge.methods.compose`): ``over_protection`` over DP and secure aggregation but
+    under the EMA (NTK-Ori's pruning exchanges), ``outermost`` over everything."""
+
+    at: Literal["over_protection", "outermost"]
+    strategy: Callable[[Strategy], Strategy] | None = None
+    program: Callable[[ClientProgram], ClientProgram] | None = None
+
+
 @dataclass
 class MethodBuild:
-    """A built method: its two sides and its side parties (by name)."""
+    """A built method: its two sides, its side parties (by name) and its own outer layers.
+
+    A method's build returns its bare sides; the composer applies the mechanisms and the
+    ``layers`` and returns the composed build, whose ``applied`` names what it wrapped, in order
+    (e.g. ``("dp", "secure_aggregation", "ema")``), and ``bare`` the method's own strategy.
+    """
 
     strategy: Strategy
     program: ClientProgram
     parties: dict[str, PartySpec] = field(default_factory=dict)
+    layers: list[Layer] = field(default_factory=list)
+    applied: tuple[str, ...] = ()
+    bare: Strategy | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +252,7 @@ class MethodSpec:
             learning rates (BAFFLE: its inf-norm clip).
         upload: ``upload(cfg) ->`` :data:`Upload` or None: what an observer of its uploads sees
             (None: nothing an attack of :mod:`fedge.attacks` reads).
+        section: filled in on registration (below).
     """
 
     name: str
@@ -243,6 +264,10 @@ class MethodSpec:
     summary_keys: tuple[str, ...] = ()
     advice: Callable[[Any], list[str]] = _no_advice
     upload: Callable[[Any], Upload | None] = lambda cfg: None
+    #: the model of the ``method.*`` section: :attr:`config` plus the options of the mechanisms
+    #: the capabilities support (:func:`fedge.methods.compose.section_model`); the registry
+    #: fills it in
+    section: type[MethodConfigBase] | None = None
 
 
 def model_arrays(model: torch.nn.Module) -> dict[str, torch.Tensor]:

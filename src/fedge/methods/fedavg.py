@@ -30,9 +30,9 @@ from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
 from fedge.methods.base import (
     Capabilities,
-    FreezeOption,
     GlobalModel,
     MethodBuild,
+    MethodConfigBase,
     MethodEnv,
     ServerOptimizerConfig,
     check_reply_arrays,
@@ -43,14 +43,12 @@ from fedge.methods.local import (
     LocalTraining,
     backprop_gradient_fn,
 )
-from fedge.methods.private import protect
 from fedge.methods.registry import declare_method
-from fedge.methods.secure import SecureAggregationOptions
 
 __all__ = ["DeltaAveraging", "FedAvgConfig", "FedSGDClient", "FedSGDConfig", "build"]
 
 
-class FedAvgConfig(SecureAggregationOptions):
+class FedAvgConfig(MethodConfigBase):
     name: Literal["fedavg"] = "fedavg"
     local_epochs: int = Field(1, ge=1, description="E: local epochs per round")
     batch_size: int = Field(32, ge=1, description="B: local mini-batch size")
@@ -62,7 +60,7 @@ class FedAvgConfig(SecureAggregationOptions):
     server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()
 
 
-class FedSGDConfig(SecureAggregationOptions, FreezeOption):
+class FedSGDConfig(MethodConfigBase):
     name: Literal["fedsgd"] = "fedsgd"
     batch_size: int = Field(
         64, ge=0, description="samples per client gradient (0: the whole local set)"
@@ -236,9 +234,7 @@ CAPABILITIES = Capabilities(
     upload=lambda cfg: "delta",
 )
 def build(cfg: FedAvgConfig | FedSGDConfig, env: MethodEnv) -> MethodBuild:
-    """Build FedAvg (``FedAvgConfig``) or FedSGD (``FedSGDConfig``)."""
-    if isinstance(cfg, FedSGDConfig):
-        env = cfg.frozen_env(env)
+    """Build FedAvg (``FedAvgConfig``) or FedSGD (``FedSGDConfig``): the bare server and client."""
     strategy = DeltaAveraging(
         env.model_fn(),
         cfg.server_optimizer.build(),
@@ -249,6 +245,4 @@ def build(cfg: FedAvgConfig | FedSGDConfig, env: MethodEnv) -> MethodBuild:
         program: Any = FedSGDClient(env.model_fn, cfg)
     else:
         program = LocalTraining.from_config(env.model_fn, cfg)
-    return MethodBuild(
-        *protect(strategy, program, cfg, **env.protection(weighted=strategy.weighted))
-    )
+    return MethodBuild(strategy, program)

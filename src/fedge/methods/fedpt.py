@@ -61,7 +61,6 @@ from fedge.methods.base import (
 )
 from fedge.methods.fedavg import DeltaAveraging, FedAvgConfig
 from fedge.methods.local import LocalTraining
-from fedge.methods.private import protect
 from fedge.methods.registry import declare_method
 from fedge.models.blocks import freeze_, resolve_freeze
 from fedge.models.initialization import reset_parameters
@@ -81,7 +80,7 @@ SEED_KEY = "seed"  # the downlink config key carrying z
 
 
 class FedPTConfig(FedAvgConfig):
-    """FedAvg's keys (ClientOpt, ServerOpt, E, B, weighting, secure aggregation) plus ``freeze``."""
+    """FedAvg's keys (ClientOpt, ServerOpt, E, B, weighting) plus ``freeze``."""
 
     name: Literal["fedpt"] = "fedpt"  # type: ignore[assignment]
     freeze: str | list[str] = Field(
@@ -241,8 +240,7 @@ def build(cfg: FedPTConfig, env: MethodEnv) -> MethodBuild:
     )
     server = FedPTServer(inner, seed=z)
     client = FedPTClient(env.model_fn, frozen, cfg)
-    strategy, program = protect(server, client, cfg, **env.protection(weighted=server.weighted))
-    return MethodBuild(strategy, program)
+    return MethodBuild(server, client)
 
 
 def describe(model: torch.nn.Module, frozen: list[str]) -> dict[str, Any]:

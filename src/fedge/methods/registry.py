@@ -7,6 +7,7 @@ imports every module of the package, so a new method is one new module.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -21,6 +22,7 @@ from fedge.methods.base import (
     MethodSpec,
     Upload,
 )
+from fedge.methods.compose import section_model
 
 __all__ = ["METHODS", "declare_method", "get_method", "method_names", "register"]
 
@@ -54,7 +56,9 @@ def register(spec: MethodSpec) -> MethodSpec:
             f"register_method: MethodSpec {spec.name!r} has config {config.__name__} whose name is "
             f"{name_field.default!r}; give the config a name field defaulting to {spec.name!r}"
         )
-    return _REGISTRY.register(spec.name, spec)
+    if spec.name in _REGISTRY:
+        return _REGISTRY.register(spec.name, spec)  # refused: the name is taken
+    return _REGISTRY.register(spec.name, dataclasses.replace(spec, section=section_model(spec)))
 
 
 def declare_method(
