@@ -58,7 +58,8 @@ from fedge.core.errors import ConfigError
 from fedge.core.rng import generator
 from fedge.experiment.build import BuiltRun, build_run, method_config, privacy_config
 from fedge.methods import get_method
-from fedge.methods.base import Upload, unpack_model_arrays
+from fedge.methods.base import unpack_model_arrays
+from fedge.methods.spec import Upload
 
 __all__ = [
     "activation_inversion",
@@ -81,7 +82,7 @@ __all__ = [
 
 def upload_of(run: BuiltRun | RunConfig) -> Upload | None:
     """What an observer of a run's uploads sees (its method's
-    :attr:`~fedge.methods.base.MethodSpec.upload`), from the built run or its config."""
+    :attr:`~fedge.methods.spec.MethodSpec.upload`), from the built run or its config."""
     if isinstance(run, BuiltRun):
         return get_method(run.config.method.name).upload(run.method_config)
     return get_method(run.method.name).upload(method_config(run))

@@ -2,7 +2,7 @@
 
 Every module (or subpackage) of this package is imported here, and a method module registers
 itself (:func:`~fedge.methods.registry.declare_method`), so adding a method is adding a module.
-The registry maps ``method.name`` to a :class:`~fedge.methods.base.MethodSpec`.
+The registry maps ``method.name`` to a :class:`~fedge.methods.spec.MethodSpec`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from fedge.methods.base import Capabilities, MethodBuild, MethodEnv, MethodSpec
+from fedge.methods.base import MethodBuild, MethodEnv
 from fedge.methods.registry import METHODS, declare_method, get_method, method_names, register
+from fedge.methods.spec import Capabilities, MethodSpec
 
 __all__ = [
     "METHODS",

@@ -91,7 +91,6 @@ from fedge.methods.baffle_downlink import (
     replay_step,
 )
 from fedge.methods.base import (
-    Capabilities,
     GlobalModel,
     MethodBuild,
     MethodConfigBase,
@@ -101,6 +100,7 @@ from fedge.methods.base import (
 from fedge.methods.fedavg import DeltaAveraging
 from fedge.methods.local import ClientOptimizerConfig, LocalTraining
 from fedge.methods.registry import declare_method
+from fedge.methods.spec import Capabilities
 
 __all__ = ["BaffleBatchClient", "BaffleBatchStrategy", "BaffleConfig", "build", "clip_inf_norm"]
 

@@ -3,7 +3,7 @@
 A method's build returns its bare strategy and client program
 (:class:`~fedge.methods.base.MethodBuild`); :func:`compose` applies the mechanisms a run's
 config asks for, in one fixed order, wherever the method's
-:class:`~fedge.methods.base.Capabilities` allow them:
+:class:`~fedge.methods.spec.Capabilities` allow them:
 
 1. **freeze** (``method.freeze``, needs ``freezable``): the model the method is built from has
    the frozen parameters' ``requires_grad`` off (:class:`~fedge.methods.base.FreezeOption`);
@@ -36,10 +36,11 @@ from pydantic import create_model
 from pydantic.fields import FieldInfo
 
 from fedge.core.errors import ConfigError
-from fedge.methods.base import FreezeOption, MethodBuild, MethodConfigBase, MethodEnv, MethodSpec
+from fedge.methods.base import FreezeOption, MethodBuild, MethodConfigBase, MethodEnv
 from fedge.methods.ema import EMAOptions
 from fedge.methods.private import protect
 from fedge.methods.secure import SecureAggregationOptions, Summable
+from fedge.methods.spec import MethodSpec
 
 __all__ = [
     "MECHANISMS",

@@ -29,7 +29,6 @@ from fedge.core.errors import MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
 from fedge.methods.base import (
-    Capabilities,
     GlobalModel,
     MethodBuild,
     MethodConfigBase,
@@ -44,6 +43,7 @@ from fedge.methods.local import (
     backprop_gradient_fn,
 )
 from fedge.methods.registry import declare_method
+from fedge.methods.spec import Capabilities
 
 __all__ = ["DeltaAveraging", "FedAvgConfig", "FedSGDClient", "FedSGDConfig", "build"]
 

@@ -53,7 +53,6 @@ from fedge.core.messages import Message
 from fedge.core.protocols import Round, Strategy, StrategyWrapper
 from fedge.core.rng import derive_seed
 from fedge.methods.base import (
-    Capabilities,
     MethodBuild,
     MethodEnv,
     check_reply_arrays,
@@ -62,6 +61,7 @@ from fedge.methods.base import (
 from fedge.methods.fedavg import DeltaAveraging, FedAvgConfig
 from fedge.methods.local import LocalTraining
 from fedge.methods.registry import declare_method
+from fedge.methods.spec import Capabilities
 from fedge.models.blocks import freeze_, resolve_freeze
 from fedge.models.initialization import reset_parameters
 

@@ -1,4 +1,4 @@
-"""The method registry: ``method.name`` to a :class:`~fedge.methods.base.MethodSpec`.
+"""The method registry: ``method.name`` to a :class:`~fedge.methods.spec.MethodSpec`.
 
 A method registers itself in the module that defines it, with :func:`declare_method` on its
 build function (as Opacus registers a grad sampler beside its code); :mod:`fedge.methods`
@@ -16,13 +16,11 @@ from pydantic import BaseModel
 from fedge.core.errors import ConfigError
 from fedge.core.registry import Registry
 from fedge.methods.base import (
-    Capabilities,
     MethodBuild,
     MethodConfigBase,
-    MethodSpec,
-    Upload,
 )
 from fedge.methods.compose import section_model
+from fedge.methods.spec import Capabilities, MethodSpec, Upload
 
 __all__ = ["METHODS", "declare_method", "get_method", "method_names", "register"]
 
@@ -73,7 +71,7 @@ def declare_method(
     upload: Callable[[Any], Upload | None] | None = None,
 ) -> Callable[[Build], Build]:
     """Register the decorated build function as method ``name`` (the arguments are
-    :class:`~fedge.methods.base.MethodSpec`'s); the function is returned unchanged.
+    :class:`~fedge.methods.spec.MethodSpec`'s); the function is returned unchanged.
 
     Example::
 

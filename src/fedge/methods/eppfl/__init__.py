@@ -80,12 +80,13 @@ from torch import nn
 
 from fedge.core.errors import PrivacyWarning
 from fedge.core.protocols import PartySpec
-from fedge.methods.base import Capabilities, MethodBuild, MethodConfigBase, MethodEnv
+from fedge.methods.base import MethodBuild, MethodConfigBase, MethodEnv
 from fedge.methods.eppfl.device import DeviceProgram, float_keys
 from fedge.methods.eppfl.parties import EdgeServer, MaskKeys, RandomnessServer
 from fedge.methods.eppfl.server import AggregationServer
 from fedge.methods.eppfl.split import Split, split_model
 from fedge.methods.registry import declare_method
+from fedge.methods.spec import Capabilities
 from fedge.privacy.secagg import FixedPoint
 
 __all__ = ["EppflConfig", "EppflDpConfig", "FIXED_POINT", "build"]

@@ -117,7 +117,7 @@ from fedge.core.errors import (
 )
 from fedge.core.messages import Message
 from fedge.core.protocols import Exchange, PartyCall, PartySpec, Round, Strategy
-from fedge.methods.base import Capabilities, MethodBuild, MethodConfigBase, MethodEnv
+from fedge.methods.base import MethodBuild, MethodConfigBase, MethodEnv
 from fedge.methods.ppfl.enclaves import (
     ClientEnclave,
     EnclaveSpec,
@@ -127,6 +127,7 @@ from fedge.methods.ppfl.enclaves import (
 )
 from fedge.methods.ppfl.stages import Stage, frozen_net, plan_stages, stage_need
 from fedge.methods.registry import declare_method
+from fedge.methods.spec import Capabilities
 from fedge.privacy.tee import MiB, platform_id, platform_path
 
 __all__ = ["PpflConfig", "PpflStrategy", "PpflClient", "PpflTeeConfig", "build"]
