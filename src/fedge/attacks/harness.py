@@ -56,13 +56,14 @@ from fedge.attacks.reconstruct import (
 from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError
 from fedge.core.rng import generator
-from fedge.experiment.build import BuiltRun, build_run, privacy_config
+from fedge.experiment.build import BuiltRun, build_run, method_config, privacy_config
+from fedge.methods import get_method
 from fedge.methods.base import unpack_model_arrays
+from fedge.methods.spec import Upload
 
 __all__ = [
     "activation_inversion",
     "attack_config",
-    "ATTACKABLE",
     "edge_pia_attack",
     "eppfl_server_views",
     "LEAKAGE_ROWS",
@@ -75,10 +76,16 @@ __all__ = [
     "pixel_mse",
     "reconstruction_attack",
     "released_activations",
+    "upload_of",
 ]
 
-ATTACKABLE = ("fedsgd", "fedavg", "fedpt", "baffle", "ntk-baffle", "ppfl")
-SEALED = ("ppfl",)  # methods whose upload is an enclave-sealed ciphertext
+
+def upload_of(run: BuiltRun | RunConfig) -> Upload | None:
+    """What an observer of a run's uploads sees (its method's
+    :attr:`~fedge.methods.spec.MethodSpec.upload`), from the built run or its config."""
+    if isinstance(run, BuiltRun):
+        return get_method(run.config.method.name).upload(run.method_config)
+    return get_method(run.method.name).upload(method_config(run))
 
 
 @dataclass
@@ -101,12 +108,11 @@ class ObservedRun:
                 layout = {n: shape for n, (shape, _) in summands.items()}
                 break
             strategy = getattr(strategy, "inner", None)
-        if self.built.config.method.name == "eppfl":
+        upload = upload_of(self.built)
+        if upload == "edge_activations":
             return eppfl_server_views(self)
         sealed = None
-        if (
-            self.built.config.method.name in SEALED
-        ):  # the public protocol says the upload is a ciphertext
+        if upload == "ciphertext":  # the public protocol says the upload is a ciphertext
             sealed = {n: p.shape for n, p in self.built.model_fn().named_parameters()}
         return server_views(self.observer.records, layout, sealed)
 
@@ -235,7 +241,7 @@ def _warn_delta_is_not_a_gradient(name: str, built: Any, views: list[Any]) -> No
     """−Δ/η, the target DLG matches for a model delta, is the client's gradient only after one
     plain SGD step; warn (naming why) when the observed run's client did more, so the figure is
     read as an attack on an approximation, not as what the upload would give a better attack."""
-    if name not in ("fedavg", "fedpt"):
+    if upload_of(built) != "delta":
         return
     mcfg = built.method_config
     opt = mcfg.client_optimizer
@@ -275,15 +281,17 @@ def _targets(
     """(attack name, target, whether iDLG may read the label) for one upload; ``clipped``: the
     run's clients clip their uploads (DP), so BAFFLE's K values come at an unknown scale."""
     params = dict(model.named_parameters())
-    if name == "eppfl":  # W_c − W_c⁰ after one SGD step (momentum's first step is plain SGD): −η∇L
+    upload = get_method(name).upload(mcfg)
+    if upload == "edge_activations":
+        # S_a's view: W_c − W_c⁰ after one SGD step (momentum's first step is plain SGD): −η∇L
         yield (
             "dlg",
             GradientTarget({n: -v / mcfg.lr for n, v in view.upload.items() if n in params}),
             True,
         )
-    elif name == "fedsgd":
+    elif upload == "gradient":
         yield "dlg", GradientTarget({n: v for n, v in view.upload.items() if n in params}), True
-    elif name in ("fedavg", "fedpt") or (name == "baffle" and mcfg.mode == "epoch"):
+    elif upload in ("delta", "estimate_delta"):
         # a model delta: −Δ/η is the gradient for one SGD step (baffle epoch: of its estimates)
         lr = mcfg.client_optimizer.lr
         yield (
@@ -291,13 +299,9 @@ def _targets(
             GradientTarget({n: -v / lr for n, v in view.upload.items() if n in params}),
             True,
         )
-    elif name == "ppfl":  # a ciphertext read as if it were the plaintext gradient
+    elif upload == "ciphertext":  # a ciphertext read as if it were the plaintext gradient
         yield "dlg", GradientTarget({n: v for n, v in view.upload.items() if n in params}), True
-    elif name in ("baffle", "ntk-baffle"):
-        if mcfg.mode != "batch":
-            raise ConfigError(
-                f"the reconstruction harness attacks {name}'s batch mode (method.mode=batch)"
-            )
+    elif upload == "loss_differences":
         seed = view.config.get("seed")
         if not isinstance(seed, int):
             raise ConfigError("the observed BAFFLE broadcast carries no seed")
@@ -325,7 +329,9 @@ def _targets(
         yield "baffle-stein", GradientTarget(stein), True
     else:
         raise ConfigError(
-            f"no reconstruction attack for method {name!r}; expected one of {list(ATTACKABLE)}"
+            f"no reconstruction attack for method {name!r} with this configuration: its uploads are "
+            f"{upload or 'nothing an observer reads'}, which the harness does not attack (for a zeroth-order "
+            "method set method.mode=batch, whose K loss differences it does)"
         )
 
 
@@ -528,7 +534,7 @@ def activation_inversion(
     med = statistics.median(mse)
     eps = mcfg.dp.epsilon if mcfg.dp is not None else None
     return {
-        "method": "eppfl",
+        "method": built.config.method.name,
         "attack": "activation inversion at the edge server (white-box M_c, Adam, pixel box)",
         "epsilon": eps,
         "clip": clip,
@@ -556,9 +562,10 @@ def _edge_view(run: ObservedRun, attack: str) -> tuple[dict[int, Any], Any]:
     from fedge.methods.eppfl.split import split_model  # noqa: PLC0415
 
     built = run.built
-    if built.config.method.name != "eppfl":
+    if upload_of(built) != "edge_activations":
         raise ConfigError(
-            f"{attack} attacks EPPFL's released activations; this run is {built.config.method.name!r}"
+            f"{attack} attacks activations released to an edge server (EPPFL's); this run is "
+            f"{built.config.method.name!r}, which releases none"
         )
     steps: dict[int, Any] = {}
     for r in (
@@ -737,7 +744,7 @@ def edge_pia_attack(
     return {
         "attack": "property inference at the edge server (the labels it receives; a per-sample classifier on "
         "released activations, max over the batch)",
-        "method": "eppfl",
+        "method": built.config.method.name,
         "property_class": prop,
         "chance_auc": 0.5,
         "auc": from_labels if from_labels is not None else from_activations,

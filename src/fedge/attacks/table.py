@@ -42,6 +42,7 @@ from fedge.attacks.harness import (
     observe_run,
     pia_attack,
     reconstruction_attack,
+    upload_of,
 )
 from fedge.attacks.membership_run import membership_attacks, replay
 from fedge.experiment.build import build_run
@@ -248,7 +249,8 @@ def privacy_row(
             model=row.model,
             privacy=row.privacy,
         )
-        eppfl = row.method["name"] == "eppfl"  # the edge server's view: the released activations
+        # an edge server's view: the released activations
+        eppfl = upload_of(cfg) == "edge_activations"
         run = _quiet(lambda: observe_run(cfg, parties=("edge",) if eppfl else ()))
         s = (
             activation_inversion(run, iterations=iterations)
@@ -337,7 +339,7 @@ def privacy_row(
             privacy=row.privacy,
         )
         if (
-            row.method["name"] == "eppfl"
+            upload_of(cfg) == "edge_activations"
         ):  # the edge server's view: each device's released activations
             run = _quiet(lambda: observe_run(cfg, parties=("edge",)))
             out["pia"] = {**edge_pia_attack(run, prop=0), "seconds": time.perf_counter() - t}

@@ -192,6 +192,10 @@ NEUTRAL_ADDITIONS: dict[tuple[str, ...], Any] = {
     ("method", "prune_route"): "autograd",
     ("method", "client_optimizer", "state"): "fresh",
     ("method", "ema_also_raw"): False,
+    # attached by the composer to every method with a global model / that can freeze
+    ("method", "ema"): None,
+    ("method", "ema_warmup"): True,
+    ("method", "freeze"): [],
     ("clients", "dropout"): 0.0,
     ("clients", "min_replies"): None,
     ("clients", "reply_timeout"): None,

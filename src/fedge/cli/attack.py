@@ -57,6 +57,7 @@ from fedge.attacks.harness import (
     one_batch_clients,
     pia_attack,
     reconstruction_attack,
+    upload_of,
 )
 from fedge.attacks.membership_run import membership_attacks, membership_by_round, replay, trained_by
 from fedge.cli.common import fail, one_line_warnings, out
@@ -112,9 +113,8 @@ def _dlg(
     run_dir: Path, raw: dict[str, Any], iterations: int, samples: int, seed: int, optimizer: str
 ) -> dict[str, Any]:
     cfg = load_config({**raw, "rounds": 1})
-    eppfl = (
-        cfg.method.name == "eppfl"
-    )  # what leaks is the activations at the edge server, not an upload
+    # what leaks is the activations released to the edge server, not an upload
+    eppfl = upload_of(cfg) == "edge_activations"
     with one_line_warnings():
         run = observe_run(cfg, parties=("edge",) if eppfl else ())
     with Progress(transient=True) as bar:
@@ -276,7 +276,7 @@ def _mia(
 
 def _pia(raw: dict[str, Any], samples: int, seed: int, prop: int) -> dict[str, Any]:
     cfg = load_config(raw)
-    if cfg.method.name == "eppfl":
+    if upload_of(cfg) == "edge_activations":
         return _edge_pia(raw, samples, seed, prop)
     rounds = -(-samples // cfg.clients.count())
     cfg = load_config({**raw, "rounds": rounds})

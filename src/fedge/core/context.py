@@ -203,7 +203,11 @@ class ClientContext:
     ``round_state`` lives for the exchanges of one round only (secrets such as secure
     aggregation keys: carried between exchanges, even across worker processes, and dropped
     when the round ends, never written to disk); ``generator`` is derived from
-    (run seed, "client", round, client id); ``phase`` counts the exchanges of the round.
+    (run seed, "client", round, client id); ``phase`` counts the exchanges of the round;
+    ``global_arrays`` holds the round's global weights as this client received them, by name
+    (set by the program that loads them before its local steps,
+    :class:`~fedge.methods.local.LocalTraining`; None before): what a gradient hook that pulls
+    towards the global model (FedProx's proximal term) reads.
     """
 
     cid: int
@@ -215,6 +219,7 @@ class ClientContext:
     round_state: dict[str, Any] = field(default_factory=dict)
     phase: int = 0
     links: dict[str, Link] = field(default_factory=dict)
+    global_arrays: dict[str, torch.Tensor] | None = None
 
     def link(self, name: str) -> Link:
         """The link to side party ``name``."""

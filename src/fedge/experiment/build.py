@@ -26,7 +26,7 @@ from fedge.data.partition import partition, partition_summary
 from fedge.data.registry import resolve_dataset_options
 from fedge.methods import get_method
 from fedge.methods.base import MethodBuild, MethodEnv
-from fedge.methods.private import DifferentialPrivacy
+from fedge.methods.compose import check_privacy, compose, refuse_unsupported
 from fedge.models import build_model
 from fedge.privacy.dp.config import PrivacyConfig
 from fedge.runtime.engine import EngineConfig, Simulation
@@ -175,19 +175,15 @@ def privacy_config(cfg: RunConfig) -> PrivacyConfig:
     return validate_section(PrivacyConfig, cfg.privacy.model_dump(), prefix="privacy.")  # type: ignore[return-value]
 
 
-def _wraps(strategy: Any, kind: type) -> bool:
-    while strategy is not None:
-        if isinstance(strategy, kind):
-            return True
-        strategy = getattr(strategy, "inner", None)
-    return False
-
-
 def method_config(cfg: RunConfig) -> Any:
-    """The ``method`` section validated by its method's config class (every default filled in)."""
-    return validate_section(
-        get_method(cfg.method.name).config, cfg.method.model_dump(), prefix="method."
-    )
+    """The ``method`` section validated by its method's section model (its own config plus the
+    options of the mechanisms it supports: :func:`fedge.methods.compose.section_model`), every
+    default filled in; a mechanism's key the method cannot take is refused with the reason."""
+    spec = get_method(cfg.method.name)
+    data = cfg.method.model_dump()
+    refuse_unsupported(spec, data)
+    assert spec.section is not None  # filled in by the registry
+    return validate_section(spec.section, data, prefix="method.")
 
 
 def _synthetic_federated(cfg: RunConfig) -> SyntheticFederated:
@@ -219,6 +215,7 @@ def build_run(cfg: RunConfig) -> BuiltRun:
     spec = get_method(cfg.method.name)
     method_cfg = method_config(cfg)
     privacy = privacy_config(cfg)
+    check_privacy(spec, privacy)
 
     d = cfg.dataset
     clients: Sequence[ClientData]
@@ -292,17 +289,14 @@ def build_run(cfg: RunConfig) -> BuiltRun:
         per_round=cfg.clients.count(),
         privacy=privacy,
     )
-    method = spec.build(method_cfg, env)
-    if privacy.enabled and not _wraps(method.strategy, DifferentialPrivacy):
-        raise ConfigError(
-            f"privacy.mechanism={privacy.mechanism}: method {cfg.method.name!r} does not average client "
-            "contributions, so DP-FedAvg/DP-FTRL does not apply to it; use fedavg, fedsgd, fedpt, baffle or "
-            "ntk-baffle, or set privacy.mechanism=none"
-        )
+    method = compose(spec, method_cfg, env)
     if cfg.clients.min_replies is not None and not method.strategy.partial_replies:
-        inner: Any = method.strategy
-        while getattr(inner, "inner", None) is not None and not inner.inner.partial_replies:
-            inner = inner.inner  # name the strategy that needs every reply, not a wrapper around it
+        # name the strategy that needs every reply: the method's own, unless a mechanism does
+        inner = (
+            method.bare
+            if method.bare is not None and not method.bare.partial_replies
+            else method.strategy
+        )
         raise ConfigError(
             f"clients.min_replies={cfg.clients.min_replies}: method {cfg.method.name!r} with this configuration needs "
             f"every addressed client's reply ({type(inner).__name__} cannot aggregate a subset), so a round "

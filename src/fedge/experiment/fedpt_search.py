@@ -41,6 +41,8 @@ from fedge.core.rundir_schema import (
 from fedge.experiment.build import build_run
 from fedge.experiment.run import resolved_config, resume_experiment, run_experiment
 from fedge.experiment.rundir import RunDir
+from fedge.methods import METHODS
+from fedge.methods.fedpt import FedPTConfig
 from fedge.models.blocks import model_blocks, resolve_freeze
 
 __all__ = ["Trial", "fedpt_search"]
@@ -62,12 +64,13 @@ class Trial:
 def _trial_config(cfg: RunConfig, freeze: list[str], rounds: int) -> RunConfig:
     raw = cfg.to_dict()
     method = dict(raw["method"])
-    if method.get("name") not in ("fedavg", "fedpt"):
+    base = METHODS[method["name"]] if method.get("name") in METHODS else None
+    if base is None or not issubclass(FedPTConfig, base.config):  # FedPT's config extends FedAvg's
         raise ConfigError(
             f"fedpt-search trains FedPT, which generalizes FedAvg; the config's method is {method.get('name')!r}; "
             "give a config with method.name fedavg or fedpt"
         )
-    method.update(name="fedpt", freeze=list(freeze))
+    method.update(name=FedPTConfig.model_fields["name"].default, freeze=list(freeze))
     return load_config({**raw, "method": method, "rounds": rounds, "eval_every": rounds})
 
 

@@ -44,6 +44,7 @@ from fedge.experiment.build import (
 )
 from fedge.experiment.provenance import machine, segments
 from fedge.experiment.rundir import RunDir, config_diff
+from fedge.methods import get_method
 from fedge.methods.base import model_arrays
 from fedge.privacy.secagg.errors import FixedPointRangeError
 from fedge.runtime.engine import Simulation
@@ -193,8 +194,9 @@ def _summary(built: BuiltRun, sim: Simulation, lines: list[dict[str, Any]]) -> d
         out.update(_side_summary(name, rec.extra, lines))
     if "test_top5" in (lines[-1] if lines else {}):
         out["final_test_top5"] = lines[-1]["test_top5"]
-    if lines and "trainable_fraction" in lines[-1]:  # FedPT: the strategy reports it each round
-        out["trainable_fraction"] = lines[-1]["trainable_fraction"]
+    for key in get_method(cfg.method.name).summary_keys:  # what the method reports each round
+        if lines and key in lines[-1]:
+            out[key] = lines[-1][key]
     if cfg.measure.memory:
         for key in ("client_peak_bytes", "client_tensor_peak_bytes"):
             vals = [x[key] for x in lines if x.get(key) is not None]
@@ -233,12 +235,8 @@ def _advice(built: BuiltRun) -> str:
     if isinstance(m.get("server_optimizer"), dict):
         keys.append(f"method.server_optimizer.lr (now {m['server_optimizer'].get('lr')})")
     advice = "lower " + " or ".join(keys) if keys else "lower the learning rate"
-    if "clip" in m:
-        advice += (
-            f", or set a smaller method.clip (now {m['clip']})"
-            if m["clip"] is not None
-            else (", or turn on method.clip (now null; the reference code uses 0.3)")
-        )
+    for more in get_method(built.config.method.name).advice(built.method_config):
+        advice += f", or {more}"
     return advice
 
 
