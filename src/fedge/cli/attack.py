@@ -62,7 +62,7 @@ from fedge.attacks.membership_run import membership_attacks, membership_by_round
 from fedge.cli.common import fail, one_line_warnings, out
 from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, FedgeError, PrivacyWarning
-from fedge.core.rundir_schema import SUMMARY
+from fedge.core.rundir_schema import SUMMARY, loads
 from fedge.experiment.build import build_run
 from fedge.experiment.export import load_trained_model
 from fedge.experiment.rundir import RunDir
@@ -223,7 +223,7 @@ def _trained_clients(run_dir: Path, built: Any) -> list[int]:
     run's rounds re-run from its config (same seed and data, so the same clients; a Flower
     deployment's node failures are not replayed). Trains ``built``'s strategy in that case."""
     last = built.config.rounds
-    summary = json.loads((run_dir / SUMMARY).read_text())
+    summary = loads((run_dir / SUMMARY).read_text())
     if "first_aggregated" in summary:
         return trained_by(summary["first_aggregated"], last)
     with Progress(transient=True) as bar, one_line_warnings():

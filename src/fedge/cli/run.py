@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from fedge.core.rundir_schema import (
     FINAL_TEST_ACCURACY,
     ROUND,
     SUMMARY,
+    loads,
 )
 from fedge.experiment.run import Progress
 from fedge.experiment.rundir import default_run_path
@@ -374,7 +374,7 @@ def run(
         fail(exc)
     except KeyboardInterrupt as exc:
         _interrupted(target, exc)
-    summary = json.loads((path / SUMMARY).read_text())
+    summary = loads((path / SUMMARY).read_text())
     acc = summary.get(FINAL_TEST_ACCURACY)
     console = out()
     console.print(
