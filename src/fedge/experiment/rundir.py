@@ -37,7 +37,6 @@ from typing import Any
 
 import torch
 import yaml
-from safetensors.torch import save_file
 
 from fedge.core.errors import ConfigError, ResumeError
 from fedge.core.presets import describe_yaml_error, read_yaml
@@ -392,7 +391,7 @@ class RunDir:
         tensors = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
         tmp = self.path / (MODEL + ".tmp")
         with storage.failing_as(self.path / MODEL, "write", self._fix(), tmp=tmp):
-            save_file(tensors, str(tmp), metadata={"format": "pt"})
+            storage.save_safetensors(tensors, tmp, metadata={"format": "pt"})
             os.replace(tmp, self.path / MODEL)
         storage.atomic_write(
             self.path / SUMMARY,
