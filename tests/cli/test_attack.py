@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from fedge.cli.main import app
@@ -360,3 +363,48 @@ def test_mia_on_a_ppfl_run_that_kept_its_classifier_attacks_the_attackers_comple
         app, ["attack", str(run), "--attack", "mia-shadow", "--shadows", "1", "--samples", "20"]
     )
     assert shadow.exit_code == 2 and "kept its last layer in the enclaves" in shadow.output
+
+
+def test_a_read_only_run_is_one_line_before_the_attack_works(tmp_path: Path, monkeypatch) -> None:
+    import fedge.cli.attack as attack_mod
+    import fedge.experiment.storage as storage_mod
+
+    run = _run(tmp_path, "--set", "method.name=fedavg")
+
+    def read_only(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    def never(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("attacked a run whose results cannot be written")
+
+    monkeypatch.setattr(storage_mod, "write_file", read_only)
+    monkeypatch.setattr(attack_mod, "_mia", never)
+    res = runner.invoke(app, ["attack", str(run), "--attack", "mia"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.splitlines() == [
+        f"error: cannot write into '{run / 'attacks'}' (errno 30: Read-only file system); results "
+        "go to RUN_DIR/attacks/: make the run directory writable (and free space), or copy the run "
+        "to a writable place and attack the copy"
+    ]
+    assert not (run / "attacks" / "mia.json").exists()
+
+
+@pytest.mark.parametrize("attack", ["mia", "dlg"])
+def test_ctrl_c_during_an_attack_is_one_line_and_exit_130(
+    tmp_path: Path, monkeypatch, attack
+) -> None:
+    import fedge.cli.attack as attack_mod
+
+    run = _run(tmp_path, "--set", "method.name=fedavg")
+
+    def interrupted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(attack_mod, "_mia", interrupted)
+    monkeypatch.setattr(attack_mod, "_dlg", interrupted)
+    res = runner.invoke(app, ["attack", str(run), "--attack", attack])
+    assert res.exit_code == 130, res.output
+    assert res.stderr == (
+        "interrupted; the attack wrote no result (it writes them when it ends): run the command again\n"
+    )
+    assert not (run / "attacks" / f"{attack}.json").exists()

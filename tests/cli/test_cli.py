@@ -470,6 +470,48 @@ def test_read_only_existing_empty_out_leaves_it_empty(tmp_path, tiny, monkeypatc
     assert list(out.iterdir()) == []
 
 
+def _finished_run(tmp_path, tiny) -> Path:
+    out = tmp_path / "run"
+    res = _run("run", _write_cfg(tmp_path, tiny, rounds=1), "--out", out, "-q")
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def test_export_to_a_read_only_place_is_one_line_naming_the_file(tmp_path, tiny, monkeypatch):
+    run = _finished_run(tmp_path, tiny)
+    dest = tmp_path / "ro" / "model.pt"
+    dest.parent.mkdir()
+    monkeypatch.setattr(storage_mod, "write_file", _raise(errno.EROFS))
+    res = _run("export", run, "--out", dest)
+    _one_error_line(
+        res,
+        re.escape(
+            f"cannot write '{dest}' (errno 30: Read-only file system); choose a writable --out, "
+            "e.g. --out ./model.pt"
+        ),
+    )
+    assert list(dest.parent.iterdir()) == []
+
+
+def test_report_of_a_read_only_run_is_one_line_naming_the_file(tmp_path, tiny, monkeypatch):
+    import fedge.report.report as report_mod
+
+    run = _finished_run(tmp_path, tiny)
+
+    def read_only(run_log, folder):  # noqa: ANN001, ANN202  (as matplotlib's savefig raises it)
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(folder / "accuracy.png"))
+
+    monkeypatch.setattr(report_mod, "plot_run", read_only)
+    res = _run("report", run)
+    _one_error_line(
+        res,
+        re.escape(
+            f"cannot write '{run / 'plots' / 'accuracy.png'}' (errno 30: Read-only file system); "
+        )
+        + "the report is written into the run directory: make it writable, or copy the run .*",
+    )
+
+
 def _cut_at_round_3(tmp_path, tiny, monkeypatch, fault):  # noqa: ANN001, ANN202
     """A complete 4-round run, then the same run whose round-3 checkpoint write leaves half a
     file and calls ``fault()``: (the complete run, the cut one, the cut run's result)."""

@@ -29,6 +29,7 @@ __all__ = [
     "make_dir",
     "save_safetensors",
     "save_torch",
+    "storage_error",
     "write_file",
 ]
 
@@ -100,10 +101,13 @@ def failing_as(path: Path, doing: str, fix: str, *, tmp: Path | None = None) -> 
                 tmp.unlink(missing_ok=True)
             except OSError:
                 pass
-        errno_txt = f"errno {exc.errno}: " if exc.errno else ""
-        raise StorageError(
-            f"cannot {doing} {str(path)!r} ({errno_txt}{_describe(exc)}); {fix}"
-        ) from None
+        raise storage_error(path, doing, exc, fix) from None
+
+
+def storage_error(path: Path | str, doing: str, exc: OSError, fix: str) -> StorageError:
+    """``cannot <doing> '<path>' (errno N: <reason>); <fix>`` as one :class:`StorageError`."""
+    errno_txt = f"errno {exc.errno}: " if exc.errno else ""
+    return StorageError(f"cannot {doing} {str(path)!r} ({errno_txt}{_describe(exc)}); {fix}")
 
 
 def atomic_write(path: Path, data: bytes, fix: str) -> None:
