@@ -1077,3 +1077,19 @@ def test_command_descriptions_have_one_line_paragraphs():
     for words, callback in _commands(app):
         for paragraph in (inspect.getdoc(callback) or "").split("\n\n"):
             assert "\n" not in paragraph, (words, paragraph)
+
+
+def test_an_empty_npz_dataset_is_one_line_naming_the_file(tmp_path):
+    empty = tmp_path / "e.npz"
+    empty.write_bytes(b"")  # `: > e.npz` (numpy raises a bare EOFError, click prints "Aborted.")
+    out = tmp_path / "run"
+    res = _run(
+        "run", "quickstart", "--set", "dataset.name=npz", "--set", f"dataset.path={empty}",
+        "--set", "rounds=1", "--out", out, "-q",
+    )  # fmt: skip
+    _one_error_line(
+        res,
+        re.escape(f"dataset 'npz': '{empty}' is not a readable .npz file of numeric arrays ")
+        + r"\(the file is empty\); a valid one holds the arrays x_train, y_train, x_test, y_test.*",
+    )
+    assert not out.exists()
