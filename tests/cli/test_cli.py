@@ -1093,3 +1093,17 @@ def test_an_empty_npz_dataset_is_one_line_naming_the_file(tmp_path):
         + r"\(the file is empty\); a valid one holds the arrays x_train, y_train, x_test, y_test.*",
     )
     assert not out.exists()
+
+
+def test_a_set_key_given_twice_is_refused_before_anything_is_written(tmp_path, tiny):
+    out = tmp_path / "run"
+    res = _run(
+        "run", _write_cfg(tmp_path, tiny), "--set", "rounds=1", "--set", "rounds=2", "--out", out
+    )
+    _one_error_line(
+        res,
+        re.escape(
+            "--set rounds given twice (--set rounds=1 and --set rounds=2); give each key once"
+        ),
+    )
+    assert not out.exists()

@@ -11,7 +11,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from fedge.cli.common import err, fail, one_line_warnings, out
+from fedge.cli.common import err, fail, one_line_warnings, out, set_options
 from fedge.core.errors import FedgeError, MessageError
 from fedge.core.rundir_schema import (
     CONFIG,
@@ -238,7 +238,7 @@ def run(
         fail(
             f"unexpected argument {ctx.args[0]!r}{flag}; e.g. fedge run quickstart --measure-memory"
         )
-    overrides = list(set_ or [])
+    overrides = set_options(set_)
     if measure_memory:
         overrides.append("measure.memory=true")
     if workers is not None:
