@@ -237,6 +237,13 @@ def test_mia_rounds_outside_the_run_exit_2(tmp_path: Path) -> None:
     wrong = runner.invoke(app, ["attack", str(run), "--attack", "dlg", "--rounds", "1"])
     assert wrong.exit_code == 2 and "--rounds" in wrong.output
     assert not (run / "attacks" / "mia-rounds.json").exists()
+    # the example is made of the run's own rounds, never the rejected input
+    same = runner.invoke(app, ["attack", str(run), "--attack", "mia", "--rounds", "1,5,10"])
+    assert same.exit_code == 2 and same.stderr.endswith(
+        "expected round numbers in 1..1, e.g. --rounds 1\n"
+    )
+    assert "1,5,10" not in same.stderr.split("expected")[1]
+    assert junk.stderr.endswith("expected rounds of the run (1..1), e.g. --rounds 1\n"), junk.stderr
 
 
 def test_dlg_on_an_eppfl_run_inverts_the_activations_at_the_edge_server(tmp_path: Path) -> None:

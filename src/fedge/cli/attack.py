@@ -58,7 +58,13 @@ from fedge.attacks.harness import (
     pia_attack,
     reconstruction_attack,
 )
-from fedge.attacks.membership_run import membership_attacks, membership_by_round, replay, trained_by
+from fedge.attacks.membership_run import (
+    example_rounds,
+    membership_attacks,
+    membership_by_round,
+    replay,
+    trained_by,
+)
 from fedge.cli.common import err, fail, one_line_warnings, out
 from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, FedgeError, PrivacyWarning
@@ -189,14 +195,15 @@ def _warn_if_not_replayable(raw: dict[str, Any]) -> None:
         )
 
 
-def _parse_rounds(text: str) -> list[int]:
+def _parse_rounds(text: str, last: int) -> list[int]:
     try:
         rounds = [int(p) for p in text.split(",") if p.strip()]
     except ValueError:
         rounds = []
     if not rounds:
         raise ConfigError(
-            f"--rounds {text!r} is not a list of round numbers; expected e.g. --rounds 1,5,10"
+            f"--rounds {text!r} is not a list of round numbers; expected rounds of the run "
+            f"(1..{last}), e.g. --rounds {example_rounds(last)}"
         )
     return rounds
 
@@ -385,7 +392,7 @@ def attack(
                 every = list(range(1, int(load_config(raw).rounds) + 1))
                 result = _mia_rounds(
                     raw,
-                    every if all_rounds else _parse_rounds(rounds),
+                    every if all_rounds else _parse_rounds(rounds, len(every)),
                     samples,
                     seed,
                     shadows if attack == "mia-shadow" else 0,
