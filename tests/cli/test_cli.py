@@ -1107,3 +1107,26 @@ def test_a_set_key_given_twice_is_refused_before_anything_is_written(tmp_path, t
         ),
     )
     assert not out.exists()
+
+
+def test_a_privacy_budget_that_allows_no_round_says_why_and_exits_1(tmp_path, tiny):
+    """The run is complete (a resume could run nothing more: the budget is spent before round 1)
+    but trained nothing: the terminal says why and the exit status is not success."""
+    privacy = {"mechanism": "gaussian", "noise_multiplier": 1.0, "target_epsilon": 0.001}
+    out = tmp_path / "run"
+    res = _run("run", _write_cfg(tmp_path, tiny, privacy=privacy), "--out", out, "-q")
+    assert res.exit_code == 1, res.output
+    assert re.search(
+        r"^stopped early: privacy.target_epsilon=0.001 reached: round 1 would bring ε to .*"
+        r"stopped after round 0$",
+        res.stdout,
+        re.M,
+    ), res.stdout
+    assert "final test accuracy: n/a" in res.stdout
+    assert res.stderr.splitlines()[-1] == (
+        "the run trained no round: its model is the untrained initial one; raise "
+        "privacy.target_epsilon or privacy.noise_multiplier until round 1 fits (fedge privacy "
+        "epsilon gives ε per round)"
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["rounds"] == 0 and "stopped" in summary

@@ -19,6 +19,8 @@ from fedge.core.rundir_schema import (
     CUM_BYTES_UP,
     FINAL_TEST_ACCURACY,
     ROUND,
+    ROUNDS,
+    STOPPED,
     SUMMARY,
     loads,
 )
@@ -377,7 +379,24 @@ def run(
     summary = loads((path / SUMMARY).read_text())
     acc = summary.get(FINAL_TEST_ACCURACY)
     console = out()
+    stopped = summary.get(STOPPED)
+    if stopped:  # the run's own rule ended it early (a privacy budget): say why, on the terminal
+        console.print(f"stopped early: {stopped}", markup=False)
     console.print(
         f"final test accuracy: {acc:.4f}" if acc is not None else "final test accuracy: n/a"
     )
     console.print(f"run directory: {path}", markup=False)
+    if stopped and not summary.get(ROUNDS):
+        # complete (nothing is left that a resume could run) but nothing trained: not a success
+        err.print(
+            "the run trained no round: its model is the untrained initial one; "
+            + (
+                "raise privacy.target_epsilon or privacy.noise_multiplier until round 1 fits "
+                "(fedge privacy epsilon gives ε per round)"
+                if "target_epsilon" in str(stopped)
+                else "change the setting that stopped it"
+            ),
+            markup=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)

@@ -57,6 +57,7 @@ __all__ = [
     "ROUND_KEYS",
     "SESSIONS",
     "STATUS",
+    "STOPPED",
     "SUMMARY",
     "SUMMARY_KEYS",
     "TEST_ACCURACY",
@@ -124,6 +125,10 @@ CLIENT_TENSOR_PEAK_BYTES = "client_tensor_peak_bytes"
 
 # ---- keys of a complete summary.json
 STATUS = "status"
+# A run is complete once it has ended as its config decides: every round run, or stopped early
+# by its own rule (a privacy budget spent: privacy.target_epsilon), which STOPPED then names.
+# A run whose budget allows no round is complete with ROUNDS = 0 (its model the initial one):
+# a resume could run nothing more, so it is not left claiming a run that can continue.
 COMPLETE = "complete"  # the value of STATUS once the run has finished
 FINAL_TEST_ACCURACY = "final_test_accuracy"
 BEST_TEST_ACCURACY = "best_test_accuracy"
@@ -152,6 +157,7 @@ SUMMARY_KEYS = frozenset(
     }
 )
 TEST_ACCURACY_AT_BEST_VAL = "test_accuracy_at_best_val"  # with dataset.validation
+STOPPED = "stopped"  # why the run ended before its last round (absent when it ran them all)
 
 
 # ---- how values are spelled
