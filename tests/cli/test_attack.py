@@ -17,23 +17,19 @@ runner = CliRunner()
 
 def _run(tmp_path: Path, *sets: str) -> Path:
     out = tmp_path / "run"
-    args = [
-        "run",
-        "quickstart",
-        "--out",
-        str(out),
-        "--set",
-        "rounds=1",
-        "--set",
-        "dataset.name=digits",
-        "--set",
-        "model.name=lenet-dlg",
-        "--set",
-        "clients.num=2",
-        "--set",
-        "clients.per_round=2",
-        *sets,
-    ]
+    defaults = {
+        "rounds": "1",
+        "dataset.name": "digits",
+        "model.name": "lenet-dlg",
+        "clients.num": "2",
+        "clients.per_round": "2",
+    }
+    given = {s.partition("=")[0] for s in sets[1::2]}  # a key given twice is refused: ours yield
+    args = ["run", "quickstart", "--out", str(out)]
+    for key, value in defaults.items():
+        if key not in given:
+            args += ["--set", f"{key}={value}"]
+    args += list(sets)
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     return out
