@@ -1131,3 +1131,20 @@ def test_a_privacy_budget_that_allows_no_round_says_why_and_exits_1(tmp_path, ti
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["rounds"] == 0 and "stopped" in summary
 
+
+def test_piped_output_gets_one_plain_line_per_round(tmp_path, tiny):
+    """stdout not a terminal (``fedge run ... | cat``, a log, CI): a line per round, as it ends."""
+    out = tmp_path / "run"
+    res = _run("run", _write_cfg(tmp_path, tiny, rounds=3, eval_every=2), "--out", out)
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert len(lines) == 5 and lines[3].startswith("final test accuracy: "), lines
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    for line, m in zip(lines[:3], metrics, strict=True):
+        acc = "-" if m["test_accuracy"] is None else f"{m['test_accuracy']:.4f}"
+        assert re.fullmatch(
+            rf"round {m['round']}/3: acc {re.escape(acc)}, [0-9.]+ [kMG]?B moved, \d+:\d\d:\d\d",
+            line,
+        ), line
+    quiet = _run("run", _write_cfg(tmp_path, tiny, rounds=2), "--out", tmp_path / "q", "-q")
+    assert not any(x.startswith("round ") for x in quiet.stdout.splitlines()), quiet.stdout

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +25,7 @@ from fedge.core.rundir_schema import (
     ROUNDS,
     STOPPED,
     SUMMARY,
+    TEST_ACCURACY,
     loads,
 )
 from fedge.experiment.run import Progress
@@ -79,6 +83,43 @@ def _interrupted(target: Path | None, exc: KeyboardInterrupt) -> NoReturn:
             soft_wrap=True,
         )
     raise typer.Exit(143 if isinstance(exc, _Terminated) else 130) from None
+
+
+class _Lines(Progress):
+    """One plain line per round on stdout (round, test accuracy, bytes moved, time since the
+    command started), for a stdout that is not a terminal (``| cat``, a log file, nohup, CI),
+    where a live bar would show only its last state."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.started = False
+
+    def __enter__(self) -> _Lines:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def start(self, total_rounds: int, done: int) -> None:
+        self.started = True
+
+    def round(self, line: dict[str, Any], total_rounds: int) -> None:
+        from fedge.report import format_bytes
+
+        acc = line.get(TEST_ACCURACY)
+        moved = format_bytes(line[CUM_BYTES_DOWN] + line[CUM_BYTES_UP])
+        elapsed = datetime.timedelta(seconds=int(time.monotonic() - self.t0))
+        print(
+            f"round {line[ROUND]}/{total_rounds}: "
+            + (f"acc {acc:.4f}, " if acc is not None else "acc -, ")
+            + f"{moved} moved, {elapsed}",
+            flush=True,  # a pipe is block-buffered: each line as its round ends
+        )
+
+
+def _progress(quiet: bool) -> _Bar | _Lines:
+    """The rich bar (on stderr) on a terminal; plain lines when stdout is not one."""
+    return _Bar(not quiet) if quiet or sys.stdout.isatty() else _Lines()
 
 
 class _Bar(Progress):
@@ -329,7 +370,7 @@ def run(
                         rounds=rounds,
                     )
                 else:
-                    with _Bar(not quiet) as bar:
+                    with _progress(quiet) as bar:
                         path = resume_experiment(
                             resume,
                             rounds=rounds,
@@ -361,7 +402,7 @@ def run(
                         root_certificates=root_certificates,
                     )
                 else:
-                    with _Bar(not quiet) as bar:
+                    with _progress(quiet) as bar:
                         path = run_experiment(
                             cfg,
                             out=target,
