@@ -184,3 +184,15 @@ def test_mia_by_round_with_too_few_members_by_the_first_round_names_the_ways_out
         membership_by_round(build_run(cfg), [1, 2], samples=5)["rounds"]["2"]["loss"]["members"]
         == 5
     )
+
+
+def test_the_example_rounds_are_rounds_of_the_run():
+    from fedge.attacks.membership_run import example_rounds
+
+    assert [example_rounds(n) for n in (1, 2, 3, 10, 11)] == [
+        "1",
+        "1,2",
+        "1,2,3",
+        "1,5,10",
+        "1,6,11",
+    ]

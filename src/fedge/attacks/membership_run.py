@@ -27,6 +27,7 @@ from fedge.experiment.build import BuiltRun, build_run
 
 __all__ = [
     "Replay",
+    "example_rounds",
     "membership_attacks",
     "membership_by_round",
     "replay",
@@ -80,6 +81,12 @@ def _replay(built: BuiltRun, keep: list[int]) -> Replay:
     return Replay(out, {int(c): r for c, r in first.items()})
 
 
+def example_rounds(last: int) -> str:
+    """An example ``--rounds`` value for a run of ``last`` rounds, made of its own rounds:
+    the first, the middle and the last (``1,5,10`` for 10; ``1`` for a 1-round run)."""
+    return ",".join(str(r) for r in sorted({1, (last + 1) // 2, last}))
+
+
 def replay(built: BuiltRun, rounds: list[int]) -> Replay:
     """The intermediate global models a holder of the broadcasts sees: the run re-run from its
     own config (same seed, same data, so the same models) with the global model copied after
@@ -89,7 +96,7 @@ def replay(built: BuiltRun, rounds: list[int]) -> Replay:
     if not rounds or bad:
         raise ConfigError(
             f"rounds {bad or rounds} are not rounds of this run; expected round numbers in 1..{built.config.rounds}, "
-            "e.g. --rounds 1,5,10"
+            f"e.g. --rounds {example_rounds(built.config.rounds)}"
         )
     return _replay(built, sorted(set(rounds)))
 

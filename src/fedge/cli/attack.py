@@ -59,11 +59,18 @@ from fedge.attacks.harness import (
     reconstruction_attack,
     upload_of,
 )
-from fedge.attacks.membership_run import membership_attacks, membership_by_round, replay, trained_by
-from fedge.cli.common import fail, one_line_warnings, out
+from fedge.attacks.membership_run import (
+    example_rounds,
+    membership_attacks,
+    membership_by_round,
+    replay,
+    trained_by,
+)
+from fedge.cli.common import err, fail, one_line_warnings, out
 from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, FedgeError, PrivacyWarning
-from fedge.core.rundir_schema import SUMMARY
+from fedge.core.rundir_schema import SUMMARY, loads
+from fedge.experiment import storage
 from fedge.experiment.build import build_run
 from fedge.experiment.export import load_trained_model
 from fedge.experiment.rundir import RunDir
@@ -99,13 +106,28 @@ def _grid(
     return path
 
 
-def _write(run_dir: Path, name: str, result: dict[str, Any]) -> Path:
+_WRITE_FIX = (
+    "results go to RUN_DIR/attacks/: make the run directory writable (and free space), or copy "
+    "the run to a writable place and attack the copy"
+)
+
+
+def _attacks_folder(run_dir: Path) -> Path:
+    """``RUN_DIR/attacks``, created, and shown to be writable before the attack's work (a
+    read-only run directory is one StorageError line, not a traceback after the work)."""
     folder = run_dir / "attacks"
-    folder.mkdir(exist_ok=True)
-    path = folder / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(path)
+    with storage.failing_as(folder, "create", _WRITE_FIX):
+        folder.mkdir(exist_ok=True)
+    probe = folder / ".write-probe.tmp"
+    with storage.failing_as(folder, "write into", _WRITE_FIX, tmp=probe):
+        storage.write_file(probe, b"")
+        probe.unlink()
+    return folder
+
+
+def _write(run_dir: Path, name: str, result: dict[str, Any]) -> Path:
+    path = _attacks_folder(run_dir) / f"{name}.json"
+    storage.atomic_write(path, json.dumps(result, indent=2).encode(), _WRITE_FIX)
     return path
 
 
@@ -138,15 +160,12 @@ def _dlg(
             )
     ds = run.built.dataset
     images = result.pop("_images")
-    (run_dir / "attacks").mkdir(exist_ok=True)
-    result["images"] = {
-        a: str(
-            _grid(t, r, ds.mean, ds.std, run_dir / "attacks" / f"{optimizer}-{a}").relative_to(
-                run_dir
-            )
-        )
-        for a, (t, r) in images.items()
-    }
+    folder = _attacks_folder(run_dir)
+    result["images"] = {}
+    for a, (t, r) in images.items():
+        with storage.failing_as(folder / f"{optimizer}-{a}.png", "write", _WRITE_FIX):
+            grid = _grid(t, r, ds.mean, ds.std, folder / f"{optimizer}-{a}")
+        result["images"][a] = str(grid.relative_to(run_dir))
     return result
 
 
@@ -176,14 +195,15 @@ def _warn_if_not_replayable(raw: dict[str, Any]) -> None:
         )
 
 
-def _parse_rounds(text: str) -> list[int]:
+def _parse_rounds(text: str, last: int) -> list[int]:
     try:
         rounds = [int(p) for p in text.split(",") if p.strip()]
     except ValueError:
         rounds = []
     if not rounds:
         raise ConfigError(
-            f"--rounds {text!r} is not a list of round numbers; expected e.g. --rounds 1,5,10"
+            f"--rounds {text!r} is not a list of round numbers; expected rounds of the run "
+            f"(1..{last}), e.g. --rounds {example_rounds(last)}"
         )
     return rounds
 
@@ -223,7 +243,7 @@ def _trained_clients(run_dir: Path, built: Any) -> list[int]:
     run's rounds re-run from its config (same seed and data, so the same clients; a Flower
     deployment's node failures are not replayed). Trains ``built``'s strategy in that case."""
     last = built.config.rounds
-    summary = json.loads((run_dir / SUMMARY).read_text())
+    summary = loads((run_dir / SUMMARY).read_text())
     if "first_aggregated" in summary:
         return trained_by(summary["first_aggregated"], last)
     with Progress(transient=True) as bar, one_line_warnings():
@@ -361,6 +381,7 @@ def attack(
     try:
         with one_line_warnings():  # every warning one line, as the run's own
             raw = RunDir(run_dir).read_config()
+            _attacks_folder(run_dir)  # writable, before the work
             if (rounds or all_rounds) and attack not in ("mia", "mia-shadow"):
                 raise ConfigError(
                     f"--rounds/--all-rounds apply to --attack mia or mia-shadow, not {attack!r}; drop them"
@@ -371,7 +392,7 @@ def attack(
                 every = list(range(1, int(load_config(raw).rounds) + 1))
                 result = _mia_rounds(
                     raw,
-                    every if all_rounds else _parse_rounds(rounds),
+                    every if all_rounds else _parse_rounds(rounds, len(every)),
                     samples,
                     seed,
                     shadows if attack == "mia-shadow" else 0,
@@ -382,10 +403,18 @@ def attack(
                 result = _pia(raw, samples, seed, property_class)
             else:
                 result = _mia(run_dir, raw, samples, seed, shadows if attack == "mia-shadow" else 0)
+        result["seed"] = seed
+        path = _write(run_dir, f"{attack}-rounds" if "rounds" in result else attack, result)
     except FedgeError as exc:
         fail(exc)
-    result["seed"] = seed
-    path = _write(run_dir, f"{attack}-rounds" if "rounds" in result else attack, result)
+    except KeyboardInterrupt:  # Ctrl-C: one line and 130, as fedge run
+        err.print(
+            "interrupted; the attack wrote no result (it writes them when it ends): run the "
+            "command again",
+            markup=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(130) from None
     console = out()
     if "rounds" in result:
         for r, row in result["rounds"].items():

@@ -165,10 +165,12 @@ def load_npz(*, root: str | Path | None, seed: int, path: str | None = None) -> 
     try:
         with np.load(p, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files if k in ARRAYS}
-    except (ValueError, OSError, zipfile.BadZipFile) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:  # EOFError: an empty file
+        why = "the file is empty" if isinstance(exc, EOFError) else str(exc)
         raise ConfigError(
-            f"dataset 'npz': {str(p)!r} is not a readable .npz file of numeric "
-            f"arrays ({exc}); write it with np.savez(...)"
+            f"dataset 'npz': {str(p)!r} is not a readable .npz file of numeric arrays ({why}); "
+            f"a valid one holds the arrays {', '.join(ARRAYS)}: write it with "
+            "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"
         ) from None
     return raw_from_arrays("npz", arrays, source=str(p.resolve()))
 

@@ -36,6 +36,7 @@ from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, DataNotFoundError, ResumeError
 from fedge.core.rundir_schema import MODEL
 from fedge.core.validation import path_argument
+from fedge.experiment import storage
 from fedge.experiment.build import BuiltRun, rebuild_run
 from fedge.experiment.rundir import RunDir
 
@@ -292,20 +293,26 @@ def export_model(
         raise ConfigError(
             f"export --out {str(dest)!r} is a directory; name the file to write, e.g. --out {dest / name}"
         )
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise ConfigError(
-            f"export --out {str(dest)!r}: a part of its folder {str(dest.parent)!r} is a file; choose another --out"
-        ) from None
+    fix = f"choose a writable --out, e.g. --out ./{name}"
+    with storage.failing_as(dest.parent, "create the folder", fix):
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise ConfigError(
+                f"export --out {str(dest)!r}: a part of its folder {str(dest.parent)!r} is a file; choose another --out"
+            ) from None
     meta = trained.metadata()
     example = torch.zeros((1, *trained.input_shape))
     tmp = dest.with_name(dest.name + ".tmp")
-    try:
-        _write_model(trained, format, example, tmp, meta)
-        tmp.replace(dest)
-    finally:
-        tmp.unlink(missing_ok=True)  # a failed write leaves nothing half-written
+    # a read-only or full target is one StorageError naming it; the probe finds it before the
+    # exporters, which report a file they cannot open as a RuntimeError without the path
+    with storage.failing_as(dest, "write", fix, tmp=tmp):
+        storage.write_file(tmp, b"")
+        try:
+            _write_model(trained, format, example, tmp, meta)
+            tmp.replace(dest)
+        finally:
+            tmp.unlink(missing_ok=True)  # a failed write leaves nothing half-written
     return ExportResult(dest, format, meta)
 
 

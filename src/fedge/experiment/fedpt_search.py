@@ -37,6 +37,7 @@ from fedge.core.rundir_schema import (
     FINAL_TEST_ACCURACY,
     METRICS,
     SUMMARY,
+    loads,
 )
 from fedge.experiment.build import build_run
 from fedge.experiment.run import resolved_config, resume_experiment, run_experiment
@@ -90,8 +91,8 @@ def _run(cfg: RunConfig, out: Path, freeze: list[str], accepted: bool | None) ->
             resume_experiment(out, render=False)
         else:
             run_experiment(cfg, out=out, render=False)
-    summary = json.loads((out / SUMMARY).read_text())
-    last = json.loads((out / METRICS).read_text().splitlines()[-1])
+    summary = loads((out / SUMMARY).read_text())
+    last = loads((out / METRICS).read_text().splitlines()[-1])
     n = last[CLIENTS]
     return Trial(
         list(freeze),

@@ -292,7 +292,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
+        obj = schema.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunDirError(f"{path} is not valid JSON ({e}); delete or restore it") from e
     if not isinstance(obj, dict):
@@ -329,7 +329,7 @@ def _read_metrics(path: Path) -> list[dict[str, Any]]:
     by_round: dict[int, dict[str, Any]] = {}
     for pos, (lineno, line) in enumerate(numbered):
         try:
-            row = json.loads(line)
+            row = schema.loads(line)
         except json.JSONDecodeError as e:
             if pos == len(numbered) - 1:
                 warnings.warn(

@@ -35,11 +35,13 @@ only; the floating-point Gaussian sampler is not hardened against the attacks of
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from fedge.core.config import ConfigModel
+from fedge.core.errors import PrivacyWarning
 
 __all__ = ["Accountant", "Mechanism", "PrivacyConfig", "Sampling"]
 
@@ -175,6 +177,14 @@ class PrivacyConfig(ConfigModel):
             raise ValueError(
                 "privacy.sampling=fixed is accounted with RDP only (dp-accounting's PLD accountant has "
                 "no sampling-without-replacement event); set privacy.accountant=rdp or privacy.sampling=poisson"
+            )
+        if self.enabled and self.noise_multiplier == 0:
+            warnings.warn(
+                f"privacy.mechanism={self.mechanism} with privacy.noise_multiplier=0 adds no noise: "
+                'the run has no differential privacy (ε = inf, written "inf" in summary.json); '
+                "set privacy.noise_multiplier > 0 (e.g. 1.0), or keep 0 only as the no-privacy check",
+                PrivacyWarning,
+                stacklevel=2,
             )
         return self
 
