@@ -10,7 +10,15 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["T_975", "direction", "paired_difference", "size", "t_interval", "verdict"]
+__all__ = [
+    "NO_INTERVAL",
+    "T_975",
+    "direction",
+    "paired_difference",
+    "size",
+    "t_interval",
+    "verdict",
+]
 
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (scipy.stats.t.ppf(0.975, df)).
@@ -50,6 +58,10 @@ def paired_difference(
         "hi": hi,
     }
 
+
+#: The direction of a comparison run on one seed: no interval, so no direction, whatever the point
+#: estimates show (a script that writes one says so, then what the point estimates show).
+NO_INTERVAL = "not resolved (one seed: no interval)"
 
 SAME, OPPOSITE, UNRESOLVED = (
     "same direction",
