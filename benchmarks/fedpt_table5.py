@@ -170,7 +170,9 @@ def markdown(report: dict[str, Any], command: str) -> str:
         f"of batch 10, lr 0.1), {PER_ROUND} clients per round, {ROUNDS} rounds = "
         f"{ROUNDS * PER_ROUND // POPULATION} shuffled passes (no client twice in a tree; the tree restarts "
         "each pass, and the passes compose), server SGD lr 1, 2,000 test images, one seed (0). ε is "
-        "dp-accounting's RDP bound for that run, read from its summary.json; it is the same for FT and PT.\n\n"
+        "dp-accounting's RDP bound for that run, read from its summary.json; it is the same for FT and PT. "
+        "**Departure from the paper, stated**: one seed, so the FT/PT comparison has no interval and no "
+        "direction is resolved (3 seeds wait for the long runs, docs/planned.md).\n\n"
         + table(report)
         + "\n\n"
         + verdict(report)
