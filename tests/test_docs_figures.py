@@ -74,6 +74,21 @@ def _comm(monkeypatch: pytest.MonkeyPatch, k: int) -> tuple[dict, str]:
     return report, comm.comm_markdown(report, "fedge bench comm --docs docs/benchmarks.md")
 
 
+def test_comm_table_is_its_record_rendered() -> None:
+    """The section's table and epoch-level line are what ``comm_markdown`` renders from the
+    committed record its command wrote (``--json benchmarks/results/baffle_comm/report.json``)."""
+    import json
+
+    from fedge.bench import comm
+
+    record = DOCS.parents[1] / "benchmarks/results/baffle_comm/report.json"
+    markdown = comm.comm_markdown(json.loads(record.read_text()), "")
+    docs = _section("baffle-comm")
+    for line in markdown.splitlines():
+        if line.startswith(("| ", "Epoch-level")):
+            assert line in docs, f"bench:baffle-comm lacks its record's {line!r}: re-render it"
+
+
 @pytest.mark.parametrize(
     "k", [100, pytest.param(200, marks=pytest.mark.slow), pytest.param(500, marks=pytest.mark.slow)]
 )
@@ -581,7 +596,6 @@ AWAITING_RECORDS = {
     # measured by their command (timings, memory, bytes of one round): no run records written
     "engine": "timings of trivial clients",
     "presets": "two preset runs, measured by `fedge bench presets`",
-    "baffle-comm": "message sizes of one round (re-derived by test_comm_table_row, not recorded)",
     "client-memory": "memory measurements",
     "zo-step": "timings",
     "zo-precision": "a float64 oracle, measured by its script",
