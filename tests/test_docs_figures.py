@@ -600,7 +600,6 @@ AWAITING_RECORDS = {
     "zo-step": "timings",
     "zo-precision": "a float64 oracle, measured by its script",
     "population": "timings and RSS",
-    "dp-ftrl-epsilon": "the accountant alone (tested in tests/privacy/dp)",
     "flower": "timings",
     "flower-ray": "timings",
     "cross-device": "a million-device run, measured by its script",
@@ -647,6 +646,27 @@ def test_every_section_names_its_committed_records(name: str) -> None:
     for where in named:
         files = [p for p in (ROOT / where).rglob("*") if p.is_file()]
         assert files, f"bench:{name} names {where}/, which holds no committed files"
+
+
+def test_dp_ftrl_epsilon_rows_are_their_records() -> None:
+    """The ε rows of bench:dp-ftrl-epsilon are the committed `fedge privacy epsilon --json` records
+    (RDP to 6 significant digits, PLD to 4 decimals), for the noise multipliers of the header."""
+    import json
+
+    section = _section("dp-ftrl-epsilon")
+    rows = {r[0]: r[1:] for r in _rows(section, "| noise multiplier z |")}
+    head = next(line for line in section.splitlines() if line.startswith("| noise multiplier z |"))
+    zs = [float(c) for c in head.strip().strip("|").split("|")[1:]]
+    for accountant, label, fmt in (
+        ("rdp", "ε, fedge (RDP, dp-accounting)", "{:.6g}"),
+        ("pld", "ε, fedge `--accountant pld` (tighter, not the paper's)", "{:.4f}"),
+    ):
+        record = json.loads(
+            (ROOT / f"benchmarks/results/dp_ftrl_epsilon/{accountant}.json").read_text()
+        )
+        assert [r["noise_multiplier"] for r in record["rows"]] == zs
+        want = [fmt.format(r["epsilon"]) for r in record["rows"]]
+        assert rows[label] == want, f"{label}: docs {rows[label]}, record {want}"
 
 
 def test_privacy_leakage_section_is_its_record_rendered() -> None:
