@@ -1,5 +1,7 @@
-"""The pieces of one round, each on its own: :func:`drive_round`, :class:`RoundTotals`,
-:func:`check_failures` and :func:`metrics_line`, which the engine calls in that order.
+"""The pieces of one round, each on its own, called by the engine in this order: :func:`drive_round`
+drives a strategy's round generator, :class:`RoundTotals` accounts each exchange's costs and
+failed clients, :func:`check_failures` decides whether the round goes on without them, and
+:func:`metrics_line` writes the round's metrics line.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Which runtime runs a run's client steps (``engine``, ``flower-sim``, ``flower``), as one typed,
-validated value, :class:`Runtime`.
+validated value, :class:`Runtime`; :meth:`Runtime.of` is the one place a runtime and a backend
+given as text are checked.
 """
 
 from __future__ import annotations

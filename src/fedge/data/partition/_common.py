@@ -1,5 +1,6 @@
 """Shared pieces of the partitioners: parameter checks and the ``owner`` array (the client of each
-sample), which :func:`parts_from_owner` turns into one sorted index array per client.
+sample, so each sample is assigned exactly once by construction), which
+:func:`parts_from_owner` turns into one sorted index array per client.
 """
 
 from __future__ import annotations
