@@ -1,4 +1,6 @@
-"""The public Python API, for notebooks and scripts: ``import fedge`` and go.
+"""The public Python API, for notebooks and scripts: ``import fedge`` and go. Everything here
+turns Python arguments into a config and calls the experiment layer (:mod:`fedge.experiment`).
+Design notes: docs/decisions.md#command-line-and-python-api.
 
 >>> import fedge, torch
 >>> run = fedge.run("quickstart", overrides={"rounds": 3}, out="runs/nb1")
@@ -18,13 +20,6 @@ Your own arrays need no Python beyond writing them (``x_train``, ``y_train``, ``
 ...                 overrides={"rounds": 2})
 >>> len(run.metrics), run.path.parent.name
 (2, 'runs')
-
-Everything here calls the experiment layer (:mod:`fedge.experiment`); nothing here holds
-logic of its own beyond turning Python arguments into a config.
-
-Threads: a run sets torch's intra-op threads to the config's ``threads`` (default 1: two
-torch threads collapse under contention on a shared machine) and restores the caller's setting
-afterwards; pass ``overrides={"threads": None}`` to keep torch's own default during the run.
 """
 
 from __future__ import annotations

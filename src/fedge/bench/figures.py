@@ -1,10 +1,5 @@
-"""A finished run directory's figures, as the benchmark tables read them.
-
-A run directory holds ``summary.json`` (one object) and ``metrics.jsonl`` (one object per
-round); :func:`read_run_logs` reads both. :func:`run_figures` turns them into the per-run
-figures of the FedPT tables (``benchmarks/fedpt_table1.py``, ``fedpt_table2.py``; FedPT, seed
-002, Tables 1, 2 and 4: trainable fraction, bytes, accuracy, client time and memory), and
-:func:`mean_over_seeds` averages one row's runs.
+"""A finished run directory's figures as the benchmark tables read them (:func:`read_run_logs`,
+:func:`run_figures`, :func:`mean_over_seeds`; FedPT, seed 002, Tables 1, 2 and 4).
 """
 
 from __future__ import annotations

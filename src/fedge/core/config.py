@@ -1,12 +1,6 @@
-"""The run configuration: typed models of its sections, and :func:`load_config`, the one place
-a :class:`RunConfig` is made from a preset name, a YAML path or a mapping plus overrides.
-
-The fixed sections are pydantic models with ``extra="forbid"``; the sections whose keys depend
-on a choice (``partition``, ``model``, ``method``) are validated by the chosen partitioner,
-model or method. Presets and YAML files are read by :mod:`fedge.core.presets`, ``--set``
-overrides applied by :mod:`fedge.core.overrides`, and every problem becomes one
-:class:`ConfigError` naming the dotted key, the bad value and the valid choices
-(:mod:`fedge.core.validation`).
+"""The run configuration: typed models of its sections, and :func:`load_config`, the one place a
+:class:`RunConfig` is made from a preset name, a YAML path or a mapping plus overrides.
+Design notes: docs/decisions.md#core.
 
 Example:
     >>> cfg = load_config("quickstart", overrides=["rounds=5", "method.local_epochs=2"])

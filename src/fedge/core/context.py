@@ -1,17 +1,5 @@
-"""What a party sees in one round: its data (clients), its state, its randomness, its meter
-and its links to other parties.
-
-Every party — client, edge server, enclave, third party — has
-
-- its own **persistent state** (``ctx.state``: tensors and scalars, kept by the engine across
-  rounds and checkpointed with the run, so it survives ``--resume``);
-- its own **generator**, derived from (run seed, party kind, party key, round), so its
-  draws do not depend on which other parties ran or in what order;
-- its own **meter**: a side party's FLOPs, memory and time are measured on its account,
-  never on the client that called it (the client's meter is paused during the call).
-
-A :class:`Link` is a client's channel to a side party: every call really serializes both
-messages and counts their bytes on the link (``client->NAME`` and ``NAME->client``).
+"""What a party sees in one round: its data (clients), its persistent state, its derived
+generator, its own meter and its :class:`Link` to other parties. Design notes: docs/decisions.md#core.
 """
 
 from __future__ import annotations

@@ -1,16 +1,5 @@
-"""Messages between server, clients and side parties, and their wire encoding.
-
-A :class:`Message` holds named tensors (``arrays``), a small ``config`` mapping
-(int, float, str, bytes, bool, None) and ``metrics`` (numbers). Its size on the wire is
-``len(message.to_bytes())`` — the real serialized bytes, never an estimate from shapes.
-The same encoding is used by the in-process engine and by checkpoints of party state (and is
-what a Flower adapter would carry), so byte counts mean the same thing everywhere.
-
-Wire format (version 1) is a MessagePack array ``[1, arrays, config, metrics]`` where
-``arrays`` is a list of ``[name, dtype, shape, raw little-endian bytes]``. MessagePack
-keeps framing small: a message carrying only K float32 scalars named ``"dL"`` costs
-``4K`` bytes of payload plus about a dozen bytes of framing, which is what BAFFLE's
-batch-level uplink must show (Algorithm 1: clients upload K loss differences).
+"""Messages between server, clients and side parties (:class:`Message`), and their wire encoding
+(MessagePack); a message's size is ``len(message.to_bytes())``, never an estimate. Design notes: docs/decisions.md#core.
 """
 
 from __future__ import annotations

@@ -1,38 +1,6 @@
-"""The parties of a method and the shape of one round (DESIGN.md, "The shape of one round").
-
-- A :class:`Strategy` runs on the server. A round is a generator, :meth:`Strategy.round`,
-  that reads top to bottom: it yields an :class:`Exchange` ("send these messages to these
-  clients") and receives their replies, as many times as the round needs, then returns the
-  round's metrics. A one-exchange method only writes ``configure_round`` and
-  ``aggregate_round``; the default ``round`` is exactly::
-
-      replies = yield Exchange(self.configure_round(rnd, client_ids))
-      return self.aggregate_round(rnd, replies)
-
-  A multi-step round composes with ``yield from`` (``sums = yield from secure_sum(...)``).
-  A strategy may also talk to a server-side party (PPFL's server enclave) by yielding a
-  :class:`PartyCall`, which returns that party's reply.
-- A :class:`ClientProgram` runs on the device: ``run(message, ctx) -> message``, once per
-  exchange it is sent. ``ctx`` (:class:`fedge.core.context.ClientContext`) gives the
-  client's data, its persistent state, a per-round scratch state, a derived generator, a
-  meter and links to side parties.
-- A :class:`SideParty` is any other participant (an edge server, an enclave, a third-party
-  randomness server): ``handle(message, ctx) -> message`` with its own persistent state,
-  generator and meter (:class:`fedge.core.context.PartyContext`). A :class:`PartySpec`
-  says whether each client has its own instance (``scope="client"``: EPPFL's edge server,
-  a client's enclave) or one instance serves everyone (``scope="shared"``).
-
-A strategy must give its round (``round``, or ``configure_round`` + ``aggregate_round``), the
-model to evaluate (``eval_model``) and its state (``state_dict``/``load_state_dict``). Everything
-else is an optional hook (:data:`OPTIONAL_HOOKS`, grouped in the small protocols below:
-:class:`ClientSelection`, :class:`PartialReplies`, :class:`Stopping`, :class:`RoundAccounting`,
-:class:`SideEvaluation`, :class:`ResumeCheck`, :class:`HasGlobalModel`), whose default
-:class:`Strategy` gives. Wrappers (EMA evaluation, secure aggregation, DP, pruning phases)
-subclass :class:`StrategyWrapper`, which forwards every optional hook to the wrapped strategy
-by itself, and override only what they change.
-
-The shape mirrors Flower's Message API (configure/aggregate on the server, a handler on the
-client) on purpose: the Flower runtime (:mod:`fedge.runtime.flower`) drives both unchanged.
+"""The parties of a method and the shape of one round: a :class:`Strategy` on the server whose
+round is a generator of :class:`Exchange` steps, a :class:`ClientProgram` on the device, and
+:class:`SideParty` participants (DESIGN.md, "The shape of one round"). Design notes: docs/decisions.md#core.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Explicit, derived randomness.
-
-Every random draw in fedge takes a ``torch.Generator`` derived from the run seed and a
-*purpose path* such as ``("sample", round)`` or ``("client", round, cid)``. Derivation
-hashes the path with BLAKE2b, so generators for different purposes are independent,
-adding a new purpose never shifts the others, and no global RNG is ever touched — except
-inside a :class:`GlobalStream`, which lends torch's global RNG, forked and seeded from a
-party's own generator, to layers that take no generator (``nn.Dropout``).
+"""Explicit, derived randomness: every draw takes a ``torch.Generator`` derived from the run seed
+and a purpose path (hashed with BLAKE2b); no global RNG is touched. Design notes: docs/decisions.md#core.
 
 Example:
     >>> g = generator(0, "client", 3, 17)   # run seed 0, round 3, client 17

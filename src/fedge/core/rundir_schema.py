@@ -1,19 +1,6 @@
-"""The run directory's schema: the names of the files a run writes and the keys of its
-``metrics.jsonl`` lines and ``summary.json`` that readers depend on.
-
-The writer (:mod:`fedge.experiment.rundir`, with the engine's metrics lines and the summary of
-:mod:`fedge.experiment.run`) and every reader (:mod:`fedge.report.runlog`, the benchmark
-tables, the CLI) spell these names from here. A run is complete exactly when :data:`SUMMARY`
-holds :data:`STATUS` equal to :data:`COMPLETE`. Every metrics line holds :data:`ROUND_KEYS`
-(accuracy and loss are null on rounds not evaluated); a complete summary holds
-:data:`SUMMARY_KEYS`; methods and options add keys of their own to both.
-
-Every JSON file of a run directory is strict JSON (RFC 8259), readable by any parser: a number
-that is not finite (ε of DP with ``noise_multiplier=0`` is infinite) is written as the string
-:data:`NON_FINITE` maps it to (``"inf"``, ``"-inf"`` or ``"nan"``, what Python's ``float()``
-reads back), never as the bare ``Infinity``/``NaN`` tokens of Python's ``json``. The writer
-encodes with :func:`dumps`, readers decode with :func:`loads`, which turns those strings back
-into floats (and still reads files written with the bare tokens).
+"""The run directory's schema: the names of the files a run writes, the keys of its
+``metrics.jsonl`` lines and ``summary.json`` that readers depend on, and their strict-JSON
+encoding (:func:`dumps`, :func:`loads`). Design notes: docs/decisions.md#core.
 """
 
 from __future__ import annotations

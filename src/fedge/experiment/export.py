@@ -1,23 +1,6 @@
-"""The trained model of a run directory: load it, and export it for on-device inference.
-
-``fedge export RUN_DIR --format torchscript`` writes ``model.pt``: a TorchScript module
-(``torch.jit.load`` on the device, no fedge needed) that maps a batch of *normalized* inputs
-``(B, *input_shape)`` to logits ``(B, num_classes)``. The preprocessing it expects travels
-inside the file as ``fedge.json`` (input shape, class names, and the per-channel or per-feature
-``mean``/``std`` of the [0, 1]-scaled training data: ``x_norm = (x / scale - mean) / std``).
-
-A pruned model (``ntk-baffle``) is exported with its masks applied, so every pruned weight is
-exactly zero in the file.
-
-``--format pt2`` writes ``model.pt2``: a ``torch.export`` ExportedProgram (``torch.export.load``,
-then ``.module()``; the input ExecuTorch lowers for a device runtime), with a dynamic batch axis
-and the same ``fedge.json`` as an extra file. TorchScript stays the default because it loads on
-older torch builds and from C++ (libtorch) without a lowering step, although torch 2.13
-deprecates ``torch.jit``; ``pt2`` is the route that keeps working.
-
-``--format onnx`` writes ``model.onnx`` (input ``x`` with a dynamic batch axis, output
-``logits``, the same ``fedge.json`` in its metadata_props). It needs the ``onnx`` extra
-(``pip install 'fedge[onnx]'``: onnx and onnxscript); where they are missing the error says so.
+"""The trained model of a run directory: load it, and export it for on-device inference
+(TorchScript, ``torch.export`` or ONNX, with its preprocessing in ``fedge.json``).
+Design notes: docs/decisions.md#experiment-and-reports.
 """
 
 from __future__ import annotations

@@ -1,22 +1,5 @@
-"""FedPT's search for a partially trainable network (seed 002, Sec. 3.1, principles 1–4).
-
-    1. Start from freezing the largest parameter block of a network.
-    2. Add more blocks if it did not degrade the model performance on utility (accuracy).
-    3. Switch to a smaller block if it did degrade the model performance by a large margin.
-    4. Repeat these steps to find the best PTN.
-
-Made concrete: one fully trainable baseline trial, then the model's blocks in decreasing order
-of freezable parameters; each trial freezes the accepted blocks plus the next one, for
-``budget_rounds`` rounds of FedPT. A trial whose final test accuracy is within ``tolerance`` of
-the baseline's is accepted (its block stays frozen: principle 2); otherwise its block is
-dropped and the next, smaller one is tried in its place (principle 3). A trial that would
-freeze every parameter is skipped. The chosen partition is the last accepted set (empty when
-no block can be frozen within the tolerance).
-
-Every trial is an ordinary run directory under ``out``; a complete one is read instead of
-rerun and an interrupted one is resumed, so the search resumes too. ``search.json`` in
-``out`` holds every trial (frozen blocks, trainable fraction, accuracy, bytes per client per
-round) and the choice.
+"""FedPT's search for a partially trainable network (seed 002, Sec. 3.1, principles 1–4), one
+resumable run directory per trial. Design notes: docs/decisions.md#experiment-and-reports.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""fedge runs on a Flower deployment: the ServerApp and ClientApp that ``flwr run`` starts.
-
-The run is fixed by two ``run_config`` keys: ``fedge-config`` (the run's config as JSON text:
-every SuperNode builds the same data, partition and method from it, and takes its own client,
-``node_config["partition-id"]``) and ``out`` (the run directory the ServerApp writes). The
-ServerApp runs :func:`fedge.experiment.run.run_experiment` with Flower's Grid as the runtime,
-so the run directory is the same as the built-in engine's.
+"""fedge on a Flower deployment: the ServerApp and ClientApp that ``flwr run`` starts, fixed by
+the ``fedge-config`` and ``out`` run-config keys. Design notes: docs/decisions.md#experiment-and-reports.
 """
 
 from __future__ import annotations

@@ -1,31 +1,5 @@
-"""The run directory: what a run leaves on disk, written so that a crash, a full disk or a
-second run aimed at the same place never leaves something that looks complete.
-
-    .fedge-claim       created exclusively (O_EXCL) before anything else: one run owns the directory
-                       (the claim of a run of this host that died before writing more is taken over)
-    .fedge-config.json the resolved config as last run (what ``--resume`` compares config.yaml to)
-    config.yaml        resolved config (every default filled in)
-    config_changes.jsonl  edits accepted by ``--resume --allow-config-change`` (round, key, old, new)
-    partition.json     partition summary (samples and label histogram per client)
-    metrics.jsonl      one JSON object per completed round, flushed every round
-    sessions.jsonl     one line each time rounds are driven: the first round and the machine
-                       (:mod:`fedge.experiment.provenance`)
-    checkpoint.pt      state after the last completed round (atomic replace), for --resume
-    summary.json       written last, with "status": "complete"
-    model.safetensors  final model (the one evaluated: the EMA where a method keeps one)
-    plots/, report.md, report.html
-
-A run is complete exactly when ``summary.json`` exists with ``status == "complete"``. The names
-of the files and keys are :mod:`fedge.core.rundir_schema`'s, which every reader uses too.
-
-One run owns the directory and one process at a time holds it while it drives the rounds
-(:mod:`fedge.experiment.claim`: a second run or ``--resume`` aimed at it gets
-:class:`~fedge.experiment.claim.RunDirBusyError`). Every write goes through
-:mod:`fedge.experiment.storage`: a file is replaced whole, and an ``OSError`` (read-only
-filesystem, disk full) becomes one :class:`~fedge.experiment.storage.StorageError` naming the
-path. What was written before stays consistent: ``--resume`` continues from the last checkpoint.
-Every JSON file is strict JSON (:func:`fedge.core.rundir_schema.dumps`: an infinite ε is
-``"inf"``).
+"""The run directory: what a run leaves on disk, written so that a crash, a full disk or a second
+run aimed at the same place never leaves something that looks complete. Design notes: docs/decisions.md#experiment-and-reports.
 """
 
 from __future__ import annotations

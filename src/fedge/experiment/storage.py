@@ -1,10 +1,7 @@
-"""The writes of a run directory, the only places that touch its disk: a file is written whole
-(to a temporary file, then renamed over the old one) or appended to, and any ``OSError``
-(read-only filesystem, disk full, permissions) becomes one :class:`StorageError` naming the
-path, after the half-written temporary file is removed. Tensors are serialized in memory and
-written by :func:`write_file` too, because ``torch.save`` and ``safetensors`` writing to a path
-report a full disk as a ``RuntimeError`` without the path or the errno. Callers call these
-through the module (``storage.write_file``), so a test can inject a failure at one place."""
+"""The writes of a run directory, the only places that touch its disk: whole-file replaces and
+appends, every ``OSError`` turned into one :class:`StorageError` naming the path.
+Design notes: docs/decisions.md#experiment-and-reports.
+"""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""PNG plots of one run or several, drawn with matplotlib's Agg canvas.
-
-Figures are built from ``matplotlib.figure.Figure`` with a ``FigureCanvasAgg`` attached, never
-through ``pyplot``: no global figure state, and a user's backend choice is left alone.
-
-Accuracy is logged as a fraction in [0, 1] and drawn in percent. Cumulative bytes are drawn in
-MB (10^6 bytes, the unit links are priced in) on a log axis when they span more than two decades,
-which is the usual case when comparing a seed-sized uplink (BAFFLE) with model deltas (FedAvg).
-Round axes tick at whole rounds only. The bytes-per-round plot keeps headroom above its highest
-line, and draws "down" wide and pale under a dashed "up", so that where a round moves about as
-many bytes each way (FedAvg) neither line hides the other.
+"""PNG plots of one run or several, drawn with matplotlib's Agg canvas (never ``pyplot``).
+Design notes: docs/decisions.md#experiment-and-reports.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Reading a run directory written by the engine.
-
-A run directory holds ``config.yaml`` (resolved config), ``partition.json`` (who got which
-data), ``metrics.jsonl`` (one JSON object per completed round, flushed every round) and, once
-the run has finished, ``summary.json`` with ``"status": "complete"``; the names of its files
-and keys are :mod:`fedge.core.rundir_schema`'s, which the writer uses too. A directory without a
-complete summary is a run in progress (or one that crashed); everything here reads it anyway
-and reports it as "incomplete (N rounds so far)".
+"""Reading a run directory written by the engine, finished or in progress (:func:`load_run`),
+with the file and key names of :mod:`fedge.core.rundir_schema`.
 
 Example:
     >>> import fedge

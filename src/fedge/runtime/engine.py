@@ -1,43 +1,6 @@
-"""The in-process federated simulation engine.
-
-One round (DESIGN.md):
-
-    sample clients ─► strategy.round(rnd, ids) ──yield Exchange(messages)──► serialize ─►
-        client programs (each with its links to side parties) ─► serialize ─► replies sent
-        back into the round ─► ... (as many exchanges as the round yields) ─► metrics
-        ─► evaluate ─► one metrics line, checkpoint
-
-Every party is metered on its own account: the client's meter is paused while a side party
-(edge server, enclave, third party) handles a call, and the party's FLOPs, time and memory
-are logged per party kind (``flops.edge``), bytes per link (``bytes.client->edge``). Side
-parties and clients keep persistent state (checkpointed); clients also get a per-round
-scratch state carried between the round's exchanges and dropped when it ends.
-
-Every message crosses a real serialization boundary in both directions, so ``bytes_down``
-and ``bytes_up`` are lengths of real encoded messages and a client can never share tensors
-with the server by accident. A message object returned for several clients (a broadcast)
-is encoded once and charged to every client.
-
-A client that fails to reply — dropped out (``dropout``: each client an exchange addresses
-fails with that probability, a seeded draw per round, exchange and client, before it computes
-anything; the message it was sent is still counted) or a Flower node that errs or times out —
-is out for the rest of the round. A strategy that takes :attr:`Strategy.partial_replies`
-goes on with the replies that arrived, as long as at least ``min_replies`` did. A round that
-cannot complete under ``min_replies`` (fewer replies than that, or fewer than a protocol's
-threshold: a :class:`~fedge.core.errors.ShortRoundError`) is skipped: the strategy's state
-is put back as it was before the round (the global model unchanged; the clients' own states
-keep what their steps did; :meth:`Strategy.round_skipped` then redoes what must outlive the
-restore, such as privacy spent), the round is evaluated and logged with ``round_skipped``, and the
-run goes on. Without ``min_replies`` any failure stops the run with one error naming every
-client that did not deliver (the rounds before it are checkpointed). ``clients_failed``
-counts the round's failed clients.
-
-Client steps run behind a :class:`~fedge.runtime.executor.ClientExecutor`: sequentially in
-this process by default, in a pool of forked worker processes (``workers > 0``), or on Flower
-nodes (:mod:`fedge.runtime.flower`). Results do not depend on the executor, except through
-float summation order if torch's own thread count differs between the settings. A round is
-:meth:`Simulation.run_round`: sampling, the round driver, the accounting and the metrics line
-of :mod:`fedge.runtime.round`, and evaluation.
+"""The in-process federated simulation engine: :class:`Simulation` samples clients, drives each
+round's exchanges through a client executor with every message really serialized, meters every
+party on its own account, evaluates, logs one metrics line and checkpoints. Design notes: docs/decisions.md#runtime-and-engine.
 """
 
 from __future__ import annotations

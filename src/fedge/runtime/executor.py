@@ -1,10 +1,6 @@
-"""Client executors: what runs an exchange's client steps for the engine, from message bytes
-to reply bytes, behind one interface (:class:`ClientExecutor`). :class:`InProcessExecutor` runs
-them one after another in this process, :class:`WorkerExecutor` in a pool of forked worker
-processes (``clients.workers``), and :class:`fedge.runtime.flower.FlowerExecutor` on Flower
-nodes. The engine decides what is sent (and who dropped out) and accounts for what comes
-back; an executor runs the steps, keeps each client's states in the engine's
-:class:`ClientStates`, and says which clients gave no result and why.
+"""Client executors: what runs an exchange's client steps, from message bytes to reply bytes,
+behind one interface (:class:`ClientExecutor`): in this process (:class:`InProcessExecutor`),
+in forked workers (:class:`WorkerExecutor`) or on Flower nodes. Design notes: docs/decisions.md#runtime-and-engine.
 """
 
 from __future__ import annotations

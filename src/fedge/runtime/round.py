@@ -1,9 +1,7 @@
-"""The pieces of one round, each on its own: :func:`drive_round` drives a strategy's round
-generator (``Exchange`` and ``PartyCall`` steps) to its end; :class:`RoundTotals` accounts an
-exchange's bytes, FLOPs, side-party costs and failed clients into the round's counters, which
-:meth:`RoundRecord.add` carries across rounds; :func:`check_failures` decides whether a round
-goes on without the clients that failed; :func:`metrics_line` writes the round's metrics line.
-The engine (:mod:`fedge.runtime.engine`) calls them in that order.
+"""The pieces of one round, each on its own, called by the engine in this order: :func:`drive_round`
+drives a strategy's round generator, :class:`RoundTotals` accounts each exchange's costs and
+failed clients, :func:`check_failures` decides whether the round goes on without them, and
+:func:`metrics_line` writes the round's metrics line.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Which runtime runs a run's client steps, as one typed, validated value (:class:`Runtime`):
-``engine`` (this process, or forked workers), ``flower-sim`` (Flower's ServerApp and ClientApp
-on simulated nodes, run by the ``local`` in-process grid or by Flower's ``ray`` simulation
-engine) or ``flower`` (a Flower deployment, whose ServerApp hands over its Grid).
-:meth:`Runtime.of` is the one place a runtime and a backend given as text (``fedge run
---runtime/--backend``, :func:`~fedge.experiment.run.run_experiment`) are checked.
+"""Which runtime runs a run's client steps (``engine``, ``flower-sim``, ``flower``), as one typed,
+validated value, :class:`Runtime`; :meth:`Runtime.of` is the one place a runtime and a backend
+given as text are checked.
 """
 
 from __future__ import annotations

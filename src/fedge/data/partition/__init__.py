@@ -1,4 +1,6 @@
-"""Federated partitions: split a dataset's training indices across clients.
+"""Federated partitions: split a dataset's training indices across clients with a registered
+partitioner (``iid``, ``dirichlet``, ``shards``, ``domain``), drawn from
+``numpy_rng(seed, "partition", name)`` only. Design notes: docs/decisions.md#data.
 
 >>> import numpy as np
 >>> labels = np.repeat(np.arange(10), 6000)                      # 60,000 samples, 10 classes
@@ -7,20 +9,6 @@
 (100, 60000)
 >>> partition_summary(parts, labels, 10)["clients"][0]["label_counts"]
 [10, 0, 132, 0, 0, 0, 7, 0, 0, 0]
-
-Registered partitioners (``PARTITIONERS[name].params`` holds each one's defaults):
-
-=========  ===========================================  ==========================================
-name       scheme                                        params (defaults)
-=========  ===========================================  ==========================================
-iid        seeded shuffle, sizes differ by at most 1     (none)
-dirichlet  label skew, per-class ``Dir(alpha)``          alpha=0.5, min_size=10, balance=True
-shards     McMahan et al. pathological label sort        shards_per_client=2
-domain     feature skew: clients grouped by domain key   (none; needs ``domains``)
-=========  ===========================================  ==========================================
-
-Every partitioner draws from ``numpy_rng(seed, "partition", name)`` only, assigns every
-sample to exactly one client, and returns one sorted int64 index array per client.
 """
 
 from __future__ import annotations

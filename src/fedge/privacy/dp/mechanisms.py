@@ -1,11 +1,6 @@
-"""DP mechanisms on client contributions: L2 clipping, Gaussian noise, tree aggregation, FTRL.
-
-A *contribution* is a ``dict[str, Tensor]`` (a model update, or BAFFLE's K loss differences);
-its norm is the global L2 norm across all tensors. Every random draw takes an explicit
-``torch.Generator`` or :data:`SECURE` (the OS CSPRNG, see ``config.py``), never a global RNG.
-
-References: DP-FedAvg, McMahan et al. 2018 (arXiv:1710.06963v3) Alg. 1; DP-FTRL and tree
-aggregation, Kairouz et al. 2021 (arXiv:2103.00039v3) Alg. 1 and Sec. 4 (DP-FTRLM).
+"""DP mechanisms on client contributions: L2 clipping, Gaussian noise, tree aggregation and FTRL
+(DP-FedAvg, McMahan et al. 2018, arXiv:1710.06963v3, Alg. 1; DP-FTRL, Kairouz et al. 2021,
+arXiv:2103.00039v3, Alg. 1 and Sec. 4). Design notes: docs/decisions.md#differential-privacy.
 """
 
 from __future__ import annotations

@@ -1,35 +1,6 @@
-"""fedge on Flower: a ClientApp that runs any fedge ClientProgram, a ServerApp wrapper, and
-what travels between them. The server side, which sends each client step to its node, is
-:class:`~fedge.runtime.flower.executor.FlowerExecutor`.
-
-Client side. :func:`client_app` runs the step with the engine's
-:func:`~fedge.runtime.executor.execute_client` on the node: the client id is the node's
-``node_config["partition-id"]``; its persistent state (``ctx.state``) and its round scratch
-state (``ctx.round_state``, valid for the round it was written in) live in Flower's
-``Context.state`` on that node, never on the server.
-
-What travels. fedge's own serialized messages travel as ``bytes`` inside a Flower
-``ConfigRecord`` named ``fedge``, so ``bytes_down``/``bytes_up`` count exactly what the built-in
-engine counts. Next to them, ``flower_bytes_down``/``flower_bytes_up`` estimate Flower's bytes:
-each message encoded as one protobuf (``message_to_proto(msg).ByteSize()``, metadata included).
-Flower 1.41 sends otherwise (a message and its content objects pushed separately, objects the
-SuperLink holds skipped), and the downlink is measured before the message id is assigned.
-
-Side parties. All run co-located with the ClientApp (in its process, on the client's node),
-metered on their own account as in the engine (``flops.edge``, ``bytes.client->edge``, ...).
-Their state is the server's: the strategy may call a party itself (``PartyCall``, e.g. EPPFL's
-S_a sending M_s to each edge server), which runs next to the ServerApp, so a party's state
-travels down with each client message (``party.NAME`` in the ``fedge`` record) and back with the
-reply, and is kept (and checkpointed) by the server as in the engine. That traffic is in
-``flower_bytes_*`` (and alone in ``flower_party_state_bytes``), not in ``bytes_*`` (the engine
-does not count party state as traffic either).
-- per-client parties (``scope="client"``: EPPFL's edge server, PPFL's enclave): one state per
-  client, as in the engine.
-- shared parties (``scope="shared"``: a third-party randomness server): clients run
-  concurrently on Flower, so, as with the engine's worker processes, a shared party may not
-  change its state during a client step (ConfigError otherwise).
-Running a party as its own Flower node would need node-to-node messages, which Flower's
-Message API routes only through the ServerApp; not built.
+"""fedge on Flower: a ClientApp that runs any fedge ClientProgram on its node, a ServerApp
+wrapper, and what travels between them (fedge's own message bytes in a ``ConfigRecord``).
+Design notes: docs/decisions.md#runtime-and-engine.
 """
 
 from __future__ import annotations

@@ -1,54 +1,7 @@
-"""The Flower executor: the engine's client steps sent as Flower messages through a Grid.
-
-:class:`FlowerExecutor` is a :class:`~fedge.runtime.executor.ClientExecutor`: each client step is
-one Flower ``Message`` (type ``train``) to the client's node, sent with
-``grid.send_and_receive``, answered by :func:`~fedge.runtime.flower.adapter.client_app`. Sampling,
-the strategy's round generator (every ``Exchange`` of a multi-exchange round such as secure
-aggregation's four), server-side party calls, evaluation and the metrics line are the engine's
-own (:func:`flower_simulation` is the engine with this executor), so the numbers are the same
-by construction; the executor adds Flower's byte counts to each round's line
-(``flower_bytes_down``, ``flower_bytes_up``, ``flower_party_state_bytes``).
-
-Failed nodes. A node that does not reply (within ``timeout``) or answers with an error (a
-ClientApp exception; a SuperLink's reply for a node it found offline) is a failed client to the
-engine: with ``clients.min_replies`` set and a strategy that takes partial replies, the round
-goes on with the replies that arrived (secure aggregation recovers the failed clients' masks
-from their neighbours' shares); otherwise the round stops, naming each failed client. A node
-whose reply was lost may still have run the step and updated its own state, so the checkpoint
-after the round asks every failed node for its state too: a resumed run continues from what the
-node holds, as an uninterrupted one does. Under ``clients.min_replies`` a node that does not
-answer that fetch either (it is down) keeps its state of the last fetch in the checkpoint, with
-a warning naming it; without ``min_replies`` the fetch failing stops the run. On connecting, a
-node that fails the handshake (e.g. one the SuperLink answers for as offline) is skipped; it is
-an error only if a client is left without a node. The handshake also compares each node's seeded
-draws with the server's (:mod:`fedge.runtime.rngprobe`): a node drawing other numbers (another
-torch or numpy build) is refused by name. Nodes are matched to clients once, on connecting: a
-SuperNode restarted during a run registers under a new node id and is addressed again only when
-the run is resumed.
-
-Late replies. Replies are matched to the message they answer (``reply_to_message_id``), and
-Flower's grids hand back only replies to the messages of the ``send_and_receive`` call that
-pulls them, so a reply that comes after its exchange stopped waiting is never taken for a later
-one. But its node may still be running that message: Flower's simulation engine runs a node's
-messages on as many workers as are free, each on a copy of the node's Context that it writes
-back when the step returns, so a second message to the node would run beside the first and one
-of their states would be lost. So a client whose message got no reply is sent nothing more until
-the grid has its reply (pulled by its message id before the client's next message): the client
-fails the exchanges it is addressed in meanwhile ("still busy"), like any failed client; a node
-that never answers is busy until the SuperLink answers for it with an error (it went offline, or
-the message's TTL ran out: 12 h, Flower's default). The late reply itself is not used (a warning
-names it); the node keeps the state that step left, fetched at the next checkpoint. A message
-the SuperLink refused (no message id back from ``push_messages``) is answered by the SuperLink
-with an error when pulled, which ends the wait for it; its client has failed the exchange.
-
-Checkpoints and resuming. A client's persistent state lives on its node; a reply says when the
-node holds one (``has_state``), and when the engine checkpoints
-(:meth:`FlowerExecutor.collect_states`, after every round) the server fetches the states changed
-since the last checkpoint with a ``query`` message (action ``fedge_state_get``), so the
-checkpoint holds every client's state as the engine's does. On resume
-(:meth:`FlowerExecutor.restore_states`) they are sent back to the nodes (``fedge_state_set``)
-before the first round. These messages are checkpoint traffic, not counted in ``bytes_*`` or
-``flower_bytes_*``."""
+"""The Flower executor: the engine's client steps sent as Flower messages through a Grid
+(:class:`FlowerExecutor`), with failed and late nodes, and client state kept on the nodes and
+fetched at checkpoints. Design notes: docs/decisions.md#runtime-and-engine.
+"""
 
 from __future__ import annotations
 
