@@ -2,7 +2,7 @@
 ``metrics.jsonl`` lines and ``summary.json`` that readers depend on.
 
 The writer (:mod:`fedge.experiment.rundir`, with the engine's metrics lines and the summary of
-:mod:`fedge.experiment.run`) and every reader (:mod:`fedge.report.runlog`, the benchmark
+:mod:`fedge.experiment.summary`) and every reader (:mod:`fedge.report.runlog`, the benchmark
 tables, the CLI) spell these names from here. A run is complete exactly when :data:`SUMMARY`
 holds :data:`STATUS` equal to :data:`COMPLETE`. Every metrics line holds :data:`ROUND_KEYS`
 (accuracy and loss are null on rounds not evaluated); a complete summary holds
