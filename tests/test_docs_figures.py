@@ -132,7 +132,7 @@ def _build(data: str | None, preset: str, overrides: tuple[str, ...]):
 
 @pytest.mark.usefixtures("fashion_mnist")
 def test_preset_model_bytes_and_ratios() -> None:
-    """bench:presets: `model bytes` is the serialized model (as experiment.run's summary); the
+    """bench:presets: `model bytes` is the serialized model (as experiment.summary's); the
     ratio columns are the byte columns divided by it."""
     from fedge.core.messages import Message
     from fedge.methods.base import model_arrays

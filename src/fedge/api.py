@@ -37,7 +37,9 @@ from fedge.data.registry import register_dataset as _register_spec
 from fedge.data.registry import register_function
 from fedge.data.spec import DatasetSpec
 from fedge.experiment.export import ExportResult, TrainedModel, export_model, load_trained_model
-from fedge.experiment.run import ProgressLike, resume_experiment, run_experiment
+from fedge.experiment.progress import ProgressLike
+from fedge.experiment.resume import resume_experiment
+from fedge.experiment.run import run_experiment
 from fedge.experiment.rundir import default_run_path
 from fedge.report.runlog import RunLog
 from fedge.report.runlog import load_run as _load_log
@@ -117,7 +119,7 @@ def run(
         overrides: ``{"rounds": 5, "method.client_optimizer.lr": 0.05}`` or
             ``["rounds=5", ...]``, as ``--set``.
         progress: a function ``f(metrics_line, total_rounds)`` called after every round, or a
-            :class:`fedge.experiment.run.Progress` (start, clients inside a round, round).
+            :class:`fedge.experiment.progress.Progress` (start, clients inside a round, round).
         render: also write plots and ``report.md``/``report.html`` (as the CLI does).
 
     Raises:

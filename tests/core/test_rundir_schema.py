@@ -35,8 +35,6 @@ FILES = {
 # Path joins with a literal file name in modules another change is rewriting now; route them
 # through the schema when that change lands, then empty this set.
 NOT_YET_THROUGH_THE_SCHEMA = {
-    ("experiment/run.py", schema.APPLIED_CONFIG),
-    ("experiment/run.py", schema.CONFIG),
     ("methods/ppfl/__init__.py", schema.MODEL),
 }
 

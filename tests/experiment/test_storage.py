@@ -36,7 +36,8 @@ def test_a_disk_full_mid_run_is_one_line_naming_the_file_and_resume_finishes_it(
     """torch.save / safetensors writing to a path turn ENOSPC into a bare RuntimeError: tensors
     go through storage.write_file, so a full disk is the same one line as any other write."""
     from fedge.core.config import load_config
-    from fedge.experiment.run import resume_experiment, run_experiment
+    from fedge.experiment.resume import resume_experiment
+    from fedge.experiment.run import run_experiment
     from tests_helpers import metrics_without_wall
 
     cfg = tiny(rounds=3)

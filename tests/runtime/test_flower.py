@@ -529,7 +529,7 @@ def test_interrupted_flower_run_resumes_to_the_same_metrics_with_node_held_clien
     node); a resumed run without those states fails ("out of step"), and one with wrong states
     changes the losses."""
     import fedge.experiment.rundir as rd
-    from fedge.experiment.run import resume_experiment
+    from fedge.experiment.resume import resume_experiment
 
     method = {
         "name": "baffle",
@@ -582,7 +582,7 @@ def test_interrupted_flower_run_resumes_to_the_same_metrics_with_node_held_clien
 
 
 def test_resume_with_an_unknown_backend_is_refused_before_writing(tmp_path):
-    from fedge.experiment.run import resume_experiment
+    from fedge.experiment.resume import resume_experiment
 
     run = run_experiment(load_config(tiny_config(rounds=1)), out=tmp_path / "r", render=False)
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
@@ -663,7 +663,7 @@ def test_a_failed_node_fails_the_round_naming_it_and_the_run_resumes_to_the_same
     """Client 1's node fails in round 2 (its ClientApp raises, its reply comes after the 30 s, or
     the SuperLink answers for it as offline, as for a killed SuperNode): the run stops with one message naming round, client, node and the way on; the
     directory keeps round 1 and no summary; resuming gives an uninterrupted run's metrics."""
-    from fedge.experiment.run import resume_experiment
+    from fedge.experiment.resume import resume_experiment
 
     cfg = tiny_config(
         rounds=3,
@@ -763,7 +763,7 @@ def test_a_node_whose_reply_was_lost_has_its_state_fetched_so_a_resume_continues
     lost; the round goes on without it (clients.min_replies). The checkpoint after round 2 fetches
     that node's state too, so a run cut there and resumed gives the uninterrupted run's metrics
     (a checkpoint keeping its round-1 moments would hand the node those on resume)."""
-    from fedge.experiment.run import resume_experiment
+    from fedge.experiment.resume import resume_experiment
     from tests.tests_helpers import run_cut_after
 
     cfg = _persistent_adam_config(**{"clients.min_replies": 2})

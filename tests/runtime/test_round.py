@@ -4,7 +4,7 @@ exchange against hand-computed counters, the failure rule, and the metrics line.
 import pytest
 import torch
 
-from fedge.core.errors import MessageError, ShortRoundError
+from fedge.core.errors import DivergenceError, MessageError, ShortRoundError
 from fedge.core.messages import Message
 from fedge.core.meter import StepStats
 from fedge.core.protocols import Exchange, PartyCall
@@ -141,8 +141,13 @@ def test_replies_are_decoded_and_a_non_finite_one_is_refused():
     bad = Message({"v": torch.tensor([float("nan")])}).to_bytes()
     got = decode_replies(1, {2: _result(good, 0), 0: _result(good, 0)})
     assert list(got) == [0, 2] and torch.equal(got[2].arrays["v"], torch.ones(2))
-    with pytest.raises(MessageError, match=r"round 1, client 5: array 'v' holds non-finite"):
+    with pytest.raises(
+        MessageError, match=r"round 1, client 5: array 'v' holds non-finite"
+    ) as info:
         decode_replies(1, {5: _result(bad, 0)})
+    # a divergence by type, with the round and what diverged (the run's error words them)
+    assert isinstance(info.value, DivergenceError) and info.value.round == 1
+    assert info.value.cause == "array 'v' holds non-finite values (NaN or Inf) (round 1, client 5)"
 
 
 def test_the_metrics_line_by_hand():

@@ -11,9 +11,11 @@ from typing import Any
 
 from fedge.bench.figures import read_run_logs
 from fedge.core.config import RunConfig, load_config
-from fedge.core.errors import ConfigError
+from fedge.core.errors import ConfigError, DivergenceError
 from fedge.core.rundir_schema import CONFIG, FINAL_TEST_ACCURACY
-from fedge.experiment.run import DivergenceError, resolved_config, resume_experiment, run_experiment
+from fedge.experiment.build import resolved_config
+from fedge.experiment.resume import resume_experiment
+from fedge.experiment.run import run_experiment
 from fedge.experiment.rundir import RunDir
 
 __all__ = [

@@ -28,7 +28,7 @@ from fedge.core.rundir_schema import (
     TEST_ACCURACY,
     loads,
 )
-from fedge.experiment.run import Progress
+from fedge.experiment.progress import Progress
 from fedge.experiment.rundir import default_run_path
 from fedge.report import render_report
 from fedge.runtime.spec import Runtime
@@ -275,7 +275,8 @@ def run(
 ) -> None:
     """Train a federation and write its run directory."""
     from fedge.core.config import load_config
-    from fedge.experiment.run import resume_experiment, run_experiment
+    from fedge.experiment.resume import resume_experiment
+    from fedge.experiment.run import run_experiment
 
     if ctx.args:
         flag = " (--measure-memory, --allow-config-change and --quiet are flags and take no value)"

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic_core import PydanticSerializationError
 
 from fedge.core.config import RunConfig, validate_section
 from fedge.core.context import ClientData
@@ -39,6 +40,7 @@ __all__ = [
     "configured_client_app",
     "model_factory",
     "node_app_for",
+    "resolved_config",
 ]
 
 FEDERATED = (
@@ -184,6 +186,27 @@ def method_config(cfg: RunConfig) -> Any:
     refuse_unsupported(spec, data)
     assert spec.section is not None  # filled in by the registry
     return validate_section(spec.section, data, prefix="method.")
+
+
+def resolved_config(built: BuiltRun | RunConfig) -> dict[str, Any]:
+    """The config with every default filled in (what ``config.yaml`` holds); from a built run, or
+    from a config alone (validating its method section, without loading data)."""
+    if isinstance(built, BuiltRun):
+        cfg, method_cfg = built.config, built.method_config
+    else:
+        cfg, method_cfg = with_dataset_options(built), method_config(built)
+    try:
+        out = cfg.to_dict()
+        out["method"] = method_cfg.model_dump(mode="json")
+        out["privacy"] = privacy_config(cfg).model_dump(mode="json")
+    except (
+        PydanticSerializationError
+    ) as exc:  # e.g. a registered function's default of a numpy type
+        raise ConfigError(
+            f"the run's config cannot be written to config.yaml ({exc}); give plain values (int, "
+            "float, str, bool, lists and mappings of them), e.g. float(x) for a numpy number"
+        ) from None
+    return out
 
 
 def _synthetic_federated(cfg: RunConfig) -> SyntheticFederated:

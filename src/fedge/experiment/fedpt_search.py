@@ -22,8 +22,9 @@ from fedge.core.rundir_schema import (
     SUMMARY,
     loads,
 )
-from fedge.experiment.build import build_run
-from fedge.experiment.run import resolved_config, resume_experiment, run_experiment
+from fedge.experiment.build import build_run, resolved_config
+from fedge.experiment.resume import resume_experiment
+from fedge.experiment.run import run_experiment
 from fedge.experiment.rundir import RunDir
 from fedge.methods import METHODS
 from fedge.methods.fedpt import FedPTConfig

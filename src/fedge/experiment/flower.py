@@ -26,7 +26,8 @@ from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError, MessageError
 from fedge.core.rundir_schema import SUMMARY
 from fedge.experiment.build import configured_client_app, node_app_for
-from fedge.experiment.run import resume_experiment, run_experiment
+from fedge.experiment.resume import resume_experiment
+from fedge.experiment.run import run_experiment
 from fedge.runtime.flower import server_app as make_server_app
 from fedge.runtime.flower.adapter import STATE_GET, STATE_SET
 

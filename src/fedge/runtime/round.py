@@ -206,11 +206,12 @@ def check_failures(
 
 
 def decode_replies(rnd: int, results: Mapping[int, ClientResult]) -> dict[int, Message]:
-    """The replies by client id, decoded; a non-finite one is a :class:`MessageError`."""
+    """The replies by client id, decoded; a non-finite one is a
+    :class:`~fedge.core.errors.NonFiniteError` (a :class:`MessageError` and a divergence)."""
     replies: dict[int, Message] = {}
     for cid in sorted(results):
         msg = Message.from_bytes(results[cid].reply)
-        msg.check_finite(who=f"round {rnd}, client {cid}")
+        msg.check_finite(who=f"round {rnd}, client {cid}", round=rnd)
         replies[cid] = msg
     return replies
 

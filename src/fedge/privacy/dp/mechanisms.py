@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedge.core.errors import MessageError
+from fedge.core.errors import NonFiniteError
 
 __all__ = [
     "SECURE",
@@ -60,9 +60,10 @@ def clip_l2(c: Contribution, clip: float) -> tuple[Contribution, float]:
     norm = global_norm(c)
     if not math.isfinite(norm):
         bad = [k for k, t in c.items() if not bool(torch.isfinite(t).all())]
-        raise MessageError(
+        raise NonFiniteError(
             f"contribution has non-finite values in {bad}; a client sent NaN/inf, "
-            "check its learning rate or drop it before clipping"
+            "check its learning rate or drop it before clipping",
+            cause=f"contribution has non-finite values in {bad}",
         )
     if norm <= clip:
         return c, norm

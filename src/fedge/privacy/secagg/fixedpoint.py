@@ -102,17 +102,21 @@ class FixedPoint:
         if not np.all(np.isfinite(xf)):
             bad = xf[~np.isfinite(xf)].ravel()[0]
             raise FixedPointRangeError(
-                f"cannot encode non-finite value {bad!r}; secure aggregation needs finite inputs"
+                f"cannot encode non-finite value {bad!r}; secure aggregation needs finite inputs",
+                cause=f"cannot encode non-finite value {bad!r}",
             )
         q = np.rint(xf * self.scale)
         over = np.abs(q) > self._max_abs_float(n_summands)
         if np.any(over):
             worst = float(xf.ravel()[np.argmax(np.abs(q).ravel())])
-            raise FixedPointRangeError(
+            what = (
                 f"value {worst!r} exceeds the fixed-point range ±{self.max_abs(n_summands):.6g} "
-                f"for a sum of {n_summands} clients (bits={self.bits}, frac_bits="
-                f"{self.frac_bits}); the sum could wrap around. Clip or scale the inputs, use "
-                f"fewer frac_bits, or bits=64"
+                f"for a sum of {n_summands} clients (bits={self.bits}, frac_bits={self.frac_bits})"
+            )
+            raise FixedPointRangeError(
+                f"{what}; the sum could wrap around. Clip or scale the inputs, use fewer "
+                "frac_bits, or bits=64",
+                cause=what,
             )
         return q.astype(np.int64).view(np.uint64) & self.mask
 
