@@ -1,15 +1,12 @@
-"""One short instrumented run of a config, and what its server observes: :func:`observe_run`
-builds the run (:func:`fedge.experiment.build.build_run`), wraps its strategy in an
-:class:`~fedge.attacks.observe.Observer` (and its side parties, e.g. an edge server, in
-:func:`~fedge.attacks.observe.observe_parties`) and runs its rounds through the real engine;
-:attr:`ObservedRun.views` reads each client's upload as a server that knows the public protocol
-would (:func:`~fedge.attacks.observe.server_views`; EPPFL's masked M_c, :func:`eppfl_server_views`),
-and :func:`upload_of` says, from the method's registration, what that upload is, so the attacks
-pick their target by it and never by a method's name. :func:`attack_config` is the tiny run the
-attacks measure (local sets as small as the batch: the local set is "the samples that were
-attacked"), :func:`one_batch_clients` cuts a built run's local sets to one upload's batch, and
-:func:`warn_if_not_replayable` warns when a run re-run from its config is not the saved one.
-See docs/privacy/attacks.md.
+"""One short instrumented run of a config and what its server observes: :func:`observe_run`
+builds the run, wraps its strategy in an :class:`~fedge.attacks.observe.Observer` (its side
+parties, e.g. an edge server, in :func:`~fedge.attacks.observe.observe_parties`) and runs its
+rounds through the real engine; :attr:`ObservedRun.views` reads each client's upload as a
+server that knows the public protocol would, and :func:`upload_of` says from the method's
+registration what that upload is, so that attacks choose their target by it, never by a
+method's name. :func:`attack_config` is the tiny run the attacks measure and
+:func:`one_batch_clients` cuts a built run's local sets to one upload's batch. See
+docs/privacy/attacks.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
-"""Inverting EPPFL's released activations back to the input (issue 12; seed 003, the
-model-inversion threat to M_c).
-
-An EPPFL device sends its edge server S_e, for every batch, the output of its sub-model M_c
-at the kept positions (θ_a, chosen by a seed sent with them), each sample's kept values
-clipped to L1 norm C and perturbed with Laplace noise Lap(2C/ε) when DP is on
-(:mod:`fedge.methods.eppfl.device`). An honest-but-curious S_e that also holds M_c (the
-global M_c is broadcast to every device: one colluding device suffices) inverts them the
-way model-inversion attacks on split learning do (He, Zhang, Lee 2019, "Model inversion
-attacks against collaborative inference", white-box rMLE): it optimizes a dummy input x so
-that the same pipeline applied to x — M_c, the kept positions, the clip — reproduces the
-observed values in the least-squares sense,
-
-    min_x  || clip_C( gather_pos( M_c(x) ) ) − a_released ||²,
-
-with x kept inside the valid pixel box. Without noise the match is exact at the true input
-up to what M_c (and the dropped positions) destroys; with noise, the least-squares solution
-drifts by the noise projected onto the input.
+"""Model inversion of the activations EPPFL releases to its edge server (He, Zhang, Lee,
+ACSAC 2019, "Model inversion attacks against collaborative inference", white-box rMLE):
+:func:`invert_activations` optimizes a dummy input x, kept inside the pixel box, so that the
+device's pipeline applied to x (M_c, the kept positions θ_a, the per-sample L1 clip) matches
+the released values in least squares, min_x ‖clip_C(gather_pos(M_c(x))) − a_released‖²;
+:func:`activation_inversion` runs it on every device of an observed run's round 1, as its edge
+server received them (:mod:`fedge.attacks.edge_view`), scored like the reconstruction attacks.
+See docs/privacy/attacks.md.
 """
 
 from __future__ import annotations

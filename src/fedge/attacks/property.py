@@ -1,21 +1,12 @@
-"""Property inference from client uploads (Melis, Song, De Cristofaro, Shmatikov 2019,
-"Exploiting Unintended Feature Leakage in Collaborative Learning", Sec. 5.3 batch property
-inference; PPFL seed 001, Table 2 "PIA").
-
-The honest-but-curious server holds auxiliary data from the task's distribution. For the
-model (and seed, for BAFFLE) it broadcast, it computes the uploads that the *public client
-protocol* would produce on auxiliary batches with the property (here: "class c occurs in the
-batch") and without it, trains a binary classifier (logistic regression on the standardized
-flattened upload) on those, and scores every observed client upload. The metric is the AUC
-of those scores against the truth (whether class c occurs in the data the client's upload was
-computed on); 0.5 is chance.
-
-The server simulates the client by running the method's own client program on the broadcast
-message (:attr:`~fedge.methods.base.MethodBuild.program`): a FedSGD gradient, a FedAvg or FedPT
-delta, BAFFLE's K loss differences along the seed's directions. Under secure aggregation it
-simulates the plaintext (the wrapped program) — that is what it would like to see — and then
-classifies what it does see, the masked vector laid out as the plaintext
-(:func:`~fedge.attacks.observe.server_views`): the attack runs and lands where it lands.
+"""Property inference from what a server observes (Melis, Song, De Cristofaro, Shmatikov,
+S&P 2019, "Exploiting Unintended Feature Leakage in Collaborative Learning", Sec. 5.3 batch
+property): "does class c occur in the batch an upload was computed on", learned by a logistic
+regression on uploads the server computes itself by running the method's own client program
+(secure aggregation looked through) on auxiliary batches with and without the property, scored
+by AUC over the observed uploads (0.5 is chance): :func:`property_inference` on server views,
+:func:`pia_attack` on an observed run, :func:`edge_pia_attack` on the activations EPPFL releases
+to its edge server, :func:`property_attack` on a run re-run from its config. See
+docs/privacy/attacks.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
-"""One leakage table for every method (issue 12, benchmark 2): data reconstruction,
-membership inference and property inference, each measured by running the attack on what
-the adversary observes in a tiny run of the method (benchmarks/privacy_leakage.py writes it
-to docs/benchmarks.md).
-
-Each :class:`Row` is one method configuration. Per row:
-
-- **DRA**: round 1 of ``clients`` clients holding exactly the batch their upload depends on;
-  every client's upload attacked (:func:`~fedge.attacks.harness.reconstruction_attack`); the
-  best attack's median pixel MSE beside the mean-image baseline.
-- **MIA**: the same method trained for ``mia_rounds`` rounds on ``mia_clients`` x
-  ``mia_per_client`` samples; the loss-threshold, shadow-model and offline-LiRA attacks on the
-  final (released) model (:func:`~fedge.attacks.membership_run.membership_attacks`).
-  For EPPFL, whose server receives only a masked M_c, the edge server's view: each device's
-  released activations inverted to the input (:func:`~fedge.attacks.harness.activation_inversion`);
-  the aggregation server S_a's view is attacked too (``dra["server"]``: DLG on the masked
-  W_c read as the plaintext, :func:`~fedge.attacks.harness.eppfl_server_views`).
-  With DP (``Row.privacy``) the server sees each client's clipped, un-noised upload (the
-  noise goes on the sum); ``dra["clipped"]`` is the fraction of observed uploads whose norm
-  sits at the clip (clipping active), and BAFFLE's attack also fits the unknown scale.
-- **PIA**: one round of ``pia_clients`` clients holding 8 samples each, every one of which the
-  upload depends on; "class 0 occurs in the client's batch"
-  (:func:`~fedge.attacks.harness.pia_attack`); for EPPFL at the edge server, on each device's
-  released activations (:func:`~fedge.attacks.harness.edge_pia_attack`).
-
-A cell the harness cannot measure says why (``{"skipped": reason}``), from what the Observer
-records: it never becomes a hard-coded number.
+"""The leakage table of every method: for each :class:`Row` (one method configuration) data
+reconstruction (:mod:`fedge.attacks.reconstruct_run`, or activation inversion at an edge
+server), membership inference on the released model (Yeom et al. 2018, Shokri et al. 2017,
+offline LiRA of Carlini et al., S&P 2022; :mod:`fedge.attacks.membership_run`) and property
+inference (Melis et al., S&P 2019; :mod:`fedge.attacks.property`), each run on what the
+adversary observes in a tiny run of the method (:func:`privacy_row`, written to
+docs/benchmarks.md by benchmarks/privacy_leakage.py); a cell that cannot be measured says why
+(``{"skipped": reason}``). :func:`leakage_table` is the earlier DLG-only table
+(:data:`LEAKAGE_ROWS`). See docs/privacy/attacks.md.
 """
 
 from __future__ import annotations
