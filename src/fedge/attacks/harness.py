@@ -49,6 +49,8 @@ def upload_of(run: BuiltRun | RunConfig) -> Upload | None:
 
 @dataclass
 class ObservedRun:
+    """A built run whose rounds ran with every exchange recorded (:func:`observe_run`)."""
+
     built: BuiltRun
     observer: Observer
     party_records: list[PartyObserved] = field(

@@ -42,6 +42,7 @@ reconstruction).
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -51,11 +52,11 @@ from rich.progress import Progress
 from fedge.attacks.harness import warn_if_not_replayable
 from fedge.attacks.images import image_grid
 from fedge.attacks.membership_run import (
+    attack_name,
     example_rounds,
     membership_attacks,
     membership_by_round,
-    replay,
-    trained_by,
+    trained_clients,
 )
 from fedge.attacks.property import property_attack
 from fedge.attacks.reconstruct_run import reconstruct_data
@@ -154,33 +155,26 @@ def _mia_rounds(
             seed=seed,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
-    what = "loss threshold (Yeom et al. 2018)" + (
-        ", shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022)"
-        if shadows
-        else ""
-    )
-    return {
-        "attack": f"{what}, against the global model broadcast after each round (the run re-run from its config)",
-        **result,
-    }
+    return {"attack": attack_name(shadows, by_round=True), **result}
 
 
 def _trained_clients(run_dir: Path, built: Any) -> list[int]:
-    """The clients whose samples the run's final model trained on: the run's own record
-    (``first_aggregated`` in summary.json), else — a run written before fedge recorded it — the
-    run's rounds re-run from its config (same seed and data, so the same clients; a Flower
-    deployment's node failures are not replayed). Trains ``built``'s strategy in that case."""
-    last = built.config.rounds
+    """:func:`~fedge.attacks.membership_run.trained_clients`, from the run's summary.json; a
+    replay (a run that predates the record) shows a progress line and the replay warning."""
     summary = loads((run_dir / SUMMARY).read_text())
-    if "first_aggregated" in summary:
-        return trained_by(summary["first_aggregated"], last)
-    with Progress(transient=True) as bar, one_line_warnings():
-        warn_if_not_replayable(built.config.to_dict())
-        bar.add_task(
-            f"re-running {last} rounds to find the clients the model trained on (the run predates its record)",
-            total=None,
-        )
-        return replay(built, [last]).trained_by(last)
+    with ExitStack() as during_replay:
+
+        def announce() -> None:
+            bar = during_replay.enter_context(Progress(transient=True))
+            during_replay.enter_context(one_line_warnings())
+            warn_if_not_replayable(built.config.to_dict())
+            bar.add_task(
+                f"re-running {built.config.rounds} rounds to find the clients the model trained on "
+                "(the run predates its record)",
+                total=None,
+            )
+
+        return trained_clients(built, summary, announce)
 
 
 def _mia(
@@ -194,12 +188,7 @@ def _mia(
         r = membership_attacks(
             built, trained.model, samples=samples, seed=seed, withheld=trained.withheld, trained=who
         )
-        what = "loss-threshold (Yeom et al. 2018)"
-        if trained.withheld:
-            what += (
-                ", on the released layers completed with a classifier the attacker trains on its own data "
-                "(the run kept its last layer in the enclaves)"
-            )
+        what = attack_name(0, withheld=bool(trained.withheld))
         extra = {"completed": r["completed"]} if "completed" in r else {}
         return {"attack": what, "method": r["method"], "chance_auc": 0.5, **r["loss"], **extra}
     with Progress(transient=True) as bar, one_line_warnings():
@@ -216,10 +205,7 @@ def _mia(
             trained=who,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
-    return {
-        "attack": "loss threshold (Yeom et al. 2018), shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022)",
-        **result,
-    }
+    return {"attack": attack_name(shadows), **result}
 
 
 def attack(
