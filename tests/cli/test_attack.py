@@ -66,7 +66,7 @@ def test_mia_reads_the_trained_clients_from_the_run_and_replays_only_an_older_ru
     """Prepare: 4 clients, 1 a round, 2 rounds (oracle: the engine's sampler). Assert: the
     summary records each sampled client's first round; the attack uses that record (no
     re-run); a summary without it (an older run) is re-run and gives the same members."""
-    import fedge.cli.attack as cli_attack
+    import fedge.attacks.membership_run as membership_run
     from fedge.runtime.engine import sample_clients
 
     run = _run(
@@ -85,18 +85,18 @@ def test_mia_reads_the_trained_clients_from_the_run_and_replays_only_an_older_ru
     assert summary["first_aggregated"] == {
         str(c): min(r for r in picked if picked[r] == c) for c in set(picked.values())
     }
-    real_replay = cli_attack.replay
+    real_replay = membership_run.replay
 
     def no_replay(*a, **k):  # noqa: ANN002, ANN003, ANN202
         raise AssertionError("re-ran the run although its summary records the clients")
 
-    monkeypatch.setattr(cli_attack, "replay", no_replay)
+    monkeypatch.setattr(membership_run, "replay", no_replay)
     first = runner.invoke(app, ["attack", str(run), "--attack", "mia", "--samples", "4"])
     assert first.exit_code == 0, first.output
     recorded = json.loads((run / "attacks" / "mia.json").read_text())
     del summary["first_aggregated"]
     (run / "summary.json").write_text(json.dumps(summary))
-    monkeypatch.setattr(cli_attack, "replay", real_replay)
+    monkeypatch.setattr(membership_run, "replay", real_replay)
     again = runner.invoke(app, ["attack", str(run), "--attack", "mia", "--samples", "4"])
     assert again.exit_code == 0, again.output
     assert json.loads((run / "attacks" / "mia.json").read_text())["auc"] == recorded["auc"]

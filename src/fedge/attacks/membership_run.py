@@ -27,6 +27,7 @@ from fedge.experiment.build import BuiltRun, build_run
 
 __all__ = [
     "Replay",
+    "attack_name",
     "example_rounds",
     "membership_attacks",
     "membership_by_round",
@@ -34,6 +35,7 @@ __all__ = [
     "round_models",
     "shadow_models",
     "trained_by",
+    "trained_clients",
 ]
 
 
@@ -57,6 +59,46 @@ def trained_by(first_aggregated: Mapping[Any, int], rnd: int) -> list[int]:
     """The clients of a ``first_aggregated`` record (client id -> first round that aggregated
     it; the run summary's, with string keys, or a :class:`Replay`'s) aggregated by round ``rnd``."""
     return sorted(int(c) for c, r in first_aggregated.items() if r <= rnd)
+
+
+def trained_clients(
+    built: BuiltRun,
+    summary: Mapping[str, Any],
+    before_replay: Callable[[], None] | None = None,
+) -> list[int]:
+    """The clients whose samples the run's final model trained on: the run's own record
+    (``first_aggregated`` in its summary), else — a run written before fedge recorded it — the
+    run's rounds re-run from its config (same seed and data, so the same clients; a Flower
+    deployment's node failures are not replayed; ``before_replay`` is called first). Trains
+    ``built``'s strategy in that case."""
+    last = built.config.rounds
+    if "first_aggregated" in summary:
+        return trained_by(summary["first_aggregated"], last)
+    if before_replay is not None:
+        before_replay()
+    return replay(built, [last]).trained_by(last)
+
+
+def attack_name(shadows: int, *, withheld: bool = False, by_round: bool = False) -> str:
+    """What a membership result measured: the loss threshold, with ``shadows`` the shadow-model
+    attack and offline LiRA; on a completed model when the run ``withheld`` its classifier; or
+    against the global model after each round (``by_round``)."""
+    if by_round:
+        what = "loss threshold (Yeom et al. 2018)" + (
+            ", shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022)"
+            if shadows
+            else ""
+        )
+        return f"{what}, against the global model broadcast after each round (the run re-run from its config)"
+    if shadows:
+        return "loss threshold (Yeom et al. 2018), shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022)"
+    what = "loss-threshold (Yeom et al. 2018)"
+    if withheld:
+        what += (
+            ", on the released layers completed with a classifier the attacker trains on its own data "
+            "(the run kept its last layer in the enclaves)"
+        )
+    return what
 
 
 def _run_rounds(built: BuiltRun, rounds: int) -> torch.nn.Module:
