@@ -40,6 +40,7 @@ and ``--restore-progress`` (before the workers start); ``--only LABEL[@SEED]`` p
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +62,7 @@ from fedge.bench.script import (
     reproduction_parser,
     usage_errors,
 )
-from fedge.bench.stats import paired_difference
+from fedge.bench.stats import paired_difference, t_interval, verdict
 from fedge.bench.tables import (
     mean_cell,
     not_run_cell,
@@ -319,13 +320,23 @@ def read_screen(plan: Plan) -> dict[str, Any]:
 
 def section(*, k500: bool) -> str:
     """The docs section: the 10,000-sample table, then a table for every other size recorded."""
-    parts = [table(Plan(), k500=k500)]
-    for n in other_sizes():
-        parts.append(table(Plan(n), k500=k500))
-    return "\n\n".join(parts)
+    parts, aggs = [], {}
+    for plan in (Plan(), *(Plan(n) for n in other_sizes())):
+        text, agg = _table(plan, k500=k500)
+        parts.append(text)
+        if agg:
+            aggs[plan.train] = agg
+    pooled = pooled_verdicts(aggs)
+    return "\n\n".join(parts + (["\n".join(pooled)] if pooled else []))
 
 
 def table(plan: Plan, *, k500: bool) -> str:
+    """The section's table for ``plan`` (its screen, rows, verdicts and notes)."""
+    return _table(plan, k500=k500)[0]
+
+
+def _table(plan: Plan, *, k500: bool) -> tuple[str, dict[str, dict[str, Any]]]:
+    """:func:`table`'s text and its rows by label (empty before the screen is finished)."""
     screen = read_screen(plan)
     chosen = picks(screen)
     command = plan.command() + (" --k500" if k500 else "")
@@ -361,7 +372,7 @@ def table(plan: Plan, *, k500: bool) -> str:
         ]
         lines.append(f"| {lr} | {cells[0]} | {cells[1]} |")
     if chosen is None:
-        return "\n".join([*lines, "", "The screen is not finished; no main runs yet."])
+        return "\n".join([*lines, "", "The screen is not finished; no main runs yet."]), {}
     zo_lr, bp_lr = chosen
     edge = [
         f"{f} ({lr})"
@@ -424,7 +435,7 @@ def table(plan: Plan, *, k500: bool) -> str:
         lines += run_notes([*report["results"], *context])
     else:
         lines += run_notes(report["results"])
-    return "\n".join(lines)
+    return "\n".join(lines), agg
 
 
 BP_BAR = 0.80  # issue 14: the table's BP FedAvg should reach it
@@ -462,8 +473,45 @@ def context_lines(bp: dict[str, Any] | None, context: list[dict[str, Any]]) -> l
     return out
 
 
+VERDICT_ROWS = (  # the rows set against K = 100, in the order of the verdicts
+    "K=100 w/o EMA",
+    "K=100 ReLU",
+    "K=100 SELU",
+    "K=100 central (same forwards)",
+    "BAFFLE K=200",
+    "BP FedAvg",
+)
+
+
+def paper_effect(label: str) -> float:
+    """The paper's effect of a row against BAFFLE K = 100, in points (Table 1, LeNet on MNIST)."""
+    return PAPER[label] - PAPER["BAFFLE K=100"]
+
+
+VERDICT_KEY = (
+    "each verdict in two parts: **direction** (the 95% interval excludes 0 with the paper's sign: "
+    "same direction; with the other sign: opposite direction; else not resolved) and **size** "
+    "(size matches when the paper's figure lies inside the interval, else fedge's mean effect as a "
+    "multiple of the paper's; the paper's figures are on MNIST, ours on Fashion-MNIST)"
+)
+
+
+def _verdict_line(label: str, d: dict[str, Any], seeds: str) -> str:
+    """One ablation's paired difference (in accuracy, as :func:`paired_difference` gives it) and
+    its two-part verdict against the paper's effect."""
+    paper = paper_effect(label)
+    agree = sum(x * paper > 0 for x in d["diffs"])
+    lo, hi, mean = 100 * d["lo"], 100 * d["hi"], 100 * d["mean"]
+    return (
+        f"- {label}: {mean:+.2f} ± {100 * d['std']:.2f} points ({seeds}; 95% interval {lo:+.1f} to "
+        f"{hi:+.1f}; paper {paper:+.2f}; the paper's sign on {agree} of {len(d['diffs'])} seeds) → "
+        f"{verdict(lo, hi, mean, paper)}."
+    )
+
+
 def verdicts(agg: dict[str, dict[str, Any]]) -> list[str]:
-    """Each ablation against K = 100: the paper's sign, ours, and whether it reproduces.
+    """Each ablation against K = 100: fedge's paired difference, the paper's, and the two-part
+    verdict (:func:`fedge.bench.stats.verdict`: direction, then size).
 
     The comparison is paired by seed (a seed draws the same data subset, validation split,
     initial model and perturbation seeds in both rows), so what varies between seeds (mostly the
@@ -474,37 +522,51 @@ def verdicts(agg: dict[str, dict[str, Any]]) -> list[str]:
     if base is None or base["seeds"] < 2:
         return ["Verdicts need BAFFLE K=100 on at least 2 seeds."]
     out = [
-        "Directions against BAFFLE K=100 (final test accuracy, paired by seed: mean ± std of the per-seed "
-        "differences, their 95% t interval; a direction counts only when the interval excludes 0):",
+        "Against BAFFLE K=100 (final test accuracy, paired by seed: mean ± std of the per-seed "
+        f"differences, their 95% t interval), {VERDICT_KEY}:",
         "",
     ]
-    for label in (
-        "K=100 w/o EMA",
-        "K=100 ReLU",
-        "K=100 SELU",
-        "K=100 central (same forwards)",
-        "BAFFLE K=200",
-        "BP FedAvg",
-    ):
+    for label in VERDICT_ROWS:
         r = agg.get(label)
         d = None if r is None else paired_difference(r, base)
-        if d is None:
+        if d is not None:
+            out.append(_verdict_line(label, d, f"seeds {seed_gaps(d)}"))
+    return out
+
+
+def pooled_verdicts(aggs: dict[int, dict[str, dict[str, Any]]]) -> list[str]:
+    """The ablations over the paired seeds of every table size together (each seed's difference
+    within its own table): whether an effect's sign holds across the reductions, with the
+    seeds of all sizes behind one interval. Empty with fewer than two sizes."""
+    if len(aggs) < 2:
+        return []
+    sizes = " and ".join(f"{n:,}" for n in aggs)
+    out = [
+        f"**Both sizes together** (the paired seeds of the {sizes}-sample tables, each seed's "
+        "difference taken within its own table, one 95% t interval over all of them: does the sign "
+        "hold across both reductions?), " + VERDICT_KEY + ":",
+        "",
+    ]
+    for label in VERDICT_ROWS:
+        diffs: list[float] = []
+        parts = []
+        for n, agg in aggs.items():
+            base, r = agg.get("BAFFLE K=100"), agg.get(label)
+            d = None if base is None or r is None else paired_difference(r, base)
+            if d is not None:
+                diffs += d["diffs"]
+                parts.append(f"{n:,}: " + ", ".join(f"{100 * x:+.1f}" for x in d["diffs"]))
+        if len(parts) < 2:
             continue
-        paper = PAPER[label] - PAPER["BAFFLE K=100"]
-        ours = "higher" if d["lo"] > 0 else ("lower" if d["hi"] < 0 else None)
-        want = "higher" if paper > 0 else "lower"
-        verdict = (
-            "reproduces"
-            if ours == want
-            else "does NOT reproduce (the opposite direction)"
-            if ours
-            else "not resolved (the interval holds 0)"
-        )
-        per_seed = seed_gaps(d)
-        out.append(
-            f"- {label}: {100 * d['mean']:+.2f} ± {100 * d['std']:.2f} points (seeds {per_seed}; 95% interval "
-            f"{100 * d['lo']:+.1f} to {100 * d['hi']:+.1f}; paper {paper:+.2f}) → {verdict}."
-        )
+        lo, hi = t_interval(diffs)
+        pooled = {
+            "diffs": diffs,
+            "mean": statistics.mean(diffs),
+            "std": statistics.stdev(diffs),
+            "lo": lo,
+            "hi": hi,
+        }
+        out.append(_verdict_line(label, pooled, "; ".join(parts)))
     return out
 
 

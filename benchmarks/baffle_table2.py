@@ -63,7 +63,7 @@ from fedge.bench.script import (
     reproduction_parser,
     usage_errors,
 )
-from fedge.bench.stats import paired_difference, t_interval
+from fedge.bench.stats import direction, paired_difference, t_interval, verdict
 from fedge.bench.tables import mean_cell, not_run_cell, per_seed_cell, run_notes, screen_cell
 
 BASE = "baffle-fmnist-lenet"
@@ -683,14 +683,32 @@ def table(plan: Plan, command: str) -> str:
     return "\n".join(lines)
 
 
+def _two_part(lo: float, hi: float, mean: float, paper: float | None, sign: float) -> str:
+    """The verdict of an interval (points) against the paper's figure (:func:`verdict`), or, where
+    the paper has no row for it, its direction against ``sign`` (the sign all the paper's rows share)."""
+    if paper is None:
+        return f"{direction(lo, hi, sign)}; no paper figure to size against"
+    return verdict(lo, hi, mean, paper)
+
+
+VERDICT_KEY = (
+    "each verdict in two parts: **direction** (the 95% interval excludes 0 with the paper's sign: "
+    "same direction; with the other sign: opposite direction; else not resolved) and **size** "
+    "(size matches when the paper's figure lies inside the interval, else fedge's mean effect as a "
+    "multiple of the paper's; the paper's figures are LeNet on CIFAR-10, ours on Fashion-MNIST)"
+)
+
+
 def verdicts(plan: Plan, agg: dict[str, dict[str, Any]]) -> list[str]:
     """The skew cost of every row (IID − Dirichlet, paired by seed: the same seed draws the same
-    training subset and initial model for both partitions), and BAFFLE's cost against BP's.
-    A difference counts as a direction only when the 95% t interval of its per-seed mean excludes 0
+    training subset and initial model for both partitions), and BAFFLE's cost against BP's, each
+    with its two-part verdict against the paper (:func:`fedge.bench.stats.verdict`). A difference
+    counts as a direction only when the 95% t interval of its per-seed mean excludes 0
     (:func:`fedge.bench.stats.t_interval`)."""
     costs = {}
     out = [
-        "Skew cost (final test accuracy, IID − Dirichlet 0.3, per-seed paired; mean ± std over seeds):",
+        "Skew cost (final test accuracy, IID − Dirichlet 0.3, per-seed paired; mean ± std over seeds; "
+        f"every row of the paper shows a cost), {VERDICT_KEY}:",
         "",
     ]
     for family in families(plan):
@@ -701,22 +719,23 @@ def verdicts(plan: Plan, agg: dict[str, dict[str, Any]]) -> list[str]:
             continue
         costs[family] = d
         paper = PAPER_COST.get(family)
-        sign = (
-            "a cost"
-            if d["lo"] > 0
-            else ("a gain" if d["hi"] < 0 else "no cost resolved: the 95% interval holds 0")
+        lo, hi, mean = 100 * d["lo"], 100 * d["hi"], 100 * d["mean"]
+        where = (
+            f"paper (CIFAR-10, IID at C = 10): {paper:+.2f}"
+            if paper is not None
+            else "the paper has no row at this K"
         )
         out.append(
-            f"- {family}: {d['mean'] * 100:+.2f} ± {d['std'] * 100:.2f} points over seeds {d['seeds']} "
-            f"(95% interval {d['lo'] * 100:+.1f} to {d['hi'] * 100:+.1f}; {sign})"
-            + (f"; paper (CIFAR-10, IID at C = 10): {paper:+.2f}." if paper is not None else ".")
+            f"- {family}: {mean:+.2f} ± {d['std'] * 100:.2f} points over seeds {d['seeds']} "
+            f"(95% interval {lo:+.1f} to {hi:+.1f}; {where}) → {_two_part(lo, hi, mean, paper, 1.0)}."
         )
     bp = costs.get("BP FedAvg")
     if bp is not None:
         out += [
             "",
             "BAFFLE's skew cost against BP FedAvg's (paper, CIFAR-10: BAFFLE 13.6–13.9 points, BP 14.3 — "
-            "label skew does not hurt BAFFLE more than backprop):",
+            "label skew does not hurt BAFFLE more than backprop; at K = 200 the paper's difference is "
+            f"{PAPER_COST['BAFFLE K=200'] - PAPER_COST['BP FedAvg']:+.2f}), {VERDICT_KEY}:",
             "",
         ]
         for family in families(plan)[1:]:
@@ -732,16 +751,11 @@ def verdicts(plan: Plan, agg: dict[str, dict[str, Any]]) -> list[str]:
                 )
                 continue
             mean, std, (lo, hi) = statistics.mean(diff), statistics.stdev(diff), t_interval(diff)
-            verdict = (
-                "does NOT reproduce (skew costs BAFFLE more than BP)"
-                if lo > 0
-                else "consistent with the paper (skew costs BAFFLE less than BP)"
-                if hi < 0
-                else "consistent with the paper (no difference resolved: the 95% interval holds 0)"
-            )
+            paper = PAPER_COST[family] - PAPER_COST["BP FedAvg"] if family in PAPER_COST else None
+            where = f"paper {paper:+.2f}" if paper is not None else "the paper has no row at this K"
             out.append(
                 f"- {family} − BP: {mean * 100:+.2f} ± {std * 100:.2f} points (95% interval {lo * 100:+.1f} "
-                f"to {hi * 100:+.1f}) → {verdict}."
+                f"to {hi * 100:+.1f}; {where}) → {_two_part(100 * lo, 100 * hi, 100 * mean, paper, -1.0)}."
             )
     return out
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from fedge.bench.figures import read_run_logs
 from fedge.bench.script import report_and_document, runs_parser
+from fedge.bench.stats import NO_INTERVAL
 from fedge.bench.variants import run_variants
 
 PRESET = "fedpt-fmnist-cnn"
@@ -127,17 +128,21 @@ def verdict(report: dict[str, Any]) -> str:
     )
     ahead = [f"{z:g}" for z, p, f in zip(zs, pt, ft, strict=True) if p > f]
     behind = [f"{z:g}" for z, p, f in zip(zs, pt, ft, strict=True) if p <= f]
+    text += (
+        "Against the paper's claim (PT degrades less than FT as noise grows): direction "
+        f"{NO_INTERVAL}; size not compared (the paper's accuracies are next-word prediction on Stack "
+        "Overflow). On this seed the point estimates "
+    )
     if ft_loss > pt_loss and not behind:
-        text += "The paper's direction (PT degrades less than FT as noise grows) reproduces in this reduced setting"
+        text += "agree with the paper: PT loses less over the whole range and is ahead at every noise level"
     elif ft_loss > pt_loss and len(ahead) > len(behind):
         text += (
-            "The paper's direction (PT degrades less than FT as noise grows) reproduces only partly here: PT "
-            f"loses less over the whole range but is not ahead at z = {', '.join(behind)}"
+            "agree only partly: PT loses less over the whole range but is not ahead at z = "
+            f"{', '.join(behind)}"
         )
     else:
         text += (
-            "The paper's direction (PT degrades less than FT as noise grows) does not clearly reproduce in "
-            f"this reduced setting: PT is ahead at z = {', '.join(ahead) or 'none'} and not at z = "
+            f"do not agree: PT is ahead at z = {', '.join(ahead) or 'none'} and not at z = "
             f"{', '.join(behind) or 'none'}, so the ordering flips with z rather than widening in PT's favour"
         )
     return text + (
@@ -165,7 +170,9 @@ def markdown(report: dict[str, Any], command: str) -> str:
         f"of batch 10, lr 0.1), {PER_ROUND} clients per round, {ROUNDS} rounds = "
         f"{ROUNDS * PER_ROUND // POPULATION} shuffled passes (no client twice in a tree; the tree restarts "
         "each pass, and the passes compose), server SGD lr 1, 2,000 test images, one seed (0). ε is "
-        "dp-accounting's RDP bound for that run, read from its summary.json; it is the same for FT and PT.\n\n"
+        "dp-accounting's RDP bound for that run, read from its summary.json; it is the same for FT and PT. "
+        "**Departure from the paper, stated**: one seed, so the FT/PT comparison has no interval and no "
+        "direction is resolved (3 seeds wait for the long runs, docs/planned.md).\n\n"
         + table(report)
         + "\n\n"
         + verdict(report)

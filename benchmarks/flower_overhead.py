@@ -1,7 +1,7 @@
 """Engine vs Flower: per-round overhead per client, trivial clients.
 
 The same trivial federation as ``fedge bench engine`` (a seed-sized broadcast, a one-float
-reply) run by the built-in engine and by :class:`fedge.runtime.flower.FlowerSimulation` on
+reply) run by the built-in engine and by :func:`fedge.runtime.flower.flower_simulation` on
 Flower's Grid API with in-process SuperNodes (:class:`fedge.runtime.flower.LocalGrid`: every
 message and reply encoded to Flower's protobuf wire format and decoded again, each node's
 ClientApp with its own Context). Overhead per client is (round wall time - summed client step
@@ -37,7 +37,7 @@ from fedge.bench.engine import _SeedBroadcast, _Trivial, _warm_up  # noqa: E402
 from fedge.core.context import ClientData  # noqa: E402
 from fedge.core.meter import _status_kb  # noqa: E402
 from fedge.runtime.engine import EngineConfig, Simulation  # noqa: E402
-from fedge.runtime.flower import FlowerSimulation, LocalGrid, client_app, server_app  # noqa: E402
+from fedge.runtime.flower import LocalGrid, client_app, flower_simulation, server_app  # noqa: E402
 
 RUNTIMES = ("engine", "flower-sim", "flower-ray")
 
@@ -107,19 +107,21 @@ def _measure(kind: str, n: int, rounds: int, ray_cpus: int = 2) -> dict:
         sim = Simulation(**kw)
         over, lines = _timed(sim, rounds)
     elif kind == "flower-sim":
-        sim = FlowerSimulation(**kw)
-        app = client_app(sim.program, clients.__getitem__, **sim._kwargs())
-        sim.connect(LocalGrid(app, [{"partition-id": i, "num-partitions": n} for i in range(n)]))
+        sim = flower_simulation(**kw)
+        app = client_app(sim.program, clients.__getitem__, **sim.executor.settings.kwargs())
+        sim.executor.connect(
+            LocalGrid(app, [{"partition-id": i, "num-partitions": n} for i in range(n)])
+        )
         over, lines = _timed(sim, rounds)
     else:  # Flower's simulation engine: the timed rounds run inside its ServerApp
         from fedge.runtime.flower.simulation import run_on_ray
 
-        sim = ray_sim = FlowerSimulation(backend="ray", cpus=ray_cpus, **kw)
-        app = client_app(sim.program, _tiny_data, **sim._kwargs())
+        sim = ray_sim = flower_simulation(backend="ray", cpus=ray_cpus, **kw)
+        app = client_app(sim.program, _tiny_data, **sim.executor.settings.kwargs())
         got: list = []
 
         def main(grid, context):
-            ray_sim.connect(grid)
+            ray_sim.executor.connect(grid)
             got.extend(_timed(ray_sim, rounds))
             got.append(_descendants_rss_kb())
 
@@ -197,7 +199,7 @@ def markdown(results: list[dict], command: str) -> str:
     return "\n".join(
         [
             "Per-round overhead per client with trivial clients (as in *Engine overhead*): the built-in engine",
-            "against the same rounds through Flower's Grid API (`--runtime flower-sim`: `FlowerSimulation` on",
+            "against the same rounds through Flower's Grid API (`--runtime flower-sim`: the engine with `FlowerExecutor` on",
             "`LocalGrid`, in-process SuperNodes; every message encoded to Flower's protobuf wire format and",
             "decoded on both ends, a handshake once per run, each node's ClientApp with its own `Context`).",
             "fedge's byte counts are identical on both runtimes; Flower's message bytes add its metadata",

@@ -12,7 +12,7 @@ Here every cell comes from running the attack on what the adversary observes in 
   its upload depends on. FedAvg's upload (one local SGD step) is a model delta, attacked as
   −Δ/η with DLG (iDLG labels); PPFL's upload is the AES-GCM ciphertext sealed by the client's
   enclave, which the server can only read as if it were the float32 plaintext: the same DLG
-  runs on that (:func:`~fedge.attacks.harness.reconstruction_attack`).
+  runs on that (:func:`~fedge.attacks.reconstruct_run.reconstruction_attack`).
 - **MIA** (a holder of the released model): each method trained on few samples with several
   local epochs, so that the end-to-end model fits its training set; PPFL trains layer-wise to
   the same number of rounds, local epochs, batch and learning rate (rounds split evenly over
@@ -20,7 +20,7 @@ Here every cell comes from running the attack on what the adversary observes in 
   (:func:`~fedge.attacks.membership_run.membership_by_round` on the final model), with the test
   accuracy and train − test gap beside them.
 - **PIA** (the server, round 1): "class 0 occurs in the client's batch" on each upload
-  (:func:`~fedge.attacks.harness.pia_attack`). For PPFL the run is made and its uploads
+  (:func:`~fedge.attacks.property.pia_attack`). For PPFL the run is made and its uploads
   observed; when every upload is sealed the server cannot compute an upload of its own to
   train the property classifier on, and the cell says so.
 
@@ -38,15 +38,11 @@ from typing import Any
 
 import torch
 
-from fedge.attacks.harness import (
-    ObservedRun,
-    attack_config,
-    observe_run,
-    pia_attack,
-    reconstruction_attack,
-)
+from fedge.attacks.harness import ObservedRun, attack_config, observe_run
 from fedge.attacks.membership import chance_auc_std
 from fedge.attacks.membership_run import membership_by_round
+from fedge.attacks.property import pia_attack
+from fedge.attacks.reconstruct_run import reconstruction_attack
 from fedge.attacks.table import objective_note
 from fedge.bench.docs import update_section
 from fedge.bench.script import (

@@ -13,7 +13,8 @@ counts of the serialized messages (every client, both directions, key exchange i
 over the rounds up to and including the first round at or above the target.
 
 Both downlinks must train the same model bit for bit (the seeds downlink rebuilds it exactly), so
-their accuracy curves are compared and the table says whether they are identical.
+their accuracy curves are compared and the table says whether they are identical. Run records:
+`benchmarks/results/zo_bytes/` (every figure below is derived from them).
 
     python benchmarks/zo_bytes_to_accuracy.py [--out runs/bench-zo-bytes] [--docs docs/benchmarks.md]
 

@@ -176,8 +176,53 @@ def method_sections() -> list[tuple[str, str, type[BaseModel]]]:
     out = []
     for name in method_names():
         spec = get_method(name)
-        out.append((name, spec.description, spec.config))
+        # the whole method.* section: the method's own keys and the mechanisms it can take
+        out.append((name, spec.description, spec.section or spec.config))
     return out
+
+
+#: where methods/index.md shows the composition table (filled in from the registry)
+COMPOSITION_MARKER = "<!-- composition-table -->"
+
+
+def composition_table() -> str:
+    """What composes with what, from each registered method's capabilities and the options the
+    composer attaches to its section (``fedge.methods.compose``): it cannot drift from the code."""
+    from fedge.methods import get_method, method_names
+
+    names = method_names()
+    specs = {n: get_method(n) for n in names}
+
+    def has(name: str, key: str) -> str:
+        section = specs[name].section or specs[name].config
+        return "yes" if key in section.model_fields else "-"
+
+    def dp(name: str) -> str:
+        return "yes" if specs[name].capabilities.sums_replies else "-"
+
+    rows = [
+        (
+            "[secure aggregation](../privacy/secure-aggregation.md) (`method.secure_aggregation`)",
+            lambda n: has(n, "secure_aggregation"),
+        ),
+        ("[DP](../privacy/dp.md) (`privacy.*`)", dp),
+        ("`method.freeze`", lambda n: has(n, "freeze")),
+        ("EMA evaluation (`method.ema`)", lambda n: has(n, "ema")),
+    ]
+    out = [
+        "| mechanism | " + " | ".join(f"`{n}`" for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for label, cell in rows:
+        out.append(f"| {label} | " + " | ".join(cell(n) for n in names) + " |")
+    return "\n".join(out)
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """MkDocs hook: fill in the composition table where a page asks for it."""
+    if COMPOSITION_MARKER in markdown:
+        markdown = markdown.replace(COMPOSITION_MARKER, composition_table())
+    return markdown
 
 
 def _model_options(name: str) -> type[BaseModel] | None:

@@ -80,7 +80,9 @@ def missing_keys(page: str) -> list[str]:
     for name in method_names():
         part = _rows(_method_part(page, name))
         missing += [
-            f"{name}: {k}" for k in _keys(get_method(name).config, "method.") if k not in part
+            f"{name}: {k}"
+            for k in _keys((get_method(name).section or get_method(name).config), "method.")
+            if k not in part
         ]
     return missing
 
@@ -105,7 +107,7 @@ def test_a_row_gives_type_default_and_bounds():
 
 @pytest.mark.parametrize("name", method_names())
 def test_a_method_section_gives_each_default(name):
-    config = get_method(name).config
+    config = get_method(name).section or get_method(name).config
     part = _rows(_method_part(PAGE, name))
     for key, field in config.model_fields.items():
         if field.default is not None and isinstance(field.default, (int, float, str)):
@@ -117,7 +119,7 @@ def test_the_check_catches_a_missing_key():
     without_rounds = re.sub(r"^\| `rounds` \|.*\n", "", PAGE, flags=re.M)
     assert missing_keys(without_rounds) == ["rounds"]
     name = method_names()[0]
-    key = f"method.{next(iter(get_method(name).config.model_fields))}"
+    key = f"method.{next(iter((get_method(name).section or get_method(name).config).model_fields))}"
     part = _method_part(PAGE, name)
     cut = PAGE.replace(part, re.sub(rf"^\| `{re.escape(key)}` \|.*\n", "", part, flags=re.M))
     assert missing_keys(cut) == [f"{name}: {key}"]

@@ -11,7 +11,10 @@ one fails here until the section is regenerated with the command shown in it.
 Not re-derived: timings, RSS and tensor-accounting memory, accuracies and FLOPs of training
 runs (minutes to hours). The reproduction tables built from those trainings (BAFFLE Tables 1
 and 2, NTK-BAFFLE Table 3) are checked another way: their sections must be exactly what their
-scripts render from the committed run records (`test_reproduction_sections_are_their_records_rendered`).
+scripts render from the committed run records (`test_reproduction_sections_are_their_records_rendered`;
+the privacy-leakage section and the zo-bytes target likewise). Every section must name its
+records directory under benchmarks/results/, or be listed, with its reason, among the sections
+still awaiting records (`AWAITING_RECORDS`): a new section without records fails.
 
 The figures re-derived from runs on Fashion-MNIST depend on its shapes and sample counts, not
 on its pixels: each such test (fixture ``fashion_mnist``) runs on a made stand-in of the same
@@ -76,6 +79,21 @@ def _comm(monkeypatch: pytest.MonkeyPatch, k: int) -> tuple[dict, str]:
     return report, comm.comm_markdown(report, "fedge bench comm --docs docs/benchmarks.md")
 
 
+def test_comm_table_is_its_record_rendered() -> None:
+    """The section's table and epoch-level line are what ``comm_markdown`` renders from the
+    committed record its command wrote (``--json benchmarks/results/baffle_comm/report.json``)."""
+    import json
+
+    from fedge.bench import comm
+
+    record = DOCS.parents[1] / "benchmarks/results/baffle_comm/report.json"
+    markdown = comm.comm_markdown(json.loads(record.read_text()), "")
+    docs = _section("baffle-comm")
+    for line in markdown.splitlines():
+        if line.startswith(("| ", "Epoch-level")):
+            assert line in docs, f"bench:baffle-comm lacks its record's {line!r}: re-render it"
+
+
 @pytest.mark.parametrize(
     "k", [100, pytest.param(200, marks=pytest.mark.slow), pytest.param(500, marks=pytest.mark.slow)]
 )
@@ -114,7 +132,7 @@ def _build(data: str | None, preset: str, overrides: tuple[str, ...]):
 
 @pytest.mark.usefixtures("fashion_mnist")
 def test_preset_model_bytes_and_ratios() -> None:
-    """bench:presets: `model bytes` is the serialized model (as experiment.run's summary); the
+    """bench:presets: `model bytes` is the serialized model (as experiment.summary's); the
     ratio columns are the byte columns divided by it."""
     from fedge.core.messages import Message
     from fedge.methods.base import model_arrays
@@ -589,3 +607,123 @@ def test_eppfl_communication_bytes(tmp_path: Path) -> None:
         if name == "vanilla-E2":
             up = re.search(r"EPPFL up ([\d,]+) B", section)
             assert up and up.group(1) == f"{line['bytes_up'] / k:,.0f}", "S_a upload"
+
+
+# --- every section names its committed run records ---------------------------------------------
+
+ROOT = DOCS.parents[1]
+RECORDS_DIR = re.compile(r"`?(benchmarks/results/[\w.-]+)/")
+
+#: Sections with no committed run records yet, by why; each must be emptied by a run that writes
+#: its records (docs/planned.md). A new section is not listed here, so it must name its records.
+AWAITING_RECORDS = {
+    # measured by their command (timings, memory, bytes of one round): no run records written
+    "engine": "timings of trivial clients",
+    "presets": "two preset runs, measured by `fedge bench presets`",
+    "client-memory": "memory measurements",
+    "zo-step": "timings",
+    "zo-precision": "a float64 oracle, measured by its script",
+    "population": "timings and RSS",
+    "flower": "timings",
+    "flower-ray": "timings",
+    "cross-device": "a million-device run, measured by its script",
+    "flower-deploy-baffle": "a loopback deployment, measured by its script",
+    "client-failures": "runs measured by its script",
+    "zo-forwards-to-accuracy": "runs measured by its script",
+    # reproductions whose runs predate records (issue 49): long runs to come
+    "fedpt-table1": "FedPT Table 1: runs predate records",
+    "fedpt-table2": "FedPT Tables 2/4: runs predate records",
+    "fedpt-table5": "FedPT Table 5: runs predate records",
+    "fedpt-composition": "composition table: runs predate records",
+    "eppfl": "EPPFL Figs. 2/4/5 and communication: pasted from a script's output",
+    "ppfl": "PPFL Tables 3/4/5, transfer, enclave memory: runs predate records",
+    "mia-overfit": "MIA against models that fit: runs predate records",
+    "ppfl-table2": "PPFL Table 2 analogue: runs predate records",
+}
+
+
+def _section_names() -> list[str]:
+    return re.findall(r"<!-- bench:([\w.-]+) -->", DOCS.read_text())
+
+
+def test_the_awaiting_list_names_existing_sections_only() -> None:
+    stale = sorted(set(AWAITING_RECORDS) - set(_section_names()))
+    assert not stale, f"AWAITING_RECORDS names sections docs/benchmarks.md lacks: {stale}"
+
+
+@pytest.mark.parametrize("name", _section_names())
+def test_every_section_names_its_committed_records(name: str) -> None:
+    """A section names the directory of its run records (``benchmarks/results/NAME/``), which
+    exists and holds files; the sections still without records are listed, by name, in
+    ``AWAITING_RECORDS``, and leave it once they name theirs."""
+    named = sorted(set(RECORDS_DIR.findall(_section(name))))
+    if name in AWAITING_RECORDS:
+        assert not named, (
+            f"bench:{name} now names its records {named}: remove it from AWAITING_RECORDS"
+        )
+        return
+    assert named, (
+        f"bench:{name} names no records directory: render it from committed records under "
+        "benchmarks/results/NAME/ (fedge.bench.docs.records_line) or, until its runs are "
+        "repeated, list it in AWAITING_RECORDS with the reason"
+    )
+    for where in named:
+        files = [p for p in (ROOT / where).rglob("*") if p.is_file()]
+        assert files, f"bench:{name} names {where}/, which holds no committed files"
+
+
+def test_dp_ftrl_epsilon_rows_are_their_records() -> None:
+    """The ε rows of bench:dp-ftrl-epsilon are the committed `fedge privacy epsilon --json` records
+    (RDP to 6 significant digits, PLD to 4 decimals), for the noise multipliers of the header."""
+    import json
+
+    section = _section("dp-ftrl-epsilon")
+    rows = {r[0]: r[1:] for r in _rows(section, "| noise multiplier z |")}
+    head = next(line for line in section.splitlines() if line.startswith("| noise multiplier z |"))
+    zs = [float(c) for c in head.strip().strip("|").split("|")[1:]]
+    for accountant, label, fmt in (
+        ("rdp", "ε, fedge (RDP, dp-accounting)", "{:.6g}"),
+        ("pld", "ε, fedge `--accountant pld` (tighter, not the paper's)", "{:.4f}"),
+    ):
+        record = json.loads(
+            (ROOT / f"benchmarks/results/dp_ftrl_epsilon/{accountant}.json").read_text()
+        )
+        assert [r["noise_multiplier"] for r in record["rows"]] == zs
+        want = [fmt.format(r["epsilon"]) for r in record["rows"]]
+        assert rows[label] == want, f"{label}: docs {rows[label]}, record {want}"
+
+
+def test_privacy_leakage_section_is_its_record_rendered() -> None:
+    from fedge.bench.script import load_measurement
+
+    bench = benchmark_script("privacy_leakage")
+    saved = load_measurement(ROOT / "benchmarks/results/privacy_leakage/results.json")
+    want = bench.render(saved["results"], saved["settings"], saved["seconds"], saved.get("merged"))
+    body = _section("privacy-leakage").strip().split("\n", 1)[1].strip().partition("\n\n")[2]
+    assert body.strip() == want.strip(), (
+        "stale section bench:privacy-leakage: run `python benchmarks/privacy_leakage.py "
+        "--from-json benchmarks/results/privacy_leakage/results.json --docs docs/benchmarks.md`"
+    )
+
+
+def test_zo_bytes_target_and_rounds_to_it_follow_from_the_records() -> None:
+    """The target accuracy and every row's rounds to it, from the committed records' curves."""
+    import json
+
+    bench = benchmark_script("zo_bytes_to_accuracy")
+    curves = {
+        p.stem: json.loads(p.read_text())["result"]["accuracy_by_round"]
+        for p in bench.RECORDS.glob("*.json")
+    }
+    seeds = bench.SEEDS
+    target = min(curves[f"model secure=False seed {s}"][bench.TARGET_ROUND - 1] for s in seeds)
+    section = _section("zo-bytes-to-accuracy")
+    assert f"Target: test accuracy **{target:.3f}**" in section
+    for row in _rows(section, "| downlink | secure aggregation |"):
+        secure = row[1] == "on"
+        got = []
+        for s in seeds:
+            curve = curves[f"{row[0]} secure={secure} seed {s}"]
+            r = bench.to_target(curve, [0] * len(curve), [0] * len(curve), target)[0]
+            got.append("—" if r is None else str(r))
+        assert row[2] == ", ".join(got), f"{row[0]} secure={secure}: rounds {row[2]}, records {got}"

@@ -223,7 +223,7 @@ def _has_key(models: list[type[BaseModel]], parts: list[str]) -> bool:
 #: themselves take any key); a dataset or partition key may also be a registered one's option
 SECTIONS: dict[str, list[type[BaseModel]]] = {
     **{name: _models(f.annotation) for name, f in RunConfig.model_fields.items()},
-    "method": [spec.config for spec in METHODS.values()],
+    "method": [spec.section for spec in METHODS.values()],
     "privacy": [PrivacyConfig],
 }
 EXTRA_KEYS = {

@@ -22,7 +22,7 @@ import typer
 
 from fedge.cli.main import app
 from fedge.core.config import load_config
-from fedge.experiment.run import resolved_config
+from fedge.experiment.build import resolved_config
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 ROOT = typer.main.get_command(app)

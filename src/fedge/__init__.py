@@ -1,18 +1,8 @@
-"""fedge: federated learning on resource-constrained edge devices.
+"""fedge: federated learning on resource-constrained edge devices, measured honestly.
 
-FedAvg and FedSGD, BAFFLE (backpropagation-free FL), NTK-pruned BAFFLE, FedPT (partially
-trainable networks), EPPFL (device/edge split learning) and PPFL (layer-wise FL in enclaves) on
-one engine, with secure aggregation, differential privacy, privacy attacks as measurements and
-a Flower runtime; each measured honestly: bytes from real serialized messages, client FLOPs from
-torch's flop counter, memory from measurement.
-
-The public API (imported lazily, so ``import fedge`` stays cheap)::
-
-    import fedge
-    run = fedge.run("quickstart", overrides={"rounds": 5}, out="runs/q")
-    run.metrics[-1]["test_accuracy"], run.model          # metrics and the trained model
-    fedge.load_run("runs/q").export(format="torchscript")
-    fedge.register_dataset("mine", my_function)          # then dataset: {name: mine}
+FedAvg, FedSGD, FedProx, BAFFLE, NTK-BAFFLE, FedPT, EPPFL and PPFL on one engine, with secure
+aggregation, differential privacy, privacy attacks and a Flower runtime. The public API
+(:mod:`fedge.api`, imported lazily): ``fedge.run``, ``fedge.load_run``, ``fedge.register_dataset``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The public Python API, for notebooks and scripts: ``import fedge`` and go.
+"""The public Python API, for notebooks and scripts: ``import fedge`` and go. Everything here
+turns Python arguments into a config and calls the experiment layer (:mod:`fedge.experiment`).
+Design notes: docs/decisions.md#command-line-and-python-api.
 
 >>> import fedge, torch
 >>> run = fedge.run("quickstart", overrides={"rounds": 3}, out="runs/nb1")
@@ -18,13 +20,6 @@ Your own arrays need no Python beyond writing them (``x_train``, ``y_train``, ``
 ...                 overrides={"rounds": 2})
 >>> len(run.metrics), run.path.parent.name
 (2, 'runs')
-
-Everything here calls the experiment layer (:mod:`fedge.experiment`); nothing here holds
-logic of its own beyond turning Python arguments into a config.
-
-Threads: a run sets torch's intra-op threads to the config's ``threads`` (default 1: two
-torch threads collapse under contention on a shared machine) and restores the caller's setting
-afterwards; pass ``overrides={"threads": None}`` to keep torch's own default during the run.
 """
 
 from __future__ import annotations
@@ -42,7 +37,9 @@ from fedge.data.registry import register_dataset as _register_spec
 from fedge.data.registry import register_function
 from fedge.data.spec import DatasetSpec
 from fedge.experiment.export import ExportResult, TrainedModel, export_model, load_trained_model
-from fedge.experiment.run import ProgressLike, resume_experiment, run_experiment
+from fedge.experiment.progress import ProgressLike
+from fedge.experiment.resume import resume_experiment
+from fedge.experiment.run import run_experiment
 from fedge.experiment.rundir import default_run_path
 from fedge.report.runlog import RunLog
 from fedge.report.runlog import load_run as _load_log
@@ -122,7 +119,7 @@ def run(
         overrides: ``{"rounds": 5, "method.client_optimizer.lr": 0.05}`` or
             ``["rounds=5", ...]``, as ``--set``.
         progress: a function ``f(metrics_line, total_rounds)`` called after every round, or a
-            :class:`fedge.experiment.run.Progress` (start, clients inside a round, round).
+            :class:`fedge.experiment.progress.Progress` (start, clients inside a round, round).
         render: also write plots and ``report.md``/``report.html`` (as the CLI does).
 
     Raises:

@@ -53,7 +53,8 @@ def test_exact_kept_activations_invert_to_the_input_and_noise_defeats_it() -> No
 
 
 def _eppfl(dp: dict | None):  # type: ignore[no-untyped-def]
-    from fedge.attacks.harness import activation_inversion, attack_config, observe_run
+    from fedge.attacks.harness import attack_config, observe_run
+    from fedge.attacks.inversion import activation_inversion
 
     cfg = attack_config(
         {"name": "eppfl", "local_epochs": 1, "batch_size": 1, "dp": dp},

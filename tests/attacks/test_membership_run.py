@@ -184,3 +184,47 @@ def test_mia_by_round_with_too_few_members_by_the_first_round_names_the_ways_out
         membership_by_round(build_run(cfg), [1, 2], samples=5)["rounds"]["2"]["loss"]["members"]
         == 5
     )
+
+
+def test_the_example_rounds_are_rounds_of_the_run():
+    from fedge.attacks.membership_run import example_rounds
+
+    assert [example_rounds(n) for n in (1, 2, 3, 10, 11)] == [
+        "1",
+        "1,2",
+        "1,2,3",
+        "1,5,10",
+        "1,6,11",
+    ]
+
+
+def test_trained_clients_read_the_runs_record_and_replay_only_without_it() -> None:
+    """With ``first_aggregated`` in the summary the record answers (no replay); without it the
+    run is re-run and its own record read, after ``before_replay``. Oracle: a run whose clients
+    are sampled (2 of 4 a round, 1 round) trained on exactly the clients the replay aggregated."""
+    from fedge.attacks.membership_run import replay, trained_clients
+    from fedge.experiment.build import build_run
+
+    cfg = attack_config(
+        {"name": "fedsgd", "batch_size": 1}, clients=4, per_client=1, dataset="digits"
+    )
+    cfg = cfg.model_copy(update={"clients": cfg.clients.model_copy(update={"per_round": 2})})
+    called: list[bool] = []
+    record = {"3": 1, "0": 1, "2": 5}
+    assert trained_clients(
+        build_run(cfg), {"first_aggregated": record}, lambda: called.append(True)
+    ) == [0, 3]
+    assert not called
+    got = trained_clients(build_run(cfg), {}, lambda: called.append(True))
+    assert called == [True]
+    assert got == replay(build_run(cfg), [1]).trained_by(1) and len(got) == 2
+
+
+def test_attack_name_says_what_was_measured() -> None:
+    from fedge.attacks.membership_run import attack_name
+
+    assert attack_name(0) == "loss-threshold (Yeom et al. 2018)"
+    assert "completed with a classifier" in attack_name(0, withheld=True)
+    assert "offline LiRA" in attack_name(2) and "Shokri" in attack_name(2)
+    assert attack_name(0, by_round=True).endswith("(the run re-run from its config)")
+    assert "LiRA" not in attack_name(0, by_round=True) and "LiRA" in attack_name(1, by_round=True)

@@ -7,8 +7,8 @@ import warnings
 
 import torch
 
-from fedge.attacks.harness import attack_config, observe_run, pia_attack
-from fedge.attacks.property import aux_batch, plaintext_program
+from fedge.attacks.harness import attack_config, observe_run
+from fedge.attacks.property import aux_batch, edge_pia_attack, pia_attack, plaintext_program
 
 
 def _pia(method: dict, clients: int = 32) -> dict:
@@ -80,3 +80,26 @@ def test_property_inference_is_reproducible_from_its_seed() -> None:
         )
     a, b = pia_attack(run, seed=3, aux_updates=32), pia_attack(run, seed=3, aux_updates=32)
     assert a == b
+
+
+def test_edge_server_infers_the_property_from_released_activations_and_labels() -> None:
+    """Property inference at EPPFL's edge server (no DP) separates devices with class 0 in
+    their batch: exactly from the labels that travel in the clear, and from the released
+    activations alone."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = observe_run(
+            attack_config(
+                {"name": "eppfl", "local_epochs": 1, "batch_size": 8},
+                clients=24,
+                per_client=8,
+                test=300,
+                dataset="digits",
+            ),
+            parties=("edge",),
+        )
+    r = edge_pia_attack(run, prop=0)
+    assert r["uploads"] == 24 and 0 < r["with_property"] < 24
+    # the step messages carry the batch's labels in the clear: the property is read off them
+    assert r["labels_in_clear"] and r["auc"] == 1.0
+    assert r["auc_activations"] > 0.8  # the released activations alone also give it away here

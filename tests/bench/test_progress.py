@@ -11,7 +11,7 @@ import pytest
 
 from fedge.bench.progress import restore_progress, save_progress, unfinished_runs
 from fedge.core.errors import ConfigError
-from fedge.experiment.run import resume_experiment
+from fedge.experiment.resume import resume_experiment
 from tests_helpers import unfinished_run
 
 

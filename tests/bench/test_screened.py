@@ -396,7 +396,7 @@ def test_a_screen_run_that_diverges_is_recorded_as_the_worst_of_its_grid(tmp_pat
     from fedge.bench.screened import pick_by_validation, run_screened
     from fedge.bench.tables import screen_cell
     from fedge.bench.variants import recorded
-    from fedge.experiment.run import DivergenceError
+    from fedge.core.errors import DivergenceError
 
     screen = {
         "lr=0.1": ["method.client_optimizer.lr=0.1"],

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from fedge.bench.stats import T_975, paired_difference, t_interval
+from fedge.bench.stats import T_975, direction, paired_difference, size, t_interval, verdict
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -45,3 +45,51 @@ def test_paired_difference_pairs_the_common_seeds_only() -> None:
     assert d["std"] == pytest.approx(statistics.stdev([0.02, 0.01, 0.04]))
     assert (d["lo"], d["hi"]) == pytest.approx(t_interval([0.02, 0.01, 0.04]))
     assert paired_difference(a, _row({0: 0.7, 9: 0.1})) is None  # one common seed: no spread
+
+
+# Hand-computed cases of the two-part verdict (BAFFLE Table 1's records, 10,000 samples, points):
+# BP FedAvg − K=100: diffs +15.9, +20.7, +19.5 → mean 18.70, 95% interval +12.5..+24.9; paper
+# 94.31 − 87.27 = +7.04, outside the interval: 18.70 / 7.04 = 2.66.
+def test_verdict_same_direction_with_a_larger_effect_gives_the_ratio() -> None:
+    assert verdict(12.5, 24.9, 18.70, 7.04) == "same direction; 2.7× the paper's"
+
+
+def test_verdict_size_matches_only_when_the_papers_figure_is_inside() -> None:
+    # K=200 − K=100: +2.81 (+2.0..+3.6) against the paper's +2.21
+    assert verdict(2.0, 3.6, 2.81, 2.21) == "same direction; size matches"
+    # central − twice-FD: -3.21 (-5.5..-0.9) against -11.25: 3.21 / 11.25 = 0.285
+    assert verdict(-5.5, -0.9, -3.21, -11.25) == "same direction; 0.29× the paper's"
+    # the edges count as inside
+    assert size(2.21, 3.6, 2.81, 2.21) == size(1.0, 2.21, 1.5, 2.21) == "size matches"
+
+
+def test_verdict_opposite_when_the_interval_excludes_0_on_the_other_side() -> None:
+    # w/o EMA − K=100: +0.67 (+0.3..+1.1) where the paper has -2.21: 0.67 / -2.21 = -0.303
+    assert verdict(0.3, 1.1, 0.67, -2.21) == "opposite direction; -0.30× the paper's"
+    assert direction(-3.0, -0.1, +5.0) == "opposite direction"
+
+
+def test_verdict_not_resolved_when_the_interval_holds_0() -> None:
+    # SELU − Hardswish on 10,000 samples: +3.07 (-3.4..+9.5) against the paper's -1.09: the
+    # paper's figure is inside the interval, so is 0
+    assert verdict(-3.4, 9.5, 3.07, -1.09) == "not resolved (the interval holds 0); size matches"
+    # ReLU on 30,000: -1.22 (-3.0..+0.6) against -5.72: 1.22 / 5.72 = 0.213
+    assert verdict(-3.0, 0.6, -1.22, -5.72) == (
+        "not resolved (the interval holds 0); 0.21× the paper's"
+    )
+    assert direction(0.0, 1.0, 1.0) == "not resolved (the interval holds 0)"  # 0 is in [0, 1]
+
+
+def test_verdict_ratio_digits_follow_its_magnitude() -> None:
+    assert size(30.0, 40.0, 35.0, 2.5) == "14× the paper's"
+    assert size(1.0, 2.0, 1.5, 0.5) == "3.0× the paper's"
+    assert size(0.01, 0.02, 0.012, 1.0) == "0.01× the paper's"
+
+
+def test_verdict_rejects_what_has_no_direction_or_no_interval() -> None:
+    with pytest.raises(ValueError, match="the paper's sign is 0"):
+        direction(1.0, 2.0, 0.0)
+    with pytest.raises(ValueError, match="the paper's figure is 0"):
+        size(1.0, 2.0, 1.5, 0.0)
+    with pytest.raises(ValueError, match="interval 2.0..1.0: expected lo <= hi"):
+        verdict(2.0, 1.0, 1.5, 1.0)

@@ -12,7 +12,7 @@ import pytest
 
 from fedge.bench.stats import t_interval
 from fedge.core.config import load_config
-from fedge.experiment.run import resolved_config
+from fedge.experiment.build import resolved_config
 from tests_helpers import benchmark_script
 
 bench = benchmark_script("baffle_delta_loss")

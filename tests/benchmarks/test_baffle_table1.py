@@ -48,14 +48,39 @@ def test_a_consistent_small_gap_is_resolved_by_pairing_seeds() -> None:
     assert d is not None and d["diffs"] == pytest.approx([0.010, 0.011, 0.012])
     assert d["std"] == pytest.approx(statistics.stdev([0.010, 0.011, 0.012]))
     assert "+1.10 ± 0.10 points" in _line(lines, "K=100 SELU")
+    # paper: SELU lower (-1.09); ours +0.85..+1.35 excludes 0 on the other side; 1.10 / -1.09
     assert _line(lines, "K=100 SELU").endswith(
-        "→ does NOT reproduce (the opposite direction)."
-    )  # paper: SELU lower
-    assert _line(lines, "K=100 ReLU").endswith("→ reproduces.")  # paper: ReLU lower
+        "the paper's sign on 0 of 3 seeds) → opposite direction; -1.0× the paper's."
+    )
+    # paper: ReLU lower (-5.72); ours -1.10 (interval -1.35..-0.85): 1.10 / 5.72 = 0.19
+    assert _line(lines, "K=100 ReLU").endswith(
+        "the paper's sign on 3 of 3 seeds) → same direction; 0.19× the paper's."
+    )
+    # +1, -1, +0.5: mean +0.17, interval -2.42..+2.76 holds 0 and the paper's -2.21
     assert _line(lines, "K=100 w/o EMA").endswith(
-        "→ not resolved (the interval holds 0)."
-    )  # +1, -1, +0.5
+        "→ not resolved (the interval holds 0); size matches."
+    )
     assert not any(x.startswith("- BAFFLE K=200") for x in lines)  # not run: no line
+
+
+def test_pooled_verdicts_take_one_interval_over_the_seeds_of_every_size() -> None:
+    # SELU − K=100 by hand: +0.6, +5.8, +2.9 on one size, +1.1, +3.7, +2.7 on the other (points):
+    # mean 2.80, std sqrt(17.56 / 5) = 1.87, t(5) 2.571 → half 2.571 · 1.87 / sqrt(6) = 1.97,
+    # 95% interval +0.83..+4.77, excluding 0 against the
+    # paper's -1.09 (2.80 / -1.09 = -2.57); each size alone holds 0
+    small = {0: 0.006, 1: 0.058, 2: 0.029}
+    big = {0: 0.011, 1: 0.037, 2: 0.027}
+    aggs = {
+        n: {"BAFFLE K=100": _row(BASE), "K=100 SELU": _row({s: BASE[s] + g[s] for s in BASE})}
+        for n, g in ((10000, small), (30000, big))
+    }
+    for agg in aggs.values():
+        assert "not resolved" in _line(bench.verdicts(agg), "K=100 SELU")
+    line = _line(bench.pooled_verdicts(aggs), "K=100 SELU")
+    assert "+2.80 ± 1.87 points (10,000: +0.6, +5.8, +2.9; 30,000: +1.1, +3.7, +2.7;" in line
+    assert "95% interval +0.8 to +4.8; paper -1.09; the paper's sign on 0 of 6 seeds" in line
+    assert line.endswith("→ opposite direction; -2.6× the paper's.")
+    assert bench.pooled_verdicts({10000: aggs[10000]}) == []  # one size: nothing to pool
 
 
 def test_verdicts_need_two_paired_seeds() -> None:

@@ -164,3 +164,44 @@ def test_the_optimizer_state_lines_pair_persistent_with_fresh_by_seed_and_say_th
         "→ not resolved: the interval holds 0."
     )
     assert bench._optimizer_state_lines(PLAN, {}, {}, {}) == []
+
+
+def _final_row(accs: dict[int, float]) -> dict:
+    return {
+        "seeds": len(accs),
+        "runs": [{"seed": s, "final_test_accuracy": a} for s, a in accs.items()],
+    }
+
+
+def test_skew_cost_verdicts_give_direction_and_size_against_the_paper() -> None:
+    # BP: IID 0.60 above Dirichlet by 14, 15, 16 points: mean 15.00, std 1, interval
+    # 15 ± 4.303 / sqrt(3) = 12.5..17.5, holding the paper's +14.34.
+    # K=100 (no paper row): 5, 6, 7 points → a cost, no size. K=200: 2, 3, 4 points,
+    # interval 0.5..5.5, the paper's +13.57 outside: 3 / 13.57 = 0.22.
+    iid = {0: 0.60, 1: 0.60, 2: 0.60}
+
+    def skewed(gaps: tuple[float, ...]) -> dict:
+        return _final_row({s: 0.60 - g for s, g in zip(iid, gaps, strict=True)})
+
+    agg = {
+        "BP FedAvg, IID": _final_row(iid),
+        "BP FedAvg, Dirichlet 0.3": skewed((0.14, 0.15, 0.16)),
+        "BAFFLE K=100, IID": _final_row(iid),
+        "BAFFLE K=100, Dirichlet 0.3": skewed((0.05, 0.06, 0.07)),
+        "BAFFLE K=200, IID": _final_row(iid),
+        "BAFFLE K=200, Dirichlet 0.3": skewed((0.02, 0.03, 0.04)),
+    }
+    lines = bench.verdicts(PLAN, agg)
+
+    def line(start: str) -> str:
+        (found,) = [x for x in lines if x.startswith(f"- {start}")]
+        return found
+
+    assert line("BP FedAvg:").endswith("+14.34) → same direction; size matches.")
+    assert line("BAFFLE K=100:").endswith(
+        "the paper has no row at this K) → same direction; no paper figure to size against."
+    )
+    assert line("BAFFLE K=200:").endswith("+13.57) → same direction; 0.22× the paper's.")
+    # K=200 − BP: 2-14, 3-15, 4-16 = -12 points on every seed (std 0: the interval is the point),
+    # against the paper's 13.57 - 14.34 = -0.77: 12 / 0.77 = 15.6
+    assert line("BAFFLE K=200 − BP:").endswith("paper -0.77) → same direction; 16× the paper's.")

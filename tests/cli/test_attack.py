@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from fedge.cli.main import app
@@ -14,23 +17,19 @@ runner = CliRunner()
 
 def _run(tmp_path: Path, *sets: str) -> Path:
     out = tmp_path / "run"
-    args = [
-        "run",
-        "quickstart",
-        "--out",
-        str(out),
-        "--set",
-        "rounds=1",
-        "--set",
-        "dataset.name=digits",
-        "--set",
-        "model.name=lenet-dlg",
-        "--set",
-        "clients.num=2",
-        "--set",
-        "clients.per_round=2",
-        *sets,
-    ]
+    defaults = {
+        "rounds": "1",
+        "dataset.name": "digits",
+        "model.name": "lenet-dlg",
+        "clients.num": "2",
+        "clients.per_round": "2",
+    }
+    given = {s.partition("=")[0] for s in sets[1::2]}  # a key given twice is refused: ours yield
+    args = ["run", "quickstart", "--out", str(out)]
+    for key, value in defaults.items():
+        if key not in given:
+            args += ["--set", f"{key}={value}"]
+    args += list(sets)
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     return out
@@ -67,7 +66,7 @@ def test_mia_reads_the_trained_clients_from_the_run_and_replays_only_an_older_ru
     """Prepare: 4 clients, 1 a round, 2 rounds (oracle: the engine's sampler). Assert: the
     summary records each sampled client's first round; the attack uses that record (no
     re-run); a summary without it (an older run) is re-run and gives the same members."""
-    import fedge.cli.attack as cli_attack
+    import fedge.attacks.membership_run as membership_run
     from fedge.runtime.engine import sample_clients
 
     run = _run(
@@ -86,18 +85,18 @@ def test_mia_reads_the_trained_clients_from_the_run_and_replays_only_an_older_ru
     assert summary["first_aggregated"] == {
         str(c): min(r for r in picked if picked[r] == c) for c in set(picked.values())
     }
-    real_replay = cli_attack.replay
+    real_replay = membership_run.replay
 
     def no_replay(*a, **k):  # noqa: ANN002, ANN003, ANN202
         raise AssertionError("re-ran the run although its summary records the clients")
 
-    monkeypatch.setattr(cli_attack, "replay", no_replay)
+    monkeypatch.setattr(membership_run, "replay", no_replay)
     first = runner.invoke(app, ["attack", str(run), "--attack", "mia", "--samples", "4"])
     assert first.exit_code == 0, first.output
     recorded = json.loads((run / "attacks" / "mia.json").read_text())
     del summary["first_aggregated"]
     (run / "summary.json").write_text(json.dumps(summary))
-    monkeypatch.setattr(cli_attack, "replay", real_replay)
+    monkeypatch.setattr(membership_run, "replay", real_replay)
     again = runner.invoke(app, ["attack", str(run), "--attack", "mia", "--samples", "4"])
     assert again.exit_code == 0, again.output
     assert json.loads((run / "attacks" / "mia.json").read_text())["auc"] == recorded["auc"]
@@ -234,6 +233,13 @@ def test_mia_rounds_outside_the_run_exit_2(tmp_path: Path) -> None:
     wrong = runner.invoke(app, ["attack", str(run), "--attack", "dlg", "--rounds", "1"])
     assert wrong.exit_code == 2 and "--rounds" in wrong.output
     assert not (run / "attacks" / "mia-rounds.json").exists()
+    # the example is made of the run's own rounds, never the rejected input
+    same = runner.invoke(app, ["attack", str(run), "--attack", "mia", "--rounds", "1,5,10"])
+    assert same.exit_code == 2 and same.stderr.endswith(
+        "expected round numbers in 1..1, e.g. --rounds 1\n"
+    )
+    assert "1,5,10" not in same.stderr.split("expected")[1]
+    assert junk.stderr.endswith("expected rounds of the run (1..1), e.g. --rounds 1\n"), junk.stderr
 
 
 def test_dlg_on_an_eppfl_run_inverts_the_activations_at_the_edge_server(tmp_path: Path) -> None:
@@ -360,3 +366,48 @@ def test_mia_on_a_ppfl_run_that_kept_its_classifier_attacks_the_attackers_comple
         app, ["attack", str(run), "--attack", "mia-shadow", "--shadows", "1", "--samples", "20"]
     )
     assert shadow.exit_code == 2 and "kept its last layer in the enclaves" in shadow.output
+
+
+def test_a_read_only_run_is_one_line_before_the_attack_works(tmp_path: Path, monkeypatch) -> None:
+    import fedge.cli.attack as attack_mod
+    import fedge.experiment.storage as storage_mod
+
+    run = _run(tmp_path, "--set", "method.name=fedavg")
+
+    def read_only(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    def never(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("attacked a run whose results cannot be written")
+
+    monkeypatch.setattr(storage_mod, "write_file", read_only)
+    monkeypatch.setattr(attack_mod, "_mia", never)
+    res = runner.invoke(app, ["attack", str(run), "--attack", "mia"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.splitlines() == [
+        f"error: cannot write into '{run / 'attacks'}' (errno 30: Read-only file system); results "
+        "go to RUN_DIR/attacks/: make the run directory writable (and free space), or copy the run "
+        "to a writable place and attack the copy"
+    ]
+    assert not (run / "attacks" / "mia.json").exists()
+
+
+@pytest.mark.parametrize("attack", ["mia", "dlg"])
+def test_ctrl_c_during_an_attack_is_one_line_and_exit_130(
+    tmp_path: Path, monkeypatch, attack
+) -> None:
+    import fedge.cli.attack as attack_mod
+
+    run = _run(tmp_path, "--set", "method.name=fedavg")
+
+    def interrupted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(attack_mod, "_mia", interrupted)
+    monkeypatch.setattr(attack_mod, "_dlg", interrupted)
+    res = runner.invoke(app, ["attack", str(run), "--attack", attack])
+    assert res.exit_code == 130, res.output
+    assert res.stderr == (
+        "interrupted; the attack wrote no result (it writes them when it ends): run the command again\n"
+    )
+    assert not (run / "attacks" / f"{attack}.json").exists()

@@ -470,6 +470,48 @@ def test_read_only_existing_empty_out_leaves_it_empty(tmp_path, tiny, monkeypatc
     assert list(out.iterdir()) == []
 
 
+def _finished_run(tmp_path, tiny) -> Path:
+    out = tmp_path / "run"
+    res = _run("run", _write_cfg(tmp_path, tiny, rounds=1), "--out", out, "-q")
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def test_export_to_a_read_only_place_is_one_line_naming_the_file(tmp_path, tiny, monkeypatch):
+    run = _finished_run(tmp_path, tiny)
+    dest = tmp_path / "ro" / "model.pt"
+    dest.parent.mkdir()
+    monkeypatch.setattr(storage_mod, "write_file", _raise(errno.EROFS))
+    res = _run("export", run, "--out", dest)
+    _one_error_line(
+        res,
+        re.escape(
+            f"cannot write '{dest}' (errno 30: Read-only file system); choose a writable --out, "
+            "e.g. --out ./model.pt"
+        ),
+    )
+    assert list(dest.parent.iterdir()) == []
+
+
+def test_report_of_a_read_only_run_is_one_line_naming_the_file(tmp_path, tiny, monkeypatch):
+    import fedge.report.report as report_mod
+
+    run = _finished_run(tmp_path, tiny)
+
+    def read_only(run_log, folder):  # noqa: ANN001, ANN202  (as matplotlib's savefig raises it)
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(folder / "accuracy.png"))
+
+    monkeypatch.setattr(report_mod, "plot_run", read_only)
+    res = _run("report", run)
+    _one_error_line(
+        res,
+        re.escape(
+            f"cannot write '{run / 'plots' / 'accuracy.png'}' (errno 30: Read-only file system); "
+        )
+        + "the report is written into the run directory: make it writable, or copy the run .*",
+    )
+
+
 def _cut_at_round_3(tmp_path, tiny, monkeypatch, fault):  # noqa: ANN001, ANN202
     """A complete 4-round run, then the same run whose round-3 checkpoint write leaves half a
     file and calls ``fault()``: (the complete run, the cut one, the cut run's result)."""
@@ -747,7 +789,7 @@ def test_resume_refuses_extra_arguments(tmp_path):
         (["--set", "rounds=x"], r"--set rounds=x: rounds must be a whole number of rounds"),
         (
             ["--set", "rounds=5", "--set", "rounds=6"],
-            r"--resume takes only .*; drop --set rounds=5, --set rounds=6 \(to.*",
+            r"--set rounds given twice \(--set rounds=5 and --set rounds=6\); give each key once",
         ),
         (
             ["--set", "rounds=5", "--workers", "2", "--measure-memory"],
@@ -1035,3 +1077,74 @@ def test_command_descriptions_have_one_line_paragraphs():
     for words, callback in _commands(app):
         for paragraph in (inspect.getdoc(callback) or "").split("\n\n"):
             assert "\n" not in paragraph, (words, paragraph)
+
+
+def test_an_empty_npz_dataset_is_one_line_naming_the_file(tmp_path):
+    empty = tmp_path / "e.npz"
+    empty.write_bytes(b"")  # `: > e.npz` (numpy raises a bare EOFError, click prints "Aborted.")
+    out = tmp_path / "run"
+    res = _run(
+        "run", "quickstart", "--set", "dataset.name=npz", "--set", f"dataset.path={empty}",
+        "--set", "rounds=1", "--out", out, "-q",
+    )  # fmt: skip
+    _one_error_line(
+        res,
+        re.escape(f"dataset 'npz': '{empty}' is not a readable .npz file of numeric arrays ")
+        + r"\(the file is empty\); a valid one holds the arrays x_train, y_train, x_test, y_test.*",
+    )
+    assert not out.exists()
+
+
+def test_a_set_key_given_twice_is_refused_before_anything_is_written(tmp_path, tiny):
+    out = tmp_path / "run"
+    res = _run(
+        "run", _write_cfg(tmp_path, tiny), "--set", "rounds=1", "--set", "rounds=2", "--out", out
+    )
+    _one_error_line(
+        res,
+        re.escape(
+            "--set rounds given twice (--set rounds=1 and --set rounds=2); give each key once"
+        ),
+    )
+    assert not out.exists()
+
+
+def test_a_privacy_budget_that_allows_no_round_says_why_and_exits_1(tmp_path, tiny):
+    """The run is complete (a resume could run nothing more: the budget is spent before round 1)
+    but trained nothing: the terminal says why and the exit status is not success."""
+    privacy = {"mechanism": "gaussian", "noise_multiplier": 1.0, "target_epsilon": 0.001}
+    out = tmp_path / "run"
+    res = _run("run", _write_cfg(tmp_path, tiny, privacy=privacy), "--out", out, "-q")
+    assert res.exit_code == 1, res.output
+    assert re.search(
+        r"^stopped early: privacy.target_epsilon=0.001 reached: round 1 would bring ε to .*"
+        r"stopped after round 0$",
+        res.stdout,
+        re.M,
+    ), res.stdout
+    assert "final test accuracy: n/a" in res.stdout
+    assert res.stderr.splitlines()[-1] == (
+        "the run trained no round: its model is the untrained initial one; raise "
+        "privacy.target_epsilon or privacy.noise_multiplier until round 1 fits (fedge privacy "
+        "epsilon gives ε per round)"
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["rounds"] == 0 and "stopped" in summary
+
+
+def test_piped_output_gets_one_plain_line_per_round(tmp_path, tiny):
+    """stdout not a terminal (``fedge run ... | cat``, a log, CI): a line per round, as it ends."""
+    out = tmp_path / "run"
+    res = _run("run", _write_cfg(tmp_path, tiny, rounds=3, eval_every=2), "--out", out)
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert len(lines) == 5 and lines[3].startswith("final test accuracy: "), lines
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    for line, m in zip(lines[:3], metrics, strict=True):
+        acc = "-" if m["test_accuracy"] is None else f"{m['test_accuracy']:.4f}"
+        assert re.fullmatch(
+            rf"round {m['round']}/3: acc {re.escape(acc)}, [0-9.]+ [kMG]?B moved, \d+:\d\d:\d\d",
+            line,
+        ), line
+    quiet = _run("run", _write_cfg(tmp_path, tiny, rounds=2), "--out", tmp_path / "q", "-q")
+    assert not any(x.startswith("round ") for x in quiet.stdout.splitlines()), quiet.stdout

@@ -55,3 +55,28 @@ def test_a_bool_is_not_a_number(key):
         ).client_optimizer.lr
         == 0.001
     )
+
+
+def test_threads_above_the_available_cores_warn_naming_them(monkeypatch):
+    import warnings
+
+    import fedge.core.config as config_mod
+
+    monkeypatch.setattr(config_mod, "available_cores", lambda: 4)
+    with pytest.warns(UserWarning, match=r"threads=10000 is more than the 4 cores .* at most 4"):
+        load_config("quickstart", overrides=["threads=10000"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_config("quickstart", overrides=["threads=4"]).threads == 4
+        assert load_config("quickstart", overrides=["threads=null"]).threads is None
+
+
+def test_rounds_are_bounded_with_the_reason():
+    assert load_config("quickstart", overrides=["rounds=10000000"]).rounds == 10**7
+    with pytest.raises(ConfigError) as exc:
+        load_config("quickstart", overrides=["rounds=10000001"])
+    msg = str(exc.value)
+    assert msg.startswith("config key 'rounds': rounds must be at most 10,000,000, got 10000001")
+    assert "12 days" in msg and msg.count("10000001") == 1
+    with pytest.raises(ConfigError, match="'rounds'"):
+        load_config("quickstart", overrides=["rounds=1.0e+23"])

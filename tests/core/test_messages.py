@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedge.core.errors import MessageError
+from fedge.core.errors import DivergenceError, MessageError, NonFiniteError
 from fedge.core.messages import Message
 
 
@@ -79,6 +79,23 @@ def test_check_finite_names_the_array():
         )
     with pytest.raises(MessageError, match="loss"):
         Message(metrics={"loss": math.inf}).check_finite()
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_message_is_a_divergence_with_its_round_and_cause(bad):
+    import pickle
+
+    with pytest.raises(NonFiniteError) as info:
+        Message({"w": torch.tensor([bad])}).check_finite(who="client 3", round=7)
+    e = info.value
+    assert isinstance(e, DivergenceError) and isinstance(e, MessageError)
+    assert (e.round, e.cause) == (7, "array 'w' holds non-finite values (NaN or Inf) (client 3)")
+    # a forked worker's client hands it back pickled: the round and cause survive
+    back = pickle.loads(pickle.dumps(e))
+    assert (type(back), str(back), back.round, back.cause) == (type(e), str(e), 7, e.cause)
+    with pytest.raises(NonFiniteError) as info:
+        Message(metrics={"loss": bad}).check_finite(who="client 3")
+    assert info.value.round is None and info.value.cause == f"metric 'loss' is {bad} (client 3)"
 
 
 @settings(max_examples=50, deadline=None)

@@ -91,5 +91,7 @@ def test_every_kind_uses_the_registry() -> None:
         register_dataset(DATASETS["digits"])
     with pytest.raises(ConfigError, match="already registered"):
         register_model("mlp", description="", reference="")(lambda **kw: None)
-    with pytest.raises(UnknownNameError, match="unknown method 'fedprox'; expected one of: baffle"):
-        get_method("fedprox")
+    with pytest.raises(
+        UnknownNameError, match="unknown method 'no-such-method'; expected one of: baffle"
+    ):
+        get_method("no-such-method")

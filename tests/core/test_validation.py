@@ -40,3 +40,12 @@ def test_check_positive_int_accepts_counts_and_names_the_bad_value():
         with pytest.raises(ConfigError) as err:
             check_positive_int("k", bad)
         assert str(err.value) == f"k must be a positive int, got {bad!r}"
+
+
+def test_a_huge_value_is_not_echoed_in_full():
+    huge = "A" * 100_000
+    for override in (f"rounds={huge}", f"rounds.x={huge}", huge):
+        with pytest.raises(ConfigError) as exc:
+            load_config("quickstart", overrides=[override])
+        msg = str(exc.value)
+        assert len(msg) < 500 and "... (" in msg and "characters)" in msg, msg[:600]

@@ -84,6 +84,16 @@ def test_missing_file_and_missing_path(tmp_path: Path) -> None:
         load_dataset("npz", path=str(tmp_path / "junk.npz"))
 
 
+def test_an_empty_npz_names_the_file_and_what_a_valid_one_holds(tmp_path: Path) -> None:
+    empty = tmp_path / "e.npz"
+    empty.write_bytes(b"")  # `: > e.npz`
+    with pytest.raises(ConfigError) as exc:
+        load_dataset("npz", path=str(empty))
+    msg = str(exc.value)
+    assert f"{str(empty)!r} is not a readable .npz file" in msg and "the file is empty" in msg
+    assert "x_train, y_train, x_test, y_test" in msg and "np.savez(" in msg
+
+
 def _write_csv(path: Path, rows: list[list[object]], header: str = "a,b,label") -> None:
     path.write_text(header + "\n" + "\n".join(",".join(map(str, r)) for r in rows) + "\n")
 

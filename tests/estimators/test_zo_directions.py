@@ -342,7 +342,6 @@ def test_baffle_config_passes_directions_and_subset_to_the_server() -> None:
             k=4,
             directions="block",
             perturb=["b.*"],
-            secure_aggregation=False,
             clip=None,
         )
     strategy = BaffleBatchStrategy(model, cfg, seed=0)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-import fedge.experiment.run as run_module
+import fedge.experiment.drive as drive_module
 from fedge.core.rundir_schema import SESSIONS
 from fedge.experiment.provenance import _cpu, machine, segments
 from fedge.experiment.rundir import RunDir
@@ -116,12 +116,12 @@ def test_machine_is_json_and_names_the_software():
 
 
 def test_resumed_run_records_each_machines_rounds(tmp_path, monkeypatch):
-    from fedge.experiment.run import resume_experiment
+    from fedge.experiment.resume import resume_experiment
 
     run = unfinished_run(tmp_path / "r", rounds=2)  # rounds 1-2 here, on this machine
     here = json.loads((run / SESSIONS).read_text().splitlines()[0])
     assert here["first_round"] == 1 and here["machine"]["cpu"] == machine()["cpu"]
-    monkeypatch.setattr(run_module, "machine", lambda: at(B, "later"))
+    monkeypatch.setattr(drive_module, "machine", lambda: at(B, "later"))
     resume_experiment(run, render=False)  # rounds 3-4 "elsewhere"
     summary = json.loads((run / "summary.json").read_text())
     assert [s["rounds"] for s in summary["machines"]] == [[1, 2], [3, 4]]

@@ -8,7 +8,8 @@ from safetensors.torch import load_file
 
 from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, DataNotFoundError, ResumeError, UnknownNameError
-from fedge.experiment.run import resume_experiment, run_experiment
+from fedge.experiment.resume import resume_experiment
+from fedge.experiment.run import run_experiment
 from tests_helpers import metrics_without_wall, run_cut_after
 
 
@@ -182,7 +183,7 @@ def test_fedsgd_and_server_adam_train(tmp_path, tiny):
 
 
 def test_progress_reports_start_clients_inside_rounds_and_rounds(tmp_path, tiny):
-    from fedge.experiment.run import Progress
+    from fedge.experiment.progress import Progress
 
     class Record(Progress):
         def __init__(self):
@@ -256,7 +257,8 @@ def test_repeated_warnings_are_shown_once_with_a_count(tmp_path, tiny, monkeypat
 def test_on_divergence_continue_logs_and_finishes(tmp_path, tiny):
     import warnings
 
-    from fedge.experiment.run import DivergenceError, DivergenceWarning
+    from fedge.core.errors import DivergenceError
+    from fedge.experiment.divergence import DivergenceWarning
 
     method = {
         "name": "baffle",

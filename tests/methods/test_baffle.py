@@ -9,7 +9,11 @@ from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
 from fedge.estimators import combine_loss_differences
 from fedge.experiment.build import build_run
+from fedge.methods import get_method
 from fedge.methods.baffle import BaffleBatchStrategy, BaffleConfig, clip_inf_norm
+
+#: the method.* section of a BAFFLE run: its config plus the mechanisms' options
+BAFFLE_SECTION = get_method("baffle").section
 
 
 def _cfg(tiny, **method):
@@ -50,15 +54,17 @@ def test_a_partial_server_optimizer_tunes_the_modes_default():
 
 def test_config_rules():
     assert BaffleConfig(mode="batch").server_optimizer.name == "adam"
-    assert BaffleConfig(mode="batch").secure_aggregation is True  # the paper's Eq. (7) relies on it
-    assert BaffleConfig(mode="epoch").secure_aggregation is False
-    assert BaffleConfig(mode="batch", shared_perturbations=False).secure_aggregation is False
+    assert (
+        BAFFLE_SECTION(mode="batch").secure_aggregation is True
+    )  # the paper's Eq. (7) relies on it
+    assert BAFFLE_SECTION(mode="epoch").secure_aggregation is False
+    assert BAFFLE_SECTION(mode="batch", shared_perturbations=False).secure_aggregation is False
     assert BaffleConfig(mode="epoch").server_optimizer.name == "sgd"
     assert (
-        BaffleConfig(mode="epoch", secure_aggregation=True).secure_aggregation is True
+        BAFFLE_SECTION(mode="epoch", secure_aggregation=True).secure_aggregation is True
     )  # its model deltas, as fedavg's
     with pytest.raises(ValueError, match="shared_perturbations"):
-        BaffleConfig(mode="batch", secure_aggregation=True, shared_perturbations=False)
+        BAFFLE_SECTION(mode="batch", secure_aggregation=True, shared_perturbations=False)
 
 
 def test_unknown_method_key_is_rejected(tiny):
@@ -79,7 +85,7 @@ def test_server_estimate_equals_oracle_on_two_clients():
     z_k from the shared perturbation stream of the round's seed."""
     from fedge.estimators.perturbation import standard_normal
 
-    cfg = BaffleConfig(mode="batch", k=6, sigma=1e-3, clip=None, ema=None)
+    cfg = BaffleConfig(mode="batch", k=6, sigma=1e-3, clip=None)
     strat = BaffleBatchStrategy(_model(), cfg, seed=5)
     g = torch.Generator().manual_seed(0)
     d0, d1 = torch.randn(6, generator=g), torch.randn(6, generator=g)
@@ -233,12 +239,12 @@ def test_delta_loss_on_the_local_set_equals_one_forward_over_it(tiny):
     msg = built.method.strategy.configure_round(1, [0])[0]
     client = BaffleBatchClient(built.model_fn, built.method_config)
     sim = built.simulation()
-    from fedge.runtime.engine import _Task, execute_client
+    from fedge.runtime.executor import ClientTask, execute_client
 
     res = execute_client(
         client,
         built.clients[0],
-        _Task(0, 1, 0, msg.to_bytes(), None, None, {}),
+        ClientTask(0, 1, 0, msg.to_bytes(), None, None, {}),
         seed=0,
         measure_flops=False,
         measure_memory=False,

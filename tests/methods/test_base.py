@@ -98,8 +98,8 @@ def test_register_method_checks_its_spec() -> None:
 
     from fedge.core.errors import ConfigError
     from fedge.methods import register
-    from fedge.methods.base import MethodSpec
     from fedge.methods.fedavg import FedAvgConfig
+    from fedge.methods.spec import MethodSpec
 
     with pytest.raises(
         ConfigError, match=r"register_method takes a MethodSpec\(name, description, config, build\)"

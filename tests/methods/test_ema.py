@@ -7,7 +7,7 @@ import pytest
 
 from fedge.core.config import load_config
 from fedge.experiment.run import run_experiment
-from fedge.methods.baffle import BaffleConfig
+from fedge.methods import get_method
 
 
 def _run(tiny, tmp_path, name, **method):
@@ -59,4 +59,4 @@ def test_without_the_flag_nothing_raw_is_logged(tiny, tmp_path):
 
 def test_raw_beside_no_ema_is_refused_naming_the_fix():
     with pytest.raises(ValueError, match=r"ema_also_raw.*ema is None.*method\.ema"):
-        BaffleConfig(ema=None, ema_also_raw=True)
+        get_method("baffle").section(ema=None, ema_also_raw=True)

@@ -191,3 +191,35 @@ def test_dropout_draws_are_the_clients_own_whatever_ran_before(tiny):
     base = round_one(0)
     assert round_one(0, burn=True) == base
     assert round_one(2) == base
+
+
+def test_the_context_carries_the_round_s_global_weights_for_every_step():
+    """A gradient hook reads the weights the client received (``ctx.global_arrays``), not the
+    moving local ones: what a proximal term pulls towards, with no subclass of LocalTraining."""
+    seen: list[torch.Tensor] = []
+
+    def grad_fn(model, batch, ctx, masks):
+        seen.append(ctx.global_arrays["weight"].clone())
+        return None, {"weight": torch.ones_like(model.weight)}
+
+    client = LocalTraining(
+        _model,
+        local_epochs=1,
+        batch_size=1,
+        max_steps=3,
+        optimizer=ClientOptimizerConfig(lr=0.1),
+        gradient_fn=grad_fn,
+    )
+    w_t = torch.tensor([[0.5, 0.25, -1.0]])
+    x, y = torch.ones(3, 3), torch.zeros(3, dtype=torch.int64)
+    ctx = ClientContext(
+        cid=0,
+        rnd=1,
+        data=ClientData(x, y, torch.arange(3)),
+        generator=torch.Generator().manual_seed(0),
+        meter=Meter(),
+    )
+    assert ctx.global_arrays is None
+    reply = client.run(Message({"weight": w_t.clone()}), ctx)
+    assert len(seen) == 3 and all(torch.equal(s, w_t) for s in seen)
+    torch.testing.assert_close(reply.arrays["weight"], torch.full((1, 3), -0.3))

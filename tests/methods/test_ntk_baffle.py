@@ -175,7 +175,7 @@ def test_freeze_composes_with_ntk_baffle(tiny, mode):
 def test_a_resumed_run_keeps_the_masks_it_was_trained_with(tmp_path, tiny, monkeypatch):
     """Another machine can round the iterative data-free pruning to another mask; the resumed run
     must go on with the checkpoint's (and end as the uninterrupted run), not switch mid-way."""
-    from fedge.experiment.run import resume_experiment
+    from fedge.experiment.resume import resume_experiment
     from fedge.methods import ntk_baffle
 
     cfg = _cfg(tiny, mode="epoch")

@@ -441,7 +441,8 @@ def test_last_stage_stays_in_the_enclaves_by_default(tmp_path):
     from safetensors.torch import load_file
 
     from fedge.experiment.export import WithheldModelError, export_model, load_trained_model
-    from fedge.experiment.run import resume_experiment, run_experiment
+    from fedge.experiment.resume import resume_experiment
+    from fedge.experiment.run import run_experiment
 
     kept = run_experiment(load_config(_cfg()), out=tmp_path / "kept", render=False)
     with pytest.warns(UserWarning):
@@ -539,7 +540,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_metrics(
 
     from safetensors.torch import load_file
 
-    from fedge.experiment.run import resume_experiment
+    from fedge.experiment.resume import resume_experiment
 
     run_cut_after(_cfg(**_RESUME), tmp_path / "cut", cut, monkeypatch)
     assert len(_deterministic(tmp_path / "cut")) == cut
@@ -568,7 +569,7 @@ def _tree(path):
 
 def test_resume_on_another_platform_is_refused_by_name_and_changes_nothing(tmp_path, monkeypatch):
     from fedge.core.errors import ResumeError
-    from fedge.experiment.run import resume_experiment
+    from fedge.experiment.resume import resume_experiment
     from fedge.privacy.tee import platform_id
 
     run_cut_after(_cfg(**_RESUME), tmp_path / "cut", 3, monkeypatch)
@@ -582,7 +583,8 @@ def test_resume_on_another_platform_is_refused_by_name_and_changes_nothing(tmp_p
 
 def test_finished_run_cannot_be_extended_and_is_left_as_it_was(tmp_path):
     from fedge.core.errors import ResumeError
-    from fedge.experiment.run import resume_experiment, run_experiment
+    from fedge.experiment.resume import resume_experiment
+    from fedge.experiment.run import run_experiment
 
     out = run_experiment(load_config(_cfg(rounds=2)), out=tmp_path / "r", render=False)
     before = _tree(out)

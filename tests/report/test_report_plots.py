@@ -78,3 +78,33 @@ def test_plot_comparison_draws_effective_flops_when_a_run_is_sparse(make_run, tm
     paths = plot_comparison([sparse, dense], tmp_path / "cmp")
     assert "accuracy_vs_effective_flops.png" in [p.name for p in paths]
     assert_sane_png(tmp_path / "cmp" / "accuracy_vs_effective_flops.png")
+
+
+def test_round_axes_tick_whole_rounds_and_the_bytes_lines_stay_visible(
+    make_run, tmp_path, monkeypatch
+):
+    import fedge.report.plots as plots
+
+    figs = {}
+    real = plots._save
+
+    def keep(fig, path):  # noqa: ANN001, ANN202
+        figs[path.name] = fig
+        return real(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    four = [0.2, 0.4, 0.6, 0.8]  # 4 rounds: matplotlib's own ticks are 1, 1.5, 2, 2.5, ...
+    plot_run(load_run(make_run(accuracies=four, extra={"bytes_up": 1_000_000})), tmp_path / "a")
+    for name in ("accuracy.png", "loss.png", "bytes.png"):
+        ax = figs[name].axes[0]
+        lo, hi = ax.get_xlim()
+        ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+        assert len(ticks) >= 3 and all(float(t).is_integer() for t in ticks), (name, ticks)
+    ax = figs["bytes.png"].axes[0]  # down == up each round
+    down, up = ax.get_lines()
+    assert (down.get_label(), up.get_label()) == ("down", "up")
+    assert list(down.get_ydata()) == list(up.get_ydata())
+    # "up" drawn over "down" must not hide it: down is wider and up is dashed
+    assert down.get_linewidth() >= 2 * up.get_linewidth() and up.get_linestyle() == "--"
+    top = max(max(ln.get_ydata()) for ln in ax.get_lines())
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 1.1 * top  # off the top border

@@ -218,7 +218,7 @@ def test_round_state_crosses_exchanges_and_processes_but_not_rounds(workers):
     ]
     for sim in sims:
         sim.run()
-        assert sim._round_states == {}
+        assert sim.states.round == {}
         assert "secret" not in str(sim.state_dict())  # never checkpointed
     assert sims[0].strategy.total == sims[1].strategy.total
 

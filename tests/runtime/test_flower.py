@@ -205,10 +205,10 @@ def test_a_shared_party_whose_state_changes_is_refused_with_advice_that_works_on
     """clients.workers=0 (the engine's fix) does nothing on Flower: the error says what does."""
     from fedge.core.protocols import PartySpec
     from fedge.runtime.engine import EngineConfig
-    from fedge.runtime.flower import FlowerSimulation
+    from fedge.runtime.flower import flower_simulation
     from tests.runtime.test_engine import CountingServer, Device, Edge, _clients
 
-    sim = FlowerSimulation(
+    sim = flower_simulation(
         strategy=CountingServer(),
         program=Device(),
         clients=_clients(3),
@@ -242,13 +242,13 @@ def test_unknown_runtime_is_a_config_error_and_claims_no_directory(tmp_path):
 
 def test_missing_node_for_a_client_is_named(tmp_path):
     from fedge.experiment.build import build_run
-    from fedge.runtime.flower import FlowerSimulation
+    from fedge.runtime.flower import FlowerExecutor
 
     built = build_run(
         load_config(tiny_config(rounds=1, **{"clients.num": 3, "clients.per_round": 3}))
     )
     sim = built.simulation(runtime="flower-sim")
-    assert isinstance(sim, FlowerSimulation)
+    assert isinstance(sim.executor, FlowerExecutor)
     app = client_app(
         built.method.program,
         built.clients.__getitem__,
@@ -257,9 +257,9 @@ def test_missing_node_for_a_client_is_named(tmp_path):
         measure_memory=False,
         parties={},
     )
-    sim.wait_nodes_s = 0
+    sim.executor.wait_nodes_s = 0
     with pytest.raises(ConfigError, match=r"partition-ids \[2\]"):
-        sim.connect(LocalGrid(app, [{"partition-id": 0}, {"partition-id": 1}]))
+        sim.executor.connect(LocalGrid(app, [{"partition-id": 0}, {"partition-id": 1}]))
 
 
 class _OfflineLastNodeGrid(LocalGrid):
@@ -299,17 +299,19 @@ def test_a_node_failing_the_handshake_is_skipped_unless_its_client_has_no_other(
         measure_memory=False,
         parties={},
     )
-    sim.wait_nodes_s = 0
+    sim.executor.wait_nodes_s = 0
     if offline == "a stale extra node":
-        sim.connect(_OfflineLastNodeGrid(app, [{"partition-id": i} for i in (0, 1, 2, 2)]))
-        assert sim.nodes == {0: 1000, 1: 1001, 2: 1002}
+        sim.executor.connect(_OfflineLastNodeGrid(app, [{"partition-id": i} for i in (0, 1, 2, 2)]))
+        assert sim.executor.nodes == {0: 1000, 1: 1001, 2: 1002}
     else:
         with pytest.raises(
             MessageError,
             match=r"partition-ids \[2\]\); 1 node\(s\) failed the handshake "
             r"\(node 1002: node offline\)$",
         ):
-            sim.connect(_OfflineLastNodeGrid(app, [{"partition-id": i} for i in (0, 1, 2)]))
+            sim.executor.connect(
+                _OfflineLastNodeGrid(app, [{"partition-id": i} for i in (0, 1, 2)])
+            )
 
 
 class _OtherBuildLastNodeGrid(LocalGrid):
@@ -353,10 +355,10 @@ def test_a_node_drawing_other_numbers_from_the_seeds_is_refused_naming_it_and_th
         measure_memory=False,
         parties={},
     )
-    sim.wait_nodes_s = 0
+    sim.executor.wait_nodes_s = 0
     nodes = [{"partition-id": i} for i in range(3)]
-    sim.connect(LocalGrid(app, nodes))  # one machine: the same draws
-    assert sim.nodes == {0: 1000, 1: 1001, 2: 1002}
+    sim.executor.connect(LocalGrid(app, nodes))  # one machine: the same draws
+    assert sim.executor.nodes == {0: 1000, 1: 1001, 2: 1002}
     head = r"^1 node\(s\) draw other numbers from the run's seeds than this server \(fedge .*, torch .*, numpy .*\): "
     fix = (
         r"\. Their clients would train on other data shards than the run's partition, .*; install this server's "
@@ -365,12 +367,12 @@ def test_a_node_drawing_other_numbers_from_the_seeds_is_refused_naming_it_and_th
     with pytest.raises(
         ConfigError, match=head + r"node 1002 \(client 2: fedge .*, torch 9\.9\.9, numpy .*\)" + fix
     ):
-        sim.connect(_OtherBuildLastNodeGrid(app, nodes))
+        sim.executor.connect(_OtherBuildLastNodeGrid(app, nodes))
     with pytest.raises(
         ConfigError,
         match=head + r"node 1002 \(client 2: a fedge without the handshake's probe\)" + fix,
     ):
-        sim.connect(_OtherBuildLastNodeGrid(app, nodes, older=True))
+        sim.executor.connect(_OtherBuildLastNodeGrid(app, nodes, older=True))
 
 
 def test_cli_quickstart_on_flower_sim_writes_a_complete_run_directory(tmp_path):
@@ -527,7 +529,7 @@ def test_interrupted_flower_run_resumes_to_the_same_metrics_with_node_held_clien
     node); a resumed run without those states fails ("out of step"), and one with wrong states
     changes the losses."""
     import fedge.experiment.rundir as rd
-    from fedge.experiment.run import resume_experiment
+    from fedge.experiment.resume import resume_experiment
 
     method = {
         "name": "baffle",
@@ -580,7 +582,7 @@ def test_interrupted_flower_run_resumes_to_the_same_metrics_with_node_held_clien
 
 
 def test_resume_with_an_unknown_backend_is_refused_before_writing(tmp_path):
-    from fedge.experiment.run import resume_experiment
+    from fedge.experiment.resume import resume_experiment
 
     run = run_experiment(load_config(tiny_config(rounds=1)), out=tmp_path / "r", render=False)
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
@@ -661,7 +663,7 @@ def test_a_failed_node_fails_the_round_naming_it_and_the_run_resumes_to_the_same
     """Client 1's node fails in round 2 (its ClientApp raises, its reply comes after the 30 s, or
     the SuperLink answers for it as offline, as for a killed SuperNode): the run stops with one message naming round, client, node and the way on; the
     directory keeps round 1 and no summary; resuming gives an uninterrupted run's metrics."""
-    from fedge.experiment.run import resume_experiment
+    from fedge.experiment.resume import resume_experiment
 
     cfg = tiny_config(
         rounds=3,
@@ -761,7 +763,7 @@ def test_a_node_whose_reply_was_lost_has_its_state_fetched_so_a_resume_continues
     lost; the round goes on without it (clients.min_replies). The checkpoint after round 2 fetches
     that node's state too, so a run cut there and resumed gives the uninterrupted run's metrics
     (a checkpoint keeping its round-1 moments would hand the node those on resume)."""
-    from fedge.experiment.run import resume_experiment
+    from fedge.experiment.resume import resume_experiment
     from tests.tests_helpers import run_cut_after
 
     cfg = _persistent_adam_config(**{"clients.min_replies": 2})

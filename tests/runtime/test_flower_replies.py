@@ -40,10 +40,11 @@ from flwr.superlink.federation import NoOpFederationManager  # noqa: E402
 from flwr.superlink.grid import HttpGrid, InMemoryGrid  # noqa: E402
 from flwr.superlink.servicer.runtime import runtime_handlers  # noqa: E402
 
+import fedge.runtime.engine as engine  # noqa: E402
 from fedge.core.errors import MessageError  # noqa: E402
 from fedge.core.messages import Message as FedgeMessage  # noqa: E402
 from fedge.runtime.engine import EngineConfig, decode_state  # noqa: E402
-from fedge.runtime.flower import FlowerSimulation, client_app  # noqa: E402
+from fedge.runtime.flower import client_app, flower_simulation  # noqa: E402
 from fedge.runtime.flower.adapter import RECORD  # noqa: E402
 from fedge.runtime.flower.grid import server_identity  # noqa: E402
 from tests.runtime.test_engine import EchoStrategy, _clients  # noqa: E402
@@ -155,7 +156,9 @@ def _node_calls(stores, node_id, run_id):
     return decode_state(bytes(rec["state"]))["calls"] if rec is not None and "state" in rec else 0
 
 
-def test_a_node_whose_step_timed_out_is_sent_nothing_until_it_answers_and_its_late_reply_is_not_used():
+def test_a_node_whose_step_timed_out_is_sent_nothing_until_it_answers_and_its_late_reply_is_not_used(
+    monkeypatch,
+):
     """Client 1's step of round 1 outlives clients.reply_timeout; the round goes on without it
     (min_replies). Flower's engine still runs that step and writes the node's Context when it
     returns, from the copy the step started with: a second message to the node meanwhile would
@@ -173,7 +176,7 @@ def test_a_node_whose_step_timed_out_is_sent_nothing_until_it_answers_and_its_la
         parties={},
     )
     with _flower_engine(app, 2) as (grid, stores, state):
-        sim = FlowerSimulation(
+        sim = flower_simulation(
             strategy=_Tolerant(),
             program=program,
             clients=_clients(2),
@@ -185,12 +188,16 @@ def test_a_node_whose_step_timed_out_is_sent_nothing_until_it_answers_and_its_la
         sim.on_progress = lambda rnd, phase, i, n: (
             gate.set() if rnd == 2 else None
         )  # round 2's replies are in
-        failed, check = [], sim._check_failures
-        sim._check_failures = lambda rnd, phase, *counts: (
-            failed.append(dict(counts[-1])),
-            check(rnd, phase, *counts),
+        failed, check = [], engine.check_failures
+        monkeypatch.setattr(
+            engine,
+            "check_failures",
+            lambda rnd, phase, *counts, **kw: (
+                failed.append(dict(counts[-1])),
+                check(rnd, phase, *counts, **kw),
+            ),
         )
-        sim.connect(grid)
+        sim.executor.connect(grid)
         lines = [sim.run_round(1), sim.run_round(2)]
         gate.set()
         deadline = time.monotonic() + 30
@@ -202,7 +209,7 @@ def test_a_node_whose_step_timed_out_is_sent_nothing_until_it_answers_and_its_la
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             lines.append(sim.run_round(3))
-        node_1 = sim.nodes[1]
+        node_1 = sim.executor.nodes[1]
     assert program.most[1] == 1, "two steps of client 1 ran at once on its node"
     assert [x["clients_failed"] for x in lines] == [1, 1, 0]
     assert failed == [
@@ -252,7 +259,7 @@ def test_flowers_inmemorygrid_hands_a_late_reply_only_to_a_pull_of_the_message_i
 def test_a_reply_is_matched_by_the_message_it_answers_never_by_the_node_it_comes_from():
     """A grid that handed back a reply to an earlier message of the same node (Flower's do not:
     above) would not have it taken for the reply to this one."""
-    sim = FlowerSimulation(
+    sim = flower_simulation(
         strategy=_Tolerant(),
         program=_Watched(threading.Event()),
         clients=_clients(1),
@@ -260,7 +267,7 @@ def test_a_reply_is_matched_by_the_message_it_answers_never_by_the_node_it_comes
         num_classes=2,
         config=EngineConfig(seed=0, rounds=1, per_round=1),
     )
-    sim.nodes = {0: 1000}
+    sim.executor.nodes = {0: 1000}
     server_identity(1)
     earlier, now = (Message(RecordDict(), dst_node_id=1000, message_type="train") for _ in range(2))
     earlier.metadata.__dict__["_message_id"], now.metadata.__dict__["_message_id"] = (
@@ -269,10 +276,10 @@ def test_a_reply_is_matched_by_the_message_it_answers_never_by_the_node_it_comes
     )
     stale = Message(RecordDict(), reply_to=earlier)  # from node 1000
     assert stale.metadata.src_node_id == 1000
-    assert sim._by_client([now], [0], [stale]) == {}
-    assert sim._by_client([now], [0], [stale, fresh := Message(RecordDict(), reply_to=now)]) == {
-        0: fresh
-    }
+    assert sim.executor._by_client([now], [0], [stale]) == {}
+    assert sim.executor._by_client(
+        [now], [0], [stale, fresh := Message(RecordDict(), reply_to=now)]
+    ) == {0: fresh}
 
 
 # ---- a message the SuperLink refuses ----------------------------------------------------------
@@ -353,7 +360,7 @@ def test_on_httpgrid_a_refused_message_is_its_clients_failure_at_once_even_witho
     """Both clients' nodes are gone from the SuperLink (no clients.reply_timeout): the round stops
     at once naming each with why, as for any failed client (the SuperLink's error for a refused
     message names no message: it is no client's reply)."""
-    sim = FlowerSimulation(
+    sim = flower_simulation(
         strategy=_Tolerant(),
         program=_Watched(threading.Event()),
         clients=_clients(2),
@@ -361,7 +368,10 @@ def test_on_httpgrid_a_refused_message_is_its_clients_failure_at_once_even_witho
         num_classes=2,
         config=EngineConfig(seed=0, rounds=1, per_round=2, measure_flops=False),
     )
-    sim.grid, sim.nodes = _http_grid(), {0: 4242, 1: 4343}  # as connected before the nodes left
+    sim.executor.grid, sim.executor.nodes = (
+        _http_grid(),
+        {0: 4242, 1: 4343},
+    )  # as connected before the nodes left
     with pytest.raises(
         MessageError,
         match=r"^round 1, exchange 1: 2 of 2 clients gave no result \(client 0: node "
@@ -371,7 +381,7 @@ def test_on_httpgrid_a_refused_message_is_its_clients_failure_at_once_even_witho
         _within(20, lambda: sim.run_round(1))
 
 
-def test_on_flowers_engine_a_refused_message_fails_its_client_and_the_round_goes_on():
+def test_on_flowers_engine_a_refused_message_fails_its_client_and_the_round_goes_on(monkeypatch):
     """Client 1's SuperNode is unregistered after connecting; Ray's path (InMemoryGrid) leaves its
     refused message out of the ids it waits for. With clients.min_replies the rounds go on with
     client 0; client 1 fails each, naming why; no reply_timeout is needed."""
@@ -385,7 +395,7 @@ def test_on_flowers_engine_a_refused_message_fails_its_client_and_the_round_goes
         parties={},
     )
     with _flower_engine(app, 2) as (grid, stores, state):
-        sim = FlowerSimulation(
+        sim = flower_simulation(
             strategy=_Tolerant(),
             program=program,
             clients=_clients(2),
@@ -393,10 +403,14 @@ def test_on_flowers_engine_a_refused_message_fails_its_client_and_the_round_goes
             num_classes=2,
             config=EngineConfig(seed=0, rounds=2, per_round=2, measure_flops=False, min_replies=1),
         )
-        sim.connect(grid)
-        state.delete_node(NOOP_FLWR_AID, sim.nodes[1])  # flwr supernode unregister
+        sim.executor.connect(grid)
+        state.delete_node(NOOP_FLWR_AID, sim.executor.nodes[1])  # flwr supernode unregister
         failed = []
-        sim._check_failures = lambda rnd, phase, addressed, replied, why: failed.append(dict(why))
+        monkeypatch.setattr(
+            engine,
+            "check_failures",
+            lambda rnd, phase, addressed, replied, why, **kw: failed.append(dict(why)),
+        )
         lines = _within(60, lambda: [sim.run_round(1), sim.run_round(2)])
     assert [x["clients_failed"] for x in lines] == [1, 1]
     assert program.done == {0: 2}

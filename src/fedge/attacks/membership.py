@@ -1,21 +1,8 @@
-"""Membership inference against a released model.
-
-- :func:`loss_threshold_attack`: Yeom, Giacomelli, Fredrikson, Jha 2018 ("Privacy Risk in
-  Machine Learning", Sec. 3.2 adversary): "member" when the model's loss on the sample is
-  below a threshold τ; the score of a sample is its negated loss.
-- :func:`shadow_attack`: Shokri, Stronati, Song, Shmatikov 2017 ("Membership Inference
-  Attacks against Machine Learning Models", Sec. IV): shadow models trained like the target
-  on the attacker's own data, whose members and non-members are known, teach an attack
-  model (here one logistic regression over per-sample features of the model's output) to
-  tell the two apart; it then scores the target model's outputs.
-- :func:`lira_offline`: Carlini et al. 2022 ("Membership Inference Attacks From First
-  Principles", Sec. IV-C, offline variant with a global variance): for each candidate, the
-  logit-scaled confidence φ = log p_y − log(1 − p_y) on shadow models that never saw it
-  gives a Gaussian N(μ_out, σ²); the score is the one-sided likelihood that the target's φ
-  is that large, Φ((φ_target − μ_out)/σ).
-
-Sweeping the threshold gives the ROC curve; its AUC (0.5 = chance), the TPR at 1% and 0.1%
-FPR and the best precision are reported, as PPFL Table 2 reports MIA precision.
+"""Membership inference against a released model, scored by ROC (AUC, TPR at 1% and 0.1% FPR,
+best precision): the loss threshold (Yeom et al., CSF 2018; :func:`loss_threshold_attack`),
+shadow models teaching a logistic-regression attack model (Shokri et al., S&P 2017;
+:func:`shadow_attack`) and offline LiRA with a global variance (Carlini et al., S&P 2022,
+Sec. IV-C; :func:`lira_offline`). See docs/privacy/attacks.md.
 """
 
 from __future__ import annotations

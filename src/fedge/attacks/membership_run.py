@@ -27,12 +27,15 @@ from fedge.experiment.build import BuiltRun, build_run
 
 __all__ = [
     "Replay",
+    "attack_name",
+    "example_rounds",
     "membership_attacks",
     "membership_by_round",
     "replay",
     "round_models",
     "shadow_models",
     "trained_by",
+    "trained_clients",
 ]
 
 
@@ -58,6 +61,46 @@ def trained_by(first_aggregated: Mapping[Any, int], rnd: int) -> list[int]:
     return sorted(int(c) for c, r in first_aggregated.items() if r <= rnd)
 
 
+def trained_clients(
+    built: BuiltRun,
+    summary: Mapping[str, Any],
+    before_replay: Callable[[], None] | None = None,
+) -> list[int]:
+    """The clients whose samples the run's final model trained on: the run's own record
+    (``first_aggregated`` in its summary), else — a run written before fedge recorded it — the
+    run's rounds re-run from its config (same seed and data, so the same clients; a Flower
+    deployment's node failures are not replayed; ``before_replay`` is called first). Trains
+    ``built``'s strategy in that case."""
+    last = built.config.rounds
+    if "first_aggregated" in summary:
+        return trained_by(summary["first_aggregated"], last)
+    if before_replay is not None:
+        before_replay()
+    return replay(built, [last]).trained_by(last)
+
+
+def attack_name(shadows: int, *, withheld: bool = False, by_round: bool = False) -> str:
+    """What a membership result measured: the loss threshold, with ``shadows`` the shadow-model
+    attack and offline LiRA; on a completed model when the run ``withheld`` its classifier; or
+    against the global model after each round (``by_round``)."""
+    if by_round:
+        what = "loss threshold (Yeom et al. 2018)" + (
+            ", shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022)"
+            if shadows
+            else ""
+        )
+        return f"{what}, against the global model broadcast after each round (the run re-run from its config)"
+    if shadows:
+        return "loss threshold (Yeom et al. 2018), shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022)"
+    what = "loss-threshold (Yeom et al. 2018)"
+    if withheld:
+        what += (
+            ", on the released layers completed with a classifier the attacker trains on its own data "
+            "(the run kept its last layer in the enclaves)"
+        )
+    return what
+
+
 def _run_rounds(built: BuiltRun, rounds: int) -> torch.nn.Module:
     return _replay(built, [rounds]).models[rounds]
 
@@ -80,6 +123,12 @@ def _replay(built: BuiltRun, keep: list[int]) -> Replay:
     return Replay(out, {int(c): r for c, r in first.items()})
 
 
+def example_rounds(last: int) -> str:
+    """An example ``--rounds`` value for a run of ``last`` rounds, made of its own rounds:
+    the first, the middle and the last (``1,5,10`` for 10; ``1`` for a 1-round run)."""
+    return ",".join(str(r) for r in sorted({1, (last + 1) // 2, last}))
+
+
 def replay(built: BuiltRun, rounds: list[int]) -> Replay:
     """The intermediate global models a holder of the broadcasts sees: the run re-run from its
     own config (same seed, same data, so the same models) with the global model copied after
@@ -89,7 +138,7 @@ def replay(built: BuiltRun, rounds: list[int]) -> Replay:
     if not rounds or bad:
         raise ConfigError(
             f"rounds {bad or rounds} are not rounds of this run; expected round numbers in 1..{built.config.rounds}, "
-            "e.g. --rounds 1,5,10"
+            f"e.g. --rounds {example_rounds(built.config.rounds)}"
         )
     return _replay(built, sorted(set(rounds)))
 

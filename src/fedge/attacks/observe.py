@@ -1,27 +1,10 @@
-"""What an honest-but-curious server observes (issue 12, "The observation interface").
-
-:class:`Observer` wraps the outermost strategy of any method and records, for every
-:class:`~fedge.core.protocols.Exchange` of every round, the message the server sent each
-client and the reply that came back, as the reply arrives and before the wrapped strategy
-aggregates it. It does not look inside the method: FedAvg deltas, FedSGD gradients,
-BAFFLE's K loss differences (with the seed and model that were broadcast) and the masked
-vectors of secure aggregation are all just messages.
-
-:func:`server_views` then reads, per client, the *upload* a server that knows the public
-protocol would interpret: the reply of the exchange that carried the model. A plain reply's
-arrays are the upload; a secure-aggregation reply carries only a masked input y_u, which
-the server decodes exactly as it would a plaintext vector ([w·v, w] in fixed point,
-:mod:`fedge.methods.secure`) and divides by its last entry. A reply whose only payload is a
-sealed ciphertext (PPFL's enclave-to-enclave ``upload``) is read the same way: its bytes as
-little-endian float32, laid out over the model's parameters (``sealed=True``; with
-``sealed_layout``). Nothing is special-cased: an attack run on that vector measures what the
-masks or the encryption leave.
-
-Side parties (EPPFL's edge server S_e, which receives each device's noisy kept activations
-over a device → edge link, not through the server) are observed by :func:`observe_parties`:
-it wraps a method's :class:`~fedge.core.context.PartySpec` factories so that every message a
-party receives is recorded (:class:`PartyObserved`), as the party decodes it from the wire,
-before the party handles it — the view of an honest-but-curious edge server.
+"""What an honest-but-curious server observes: :class:`Observer` wraps a method's outermost
+strategy and records every exchange of every round (the message sent to each client, and its
+reply as it arrives, before aggregation); :func:`server_views` reads each client's upload out of
+those records as a server that knows the public protocol would (plain arrays; a secure
+aggregation masked input decoded as the plaintext; a sealed ciphertext read as float32), with
+nothing special-cased; :func:`observe_parties` records what a side party (an edge server)
+receives. See docs/privacy/attacks.md.
 """
 
 from __future__ import annotations

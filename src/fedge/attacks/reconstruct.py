@@ -1,29 +1,11 @@
-"""Data reconstruction from what the server observes (issue 12, "DRA").
-
-Every attack here optimizes dummy inputs (and labels) so that what they *would* have
-uploaded matches what was observed, with L-BFGS as DLG does (Zhu, Liu, Han 2019, Alg. 1):
-
-- :class:`GradientTarget`: a (Fed)SGD gradient, or BAFFLE's Stein estimate ĝ (Eq. 6) that the
-  server forms from the K loss differences, the seed and the model; loss Σ‖∇L(x̂) − g‖².
-- :class:`ProjectionTarget`: BAFFLE's K loss differences matched directly. The server knows
-  the seed, hence every direction z_k, and ΔL_k = L(W + σz_k) − L(W) ≈ c σ z_kᵀ∇L (c = 1 for
-  the forward scheme, 2 for central; BAFFLE Eq. 1-2). So t_k = ΔL_k / (cσ) are K exact (to
-  O(σ)) projections of the client's gradient on known directions; the loss is
-  Σ_k (z_kᵀ∇L(x̂) − t_k)². With K = 100 this is much stronger than DLG on ĝ, whose
-  d-dimensional noise (d ≫ K) swamps the signal.
-- The same with an unknown scale (``fit_scale``): under DP the client clips its K values to L2
-  norm C before upload (:class:`fedge.methods.private.PrivateClient`), so the server sees
-  α·ΔL with α = min(1, C/‖ΔL‖) unknown (it depends on the secret data). The attacker fits
-  the scale in closed form, min_{s≥0} ‖s·p − t‖² with p = Zᵀ∇L(x̂): s* = max(pᵀt, 0)/‖p‖²,
-  residual ‖t‖²(1 − cos²) while pᵀt ≥ 0, matched relative to ‖t‖² — a scale-invariant match
-  whose s* estimates α.
-
-Labels: for one sample, iDLG (Zhao et al. 2020) reads the label off the sign of the last
-layer's bias gradient (softmax − one-hot is negative only at the label); for a batch, or when
-the upload has no such gradient, DLG's soft labels are optimized jointly.
-
-If the observation is meaningless (a masked secure-aggregation vector), the same code runs
-and lands wherever the optimization lands; the best iterate by matching loss is returned.
+"""Data reconstruction from an observed upload: dummy inputs (and labels) optimized so that what
+they would have uploaded matches what was observed, by L-BFGS on the L2 match as DLG does (Zhu,
+Liu, Han, NeurIPS 2019, Alg. 1; :func:`invert`) or by Adam on the cosine match plus total
+variation of Inverting Gradients (Geiping et al., NeurIPS 2020, Eq. 4; :func:`invert_ig`), with
+iDLG's label read off the last bias gradient (Zhao et al. 2020). Targets: a gradient or BAFFLE's
+Stein estimate (:class:`GradientTarget`), BAFFLE's K loss differences as K projections of the
+gradient on the seed's directions, optionally at an unknown DP clip scale
+(:class:`ProjectionTarget`). See docs/privacy/attacks.md.
 """
 
 from __future__ import annotations

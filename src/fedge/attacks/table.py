@@ -1,52 +1,39 @@
-"""One leakage table for every method (issue 12, benchmark 2): data reconstruction,
-membership inference and property inference, each measured by running the attack on what
-the adversary observes in a tiny run of the method (benchmarks/privacy_leakage.py writes it
-to docs/benchmarks.md).
-
-Each :class:`Row` is one method configuration. Per row:
-
-- **DRA**: round 1 of ``clients`` clients holding exactly the batch their upload depends on;
-  every client's upload attacked (:func:`~fedge.attacks.harness.reconstruction_attack`); the
-  best attack's median pixel MSE beside the mean-image baseline.
-- **MIA**: the same method trained for ``mia_rounds`` rounds on ``mia_clients`` x
-  ``mia_per_client`` samples; the loss-threshold, shadow-model and offline-LiRA attacks on the
-  final (released) model (:func:`~fedge.attacks.membership_run.membership_attacks`).
-  For EPPFL, whose server receives only a masked M_c, the edge server's view: each device's
-  released activations inverted to the input (:func:`~fedge.attacks.harness.activation_inversion`);
-  the aggregation server S_a's view is attacked too (``dra["server"]``: DLG on the masked
-  W_c read as the plaintext, :func:`~fedge.attacks.harness.eppfl_server_views`).
-  With DP (``Row.privacy``) the server sees each client's clipped, un-noised upload (the
-  noise goes on the sum); ``dra["clipped"]`` is the fraction of observed uploads whose norm
-  sits at the clip (clipping active), and BAFFLE's attack also fits the unknown scale.
-- **PIA**: one round of ``pia_clients`` clients holding 8 samples each, every one of which the
-  upload depends on; "class 0 occurs in the client's batch"
-  (:func:`~fedge.attacks.harness.pia_attack`); for EPPFL at the edge server, on each device's
-  released activations (:func:`~fedge.attacks.harness.edge_pia_attack`).
-
-A cell the harness cannot measure says why (``{"skipped": reason}``), from what the Observer
-records: it never becomes a hard-coded number.
+"""The leakage table of every method: for each :class:`Row` (one method configuration) data
+reconstruction (:mod:`fedge.attacks.reconstruct_run`, or activation inversion at an edge
+server), membership inference on the released model (Yeom et al. 2018, Shokri et al. 2017,
+offline LiRA of Carlini et al., S&P 2022; :mod:`fedge.attacks.membership_run`) and property
+inference (Melis et al., S&P 2019; :mod:`fedge.attacks.property`), each run on what the
+adversary observes in a tiny run of the method (:func:`privacy_row`, written to
+docs/benchmarks.md by benchmarks/privacy_leakage.py); a cell that cannot be measured says why
+(``{"skipped": reason}``). :func:`leakage_table` is the earlier DLG-only table
+(:data:`LEAKAGE_ROWS`). See docs/privacy/attacks.md.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedge.attacks.harness import (
-    activation_inversion,
-    attack_config,
-    edge_pia_attack,
-    observe_run,
-    pia_attack,
-    reconstruction_attack,
-)
+from fedge.attacks.harness import attack_config, observe_run, upload_of
+from fedge.attacks.inversion import activation_inversion
 from fedge.attacks.membership_run import membership_attacks, replay
+from fedge.attacks.property import edge_pia_attack, pia_attack
+from fedge.attacks.reconstruct_run import reconstruction_attack
 from fedge.experiment.build import build_run
 
-__all__ = ["ROWS", "Row", "objective_note", "privacy_row", "privacy_table"]
+__all__ = [
+    "LEAKAGE_ROWS",
+    "ROWS",
+    "Row",
+    "leakage_table",
+    "objective_note",
+    "privacy_row",
+    "privacy_table",
+]
 
 _SGD = {"name": "sgd", "lr": 0.1}
 
@@ -248,7 +235,8 @@ def privacy_row(
             model=row.model,
             privacy=row.privacy,
         )
-        eppfl = row.method["name"] == "eppfl"  # the edge server's view: the released activations
+        # an edge server's view: the released activations
+        eppfl = upload_of(cfg) == "edge_activations"
         run = _quiet(lambda: observe_run(cfg, parties=("edge",) if eppfl else ()))
         s = (
             activation_inversion(run, iterations=iterations)
@@ -337,7 +325,7 @@ def privacy_row(
             privacy=row.privacy,
         )
         if (
-            row.method["name"] == "eppfl"
+            upload_of(cfg) == "edge_activations"
         ):  # the edge server's view: each device's released activations
             run = _quiet(lambda: observe_run(cfg, parties=("edge",)))
             out["pia"] = {**edge_pia_attack(run, prop=0), "seconds": time.perf_counter() - t}
@@ -380,4 +368,75 @@ def privacy_table(
         if progress is not None:
             progress(row.label)
         out.append(privacy_row(row, **kwargs))
+    return out
+
+
+# The leakage table of docs/benchmarks.md ("Privacy leakage"): label -> (method section, batch).
+LEAKAGE_ROWS: dict[str, tuple[dict[str, Any], int]] = {
+    "fedsgd, batch 1": ({"name": "fedsgd", "batch_size": 1}, 1),
+    "fedsgd, batch 8": ({"name": "fedsgd", "batch_size": 8}, 8),
+    "fedavg, 1 local SGD step, batch 1": (
+        {
+            "name": "fedavg",
+            "local_epochs": 1,
+            "batch_size": 1,
+            "client_optimizer": {"name": "sgd", "lr": 0.1},
+        },
+        1,
+    ),
+    "fedsgd, batch 1, secure aggregation": (
+        {"name": "fedsgd", "batch_size": 1, "secure_aggregation": True},
+        1,
+    ),
+    "baffle batch, K=10, no secure aggregation": (
+        {"name": "baffle", "mode": "batch", "k": 10, "ema": None, "secure_aggregation": False},
+        1,
+    ),
+    "baffle batch, K=100, no secure aggregation": (
+        {"name": "baffle", "mode": "batch", "k": 100, "ema": None, "secure_aggregation": False},
+        1,
+    ),
+    "baffle batch, K=1000, no secure aggregation": (
+        {"name": "baffle", "mode": "batch", "k": 1000, "ema": None, "secure_aggregation": False},
+        1,
+    ),
+    "baffle batch, K=100, secure aggregation (default)": (
+        {"name": "baffle", "mode": "batch", "k": 100, "ema": None},
+        1,
+    ),
+}
+
+
+def leakage_table(
+    *,
+    clients: int = 4,
+    iterations: int = 300,
+    dataset: str = "fashion-mnist",
+    rows: list[str] | None = None,
+    optimizer: str = "dlg",
+) -> list[dict[str, Any]]:
+    """One line per (row, attack): median/mean MSE, label accuracy and the baselines."""
+    out = []
+    for label in rows or list(LEAKAGE_ROWS):
+        method, per_client = LEAKAGE_ROWS[label]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run = observe_run(
+                attack_config(method, clients=clients, per_client=per_client, dataset=dataset)
+            )
+        s = reconstruction_attack(run, iterations=iterations, optimizer=optimizer)
+        for attack, a in s["attacks"].items():
+            out.append(
+                {
+                    "row": label,
+                    "attack": attack,
+                    "masked": s["masked"],
+                    "median_mse": a["median_mse"],
+                    "mean_mse": a["mean_mse"],
+                    "label_accuracy": a["label_accuracy"],
+                    "mean_image": s["baseline_mean_image_mse"],
+                    "mid_gray": s["baseline_mid_gray_mse"],
+                    "upload_bytes": statistics.median(v.reply_bytes for v in run.views),
+                }
+            )
     return out

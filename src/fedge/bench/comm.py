@@ -1,10 +1,5 @@
-"""BAFFLE communication, measured from real messages (seed 000, Section 3.2 "Remark on
-communication cost": batch-level uplink 4K bytes instead of 4|W|).
-
-One real round per setting through the engine (digits, BAFFLE's LeNet, 10 clients): the
-uplink per client is the length of each client's encoded reply; framing is what exceeds the
-4K payload bytes. The seed's share of the downlink is the size difference between the
-server's message with and without its seed entry.
+"""BAFFLE communication measured from real messages (seed 000, Section 3.2 "Remark on
+communication cost": batch-level uplink 4K bytes instead of 4|W|). Design notes: docs/decisions.md#benchmarks.
 """
 
 from __future__ import annotations

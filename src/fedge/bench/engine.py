@@ -1,12 +1,5 @@
-"""Engine overhead: everything a round costs except the clients' own compute.
-
-Trivial clients (each answers a seed-sized broadcast with one float32 scalar) isolate the
-engine's per-client work: sampling, serializing the broadcast, decoding it per client,
-deriving the client's generator, the meter (FLOP counter on), encoding and decoding the
-reply, checking it is finite, and aggregation. Overhead per client is
-``(round wall time - summed client step time) / clients``; the client step itself is
-reported apart. Memory is the process's resident-set growth over the whole benchmark,
-compared with the bytes of the clients' data it had to hold.
+"""Engine overhead: everything a round costs except the clients' own compute, measured with
+trivial clients. Design notes: docs/decisions.md#benchmarks.
 """
 
 from __future__ import annotations

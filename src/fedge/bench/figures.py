@@ -1,20 +1,14 @@
-"""A finished run directory's figures, as the benchmark tables read them.
-
-A run directory holds ``summary.json`` (one object) and ``metrics.jsonl`` (one object per
-round); :func:`read_run_logs` reads both. :func:`run_figures` turns them into the per-run
-figures of the FedPT tables (``benchmarks/fedpt_table1.py``, ``fedpt_table2.py``; FedPT, seed
-002, Tables 1, 2 and 4: trainable fraction, bytes, accuracy, client time and memory), and
-:func:`mean_over_seeds` averages one row's runs.
+"""A finished run directory's figures as the benchmark tables read them (:func:`read_run_logs`,
+:func:`run_figures`, :func:`mean_over_seeds`; FedPT, seed 002, Tables 1, 2 and 4).
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-from fedge.core.rundir_schema import FINAL_TEST_ACCURACY, METRICS, SUMMARY
+from fedge.core.rundir_schema import FINAL_TEST_ACCURACY, METRICS, SUMMARY, loads
 
 __all__ = [
     "communication_reduction",
@@ -29,8 +23,8 @@ __all__ = [
 def read_run_logs(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``(summary.json, the metrics.jsonl lines)`` of the run in ``run_dir`` (blank lines skipped)."""
     d = Path(run_dir)
-    summary = json.loads((d / SUMMARY).read_text())
-    lines = [json.loads(x) for x in (d / METRICS).read_text().splitlines() if x.strip()]
+    summary = loads((d / SUMMARY).read_text())
+    lines = [loads(x) for x in (d / METRICS).read_text().splitlines() if x.strip()]
     return summary, lines
 
 

@@ -1,11 +1,6 @@
-"""What this machine can do, and whether it is doing something else: peaks and a load probe.
-
-``fedge bench zo`` reads every forward against a hardware bound rather than against another
-measured forward: the best float32 GFLOP/s one core reaches on a large matrix product or
-convolution (:func:`one_thread_peak`), times the cores. One thread is measured because it is
-what a core gives when the others are busy; the figures for several threads collapse by
-10-25x here when other processes run (6 developers share 2 cores), so :func:`load_probe` and
-:func:`busy_warnings` say when a run's timings cannot be trusted.
+"""What this machine can do, and whether it is doing something else: the one-thread peak
+(:func:`one_thread_peak`) and a load probe (:func:`load_probe`, :func:`busy_warnings`).
+Design notes: docs/decisions.md#benchmarks.
 """
 
 from __future__ import annotations

@@ -1,41 +1,6 @@
-"""Peak memory of one client step: inference, backprop, lean and fast zeroth-order.
-
-BAFFLE (seed 000, Sec. 4.4, Table 4, Appendix C) argues that a client that only runs forwards
-needs a fraction of backprop's memory, small enough for a TEE. This benchmark measures, per model
-and batch size, the peak memory of
-
-- **inference**: one forward, no grad, eval mode (the floor a forward-only client can reach);
-- **bp**: one training step, forward, backward and a plain SGD step (no momentum, so no
-  optimizer state), gradients set to None before the step;
-- **zo_lean**: :func:`~fedge.estimators.loss_differences` in lean mode (central scheme) at two
-  values of K (default 8 and 32): lean memory must not depend on K;
-- **zo_fast**: the same in fast mode with its default chunk (what batching costs);
-- **zo_sparse**: the lean step on a model pruned to :data:`SPARSE_DENSITY` (NTK-BAFFLE, seed 004),
-  its bool masks counted as resident (a pruned client holds them all along).
-
-Two measures, both per step:
-
-(a) **tensor accounting** (the headline ``*_peak_bytes``): ``resident + peak``, where
-    ``resident`` is the bytes of the model's parameters and buffers plus the input batch
-    ``(x, y)``, and ``peak`` is the high-water mark of the bytes of tensor storages *created
-    inside the step* and still alive (activations, tensors saved for backward, gradients,
-    perturbed weights, noise, stacked activations), seen by
-    :class:`~fedge.core.meter.TensorAccountant`. Views of resident storages (``W.t()``
-    inside ``F.linear``, in-place updates of ``W``) are not new memory and are not counted.
-    This is the papers' "GPU memory" notion without the framework's static memory.
-(b) **peak RSS** (``rss_*_bytes``): each measurement runs in a fresh Python process
-    (``sys.executable -c``) that imports torch and fedge, builds the model and the batch, runs
-    the same kind of step once on a 1-sample batch (so the one-time costs, code pages and
-    kernel set-up, are not charged to the step), returns free heap to the OS (``malloc_trim``),
-    resets the kernel's RSS high-water mark (``/proc/self/clear_refs``) and runs the step; the
-    figure is the growth of VmHWM over VmRSS just before the step. The process fixes glibc's
-    mmap threshold at 128 KiB (its initial default; :func:`fixed_mmap_threshold`), so that
-    every block above it is its own mapping, unmapped when freed: RSS then follows live memory
-    and repeats agree within ~1%. With glibc's default *dynamic* threshold, where a freed block
-    raises the threshold and later blocks come from a heap whose freed pages stay resident,
-    the same step varied by tens of percent from process to process (lean/inference between
-    0.9 and 1.7 here). Each figure is the minimum over a few processes; the maximum is reported
-    beside it (``rss_*_peak_bytes_max``).
+"""Peak memory of one client step (inference, backprop, lean and fast zeroth-order), by tensor
+accounting and by peak RSS in fresh processes (BAFFLE, seed 000, Sec. 4.4, Table 4,
+Appendix C). Design notes: docs/decisions.md#benchmarks.
 """
 
 from __future__ import annotations

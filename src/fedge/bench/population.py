@@ -1,12 +1,5 @@
-"""Engine cost against the population size (cross-device scale): 1e3 .. 1e6 clients, 1,000 a round.
-
-A lazily generated population of trivial clients (client i's data is made from (seed, i)
-when it is sampled; :class:`fedge.data.federated.LazyClients`'s contract) isolates what the
-population costs the engine: sampling (Floyd's algorithm, O(clients per round)), per-client
-state kept only for clients that were ever sampled, nothing built per unsampled client. For
-each population: start-up (building the simulation and its first round), engine overhead per
-client per round (round wall time minus the clients' own step time), resident memory after
-the timed rounds and its growth per round.
+"""Engine cost against the population size (cross-device scale): 1e3 .. 1e6 lazily generated
+clients, 1,000 a round. Design notes: docs/decisions.md#benchmarks.
 """
 
 from __future__ import annotations

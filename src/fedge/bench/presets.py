@@ -1,8 +1,5 @@
-"""Run presets end to end and tabulate accuracy and bytes (the baselines' figures).
-
-For each preset: final and best test accuracy, rounds, and the bytes per client per round
-(averaged over all rounds) next to the serialized size of the final model, so "each client downloads and
-uploads one model" is checked against the real encoding, not assumed.
+"""Run presets end to end and tabulate accuracy and bytes per client per round next to the
+serialized size of the final model.
 """
 
 from __future__ import annotations

@@ -1,34 +1,6 @@
-"""Unfinished reproduction runs carried from one machine to the next.
-
-A reproduction's finished runs are recorded beside its script (``benchmarks/results/<table>/``,
-committed), but a run still going when a session ends lives only in its run directory under
-``--out``, which the next machine does not have: its rounds would be paid for again (a K = 200
-seed of BAFFLE Table 1 is hours of CPU). :func:`save_progress` packs the checkpoints of every
-unfinished run under ``--out`` into one archive beside the records (commit it with them);
-:func:`restore_progress` puts them back under ``--out`` on the next machine, where the script
-resumes each run from its last completed round.
-
-A resumed run is the same run: every random draw derives from (seed, purpose, round, client),
-so on the same software it equals an uninterrupted one; on another CPU or torch build only
-float roundoff can differ from there on.
-
-Both are whole-archive operations meant for a quiet moment: restore *before* the workers start
-(a run a worker is driving now is left alone: :meth:`~fedge.experiment.rundir.RunDir.busy`), save
-at any time (a run is
-copied checkpoint first, and its metrics are appended before its checkpoint is replaced, so the
-copy never holds a checkpoint newer than its metrics).
-
-    python benchmarks/baffle_table1.py --restore-progress       # on the new machine, first
-    ... the workers run ...
-    python benchmarks/baffle_table1.py --save-progress          # before the session ends; commit
-
-The archive is committed at every save, so it is kept small and stable: its bytes depend only on
-what it holds (no timestamps, owners or file modes of the machine that packed it), so a save that
-carries the same runs as the last one changes nothing git has to store; and a run whose files
-exceed ``max_run_bytes`` (8 MB by default: a 100-client run with a persistent client optimizer
-holds every client's Adam moments, ~31 MB for BAFFLE's LeNet) is left out and named, since git
-would keep another copy of it at every save. Such a run restarts from round 1 on the next
-machine: finish it within a session, or raise the limit (``--progress-max-mb``) knowingly.
+"""Unfinished reproduction runs carried from one machine to the next: :func:`save_progress` packs
+their checkpoints into one committed archive, :func:`restore_progress` puts them back.
+Design notes: docs/decisions.md#benchmarks.
 """
 
 from __future__ import annotations

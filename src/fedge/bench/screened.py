@@ -1,13 +1,6 @@
-"""A screened reproduction table: a learning-rate screen on validation, then every variant x
-seed, run resumably by parallel workers and read back from its records.
-
-:func:`run_screened` runs a paper table the way a reviewer accepts it and records every finished
-run under ``records`` (``screen/``, ``seed-S/``, ``probe/``); the screen is scored on validation
-(:func:`validation_score`, :func:`pick_by_validation`) and grown past a winning edge
-(:func:`widened_grid`). The reproduction scripts (``benchmarks/baffle_table1.py``,
-``baffle_table2.py``, ``ntk_table3.py``, ``baffle_delta_loss.py``) build their ``main`` with
-:func:`when_picked` and tabulate from the records alone with :func:`recorded_screen` and
-:func:`recorded_seeded`, so ``--table-only`` on any machine renders what the workers recorded.
+"""A screened reproduction table: a learning-rate screen on validation, then every variant x seed,
+run resumably by parallel workers and read back from its records (:func:`run_screened`).
+Design notes: docs/decisions.md#benchmarks.
 """
 
 from __future__ import annotations

@@ -1,17 +1,5 @@
-"""Command lines shared by the benchmark scripts.
-
-The long reproduction scripts (``benchmarks/baffle_table1.py``,
-``baffle_table2.py``, ``ntk_table3.py``): every one runs what its records lack, in shards,
-tabulates the records, and (most) has a seconds-long smoke protocol that never touches the docs.
-
-    ap = reproduction_parser(__doc__, out="runs/bench-baffle-table2")
-    ap.add_argument("--k500", action="store_true", help="...")   # the script's own flags
-    args, shard, shards = parse_reproduction_args(ap, argv)
-
-The measurement scripts (``privacy_leakage.py``, ``mia_overfit.py``, ``ppfl_table2.py``) measure
-once, keep the raw results (``--json``) and can re-render them (``--from-json``):
-:func:`measurement_parser`, :func:`measurement_settings` (``--set``), :func:`save_measurement` and
-:func:`load_measurement`.
+"""Command lines shared by the benchmark scripts: reproduction scripts (shards, records, smoke
+protocol) and measurement scripts (``--json``, ``--from-json``). Design notes: docs/decisions.md#benchmarks.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Paired comparisons of two seeded variants: the per-seed differences of a metric and the 95%
 Student t interval of their mean (the same seed draws the same data and initial model in both
-runs, so the seeds pair)."""
+runs, so the seeds pair), and the verdict of such an interval against a paper's figure, in two
+parts: the direction (does the interval exclude 0, with the paper's sign?) and the size (does it
+hold the paper's figure, or how large is fedge's effect against it?)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,15 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["T_975", "paired_difference", "t_interval"]
+__all__ = [
+    "NO_INTERVAL",
+    "T_975",
+    "direction",
+    "paired_difference",
+    "size",
+    "t_interval",
+    "verdict",
+]
 
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (scipy.stats.t.ppf(0.975, df)).
@@ -47,3 +57,68 @@ def paired_difference(
         "lo": lo,
         "hi": hi,
     }
+
+
+#: The direction of a comparison run on one seed: no interval, so no direction, whatever the point
+#: estimates show (a script that writes one says so, then what the point estimates show).
+NO_INTERVAL = "not resolved (one seed: no interval)"
+
+SAME, OPPOSITE, UNRESOLVED = (
+    "same direction",
+    "opposite direction",
+    "not resolved (the interval holds 0)",
+)
+
+
+def direction(lo: float, hi: float, sign: float) -> str:
+    """The direction of a 95% interval ``lo``..``hi`` of fedge's effect against the sign the paper
+    reports (``sign`` > 0: the paper's effect is positive): "same direction" when the interval
+    excludes 0 on the paper's side, "opposite direction" when it excludes 0 on the other, else
+    "not resolved (the interval holds 0)".
+
+    >>> direction(0.5, 2.0, +1), direction(-3.0, -0.5, +1), direction(-1.0, 2.0, -1)
+    ('same direction', 'opposite direction', 'not resolved (the interval holds 0)')
+    """
+    if lo > hi:
+        raise ValueError(f"interval {lo}..{hi}: expected lo <= hi")
+    if sign == 0:
+        raise ValueError("the paper's sign is 0: expected a positive or negative effect")
+    if lo > 0 or hi < 0:
+        return SAME if (lo > 0) == (sign > 0) else OPPOSITE
+    return UNRESOLVED
+
+
+def _ratio(r: float) -> str:
+    return f"{r:.0f}" if abs(r) >= 10 else f"{r:.1f}" if abs(r) >= 1 else f"{r:.2f}"
+
+
+def size(lo: float, hi: float, mean: float, paper: float) -> str:
+    """The size of fedge's effect (``mean``, its 95% interval ``lo``..``hi``) against the paper's
+    figure ``paper`` (same units): "size matches" when the paper's figure lies in the interval,
+    else the ratio of fedge's mean effect to the paper's, "2.7× the paper's" (negative when the
+    two have opposite signs).
+
+    >>> size(12.5, 24.9, 18.70, 7.04), size(2.0, 3.6, 2.81, 2.21), size(-2.7, -0.1, -1.38, -5.72)
+    ("2.7× the paper's", 'size matches', "0.24× the paper's")
+    """
+    if lo > hi:
+        raise ValueError(f"interval {lo}..{hi}: expected lo <= hi")
+    if paper == 0:
+        raise ValueError("the paper's figure is 0: a ratio to it is undefined")
+    if lo <= paper <= hi:
+        return "size matches"
+    return f"{_ratio(mean / paper)}× the paper's"
+
+
+def verdict(lo: float, hi: float, mean: float, paper: float) -> str:
+    """Both parts of a reproduction's verdict, "direction; size" (:func:`direction` against the
+    sign of ``paper``, :func:`size` against its value): a claim reproduces in direction and size
+    only when it reads "same direction; size matches". ``lo``, ``hi``, ``mean`` and ``paper`` are
+    in the same units (e.g. points of accuracy).
+
+    >>> verdict(12.5, 24.9, 18.70, 7.04)
+    "same direction; 2.7× the paper's"
+    >>> verdict(0.9, 4.7, 2.79, -1.09)
+    "opposite direction; -2.6× the paper's"
+    """
+    return f"{direction(lo, hi, paper)}; {size(lo, hi, mean, paper)}"

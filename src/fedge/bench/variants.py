@@ -11,9 +11,11 @@ from typing import Any
 
 from fedge.bench.figures import read_run_logs
 from fedge.core.config import RunConfig, load_config
-from fedge.core.errors import ConfigError
+from fedge.core.errors import ConfigError, DivergenceError
 from fedge.core.rundir_schema import CONFIG, FINAL_TEST_ACCURACY
-from fedge.experiment.run import DivergenceError, resolved_config, resume_experiment, run_experiment
+from fedge.experiment.build import resolved_config
+from fedge.experiment.resume import resume_experiment
+from fedge.experiment.run import run_experiment
 from fedge.experiment.rundir import RunDir
 
 __all__ = [
@@ -192,6 +194,10 @@ NEUTRAL_ADDITIONS: dict[tuple[str, ...], Any] = {
     ("method", "prune_route"): "autograd",
     ("method", "client_optimizer", "state"): "fresh",
     ("method", "ema_also_raw"): False,
+    # attached by the composer to every method with a global model / that can freeze
+    ("method", "ema"): None,
+    ("method", "ema_warmup"): True,
+    ("method", "freeze"): [],
     ("clients", "dropout"): 0.0,
     ("clients", "min_replies"): None,
     ("clients", "reply_timeout"): None,

@@ -1,46 +1,5 @@
-"""Zeroth-order step time: fedge's estimate against its floor, the hardware, backprop and the
-reference loop.
-
-BAFFLE (seed 000, Sec. 4.4) prices a zeroth-order (ZO) step at K forward passes. This benchmark
-measures, per model and difference scheme, the wall time of
-
-- **ZO step** (``zo_step_s``, fast mode; ``zo_lean_step_s``, lean mode): the whole computation of
-  one estimate, client and server, i.e. :func:`~fedge.estimators.loss_differences` then
-  :func:`~fedge.estimators.estimate_gradient` on the same seed;
-- **epoch-level step** (``zo_epoch_step_s``): the same estimate computed on one device, as
-  BAFFLE's epoch-level clients do (:func:`~fedge.estimators.zeroth_order_gradient`, fast mode),
-  which rebuilds ĝ from the directions its forwards drew instead of drawing them again;
-  ``epoch_over_split`` = epoch-level step / ZO step (fast) is what that reuse saves;
-- **forward** (``forward_s``): one plain forward of the model on the batch;
-- **BP step** (``bp_step_s``): forward, backward and a plain SGD step (no momentum);
-- **reference loop** (``reference_loop_step_s``): the estimate computed the way the BAFFLE
-  reference code does (:func:`~fedge.bench.reference.reference_gradient`).
-
-and reads them against two yardsticks:
-
-- the **floor** ``forwards × forward_s``: what the step would cost if it were nothing but its
-  plain forwards; ``zo_floor_ratio`` = ZO step / floor (target ≤ 1.1: the step's own overhead
-  — perturbations, copies, threads — at most 10%);
-- the **loop floor** ``forward_loop_s``: the same number of plain forwards run back to back,
-  timed in the same interleaved rounds as the step; ``zo_loop_ratio`` = ZO step / loop floor
-  compares like with like when other processes compete (the best single forward of a busy
-  machine is a lucky quiet moment that hundreds of forwards in a row do not get);
-- the **hardware bound** ``forwards × F / (P₁ · cores)``, F = the forward's conv/matmul FLOPs
-  (torch's per-op formulas), P₁ = the best 1-thread GFLOP/s of a large matmul or conv measured
-  in the same run (:func:`~fedge.bench.machine.one_thread_peak`): no step that runs these
-  forwards can be faster. ``forward_efficiency`` = a forward's GFLOP/s / (P₁ · threads).
-
-Where a forward loses against the peak is shown by ``forward_breakdown`` (time per layer kind,
-each leaf module re-run on its recorded input) and ``forward_channels_last_s`` (the same
-forward with weights and input in channels_last: not fedge's default because oneDNN's
-channels_last kernels round differently, so outputs would change in the last bits).
-
-Timing protocol (shared machines are noisy): every variant is warmed up once (ZO variants with a
-small K), the repetitions are interleaved (one of each variant per round) and the minimum is
-reported; a load probe at both ends of the run warns when other work competed
-(:func:`~fedge.bench.machine.busy_warnings`). By default the process keeps freed heap memory
-(:func:`~fedge.core.allocator.retain_freed_memory`); :func:`run_zo` also times every variant at a
-small K in two fresh processes, with and without it (``allocator``).
+"""Zeroth-order step time (BAFFLE, seed 000, Sec. 4.4) against its floor (the plain forwards), the
+hardware bound, backprop and the reference loop. Design notes: docs/decisions.md#benchmarks.
 """
 
 from __future__ import annotations

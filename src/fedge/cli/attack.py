@@ -42,27 +42,29 @@ reconstruction).
 from __future__ import annotations
 
 import json
-import warnings
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated, Any
 
-import torch
 import typer
 from rich.progress import Progress
 
-from fedge.attacks.harness import (
-    activation_inversion,
-    edge_pia_attack,
-    observe_run,
-    one_batch_clients,
-    pia_attack,
-    reconstruction_attack,
+from fedge.attacks.harness import warn_if_not_replayable
+from fedge.attacks.images import image_grid
+from fedge.attacks.membership_run import (
+    attack_name,
+    example_rounds,
+    membership_attacks,
+    membership_by_round,
+    trained_clients,
 )
-from fedge.attacks.membership_run import membership_attacks, membership_by_round, replay, trained_by
-from fedge.cli.common import fail, one_line_warnings, out
+from fedge.attacks.property import property_attack
+from fedge.attacks.reconstruct_run import reconstruct_data
+from fedge.cli.common import err, fail, one_line_warnings, out
 from fedge.core.config import load_config
-from fedge.core.errors import ConfigError, FedgeError, PrivacyWarning
-from fedge.core.rundir_schema import SUMMARY
+from fedge.core.errors import ConfigError, FedgeError
+from fedge.core.rundir_schema import SUMMARY, loads
+from fedge.experiment import storage
 from fedge.experiment.build import build_run
 from fedge.experiment.export import load_trained_model
 from fedge.experiment.rundir import RunDir
@@ -72,39 +74,28 @@ __all__ = ["attack", "register"]
 ATTACKS = ("dlg", "ig", "mia", "mia-shadow", "pia")
 
 
-def _grid(
-    truth: torch.Tensor,
-    rec: torch.Tensor,
-    mean: tuple[float, ...],
-    std: tuple[float, ...],
-    path: Path,
-) -> Path:
-    """Two rows (truth over reconstruction) in [0, 1] pixel space; PNG with Pillow, else PGM/PPM."""
-    s, m = torch.tensor(std).view(1, -1, 1, 1), torch.tensor(mean).view(1, -1, 1, 1)
-    rows = [torch.cat(list((v * s + m).clamp(0, 1)), dim=-1) for v in (truth, rec)]  # (C, H, n*W)
-    img = (torch.cat(rows, dim=-2) * 255).round().to(torch.uint8)  # (C, 2H, nW)
-    scale = max(1, 112 // img.shape[-2])
-    img = img.repeat_interleave(scale, -1).repeat_interleave(scale, -2)
-    c, h, w = img.shape
-    pixels = img.permute(1, 2, 0).contiguous().numpy()
-    try:
-        from PIL import Image  # noqa: PLC0415
+_WRITE_FIX = (
+    "results go to RUN_DIR/attacks/: make the run directory writable (and free space), or copy "
+    "the run to a writable place and attack the copy"
+)
 
-        path = path.with_suffix(".png")
-        Image.fromarray(pixels[..., 0] if c == 1 else pixels).save(path)
-    except ImportError:
-        path = path.with_suffix(".pgm" if c == 1 else ".ppm")
-        path.write_bytes(f"P{5 if c == 1 else 6}\n{w} {h}\n255\n".encode() + pixels.tobytes())
-    return path
+
+def _attacks_folder(run_dir: Path) -> Path:
+    """``RUN_DIR/attacks``, created, and shown to be writable before the attack's work (a
+    read-only run directory is one StorageError line, not a traceback after the work)."""
+    folder = run_dir / "attacks"
+    with storage.failing_as(folder, "create", _WRITE_FIX):
+        folder.mkdir(exist_ok=True)
+    probe = folder / ".write-probe.tmp"
+    with storage.failing_as(folder, "write into", _WRITE_FIX, tmp=probe):
+        storage.write_file(probe, b"")
+        probe.unlink()
+    return folder
 
 
 def _write(run_dir: Path, name: str, result: dict[str, Any]) -> Path:
-    folder = run_dir / "attacks"
-    folder.mkdir(exist_ok=True)
-    path = folder / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(path)
+    path = _attacks_folder(run_dir) / f"{name}.json"
+    storage.atomic_write(path, json.dumps(result, indent=2).encode(), _WRITE_FIX)
     return path
 
 
@@ -112,78 +103,36 @@ def _dlg(
     run_dir: Path, raw: dict[str, Any], iterations: int, samples: int, seed: int, optimizer: str
 ) -> dict[str, Any]:
     cfg = load_config({**raw, "rounds": 1})
-    eppfl = (
-        cfg.method.name == "eppfl"
-    )  # what leaks is the activations at the edge server, not an upload
-    with one_line_warnings():
-        run = observe_run(cfg, parties=("edge",) if eppfl else ())
-    with Progress(transient=True) as bar:
+    with one_line_warnings(), Progress(transient=True) as bar:
         task = bar.add_task(f"inverting {samples} uploads x {iterations} iterations", total=samples)
-        if eppfl:
-            result = activation_inversion(
-                run,
-                iterations=iterations,
-                samples=samples,
-                seed=seed,
-                progress=lambda done, total: bar.update(task, completed=done, total=total),
-            )
-        else:
-            result = reconstruction_attack(
-                run,
-                iterations=iterations,
-                samples=samples,
-                seed=seed,
-                optimizer=optimizer,
-                progress=lambda done, total: bar.update(task, completed=done, total=total),
-            )
+        run, result = reconstruct_data(
+            cfg,
+            iterations=iterations,
+            samples=samples,
+            seed=seed,
+            optimizer=optimizer,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
     ds = run.built.dataset
     images = result.pop("_images")
-    (run_dir / "attacks").mkdir(exist_ok=True)
-    result["images"] = {
-        a: str(
-            _grid(t, r, ds.mean, ds.std, run_dir / "attacks" / f"{optimizer}-{a}").relative_to(
-                run_dir
-            )
-        )
-        for a, (t, r) in images.items()
-    }
+    folder = _attacks_folder(run_dir)
+    result["images"] = {}
+    for a, (t, r) in images.items():
+        with storage.failing_as(folder / f"{optimizer}-{a}.png", "write", _WRITE_FIX):
+            grid = image_grid(t, r, ds.mean, ds.std, folder / f"{optimizer}-{a}")
+        result["images"][a] = str(grid.relative_to(run_dir))
     return result
 
 
-def _os_random(raw: dict[str, Any]) -> str | None:
-    """The config key that makes the run draw from the OS CSPRNG (so a re-run from its config
-    is another run of the same protocol, not this one), or None."""
-    if (raw.get("privacy") or {}).get("secure_noise"):
-        return "privacy.secure_noise"
-    dp = (raw.get("method") or {}).get("dp")
-    if isinstance(dp, dict) and dp.get("secure_noise"):
-        return "method.dp.secure_noise"
-    return None
-
-
-def _warn_if_not_replayable(raw: dict[str, Any]) -> None:
-    """These attacks re-run the run from its config (same seed, so the same uploads and
-    models): not so when it drew its noise (and client sample) from the OS CSPRNG."""
-    key = _os_random(raw)
-    if key is not None:
-        warnings.warn(
-            f"the run drew its noise from the OS CSPRNG ({key}: true), so re-running it from its config, as "
-            "this attack does, gives another run of the same protocol and seed, not the saved one: the "
-            "figures describe that re-run (its uploads, its intermediate models), not the run's exact "
-            "messages",
-            PrivacyWarning,
-            stacklevel=2,
-        )
-
-
-def _parse_rounds(text: str) -> list[int]:
+def _parse_rounds(text: str, last: int) -> list[int]:
     try:
         rounds = [int(p) for p in text.split(",") if p.strip()]
     except ValueError:
         rounds = []
     if not rounds:
         raise ConfigError(
-            f"--rounds {text!r} is not a list of round numbers; expected e.g. --rounds 1,5,10"
+            f"--rounds {text!r} is not a list of round numbers; expected rounds of the run "
+            f"(1..{last}), e.g. --rounds {example_rounds(last)}"
         )
     return rounds
 
@@ -206,33 +155,26 @@ def _mia_rounds(
             seed=seed,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
-    what = "loss threshold (Yeom et al. 2018)" + (
-        ", shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022)"
-        if shadows
-        else ""
-    )
-    return {
-        "attack": f"{what}, against the global model broadcast after each round (the run re-run from its config)",
-        **result,
-    }
+    return {"attack": attack_name(shadows, by_round=True), **result}
 
 
 def _trained_clients(run_dir: Path, built: Any) -> list[int]:
-    """The clients whose samples the run's final model trained on: the run's own record
-    (``first_aggregated`` in summary.json), else — a run written before fedge recorded it — the
-    run's rounds re-run from its config (same seed and data, so the same clients; a Flower
-    deployment's node failures are not replayed). Trains ``built``'s strategy in that case."""
-    last = built.config.rounds
-    summary = json.loads((run_dir / SUMMARY).read_text())
-    if "first_aggregated" in summary:
-        return trained_by(summary["first_aggregated"], last)
-    with Progress(transient=True) as bar, one_line_warnings():
-        _warn_if_not_replayable(built.config.to_dict())
-        bar.add_task(
-            f"re-running {last} rounds to find the clients the model trained on (the run predates its record)",
-            total=None,
-        )
-        return replay(built, [last]).trained_by(last)
+    """:func:`~fedge.attacks.membership_run.trained_clients`, from the run's summary.json; a
+    replay (a run that predates the record) shows a progress line and the replay warning."""
+    summary = loads((run_dir / SUMMARY).read_text())
+    with ExitStack() as during_replay:
+
+        def announce() -> None:
+            bar = during_replay.enter_context(Progress(transient=True))
+            during_replay.enter_context(one_line_warnings())
+            warn_if_not_replayable(built.config.to_dict())
+            bar.add_task(
+                f"re-running {built.config.rounds} rounds to find the clients the model trained on "
+                "(the run predates its record)",
+                total=None,
+            )
+
+        return trained_clients(built, summary, announce)
 
 
 def _mia(
@@ -246,12 +188,7 @@ def _mia(
         r = membership_attacks(
             built, trained.model, samples=samples, seed=seed, withheld=trained.withheld, trained=who
         )
-        what = "loss-threshold (Yeom et al. 2018)"
-        if trained.withheld:
-            what += (
-                ", on the released layers completed with a classifier the attacker trains on its own data "
-                "(the run kept its last layer in the enclaves)"
-            )
+        what = attack_name(0, withheld=bool(trained.withheld))
         extra = {"completed": r["completed"]} if "completed" in r else {}
         return {"attack": what, "method": r["method"], "chance_auc": 0.5, **r["loss"], **extra}
     with Progress(transient=True) as bar, one_line_warnings():
@@ -268,53 +205,7 @@ def _mia(
             trained=who,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
-    return {
-        "attack": "loss threshold (Yeom et al. 2018), shadow models (Shokri et al. 2017), offline LiRA (Carlini et al. 2022)",
-        **result,
-    }
-
-
-def _pia(raw: dict[str, Any], samples: int, seed: int, prop: int) -> dict[str, Any]:
-    cfg = load_config(raw)
-    if cfg.method.name == "eppfl":
-        return _edge_pia(raw, samples, seed, prop)
-    rounds = -(-samples // cfg.clients.count())
-    cfg = load_config({**raw, "rounds": rounds})
-    with one_line_warnings():
-        run = observe_run(cfg, rounds, prepare=lambda b: one_batch_clients(b, seed))
-    with Progress(transient=True) as bar:
-        task = bar.add_task("property inference", total=1)
-        result = pia_attack(
-            run,
-            prop=prop,
-            seed=seed,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
-        )
-    result["rounds_observed"] = rounds
-    result["note"] = "each client's local set cut to the one batch its upload is computed on"
-    return result
-
-
-def _edge_pia(raw: dict[str, Any], samples: int, seed: int, prop: int) -> dict[str, Any]:
-    """EPPFL: what leaks is each device's released activations at the edge server (its upload to
-    S_a is masked). The edge server knows round 1's M_c (broadcast in the clear), so round 1 is
-    re-run with ``min(samples, clients.num)`` devices, each cut to its first batch."""
-    devices = min(samples, int(load_config(raw).clients.num))
-    cfg = load_config(
-        {**raw, "rounds": 1, "clients": {**raw.get("clients", {}), "per_round": devices}}
-    )
-    with one_line_warnings():
-        run = observe_run(cfg, 1, prepare=lambda b: one_batch_clients(b, seed), parties=("edge",))
-    with Progress(transient=True) as bar:
-        task = bar.add_task("property inference at the edge server", total=1)
-        result = edge_pia_attack(run, prop=prop, seed=seed)
-        bar.update(task, completed=1)
-    result["rounds_observed"] = 1
-    result["note"] = (
-        f"the edge server's view of round 1: {devices} devices (raise clients.num to attack more), "
-        "each cut to the one batch of its first step"
-    )
-    return result
+    return {"attack": attack_name(shadows), **result}
 
 
 def attack(
@@ -361,17 +252,18 @@ def attack(
     try:
         with one_line_warnings():  # every warning one line, as the run's own
             raw = RunDir(run_dir).read_config()
+            _attacks_folder(run_dir)  # writable, before the work
             if (rounds or all_rounds) and attack not in ("mia", "mia-shadow"):
                 raise ConfigError(
                     f"--rounds/--all-rounds apply to --attack mia or mia-shadow, not {attack!r}; drop them"
                 )
             if rounds or all_rounds or attack in ("dlg", "ig", "pia"):
-                _warn_if_not_replayable(raw)
+                warn_if_not_replayable(raw)
             if rounds or all_rounds:
                 every = list(range(1, int(load_config(raw).rounds) + 1))
                 result = _mia_rounds(
                     raw,
-                    every if all_rounds else _parse_rounds(rounds),
+                    every if all_rounds else _parse_rounds(rounds, len(every)),
                     samples,
                     seed,
                     shadows if attack == "mia-shadow" else 0,
@@ -379,13 +271,29 @@ def attack(
             elif attack in ("dlg", "ig"):
                 result = _dlg(run_dir, raw, iterations, samples, seed, attack)
             elif attack == "pia":
-                result = _pia(raw, samples, seed, property_class)
+                with Progress(transient=True) as bar:
+                    task = bar.add_task("property inference", total=1)
+                    result = property_attack(
+                        raw,
+                        samples=samples,
+                        seed=seed,
+                        prop=property_class,
+                        progress=lambda done, total: bar.update(task, completed=done, total=total),
+                    )
             else:
                 result = _mia(run_dir, raw, samples, seed, shadows if attack == "mia-shadow" else 0)
+        result["seed"] = seed
+        path = _write(run_dir, f"{attack}-rounds" if "rounds" in result else attack, result)
     except FedgeError as exc:
         fail(exc)
-    result["seed"] = seed
-    path = _write(run_dir, f"{attack}-rounds" if "rounds" in result else attack, result)
+    except KeyboardInterrupt:  # Ctrl-C: one line and 130, as fedge run
+        err.print(
+            "interrupted; the attack wrote no result (it writes them when it ends): run the "
+            "command again",
+            markup=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(130) from None
     console = out()
     if "rounds" in result:
         for r, row in result["rounds"].items():

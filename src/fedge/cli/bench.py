@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from fedge.cli.common import fail, out, parse_list
+from fedge.cli.common import fail, out, parse_list, set_options
 from fedge.core.errors import FedgeError
 
 __all__ = ["bench_app"]
@@ -215,7 +215,7 @@ def bench_presets(
     from fedge.bench.presets import presets_markdown, run_presets
 
     try:
-        report = run_presets(list(names), overrides=list(set_ or []), out_root=out_root)
+        report = run_presets(list(names), overrides=set_options(set_), out_root=out_root)
     except FedgeError as exc:
         fail(exc)
     _emit(report, json_path, docs, ("presets", "Baseline presets", presets_markdown))

@@ -12,7 +12,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-__all__ = ["EXIT_BAD_INPUT", "err", "fail", "one_line_warnings", "out", "parse_list"]
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "err",
+    "fail",
+    "one_line_warnings",
+    "out",
+    "parse_list",
+    "set_options",
+]
 
 EXIT_BAD_INPUT = 2
 
@@ -33,6 +41,19 @@ def fail(exc: BaseException | str, code: int = EXIT_BAD_INPUT) -> NoReturn:
         "[bold red]error:[/] " + escape(str(exc)), highlight=False, markup=True, soft_wrap=True
     )  # the text as is: '[x]' too
     raise typer.Exit(code)
+
+
+def set_options(values: list[str] | None) -> list[str]:
+    """The ``--set KEY=VALUE`` options as given; a key given twice exits 2 naming it."""
+    from fedge.core.errors import ConfigError
+    from fedge.core.overrides import check_unique_keys
+
+    items = list(values or [])
+    try:
+        check_unique_keys(items)
+    except ConfigError as exc:
+        fail(exc)
+    return items
 
 
 def parse_list(

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedge.cli.common import fail
+from fedge.cli.common import fail, set_options
 from fedge.core.errors import FedgeError
 
 __all__ = ["fedpt_search", "print_blocks", "register"]
@@ -91,7 +91,7 @@ def fedpt_search(
 
     target = out_dir or Path("runs") / f"fedpt-search-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        cfg = load_config(config, overrides=list(set_ or []))
+        cfg = load_config(config, overrides=set_options(set_))
         result = search(
             cfg,
             budget_rounds=budget_rounds,

@@ -1,19 +1,5 @@
-"""The ``fedge`` command line: the app and its commands, one module per concern.
-
-    fedge run PRESET_OR_YAML [--set key=value ...] [--out DIR]   train, write a run directory  (cli/run.py)
-    fedge run --resume RUN_DIR [--set rounds=N]                  continue or extend a run       (cli/run.py)
-    fedge datasets | fedge models                                what is available here         (cli/show.py)
-    fedge report RUN_DIR | fedge compare RUN_DIR RUN_DIR ...     read finished runs             (cli/show.py)
-    fedge partition RUN_DIR --client I                           one client's shard             (cli/show.py)
-    fedge bench engine|zo|memory|comm|presets                    benchmarks                     (cli/bench.py)
-    fedge export RUN_DIR [--format torchscript|onnx]             the trained model for the edge (cli/export.py)
-    fedge privacy epsilon ...                                    DP accounting without training (cli/privacy.py)
-    fedge fedpt-search CONFIG ...                                FedPT's partition search       (cli/fedpt.py)
-    fedge attack RUN_DIR --attack dlg|mia                        privacy attacks as measurements (cli/attack.py)
-
-Bad input (unknown key, wrong type, out-of-range or non-finite value, unknown name, missing
-data, an unwritable --out) prints one ``error:`` line naming the value and the fix and exits
-with status 2, leaving no run directory (cli/common.py holds the shared pieces).
+"""The ``fedge`` command line: the app and its commands, one module per concern; bad input prints
+one ``error:`` line naming the value and the fix and exits with status 2.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""``fedge privacy``: answer DP accounting questions without training.
-
-    fedge privacy epsilon --mechanism tree --noise-multiplier 1.13,2.33,4.03,6.21,8.83 \\
-        --rounds 1600 --clients-per-round 100 --population 342477 --delta 1e-6
-
-prints ε for each noise multiplier (the DP event and the sampling assumption beside it), and
-with ``--target-epsilon`` the most rounds that stay within it. Bad input exits with status 2.
+"""``fedge privacy``: answer DP accounting questions without training (ε per noise multiplier,
+or the most rounds within ``--target-epsilon``).
 """
 
 from __future__ import annotations

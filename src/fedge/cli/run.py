@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import json
+import datetime
 import os
 import signal
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,19 +14,24 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from fedge.cli.common import err, fail, one_line_warnings, out
-from fedge.core.errors import FedgeError, MessageError
+from fedge.cli.common import err, fail, one_line_warnings, out, set_options
+from fedge.core.errors import ConfigError, FedgeError, MessageError
 from fedge.core.rundir_schema import (
     CONFIG,
     CUM_BYTES_DOWN,
     CUM_BYTES_UP,
     FINAL_TEST_ACCURACY,
     ROUND,
+    ROUNDS,
+    STOPPED,
     SUMMARY,
+    TEST_ACCURACY,
+    loads,
 )
-from fedge.experiment.run import Progress
+from fedge.experiment.progress import Progress
 from fedge.experiment.rundir import default_run_path
 from fedge.report import render_report
+from fedge.runtime.spec import Runtime
 
 __all__ = ["run"]
 
@@ -77,6 +84,43 @@ def _interrupted(target: Path | None, exc: KeyboardInterrupt) -> NoReturn:
             soft_wrap=True,
         )
     raise typer.Exit(143 if isinstance(exc, _Terminated) else 130) from None
+
+
+class _Lines(Progress):
+    """One plain line per round on stdout (round, test accuracy, bytes moved, time since the
+    command started), for a stdout that is not a terminal (``| cat``, a log file, nohup, CI),
+    where a live bar would show only its last state."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.started = False
+
+    def __enter__(self) -> _Lines:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def start(self, total_rounds: int, done: int) -> None:
+        self.started = True
+
+    def round(self, line: dict[str, Any], total_rounds: int) -> None:
+        from fedge.report import format_bytes
+
+        acc = line.get(TEST_ACCURACY)
+        moved = format_bytes(line[CUM_BYTES_DOWN] + line[CUM_BYTES_UP])
+        elapsed = datetime.timedelta(seconds=int(time.monotonic() - self.t0))
+        print(
+            f"round {line[ROUND]}/{total_rounds}: "
+            + (f"acc {acc:.4f}, " if acc is not None else "acc -, ")
+            + f"{moved} moved, {elapsed}",
+            flush=True,  # a pipe is block-buffered: each line as its round ends
+        )
+
+
+def _progress(quiet: bool) -> _Bar | _Lines:
+    """The rich bar (on stderr) on a terminal; plain lines when stdout is not one."""
+    return _Bar(not quiet) if quiet or sys.stdout.isatty() else _Lines()
 
 
 class _Bar(Progress):
@@ -231,23 +275,24 @@ def run(
 ) -> None:
     """Train a federation and write its run directory."""
     from fedge.core.config import load_config
-    from fedge.experiment.run import resume_experiment, run_experiment
+    from fedge.experiment.resume import resume_experiment
+    from fedge.experiment.run import run_experiment
 
     if ctx.args:
         flag = " (--measure-memory, --allow-config-change and --quiet are flags and take no value)"
         fail(
             f"unexpected argument {ctx.args[0]!r}{flag}; e.g. fedge run quickstart --measure-memory"
         )
-    overrides = list(set_ or [])
+    overrides = set_options(set_)
     if measure_memory:
         overrides.append("measure.memory=true")
     if workers is not None:
         overrides.append(f"clients.workers={workers}")
-    if runtime not in ("engine", "flower-sim", "flower"):
-        fail(f"--runtime {runtime!r} is not known; expected engine, flower-sim or flower")
-    if backend is not None and runtime != "flower-sim":
-        fail(f"--backend {backend} goes with --runtime flower-sim (got --runtime {runtime})")
-    if runtime != "flower":
+    try:
+        chosen = Runtime.of(runtime, backend, flags=True)
+    except ConfigError as exc:
+        fail(exc)
+    if chosen.name != "flower":
         given = [
             f
             for f, on in (
@@ -285,7 +330,7 @@ def run(
                 if extra:
                     edit = (
                         f" (to change the run's config: edit {resume / CONFIG} and add --allow-config-change)"
-                        if runtime != "flower"
+                        if chosen.name != "flower"
                         else ""
                     )
                     fail(
@@ -300,7 +345,7 @@ def run(
                     except ValueError:
                         fail(f"--set {extend[0]}: rounds must be a whole number of rounds")
                 target = resume
-                if runtime == "flower":
+                if chosen.name == "flower":
                     from fedge.experiment.flower import submit
 
                     if superlink is None:
@@ -327,15 +372,14 @@ def run(
                         rounds=rounds,
                     )
                 else:
-                    with _Bar(not quiet) as bar:
+                    with _progress(quiet) as bar:
                         path = resume_experiment(
                             resume,
                             rounds=rounds,
                             progress=bar,
                             render=render_report,
                             allow_config_change=allow_config_change,
-                            runtime=runtime,
-                            backend=backend or "local",
+                            runtime=chosen,
                         )
             else:
                 if config is None:
@@ -344,7 +388,7 @@ def run(
                     )
                 cfg = load_config(config, overrides=overrides)
                 target = out_dir or _default_out(config)
-                if runtime == "flower":
+                if chosen.name == "flower":
                     from fedge.experiment.flower import submit
 
                     if superlink is None:
@@ -359,14 +403,13 @@ def run(
                         root_certificates=root_certificates,
                     )
                 else:
-                    with _Bar(not quiet) as bar:
+                    with _progress(quiet) as bar:
                         path = run_experiment(
                             cfg,
                             out=target,
                             progress=bar,
                             render=render_report,
-                            runtime=runtime,
-                            backend=backend or "local",
+                            runtime=chosen,
                         )
     except MessageError as exc:
         fail(exc, code=1)
@@ -374,10 +417,27 @@ def run(
         fail(exc)
     except KeyboardInterrupt as exc:
         _interrupted(target, exc)
-    summary = json.loads((path / SUMMARY).read_text())
+    summary = loads((path / SUMMARY).read_text())
     acc = summary.get(FINAL_TEST_ACCURACY)
     console = out()
+    stopped = summary.get(STOPPED)
+    if stopped:  # the run's own rule ended it early (a privacy budget): say why, on the terminal
+        console.print(f"stopped early: {stopped}", markup=False)
     console.print(
         f"final test accuracy: {acc:.4f}" if acc is not None else "final test accuracy: n/a"
     )
     console.print(f"run directory: {path}", markup=False)
+    if stopped and not summary.get(ROUNDS):
+        # complete (nothing is left that a resume could run) but nothing trained: not a success
+        err.print(
+            "the run trained no round: its model is the untrained initial one; "
+            + (
+                "raise privacy.target_epsilon or privacy.noise_multiplier until round 1 fits "
+                "(fedge privacy epsilon gives ε per round)"
+                if "target_epsilon" in str(stopped)
+                else "change the setting that stopped it"
+            ),
+            markup=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)

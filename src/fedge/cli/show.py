@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from fedge.cli.common import fail, one_line_warnings, out, parse_list
+from fedge.cli.common import fail, one_line_warnings, out, parse_list, set_options
 from fedge.core.errors import FedgeError
 from fedge.core.rundir_schema import CONFIG
 
@@ -148,7 +148,7 @@ def partition(
                 fail(
                     f"{source!r} does not exist; give a run directory, a YAML file or a preset name"
                 )
-            cfg = load_config(source, overrides=list(set_ or []))
+            cfg = load_config(source, overrides=set_options(set_))
         out().print_json(json.dumps(client_shard(cfg, client)))
     except FedgeError as exc:
         fail(exc)

@@ -1,15 +1,5 @@
-"""Process-wide heap policy: keep freed memory for reuse instead of returning it to the OS.
-
-glibc serves blocks of 128 KiB and more by fresh ``mmap`` calls and gives them back with
-``munmap`` when freed, and it trims the heap top as soon as 128 KiB are free. A forward pass
-allocates and frees activations of hundreds of KiB to a few MiB every layer, so by default
-each forward maps, page-faults (zero-fills) and unmaps them again. Measured here (1 thread,
-batch 64, see docs/benchmarks.md): up to 2x forward time on large models, 10-20% on LeNet.
-
-:func:`retain_freed_memory` raises the mmap threshold to glibc's ceiling (32 MiB on 64-bit)
-and disables trimming, so the pages stay mapped and are reused. The cost is resident memory
-that stays at its high-water mark rather than shrinking between steps. The same effect from
-outside the process: ``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=2147483647``.
+"""Process-wide heap policy: :func:`retain_freed_memory` keeps freed memory mapped for reuse
+instead of returning it to the OS (glibc's mmap and trim thresholds). Design notes: docs/decisions.md#core.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The run configuration: typed models of its sections, and :func:`load_config`, the one place
-a :class:`RunConfig` is made from a preset name, a YAML path or a mapping plus overrides.
-
-The fixed sections are pydantic models with ``extra="forbid"``; the sections whose keys depend
-on a choice (``partition``, ``model``, ``method``) are validated by the chosen partitioner,
-model or method. Presets and YAML files are read by :mod:`fedge.core.presets`, ``--set``
-overrides applied by :mod:`fedge.core.overrides`, and every problem becomes one
-:class:`ConfigError` naming the dotted key, the bad value and the valid choices
-(:mod:`fedge.core.validation`).
+"""The run configuration: typed models of its sections, and :func:`load_config`, the one place a
+:class:`RunConfig` is made from a preset name, a YAML path or a mapping plus overrides.
+Design notes: docs/decisions.md#core.
 
 Example:
     >>> cfg = load_config("quickstart", overrides=["rounds=5", "method.local_epochs=2"])
@@ -17,8 +11,10 @@ Example:
 from __future__ import annotations
 
 import copy
+import os
 import types
 import typing
+import warnings
 from pathlib import Path, PurePath
 from typing import Any, ClassVar, Literal
 
@@ -43,8 +39,10 @@ __all__ = [
     "ClientsConfig",
     "ConfigModel",
     "DatasetConfig",
+    "MAX_ROUNDS",
     "MeasureConfig",
     "RunConfig",
+    "available_cores",
     "load_config",
     # re-exported for the modules that import them from here (experiment.build, experiment.run,
     # estimators.zeroth_order, pruning.saliency); their home is fedge.core.validation
@@ -297,11 +295,27 @@ class MeasureConfig(_Strict):
     )
 
 
+MAX_ROUNDS = 10_000_000
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
 class RunConfig(_Strict):
     """The whole run. Field order is the order keys are written to ``config.yaml``."""
 
     seed: int = 0
-    rounds: int = Field(10, ge=1)
+    rounds: int = Field(
+        10,
+        ge=1,
+        description=f"rounds to train, 1 to {MAX_ROUNDS:.0e}: that many rounds of a fast 0.1 s each "
+        "take 12 days and write a ~5 GB metrics.jsonl, so a larger value is a typo (rounds=1e23)",
+    )
     eval_every: int = Field(
         1, ge=1, description="evaluate on the test set every N rounds (and after the last)"
     )
@@ -325,6 +339,31 @@ class RunConfig(_Strict):
         description="a round whose loss is non-finite or above 100·ln(classes): stop with an error naming the "
         "round and the keys to lower (stop), or log it and go on (continue)",
     )
+
+    @field_validator("rounds")
+    @classmethod
+    def _rounds_bound(cls, v: int) -> int:
+        if v > MAX_ROUNDS:
+            raise ValueError(
+                f"rounds must be at most {MAX_ROUNDS:,}, got {v}: that many rounds of even 0.1 s each "
+                "would take over 12 days (a typo such as rounds=1e23?); give the rounds to train, "
+                "e.g. rounds=100"
+            )
+        return v
+
+    @field_validator("threads")
+    @classmethod
+    def _threads_within_cores(cls, v: int | None) -> int | None:
+        cores = available_cores()
+        if v is not None and v > cores:
+            warnings.warn(
+                f"threads={v} is more than the {cores} cores this process may use: torch threads "
+                f"beyond the cores wait on each other and slow every round; set threads to at most "
+                f"{cores} (1, the default, is the fastest on a shared machine)",
+                UserWarning,
+                stacklevel=2,
+            )
+        return v
 
     @field_validator("seed")
     @classmethod

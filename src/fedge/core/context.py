@@ -1,17 +1,5 @@
-"""What a party sees in one round: its data (clients), its state, its randomness, its meter
-and its links to other parties.
-
-Every party — client, edge server, enclave, third party — has
-
-- its own **persistent state** (``ctx.state``: tensors and scalars, kept by the engine across
-  rounds and checkpointed with the run, so it survives ``--resume``);
-- its own **generator**, derived from (run seed, party kind, party key, round), so its
-  draws do not depend on which other parties ran or in what order;
-- its own **meter**: a side party's FLOPs, memory and time are measured on its account,
-  never on the client that called it (the client's meter is paused during the call).
-
-A :class:`Link` is a client's channel to a side party: every call really serializes both
-messages and counts their bytes on the link (``client->NAME`` and ``NAME->client``).
+"""What a party sees in one round: its data (clients), its persistent state, its derived
+generator, its own meter and its :class:`Link` to other parties. Design notes: docs/decisions.md#core.
 """
 
 from __future__ import annotations
@@ -203,7 +191,11 @@ class ClientContext:
     ``round_state`` lives for the exchanges of one round only (secrets such as secure
     aggregation keys: carried between exchanges, even across worker processes, and dropped
     when the round ends, never written to disk); ``generator`` is derived from
-    (run seed, "client", round, client id); ``phase`` counts the exchanges of the round.
+    (run seed, "client", round, client id); ``phase`` counts the exchanges of the round;
+    ``global_arrays`` holds the round's global weights as this client received them, by name
+    (set by the program that loads them before its local steps,
+    :class:`~fedge.methods.local.LocalTraining`; None before): what a gradient hook that pulls
+    towards the global model (FedProx's proximal term) reads.
     """
 
     cid: int
@@ -215,6 +207,7 @@ class ClientContext:
     round_state: dict[str, Any] = field(default_factory=dict)
     phase: int = 0
     links: dict[str, Link] = field(default_factory=dict)
+    global_arrays: dict[str, torch.Tensor] | None = None
 
     def link(self, name: str) -> Link:
         """The link to side party ``name``."""

@@ -11,8 +11,10 @@ import difflib
 __all__ = [
     "ConfigError",
     "DataNotFoundError",
+    "DivergenceError",
     "FedgeError",
     "MessageError",
+    "NonFiniteError",
     "PrivacyWarning",
     "ResumeError",
     "ShortRoundError",
@@ -66,6 +68,29 @@ class DataNotFoundError(FedgeError, FileNotFoundError):
 
 class MessageError(FedgeError, ValueError):
     """A message is malformed, non-finite, or fails to decode."""
+
+
+class DivergenceError(FedgeError, RuntimeError):
+    """Training diverged: values went non-finite, or grew past what a run can go on with (a
+    loss above its limit, a sum past secure aggregation's fixed-point range). ``round``: the
+    round that diverged (None where the raiser does not know it); ``cause``: what diverged, in
+    words, for a caller that writes its own message (the whole message unless given)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        round: int | None = None,  # noqa: A002 - the config's word
+        cause: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.round = round
+        self.cause = message if cause is None else cause
+
+
+class NonFiniteError(DivergenceError, MessageError):
+    """A message or a client's contribution holds NaN or Inf: a :class:`DivergenceError`, and a
+    :class:`MessageError` as every malformed message is."""
 
 
 class ShortRoundError(MessageError):

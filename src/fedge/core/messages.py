@@ -1,16 +1,5 @@
-"""Messages between server, clients and side parties, and their wire encoding.
-
-A :class:`Message` holds named tensors (``arrays``), a small ``config`` mapping
-(int, float, str, bytes, bool, None) and ``metrics`` (numbers). Its size on the wire is
-``len(message.to_bytes())`` — the real serialized bytes, never an estimate from shapes.
-The same encoding is used by the in-process engine and by checkpoints of party state (and is
-what a Flower adapter would carry), so byte counts mean the same thing everywhere.
-
-Wire format (version 1) is a MessagePack array ``[1, arrays, config, metrics]`` where
-``arrays`` is a list of ``[name, dtype, shape, raw little-endian bytes]``. MessagePack
-keeps framing small: a message carrying only K float32 scalars named ``"dL"`` costs
-``4K`` bytes of payload plus about a dozen bytes of framing, which is what BAFFLE's
-batch-level uplink must show (Algorithm 1: clients upload K loss differences).
+"""Messages between server, clients and side parties (:class:`Message`), and their wire encoding
+(MessagePack); a message's size is ``len(message.to_bytes())``, never an estimate. Design notes: docs/decisions.md#core.
 """
 
 from __future__ import annotations
@@ -23,7 +12,7 @@ import msgpack
 import numpy as np
 import torch
 
-from fedge.core.errors import MessageError
+from fedge.core.errors import MessageError, NonFiniteError
 
 __all__ = ["ConfigValue", "Message", "WIRE_VERSION", "decode", "encode"]
 
@@ -90,17 +79,24 @@ class Message:
         """Length of the serialized message in bytes."""
         return len(encode(self))
 
-    def check_finite(self, *, who: str = "message") -> None:
-        """Raise :class:`MessageError` naming the first array holding NaN or Inf."""
+    def check_finite(self, *, who: str = "message", round: int | None = None) -> None:  # noqa: A002
+        """Raise :class:`NonFiniteError` naming the first array or metric holding NaN or Inf
+        (``round``: the round the message belongs to, carried by the error)."""
         for name, t in self.arrays.items():
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                raise MessageError(
+                raise NonFiniteError(
                     f"{who}: array {name!r} holds non-finite values (NaN or Inf); "
-                    "lower the learning rate, or bound the updates (method.clip where the method has it, privacy.clip otherwise)"
+                    "lower the learning rate, or bound the updates (method.clip where the method has it, privacy.clip otherwise)",
+                    round=round,
+                    cause=f"array {name!r} holds non-finite values (NaN or Inf) ({who})",
                 )
         for name, v in self.metrics.items():
             if isinstance(v, float) and not math.isfinite(v):
-                raise MessageError(f"{who}: metric {name!r} is {v}; expected a finite number")
+                raise NonFiniteError(
+                    f"{who}: metric {name!r} is {v}; expected a finite number",
+                    round=round,
+                    cause=f"metric {name!r} is {v} ({who})",
+                )
 
 
 def _array_to_wire(name: str, t: torch.Tensor) -> list:

@@ -1,25 +1,5 @@
-"""Measuring a client step: FLOPs, wall time, and peak memory, for real.
-
-- FLOPs come from torch's flop counter formulas (``torch.utils.flop_counter.flop_registry``:
-  matmuls, convolutions and attention, forward and backward, 2 FLOPs per multiply-add),
-  applied by :class:`FlopCounter`, a lean dispatch mode that gives exactly the totals of
-  :class:`~torch.utils.flop_counter.FlopCounterMode` at a fraction of its cost (it skips
-  the per-module attribution; measured here: 0.7 ms vs 4.5 ms of overhead per training
-  step of a small MLP). Element-wise ops (activations, optimizer updates) are not counted,
-  as in torch's counter.
-- Memory, in ``--measure-memory`` mode, is measured two ways:
-
-  (a) **tensor accounting** — :class:`TensorAccountant`, a dispatch mode that sees every
-      tensor an op creates during the step and tracks the bytes of storages still alive
-      (activations, tensors saved for backward, gradients, optimizer state, perturbation
-      buffers). The figure reported is the resident model (parameters and buffers) plus
-      the peak of those live bytes: the papers' "GPU memory" notion, free of allocator
-      and interpreter noise.
-  (b) **peak RSS** — the process's resident-set high-water mark is reset
-      (``/proc/self/clear_refs``, Linux) before the step and read after; the figure is the
-      growth of the high-water mark over the resident size at the start. It includes the
-      allocator's own behaviour (glibc keeps or returns blocks), which is what a device
-      would actually pay. ``None`` where the kernel does not allow the reset.
+"""Measuring a client step for real: FLOPs from torch's flop-counter formulas, wall time, and peak
+memory by tensor accounting and by peak RSS. Design notes: docs/decisions.md#core.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ from typing import Any
 import yaml
 
 from fedge.core.errors import ConfigError
+from fedge.core.validation import shorten, shown
 
-__all__ = ["CHOICE_SECTIONS", "apply_overrides", "override_strings"]
+__all__ = ["CHOICE_SECTIONS", "apply_overrides", "check_unique_keys", "override_strings"]
 
 
 def _parse_value(text: str) -> Any:
@@ -71,6 +72,22 @@ def override_strings(overrides: Any) -> list[str]:
     )
 
 
+def check_unique_keys(overrides: list[str], *, option: str = "--set") -> None:
+    """Refuse a key given twice (``--set rounds=1 --set rounds=2``) with a :class:`ConfigError`
+    naming it, as a config file with a key twice is refused (:func:`fedge.core.presets.read_yaml`):
+    which one was meant is a guess. Only for what one caller gives at once: a program that layers
+    overrides (a benchmark's common keys, then a variant's) applies them in order instead."""
+    seen: dict[str, str] = {}
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        if key in seen:
+            raise ConfigError(
+                f"{option} {key} given twice ({option} {shorten(seen[key])} and {option} "
+                f"{shorten(item)}); give each key once"
+            )
+        seen[key] = item
+
+
 def _plain_value(v: Any) -> Any:
     """A path as its string, a numpy scalar or 0-d array as its Python value (for JSON)."""
     if isinstance(v, PurePath):
@@ -98,7 +115,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set rounds=20")
+            raise ConfigError(f"--set {shown(item)}: expected KEY=VALUE, e.g. --set rounds=20")
         parts = key.strip().split(".")
         node = out
         for i, part in enumerate(parts[:-1]):
@@ -107,7 +124,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 nxt = node[part] = {}
             elif not isinstance(nxt, dict):
                 raise ConfigError(
-                    f"--set {item!r}: {'.'.join(parts[: i + 1])!r} is a value ({nxt!r}), not a section"
+                    f"--set {shown(item)}: {'.'.join(parts[: i + 1])!r} is a value ({shown(nxt)}), not a section"
                 )
             node = nxt
         node[parts[-1]] = _parse_value(value)

@@ -1,18 +1,5 @@
-"""Portable seeded draws: numbers defined by the algorithm alone, the same bits on every machine.
-
-Each draw is a pure function of a *key*, hashed from the run seed and a purpose path as
-:func:`fedge.core.rng.generator`'s are, and of a *position* in that key's stream of 32-bit
-words, which come from the counter-based generator Philox4x64-10 (Salmon, Moraes, Dror and Shaw,
-"Parallel random numbers: as easy as 1, 2, 3", SC 2011; :func:`words`). Position addressing lets
-element ``i`` be drawn without elements ``0..i-1``: direction ``k`` of ``K``, or a slice of a
-long vector, costs only its own words. After the bits come only integer arithmetic, lookups in a
-committed table and float32 operations IEEE 754 rounds exactly in its default mode, to nearest
-even (int-to-float conversion, a multiply, an add, each a separate eager operation: no fused
-multiply-add), so a draw is bit for bit the same on any CPU instruction set
-(``ATEN_CPU_CAPABILITY``, numpy's SIMD dispatch), OS, numpy and torch version and on a GPU —
-unlike ``torch.randn``, whose vectorized Box-Muller kernels round log/sin/cos differently per
-instruction set. No subnormal number arises, so flush-to-zero modes change nothing either. Give
-every purpose its own key: draws of different kinds from one key read the same words.
+"""Portable seeded draws: numbers defined by the algorithm alone (Philox4x64-10, Salmon et al.,
+SC 2011, then exactly rounded float32 arithmetic), the same bits on every machine. Design notes: docs/decisions.md#core.
 
 Example:
     >>> key = stream_key(0, "zo", "conv1.weight")

@@ -1,32 +1,6 @@
-"""The parties of a method and the shape of one round (DESIGN.md, "The shape of one round").
-
-- A :class:`Strategy` runs on the server. A round is a generator, :meth:`Strategy.round`,
-  that reads top to bottom: it yields an :class:`Exchange` ("send these messages to these
-  clients") and receives their replies, as many times as the round needs, then returns the
-  round's metrics. A one-exchange method only writes ``configure_round`` and
-  ``aggregate_round``; the default ``round`` is exactly::
-
-      replies = yield Exchange(self.configure_round(rnd, client_ids))
-      return self.aggregate_round(rnd, replies)
-
-  A multi-step round composes with ``yield from`` (``sums = yield from secure_sum(...)``).
-  A strategy may also talk to a server-side party (PPFL's server enclave) by yielding a
-  :class:`PartyCall`, which returns that party's reply.
-- A :class:`ClientProgram` runs on the device: ``run(message, ctx) -> message``, once per
-  exchange it is sent. ``ctx`` (:class:`fedge.core.context.ClientContext`) gives the
-  client's data, its persistent state, a per-round scratch state, a derived generator, a
-  meter and links to side parties.
-- A :class:`SideParty` is any other participant (an edge server, an enclave, a third-party
-  randomness server): ``handle(message, ctx) -> message`` with its own persistent state,
-  generator and meter (:class:`fedge.core.context.PartyContext`). A :class:`PartySpec`
-  says whether each client has its own instance (``scope="client"``: EPPFL's edge server,
-  a client's enclave) or one instance serves everyone (``scope="shared"``).
-
-Wrappers (EMA evaluation, secure aggregation, pruning phases) subclass
-:class:`StrategyWrapper` and override only what they change.
-
-The shape mirrors Flower's Message API (configure/aggregate on the server, a handler on the
-client) on purpose: the Flower runtime (:mod:`fedge.runtime.flower`) drives both unchanged.
+"""The parties of a method and the shape of one round: a :class:`Strategy` on the server whose
+round is a generator of :class:`Exchange` steps, a :class:`ClientProgram` on the device, and
+:class:`SideParty` participants (DESIGN.md, "The shape of one round"). Design notes: docs/decisions.md#core.
 """
 
 from __future__ import annotations
@@ -41,12 +15,20 @@ from fedge.core.context import ClientContext, PartyContext, PartySpec
 from fedge.core.messages import Message
 
 __all__ = [
+    "OPTIONAL_HOOKS",
     "ClientProgram",
+    "ClientSelection",
     "Exchange",
+    "HasGlobalModel",
+    "PartialReplies",
     "PartyCall",
     "PartySpec",
+    "ResumeCheck",
     "Round",
+    "RoundAccounting",
+    "SideEvaluation",
     "SideParty",
+    "Stopping",
     "Strategy",
     "StrategyWrapper",
 ]
@@ -82,7 +64,9 @@ Round = Generator[Exchange | PartyCall, Any, dict[str, float]]
 
 class Strategy:
     """Server side of a method. Subclass it and write either ``round`` (several exchanges)
-    or ``configure_round`` + ``aggregate_round`` (one exchange)."""
+    or ``configure_round`` + ``aggregate_round`` (one exchange), ``eval_model``, and
+    ``state_dict``/``load_state_dict`` when it has state; the optional hooks
+    (:data:`OPTIONAL_HOOKS`) have defaults here, to override where the method needs them."""
 
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
         """One message per sampled client (the default :meth:`round`'s only exchange)."""
@@ -176,25 +160,104 @@ class Strategy:
         return None
 
 
+#: the optional hooks of a :class:`Strategy` (each with a default there), which a
+#: :class:`StrategyWrapper` forwards to the strategy it wraps unless it overrides them
+OPTIONAL_HOOKS = (
+    "global_model",
+    "partial_replies",
+    "eligible",
+    "eligible_client",
+    "select_clients",
+    "stop_reason",
+    "round_metrics",
+    "round_skipped",
+    "aggregated_clients",
+    "side_eval_models",
+)
+
+
+@runtime_checkable
+class HasGlobalModel(Protocol):
+    """A strategy that trains one global model (EMA evaluation needs it)."""
+
+    @property
+    def global_model(self) -> Any: ...
+
+
+@runtime_checkable
+class PartialReplies(Protocol):
+    """Whether a round can go on with the replies that arrived (``clients.min_replies``)."""
+
+    @property
+    def partial_replies(self) -> bool: ...
+
+
+@runtime_checkable
+class ClientSelection(Protocol):
+    """Which clients a round may sample (device profiles) or does sample (DP's own draws)."""
+
+    def eligible_client(self, cid: int, profile: Mapping[str, Any]) -> bool: ...
+
+    def select_clients(self, rnd: int, num_clients: int, per_round: int) -> list[int] | None: ...
+
+
+@runtime_checkable
+class Stopping(Protocol):
+    """A reason to stop before a round (a privacy budget reached)."""
+
+    def stop_reason(self, rnd: int) -> str | None: ...
+
+
+@runtime_checkable
+class RoundAccounting(Protocol):
+    """What a round adds to the metrics line, redoes after a skipped round, and aggregated."""
+
+    def round_metrics(self, line: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def round_skipped(self, rnd: int) -> None: ...
+
+    def aggregated_clients(self) -> list[int] | None: ...
+
+
+@runtime_checkable
+class SideEvaluation(Protocol):
+    """Models evaluated beside :meth:`Strategy.eval_model` (the EMA wrapper's raw model)."""
+
+    def side_eval_models(self) -> dict[str, torch.nn.Module]: ...
+
+
+@runtime_checkable
+class ResumeCheck(Protocol):
+    """Whether a checkpointed state can go on here."""
+
+    def check_resume(self, state: dict[str, Any], rounds: int) -> None: ...
+
+
+class _Forwarded:
+    """An optional hook a wrapper does not change: the wrapped strategy's own."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return getattr(obj.inner, self.name)
+
+
 class StrategyWrapper(Strategy):
-    """A strategy that adds behaviour around ``inner`` and forwards the rest. The wrapped
-    strategy's global model is reachable as :attr:`global_model` through any depth."""
+    """A strategy that adds behaviour around ``inner``: it forwards the required core (the
+    round, the evaluated model) and every optional hook (:data:`OPTIONAL_HOOKS`) to ``inner``,
+    and nests ``inner``'s state under ``"inner"``. A subclass overrides only what it changes.
+    The wrapped strategy's global model is reachable as :attr:`global_model` through any depth."""
 
     def __init__(self, inner: Strategy) -> None:
         self.inner = inner
 
     @property
-    def global_model(self) -> Any:
-        return self.inner.global_model
-
-    @property
     def model(self) -> torch.nn.Module:
         """The global model being trained (the innermost strategy's)."""
         return self.global_model.model
-
-    @property
-    def partial_replies(self) -> bool:
-        return self.inner.partial_replies
 
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
         return self.inner.configure_round(rnd, client_ids)
@@ -205,32 +268,8 @@ class StrategyWrapper(Strategy):
     def round(self, rnd: int, client_ids: list[int]) -> Round:
         return (yield from self.inner.round(rnd, client_ids))
 
-    def eligible(self, profile: Mapping[str, Any]) -> bool:
-        return self.inner.eligible(profile)
-
-    def eligible_client(self, cid: int, profile: Mapping[str, Any]) -> bool:
-        return self.inner.eligible_client(cid, profile)
-
-    def round_metrics(self, line: Mapping[str, Any]) -> dict[str, Any]:
-        return self.inner.round_metrics(line)
-
-    def round_skipped(self, rnd: int) -> None:
-        self.inner.round_skipped(rnd)
-
-    def select_clients(self, rnd: int, num_clients: int, per_round: int) -> list[int] | None:
-        return self.inner.select_clients(rnd, num_clients, per_round)
-
-    def aggregated_clients(self) -> list[int] | None:
-        return self.inner.aggregated_clients()
-
-    def stop_reason(self, rnd: int) -> str | None:
-        return self.inner.stop_reason(rnd)
-
     def eval_model(self) -> torch.nn.Module:
         return self.inner.eval_model()
-
-    def side_eval_models(self) -> dict[str, torch.nn.Module]:
-        return self.inner.side_eval_models()
 
     def state_dict(self) -> dict[str, Any]:
         return {"inner": self.inner.state_dict()}
@@ -240,6 +279,12 @@ class StrategyWrapper(Strategy):
 
     def check_resume(self, state: dict[str, Any], rounds: int) -> None:
         self.inner.check_resume(state["inner"], rounds)
+
+
+for _hook in OPTIONAL_HOOKS:  # forwarded unless a subclass defines its own
+    _forward = _Forwarded()
+    _forward.__set_name__(StrategyWrapper, _hook)
+    setattr(StrategyWrapper, _hook, _forward)
 
 
 @runtime_checkable

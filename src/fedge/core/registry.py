@@ -1,9 +1,5 @@
-"""One registry style for every pluggable kind: methods, models, datasets, partitioners.
-
-A :class:`Registry` maps a name to an entry (a frozen dataclass carrying the entry's pydantic
-config class and its builder or loader). It is read-only from outside except through
-:meth:`Registry.register`, which refuses a name already taken; :meth:`Registry.get` raises
-:class:`~fedge.core.errors.UnknownNameError` naming every valid choice.
+"""One registry style for every pluggable kind (methods, models, datasets, partitioners): a
+:class:`Registry` refuses a name already taken and names every valid choice for an unknown one.
 
 >>> r: Registry[int] = Registry("colour")
 >>> r.register("red", 1)

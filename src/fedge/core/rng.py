@@ -1,11 +1,5 @@
-"""Explicit, derived randomness.
-
-Every random draw in fedge takes a ``torch.Generator`` derived from the run seed and a
-*purpose path* such as ``("sample", round)`` or ``("client", round, cid)``. Derivation
-hashes the path with BLAKE2b, so generators for different purposes are independent,
-adding a new purpose never shifts the others, and no global RNG is ever touched — except
-inside a :class:`GlobalStream`, which lends torch's global RNG, forked and seeded from a
-party's own generator, to layers that take no generator (``nn.Dropout``).
+"""Explicit, derived randomness: every draw takes a ``torch.Generator`` derived from the run seed
+and a purpose path (hashed with BLAKE2b); no global RNG is touched. Design notes: docs/decisions.md#core.
 
 Which generator a draw uses is an explicit choice, :data:`Draws`: ``"torch"`` (torch's and
 numpy's generators, bit-identical only on identical hardware and library versions) or

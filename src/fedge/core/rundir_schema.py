@@ -1,15 +1,13 @@
-"""The run directory's schema: the names of the files a run writes and the keys of its
-``metrics.jsonl`` lines and ``summary.json`` that readers depend on.
-
-The writer (:mod:`fedge.experiment.rundir`, with the engine's metrics lines and the summary of
-:mod:`fedge.experiment.run`) and every reader (:mod:`fedge.report.runlog`, the benchmark
-tables, the CLI) spell these names from here. A run is complete exactly when :data:`SUMMARY`
-holds :data:`STATUS` equal to :data:`COMPLETE`. Every metrics line holds :data:`ROUND_KEYS`
-(accuracy and loss are null on rounds not evaluated); a complete summary holds
-:data:`SUMMARY_KEYS`; methods and options add keys of their own to both.
+"""The run directory's schema: the names of the files a run writes, the keys of its
+``metrics.jsonl`` lines and ``summary.json`` that readers depend on, and their strict-JSON
+encoding (:func:`dumps`, :func:`loads`). Design notes: docs/decisions.md#core.
 """
 
 from __future__ import annotations
+
+import json
+import math
+from typing import Any
 
 __all__ = [
     "APPLIED_CONFIG",
@@ -35,6 +33,7 @@ __all__ = [
     "MODEL",
     "MODEL_BYTES",
     "MODEL_PARAMS",
+    "NON_FINITE",
     "PARTITION",
     "PHASES",
     "PLOTS",
@@ -45,6 +44,7 @@ __all__ = [
     "ROUND_KEYS",
     "SESSIONS",
     "STATUS",
+    "STOPPED",
     "SUMMARY",
     "SUMMARY_KEYS",
     "TEST_ACCURACY",
@@ -55,6 +55,8 @@ __all__ = [
     "TOTAL_CLIENT_FLOPS",
     "VAL_ACCURACY",
     "WALL_S",
+    "dumps",
+    "loads",
 ]
 
 # ---- files, in the order a run writes them
@@ -110,6 +112,10 @@ CLIENT_TENSOR_PEAK_BYTES = "client_tensor_peak_bytes"
 
 # ---- keys of a complete summary.json
 STATUS = "status"
+# A run is complete once it has ended as its config decides: every round run, or stopped early
+# by its own rule (a privacy budget spent: privacy.target_epsilon), which STOPPED then names.
+# A run whose budget allows no round is complete with ROUNDS = 0 (its model the initial one):
+# a resume could run nothing more, so it is not left claiming a run that can continue.
 COMPLETE = "complete"  # the value of STATUS once the run has finished
 FINAL_TEST_ACCURACY = "final_test_accuracy"
 BEST_TEST_ACCURACY = "best_test_accuracy"
@@ -138,3 +144,39 @@ SUMMARY_KEYS = frozenset(
     }
 )
 TEST_ACCURACY_AT_BEST_VAL = "test_accuracy_at_best_val"  # with dataset.validation
+STOPPED = "stopped"  # why the run ended before its last round (absent when it ran them all)
+
+
+# ---- how values are spelled
+NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}  # JSON string -> float
+
+
+def _encode(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, dict):
+        return {k: _encode(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_encode(x) for x in v]
+    return v
+
+
+def _decode(v: Any) -> Any:
+    if isinstance(v, str):
+        return NON_FINITE.get(v, v)
+    if isinstance(v, dict):
+        return {k: _decode(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_decode(x) for x in v]
+    return v
+
+
+def dumps(obj: Any, *, indent: int | None = None) -> str:
+    """``obj`` as strict JSON: non-finite floats become their :data:`NON_FINITE` strings."""
+    return json.dumps(_encode(obj), indent=indent, allow_nan=False)
+
+
+def loads(text: str | bytes) -> Any:
+    """Parse what :func:`dumps` wrote, the :data:`NON_FINITE` strings back to floats
+    (:class:`json.JSONDecodeError`, a :class:`ValueError`, if ``text`` is not JSON)."""
+    return _decode(json.loads(text))

@@ -1,13 +1,6 @@
-"""Composable update transforms (optax-style ``init``/``update`` pairs) for server optimizers.
-
-A transform maps *gradients* to *updates*: ``updates, state = t.update(grads, state, params)``
-and the caller adds the updates to the parameters. Server optimizers in FL act on the
-pseudo-gradient ``g = -Δ`` where ``Δ`` is the weighted mean client delta (Reddi et al.,
-"Adaptive Federated Optimization", arXiv:2003.00295v5, Algorithm 2), so
-
-    sgd(lr=1.0)  applied to  g = -Δ   gives   x + Δ   — plain FedAvg.
-
-Every state is a dict/tuple of tensors and floats, so it checkpoints with ``torch.save``.
+"""Composable update transforms (optax-style ``init``/``update`` pairs) for server optimizers,
+applied to the pseudo-gradient ``g = -Δ`` (Reddi et al., arXiv:2003.00295v5, Algorithm 2).
+Design notes: docs/decisions.md#core.
 
 Example:
     >>> params = {"w": torch.zeros(3)}

@@ -20,6 +20,8 @@ __all__ = [
     "check_positive_int",
     "format_validation_error",
     "path_argument",
+    "shorten",
+    "shown",
     "validate_section",
 ]
 
@@ -72,6 +74,20 @@ def check_positive_int(what: str, value: object) -> None:
         raise ConfigError(f"{what} must be a positive int, got {value!r}")
 
 
+_SHOWN = 100  # characters of a value an error echoes
+
+
+def shorten(text: str, limit: int = _SHOWN) -> str:
+    """``text``, or its first ``limit`` characters and how many it has (an error line never
+    echoes a 100 kB ``--set`` value in full)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for an error line, :func:`shorten`-ed."""
+    return shorten(repr(value))
+
+
 def _valid_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """Field names of the (sub)model a validation error location points into."""
     for part in loc[:-1]:
@@ -107,7 +123,11 @@ def format_validation_error(
             # a check of a whole section names its values itself, as do checks that say "got ...":
             # echoing the value again would be noise
             named = isinstance(got, dict) or f"got {got!r}" in msg or f"got {got}" in msg
-            lines.append(f"config key {key!r}: {msg}" + ("" if named else f" (got {got!r})"))
+            if named and not isinstance(got, dict):  # a huge value named by the check: cut it
+                for text in (repr(got), str(got)):
+                    if len(text) > _SHOWN:
+                        msg = msg.replace(text, shorten(text))
+            lines.append(f"config key {key!r}: {msg}" + ("" if named else f" (got {shown(got)})"))
     return "\n".join(lines)
 
 

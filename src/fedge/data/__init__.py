@@ -1,12 +1,9 @@
-"""Datasets and federated partitions.
+"""Datasets and federated partitions; ``load_dataset`` never downloads, it reads standard files
+from known places (:func:`fedge.data.formats.search_dirs`) and says where it looked.
 
 >>> from fedge.data import load_dataset, partition
 >>> ds = load_dataset("digits", resize=28)                      # (1437, 1, 28, 28) normalized
 >>> parts = partition("dirichlet", ds.y_train.numpy(), 10, seed=0, alpha=0.5)
-
-``load_dataset`` never downloads: it reads standard files from ``root``, ``$FEDGE_DATA`` and
-the other places listed by :func:`fedge.data.formats.search_dirs`, and says where it looked
-when they are missing. ``available_datasets()`` backs ``fedge datasets``.
 """
 
 from fedge.data.dataset import Dataset

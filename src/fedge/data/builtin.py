@@ -1,16 +1,5 @@
-"""Datasets that need no files: scikit-learn's ``digits`` and a seeded ``synthetic`` task.
-
-``digits`` is UCI's optical digits as bundled by scikit-learn (1797 8x8 images, values 0..16).
-Its train/test split is fixed once and for all (1437/360, stratified, drawn from the constant
-seed ``_DIGITS_SPLIT_SEED``, independent of ``load_dataset``'s ``seed``), so every run and
-every paper table sees the same test set.
-
-``synthetic`` is a Gaussian class-conditional task generated from ``seed``: class ``k`` has a
-mean image ``mu_k ~ N(0, I)`` and a sample is ``x = mu_k + noise * eps`` with
-``eps ~ N(0, I)``. With the default shape (1, 8, 8) the class means are ~11 apart against unit
-noise, so a linear model reaches ~100 % in a few steps: the task for fast end-to-end tests.
-With ``num_domains > 0`` every sample also gets a domain ``d`` with a fixed offset image
-``delta_d ~ N(0, 0.5^2 I)`` added (feature skew), and ``train_domains`` is set.
+"""Datasets that need no files: scikit-learn's ``digits`` (a fixed 1437/360 split) and a seeded
+Gaussian class-conditional ``synthetic`` task. Design notes: docs/decisions.md#data.
 """
 
 from __future__ import annotations

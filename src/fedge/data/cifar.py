@@ -1,12 +1,5 @@
-"""CIFAR-10 and CIFAR-100 (Krizhevsky 2009) from the "python version" archives.
-
-Expected files (searched like the IDX datasets: ``root``, ``$FEDGE_DATA/<name>``,
-``$FEDGE_DATA``, ``~/.cache/fedge/<name>``, ``/usr/share/datasets/<name>``; in each, inside
-the archive's folder or directly):
-
-* ``cifar10``: ``cifar-10-batches-py/data_batch_1`` ... ``data_batch_5``, ``test_batch``
-  (50k/10k 32x32 RGB, 10 classes);
-* ``cifar100``: ``cifar-100-python/train``, ``test`` (50k/10k, the 100 ``fine_labels``).
+"""CIFAR-10 and CIFAR-100 (Krizhevsky 2009) from the "python version" archives, searched like the
+IDX datasets. Design notes: docs/decisions.md#data.
 """
 
 from __future__ import annotations

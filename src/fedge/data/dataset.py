@@ -1,18 +1,5 @@
-"""The in-memory ``Dataset`` and the preprocessing every loader shares.
-
-Pipeline applied by :func:`fedge.data.load_dataset` to the raw arrays a loader returns::
-
-    raw (N, C, H, W) uint8/float  --limit-->  subset  --float32-->  --resize-->  (N, C, r, r)
-        --normalize-->  (x / scale - mean_c) / std_c     (scale: 255 for uint8, 16 for digits)
-
-* **limit**: :func:`stratified_subset` — a seeded, class-stratified random subset.
-* **resize**: bilinear (``torch.nn.functional.interpolate``, antialiased when shrinking).
-Tabular data (``(N, F)`` features, e.g. from a CSV file) takes the same pipeline without
-resize, and is normalized per feature instead of per channel.
-
-* **normalize**: per-channel mean and std of the *returned* training images (after limit and
-  resize), applied to both splits. ``Dataset.mean``/``Dataset.std`` keep the statistics so
-  images can be mapped back to [0, 1] (e.g. to show a reconstruction from an attack).
+"""The in-memory ``Dataset`` and the preprocessing every loader shares: limit (stratified subset),
+float32, resize, per-channel (or per-feature) normalization. Design notes: docs/decisions.md#data.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
-"""Federated datasets whose clients exist only while they are sampled.
-
-A cross-device population (FedPT's Stack Overflow task has 342k clients; a phone fleet has
-millions) does not fit the way a centralized dataset is split: here client ``i``'s data is a
-pure function of (run seed, i), generated on demand, so memory grows with the clients of a
-round, never with the population.
-
-``synthetic-fed`` is the Synthetic(α, β) benchmark of Li et al. ("Federated Optimization in
-Heterogeneous Networks", FedProx, arXiv:1812.06127v5, Section 5.1 and its reference code):
-for device k,
-
-    u_k ~ N(0, α),  B_k ~ N(0, β),  W_k ∈ R^{10×60}, b_k ∈ R^{10} with entries ~ N(u_k, 1),
-    v_k ∈ R^{60} with entries ~ N(B_k, 1),  x ~ N(v_k, Σ) with Σ_jj = j^{-1.2},
-    y = argmax(W_k x + b_k),
-
-so α controls how much the devices' models differ and β how much their features differ.
-Sizes follow the reference code's power law, ``int(lognormal(4, 2)) + 50`` samples, capped at
-``max_samples`` (a deliberate bound: one client's data must fit a round's memory; the
-uncapped law has a heavy tail). The test set is 10,000 fresh samples from 100 devices of the
-population chosen with the run seed (100 each), i.e. the distribution the clients train on.
+"""Federated datasets whose clients exist only while they are sampled (client ``i``'s data is a
+pure function of (run seed, i)), with ``synthetic-fed``, the Synthetic(α, β) benchmark of Li et
+al. (FedProx, arXiv:1812.06127v5, Section 5.1). Design notes: docs/decisions.md#data.
 """
 
 from __future__ import annotations

@@ -1,17 +1,5 @@
-"""Readers for the on-disk formats fedge's datasets ship in, and the search for their files.
-
-Two formats:
-
-* **IDX** (MNIST, Fashion-MNIST, EMNIST): a 4-byte magic ``00 00 <dtype> <ndim>``, then
-  ``ndim`` big-endian uint32 dimensions, then the values, big-endian, row-major. Files may be
-  gzip-compressed (detected by content, not by name).
-* **CIFAR python batches**: pickled dicts of ``{b"data": uint8 (N, 3072), b"labels": [...]}``
-  (``b"fine_labels"`` for CIFAR-100). They are read with a restricted unpickler that only
-  rebuilds numpy arrays, so a crafted file cannot run code.
-
-Missing files are one :class:`~fedge.core.errors.DataNotFoundError` from :func:`locate_files`,
-listing every directory it searched; a corrupt or truncated file is a
-:class:`~fedge.core.errors.ConfigError` naming the file and the fix.
+"""Readers for the on-disk formats fedge's datasets ship in (IDX, CIFAR python batches read by a
+restricted unpickler), and the search for their files. Design notes: docs/decisions.md#data.
 """
 
 from __future__ import annotations

@@ -1,16 +1,5 @@
-"""MNIST, Fashion-MNIST and EMNIST: 28x28 grayscale images in IDX files (optionally gzipped).
-
-Files are searched in the directories of :func:`fedge.data.formats.search_dirs` (``root``,
-``$FEDGE_DATA/<name>``, ``$FEDGE_DATA``, ``~/.cache/fedge/<name>``,
-``/usr/share/datasets/<name>``), each directly and in torchvision's layout
-(``MNIST/raw``, ``FashionMNIST/raw``, ``EMNIST/raw``). Debian's ``dataset-fashion-mnist`` package installs
-``/usr/share/datasets/fashion-mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz``.
-
-EMNIST (Cohen et al. 2017, arXiv:1702.05373) option ``split`` picks one of its six splits
-(default ``"balanced"``: 47 classes, 131,600 images, equal class sizes — the usual choice for
-classification; ``"byclass"`` has 62 unbalanced classes). Its files hold each image
-transposed; the loader transposes them back so letters read upright like MNIST digits.
-The ``letters`` split stores labels 1..26; they are shifted to 0..25.
+"""MNIST, Fashion-MNIST and EMNIST (Cohen et al. 2017, arXiv:1702.05373): 28x28 grayscale images
+in IDX files (optionally gzipped). Design notes: docs/decisions.md#data.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""The dataset registry: ``load_dataset(name, ...)``, ``dataset_names()``, ``available_datasets()``.
-
-Besides the built-in datasets, a user's own data needs no Python: ``npz``, ``csv`` and
-``module`` (:mod:`fedge.data.user`) read files or call ``package.module:function``; and
-:func:`register_function` registers a Python function under a name of one's own.
-
-Nothing here touches the network: loaders read standard files from known places (see
-:func:`fedge.data.formats.search_dirs`) and, when they are missing, raise one
-:class:`~fedge.core.errors.DataNotFoundError` listing every place searched and how to get them.
+"""The dataset registry: ``load_dataset(name, ...)``, ``dataset_names()``, ``available_datasets()``,
+and :func:`register_function` for a Python function of one's own. Design notes: docs/decisions.md#data.
 """
 
 from __future__ import annotations

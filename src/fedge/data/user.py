@@ -1,23 +1,5 @@
 """A user's own data, named in a config without writing Python: ``npz``, ``csv``, ``module``.
-
-=======  ===============================================================================
-name     config
-=======  ===============================================================================
-npz      ``{name: npz, path: data.npz}``: arrays ``x_train``, ``y_train``, ``x_test``,
-         ``y_test``; images (N, C, H, W) or (N, H, W), or tabular features (N, F)
-csv      ``{name: csv, path: train.csv, test_path: test.csv, label: label}``: a header row;
-         every column but ``label`` is a numeric feature; labels are integers or class names
-module   ``{name: module, target: "pkg.mod:function", kwargs: {...}}``: ``function(**kwargs)``
-         returns ``(x_train, y_train, x_test, y_test)`` or a mapping with those keys
-=======  ===============================================================================
-
-Relative paths are read from the working directory and recorded as absolute paths in the
-run's ``config.yaml``, so ``fedge run --resume RUN_DIR`` reloads the same files from anywhere.
-Labels must be integers >= 0 (npz, module; the classes are ``0..max``) or, in a CSV file,
-integers or class names (sorted names become ``0..K-1``). Every problem — a missing file, a
-missing array or column, lengths that differ, non-integer labels — is one
-:class:`~fedge.core.errors.ConfigError` (or :class:`~fedge.core.errors.DataNotFoundError`)
-naming the file and the fix.
+Formats and rules: docs/guide/data.md#your-own-data.
 """
 
 from __future__ import annotations
@@ -165,10 +147,12 @@ def load_npz(*, root: str | Path | None, seed: int, path: str | None = None) -> 
     try:
         with np.load(p, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files if k in ARRAYS}
-    except (ValueError, OSError, zipfile.BadZipFile) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:  # EOFError: an empty file
+        why = "the file is empty" if isinstance(exc, EOFError) else str(exc)
         raise ConfigError(
-            f"dataset 'npz': {str(p)!r} is not a readable .npz file of numeric "
-            f"arrays ({exc}); write it with np.savez(...)"
+            f"dataset 'npz': {str(p)!r} is not a readable .npz file of numeric arrays ({why}); "
+            f"a valid one holds the arrays {', '.join(ARRAYS)}: write it with "
+            "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"
         ) from None
     return raw_from_arrays("npz", arrays, source=str(p.resolve()))
 

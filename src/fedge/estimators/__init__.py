@@ -1,9 +1,8 @@
 """Gradient estimators: the backprop oracle and BAFFLE's zeroth-order (Stein) estimate.
 
-Client: :func:`loss_differences` (forwards only). Server: :func:`estimate_gradient` from the
-same seed, after :func:`combine_loss_differences` for several clients. Both take one
-:class:`ZerothOrderSpec` (K, σ, scheme, directions, ...), built once from a method's config. See
-:mod:`fedge.estimators.zeroth_order` for the schemes, constants and modes.
+The client runs :func:`loss_differences` (forwards only), the server :func:`estimate_gradient`
+from the same seed (after :func:`combine_loss_differences` for several clients, BAFFLE Eq. 7);
+both take one :class:`ZerothOrderSpec`. Design notes: docs/decisions.md#estimators.
 """
 
 from fedge.estimators.backprop import backprop_gradient

@@ -1,30 +1,6 @@
-"""Fast mode: many perturbed copies of one nn.Sequential evaluated in one batched pass.
-
-M perturbed models (a chunk of P perturbations times the signs, plus the baseline for the
-forward scheme) run at once by hand-batching each layer, which on CPUs beats
-``torch.func.vmap`` over ``functional_call``:
-
-- activations of image layers are ``(B, M·C, H, W)``: the M models stacked on channels, so
-  per-channel modules (activations, pooling) run unchanged, a convolution becomes one grouped
-  convolution (``groups = M·g``, in channels_last, where oneDNN is fastest) and a GroupNorm
-  becomes one group norm with ``M·G`` groups;
-- activations of vector layers are ``(M, B, F)``: a Linear becomes one ``baddbmm``;
-- the first perturbed layer sees an input shared by all M models: a convolution there is one
-  matmul of the stacked weights with the input's im2col, computed once per call, and a Linear
-  one wide matmul;
-- modules before the first perturbed one (a frozen backbone) run once per call, unbatched.
-
-Perturbed weights are formed exactly as the lean mode forms them
-(:func:`.perturbation.perturb`), layer by layer, so both modes evaluate the same models; the
-losses differ only by the float rounding of the different kernels.
-
-Supported after the first perturbed module: Conv2d (zero padding), Linear, GroupNorm,
-BatchNorm1d/2d, LayerNorm over the last dimension, Flatten(1, -1), Dropout when inactive,
-element-wise activations, and per-channel spatial modules (max/avg/adaptive pooling and the
-types given to :func:`register_channelwise` or whose class sets ``channelwise = True``, such
-as fedge's ``MaxPool2x2``). Anything else, or a model that is not an
-nn.Sequential with the stock forward, runs the lean loop instead. A plain loop is near peak
-for models above ~20 MFLOP per sample (WRN), where batching gains little.
+"""Fast mode: many perturbed copies of one nn.Sequential evaluated in one hand-batched pass,
+with the same perturbed weights as the lean mode (:func:`.perturbation.perturb`); models it
+cannot batch fall back to the lean loop. Design notes: docs/decisions.md#estimators.
 """
 
 from __future__ import annotations

@@ -1,65 +1,9 @@
-"""Perturbation directions of a zeroth-order step: i.i.d. Gaussian, orthogonal, per-block.
-
-A step perturbs the selected parameters along ``δ_k = σ · z_k`` (k = 0..K-1) and the server
-rebuilds
-
-    ĝ = 1 / (c · σ) · Σ_k w_k · ΔL_k · z_k,        c = 2 (central) or 1 (forward),
-
-from the K loss differences (BAFFLE Eq. 6 is the Gaussian case with ``w_k = 1/K``). For a
-loss that is linear in W (ΔL_k = c σ z_kᵀ∇L exactly) the estimate is ``Σ_k w_k z_k z_kᵀ ∇L``,
-so it is unbiased exactly when ``E[Σ_k w_k z_k z_kᵀ] = I``. Every choice below meets that with
-the weights it states (tested against the exact gradient of a linear loss).
-
-Each choice is a function ``z(seed, k, name, shape)`` of the seed and parameter name only, so a
-client regenerates one parameter of one direction at a time (the lean mode's memory) and the
-server regenerates a chunk of directions per parameter; no K × n matrix is ever resident.
-
-``gaussian`` (default; BAFFLE Algorithm 1 line 8)
-    ``z_k ~ N(0, I)`` i.i.d., ``w_k = 1/K``. E|ĝ − ∇L|² = (n + 1)/K · |∇L|² on a linear loss.
-
-``orthogonal`` (randomized Hadamard, per parameter tensor)
-    For a parameter of m coordinates let N = 2^⌈log2 m⌉ and H the N × N Sylvester-Hadamard
-    matrix (``H[i, j] = (−1)^popcount(i & j)``, ``HᵀH = N·I``). Then
-
-        z_k[i] = s_k · d[i] · H[i, π(k mod N)]        for i < m,
-
-    with ``d`` a Rademacher vector per (seed, parameter), π a uniformly random permutation of
-    the N columns per (seed, parameter, chunk ⌊k/N⌋) and ``s_k`` a Rademacher sign per
-    (seed, parameter, k); ``w_k = 1/K``. Within a chunk the N-dimensional directions are
-    exactly orthogonal (distinct columns of the orthogonal matrix ``D·H``); restricted to the
-    m real coordinates they are exactly orthogonal when m is a power of two and nearly so
-    otherwise. Unbiased with constant 1: a uniformly random column j gives
-    ``E[z zᵀ] = D (1/N · Σ_j H[:, j] H[:, j]ᵀ) D = I`` restricted to the m coordinates, and the
-    independent signs s_k make different parameters' blocks uncorrelated. |z_k|² = m exactly
-    (a Gaussian's is m on average). With K = m = N the estimate of a linear loss's gradient is
-    exact (Σ_k z_k z_kᵀ = N·I). Memory: O(N) ≤ 2·(largest parameter) per direction, plus the
-    N-entry permutation (the server's chunk of P directions: P × m). Compared with Gaussian,
-    E|ĝ − ∇L|² = (n/K − 1)|∇L|² for K ≤ N per block instead of (n + 1)/K · |∇L|²: the gain
-    in cosine is about sqrt(1 + K/n), i.e. negligible when K ≪ n (stated, and measured in
-    docs/benchmarks.md).
-
-``block`` (per-layer perturbations)
-    Blocks are the selected parameters grouped by their module (``"conv1.weight"`` and
-    ``"conv1.bias"`` form block ``"conv1"``). The K directions are split over the B blocks in
-    contiguous ranges, block b getting ``K_b ∝ sqrt(n_b)`` of them (n_b its perturbed
-    coordinates: under masks, the kept ones, so a pruned model's directions follow what is
-    left of each layer and a block pruned away entirely gets none; at least 1 each otherwise,
-    largest-remainder rounding; ``block_split``). δ_k touches only its block
-    (Gaussian there, zero elsewhere) and ``w_k = 1/K_b``, so each block's estimate is
-    BAFFLE's with K_b directions in n_b dimensions, unbiased. The sqrt(n_b) split minimises
-    Σ_b |∇_b L|² n_b / K_b when the blocks' gradient norms are equal. Needs K ≥ B (the blocks
-    with a perturbed coordinate).
-
-Every kind has a portable form (``draws="portable"``, :data:`fedge.core.rng.Draws`): the
-Gaussian rows come from :func:`~fedge.estimators.perturbation.portable_normal_chunk` (block's
-too), and ``orthogonal``'s signs and permutations from :func:`fedge.core.portable.signs` and
-:func:`fedge.core.portable.permutation` (streams ``(seed, "zo-hadamard", ...)``), so the same
-bits on every machine. The laws, weights and memory above are the same; the numbers differ from
-the ``"torch"`` draws, which stay the default and reproduce earlier records.
-
-Perturbing only a subset of the parameters is the ``params`` argument of the estimators (names;
-:func:`match_params` resolves shell-style patterns); it composes with every choice above and
-with masks (frozen or pruned coordinates are drawn, then zeroed, as before).
+"""Perturbation directions of a zeroth-order step (``gaussian``, ``orthogonal``, ``block``), each
+unbiased with the weights it states for ĝ = 1/(c·σ) Σ_k w_k ΔL_k z_k (BAFFLE Eq. 6 is the
+Gaussian case, w_k = 1/K), and each regenerated from (seed, k, parameter) alone: from torch's
+generators (``draws="torch"``, the default) or from :mod:`fedge.core.portable`
+(``draws="portable"``: the same laws, the same bits on every machine). Design notes:
+docs/decisions.md#estimators.
 """
 
 from __future__ import annotations

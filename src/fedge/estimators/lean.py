@@ -1,25 +1,6 @@
-"""Lean evaluation of perturbed losses: inference memory plus one parameter's worth of noise.
-
-MeZO-style in spirit (BAFFLE Table 4, Appendix C: forwards only, nothing stored per
-perturbation) but without writing to the weights: every module that owns a selected parameter
-gets a forward pre-hook that swaps in ``W + s·δ_k`` (regenerated from the seed) and a forward
-hook that swaps the original Parameter back. So
-
-- the extra memory at any moment is the perturbed copy of the parameters of the one module
-  running (plus its noise): O(largest parameter), never K × n;
-- the stored weights are never modified, so "restoring" them is exact, with no floating-point
-  drift (in-place ``W += σz; W -= 2σz; W += σz`` drifts by an ulp or so per step), and it
-  holds even when a forward raises;
-- z is regenerated for each forward (twice per δ_k for the central scheme): the price of not
-  holding δ_k. ``reuse_directions=True`` (what ``mode: fast`` uses) keeps the current δ_k's
-  noise, parameter by parameter, until the next k, so the central scheme draws each z_k once:
-  the same values, one δ_k (n floats) more memory. Drawing n Gaussians is not free — on
-  LeNet-5 (62k parameters) one draw costs about a third of a batch-64 forward — so the
-  central scheme's second draw was a third of the step's overhead.
-
-Requirement: a parameter must be read through its module's attribute inside that module's
-forward (``self.weight``), as every torch layer does. A module that caches its weights
-elsewhere (nn.LSTM's flat weights) would see unperturbed values.
+"""Lean evaluation of perturbed losses (BAFFLE Table 4, Appendix C): forward hooks swap
+``W + s·δ_k`` in while a module runs, so the extra memory is one parameter's worth of noise and
+the stored weights are never written. Design notes: docs/decisions.md#estimators.
 """
 
 from __future__ import annotations

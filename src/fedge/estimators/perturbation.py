@@ -1,42 +1,8 @@
-"""Seeded Gaussian perturbations over a selection of named parameters.
-
-BAFFLE (seed 000, Algorithm 1 lines 8 and 11) has the server and every client sample the same
-``K`` perturbations ``δ_k ~ N(0, σ² I)`` from one random seed, so that clients upload ``K``
-scalars and the server rebuilds the gradient. This module is that shared generator.
-
-Scheme. ``δ_k`` restricted to parameter ``name`` is ``σ · z_{k,name} ⊙ m_name`` where
-
-    z_{k,name} = torch.randn(shape, generator=fedge.core.rng.generator(seed, "zo", k, name))
-
-drawn in float32 on the CPU, and ``m_name`` is the optional boolean mask (masked-out
-coordinates are drawn, then zeroed, so a mask never shifts the stream). One generator per
-(k, parameter) means:
-
-- the lean mode regenerates ``δ_k`` one parameter at a time, never holding more than one
-  parameter's worth of noise;
-- the fast mode draws a chunk of perturbations for one layer at a time, in any order;
-- both get the same numbers bit for bit, whatever subset or order of parameters is selected
-  (``z`` depends only on ``(seed, k, name, shape)``).
-
-Portability. ``torch.randn`` on the CPU draws uniforms from a Mersenne Twister (exact
-everywhere) and maps them with Box-Muller; PyTorch's float32 kernel evaluates log/sin/cos with
-AVX2 code on x86-64 CPUs that have AVX2 or AVX-512, and with libm elsewhere. So ``z`` is
-bit-identical across processes and across machines that share the PyTorch version and that
-kernel family; on CPUs without AVX2 (or ``ATEN_CPU_CAPABILITY=default``) the same uniforms give
-``z`` that differs by at most a few 1e-6 (measured), which changes an estimate by a relative
-~1e-6 — far below its Monte Carlo noise. Drawing in float64 through the portable scalar path
-would remove even that, at 7x the cost of the draw (it would dominate the fast mode).
-Perturbations for models on an accelerator are drawn on the CPU and copied, for the same reason.
-
-Portable draws (``draws="portable"``, :data:`fedge.core.rng.Draws`). ``z_{k,name}`` is row k of
-one stream per parameter,
-
-    z_{k,name} = fedge.core.portable.normal_rows(stream_key(seed, "zo", name), [k], shape)[0]
-
-(:func:`portable_normal_chunk`): Philox words through a committed inverse-CDF table with exactly
-rounded float32 operations, so the same bits on every CPU, OS and library version. Row k is
-addressed directly, so the lean mode (one parameter of one direction) and the fast mode and the
-server (a chunk of directions of one parameter, one stretch of the stream) draw the same numbers.
+"""Seeded Gaussian perturbations ``δ_k ~ N(0, σ² I)`` over a selection of named parameters, one
+generator per (k, parameter), shared by server and clients (BAFFLE Algorithm 1, lines 8 and 11);
+:func:`portable_normal_chunk` draws them portably instead: direction k of parameter ``name`` is
+row k of the stream ``stream_key(seed, "zo", name)`` (:func:`fedge.core.portable.normal_rows`).
+Design notes: docs/decisions.md#estimators.
 """
 
 from __future__ import annotations

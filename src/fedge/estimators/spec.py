@@ -1,11 +1,6 @@
-"""The settings of one zeroth-order estimate, as one frozen value: :class:`ZerothOrderSpec`.
-
-A method builds it once from its configuration (BAFFLE: ``BaffleConfig.zo_spec``) and passes it
-whole to :func:`~fedge.estimators.loss_differences` (the client),
-:func:`~fedge.estimators.estimate_gradient` (the server) and
-:func:`~fedge.estimators.zeroth_order_gradient` (both on one device), so the client and the
-server cannot disagree on K, σ, the scheme or the directions. What changes from call to call
-(the perturbation seed, the selected parameters, their masks) stays a call argument.
+"""The settings of one zeroth-order estimate (K, σ, scheme, directions, ...) as one frozen value,
+:class:`ZerothOrderSpec`, built once from a method's config and passed whole to the client and
+the server so they cannot disagree.
 """
 
 from __future__ import annotations

@@ -1,55 +1,6 @@
-"""Zeroth-order gradient estimate from forward passes only: BAFFLE's Stein estimator.
-
-BAFFLE (seed 000, Eq. 4-6) smooths the loss with Gaussian noise and estimates its gradient from
-loss differences on K seeded perturbations ``δ_k ~ N(0, σ² I)`` (see :mod:`.perturbation`):
-
-    ĝ = 1 / (c · K · σ²) · Σ_k ΔL_k · δ_k
-
-============  =====================================  ===  ======================  ==========
-scheme        ΔL_k                                    c   forwards for K          paper
-============  =====================================  ===  ======================  ==========
-``central``   L(W + δ_k) − L(W − δ_k)                 2   2K                      Eq. (2), (6)
-``forward``   L(W + δ_k) − L(W)                       1   K + 1 (one baseline)    Eq. (1), (13)
-============  =====================================  ===  ======================  ==========
-
-Both are unbiased for ∇L_σ (Stein's identity, Eq. (5) and its one-sided form Eq. (9)), and
-exactly unbiased for ∇L when L is linear in W (Appendix D, Eq. (13): Δ_for/σ² = Δ_ctr/(2σ²)).
-
-``k`` is always the number of loss differences (the K scalars a client uploads). The paper's
-"twice-FD" guideline (Section 4.1) compares the schemes at the same number of forwards: central
-with K differences costs ``forward_budget(K, "central") == 2K`` forwards; the forward scheme
-spends that budget on ``num_differences(2K, "forward") == 2K − 1`` differences (or on 2K
-differences at 2K + 1 forwards, the paper's rounding). A method layer picks ``k`` from the
-forward budget it wants to pay with :func:`num_differences`.
-
-Two pieces share one perturbation generator so the client and the server agree:
-:func:`loss_differences` (client: forwards only) and :func:`estimate_gradient` (server:
-regenerates δ_k from the seed). :func:`combine_loss_differences` applies BAFFLE Eq. (7): with
-perturbations shared across clients through the seed, Σ_c w_c ĝ_c is the estimate of
-Σ_c w_c ΔL_c, so the server combines K scalars per client and regenerates δ once. For
-per-client independent perturbations (one seed per client, as the reference code does), call
-:func:`estimate_gradient` once per client with that client's seed and sum ``w_c ĝ_c``: the cost
-is one regeneration per client.
-
-Modes of :func:`loss_differences` (same ΔL up to float rounding, same seed, same δ bit for bit):
-
-- ``lean`` (MeZO-style memory, BAFFLE Table 4 / Appendix C): plain forwards of the model in
-  which each selected parameter is replaced, only while its own module runs, by
-  ``W + s·δ_k`` regenerated from the seed. The stored weights are never written, so they are
-  restored exactly (no drift, even if a forward raises), and the extra memory is O(largest
-  parameter) over inference: no K × n tensor and no copy of the model. Parameters must be
-  read through their module's attribute inside that module's forward (true of torch layers;
-  not of modules that cache weights, such as nn.LSTM's flat weights).
-- ``fast``: evaluates a chunk of perturbed models in one batched pass (:mod:`.batched`) when
-  that is faster, i.e. when one forward of the batch is at most ~90 MFLOP (BAFFLE's LeNet: batches
-  of up to 8; LeNet-5: up to 159; :func:`batched_pays`). For larger batches, and for models it
-  cannot batch, it splits the K perturbations into contiguous spans over ``workers`` threads
-  (default: torch's intra-op thread count), each running the lean loop with one intra-op
-  thread on its own shallow copy of the model (shared parameters, copied buffers). The
-  perturbations are independent, so this parallelises perfectly, where intra-op threading of
-  one small forward does not (LeNet, batch 64, 2 cores: 1.55x for one forward on 2 threads,
-  1.9x for two spans). With one worker it is the lean loop. Same numbers as lean up to the
-  float rounding of a forward run on one thread instead of several.
+"""Zeroth-order gradient estimate from forward passes only: BAFFLE's Stein estimator (Eq. 4-7),
+ĝ = 1/(c·K·σ²) Σ_k ΔL_k δ_k with central (c = 2) or forward (c = 1) differences, in ``lean``
+or ``fast`` mode. Design notes: docs/decisions.md#estimators.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic_core import PydanticSerializationError
 
 from fedge.core.config import RunConfig, validate_section
 from fedge.core.context import ClientData
@@ -26,10 +27,11 @@ from fedge.data.partition import partition, partition_summary
 from fedge.data.registry import resolve_dataset_options
 from fedge.methods import get_method
 from fedge.methods.base import MethodBuild, MethodEnv
-from fedge.methods.private import DifferentialPrivacy
+from fedge.methods.compose import check_privacy, compose, refuse_unsupported
 from fedge.models import build_model
 from fedge.privacy.dp.config import PrivacyConfig
 from fedge.runtime.engine import EngineConfig, Simulation
+from fedge.runtime.spec import Runtime
 
 __all__ = [
     "BuiltRun",
@@ -38,6 +40,7 @@ __all__ = [
     "configured_client_app",
     "model_factory",
     "node_app_for",
+    "resolved_config",
 ]
 
 FEDERATED = (
@@ -62,9 +65,6 @@ def model_factory(cfg: RunConfig, dataset: Dataset) -> Callable[[], torch.nn.Mod
         )
 
     return make
-
-
-RUNTIMES = ("engine", "flower-sim")
 
 
 @dataclass
@@ -94,33 +94,25 @@ class BuiltRun:
             min_replies=c.clients.min_replies,
         )
 
-    def simulation(
-        self, on_round: Any = None, runtime: Any = "engine", backend: str = "local"
-    ) -> Simulation:
-        """The engine for this run: the built-in one (``runtime="engine"``), or the same rounds
-        with client steps sent through Flower (``"flower-sim"``: simulated Flower nodes, run by
-        ``backend`` ``"local"``, an in-process grid, or ``"ray"``, Flower's simulation engine;
-        a Flower ``Grid`` object: that grid, inside a deployed ServerApp;
-        :mod:`fedge.runtime.flower`)."""
+    def simulation(self, on_round: Any = None, runtime: Runtime | str = "engine") -> Simulation:
+        """The engine for this run on ``runtime`` (:class:`~fedge.runtime.spec.Runtime`, or its
+        name): the built-in one (``engine``), or the same rounds with client steps sent through
+        Flower (``flower-sim``: simulated Flower nodes, run by its backend; ``flower``: its
+        Grid, inside a deployed ServerApp; :mod:`fedge.runtime.flower`)."""
+        rt = Runtime.of(runtime).ready()
         cls: Any = Simulation
         extra: dict[str, Any] = {}
-        if runtime == "flower-sim" or not isinstance(runtime, str):
-            from fedge.runtime.flower import FlowerSimulation
+        if rt.name != "engine":
+            from fedge.runtime.flower import flower_simulation
 
-            cls = FlowerSimulation
-            extra["timeout"] = self.config.clients.reply_timeout
-            if not isinstance(runtime, str):
-                extra["grid"] = runtime
-            else:
-                extra["backend"] = backend
-                if (
-                    backend == "ray"
-                ):  # the actors build their clients from the config (a small pickle)
-                    import json
+            cls = flower_simulation
+            extra.update(
+                grid=rt.grid, backend=rt.backend, timeout=self.config.clients.reply_timeout
+            )
+            if rt.backend == "ray":
+                import json  # the actors build their clients from the config (a small pickle)
 
-                    extra["node_app"] = configured_client_app(json.dumps(self.config.to_dict()))
-        elif runtime != "engine":
-            raise ConfigError(f"runtime {runtime!r} is not known; expected one of {list(RUNTIMES)}")
+                extra["node_app"] = configured_client_app(json.dumps(self.config.to_dict()))
         return cls(
             **extra,
             strategy=self.method.strategy,
@@ -185,19 +177,36 @@ def privacy_config(cfg: RunConfig) -> PrivacyConfig:
     return validate_section(PrivacyConfig, cfg.privacy.model_dump(), prefix="privacy.")  # type: ignore[return-value]
 
 
-def _wraps(strategy: Any, kind: type) -> bool:
-    while strategy is not None:
-        if isinstance(strategy, kind):
-            return True
-        strategy = getattr(strategy, "inner", None)
-    return False
-
-
 def method_config(cfg: RunConfig) -> Any:
-    """The ``method`` section validated by its method's config class (every default filled in)."""
-    return validate_section(
-        get_method(cfg.method.name).config, cfg.method.model_dump(), prefix="method."
-    )
+    """The ``method`` section validated by its method's section model (its own config plus the
+    options of the mechanisms it supports: :func:`fedge.methods.compose.section_model`), every
+    default filled in; a mechanism's key the method cannot take is refused with the reason."""
+    spec = get_method(cfg.method.name)
+    data = cfg.method.model_dump()
+    refuse_unsupported(spec, data)
+    assert spec.section is not None  # filled in by the registry
+    return validate_section(spec.section, data, prefix="method.")
+
+
+def resolved_config(built: BuiltRun | RunConfig) -> dict[str, Any]:
+    """The config with every default filled in (what ``config.yaml`` holds); from a built run, or
+    from a config alone (validating its method section, without loading data)."""
+    if isinstance(built, BuiltRun):
+        cfg, method_cfg = built.config, built.method_config
+    else:
+        cfg, method_cfg = with_dataset_options(built), method_config(built)
+    try:
+        out = cfg.to_dict()
+        out["method"] = method_cfg.model_dump(mode="json")
+        out["privacy"] = privacy_config(cfg).model_dump(mode="json")
+    except (
+        PydanticSerializationError
+    ) as exc:  # e.g. a registered function's default of a numpy type
+        raise ConfigError(
+            f"the run's config cannot be written to config.yaml ({exc}); give plain values (int, "
+            "float, str, bool, lists and mappings of them), e.g. float(x) for a numpy number"
+        ) from None
+    return out
 
 
 def _synthetic_federated(cfg: RunConfig) -> SyntheticFederated:
@@ -229,6 +238,7 @@ def build_run(cfg: RunConfig) -> BuiltRun:
     spec = get_method(cfg.method.name)
     method_cfg = method_config(cfg)
     privacy = privacy_config(cfg)
+    check_privacy(spec, privacy)
 
     d = cfg.dataset
     clients: Sequence[ClientData]
@@ -302,17 +312,14 @@ def build_run(cfg: RunConfig) -> BuiltRun:
         per_round=cfg.clients.count(),
         privacy=privacy,
     )
-    method = spec.build(method_cfg, env)
-    if privacy.enabled and not _wraps(method.strategy, DifferentialPrivacy):
-        raise ConfigError(
-            f"privacy.mechanism={privacy.mechanism}: method {cfg.method.name!r} does not average client "
-            "contributions, so DP-FedAvg/DP-FTRL does not apply to it; use fedavg, fedsgd, fedpt, baffle or "
-            "ntk-baffle, or set privacy.mechanism=none"
-        )
+    method = compose(spec, method_cfg, env)
     if cfg.clients.min_replies is not None and not method.strategy.partial_replies:
-        inner: Any = method.strategy
-        while getattr(inner, "inner", None) is not None and not inner.inner.partial_replies:
-            inner = inner.inner  # name the strategy that needs every reply, not a wrapper around it
+        # name the strategy that needs every reply: the method's own, unless a mechanism does
+        inner = (
+            method.bare
+            if method.bare is not None and not method.bare.partial_replies
+            else method.strategy
+        )
         raise ConfigError(
             f"clients.min_replies={cfg.clients.min_replies}: method {cfg.method.name!r} with this configuration needs "
             f"every addressed client's reply ({type(inner).__name__} cannot aggregate a subset), so a round "

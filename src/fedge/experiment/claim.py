@@ -1,13 +1,5 @@
-"""Owning a run directory: one run claims it, and one process at a time holds it while it
-drives the run's rounds.
-
-A run claims its directory by creating ``.fedge-claim`` exclusively (``O_EXCL``): of two runs
-started at once with the same ``--out`` exactly one succeeds, and the claim of a run of this
-host that died before writing anything is taken over. A process driving a run's rounds holds
-the directory (the kernel's ``flock`` on the directory itself: no file is written, and a killed
-process lets go with it), so a second ``--resume`` of the same directory, or a parallel
-benchmark worker looking for work, gets :class:`RunDirBusyError` instead of writing rounds into
-it at the same time. What the directory holds is :mod:`fedge.experiment.rundir`'s.
+"""Owning a run directory: one run claims it (``.fedge-claim``, ``O_EXCL``) and one process at a
+time holds it (``flock``) while it drives the run's rounds. Design notes: docs/decisions.md#experiment-and-reports.
 """
 
 from __future__ import annotations

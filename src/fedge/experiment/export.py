@@ -1,23 +1,6 @@
-"""The trained model of a run directory: load it, and export it for on-device inference.
-
-``fedge export RUN_DIR --format torchscript`` writes ``model.pt``: a TorchScript module
-(``torch.jit.load`` on the device, no fedge needed) that maps a batch of *normalized* inputs
-``(B, *input_shape)`` to logits ``(B, num_classes)``. The preprocessing it expects travels
-inside the file as ``fedge.json`` (input shape, class names, and the per-channel or per-feature
-``mean``/``std`` of the [0, 1]-scaled training data: ``x_norm = (x / scale - mean) / std``).
-
-A pruned model (``ntk-baffle``) is exported with its masks applied, so every pruned weight is
-exactly zero in the file.
-
-``--format pt2`` writes ``model.pt2``: a ``torch.export`` ExportedProgram (``torch.export.load``,
-then ``.module()``; the input ExecuTorch lowers for a device runtime), with a dynamic batch axis
-and the same ``fedge.json`` as an extra file. TorchScript stays the default because it loads on
-older torch builds and from C++ (libtorch) without a lowering step, although torch 2.13
-deprecates ``torch.jit``; ``pt2`` is the route that keeps working.
-
-``--format onnx`` writes ``model.onnx`` (input ``x`` with a dynamic batch axis, output
-``logits``, the same ``fedge.json`` in its metadata_props). It needs the ``onnx`` extra
-(``pip install 'fedge[onnx]'``: onnx and onnxscript); where they are missing the error says so.
+"""The trained model of a run directory: load it, and export it for on-device inference
+(TorchScript, ``torch.export`` or ONNX, with its preprocessing in ``fedge.json``).
+Design notes: docs/decisions.md#experiment-and-reports.
 """
 
 from __future__ import annotations
@@ -36,6 +19,7 @@ from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, DataNotFoundError, ResumeError
 from fedge.core.rundir_schema import MODEL
 from fedge.core.validation import path_argument
+from fedge.experiment import storage
 from fedge.experiment.build import BuiltRun, rebuild_run
 from fedge.experiment.rundir import RunDir
 
@@ -292,20 +276,26 @@ def export_model(
         raise ConfigError(
             f"export --out {str(dest)!r} is a directory; name the file to write, e.g. --out {dest / name}"
         )
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise ConfigError(
-            f"export --out {str(dest)!r}: a part of its folder {str(dest.parent)!r} is a file; choose another --out"
-        ) from None
+    fix = f"choose a writable --out, e.g. --out ./{name}"
+    with storage.failing_as(dest.parent, "create the folder", fix):
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise ConfigError(
+                f"export --out {str(dest)!r}: a part of its folder {str(dest.parent)!r} is a file; choose another --out"
+            ) from None
     meta = trained.metadata()
     example = torch.zeros((1, *trained.input_shape))
     tmp = dest.with_name(dest.name + ".tmp")
-    try:
-        _write_model(trained, format, example, tmp, meta)
-        tmp.replace(dest)
-    finally:
-        tmp.unlink(missing_ok=True)  # a failed write leaves nothing half-written
+    # a read-only or full target is one StorageError naming it; the probe finds it before the
+    # exporters, which report a file they cannot open as a RuntimeError without the path
+    with storage.failing_as(dest, "write", fix, tmp=tmp):
+        storage.write_file(tmp, b"")
+        try:
+            _write_model(trained, format, example, tmp, meta)
+            tmp.replace(dest)
+        finally:
+            tmp.unlink(missing_ok=True)  # a failed write leaves nothing half-written
     return ExportResult(dest, format, meta)
 
 

@@ -1,22 +1,5 @@
-"""FedPT's search for a partially trainable network (seed 002, Sec. 3.1, principles 1–4).
-
-    1. Start from freezing the largest parameter block of a network.
-    2. Add more blocks if it did not degrade the model performance on utility (accuracy).
-    3. Switch to a smaller block if it did degrade the model performance by a large margin.
-    4. Repeat these steps to find the best PTN.
-
-Made concrete: one fully trainable baseline trial, then the model's blocks in decreasing order
-of freezable parameters; each trial freezes the accepted blocks plus the next one, for
-``budget_rounds`` rounds of FedPT. A trial whose final test accuracy is within ``tolerance`` of
-the baseline's is accepted (its block stays frozen: principle 2); otherwise its block is
-dropped and the next, smaller one is tried in its place (principle 3). A trial that would
-freeze every parameter is skipped. The chosen partition is the last accepted set (empty when
-no block can be frozen within the tolerance).
-
-Every trial is an ordinary run directory under ``out``; a complete one is read instead of
-rerun and an interrupted one is resumed, so the search resumes too. ``search.json`` in
-``out`` holds every trial (frozen blocks, trainable fraction, accuracy, bytes per client per
-round) and the choice.
+"""FedPT's search for a partially trainable network (seed 002, Sec. 3.1, principles 1–4), one
+resumable run directory per trial. Design notes: docs/decisions.md#experiment-and-reports.
 """
 
 from __future__ import annotations
@@ -37,10 +20,14 @@ from fedge.core.rundir_schema import (
     FINAL_TEST_ACCURACY,
     METRICS,
     SUMMARY,
+    loads,
 )
-from fedge.experiment.build import build_run
-from fedge.experiment.run import resolved_config, resume_experiment, run_experiment
+from fedge.experiment.build import build_run, resolved_config
+from fedge.experiment.resume import resume_experiment
+from fedge.experiment.run import run_experiment
 from fedge.experiment.rundir import RunDir
+from fedge.methods import METHODS
+from fedge.methods.fedpt import FedPTConfig
 from fedge.models.blocks import model_blocks, resolve_freeze
 
 __all__ = ["Trial", "fedpt_search"]
@@ -62,12 +49,13 @@ class Trial:
 def _trial_config(cfg: RunConfig, freeze: list[str], rounds: int) -> RunConfig:
     raw = cfg.to_dict()
     method = dict(raw["method"])
-    if method.get("name") not in ("fedavg", "fedpt"):
+    base = METHODS[method["name"]] if method.get("name") in METHODS else None
+    if base is None or not issubclass(FedPTConfig, base.config):  # FedPT's config extends FedAvg's
         raise ConfigError(
             f"fedpt-search trains FedPT, which generalizes FedAvg; the config's method is {method.get('name')!r}; "
             "give a config with method.name fedavg or fedpt"
         )
-    method.update(name="fedpt", freeze=list(freeze))
+    method.update(name=FedPTConfig.model_fields["name"].default, freeze=list(freeze))
     return load_config({**raw, "method": method, "rounds": rounds, "eval_every": rounds})
 
 
@@ -87,8 +75,8 @@ def _run(cfg: RunConfig, out: Path, freeze: list[str], accepted: bool | None) ->
             resume_experiment(out, render=False)
         else:
             run_experiment(cfg, out=out, render=False)
-    summary = json.loads((out / SUMMARY).read_text())
-    last = json.loads((out / METRICS).read_text().splitlines()[-1])
+    summary = loads((out / SUMMARY).read_text())
+    last = loads((out / METRICS).read_text().splitlines()[-1])
     n = last[CLIENTS]
     return Trial(
         list(freeze),

@@ -1,10 +1,5 @@
-"""fedge runs on a Flower deployment: the ServerApp and ClientApp that ``flwr run`` starts.
-
-The run is fixed by two ``run_config`` keys: ``fedge-config`` (the run's config as JSON text:
-every SuperNode builds the same data, partition and method from it, and takes its own client,
-``node_config["partition-id"]``) and ``out`` (the run directory the ServerApp writes). The
-ServerApp runs :func:`fedge.experiment.run.run_experiment` with Flower's Grid as the runtime,
-so the run directory is the same as the built-in engine's.
+"""fedge on a Flower deployment: the ServerApp and ClientApp that ``flwr run`` starts, fixed by
+the ``fedge-config`` and ``out`` run-config keys. Design notes: docs/decisions.md#experiment-and-reports.
 """
 
 from __future__ import annotations
@@ -31,7 +26,8 @@ from fedge.core.config import RunConfig, load_config
 from fedge.core.errors import ConfigError, MessageError
 from fedge.core.rundir_schema import SUMMARY
 from fedge.experiment.build import configured_client_app, node_app_for
-from fedge.experiment.run import resume_experiment, run_experiment
+from fedge.experiment.resume import resume_experiment
+from fedge.experiment.run import run_experiment
 from fedge.runtime.flower import server_app as make_server_app
 from fedge.runtime.flower.adapter import STATE_GET, STATE_SET
 

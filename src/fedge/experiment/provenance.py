@@ -1,17 +1,5 @@
-"""Which machine ran which rounds of a run: the provenance a reproduction's reader needs.
-
-A long run may be resumed on other machines (``--resume``; a reproduction carries unfinished
-runs between sessions with ``--save-progress``). Every draw derives from (seed, purpose,
-round, client), so a resumed run is the same run; but another CPU family (AVX2 against
-AVX-512 kernels) or torch build rounds floats differently, so from the first resumed round on
-the numbers are an equally valid run, not the bit-identical one. Each time rounds are driven,
-the run directory gains one line in ``sessions.jsonl``: the first round it ran and
-:func:`machine` (CPU model and vector extension, cores of the machine and those the process
-may use, torch, Python, fedge, start time). :func:`segments` folds those lines into the rounds
-each machine ran, which the run's ``summary.json`` and every reproduction record carry.
-
-Rounds run before a run directory held ``sessions.jsonl`` (runs started before it existed)
-form a segment with ``"machine": None``: not recorded, never guessed.
+"""Which machine ran which rounds of a run (``sessions.jsonl``, :func:`machine`,
+:func:`segments`): the provenance a reproduction's reader needs. Design notes: docs/decisions.md#experiment-and-reports.
 """
 
 from __future__ import annotations

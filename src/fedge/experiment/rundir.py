@@ -1,34 +1,9 @@
-"""The run directory: what a run leaves on disk, written so that a crash, a full disk or a
-second run aimed at the same place never leaves something that looks complete.
-
-    .fedge-claim       created exclusively (O_EXCL) before anything else: one run owns the directory
-                       (the claim of a run of this host that died before writing more is taken over)
-    .fedge-config.json the resolved config as last run (what ``--resume`` compares config.yaml to)
-    config.yaml        resolved config (every default filled in)
-    config_changes.jsonl  edits accepted by ``--resume --allow-config-change`` (round, key, old, new)
-    partition.json     partition summary (samples and label histogram per client)
-    metrics.jsonl      one JSON object per completed round, flushed every round
-    sessions.jsonl     one line each time rounds are driven: the first round and the machine
-                       (:mod:`fedge.experiment.provenance`)
-    checkpoint.pt      state after the last completed round (atomic replace), for --resume
-    summary.json       written last, with "status": "complete"
-    model.safetensors  final model (the one evaluated: the EMA where a method keeps one)
-    plots/, report.md, report.html
-
-A run is complete exactly when ``summary.json`` exists with ``status == "complete"``. The names
-of the files and keys are :mod:`fedge.core.rundir_schema`'s, which every reader uses too.
-
-One run owns the directory and one process at a time holds it while it drives the rounds
-(:mod:`fedge.experiment.claim`: a second run or ``--resume`` aimed at it gets
-:class:`~fedge.experiment.claim.RunDirBusyError`). Every write goes through
-:mod:`fedge.experiment.storage`: a file is replaced whole, and an ``OSError`` (read-only
-filesystem, disk full) becomes one :class:`~fedge.experiment.storage.StorageError` naming the
-path. What was written before stays consistent: ``--resume`` continues from the last checkpoint.
+"""The run directory: what a run leaves on disk, written so that a crash, a full disk or a second
+run aimed at the same place never leaves something that looks complete. Design notes: docs/decisions.md#experiment-and-reports.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -36,7 +11,6 @@ from typing import Any
 
 import torch
 import yaml
-from safetensors.torch import save_file
 
 from fedge.core.errors import ConfigError, ResumeError
 from fedge.core.presets import describe_yaml_error, read_yaml
@@ -53,6 +27,8 @@ from fedge.core.rundir_schema import (
     SESSIONS,
     STATUS,
     SUMMARY,
+    dumps,
+    loads,
 )
 from fedge.experiment import storage
 from fedge.experiment.claim import Claim, RunDirBusyError
@@ -192,8 +168,8 @@ class RunDir:
         self, config: dict[str, Any], partition: dict[str, Any], data_source: str | None
     ) -> None:
         fix = "choose a writable --out with free space"
-        storage.atomic_write(self.path / PARTITION, json.dumps(partition).encode(), fix)
-        storage.atomic_write(self.path / APPLIED_CONFIG, json.dumps(config).encode(), fix)
+        storage.atomic_write(self.path / PARTITION, dumps(partition).encode(), fix)
+        storage.atomic_write(self.path / APPLIED_CONFIG, dumps(config).encode(), fix)
         header = f"# dataset files read from: {data_source}\n" if data_source else ""
         storage.atomic_write(
             self.path / CONFIG, (header + yaml.safe_dump(config, sort_keys=False)).encode(), fix
@@ -204,13 +180,13 @@ class RunDir:
     # -- per round ------------------------------------------------------------------
     def append_metrics(self, line: dict[str, Any]) -> None:
         with storage.failing_as(self.path / METRICS, "append to", self._fix()):
-            storage.append_file(self.path / METRICS, (json.dumps(line) + "\n").encode())
+            storage.append_file(self.path / METRICS, (dumps(line) + "\n").encode())
 
     def record_session(self, first_round: int, machine: dict[str, Any]) -> None:
         """Append a ``sessions.jsonl`` line: rounds from ``first_round`` on run on ``machine``."""
         line = {"first_round": first_round, "machine": machine}
         with storage.failing_as(self.path / SESSIONS, "append to", self._fix()):
-            storage.append_file(self.path / SESSIONS, (json.dumps(line) + "\n").encode())
+            storage.append_file(self.path / SESSIONS, (dumps(line) + "\n").encode())
 
     def read_sessions(self) -> list[dict[str, Any]]:
         """The ``sessions.jsonl`` lines (none for a run from before it existed; a torn last line
@@ -222,8 +198,8 @@ class RunDir:
         out = []
         for raw in text.splitlines():
             try:
-                line = json.loads(raw)
-            except json.JSONDecodeError:
+                line = loads(raw)
+            except ValueError:
                 continue
             if isinstance(line, dict) and isinstance(line.get("first_round"), int):
                 out.append(line)
@@ -271,7 +247,7 @@ class RunDir:
         if not path.is_file():
             return None
         try:
-            obj = json.loads(path.read_text())
+            obj = loads(path.read_text())
         except (OSError, ValueError):
             raise ResumeError(
                 f"{str(path)!r} is corrupt; restore it (it records the config the run used)"
@@ -299,12 +275,12 @@ class RunDir:
         if note:
             line["note"] = note
         with storage.failing_as(self.path / CONFIG_CHANGES, "append to", self._fix()):
-            storage.append_file(self.path / CONFIG_CHANGES, (json.dumps(line) + "\n").encode())
-        storage.atomic_write(self.path / APPLIED_CONFIG, json.dumps(config).encode(), self._fix())
+            storage.append_file(self.path / CONFIG_CHANGES, (dumps(line) + "\n").encode())
+        storage.atomic_write(self.path / APPLIED_CONFIG, dumps(config).encode(), self._fix())
 
     def is_complete(self) -> bool:
         try:
-            summary = json.loads((self.path / SUMMARY).read_text())
+            summary = loads((self.path / SUMMARY).read_text())
         except (OSError, ValueError):
             return False
         return isinstance(summary, dict) and summary.get(STATUS) == COMPLETE
@@ -336,7 +312,7 @@ class RunDir:
         kept: list[dict[str, Any]] = []
         for pos, (lineno, raw) in enumerate(numbered):
             try:
-                line = json.loads(raw)
+                line = loads(raw)
             except ValueError:
                 if pos == len(numbered) - 1:
                     break
@@ -354,7 +330,7 @@ class RunDir:
     def write_metrics(self, lines: list[dict[str, Any]]) -> None:
         """Replace ``metrics.jsonl`` by ``lines`` (atomically)."""
         storage.atomic_write(
-            self.path / METRICS, "".join(json.dumps(x) + "\n" for x in lines).encode(), self._fix()
+            self.path / METRICS, "".join(dumps(x) + "\n" for x in lines).encode(), self._fix()
         )
 
     def truncate_metrics(self, last_round: int) -> list[dict[str, Any]]:
@@ -372,9 +348,7 @@ class RunDir:
         with storage.failing_as(self.path / SUMMARY, "remove", self._fix()):
             (self.path / SUMMARY).unlink(missing_ok=True)
         if (self.path / APPLIED_CONFIG).exists():
-            storage.atomic_write(
-                self.path / APPLIED_CONFIG, json.dumps(config).encode(), self._fix()
-            )
+            storage.atomic_write(self.path / APPLIED_CONFIG, dumps(config).encode(), self._fix())
         try:
             old = (self.path / CONFIG).read_text().splitlines(keepends=True)
         except (OSError, UnicodeDecodeError):
@@ -391,11 +365,11 @@ class RunDir:
         tensors = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
         tmp = self.path / (MODEL + ".tmp")
         with storage.failing_as(self.path / MODEL, "write", self._fix(), tmp=tmp):
-            save_file(tensors, str(tmp), metadata={"format": "pt"})
+            storage.save_safetensors(tensors, tmp, metadata={"format": "pt"})
             os.replace(tmp, self.path / MODEL)
         storage.atomic_write(
             self.path / SUMMARY,
-            (json.dumps({**summary, STATUS: COMPLETE}, indent=2) + "\n").encode(),
+            (dumps({**summary, STATUS: COMPLETE}, indent=2) + "\n").encode(),
             self._fix(),
         )
 

@@ -1,11 +1,11 @@
-"""The writes of a run directory, the only places that touch its disk: a file is written whole
-(to a temporary file, then renamed over the old one) or appended to, and any ``OSError``
-(read-only filesystem, disk full, permissions) becomes one :class:`StorageError` naming the
-path, after the half-written temporary file is removed. Callers call these through the module
-(``storage.write_file``), so a test can inject a failure at one place."""
+"""The writes of a run directory, the only places that touch its disk: whole-file replaces and
+appends, every ``OSError`` turned into one :class:`StorageError` naming the path.
+Design notes: docs/decisions.md#experiment-and-reports.
+"""
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save as safetensors_bytes
 
 from fedge.core.errors import FedgeError
 
@@ -23,7 +24,9 @@ __all__ = [
     "create_exclusive",
     "failing_as",
     "make_dir",
+    "save_safetensors",
     "save_torch",
+    "storage_error",
     "write_file",
 ]
 
@@ -65,7 +68,17 @@ def append_file(path: Path, data: bytes) -> None:
 
 
 def save_torch(obj: Any, path: Path) -> None:
-    torch.save(obj, path)
+    """``torch.save(obj)`` to ``path`` through :func:`write_file` (a full disk is an OSError)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    write_file(path, buf.getvalue())
+
+
+def save_safetensors(
+    tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
+) -> None:
+    """``tensors`` as a safetensors file at ``path`` through :func:`write_file`."""
+    write_file(path, safetensors_bytes(tensors, metadata=metadata))
 
 
 def _describe(exc: OSError) -> str:
@@ -85,10 +98,13 @@ def failing_as(path: Path, doing: str, fix: str, *, tmp: Path | None = None) -> 
                 tmp.unlink(missing_ok=True)
             except OSError:
                 pass
-        errno_txt = f"errno {exc.errno}: " if exc.errno else ""
-        raise StorageError(
-            f"cannot {doing} {str(path)!r} ({errno_txt}{_describe(exc)}); {fix}"
-        ) from None
+        raise storage_error(path, doing, exc, fix) from None
+
+
+def storage_error(path: Path | str, doing: str, exc: OSError, fix: str) -> StorageError:
+    """``cannot <doing> '<path>' (errno N: <reason>); <fix>`` as one :class:`StorageError`."""
+    errno_txt = f"errno {exc.errno}: " if exc.errno else ""
+    return StorageError(f"cannot {doing} {str(path)!r} ({errno_txt}{_describe(exc)}); {fix}")
 
 
 def atomic_write(path: Path, data: bytes, fix: str) -> None:

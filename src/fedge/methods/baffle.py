@@ -64,8 +64,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -92,17 +92,16 @@ from fedge.methods.baffle_downlink import (
     replay_step,
 )
 from fedge.methods.base import (
-    FreezeOption,
     GlobalModel,
     MethodBuild,
+    MethodConfigBase,
     MethodEnv,
     ServerOptimizerConfig,
 )
-from fedge.methods.ema import EMAEvaluation
 from fedge.methods.fedavg import DeltaAveraging
 from fedge.methods.local import ClientOptimizerConfig, LocalTraining
-from fedge.methods.private import protect
-from fedge.methods.secure import SecureAggregationOptions
+from fedge.methods.registry import declare_method
+from fedge.methods.spec import Capabilities
 
 __all__ = ["BaffleBatchClient", "BaffleBatchStrategy", "BaffleConfig", "build", "clip_inf_norm"]
 
@@ -114,7 +113,15 @@ _BATCH_SERVER_OPTIMIZER: dict[str, Any] = {"name": "adam", "lr": 0.01, "b1": 0.9
 _EPOCH_SERVER_OPTIMIZER: dict[str, Any] = {"name": "sgd", "lr": 1.0}
 
 
-class BaffleConfig(SecureAggregationOptions, FreezeOption):
+class BaffleConfig(MethodConfigBase):
+    """BAFFLE's own keys; the composer (:mod:`fedge.methods.compose`) attaches the mechanism
+    options its capabilities allow (``secure_aggregation``/``secagg_*``, ``ema``/``ema_*``,
+    ``freeze``), with BAFFLE's defaults (:data:`DEFAULTS`)."""
+
+    if TYPE_CHECKING:  # attached by the composer; read by the consistency rules below
+        secure_aggregation: bool | None
+        secagg_dropout: float
+
     name: Literal["baffle"] = "baffle"
     mode: Literal["batch", "epoch"] = Field(
         "epoch", description="batch-level (FedSGD) or epoch-level (FedAvg)"
@@ -173,30 +180,11 @@ class BaffleConfig(SecureAggregationOptions, FreezeOption):
         None,
         description="default: adam lr 0.01 betas (0.9, 0.99) for batch mode, sgd lr 1 (FedAvg) for epoch mode",
     )
-    ema: float | None = Field(
-        0.995, ge=0, lt=1, description="EMA decay for evaluation; null or 0: off"
-    )
-    ema_warmup: bool = Field(
-        True,
-        description="decay min(ema, (1+n)/(10+n)), n the earlier updates (torch_ema, "
-        "the reference code's, counts the current one too: one update ahead)",
-    )
-    ema_also_raw: bool = Field(
-        False,
-        description="also evaluate the raw global model W beside its EMA (metrics raw_test_accuracy, raw_val_accuracy, "
-        "...): the EMA never feeds training, so these are exactly the figures of the same run with ema=null",
-    )
     shared_perturbations: bool = True
     downlink: Literal["model", "seeds"] = Field(
         "model",
         description="batch mode: send the model every round, or only the round seeds and aggregated loss "
         "differences a client missed (it rebuilds the model; the full model and optimizer state when smaller)",
-    )
-    secure_aggregation: bool | None = Field(  # type: ignore[assignment]
-        None,
-        description="mask each client's upload so the server learns only the sum: batch mode's K loss differences "
-        "(Eq. 7), epoch mode's model deltas (as fedavg's). null: on in batch mode (the paper relies on it), off in "
-        "epoch mode (its uploads are model deltas, as fedavg's, where it is off by default too)",
     )
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
 
@@ -232,24 +220,20 @@ class BaffleConfig(SecureAggregationOptions, FreezeOption):
                 "method.client_optimizer is not used in batch mode: clients send loss differences and the server "
                 "steps with method.server_optimizer; set method.server_optimizer.* instead (or method.mode=epoch)"
             )
-        if self.secure_aggregation is None:
-            self.secure_aggregation = self.mode == "batch" and self.shared_perturbations
-        if self.ema_also_raw and not self.ema:
-            raise ValueError(
-                f"ema_also_raw evaluates the raw model beside its EMA, but ema is {self.ema!r} (off): the evaluated "
-                "model is already the raw one; set method.ema (e.g. 0.995) or drop method.ema_also_raw"
-            )
-        if self.secagg_dropout and not self.secure_aggregation:
-            raise ValueError("secagg_dropout only applies with secure_aggregation=true")
+        if "secure_aggregation" in type(self).model_fields:  # the composed section
+            if self.secure_aggregation is None:  # BAFFLE's default: on where Eq. (7) sums
+                self.secure_aggregation = self.mode == "batch" and self.shared_perturbations
+            if self.secagg_dropout and not self.secure_aggregation:
+                raise ValueError("secagg_dropout only applies with secure_aggregation=true")
+            if self.secure_aggregation and self.mode == "batch" and not self.shared_perturbations:
+                raise ValueError(
+                    "secure_aggregation needs shared_perturbations=true: the server only learns "
+                    "the sum of the loss differences, so every client must use the same perturbations"
+                )
         if self.downlink == "seeds" and (self.mode != "batch" or not self.shared_perturbations):
             raise ValueError(
                 "downlink=seeds rebuilds the model from the round seed and the K aggregated loss differences: "
                 "it needs mode=batch and shared_perturbations=true"
-            )
-        if self.secure_aggregation and self.mode == "batch" and not self.shared_perturbations:
-            raise ValueError(
-                "secure_aggregation needs shared_perturbations=true: the server only learns "
-                "the sum of the loss differences, so every client must use the same perturbations"
             )
         return self
 
@@ -546,17 +530,45 @@ class BaffleBatchStrategy(Strategy):
             self.downlink.load_state_dict(state["downlink"])
 
 
+#: what BAFFLE can do, in both modes: its server averages the replies (K loss differences or
+#: model deltas) into one global model, trained only where it is not frozen
+CAPABILITIES = Capabilities(
+    sums_replies=True, global_model=True, freezable=True, client_optimizer=True
+)
+
+
+def advice(cfg: BaffleConfig) -> list[str]:
+    """What else tames a diverging BAFFLE run: its inf-norm clip of the estimate."""
+    if cfg.clip is not None:
+        return [f"set a smaller method.clip (now {cfg.clip})"]
+    return ["turn on method.clip (now null; the reference code uses 0.3)"]
+
+
+def upload(cfg: BaffleConfig) -> Literal["loss_differences", "estimate_delta"]:
+    """Batch mode: K loss differences (with the seed broadcast); epoch mode: a model delta."""
+    return "loss_differences" if cfg.mode == "batch" else "estimate_delta"
+
+
+#: BAFFLE's own defaults for mechanism options: EMA 0.995 (Section 4.1); secure aggregation
+#: null, i.e. on in batch mode, whose K loss differences Eq. (7) sums (resolved by the config)
+DEFAULTS: dict[str, Any] = {"ema": 0.995, "secure_aggregation": None}
+
+
+@declare_method(
+    "baffle",
+    "BAFFLE: forward-only zeroth-order estimates, K loss differences or model deltas uploaded",
+    config=BaffleConfig,
+    capabilities=CAPABILITIES,
+    defaults=DEFAULTS,
+    advice=advice,
+    upload=upload,
+)
 def build(
-    cfg: BaffleConfig,
-    env: MethodEnv,
-    *,
-    masks: dict[str, torch.Tensor] | None = None,
-    wrap: Callable[[Strategy], Strategy] | None = None,
+    cfg: BaffleConfig, env: MethodEnv, *, masks: dict[str, torch.Tensor] | None = None
 ) -> MethodBuild:
-    """Build BAFFLE; ``masks`` (from pruning) make the global model sparse from the start;
-    ``wrap`` adds server behaviour beneath the EMA (e.g. NTK-Ori's pruning exchanges)."""
+    """Build BAFFLE's bare strategy and client program (the composer adds secure aggregation,
+    DP, EMA and freezing); ``masks`` (from pruning) make the global model sparse from the start."""
     assert cfg.server_optimizer is not None
-    env = cfg.frozen_env(env)
     if (
         cfg.perturb is not None
     ):  # checked here, before a run directory is made, not in the first round
@@ -577,7 +589,6 @@ def build(
                 PrivacyWarning,
                 stacklevel=2,
             )
-        strategy, program = protect(strategy, program, cfg, **env.protection(weighted=True))
     else:
         strategy = DeltaAveraging(
             env.model_fn(), cfg.server_optimizer.build(), replies_are_gradients=False, masks=masks
@@ -586,12 +597,5 @@ def build(
             env.model_fn,
             cfg,
             gradient_fn=zeroth_order_gradient_fn(cfg, perturbation_threads(cfg, env)),
-        )
-        strategy, program = protect(strategy, program, cfg, **env.protection(weighted=True))
-    if wrap is not None:
-        strategy = wrap(strategy)
-    if cfg.ema:
-        strategy = EMAEvaluation(
-            strategy, decay=cfg.ema, warmup=cfg.ema_warmup, also_raw=cfg.ema_also_raw
         )
     return MethodBuild(strategy, program)

@@ -1,5 +1,6 @@
-"""What every method shares: the registry entry, the build environment, and the
-conversions between a model and the named arrays that travel in messages."""
+"""What every method shares: its config base, the build environment, what a build returns,
+the server's global model, and the conversions between a model and the named arrays that
+travel in messages."""
 
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ from fedge.core.protocols import ClientProgram, PartySpec, Strategy
 
 __all__ = [
     "GlobalModel",
+    "Layer",
     "MethodBuild",
     "MethodConfigBase",
     "MethodEnv",
-    "MethodSpec",
     "ServerOptimizerConfig",
     "check_reply_arrays",
     "load_arrays",
@@ -158,23 +159,32 @@ class MethodEnv:
         )
 
 
+@dataclass(frozen=True)
+class Layer:
+    """A method's own wrapper around its composed sides, placed by the composer at ``at`` in its
+    order (:mod:`fedge.methods.compose`): ``over_protection`` over DP and secure aggregation but
+    under the EMA (NTK-Ori's pruning exchanges), ``outermost`` over everything."""
+
+    at: Literal["over_protection", "outermost"]
+    strategy: Callable[[Strategy], Strategy] | None = None
+    program: Callable[[ClientProgram], ClientProgram] | None = None
+
+
 @dataclass
 class MethodBuild:
-    """A built method: its two sides and its side parties (by name)."""
+    """A built method: its two sides, its side parties (by name) and its own outer layers.
+
+    A method's build returns its bare sides; the composer applies the mechanisms and the
+    ``layers`` and returns the composed build, whose ``applied`` names what it wrapped, in order
+    (e.g. ``("dp", "secure_aggregation", "ema")``), and ``bare`` the method's own strategy.
+    """
 
     strategy: Strategy
     program: ClientProgram
     parties: dict[str, PartySpec] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """Registry entry: a config model and a builder."""
-
-    name: str
-    description: str
-    config: type[MethodConfigBase]
-    build: Callable[[Any, MethodEnv], MethodBuild]
+    layers: list[Layer] = field(default_factory=list)
+    applied: tuple[str, ...] = ()
+    bare: Strategy | None = None
 
 
 def model_arrays(model: torch.nn.Module) -> dict[str, torch.Tensor]:

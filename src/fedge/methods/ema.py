@@ -16,13 +16,50 @@ import copy
 from typing import Any
 
 import torch
+from pydantic import Field, model_validator
 
 from fedge.core import transforms as T
 from fedge.core.errors import ConfigError
 from fedge.core.protocols import Round, Strategy, StrategyWrapper
-from fedge.methods.base import load_arrays
+from fedge.methods.base import MethodConfigBase, load_arrays
 
-__all__ = ["EMAEvaluation"]
+__all__ = ["EMAEvaluation", "EMAOptions"]
+
+
+class EMAOptions(MethodConfigBase):
+    """The ``method.ema`` keys, spelled the same for every method with a global model (the
+    composer attaches them; BAFFLE defaults ``ema`` to its paper's 0.995)."""
+
+    ema: float | None = Field(
+        None, ge=0, lt=1, description="EMA decay for evaluation; null or 0: off"
+    )
+    ema_warmup: bool = Field(
+        True,
+        description="decay min(ema, (1+n)/(10+n)), n the earlier updates (torch_ema, "
+        "the reference code's, counts the current one too: one update ahead)",
+    )
+    ema_also_raw: bool = Field(
+        False,
+        description="also evaluate the raw global model W beside its EMA (metrics raw_test_accuracy, raw_val_accuracy, "
+        "...): the EMA never feeds training, so these are exactly the figures of the same run with ema=null",
+    )
+
+    @model_validator(mode="after")
+    def _raw_needs_ema(self) -> EMAOptions:
+        if self.ema_also_raw and not self.ema:
+            raise ValueError(
+                f"ema_also_raw evaluates the raw model beside its EMA, but ema is {self.ema!r} (off): the evaluated "
+                "model is already the raw one; set method.ema (e.g. 0.995) or drop method.ema_also_raw"
+            )
+        return self
+
+    def evaluation(self, strategy: Strategy) -> Strategy:
+        """``strategy`` with an EMA of its global model evaluated, when ``ema`` is on."""
+        if not self.ema:
+            return strategy
+        return EMAEvaluation(
+            strategy, decay=self.ema, warmup=self.ema_warmup, also_raw=self.ema_also_raw
+        )
 
 
 class EMAEvaluation(StrategyWrapper):

@@ -16,6 +16,7 @@ or uniform.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -28,9 +29,9 @@ from fedge.core.errors import MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
 from fedge.methods.base import (
-    FreezeOption,
     GlobalModel,
     MethodBuild,
+    MethodConfigBase,
     MethodEnv,
     ServerOptimizerConfig,
     check_reply_arrays,
@@ -41,13 +42,13 @@ from fedge.methods.local import (
     LocalTraining,
     backprop_gradient_fn,
 )
-from fedge.methods.private import protect
-from fedge.methods.secure import SecureAggregationOptions
+from fedge.methods.registry import declare_method
+from fedge.methods.spec import Capabilities
 
 __all__ = ["DeltaAveraging", "FedAvgConfig", "FedSGDClient", "FedSGDConfig", "build"]
 
 
-class FedAvgConfig(SecureAggregationOptions):
+class FedAvgConfig(MethodConfigBase):
     name: Literal["fedavg"] = "fedavg"
     local_epochs: int = Field(1, ge=1, description="E: local epochs per round")
     batch_size: int = Field(32, ge=1, description="B: local mini-batch size")
@@ -59,7 +60,7 @@ class FedAvgConfig(SecureAggregationOptions):
     server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()
 
 
-class FedSGDConfig(SecureAggregationOptions, FreezeOption):
+class FedSGDConfig(MethodConfigBase):
     name: Literal["fedsgd"] = "fedsgd"
     batch_size: int = Field(
         64, ge=0, description="samples per client gradient (0: the whole local set)"
@@ -212,10 +213,28 @@ class DeltaAveraging(Strategy):
         self.server.load_state_dict(state)
 
 
+#: what FedAvg and FedSGD can do: their server averages the replies into one global model
+CAPABILITIES = Capabilities(
+    sums_replies=True, global_model=True, freezable=True, client_optimizer=True
+)
+
+
+@declare_method(
+    "fedsgd",
+    "FedSGD: one backprop gradient per client per round, server optimizer",
+    config=FedSGDConfig,
+    capabilities=dataclasses.replace(CAPABILITIES, client_optimizer=False),
+    upload=lambda cfg: "gradient",
+)
+@declare_method(
+    "fedavg",
+    "FedAvg: E local epochs of backprop, weighted delta averaging, server optimizer",
+    config=FedAvgConfig,
+    capabilities=CAPABILITIES,
+    upload=lambda cfg: "delta",
+)
 def build(cfg: FedAvgConfig | FedSGDConfig, env: MethodEnv) -> MethodBuild:
-    """Build FedAvg (``FedAvgConfig``) or FedSGD (``FedSGDConfig``)."""
-    if isinstance(cfg, FedSGDConfig):
-        env = cfg.frozen_env(env)
+    """Build FedAvg (``FedAvgConfig``) or FedSGD (``FedSGDConfig``): the bare server and client."""
     strategy = DeltaAveraging(
         env.model_fn(),
         cfg.server_optimizer.build(),
@@ -226,6 +245,4 @@ def build(cfg: FedAvgConfig | FedSGDConfig, env: MethodEnv) -> MethodBuild:
         program: Any = FedSGDClient(env.model_fn, cfg)
     else:
         program = LocalTraining.from_config(env.model_fn, cfg)
-    return MethodBuild(
-        *protect(strategy, program, cfg, **env.protection(weighted=strategy.weighted))
-    )
+    return MethodBuild(strategy, program)

@@ -52,10 +52,16 @@ from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Round, Strategy, StrategyWrapper
 from fedge.core.rng import derive_seed
-from fedge.methods.base import MethodBuild, MethodEnv, check_reply_arrays, split_trainable
+from fedge.methods.base import (
+    MethodBuild,
+    MethodEnv,
+    check_reply_arrays,
+    split_trainable,
+)
 from fedge.methods.fedavg import DeltaAveraging, FedAvgConfig
 from fedge.methods.local import LocalTraining
-from fedge.methods.private import protect
+from fedge.methods.registry import declare_method
+from fedge.methods.spec import Capabilities
 from fedge.models.blocks import freeze_, resolve_freeze
 from fedge.models.initialization import reset_parameters
 
@@ -74,7 +80,7 @@ SEED_KEY = "seed"  # the downlink config key carrying z
 
 
 class FedPTConfig(FedAvgConfig):
-    """FedAvg's keys (ClientOpt, ServerOpt, E, B, weighting, secure aggregation) plus ``freeze``."""
+    """FedAvg's keys (ClientOpt, ServerOpt, E, B, weighting) plus ``freeze``."""
 
     name: Literal["fedpt"] = "fedpt"  # type: ignore[assignment]
     freeze: str | list[str] = Field(
@@ -199,6 +205,16 @@ class FedPTClient:
         return self.local.train(model, ctx)
 
 
+@declare_method(
+    "fedpt",
+    "FedPT: FedAvg on a partially trainable network; frozen tensors rebuilt from a seed, only the trainable part travels",
+    config=FedPTConfig,
+    # its own method.freeze (the frozen tensors are rebuilt from a seed, never sent) is its core,
+    # not the composer's freezing
+    capabilities=Capabilities(sums_replies=True, global_model=True, client_optimizer=True),
+    summary_keys=("trainable_fraction",),
+    upload=lambda cfg: "delta",
+)
 def build(cfg: FedPTConfig, env: MethodEnv) -> MethodBuild:
     """Build FedPT: resolve ``freeze`` on the model, check that the initial model is exactly
     the one seed ``z`` rebuilds, and compose the server and client."""
@@ -224,8 +240,7 @@ def build(cfg: FedPTConfig, env: MethodEnv) -> MethodBuild:
     )
     server = FedPTServer(inner, seed=z)
     client = FedPTClient(env.model_fn, frozen, cfg)
-    strategy, program = protect(server, client, cfg, **env.protection(weighted=server.weighted))
-    return MethodBuild(strategy, program)
+    return MethodBuild(server, client)
 
 
 def describe(model: torch.nn.Module, frozen: list[str]) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 source pluggable (backprop for FedAvg, a zeroth-order estimate for epoch-level BAFFLE).
 
 Composition, not inheritance: a :class:`LocalTraining` client program is given a
-``gradient_fn(model, batch, ctx) -> (loss or None, {name: grad})``.
+``gradient_fn(model, batch, ctx, masks) -> (loss or None, {name: grad})``; ``ctx.global_arrays``
+holds the round's global weights (what a proximal term pulls towards).
 """
 
 from __future__ import annotations
@@ -219,6 +220,9 @@ class LocalTraining:
         opt = self.optimizer.build([named[k] for k in params], rnd=ctx.rnd)
         if self.optimizer.state == "persistent":
             restore_optimizer_state(opt, ctx.state, names=params)
+        ctx.global_arrays = (
+            start  # the round's global weights, for gradient hooks (a proximal term)
+        )
         losses: list[float] = []
         steps = 0
         # Dropout (vgg9, wrn) draws from torch's global RNG, which no generator of the run fixes:

@@ -69,9 +69,16 @@ from fedge.core.meter import effective_flops_ratio
 from fedge.core.protocols import Exchange, Round, Strategy, StrategyWrapper
 from fedge.core.rng import derive_seed, generator
 from fedge.estimators import ZerothOrderSpec, combine_loss_differences
-from fedge.methods.baffle import BaffleConfig
+from fedge.methods.baffle import CAPABILITIES, DEFAULTS, BaffleConfig, advice
 from fedge.methods.baffle import build as build_baffle
-from fedge.methods.base import MethodBuild, MethodEnv, model_message_arrays, unpack_model_arrays
+from fedge.methods.base import (
+    Layer,
+    MethodBuild,
+    MethodEnv,
+    model_message_arrays,
+    unpack_model_arrays,
+)
+from fedge.methods.registry import declare_method
 from fedge.pruning import (
     DEFAULT_EPS,
     ScoreContext,
@@ -342,6 +349,16 @@ def data_free_masks(
     )
 
 
+@declare_method(
+    "ntk-baffle",
+    "NTK foresight pruning (data-free or on client data), then BAFFLE on the sparse model",
+    config=NtkBaffleConfig,
+    capabilities=CAPABILITIES,
+    defaults=DEFAULTS,
+    advice=advice,
+    # the reconstruction harness reads batch mode's K loss differences (not a sparse epoch delta)
+    upload=lambda cfg: "loss_differences" if cfg.mode == "batch" else None,
+)
 def build(cfg: NtkBaffleConfig, env: MethodEnv) -> MethodBuild:
     """Prune (data-free, on the server) or arrange client-data pruning, then build BAFFLE."""
     sample = torch.zeros((1, *env.input_shape))
@@ -357,7 +374,7 @@ def build(cfg: NtkBaffleConfig, env: MethodEnv) -> MethodBuild:
 
         pruned_env = MethodEnv(**{**env.__dict__, "model_fn": pruned_model})
         built = build_baffle(cfg, pruned_env, masks=masks)
-        built.strategy = ReportEffectiveFlops(built.strategy, sample)
+        built.layers.append(Layer("outermost", lambda s: ReportEffectiveFlops(s, sample)))
         return built
     # NTK-Ori: pruning exchanges run under the EMA (the average starts from the pruned model)
     if env.privacy is not None and env.privacy.enabled:
@@ -379,8 +396,15 @@ def build(cfg: NtkBaffleConfig, env: MethodEnv) -> MethodBuild:
             PrivacyWarning,
             stacklevel=2,
         )
-    built = build_baffle(cfg, env, wrap=lambda inner: ClientDataPruning(inner, cfg, seed=env.seed))
-    return MethodBuild(
-        ReportEffectiveFlops(built.strategy, sample),
-        PruningClient(built.program, env.model_fn, cfg),
-    )
+    built = build_baffle(cfg, env)
+    built.layers += [
+        # the pruning exchanges run over the protected rounds, under the EMA (its average starts
+        # from the pruned model)
+        Layer("over_protection", lambda s: ClientDataPruning(s, cfg, seed=env.seed)),
+        Layer(
+            "outermost",
+            lambda s: ReportEffectiveFlops(s, sample),
+            lambda p: PruningClient(p, env.model_fn, cfg),
+        ),
+    ]
+    return built

@@ -1,16 +1,5 @@
-"""PPFL's "AlexNet": three 3x3 conv layers of 128 filters, average pool 16, one FC layer.
-
-PPFL (seed 001) Table 1 writes it "C128x3-AP16-FC10" (after Belilovsky et al.'s greedy
-layer-wise CNNs): 3x3 filters, ReLU after every conv, average pooling with stride (and window)
-16, then the output layer. Convs use padding 1 so the map stays HxW until the pool::
-
-    conv1  Conv(C->128, 3x3, pad 1) - [norm] - act
-    conv2  Conv(128->128, 3x3, pad 1) - [norm] - act
-    conv3  Conv(128->128, 3x3, pad 1) - [norm] - act - AvgPool(16, stride 16)
-    classifier: flatten - FC(128 * (H//16) * (W//16) -> classes)
-
-303,882 parameters on CIFAR-10 (the 2x2 pooled map gives 512 features); 297,738 on 1x28x28.
-The 16x16 pool needs inputs of at least 16x16.
+"""PPFL's "AlexNet" (seed 001, Table 1, "C128x3-AP16-FC10"): three 3x3 conv layers of 128 filters,
+average pool 16, one FC layer. Design notes: docs/decisions.md#models.
 """
 
 from __future__ import annotations

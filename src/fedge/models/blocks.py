@@ -1,20 +1,5 @@
-"""A model's parameter blocks, and which tensors a freeze spec selects.
-
-FedPT (seed 002, Sec. 3.1) trains a *partially trainable network*: some blocks stay at their
-seeded initial values for the whole run. Its design principles start from "freezing the
-largest parameter block of a network" (principle 1), so a user needs to see the blocks and
-their sizes (:func:`model_blocks`, ``fedge models --blocks``), and a config needs a way to
-name them (:func:`resolve_freeze`).
-
-A **block** of a :class:`~fedge.models.Network` is one child of ``features`` or of
-``classifier`` that owns parameters (``features.conv1``, ``classifier.fc1``, ``classifier.out``);
-for any other module, one child of the root (descending into a top-level ``nn.Sequential``).
-
-Normalization layers are never frozen: FedPT (Sec. 3.1) finds that "freezing the
-normalization layers notably hurts the performance", so they are always trained; a freeze
-pattern that matches a block freezes the block's other parameters only.
-
-Pure: imports nothing above ``fedge.models``.
+"""A model's parameter blocks, and which tensors a freeze spec selects (FedPT, seed 002, Sec. 3.1:
+partially trainable networks; normalization layers are never frozen). Design notes: docs/decisions.md#models.
 """
 
 from __future__ import annotations

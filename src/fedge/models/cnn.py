@@ -1,18 +1,5 @@
-"""FedPT's EMNIST CNN: two 3x3 convolutions, one large dense layer, the output layer.
-
-FedPT (seed 002, Sec. 4.1, Table 1) trains "the convolutional model used in EMNIST"
-(Reddi et al., arXiv:2003.00295v5, Table 7; TFF's ``create_conv_dropout_model``) and freezes
-"the dense layer following the convolutional ones"::
-
-    conv1  Conv(C->32, 3x3) - [norm] - act
-    conv2  Conv(32->64, 3x3) - [norm] - act - MaxPool 2x2
-    classifier: flatten - fc1 FC(64*12*12 -> 128) - act - out FC(128 -> classes)
-
-On 1x28x28 inputs with 10 classes this is 1,199,882 parameters, 1,179,776 (98.3%) of them in
-``classifier.fc1``: freezing it leaves 1.68% trainable (the paper reports 4.97% for its
-62-class EMNIST variant). The reference model's two dropout layers are left out: dropout
-draws from torch's global generator, which fedge never uses (a run must be reproducible
-from its seed).
+"""FedPT's EMNIST CNN (seed 002, Sec. 4.1, Table 1; Reddi et al., arXiv:2003.00295v5, Table 7):
+two 3x3 convolutions, one large dense layer, the output layer. Design notes: docs/decisions.md#models.
 """
 
 from __future__ import annotations

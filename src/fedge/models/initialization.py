@@ -1,17 +1,8 @@
-"""Seeded, explicit-generator initialisation of every parameter and buffer of a model.
-
-FedPT (seed 002, Sec. 3) freezes parameters at their initial values and has each client
-*regenerate* them from a seed instead of downloading them, so initialisation must be a pure
-function of (architecture, seed): :func:`reset_parameters` draws only from the generator it is
-given, in the fixed order of ``model.named_modules()``, and never touches torch's global RNG.
-
-It reproduces torch's default initialisation exactly: with ``g = torch.Generator().manual_seed(s)``
-it yields the same tensors as constructing the same modules on CPU after ``torch.manual_seed(s)``.
-
-:func:`portable_reset_parameters` is the same initialisation — the same distribution for every
-parameter, as torch computes its bounds — drawn from :mod:`fedge.core.portable`: parameter
-``name`` from its own stream ``stream_key(seed, "init", name)``, so the weights are the same bits
-on every machine (torch's are bit-identical only for one CPU kernel family and torch version).
+"""Seeded, explicit-generator initialisation of every parameter and buffer of a model, equal to
+torch's default initialisation (FedPT, seed 002, Sec. 3: clients regenerate frozen weights);
+:func:`portable_reset_parameters` draws the same distributions from :mod:`fedge.core.portable`,
+a stream per parameter name, the same bits on every machine. Design notes:
+docs/decisions.md#models.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Building blocks shared by every model: activation and norm factories, fast pooling, shapes.
-
-Everything here is functional-call friendly: no in-place ops, no state mutated in ``forward``
-(BatchNorm's running statistics in train mode are the one, standard, exception), so
-``torch.func.functional_call`` and forward-only (zeroth-order) evaluation see a pure function
-of ``(parameters, buffers, input)``.
+"""Building blocks shared by every model (activation and norm factories, fast pooling, shapes),
+all functional-call friendly: no in-place ops, no state mutated in ``forward``.
 """
 
 from __future__ import annotations

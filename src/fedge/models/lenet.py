@@ -1,40 +1,5 @@
-"""The LeNet family: BAFFLE's LeNet, classic LeNet-5 and PPFL's LeNet.
-
-All three are two 5x5 conv blocks followed by a small classifier; they differ in widths,
-padding, pooling and FC sizes:
-
-``lenet`` (BAFFLE, seed 000, Sec. 4.1: "LeNet ... with two convolutional layers ... 2.7x10^4
-parameters"). We follow the BAFFLE reference code (FengHZ/BAFFLE, model/lenet.py)::
-
-    conv1  Conv(C->16, 5x5, pad 2) - GroupNorm - act - MaxPool 2x2
-    conv2  Conv(16->64, 5x5, pad 2) - GroupNorm - act
-    classifier: global average pool - FC(64 -> classes)
-
-which has 26,730 parameters on MNIST (1x28x28) and 27,530 on CIFAR-10: the paper's 2.7x10^4.
-The textbook 6/16-channel LeNet-5 with FC 120-84 is 44,426 parameters on 28x28 without padding
-(61,706 with padding 2), far from 2.7x10^4, so it is registered separately as ``lenet5``.
-GroupNorm uses ``max(2, C // 16)`` groups (2 and 4 here) with ``affine=False``, and Hardswish,
-as BAFFLE's guidelines (Sec. 3.3) prescribe. Global pooling makes the parameter count independent
-of the input size, so it builds for any input of at least 2x2 (8x8 digits included).
-
-``lenet5`` (LeCun et al. 1998; the "LeNet-5" of the NTK-pruning paper, seed 004)::
-
-    conv1  Conv(C->6, 5x5, pad ``padding``) - [norm] - act - MaxPool 2x2
-    conv2  Conv(6->16, 5x5) - [norm] - act - MaxPool 2x2
-    classifier: flatten - FC 120 - act - FC 84 - act - FC classes
-
-``padding`` defaults to 0 (62,006 parameters on 3x32x32, the common CIFAR-10 LeNet-5; 44,426 on
-1x28x28). ``padding=2`` reproduces LeCun's MNIST setting (28x28 digits padded to 32x32).
-
-``lenet-ppfl`` (PPFL, seed 001, Table 1: "C20-MP-C50-MP-FC500-FC10", 5x5 filters, every C and
-FC followed by ReLU; the Caffe MNIST LeNet)::
-
-    conv1  Conv(C->20, 5x5) - [norm] - act - MaxPool 2x2
-    conv2  Conv(20->50, 5x5) - [norm] - act - MaxPool 2x2
-    classifier: flatten - FC 500 - act - FC classes
-
-431,080 parameters on MNIST. ``lenet5`` and ``lenet-ppfl`` need inputs of at least 16x16 (less
-the padding): the second 5x5 conv must leave a 2x2 map to pool.
+"""The LeNet family: BAFFLE's LeNet (``lenet``, seed 000, Sec. 4.1), classic LeNet-5 (``lenet5``,
+LeCun et al. 1998) and PPFL's LeNet (``lenet-ppfl``, seed 001, Table 1). Design notes: docs/decisions.md#models.
 """
 
 from __future__ import annotations

@@ -1,17 +1,5 @@
-"""Fully connected baselines: ``mlp`` and ``logreg`` (multinomial logistic regression).
-
-Small, fast, and defined for any input shape: the digits quickstart (1x8x8) and tests use them.
-
-``mlp``: flatten, then one ``Linear - act`` block per entry of ``hidden`` (default (200, 200),
-the "2NN" of McMahan et al. 2017, FedAvg's MNIST MLP: 199,210 parameters on 1x28x28), then the
-output layer. The first block flattens its input, so ``features`` holds ``fc1, fc2, ...`` and
-``classifier`` just ``out``.
-
-``logreg``: ``features`` is empty; ``classifier`` is flatten then one Linear (softmax
-regression, the model FedZO and DLZO study; BAFFLE seed 000, Sec. 2).
-
-Both take tabular features too (``input_shape=(F,)``, e.g. a CSV dataset): flattening a
-(B, F) batch is the identity. Neither takes a norm (only ``norm="none"`` is accepted); ``logreg`` takes no activation.
+"""Fully connected baselines: ``mlp`` (McMahan et al. 2017's "2NN" by default) and ``logreg``
+(multinomial logistic regression), defined for any input shape. Design notes: docs/decisions.md#models.
 """
 
 from __future__ import annotations

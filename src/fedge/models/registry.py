@@ -1,25 +1,5 @@
-"""The model registry: ``build_model``, ``model_names``, ``model_info``, ``list_models``.
-
-Each model module registers a *builder* with :func:`register_model`, together with its options
-config (a :class:`ModelOptions` pydantic model: the options, their types, defaults and checks).
-A builder takes ``input_shape``, ``num_classes``, the resolved ``activation`` and ``norm`` and
-its validated options, and returns two ``nn.Sequential``s, ``features`` and ``classifier``;
-:func:`build_model` validates everything at the edge, assembles them into a :class:`Network` on the ``meta`` device (no memory,
-no random draws), materialises it and initialises it with :func:`reset_parameters` from an
-explicit generator.
-
-Layout every model follows (relied on by greedy layer-wise training (PPFL) and split learning
-(EPPFL))::
-
-    Network (nn.Sequential)
-      features    nn.Sequential of named blocks, in forward order, e.g. conv1, conv2 or stem,
-                  s1b1, ...; a block is the unit one trains or cuts after (conv -> norm -> act
-                  -> pooling that follows it -> dropout); residual units are one block each
-      classifier  nn.Sequential ending in the ``out`` Linear; it starts with ``flatten`` or a
-                  global average ``pool`` when the last block outputs a (B, C, H, W) map
-
-``model(x) == model.classifier(model.features(x))`` and ``model.features[:k]`` is the first k
-blocks. State-dict keys are therefore stable: ``features.conv1.conv.weight``, ``classifier.out.bias``.
+"""The model registry: ``build_model``, ``model_names``, ``model_info``, ``list_models`` and
+:func:`register_model`, with the :class:`Network` layout every model follows. Design notes: docs/decisions.md#models.
 """
 
 from __future__ import annotations

@@ -1,19 +1,5 @@
-"""ResNet-20 for CIFAR (He et al. 2016, Sec. 4.2), the deep model of NTK-pruning (seed 004).
-
-6n + 2 = 20 layers, n = 3 basic blocks per stage, stages of 16, 32, 64 channels at 32x32,
-16x16, 8x8, global average pooling and one FC layer. Shortcuts are He et al.'s option A:
-identity, or, where a stage halves the map and doubles the channels, the strided map padded
-with zero channels (parameter free), which gives the paper's 0.27M parameters (269,722)::
-
-    stem   Conv(C->16, 3x3) - norm - act
-    s1b1 .. s1b3   act(x + norm(conv(act(norm(conv(x))))))                 16 channels
-    s2b1 .. s2b3   same, 32 channels, s2b1 with stride 2 and a padded shortcut
-    s3b1 .. s3b3   same, 64 channels, s3b1 with stride 2 and a padded shortcut
-    classifier: global average pool - FC(64 -> classes)
-
-Defaults ``norm="batch"`` (NTK-pruning uses "ResNet-20 with batch normalization") and ReLU.
-Convs have no bias under a norm (the norm's shift replaces it) and a bias with ``norm="none"``.
-Any input of at least 1x1 builds.
+"""ResNet-20 for CIFAR (He et al. 2016, Sec. 4.2, option-A shortcuts, 0.27M parameters), the deep
+model of NTK-pruning (seed 004). Design notes: docs/decisions.md#models.
 """
 
 from __future__ import annotations

@@ -1,27 +1,5 @@
-"""VGG-style networks: PPFL's VGG9 and the CIFAR VGG-19 that EPPFL splits.
-
-A configuration is a list read left to right: an int is a 3x3 conv (padding 1) with that many
-filters followed by [norm] and the activation; ``"M"`` is a 2x2 max pool and a float is a
-dropout rate, both appended to the block of the conv before them. Each conv is one block of
-``features`` (``conv1``, ``conv2``, ...), the unit PPFL trains layer by layer and EPPFL cuts after.
-
-``vgg9`` (PPFL, seed 001, Table 1)::
-
-    C32-C64-MP-C128x2-MP-D0.05-C256x2-MP-D0.1-FC512x2-FC10
-
-ReLU after every C and FC (Table 1 notation). This is the VGG-9 of FedMA (Wang et al. 2020,
-PPFL's [72]): 3,491,530 parameters on CIFAR-10 (the 256x4x4 map feeds FC 512). Its dropouts
-make the forward pass random; ``dropout=False`` removes them, which forward-only (zeroth-order)
-estimation wants, since both forwards of a loss difference must see the same network.
-
-``vgg19`` (Simonyan & Zisserman 2015, configuration E, as used on CIFAR-10 by EPPFL, seed 003,
-Sec. 5, which puts the first conv + ReLU on the device)::
-
-    C64x2-MP-C128x2-MP-C256x4-MP-C512x4-MP-C512x4-MP-FC10
-
-Default norm is ``batch`` (the usual CIFAR VGG-19, 20.0M parameters; a plain 16-conv stack
-without normalisation barely trains from torch's default init); ``norm="none"`` gives the
-conv + ReLU blocks literally. Five pools: inputs must be at least 32x32.
+"""VGG-style networks: PPFL's VGG9 (seed 001, Table 1) and the CIFAR VGG-19 that EPPFL splits
+(Simonyan & Zisserman 2015, configuration E; seed 003, Sec. 5). Design notes: docs/decisions.md#models.
 """
 
 from __future__ import annotations

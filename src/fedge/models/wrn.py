@@ -1,26 +1,5 @@
-"""WRN-10-2: the wide residual network BAFFLE trains as its "light weight deep model".
-
-BAFFLE (seed 000) Sec. 4.1: "WideResNet (Zagoruyko & Komodakis, 2016) with depth = 10 and
-width = 2 (WRN-10-2) ... (3.0x10^5 parameters)". Depth 6n + 4 = 10 gives n = 1 pre-activation
-unit per stage; width 2 gives stages of 32, 64, 128 channels. As in the BAFFLE reference code
-(FengHZ/BAFFLE, model/wideresnet.py): a 3x3 stem conv to 16 channels with bias, bias-free convs
-inside units, a 1x1 projection shortcut where the shape changes, norms without affine
-parameters, and a final norm-act before global average pooling::
-
-    stem   Conv(C->16, 3x3)
-    unit1  norm-act -> Conv(16->32, 3x3) -> norm-act-[dropout] -> Conv(32->32, 3x3), + 1x1 shortcut
-    unit2  same, 32 -> 64, stride 2
-    unit3  same, 64 -> 128, stride 2
-    post   norm - act
-    classifier: global average pool - FC(128 -> classes)
-
-302,794 parameters on CIFAR-10 (the paper's 3.0x10^5), 302,506 on 1x28x28. The shortcut
-projection sees the pre-activated input, as in the original WRN code.
-
-Defaults: ``norm="batch"``, ``activation="relu"`` (the standard WRN). BAFFLE's own runs use
-``norm="group"`` (groups ``max(2, C // 16)``) and ``activation="hardswish"`` (Sec. 3.3): set
-them explicitly in BAFFLE presets. ``norm_affine=True`` adds the usual per-channel scale/shift
-(+ 576 parameters). Any input of at least 1x1 builds (global pooling).
+"""WRN-10-2 (Zagoruyko & Komodakis 2016): the wide residual network BAFFLE trains as its "light
+weight deep model" (seed 000, Sec. 4.1, 3.0x10^5 parameters). Design notes: docs/decisions.md#models.
 """
 
 from __future__ import annotations

@@ -1,15 +1,5 @@
-"""Foresight pruning: masks, saliency scores and the iterative schedule of seed 004.
-
-NTK foresight pruning (seed 004, "When foresight pruning meets zeroth-order optimization",
-Sec. 4.2 and Algorithm 1) finds a sparse mask at initialisation whose NTK trace stays close to
-the dense model's, using forward passes only on devices; BP-free (BAFFLE) training then runs on
-the sparse model, perturbing only the kept coordinates.
-
-- :mod:`.masks`: which weights are prunable (conv and linear weights), density, applying masks,
-  and masks on the wire (bitmap or index list, whichever is smaller).
-- :mod:`.saliency`: the NTK statistic (Eq. 13, 15) and score (Eq. 14): data-free on the server,
-  or data-based with devices sending K scalars; SNIP, magnitude and random baselines.
-- :mod:`.schedule`: Algorithm 1's exponential schedule ``d_t = d^(t/T_p)`` with a global threshold.
+"""Foresight pruning (seed 004, "When foresight pruning meets zeroth-order optimization", Sec. 4.2,
+Algorithm 1): masks, NTK saliency scores and the iterative schedule. Design notes: docs/decisions.md#pruning.
 
 >>> from fedge.core.rng import generator
 >>> from fedge.models import build_model

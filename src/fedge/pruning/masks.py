@@ -1,24 +1,6 @@
-"""Pruning masks: which weights are prunable, density, applying masks, and masks on the wire.
-
-**Prunable weights.** The ``weight`` of every convolution (``nn.Conv1d/2d/3d`` and transposed)
-and every ``nn.Linear``: the connections foresight pruning removes (seed 004, Eq. 2: the mask
-``m ∈ {0,1}^p`` over the model's weights; NTK-SAP and SNIP mask exactly these). Biases and
-normalisation parameters are never pruned: they are O(width), not O(width²), and removing one
-shifts or rescales a whole channel rather than cutting a connection. Frozen weights
-(``requires_grad=False``) are prunable too: pruning is about the architecture, not training.
-
-**Masks** are ``name -> bool tensor`` of the weight's shape, True = kept; a prunable name absent
-from a mask dict is fully kept. Every function here leaves the model untouched except
-:func:`apply_masks_`.
-
-**Wire format** (:func:`encode_masks`): per tensor, the smaller of
-
-- a bitmap: ``numpy.packbits`` of the flattened mask (big-endian bit order, zero padded to a
-  byte), ``ceil(n / 8)`` bytes, sent as uint8 under the weight's name;
-- an index list: the int32 flat indices of the kept coordinates (key ``name + ":kept"``) or of
-  the pruned ones (``name + ":pruned"``), whichever are fewer: ``4 · min(kept, n − kept)`` bytes.
-
-Ties go to the bitmap. Sizes count the payload only (the names travel in the Message either way).
+"""Pruning masks (seed 004, Eq. 2): which weights are prunable (conv and linear weights), density,
+applying masks, and masks on the wire (bitmap or index list, whichever is smaller).
+Design notes: docs/decisions.md#pruning.
 """
 
 from __future__ import annotations

@@ -1,61 +1,7 @@
-"""Saliency scores for foresight pruning: NTK (forward-only on devices), SNIP, magnitude, random.
-
-NTK saliency (seed 004, Sec. 4.2, Eq. 13-15; after NTK-SAP, Wang et al. 2023). The trace of the
-NTK at initialisation, ``‖∇_W f(X; W0 ⊙ m)‖²_F`` (Eq. 4-5), is approximated without any gradient
-by the output change under a random weight perturbation (Eq. 6, 13, 15)::
-
-    F_i = ‖f(x_i; W0 ⊙ m) − f(x_i; (W0 + ΔW) ⊙ m)‖²₂              (Eq. 13)
-    I   = 1/N Σ_i E_{ΔW ~ N(0, ε I)} [F_i]                         (Eq. 15)
-    S(m_j) = |∂I / ∂m_j|                                           (Eq. 14)
-
-Choices, and where the paper is silent:
-
-- ``f`` is the network output, the logits (no softmax), as the NTK of Sec. 3 and NTK-SAP's code.
-- ``ε`` is the *variance* of ΔW (Eq. 15: ``N(0, ε I)``), so ΔW = √ε · z. The paper gives no
-  value; we default to ε = 1e-6 (ΔW of std 1e-3): small next to initial weights (std ~1e-2 to
-  1e-1), so Eq. 6 stays a first-order (NTK) approximation, and large next to float32 rounding,
-  so the output difference is not rounding noise.
-- ``samples`` is the number of Monte Carlo draws of ΔW for the expectation in Eq. 15 (the paper:
-  "approximated by the Monte Carlo sampling method", no number); default 1, as NTK-SAP draws one
-  ΔW per batch. Only the prunable weights (conv/linear, :mod:`.masks`) are perturbed.
-- Draw order (the contract that lets the server regenerate ΔW): for s in range(samples), for each
-  prunable weight in ``named_parameters`` order, ``z = torch.randn(shape, generator=generator)``
-  (float32, CPU), cast to the weight's dtype, times √ε. Every function that draws takes either a
-  ``torch.Generator`` or a :class:`fedge.core.rng.PortableGenerator` (``generator``): the
-  portable one draws each tensor (inputs, each ΔW, random scores) as its next call, in the same
-  order, the same bits on every machine (:mod:`fedge.core.portable`); the ZO directions of
-  NTK-Ori follow ``spec.draws`` (:class:`fedge.estimators.ZerothOrderSpec`).
-- Eq. 14's first form, ``∂I/∂m_j``, with the mask shared by both forwards (as NTK-SAP's code,
-  which differentiates the shared mask). Eq. 14's second form, ``∂I/∂W0_j · W0_j``, is the
-  SNIP/SynFlow identity, exact only when I depends on ``W0 ⊙ m`` alone; here
-  ``∂I/∂m_j = (∂I/∂θ_j) W0_j + (∂I/∂θ'_j)(W0_j + ΔW_j)`` with θ = W0 ⊙ m and
-  θ' = (W0 + ΔW) ⊙ m, i.e. each forward's weight gradient times that forward's own weight.
-  Treating ΔW as a constant not gated by m would drop the ``‖J_j‖²`` term that makes it the NTK
-  trace's derivative (for a linear model it would score every weight 0).
-- Models run in eval mode (restored afterwards): forwards are deterministic and per sample, and
-  nothing is written (BatchNorm uses its running statistics; dropout is off). The model's
-  weights are never modified: scores are taken at ``W0 ⊙ m`` through ``functional_call``.
-- Scores are exactly 0 at pruned coordinates (NTK-SAP's ``grad * (m != 0)``).
-
-Where it runs (Algorithm 1, lines 4-14):
-
-- NTK-Rand, the paper's default (data-free): ``x ~ N(0, I)`` of the input shape
-  (:func:`gaussian_inputs`), and the server computes everything with :func:`ntk_saliency`
-  (autograd over Eq. 15 with the ΔW draws fixed): zero communication, devices idle.
-- NTK-Ori (data on devices): Algorithm 1 has devices send ``F_i`` (one scalar), but a scalar
-  cannot be differentiated by the server, and the paper's cost analysis (Sec. 5.2: worst case
-  ``32 T_p n`` bits per device) implies an n-vector per pruning round. We keep devices
-  forward-only and the uplink at K scalars (the paper's own BAFFLE trick, Eq. 16-17, with the
-  statistic I in place of the loss): the server sends the mask and a seed; the device returns
-  ``ΔI_k = I(m + δ_k) − I(m − δ_k)`` for K seeded perturbations ``δ_k ~ N(0, σ² I)`` of the
-  *live* mask coordinates, with its ΔW draws held fixed across the 2K evaluations (common random
-  numbers, :func:`ntk_statistic_differences`); the server regenerates δ_k and forms
-  ``Ŝ = |Σ_k ΔI_k δ_k / (2 K σ²)|`` (:func:`ntk_saliency_from_differences`). Uplink: 4K bytes per
-  device per pruning round (plus its sample count N_i for Eq. 15's weighting: combine devices with
-  :func:`fedge.estimators.combine_loss_differences`, weights N_i). Downlink: the mask (bitmap,
-  :func:`fedge.pruning.masks.encode_masks`) and the 4-byte seed. Device cost: 2K(1 + samples)
-  forwards. The zeroth-order error adds to the Monte Carlo error of Eq. 15 (the paper's
-  caveat in Sec. 4.2); it shrinks as K grows (Theorem 1: ``‖Σ̂ − I‖ ≤ √(n/K)``).
+"""Saliency scores for foresight pruning: NTK (seed 004, Eq. 13-15; forward-only on devices), SNIP,
+magnitude and random. Every draw (inputs, ΔW, random scores) comes from the ``generator``
+given, in a fixed order: a ``torch.Generator`` or a :class:`fedge.core.rng.PortableGenerator`
+(the same bits on every machine). Design notes: docs/decisions.md#pruning.
 """
 
 from __future__ import annotations

@@ -1,25 +1,5 @@
-"""Iterative global pruning: Algorithm 1 ("NTK Foresight Pruning") of seed 004.
-
-For t = 1..T_p: score the live weights at ``W0 ⊙ m`` (the model is never written, so the weights
-are W0 again for the next round), then keep the top ``d_t = d^(t/T_p)`` fraction of *all*
-prunable weights under one global threshold (Algorithm 1, lines 13-16; Sec. 4.2: "To avoid
-layer-collapse, we use an exponential decay schedule ..."). Keeping exactly
-``keep_t = round(d_t · n)`` weights (Python's ``round``, half to even) makes the final density
-exact; pruned weights are never candidates again, so masks are nested. Ties are broken by
-position: the earlier weight in ``named_parameters`` order, then the lower flat index, is kept.
-
-Layer collapse. The threshold is global and no floor per layer is enforced, so a layer *can*
-lose every weight. The exponential schedule (re-scoring after each small step) is the paper's
-safeguard: NTK scores over 5 rounds to density 0.05 keep at least 1.3% of every ResNet-20 layer,
-while global magnitude at the same density empties four of its stage-3 convolutions (measured,
-seed 0); the tests check that no LeNet layer empties at density 0.05 for any score.
-
-Scores (a registry, :data:`SCORERS`): ``"ntk"`` (seed 004, Eq. 14; NTK-Rand on fresh Gaussian
-inputs each round, Algorithm 1 line 10, unless ``inputs`` are given), ``"magnitude"`` (|W0|),
-``"random"`` (a uniformly random subset of exactly the target size) and ``"snip"`` (needs a
-labelled ``batch`` and backprop, so only for a server holding data). A federated method that
-scores on devices (:func:`fedge.pruning.saliency.ntk_statistic_differences`) drives the loop
-itself with :func:`keep_counts` and :func:`prune_step`.
+"""Iterative global pruning, Algorithm 1 of seed 004: keep the top ``d_t = d^(t/T_p)`` of all
+prunable weights under one global threshold, re-scoring each round. Design notes: docs/decisions.md#pruning.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Reading run directories and turning them into plots, reports and comparisons.
-
-- :func:`load_run` reads a run directory (finished or in progress) into a :class:`RunLog`;
-- :func:`plot_run` draws its PNG plots; :func:`render_report` writes ``report.md`` and a
-  self-contained ``report.html``;
-- :func:`compare_runs` puts several runs side by side (table + overlaid plots).
+"""Reading run directories (:func:`load_run`) and turning them into plots (:func:`plot_run`),
+reports (:func:`render_report`) and comparisons (:func:`compare_runs`).
 """
 
 from fedge.report.compare import Comparison, ComparisonWarning, compare_runs

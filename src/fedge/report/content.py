@@ -222,7 +222,7 @@ def _privacy_blocks(run: RunLog) -> list[Block]:
         )
         seen = (
             "activations at the edge server"
-            if dlg.get("method") == "eppfl"
+            if "eppfl-inversion" in dlg.get("attacks", {})
             else "masked uploads"
             if dlg.get("masked")
             else "uploads in the clear"

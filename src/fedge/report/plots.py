@@ -1,21 +1,17 @@
-"""PNG plots of one run or several, drawn with matplotlib's Agg canvas.
-
-Figures are built from ``matplotlib.figure.Figure`` with a ``FigureCanvasAgg`` attached, never
-through ``pyplot``: no global figure state, and a user's backend choice is left alone.
-
-Accuracy is logged as a fraction in [0, 1] and drawn in percent. Cumulative bytes are drawn in
-MB (10^6 bytes, the unit links are priced in) on a log axis when they span more than two decades,
-which is the usual case when comparing a seed-sized uplink (BAFFLE) with model deltas (FedAvg).
+"""PNG plots of one run or several, drawn with matplotlib's Agg canvas (never ``pyplot``).
+Design notes: docs/decisions.md#experiment-and-reports.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from fedge.report.runlog import CUM_BYTES, CUM_EFFECTIVE_FLOPS, RunLog
 
@@ -26,6 +22,7 @@ PLOT_DPI = 100
 _LOG_SPAN = 100.0  # max/min ratio above which an axis goes logarithmic
 _MARKER_MAX = 40  # draw point markers when a line has at most this many points
 _LINESTYLES = ("-", "--", "-.", ":")
+_HEADROOM = 1.12  # top of a linear axis from zero: this times the highest value
 
 _Line = tuple[str, Sequence[float], Sequence[float]]  # (legend label, xs, ys)
 
@@ -72,27 +69,33 @@ def _line_plot(
     log_x: bool = False,
     log_y: bool = False,
     y_from_zero: bool = False,
+    styles: Sequence[dict[str, Any]] = (),
 ) -> Path | None:
-    """Draw ``lines`` (values divided by ``x/yscale``) into ``path``; None if nothing to draw."""
+    """Draw ``lines`` (values divided by ``x/yscale``) into ``path``; None if nothing to draw.
+    An x axis labelled "round" ticks at whole rounds; ``y_from_zero`` leaves headroom above
+    the highest value (a constant line is not drawn on the top border); ``styles[i]`` overrides
+    line i's matplotlib keywords."""
     lines = [ln for ln in lines if len(ln[1]) > 0]
     if not lines:
         return None
     fig, ax = _new_axes(title, xlabel, ylabel)
+    if xlabel == "round":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for i, (label, xs, ys) in enumerate(lines):
-        ax.plot(
-            [x / xscale for x in xs],
-            [y / yscale for y in ys],
-            label=label,
-            linestyle=_LINESTYLES[(i // 10) % len(_LINESTYLES)],  # 10 colours, then restyle
-            marker="o" if len(xs) <= _MARKER_MAX else None,
-            markersize=3,
-        )
+        style: dict[str, Any] = {
+            "linestyle": _LINESTYLES[(i // 10) % len(_LINESTYLES)],  # 10 colours, then restyle
+            "marker": "o" if len(xs) <= _MARKER_MAX else None,
+            "markersize": 3,
+            **(styles[i] if i < len(styles) else {}),
+        }
+        ax.plot([x / xscale for x in xs], [y / yscale for y in ys], label=label, **style)
     if log_x:
         ax.set_xscale("log")
     if log_y:
         ax.set_yscale("log")
     elif y_from_zero:
-        ax.set_ylim(bottom=0)
+        top = max((y / yscale for _, _, ys in lines for y in ys), default=0.0)
+        ax.set_ylim(0, top * _HEADROOM if top > 0 else 1.0)
     if len(lines) > 1 or lines[0][0]:
         ax.legend(fontsize="small")
     return _save(fig, path)
@@ -184,6 +187,8 @@ def plot_run(run: RunLog, out_dir: str | Path) -> list[Path]:
             yscale=div,
             log_y=_wide_span(byte_vals),
             y_from_zero=True,
+            # down wide and pale underneath, up dashed on top: equal counts show both
+            styles=({"linewidth": 4.5, "alpha": 0.45}, {"linestyle": "--", "linewidth": 1.5}),
         )
     )
 

@@ -1,5 +1,5 @@
 """Privacy columns of a run from ``RUN_DIR/attacks/*.json`` (written by ``fedge attack``):
-one short cell per attack family, for ``fedge compare`` (issue 12)."""
+one short cell per attack family, for ``fedge compare``."""
 
 from __future__ import annotations
 

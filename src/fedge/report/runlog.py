@@ -1,11 +1,5 @@
-"""Reading a run directory written by the engine.
-
-A run directory holds ``config.yaml`` (resolved config), ``partition.json`` (who got which
-data), ``metrics.jsonl`` (one JSON object per completed round, flushed every round) and, once
-the run has finished, ``summary.json`` with ``"status": "complete"``; the names of its files
-and keys are :mod:`fedge.core.rundir_schema`'s, which the writer uses too. A directory without a
-complete summary is a run in progress (or one that crashed); everything here reads it anyway
-and reports it as "incomplete (N rounds so far)".
+"""Reading a run directory written by the engine, finished or in progress (:func:`load_run`),
+with the file and key names of :mod:`fedge.core.rundir_schema`.
 
 Example:
     >>> import fedge
@@ -292,7 +286,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
+        obj = schema.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunDirError(f"{path} is not valid JSON ({e}); delete or restore it") from e
     if not isinstance(obj, dict):
@@ -329,7 +323,7 @@ def _read_metrics(path: Path) -> list[dict[str, Any]]:
     by_round: dict[int, dict[str, Any]] = {}
     for pos, (lineno, line) in enumerate(numbered):
         try:
-            row = json.loads(line)
+            row = schema.loads(line)
         except json.JSONDecodeError as e:
             if pos == len(numbered) - 1:
                 warnings.warn(

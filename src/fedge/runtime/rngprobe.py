@@ -1,24 +1,5 @@
-"""Do two machines draw the same numbers from the same seed? A probe to compare them by.
-
-Every party of a run draws from the run's seed and relies on the others drawing the same: each
-Flower node computes its own clients' data partition (numpy generators), BAFFLE's server
-regenerates the clients' perturbations, FedPT's clients the frozen weights, secure
-aggregation's parties the same sparse mask graph, EPPFL's masks and PPFL's stage heads come
-from the run seed on every party. On one machine that holds by construction; across machines
-(Flower SuperNodes) it holds only where torch and numpy draw the same numbers, which other
-builds need not do. If they do not, nothing fails: a node trains on another shard than the
-partition the run records (shards may overlap), or the server rebuilds other perturbations than
-the client ran, and the run is not the configured one, silently.
-
-:func:`rng_probe` draws, from a fixed seed, through the very paths those use: a perturbation
-direction (:func:`~fedge.estimators.perturbation.standard_normal_chunk`), a seeded model
-initialisation (:func:`~fedge.models.initialization.reset_parameters`, what FedPT
-regenerates), a permutation and uniforms of a derived torch generator
-(:func:`~fedge.core.rng.generator`: batch orders, dropouts) and of a numpy one
-(:func:`~fedge.core.rng.numpy_rng`: partitions, client sampling, the mask graph).
-:func:`same_draws` compares two probes: equal up to float roundoff (rtol 1e-5), so two
-instruction sets whose vectorized kernels round differently still agree, while another
-generator or initialiser does not (its numbers are unrelated: they differ at the first digit).
+"""Do two machines draw the same numbers from the same seed? :func:`rng_probe` draws through the
+paths every party relies on and :func:`same_draws` compares two probes. Design notes: docs/decisions.md#runtime-and-engine.
 """
 
 from __future__ import annotations

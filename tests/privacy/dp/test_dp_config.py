@@ -1,10 +1,11 @@
 """PrivacyConfig: defaults, range checks and the refusals, each message naming the fix."""
 
 import math
+import warnings
 
 import pytest
 
-from fedge.core.errors import ConfigError
+from fedge.core.errors import ConfigError, PrivacyWarning
 from fedge.core.validation import validate_section
 from fedge.privacy.dp.config import PrivacyConfig
 
@@ -65,3 +66,12 @@ def test_bad_input_names_the_key_and_the_fix(data, needles):
 def test_infinite_clip_without_noise_is_allowed():
     cfg = PrivacyConfig(mechanism="gaussian", clip=math.inf, noise_multiplier=0.0)
     assert math.isinf(cfg.clip)
+
+
+def test_zero_noise_warns_that_the_run_has_no_privacy():
+    with pytest.warns(PrivacyWarning, match=r"noise_multiplier=0 adds no noise.*no differential"):
+        PrivacyConfig(mechanism="gaussian", clip=1.0, noise_multiplier=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PrivacyConfig(mechanism="gaussian", clip=1.0, noise_multiplier=0.5)
+        PrivacyConfig()  # mechanism none: no privacy asked for, nothing to warn about

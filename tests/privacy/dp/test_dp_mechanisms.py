@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedge.core.errors import MessageError
+from fedge.core.errors import DivergenceError, MessageError
 from fedge.privacy.dp.mechanisms import (
     SECURE,
     TreeAggregator,
@@ -52,8 +52,10 @@ def test_clip_inf_is_identity_and_non_finite_is_refused():
     c = {"a": torch.tensor([1e30, -1e30])}
     out, _ = clip_l2(c, math.inf)
     assert out["a"] is c["a"]
-    with pytest.raises(MessageError, match=r"non-finite values in \['a'\]"):
+    with pytest.raises(MessageError, match=r"non-finite values in \['a'\]") as info:
         clip_l2({"a": torch.tensor([1.0, float("nan")])}, 1.0)
+    assert isinstance(info.value, DivergenceError)  # a divergence by type
+    assert info.value.cause == "contribution has non-finite values in ['a']"
 
 
 @pytest.mark.parametrize("source", ["generator", "secure"])

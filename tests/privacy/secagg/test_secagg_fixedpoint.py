@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedge.core.errors import ConfigError
+from fedge.core.errors import ConfigError, DivergenceError
 from fedge.privacy.secagg import FixedPoint, FixedPointRangeError
 
 
@@ -65,6 +67,20 @@ def test_overflow_is_an_error_not_a_wrong_sum(bits: int) -> None:
     fp.encode([too_big], n_summands=9)  # fine for fewer clients
     with pytest.raises(ValueError):  # FixedPointRangeError is a ValueError
         fp.encode([2.0 ** (bits - 16)], n_summands=1)
+
+
+def test_a_value_out_of_range_is_a_divergence_naming_the_value() -> None:
+    fp = FixedPoint(bits=32, frac_bits=16)
+    with pytest.raises(DivergenceError) as info:  # in a run: the updates blew up
+        fp.encode([1e9], n_summands=2)
+    assert info.value.cause == (
+        f"value 1000000000.0 exceeds the fixed-point range ±{fp.max_abs(2):.6g} for a sum of 2 "
+        "clients (bits=32, frac_bits=16)"
+    )
+    with pytest.raises(DivergenceError) as info:
+        fp.encode([np.nan], n_summands=2)
+    assert str(info.value).startswith(info.value.cause + "; ")  # the message's first clause
+    assert re.fullmatch(r"cannot encode non-finite value \S*nan\)?", info.value.cause)
 
 
 def test_non_finite_is_rejected() -> None:

@@ -1,4 +1,9 @@
-"""Federated partitions: split a dataset's training indices across clients.
+"""Federated partitions: split a dataset's training indices across clients with a registered
+partitioner (``iid``, ``dirichlet``, ``shards``, ``domain``), drawn from
+``numpy_rng(seed, "partition", name)`` only; with ``draws="portable"`` the partitioners that
+only shuffle (``iid``, ``shards``, ``domain``) draw from :class:`fedge.core.rng.PortableGenerator`
+instead, the same on every machine (``dirichlet`` needs gamma variates and stays on numpy).
+Design notes: docs/decisions.md#data.
 
 >>> import numpy as np
 >>> labels = np.repeat(np.arange(10), 6000)                      # 60,000 samples, 10 classes
@@ -7,24 +12,6 @@
 (100, 60000)
 >>> partition_summary(parts, labels, 10)["clients"][0]["label_counts"]
 [10, 0, 132, 0, 0, 0, 7, 0, 0, 0]
-
-Registered partitioners (``PARTITIONERS[name].params`` holds each one's defaults):
-
-=========  ===========================================  ==========================================
-name       scheme                                        params (defaults)
-=========  ===========================================  ==========================================
-iid        seeded shuffle, sizes differ by at most 1     (none)
-dirichlet  label skew, per-class ``Dir(alpha)``          alpha=0.5, min_size=10, balance=True
-shards     McMahan et al. pathological label sort        shards_per_client=2
-domain     feature skew: clients grouped by domain key   (none; needs ``domains``)
-=========  ===========================================  ==========================================
-
-Every partitioner draws from ``numpy_rng(seed, "partition", name)`` only, assigns every
-sample to exactly one client, and returns one sorted int64 index array per client. With
-``draws="portable"`` a partitioner that shuffles only (``iid``, ``shards``, ``domain``:
-``PartitionerSpec.portable``) draws from :class:`fedge.core.rng.PortableGenerator` ``(seed,
-"partition", name)`` instead, the same partition on every machine and numpy version;
-``dirichlet`` needs gamma variates (transcendental math) and stays on numpy either way.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Shared pieces of the partitioners: parameter checks and the owner-array bookkeeping.
-
-Every partitioner computes ``owner`` — the client of each sample, shape (N,) — so that each
-sample is assigned exactly once by construction; :func:`parts_from_owner` turns it into one
-sorted index array per client.
+"""Shared pieces of the partitioners: parameter checks and the ``owner`` array (the client of each
+sample, so each sample is assigned exactly once by construction), which
+:func:`parts_from_owner` turns into one sorted index array per client.
 """
 
 from __future__ import annotations

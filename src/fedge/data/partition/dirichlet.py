@@ -1,21 +1,9 @@
-r"""Label-skew partition with Dirichlet class proportions.
-
-For each class ``k``, draw ``p_k ~ Dir(alpha * 1_C)`` over the ``C`` clients and deal the
-class's samples (shuffled) to the clients in those proportions. Small ``alpha`` (0.1) gives
-clients dominated by one or two classes; large ``alpha`` (100) approaches IID. This is the
-scheme of Yurochkin et al. 2019 (arXiv:1905.12022) as implemented in NIID-Bench (Li et al.
-2022, arXiv:2102.02079v4, Sec. 4.1) and used by the BAFFLE and NTK experiments; Hsu et al.
-2019 (arXiv:1909.06335) study the same Dirichlet label skew.
-
-``balance=True`` (NIID-Bench's rule) gives no more samples of the current class to a client
-that already holds ``>= N / C`` samples, which keeps client sizes from exploding. The whole
-draw is repeated until every client holds at least ``min_size`` samples, at most
-``MAX_TRIES`` times; then a ConfigError says to lower ``min_size`` or raise ``alpha``.
-
-Draws: numpy's generator only, also under ``draws="portable"``: a Dirichlet draw needs gamma
-variates, which numpy computes with transcendental functions (log, exp, pow) whose last bits
-may differ across CPUs, libms and numpy versions, so this partition is reproducible bit for bit
-only on the same numpy and platform; :mod:`fedge.core.portable` has no gamma variate.
+r"""Label-skew partition with Dirichlet class proportions ``p_k ~ Dir(alpha * 1_C)`` per class
+(Yurochkin et al. 2019, as in NIID-Bench, Li et al. 2022, Sec. 4.1). It draws from numpy's
+generator even under ``draws="portable"``: gamma variates need transcendental math (log, exp,
+pow) whose last bits may differ across CPUs, libms and numpy versions, and
+:mod:`fedge.core.portable` has none, so this partition is bit-reproducible only on the same numpy
+and platform. Design notes: docs/decisions.md#data.
 """
 
 from __future__ import annotations

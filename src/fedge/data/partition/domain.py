@@ -1,12 +1,5 @@
-"""Feature-skew partition by domain: each client's data comes from one domain.
-
-``domains`` gives a key per sample (writer, device, site, ...; ``Dataset.train_domains``).
-Domains are put in a seeded random order ``d_0, d_1, ...`` and clients assigned round-robin:
-
-* ``num_clients >= D`` domains: client ``c`` serves domain ``d_{c mod D}``; each domain's
-  samples are shuffled and split as evenly as possible among its clients.
-* ``num_clients < D``: client ``c`` gets every domain ``d_j`` with ``j mod num_clients == c``
-  (whole domains, so no domain is split and every sample is still assigned).
+"""Feature-skew partition by domain: each client's data comes from one domain (or, with fewer
+clients than domains, from whole domains dealt round-robin). Design notes: docs/decisions.md#data.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Pathological non-IID split of McMahan et al. 2017 (FedAvg, arXiv:1602.05629v4, Sec. 3).
-
-Sort the samples by label, cut them into ``num_clients * shards_per_client`` contiguous shards
-(sizes as even as possible), and give each client ``shards_per_client`` shards at random.
-MNIST with 100 clients and 2 shards each gives the paper's 200 shards of 300 images, so most
-clients see only two digits. Within a label the order is shuffled first, so a shard is a random
-sample of its class. When every class size is a multiple of the shard size, each shard holds a
-single label and a client sees at most ``shards_per_client`` labels.
+"""Pathological non-IID split of McMahan et al. 2017 (FedAvg, arXiv:1602.05629v4, Sec. 3): sort by
+label, cut into shards, give each client ``shards_per_client`` of them. Design notes: docs/decisions.md#data.
 """
 
 from __future__ import annotations

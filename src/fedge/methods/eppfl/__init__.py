@@ -85,6 +85,8 @@ from fedge.methods.eppfl.device import DeviceProgram, float_keys
 from fedge.methods.eppfl.parties import EdgeServer, MaskKeys, RandomnessServer
 from fedge.methods.eppfl.server import AggregationServer
 from fedge.methods.eppfl.split import Split, split_model
+from fedge.methods.registry import declare_method
+from fedge.methods.spec import Capabilities
 from fedge.privacy.secagg import FixedPoint
 
 __all__ = ["EppflConfig", "EppflDpConfig", "FIXED_POINT", "build"]
@@ -181,6 +183,13 @@ def _warn_batch_coupling(cfg: EppflConfig, split: Split) -> None:
     )
 
 
+@declare_method(
+    "eppfl",
+    "EPPFL: device/edge split learning, Laplace DP on cut activations, selection, third-party masks",
+    config=EppflConfig,
+    capabilities=Capabilities(),  # its own masks and DP; the server sums no plain replies
+    upload=lambda cfg: "edge_activations",
+)
 def build(cfg: EppflConfig, env: MethodEnv) -> MethodBuild:
     """Build EPPFL: the device program, S_a, and the side parties ``edge`` and ``sr``."""
     split_fn = partial(_split, env.model_fn, cfg.cut)

@@ -126,6 +126,8 @@ from fedge.methods.ppfl.enclaves import (
     open_eval_blob,
 )
 from fedge.methods.ppfl.stages import Stage, frozen_net, plan_stages, stage_need
+from fedge.methods.registry import declare_method
+from fedge.methods.spec import Capabilities
 from fedge.privacy.tee import MiB, platform_id, platform_path
 
 __all__ = ["PpflConfig", "PpflStrategy", "PpflClient", "PpflTeeConfig", "build"]
@@ -716,6 +718,13 @@ def _init_arrays(cfg: PpflConfig, env: MethodEnv) -> dict[str, torch.Tensor]:
     return arrays
 
 
+@declare_method(
+    "ppfl",
+    "PPFL: greedy layer-wise FL, the layer under training inside attested, memory-budgeted, sealed enclaves",
+    config=PpflConfig,
+    capabilities=Capabilities(),  # layer-wise aggregation inside its own enclave
+    upload=lambda cfg: "ciphertext",
+)
 def build(cfg: PpflConfig, env: MethodEnv) -> MethodBuild:
     """Build PPFL: the strategy, the client REE program, and the enclaves ``tee`` and ``server_tee``."""
     if env.workers:

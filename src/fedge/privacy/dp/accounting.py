@@ -1,35 +1,5 @@
-"""ε for DP-FedAvg and DP-FTRL from ``dp-accounting`` (RDP or PLD), with the assumptions named.
-
-A run is described by its DP event (:func:`dp_event`); :func:`epsilon` hands that event to
-``dp_accounting``'s accountant under the neighbouring relation the event needs. Clients are
-the privacy unit (user-level DP): N = population, m = clients per round, T = rounds, z = noise
-multiplier (noise std / clip on the sum).
-
-DP-FedAvg (``gaussian``), one round = a Gaussian mechanism on the clipped sum:
-
-* ``poisson``: ``PoissonSampledDpEvent(q=m/N, GaussianDpEvent(z))`` × T, add-or-remove-one.
-* ``fixed``: ``SampledWithoutReplacementDpEvent(N, m, GaussianDpEvent(z/2))`` × T,
-  replace-one (Wang et al. 2019, Thm. 27). Replacing one client can move the clipped sum by
-  2·clip, so the event's noise multiplier (std / L2 sensitivity) is z/2. RDP only.
-* ``shuffle``: a client joins at most once per pass and no amplification is claimed:
-  ``GaussianDpEvent(z)`` × (number of passes begun, ⌈T/R⌉ with R = ⌊N/m⌋ rounds per pass).
-
-DP-FTRL (``tree``, Kairouz et al. 2021 App. D): with ``shuffle`` sampling each pass over the
-population is one "single epoch": its R rounds are split into trees of ``tree_restart_rounds``
-steps (one tree by default), a client is a leaf of exactly one of them, so the pass is
-``SingleEpochTreeAggregationDpEvent(z, [steps of each tree])``; passes compose. The RDP of a
-tree of s steps is α·⌈log₂(s+1)⌉/(2z²) under replace-with-zero (REPLACE_SPECIAL) neighbours:
-the Gaussian mechanism with sensitivity √depth. The PLD accountant has no tree event, so for
-``pld`` each pass is that equivalent ``GaussianDpEvent(z/√depth)`` (depth of its deepest tree).
-A sampling under which a client can be a leaf twice in one tree is refused (``config.py``).
-
-Skipped rounds (``skipped``: a round the engine skipped under ``clients.min_replies`` before
-the server released anything) are not releases: T above counts released rounds, a shuffled
-pass counts only if one of its rounds released, and a tree has one leaf per released round of
-its window (the windows stay where the round numbers put them, as the trees restart there).
-The decision to skip depends only on the seeded dropout draws and the round's size, which
-replacing one client does not change; under ``poisson`` (add-or-remove) the size can, so there
-a skipped round may say a little more than nothing, which is not accounted (``build_run`` warns).
+"""ε for DP-FedAvg and DP-FTRL from ``dp-accounting`` (RDP or PLD): :func:`dp_event` describes a
+run, :func:`epsilon` accounts it under the neighbouring relation the event needs. Design notes: docs/decisions.md#differential-privacy.
 """
 
 from __future__ import annotations

@@ -1,51 +1,5 @@
-"""Method-agnostic DP aggregation: the server side of DP-FedAvg and DP-FTRL in one object.
-
-The engine (wired by the method layer) calls, per round t = 1, 2, ...:
-
-    clipped, norm = clip_contribution(update, cfg)            # on each client
-    mean, metrics = dp.aggregate([clipped, ...], rnd=t)        # on the server
-    # apply ``mean`` exactly where the method applied its plain mean of contributions
-
-``gaussian`` (DP-FedAvg, McMahan et al. 2018 Alg. 1): mean = (Σ_i c_i + N(0, (z·C)²)) / m,
-m the *expected* clients per round (fixed for ``fixed``/``shuffle``; q·N for ``poisson``,
-so the sensitivity of the mean stays C/m when a round's count varies).
-
-``tree`` (DP-FTRL, Kairouz et al. 2021 Alg. 1): the round sums are the leaves of a
-:class:`TreeAggregator`; the returned mean is the FTRL increment (S_t − S_{t−1}) / m, so a
-server that adds η·mean to its weights computes W_t = W_0 + η·S_t/m exactly as FTRL does
-(updates are descent directions here, so the minus sign of Alg. 1 lives in the update). With
-``momentum`` γ > 0 the increment goes through heavy-ball momentum u_t = γ·u_{t−1} + inc_t
-(DP-FTRLM, Kairouz et al. Sec. 5); within a tree this is their momentum on the noisy prefix
-sums, v_t = γ·v_{t−1} + S_t, W_t = W_0 − η·v_t, written in increments (u_t = v_t − v_{t−1}).
-Trees restart at pass boundaries and every ``tree_restart_rounds`` rounds; the momentum buffer
-carries across restarts (a stated difference: the reference DP-FTRLM optimizer,
-``DPFTRLMServerOptimizer.restart_dp_tree`` in google-research/federated ``dp_ftrl``, zeroes it
-with the tree and restarts FTRL from the current weights; ours keeps the heavy ball going, as
-the later TFF form does with the tree noise in the aggregator and the momentum in the server
-optimizer. Momentum is post-processing of the released increments, so either costs no privacy;
-they train differently only at a restart — in FedPT's Table 5 setting, 1600 rounds of a pass
-of ~3400, there is none).
-
-Noise comes from the generator (seed, "dp-noise", t) unless ``secure_noise``. ε after each
-round is in ``metrics["epsilon"]``; :meth:`DPAggregator.allows` says whether one more round
-keeps ε within ``target_epsilon``. σ = 0 with clip = inf gives back the plain mean exactly.
-
-**Skipped rounds.** Under ``clients.min_replies`` the engine skips a round that cannot complete
-and puts the server back as it was before it, so the next call can be ``rnd = t + 2`` after
-round t. This object is the only thing that releases (central DP: clients send their clipped
-contributions to it, and only the noised mean leaves it), so a round it did not aggregate
-released nothing: it is recorded as skipped and is no release for the accountant. With
-``tree`` the leaves are the *releases*: a skipped round adds no leaf, draws no node noise, and
-the next release is the next leaf, its increment taken over the last released prefix
-S_{j−1} — the tree is exactly that of a run whose rounds were only the released ones (each
-node's noise still drawn from the generator of the round that completed it). Counting
-releases rather than rounds (a zero leaf per skipped round would also be private) keeps the
-tree as shallow as its releases allow and makes the accounting exact: a tree has one leaf per
-released round of its window. The windows stay on round numbers, since the shuffled passes
-that let a client be a leaf of only one tree are defined by them: a tree restarts when a pass
-or ``tree_restart_rounds`` boundary lies between the last release and this one, even when the
-round at the boundary was skipped. Momentum carries over a skipped round unchanged. A round
-number that does not move forward is refused.
+"""Method-agnostic DP aggregation, the server side of DP-FedAvg (McMahan et al. 2018, Alg. 1) and
+DP-FTRL (Kairouz et al. 2021, Alg. 1) in one object, :class:`DPAggregator`. Design notes: docs/decisions.md#differential-privacy.
 """
 
 from __future__ import annotations

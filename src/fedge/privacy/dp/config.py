@@ -1,45 +1,18 @@
-"""The ``privacy:`` section of a run config: which DP mechanism, its parameters, its accountant.
-
-Two mechanisms privatize the server's sum of per-client contributions:
-
-* ``gaussian``: **DP-FedAvg** (McMahan et al. 2018, "Learning Differentially Private Recurrent
-  Language Models", arXiv:1710.06963v3, Alg. 1): clip each client's contribution to L2 norm
-  ``clip``, add N(0, (z·clip)²) to the sum, divide by the expected number of clients.
-* ``tree``: **DP-FTRL** (Kairouz et al. 2021, "Practical and Private (Deep) Learning without
-  Sampling or Shuffling", arXiv:2103.00039v3, Alg. 1), as FedPT uses it (seed 002, Sec. 4.2,
-  Table 5): the clipped sums are leaves of a binary tree whose nodes each get N(0, (z·clip)²);
-  the server applies W_t = W_0 − η · (noisy prefix sum)/m. No sampling amplification is
-  assumed, so each client must contribute at most once per tree (``sampling: shuffle``).
-
-Sampling (what the accountant assumes; the engine must sample the same way):
-
-* ``poisson``: each client joins each round independently with probability q = m/N
-  (``PoissonSampledDpEvent``, add-or-remove-one neighbours); the sum is divided by the
-  expected m.
-* ``fixed``: each round is a uniform m-subset of the N clients, independent across rounds
-  (``SampledWithoutReplacementDpEvent``, replace-one neighbours, RDP only).
-* ``shuffle``: each pass over the population takes the clients in a fresh random order, m per
-  round, so a client joins at most once per pass (no amplification claimed). The only
-  sampling DP-FTRL accepts; trees restart at every pass boundary.
-
-``secure_noise``: by default noise comes from a ``torch.Generator`` derived from the run seed,
-so a run is bit-reproducible from its config, which is what experiments need but means anyone
-who knows the seed can subtract the noise. A deployment sets ``secure_noise: true``: noise is
-then drawn from the operating system's CSPRNG (``secrets``/``os.urandom``) and a rerun gives
-different (equally distributed) noise. The clients of each round are then drawn from it too
-(``poisson``, ``fixed``): the subsampling amplification the accountant claims holds only if the
-adversary does not know which clients a round drew. It fixes the predictability of the sources
-only; the floating-point Gaussian sampler is not hardened against the attacks of Mironov (CCS 2012).
+"""The ``privacy:`` section of a run config: the DP mechanism (``gaussian``: DP-FedAvg;
+``tree``: DP-FTRL), its parameters, the client sampling the accountant assumes, and the noise
+source. Design notes: docs/decisions.md#differential-privacy.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from fedge.core.config import ConfigModel
+from fedge.core.errors import PrivacyWarning
 
 __all__ = ["Accountant", "Mechanism", "PrivacyConfig", "Sampling"]
 
@@ -175,6 +148,14 @@ class PrivacyConfig(ConfigModel):
             raise ValueError(
                 "privacy.sampling=fixed is accounted with RDP only (dp-accounting's PLD accountant has "
                 "no sampling-without-replacement event); set privacy.accountant=rdp or privacy.sampling=poisson"
+            )
+        if self.enabled and self.noise_multiplier == 0:
+            warnings.warn(
+                f"privacy.mechanism={self.mechanism} with privacy.noise_multiplier=0 adds no noise: "
+                'the run has no differential privacy (ε = inf, written "inf" in summary.json); '
+                "set privacy.noise_multiplier > 0 (e.g. 1.0), or keep 0 only as the no-privacy check",
+                PrivacyWarning,
+                stacklevel=2,
             )
         return self
 

@@ -1,35 +1,6 @@
-"""The Laplace mechanism on per-sample vectors, with per-sample L1 clipping, and its
-accounting by ``dp-accounting`` (Laplace events composed under RDP and PLD).
-
-A release of one sample is ``clip_l1(v) + Lap(b)^d`` with ``b = Δ₁ / ε``:
-
-- **clipping** bounds every sample's vector in L1: ``v ← v · min(1, C / ‖v‖₁)``;
-- **adjacency is replace-one** (neighbouring datasets differ in one sample's *value*; the
-  number of samples, and so the number of releases, is public), so the L1 sensitivity of one
-  sample's release is ``Δ₁ = 2C``: two clipped vectors differ by at most ``2C`` in L1. (Under
-  add/remove adjacency a whole release appears or vanishes, which a fixed-count release
-  schedule does not model; we do not claim it.)
-- each coordinate gets independent ``Lap(b)`` noise, so one release is ``ε``-DP (pure) for
-  that sample's vector.
-
-What this does not cover (stated, not hidden): a release is a function of the sample *through the
-model that computed it*. If that model mixes samples (batch statistics: BatchNorm in training
-mode), another sample's release moves when this one changes, so one batch release is worth up to
-``B·ε`` for a sample of a batch of B; and a model trained on the raw samples between releases
-(EPPFL's device half) carries each sample into the weights behind every later release. The
-accounting below counts a sample's own releases, as EPPFL's paper does; it is a bound only when
-neither applies (see :mod:`fedge.methods.eppfl`, which warns when its device half has batch
-statistics).
-
-Accounting: a sample released ``k`` times (every local epoch of every round its device takes
-part in) composes ``k`` Laplace mechanisms with ``noise_multiplier = b / Δ₁ = 1 / ε``
-(:class:`dp_accounting.LaplaceDpEvent`). :func:`laplace_epsilon` reports the basic (pure)
-composition ``k·ε``, and the ``(ε, δ)`` of the RDP and PLD accountants; no subsampling
-amplification is claimed (the receiver sees every release).
-
-Everything here is pure: the noise is drawn from an explicit ``torch.Generator`` (reproducible
-from the run seed, so anyone who knows the seed can subtract it) or, for a deployment, from the
-OS CSPRNG (:data:`fedge.privacy.dp.mechanisms.SECURE`: ``method.dp.secure_noise`` in EPPFL).
+"""The Laplace mechanism on per-sample vectors with per-sample L1 clipping (``b = Δ₁ / ε``,
+``Δ₁ = 2C`` under replace-one adjacency), and its accounting by ``dp-accounting``.
+Design notes: docs/decisions.md#differential-privacy.
 """
 
 from __future__ import annotations

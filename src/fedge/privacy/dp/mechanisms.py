@@ -1,11 +1,6 @@
-"""DP mechanisms on client contributions: L2 clipping, Gaussian noise, tree aggregation, FTRL.
-
-A *contribution* is a ``dict[str, Tensor]`` (a model update, or BAFFLE's K loss differences);
-its norm is the global L2 norm across all tensors. Every random draw takes an explicit
-``torch.Generator`` or :data:`SECURE` (the OS CSPRNG, see ``config.py``), never a global RNG.
-
-References: DP-FedAvg, McMahan et al. 2018 (arXiv:1710.06963v3) Alg. 1; DP-FTRL and tree
-aggregation, Kairouz et al. 2021 (arXiv:2103.00039v3) Alg. 1 and Sec. 4 (DP-FTRLM).
+"""DP mechanisms on client contributions: L2 clipping, Gaussian noise, tree aggregation and FTRL
+(DP-FedAvg, McMahan et al. 2018, arXiv:1710.06963v3, Alg. 1; DP-FTRL, Kairouz et al. 2021,
+arXiv:2103.00039v3, Alg. 1 and Sec. 4). Design notes: docs/decisions.md#differential-privacy.
 """
 
 from __future__ import annotations
@@ -18,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedge.core.errors import MessageError
+from fedge.core.errors import NonFiniteError
 
 __all__ = [
     "SECURE",
@@ -65,9 +60,10 @@ def clip_l2(c: Contribution, clip: float) -> tuple[Contribution, float]:
     norm = global_norm(c)
     if not math.isfinite(norm):
         bad = [k for k, t in c.items() if not bool(torch.isfinite(t).all())]
-        raise MessageError(
+        raise NonFiniteError(
             f"contribution has non-finite values in {bad}; a client sent NaN/inf, "
-            "check its learning rate or drop it before clipping"
+            "check its learning rate or drop it before clipping",
+            cause=f"contribution has non-finite values in {bad}",
         )
     if norm <= clip:
         return c, norm

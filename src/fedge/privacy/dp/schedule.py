@@ -1,12 +1,5 @@
 """Client schedules the DP accountant assumes: ``shuffle`` (DP-FTRL) and ``poisson`` (DP-FedAvg).
-
-The engine's default sampler (a uniform m-subset per round, independent across rounds) is
-what ``sampling: fixed`` assumes; these two give the other assumptions.
-
-Pass p takes the population in the order of a permutation drawn from the generator
-(seed, "dp-shuffle", p); round r (1-based) of the run is round i = (r−1) mod R of pass
-p = (r−1) div R, R = ⌊N/m⌋, and takes the clients at positions i·m .. i·m+m−1. So a client
-joins at most once per pass, and the trees restarting at pass boundaries never see it twice.
+Design notes: docs/decisions.md#differential-privacy.
 """
 
 from __future__ import annotations

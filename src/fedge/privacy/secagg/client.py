@@ -1,25 +1,6 @@
-"""The client side of secure aggregation with double masking (Bonawitz et al., CCS 2017,
-Fig. 4 "SecAgg", honest-but-curious variant; sparse neighbourhoods after Bell et al., CCS 2020).
-
-One :class:`ClientState` per client and round; each protocol step is a method that takes the
-server's message bytes and returns the client's reply bytes:
-
-    advertise_keys()          -> Advertise          (round 0)
-    share_keys(KeyList)       -> Shares             (round 1)
-    masked_input(Forward, x)  -> MaskedInput        (round 2)
-    unmask(UnmaskRequest)     -> UnmaskResponse     (round 3)
-
-The masked input of client u with mask neighbours M(u) (its graph neighbours that completed
-round 1) is, in Z_{2^b}^K,
-
-    y_u = x_u + PRG(b_u) + Σ_{v ∈ M(u), v > u} PRG(s_uv) − Σ_{v ∈ M(u), v < u} PRG(s_uv),
-
-where x_u is the fixed-point encoding of u's vector (BAFFLE Alg. 1 l. 13: the K loss
-differences, pre-multiplied by the client's weight N_u, its sample count, for Eq. (7); N_u rides
-along as one more masked coordinate, so the server learns only N = Σ N_u and divides). The pair masks cancel in the sum
-over clients; the self mask b_u keeps y_u hidden even if the server later learns s_sk_u
-(it would, wrongly, if u were merely slow and declared dropped). A client reveals at most one
-of the two secrets of each neighbour, and answers the unmasking request once.
+"""The client side of secure aggregation with double masking (Bonawitz et al., CCS 2017, Fig. 4,
+honest-but-curious variant): :class:`ClientState`, one method per protocol step, masking
+``y_u = x_u + PRG(b_u) + Σ_{v>u} PRG(s_uv) − Σ_{v<u} PRG(s_uv)``. Design notes: docs/decisions.md#secure-aggregation.
 """
 
 from __future__ import annotations

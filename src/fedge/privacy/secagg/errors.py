@@ -6,7 +6,7 @@ once, and a builtin (ValueError / RuntimeError) so a caller who does not know fe
 
 from __future__ import annotations
 
-from fedge.core.errors import FedgeError, ShortRoundError
+from fedge.core.errors import DivergenceError, FedgeError, ShortRoundError
 
 __all__ = ["FixedPointRangeError", "SecAggError", "ShareDecryptionError", "TooFewClientsError"]
 
@@ -27,5 +27,6 @@ class ShareDecryptionError(SecAggError):
     from another round)."""
 
 
-class FixedPointRangeError(FedgeError, ValueError):
-    """A value is outside what the fixed-point encoding can sum without wrapping around."""
+class FixedPointRangeError(DivergenceError, ValueError):
+    """A value is outside what the fixed-point encoding can sum without wrapping around (it is
+    non-finite, or too large): in a run, a :class:`~fedge.core.errors.DivergenceError`."""

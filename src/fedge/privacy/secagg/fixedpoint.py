@@ -1,28 +1,5 @@
-"""Fixed-point encoding of real vectors into the ring Z_{2^b}, where masks cancel exactly.
-
-Secure aggregation adds masks that cancel only in exact modular arithmetic, so every client
-encodes its real vector x as integers q = round(x * 2^f) mod 2^b (two's complement for
-negatives) before masking, and the server decodes the unmasked sum back to reals:
-
-    q_c = round(x_c * 2^f) mod 2^b,     Σ_c q_c mod 2^b  --signed-->  Σ_c q_c  -->  / 2^f
-
-Overflow bound (why the encoder needs ``n_summands``): the decoded sum is exact iff the true
-integer sum lies in [-2^(b-1), 2^(b-1) - 1]. The encoder therefore requires, for each of the n
-summands, |q_c| <= floor((2^(b-1) - 1) / n), i.e. roughly
-
-    |x_c| <= 2^(b-1-f) / n        (b = 64, f = 24, n = 1000:  |x_c| <= 5.5e8)
-                                  (b = 32, f = 16, n = 1000:  |x_c| <= 32.7)
-
-and raises :class:`FixedPointRangeError` otherwise: a value that could wrap around is an error,
-never a silently wrong sum. Clip (or scale) the inputs before encoding if they can be large.
-The resolution is 2^-f per summand; the decoded sum differs from the real sum by at most
-n * 2^-(f+1) (rounding), and equals the sum of the encodings exactly.
-
-Weighted sums (BAFFLE Eq. (7): Σ_c N_c/N · ΔL_c): each client multiplies its vector by its own
-weight *before* encoding; the bound above then applies to the weighted values.
-
-All arithmetic is on numpy ``uint64`` arrays, whose addition wraps modulo 2^64; for b = 32 the
-result is reduced with a mask (2^32 divides 2^64, so reducing at the end is exact).
+"""Fixed-point encoding of real vectors into the ring Z_{2^b}, where masks cancel exactly;
+a value whose sum could wrap around raises :class:`FixedPointRangeError`. Design notes: docs/decisions.md#secure-aggregation.
 """
 
 from __future__ import annotations
@@ -125,17 +102,21 @@ class FixedPoint:
         if not np.all(np.isfinite(xf)):
             bad = xf[~np.isfinite(xf)].ravel()[0]
             raise FixedPointRangeError(
-                f"cannot encode non-finite value {bad!r}; secure aggregation needs finite inputs"
+                f"cannot encode non-finite value {bad!r}; secure aggregation needs finite inputs",
+                cause=f"cannot encode non-finite value {bad!r}",
             )
         q = np.rint(xf * self.scale)
         over = np.abs(q) > self._max_abs_float(n_summands)
         if np.any(over):
             worst = float(xf.ravel()[np.argmax(np.abs(q).ravel())])
-            raise FixedPointRangeError(
+            what = (
                 f"value {worst!r} exceeds the fixed-point range ±{self.max_abs(n_summands):.6g} "
-                f"for a sum of {n_summands} clients (bits={self.bits}, frac_bits="
-                f"{self.frac_bits}); the sum could wrap around. Clip or scale the inputs, use "
-                f"fewer frac_bits, or bits=64"
+                f"for a sum of {n_summands} clients (bits={self.bits}, frac_bits={self.frac_bits})"
+            )
+            raise FixedPointRangeError(
+                f"{what}; the sum could wrap around. Clip or scale the inputs, use fewer "
+                "frac_bits, or bits=64",
+                cause=what,
             )
         return q.astype(np.int64).view(np.uint64) & self.mask
 

@@ -1,24 +1,8 @@
 """Who masks with whom: the complete graph (Bonawitz et al., CCS 2017) or a sparse random
-k-regular Harary graph (Bell et al., CCS 2020, "Secure Single-Server Aggregation with
-(Poly)Logarithmic Overhead", arXiv:2004.04637).
-
-With the complete graph every client agrees keys with, shares secrets to, and masks against all
-n - 1 others: O(n) key agreements and PRG expansions per client, O(n²) overall — fine for tens
-of clients, ~2·10^6 X25519 operations for n = 1000. Bell et al. show that neighbourhoods of
-size k = O(log n) keep the guarantees (the server learns only the sum) when the graph is random
-and unknown to the adversary in advance. We use their construction: the Harary graph H(k, n)
-— clients on a ring, each joined to the k/2 nearest on either side — over a random ordering of
-the clients. The ordering comes from the public run seed (``fedge.core.rng``), so server and
-clients build the same graph without messages; it is public, like the graph in Bell et al.
-``draws="portable"`` orders the ring by :func:`fedge.core.portable.permutation` of the stream
-``(seed, "secagg-graph", round)``, the same on every machine and library version; ``"torch"``
-(the default, what earlier records used) by numpy's PCG64 ``permutation``.
-
-What the server learns is the sum of each connected component of the *surviving* clients' mask
-graph, so k must keep that graph connected under dropouts and must leave every secret at least
-t surviving holders (the owner included). :func:`recommended_neighbors` returns the heuristic
-k = 2·⌈3·log2 n⌉ (n = 1000: k = 60; cutting the ring takes k/2 = 30 consecutive dropouts, of
-probability ~0.1^30 at a 10 % dropout rate). Choose k for your own dropout and collusion rates.
+k-regular Harary graph over a seeded ordering of the clients (Bell et al., CCS 2020,
+arXiv:2004.04637); the ordering is numpy's permutation (``draws="torch"``) or
+:func:`fedge.core.portable.permutation` (``draws="portable"``, the same on every machine).
+Design notes: docs/decisions.md#secure-aggregation.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
-"""Key material of one secure-aggregation round: X25519 key pairs, HKDF derivations, and the
-AES-GCM encryption of Shamir shares (Bonawitz et al., CCS 2017, §4, rounds 0-1).
-
-Each client holds two fresh X25519 key pairs per round:
-
-- (c_pk, c_sk) encrypts the shares it sends through the server to each neighbour v under
-  k_uv = HKDF(X25519(c_sk_u, c_pk_v), info = "share-key" ‖ round ‖ min(u,v) ‖ max(u,v));
-  associated data ‖ round ‖ sender ‖ recipient binds a ciphertext to its route and round.
-- (s_pk, s_sk) agrees the pair-mask seed
-  s_uv = HKDF(X25519(s_sk_u, s_pk_v), info = "pair-mask" ‖ round ‖ min(u,v) ‖ max(u,v)).
-  s_sk is Shamir-shared, so the server can rebuild the pair masks of a client that drops out;
-  it must therefore be a different key from c_sk, or the server could read shares meant for it.
-
-Cryptographic keys come from OS randomness (``os.urandom`` via ``X25519PrivateKey``), never from
-the public run seed: anyone who knows the run seed (the server does) could otherwise rebuild
-every mask. Results stay reproducible anyway, because the unmasked sum is exact and does not
-depend on the key material. ``entropy`` arguments exist only so tests can fix the keys.
+"""Key material of one secure-aggregation round (Bonawitz et al., CCS 2017, §4, rounds 0-1):
+X25519 key pairs from OS randomness, HKDF derivations, and the AES-GCM encryption of Shamir
+shares. Design notes: docs/decisions.md#secure-aggregation.
 """
 
 from __future__ import annotations

@@ -1,22 +1,5 @@
 """Wire format of the secure-aggregation messages: real bytes, so byte counts are honest.
-
-Every message starts with a 9-byte header ``kind:u8 ‖ round:u32 ‖ party:u32`` (party = the
-sending client for uploads, the receiving client for downloads), all little-endian, followed by:
-
-=================  ======  ====================================================================
-message            dir     body
-=================  ======  ====================================================================
-Advertise          up      c_pk (32) ‖ s_pk (32)
-KeyList            down    n:u32, n × (id:u32 ‖ c_pk (32) ‖ s_pk (32))
-Shares             up      n:u32, n × (recipient:u32 ‖ nonce (12) ‖ AESGCM(sh_s ‖ sh_b) (84))
-Forward            down    n:u32, n × (sender:u32 ‖ the same 96-byte encrypted share)
-MaskedInput        up      y_u: K ring elements, b/8 bytes each
-UnmaskRequest      down    n:u32, n × alive id:u32, m:u32, m × dropped id:u32
-UnmaskResponse     up      n:u32, n × (owner:u32 ‖ share of b_owner (34)),
-                           m:u32, m × (owner:u32 ‖ share of s_sk_owner (34))
-=================  ======  ====================================================================
-
-A Shamir share of a 32-byte secret is two elements of F_{2^130-5}, 17 bytes each (shamir.py).
+Design notes: docs/decisions.md#secure-aggregation.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
-"""The server side of secure aggregation (Bonawitz et al., CCS 2017, Fig. 4; sparse graph
-after Bell et al., CCS 2020). It relays messages and, at the end, learns only
-
-    Σ_{u ∈ U3} x_u  mod 2^b      (U3 = clients whose masked input arrived)
-
-and which clients dropped. Client sets follow the paper: U1 advertised keys, U2 ⊆ U1 sent
-shares, U3 ⊆ U2 sent masked inputs, U4 ⊆ U3 answered the unmasking request. Unmasking
-(:meth:`ServerState.finalize`):
-
-    Σ_{u∈U3} y_u − Σ_{u∈U3} PRG(b_u) − Σ_{v∈U2∖U3} Σ_{u∈U3∩M(v)} ±PRG(s_uv),
-
-with b_u rebuilt from the shares of U4 ∩ (M(u) ∪ {u}) and s_sk_v from those of U4 ∩ M(v) (M =
-mask neighbours: graph neighbours that both completed round 1). A secret with fewer than t
-shares aborts the round with :class:`SecAggError`: never a silently wrong sum.
+"""The server side of secure aggregation (Bonawitz et al., CCS 2017, Fig. 4; sparse graph after
+Bell et al., CCS 2020): it relays messages and learns only ``Σ_{u ∈ U3} x_u mod 2^b`` and which
+clients dropped. Design notes: docs/decisions.md#secure-aggregation.
 """
 
 from __future__ import annotations

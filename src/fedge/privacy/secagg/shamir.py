@@ -1,17 +1,5 @@
-"""Shamir t-out-of-n secret sharing over the prime field F_p, p = 2^130 - 5.
-
-A secret of any length is cut into 16-byte blocks; each block s (< 2^128 < p) is shared with
-its own random polynomial of degree t - 1,
-
-    f(X) = s + a_1 X + ... + a_{t-1} X^{t-1}  (mod p),   share_i = f(x_i),  x_i != 0,
-
-with a_j uniform in F_p from the OS CSPRNG (``os.urandom``, rejection sampling). Any t shares
-give s = f(0) by Lagrange interpolation; any t - 1 shares are independent of s (Shamir, CACM
-1979). Bonawitz et al. (CCS 2017, §3) use this to share each client's mask-agreement key and
-self-mask seed.
-
-p = 2^130 - 5 (the Poly1305 prime) is chosen so one 128-bit block is one field element:
-a share of a 32-byte secret is 2 elements = 34 bytes on the wire (17 bytes each).
+"""Shamir t-out-of-n secret sharing over the prime field F_p, p = 2^130 - 5 (Shamir, CACM 1979;
+Bonawitz et al., CCS 2017, §3). Design notes: docs/decisions.md#secure-aggregation.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""One secure-aggregation round simulated in process, with the real message bytes.
-
-:func:`secure_sum` runs :class:`ClientState` and :class:`ServerState` through the four
-protocol steps, drops the requested clients at the requested points, counts every byte that
-would cross the network, and returns the unmasked sum. It is the oracle-friendly entry point;
-an engine that moves real messages drives the two classes itself, step by step.
+"""One secure-aggregation round simulated in process with the real message bytes:
+:func:`secure_sum`, the oracle-friendly entry point.
 """
 
 from __future__ import annotations

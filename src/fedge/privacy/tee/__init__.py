@@ -1,12 +1,5 @@
 """A simulated trusted execution environment (PPFL, seed 001): the enclave's memory budget,
-attestation, and the sealed channel. Pure pieces; the method (fedge.methods.ppfl) runs
-enclaves as side parties.
-
-What is simulated and what is real: the cryptography is real (Ed25519 signatures, X25519,
-HKDF, AES-GCM from ``cryptography``); the isolation is by convention — an enclave runs in the
-same process, keeps its plaintext only while it handles a call, and hands the engine only
-sealed state, sealed under keys derived from the machine's simulated fuses (a file; see
-:mod:`fedge.privacy.tee.attest`). The memory budget is enforced by accounting of every tensor it holds.
+attestation and the sealed channel; real cryptography, isolation by convention. Design notes: docs/decisions.md#trusted-execution-environment.
 """
 
 from fedge.privacy.tee.attest import (

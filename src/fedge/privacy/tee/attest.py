@@ -1,25 +1,5 @@
-"""Simulated remote attestation (PPFL, seed 001, Sec. 4.1 and Algorithm 1's "attest").
-
-An enclave's *measurement* is the SHA-256 of its code (the source of the modules it runs)
-and its configuration. The enclave signs ``measurement ‖ its X25519 public key ‖ a nonce``
-with an Ed25519 attestation key, as a vendor-provisioned device key would; the verifier
-checks the signature against the vendor's public key and compares the measurement with the
-one it expects, refusing anything else (:class:`AttestationError`).
-
-**The platform** (simulated fuses). A real TEE derives its sealing keys from a secret fused
-into the CPU, so what an enclave sealed can be opened again by the same enclave on the same
-machine after a restart, and nowhere else. Here the fuses are a file of OS randomness (a
-32-byte root secret and the Ed25519 attestation key's seed), created on first use with mode
-0600 at ``$FEDGE_TEE_PLATFORM``, else ``$XDG_STATE_HOME/fedge/tee-platform`` (default
-``~/.local/state/fedge/tee-platform``). So a PPFL run can be resumed by a later process on
-the same machine (the same file), and its sealed state opens nowhere else; no one who knows
-the run seed can forge a report or open sealed storage. :func:`platform_id` names the
-platform (a hash of its public attestation key) so a resume on another platform is refused
-by name. If the file cannot be created (a read-only home), the platform lives in this
-process only, with a warning: runs still work but cannot be resumed.
-
-The file stands for hardware the REE cannot read; in this simulation the REE is the same
-user and could. The isolation here is by convention (see :mod:`fedge.privacy.tee`).
+"""Simulated remote attestation (PPFL, seed 001, Sec. 4.1 and Algorithm 1's "attest"), with the
+platform's simulated fuses (a file of OS randomness). Design notes: docs/decisions.md#trusted-execution-environment.
 """
 
 from __future__ import annotations

@@ -1,33 +1,6 @@
-"""The sealed channel between a client enclave and the server enclave (PPFL, seed 001, Sec. 4.1).
-
-Keys: X25519 agreement between the two attested enclaves' keys, then HKDF-SHA256 with
-info ``"fedge/tee/v1/session" ‖ client`` gives one AES-256-GCM key per (client, session)
-(reusing :func:`fedge.privacy.secagg.keys.agree`).
-
-Nonces: ``direction (1 byte) ‖ counter (4 bytes) ‖ 7 random bytes`` (os.urandom), a
-hybrid of NIST SP 800-38D §8.2.1 (deterministic) and §8.2.2 (random) construction. The
-counter part alone would make every nonce unique *if a sender's state only went forward*; it
-does not here: a sender's counters live in sealed state that the REE keeps and can roll back
-(the server's REE keeps the old client enclave state when a Flower reply is lost after the
-enclave sealed), and a rolled-back sender seals its next message under a counter it used
-before. With a counter-only nonce that repeats a (key, nonce) pair with another plaintext:
-C1 ⊕ C2 = P1 ⊕ P2, and GCM's authentication key falls too. The random part makes such a repeat
-need a 56-bit collision as well: a (direction, counter) value sealed k times (k - 1 rollbacks
-to it) repeats a nonce with probability ≤ k(k - 1)/2 · 2^-56, and a session with probability
-≤ Σ_c k_c(k_c - 1)/2 · 2^-56 over its counter values c — at most 2^-32, the bound §8.3 sets
-for random nonces, while Σ_c k_c(k_c - 1)/2 ≤ 2^24 (2^24 counter values sealed twice each, or
-one sealed 2^12 times), and 0 without rollback (distinct counters, disjoint direction bytes).
-The counter takes 4 bytes since a session carries one message per direction per round (a
-sender refuses to go past 2^32 - 1); each byte left to the random part divides the bound by
-256. The nonce keeps its 12 bytes, so sealed messages keep their size.
-
-Associated data binds every message to ``round ‖ stage ‖ client ‖ direction ‖ counter``: a
-message moved to another round, stage, client or direction fails authentication. The
-receiver also requires the counter to be larger than the last one it accepted, so a replayed
-or reordered message is rejected (:class:`SealError`) even though its tag is valid — as long
-as the receiver's own state is not rolled back: sealed storage here has no monotonic counter
-(SGX's platform counters, a TPM), so an REE that restores an older sealed receiver state can
-replay what that state had not yet accepted.
+"""The sealed channel between a client enclave and the server enclave (PPFL, seed 001, Sec. 4.1):
+X25519 + HKDF session keys, AES-256-GCM with counter-plus-random nonces and associated data.
+Design notes: docs/decisions.md#trusted-execution-environment.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """The enclave's memory budget (PPFL, seed 001, Sec. 4.2: a TrustZone TEE of ~16 MiB).
-
-Everything the enclave holds is charged by name — the layer under training and its head,
-their gradients, the optimizer's state, the batch it was sent and the activations its
-forward pass keeps for backward — and an allocation that would pass the budget is refused
-with :class:`EnclaveMemoryError`. The accounting is of real tensor sizes (``numel ·
-element_size``), not of Python overhead. The peak is kept for the metrics.
+Design notes: docs/decisions.md#trusted-execution-environment.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""fedge on Flower (``pip install 'fedge[flower]'``): see :mod:`fedge.runtime.flower.adapter`."""
+"""fedge on Flower (``pip install 'fedge[flower]'``): see :mod:`fedge.runtime.flower.executor` (the server side) and
+:mod:`fedge.runtime.flower.adapter` (the ClientApp)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "install it with: pip install 'fedge[flower]'"
     ) from exc
 
-from fedge.runtime.flower.adapter import FlowerSimulation, client_app, server_app  # noqa: E402
+from fedge.runtime.flower.adapter import client_app, server_app  # noqa: E402
+from fedge.runtime.flower.executor import FlowerExecutor, flower_simulation  # noqa: E402
 from fedge.runtime.flower.grid import LocalGrid  # noqa: E402
 
-__all__ = ["FlowerSimulation", "LocalGrid", "client_app", "server_app"]
+__all__ = ["FlowerExecutor", "LocalGrid", "client_app", "flower_simulation", "server_app"]

@@ -1,18 +1,6 @@
-"""An in-process Flower Grid: Flower's ``Grid`` API, with SuperNodes that are ClientApps in this
-process.
-
-Every message makes the trip a deployed SuperLink would give it: it is encoded with Flower's
-protobuf serde (``flwr.common.serde.message_to_proto``, one protobuf a message, where a deployed
-Flower 1.41 pushes a message's objects separately), decoded on the "node", handed
-to the ClientApp with that node's own :class:`flwr.app.Context` (its ``node_config`` and its
-persistent ``state``), and the reply goes back the same way. The encoded sizes (one protobuf a
-message) are in :attr:`LocalGrid.wire_bytes_down`, :attr:`LocalGrid.wire_bytes_up`.
-
-Flower's simulation engine (``flwr.simulation.run_simulation``, ``--backend ray``:
-:mod:`fedge.runtime.flower.simulation`) needs Ray, which is heavy to install, takes 10-20 s to
-start and costs milliseconds per message; this grid runs the same ``ServerApp`` and
-``ClientApp`` without it, sequentially, so tests and ``--runtime flower-sim`` (``--backend
-local``, the default) need only ``flwr``.
+"""An in-process Flower Grid (:class:`LocalGrid`): Flower's ``Grid`` API with SuperNodes that are
+ClientApps in this process, every message encoded with Flower's protobuf serde; no Ray needed.
+Design notes: docs/decisions.md#runtime-and-engine.
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
-"""Flower's own simulation engine (``flwr.simulation.run_simulation``, Ray backend) as the
-grid a :class:`~fedge.runtime.flower.FlowerSimulation` runs on (``fedge run --runtime
-flower-sim --backend ray``; needs ``pip install 'fedge[flower-sim]'``, which adds Ray).
-
-Flower starts ``num_nodes`` virtual SuperNodes (``node_config`` ``partition-id`` 0..n-1 and
-``num-partitions`` n, each with its own ``Context``) and a pool of Ray actors, one CPU each,
-that run the ClientApp for whichever node a message is addressed to; the ServerApp runs in a
-thread of this process on Flower's ``InMemoryGrid``. Ray starts a local, single-node cluster
-without its dashboard, with usage statistics off (``RAY_USAGE_STATS_ENABLED=0``) and Flower's
-telemetry off (``FLWR_TELEMETRY_ENABLED=0``), and is shut down (its processes ended) when the
-run returns. Nothing connects beyond this machine, but Ray 2.55's own servers (GCS, raylet,
-workers) listen on all interfaces: Ray resolves ``127.0.0.1`` given as the node address to the
-machine's address (``ray._private.services.resolve_ip_for_localhost``), so they cannot be held
-to loopback from here; on a machine reachable by others, use ``--backend local`` or a firewall.
-
-The ClientApp is pickled to the actors with every message (Flower's design), so it should be
-small: :func:`fedge.experiment.build.configured_client_app` carries only the run's config and
-builds the data on each actor once.
+"""Flower's own simulation engine (``flwr.simulation.run_simulation``, Ray backend) as the grid a
+:class:`~fedge.runtime.flower.FlowerExecutor` runs on (``--runtime flower-sim --backend ray``).
+Design notes: docs/decisions.md#runtime-and-engine.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 from typing import Any
@@ -29,13 +13,9 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import ServerApp
 
 from fedge.core.errors import ConfigError
+from fedge.runtime.spec import require_ray
 
-__all__ = ["BACKENDS", "backend_config", "run_on_ray"]
-
-BACKENDS = (
-    "local",
-    "ray",
-)  # --backend of --runtime flower-sim: fedge's LocalGrid, or Flower's Ray simulation
+__all__ = ["backend_config", "run_on_ray"]
 
 
 def backend_config(num_nodes: int, cpus: int | None = None) -> dict[str, Any]:
@@ -62,11 +42,7 @@ def run_on_ray(
 ) -> None:
     """Run ``server`` against ``num_nodes`` virtual SuperNodes running ``client`` in Flower's
     simulation engine (Ray backend). An exception of the ServerApp is raised here."""
-    if importlib.util.find_spec("ray") is None:
-        raise ConfigError(
-            "--backend ray runs Flower's simulation engine, which needs Ray (not installed); install it "
-            "with: pip install 'fedge[flower-sim]', or use --backend local"
-        )
+    require_ray()
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ.setdefault(
