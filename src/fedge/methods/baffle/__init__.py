@@ -1,7 +1,7 @@
-"""BAFFLE, backpropagation-free federated learning (seed 000): clients run forward passes only
-and the gradient is estimated from K loss differences by Stein's identity (Eq. (6)), in batch
-mode (:mod:`~fedge.methods.baffle.batch`: K scalars up, summed by Eq. (7), Algorithm 1) or epoch
-mode (:mod:`~fedge.methods.baffle.epoch`: model deltas up), with the keys in
+"""BAFFLE, backpropagation-free federated learning (seed 000): clients run forward passes only and
+the gradient is estimated from K loss differences by Stein's identity (Eq. (6)), in batch mode
+(:mod:`~fedge.methods.baffle.batch`: K scalars up, summed by Eq. (7), Algorithm 1) or epoch mode
+(:mod:`~fedge.methods.baffle.epoch`: model deltas up), with the keys in
 :mod:`~fedge.methods.baffle.config` and batch mode's seeds-only downlink in
 :mod:`~fedge.methods.baffle.downlink`. This module registers the method. The algorithm, the EMA
 schedule and the paper-vs-code choices: ``docs/methods/baffle.md``.

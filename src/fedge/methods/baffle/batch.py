@@ -1,8 +1,8 @@
-"""Batch-level BAFFLE (``mode: batch``, FedSGD; seed 000, Algorithm 1): each client uploads the
-K loss differences ΔL(W_t, δ_k; D_c) on the perturbations regenerated from the round seed s_t,
-and the server sums them with weights N_c/N (Eq. (7)), regenerates δ_k, estimates the gradient
-by Stein's identity (Eq. (6)), clips it and steps its optimizer. Details and the paper-vs-code
-choices: ``docs/methods/baffle.md``.
+"""Batch-level BAFFLE (``mode: batch``, FedSGD; seed 000, Algorithm 1): each client uploads the K
+loss differences ΔL(W_t, δ_k; D_c) on the perturbations regenerated from the round seed s_t, and the
+server sums them with weights N_c/N (Eq. (7)), regenerates δ_k, estimates the gradient by Stein's
+identity (Eq. (6)), clips it and steps its optimizer. Details and the paper-vs-code choices:
+``docs/methods/baffle.md``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """BAFFLE's configuration: the ``method.*`` keys of either mode, the zeroth-order estimate they
-describe (:meth:`BaffleConfig.zo_spec`: K, σ, scheme and directions of Eq. (6), seed 000), and
-what the method declares to the registry (capabilities, mechanism defaults, divergence advice,
-what a client uploads). The choices behind the defaults (clip 0.3, shared perturbations, the EMA
-schedule): ``docs/methods/baffle.md``.
+describe (:meth:`BaffleConfig.zo_spec`: K, σ, scheme and directions of Eq. (6), seed 000), and what
+the method declares to the registry (capabilities, mechanism defaults, divergence advice, what a
+client uploads). The choices behind the defaults (clip 0.3, shared perturbations, the EMA schedule):
+``docs/methods/baffle.md``.
 """
 
 from __future__ import annotations

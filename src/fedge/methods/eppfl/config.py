@@ -1,8 +1,8 @@
 """EPPFL's configuration (seed 003): the cut, local training (SGD with momentum, Sec. 3), the
-activation and gradient selection fractions θ_a and θ_g, the Laplace DP on the released
-activations (``method.dp``), the third-party masks in the fixed-point ring of
-:data:`FIXED_POINT`, and the warnings the build gives when a protection is off or batch
-statistics weaken the DP accounting. Details: ``docs/methods/eppfl.md``.
+activation and gradient selection fractions θ_a and θ_g, the Laplace DP on the released activations
+(``method.dp``), the third-party masks in the fixed-point ring of :data:`FIXED_POINT`, and the
+warnings the build gives when a protection is off or batch statistics weaken the DP accounting.
+Details: ``docs/methods/eppfl.md``.
 """
 
 from __future__ import annotations

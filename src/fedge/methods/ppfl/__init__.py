@@ -1,10 +1,10 @@
 """PPFL (seed 001: "PPFL: Privacy-preserving Federated Learning with Trusted Execution
-Environments", Mo et al., MobiSys 2021): greedy layer-wise (or block-wise) federated learning
-with the layer under training inside attested, memory-budgeted enclaves on the clients and the
-server (Algorithm 1-2). The stage plan is :mod:`.stages`, the keys :mod:`.config`, the server
-REE :mod:`.strategy`, the client REE :mod:`.client` and both enclaves :mod:`.enclaves`; this
-module registers the method. Parties, attestation, selection by enclave memory, evaluation,
-the last layer kept in the enclaves and the simulation's limits: ``docs/methods/ppfl.md``.
+Environments", Mo et al., MobiSys 2021): greedy layer-wise (or block-wise) federated learning with
+the layer under training inside attested, memory-budgeted enclaves on the clients and the server
+(Algorithm 1-2). The stage plan is :mod:`.stages`, the keys :mod:`.config`, the server REE
+:mod:`.strategy`, the client REE :mod:`.client` and both enclaves :mod:`.enclaves`; this module
+registers the method. Parties, attestation, selection by enclave memory, evaluation, the last layer
+kept in the enclaves and the simulation's limits: ``docs/methods/ppfl.md``.
 """
 
 from __future__ import annotations

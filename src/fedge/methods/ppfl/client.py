@@ -1,7 +1,7 @@
-"""PPFL's client program (seed 001, Algorithm 1): the client's REE, which attests its enclave
-to the server's, runs the released (frozen) layers on its data and feeds the resulting features
-batch by batch to its enclave (``tee``), which trains the stage's layer and seals the upload.
-Details: ``docs/methods/ppfl.md``.
+"""PPFL's client program (seed 001, Algorithm 1): the client's REE, which attests its enclave to the
+server's, runs the released (frozen) layers on its data and feeds the resulting features batch by
+batch to its enclave (``tee``), which trains the stage's layer and seals the upload. Details:
+``docs/methods/ppfl.md``.
 """
 
 from __future__ import annotations

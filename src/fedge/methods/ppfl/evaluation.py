@@ -1,7 +1,6 @@
-"""PPFL's evaluation model (seed 001): the server REE never holds the stage's plaintext layer,
-so it evaluates its frozen, released layers followed by an ECALL into the server enclave, which
-unseals the aggregated stage model, runs it and returns only logits. Details:
-``docs/methods/ppfl.md``.
+"""PPFL's evaluation model (seed 001): the server REE never holds the stage's plaintext layer, so it
+evaluates its frozen, released layers followed by an ECALL into the server enclave, which unseals
+the aggregated stage model, runs it and returns only logits. Details: ``docs/methods/ppfl.md``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """PPFL's server REE (seed 001, Algorithm 1-2): the untrusted side of the server, which runs the
-stage schedule, selects clients by enclave memory (S_l(b), :func:`~.stages.stage_need`), relays
-the sealed messages between the client enclaves and the server enclave (``server_tee``, called
-with ``PartyCall``), holds only the released layers, and evaluates the stage model by ECALLs into
-the server enclave. Details, parties and limits: ``docs/methods/ppfl.md``.
+stage schedule, selects clients by enclave memory (S_l(b), :func:`~.stages.stage_need`), relays the
+sealed messages between the client enclaves and the server enclave (``server_tee``, called with
+``PartyCall``), holds only the released layers, and evaluates the stage model by ECALLs into the
+server enclave. Details, parties and limits: ``docs/methods/ppfl.md``.
 """
 
 from __future__ import annotations
