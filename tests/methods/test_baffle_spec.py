@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from fedge.core.messages import Message
 from fedge.estimators import ZerothOrderSpec, estimate_gradient, loss_differences
 from fedge.methods.baffle import BaffleBatchClient, BaffleBatchStrategy, BaffleConfig
-from fedge.methods.baffle_downlink import ClientReplica, replay_step
+from fedge.methods.baffle.downlink import ClientReplica, replay_step
 from fedge.methods.ntk_baffle import NtkBaffleConfig
 
 

@@ -391,7 +391,8 @@ def ema_update(
 ) -> dict[str, Any]:
     """``avg ← d·avg + (1−d)·params`` with ``d = decay``, or ``min(decay, (1+n)/(10+n))``
     with ``warmup``, n counting the previous updates (the BAFFLE reference code's torch_ema
-    counts the current update too, so its decay is one update ahead: see :mod:`fedge.methods.baffle`)."""
+    counts the current update too, so its decay is one update ahead: see
+    ``docs/methods/baffle.md``, "EMA schedule")."""
     n = state["n"]
     d = min(decay, (1 + n) / (10 + n)) if warmup else decay
     avg = {k: d * a + (1 - d) * params[k].to(a.dtype) for k, a in state["avg"].items()}

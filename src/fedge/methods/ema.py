@@ -70,7 +70,7 @@ class EMAEvaluation(StrategyWrapper):
         decay: d, e.g. 0.995 (the paper's value).
         warmup: use ``min(d, (1+n)/(10+n))``, n the earlier updates, instead of a constant d
             (the reference code's torch_ema warm-up counts the current update too, one update
-            ahead of this: see :mod:`fedge.methods.baffle`).
+            ahead of this: see ``docs/methods/baffle.md``, "EMA schedule").
         also_raw: also offer the raw global model ``W`` for evaluation
             (:meth:`side_eval_models` ``{"raw": W}``).
     """

@@ -1,19 +1,8 @@
-"""EPPFL's device (seed 003, Algorithm 1 lines 5-26): unmask the global M_c, train it with its
-edge server over E local epochs, upload it masked.
-
-One local iteration (lines 14-24): forward M_c on a batch → activation selection (θ_a) →
-per-sample L1 clip + Laplace noise (:class:`fedge.privacy.dp.laplace.LaplaceMechanism`) →
-``edge.step`` with the released values, their positions' seed and the labels → the edge
-server's selected gradients → backward through the selection and the clip → SGD with
-momentum on M_c. Noise enters the released values only: the device differentiates its own
-clipped, noise-free activations (the noise is an additive constant of the loss's input).
-
-The edge server returns gradients for the released values only (dA'_b, Sec. 2.2): the device's
-activation at a position it did not release never reached M_s, so the loss does not depend on
-it, and neither downlink bytes nor θ_g's budget go to such positions (:mod:`.split`).
-
-Randomness: batch order from ``ctx.generator``; activation-selection seeds and noise from a
-generator seeded by one draw of it taken first, so the batches are those of unsplit training.
+"""EPPFL's device (seed 003, Algorithm 1 lines 5-26): unmask the global M_c, train it with its edge
+server over E local epochs — forward to the cut, activation selection (θ_a), per-sample L1 clip and
+Laplace noise, the edge server's gradients for the released values only (dA'_b, Sec. 2.2), backward,
+SGD with momentum — and upload it masked. Details, and how its randomness keeps the batches of
+unsplit training: ``docs/methods/eppfl.md``, "The device's step".
 """
 
 from __future__ import annotations

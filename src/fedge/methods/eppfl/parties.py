@@ -1,43 +1,10 @@
-"""EPPFL's side parties: the edge server S_e (one per device, ``scope="client"``) and the
-random-number server S_r (one, ``scope="shared"``).
-
-**Edge server** (seed 003, Fig. 1 ③ ⑤ ⑦, Eq. 3-4). Its persistent ``ctx.state`` holds M_s's
-weights (``w/KEY``), buffers (``b/KEY``) and SGD momentum (``m/KEY``), under the model's
-state-dict keys. Messages:
-
-- ``load`` (from S_a, step ⑦): the global M_s; momentum restarts, as the device's optimizer
-  (a fresh optimizer each round on both halves, which is what makes the split exact).
-- ``step`` (from its device, step ②-③): released activations (kept values, and the seed that
-  regenerates their positions when θ_a < 1) and labels. Forward M_s, cross-entropy, backward,
-  SGD-with-momentum step (``torch.optim.SGD``'s update, written out), then the gradient
-  selection of dA'_b, the gradients at the released values only; the reply is the kept
-  gradients and, when θ_g < 1, their indices among the released values (:mod:`.split`).
-- ``upload`` (from S_a, step ⑤): W_s; the state is then cleared (the next ``load`` brings the
-  global model), so checkpoints do not hold one model per client. ``discard`` only clears.
-
-**Random-number server** S_r (step ① ④ ⑧). It holds a secret key; the mask of device i in
-round t is ``r_i^t = PRG(HKDF(secret, "eppfl-mask" ‖ t ‖ i))`` over Z_{2^64} (AES-256-CTR,
-:mod:`fedge.privacy.secagg.prg`). Its state is only the list of devices S_a reports as
-aggregated in the last round (set by S_a's ``aggregate`` call, in the engine's process, so the
-party is safe with worker processes: devices only read it). Messages:
-
-- ``device`` (from a device at the start of its round): its mask seed for this round, and —
-  when the model it was sent is masked — ``Σ_{j∈C_t} r_j`` over the devices S_a aggregated in
-  that round (the paper's r̄, as a ring sum; the device divides after unmasking).
-- ``aggregate`` (from S_a): which devices' uploads went into round t's aggregate.
-
-The device's request names its id; the simulation trusts it (an authenticated channel is
-assumed). S_r answers the sum only for the set S_a registered, never for a set a device
-chooses; but it does not bound that set (the paper has no threshold), so S_a colluding with one
-device learns the sum of the *other* registered devices' uploads — device j's alone if S_a
-registers just j and the colluder. The masks protect the uploads against S_a alone, not against
-S_a with a device.
-
-The secret is derived from the run seed (:meth:`MaskKeys.from_run_seed`): runs are
-reproducible, and every process that hosts S_r (a worker, a Flower node) derives the same one
-without a key exchange. So anyone who knows the run's seed — S_a's operator included — can
-rebuild every mask: a simulation of the protocol's messages and arithmetic, not a deployment,
-which would draw the secret with ``os.urandom`` inside S_r alone (not built).
+"""EPPFL's side parties (seed 003, Fig. 1): the edge server S_e, one per device (``scope="client"``,
+steps ③ ⑤ ⑦, Eq. (3)-(4)), which holds M_s and answers a device's released activations with the
+selected gradients; and the random-number server S_r (``scope="shared"``, steps ① ④ ⑧), which gives
+each device its mask seed r_i^t = PRG(HKDF(secret, t, i)) over Z_{2^64} and the sum of the masks of
+the devices S_a aggregated. Their messages, what S_r does and does not bound, and why the secret
+comes from the run seed (a simulation, not a deployment): ``docs/methods/eppfl.md``, "The side
+parties".
 """
 
 from __future__ import annotations
@@ -70,7 +37,8 @@ __all__ = ["EdgeServer", "MaskKeys", "RandomnessServer", "seeded_rng"]
 
 class MaskKeys:
     """S_r's secret and the masks derived from it (also used, in the simulation only, by
-    the evaluation harness to read the global M_c; see :mod:`fedge.methods.eppfl`)."""
+    the evaluation harness to read the global M_c; see ``docs/methods/eppfl.md``,
+    "Simulation shortcut")."""
 
     def __init__(self, secret: bytes, length: int, fp: FixedPoint) -> None:
         self.secret, self.length, self.fp = secret, length, fp
@@ -78,7 +46,8 @@ class MaskKeys:
     @staticmethod
     def from_run_seed(seed: int, length: int, fp: FixedPoint) -> MaskKeys:
         """A secret derived from the run seed: reproducible, and the same in every process that
-        hosts S_r, but known to anyone who knows the seed (see the module docstring)."""
+        hosts S_r, but known to anyone who knows the seed (``docs/methods/eppfl.md``, "The side
+        parties")."""
         hk = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"fedge-eppfl-sr-secret")
         return MaskKeys(hk.derive(int(seed).to_bytes(16, "little", signed=True)), length, fp)
 
@@ -94,7 +63,7 @@ class MaskKeys:
 
 
 class RandomnessServer:
-    """S_r (see the module docstring)."""
+    """S_r (``docs/methods/eppfl.md``, "The side parties")."""
 
     def __init__(self, keys: MaskKeys) -> None:
         self.keys = keys
@@ -129,8 +98,8 @@ def seeded_rng(gen: torch.Generator) -> int:
 
 
 class EdgeServer:
-    """S_e (see the module docstring). ``split_fn`` builds the split model once per process
-    (the module is a work buffer: the weights live in ``ctx.state``)."""
+    """S_e (``docs/methods/eppfl.md``, "The side parties"). ``split_fn`` builds the split model
+    once per process (the module is a work buffer: the weights live in ``ctx.state``)."""
 
     def __init__(
         self, split_fn: Callable[[], Split], *, theta_g: float, lr: float, momentum: float

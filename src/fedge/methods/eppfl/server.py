@@ -1,27 +1,9 @@
-"""EPPFL's aggregation server S_a (seed 003, Algorithm 1 lines 27-31, Eq. 9-10).
-
-One round, top to bottom in :meth:`AggregationServer.round`:
-
-1. ⑦ ``load`` the global M_s into each sampled device's edge server (``server->edge`` bytes);
-2. ⑥ one exchange with the devices: the global M_c as S_a holds it — the ring sum of the
-   last round's masked uploads (it never sees M_c in the clear) plus their count — or, in
-   round 1, the public initial weights;
-3. drop a seeded ``upload_dropout`` fraction of the uploads (lost in transit: neither the
-   device's nor its edge server's model is aggregated); a device whose reply did not arrive at
-   all (``clients.dropout``, a failed Flower node; with ``clients.min_replies``) is left out the
-   same way, its edge server's state discarded;
-4. ⑤ ``upload`` W_s from the edge servers of the aggregated devices and average them with
-   equal weights (Eq. 10; see :mod:`fedge.methods.eppfl` on Eq. (1)'s η_i);
-5. sum the masked uploads in Z_{2^64} (Eq. 9 before the division) and tell S_r which devices
-   were aggregated, so its Σ r_j (⑧) covers exactly them.
-
-Privacy accounting: every sampled device released each of its samples once per local epoch
-(a device that failed is counted too: it may have released activations before failing);
-the worst device's count (participations × E) gives the cumulative ε logged each round
-(``dp_epsilon_pure``, ``dp_epsilon_rdp``, ``dp_epsilon_pld`` at ``dp_delta``). A device
-counts when the exchange addresses it, and still counts when the round is then skipped
-(``clients.min_replies``): the engine puts S_a's model back as before the round, but the
-activations released to the edge servers stay released (:meth:`AggregationServer.round_skipped`).
+"""EPPFL's aggregation server S_a (seed 003, Algorithm 1 lines 27-31, Eq. (9)-(10)): per round it
+loads the global M_s into the sampled devices' edge servers, sends the devices the masked ring sum
+of the last round's M_c uploads, drops the lost uploads, averages the edge servers' W_s with equal
+weights (Eq. (10)), sums the masked uploads in Z_{2^64} (Eq. (9)) and tells S_r which devices it
+aggregated; it also keeps the DP accounting (the worst device's releases). The round step by step:
+``docs/methods/eppfl.md``, "The aggregation server's round".
 """
 
 from __future__ import annotations

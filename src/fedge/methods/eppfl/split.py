@@ -1,31 +1,10 @@
-"""The model split (M_c on the device, M_s on the edge server) and the two selection
-policies of EPPFL (seed 003, Sec. 2.3).
-
-**Split.** A model is a chain of ``nn.Sequential``s (the zoo's ``Network``: ``features`` blocks
-then ``classifier``). :func:`split_model` flattens the chain into its leaves in forward order
-(recursing only into ``nn.Sequential``, whose forward *is* the composition of its children) and
-cuts after the module named ``cut`` (a leaf, or a Sequential whose last leaf ends the cut). The
-default cut is the first convolution and the activation after it (plus a norm between them),
-as the paper's VGG-19 (Sec. 3: "the first convolutional layer and ReLU function").
-
-**Activation selection** (θ_a): for every sample and channel of the cut activation (shape
-``(B, C, N_c)`` after flattening the spatial dims) keep a uniformly random ``k_a = max(1,
-round(θ_a·N_c))`` of the ``N_c`` positions. The positions depend only on a 62-bit seed drawn
-by the device, so the seed travels instead of the positions (8 bytes per batch) and the edge
-server regenerates them (:func:`activation_positions`).
-
-**Gradient selection** (θ_g): the edge server computes dA'_b, the loss's partial w.r.t. the
-values the device *released* (Sec. 2.2), ``k_a`` per sample and channel (``N_c`` when θ_a = 1),
-and keeps the ``k_g = max(1, round(θ_g·k_a))`` of them with the *largest* absolute value (the
-paper's text: the "(N_c θ_g)-th largest" of each channel of dA'_b), ties broken by the lowest
-index (a stable sort). The kept indices (among the k_a released values) depend on data and
-travel with the values (int16 when ``k_a <= 32767``, else int32): per sample, 4·θ_g·θ_a·N
-bytes of gradients (Sec. 2.3's 4·θ_g·N assumes θ_a = 1) plus 2·θ_g·θ_a·N of indices.
-Selecting over the whole N_c, as the authors' code does (its hook sees the zero-filled dense
-dA), would spend part of θ_g's budget and of the downlink on positions the device did not
-release, whose gradients it must discard. (That code also keeps the *smallest* |dA|, over the
-whole batch tensor; we follow the text.) Both selections are per sample and channel: the
-paper says "for each channel", and its byte formulas count N = C·N_c per sample.
+"""EPPFL's model split and its two selections (seed 003, Sec. 2.3): :func:`split_model` cuts a chain
+of ``nn.Sequential``s into M_c (device) and M_s (edge server), by default after the first
+convolution and its activation; activation selection keeps a seeded random θ_a of each sample's
+channel positions (:func:`activation_positions`); gradient selection keeps, per sample and channel,
+the fraction θ_g of the released values' gradients dA'_b largest in magnitude. Exact rules, byte
+counts and where this follows the paper's text rather than its code: ``docs/methods/eppfl.md``, "The
+split and the two selections".
 """
 
 from __future__ import annotations

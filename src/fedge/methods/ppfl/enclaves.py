@@ -1,30 +1,12 @@
-"""PPFL's two enclaves, as side parties: a client enclave per client (``tee``, scope "client")
-and the server enclave (``server_tee``, shared, called by the strategy with ``PartyCall``).
-
-Each keeps its plaintext (keys, channel counters, the layer under training and its head)
-only while it handles a call; what it hands the engine to keep between calls is sealed
-under its device key (:func:`fedge.privacy.tee.hardware_key`), so the engine's stored party
-states — REE memory — hold ciphertext only. Every message leaving an enclave for the other
-is sealed on the attested channel (:class:`fedge.privacy.tee.SealedChannel`).
-
-What each enclave lets out, and why that is all (the REEs on both sides are untrusted):
-
-- The client enclave answers ``batch`` with nothing and ``end`` with the sealed upload, its
-  memory peak (a function of the batch shapes) and its sealing time. The number of samples it
-  trained on and its mean training loss travel *inside* the sealed upload: a per-batch loss in
-  the clear let the REE open the same stage model again and again (training at lr = 0) and read
-  −log p_y of the hidden layer and head for inputs of its choice. Its learning rate, momentum
-  and memory budget are not the REE's to choose (see :class:`ClientEnclave`).
-- The server enclave hands the REE only FedAvg means of at least ``method.min_cohort``
-  uploads that opened (weighted by the sample counts sealed inside them, not by numbers the
-  REE supplies), and releases a stage's layers only once it has aggregated such a cohort, so
-  no single client's update reaches the REE in plaintext (see :class:`ServerEnclave`).
-
-Limits: the sealed state has no rollback protection (a real TEE pairs sealing with a
-monotonic counter), so a REE that restores an older sealed state can replay messages that
-state had not yet accepted; the sealed channel's nonces stay unique regardless
-(:mod:`fedge.privacy.tee.channel`). The server's attestation report answers a constant
-challenge (:data:`SERVER_HELLO_NONCE`), see there.
+"""PPFL's two enclaves (seed 001, Algorithm 1), as side parties: a client enclave per client
+(``tee``, scope "client"), which trains the stage's layer and head on the REE's features and seals
+its upload, and the server enclave (``server_tee``, shared, called by the strategy with
+``PartyCall``), which attests the clients, averages at least ``method.min_cohort`` sealed uploads
+and releases a stage's layers; with :class:`EnclaveSpec`, the code and configuration their
+attestation measures. Each holds plaintext only while it handles a call and seals the state the
+engine keeps under its device key. One module on purpose: it is the enclaves' measured code
+(:meth:`EnclaveSpec.measurement` hashes it). What each enclave lets out, and the limits:
+``docs/methods/ppfl.md``, "The enclaves".
 """
 
 from __future__ import annotations
@@ -248,7 +230,7 @@ class ClientEnclave:
     ``batch`` (one SGD step on frozen-layer features the REE computed), ``end`` (seal the
     trained layer + head for the server enclave).
 
-    What the REE cannot steer or read (see the module docstring):
+    What the REE cannot steer or read (``docs/methods/ppfl.md``, "The enclaves"):
 
     - ``begin`` persists the channel's receive counter as soon as it opens the broadcast, so
       the same blob sent again is refused as a replay (before, the counter was kept only at

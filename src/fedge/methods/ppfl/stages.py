@@ -1,12 +1,8 @@
-"""PPFL's stages: which modules each stage trains, its classifier head, and its enclave need S_l.
-
-A zoo model is ``features`` (conv blocks) + ``classifier`` (FC layers). Stage l trains the
-l-th group of ``block_layers`` conv blocks; a final stage trains the classifier atop all
-convs (PPFL, seed 001, Sec. 5: "after the last conv layer, the classifier layers are
-trained together"). A conv stage's head follows the model's last conv and FC layers,
-adapted to the stage's feature shape: an adaptive average pool to the last conv block's
-spatial size, a 1x1 conv to its channel count (+ ReLU), and a fresh copy of the model's
-classifier. Heads are initialised from a generator derived from (seed, "ppfl-head", stage).
+"""PPFL's stages (seed 001, Algorithm 1-2, Sec. 5): which modules each stage trains (a group of
+``block_layers`` conv blocks, then the classifier atop all convs), the classifier head a conv stage
+trains with (pool, 1x1 conv, a fresh copy of the model's classifier; initialised from (seed,
+"ppfl-head", stage)), the frozen layers before it, and its enclave need S_l(b). Details:
+``docs/methods/ppfl.md``, "Stages and heads".
 """
 
 from __future__ import annotations

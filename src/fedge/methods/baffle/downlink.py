@@ -1,24 +1,11 @@
-"""Seeds and scalars down: batch-level BAFFLE's downlink without the model (``downlink: seeds``).
-
-In batch-level BAFFLE the server's update of round t is a deterministic function of the model
-W_t, the optimizer state O_t, the round's seed s_t and the K aggregated loss differences ΔL_t
-(Eq. 6-7, then clip and the server optimizer). So a client that holds (W_r, O_r) can rebuild
-W_t from the pairs (s_r, ΔL_r), ..., (s_{t-1}, ΔL_{t-1}) — 8 + 4K bytes a round — instead of
-receiving W_t (the model: 107 KB for BAFFLE's LeNet). This is the idea of FedKSeed (Qin et
-al., "Federated Full-Parameter Tuning of Billion-Sized Language Models with Communication Cost
-under 18 Kilobytes", arXiv:2312.06353v3, Section 3.3), applied to BAFFLE's Stein estimator.
-
-- The server keeps, per client, the round whose model that client holds — counted once the
-  client's reply is in that round's update (:meth:`DownlinkHistory.confirm`), so a client that
-  failed is never taken to hold a model it may not have — and the history of (s_r, ΔL_r). It sends a client the rounds it missed — or the full model *and the optimizer
-  state* when that is smaller or the client is new (the optimizer state is what lets it replay
-  Adam later; it costs 2× the model once).
-- The client keeps (W, O, masks) in its persistent state and replays with exactly the server's
-  code (:func:`replay_step`): same ops, one torch thread, so the rebuild is bit-identical. A
-  client ahead of the server's record (it synced, then its reply was lost: a failed Flower node,
-  a skipped round) skips the replayed rounds it already holds.
-- Trade-off, stated: the client now holds the optimizer state between rounds (Adam: 2× the
-  model), so the lean estimator's "inference memory only" no longer holds in this mode.
+"""Batch-level BAFFLE's seeds-only downlink (``downlink: seeds``, seed 000): the server's update of
+round t is a deterministic function of (W_t, O_t, s_t, ΔL_t) (Eq. (6)-(7), then clip and the server
+optimizer), so :class:`DownlinkHistory` sends a client the round seeds and aggregated K loss
+differences it missed, 8 + 4K bytes a round (FedKSeed's idea, arXiv:2312.06353v3, Sec. 3.3; the
+model and the optimizer state when that is smaller or the client is new), and :class:`ClientReplica`
+rebuilds the model bit for bit with the server's own :func:`replay_step`; also the helpers both
+modes share (:func:`clip_inf_norm`, the perturbed parameters and masks). Details and the trade-off:
+``docs/methods/baffle.md``, "Seeds and scalars down".
 """
 
 from __future__ import annotations

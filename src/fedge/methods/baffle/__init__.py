@@ -1,0 +1,91 @@
+"""BAFFLE, backpropagation-free federated learning (seed 000): clients run forward passes only and
+the gradient is estimated from K loss differences by Stein's identity (Eq. (6)), in batch mode
+(:mod:`~fedge.methods.baffle.batch`: K scalars up, summed by Eq. (7), Algorithm 1) or epoch mode
+(:mod:`~fedge.methods.baffle.epoch`: model deltas up), with the keys in
+:mod:`~fedge.methods.baffle.config` and batch mode's seeds-only downlink in
+:mod:`~fedge.methods.baffle.downlink`. This module registers the method. The algorithm, the EMA
+schedule and the paper-vs-code choices: ``docs/methods/baffle.md``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from fedge.core.errors import ConfigError, PrivacyWarning
+from fedge.methods.baffle.batch import BaffleBatchClient, BaffleBatchStrategy, build_batch
+from fedge.methods.baffle.config import (
+    CAPABILITIES,
+    DEFAULTS,
+    BaffleConfig,
+    advice,
+    perturbation_threads,
+    upload,
+)
+from fedge.methods.baffle.downlink import (
+    ClientReplica,
+    DownlinkHistory,
+    clip_inf_norm,
+    perturbed_masks,
+    perturbed_params,
+    replay_step,
+)
+from fedge.methods.baffle.epoch import build_epoch, zeroth_order_gradient_fn
+from fedge.methods.base import MethodBuild, MethodEnv
+from fedge.methods.registry import declare_method
+
+__all__ = [
+    "CAPABILITIES",
+    "DEFAULTS",
+    "BaffleBatchClient",
+    "BaffleBatchStrategy",
+    "BaffleConfig",
+    "ClientReplica",
+    "DownlinkHistory",
+    "advice",
+    "build",
+    "clip_inf_norm",
+    "perturbation_threads",
+    "perturbed_masks",
+    "perturbed_params",
+    "replay_step",
+    "upload",
+    "zeroth_order_gradient_fn",
+]
+
+
+@declare_method(
+    "baffle",
+    "BAFFLE: forward-only zeroth-order estimates, K loss differences or model deltas uploaded",
+    config=BaffleConfig,
+    capabilities=CAPABILITIES,
+    defaults=DEFAULTS,
+    advice=advice,
+    upload=upload,
+)
+def build(
+    cfg: BaffleConfig, env: MethodEnv, *, masks: dict[str, torch.Tensor] | None = None
+) -> MethodBuild:
+    """Build BAFFLE's bare strategy and client program (the composer adds secure aggregation,
+    DP, EMA and freezing); ``masks`` (from pruning) make the global model sparse from the start."""
+    assert cfg.server_optimizer is not None
+    if (
+        cfg.perturb is not None
+    ):  # checked here, before a run directory is made, not in the first round
+        try:
+            perturbed_params(env.model_fn(), cfg.perturb)
+        except ConfigError as exc:
+            raise ConfigError(f"method.perturb={cfg.perturb}: {exc}") from None
+    if cfg.mode == "epoch":
+        return build_epoch(cfg, env, masks=masks)
+    method = build_batch(cfg, env, masks=masks)
+    if not cfg.secure_aggregation:
+        warnings.warn(
+            "method.secure_aggregation=false: the server sees each client's K loss differences, i.e. K "
+            "directional derivatives of the loss on that client's data (BAFFLE relies on secure aggregation, "
+            "Eq. 7); turn it on unless you are measuring exactly this",
+            PrivacyWarning,
+            stacklevel=2,
+        )
+    return method

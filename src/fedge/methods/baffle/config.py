@@ -1,0 +1,210 @@
+"""BAFFLE's configuration: the ``method.*`` keys of either mode, the zeroth-order estimate they
+describe (:meth:`BaffleConfig.zo_spec`: K, σ, scheme and directions of Eq. (6), seed 000), and what
+the method declares to the registry (capabilities, mechanism defaults, divergence advice, what a
+client uploads). The choices behind the defaults (clip 0.3, shared perturbations, the EMA schedule):
+``docs/methods/baffle.md``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from pydantic import Field, model_validator
+
+from fedge.estimators import ZerothOrderSpec
+from fedge.methods.base import MethodConfigBase, MethodEnv, ServerOptimizerConfig
+from fedge.methods.local import ClientOptimizerConfig
+from fedge.methods.spec import Capabilities
+
+__all__ = [
+    "CAPABILITIES",
+    "DEFAULTS",
+    "BaffleConfig",
+    "advice",
+    "perturbation_threads",
+    "upload",
+]
+
+_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# The server optimizer each mode defaults to: BAFFLE's Adam on the estimate (batch), FedAvg (epoch).
+_BATCH_SERVER_OPTIMIZER: dict[str, Any] = {"name": "adam", "lr": 0.01, "b1": 0.9, "b2": 0.99}
+_EPOCH_SERVER_OPTIMIZER: dict[str, Any] = {"name": "sgd", "lr": 1.0}
+
+
+class BaffleConfig(MethodConfigBase):
+    """BAFFLE's own keys; the composer (:mod:`fedge.methods.compose`) attaches the mechanism
+    options its capabilities allow (``secure_aggregation``/``secagg_*``, ``ema``/``ema_*``,
+    ``freeze``), with BAFFLE's defaults (:data:`DEFAULTS`)."""
+
+    if TYPE_CHECKING:  # attached by the composer; read by the consistency rules below
+        secure_aggregation: bool | None
+        secagg_dropout: float
+
+    name: Literal["baffle"] = "baffle"
+    mode: Literal["batch", "epoch"] = Field(
+        "epoch", description="batch-level (FedSGD) or epoch-level (FedAvg)"
+    )
+    k: int = Field(100, ge=1, description="K: loss differences per estimate")
+    sigma: float = Field(1e-4, gt=0, description="perturbation scale σ")
+    scheme: Literal["central", "forward"] = Field(
+        "forward", description="central or twice-FD (forward)"
+    )
+    estimator: Literal["lean", "fast"] = Field(
+        "fast",
+        description="lean (least memory) or fast (a forward of the batch of at most ~90 MFLOP, e.g. LeNet-5 up to "
+        "159 samples, BAFFLE's LeNet up to 8: perturbations batched; more: perturbations split over "
+        "`perturbation_threads`, one model copy per thread; at epoch level it keeps up to 64 MiB of the forwards' "
+        "perturbations so the client's own estimate does not draw them again)",
+    )
+    perturbation_threads: int | None = Field(
+        None,
+        ge=1,
+        description="fast estimator: threads the K perturbations are split over, one torch thread each "
+        "(null: every usable core when clients run in the engine's process, 1 with clients.workers > 0)",
+    )
+    chunk: int | None = Field(
+        None, ge=1, description="perturbations per batched pass (fast estimator)"
+    )
+    directions: Literal["gaussian", "orthogonal", "block"] = Field(
+        "gaussian",
+        description="perturbation directions: gaussian (BAFFLE's i.i.d.), orthogonal (randomized Hadamard per "
+        "tensor) or block (per-layer, K split ∝ sqrt(layer size)); see fedge.estimators.directions",
+    )
+    perturb: list[str] | None = Field(
+        None,
+        description="shell-style patterns of the parameters to perturb and train (null: all trainable)",
+    )
+    batch_size: int = Field(
+        64,
+        ge=1,
+        description="samples per loss evaluation (with delta_loss_on=local_set: per forward chunk)",
+    )
+    delta_loss_on: Literal["batch", "local_set"] = Field(
+        "local_set",
+        description="batch mode: ΔL over the client's whole local set D_c (Algorithm 1, line 12; forwards run "
+        "in chunks of batch_size) or over one mini-batch of batch_size drawn each round (cheaper, noisier)",
+    )
+    local_epochs: int = Field(1, ge=1, description="epoch-level: local epochs per round")
+    max_steps: int | None = Field(
+        None, ge=1, description="epoch-level: cap on local steps per round"
+    )
+    clip: float | None = Field(
+        0.3, gt=0, description="inf-norm clip of each estimate (reference code); null: off"
+    )
+    client_optimizer: ClientOptimizerConfig = ClientOptimizerConfig(
+        name="adam", lr=0.01, b1=0.9, b2=0.99
+    )
+    server_optimizer: ServerOptimizerConfig | None = Field(
+        None,
+        description="default: adam lr 0.01 betas (0.9, 0.99) for batch mode, sgd lr 1 (FedAvg) for epoch mode",
+    )
+    shared_perturbations: bool = True
+    downlink: Literal["model", "seeds"] = Field(
+        "model",
+        description="batch mode: send the model every round, or only the round seeds and aggregated loss "
+        "differences a client missed (it rebuilds the model; the full model and optimizer state when smaller)",
+    )
+    precision: Literal["float32", "bfloat16", "float16"] = "float32"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _partial_server_optimizer(cls, data: Any) -> Any:
+        """``method.server_optimizer.lr=0.03`` alone tunes the mode's default optimizer (batch mode's
+        Adam), rather than building an SGD from the class defaults; naming ``name`` starts afresh."""
+        if (
+            isinstance(data, dict)
+            and isinstance(data.get("server_optimizer"), dict)
+            and "name" not in data["server_optimizer"]
+        ):
+            base = (
+                _BATCH_SERVER_OPTIMIZER
+                if data.get("mode", "epoch") == "batch"
+                else _EPOCH_SERVER_OPTIMIZER
+            )
+            data = {**data, "server_optimizer": {**base, **data["server_optimizer"]}}
+        return data
+
+    @model_validator(mode="after")
+    def _defaults_and_consistency(self) -> BaffleConfig:
+        if self.server_optimizer is None:
+            self.server_optimizer = ServerOptimizerConfig(
+                **(_BATCH_SERVER_OPTIMIZER if self.mode == "batch" else _EPOCH_SERVER_OPTIMIZER)
+            )
+        if (
+            self.mode == "batch"
+            and self.client_optimizer != type(self).model_fields["client_optimizer"].default
+        ):
+            raise ValueError(
+                "method.client_optimizer is not used in batch mode: clients send loss differences and the server "
+                "steps with method.server_optimizer; set method.server_optimizer.* instead (or method.mode=epoch)"
+            )
+        if "secure_aggregation" in type(self).model_fields:  # the composed section
+            if self.secure_aggregation is None:  # BAFFLE's default: on where Eq. (7) sums
+                self.secure_aggregation = self.mode == "batch" and self.shared_perturbations
+            if self.secagg_dropout and not self.secure_aggregation:
+                raise ValueError("secagg_dropout only applies with secure_aggregation=true")
+            if self.secure_aggregation and self.mode == "batch" and not self.shared_perturbations:
+                raise ValueError(
+                    "secure_aggregation needs shared_perturbations=true: the server only learns "
+                    "the sum of the loss differences, so every client must use the same perturbations"
+                )
+        if self.downlink == "seeds" and (self.mode != "batch" or not self.shared_perturbations):
+            raise ValueError(
+                "downlink=seeds rebuilds the model from the round seed and the K aggregated loss differences: "
+                "it needs mode=batch and shared_perturbations=true"
+            )
+        return self
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        return _DTYPES[self.precision]
+
+    def zo_spec(self, workers: int | None = None) -> ZerothOrderSpec:
+        """The zeroth-order estimate this config describes (BAFFLE Eq. 6: ``k``, ``sigma``,
+        ``scheme``, ``directions``; ``estimator`` as the mode, ``chunk``, ``precision``), its
+        fast mode split over ``workers`` threads (:func:`perturbation_threads`)."""
+        return ZerothOrderSpec(
+            k=self.k,
+            sigma=self.sigma,
+            scheme=self.scheme,
+            directions=self.directions,
+            mode=self.estimator,
+            chunk=self.chunk,
+            dtype=self.dtype,
+            workers=workers,
+        )
+
+
+def perturbation_threads(cfg: BaffleConfig, env: MethodEnv) -> int:
+    """Threads the fast estimator splits the K perturbations over (see ``perturbation_threads``)."""
+    if cfg.perturbation_threads is not None:
+        return cfg.perturbation_threads
+    return 1 if env.workers else len(os.sched_getaffinity(0))
+
+
+#: what BAFFLE can do, in both modes: its server averages the replies (K loss differences or
+#: model deltas) into one global model, trained only where it is not frozen
+CAPABILITIES = Capabilities(
+    sums_replies=True, global_model=True, freezable=True, client_optimizer=True
+)
+
+
+def advice(cfg: BaffleConfig) -> list[str]:
+    """What else tames a diverging BAFFLE run: its inf-norm clip of the estimate."""
+    if cfg.clip is not None:
+        return [f"set a smaller method.clip (now {cfg.clip})"]
+    return ["turn on method.clip (now null; the reference code uses 0.3)"]
+
+
+def upload(cfg: BaffleConfig) -> Literal["loss_differences", "estimate_delta"]:
+    """Batch mode: K loss differences (with the seed broadcast); epoch mode: a model delta."""
+    return "loss_differences" if cfg.mode == "batch" else "estimate_delta"
+
+
+#: BAFFLE's own defaults for mechanism options: EMA 0.995 (Section 4.1); secure aggregation
+#: null, i.e. on in batch mode, whose K loss differences Eq. (7) sums (resolved by the config)
+DEFAULTS: dict[str, Any] = {"ema": 0.995, "secure_aggregation": None}

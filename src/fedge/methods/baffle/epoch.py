@@ -1,0 +1,60 @@
+"""Epoch-level BAFFLE (``mode: epoch``, FedAvg; seed 000, Section 3.2): each client runs local steps
+whose gradient is the zeroth-order estimate of Eq. (6) on the current mini-batch (a fresh
+perturbation seed per step), clipped to the configured inf-norm, and uploads its model delta; the
+server averages the deltas with weights N_c/N. Details: ``docs/methods/baffle.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from fedge.core.context import ClientContext
+from fedge.estimators import zeroth_order_gradient
+from fedge.methods.baffle.config import BaffleConfig, perturbation_threads
+from fedge.methods.baffle.downlink import clip_inf_norm, perturbed_masks, perturbed_params
+from fedge.methods.base import MethodBuild, MethodEnv
+from fedge.methods.fedavg import DeltaAveraging
+from fedge.methods.local import LocalTraining
+
+__all__ = ["build_epoch", "zeroth_order_gradient_fn"]
+
+
+def zeroth_order_gradient_fn(cfg: BaffleConfig, threads: int = 1) -> Any:
+    """A :data:`~fedge.methods.local.GradientFn` computing BAFFLE's local estimate."""
+    spec = cfg.zo_spec(workers=threads)
+
+    def gradient(
+        model: torch.nn.Module,
+        batch: tuple[torch.Tensor, torch.Tensor],
+        ctx: ClientContext,
+        masks: Any,
+    ):
+        seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator))
+        params = perturbed_params(model, cfg.perturb)
+        masks = perturbed_masks(masks, params)
+        g = zeroth_order_gradient(
+            model, F.cross_entropy, batch, spec, seed=seed, params=list(params), masks=masks
+        )
+        return None, clip_inf_norm(g, cfg.clip)
+
+    return gradient
+
+
+def build_epoch(
+    cfg: BaffleConfig, env: MethodEnv, *, masks: dict[str, torch.Tensor] | None = None
+) -> MethodBuild:
+    """Epoch-level BAFFLE's bare strategy (FedAvg's delta averaging with the configured server
+    optimizer) and client program (local training on the zeroth-order estimate)."""
+    assert cfg.server_optimizer is not None
+    strategy = DeltaAveraging(
+        env.model_fn(), cfg.server_optimizer.build(), replies_are_gradients=False, masks=masks
+    )
+    program = LocalTraining.from_config(
+        env.model_fn,
+        cfg,
+        gradient_fn=zeroth_order_gradient_fn(cfg, perturbation_threads(cfg, env)),
+    )
+    return MethodBuild(strategy, program)
