@@ -201,3 +201,19 @@ def test_dp_composes_by_configuration(tiny):
     line = sim.run_round(1)
     sim.close()
     assert line["epsilon"] > 0
+
+
+def test_freezing_composes_control_variates_cover_the_trained_parameters(tiny):
+    built = build_run(_cfg(tiny, name="scaffold", freeze=["features.fc1"]))
+    assert built.method.applied == ("freeze",)
+    before = built.model_fn().state_dict()
+    sim = built.simulation()
+    sim.run_round(1)
+    sim.run_round(2)
+    sim.close()
+    after = sim.strategy.eval_model().state_dict()
+    frozen = [k for k in before if k.startswith("features.fc1.")]
+    assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)
+    assert any(not torch.equal(before[k], after[k]) for k in before if k not in frozen)
+    c = sim.strategy.c
+    assert not set(c) & set(frozen) and set(c) == set(before) - set(frozen)
