@@ -217,3 +217,19 @@ def test_freezing_composes_control_variates_cover_the_trained_parameters(tiny):
     assert any(not torch.equal(before[k], after[k]) for k in before if k not in frozen)
     c = sim.strategy.c
     assert not set(c) & set(frozen) and set(c) == set(before) - set(frozen)
+
+
+def test_worker_pool_carries_the_client_control_variates(tmp_path, tiny):
+    """Clients run in worker processes: their c_i travel with their state, so the run equals
+    the in-process one (3 of 6 clients a round: some clients come back with their c_i)."""
+    method = {"name": "scaffold", "batch_size": 16, "client_optimizer": {"lr": 0.1}}
+    common = {"clients.num": 6, "clients.per_round": 3}
+    seq = run_experiment(
+        load_config(tiny(rounds=3, method=method, **common)), out=tmp_path / "seq", render=False
+    )
+    pool = run_experiment(
+        load_config(tiny(rounds=3, method=method, **common, **{"clients.workers": 2})),
+        out=tmp_path / "pool",
+        render=False,
+    )
+    assert metrics_without_wall(seq) == metrics_without_wall(pool)
