@@ -93,6 +93,7 @@ class BuiltRun:
             measure_memory=c.measure.memory,
             dropout=c.clients.dropout,
             min_replies=c.clients.min_replies,
+            draws=c.draws,
         )
 
     def simulation(self, on_round: Any = None, runtime: Runtime | str = "engine") -> Simulation:
