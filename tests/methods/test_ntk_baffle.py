@@ -189,12 +189,13 @@ def test_a_resumed_run_keeps_the_masks_it_was_trained_with(tmp_path, tiny, monke
     )
     original = ntk_baffle.data_free_masks
 
-    def elsewhere(mcfg, w0, *, seed, input_shape):  # what another CPU's pruning might select
+    def elsewhere(mcfg, w0, *, seed, input_shape, draws="torch"):  # another CPU's pruning
         return original(
             mcfg.model_copy(update={"prune_score": "magnitude"}),
             w0,
             seed=seed,
             input_shape=input_shape,
+            draws=draws,
         )
 
     built = build_run(cfg)

@@ -1039,3 +1039,55 @@ def test_a_seeds_downlink_client_whose_reply_was_lost_skips_the_rounds_it_replay
     assert [(x["test_accuracy"], x["test_loss"]) for x in lines] == [
         (x["test_accuracy"], x["test_loss"]) for x in oracle
     ]
+
+
+class _OtherKernelsLastNodeGrid(LocalGrid):
+    """Its last node runs other CPU kernels: torch's probe off by roundoff ``torch_off``, the
+    portable probe off by ``portable_off`` (0: the same bits)."""
+
+    def __init__(self, *args, torch_off=0.0, portable_off=0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.torch_off, self.portable_off = torch_off, portable_off
+
+    def _deliver(self, msg, context):
+        from fedge.runtime.flower.grid import _unwire, _wire
+
+        reply = _unwire(super()._deliver(msg, context))
+        rec = reply.content.config_records[RECORD]
+        if context.node_id == self.node_ids[-1] and "rng_probe" in rec:
+            rec["rng_probe"] = [x * (1 + self.torch_off) for x in rec["rng_probe"]]
+            rec["rng_probe_portable"] = [
+                x * (1 + self.portable_off) for x in rec["rng_probe_portable"]
+            ]
+        return _wire(reply)
+
+
+def test_a_portable_run_checks_the_portable_probe_exactly_and_ignores_torchs():
+    """Under ``draws: portable`` a node whose torch kernels round differently (torch's probe off
+    by far more than roundoff) is accepted: the run draws nothing from them; one whose portable
+    probe differs in the last bit is refused."""
+    from fedge.experiment.build import build_run
+
+    overrides = {"clients.num": 3, "clients.per_round": 3, "draws": "portable"}
+    overrides["method"] = {"name": "baffle", "mode": "batch", "k": 4, "batch_size": 32}
+    built = build_run(load_config(tiny_config(rounds=1, **overrides)))
+    sim = built.simulation(runtime="flower-sim")
+    app = client_app(
+        built.method.program,
+        built.clients.__getitem__,
+        seed=0,
+        measure_flops=False,
+        measure_memory=False,
+        parties={},
+    )
+    sim.executor.wait_nodes_s = 0
+    nodes = [{"partition-id": i} for i in range(3)]
+    sim.executor.connect(_OtherKernelsLastNodeGrid(app, nodes, torch_off=0.01))
+    assert sim.executor.nodes == {0: 1000, 1: 1001, 2: 1002}
+    with pytest.raises(ConfigError, match=r"^1 node\(s\) draw other numbers .*node 1002"):
+        sim.executor.connect(_OtherKernelsLastNodeGrid(app, nodes, portable_off=1e-9))
+    torch_run = build_run(load_config(tiny_config(rounds=1, **{**overrides, "draws": "torch"})))
+    tsim = torch_run.simulation(runtime="flower-sim")
+    tsim.executor.wait_nodes_s = 0
+    with pytest.raises(ConfigError, match=r"^1 node\(s\) draw other numbers .*node 1002"):
+        tsim.executor.connect(_OtherKernelsLastNodeGrid(app, nodes, torch_off=0.01))

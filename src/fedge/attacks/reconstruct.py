@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
+from fedge.core.rng import Draws
 from fedge.estimators.directions import make_directions
 
 __all__ = [
@@ -105,14 +106,18 @@ def baffle_projection(
     scheme: str,
     directions: str,
     masks: Mapping[str, Tensor] | None = None,
+    draws: Draws = "torch",
 ) -> ProjectionTarget:
     """What BAFFLE's K loss differences tell a server that knows the seed: t_k = ΔL_k / (cσ)
     ≈ z_kᵀ∇L, with z_k regenerated exactly as the client drew them
     (:func:`fedge.estimators.directions.make_directions`; ``masks``, NTK-BAFFLE's, zero the
-    pruned coordinates, z_k ⊙ m, and size the blocks of ``block`` directions as the client's)."""
+    pruned coordinates, z_k ⊙ m, and size the blocks of ``block`` directions as the client's;
+    ``draws``: the observed run's ``draws``, the generator the client drew them with)."""
     k = loss_diffs.numel()
     masks = masks or {}
-    dirs = make_directions(directions, {n: tuple(s) for n, s in shapes.items()}, k, masks)
+    dirs = make_directions(
+        directions, {n: tuple(s) for n, s in shapes.items()}, k, masks, draws=draws
+    )
     z = {n: dirs.draw(seed, range(k), n, tuple(s)).reshape(k, *s) for n, s in shapes.items()}
     z = {n: v * masks[n].to(v.dtype) if n in masks else v for n, v in z.items()}
     return ProjectionTarget(z, loss_diffs.to(torch.float32) / (_NORMALIZER[scheme] * sigma))

@@ -41,7 +41,7 @@ from fedge.attacks.reconstruct import (
 )
 from fedge.core.config import RunConfig
 from fedge.core.errors import ConfigError
-from fedge.core.rng import generator
+from fedge.core.rng import Draws, generator
 from fedge.experiment.build import privacy_config
 from fedge.methods import get_method
 from fedge.methods.base import unpack_model_arrays
@@ -89,9 +89,11 @@ def _targets(
     masks: dict[str, torch.Tensor] | None = None,
     *,
     clipped: bool = False,
+    draws: Draws = "torch",
 ) -> Iterator[tuple[str, Any, bool]]:
     """(attack name, target, whether iDLG may read the label) for one upload; ``clipped``: the
-    run's clients clip their uploads (DP), so BAFFLE's K values come at an unknown scale."""
+    run's clients clip their uploads (DP), so BAFFLE's K values come at an unknown scale;
+    ``draws``: the run's generator of seeded draws (BAFFLE's directions are rebuilt with it)."""
     params = dict(model.named_parameters())
     upload = get_method(name).upload(mcfg)
     if upload == "edge_activations":
@@ -131,6 +133,7 @@ def _targets(
             scheme=mcfg.scheme,
             directions=mcfg.directions,
             masks=masks,
+            draws=draws,
         )
         yield "baffle-k", proj, False
         if clipped:
@@ -191,7 +194,7 @@ def reconstruction_attack(
         )
         clipped = privacy_config(built.config).enabled
         for attack, target, idlg in _targets(
-            name, view, model, built.method_config, masks, clipped=clipped
+            name, view, model, built.method_config, masks, clipped=clipped, draws=built.config.draws
         ):
             labels = (
                 idlg_labels(target.grads, model)

@@ -201,6 +201,8 @@ NEUTRAL_ADDITIONS: dict[tuple[str, ...], Any] = {
     ("clients", "dropout"): 0.0,
     ("clients", "min_replies"): None,
     ("clients", "reply_timeout"): None,
+    # every record made before the key drew with torch's and numpy's generators
+    ("draws",): "torch",
 }
 
 

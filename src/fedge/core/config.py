@@ -32,7 +32,7 @@ from pydantic import (
 from fedge.core.errors import ConfigError
 from fedge.core.overrides import apply_overrides, override_strings
 from fedge.core.presets import preset_path, read_config_file
-from fedge.core.rng import generator
+from fedge.core.rng import Draws, generator
 from fedge.core.validation import check_finite, check_positive_int, validate_section
 
 __all__ = [
@@ -310,6 +310,15 @@ class RunConfig(_Strict):
     """The whole run. Field order is the order keys are written to ``config.yaml``."""
 
     seed: int = 0
+    draws: Draws = Field(
+        "torch",
+        description="generator of every seeded draw another party rebuilds (model init, FedPT's frozen "
+        "tensors, perturbation directions, NTK pruning's draws, the secure-aggregation graph, iid/shards/"
+        "domain partitions): torch (torch's and numpy's generators, bit-identical only on the same "
+        "hardware and library versions; what every record before this key used) or portable (Philox "
+        "and exact arithmetic, the same bits on every CPU, OS and library version; dirichlet "
+        "partitions stay numpy's)",
+    )
     rounds: int = Field(
         10,
         ge=1,

@@ -23,7 +23,7 @@ from fedge.core.rng import derive_seed, numpy_rng
 from fedge.data import Dataset, load_dataset
 from fedge.data.dataset import stratified_subset
 from fedge.data.federated import LazyClients, SyntheticFederated
-from fedge.data.partition import partition, partition_summary
+from fedge.data.partition import PARTITIONERS, partition, partition_summary
 from fedge.data.registry import resolve_dataset_options
 from fedge.methods import get_method
 from fedge.methods.base import MethodBuild, MethodEnv
@@ -61,6 +61,7 @@ def model_factory(cfg: RunConfig, dataset: Dataset) -> Callable[[], torch.nn.Mod
             input_shape=tuple(dataset.input_shape),
             num_classes=dataset.num_classes,
             seed=init_seed,
+            draws=cfg.draws,
             **opts,
         )
 
@@ -92,6 +93,7 @@ class BuiltRun:
             measure_memory=c.measure.memory,
             dropout=c.clients.dropout,
             min_replies=c.clients.min_replies,
+            draws=c.draws,
         )
 
     def simulation(self, on_round: Any = None, runtime: Runtime | str = "engine") -> Simulation:
@@ -279,12 +281,24 @@ def build_run(cfg: RunConfig) -> BuiltRun:
     if d.name != FEDERATED:
         labels = dataset.y_train.numpy()
         p = cfg.partition
+        pspec = PARTITIONERS.get(p.name)
+        if cfg.draws == "portable" and pspec is not None and not pspec.portable:
+            warnings.warn(
+                f"draws=portable with partition.name={p.name!r}: this partitioner is drawn with numpy's "
+                "generator, not portably (Dirichlet proportions need gamma variates, whose log/exp "
+                "are not exactly rounded), so the split may differ between machines; the model init, "
+                "perturbations, masks and graphs are still portable. Use partition.name=shards (or "
+                "iid) for a split that is the same everywhere",
+                UserWarning,
+                stacklevel=2,
+            )
         parts = partition(
             p.name,
             labels,
             cfg.clients.num,
             seed=cfg.seed,
             domains=dataset.train_domains,
+            draws=cfg.draws,
             **p.options(),
         )
         summary = {
@@ -311,6 +325,7 @@ def build_run(cfg: RunConfig) -> BuiltRun:
         workers=cfg.clients.workers,
         per_round=cfg.clients.count(),
         privacy=privacy,
+        draws=cfg.draws,
     )
     method = compose(spec, method_cfg, env)
     if cfg.clients.min_replies is not None and not method.strategy.partial_replies:

@@ -18,6 +18,7 @@ from fedge.core.config import ConfigModel
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import ClientProgram, PartySpec, Strategy
+from fedge.core.rng import Draws
 
 __all__ = [
     "GlobalModel",
@@ -147,6 +148,7 @@ class MethodEnv:
     workers: int = 0
     per_round: int = 1
     privacy: Any = None  # the validated privacy section (fedge.privacy.dp.PrivacyConfig), or None
+    draws: Draws = "torch"  # the run's generator of seeded draws (RunConfig.draws)
 
     def protection(self, *, weighted: bool) -> dict[str, Any]:
         """Keyword arguments of :func:`fedge.methods.private.protect` for this run."""
@@ -156,6 +158,7 @@ class MethodEnv:
             weighted=weighted,
             population=len(self.client_sizes),
             clients_per_round=self.per_round,
+            draws=self.draws,
         )
 
 

@@ -51,7 +51,7 @@ from fedge.core.context import ClientContext
 from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Round, Strategy, StrategyWrapper
-from fedge.core.rng import derive_seed
+from fedge.core.rng import Draws, check_draws, derive_seed
 from fedge.methods.base import (
     MethodBuild,
     MethodEnv,
@@ -63,7 +63,7 @@ from fedge.methods.local import LocalTraining
 from fedge.methods.registry import declare_method
 from fedge.methods.spec import Capabilities
 from fedge.models.blocks import freeze_, resolve_freeze
-from fedge.models.initialization import reset_parameters
+from fedge.models.initialization import portable_reset_parameters, reset_parameters
 
 __all__ = [
     "FedPTClient",
@@ -100,12 +100,21 @@ class FedPTConfig(FedAvgConfig):
 
 @torch.no_grad()
 def reconstruct_(
-    model: torch.nn.Module, arrays: Mapping[str, torch.Tensor], seed: int
+    model: torch.nn.Module,
+    arrays: Mapping[str, torch.Tensor],
+    seed: int,
+    *,
+    draws: Draws = "torch",
 ) -> torch.nn.Module:
     """``Reconstruct(y, z)`` (Algorithm 1, line 5), in place: every tensor re-initialised from
-    ``seed`` exactly as :func:`fedge.models.build_model` does, then the tensors in ``arrays``
-    (the trainable part and buffers) copied over. No second copy of the model is made."""
-    reset_parameters(model, torch.Generator().manual_seed(seed))
+    ``seed`` exactly as :func:`fedge.models.build_model` does with the same ``draws``
+    (:func:`~fedge.models.initialization.portable_reset_parameters` for ``"portable"``), then
+    the tensors in ``arrays`` (the trainable part and buffers) copied over. No second copy of
+    the model is made."""
+    if check_draws(draws) == "portable":
+        portable_reset_parameters(model, seed)
+    else:
+        reset_parameters(model, torch.Generator().manual_seed(seed))
     state = model.state_dict()
     for k, v in arrays.items():
         state[k].copy_(v)
@@ -187,8 +196,14 @@ class FedPTClient:
     """
 
     def __init__(
-        self, model_fn: Callable[[], torch.nn.Module], frozen: list[str], cfg: FedPTConfig
+        self,
+        model_fn: Callable[[], torch.nn.Module],
+        frozen: list[str],
+        cfg: FedPTConfig,
+        *,
+        draws: Draws = "torch",
     ) -> None:
+        self.draws = check_draws(draws)
         self.local = LocalTraining.from_config(lambda: freeze_(model_fn(), frozen), cfg)
         state = self.local.model.state_dict()
         params, buffers = split_trainable(self.local.model)
@@ -198,7 +213,7 @@ class FedPTClient:
         who = f"round {ctx.rnd}, client {ctx.cid}: downlink"
         z = _seed_of(message, who)
         check_reply_arrays(message, self.expected, who=who)
-        model = reconstruct_(self.local.model, message.arrays, z)
+        model = reconstruct_(self.local.model, message.arrays, z, draws=self.draws)
         model.train()
         ctx.meter.resident = model
         self.local.masks = None
@@ -223,7 +238,7 @@ def build(cfg: FedPTConfig, env: MethodEnv) -> MethodBuild:
     z = derive_seed(
         env.seed, "model-init"
     )  # the seed fedge.experiment.build initialises the model from
-    rebuilt = reconstruct_(copy.deepcopy(model), {}, z)
+    rebuilt = reconstruct_(copy.deepcopy(model), {}, z, draws=env.draws)
     if any(
         not torch.equal(a, b)
         for a, b in zip(model.state_dict().values(), rebuilt.state_dict().values(), strict=True)
@@ -239,7 +254,7 @@ def build(cfg: FedPTConfig, env: MethodEnv) -> MethodBuild:
         weighting=cfg.weighting,
     )
     server = FedPTServer(inner, seed=z)
-    client = FedPTClient(env.model_fn, frozen, cfg)
+    client = FedPTClient(env.model_fn, frozen, cfg, draws=env.draws)
     return MethodBuild(server, client)
 
 

@@ -67,7 +67,7 @@ from fedge.core.errors import ConfigError, MessageError, PrivacyWarning
 from fedge.core.messages import Message
 from fedge.core.meter import effective_flops_ratio
 from fedge.core.protocols import Exchange, Round, Strategy, StrategyWrapper
-from fedge.core.rng import derive_seed, generator
+from fedge.core.rng import Draws, derive_seed, make_generator
 from fedge.estimators import ZerothOrderSpec, combine_loss_differences
 from fedge.methods.baffle import CAPABILITIES, DEFAULTS, BaffleConfig, advice
 from fedge.methods.baffle import build as build_baffle
@@ -157,18 +157,23 @@ class NtkBaffleConfig(BaffleConfig):
             )
         return self
 
-    def prune_spec(self) -> ZerothOrderSpec:
+    def prune_spec(self, *, draws: Draws = "torch") -> ZerothOrderSpec:
         """The zeroth-order estimate of ∂I/∂m (NTK-Ori, and NTK-Rand's ``zeroth_order`` route):
-        K = ``prune_k`` central differences of the NTK statistic at σ = ``prune_sigma``."""
-        return ZerothOrderSpec(k=self.prune_k, sigma=self.prune_sigma, scheme="central")
+        K = ``prune_k`` central differences of the NTK statistic at σ = ``prune_sigma``, the mask
+        perturbations drawn by ``draws`` (the run's, from the build environment)."""
+        return ZerothOrderSpec(
+            k=self.prune_k, sigma=self.prune_sigma, scheme="central", draws=draws
+        )
 
 
 class PruningClient:
     """Device side of NTK-Ori: K differences of the NTK statistic on local data, forwards
     only; any other message goes to the BAFFLE client program."""
 
-    def __init__(self, inner: Any, model_fn: Any, cfg: NtkBaffleConfig) -> None:
-        self.inner, self.cfg, self.spec = inner, cfg, cfg.prune_spec()
+    def __init__(
+        self, inner: Any, model_fn: Any, cfg: NtkBaffleConfig, *, draws: Draws = "torch"
+    ) -> None:
+        self.inner, self.cfg, self.spec = inner, cfg, cfg.prune_spec(draws=draws)
         self.model = model_fn()
 
     def run(self, message: Message, ctx: ClientContext) -> Message:
@@ -203,9 +208,11 @@ class ClientDataPruning(StrategyWrapper):
     """Server side of NTK-Ori: the T_p pruning rounds run as the first exchanges of round 1,
     then the wrapped BAFFLE strategy trains the pruned model for the rest of the run."""
 
-    def __init__(self, inner: Strategy, cfg: NtkBaffleConfig, *, seed: int) -> None:
+    def __init__(
+        self, inner: Strategy, cfg: NtkBaffleConfig, *, seed: int, draws: Draws = "torch"
+    ) -> None:
         super().__init__(inner)
-        self.cfg, self.seed, self.spec = cfg, seed, cfg.prune_spec()
+        self.cfg, self.seed, self.spec = cfg, seed, cfg.prune_spec(draws=draws)
         self.server = inner.global_model
         self.masks = dense_masks(self.model)
         self.counts = keep_counts(
@@ -307,7 +314,12 @@ class ReportEffectiveFlops(StrategyWrapper):
 
 
 def data_free_masks(
-    cfg: NtkBaffleConfig, w0: torch.nn.Module, *, seed: int, input_shape: tuple[int, ...]
+    cfg: NtkBaffleConfig,
+    w0: torch.nn.Module,
+    *,
+    seed: int,
+    input_shape: tuple[int, ...],
+    draws: Draws = "torch",
 ) -> dict[str, torch.Tensor]:
     """The server's pruning of ``w0`` for ``prune_data: random`` (what :func:`build` runs, with the
     run's ``seed``): ``prune_rounds`` rounds of ``prune_score`` to ``density``.
@@ -315,11 +327,14 @@ def data_free_masks(
     ``prune_route: zeroth_order`` scores each round as NTK-Ori does (K = ``prune_k`` seeded mask
     perturbations of the statistic on the round's ``prune_inputs`` Gaussian inputs, Stein's
     estimate of ∂I/∂m; the perturbation seed of pruning round t is NTK-Ori's), so that NTK-Rand
-    and NTK-Ori differ in their inputs only."""
+    and NTK-Ori differ in their inputs only.
+
+    ``draws``: the generator of pruning's inputs, ΔW, random scores and mask perturbations
+    (``make_generator(draws, seed, "prune")``; :data:`fedge.core.rng.Draws`)."""
     score: Any = cfg.prune_score
     if cfg.prune_route == "zeroth_order":
         step = iter(range(cfg.prune_rounds))
-        spec = cfg.prune_spec()
+        spec = cfg.prune_spec(draws=draws)
 
         def score(
             model: torch.nn.Module, masks: dict[str, torch.Tensor], ctx: ScoreContext
@@ -341,7 +356,7 @@ def data_free_masks(
         density=cfg.density,
         rounds=cfg.prune_rounds,
         score=score,
-        generator=generator(seed, "prune"),
+        generator=make_generator(draws, seed, "prune"),
         input_shape=input_shape,
         num_inputs=cfg.prune_inputs,
         eps=cfg.prune_eps,
@@ -364,7 +379,11 @@ def build(cfg: NtkBaffleConfig, env: MethodEnv) -> MethodBuild:
     sample = torch.zeros((1, *env.input_shape))
     if cfg.prune_data == "random":
         masks = data_free_masks(
-            cfg, env.model_fn(), seed=env.seed, input_shape=tuple(env.input_shape)
+            cfg,
+            env.model_fn(),
+            seed=env.seed,
+            input_shape=tuple(env.input_shape),
+            draws=env.draws,
         )
         base_fn = env.model_fn
 
@@ -400,11 +419,14 @@ def build(cfg: NtkBaffleConfig, env: MethodEnv) -> MethodBuild:
     built.layers += [
         # the pruning exchanges run over the protected rounds, under the EMA (its average starts
         # from the pruned model)
-        Layer("over_protection", lambda s: ClientDataPruning(s, cfg, seed=env.seed)),
+        Layer(
+            "over_protection",
+            lambda s: ClientDataPruning(s, cfg, seed=env.seed, draws=env.draws),
+        ),
         Layer(
             "outermost",
             lambda s: ReportEffectiveFlops(s, sample),
-            lambda p: PruningClient(p, env.model_fn, cfg),
+            lambda p: PruningClient(p, env.model_fn, cfg, draws=env.draws),
         ),
     ]
     return built

@@ -37,6 +37,7 @@ from fedge.core.context import ClientContext
 from fedge.core.errors import ConfigError, MessageError, PrivacyWarning
 from fedge.core.messages import Message
 from fedge.core.protocols import ClientProgram, Round, Strategy, StrategyWrapper
+from fedge.core.rng import Draws
 from fedge.methods.secure import SecureAggregationOptions, Summable, secure
 from fedge.privacy.dp.aggregate import DPAggregator, clip_contribution
 from fedge.privacy.dp.config import PrivacyConfig
@@ -197,6 +198,7 @@ def protect(
     weighted: bool,
     population: int,
     clients_per_round: int,
+    draws: Draws = "torch",
 ) -> tuple[Strategy, ClientProgram]:
     """A summing method's two sides with differential privacy (``privacy``, when enabled)
     underneath secure aggregation (``options.secure_aggregation``); unchanged when both are off."""
@@ -214,4 +216,4 @@ def protect(
         )
         program = PrivateClient(program, privacy)
         weighted = False
-    return secure(strategy, program, options, seed=seed, weighted=weighted)
+    return secure(strategy, program, options, seed=seed, weighted=weighted, draws=draws)

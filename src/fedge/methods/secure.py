@@ -52,7 +52,7 @@ from fedge.core.context import ClientContext
 from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import ClientProgram, Exchange, Round, Strategy, StrategyWrapper
-from fedge.core.rng import generator
+from fedge.core.rng import Draws, check_draws, generator
 from fedge.methods.base import MethodConfigBase
 from fedge.privacy.secagg import (
     ClientState,
@@ -126,7 +126,9 @@ class Summable(Protocol):
         ...
 
 
-def _graph(opts: SecureAggregationOptions, ids: list[int], *, seed: int, rnd: int) -> MaskGraph:
+def _graph(
+    opts: SecureAggregationOptions, ids: list[int], *, seed: int, rnd: int, draws: Draws
+) -> MaskGraph:
     k = (
         opts.secagg_neighbors
         if opts.secagg_neighbors is not None
@@ -134,7 +136,7 @@ def _graph(opts: SecureAggregationOptions, ids: list[int], *, seed: int, rnd: in
     )
     if k is not None and k >= len(ids) - 1:
         k = None
-    return MaskGraph.build(ids, k, seed=seed, round=rnd)
+    return MaskGraph.build(ids, k, seed=seed, round=rnd, draws=draws)
 
 
 def _config(opts: SecureAggregationOptions, graph: MaskGraph, length: int) -> SecAggConfig:
@@ -155,9 +157,16 @@ class SecureClient:
     """
 
     def __init__(
-        self, inner: ClientProgram, options: SecureAggregationOptions, *, seed: int, weighted: bool
+        self,
+        inner: ClientProgram,
+        options: SecureAggregationOptions,
+        *,
+        seed: int,
+        weighted: bool,
+        draws: Draws = "torch",
     ) -> None:
         self.inner, self.opts, self.seed, self.weighted = inner, options, seed, weighted
+        self.draws = check_draws(draws)
 
     def _session(self, ctx: ClientContext, length: int = 1) -> ClientState:
         """This round's protocol state, restored from ``ctx.round_state``. The vector length
@@ -169,7 +178,9 @@ class SecureClient:
             raise MessageError(
                 f"round {ctx.rnd}, client {ctx.cid}: secure-aggregation step without a key agreement"
             )
-        graph = _graph(self.opts, [int(v) for v in ids.tolist()], seed=self.seed, rnd=ctx.rnd)
+        graph = _graph(
+            self.opts, [int(v) for v in ids.tolist()], seed=self.seed, rnd=ctx.rnd, draws=self.draws
+        )
         return ClientState.from_bytes(saved, config=_config(self.opts, graph, length), graph=graph)
 
     def run(self, message: Message, ctx: ClientContext) -> Message:
@@ -179,7 +190,13 @@ class SecureClient:
             ids = message.arrays.get("ids")
             if ids is None:
                 raise MessageError(f"{who}: no participant list")
-            graph = _graph(self.opts, [int(v) for v in ids.tolist()], seed=self.seed, rnd=ctx.rnd)
+            graph = _graph(
+                self.opts,
+                [int(v) for v in ids.tolist()],
+                seed=self.seed,
+                rnd=ctx.rnd,
+                draws=self.draws,
+            )
             state = ClientState(
                 ctx.cid, round=ctx.rnd, config=_config(self.opts, graph, 1), graph=graph
             )
@@ -233,7 +250,14 @@ class SecureAggregation(StrategyWrapper):
         options, seed: as for :class:`SecureClient`.
     """
 
-    def __init__(self, inner: Strategy, options: SecureAggregationOptions, *, seed: int) -> None:
+    def __init__(
+        self,
+        inner: Strategy,
+        options: SecureAggregationOptions,
+        *,
+        seed: int,
+        draws: Draws = "torch",
+    ) -> None:
         if not isinstance(inner, Summable):
             raise ConfigError(
                 f"secure aggregation needs a strategy whose server sums client replies; "
@@ -242,6 +266,7 @@ class SecureAggregation(StrategyWrapper):
         super().__init__(inner)
         self.summable: Summable = inner
         self.opts, self.seed = options, seed
+        self.draws = check_draws(draws)
         self._aggregated: list[int] | None = None  # the last completed round's survivors
         self._summands()
 
@@ -253,7 +278,7 @@ class SecureAggregation(StrategyWrapper):
 
     def round(self, rnd: int, client_ids: list[int]) -> Round:
         self._summands()
-        graph = _graph(self.opts, client_ids, seed=self.seed, rnd=rnd)
+        graph = _graph(self.opts, client_ids, seed=self.seed, rnd=rnd, draws=self.draws)
         server = ServerState(round=rnd, config=_config(self.opts, graph, self.length), graph=graph)
         ids = torch.tensor(client_ids, dtype=torch.int32)
         hello = Message({"ids": ids}, config={"secagg_step": "ids"})
@@ -340,10 +365,11 @@ def secure(
     *,
     seed: int,
     weighted: bool,
+    draws: Draws = "torch",
 ) -> tuple[Strategy, ClientProgram]:
     """Both sides wrapped when ``options.secure_aggregation`` is on; unchanged otherwise."""
     if not options.secure_aggregation:
         return strategy, program
-    return SecureAggregation(strategy, options, seed=seed), SecureClient(
-        program, options, seed=seed, weighted=weighted
+    return SecureAggregation(strategy, options, seed=seed, draws=draws), SecureClient(
+        program, options, seed=seed, weighted=weighted, draws=draws
     )

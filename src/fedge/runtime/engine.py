@@ -18,7 +18,7 @@ from fedge.core.errors import ConfigError, MessageError, ShortRoundError
 from fedge.core.messages import Message
 from fedge.core.meter import Meter
 from fedge.core.protocols import ClientProgram, PartyCall, PartySpec, Strategy
-from fedge.core.rng import generator
+from fedge.core.rng import Draws, generator
 from fedge.runtime.evaluate import evaluate
 from fedge.runtime.executor import (
     SHARED,
@@ -59,6 +59,7 @@ class EngineConfig:
     measure_memory: bool = False
     dropout: float = 0.0
     min_replies: int | None = None
+    draws: Draws = "torch"  # the run's seeded-draw generator (what the Flower handshake checks)
 
     def step_settings(self, parties: Mapping[str, PartySpec]) -> StepSettings:
         """What every client step is given besides its task, under this config."""

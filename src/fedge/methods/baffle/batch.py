@@ -17,7 +17,7 @@ from fedge.core.context import ClientContext
 from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
-from fedge.core.rng import derive_seed
+from fedge.core.rng import Draws, derive_seed
 from fedge.estimators import combine_loss_differences, estimate_gradient, loss_differences
 from fedge.methods.baffle.config import BaffleConfig, perturbation_threads
 from fedge.methods.baffle.downlink import (
@@ -39,9 +39,11 @@ class BaffleBatchClient:
     forwards only, over the client's local set D_c (``delta_loss_on: local_set``, as Algorithm 1)
     or over one mini-batch drawn with the client's generator (``batch``)."""
 
-    def __init__(self, model_fn: Any, cfg: BaffleConfig, *, threads: int = 1) -> None:
+    def __init__(
+        self, model_fn: Any, cfg: BaffleConfig, *, threads: int = 1, draws: Draws = "torch"
+    ) -> None:
         assert cfg.server_optimizer is not None
-        self.cfg, self.spec = cfg, cfg.zo_spec(workers=threads)
+        self.cfg, self.spec = cfg, cfg.zo_spec(workers=threads, draws=draws)
         self.local = LocalTraining.loader(model_fn)
         self.replica = (
             ClientReplica(
@@ -122,10 +124,11 @@ class BaffleBatchStrategy(Strategy):
         *,
         seed: int,
         masks: dict[str, torch.Tensor] | None = None,
+        draws: Draws = "torch",
     ) -> None:
         assert cfg.server_optimizer is not None
         self.model, self.cfg, self.seed = model, cfg, seed
-        self.spec = cfg.zo_spec()  # the server runs no forwards: no workers
+        self.spec = cfg.zo_spec(draws=draws)  # the server runs no forwards: no workers
         self.server = GlobalModel(model, cfg.server_optimizer.build(), masks=masks)
         self.downlink = DownlinkHistory(cfg.k) if cfg.downlink == "seeds" else None
 
@@ -277,6 +280,8 @@ def build_batch(
     cfg: BaffleConfig, env: MethodEnv, *, masks: dict[str, torch.Tensor] | None = None
 ) -> MethodBuild:
     """Batch-level BAFFLE's bare strategy and client program."""
-    strategy = BaffleBatchStrategy(env.model_fn(), cfg, seed=env.seed, masks=masks)
-    program = BaffleBatchClient(env.model_fn, cfg, threads=perturbation_threads(cfg, env))
+    strategy = BaffleBatchStrategy(env.model_fn(), cfg, seed=env.seed, masks=masks, draws=env.draws)
+    program = BaffleBatchClient(
+        env.model_fn, cfg, threads=perturbation_threads(cfg, env), draws=env.draws
+    )
     return MethodBuild(strategy, program)

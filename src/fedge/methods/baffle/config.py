@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from pydantic import Field, model_validator
 
+from fedge.core.rng import Draws
 from fedge.estimators import ZerothOrderSpec
 from fedge.methods.base import MethodConfigBase, MethodEnv, ServerOptimizerConfig
 from fedge.methods.local import ClientOptimizerConfig
@@ -163,10 +164,12 @@ class BaffleConfig(MethodConfigBase):
     def dtype(self) -> torch.dtype | None:
         return _DTYPES[self.precision]
 
-    def zo_spec(self, workers: int | None = None) -> ZerothOrderSpec:
+    def zo_spec(self, workers: int | None = None, *, draws: Draws = "torch") -> ZerothOrderSpec:
         """The zeroth-order estimate this config describes (BAFFLE Eq. 6: ``k``, ``sigma``,
         ``scheme``, ``directions``; ``estimator`` as the mode, ``chunk``, ``precision``), its
-        fast mode split over ``workers`` threads (:func:`perturbation_threads`)."""
+        fast mode split over ``workers`` threads (:func:`perturbation_threads`), its directions
+        drawn by ``draws`` (the run's ``draws``, from :class:`~fedge.methods.base.MethodEnv`:
+        a run-level choice, not a method key)."""
         return ZerothOrderSpec(
             k=self.k,
             sigma=self.sigma,
@@ -176,6 +179,7 @@ class BaffleConfig(MethodConfigBase):
             chunk=self.chunk,
             dtype=self.dtype,
             workers=workers,
+            draws=draws,
         )
 
 

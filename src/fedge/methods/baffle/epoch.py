@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from fedge.core.context import ClientContext
+from fedge.core.rng import Draws
 from fedge.estimators import zeroth_order_gradient
 from fedge.methods.baffle.config import BaffleConfig, perturbation_threads
 from fedge.methods.baffle.downlink import clip_inf_norm, perturbed_masks, perturbed_params
@@ -22,9 +23,10 @@ from fedge.methods.local import LocalTraining
 __all__ = ["build_epoch", "zeroth_order_gradient_fn"]
 
 
-def zeroth_order_gradient_fn(cfg: BaffleConfig, threads: int = 1) -> Any:
-    """A :data:`~fedge.methods.local.GradientFn` computing BAFFLE's local estimate."""
-    spec = cfg.zo_spec(workers=threads)
+def zeroth_order_gradient_fn(cfg: BaffleConfig, threads: int = 1, draws: Draws = "torch") -> Any:
+    """A :data:`~fedge.methods.local.GradientFn` computing BAFFLE's local estimate, its
+    directions drawn by ``draws``."""
+    spec = cfg.zo_spec(workers=threads, draws=draws)
 
     def gradient(
         model: torch.nn.Module,
@@ -55,6 +57,6 @@ def build_epoch(
     program = LocalTraining.from_config(
         env.model_fn,
         cfg,
-        gradient_fn=zeroth_order_gradient_fn(cfg, perturbation_threads(cfg, env)),
+        gradient_fn=zeroth_order_gradient_fn(cfg, perturbation_threads(cfg, env), env.draws),
     )
     return MethodBuild(strategy, program)

@@ -86,12 +86,18 @@ def client_app(
     @app.query()
     def hello(msg: Message, context: Context) -> Message:
         """The handshake: which fedge client this node is, and what its seeded draws give
-        (:func:`~fedge.runtime.rngprobe.rng_probe`, with its fedge, torch and numpy versions)."""
+        (:func:`~fedge.runtime.rngprobe.rng_probe` of both kinds of draws, with its fedge, torch and
+        numpy versions)."""
         return Message(
             RecordDict(
                 {
                     RECORD: ConfigRecord(
-                        {"cid": _node_cid(context), "rng_probe": rng_probe(), **_versions()}
+                        {
+                            "cid": _node_cid(context),
+                            "rng_probe": rng_probe(),
+                            "rng_probe_portable": rng_probe("portable"),
+                            **_versions(),
+                        }
                     )
                 }
             ),

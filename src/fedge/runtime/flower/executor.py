@@ -19,6 +19,7 @@ from flwr.serverapp import Grid
 from fedge.core.context import ClientData
 from fedge.core.errors import ConfigError, MessageError
 from fedge.core.protocols import ClientProgram
+from fedge.core.rng import Draws, check_draws
 from fedge.runtime.engine import Simulation
 from fedge.runtime.executor import (
     ClientExecutor,
@@ -43,7 +44,7 @@ from fedge.runtime.flower.adapter import (
     server_app,
 )
 from fedge.runtime.flower.grid import LocalGrid
-from fedge.runtime.rngprobe import rng_probe, same_draws
+from fedge.runtime.rngprobe import PORTABLE_PROBE_SHA256, probe_sha256, rng_probe, same_draws
 from fedge.runtime.spec import check_backend
 
 __all__ = ["FlowerExecutor", "flower_simulation"]
@@ -90,8 +91,10 @@ class FlowerExecutor(ClientExecutor):
         backend: str = "local",
         node_app: ClientApp | None = None,
         cpus: int | None = None,
+        draws: Draws = "torch",
     ) -> None:
         self.backend = check_backend(backend)
+        self.draws = check_draws(draws)
         self.program, self.clients, self.settings = program, clients, settings
         self.grid, self.timeout, self.wait_nodes_s = grid, timeout, wait_nodes_s
         self.node_app, self.cpus = node_app, cpus
@@ -130,7 +133,14 @@ class FlowerExecutor(ClientExecutor):
         replies = list(grid.send_and_receive(asks, timeout=self.timeout))
         asked = {m.metadata.message_id: m.metadata.dst_node_id for m in asks}
         self.nodes, failed, other_rng = {}, {}, {}
-        probe = rng_probe()
+        probe = rng_probe(self.draws)
+        if self.draws == "portable" and probe_sha256(probe) != PORTABLE_PROBE_SHA256:
+            raise ConfigError(
+                "draws=portable: this server's portable probe differs from fedge's known answer "
+                f"(sha256 {probe_sha256(probe)}, expected {PORTABLE_PROBE_SHA256}), so its seeded draws "
+                "are not the portable ones; reinstall fedge and numpy, or run with draws=torch"
+            )
+        field = "rng_probe_portable" if self.draws == "portable" else "rng_probe"
         for reply in replies:
             # the node asked: a SuperLink answers for a node it found offline from its own node id
             node = asked.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
@@ -147,7 +157,7 @@ class FlowerExecutor(ClientExecutor):
                     "give each SuperNode its own partition-id"
                 )
             self.nodes[cid] = node
-            if not same_draws(probe, rec.get("rng_probe")):
+            if not same_draws(probe, rec.get(field), draws=self.draws):
                 other_rng[node] = (
                     cid,
                     {k: str(rec[k]) for k in ("fedge", "torch", "numpy") if k in rec},
@@ -500,5 +510,6 @@ def flower_simulation(
         backend=backend,
         node_app=node_app,
         cpus=cpus,
+        draws=kwargs["config"].draws,
     )
     return Simulation(executor=executor, **kwargs)
