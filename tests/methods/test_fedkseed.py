@@ -18,6 +18,7 @@ from fedge.methods.fedkseed import (
     FedKSeedConfig,
     FedKSeedStrategy,
     pool_update,
+    pro_probabilities,
     projected_gradient,
 )
 from fedge.runtime.engine import decode_state
@@ -25,7 +26,7 @@ from fedge.runtime.engine import decode_state
 K = 16
 
 
-def _sim(tiny, *, per_round=2, workers=0, secure=True, num=8):
+def _sim(tiny, *, per_round=2, workers=0, secure=True, num=8, sampling="uniform"):
     method = {
         "name": "fedkseed",
         "k": K,
@@ -34,6 +35,7 @@ def _sim(tiny, *, per_round=2, workers=0, secure=True, num=8):
         "local_steps": 3,
         "batch_size": 16,
         "secure_aggregation": secure,
+        "sampling": sampling,
     }
     cfg = load_config(
         tiny(
@@ -121,13 +123,20 @@ def test_a_round_on_an_orthonormal_pool_is_coordinate_descent():
     assert torch.allclose(w0 - eta * upd.double(), w, atol=1e-6)
 
 
-@pytest.mark.parametrize("workers, secure", [(0, True), (2, True), (0, False)])
-def test_clients_rebuild_the_servers_model_bit_for_bit(tiny, workers, secure):
-    sim, model_fn = _sim(tiny, per_round=2, workers=workers, secure=secure)
+@pytest.mark.parametrize(
+    "workers, secure, sampling",
+    [(0, True, "uniform"), (2, True, "uniform"), (0, False, "uniform"), (0, True, "pro")],
+)
+def test_clients_rebuild_the_servers_model_bit_for_bit(tiny, workers, secure, sampling):
+    """With ``sampling: pro`` also the seed scores Σ_t |ḡ_t| each client sums from its replays."""
+    sim, model_fn = _sim(tiny, per_round=2, workers=workers, secure=secure, sampling=sampling)
+    inner = getattr(sim.strategy, "inner", sim.strategy)
     snapshots = {1: model_arrays(sim.strategy.model)}
+    scores = {1: inner.scores.clone()}
     for rnd in range(1, 6):
         sim.run_round(rnd)
         snapshots[rnd + 1] = model_arrays(sim.strategy.model)
+        scores[rnd + 1] = inner.scores.clone()
     sim.close()
     held = {c: decode_state(s) for c, s in sim.client_states.items()}
     assert len(held) >= 4  # several clients, most of which missed rounds
@@ -137,6 +146,8 @@ def test_clients_rebuild_the_servers_model_bit_for_bit(tiny, workers, secure):
         assert all(torch.equal(w[k], want[k]) for k in want), (
             f"client {c} differs from W_{st['at']}"
         )
+        if sampling == "pro":
+            assert torch.equal(st["pro/score"], scores[st["at"]])
     # a client never sampled holds the seeded W_1 and replays rounds 1..5 into the final model
     strategy = getattr(sim.strategy, "inner", sim.strategy)
     assert isinstance(strategy, FedKSeedStrategy)
@@ -158,6 +169,29 @@ def test_bytes_are_k_float32_scalars_each_way(tiny):
         assert 4 * K <= up <= 4 * K + 64, up
         missed = 0 if rnd == 1 else 1  # round 1: the seeded initial model, nothing to replay
         assert 4 * K * missed <= down <= 4 * K * missed + 64, down
+    sim.close()
+
+
+def test_pro_probabilities_are_the_softmax_of_min_max_normalized_scores():
+    p = pro_probabilities(torch.tensor([1.0, 3.0, 5.0]))
+    e = torch.exp(torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64))
+    assert torch.allclose(p, e / e.sum())
+    uniform = torch.full((4,), 0.25, dtype=torch.float64)
+    assert torch.equal(pro_probabilities(torch.zeros(4)), uniform)
+
+
+def test_pro_sampling_follows_the_servers_scores(tiny):
+    """After round 1 the scores are Σ|ḡ_1|: round 2's law is far from uniform, favouring the
+    seeds with the largest averaged scalars; with uniform sampling the law is never formed."""
+    sim, _ = _sim(tiny, per_round=8, sampling="pro", secure=False)
+    inner = getattr(sim.strategy, "inner", sim.strategy)
+    sim.run_round(1)
+    scores = inner.scores.clone()
+    assert int((scores > 0).sum()) > 1
+    p = pro_probabilities(scores)
+    assert float(p.max()) > 1.5 / K
+    assert float(p[scores.argmax()]) == float(p.max())
+    sim.run_round(2)
     sim.close()
 
 

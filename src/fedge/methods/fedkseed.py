@@ -22,8 +22,9 @@ client receives 4K bytes a missed round (+ an 8-byte seed) and sends 4K bytes, p
 The scalars are summed, so secure aggregation composes and is on by default (a client's scalars
 along public directions are directional derivatives of the loss on its data); DP on the summed
 scalars, freezing (only trainable coordinates are perturbed) and EMA evaluation compose too.
-FedKSeed-Pro (seeds drawn with probabilities from the magnitudes of the aggregated scalars) is
-not built. Paper-vs-code choices: ``docs/methods/fedkseed.md``.
+FedKSeed-Pro (``sampling: pro``, Sec. 3.4) draws seed j with probability softmax(min-max
+normalized Σ_t |ḡ_{t,j}|) (:func:`pro_probabilities`); a client sums the |ḡ| it replays, so the
+scores cost no extra bytes (the model's fallback message carries them). Paper-vs-code choices: ``docs/methods/fedkseed.md``.
 """
 
 from __future__ import annotations
@@ -69,10 +70,20 @@ __all__ = [
     "FedKSeedStrategy",
     "build",
     "pool_update",
+    "pro_probabilities",
     "projected_gradient",
 ]
 
 _MODEL = "w/"
+_SCORE = "pro/score"  # Σ_t |ḡ_t|, FedKSeed-Pro's seed importance, in the client's state
+
+
+def pro_probabilities(scores: torch.Tensor) -> torch.Tensor:
+    """FedKSeed-Pro's sampling law: softmax of the min-max normalized seed scores Σ_t |ḡ_{t,j}|
+    (the mean over rounds normalizes to the same); uniform while all scores are equal."""
+    s = scores.to(torch.float64)
+    span = float(s.max() - s.min())
+    return torch.softmax((s - s.min()) / span if span > 0 else torch.zeros_like(s), dim=0)
 
 
 class FedKSeedConfig(MethodConfigBase):
@@ -93,6 +104,11 @@ class FedKSeedConfig(MethodConfigBase):
     )
     local_steps: int = Field(10, ge=1, description="τ: local zeroth-order steps per round")
     batch_size: int = Field(32, ge=1, description="samples per local step")
+    sampling: Literal["uniform", "pro"] = Field(
+        "uniform",
+        description="how a step draws its seed from the pool: uniformly (FedKSeed) or by the softmax of "
+        "the min-max normalized Σ_t |ḡ_j| of the rounds so far (FedKSeed-Pro)",
+    )
 
     @model_validator(mode="after")
     def _constant_lr(self) -> FedKSeedConfig:
@@ -210,6 +226,7 @@ class FedKSeedStrategy(Strategy):
         self.pool_seed = derive_seed(seed, "fedkseed", bits=62)
         self.server = GlobalModel(model, T.sgd(cfg.lr))
         self.downlink = _PoolHistory(cfg.k, population)
+        self.scores = torch.zeros(cfg.k, dtype=torch.float64)  # Σ_t |ḡ_t| (FedKSeed-Pro)
 
     @property
     def global_model(self) -> GlobalModel:
@@ -232,6 +249,8 @@ class FedKSeedStrategy(Strategy):
             if "replay_dL" in m.arrays:
                 g = m.arrays["replay_dL"]
                 out[c] = Message({"replay_dL": g} if len(g) else {}, config=dict(m.config))
+            elif self.cfg.sampling == "pro":  # the model: the seed scores with it
+                out[c] = Message({**m.arrays, _SCORE: self.scores.clone()}, config=dict(m.config))
         return out
 
     def check_reply(self, rnd: int, cid: int, reply: Message) -> tuple[torch.Tensor, int]:
@@ -266,6 +285,7 @@ class FedKSeedStrategy(Strategy):
     def update(self, rnd: int, gbar: torch.Tensor, clients: Sequence[int]) -> dict[str, float]:
         """w ← w − η Σ_j ḡ_j z_j, recorded for the clients' replay."""
         step(self.server, gbar, self.cfg.k, self.pool_seed)
+        self.scores += gbar.abs().to(torch.float64)
         self.downlink.confirm(rnd, clients)
         self.downlink.record(rnd, self.pool_seed, gbar)
         return {"scalar_inf_norm": float(gbar.abs().max())}
@@ -277,12 +297,14 @@ class FedKSeedStrategy(Strategy):
         return {
             **self.server.state_dict(),
             "downlink": {**self.downlink.state_dict(), "first": self.downlink.first},
+            "scores": self.scores.clone(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.server.load_state_dict(state)
         self.downlink.load_state_dict(state["downlink"])
         self.downlink.first = state["downlink"]["first"]
+        self.scores = state["scores"].clone()
 
 
 def step(server: GlobalModel, gbar: torch.Tensor, k: int, pool_seed: int) -> None:
@@ -310,6 +332,7 @@ class FedKSeedClient:
                 f"seed (seed={seed!r})"
             )
         model = self.replica.model
+        score = torch.zeros(self.cfg.k, dtype=torch.float64)
         if "replay_dL" in message.arrays or not message.arrays:  # the missed rounds' ḡ, or none
             frm = message.config.get("sync_from")
             at = ctx.state.get("at", frm)  # no copy held: the seeded initial model, W_first
@@ -328,14 +351,21 @@ class FedKSeedClient:
                 raise MessageError(
                     f"{who}: replay_dL has shape {tuple(gs.shape)}; expected ({to - frm}, {self.cfg.k})"
                 )
+            score = ctx.state.get(_SCORE, score).clone()
             for g in gs[at - frm :]:  # rounds this client replayed already are skipped
                 step(self.replica, g, self.cfg.k, seed)
+                score += g.abs().to(torch.float64)
         else:
-            model_part = {k: v for k, v in message.arrays.items() if not k.startswith("opt/")}
+            score = message.arrays.get(_SCORE, score).to(torch.float64)
+            model_part = {
+                k: v for k, v in message.arrays.items() if not k.startswith(("opt/", _SCORE))
+            }
             arrays, _ = unpack_model_arrays(model_part, model.state_dict(), who=who)
             load_arrays(model, arrays, who=who)
         ctx.state.clear()
         ctx.state.update({_MODEL + k: v for k, v in model_arrays(model).items()}, at=to)
+        if self.cfg.sampling == "pro":
+            ctx.state[_SCORE] = score
         return model
 
     def run(self, message: Message, ctx: ClientContext) -> Message:
@@ -347,8 +377,12 @@ class FedKSeedClient:
         params, pool = _pool(model, cfg.k)
         acc = torch.zeros(cfg.k, dtype=torch.float64)
         n = ctx.data.num_samples
+        law = pro_probabilities(ctx.state[_SCORE]) if cfg.sampling == "pro" else None
         for _ in range(cfg.local_steps):
-            j = int(torch.randint(cfg.k, (1,), generator=ctx.generator))
+            if law is None:
+                j = int(torch.randint(cfg.k, (1,), generator=ctx.generator))
+            else:
+                j = int(torch.multinomial(law, 1, generator=ctx.generator))
             idx = ctx.data.indices[torch.randperm(n, generator=ctx.generator)[: cfg.batch_size]]
             batch = (ctx.data.x[idx], ctx.data.y[idx])
             g = projected_gradient(model, batch, pool, seed, j, cfg.eps, list(params))
