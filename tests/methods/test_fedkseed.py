@@ -1,0 +1,233 @@
+"""FedKSeed: the two-point scalar against autograd's directional derivative, a round with a pool
+of orthonormal directions against coordinate descent by hand, clients' rebuilt models against
+the server's bit for bit, the bytes against K float32 scalars each way, the constant-lr rule."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedge.core.config import load_config
+from fedge.core.messages import Message
+from fedge.estimators.directions import Directions, make_directions
+from fedge.experiment.build import build_run
+from fedge.methods.base import model_arrays
+from fedge.methods.fedkseed import (
+    FedKSeedClient,
+    FedKSeedConfig,
+    FedKSeedStrategy,
+    pool_update,
+    pro_probabilities,
+    projected_gradient,
+)
+from fedge.runtime.engine import decode_state
+
+K = 16
+
+
+def _sim(tiny, *, per_round=2, workers=0, secure=True, num=8, sampling="uniform"):
+    method = {
+        "name": "fedkseed",
+        "k": K,
+        "eps": 1e-3,
+        "lr": 0.05,
+        "local_steps": 3,
+        "batch_size": 16,
+        "secure_aggregation": secure,
+        "sampling": sampling,
+    }
+    cfg = load_config(
+        tiny(
+            model={"name": "mlp", "hidden": [16]},
+            method=method,
+            **{"clients.num": num, "clients.per_round": per_round, "clients.workers": workers},
+        )
+    )
+    run = build_run(cfg)
+    return run.simulation(), run.model_fn
+
+
+def test_two_point_scalar_is_the_directional_derivative():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    model = model.double()
+    x, y = torch.randn(8, 6, dtype=torch.float64), torch.randint(3, (8,))
+    params = dict(model.named_parameters())
+    pool = make_directions("gaussian", {n: p.shape for n, p in params.items()}, K)
+    j, eps = 5, 1e-4
+    g = projected_gradient(model, (x, y), pool, 123, j, eps, list(params))
+    loss = F.cross_entropy(model(x), y)
+    grads = torch.autograd.grad(loss, list(params.values()))
+    want = sum(
+        float((gr * pool.draw(123, [j], n, p.shape)[0].double()).sum())
+        for gr, (n, p) in zip(grads, params.items())
+    )
+    assert g == pytest.approx(want, rel=1e-4)  # O(ε²) from the central difference, and float32 ΔL
+
+
+def _basis_pool(n):
+    """A pool whose K = n directions are the coordinate vectors e_0..e_{n-1} of one parameter."""
+
+    def draw(seed, ks, name, shape):
+        return torch.eye(n)[list(ks)].view(len(ks), *shape)
+
+    return Directions("gaussian", n, draw, torch.full((n,), 1.0 / n, dtype=torch.float64))
+
+
+def test_a_round_on_an_orthonormal_pool_is_coordinate_descent():
+    """f(w) = ½‖Aw − b‖² on one sample; pool = e_0..e_3; with steps on j = 2, 0, 2 the scalars
+    are ∂_j f at the current w (exact: f is quadratic, the central difference has no error
+    beyond rounding) and w ← w − η Σ_j ḡ_j e_j equals the three coordinate steps by hand."""
+    torch.manual_seed(1)
+    n, eta, eps = 4, 0.1, 1e-3
+    a = torch.randn(3, n, dtype=torch.float64)
+    b = torch.randn(3, dtype=torch.float64)
+    lin = torch.nn.Linear(n, 3, bias=False).double()
+    w0 = torch.randn(n, dtype=torch.float64)
+
+    def loss_fn(out, target):
+        return 0.5 * ((out - target) ** 2).sum()
+
+    with torch.no_grad():
+        lin.weight.copy_(a)
+    pool = _basis_pool(n)
+    w = w0.clone()
+    acc = torch.zeros(n, dtype=torch.float64)
+    for j in (2, 0, 2):  # by hand: ∂_j f = (Aᵀ(Aw − b))_j, then w_j -= η ∂_j f
+        grad_j = float((a.t() @ (a @ w - b))[j])
+        acc[j] += grad_j
+        w[j] -= eta * grad_j
+
+    # the same scalars from two forwards each, the model being w as a 1×n "input weight"
+    class Wrap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(w0.clone().view(1, n))
+
+        def forward(self, x):
+            return (a @ self.w.view(n)).view(1, 3)
+
+    m = Wrap()
+    got = torch.zeros(n, dtype=torch.float64)
+    for j in (2, 0, 2):
+        g = projected_gradient(
+            m, (torch.zeros(1, 1), b.view(1, 3)), pool, 0, j, eps, ["w"], loss_fn=loss_fn
+        )
+        got[j] += g
+        with torch.no_grad():
+            m.w.view(n)[j] -= eta * g
+    assert torch.allclose(got, acc, rtol=1e-5, atol=1e-6)
+    # the server's rebuild from the scalars: w0 − η Σ_j ḡ_j e_j = the coordinate steps
+    upd = pool_update({"w": torch.zeros(1, n)}, acc.to(torch.float32), pool, 0)["w"].view(n)
+    assert torch.allclose(w0 - eta * upd.double(), w, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "workers, secure, sampling",
+    [(0, True, "uniform"), (2, True, "uniform"), (0, False, "uniform"), (0, True, "pro")],
+)
+def test_clients_rebuild_the_servers_model_bit_for_bit(tiny, workers, secure, sampling):
+    """With ``sampling: pro`` also the seed scores Σ_t |ḡ_t| each client sums from its replays."""
+    sim, model_fn = _sim(tiny, per_round=2, workers=workers, secure=secure, sampling=sampling)
+    inner = getattr(sim.strategy, "inner", sim.strategy)
+    snapshots = {1: model_arrays(sim.strategy.model)}
+    scores = {1: inner.scores.clone()}
+    for rnd in range(1, 6):
+        sim.run_round(rnd)
+        snapshots[rnd + 1] = model_arrays(sim.strategy.model)
+        scores[rnd + 1] = inner.scores.clone()
+    sim.close()
+    held = {c: decode_state(s) for c, s in sim.client_states.items()}
+    assert len(held) >= 4  # several clients, most of which missed rounds
+    for c, st in held.items():
+        w = {k[2:]: v for k, v in st.items() if k.startswith("w/")}
+        want = snapshots[st["at"]]
+        assert all(torch.equal(w[k], want[k]) for k in want), (
+            f"client {c} differs from W_{st['at']}"
+        )
+        if sampling == "pro":
+            assert torch.equal(st["pro/score"], scores[st["at"]])
+    # a client never sampled holds the seeded W_1 and replays rounds 1..5 into the final model
+    strategy = getattr(sim.strategy, "inner", sim.strategy)
+    assert isinstance(strategy, FedKSeedStrategy)
+    unseen = [c for c in range(8) if c not in strategy.downlink.synced]
+    assert unseen
+    msg = strategy.configure_round(6, unseen[:1])[unseen[0]]
+    assert msg.arrays["replay_dL"].shape == (5, K)
+    client = FedKSeedClient(model_fn, strategy.cfg)
+    ctx = SimpleNamespace(rnd=6, cid=unseen[0], state={})
+    rebuilt = model_arrays(client.sync(msg, ctx))  # type: ignore[arg-type]
+    assert all(torch.equal(rebuilt[k], snapshots[6][k]) for k in snapshots[6])
+
+
+def test_bytes_are_k_float32_scalars_each_way(tiny):
+    sim, _ = _sim(tiny, per_round=5, num=5, secure=False)  # every client every round
+    for rnd in (1, 2, 3):
+        m = sim.run_round(rnd)
+        up, down = m["bytes_up"] / 5, m["bytes_down"] / 5
+        assert 4 * K <= up <= 4 * K + 64, up
+        missed = 0 if rnd == 1 else 1  # round 1: the seeded initial model, nothing to replay
+        assert 4 * K * missed <= down <= 4 * K * missed + 64, down
+    sim.close()
+
+
+def test_pro_probabilities_are_the_softmax_of_min_max_normalized_scores():
+    p = pro_probabilities(torch.tensor([1.0, 3.0, 5.0]))
+    e = torch.exp(torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64))
+    assert torch.allclose(p, e / e.sum())
+    uniform = torch.full((4,), 0.25, dtype=torch.float64)
+    assert torch.equal(pro_probabilities(torch.zeros(4)), uniform)
+
+
+def test_pro_sampling_follows_the_servers_scores(tiny):
+    """After round 1 the scores are Σ|ḡ_1|: round 2's law is far from uniform, favouring the
+    seeds with the largest averaged scalars; with uniform sampling the law is never formed."""
+    sim, _ = _sim(tiny, per_round=8, sampling="pro", secure=False)
+    inner = getattr(sim.strategy, "inner", sim.strategy)
+    sim.run_round(1)
+    scores = inner.scores.clone()
+    assert int((scores > 0).sum()) > 1
+    p = pro_probabilities(scores)
+    assert float(p.max()) > 1.5 / K
+    assert float(p[scores.argmax()]) == float(p.max())
+    sim.run_round(2)
+    sim.close()
+
+
+def test_a_decaying_learning_rate_is_refused():
+    with pytest.raises(ValueError, match="method.lr_decay=0.99"):
+        FedKSeedConfig(lr_decay=0.99)
+
+
+def test_reply_of_the_wrong_shape_is_refused():
+    model = torch.nn.Linear(2, 2)
+    s = FedKSeedStrategy(model, FedKSeedConfig(k=4), seed=0, population=1)
+    with pytest.raises(Exception, match="expected g of shape"):
+        s.check_reply(1, 0, Message({"g": torch.zeros(3)}, config={"num_samples": 1}))
+
+
+def test_a_resumed_run_equals_the_uninterrupted_one(tiny, tmp_path):
+    """3 rounds, then ``resume`` to 5: the server's history of ḡ and each client's held model
+    come back from the checkpoint, so every round's loss, bytes and the final model equal an
+    uninterrupted 5-round run's (a client rebuilding a wrong model would send other scalars)."""
+    import fedge
+
+    def cfg(rounds):
+        return tiny(
+            rounds=rounds,
+            model={"name": "mlp", "hidden": [16]},
+            method={"name": "fedkseed", "k": K, "local_steps": 3, "batch_size": 16},
+            **{"clients.num": 6, "clients.per_round": 2},
+        )
+
+    full = fedge.run(cfg(5), out=tmp_path / "full")
+    fedge.run(cfg(3), out=tmp_path / "cut")
+    resumed = fedge.resume(tmp_path / "cut", rounds=5)
+
+    def curve(run):
+        return [(m["round"], m["test_loss"], m["bytes_up"], m["bytes_down"]) for m in run.metrics]
+
+    assert curve(resumed) == curve(full)
+    a, b = resumed.model.state_dict(), full.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in b)
