@@ -259,9 +259,14 @@ def metrics_line(
             if memory:
                 line[f"tensor_peak_bytes.{name}"] = cost.tensor_peak_bytes
     if memory:
+        # The per-round peak is the tensor-accounting peak (measured afresh each step). The RSS
+        # figure is the growth of the process's high-water mark during the steps over the RSS
+        # when each began: the allocator keeps what round 1 took, so later rounds grow little.
+        # It is logged under its own name, never as the round's peak.
         line.update(
             client_tensor_peak_bytes=client.tensor_peak_bytes,
-            client_peak_bytes=client.rss_peak_bytes,
+            client_peak_bytes=client.tensor_peak_bytes,
+            client_rss_growth_bytes=client.rss_peak_bytes,
         )
     line.update({k: v for k, v in aggregate.items() if k not in line})
     if more is not None:
