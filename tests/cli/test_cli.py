@@ -1151,3 +1151,20 @@ def test_piped_output_gets_one_plain_line_per_round(tmp_path, tiny):
         ), line
     quiet = _run("run", _write_cfg(tmp_path, tiny, rounds=2), "--out", tmp_path / "q", "-q")
     assert not any(x.startswith("round ") for x in quiet.stdout.splitlines()), quiet.stdout
+
+
+def test_flops_not_measured_are_absent_and_read_not_measured_everywhere(tmp_path, tiny):
+    cfg = _write_cfg(tmp_path, tiny, rounds=1)
+    a, b = tmp_path / "a", tmp_path / "b"
+    res = _run("run", cfg, "--out", a, "-q", "--set", "measure.flops=false")
+    assert res.exit_code == 0, res.output
+    assert _run("run", cfg, "--out", b, "-q").exit_code == 0
+    line = json.loads((a / "metrics.jsonl").read_text().splitlines()[0])
+    assert "client_flops" not in line and "cum_client_flops" not in line
+    assert json.loads((a / "summary.json").read_text())["total_client_flops"] is None
+    report = (a / "report.md").read_text()
+    assert "0 FLOP" not in report
+    assert re.search(r"client FLOPs \(total\).*not measured", report)
+    res = _run("compare", a, b, "--out", tmp_path / "cmp")
+    assert res.exit_code == 0, res.output
+    assert "not measured" in res.stdout and " 0 FLOP" not in res.stdout

@@ -204,3 +204,13 @@ def test_the_per_round_peak_is_the_tensor_peak_and_rss_growth_is_named_as_such()
     assert line["client_rss_growth_bytes"] == 12_288
     bare = metrics_line(2, 1, totals, RoundRecord(), figures={}, aggregate={})
     assert "client_peak_bytes" not in bare and "client_rss_growth_bytes" not in bare
+
+
+def test_flops_not_measured_leave_no_flops_key():
+    totals = RoundTotals(exchanges=1)
+    totals.add_party("edge", StepStats(wall_s=0.5))
+    line = metrics_line(
+        1, 2, totals, RoundRecord(), figures={}, aggregate={}, parties=True, flops=False
+    )
+    assert not [k for k in line if "flops" in k]
+    assert line["bytes_down"] == 0 and line["wall_s.edge"] == 0.5

@@ -51,7 +51,7 @@ def run_summary(built: BuiltRun, sim: Simulation, lines: list[dict[str, Any]]) -
         ),
         "total_bytes_down": rec.cum_bytes_down,
         "total_bytes_up": rec.cum_bytes_up,
-        "total_client_flops": rec.cum_client_flops,
+        "total_client_flops": rec.cum_client_flops if cfg.measure.flops else None,
         "rounds": rec.round,
         "method": cfg.method.name,
         "model": cfg.model.name,
