@@ -1146,7 +1146,8 @@ def test_piped_output_gets_one_plain_line_per_round(tmp_path, tiny):
     for line, m in zip(lines[:3], metrics, strict=True):
         acc = "-" if m["test_accuracy"] is None else f"{m['test_accuracy']:.4f}"
         assert re.fullmatch(
-            rf"round {m['round']}/3: acc {re.escape(acc)}, [0-9.]+ [kMG]?B moved, \d+:\d\d:\d\d",
+            rf"round {m['round']}/3: acc {re.escape(acc)}, [0-9.]+ [kMG]?B moved server↔client, "
+            r"\d+:\d\d:\d\d",
             line,
         ), line
     quiet = _run("run", _write_cfg(tmp_path, tiny, rounds=2), "--out", tmp_path / "q", "-q")
@@ -1168,3 +1169,13 @@ def test_flops_not_measured_are_absent_and_read_not_measured_everywhere(tmp_path
     res = _run("compare", a, b, "--out", tmp_path / "cmp")
     assert res.exit_code == 0, res.output
     assert "not measured" in res.stdout and " 0 FLOP" not in res.stdout
+
+
+def test_the_progress_byte_count_names_its_links_and_counts_side_links():
+    from fedge.cli.run import moved_text
+
+    line = {"cum_bytes_down": 40_000, "cum_bytes_up": 12_600}
+    assert moved_text(line) == "52.6 kB moved server↔client"
+    # EPPFL: the device↔edge links carry far more than the server↔client messages
+    line |= {"bytes.client->edge": 35_000_000, "bytes.edge->client": 35_100_000}
+    assert moved_text(line) == "52.6 kB moved server↔client, 70.1 MB client↔edge this round"
