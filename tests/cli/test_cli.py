@@ -342,10 +342,13 @@ def test_measure_memory_is_a_flag_in_help_and_behaviour(tmp_path, tiny):
     line = next(x for x in helptext.splitlines() if "--measure-memory" in x)
     assert "<bool>" not in line and "BOOLEAN" not in line and "flag (no value)" in line
     out = tmp_path / "m"
-    res = _run("run", _write_cfg(tmp_path, tiny, rounds=1), "--out", out, "-q", "--measure-memory")
+    res = _run("run", _write_cfg(tmp_path, tiny, rounds=2), "--out", out, "-q", "--measure-memory")
     assert res.exit_code == 0, res.output
-    line = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
-    assert line["client_tensor_peak_bytes"] > 0
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    for x in lines:  # a per-round peak never falls below the round's tensor peak
+        assert x["client_peak_bytes"] >= x["client_tensor_peak_bytes"] > 0
+        assert "client_rss_growth_bytes" in x
+    line = max(lines, key=lambda x: x["client_tensor_peak_bytes"])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["client_tensor_peak_bytes"] == line["client_tensor_peak_bytes"]
     assert yaml.safe_load((out / "config.yaml").read_text())["measure"]["memory"] is True
@@ -1143,8 +1146,36 @@ def test_piped_output_gets_one_plain_line_per_round(tmp_path, tiny):
     for line, m in zip(lines[:3], metrics, strict=True):
         acc = "-" if m["test_accuracy"] is None else f"{m['test_accuracy']:.4f}"
         assert re.fullmatch(
-            rf"round {m['round']}/3: acc {re.escape(acc)}, [0-9.]+ [kMG]?B moved, \d+:\d\d:\d\d",
+            rf"round {m['round']}/3: acc {re.escape(acc)}, [0-9.]+ [kMG]?B moved server↔client, "
+            r"\d+:\d\d:\d\d",
             line,
         ), line
     quiet = _run("run", _write_cfg(tmp_path, tiny, rounds=2), "--out", tmp_path / "q", "-q")
     assert not any(x.startswith("round ") for x in quiet.stdout.splitlines()), quiet.stdout
+
+
+def test_flops_not_measured_are_absent_and_read_not_measured_everywhere(tmp_path, tiny):
+    cfg = _write_cfg(tmp_path, tiny, rounds=1)
+    a, b = tmp_path / "a", tmp_path / "b"
+    res = _run("run", cfg, "--out", a, "-q", "--set", "measure.flops=false")
+    assert res.exit_code == 0, res.output
+    assert _run("run", cfg, "--out", b, "-q").exit_code == 0
+    line = json.loads((a / "metrics.jsonl").read_text().splitlines()[0])
+    assert "client_flops" not in line and "cum_client_flops" not in line
+    assert json.loads((a / "summary.json").read_text())["total_client_flops"] is None
+    report = (a / "report.md").read_text()
+    assert "0 FLOP" not in report
+    assert re.search(r"client FLOPs \(total\).*not measured", report)
+    res = _run("compare", a, b, "--out", tmp_path / "cmp")
+    assert res.exit_code == 0, res.output
+    assert "not measured" in res.stdout and " 0 FLOP" not in res.stdout
+
+
+def test_the_progress_byte_count_names_its_links_and_counts_side_links():
+    from fedge.cli.run import moved_text
+
+    line = {"cum_bytes_down": 40_000, "cum_bytes_up": 12_600}
+    assert moved_text(line) == "52.6 kB moved server↔client"
+    # EPPFL: the device↔edge links carry far more than the server↔client messages
+    line |= {"bytes.client->edge": 35_000_000, "bytes.edge->client": 35_100_000}
+    assert moved_text(line) == "52.6 kB moved server↔client, 70.1 MB client↔edge this round"

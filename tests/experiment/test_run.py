@@ -142,6 +142,8 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tiny):
         ({"dataset.name": "mnist", "dataset.root": "/nonexistent"}, DataNotFoundError),
         ({"clients.dropout": 0.2}, ConfigError),  # loses replies while every reply is needed
         ({"clients.min_replies": 5}, ConfigError),  # more than the 4 clients of a round
+        # masks of one client cannot cancel: refused at build, not at round 1's sampling
+        ({"clients.per_round": 1, "method.secure_aggregation": True}, ConfigError),
     ],
 )
 def test_bad_input_writes_nothing(tmp_path, tiny, override, error):
@@ -342,3 +344,67 @@ def test_min_replies_with_a_strategy_that_needs_every_reply_is_refused_naming_it
             load_config(tiny(**{"clients.min_replies": 2})), out=tmp_path / "run", render=False
         )
     assert not (tmp_path / "run").exists()
+
+
+def test_secure_aggregation_over_one_client_a_round_is_refused_at_build(tiny):
+    from fedge.experiment.build import build_run
+
+    with pytest.raises(
+        ConfigError,
+        match=r"method.secure_aggregation=true needs at least 2 clients per round, got "
+        r"clients.per_round=1 .*set clients.per_round",
+    ):
+        build_run(load_config(tiny(**{"clients.per_round": 1, "method.secure_aggregation": True})))
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_config_error_before_round_1_completes_leaves_the_directory_for_a_corrected_run(
+    tmp_path, tiny, monkeypatch, existing
+):
+    """A config the rounds find cannot run (e.g. PPFL enclaves too small for stage 0, found at
+    round 1's sampling) leaves no run claiming the directory: the corrected run takes it."""
+    from fedge.runtime.engine import Simulation
+
+    out = tmp_path / "run"
+    if existing:
+        out.mkdir()  # an empty directory the user made stays, empty
+    real = Simulation.run_round
+
+    def refuse(self, rnd):  # noqa: ANN001, ANN202
+        raise ConfigError("round 1 finds the config cannot run; fix it")
+
+    monkeypatch.setattr(Simulation, "run_round", refuse)
+    with pytest.raises(ConfigError, match="cannot run"):
+        run_experiment(load_config(tiny(rounds=2)), out=out, render=False)
+    assert (list(out.iterdir()) == []) if existing else not out.exists()
+    monkeypatch.setattr(Simulation, "run_round", real)
+    run_experiment(load_config(tiny(rounds=2)), out=out, render=False)  # the corrected run
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_an_error_after_round_1_or_not_of_the_config_keeps_the_directory_to_resume(
+    tmp_path, tiny, monkeypatch
+):
+    from fedge.runtime.engine import Simulation
+
+    real = Simulation.run_round
+
+    def fail_at(bad_round, exc):  # noqa: ANN001, ANN202
+        def run_round(self, rnd):  # noqa: ANN001, ANN202
+            if rnd == bad_round:
+                raise exc
+            return real(self, rnd)
+
+        return run_round
+
+    monkeypatch.setattr(Simulation, "run_round", fail_at(2, ConfigError("late")))
+    with pytest.raises(ConfigError, match="late"):
+        run_experiment(load_config(tiny(rounds=2)), out=tmp_path / "a", render=False)
+    assert len((tmp_path / "a" / "metrics.jsonl").read_text().splitlines()) == 1
+    monkeypatch.setattr(Simulation, "run_round", fail_at(1, RuntimeError("node lost")))
+    with pytest.raises(RuntimeError, match="node lost"):
+        run_experiment(load_config(tiny(rounds=2)), out=tmp_path / "b", render=False)
+    assert (tmp_path / "b" / "config.yaml").exists()  # resumable, as the error says
+    monkeypatch.setattr(Simulation, "run_round", real)
+    resume_experiment(tmp_path / "b", render=False)
+    assert len((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()) == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import types
+import warnings
 from functools import partial
 
 import pytest
@@ -932,3 +933,18 @@ def test_measurement_covers_the_enclaves_code_and_config(monkeypatch):
         "signature/5": report.signature,
     }
     assert e.server_call(**reg).config["refused"] == "5"
+
+
+def test_too_few_rounds_for_the_stages_warn_at_build_naming_stages_and_rounds():
+    with pytest.warns(
+        UserWarning,
+        match=r"rounds=2 cannot train all 3 stage\(s\) \(stages 0-2; 3 x 3 round\(s\) by "
+        r"method.rounds_per_stage=3 = 9 rounds needed\): stage 0 gets 2 of its 3 rounds, "
+        r"stages 1-2 never train; set rounds=9",
+    ):
+        _built(rounds=2, method={**_cfg()["method"], "rounds_per_stage": 3})
+    with pytest.warns(UserWarning, match=r"only stages 0-1 will train, stage 2 never trains"):
+        _built(rounds=2, method={**_cfg()["method"], "rounds_per_stage": None, "patience": 2})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _built(rounds=3)  # 3 stages x 1 round: every stage trains, no warning

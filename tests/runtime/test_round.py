@@ -193,3 +193,24 @@ def test_the_metrics_line_by_hand():
     assert list(line)[-2:] == ["client_wall_s", "wire"]
     bare = metrics_line(1, 3, RoundTotals(exchanges=1), RoundRecord(), figures={}, aggregate={})
     assert "clients_failed" not in bare and "phases" not in bare and "side_bytes_up" not in bare
+
+
+def test_the_per_round_peak_is_the_tensor_peak_and_rss_growth_is_named_as_such():
+    # round 2 of a real run: 1.1 MB of tensors, but the RSS high-water mark grew by 12 KB only
+    totals = RoundTotals(exchanges=1)
+    totals.add(StepStats(tensor_peak_bytes=1_100_000, rss_peak_bytes=12_288))
+    line = metrics_line(2, 1, totals, RoundRecord(), figures={}, aggregate={}, memory=True)
+    assert line["client_peak_bytes"] == line["client_tensor_peak_bytes"] == 1_100_000
+    assert line["client_rss_growth_bytes"] == 12_288
+    bare = metrics_line(2, 1, totals, RoundRecord(), figures={}, aggregate={})
+    assert "client_peak_bytes" not in bare and "client_rss_growth_bytes" not in bare
+
+
+def test_flops_not_measured_leave_no_flops_key():
+    totals = RoundTotals(exchanges=1)
+    totals.add_party("edge", StepStats(wall_s=0.5))
+    line = metrics_line(
+        1, 2, totals, RoundRecord(), figures={}, aggregate={}, parties=True, flops=False
+    )
+    assert not [k for k in line if "flops" in k]
+    assert line["bytes_down"] == 0 and line["wall_s.edge"] == 0.5

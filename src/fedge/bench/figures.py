@@ -40,12 +40,15 @@ def run_figures(run_dir: str | Path) -> dict[str, Any]:
         "trainable_fraction": summary["trainable_fraction"],
         "bytes_down": lines[-1]["bytes_down"] / n,
         "bytes_up": lines[-1]["bytes_up"] / n,
-        "client_flops": summary["total_client_flops"] / summary["rounds"] / n,
+        "client_flops": (
+            None
+            if summary.get("total_client_flops") is None
+            else summary["total_client_flops"] / summary["rounds"] / n
+        ),
         "client_s": statistics.mean(x["client_wall_s"] / n for x in lines),
         "tensor_peak": summary.get("client_tensor_peak_bytes"),
-        "rss_peak": summary.get(
-            "client_peak_bytes"
-        ),  # max over rounds: round 1, before the allocator holds memory
+        # max over rounds: round 1, before the allocator holds memory
+        "rss_peak": summary.get("client_rss_growth_bytes"),
     }
 
 

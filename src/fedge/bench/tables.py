@@ -39,7 +39,9 @@ def _flops_cell(r: dict[str, Any], key: str) -> str:
     if per_client is not None:
         return f"{per_client / 1e9:.2f}"
     summed = r.get(f"{key}_per_round")
-    return "-" if summed is None else f"{summed / 1e9:.1f} (sum)"
+    if summed is None:  # not measured (measure.flops=false), or no effective count
+        return "not measured" if key == "client_flops" else "-"
+    return f"{summed / 1e9:.1f} (sum)"
 
 
 def _pruning_cell(r: dict[str, Any]) -> str:

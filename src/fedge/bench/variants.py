@@ -139,7 +139,11 @@ def _row(
         "test_accuracy_at_best_val": summary.get("test_accuracy_at_best_val"),
         "best_test_accuracy": summary["best_test_accuracy"],
         **per_client_costs(lines),
-        "client_flops_per_round": summary["total_client_flops"] / summary["rounds"],
+        "client_flops_per_round": (
+            None
+            if summary.get("total_client_flops") is None
+            else summary["total_client_flops"] / summary["rounds"]
+        ),
         "client_flops_effective_per_round": _mean_per_round(lines, "client_flops_effective"),
         "client_tensor_peak_bytes": _max_over_rounds(lines, "client_tensor_peak_bytes"),
         "wall_s": summary["wall_s"],
@@ -291,8 +295,9 @@ def per_client_costs(lines: list[dict[str, Any]]) -> dict[str, Any]:
         else:
             out[f"pretraining_{key}_per_client"] = None if len(lines) == 1 and first > 1 else 0.0
         out[f"{key}_per_client_round"] = sum(values) / len(values)
-    out["client_flops_per_client_round"] = sum(per_client("client_flops", x) for x in lines) / len(
-        lines
+    counted = all("client_flops" in x for x in lines)  # absent: not measured
+    out["client_flops_per_client_round"] = (
+        sum(per_client("client_flops", x) for x in lines) / len(lines) if counted else None
     )
     eff = [
         x["client_flops_effective"] / x["clients"]

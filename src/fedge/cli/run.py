@@ -33,7 +33,7 @@ from fedge.experiment.rundir import default_run_path
 from fedge.report import render_report
 from fedge.runtime.spec import Runtime
 
-__all__ = ["run"]
+__all__ = ["moved_text", "run"]
 
 
 def _default_out(source: str) -> Path:
@@ -86,6 +86,20 @@ def _interrupted(target: Path | None, exc: KeyboardInterrupt) -> NoReturn:
     raise typer.Exit(143 if isinstance(exc, _Terminated) else 130) from None
 
 
+def moved_text(line: dict[str, Any]) -> str:
+    """The bytes a metrics ``line`` says were moved, each figure naming its links: the run's
+    total between server and clients, then (for a method with side parties, e.g. EPPFL's edge)
+    what the client↔party links carried in this round (``bytes.client->edge`` and back)."""
+    from fedge.report import format_bytes
+
+    text = f"{format_bytes(line[CUM_BYTES_DOWN] + line[CUM_BYTES_UP])} moved server↔client"
+    links = {k[len("bytes.") :]: v for k, v in line.items() if k.startswith("bytes.")}
+    if links:
+        ends = sorted({end for link in links for end in link.split("->") if end != "client"})
+        text += f", {format_bytes(sum(links.values()))} client↔{'/'.join(ends)} this round"
+    return text
+
+
 class _Lines(Progress):
     """One plain line per round on stdout (round, test accuracy, bytes moved, time since the
     command started), for a stdout that is not a terminal (``| cat``, a log file, nohup, CI),
@@ -105,15 +119,13 @@ class _Lines(Progress):
         self.started = True
 
     def round(self, line: dict[str, Any], total_rounds: int) -> None:
-        from fedge.report import format_bytes
-
         acc = line.get(TEST_ACCURACY)
-        moved = format_bytes(line[CUM_BYTES_DOWN] + line[CUM_BYTES_UP])
+        moved = moved_text(line)
         elapsed = datetime.timedelta(seconds=int(time.monotonic() - self.t0))
         print(
             f"round {line[ROUND]}/{total_rounds}: "
             + (f"acc {acc:.4f}, " if acc is not None else "acc -, ")
-            + f"{moved} moved, {elapsed}",
+            + f"{moved}, {elapsed}",
             flush=True,  # a pipe is block-buffered: each line as its round ends
         )
 
@@ -189,16 +201,13 @@ class _Bar(Progress):
     def round(self, line: dict[str, Any], total_rounds: int) -> None:
         if self.progress is None:
             return
-        from fedge.report import format_bytes
-
         acc = line.get("test_accuracy")
-        moved = line[CUM_BYTES_DOWN] + line[CUM_BYTES_UP]
         self.progress.update(
             self.task,
             completed=line[ROUND],
             inside="",
             acc=f"acc {acc:.4f}" if acc is not None else "",
-            bytes=f"{format_bytes(moved)} moved",
+            bytes=moved_text(line),
         )
 
 

@@ -246,7 +246,7 @@ class Meter:
         """Stop counting for the duration (FLOPs, tensor memory and wall time): the work
         inside belongs to another party, which measures it under its own meter. (The RSS
         high-water mark is process-wide and cannot be paused: with ``--measure-memory`` a
-        co-located side party's RSS peak shows in the client's ``client_peak_bytes``.)"""
+        co-located side party's RSS growth shows in the client's ``client_rss_growth_bytes``.)"""
         t0 = time.perf_counter()
         try:
             with _disable_current_modes():

@@ -21,6 +21,7 @@ __all__ = [
     "CLIENT_FLOPS_EFFECTIVE",
     "CLIENT_PEAK_BYTES",
     "CLIENT_TENSOR_PEAK_BYTES",
+    "CLIENT_RSS_GROWTH_BYTES",
     "COMPLETE",
     "CONFIG",
     "CONFIG_CHANGES",
@@ -107,8 +108,11 @@ VAL_ACCURACY = "val_accuracy"  # with dataset.validation
 PHASES = "phases"  # exchanges of a round that ran more than one
 CLIENT_FLOPS_EFFECTIVE = "client_flops_effective"  # FLOPs of non-zero weights (sparse models)
 CUM_CLIENT_FLOPS_EFFECTIVE = "cum_client_flops_effective"
-CLIENT_PEAK_BYTES = "client_peak_bytes"  # with measure.memory (also in the summary)
+# with measure.memory (also in the summary): the per-round peak (tensor accounting, as
+# CLIENT_TENSOR_PEAK_BYTES), and the growth of the process RSS high-water mark during the steps
+CLIENT_PEAK_BYTES = "client_peak_bytes"
 CLIENT_TENSOR_PEAK_BYTES = "client_tensor_peak_bytes"
+CLIENT_RSS_GROWTH_BYTES = "client_rss_growth_bytes"
 
 # ---- keys of a complete summary.json
 STATUS = "status"

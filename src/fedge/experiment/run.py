@@ -73,7 +73,9 @@ def run_experiment(
 
     The directory is claimed first (exclusively: a second run aimed at it fails at once);
     nothing else is written until the config, data, model and method are all valid, and on
-    invalid input the claim is undone, leaving no directory.
+    invalid input the claim is undone, leaving no directory. A :class:`ConfigError` raised
+    before round 1 completes (a config the rounds find cannot run) also removes what the run
+    wrote; any other error, or an interrupt, leaves the directory for ``--resume``.
     """
     check_finite(cfg.to_dict())
     rt = Runtime.of(runtime, backend).ready()
@@ -90,6 +92,14 @@ def run_experiment(
     try:
         source = built.dataset.source if Path(built.dataset.source).is_dir() else None
         rundir.create(resolved, built.partition_summary, data_source=source)
-        return drive(built, rundir, [], None, shown, render, rt)
+        try:
+            return drive(built, rundir, [], None, shown, render, rt)
+        except ConfigError:
+            # a config that cannot run, found once the rounds began (e.g. at round 1's
+            # sampling): with no round done nothing is worth resuming, and a directory left
+            # behind would refuse the corrected run and offer a --resume that fails the same way
+            if rundir.no_round_done():
+                rundir.undo_create()
+            raise
     finally:
         rundir.let_go()

@@ -164,6 +164,23 @@ class RunDir:
             self.release()
             raise
 
+    def no_round_done(self) -> bool:
+        """Whether no round has completed here yet (no checkpoint, no metrics line)."""
+        metrics = self.path / METRICS
+        return not (self.path / CHECKPOINT).exists() and (
+            not metrics.exists() or metrics.stat().st_size == 0
+        )
+
+    def undo_create(self) -> None:
+        """Remove what :meth:`create` and the rounds' set-up wrote (no round has completed) and
+        undo the claim: the directory is left as it was before the run (gone, if the run created
+        it), so the same ``--out`` takes a corrected run."""
+        for name in (PARTITION, APPLIED_CONFIG, CONFIG, METRICS, SESSIONS, CHECKPOINT):
+            (self.path / name).unlink(missing_ok=True)
+        for tmp in self.temp_files():
+            tmp.unlink(missing_ok=True)
+        self.release()
+
     def _create(
         self, config: dict[str, Any], partition: dict[str, Any], data_source: str | None
     ) -> None:

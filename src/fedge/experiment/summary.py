@@ -51,7 +51,7 @@ def run_summary(built: BuiltRun, sim: Simulation, lines: list[dict[str, Any]]) -
         ),
         "total_bytes_down": rec.cum_bytes_down,
         "total_bytes_up": rec.cum_bytes_up,
-        "total_client_flops": rec.cum_client_flops,
+        "total_client_flops": rec.cum_client_flops if cfg.measure.flops else None,
         "rounds": rec.round,
         "method": cfg.method.name,
         "model": cfg.model.name,
@@ -70,7 +70,7 @@ def run_summary(built: BuiltRun, sim: Simulation, lines: list[dict[str, Any]]) -
         if lines and key in lines[-1]:
             out[key] = lines[-1][key]
     if cfg.measure.memory:
-        for key in ("client_peak_bytes", "client_tensor_peak_bytes"):
+        for key in ("client_peak_bytes", "client_tensor_peak_bytes", "client_rss_growth_bytes"):
             vals = [x[key] for x in lines if x.get(key) is not None]
             out[key] = max(vals) if vals else None
     return out

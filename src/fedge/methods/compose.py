@@ -46,6 +46,7 @@ __all__ = [
     "MECHANISMS",
     "Mechanism",
     "check_privacy",
+    "check_secure_aggregation",
     "compose",
     "refuse_unsupported",
     "section_model",
@@ -130,11 +131,25 @@ def check_privacy(spec: MethodSpec, privacy: Any) -> None:
         )
 
 
+def check_secure_aggregation(spec: MethodSpec, cfg: Any, env: MethodEnv) -> None:
+    """Refuse secure aggregation over fewer than 2 clients per round (a sum of one client's
+    reply is that reply: its masks cannot cancel), before anything of the run is written."""
+    if spec.capabilities.sums_replies and getattr(cfg, "secure_aggregation", False):
+        if env.per_round < 2:
+            raise ConfigError(
+                f"method.secure_aggregation=true needs at least 2 clients per round, got "
+                f"clients.per_round={env.per_round} (of clients.num={len(env.client_sizes)}): the "
+                "sum of one client's reply is that reply; set clients.per_round (and clients.num) "
+                "to 2 or more, or method.secure_aggregation=false"
+            )
+
+
 def compose(spec: MethodSpec, cfg: Any, env: MethodEnv) -> MethodBuild:
     """Build method ``spec`` from its validated section ``cfg`` (:func:`section_model`) and
     apply the mechanisms the config asks for, in the module's order."""
     caps, applied = spec.capabilities, []
     check_privacy(spec, env.privacy)
+    check_secure_aggregation(spec, cfg, env)
     if caps.freezable and cfg.freeze:
         env, applied = cfg.frozen_env(env), ["freeze"]
     built = spec.build(cfg, env)

@@ -297,6 +297,8 @@ class ReportEffectiveFlops(StrategyWrapper):
         }
 
     def round_metrics(self, line: Mapping[str, Any]) -> dict[str, Any]:
+        if "client_flops" not in line:  # measure.flops=false: nothing counted to scale
+            return self.inner.round_metrics(line)
         eff = round(int(line["client_flops"]) * self.ratio)
         self.cum += eff
         return {

@@ -11,6 +11,7 @@ from typing import Any
 
 __all__ = [
     "DASH",
+    "NOT_MEASURED",
     "format_accuracy",
     "format_bytes",
     "format_duration",
@@ -20,6 +21,8 @@ __all__ = [
 
 DASH = "—"
 _DASH = DASH
+#: what a figure that was not measured shows (e.g. FLOPs under ``measure.flops=false``)
+NOT_MEASURED = "not measured"
 
 
 def _si(n: float, units: Sequence[tuple[float, str]], base_unit: str) -> str:
@@ -74,9 +77,12 @@ def format_flops(n: float | None, *, exact: bool = False) -> str:
     """Human-readable FLOP count: ``format_flops(2.5e9) == "2.50 GFLOP"``.
 
     Args:
-        n: a FLOP count (``None`` gives a dash).
+        n: a FLOP count (``None``, FLOPs not counted (``measure.flops=false``), gives
+            ``"not measured"``: never 0, never a dash that reads as nothing).
         exact: append the exact count: ``"2.50 GFLOP (2,500,000,000)"``.
     """
+    if n is None:
+        return NOT_MEASURED
     return _count(n, _FLOP_UNITS, "FLOP", exact=exact, exact_unit="")
 
 

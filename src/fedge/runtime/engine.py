@@ -245,6 +245,7 @@ class Simulation:
             failed=len(totals.failed) if cfg.min_replies is not None else None,
             parties=bool(self.parties),
             memory=cfg.measure_memory,
+            flops=cfg.measure_flops,
             more=self.strategy.round_metrics,
         )
         line["wall_s"] = time.perf_counter() - t0

@@ -227,6 +227,7 @@ def metrics_line(
     failed: int | None = None,
     parties: bool = False,
     memory: bool = False,
+    flops: bool = True,
     more: Callable[[dict[str, Any]], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Round ``rnd``'s metrics line (all but ``wall_s``): ``clients`` sampled, ``failed`` of
@@ -239,14 +240,12 @@ def metrics_line(
     if failed is not None:
         line["clients_failed"] = failed
     line.update(figures)
-    line.update(
-        bytes_down=totals.bytes_down,
-        bytes_up=totals.bytes_up,
-        client_flops=client.flops,
-        cum_bytes_down=record.cum_bytes_down,
-        cum_bytes_up=record.cum_bytes_up,
-        cum_client_flops=record.cum_client_flops,
-    )
+    line.update(bytes_down=totals.bytes_down, bytes_up=totals.bytes_up)
+    if flops:  # FLOPs not counted are absent, never 0 (measure.flops=false)
+        line["client_flops"] = client.flops
+    line.update(cum_bytes_down=record.cum_bytes_down, cum_bytes_up=record.cum_bytes_up)
+    if flops:
+        line["cum_client_flops"] = record.cum_client_flops
     if totals.exchanges > 1:
         line["phases"] = totals.exchanges
     if parties:
@@ -254,14 +253,20 @@ def metrics_line(
         for link, n in sorted(totals.links.items()):
             line[f"bytes.{link}"] = n
         for name, cost in sorted(totals.parties.items()):
-            line[f"flops.{name}"] = cost.flops
+            if flops:
+                line[f"flops.{name}"] = cost.flops
             line[f"wall_s.{name}"] = cost.wall_s
             if memory:
                 line[f"tensor_peak_bytes.{name}"] = cost.tensor_peak_bytes
     if memory:
+        # The per-round peak is the tensor-accounting peak (measured afresh each step). The RSS
+        # figure is the growth of the process's high-water mark during the steps over the RSS
+        # when each began: the allocator keeps what round 1 took, so later rounds grow little.
+        # It is logged under its own name, never as the round's peak.
         line.update(
             client_tensor_peak_bytes=client.tensor_peak_bytes,
-            client_peak_bytes=client.rss_peak_bytes,
+            client_peak_bytes=client.tensor_peak_bytes,
+            client_rss_growth_bytes=client.rss_peak_bytes,
         )
     line.update({k: v for k, v in aggregate.items() if k not in line})
     if more is not None:

@@ -23,7 +23,48 @@ from fedge.methods.ppfl.strategy import PpflStrategy
 from fedge.methods.registry import declare_method
 from fedge.methods.spec import Capabilities
 
-__all__ = ["PpflClient", "PpflConfig", "PpflStrategy", "PpflTeeConfig", "build"]
+__all__ = [
+    "PpflClient",
+    "PpflConfig",
+    "PpflStrategy",
+    "PpflTeeConfig",
+    "build",
+    "schedule_shortfall",
+]
+
+
+def schedule_shortfall(cfg: PpflConfig, n_stages: int, rounds: int) -> str | None:
+    """Why ``rounds`` cannot train every stage the schedule plans (None when they can): a fixed
+    schedule (``rounds_per_stage`` alone) needs that many rounds for each stage left to train; an
+    adaptive one (``patience``, ``target_accuracy``) at least one round per stage."""
+    first = cfg.freeze_from_init
+    left = n_stages - first
+    if left <= 0:
+        return None  # the strategy refuses this by name
+    fixed = cfg.patience is None and cfg.target_accuracy is None
+    per = cfg.rounds_per_stage if fixed and cfg.rounds_per_stage is not None else 1
+    need = per * left
+    if rounds >= need:
+        return None
+    full, rem = divmod(rounds, per)  # stages trained to the end of their schedule, and the rest
+
+    def span(a: int, b: int) -> str:
+        return f"stage {a}" if a == b else f"stages {a}-{b}"
+
+    what = [f"only {span(first, first + full - 1)} will train"] if full else []
+    if rem:
+        what.append(f"stage {first + full} gets {rem} of its {per} rounds")
+    after = first + full + (rem > 0)
+    if after < n_stages:
+        what.append(f"{span(after, n_stages - 1)} never train" + "s" * (after == n_stages - 1))
+    schedule = f"method.rounds_per_stage={per}" if fixed else "at least 1 round per stage"
+    return (
+        f"ppfl: rounds={rounds} cannot train all {left} stage(s) (stages {first}-{n_stages - 1}; "
+        f"{left} x {per} round(s) by {schedule} = {need} rounds needed): {', '.join(what)}; "
+        f"set rounds={need}"
+        + (" or lower method.rounds_per_stage" if fixed and per > 1 else "")
+        + (" or raise method.block_layers" if n_stages > 1 else "")
+    )
 
 
 @declare_method(
@@ -56,6 +97,9 @@ def build(cfg: PpflConfig, env: MethodEnv) -> MethodBuild:
             PrivacyWarning,
             stacklevel=2,
         )
+    short = schedule_shortfall(cfg, len(stages), env.rounds)
+    if short is not None:
+        warnings.warn(short, UserWarning, stacklevel=2)
     strategy = PpflStrategy(cfg, spec, num_clients=len(env.client_sizes), rounds=env.rounds)
     parties = {
         "tee": PartySpec("tee", partial(ClientEnclave, spec), scope="client"),
