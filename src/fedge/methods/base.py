@@ -28,6 +28,7 @@ __all__ = [
     "MethodEnv",
     "ServerOptimizerConfig",
     "check_reply_arrays",
+    "check_scalar_reply",
     "load_arrays",
     "model_arrays",
     "model_message_arrays",
@@ -283,6 +284,18 @@ def check_reply_arrays(reply: Message, expected: dict[str, torch.Size], *, who: 
             raise MessageError(
                 f"{who}: array {k!r} has shape {tuple(reply.arrays[k].shape)}; expected {tuple(shape)}"
             )
+
+
+def check_scalar_reply(reply: Message, key: str, k: int, *, who: str) -> tuple[torch.Tensor, int]:
+    """The reply's K float32 scalars under ``key`` and its ``num_samples`` (an int >= 1), or a
+    MessageError naming what is wrong (the uplink of BAFFLE's batch mode and FedKSeed)."""
+    v, n = reply.arrays.get(key), reply.config.get("num_samples")
+    if v is None or v.shape != (k,) or v.dtype != torch.float32:
+        got = None if v is None else (tuple(v.shape), str(v.dtype))
+        raise MessageError(f"{who}: expected {key} of shape ({k},) float32, got {got}")
+    if not isinstance(n, int) or n < 1:
+        raise MessageError(f"{who}: num_samples={n!r}; expected an int >= 1")
+    return v, n
 
 
 class GlobalModel:

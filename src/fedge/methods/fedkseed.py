@@ -55,6 +55,7 @@ from fedge.methods.base import (
     MethodBuild,
     MethodConfigBase,
     MethodEnv,
+    check_scalar_reply,
     load_arrays,
     model_arrays,
     unpack_model_arrays,
@@ -254,17 +255,7 @@ class FedKSeedStrategy(Strategy):
         return out
 
     def check_reply(self, rnd: int, cid: int, reply: Message) -> tuple[torch.Tensor, int]:
-        g, n = reply.arrays.get("g"), reply.config.get("num_samples")
-        if g is None or g.shape != (self.cfg.k,) or g.dtype != torch.float32:
-            got = None if g is None else (tuple(g.shape), str(g.dtype))
-            raise MessageError(
-                f"round {rnd}, client {cid}: expected g of shape ({self.cfg.k},) float32, got {got}"
-            )
-        if not isinstance(n, int) or n < 1:
-            raise MessageError(
-                f"round {rnd}, client {cid}: num_samples={n!r}; expected an int >= 1"
-            )
-        return g, n
+        return check_scalar_reply(reply, "g", self.cfg.k, who=f"round {rnd}, client {cid}")
 
     def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float]:
         checked = [self.check_reply(rnd, c, r) for c, r in replies.items()]

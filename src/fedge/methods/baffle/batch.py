@@ -28,7 +28,7 @@ from fedge.methods.baffle.downlink import (
     perturbed_params,
     replay_step,
 )
-from fedge.methods.base import GlobalModel, MethodBuild, MethodEnv
+from fedge.methods.base import GlobalModel, MethodBuild, MethodEnv, check_scalar_reply
 from fedge.methods.local import LocalTraining
 
 __all__ = ["BaffleBatchClient", "BaffleBatchStrategy", "build_batch"]
@@ -177,18 +177,7 @@ class BaffleBatchStrategy(Strategy):
         return {c: Message(arrays, config={"seed": self.round_seed(rnd, c)}) for c in client_ids}
 
     def check_reply(self, rnd: int, cid: int, reply: Message) -> tuple[torch.Tensor, int]:
-        d = reply.arrays.get("dL")
-        n = reply.config.get("num_samples")
-        if d is None or d.shape != (self.cfg.k,) or d.dtype != torch.float32:
-            got = None if d is None else (tuple(d.shape), str(d.dtype))
-            raise MessageError(
-                f"round {rnd}, client {cid}: expected dL of shape ({self.cfg.k},) float32, got {got}"
-            )
-        if not isinstance(n, int) or n < 1:
-            raise MessageError(
-                f"round {rnd}, client {cid}: num_samples={n!r}; expected an int >= 1"
-            )
-        return d, n
+        return check_scalar_reply(reply, "dL", self.cfg.k, who=f"round {rnd}, client {cid}")
 
     def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float]:
         """Σ_c (N_c/N) ΔL_c (Eq. 7), then the update; per-client estimates when not shared."""
