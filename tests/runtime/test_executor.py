@@ -134,7 +134,7 @@ def _scripted_sim(executor, strategy=None, min_replies=None, dropout=0.0):
             seed=0,
             rounds=1,
             per_round=4,
-            measure_flops=False,
+            measure_flops=True,  # the line reports the executor's (scripted) FLOPs
             min_replies=min_replies,
             dropout=dropout,
         ),

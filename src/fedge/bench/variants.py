@@ -413,11 +413,11 @@ def _aggregate(
     for key in (
         "bytes_up_per_client_round",
         "bytes_down_per_client_round",
-        "client_flops_per_round",
         "wall_s",
     ):
         agg[key] = statistics.mean(r[key] for r in runs)
     for key in (
+        "client_flops_per_round",  # None: not measured (measure.flops=false)
         "client_flops_per_client_round",
         "client_flops_effective_per_client_round",
         "client_flops_effective_per_round",
