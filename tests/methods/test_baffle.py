@@ -310,3 +310,80 @@ def test_freeze_composes_with_baffle(tiny, mode):
         for n in after
         if n not in frozen and after[n].is_floating_point()
     )
+
+
+def test_epoch_mode_persistent_adam_equals_one_adam_per_client_driven_by_hand():
+    """Oracle: two rounds of epoch-level BAFFLE, two clients, ``client_optimizer.state=persistent``
+    (the client program with its state serialized between rounds as the engine does, FedAvg's
+    server at lr 1) equal a hand loop that keeps one ``torch.optim.Adam`` per client for the whole
+    run and steps it on the same zeroth-order estimates; a fresh Adam each round differs."""
+    import torch.nn.functional as F
+
+    from fedge.core.context import ClientContext, ClientData, decode_state, encode_state
+    from fedge.core.meter import Meter
+    from fedge.estimators import zeroth_order_gradient
+    from fedge.methods.baffle import zeroth_order_gradient_fn
+    from fedge.methods.local import LocalTraining
+
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(12, 4, generator=g), torch.randint(0, 3, (12,), generator=g)
+    shards = {0: torch.arange(0, 8), 1: torch.arange(8, 12)}
+    opt = {"name": "adam", "lr": 0.05, "b1": 0.9, "b2": 0.99, "state": "persistent"}
+    cfg = BaffleConfig(mode="epoch", k=4, sigma=1e-3, batch_size=3, client_optimizer=opt)
+
+    def ctx(cid, rnd, state):
+        return ClientContext(
+            cid=cid,
+            rnd=rnd,
+            data=ClientData(x, y, shards[cid]),
+            generator=torch.Generator().manual_seed(100 * rnd + cid),
+            meter=Meter(),
+            state=state,
+        )
+
+    def fedge_rounds(cfg):
+        client = LocalTraining.from_config(
+            _model, cfg, gradient_fn=zeroth_order_gradient_fn(cfg, threads=1)
+        )
+        w = dict(_model().state_dict())
+        states = {c: b"" for c in shards}
+        for rnd in (1, 2):
+            deltas = {}
+            for c in shards:
+                cx = ctx(c, rnd, decode_state(states[c]))
+                deltas[c] = client.run(Message({k: v.clone() for k, v in w.items()}), cx).arrays
+                states[c] = encode_state(cx.state) if cx.state else b""
+            n = {c: len(shards[c]) for c in shards}
+            w = {k: w[k] + sum(deltas[c][k] * (n[c] / 12) for c in shards) for k in w}
+        return w
+
+    # the oracle: one model and one torch Adam per client, built once
+    spec = cfg.zo_spec(workers=1)
+    models = {c: _model() for c in shards}
+    adams = {
+        c: torch.optim.Adam(models[c].parameters(), lr=0.05, betas=(0.9, 0.99)) for c in shards
+    }
+    w = dict(_model().state_dict())
+    for rnd in (1, 2):
+        deltas = {}
+        for c, m in models.items():
+            m.load_state_dict(w)
+            cx = ctx(c, rnd, {})
+            for batch in cx.data.batches(3, generator=cx.generator):
+                seed = int(torch.randint(0, 2**62, (1,), generator=cx.generator))
+                est = zeroth_order_gradient(m, F.cross_entropy, batch, spec, seed=seed)
+                for name, p in m.named_parameters():
+                    p.grad = clip_inf_norm(est, 0.3)[name]
+                adams[c].step()
+                adams[c].zero_grad(set_to_none=True)
+            deltas[c] = {k: v.detach() - w[k] for k, v in m.state_dict().items()}
+        w = {k: w[k] + sum(deltas[c][k] * (len(shards[c]) / 12) for c in shards) for k in w}
+    got = fedge_rounds(cfg)
+    for k in w:
+        torch.testing.assert_close(got[k], w[k], rtol=0, atol=0)
+    fresh = fedge_rounds(
+        cfg.model_copy(
+            update={"client_optimizer": cfg.client_optimizer.model_copy(update={"state": "fresh"})}
+        )
+    )
+    assert any(not torch.equal(fresh[k], w[k]) for k in w)
