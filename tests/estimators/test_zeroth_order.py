@@ -3,6 +3,7 @@ losses, an independent float64 reference loop; unbiasedness, convergence, API.""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -413,3 +414,82 @@ def test_loss_that_ignores_the_weights_warns_and_non_scalar_loss_is_an_error() -
     for mode in ("lean", "fast"):
         with pytest.raises(ConfigError, match="scalar"):
             loss_differences(model, per_sample, batch, mode=mode, **kw)
+
+
+def _frozen_prefix_lenet() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """BAFFLE's LeNet with conv1 frozen, seeded weights and 12 28x28 images (128 MFLOP a forward:
+    above the batched pass's threshold, so fast mode runs the threaded loop)."""
+    from fedge.models import build_model
+
+    g = torch.Generator().manual_seed(3)
+    model = build_model("lenet", input_shape=(1, 28, 28), num_classes=10)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    for p in model.features.conv1.parameters():
+        p.requires_grad_(False)
+    x = torch.randn(12, 1, 28, 28, generator=g)
+    return model, x, torch.randint(0, 10, (12,), generator=g)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize(("mode", "workers"), [("lean", None), ("fast", 3)])
+def test_the_frozen_prefix_once_gives_the_full_forwards_losses_at_the_suffix_s_flops(
+    scheme, mode, workers
+):
+    """Oracle: the loss differences of the K full forwards. With ``prefix_once`` the frozen conv1
+    runs once and the K perturbed forwards run through conv2 and the classifier only: the same
+    differences bit for bit (lean loop, and threaded over 3 spans: the prefix's output is one
+    tensor every forward reads), and torch's FLOP counter sees exactly
+    F_prefix + (forwards) · F_suffix instead of (forwards) · (F_prefix + F_suffix)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fedge.estimators import ZerothOrderSpec
+    from fedge.estimators.zeroth_order import split_prefix
+
+    model, x, y = _frozen_prefix_lenet()
+    k = 6
+    base = ZerothOrderSpec(k=k, sigma=1e-3, scheme=scheme, mode=mode, workers=workers)
+    once = dataclasses.replace(base, prefix_once=True)
+
+    def counted(spec):
+        counter = FlopCounterMode(display=False)
+        with counter:
+            d = loss_differences(model, F.cross_entropy, (x, y), spec, seed=9)
+        return d, counter.get_total_flops()
+
+    full_d, full_flops = counted(base)
+    once_d, once_flops = counted(once)
+    assert torch.equal(once_d, full_d)
+    # the oracle of the counts: one forward of the prefix and of the whole model, counted apart
+    from fedge.estimators.perturbation import select
+
+    prefix, suffix = split_prefix(model, select(model))
+    assert prefix == list(model.features.conv1)
+    with torch.no_grad(), FlopCounterMode(display=False) as c_prefix:
+        h = x
+        for m in prefix:
+            h = m(h)
+    with torch.no_grad(), FlopCounterMode(display=False) as c_total:
+        model(x)
+    f_prefix, f_total = c_prefix.get_total_flops(), c_total.get_total_flops()
+    forwards = forward_budget(k, scheme)
+    assert 0 < f_prefix < f_total
+    assert full_flops == forwards * f_total
+    assert once_flops == f_prefix + forwards * (f_total - f_prefix)
+
+
+def test_no_prefix_to_split_when_the_first_layer_is_perturbed_or_random():
+    from fedge.estimators.perturbation import select
+    from fedge.estimators.zeroth_order import split_prefix
+
+    model, _, _ = _frozen_prefix_lenet()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    assert split_prefix(model, select(model)) is None  # conv1 is perturbed
+    noisy = nn.Sequential(nn.Dropout(0.5), nn.Linear(3, 2))
+    assert split_prefix(noisy.train(), select(noisy)) is None  # dropout draws each forward
+    frozen_first = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
+    frozen_first[0].requires_grad_(False)
+    prefix, suffix = split_prefix(frozen_first, select(frozen_first))
+    assert prefix == [frozen_first[0], frozen_first[1]] and list(suffix) == [frozen_first[2]]

@@ -387,3 +387,37 @@ def test_epoch_mode_persistent_adam_equals_one_adam_per_client_driven_by_hand():
         )
     )
     assert any(not torch.equal(fresh[k], w[k]) for k in w)
+
+
+@pytest.mark.parametrize("mode", ["batch", "epoch"])
+def test_prefix_once_trains_the_same_model_with_fewer_client_flops(tiny, mode):
+    """``method.prefix_once`` with the first layer frozen: the same global model round by round
+    as the full forwards (the frozen prefix's output is one tensor every perturbed forward
+    reads), and the engine meters fewer client FLOPs (what ran)."""
+
+    def run(prefix_once):
+        section = {
+            "name": "baffle",
+            "mode": mode,
+            "k": 6,
+            "batch_size": 16,
+            "estimator": "lean",
+            "ema": None,
+            "secure_aggregation": False,
+            "freeze": ["features.fc1"],
+            "max_steps": 2,
+            "prefix_once": prefix_once,
+        }
+        cfg = load_config(tiny(rounds=2, model={"name": "mlp", "hidden": [16]}, method=section))
+        sim = build_run(cfg).simulation()
+        try:
+            lines = [sim.run_round(r) for r in (1, 2)]
+            return lines, {k: v.clone() for k, v in sim.strategy.model.state_dict().items()}
+        finally:
+            sim.close()
+
+    (full_lines, full_w), (once_lines, once_w) = run(False), run(True)
+    assert all(torch.equal(full_w[k], once_w[k]) for k in full_w)
+    for a, b in zip(full_lines, once_lines, strict=True):
+        assert a["test_loss"] == b["test_loss"]
+        assert 0 < b["client_flops"] < a["client_flops"]

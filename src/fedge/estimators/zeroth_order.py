@@ -38,6 +38,7 @@ __all__ = [
     "forward_budget",
     "loss_differences",
     "num_differences",
+    "split_prefix",
     "zeroth_order_gradient",
 ]
 
@@ -158,15 +159,19 @@ def loss_differences(
                         result = _run(fast, k, step, blocks, sigma)
                 except batched.Unsupported:  # found only at run time (e.g. a rank-3 input)
                     result = None
+            net, h = model, x
+            split = split_prefix(model, sel) if result is None and spec.prefix_once else None
+            if split is not None:  # the unperturbed prefix once, the K forwards through the rest
+                prefix, net = split
+                for m in prefix:
+                    h = m(h)
             spans = min(k, spec.workers or torch.get_num_threads()) if mode == "fast" else 1
             if result is None and spans > 1:
                 result = _run_threaded(
-                    model, spec, params, masks, seed, batch, loss_fn, blocks, spans, autocast
+                    net, sel, seed, (h, y), loss_fn, blocks, spans, autocast, k=k, sigma=sigma
                 )
             if result is None:  # lean, or a model the batched path cannot run
-                lean = LeanEvaluator(
-                    model, sel, seed, x, loss_fn, y, reuse_directions=mode == "fast"
-                )
+                lean = LeanEvaluator(net, sel, seed, h, loss_fn, y, reuse_directions=mode == "fast")
                 result = _run(lean, k, k, blocks, sigma)
     finally:
         for b, saved in buffers:  # e.g. BatchNorm running stats updated by train-mode forwards
@@ -334,23 +339,26 @@ def _run(
 
 def _run_threaded(
     model: nn.Module,
-    spec: ZerothOrderSpec,
-    params: Sequence[str] | None,
-    masks: Mapping[str, Tensor] | None,
+    sel: Selection,
     seed: int,
     batch: tuple[Tensor, Tensor],
     loss_fn: LossFn,
     blocks: tuple[float, ...],
     spans: int,
     autocast: torch.dtype | None,
+    *,
+    k: int,
+    sigma: float,
 ) -> tuple[Tensor, Tensor]:
     """:func:`_run` of the lean loop with k = 0..K-1 split into ``spans`` contiguous spans, one
     thread each, every thread on a shallow copy of ``model`` (Parameters shared, never written;
     module objects and buffers copied, because the lean hooks swap entries of a module's
-    ``_parameters`` and a train-mode forward may update buffers). Intra-op threads are set to
-    1 for the duration (torch ops release the GIL, so the spans run in parallel)."""
+    ``_parameters`` and a train-mode forward may update buffers). Every copy perturbs the
+    selection ``sel`` (its Parameters are the copies' own: they are shared), so ``model`` may be
+    a suffix of the network whose parameter names differ. Intra-op threads are set to 1 for the
+    duration (torch ops release the GIL, so the spans run in parallel)."""
     x, y = batch
-    k, sigma = spec.k, spec.sigma
+
     bounds = [round(i * k / spans) for i in range(spans + 1)]
     memo: dict[int, object] = {id(p): p for p in model.parameters()}
     replicas = [model] + [copy.deepcopy(model, memo=dict(memo)) for _ in range(spans - 1)]
@@ -362,9 +370,7 @@ def _run_threaded(
 
     def span(i: int) -> None:
         lo, hi = bounds[i], bounds[i + 1]
-        replica = replicas[i]
-        rsel = _with_directions(select(replica, params, masks), spec.directions, k, spec.draws)
-        ev = LeanEvaluator(replica, rsel, seed, x, loss_fn, y, reuse_directions=True)
+        ev = LeanEvaluator(replicas[i], sel, seed, x, loss_fn, y, reuse_directions=True)
         # Grad mode and autocast are thread-local: enter them in the worker.
         with contextlib.ExitStack() as stack:
             for mode in modes:
@@ -405,6 +411,44 @@ def _run_threaded(
     if errors:
         raise errors[0]
     return plus, minus
+
+
+def split_prefix(model: nn.Module, sel: Selection) -> tuple[list[nn.Module], nn.Sequential] | None:
+    """The leading layers of ``model`` that hold no perturbed coordinate, and the rest.
+
+    ``model`` must be an ``nn.Sequential`` running ``Sequential.forward`` (nested ones that do
+    too are flattened to their layers; any other module is one layer). The prefix is the
+    longest run of leading layers that own no parameter of the selection ``sel`` and draw no
+    randomness (no active dropout): its output is the same for every perturbed model, so it can
+    be computed once and fed to the returned suffix, an ``nn.Sequential`` of the very same
+    layer objects (their Parameters, hence the selection's names, unchanged). None when the
+    model is not a plain ``Sequential`` or its first layer is already perturbed."""
+    if not isinstance(model, nn.Sequential) or type(model).forward is not nn.Sequential.forward:
+        return None
+    layers = _layers(model)
+    owned = {id(p) for p in sel.params.values()}
+    first = 0
+    for m in layers:
+        random = any(
+            isinstance(s, nn.modules.dropout._DropoutNd) and s.training and s.p > 0
+            for s in m.modules()
+        )
+        if random or any(id(p) in owned for p in m.parameters()):
+            break
+        first += 1
+    if first == 0 or first == len(layers):
+        return None
+    return layers[:first], nn.Sequential(*layers[first:])
+
+
+def _layers(seq: nn.Sequential) -> list[nn.Module]:
+    out: list[nn.Module] = []
+    for m in seq:
+        if isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward:
+            out.extend(_layers(m))
+        else:
+            out.append(m)
+    return out
 
 
 def batched_pays(model: nn.Module, x: Tensor) -> bool:

@@ -110,6 +110,12 @@ class BaffleConfig(MethodConfigBase):
         "differences a client missed (it rebuilds the model; the full model and optimizer state when smaller)",
     )
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
+    prefix_once: bool = Field(
+        False,
+        description="run the leading layers that hold no perturbed coordinate (method.freeze, method.perturb) "
+        "once per batch and the K perturbed forwards through the rest only (lean and threaded estimators; the "
+        "fast estimator's batched pass always shares them): the same losses, fewer FLOPs",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -166,7 +172,8 @@ class BaffleConfig(MethodConfigBase):
 
     def zo_spec(self, workers: int | None = None, *, draws: Draws = "torch") -> ZerothOrderSpec:
         """The zeroth-order estimate this config describes (BAFFLE Eq. 6: ``k``, ``sigma``,
-        ``scheme``, ``directions``; ``estimator`` as the mode, ``chunk``, ``precision``), its
+        ``scheme``, ``directions``; ``estimator`` as the mode, ``chunk``, ``precision``,
+        ``prefix_once``), its
         fast mode split over ``workers`` threads (:func:`perturbation_threads`), its directions
         drawn by ``draws`` (the run's ``draws``, from :class:`~fedge.methods.base.MethodEnv`:
         a run-level choice, not a method key)."""
@@ -180,6 +187,7 @@ class BaffleConfig(MethodConfigBase):
             dtype=self.dtype,
             workers=workers,
             draws=draws,
+            prefix_once=self.prefix_once,
         )
 
 
