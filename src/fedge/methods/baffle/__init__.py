@@ -9,6 +9,7 @@ schedule and the paper-vs-code choices: ``docs/methods/baffle.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import torch
@@ -59,7 +60,7 @@ __all__ = [
     "baffle",
     "BAFFLE: forward-only zeroth-order estimates, K loss differences or model deltas uploaded",
     config=BaffleConfig,
-    capabilities=CAPABILITIES,
+    capabilities=dataclasses.replace(CAPABILITIES, coordinate_mask=True),
     defaults=DEFAULTS,
     advice=advice,
     upload=upload,
@@ -77,6 +78,11 @@ def build(
             perturbed_params(env.model_fn(), cfg.perturb)
         except ConfigError as exc:
             raise ConfigError(f"method.perturb={cfg.perturb}: {exc}") from None
+    if env.train_masks is not None and cfg.downlink == "seeds":
+        raise ConfigError(
+            "method.train_mask with method.downlink=seeds: a client's replay of the server's steps "
+            "does not take the mask; use method.downlink=model with method.train_mask"
+        )
     if cfg.mode == "epoch":
         return build_epoch(cfg, env, masks=masks)
     method = build_batch(cfg, env, masks=masks)

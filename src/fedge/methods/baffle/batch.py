@@ -30,6 +30,7 @@ from fedge.methods.baffle.downlink import (
 )
 from fedge.methods.base import GlobalModel, MethodBuild, MethodEnv, check_scalar_reply
 from fedge.methods.local import LocalTraining
+from fedge.methods.sparse import combine_masks
 
 __all__ = ["BaffleBatchClient", "BaffleBatchStrategy", "build_batch"]
 
@@ -40,10 +41,17 @@ class BaffleBatchClient:
     or over one mini-batch drawn with the client's generator (``batch``)."""
 
     def __init__(
-        self, model_fn: Any, cfg: BaffleConfig, *, threads: int = 1, draws: Draws = "torch"
+        self,
+        model_fn: Any,
+        cfg: BaffleConfig,
+        *,
+        threads: int = 1,
+        draws: Draws = "torch",
+        train_masks: dict[str, torch.Tensor] | None = None,
     ) -> None:
         assert cfg.server_optimizer is not None
         self.cfg, self.spec = cfg, cfg.zo_spec(workers=threads, draws=draws)
+        self.train_masks = train_masks  # method.train_mask: only these coordinates are perturbed
         self.local = LocalTraining.loader(model_fn)
         self.replica = (
             ClientReplica(
@@ -86,7 +94,7 @@ class BaffleBatchClient:
         else:  # ΔL(D_c) = Σ_chunks (n_chunk / n) ΔL(chunk): the mean loss is linear in the samples
             chunks = list(ctx.data.indices.split(cfg.batch_size))
         params = perturbed_params(model, cfg.perturb)
-        masks = perturbed_masks(masks, params)
+        masks = perturbed_masks(combine_masks(masks, self.train_masks), params)
         total = torch.zeros(cfg.k, dtype=torch.float64)
         for idx in chunks:
             batch = (ctx.data.x[idx], ctx.data.y[idx])
@@ -125,9 +133,11 @@ class BaffleBatchStrategy(Strategy):
         seed: int,
         masks: dict[str, torch.Tensor] | None = None,
         draws: Draws = "torch",
+        train_masks: dict[str, torch.Tensor] | None = None,
     ) -> None:
         assert cfg.server_optimizer is not None
         self.model, self.cfg, self.seed = model, cfg, seed
+        self.train_masks = train_masks  # method.train_mask: the estimate is zero off them
         self.spec = cfg.zo_spec(draws=draws)  # the server runs no forwards: no workers
         self.server = GlobalModel(model, cfg.server_optimizer.build(), masks=masks)
         self.downlink = DownlinkHistory(cfg.k) if cfg.downlink == "seeds" else None
@@ -153,7 +163,7 @@ class BaffleBatchStrategy(Strategy):
         return perturbed_params(self.model, self.cfg.perturb)
 
     def masks(self) -> dict[str, torch.Tensor] | None:
-        return perturbed_masks(self.server.masks, self.params())
+        return perturbed_masks(combine_masks(self.server.masks, self.train_masks), self.params())
 
     def round_seed(self, rnd: int, cid: int | None = None) -> int:
         """s_t (shared) or s_{t,c} (per client); 62 bits, sent as an 8-byte integer."""
@@ -269,8 +279,19 @@ def build_batch(
     cfg: BaffleConfig, env: MethodEnv, *, masks: dict[str, torch.Tensor] | None = None
 ) -> MethodBuild:
     """Batch-level BAFFLE's bare strategy and client program."""
-    strategy = BaffleBatchStrategy(env.model_fn(), cfg, seed=env.seed, masks=masks, draws=env.draws)
+    strategy = BaffleBatchStrategy(
+        env.model_fn(),
+        cfg,
+        seed=env.seed,
+        masks=masks,
+        draws=env.draws,
+        train_masks=env.train_masks,
+    )
     program = BaffleBatchClient(
-        env.model_fn, cfg, threads=perturbation_threads(cfg, env), draws=env.draws
+        env.model_fn,
+        cfg,
+        threads=perturbation_threads(cfg, env),
+        draws=env.draws,
+        train_masks=env.train_masks,
     )
     return MethodBuild(strategy, program)

@@ -58,5 +58,6 @@ def build_epoch(
         env.model_fn,
         cfg,
         gradient_fn=zeroth_order_gradient_fn(cfg, perturbation_threads(cfg, env), env.draws),
+        train_masks=env.train_masks,
     )
     return MethodBuild(strategy, program)
