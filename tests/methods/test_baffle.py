@@ -1,11 +1,13 @@
 """BAFFLE: protocol bytes, server estimate against Eq. (6)-(7) written out, secure aggregation
 against the plain aggregate, the EMA against its recurrence, configuration rules."""
 
+import warnings
+
 import pytest
 import torch
 
 from fedge.core.config import load_config
-from fedge.core.errors import ConfigError, MessageError
+from fedge.core.errors import ConfigError, MessageError, PrivacyWarning
 from fedge.core.messages import Message
 from fedge.estimators import combine_loss_differences
 from fedge.experiment.build import build_run
@@ -421,3 +423,36 @@ def test_prefix_once_trains_the_same_model_with_fewer_client_flops(tiny, mode):
     for a, b in zip(full_lines, once_lines, strict=True):
         assert a["test_loss"] == b["test_loss"]
         assert 0 < b["client_flops"] < a["client_flops"]
+
+
+@pytest.mark.parametrize("mode", ["batch", "epoch"])
+def test_a_jvp_run_is_labelled_forward_mode_in_every_round_and_the_summary(tmp_path, tiny, mode):
+    """``estimator: jvp`` is forward-mode differentiation, not inference only: every round line
+    and the run's summary carry ``forward_mode_ad = 1``; a finite-difference run carries no flag."""
+    import json
+
+    from fedge.experiment.run import run_experiment
+
+    def run(estimator, out):
+        section = {
+            "name": "baffle",
+            "mode": mode,
+            "k": 4,
+            "batch_size": 16,
+            "max_steps": 2,
+            "estimator": estimator,
+            "secure_aggregation": False,
+        }
+        cfg = load_config(tiny(rounds=2, model={"name": "mlp", "hidden": [8]}, method=section))
+        path = run_experiment(cfg, out=tmp_path / out, render=False)
+        lines = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+        return [x for x in lines if "round" in x], json.loads((path / "summary.json").read_text())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyWarning)
+        lines, summary = run("jvp", "jvp")
+        fd_lines, fd_summary = run("lean", "fd")
+    assert [x.get("forward_mode_ad") for x in lines] == [1, 1]
+    assert summary["forward_mode_ad"] == 1
+    assert all("forward_mode_ad" not in x for x in fd_lines) and "forward_mode_ad" not in fd_summary
+    assert lines[-1]["test_loss"] != fd_lines[-1]["test_loss"]  # a different estimate

@@ -21,7 +21,7 @@ from fedge.estimators.directions import DirectionKind, Directions
 __all__ = ["Mode", "Scheme", "ZerothOrderSpec", "resolve_spec"]
 
 Scheme = Literal["central", "forward"]
-Mode = Literal["lean", "fast"]
+Mode = Literal["lean", "fast", "jvp"]
 
 _DTYPES = (None, torch.float32, torch.bfloat16, torch.float16)
 
@@ -48,7 +48,10 @@ class ZerothOrderSpec:
             (:mod:`fedge.core.portable`: the same bits on every machine). A given
             :class:`~fedge.estimators.directions.Directions` must have been built with the same.
         mode: ``"lean"`` (least memory) or ``"fast"`` (batched or threaded throughput);
-            the same ΔL up to float rounding.
+            the same ΔL up to float rounding. ``"jvp"``: forward-mode differentiation, not
+            inference only: ΔL_k = c·σ·∇L·z_k exactly, one ``torch.func.jvp`` pass per direction
+            (:func:`~fedge.estimators.zeroth_order.directional_derivatives`), the finite
+            differences' limit as σ → 0, so the server's rebuild is unchanged.
         chunk: fast mode: perturbations per batched pass (None: ~512 model-samples a pass).
         dtype: forward precision: None (the parameters' dtype), ``torch.float32``,
             ``torch.bfloat16`` or ``torch.float16`` (autocast).

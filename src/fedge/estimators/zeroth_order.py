@@ -38,6 +38,7 @@ __all__ = [
     "forward_budget",
     "loss_differences",
     "num_differences",
+    "directional_derivatives",
     "split_prefix",
     "zeroth_order_gradient",
 ]
@@ -143,14 +144,14 @@ def loss_differences(
     k, sigma, mode = spec.k, spec.sigma, spec.mode
     sel = _with_directions(select(model, params, masks), spec.directions, k, spec.draws)
     autocast = _autocast_dtype(sel, spec.dtype)
-    _warn_if_unsafe(model, sel, sigma, spec.dtype)
+    _warn_if_unsafe(model, sel, None if mode == "jvp" else sigma, spec.dtype)
     x, y = batch
 
     blocks = (1.0, -1.0) if spec.scheme == "central" else (1.0,)  # signs s of W + s·δ_k
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     try:
         with torch.no_grad(), _maybe_autocast(x, autocast):
-            result = None
+            result: tuple[Tensor, Tensor] | None = None
             if mode == "fast" and batched_pays(model, x):
                 fast = batched.BatchedEvaluator.build(model, sel, seed, x, loss_fn, y)
                 try:
@@ -165,6 +166,9 @@ def loss_differences(
                 prefix, net = split
                 for m in prefix:
                     h = m(h)
+            if mode == "jvp":  # exact: ΔL_k = c·σ·∇L·(z_k ⊙ m), c·σ·L'(W; z_k) in float64
+                d = directional_derivatives(net, sel, seed, (h, y), loss_fn, k)
+                result = (d * (spec.normalizer * sigma), torch.zeros(k, dtype=torch.float64))
             spans = min(k, spec.workers or torch.get_num_threads()) if mode == "fast" else 1
             if result is None and spans > 1:
                 result = _run_threaded(
@@ -306,7 +310,7 @@ def zeroth_order_gradient(
     dirs = _directions(
         spec.directions, {n: p.shape for n, p in sel.params.items()}, spec.k, sel.masks, spec.draws
     )
-    if spec.mode == "fast":
+    if spec.mode in ("fast", "jvp"):
         dirs = remembered(dirs, _REMEMBER_BYTES)
     step = dataclasses.replace(spec, directions=dirs)  # both halves draw the same directions
     diffs = loss_differences(model, loss_fn, batch, step, seed=seed, params=params, masks=masks)
@@ -441,6 +445,48 @@ def split_prefix(model: nn.Module, sel: Selection) -> tuple[list[nn.Module], nn.
     return layers[:first], nn.Sequential(*layers[first:])
 
 
+def directional_derivatives(
+    model: nn.Module,
+    sel: Selection,
+    seed: int,
+    batch: tuple[Tensor, Tensor],
+    loss_fn: LossFn,
+    k: int,
+) -> Tensor:
+    """Forward-mode differentiation (``mode="jvp"``; Baydin et al. 2022, "Gradients without
+    backpropagation"): ∇L(W)·(z_k ⊙ m) for k = 0..K-1, float64 ``(K,)``, each exact (no
+    finite-difference error) from one ``torch.func.jvp`` pass of ``model`` on ``batch``: the
+    forward carries a tangent beside every activation (about 2-3 forwards' work, no stored
+    activations), so this is not inference only. The tangents are the selection's seeded
+    directions ``sel.draw`` (zero off its masks), the very directions the finite-difference
+    modes perturb along, so the server's rebuild is unchanged. ``model`` may be a suffix of the
+    network (:func:`split_prefix`): the selection's Parameters are found in it by identity."""
+    from torch.func import functional_call, jvp
+
+    x, y = batch
+    name_in = {id(p): n for n, p in model.named_parameters()}
+    missing = [n for n, p in sel.params.items() if id(p) not in name_in]
+    if missing:
+        raise ConfigError(f"parameters {missing} of the selection are not in the model run")
+    keys = [name_in[id(p)] for p in sel.params.values()]
+    primals = tuple(p.detach() for p in sel.params.values())
+
+    def loss_of(*weights: Tensor) -> Tensor:
+        out = functional_call(model, dict(zip(keys, weights, strict=True)), (x,))
+        return loss_fn(out.to(torch.float64), y)
+
+    out = torch.empty(k, dtype=torch.float64)
+    with torch.enable_grad():  # forward-mode AD needs no graph, but jvp refuses no_grad's
+        for i in range(k):
+            tangents = []
+            for name, p in sel.params.items():
+                z = sel.draw(seed, [i], name, p.shape)[0].to(device=p.device, dtype=p.dtype)
+                mask = sel.masks.get(name)
+                tangents.append(z * mask if mask is not None else z)
+            out[i] = float(jvp(loss_of, primals, tuple(tangents))[1])
+    return out
+
+
 def _layers(seq: nn.Sequential) -> list[nn.Module]:
     out: list[nn.Module] = []
     for m in seq:
@@ -539,10 +585,14 @@ def _maybe_autocast(x: Tensor, dtype: torch.dtype | None) -> torch.autocast:
 
 
 def _warn_if_unsafe(
-    model: nn.Module, sel: Selection, sigma: float, dtype: torch.dtype | None
+    model: nn.Module, sel: Selection, sigma: float | None, dtype: torch.dtype | None
 ) -> None:
+    """σ below the forward precision (``sigma`` None: no finite difference to check), or
+    active dropout."""
     worst: tuple[float, str, float, torch.dtype] | None = None
     for name, p in sel.params.items():
+        if sigma is None:
+            break
         dt = dtype or p.dtype
         wmax = float(p.detach().abs().max()) if p.numel() else 0.0
         need = torch.finfo(dt).eps * wmax

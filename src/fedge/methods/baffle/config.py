@@ -54,9 +54,11 @@ class BaffleConfig(MethodConfigBase):
     scheme: Literal["central", "forward"] = Field(
         "forward", description="central or twice-FD (forward)"
     )
-    estimator: Literal["lean", "fast"] = Field(
+    estimator: Literal["lean", "fast", "jvp"] = Field(
         "fast",
-        description="lean (least memory) or fast (a forward of the batch of at most ~90 MFLOP, e.g. LeNet-5 up to "
+        description="jvp: forward-mode differentiation (NOT inference-only: exact directional derivatives by "
+        "torch.func.jvp, one pass per direction, uploaded as c·σ·∇L·z_k so the server is unchanged; rounds log "
+        "forward_mode_ad=1); lean (least memory) or fast (a forward of the batch of at most ~90 MFLOP, e.g. LeNet-5 up to "
         "159 samples, BAFFLE's LeNet up to 8: perturbations batched; more: perturbations split over "
         "`perturbation_threads`, one model copy per thread; at epoch level it keeps up to 64 MiB of the forwards' "
         "perturbations so the client's own estimate does not draw them again)",
