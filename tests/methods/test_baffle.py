@@ -456,3 +456,88 @@ def test_a_jvp_run_is_labelled_forward_mode_in_every_round_and_the_summary(tmp_p
     assert summary["forward_mode_ad"] == 1
     assert all("forward_mode_ad" not in x for x in fd_lines) and "forward_mode_ad" not in fd_summary
     assert lines[-1]["test_loss"] != fd_lines[-1]["test_loss"]  # a different estimate
+
+
+def test_guided_directions_span_the_last_updates_the_server_sent_and_it_rebuilds_from_them():
+    """``guided_rank: 2``: the server keeps its last 2 global updates (oracle: the model's change
+    each round), sends them with the model, and the client's K loss differences and the server's
+    rebuild both use guided directions in their span, equal to the ones built by hand from the
+    oracle updates."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from fedge.core.context import ClientContext, ClientData
+    from fedge.core.meter import Meter
+    from fedge.estimators import estimate_gradient, loss_differences
+    from fedge.estimators.directions import guided_directions
+    from fedge.methods.baffle import BaffleBatchClient
+
+    cfg = BaffleConfig(mode="batch", k=6, sigma=1e-3, guided_rank=2, guided_share=0.5)
+    strategy = BaffleBatchStrategy(_model(), cfg, seed=0)
+    client = BaffleBatchClient(_model, cfg)
+    g = torch.Generator().manual_seed(8)
+    x, y = torch.randn(9, 4, generator=g), torch.randint(0, 3, (9,), generator=g)
+    updates: list[dict[str, torch.Tensor]] = []
+    for rnd in (1, 2, 3):
+        msg = strategy.configure_round(rnd, [0])[0]
+        sent = sorted(k for k in msg.arrays if k.startswith("guide/"))
+        assert sent == sorted(
+            f"guide/{i}/{n}" for i in range(len(updates)) for n in ("1.weight", "1.bias")
+        )
+        ctx = ClientContext(
+            cid=0,
+            rnd=rnd,
+            data=ClientData(x, y, torch.arange(9)),
+            generator=torch.Generator(),
+            meter=Meter(),
+        )
+        reply = client.run(msg, ctx)
+        params = {k: v.detach().clone() for k, v in strategy.model.named_parameters()}
+        shapes = {k: v.shape for k, v in params.items()}
+        # the client's own spec (fast estimator), its directions built by hand
+        spec = dataclasses.replace(
+            client.spec, directions=guided_directions(updates, shapes, 6, 0.5)
+        )
+        model = _model()
+        model.load_state_dict(params)
+        want_dl = loss_differences(model, F.cross_entropy, (x, y), spec, seed=msg.config["seed"])
+        assert torch.equal(reply.arrays["dL"], want_dl)
+        got = strategy.estimate(rnd, {0: reply})
+        want = estimate_gradient(params, want_dl, spec, seed=msg.config["seed"])
+        assert all(torch.equal(got[k], want[k]) for k in want)
+        strategy.aggregate_round(rnd, {0: reply})
+        now = {k: v.detach() for k, v in strategy.model.named_parameters()}
+        updates = [{k: now[k] - params[k] for k in now}, *updates][:2]
+    assert len(strategy.guides) == 2
+    for mine, theirs in zip(strategy.guides, updates, strict=True):
+        assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+
+
+def test_guided_directions_resume_to_the_uninterrupted_run(tmp_path, tiny, monkeypatch):
+    """The server's last updates are checkpointed: a guided run cut after round 2 resumes to the
+    uninterrupted metrics (and differs from the unguided run)."""
+    from fedge.experiment.resume import resume_experiment
+    from fedge.experiment.run import run_experiment
+    from tests_helpers import metrics_without_wall, run_cut_after
+
+    section = {"name": "baffle", "mode": "batch", "k": 6, "batch_size": 16, "guided_rank": 2}
+    cfg = tiny(rounds=4, model={"name": "mlp", "hidden": [8]}, method=section)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyWarning)
+        full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False)
+        run_cut_after(cfg, tmp_path / "cut", 2, monkeypatch)
+        resume_experiment(tmp_path / "cut", render=False)
+        plain = tiny(
+            rounds=4, model={"name": "mlp", "hidden": [8]}, method={**section, "guided_rank": 0}
+        )
+        unguided = run_experiment(load_config(plain), out=tmp_path / "plain", render=False)
+    assert metrics_without_wall(tmp_path / "cut") == metrics_without_wall(full)
+    assert metrics_without_wall(unguided) != metrics_without_wall(full)
+
+
+def test_guided_directions_need_batch_mode_the_model_downlink_and_gaussian_directions():
+    with pytest.raises(ValueError, match="guided_rank=2 needs mode=batch"):
+        BaffleConfig(mode="epoch", guided_rank=2)
+    with pytest.raises(ValueError, match="downlink=model"):
+        BaffleConfig(mode="batch", guided_rank=2, downlink="seeds")

@@ -238,7 +238,7 @@ def estimate_gradient(
         raise ConfigError("shapes_or_params is empty; pass the parameters the client perturbed")
     mask_of = check_masks(shapes, masks)
     dirs = _directions(spec.directions, shapes, k, mask_of, spec.draws)
-    if dirs.kind == "block":  # w_k = 1 / K_b
+    if dirs.kind in ("block", "guided"):  # w_k = 1 / K_b, or guided's (directions.py)
         coef = (diffs * dirs.weights / (spec.normalizer * sigma)).to(torch.float32)  # (K,)
     else:  # w_k = 1 / K, as BAFFLE Eq. (6) writes it
         coef = (diffs / (spec.normalizer * k * sigma)).to(torch.float32)

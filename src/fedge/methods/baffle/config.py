@@ -112,6 +112,19 @@ class BaffleConfig(MethodConfigBase):
         "differences a client missed (it rebuilds the model; the full model and optimizer state when smaller)",
     )
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
+    guided_rank: int = Field(
+        0,
+        ge=0,
+        description="batch mode: r, the last r global updates whose span guided directions lie in (sent with the "
+        "model: r more model-sized arrays down a round); 0: off (every direction fresh)",
+    )
+    guided_share: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="with guided_rank > 0: the share of the K directions drawn in that span (the rest fresh "
+        "Gaussians); the estimate is then biased by −share·(I − P)g, P the projection on the span",
+    )
     prefix_once: bool = Field(
         False,
         description="run the leading layers that hold no perturbed coordinate (method.freeze, method.perturb) "
@@ -161,6 +174,14 @@ class BaffleConfig(MethodConfigBase):
                     "secure_aggregation needs shared_perturbations=true: the server only learns "
                     "the sum of the loss differences, so every client must use the same perturbations"
                 )
+        if self.guided_rank and (
+            self.mode != "batch" or self.downlink != "model" or self.directions != "gaussian"
+        ):
+            raise ValueError(
+                f"guided_rank={self.guided_rank} needs mode=batch, downlink=model and directions=gaussian (the "
+                "server sends the last global updates with the model and rebuilds the estimate from them); got "
+                f"mode={self.mode}, downlink={self.downlink}, directions={self.directions}"
+            )
         if self.downlink == "seeds" and (self.mode != "batch" or not self.shared_perturbations):
             raise ValueError(
                 "downlink=seeds rebuilds the model from the round seed and the K aggregated loss differences: "
