@@ -541,3 +541,90 @@ def test_guided_directions_need_batch_mode_the_model_downlink_and_gaussian_direc
         BaffleConfig(mode="epoch", guided_rank=2)
     with pytest.raises(ValueError, match="downlink=model"):
         BaffleConfig(mode="batch", guided_rank=2, downlink="seeds")
+
+
+def test_k_and_sigma_schedules_give_each_round_its_own_k_and_sigma():
+    """Oracle: σ_t = σ·decay^(t−1) and K_t = round(k + (k_final − k)(t − 1)/(T − 1)); no
+    schedule leaves the spec as it is (runs without one are unchanged)."""
+    from fedge.methods.baffle.config import round_spec
+
+    cfg = BaffleConfig(mode="epoch", k=10, k_final=40, sigma=1e-3, sigma_decay=0.5)
+    spec = cfg.zo_spec()
+    got = [(s.k, s.sigma) for s in (round_spec(spec, cfg, t, 5) for t in range(1, 6))]
+    assert got == [(10, 1e-3), (18, 5e-4), (25, 2.5e-4), (32, 1.25e-4), (40, 6.25e-5)]
+    plain = BaffleConfig(mode="epoch")
+    assert (
+        round_spec(plain.zo_spec(), plain, 7, 9) is plain.zo_spec()
+        or round_spec(plain.zo_spec(), plain, 7, 9) == plain.zo_spec()
+    )
+    with pytest.raises(ValueError, match="k_final=40 .* needs mode=epoch"):
+        BaffleConfig(mode="batch", k_final=40)
+    with pytest.raises(ValueError, match="sigma_decay=0.5 with downlink=seeds"):
+        BaffleConfig(mode="batch", downlink="seeds", sigma_decay=0.5)
+
+
+def test_the_epoch_client_estimates_with_the_round_s_k_and_sigma():
+    """Oracle: round 3's local estimate is zeroth_order_gradient with K_3 and σ_3 on the seed the
+    client's generator draws, then clipped."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from fedge.core.context import ClientContext, ClientData
+    from fedge.core.meter import Meter
+    from fedge.estimators import zeroth_order_gradient
+    from fedge.methods.baffle import zeroth_order_gradient_fn
+
+    cfg = BaffleConfig(mode="epoch", k=4, k_final=12, sigma=1e-2, sigma_decay=0.8)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 4, generator=g), torch.randint(0, 3, (6,), generator=g)
+    ctx = ClientContext(
+        cid=0,
+        rnd=3,
+        data=ClientData(x, y, torch.arange(6)),
+        generator=torch.Generator().manual_seed(5),
+        meter=Meter(),
+    )
+    model = _model()
+    _, got = zeroth_order_gradient_fn(cfg, threads=1, rounds=5)(model, (x, y), ctx, None)
+    seed = int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(5)))
+    spec = dataclasses.replace(cfg.zo_spec(workers=1), k=8, sigma=1e-2 * 0.8**2)
+    want = clip_inf_norm(
+        zeroth_order_gradient(model, F.cross_entropy, (x, y), spec, seed=seed), 0.3
+    )
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_batch_mode_client_and_server_use_the_round_s_sigma():
+    """Oracle: round 3 of a σ schedule: the client's K differences are loss_differences at
+    σ·decay², and the server's estimate is estimate_gradient at that σ."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from fedge.core.context import ClientContext, ClientData
+    from fedge.core.meter import Meter
+    from fedge.estimators import estimate_gradient, loss_differences
+    from fedge.methods.baffle import BaffleBatchClient
+
+    cfg = BaffleConfig(mode="batch", k=5, sigma=1e-2, sigma_decay=0.5)
+    strategy, client = BaffleBatchStrategy(_model(), cfg, seed=0), BaffleBatchClient(_model, cfg)
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(7, 4, generator=g), torch.randint(0, 3, (7,), generator=g)
+    msg = strategy.configure_round(3, [0])[0]
+    ctx = ClientContext(
+        cid=0,
+        rnd=3,
+        data=ClientData(x, y, torch.arange(7)),
+        generator=torch.Generator(),
+        meter=Meter(),
+    )
+    reply = client.run(msg, ctx)
+    spec = dataclasses.replace(client.spec, sigma=1e-2 * 0.25)
+    want = loss_differences(_model(), F.cross_entropy, (x, y), spec, seed=msg.config["seed"])
+    assert torch.equal(reply.arrays["dL"], want)
+    got = strategy.estimate(3, {0: reply})
+    rebuilt = estimate_gradient(
+        dict(_model().named_parameters()), want, spec, seed=msg.config["seed"]
+    )
+    assert all(torch.equal(got[k], rebuilt[k]) for k in rebuilt)

@@ -27,6 +27,7 @@ from fedge.estimators import (
 )
 from fedge.estimators.directions import guided_directions
 from fedge.methods.baffle.config import BaffleConfig, perturbation_threads
+from fedge.methods.baffle.config import round_spec as scheduled
 from fedge.methods.baffle.downlink import (
     ClientReplica,
     DownlinkHistory,
@@ -103,7 +104,7 @@ class BaffleBatchClient:
             chunks = list(ctx.data.indices.split(cfg.batch_size))
         params = perturbed_params(model, cfg.perturb)
         masks = perturbed_masks(combine_masks(masks, self.train_masks), params)
-        spec = guided_spec(self.spec, cfg, basis, params, masks)
+        spec = guided_spec(scheduled(self.spec, cfg, ctx.rnd, ctx.rnd), cfg, basis, params, masks)
         total = torch.zeros(cfg.k, dtype=torch.float64)
         for idx in chunks:
             batch = (ctx.data.x[idx], ctx.data.y[idx])
@@ -224,7 +225,7 @@ class BaffleBatchStrategy(Strategy):
         return estimate_gradient(
             self.params(),
             combined,
-            self.round_spec(),
+            self.round_spec(rnd),
             seed=self.round_seed(rnd),
             masks=self.masks(),
         )
@@ -238,7 +239,7 @@ class BaffleBatchStrategy(Strategy):
         g: dict[str, torch.Tensor] = {}
         for c, (d, n) in checked.items():
             seed = self.round_seed(rnd, c)
-            gc = estimate_gradient(params, d, self.round_spec(), seed=seed, masks=self.masks())
+            gc = estimate_gradient(params, d, self.round_spec(rnd), seed=seed, masks=self.masks())
             for k, v in gc.items():
                 g[k] = g[k].add_(v, alpha=n / total) if k in g else v * (n / total)
         return g
@@ -259,10 +260,11 @@ class BaffleBatchStrategy(Strategy):
         self.downlink.record(rnd, seed, combined)
         return {"estimate_inf_norm": max(float(v.abs().max()) for v in g.values())}
 
-    def round_spec(self) -> ZerothOrderSpec:
-        """The round's estimate: guided directions in the span of the last updates (those the
-        clients received with the model), or the configured ones."""
-        return guided_spec(self.spec, self.cfg, self.guides, self.params(), self.masks())
+    def round_spec(self, rnd: int) -> ZerothOrderSpec:
+        """Round ``rnd``'s estimate: its σ (``sigma_decay``), and guided directions in the span of
+        the last updates (those the clients received with the model) or the configured ones."""
+        spec = scheduled(self.spec, self.cfg, rnd, rnd)
+        return guided_spec(spec, self.cfg, self.guides, self.params(), self.masks())
 
     def apply(self, grads: dict[str, torch.Tensor]) -> dict[str, float]:
         before = (

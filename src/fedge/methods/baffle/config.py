@@ -7,6 +7,7 @@ client uploads). The choices behind the defaults (clip 0.3, shared perturbations
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -25,6 +26,7 @@ __all__ = [
     "BaffleConfig",
     "advice",
     "perturbation_threads",
+    "round_spec",
     "upload",
 ]
 
@@ -112,6 +114,18 @@ class BaffleConfig(MethodConfigBase):
         "differences a client missed (it rebuilds the model; the full model and optimizer state when smaller)",
     )
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
+    sigma_decay: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="σ schedule: round t perturbs with σ·sigma_decay^(t−1) (client and server alike); 1: constant",
+    )
+    k_final: int | None = Field(
+        None,
+        ge=1,
+        description="epoch mode: K schedule, K ramped linearly from k (round 1) to k_final (the last round), "
+        "rounded; null: constant K",
+    )
     guided_rank: int = Field(
         0,
         ge=0,
@@ -182,6 +196,16 @@ class BaffleConfig(MethodConfigBase):
                 "server sends the last global updates with the model and rebuilds the estimate from them); got "
                 f"mode={self.mode}, downlink={self.downlink}, directions={self.directions}"
             )
+        if self.k_final is not None and self.mode != "epoch":
+            raise ValueError(
+                f"k_final={self.k_final} (a K schedule) needs mode=epoch: in batch mode every reply's K scalars are "
+                "summed (secure aggregation, DP) with one shape for the run; schedule sigma (sigma_decay) instead"
+            )
+        if self.sigma_decay != 1.0 and self.downlink == "seeds":
+            raise ValueError(
+                f"sigma_decay={self.sigma_decay} with downlink=seeds: the client's replay of missed rounds uses one σ; "
+                "use downlink=model with a σ schedule"
+            )
         if self.downlink == "seeds" and (self.mode != "batch" or not self.shared_perturbations):
             raise ValueError(
                 "downlink=seeds rebuilds the model from the round seed and the K aggregated loss differences: "
@@ -212,6 +236,18 @@ class BaffleConfig(MethodConfigBase):
             draws=draws,
             prefix_once=self.prefix_once,
         )
+
+
+def round_spec(spec: ZerothOrderSpec, cfg: BaffleConfig, rnd: int, rounds: int) -> ZerothOrderSpec:
+    """``spec`` with round ``rnd``'s K and σ (of ``rounds``): σ·sigma_decay^(rnd−1) and, with
+    ``k_final``, K = round(k + (k_final − k)·(rnd − 1)/(rounds − 1)); ``spec`` itself when no
+    schedule is set (so a run without one is unchanged)."""
+    if cfg.sigma_decay == 1.0 and cfg.k_final is None:
+        return spec
+    k = cfg.k
+    if cfg.k_final is not None and rounds > 1:
+        k = round(cfg.k + (cfg.k_final - cfg.k) * (min(rnd, rounds) - 1) / (rounds - 1))
+    return dataclasses.replace(spec, k=k, sigma=cfg.sigma * cfg.sigma_decay ** (rnd - 1))
 
 
 def perturbation_threads(cfg: BaffleConfig, env: MethodEnv) -> int:
