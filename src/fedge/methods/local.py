@@ -19,6 +19,7 @@ from fedge.core.context import ClientContext
 from fedge.core.messages import Message
 from fedge.core.rng import GlobalStream
 from fedge.methods.base import MethodConfigBase, load_arrays, split_trainable, unpack_model_arrays
+from fedge.methods.sparse import combine_masks
 
 __all__ = [
     "ClientOptimizerConfig",
@@ -231,11 +232,10 @@ class LocalTraining:
         )
         losses: list[float] = []
         steps = 0
-        masks = self.masks
-        if self.train_masks is not None:  # the gradient (or estimate) only on the kept coordinates
-            masks = dict(masks or {})
-            for k, m in self.train_masks.items():
-                masks[k] = masks[k] & m if k in masks else m
+        # method.train_mask: the gradient (or estimate) only on the kept coordinates
+        masks = (
+            self.masks if self.train_masks is None else combine_masks(self.masks, self.train_masks)
+        )
         # Dropout (vgg9, wrn) draws from torch's global RNG, which no generator of the run fixes:
         # a stream seeded from the client's own generator's seed (not drawn from it, so the batch
         # order is untouched) makes a client step the same in the engine's process, a worker, a
