@@ -440,10 +440,14 @@ class Simulation:
             }
             if name not in self._memory_warned:
                 self._memory_warned.add(name)
-                ids = ", ".join(str(c) for c, _ in hits[:5]) + (" ..." if len(hits) > 5 else "")
+                ids = (
+                    ("client " if len(hits) == 1 else "clients ")
+                    + ", ".join(str(c) for c, _ in hits[:5])
+                    + (" ..." if len(hits) > 5 else "")
+                )
                 warnings.warn(
                     f"round {rnd}: {type(self.strategy).__name__}'s client step needs {need:.3g} MiB "
-                    f"(measured tensor peak) on clients {ids} of device profile {name!r}, which has "
+                    f"(measured tensor peak) on {ids} of device profile {name!r}, which has "
                     f"memory_mb={mb:g}: such a device could not run it. Give that profile more "
                     "memory_mb, or a method or model whose step fits",
                     DeviceMemoryWarning,
