@@ -83,6 +83,7 @@ def _sim(
     min_replies=None,
     memory=False,
     rounds=1,
+    workers=0,
 ):
     n = len(profiles)
     return Simulation(
@@ -100,6 +101,7 @@ def _sim(
             keep_first=keep_first,
             min_replies=min_replies,
             measure_memory=memory,
+            workers=workers,
         ),
         profiles=profiles,
     )
@@ -141,12 +143,14 @@ def test_halving_an_uplink_doubles_only_that_clients_upload():
     assert halved["0"] == base["0"] and halved["2"] == base["2"]
 
 
-def test_a_deadline_drops_the_slowest_client_and_the_round_completes_under_min_replies():
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_deadline_drops_the_slowest_client_and_the_round_completes_under_min_replies(workers):
     finish = {c: sum(_hand(c, p)) for c, p in enumerate(PROFILES)}
     order = sorted(finish, key=finish.get)
     deadline = (finish[order[1]] + finish[order[2]]) / 2  # between the 2nd and 3rd to finish
-    sim = _sim(deadline_s=deadline, min_replies=2)
+    sim = _sim(deadline_s=deadline, min_replies=2, workers=workers)
     line = sim.run_round(1)
+    sim.close()
     assert sim.strategy.seen == [sorted(order[:2])]  # the straggler's reply not aggregated
     assert "round_skipped" not in line and line["clients_failed"] == 1
     assert line["clients_straggled"] == 1 and line["sim_clients"][str(order[2])]["straggler"]
@@ -174,6 +178,12 @@ def test_over_selection_keeps_the_first_to_finish_and_ends_with_the_last_kept():
     assert sim.strategy.seen == [sorted(order[:2])]
     assert line["sim_time_s"] == pytest.approx(finish[order[1]])
     assert line["clients"] == 3 and line["clients_failed"] == 1
+    twin = _sim(keep_first=2, min_replies=1)  # the same seed: the same cut and times
+    again = twin.run_round(1)
+    assert twin.strategy.seen == sim.strategy.seen
+    assert {k: v for k, v in again.items() if k.startswith(("sim_", "clients"))} == {
+        k: v for k, v in line.items() if k.startswith(("sim_", "clients"))
+    }
 
 
 def test_the_cut_is_deterministic_and_ties_go_to_the_lower_id():
