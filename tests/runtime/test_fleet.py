@@ -9,7 +9,7 @@ import torch
 from fedge.core.context import ClientData
 from fedge.core.errors import ConfigError
 from fedge.core.messages import Message
-from fedge.core.protocols import Strategy
+from fedge.core.protocols import Exchange, Strategy
 from fedge.runtime.engine import DeviceMemoryWarning, EngineConfig, Simulation
 from fedge.runtime.fleet import ClientTime, client_time, cut_exchange
 
@@ -255,3 +255,26 @@ def test_over_selection_samples_the_rounded_up_share():
         ],
     )
     assert cfg.clients.sampled() == math.ceil(1.3 * 6) == 8
+
+
+class TwoExchanges(Collect):
+    """Two exchanges a round: the second addresses every sampled client again."""
+
+    def round(self, rnd, ids):
+        first = yield Exchange(self.configure_round(rnd, ids))
+        second = yield Exchange(self.configure_round(rnd, ids))
+        self.seen.append((sorted(first), sorted(second)))
+        return {}
+
+
+def test_a_client_dropped_in_one_exchange_does_not_hold_the_next_to_the_deadline():
+    """The server knows a straggler of exchange 1 is gone: exchange 2 ends with its last reply."""
+    finish = {c: sum(_hand(c, p)) for c, p in enumerate(PROFILES)}
+    order = sorted(finish, key=finish.get)
+    deadline = (finish[order[1]] + finish[order[2]]) / 2
+    sim = _sim(deadline_s=deadline, min_replies=2)
+    sim.strategy = TwoExchanges()
+    line = sim.run_round(1)
+    kept = sorted(order[:2])
+    assert sim.strategy.seen == [(kept, kept)]
+    assert line["sim_time_s"] == pytest.approx(deadline + max(finish[c] for c in kept))

@@ -341,7 +341,9 @@ class Simulation:
         if self.profiles is not None:
             self._check_memory(rnd, outcome)
         if self.cfg.time_model:
-            failed.update(self._time_exchange(phase, outgoing, outcome, bool(failed), before))
+            # lost now (dropped out, a node failed), not known gone from an earlier exchange
+            lost = any(cid not in totals.failed for cid in failed)
+            failed.update(self._time_exchange(phase, outgoing, outcome, lost, before))
         if failed:
             totals.fail(failed)
             check_failures(
