@@ -1,7 +1,8 @@
 """Simulated time on a fleet of devices (``clients.profiles`` with ``gflops``, ``uplink_kbps``,
 ``downlink_kbps``): each client's time in an exchange from what the engine measured, and which
-replies an exchange keeps under a deadline and over-selection. Design notes:
-docs/guide/scale.md#simulated-time-on-a-device-fleet.
+replies an exchange keeps under a deadline and over-selection. Guide:
+docs/guide/scale.md#simulated-time-on-a-device-fleet; design notes:
+docs/decisions.md#runtime-and-engine.
 
 The model is FedScale's (Lai et al., ICML 2022), on fedge's measurements: a client step's
 simulated time is its download (the message's serialized bytes x 8 over ``downlink_kbps`` x
