@@ -371,7 +371,19 @@ class DatasetConfig(_Open):
 
 
 class PartitionConfig(_Open):
+    """``partition.*``: the partitioner's name and its own parameters (checked by the
+    partition registry), plus ``local_test``, which every partitioner takes."""
+
     name: str = "iid"
+    local_test: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="hold out this fraction of each client's samples (round(f·n), at least 1 of a client "
+        "with 2 or more, seeded per client) as its local test split, never trained on: the global model "
+        "is evaluated on each every local_eval_every rounds, giving per-client accuracies and their "
+        "mean, worst 10%, best 10% and variance (null: off)",
+    )
 
 
 class ModelConfig(_Open):
@@ -428,6 +440,12 @@ class RunConfig(_Strict):
     )
     eval_every: int = Field(
         1, ge=1, description="evaluate on the test set every N rounds (and after the last)"
+    )
+    local_eval_every: int | None = Field(
+        None,
+        ge=1,
+        description="evaluate the global model on every client's local test split (partition.local_test) "
+        "every N rounds and after the last (null: on the rounds the test set is evaluated, eval_every)",
     )
     eval_batch_size: int = Field(1000, ge=1)
     threads: int | None = Field(
@@ -499,6 +517,17 @@ class RunConfig(_Strict):
                     "it is checked against each client step's measured peak, and measure.memory=false "
                     "measures none; set measure.memory=true or remove memory_mb"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _local_eval_read(self) -> RunConfig:
+        """``local_eval_every`` is read only when clients hold out local test splits."""
+        if self.local_eval_every is not None and self.partition.local_test is None:
+            raise ValueError(
+                f"local_eval_every={self.local_eval_every} sets how often each client's local test split "
+                "is evaluated, but partition.local_test is null (no client holds one out); set "
+                "partition.local_test=0.2 (say) or remove local_eval_every"
+            )
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from fedge.data import Dataset, load_dataset
 from fedge.data.dataset import stratified_subset
 from fedge.data.federated import LazyClients, SyntheticFederated
 from fedge.data.partition import PARTITIONERS, partition, partition_summary
+from fedge.data.partition.holdout import split_local_tests
 from fedge.data.registry import resolve_dataset_options
 from fedge.methods import get_method
 from fedge.methods.base import MethodBuild, MethodEnv
@@ -79,6 +80,8 @@ class BuiltRun:
     clients: Sequence[ClientData]
     model_fn: Callable[[], torch.nn.Module]
     validation: tuple[torch.Tensor, torch.Tensor] | None = None
+    # per client, its local test split (partition.local_test); None: no client holds one out
+    local_tests: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
 
     def engine_config(self) -> EngineConfig:
         c = self.config
@@ -87,6 +90,7 @@ class BuiltRun:
             rounds=c.rounds,
             per_round=c.clients.sampled(),
             eval_every=c.eval_every,
+            local_eval_every=c.local_eval_every,
             eval_batch_size=c.eval_batch_size,
             workers=c.clients.workers,
             measure_flops=c.measure.flops,
@@ -132,6 +136,7 @@ class BuiltRun:
             clients=self.clients,
             test=(self.dataset.x_test, self.dataset.y_test),
             validation=self.validation,
+            local_tests=self.local_tests,
             num_classes=self.dataset.num_classes,
             config=self.engine_config(),
             parties=self.method.parties,
@@ -268,6 +273,12 @@ def build_run(cfg: RunConfig) -> BuiltRun:
             tuple(str(c) for c in range(fed.num_classes)),
             source="generated",
         )
+        if cfg.partition.local_test is not None:
+            raise ConfigError(
+                f"partition.local_test={cfg.partition.local_test} holds out part of each client's shard, "
+                f"but {FEDERATED} generates its clients on demand and evaluates on fresh draws from "
+                "its devices (its test set); remove partition.local_test"
+            )
         lazy = LazyClients(fed)
         clients, sizes, parts, summary = lazy, lazy.sizes(), [], fed.summary()
     else:
@@ -283,6 +294,7 @@ def build_run(cfg: RunConfig) -> BuiltRun:
             **d.options(),
         )
     validation = None
+    local_tests: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
     if d.validation is not None:
         dataset, validation = hold_out_validation(dataset, d.validation, seed=cfg.seed)
     model_fn = model_factory(cfg, dataset)
@@ -311,11 +323,24 @@ def build_run(cfg: RunConfig) -> BuiltRun:
             draws=cfg.draws,
             **p.options(),
         )
+        held: list[np.ndarray] = []
+        if p.local_test is not None:
+            parts, held = split_local_tests(parts, p.local_test, seed=cfg.seed, draws=cfg.draws)
+            local_tests = [
+                (dataset.x_train[t], dataset.y_train[t]) if len(t) else None
+                for t in (torch.as_tensor(h, dtype=torch.int64) for h in held)
+            ]
         summary = {
             "name": p.name,
             "params": p.options(),
             **partition_summary(parts, labels, dataset.num_classes),
         }
+        if held:  # the training shards above; what each client holds out beside them
+            summary["local_test"] = {
+                "fraction": p.local_test,
+                "num_samples": int(sum(len(h) for h in held)),
+                "clients": [int(len(h)) for h in held],
+            }
         clients = [
             ClientData(
                 dataset.x_train,
@@ -360,7 +385,9 @@ def build_run(cfg: RunConfig) -> BuiltRun:
             PrivacyWarning,
             stacklevel=2,
         )
-    return BuiltRun(cfg, dataset, parts, summary, method, method_cfg, clients, model_fn, validation)
+    return BuiltRun(
+        cfg, dataset, parts, summary, method, method_cfg, clients, model_fn, validation, local_tests
+    )
 
 
 def check_profile_fields(cfg: RunConfig, method: MethodBuild) -> None:

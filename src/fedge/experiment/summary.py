@@ -12,6 +12,7 @@ from fedge.experiment.build import BuiltRun
 from fedge.methods import get_method
 from fedge.methods.base import model_arrays
 from fedge.runtime.engine import Simulation
+from fedge.runtime.fairness import FAIRNESS_KEYS
 
 __all__ = ["run_summary", "side_summary"]
 
@@ -72,6 +73,9 @@ def run_summary(built: BuiltRun, sim: Simulation, lines: list[dict[str, Any]]) -
     }
     for name in sim.strategy.side_eval_models():  # e.g. "raw": the EMA wrapper's raw global model
         out.update(side_summary(name, rec.extra, lines))
+    fair = [x for x in lines if x.get(FAIRNESS_KEYS[0]) is not None]
+    if fair:  # the last per-client evaluation (partition.local_test): final_client_acc_mean, ...
+        out.update({f"final_{k}": fair[-1][k] for k in FAIRNESS_KEYS})
     if "test_top5" in (lines[-1] if lines else {}):
         out["final_test_top5"] = lines[-1]["test_top5"]
     for key in get_method(cfg.method.name).summary_keys:  # what the method reports each round

@@ -29,6 +29,7 @@ from fedge.runtime.executor import (
     StepSettings,
     local_executor,
 )
+from fedge.runtime.fairness import PER_CLIENT_KEY, client_accuracies, fairness_stats
 from fedge.runtime.fleet import ClientTime, MiB, RoundClock, client_time, cut_exchange
 from fedge.runtime.round import (
     RoundRecord,
@@ -58,6 +59,9 @@ class EngineConfig:
     per_round: int
     eval_every: int = 1
     eval_batch_size: int = 1000
+    # evaluate the global model on each client's local test split every N rounds (and after
+    # the last); None: on the test evaluation's rounds (eval_every). Needs Simulation.local_tests
+    local_eval_every: int | None = None
     workers: int = 0
     measure_flops: bool = True
     measure_memory: bool = False
@@ -134,6 +138,10 @@ class Simulation:
             evaluation round (``val_accuracy``, ``val_loss``); the record keeps the test
             accuracy at the round of best validation accuracy, the figure to report when
             choices were tuned on validation.
+        local_tests: per client, its local test split (x, y), or None for a client without
+            one: the global model is evaluated on each every ``config.local_eval_every``
+            rounds, and the line carries the per-client accuracies and q-FFL's four
+            statistics of them (:mod:`fedge.runtime.fairness`).
         config: :class:`EngineConfig`.
         parties: side parties by name (:class:`~fedge.core.protocols.PartySpec`).
         profiles: one device profile per client (``clients.profiles``), offered to
@@ -158,6 +166,7 @@ class Simulation:
         parties: Mapping[str, PartySpec] | None = None,
         profiles: Sequence[Mapping[str, Any]] | None = None,
         validation: tuple[torch.Tensor, torch.Tensor] | None = None,
+        local_tests: Sequence[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
         executor: ClientExecutor | None = None,
         on_round: Callable[[dict[str, Any], Simulation], None] | None = None,
         on_progress: Callable[[int, int, int, int], None] | None = None,
@@ -176,6 +185,12 @@ class Simulation:
             )
         self.profiles = profiles
         self.validation = validation
+        if local_tests is not None and len(local_tests) != len(clients):
+            raise ConfigError(
+                f"got {len(local_tests)} local test splits for {len(clients)} clients; give one "
+                "per client (None for a client without one)"
+            )
+        self.local_tests = local_tests
         self.on_round, self.on_progress = on_round, on_progress
         self.executor = executor or local_executor(
             program, clients, config.step_settings(self.parties), config.workers
@@ -499,13 +514,25 @@ class Simulation:
         """The round's evaluation figures: the global model's and each side model's (prefixed
         with its name) on an evaluation round, else ``test_accuracy`` and ``test_loss`` None."""
         cfg, r = self.cfg, self.record
+        figures: dict[str, Any]
         if not (rnd % cfg.eval_every == 0 or rnd == cfg.rounds):
-            return {"test_accuracy": None, "test_loss": None}
-        figures = self._evaluate(rnd, self.strategy.eval_model())
-        r.last_test_accuracy = figures["test_accuracy"]
-        r.best_test_accuracy = max(r.best_test_accuracy or 0.0, figures["test_accuracy"])
-        for name, model in self.strategy.side_eval_models().items():
-            figures.update(self._evaluate(rnd, model, prefix=f"{name}_"))
+            figures = {"test_accuracy": None, "test_loss": None}
+        else:
+            figures = self._evaluate(rnd, self.strategy.eval_model())
+            r.last_test_accuracy = figures["test_accuracy"]
+            r.best_test_accuracy = max(r.best_test_accuracy or 0.0, figures["test_accuracy"])
+            for name, model in self.strategy.side_eval_models().items():
+                figures.update(self._evaluate(rnd, model, prefix=f"{name}_"))
+        every = cfg.local_eval_every or cfg.eval_every
+        if self.local_tests is not None and (rnd % every == 0 or rnd == cfg.rounds):
+            accs = client_accuracies(
+                self.strategy.eval_model(),
+                self.local_tests,
+                num_classes=self.num_classes,
+                batch_size=cfg.eval_batch_size,
+            )
+            figures.update(fairness_stats(accs))
+            figures[PER_CLIENT_KEY] = accs
         return figures
 
     def _evaluate(self, rnd: int, model: torch.nn.Module, *, prefix: str = "") -> dict[str, Any]:
