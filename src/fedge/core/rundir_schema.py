@@ -22,6 +22,11 @@ __all__ = [
     "CLIENT_PEAK_BYTES",
     "CLIENT_TENSOR_PEAK_BYTES",
     "CLIENT_RSS_GROWTH_BYTES",
+    "CLIENT_ACCURACY",
+    "CLIENT_ACC_BEST10",
+    "CLIENT_ACC_MEAN",
+    "CLIENT_ACC_VAR",
+    "CLIENT_ACC_WORST10",
     "COMPLETE",
     "CONFIG",
     "CONFIG_CHANGES",
@@ -29,6 +34,7 @@ __all__ = [
     "CUM_BYTES_UP",
     "CUM_CLIENT_FLOPS",
     "CUM_CLIENT_FLOPS_EFFECTIVE",
+    "FAIRNESS_KEYS",
     "FINAL_TEST_ACCURACY",
     "METRICS",
     "MODEL",
@@ -122,6 +128,16 @@ CLIENT_RSS_GROWTH_BYTES = "client_rss_growth_bytes"
 SIM_TIME_S = "sim_time_s"
 SIM_TIME_TOTAL_S = "sim_time_total_s"
 SIM_CLIENTS = "sim_clients"
+# with partition.local_test, on the rounds its splits are evaluated (local_eval_every): the
+# global model's accuracy on each client's local test split (a list, index = client id, null
+# for a client that holds none out), and q-FFL's four statistics of them
+# (fedge.runtime.fairness.fairness_stats; the summary has each as final_<key>)
+CLIENT_ACCURACY = "client_accuracy"
+CLIENT_ACC_MEAN = "client_acc_mean"
+CLIENT_ACC_WORST10 = "client_acc_worst10"
+CLIENT_ACC_BEST10 = "client_acc_best10"
+CLIENT_ACC_VAR = "client_acc_var"
+FAIRNESS_KEYS = (CLIENT_ACC_MEAN, CLIENT_ACC_WORST10, CLIENT_ACC_BEST10, CLIENT_ACC_VAR)
 
 # ---- keys of a complete summary.json
 STATUS = "status"

@@ -26,12 +26,18 @@ from pathlib import Path
 from rich.table import Table
 
 from fedge.core.errors import ConfigError
+from fedge.core.rundir_schema import (
+    CLIENT_ACC_BEST10,
+    CLIENT_ACC_MEAN,
+    CLIENT_ACC_VAR,
+    CLIENT_ACC_WORST10,
+)
 from fedge.report.format import format_accuracy, format_bytes, format_duration, format_flops
 from fedge.report.plots import plot_comparison
 from fedge.report.privacy import PRIVACY_COLUMNS, privacy_cells
 from fedge.report.runlog import RunLog, load_run
 
-__all__ = ["Comparison", "ComparisonWarning", "compare_runs"]
+__all__ = ["FAIRNESS_COLUMNS", "Comparison", "ComparisonWarning", "compare_runs"]
 
 
 class ComparisonWarning(UserWarning):
@@ -74,6 +80,8 @@ class Comparison:
             cols.append("simulated time")
         if any(r.peak_memory is not None for r in self.runs):
             cols.append("peak memory")
+        if any(r.fairness is not None for r in self.runs):
+            cols += list(FAIRNESS_COLUMNS)
         return cols + self._privacy_columns()
 
     def _privacy_columns(self) -> list[str]:
@@ -85,6 +93,7 @@ class Comparison:
         """One formatted row per run, matching :meth:`columns`."""
         show_mem = any(r.peak_memory is not None for r in self.runs)
         show_sim = any(r.sim_time_s is not None for r in self.runs)
+        show_fair = any(r.fairness is not None for r in self.runs)
         out = []
         for r in self.runs:
             rounds = str(r.rounds_done)
@@ -110,6 +119,8 @@ class Comparison:
                 row.append(format_duration(r.sim_time_s))
             if show_mem:
                 row.append(format_bytes(r.peak_memory))
+            if show_fair:
+                row += _fairness_cells(r)
             cells = privacy_cells(r.path)
             row += [cells.get(c, "—") for c in self._privacy_columns()]
             out.append(row)
@@ -134,6 +145,23 @@ class Comparison:
         for r in self.rows():
             table.add_row(*r)
         return table
+
+
+#: The fairness columns (runs with ``partition.local_test``): q-FFL's statistics of the
+#: global model's accuracy on each client's local test split, at the last such evaluation.
+FAIRNESS_COLUMNS = ("client acc mean", "worst 10%", "best 10%", "client acc var")
+
+
+def _fairness_cells(run: RunLog) -> list[str]:
+    fair = run.fairness
+    if fair is None:
+        return ["—"] * len(FAIRNESS_COLUMNS)
+    return [
+        format_accuracy(fair[CLIENT_ACC_MEAN]),
+        format_accuracy(fair[CLIENT_ACC_WORST10]),
+        format_accuracy(fair[CLIENT_ACC_BEST10]),
+        f"{fair[CLIENT_ACC_VAR]:.4g}",
+    ]
 
 
 def _distinct_labels(runs: list[RunLog]) -> list[RunLog]:

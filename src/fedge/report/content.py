@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from fedge.report.format import (
     format_flops,
     format_number,
 )
+from fedge.report.plots import CLIENT_HISTOGRAM
 from fedge.report.runlog import RunLog
 
 __all__ = ["document", "title"]
@@ -298,7 +300,39 @@ _CAPTIONS = {
     "bytes.png": "Bytes per round",
     "accuracy_vs_flops.png": "Test accuracy vs cumulative client FLOPs",
     "accuracy_vs_time.png": "Test accuracy vs simulated time on the device fleet",
+    CLIENT_HISTOGRAM: "Clients' accuracy on their local test splits (global model)",
 }
+
+
+def _fairness_blocks(run: RunLog, plots: Sequence[Path]) -> list[Block]:
+    """The "Fairness across devices" section: q-FFL's statistics of the global model's
+    accuracy on each client's local test split, and their histogram (runs with
+    ``partition.local_test`` only)."""
+    fair = run.fairness
+    if fair is None:
+        return []
+    per = fair["client_accuracy"]
+    evaluated = [a for a in per if a is not None]
+    k = math.ceil(0.1 * len(evaluated))
+    rows = (
+        ("round evaluated", str(fair["round"])),
+        ("clients evaluated", f"{len(evaluated)} of {len(per)}"),
+        ("mean client accuracy", format_accuracy(fair["client_acc_mean"])),
+        (f"worst 10% (mean of the lowest {k})", format_accuracy(fair["client_acc_worst10"])),
+        (f"best 10% (mean of the highest {k})", format_accuracy(fair["client_acc_best10"])),
+        ("variance of client accuracy", f"{fair['client_acc_var']:.4g}"),
+    )
+    blocks: list[Block] = [
+        Heading(2, "Fairness across devices"),
+        Para(
+            "The global model evaluated on each client's local test split (partition.local_test); "
+            "per-client accuracies are in metrics.jsonl (client_accuracy). The variance is of "
+            "accuracies as fractions."
+        ),
+        Table(("quantity", "value"), rows),
+    ]
+    blocks += [Image(p, _CAPTIONS[p.name]) for p in plots if p.name == CLIENT_HISTOGRAM]
+    return blocks
 
 
 def document(run: RunLog, plots: Sequence[Path]) -> list[Block]:
@@ -306,10 +340,12 @@ def document(run: RunLog, plots: Sequence[Path]) -> list[Block]:
     blocks.append(Para(f"Run directory `{run.path}` — {run.status}."))
     blocks += [Heading(2, "Key numbers"), _key_numbers(run)]
     blocks.append(Heading(2, "Plots"))
-    if plots:
-        blocks += [Image(p, _CAPTIONS.get(p.name, p.stem)) for p in plots]
+    curves = [p for p in plots if p.name != CLIENT_HISTOGRAM]  # that one goes under Fairness
+    if curves:
+        blocks += [Image(p, _CAPTIONS.get(p.name, p.stem)) for p in curves]
     else:
         blocks.append(Para("No plots yet (no round has been evaluated)."))
+    blocks += _fairness_blocks(run, plots)
     blocks += _rounds_blocks(run)
     blocks += _privacy_blocks(run)
     blocks += _partition_blocks(run.partition)

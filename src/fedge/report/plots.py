@@ -15,7 +15,7 @@ from matplotlib.ticker import MaxNLocator
 
 from fedge.report.runlog import CUM_BYTES, CUM_EFFECTIVE_FLOPS, SIM_TIME_TOTAL_S, RunLog
 
-__all__ = ["FIGSIZE_IN", "PLOT_DPI", "plot_comparison", "plot_run"]
+__all__ = ["CLIENT_HISTOGRAM", "FIGSIZE_IN", "PLOT_DPI", "plot_comparison", "plot_run"]
 
 FIGSIZE_IN = (6.4, 4.0)  # -> 640 x 400 px at PLOT_DPI
 PLOT_DPI = 100
@@ -212,7 +212,38 @@ def plot_run(run: RunLog, out_dir: str | Path) -> list[Path]:
                 out / "accuracy_vs_time.png", [run], SIM_TIME_TOTAL_S, named=False, title=title
             )
         )
+    fair = run.fairness
+    if fair is not None:
+        written.append(_client_histogram(out / CLIENT_HISTOGRAM, fair, title=title))
     return [p for p in written if p is not None]
+
+
+#: The file name of the per-client accuracy histogram (runs with ``partition.local_test``).
+CLIENT_HISTOGRAM = "client_accuracy.png"
+
+
+def _client_histogram(path: Path, fair: dict[str, Any], *, title: str) -> Path | None:
+    """Histogram of the per-client accuracies of the last per-client evaluation, in 10-point
+    bins from 0 to 100%, with the mean and the worst/best 10% marked."""
+    accs = [100 * a for a in fair["client_accuracy"] if a is not None]
+    if not accs:
+        return None
+    fig, ax = _new_axes(
+        f"{title}: clients' local test accuracy (round {fair['round']})",
+        "accuracy on the client's local test split (%)",
+        "clients",
+    )
+    ax.hist(accs, bins=[10 * i for i in range(11)], edgecolor="white")
+    for key, label, style in (
+        ("client_acc_worst10", "worst 10%", ":"),
+        ("client_acc_mean", "mean", "-"),
+        ("client_acc_best10", "best 10%", "--"),
+    ):
+        ax.axvline(100 * fair[key], color="black", linestyle=style, linewidth=1.2, label=label)
+    ax.set_xlim(0, 100)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(loc="upper left")
+    return _save(fig, path)
 
 
 def plot_comparison(runs: Sequence[RunLog], out_dir: str | Path) -> list[Path]:

@@ -282,6 +282,21 @@ class RunLog:
         v = (self.summary or {}).get(schema.MODEL_BYTES)
         return int(v) if _finite(v) else None
 
+    @property
+    def fairness(self) -> dict[str, Any] | None:
+        """The last per-client evaluation (``partition.local_test``): ``{"round", the four
+        :data:`~fedge.core.rundir_schema.FAIRNESS_KEYS`, "client_accuracy": [per client, None
+        for a client without a split]}``; None when the run evaluated no local test split."""
+        for row in reversed(self.metrics):
+            per = row.get(schema.CLIENT_ACCURACY)
+            if isinstance(per, list) and all(_finite(row.get(k)) for k in schema.FAIRNESS_KEYS):
+                return {
+                    schema.ROUND: row[schema.ROUND],
+                    **{k: float(row[k]) for k in schema.FAIRNESS_KEYS},
+                    schema.CLIENT_ACCURACY: [float(a) if _finite(a) else None for a in per],
+                }
+        return None
+
     def bytes_to_accuracy(self, target: float) -> int | None:
         """Cumulative bytes (down + up) when test accuracy first reached ``target``; else None."""
         for row in self.metrics:

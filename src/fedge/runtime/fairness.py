@@ -13,14 +13,15 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from fedge.core import rundir_schema as schema
 from fedge.runtime.evaluate import evaluate
 
 __all__ = ["FAIRNESS_KEYS", "PER_CLIENT_KEY", "client_accuracies", "fairness_stats"]
 
 #: The metrics-line keys of the four statistics, in the order reports show them.
-FAIRNESS_KEYS = ("client_acc_mean", "client_acc_worst10", "client_acc_best10", "client_acc_var")
+FAIRNESS_KEYS = schema.FAIRNESS_KEYS
 #: The metrics-line key of the per-client accuracies (index = client id; null: no local split).
-PER_CLIENT_KEY = "client_accuracy"
+PER_CLIENT_KEY = schema.CLIENT_ACCURACY
 
 
 def fairness_stats(accuracies: Sequence[float | None]) -> dict[str, float]:
