@@ -1,0 +1,523 @@
+"""Non-IID devices and slow uplinks (issue 46): FedAvg, FedProx, SCAFFOLD, FedNova and FedAvg
+with each registered uplink compressor, beside BAFFLE and the forward-only peers, on
+label-skewed Fashion-MNIST (Dirichlet α = 0.1 and 0.5), 3 seeds, learning rates and μ tuned
+on a validation split.
+
+Protocol: Fashion-MNIST reduced to 12,000 training images (1,000 of them held out, stratified,
+as the validation set: ``dataset.validation``) and 2,000 test images; 20 clients split by
+``partition.name=dirichlet`` with α = 0.1 or 0.5; each client holds out 20% of its shard as
+its local test split (``partition.local_test=0.2``), on which the final global model is
+evaluated client by client; 10 clients a round, 30 rounds, test and validation accuracy every
+5 rounds and after the last. The backprop rows run the ``fedavg-fmnist-lenet`` preset (LeNet-5,
+one local epoch, batches of 32, SGD with momentum 0.9; SCAFFOLD's option II needs plain SGD,
+so its momentum is 0; FedNova draws each client's local epochs from 1..3 per round, the
+heterogeneous work it normalizes); a compressor row is FedAvg with ``method.compress.name``
+set to a codec of ``fedge.core.compress.CODECS`` read when the script runs (its defaults); the
+forward-only rows run their own presets (``baffle-fmnist-lenet``, ``fedkseed-fmnist-lenet``,
+and ``<method>-fmnist-lenet`` for each other peer registered when the script runs) on the
+same data, partition and clients.
+
+Tuning: per row and α, one run per setting of a small grid on seed 1000 (never a reported
+seed), the setting with the highest final validation accuracy kept: client learning rate
+{0.02, 0.05} (FedAvg, SCAFFOLD, FedNova), and × μ {0.01, 0.1} for FedProx; BAFFLE's Adam
+learning rate {0.003, 0.01}; FedKSeed's and the other peers' ``method.lr`` {3e-4, 1e-3}. A
+compressor row takes FedAvg's tuned rate (the codec is the variable). Reported: final test
+accuracy, mean ± std over seeds 0, 1, 2; total uplink bytes (all rounds, all clients, the
+encoded messages); uplink bytes until the test accuracy first reaches 70% (the target; "not
+reached" counts the seeds that never do); and the worst-10% client accuracy (mean of the
+lowest ⌈0.1·N⌉ clients' accuracies on their local test splits, N = 20 so the worst 2).
+
+    python benchmarks/noniid_uplink.py [--rows fedavg,fedprox] [--alphas 0.1,0.5] [--seeds 0,1,2] [--max-minutes 600] [--docs docs/benchmarks.md]
+
+Each (row, α, seed) and each tuning setting is one resumable unit: its run directory under
+``--out`` (an interrupted run resumes from its checkpoint) and, once finished, its JSON record
+under ``benchmarks/results/noniid_uplink/`` (commit them); a unit with a record is not run
+again, so the table fills in across sessions. ``--max-minutes`` starts no new unit after that
+many minutes. ``--docs`` renders the section and its figure from the records committed to git
+only (nothing runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedge.bench.docs import markdown_table, records_line, update_section
+from fedge.core.config import load_config
+from fedge.core.presets import preset_names
+from fedge.experiment.resume import resume_experiment
+from fedge.experiment.run import run_experiment
+from fedge.methods import method_names
+
+REPO = Path(__file__).resolve().parents[1]
+RECORDS = REPO / "benchmarks" / "results" / "noniid_uplink"
+FIGURE = REPO / "docs" / "figures" / "noniid-uplink" / "accuracy_vs_uplink.png"
+SECTION, TITLE = "noniid-uplink", "Non-IID devices and slow uplinks"
+ALPHAS = (0.1, 0.5)
+SEEDS = (0, 1, 2)
+TUNE_SEED = 1000
+ROUNDS = 30
+TARGET = 0.70  # the test accuracy whose uplink bytes the table gives
+LR = "method.client_optimizer.lr"
+LRS = (0.02, 0.05)
+
+
+def common(alpha: float, rounds: int) -> list[str]:
+    """The overrides every unit shares (data, partition, clients, cadence)."""
+    return [
+        "threads=1",
+        f"rounds={rounds}",
+        "eval_every=5",
+        f"local_eval_every={rounds}",
+        "dataset.name=fashion-mnist",
+        "dataset.limit_train=12000",
+        "dataset.limit_test=2000",
+        "dataset.validation=1000",
+        "clients.num=20",
+        "clients.per_round=10",
+        "partition.name=dirichlet",
+        f"partition.alpha={alpha}",
+        "partition.local_test=0.2",
+    ]
+
+
+@dataclass(frozen=True)
+class Row:
+    """A table row: its preset, fixed overrides and the tuning grid (each a list of overrides);
+    ``tuned_from``: take that row's tuned setting instead of a grid of its own."""
+
+    name: str
+    label: str
+    preset: str
+    fixed: tuple[str, ...] = ()
+    grid: tuple[tuple[str, ...], ...] = ()
+    tuned_from: str | None = None
+    kind: str = "backprop"  # backprop, compressed, forward-only
+
+
+def _lr_grid(key: str, values: tuple[float, ...]) -> tuple[tuple[str, ...], ...]:
+    return tuple((f"{key}={v}",) for v in values)
+
+
+BACKPROP = (
+    Row("fedavg", "FedAvg", "fedavg-fmnist-lenet", grid=_lr_grid(LR, LRS)),
+    Row(
+        "fedprox",
+        "FedProx",
+        "fedavg-fmnist-lenet",
+        ("method.name=fedprox",),
+        grid=tuple((f"{LR}={lr}", f"method.mu={mu}") for lr in LRS for mu in (0.01, 0.1)),
+    ),
+    Row(
+        "scaffold",
+        "SCAFFOLD",
+        "fedavg-fmnist-lenet",
+        ("method.name=scaffold", "method.client_optimizer.momentum=0"),
+        grid=_lr_grid(LR, LRS),
+    ),
+    Row(
+        "fednova",
+        "FedNova",
+        "fedavg-fmnist-lenet",
+        ("method.name=fednova", "method.local_epochs_range=[1, 3]"),
+        grid=_lr_grid(LR, LRS),
+    ),
+)
+
+
+def compressor_rows() -> list[Row]:
+    """FedAvg with each codec the compression registry holds when the script runs (none when
+    ``fedge.core.compress`` is not there)."""
+    try:
+        codecs = importlib.import_module("fedge.core.compress").CODECS
+    except ImportError:
+        return []
+    return [
+        Row(
+            f"fedavg-{c}",
+            f"FedAvg + {c}",
+            "fedavg-fmnist-lenet",
+            (f"method.compress.name={c}",),
+            tuned_from="fedavg",
+            kind="compressed",
+        )
+        for c in codecs
+    ]
+
+
+def peer_rows() -> list[Row]:
+    """BAFFLE and the forward-only peers registered when the script runs, each on its preset."""
+    out = []
+    if "baffle" in method_names():
+        out.append(
+            Row(
+                "baffle",
+                "BAFFLE",
+                "baffle-fmnist-lenet",
+                grid=_lr_grid(LR, (0.003, 0.01)),
+                kind="forward-only",
+            )
+        )
+    presets = set(preset_names())
+    for m in ("fedkseed", "decomfl", "feedsign"):
+        if m in method_names() and f"{m}-fmnist-lenet" in presets:
+            out.append(
+                Row(
+                    m,
+                    {"fedkseed": "FedKSeed", "decomfl": "DeComFL", "feedsign": "FeedSign"}[m],
+                    f"{m}-fmnist-lenet",
+                    grid=_lr_grid("method.lr", (3e-4, 1e-3)),
+                    kind="forward-only",
+                )
+            )
+    return out
+
+
+def all_rows() -> dict[str, Row]:
+    return {r.name: r for r in (*BACKPROP, *compressor_rows(), *peer_rows())}
+
+
+# ---- units --------------------------------------------------------------------------------
+
+
+@dataclass
+class Budget:
+    """Start no new unit after ``minutes`` (None: no limit)."""
+
+    minutes: float | None
+    start: float = field(default_factory=time.monotonic)
+
+    def left(self) -> bool:
+        return self.minutes is None or time.monotonic() - self.start < 60 * self.minutes
+
+
+def _slug(overrides: tuple[str, ...]) -> str:
+    return "_".join(o.split("=", 1)[0].split(".")[-1] + "-" + o.split("=", 1)[1] for o in overrides)
+
+
+def unit_record(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """What the table needs of one finished run: ``meta`` plus its accuracies, uplink bytes,
+    the (cumulative uplink bytes, test accuracy) curve and the fairness figures."""
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    curve = [
+        [x["cum_bytes_up"], x["test_accuracy"]] for x in lines if x["test_accuracy"] is not None
+    ]
+    vals = [x["val_accuracy"] for x in lines if x.get("val_accuracy") is not None]
+    return {
+        **meta,
+        "final_test_accuracy": summary["final_test_accuracy"],
+        "final_val_accuracy": vals[-1] if vals else None,
+        "total_bytes_up": summary["total_bytes_up"],
+        "total_bytes_down": summary["total_bytes_down"],
+        "curve": curve,
+        **{
+            k: summary.get(f"final_{k}")
+            for k in (
+                "client_acc_mean",
+                "client_acc_worst10",
+                "client_acc_best10",
+                "client_acc_var",
+            )
+        },
+        "rounds": summary["rounds"],
+        "wall_s": summary["wall_s"],
+        "machine": (summary.get("machines") or [{}])[-1].get("machine"),
+    }
+
+
+def run_unit(
+    row: Row,
+    overrides: list[str],
+    record: Path,
+    out: Path,
+    meta: dict[str, Any],
+    budget: Budget,
+) -> dict[str, Any] | None:
+    """The unit's record: read, or run (resuming its directory) and written; None when the
+    budget is spent before it starts."""
+    if record.exists():
+        return json.loads(record.read_text())
+    if not budget.left():
+        return None
+    if (out / "summary.json").exists():
+        pass
+    elif (out / "checkpoint.pt").exists():
+        resume_experiment(out)
+    else:
+        if out.exists():  # killed before its first checkpoint: start it again
+            for p in sorted(out.rglob("*"), reverse=True):
+                p.unlink() if p.is_file() or p.is_symlink() else p.rmdir()
+        run_experiment(load_config(row.preset, overrides=overrides), out=out)
+    rec = unit_record(out, {**meta, "overrides": overrides})
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(rec, indent=1) + "\n")
+    return rec
+
+
+def tuned(
+    row: Row,
+    rows: dict[str, Row],
+    alpha: float,
+    base: list[str],
+    args: argparse.Namespace,
+    budget: Budget,
+) -> tuple[str, ...] | None:
+    """The row's tuned setting at ``alpha`` (running its grid on the tuning seed), or None
+    while a grid unit has not finished."""
+    if row.tuned_from is not None:
+        return tuned(rows[row.tuned_from], rows, alpha, base, args, budget)
+    if not row.grid:
+        return ()
+    best: tuple[float, tuple[str, ...]] | None = None
+    for setting in row.grid:
+        where = Path("tune") / f"alpha-{alpha}" / row.name / _slug(setting)
+        rec = run_unit(
+            row,
+            [*base, *row.fixed, *setting, f"seed={TUNE_SEED}"],
+            Path(args.records) / f"{where}.json",
+            Path(args.out) / where,
+            {"row": row.name, "alpha": alpha, "seed": TUNE_SEED, "setting": list(setting)},
+            budget,
+        )
+        if rec is None:
+            return None
+        score = rec["final_val_accuracy"] if rec["final_val_accuracy"] is not None else -1.0
+        if best is None or score > best[0]:
+            best = (score, setting)
+    assert best is not None
+    return best[1]
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Run (or read) every requested unit; what it has, by row and α."""
+    rows = all_rows()
+    budget = Budget(args.max_minutes)
+    done: dict[str, Any] = {}
+    for name in args.rows:
+        row = rows[name]
+        for alpha in args.alphas:
+            base = [*common(alpha, args.rounds), *args.set]
+            setting = tuned(row, rows, alpha, base, args, budget)
+            if setting is None:
+                continue
+            for seed in args.seeds:
+                where = Path("runs") / f"alpha-{alpha}" / row.name / f"seed-{seed}"
+                rec = run_unit(
+                    row,
+                    [*base, *row.fixed, *setting, f"seed={seed}"],
+                    Path(args.records) / f"{where}.json",
+                    Path(args.out) / where,
+                    {"row": row.name, "alpha": alpha, "seed": seed, "setting": list(setting)},
+                    budget,
+                )
+                if rec is not None:
+                    done.setdefault(f"{row.name}@{alpha}", []).append(rec)
+    return done
+
+
+# ---- the docs section, from committed records ---------------------------------------------
+
+
+def committed_records(records: Path) -> list[dict[str, Any]]:
+    """The seed records (``runs/``) under ``records`` that git tracks (all of them when the
+    directory is outside a git work tree)."""
+    paths = sorted((records / "runs").rglob("*.json"))
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "--", "."], cwd=records, capture_output=True, text=True, check=True
+        ).stdout.split()
+        tracked = {(records / p).resolve() for p in out}
+        paths = [p for p in paths if p.resolve() in tracked]
+    except (subprocess.CalledProcessError, FileNotFoundError, NotADirectoryError):
+        pass
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def bytes_to(curve: list[list[float]], target: float) -> float | None:
+    """Cumulative uplink bytes at the first evaluated round with test accuracy >= ``target``."""
+    return next((b for b, acc in curve if acc >= target), None)
+
+
+def _mean_std(vals: list[float]) -> tuple[float, float]:
+    return statistics.mean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+
+
+def summarize(recs: list[dict[str, Any]], order: list[str]) -> list[dict[str, Any]]:
+    """One entry per (row, α) with records: means over its seeds."""
+    by: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in recs:
+        by.setdefault((r["row"], r["alpha"]), []).append(r)
+    rank = {n: i for i, n in enumerate(order)}
+    out = []
+    for (row, alpha), rs in sorted(by.items(), key=lambda kv: (kv[0][1], rank.get(kv[0][0], 99))):
+        acc, acc_std = _mean_std([r["final_test_accuracy"] for r in rs])
+        hits = [b for b in (bytes_to(r["curve"], TARGET) for r in rs) if b is not None]
+        worst = [r["client_acc_worst10"] for r in rs if r.get("client_acc_worst10") is not None]
+        out.append(
+            {
+                "row": row,
+                "alpha": alpha,
+                "seeds": len(rs),
+                "setting": rs[0]["setting"],
+                "accuracy": acc,
+                "accuracy_std": acc_std,
+                "bytes_up": statistics.mean(r["total_bytes_up"] for r in rs),
+                "bytes_to_target": statistics.mean(hits) if hits else None,
+                "reached": len(hits),
+                "worst10": _mean_std(worst) if worst else None,
+                "wall_min": sum(r["wall_s"] for r in rs) / 60,
+            }
+        )
+    return out
+
+
+def _mb(b: float | None) -> str:
+    return "—" if b is None else f"{b / 1e6:,.1f} MB"
+
+
+def table(entries: list[dict[str, Any]], labels: dict[str, str]) -> str:
+    head = [
+        "α",
+        "row",
+        "tuned setting",
+        "final test acc. (mean ± std)",
+        "uplink bytes, total",
+        f"uplink bytes to {100 * TARGET:.0f}% (seeds reaching it)",
+        "worst-10% client acc.",
+    ]
+    cells = []
+    for e in entries:
+        w = e["worst10"]
+        cells.append(
+            [
+                f"{e['alpha']:g}",
+                labels.get(e["row"], e["row"]),
+                ", ".join(e["setting"]) or "preset",
+                f"{100 * e['accuracy']:.2f} ± {100 * e['accuracy_std']:.2f} (n={e['seeds']})",
+                _mb(e["bytes_up"]),
+                f"{_mb(e['bytes_to_target'])} ({e['reached']} of {e['seeds']})",
+                "—" if w is None else f"{100 * w[0]:.2f} ± {100 * w[1]:.2f}",
+            ]
+        )
+    return "\n".join(markdown_table(head, cells, left=3))
+
+
+def figure(entries: list[dict[str, Any]], labels: dict[str, str], path: Path) -> Path:
+    """Final test accuracy against total uplink bytes, one panel per α, one point per row."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    alphas = sorted({e["alpha"] for e in entries})
+    fig = Figure(figsize=(6.4 * len(alphas), 4.4), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    for i, alpha in enumerate(alphas):
+        ax = fig.add_subplot(1, len(alphas), i + 1)
+        for e in (e for e in entries if e["alpha"] == alpha):
+            ax.errorbar(
+                e["bytes_up"] / 1e6,
+                100 * e["accuracy"],
+                yerr=100 * e["accuracy_std"],
+                fmt="o",
+                capsize=3,
+            )
+            ax.annotate(labels.get(e["row"], e["row"]), (e["bytes_up"] / 1e6, 100 * e["accuracy"]),
+                        textcoords="offset points", xytext=(4, 4), fontsize=8)  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_title(f"Dirichlet α = {alpha:g}")
+        ax.set_xlabel("total uplink bytes (MB, log scale)")
+        ax.set_ylabel("final test accuracy (%)")
+        ax.grid(True, alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", metadata={"Software": None})
+    return path
+
+
+def render(records: Path, docs: Path, figure_path: Path, command: str) -> str:
+    """Rewrite the ``bench:noniid-uplink`` section of ``docs`` from the committed records."""
+    rows = all_rows()
+    labels = {n: r.label for n, r in rows.items()}
+    entries = summarize(committed_records(records), list(rows))
+    intro = " ".join((__doc__ or "").replace("``", "`").split("\n\n")[1].split())
+    tuning = " ".join((__doc__ or "").replace("``", "`").split("\n\n")[2].split())
+    body = [f"Command: `{command}`", intro, tuning]
+    if entries:
+        figure(entries, labels, figure_path)
+        rel = Path("figures") / figure_path.relative_to(docs.parent / "figures")
+        minutes = sum(e["wall_min"] for e in entries)
+        body += [
+            table(entries, labels),
+            f"![Final accuracy against total uplink bytes]({rel.as_posix()})",
+            f"The runs took {minutes:,.0f} minutes of wall time in all.",
+        ]
+    else:
+        body.append("No record has been committed yet: the table fills in as units finish.")
+    update_section(
+        docs, SECTION, TITLE, "\n\n".join(body), machine=records_line(records, root=REPO)
+    )
+    return "\n\n".join(body)
+
+
+# ---- command line -------------------------------------------------------------------------
+
+
+def _list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    return lambda text: [kind(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--rows", type=_list(str), default=None, help="comma-separated row names")
+    ap.add_argument("--alphas", type=_list(float), default=list(ALPHAS))
+    ap.add_argument("--seeds", type=_list(int), default=list(SEEDS))
+    ap.add_argument("--rounds", type=int, default=ROUNDS)
+    ap.add_argument("--max-minutes", type=float, default=None, help="start no unit after this")
+    ap.add_argument("--out", default="runs/bench-noniid-uplink", help="the units' run directories")
+    ap.add_argument("--records", default=str(RECORDS), help="where finished units are recorded")
+    ap.add_argument("--figure", default=str(FIGURE), help="where --docs draws its figure")
+    ap.add_argument("--docs", default=None, help="render the section of this file from records")
+    ap.add_argument("--list", action="store_true", help="print the rows available and exit")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more override for every unit (a smaller setting for a test)",
+    )
+    args = ap.parse_args(argv)
+    rows = all_rows()
+    if args.list:
+        for r in rows.values():
+            print(f"{r.name:16s} {r.kind:13s} {r.label}")
+        return 0
+    if args.docs is not None:
+        command = "python benchmarks/noniid_uplink.py --docs " + str(args.docs)
+        render(Path(args.records), Path(args.docs), Path(args.figure), command)
+        print(f"rendered {SECTION} into {args.docs}")
+        return 0
+    args.rows = args.rows or list(rows)
+    unknown = [r for r in args.rows if r not in rows]
+    if unknown:
+        ap.error(f"unknown row(s) {', '.join(unknown)}; rows available now: {', '.join(rows)}")
+    done = measure(args)
+    for key, recs in done.items():
+        accs = [r["final_test_accuracy"] for r in recs]
+        print(f"{key}: {len(recs)} seed(s), final accuracy {statistics.mean(accs):.4f}")
+    wanted = len(args.rows) * len(args.alphas) * len(args.seeds)
+    have = sum(len(v) for v in done.values())
+    print(f"{have} of {wanted} units recorded under {args.records}")
+    return 0 if have == wanted else 3
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
