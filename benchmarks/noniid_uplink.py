@@ -17,16 +17,17 @@ forward-only rows run their own presets (``baffle-fmnist-lenet``, ``fedkseed-fmn
 and ``<method>-fmnist-lenet`` for each other peer registered when the script runs) on the
 same data, partition and clients.
 
-Tuning: per row and α, one run per setting of a small grid on seed 1000 (never a reported
-seed), the setting with the highest final validation accuracy kept: client learning rate
-{0.02, 0.05} (FedAvg, SCAFFOLD, FedNova), and × μ {0.01, 0.1} for FedProx; FedKSeed's and
-the other forward-only peers' ``method.lr`` {3e-4, 1e-3}. A compressor row takes FedAvg's tuned
-rate (the codec is the variable). BAFFLE keeps its preset's Adam rate 0.01 (tuned for the
-Table 1 reproduction) untuned here: a BAFFLE run costs as much as ~34 FedAvg runs (below). Reported: final test
-accuracy, mean ± std over seeds 0, 1, 2; total uplink bytes (all rounds, all clients, the
-encoded messages); uplink bytes until the test accuracy first reaches 70% (the target; "not
-reached" counts the seeds that never do); and the worst-10% client accuracy (mean of the
-lowest ⌈0.1·N⌉ clients' accuracies on their local test splits, N the clients holding one: 20, so the worst 2, unless a client has under 2 samples).
+Tuning: per row and α, one run per setting of a small grid on seed 1000 (never a reported seed),
+the setting with the highest final validation accuracy kept: client learning rate {0.02, 0.05}
+(FedAvg, SCAFFOLD, FedNova), and × μ {0.01, 0.1} for FedProx; FedKSeed's and the other
+forward-only peers' ``method.lr`` {3e-4, 1e-3}. A compressor row takes FedAvg's tuned rate (the
+codec is the variable). BAFFLE keeps its preset's Adam rate 0.01 (tuned for the Table 1
+reproduction) untuned here: a BAFFLE run costs as much as ~34 FedAvg runs (below). Reported:
+final test accuracy, mean ± std over seeds 0, 1, 2; total uplink bytes (all rounds, all clients,
+the encoded messages); uplink bytes until the test accuracy first reaches 70% (the target; "not
+reached" counts the seeds that never do); and the worst-10% client accuracy (mean of the lowest
+⌈0.1·N⌉ clients' accuracies on their local test splits, N the clients holding one: 20, so the
+worst 2, unless a client has under 2 samples).
 
 Cost, from one round of each kind measured on a shared 2-core machine (single-threaded):
 FedAvg 2.5 s a round, so c = 75 s a 30-round run; FedKSeed 26 s a round (13 min a run); BAFFLE
