@@ -290,3 +290,29 @@ def test_a_record_from_before_draws_existed_is_a_torch_draws_run(tmp_path):
             common=COMMON,
             records=tmp_path / "rec",
         )
+
+
+def test_a_record_from_before_local_test_splits_still_matches(tmp_path):
+    """A record committed before ``partition.local_test`` and ``local_eval_every`` existed (its
+    config lacks both) is the same run as one without local test splits, and a different one
+    with them."""
+    run_variants(
+        "quickstart", {"a": []}, out_root=tmp_path / "runs", common=COMMON, records=tmp_path / "rec"
+    )
+    path = tmp_path / "rec" / "a.json"
+    stored = json.loads(path.read_text())
+    assert stored["config"]["partition"].pop("local_test") is None
+    assert stored["config"].pop("local_eval_every") is None
+    path.write_text(json.dumps(stored))
+    (row,) = run_variants(
+        "quickstart", {"a": []}, out_root=tmp_path / "none", common=COMMON, records=tmp_path / "rec"
+    )["results"]
+    assert row["run_dir"] is None and not (tmp_path / "none").exists()
+    with pytest.raises(ConfigError, match="different config"):
+        run_variants(
+            "quickstart",
+            {"a": ["partition.local_test=0.2"]},
+            out_root=tmp_path / "none",
+            common=COMMON,
+            records=tmp_path / "rec",
+        )
