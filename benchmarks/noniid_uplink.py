@@ -11,8 +11,9 @@ evaluated client by client; 10 clients a round, 30 rounds, test and validation a
 5 rounds and after the last. The backprop rows run the ``fedavg-fmnist-lenet`` preset (LeNet-5,
 one local epoch, batches of 32, SGD with momentum 0.9; SCAFFOLD's option II needs plain SGD,
 so its momentum is 0; FedNova draws each client's local epochs from 1..3 per round, the
-heterogeneous work it normalizes); a compressor row is FedAvg with ``method.compress.name``
-set to a codec of ``fedge.core.compress.CODECS`` read when the script runs (its defaults); the
+heterogeneous work it normalizes); a compressor row is FedAvg with the uplink compression
+mechanism set, by its name key, to each codec its registry (the CODECS of fedge's compress
+module) holds when the script runs, with the codec's defaults; the
 forward-only rows run their own presets (``baffle-fmnist-lenet``, ``fedkseed-fmnist-lenet``,
 and ``<method>-fmnist-lenet`` for each other peer registered when the script runs) on the
 same data, partition and clients.
@@ -45,6 +46,14 @@ under ``benchmarks/results/noniid_uplink/`` (commit them); a unit with a record 
 again, so the table fills in across sessions. ``--max-minutes`` starts no new unit after that
 many minutes. ``--docs`` renders the section and its figure from the records committed to git
 only (nothing runs).
+
+Launch, four processes each pinned to a core (``--list`` prints the rows registered now; the
+codec rows reuse FedAvg's tuning units, so they run in FedAvg's process), about 3 hours:
+
+    OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/noniid_uplink.py --rows baffle --alphas 0.1
+    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/noniid_uplink.py --rows baffle --alphas 0.5
+    OMP_NUM_THREADS=1 taskset -c 2 python benchmarks/noniid_uplink.py --rows fedavg,fedavg-topk,fedavg-randk,fedavg-qsgd,fedavg-sign,fedavg-quantize
+    OMP_NUM_THREADS=1 taskset -c 3 python benchmarks/noniid_uplink.py --rows fedprox,scaffold,fednova,fedkseed
 """
 
 from __future__ import annotations
@@ -461,9 +470,15 @@ def render(records: Path, docs: Path, figure_path: Path, command: str) -> str:
         ]
     else:
         body.append("No record has been committed yet: the table fills in as units finish.")
-    update_section(
-        docs, SECTION, TITLE, "\n\n".join(body), machine=records_line(records, root=REPO)
+    # a section without records names no records directory (tests/test_docs_figures.py lists
+    # it as awaiting them until the first ones are committed)
+    machine = (
+        records_line(records, root=REPO)
+        if entries
+        else "No run record has been committed yet: the runs are launched separately (about 8 "
+        "CPU-hours; the launch commands are in the script's docstring)."
     )
+    update_section(docs, SECTION, TITLE, "\n\n".join(body), machine=machine)
     return "\n\n".join(body)
 
 
