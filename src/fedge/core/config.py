@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from fedge.core.device import DEVICE_FORMS, check_device
 from fedge.core.errors import ConfigError
 from fedge.core.overrides import apply_overrides, override_strings
 from fedge.core.presets import preset_path, read_config_file
@@ -336,6 +337,11 @@ class RunConfig(_Strict):
         "two torch threads collapse 10-25x when the machine is shared, and the zeroth-order estimator "
         "uses the cores through its own perturbation threads",
     )
+    device: str = Field(
+        "cpu",
+        description=f"where the simulation's models, batches and estimator tensors live: {DEVICE_FORMS}; "
+        "messages still travel as CPU bytes. cuda needs a visible CUDA device (docs/guide/gpu.md)",
+    )
     clients: ClientsConfig = ClientsConfig()
     dataset: DatasetConfig = DatasetConfig()
     partition: PartitionConfig = PartitionConfig()
@@ -373,6 +379,11 @@ class RunConfig(_Strict):
                 stacklevel=2,
             )
         return v
+
+    @field_validator("device")
+    @classmethod
+    def _device_visible(cls, v: str) -> str:
+        return check_device(v)
 
     @field_validator("seed")
     @classmethod

@@ -54,6 +54,9 @@ class ZerothOrderSpec:
             ``torch.bfloat16`` or ``torch.float16`` (autocast).
         workers: fast mode: threads the K perturbations are split over when they are not
             batched (None: ``torch.get_num_threads()``).
+        device: where the directions are drawn (portable Gaussians made there, the same bits
+            as on the CPU; :func:`~fedge.estimators.directions.make_directions`) and where the
+            server's rebuild of ĝ is accumulated; None: the CPU. The run's ``device``.
 
     Example (BAFFLE's defaults: K = 100, σ = 1e-4, twice-FD):
         >>> spec = ZerothOrderSpec(k=100, sigma=1e-4, scheme="forward", mode="fast")
@@ -71,6 +74,7 @@ class ZerothOrderSpec:
     chunk: int | None = None
     dtype: torch.dtype | None = None
     workers: int | None = None
+    device: torch.device | None = None
 
     def __post_init__(self) -> None:
         check_positive_int("k", self.k)
@@ -95,6 +99,11 @@ class ZerothOrderSpec:
             check_positive_int("chunk", self.chunk)
         if self.workers is not None:
             check_positive_int("workers", self.workers)
+        if self.device is not None and not isinstance(self.device, torch.device):
+            raise ConfigError(
+                f"device must be a torch.device or None, got {self.device!r}; pass "
+                "fedge.core.device.resolve_device('cuda') (or leave it None for the CPU)"
+            )
         if self.dtype not in _DTYPES:
             raise ConfigError(
                 f"dtype must be None, torch.float32, torch.bfloat16 or torch.float16, got "

@@ -223,14 +223,14 @@ CAPABILITIES = Capabilities(
     "fedsgd",
     "FedSGD: one backprop gradient per client per round, server optimizer",
     config=FedSGDConfig,
-    capabilities=dataclasses.replace(CAPABILITIES, client_optimizer=False),
+    capabilities=dataclasses.replace(CAPABILITIES, client_optimizer=False, accelerators=True),
     upload=lambda cfg: "gradient",
 )
 @declare_method(
     "fedavg",
     "FedAvg: E local epochs of backprop, weighted delta averaging, server optimizer",
     config=FedAvgConfig,
-    capabilities=CAPABILITIES,
+    capabilities=dataclasses.replace(CAPABILITIES, accelerators=True),
     upload=lambda cfg: "delta",
 )
 def build(cfg: FedAvgConfig | FedSGDConfig, env: MethodEnv) -> MethodBuild:

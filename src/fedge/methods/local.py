@@ -112,7 +112,11 @@ def restore_optimizer_state(
                     f"client optimizer state {name}.{field} has shape {tuple(value.shape)}, the parameter "
                     f"{tuple(p.shape)}: the model changed under a persistent optimizer state"
                 )
-        opt.state[p] = {f: v.clone() for f, v in fields.items()}
+        # a state read back from bytes is on the CPU: tensors go to the parameter's device, the
+        # scalars (Adam's step count) stay on the CPU, where torch's optimizers keep them
+        opt.state[p] = {
+            f: v.to(p.device if v.dim() else "cpu", copy=True) for f, v in fields.items()
+        }
 
 
 class LocalTrainingOptions(Protocol):
@@ -199,9 +203,11 @@ class LocalTraining:
 
     def load(self, message: Message, ctx: ClientContext) -> torch.nn.Module:
         """The process's model instance holding the global weights, in train mode; a sparse
-        model's masks are kept in :attr:`masks` for this round."""
+        model's masks are kept in :attr:`masks` for this round, on the model's device."""
         who = f"round {ctx.rnd}, client {ctx.cid}"
-        arrays, self.masks = unpack_model_arrays(message.arrays, self.model.state_dict(), who=who)
+        arrays, masks = unpack_model_arrays(message.arrays, self.model.state_dict(), who=who)
+        device = next(self.model.parameters()).device
+        self.masks = None if masks is None else {k: m.to(device) for k, m in masks.items()}
         load_arrays(self.model, arrays, who=who)
         self.model.train()
         ctx.meter.resident = self.model

@@ -26,12 +26,16 @@ class Capabilities:
     - ``freezable``: the method trains only the parameters of its model that require gradients,
       so parameters frozen at their seeded values (``method.freeze``) stay so.
     - ``client_optimizer``: clients run a local optimizer (``method.client_optimizer``).
+    - ``accelerators``: every tensor the method makes follows the run's ``device`` (its models
+      come from ``env.model_fn``, its batches from ``ctx.data``, its estimator's draws from
+      ``env.device``), checked on a GPU by the ``needs_cuda`` tests: ``device: cuda`` applies.
     """
 
     sums_replies: bool = False
     global_model: bool = False
     freezable: bool = False
     client_optimizer: bool = False
+    accelerators: bool = False
 
     def reason(self, capability: str) -> str:
         """Why a mechanism needing ``capability`` does not apply (for the composer's errors)."""
@@ -43,6 +47,8 @@ _REASONS = {
     "global_model": "its server trains no single global model whose average could be evaluated",
     "freezable": "it does not train a model whose parameters can be left frozen",
     "client_optimizer": "its clients run no local optimizer",
+    "accelerators": "its tensors are not yet placed on the run's device everywhere (it runs on "
+    "the CPU only; fedavg, fedsgd and baffle run on a GPU)",
 }
 
 

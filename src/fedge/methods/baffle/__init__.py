@@ -9,6 +9,7 @@ schedule and the paper-vs-code choices: ``docs/methods/baffle.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import torch
@@ -59,7 +60,7 @@ __all__ = [
     "baffle",
     "BAFFLE: forward-only zeroth-order estimates, K loss differences or model deltas uploaded",
     config=BaffleConfig,
-    capabilities=CAPABILITIES,
+    capabilities=dataclasses.replace(CAPABILITIES, accelerators=True),
     defaults=DEFAULTS,
     advice=advice,
     upload=upload,

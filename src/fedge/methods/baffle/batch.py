@@ -40,10 +40,16 @@ class BaffleBatchClient:
     or over one mini-batch drawn with the client's generator (``batch``)."""
 
     def __init__(
-        self, model_fn: Any, cfg: BaffleConfig, *, threads: int = 1, draws: Draws = "torch"
+        self,
+        model_fn: Any,
+        cfg: BaffleConfig,
+        *,
+        threads: int = 1,
+        draws: Draws = "torch",
+        device: torch.device | None = None,
     ) -> None:
         assert cfg.server_optimizer is not None
-        self.cfg, self.spec = cfg, cfg.zo_spec(workers=threads, draws=draws)
+        self.cfg, self.spec = cfg, cfg.zo_spec(workers=threads, draws=draws, device=device)
         self.local = LocalTraining.loader(model_fn)
         self.replica = (
             ClientReplica(
@@ -125,10 +131,12 @@ class BaffleBatchStrategy(Strategy):
         seed: int,
         masks: dict[str, torch.Tensor] | None = None,
         draws: Draws = "torch",
+        device: torch.device | None = None,
     ) -> None:
         assert cfg.server_optimizer is not None
         self.model, self.cfg, self.seed = model, cfg, seed
-        self.spec = cfg.zo_spec(draws=draws)  # the server runs no forwards: no workers
+        # the server runs no forwards: no workers
+        self.spec = cfg.zo_spec(draws=draws, device=device)
         self.server = GlobalModel(model, cfg.server_optimizer.build(), masks=masks)
         self.downlink = DownlinkHistory(cfg.k) if cfg.downlink == "seeds" else None
 
@@ -269,8 +277,14 @@ def build_batch(
     cfg: BaffleConfig, env: MethodEnv, *, masks: dict[str, torch.Tensor] | None = None
 ) -> MethodBuild:
     """Batch-level BAFFLE's bare strategy and client program."""
-    strategy = BaffleBatchStrategy(env.model_fn(), cfg, seed=env.seed, masks=masks, draws=env.draws)
+    strategy = BaffleBatchStrategy(
+        env.model_fn(), cfg, seed=env.seed, masks=masks, draws=env.draws, device=env.device
+    )
     program = BaffleBatchClient(
-        env.model_fn, cfg, threads=perturbation_threads(cfg, env), draws=env.draws
+        env.model_fn,
+        cfg,
+        threads=perturbation_threads(cfg, env),
+        draws=env.draws,
+        device=env.device,
     )
     return MethodBuild(strategy, program)

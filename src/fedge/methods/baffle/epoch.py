@@ -23,10 +23,15 @@ from fedge.methods.local import LocalTraining
 __all__ = ["build_epoch", "zeroth_order_gradient_fn"]
 
 
-def zeroth_order_gradient_fn(cfg: BaffleConfig, threads: int = 1, draws: Draws = "torch") -> Any:
+def zeroth_order_gradient_fn(
+    cfg: BaffleConfig,
+    threads: int = 1,
+    draws: Draws = "torch",
+    device: torch.device | None = None,
+) -> Any:
     """A :data:`~fedge.methods.local.GradientFn` computing BAFFLE's local estimate, its
-    directions drawn by ``draws``."""
-    spec = cfg.zo_spec(workers=threads, draws=draws)
+    directions drawn by ``draws`` on ``device``."""
+    spec = cfg.zo_spec(workers=threads, draws=draws, device=device)
 
     def gradient(
         model: torch.nn.Module,
@@ -57,6 +62,8 @@ def build_epoch(
     program = LocalTraining.from_config(
         env.model_fn,
         cfg,
-        gradient_fn=zeroth_order_gradient_fn(cfg, perturbation_threads(cfg, env), env.draws),
+        gradient_fn=zeroth_order_gradient_fn(
+            cfg, perturbation_threads(cfg, env), env.draws, env.device
+        ),
     )
     return MethodBuild(strategy, program)
