@@ -84,12 +84,12 @@ def on_device(
     return make
 
 
-def check_device_support(
-    cfg: RunConfig, device: torch.device, *, accelerators: bool, applied: Sequence[str] = ()
-) -> None:
+def check_device_support(cfg: RunConfig, device: torch.device, *, accelerators: bool) -> None:
     """Refuse a run on a device other than the CPU that cannot run there yet: a method whose
-    tensors do not all follow ``device`` (:attr:`Capabilities.accelerators`), a composed
-    mechanism other than ``freeze``, or forked client workers (CUDA does not survive a fork)."""
+    tensors do not all follow ``device`` (:attr:`Capabilities.accelerators`), or forked client
+    workers (CUDA does not survive a fork). The composed mechanisms run where they did: secure
+    aggregation and DP on the uploads and aggregates, which are CPU tensors (the clients' uploads
+    leave the device when made), freezing and the EMA with the model."""
     if device.type == "cpu":
         return
     fix = "set device=cpu"
@@ -98,12 +98,6 @@ def check_device_support(
             f"device={cfg.device!r} ({device}): method {cfg.method.name!r} runs on the CPU only "
             "for now (its tensors are not yet placed on the run's device everywhere); fedavg, "
             f"fedsgd and baffle run on a GPU; {fix}"
-        )
-    mechanisms = [m for m in applied if m != "freeze"]
-    if mechanisms:
-        raise ConfigError(
-            f"device={cfg.device!r} ({device}) with {', '.join(mechanisms)}: these mechanisms "
-            f"run on the CPU only for now; {fix}, or run without them"
         )
     if cfg.clients.workers:
         raise ConfigError(
@@ -381,10 +375,9 @@ def build_run(cfg: RunConfig) -> BuiltRun:
         draws=cfg.draws,
         device=device,
     )
-    accelerators = spec.capabilities.accelerators
-    check_device_support(cfg, device, accelerators=accelerators)  # before building on the device
+    # before anything is built on the device
+    check_device_support(cfg, device, accelerators=spec.capabilities.accelerators)
     method = compose(spec, method_cfg, env)
-    check_device_support(cfg, device, accelerators=accelerators, applied=method.applied)
     if cfg.clients.min_replies is not None and not method.strategy.partial_replies:
         # name the strategy that needs every reply: the method's own, unless a mechanism does
         inner = (

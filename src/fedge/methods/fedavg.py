@@ -90,6 +90,7 @@ class FedSGDClient:
         )
         state = model.state_dict()
         arrays = {**grads, **{k: state[k].detach() - start[k] for k in buffers}}
+        arrays = {k: v.cpu() for k, v in arrays.items()}  # the upload leaves the device here
         return Message(arrays, config={"num_samples": n}, metrics={"train_loss": loss})
 
 

@@ -259,5 +259,8 @@ class LocalTraining:
                 k in arrays
             ):  # a frozen tensor (method.freeze) is pruned but neither trained nor sent
                 arrays[k] = arrays[k][m]
+        # the upload leaves the device here (it travels as CPU bytes): the mechanisms composed
+        # around the client (DP clipping, secure aggregation's masks) see CPU tensors
+        arrays = {k: v.cpu() for k, v in arrays.items()}
         metrics = {"train_loss": sum(losses) / len(losses)} if losses else {}
         return Message(arrays, config={"num_samples": ctx.data.num_samples}, metrics=metrics)
