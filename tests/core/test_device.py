@@ -91,3 +91,16 @@ def test_the_cuda_peak_is_the_allocators_peak_above_the_start(monkeypatch):
     start = D.reset_device_peak(gpu)
     assert start == 1000 and calls == ["sync", "reset"]
     assert D.device_peak(gpu, start) == 4096
+
+
+def test_full_float32_switches_tf32_off_on_cuda_only():
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = (matmul.allow_tf32, cudnn.allow_tf32)
+    try:
+        matmul.allow_tf32 = cudnn.allow_tf32 = True
+        D.full_float32(torch.device("cpu"))
+        assert matmul.allow_tf32 and cudnn.allow_tf32
+        D.full_float32(torch.device("cuda", 0))
+        assert not matmul.allow_tf32 and not cudnn.allow_tf32
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved

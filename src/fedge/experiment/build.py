@@ -18,7 +18,7 @@ from pydantic_core import PydanticSerializationError
 
 from fedge.core.config import RunConfig, validate_section
 from fedge.core.context import ClientData
-from fedge.core.device import resolve_device
+from fedge.core.device import full_float32, resolve_device
 from fedge.core.errors import ConfigError, PrivacyWarning, UnknownNameError
 from fedge.core.rng import derive_seed, numpy_rng
 from fedge.data import Dataset, load_dataset
@@ -377,6 +377,7 @@ def build_run(cfg: RunConfig) -> BuiltRun:
     )
     # before anything is built on the device
     check_device_support(cfg, device, accelerators=spec.capabilities.accelerators)
+    full_float32(device)
     method = compose(spec, method_cfg, env)
     if cfg.clients.min_replies is not None and not method.strategy.partial_replies:
         # name the strategy that needs every reply: the method's own, unless a mechanism does
