@@ -56,7 +56,8 @@ class ZerothOrderSpec:
             batched (None: ``torch.get_num_threads()``).
         device: where the directions are drawn (portable Gaussians made there, the same bits
             as on the CPU; :func:`~fedge.estimators.directions.make_directions`) and where the
-            server's rebuild of ĝ is accumulated; None: the CPU. The run's ``device``.
+            server's rebuild of ĝ is accumulated; None: the CPU (a CPU device is stored as
+            None, so specs equal but for spelling compare equal). The run's ``device``.
 
     Example (BAFFLE's defaults: K = 100, σ = 1e-4, twice-FD):
         >>> spec = ZerothOrderSpec(k=100, sigma=1e-4, scheme="forward", mode="fast")
@@ -104,6 +105,8 @@ class ZerothOrderSpec:
                 f"device must be a torch.device or None, got {self.device!r}; pass "
                 "fedge.core.device.resolve_device('cuda') (or leave it None for the CPU)"
             )
+        if self.device is not None and self.device.type == "cpu":  # one spelling of the CPU
+            object.__setattr__(self, "device", None)
         if self.dtype not in _DTYPES:
             raise ConfigError(
                 f"dtype must be None, torch.float32, torch.bfloat16 or torch.float16, got "
