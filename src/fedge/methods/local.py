@@ -113,9 +113,9 @@ def restore_optimizer_state(
                     f"{tuple(p.shape)}: the model changed under a persistent optimizer state"
                 )
         # a state read back from bytes is on the CPU: tensors go to the parameter's device, the
-        # scalars (Adam's step count) stay on the CPU, where torch's optimizers keep them
+        # step count stays on the CPU, where torch's optimizers keep it
         opt.state[p] = {
-            f: v.to(p.device if v.dim() else "cpu", copy=True) for f, v in fields.items()
+            f: v.to("cpu" if f == "step" else p.device, copy=True) for f, v in fields.items()
         }
 
 
