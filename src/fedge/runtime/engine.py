@@ -70,10 +70,15 @@ class EngineConfig:
     time_model: bool = False
     deadline_s: float | None = None
     keep_first: int | None = None
+    #: where client steps run (their batches, their CUDA peak memory) and evaluation's batches go
+    #: (RunConfig.device, resolved: fedge.core.device.resolve_device)
+    device: torch.device = torch.device("cpu")
 
     def step_settings(self, parties: Mapping[str, PartySpec]) -> StepSettings:
         """What every client step is given besides its task, under this config."""
-        return StepSettings(self.seed, self.measure_flops, self.measure_memory, dict(parties))
+        return StepSettings(
+            self.seed, self.measure_flops, self.measure_memory, dict(parties), self.device
+        )
 
 
 class DeviceMemoryWarning(UserWarning):
@@ -545,7 +550,9 @@ class Simulation:
             )
         key = SHARED if spec.scope == "shared" or call.key is None else call.key
         up = call.message.to_bytes()
-        meter = Meter(flops=self.cfg.measure_flops, memory=self.cfg.measure_memory)
+        meter = Meter(
+            flops=self.cfg.measure_flops, memory=self.cfg.measure_memory, device=self.cfg.device
+        )
         states = self.states.party[spec.name]
         ctx = PartyContext(
             spec.name,
