@@ -335,3 +335,41 @@ def test_secure_aggregation_uploads_k_plus_one_64_bit_words(tiny):
         assert (b["bytes_up"] - a["bytes_up"]) / 3 == 8 * 32
         missed = 0 if rnd == 1 else 1  # every client every round: one round to replay
         assert (b["bytes_down"] - a["bytes_down"]) / 3 == 4 * 32 * missed
+
+
+def test_under_dropout_clients_hold_the_servers_model_across_skipped_rounds(tiny):
+    """clients.dropout = 0.4, min_replies = 2, the first rounds skipped (the strategy put back,
+    no update): a client that ran only in a skipped first round holds the seeded model, which
+    is the server's first round's, and every client's model is the server's of its round."""
+    cfg = load_config(
+        tiny(
+            model={"name": "mlp", "hidden": [16]},
+            method={
+                "name": "fedkseed",
+                "k": K,
+                "local_steps": 2,
+                "batch_size": 16,
+                "secure_aggregation": False,
+            },
+            **{
+                "clients.num": 6,
+                "clients.per_round": 3,
+                "clients.dropout": 0.4,
+                "clients.min_replies": 2,
+            },
+        )
+    )
+    sim = build_run(cfg).simulation()
+    snapshots = {1: model_arrays(sim.strategy.model)}
+    skipped = []
+    for rnd in range(1, 9):
+        if sim.run_round(rnd).get("round_skipped"):
+            skipped.append(rnd)
+        snapshots[rnd + 1] = model_arrays(sim.strategy.model)
+    sim.close()
+    assert 1 in skipped and 8 not in skipped
+    held = {c: decode_state(st) for c, st in sim.client_states.items()}
+    assert len(held) == 6
+    for c, st in held.items():
+        w = {k[2:]: v for k, v in st.items() if k.startswith("w/")}
+        assert all(torch.equal(w[k], snapshots[st["at"]][k]) for k in w), c

@@ -321,3 +321,24 @@ def test_a_malformed_reply_is_refused():
     ):
         with pytest.raises(Exception, match="expected s, one int8 of ±1"):
             s.check_reply(1, 0, Message({"s": bad}, config={"num_samples": 1}))
+
+
+def test_under_dropout_clients_hold_the_servers_model_across_skipped_rounds(tiny):
+    """clients.dropout = 0.4, min_replies = 2: rounds 1-2 and 4-7 are skipped (no vote, the
+    strategy put back), yet every client's held model is the server's of the round it names,
+    clients that ran only in a skipped first round included."""
+    extra = {"clients.dropout": 0.4, "clients.min_replies": 2}
+    _, sim = _sim(tiny, num=6, per_round=3, **extra)
+    snapshots = {1: model_arrays(sim.strategy.model)}
+    skipped = []
+    for rnd in range(1, 9):
+        if sim.run_round(rnd).get("round_skipped"):
+            skipped.append(rnd)
+        snapshots[rnd + 1] = model_arrays(sim.strategy.model)
+    sim.close()
+    assert 1 in skipped and 8 not in skipped and sorted(sim.strategy.votes) == [3, 8]
+    held = {c: decode_state(st) for c, st in sim.client_states.items()}
+    assert len(held) == 6
+    for c, st in held.items():
+        w = {k[2:]: v for k, v in st.items() if k.startswith("w/")}
+        assert all(torch.equal(w[k], snapshots[st["at"]][k]) for k in w), c

@@ -220,6 +220,13 @@ class FeedSignStrategy(Strategy):
             self.synced[c] = rnd
         return {"vote": float(vote)}
 
+    def round_skipped(self, rnd: int) -> None:
+        """The engine put this strategy back as before round ``rnd`` (too few replies): no vote,
+        no step. Its clients keep the model they synced to, so a round skipped before any that
+        stepped stays the first round: the seeded initial model, w_first, is what they hold."""
+        if self.first is None:
+            self.first = rnd
+
     def eval_model(self) -> torch.nn.Module:
         return self.model
 
