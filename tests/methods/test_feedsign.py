@@ -232,9 +232,12 @@ def test_a_client_replays_missed_votes_and_rounds_without_a_step():
     assert ctx.state["at"] == 5
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_clients_rebuild_the_servers_model_bit_for_bit(tiny, workers):
-    run, sim = _sim(tiny, num=8, per_round=2, **{"clients.workers": workers})
+@pytest.mark.parametrize("workers, draws", [(0, "torch"), (2, "torch"), (0, "portable")])
+def test_clients_rebuild_the_servers_model_bit_for_bit(tiny, workers, draws):
+    """With ``draws: portable`` the directions are the portable generator's (the same bits on
+    every machine), and the client's replay draws them as the server does."""
+    run, sim = _sim(tiny, num=8, per_round=2, draws=draws, **{"clients.workers": workers})
+    assert sim.strategy.draws == draws
     snapshots = {1: model_arrays(sim.strategy.model)}
     for rnd in range(1, 6):
         sim.run_round(rnd)
@@ -252,7 +255,8 @@ def test_clients_rebuild_the_servers_model_bit_for_bit(tiny, workers):
     assert unseen  # a client never sampled replays the 5 votes from the seeded initial model
     msg = sim.strategy.configure_round(6, unseen[:1])[unseen[0]]
     ctx = SimpleNamespace(rnd=6, cid=unseen[0], state={})
-    rebuilt = model_arrays(FeedSignClient(run.model_fn, sim.strategy.cfg).sync(msg, ctx))  # type: ignore[arg-type]
+    client = FeedSignClient(run.model_fn, sim.strategy.cfg, draws)
+    rebuilt = model_arrays(client.sync(msg, ctx))  # type: ignore[arg-type]
     assert all(torch.equal(rebuilt[k], snapshots[6][k]) for k in snapshots[6])
 
 
