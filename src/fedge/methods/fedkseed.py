@@ -281,6 +281,14 @@ class FedKSeedStrategy(Strategy):
         self.downlink.record(rnd, self.pool_seed, gbar)
         return {"scalar_inf_norm": float(gbar.abs().max())}
 
+    def round_skipped(self, rnd: int) -> None:
+        """The engine put this strategy back as before round ``rnd`` (too few replies). Its
+        clients keep the model they synced to; before any completed round that is the seeded
+        initial model, so the first round stays this one (else they would hold an older round
+        than the one the server replays from)."""
+        if self.downlink.first is None:
+            self.downlink.first = rnd
+
     def eval_model(self) -> torch.nn.Module:
         return self.model
 
