@@ -20,16 +20,17 @@ from fedge.core.protocols import Strategy
 from fedge.core.rng import Draws, derive_seed
 from fedge.estimators import combine_loss_differences, estimate_gradient, loss_differences
 from fedge.methods.baffle.config import BaffleConfig, perturbation_threads
-from fedge.methods.baffle.downlink import (
+from fedge.methods.base import GlobalModel, MethodBuild, MethodEnv, check_scalar_reply
+from fedge.methods.local import LocalTraining
+from fedge.methods.replay import (
     ClientReplica,
     DownlinkHistory,
+    OneStep,
     clip_inf_norm,
     perturbed_masks,
     perturbed_params,
     replay_step,
 )
-from fedge.methods.base import GlobalModel, MethodBuild, MethodEnv, check_scalar_reply
-from fedge.methods.local import LocalTraining
 
 __all__ = ["BaffleBatchClient", "BaffleBatchStrategy", "build_batch"]
 
@@ -49,9 +50,8 @@ class BaffleBatchClient:
             ClientReplica(
                 model_fn(),
                 cfg.server_optimizer.build(),
-                self.spec,
-                perturb=cfg.perturb,
-                clip=cfg.clip,
+                OneStep(self.spec, cfg.perturb, cfg.clip),
+                k=cfg.k,
             )
             if cfg.downlink == "seeds"
             else None
