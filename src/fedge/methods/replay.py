@@ -228,7 +228,9 @@ class ClientReplica:
     keeps (W_t, O_t, masks) in ``ctx.state`` for next time. ``optimizer`` and ``update`` (the
     round update, :data:`RoundUpdate`) must be the server's; ``k`` and ``key`` the history's
     (:class:`DownlinkHistory`); ``initial`` builds the seeded initial model, from which a client
-    holding none replays (a history with a ``population``); without it such a client is an error."""
+    holding none replays (a history with a ``population``); without it such a client is an error.
+    ``round_seed(seed, r)``: round r's seed from the message's ``seed``, for a method whose
+    replays carry no ``replay_seeds`` (DeComFL); BAFFLE sends them."""
 
     def __init__(
         self,
@@ -239,8 +241,10 @@ class ClientReplica:
         k: int,
         key: str = "replay_dL",
         initial: Callable[[], torch.nn.Module] | None = None,
+        round_seed: Callable[[int, int], int] | None = None,
     ) -> None:
         self.update, self.k, self.key, self.initial = update, k, key, initial
+        self.round_seed = round_seed
         self.server = GlobalModel(model, optimizer)
         self.template = self.server.opt_state
 
@@ -249,7 +253,7 @@ class ClientReplica:
         to = message.config.get("sync_to")
         if not isinstance(to, int):
             raise MessageError(f"{who}: the server's message names no model round (sync_to)")
-        if self.key in message.arrays:
+        if "sync_from" in message.config:  # a replay (its arrays may be left out when empty)
             frm = message.config.get("sync_from")
             self._restore(ctx, who)
             at = ctx.state.get("at", frm)
@@ -259,16 +263,17 @@ class ClientReplica:
                     f"{at}; its state is out of step with the server's (was the run resumed from a different "
                     "checkpoint?)"
                 )
-            seeds, diffs = message.arrays["replay_seeds"], message.arrays[self.key]
-            if diffs.dim() != 2 or diffs.shape != (seeds.numel(), self.k):
+            seeds = self._seeds(message, frm, to, who)
+            diffs = message.arrays.get(self.key, torch.zeros(0, self.k))
+            if diffs.dim() != 2 or diffs.shape != (len(seeds), self.k):
                 raise MessageError(
-                    f"{who}: {self.key} has shape {tuple(diffs.shape)}; expected ({seeds.numel()}, {self.k})"
+                    f"{who}: {self.key} has shape {tuple(diffs.shape)}; expected ({len(seeds)}, {self.k})"
                 )
             skip = (
                 at - frm
             )  # rounds this client replayed already (its last reply did not reach the server)
-            for seed, d in zip(seeds.tolist()[skip:], diffs[skip:], strict=True):
-                self.update(self.server, int(seed), d)
+            for seed, d in zip(seeds[skip:], diffs[skip:], strict=True):
+                self.update(self.server, seed, d)
         else:
             model_part = {k: v for k, v in message.arrays.items() if not k.startswith(_OPT)}
             arrays, masks = unpack_model_arrays(model_part, self.server.model.state_dict(), who=who)
@@ -277,6 +282,17 @@ class ClientReplica:
             self.server.opt_state = T.state_from_arrays(message.arrays, self.template, prefix=_OPT)
         self._save(ctx, to)
         return self.server.model
+
+    def _seeds(self, message: Message, frm: int, to: int, who: str) -> list[int]:
+        """The replayed rounds' seeds: sent (``replay_seeds``), or derived by ``round_seed``
+        from the message's ``seed`` for rounds ``frm`` .. ``to`` − 1."""
+        if "replay_seeds" in message.arrays or self.round_seed is None:
+            sent = message.arrays.get("replay_seeds", torch.zeros(0, dtype=torch.int64))
+            return [int(s) for s in sent.tolist()]
+        base = message.config.get("seed")
+        if not isinstance(base, int):
+            raise MessageError(f"{who}: the server's replay names no seed (seed={base!r})")
+        return [self.round_seed(base, r) for r in range(frm, to)]
 
     def _restore(self, ctx: ClientContext, who: str) -> None:
         st = ctx.state
