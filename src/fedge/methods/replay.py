@@ -119,29 +119,27 @@ class DownlinkHistory:
 
     ``k``: the scalars of one round (BAFFLE: its K loss differences; DeComFL: steps × P);
     ``key``: their array's name in a replay message; ``population``: when given, every client
-    builds the seeded initial model W_first itself, so a client never served replays the rounds
-    since the first instead of receiving the model, and those rounds are kept while some client
-    was never served (and replaying them costs less than the model)."""
+    builds the seeded initial model itself, which is W_first (``first``: the first round with
+    an update; every round's model until then), so a client the server never had a reply from
+    is sent ``new`` and the rounds since ``first`` instead of the model, and those rounds are
+    kept while some client never replied (and replaying them costs less than the model)."""
 
     def __init__(self, k: int, *, key: str = "replay_dL", population: int | None = None) -> None:
         self.k, self.key, self.population = k, key, population
-        self.first: int | None = None  # the first round served (W_first: the seeded model)
+        self.first: int | None = None  # the first round updated (W_first: the seeded model)
         self._full_size = 0  # this round's full-state message size (set by messages())
         self.synced: dict[int, int] = {}  # client -> the round whose model W_r it holds
         self.history: dict[int, tuple[int, torch.Tensor]] = {}  # round r -> (s_r, scalars_r)
 
     def record(self, rnd: int, seed: int, combined: torch.Tensor) -> None:
+        if self.population is not None and self.first is None:
+            self.first = rnd  # W_first is the seeded model, W_(first+1) is not
         self.history[rnd] = (seed, combined.detach().to(torch.float32).clone())
 
     def messages(
         self, rnd: int, client_ids: list[int], seed: int, server: GlobalModel
     ) -> dict[int, Message]:
         """Round ``rnd``'s message per client: the rounds it missed, or the full state."""
-        if self.population is not None:  # a client never served holds W_first (seeded)
-            if self.first is None:
-                self.first = rnd
-            for c in client_ids:
-                self.synced.setdefault(c, self.first)
         full = Message(
             {**server.arrays(), **T.state_to_arrays(server.opt_state, prefix=_OPT)},
             config={"seed": seed, "sync_to": rnd},
@@ -149,8 +147,9 @@ class DownlinkHistory:
         full_size = len(full.to_bytes())
         out: dict[int, Message] = {}
         self._full_size = full_size
+        seeded = None if self.population is None else rnd if self.first is None else self.first
         for c in client_ids:
-            at = self.synced.get(c)
+            at = self.synced.get(c, seeded)  # never served: the seeded model, W_seeded
             missed = None if at is None else range(at, rnd)
             if missed is not None and all(r in self.history for r in missed):
                 replay = Message(
@@ -164,6 +163,8 @@ class DownlinkHistory:
                     },
                     config={"seed": seed, "sync_from": at, "sync_to": rnd},
                 )
+                if c not in self.synced:  # it replays from the seeded model
+                    replay.config["new"] = True
                 if len(replay.to_bytes()) < full_size:
                     out[c] = replay
                     continue
@@ -255,8 +256,7 @@ class ClientReplica:
             raise MessageError(f"{who}: the server's message names no model round (sync_to)")
         if "sync_from" in message.config:  # a replay (its arrays may be left out when empty)
             frm = message.config.get("sync_from")
-            self._restore(ctx, who)
-            at = ctx.state.get("at", frm)
+            at = self._restore(ctx, who, frm, new=bool(message.config.get("new")))
             if not isinstance(frm, int) or not isinstance(at, int) or not frm <= at <= to:
                 raise MessageError(
                     f"{who}: the server replays rounds {frm!r} to {to} but this client holds the model of round "
@@ -294,9 +294,13 @@ class ClientReplica:
             raise MessageError(f"{who}: the server's replay names no seed (seed={base!r})")
         return [self.round_seed(base, r) for r in range(frm, to)]
 
-    def _restore(self, ctx: ClientContext, who: str) -> None:
+    def _restore(self, ctx: ClientContext, who: str, frm: object, *, new: bool) -> object:
+        """Load the held (W, O, masks) and return its round; the seeded initial model, as round
+        ``frm``, when none is held or the server never had a reply from this client (``new``:
+        it replays from the seeded model, whatever an unconfirmed earlier sync left here)."""
         st = ctx.state
-        if "at" not in st:
+        at = st.get("at")
+        if at is None or new:
             if self.initial is None:
                 raise MessageError(
                     f"{who}: the server sent rounds to replay, but this client holds no model"
@@ -304,7 +308,7 @@ class ClientReplica:
             load_arrays(self.server.model, model_arrays(self.initial()), who=who)
             self.server.set_masks(None)
             self.server.opt_state = self.server.tx.init(self.server.params())
-            return
+            return frm
         load_arrays(
             self.server.model,
             {k[len(_MODEL) :]: v for k, v in st.items() if k.startswith(_MODEL)},
@@ -313,6 +317,7 @@ class ClientReplica:
         masks = {k[len(_MASK) :]: v for k, v in st.items() if k.startswith(_MASK)}
         self.server.set_masks(masks or None)
         self.server.opt_state = T.state_from_arrays(st, self.template, prefix=_OPT)
+        return at
 
     def _save(self, ctx: ClientContext, rnd: int) -> None:
         st = {_MODEL + k: v for k, v in model_arrays(self.server.model).items()}
