@@ -3,7 +3,8 @@ the model's dimension (Li, Ying, Liu, Dong and Yang, ICLR 2025, "Achieving dimen
 communication in federated learning via zeroth-order optimization", arXiv:2405.15861,
 Algorithm 1; reference code github.com/ZidongLiu/DeComFL).
 
-In round r the server draws a seed s_r; it names the round's directions z_{r,k,p}, P of them for
+In round r the server's seed s_r (derived from r and one run-level seed, the 8 bytes every
+message carries) names the round's directions z_{r,k,p}, P of them for
 each of the K local steps (k = 0..K−1, p = 0..P−1: direction kP + p of s_r, Gaussian, drawn
 through :mod:`fedge.estimators.directions` with the run's ``draws``, torch or portable). Every
 sampled client i starts from the global model x_r (rebuilt, below) and runs K local steps on its
@@ -33,7 +34,7 @@ rebuild exact, and a client's local steps start from the global optimizer state,
 reference code's do. The estimate is BAFFLE's Stein estimator with K = P, σ = μ on a scalar
 ΔL = c·μ·g, so DeComFL with one local step is batch-level BAFFLE with ``downlink: seeds``
 (bit for bit where c·μ is a power of two). Per round a client sends 4KP bytes and receives
-4KP + 8 bytes per round it missed (the round's averaged scalars and seed), plus framing. The
+4KP bytes per round it missed (that round's averaged scalars), plus framing. The
 scalars are summed, so secure aggregation composes and is on by default (a client's scalars
 along public directions are directional derivatives of the loss on its data); DP on the summed
 scalars, freezing and EMA evaluation compose too. Paper-vs-code choices: ``docs/methods/decomfl.md``.
@@ -194,7 +195,7 @@ class RoundSteps:
         )
 
     def step(self, server: GlobalModel, seed: int, step: int, g: torch.Tensor) -> None:
-        """x ← optimizer(ĝ), ĝ = (1/P) Σ_p g_p z_{step,p}: Eq. (6) on ΔL = c·μ·g."""
+        """x ← optimizer(ĝ), ĝ = (1/P) Σ_p g_p z_{step,p}: BAFFLE's Eq. (6) on ΔL = c·μ·g."""
         replay_step(server, self.spec(step), seed, g * self.scale, perturb=None, clip=self.clip)
 
     def __call__(self, server: GlobalModel, seed: int, scalars: torch.Tensor) -> None:
