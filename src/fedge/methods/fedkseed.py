@@ -302,6 +302,8 @@ class FedKSeedClient:
         score = torch.zeros(self.cfg.k, dtype=torch.float64)
         if "replay_dL" in message.arrays or not message.arrays:  # the missed rounds' ḡ, or none
             frm = message.config.get("sync_from")
+            if message.config.get("new"):  # the server never had a reply: replay from W_first
+                ctx.state.clear()
             at = ctx.state.get("at", frm)  # no copy held: the seeded initial model, W_first
             if "at" in ctx.state:
                 held = {k[len(_MODEL) :]: v for k, v in ctx.state.items() if k.startswith(_MODEL)}
