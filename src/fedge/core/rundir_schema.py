@@ -44,6 +44,9 @@ __all__ = [
     "ROUNDS",
     "ROUND_KEYS",
     "SESSIONS",
+    "SIM_CLIENTS",
+    "SIM_TIME_S",
+    "SIM_TIME_TOTAL_S",
     "STATUS",
     "STOPPED",
     "SUMMARY",
@@ -113,6 +116,12 @@ CUM_CLIENT_FLOPS_EFFECTIVE = "cum_client_flops_effective"
 CLIENT_PEAK_BYTES = "client_peak_bytes"
 CLIENT_TENSOR_PEAK_BYTES = "client_tensor_peak_bytes"
 CLIENT_RSS_GROWTH_BYTES = "client_rss_growth_bytes"
+# with the time model (clients.profiles' gflops and links; fedge.runtime.fleet): the round's
+# simulated seconds, their running total (also in the summary), and each client's
+# {"down_s", "compute_s", "up_s"[, "straggler": true]} by client id
+SIM_TIME_S = "sim_time_s"
+SIM_TIME_TOTAL_S = "sim_time_total_s"
+SIM_CLIENTS = "sim_clients"
 
 # ---- keys of a complete summary.json
 STATUS = "status"

@@ -85,7 +85,7 @@ class BuiltRun:
         return EngineConfig(
             seed=c.seed,
             rounds=c.rounds,
-            per_round=c.clients.count(),
+            per_round=c.clients.sampled(),
             eval_every=c.eval_every,
             eval_batch_size=c.eval_batch_size,
             workers=c.clients.workers,
@@ -94,6 +94,9 @@ class BuiltRun:
             dropout=c.clients.dropout,
             min_replies=c.clients.min_replies,
             draws=c.draws,
+            time_model=c.clients.time_model(),
+            deadline_s=c.clients.deadline_s,
+            keep_first=c.clients.count() if c.clients.sampled() > c.clients.count() else None,
         )
 
     def simulation(self, on_round: Any = None, runtime: Runtime | str = "engine") -> Simulation:
@@ -102,6 +105,13 @@ class BuiltRun:
         Flower (``flower-sim``: simulated Flower nodes, run by its backend; ``flower``: its
         Grid, inside a deployed ServerApp; :mod:`fedge.runtime.flower`)."""
         rt = Runtime.of(runtime).ready()
+        cl = self.config.clients
+        if rt.name != "engine" and (cl.deadline_s is not None or cl.over_select > 1):
+            raise ConfigError(
+                f"clients.deadline_s / clients.over_select drop stragglers by undoing their steps, which "
+                f"only the engine can (on {rt.name} the client states live on the nodes); run with "
+                "--runtime engine, or remove them (simulated time is still logged)"
+            )
         cls: Any = Simulation
         extra: dict[str, Any] = {}
         if rt.name != "engine":
@@ -340,6 +350,7 @@ def build_run(cfg: RunConfig) -> BuiltRun:
             f"every addressed client's reply ({type(inner).__name__} cannot aggregate a subset), so a round "
             "cannot go on without the failed clients; set clients.min_replies=null and clients.dropout=0"
         )
+    check_profile_fields(cfg, method)
     if privacy.enabled and privacy.sampling == "poisson" and cfg.clients.min_replies is not None:
         warnings.warn(
             f"privacy.sampling=poisson with clients.min_replies={cfg.clients.min_replies}: whether a round is skipped "
@@ -350,6 +361,36 @@ def build_run(cfg: RunConfig) -> BuiltRun:
             stacklevel=2,
         )
     return BuiltRun(cfg, dataset, parts, summary, method, method_cfg, clients, model_fn, validation)
+
+
+def check_profile_fields(cfg: RunConfig, method: MethodBuild) -> None:
+    """Refuse what ``clients.profiles`` give that this run cannot use: a field that neither
+    the engine (the time model, ``memory_mb``) nor the method (:attr:`Strategy.profile_fields`,
+    e.g. PPFL's ``enclave_mb``) reads, and a deadline or over-selection the method cannot
+    honour (its own client draw, a shared side party whose state a straggler's step changes)."""
+    clients = cfg.clients
+    reads = method.strategy.profile_fields
+    for p in clients.profiles or ():
+        if p.enclave_mb is not None and "enclave_mb" not in reads:
+            raise ConfigError(
+                f"clients.profiles entry {p.name!r} gives enclave_mb={p.enclave_mb:g}, which nothing in this "
+                f"run uses: method {cfg.method.name!r} reads no enclave size (ppfl does); remove enclave_mb"
+            )
+    if clients.deadline_s is None and clients.over_select <= 1:
+        return
+    key = "clients.over_select" if clients.over_select > 1 else "clients.deadline_s"
+    if clients.over_select > 1 and cfg.privacy.mechanism != "none":
+        raise ConfigError(
+            f"clients.over_select={clients.over_select:g} with privacy.mechanism={cfg.privacy.mechanism!r}: the "
+            "privacy accountant counts the clients sampled per round, which over-selection changes after the "
+            "draw; remove clients.over_select (clients.deadline_s alone drops stragglers as dropouts)"
+        )
+    shared = [n for n, spec in method.parties.items() if spec.scope == "shared"]
+    if shared:
+        raise ConfigError(
+            f"{key} drops stragglers by undoing their steps, but method {cfg.method.name!r} keeps shared side "
+            f"party state ({', '.join(shared)}) that a straggler's step may have changed; remove {key}"
+        )
 
 
 def client_shard(cfg: RunConfig, cid: int) -> dict[str, Any]:

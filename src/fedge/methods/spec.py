@@ -26,12 +26,15 @@ class Capabilities:
     - ``freezable``: the method trains only the parameters of its model that require gradients,
       so parameters frozen at their seeded values (``method.freeze``) stay so.
     - ``client_optimizer``: clients run a local optimizer (``method.client_optimizer``).
+    - ``coordinate_mask``: its clients perturb and update only the coordinates of
+      ``MethodEnv.train_masks`` (``method.train_mask``, :mod:`fedge.methods.sparse`).
     """
 
     sums_replies: bool = False
     global_model: bool = False
     freezable: bool = False
     client_optimizer: bool = False
+    coordinate_mask: bool = False
 
     def reason(self, capability: str) -> str:
         """Why a mechanism needing ``capability`` does not apply (for the composer's errors)."""
@@ -43,6 +46,8 @@ _REASONS = {
     "global_model": "its server trains no single global model whose average could be evaluated",
     "freezable": "it does not train a model whose parameters can be left frozen",
     "client_optimizer": "its clients run no local optimizer",
+    "coordinate_mask": "its clients do not restrict their updates to a coordinate mask "
+    "(fedavg and baffle do)",
 }
 
 
