@@ -115,10 +115,11 @@ class DeComFLConfig(MethodConfigBase):
     clip: float | None = Field(
         None, gt=0, description="inf-norm clip of each step's ĝ (BAFFLE's); null: off (paper)"
     )
-    estimator: Literal["lean", "fast"] = Field(
+    estimator: Literal["lean", "fast", "jvp"] = Field(
         "fast",
         description="lean (least memory) or fast (perturbations batched or split over threads: "
-        "every usable core in the engine's process, 1 with clients.workers > 0)",
+        "every usable core in the engine's process, 1 with clients.workers > 0), or jvp (the "
+        "exact directional derivatives ∇f·z by forward-mode differentiation, not inference only)",
     )
 
     @model_validator(mode="after")
@@ -167,7 +168,7 @@ class RoundSteps:
     scheme: Literal["central", "forward"]
     clip: float | None
     draws: Draws = "torch"
-    estimator: Literal["lean", "fast"] = "lean"
+    estimator: Literal["lean", "fast", "jvp"] = "lean"
 
     @property
     def scale(self) -> float:
