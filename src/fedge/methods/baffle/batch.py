@@ -28,16 +28,17 @@ from fedge.estimators import (
 from fedge.estimators.directions import guided_directions
 from fedge.methods.baffle.config import BaffleConfig, perturbation_threads
 from fedge.methods.baffle.config import round_spec as scheduled
-from fedge.methods.baffle.downlink import (
+from fedge.methods.base import GlobalModel, MethodBuild, MethodEnv, check_scalar_reply
+from fedge.methods.local import LocalTraining
+from fedge.methods.replay import (
     ClientReplica,
     DownlinkHistory,
+    OneStep,
     clip_inf_norm,
     perturbed_masks,
     perturbed_params,
     replay_step,
 )
-from fedge.methods.base import GlobalModel, MethodBuild, MethodEnv, check_scalar_reply
-from fedge.methods.local import LocalTraining
 from fedge.methods.sparse import combine_masks
 
 __all__ = ["BaffleBatchClient", "BaffleBatchStrategy", "build_batch"]
@@ -66,9 +67,8 @@ class BaffleBatchClient:
             ClientReplica(
                 model_fn(),
                 cfg.server_optimizer.build(),
-                self.spec,
-                perturb=cfg.perturb,
-                clip=cfg.clip,
+                OneStep(self.spec, cfg.perturb, cfg.clip),
+                k=cfg.k,
             )
             if cfg.downlink == "seeds"
             else None

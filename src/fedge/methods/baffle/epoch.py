@@ -15,10 +15,10 @@ from fedge.core.context import ClientContext
 from fedge.core.rng import Draws
 from fedge.estimators import zeroth_order_gradient
 from fedge.methods.baffle.config import BaffleConfig, perturbation_threads, round_spec
-from fedge.methods.baffle.downlink import clip_inf_norm, perturbed_masks, perturbed_params
 from fedge.methods.base import MethodBuild, MethodEnv
 from fedge.methods.fedavg import DeltaAveraging
 from fedge.methods.local import LocalTraining
+from fedge.methods.replay import clip_inf_norm, perturbed_masks, perturbed_params
 
 __all__ = ["build_epoch", "zeroth_order_gradient_fn"]
 
