@@ -42,7 +42,6 @@ from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
 from fedge.core.rng import Draws, check_draws, derive_seed
 from fedge.estimators.directions import Directions, make_directions
-from fedge.methods.baffle.downlink import perturbed_params
 from fedge.methods.base import (
     GlobalModel,
     MethodBuild,
@@ -53,6 +52,7 @@ from fedge.methods.base import (
 )
 from fedge.methods.fedkseed import projected_gradient
 from fedge.methods.registry import declare_method
+from fedge.methods.replay import perturbed_params
 from fedge.methods.spec import Capabilities
 
 __all__ = [
