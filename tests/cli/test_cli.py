@@ -1154,6 +1154,33 @@ def test_piped_output_gets_one_plain_line_per_round(tmp_path, tiny):
     assert not any(x.startswith("round ") for x in quiet.stdout.splitlines()), quiet.stdout
 
 
+def test_piped_output_gets_a_line_per_pruning_round_inside_round_one(tmp_path, tiny):
+    """NTK-Ori's pruning rounds (the first exchanges of round 1, possibly minutes each) show
+    one plain line each, as they are checkpointed, before round 1's own line."""
+    method = {
+        "name": "ntk-baffle",
+        "mode": "batch",
+        "k": 4,
+        "batch_size": 16,
+        "max_steps": 1,
+        "density": 0.5,
+        "prune_rounds": 2,
+        "prune_inputs": 4,
+        "prune_data": "client",
+        "prune_k": 3,
+        "secure_aggregation": False,
+    }
+    cfg = _write_cfg(tmp_path, tiny, rounds=1, method=method, model={"name": "mlp", "hidden": [8]})
+    res = _run("run", cfg, "--out", tmp_path / "run")
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    for i, t in enumerate((1, 2)):
+        assert re.fullmatch(rf"round 1/1: pruning {t}/2 done \(saved\), \d+:\d\d:\d\d", lines[i]), (
+            lines
+        )
+    assert lines[2].startswith("round 1/1: acc "), lines
+
+
 def test_flops_not_measured_are_absent_and_read_not_measured_everywhere(tmp_path, tiny):
     cfg = _write_cfg(tmp_path, tiny, rounds=1)
     a, b = tmp_path / "a", tmp_path / "b"
