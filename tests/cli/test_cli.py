@@ -1181,6 +1181,33 @@ def test_piped_output_gets_a_line_per_pruning_round_inside_round_one(tmp_path, t
     assert lines[2].startswith("round 1/1: acc "), lines
 
 
+def test_ppfl_profile_enclave_too_small_for_a_stage_is_refused_before_anything_is_written(
+    tmp_path,
+):
+    """The enclave check is validation: one line naming the profile, its enclave_mb, the stage's
+    need and the fix; exit 2; no run directory left (not a round-1 failure to clean up)."""
+    out = tmp_path / "run"
+    res = _run(
+        "run",
+        "ppfl-fmnist-lenet",
+        "--set",
+        "clients.profiles=[{name: t, fraction: 1.0, enclave_mb: 0.1}]",
+        "--set",
+        "dataset.name=synthetic",
+        "--set",
+        "dataset.shape=[1, 16, 16]",
+        "--out",
+        out,
+    )
+    _one_error_line(
+        res,
+        r"ppfl stage 0 \(features.conv1\) needs S_l = [0-9.]+ MiB of enclave memory at batch \d+, more than any "
+        r"client's enclave: clients.profiles 't' \(enclave_mb=0.1\); set enclave_mb to at least [0-9.]+ in "
+        r"clients.profiles, allow smaller batches \(method.min_batch_size\) or use a smaller model",
+    )
+    assert not out.exists()
+
+
 def test_flops_not_measured_are_absent_and_read_not_measured_everywhere(tmp_path, tiny):
     cfg = _write_cfg(tmp_path, tiny, rounds=1)
     a, b = tmp_path / "a", tmp_path / "b"

@@ -326,6 +326,7 @@ def build_run(cfg: RunConfig) -> BuiltRun:
         per_round=cfg.clients.count(),
         privacy=privacy,
         draws=cfg.draws,
+        profiles=cfg.clients.assign_profiles(cfg.seed),
     )
     method = compose(spec, method_cfg, env)
     if cfg.clients.min_replies is not None and not method.strategy.partial_replies:

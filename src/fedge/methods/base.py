@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -150,6 +150,8 @@ class MethodEnv:
     per_round: int = 1
     privacy: Any = None  # the validated privacy section (fedge.privacy.dp.PrivacyConfig), or None
     draws: Draws = "torch"  # the run's generator of seeded draws (RunConfig.draws)
+    # each client's device profile (clients.profiles, as the engine assigns them), or None
+    profiles: Sequence[Mapping[str, Any]] | None = None
 
     def protection(self, *, weighted: bool) -> dict[str, Any]:
         """Keyword arguments of :func:`fedge.methods.private.protect` for this run."""
