@@ -1208,6 +1208,70 @@ def test_ppfl_profile_enclave_too_small_for_a_stage_is_refused_before_anything_i
     assert not out.exists()
 
 
+def test_resume_of_a_directory_left_with_only_a_claim_names_it_and_the_way_out(tmp_path):
+    """A run killed while loading its data leaves only .fedge-claim: --resume says what the
+    directory is and how to get out (one line, exit 2, nothing changed), and that way works."""
+    import socket
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # a process that has exited
+    run = tmp_path / "r"
+    run.mkdir()
+    info = {"pid": proc.pid, "host": socket.gethostname(), "time": "2026-01-01T12:00:00"}
+    (run / ".fedge-claim").write_text(json.dumps(info))
+    _resume_refused(
+        run,
+        rf"'{re.escape(str(run))}' holds only the claim of a run that stopped before it wrote anything "
+        rf"\(pid {proc.pid} on .*\): there is nothing to resume; start the run again with --out "
+        rf"{re.escape(str(run))} \(it takes the claim over\), or remove the directory",
+    )
+    (run / ".fedge-claim").write_text(json.dumps({"pid": os.getpid()}))  # alive: maybe being set up
+    _resume_refused(
+        run,
+        r".* holds only a run's claim \(a run being set up now, or one that stopped before it wrote "
+        r"anything\): there is nothing to resume; if no fedge process is setting it up, remove the "
+        r"directory and start the run again",
+    )
+
+
+def test_resume_of_a_run_an_older_fedge_wrote_names_what_it_cannot_read_and_the_way_out(
+    tmp_path, tiny
+):
+    """A checkpoint without what this engine reads, or a config.yaml with a key it does not
+    know (an older fedge's run): one line naming it and the way out, never a traceback."""
+    import torch
+
+    run = _finished(tmp_path, tiny)
+    (run / "summary.json").unlink()  # unfinished
+    state = torch.load(run / "checkpoint.pt", weights_only=True)
+    for key, what in (
+        ("record", "it lacks 'record'"),
+        ("client_states", "it lacks 'client_states'"),
+    ):
+        torch.save({k: v for k, v in state.items() if k != key}, run / "checkpoint.pt")
+        _resume_refused(
+            run,
+            rf"'.*checkpoint.pt' cannot be continued by this fedge \({what}; another fedge version wrote "
+            r"it, or it was edited\): resume with the fedge that wrote it, or start the run anew into another "
+            r"--out or after removing '.*' \(nothing was changed\)",
+        )
+    torch.save({**state, "record": {**state["record"], "retired": 1}}, run / "checkpoint.pt")
+    _resume_refused(run, r".*its record holds 'retired', which this fedge does not know.*")
+    torch.save(state, run / "checkpoint.pt")
+    for name in (".fedge-config.json", "sessions.jsonl"):  # a run from before they were kept
+        (run / name).unlink()
+    cfg = run / "config.yaml"
+    cfg.write_text(cfg.read_text() + "retired_key: 1\n")
+    _resume_refused(
+        run,
+        r"run '.*': its config.yaml does not validate with this fedge \(unknown config key "
+        r"'retired_key'.*\); edit '.*config.yaml' to fix it and resume again \(with "
+        r"--allow-config-change if it says the config was edited\), or start the run anew into another "
+        r"--out \(nothing was changed\)",
+    )
+
+
 def test_flops_not_measured_are_absent_and_read_not_measured_everywhere(tmp_path, tiny):
     cfg = _write_cfg(tmp_path, tiny, rounds=1)
     a, b = tmp_path / "a", tmp_path / "b"
