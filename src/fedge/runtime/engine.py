@@ -169,10 +169,9 @@ class Simulation:
         self.validation = validation
         self.on_round, self.on_progress = on_round, on_progress
         self.on_savepoint = on_savepoint
-        self._partial: dict[str, Any] | None = None  # the round so far, at a savepoint
-        self._continue: dict[str, Any] | None = (
-            None  # a checkpointed part of a round, to go on from
-        )
+        # the round so far, while on_savepoint runs; a checkpointed part of a round, to go on from
+        self._partial: dict[str, Any] | None = None
+        self._continue: dict[str, Any] | None = None
         self.executor = executor or local_executor(
             program, clients, config.step_settings(self.parties), config.workers
         )
