@@ -384,6 +384,7 @@ def build_run(cfg: RunConfig) -> BuiltRun:
         privacy=privacy,
         draws=cfg.draws,
         device=device,
+        profiles=cfg.clients.assign_profiles(cfg.seed),
     )
     # before anything is built on the device
     check_device_support(cfg, device, accelerators=spec.capabilities.accelerators)

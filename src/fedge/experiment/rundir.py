@@ -165,11 +165,10 @@ class RunDir:
             raise
 
     def no_round_done(self) -> bool:
-        """Whether no round has completed here yet (no checkpoint, no metrics line)."""
+        """Whether no round has completed here yet: no metrics line (a checkpoint without one
+        was taken at a savepoint inside round 1, e.g. after an NTK-Ori pruning round)."""
         metrics = self.path / METRICS
-        return not (self.path / CHECKPOINT).exists() and (
-            not metrics.exists() or metrics.stat().st_size == 0
-        )
+        return not metrics.exists() or metrics.stat().st_size == 0
 
     def undo_create(self) -> None:
         """Remove what :meth:`create` and the rounds' set-up wrote (no round has completed) and

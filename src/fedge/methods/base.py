@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -156,6 +156,8 @@ class MethodEnv:
     #: where the run's models and estimator tensors live (RunConfig.device, resolved); model_fn
     #: already builds its models there
     device: torch.device = torch.device("cpu")
+    # each client's device profile (clients.profiles, as the engine assigns them), or None
+    profiles: Sequence[Mapping[str, Any]] | None = None
 
     def protection(self, *, weighted: bool) -> dict[str, Any]:
         """Keyword arguments of :func:`fedge.methods.private.protect` for this run."""

@@ -6,6 +6,7 @@ failed clients, :func:`check_failures` decides whether the round goes on without
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 from fedge.core.errors import MessageError, ShortRoundError
 from fedge.core.messages import Message
 from fedge.core.meter import StepStats
-from fedge.core.protocols import Exchange, PartyCall
+from fedge.core.protocols import Exchange, PartyCall, Savepoint
 from fedge.runtime.executor import ClientResult
 
 __all__ = [
@@ -43,14 +44,19 @@ def drive_round(
     *,
     exchange: Callable[[int, dict[int, Message]], dict[int, Message]],
     call: Callable[[PartyCall], Message],
+    savepoint: Callable[[Savepoint, int], None] | None = None,
+    first: int = 0,
 ) -> Driven:
     """Drive the round generator ``steps`` of round ``rnd`` (sampled clients ``ids``): each
     ``Exchange`` goes to ``exchange(index, messages)`` (index 0-based) and its replies back into
-    the round, each ``PartyCall`` to ``call``. The first exchange must address every sampled
-    client, and no exchange a client not sampled. Exceptions of ``exchange`` and ``call`` (such
-    as a :class:`~fedge.core.errors.ShortRoundError`) propagate."""
+    the round, each ``PartyCall`` to ``call``, each ``Savepoint`` to ``savepoint(point, index of
+    the next exchange)`` (None: passed over) with None sent back. The first exchange must address
+    every sampled client, and no exchange a client not sampled. ``first``: the index of the first
+    exchange (a round continued from a savepoint starts at the savepoint's). Exceptions of
+    ``exchange``, ``call`` and ``savepoint`` (such as a
+    :class:`~fedge.core.errors.ShortRoundError`) propagate."""
     sampled = set(ids)
-    index = 0
+    index = first
     replied: list[int] = []
     try:
         step = next(steps)
@@ -74,9 +80,14 @@ def drive_round(
                 del replies
             elif isinstance(step, PartyCall):
                 step = steps.send(call(step))
+            elif isinstance(step, Savepoint):
+                if savepoint is not None:
+                    savepoint(step, index)
+                step = steps.send(None)
             else:
                 raise TypeError(
-                    f"round {rnd}: a strategy's round yields Exchange or PartyCall, got {type(step).__name__}"
+                    f"round {rnd}: a strategy's round yields Exchange, PartyCall or Savepoint, got "
+                    f"{type(step).__name__}"
                 )
     except StopIteration as stop:
         return Driven(dict(stop.value or {}), replied)
@@ -142,6 +153,34 @@ class RoundTotals:
 
     def add_link(self, link: str, nbytes: int) -> None:
         self.links[link] = self.links.get(link, 0) + nbytes
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counters as plain values (a checkpoint taken inside the round keeps them)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> RoundTotals:
+        """The counters :meth:`state_dict` gave."""
+        return cls(
+            **{
+                **state,
+                "client": _stats(state["client"]),
+                "parties": {k: _stats(v) for k, v in state["parties"].items()},
+                "links": dict(state["links"]),
+                "transport": dict(state["transport"]),
+                "failed": dict(state["failed"]),
+            }
+        )
+
+
+def _stats(state: Mapping[str, Any]) -> StepStats:
+    return StepStats(
+        **{
+            **state,
+            "links": dict(state["links"]),
+            "parties": {k: _stats(v) for k, v in state["parties"].items()},
+        }
+    )
 
 
 @dataclass
