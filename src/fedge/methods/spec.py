@@ -26,12 +26,17 @@ class Capabilities:
     - ``freezable``: the method trains only the parameters of its model that require gradients,
       so parameters frozen at their seeded values (``method.freeze``) stay so.
     - ``client_optimizer``: clients run a local optimizer (``method.client_optimizer``).
+    - ``dense_upload``: its clients upload a dense float vector (a model delta or gradient) that
+      a lossy codec may approximate (``method.compress``, :mod:`fedge.methods.compress`); its
+      strategy's ``summands()`` say what a reply carries. A configuration whose uplink is
+      scalars (``upload`` is ``loss_differences``: BAFFLE's batch mode) is refused.
     """
 
     sums_replies: bool = False
     global_model: bool = False
     freezable: bool = False
     client_optimizer: bool = False
+    dense_upload: bool = False
 
     def reason(self, capability: str) -> str:
         """Why a mechanism needing ``capability`` does not apply (for the composer's errors)."""
@@ -43,6 +48,8 @@ _REASONS = {
     "global_model": "its server trains no single global model whose average could be evaluated",
     "freezable": "it does not train a model whose parameters can be left frozen",
     "client_optimizer": "its clients run no local optimizer",
+    "dense_upload": "its clients upload no dense vector for a codec to approximate (a few scalars, "
+    "or weights that are masked or sealed by the method itself)",
 }
 
 
