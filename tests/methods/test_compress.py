@@ -174,6 +174,22 @@ def test_error_feedback_residuals_survive_a_resume(tmp_path, tiny, monkeypatch):
     assert metrics_without_wall(tmp_path / "cut") == metrics_without_wall(full)
 
 
+def test_worker_processes_carry_the_residuals(tmp_path, tiny):
+    """Clients run in worker processes: their residuals travel with their state, so the run
+    equals the in-process one (3 of 6 clients a round: some come back with a residual)."""
+    method = {**BASE, "compress": {"name": "sign"}}
+    common = {"clients.num": 6, "clients.per_round": 3}
+    seq = run_experiment(
+        load_config(tiny(rounds=3, method=method, **common)), out=tmp_path / "seq", render=False
+    )
+    pool = run_experiment(
+        load_config(tiny(rounds=3, method=method, **common, **{"clients.workers": 2})),
+        out=tmp_path / "pool",
+        render=False,
+    )
+    assert metrics_without_wall(seq) == metrics_without_wall(pool)
+
+
 def test_the_residual_changes_the_run(tiny):
     """The resume test above is not vacuous: error feedback changes what the clients send."""
     _, with_ef, _ = _train(_cfg(tiny, {"name": "topk", "ratio": 0.02}), rounds=2)

@@ -239,6 +239,8 @@ class Decompression(StrategyWrapper):
                 step = steps.send(replies)
         except StopIteration as stop:
             return stop.value
+        finally:
+            steps.close()  # a round the engine closes (skipped under min_replies) closes inner's
 
     def aggregate_round(self, rnd: int, replies: Mapping[int, Message]) -> dict[str, float]:
         return self.inner.aggregate_round(rnd, self.decode_replies(rnd, replies))
