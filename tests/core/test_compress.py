@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import msgpack
+import numpy as np
 import pytest
 import torch
 
@@ -215,3 +216,10 @@ def test_a_malformed_message_is_named():
         decode(spec, {**arrays, "compress.idx": bad}, 100)
     with pytest.raises(MessageError, match="expected arrays"):
         decode(spec, {"compress.val": arrays["compress.val"]}, 100)
+
+
+def test_a_byte_wide_packing_is_the_general_one():
+    values = torch.randint(0, 256, (37,), generator=torch.Generator().manual_seed(0))
+    bits = ((values[:, None] >> torch.arange(8)) & 1).to(torch.uint8).reshape(-1).numpy()
+    general = torch.from_numpy(np.packbits(bits, bitorder="little"))
+    assert torch.equal(pack_bits(values, 8), general)

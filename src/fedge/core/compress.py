@@ -108,6 +108,8 @@ def payload_bytes(spec: CompressSpec, d: int) -> int:
 
 def pack_bits(values: Tensor, width: int) -> Tensor:
     """Unsigned integers < 2^width, ``width`` bits each, packed little-endian into uint8."""
+    if width == 8:  # a byte each: the packing's own result, without the (n, 8) bit matrix
+        return values.to(torch.uint8)
     v = values.to(torch.int64).numpy()
     bits = ((v[:, None] >> np.arange(width)) & 1).astype(np.uint8)  # (n, width)
     return torch.from_numpy(np.packbits(bits.reshape(-1), bitorder="little"))
@@ -121,6 +123,8 @@ def unpack_bits(packed: Tensor, width: int, count: int) -> Tensor:
             f"compressed levels: expected {need} uint8 bytes for {count} values of {width} bits, "
             f"got {packed.numel()} {packed.dtype}"
         )
+    if width == 8:
+        return packed.to(torch.int64)
     bits = np.unpackbits(packed.numpy(), count=count * width, bitorder="little")
     weights = (1 << np.arange(width)).astype(np.int64)
     return torch.from_numpy(bits.reshape(count, width).astype(np.int64) @ weights)
