@@ -496,3 +496,105 @@ def test_fast_gradient_draws_each_direction_once(
         model, F.cross_entropy, batch, k=10, sigma=1e-3, seed=3, scheme="central", mode=mode
     )
     assert drawn == {name: 10 * draws_per_direction for name, _ in model.named_parameters()}
+
+
+def _guided_setup():
+    g = torch.Generator().manual_seed(2)
+    shapes = {"w": (4, 5), "b": (4,)}
+    basis = [{n: torch.randn(s, generator=g) for n, s in shapes.items()} for _ in range(2)]
+    return shapes, basis
+
+
+@DRAWS
+def test_guided_directions_lie_in_the_span_with_a_gaussian_s_norm_and_the_rest_fresh(draws):
+    """Oracle: the orthonormal basis by numpy's QR. Guided z_k (the last round(share·K)) have no
+    component off the span and norm² ≈ n on average (s = sqrt(n / r)); the first K_f are the
+    Gaussian draws of ``make_directions("gaussian")``; the weights are 1/K and 1/(K s²)."""
+    from fedge.estimators.directions import guided_directions
+
+    shapes, basis = _guided_setup()
+    k, share = 1000, 0.4
+    dirs = guided_directions(basis, shapes, k, share, draws=draws)
+    plain = make_directions("gaussian", shapes, k, draws=draws)
+    flat = torch.stack([torch.cat([b[n].reshape(-1) for n in shapes]) for b in basis]).double()
+    q, _ = torch.linalg.qr(flat.T)  # (n, r) orthonormal columns
+    n, r, kg = 24, 2, 400
+    z = torch.cat([dirs.draw(7, range(k), name, s).reshape(k, -1) for name, s in shapes.items()], 1)
+    zp = torch.cat(
+        [plain.draw(7, range(k), name, s).reshape(k, -1) for name, s in shapes.items()], 1
+    )
+    assert torch.equal(z[: k - kg], zp[: k - kg])
+    guided = z[k - kg :].double()
+    off = guided - (guided @ q) @ q.T
+    assert float(off.abs().max()) < 1e-5
+    assert 0.85 * n < float(guided.square().sum(1).mean()) < 1.15 * n  # E‖z‖² = s²·r = n
+    torch.testing.assert_close(
+        dirs.weights[: k - kg], torch.full((k - kg,), 1 / k, dtype=torch.float64)
+    )
+    torch.testing.assert_close(
+        dirs.weights[k - kg :], torch.full((kg,), r / (k * n), dtype=torch.float64)
+    )
+    empty = guided_directions([], shapes, k, share, draws=draws)  # no update yet: BAFFLE's
+    ze = torch.cat(
+        [empty.draw(7, range(k), name, s).reshape(k, -1) for name, s in shapes.items()], 1
+    )
+    assert torch.equal(ze, zp)
+
+
+def test_guided_estimate_bias_is_the_stated_projection_term():
+    """Measured bias on a linear loss L = aᵀW (ΔL exact): the mean of ĝ over 600 seeds is
+    (K_f/K)·a + (K_g/K)·P a, P the projection on the basis' span, within Monte-Carlo error; the
+    plain Gaussian estimate's mean is a."""
+    from fedge.estimators import ZerothOrderSpec
+    from fedge.estimators.directions import guided_directions
+
+    torch.manual_seed(0)
+    model = nn.Linear(6, 1, bias=False)
+    g = torch.Generator().manual_seed(4)
+    a_x = torch.randn(8, 6, generator=g)
+    with torch.no_grad():
+        model.weight.copy_(torch.randn(1, 6, generator=g))
+    shapes = {"weight": (1, 6)}
+    basis = [{"weight": torch.randn(1, 6, generator=g)}]
+    k, share = 8, 0.5
+    dirs = guided_directions(basis, shapes, k, share)
+    spec = ZerothOrderSpec(k=k, sigma=1e-2, scheme="forward", directions=dirs)
+    grads = torch.stack(
+        [
+            zeroth_order_gradient(model, _mean_loss, (a_x, torch.zeros(8)), spec, seed=s)[
+                "weight"
+            ].reshape(-1)
+            for s in range(600)
+        ]
+    ).double()
+    a = a_x.mean(0).double()  # ∇ of mean(W·x) over the batch
+    b = basis[0]["weight"].reshape(-1).double()
+    pa = (a @ b) / (b @ b) * b
+    want = 0.5 * a + 0.5 * pa
+    err = grads.mean(0) - want
+    se = grads.std(0) / math.sqrt(600)
+    assert bool((err.abs() < 4 * se + 1e-6).all()), (err, se)
+    assert float((want - a).norm()) > 10 * float(se.max())  # the bias is real, and measured
+
+
+def test_the_server_rebuild_equals_the_client_s_guided_estimate():
+    """The client's own estimate (forwards and rebuild on one device) equals the server's rebuild
+    from its K scalars with guided directions built independently from the same basis."""
+    from fedge.estimators import ZerothOrderSpec
+    from fedge.estimators.directions import guided_directions
+
+    model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2))
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(10, 5, generator=g), torch.randint(0, 2, (10,), generator=g)
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    basis = [{n: torch.randn(s, generator=g) for n, s in shapes.items()} for _ in range(3)]
+
+    def spec():
+        return ZerothOrderSpec(
+            k=12, sigma=1e-3, scheme="forward", directions=guided_directions(basis, shapes, 12, 0.5)
+        )
+
+    client = zeroth_order_gradient(model, F.cross_entropy, (x, y), spec(), seed=5)
+    diffs = loss_differences(model, F.cross_entropy, (x, y), spec(), seed=5)
+    server = estimate_gradient(dict(model.named_parameters()), diffs, spec(), seed=5)
+    assert all(torch.equal(client[n], server[n]) for n in shapes)

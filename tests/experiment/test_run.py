@@ -328,6 +328,40 @@ def test_persistent_client_optimizer_state_resumes_to_identical_metrics(
     ) != metrics_without_wall(full)
 
 
+@pytest.mark.parametrize("method", ["baffle", "ntk-baffle"])
+def test_zeroth_order_persistent_client_adam_resumes_to_identical_metrics(
+    tmp_path, tiny, monkeypatch, method
+):
+    """Epoch-level BAFFLE and NTK-BAFFLE keep one Adam per client for the run
+    (``client_optimizer.state=persistent``, BAFFLE's reference code): the state is checkpointed
+    with the clients' state, so a run cut after round 2 resumes to the uninterrupted metrics, and
+    it is a different run from the fresh-Adam one."""
+    section = {
+        "name": method,
+        "mode": "epoch",
+        "k": 4,
+        "batch_size": 16,
+        "max_steps": 2,
+        "ema": None,
+        "client_optimizer": {"name": "adam", "lr": 0.01, "state": "persistent"},
+    }
+    if method == "ntk-baffle":
+        section.update(prune_rounds=2, prune_inputs=8, density=0.5)
+    cfg = tiny(rounds=4, method=section, **{"clients.num": 4, "clients.per_round": 2})
+    full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False)
+    run_cut_after(cfg, tmp_path / "cut", 2, monkeypatch)
+    resume_experiment(tmp_path / "cut", render=False)
+    assert metrics_without_wall(tmp_path / "cut") == metrics_without_wall(full)
+    fresh = {**section, "client_optimizer": {"name": "adam", "lr": 0.01}}
+    assert metrics_without_wall(
+        run_experiment(
+            load_config(tiny(rounds=4, method=fresh, **{"clients.num": 4, "clients.per_round": 2})),
+            out=tmp_path / "fresh",
+            render=False,
+        )
+    ) != metrics_without_wall(full)
+
+
 def test_min_replies_with_a_strategy_that_needs_every_reply_is_refused_naming_it(
     tmp_path, tiny, monkeypatch
 ):

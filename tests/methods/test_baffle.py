@@ -1,11 +1,13 @@
 """BAFFLE: protocol bytes, server estimate against Eq. (6)-(7) written out, secure aggregation
 against the plain aggregate, the EMA against its recurrence, configuration rules."""
 
+import warnings
+
 import pytest
 import torch
 
 from fedge.core.config import load_config
-from fedge.core.errors import ConfigError, MessageError
+from fedge.core.errors import ConfigError, MessageError, PrivacyWarning
 from fedge.core.messages import Message
 from fedge.estimators import combine_loss_differences
 from fedge.experiment.build import build_run
@@ -310,3 +312,316 @@ def test_freeze_composes_with_baffle(tiny, mode):
         for n in after
         if n not in frozen and after[n].is_floating_point()
     )
+
+
+def test_epoch_mode_persistent_adam_equals_one_adam_per_client_driven_by_hand():
+    """Oracle: two rounds of epoch-level BAFFLE, two clients, ``client_optimizer.state=persistent``
+    (the client program with its state serialized between rounds as the engine does, FedAvg's
+    server at lr 1) equal a hand loop that keeps one ``torch.optim.Adam`` per client for the whole
+    run and steps it on the same zeroth-order estimates; a fresh Adam each round differs."""
+    import torch.nn.functional as F
+
+    from fedge.core.context import ClientContext, ClientData, decode_state, encode_state
+    from fedge.core.meter import Meter
+    from fedge.estimators import zeroth_order_gradient
+    from fedge.methods.baffle import zeroth_order_gradient_fn
+    from fedge.methods.local import LocalTraining
+
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(12, 4, generator=g), torch.randint(0, 3, (12,), generator=g)
+    shards = {0: torch.arange(0, 8), 1: torch.arange(8, 12)}
+    opt = {"name": "adam", "lr": 0.05, "b1": 0.9, "b2": 0.99, "state": "persistent"}
+    cfg = BaffleConfig(mode="epoch", k=4, sigma=1e-3, batch_size=3, client_optimizer=opt)
+
+    def ctx(cid, rnd, state):
+        return ClientContext(
+            cid=cid,
+            rnd=rnd,
+            data=ClientData(x, y, shards[cid]),
+            generator=torch.Generator().manual_seed(100 * rnd + cid),
+            meter=Meter(),
+            state=state,
+        )
+
+    def fedge_rounds(cfg):
+        client = LocalTraining.from_config(
+            _model, cfg, gradient_fn=zeroth_order_gradient_fn(cfg, threads=1)
+        )
+        w = dict(_model().state_dict())
+        states = {c: b"" for c in shards}
+        for rnd in (1, 2):
+            deltas = {}
+            for c in shards:
+                cx = ctx(c, rnd, decode_state(states[c]))
+                deltas[c] = client.run(Message({k: v.clone() for k, v in w.items()}), cx).arrays
+                states[c] = encode_state(cx.state) if cx.state else b""
+            n = {c: len(shards[c]) for c in shards}
+            w = {k: w[k] + sum(deltas[c][k] * (n[c] / 12) for c in shards) for k in w}
+        return w
+
+    # the oracle: one model and one torch Adam per client, built once
+    spec = cfg.zo_spec(workers=1)
+    models = {c: _model() for c in shards}
+    adams = {
+        c: torch.optim.Adam(models[c].parameters(), lr=0.05, betas=(0.9, 0.99)) for c in shards
+    }
+    w = dict(_model().state_dict())
+    for rnd in (1, 2):
+        deltas = {}
+        for c, m in models.items():
+            m.load_state_dict(w)
+            cx = ctx(c, rnd, {})
+            for batch in cx.data.batches(3, generator=cx.generator):
+                seed = int(torch.randint(0, 2**62, (1,), generator=cx.generator))
+                est = zeroth_order_gradient(m, F.cross_entropy, batch, spec, seed=seed)
+                for name, p in m.named_parameters():
+                    p.grad = clip_inf_norm(est, 0.3)[name]
+                adams[c].step()
+                adams[c].zero_grad(set_to_none=True)
+            deltas[c] = {k: v.detach() - w[k] for k, v in m.state_dict().items()}
+        w = {k: w[k] + sum(deltas[c][k] * (len(shards[c]) / 12) for c in shards) for k in w}
+    got = fedge_rounds(cfg)
+    for k in w:
+        torch.testing.assert_close(got[k], w[k], rtol=0, atol=0)
+    fresh = fedge_rounds(
+        cfg.model_copy(
+            update={"client_optimizer": cfg.client_optimizer.model_copy(update={"state": "fresh"})}
+        )
+    )
+    assert any(not torch.equal(fresh[k], w[k]) for k in w)
+
+
+@pytest.mark.parametrize("mode", ["batch", "epoch"])
+def test_prefix_once_trains_the_same_model_with_fewer_client_flops(tiny, mode):
+    """``method.prefix_once`` with the first layer frozen: the same global model round by round
+    as the full forwards (the frozen prefix's output is one tensor every perturbed forward
+    reads), and the engine meters fewer client FLOPs (what ran)."""
+
+    def run(prefix_once):
+        section = {
+            "name": "baffle",
+            "mode": mode,
+            "k": 6,
+            "batch_size": 16,
+            "estimator": "lean",
+            "ema": None,
+            "secure_aggregation": False,
+            "freeze": ["features.fc1"],
+            "max_steps": 2,
+            "prefix_once": prefix_once,
+        }
+        cfg = load_config(tiny(rounds=2, model={"name": "mlp", "hidden": [16]}, method=section))
+        sim = build_run(cfg).simulation()
+        try:
+            lines = [sim.run_round(r) for r in (1, 2)]
+            return lines, {k: v.clone() for k, v in sim.strategy.model.state_dict().items()}
+        finally:
+            sim.close()
+
+    (full_lines, full_w), (once_lines, once_w) = run(False), run(True)
+    assert all(torch.equal(full_w[k], once_w[k]) for k in full_w)
+    for a, b in zip(full_lines, once_lines, strict=True):
+        assert a["test_loss"] == b["test_loss"]
+        assert 0 < b["client_flops"] < a["client_flops"]
+
+
+@pytest.mark.parametrize("mode", ["batch", "epoch"])
+def test_a_jvp_run_is_labelled_forward_mode_in_every_round_and_the_summary(tmp_path, tiny, mode):
+    """``estimator: jvp`` is forward-mode differentiation, not inference only: every round line
+    and the run's summary carry ``forward_mode_ad = 1``; a finite-difference run carries no flag."""
+    import json
+
+    from fedge.experiment.run import run_experiment
+
+    def run(estimator, out):
+        section = {
+            "name": "baffle",
+            "mode": mode,
+            "k": 4,
+            "batch_size": 16,
+            "max_steps": 2,
+            "estimator": estimator,
+            "secure_aggregation": False,
+        }
+        cfg = load_config(tiny(rounds=2, model={"name": "mlp", "hidden": [8]}, method=section))
+        path = run_experiment(cfg, out=tmp_path / out, render=False)
+        lines = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+        return [x for x in lines if "round" in x], json.loads((path / "summary.json").read_text())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyWarning)
+        lines, summary = run("jvp", "jvp")
+        fd_lines, fd_summary = run("lean", "fd")
+    assert [x.get("forward_mode_ad") for x in lines] == [1, 1]
+    assert summary["forward_mode_ad"] == 1
+    assert all("forward_mode_ad" not in x for x in fd_lines) and "forward_mode_ad" not in fd_summary
+    assert lines[-1]["test_loss"] != fd_lines[-1]["test_loss"]  # a different estimate
+
+
+def test_guided_directions_span_the_last_updates_the_server_sent_and_it_rebuilds_from_them():
+    """``guided_rank: 2``: the server keeps its last 2 global updates (oracle: the model's change
+    each round), sends them with the model, and the client's K loss differences and the server's
+    rebuild both use guided directions in their span, equal to the ones built by hand from the
+    oracle updates."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from fedge.core.context import ClientContext, ClientData
+    from fedge.core.meter import Meter
+    from fedge.estimators import estimate_gradient, loss_differences
+    from fedge.estimators.directions import guided_directions
+    from fedge.methods.baffle import BaffleBatchClient
+
+    cfg = BaffleConfig(mode="batch", k=6, sigma=1e-3, guided_rank=2, guided_share=0.5)
+    strategy = BaffleBatchStrategy(_model(), cfg, seed=0)
+    client = BaffleBatchClient(_model, cfg)
+    g = torch.Generator().manual_seed(8)
+    x, y = torch.randn(9, 4, generator=g), torch.randint(0, 3, (9,), generator=g)
+    updates: list[dict[str, torch.Tensor]] = []
+    for rnd in (1, 2, 3):
+        msg = strategy.configure_round(rnd, [0])[0]
+        sent = sorted(k for k in msg.arrays if k.startswith("guide/"))
+        assert sent == sorted(
+            f"guide/{i}/{n}" for i in range(len(updates)) for n in ("1.weight", "1.bias")
+        )
+        ctx = ClientContext(
+            cid=0,
+            rnd=rnd,
+            data=ClientData(x, y, torch.arange(9)),
+            generator=torch.Generator(),
+            meter=Meter(),
+        )
+        reply = client.run(msg, ctx)
+        params = {k: v.detach().clone() for k, v in strategy.model.named_parameters()}
+        shapes = {k: v.shape for k, v in params.items()}
+        # the client's own spec (fast estimator), its directions built by hand
+        spec = dataclasses.replace(
+            client.spec, directions=guided_directions(updates, shapes, 6, 0.5)
+        )
+        model = _model()
+        model.load_state_dict(params)
+        want_dl = loss_differences(model, F.cross_entropy, (x, y), spec, seed=msg.config["seed"])
+        assert torch.equal(reply.arrays["dL"], want_dl)
+        got = strategy.estimate(rnd, {0: reply})
+        want = estimate_gradient(params, want_dl, spec, seed=msg.config["seed"])
+        assert all(torch.equal(got[k], want[k]) for k in want)
+        strategy.aggregate_round(rnd, {0: reply})
+        now = {k: v.detach() for k, v in strategy.model.named_parameters()}
+        updates = [{k: now[k] - params[k] for k in now}, *updates][:2]
+    assert len(strategy.guides) == 2
+    for mine, theirs in zip(strategy.guides, updates, strict=True):
+        assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+
+
+def test_guided_directions_resume_to_the_uninterrupted_run(tmp_path, tiny, monkeypatch):
+    """The server's last updates are checkpointed: a guided run cut after round 2 resumes to the
+    uninterrupted metrics (and differs from the unguided run)."""
+    from fedge.experiment.resume import resume_experiment
+    from fedge.experiment.run import run_experiment
+    from tests_helpers import metrics_without_wall, run_cut_after
+
+    section = {"name": "baffle", "mode": "batch", "k": 6, "batch_size": 16, "guided_rank": 2}
+    cfg = tiny(rounds=4, model={"name": "mlp", "hidden": [8]}, method=section)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyWarning)
+        full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False)
+        run_cut_after(cfg, tmp_path / "cut", 2, monkeypatch)
+        resume_experiment(tmp_path / "cut", render=False)
+        plain = tiny(
+            rounds=4, model={"name": "mlp", "hidden": [8]}, method={**section, "guided_rank": 0}
+        )
+        unguided = run_experiment(load_config(plain), out=tmp_path / "plain", render=False)
+    assert metrics_without_wall(tmp_path / "cut") == metrics_without_wall(full)
+    assert metrics_without_wall(unguided) != metrics_without_wall(full)
+
+
+def test_guided_directions_need_batch_mode_the_model_downlink_and_gaussian_directions():
+    with pytest.raises(ValueError, match="guided_rank=2 needs mode=batch"):
+        BaffleConfig(mode="epoch", guided_rank=2)
+    with pytest.raises(ValueError, match="downlink=model"):
+        BaffleConfig(mode="batch", guided_rank=2, downlink="seeds")
+
+
+def test_k_and_sigma_schedules_give_each_round_its_own_k_and_sigma():
+    """Oracle: σ_t = σ·decay^(t−1) and K_t = round(k + (k_final − k)(t − 1)/(T − 1)); no
+    schedule leaves the spec as it is (runs without one are unchanged)."""
+    from fedge.methods.baffle.config import round_spec
+
+    cfg = BaffleConfig(mode="epoch", k=10, k_final=40, sigma=1e-3, sigma_decay=0.5)
+    spec = cfg.zo_spec()
+    got = [(s.k, s.sigma) for s in (round_spec(spec, cfg, t, 5) for t in range(1, 6))]
+    assert got == [(10, 1e-3), (18, 5e-4), (25, 2.5e-4), (32, 1.25e-4), (40, 6.25e-5)]
+    plain = BaffleConfig(mode="epoch")
+    assert round_spec(plain.zo_spec(), plain, 7, 9) == plain.zo_spec()
+    with pytest.raises(ValueError, match="k_final=40 .* needs mode=epoch"):
+        BaffleConfig(mode="batch", k_final=40)
+    with pytest.raises(ValueError, match="sigma_decay=0.5 with downlink=seeds"):
+        BaffleConfig(mode="batch", downlink="seeds", sigma_decay=0.5)
+
+
+def test_the_epoch_client_estimates_with_the_round_s_k_and_sigma():
+    """Oracle: round 3's local estimate is zeroth_order_gradient with K_3 and σ_3 on the seed the
+    client's generator draws, then clipped."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from fedge.core.context import ClientContext, ClientData
+    from fedge.core.meter import Meter
+    from fedge.estimators import zeroth_order_gradient
+    from fedge.methods.baffle import zeroth_order_gradient_fn
+
+    cfg = BaffleConfig(mode="epoch", k=4, k_final=12, sigma=1e-2, sigma_decay=0.8)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 4, generator=g), torch.randint(0, 3, (6,), generator=g)
+    ctx = ClientContext(
+        cid=0,
+        rnd=3,
+        data=ClientData(x, y, torch.arange(6)),
+        generator=torch.Generator().manual_seed(5),
+        meter=Meter(),
+    )
+    model = _model()
+    _, got = zeroth_order_gradient_fn(cfg, threads=1, rounds=5)(model, (x, y), ctx, None)
+    seed = int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(5)))
+    spec = dataclasses.replace(cfg.zo_spec(workers=1), k=8, sigma=1e-2 * 0.8**2)
+    want = clip_inf_norm(
+        zeroth_order_gradient(model, F.cross_entropy, (x, y), spec, seed=seed), 0.3
+    )
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_batch_mode_client_and_server_use_the_round_s_sigma():
+    """Oracle: round 3 of a σ schedule: the client's K differences are loss_differences at
+    σ·decay², and the server's estimate is estimate_gradient at that σ."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from fedge.core.context import ClientContext, ClientData
+    from fedge.core.meter import Meter
+    from fedge.estimators import estimate_gradient, loss_differences
+    from fedge.methods.baffle import BaffleBatchClient
+
+    cfg = BaffleConfig(mode="batch", k=5, sigma=1e-2, sigma_decay=0.5)
+    strategy, client = BaffleBatchStrategy(_model(), cfg, seed=0), BaffleBatchClient(_model, cfg)
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(7, 4, generator=g), torch.randint(0, 3, (7,), generator=g)
+    msg = strategy.configure_round(3, [0])[0]
+    ctx = ClientContext(
+        cid=0,
+        rnd=3,
+        data=ClientData(x, y, torch.arange(7)),
+        generator=torch.Generator(),
+        meter=Meter(),
+    )
+    reply = client.run(msg, ctx)
+    spec = dataclasses.replace(client.spec, sigma=1e-2 * 0.25)
+    want = loss_differences(_model(), F.cross_entropy, (x, y), spec, seed=msg.config["seed"])
+    assert torch.equal(reply.arrays["dL"], want)
+    got = strategy.estimate(3, {0: reply})
+    rebuilt = estimate_gradient(
+        dict(_model().named_parameters()), want, spec, seed=msg.config["seed"]
+    )
+    assert all(torch.equal(got[k], rebuilt[k]) for k in rebuilt)

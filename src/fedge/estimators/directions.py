@@ -26,6 +26,7 @@ __all__ = [
     "DirectionKind",
     "Directions",
     "block_split",
+    "guided_directions",
     "make_directions",
     "match_params",
     "remembered",
@@ -110,6 +111,85 @@ def make_directions(
         chunk = portable_hadamard_chunk if draws == "portable" else hadamard_chunk
         return Directions(kind, k, chunk, uniform, draws)
     return _block(shapes, k, masks or {}, draws)
+
+
+def guided_directions(
+    basis: Sequence[Mapping[str, Tensor]],
+    shapes: Mapping[str, Sequence[int]],
+    k: int,
+    share: float,
+    masks: Mapping[str, Tensor] | None = None,
+    *,
+    draws: Draws = "torch",
+) -> Directions:
+    """K directions of which ``round(share · K)`` lie in the span of ``basis`` (e.g. the last r
+    global updates, which server and clients both hold) and the rest are BAFFLE's fresh seeded
+    Gaussians; kind ``"guided"``.
+
+    The basis vectors (name -> tensor over the selection, zero off ``masks``) are orthonormalized
+    together (Gram-Schmidt in float64, in the given order; a vector already in the span of the
+    earlier ones is dropped), giving B (r × n, BBᵀ = I). A guided direction is
+    z_k = s · Bᵀ ξ_k with ξ_k ~ N(0, I_r) drawn from ``(seed, "zo-guided", k)`` and s = sqrt(n / r),
+    so its norm matches a Gaussian direction's (σ·z_k perturbs as much). With weights 1/K for the
+    K_f fresh directions and 1/(K s²) for the K_g guided ones, E[ĝ] = (K_f / K)·g + (K_g / K)·P g,
+    P = BᵀB the projection on the span: the estimate is biased by −(K_g / K)(I − P) g (zero where g
+    lies in the span) and in exchange its guided part has the variance of an r-dimensional
+    problem, not an n-dimensional one. With an empty basis every direction is fresh (BAFFLE)."""
+    check_draws(draws)
+    if not 0 <= share <= 1:
+        raise ConfigError(f"guided share must be in [0, 1], got {share!r}")
+    names = list(shapes)
+    masks = masks or {}
+    rows: list[Tensor] = []
+    for vec in basis:
+        v = torch.cat(
+            [
+                (vec[n].to(torch.float64) * masks[n] if n in masks else vec[n].to(torch.float64))
+                .reshape(-1)
+                .cpu()
+                for n in names
+            ]
+        )
+        for b in rows:
+            v = v - (v @ b) * b
+        norm = float(v.norm())
+        if norm > 1e-12 * max(1.0, float(v.abs().max())) and norm > 0:
+            rows.append(v / norm)
+    r = len(rows)
+    k_guided = round(share * k) if r else 0
+    k_fresh = k - k_guided
+    n = sum(math.prod(shapes[m]) for m in names)
+    scale = math.sqrt(n / r) if r else 1.0
+    weights = torch.full((k,), 1.0 / k, dtype=torch.float64)
+    weights[k_fresh:] = 1.0 / (k * scale**2)
+    offsets, start = {}, 0
+    for m in names:
+        offsets[m] = (start, start + math.prod(shapes[m]))
+        start = offsets[m][1]
+    basis_rows = torch.stack(rows).to(torch.float32) if r else torch.zeros(0, n)
+    gaussian = normal_chunk(draws)
+
+    def xi(seed: int, kk: int) -> Tensor:
+        if draws == "portable":
+            return portable.normal(portable.stream_key(int(seed), "zo-guided", int(kk)), (r,))
+        return torch.randn(r, generator=generator(seed, "zo-guided", int(kk)))
+
+    def draw(seed: int, ks: Sequence[int], name: str, shape: Sequence[int]) -> Tensor:
+        if name not in offsets:
+            raise ConfigError(
+                f"parameter {name!r} is not in the selection the guided directions were made for"
+            )
+        out = torch.empty((len(ks), *shape))
+        fresh = [i for i, kk in enumerate(ks) if int(kk) < k_fresh]
+        if fresh:
+            out[fresh] = gaussian(seed, [ks[i] for i in fresh], name, shape)
+        lo, hi = offsets[name]
+        for i, kk in enumerate(ks):
+            if int(kk) >= k_fresh:
+                out[i] = (scale * (xi(seed, int(kk)) @ basis_rows[:, lo:hi])).view(*shape)
+        return out
+
+    return Directions("guided", k, draw, weights, draws)
 
 
 def block_split(sizes: Sequence[int], k: int) -> list[int]:

@@ -21,7 +21,7 @@ from fedge.estimators.directions import DirectionKind, Directions
 __all__ = ["Mode", "Scheme", "ZerothOrderSpec", "resolve_spec"]
 
 Scheme = Literal["central", "forward"]
-Mode = Literal["lean", "fast"]
+Mode = Literal["lean", "fast", "jvp"]
 
 _DTYPES = (None, torch.float32, torch.bfloat16, torch.float16)
 
@@ -48,12 +48,21 @@ class ZerothOrderSpec:
             (:mod:`fedge.core.portable`: the same bits on every machine). A given
             :class:`~fedge.estimators.directions.Directions` must have been built with the same.
         mode: ``"lean"`` (least memory) or ``"fast"`` (batched or threaded throughput);
-            the same ΔL up to float rounding.
+            the same ΔL up to float rounding. ``"jvp"``: forward-mode differentiation, not
+            inference only: ΔL_k = c·σ·∇L·z_k exactly, one ``torch.func.jvp`` pass per direction
+            (:func:`~fedge.estimators.zeroth_order.directional_derivatives`), the finite
+            differences' limit as σ → 0, so the server's rebuild is unchanged.
         chunk: fast mode: perturbations per batched pass (None: ~512 model-samples a pass).
         dtype: forward precision: None (the parameters' dtype), ``torch.float32``,
             ``torch.bfloat16`` or ``torch.float16`` (autocast).
         workers: fast mode: threads the K perturbations are split over when they are not
             batched (None: ``torch.get_num_threads()``).
+        prefix_once: run the model's leading layers that hold no perturbed coordinate (frozen,
+            or outside the selection) once per call, and the K perturbed forwards through the
+            rest only (:func:`~fedge.estimators.zeroth_order.split_prefix`; an ``nn.Sequential``
+            model). The losses are those of the full forwards (the prefix's output is the same
+            tensor each time); the FLOPs drop by the prefix's share. The fast mode's batched pass
+            already shares the prefix; this extends it to the lean and threaded loops.
 
     Example (BAFFLE's defaults: K = 100, σ = 1e-4, twice-FD):
         >>> spec = ZerothOrderSpec(k=100, sigma=1e-4, scheme="forward", mode="fast")
@@ -71,6 +80,7 @@ class ZerothOrderSpec:
     chunk: int | None = None
     dtype: torch.dtype | None = None
     workers: int | None = None
+    prefix_once: bool = False
 
     def __post_init__(self) -> None:
         check_positive_int("k", self.k)
@@ -95,6 +105,8 @@ class ZerothOrderSpec:
             check_positive_int("chunk", self.chunk)
         if self.workers is not None:
             check_positive_int("workers", self.workers)
+        if not isinstance(self.prefix_once, bool):
+            raise ConfigError(f"prefix_once must be a bool, got {self.prefix_once!r}")
         if self.dtype not in _DTYPES:
             raise ConfigError(
                 f"dtype must be None, torch.float32, torch.bfloat16 or torch.float16, got "

@@ -38,6 +38,8 @@ __all__ = [
     "forward_budget",
     "loss_differences",
     "num_differences",
+    "directional_derivatives",
+    "split_prefix",
     "zeroth_order_gradient",
 ]
 
@@ -142,14 +144,14 @@ def loss_differences(
     k, sigma, mode = spec.k, spec.sigma, spec.mode
     sel = _with_directions(select(model, params, masks), spec.directions, k, spec.draws)
     autocast = _autocast_dtype(sel, spec.dtype)
-    _warn_if_unsafe(model, sel, sigma, spec.dtype)
+    _warn_if_unsafe(model, sel, None if mode == "jvp" else sigma, spec.dtype)
     x, y = batch
 
     blocks = (1.0, -1.0) if spec.scheme == "central" else (1.0,)  # signs s of W + s·δ_k
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     try:
         with torch.no_grad(), _maybe_autocast(x, autocast):
-            result = None
+            result: tuple[Tensor, Tensor] | None = None
             if mode == "fast" and batched_pays(model, x):
                 fast = batched.BatchedEvaluator.build(model, sel, seed, x, loss_fn, y)
                 try:
@@ -158,15 +160,22 @@ def loss_differences(
                         result = _run(fast, k, step, blocks, sigma)
                 except batched.Unsupported:  # found only at run time (e.g. a rank-3 input)
                     result = None
+            net, h = model, x
+            split = split_prefix(model, sel) if result is None and spec.prefix_once else None
+            if split is not None:  # the unperturbed prefix once, the K forwards through the rest
+                prefix, net = split
+                for m in prefix:
+                    h = m(h)
+            if mode == "jvp":  # exact: ΔL_k = c·σ·∇L·(z_k ⊙ m), c·σ·L'(W; z_k) in float64
+                d = directional_derivatives(net, sel, seed, (h, y), loss_fn, k)
+                result = (d * (spec.normalizer * sigma), torch.zeros(k, dtype=torch.float64))
             spans = min(k, spec.workers or torch.get_num_threads()) if mode == "fast" else 1
             if result is None and spans > 1:
                 result = _run_threaded(
-                    model, spec, params, masks, seed, batch, loss_fn, blocks, spans, autocast
+                    net, sel, seed, (h, y), loss_fn, blocks, spans, autocast, k=k, sigma=sigma
                 )
             if result is None:  # lean, or a model the batched path cannot run
-                lean = LeanEvaluator(
-                    model, sel, seed, x, loss_fn, y, reuse_directions=mode == "fast"
-                )
+                lean = LeanEvaluator(net, sel, seed, h, loss_fn, y, reuse_directions=mode == "fast")
                 result = _run(lean, k, k, blocks, sigma)
     finally:
         for b, saved in buffers:  # e.g. BatchNorm running stats updated by train-mode forwards
@@ -229,7 +238,7 @@ def estimate_gradient(
         raise ConfigError("shapes_or_params is empty; pass the parameters the client perturbed")
     mask_of = check_masks(shapes, masks)
     dirs = _directions(spec.directions, shapes, k, mask_of, spec.draws)
-    if dirs.kind == "block":  # w_k = 1 / K_b
+    if dirs.kind in ("block", "guided"):  # w_k = 1 / K_b, or guided's (directions.py)
         coef = (diffs * dirs.weights / (spec.normalizer * sigma)).to(torch.float32)  # (K,)
     else:  # w_k = 1 / K, as BAFFLE Eq. (6) writes it
         coef = (diffs / (spec.normalizer * k * sigma)).to(torch.float32)
@@ -301,7 +310,7 @@ def zeroth_order_gradient(
     dirs = _directions(
         spec.directions, {n: p.shape for n, p in sel.params.items()}, spec.k, sel.masks, spec.draws
     )
-    if spec.mode == "fast":
+    if spec.mode in ("fast", "jvp"):
         dirs = remembered(dirs, _REMEMBER_BYTES)
     step = dataclasses.replace(spec, directions=dirs)  # both halves draw the same directions
     diffs = loss_differences(model, loss_fn, batch, step, seed=seed, params=params, masks=masks)
@@ -334,23 +343,26 @@ def _run(
 
 def _run_threaded(
     model: nn.Module,
-    spec: ZerothOrderSpec,
-    params: Sequence[str] | None,
-    masks: Mapping[str, Tensor] | None,
+    sel: Selection,
     seed: int,
     batch: tuple[Tensor, Tensor],
     loss_fn: LossFn,
     blocks: tuple[float, ...],
     spans: int,
     autocast: torch.dtype | None,
+    *,
+    k: int,
+    sigma: float,
 ) -> tuple[Tensor, Tensor]:
     """:func:`_run` of the lean loop with k = 0..K-1 split into ``spans`` contiguous spans, one
     thread each, every thread on a shallow copy of ``model`` (Parameters shared, never written;
     module objects and buffers copied, because the lean hooks swap entries of a module's
-    ``_parameters`` and a train-mode forward may update buffers). Intra-op threads are set to
-    1 for the duration (torch ops release the GIL, so the spans run in parallel)."""
+    ``_parameters`` and a train-mode forward may update buffers). Every copy perturbs the
+    selection ``sel`` (its Parameters are the copies' own: they are shared), so ``model`` may be
+    a suffix of the network whose parameter names differ. Intra-op threads are set to 1 for the
+    duration (torch ops release the GIL, so the spans run in parallel)."""
     x, y = batch
-    k, sigma = spec.k, spec.sigma
+
     bounds = [round(i * k / spans) for i in range(spans + 1)]
     memo: dict[int, object] = {id(p): p for p in model.parameters()}
     replicas = [model] + [copy.deepcopy(model, memo=dict(memo)) for _ in range(spans - 1)]
@@ -362,9 +374,7 @@ def _run_threaded(
 
     def span(i: int) -> None:
         lo, hi = bounds[i], bounds[i + 1]
-        replica = replicas[i]
-        rsel = _with_directions(select(replica, params, masks), spec.directions, k, spec.draws)
-        ev = LeanEvaluator(replica, rsel, seed, x, loss_fn, y, reuse_directions=True)
+        ev = LeanEvaluator(replicas[i], sel, seed, x, loss_fn, y, reuse_directions=True)
         # Grad mode and autocast are thread-local: enter them in the worker.
         with contextlib.ExitStack() as stack:
             for mode in modes:
@@ -405,6 +415,86 @@ def _run_threaded(
     if errors:
         raise errors[0]
     return plus, minus
+
+
+def split_prefix(model: nn.Module, sel: Selection) -> tuple[list[nn.Module], nn.Sequential] | None:
+    """The leading layers of ``model`` that hold no perturbed coordinate, and the rest.
+
+    ``model`` must be an ``nn.Sequential`` running ``Sequential.forward`` (nested ones that do
+    too are flattened to their layers; any other module is one layer). The prefix is the
+    longest run of leading layers that own no parameter of the selection ``sel`` and draw no
+    randomness (no active dropout): its output is the same for every perturbed model, so it can
+    be computed once and fed to the returned suffix, an ``nn.Sequential`` of the very same
+    layer objects (their Parameters, hence the selection's names, unchanged). None when the
+    model is not a plain ``Sequential`` or its first layer is already perturbed."""
+    if not isinstance(model, nn.Sequential) or type(model).forward is not nn.Sequential.forward:
+        return None
+    layers = _layers(model)
+    owned = {id(p) for p in sel.params.values()}
+    first = 0
+    for m in layers:
+        random = any(
+            isinstance(s, nn.modules.dropout._DropoutNd) and s.training and s.p > 0
+            for s in m.modules()
+        )
+        if random or any(id(p) in owned for p in m.parameters()):
+            break
+        first += 1
+    if first == 0 or first == len(layers):
+        return None
+    return layers[:first], nn.Sequential(*layers[first:])
+
+
+def directional_derivatives(
+    model: nn.Module,
+    sel: Selection,
+    seed: int,
+    batch: tuple[Tensor, Tensor],
+    loss_fn: LossFn,
+    k: int,
+) -> Tensor:
+    """Forward-mode differentiation (``mode="jvp"``; Baydin et al. 2022, "Gradients without
+    backpropagation"): ∇L(W)·(z_k ⊙ m) for k = 0..K-1, float64 ``(K,)``, each exact (no
+    finite-difference error) from one ``torch.func.jvp`` pass of ``model`` on ``batch``: the
+    forward carries a tangent beside every activation (about 2-3 forwards' work, no stored
+    activations), so this is not inference only. The tangents are the selection's seeded
+    directions ``sel.draw`` (zero off its masks), the very directions the finite-difference
+    modes perturb along, so the server's rebuild is unchanged. ``model`` may be a suffix of the
+    network (:func:`split_prefix`): the selection's Parameters are found in it by identity."""
+    from torch.func import functional_call, jvp
+
+    x, y = batch
+    name_in = {id(p): n for n, p in model.named_parameters()}
+    missing = [n for n, p in sel.params.items() if id(p) not in name_in]
+    if missing:
+        raise ConfigError(f"parameters {missing} of the selection are not in the model run")
+    keys = [name_in[id(p)] for p in sel.params.values()]
+    primals = tuple(p.detach() for p in sel.params.values())
+
+    def loss_of(*weights: Tensor) -> Tensor:
+        out = functional_call(model, dict(zip(keys, weights, strict=True)), (x,))
+        return loss_fn(out.to(torch.float64), y)
+
+    out = torch.empty(k, dtype=torch.float64)
+    with torch.enable_grad():  # forward-mode AD needs no graph, but jvp refuses no_grad's
+        for i in range(k):
+            tangents = []
+            for name, p in sel.params.items():
+                z = sel.draw(seed, [i], name, p.shape)[0].to(device=p.device, dtype=p.dtype)
+                mask = sel.masks.get(name)
+                tangents.append(z * mask if mask is not None else z)
+            out[i] = float(jvp(loss_of, primals, tuple(tangents))[1])
+    return out
+
+
+def _layers(seq: nn.Sequential) -> list[nn.Module]:
+    out: list[nn.Module] = []
+    for m in seq:
+        if isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward:
+            out.extend(_layers(m))
+        else:
+            out.append(m)
+    return out
 
 
 def batched_pays(model: nn.Module, x: Tensor) -> bool:
@@ -495,10 +585,14 @@ def _maybe_autocast(x: Tensor, dtype: torch.dtype | None) -> torch.autocast:
 
 
 def _warn_if_unsafe(
-    model: nn.Module, sel: Selection, sigma: float, dtype: torch.dtype | None
+    model: nn.Module, sel: Selection, sigma: float | None, dtype: torch.dtype | None
 ) -> None:
+    """σ below the forward precision (``sigma`` None: no finite difference to check), or
+    active dropout."""
     worst: tuple[float, str, float, torch.dtype] | None = None
     for name, p in sel.params.items():
+        if sigma is None:
+            break
         dt = dtype or p.dtype
         wmax = float(p.detach().abs().max()) if p.numel() else 0.0
         need = torch.finfo(dt).eps * wmax

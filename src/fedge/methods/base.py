@@ -150,6 +150,8 @@ class MethodEnv:
     per_round: int = 1
     privacy: Any = None  # the validated privacy section (fedge.privacy.dp.PrivacyConfig), or None
     draws: Draws = "torch"  # the run's generator of seeded draws (RunConfig.draws)
+    # method.train_mask's kept coordinates (fedge.methods.sparse), name -> bool; None: all
+    train_masks: dict[str, torch.Tensor] | None = None
 
     def protection(self, *, weighted: bool) -> dict[str, Any]:
         """Keyword arguments of :func:`fedge.methods.private.protect` for this run."""

@@ -7,6 +7,10 @@ config asks for, in one fixed order, wherever the method's
 
 1. **freeze** (``method.freeze``, needs ``freezable``): the model the method is built from has
    the frozen parameters' ``requires_grad`` off (:class:`~fedge.methods.base.FreezeOption`);
+   then **train_mask** (``method.train_mask``, needs ``coordinate_mask``): the build environment
+   carries the data-free mask of the coordinates to train (:mod:`fedge.methods.sparse`), and the
+   server restores every other coordinate after each round (over DP, secure aggregation and
+   compression);
 2. the method's own build (its bare strategy and program);
 3. **DP** (``privacy.*``, needs ``sums_replies``): clients clip, the server adds noise to the
    sum (:class:`~fedge.methods.private.DifferentialPrivacy`);
@@ -46,6 +50,7 @@ from fedge.methods.compress import CompressOptions, compressed
 from fedge.methods.ema import EMAOptions
 from fedge.methods.private import protect
 from fedge.methods.secure import SecureAggregationOptions, Summable
+from fedge.methods.sparse import KeepOffMask, TrainMaskOption
 from fedge.methods.spec import MethodSpec
 
 __all__ = [
@@ -74,6 +79,7 @@ class Mechanism:
 #: every mechanism, in the order :func:`compose` applies them
 MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism("freeze", "freezing", "freezable", FreezeOption),
+    Mechanism("train_mask", "a sparse trainable mask", "coordinate_mask", TrainMaskOption),
     Mechanism("dp", "differential privacy", "sums_replies", None),
     Mechanism("secure_aggregation", "secure aggregation", "sums_replies", SecureAggregationOptions),
     Mechanism("compress", "uplink compression", "dense_upload", CompressOptions),
@@ -184,6 +190,9 @@ def compose(spec: MethodSpec, cfg: Any, env: MethodEnv) -> MethodBuild:
     check_compression(spec, cfg)
     if caps.freezable and cfg.freeze:
         env, applied = cfg.frozen_env(env), ["freeze"]
+    if caps.coordinate_mask and cfg.train_mask is not None:
+        env = cfg.masked_env(env)
+        applied.append("train_mask")
     built = spec.build(cfg, env)
     strategy, program = built.strategy, built.program
     if caps.sums_replies:
@@ -204,6 +213,8 @@ def compose(spec: MethodSpec, cfg: Any, env: MethodEnv) -> MethodBuild:
             strategy, program, cfg.compress, seed=env.seed, draws=env.draws
         )
         applied.append("compress")
+    if env.train_masks is not None:
+        strategy = KeepOffMask(strategy, env.train_masks, dict(env.model_fn().named_parameters()))
     for layer in (x for x in built.layers if x.at == "over_protection"):
         strategy = layer.strategy(strategy) if layer.strategy else strategy
         program = layer.program(program) if layer.program else program

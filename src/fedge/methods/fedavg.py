@@ -231,7 +231,7 @@ CAPABILITIES = Capabilities(
     "fedavg",
     "FedAvg: E local epochs of backprop, weighted delta averaging, server optimizer",
     config=FedAvgConfig,
-    capabilities=CAPABILITIES,
+    capabilities=dataclasses.replace(CAPABILITIES, coordinate_mask=True),
     upload=lambda cfg: "delta",
 )
 def build(cfg: FedAvgConfig | FedSGDConfig, env: MethodEnv) -> MethodBuild:
@@ -245,5 +245,5 @@ def build(cfg: FedAvgConfig | FedSGDConfig, env: MethodEnv) -> MethodBuild:
     if isinstance(cfg, FedSGDConfig):
         program: Any = FedSGDClient(env.model_fn, cfg)
     else:
-        program = LocalTraining.from_config(env.model_fn, cfg)
+        program = LocalTraining.from_config(env.model_fn, cfg, train_masks=env.train_masks)
     return MethodBuild(strategy, program)

@@ -19,6 +19,7 @@ from fedge.core.context import ClientContext
 from fedge.core.messages import Message
 from fedge.core.rng import GlobalStream
 from fedge.methods.base import MethodConfigBase, load_arrays, split_trainable, unpack_model_arrays
+from fedge.methods.sparse import combine_masks
 
 __all__ = [
     "ClientOptimizerConfig",
@@ -165,11 +166,13 @@ class LocalTraining:
         max_steps: int | None,
         optimizer: ClientOptimizerConfig,
         gradient_fn: GradientFn = backprop_gradient_fn,
+        train_masks: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.local_epochs, self.batch_size, self.max_steps = local_epochs, batch_size, max_steps
         self.optimizer, self.gradient_fn = optimizer, gradient_fn
         self.model = model_fn()
         self.masks: Masks = None
+        self.train_masks = train_masks  # method.train_mask: the only coordinates stepped
 
     @classmethod
     def from_config(
@@ -178,8 +181,11 @@ class LocalTraining:
         cfg: LocalTrainingOptions,
         *,
         gradient_fn: GradientFn = backprop_gradient_fn,
+        train_masks: dict[str, torch.Tensor] | None = None,
     ) -> LocalTraining:
-        """The client program with ``cfg``'s local epochs, batch size, step cap and optimizer."""
+        """The client program with ``cfg``'s local epochs, batch size, step cap and optimizer;
+        ``train_masks`` (``method.train_mask``, :mod:`fedge.methods.sparse`): the coordinates
+        it may step, the rest staying at the round's global values."""
         return cls(
             model_fn,
             local_epochs=cfg.local_epochs,
@@ -187,6 +193,7 @@ class LocalTraining:
             max_steps=cfg.max_steps,
             optimizer=cfg.client_optimizer,
             gradient_fn=gradient_fn,
+            train_masks=train_masks,
         )
 
     @classmethod
@@ -225,6 +232,10 @@ class LocalTraining:
         )
         losses: list[float] = []
         steps = 0
+        # method.train_mask: the gradient (or estimate) only on the kept coordinates
+        masks = (
+            self.masks if self.train_masks is None else combine_masks(self.masks, self.train_masks)
+        )
         # Dropout (vgg9, wrn) draws from torch's global RNG, which no generator of the run fixes:
         # a stream seeded from the client's own generator's seed (not drawn from it, so the batch
         # order is untouched) makes a client step the same in the engine's process, a worker, a
@@ -232,11 +243,15 @@ class LocalTraining:
         with GlobalStream(ctx.generator).active():
             for _ in range(self.local_epochs):
                 for batch in ctx.data.batches(self.batch_size, generator=ctx.generator):
-                    loss, grads = self.gradient_fn(model, batch, ctx, self.masks)
+                    loss, grads = self.gradient_fn(model, batch, ctx, masks)
                     for k, g in grads.items():
                         named[k].grad = g
                     opt.step()
                     opt.zero_grad(set_to_none=True)
+                    if self.train_masks is not None:  # weight decay moves zero-gradient weights
+                        with torch.no_grad():
+                            for k, m in self.train_masks.items():
+                                named[k].copy_(torch.where(m, named[k], start[k]))
                     if loss is not None:
                         losses.append(loss)
                     steps += 1

@@ -375,6 +375,7 @@ def data_free_masks(
     advice=advice,
     # the reconstruction harness reads batch mode's K loss differences (not a sparse epoch delta)
     upload=lambda cfg: "loss_differences" if cfg.mode == "batch" else None,
+    summary_keys=("forward_mode_ad",),
 )
 def build(cfg: NtkBaffleConfig, env: MethodEnv) -> MethodBuild:
     """Prune (data-free, on the server) or arrange client-data pruning, then build BAFFLE."""

@@ -30,6 +30,8 @@ class Capabilities:
       a lossy codec may approximate (``method.compress``, :mod:`fedge.methods.compress`); its
       strategy's ``summands()`` say what a reply carries. A configuration whose uplink is
       scalars (``upload`` is ``loss_differences``: BAFFLE's batch mode) is refused.
+    - ``coordinate_mask``: its clients perturb and update only the coordinates of
+      ``MethodEnv.train_masks`` (``method.train_mask``, :mod:`fedge.methods.sparse`).
     """
 
     sums_replies: bool = False
@@ -37,6 +39,7 @@ class Capabilities:
     freezable: bool = False
     client_optimizer: bool = False
     dense_upload: bool = False
+    coordinate_mask: bool = False
 
     def reason(self, capability: str) -> str:
         """Why a mechanism needing ``capability`` does not apply (for the composer's errors)."""
@@ -50,6 +53,8 @@ _REASONS = {
     "client_optimizer": "its clients run no local optimizer",
     "dense_upload": "its clients upload no dense vector for a codec to approximate (a few scalars, "
     "or weights that are masked or sealed by the method itself)",
+    "coordinate_mask": "its clients do not restrict their updates to a coordinate mask "
+    "(fedavg and baffle do)",
 }
 
 

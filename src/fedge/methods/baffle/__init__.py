@@ -9,11 +9,13 @@ schedule and the paper-vs-code choices: ``docs/methods/baffle.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import torch
 
 from fedge.core.errors import ConfigError, PrivacyWarning
+from fedge.core.protocols import Round, StrategyWrapper
 from fedge.methods.baffle.batch import BaffleBatchClient, BaffleBatchStrategy, build_batch
 from fedge.methods.baffle.config import (
     CAPABILITIES,
@@ -32,7 +34,7 @@ from fedge.methods.baffle.downlink import (
     replay_step,
 )
 from fedge.methods.baffle.epoch import build_epoch, zeroth_order_gradient_fn
-from fedge.methods.base import MethodBuild, MethodEnv
+from fedge.methods.base import Layer, MethodBuild, MethodEnv
 from fedge.methods.registry import declare_method
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "BaffleConfig",
     "ClientReplica",
     "DownlinkHistory",
+    "ForwardModeLabel",
     "advice",
     "build",
     "clip_inf_norm",
@@ -55,14 +58,31 @@ __all__ = [
 ]
 
 
+class ForwardModeLabel(StrategyWrapper):
+    """Marks every round of a run whose clients differentiate in forward mode
+    (``estimator: jvp``) with ``forward_mode_ad = 1``, carried into the run's summary, so that
+    tables keep such rows apart from the inference-only ones."""
+
+    def round(self, rnd: int, client_ids: list[int]) -> Round:
+        out = yield from self.inner.round(rnd, client_ids)
+        return {**out, "forward_mode_ad": 1}
+
+
+def _labelled(cfg: BaffleConfig, built: MethodBuild) -> MethodBuild:
+    if cfg.estimator == "jvp":
+        built.layers.append(Layer("outermost", ForwardModeLabel))
+    return built
+
+
 @declare_method(
     "baffle",
     "BAFFLE: forward-only zeroth-order estimates, K loss differences or model deltas uploaded",
     config=BaffleConfig,
-    capabilities=CAPABILITIES,
+    capabilities=dataclasses.replace(CAPABILITIES, coordinate_mask=True),
     defaults=DEFAULTS,
     advice=advice,
     upload=upload,
+    summary_keys=("forward_mode_ad",),
 )
 def build(
     cfg: BaffleConfig, env: MethodEnv, *, masks: dict[str, torch.Tensor] | None = None
@@ -77,9 +97,14 @@ def build(
             perturbed_params(env.model_fn(), cfg.perturb)
         except ConfigError as exc:
             raise ConfigError(f"method.perturb={cfg.perturb}: {exc}") from None
+    if env.train_masks is not None and cfg.downlink == "seeds":
+        raise ConfigError(
+            "method.train_mask with method.downlink=seeds: a client's replay of the server's steps "
+            "does not take the mask; use method.downlink=model with method.train_mask"
+        )
     if cfg.mode == "epoch":
-        return build_epoch(cfg, env, masks=masks)
-    method = build_batch(cfg, env, masks=masks)
+        return _labelled(cfg, build_epoch(cfg, env, masks=masks))
+    method = _labelled(cfg, build_batch(cfg, env, masks=masks))
     if not cfg.secure_aggregation:
         warnings.warn(
             "method.secure_aggregation=false: the server sees each client's K loss differences, i.e. K "

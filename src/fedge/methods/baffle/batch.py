@@ -7,6 +7,7 @@ identity (Eq. (6)), clips it and steps its optimizer. Details and the paper-vs-c
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,8 +19,15 @@ from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
 from fedge.core.rng import Draws, derive_seed
-from fedge.estimators import combine_loss_differences, estimate_gradient, loss_differences
+from fedge.estimators import (
+    ZerothOrderSpec,
+    combine_loss_differences,
+    estimate_gradient,
+    loss_differences,
+)
+from fedge.estimators.directions import guided_directions
 from fedge.methods.baffle.config import BaffleConfig, perturbation_threads
+from fedge.methods.baffle.config import round_spec as scheduled
 from fedge.methods.baffle.downlink import (
     ClientReplica,
     DownlinkHistory,
@@ -30,6 +38,7 @@ from fedge.methods.baffle.downlink import (
 )
 from fedge.methods.base import GlobalModel, MethodBuild, MethodEnv, check_scalar_reply
 from fedge.methods.local import LocalTraining
+from fedge.methods.sparse import combine_masks
 
 __all__ = ["BaffleBatchClient", "BaffleBatchStrategy", "build_batch"]
 
@@ -40,10 +49,17 @@ class BaffleBatchClient:
     or over one mini-batch drawn with the client's generator (``batch``)."""
 
     def __init__(
-        self, model_fn: Any, cfg: BaffleConfig, *, threads: int = 1, draws: Draws = "torch"
+        self,
+        model_fn: Any,
+        cfg: BaffleConfig,
+        *,
+        threads: int = 1,
+        draws: Draws = "torch",
+        train_masks: dict[str, torch.Tensor] | None = None,
     ) -> None:
         assert cfg.server_optimizer is not None
         self.cfg, self.spec = cfg, cfg.zo_spec(workers=threads, draws=draws)
+        self.train_masks = train_masks  # method.train_mask: only these coordinates are perturbed
         self.local = LocalTraining.loader(model_fn)
         self.replica = (
             ClientReplica(
@@ -70,6 +86,7 @@ class BaffleBatchClient:
 
     def loss_differences(self, message: Message, ctx: ClientContext) -> torch.Tensor:
         cfg = self.cfg
+        basis, message = split_guides(message)
         model, masks = self.load(message, ctx)
         seed = message.config.get("seed")
         if not isinstance(seed, int):
@@ -86,7 +103,8 @@ class BaffleBatchClient:
         else:  # ΔL(D_c) = Σ_chunks (n_chunk / n) ΔL(chunk): the mean loss is linear in the samples
             chunks = list(ctx.data.indices.split(cfg.batch_size))
         params = perturbed_params(model, cfg.perturb)
-        masks = perturbed_masks(masks, params)
+        masks = perturbed_masks(combine_masks(masks, self.train_masks), params)
+        spec = guided_spec(scheduled(self.spec, cfg, ctx.rnd, ctx.rnd), cfg, basis, params, masks)
         total = torch.zeros(cfg.k, dtype=torch.float64)
         for idx in chunks:
             batch = (ctx.data.x[idx], ctx.data.y[idx])
@@ -94,7 +112,7 @@ class BaffleBatchClient:
                 model,
                 F.cross_entropy,
                 batch,
-                self.spec,
+                spec,
                 seed=seed,
                 params=list(params),
                 masks=masks,
@@ -125,12 +143,15 @@ class BaffleBatchStrategy(Strategy):
         seed: int,
         masks: dict[str, torch.Tensor] | None = None,
         draws: Draws = "torch",
+        train_masks: dict[str, torch.Tensor] | None = None,
     ) -> None:
         assert cfg.server_optimizer is not None
         self.model, self.cfg, self.seed = model, cfg, seed
+        self.train_masks = train_masks  # method.train_mask: the estimate is zero off them
         self.spec = cfg.zo_spec(draws=draws)  # the server runs no forwards: no workers
         self.server = GlobalModel(model, cfg.server_optimizer.build(), masks=masks)
         self.downlink = DownlinkHistory(cfg.k) if cfg.downlink == "seeds" else None
+        self.guides: list[dict[str, torch.Tensor]] = []  # the last guided_rank global updates
 
     weighted = True  # Eq. (7): weights N_c / N
 
@@ -153,7 +174,7 @@ class BaffleBatchStrategy(Strategy):
         return perturbed_params(self.model, self.cfg.perturb)
 
     def masks(self) -> dict[str, torch.Tensor] | None:
-        return perturbed_masks(self.server.masks, self.params())
+        return perturbed_masks(combine_masks(self.server.masks, self.train_masks), self.params())
 
     def round_seed(self, rnd: int, cid: int | None = None) -> int:
         """s_t (shared) or s_{t,c} (per client); 62 bits, sent as an 8-byte integer."""
@@ -171,7 +192,7 @@ class BaffleBatchStrategy(Strategy):
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
         if self.downlink is not None:
             return self.downlink.messages(rnd, client_ids, self.round_seed(rnd), self.server)
-        arrays = self.server.arrays()
+        arrays = {**self.server.arrays(), **guide_arrays(self.guides)}
         if self.cfg.shared_perturbations:
             return dict.fromkeys(client_ids, Message(arrays, config={"seed": self.round_seed(rnd)}))
         return {c: Message(arrays, config={"seed": self.round_seed(rnd, c)}) for c in client_ids}
@@ -202,7 +223,11 @@ class BaffleBatchStrategy(Strategy):
     def shared_estimate(self, rnd: int, combined: torch.Tensor) -> dict[str, torch.Tensor]:
         """ĝ (Eq. 6) from Σ_c (N_c/N) ΔL_c on the round's shared perturbations (Eq. 7), not applied."""
         return estimate_gradient(
-            self.params(), combined, self.spec, seed=self.round_seed(rnd), masks=self.masks()
+            self.params(),
+            combined,
+            self.round_spec(rnd),
+            seed=self.round_seed(rnd),
+            masks=self.masks(),
         )
 
     def per_client_estimate(
@@ -214,7 +239,7 @@ class BaffleBatchStrategy(Strategy):
         g: dict[str, torch.Tensor] = {}
         for c, (d, n) in checked.items():
             seed = self.round_seed(rnd, c)
-            gc = estimate_gradient(params, d, self.spec, seed=seed, masks=self.masks())
+            gc = estimate_gradient(params, d, self.round_spec(rnd), seed=seed, masks=self.masks())
             for k, v in gc.items():
                 g[k] = g[k].add_(v, alpha=n / total) if k in g else v * (n / total)
         return g
@@ -235,8 +260,23 @@ class BaffleBatchStrategy(Strategy):
         self.downlink.record(rnd, seed, combined)
         return {"estimate_inf_norm": max(float(v.abs().max()) for v in g.values())}
 
+    def round_spec(self, rnd: int) -> ZerothOrderSpec:
+        """Round ``rnd``'s estimate: its σ (``sigma_decay``), and guided directions in the span of
+        the last updates (those the clients received with the model) or the configured ones."""
+        spec = scheduled(self.spec, self.cfg, rnd, rnd)
+        return guided_spec(spec, self.cfg, self.guides, self.params(), self.masks())
+
     def apply(self, grads: dict[str, torch.Tensor]) -> dict[str, float]:
+        before = (
+            {k: v.detach().clone() for k, v in self.params().items()}
+            if self.cfg.guided_rank
+            else {}
+        )
         self.server.step(clip_inf_norm(grads, self.cfg.clip))
+        if self.cfg.guided_rank:  # newest first; the oldest falls out of the basis
+            now = self.params()
+            self.guides = [{k: now[k].detach() - before[k] for k in before}, *self.guides]
+            self.guides = self.guides[: self.cfg.guided_rank]
         return {"estimate_inf_norm": max(float(v.abs().max()) for v in grads.values())}
 
     def apply_mean(
@@ -257,20 +297,86 @@ class BaffleBatchStrategy(Strategy):
         state = self.server.state_dict()
         if self.downlink is not None:
             state["downlink"] = self.downlink.state_dict()
+        if self.cfg.guided_rank:
+            state["guides"] = [{k: v.clone() for k, v in g.items()} for g in self.guides]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.server.load_state_dict(state)
         if self.downlink is not None:
             self.downlink.load_state_dict(state["downlink"])
+        if self.cfg.guided_rank:
+            self.guides = [dict(g) for g in state["guides"]]
+
+
+_GUIDE = "guide/"
+
+
+def guide_arrays(guides: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The last global updates as message arrays, ``guide/<i>/<parameter>`` (newest i = 0)."""
+    return {f"{_GUIDE}{i}/{k}": v for i, g in enumerate(guides) for k, v in g.items()}
+
+
+def split_guides(message: Message) -> tuple[list[dict[str, torch.Tensor]], Message]:
+    """The guide arrays of a server message (newest first) and the message without them."""
+    if not any(k.startswith(_GUIDE) for k in message.arrays):
+        return [], message
+    guides: dict[int, dict[str, torch.Tensor]] = {}
+    rest = {}
+    for key, value in message.arrays.items():
+        if key.startswith(_GUIDE):
+            i, name = key[len(_GUIDE) :].split("/", 1)
+            guides.setdefault(int(i), {})[name] = value
+        else:
+            rest[key] = value
+    return [guides[i] for i in sorted(guides)], dataclasses.replace(message, arrays=rest)
+
+
+def guided_spec(
+    spec: ZerothOrderSpec,
+    cfg: BaffleConfig,
+    guides: Sequence[Mapping[str, torch.Tensor]],
+    params: Mapping[str, torch.Tensor],
+    masks: Mapping[str, torch.Tensor] | None,
+) -> ZerothOrderSpec:
+    """``spec`` with guided directions (:func:`~fedge.estimators.directions.guided_directions`)
+    over ``params`` in the span of ``guides`` when ``guided_rank`` is on; ``spec`` otherwise."""
+    if not cfg.guided_rank:
+        return spec
+    for g in guides:
+        if set(g) != set(params):
+            raise MessageError(
+                f"guided directions: the server's update covers {sorted(g)}, the perturbed parameters are "
+                f"{sorted(params)}; client and server must perturb the same parameters"
+            )
+    dirs = guided_directions(
+        guides,
+        {n: p.shape for n, p in params.items()},
+        cfg.k,
+        cfg.guided_share,
+        masks,
+        draws=spec.draws,
+    )
+    return dataclasses.replace(spec, directions=dirs)
 
 
 def build_batch(
     cfg: BaffleConfig, env: MethodEnv, *, masks: dict[str, torch.Tensor] | None = None
 ) -> MethodBuild:
     """Batch-level BAFFLE's bare strategy and client program."""
-    strategy = BaffleBatchStrategy(env.model_fn(), cfg, seed=env.seed, masks=masks, draws=env.draws)
+    strategy = BaffleBatchStrategy(
+        env.model_fn(),
+        cfg,
+        seed=env.seed,
+        masks=masks,
+        draws=env.draws,
+        train_masks=env.train_masks,
+    )
     program = BaffleBatchClient(
-        env.model_fn, cfg, threads=perturbation_threads(cfg, env), draws=env.draws
+        env.model_fn,
+        cfg,
+        threads=perturbation_threads(cfg, env),
+        draws=env.draws,
+        train_masks=env.train_masks,
     )
     return MethodBuild(strategy, program)

@@ -7,6 +7,7 @@ client uploads). The choices behind the defaults (clip 0.3, shared perturbations
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -25,6 +26,7 @@ __all__ = [
     "BaffleConfig",
     "advice",
     "perturbation_threads",
+    "round_spec",
     "upload",
 ]
 
@@ -54,9 +56,11 @@ class BaffleConfig(MethodConfigBase):
     scheme: Literal["central", "forward"] = Field(
         "forward", description="central or twice-FD (forward)"
     )
-    estimator: Literal["lean", "fast"] = Field(
+    estimator: Literal["lean", "fast", "jvp"] = Field(
         "fast",
-        description="lean (least memory) or fast (a forward of the batch of at most ~90 MFLOP, e.g. LeNet-5 up to "
+        description="jvp: forward-mode differentiation (NOT inference-only: exact directional derivatives by "
+        "torch.func.jvp, one pass per direction, uploaded as c·σ·∇L·z_k so the server is unchanged; rounds log "
+        "forward_mode_ad=1); lean (least memory) or fast (a forward of the batch of at most ~90 MFLOP, e.g. LeNet-5 up to "
         "159 samples, BAFFLE's LeNet up to 8: perturbations batched; more: perturbations split over "
         "`perturbation_threads`, one model copy per thread; at epoch level it keeps up to 64 MiB of the forwards' "
         "perturbations so the client's own estimate does not draw them again)",
@@ -110,6 +114,37 @@ class BaffleConfig(MethodConfigBase):
         "differences a client missed (it rebuilds the model; the full model and optimizer state when smaller)",
     )
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
+    sigma_decay: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="σ schedule: round t perturbs with σ·sigma_decay^(t−1) (client and server alike); 1: constant",
+    )
+    k_final: int | None = Field(
+        None,
+        ge=1,
+        description="epoch mode: K schedule, K ramped linearly from k (round 1) to k_final (the last round), "
+        "rounded; null: constant K",
+    )
+    guided_rank: int = Field(
+        0,
+        ge=0,
+        description="batch mode: r, the last r global updates whose span guided directions lie in (sent with the "
+        "model: r more model-sized arrays down a round); 0: off (every direction fresh)",
+    )
+    guided_share: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="with guided_rank > 0: the share of the K directions drawn in that span (the rest fresh "
+        "Gaussians); the estimate is then biased by −share·(I − P)g, P the projection on the span",
+    )
+    prefix_once: bool = Field(
+        False,
+        description="run the leading layers that hold no perturbed coordinate (method.freeze, method.perturb) "
+        "once per batch and the K perturbed forwards through the rest only (lean and threaded estimators; the "
+        "fast estimator's batched pass always shares them): the same losses, fewer FLOPs",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -153,6 +188,24 @@ class BaffleConfig(MethodConfigBase):
                     "secure_aggregation needs shared_perturbations=true: the server only learns "
                     "the sum of the loss differences, so every client must use the same perturbations"
                 )
+        if self.guided_rank and (
+            self.mode != "batch" or self.downlink != "model" or self.directions != "gaussian"
+        ):
+            raise ValueError(
+                f"guided_rank={self.guided_rank} needs mode=batch, downlink=model and directions=gaussian (the "
+                "server sends the last global updates with the model and rebuilds the estimate from them); got "
+                f"mode={self.mode}, downlink={self.downlink}, directions={self.directions}"
+            )
+        if self.k_final is not None and self.mode != "epoch":
+            raise ValueError(
+                f"k_final={self.k_final} (a K schedule) needs mode=epoch: in batch mode every reply's K scalars are "
+                "summed (secure aggregation, DP) with one shape for the run; schedule sigma (sigma_decay) instead"
+            )
+        if self.sigma_decay != 1.0 and self.downlink == "seeds":
+            raise ValueError(
+                f"sigma_decay={self.sigma_decay} with downlink=seeds: the client's replay of missed rounds uses one σ; "
+                "use downlink=model with a σ schedule"
+            )
         if self.downlink == "seeds" and (self.mode != "batch" or not self.shared_perturbations):
             raise ValueError(
                 "downlink=seeds rebuilds the model from the round seed and the K aggregated loss differences: "
@@ -166,7 +219,8 @@ class BaffleConfig(MethodConfigBase):
 
     def zo_spec(self, workers: int | None = None, *, draws: Draws = "torch") -> ZerothOrderSpec:
         """The zeroth-order estimate this config describes (BAFFLE Eq. 6: ``k``, ``sigma``,
-        ``scheme``, ``directions``; ``estimator`` as the mode, ``chunk``, ``precision``), its
+        ``scheme``, ``directions``; ``estimator`` as the mode, ``chunk``, ``precision``,
+        ``prefix_once``), its
         fast mode split over ``workers`` threads (:func:`perturbation_threads`), its directions
         drawn by ``draws`` (the run's ``draws``, from :class:`~fedge.methods.base.MethodEnv`:
         a run-level choice, not a method key)."""
@@ -180,7 +234,20 @@ class BaffleConfig(MethodConfigBase):
             dtype=self.dtype,
             workers=workers,
             draws=draws,
+            prefix_once=self.prefix_once,
         )
+
+
+def round_spec(spec: ZerothOrderSpec, cfg: BaffleConfig, rnd: int, rounds: int) -> ZerothOrderSpec:
+    """``spec`` with round ``rnd``'s K and σ (of ``rounds``): σ·sigma_decay^(rnd−1) and, with
+    ``k_final``, K = round(k + (k_final − k)·(rnd − 1)/(rounds − 1)); ``spec`` itself when no
+    schedule is set (so a run without one is unchanged)."""
+    if cfg.sigma_decay == 1.0 and cfg.k_final is None:
+        return spec
+    k = cfg.k
+    if cfg.k_final is not None and rounds > 1:
+        k = round(cfg.k + (cfg.k_final - cfg.k) * (min(rnd, rounds) - 1) / (rounds - 1))
+    return dataclasses.replace(spec, k=k, sigma=cfg.sigma * cfg.sigma_decay ** (rnd - 1))
 
 
 def perturbation_threads(cfg: BaffleConfig, env: MethodEnv) -> int:

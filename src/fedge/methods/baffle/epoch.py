@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from fedge.core.context import ClientContext
 from fedge.core.rng import Draws
 from fedge.estimators import zeroth_order_gradient
-from fedge.methods.baffle.config import BaffleConfig, perturbation_threads
+from fedge.methods.baffle.config import BaffleConfig, perturbation_threads, round_spec
 from fedge.methods.baffle.downlink import clip_inf_norm, perturbed_masks, perturbed_params
 from fedge.methods.base import MethodBuild, MethodEnv
 from fedge.methods.fedavg import DeltaAveraging
@@ -23,10 +23,12 @@ from fedge.methods.local import LocalTraining
 __all__ = ["build_epoch", "zeroth_order_gradient_fn"]
 
 
-def zeroth_order_gradient_fn(cfg: BaffleConfig, threads: int = 1, draws: Draws = "torch") -> Any:
+def zeroth_order_gradient_fn(
+    cfg: BaffleConfig, threads: int = 1, draws: Draws = "torch", rounds: int = 1
+) -> Any:
     """A :data:`~fedge.methods.local.GradientFn` computing BAFFLE's local estimate, its
-    directions drawn by ``draws``."""
-    spec = cfg.zo_spec(workers=threads, draws=draws)
+    directions drawn by ``draws``, with the round's K and σ (:func:`round_spec`, of ``rounds``)."""
+    base = cfg.zo_spec(workers=threads, draws=draws)
 
     def gradient(
         model: torch.nn.Module,
@@ -34,6 +36,7 @@ def zeroth_order_gradient_fn(cfg: BaffleConfig, threads: int = 1, draws: Draws =
         ctx: ClientContext,
         masks: Any,
     ):
+        spec = round_spec(base, cfg, ctx.rnd, rounds)
         seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator))
         params = perturbed_params(model, cfg.perturb)
         masks = perturbed_masks(masks, params)
@@ -57,6 +60,9 @@ def build_epoch(
     program = LocalTraining.from_config(
         env.model_fn,
         cfg,
-        gradient_fn=zeroth_order_gradient_fn(cfg, perturbation_threads(cfg, env), env.draws),
+        gradient_fn=zeroth_order_gradient_fn(
+            cfg, perturbation_threads(cfg, env), env.draws, rounds=env.rounds
+        ),
+        train_masks=env.train_masks,
     )
     return MethodBuild(strategy, program)
