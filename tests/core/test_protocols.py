@@ -102,6 +102,7 @@ def test_the_defaults_of_a_bare_strategy():
     assert s.eligible_client(0, {}) and s.select_clients(1, 4, 2) is None
     assert s.stop_reason(1) is None and s.round_metrics({}) == {}
     assert s.aggregated_clients() is None and s.side_eval_models() == {}
+    assert s.profile_fields == frozenset()  # a profile field no part of a run reads is refused
 
 
 def test_the_optional_hooks_are_small_protocols_and_wrappers_write_none_of_them():

@@ -33,11 +33,13 @@ def write_run(
     flops: int = FLOPS,
     peak_bytes: int | None = None,
     extra: dict[str, float] | None = None,
+    sim_time_s: float | None = None,
 ) -> Path:
     """A run directory with one metrics row per entry of ``accuracies`` (None = not evaluated).
 
     Bytes are ``BYTES_DOWN``/``BYTES_UP`` per round, FLOPs ``flops`` per round, so the
-    cumulative numbers after round r are r times those.
+    cumulative numbers after round r are r times those; with ``sim_time_s``, each round lasts
+    that many simulated seconds (the time model's keys).
     """
     path.mkdir(parents=True, exist_ok=True)
     n = len(accuracies)
@@ -83,6 +85,9 @@ def write_run(
             }
             if peak_bytes is not None:
                 row["client_peak_bytes"] = peak_bytes
+            if sim_time_s is not None:
+                row[schema.SIM_TIME_S] = sim_time_s
+                row[schema.SIM_TIME_TOTAL_S] = r * sim_time_s
             row.update(extra or {})
             f.write(json.dumps(row) + "\n")
     if complete:
@@ -105,6 +110,8 @@ def write_run(
         }
         if peak_bytes is not None:
             summary["client_peak_bytes"] = peak_bytes
+        if sim_time_s is not None:
+            summary[schema.SIM_TIME_TOTAL_S] = n * sim_time_s
         (path / schema.SUMMARY).write_text(json.dumps(summary))
     return path
 

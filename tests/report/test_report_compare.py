@@ -118,3 +118,12 @@ def test_privacy_columns_appear_only_with_attack_results(two_runs):
         "—",
     ]  # the strongest MIA, the best DRA
     assert row_b[-4:] == ["—", "—", "—", "0.500 masked"]
+
+
+def test_simulated_time_is_a_column_and_a_plot_when_a_run_has_it(make_run, tmp_path):
+    a, b = make_run("a", sim_time_s=30.0), make_run("b")
+    cmp = compare_runs([a, b], tmp_path / "cmp")
+    col = cmp.columns().index("simulated time")
+    assert [r[col] for r in cmp.rows()] == ["2 min 30 s", "—"]  # 5 rounds of 30 s; none
+    assert "accuracy_vs_time.png" in [p.name for p in cmp.plots]
+    assert "simulated time" not in compare_runs([b]).columns()

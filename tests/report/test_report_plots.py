@@ -108,3 +108,23 @@ def test_round_axes_tick_whole_rounds_and_the_bytes_lines_stay_visible(
     assert down.get_linewidth() >= 2 * up.get_linewidth() and up.get_linestyle() == "--"
     top = max(max(ln.get_ydata()) for ln in ax.get_lines())
     assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 1.1 * top  # off the top border
+
+
+def test_a_run_with_simulated_time_gets_accuracy_against_it(make_run, tmp_path):
+    run = load_run(make_run(sim_time_s=90.0))
+    paths = plot_run(run, tmp_path / "plots")
+    assert paths[-1].name == "accuracy_vs_time.png"
+    assert_sane_png(paths[-1])
+    xs, ys = run.series("test_accuracy", x="sim_time_total_s")
+    assert xs == [90.0, 270.0, 450.0] and ys == [0.2, 0.5, 0.875]  # evaluated rounds 1, 3, 5
+    untimed = plot_run(load_run(make_run("b")), tmp_path / "plots-b")
+    assert "accuracy_vs_time.png" not in [p.name for p in untimed]
+
+
+def test_plot_comparison_draws_simulated_time_for_the_runs_that_have_it(make_run, tmp_path):
+    runs = [load_run(make_run("a", sim_time_s=10.0)), load_run(make_run("b"))]
+    paths = plot_comparison(runs, tmp_path / "cmp")
+    assert "accuracy_vs_time.png" in [p.name for p in paths]
+    assert "accuracy_vs_time.png" not in [
+        p.name for p in plot_comparison(runs[1:], tmp_path / "cmp-b")
+    ]

@@ -375,6 +375,7 @@ def test_profiles_from_the_config_cover_the_population_in_their_shares(tiny):
         tiny(
             **{
                 "clients.num": 10,
+                "measure.memory": True,  # what memory_mb is checked against
                 "clients.profiles": [
                     {"name": "phone", "fraction": 0.7, "memory_mb": 512, "enclave_mb": 0},
                     {"name": "board", "fraction": 0.3, "memory_mb": 64, "enclave_mb": 8},

@@ -214,3 +214,14 @@ def test_flops_not_measured_leave_no_flops_key():
     )
     assert not [k for k in line if "flops" in k]
     assert line["bytes_down"] == 0 and line["wall_s.edge"] == 0.5
+
+
+def test_on_a_gpu_the_per_round_peak_is_the_cuda_allocators_and_the_largest_step_wins():
+    """Two client steps on a CUDA device: the round's client_peak_bytes is the larger of their
+    CUDA peaks (StepStats.device_peak_bytes), the tensor accounting stays under its own name."""
+    totals = RoundTotals(exchanges=1)
+    totals.add(StepStats(tensor_peak_bytes=1_000, rss_peak_bytes=0, device_peak_bytes=7_168))
+    totals.add(StepStats(tensor_peak_bytes=3_000, rss_peak_bytes=0, device_peak_bytes=5_120))
+    line = metrics_line(1, 2, totals, RoundRecord(), figures={}, aggregate={}, memory=True)
+    assert line["client_peak_bytes"] == 7_168
+    assert line["client_tensor_peak_bytes"] == 3_000

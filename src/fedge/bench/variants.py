@@ -205,6 +205,8 @@ NEUTRAL_ADDITIONS: dict[tuple[str, ...], Any] = {
     ("clients", "dropout"): 0.0,
     ("clients", "min_replies"): None,
     ("clients", "reply_timeout"): None,
+    ("clients", "deadline_s"): None,
+    ("clients", "over_select"): 1.0,
     # every record made before the key drew with torch's and numpy's generators
     ("draws",): "torch",
 }

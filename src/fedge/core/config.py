@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import math
 import os
 import types
 import typing
@@ -29,6 +30,8 @@ from pydantic import (
     model_validator,
 )
 
+from fedge.core.device import DEVICE_FORMS, check_device
+from fedge.core.device_profiles import DEVICES, TIME_FIELDS, device_fields
 from fedge.core.errors import ConfigError
 from fedge.core.overrides import apply_overrides, override_strings
 from fedge.core.presets import preset_path, read_config_file
@@ -94,16 +97,63 @@ class _Open(ConfigModel):
 class DeviceProfile(_Strict):
     """A kind of device in the population (``clients.profiles``): a share of the clients and
     what each such device offers. A method may sample only the devices that fit it
-    (``Strategy.eligible``: e.g. PPFL needs an enclave large enough for a layer)."""
+    (``Strategy.eligible``: e.g. PPFL needs an enclave large enough for a layer); the time
+    model (``gflops``, ``uplink_kbps``, ``downlink_kbps``: :mod:`fedge.runtime.fleet`) turns
+    each client's measured FLOPs and bytes into simulated seconds; ``memory_mb`` is checked
+    against each client step's measured peak. ``device`` names one of
+    :data:`fedge.core.device_profiles.DEVICES`, whose figures fill the fields not given here."""
 
-    name: str
-    fraction: float = Field(gt=0, le=1, description="share of the clients with this profile")
-    memory_mb: float | None = Field(None, gt=0, description="device memory for training")
-    enclave_mb: float | None = Field(
-        None, ge=0, description="trusted-execution-environment memory (0: none)"
+    name: str = Field(description="the profile's name (default: its device's name)")
+    device: str | None = Field(
+        None,
+        description="a named device (phone-high, phone-mid, phone-low, iot; figures and sources in "
+        "docs/guide/scale.md): its gflops and link figures, each overridden by a field given here",
     )
-    uplink_kbps: float | None = Field(None, gt=0)
-    downlink_kbps: float | None = Field(None, gt=0)
+    fraction: float = Field(gt=0, le=1, description="share of the clients with this profile")
+    memory_mb: float | None = Field(
+        None,
+        gt=0,
+        description="device memory for training in MiB: a client step whose measured tensor peak is "
+        "larger warns, naming the profile (needs measure.memory=true)",
+    )
+    enclave_mb: float | None = Field(
+        None,
+        ge=0,
+        description="trusted-execution-environment memory (0: none); read by methods that use an "
+        "enclave (ppfl), refused by the others",
+    )
+    gflops: float | None = Field(
+        None,
+        gt=0,
+        description="effective training speed in GFLOP/s: a client step's measured FLOPs over this is "
+        "its simulated compute time (needs measure.flops=true)",
+    )
+    uplink_kbps: float | None = Field(
+        None,
+        gt=0,
+        description="upload bandwidth in kbit/s (1 kbps = 1000 bit/s), for the time model",
+    )
+    downlink_kbps: float | None = Field(
+        None, gt=0, description="download bandwidth in kbit/s, for the time model"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named_device(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("device") is not None:
+            if not isinstance(data["device"], str) or data["device"] not in DEVICES:
+                raise ValueError(
+                    f"clients.profiles device={data['device']!r} is not a named device; "
+                    f"give one of {sorted(DEVICES)} or the fields gflops, uplink_kbps, downlink_kbps"
+                )
+            figures = device_fields(data["device"])
+            data = {**figures, **{k: v for k, v in data.items() if v is not None}}
+            data.setdefault("name", data["device"])
+        return data
+
+    def gives_time(self) -> list[str]:
+        """The time-model fields this profile gives."""
+        return [f for f in TIME_FIELDS if getattr(self, f) is not None]
 
 
 class ClientsConfig(_Strict):
@@ -134,6 +184,18 @@ class ClientsConfig(_Strict):
         gt=0,
         description="Flower runtimes: seconds an exchange waits for its replies; a node not answering by then has failed (null: no limit)",
     )
+    deadline_s: float | None = Field(
+        None,
+        gt=0,
+        description="simulated seconds an exchange waits for replies (the time model of clients.profiles): "
+        "a client finishing later is a straggler, its reply dropped through clients.min_replies (null: wait for all)",
+    )
+    over_select: float = Field(
+        1.0,
+        ge=1,
+        description="sample ceil(over_select x clients.per_round) clients (at most clients.num) and aggregate "
+        "the clients.per_round that finish first in simulated time; the rest are stragglers (1: no over-selection)",
+    )
 
     @model_validator(mode="after")
     def _check_profiles(self) -> ClientsConfig:
@@ -145,6 +207,46 @@ class ClientsConfig(_Strict):
             if len(set(names)) != len(names):
                 raise ValueError(f"clients.profiles names must be unique, got {names}")
         return self
+
+    @model_validator(mode="after")
+    def _check_time(self) -> ClientsConfig:
+        on = self.time_model()
+        if on:
+            assert self.profiles is not None
+            for p in self.profiles:
+                missing = [f for f in TIME_FIELDS if getattr(p, f) is None]
+                if missing:
+                    raise ValueError(
+                        f"clients.profiles entry {p.name!r} gives no {', '.join(missing)}: the time model "
+                        "(on because a profile gives gflops, uplink_kbps or downlink_kbps) needs all three "
+                        "of every profile; give them, or a named device (device: phone-mid)"
+                    )
+        for key, value, used in (
+            ("deadline_s", self.deadline_s, self.deadline_s is not None),
+            ("over_select", self.over_select, self.over_select > 1),
+        ):
+            if used and not on:
+                raise ValueError(
+                    f"clients.{key}={value:g} acts on simulated time, but no clients.profiles entry gives "
+                    "the time model's gflops, uplink_kbps and downlink_kbps; give them (or a named device, "
+                    f"device: phone-mid) or remove clients.{key}"
+                )
+            if used and self.min_replies is None:
+                raise ValueError(
+                    f"clients.{key}={value:g} drops stragglers' replies, but clients.min_replies is null "
+                    "(every reply needed); set clients.min_replies, e.g. to half of clients.per_round"
+                )
+        return self
+
+    def time_model(self) -> bool:
+        """Whether the run simulates time: some profile gives a time-model field."""
+        return any(p.gives_time() for p in self.profiles or ())
+
+    def sampled(self) -> int:
+        """Clients sampled per round: :meth:`count`, times ``over_select`` rounded up (at most
+        ``num``)."""
+        n = self.count()
+        return min(self.num, max(n, math.ceil(self.over_select * n - 1e-9)))
 
     def assign_profiles(self, seed: int) -> list[dict[str, Any]] | None:
         """One profile per client id: counts by largest remainder, assigned by a seeded permutation."""
@@ -336,6 +438,11 @@ class RunConfig(_Strict):
         "two torch threads collapse 10-25x when the machine is shared, and the zeroth-order estimator "
         "uses the cores through its own perturbation threads",
     )
+    device: str = Field(
+        "cpu",
+        description=f"where the simulation's models, batches and estimator tensors live: {DEVICE_FORMS}; "
+        "messages still travel as CPU bytes. cuda needs a visible CUDA device (docs/guide/gpu.md)",
+    )
     clients: ClientsConfig = ClientsConfig()
     dataset: DatasetConfig = DatasetConfig()
     partition: PartitionConfig = PartitionConfig()
@@ -374,12 +481,36 @@ class RunConfig(_Strict):
             )
         return v
 
+    @field_validator("device")
+    @classmethod
+    def _device_visible(cls, v: str) -> str:
+        return check_device(v)
+
     @field_validator("seed")
     @classmethod
     def _seed_range(cls, v: int) -> int:
         if not 0 <= v < 2**63:
             raise ValueError(f"seed must be in [0, 2**63), got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _profile_fields_measured(self) -> RunConfig:
+        """A profile field whose check needs a measurement the run does not make is unused:
+        refused, naming it (the time model needs FLOPs; ``memory_mb`` the memory peak)."""
+        if self.clients.time_model() and not self.measure.flops:
+            raise ValueError(
+                "clients.profiles give the time model's gflops, but measure.flops=false counts no FLOPs "
+                "to turn into compute time; set measure.flops=true or remove gflops, uplink_kbps and "
+                "downlink_kbps (and any device) from clients.profiles"
+            )
+        for p in self.clients.profiles or ():
+            if p.memory_mb is not None and not self.measure.memory:
+                raise ValueError(
+                    f"clients.profiles entry {p.name!r} gives memory_mb={p.memory_mb:g}, which nothing uses: "
+                    "it is checked against each client step's measured peak, and measure.memory=false "
+                    "measures none; set measure.memory=true or remove memory_mb"
+                )
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (the resolved config written to ``config.yaml``)."""

@@ -100,6 +100,13 @@ class Strategy:
         memory, enclave size, bandwidth, ...) may be sampled. Default: every client."""
         return True
 
+    @property
+    def profile_fields(self) -> frozenset[str]:
+        """The ``clients.profiles`` fields :meth:`eligible` reads beyond those the engine reads
+        itself (the time model's, ``memory_mb``): a profile giving a field nothing reads is
+        refused. Default: none."""
+        return frozenset()
+
     def eligible_client(self, cid: int, profile: Mapping[str, Any]) -> bool:
         """:meth:`eligible` for client ``cid`` (what the engine asks); override it when the
         answer or the strategy's bookkeeping needs the id. Default: ``eligible(profile)``."""
@@ -166,6 +173,7 @@ OPTIONAL_HOOKS = (
     "global_model",
     "partial_replies",
     "eligible",
+    "profile_fields",
     "eligible_client",
     "select_clients",
     "stop_reason",

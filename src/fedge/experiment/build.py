@@ -18,6 +18,7 @@ from pydantic_core import PydanticSerializationError
 
 from fedge.core.config import RunConfig, validate_section
 from fedge.core.context import ClientData
+from fedge.core.device import full_float32, resolve_device
 from fedge.core.errors import ConfigError, PrivacyWarning, UnknownNameError
 from fedge.core.rng import derive_seed, numpy_rng
 from fedge.data import Dataset, load_dataset
@@ -68,6 +69,44 @@ def model_factory(cfg: RunConfig, dataset: Dataset) -> Callable[[], torch.nn.Mod
     return make
 
 
+def on_device(
+    model_fn: Callable[[], torch.nn.Module], device: torch.device
+) -> Callable[[], torch.nn.Module]:
+    """``model_fn`` building its model on ``device`` (itself on the CPU): built on the CPU,
+    where its seeded initialization is drawn, then moved, so a GPU run starts from the CPU
+    run's weights."""
+    if device.type == "cpu":
+        return model_fn
+
+    def make() -> torch.nn.Module:
+        return model_fn().to(device)
+
+    return make
+
+
+def check_device_support(cfg: RunConfig, device: torch.device, *, accelerators: bool) -> None:
+    """Refuse a run on a device other than the CPU that cannot run there yet: a method whose
+    tensors do not all follow ``device`` (:attr:`Capabilities.accelerators`), or forked client
+    workers (CUDA does not survive a fork). The composed mechanisms run where they did: secure
+    aggregation and DP on the uploads and aggregates, which are CPU tensors (the clients' uploads
+    leave the device when made), freezing and the EMA with the model."""
+    if device.type == "cpu":
+        return
+    fix = "set device=cpu"
+    if not accelerators:
+        raise ConfigError(
+            f"device={cfg.device!r} ({device}): method {cfg.method.name!r} runs on the CPU only "
+            "for now (its tensors are not yet placed on the run's device everywhere); fedavg, "
+            f"fedsgd and baffle run on a GPU; {fix}"
+        )
+    if cfg.clients.workers:
+        raise ConfigError(
+            f"device={cfg.device!r} ({device}) with clients.workers={cfg.clients.workers}: "
+            "forked worker processes cannot use CUDA; set clients.workers=0 (the GPU runs the "
+            f"clients one after another in this process), or {fix}"
+        )
+
+
 @dataclass
 class BuiltRun:
     config: RunConfig
@@ -79,13 +118,15 @@ class BuiltRun:
     clients: Sequence[ClientData]
     model_fn: Callable[[], torch.nn.Module]
     validation: tuple[torch.Tensor, torch.Tensor] | None = None
+    #: where the simulation runs (``config.device`` resolved); ``model_fn`` still builds on the CPU
+    device: torch.device = torch.device("cpu")
 
     def engine_config(self) -> EngineConfig:
         c = self.config
         return EngineConfig(
             seed=c.seed,
             rounds=c.rounds,
-            per_round=c.clients.count(),
+            per_round=c.clients.sampled(),
             eval_every=c.eval_every,
             eval_batch_size=c.eval_batch_size,
             workers=c.clients.workers,
@@ -94,6 +135,10 @@ class BuiltRun:
             dropout=c.clients.dropout,
             min_replies=c.clients.min_replies,
             draws=c.draws,
+            time_model=c.clients.time_model(),
+            deadline_s=c.clients.deadline_s,
+            keep_first=c.clients.count() if c.clients.sampled() > c.clients.count() else None,
+            device=self.device,
         )
 
     def simulation(self, on_round: Any = None, runtime: Runtime | str = "engine") -> Simulation:
@@ -102,6 +147,19 @@ class BuiltRun:
         Flower (``flower-sim``: simulated Flower nodes, run by its backend; ``flower``: its
         Grid, inside a deployed ServerApp; :mod:`fedge.runtime.flower`)."""
         rt = Runtime.of(runtime).ready()
+        cl = self.config.clients
+        if rt.name != "engine" and (cl.deadline_s is not None or cl.over_select > 1):
+            raise ConfigError(
+                f"clients.deadline_s / clients.over_select drop stragglers by undoing their steps, which "
+                f"only the engine can (on {rt.name} the client states live on the nodes); run with "
+                "--runtime engine, or remove them (simulated time is still logged)"
+            )
+        if rt.name != "engine" and self.device.type != "cpu":
+            raise ConfigError(
+                f"device={self.config.device!r} ({self.device}) runs on the engine runtime only for "
+                f"now: Flower nodes ({rt.name}) run their clients on the CPU; use --runtime "
+                "engine, or set device=cpu"
+            )
         cls: Any = Simulation
         extra: dict[str, Any] = {}
         if rt.name != "engine":
@@ -241,6 +299,7 @@ def build_run(cfg: RunConfig) -> BuiltRun:
     method_cfg = method_config(cfg)
     privacy = privacy_config(cfg)
     check_privacy(spec, privacy)
+    device = resolve_device(cfg.device)
 
     d = cfg.dataset
     clients: Sequence[ClientData]
@@ -306,18 +365,16 @@ def build_run(cfg: RunConfig) -> BuiltRun:
             "params": p.options(),
             **partition_summary(parts, labels, dataset.num_classes),
         }
+        # on a GPU the clients share one copy of the training set there (moved once, not per step)
+        x_train, y_train = dataset.x_train.to(device), dataset.y_train.to(device)
         clients = [
-            ClientData(
-                dataset.x_train,
-                dataset.y_train,
-                torch.as_tensor(np.asarray(idx), dtype=torch.int64),
-            )
+            ClientData(x_train, y_train, torch.as_tensor(np.asarray(idx), dtype=torch.int64))
             for idx in parts
         ]
         sizes = tuple(len(idx) for idx in parts)
     env = MethodEnv(
         seed=cfg.seed,
-        model_fn=model_fn,
+        model_fn=on_device(model_fn, device),
         num_classes=dataset.num_classes,
         input_shape=tuple(dataset.input_shape),
         client_sizes=sizes,
@@ -326,7 +383,11 @@ def build_run(cfg: RunConfig) -> BuiltRun:
         per_round=cfg.clients.count(),
         privacy=privacy,
         draws=cfg.draws,
+        device=device,
     )
+    # before anything is built on the device
+    check_device_support(cfg, device, accelerators=spec.capabilities.accelerators)
+    full_float32(device)
     method = compose(spec, method_cfg, env)
     if cfg.clients.min_replies is not None and not method.strategy.partial_replies:
         # name the strategy that needs every reply: the method's own, unless a mechanism does
@@ -340,6 +401,7 @@ def build_run(cfg: RunConfig) -> BuiltRun:
             f"every addressed client's reply ({type(inner).__name__} cannot aggregate a subset), so a round "
             "cannot go on without the failed clients; set clients.min_replies=null and clients.dropout=0"
         )
+    check_profile_fields(cfg, method)
     if privacy.enabled and privacy.sampling == "poisson" and cfg.clients.min_replies is not None:
         warnings.warn(
             f"privacy.sampling=poisson with clients.min_replies={cfg.clients.min_replies}: whether a round is skipped "
@@ -349,7 +411,39 @@ def build_run(cfg: RunConfig) -> BuiltRun:
             PrivacyWarning,
             stacklevel=2,
         )
-    return BuiltRun(cfg, dataset, parts, summary, method, method_cfg, clients, model_fn, validation)
+    return BuiltRun(
+        cfg, dataset, parts, summary, method, method_cfg, clients, model_fn, validation, device
+    )
+
+
+def check_profile_fields(cfg: RunConfig, method: MethodBuild) -> None:
+    """Refuse what ``clients.profiles`` give that this run cannot use: a field that neither
+    the engine (the time model, ``memory_mb``) nor the method (:attr:`Strategy.profile_fields`,
+    e.g. PPFL's ``enclave_mb``) reads, and a deadline or over-selection the method cannot
+    honour (its own client draw, a shared side party whose state a straggler's step changes)."""
+    clients = cfg.clients
+    reads = method.strategy.profile_fields
+    for p in clients.profiles or ():
+        if p.enclave_mb is not None and "enclave_mb" not in reads:
+            raise ConfigError(
+                f"clients.profiles entry {p.name!r} gives enclave_mb={p.enclave_mb:g}, which nothing in this "
+                f"run uses: method {cfg.method.name!r} reads no enclave size (ppfl does); remove enclave_mb"
+            )
+    if clients.deadline_s is None and clients.over_select <= 1:
+        return
+    key = "clients.over_select" if clients.over_select > 1 else "clients.deadline_s"
+    if clients.over_select > 1 and cfg.privacy.mechanism != "none":
+        raise ConfigError(
+            f"clients.over_select={clients.over_select:g} with privacy.mechanism={cfg.privacy.mechanism!r}: the "
+            "privacy accountant counts the clients sampled per round, which over-selection changes after the "
+            "draw; remove clients.over_select (clients.deadline_s alone drops stragglers as dropouts)"
+        )
+    shared = [n for n, spec in method.parties.items() if spec.scope == "shared"]
+    if shared:
+        raise ConfigError(
+            f"{key} drops stragglers by undoing their steps, but method {cfg.method.name!r} keeps shared side "
+            f"party state ({', '.join(shared)}) that a straggler's step may have changed; remove {key}"
+        )
 
 
 def client_shard(cfg: RunConfig, cid: int) -> dict[str, Any]:

@@ -303,12 +303,13 @@ class RunDir:
         return isinstance(summary, dict) and summary.get(STATUS) == COMPLETE
 
     def load_checkpoint(self) -> dict[str, Any] | None:
-        """The last checkpoint (None if the run stopped before round 1 finished)."""
+        """The last checkpoint (None if the run stopped before round 1 finished), its tensors on
+        the CPU whatever device wrote them (the strategies move their state to the run's device)."""
         ck = self.path / CHECKPOINT
         if not ck.exists():
             return None
         try:
-            return torch.load(ck, weights_only=True)
+            return torch.load(ck, weights_only=True, map_location="cpu")
         except Exception as exc:
             raise ResumeError(
                 f"checkpoint {str(ck)!r} is corrupt ({exc.__class__.__name__}: {exc}); "

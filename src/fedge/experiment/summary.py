@@ -49,6 +49,14 @@ def run_summary(built: BuiltRun, sim: Simulation, lines: list[dict[str, Any]]) -
             if lines and "epsilon" in lines[-1]
             else {}
         ),
+        # the time model (clients.profiles' gflops and links): simulated seconds of every round
+        **(
+            {"sim_time_total_s": rec.extra["sim_time_total_s"]}
+            if "sim_time_total_s" in rec.extra
+            else {}
+        ),
+        # profiles whose memory_mb a client step's measured peak exceeded (MiB)
+        **({"memory_over": rec.extra["memory_over"]} if "memory_over" in rec.extra else {}),
         "total_bytes_down": rec.cum_bytes_down,
         "total_bytes_up": rec.cum_bytes_up,
         "total_client_flops": rec.cum_client_flops if cfg.measure.flops else None,

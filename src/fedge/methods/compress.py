@@ -186,7 +186,10 @@ class CompressingClient:
                 f"round {ctx.rnd}, client {ctx.cid}: method.compress encodes floating-point "
                 f"uploads, but the reply's arrays {ints[:5]} are not"
             )
-        x = torch.cat([reply.arrays[n].detach().to(torch.float32).reshape(-1) for n in names])
+        # the codecs run on the CPU, where the upload travels from (a method moves it off its device)
+        x = torch.cat(
+            [reply.arrays[n].detach().to("cpu", torch.float32).reshape(-1) for n in names]
+        )
         residual = ctx.state.get(RESIDUAL)
         if self.error_feedback and isinstance(residual, torch.Tensor) and residual.shape == x.shape:
             x = x + residual

@@ -32,6 +32,9 @@ class Capabilities:
       scalars (``upload`` is ``loss_differences``: BAFFLE's batch mode) is refused.
     - ``coordinate_mask``: its clients perturb and update only the coordinates of
       ``MethodEnv.train_masks`` (``method.train_mask``, :mod:`fedge.methods.sparse`).
+    - ``accelerators``: every tensor the method makes follows the run's ``device`` (its models
+      come from ``env.model_fn``, its batches from ``ctx.data``, its estimator's draws from
+      ``env.device``), checked on a GPU by the ``needs_cuda`` tests: ``device: cuda`` applies.
     """
 
     sums_replies: bool = False
@@ -40,6 +43,7 @@ class Capabilities:
     client_optimizer: bool = False
     dense_upload: bool = False
     coordinate_mask: bool = False
+    accelerators: bool = False
 
     def reason(self, capability: str) -> str:
         """Why a mechanism needing ``capability`` does not apply (for the composer's errors)."""
@@ -55,6 +59,8 @@ _REASONS = {
     "or weights that are masked or sealed by the method itself)",
     "coordinate_mask": "its clients do not restrict their updates to a coordinate mask "
     "(fedavg and baffle do)",
+    "accelerators": "its tensors are not yet placed on the run's device everywhere (it runs on "
+    "the CPU only; fedavg, fedsgd and baffle run on a GPU)",
 }
 
 

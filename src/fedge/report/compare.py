@@ -70,6 +70,8 @@ class Comparison:
         if self.target_accuracy is not None:
             cols.append(f"bytes to {format_accuracy(self.target_accuracy)}")
         cols += ["client FLOPs", "wall time"]
+        if any(r.sim_time_s is not None for r in self.runs):
+            cols.append("simulated time")
         if any(r.peak_memory is not None for r in self.runs):
             cols.append("peak memory")
         return cols + self._privacy_columns()
@@ -82,6 +84,7 @@ class Comparison:
     def rows(self) -> list[list[str]]:
         """One formatted row per run, matching :meth:`columns`."""
         show_mem = any(r.peak_memory is not None for r in self.runs)
+        show_sim = any(r.sim_time_s is not None for r in self.runs)
         out = []
         for r in self.runs:
             rounds = str(r.rounds_done)
@@ -103,6 +106,8 @@ class Comparison:
                 b = r.bytes_to_accuracy(self.target_accuracy)
                 row.append("not reached" if b is None else format_bytes(b))
             row += [format_flops(r.total_client_flops), format_duration(r.wall_s)]
+            if show_sim:
+                row.append(format_duration(r.sim_time_s))
             if show_mem:
                 row.append(format_bytes(r.peak_memory))
             cells = privacy_cells(r.path)
@@ -161,7 +166,8 @@ def compare_runs(
         run_dirs: run directories (or already-loaded :class:`RunLog`\\ s); incomplete runs are
             compared on the rounds they have.
         out_dir: where to write the overlaid plots (``accuracy.png``, ``accuracy_vs_bytes.png``,
-            ``accuracy_vs_flops.png``, ``peak_memory.png``) and ``comparison.md``; ``None``
+            ``accuracy_vs_flops.png``, ``accuracy_vs_time.png``, ``peak_memory.png``) and
+            ``comparison.md``; ``None``
             writes nothing (table only).
         target_accuracy: a fraction in (0, 1]; adds a "bytes to reach it" column.
 

@@ -59,6 +59,8 @@ def _key_numbers(run: RunLog) -> Table:
         ("client FLOPs (total)", format_flops(run.total_client_flops, exact=True)),
         ("wall time", format_duration(run.wall_s)),
     ]
+    if run.sim_time_s is not None:
+        rows.append(("simulated time on the device fleet", format_duration(run.sim_time_s)))
     if run.model_params is not None:
         rows.append(("model parameters", f"{run.model_params:,}"))
     if run.model_bytes is not None:
@@ -295,6 +297,7 @@ _CAPTIONS = {
     "loss.png": "Loss per round",
     "bytes.png": "Bytes per round",
     "accuracy_vs_flops.png": "Test accuracy vs cumulative client FLOPs",
+    "accuracy_vs_time.png": "Test accuracy vs simulated time on the device fleet",
 }
 
 

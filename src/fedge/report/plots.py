@@ -13,7 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from fedge.report.runlog import CUM_BYTES, CUM_EFFECTIVE_FLOPS, RunLog
+from fedge.report.runlog import CUM_BYTES, CUM_EFFECTIVE_FLOPS, SIM_TIME_TOTAL_S, RunLog
 
 __all__ = ["FIGSIZE_IN", "PLOT_DPI", "plot_comparison", "plot_run"]
 
@@ -117,6 +117,12 @@ def _accuracy_vs(
     xs_all = [v for _, xs, _ in lines for v in xs]
     if x == CUM_BYTES:
         scale, xlabel = 1e6, "cumulative bytes, down + up (MB)"
+    elif x == SIM_TIME_TOTAL_S:
+        top = max(xs_all, default=0.0)
+        scale, unit = (
+            (3600.0, "h") if top >= 3 * 3600 else (60.0, "min") if top >= 180 else (1.0, "s")
+        )
+        xlabel = f"simulated time on the device fleet ({unit})"
     elif x == CUM_EFFECTIVE_FLOPS:
         scale, xlabel = 1.0, "cumulative client FLOPs, non-zero weights (dense runs: executed)"
     else:
@@ -138,8 +144,10 @@ def plot_run(run: RunLog, out_dir: str | Path) -> list[Path]:
     Writes ``accuracy.png`` (test accuracy vs round, top-5 too when logged),
     ``accuracy_vs_bytes.png`` (vs cumulative bytes down + up, MB), ``loss.png`` (test and,
     when logged, train loss), ``bytes.png`` (bytes down and up per round) and, when the run
-    counted any client FLOPs, ``accuracy_vs_flops.png``. A plot with no data to draw (e.g.
-    before the first evaluated round) is skipped.
+    counted any client FLOPs, ``accuracy_vs_flops.png``; when it simulated time on a device
+    fleet (``clients.profiles`` with the time model), ``accuracy_vs_time.png`` (vs cumulative
+    simulated time). A plot with no data to draw (e.g. before the first evaluated round) is
+    skipped.
 
     Returns:
         The paths written, in the order above.
@@ -198,6 +206,12 @@ def plot_run(run: RunLog, out_dir: str | Path) -> list[Path]:
                 out / "accuracy_vs_flops.png", [run], "cum_client_flops", named=False, title=title
             )
         )
+    if run.simulated_time:
+        written.append(
+            _accuracy_vs(
+                out / "accuracy_vs_time.png", [run], SIM_TIME_TOTAL_S, named=False, title=title
+            )
+        )
     return [p for p in written if p is not None]
 
 
@@ -205,8 +219,9 @@ def plot_comparison(runs: Sequence[RunLog], out_dir: str | Path) -> list[Path]:
     """Overlay several runs: ``accuracy.png``, ``accuracy_vs_bytes.png``,
     ``accuracy_vs_flops.png`` (if any run counted FLOPs), ``accuracy_vs_effective_flops.png``
     (if any run is sparse and logged its non-zero FLOPs; dense runs are drawn at their executed
-    FLOPs) and ``peak_memory.png`` (bars, if any run measured client memory), written into
-    ``out_dir``.
+    FLOPs), ``accuracy_vs_time.png`` (if any run simulated time on a device fleet; the runs
+    without it are left out) and ``peak_memory.png`` (bars, if any run measured client memory),
+    written into ``out_dir``.
 
     Returns:
         The paths written.
@@ -247,6 +262,17 @@ def plot_comparison(runs: Sequence[RunLog], out_dir: str | Path) -> list[Path]:
                 CUM_EFFECTIVE_FLOPS,
                 named=True,
                 title="accuracy vs client compute (non-zero weights only)",
+            )
+        )
+    timed = [r for r in runs if r.simulated_time]
+    if timed:
+        written.append(
+            _accuracy_vs(
+                out / "accuracy_vs_time.png",
+                timed,
+                SIM_TIME_TOTAL_S,
+                named=True,
+                title="accuracy vs simulated time",
             )
         )
     mem = [(r.label, r.peak_memory) for r in runs if r.peak_memory is not None]

@@ -28,6 +28,7 @@ from fedge.core.errors import FedgeError
 
 __all__ = [
     "CUM_BYTES",
+    "SIM_TIME_TOTAL_S",
     "NotARunDirError",
     "RunDirError",
     "RunLog",
@@ -40,6 +41,8 @@ CUM_BYTES = "cum_bytes"
 #: Cumulative client FLOPs counting only non-zero weights (sparse models log it); a run that does
 #: not log it ran dense, and its executed FLOPs (``cum_client_flops``) stand in.
 CUM_EFFECTIVE_FLOPS = schema.CUM_CLIENT_FLOPS_EFFECTIVE
+#: Cumulative simulated seconds on the device fleet (runs with the time model only).
+SIM_TIME_TOTAL_S = schema.SIM_TIME_TOTAL_S
 
 
 class RunDirError(FedgeError, ValueError):
@@ -186,6 +189,11 @@ class RunLog:
                     seen.setdefault(k, None)
         return list(seen)
 
+    @property
+    def simulated_time(self) -> bool:
+        """Whether the run simulated time on a device fleet (logged ``sim_time_total_s``)."""
+        return any(_finite(row.get(SIM_TIME_TOTAL_S)) for row in self.metrics)
+
     # ---- headline numbers (summary when complete, else from the metrics so far) -----------
 
     def _summary_number(self, key: str) -> float | None:
@@ -249,6 +257,11 @@ class RunLog:
             return float(s)
         _, w = self.series(schema.WALL_S)
         return float(sum(w)) if w else None
+
+    @property
+    def sim_time_s(self) -> float | None:
+        """Simulated seconds on the device fleet so far (None: the run simulated no time)."""
+        return self._last(SIM_TIME_TOTAL_S)
 
     @property
     def peak_memory(self) -> int | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,9 +25,11 @@ from fedge.runtime.executor import (
     SHARED,
     ClientExecutor,
     ClientStates,
+    ExchangeOutcome,
     StepSettings,
     local_executor,
 )
+from fedge.runtime.fleet import ClientTime, MiB, RoundClock, client_time, cut_exchange
 from fedge.runtime.round import (
     RoundRecord,
     RoundTotals,
@@ -37,6 +40,7 @@ from fedge.runtime.round import (
 )
 
 __all__ = [
+    "DeviceMemoryWarning",
     "EngineConfig",
     "RoundRecord",
     "Simulation",
@@ -60,10 +64,25 @@ class EngineConfig:
     dropout: float = 0.0
     min_replies: int | None = None
     draws: Draws = "torch"  # the run's seeded-draw generator (what the Flower handshake checks)
+    # the time model (clients.profiles' gflops and links; fedge.runtime.fleet): simulated time
+    # logged per round; an exchange's deadline (simulated s); and, under over-selection, the
+    # replies the first exchange keeps (the first to arrive; per_round is then the sampled count)
+    time_model: bool = False
+    deadline_s: float | None = None
+    keep_first: int | None = None
+    #: where client steps run (their batches, their CUDA peak memory) and evaluation's batches go
+    #: (RunConfig.device, resolved: fedge.core.device.resolve_device)
+    device: torch.device = torch.device("cpu")
 
     def step_settings(self, parties: Mapping[str, PartySpec]) -> StepSettings:
         """What every client step is given besides its task, under this config."""
-        return StepSettings(self.seed, self.measure_flops, self.measure_memory, dict(parties))
+        return StepSettings(
+            self.seed, self.measure_flops, self.measure_memory, dict(parties), self.device
+        )
+
+
+class DeviceMemoryWarning(UserWarning):
+    """A client step measured a larger memory peak than its device profile's ``memory_mb``."""
 
 
 def sample_clients(
@@ -166,8 +185,14 @@ class Simulation:
         self.executor = executor or local_executor(
             program, clients, config.step_settings(self.parties), config.workers
         )
+        if config.time_model and profiles is None:
+            raise ConfigError(
+                "EngineConfig.time_model=True needs a device profile per client (profiles=...)"
+            )
         self.states = ClientStates(self.parties)
         self.record = RoundRecord()
+        self._clock = RoundClock()
+        self._memory_warned: set[str] = set()
 
     @property
     def client_states(self) -> dict[int, bytes]:
@@ -233,8 +258,18 @@ class Simulation:
         cfg = self.cfg
         ids = self.sample(rnd)
         totals = RoundTotals(transport=dict.fromkeys(self.executor.metric_keys, 0))
+        self._clock = RoundClock()
         aggregate = self._play(rnd, ids, totals)
         self.record.add(rnd, totals)
+        if cfg.time_model:
+            total = self.record.extra.get("sim_time_total_s", 0.0) + self._clock.duration_s
+            self.record.extra["sim_time_total_s"] = total
+            aggregate = {
+                "sim_time_s": self._clock.duration_s,
+                "sim_time_total_s": total,
+                **({"clients_straggled": len(self._clock.stragglers)} if self._cuts() else {}),
+                **aggregate,
+            }
         line = metrics_line(
             rnd,
             len(ids),
@@ -248,8 +283,14 @@ class Simulation:
             flops=cfg.measure_flops,
             more=self.strategy.round_metrics,
         )
+        if cfg.time_model:
+            line["sim_clients"] = self._clock.per_client()
         line["wall_s"] = time.perf_counter() - t0
         return line
+
+    def _cuts(self) -> bool:
+        """Whether exchanges may drop stragglers (a deadline, or over-selection)."""
+        return self.cfg.deadline_s is not None or self.cfg.keep_first is not None
 
     def _play(self, rnd: int, ids: list[int], totals: RoundTotals) -> dict[str, Any]:
         """Drive the strategy's round ``rnd`` over ``ids``: what it returned. Under
@@ -298,9 +339,16 @@ class Simulation:
             def progress(done: int, total: int) -> None:
                 on_progress(rnd, phase, done, total)
 
+        before = self._snapshot([cid for cid, _ in outgoing]) if self._cuts() else None
         outcome = self.executor.run(rnd, phase, outgoing, self.states, progress)
         totals.add_transport(outcome.transport)
         failed.update(outcome.failed)
+        if self.profiles is not None:
+            self._check_memory(rnd, outcome)
+        if self.cfg.time_model:
+            # lost now (dropped out, a node failed), not known gone from an earlier exchange
+            lost = any(cid not in totals.failed for cid in failed)
+            failed.update(self._time_exchange(phase, outgoing, outcome, lost, before))
         if failed:
             totals.fail(failed)
             check_failures(
@@ -316,6 +364,104 @@ class Simulation:
         totals.received(outcome.results)
         totals.exchanges += 1
         return decode_replies(rnd, outcome.results)
+
+    def _snapshot(self, cids: list[int]) -> dict[int, tuple[Any, ...]]:
+        """The states of clients ``cids`` now (bytes: kept as they are), to put back after a
+        straggler's step."""
+        per_client = [n for n, spec in self.parties.items() if spec.scope == "client"]
+        st = self.states
+        return {
+            c: (st.client.get(c), st.round.get(c), [st.party[n].get(c) for n in per_client])
+            for c in cids
+        }
+
+    def _restore(self, cid: int, snapshot: tuple[Any, ...]) -> None:
+        """Put client ``cid``'s states back as :meth:`_snapshot` saw them: a straggler's step
+        is undone, as if it had not run."""
+        per_client = [n for n, spec in self.parties.items() if spec.scope == "client"]
+        client, rnd_state, party = snapshot
+        for store, value in ((self.states.client, client), (self.states.round, rnd_state)):
+            if value is None:
+                store.pop(cid, None)
+            else:
+                store[cid] = value
+        for name, value in zip(per_client, party, strict=True):
+            if value is None:
+                self.states.party[name].pop(cid, None)
+            else:
+                self.states.party[name][cid] = value
+
+    def _time_exchange(
+        self,
+        phase: int,
+        outgoing: list[tuple[int, bytes]],
+        outcome: ExchangeOutcome,
+        lost: bool,
+        before: dict[int, tuple[Any, ...]] | None,
+    ) -> dict[int, str]:
+        """Time the exchange's client steps on their devices (:mod:`fedge.runtime.fleet`), add
+        it to the round's clock, and drop the stragglers (a deadline, over-selection): their
+        results leave ``outcome``, their states go back to before the step. Why each
+        straggler failed, by client id."""
+        assert self.profiles is not None
+        down = {cid: len(b) for cid, b in outgoing}
+        times: dict[int, ClientTime] = {
+            cid: client_time(
+                self.profiles[cid],
+                flops=r.stats.flops,
+                bytes_down=down[cid],
+                bytes_up=len(r.reply),
+            )
+            for cid, r in outcome.results.items()
+        }
+        cut = cut_exchange(
+            {cid: t.total_s for cid, t in times.items()},
+            deadline_s=self.cfg.deadline_s,
+            keep=self.cfg.keep_first if phase == 0 else None,
+            lost=lost,
+        )
+        self._clock.add(times, cut)
+        for cid in cut.stragglers:
+            del outcome.results[cid]
+            if before is not None:
+                self._restore(cid, before[cid])
+        return cut.stragglers
+
+    def _check_memory(self, rnd: int, outcome: ExchangeOutcome) -> None:
+        """Warn, once per profile, when a client step's measured tensor peak exceeds its
+        profile's ``memory_mb``: the device could not have run this method's step."""
+        assert self.profiles is not None
+        over: dict[str, list[tuple[int, int]]] = {}
+        for cid, r in sorted(outcome.results.items()):
+            p = self.profiles[cid]
+            mb, peak = p.get("memory_mb"), r.stats.tensor_peak_bytes
+            if mb is not None and peak is not None and peak > mb * MiB:
+                over.setdefault(str(p.get("name")), []).append((cid, peak))
+        seen = self.record.extra.setdefault("memory_over", {})
+        for name, hits in over.items():
+            need = max(b for _, b in hits) / MiB
+            mb = self.profiles[hits[0][0]]["memory_mb"]
+            seen[name] = {
+                "memory_mb": mb,
+                "need_mb": max(need, seen.get(name, {}).get("need_mb", 0)),
+            }
+            if name not in self._memory_warned:
+                self._memory_warned.add(name)
+                ids = (
+                    ("client " if len(hits) == 1 else "clients ")
+                    + ", ".join(str(c) for c, _ in hits[:5])
+                    + (" ..." if len(hits) > 5 else "")
+                )
+                warnings.warn(
+                    f"round {rnd}: {type(self.strategy).__name__}'s client step needs {need:.3g} MiB "
+                    f"(measured tensor peak) on {ids} of device profile {name!r}, which has "
+                    f"memory_mb={mb:g}: such a device could not run it. Give that profile more "
+                    "memory_mb, or a method or model whose step fits",
+                    DeviceMemoryWarning,
+                    stacklevel=2,
+                )
+        if not seen:
+            del self.record.extra["memory_over"]
 
     def _address(
         self, rnd: int, phase: int, messages: dict[int, Message], totals: RoundTotals
@@ -404,7 +550,9 @@ class Simulation:
             )
         key = SHARED if spec.scope == "shared" or call.key is None else call.key
         up = call.message.to_bytes()
-        meter = Meter(flops=self.cfg.measure_flops, memory=self.cfg.measure_memory)
+        meter = Meter(
+            flops=self.cfg.measure_flops, memory=self.cfg.measure_memory, device=self.cfg.device
+        )
         states = self.states.party[spec.name]
         ctx = PartyContext(
             spec.name,

@@ -126,6 +126,7 @@ class RoundTotals:
                 stats.rss_peak_bytes,
                 stats.side_bytes_down,
                 stats.side_bytes_up,
+                device_peak_bytes=stats.device_peak_bytes,
             )
         )
         for name, cost in stats.parties.items():
@@ -262,10 +263,13 @@ def metrics_line(
         # The per-round peak is the tensor-accounting peak (measured afresh each step). The RSS
         # figure is the growth of the process's high-water mark during the steps over the RSS
         # when each began: the allocator keeps what round 1 took, so later rounds grow little.
-        # It is logged under its own name, never as the round's peak.
+        # It is logged under its own name, never as the round's peak. On a CUDA device the
+        # round's peak is the CUDA allocator's (StepStats.device_peak_bytes), which also sees
+        # the cuDNN/cuBLAS workspaces; the tensor accounting stays logged beside it.
+        device_peak = client.device_peak_bytes
         line.update(
             client_tensor_peak_bytes=client.tensor_peak_bytes,
-            client_peak_bytes=client.tensor_peak_bytes,
+            client_peak_bytes=client.tensor_peak_bytes if device_peak is None else device_peak,
             client_rss_growth_bytes=client.rss_peak_bytes,
         )
     line.update({k: v for k, v in aggregate.items() if k not in line})

@@ -78,7 +78,7 @@ def _labelled(cfg: BaffleConfig, built: MethodBuild) -> MethodBuild:
     "baffle",
     "BAFFLE: forward-only zeroth-order estimates, K loss differences or model deltas uploaded",
     config=BaffleConfig,
-    capabilities=dataclasses.replace(CAPABILITIES, coordinate_mask=True),
+    capabilities=dataclasses.replace(CAPABILITIES, coordinate_mask=True, accelerators=True),
     defaults=DEFAULTS,
     advice=advice,
     upload=upload,

@@ -56,9 +56,10 @@ class BaffleBatchClient:
         threads: int = 1,
         draws: Draws = "torch",
         train_masks: dict[str, torch.Tensor] | None = None,
+        device: torch.device | None = None,
     ) -> None:
         assert cfg.server_optimizer is not None
-        self.cfg, self.spec = cfg, cfg.zo_spec(workers=threads, draws=draws)
+        self.cfg, self.spec = cfg, cfg.zo_spec(workers=threads, draws=draws, device=device)
         self.train_masks = train_masks  # method.train_mask: only these coordinates are perturbed
         self.local = LocalTraining.loader(model_fn)
         self.replica = (
@@ -144,11 +145,13 @@ class BaffleBatchStrategy(Strategy):
         masks: dict[str, torch.Tensor] | None = None,
         draws: Draws = "torch",
         train_masks: dict[str, torch.Tensor] | None = None,
+        device: torch.device | None = None,
     ) -> None:
         assert cfg.server_optimizer is not None
         self.model, self.cfg, self.seed = model, cfg, seed
         self.train_masks = train_masks  # method.train_mask: the estimate is zero off them
-        self.spec = cfg.zo_spec(draws=draws)  # the server runs no forwards: no workers
+        # the server runs no forwards: no workers
+        self.spec = cfg.zo_spec(draws=draws, device=device)
         self.server = GlobalModel(model, cfg.server_optimizer.build(), masks=masks)
         self.downlink = DownlinkHistory(cfg.k) if cfg.downlink == "seeds" else None
         self.guides: list[dict[str, torch.Tensor]] = []  # the last guided_rank global updates
@@ -371,6 +374,7 @@ def build_batch(
         masks=masks,
         draws=env.draws,
         train_masks=env.train_masks,
+        device=env.device,
     )
     program = BaffleBatchClient(
         env.model_fn,
@@ -378,5 +382,6 @@ def build_batch(
         threads=perturbation_threads(cfg, env),
         draws=env.draws,
         train_masks=env.train_masks,
+        device=env.device,
     )
     return MethodBuild(strategy, program)

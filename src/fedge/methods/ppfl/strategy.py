@@ -74,6 +74,10 @@ class PpflStrategy(Strategy):
                 return b
         return None
 
+    @property
+    def profile_fields(self) -> frozenset[str]:
+        return frozenset({"enclave_mb"})
+
     def eligible_client(self, cid: int, profile: Mapping[str, Any]) -> bool:
         mb = profile.get("enclave_mb")
         budget = int((self.cfg.tee.client_mb if mb is None else mb) * MiB)
