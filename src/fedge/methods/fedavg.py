@@ -214,9 +214,10 @@ class DeltaAveraging(Strategy):
         self.server.load_state_dict(state)
 
 
-#: what FedAvg and FedSGD can do: their server averages the replies into one global model
+#: what FedAvg and FedSGD can do: their server averages the replies (dense deltas or
+#: gradients, which a codec may compress) into one global model
 CAPABILITIES = Capabilities(
-    sums_replies=True, global_model=True, freezable=True, client_optimizer=True
+    sums_replies=True, global_model=True, freezable=True, client_optimizer=True, dense_upload=True
 )
 
 

@@ -265,9 +265,10 @@ def perturbation_threads(cfg: BaffleConfig, env: MethodEnv) -> int:
 
 
 #: what BAFFLE can do, in both modes: its server averages the replies (K loss differences or
-#: model deltas) into one global model, trained only where it is not frozen
+#: model deltas) into one global model, trained only where it is not frozen; epoch mode's dense
+#: delta can be compressed (batch mode's K scalars are refused by their ``upload``)
 CAPABILITIES = Capabilities(
-    sums_replies=True, global_model=True, freezable=True, client_optimizer=True
+    sums_replies=True, global_model=True, freezable=True, client_optimizer=True, dense_upload=True
 )
 
 
