@@ -10,8 +10,9 @@ is the one measured there; a forward costs 50.9 kFLOP a sample, ~200x less than 
 10,000 training samples (1,000 a client) plus 2,000 held out for validation, the full 10,000-image
 test set, 20 rounds of one local epoch with batches of 20 (50 local steps a round), client Adam
 (b2 0.99), seeds 0, 1, 2. Every row gets the same data, the same initial model (the seed's) and
-the same tuning: its client learning rate is picked from ``LRS`` by the final **validation**
-accuracy of a ``SCREEN_ROUNDS``-round run on seed 0 (a grid whose best sits at an edge grows one
+the same tuning: its learning rate (client Adam's; FedKSeed's SGD lr, from 1e-4, 3e-4, 1e-3; the
+guided row's server Adam, batch mode) is picked from 0.001, 0.003, 0.01 by the final **validation**
+accuracy of a 10-round run on seed 0 (a grid whose best sits at an edge grows one
 step past it, at most twice; ``fedge.bench.screened.widened_grid``); the test set is never
 looked at. The BP reference is whichever of BP FedAvg fresh / persistent Adam validates better.
 The combination row takes every epoch-mode lever whose screen beat BAFFLE's own screen on
@@ -23,12 +24,14 @@ jvp 15.2 kFLOP a direction a sample (3.0 forwards). A run is 10 clients x 1,000 
 rounds = 200,000 sample-steps: BAFFLE K = 100 1.03e12 FLOP (10 s at 100 GFLOP/s), BP 2.0e10;
 evaluation adds 12,000 x 50.9 kFLOP a round (1.2e10 a run). A row is 3 seeds plus a screen of
 3-5 lrs x 10 rounds (<= 2.5 runs): at most ~5.5 runs, so ~57 s of a 100 GFLOP/s core for a
-BAFFLE K = 100 row and ~35 CPU-minutes for the whole table at that nominal rate
-(``--estimate`` prints it row by row). **Measured on this machine** such small forwards run far
-below 100 GFLOP/s (call overhead): 0.79 GFLOP/s for BAFFLE's batched forwards, 0.3 for BP, 0.45 for
-jvp (FLOP counter on, as these runs keep it so that FLOPs are metered as executed, schedules and
-shared prefixes included), i.e. ~22 minutes a BAFFLE K = 100 run; ``--estimate`` gives both
-figures and the table's measured-rate total (~10 CPU-hours).
+BAFFLE K = 100 row and ~9 CPU-minutes for the whole table at that nominal rate (``--estimate``
+prints it row by row). **Measured on this machine** (one core) such small forwards run far below
+100 GFLOP/s (call overhead): 3.15 GFLOP/s for BAFFLE's batched forwards, 2.1 for BP, 2.06 for
+jvp, plus ~2 s a round of evaluation; so the runs keep torch's FLOP counter off (it costs 2.4x)
+and take a row's FLOPs from its **probe** (one client's round metered, x 10 clients x rounds:
+equal IID clients, one K), except rows with a K schedule, which meter every round (1.33 GFLOP/s).
+At the measured rates a BAFFLE K = 100 row takes ~0.6 CPU-hours, a jvp row ~0.8, the K-schedule
+row ~1.8, a BP row ~0.1 (measured: 3.2 CPU-minutes), **the whole table ~7 CPU-hours**.
 
 **Per row**: final test accuracy (mean ± std over seeds), the total client FLOPs (all clients,
 all rounds so far) at the first evaluated round whose test accuracy reaches the BP reference's
@@ -312,6 +315,7 @@ def figures(run_dir: Path) -> dict[str, Any]:
         "forward_mode_ad": any(x.get("forward_mode_ad") for x in lines),
         "client_flops_round1": lines[0].get("client_flops"),  # the probe's one client
         "wall_s": summary["wall_s"],
+        **({"machines": summary["machines"]} if "machines" in summary else {}),
     }
 
 
@@ -609,8 +613,28 @@ def table(
         ),
         "",
         verdict_sentence(agg, every, ref),
+        "",
+        "CPU-minutes a row (all its recorded units: screen, seeds, probe; one core each; each "
+        "record names the machines its rounds ran on where the run logged them): "
+        + (
+            "; ".join(f"{label} {minutes:.1f}" for label, minutes in cpu_minutes(state).items())
+            or "none recorded"
+        )
+        + ".",
     ]
     return "\n".join(lines), agg
+
+
+def cpu_minutes(state: dict[str, Any]) -> dict[str, float]:
+    """Minutes of wall time per row over its recorded units (one core each)."""
+    out: dict[str, float] = {}
+    for kind in ("screens", "runs"):
+        for label, units in state[kind].items():
+            for r in units.values():
+                out[label] = out.get(label, 0.0) + r.get("wall_s", 0.0) / 60
+    for label, r in state["probes"].items():
+        out[label] = out.get(label, 0.0) + r.get("wall_s", 0.0) / 60
+    return {k: out[k] for k in state["rows"] if k in out}
 
 
 def best_row(agg: dict[str, Any], every: dict[str, Row], kinds: Sequence[str]) -> str | None:
@@ -717,6 +741,9 @@ FLOP_PER_SAMPLE = {"bp": 102_272.0, "forward": 50_900.0, "jvp_direction": 152_40
 MEASURED_FLOPS_PER_S = {"bp": 2.1e9, "zo": 3.15e9, "peer": 2.1e9, "fmad": 2.06e9}
 COUNTED_FLOPS_PER_S = 1.33e9  # BAFFLE with the counter on (rows with a K schedule keep it on)
 NOMINAL_FLOPS_PER_S = 100e9
+EVAL_S = (
+    2.0  # measured: a BP FedAvg round took 2.5 s of which 0.5 s training (evaluation, overhead)
+)
 
 
 def estimate(row: Row) -> dict[str, float]:
@@ -737,10 +764,11 @@ def estimate(row: Row) -> dict[str, float]:
     run = TRAIN * ROUNDS * per + ROUNDS * (VALIDATION + 10_000) * FLOP_PER_SAMPLE["forward"]
     total = run * (len(SEEDS) + 5 * SCREEN_ROUNDS / ROUNDS)
     rate = COUNTED_FLOPS_PER_S if "method.k_final" in o else MEASURED_FLOPS_PER_S[row.kind]
+    evals = ROUNDS * (len(SEEDS) + 5 * SCREEN_ROUNDS / ROUNDS)
     return {
         "flops": total,
         "nominal_h": total / NOMINAL_FLOPS_PER_S / 3600,
-        "measured_h": total / rate / 3600,
+        "measured_h": (total / rate + evals * EVAL_S) / 3600,
     }
 
 
