@@ -301,9 +301,10 @@ def record_path(records: Path, row: Row, unit: str, lr: float | None = None) -> 
 def figures(run_dir: Path) -> dict[str, Any]:
     """A finished run's figures, round by round (evaluated rounds only): test and validation
     accuracy, total client FLOPs and bytes up and down per client so far, memory, forward-mode AD."""
-    summary, lines = read_run_logs(run_dir)
-    n = lines[0]["clients"]
-    peaks = [x["client_tensor_peak_bytes"] for x in lines if "client_tensor_peak_bytes" in x]
+    summary, every = read_run_logs(run_dir)
+    n = every[0]["clients"]
+    peaks = [x["client_tensor_peak_bytes"] for x in every if "client_tensor_peak_bytes" in x]
+    lines = [x for x in every if x.get("test_accuracy") is not None]  # the evaluated rounds
     return {
         "rounds": [x.get("round") for x in lines],
         "test_accuracy_by_round": [x["test_accuracy"] for x in lines],
@@ -312,8 +313,8 @@ def figures(run_dir: Path) -> dict[str, Any]:
         "cum_bytes_up_per_client_by_round": [x["cum_bytes_up"] / n for x in lines],
         "cum_bytes_down_per_client_by_round": [x["cum_bytes_down"] / n for x in lines],
         "client_tensor_peak_bytes": max(peaks) if peaks else None,
-        "forward_mode_ad": any(x.get("forward_mode_ad") for x in lines),
-        "client_flops_round1": lines[0].get("client_flops"),  # the probe's one client
+        "forward_mode_ad": any(x.get("forward_mode_ad") for x in every),
+        "client_flops_round1": every[0].get("client_flops"),  # the probe's one client
         "wall_s": summary["wall_s"],
         **({"machines": summary["machines"]} if "machines" in summary else {}),
     }

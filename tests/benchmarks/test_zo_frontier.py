@@ -166,11 +166,16 @@ def test_every_row_loads_as_a_config() -> None:
     """Every row's overrides, with the protocol, make a valid config (a typo fails here, not
     hours into a run)."""
     from fedge.core.config import load_config
+    from fedge.experiment.build import resolved_config
 
     screens: dict = {}
     for row in bench.rows(screens, ["fedkseed"]).values():
         for unit in ("screen", "seed-0", "probe"):
-            load_config(bench.BASE, overrides=bench.unit_overrides(row, row.lrs[0], unit))
+            cfg = load_config(bench.BASE, overrides=bench.unit_overrides(row, row.lrs[0], unit))
+            node = resolved_config(cfg)  # the method's own consistency rules too
+            for part in row.lr_key.split("."):
+                node = node[part]
+            assert node == row.lrs[0], f"{row.label}: {row.lr_key} is not the screened lr"
 
 
 # --- units run and resume on a tiny protocol -----------------------------------------------------
