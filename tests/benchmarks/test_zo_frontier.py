@@ -231,3 +231,14 @@ def test_units_resume_and_a_recorded_unit_is_not_rerun(
     assert left == [
         f"{bench.BP_MASK}: waits for the screens of BP FedAvg, BP FedAvg, persistent Adam"
     ]
+
+
+def test_the_figure_marks_the_front_on_flops(tmp_path: Path) -> None:
+    _made(tmp_path / "records")
+    _, agg = bench.table(tmp_path / "records", methods=[])
+    every = bench.read_records(tmp_path / "records", [])["rows"]
+    path = tmp_path / "frontier.png"
+    front = bench.figure(agg, every, path)
+    # BP costs 2e10 and reaches 0.83; BAFFLE costs 1e12 for 0.70: BP dominates it
+    assert front == ["BP FedAvg"]
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
