@@ -701,6 +701,9 @@ def figure(agg: dict[str, Any], every: dict[str, Row], path: Path = FIGURE) -> l
         if front:
             xs = sorted((points[k] for k in front), key=lambda p: p[0])
             ax.plot([p[0] for p in xs], [p[1] for p in xs], "k--", lw=1, label="Pareto front")
+            ax.scatter(
+                [p[0] for p in xs], [p[1] for p in xs], s=220, facecolors="none", edgecolors="k"
+            )  # each point on the front ringed
         ax.set_xscale("log")
         ax.set_xlabel(name + " (log)")
         ax.set_ylabel("final test accuracy")
