@@ -167,7 +167,6 @@ def test_every_row_loads_as_a_config() -> None:
     hours into a run)."""
     from fedge.core.config import load_config
     from fedge.experiment.build import resolved_config
-
     from fedge.methods import method_names
 
     screens: dict = {}  # the peers registered now (DeComFL, FeedSign once they land) included
