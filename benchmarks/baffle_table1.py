@@ -34,6 +34,7 @@ and ``--restore-progress`` (before the workers start); ``--only LABEL[@SEED]`` p
 
     python benchmarks/baffle_table1.py [--shard I/N] [--only LABEL[@SEED]] [--out runs/bench-baffle-table1] [--docs docs/benchmarks.md]
     python benchmarks/baffle_table1.py --train 30000 [--shard I/N]   # the same table on 30,000 samples
+    python benchmarks/baffle_table1.py --train 30000 --persistent [--shard I/N]   # its persistent-Adam rows
     python benchmarks/baffle_table1.py --table-only --docs docs/benchmarks.md   # tabulate what is recorded
     python benchmarks/baffle_table1.py --save-progress      # pack the unfinished runs (commit it); --restore-progress unpacks
 """
@@ -314,6 +315,164 @@ def run_all(
     )
 
 
+# Issue 45: Table 1 with the client Adam kept for the whole run (BAFFLE's reference code keeps one
+# torch.optim.Adam per client), BAFFLE K = 100 and 200 and BP FedAvg, beside the fresh-state rows:
+# ``--persistent`` (with ``--train N``), its own validation screen per family on the same grids.
+PERSISTENT = ["method.client_optimizer.state=persistent"]
+PERSISTENT_OF = {  # persistent row -> the fresh-state row it is paired with
+    "BP FedAvg, persistent Adam": "BP FedAvg",
+    "BAFFLE K=100, persistent Adam": "BAFFLE K=100",
+    "BAFFLE K=200, persistent Adam": "BAFFLE K=200",
+}
+
+
+@dataclass(frozen=True)
+class PersistentPlan(Plan):
+    """:class:`Plan`'s protocol on ``train`` samples with persistent client Adam: its records (its
+    screen included) in ``records/persistent``, its runs in ``out/persistent``."""
+
+    @property
+    def records(self) -> Path:
+        return super().records / "persistent"
+
+    def out(self, out: Path) -> Path:
+        return super().out(out) / "persistent"
+
+    def command(self) -> str:
+        return super().command() + " --persistent"
+
+
+def persistent_grid(family: str, results: Sequence[dict[str, Any]]) -> tuple[float, ...]:
+    """``family``'s ``SCREEN_LRS`` for the persistent screen, widened past a winning edge."""
+    return widened_grid(
+        SCREEN_LRS[family], lambda lr: f"screen {family}, persistent Adam lr={lr}", list(results)
+    )
+
+
+def persistent_screen_variants(results: Sequence[dict[str, Any]] = ()) -> dict[str, list[str]]:
+    """The persistent-Adam screen: BAFFLE K = 100 and BP FedAvg on their grids."""
+    fixed = {"BAFFLE K=100": ["method.k=100"], "BP FedAvg": BP}
+    return {
+        f"screen {family}, persistent Adam lr={lr}": [
+            *fixed[family],
+            *PERSISTENT,
+            f"method.client_optimizer.lr={lr}",
+        ]
+        for family in SCREEN_LRS
+        for lr in persistent_grid(family, results)
+    }
+
+
+def persistent_picks(screen: dict[str, Any]) -> tuple[float, float] | None:
+    """(BAFFLE lr, BP lr) of the persistent screen by final validation accuracy; None while a
+    screen run is missing."""
+    chosen = []
+    for family in SCREEN_LRS:
+        lrs = persistent_grid(family, screen["results"])
+        labels = {lr: f"screen {family}, persistent Adam lr={lr}" for lr in lrs}
+        lr = pick_by_validation(screen["results"], labels)
+        if lr is None:
+            return None
+        chosen.append(lr)
+    return chosen[0], chosen[1]
+
+
+def persistent_variants(zo_lr: float, bp_lr: float) -> dict[str, list[str]]:
+    """The persistent rows: BP FedAvg, BAFFLE K = 100 and K = 200 (K = 200 takes K = 100's lr, as
+    the fresh table does)."""
+    zo = [*PERSISTENT, f"method.client_optimizer.lr={zo_lr}"]
+    return {
+        "BP FedAvg, persistent Adam": [*BP, *PERSISTENT, f"method.client_optimizer.lr={bp_lr}"],
+        "BAFFLE K=100, persistent Adam": ["method.k=100", *zo],
+        "BAFFLE K=200, persistent Adam": ["method.k=200", *zo],
+    }
+
+
+def run_persistent(
+    plan: Plan,
+    shard: int,
+    shards: int,
+    out: Path,
+    *,
+    only: list[tuple[str, int | None]] | None = None,
+    steal: bool = True,
+) -> None:
+    """``--persistent``: the persistent-Adam screen, then its rows x seeds, resumably (each finished
+    run recorded under ``records/persistent``, as the main table's)."""
+    pp = PersistentPlan(plan.train)
+    run_screened(
+        BASE,
+        persistent_screen_variants,
+        when_picked(persistent_picks, lambda chosen: persistent_variants(*chosen)),
+        screen_common=pp.screen_common(),
+        protocol=pp.protocol(),
+        seeds=pp.seeds,
+        records=pp.records,
+        out=pp.out(out),
+        shard=shard,
+        shards=shards,
+        only=only or (),
+        steal=steal,
+    )
+
+
+def persistent_lines(plan: Plan, fresh: dict[str, dict[str, Any]]) -> list[str]:
+    """The persistent-Adam rows of ``plan``'s table beside its fresh-state rows (``fresh``, by
+    label), with the paired differences persistent − fresh (same seed: same data, split, initial
+    model and perturbations), from the records alone."""
+    pp = PersistentPlan(plan.train)
+    screen = recorded_screen(
+        BASE, persistent_screen_variants, common=pp.screen_common(), records=pp.records
+    )
+    lines = [
+        "**Persistent client Adam** (issue 45: one Adam per client for the whole run, "
+        "`method.client_optimizer.state=persistent`, as BAFFLE's reference code trains; its own "
+        f"learning-rate screen on the same grids, {SCREEN_ROUNDS} rounds, seed 0, picked by final "
+        f"**validation** accuracy). Command: `{pp.command()}`",
+        "",
+    ]
+    rows = {r["label"]: r for r in screen["results"]}
+    cells = []
+    for family in SCREEN_LRS:
+        for lr in persistent_grid(family, screen["results"]):
+            cells.append(
+                f"{family} lr={lr}: {screen_cell(rows.get(f'screen {family}, persistent Adam lr={lr}'))}"
+            )
+    lines += ["Screen (validation accuracy): " + "; ".join(cells) + ".", ""]
+    chosen = persistent_picks(screen)
+    if chosen is None:
+        return [*lines, "The persistent-Adam screen is not finished; no persistent rows yet."]
+    variants = persistent_variants(*chosen)
+    report = recorded_seeded(
+        BASE, variants, seeds=pp.seeds, common=pp.protocol(), records=pp.records
+    )
+    agg = {r["label"]: r for r in report["results"]}
+    lines += [
+        f"Picked: BAFFLE lr {chosen[0]}, BP FedAvg lr {chosen[1]}.",
+        "",
+        "| variant | seeds | final test acc (mean ± std) | per seed (final) | fresh-state row | "
+        "persistent − fresh, paired by seed (points; 95% interval) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, base_label in PERSISTENT_OF.items():
+        r, base = agg.get(label), fresh.get(base_label)
+        base_cell = "not run yet" if base is None else mean_cell(base)
+        if r is None:
+            lines.append(f"| {label} | 0 | {not_run_cell(report, label)} | | {base_cell} | |")
+            continue
+        d = None if base is None else paired_difference(r, base)
+        diff = (
+            "needs 2 common seeds"
+            if d is None
+            else f"{100 * d['mean']:+.2f} ± {100 * d['std']:.2f} ({100 * d['lo']:+.1f} to "
+            f"{100 * d['hi']:+.1f}; seeds {seed_gaps(d)})"
+        )
+        lines.append(
+            f"| {label} | {r['seeds']} | {mean_cell(r)} | {per_seed_cell(r)} | {base_cell} | {diff} |"
+        )
+    return [*lines, "", *run_notes(report["results"])]
+
+
 def read_screen(plan: Plan) -> dict[str, Any]:
     return recorded_screen(BASE, screen_variants, common=plan.screen_common(), records=plan.records)
 
@@ -435,6 +594,7 @@ def _table(plan: Plan, *, k500: bool) -> tuple[str, dict[str, dict[str, Any]]]:
         lines += run_notes([*report["results"], *context])
     else:
         lines += run_notes(report["results"])
+        lines += ["", *persistent_lines(plan, agg)]
     return "\n".join(lines), agg
 
 
@@ -624,6 +784,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run only the context rows for BP (what caps it here)",
     )
     ap.add_argument(
+        "--persistent",
+        action="store_true",
+        help="run the persistent-Adam rows (BP FedAvg, BAFFLE K=100 and K=200) of the --train N table, "
+        "with their own screen (issue 45)",
+    )
+    ap.add_argument(
         "--train",
         type=int,
         default=TRAIN,
@@ -640,10 +806,25 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(
             f"--context runs the context rows of the {TRAIN:,}-sample table (what caps BP there); drop --train"
         )
+    if args.persistent and args.train == TRAIN:
+        ap.error(
+            f"--persistent runs beside a table on another training-set size (the issue's: --train 30000); "
+            f"the {TRAIN:,}-sample table has BP's persistent context row: give --train N"
+        )
     if progress_action(args, RECORDS):  # every size's unfinished runs, all under --out
         return 0
     if args.context and not args.table_only:
         run_context(Path(args.out))
+    elif args.persistent and not args.table_only:
+        with usage_errors(ap):
+            run_persistent(
+                Plan(args.train),
+                shard,
+                shards,
+                Path(args.out),
+                only=args.only,
+                steal=not args.no_steal,
+            )
     elif not args.table_only:
         with usage_errors(ap):
             run_all(

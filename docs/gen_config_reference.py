@@ -208,6 +208,10 @@ def composition_table() -> str:
         ("[DP](../privacy/dp.md) (`privacy.*`)", dp),
         ("`method.freeze`", lambda n: has(n, "freeze")),
         ("EMA evaluation (`method.ema`)", lambda n: has(n, "ema")),
+        (
+            "[uplink compression](compression.md) (`method.compress`)",
+            lambda n: has(n, "compress"),
+        ),
     ]
     out = [
         "| mechanism | " + " | ".join(f"`{n}`" for n in names) + " |",

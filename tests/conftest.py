@@ -1,5 +1,6 @@
 """Shared test fixtures: tiny, fast federations. The ``needs_data`` marker and the Fashion-MNIST
-fixtures (``fashion_mnist``, ``fake_fashion_mnist``) come from tests/real_data.py."""
+fixtures (``fashion_mnist``, ``fake_fashion_mnist``) come from tests/real_data.py, the
+``needs_cuda`` marker from tests/accelerators.py."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ atexit.register(shutil.rmtree, _TEE_DIR, ignore_errors=True)
 os.environ["FEDGE_TEE_PLATFORM"] = os.path.join(_TEE_DIR, "platform")
 torch.set_num_threads(1)
 
-pytest_plugins = ["real_data"]
+pytest_plugins = ["real_data", "accelerators"]
 
 
 def tiny_config(**overrides):

@@ -123,3 +123,15 @@ def test_the_check_catches_a_missing_key():
     part = _method_part(PAGE, name)
     cut = PAGE.replace(part, re.sub(rf"^\| `{re.escape(key)}` \|.*\n", "", part, flags=re.M))
     assert missing_keys(cut) == [f"{name}: {key}"]
+
+
+def test_the_composition_table_has_a_row_per_mechanism_from_the_capabilities():
+    """Uplink compression's row says yes exactly for the methods declaring a dense upload."""
+    table = GEN.composition_table()
+    header = next(line for line in table.splitlines() if line.startswith("| mechanism"))
+    names = [c.strip().strip("`") for c in header.split("|")[2:-1]]
+    row = next(line for line in table.splitlines() if "`method.compress`" in line)
+    cells = [c.strip() for c in row.split("|")[2:-1]]
+    expected = ["yes" if get_method(n).capabilities.dense_upload else "-" for n in names]
+    assert names == method_names() and cells == expected
+    assert "yes" in cells and "-" in cells

@@ -560,6 +560,7 @@ RECORD_TABLES = {
         lambda b: b.table(b.Plan(), "python benchmarks/baffle_table2.py"),
     ),
     "ntk-table3": ("ntk_table3", lambda b: b.table(b.Plan(), "python benchmarks/ntk_table3.py")),
+    "zo-frontier": ("zo_frontier", lambda b: b.section()),
     "baffle-delta-loss": (
         "baffle_delta_loss",
         lambda b: (

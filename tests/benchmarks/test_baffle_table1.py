@@ -248,3 +248,60 @@ def test_on_other_sizes_the_w_o_ema_row_is_the_k100_runs_raw_model(monkeypatch) 
         if x.startswith("| K=100 w/o EMA |")
     ]
     assert "from BAFFLE K=100's runs: not run yet" in row
+
+
+def _seeded(label: str, accs: dict[int, float]) -> dict:
+    vals = list(accs.values())
+    return {
+        "label": label,
+        "seeds": len(accs),
+        "final_test_accuracy": statistics.mean(vals),
+        "final_test_accuracy_std": statistics.stdev(vals),
+        "runs": [{"seed": s, "final_test_accuracy": a} for s, a in accs.items()],
+    }
+
+
+def test_persistent_rows_keep_the_client_adam_and_pair_with_the_fresh_rows(monkeypatch) -> None:
+    """``--persistent``: the three rows keep one Adam per client, K = 200 takes K = 100's lr, and
+    each is set against its fresh-state row, paired by seed (by hand below)."""
+    variants = bench.persistent_variants(0.003, 0.01)
+    assert list(variants) == list(bench.PERSISTENT_OF)
+    for overrides in variants.values():
+        assert "method.client_optimizer.state=persistent" in overrides
+    assert "method.k=200" in variants["BAFFLE K=200, persistent Adam"]
+    assert "method.client_optimizer.lr=0.003" in variants["BAFFLE K=200, persistent Adam"]
+    assert "method.client_optimizer.lr=0.01" in variants["BP FedAvg, persistent Adam"]
+    plan = bench.Plan(30000)
+    assert bench.PersistentPlan(30000).records == plan.records / "persistent"
+    assert bench.PersistentPlan(30000).command().endswith("--train 30000 --persistent")
+
+    # a screen whose picks sit inside both grids: BAFFLE 0.003, BP 0.01
+    vals = {"BAFFLE K=100": {0.001: 0.5, 0.003: 0.6, 0.01: 0.55, 0.03: 0.4}}
+    vals["BP FedAvg"] = {0.003: 0.7, 0.01: 0.8, 0.03: 0.75, 0.1: 0.6}
+    screen = [
+        {
+            "label": f"screen {f}, persistent Adam lr={lr}",
+            "final_val_accuracy": v,
+        }
+        for f, by_lr in vals.items()
+        for lr, v in by_lr.items()
+    ]
+    monkeypatch.setattr(bench, "recorded_screen", lambda *a, **k: {"results": screen})
+    persistent = {
+        "BAFFLE K=100, persistent Adam": _seeded(
+            "BAFFLE K=100, persistent Adam", {0: 0.75, 1: 0.72, 2: 0.74}
+        )
+    }
+    monkeypatch.setattr(
+        bench,
+        "recorded_seeded",
+        lambda *a, **k: {"results": list(persistent.values()), "missing": []},
+    )
+    fresh = {"BAFFLE K=100": _seeded("BAFFLE K=100", {0: 0.66, 1: 0.64, 2: 0.67})}
+    lines = bench.persistent_lines(plan, fresh)
+    assert "Picked: BAFFLE lr 0.003, BP FedAvg lr 0.01." in lines
+    (row,) = [x for x in lines if x.startswith("| BAFFLE K=100, persistent Adam |")]
+    # persistent − fresh: +9, +8, +7 points; mean 8.00, std 1.00, t(2) 4.303 / sqrt(3) -> ±2.48
+    assert "| +8.00 ± 1.00 (+5.5 to +10.5; seeds 0: +9.0, 1: +8.0, 2: +7.0) |" in row
+    (bp,) = [x for x in lines if x.startswith("| BP FedAvg, persistent Adam |")]
+    assert "| 0 | not run yet | | not run yet | |" in bp

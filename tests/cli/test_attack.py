@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,29 @@ def test_dlg_writes_json_and_image_grid(tmp_path: Path) -> None:
     assert data["clients_attacked"] == 2 and data["method"] == "fedsgd"
     assert data["attacks"]["dlg"]["median_mse"] < data["baseline_mean_image_mse"]
     assert (run / data["images"]["dlg"]).stat().st_size > 0
+
+
+def test_dlg_shows_its_progress_in_plain_lines_when_piped(tmp_path: Path, monkeypatch) -> None:
+    """stdout not a terminal: the replay, every iteration block (here: a line each, the
+    interval set to 0) and each upload's end, as they happen, before the results."""
+    import fedge.cli.attack as attack_cli
+
+    monkeypatch.setattr(attack_cli, "LINE_EVERY_S", 0.0)
+    run = _run(tmp_path, "--set", "method.name=fedsgd", "--set", "method.batch_size=1")
+    result = runner.invoke(
+        app, ["attack", str(run), "--attack", "dlg", "--iterations", "40", "--samples", "2"]
+    )
+    assert result.exit_code == 0, result.output
+    clock = r", \d+:\d\d:\d\d"
+    expected = [r"dlg: replaying round 1 of the run to observe its uploads" + clock]
+    for u in (1, 2):
+        expected += [rf"dlg: upload {u}/2, dlg iteration {d}/40" + clock for d in (20, 40)]
+        expected.append(rf"dlg: upload {u}/2 done" + clock)
+    lines = result.stdout.splitlines()
+    assert len(lines) > len(expected), lines
+    for pattern, line in zip(expected, lines, strict=False):
+        assert re.fullmatch(pattern, line), (pattern, line)
+    assert lines[len(expected)].startswith("baselines: "), lines
 
 
 def test_mia_on_the_final_model(tmp_path: Path) -> None:

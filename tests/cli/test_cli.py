@@ -1154,6 +1154,124 @@ def test_piped_output_gets_one_plain_line_per_round(tmp_path, tiny):
     assert not any(x.startswith("round ") for x in quiet.stdout.splitlines()), quiet.stdout
 
 
+def test_piped_output_gets_a_line_per_pruning_round_inside_round_one(tmp_path, tiny):
+    """NTK-Ori's pruning rounds (the first exchanges of round 1, possibly minutes each) show
+    one plain line each, as they are checkpointed, before round 1's own line."""
+    method = {
+        "name": "ntk-baffle",
+        "mode": "batch",
+        "k": 4,
+        "batch_size": 16,
+        "max_steps": 1,
+        "density": 0.5,
+        "prune_rounds": 2,
+        "prune_inputs": 4,
+        "prune_data": "client",
+        "prune_k": 3,
+        "secure_aggregation": False,
+    }
+    cfg = _write_cfg(tmp_path, tiny, rounds=1, method=method, model={"name": "mlp", "hidden": [8]})
+    res = _run("run", cfg, "--out", tmp_path / "run")
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    for i, t in enumerate((1, 2)):
+        assert re.fullmatch(rf"round 1/1: pruning {t}/2 done \(saved\), \d+:\d\d:\d\d", lines[i]), (
+            lines
+        )
+    assert lines[2].startswith("round 1/1: acc "), lines
+
+
+def test_ppfl_profile_enclave_too_small_for_a_stage_is_refused_before_anything_is_written(
+    tmp_path,
+):
+    """The enclave check is validation: one line naming the profile, its enclave_mb, the stage's
+    need and the fix; exit 2; no run directory left (not a round-1 failure to clean up)."""
+    out = tmp_path / "run"
+    res = _run(
+        "run",
+        "ppfl-fmnist-lenet",
+        "--set",
+        "clients.profiles=[{name: t, fraction: 1.0, enclave_mb: 0.1}]",
+        "--set",
+        "dataset.name=synthetic",
+        "--set",
+        "dataset.shape=[1, 16, 16]",
+        "--out",
+        out,
+    )
+    _one_error_line(
+        res,
+        r"ppfl stage 0 \(features.conv1\) needs S_l = [0-9.]+ MiB of enclave memory at batch \d+, more than any "
+        r"client's enclave: clients.profiles 't' \(enclave_mb=0.1\); set enclave_mb to at least [0-9.]+ in "
+        r"clients.profiles, allow smaller batches \(method.min_batch_size\) or use a smaller model",
+    )
+    assert not out.exists()
+
+
+def test_resume_of_a_directory_left_with_only_a_claim_names_it_and_the_way_out(tmp_path):
+    """A run killed while loading its data leaves only .fedge-claim: --resume says what the
+    directory is and how to get out (one line, exit 2, nothing changed), and that way works."""
+    import socket
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # a process that has exited
+    run = tmp_path / "r"
+    run.mkdir()
+    info = {"pid": proc.pid, "host": socket.gethostname(), "time": "2026-01-01T12:00:00"}
+    (run / ".fedge-claim").write_text(json.dumps(info))
+    _resume_refused(
+        run,
+        rf"'{re.escape(str(run))}' holds only the claim of a run that stopped before it wrote anything "
+        rf"\(pid {proc.pid} on .*\): there is nothing to resume; start the run again with --out "
+        rf"{re.escape(str(run))} \(it takes the claim over\), or remove the directory",
+    )
+    (run / ".fedge-claim").write_text(json.dumps({"pid": os.getpid()}))  # alive: maybe being set up
+    _resume_refused(
+        run,
+        r".* holds only a run's claim \(a run being set up now, or one that stopped before it wrote "
+        r"anything\): there is nothing to resume; if no fedge process is setting it up, remove the "
+        r"directory and start the run again",
+    )
+
+
+def test_resume_of_a_run_an_older_fedge_wrote_names_what_it_cannot_read_and_the_way_out(
+    tmp_path, tiny
+):
+    """A checkpoint without what this engine reads, or a config.yaml with a key it does not
+    know (an older fedge's run): one line naming it and the way out, never a traceback."""
+    import torch
+
+    run = _finished(tmp_path, tiny)
+    (run / "summary.json").unlink()  # unfinished
+    state = torch.load(run / "checkpoint.pt", weights_only=True)
+    for key, what in (
+        ("record", "it lacks 'record'"),
+        ("client_states", "it lacks 'client_states'"),
+    ):
+        torch.save({k: v for k, v in state.items() if k != key}, run / "checkpoint.pt")
+        _resume_refused(
+            run,
+            rf"'.*checkpoint.pt' cannot be continued by this fedge \({what}; another fedge version wrote "
+            r"it, or it was edited\): resume with the fedge that wrote it, or start the run anew into another "
+            r"--out or after removing '.*' \(nothing was changed\)",
+        )
+    torch.save({**state, "record": {**state["record"], "retired": 1}}, run / "checkpoint.pt")
+    _resume_refused(run, r".*its record holds 'retired', which this fedge does not know.*")
+    torch.save(state, run / "checkpoint.pt")
+    for name in (".fedge-config.json", "sessions.jsonl"):  # a run from before they were kept
+        (run / name).unlink()
+    cfg = run / "config.yaml"
+    cfg.write_text(cfg.read_text() + "retired_key: 1\n")
+    _resume_refused(
+        run,
+        r"run '.*': its config.yaml does not validate with this fedge \(unknown config key "
+        r"'retired_key'.*\); edit '.*config.yaml' to fix it and resume again \(with "
+        r"--allow-config-change if it says the config was edited\), or start the run anew into another "
+        r"--out \(nothing was changed\)",
+    )
+
+
 def test_flops_not_measured_are_absent_and_read_not_measured_everywhere(tmp_path, tiny):
     cfg = _write_cfg(tmp_path, tiny, rounds=1)
     a, b = tmp_path / "a", tmp_path / "b"

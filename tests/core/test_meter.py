@@ -89,3 +89,36 @@ def test_views_and_in_place_updates_of_resident_weights_are_not_step_memory():
             lin.weight.t()  # a view of resident storage
             lin.weight.add_(1.0)  # an in-place update
     assert meter.stats.tensor_peak_bytes == 4 * (100 * 100 + 100)
+
+
+def test_on_a_cuda_device_the_meter_reads_the_allocators_peak_per_step(monkeypatch):
+    """Meter(device=cuda, memory=True): reset_peak_memory_stats when the step starts, then
+    max_memory_allocated less what was allocated at the start, plus the resident model (a fake
+    allocator that starts at 1000 bytes and peaks at 9000: the oracle is 8000 + the model's
+    440 bytes). Off CUDA the figure is absent, and without memory nothing is read."""
+    import fedge.core.device as D
+
+    allocated = {"now": 1000, "peak": 9000}
+    resets = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: resets.append(d))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: allocated["now"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: allocated["peak"])
+    gpu = torch.device("cuda", 0)
+    lin = torch.nn.Linear(10, 10)
+    meter = Meter(flops=False, memory=True, device=gpu)
+    meter.resident = lin
+    with meter.measure():
+        torch.empty(250)
+    assert resets == [gpu]
+    assert meter.stats.device_peak_bytes == 8000 + 4 * (100 + 10)
+    assert meter.stats.tensor_peak_bytes == 1000 + 4 * (100 + 10)  # the accounting, as before
+    assert D.device_peak(None, 0) is None
+    off = Meter(flops=False, memory=False, device=gpu)
+    with off.measure():
+        pass
+    assert off.stats.device_peak_bytes is None and resets == [gpu]
+    cpu = Meter(flops=False, memory=True, device=torch.device("cpu"))
+    with cpu.measure():
+        torch.empty(250)
+    assert cpu.stats.device_peak_bytes is None and cpu.stats.tensor_peak_bytes == 1000

@@ -386,7 +386,7 @@ def test_bit_identical_under_every_cpu_capability() -> None:
         assert got["digest"] == BUNDLE_SHA256, cap
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.needs_cuda
 def test_cuda_draws_equal_cpu_bit_for_bit() -> None:
     k = P.stream_key(5, "cuda")
     for shape, offset in [((1 << 20,), 0), ((64, 16, 5, 5), 77)]:

@@ -129,3 +129,14 @@ def test_the_server_refuses_loss_differences_of_another_k() -> None:
     spec = ZerothOrderSpec(k=4, sigma=1e-2, scheme="central")
     with pytest.raises(MessageError, match="got 5 loss differences for a spec with k=4"):
         estimate_gradient(dict(model.named_parameters()), torch.ones(5), spec, seed=0)
+
+
+def test_the_device_is_none_on_the_cpu_and_kept_elsewhere():
+    import torch
+
+    from fedge.estimators.spec import ZerothOrderSpec
+
+    base = dict(k=4, sigma=1e-3, scheme="forward")
+    assert ZerothOrderSpec(**base, device=torch.device("cpu")) == ZerothOrderSpec(**base)
+    assert ZerothOrderSpec(**base, device=torch.device("cpu")).device is None
+    assert ZerothOrderSpec(**base, device=torch.device("meta")).device == torch.device("meta")

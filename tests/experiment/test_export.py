@@ -177,3 +177,22 @@ def test_onnx_missing_says_how_to_install(tmp_path: Path, tiny, monkeypatch) -> 
     monkeypatch.setitem(sys.modules, "onnx", None)  # as if not installed
     with pytest.raises(ConfigError, match="pip install 'fedge\\[onnx\\]'"):
         export_model(run, format="onnx")
+
+
+def test_a_run_trained_on_a_gpu_exports_on_a_machine_without_one(tmp_path: Path, tiny) -> None:
+    """The run's config.yaml names device: cuda (as a GPU run's does); export rebuilds the model
+    on the CPU, so it works where torch sees no GPU, giving the run's weights."""
+    import yaml
+
+    run = run_experiment(load_config(tiny(rounds=1)), out=tmp_path / "r", render=False)
+    config = run / "config.yaml"
+    raw = yaml.safe_load(config.read_text())
+    assert raw["device"] == "cpu"
+    config.write_text(yaml.safe_dump({**raw, "device": "cuda"}, sort_keys=False))
+    res = CliRunner().invoke(app, ["export", str(run), "--out", str(tmp_path / "m.pt")])
+    assert res.exit_code == 0, res.output
+    scripted = torch.jit.load(str(tmp_path / "m.pt"))
+    trained = load_trained_model(run)
+    x = _batch((1, 8, 8))
+    with torch.no_grad():
+        assert torch.allclose(scripted(x), trained.model(x), atol=1e-6)

@@ -8,7 +8,7 @@ import pytest
 
 import fedge
 from fedge.core.config import load_config
-from fedge.core.devices import DEVICES
+from fedge.core.device_profiles import DEVICES
 from fedge.core.errors import ConfigError
 from fedge.experiment.build import build_run
 

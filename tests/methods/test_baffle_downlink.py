@@ -9,8 +9,8 @@ from fedge.core import transforms as T
 from fedge.core.config import load_config
 from fedge.core.errors import MessageError
 from fedge.experiment.build import build_run
-from fedge.methods.baffle.downlink import DownlinkHistory
 from fedge.methods.base import GlobalModel, model_arrays
+from fedge.methods.replay import DownlinkHistory
 from fedge.runtime.engine import decode_state
 
 K = 8

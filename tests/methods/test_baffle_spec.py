@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from fedge.core.messages import Message
 from fedge.estimators import ZerothOrderSpec, estimate_gradient, loss_differences
 from fedge.methods.baffle import BaffleBatchClient, BaffleBatchStrategy, BaffleConfig
-from fedge.methods.baffle.downlink import ClientReplica, replay_step
 from fedge.methods.ntk_baffle import NtkBaffleConfig
+from fedge.methods.replay import ClientReplica, OneStep, replay_step
 
 
 def _model() -> torch.nn.Module:
@@ -58,7 +58,7 @@ def test_client_server_and_replica_estimate_with_the_configs_spec() -> None:
     spec = cfg.zo_spec()
     client = BaffleBatchClient(_model, cfg, threads=2)
     assert client.spec == cfg.zo_spec(workers=2)
-    assert client.replica is not None and client.replica.spec == client.spec
+    assert client.replica is not None and client.replica.update == OneStep(client.spec, None, None)
     strat = BaffleBatchStrategy(_model(), cfg, seed=4)
     assert strat.spec == spec
 
@@ -72,7 +72,7 @@ def test_client_server_and_replica_estimate_with_the_configs_spec() -> None:
         assert torch.equal(got[name], want[name]), name
 
     replica = ClientReplica(
-        _model(), cfg.server_optimizer.build(), spec, perturb=cfg.perturb, clip=cfg.clip
+        _model(), cfg.server_optimizer.build(), OneStep(spec, cfg.perturb, cfg.clip), k=cfg.k
     )
     strat.shared_update(1, d, [0])
     assert not torch.equal(strat.model[1].weight, _model()[1].weight)  # the server stepped

@@ -113,3 +113,30 @@ def test_register_method_checks_its_spec() -> None:
         ConfigError, match=r"MethodSpec 'bad2' has config FedAvgConfig whose name is 'fedavg'"
     ):
         register(MethodSpec("bad2", "d", FedAvgConfig, lambda cfg, env: None))
+
+
+def test_the_global_model_on_another_device_takes_cpu_replies_and_cpu_checkpoints():
+    """A model on torch's meta device (a device tensors cannot be mixed with CPU ones, as on a
+    GPU): the server optimizer steps on CPU (pseudo-)gradients and buffer deltas, a masked model
+    stays masked with CPU masks, and a checkpoint read onto the CPU is restored onto the model's
+    device (optimizer state included)."""
+    import torch.nn as nn
+    from torch.utils._pytree import tree_leaves
+
+    meta = torch.device("meta")
+    model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2)).to(meta)
+    mask = {"0.weight": torch.tensor([[True, False, True], [False, True, True]])}
+    server = GlobalModel(model, T.adam(0.1), masks=mask)
+    grads = {k: torch.ones(p.shape) for k, p in model.named_parameters()}
+    server.step(grads)
+    server.add_to_buffers({k: torch.ones(b.shape) for k, b in model.named_buffers()})
+    assert all(p.device == meta for p in model.parameters())
+    cpu = GlobalModel(nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2)), T.adam(0.1), masks=mask)
+    cpu.step(grads)
+    server.load_state_dict(cpu.state_dict())
+    leaves = [t for t in tree_leaves(server.opt_state) if isinstance(t, torch.Tensor)]
+    assert leaves and all(t.device == meta for t in leaves)
+    cpu.load_state_dict(cpu.state_dict())  # on the CPU the checkpoint's tensors are kept as read
+    assert all(
+        t.device.type == "cpu" for t in tree_leaves(cpu.opt_state) if isinstance(t, torch.Tensor)
+    )

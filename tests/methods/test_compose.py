@@ -31,8 +31,11 @@ WRAPPERS = {
     "PrivateClient",
     "SecureAggregation",
     "SecureClient",
+    "compressed",
+    "CompressingClient",
+    "Decompression",
 }
-MECHANISM_MODULES = {"compose.py", "private.py", "secure.py", "ema.py"}
+MECHANISM_MODULES = {"compose.py", "private.py", "secure.py", "ema.py", "compress.py"}
 
 
 def _called(tree: ast.AST) -> set[str]:

@@ -231,3 +231,176 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tiny, tmp_path):
     assert curve(resumed) == curve(full)
     a, b = resumed.model.state_dict(), full.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def _first_gbar(sim):
+    """Round 1's averaged scalars ḡ as the server recorded them, under any wrappers."""
+    sim.run_round(1)
+    inner = sim.strategy
+    while not isinstance(inner, FedKSeedStrategy):
+        inner = inner.inner
+    sim.close()
+    return inner.downlink.history[1][1]
+
+
+def _curve(sim, rounds):
+    out = [sim.run_round(r) for r in range(1, rounds + 1)]
+    final = model_arrays(sim.strategy.model)
+    sim.close()
+    return out, final
+
+
+@pytest.mark.filterwarnings("ignore::fedge.core.errors.PrivacyWarning")
+def test_dp_on_the_summed_scalars_composes(tiny):
+    """DP wraps FedKSeed's sum: with σ = 0 and a clip that never binds the mean is the plain
+    one (equal client sizes: uniform = N_c-weighted, up to float order); with a clip that binds
+    a client's K scalars reach the server scaled to norm C, and noise moves the model."""
+
+    def sim(per_round=4, **privacy):
+        cfg = load_config(
+            tiny(
+                model={"name": "mlp", "hidden": [16]},
+                method={
+                    "name": "fedkseed",
+                    "k": K,
+                    "local_steps": 3,
+                    "batch_size": 16,
+                    "secure_aggregation": per_round > 1,  # a sum of one reply is no secret
+                },
+                privacy=privacy or {"mechanism": "none"},
+                **{"clients.num": 4, "clients.per_round": per_round},
+            )
+        )
+        return build_run(cfg).simulation()
+
+    plain, w = _curve(sim(), 3)
+    loose, w2 = _curve(sim(mechanism="gaussian", clip=1e6, noise_multiplier=0.0), 3)
+    for a, b in zip(plain, loose):
+        assert b["test_loss"] == pytest.approx(a["test_loss"], rel=1e-5)
+    assert all(torch.allclose(w[k], w2[k], atol=1e-6) for k in w)
+    assert loose[-1]["epsilon"] == float("inf")
+    # one client a round: the server's ḡ is that client's g clipped to norm C = 1e-3
+    g_plain = _first_gbar(sim(per_round=1))
+    g_clip = _first_gbar(sim(per_round=1, mechanism="gaussian", clip=1e-3, noise_multiplier=0.0))
+    assert float(g_plain.norm()) > 1e-2
+    assert torch.allclose(g_clip, g_plain * (1e-3 / g_plain.norm()), rtol=1e-4, atol=1e-9)
+    noisy, w3 = _curve(sim(mechanism="gaussian", clip=1.0, noise_multiplier=1.0), 2)
+    assert 0 < noisy[-1]["epsilon"] < float("inf")
+    assert any(not torch.equal(w[k], w3[k]) for k in w)
+
+
+def test_freezing_perturbs_and_moves_only_trainable_coordinates(tiny):
+    """``method.freeze``: the pool draws directions over the trainable parameters only; frozen
+    ones keep their seeded values on the server and in every client's rebuilt model."""
+    cfg = load_config(
+        tiny(
+            model={"name": "mlp", "hidden": [16]},
+            method={"name": "fedkseed", "k": K, "local_steps": 3, "freeze": ["features.fc1"]},
+            **{"clients.num": 6, "clients.per_round": 2},
+        )
+    )
+    sim = build_run(cfg).simulation()
+    w0 = model_arrays(sim.strategy.model)
+    _, w = _curve(sim, 4)
+    frozen = [k for k in w0 if k.startswith("features.fc1")]
+    assert frozen and all(torch.equal(w0[k], w[k]) for k in frozen)
+    assert any(not torch.equal(w0[k], w[k]) for k in w0 if k not in frozen)
+    for st in (decode_state(b) for b in sim.client_states.values()):
+        assert all(torch.equal(st["w/" + k], w0[k]) for k in frozen)
+
+
+def test_secure_aggregation_uploads_k_plus_one_64_bit_words(tiny):
+    """With secure aggregation (FedKSeed's default) a client's masked input is [N_c·g, N_c] in
+    the protocol's 64-bit fixed-point words: K = 96 instead of 64 adds exactly 8·32 bytes a
+    client a round up (the key-agreement and unmasking messages do not depend on K) and 4·32
+    bytes per replayed round down (between 64 and 96 MessagePack's headers of the lengths and
+    shapes keep their sizes)."""
+
+    def run(k):
+        cfg = load_config(
+            tiny(
+                model={"name": "mlp", "hidden": [16]},
+                method={"name": "fedkseed", "k": k, "local_steps": 2, "batch_size": 16},
+                **{"clients.num": 3, "clients.per_round": 3},
+            )
+        )
+        sim = build_run(cfg).simulation()
+        out = [sim.run_round(r) for r in (1, 2, 3)]
+        sim.close()
+        return out
+
+    small, large = run(64), run(96)
+    for rnd, (a, b) in enumerate(zip(small, large), start=1):
+        assert a["phases"] == b["phases"] == 4  # the four exchanges of secure aggregation
+        assert (b["bytes_up"] - a["bytes_up"]) / 3 == 8 * 32
+        missed = 0 if rnd == 1 else 1  # every client every round: one round to replay
+        assert (b["bytes_down"] - a["bytes_down"]) / 3 == 4 * 32 * missed
+
+
+def test_under_dropout_clients_hold_the_servers_model_across_skipped_rounds(tiny):
+    """clients.dropout = 0.4, min_replies = 2, the first rounds skipped (the strategy put back,
+    no update): a client that ran only in a skipped first round holds the seeded model, which
+    is the server's first round's, and every client's model is the server's of its round."""
+    cfg = load_config(
+        tiny(
+            model={"name": "mlp", "hidden": [16]},
+            method={
+                "name": "fedkseed",
+                "k": K,
+                "local_steps": 2,
+                "batch_size": 16,
+                "secure_aggregation": False,
+            },
+            **{
+                "clients.num": 6,
+                "clients.per_round": 3,
+                "clients.dropout": 0.4,
+                "clients.min_replies": 2,
+            },
+        )
+    )
+    sim = build_run(cfg).simulation()
+    snapshots = {1: model_arrays(sim.strategy.model)}
+    skipped = []
+    for rnd in range(1, 9):
+        if sim.run_round(rnd).get("round_skipped"):
+            skipped.append(rnd)
+        snapshots[rnd + 1] = model_arrays(sim.strategy.model)
+    sim.close()
+    assert 1 in skipped and 8 not in skipped
+    held = {c: decode_state(st) for c, st in sim.client_states.items()}
+    assert len(held) == 6
+    for c, st in held.items():
+        w = {k[2:]: v for k, v in st.items() if k.startswith("w/")}
+        assert all(torch.equal(w[k], snapshots[st["at"]][k]) for k in w), c
+
+
+def test_clients_rebuild_the_servers_model_with_dropouts(tiny):
+    """Clients dropping out of exchanges (whole rounds failing, the server's state rolled back):
+    a client the server never had a reply from is sent ``new`` and replays from the seeded
+    model, so every client still holds the model of its round bit for bit."""
+    cfg = load_config(
+        tiny(
+            model={"name": "mlp", "hidden": [16]},
+            method={"name": "fedkseed", "k": K, "lr": 0.05, "local_steps": 3, "batch_size": 16},
+            **{
+                "clients.num": 8,
+                "clients.per_round": 4,
+                "clients.dropout": 0.15,
+                "clients.min_replies": 1,
+            },
+        )
+    )
+    sim = build_run(cfg).simulation()
+    snapshots = {1: model_arrays(sim.strategy.model)}
+    failed = 0
+    for rnd in range(1, 6):
+        failed += sim.run_round(rnd).get("clients_failed", 0)
+        snapshots[rnd + 1] = model_arrays(sim.strategy.model)
+    sim.close()
+    assert failed > 0
+    held = {c: decode_state(s) for c, s in sim.client_states.items()}
+    assert len(held) >= 4
+    for c, st in held.items():
+        w = {k[2:]: v for k, v in st.items() if k.startswith("w/")}
+        assert all(torch.equal(w[k], snapshots[st["at"]][k]) for k in w), c

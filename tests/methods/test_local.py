@@ -223,3 +223,21 @@ def test_the_context_carries_the_round_s_global_weights_for_every_step():
     reply = client.run(Message({"weight": w_t.clone()}), ctx)
     assert len(seen) == 3 and all(torch.equal(s, w_t) for s in seen)
     torch.testing.assert_close(reply.arrays["weight"], torch.full((1, 3), -0.3))
+
+
+def test_a_persistent_state_is_restored_onto_the_parameters_device():
+    """Read back from bytes (CPU tensors), Adam's moments go to the parameter's device (meta here,
+    which cannot mix with the CPU, as a GPU cannot) and its step count stays on the CPU."""
+    from fedge.methods.local import restore_optimizer_state
+
+    meta = torch.nn.Parameter(torch.zeros(2, 3, device="meta"))
+    store = {
+        "client_optimizer.w.step": torch.tensor(3.0),
+        "client_optimizer.w.exp_avg": torch.ones(2, 3),
+        "client_optimizer.w.exp_avg_sq": torch.ones(2, 3),
+    }
+    opt = torch.optim.Adam([meta], lr=0.1)
+    restore_optimizer_state(opt, store, names=["w"])
+    state = opt.state[meta]
+    assert state["step"].device.type == "cpu" and float(state["step"]) == 3.0
+    assert state["exp_avg"].device.type == "meta" and state["exp_avg_sq"].device.type == "meta"

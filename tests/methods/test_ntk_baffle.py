@@ -289,3 +289,58 @@ def test_ntk_ori_pruning_uploads_outside_secure_aggregation_are_warned(tiny):
         warnings.simplefilter("always")
         build_run(_cfg(tiny, mode="batch", secure_aggregation=True))
     assert not [w for w in caught if "prune_data=client" in str(w.message)]
+
+
+class _StopAtPruning(Exception):
+    """Stands in for Ctrl-C inside NTK-Ori's pruning phase."""
+
+
+def test_ntk_ori_pruning_rounds_are_checkpointed_and_a_resume_goes_on_from_the_last(tmp_path, tiny):
+    """An interrupt inside round 1's pruning phase keeps the pruning rounds done; each resume
+    goes on from the next one, and the run ends bit for bit as the uninterrupted one."""
+    from fedge.experiment.progress import Progress
+    from fedge.experiment.resume import resume_experiment
+    from tests_helpers import metrics_without_wall
+
+    def cfg():
+        return _cfg(
+            tiny, mode="batch", prune_data="client", prune_k=6, secure_aggregation=False
+        ).model_copy(update={"rounds": 2})
+
+    class Phases(Progress):
+        def __init__(self, stop_at=None):
+            self.seen, self.stop_at = [], stop_at
+
+        def phase(self, rnd, name, done, total):
+            self.seen.append((rnd, name, done, total))
+            if done == self.stop_at:
+                raise _StopAtPruning
+
+    whole = Phases()
+    full = run_experiment(cfg(), out=tmp_path / "full", progress=whole, render=False)
+    assert whole.seen == [(1, "pruning", t, 3) for t in (1, 2, 3)]
+
+    cut = tmp_path / "cut"
+    with pytest.raises(_StopAtPruning):
+        run_experiment(cfg(), out=cut, progress=Phases(stop_at=1), render=False)
+    state = torch.load(cut / "checkpoint.pt", weights_only=True)
+    assert state["record"]["round"] == 0 and state["partial"]["round"] == 1
+    assert (cut / "metrics.jsonl").read_text() == ""  # round 1 not done, its pruning round 1 kept
+
+    again = Phases(stop_at=2)
+    with pytest.raises(_StopAtPruning):
+        resume_experiment(cut, progress=again, render=False)
+    assert again.seen == [(1, "pruning", 2, 3)]  # pruning round 1 was not redone
+    rest = Phases()
+    resume_experiment(cut, progress=rest, render=False)
+    assert rest.seen == [(1, "pruning", 3, 3)]
+
+    assert metrics_without_wall(cut) == metrics_without_wall(full)
+    got, want = load_file(cut / "model.safetensors"), load_file(full / "model.safetensors")
+    assert got.keys() == want.keys() and all(got[k].equal(want[k]) for k in want)
+    masks = [
+        torch.load(d / "checkpoint.pt", weights_only=True)["strategy"]["inner"]["inner"]
+        for d in (cut, full)
+    ]
+    assert all(masks[0]["masks"][k].equal(m) for k, m in masks[1]["masks"].items())
+    assert "partial" not in torch.load(cut / "checkpoint.pt", weights_only=True)

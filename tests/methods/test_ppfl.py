@@ -106,20 +106,20 @@ def test_client_with_small_enclave_excluded_from_a_stage_only():
 
 def test_a_stage_fewer_enclaves_fit_than_min_cohort_fails_before_training():
     """One client of four fits stage 0: under the default min_cohort 2 no stage-0 round could
-    ever be averaged, so the run stops at its first sampling, naming the stage and the fixes."""
+    ever be averaged, so the build refuses the config, naming the stage, the profiles and the fixes."""
     needs = _needs(_built())
     small_mb = (needs[2] + needs[0]) / 2 / MiB  # fits the classifier stage, not stage 0
     prof = [
         {"name": "big", "fraction": 0.25, "enclave_mb": 16},
         {"name": "small", "fraction": 0.75, "enclave_mb": small_mb},
     ]
-    sim = _built(**{"clients.profiles": prof}).simulation()
     with pytest.raises(
         ConfigError,
-        match=r"stage 0 .* fits the enclaves of 1 client\(s\), fewer than method.min_cohort=2",
+        match=rf"stage 0 .* needs S_l = {needs[0] / MiB:.2f} MiB .*only the 1 client\(s\) of 'big' have "
+        rf"it, fewer than method.min_cohort=2 .*'small' \(enclave_mb={small_mb:g}\) too small.*"
+        r"method.min_batch_size.*lower method.min_cohort",
     ):
-        sim.run_round(1)
-    assert not any(sim.party_states.values())
+        _built(**{"clients.profiles": prof})
     _built(**{"clients.profiles": prof, "method.min_cohort": 1}).simulation().run_round(
         1
     )  # one suffices then
@@ -147,19 +147,19 @@ def test_batch_shrinks_to_fit():
 
 
 def test_no_client_fits_fails_before_training():
-    built = _built(**{"method.tee": {"client_mb": 0.5}})
-    sim = built.simulation()
     with pytest.raises(
         ConfigError, match=r"stage 0 .* needs S_l = .* largest client enclave is 0.50 MiB"
     ):
-        sim.run_round(1)
-    assert not sim.client_states and not any(sim.party_states.values())  # nothing ran
-    # with profiles: a stage no profile fits stops at the first sampling, before training
+        _built(**{"method.tee": {"client_mb": 0.5}})
+    # with profiles: a stage no profile fits is refused at the build, naming the profile
     prof = [{"name": "a", "fraction": 1.0, "enclave_mb": 0.3}]
-    sim = _built(**{"clients.profiles": prof}).simulation()
-    with pytest.raises(ConfigError, match="largest client enclave is 0.30 MiB"):
-        sim.run_round(1)
-    assert not any(sim.party_states.values())
+    with pytest.raises(
+        ConfigError,
+        match=r"stage 0 .* needs S_l = [0-9.]+ MiB of enclave memory at batch 8, more than any client's "
+        r"enclave: clients.profiles 'a' \(enclave_mb=0.3\); set enclave_mb to at least [0-9.]+ in "
+        r"clients.profiles",
+    ):
+        _built(**{"clients.profiles": prof})
 
 
 class _Spy:

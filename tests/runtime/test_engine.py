@@ -6,7 +6,7 @@ import torch
 from fedge.core.context import ClientData
 from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
-from fedge.core.protocols import Exchange, PartySpec, Strategy
+from fedge.core.protocols import Exchange, PartySpec, Savepoint, Strategy
 from fedge.runtime.engine import EngineConfig, Simulation, decode_state, drops_out, sample_clients
 
 
@@ -221,6 +221,35 @@ def test_round_state_crosses_exchanges_and_processes_but_not_rounds(workers):
         assert sim.states.round == {}
         assert "secret" not in str(sim.state_dict())  # never checkpointed
     assert sims[0].strategy.total == sims[1].strategy.total
+
+
+class SavepointBetween(TwoExchanges):
+    """A savepoint between the two exchanges, while each client keeps its round secret."""
+
+    def round(self, rnd, ids):
+        yield Exchange(dict.fromkeys(ids, Message(config={"a": 1})))
+        yield Savepoint("phase", 1, 1)
+        replies = yield Exchange(dict.fromkeys(ids, Message(config={"b": 1})))
+        return self.aggregate_round(rnd, replies)
+
+
+def test_a_savepoint_where_clients_hold_round_state_is_refused_and_none_is_checkpointed():
+    """Round states never go to disk, so a round holding them cannot be continued from there."""
+    saved = []
+    sim = _sim(strategy=SavepointBetween(), program=SecretsClient(), n=4, per_round=4)
+    sim.on_savepoint = lambda s, rnd, point: saved.append(s.state_dict())
+    with pytest.raises(
+        MessageError,
+        match=r"round 1: SavepointBetween yielded a Savepoint \(phase\) "
+        r"while clients \[0, 1, 2, 3\] hold round state",
+    ):
+        sim.run()
+    assert saved == []
+    passed_over = _sim(strategy=SavepointBetween(), program=SecretsClient(), n=4, per_round=4)
+    passed_over.run()  # no one checkpoints there: the savepoint is passed over
+    plain = _sim(strategy=TwoExchanges(), program=SecretsClient(), n=4, per_round=4)
+    plain.run()
+    assert passed_over.strategy.total == plain.strategy.total
 
 
 # ---------------------------------------------------------------- a toy three-party method

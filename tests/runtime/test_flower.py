@@ -105,6 +105,27 @@ def test_batch_baffle_with_secure_aggregation_same_metrics_as_the_engine(tmp_pat
     _assert_same(engine, flower)
 
 
+@pytest.mark.parametrize(
+    "method",
+    [
+        {"name": "fedkseed", "k": 16, "local_steps": 3, "batch_size": 16},  # secure aggregation on
+        {"name": "fedkseed", "k": 16, "local_steps": 3, "secure_aggregation": False},
+        {"name": "feedsign", "lr": 0.01, "batch_size": 16},
+    ],
+    ids=["fedkseed-secagg", "fedkseed", "feedsign"],
+)
+def test_seed_and_scalar_methods_same_metrics_as_the_engine(tmp_path, method):
+    """2 of 4 clients a round: the clients that missed rounds rebuild the model from what the
+    server replays, each node holding its model in its context state, as on the engine."""
+    cfg = tiny_config(
+        rounds=3,
+        method=method,
+        **{"dataset": {"name": "digits"}, "clients.num": 4, "clients.per_round": 2},
+    )
+    engine, flower, _ = _both(tmp_path, cfg)
+    _assert_same(engine, flower)
+
+
 def test_simulated_dropouts_lose_the_same_clients_as_on_the_engine(tmp_path):
     """clients.dropout is drawn by the engine's own code, so Flower loses the same clients, here
     inside secure aggregation's four exchanges, with the same figures."""

@@ -7,7 +7,7 @@ import torch
 from fedge.core.errors import DivergenceError, MessageError, ShortRoundError
 from fedge.core.messages import Message
 from fedge.core.meter import StepStats
-from fedge.core.protocols import Exchange, PartyCall
+from fedge.core.protocols import Exchange, PartyCall, Savepoint
 from fedge.runtime.executor import ClientResult
 from fedge.runtime.round import (
     RoundRecord,
@@ -59,6 +59,57 @@ def test_the_driver_refuses_a_first_exchange_short_of_the_sample_and_clients_not
     with pytest.raises(MessageError, match=r"exchange 2 addresses clients \[9\] not sampled"):
         later = rounds({1: Message()}, {1: Message(), 9: Message()})
         drive_round(4, [1], later, exchange=echo, call=None)
+
+
+def test_the_driver_hands_savepoints_over_and_a_continued_round_starts_at_its_exchange():
+    def round_(ids):
+        replies = yield Exchange({c: Message() for c in ids})
+        got = yield Savepoint("pruning", 1, 2)
+        replies = yield Exchange({c: Message() for c in sorted(replies)})
+        return {"got": got, "n": len(replies)}
+
+    seen = []
+
+    def exchange(index, messages):
+        seen.append(("exchange", index))
+        return dict(messages)
+
+    def savepoint(point, index):
+        seen.append(("savepoint", point.phase, point.done, point.total, index))
+
+    driven = drive_round(
+        1, [3, 4], round_([3, 4]), exchange=exchange, call=None, savepoint=savepoint
+    )
+    assert seen == [("exchange", 0), ("savepoint", "pruning", 1, 2, 1), ("exchange", 1)]
+    assert driven.value == {"got": None, "n": 2}  # the round gets None back
+    assert drive_round(1, [3, 4], round_([3, 4]), exchange=exchange, call=None).value["n"] == 2
+
+    def after_the_savepoint():  # a continued round: its next exchange addresses the survivors
+        replies = yield Exchange({3: Message()})
+        return {"n": len(replies)}
+
+    seen.clear()
+    drive_round(1, [3, 4], after_the_savepoint(), exchange=exchange, call=None, first=1)
+    assert seen == [("exchange", 1)]  # numbered on from the savepoint (dropout draws use it)
+
+
+def test_round_totals_survive_a_checkpoint_inside_the_round():
+    totals = RoundTotals(bytes_down=5, bytes_up=7, transport={"flower_bytes": 3}, exchanges=2)
+    party = StepStats(flops=2, wall_s=0.1, tensor_peak_bytes=9)
+    totals.add(StepStats(flops=11, wall_s=0.5, links={"client->edge": 4}, parties={"edge": party}))
+    totals.fail({6: "dropped out"})
+    state = totals.state_dict()
+    again = RoundTotals.from_state(torch.load(_saved(state), weights_only=True))
+    assert again == totals
+
+
+def _saved(obj):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf
 
 
 def test_the_driver_lets_an_exchanges_error_through():
@@ -214,3 +265,14 @@ def test_flops_not_measured_leave_no_flops_key():
     )
     assert not [k for k in line if "flops" in k]
     assert line["bytes_down"] == 0 and line["wall_s.edge"] == 0.5
+
+
+def test_on_a_gpu_the_per_round_peak_is_the_cuda_allocators_and_the_largest_step_wins():
+    """Two client steps on a CUDA device: the round's client_peak_bytes is the larger of their
+    CUDA peaks (StepStats.device_peak_bytes), the tensor accounting stays under its own name."""
+    totals = RoundTotals(exchanges=1)
+    totals.add(StepStats(tensor_peak_bytes=1_000, rss_peak_bytes=0, device_peak_bytes=7_168))
+    totals.add(StepStats(tensor_peak_bytes=3_000, rss_peak_bytes=0, device_peak_bytes=5_120))
+    line = metrics_line(1, 2, totals, RoundRecord(), figures={}, aggregate={}, memory=True)
+    assert line["client_peak_bytes"] == 7_168
+    assert line["client_tensor_peak_bytes"] == 3_000

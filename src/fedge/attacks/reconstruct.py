@@ -11,7 +11,7 @@ gradient on the seed's directions, optionally at an unknown DP clip scale
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +23,7 @@ from fedge.core.rng import Draws
 from fedge.estimators.directions import make_directions
 
 __all__ = [
+    "BLOCK",
     "GradientTarget",
     "ProjectionTarget",
     "Reconstruction",
@@ -32,6 +33,9 @@ __all__ = [
     "invert_ig",
     "total_variation",
 ]
+
+#: iterations per block: one L-BFGS call of DLG (``max_iter``), and the reporting step of both
+BLOCK = 20
 
 
 @dataclass
@@ -200,6 +204,7 @@ def invert_ig(
     lr: float = 0.1,
     bounds: tuple[Tensor, Tensor] | None = None,
     generator: torch.Generator,
+    on_block: Callable[[int], None] | None = None,
 ) -> Reconstruction:
     """Inverting Gradients (Geiping et al. 2020): cosine matching loss + ``tv`` · total
     variation, Adam on the signed gradient of the dummy data (their Sec. 4), learning rate
@@ -209,7 +214,10 @@ def invert_ig(
     ``bounds``: (low, high), broadcastable to the dummy batch — the valid pixel range [0, 1]
     in the model's normalized input space. Their Eq. 4 minimizes over x ∈ [0, 1]^n, and their
     code projects the dummy data onto that box after every step (its default ``boxed``); so
-    does this, when given. The dummy start (N(0, I)) is not projected, as theirs is not."""
+    does this, when given. The dummy start (N(0, I)) is not projected, as theirs is not.
+
+    ``on_block``: called with the iterations done after every :data:`BLOCK` of them (and the
+    last), for progress displays."""
     params, names, x, y_logits, variables = _dummy_start(
         model, target, input_shape, num_classes, batch, labels, generator
     )
@@ -217,7 +225,7 @@ def invert_ig(
     milestones = [int(iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=0.1)
     value = float("inf")
-    for _ in range(iterations):
+    for it in range(iterations):
         opt.zero_grad()
         g = _dummy_gradient(model, params, names, x, labels, y_logits)
         objective = target.cosine(g) + tv * total_variation(x)
@@ -229,6 +237,8 @@ def invert_ig(
             with torch.no_grad():
                 x.copy_(torch.maximum(torch.minimum(x, bounds[1]), bounds[0]))
         value = float(objective.detach())
+        if on_block is not None and ((it + 1) % BLOCK == 0 or it + 1 == iterations):
+            on_block(it + 1)
     guess = labels if labels is not None else y_logits.detach().argmax(-1)
     return Reconstruction(x.detach().clone(), guess, value, iterations)
 
@@ -243,6 +253,7 @@ def invert(
     labels: Tensor | None = None,
     iterations: int = 300,
     generator: torch.Generator,
+    on_block: Callable[[int], None] | None = None,
 ) -> Reconstruction:
     """DLG (Zhu et al. 2019): L-BFGS on dummy data (and soft labels unless ``labels`` given)
     so that the dummy's gradient at ``model`` matches ``target``. The model is evaluated with
@@ -253,12 +264,13 @@ def invert(
     *before* its step, so it is not used as the score). A target with no finite matching loss
     at the start (ciphertext read as floats overflows the squared error) cannot be optimized:
     the start comes back with ``loss = inf`` and ``iterations = 0``, which callers report as
-    "no finite objective" rather than as an attack's result."""
+    "no finite objective" rather than as an attack's result. ``on_block``: called with the
+    iterations done after every L-BFGS call (:data:`BLOCK` iterations), for progress displays."""
     params, names, x, y_logits, variables = _dummy_start(
         model, target, input_shape, num_classes, batch, labels, generator
     )
     opt = torch.optim.LBFGS(
-        variables, lr=1.0, max_iter=20, history_size=100, line_search_fn="strong_wolfe"
+        variables, lr=1.0, max_iter=BLOCK, history_size=100, line_search_fn="strong_wolfe"
     )
 
     def closure() -> Tensor:
@@ -270,9 +282,11 @@ def invert(
     best = (float(closure().detach()), x.detach().clone(), y_logits.detach().clone())
     steps = 0
     if math.isfinite(best[0]):
-        for _ in range(max(1, iterations // 20)):
+        for _ in range(max(1, iterations // BLOCK)):
             opt.step(closure)
-            steps += 20
+            steps += BLOCK
+            if on_block is not None:
+                on_block(steps)
             if not torch.isfinite(x).all():
                 break
             value = float(closure().detach())

@@ -150,6 +150,17 @@ def _targets(
         )
 
 
+def _per_block(
+    on_iterations: Callable[[str, int, int, int, int], None],
+    attack: str,
+    upload: int,
+    uploads: int,
+    iterations: int,
+) -> Callable[[int], None]:
+    """``on_iterations`` of one attack on one upload, as an optimizer's ``on_block(done)``."""
+    return lambda done: on_iterations(attack, upload, uploads, done, iterations)
+
+
 def reconstruction_attack(
     run: ObservedRun,
     *,
@@ -158,11 +169,16 @@ def reconstruction_attack(
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
     optimizer: str = "dlg",
+    on_iterations: Callable[[str, int, int, int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Attack every observed upload of round 1 (at most ``samples`` clients); returns the
     per-attack median/mean MSE, PSNR and label accuracy, baselines, and per-client results.
     ``optimizer``: ``dlg`` (L2 matching, L-BFGS) or ``ig`` (Inverting Gradients: cosine + TV,
-    Adam, projected onto the pixel box [0, 1]; attack names get ``ig`` / ``-ig``)."""
+    Adam, projected onto the pixel box [0, 1]; attack names get ``ig`` / ``-ig``).
+
+    ``progress(done, total)``: after each upload. ``on_iterations(attack, upload, uploads,
+    done, iterations)``: inside upload ``upload`` (1-based) of ``uploads``, after every block of
+    :data:`~fedge.attacks.reconstruct.BLOCK` iterations of ``attack``."""
     if optimizer not in ("dlg", "ig"):
         raise ConfigError(f"optimizer {optimizer!r}; expected 'dlg' or 'ig'")
     built = run.built
@@ -204,6 +220,12 @@ def reconstruction_attack(
             gen = generator(seed, "attack", attack, view.rnd, view.cid)
             if optimizer == "ig":
                 attack = "ig" if attack == "dlg" else f"{attack}-ig"
+            on_block = (
+                None
+                if on_iterations is None
+                else _per_block(on_iterations, attack, i + 1, len(views), iterations)
+            )
+            if optimizer == "ig":
                 rec = invert_ig(
                     model,
                     target,
@@ -214,6 +236,7 @@ def reconstruction_attack(
                     iterations=iterations,
                     bounds=box,
                     generator=gen,
+                    on_block=on_block,
                 )
             else:
                 rec = invert(
@@ -225,6 +248,7 @@ def reconstruction_attack(
                     labels=labels,
                     iterations=iterations,
                     generator=gen,
+                    on_block=on_block,
                 )
             matched = match_images(rec.x, x_true, ds)
             label_hits = sum(int(rec.labels[j] == y_true[at]) for j, (_, at) in enumerate(matched))
@@ -282,12 +306,14 @@ def reconstruct_data(
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
     optimizer: str = "dlg",
+    on_iterations: Callable[[str, int, int, int, int], None] | None = None,
 ) -> tuple[ObservedRun, dict[str, Any]]:
     """Round 1 of ``cfg`` observed (:func:`~fedge.attacks.harness.observe_run`) and the
     clients' data reconstructed from what leaks: each upload at the server
     (:func:`reconstruction_attack`), or, for a method whose clients release activations to an
     edge server (and send the server only a masked model), those activations inverted
-    (:func:`~fedge.attacks.inversion.activation_inversion`; ``optimizer`` does not apply)."""
+    (:func:`~fedge.attacks.inversion.activation_inversion`; ``optimizer`` and
+    ``on_iterations`` do not apply)."""
     edge = upload_of(cfg) == "edge_activations"
     run = observe_run(cfg, parties=("edge",) if edge else ())
     if edge:
@@ -302,5 +328,6 @@ def reconstruct_data(
             seed=seed,
             progress=progress,
             optimizer=optimizer,
+            on_iterations=on_iterations,
         )
     return run, result

@@ -198,6 +198,13 @@ NEUTRAL_ADDITIONS: dict[tuple[str, ...], Any] = {
     ("method", "prune_route"): "autograd",
     ("method", "client_optimizer", "state"): "fresh",
     ("method", "ema_also_raw"): False,
+    # BAFFLE's levers toward backprop (docs/methods/baffle.md), each off by default
+    ("method", "prefix_once"): False,
+    ("method", "train_mask"): None,
+    ("method", "k_final"): None,
+    ("method", "sigma_decay"): 1.0,
+    ("method", "guided_rank"): 0,
+    ("method", "guided_share"): 0.5,
     # attached by the composer to every method with a global model / that can freeze
     ("method", "ema"): None,
     ("method", "ema_warmup"): True,
@@ -231,7 +238,8 @@ def _with_neutral_additions(have: dict[str, Any], want: dict[str, Any]) -> dict[
             isinstance(h, dict)
             and isinstance(w, dict)
             and path[-1] not in h
-            and w.get(path[-1]) == neutral
+            and path[-1] in w
+            and w[path[-1]] == neutral
         ):
             h[path[-1]] = neutral
     return have

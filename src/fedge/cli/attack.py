@@ -41,7 +41,10 @@ reconstruction).
 
 from __future__ import annotations
 
+import datetime
 import json
+import sys
+import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated, Any
@@ -99,19 +102,68 @@ def _write(run_dir: Path, name: str, result: dict[str, Any]) -> Path:
     return path
 
 
+#: piped output: a line inside an upload's inversion at most this often (each upload's end: always)
+LINE_EVERY_S = 10.0
+
+
+class _InversionProgress:
+    """How far a reconstruction attack is: on a terminal a transient bar (uploads done, and the
+    iteration block inside the running one); when stdout is not a terminal (a pipe, a log, CI),
+    plain lines: the replay of round 1, each upload's end, and inside an upload the iteration
+    reached, at most every :data:`LINE_EVERY_S` seconds."""
+
+    def __init__(self, name: str, samples: int, iterations: int) -> None:
+        self.name, self.t0 = name, time.monotonic()
+        self.last = self.t0
+        self.bar = Progress(transient=True) if sys.stdout.isatty() else None
+        self.label = f"inverting {samples} uploads x {iterations} iterations"
+        self.task: Any = None
+        self.samples = samples
+
+    def __enter__(self) -> _InversionProgress:
+        if self.bar is not None:
+            self.bar.__enter__()
+            self.task = self.bar.add_task(self.label, total=self.samples)
+        else:
+            self._line("replaying round 1 of the run to observe its uploads")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def _line(self, text: str) -> None:
+        self.last = time.monotonic()
+        elapsed = datetime.timedelta(seconds=int(self.last - self.t0))
+        print(f"{self.name}: {text}, {elapsed}", flush=True)  # a pipe is block-buffered
+
+    def upload(self, done: int, total: int) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done, total=total, description=self.label)
+        else:
+            self._line(f"upload {done}/{total} done")
+
+    def block(self, attack: str, upload: int, uploads: int, done: int, iterations: int) -> None:
+        text = f"upload {upload}/{uploads}, {attack} iteration {done}/{iterations}"
+        if self.bar is not None:
+            self.bar.update(self.task, description=text)
+        elif time.monotonic() - self.last >= LINE_EVERY_S:
+            self._line(text)
+
+
 def _dlg(
     run_dir: Path, raw: dict[str, Any], iterations: int, samples: int, seed: int, optimizer: str
 ) -> dict[str, Any]:
     cfg = load_config({**raw, "rounds": 1})
-    with one_line_warnings(), Progress(transient=True) as bar:
-        task = bar.add_task(f"inverting {samples} uploads x {iterations} iterations", total=samples)
+    with one_line_warnings(), _InversionProgress(optimizer, samples, iterations) as shown:
         run, result = reconstruct_data(
             cfg,
             iterations=iterations,
             samples=samples,
             seed=seed,
             optimizer=optimizer,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
+            progress=shown.upload,
+            on_iterations=shown.block,
         )
     ds = run.built.dataset
     images = result.pop("_images")

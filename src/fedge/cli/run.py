@@ -102,12 +102,14 @@ def moved_text(line: dict[str, Any]) -> str:
 
 class _Lines(Progress):
     """One plain line per round on stdout (round, test accuracy, bytes moved, time since the
-    command started), for a stdout that is not a terminal (``| cat``, a log file, nohup, CI),
+    command started), and one per finished step of a long phase inside a round (NTK-Ori's
+    pruning rounds), for a stdout that is not a terminal (``| cat``, a log file, nohup, CI),
     where a live bar would show only its last state."""
 
     def __init__(self) -> None:
         self.t0 = time.monotonic()
         self.started = False
+        self.total_rounds = 0
 
     def __enter__(self) -> _Lines:
         return self
@@ -115,17 +117,26 @@ class _Lines(Progress):
     def __exit__(self, *exc: Any) -> None:
         pass
 
+    def _elapsed(self) -> datetime.timedelta:
+        return datetime.timedelta(seconds=int(time.monotonic() - self.t0))
+
     def start(self, total_rounds: int, done: int) -> None:
         self.started = True
+        self.total_rounds = total_rounds
+
+    def phase(self, rnd: int, name: str, done: int, total: int) -> None:
+        print(
+            f"round {rnd}/{self.total_rounds}: {name} {done}/{total} done (saved), {self._elapsed()}",
+            flush=True,
+        )
 
     def round(self, line: dict[str, Any], total_rounds: int) -> None:
         acc = line.get(TEST_ACCURACY)
         moved = moved_text(line)
-        elapsed = datetime.timedelta(seconds=int(time.monotonic() - self.t0))
         print(
             f"round {line[ROUND]}/{total_rounds}: "
             + (f"acc {acc:.4f}, " if acc is not None else "acc -, ")
-            + f"{moved}, {elapsed}",
+            + f"{moved}, {self._elapsed()}",
             flush=True,  # a pipe is block-buffered: each line as its round ends
         )
 
@@ -160,6 +171,7 @@ class _Bar(Progress):
         )
         self.task: Any = None
         self.started = False  # the run got as far as its rounds
+        self.phase_text = ""  # the running round's long phase so far ("pruning 3/50 done")
 
     def __enter__(self) -> _Bar:
         if self.progress is not None:
@@ -196,9 +208,18 @@ class _Bar(Progress):
     def clients(self, rnd: int, exchange: int, done: int, total: int) -> None:
         if self.progress is not None:
             step = f" step {exchange}" if exchange > 1 else ""
-            self.progress.update(self.task, inside=f"round {rnd}{step}: {done}/{total} clients")
+            phase = f" ({self.phase_text})" if self.phase_text else ""
+            self.progress.update(
+                self.task, inside=f"round {rnd}{step}{phase}: {done}/{total} clients"
+            )
+
+    def phase(self, rnd: int, name: str, done: int, total: int) -> None:
+        self.phase_text = f"{name} {done}/{total} done"
+        if self.progress is not None:
+            self.progress.update(self.task, inside=f"round {rnd}: {self.phase_text}")
 
     def round(self, line: dict[str, Any], total_rounds: int) -> None:
+        self.phase_text = ""
         if self.progress is None:
             return
         acc = line.get("test_accuracy")

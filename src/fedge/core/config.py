@@ -30,7 +30,8 @@ from pydantic import (
     model_validator,
 )
 
-from fedge.core.devices import DEVICES, TIME_FIELDS, device_fields
+from fedge.core.device import DEVICE_FORMS, check_device
+from fedge.core.device_profiles import DEVICES, TIME_FIELDS, device_fields
 from fedge.core.errors import ConfigError
 from fedge.core.overrides import apply_overrides, override_strings
 from fedge.core.presets import preset_path, read_config_file
@@ -100,7 +101,7 @@ class DeviceProfile(_Strict):
     model (``gflops``, ``uplink_kbps``, ``downlink_kbps``: :mod:`fedge.runtime.fleet`) turns
     each client's measured FLOPs and bytes into simulated seconds; ``memory_mb`` is checked
     against each client step's measured peak. ``device`` names one of
-    :data:`fedge.core.devices.DEVICES`, whose figures fill the fields not given here."""
+    :data:`fedge.core.device_profiles.DEVICES`, whose figures fill the fields not given here."""
 
     name: str = Field(description="the profile's name (default: its device's name)")
     device: str | None = Field(
@@ -455,6 +456,11 @@ class RunConfig(_Strict):
         "two torch threads collapse 10-25x when the machine is shared, and the zeroth-order estimator "
         "uses the cores through its own perturbation threads",
     )
+    device: str = Field(
+        "cpu",
+        description=f"where the simulation's models, batches and estimator tensors live: {DEVICE_FORMS}; "
+        "messages still travel as CPU bytes. cuda needs a visible CUDA device (docs/guide/gpu.md)",
+    )
     clients: ClientsConfig = ClientsConfig()
     dataset: DatasetConfig = DatasetConfig()
     partition: PartitionConfig = PartitionConfig()
@@ -492,6 +498,11 @@ class RunConfig(_Strict):
                 stacklevel=2,
             )
         return v
+
+    @field_validator("device")
+    @classmethod
+    def _device_visible(cls, v: str) -> str:
+        return check_device(v)
 
     @field_validator("seed")
     @classmethod

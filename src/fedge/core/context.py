@@ -70,6 +70,14 @@ class ClientData:
     def num_samples(self) -> int:
         return int(self.indices.numel())
 
+    def to(self, device: torch.device) -> ClientData:
+        """This client's data with ``x`` and ``y`` on ``device`` (itself if they are there; the
+        simulation moves the shared training set once, so this copies nothing per step). The
+        indices stay on the CPU, where the client's generator shuffles them."""
+        if self.x.device == device and self.y.device == device:
+            return self
+        return ClientData(self.x.to(device), self.y.to(device), self.indices)
+
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This client's (x, y), materialized."""
         return self.x[self.indices], self.y[self.indices]

@@ -1,5 +1,6 @@
 """Measuring a client step for real: FLOPs from torch's flop-counter formulas, wall time, and peak
-memory by tensor accounting and by peak RSS. Design notes: docs/decisions.md#core.
+memory by tensor accounting and by peak RSS, or on a GPU by the CUDA allocator's peak statistics.
+Design notes: docs/decisions.md#core.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
+
+from fedge.core.device import device_peak, reset_device_peak
 
 __all__ = [
     "FlopCounter",
@@ -42,9 +45,18 @@ class StepStats:
     side_bytes_up: int = 0
     links: dict[str, int] = field(default_factory=dict)  # "client->edge" -> bytes
     parties: dict[str, StepStats] = field(default_factory=dict)  # party kind -> its cost
+    #: on a CUDA device: the allocator's peak during the step above what it held when the step
+    #: began, plus the resident model (:meth:`Meter.measure`); None on the CPU
+    device_peak_bytes: int | None = None
 
     def copy(self) -> StepStats:
-        return StepStats(self.flops, self.wall_s, self.tensor_peak_bytes, self.rss_peak_bytes)
+        return StepStats(
+            self.flops,
+            self.wall_s,
+            self.tensor_peak_bytes,
+            self.rss_peak_bytes,
+            device_peak_bytes=self.device_peak_bytes,
+        )
 
     def since(self, before: StepStats) -> StepStats:
         """The cost added since ``before`` (peaks are kept as they are: they are maxima)."""
@@ -53,6 +65,7 @@ class StepStats:
             self.wall_s - before.wall_s,
             self.tensor_peak_bytes,
             self.rss_peak_bytes,
+            device_peak_bytes=self.device_peak_bytes,
         )
 
     def add_link(self, link: str, nbytes: int) -> None:
@@ -72,6 +85,8 @@ class StepStats:
             self.tensor_peak_bytes = max(self.tensor_peak_bytes or 0, other.tensor_peak_bytes)
         if other.rss_peak_bytes is not None:
             self.rss_peak_bytes = max(self.rss_peak_bytes or 0, other.rss_peak_bytes)
+        if other.device_peak_bytes is not None:
+            self.device_peak_bytes = max(self.device_peak_bytes or 0, other.device_peak_bytes)
         for k, v in other.links.items():
             self.links[k] = self.links.get(k, 0) + v
         for party, cost in other.parties.items():
@@ -219,11 +234,20 @@ def module_bytes(module: torch.nn.Module | None) -> int:
 class Meter:
     """Measures one party's step. The engine wraps ``program.run`` in :meth:`measure`;
     links add their side-party traffic to :attr:`stats` and run the side party under
-    :meth:`paused`, so its work is not charged to the caller."""
+    :meth:`paused`, so its work is not charged to the caller.
 
-    def __init__(self, *, flops: bool = True, memory: bool = False) -> None:
+    ``device``: where the step's tensors live. On a CUDA device, with ``memory``, the step's
+    peak is also read from the CUDA allocator (:attr:`StepStats.device_peak_bytes`:
+    ``torch.cuda.max_memory_allocated`` after ``torch.cuda.reset_peak_memory_stats`` at the
+    step's start, less what was allocated then, plus the resident model), which the tensor
+    accounting cannot see whole (cuDNN and cuBLAS workspaces)."""
+
+    def __init__(
+        self, *, flops: bool = True, memory: bool = False, device: torch.device | None = None
+    ) -> None:
         self.count_flops = flops
         self.memory = memory
+        self.device = device
         self.stats = StepStats()
         self._resident: torch.nn.Module | None = None
         self._accountant: TensorAccountant | None = None
@@ -262,6 +286,7 @@ class Meter:
         if accountant is not None and self._resident is not None:
             accountant.add_resident([*self._resident.parameters(), *self._resident.buffers()])
         start_rss = rss_peak_reset() if self.memory else None
+        start_device = reset_device_peak(self.device) if self.memory else None
         t0 = time.perf_counter()
         try:
             if flop_mode is not None:
@@ -282,6 +307,9 @@ class Meter:
             if accountant is not None:
                 self.stats.tensor_peak_bytes = accountant.peak + module_bytes(self.resident)
                 self.stats.rss_peak_bytes = rss_peak_since_reset(start_rss)
+                peak = device_peak(self.device, start_device)
+                if peak is not None:
+                    self.stats.device_peak_bytes = peak + module_bytes(self.resident)
 
 
 def effective_flops_ratio(

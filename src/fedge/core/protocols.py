@@ -26,6 +26,7 @@ __all__ = [
     "ResumeCheck",
     "Round",
     "RoundAccounting",
+    "Savepoint",
     "SideEvaluation",
     "SideParty",
     "Stopping",
@@ -59,7 +60,25 @@ class PartyCall:
     key: int | None = None  # which instance of a per-client party (None: a shared party)
 
 
-Round = Generator[Exchange | PartyCall, Any, dict[str, float]]
+@dataclass
+class Savepoint:
+    """A point inside a round from which the round can be continued: a long phase of a round
+    (NTK-Ori's ``total`` pruning rounds, the first exchanges of round 1) yields one after each of
+    its steps, ``done`` of ``total`` of its ``phase`` finished. The engine checkpoints there, so
+    an interrupt keeps the phase's finished steps, tells the run's progress, and sends None back.
+
+    What a strategy that yields it promises: its :meth:`Strategy.state_dict` now holds how far
+    the round got, and ``round(rnd, client_ids)`` on a strategy loaded from that state goes on
+    from here, to the same result. Every wrapper around it passes it through and changes no state
+    of its own before its inner round returns; no client holds a round state (``ctx.round_state``
+    never goes to disk)."""
+
+    phase: str
+    done: int
+    total: int
+
+
+Round = Generator[Exchange | PartyCall | Savepoint, Any, dict[str, float]]
 
 
 class Strategy:

@@ -118,7 +118,9 @@ PHASES = "phases"  # exchanges of a round that ran more than one
 CLIENT_FLOPS_EFFECTIVE = "client_flops_effective"  # FLOPs of non-zero weights (sparse models)
 CUM_CLIENT_FLOPS_EFFECTIVE = "cum_client_flops_effective"
 # with measure.memory (also in the summary): the per-round peak (tensor accounting, as
-# CLIENT_TENSOR_PEAK_BYTES), and the growth of the process RSS high-water mark during the steps
+# CLIENT_TENSOR_PEAK_BYTES; on a CUDA device the CUDA allocator's peak per client step:
+# torch.cuda.max_memory_allocated after reset_peak_memory_stats, less what the step started
+# with, plus the resident model), and the growth of the process RSS high-water mark during the steps
 CLIENT_PEAK_BYTES = "client_peak_bytes"
 CLIENT_TENSOR_PEAK_BYTES = "client_tensor_peak_bytes"
 CLIENT_RSS_GROWTH_BYTES = "client_rss_growth_bytes"

@@ -9,6 +9,7 @@ docs/decisions.md#estimators.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -20,7 +21,7 @@ from torch import Tensor
 from fedge.core import portable
 from fedge.core.errors import ConfigError
 from fedge.core.rng import Draws, check_draws, generator
-from fedge.estimators.perturbation import normal_chunk
+from fedge.estimators.perturbation import normal_chunk, portable_normal_chunk
 
 __all__ = [
     "DirectionKind",
@@ -38,8 +39,9 @@ Draw = Callable[[int, Sequence[int], str, Sequence[int]], Tensor]
 
 class Directions:
     """The K directions of one step: ``draw(seed, ks, name, shape) -> (len(ks), *shape)``
-    float32 CPU tensor of ``z_k`` restricted to parameter ``name``, ``weights`` (K,) float64
-    with ĝ = 1/(c σ) Σ_k w_k ΔL_k z_k, and the generator ``draws`` they come from."""
+    float32 tensor of ``z_k`` restricted to parameter ``name`` (on the CPU, or on the device
+    :func:`make_directions` was given), ``weights`` (K,) float64 with
+    ĝ = 1/(c σ) Σ_k w_k ΔL_k z_k, and the generator ``draws`` they come from."""
 
     def __init__(
         self, kind: str, k: int, draw: Draw, weights: Tensor, draws: Draws = "torch"
@@ -93,11 +95,40 @@ def make_directions(
     masks: Mapping[str, Tensor] | None = None,
     *,
     draws: Draws = "torch",
+    device: torch.device | None = None,
 ) -> Directions:
     """The directions ``kind`` for a selection (name -> shape, in model order) and K; ``masks``
     (name -> boolean, True = perturbed) size ``block``'s blocks by their kept coordinates (the
     other kinds draw every coordinate and leave masking to the estimator); ``draws`` picks the
-    generator (``"torch"``, today's numbers, or ``"portable"``, the same on every machine)."""
+    generator (``"torch"``, today's numbers, or ``"portable"``, the same on every machine).
+
+    ``device`` (None: the CPU): where the draws are returned. Portable Gaussian directions are
+    made there (:func:`fedge.core.portable.normal_rows`' ``device``: the same bits as on the
+    CPU); the others are drawn on the CPU and moved (torch's generators give other numbers on
+    a GPU, so a GPU run's directions stay those of a CPU run)."""
+    dirs = _make_directions(kind, shapes, k, masks, draws=draws)
+    if device is None or device.type == "cpu":
+        return dirs
+    if kind == "gaussian" and draws == "portable":
+        return Directions(
+            kind, k, functools.partial(portable_normal_chunk, device=device), dirs.weights, draws
+        )
+    cpu_draw = dirs.draw
+
+    def draw(seed: int, ks: Sequence[int], name: str, shape: Sequence[int]) -> Tensor:
+        return cpu_draw(seed, ks, name, shape).to(device)
+
+    return Directions(kind, k, draw, dirs.weights, draws)
+
+
+def _make_directions(
+    kind: str,
+    shapes: Mapping[str, Sequence[int]],
+    k: int,
+    masks: Mapping[str, Tensor] | None,
+    *,
+    draws: Draws,
+) -> Directions:
     check_draws(draws)
     if kind not in get_args(DirectionKind):
         raise ConfigError(

@@ -45,10 +45,19 @@ def standard_normal_chunk(seed: int, ks: Sequence[int], name: str, shape: Sequen
     return out
 
 
-def portable_normal_chunk(seed: int, ks: Sequence[int], name: str, shape: Sequence[int]) -> Tensor:
+def portable_normal_chunk(
+    seed: int,
+    ks: Sequence[int],
+    name: str,
+    shape: Sequence[int],
+    *,
+    device: torch.device | str = "cpu",
+) -> Tensor:
     """The portable ``z_{k,name}`` for every ``k`` in ``ks``, stacked: ``(len(ks), *shape)``,
-    row k of ``stream_key(seed, "zo", name)`` (:func:`fedge.core.portable.normal_rows`)."""
-    return portable.normal_rows(portable.stream_key(int(seed), _PURPOSE, name), ks, tuple(shape))
+    row k of ``stream_key(seed, "zo", name)`` (:func:`fedge.core.portable.normal_rows`), made
+    on ``device`` by the same exact transform (the same bits as on the CPU)."""
+    key = portable.stream_key(int(seed), _PURPOSE, name)
+    return portable.normal_rows(key, ks, tuple(shape), device=device)
 
 
 def normal_chunk(

@@ -63,6 +63,10 @@ class ZerothOrderSpec:
             model). The losses are those of the full forwards (the prefix's output is the same
             tensor each time); the FLOPs drop by the prefix's share. The fast mode's batched pass
             already shares the prefix; this extends it to the lean and threaded loops.
+        device: where the directions are drawn (portable Gaussians made there, the same bits
+            as on the CPU; :func:`~fedge.estimators.directions.make_directions`) and where the
+            server's rebuild of ĝ is accumulated; None: the CPU (a CPU device is stored as
+            None, so specs equal but for spelling compare equal). The run's ``device``.
 
     Example (BAFFLE's defaults: K = 100, σ = 1e-4, twice-FD):
         >>> spec = ZerothOrderSpec(k=100, sigma=1e-4, scheme="forward", mode="fast")
@@ -81,6 +85,7 @@ class ZerothOrderSpec:
     dtype: torch.dtype | None = None
     workers: int | None = None
     prefix_once: bool = False
+    device: torch.device | None = None
 
     def __post_init__(self) -> None:
         check_positive_int("k", self.k)
@@ -107,6 +112,13 @@ class ZerothOrderSpec:
             check_positive_int("workers", self.workers)
         if not isinstance(self.prefix_once, bool):
             raise ConfigError(f"prefix_once must be a bool, got {self.prefix_once!r}")
+        if self.device is not None and not isinstance(self.device, torch.device):
+            raise ConfigError(
+                f"device must be a torch.device or None, got {self.device!r}; pass "
+                "fedge.core.device.resolve_device('cuda') (or leave it None for the CPU)"
+            )
+        if self.device is not None and self.device.type == "cpu":  # one spelling of the CPU
+            object.__setattr__(self, "device", None)
         if self.dtype not in _DTYPES:
             raise ConfigError(
                 f"dtype must be None, torch.float32, torch.bfloat16 or torch.float16, got "

@@ -142,7 +142,9 @@ def loss_differences(
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
         raise ConfigError(f"batch must be a pair (x, y), got {type(batch).__name__}")
     k, sigma, mode = spec.k, spec.sigma, spec.mode
-    sel = _with_directions(select(model, params, masks), spec.directions, k, spec.draws)
+    sel = _with_directions(
+        select(model, params, masks), spec.directions, k, spec.draws, spec.device
+    )
     autocast = _autocast_dtype(sel, spec.dtype)
     _warn_if_unsafe(model, sel, None if mode == "jvp" else sigma, spec.dtype)
     x, y = batch
@@ -237,14 +239,16 @@ def estimate_gradient(
     if not shapes:
         raise ConfigError("shapes_or_params is empty; pass the parameters the client perturbed")
     mask_of = check_masks(shapes, masks)
-    dirs = _directions(spec.directions, shapes, k, mask_of, spec.draws)
+    dirs = _directions(spec.directions, shapes, k, mask_of, spec.draws, spec.device)
     if dirs.kind in ("block", "guided"):  # w_k = 1 / K_b, or guided's (directions.py)
         coef = (diffs * dirs.weights / (spec.normalizer * sigma)).to(torch.float32)  # (K,)
     else:  # w_k = 1 / K, as BAFFLE Eq. (6) writes it
         coef = (diffs / (spec.normalizer * k * sigma)).to(torch.float32)
+    device = spec.device or torch.device("cpu")
+    coef = coef.to(device)
     out: dict[str, Tensor] = {}
     for name, shape in shapes.items():
-        acc = torch.zeros(math.prod(shape))
+        acc = torch.zeros(math.prod(shape), device=device)
         for start in range(0, k, 64):  # (P, numel) noise at a time: O(64 · largest parameter)
             ks = range(start, min(k, start + 64))
             z = dirs.draw(seed, ks, name, shape).view(len(ks), -1)
@@ -308,7 +312,12 @@ def zeroth_order_gradient(
     sel = select(model, params, masks)
     spec = resolve_spec(spec, settings)
     dirs = _directions(
-        spec.directions, {n: p.shape for n, p in sel.params.items()}, spec.k, sel.masks, spec.draws
+        spec.directions,
+        {n: p.shape for n, p in sel.params.items()},
+        spec.k,
+        sel.masks,
+        spec.draws,
+        spec.device,
     )
     if spec.mode in ("fast", "jvp"):
         dirs = remembered(dirs, _REMEMBER_BYTES)
@@ -531,11 +540,15 @@ def batched_pays(model: nn.Module, x: Tensor) -> bool:
 
 
 def _with_directions(
-    sel: Selection, directions: DirectionKind | Directions, k: int, draws: Draws
+    sel: Selection,
+    directions: DirectionKind | Directions,
+    k: int,
+    draws: Draws,
+    device: torch.device | None = None,
 ) -> Selection:
     """``sel`` drawing the step's ``directions`` (built from the selection's shapes and K)."""
     shapes = {n: p.shape for n, p in sel.params.items()}
-    dirs = _directions(directions, shapes, k, sel.masks, draws)
+    dirs = _directions(directions, shapes, k, sel.masks, draws, device)
     return dataclasses.replace(sel, draw=dirs.draw)
 
 
@@ -545,11 +558,12 @@ def _directions(
     k: int,
     masks: Mapping[str, Tensor],
     draws: Draws,
+    device: torch.device | None = None,
 ) -> Directions:
     """The step's directions: built from a kind (block's sized by the masks' kept coordinates)
-    with ``draws``' generator, or a given set checked against K."""
+    with ``draws``' generator, drawn on ``device``, or a given set checked against K."""
     if not isinstance(directions, Directions):
-        return make_directions(directions, shapes, k, masks, draws=draws)
+        return make_directions(directions, shapes, k, masks, draws=draws, device=device)
     if directions.k != k:
         raise ConfigError(
             f"the given directions were made for k={directions.k}, but this step has k={k}; "

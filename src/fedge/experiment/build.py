@@ -18,6 +18,7 @@ from pydantic_core import PydanticSerializationError
 
 from fedge.core.config import RunConfig, validate_section
 from fedge.core.context import ClientData
+from fedge.core.device import full_float32, resolve_device
 from fedge.core.errors import ConfigError, PrivacyWarning, UnknownNameError
 from fedge.core.rng import derive_seed, numpy_rng
 from fedge.data import Dataset, load_dataset
@@ -69,6 +70,44 @@ def model_factory(cfg: RunConfig, dataset: Dataset) -> Callable[[], torch.nn.Mod
     return make
 
 
+def on_device(
+    model_fn: Callable[[], torch.nn.Module], device: torch.device
+) -> Callable[[], torch.nn.Module]:
+    """``model_fn`` building its model on ``device`` (itself on the CPU): built on the CPU,
+    where its seeded initialization is drawn, then moved, so a GPU run starts from the CPU
+    run's weights."""
+    if device.type == "cpu":
+        return model_fn
+
+    def make() -> torch.nn.Module:
+        return model_fn().to(device)
+
+    return make
+
+
+def check_device_support(cfg: RunConfig, device: torch.device, *, accelerators: bool) -> None:
+    """Refuse a run on a device other than the CPU that cannot run there yet: a method whose
+    tensors do not all follow ``device`` (:attr:`Capabilities.accelerators`), or forked client
+    workers (CUDA does not survive a fork). The composed mechanisms run where they did: secure
+    aggregation and DP on the uploads and aggregates, which are CPU tensors (the clients' uploads
+    leave the device when made), freezing and the EMA with the model."""
+    if device.type == "cpu":
+        return
+    fix = "set device=cpu"
+    if not accelerators:
+        raise ConfigError(
+            f"device={cfg.device!r} ({device}): method {cfg.method.name!r} runs on the CPU only "
+            "for now (its tensors are not yet placed on the run's device everywhere); fedavg, "
+            f"fedsgd and baffle run on a GPU; {fix}"
+        )
+    if cfg.clients.workers:
+        raise ConfigError(
+            f"device={cfg.device!r} ({device}) with clients.workers={cfg.clients.workers}: "
+            "forked worker processes cannot use CUDA; set clients.workers=0 (the GPU runs the "
+            f"clients one after another in this process), or {fix}"
+        )
+
+
 @dataclass
 class BuiltRun:
     config: RunConfig
@@ -80,6 +119,8 @@ class BuiltRun:
     clients: Sequence[ClientData]
     model_fn: Callable[[], torch.nn.Module]
     validation: tuple[torch.Tensor, torch.Tensor] | None = None
+    #: where the simulation runs (``config.device`` resolved); ``model_fn`` still builds on the CPU
+    device: torch.device = torch.device("cpu")
     # per client, its local test split (partition.local_test); None: no client holds one out
     local_tests: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
 
@@ -101,6 +142,7 @@ class BuiltRun:
             time_model=c.clients.time_model(),
             deadline_s=c.clients.deadline_s,
             keep_first=c.clients.count() if c.clients.sampled() > c.clients.count() else None,
+            device=self.device,
         )
 
     def simulation(self, on_round: Any = None, runtime: Runtime | str = "engine") -> Simulation:
@@ -115,6 +157,12 @@ class BuiltRun:
                 f"clients.deadline_s / clients.over_select drop stragglers by undoing their steps, which "
                 f"only the engine can (on {rt.name} the client states live on the nodes); run with "
                 "--runtime engine, or remove them (simulated time is still logged)"
+            )
+        if rt.name != "engine" and self.device.type != "cpu":
+            raise ConfigError(
+                f"device={self.config.device!r} ({self.device}) runs on the engine runtime only for "
+                f"now: Flower nodes ({rt.name}) run their clients on the CPU; use --runtime "
+                "engine, or set device=cpu"
             )
         cls: Any = Simulation
         extra: dict[str, Any] = {}
@@ -256,6 +304,7 @@ def build_run(cfg: RunConfig) -> BuiltRun:
     method_cfg = method_config(cfg)
     privacy = privacy_config(cfg)
     check_privacy(spec, privacy)
+    device = resolve_device(cfg.device)
 
     d = cfg.dataset
     clients: Sequence[ClientData]
@@ -341,18 +390,16 @@ def build_run(cfg: RunConfig) -> BuiltRun:
                 "num_samples": int(sum(len(h) for h in held)),
                 "clients": [int(len(h)) for h in held],
             }
+        # on a GPU the clients share one copy of the training set there (moved once, not per step)
+        x_train, y_train = dataset.x_train.to(device), dataset.y_train.to(device)
         clients = [
-            ClientData(
-                dataset.x_train,
-                dataset.y_train,
-                torch.as_tensor(np.asarray(idx), dtype=torch.int64),
-            )
+            ClientData(x_train, y_train, torch.as_tensor(np.asarray(idx), dtype=torch.int64))
             for idx in parts
         ]
         sizes = tuple(len(idx) for idx in parts)
     env = MethodEnv(
         seed=cfg.seed,
-        model_fn=model_fn,
+        model_fn=on_device(model_fn, device),
         num_classes=dataset.num_classes,
         input_shape=tuple(dataset.input_shape),
         client_sizes=sizes,
@@ -361,7 +408,12 @@ def build_run(cfg: RunConfig) -> BuiltRun:
         per_round=cfg.clients.count(),
         privacy=privacy,
         draws=cfg.draws,
+        device=device,
+        profiles=cfg.clients.assign_profiles(cfg.seed),
     )
+    # before anything is built on the device
+    check_device_support(cfg, device, accelerators=spec.capabilities.accelerators)
+    full_float32(device)
     method = compose(spec, method_cfg, env)
     if cfg.clients.min_replies is not None and not method.strategy.partial_replies:
         # name the strategy that needs every reply: the method's own, unless a mechanism does
@@ -386,7 +438,17 @@ def build_run(cfg: RunConfig) -> BuiltRun:
             stacklevel=2,
         )
     return BuiltRun(
-        cfg, dataset, parts, summary, method, method_cfg, clients, model_fn, validation, local_tests
+        cfg,
+        dataset,
+        parts,
+        summary,
+        method,
+        method_cfg,
+        clients,
+        model_fn,
+        validation,
+        device,
+        local_tests,
     )
 
 

@@ -199,9 +199,11 @@ class Claim:
 
     def dead_claimant(self) -> str | None:
         """``"pid N on HOST, claimed at T"`` when the run that claimed the directory has died (a
-        process of this host that no longer exists and holds no lock), else None: alive, on
-        another host, or not known."""
-        return None if self.busy() else self._dead(self._claim_info())
+        process of this host that no longer exists and holds no lock; this one may hold it), else
+        None: alive, on another host, or not known."""
+        if self._held is None and self.busy():
+            return None
+        return self._dead(self._claim_info())  # held by this process: no other one holds it
 
     def _claim_info(self) -> Any:
         try:

@@ -1,5 +1,6 @@
 """Driving a built run's rounds into its run directory, for a new run and a resumed one alike:
-each round's metrics line and checkpoint are written as the round ends, the progress told,
+each round's metrics line and checkpoint are written as the round ends (and a checkpoint at each
+savepoint inside a round, e.g. after each of NTK-Ori's pruning rounds), the progress told,
 divergence watched (:mod:`fedge.experiment.divergence`), the first warning of a kind shown and
 its repeats counted, and at the end the summary and the final model written and the report
 rendered; temporary files of a write cut short are removed.
@@ -17,6 +18,7 @@ import torch
 
 from fedge.core import rundir_schema as schema
 from fedge.core.errors import DivergenceError
+from fedge.core.protocols import Savepoint
 from fedge.experiment.build import BuiltRun
 from fedge.experiment.divergence import DivergenceWatch
 from fedge.experiment.progress import Progress
@@ -83,8 +85,13 @@ def _drive_rounds(
             watch.after_write(line, bad)
         writing.clear()
 
+    def on_savepoint(sim: Simulation, rnd: int, point: Savepoint) -> None:
+        rundir.save_checkpoint(sim.state_dict())  # the part of round rnd done survives an interrupt
+        progress.phase(rnd, point.phase, point.done, point.total)
+
     sim = built.simulation(on_round, runtime=runtime)
     sim.on_progress = progress.clients
+    sim.on_savepoint = on_savepoint
     if state is not None:
         sim.load_state_dict(state)
     progress.start(cfg.rounds, len(lines))

@@ -150,7 +150,9 @@ def load_trained_model(run_dir: str | Path, *, withheld_ok: bool = False) -> Tra
             "put it back, or train the run anew into another --out"
         )
     try:
-        built: BuiltRun = rebuild_run(load_config(raw))
+        # the model is rebuilt and exported on the CPU, whatever device trained it (a run made on
+        # a GPU exports on a machine without one)
+        built: BuiltRun = rebuild_run(load_config({**raw, "device": "cpu"}))
     except DataNotFoundError as exc:
         raise DataNotFoundError(
             f"the model of run {str(rundir.path)!r} is rebuilt from the run's config, which reads "

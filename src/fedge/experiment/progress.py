@@ -1,5 +1,5 @@
 """What a run reports while it goes: :class:`Progress` (its start, the clients that have
-replied inside a round, each finished round), or a plain function called after every round;
+replied inside a round, the steps of a long phase inside a round, each finished round), or a plain function called after every round;
 :func:`as_progress` turns what a caller passes into a Progress, refusing anything else up front.
 """
 
@@ -25,6 +25,10 @@ class Progress:
 
     def clients(self, rnd: int, exchange: int, done: int, total: int) -> None:
         """Inside a round: ``done`` of the ``total`` clients of this exchange have replied."""
+
+    def phase(self, rnd: int, name: str, done: int, total: int) -> None:
+        """Inside round ``rnd``: ``done`` of the ``total`` steps of its phase ``name`` (e.g.
+        NTK-Ori's pruning rounds) are finished, and checkpointed (a resume goes on from here)."""
 
     def round(self, line: dict[str, Any], total_rounds: int) -> None:
         """After round ``line["round"]`` completed and was written."""

@@ -9,17 +9,19 @@ or record of the applied config that are missing or do not fit one another or th
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, MessageError, ResumeError
-from fedge.core.rundir_schema import APPLIED_CONFIG, CONFIG
+from fedge.core.rundir_schema import APPLIED_CONFIG, CHECKPOINT, CLAIM, CONFIG
 from fedge.experiment.build import rebuild_run, resolved_config
 from fedge.experiment.drive import Renderer, drive
 from fedge.experiment.progress import Progress, ProgressLike, as_progress
 from fedge.experiment.run import check_dataset_root
 from fedge.experiment.rundir import RunDir, config_diff
+from fedge.runtime.round import RoundRecord
 from fedge.runtime.spec import Runtime
 
 __all__ = ["resume_experiment"]
@@ -27,6 +29,51 @@ __all__ = ["resume_experiment"]
 
 def _changed_keys(changes: dict[str, tuple[Any, Any]]) -> str:
     return ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
+
+
+def _refuse_a_bare_claim(rundir: RunDir) -> None:
+    """A directory holding only a claim (a run stopped, e.g. killed, before it wrote anything):
+    one line saying so and the way out, rather than "not a run directory"."""
+    if not rundir.path.is_dir() or [p.name for p in rundir.path.iterdir()] != [CLAIM]:
+        return
+    who = rundir.dead_claimant()
+    if who is not None:
+        raise ResumeError(
+            f"{str(rundir.path)!r} holds only the claim of a run that stopped before it wrote anything ({who}): "
+            f"there is nothing to resume; start the run again with --out {rundir.path} (it takes the claim over), "
+            "or remove the directory"
+        )
+    raise ResumeError(
+        f"{str(rundir.path)!r} holds only a run's claim (a run being set up now, or one that stopped before it "
+        "wrote anything): there is nothing to resume; if no fedge process is setting it up, remove the directory "
+        "and start the run again"
+    )
+
+
+#: what a checkpoint this fedge can continue holds (the record: its round counters)
+_CHECKPOINT_KEYS = ("strategy", "client_states", "record")
+
+
+def _check_checkpoint(rundir: RunDir, state: Any) -> None:
+    """A checkpoint that lacks what this fedge's engine reads (one written by another version,
+    or edited): one :class:`ResumeError` line naming what is missing and the way out."""
+    path = str(rundir.path / CHECKPOINT)
+    fields = {f.name for f in dataclasses.fields(RoundRecord)}
+    problem = None
+    if not isinstance(state, dict):
+        problem = f"it holds a {type(state).__name__}, not a checkpoint"
+    elif missing := [k for k in _CHECKPOINT_KEYS if k not in state]:
+        problem = f"it lacks {', '.join(map(repr, missing))}"
+    elif not isinstance(state["record"], dict) or not isinstance(state["record"].get("round"), int):
+        problem = "its record has no round number"
+    elif extra := sorted(set(state["record"]) - fields):
+        problem = f"its record holds {', '.join(map(repr, extra))}, which this fedge does not know"
+    if problem is not None:
+        raise ResumeError(
+            f"{path!r} cannot be continued by this fedge ({problem}; another fedge version wrote it, or it "
+            "was edited): resume with the fedge that wrote it, or start the run anew into another --out or "
+            f"after removing {str(rundir.path)!r} (nothing was changed)"
+        )
 
 
 def resume_experiment(
@@ -78,6 +125,7 @@ def _resume(
     runtime: Runtime,
 ) -> Path:
     """:func:`resume_experiment` once ``rundir`` is held."""
+    _refuse_a_bare_claim(rundir)
     raw = rundir.read_config()
     applied = rundir.applied_config()
     changes: dict[str, tuple[Any, Any]] = {}
@@ -123,10 +171,19 @@ def _resume(
                 f"give a larger total (e.g. rounds={2 * old})"
             )
         raw = {**raw, "rounds": rounds}
-    cfg = load_config(raw)
+    try:
+        cfg = load_config(raw)
+    except ConfigError as exc:  # e.g. a key an older fedge wrote that this one does not know
+        raise ResumeError(
+            f"run {str(rundir.path)!r}: its {CONFIG} does not validate with this fedge ({exc}); edit "
+            f"{str(rundir.path / CONFIG)!r} to fix it and resume again (with --allow-config-change if it says the "
+            "config was edited), or start the run anew into another --out (nothing was changed)"
+        ) from None
     check_dataset_root(cfg)
     built = rebuild_run(cfg)
     state = rundir.load_checkpoint()
+    if state is not None:
+        _check_checkpoint(rundir, state)
     if rounds is not None and rundir.is_complete() and state is None:
         raise ResumeError(f"run {str(rundir.path)!r} has no checkpoint.pt to continue from")
     last = 0 if state is None else int(state["record"]["round"])

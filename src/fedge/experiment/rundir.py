@@ -165,11 +165,10 @@ class RunDir:
             raise
 
     def no_round_done(self) -> bool:
-        """Whether no round has completed here yet (no checkpoint, no metrics line)."""
+        """Whether no round has completed here yet: no metrics line (a checkpoint without one
+        was taken at a savepoint inside round 1, e.g. after an NTK-Ori pruning round)."""
         metrics = self.path / METRICS
-        return not (self.path / CHECKPOINT).exists() and (
-            not metrics.exists() or metrics.stat().st_size == 0
-        )
+        return not metrics.exists() or metrics.stat().st_size == 0
 
     def undo_create(self) -> None:
         """Remove what :meth:`create` and the rounds' set-up wrote (no round has completed) and
@@ -303,12 +302,13 @@ class RunDir:
         return isinstance(summary, dict) and summary.get(STATUS) == COMPLETE
 
     def load_checkpoint(self) -> dict[str, Any] | None:
-        """The last checkpoint (None if the run stopped before round 1 finished)."""
+        """The last checkpoint (None if the run stopped before round 1 finished), its tensors on
+        the CPU whatever device wrote them (the strategies move their state to the run's device)."""
         ck = self.path / CHECKPOINT
         if not ck.exists():
             return None
         try:
-            return torch.load(ck, weights_only=True)
+            return torch.load(ck, weights_only=True, map_location="cpu")
         except Exception as exc:
             raise ResumeError(
                 f"checkpoint {str(ck)!r} is corrupt ({exc.__class__.__name__}: {exc}); "

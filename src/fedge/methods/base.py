@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 from pydantic import ConfigDict, Field, model_validator
+from torch.utils._pytree import tree_map
 
 from fedge.core import transforms as T
 from fedge.core.config import ConfigModel
@@ -152,6 +153,11 @@ class MethodEnv:
     draws: Draws = "torch"  # the run's generator of seeded draws (RunConfig.draws)
     # method.train_mask's kept coordinates (fedge.methods.sparse), name -> bool; None: all
     train_masks: dict[str, torch.Tensor] | None = None
+    #: where the run's models and estimator tensors live (RunConfig.device, resolved); model_fn
+    #: already builds its models there
+    device: torch.device = torch.device("cpu")
+    # each client's device profile (clients.profiles, as the engine assigns them), or None
+    profiles: Sequence[Mapping[str, Any]] | None = None
 
     def protection(self, *, weighted: bool) -> dict[str, Any]:
         """Keyword arguments of :func:`fedge.methods.private.protect` for this run."""
@@ -194,8 +200,9 @@ class MethodBuild:
 
 
 def model_arrays(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state (parameters and buffers) as detached CPU tensors, by name."""
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """The model's state (parameters and buffers) as detached CPU tensors, by name (copies, also
+    of a model on the CPU)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 def model_message_arrays(
@@ -305,7 +312,8 @@ class GlobalModel:
     model-updating strategy shares (FedAvg/FedSGD, BAFFLE, ...).
 
     ``step(grads)`` applies the server optimizer to (pseudo-)gradients of the trainable
-    parameters; ``add_to_buffers(deltas)`` adds averaged float-buffer deltas directly.
+    parameters; ``add_to_buffers(deltas)`` adds averaged float-buffer deltas directly. Both
+    take tensors on any device (replies arrive on the CPU) and move them to the model's.
     """
 
     def __init__(
@@ -332,7 +340,7 @@ class GlobalModel:
             with torch.no_grad():
                 state = self.model.state_dict()
                 for k, m in self.masks.items():
-                    state[k].mul_(m.to(state[k].dtype))
+                    state[k].mul_(m.to(state[k].device, state[k].dtype))
 
     def arrays(self) -> dict[str, torch.Tensor]:
         """The model as the server sends it (sparse with its mask when pruned)."""
@@ -343,7 +351,9 @@ class GlobalModel:
         return {k: state[k] for k in self.param_names}
 
     def step(self, grads: dict[str, torch.Tensor]) -> None:
-        updates, self.opt_state = self.tx.update(grads, self.opt_state, self.params())
+        params = self.params()
+        grads = {k: g.to(params[k].device) if k in params else g for k, g in grads.items()}
+        updates, self.opt_state = self.tx.update(grads, self.opt_state, params)
         with torch.no_grad():
             state = self.model.state_dict()
             for k, u in updates.items():
@@ -354,7 +364,7 @@ class GlobalModel:
         with torch.no_grad():
             state = self.model.state_dict()
             for k in self.buffer_names:
-                state[k].add_(deltas[k])
+                state[k].add_(deltas[k].to(state[k].device))
 
     def state_dict(self) -> dict[str, Any]:
         out = {"model": model_arrays(self.model), "opt": self.opt_state}
@@ -372,7 +382,14 @@ class GlobalModel:
         run whose mask changed mid-way would be neither run. Checkpoints without masks (written
         before they were kept) leave the rebuilt masks in place."""
         load_arrays(self.model, state["model"], who="checkpoint")
-        self.opt_state = state["opt"]
+        device = next(iter(self.params().values()), torch.empty(0)).device
+        self.opt_state = (
+            state["opt"]
+            if device.type == "cpu"  # a checkpoint's tensors are read onto the CPU
+            else tree_map(
+                lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, state["opt"]
+            )
+        )
         saved = state.get("masks")
         if saved is None:
             return

@@ -9,24 +9,30 @@ config asks for, in one fixed order, wherever the method's
    the frozen parameters' ``requires_grad`` off (:class:`~fedge.methods.base.FreezeOption`);
    then **train_mask** (``method.train_mask``, needs ``coordinate_mask``): the build environment
    carries the data-free mask of the coordinates to train (:mod:`fedge.methods.sparse`), and the
-   server restores every other coordinate after each round (over DP and secure aggregation);
+   server restores every other coordinate after each round (over DP, secure aggregation and
+   compression);
 2. the method's own build (its bare strategy and program);
 3. **DP** (``privacy.*``, needs ``sums_replies``): clients clip, the server adds noise to the
    sum (:class:`~fedge.methods.private.DifferentialPrivacy`);
 4. **secure aggregation** (``method.secure_aggregation``, ``method.secagg_*``, needs
    ``sums_replies``): over DP, so the noise goes on the securely aggregated sum
    (:class:`~fedge.methods.secure.SecureAggregation`);
-5. the method's own ``over_protection`` layers (NTK-Ori's pruning exchanges);
-6. **EMA evaluation** (``method.ema``, ``method.ema_*``, needs ``global_model``)
+5. **uplink compression** (``method.compress``, needs ``dense_upload``): over DP, so clients
+   compress their clipped contribution and the server decodes it before re-clipping and noising
+   (:mod:`fedge.methods.compress`); refused with secure aggregation and where the uplink is
+   scalars (:func:`check_compression`);
+6. the method's own ``over_protection`` layers (NTK-Ori's pruning exchanges);
+7. **EMA evaluation** (``method.ema``, ``method.ema_*``, needs ``global_model``)
    (:class:`~fedge.methods.ema.EMAEvaluation`);
-7. the method's own ``outermost`` layers.
+8. the method's own ``outermost`` layers.
 
 Each mechanism's options are declared once (one pydantic model per mechanism, :data:`MECHANISMS`)
 and attached to a method's config section by :func:`section_model` from its capabilities, with
 the method's own defaults (``MethodSpec.defaults``: BAFFLE's ``ema: 0.995``). An option of a
 mechanism a method cannot take is refused when the section is validated
-(:func:`refuse_unsupported`), with the reason its capability gives. Compressors and persistent
-client state are further entries of :data:`MECHANISMS`, applied at their place in this order.
+(:func:`refuse_unsupported`), with the reason its capability gives. Persistent client state
+(the error-feedback residuals, SCAFFOLD's c_i) lives in ``ctx.state``, which the engine
+checkpoints for every method.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from pydantic.fields import FieldInfo
 
 from fedge.core.errors import ConfigError
 from fedge.methods.base import FreezeOption, MethodBuild, MethodConfigBase, MethodEnv
+from fedge.methods.compress import CompressOptions, compressed
 from fedge.methods.ema import EMAOptions
 from fedge.methods.private import protect
 from fedge.methods.secure import SecureAggregationOptions, Summable
@@ -49,6 +56,7 @@ from fedge.methods.spec import MethodSpec
 __all__ = [
     "MECHANISMS",
     "Mechanism",
+    "check_compression",
     "check_privacy",
     "check_secure_aggregation",
     "compose",
@@ -74,6 +82,7 @@ MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism("train_mask", "a sparse trainable mask", "coordinate_mask", TrainMaskOption),
     Mechanism("dp", "differential privacy", "sums_replies", None),
     Mechanism("secure_aggregation", "secure aggregation", "sums_replies", SecureAggregationOptions),
+    Mechanism("compress", "uplink compression", "dense_upload", CompressOptions),
     Mechanism("ema", "EMA evaluation", "global_model", EMAOptions),
 )
 
@@ -149,12 +158,36 @@ def check_secure_aggregation(spec: MethodSpec, cfg: Any, env: MethodEnv) -> None
             )
 
 
+def check_compression(spec: MethodSpec, cfg: Any) -> None:
+    """Refuse ``method.compress`` where this configuration's uplink is scalars (K loss
+    differences), and together with secure aggregation (module docstring of
+    :mod:`fedge.methods.compress`), before anything of the run is written."""
+    options = getattr(cfg, "compress", None) if spec.capabilities.dense_upload else None
+    if options is None:
+        return
+    if spec.upload(cfg) == "loss_differences":
+        raise ConfigError(
+            f"method.compress.name={options.name}: method {spec.name!r} uploads K loss differences in this "
+            "configuration, K float32 scalars with nothing dense to compress; compression applies where the "
+            "clients upload a model delta or gradient (BAFFLE: method.mode=epoch); remove method.compress"
+        )
+    if getattr(cfg, "secure_aggregation", False):
+        raise ConfigError(
+            f"method.compress.name={options.name} with method.secure_aggregation=true: secure aggregation "
+            "masks each client's vector dense in a fixed-point ring shared by all clients, and a compressed "
+            "message (its own indices, its own scales, packed bits) does not add up there; masking the "
+            "decoded vector would send as many bytes as no compression. Set method.secure_aggregation=false "
+            "to compress, or remove method.compress to aggregate securely"
+        )
+
+
 def compose(spec: MethodSpec, cfg: Any, env: MethodEnv) -> MethodBuild:
     """Build method ``spec`` from its validated section ``cfg`` (:func:`section_model`) and
     apply the mechanisms the config asks for, in the module's order."""
     caps, applied = spec.capabilities, []
     check_privacy(spec, env.privacy)
     check_secure_aggregation(spec, cfg, env)
+    check_compression(spec, cfg)
     if caps.freezable and cfg.freeze:
         env, applied = cfg.frozen_env(env), ["freeze"]
     if caps.coordinate_mask and cfg.train_mask is not None:
@@ -175,6 +208,11 @@ def compose(spec: MethodSpec, cfg: Any, env: MethodEnv) -> MethodBuild:
         strategy, program = protect(
             strategy, program, cfg, **env.protection(weighted=strategy.weighted)
         )
+    if caps.dense_upload and cfg.compress is not None:
+        strategy, program = compressed(
+            strategy, program, cfg.compress, seed=env.seed, draws=env.draws
+        )
+        applied.append("compress")
     if env.train_masks is not None:
         strategy = KeepOffMask(strategy, env.train_masks, dict(env.model_fn().named_parameters()))
     for layer in (x for x in built.layers if x.at == "over_protection"):

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from pydantic import Field, model_validator
+from torch.utils._pytree import tree_map
 
 from fedge.core import transforms as T
 from fedge.core.errors import ConfigError
@@ -98,7 +99,8 @@ class EMAEvaluation(StrategyWrapper):
         for name, mask in (
             self.global_model.masks or {}
         ).items():  # a pruned model's average is pruned too
-            self.ema["avg"][name].mul_(mask.to(self.ema["avg"][name].dtype))
+            avg = self.ema["avg"][name]
+            avg.mul_(mask.to(avg.device, avg.dtype))
         return out
 
     def _restart_when_pruned(self, inner: Round) -> Round:
@@ -143,4 +145,12 @@ class EMAEvaluation(StrategyWrapper):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state["inner"])
-        self.ema = state["ema"]
+        device = next(iter(self._state().values())).device
+        # a checkpoint's tensors are read onto the CPU: the average lives with the model
+        self.ema = (
+            state["ema"]
+            if device.type == "cpu"
+            else tree_map(
+                lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, state["ema"]
+            )
+        )

@@ -90,6 +90,7 @@ class FedSGDClient:
         )
         state = model.state_dict()
         arrays = {**grads, **{k: state[k].detach() - start[k] for k in buffers}}
+        arrays = {k: v.cpu() for k, v in arrays.items()}  # the upload leaves the device here
         return Message(arrays, config={"num_samples": n}, metrics={"train_loss": loss})
 
 
@@ -213,9 +214,10 @@ class DeltaAveraging(Strategy):
         self.server.load_state_dict(state)
 
 
-#: what FedAvg and FedSGD can do: their server averages the replies into one global model
+#: what FedAvg and FedSGD can do: their server averages the replies (dense deltas or
+#: gradients, which a codec may compress) into one global model
 CAPABILITIES = Capabilities(
-    sums_replies=True, global_model=True, freezable=True, client_optimizer=True
+    sums_replies=True, global_model=True, freezable=True, client_optimizer=True, dense_upload=True
 )
 
 
@@ -223,14 +225,14 @@ CAPABILITIES = Capabilities(
     "fedsgd",
     "FedSGD: one backprop gradient per client per round, server optimizer",
     config=FedSGDConfig,
-    capabilities=dataclasses.replace(CAPABILITIES, client_optimizer=False),
+    capabilities=dataclasses.replace(CAPABILITIES, client_optimizer=False, accelerators=True),
     upload=lambda cfg: "gradient",
 )
 @declare_method(
     "fedavg",
     "FedAvg: E local epochs of backprop, weighted delta averaging, server optimizer",
     config=FedAvgConfig,
-    capabilities=dataclasses.replace(CAPABILITIES, coordinate_mask=True),
+    capabilities=dataclasses.replace(CAPABILITIES, coordinate_mask=True, accelerators=True),
     upload=lambda cfg: "delta",
 )
 def build(cfg: FedAvgConfig | FedSGDConfig, env: MethodEnv) -> MethodBuild:

@@ -13,7 +13,7 @@ accumulators. The server averages them per seed with weights N_c/N, ḡ, and ste
     w_{t+1} = w_t − η Σ_j ḡ_j z_j,
 
 and a client rebuilds w_{t+1} from its copy of w_t and ḡ alone. The server keeps the per-round
-ḡ (BAFFLE's :class:`~fedge.methods.baffle.downlink.DownlinkHistory`), so a client that missed
+ḡ (BAFFLE's :class:`~fedge.methods.replay.DownlinkHistory`), so a client that missed
 rounds replays the ones it missed and holds the server's model bit for bit; every client starts
 from the seeded initial model, which it builds itself. The rebuild is exact only with a constant
 η (the reference code's assumption): ``method.lr_decay`` other than 1 is refused. Per round a
@@ -34,7 +34,7 @@ import copy
 import math
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +49,6 @@ from fedge.core.rng import derive_seed
 from fedge.estimators import ZerothOrderSpec, loss_differences
 from fedge.estimators.directions import Directions, make_directions
 from fedge.estimators.lean import LossFn
-from fedge.methods.baffle.downlink import DownlinkHistory, perturbed_params
 from fedge.methods.base import (
     GlobalModel,
     MethodBuild,
@@ -61,6 +60,7 @@ from fedge.methods.base import (
     unpack_model_arrays,
 )
 from fedge.methods.registry import declare_method
+from fedge.methods.replay import DownlinkHistory, perturbed_params
 from fedge.methods.spec import Capabilities
 
 __all__ = [
@@ -195,25 +195,6 @@ def _pool(model: torch.nn.Module, k: int) -> tuple[dict[str, torch.Tensor], Dire
     return params, make_directions("gaussian", {n: p.shape for n, p in params.items()}, k)
 
 
-class _PoolHistory(DownlinkHistory):
-    """BAFFLE's per-round history of (seed, ḡ), which also keeps the rounds a client never
-    served needs (it holds the seeded initial model W_first), as long as replaying them costs
-    less than the full model."""
-
-    def __init__(self, k: int, population: int) -> None:
-        super().__init__(k)
-        self.population, self.first = population, cast("int | None", None)
-
-    def _forget(self, rnd: int, full_size: int) -> None:
-        useful = max(1, full_size // (4 * self.k + 8))
-        held = list(self.synced.values())
-        if len(self.synced) < self.population and self.first is not None:
-            held.append(self.first)
-        oldest = max(min(held, default=rnd), rnd - useful)
-        for r in [r for r in self.history if r < oldest]:
-            del self.history[r]
-
-
 class FedKSeedStrategy(Strategy):
     """Server side: per round, the ḡ of the previous rounds each client missed down; the
     weighted mean ḡ of the clients' K accumulators up; w ← w − η Σ_j ḡ_j z_j."""
@@ -226,7 +207,7 @@ class FedKSeedStrategy(Strategy):
         self.model, self.cfg = model, cfg
         self.pool_seed = derive_seed(seed, "fedkseed", bits=62)
         self.server = GlobalModel(model, T.sgd(cfg.lr))
-        self.downlink = _PoolHistory(cfg.k, population)
+        self.downlink = DownlinkHistory(cfg.k, population=population)
         self.scores = torch.zeros(cfg.k, dtype=torch.float64)  # Σ_t |ḡ_t| (FedKSeed-Pro)
 
     @property
@@ -241,10 +222,6 @@ class FedKSeedStrategy(Strategy):
         return {"g": (torch.Size([self.cfg.k]), torch.float32)}
 
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
-        if self.downlink.first is None:
-            self.downlink.first = rnd
-        for c in client_ids:  # a client never served holds W at the first round (seeded init)
-            self.downlink.synced.setdefault(c, self.downlink.first)
         out = self.downlink.messages(rnd, client_ids, self.pool_seed, self.server)
         for c, m in out.items():  # the pool seed is the run's: the missed rounds' ḡ only
             if "replay_dL" in m.arrays:
@@ -281,20 +258,27 @@ class FedKSeedStrategy(Strategy):
         self.downlink.record(rnd, self.pool_seed, gbar)
         return {"scalar_inf_norm": float(gbar.abs().max())}
 
+    def round_skipped(self, rnd: int) -> None:
+        """The engine put this strategy back as before round ``rnd`` (too few replies). Its
+        clients keep the model they synced to; before any completed round that is the seeded
+        initial model, so the first round stays this one (else they would hold an older round
+        than the one the server replays from)."""
+        if self.downlink.first is None:
+            self.downlink.first = rnd
+
     def eval_model(self) -> torch.nn.Module:
         return self.model
 
     def state_dict(self) -> dict[str, Any]:
         return {
             **self.server.state_dict(),
-            "downlink": {**self.downlink.state_dict(), "first": self.downlink.first},
+            "downlink": self.downlink.state_dict(),
             "scores": self.scores.clone(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.server.load_state_dict(state)
         self.downlink.load_state_dict(state["downlink"])
-        self.downlink.first = state["downlink"]["first"]
         self.scores = state["scores"].clone()
 
 
@@ -326,6 +310,8 @@ class FedKSeedClient:
         score = torch.zeros(self.cfg.k, dtype=torch.float64)
         if "replay_dL" in message.arrays or not message.arrays:  # the missed rounds' ḡ, or none
             frm = message.config.get("sync_from")
+            if message.config.get("new"):  # the server never had a reply: replay from W_first
+                ctx.state.clear()
             at = ctx.state.get("at", frm)  # no copy held: the seeded initial model, W_first
             if "at" in ctx.state:
                 held = {k[len(_MODEL) :]: v for k, v in ctx.state.items() if k.startswith(_MODEL)}

@@ -215,6 +215,7 @@ FEDNOVA_CAPABILITIES = Capabilities(
     global_model=CAPABILITIES.global_model,
     freezable=CAPABILITIES.freezable,
     client_optimizer=CAPABILITIES.client_optimizer,
+    dense_upload=CAPABILITIES.dense_upload,  # d_i = Δ_i / a_i: a dense vector (a_i in the config)
 )
 
 

@@ -226,7 +226,9 @@ class FedPTClient:
     config=FedPTConfig,
     # its own method.freeze (the frozen tensors are rebuilt from a seed, never sent) is its core,
     # not the composer's freezing
-    capabilities=Capabilities(sums_replies=True, global_model=True, client_optimizer=True),
+    capabilities=Capabilities(
+        sums_replies=True, global_model=True, client_optimizer=True, dense_upload=True
+    ),
     summary_keys=("trainable_fraction",),
     upload=lambda cfg: "delta",
 )

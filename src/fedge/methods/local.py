@@ -113,7 +113,11 @@ def restore_optimizer_state(
                     f"client optimizer state {name}.{field} has shape {tuple(value.shape)}, the parameter "
                     f"{tuple(p.shape)}: the model changed under a persistent optimizer state"
                 )
-        opt.state[p] = {f: v.clone() for f, v in fields.items()}
+        # a state read back from bytes is on the CPU: tensors go to the parameter's device, the
+        # step count stays on the CPU, where torch's optimizers keep it
+        opt.state[p] = {
+            f: v.to("cpu" if f == "step" else p.device, copy=True) for f, v in fields.items()
+        }
 
 
 class LocalTrainingOptions(Protocol):
@@ -206,9 +210,11 @@ class LocalTraining:
 
     def load(self, message: Message, ctx: ClientContext) -> torch.nn.Module:
         """The process's model instance holding the global weights, in train mode; a sparse
-        model's masks are kept in :attr:`masks` for this round."""
+        model's masks are kept in :attr:`masks` for this round, on the model's device."""
         who = f"round {ctx.rnd}, client {ctx.cid}"
-        arrays, self.masks = unpack_model_arrays(message.arrays, self.model.state_dict(), who=who)
+        arrays, masks = unpack_model_arrays(message.arrays, self.model.state_dict(), who=who)
+        device = next(self.model.parameters()).device
+        self.masks = None if masks is None else {k: m.to(device) for k, m in masks.items()}
         load_arrays(self.model, arrays, who=who)
         self.model.train()
         ctx.meter.resident = self.model
@@ -268,5 +274,8 @@ class LocalTraining:
                 k in arrays
             ):  # a frozen tensor (method.freeze) is pruned but neither trained nor sent
                 arrays[k] = arrays[k][m]
+        # the upload leaves the device here (it travels as CPU bytes): the mechanisms composed
+        # around the client (DP clipping, secure aggregation's masks) see CPU tensors
+        arrays = {k: v.cpu() for k, v in arrays.items()}
         metrics = {"train_loss": sum(losses) / len(losses)} if losses else {}
         return Message(arrays, config={"num_samples": ctx.data.num_samples}, metrics=metrics)

@@ -66,7 +66,7 @@ from fedge.core.context import ClientContext
 from fedge.core.errors import ConfigError, MessageError, PrivacyWarning
 from fedge.core.messages import Message
 from fedge.core.meter import effective_flops_ratio
-from fedge.core.protocols import Exchange, Round, Strategy, StrategyWrapper
+from fedge.core.protocols import Exchange, Round, Savepoint, Strategy, StrategyWrapper
 from fedge.core.rng import Draws, derive_seed, make_generator
 from fedge.estimators import ZerothOrderSpec, combine_loss_differences
 from fedge.methods.baffle import CAPABILITIES, DEFAULTS, BaffleConfig, advice
@@ -220,6 +220,7 @@ class ClientDataPruning(StrategyWrapper):
         )
         self.step = 0
         self.done = False
+        self.pruning_ids: list[int] | None = None  # the clients still in round 1's pruning
 
     def _prune_message(self) -> Message:
         seed = derive_seed(self.seed, "ntk-ori", self.step, bits=62)
@@ -230,9 +231,15 @@ class ClientDataPruning(StrategyWrapper):
             client_ids = yield from self.prune(rnd, client_ids)
         return (yield from self.inner.round(rnd, client_ids))
 
-    def prune(self, rnd: int, client_ids: list[int]) -> Generator[Exchange, Any, list[int]]:
-        """The remaining pruning rounds, one exchange each; then the pruned model is the global
-        one. Returns the clients still in the round (those that replied to every exchange)."""
+    def prune(
+        self, rnd: int, client_ids: list[int]
+    ) -> Generator[Exchange | Savepoint, Any, list[int]]:
+        """The remaining pruning rounds, one exchange each, a :class:`Savepoint` after each (the
+        run checkpoints there: an interrupt keeps the pruning rounds done, and a resumed run
+        goes on from the next); then the pruned model is the global one. Returns the clients
+        still in the round (those that replied to every exchange)."""
+        if self.pruning_ids is not None:  # going on from a savepoint
+            client_ids = list(self.pruning_ids)
         while self.step < self.cfg.prune_rounds:
             replies = yield Exchange(dict.fromkeys(client_ids, self._prune_message()))
             client_ids = sorted(
@@ -254,7 +261,10 @@ class ClientDataPruning(StrategyWrapper):
             )
             self.masks = prune_step(scores, self.masks, self.counts[self.step])
             self.step += 1
+            self.pruning_ids = client_ids
+            yield Savepoint("pruning", self.step, self.cfg.prune_rounds)
         self.done = True
+        self.pruning_ids = None
         self.server.set_masks(self.masks)
         if self.cfg.rescale:
             rescale_(self.model, self.masks)
@@ -266,11 +276,14 @@ class ClientDataPruning(StrategyWrapper):
             "masks": self.masks,
             "step": self.step,
             "done": self.done,
+            **({} if self.pruning_ids is None else {"pruning_ids": list(self.pruning_ids)}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state["inner"])
         self.masks, self.step, self.done = state["masks"], state["step"], state["done"]
+        ids = state.get("pruning_ids")
+        self.pruning_ids = None if ids is None else list(ids)
         if self.done:
             self.server.set_masks(self.masks)
 

@@ -26,15 +26,24 @@ class Capabilities:
     - ``freezable``: the method trains only the parameters of its model that require gradients,
       so parameters frozen at their seeded values (``method.freeze``) stay so.
     - ``client_optimizer``: clients run a local optimizer (``method.client_optimizer``).
+    - ``dense_upload``: its clients upload a dense float vector (a model delta or gradient) that
+      a lossy codec may approximate (``method.compress``, :mod:`fedge.methods.compress`); its
+      strategy's ``summands()`` say what a reply carries. A configuration whose uplink is
+      scalars (``upload`` is ``loss_differences``: BAFFLE's batch mode) is refused.
     - ``coordinate_mask``: its clients perturb and update only the coordinates of
       ``MethodEnv.train_masks`` (``method.train_mask``, :mod:`fedge.methods.sparse`).
+    - ``accelerators``: every tensor the method makes follows the run's ``device`` (its models
+      come from ``env.model_fn``, its batches from ``ctx.data``, its estimator's draws from
+      ``env.device``), checked on a GPU by the ``needs_cuda`` tests: ``device: cuda`` applies.
     """
 
     sums_replies: bool = False
     global_model: bool = False
     freezable: bool = False
     client_optimizer: bool = False
+    dense_upload: bool = False
     coordinate_mask: bool = False
+    accelerators: bool = False
 
     def reason(self, capability: str) -> str:
         """Why a mechanism needing ``capability`` does not apply (for the composer's errors)."""
@@ -46,8 +55,12 @@ _REASONS = {
     "global_model": "its server trains no single global model whose average could be evaluated",
     "freezable": "it does not train a model whose parameters can be left frozen",
     "client_optimizer": "its clients run no local optimizer",
+    "dense_upload": "its clients upload no dense vector for a codec to approximate (a few scalars, "
+    "or weights that are masked or sealed by the method itself)",
     "coordinate_mask": "its clients do not restrict their updates to a coordinate mask "
     "(fedavg and baffle do)",
+    "accelerators": "its tensors are not yet placed on the run's device everywhere (it runs on "
+    "the CPU only; fedavg, fedsgd and baffle run on a GPU)",
 }
 
 

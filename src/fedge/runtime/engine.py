@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 from fedge.core.context import ClientData, PartyContext, decode_state, encode_state
-from fedge.core.errors import ConfigError, MessageError, ShortRoundError
+from fedge.core.errors import ConfigError, MessageError, ResumeError, ShortRoundError
 from fedge.core.messages import Message
 from fedge.core.meter import Meter
-from fedge.core.protocols import ClientProgram, PartyCall, PartySpec, Strategy
+from fedge.core.protocols import ClientProgram, PartyCall, PartySpec, Savepoint, Strategy
 from fedge.core.rng import Draws, generator
 from fedge.runtime.evaluate import evaluate
 from fedge.runtime.executor import (
@@ -74,10 +74,15 @@ class EngineConfig:
     time_model: bool = False
     deadline_s: float | None = None
     keep_first: int | None = None
+    #: where client steps run (their batches, their CUDA peak memory) and evaluation's batches go
+    #: (RunConfig.device, resolved: fedge.core.device.resolve_device)
+    device: torch.device = torch.device("cpu")
 
     def step_settings(self, parties: Mapping[str, PartySpec]) -> StepSettings:
         """What every client step is given besides its task, under this config."""
-        return StepSettings(self.seed, self.measure_flops, self.measure_memory, dict(parties))
+        return StepSettings(
+            self.seed, self.measure_flops, self.measure_memory, dict(parties), self.device
+        )
 
 
 class DeviceMemoryWarning(UserWarning):
@@ -152,6 +157,10 @@ class Simulation:
             writer uses it to append metrics and checkpoint.
         on_progress: called as clients finish within a round with (round, exchange,
             clients done, clients in the exchange), for progress displays.
+        on_savepoint: called at each :class:`~fedge.core.protocols.Savepoint` a round reaches,
+            with (engine, round, savepoint); :meth:`state_dict` then holds the part of the round
+            done, from which :meth:`run` after :meth:`load_state_dict` continues the round. The
+            run writer checkpoints there. None: savepoints are passed over.
     """
 
     def __init__(
@@ -170,6 +179,7 @@ class Simulation:
         executor: ClientExecutor | None = None,
         on_round: Callable[[dict[str, Any], Simulation], None] | None = None,
         on_progress: Callable[[int, int, int, int], None] | None = None,
+        on_savepoint: Callable[[Simulation, int, Savepoint], None] | None = None,
     ) -> None:
         self.strategy, self.program, self.clients = strategy, program, clients
         self.test, self.num_classes, self.cfg = test, num_classes, config
@@ -192,6 +202,10 @@ class Simulation:
             )
         self.local_tests = local_tests
         self.on_round, self.on_progress = on_round, on_progress
+        self.on_savepoint = on_savepoint
+        # the round so far, while on_savepoint runs; a checkpointed part of a round, to go on from
+        self._partial: dict[str, Any] | None = None
+        self._continue: dict[str, Any] | None = None
         self.executor = executor or local_executor(
             program, clients, config.step_settings(self.parties), config.workers
         )
@@ -220,7 +234,9 @@ class Simulation:
             self.states, self.record.round, strict=self.cfg.min_replies is None
         )
         r = self.record
+        partial = {} if self._partial is None else {"partial": self._partial}
         return {
+            **partial,
             "strategy": self.strategy.state_dict(),
             "client_states": dict(self.states.client),
             "party_states": {k: dict(v) for k, v in self.states.party.items()},
@@ -241,6 +257,8 @@ class Simulation:
         saved = state.get("party_states", {})
         self.states.party = {name: dict(saved.get(name, {})) for name in self.parties}
         self.record = RoundRecord(**state["record"])
+        # a checkpoint taken at a savepoint of round record.round + 1: that round goes on from it
+        self._continue = state.get("partial")
         self.executor.restore_states(self.states)
 
     # -- running -----------------------------------------------------------------
@@ -263,13 +281,29 @@ class Simulation:
         return sample_clients(self.cfg.seed, rnd, len(self.clients), self.cfg.per_round, eligible)
 
     def run_round(self, rnd: int) -> dict[str, Any]:
-        """Sample, drive the strategy's round, account, evaluate: round ``rnd``'s metrics line."""
+        """Sample, drive the strategy's round, account, evaluate: round ``rnd``'s metrics line.
+        After :meth:`load_state_dict` of a checkpoint taken at a savepoint of round ``rnd``, the
+        round goes on from there, with the clients, counters and time of its part done."""
         t0 = time.perf_counter()
         cfg = self.cfg
         ids = self.sample(rnd)
-        totals = RoundTotals(transport=dict.fromkeys(self.executor.metric_keys, 0))
-        self._clock = RoundClock()
-        aggregate = self._play(rnd, ids, totals)
+        cont, self._continue = self._continue, None
+        if cont is not None and int(cont["round"]) != rnd:
+            cont = None
+        if cont is None:
+            totals = RoundTotals(transport=dict.fromkeys(self.executor.metric_keys, 0))
+            self._clock = RoundClock()
+        else:
+            if list(cont["ids"]) != ids:
+                raise ResumeError(
+                    f"round {rnd} was checkpointed inside the round with clients {list(cont['ids'])[:10]}, but "
+                    f"it samples {ids[:10]} now: the run's config or data changed since; start the run anew "
+                    "into another --out"
+                )
+            totals = RoundTotals.from_state(cont["totals"])
+            self._clock = RoundClock.from_state(cont["clock"])
+            t0 -= float(cont["wall_s"])
+        aggregate = self._play(rnd, ids, totals, t0, cont)
         self.record.add(rnd, totals)
         if cfg.time_model:
             total = self.record.extra.get("sim_time_total_s", 0.0) + self._clock.duration_s
@@ -302,16 +336,53 @@ class Simulation:
         """Whether exchanges may drop stragglers (a deadline, or over-selection)."""
         return self.cfg.deadline_s is not None or self.cfg.keep_first is not None
 
-    def _play(self, rnd: int, ids: list[int], totals: RoundTotals) -> dict[str, Any]:
-        """Drive the strategy's round ``rnd`` over ``ids``: what it returned. Under
-        ``min_replies`` a round too short to complete is skipped: the strategy's state is put
-        back as before the round (then told, :meth:`Strategy.round_skipped`), and the round
-        returns ``{"round_skipped": 1}``. Round states never outlive the round."""
+    def _play(
+        self,
+        rnd: int,
+        ids: list[int],
+        totals: RoundTotals,
+        t0: float,
+        cont: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        """Drive the strategy's round ``rnd`` over ``ids`` (begun at ``t0``; ``cont``: the part
+        done, checkpointed at a savepoint): what it returned. Under ``min_replies`` a round too
+        short to complete is skipped: the strategy's state is put back as before the round (then
+        told, :meth:`Strategy.round_skipped`), and the round returns ``{"round_skipped": 1}``.
+        Round states never outlive the round."""
         self.states.round.clear()
         # a round too short to complete is skipped under min_replies: the strategy as before it
-        before = (
-            copy.deepcopy(self.strategy.state_dict()) if self.cfg.min_replies is not None else None
-        )
+        if cont is not None:
+            before = cont["before"]
+        else:
+            before = (
+                copy.deepcopy(self.strategy.state_dict())
+                if self.cfg.min_replies is not None
+                else None
+            )
+
+        def savepoint(point: Savepoint, index: int) -> None:
+            if self.on_savepoint is None:
+                return
+            if self.states.round:
+                raise MessageError(
+                    f"round {rnd}: {type(self.strategy).__name__} yielded a Savepoint ({point.phase}) while "
+                    f"clients {sorted(self.states.round)[:10]} hold round state, which never goes to disk; "
+                    "yield it where no client keeps ctx.round_state"
+                )
+            self._partial = {
+                "round": rnd,
+                "ids": list(ids),
+                "exchange": index,
+                "totals": totals.state_dict(),
+                "clock": self._clock.state_dict(),
+                "before": before,
+                "wall_s": time.perf_counter() - t0,
+            }
+            try:
+                self.on_savepoint(self, rnd, point)
+            finally:
+                self._partial = None
+
         steps = self.strategy.round(rnd, ids)
         try:
             driven = drive_round(
@@ -320,6 +391,8 @@ class Simulation:
                 steps,
                 exchange=lambda phase, messages: self._exchange(rnd, phase, messages, totals),
                 call=lambda call: self._server_call(rnd, call, totals),
+                savepoint=savepoint,
+                first=0 if cont is None else int(cont["exchange"]),
             )
         except ShortRoundError as short:
             if before is None:
@@ -572,7 +645,9 @@ class Simulation:
             )
         key = SHARED if spec.scope == "shared" or call.key is None else call.key
         up = call.message.to_bytes()
-        meter = Meter(flops=self.cfg.measure_flops, memory=self.cfg.measure_memory)
+        meter = Meter(
+            flops=self.cfg.measure_flops, memory=self.cfg.measure_memory, device=self.cfg.device
+        )
         states = self.states.party[spec.name]
         ctx = PartyContext(
             spec.name,

@@ -16,10 +16,13 @@ def evaluate(
     batch_size: int = 1000,
     num_classes: int,
 ) -> dict[str, float]:
-    """Mean cross-entropy and accuracy of ``model`` on (x, y), in eval mode, without grad.
+    """Mean cross-entropy and accuracy of ``model`` on (x, y), in eval mode, without grad, each
+    batch moved to the device of the model's parameters (a model on a GPU is evaluated there).
 
     Returns ``test_accuracy``, ``test_loss`` and, for more than 10 classes, ``test_top5``.
     """
+    first = next(model.parameters(), None)
+    device = x.device if first is None else first.device
     was_training = model.training
     model.eval()
     correct = correct5 = 0
@@ -27,7 +30,8 @@ def evaluate(
     top5 = num_classes > 10
     with torch.inference_mode():
         for start in range(0, len(y), batch_size):
-            xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+            xb = x[start : start + batch_size].to(device)
+            yb = y[start : start + batch_size].to(device)
             logits = model(xb)
             loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
             correct += int((logits.argmax(1) == yb).sum())

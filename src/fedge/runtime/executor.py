@@ -73,6 +73,7 @@ class StepSettings:
     measure_flops: bool = True
     measure_memory: bool = False
     parties: Mapping[str, PartySpec] = field(default_factory=dict)
+    device: torch.device | None = None  # where a step's batches go (None: where the data is)
 
     def kwargs(self) -> dict[str, Any]:
         """As :func:`execute_client`'s keyword arguments."""
@@ -81,6 +82,7 @@ class StepSettings:
             measure_flops=self.measure_flops,
             measure_memory=self.measure_memory,
             parties=self.parties,
+            device=self.device,
         )
 
 
@@ -112,9 +114,14 @@ def execute_client(
     measure_flops: bool,
     measure_memory: bool,
     parties: Mapping[str, PartySpec],
+    device: torch.device | None = None,
 ) -> ClientResult:
-    """Run one client step from message bytes to reply bytes (the unit every executor runs)."""
-    meter = Meter(flops=measure_flops, memory=measure_memory)
+    """Run one client step from message bytes to reply bytes (the unit every executor runs):
+    on ``device`` (None: where the client's data is), its data moved there
+    (:meth:`ClientData.to`), its peak memory on a CUDA device from the CUDA allocator."""
+    meter = Meter(flops=measure_flops, memory=measure_memory, device=device)
+    if device is not None:
+        data = data.to(device)
     links = {
         name: Link(
             spec,

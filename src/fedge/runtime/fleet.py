@@ -119,6 +119,22 @@ class RoundClock:
             self.clients[cid] = self.clients[cid] + t if cid in self.clients else t
         self.stragglers.update(cut.stragglers)
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a savepoint inside the round keeps of it (:meth:`from_state` rebuilds it)."""
+        return {
+            "duration_s": self.duration_s,
+            "clients": {str(c): [t.down_s, t.compute_s, t.up_s] for c, t in self.clients.items()},
+            "stragglers": sorted(self.stragglers),
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> RoundClock:
+        return cls(
+            float(state["duration_s"]),
+            {int(c): ClientTime(*map(float, t)) for c, t in state["clients"].items()},
+            {int(c) for c in state["stragglers"]},
+        )
+
     def per_client(self) -> dict[str, dict[str, Any]]:
         """Each client's round time as the metrics line holds it (``sim_clients``)."""
         out: dict[str, dict[str, Any]] = {}

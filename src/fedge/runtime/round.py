@@ -6,6 +6,7 @@ failed clients, :func:`check_failures` decides whether the round goes on without
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 from fedge.core.errors import MessageError, ShortRoundError
 from fedge.core.messages import Message
 from fedge.core.meter import StepStats
-from fedge.core.protocols import Exchange, PartyCall
+from fedge.core.protocols import Exchange, PartyCall, Savepoint
 from fedge.runtime.executor import ClientResult
 
 __all__ = [
@@ -43,14 +44,19 @@ def drive_round(
     *,
     exchange: Callable[[int, dict[int, Message]], dict[int, Message]],
     call: Callable[[PartyCall], Message],
+    savepoint: Callable[[Savepoint, int], None] | None = None,
+    first: int = 0,
 ) -> Driven:
     """Drive the round generator ``steps`` of round ``rnd`` (sampled clients ``ids``): each
     ``Exchange`` goes to ``exchange(index, messages)`` (index 0-based) and its replies back into
-    the round, each ``PartyCall`` to ``call``. The first exchange must address every sampled
-    client, and no exchange a client not sampled. Exceptions of ``exchange`` and ``call`` (such
-    as a :class:`~fedge.core.errors.ShortRoundError`) propagate."""
+    the round, each ``PartyCall`` to ``call``, each ``Savepoint`` to ``savepoint(point, index of
+    the next exchange)`` (None: passed over) with None sent back. The first exchange must address
+    every sampled client, and no exchange a client not sampled. ``first``: the index of the first
+    exchange (a round continued from a savepoint starts at the savepoint's). Exceptions of
+    ``exchange``, ``call`` and ``savepoint`` (such as a
+    :class:`~fedge.core.errors.ShortRoundError`) propagate."""
     sampled = set(ids)
-    index = 0
+    index = first
     replied: list[int] = []
     try:
         step = next(steps)
@@ -74,9 +80,14 @@ def drive_round(
                 del replies
             elif isinstance(step, PartyCall):
                 step = steps.send(call(step))
+            elif isinstance(step, Savepoint):
+                if savepoint is not None:
+                    savepoint(step, index)
+                step = steps.send(None)
             else:
                 raise TypeError(
-                    f"round {rnd}: a strategy's round yields Exchange or PartyCall, got {type(step).__name__}"
+                    f"round {rnd}: a strategy's round yields Exchange, PartyCall or Savepoint, got "
+                    f"{type(step).__name__}"
                 )
     except StopIteration as stop:
         return Driven(dict(stop.value or {}), replied)
@@ -126,6 +137,7 @@ class RoundTotals:
                 stats.rss_peak_bytes,
                 stats.side_bytes_down,
                 stats.side_bytes_up,
+                device_peak_bytes=stats.device_peak_bytes,
             )
         )
         for name, cost in stats.parties.items():
@@ -141,6 +153,34 @@ class RoundTotals:
 
     def add_link(self, link: str, nbytes: int) -> None:
         self.links[link] = self.links.get(link, 0) + nbytes
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counters as plain values (a checkpoint taken inside the round keeps them)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> RoundTotals:
+        """The counters :meth:`state_dict` gave."""
+        return cls(
+            **{
+                **state,
+                "client": _stats(state["client"]),
+                "parties": {k: _stats(v) for k, v in state["parties"].items()},
+                "links": dict(state["links"]),
+                "transport": dict(state["transport"]),
+                "failed": dict(state["failed"]),
+            }
+        )
+
+
+def _stats(state: Mapping[str, Any]) -> StepStats:
+    return StepStats(
+        **{
+            **state,
+            "links": dict(state["links"]),
+            "parties": {k: _stats(v) for k, v in state["parties"].items()},
+        }
+    )
 
 
 @dataclass
@@ -262,10 +302,13 @@ def metrics_line(
         # The per-round peak is the tensor-accounting peak (measured afresh each step). The RSS
         # figure is the growth of the process's high-water mark during the steps over the RSS
         # when each began: the allocator keeps what round 1 took, so later rounds grow little.
-        # It is logged under its own name, never as the round's peak.
+        # It is logged under its own name, never as the round's peak. On a CUDA device the
+        # round's peak is the CUDA allocator's (StepStats.device_peak_bytes), which also sees
+        # the cuDNN/cuBLAS workspaces; the tensor accounting stays logged beside it.
+        device_peak = client.device_peak_bytes
         line.update(
             client_tensor_peak_bytes=client.tensor_peak_bytes,
-            client_peak_bytes=client.tensor_peak_bytes,
+            client_peak_bytes=client.tensor_peak_bytes if device_peak is None else device_peak,
             client_rss_growth_bytes=client.rss_peak_bytes,
         )
     line.update({k: v for k, v in aggregate.items() if k not in line})

@@ -3,7 +3,7 @@ the gradient is estimated from K loss differences by Stein's identity (Eq. (6)),
 (:mod:`~fedge.methods.baffle.batch`: K scalars up, summed by Eq. (7), Algorithm 1) or epoch mode
 (:mod:`~fedge.methods.baffle.epoch`: model deltas up), with the keys in
 :mod:`~fedge.methods.baffle.config` and batch mode's seeds-only downlink in
-:mod:`~fedge.methods.baffle.downlink`. This module registers the method. The algorithm, the EMA
+:mod:`~fedge.methods.replay`. This module registers the method. The algorithm, the EMA
 schedule and the paper-vs-code choices: ``docs/methods/baffle.md``.
 """
 
@@ -25,7 +25,10 @@ from fedge.methods.baffle.config import (
     perturbation_threads,
     upload,
 )
-from fedge.methods.baffle.downlink import (
+from fedge.methods.baffle.epoch import build_epoch, zeroth_order_gradient_fn
+from fedge.methods.base import Layer, MethodBuild, MethodEnv
+from fedge.methods.registry import declare_method
+from fedge.methods.replay import (
     ClientReplica,
     DownlinkHistory,
     clip_inf_norm,
@@ -33,9 +36,6 @@ from fedge.methods.baffle.downlink import (
     perturbed_params,
     replay_step,
 )
-from fedge.methods.baffle.epoch import build_epoch, zeroth_order_gradient_fn
-from fedge.methods.base import Layer, MethodBuild, MethodEnv
-from fedge.methods.registry import declare_method
 
 __all__ = [
     "CAPABILITIES",
@@ -78,7 +78,7 @@ def _labelled(cfg: BaffleConfig, built: MethodBuild) -> MethodBuild:
     "baffle",
     "BAFFLE: forward-only zeroth-order estimates, K loss differences or model deltas uploaded",
     config=BaffleConfig,
-    capabilities=dataclasses.replace(CAPABILITIES, coordinate_mask=True),
+    capabilities=dataclasses.replace(CAPABILITIES, coordinate_mask=True, accelerators=True),
     defaults=DEFAULTS,
     advice=advice,
     upload=upload,

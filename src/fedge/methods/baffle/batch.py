@@ -28,16 +28,17 @@ from fedge.estimators import (
 from fedge.estimators.directions import guided_directions
 from fedge.methods.baffle.config import BaffleConfig, perturbation_threads
 from fedge.methods.baffle.config import round_spec as scheduled
-from fedge.methods.baffle.downlink import (
+from fedge.methods.base import GlobalModel, MethodBuild, MethodEnv, check_scalar_reply
+from fedge.methods.local import LocalTraining
+from fedge.methods.replay import (
     ClientReplica,
     DownlinkHistory,
+    OneStep,
     clip_inf_norm,
     perturbed_masks,
     perturbed_params,
     replay_step,
 )
-from fedge.methods.base import GlobalModel, MethodBuild, MethodEnv, check_scalar_reply
-from fedge.methods.local import LocalTraining
 from fedge.methods.sparse import combine_masks
 
 __all__ = ["BaffleBatchClient", "BaffleBatchStrategy", "build_batch"]
@@ -56,18 +57,18 @@ class BaffleBatchClient:
         threads: int = 1,
         draws: Draws = "torch",
         train_masks: dict[str, torch.Tensor] | None = None,
+        device: torch.device | None = None,
     ) -> None:
         assert cfg.server_optimizer is not None
-        self.cfg, self.spec = cfg, cfg.zo_spec(workers=threads, draws=draws)
+        self.cfg, self.spec = cfg, cfg.zo_spec(workers=threads, draws=draws, device=device)
         self.train_masks = train_masks  # method.train_mask: only these coordinates are perturbed
         self.local = LocalTraining.loader(model_fn)
         self.replica = (
             ClientReplica(
                 model_fn(),
                 cfg.server_optimizer.build(),
-                self.spec,
-                perturb=cfg.perturb,
-                clip=cfg.clip,
+                OneStep(self.spec, cfg.perturb, cfg.clip),
+                k=cfg.k,
             )
             if cfg.downlink == "seeds"
             else None
@@ -144,11 +145,13 @@ class BaffleBatchStrategy(Strategy):
         masks: dict[str, torch.Tensor] | None = None,
         draws: Draws = "torch",
         train_masks: dict[str, torch.Tensor] | None = None,
+        device: torch.device | None = None,
     ) -> None:
         assert cfg.server_optimizer is not None
         self.model, self.cfg, self.seed = model, cfg, seed
         self.train_masks = train_masks  # method.train_mask: the estimate is zero off them
-        self.spec = cfg.zo_spec(draws=draws)  # the server runs no forwards: no workers
+        # the server runs no forwards: no workers
+        self.spec = cfg.zo_spec(draws=draws, device=device)
         self.server = GlobalModel(model, cfg.server_optimizer.build(), masks=masks)
         self.downlink = DownlinkHistory(cfg.k) if cfg.downlink == "seeds" else None
         self.guides: list[dict[str, torch.Tensor]] = []  # the last guided_rank global updates
@@ -371,6 +374,7 @@ def build_batch(
         masks=masks,
         draws=env.draws,
         train_masks=env.train_masks,
+        device=env.device,
     )
     program = BaffleBatchClient(
         env.model_fn,
@@ -378,5 +382,6 @@ def build_batch(
         threads=perturbation_threads(cfg, env),
         draws=env.draws,
         train_masks=env.train_masks,
+        device=env.device,
     )
     return MethodBuild(strategy, program)

@@ -217,13 +217,19 @@ class BaffleConfig(MethodConfigBase):
     def dtype(self) -> torch.dtype | None:
         return _DTYPES[self.precision]
 
-    def zo_spec(self, workers: int | None = None, *, draws: Draws = "torch") -> ZerothOrderSpec:
+    def zo_spec(
+        self,
+        workers: int | None = None,
+        *,
+        draws: Draws = "torch",
+        device: torch.device | None = None,
+    ) -> ZerothOrderSpec:
         """The zeroth-order estimate this config describes (BAFFLE Eq. 6: ``k``, ``sigma``,
         ``scheme``, ``directions``; ``estimator`` as the mode, ``chunk``, ``precision``,
         ``prefix_once``), its
         fast mode split over ``workers`` threads (:func:`perturbation_threads`), its directions
         drawn by ``draws`` (the run's ``draws``, from :class:`~fedge.methods.base.MethodEnv`:
-        a run-level choice, not a method key)."""
+        a run-level choice, not a method key) on ``device`` (the run's ``device``, likewise)."""
         return ZerothOrderSpec(
             k=self.k,
             sigma=self.sigma,
@@ -235,6 +241,7 @@ class BaffleConfig(MethodConfigBase):
             workers=workers,
             draws=draws,
             prefix_once=self.prefix_once,
+            device=device,
         )
 
 
@@ -258,9 +265,10 @@ def perturbation_threads(cfg: BaffleConfig, env: MethodEnv) -> int:
 
 
 #: what BAFFLE can do, in both modes: its server averages the replies (K loss differences or
-#: model deltas) into one global model, trained only where it is not frozen
+#: model deltas) into one global model, trained only where it is not frozen; epoch mode's dense
+#: delta can be compressed (batch mode's K scalars are refused by their ``upload``)
 CAPABILITIES = Capabilities(
-    sums_replies=True, global_model=True, freezable=True, client_optimizer=True
+    sums_replies=True, global_model=True, freezable=True, client_optimizer=True, dense_upload=True
 )
 
 

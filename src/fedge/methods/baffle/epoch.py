@@ -15,20 +15,25 @@ from fedge.core.context import ClientContext
 from fedge.core.rng import Draws
 from fedge.estimators import zeroth_order_gradient
 from fedge.methods.baffle.config import BaffleConfig, perturbation_threads, round_spec
-from fedge.methods.baffle.downlink import clip_inf_norm, perturbed_masks, perturbed_params
 from fedge.methods.base import MethodBuild, MethodEnv
 from fedge.methods.fedavg import DeltaAveraging
 from fedge.methods.local import LocalTraining
+from fedge.methods.replay import clip_inf_norm, perturbed_masks, perturbed_params
 
 __all__ = ["build_epoch", "zeroth_order_gradient_fn"]
 
 
 def zeroth_order_gradient_fn(
-    cfg: BaffleConfig, threads: int = 1, draws: Draws = "torch", rounds: int = 1
+    cfg: BaffleConfig,
+    threads: int = 1,
+    draws: Draws = "torch",
+    device: torch.device | None = None,
+    rounds: int = 1,
 ) -> Any:
     """A :data:`~fedge.methods.local.GradientFn` computing BAFFLE's local estimate, its
-    directions drawn by ``draws``, with the round's K and σ (:func:`round_spec`, of ``rounds``)."""
-    base = cfg.zo_spec(workers=threads, draws=draws)
+    directions drawn by ``draws`` on ``device``, with the round's K and σ (:func:`round_spec`,
+    of ``rounds``)."""
+    base = cfg.zo_spec(workers=threads, draws=draws, device=device)
 
     def gradient(
         model: torch.nn.Module,
@@ -61,7 +66,7 @@ def build_epoch(
         env.model_fn,
         cfg,
         gradient_fn=zeroth_order_gradient_fn(
-            cfg, perturbation_threads(cfg, env), env.draws, rounds=env.rounds
+            cfg, perturbation_threads(cfg, env), env.draws, env.device, rounds=env.rounds
         ),
         train_masks=env.train_masks,
     )

@@ -22,6 +22,7 @@ from fedge.methods.ppfl.stages import plan_stages
 from fedge.methods.ppfl.strategy import PpflStrategy
 from fedge.methods.registry import declare_method
 from fedge.methods.spec import Capabilities
+from fedge.privacy.tee import MiB
 
 __all__ = [
     "PpflClient",
@@ -101,6 +102,11 @@ def build(cfg: PpflConfig, env: MethodEnv) -> MethodBuild:
     if short is not None:
         warnings.warn(short, UserWarning, stacklevel=2)
     strategy = PpflStrategy(cfg, spec, num_clients=len(env.client_sizes), rounds=env.rounds)
+    # enclaves too small for a stage: refused here, before anything is written
+    if env.profiles is not None:
+        strategy.check_profiles(list(env.profiles))
+    else:  # every client's enclave is method.tee.client_mb
+        strategy.check_fits([int(cfg.tee.client_mb * MiB)])
     parties = {
         "tee": PartySpec("tee", partial(ClientEnclave, spec), scope="client"),
         "server_tee": PartySpec("server_tee", partial(ServerEnclave, spec), scope="shared"),

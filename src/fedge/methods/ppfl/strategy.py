@@ -7,6 +7,7 @@ server enclave. Details, parties and limits: ``docs/methods/ppfl.md``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from functools import partial
 from typing import Any
@@ -119,6 +120,55 @@ class PpflStrategy(Strategy):
                     f"method.min_cohort={self.cfg.min_cohort} the server enclave averages, so none of its rounds could "
                     "complete; give more clients enclaves that fit (clients.profiles enclave_mb), allow smaller batches "
                     "(method.min_batch_size) or lower method.min_cohort"
+                )
+
+    def check_profiles(self, profiles: list[Mapping[str, Any]]) -> None:
+        """:meth:`check_fits` for the clients' device profiles (``clients.profiles``, one per
+        client), before anything is written: a :class:`ConfigError` naming the profile whose
+        enclave is too small, its ``enclave_mb``, the stage's need and the fix."""
+        kinds: dict[str, tuple[float | None, int]] = {}
+        for p in profiles:
+            mb, n = p.get("enclave_mb"), kinds.get(p["name"], (None, 0))[1]
+            kinds[p["name"]] = (mb, n + 1)
+
+        def size(mb: float | None) -> float:
+            return self.cfg.tee.client_mb if mb is None else mb
+
+        def named(name: str, mb: float | None) -> str:
+            given = (
+                f"enclave_mb={mb:g}"
+                if mb is not None
+                else f"no enclave_mb (method.tee.client_mb={self.cfg.tee.client_mb:g})"
+            )
+            return f"clients.profiles {name!r} ({given})"
+
+        b = self.min_batch()
+        for st in self.stages[self.stage :]:
+            need_mb = self.need[st.index](b) / MiB
+            fit = {
+                k: v for k, v in kinds.items() if self.batch_for(int(size(v[0]) * MiB), st.index)
+            }
+            short = [named(k, v[0]) for k, v in kinds.items() if k not in fit]
+            where = (
+                f"ppfl stage {st.index} ({'+'.join(st.prefixes)}) needs S_l = {need_mb:.2f} MiB of "
+                f"enclave memory at batch {b}"
+            )
+            fix = (
+                f"set enclave_mb to at least {math.ceil(need_mb * 100) / 100:.2f} in clients.profiles, "
+                "allow smaller "
+                "batches (method.min_batch_size) or use a smaller model"
+            )
+            if not fit:
+                raise ConfigError(
+                    f"{where}, more than any client's enclave: {', '.join(short)}; {fix}"
+                )
+            fits = sum(n for _, n in fit.values())
+            if fits < self.cfg.min_cohort:
+                raise ConfigError(
+                    f"{where}; only the {fits} client(s) of {', '.join(map(repr, fit))} have it, fewer "
+                    f"than method.min_cohort={self.cfg.min_cohort} the server enclave averages, so none "
+                    f"of its rounds could complete ({', '.join(short)} too small); {fix}, or lower "
+                    "method.min_cohort"
                 )
 
     def _budget(self, cid: int) -> int:

@@ -77,6 +77,7 @@ def client_app(
     measure_flops: bool,
     measure_memory: bool,
     parties: Mapping[str, PartySpec],
+    device: torch.device | None = None,
 ) -> ClientApp:
     """A Flower ClientApp running ``program`` for the client ``node_config["partition-id"]``
     with its data ``data_of(cid)`` (arguments as :func:`~fedge.runtime.executor.execute_client`)."""
@@ -161,6 +162,7 @@ def client_app(
             measure_flops=measure_flops,
             measure_memory=measure_memory,
             parties=parties,
+            device=device,
         )
         kept: dict[str, Any] = {}
         if result.state is not None:

@@ -1,17 +1,21 @@
-"""Batch-level BAFFLE's seeds-only downlink (``downlink: seeds``, seed 000): the server's update of
-round t is a deterministic function of (W_t, O_t, s_t, ΔL_t) (Eq. (6)-(7), then clip and the server
-optimizer), so :class:`DownlinkHistory` sends a client the round seeds and aggregated K loss
-differences it missed, 8 + 4K bytes a round (FedKSeed's idea, arXiv:2312.06353v3, Sec. 3.3; the
-model and the optimizer state when that is smaller or the client is new), and :class:`ClientReplica`
-rebuilds the model bit for bit with the server's own :func:`replay_step`; also the helpers both
-modes share (:func:`clip_inf_norm`, the perturbed parameters and masks). Details and the trade-off:
-``docs/methods/baffle.md``, "Seeds and scalars down".
+"""Seeds and scalars down, shared by the zeroth-order methods whose server update of a round is a
+deterministic function of the model W_t, the optimizer state O_t, the round's seed s_t and the
+round's aggregated scalars: batch-level BAFFLE with ``downlink: seeds`` (seed 000, Eq. (6)-(7):
+the K loss differences of one estimate) and DeComFL (:mod:`fedge.methods.decomfl`: steps × P
+scalars, one estimate per local step). :class:`DownlinkHistory` keeps each round's (s_r, scalars)
+and sends a client the rounds it missed, 8 + 4k bytes a round (FedKSeed's idea, arXiv:2312.06353v3,
+Sec. 3.3; the model and the optimizer state when that is smaller or the client is new, unless
+every client can build the seeded initial model), and :class:`ClientReplica` rebuilds the model
+bit for bit by running the method's own round update, whose zeroth-order step is
+:func:`replay_step`; also the helpers both share (:func:`clip_inf_norm`, the perturbed parameters
+and masks). Details and the trade-off: ``docs/methods/baffle.md``, "Seeds and scalars down".
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,6 +32,8 @@ from fedge.methods.base import GlobalModel, load_arrays, model_arrays, unpack_mo
 __all__ = [
     "ClientReplica",
     "DownlinkHistory",
+    "OneStep",
+    "RoundUpdate",
     "clip_inf_norm",
     "perturbed_masks",
     "perturbed_params",
@@ -109,15 +115,25 @@ def replay_step(
 
 
 class DownlinkHistory:
-    """Server side: which model each client holds, the rounds' (seed, ΔL), and the messages."""
+    """Server side: which model each client holds, the rounds' (seed, scalars), and the messages.
 
-    def __init__(self, k: int) -> None:
-        self.k = k
+    ``k``: the scalars of one round (BAFFLE: its K loss differences; DeComFL: steps × P);
+    ``key``: their array's name in a replay message; ``population``: when given, every client
+    builds the seeded initial model itself, which is W_first (``first``: the first round with
+    an update; every round's model until then), so a client the server never had a reply from
+    is sent ``new`` and the rounds since ``first`` instead of the model, and those rounds are
+    kept while some client never replied (and replaying them costs less than the model)."""
+
+    def __init__(self, k: int, *, key: str = "replay_dL", population: int | None = None) -> None:
+        self.k, self.key, self.population = k, key, population
+        self.first: int | None = None  # the first round updated (W_first: the seeded model)
         self._full_size = 0  # this round's full-state message size (set by messages())
         self.synced: dict[int, int] = {}  # client -> the round whose model W_r it holds
-        self.history: dict[int, tuple[int, torch.Tensor]] = {}  # round r -> (s_r, ΔL_r)
+        self.history: dict[int, tuple[int, torch.Tensor]] = {}  # round r -> (s_r, scalars_r)
 
     def record(self, rnd: int, seed: int, combined: torch.Tensor) -> None:
+        if self.population is not None and self.first is None:
+            self.first = rnd  # W_first is the seeded model, W_(first+1) is not
         self.history[rnd] = (seed, combined.detach().to(torch.float32).clone())
 
     def messages(
@@ -131,8 +147,9 @@ class DownlinkHistory:
         full_size = len(full.to_bytes())
         out: dict[int, Message] = {}
         self._full_size = full_size
+        seeded = None if self.population is None else rnd if self.first is None else self.first
         for c in client_ids:
-            at = self.synced.get(c)
+            at = self.synced.get(c, seeded)  # never served: the seeded model, W_seeded
             missed = None if at is None else range(at, rnd)
             if missed is not None and all(r in self.history for r in missed):
                 replay = Message(
@@ -140,12 +157,14 @@ class DownlinkHistory:
                         "replay_seeds": torch.tensor(
                             [self.history[r][0] for r in missed], dtype=torch.int64
                         ),
-                        "replay_dL": torch.stack([self.history[r][1] for r in missed])
+                        self.key: torch.stack([self.history[r][1] for r in missed])
                         if len(missed)
                         else torch.zeros(0, self.k),
                     },
                     config={"seed": seed, "sync_from": at, "sync_to": rnd},
                 )
+                if c not in self.synced:  # it replays from the seeded model
+                    replay.config["new"] = True
                 if len(replay.to_bytes()) < full_size:
                     out[c] = replay
                     continue
@@ -161,36 +180,72 @@ class DownlinkHistory:
         self._forget(rnd, self._full_size)
 
     def _forget(self, rnd: int, full_size: int) -> None:
-        """Drop rounds no replay can use: older than every client's model, or so old that
-        replaying them costs more than the full state."""
+        """Drop rounds no replay can use: older than every client's model (W_first counts while
+        a client was never served), or so old that replaying them costs more than the full state."""
         useful = max(1, full_size // (4 * self.k + 8))
-        oldest = max(min(self.synced.values(), default=rnd), rnd - useful)
+        held = list(self.synced.values())
+        if (
+            self.population is not None
+            and self.first is not None
+            and len(self.synced) < self.population
+        ):
+            held.append(self.first)
+        oldest = max(min(held, default=rnd), rnd - useful)
         for r in [r for r in self.history if r < oldest]:
             del self.history[r]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"synced": dict(self.synced), "history": dict(self.history)}
+        state: dict[str, Any] = {"synced": dict(self.synced), "history": dict(self.history)}
+        if self.population is not None:
+            state["first"] = self.first
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.synced = {int(c): int(r) for c, r in state["synced"].items()}
         self.history = {int(r): (int(s), d) for r, (s, d) in state["history"].items()}
+        if self.population is not None:
+            self.first = state.get("first")
+
+
+#: one round's update of a global model from the round seed and its k aggregated scalars
+#: (``update(server, seed, scalars)``), the same function on the server and in every replica
+RoundUpdate = Callable[[GlobalModel, int, torch.Tensor], object]
+
+
+@dataclass(frozen=True)
+class OneStep:
+    """Batch-level BAFFLE's round update: one :func:`replay_step` (a :data:`RoundUpdate`)."""
+
+    spec: ZerothOrderSpec
+    perturb: Sequence[str] | None
+    clip: float | None
+
+    def __call__(self, server: GlobalModel, seed: int, combined: torch.Tensor) -> None:
+        replay_step(server, self.spec, seed, combined, perturb=self.perturb, clip=self.clip)
 
 
 class ClientReplica:
     """Client side: rebuilds the server's model W_t from what it holds and the message, and
-    keeps (W_t, O_t, masks) in ``ctx.state`` for next time. ``optimizer``, ``spec``,
-    ``perturb`` and ``clip`` must be the server's (:func:`replay_step`)."""
+    keeps (W_t, O_t, masks) in ``ctx.state`` for next time. ``optimizer`` and ``update`` (the
+    round update, :data:`RoundUpdate`) must be the server's; ``k`` and ``key`` the history's
+    (:class:`DownlinkHistory`); ``initial`` builds the seeded initial model, from which a client
+    holding none replays (a history with a ``population``); without it such a client is an error.
+    ``round_seed(seed, r)``: round r's seed from the message's ``seed``, for a method whose
+    replays carry no ``replay_seeds`` (DeComFL); BAFFLE sends them."""
 
     def __init__(
         self,
         model: torch.nn.Module,
         optimizer: Transform,
-        spec: ZerothOrderSpec,
+        update: RoundUpdate,
         *,
-        perturb: Sequence[str] | None,
-        clip: float | None,
+        k: int,
+        key: str = "replay_dL",
+        initial: Callable[[], torch.nn.Module] | None = None,
+        round_seed: Callable[[int, int], int] | None = None,
     ) -> None:
-        self.spec, self.perturb, self.clip = spec, perturb, clip
+        self.update, self.k, self.key, self.initial = update, k, key, initial
+        self.round_seed = round_seed
         self.server = GlobalModel(model, optimizer)
         self.template = self.server.opt_state
 
@@ -199,27 +254,26 @@ class ClientReplica:
         to = message.config.get("sync_to")
         if not isinstance(to, int):
             raise MessageError(f"{who}: the server's message names no model round (sync_to)")
-        if "replay_dL" in message.arrays:
-            self._restore(ctx, who)
-            frm, at = message.config.get("sync_from"), ctx.state.get("at")
+        if "sync_from" in message.config:  # a replay (its arrays may be left out when empty)
+            frm = message.config.get("sync_from")
+            at = self._restore(ctx, who, frm, new=bool(message.config.get("new")))
             if not isinstance(frm, int) or not isinstance(at, int) or not frm <= at <= to:
                 raise MessageError(
                     f"{who}: the server replays rounds {frm!r} to {to} but this client holds the model of round "
                     f"{at}; its state is out of step with the server's (was the run resumed from a different "
                     "checkpoint?)"
                 )
-            seeds, diffs = message.arrays["replay_seeds"], message.arrays["replay_dL"]
-            if diffs.dim() != 2 or diffs.shape != (seeds.numel(), self.spec.k):
+            seeds = self._seeds(message, frm, to, who)
+            diffs = message.arrays.get(self.key, torch.zeros(0, self.k))
+            if diffs.dim() != 2 or diffs.shape != (len(seeds), self.k):
                 raise MessageError(
-                    f"{who}: replay_dL has shape {tuple(diffs.shape)}; expected ({seeds.numel()}, {self.spec.k})"
+                    f"{who}: {self.key} has shape {tuple(diffs.shape)}; expected ({len(seeds)}, {self.k})"
                 )
             skip = (
                 at - frm
             )  # rounds this client replayed already (its last reply did not reach the server)
-            for seed, d in zip(seeds.tolist()[skip:], diffs[skip:], strict=True):
-                replay_step(
-                    self.server, self.spec, int(seed), d, perturb=self.perturb, clip=self.clip
-                )
+            for seed, d in zip(seeds[skip:], diffs[skip:], strict=True):
+                self.update(self.server, seed, d)
         else:
             model_part = {k: v for k, v in message.arrays.items() if not k.startswith(_OPT)}
             arrays, masks = unpack_model_arrays(model_part, self.server.model.state_dict(), who=who)
@@ -229,12 +283,32 @@ class ClientReplica:
         self._save(ctx, to)
         return self.server.model
 
-    def _restore(self, ctx: ClientContext, who: str) -> None:
+    def _seeds(self, message: Message, frm: int, to: int, who: str) -> list[int]:
+        """The replayed rounds' seeds: sent (``replay_seeds``), or derived by ``round_seed``
+        from the message's ``seed`` for rounds ``frm`` .. ``to`` − 1."""
+        if "replay_seeds" in message.arrays or self.round_seed is None:
+            sent = message.arrays.get("replay_seeds", torch.zeros(0, dtype=torch.int64))
+            return [int(s) for s in sent.tolist()]
+        base = message.config.get("seed")
+        if not isinstance(base, int):
+            raise MessageError(f"{who}: the server's replay names no seed (seed={base!r})")
+        return [self.round_seed(base, r) for r in range(frm, to)]
+
+    def _restore(self, ctx: ClientContext, who: str, frm: object, *, new: bool) -> object:
+        """Load the held (W, O, masks) and return its round; the seeded initial model, as round
+        ``frm``, when none is held or the server never had a reply from this client (``new``:
+        it replays from the seeded model, whatever an unconfirmed earlier sync left here)."""
         st = ctx.state
-        if "at" not in st:
-            raise MessageError(
-                f"{who}: the server sent rounds to replay, but this client holds no model"
-            )
+        at = st.get("at")
+        if at is None or new:
+            if self.initial is None:
+                raise MessageError(
+                    f"{who}: the server sent rounds to replay, but this client holds no model"
+                )
+            load_arrays(self.server.model, model_arrays(self.initial()), who=who)
+            self.server.set_masks(None)
+            self.server.opt_state = self.server.tx.init(self.server.params())
+            return frm
         load_arrays(
             self.server.model,
             {k[len(_MODEL) :]: v for k, v in st.items() if k.startswith(_MODEL)},
@@ -243,6 +317,7 @@ class ClientReplica:
         masks = {k[len(_MASK) :]: v for k, v in st.items() if k.startswith(_MASK)}
         self.server.set_masks(masks or None)
         self.server.opt_state = T.state_from_arrays(st, self.template, prefix=_OPT)
+        return at
 
     def _save(self, ctx: ClientContext, rnd: int) -> None:
         st = {_MODEL + k: v for k, v in model_arrays(self.server.model).items()}

@@ -1,0 +1,841 @@
+"""The zeroth-order frontier (issue 45): how close forward-only clients come to backprop's
+accuracy, and at what total client FLOPs and bytes, on one protocol where BP FedAvg is useful
+(>= 0.80 test accuracy), with every lever of docs/methods/baffle.md alone, the combination the
+validation screens choose, forward-mode AD kept apart, and the peers registered at run time.
+
+**Protocol.** Fashion-MNIST, an MLP 784-32-10 (ReLU; n = 25,450 parameters, the dimension of
+BAFFLE's LeNet, 26,730, so a zeroth-order estimate's cosine with the gradient, about sqrt(K/n),
+is the one measured there; a forward costs 50.9 kFLOP a sample, ~200x less than that LeNet's
+10.6 MFLOP, which is what makes the whole table fit), 10 IID clients, all every round,
+10,000 training samples (1,000 a client) plus 2,000 held out for validation, the full 10,000-image
+test set, 20 rounds of one local epoch with batches of 20 (50 local steps a round), client Adam
+(b2 0.99), seeds 0, 1, 2. Every row gets the same data, the same initial model (the seed's) and
+the same tuning: its learning rate (client Adam's; FedKSeed's SGD lr, from 1e-4, 3e-4, 1e-3; the
+guided row's server Adam, batch mode) is picked from 0.001, 0.003, 0.01 by the final **validation**
+accuracy of a 10-round run on seed 0 (a grid whose best sits at an edge grows one
+step past it, at most twice; ``fedge.bench.screened.widened_grid``); the test set is never
+looked at. The BP reference is whichever of BP FedAvg fresh / persistent Adam validates better.
+The combination row takes every epoch-mode lever whose screen beat BAFFLE's own screen on
+validation; the forward-mode combination takes the same levers with ``estimator: jvp``.
+
+**Cost, by torch's FLOP counter at tiny size** (one client, 300 samples, one round; FLOPs a
+training sample): BP 102 kFLOP (forward and backward), BAFFLE K = 100 5.13 MFLOP (101 forwards),
+jvp 15.2 kFLOP a direction a sample (3.0 forwards). A run is 10 clients x 1,000 samples x 20
+rounds = 200,000 sample-steps: BAFFLE K = 100 1.03e12 FLOP (10 s at 100 GFLOP/s), BP 2.0e10;
+evaluation adds 12,000 x 50.9 kFLOP a round (1.2e10 a run). A row is 3 seeds plus a screen of
+3-5 lrs x 10 rounds (<= 2.5 runs): at most ~5.5 runs, so ~57 s of a 100 GFLOP/s core for a
+BAFFLE K = 100 row and ~9 CPU-minutes for the whole table at that nominal rate (``--estimate``
+prints it row by row). **Measured on this machine** (one core) such small forwards run far below
+100 GFLOP/s (call overhead): 3.15 GFLOP/s for BAFFLE's batched forwards, 2.1 for BP, 2.06 for
+jvp, plus ~2 s a round of evaluation; so the runs keep torch's FLOP counter off (it costs 2.4x)
+and take a row's FLOPs from its **probe** (one client's round metered, x 10 clients x rounds:
+equal IID clients, one K), except rows with a K schedule, which meter every round (1.33 GFLOP/s).
+At the measured rates a BAFFLE K = 100 row takes ~0.6 CPU-hours, a jvp row ~0.8, the K-schedule
+row ~1.8, a BP row ~0.1 (measured: 3.2 CPU-minutes), **the whole table ~7 CPU-hours**.
+
+**Per row**: final test accuracy (mean ± std over seeds), the total client FLOPs (all clients,
+all rounds so far) at the first evaluated round whose test accuracy reaches the BP reference's
+final mean less 1 point (mean over the seeds that reach it; else "not reached" and the best
+accuracy), the run's total client FLOPs, bytes up and down per client over the run, and the
+client memory of one metered round (``measure.memory``, tensor accounting). Rows that run
+forward-mode AD (``forward_mode_ad`` in their round lines) are listed apart from the
+inference-only ones.
+
+**Resumable units**: every screen run (row, lr), every main run (row, seed) and every row's memory
+probe is a unit whose record (its resolved config and figures) is written to
+``benchmarks/results/zo_frontier/`` when it finishes; a recorded unit is never rerun, an interrupted
+one resumes from its run directory's checkpoint. ``--rows`` and ``--seeds`` pick units (to run rows
+in parallel, one core each), ``--max-minutes`` starts no unit after that budget.
+
+    python benchmarks/zo_frontier.py --estimate                    # the cost of every row, run nothing
+    OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/zo_frontier.py --rows "BP FedAvg" --seeds 0 1 2
+    python benchmarks/zo_frontier.py --table-only --docs docs/benchmarks.md   # render the records
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedge.bench.docs import records_line, update_section
+from fedge.bench.figures import read_run_logs
+from fedge.bench.screened import grid_step
+from fedge.core.config import load_config
+from fedge.core.errors import ConfigError, DivergenceError
+from fedge.experiment.build import resolved_config
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDS = Path(__file__).resolve().parent / "results" / "zo_frontier"
+FIGURE = ROOT / "docs" / "figures" / "zo-frontier" / "frontier.png"
+BASE = "baffle-fmnist-lenet"
+SEEDS = (0, 1, 2)
+ROUNDS = 20
+SCREEN_ROUNDS = 10
+TRAIN, VALIDATION, CLIENTS = 10_000, 2_000, 10
+TARGET_GAP = 0.01  # the issue's target: within 1 point of BP FedAvg ...
+FLOPS_RATIO = 10.0  # ... at no more than 10x its total client FLOPs
+
+PROTOCOL = [
+    "threads=1",
+    f"rounds={ROUNDS}",
+    f"dataset.limit_train={TRAIN + VALIDATION}",
+    f"dataset.validation={VALIDATION}",
+    "dataset.limit_test=10000",
+    "model.name=mlp",
+    "model.hidden=[32]",
+    "model.activation=relu",
+    "model.norm=none",
+    "method.batch_size=20",
+    "measure.flops=false",
+]
+BP = ["method.name=fedavg", "method.client_optimizer.name=adam", "method.client_optimizer.b2=0.99"]
+ADAM_LRS = (0.001, 0.003, 0.01)
+LR = "method.client_optimizer.lr"
+
+# The levers of docs/methods/baffle.md, each as the overrides it adds to BAFFLE (epoch mode).
+LEVERS = {
+    "persistent Adam": ["method.client_optimizer.state=persistent"],
+    "mask 10% magnitude": ["method.train_mask={rule: magnitude, density: 0.1}"],
+    "fc1 frozen, prefix once": ["method.freeze=[features.fc1]", "method.prefix_once=true"],
+    "σ decay 0.9, K 100→200": ["method.sigma_decay=0.9", "method.k_final=200"],
+}
+# Guided directions need batch mode: one server step a round on one batch of 20 per client, so the
+# same client forwards as the epoch rows take 50x the rounds (evaluated every 50th round).
+GUIDED = [
+    "method.mode=batch",
+    "method.delta_loss_on=batch",
+    "method.guided_rank=4",
+    "method.guided_share=0.5",
+    f"rounds={ROUNDS * 50}",
+    "eval_every=50",
+    "method.server_optimizer={name: adam, lr: 0.01, b1: 0.9, b2: 0.99}",
+]
+JVP_K = 32  # 3 forwards a direction: 96 forwards' FLOPs a sample, BAFFLE K = 100's 101
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row of the table: its overrides (before the lr), which key its screened lr sets and
+    the grid, its kind (``bp``, ``zo`` inference-only, ``fmad`` forward-mode AD, ``peer``)."""
+
+    label: str
+    kind: str
+    overrides: tuple[str, ...]
+    lr_key: str = LR
+    lrs: tuple[float, ...] = ADAM_LRS
+    needs: tuple[str, ...] = field(default=())  # rows whose screens this row's config depends on
+
+
+def base_rows() -> dict[str, Row]:
+    """Every row whose config is fixed before any screen (the dependent rows: :func:`rows`)."""
+    out = [
+        Row("BP FedAvg", "bp", tuple(BP)),
+        Row("BP FedAvg, persistent Adam", "bp", (*BP, "method.client_optimizer.state=persistent")),
+        Row("BAFFLE K=100", "zo", ("method.k=100",)),
+        *(Row(f"BAFFLE + {name}", "zo", ("method.k=100", *o)) for name, o in LEVERS.items()),
+        Row(
+            "BAFFLE + guided r=4 (batch mode)",
+            "zo",
+            ("method.k=100", *GUIDED),
+            lr_key="method.server_optimizer.lr",
+        ),
+        Row(f"jvp K={JVP_K}", "fmad", (f"method.k={JVP_K}", "method.estimator=jvp")),
+    ]
+    return {r.label: r for r in out}
+
+
+def peer_rows(methods: Sequence[str]) -> dict[str, Row]:
+    """The peers of issue 44 that ``methods`` (the registry at run time) holds: FedKSeed with
+    one local epoch of steps (50 of a batch of 20) and its own SGD lr; DeComFL and FeedSign alike
+    under their registered names (their lr key assumed ``method.lr``, as FedKSeed's)."""
+    peers = {
+        "fedkseed": ("FedKSeed", ("method.name=fedkseed", "method.local_steps=50")),
+        "decomfl": ("DeComFL", ("method.name=decomfl", "method.local_steps=50")),
+        "feedsign": ("FeedSign", ("method.name=feedsign", "method.local_steps=50")),
+    }
+    return {
+        label: Row(label, "peer", o, lr_key="method.lr", lrs=(1e-4, 3e-4, 1e-3))
+        for name, (label, o) in peers.items()
+        if name in methods
+    }
+
+
+BP_REF_ROWS = ("BP FedAvg", "BP FedAvg, persistent Adam")
+COMBO = "BAFFLE + levers chosen by validation"
+COMBO_JVP = f"jvp K={JVP_K} + the same levers"
+BP_MASK = "BP, mask 10% magnitude (same trainable set)"
+BP_FROZEN = "BP, fc1 frozen (same trainable set)"
+
+
+def rows(screens: dict[str, dict[float, dict[str, Any]]], methods: Sequence[str]) -> dict[str, Row]:
+    """Every row, the dependent ones included once the screens they depend on are recorded
+    (``screens``: row label -> lr -> screen record): BP on the masked and frozen trainable sets
+    with the BP reference's optimizer state, and the combinations of :func:`chosen_levers`."""
+    out = dict(base_rows())
+    ref = bp_reference(screens)
+    state = () if ref in (None, "BP FedAvg") else ("method.client_optimizer.state=persistent",)
+    bp_deps: tuple[str, ...] = BP_REF_ROWS
+    out[BP_MASK] = Row(BP_MASK, "bp", (*BP, *state, *LEVERS["mask 10% magnitude"]), needs=bp_deps)
+    out[BP_FROZEN] = Row(
+        BP_FROZEN, "bp", (*BP, *state, "method.freeze=[features.fc1]"), needs=bp_deps
+    )
+    levers = chosen_levers(screens)
+    deps = ("BAFFLE K=100", *(f"BAFFLE + {n}" for n in LEVERS))
+    extra = tuple(o for n in levers or () for o in LEVERS[n])
+    out[COMBO] = Row(COMBO, "zo", ("method.k=100", *extra), needs=deps)
+    jvp = (f"method.k={JVP_K}", "method.estimator=jvp")
+    extra = tuple(o for o in extra if not o.startswith("method.k_final"))  # K's ramp: BAFFLE's
+    out[COMBO_JVP] = Row(COMBO_JVP, "fmad", (*jvp, *extra), needs=deps)
+    out.update(peer_rows(methods))
+    return out
+
+
+# --- screens and picks --------------------------------------------------------------------------
+
+
+def grid(row: Row, screened: dict[float, dict[str, Any]]) -> tuple[float, ...]:
+    """``row.lrs`` grown one step past an edge that won on validation, at most twice."""
+    lrs = sorted(row.lrs)
+    for _ in range(2):
+        best = pick(lrs, screened)
+        if best is None or lrs[0] < best < lrs[-1]:
+            break
+        if best == lrs[-1]:
+            lrs.append(grid_step(best, up=True))
+        else:
+            lrs.insert(0, grid_step(best, up=False))
+    return tuple(lrs)
+
+
+def score(record: dict[str, Any]) -> float:
+    """A screen run's final validation accuracy; a diverged run scores below every other."""
+    val = record.get("val_accuracy_by_round") or []
+    return -math.inf if record.get("diverged_round") or not val else float(val[-1])
+
+
+def pick(lrs: Sequence[float], screened: dict[float, dict[str, Any]]) -> float | None:
+    """The lr of ``lrs`` with the best final validation accuracy (ties: the smaller); None while
+    one is not recorded."""
+    if any(lr not in screened for lr in lrs):
+        return None
+    return max((score(screened[lr]), -lr, lr) for lr in lrs)[2]
+
+
+def picked(row: Row, screened: dict[float, dict[str, Any]]) -> tuple[float, float] | None:
+    """(lr, its validation score) once the row's (widened) grid is recorded."""
+    lr = pick(grid(row, screened), screened)
+    return None if lr is None else (lr, score(screened[lr]))
+
+
+def bp_reference(screens: dict[str, dict[float, dict[str, Any]]]) -> str | None:
+    """The stronger BP FedAvg recipe by validation (fresh or persistent Adam; ties: fresh)."""
+    scored = []
+    for i, label in enumerate(BP_REF_ROWS):
+        p = picked(base_rows()[label], screens.get(label, {}))
+        if p is None:
+            return None
+        scored.append((p[1], -i, label))
+    return max(scored)[2]
+
+
+def chosen_levers(screens: dict[str, dict[float, dict[str, Any]]]) -> list[str] | None:
+    """The epoch-mode levers whose picked screen run beat BAFFLE K=100's on validation (None while
+    a screen is missing): the combination row combines them all, chosen without the test set."""
+    rows_ = base_rows()
+    base = picked(rows_["BAFFLE K=100"], screens.get("BAFFLE K=100", {}))
+    if base is None:
+        return None
+    out = []
+    for name in LEVERS:
+        label = f"BAFFLE + {name}"
+        p = picked(rows_[label], screens.get(label, {}))
+        if p is None:
+            return None
+        if p[1] > base[1]:
+            out.append(name)
+    return out
+
+
+# --- units --------------------------------------------------------------------------------------
+
+
+def slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "=.-" else "_" for c in text)
+
+
+def unit_overrides(row: Row, lr: float, unit: str) -> list[str]:
+    """The overrides of one unit: ``screen`` (seed 0, ``SCREEN_ROUNDS`` rounds), ``seed-S``, or
+    ``probe`` (one client's round with memory metered)."""
+    rounds = [o for o in row.overrides if o.startswith("rounds=")]
+    scale = int(rounds[0].split("=")[1]) // ROUNDS if rounds else 1
+    common = [*PROTOCOL, *row.overrides, f"{row.lr_key}={lr}"]
+    if any(o.startswith("method.k_final=") for o in row.overrides):
+        common.append("measure.flops=true")  # K varies by round: meter every round as executed
+    if unit == "screen":
+        return [*common, "seed=0", f"rounds={SCREEN_ROUNDS * scale}"]
+    if unit == "probe":
+        return [
+            *common,
+            "seed=0",
+            "rounds=1",
+            "clients.per_round=1",
+            "measure.flops=true",
+            "measure.memory=true",
+            "eval_every=1",
+        ]
+    return [*common, f"seed={int(unit.removeprefix('seed-'))}"]
+
+
+def record_path(records: Path, row: Row, unit: str, lr: float | None = None) -> Path:
+    name = f"lr={lr:g}" if unit == "screen" else unit
+    return records / slug(row.label) / f"{name}.json"
+
+
+def figures(run_dir: Path) -> dict[str, Any]:
+    """A finished run's figures, round by round (evaluated rounds only): test and validation
+    accuracy, total client FLOPs and bytes up and down per client so far, memory, forward-mode AD."""
+    summary, every = read_run_logs(run_dir)
+    n = every[0]["clients"]
+    peaks = [x["client_tensor_peak_bytes"] for x in every if "client_tensor_peak_bytes" in x]
+    lines = [x for x in every if x.get("test_accuracy") is not None]  # the evaluated rounds
+    return {
+        "rounds": [x.get("round") for x in lines],
+        "test_accuracy_by_round": [x["test_accuracy"] for x in lines],
+        "val_accuracy_by_round": [x.get("val_accuracy") for x in lines],
+        "cum_client_flops_by_round": [x.get("cum_client_flops") for x in lines],
+        "cum_bytes_up_per_client_by_round": [x["cum_bytes_up"] / n for x in lines],
+        "cum_bytes_down_per_client_by_round": [x["cum_bytes_down"] / n for x in lines],
+        "client_tensor_peak_bytes": max(peaks) if peaks else None,
+        "forward_mode_ad": any(x.get("forward_mode_ad") for x in every),
+        "client_flops_round1": every[0].get("client_flops"),  # the probe's one client
+        "wall_s": summary["wall_s"],
+        **({"machines": summary["machines"]} if "machines" in summary else {}),
+    }
+
+
+def run_unit(overrides: list[str], record: Path, out: Path) -> dict[str, Any]:
+    """One unit: read from ``record`` when it holds the same resolved config (never rerun), else
+    run (resuming ``out``'s checkpoint) and write the record whole. A record of another config is
+    an error naming the file to remove."""
+    from fedge.experiment.resume import resume_experiment
+    from fedge.experiment.run import run_experiment
+    from fedge.experiment.rundir import RunDir
+
+    cfg = load_config(BASE, overrides=overrides)
+    want = json.loads(json.dumps(resolved_config(cfg), default=str))
+    if record.exists():
+        saved = json.loads(record.read_text())
+        if saved["config"] != want:
+            raise ConfigError(
+                f"{record} records another config than this unit's; expected the same protocol: "
+                "remove the record to rerun it, or restore the script that wrote it"
+            )
+        result: dict[str, Any] = saved["result"]
+        return result
+    try:
+        if (out / "config.yaml").exists() and not RunDir(out).is_complete():
+            resume_experiment(out, render=False)
+        elif not RunDir(out).is_complete():
+            run_experiment(cfg, out=out, render=False)
+        result = figures(out)
+    except DivergenceError as exc:
+        result = {"diverged_round": exc.round, "val_accuracy_by_round": []}
+    record.parent.mkdir(parents=True, exist_ok=True)
+    tmp = record.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"config": want, "result": result}, indent=1, sort_keys=True) + "\n")
+    tmp.replace(record)
+    return result
+
+
+def read_records(records: Path, methods: Sequence[str]) -> dict[str, Any]:
+    """What is recorded: ``screens`` (label -> lr -> result), ``runs`` (label -> seed -> result),
+    ``probes`` (label -> result) and the ``rows`` they define (nothing runs)."""
+    screens: dict[str, dict[float, dict[str, Any]]] = {}
+    runs: dict[str, dict[int, dict[str, Any]]] = {}
+    probes: dict[str, dict[str, Any]] = {}
+    every = rows({}, methods)
+    for _ in range(3):  # dependent rows appear once the screens they need are read
+        for row in every.values():
+            folder = records / slug(row.label)
+            for p in sorted(folder.glob("*.json")):
+                result = json.loads(p.read_text())["result"]
+                if p.stem.startswith("lr="):
+                    screens.setdefault(row.label, {})[float(p.stem[3:])] = result
+                elif p.stem.startswith("seed-"):
+                    runs.setdefault(row.label, {})[int(p.stem[5:])] = result
+                elif p.stem == "probe":
+                    probes[row.label] = result
+        every = rows(screens, methods)
+    return {"screens": screens, "runs": runs, "probes": probes, "rows": every}
+
+
+def pending(row: Row, screens: dict[str, dict[float, dict[str, Any]]]) -> list[str]:
+    """The rows whose screens ``row`` waits for (empty when it can run)."""
+    if not row.needs:
+        return []
+    if row.needs == BP_REF_ROWS:
+        return [] if bp_reference(screens) is not None else list(BP_REF_ROWS)
+    return [] if chosen_levers(screens) is not None else list(row.needs)
+
+
+def run_all(
+    records: Path,
+    out: Path,
+    *,
+    only_rows: Sequence[str] = (),
+    seeds: Sequence[int] = SEEDS,
+    max_minutes: float | None = None,
+    methods: Sequence[str] = (),
+) -> list[str]:
+    """Run the units that are not recorded, row by row (screen, then seeds, then the memory probe),
+    for the rows in ``only_rows`` (all when empty) and ``seeds``; start no unit after
+    ``max_minutes``. Returns the units left (waiting for another row's screen, or for time)."""
+    start = time.monotonic()
+    left: list[str] = []
+    state = read_records(records, methods)
+    labels = list(state["rows"])
+    unknown = [r for r in only_rows if r not in labels]
+    if unknown:
+        raise ConfigError(f"--rows {unknown}: not a row of this table; expected some of {labels}")
+    for label in labels if not only_rows else list(only_rows):
+        state = read_records(records, methods)
+        row = state["rows"][label]
+        if wait := pending(row, state["screens"]):
+            left.append(f"{label}: waits for the screens of {', '.join(wait)}")
+            continue
+        screened = state["screens"].get(label, {})
+
+        def budget_spent() -> bool:
+            return max_minutes is not None and (time.monotonic() - start) / 60 >= max_minutes
+
+        while (lr := picked(row, screened)) is None:
+            todo = [x for x in grid(row, screened) if x not in screened]
+            if budget_spent():
+                break
+            for x in todo:
+                if budget_spent():
+                    break
+                rec = record_path(records, row, "screen", x)
+                screened[x] = run_unit(
+                    unit_overrides(row, x, "screen"), rec, out / rec.parent.name / rec.stem
+                )
+        if lr is None:
+            left.append(f"{label}: screen (time budget spent)")
+            continue
+        for unit in [*(f"seed-{s}" for s in seeds), "probe"]:
+            if budget_spent():
+                left.append(f"{label} {unit}: time budget spent")
+                continue
+            rec = record_path(records, row, unit)
+            run_unit(unit_overrides(row, lr[0], unit), rec, out / rec.parent.name / rec.stem)
+    return left
+
+
+# --- the table ----------------------------------------------------------------------------------
+
+
+def flops_by_round(result: dict[str, Any], probe_flops: float | None) -> list[float] | None:
+    """Total client FLOPs (all clients) up to each evaluated round: as metered when the run kept
+    the counter on (a K schedule), else the probe's one-client round x ``CLIENTS`` x the round
+    number (every round of such a row costs the same: equal IID clients, a fixed K); None while the
+    probe is not recorded."""
+    metered = result.get("cum_client_flops_by_round") or []
+    if metered and all(x is not None for x in metered):
+        return [float(x) for x in metered]
+    if probe_flops is None:
+        return None
+    return [float(probe_flops) * CLIENTS * r for r in result["rounds"]]
+
+
+def flops_to_reach(
+    accuracy: Sequence[float | None], flops: Sequence[float], target: float
+) -> float | None:
+    """Total client FLOPs at the first evaluated round whose test ``accuracy`` reaches ``target``;
+    None when none does."""
+    for acc, f in zip(accuracy, flops, strict=True):
+        if acc is not None and acc >= target:
+            return float(f)
+    return None
+
+
+def pareto(points: dict[str, tuple[float, float]]) -> list[str]:
+    """The labels of ``points`` (cost, accuracy) on the Pareto front: no other point costs no more
+    and reaches at least as much, one of the two strictly."""
+    return [
+        a
+        for a, (ca, xa) in points.items()
+        if not any(
+            (cb <= ca and xb >= xa) and (cb < ca or xb > xa)
+            for b, (cb, xb) in points.items()
+            if b != a
+        )
+    ]
+
+
+def aggregate(
+    runs: dict[int, dict[str, Any]], target: float | None, probe_flops: float | None = None
+) -> dict[str, Any] | None:
+    """One row's figures over its recorded seeds (None when none is recorded): final accuracy
+    mean ± std, best accuracy, total client FLOPs to ``target`` (mean over the seeds reaching it)
+    and over the run, bytes per client up and down, whether it ran forward-mode AD."""
+    done = {s: r for s, r in sorted(runs.items()) if "diverged_round" not in r}
+    if not runs:
+        return None
+    if not done:
+        return {"seeds": len(runs), "diverged": len(runs)}
+    finals = [r["test_accuracy_by_round"][-1] for r in done.values()]
+    flops = [flops_by_round(r, probe_flops) for r in done.values()]
+    known = [f for f in flops if f is not None]
+    reach = (
+        []
+        if target is None or len(known) < len(flops)
+        else [
+            flops_to_reach(r["test_accuracy_by_round"], f, target)
+            for r, f in zip(done.values(), known, strict=True)
+        ]
+    )
+    hit = [x for x in reach if x is not None]
+    return {
+        "seeds": len(runs),
+        "diverged": len(runs) - len(done),
+        "mean": statistics.mean(finals),
+        "std": statistics.stdev(finals) if len(finals) > 1 else 0.0,
+        "finals": finals,
+        "best": max(
+            max(a for a in r["test_accuracy_by_round"] if a is not None) for r in done.values()
+        ),
+        "flops_known": len(known) == len(flops),
+        "flops_to_target": statistics.mean(hit) if hit else None,
+        "reached": len(hit),
+        "total_flops": statistics.mean(f[-1] for f in known) if known else None,
+        "bytes_up": statistics.mean(
+            r["cum_bytes_up_per_client_by_round"][-1] for r in done.values()
+        ),
+        "bytes_down": statistics.mean(
+            r["cum_bytes_down_per_client_by_round"][-1] for r in done.values()
+        ),
+        "fmad": any(r["forward_mode_ad"] for r in done.values()),
+    }
+
+
+def _e(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2e}"
+
+
+def _mb(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e6:.2f}"
+
+
+KIND_TITLE = {
+    "bp": "Backprop",
+    "zo": "Forward-only, inference only",
+    "peer": "Forward-only, inference only (peers)",
+    "fmad": "Forward-mode AD (jvp; not inference-only)",
+}
+
+
+def table(
+    records: Path = RECORDS, methods: Sequence[str] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The section's body from the records alone, and the aggregates by row."""
+    if methods is None:
+        from fedge.methods import method_names
+
+        methods = method_names()
+    state = read_records(records, methods)
+    screens, runs, probes, every = state["screens"], state["runs"], state["probes"], state["rows"]
+    ref = bp_reference(screens)
+
+    def probe_flops(label: str) -> float | None:
+        return probes.get(label, {}).get("client_flops_round1")
+
+    bp = aggregate(runs.get(ref, {}), None, probe_flops(ref)) if ref else None
+    target = bp["mean"] - TARGET_GAP if bp and "mean" in bp else None
+    agg = {label: aggregate(runs.get(label, {}), target, probe_flops(label)) for label in every}
+    lines = [
+        "| row | lr (screen) | seeds | final test acc (mean ± std) | total client FLOPs to target "
+        "| total client FLOPs | up / down MB per client | client memory MB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, title in KIND_TITLE.items():
+        members = [r for r in every.values() if r.kind == kind]
+        if not members:
+            continue
+        lines.append(f"| **{title}** | | | | | | | |")
+        for row in members:
+            p = picked(row, screens.get(row.label, {}))
+            lr = "awaiting screen" if p is None else f"{p[0]:g}"
+            a = agg[row.label]
+            probe = probes.get(row.label, {})
+            mem = _mb(probe.get("client_tensor_peak_bytes"))
+            if a is None:
+                lines.append(f"| {row.label} | {lr} | 0 | awaiting records | | | | {mem} |")
+                continue
+            if "mean" not in a:
+                lines.append(f"| {row.label} | {lr} | {a['seeds']} | diverged | | | | {mem} |")
+                continue
+            reach = (
+                "awaiting the probe"
+                if not a["flops_known"]
+                else "-"
+                if target is None
+                else (
+                    f"not reached (best {a['best']:.4f})"
+                    if a["reached"] == 0
+                    else _e(a["flops_to_target"])
+                    + (
+                        ""
+                        if a["reached"] == len(a["finals"])
+                        else f" ({a['reached']}/{len(a['finals'])} seeds)"
+                    )
+                )
+            )
+            lines.append(
+                f"| {row.label}{' (BP reference)' if row.label == ref else ''} | {lr} | {a['seeds']} "
+                f"| {a['mean']:.4f} ± {a['std']:.4f} | {reach} | {_e(a['total_flops'])} "
+                f"| {_mb(a['bytes_up'])} / {_mb(a['bytes_down'])} | {mem} |"
+            )
+    levers = chosen_levers(screens)
+    lines += [
+        "",
+        "BP reference (the better BP FedAvg recipe on validation): "
+        + (ref or "awaiting the BP screens")
+        + (f"; target {target:.4f} (its final mean less 1 point)." if target is not None else "."),
+        "Levers combined (each beat BAFFLE K=100's screen on validation): "
+        + (
+            "awaiting the lever screens." if levers is None else (", ".join(levers) or "none") + "."
+        ),
+        "",
+        verdict_sentence(agg, every, ref),
+        "",
+        "CPU-minutes a row (all its recorded units: screen, seeds, probe; one core each; each "
+        "record names the machines its rounds ran on where the run logged them): "
+        + (
+            "; ".join(f"{label} {minutes:.1f}" for label, minutes in cpu_minutes(state).items())
+            or "none recorded"
+        )
+        + ".",
+    ]
+    return "\n".join(lines), agg
+
+
+def cpu_minutes(state: dict[str, Any]) -> dict[str, float]:
+    """Minutes of wall time per row over its recorded units (one core each)."""
+    out: dict[str, float] = {}
+    for kind in ("screens", "runs"):
+        for label, units in state[kind].items():
+            for r in units.values():
+                out[label] = out.get(label, 0.0) + r.get("wall_s", 0.0) / 60
+    for label, r in state["probes"].items():
+        out[label] = out.get(label, 0.0) + r.get("wall_s", 0.0) / 60
+    return {k: out[k] for k in state["rows"] if k in out}
+
+
+def best_row(agg: dict[str, Any], every: dict[str, Row], kinds: Sequence[str]) -> str | None:
+    done = {k: a for k, a in agg.items() if a and "mean" in a and every[k].kind in kinds}
+    return max(done, key=lambda k: (done[k]["mean"], k)) if done else None
+
+
+def verdict_sentence(agg: dict[str, Any], every: dict[str, Row], ref: str | None) -> str:
+    """The plain verdict: the best inference-only row (and the best forward-mode one apart), its
+    gap in points to the BP reference and its total-client-FLOPs ratio, met or missed."""
+    bp = agg.get(ref) if ref else None
+    best = best_row(agg, every, ("zo", "peer"))
+    if bp is None or "mean" not in bp or best is None:
+        return "Verdict: awaiting records (the BP reference and at least one forward-only row)."
+    out = []
+    for label in [best, best_row(agg, every, ("fmad",))]:
+        if label is None:
+            continue
+        a = agg[label]
+        gap = 100 * (bp["mean"] - a["mean"])
+        if a["total_flops"] is None or bp["total_flops"] is None:
+            out.append(
+                f"{label} at {a['mean']:.4f}, {gap:.2f} points below BP; FLOPs await the probes"
+            )
+            continue
+        ratio = a["total_flops"] / bp["total_flops"]
+        met = gap <= 100 * TARGET_GAP and ratio <= FLOPS_RATIO
+        kind = "forward-only" if every[label].kind != "fmad" else "forward-mode-AD"
+        out.append(
+            f"the best {kind} row is {label} at {a['mean']:.4f}, {gap:.2f} points below BP "
+            f"({ref}, {bp['mean']:.4f}) at {ratio:.1f}x its total client FLOPs: the 1-point / 10x "
+            + ("target is met" if met else "target is not met")
+        )
+    return "Verdict: " + "; ".join(out) + "."
+
+
+def figure(agg: dict[str, Any], every: dict[str, Row], path: Path = FIGURE) -> list[str]:
+    """Accuracy against total client FLOPs (log x) and against total bytes per client, one point a
+    row (mean, with the seeds' std as a bar), the Pareto front of each panel marked. Returns the
+    front's labels on FLOPs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = {k: a for k, a in agg.items() if a and "mean" in a and a["total_flops"] is not None}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    fronts = []
+    for ax, (name, cost) in zip(
+        axes,
+        (
+            ("total client FLOPs", lambda a: a["total_flops"]),
+            ("total bytes per client (up + down)", lambda a: a["bytes_up"] + a["bytes_down"]),
+        ),
+        strict=True,
+    ):
+        points = {k: (cost(a), a["mean"]) for k, a in done.items()}
+        front = pareto(points)
+        fronts.append(front)
+        for k, (c, m) in points.items():
+            marker = {"bp": "s", "zo": "o", "peer": "^", "fmad": "D"}[every[k].kind]
+            ax.errorbar(c, m, yerr=done[k]["std"], fmt=marker, capsize=3, label=k)
+        if front:
+            xs = sorted((points[k] for k in front), key=lambda p: p[0])
+            ax.plot([p[0] for p in xs], [p[1] for p in xs], "k--", lw=1, label="Pareto front")
+            ax.scatter(
+                [p[0] for p in xs], [p[1] for p in xs], s=220, facecolors="none", edgecolors="k"
+            )  # each point on the front ringed
+        ax.set_xscale("log")
+        ax.set_xlabel(name + " (log)")
+        ax.set_ylabel("final test accuracy")
+    axes[1].legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return fronts[0]
+
+
+INTRO = __doc__.split("**Resumable units**")[0].split("\n\n", 1)[1].strip()
+COMMAND = "python benchmarks/zo_frontier.py --table-only --docs docs/benchmarks.md"
+
+
+def section(records: Path = RECORDS, methods: Sequence[str] | None = None) -> str:
+    """The docs section: the protocol, the command, the table, the figure and the verdict."""
+    body, _ = table(records, methods)
+    rel = FIGURE.relative_to(ROOT / "docs").as_posix()
+    return "\n".join(
+        [
+            INTRO,
+            "",
+            "Run per row (one core each, resumable): `OMP_NUM_THREADS=1 taskset -c I python "
+            'benchmarks/zo_frontier.py --rows "ROW" --seeds 0 1 2`; render: '
+            f"`{COMMAND}`",
+            "",
+            body,
+            "",
+            f"![accuracy against total client FLOPs and bytes]({rel})",
+        ]
+    )
+
+
+# --- cost estimate ------------------------------------------------------------------------------
+
+FLOP_PER_SAMPLE = {"bp": 102_272.0, "forward": 50_900.0, "jvp_direction": 152_400.0}
+# Measured here, FLOP counter off (one core, 300 samples of one client; FedKSeed assumed BP's).
+MEASURED_FLOPS_PER_S = {"bp": 2.1e9, "zo": 3.15e9, "peer": 2.1e9, "fmad": 2.06e9}
+COUNTED_FLOPS_PER_S = 1.33e9  # BAFFLE with the counter on (rows with a K schedule keep it on)
+NOMINAL_FLOPS_PER_S = 100e9
+EVAL_S = (
+    2.0  # measured: a BP FedAvg round took 2.5 s of which 0.5 s training (evaluation, overhead)
+)
+
+
+def estimate(row: Row) -> dict[str, float]:
+    """A row's client FLOPs for its 3 seeds and a screen of 5 lrs (at most, widening included) of
+    ``SCREEN_ROUNDS`` rounds, with evaluation; CPU-hours nominal and at the measured rates."""
+    o = dict(x.split("=", 1) for x in row.overrides)
+    k = int(o.get("method.k", 100))
+    k_final = int(o.get("method.k_final", k))
+    k_mean = (k + k_final) / 2
+    if row.kind == "bp":
+        per = FLOP_PER_SAMPLE["bp"]
+    elif row.kind == "fmad":
+        per = k_mean * FLOP_PER_SAMPLE["jvp_direction"]
+    elif row.kind == "peer":
+        per = 2 * FLOP_PER_SAMPLE["forward"]
+    else:
+        per = (k_mean + 1) * FLOP_PER_SAMPLE["forward"]
+    run = TRAIN * ROUNDS * per + ROUNDS * (VALIDATION + 10_000) * FLOP_PER_SAMPLE["forward"]
+    total = run * (len(SEEDS) + 5 * SCREEN_ROUNDS / ROUNDS)
+    rate = COUNTED_FLOPS_PER_S if "method.k_final" in o else MEASURED_FLOPS_PER_S[row.kind]
+    evals = ROUNDS * (len(SEEDS) + 5 * SCREEN_ROUNDS / ROUNDS)
+    return {
+        "flops": total,
+        "nominal_h": total / NOMINAL_FLOPS_PER_S / 3600,
+        "measured_h": (total / rate + evals * EVAL_S) / 3600,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--rows", nargs="*", default=[], metavar="ROW", help="run only these rows")
+    ap.add_argument(
+        "--seeds", nargs="*", type=int, default=list(SEEDS), help="seeds (default 0 1 2)"
+    )
+    ap.add_argument("--max-minutes", type=float, default=None, help="start no unit after this")
+    ap.add_argument("--out", default="runs/bench-zo-frontier", help="run directories (checkpoints)")
+    ap.add_argument("--records", default=str(RECORDS), help=argparse.SUPPRESS)
+    ap.add_argument("--docs", default=None, help="rewrite the zo-frontier section of this file")
+    ap.add_argument("--table-only", action="store_true", help="render the records, run nothing")
+    ap.add_argument("--estimate", action="store_true", help="print each row's cost, run nothing")
+    args = ap.parse_args(argv)
+    from fedge.methods import method_names
+
+    methods = method_names()
+    records = Path(args.records)
+    if args.estimate:
+        total = {"nominal_h": 0.0, "measured_h": 0.0}
+        for row in rows({}, methods).values():
+            e = estimate(row)
+            total = {k: total[k] + e[k] for k in total}
+            print(
+                f"{row.label}: {e['flops']:.2e} FLOP, {e['nominal_h']:.3f} CPU-h at 100 GFLOP/s, "
+                f"{e['measured_h']:.2f} CPU-h at the measured rate"
+            )
+        print(f"table: {total['nominal_h']:.2f} CPU-h nominal, {total['measured_h']:.1f} measured")
+        return 0
+    if bad := [s for s in args.seeds if s not in SEEDS]:
+        ap.error(f"--seeds {bad}: expected some of {list(SEEDS)}")
+    if not args.table_only:
+        try:
+            left = run_all(
+                records,
+                Path(args.out),
+                only_rows=args.rows,
+                seeds=args.seeds,
+                max_minutes=args.max_minutes,
+                methods=methods,
+            )
+        except ConfigError as e:
+            ap.error(str(e))
+        for line in left:
+            print("left:", line)
+    text = section(records, methods)
+    print(text)
+    if args.docs:
+        _, agg = table(records, methods)
+        figure(agg, rows(read_records(records, methods)["screens"], methods))
+        update_section(
+            args.docs,
+            "zo-frontier",
+            "The zeroth-order frontier: forward-only clients against backprop (issue 45)",
+            text,
+            machine=records_line(records, root=ROOT),
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,245 @@
+"""benchmarks/zo_frontier.py: FLOPs to the target and the Pareto front against hand examples, the
+levers and BP reference chosen on validation, the table and verdict rendered from made records,
+and units that resume (a recorded unit is never rerun) on a tiny protocol."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests_helpers import benchmark_script
+
+bench = benchmark_script("zo_frontier")
+
+
+def test_flops_to_reach_is_the_first_evaluated_round_at_the_target() -> None:
+    acc = [0.50, None, 0.79, 0.81, 0.80]
+    flops = [1e9, 2e9, 3e9, 4e9, 5e9]
+    assert bench.flops_to_reach(acc, flops, 0.80) == 4e9  # 0.79 < 0.80; the round of 0.81
+    assert bench.flops_to_reach(acc, flops, 0.50) == 1e9
+    assert bench.flops_to_reach(acc, flops, 0.82) is None  # not reached
+
+
+def test_flops_by_round_from_the_probe_or_as_metered() -> None:
+    # probe: one client's round costs 1e6; 10 clients a round; evaluated rounds 1, 2 and 5
+    result = {"rounds": [1, 2, 5], "cum_client_flops_by_round": [None, None, None]}
+    assert bench.flops_by_round(result, 1e6) == [1e7, 2e7, 5e7]
+    assert bench.flops_by_round(result, None) is None
+    metered = {"rounds": [1, 2], "cum_client_flops_by_round": [3.0, 7.0]}  # a K schedule
+    assert bench.flops_by_round(metered, 1e6) == [3.0, 7.0]
+
+
+def test_pareto_front_by_hand() -> None:
+    points = {
+        "A": (1.0, 0.50),  # cheapest
+        "B": (2.0, 0.70),
+        "C": (3.0, 0.60),  # B costs less and reaches more
+        "D": (2.0, 0.65),  # B costs as much and reaches more
+        "E": (10.0, 0.80),  # most accurate
+        "F": (10.0, 0.80),  # a tie with E: neither dominates the other
+    }
+    assert bench.pareto(points) == ["A", "B", "E", "F"]
+
+
+# --- made records --------------------------------------------------------------------------------
+
+
+def _curve(final: float, rounds: int = 20) -> list[float]:
+    return [round(final * (r + 1) / rounds, 6) for r in range(rounds)]
+
+
+def _result(final: float, *, val: float | None = None, up: float = 1e5) -> dict:
+    rounds = list(range(1, 21))
+    return {
+        "rounds": rounds,
+        "test_accuracy_by_round": _curve(final),
+        "val_accuracy_by_round": _curve(final if val is None else val),
+        "cum_client_flops_by_round": [None] * 20,
+        "cum_bytes_up_per_client_by_round": [up * r for r in rounds],
+        "cum_bytes_down_per_client_by_round": [up * r for r in rounds],
+        "client_tensor_peak_bytes": None,
+        "forward_mode_ad": False,
+        "client_flops_round1": None,
+        "wall_s": 1.0,
+    }
+
+
+def _write(records: Path, label: str, unit: str, result: dict) -> None:
+    p = records / bench.slug(label) / f"{unit}.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps({"config": {}, "result": result}))
+
+
+def _screen(records: Path, label: str, vals: dict[float, float]) -> None:
+    for lr, v in vals.items():
+        _write(records, label, f"lr={lr:g}", _result(v))
+
+
+MID = {0.001: 0.70, 0.003: 0.80, 0.01: 0.75}  # best in the middle: the grid does not grow
+
+
+def _made(records: Path) -> None:
+    _screen(records, "BP FedAvg", MID)
+    _screen(records, "BP FedAvg, persistent Adam", {lr: v - 0.01 for lr, v in MID.items()})
+    _screen(records, "BAFFLE K=100", MID)
+    for seed, (bp, zo) in enumerate([(0.83, 0.69), (0.82, 0.70), (0.84, 0.71)]):
+        _write(records, "BP FedAvg", f"seed-{seed}", _result(bp))
+        _write(records, "BAFFLE K=100", f"seed-{seed}", _result(zo))
+    # one client's round: BP 1e8 FLOPs, BAFFLE 5e9 (x 10 clients x 20 rounds for the run)
+    _write(records, "BP FedAvg", "probe", {**_result(0.1), "client_flops_round1": 1e8})
+    probe = {**_result(0.1), "client_flops_round1": 5e9, "client_tensor_peak_bytes": 2.5e6}
+    _write(records, "BAFFLE K=100", "probe", probe)
+
+
+def test_the_table_and_verdict_from_made_records(tmp_path: Path) -> None:
+    _made(tmp_path)
+    text, agg = bench.table(tmp_path, methods=[])
+    # the BP reference is the better recipe on validation (fresh: 0.80 > persistent's 0.79)
+    assert (
+        "BP reference (the better BP FedAvg recipe on validation): BP FedAvg; target 0.8200" in text
+    )
+    assert agg["BP FedAvg"]["mean"] == pytest.approx(0.83)
+    assert agg["BAFFLE K=100"]["total_flops"] == pytest.approx(5e9 * 10 * 20)
+    # BAFFLE's best is 0.71 < the target 0.82: not reached
+    assert (
+        "| BAFFLE K=100 | 0.003 | 3 | 0.7000 ± 0.0100 | not reached (best 0.7100) | 1.00e+12 |"
+        in text
+    )
+    # BP reaches 0.82 on seed 0 (curve r/20 x 0.83) at round 20, seed 1 (0.82) at 20, seed 2 at 20:
+    # 0.84 x 20/20 = 0.84, 0.84 x 19/20 = 0.798 < 0.82 -> round 20 on every seed: 2e10
+    assert (
+        "| BP FedAvg (BP reference) | 0.003 | 3 | 0.8300 ± 0.0100 | 2.00e+10 | 2.00e+10 |" in text
+    )
+    assert "| 2.50 |" in text  # BAFFLE's client memory, MB
+    assert "| BAFFLE + persistent Adam | awaiting screen | 0 | awaiting records | | | | - |" in text
+    assert "Levers combined (each beat BAFFLE K=100's screen on validation): awaiting" in text
+    assert (
+        "Verdict: the best forward-only row is BAFFLE K=100 at 0.7000, 13.00 points below BP "
+        "(BP FedAvg, 0.8300) at 50.0x its total client FLOPs: the 1-point / 10x target is not met."
+        in text
+    )
+
+
+def test_no_records_render_as_awaiting(tmp_path: Path) -> None:
+    text, _ = bench.table(tmp_path, methods=["fedkseed"])
+    assert "| FedKSeed | awaiting screen | 0 | awaiting records |" in text
+    assert "Verdict: awaiting records (the BP reference and at least one forward-only row)." in text
+    assert text.endswith("none recorded.")  # no unit's minutes
+
+
+def test_levers_and_their_combination_are_chosen_on_validation(tmp_path: Path) -> None:
+    _made(tmp_path)
+    _screen(tmp_path, "BAFFLE + persistent Adam", {lr: v + 0.02 for lr, v in MID.items()})
+    _screen(tmp_path, "BAFFLE + mask 10% magnitude", {lr: v - 0.02 for lr, v in MID.items()})
+    _screen(tmp_path, "BAFFLE + fc1 frozen, prefix once", MID)  # a tie does not beat it
+    _screen(tmp_path, "BAFFLE + σ decay 0.9, K 100→200", {lr: v + 0.001 for lr, v in MID.items()})
+    state = bench.read_records(tmp_path, [])
+    assert bench.chosen_levers(state["screens"]) == ["persistent Adam", "σ decay 0.9, K 100→200"]
+    combo = state["rows"][bench.COMBO]
+    assert combo.overrides == (
+        "method.k=100",
+        "method.client_optimizer.state=persistent",
+        "method.sigma_decay=0.9",
+        "method.k_final=200",
+    )
+    jvp = state["rows"][bench.COMBO_JVP]  # the same levers, K's ramp left to BAFFLE's K
+    assert jvp.overrides[-2:] == (
+        "method.client_optimizer.state=persistent",
+        "method.sigma_decay=0.9",
+    )
+    # BP on the same trainable set takes the BP reference's state (fresh here)
+    assert "method.client_optimizer.state=persistent" not in state["rows"][bench.BP_MASK].overrides
+    assert bench.pending(combo, state["screens"]) == []
+
+
+def test_a_grid_grows_past_a_winning_edge() -> None:
+    row = bench.base_rows()["BP FedAvg"]
+    edge = {0.001: {"val_accuracy_by_round": [0.6]}, 0.003: {"val_accuracy_by_round": [0.7]}}
+    edge[0.01] = {"val_accuracy_by_round": [0.8]}
+    assert bench.grid(row, edge) == (0.001, 0.003, 0.01, 0.03)
+    assert bench.picked(row, edge) is None  # 0.03 is not screened yet
+
+
+def test_every_row_loads_as_a_config() -> None:
+    """Every row's overrides, with the protocol, make a valid config (a typo fails here, not
+    hours into a run)."""
+    from fedge.core.config import load_config
+    from fedge.experiment.build import resolved_config
+    from fedge.methods import method_names
+
+    screens: dict = {}  # the peers registered now (DeComFL, FeedSign once they land) included
+    for row in bench.rows(screens, method_names()).values():
+        for unit in ("screen", "seed-0", "probe"):
+            cfg = load_config(bench.BASE, overrides=bench.unit_overrides(row, row.lrs[0], unit))
+            node = resolved_config(cfg)  # the method's own consistency rules too
+            for part in row.lr_key.split("."):
+                node = node[part]
+            assert node == row.lrs[0], f"{row.label}: {row.lr_key} is not the screened lr"
+
+
+# --- units run and resume on a tiny protocol -----------------------------------------------------
+
+
+@pytest.mark.usefixtures("fake_fashion_mnist")
+def test_units_resume_and_a_recorded_unit_is_not_rerun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tiny = [
+        "threads=1",
+        "rounds=2",
+        "clients.num=2",
+        "clients.per_round=2",
+        "dataset.limit_train=120",
+        "dataset.validation=40",
+        "dataset.limit_test=50",
+        "model.name=mlp",
+        "model.hidden=[4]",
+        "model.activation=relu",
+        "model.norm=none",
+        "method.batch_size=20",
+        "measure.flops=false",
+    ]
+    monkeypatch.setattr(bench, "PROTOCOL", tiny)
+    monkeypatch.setattr(bench, "SCREEN_ROUNDS", 1)
+    records, out = tmp_path / "records", tmp_path / "runs"
+    # a budget of 0 minutes starts no unit
+    left = bench.run_all(records, out, only_rows=["BP FedAvg"], seeds=[0], max_minutes=0)
+    assert left == ["BP FedAvg: screen (time budget spent)"] and not records.exists()
+    left = bench.run_all(records, out, only_rows=["BP FedAvg"], seeds=[0])
+    assert left == []
+    folder = records / bench.slug("BP FedAvg")
+    files = sorted(p.name for p in folder.glob("*.json"))
+    assert "seed-0.json" in files and "probe.json" in files
+    assert sum(f.startswith("lr=") for f in files) >= 3
+    seed0 = json.loads((folder / "seed-0.json").read_text())
+    assert len(seed0["result"]["test_accuracy_by_round"]) == 2
+    assert seed0["config"]["seed"] == 0
+    probe = json.loads((folder / "probe.json").read_text())["result"]
+    assert probe["client_flops_round1"] > 0  # the probe meters one client's round
+
+    def never(*a: object, **k: object) -> None:
+        raise AssertionError("a recorded unit ran again")
+
+    import fedge.experiment.run
+
+    monkeypatch.setattr(fedge.experiment.run, "run_experiment", never)
+    assert bench.run_all(records, out, only_rows=["BP FedAvg"], seeds=[0]) == []
+    assert json.loads((folder / "seed-0.json").read_text()) == seed0
+    # a dependent row waits for the screens it needs
+    left = bench.run_all(records, out, only_rows=[bench.BP_MASK], seeds=[0])
+    assert left == [
+        f"{bench.BP_MASK}: waits for the screens of BP FedAvg, BP FedAvg, persistent Adam"
+    ]
+
+
+def test_the_figure_marks_the_front_on_flops(tmp_path: Path) -> None:
+    _made(tmp_path / "records")
+    _, agg = bench.table(tmp_path / "records", methods=[])
+    every = bench.read_records(tmp_path / "records", [])["rows"]
+    path = tmp_path / "frontier.png"
+    front = bench.figure(agg, every, path)
+    # BP costs 2e10 and reaches 0.83; BAFFLE costs 1e12 for 0.70: BP dominates it
+    assert front == ["BP FedAvg"]
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
