@@ -136,3 +136,22 @@ def test_unknown_rows_are_refused_naming_the_available_ones(
     with pytest.raises(SystemExit):
         bench.main(["--rows", "fedavg,nosuch"])
     assert "unknown row(s) nosuch; rows available now: fedavg, fedprox" in capsys.readouterr().err
+
+
+def test_every_row_and_setting_registered_now_is_a_valid_config() -> None:
+    """Each row's preset, fixed overrides and every grid setting validate (method keys
+    included) at both α, so no unit of the full table fails on a typo hours in."""
+    from fedge.core.config import load_config
+    from fedge.experiment.build import method_config
+
+    rows = bench.all_rows()
+    assert {"fedavg", "fedprox", "scaffold", "fednova", "baffle"} <= set(rows)
+    for row in rows.values():
+        for setting in row.grid or ((),):
+            for alpha in bench.ALPHAS:
+                cfg = load_config(
+                    row.preset,
+                    overrides=[*bench.common(alpha, bench.ROUNDS), *row.fixed, *setting],
+                )
+                assert cfg.method.name == method_config(cfg).name
+                assert cfg.partition.local_test == 0.2 and cfg.local_eval_every == bench.ROUNDS
