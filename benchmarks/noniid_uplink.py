@@ -31,13 +31,16 @@ reached" counts the seeds that never do); and the worst-10% client accuracy (mea
 ⌈0.1·N⌉ clients' accuracies on their local test splits, N the clients holding one: 20, so the
 worst 2, unless a client has under 2 samples).
 
-Cost, from one round of each kind measured on a shared 2-core machine (single-threaded):
-FedAvg 2.5 s a round, so c = 75 s a 30-round run; FedKSeed 26 s a round (13 min a run); BAFFLE
-85 s a round (42.5 min a run). Per α: the backprop rows' tuning is 12 c (FedAvg 2, FedProx 4,
-SCAFFOLD 2, FedNova 2 × 2 for its 1..3 epochs), their seeds 15 c (FedNova counting double) and
-the five codecs' seeds 15 c: 42 c = 52.5 min; FedKSeed 2 tuning + 3 seed runs = 65 min; BAFFLE
-3 seed runs = 128 min. Both α: 105 + 130 + 255 min ≈ 8.2 CPU-hours, plus about 2.2 hours for
-each further forward-only peer registered (DeComFL, FeedSign) if it costs what FedKSeed does.
+Cost, from one round of each kind measured on a shared 2-core machine (single-threaded, under a
+load of 7 to 9, so an upper bound): FedAvg 2.5 s a round, so c = 75 s a 30-round run (the codecs
+cost what FedAvg does); FedKSeed 26 s a round (13 min a run), DeComFL the same (the same 319
+GFLOP a round), FeedSign 1.5 c a run; BAFFLE 85 s a round (42.5 min a run). Per α: the backprop
+rows' tuning is 12 c (FedAvg 2, FedProx 4, SCAFFOLD 2, FedNova 2 × 2 for its 1..3 epochs), their
+seeds 15 c (FedNova counting double) and the five codecs' seeds 15 c: 42 c = 52.5 min; FedKSeed
+and DeComFL 2 tuning + 3 seed runs = 65 min each; FeedSign 5 runs = 9.4 min; BAFFLE 3 seed runs
+= 128 min. Both α: 105 + 260 + 19 + 255 min ≈ 10.6 CPU-hours. Measured again at a load of 4
+(FedAvg 0.6 s, DeComFL 6.5 s, FeedSign 0.9 s a round), the whole table is about a quarter of
+that.
 
     python benchmarks/noniid_uplink.py [--rows fedavg,fedprox] [--alphas 0.1,0.5] [--seeds 0,1,2] [--max-minutes 600] [--docs docs/benchmarks.md]
 
@@ -49,12 +52,12 @@ many minutes. ``--docs`` renders the section and its figure from the records com
 only (nothing runs).
 
 Launch, four processes each pinned to a core (``--list`` prints the rows registered now; the
-codec rows reuse FedAvg's tuning units, so they run in FedAvg's process), about 3 hours:
+codec rows reuse FedAvg's tuning units, so they run in FedAvg's process), at most 3.5 hours:
 
     OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/noniid_uplink.py --rows baffle --alphas 0.1
     OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/noniid_uplink.py --rows baffle --alphas 0.5
-    OMP_NUM_THREADS=1 taskset -c 2 python benchmarks/noniid_uplink.py --rows fedavg,fedavg-topk,fedavg-randk,fedavg-qsgd,fedavg-sign,fedavg-quantize
-    OMP_NUM_THREADS=1 taskset -c 3 python benchmarks/noniid_uplink.py --rows fedprox,scaffold,fednova,fedkseed
+    OMP_NUM_THREADS=1 taskset -c 2 python benchmarks/noniid_uplink.py --rows fedavg,fedavg-topk,fedavg-randk,fedavg-qsgd,fedavg-sign,fedavg-quantize,decomfl
+    OMP_NUM_THREADS=1 taskset -c 3 python benchmarks/noniid_uplink.py --rows fedprox,scaffold,fednova,fedkseed,feedsign
 """
 
 from __future__ import annotations
@@ -479,7 +482,7 @@ def render(records: Path, docs: Path, figure_path: Path, command: str) -> str:
     machine = (
         records_line(records, root=REPO)
         if entries
-        else "No run record has been committed yet: the runs are launched separately (about 8 "
+        else "No run record has been committed yet: the runs are launched separately (about 10 "
         "CPU-hours; the launch commands are in the script's docstring)."
     )
     update_section(docs, SECTION, TITLE, "\n\n".join(body), machine=machine)

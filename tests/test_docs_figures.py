@@ -631,7 +631,7 @@ AWAITING_RECORDS = {
     "flower-deploy-baffle": "a loopback deployment, measured by its script",
     "client-failures": "runs measured by its script",
     "zo-forwards-to-accuracy": "runs measured by its script",
-    # long runs launched separately (issue 46, ~8 CPU-hours): leaves once records are committed
+    # long runs launched separately (issue 46, ~10 CPU-hours): leaves once records are committed
     "noniid-uplink": "non-IID / slow-uplink table: runs to come",
     # reproductions whose runs predate records (issue 49): long runs to come
     "fedpt-table1": "FedPT Table 1: runs predate records",
