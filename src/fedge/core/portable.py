@@ -280,10 +280,10 @@ _DEVICE_TABLES: dict[str, tuple[Tensor, Tensor]] = {}
 
 def _normal_np(w: np.ndarray, out: np.ndarray) -> None:
     """The normal transform of 32-bit words ``w`` into float32 ``out``, in numpy."""
-    v = np.empty(w.shape, dtype=np.float32)
-    np.bitwise_or(w.view(np.int32), 1, out=v, casting="unsafe")  # V = fl32(int32(w | 1))
-    j = np.empty(w.shape, dtype=np.intp)
-    np.right_shift(v.view(np.uint32), _SHIFT, out=j, casting="unsafe")
+    vi = np.bitwise_or(w.view(np.int32), np.int32(1))
+    v = vi.astype(np.float32)  # V = fl32(int32(w | 1)); casts apart from the ufuncs: faster
+    j = np.right_shift(v.view(np.uint32), np.uint32(_SHIFT), out=vi.view(np.uint32))
+    j = j.astype(np.intp)
     d = _TABLE_D.take(j, mode="clip")
     np.multiply(v, d, out=d)  # V·D, rounded ...
     np.add(_TABLE_A.take(j, mode="clip"), d, out=out)  # ... then A + (V·D), rounded
