@@ -21,15 +21,17 @@ Times are process CPU seconds (a shared machine's waits do not count), the varia
 round by round; the medians and the median of the per-round ratios are printed. With ``--json``
 the bench zo rows are written as a record, with ``--docs`` as the ``zo-draws`` section of
 docs/benchmarks.md (``--before`` adds the ratios of an earlier record, e.g. one made on the code
-before a speed-up, as a column). The committed record and section were made by
+before a speed-up, as a column; ``--render RECORD`` writes the section from a record without
+measuring). The committed records and section were made by
 
-    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/portable_rng_cost.py --bench-zo-only \
-        --rounds 9 --json benchmarks/results/zo_draws/after.json \
+    OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/portable_rng_cost.py --bench-zo-only \
+        --rounds 7 --json benchmarks/results/zo_draws/after.json
+    python benchmarks/portable_rng_cost.py --render benchmarks/results/zo_draws/after.json \
         --before benchmarks/results/zo_draws/before.json --docs docs/benchmarks.md
 
-(``before.json``: the same command, without ``--before``/``--docs``, on the code before lean mode
-drew a direction's small parameters in one call).
-"""
+and, for ``before.json``, ``--rounds 5 --json benchmarks/results/zo_draws/before.json`` on
+``taskset -c 1`` at the same time, with ``PYTHONPATH`` on the source of the commit before lean
+mode drew a direction's small parameters in one call (the record names it). """
 
 from __future__ import annotations
 
@@ -229,7 +231,14 @@ def main() -> None:
     parser.add_argument("--json", help="write the bench zo rows as a record here")
     parser.add_argument("--before", help="an earlier record whose ratios to show alongside")
     parser.add_argument("--docs", help="write the zo-draws section of this Markdown file")
+    parser.add_argument("--render", help="measure nothing: write --docs from this record")
     args = parser.parse_args()
+    title = "Portable draws: zeroth-order step time against torch's generator"
+    if args.render:
+        rec = json.loads(Path(args.render).read_text())
+        before = json.loads(Path(args.before).read_text()) if args.before else None
+        publish(markdown(rec, before), args.docs, "zo-draws", title, machine=str(rec["machine"]))
+        return
     elements = 26_730 * K
     results = {} if args.bench_zo_only else measure(args.rounds)
     results |= measure_bench_zo(args.rounds, args.models)
@@ -251,7 +260,6 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(rec, indent=1) + "\n")
     if args.docs:
         before = json.loads(Path(args.before).read_text()) if args.before else None
-        title = "Portable draws: zeroth-order step time against torch's generator"
         publish(markdown(rec, before), args.docs, "zo-draws", title, machine=str(rec["machine"]))
 
 
