@@ -212,6 +212,7 @@ def markdown(rec: dict[str, object], before: dict[str, object] | None) -> str:
         "LeNet's fast mode runs the lean loop at this batch (*lean-large-batch*), LeNet-5's the "
         "batched pass.",
         "",
+        *([f"Load: {rec['load']}.", ""] if rec.get("load") else []),
         f"Largest portable/torch ratio: **{worst:.3f}** (target ≤ 1.10)."
         + (
             " *before*: the ratio measured the same way on the code before lean mode drew a "
