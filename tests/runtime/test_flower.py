@@ -360,10 +360,11 @@ class _OtherBuildLastNodeGrid(LocalGrid):
 def test_a_node_drawing_other_numbers_from_the_seeds_is_refused_naming_it_and_the_fix(method):
     """A node whose torch or numpy draws other numbers from the run's seeds would partition its
     clients' data differently from the server (every method), and under BAFFLE train against
-    other perturbations than the server rebuilds, all without an error: refused on connecting."""
+    other perturbations than the server rebuilds, all without an error: refused on connecting.
+    Under ``draws: torch``, whose numbers are the node's torch's (portable draws are not)."""
     from fedge.experiment.build import build_run
 
-    overrides = {"clients.num": 3, "clients.per_round": 3}
+    overrides = {"clients.num": 3, "clients.per_round": 3, "draws": "torch"}
     if method == "baffle":
         overrides["method"] = {"name": "baffle", "mode": "batch", "k": 4, "batch_size": 32}
     built = build_run(load_config(tiny_config(rounds=1, **overrides)))
