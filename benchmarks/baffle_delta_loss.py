@@ -65,6 +65,7 @@ SCREEN_ROUNDS = 5  # local_set's screen; batch screens RATIO x as many
 SCREEN_LRS = {"batch": (0.003, 0.01, 0.03, 0.1), "local_set": (0.003, 0.01, 0.03)}
 VALIDATION, TEST = 1000, 2000
 PROTOCOL = [
+    "draws=torch",  # the committed records were drawn with torch's generators
     "threads=1",
     f"rounds={ROUNDS}",
     "method.mode=batch",

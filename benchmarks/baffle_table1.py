@@ -126,6 +126,7 @@ class Plan:
 
     def protocol(self) -> list[str]:
         return [
+            "draws=torch",  # the committed records were drawn with torch's generators
             "threads=1",
             f"rounds={ROUNDS}",
             f"dataset.limit_train={self.train + VALIDATION}",

@@ -106,6 +106,7 @@ class Plan:
 
     def protocol(self) -> list[str]:
         return [
+            "draws=torch",  # the committed records were drawn with torch's generators
             "threads=1",
             f"rounds={self.rounds}",
             "clients.num=100",

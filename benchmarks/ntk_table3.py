@@ -150,7 +150,10 @@ def estimate_quality(
 
     torch.set_num_threads(1)
     built = build_run(
-        load_config("ntk-baffle-fmnist-lenet", overrides=["threads=1", "method.mode=batch"])
+        load_config(
+            "ntk-baffle-fmnist-lenet",
+            overrides=["draws=torch", "threads=1", "method.mode=batch"],  # as recorded
+        )
     )
     cfg, data = built.method_config, built.dataset
     g = torch.Generator().manual_seed(0)
@@ -291,6 +294,7 @@ class Plan:
 
     def protocol(self) -> list[str]:
         return [
+            "draws=torch",  # the committed records were drawn with torch's generators
             "threads=1",
             f"rounds={self.rounds}",
             f"eval_every={self.eval_every}",

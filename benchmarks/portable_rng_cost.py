@@ -18,23 +18,39 @@ Three timings, each with torch's per-(k, parameter) ``randn`` (today's
   both schemes, fast and lean mode, with ``draws="torch"`` and ``draws="portable"``.
 
 Times are process CPU seconds (a shared machine's waits do not count), the variants interleaved
-round by round; the medians and the median of the per-round ratios are printed.
+round by round; the medians and the median of the per-round ratios are printed. With ``--json``
+the bench zo rows are written as a record, with ``--docs`` as the ``zo-draws`` section of
+docs/benchmarks.md (``--before`` adds the ratios of an earlier record, e.g. one made on the code
+before a speed-up, as a column; ``--render RECORD`` writes the section from a record without
+measuring). The committed records and section were made by
 
-    OMP_NUM_THREADS=1 python benchmarks/portable_rng_cost.py [--rounds 15] [--bench-zo-only]
-"""
+    OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/portable_rng_cost.py --bench-zo-only \
+        --rounds 7 --json benchmarks/results/zo_draws/after.json
+    python benchmarks/portable_rng_cost.py --render benchmarks/results/zo_draws/after.json \
+        --before benchmarks/results/zo_draws/before.json --docs docs/benchmarks.md
+
+and, for ``before.json``, ``--rounds 5 --json benchmarks/results/zo_draws/before.json`` on
+``taskset -c 1`` at the same time, with ``PYTHONPATH`` on the source of the commit before lean
+mode drew a direction's small parameters in one call (the record names it). """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedge.bench.docs import command_section, machine_line, markdown_table, publish
 from fedge.bench.zo import _epoch_step, _zo_step, bench_model
 from fedge.core.portable import normal_many, normal_rows, stream_key
 from fedge.estimators import estimate_gradient, loss_differences
@@ -124,11 +140,13 @@ def _interleaved(
     return out
 
 
-def measure_bench_zo(rounds: int) -> dict[str, dict[str, float]]:
+def measure_bench_zo(
+    rounds: int, models: Sequence[str] = ("lenet", "lenet5")
+) -> dict[str, dict[str, float]]:
     """``fedge bench zo``'s steps (batch 64, K = 100) with torch and portable directions."""
     torch.set_num_threads(1)
     tasks: dict[str, Callable[[object], object]] = {}
-    for name in ("lenet", "lenet5"):
+    for name in models:
         model, data = bench_model(name, 64)
         for scheme in ("central", "forward"):
             for mode in ("fast", "lean"):
@@ -143,14 +161,88 @@ def measure_bench_zo(rounds: int) -> dict[str, dict[str, float]]:
     return _interleaved(tasks, {"torch": "torch", "portable": "portable"}, rounds)
 
 
+def record(results: dict[str, dict[str, float]], rounds: int, command: str) -> dict[str, object]:
+    """The bench zo rows of ``results`` as a JSON-able record: what ran, where and the times."""
+    rows = []
+    for task, r in results.items():
+        if task.startswith("bench zo "):
+            model, scheme, path = task.removeprefix("bench zo ").split()
+            rows.append({"model": model, "scheme": scheme, "path": path, **r})
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    ).stdout.strip()
+    return {
+        "benchmark": "zo-draws",
+        "machine": machine_line(),
+        "cpu_affinity": sorted(os.sched_getaffinity(0)),
+        "command": command,
+        "commit": commit,
+        "k": K,
+        "batch": 64,
+        "rounds": rounds,
+        "timing": "process CPU seconds, torch and portable interleaved round by round; medians, "
+        "and the median of the per-round portable/torch ratios",
+        "rows": rows,
+    }
+
+
+def markdown(rec: dict[str, object], before: dict[str, object] | None) -> str:
+    """The docs section of a record (and the ratios of an earlier one, when given)."""
+    old = {(r["model"], r["scheme"], r["path"]): r["ratio"] for r in (before or {}).get("rows", [])}  # type: ignore[union-attr]
+    head = ["model", "scheme", "path", "torch ms", "portable ms", "portable/torch"]
+    if before:
+        head.append("before")
+    body = []
+    for r in rec["rows"]:  # type: ignore[attr-defined]
+        row = [r["model"], r["scheme"], r["path"], f"{r['torch_s'] * 1e3:.1f}"]
+        row += [f"{r['portable_s'] * 1e3:.1f}", f"{r['ratio']:.3f}"]
+        if before:
+            was = old.get((r["model"], r["scheme"], r["path"]))
+            row.append("" if was is None else f"{was:.3f}")
+        body.append(row)
+    worst = max(r["ratio"] for r in rec["rows"])  # type: ignore[attr-defined]
+    intro = [
+        "What portable seeded draws (`draws: portable`, fedge.core.portable) cost in one "
+        "zeroth-order step against torch's generator (`draws: torch`): `fedge bench zo`'s step",
+        f"(BAFFLE's LeNet and LeNet-5, Hardswish and GroupNorm, batch {rec['batch']}, K = {rec['k']},"
+        " σ = 1e-4; *fast* and *lean*: the client's `loss_differences` then the server's",
+        "`estimate_gradient`; *epoch*: `zeroth_order_gradient`, both on one device) with each",
+        f"generator, interleaved round by round for {rec['rounds']} rounds in one process, one "
+        f"torch thread on CPU(s) {rec['cpu_affinity']} (`taskset`). {rec['timing'].capitalize()}.",
+        "LeNet's fast mode runs the lean loop at this batch (*lean-large-batch*), LeNet-5's the "
+        "batched pass.",
+        "",
+        *([f"Load: {rec['load']}.", ""] if rec.get("load") else []),
+        f"Largest portable/torch ratio: **{worst:.3f}** (target ≤ 1.10)."
+        + (
+            " *before*: the ratio measured the same way on the code before lean mode drew a "
+            "direction's small parameters in one call (`benchmarks/results/zo_draws/before.json`)."
+            if before
+            else ""
+        ),
+    ]
+    return command_section(intro, str(rec["command"]), markdown_table(head, body, left=3))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--bench-zo-only", action="store_true", help="only fedge bench zo's steps")
+    parser.add_argument("--models", nargs="+", default=["lenet", "lenet5"])
+    parser.add_argument("--json", help="write the bench zo rows as a record here")
+    parser.add_argument("--before", help="an earlier record whose ratios to show alongside")
+    parser.add_argument("--docs", help="write the zo-draws section of this Markdown file")
+    parser.add_argument("--render", help="measure nothing: write --docs from this record")
     args = parser.parse_args()
+    title = "Portable draws: zeroth-order step time against torch's generator"
+    if args.render:
+        rec = json.loads(Path(args.render).read_text())
+        before = json.loads(Path(args.before).read_text()) if args.before else None
+        publish(markdown(rec, before), args.docs, "zo-draws", title, machine=str(rec["machine"]))
+        return
     elements = 26_730 * K
     results = {} if args.bench_zo_only else measure(args.rounds)
-    results |= measure_bench_zo(args.rounds)
+    results |= measure_bench_zo(args.rounds, args.models)
     for task, r in results.items():
         t, p = r["torch_s"], r["portable_s"]
         line = f"{task:32s} torch {t * 1e3:8.2f} ms   portable {p * 1e3:8.2f} ms"
@@ -158,6 +250,18 @@ def main() -> None:
         if "draw" in task:
             line += f"   ({t / elements * 1e9:.2f} vs {p / elements * 1e9:.2f} ns/value)"
         print(line)
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = f"taskset -c {','.join(map(str, cpus))} " if len(cpus) < (os.cpu_count() or 1) else ""
+    command = f"OMP_NUM_THREADS=1 {pin}python benchmarks/portable_rng_cost.py " + " ".join(
+        sys.argv[1:]
+    )
+    rec = record(results, args.rounds, command)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(rec, indent=1) + "\n")
+    if args.docs:
+        before = json.loads(Path(args.before).read_text()) if args.before else None
+        publish(markdown(rec, before), args.docs, "zo-draws", title, machine=str(rec["machine"]))
 
 
 if __name__ == "__main__":

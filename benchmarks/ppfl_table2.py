@@ -189,7 +189,9 @@ def model_info(s: dict[str, Any]) -> dict[str, int]:
     in (its conv blocks, then the classifier)."""
     from fedge.models.registry import count_parameters  # noqa: PLC0415
 
-    m = {"name": "ppfl", "rounds_per_stage": 1, "tee": {"client_mb": _TEE_MB}}
+    # built only, never trained: one client, so a cohort of one (PPFL refuses at build a stage
+    # whose enclaves fit fewer clients than min_cohort)
+    m = {"name": "ppfl", "rounds_per_stage": 1, "min_cohort": 1, "tee": {"client_mb": _TEE_MB}}
     built = _quiet(lambda: build_run(_cfg(s, m, clients=1, per_client=1)))
     return {
         "stages": len(built.method.strategy.stages),

@@ -5,10 +5,17 @@ runs this before and after and compares: the metrics of every preset, and of the
 mechanisms composed onto them (secure aggregation, DP, freezing, BAFFLE's batch mode and seeds
 downlink), must be identical apart from the keys that measure time or memory.
 
-    python benchmarks/preset_fingerprint.py --write benchmarks/results/fingerprint/before.json
-    python benchmarks/preset_fingerprint.py --check benchmarks/results/fingerprint/before.json
+    python benchmarks/preset_fingerprint.py --check benchmarks/results/fingerprint/portable.json
+    python benchmarks/preset_fingerprint.py --check benchmarks/results/fingerprint/before.json \
+        --draws torch
 
-``--check`` exits 1 and names each case, round and key that differs.
+``--draws`` runs every case with that generator of seeded draws (default: the config's default,
+``portable``). ``portable.json`` holds the default's fingerprints (the same on every machine);
+``before.json`` was written before portable draws became the default, so it is checked with
+``--draws torch`` (torch's draws: identical only on the machine and library versions it was
+written with). After a change that alters numbers on purpose, rewrite them with ``--write``
+(and ``--draws torch`` for ``before.json``). ``--check`` exits 1 and names each case, round and
+key that differs.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import fedge
+from fedge.core.config import RunConfig
 
 #: keys whose values measure the machine, not the computation
 VOLATILE = re.compile(r"(wall|_s$|seconds|memory|rss|peak|elapsed)")
@@ -142,8 +150,19 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--write", type=Path, help="run every case and write the fingerprints here")
     group.add_argument("--check", type=Path, help="run every case and compare with this file")
     parser.add_argument("--only", nargs="*", help="run only these cases")
+    default = RunConfig.model_fields["draws"].default
+    parser.add_argument(
+        "--draws",
+        choices=["torch", "portable"],
+        default=default,
+        help=f"the generator of every case's seeded draws (default: {default}, the config's)",
+    )
     args = parser.parse_args(argv)
-    todo = [c for c in cases() if not args.only or c[0] in args.only]
+    todo = [
+        (name, preset, {**over, "draws": args.draws})
+        for name, preset, over in cases()
+        if not args.only or name in args.only
+    ]
     result = {}
     for name, preset, overrides in todo:
         print(f"{name} ...", file=sys.stderr, flush=True)
@@ -153,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         args.write.write_text(
             json.dumps(
                 {
+                    "draws": args.draws,
                     "cases": {n: {"preset": p, "overrides": o} for n, p, o in todo},
                     "metrics": result,
                 },

@@ -52,6 +52,7 @@ FORWARDS_PER_CLIENT_ROUND = K + 1  # twice-FD: K perturbed forwards + one baseli
 ROUNDS, TARGET_ROUND, TUNE_ROUNDS = 8, 5, 6
 SEEDS = (0, 1, 2)
 COMMON = [
+    "draws=torch",  # the committed records were drawn with torch's generators
     "threads=1",
     f"rounds={ROUNDS}",
     "method.mode=batch",

@@ -152,17 +152,29 @@ def base_rows() -> dict[str, Row]:
 
 
 def peer_rows(methods: Sequence[str]) -> dict[str, Row]:
-    """The peers of issue 44 that ``methods`` (the registry at run time) holds: FedKSeed with
-    one local epoch of steps (50 of a batch of 20) and its own SGD lr; DeComFL and FeedSign alike
-    under their registered names (their lr key assumed ``method.lr``, as FedKSeed's)."""
+    """The peers of issue 44 that ``methods`` (the registry at run time) holds, each on the
+    epoch rows' client data per round (50 steps of a batch of 20): FedKSeed and DeComFL with 50
+    local steps a round, FeedSign (one step a round) with 50x the rounds, evaluated every 50th,
+    as the guided row; each its own lr key (FedKSeed's and FeedSign's ``method.lr``, DeComFL's
+    optimizer's) on the SGD grid."""
+    epoch = ("method.local_steps=50", "method.batch_size=20")
     peers = {
-        "fedkseed": ("FedKSeed", ("method.name=fedkseed", "method.local_steps=50")),
-        "decomfl": ("DeComFL", ("method.name=decomfl", "method.local_steps=50")),
-        "feedsign": ("FeedSign", ("method.name=feedsign", "method.local_steps=50")),
+        "fedkseed": ("FedKSeed", ("method.name=fedkseed", *epoch), "method.lr"),
+        "decomfl": ("DeComFL", ("method.name=decomfl", *epoch), "method.optimizer.lr"),
+        "feedsign": (
+            "FeedSign",
+            (
+                "method.name=feedsign",
+                "method.batch_size=20",
+                f"rounds={ROUNDS * 50}",
+                "eval_every=50",
+            ),
+            "method.lr",
+        ),
     }
     return {
-        label: Row(label, "peer", o, lr_key="method.lr", lrs=(1e-4, 3e-4, 1e-3))
-        for name, (label, o) in peers.items()
+        label: Row(label, "peer", o, lr_key=key, lrs=(1e-4, 3e-4, 1e-3))
+        for name, (label, o, key) in peers.items()
         if name in methods
     }
 

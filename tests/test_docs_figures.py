@@ -127,7 +127,8 @@ def _build(data: str | None, preset: str, overrides: tuple[str, ...]):
     from fedge.core.config import load_config
     from fedge.experiment.build import build_run
 
-    return build_run(load_config(preset, overrides=["threads=1", *overrides]))
+    # the documented figures were derived with torch's draws (before portable was the default)
+    return build_run(load_config(preset, overrides=["draws=torch", "threads=1", *overrides]))
 
 
 @pytest.mark.usefixtures("fashion_mnist")
@@ -276,6 +277,7 @@ def test_table4_ratios() -> None:
 # 256..65535 takes 3 bytes), so 300 samples per client (as in the FedPT benchmarks) and one
 # local step measure the same bytes as the benchmark's runs.
 TINY = [
+    "draws=torch",  # as the documented runs drew
     "threads=1",
     "rounds=1",
     "dataset.limit_train=600",
@@ -599,7 +601,7 @@ def test_eppfl_communication_bytes(tmp_path: Path) -> None:
     rows = {r[0]: r for r in _rows(section, "| run | E | θ_a | θ_g | device→edge measured |")}
     assert set(rows) == {"vanilla-E2", "sel-a0.5-g0.5", "sel-a0.25-g0.25", "eppfl-eps5-t0.5"}
     for name in ("vanilla-E2", "sel-a0.5-g0.5", "sel-a0.25-g0.25"):
-        cfg = {**script.RUNS[name], "rounds": 1, "measure": {"memory": False}}
+        cfg = {**script.RUNS[name], "rounds": 1, "measure": {"memory": False}, "draws": "torch"}
         run_experiment(load_config(cfg), out=tmp_path / name, render=False)
         line = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
         k = line["clients"]
@@ -730,3 +732,26 @@ def test_zo_bytes_target_and_rounds_to_it_follow_from_the_records() -> None:
             r = bench.to_target(curve, [0] * len(curve), [0] * len(curve), target)[0]
             got.append("—" if r is None else str(r))
         assert row[2] == ", ".join(got), f"{row[0]} secure={secure}: rounds {row[2]}, records {got}"
+
+
+def test_zo_draws_section_is_its_records_rendered_and_within_target() -> None:
+    """The portable-draws cost section is what its script renders from the committed records,
+    which time every model and path of fedge bench zo's step that the section claims."""
+    import json
+
+    bench = benchmark_script("portable_rng_cost")
+    where = ROOT / "benchmarks/results/zo_draws"
+    after = json.loads((where / "after.json").read_text())
+    before = json.loads((where / "before.json").read_text())
+    section = _section("zo-draws").strip().split("\n", 1)[1].strip()
+    machine, _, body = section.partition("\n\n")
+    assert machine == after["machine"]
+    assert body.strip() == bench.markdown(after, before).strip(), (
+        "stale section bench:zo-draws: run `python benchmarks/portable_rng_cost.py --render "
+        "benchmarks/results/zo_draws/after.json --before benchmarks/results/zo_draws/before.json "
+        "--docs docs/benchmarks.md`"
+    )
+    assert {(r["model"], r["path"]) for r in after["rows"]} >= {
+        (m, p) for m in ("lenet", "lenet5") for p in ("fast", "lean", "epoch")
+    }
+    assert f"Largest portable/torch ratio: **{max(r['ratio'] for r in after['rows']):.3f}**" in body

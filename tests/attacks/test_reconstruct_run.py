@@ -95,7 +95,9 @@ def test_ntk_baffle_k_values_are_projections_on_masked_directions() -> None:
     )
     proj = next(
         t
-        for name, t, _ in _targets("ntk-baffle", v, model, run.built.method_config, masks)
+        for name, t, _ in _targets(
+            "ntk-baffle", v, model, run.built.method_config, masks, draws=run.built.config.draws
+        )
         if name == "baffle-k"
     )
     torch.testing.assert_close(proj.project(g), proj.t, rtol=2e-2, atol=2e-2)

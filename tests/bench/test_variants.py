@@ -284,22 +284,31 @@ def test_a_side_evaluated_model_is_a_row_equal_to_its_own_runs(tmp_path):
 
 def test_a_record_from_before_draws_existed_is_a_torch_draws_run(tmp_path):
     """A record committed before the run-level ``draws`` key (its config lacks it) was made with
-    torch's generators: it matches ``draws: torch`` (the default) and not ``draws: portable``."""
+    torch's generators: it matches ``draws: torch`` and not ``draws: portable`` (the default)."""
+    torch_draws = {"a": ["draws=torch"]}
     run_variants(
-        "quickstart", {"a": []}, out_root=tmp_path / "runs", common=COMMON, records=tmp_path / "rec"
+        "quickstart",
+        torch_draws,
+        out_root=tmp_path / "runs",
+        common=COMMON,
+        records=tmp_path / "rec",
     )
     path = tmp_path / "rec" / "a.json"
     stored = json.loads(path.read_text())
     assert stored["config"].pop("draws") == "torch"
     path.write_text(json.dumps(stored))
     (row,) = run_variants(
-        "quickstart", {"a": []}, out_root=tmp_path / "none", common=COMMON, records=tmp_path / "rec"
+        "quickstart",
+        torch_draws,
+        out_root=tmp_path / "none",
+        common=COMMON,
+        records=tmp_path / "rec",
     )["results"]
     assert row["run_dir"] is None and not (tmp_path / "none").exists()
     with pytest.raises(ConfigError, match="different config"):
         run_variants(
             "quickstart",
-            {"a": ["draws=portable"]},
+            {"a": []},
             out_root=tmp_path / "none",
             common=COMMON,
             records=tmp_path / "rec",

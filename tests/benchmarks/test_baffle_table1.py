@@ -92,6 +92,7 @@ def test_verdicts_need_two_paired_seeds() -> None:
 def test_plan_keeps_the_recorded_protocol_and_separates_other_sizes(tmp_path, monkeypatch) -> None:
     # The 10,000-sample table's overrides are those its records were run with (order included).
     assert bench.Plan().protocol() == [
+        "draws=torch",  # the records were drawn with torch's generators (not the new default)
         "threads=1",
         "rounds=20",
         "dataset.limit_train=12000",

@@ -191,7 +191,16 @@ def test_mia_shadow_writes_loss_shadow_and_lira(tmp_path: Path) -> None:
 
 
 def test_pia_cuts_local_sets_to_the_batch_and_scores_every_upload(tmp_path: Path) -> None:
-    run = _run(tmp_path, "--set", "method.name=fedsgd", "--set", "method.batch_size=8")
+    # torch draws: the partition whose batches hold class 3 in some uploads, not all
+    run = _run(
+        tmp_path,
+        "--set",
+        "method.name=fedsgd",
+        "--set",
+        "method.batch_size=8",
+        "--set",
+        "draws=torch",
+    )
     result = runner.invoke(
         app, ["attack", str(run), "--attack", "pia", "--samples", "6", "--property-class", "3"]
     )

@@ -266,6 +266,16 @@ def test_normal_many_equals_one_by_one() -> None:
     assert P.normal_many([]) == []
 
 
+def test_normal_row_many_equals_normal_rows_one_by_one() -> None:
+    rows = [(KZ, 3, (16, 1, 5, 5)), (KI, 0, (10,)), (KZ, 7, (0,)), (KP, 5, (3, 7)), (KZ, 3, (6,))]
+    got = P.normal_row_many(rows)
+    for z, (key, r, shape) in zip(got, rows):
+        assert torch.equal(z, P.normal_rows(key, [r], shape)[0])
+        assert P.row_stride(shape) == -(-math.prod(shape) // 8) * 8
+    with pytest.raises(ValueError, match="non-negative"):
+        P.normal_row_many([(KZ, -1, (3,))])
+
+
 # --- the other draws ------------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fedge.core.errors import ConfigError
-from fedge.estimators import loss_differences
+from fedge.estimators import estimate_gradient, loss_differences
 from fedge.estimators.perturbation import standard_normal
 
 
@@ -134,7 +134,8 @@ class LargestAllocation(TorchDispatchMode):
         return out
 
 
-def test_lean_never_allocates_more_than_a_forward_or_a_parameter() -> None:
+@pytest.mark.parametrize("draws", ["torch", "portable"])
+def test_lean_never_allocates_more_than_a_forward_or_a_parameter(draws: str) -> None:
     model = nn.Sequential(
         nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 4)
     )
@@ -145,7 +146,9 @@ def test_lean_never_allocates_more_than_a_forward_or_a_parameter() -> None:
     k = 50
     n = sum(p.numel() for p in model.parameters())
     with LargestAllocation() as lean:
-        loss_differences(model, F.cross_entropy, (x, y), k=k, sigma=1e-3, seed=0, scheme="central")
+        loss_differences(
+            model, F.cross_entropy, (x, y), k=k, sigma=1e-3, seed=0, scheme="central", draws=draws
+        )
     assert lean.largest <= max(plain.largest, largest_param) < k * n // 10
 
 
@@ -199,3 +202,39 @@ def test_reused_directions_are_drawn_once_per_k_and_change_no_loss(
         workers=1,
     )
     assert torch.equal(lean, fast)
+
+
+@pytest.mark.parametrize("scheme", ["central", "forward"])
+def test_portable_small_parameters_drawn_together_once_per_k_change_no_number(
+    monkeypatch: pytest.MonkeyPatch, scheme: str
+) -> None:
+    from fedge.estimators import directions, lean, zeroth_order, zeroth_order_gradient
+    from fedge.estimators.perturbation import portable_normal_many
+
+    model, (x, y) = _convnet(), _batch()
+    calls: list[tuple[int, list[str]]] = []
+
+    def counting(seed, k, items):  # the portable group draw, counted
+        calls.append((int(k), [name for name, _ in items]))
+        return portable_normal_many(seed, k, items)
+
+    monkeypatch.setattr(directions, "portable_normal_many", counting)
+    kw = dict(k=4, sigma=1e-3, seed=7, scheme=scheme, draws="portable")
+    grouped = loss_differences(model, F.cross_entropy, (x, y), mode="lean", **kw)
+    # Every parameter but the largest (Linear 5x36: the group holds at most its 180 elements).
+    small = ["0.weight", "0.bias", "1.weight", "1.bias", "5.bias"]
+    assert calls == [(k, small) for k in range(4)]  # both signs of k share one draw
+    monkeypatch.setattr(zeroth_order, "_MAX_BATCHED_WORK", 0.0)  # fast mode: the lean loop
+    epoch = zeroth_order_gradient(model, F.cross_entropy, (x, y), mode="fast", workers=1, **kw)
+    monkeypatch.setattr(lean, "_GROUP_MAX", 0)  # every parameter drawn alone
+    calls.clear()
+    alone = loss_differences(model, F.cross_entropy, (x, y), mode="lean", **kw)
+    assert calls == [] and torch.equal(grouped, alone)
+    rebuilt = estimate_gradient(
+        dict(model.named_parameters()),
+        alone,
+        seed=7,
+        **{n: v for n, v in kw.items() if n != "seed"},
+    )
+    assert epoch.keys() == rebuilt.keys()
+    assert all(torch.equal(epoch[n], rebuilt[n]) for n in epoch)

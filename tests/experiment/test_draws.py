@@ -1,6 +1,7 @@
 """The run-level ``draws`` key: a portable run draws exactly what the pure layers' portable
-functions draw (oracle), resumes and runs on workers to the same numbers, and ``draws: torch``
-(the default) is the run as before."""
+functions draw (oracle), resumes and runs on workers to the same numbers, and is the default;
+``draws: torch`` is the run as before, and what a run directory or record without the key reads
+as."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_the_default_is_torch_and_a_bad_value_names_the_choices(tiny):
-    assert load_config(tiny()).draws == "torch"
+def test_the_default_is_portable_and_a_bad_value_names_the_choices(tiny):
+    assert load_config(tiny()).draws == "portable"
     with pytest.raises(Exception, match="portable"):
         load_config(tiny(draws="philox"))
 
@@ -105,7 +106,9 @@ def test_baffle_batch_with_secure_aggregation_draws_portable_directions_and_grap
     full = run_experiment(
         load_config(_baffle(tiny, rounds=2, draws="portable")), out=tmp_path / "p", render=False
     )
-    plain = run_experiment(load_config(_baffle(tiny, rounds=2)), out=tmp_path / "t", render=False)
+    plain = run_experiment(
+        load_config(_baffle(tiny, rounds=2, draws="torch")), out=tmp_path / "t", render=False
+    )
     assert metrics_without_wall(full) != metrics_without_wall(plain)
 
 
@@ -167,7 +170,7 @@ def test_dirichlet_under_portable_draws_warns_that_it_is_drawn_with_numpy(tiny):
         build_run(cfg)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        build_run(load_config(tiny(partition={"name": "dirichlet", "alpha": 0.5})))
+        build_run(load_config(tiny(draws="torch", partition={"name": "dirichlet", "alpha": 0.5})))
         build_run(load_config(tiny(draws="portable", partition={"name": "shards"})))
 
 
@@ -176,8 +179,10 @@ def test_an_old_run_directory_without_the_key_resumes_as_torch(tmp_path, tiny, m
     config names it) resumes, with torch's draws: the same numbers as a run with ``draws: torch``."""
     import yaml
 
-    cfg = tiny(rounds=4)
+    cfg = tiny(rounds=4, draws="torch")
     full = run_experiment(load_config(cfg), out=tmp_path / "full", render=False)
+    portable = run_experiment(load_config(tiny(rounds=4)), out=tmp_path / "p", render=False)
+    assert metrics_without_wall(portable) != metrics_without_wall(full)  # the key matters
     run_cut_after(cfg, tmp_path / "cut", 2, monkeypatch)
     written = tmp_path / "cut" / CONFIG
     data = yaml.safe_load(written.read_text())
@@ -189,3 +194,26 @@ def test_an_old_run_directory_without_the_key_resumes_as_torch(tmp_path, tiny, m
     applied.write_text(json.dumps(data))
     resume_experiment(tmp_path / "cut", render=False)
     assert metrics_without_wall(tmp_path / "cut") == metrics_without_wall(full)
+
+
+def test_an_old_run_directory_without_the_key_reads_as_torch(tmp_path, tiny):
+    """``fedge report``/``compare``'s run log, ``fedge show`` and ``RunDir`` give a run directory
+    written before ``draws`` existed ``draws: torch``; one that names its draws keeps them."""
+    import yaml
+
+    from fedge.experiment.rundir import RunDir
+    from fedge.report.runlog import load_run
+
+    out = run_experiment(load_config(tiny(rounds=1)), out=tmp_path / "r", render=False)
+    assert load_run(out).config["draws"] == "portable" == RunDir(out).read_config()["draws"]
+    for name, read, write in (
+        (CONFIG, yaml.safe_load, lambda d: yaml.safe_dump(d, sort_keys=False)),
+        (APPLIED_CONFIG, json.loads, json.dumps),
+    ):
+        data = read((out / name).read_text())
+        del data["draws"]
+        (out / name).write_text(write(data))
+    assert load_run(out).config["draws"] == "torch"
+    assert RunDir(out).read_config()["draws"] == "torch"
+    assert RunDir(out).applied_config()["draws"] == "torch"  # type: ignore[index]
+    assert load_config(RunDir(out).read_config()).draws == "torch"

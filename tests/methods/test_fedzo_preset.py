@@ -66,7 +66,7 @@ def test_one_client_one_step_is_a_hand_computed_zo_sgd_step(monkeypatch):
     k, sigma, eta = m.k, m.sigma, m.client_optimizer.lr
     assert len(x) == 20  # b1
     params = dict(model.named_parameters())
-    dirs = make_directions("gaussian", {n: params[n].shape for n in names}, k)
+    dirs = make_directions("gaussian", {n: params[n].shape for n in names}, k, draws=cfg.draws)
     z = [{n: dirs.draw(seed, [j], n, params[n].shape)[0] for n in names} for j in range(k)]
     with torch.no_grad():
         base = float(F.cross_entropy(model(x), y))

@@ -360,10 +360,11 @@ class _OtherBuildLastNodeGrid(LocalGrid):
 def test_a_node_drawing_other_numbers_from_the_seeds_is_refused_naming_it_and_the_fix(method):
     """A node whose torch or numpy draws other numbers from the run's seeds would partition its
     clients' data differently from the server (every method), and under BAFFLE train against
-    other perturbations than the server rebuilds, all without an error: refused on connecting."""
+    other perturbations than the server rebuilds, all without an error: refused on connecting.
+    Under ``draws: torch``, whose numbers are the node's torch's (portable draws are not)."""
     from fedge.experiment.build import build_run
 
-    overrides = {"clients.num": 3, "clients.per_round": 3}
+    overrides = {"clients.num": 3, "clients.per_round": 3, "draws": "torch"}
     if method == "baffle":
         overrides["method"] = {"name": "baffle", "mode": "batch", "k": 4, "batch_size": 32}
     built = build_run(load_config(tiny_config(rounds=1, **overrides)))
@@ -1084,15 +1085,16 @@ class _OtherKernelsLastNodeGrid(LocalGrid):
 
 
 def test_a_portable_run_checks_the_portable_probe_exactly_and_ignores_torchs():
-    """Under ``draws: portable`` a node whose torch kernels round differently (torch's probe off
-    by far more than roundoff) is accepted: the run draws nothing from them; one whose portable
-    probe differs in the last bit is refused."""
+    """Under ``draws: portable``, the default, a node whose torch kernels round differently
+    (torch's probe off by far more than roundoff) is accepted: the run draws nothing from them;
+    one whose portable probe differs in the last bit is refused."""
     from fedge.experiment.build import build_run
 
-    overrides = {"clients.num": 3, "clients.per_round": 3, "draws": "portable"}
+    overrides: dict = {"clients.num": 3, "clients.per_round": 3}  # draws left to the default
     overrides["method"] = {"name": "baffle", "mode": "batch", "k": 4, "batch_size": 32}
     built = build_run(load_config(tiny_config(rounds=1, **overrides)))
     sim = built.simulation(runtime="flower-sim")
+    assert built.config.draws == "portable" and sim.executor.draws == "portable"
     app = client_app(
         built.method.program,
         built.clients.__getitem__,

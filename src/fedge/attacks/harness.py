@@ -176,13 +176,16 @@ def attack_config(
     test: int = 10,
     rounds: int = 1,
     privacy: dict[str, Any] | None = None,
+    draws: str | None = None,
 ) -> RunConfig:
     """A short run whose clients each hold exactly ``per_client`` samples; ``test`` test
     samples (the attacker's auxiliary data and non-members come from there); ``privacy``: the
-    run's ``privacy:`` section (None: no DP)."""
+    run's ``privacy:`` section (None: no DP); ``draws``: the run's generator (None: the
+    config's default)."""
     return load_config(
         {
             **({"privacy": privacy} if privacy else {}),
+            **({"draws": draws} if draws is not None else {}),
             "seed": seed,
             "rounds": rounds,
             "eval_every": rounds,

@@ -220,8 +220,10 @@ def privacy_row(
     shadows: int = 2,
     pia_clients: int = 32,
     test: int = 1000,
+    draws: str | None = None,
 ) -> dict[str, Any]:
-    """Every attack on one row; each cell a result dict or ``{"skipped": reason}``, with its cost."""
+    """Every attack on one row; each cell a result dict or ``{"skipped": reason}``, with its cost;
+    ``draws``: the runs' generator (None: the config's default)."""
     out: dict[str, Any] = {"row": row.label}
     if "dra" in row.skip:
         out["dra"] = {"skipped": row.skip["dra"]}
@@ -234,6 +236,7 @@ def privacy_row(
             dataset=dataset,
             model=row.model,
             privacy=row.privacy,
+            draws=draws,
         )
         # an edge server's view: the released activations
         eppfl = upload_of(cfg) == "edge_activations"
@@ -296,6 +299,7 @@ def privacy_row(
             test=test,
             rounds=mia_rounds,
             privacy=row.privacy,
+            draws=draws,
         )
         built = _quiet(lambda: build_run(cfg))
         rep = _quiet(lambda: replay(built, [cfg.rounds]))
@@ -323,6 +327,7 @@ def privacy_row(
             model=row.model,
             test=test,
             privacy=row.privacy,
+            draws=draws,
         )
         if (
             upload_of(cfg) == "edge_activations"

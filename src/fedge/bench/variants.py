@@ -216,6 +216,9 @@ NEUTRAL_ADDITIONS: dict[tuple[str, ...], Any] = {
     ("clients", "over_select"): 1.0,
     # every record made before the key drew with torch's and numpy's generators
     ("draws",): "torch",
+    # every record made before the key ran on the CPU, uncompressed
+    ("device",): "cpu",
+    ("method", "compress"): None,
     # no client held out a local test split before these keys (fairness across devices)
     ("partition", "local_test"): None,
     ("local_eval_every",): None,

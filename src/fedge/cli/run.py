@@ -29,7 +29,7 @@ from fedge.core.rundir_schema import (
     loads,
 )
 from fedge.experiment.progress import Progress
-from fedge.experiment.rundir import default_run_path
+from fedge.experiment.rundir import RunDir, default_run_path
 from fedge.report import render_report
 from fedge.runtime.spec import Runtime
 
@@ -393,7 +393,7 @@ def run(
                             "and the same path on the SuperLink's machine)"
                         )
                     path = submit(
-                        load_config(str(resume / CONFIG)),
+                        load_config(RunDir(resume).read_config()),
                         out=resume,
                         superlink=superlink,
                         insecure=insecure,

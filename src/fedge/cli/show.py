@@ -142,7 +142,9 @@ def partition(
                 fail(
                     f"{source!r} is not a fedge run directory (no config.yaml); give a run directory, a preset or a YAML file"
                 )
-            cfg = load_config(str(Path(source) / CONFIG))
+            from fedge.experiment.rundir import RunDir
+
+            cfg = load_config(RunDir(source).read_config())
         else:
             if looks_like_path(source) and not Path(source).exists():
                 fail(

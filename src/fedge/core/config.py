@@ -425,13 +425,13 @@ class RunConfig(_Strict):
 
     seed: int = 0
     draws: Draws = Field(
-        "torch",
+        "portable",
         description="generator of every seeded draw another party rebuilds (model init, FedPT's frozen "
         "tensors, perturbation directions, NTK pruning's draws, the secure-aggregation graph, iid/shards/"
-        "domain partitions): torch (torch's and numpy's generators, bit-identical only on the same "
-        "hardware and library versions; what every record before this key used) or portable (Philox "
-        "and exact arithmetic, the same bits on every CPU, OS and library version; dirichlet "
-        "partitions stay numpy's)",
+        "domain partitions): portable (Philox and exact arithmetic, the same bits on every CPU, OS and "
+        "library version; dirichlet partitions stay numpy's) or torch (torch's and numpy's generators, "
+        "bit-identical only on the same hardware and library versions; what every record made before "
+        "portable became the default used, and what a recorded config without this key means)",
     )
     rounds: int = Field(
         10,

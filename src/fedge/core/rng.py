@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal, TypeAlias, get_args
+from typing import Any, Literal, TypeAlias, get_args
 
 import numpy as np
 import torch
@@ -39,13 +39,30 @@ __all__ = [
     "numpy_rng",
     "rand",
     "randn",
+    "recorded_draws",
 ]
 
 _Part = int | str
 
-#: Which generator seeded draws come from: ``"torch"`` (torch's/numpy's, today's numbers, what
-#: every committed record was made with) or ``"portable"`` (:mod:`fedge.core.portable`).
+#: Which generator seeded draws come from: ``"portable"`` (:mod:`fedge.core.portable`, a run's
+#: default) or ``"torch"`` (torch's/numpy's, what every record made before portable became the
+#: default was made with).
 Draws = Literal["torch", "portable"]
+
+
+def recorded_draws(raw: dict[str, Any]) -> dict[str, Any]:
+    """A config read back from a run directory or a record: one without a ``draws`` key was
+    written before the key existed and drew with torch's generators, so it comes back with
+    ``draws: torch`` (a shallow copy); one with the key, as it is. Resuming, re-rendering or
+    checking such a record then rebuilds its numbers, not the portable default's.
+
+    Example:
+        >>> recorded_draws({"seed": 1})
+        {'seed': 1, 'draws': 'torch'}
+    """
+    if "draws" in raw:
+        return raw
+    return {**raw, "draws": "torch"}
 
 
 def check_draws(draws: object) -> Draws:

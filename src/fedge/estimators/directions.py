@@ -21,7 +21,12 @@ from torch import Tensor
 from fedge.core import portable
 from fedge.core.errors import ConfigError
 from fedge.core.rng import Draws, check_draws, generator
-from fedge.estimators.perturbation import normal_chunk, portable_normal_chunk
+from fedge.estimators.perturbation import (
+    DrawMany,
+    normal_chunk,
+    portable_normal_chunk,
+    portable_normal_many,
+)
 
 __all__ = [
     "DirectionKind",
@@ -41,13 +46,22 @@ class Directions:
     """The K directions of one step: ``draw(seed, ks, name, shape) -> (len(ks), *shape)``
     float32 tensor of ``z_k`` restricted to parameter ``name`` (on the CPU, or on the device
     :func:`make_directions` was given), ``weights`` (K,) float64 with
-    ĝ = 1/(c σ) Σ_k w_k ΔL_k z_k, and the generator ``draws`` they come from."""
+    ĝ = 1/(c σ) Σ_k w_k ΔL_k z_k, and the generator ``draws`` they come from;
+    ``draw_many`` (optional) draws one ``z_k`` of several parameters in one call, the same
+    tensors as ``draw`` (:class:`~fedge.estimators.perturbation.Selection`)."""
 
     def __init__(
-        self, kind: str, k: int, draw: Draw, weights: Tensor, draws: Draws = "torch"
+        self,
+        kind: str,
+        k: int,
+        draw: Draw,
+        weights: Tensor,
+        draws: Draws = "torch",
+        draw_many: DrawMany | None = None,
     ) -> None:
         self.kind, self.k, self.draw, self.weights = kind, k, draw, weights
         self.draws = check_draws(draws)
+        self.draw_many = draw_many
 
 
 def remembered(dirs: Directions, budget_bytes: int) -> Directions:
@@ -85,7 +99,27 @@ def remembered(dirs: Directions, budget_bytes: int) -> Directions:
             rows[i] = fresh[j]
         return torch.stack(rows)  # type: ignore[arg-type]
 
-    return Directions(dirs.kind, dirs.k, draw, dirs.weights, dirs.draws)
+    many = dirs.draw_many
+    if many is None:
+        return Directions(dirs.kind, dirs.k, draw, dirs.weights, dirs.draws)
+
+    def draw_many(seed: int, k: int, items: Sequence[tuple[str, Sequence[int]]]) -> list[Tensor]:
+        keys = [(int(seed), name, tuple(int(s) for s in shape), int(k)) for name, shape in items]
+        with lock:
+            rows = [kept.get(key) for key in keys]
+        missing = [i for i, row in enumerate(rows) if row is None]
+        if missing:
+            fresh = many(seed, k, [items[i] for i in missing])
+            size = sum(z.numel() * z.element_size() for z in fresh)
+            with lock:
+                if used[0] + size <= budget_bytes:
+                    used[0] += size
+                    kept.update((keys[i], z) for i, z in zip(missing, fresh))
+            for i, z in zip(missing, fresh):
+                rows[i] = z
+        return rows  # type: ignore[return-value]
+
+    return Directions(dirs.kind, dirs.k, draw, dirs.weights, dirs.draws, draw_many)
 
 
 def make_directions(
@@ -137,7 +171,8 @@ def _make_directions(
         )
     uniform = torch.full((k,), 1.0 / k, dtype=torch.float64)
     if kind == "gaussian":
-        return Directions(kind, k, normal_chunk(draws), uniform, draws)
+        many = portable_normal_many if draws == "portable" else None
+        return Directions(kind, k, normal_chunk(draws), uniform, draws, many)
     if kind == "orthogonal":
         chunk = portable_hadamard_chunk if draws == "portable" else hadamard_chunk
         return Directions(kind, k, chunk, uniform, draws)

@@ -1,6 +1,7 @@
 """Lean evaluation of perturbed losses (BAFFLE Table 4, Appendix C): forward hooks swap
-``W + s·δ_k`` in while a module runs, so the extra memory is one parameter's worth of noise and
-the stored weights are never written. Design notes: docs/decisions.md#estimators.
+``W + s·δ_k`` in while a module runs, so the extra memory is one parameter's worth of noise (two
+with portable draws, whose small parameters are drawn together once per direction) and the stored
+weights are never written. Design notes: docs/decisions.md#estimators.
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from fedge.estimators.perturbation import Selection, perturb
 __all__ = ["LeanEvaluator", "LossFn", "mean_loss", "scalar_loss"]
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
+# Parameters of at most this many elements are drawn together, one call per direction, when the
+# directions can (Selection.draw_many: portable draws): drawing a 10-element bias alone costs about
+# as much as an 8,000-element layer. The group holds at most as many elements as the largest
+# parameter, so no tensor the lean mode makes is larger than a parameter (or the forward's own).
+_GROUP_MAX = 8192
 
 
 def scalar_loss(loss: Tensor) -> float:
@@ -84,6 +90,10 @@ class LeanEvaluator:
         self.seen: set[str] = set()
         self.checked = False
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.group = self._small_params() if sel.draw_many is not None else []
+        self.grouped = frozenset(self.group)
+        self.group_z: dict[str, Tensor] = {}  # z_k of the group's parameters, k = group_k
+        self.group_k: int | None = None
 
     def __enter__(self) -> LeanEvaluator:
         for mod in self.owners:
@@ -91,10 +101,24 @@ class LeanEvaluator:
             self.handles.append(mod.register_forward_hook(self._swap_out))
         return self
 
+    def _small_params(self) -> list[str]:
+        """The parameters drawn together (one ``draw_many`` call per direction): the small ones,
+        in selection order, up to the group's element budget."""
+        sizes = {n: p.numel() for n, p in self.sel.params.items()}
+        budget = max(sizes.values(), default=0)
+        group, total = [], 0
+        for name, n in sizes.items():
+            if n <= _GROUP_MAX and total + n <= budget:
+                group.append(name)
+                total += n
+        return group if len(group) > 1 else []
+
     def __exit__(self, *exc: object) -> None:
         self._restore(None)
         self.z_of.clear()
         self.z_k = None
+        self.group_z.clear()
+        self.group_k = None
         for h in self.handles:
             h.remove()
         self.handles.clear()
@@ -150,7 +174,15 @@ class LeanEvaluator:
             self.seen.add(name)
 
     def _direction(self, k: int, name: str, shape: torch.Size) -> Tensor:
-        """z_{k,name}: drawn, or (reusing) kept from this k's other sign."""
+        """z_{k,name}: drawn, or (reusing) kept from this k's other sign; a small parameter's
+        with the group's (drawn once for k, kept while k's forwards run)."""
+        if name in self.grouped:
+            if self.group_k != k:
+                assert self.sel.draw_many is not None
+                items = [(n, self.sel.params[n].shape) for n in self.group]
+                self.group_z = dict(zip(self.group, self.sel.draw_many(self.seed, k, items)))
+                self.group_k = k
+            return self.group_z[name]
         if not self.reuse:
             return self.sel.draw(self.seed, [k], name, shape)[0]
         if self.z_k != k:

@@ -18,18 +18,22 @@ from fedge.core.errors import ConfigError, UnknownNameError
 from fedge.core.rng import Draws, check_draws, generator
 
 __all__ = [
+    "DrawMany",
     "Selection",
     "check_masks",
     "normal_chunk",
     "perturb",
     "perturbation",
     "portable_normal_chunk",
+    "portable_normal_many",
     "select",
     "standard_normal",
     "standard_normal_chunk",
 ]
 
 _PURPOSE = "zo"
+#: ``draw_many(seed, k, [(name, shape), ...])``: direction k of several parameters in one call.
+DrawMany = Callable[[int, int, Sequence[tuple[str, Sequence[int]]]], list[Tensor]]
 
 
 def standard_normal(seed: int, k: int, name: str, shape: Sequence[int]) -> Tensor:
@@ -58,6 +62,20 @@ def portable_normal_chunk(
     on ``device`` by the same exact transform (the same bits as on the CPU)."""
     key = portable.stream_key(int(seed), _PURPOSE, name)
     return portable.normal_rows(key, ks, tuple(shape), device=device)
+
+
+def portable_normal_many(
+    seed: int, k: int, items: Sequence[tuple[str, Sequence[int]]]
+) -> list[Tensor]:
+    """Direction ``k`` of several parameters, ``(name, shape)`` each, in one call: the tensors
+    ``portable_normal_chunk(seed, [k], name, shape)[0]`` (the same bits) by
+    :func:`fedge.core.portable.normal_row_many`; views of one buffer, not to be written."""
+    return portable.normal_row_many(
+        [
+            (portable.stream_key(int(seed), _PURPOSE, name), int(k), tuple(shape))
+            for name, shape in items
+        ]
+    )
 
 
 def normal_chunk(
@@ -102,6 +120,9 @@ class Selection:
         masks: name -> boolean mask of the parameter's shape (True = perturbed); absent = all.
         draw: ``draw(seed, ks, name, shape) -> (len(ks), *shape)``: the directions z_k
             (default BAFFLE's Gaussian; see :mod:`fedge.estimators.directions`).
+        draw_many: optional ``draw_many(seed, k, [(name, shape), ...])``: ``z_k`` of several
+            parameters in one call, the very tensors ``draw(seed, [k], name, shape)[0]`` gives
+            one by one (not to be written into); None when the directions have no such call.
     """
 
     params: dict[str, nn.Parameter]
@@ -109,6 +130,7 @@ class Selection:
     draw: Callable[[int, Sequence[int], str, Sequence[int]], Tensor] = field(
         default=standard_normal_chunk
     )
+    draw_many: DrawMany | None = None
 
     @property
     def numel(self) -> int:

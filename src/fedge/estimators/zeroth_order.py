@@ -549,7 +549,7 @@ def _with_directions(
     """``sel`` drawing the step's ``directions`` (built from the selection's shapes and K)."""
     shapes = {n: p.shape for n, p in sel.params.items()}
     dirs = _directions(directions, shapes, k, sel.masks, draws, device)
-    return dataclasses.replace(sel, draw=dirs.draw)
+    return dataclasses.replace(sel, draw=dirs.draw, draw_many=dirs.draw_many)
 
 
 def _directions(

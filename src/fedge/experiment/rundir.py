@@ -14,6 +14,7 @@ import yaml
 
 from fedge.core.errors import ConfigError, ResumeError
 from fedge.core.presets import describe_yaml_error, read_yaml
+from fedge.core.rng import recorded_draws
 from fedge.core.rundir_schema import (
     APPLIED_CONFIG,
     CHECKPOINT,
@@ -251,7 +252,7 @@ class RunDir:
             raise ResumeError(
                 f"{str(cfg_path)!r} must hold a mapping of config keys, got {type(raw).__name__}; restore it"
             )
-        return raw
+        return recorded_draws(raw)  # written before the draws key: torch's
 
     def has_sessions(self) -> bool:
         """Whether the run keeps ``sessions.jsonl`` (every run made since it also keeps ``.fedge-config.json``)."""
@@ -273,7 +274,7 @@ class RunDir:
                 f"{str(path)!r} is corrupt (holds {type(obj).__name__}, not a mapping of config keys); "
                 "restore it (it records the config the run used)"
             )
-        return obj
+        return recorded_draws(obj)
 
     def record_config_change(
         self,

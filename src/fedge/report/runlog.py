@@ -25,6 +25,7 @@ import yaml
 
 from fedge.core import rundir_schema as schema
 from fedge.core.errors import FedgeError
+from fedge.core.rng import recorded_draws
 
 __all__ = [
     "CUM_BYTES",
@@ -324,6 +325,11 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return obj
 
 
+def _recorded(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's config as it ran: without ``draws``, written before the key, torch's draws."""
+    return recorded_draws(config) if config else config
+
+
 def _read_config(path: Path) -> dict[str, Any]:
     if not path.is_file():
         warnings.warn(f"{path} is missing; reporting without the config", RunLogWarning, 3)
@@ -410,7 +416,7 @@ def load_run(run_dir: str | Path) -> RunLog:
     _check_rounds_logged(path, metrics, summary)
     return RunLog(
         path=path,
-        config=_read_config(path / schema.CONFIG),
+        config=_recorded(_read_config(path / schema.CONFIG)),
         metrics=metrics,
         summary=summary,
         partition=_read_json(path / schema.PARTITION),
