@@ -1,6 +1,6 @@
 """Time to accuracy on a phone-class fleet (issue 51): FedAvg, BAFFLE, FedPT, FedKSeed and
-DeComFL with simulated device and link times (``clients.profiles``; :mod:`fedge.runtime.fleet`), waiting for every
-sampled client against a round deadline with over-selection, 3 seeds.
+DeComFL with simulated device and link times (``clients.profiles``; :mod:`fedge.runtime.fleet`),
+waiting for every sampled client against a round deadline with over-selection, 3 seeds.
 
 Fleet: 20 clients, 20% ``phone-high`` (10 GFLOP/s, 24/8 Mbit/s down/up), 50% ``phone-mid``
 (3 GFLOP/s, FedPT's 0.75/0.25 MB/s links) and 30% ``phone-low`` (1 GFLOP/s, 1.5/0.5 Mbit/s);
