@@ -1,14 +1,16 @@
-"""Time to accuracy on a phone-class fleet (issue 51): FedAvg, BAFFLE and FedPT with simulated
-device and link times (``clients.profiles``; :mod:`fedge.runtime.fleet`), waiting for every
-sampled client against a round deadline with over-selection, 3 seeds.
+"""Time to accuracy on a phone-class fleet (issue 51): FedAvg, BAFFLE, FedPT, FedKSeed and
+DeComFL with simulated device and link times (``clients.profiles``; :mod:`fedge.runtime.fleet`),
+waiting for every sampled client against a round deadline with over-selection, 3 seeds.
 
 Fleet: 20 clients, 20% ``phone-high`` (10 GFLOP/s, 24/8 Mbit/s down/up), 50% ``phone-mid``
 (3 GFLOP/s, FedPT's 0.75/0.25 MB/s links) and 30% ``phone-low`` (1 GFLOP/s, 1.5/0.5 Mbit/s);
 the figures and their sources are in docs/guide/scale.md (the compute figures are
 assumptions). Each method runs its own preset (``fedavg-fmnist-lenet``: LeNet-5, one local
 epoch; ``baffle-fmnist-lenet``: epoch-level BAFFLE, K = 100, forwards only; ``fedpt-fmnist-cnn``:
-FedPT's CNN with its dense layer frozen) on Fashion-MNIST reduced to 2,000 training and 1,000
-test images over the 20 IID clients, 5 clients a round, evaluated every round. A client's
+FedPT's CNN with its dense layer frozen; ``fedkseed-fmnist-lenet`` and ``decomfl-fmnist-lenet``:
+the forward-only peers, scalars up and down; FeedSign, one step a round, is left out: its
+rounds are not comparable at this round count) on Fashion-MNIST reduced to 2,000 training and
+1,000 test images over the 20 IID clients, 5 clients a round, evaluated every round. A client's
 simulated time is its download, its measured FLOPs over its device's speed, and its upload;
 a round lasts until its last awaited reply.
 
@@ -43,6 +45,8 @@ METHODS = {  # label -> preset
     "FedAvg": "fedavg-fmnist-lenet",
     "BAFFLE": "baffle-fmnist-lenet",
     "FedPT": "fedpt-fmnist-cnn",
+    "FedKSeed": "fedkseed-fmnist-lenet",
+    "DeComFL": "decomfl-fmnist-lenet",
 }
 FLEET = (
     "clients.profiles=[{device: phone-high, fraction: 0.2}, {device: phone-mid, fraction: 0.5}, "

@@ -293,8 +293,12 @@ def unit_overrides(row: Row, lr: float, unit: str) -> list[str]:
     if unit == "screen":
         return [*common, "seed=0", f"rounds={SCREEN_ROUNDS * scale}"]
     if unit == "probe":
+        # one client: the peers' secure aggregation (on by default) needs two, and the sum of
+        # one reply is no secret; the probe meters the client's training step, not its masks
+        alone = ["method.secure_aggregation=false"] if row.kind == "peer" else []
         return [
             *common,
+            *alone,
             "seed=0",
             "rounds=1",
             "clients.per_round=1",

@@ -240,6 +240,25 @@ def test_torch_transform_equals_numpy_bit_for_bit() -> None:
     )
 
 
+def test_numpy_transform_equals_a_scalar_oracle_on_edge_words() -> None:
+    # every cell edge of the table (and its neighbours), the int32 extremes and random words,
+    # past one scratch chunk: the vectorised transform (reused scratch, out as scratch) against
+    # V = fl32(int32(w | 1)), j from V's bits, fl(A[j] + fl(V · D[j])) one float32 at a time
+    edges = [
+        2**e + i * 2 ** max(e - 7, 0) + d for e in range(31) for i in range(128) for d in (-1, 0, 1)
+    ]
+    ints = np.array(edges + [-x for x in edges] + [0, 1, 2**31 - 1, -(2**31), -1], dtype=np.int64)
+    rng = np.random.default_rng(0)
+    w = np.concatenate([ints % 2**32, rng.integers(0, 2**32, P._CHUNK + 5000)]).astype(np.uint32)
+    kept = w.copy()
+    z = P.normal_from_words(w).numpy()
+    assert np.array_equal(w, kept)  # the words are not written
+    v = (w.view(np.int32) | 1).astype(np.float32)
+    j = (v.view(np.uint32) >> 16).astype(np.int64)
+    want = [np.float32(P._TABLE_A[i]) + np.float32(x * P._TABLE_D[i]) for x, i in zip(v, j)]
+    assert np.array_equal(z.view(np.uint32), np.array(want, dtype=np.float32).view(np.uint32))
+
+
 def test_normal_offsets_and_rows() -> None:
     full = P.normal(KZ, (4000,))
     assert torch.equal(P.normal(KZ, (5, 7), offset=123), full[123:158].view(5, 7))

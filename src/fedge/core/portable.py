@@ -278,15 +278,33 @@ _TABLE_A, _TABLE_D = _load_table()
 _DEVICE_TABLES: dict[str, tuple[Tensor, Tensor]] = {}
 
 
+def _scratch() -> tuple[np.ndarray, np.ndarray]:
+    """This thread's scratch of the numpy transform, ``_CHUNK`` each: the table index (intp)
+    and one float32 operand. Reused call after call, so the transform's working set stays the
+    same few hundred kB (hot in the cache) instead of fresh temporaries per call."""
+    buf: tuple[np.ndarray, np.ndarray] | None = getattr(_local, "scratch", None)
+    if buf is None:
+        buf = _local.scratch = (np.empty(_CHUNK, np.intp), np.empty(_CHUNK, np.float32))
+    return buf
+
+
 def _normal_np(w: np.ndarray, out: np.ndarray) -> None:
-    """The normal transform of 32-bit words ``w`` into float32 ``out``, in numpy."""
-    vi = np.bitwise_or(w.view(np.int32), np.int32(1))
-    v = vi.astype(np.float32)  # V = fl32(int32(w | 1)); casts apart from the ufuncs: faster
-    j = np.right_shift(v.view(np.uint32), np.uint32(_SHIFT), out=vi.view(np.uint32))
-    j = j.astype(np.intp)
-    d = _TABLE_D.take(j, mode="clip")
-    np.multiply(v, d, out=d)  # V·D, rounded ...
-    np.add(_TABLE_A.take(j, mode="clip"), d, out=out)  # ... then A + (V·D), rounded
+    """The normal transform of 32-bit words ``w`` into float32 ``out`` (1-D, contiguous), in
+    numpy: separate, exactly rounded float32 operations (numpy never fuses a multiply and an
+    add), out doubling as the scratch of V and then of A."""
+    n = w.size
+    if n > _CHUNK:
+        for i in range(0, n, _CHUNK):
+            _normal_np(w[i : i + _CHUNK], out[i : i + _CHUNK])
+        return
+    jbuf, tbuf = _scratch()
+    # V = fl32(int32(w | 1)): the or in int32, cast to float32 as it is written into out
+    np.bitwise_or(w.view(np.int32), np.int32(1), out=out, casting="unsafe")
+    j = np.right_shift(out.view(np.uint32), np.uint32(_SHIFT), out=jbuf[:n])  # < 2^(S+9)
+    d = _TABLE_D.take(j, out=tbuf[:n], mode="wrap")  # j is in range: no wrap ever happens
+    np.multiply(out, d, out=d)  # V·D, rounded ...
+    a = _TABLE_A.take(j, out=out, mode="wrap")  # V is spent: A takes its place
+    np.add(a, d, out=out)  # ... then A + (V·D), rounded
 
 
 def _fill_normal(key: Key, out: np.ndarray, offset: int) -> None:
@@ -412,7 +430,27 @@ def normal_row_many(rows: Sequence[tuple[Key, int, Sequence[int]]]) -> list[Tens
     """
     if any(int(r) < 0 for _, r, _ in rows):
         raise ValueError(f"rows must be non-negative, got {[int(r) for _, r, _ in rows]}")
-    return normal_many([(key, shape, int(r) * row_stride(shape)) for key, r, shape in rows])
+    shapes = [tuple(int(s) for s in shape) for _, _, shape in rows]
+    sizes = [math.prod(shape) for shape in shapes]
+    if not _LITTLE or sum(sizes) > _CHUNK:
+        return normal_many(
+            [(k, sh, int(r) * row_stride(sh)) for (k, r, _), sh in zip(rows, shapes)]
+        )
+    # each row's whole stride read (a whole number of Philox blocks), as _one_row does: the
+    # next row of each key then follows without a seek; one transform pass for all rows
+    w = np.empty(sum(sizes), dtype=np.uint32)
+    at = 0
+    for (key, r, _), n in zip(rows, sizes):
+        if n:
+            half = -(-n // 8) * 4  # 64-bit words in a row's stride
+            gen = _positioned(key)
+            pos = int(r) * half
+            w[at : at + n] = gen.seek(pos).random_raw(half).view(np.uint32)[:n]
+            gen.next = pos + half
+            at += n
+    flat = torch.empty(w.size)
+    _normal_np(w, flat.numpy())
+    return [z.view(shape) for z, shape in zip(flat.split(sizes), shapes)]
 
 
 def _one_row(key: Key, start: int, n: int, stride: int) -> Tensor:
