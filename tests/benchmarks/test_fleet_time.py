@@ -62,10 +62,10 @@ def test_the_benchmark_runs_records_and_rereads_at_a_tiny_size(
     first = capsys.readouterr().out
     text = docs.read_text()
     assert "<!-- bench:fleet-time -->" in text and "<!-- /bench:fleet-time -->" in text
-    for method in ("FedAvg", "BAFFLE", "FedPT"):
+    for method in ("FedAvg", "BAFFLE", "FedPT", "FedKSeed", "DeComFL"):
         assert f"| {method}, wait |" in text and f"| {method}, deadline |" in text
     assert sorted(p.name for p in (records / "figures" / "seed-0").iterdir()) == sorted(
-        f"{m}-{row}.json" for m in ("fedavg", "baffle", "fedpt") for row in ("wait", "deadline")
+        f"{m.lower()}-{row}.json" for m in bench.METHODS for row in ("wait", "deadline")
     )
     # the run directories gone, the records alone give the same table
     import shutil
