@@ -117,6 +117,20 @@ GUIDED = [
     "eval_every=50",
     "method.server_optimizer={name: adam, lr: 0.01, b1: 0.9, b2: 0.99}",
 ]
+# One server step a round on one batch of 20 per client (FedSGD; FeedSign): the epoch rows'
+# client data per round take 50x the rounds, evaluated every 50th.
+ONE_STEP_ROUNDS = (f"rounds={ROUNDS * 50}", "eval_every=50")
+# FedZO (Fang et al. 2022) as the fedzo-fmnist-lenet preset maps it onto BAFFLE's epoch mode:
+# b2 = 20 forward-difference directions, client SGD, server SGD lr 1, no clip or EMA; here with
+# the other rows' one local epoch (50 steps) instead of the preset's H = 5.
+FEDZO = (
+    "method.k=20",
+    "method.scheme=forward",
+    "method.clip=null",
+    "method.ema=null",
+    "method.client_optimizer={name: sgd}",
+    "method.server_optimizer={name: sgd, lr: 1.0}",
+)
 JVP_K = 32  # 3 forwards a direction: 96 forwards' FLOPs a sample, BAFFLE K = 100's 101
 
 
@@ -147,6 +161,21 @@ def base_rows() -> dict[str, Row]:
             lr_key="method.server_optimizer.lr",
         ),
         Row(f"jvp K={JVP_K}", "fmad", (f"method.k={JVP_K}", "method.estimator=jvp")),
+        # issue 44's peer comparison: the rows it names beyond the levers and the peers
+        Row(
+            "BP FedSGD",
+            "bp",
+            ("method.name=fedsgd", *ONE_STEP_ROUNDS),
+            lr_key="method.server_optimizer.lr",
+            lrs=(0.03, 0.1, 0.3),
+        ),
+        Row(
+            "BAFFLE K=100 (batch mode)",
+            "zo",
+            ("method.k=100", *[o for o in GUIDED if "guided" not in o]),
+            lr_key="method.server_optimizer.lr",
+        ),
+        Row("FedZO (BAFFLE epoch, forward, K=20, SGD)", "zo", FEDZO, lrs=(0.01, 0.03, 0.1)),
     ]
     return {r.label: r for r in out}
 
@@ -172,11 +201,17 @@ def peer_rows(methods: Sequence[str]) -> dict[str, Row]:
             "method.lr",
         ),
     }
-    return {
+    out = {
         label: Row(label, "peer", o, lr_key=key, lrs=(1e-4, 3e-4, 1e-3))
         for name, (label, o, key) in peers.items()
         if name in methods
     }
+    if "FedKSeed" in out:  # FedKSeed-Pro: seeds sampled by their aggregated scalars' magnitudes
+        pro = out["FedKSeed"]
+        out["FedKSeed-Pro"] = Row(
+            "FedKSeed-Pro", "peer", (*pro.overrides, "method.sampling=pro"), pro.lr_key, pro.lrs
+        )
+    return out
 
 
 BP_REF_ROWS = ("BP FedAvg", "BP FedAvg, persistent Adam")
@@ -293,9 +328,11 @@ def unit_overrides(row: Row, lr: float, unit: str) -> list[str]:
     if unit == "screen":
         return [*common, "seed=0", f"rounds={SCREEN_ROUNDS * scale}"]
     if unit == "probe":
-        # one client: the peers' secure aggregation (on by default) needs two, and the sum of
-        # one reply is no secret; the probe meters the client's training step, not its masks
-        alone = ["method.secure_aggregation=false"] if row.kind == "peer" else []
+        # one client: secure aggregation (on by default for the peers and BAFFLE's batch mode)
+        # needs two, and the sum of one reply is no secret; the probe meters the client's
+        # training step, not its masks
+        on = row.kind == "peer" or "method.mode=batch" in row.overrides  # secagg by default
+        alone = ["method.secure_aggregation=false"] if on else []
         return [
             *common,
             *alone,
