@@ -39,7 +39,9 @@ matters less.
 
 What pruning buys (docs/benchmarks.md, "NTK-BAFFLE Table 3 analogue"): at 10% density one
 estimate's cosine with the true gradient rises about sqrt(1/d)-fold (n shrinks), and with the
-paper's optimizer, SGD with momentum, NTK-BAFFLE overtakes dense BAFFLE. With Adam (BAFFLE's
+paper's optimizer, SGD with momentum, NTK-BAFFLE ends above dense BAFFLE (0.706 ± 0.021 against
+0.436 ± 0.301 at K = 100), but dense BAFFLE's screened lr fails on one seed of three (0.10), so
+the size of that lead waits for a wider dense screen (docs/planned.md). With Adam (BAFFLE's
 optimizer) it does not in 300 rounds: Adam normalises each coordinate, and a coordinate's noise
 is set by the norm of the gradient over the trained coordinates, which pruning shrinks far less
 than it shrinks n.
