@@ -16,12 +16,13 @@ from torch.utils._pytree import tree_map
 
 from fedge.core import transforms as T
 from fedge.core.config import ConfigModel
-from fedge.core.errors import MessageError
+from fedge.core.errors import MessageError, PrivacyWarning
 from fedge.core.messages import Message
 from fedge.core.protocols import ClientProgram, PartySpec, Strategy
 from fedge.core.rng import Draws
 
 __all__ = [
+    "warn_scalars_unprotected",
     "GlobalModel",
     "Layer",
     "MethodBuild",
@@ -405,3 +406,16 @@ class GlobalModel:
                 stacklevel=2,
             )
         self.set_masks(saved)
+
+
+def warn_scalars_unprotected(what: str, *, relies: str = "") -> None:
+    """The :class:`PrivacyWarning` of a zeroth-order method run with
+    ``method.secure_aggregation=false``: the server then sees ``what`` (each client's scalars),
+    directional derivatives of the loss on that client's data along public directions."""
+    warnings.warn(
+        f"method.secure_aggregation=false: the server sees each client's {what}, directional "
+        f"derivatives of the loss on that client's data along public directions{relies}; turn "
+        "it on unless you are measuring exactly this",
+        PrivacyWarning,
+        stacklevel=3,
+    )

@@ -45,7 +45,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -55,7 +54,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from fedge.core.context import ClientContext
-from fedge.core.errors import MessageError, PrivacyWarning
+from fedge.core.errors import MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
 from fedge.core.rng import Draws, derive_seed
@@ -69,6 +68,7 @@ from fedge.methods.base import (
     MethodEnv,
     ServerOptimizerConfig,
     check_scalar_reply,
+    warn_scalars_unprotected,
 )
 from fedge.methods.registry import declare_method
 from fedge.methods.replay import ClientReplica, DownlinkHistory, perturbed_params, replay_step
@@ -377,13 +377,7 @@ def _threads(cfg: DeComFLConfig, env: MethodEnv) -> int:
 def build(cfg: DeComFLConfig, env: MethodEnv) -> MethodBuild:
     """DeComFL's bare strategy and client program (the composer adds secure aggregation)."""
     if not getattr(cfg, "secure_aggregation", True):
-        warnings.warn(
-            "method.secure_aggregation=false: the server sees each client's steps × P scalars, "
-            "directional derivatives of the loss on that client's data along public directions; "
-            "turn it on unless you are measuring exactly this",
-            PrivacyWarning,
-            stacklevel=2,
-        )
+        warn_scalars_unprotected("steps × P scalars")
     strategy = DeComFLStrategy(
         env.model_fn(), cfg, seed=env.seed, population=len(env.client_sizes), draws=env.draws
     )

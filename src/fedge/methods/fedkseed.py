@@ -42,7 +42,7 @@ from pydantic import Field, model_validator
 
 from fedge.core import transforms as T
 from fedge.core.context import ClientContext
-from fedge.core.errors import MessageError, PrivacyWarning
+from fedge.core.errors import MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
 from fedge.core.rng import derive_seed
@@ -58,6 +58,7 @@ from fedge.methods.base import (
     load_arrays,
     model_arrays,
     unpack_model_arrays,
+    warn_scalars_unprotected,
 )
 from fedge.methods.registry import declare_method
 from fedge.methods.replay import DownlinkHistory, perturbed_params
@@ -386,13 +387,7 @@ class FedKSeedClient:
 def build(cfg: FedKSeedConfig, env: MethodEnv) -> MethodBuild:
     """FedKSeed's bare strategy and client program (the composer adds secure aggregation)."""
     if not getattr(cfg, "secure_aggregation", True):
-        warnings.warn(
-            "method.secure_aggregation=false: the server sees each client's K scalars, directional "
-            "derivatives of the loss on that client's data along public directions; turn it on "
-            "unless you are measuring exactly this",
-            PrivacyWarning,
-            stacklevel=2,
-        )
+        warn_scalars_unprotected("K scalars")
     return MethodBuild(
         FedKSeedStrategy(env.model_fn(), cfg, seed=env.seed, population=len(env.client_sizes)),
         FedKSeedClient(env.model_fn, cfg),

@@ -10,11 +10,10 @@ schedule and the paper-vs-code choices: ``docs/methods/baffle.md``.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import torch
 
-from fedge.core.errors import ConfigError, PrivacyWarning
+from fedge.core.errors import ConfigError
 from fedge.core.protocols import Round, StrategyWrapper
 from fedge.methods.baffle.batch import BaffleBatchClient, BaffleBatchStrategy, build_batch
 from fedge.methods.baffle.config import (
@@ -26,7 +25,7 @@ from fedge.methods.baffle.config import (
     upload,
 )
 from fedge.methods.baffle.epoch import build_epoch, zeroth_order_gradient_fn
-from fedge.methods.base import Layer, MethodBuild, MethodEnv
+from fedge.methods.base import Layer, MethodBuild, MethodEnv, warn_scalars_unprotected
 from fedge.methods.registry import declare_method
 from fedge.methods.replay import (
     ClientReplica,
@@ -106,11 +105,7 @@ def build(
         return _labelled(cfg, build_epoch(cfg, env, masks=masks))
     method = _labelled(cfg, build_batch(cfg, env, masks=masks))
     if not cfg.secure_aggregation:
-        warnings.warn(
-            "method.secure_aggregation=false: the server sees each client's K loss differences, i.e. K "
-            "directional derivatives of the loss on that client's data (BAFFLE relies on secure aggregation, "
-            "Eq. 7); turn it on unless you are measuring exactly this",
-            PrivacyWarning,
-            stacklevel=2,
+        warn_scalars_unprotected(
+            "K loss differences", relies=" (BAFFLE relies on secure aggregation, Eq. 7)"
         )
     return method
