@@ -67,6 +67,7 @@ from typing import Any
 from fedge.bench.docs import records_line, update_section
 from fedge.bench.figures import read_run_logs
 from fedge.bench.screened import grid_step
+from fedge.bench.variants import with_neutral_additions
 from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, DivergenceError
 from fedge.experiment.build import resolved_config
@@ -385,7 +386,7 @@ def run_unit(overrides: list[str], record: Path, out: Path) -> dict[str, Any]:
     want = json.loads(json.dumps(resolved_config(cfg), default=str))
     if record.exists():
         saved = json.loads(record.read_text())
-        if saved["config"] != want:
+        if with_neutral_additions(saved["config"], want) != want:
             raise ConfigError(
                 f"{record} records another config than this unit's; expected the same protocol: "
                 "remove the record to rerun it, or restore the script that wrote it"

@@ -227,6 +227,17 @@ def test_units_resume_and_a_recorded_unit_is_not_rerun(
     monkeypatch.setattr(fedge.experiment.run, "run_experiment", never)
     assert bench.run_all(records, out, only_rows=["BP FedAvg"], seeds=[0]) == []
     assert json.loads((folder / "seed-0.json").read_text()) == seed0
+    # a record made before a neutral key existed (here: the fairness split) is still this unit's,
+    # and a record of another protocol is refused naming the file
+    old = json.loads(json.dumps(seed0))
+    del old["config"]["partition"]["local_test"], old["config"]["local_eval_every"]
+    (folder / "seed-0.json").write_text(json.dumps(old))
+    assert bench.run_all(records, out, only_rows=["BP FedAvg"], seeds=[0]) == []
+    old["config"]["rounds"] = 3
+    (folder / "seed-0.json").write_text(json.dumps(old))
+    with pytest.raises(bench.ConfigError, match="seed-0.json records another config"):
+        bench.run_all(records, out, only_rows=["BP FedAvg"], seeds=[0])
+    (folder / "seed-0.json").write_text(json.dumps(seed0))
     # a dependent row waits for the screens it needs
     left = bench.run_all(records, out, only_rows=[bench.BP_MASK], seeds=[0])
     assert left == [
