@@ -132,6 +132,19 @@ FEDZO = (
     "method.server_optimizer={name: sgd, lr: 1.0}",
 )
 JVP_K = 32  # 3 forwards a direction: 96 forwards' FLOPs a sample, BAFFLE K = 100's 101
+# Backprop with a compressed uplink (issue 44: the comparison that matters for slow uplinks):
+# top-k 1% with error feedback, the codec of docs/methods/compression.md with the fewest bytes
+# but randk's (8 bytes a kept coordinate, 254 of the MLP's 25,450: ~2 kB a round against 102 kB
+# dense; randk 1% sends half that, but its d/k scaling adds a variance of ~99 times the update's
+# squared norm). Compression refuses secure aggregation (off for FedAvg; said here so the row
+# cannot inherit it).
+BP_TOPK = "BP FedAvg, top-k 1% + error feedback"
+TOPK = (
+    "method.compress.name=topk",
+    "method.compress.ratio=0.01",
+    "method.compress.error_feedback=true",
+    "method.secure_aggregation=false",
+)
 
 
 @dataclass(frozen=True)
@@ -169,6 +182,7 @@ def base_rows() -> dict[str, Row]:
             lr_key="method.server_optimizer.lr",
             lrs=(0.03, 0.1, 0.3),
         ),
+        Row(BP_TOPK, "bp", (*BP, *TOPK)),
         Row(
             "BAFFLE K=100 (batch mode)",
             "zo",
