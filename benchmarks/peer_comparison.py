@@ -330,7 +330,7 @@ def section(records: Path = zf.RECORDS, methods: Sequence[str] | None = None) ->
             "round, 2,000 held out for validation, the 10,000-image test set, batches of 20, "
             "seeds 0, 1, 2; each row's learning rate picked on validation (runs of half the "
             "budget on seed 0), never on test. The rows run in the frontier's table; this section reads "
-            "the same records.",
+            "the same records, and the machines and CPU-minutes of every unit are listed there.",
             "",
             "**Budget, matched on client samples**: every client passes over its 1,000 samples 20 "
             f"times (1,000 local steps of 20 samples): 20 rounds of 50 local steps, or {zf.ROUNDS * 50:,} "
@@ -338,7 +338,8 @@ def section(records: Path = zf.RECORDS, methods: Sequence[str] | None = None) ->
             "bytes then differ by method; all three are given, per client-round (bytes: the mean "
             "over the run's rounds) and in total (all 10 clients, the whole run). Client FLOPs are "
             "the probe's one metered client-round (forwards only for the forward-only rows) times "
-            "10 clients times the rounds; memory is the probe's peak of client tensors.",
+            "10 clients times the rounds; memory is the probe's peak of client tensors "
+            "(`measure.memory`, tensor accounting).",
             "",
             f"**Target**: test accuracy {TARGET:.2f}, the non-IID / slow-uplink table's target "
             "(so the two read together), fixed rather than taken from these rows' results. "
