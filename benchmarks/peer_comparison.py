@@ -15,6 +15,8 @@ bytes; the plotted data travel in the PNG's text chunk ``DATA_KEY``, which the d
 against the records. A row whose records are incomplete is listed with what it awaits.
 
     python benchmarks/peer_comparison.py --docs docs/benchmarks.md   # render the records
+
+(``zo_frontier.py --table-only --docs docs/benchmarks.md`` renders this section too.)
 """
 
 from __future__ import annotations
@@ -410,14 +412,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", default=str(zf.RECORDS), help=argparse.SUPPRESS)
     ap.add_argument("--docs", default=None, help="rewrite the peer-comparison section of this file")
     args = ap.parse_args(argv)
-    methods = registered(None)
-    records = Path(args.records)
-    text = section(records, methods)
+    text = section(Path(args.records))
     print(text)
     if args.docs:
-        figure(curves(zf.read_records(records, methods)))
-        update_section(args.docs, NAME, TITLE, text, machine=records_line(records, root=ROOT))
+        render(Path(args.records), args.docs)
     return 0
+
+
+def render(records: Path, docs: str | Path, methods: Sequence[str] | None = None) -> None:
+    """Rewrite the section in ``docs`` and the figure from ``records`` (what ``--docs`` does;
+    ``zo_frontier.py --docs`` calls it too, the two sections reading the same records)."""
+    methods = registered(methods)
+    figure(curves(zf.read_records(records, methods)))
+    text = section(records, methods)
+    update_section(docs, NAME, TITLE, text, machine=records_line(records, root=ROOT))
 
 
 if __name__ == "__main__":

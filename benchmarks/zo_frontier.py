@@ -854,7 +854,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-minutes", type=float, default=None, help="start no unit after this")
     ap.add_argument("--out", default="runs/bench-zo-frontier", help="run directories (checkpoints)")
     ap.add_argument("--records", default=str(RECORDS), help=argparse.SUPPRESS)
-    ap.add_argument("--docs", default=None, help="rewrite the zo-frontier section of this file")
+    ap.add_argument(
+        "--docs",
+        default=None,
+        help="rewrite the zo-frontier section of this file and the peer comparison (its records)",
+    )
     ap.add_argument("--table-only", action="store_true", help="render the records, run nothing")
     ap.add_argument("--estimate", action="store_true", help="print each row's cost, run nothing")
     args = ap.parse_args(argv)
@@ -901,6 +905,9 @@ def main(argv: list[str] | None = None) -> int:
             text,
             machine=records_line(records, root=ROOT),
         )
+        import peer_comparison  # issue 44's comparison, read from the same records
+
+        peer_comparison.render(records, args.docs, methods)
     return 0
 
 
