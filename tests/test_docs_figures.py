@@ -12,7 +12,9 @@ Not re-derived: timings, RSS and tensor-accounting memory, accuracies and FLOPs 
 runs (minutes to hours). The reproduction tables built from those trainings (BAFFLE Tables 1
 and 2, NTK-BAFFLE Table 3) are checked another way: their sections must be exactly what their
 scripts render from the committed run records (`test_reproduction_sections_are_their_records_rendered`;
-the privacy-leakage section and the zo-bytes target likewise). Every section must name its
+the privacy-leakage section and the zo-bytes target likewise; the peer comparison's numbers
+and the data its figure plotted are also re-derived from its records by the test's own
+arithmetic). Every section must name its
 records directory under benchmarks/results/, or be listed, with its reason, among the sections
 still awaiting records (`AWAITING_RECORDS`): a new section without records fails.
 
