@@ -707,7 +707,13 @@ def cpu_minutes(state: dict[str, Any]) -> dict[str, float]:
 
 
 def best_row(agg: dict[str, Any], every: dict[str, Row], kinds: Sequence[str]) -> str | None:
-    done = {k: a for k, a in agg.items() if a and "mean" in a and every[k].kind in kinds}
+    """The row of ``kinds`` with the highest mean final accuracy among those with every seed
+    recorded (a row with fewer seeds is not yet a result to name)."""
+    done = {
+        k: a
+        for k, a in agg.items()
+        if a and "mean" in a and a["seeds"] >= len(SEEDS) and every[k].kind in kinds
+    }
     return max(done, key=lambda k: (done[k]["mean"], k)) if done else None
 
 

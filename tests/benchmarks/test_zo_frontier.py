@@ -120,6 +120,11 @@ def test_the_table_and_verdict_from_made_records(tmp_path: Path) -> None:
         "(BP FedAvg, 0.8300) at 50.0x its total client FLOPs: the 1-point / 10x target is not met."
         in text
     )
+    # a forward-only row with one seed recorded, better than BAFFLE, is not yet named
+    _screen(tmp_path, "BAFFLE + persistent Adam", MID)
+    _write(tmp_path, "BAFFLE + persistent Adam", "seed-0", _result(0.80))
+    text, _ = bench.table(tmp_path, methods=[])
+    assert "Verdict: the best forward-only row is BAFFLE K=100 at 0.7000" in text
 
 
 def test_no_records_render_as_awaiting(tmp_path: Path) -> None:
