@@ -63,8 +63,9 @@ def activity_layers(model: nn.Module, params: Sequence[str] | None = None) -> li
             raise ConfigError(
                 f"activity perturbation estimates linear and convolutional layers' weights and "
                 f"biases only, but {names[id(p)]!r} (in {kind}) is trainable; freeze it "
-                "(method.freeze) or leave it out of method.perturb, or use a model without "
-                "affine norm layers (model.norm_affine=false)"
+                "(method.freeze) or leave it out of method.perturb (e.g. "
+                "method.perturb=['*.conv.*', 'classifier.*']); for norm layers, "
+                "model.norm_affine=false"
             )
         layer = layers[i]
         if isinstance(layer, nn.modules.conv._ConvNd) and (
@@ -211,7 +212,7 @@ def _activity_grad(
             diff = plus - base
         else:
             diff = plus - losses((z.unsqueeze(0) - sigma * u).flatten(0, 1), len(ks))
-        acc += torch.einsum("pb,pb...->b...", diff, u.to(torch.float64))
+        acc += torch.einsum("pb,pb...->b...", diff.to(u.dtype), u)  # in z's dtype: no copy of u
         del u, zs
     assert acc.shape[0] == batch
     return acc
