@@ -5,6 +5,8 @@ each sample's directional derivative of the loss along the perturbation from for
 (finite differences, no backward pass), and forms the layer's weight gradient from its own input by
 the layer's local linear map. The estimate is for a client that applies its own update (BAFFLE's
 epoch mode): its directions live in the client's activations, which no server can regenerate.
+Every layer is scored by the global loss (no local heads): unbiased up to the finite difference's
+error, where the paper's block-local losses would add the bias of a greedy per-block objective.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ __all__ = ["ExampleLossFn", "activity_gradient", "activity_layers"]
 #: ``loss(logits, y) -> (B,)``: each sample's loss; the estimate is of their mean's gradient.
 ExampleLossFn = Callable[[Tensor, Tensor], Tensor]
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d)
-# Perturbed rows per batched suffix pass, bounded by this many activation elements of z (16 MiB in
+# Perturbed rows per batched suffix pass, bounded by this many activation elements of z (4 MiB in
 # float32): the K perturbed copies of a batch run as one larger batch through the suffix.
-_MAX_PASS_ELEMENTS = 1 << 22
+_MAX_PASS_ELEMENTS = 1 << 20
 
 
 def per_example_cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
@@ -133,7 +135,7 @@ def activity_gradient(
         params: names of the estimated parameters; None: every ``requires_grad`` one.
         masks: name -> bool mask; the estimate is zeroed off it.
         loss_fn: ``loss_fn(logits, y) -> (B,)`` each sample's loss.
-        chunk: perturbations per batched suffix pass (None: up to 2²² activation elements).
+        chunk: perturbations per batched suffix pass (None: up to 2²⁰ activation elements).
 
     Returns:
         name -> estimate, for the selected parameters (float32, on the parameters' device).

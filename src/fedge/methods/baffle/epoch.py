@@ -1,7 +1,8 @@
 """Epoch-level BAFFLE (``mode: epoch``, FedAvg; seed 000, Section 3.2): each client runs local steps
 whose gradient is the zeroth-order estimate of Eq. (6) on the current mini-batch (a fresh
-perturbation seed per step), clipped to the configured inf-norm, and uploads its model delta; the
-server averages the deltas with weights N_c/N. Details: ``docs/methods/baffle.md``.
+perturbation seed per step), or with ``estimator: activity`` the activity-perturbed one
+(:mod:`fedge.estimators.activity`), clipped to the configured inf-norm, and uploads its model
+delta; the server averages the deltas with weights N_c/N. Details: ``docs/methods/baffle.md``.
 """
 
 from __future__ import annotations
