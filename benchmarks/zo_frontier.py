@@ -39,7 +39,10 @@ final mean less 1 point (mean over the seeds that reach it; else "not reached" a
 accuracy), the run's total client FLOPs, bytes up and down per client over the run, and the
 client memory of one metered round (``measure.memory``, tensor accounting). Rows that run
 forward-mode AD (``forward_mode_ad`` in their round lines) are listed apart from the
-inference-only ones.
+inference-only ones, and so is activity perturbation (``estimator: activity``, epoch mode: its
+directional derivatives are finite differences of forwards, but the client perturbs each layer's
+output and forms that layer's weight gradient from the layer's input, which an inference-only
+runtime does not do).
 
 **Resumable units**: every screen run (row, lr), every main run (row, seed) and every row's memory
 probe is a unit whose record (its resolved config and figures) is written to
@@ -146,12 +149,18 @@ TOPK = (
     "method.compress.error_feedback=true",
     "method.secure_aggregation=false",
 )
+# Activity perturbation (Ren et al. 2023; fedge.estimators.activity): K perturbations of each
+# layer's output per sample; a direction costs the layers after it only (on this MLP, 724 FLOP a
+# sample against a forward's 50.9k), so K = 100 is 3.4 forwards' FLOPs a sample, within BAFFLE
+# K = 100's 101 (the jvp row's convention: no more client FLOPs than BAFFLE K = 100).
+ACTIVITY_K = 100
 
 
 @dataclass(frozen=True)
 class Row:
     """A row of the table: its overrides (before the lr), which key its screened lr sets and
-    the grid, its kind (``bp``, ``zo`` inference-only, ``fmad`` forward-mode AD, ``peer``)."""
+    the grid, its kind (``bp``, ``zo`` inference-only, ``fmad`` forward-mode AD, ``activity``
+    activity perturbation, ``peer``)."""
 
     label: str
     kind: str
@@ -175,6 +184,7 @@ def base_rows() -> dict[str, Row]:
             lr_key="method.server_optimizer.lr",
         ),
         Row(f"jvp K={JVP_K}", "fmad", (f"method.k={JVP_K}", "method.estimator=jvp")),
+        Row(ACTIVITY, "activity", (f"method.k={ACTIVITY_K}", "method.estimator=activity")),
         # issue 44's peer comparison: the rows it names beyond the levers and the peers
         Row(
             "BP FedSGD",
@@ -230,6 +240,7 @@ def peer_rows(methods: Sequence[str]) -> dict[str, Row]:
 
 
 BP_REF_ROWS = ("BP FedAvg", "BP FedAvg, persistent Adam")
+ACTIVITY = f"BAFFLE activity perturbation K={ACTIVITY_K}"
 COMBO = "BAFFLE + levers chosen by validation"
 COMBO_JVP = f"jvp K={JVP_K} + the same levers"
 BP_MASK = "BP, mask 10% magnitude (same trainable set)"
@@ -606,6 +617,8 @@ KIND_TITLE = {
     "zo": "Forward-only, inference only",
     "peer": "Forward-only, inference only (peers)",
     "fmad": "Forward-mode AD (jvp; not inference-only)",
+    "activity": "Activity perturbation (finite differences of forwards, each layer's weight "
+    "gradient formed on the client from its input; not inference-only)",
 }
 
 
@@ -725,7 +738,7 @@ def verdict_sentence(agg: dict[str, Any], every: dict[str, Row], ref: str | None
     if bp is None or "mean" not in bp or best is None:
         return "Verdict: awaiting records (the BP reference and at least one forward-only row)."
     out = []
-    for label in [best, best_row(agg, every, ("fmad",))]:
+    for label in [best, best_row(agg, every, ("fmad",)), best_row(agg, every, ("activity",))]:
         if label is None:
             continue
         a = agg[label]
@@ -737,7 +750,9 @@ def verdict_sentence(agg: dict[str, Any], every: dict[str, Row], ref: str | None
             continue
         ratio = a["total_flops"] / bp["total_flops"]
         met = gap <= 100 * TARGET_GAP and ratio <= FLOPS_RATIO
-        kind = "forward-only" if every[label].kind != "fmad" else "forward-mode-AD"
+        kind = {"fmad": "forward-mode-AD", "activity": "activity-perturbation"}.get(
+            every[label].kind, "forward-only"
+        )
         out.append(
             f"the best {kind} row is {label} at {a['mean']:.4f}, {gap:.2f} points below BP "
             f"({ref}, {bp['mean']:.4f}) at {ratio:.1f}x its total client FLOPs: the 1-point / 10x "
@@ -770,7 +785,9 @@ def figure(agg: dict[str, Any], every: dict[str, Row], path: Path = FIGURE) -> l
         front = pareto(points)
         fronts.append(front)
         for k, (c, m) in points.items():
-            marker = {"bp": "s", "zo": "o", "peer": "^", "fmad": "D"}[every[k].kind]
+            marker = {"bp": "s", "zo": "o", "peer": "^", "fmad": "D", "activity": "P"}[
+                every[k].kind
+            ]
             ax.errorbar(c, m, yerr=done[k]["std"], fmt=marker, capsize=3, label=k)
         if front:
             xs = sorted((points[k] for k in front), key=lambda p: p[0])
@@ -814,9 +831,26 @@ def section(records: Path = RECORDS, methods: Sequence[str] | None = None) -> st
 
 # --- cost estimate ------------------------------------------------------------------------------
 
-FLOP_PER_SAMPLE = {"bp": 102_272.0, "forward": 50_900.0, "jvp_direction": 152_400.0}
+FLOP_PER_SAMPLE = {
+    "bp": 102_272.0,
+    "forward": 50_900.0,
+    "jvp_direction": 152_400.0,
+    # activity (torch's counter, exact): the clean forward and each layer's local map (a forward's
+    # FLOPs again: 101,632) plus one base suffix pass (640); then per direction the suffix after
+    # fc1 (640) and the accumulation of Σ Δℓ u over fc1's 32 and the output's 10 units (84)
+    "activity_fixed": 102_272.0,
+    "activity_direction": 724.0,
+}
 # Measured here, FLOP counter off (one core, 300 samples of one client; FedKSeed assumed BP's).
-MEASURED_FLOPS_PER_S = {"bp": 2.1e9, "zo": 3.15e9, "peer": 2.1e9, "fmad": 2.06e9}
+MEASURED_FLOPS_PER_S = {
+    "bp": 2.1e9,
+    "zo": 3.15e9,
+    "peer": 2.1e9,
+    "fmad": 2.06e9,
+    # activity K = 100: 20 ms a step of 20 samples (3.49 MFLOP) on one loaded core (load ~12 on 2
+    # cores: an upper bound on its time); small passes, so call overhead, not FLOPs, sets the rate
+    "activity": 0.17e9,
+}
 COUNTED_FLOPS_PER_S = 1.33e9  # BAFFLE with the counter on (rows with a K schedule keep it on)
 NOMINAL_FLOPS_PER_S = 100e9
 EVAL_S = (
@@ -835,6 +869,8 @@ def estimate(row: Row) -> dict[str, float]:
         per = FLOP_PER_SAMPLE["bp"]
     elif row.kind == "fmad":
         per = k_mean * FLOP_PER_SAMPLE["jvp_direction"]
+    elif row.kind == "activity":
+        per = FLOP_PER_SAMPLE["activity_fixed"] + k_mean * FLOP_PER_SAMPLE["activity_direction"]
     elif row.kind == "peer":
         per = 2 * FLOP_PER_SAMPLE["forward"]
     else:

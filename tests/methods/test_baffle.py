@@ -625,3 +625,56 @@ def test_batch_mode_client_and_server_use_the_round_s_sigma():
         dict(_model().named_parameters()), want, spec, seed=msg.config["seed"]
     )
     assert all(torch.equal(got[k], rebuilt[k]) for k in rebuilt)
+
+
+def test_the_activity_estimator_is_refused_where_it_cannot_run(tiny):
+    """``estimator: activity`` needs a client that applies its own update (epoch mode: batch mode's
+    K scalars cannot carry directions that live in the client's activations), Gaussian
+    directions, float32, and a model whose trainable parameters are linear/conv layers'."""
+    with pytest.raises(ValueError, match="estimator=activity needs mode=epoch, got mode=batch"):
+        BaffleConfig(mode="batch", estimator="activity")
+    with pytest.raises(ValueError, match="set method.directions=gaussian"):
+        BaffleConfig(estimator="activity", directions="orthogonal")
+    with pytest.raises(ValueError, match="set method.precision=float32"):
+        BaffleConfig(estimator="activity", precision="bfloat16")
+    with pytest.raises(ConfigError, match="no zeroth-order weight spec"):
+        BaffleConfig(estimator="activity").zo_spec()
+    section = {"name": "baffle", "k": 4, "batch_size": 16, "estimator": "activity"}
+    affine = tiny(model={"name": "lenet", "norm_affine": True}, method=section)
+    with pytest.raises(
+        ConfigError, match=r"estimator=activity: .*norm.weight.* is trainable; freeze"
+    ):
+        build_run(load_config(affine))
+    frozen = tiny(model={"name": "lenet", "norm_affine": True}, method=section)
+    frozen["method"] = {**section, "perturb": ["*.conv.*", "classifier.*"]}
+    build_run(load_config(frozen)).simulation().close()  # the affine norms left out: accepted
+
+
+@pytest.mark.parametrize("model", [{"name": "mlp", "hidden": [16]}, {"name": "lenet"}])
+def test_an_activity_run_trains_and_meters_its_client_flops(tiny, model):
+    """Epoch-mode BAFFLE with ``estimator: activity`` on the MLP and BAFFLE's LeNet (GroupNorm,
+    Hardswish): the test loss falls over three rounds, the engine meters the client's FLOPs, and a
+    rerun gives the same numbers (the perturbations come from the client's generator)."""
+
+    def run():
+        section = {
+            "name": "baffle",
+            "k": 16,
+            "sigma": 1e-3,
+            "batch_size": 16,
+            "max_steps": 4,
+            "estimator": "activity",
+            "ema": None,
+            "client_optimizer": {"name": "adam", "lr": 0.01},
+        }
+        cfg = load_config(tiny(rounds=3, model=model, method=section))
+        sim = build_run(cfg).simulation()
+        try:
+            return [sim.run_round(r) for r in (1, 2, 3)]
+        finally:
+            sim.close()
+
+    lines = run()
+    assert lines[-1]["test_loss"] < lines[0]["test_loss"]
+    assert all(line["client_flops"] > 0 for line in lines)
+    assert [x["test_loss"] for x in run()] == [x["test_loss"] for x in lines]

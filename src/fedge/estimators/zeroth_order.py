@@ -39,6 +39,7 @@ __all__ = [
     "loss_differences",
     "num_differences",
     "directional_derivatives",
+    "flat_layers",
     "split_prefix",
     "zeroth_order_gradient",
 ]
@@ -494,6 +495,14 @@ def directional_derivatives(
                 tangents.append(z * mask if mask is not None else z)
             out[i] = float(jvp(loss_of, primals, tuple(tangents))[1])
     return out
+
+
+def flat_layers(model: nn.Module) -> list[nn.Module] | None:
+    """The layers ``model`` runs one after the other, nested plain ``nn.Sequential`` flattened;
+    None when ``model`` is not a plain ``nn.Sequential`` (one running ``Sequential.forward``)."""
+    if not isinstance(model, nn.Sequential) or type(model).forward is not nn.Sequential.forward:
+        return None
+    return _layers(model)
 
 
 def _layers(seq: nn.Sequential) -> list[nn.Module]:

@@ -15,6 +15,7 @@ import torch
 
 from fedge.core.errors import ConfigError
 from fedge.core.protocols import Round, StrategyWrapper
+from fedge.estimators.activity import activity_layers
 from fedge.methods.baffle.batch import BaffleBatchClient, BaffleBatchStrategy, build_batch
 from fedge.methods.baffle.config import (
     CAPABILITIES,
@@ -24,7 +25,11 @@ from fedge.methods.baffle.config import (
     perturbation_threads,
     upload,
 )
-from fedge.methods.baffle.epoch import build_epoch, zeroth_order_gradient_fn
+from fedge.methods.baffle.epoch import (
+    activity_gradient_fn,
+    build_epoch,
+    zeroth_order_gradient_fn,
+)
 from fedge.methods.base import Layer, MethodBuild, MethodEnv, warn_scalars_unprotected
 from fedge.methods.registry import declare_method
 from fedge.methods.replay import (
@@ -45,6 +50,7 @@ __all__ = [
     "ClientReplica",
     "DownlinkHistory",
     "ForwardModeLabel",
+    "activity_gradient_fn",
     "advice",
     "build",
     "clip_inf_norm",
@@ -96,6 +102,12 @@ def build(
             perturbed_params(env.model_fn(), cfg.perturb)
         except ConfigError as exc:
             raise ConfigError(f"method.perturb={cfg.perturb}: {exc}") from None
+    if cfg.estimator == "activity":  # the model's layers checked before a run directory is made
+        model = env.model_fn().train()
+        try:
+            activity_layers(model, list(perturbed_params(model, cfg.perturb)))
+        except ConfigError as exc:
+            raise ConfigError(f"method.estimator=activity: {exc}") from None
     if env.train_masks is not None and cfg.downlink == "seeds":
         raise ConfigError(
             "method.train_mask with method.downlink=seeds: a client's replay of the server's steps "

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from pydantic import Field, model_validator
 
+from fedge.core.errors import ConfigError
 from fedge.core.rng import Draws
 from fedge.estimators import ZerothOrderSpec
 from fedge.methods.base import MethodConfigBase, MethodEnv, ServerOptimizerConfig
@@ -56,9 +57,12 @@ class BaffleConfig(MethodConfigBase):
     scheme: Literal["central", "forward"] = Field(
         "forward", description="central or twice-FD (forward)"
     )
-    estimator: Literal["lean", "fast", "jvp"] = Field(
+    estimator: Literal["lean", "fast", "jvp", "activity"] = Field(
         "fast",
-        description="jvp: forward-mode differentiation (NOT inference-only: exact directional derivatives by "
+        description="activity (epoch mode): activity perturbation (Ren et al. 2023), K seeded perturbations of each "
+        "linear/conv layer's output per sample, each sample's loss differences from forwards of the layers after it, "
+        "the layer's weight gradient formed locally from its input (fedge.estimators.activity; global loss, no local "
+        "heads); jvp: forward-mode differentiation (NOT inference-only: exact directional derivatives by "
         "torch.func.jvp, one pass per direction, uploaded as c·σ·∇L·z_k so the server is unchanged; rounds log "
         "forward_mode_ad=1); lean (least memory) or fast (a forward of the batch of at most ~90 MFLOP, e.g. LeNet-5 up to "
         "159 samples, BAFFLE's LeNet up to 8: perturbations batched; more: perturbations split over "
@@ -196,6 +200,8 @@ class BaffleConfig(MethodConfigBase):
                 "server sends the last global updates with the model and rebuilds the estimate from them); got "
                 f"mode={self.mode}, downlink={self.downlink}, directions={self.directions}"
             )
+        if self.estimator == "activity":
+            self._check_activity()
         if self.k_final is not None and self.mode != "epoch":
             raise ValueError(
                 f"k_final={self.k_final} (a K schedule) needs mode=epoch: in batch mode every reply's K scalars are "
@@ -212,6 +218,28 @@ class BaffleConfig(MethodConfigBase):
                 "it needs mode=batch and shared_perturbations=true"
             )
         return self
+
+    def _check_activity(self) -> None:
+        """``estimator: activity`` perturbs the client's own activations: only a client that
+        applies its own update (epoch mode) can use them, along Gaussian directions, in float32."""
+        if self.mode != "epoch":
+            raise ValueError(
+                f"estimator=activity needs mode=epoch, got mode={self.mode}: batch mode uploads K loss "
+                "differences along seeded weight directions the server regenerates, but activity "
+                "perturbation's directions live in the client's own activations, which the server cannot "
+                "rebuild, so the client must apply its own estimate and upload the delta; set method.mode=epoch "
+                "(or method.estimator=fast for batch mode)"
+            )
+        if self.directions != "gaussian":
+            raise ValueError(
+                f"estimator=activity draws Gaussian activation perturbations, got directions={self.directions}; "
+                "set method.directions=gaussian"
+            )
+        if self.precision != "float32":
+            raise ValueError(
+                f"estimator=activity runs its forwards in float32, got precision={self.precision}; set "
+                "method.precision=float32"
+            )
 
     @property
     def dtype(self) -> torch.dtype | None:
@@ -230,12 +258,18 @@ class BaffleConfig(MethodConfigBase):
         fast mode split over ``workers`` threads (:func:`perturbation_threads`), its directions
         drawn by ``draws`` (the run's ``draws``, from :class:`~fedge.methods.base.MethodEnv`:
         a run-level choice, not a method key) on ``device`` (the run's ``device``, likewise)."""
+        mode = self.estimator
+        if mode == "activity":
+            raise ConfigError(
+                "estimator=activity perturbs activations, not weights: it has no zeroth-order weight "
+                "spec (fedge.methods.baffle.epoch.activity_gradient_fn runs it)"
+            )
         return ZerothOrderSpec(
             k=self.k,
             sigma=self.sigma,
             scheme=self.scheme,
             directions=self.directions,
-            mode=self.estimator,
+            mode=mode,
             chunk=self.chunk,
             dtype=self.dtype,
             workers=workers,

@@ -1,7 +1,8 @@
 """Epoch-level BAFFLE (``mode: epoch``, FedAvg; seed 000, Section 3.2): each client runs local steps
 whose gradient is the zeroth-order estimate of Eq. (6) on the current mini-batch (a fresh
-perturbation seed per step), clipped to the configured inf-norm, and uploads its model delta; the
-server averages the deltas with weights N_c/N. Details: ``docs/methods/baffle.md``.
+perturbation seed per step), or with ``estimator: activity`` the activity-perturbed one
+(:mod:`fedge.estimators.activity`), clipped to the configured inf-norm, and uploads its model
+delta; the server averages the deltas with weights N_c/N. Details: ``docs/methods/baffle.md``.
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ import torch.nn.functional as F
 
 from fedge.core.context import ClientContext
 from fedge.core.rng import Draws
-from fedge.estimators import zeroth_order_gradient
+from fedge.estimators import ZerothOrderSpec, zeroth_order_gradient
+from fedge.estimators.activity import activity_gradient
 from fedge.methods.baffle.config import BaffleConfig, perturbation_threads, round_spec
 from fedge.methods.base import MethodBuild, MethodEnv
 from fedge.methods.fedavg import DeltaAveraging
 from fedge.methods.local import LocalTraining
 from fedge.methods.replay import clip_inf_norm, perturbed_masks, perturbed_params
 
-__all__ = ["build_epoch", "zeroth_order_gradient_fn"]
+__all__ = ["activity_gradient_fn", "build_epoch", "zeroth_order_gradient_fn"]
 
 
 def zeroth_order_gradient_fn(
@@ -32,7 +34,9 @@ def zeroth_order_gradient_fn(
 ) -> Any:
     """A :data:`~fedge.methods.local.GradientFn` computing BAFFLE's local estimate, its
     directions drawn by ``draws`` on ``device``, with the round's K and σ (:func:`round_spec`,
-    of ``rounds``)."""
+    of ``rounds``); with ``estimator: activity``, :func:`activity_gradient_fn`'s."""
+    if cfg.estimator == "activity":
+        return activity_gradient_fn(cfg, rounds)
     base = cfg.zo_spec(workers=threads, draws=draws, device=device)
 
     def gradient(
@@ -47,6 +51,39 @@ def zeroth_order_gradient_fn(
         masks = perturbed_masks(masks, params)
         g = zeroth_order_gradient(
             model, F.cross_entropy, batch, spec, seed=seed, params=list(params), masks=masks
+        )
+        return None, clip_inf_norm(g, cfg.clip)
+
+    return gradient
+
+
+def activity_gradient_fn(cfg: BaffleConfig, rounds: int = 1) -> Any:
+    """A :data:`~fedge.methods.local.GradientFn` computing the activity-perturbed estimate
+    (:func:`~fedge.estimators.activity.activity_gradient`: K perturbations of each perturbed
+    layer's output per sample, ``scheme``'s differences at σ, the round's K and σ of
+    :func:`round_spec`), clipped to the configured inf-norm; a fresh seed per step from the
+    client's generator. Its directions never leave the client, so ``draws`` does not apply."""
+    base = ZerothOrderSpec(k=cfg.k, sigma=cfg.sigma, scheme=cfg.scheme)  # for round_spec's K, σ
+
+    def gradient(
+        model: torch.nn.Module,
+        batch: tuple[torch.Tensor, torch.Tensor],
+        ctx: ClientContext,
+        masks: Any,
+    ):
+        spec = round_spec(base, cfg, ctx.rnd, rounds)
+        seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator))
+        params = perturbed_params(model, cfg.perturb)
+        g = activity_gradient(
+            model,
+            batch,
+            k=spec.k,
+            sigma=spec.sigma,
+            scheme=cfg.scheme,
+            seed=seed,
+            params=list(params),
+            masks=perturbed_masks(masks, params),
+            chunk=cfg.chunk,
         )
         return None, clip_inf_norm(g, cfg.clip)
 

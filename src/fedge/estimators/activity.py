@@ -1,0 +1,245 @@
+"""Activity-perturbed gradient estimate (Ren, Kornblith, Liao and Hinton, "Scaling Forward Gradient
+With Local Losses", ICLR 2023, arXiv:2210.03310v3, Section 3): instead of the weights, the client
+perturbs the output activations z = W x + b of one linear or convolutional layer at a time, reads
+each sample's directional derivative of the loss along the perturbation from forward passes
+(finite differences, no backward pass), and forms the layer's weight gradient from its own input by
+the layer's local linear map. The estimate is for a client that applies its own update (BAFFLE's
+epoch mode): its directions live in the client's activations, which no server can regenerate.
+Every layer is scored by the global loss (no local heads): unbiased up to the finite difference's
+error, where the paper's block-local losses would add the bias of a greedy per-block objective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn import grad as layer_grad
+
+from fedge.core.config import check_positive_int
+from fedge.core.errors import ConfigError
+from fedge.core.rng import generator
+from fedge.estimators.perturbation import select
+from fedge.estimators.spec import Scheme, check_scheme, check_sigma
+from fedge.estimators.zeroth_order import flat_layers
+
+__all__ = ["ExampleLossFn", "activity_gradient", "activity_layers"]
+
+#: ``loss(logits, y) -> (B,)``: each sample's loss; the estimate is of their mean's gradient.
+ExampleLossFn = Callable[[Tensor, Tensor], Tensor]
+_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d)
+# Perturbed rows per batched suffix pass, bounded by this many activation elements of z (4 MiB in
+# float32): the K perturbed copies of a batch run as one larger batch through the suffix.
+_MAX_PASS_ELEMENTS = 1 << 20
+
+
+def per_example_cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
+    """Each sample's cross-entropy, in float64 (the differences are taken there)."""
+    return F.cross_entropy(logits.to(torch.float64), y, reduction="none")
+
+
+def activity_layers(model: nn.Module, params: Sequence[str] | None = None) -> list[int]:
+    """The indices, in :func:`~fedge.estimators.zeroth_order.flat_layers` order, of the layers of
+    ``model`` whose outputs an activity estimate perturbs: those owning a selected parameter
+    (``params``; None: every ``requires_grad`` one). Refuses, naming the fix, a model that is not
+    a plain ``nn.Sequential``, a selected parameter outside a linear or convolutional layer, and
+    layers that mix samples or draw randomness (train-mode batch norm, active dropout), under which
+    one sample's perturbation would move another's loss."""
+    layers = flat_layers(model)
+    if layers is None:
+        raise ConfigError(
+            f"activity perturbation needs an nn.Sequential model running Sequential.forward (it "
+            f"runs the layers one by one), got {type(model).__name__}; every model of the registry "
+            "is one, or use method.estimator=fast"
+        )
+    sel = select(model, params)
+    owner = {id(p): i for i, m in enumerate(layers) for p in m.parameters(recurse=True)}
+    names = {id(p): n for n, p in sel.params.items()}
+    out: set[int] = set()
+    for p in sel.params.values():
+        i = owner.get(id(p))
+        if i is None or not isinstance(layers[i], _LAYERS):
+            kind = "no layer" if i is None else type(layers[i]).__name__
+            raise ConfigError(
+                f"activity perturbation estimates linear and convolutional layers' weights and "
+                f"biases only, but {names[id(p)]!r} (in {kind}) is trainable; freeze it "
+                "(method.freeze) or leave it out of method.perturb (e.g. "
+                "method.perturb=['*.conv.*', 'classifier.*']); for norm layers, "
+                "model.norm_affine=false"
+            )
+        layer = layers[i]
+        if isinstance(layer, nn.modules.conv._ConvNd) and (
+            isinstance(layer.padding, str) or layer.padding_mode != "zeros"
+        ):
+            raise ConfigError(
+                f"activity perturbation supports zero-padded convolutions with integer padding, "
+                f"got padding={layer.padding!r}, padding_mode={layer.padding_mode!r} in "
+                f"{names[id(p)]!r}; use method.estimator=fast for this model"
+            )
+        out.add(i)
+    first = min(out)
+    for m in layers[first:]:
+        for s in m.modules():
+            mixing = isinstance(s, nn.modules.batchnorm._BatchNorm) and s.training
+            random = isinstance(s, nn.modules.dropout._DropoutNd) and s.training and s.p > 0
+            if mixing or random:
+                raise ConfigError(
+                    f"activity perturbation reads each sample's loss change from its own "
+                    f"perturbation, but {type(s).__name__} in training mode "
+                    f"{'mixes samples' if mixing else 'draws randomness'}; use GroupNorm or "
+                    "model.norm=none, call model.eval(), or use method.estimator=fast"
+                )
+    return sorted(out)
+
+
+def activity_gradient(
+    model: nn.Module,
+    batch: tuple[Tensor, Tensor],
+    *,
+    k: int,
+    sigma: float,
+    scheme: Scheme,
+    seed: int,
+    params: Sequence[str] | None = None,
+    masks: Mapping[str, Tensor] | None = None,
+    loss_fn: ExampleLossFn = per_example_cross_entropy,
+    chunk: int | None = None,
+) -> dict[str, Tensor]:
+    """Activity-perturbed estimate of ∇_W L, L = (1/B) Σ_n ℓ_n the batch's mean loss, forwards
+    only (Ren et al. 2023, Section 3, with finite differences for the forward-mode directional
+    derivative). For each layer l owning a selected parameter, in forward order, with
+    z_n = W x_n + b its output on sample n (x_n its input, both from one clean forward):
+
+        ĝ_{z_n} = 1/(c·K·σ) · Σ_k [ℓ_n(z_n + σ u_{k,n}) − ℓ_n(z_n ∓ σ u_{k,n} or z_n)] · u_{k,n},
+        ĝ_W = (1/B) Σ_n ĝ_{z_n} x_nᵀ,   ĝ_b = (1/B) Σ_n ĝ_{z_n}
+
+    (for a convolution ĝ_W is the correlation of x with ĝ_z, the layer's own weight-gradient map;
+    c = 2 for ``central``, 1 for ``forward``), u_{k,n} ~ N(0, I) drawn per sample from
+    ``(seed, "activity", l, k)``. ℓ_n(z_n + σu) runs only the layers after l (the suffix), on the
+    K perturbed copies of the batch stacked as one batch. E[ĝ_{z_n}] = ∇_{z_n} ℓ_n up to the
+    finite difference's O(σ) (forward) or O(σ²) (central) error, so ĝ_W is unbiased for the
+    gradient of the global loss in the limit σ → 0 (no local losses: the whole network's loss
+    scores every layer), with variance set by the layer's activation size per sample, not by its
+    number of weights. Layers before the first estimated one run once.
+
+    Args:
+        model: a plain ``nn.Sequential`` (nested ones flattened), left unchanged; its selected
+            parameters must belong to ``nn.Linear``/``nn.Conv1d``/``nn.Conv2d`` layers
+            (:func:`activity_layers`).
+        batch: ``(x, y)``.
+        k, sigma, scheme: K perturbations per sample and layer, σ, ``"forward"`` (K + 1 suffix
+            forwards a layer) or ``"central"`` (2K).
+        seed: the step's perturbation seed.
+        params: names of the estimated parameters; None: every ``requires_grad`` one.
+        masks: name -> bool mask; the estimate is zeroed off it.
+        loss_fn: ``loss_fn(logits, y) -> (B,)`` each sample's loss.
+        chunk: perturbations per batched suffix pass (None: up to 2²⁰ activation elements).
+
+    Returns:
+        name -> estimate, for the selected parameters (float32, on the parameters' device).
+
+    Memory: besides inference of one batch, the layer being estimated's input x and output z,
+    the accumulator ĝ_z (z's size), one pass of ``chunk`` perturbed copies of z through the
+    suffix (inference activations of chunk·B samples), and the estimate (the selected
+    parameters' size). No other layer's activations are kept (backprop keeps them all).
+    """
+    check_positive_int("k", k)
+    check_sigma(sigma)
+    check_scheme(scheme)
+    if chunk is not None:
+        check_positive_int("chunk", chunk)
+    layers = flat_layers(model)
+    estimated = set(activity_layers(model, params))
+    assert layers is not None
+    sel = select(model, params, masks)
+    name_of = {id(p): n for n, p in sel.params.items()}
+    x, y = batch
+    out: dict[str, Tensor] = {}
+    c = 2.0 if scheme == "central" else 1.0
+    with torch.no_grad():
+        h = x
+        for i, layer in enumerate(layers):
+            if i not in estimated:
+                h = layer(h)
+                continue
+            z = layer(h)  # (B, out) or (B, C, *spatial)
+            suffix = layers[i + 1 :]
+            g_z = _activity_grad(z, y, suffix, loss_fn, k, sigma, scheme, (seed, i), chunk)
+            g_z = g_z / (c * k * sigma * z.shape[0])  # of the batch's mean loss
+            gw, gb = _local_map(layer, h, g_z.to(z.dtype))
+            for p, g in ((layer.weight, gw), (layer.bias, gb)):
+                if p is not None and g is not None and id(p) in name_of:
+                    name = name_of[id(p)]
+                    mask = sel.masks.get(name)
+                    out[name] = g * mask if mask is not None else g
+            h = z
+    return {n: out[n] for n in sel.params}
+
+
+def _activity_grad(
+    z: Tensor,
+    y: Tensor,
+    suffix: Sequence[nn.Module],
+    loss_fn: ExampleLossFn,
+    k: int,
+    sigma: float,
+    scheme: Scheme,
+    path: tuple[int, int],
+    chunk: int | None,
+) -> Tensor:
+    """Σ_k Δℓ_{k,n} · u_{k,n}, float64 of z's shape: the un-normalized activity gradient."""
+
+    def losses(zs: Tensor, copies: int) -> Tensor:  # (copies·B, ...) -> (copies, B)
+        h = zs
+        for m in suffix:
+            h = m(h)
+        return loss_fn(h, y.repeat(copies)).view(copies, -1)
+
+    batch = z.shape[0]
+    per_pass = chunk or max(1, _MAX_PASS_ELEMENTS // max(1, z.numel()))
+    base = losses(z, 1) if scheme == "forward" else None  # (1, B)
+    acc = torch.zeros(z.shape, dtype=torch.float64, device=z.device)
+    seed, layer = path
+    for start in range(0, k, per_pass):
+        ks = range(start, min(k, start + per_pass))
+        u = torch.empty((len(ks), *z.shape), dtype=z.dtype, device=z.device)
+        for j, kk in enumerate(ks):
+            gen = generator(seed, "activity", layer, kk, device=z.device)
+            u[j] = torch.randn(z.shape, generator=gen, dtype=z.dtype, device=z.device)
+        zs = (z.unsqueeze(0) + sigma * u).flatten(0, 1)
+        plus = losses(zs, len(ks))
+        if base is not None:
+            diff = plus - base
+        else:
+            diff = plus - losses((z.unsqueeze(0) - sigma * u).flatten(0, 1), len(ks))
+        acc += torch.einsum("pb,pb...->b...", diff.to(u.dtype), u)  # in z's dtype: no copy of u
+        del u, zs
+    assert acc.shape[0] == batch
+    return acc
+
+
+def _local_map(layer: nn.Module, x: Tensor, g_z: Tensor) -> tuple[Tensor, Tensor | None]:
+    """The layer's weight and bias gradients from its input ``x`` and output gradient ``g_z``:
+    g_zᵀ x (linear) or their correlation (convolution), and Σ g_z over samples (and positions)."""
+    if isinstance(layer, nn.Linear):
+        g2 = g_z.reshape(-1, g_z.shape[-1])  # (B·…, out)
+        gw = g2.T @ x.reshape(-1, x.shape[-1])  # (out, in)
+        gb = g2.sum(0) if layer.bias is not None else None
+        return gw, gb
+    assert isinstance(layer, (nn.Conv1d, nn.Conv2d))
+    weight_map = (
+        layer_grad.conv1d_weight if isinstance(layer, nn.Conv1d) else layer_grad.conv2d_weight
+    )
+    gw = weight_map(
+        x,
+        layer.weight.shape,
+        g_z,
+        stride=layer.stride,
+        padding=layer.padding,
+        dilation=layer.dilation,
+        groups=layer.groups,
+    )
+    dims = [0, *range(2, g_z.dim())]
+    return gw, (g_z.sum(dims) if layer.bias is not None else None)
