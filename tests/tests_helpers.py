@@ -91,3 +91,43 @@ def record_replies(sim) -> dict[tuple[int, int], list[int]]:
 
     sim._exchange = recording
     return got
+
+
+def missed_rounds(seed: int, rounds: int, num: int, per_round: int) -> dict[int, list[int]]:
+    """Round r -> for each client sampled in r (by id), the rounds of updates it lacks and is sent:
+    r − the last round it took part in, or r − 1 when it took part in none (it builds the seeded
+    initial model W_1 itself). For a run of a seeds-and-scalars method (FedKSeed, DeComFL) with
+    the engine's sampling in which every sampled client replies."""
+    from fedge.runtime.engine import sample_clients
+
+    last: dict[int, int] = {}
+    out: dict[int, list[int]] = {}
+    for rnd in range(1, rounds + 1):
+        ids = sample_clients(seed, rnd, num, per_round)
+        out[rnd] = [rnd - last.get(c, 1) for c in ids]
+        last.update(dict.fromkeys(ids, rnd))
+    return out
+
+
+def check_scalar_bytes(
+    lines: list[dict], missed: dict[int, list[int]], *, up: int, down: int, secure: bool
+) -> None:
+    """Each round's logged payload against a seeds-and-scalars formula within 64 bytes of framing
+    a message: every client sends ``up`` bytes, and is sent ``down`` bytes per round it missed
+    (``missed``: :func:`missed_rounds`). The payload is ``payload_bytes_*`` under secure
+    aggregation, which with ``secagg_bytes_*`` sums to ``bytes_*``; else ``bytes_*`` itself."""
+    assert [line["round"] for line in lines] == sorted(missed)
+    for line in lines:
+        n = len(missed[line["round"]])
+        if secure:
+            for way in ("down", "up"):
+                payload, rest = line[f"payload_bytes_{way}"], line[f"secagg_bytes_{way}"]
+                assert payload + rest == line[f"bytes_{way}"] and rest > 0, line
+            got_down, got_up = line["payload_bytes_down"], line["payload_bytes_up"]
+        else:
+            assert not any(k.startswith(("payload_", "secagg_")) for k in line), line
+            got_down, got_up = line["bytes_down"], line["bytes_up"]
+        assert got_up % n == 0, line  # every client's message is the same size
+        assert up <= got_up // n <= up + 64, (line["round"], got_up // n, up)
+        want = down * sum(missed[line["round"]])
+        assert want <= got_down <= want + 64 * n, (line["round"], got_down, want)

@@ -2,8 +2,10 @@
 directions, the server's broadcast against the per-(step, direction) mean, the replay of missed
 rounds against the server's model bit for bit (in process, in worker processes, after a resume),
 one local step against BAFFLE's batch mode with the seeds downlink, the bytes against steps × P
-float32 scalars, and a short run that lowers the loss."""
+scalars (float32, or 64-bit ring elements up under secure aggregation), and a short run that
+lowers the loss."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +20,7 @@ from fedge.methods import decomfl as decomfl_module
 from fedge.methods.base import GlobalModel, model_arrays
 from fedge.methods.decomfl import DeComFLClient, DeComFLConfig, DeComFLStrategy
 from fedge.runtime.engine import decode_state
+from tests_helpers import check_scalar_bytes, missed_rounds
 
 P, STEPS = 3, 4
 
@@ -266,19 +269,43 @@ def test_one_local_step_is_baffle_batch_mode_with_the_seeds_downlink(tiny, monke
     decomfl.close()
 
 
-def test_bytes_are_steps_times_p_float32_scalars(tiny):
-    """Up: 4·K·P bytes; down: per missed round its 4·K·P averaged scalars and 8-byte seed
-    (round 1: nothing to replay, every client builds the seeded model): within 64 bytes of
-    framing a message."""
-    sim, _ = _sim(tiny, per_round=5, num=5, secure_aggregation=False)
-    scalars = 4 * STEPS * P
-    for rnd in (1, 2, 3):
-        m = sim.run_round(rnd)
-        up, down = m["bytes_up"] / 5, m["bytes_down"] / 5
-        assert scalars <= up <= scalars + 64, up
-        missed = 0 if rnd == 1 else 1
-        assert (scalars + 8) * missed <= down <= (scalars + 8) * missed + 64, down
+@pytest.mark.filterwarnings("ignore::fedge.core.errors.PrivacyWarning")
+@pytest.mark.parametrize("secure", [False, True])
+def test_bytes_are_steps_times_p_scalars(tiny, secure):
+    """Up: K·P float32 scalars (4KP bytes), or under secure aggregation the masked [N_i·g, N_i],
+    KP + 1 64-bit ring elements (8(KP + 1) bytes); down: per missed round its KP averaged
+    float32 scalars (its seed derived, not sent; round 1: nothing to replay, every client
+    builds the seeded model). Each within 64 bytes of framing a message; the protocol's other
+    messages are logged apart (``secagg_bytes_*``)."""
+    sim, _ = _sim(tiny, per_round=3, num=6, secure_aggregation=secure)
+    lines = [sim.run_round(rnd) for rnd in (1, 2, 3, 4)]
     sim.close()
+    missed = missed_rounds(0, 4, 6, 3)
+    assert any(m > 1 for ms in missed.values() for m in ms)  # some clients missed rounds
+    up = 8 * (STEPS * P + 1) if secure else 4 * STEPS * P
+    check_scalar_bytes(lines, missed, up=up, down=4 * STEPS * P, secure=secure)
+
+
+@pytest.mark.filterwarnings("ignore::fedge.core.errors.PrivacyWarning")
+@pytest.mark.parametrize("secure", [True, False])
+def test_the_preset_logs_steps_times_p_scalars(fake_fashion_mnist, tmp_path, secure):
+    """``fedge run decomfl-fmnist-lenet`` (shrunk: 3 rounds, fewer samples; K = 10 steps and P
+    = 5 as shipped, 5 of 10 clients a round): its metrics.jsonl's payload bytes are the formula
+    of :func:`test_bytes_are_steps_times_p_scalars` for each round's sampled clients."""
+    import fedge
+
+    over = {"rounds": 3, "dataset.limit_train": 100, "dataset.limit_test": 50}
+    run = fedge.run(
+        "decomfl-fmnist-lenet",
+        overrides={**over, "method.secure_aggregation": secure},
+        out=tmp_path / "run",
+    )
+    cfg = run.config
+    kp = cfg["method"]["local_steps"] * cfg["method"]["p"]
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    missed = missed_rounds(cfg["seed"], 3, cfg["clients"]["num"], cfg["clients"]["per_round"])
+    up = 8 * (kp + 1) if secure else 4 * kp
+    check_scalar_bytes(lines, missed, up=up, down=4 * kp, secure=secure)
 
 
 def test_secure_aggregation_is_on_by_default_and_gives_the_plain_update(tiny):
