@@ -20,7 +20,7 @@ from fedge.methods import decomfl as decomfl_module
 from fedge.methods.base import GlobalModel, model_arrays
 from fedge.methods.decomfl import DeComFLClient, DeComFLConfig, DeComFLStrategy
 from fedge.runtime.engine import decode_state
-from tests_helpers import check_scalar_bytes, missed_rounds
+from tests_helpers import check_scalar_bytes, missed_rounds, record_downlink
 
 P, STEPS = 3, 4
 
@@ -271,29 +271,32 @@ def test_one_local_step_is_baffle_batch_mode_with_the_seeds_downlink(tiny, monke
 
 @pytest.mark.filterwarnings("ignore::fedge.core.errors.PrivacyWarning")
 @pytest.mark.parametrize("secure", [False, True])
-def test_bytes_are_steps_times_p_scalars(tiny, secure):
+def test_bytes_are_steps_times_p_scalars(tiny, monkeypatch, secure):
     """Up: K·P float32 scalars (4KP bytes), or under secure aggregation the masked [N_i·g, N_i],
-    KP + 1 64-bit ring elements (8(KP + 1) bytes); down: per missed round its KP averaged
-    float32 scalars (its seed derived, not sent; round 1: nothing to replay, every client
-    builds the seeded model). Each within 64 bytes of framing a message; the protocol's other
-    messages are logged apart (``secagg_bytes_*``)."""
+    KP + 1 64-bit ring elements (8(KP + 1) bytes); down, each client's message: the run's
+    DeComFL seed (8 bytes) and per round it missed that round's KP averaged float32 scalars
+    (its round seed derived, not sent; round 1: nothing to replay, every client builds the
+    seeded model). Each within 64 bytes of framing a message; the protocol's other messages
+    are logged apart (``secagg_bytes_*``)."""
+    sent = record_downlink(monkeypatch, DeComFLStrategy)
     sim, _ = _sim(tiny, per_round=3, num=6, secure_aggregation=secure)
     lines = [sim.run_round(rnd) for rnd in (1, 2, 3, 4)]
     sim.close()
     missed = missed_rounds(0, 4, 6, 3)
-    assert any(m > 1 for ms in missed.values() for m in ms)  # some clients missed rounds
+    assert any(m > 1 for ms in missed.values() for m in ms.values())  # some missed rounds
     up = 8 * (STEPS * P + 1) if secure else 4 * STEPS * P
-    check_scalar_bytes(lines, missed, up=up, down=4 * STEPS * P, secure=secure)
+    check_scalar_bytes(lines, missed, sent, up=up, down=4 * STEPS * P, secure=secure)
 
 
 @pytest.mark.filterwarnings("ignore::fedge.core.errors.PrivacyWarning")
 @pytest.mark.parametrize("secure", [True, False])
-def test_the_preset_logs_steps_times_p_scalars(fake_fashion_mnist, tmp_path, secure):
+def test_the_preset_logs_steps_times_p_scalars(fake_fashion_mnist, tmp_path, monkeypatch, secure):
     """``fedge run decomfl-fmnist-lenet`` (shrunk: 3 rounds, fewer samples; K = 10 steps and P
     = 5 as shipped, 5 of 10 clients a round): its metrics.jsonl's payload bytes are the formula
     of :func:`test_bytes_are_steps_times_p_scalars` for each round's sampled clients."""
     import fedge
 
+    sent = record_downlink(monkeypatch, DeComFLStrategy)
     over = {"rounds": 3, "dataset.limit_train": 100, "dataset.limit_test": 50}
     run = fedge.run(
         "decomfl-fmnist-lenet",
@@ -304,8 +307,9 @@ def test_the_preset_logs_steps_times_p_scalars(fake_fashion_mnist, tmp_path, sec
     kp = cfg["method"]["local_steps"] * cfg["method"]["p"]
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     missed = missed_rounds(cfg["seed"], 3, cfg["clients"]["num"], cfg["clients"]["per_round"])
+    assert any(m > 1 for ms in missed.values() for m in ms.values())
     up = 8 * (kp + 1) if secure else 4 * kp
-    check_scalar_bytes(lines, missed, up=up, down=4 * kp, secure=secure)
+    check_scalar_bytes(lines, missed, sent, up=up, down=4 * kp, secure=secure)
 
 
 def test_secure_aggregation_is_on_by_default_and_gives_the_plain_update(tiny):

@@ -24,7 +24,7 @@ from fedge.methods.fedkseed import (
     projected_gradient,
 )
 from fedge.runtime.engine import decode_state
-from tests_helpers import check_scalar_bytes, missed_rounds
+from tests_helpers import check_scalar_bytes, missed_rounds, record_downlink
 
 K = 16
 
@@ -166,28 +166,31 @@ def test_clients_rebuild_the_servers_model_bit_for_bit(tiny, workers, secure, sa
 
 @pytest.mark.filterwarnings("ignore::fedge.core.errors.PrivacyWarning")
 @pytest.mark.parametrize("secure", [False, True])
-def test_bytes_are_k_scalars_each_way(tiny, secure):
+def test_bytes_are_k_scalars_each_way(tiny, monkeypatch, secure):
     """Up: K float32 scalars (4K bytes), or under secure aggregation the masked [N_c·g, N_c],
-    K + 1 64-bit ring elements (8(K + 1) bytes); down: ḡ, K float32 scalars per round missed
-    (round 1: none, every client builds the seeded model). Each within 64 bytes of framing a
-    message; the protocol's other messages are logged apart (``secagg_bytes_*``)."""
+    K + 1 64-bit ring elements (8(K + 1) bytes); down, each client's message: the pool seed (8
+    bytes) and ḡ, K float32 scalars, per round it missed (round 1: none, every client builds
+    the seeded model). Each within 64 bytes of framing a message; the protocol's other
+    messages are logged apart (``secagg_bytes_*``)."""
+    sent = record_downlink(monkeypatch, FedKSeedStrategy)
     sim, _ = _sim(tiny, per_round=3, num=6, secure=secure)
     lines = [sim.run_round(rnd) for rnd in (1, 2, 3, 4)]
     sim.close()
     missed = missed_rounds(0, 4, 6, 3)
-    assert any(m > 1 for ms in missed.values() for m in ms)  # some clients missed rounds
+    assert any(m > 1 for ms in missed.values() for m in ms.values())  # some missed rounds
     up = 8 * (K + 1) if secure else 4 * K
-    check_scalar_bytes(lines, missed, up=up, down=4 * K, secure=secure)
+    check_scalar_bytes(lines, missed, sent, up=up, down=4 * K, secure=secure)
 
 
 @pytest.mark.filterwarnings("ignore::fedge.core.errors.PrivacyWarning")
 @pytest.mark.parametrize("secure", [True, False])
-def test_the_preset_logs_k_scalars_each_way(fake_fashion_mnist, tmp_path, secure):
+def test_the_preset_logs_k_scalars_each_way(fake_fashion_mnist, tmp_path, monkeypatch, secure):
     """``fedge run fedkseed-fmnist-lenet`` (shrunk: 3 rounds, one local step, fewer samples; K
     = 1024 as shipped, 5 of 10 clients a round): its metrics.jsonl's payload bytes are the
     formula of :func:`test_bytes_are_k_scalars_each_way` for each round's sampled clients."""
     import fedge
 
+    sent = record_downlink(monkeypatch, FedKSeedStrategy)
     over = {"rounds": 3, "dataset.limit_train": 100, "dataset.limit_test": 50}
     over |= {"method.local_steps": 1, "method.secure_aggregation": secure}
     run = fedge.run("fedkseed-fmnist-lenet", overrides=over, out=tmp_path / "run")
@@ -195,8 +198,9 @@ def test_the_preset_logs_k_scalars_each_way(fake_fashion_mnist, tmp_path, secure
     k = cfg["method"]["k"]
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     missed = missed_rounds(cfg["seed"], 3, cfg["clients"]["num"], cfg["clients"]["per_round"])
+    assert any(m > 1 for ms in missed.values() for m in ms.values())
     up = 8 * (k + 1) if secure else 4 * k
-    check_scalar_bytes(lines, missed, up=up, down=4 * k, secure=secure)
+    check_scalar_bytes(lines, missed, sent, up=up, down=4 * k, secure=secure)
 
 
 def test_pro_probabilities_are_the_softmax_of_min_max_normalized_scores():
