@@ -91,3 +91,69 @@ def record_replies(sim) -> dict[tuple[int, int], list[int]]:
 
     sim._exchange = recording
     return got
+
+
+def missed_rounds(seed: int, rounds: int, num: int, per_round: int) -> dict[int, dict[int, int]]:
+    """Round r -> {client sampled in r: the rounds of updates it lacks and is sent}: r − the last
+    round it took part in, or r − 1 when it took part in none (it builds the seeded initial
+    model W_1 itself). For a run of a seeds-and-scalars method (FedKSeed, DeComFL) with the
+    engine's sampling in which every sampled client replies."""
+    from fedge.runtime.engine import sample_clients
+
+    last: dict[int, int] = {}
+    out: dict[int, dict[int, int]] = {}
+    for rnd in range(1, rounds + 1):
+        ids = sample_clients(seed, rnd, num, per_round)
+        out[rnd] = {c: rnd - last.get(c, 1) for c in ids}
+        last.update(dict.fromkeys(ids, rnd))
+    return out
+
+
+def record_downlink(monkeypatch, strategy_cls: type) -> dict[int, dict[int, int]]:
+    """Round -> {client: the serialized size of the message ``strategy_cls.configure_round``
+    made for it}, filled as a run goes: the method's own messages, before any wrapper (secure
+    aggregation) adds to them."""
+    sizes: dict[int, dict[int, int]] = {}
+    original = strategy_cls.configure_round
+
+    def spy(self, rnd, client_ids):
+        out = original(self, rnd, client_ids)
+        sizes[rnd] = {c: len(m.to_bytes()) for c, m in out.items()}
+        return out
+
+    monkeypatch.setattr(strategy_cls, "configure_round", spy)
+    return sizes
+
+
+def check_scalar_bytes(
+    lines: list[dict],
+    missed: dict[int, dict[int, int]],
+    sent: dict[int, dict[int, int]],
+    *,
+    up: int,
+    down: int,
+    secure: bool,
+) -> None:
+    """Each round's logged payload against a seeds-and-scalars formula, within 64 bytes of
+    framing a message: every client sends ``up`` bytes; client c is sent 8 bytes (the run's
+    seed, in every message) and ``down`` bytes per round it missed (``missed``:
+    :func:`missed_rounds`), each message on its own (``sent``: :func:`record_downlink`), and
+    the logged downlink payload is their sum. The payload is ``payload_bytes_*`` under secure
+    aggregation, which with ``secagg_bytes_*`` sums to ``bytes_*``; else ``bytes_*`` itself."""
+    assert [line["round"] for line in lines] == sorted(missed) == sorted(sent)
+    for line in lines:
+        rnd = line["round"]
+        n = len(missed[rnd])
+        if secure:
+            for way in ("down", "up"):
+                payload, rest = line[f"payload_bytes_{way}"], line[f"secagg_bytes_{way}"]
+                assert payload + rest == line[f"bytes_{way}"] and rest > 0, line
+            got_down, got_up = line["payload_bytes_down"], line["payload_bytes_up"]
+        else:
+            assert not any(k.startswith(("payload_", "secagg_")) for k in line), line
+            got_down, got_up = line["bytes_down"], line["bytes_up"]
+        assert n * up <= got_up <= n * (up + 64), (rnd, got_up, n, up)
+        assert sorted(sent[rnd]) == sorted(missed[rnd]) and got_down == sum(sent[rnd].values())
+        for c, size in sent[rnd].items():
+            want = 8 + down * missed[rnd][c]
+            assert want <= size <= want + 64, (rnd, c, missed[rnd][c], size, want)

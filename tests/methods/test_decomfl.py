@@ -2,8 +2,10 @@
 directions, the server's broadcast against the per-(step, direction) mean, the replay of missed
 rounds against the server's model bit for bit (in process, in worker processes, after a resume),
 one local step against BAFFLE's batch mode with the seeds downlink, the bytes against steps × P
-float32 scalars, and a short run that lowers the loss."""
+scalars (float32, or 64-bit ring elements up under secure aggregation), and a short run that
+lowers the loss."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +20,7 @@ from fedge.methods import decomfl as decomfl_module
 from fedge.methods.base import GlobalModel, model_arrays
 from fedge.methods.decomfl import DeComFLClient, DeComFLConfig, DeComFLStrategy
 from fedge.runtime.engine import decode_state
+from tests_helpers import check_scalar_bytes, missed_rounds, record_downlink
 
 P, STEPS = 3, 4
 
@@ -266,19 +269,47 @@ def test_one_local_step_is_baffle_batch_mode_with_the_seeds_downlink(tiny, monke
     decomfl.close()
 
 
-def test_bytes_are_steps_times_p_float32_scalars(tiny):
-    """Up: 4·K·P bytes; down: per missed round its 4·K·P averaged scalars and 8-byte seed
-    (round 1: nothing to replay, every client builds the seeded model): within 64 bytes of
-    framing a message."""
-    sim, _ = _sim(tiny, per_round=5, num=5, secure_aggregation=False)
-    scalars = 4 * STEPS * P
-    for rnd in (1, 2, 3):
-        m = sim.run_round(rnd)
-        up, down = m["bytes_up"] / 5, m["bytes_down"] / 5
-        assert scalars <= up <= scalars + 64, up
-        missed = 0 if rnd == 1 else 1
-        assert (scalars + 8) * missed <= down <= (scalars + 8) * missed + 64, down
+@pytest.mark.filterwarnings("ignore::fedge.core.errors.PrivacyWarning")
+@pytest.mark.parametrize("secure", [False, True])
+def test_bytes_are_steps_times_p_scalars(tiny, monkeypatch, secure):
+    """Up: K·P float32 scalars (4KP bytes), or under secure aggregation the masked [N_i·g, N_i],
+    KP + 1 64-bit ring elements (8(KP + 1) bytes); down, each client's message: the run's
+    DeComFL seed (8 bytes) and per round it missed that round's KP averaged float32 scalars
+    (its round seed derived, not sent; round 1: nothing to replay, every client builds the
+    seeded model). Each within 64 bytes of framing a message; the protocol's other messages
+    are logged apart (``secagg_bytes_*``)."""
+    sent = record_downlink(monkeypatch, DeComFLStrategy)
+    sim, _ = _sim(tiny, per_round=3, num=6, secure_aggregation=secure)
+    lines = [sim.run_round(rnd) for rnd in (1, 2, 3, 4)]
     sim.close()
+    missed = missed_rounds(0, 4, 6, 3)
+    assert any(m > 1 for ms in missed.values() for m in ms.values())  # some missed rounds
+    up = 8 * (STEPS * P + 1) if secure else 4 * STEPS * P
+    check_scalar_bytes(lines, missed, sent, up=up, down=4 * STEPS * P, secure=secure)
+
+
+@pytest.mark.filterwarnings("ignore::fedge.core.errors.PrivacyWarning")
+@pytest.mark.parametrize("secure", [True, False])
+def test_the_preset_logs_steps_times_p_scalars(fake_fashion_mnist, tmp_path, monkeypatch, secure):
+    """``fedge run decomfl-fmnist-lenet`` (shrunk: 3 rounds, fewer samples; K = 10 steps and P
+    = 5 as shipped, 5 of 10 clients a round): its metrics.jsonl's payload bytes are the formula
+    of :func:`test_bytes_are_steps_times_p_scalars` for each round's sampled clients."""
+    import fedge
+
+    sent = record_downlink(monkeypatch, DeComFLStrategy)
+    over = {"rounds": 3, "dataset.limit_train": 100, "dataset.limit_test": 50}
+    run = fedge.run(
+        "decomfl-fmnist-lenet",
+        overrides={**over, "method.secure_aggregation": secure},
+        out=tmp_path / "run",
+    )
+    cfg = run.config
+    kp = cfg["method"]["local_steps"] * cfg["method"]["p"]
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    missed = missed_rounds(cfg["seed"], 3, cfg["clients"]["num"], cfg["clients"]["per_round"])
+    assert any(m > 1 for ms in missed.values() for m in ms.values())
+    up = 8 * (kp + 1) if secure else 4 * kp
+    check_scalar_bytes(lines, missed, sent, up=up, down=4 * kp, secure=secure)
 
 
 def test_secure_aggregation_is_on_by_default_and_gives_the_plain_update(tiny):
@@ -350,6 +381,52 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tiny, tmp_path):
     assert curve(resumed) == curve(full)
     a, b = resumed.model.state_dict(), full.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_after_a_resume_with_workers_every_client_holds_the_servers_model(tiny, tmp_path):
+    """5 rounds, 2 of 8 clients a round (so clients miss rounds), ``clients.workers=2``, SGD with
+    momentum, secure aggregation on (the default): cut after round 3 and resumed
+    (``fedge.resume``, as ``fedge run --resume``) to 5. Every client's held model and optimizer
+    state in the final checkpoint equal bit for bit the server's of the round it holds, the
+    server's taken round by round from an uninterrupted run in the engine's process; the resumed
+    run's final model is that run's."""
+    import fedge
+    from fedge.core import transforms as T
+
+    def cfg(rounds, workers):
+        return tiny(
+            rounds=rounds,
+            model={"name": "mlp", "hidden": [16]},
+            method=_method(optimizer={"name": "sgd", "lr": 0.01, "momentum": 0.9}),
+            **{"clients.num": 8, "clients.per_round": 2, "clients.workers": workers},
+        )
+
+    sim = build_run(load_config(cfg(5, 0))).simulation()
+    strategy = _inner(sim)
+
+    def server_state():
+        opt = T.state_to_arrays(strategy.server.opt_state, prefix="opt/")
+        return {**{"w/" + k: v for k, v in model_arrays(strategy.model).items()}, **opt}
+
+    snapshots = {1: server_state()}
+    for rnd in range(1, 6):
+        sim.run_round(rnd)
+        snapshots[rnd + 1] = server_state()
+    sim.close()
+
+    fedge.run(cfg(3, 2), out=tmp_path / "cut")
+    resumed = fedge.resume(tmp_path / "cut", rounds=5)
+    state = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
+    assert state["record"]["round"] == 5
+    held = {c: decode_state(b) for c, b in state["client_states"].items()}
+    assert len(held) >= 4 and any(st["at"] < 5 for st in held.values())  # some missed rounds
+    for c, st in held.items():
+        want = snapshots[st["at"]]
+        assert any(k.startswith("opt/") for k in want)  # the momentum buffers
+        got = {k: v for k, v in st.items() if k.startswith(("w/", "opt/"))}
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), c
+    final = model_arrays(resumed.model)
+    assert all(torch.equal(final[k], snapshots[6]["w/" + k]) for k in final)
 
 
 def test_a_short_run_lowers_the_loss(tiny):

@@ -1,7 +1,9 @@
 """FedKSeed: the two-point scalar against autograd's directional derivative, a round with a pool
 of orthonormal directions against coordinate descent by hand, clients' rebuilt models against
-the server's bit for bit, the bytes against K float32 scalars each way, the constant-lr rule."""
+the server's bit for bit, the bytes against K scalars each way (float32, or 64-bit ring elements
+up under secure aggregation), the constant-lr rule."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +24,7 @@ from fedge.methods.fedkseed import (
     projected_gradient,
 )
 from fedge.runtime.engine import decode_state
+from tests_helpers import check_scalar_bytes, missed_rounds, record_downlink
 
 K = 16
 
@@ -161,15 +164,43 @@ def test_clients_rebuild_the_servers_model_bit_for_bit(tiny, workers, secure, sa
     assert all(torch.equal(rebuilt[k], snapshots[6][k]) for k in snapshots[6])
 
 
-def test_bytes_are_k_float32_scalars_each_way(tiny):
-    sim, _ = _sim(tiny, per_round=5, num=5, secure=False)  # every client every round
-    for rnd in (1, 2, 3):
-        m = sim.run_round(rnd)
-        up, down = m["bytes_up"] / 5, m["bytes_down"] / 5
-        assert 4 * K <= up <= 4 * K + 64, up
-        missed = 0 if rnd == 1 else 1  # round 1: the seeded initial model, nothing to replay
-        assert 4 * K * missed <= down <= 4 * K * missed + 64, down
+@pytest.mark.filterwarnings("ignore::fedge.core.errors.PrivacyWarning")
+@pytest.mark.parametrize("secure", [False, True])
+def test_bytes_are_k_scalars_each_way(tiny, monkeypatch, secure):
+    """Up: K float32 scalars (4K bytes), or under secure aggregation the masked [N_c·g, N_c],
+    K + 1 64-bit ring elements (8(K + 1) bytes); down, each client's message: the pool seed (8
+    bytes) and ḡ, K float32 scalars, per round it missed (round 1: none, every client builds
+    the seeded model). Each within 64 bytes of framing a message; the protocol's other
+    messages are logged apart (``secagg_bytes_*``)."""
+    sent = record_downlink(monkeypatch, FedKSeedStrategy)
+    sim, _ = _sim(tiny, per_round=3, num=6, secure=secure)
+    lines = [sim.run_round(rnd) for rnd in (1, 2, 3, 4)]
     sim.close()
+    missed = missed_rounds(0, 4, 6, 3)
+    assert any(m > 1 for ms in missed.values() for m in ms.values())  # some missed rounds
+    up = 8 * (K + 1) if secure else 4 * K
+    check_scalar_bytes(lines, missed, sent, up=up, down=4 * K, secure=secure)
+
+
+@pytest.mark.filterwarnings("ignore::fedge.core.errors.PrivacyWarning")
+@pytest.mark.parametrize("secure", [True, False])
+def test_the_preset_logs_k_scalars_each_way(fake_fashion_mnist, tmp_path, monkeypatch, secure):
+    """``fedge run fedkseed-fmnist-lenet`` (shrunk: 3 rounds, one local step, fewer samples; K
+    = 1024 as shipped, 5 of 10 clients a round): its metrics.jsonl's payload bytes are the
+    formula of :func:`test_bytes_are_k_scalars_each_way` for each round's sampled clients."""
+    import fedge
+
+    sent = record_downlink(monkeypatch, FedKSeedStrategy)
+    over = {"rounds": 3, "dataset.limit_train": 100, "dataset.limit_test": 50}
+    over |= {"method.local_steps": 1, "method.secure_aggregation": secure}
+    run = fedge.run("fedkseed-fmnist-lenet", overrides=over, out=tmp_path / "run")
+    cfg = run.config
+    k = cfg["method"]["k"]
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    missed = missed_rounds(cfg["seed"], 3, cfg["clients"]["num"], cfg["clients"]["per_round"])
+    assert any(m > 1 for ms in missed.values() for m in ms.values())
+    up = 8 * (k + 1) if secure else 4 * k
+    check_scalar_bytes(lines, missed, sent, up=up, down=4 * k, secure=secure)
 
 
 def test_pro_probabilities_are_the_softmax_of_min_max_normalized_scores():
@@ -231,6 +262,44 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tiny, tmp_path):
     assert curve(resumed) == curve(full)
     a, b = resumed.model.state_dict(), full.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_after_a_resume_with_workers_every_client_holds_the_servers_model(tiny, tmp_path):
+    """5 rounds, 2 of 8 clients a round (so clients miss rounds), ``clients.workers=2``, secure
+    aggregation on (the default): cut after round 3 and resumed (``fedge.resume``, as ``fedge run
+    --resume``) to 5. Every client's held model in the final checkpoint equals bit for bit the
+    server's model of the round it holds, the server's models taken round by round from an
+    uninterrupted run in the engine's process; the resumed run's final model is that run's."""
+    import fedge
+
+    def cfg(rounds, workers):
+        method = {"name": "fedkseed", "k": K, "lr": 0.05, "local_steps": 3, "batch_size": 16}
+        return tiny(
+            rounds=rounds,
+            model={"name": "mlp", "hidden": [16]},
+            method=method,
+            **{"clients.num": 8, "clients.per_round": 2, "clients.workers": workers},
+        )
+
+    sim = build_run(load_config(cfg(5, 0))).simulation()
+    snapshots = {1: model_arrays(sim.strategy.model)}
+    for rnd in range(1, 6):
+        sim.run_round(rnd)
+        snapshots[rnd + 1] = model_arrays(sim.strategy.model)
+    sim.close()
+
+    fedge.run(cfg(3, 2), out=tmp_path / "cut")
+    resumed = fedge.resume(tmp_path / "cut", rounds=5)
+    state = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)
+    assert state["record"]["round"] == 5
+    held = {c: decode_state(b) for c, b in state["client_states"].items()}
+    assert len(held) >= 4 and any(st["at"] < 5 for st in held.values())  # some missed rounds
+    for c, st in held.items():
+        w = {k[2:]: v for k, v in st.items() if k.startswith("w/")}
+        want = snapshots[st["at"]]
+        assert w.keys() == want.keys() and all(torch.equal(w[k], want[k]) for k in want), c
+    final = model_arrays(resumed.model)
+    assert all(torch.equal(final[k], snapshots[6][k]) for k in snapshots[6])
 
 
 def _first_gbar(sim):

@@ -98,6 +98,19 @@ def test_extra_metrics_appear_in_the_round_table(make_run):
     assert "zo_grad_norm" in md and "3.5" in md
 
 
+def test_secure_aggregation_bytes_split_in_the_round_table(make_run):
+    """A secure round's payload and protocol bytes (schema.PAYLOAD_BYTES_*, SECAGG_BYTES_*) are
+    columns in bytes beside the totals."""
+    extra = {"payload_bytes_down": 20_800, "payload_bytes_up": 41_120}
+    extra |= {"secagg_bytes_down": 4_395, "secagg_bytes_up": 3_680}
+    md = render_report(make_run(extra=extra))[0].read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| round |"))
+    assert "| bytes down | bytes up | payload down | payload up |" in header
+    assert "secagg_bytes_down" in header and "secagg_bytes_up" in header
+    row = next(line for line in md.splitlines() if line.startswith("| 1 |"))
+    assert all(t in row for t in ("20.8 kB", "41.1 kB", "4.39 kB", "3.68 kB")), row
+
+
 def test_partition_summary_oracle(make_run):
     # client i holds 10*(i+1) samples, all of class i % 3: samples 10/25/40, one class each
     md = render_report(make_run(num_clients=4))[0].read_text()

@@ -42,6 +42,8 @@ __all__ = [
     "MODEL_PARAMS",
     "NON_FINITE",
     "PARTITION",
+    "PAYLOAD_BYTES_DOWN",
+    "PAYLOAD_BYTES_UP",
     "PHASES",
     "PLOTS",
     "REPORT_HTML",
@@ -49,6 +51,8 @@ __all__ = [
     "ROUND",
     "ROUNDS",
     "ROUND_KEYS",
+    "SECAGG_BYTES_DOWN",
+    "SECAGG_BYTES_UP",
     "SESSIONS",
     "SIM_CLIENTS",
     "SIM_TIME_S",
@@ -115,6 +119,15 @@ ROUND_KEYS = frozenset(
 # ---- keys of some metrics lines
 VAL_ACCURACY = "val_accuracy"  # with dataset.validation
 PHASES = "phases"  # exchanges of a round that ran more than one
+# with secure aggregation (fedge.methods.secure), on the rounds it completes: BYTES_DOWN and
+# BYTES_UP split into the method's own messages (PAYLOAD: what the server configured for each
+# client, serialized alone, and each client's masked input, its reply to the third exchange) and
+# the rest of the protocol (SECAGG: the participant ids, key agreement, the share forwards riding
+# with the method's message, unmasking); PAYLOAD + SECAGG = BYTES, both ways
+PAYLOAD_BYTES_DOWN = "payload_bytes_down"
+PAYLOAD_BYTES_UP = "payload_bytes_up"
+SECAGG_BYTES_DOWN = "secagg_bytes_down"
+SECAGG_BYTES_UP = "secagg_bytes_up"
 CLIENT_FLOPS_EFFECTIVE = "client_flops_effective"  # FLOPs of non-zero weights (sparse models)
 CUM_CLIENT_FLOPS_EFFECTIVE = "cum_client_flops_effective"
 # with measure.memory (also in the summary): the per-round peak (tensor accounting, as

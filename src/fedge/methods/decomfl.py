@@ -33,11 +33,20 @@ count) is part of what both sides replay, so any learning rate, schedule or opti
 rebuild exact, and a client's local steps start from the global optimizer state, as the
 reference code's do. The estimate is BAFFLE's Stein estimator with K = P, σ = μ on a scalar
 ΔL = c·μ·g, so DeComFL with one local step is batch-level BAFFLE with ``downlink: seeds``
-(bit for bit where c·μ is a power of two). Per round a client sends 4KP bytes and receives
-4KP bytes per round it missed (that round's averaged scalars), plus framing. The
-scalars are summed, so secure aggregation composes and is on by default (a client's scalars
-along public directions are directional derivatives of the loss on its data); DP on the summed
-scalars, freezing and EMA evaluation compose too. Paper-vs-code choices: ``docs/methods/decomfl.md``.
+(bit for bit where c·μ is a power of two).
+
+Bytes, per client a round, each message within 64 bytes of framing: down, the 8-byte run seed
+and 4KP bytes per round the client missed (that round's averaged scalars in float32; its round
+seed is derived; the model instead, when that is smaller); up, 4KP bytes (the K × P scalars in float32), or under secure aggregation the
+masked [N_i·g, N_i], KP + 1 elements of the protocol's 64-bit ring, 8(KP + 1) bytes: that is
+DeComFL's formula under secure aggregation. The metrics log it as ``payload_bytes_up`` (and
+the scalars' messages down as ``payload_bytes_down``), apart from the protocol's key agreement
+and unmasking, ``secagg_bytes_*`` (:mod:`fedge.methods.secure`).
+
+The scalars are summed, so secure aggregation composes and is on by default (a client's
+scalars along public directions are directional derivatives of the loss on its data); DP on
+the summed scalars, freezing and EMA evaluation compose too. Paper-vs-code choices:
+``docs/methods/decomfl.md``.
 """
 
 from __future__ import annotations

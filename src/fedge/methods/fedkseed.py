@@ -16,8 +16,14 @@ and a client rebuilds w_{t+1} from its copy of w_t and ḡ alone. The server kee
 ḡ (BAFFLE's :class:`~fedge.methods.replay.DownlinkHistory`), so a client that missed
 rounds replays the ones it missed and holds the server's model bit for bit; every client starts
 from the seeded initial model, which it builds itself. The rebuild is exact only with a constant
-η (the reference code's assumption): ``method.lr_decay`` other than 1 is refused. Per round a
-client receives 4K bytes a missed round (+ an 8-byte seed) and sends 4K bytes, plus framing.
+η (the reference code's assumption): ``method.lr_decay`` other than 1 is refused.
+
+Bytes, per client a round, each message within 64 bytes of framing: down, the 8-byte pool seed
+and 4K bytes (ḡ in float32) per round the client missed (the model instead, when that is smaller); up, 4K bytes (its K accumulators in
+float32), or under secure aggregation the masked [N_c·g, N_c], K + 1 elements of the protocol's
+64-bit ring, 8(K + 1) bytes: that is FedKSeed's formula under secure aggregation. The metrics
+log it as ``payload_bytes_up`` (and ḡ's messages as ``payload_bytes_down``), apart from the
+protocol's key agreement and unmasking, ``secagg_bytes_*`` (:mod:`fedge.methods.secure`).
 
 The scalars are summed, so secure aggregation composes and is on by default (a client's scalars
 along public directions are directional derivatives of the loss on its data); DP on the summed

@@ -24,6 +24,15 @@ at most C·2^-33 / Σ w_c plus the plain mean's float32 rounding; the weights mo
 the server optimizer's step (exactly that for SGD; Adam divides by sqrt(v), which magnifies it
 on coordinates whose update is near zero).
 
+Bytes: the engine counts every message of the four exchanges at its serialized length
+(``bytes_down``, ``bytes_up``). A completed secure round also logs the method's share of them,
+``payload_bytes_down`` (the messages the wrapped strategy configured for step 3, each serialized
+alone, as the plain method sends it) and ``payload_bytes_up`` (the masked inputs, step 3's
+replies: x_c's K + 1 values as 64-bit ring elements, 8(K + 1) bytes where the plain reply of K
+float32 summands is 4K, plus the header and the message's framing), and the protocol's rest,
+``secagg_bytes_down`` and ``secagg_bytes_up`` (steps 1, 2 and 4, and the shares forwarded with
+step 3's message): payload + secagg = the total, both ways.
+
 A client's secrets (key pairs, self-mask seed, shares) live in ``ctx.round_state``: carried
 between the round's exchanges, across worker processes, and dropped when the round ends —
 never in a checkpoint. Dropouts are simulated as the protocol sees them: ``secagg_dropout`` of
@@ -48,6 +57,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
+from fedge.core import rundir_schema as schema
 from fedge.core.context import ClientContext
 from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
@@ -295,6 +305,7 @@ class SecureAggregation(StrategyWrapper):
         dropped = self._dropouts(rnd, sorted(forwards))
         senders = sorted(c for c in forwards if c not in dropped)
         method = self.summable.configure_round(rnd, senders) if senders else {}
+        payload_down = _sizes([method[c] for c in senders])
         replies = yield Exchange(
             {
                 c: Message(
@@ -304,6 +315,7 @@ class SecureAggregation(StrategyWrapper):
                 for c in senders
             }
         )
+        payload_up = _sizes(list(replies.values()))
         self._receive(rnd, replies, server.receive_masked_input)
 
         requests = server.unmask_requests()
@@ -326,7 +338,20 @@ class SecureAggregation(StrategyWrapper):
             **metrics,
             "secagg_survivors": len(server.survivors),
             "secagg_dropped": len(server.dropped),
+            schema.PAYLOAD_BYTES_DOWN: payload_down,
+            schema.PAYLOAD_BYTES_UP: payload_up,
         }
+
+    def round_metrics(self, line: Mapping[str, Any]) -> dict[str, Any]:
+        """The protocol's own bytes, both ways: the round's total (the engine's) less the
+        method's payload (:meth:`round`'s); none on a round that did not complete."""
+        out = dict(self.inner.round_metrics(line))
+        if schema.PAYLOAD_BYTES_DOWN in line and schema.PAYLOAD_BYTES_UP in line:
+            out[schema.SECAGG_BYTES_DOWN] = (
+                line[schema.BYTES_DOWN] - line[schema.PAYLOAD_BYTES_DOWN]
+            )
+            out[schema.SECAGG_BYTES_UP] = line[schema.BYTES_UP] - line[schema.PAYLOAD_BYTES_UP]
+        return out
 
     def aggregated_clients(self) -> list[int] | None:
         """U3, the survivors: the clients whose masked inputs are in the sum (a client that
@@ -356,6 +381,16 @@ class SecureAggregation(StrategyWrapper):
             return set()
         perm = torch.randperm(len(ids), generator=generator(self.seed, "secagg-dropout", rnd))
         return {ids[i] for i in perm[:count].tolist()}
+
+
+def _sizes(messages: Sequence[Message]) -> int:
+    """The bytes of ``messages`` serialized, a message sent to several clients (one object, a
+    broadcast) encoded once and counted for each, as the engine counts it."""
+    size: dict[int, int] = {}
+    for m in messages:
+        if id(m) not in size:
+            size[id(m)] = len(m.to_bytes())
+    return sum(size[id(m)] for m in messages)
 
 
 def secure(

@@ -147,6 +147,8 @@ _ROUND_COLUMNS: tuple[tuple[str, str], ...] = (
     ("train_loss", "train loss"),
     ("bytes_down", "bytes down"),
     ("bytes_up", "bytes up"),
+    ("payload_bytes_down", "payload down"),  # under secure aggregation: the method's own
+    ("payload_bytes_up", "payload up"),
     ("client_flops", "client FLOPs"),
     ("clients", "clients"),
     ("client_peak_bytes", "peak mem"),
@@ -157,12 +159,23 @@ _NOT_EXTRA = {"round", "cum_bytes_down", "cum_bytes_up", "cum_client_flops"} | {
 }
 
 
+_BYTES = {
+    "bytes_down",
+    "bytes_up",
+    "payload_bytes_down",
+    "payload_bytes_up",
+    "secagg_bytes_down",
+    "secagg_bytes_up",
+    "client_peak_bytes",
+}
+
+
 def _cell(key: str, v: Any) -> str:
     if v is None:
         return _DASH
     if key in ("test_accuracy", "test_top5"):
         return format_accuracy(v)
-    if key in ("bytes_down", "bytes_up", "client_peak_bytes"):
+    if key in _BYTES:
         return format_bytes(v)
     if key == "client_flops":
         return format_flops(v)
