@@ -1,0 +1,189 @@
+"""Warm start from public data: before round 1 the server takes a public split of the training
+set that no client gets (:func:`split_public`), trains the run's initial model on it with
+backprop (:func:`pretrain`), and every method starts from the result, because the run's model
+factory now builds it (:meth:`WarmStart.model_fn`): a cross-cutting option of the run, not of a
+method (the composer's mechanisms act on a method's rounds; this one only changes the model
+they start from). The server's pretraining FLOPs are metered apart and never counted as client
+FLOPs; the public size and that cost go into ``summary.json`` (``warm_start``) and the report.
+
+Deterministic: the split is a class-stratified draw from ``numpy_rng(seed, "warm-start",
+"public")``, the batch order ``torch.randperm`` with ``generator(seed, "warm-start", "order")``
+(only the server draws them, so they need not be portable), under the run's torch thread count;
+a resumed run recomputes the same start (the last one built in this process is kept).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedge.core.config import RunConfig, WarmStartConfig
+from fedge.core.errors import ConfigError
+from fedge.core.messages import Message
+from fedge.core.meter import FlopCounter
+from fedge.core.rng import GlobalStream, generator, numpy_rng
+from fedge.data import Dataset
+from fedge.data.dataset import stratified_subset
+from fedge.methods.base import model_arrays
+
+__all__ = ["WarmStart", "pretrain", "split_public", "warm_start"]
+
+
+def split_public(
+    dataset: Dataset, cfg: WarmStartConfig, *, seed: int, clients: int
+) -> tuple[Dataset, np.ndarray, np.ndarray]:
+    """``dataset`` without its public split, the public split's indices into ``dataset``'s
+    training set and the indices of what stays (sorted, disjoint, together every sample).
+
+    The public split is a class-stratified draw of ``cfg.public`` samples
+    (``numpy_rng(seed, "warm-start", "public")``); it must leave at least one sample per client.
+    """
+    n = len(dataset.y_train)
+    if cfg.public >= n:
+        raise ConfigError(
+            f"warm_start.public={cfg.public} takes every one of the {n} training samples left for the "
+            f"clients (after dataset.validation); it must leave at least clients.num={clients}; lower "
+            "warm_start.public or raise dataset.limit_train"
+        )
+    if n - cfg.public < clients:
+        raise ConfigError(
+            f"warm_start.public={cfg.public} leaves {n - cfg.public} of the {n} training samples for "
+            f"clients.num={clients} clients, expected at least one each; lower warm_start.public to at "
+            f"most {n - clients}, lower clients.num or raise dataset.limit_train"
+        )
+    public = stratified_subset(
+        dataset.y_train.numpy(), cfg.public, numpy_rng(seed, "warm-start", "public")
+    )
+    keep = np.ones(n, dtype=bool)
+    keep[public] = False
+    kept = np.flatnonzero(keep)
+    idx = torch.from_numpy(kept)
+    domains = None if dataset.train_domains is None else dataset.train_domains[keep]
+    rest = dataclasses.replace(
+        dataset, x_train=dataset.x_train[idx], y_train=dataset.y_train[idx], train_domains=domains
+    )
+    return rest, public, kept
+
+
+def pretrain(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    cfg: WarmStartConfig,
+    *,
+    seed: int,
+) -> dict[str, float | int]:
+    """Train ``model`` in place with backprop on ``(x, y)``: ``cfg.epochs`` passes, each in the
+    order of ``torch.randperm(len(y), generator=generator(seed, "warm-start", "order"))``
+    (one generator, drawn once per epoch) in batches of ``cfg.batch_size`` (the last one
+    smaller), mean cross-entropy, ``torch.optim.SGD(lr, momentum)`` or ``torch.optim.Adam(lr)``.
+    Random layers (dropout) draw from a :class:`~fedge.core.rng.GlobalStream` of the same seed.
+
+    Returns the cost: ``server_flops`` (torch's FLOP counter over the whole loop), ``steps``,
+    ``seconds`` and ``final_loss`` (the mean loss of the last epoch's batches)."""
+    if cfg.optimizer == "sgd":
+        opt: torch.optim.Optimizer = torch.optim.SGD(
+            model.parameters(), lr=cfg.lr, momentum=cfg.momentum
+        )
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    g = generator(seed, "warm-start", "order")
+    stream = GlobalStream(generator(seed, "warm-start", "dropout"))
+    counter, steps, start = FlopCounter(), 0, time.perf_counter()
+    losses: list[float] = []
+    model.train()
+    with stream.active(), counter:
+        for _ in range(cfg.epochs):
+            order = torch.randperm(len(y), generator=g).to(y.device)
+            losses = []
+            for i in range(0, len(y), cfg.batch_size):
+                idx = order[i : i + cfg.batch_size]
+                opt.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(model(x[idx]), y[idx])
+                loss.backward()
+                opt.step()
+                losses.append(float(loss.detach()))
+                steps += 1
+    model.eval()
+    return {
+        "server_flops": counter.flops,
+        "steps": steps,
+        "seconds": time.perf_counter() - start,
+        "final_loss": sum(losses) / len(losses),
+    }
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """The server's pretrained start: its weights (every ``state_dict`` entry, on the CPU), the
+    public split's indices into the training set it was drawn from, the indices the clients
+    were partitioned from, and the ``record`` ``summary.json`` carries."""
+
+    state: dict[str, torch.Tensor]
+    public: np.ndarray
+    kept: np.ndarray
+    record: dict[str, Any]
+
+    def model_fn(self, base: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
+        """``base`` (the seeded model factory) with the pretrained weights loaded: the same
+        weights on every call, as a model factory promises."""
+        state = self.state
+
+        def make() -> torch.nn.Module:
+            model = base()
+            model.load_state_dict(state)
+            return model
+
+        return make
+
+
+_LAST: dict[str, WarmStart] = {}  # config text -> its start: the last one built in this process
+
+
+def warm_start(
+    cfg: RunConfig,
+    dataset: Dataset,
+    model_fn: Callable[[], torch.nn.Module],
+    device: torch.device,
+) -> tuple[Dataset, WarmStart]:
+    """The clients' training set (``dataset`` without the public split) and the server's start
+    for the run ``cfg`` (``cfg.warm_start`` set), pretrained on ``device`` from ``model_fn()``
+    under ``cfg.threads`` torch threads."""
+    ws = cfg.warm_start
+    assert ws is not None
+    rest, public, kept = split_public(dataset, ws, seed=cfg.seed, clients=cfg.clients.num)
+    key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+    if key in _LAST:
+        return rest, _LAST[key]
+    idx = torch.from_numpy(public)
+    x, y = dataset.x_train[idx].to(device), dataset.y_train[idx].to(device)
+    model = model_fn().to(device)
+    before = torch.get_num_threads()
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    try:
+        cost = pretrain(model, x, y, ws, seed=cfg.seed)
+    finally:
+        torch.set_num_threads(before)
+    state = model_arrays(model)
+    record = {
+        "public": len(public),
+        "clients_samples": len(kept),
+        **ws.model_dump(exclude={"public"}),
+        **cost,
+        # what a client whose method does not download the model every round (a seeds-only
+        # downlink, FedKSeed, DeComFL) must fetch once instead of rebuilding it from the seed
+        "model_bytes": len(Message(state).to_bytes()),
+    }
+    out = WarmStart(state, public, kept, record)
+    _LAST.clear()
+    _LAST[key] = out
+    return rest, out
