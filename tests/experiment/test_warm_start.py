@@ -145,6 +145,7 @@ def test_a_run_without_warm_start_writes_no_key(tiny):
     with_it = resolved_config(load_config(tiny(warm_start={"public": 10})))
     assert with_it["warm_start"] == {
         "public": 10,
+        "source": "split",
         "epochs": 1,
         "lr": 0.01,
         "batch_size": 32,
@@ -176,3 +177,42 @@ def test_bad_warm_start_keys_are_refused(tiny):
                 tiny(dataset={"name": "synthetic-fed"}, partition={}, warm_start={"public": 10})
             )
         )
+
+
+UNUSED = {**PUBLIC, "source": "unused"}
+
+
+def test_an_unused_public_set_leaves_the_clients_data_and_validation_as_they_were(tiny):
+    """``source: unused`` draws the public set from what ``dataset.limit_train`` leaves out: the
+    partition, the clients' samples and the validation set are those of the run without it,
+    and the public samples are standardized as the clients' are."""
+    base = {"dataset.limit_train": 400, "dataset.validation": 40}
+    plain = build_run(load_config(tiny(**base)))
+    ws._LAST.clear()
+    warm = build_run(load_config(tiny(warm_start=UNUSED, **base)))
+    assert all(np.array_equal(p, q) for p, q in zip(plain.parts, warm.parts, strict=True))
+    assert torch.equal(plain.dataset.x_train, warm.dataset.x_train)
+    assert plain.validation is not None and warm.validation is not None
+    assert torch.equal(plain.validation[0], warm.validation[0])
+    w = warm.warm_start
+    assert w is not None and len(w.public) == 100 and len(w.kept) == 400
+    assert not set(w.public.tolist()) & set(w.kept.tolist())  # indices into the 600 samples
+    assert w.record["source"] == "unused" and w.record["clients_samples"] == 360
+    # the whole split, restandardized with the run's statistics, gives back the run's samples
+    from fedge.data.registry import load_dataset
+
+    full = load_dataset("synthetic", seed=0)
+    limited = load_dataset("synthetic", limit_train=400, seed=0)
+    again = ws.restandardize(full.x_train[torch.from_numpy(w.kept)], full, limited)
+    torch.testing.assert_close(again, limited.x_train, rtol=0, atol=1e-5)
+    # no public sample is one the run holds (by content)
+    pub = {tuple(r.tolist()) for r in full.x_train[torch.from_numpy(w.public)].flatten(1)}
+    assert not pub & {tuple(r.tolist()) for r in full.x_train[torch.from_numpy(w.kept)].flatten(1)}
+    assert not _equal(_state(warm.model_fn()), _state(plain.model_fn()))
+
+
+def test_an_unused_public_set_needs_samples_left_out(tiny):
+    with pytest.raises(ConfigError, match=r"dataset.limit_train=None keeps all 600.*at most 500"):
+        build_run(load_config(tiny(warm_start=UNUSED)))
+    with pytest.raises(ConfigError, match=r"leaves only 50 of the 600.*at most 50.*at most 500"):
+        build_run(load_config(tiny(warm_start=UNUSED, **{"dataset.limit_train": 550})))

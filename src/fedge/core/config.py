@@ -417,8 +417,14 @@ class WarmStartConfig(_Strict):
 
     public: int = Field(
         ge=1,
-        description="training samples the server takes as its public set (class-stratified, seeded, "
-        "after dataset.validation is held out); the clients are partitioned from the rest",
+        description="training samples the server takes as its public set (class-stratified, seeded)",
+    )
+    source: Literal["split", "unused"] = Field(
+        "split",
+        description="where the public set comes from: split (off the run's training set, after "
+        "dataset.validation; the clients are partitioned from the rest) or unused (from the training "
+        "samples dataset.limit_train leaves out: the clients' data and the validation set stay "
+        "exactly those of the run without warm_start)",
     )
     epochs: int = Field(1, ge=1, description="server pretraining epochs over the public set")
     lr: float = Field(0.01, gt=0, description="server pretraining learning rate")

@@ -1,5 +1,6 @@
-"""Warm start from public data: before round 1 the server takes a public split of the training
-set that no client gets (:func:`split_public`), trains the run's initial model on it with
+"""Warm start from public data: before round 1 the server takes a public set of training samples
+that no client gets (:func:`split_public`: off the run's training set; :func:`unused_public`:
+from the samples ``dataset.limit_train`` leaves out), trains the run's initial model on it with
 backprop (:func:`pretrain`), and every method starts from the result, because the run's model
 factory now builds it (:meth:`WarmStart.model_fn`): a cross-cutting option of the run, not of a
 method (the composer's mechanisms act on a method's rounds; this one only changes the model
@@ -32,9 +33,17 @@ from fedge.core.meter import FlopCounter
 from fedge.core.rng import GlobalStream, generator, numpy_rng
 from fedge.data import Dataset
 from fedge.data.dataset import stratified_subset
+from fedge.data.registry import limited_indices, load_dataset
 from fedge.methods.base import model_arrays
 
-__all__ = ["WarmStart", "pretrain", "split_public", "warm_start"]
+__all__ = [
+    "WarmStart",
+    "pretrain",
+    "restandardize",
+    "split_public",
+    "unused_public",
+    "warm_start",
+]
 
 
 def split_public(
@@ -71,6 +80,54 @@ def split_public(
         dataset, x_train=dataset.x_train[idx], y_train=dataset.y_train[idx], train_domains=domains
     )
     return rest, public, kept
+
+
+def unused_public(
+    cfg: RunConfig, dataset: Dataset
+) -> tuple[np.ndarray, np.ndarray, torch.Tensor, torch.Tensor]:
+    """The public set drawn from the training samples ``dataset.limit_train`` leaves out of the
+    run (``warm_start.source: unused``): its indices into the dataset's whole training split,
+    the indices of the samples the run keeps (:func:`fedge.data.registry.limited_indices`), and
+    its images and labels, normalized with the run's statistics (``dataset.mean``/``std``, those
+    of the kept samples), as the clients' are. ``dataset`` is the run's (nothing of it changes)."""
+    ws, d = cfg.warm_start, cfg.dataset
+    assert ws is not None
+    full = load_dataset(
+        d.name, root=d.root, resize=d.resize, limit_test=1, seed=cfg.seed, **d.options()
+    )
+    n, limit = len(full.y_train), d.limit_train
+    if limit is None or limit >= n:
+        raise ConfigError(
+            f"warm_start.source=unused takes the public set from the training samples dataset.limit_train "
+            f"leaves out, but dataset.limit_train={limit} keeps all {n}; set dataset.limit_train to at most "
+            f"{n - ws.public}, or warm_start.source=split"
+        )
+    labels = full.y_train.numpy()
+    kept = limited_indices(d.name, "train", labels, limit, cfg.seed)
+    rest = np.setdiff1d(np.arange(n), kept)
+    if ws.public > len(rest):
+        raise ConfigError(
+            f"warm_start.public={ws.public} with warm_start.source=unused: dataset.limit_train={limit} "
+            f"leaves only {len(rest)} of the {n} training samples out; lower warm_start.public to at most "
+            f"{len(rest)}, or dataset.limit_train to at most {n - ws.public}"
+        )
+    public = rest[
+        stratified_subset(labels[rest], ws.public, numpy_rng(cfg.seed, "warm-start", "public"))
+    ]
+    x = restandardize(full.x_train[torch.from_numpy(public)], full, dataset)
+    return public, kept, x, full.y_train[torch.from_numpy(public)]
+
+
+def restandardize(x: torch.Tensor, src: Dataset, dst: Dataset) -> torch.Tensor:
+    """Samples ``x`` standardized with ``src``'s statistics, standardized with ``dst``'s
+    instead (per channel, or per feature; the pixel scale cancels), in float64, as float32."""
+    view = (1, -1) if x.ndim == 2 else (1, -1, 1, 1)
+
+    def stat(v: tuple[float, ...]) -> torch.Tensor:
+        return torch.tensor(v, dtype=torch.float64).view(view)
+
+    out = (x.double() * stat(src.std) + stat(src.mean) - stat(dst.mean)) / stat(dst.std)
+    return out.float()
 
 
 def pretrain(
@@ -124,8 +181,10 @@ def pretrain(
 @dataclass(frozen=True)
 class WarmStart:
     """The server's pretrained start: its weights (every ``state_dict`` entry, on the CPU), the
-    public split's indices into the training set it was drawn from, the indices the clients
-    were partitioned from, and the ``record`` ``summary.json`` carries."""
+    public set's indices and those of the samples the run keeps, both into one training set
+    (``source: split``: the run's after ``dataset.validation``, ``kept`` what the clients are
+    partitioned from; ``unused``: the dataset's whole training split, ``kept`` the
+    ``limit_train`` subset), and the ``record`` ``summary.json`` carries."""
 
     state: dict[str, torch.Tensor]
     public: np.ndarray
@@ -159,12 +218,19 @@ def warm_start(
     under ``cfg.threads`` torch threads."""
     ws = cfg.warm_start
     assert ws is not None
-    rest, public, kept = split_public(dataset, ws, seed=cfg.seed, clients=cfg.clients.num)
     key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
-    if key in _LAST:
-        return rest, _LAST[key]
-    idx = torch.from_numpy(public)
-    x, y = dataset.x_train[idx].to(device), dataset.y_train[idx].to(device)
+    if ws.source == "split":
+        rest, public, kept = split_public(dataset, ws, seed=cfg.seed, clients=cfg.clients.num)
+        if key in _LAST:
+            return rest, _LAST[key]
+        idx = torch.from_numpy(public)
+        x, y = dataset.x_train[idx], dataset.y_train[idx]
+    else:
+        rest = dataset
+        if key in _LAST:
+            return rest, _LAST[key]
+        public, kept, x, y = unused_public(cfg, dataset)
+    x, y = x.to(device), y.to(device)
     model = model_fn().to(device)
     before = torch.get_num_threads()
     if cfg.threads is not None:
@@ -176,7 +242,7 @@ def warm_start(
     state = model_arrays(model)
     record = {
         "public": len(public),
-        "clients_samples": len(kept),
+        "clients_samples": len(rest.y_train),
         **ws.model_dump(exclude={"public"}),
         **cost,
         # what a client whose method does not download the model every round (a seeds-only
