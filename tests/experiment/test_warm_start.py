@@ -216,3 +216,22 @@ def test_an_unused_public_set_needs_samples_left_out(tiny):
         build_run(load_config(tiny(warm_start=UNUSED)))
     with pytest.raises(ConfigError, match=r"leaves only 50 of the 600.*at most 50.*at most 500"):
         build_run(load_config(tiny(warm_start=UNUSED, **{"dataset.limit_train": 550})))
+
+
+def test_the_start_is_kept_for_the_same_config_data_and_model_only(tiny):
+    ws._LAST.clear()
+    cfg = load_config(tiny(warm_start=PUBLIC))
+    first = build_run(cfg).warm_start
+    assert build_run(cfg).warm_start is first  # the same run built again: not pretrained again
+    x, y = torch.zeros(4, 3), torch.zeros(4, dtype=torch.int64)
+    model = torch.nn.Linear(3, 2)
+    key = ws._fingerprint(cfg, x, y, model)
+    x2 = x.clone()
+    x2[0, 0] = 1e-7
+    assert ws._fingerprint(cfg, x2, y, model) != key  # other public samples
+    with torch.no_grad():
+        model.weight[0, 0] += 1
+    assert ws._fingerprint(cfg, x, y, model) != key  # another initial model
+    assert ws._fingerprint(load_config(tiny(warm_start={**PUBLIC, "lr": 0.1})), x, y, model) != (
+        ws._fingerprint(cfg, x, y, model)
+    )

@@ -16,6 +16,7 @@ a resumed run recomputes the same start (the last one built in this process is k
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -204,7 +205,16 @@ class WarmStart:
         return make
 
 
-_LAST: dict[str, WarmStart] = {}  # config text -> its start: the last one built in this process
+_LAST: dict[str, WarmStart] = {}  # fingerprint -> its start: the last one built in this process
+
+
+def _fingerprint(cfg: RunConfig, x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module) -> str:
+    """What a start is a function of: the run's config, the public samples and the initial
+    model's weights (a dataset or model registered anew under the same name gives another)."""
+    h = hashlib.blake2b(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode())
+    for t in (x, y, *model.state_dict().values()):
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def warm_start(
@@ -218,20 +228,18 @@ def warm_start(
     under ``cfg.threads`` torch threads."""
     ws = cfg.warm_start
     assert ws is not None
-    key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
     if ws.source == "split":
         rest, public, kept = split_public(dataset, ws, seed=cfg.seed, clients=cfg.clients.num)
-        if key in _LAST:
-            return rest, _LAST[key]
         idx = torch.from_numpy(public)
         x, y = dataset.x_train[idx], dataset.y_train[idx]
     else:
         rest = dataset
-        if key in _LAST:
-            return rest, _LAST[key]
         public, kept, x, y = unused_public(cfg, dataset)
-    x, y = x.to(device), y.to(device)
-    model = model_fn().to(device)
+    model = model_fn()
+    key = _fingerprint(cfg, x, y, model)
+    if key in _LAST:
+        return rest, _LAST[key]
+    x, y, model = x.to(device), y.to(device), model.to(device)
     before = torch.get_num_threads()
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
