@@ -320,3 +320,76 @@ def test_the_activity_row_is_listed_and_judged_apart(tmp_path: Path) -> None:
     )
     assert per == 174_672.0  # torch's counter on one client's round, per training sample
     assert est["flops"] < bench.estimate(bench.base_rows()["BAFFLE K=100"])["flops"]
+
+
+# --- warm start rows -----------------------------------------------------------------------------
+
+
+def test_the_warm_start_rows_share_one_start_and_the_other_rows_clients() -> None:
+    """BP FedAvg and BAFFLE K=100 warm-started: the same warm_start block (so the same server
+    pretraining), and the clients' data, validation and model seed of the other rows."""
+    from fedge.core.config import load_config
+    from fedge.experiment.build import resolved_config
+
+    rows = bench.base_rows()
+
+    def config(label: str) -> dict:
+        row = rows[label]
+        return resolved_config(
+            load_config(bench.BASE, overrides=bench.unit_overrides(row, 0.001, "seed-0"))
+        )
+
+    bp, zo, plain = config(bench.WARM_BP), config(bench.WARM_BAFFLE), config("BP FedAvg")
+    assert bp["warm_start"] == zo["warm_start"]
+    assert bp["warm_start"]["public"] == bench.PUBLIC == 2_000
+    assert bp["warm_start"]["source"] == "unused"  # from what limit_train leaves out
+    for key in ("dataset", "partition", "clients", "model", "seed", "draws"):
+        assert bp[key] == zo[key] == plain[key], key
+    assert "warm_start" not in plain
+    assert {k: v for k, v in bp.items() if k != "warm_start"} == plain
+    assert rows[bench.WARM_BP].kind == "bp" and rows[bench.WARM_BAFFLE].kind == "zo"
+
+
+def test_the_warm_start_note_states_the_public_size_and_server_flops(tmp_path: Path) -> None:
+    assert bench.warm_start_note(bench.read_records(tmp_path, [])).endswith(
+        "server FLOPs: awaiting records."
+    )
+    warm = {"public": 2000, "server_flops": 1.02272e9, "source": "unused"}
+    for seed in range(3):
+        _write(tmp_path, bench.WARM_BAFFLE, f"seed-{seed}", {**_result(0.8), "warm_start": warm})
+    text, _ = bench.table(tmp_path, methods=[])
+    assert (
+        "server pretraining FLOPs 1.02e+09 a run (torch's counter; not in the client FLOPs "
+        "above), public set 2,000 samples." in text
+    )
+    assert f"| {bench.WARM_BAFFLE} | awaiting screen | 3 | 0.8000 ± 0.0000 |" in text
+
+
+@pytest.mark.usefixtures("fake_fashion_mnist")
+def test_a_warm_start_unit_records_the_server_cost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    row = bench.Row(
+        "warm",
+        "bp",
+        (*bench.BP, "warm_start={public: 30, source: unused, epochs: 1, batch_size: 10}"),
+    )
+    tiny = [
+        "threads=1",
+        "rounds=1",
+        "clients.num=2",
+        "clients.per_round=2",
+        "dataset.limit_train=120",
+        "dataset.validation=40",
+        "dataset.limit_test=50",
+        "model.name=mlp",
+        "model.hidden=[4]",
+        "method.batch_size=20",
+        "measure.flops=false",
+    ]
+    monkeypatch.setattr(bench, "PROTOCOL", tiny)
+    result = bench.run_unit(
+        bench.unit_overrides(row, 0.001, "seed-0"), tmp_path / "r.json", tmp_path / "run"
+    )
+    assert result["warm_start"]["public"] == 30 and result["warm_start"]["server_flops"] > 0
+    assert result["warm_start"]["clients_samples"] == 80  # 120 kept less 40 for validation

@@ -152,3 +152,18 @@ def test_report_of_a_real_dirichlet_run_shows_label_histograms(tmp_path, tiny):
         assert cells[0] == str(client["client"]) and cells[2] == str(client["num_labels"])
         assert cells[3].startswith(f"{top}:{counts[top]}")  # largest class first
     assert "0 / 0 / 0" not in section
+
+
+def test_a_warm_started_runs_report_states_the_public_size_and_server_flops(make_run):
+    import json
+
+    path = make_run("warm")
+    md = render_report(path)[0].read_text()
+    assert "server warm start" not in md  # no warm start: no rows
+    summary = json.loads((path / "summary.json").read_text())
+    summary["warm_start"] = {"public": 2000, "server_flops": 1_022_720_000}
+    (path / "summary.json").write_text(json.dumps(summary))
+    md = render_report(path)[0].read_text()
+    assert "| server warm start: public samples | 2,000 |" in md
+    assert "| server warm start: FLOPs (not client FLOPs) | 1.02 GFLOP (1,022,720,000) |" in md
+    assert "10.0 GFLOP (10,000,000,000)" in md  # the clients' total, unchanged

@@ -45,6 +45,7 @@ __all__ = [
     "MAX_ROUNDS",
     "MeasureConfig",
     "RunConfig",
+    "WarmStartConfig",
     "available_cores",
     "load_config",
     # re-exported for the modules that import them from here (experiment.build, experiment.run,
@@ -409,6 +410,32 @@ class MeasureConfig(_Strict):
     )
 
 
+class WarmStartConfig(_Strict):
+    """``warm_start.*``: the server pretrains the initial global model with backprop on a
+    public split of the training set that no client gets, and federated training starts from
+    it (:mod:`fedge.experiment.warm_start`); every method takes it, as its initial model."""
+
+    public: int = Field(
+        ge=1,
+        description="training samples the server takes as its public set (class-stratified, seeded)",
+    )
+    source: Literal["split", "unused"] = Field(
+        "split",
+        description="where the public set comes from: split (off the run's training set, after "
+        "dataset.validation; the clients are partitioned from the rest) or unused (from the training "
+        "samples dataset.limit_train leaves out: the clients' data and the validation set stay "
+        "exactly those of the run without warm_start)",
+    )
+    epochs: int = Field(1, ge=1, description="server pretraining epochs over the public set")
+    lr: float = Field(0.01, gt=0, description="server pretraining learning rate")
+    batch_size: int = Field(32, ge=1, description="server pretraining batch size")
+    optimizer: Literal["sgd", "adam"] = Field(
+        "sgd",
+        description="server pretraining optimizer: sgd (with momentum) or adam (betas 0.9, 0.999)",
+    )
+    momentum: float = Field(0.9, ge=0, lt=1, description="sgd's momentum (unused by adam)")
+
+
 MAX_ROUNDS = 10_000_000
 
 
@@ -468,6 +495,11 @@ class RunConfig(_Strict):
     method: MethodConfig = MethodConfig()
     measure: MeasureConfig = MeasureConfig()
     privacy: PrivacySection = PrivacySection()
+    warm_start: WarmStartConfig | None = Field(
+        None,
+        description="server pretraining on a public split before round 1 (null: the clients start "
+        "from the seeded initial model)",
+    )
     on_divergence: Literal["stop", "continue"] = Field(
         "stop",
         description="a round whose loss is non-finite or above 100·ln(classes): stop with an error naming the "
@@ -540,6 +572,15 @@ class RunConfig(_Strict):
                 "partition.local_test=0.2 (say) or remove local_eval_every"
             )
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_no_warm_start(self, handler: Any) -> dict[str, Any]:
+        # a run without a warm start writes no warm_start key: its config.yaml, and every record
+        # made before the key existed, compare equal to what this version resolves
+        out: dict[str, Any] = handler(self)
+        if self.warm_start is None:
+            out.pop("warm_start", None)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (the resolved config written to ``config.yaml``)."""

@@ -27,6 +27,7 @@ __all__ = [
     "available_datasets",
     "dataset_names",
     "get_dataset_spec",
+    "limited_indices",
     "load_dataset",
     "register_dataset",
     "register_function",
@@ -286,6 +287,14 @@ def _check_fits(name: str, raw: RawData, resize: int | None, limits: dict[str, i
         )
 
 
+def limited_indices(name: str, split: str, labels: np.ndarray, limit: int, seed: int) -> np.ndarray:
+    """The sorted indices of the ``split`` ("train" or "test") samples that ``limit_train`` /
+    ``limit_test`` = ``limit`` keeps of dataset ``name`` (labels ``labels``, in file order): a
+    class-stratified draw from ``numpy_rng(seed, "data", name, split)``. What it leaves out is
+    never loaded into the run, so a server may take a public set from it (``warm_start``)."""
+    return stratified_subset(labels, limit, numpy_rng(seed, "data", name, split))
+
+
 def _prepare(
     name: str, raw: RawData, resize: int | None, limits: dict[str, int], seed: int
 ) -> Dataset:
@@ -302,7 +311,7 @@ def _prepare(
                 "check or replace the files"
             )
         if split in limits and limits[split] < len(y):
-            idx = stratified_subset(y, limits[split], numpy_rng(seed, "data", name, split))
+            idx = limited_indices(name, split, y, limits[split], seed)
             x, y = x[idx], y[idx]
             if split == "train" and domains is not None:
                 domains = domains[idx]

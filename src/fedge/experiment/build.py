@@ -27,6 +27,7 @@ from fedge.data.federated import LazyClients, SyntheticFederated
 from fedge.data.partition import PARTITIONERS, partition, partition_summary
 from fedge.data.partition.holdout import split_local_tests
 from fedge.data.registry import resolve_dataset_options
+from fedge.experiment.warm_start import WarmStart, warm_start
 from fedge.methods import get_method
 from fedge.methods.base import MethodBuild, MethodEnv
 from fedge.methods.compose import check_privacy, compose, refuse_unsupported
@@ -123,6 +124,8 @@ class BuiltRun:
     device: torch.device = torch.device("cpu")
     # per client, its local test split (partition.local_test); None: no client holds one out
     local_tests: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
+    #: the server's pretrained start (``warm_start``; ``model_fn`` builds it); None: no warm start
+    warm_start: WarmStart | None = None
 
     def engine_config(self) -> EngineConfig:
         c = self.config
@@ -348,6 +351,16 @@ def build_run(cfg: RunConfig) -> BuiltRun:
         dataset, validation = hold_out_validation(dataset, d.validation, seed=cfg.seed)
     model_fn = model_factory(cfg, dataset)
     model_fn()  # validates model name and options now, before any data is split or written
+    warm: WarmStart | None = None
+    if cfg.warm_start is not None:
+        if d.name == FEDERATED:
+            raise ConfigError(
+                f"warm_start needs a training set to take its public split from, but {FEDERATED} "
+                "generates its clients on demand and has none; remove warm_start"
+            )
+        # the clients are partitioned from what the public split leaves
+        dataset, warm = warm_start(cfg, dataset, model_fn, device)
+        model_fn = warm.model_fn(model_fn)
 
     if d.name != FEDERATED:
         labels = dataset.y_train.numpy()
@@ -449,6 +462,7 @@ def build_run(cfg: RunConfig) -> BuiltRun:
         validation,
         device,
         local_tests,
+        warm,
     )
 
 

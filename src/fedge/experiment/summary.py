@@ -1,6 +1,6 @@
 """A finished run's summary: what ``summary.json`` holds besides its status and machines (the
 final and best accuracies, the totals of bytes and FLOPs, the method, model, dataset and seed,
-the model's size), with the figures each side-evaluated model and the method itself add.
+the model's size, the server's warm start), with the figures each side-evaluated model and the method itself add.
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ def run_summary(built: BuiltRun, sim: Simulation, lines: list[dict[str, Any]]) -
         "total_bytes_down": rec.cum_bytes_down,
         "total_bytes_up": rec.cum_bytes_up,
         "total_client_flops": rec.cum_client_flops if cfg.measure.flops else None,
+        # the server's pretraining (warm_start): its public size and cost, never client FLOPs
+        **({"warm_start": built.warm_start.record} if built.warm_start is not None else {}),
         "rounds": rec.round,
         "method": cfg.method.name,
         "model": cfg.model.name,

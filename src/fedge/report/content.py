@@ -63,6 +63,15 @@ def _key_numbers(run: RunLog) -> Table:
     ]
     if run.sim_time_s is not None:
         rows.append(("simulated time on the device fleet", format_duration(run.sim_time_s)))
+    warm = (run.summary or {}).get("warm_start")
+    if isinstance(warm, dict):  # the server's pretraining on its public split, apart from clients
+        rows.append(("server warm start: public samples", _num(warm.get("public"))))
+        rows.append(
+            (
+                "server warm start: FLOPs (not client FLOPs)",
+                format_flops(warm.get("server_flops"), exact=True),
+            )
+        )
     if run.model_params is not None:
         rows.append(("model parameters", f"{run.model_params:,}"))
     if run.model_bytes is not None:
