@@ -23,6 +23,7 @@ the simulated time until the first round at or above it (mean over seeds, counti
 seeds that reach it).
 
     python benchmarks/fleet_time.py [--out runs/bench-fleet-time] [--seeds 3] [--rounds 20] [--docs docs/benchmarks.md]
+    python benchmarks/fleet_time.py --table-only --docs docs/benchmarks.md   # render the records
 
 Resumable: finished runs are recorded under ``benchmarks/results/fleet_time/`` (commit them);
 every figure of the table is derived from those records.
@@ -35,9 +36,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from fedge.bench.docs import markdown_table
+from fedge.bench.docs import markdown_table, records_line, update_section
 from fedge.bench.figures import few_seeds_note
-from fedge.bench.script import report_and_document, runs_parser
+from fedge.bench.script import runs_parser
 from fedge.bench.variants import run_seeded_variants
 
 RECORDS = Path(__file__).resolve().parent / "results" / "fleet_time"
@@ -143,9 +144,42 @@ def time_to(runs: list[dict[str, Any]], target: float) -> tuple[float | None, in
     return (statistics.mean(hits) if hits else None), len(hits)
 
 
+def rows_of(
+    method: str, deadline: float, wait_runs: list[dict[str, Any]], cut_runs: list[dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """One method's entry and its two rows (*wait*, *deadline*) of the table, from its runs'
+    figures (:func:`run_figures` with ``final`` and ``seed``)."""
+    target = min(r["final"] for r in wait_runs)
+    entry = {"preset": METHODS[method], "deadline_s": deadline, "target": target}
+    out = {}
+    for row, runs in (("wait", wait_runs), ("deadline", cut_runs)):
+        finals = [r["final"] for r in runs]
+        t, reached = time_to(runs, target)
+        out[f"{method}, {row}"] = {
+            "method": method,
+            "row": row,
+            "seeds": len(runs),
+            "accuracy_mean": statistics.mean(finals),
+            "accuracy_std": statistics.stdev(finals) if len(finals) > 1 else 0.0,
+            "time_to_target_s": t,
+            "reached": reached,
+            "sim_time_total_s": statistics.mean(r["sim_time_total_by_round"][-1] for r in runs),
+            "stragglers_per_round": statistics.mean(
+                r["stragglers"] / len(r["accuracy_by_round"]) for r in runs
+            ),
+            "skipped": statistics.mean(r["skipped"] for r in runs),
+            "cpu_minutes": sum(r.get("wall_s", 0.0) for r in runs) / 60,
+            "curves": [
+                {"time": r["sim_time_total_by_round"], "accuracy": r["accuracy_by_round"]}
+                for r in runs
+            ],
+        }
+    return entry, out
+
+
 def measure(seeds: range, rounds: int, out: str, records: Path, extra: list[str]) -> dict[str, Any]:
     """Run (or read) every row and derive the table's figures."""
-    report: dict[str, Any] = {"rows": {}, "methods": {}}
+    report: dict[str, Any] = {"rows": {}, "methods": {}, "awaiting": []}
     for method, preset in METHODS.items():
         base = common(rounds, extra)
         slug = method.lower()
@@ -168,25 +202,55 @@ def measure(seeds: range, rounds: int, out: str, records: Path, extra: list[str]
             records=records / "runs",
         )["results"][0]
         cut_runs = seed_runs(cut, records, f"{slug}-deadline")
-        target = min(r["final"] for r in wait_runs)
-        report["methods"][method] = {"preset": preset, "deadline_s": deadline, "target": target}
-        for row, runs in (("wait", wait_runs), ("deadline", cut_runs)):
-            finals = [r["final"] for r in runs]
-            t, reached = time_to(runs, target)
-            report["rows"][f"{method}, {row}"] = {
-                "method": method,
-                "row": row,
-                "seeds": len(runs),
-                "accuracy_mean": statistics.mean(finals),
-                "accuracy_std": statistics.stdev(finals) if len(finals) > 1 else 0.0,
-                "time_to_target_s": t,
-                "reached": reached,
-                "sim_time_total_s": statistics.mean(r["sim_time_total_by_round"][-1] for r in runs),
-                "stragglers_per_round": statistics.mean(
-                    r["stragglers"] / len(r["accuracy_by_round"]) for r in runs
-                ),
-                "skipped": statistics.mean(r["skipped"] for r in runs),
+        report["methods"][method], rows = rows_of(method, deadline, wait_runs, cut_runs)
+        report["rows"].update(rows)
+    return report
+
+
+def recorded_runs(records: Path, label: str, seeds: range) -> list[dict[str, Any]] | None:
+    """Each seed's figures of the row ``label`` from its committed records (the run record and
+    its figures record), or None while any seed's is missing."""
+    runs = []
+    for seed in seeds:
+        run = records / "runs" / f"seed-{seed}" / f"{label}.json"
+        figs = records / "figures" / f"seed-{seed}" / f"{label}.json"
+        if not (run.exists() and figs.exists()):
+            return None
+        result = json.loads(run.read_text())["result"]
+        runs.append(
+            {
+                **json.loads(figs.read_text()),
+                "seed": seed,
+                "final": result["final_test_accuracy"],
+                "wall_s": result["wall_s"],
             }
+        )
+    return runs
+
+
+def read_report(records: Path = RECORDS, seeds: range = range(3)) -> dict[str, Any]:
+    """The table's figures from the committed records alone (``--table-only``); a method whose
+    runs are not all recorded is listed under ``awaiting``. Each recorded *deadline* run must have
+    run with the deadline its *wait* runs give (else the records are stale: an error)."""
+    report: dict[str, Any] = {"rows": {}, "methods": {}, "awaiting": []}
+    for method in METHODS:
+        slug = method.lower()
+        wait_runs = recorded_runs(records, f"{slug}-wait", seeds)
+        cut_runs = recorded_runs(records, f"{slug}-deadline", seeds)
+        if wait_runs is None or cut_runs is None:
+            report["awaiting"].append(method)
+            continue
+        deadline = _deadline(median_client_time(wait_runs))
+        for seed in seeds:
+            rec = records / "runs" / f"seed-{seed}" / f"{slug}-deadline.json"
+            ran = json.loads(rec.read_text())["config"]["clients"]["deadline_s"]
+            if ran != deadline:
+                raise ValueError(
+                    f"{rec} ran with clients.deadline_s={ran}, but its wait runs give {deadline}: "
+                    "the records disagree; delete the deadline records to rerun them"
+                )
+        report["methods"][method], rows = rows_of(method, deadline, wait_runs, cut_runs)
+        report["rows"].update(rows)
     return report
 
 
@@ -227,15 +291,65 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(markdown_table(head, cells, left=1))
 
 
-def markdown(report: dict[str, Any], command: str) -> str:
+FIGURE = (
+    Path(__file__).resolve().parents[1] / "docs" / "figures" / "fleet-time" / "accuracy-vs-time.png"
+)
+COMMAND = "python benchmarks/fleet_time.py --table-only --docs docs/benchmarks.md"
+
+
+def figure(report: dict[str, Any], path: Path = FIGURE) -> None:
+    """Test accuracy against cumulative simulated time (log x), one colour per method, *wait*
+    solid and *deadline* dashed; each line the mean over seeds, round by round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colours = dict(zip(METHODS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    for label, r in report["rows"].items():
+        curves = r["curves"]
+        n = min(len(c["time"]) for c in curves)
+        t = [statistics.mean(c["time"][i] for c in curves) for i in range(n)]
+        a = [statistics.mean(c["accuracy"][i] for c in curves) for i in range(n)]
+        style = "-" if r["row"] == "wait" else "--"
+        ax.plot(t, a, style, color=colours[r["method"]], label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("simulated time (s, log; mean over seeds)")
+    ax.set_ylabel("test accuracy")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def section(report: dict[str, Any]) -> str:
+    """The docs section: the protocol, the commands, the table (from the records alone), the
+    runs' CPU-minutes and the figure."""
     doc = (__doc__ or "").replace("``", "`").split("\n\n")
-    return (
-        f"Command: `{command}`\n\n"
-        + "\n\n".join(" ".join(p.split()) for p in doc[1:4])
-        + "\n\n"
-        + table(report)
-        + few_seeds_note(report["rows"])
-    )
+    rel = FIGURE.relative_to(FIGURE.parents[2]).as_posix()
+    parts = [
+        "\n\n".join(" ".join(p.split()) for p in doc[1:3]),
+        "Run (resumable, records under `benchmarks/results/fleet_time/`): "
+        "`python benchmarks/fleet_time.py --seeds 3 --rounds 20`; render: "
+        f"`{COMMAND}`",
+    ]
+    if report["rows"]:
+        minutes = "; ".join(
+            f"{label} {r['cpu_minutes']:.1f}" for label, r in report["rows"].items()
+        )
+        parts += [
+            table(report) + few_seeds_note(report["rows"]),
+            "CPU-minutes of each row's runs (one core each, all seeds; each run record names "
+            f"the machine it ran on): {minutes}.",
+            f"![test accuracy against simulated time]({rel})",
+        ]
+    if report["awaiting"]:
+        parts.append(
+            "Awaiting records (runs to come, same command): " + ", ".join(report["awaiting"]) + "."
+        )
+    return "\n\n".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--records", default=str(RECORDS), help="where finished runs are recorded (commit them)"
     )
+    ap.add_argument("--table-only", action="store_true", help="render the records, run nothing")
     ap.add_argument(
         "--set",
         action="append",
@@ -253,17 +368,23 @@ def main(argv: list[str] | None = None) -> int:
         help="one more override for every row (a smaller setting for a test)",
     )
     args = ap.parse_args(argv)
-    report = measure(range(args.seeds), args.rounds, args.out, Path(args.records), args.set)
-    return report_and_document(
-        report,
-        table(report),
-        args.docs,
-        section="fleet-time",
-        title="Time to accuracy on a phone-class fleet",
-        markdown=lambda command: markdown(report, command),
-        script=__file__,
-        argv=argv,
-    )
+    records = Path(args.records)
+    if not args.table_only:
+        measure(range(args.seeds), args.rounds, args.out, records, args.set)
+    report = read_report(records, range(args.seeds))
+    text = section(report)
+    print(text)
+    if args.docs:
+        if report["rows"]:  # beside the docs file it renders (docs/figures/fleet-time/)
+            figure(report, Path(args.docs).parent / FIGURE.relative_to(FIGURE.parents[2]))
+        update_section(
+            args.docs,
+            "fleet-time",
+            "Time to accuracy on a phone-class fleet",
+            text,
+            machine=records_line(records, root=Path(__file__).resolve().parents[1]),
+        )
+    return 0
 
 
 if __name__ == "__main__":

@@ -566,6 +566,7 @@ RECORD_TABLES = {
     ),
     "ntk-table3": ("ntk_table3", lambda b: b.table(b.Plan(), "python benchmarks/ntk_table3.py")),
     "zo-frontier": ("zo_frontier", lambda b: b.section()),
+    "fleet-time": ("fleet_time", lambda b: b.section(b.read_report())),
     "baffle-delta-loss": (
         "baffle_delta_loss",
         lambda b: (

@@ -62,6 +62,7 @@ def test_the_benchmark_runs_records_and_rereads_at_a_tiny_size(
     first = capsys.readouterr().out
     text = docs.read_text()
     assert "<!-- bench:fleet-time -->" in text and "<!-- /bench:fleet-time -->" in text
+    assert (tmp_path / "figures" / "fleet-time" / "accuracy-vs-time.png").stat().st_size > 0
     for method in ("FedAvg", "BAFFLE", "FedPT", "FedKSeed", "DeComFL"):
         assert f"| {method}, wait |" in text and f"| {method}, deadline |" in text
     assert sorted(p.name for p in (records / "figures" / "seed-0").iterdir()) == sorted(
