@@ -67,6 +67,7 @@ from typing import Any
 from fedge.bench.docs import records_line, update_section
 from fedge.bench.figures import read_run_logs
 from fedge.bench.screened import grid_step
+from fedge.bench.variants import with_neutral_additions
 from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, DivergenceError
 from fedge.experiment.build import resolved_config
@@ -132,6 +133,19 @@ FEDZO = (
     "method.server_optimizer={name: sgd, lr: 1.0}",
 )
 JVP_K = 32  # 3 forwards a direction: 96 forwards' FLOPs a sample, BAFFLE K = 100's 101
+# Backprop with a compressed uplink (issue 44: the comparison that matters for slow uplinks):
+# top-k 1% with error feedback, the codec of docs/methods/compression.md with the fewest bytes
+# but randk's (8 bytes a kept coordinate, 254 of the MLP's 25,450: ~2 kB a round against 102 kB
+# dense; randk 1% sends half that, but its d/k scaling adds a variance of ~99 times the update's
+# squared norm). Compression refuses secure aggregation (off for FedAvg; said here so the row
+# cannot inherit it).
+BP_TOPK = "BP FedAvg, top-k 1% + error feedback"
+TOPK = (
+    "method.compress.name=topk",
+    "method.compress.ratio=0.01",
+    "method.compress.error_feedback=true",
+    "method.secure_aggregation=false",
+)
 
 
 @dataclass(frozen=True)
@@ -169,6 +183,7 @@ def base_rows() -> dict[str, Row]:
             lr_key="method.server_optimizer.lr",
             lrs=(0.03, 0.1, 0.3),
         ),
+        Row(BP_TOPK, "bp", (*BP, *TOPK)),
         Row(
             "BAFFLE K=100 (batch mode)",
             "zo",
@@ -385,7 +400,7 @@ def run_unit(overrides: list[str], record: Path, out: Path) -> dict[str, Any]:
     want = json.loads(json.dumps(resolved_config(cfg), default=str))
     if record.exists():
         saved = json.loads(record.read_text())
-        if saved["config"] != want:
+        if with_neutral_additions(saved["config"], want) != want:
             raise ConfigError(
                 f"{record} records another config than this unit's; expected the same protocol: "
                 "remove the record to rerun it, or restore the script that wrote it"
@@ -840,7 +855,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-minutes", type=float, default=None, help="start no unit after this")
     ap.add_argument("--out", default="runs/bench-zo-frontier", help="run directories (checkpoints)")
     ap.add_argument("--records", default=str(RECORDS), help=argparse.SUPPRESS)
-    ap.add_argument("--docs", default=None, help="rewrite the zo-frontier section of this file")
+    ap.add_argument(
+        "--docs",
+        default=None,
+        help="rewrite the zo-frontier section of this file and the peer comparison (its records)",
+    )
     ap.add_argument("--table-only", action="store_true", help="render the records, run nothing")
     ap.add_argument("--estimate", action="store_true", help="print each row's cost, run nothing")
     args = ap.parse_args(argv)
@@ -887,6 +906,9 @@ def main(argv: list[str] | None = None) -> int:
             text,
             machine=records_line(records, root=ROOT),
         )
+        import peer_comparison  # issue 44's comparison, read from the same records
+
+        peer_comparison.render(records, args.docs, methods)
     return 0
 
 

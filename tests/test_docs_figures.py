@@ -12,10 +12,12 @@ Not re-derived: timings, RSS and tensor-accounting memory, accuracies and FLOPs 
 runs (minutes to hours). The reproduction tables built from those trainings (BAFFLE Tables 1
 and 2, NTK-BAFFLE Table 3) are checked another way: their sections must be exactly what their
 scripts render from the committed run records (`test_reproduction_sections_are_their_records_rendered`;
-the privacy-leakage section and the zo-bytes target likewise). Every section must name its
-records directory under benchmarks/results/ and have at least one figure re-derived from them
-here (`RECORD_TABLES`, `RE_DERIVED`), or be listed, with its reason and launch command, among
-the sections still awaiting records (`AWAITING_RECORDS`): a new section without records fails.
+the privacy-leakage section and the zo-bytes target likewise; the peer comparison's numbers
+and the data its figure plotted are also re-derived from its records by the test's own
+arithmetic). Every section must name its records directory under benchmarks/results/ and have
+at least one figure re-derived from them here (`RECORD_TABLES`, `RE_DERIVED`), or be listed,
+with its reason and launch command, among the sections still awaiting records
+(`AWAITING_RECORDS`): a new section without records fails.
 
 The figures re-derived from runs on Fashion-MNIST depend on its shapes and sample counts, not
 on its pixels: each such test (fixture ``fashion_mnist``) runs on a made stand-in of the same
@@ -728,6 +730,7 @@ RE_DERIVED = {
     "privacy-leakage": "test_privacy_leakage_section_is_its_record_rendered",
     "zo-bytes-to-accuracy": "test_zo_bytes_target_and_rounds_to_it_follow_from_the_records",
     "zo-draws": "test_zo_draws_section_is_its_records_rendered_and_within_target",
+    "peer-comparison": "test_peer_comparison_is_its_records_rendered_and_rederived",
 }
 
 
@@ -887,3 +890,106 @@ def test_zo_draws_section_is_its_records_rendered_and_within_target() -> None:
         (m, p) for m in ("lenet", "lenet5") for p in ("fast", "lean", "epoch")
     }
     assert f"Largest portable/torch ratio: **{max(r['ratio'] for r in after['rows']):.3f}**" in body
+
+
+# --- the peer comparison (bench:peer-comparison, issue 44) ----------------------------------------
+
+
+def _peer_records(label: str) -> tuple[list[dict], dict | None]:
+    """A row's recorded seeds (not diverged, by seed) and its probe, read from the files."""
+    import json
+
+    folder = ROOT / "benchmarks/results/zo_frontier" / re.sub(r"[^\w=.-]", "_", label)
+    seeds = [json.loads(p.read_text())["result"] for p in sorted(folder.glob("seed-*.json"))]
+    probe = folder / "probe.json"
+    return (
+        [r for r in seeds if "diverged_round" not in r],
+        json.loads(probe.read_text())["result"] if probe.exists() else None,
+    )
+
+
+def test_peer_comparison_is_its_records_rendered_and_rederived() -> None:
+    """bench:peer-comparison is what its script renders from the frontier's committed records;
+    its accuracies, bytes, memory and cost to the target, and the data its figure plotted (the
+    PNG's text chunk), re-derived here from the record files by this test's own arithmetic."""
+    import statistics
+
+    bench = benchmark_script("peer_comparison")
+    fix = "python benchmarks/peer_comparison.py --docs docs/benchmarks.md"
+    body = _section("peer-comparison").strip().split("\n", 1)[1]
+    machine, _, docs = body.strip().partition("\n\n")
+    assert machine == records_line("benchmarks/results/zo_frontier"), f"run `{fix}`"
+    assert docs.strip() == bench.section().strip(), f"stale section bench:peer-comparison: `{fix}`"
+    target = float(re.search(r"To the target, test accuracy ([\d.]+)", docs).group(1))
+    main = {r[0]: r for r in _rows(docs, "| row | lr (key) |")}
+    reach = {r[0]: r for r in _rows(docs, "| row | seeds reaching it |")}
+    assert list(main) == list(bench.ROWS) == list(reach), "every row listed, in order"
+    curves = {}
+    for label in bench.ROWS:
+        runs, probe = _peer_records(label)
+        row, hit = main[label], reach[label]
+        assert row[2].startswith(f"{len(runs)}/3"), f"{label}: seeds {row[2]}"
+        memory = None if probe is None else probe["client_tensor_peak_bytes"]
+        assert row[9] == ("-" if memory is None else f"{memory / 1e6:.2f}"), f"{label}: memory"
+        if not runs:
+            assert row[4] == "awaiting records" and hit[1] == "awaiting records", label
+            continue
+        finals = [r["test_accuracy_by_round"][-1] for r in runs]
+        want = f"{statistics.mean(finals):.4f}" + (
+            f" ± {statistics.stdev(finals):.4f}" if len(finals) > 1 else " (one seed)"
+        )
+        assert row[4] == want, f"{label}: final accuracy {row[4]}, records {want}"
+        up = [r["cum_bytes_up_per_client_by_round"][-1] / r["rounds"][-1] for r in runs]
+        down = [r["cum_bytes_down_per_client_by_round"][-1] / r["rounds"][-1] for r in runs]
+        want = f"{statistics.mean(up):,.0f} / {statistics.mean(down):,.0f}"
+        assert row[7] == want, f"{label}: bytes a client-round {row[7]}, records {want}"
+        first = []  # the index of each seed's first evaluated round at the target
+        for r in runs:
+            i = next((i for i, a in enumerate(r["test_accuracy_by_round"]) if a >= target), None)
+            if i is not None:
+                first.append((r, i))
+        assert hit[1].startswith(f"{len(first)}/{len(runs)}"), f"{label}: reaching {hit[1]}"
+        if first:
+            rounds = statistics.mean(r["rounds"][i] for r, i in first)
+            assert float(hit[2]) == pytest.approx(rounds, abs=0.05), f"{label}: rounds to target"
+            total = statistics.mean(
+                10
+                * (
+                    r["cum_bytes_up_per_client_by_round"][i]
+                    + r["cum_bytes_down_per_client_by_round"][i]
+                )
+                for r, i in first
+            )
+            assert hit[4] == f"{total / 1e6:.2f}", f"{label}: bytes to target {hit[4]}"
+        flops = None
+        if probe is not None:  # one client-round metered x 10 clients x the round
+            flops = [10 * probe["client_flops_round1"] * n for n in runs[0]["rounds"]]
+        curves[label] = {
+            "seeds": len(runs),
+            "rounds": runs[0]["rounds"],
+            "accuracy": [
+                statistics.mean(x) for x in zip(*(r["test_accuracy_by_round"] for r in runs))
+            ],
+            "flops": flops,
+            "bytes": [
+                statistics.mean(10 * (u + d) for u, d in x)
+                for x in zip(
+                    *(
+                        zip(
+                            r["cum_bytes_up_per_client_by_round"],
+                            r["cum_bytes_down_per_client_by_round"],
+                        )
+                        for r in runs
+                    )
+                )
+            ],
+        }
+    plotted = bench.figure_data(bench.FIGURE)
+    assert plotted["target"] == target
+    assert set(plotted["curves"]) == set(curves), f"stale figure: run `{fix}`"
+    for label, want in curves.items():
+        got = plotted["curves"][label]
+        for key, value in want.items():
+            assert got[key] == (value if value is None else pytest.approx(value)), (
+                f"stale figure, {label} {key}: run `{fix}`"
+            )

@@ -208,15 +208,15 @@ def test_a_record_from_before_a_neutral_key_existed_still_matches(tmp_path, key,
 def test_a_none_neutral_key_is_filled_only_where_the_wanted_config_has_it() -> None:
     """``method.k_final`` (neutral None) is BAFFLE's: a FedAvg record lacking it must not gain it,
     or it would differ from FedAvg's wanted config, which has no such key; BAFFLE's record does."""
-    from fedge.bench.variants import _with_neutral_additions
+    from fedge.bench.variants import with_neutral_additions
 
     fedavg = {"method": {"name": "fedavg"}}
-    assert _with_neutral_additions(fedavg, {"method": {"name": "fedavg"}}) == fedavg
+    assert with_neutral_additions(fedavg, {"method": {"name": "fedavg"}}) == fedavg
     baffle = {"method": {"name": "baffle"}}
     want = {"method": {"name": "baffle", "k_final": None, "prefix_once": False}}
-    assert _with_neutral_additions(baffle, want) == want
+    assert with_neutral_additions(baffle, want) == want
     other = {"method": {"name": "baffle", "k_final": 200, "prefix_once": False}}
-    assert _with_neutral_additions(baffle, other) != other  # a K schedule is another run
+    assert with_neutral_additions(baffle, other) != other  # a K schedule is another run
 
 
 def test_a_side_evaluated_model_is_a_row_equal_to_its_own_runs(tmp_path):

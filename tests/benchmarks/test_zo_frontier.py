@@ -181,27 +181,59 @@ def test_every_row_loads_as_a_config() -> None:
 
 # --- units run and resume on a tiny protocol -----------------------------------------------------
 
+TINY = [
+    "threads=1",
+    "rounds=2",
+    "clients.num=2",
+    "clients.per_round=2",
+    "dataset.limit_train=120",
+    "dataset.validation=40",
+    "dataset.limit_test=50",
+    "model.name=mlp",
+    "model.hidden=[4]",
+    "model.activation=relu",
+    "model.norm=none",
+    "method.batch_size=20",
+    "measure.flops=false",
+]
+
+
+@pytest.mark.usefixtures("fake_fashion_mnist")
+def test_the_compressed_bp_row_uploads_the_top_1_percent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BP FedAvg with top-k 1% and error feedback (the slow-uplink comparison of issue 44): its
+    probe, on a tiny protocol (d = 784x4 + 4 + 4x10 + 10 = 3,190), uploads k = round(0.01 d) = 32
+    coordinates at 8 bytes each plus the message's framing (about a hundred bytes of names and
+    config), where BP FedAvg uploads 4d."""
+    from fedge.core.config import load_config
+    from fedge.experiment.build import resolved_config
+
+    monkeypatch.setattr(bench, "PROTOCOL", TINY)
+    row = bench.base_rows()[bench.BP_TOPK]
+    overrides = bench.unit_overrides(row, 0.003, "probe")
+    method = resolved_config(load_config(bench.BASE, overrides=overrides))["method"]
+    assert method["compress"]["name"] == "topk" and method["compress"]["ratio"] == 0.01
+    assert method["compress"]["error_feedback"] is True and method["secure_aggregation"] is False
+    up = {}
+    for label in ("BP FedAvg", bench.BP_TOPK):
+        r = bench.base_rows()[label]
+        got = bench.run_unit(
+            bench.unit_overrides(r, 0.003, "probe"),
+            tmp_path / f"probe{len(up)}.json",
+            tmp_path / f"run{len(up)}",
+        )
+        up[label] = got["cum_bytes_up_per_client_by_round"][0]
+    d = 784 * 4 + 4 + 4 * 10 + 10
+    assert up["BP FedAvg"] >= 4 * d
+    assert 8 * 32 <= up[bench.BP_TOPK] <= 8 * 32 + 128, up  # framing: ~100 bytes
+
 
 @pytest.mark.usefixtures("fake_fashion_mnist")
 def test_units_resume_and_a_recorded_unit_is_not_rerun(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tiny = [
-        "threads=1",
-        "rounds=2",
-        "clients.num=2",
-        "clients.per_round=2",
-        "dataset.limit_train=120",
-        "dataset.validation=40",
-        "dataset.limit_test=50",
-        "model.name=mlp",
-        "model.hidden=[4]",
-        "model.activation=relu",
-        "model.norm=none",
-        "method.batch_size=20",
-        "measure.flops=false",
-    ]
-    monkeypatch.setattr(bench, "PROTOCOL", tiny)
+    monkeypatch.setattr(bench, "PROTOCOL", TINY)
     monkeypatch.setattr(bench, "SCREEN_ROUNDS", 1)
     records, out = tmp_path / "records", tmp_path / "runs"
     # a budget of 0 minutes starts no unit
@@ -227,6 +259,17 @@ def test_units_resume_and_a_recorded_unit_is_not_rerun(
     monkeypatch.setattr(fedge.experiment.run, "run_experiment", never)
     assert bench.run_all(records, out, only_rows=["BP FedAvg"], seeds=[0]) == []
     assert json.loads((folder / "seed-0.json").read_text()) == seed0
+    # a record made before a neutral key existed (here: the fairness split) is still this unit's,
+    # and a record of another protocol is refused naming the file
+    old = json.loads(json.dumps(seed0))
+    del old["config"]["partition"]["local_test"], old["config"]["local_eval_every"]
+    (folder / "seed-0.json").write_text(json.dumps(old))
+    assert bench.run_all(records, out, only_rows=["BP FedAvg"], seeds=[0]) == []
+    old["config"]["rounds"] = 3
+    (folder / "seed-0.json").write_text(json.dumps(old))
+    with pytest.raises(bench.ConfigError, match="seed-0.json records another config"):
+        bench.run_all(records, out, only_rows=["BP FedAvg"], seeds=[0])
+    (folder / "seed-0.json").write_text(json.dumps(seed0))
     # a dependent row waits for the screens it needs
     left = bench.run_all(records, out, only_rows=[bench.BP_MASK], seeds=[0])
     assert left == [

@@ -20,6 +20,7 @@ from fedge.experiment.rundir import RunDir
 
 __all__ = [
     "NEUTRAL_ADDITIONS",
+    "with_neutral_additions",
     "per_client_costs",
     "recorded",
     "run_seeded_variants",
@@ -225,9 +226,10 @@ NEUTRAL_ADDITIONS: dict[tuple[str, ...], Any] = {
 }
 
 
-def _with_neutral_additions(have: dict[str, Any], want: dict[str, Any]) -> dict[str, Any]:
-    """``have`` with the :data:`NEUTRAL_ADDITIONS` it lacks filled in where ``want`` holds exactly
-    their neutral value."""
+def with_neutral_additions(have: dict[str, Any], want: dict[str, Any]) -> dict[str, Any]:
+    """``have`` (a recorded resolved config) with the :data:`NEUTRAL_ADDITIONS` it lacks filled in
+    where ``want`` holds exactly their neutral value: a record made before a key existed still
+    matches a config that leaves the key at its neutral value."""
     have = json.loads(json.dumps(have))
     for path, neutral in NEUTRAL_ADDITIONS.items():
         h: Any = have
@@ -252,7 +254,7 @@ def _read_record(path: Path, wanted: RunConfig) -> dict[str, Any]:
     """The row stored in ``path``, after checking it was made by the config ``wanted``."""
     stored = json.loads(path.read_text())
     want = json.loads(json.dumps(resolved_config(wanted)))
-    have = _with_neutral_additions(stored["config"], want)
+    have = with_neutral_additions(stored["config"], want)
     if have != want:
         diff = sorted(k for k in have.keys() | want.keys() if have.get(k) != want.get(k))
         raise ConfigError(
