@@ -50,7 +50,7 @@ from fedge.bench.screened import (
     run_screened,
     when_picked,
 )
-from fedge.bench.stats import paired_difference
+from fedge.bench.stats import UNRESOLVED, comparison, paired_difference
 from fedge.bench.tables import run_notes, screen_cell, seed_gaps
 from fedge.bench.variants import run_variants
 
@@ -182,19 +182,17 @@ def paired_at(rows: dict[str, Any], rounds: dict[str, int]) -> dict[str, Any] | 
 
 
 def verdict(d: dict[str, Any] | None) -> str:
-    """Whether a paired difference is resolved beyond the seeds' spread (its 95% t interval excludes 0)."""
+    """The verdict on a paired local_set − batch difference (:func:`fedge.bench.stats.comparison`:
+    the paper reports no such comparison): which is ahead when its 95% t interval excludes 0, else
+    not resolved; an interval end within 0.01 points of 0 is shown to 0.001 and called so."""
     if d is None:
         return "fewer than two paired seeds: not resolved"
     near = min(abs(d["lo"]), abs(d["hi"]))
     p = 3 if near < 0.01 else 2  # an end near 0 shown to 0.001 points, so its sign can be read
     ci = f"95% t interval {100 * d['lo']:+.{p}f} to {100 * d['hi']:+.{p}f} points"
-    if d["lo"] > 0 or d["hi"] < 0:
-        better = "local_set" if d["lo"] > 0 else "batch"
-        just = (
-            f", only just (its near end is {100 * near:.3f} points from 0)" if near < 0.01 else ""
-        )
-        return f"{better} better, {ci}: resolved beyond the seeds' spread{just}"
-    return f"{ci}: NOT resolved beyond the seeds' spread (the interval holds 0)"
+    who = comparison(100 * d["lo"], 100 * d["hi"], ("local_set ahead", "batch ahead"))
+    just = f", only just (its near end is {100 * near:.3f} points from 0)" if near < 0.01 else ""
+    return f"{ci} → {who}{just if who != UNRESOLVED else ''}"
 
 
 def _ms(values: list[float]) -> str:

@@ -63,7 +63,7 @@ from fedge.bench.script import (
     reproduction_parser,
     usage_errors,
 )
-from fedge.bench.stats import direction, paired_difference, t_interval, verdict
+from fedge.bench.stats import comparison, paired_difference, t_interval, verdict
 from fedge.bench.tables import mean_cell, not_run_cell, per_seed_cell, run_notes, screen_cell
 
 BASE = "baffle-fmnist-lenet"
@@ -426,14 +426,9 @@ def _paired_bullet(
     what: str, d: dict[str, Any], ahead: tuple[str, str] = ("BAFFLE ahead", "BP ahead")
 ) -> str:
     """A paired difference A − B (:func:`paired_difference`; by default BAFFLE − BP) as a bullet
-    with its direction: ``ahead`` names the verdicts for A ahead and for B ahead."""
-    who = (
-        ahead[1]
-        if d["hi"] < 0
-        else ahead[0]
-        if d["lo"] > 0
-        else "not resolved: the interval holds 0"
-    )
+    with its verdict (:func:`fedge.bench.stats.comparison`: no paper reports it): ``ahead``
+    names the verdicts for A ahead and for B ahead."""
+    who = comparison(100 * d["lo"], 100 * d["hi"], ahead)
     return (
         f"- {what}: {d['mean'] * 100:+.2f} ± {d['std'] * 100:.2f} points over seeds {d['seeds']} "
         f"(95% interval {d['lo'] * 100:+.1f} to {d['hi'] * 100:+.1f}) → {who}."
@@ -684,14 +679,6 @@ def table(plan: Plan, command: str) -> str:
     return "\n".join(lines)
 
 
-def _two_part(lo: float, hi: float, mean: float, paper: float | None, sign: float) -> str:
-    """The verdict of an interval (points) against the paper's figure (:func:`verdict`), or, where
-    the paper has no row for it, its direction against ``sign`` (the sign all the paper's rows share)."""
-    if paper is None:
-        return f"{direction(lo, hi, sign)}; no paper figure to size against"
-    return verdict(lo, hi, mean, paper)
-
-
 VERDICT_KEY = (
     "each verdict in two parts: **direction** (the 95% interval excludes 0 with the paper's sign: "
     "same direction; with the other sign: opposite direction; else not resolved) and **size** "
@@ -728,7 +715,7 @@ def verdicts(plan: Plan, agg: dict[str, dict[str, Any]]) -> list[str]:
         )
         out.append(
             f"- {family}: {mean:+.2f} ± {d['std'] * 100:.2f} points over seeds {d['seeds']} "
-            f"(95% interval {lo:+.1f} to {hi:+.1f}; {where}) → {_two_part(lo, hi, mean, paper, 1.0)}."
+            f"(95% interval {lo:+.1f} to {hi:+.1f}; {where}) → {verdict(lo, hi, mean, paper, sign=1.0)}."
         )
     bp = costs.get("BP FedAvg")
     if bp is not None:
@@ -756,7 +743,7 @@ def verdicts(plan: Plan, agg: dict[str, dict[str, Any]]) -> list[str]:
             where = f"paper {paper:+.2f}" if paper is not None else "the paper has no row at this K"
             out.append(
                 f"- {family} − BP: {mean * 100:+.2f} ± {std * 100:.2f} points (95% interval {lo * 100:+.1f} "
-                f"to {hi * 100:+.1f}; {where}) → {_two_part(100 * lo, 100 * hi, 100 * mean, paper, -1.0)}."
+                f"to {hi * 100:+.1f}; {where}) → {verdict(100 * lo, 100 * hi, 100 * mean, paper, sign=-1.0)}."
             )
     return out
 

@@ -89,7 +89,7 @@ from fedge.bench.script import (
     reproduction_parser,
     usage_errors,
 )
-from fedge.bench.stats import direction, paired_difference, verdict
+from fedge.bench.stats import paired_difference, verdict
 from fedge.bench.tables import (
     mean_cell,
     not_run_cell,
@@ -692,11 +692,7 @@ def _direction(
         return f"- {label}: needs both rows on at least 2 common seeds."
     sign = 1.0 if want == "higher" else -1.0
     lo, hi, mean = 100 * d["lo"], 100 * d["hi"], 100 * d["mean"]
-    result = (
-        f"{direction(lo, hi, sign)}; no figure in the paper to size against"
-        if figure is None
-        else verdict(lo, hi, mean, figure)
-    )
+    result = verdict(lo, hi, mean, figure, sign=sign)
     agree = sum(x * sign > 0 for x in d["diffs"])
     return (
         f"- {label}: {mean:+.2f} ± {d['std'] * 100:.2f} points (seeds {seed_gaps(d)}; "

@@ -14,9 +14,10 @@ and 2, NTK-BAFFLE Table 3) are checked another way: their sections must be exact
 scripts render from the committed run records (`test_reproduction_sections_are_their_records_rendered`;
 the privacy-leakage section and the zo-bytes target likewise; the peer comparison's numbers
 and the data its figure plotted are also re-derived from its records by the test's own
-arithmetic). Every section must name its
-records directory under benchmarks/results/, or be listed, with its reason, among the sections
-still awaiting records (`AWAITING_RECORDS`): a new section without records fails.
+arithmetic). Every section must name its records directory under benchmarks/results/ and have
+at least one figure re-derived from them here (`RECORD_TABLES`, `RE_DERIVED`), or be listed,
+with its reason and launch command, among the sections still awaiting records
+(`AWAITING_RECORDS`): a new section without records fails.
 
 The figures re-derived from runs on Fashion-MNIST depend on its shapes and sample counts, not
 on its pixels: each such test (fixture ``fashion_mnist``) runs on a made stand-in of the same
@@ -27,9 +28,11 @@ installs it where not; a failure under FEDGE_REQUIRE_DATA=1, as in CI).
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -620,33 +623,114 @@ def test_eppfl_communication_bytes(tmp_path: Path) -> None:
 ROOT = DOCS.parents[1]
 RECORDS_DIR = re.compile(r"`?(benchmarks/results/[\w.-]+)/")
 
-#: Sections with no committed run records yet, by why; each must be emptied by a run that writes
-#: its records (docs/planned.md). A new section is not listed here, so it must name its records.
+
+class Awaiting(NamedTuple):
+    """Why a section has no committed run records yet, and the command that (re)makes it (as its
+    section documents it: the script or ``fedge bench`` subcommand it names)."""
+
+    reason: str
+    command: str
+
+
+#: Sections with no committed run records yet, each with why and its launch command; each must be
+#: emptied by a run that writes its records (docs/planned.md). A new section is not listed here,
+#: so it must name its records.
 AWAITING_RECORDS = {
     # measured by their command (timings, memory, bytes of one round): no run records written
-    "engine": "timings of trivial clients",
-    "presets": "two preset runs, measured by `fedge bench presets`",
-    "client-memory": "memory measurements",
-    "zo-step": "timings",
-    "zo-precision": "a float64 oracle, measured by its script",
-    "population": "timings and RSS",
-    "flower": "timings",
-    "flower-ray": "timings",
-    "cross-device": "a million-device run, measured by its script",
-    "flower-deploy-baffle": "a loopback deployment, measured by its script",
-    "client-failures": "runs measured by its script",
-    "zo-forwards-to-accuracy": "runs measured by its script",
+    "engine": Awaiting(
+        "timings of trivial clients", "fedge bench engine --docs docs/benchmarks.md"
+    ),
+    "presets": Awaiting(
+        "two preset runs, measured by `fedge bench presets`",
+        "fedge bench presets fedavg-fmnist-lenet quickstart --set threads=1 --docs docs/benchmarks.md",
+    ),
+    "client-memory": Awaiting(
+        "memory measurements", "fedge bench memory --docs docs/benchmarks.md"
+    ),
+    "zo-step": Awaiting("timings", "fedge bench zo --docs docs/benchmarks.md"),
+    "zo-precision": Awaiting(
+        "a float64 oracle, measured by its script",
+        "python benchmarks/zo_precision.py --docs docs/benchmarks.md",
+    ),
+    "population": Awaiting(
+        "timings and RSS",
+        "fedge bench engine --populations 1000,10000,100000,1000000 --docs docs/benchmarks.md",
+    ),
+    "flower": Awaiting("timings", "python benchmarks/flower_overhead.py --docs docs/benchmarks.md"),
+    "flower-ray": Awaiting(
+        "timings",
+        "python benchmarks/flower_overhead.py --section flower-ray --docs docs/benchmarks.md",
+    ),
+    "cross-device": Awaiting(
+        "a million-device run, measured by its script",
+        "python benchmarks/cross_device.py --docs docs/benchmarks.md",
+    ),
+    "flower-deploy-baffle": Awaiting(
+        "a loopback deployment, measured by its script",
+        "python benchmarks/flower_deploy_baffle.py --docs docs/benchmarks.md",
+    ),
+    "client-failures": Awaiting(
+        "runs measured by its script (its dropout draws are re-derived above)",
+        "python benchmarks/client_failures.py --docs docs/benchmarks.md",
+    ),
+    "zo-forwards-to-accuracy": Awaiting(
+        "runs measured by its script",
+        "python benchmarks/zo_forwards_to_accuracy.py --docs docs/benchmarks.md",
+    ),
     # long runs launched separately (issue 46, ~10 CPU-hours): leaves once records are committed
-    "noniid-uplink": "non-IID / slow-uplink table: runs to come",
-    # reproductions whose runs predate records (issue 49): long runs to come
-    "fedpt-table1": "FedPT Table 1: runs predate records",
-    "fedpt-table2": "FedPT Tables 2/4: runs predate records",
-    "fedpt-table5": "FedPT Table 5: runs predate records",
-    "fedpt-composition": "composition table: runs predate records",
-    "eppfl": "EPPFL Figs. 2/4/5 and communication: pasted from a script's output",
-    "ppfl": "PPFL Tables 3/4/5, transfer, enclave memory: runs predate records",
-    "mia-overfit": "MIA against models that fit: runs predate records",
-    "ppfl-table2": "PPFL Table 2 analogue: runs predate records",
+    "noniid-uplink": Awaiting(
+        "non-IID / slow-uplink table: runs to come (one command per core in its docstring)",
+        "python benchmarks/noniid_uplink.py --docs docs/benchmarks.md",
+    ),
+    # reproductions whose runs predate records (issue 49): the script must first write one record
+    # per run under benchmarks/results/, then the runs are repeated (CPU-hours, docs/planned.md)
+    "fedpt-table1": Awaiting(
+        "FedPT Table 1: runs predate records; its script writes none yet",
+        "python benchmarks/fedpt_table1.py --seeds 3 --docs docs/benchmarks.md",
+    ),
+    "fedpt-table2": Awaiting(
+        "FedPT Tables 2/4: runs predate records; its script writes none yet (and runs IID, where "
+        "the paper has Dirichlet(1))",
+        "python benchmarks/fedpt_table2.py --docs docs/benchmarks.md",
+    ),
+    "fedpt-table5": Awaiting(
+        "FedPT Table 5: runs predate records; its script writes none yet (one seed)",
+        "python benchmarks/fedpt_table5.py --docs docs/benchmarks.md",
+    ),
+    "fedpt-composition": Awaiting(
+        "composition table: runs predate records; its script writes none yet",
+        "python benchmarks/fedpt_composition.py --docs docs/benchmarks.md",
+    ),
+    "eppfl": Awaiting(
+        "EPPFL Figs. 2/4/5 and communication: pasted from a script's output, no records",
+        "python benchmarks/eppfl_figures.py",
+    ),
+    "ppfl": Awaiting(
+        "PPFL Tables 3/4/5, transfer, enclave memory: runs predate records; its script writes "
+        "none yet (and caps each stage at 10 rounds)",
+        "python benchmarks/ppfl_tables.py --docs docs/benchmarks.md",
+    ),
+    "mia-overfit": Awaiting(
+        "MIA against models that fit: runs predate records; its script writes none yet",
+        "python benchmarks/mia_overfit.py --docs docs/benchmarks.md",
+    ),
+    "ppfl-table2": Awaiting(
+        "PPFL Table 2 analogue: runs predate records; its script writes none yet",
+        "python benchmarks/ppfl_table2.py --docs docs/benchmarks.md",
+    ),
+}
+
+#: The test re-deriving figures of each section that names its records from those records (the
+#: sections of ``RECORD_TABLES`` are re-rendered whole by
+#: ``test_reproduction_sections_are_their_records_rendered``). A section that names records and
+#: is in neither fails ``test_every_section_with_records_has_a_figure_re_derived_from_them``.
+RE_DERIVED = {
+    "baffle-comm": "test_comm_table_is_its_record_rendered",
+    "dp-ftrl-epsilon": "test_dp_ftrl_epsilon_rows_are_their_records",
+    "privacy-leakage": "test_privacy_leakage_section_is_its_record_rendered",
+    "zo-bytes-to-accuracy": "test_zo_bytes_target_and_rounds_to_it_follow_from_the_records",
+    "zo-draws": "test_zo_draws_section_is_its_records_rendered_and_within_target",
+    "peer-comparison": "test_peer_comparison_is_its_records_rendered_and_rederived",
 }
 
 
@@ -657,6 +741,54 @@ def _section_names() -> list[str]:
 def test_the_awaiting_list_names_existing_sections_only() -> None:
     stale = sorted(set(AWAITING_RECORDS) - set(_section_names()))
     assert not stale, f"AWAITING_RECORDS names sections docs/benchmarks.md lacks: {stale}"
+
+
+LAUNCH = re.compile(r"^(?:python (benchmarks/\w+\.py)|fedge bench (\w+))(?: |$)")
+
+
+@pytest.mark.parametrize("name", sorted(AWAITING_RECORDS))
+def test_every_awaiting_section_gives_its_reason_and_launch_command(name: str) -> None:
+    """An awaiting section says why it has no records and how it is launched: a benchmark script
+    that exists, or a ``fedge bench`` subcommand that exists, named in the section itself."""
+    from fedge.cli.bench import bench_app
+
+    reason, command = AWAITING_RECORDS[name]
+    assert reason.strip(), f"AWAITING_RECORDS[{name!r}] gives no reason"
+    m = LAUNCH.match(command)
+    assert m, (
+        f"AWAITING_RECORDS[{name!r}] launch command {command!r}: expected `python "
+        "benchmarks/SCRIPT.py ...` or `fedge bench SUBCOMMAND ...`"
+    )
+    script, sub = m.groups()
+    if script is not None:
+        assert (ROOT / script).is_file(), f"bench:{name}: {script} does not exist"
+        named = script
+    else:
+        subs = {c.name for c in bench_app.registered_commands}
+        assert sub in subs, f"bench:{name}: `fedge bench {sub}` is none of {sorted(subs)}"
+        named = f"fedge bench {sub}"
+    assert named in _section(name), f"bench:{name} never names its launch command's {named!r}"
+
+
+def test_every_section_with_records_has_a_figure_re_derived_from_them() -> None:
+    """Each section that names its records (every section not awaiting them) has a test here
+    re-deriving at least one of its figures from them: its whole rendering (``RECORD_TABLES``)
+    or a test named in ``RE_DERIVED`` that reads the section."""
+    with_records = set(_section_names()) - set(AWAITING_RECORDS)
+    uncovered = sorted(with_records - set(RECORD_TABLES) - set(RE_DERIVED))
+    assert not uncovered, (
+        f"sections with records but no figure re-derived from them: {uncovered}; add a test "
+        "here that recomputes one from benchmarks/results/ and name it in RE_DERIVED (or render "
+        "the section whole from its records in RECORD_TABLES)"
+    )
+    stale = sorted((set(RECORD_TABLES) | set(RE_DERIVED)) - with_records)
+    assert not stale, f"RECORD_TABLES / RE_DERIVED name sections without records: {stale}"
+    for name, test in RE_DERIVED.items():
+        fn = globals().get(test)
+        assert callable(fn) and test.startswith("test_"), f"RE_DERIVED[{name!r}]: no test {test}"
+        assert f'_section("{name}")' in inspect.getsource(fn), (
+            f"RE_DERIVED[{name!r}]: {test} does not read bench:{name}"
+        )
 
 
 @pytest.mark.parametrize("name", _section_names())

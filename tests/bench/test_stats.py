@@ -7,7 +7,15 @@ import statistics
 
 import pytest
 
-from fedge.bench.stats import T_975, direction, paired_difference, size, t_interval, verdict
+from fedge.bench.stats import (
+    T_975,
+    comparison,
+    direction,
+    paired_difference,
+    size,
+    t_interval,
+    verdict,
+)
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -78,6 +86,42 @@ def test_verdict_not_resolved_when_the_interval_holds_0() -> None:
         "not resolved (the interval holds 0); 0.21× the paper's"
     )
     assert direction(0.0, 1.0, 1.0) == "not resolved (the interval holds 0)"  # 0 is in [0, 1]
+
+
+def test_selu_against_hardswish_over_both_tables_is_opposite() -> None:
+    # SELU − Hardswish per seed (points), 10,000 samples +0.6, +5.8, +2.9 and 30,000 samples +1.1,
+    # +3.7, +2.7: mean 16.8 / 6 = 2.8, squared deviations sum 17.56, std sqrt(17.56 / 5) = 1.874,
+    # half-width 2.571 · 1.874 / sqrt(6) = 1.967: the interval +0.83..+4.77 excludes 0 on the
+    # other side of the paper's -1.09 (SELU below Hardswish), and 2.8 / -1.09 = -2.57
+    lo, hi = t_interval([0.6, 5.8, 2.9, 1.1, 3.7, 2.7])
+    assert (lo, hi) == pytest.approx((0.833, 4.767), abs=1e-3)
+    assert verdict(lo, hi, 2.8, -1.09) == "opposite direction; -2.6× the paper's"
+
+
+def test_verdict_without_a_paper_figure_has_a_direction_but_no_size() -> None:
+    # NTK − magnitude-pruned: +2.25 (-2.0..+6.5) where the paper says only "NTK higher"
+    assert verdict(-2.0, 6.5, 2.25, None, sign=+1) == (
+        "not resolved (the interval holds 0); no figure in the paper to size against"
+    )
+    assert verdict(0.5, 1.5, 1.0, None, sign=-1) == (
+        "opposite direction; no figure in the paper to size against"
+    )
+    with pytest.raises(ValueError, match="no paper figure and sign 0"):
+        verdict(0.5, 1.5, 1.0, None)
+    with pytest.raises(ValueError, match="sign -1.0 contradicts the paper's figure 2.0"):
+        verdict(0.5, 1.5, 1.0, 2.0, sign=-1.0)
+    assert verdict(0.5, 1.5, 1.0, 2.0, sign=+1.0) == verdict(0.5, 1.5, 1.0, 2.0)
+
+
+def test_comparison_names_who_is_ahead_only_when_the_interval_excludes_0() -> None:
+    ahead = ("local_set ahead", "batch ahead")
+    # local_set − batch at equal forwards: -13.80, interval -27.598..-0.002: batch ahead, just
+    assert comparison(-27.598, -0.002, ahead) == "batch ahead"
+    assert comparison(0.3, 1.1, ahead) == "local_set ahead"
+    assert comparison(-4.14, 9.57, ahead) == "not resolved (the interval holds 0)"
+    assert comparison(0.0, 2.0, ahead) == "not resolved (the interval holds 0)"  # 0 is inside
+    with pytest.raises(ValueError, match="expected lo <= hi"):
+        comparison(1.0, 0.0, ahead)
 
 
 def test_verdict_ratio_digits_follow_its_magnitude() -> None:

@@ -161,7 +161,7 @@ def test_the_optimizer_state_lines_pair_persistent_with_fresh_by_seed_and_say_th
     (zo_line,) = [b for b in bullets if b.startswith(f"- {skew}: BAFFLE K=100 (10-round screens)")]
     # hand: diffs -0.01, +0.02 -> mean +0.50 points, std 2.12; the interval holds 0
     assert "+0.50 ± 2.12 points over seeds [0, 1]" in zo_line and zo_line.endswith(
-        "→ not resolved: the interval holds 0."
+        "→ not resolved (the interval holds 0)."
     )
     assert bench._optimizer_state_lines(PLAN, {}, {}, {}) == []
 
@@ -199,7 +199,7 @@ def test_skew_cost_verdicts_give_direction_and_size_against_the_paper() -> None:
 
     assert line("BP FedAvg:").endswith("+14.34) → same direction; size matches.")
     assert line("BAFFLE K=100:").endswith(
-        "the paper has no row at this K) → same direction; no paper figure to size against."
+        "the paper has no row at this K) → same direction; no figure in the paper to size against."
     )
     assert line("BAFFLE K=200:").endswith("+13.57) → same direction; 0.22× the paper's.")
     # K=200 − BP: 2-14, 3-15, 4-16 = -12 points on every seed (std 0: the interval is the point),

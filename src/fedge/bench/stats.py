@@ -2,7 +2,9 @@
 Student t interval of their mean (the same seed draws the same data and initial model in both
 runs, so the seeds pair), and the verdict of such an interval against a paper's figure, in two
 parts: the direction (does the interval exclude 0, with the paper's sign?) and the size (does it
-hold the paper's figure, or how large is fedge's effect against it?)."""
+hold the paper's figure, or how large is fedge's effect against it?). Every docs section that
+renders a verdict takes its words from here: :func:`verdict` against a paper's claim,
+:func:`comparison` for a difference between two of fedge's own variants that no paper reports."""
 
 from __future__ import annotations
 
@@ -12,7 +14,12 @@ from typing import Any
 
 __all__ = [
     "NO_INTERVAL",
+    "OPPOSITE",
+    "SAME",
+    "UNRESOLVED",
+    "NO_FIGURE",
     "T_975",
+    "comparison",
     "direction",
     "paired_difference",
     "size",
@@ -63,6 +70,7 @@ def paired_difference(
 #: estimates show (a script that writes one says so, then what the point estimates show).
 NO_INTERVAL = "not resolved (one seed: no interval)"
 
+#: The three directions :func:`direction` gives (:func:`comparison` gives the third too).
 SAME, OPPOSITE, UNRESOLVED = (
     "same direction",
     "opposite direction",
@@ -88,6 +96,25 @@ def direction(lo: float, hi: float, sign: float) -> str:
     return UNRESOLVED
 
 
+def comparison(lo: float, hi: float, ahead: tuple[str, str]) -> str:
+    """The verdict on a difference A − B (95% interval ``lo``..``hi``) that no paper reports, so
+    has no direction to match: ``ahead[0]`` (A ahead) when the interval lies above 0,
+    ``ahead[1]`` (B ahead) when below, else "not resolved (the interval holds 0)".
+
+    >>> comparison(0.4, 1.2, ("BAFFLE ahead", "BP ahead")), comparison(-2.0, -0.1, ("A", "B"))
+    ('BAFFLE ahead', 'B')
+    >>> comparison(-0.3, 0.2, ("A", "B"))
+    'not resolved (the interval holds 0)'
+    """
+    if lo > hi:
+        raise ValueError(f"interval {lo}..{hi}: expected lo <= hi")
+    return ahead[0] if lo > 0 else ahead[1] if hi < 0 else UNRESOLVED
+
+
+#: The size part of a verdict where the paper reports a direction but no figure for the effect.
+NO_FIGURE = "no figure in the paper to size against"
+
+
 def _ratio(r: float) -> str:
     return f"{r:.0f}" if abs(r) >= 10 else f"{r:.1f}" if abs(r) >= 1 else f"{r:.2f}"
 
@@ -110,15 +137,29 @@ def size(lo: float, hi: float, mean: float, paper: float) -> str:
     return f"{_ratio(mean / paper)}× the paper's"
 
 
-def verdict(lo: float, hi: float, mean: float, paper: float) -> str:
+def verdict(lo: float, hi: float, mean: float, paper: float | None, sign: float = 0.0) -> str:
     """Both parts of a reproduction's verdict, "direction; size" (:func:`direction` against the
     sign of ``paper``, :func:`size` against its value): a claim reproduces in direction and size
     only when it reads "same direction; size matches". ``lo``, ``hi``, ``mean`` and ``paper`` are
-    in the same units (e.g. points of accuracy).
+    in the same units (e.g. points of accuracy). Where the paper states a direction but no figure
+    (``paper`` None), the direction is taken against ``sign`` and the size part says so
+    (:data:`NO_FIGURE`); with a figure, ``sign`` (when given) must agree with it.
 
     >>> verdict(12.5, 24.9, 18.70, 7.04)
     "same direction; 2.7× the paper's"
     >>> verdict(0.9, 4.7, 2.79, -1.09)
     "opposite direction; -2.6× the paper's"
+    >>> verdict(-2.0, 6.5, 2.25, None, sign=+1)
+    'not resolved (the interval holds 0); no figure in the paper to size against'
     """
+    if paper is None:
+        if sign == 0:
+            raise ValueError(
+                "no paper figure and sign 0: pass the sign of the effect the paper claims"
+            )
+        return f"{direction(lo, hi, sign)}; {NO_FIGURE}"
+    if sign * paper < 0:
+        raise ValueError(
+            f"sign {sign} contradicts the paper's figure {paper}: expected the same sign"
+        )
     return f"{direction(lo, hi, paper)}; {size(lo, hi, mean, paper)}"

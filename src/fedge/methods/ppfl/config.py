@@ -1,7 +1,8 @@
 """PPFL's configuration (seed 001): the stage schedule (Algorithm 1-2), the client's local training,
 the enclaves' sizes, the server enclave's cohort rule, whether the last stage stays in the enclaves,
-and transfer from a pretrained model (Sec. 6.4), with :func:`init_arrays`, the model's initial
-arrays under ``init_from``. Details: ``docs/methods/ppfl.md``.
+and transfer from a pretrained model (Sec. 4.1; its experiment, Sec. 6.6), with
+:func:`init_arrays`, the model's initial arrays under ``init_from``. Details:
+``docs/methods/ppfl.md``.
 """
 
 from __future__ import annotations
