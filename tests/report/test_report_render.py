@@ -139,3 +139,15 @@ def test_report_of_a_real_dirichlet_run_shows_label_histograms(tmp_path, tiny):
         assert cells[0] == str(client["client"]) and cells[2] == str(client["num_labels"])
         assert cells[3].startswith(f"{top}:{counts[top]}")  # largest class first
     assert "0 / 0 / 0" not in section
+
+
+def test_an_eppfl_run_with_the_papers_sensitivity_is_reported_without_a_dp_guarantee(make_run):
+    import yaml
+
+    for sensitivity, warned in (("paper", True), ("rigorous", False)):
+        path = make_run(f"eppfl-{sensitivity}", method="eppfl")
+        cfg = yaml.safe_load((path / "config.yaml").read_text())
+        cfg["method"]["dp"] = {"epsilon": 5.0, "sensitivity": sensitivity}
+        (path / "config.yaml").write_text(yaml.safe_dump(cfg))
+        md = render_report(path)[0].read_text()
+        assert ("**No DP guarantee: the scale depends on the data it protects.**" in md) is warned
