@@ -71,7 +71,7 @@ def test_verdicts_pair_seeds_and_give_direction_and_size_apart(tmp_path):
 def test_section_renders_what_is_recorded_and_names_what_is_not(tmp_path):
     _record(tmp_path, "vanilla-E2", 0, 0.75)
     text = bench.section(tmp_path)
-    assert "| no DP (vanilla E = 2) | none | — | 1 | 75.00 (one seed) (n=1) | 75.92 |" in text
+    assert "| no DP (vanilla E = 2) | none | — | 1 | 75.00 (one seed) | 75.92 |" in text
     assert (
         "| dp-rigorous-eps1 | rigorous | 1 | 1 | not run yet (group `rigorous`) | 54.59 |" in text
     )
