@@ -575,7 +575,8 @@ def section(records: Path = RECORDS) -> str:
             "the measured values are 4·θ_g·θ_a·D·E·N (θ_g of the released values' gradients) plus "
             "their indices among the released values (int16, +50 % at θ_g < 1).",
             "",
-            "CPU-minutes per row (all its recorded seeds, one core each): "
+            "Wall minutes per row (all its recorded seeds, one torch thread each, niced on a shared "
+            "2-core machine: several times their CPU time, which `--estimate` gives): "
             + _cpu_minutes(rows)
             + ".",
             "",
