@@ -2,7 +2,7 @@
 
 Every figure that is not a timing, a memory measurement or the outcome of a long training is
 recomputed here (cheaply) and compared with the text of the docs: message bytes (the BAFFLE
-communication table, with the same code as `fedge bench comm`; EPPFL's device↔edge and S_a
+communication table, with the same code as `fedge bench comm`; EPPFL's device↔edge
 bytes, from one round of its benchmark's configs), serialized model sizes and
 parameter counts, kept fractions of the magnitude and random pruning masks, and the figures the
 docs derive from other figures (ratios, sqrt(K/n), accuracy differences). A change that alters
@@ -569,6 +569,7 @@ RECORD_TABLES = {
     "ntk-table3": ("ntk_table3", lambda b: b.table(b.Plan(), "python benchmarks/ntk_table3.py")),
     "zo-frontier": ("zo_frontier", lambda b: b.section()),
     "fleet-time": ("fleet_time", lambda b: b.section(b.read_report())),
+    "eppfl": ("eppfl_figures", lambda b: b.section()),
     "baffle-delta-loss": (
         "baffle_delta_loss",
         lambda b: (
@@ -595,27 +596,24 @@ def test_reproduction_sections_are_their_records_rendered(name: str) -> None:
 @pytest.mark.slow
 @pytest.mark.usefixtures("fashion_mnist")
 def test_eppfl_communication_bytes(tmp_path: Path) -> None:
-    """The EPPFL section's measured device↔edge bytes per device in round 1 (and S_a's upload):
+    """The EPPFL section's measured device↔edge bytes per device in round 1:
     one round of the benchmark's own configs (bytes do not depend on what the rounds learn)."""
     import json
 
-    from fedge.core.config import load_config
     from fedge.experiment.run import run_experiment
 
     script = benchmark_script("eppfl_figures")
     section = _section("eppfl")
     rows = {r[0]: r for r in _rows(section, "| run | E | θ_a | θ_g | device→edge measured |")}
-    assert set(rows) == {"vanilla-E2", "sel-a0.5-g0.5", "sel-a0.25-g0.25", "eppfl-eps5-t0.5"}
-    for name in ("vanilla-E2", "sel-a0.5-g0.5", "sel-a0.25-g0.25"):
-        cfg = {**script.RUNS[name], "rounds": 1, "measure": {"memory": False}, "draws": "torch"}
-        run_experiment(load_config(cfg), out=tmp_path / name, render=False)
+    assert set(rows) <= {"vanilla-E2", "sel-a0.5-g0.5", "sel-a0.25-g0.25", "eppfl-paper-eps5-t0.5"}
+    assert "vanilla-E2" in rows, "the no-DP row's bytes are recorded (group paper)"
+    for name in rows:
+        cfg = script.config(name, more=["rounds=1", "measure.memory=false"])
+        run_experiment(cfg, out=tmp_path / name, render=False)
         line = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
         k = line["clients"]
         assert rows[name][4] == f"{line['bytes.client->edge'] / k:,.0f}", f"{name}: device→edge"
         assert rows[name][6] == f"{line['bytes.edge->client'] / k:,.0f}", f"{name}: edge→device"
-        if name == "vanilla-E2":
-            up = re.search(r"EPPFL up ([\d,]+) B", section)
-            assert up and up.group(1) == f"{line['bytes_up'] / k:,.0f}", "S_a upload"
 
 
 # --- every section names its committed run records ---------------------------------------------
@@ -700,10 +698,6 @@ AWAITING_RECORDS = {
     "fedpt-composition": Awaiting(
         "composition table: runs predate records; its script writes none yet",
         "python benchmarks/fedpt_composition.py --docs docs/benchmarks.md",
-    ),
-    "eppfl": Awaiting(
-        "EPPFL Figs. 2/4/5 and communication: pasted from a script's output, no records",
-        "python benchmarks/eppfl_figures.py",
     ),
     "ppfl": Awaiting(
         "PPFL Tables 3/4/5, transfer, enclave memory: runs predate records; its script writes "

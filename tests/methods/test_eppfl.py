@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from functools import partial
 
 import numpy as np
@@ -468,3 +469,103 @@ def test_device_upload_to_the_aggregation_server_is_the_masked_m_c_alone():
     assert sorted(seen) == [0, 1, 2]
     for reply in seen.values():
         assert set(reply.config) == {"masked"} and reply.arrays == {}
+
+
+# --- method.dp.sensitivity: the rigorous default and the paper's data-dependent scale ----------
+
+
+def _unit_laplace(shape, seed):
+    """Unit Laplace draws as the samplers make them: Exp(1) − Exp(1) from float64 uniforms."""
+    u = torch.rand((2, *shape), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    e = -torch.log1p(-u)
+    return e[0] - e[1]
+
+
+def test_paper_scale_is_each_sample_and_channels_max_magnitude_over_epsilon_hand_computed():
+    from fedge.methods.eppfl.noise import PaperLaplace
+
+    # 2 samples, 2 channels, 3 released values each; ε = 2
+    v = torch.tensor(
+        [[[0.5, 2.0, 1.0], [0.0, 0.0, 0.0]], [[3.0, 1.0, 0.0], [0.25, -4.0, 0.5]]],
+        requires_grad=True,
+    )
+    mech = PaperLaplace(2.0)
+    # by hand: max|a| per (sample, channel) / ε = 2/2, 0/2, 3/2, 4/2
+    assert mech.scales(v).reshape(-1).tolist() == [1.0, 0.0, 1.5, 2.0]
+    own, out = mech.release(v, generator=torch.Generator().manual_seed(7))
+    want = (
+        v.detach()
+        + (
+            _unit_laplace(v.shape, 7) * torch.tensor([1.0, 0.0, 1.5, 2.0]).reshape(2, 2, 1).double()
+        ).float()
+    )
+    assert torch.equal(out, want)
+    assert torch.equal(out[0, 1], v[0, 1].detach())  # a silent channel gets no noise
+    assert own is v and not out.requires_grad  # the device differentiates its noise-free values
+
+
+def test_paper_sensitivity_refuses_a_clip_and_rigorous_needs_one():
+    for dp, words in (
+        ({"epsilon": 5.0, "sensitivity": "paper", "clip": 100.0}, "remove clip"),
+        ({"epsilon": 5.0}, "clip is required with sensitivity rigorous"),
+        ({"epsilon": 5.0, "sensitivity": "loose"}, "sensitivity"),
+    ):
+        with pytest.raises(ConfigError, match="method.dp") as err:
+            method_config(load_config(_cfg(**{"method.dp": dp})))
+        assert words in str(err.value)
+
+
+def test_paper_sensitivity_warns_no_dp_guarantee_trains_and_logs_no_cumulative_epsilon():
+    import warnings
+
+    from fedge.core.errors import PrivacyWarning
+    from fedge.methods.eppfl.noise import PaperLaplace
+
+    over = {
+        "method.dp": {"epsilon": 5.0, "sensitivity": "paper"},
+        "model": {"name": "vgg9", "dropout": False, "norm": "batch"},
+    }
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        built = _built(**over)
+    (msg,) = [str(w.message) for w in seen if issubclass(w.category, PrivacyWarning)]
+    assert msg.startswith("NO DP GUARANTEE") and "depends on the data it protects" in msg
+    assert isinstance(built.method.program.mech, PaperLaplace)
+    sim = built.simulation()
+    try:
+        line = sim.run_round(1)
+    finally:
+        sim.close()
+    assert line["dp_epsilon_step"] == 5.0 and line["dp_releases_max"] == 1
+    assert not {"dp_epsilon_pure", "dp_epsilon_rdp", "dp_epsilon_pld"} & set(line)
+    assert math.isfinite(line["train_loss"])
+
+
+def test_rigorous_sensitivity_is_the_default_and_releases_clip_plus_laplace_2c_over_eps():
+    """Without ``sensitivity`` the device releases clip_l1(v, C) + Lap(2C/ε), computed here by
+    hand, and a run is the same whether the key is given or left out."""
+    from fedge.privacy.dp.laplace import LaplaceMechanism
+
+    dp = {"epsilon": 4.0, "clip": 3.0}
+    built = _built(**{"method.dp": dp})
+    assert built.method_config.dp.sensitivity == "rigorous"
+    mech = built.method.program.mech
+    assert mech == LaplaceMechanism(4.0, 3.0)
+    v = torch.tensor([[[1.0, -2.0, 3.0]], [[0.5, 0.25, -0.25]]])  # L1 6 (clipped by 1/2) and 1
+    clipped, out = mech.release(v, generator=torch.Generator().manual_seed(3))
+    want_clipped = torch.tensor([[[0.5, -1.0, 1.5]], [[0.5, 0.25, -0.25]]])
+    assert torch.allclose(clipped, want_clipped)
+    assert torch.allclose(out, want_clipped + (1.5 * _unit_laplace(v.shape, 3)).float())
+
+    def round_one(**d):
+        sim = _built(**{"method.dp": d, "clients.per_round": 2}).simulation()
+        try:
+            return sim.run_round(1)
+        finally:
+            sim.close()
+
+    a, b = round_one(**dp), round_one(**dp, sensitivity="rigorous")
+    volatile = {k for k in a if "wall" in k or k.endswith("_s")}
+    assert {k: v for k, v in a.items() if k not in volatile} == {
+        k: v for k, v in b.items() if k not in volatile
+    }

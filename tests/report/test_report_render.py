@@ -167,3 +167,15 @@ def test_a_warm_started_runs_report_states_the_public_size_and_server_flops(make
     assert "| server warm start: public samples | 2,000 |" in md
     assert "| server warm start: FLOPs (not client FLOPs) | 1.02 GFLOP (1,022,720,000) |" in md
     assert "10.0 GFLOP (10,000,000,000)" in md  # the clients' total, unchanged
+
+
+def test_an_eppfl_run_with_the_papers_sensitivity_is_reported_without_a_dp_guarantee(make_run):
+    import yaml
+
+    for sensitivity, warned in (("paper", True), ("rigorous", False)):
+        path = make_run(f"eppfl-{sensitivity}", method="eppfl")
+        cfg = yaml.safe_load((path / "config.yaml").read_text())
+        cfg["method"]["dp"] = {"epsilon": 5.0, "sensitivity": sensitivity}
+        (path / "config.yaml").write_text(yaml.safe_dump(cfg))
+        md = render_report(path)[0].read_text()
+        assert ("**No DP guarantee: the scale depends on the data it protects.**" in md) is warned

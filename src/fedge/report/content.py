@@ -357,9 +357,33 @@ def _fairness_blocks(run: RunLog, plots: Sequence[Path]) -> list[Block]:
     return blocks
 
 
+def _caveat_blocks(run: RunLog) -> list[Block]:
+    """A warning paragraph for a run whose config turns a protection into one without a
+    guarantee: EPPFL with ``method.dp.sensitivity: paper`` (its noise scale is computed from the
+    activations it noises)."""
+    method = run.config.get("method") or {}
+    dp = method.get("dp") if isinstance(method, dict) else None
+    if (
+        method.get("name") != "eppfl"
+        or not isinstance(dp, dict)
+        or dp.get("sensitivity") != "paper"
+    ):
+        return []
+    return [
+        Para(
+            f"**No DP guarantee: the scale depends on the data it protects.** This run's Laplace noise "
+            f"(method.dp.sensitivity: paper, ε = {dp.get('epsilon')}) is scaled by each sample's own "
+            "per-channel max activation / ε, as the EPPFL paper and its code do; the released activations "
+            "are not differentially private and no cumulative ε is logged. Use the rigorous mechanism "
+            "(method.dp.sensitivity: rigorous, with a clip) to protect data."
+        )
+    ]
+
+
 def document(run: RunLog, plots: Sequence[Path]) -> list[Block]:
     blocks: list[Block] = [Heading(1, title(run))]
     blocks.append(Para(f"Run directory `{run.path}` — {run.status}."))
+    blocks += _caveat_blocks(run)
     blocks += [Heading(2, "Key numbers"), _key_numbers(run)]
     blocks.append(Heading(2, "Plots"))
     curves = [p for p in plots if p.name != CLIENT_HISTOGRAM]  # that one goes under Fairness

@@ -21,6 +21,7 @@ from fedge.methods.eppfl.config import (
     EppflConfig,
     EppflDpConfig,
     warn_batch_coupling,
+    warn_paper_sensitivity,
     warn_unprotected,
 )
 from fedge.methods.eppfl.device import DeviceProgram, float_keys
@@ -49,6 +50,7 @@ def build(cfg: EppflConfig, env: MethodEnv) -> MethodBuild:
     split_fn = partial(_split, env.model_fn, cfg.cut)
     split = split_fn()  # validates the cut now (ConfigError naming it)
     warn_unprotected(cfg)
+    warn_paper_sensitivity(cfg)
     warn_batch_coupling(cfg, split)
     length = sum(split.device.state_dict()[split.device_keys[k]].numel() for k in float_keys(split))
     keys = MaskKeys.from_run_seed(env.seed, length, FIXED_POINT)

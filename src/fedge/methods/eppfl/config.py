@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from fedge.core.errors import PrivacyWarning
@@ -23,6 +23,7 @@ __all__ = [
     "EppflConfig",
     "EppflDpConfig",
     "warn_batch_coupling",
+    "warn_paper_sensitivity",
     "warn_unprotected",
 ]
 
@@ -30,11 +31,20 @@ FIXED_POINT = FixedPoint(bits=64, frac_bits=32)
 
 
 class EppflDpConfig(MethodConfigBase):
-    """``method.dp``: Laplace DP on the released activations (omit or null: no DP)."""
+    """``method.dp``: Laplace noise on the released activations (omit or null: no noise)."""
 
     epsilon: float = Field(gt=0, description="ε of one release of one sample's activations")
-    clip: float = Field(
-        gt=0, description="per-sample L1 bound C of the released activations (Δ₁ = 2C)"
+    sensitivity: Literal["rigorous", "paper"] = Field(
+        "rigorous",
+        description="rigorous: per-sample L1 clip C, Lap(2C/ε), ε-DP per release. paper: the paper's "
+        "and its code's per-channel data-dependent scale max|a|/ε — NO DP guarantee (the scale depends on "
+        "the data it protects); only to reproduce the paper's Figs. 4/5",
+    )
+    clip: float | None = Field(
+        None,
+        gt=0,
+        description="per-sample L1 bound C of the released activations (Δ₁ = 2C); required with "
+        "sensitivity rigorous, refused with paper (which clips nothing)",
     )
     delta: float = Field(
         1e-5, gt=0, lt=1, description="δ at which the cumulative ε is reported (RDP, PLD)"
@@ -44,6 +54,20 @@ class EppflDpConfig(MethodConfigBase):
         description="draw the Laplace noise from the OS CSPRNG (a deployment; not reproducible). Off: from "
         "the run's generators, so anyone who knows the seed, the edge server included, can subtract it",
     )
+
+    @model_validator(mode="after")
+    def _clip_matches_sensitivity(self) -> EppflDpConfig:
+        if self.sensitivity == "rigorous" and self.clip is None:
+            raise ValueError(
+                "clip is required with sensitivity rigorous (the per-sample L1 bound C that makes "
+                "Lap(2C/ε) ε-DP); give it, e.g. {epsilon: 5.0, clip: 100.0}"
+            )
+        if self.sensitivity == "paper" and self.clip is not None:
+            raise ValueError(
+                f"clip={self.clip!r} has no effect with sensitivity paper (the paper's mechanism clips "
+                "nothing: its scale is each channel's max |activation| / ε); remove clip"
+            )
+        return self
 
 
 class EppflConfig(MethodConfigBase):
@@ -102,13 +126,30 @@ def warn_batch_coupling(cfg: EppflConfig, split: Split) -> None:
             if isinstance(m, nn.modules.batchnorm._BatchNorm)
         }
     )
-    if cfg.dp is None or not norms:
-        return
+    if cfg.dp is None or cfg.dp.sensitivity == "paper" or not norms:
+        return  # paper: no ε is a bound anyway (warn_paper_sensitivity)
     warnings.warn(
         f"method.dp with {'/'.join(norms)} in the device half (cut {cfg.cut or 'default'}): batch statistics make every "
         f"released row depend on all {cfg.batch_size} samples of its batch, so a sample's privacy loss per batch can "
         f"reach {cfg.batch_size}·ε, not the ε each release is accounted at; use a model whose device half has no batch "
         "statistics (e.g. model.norm: group) or cut before the norm, for the logged ε to bound it",
+        PrivacyWarning,
+        stacklevel=3,
+    )
+
+
+def warn_paper_sensitivity(cfg: EppflConfig) -> None:
+    """A loud :class:`PrivacyWarning` when ``method.dp.sensitivity`` is ``paper``: the noise scale
+    is computed from the activations it noises, so the release is not differentially private."""
+    if cfg.dp is None or cfg.dp.sensitivity != "paper":
+        return
+    warnings.warn(
+        f"NO DP GUARANTEE: method.dp.sensitivity=paper scales each sample's Laplace noise by its own "
+        f"channels' max |activation| / ε (ε={cfg.dp.epsilon:g}; the paper's Eq. 6-7 as its code computes "
+        "them): the scale depends on the data it protects, so the released values' spread reveals each "
+        "channel's max and no ε bounds what a release reveals about its sample (no cumulative ε is logged for it). "
+        "Use it only to reproduce the paper's Figs. 4/5 beside "
+        "the rigorous mechanism (method.dp.sensitivity=rigorous with a clip), never to protect data",
         PrivacyWarning,
         stacklevel=3,
     )

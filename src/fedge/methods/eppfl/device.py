@@ -1,7 +1,7 @@
 """EPPFL's device (seed 003, Algorithm 1 lines 5-26): unmask the global M_c, train it with its edge
-server over E local epochs — forward to the cut, activation selection (θ_a), per-sample L1 clip and
-Laplace noise, the edge server's gradients for the released values only (dA'_b, Sec. 2.2), backward,
-SGD with momentum — and upload it masked. Details, and how its randomness keeps the batches of
+server over E local epochs — forward to the cut, activation selection (θ_a), Laplace noise (per-sample
+L1 clip, or the paper's data-dependent scale: :mod:`.noise`), the edge server's gradients for the
+released values only (dA'_b, Sec. 2.2), backward, SGD with momentum — and upload it masked. Details, and how its randomness keeps the batches of
 unsplit training: ``docs/methods/eppfl.md``, "The device's step".
 """
 
@@ -16,9 +16,9 @@ import torch
 from fedge.core.context import ClientContext
 from fedge.core.errors import MessageError
 from fedge.core.messages import ConfigValue, Message
+from fedge.methods.eppfl.noise import ActivationNoise, activation_noise
 from fedge.methods.eppfl.parties import seeded_rng
 from fedge.methods.eppfl.split import Split, activation_positions, kept, scatter
-from fedge.privacy.dp.laplace import LaplaceMechanism
 from fedge.privacy.dp.mechanisms import SECURE
 from fedge.privacy.secagg import FixedPoint
 from fedge.privacy.secagg.prg import prg
@@ -59,7 +59,11 @@ class DeviceProgram:
     def __init__(self, split_fn: Callable[[], Split], cfg: Any, fp: FixedPoint) -> None:
         self.split_fn, self.cfg, self.fp = split_fn, cfg, fp
         self._split: Split | None = None
-        self.mech = LaplaceMechanism(cfg.dp.epsilon, cfg.dp.clip) if cfg.dp is not None else None
+        self.mech: ActivationNoise | None = (
+            None
+            if cfg.dp is None
+            else activation_noise(cfg.dp.epsilon, cfg.dp.sensitivity, cfg.dp.clip)
+        )
         self.secure_noise = (
             cfg.dp is not None and cfg.dp.secure_noise
         )  # the OS CSPRNG, not the run's generators

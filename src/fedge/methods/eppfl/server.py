@@ -177,7 +177,10 @@ class AggregationServer(Strategy):
         if edge is not None and line.get("client_flops"):
             out["device_flops_share"] = line["client_flops"] / (line["client_flops"] + edge)
         dp = self.cfg.dp
-        if dp is not None:
+        if dp is not None and dp.sensitivity == "paper":  # no guarantee: no cumulative ε
+            releases = int(self.participation.max()) * self.cfg.local_epochs
+            out.update(dp_epsilon_step=dp.epsilon, dp_releases_max=releases)
+        elif dp is not None:
             releases = int(self.participation.max()) * self.cfg.local_epochs
             eps = laplace_epsilon(float(dp.epsilon), releases, float(dp.delta))
             out.update(
