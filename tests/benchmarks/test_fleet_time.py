@@ -75,3 +75,25 @@ def test_the_benchmark_runs_records_and_rereads_at_a_tiny_size(
     assert bench.main(argv) == 0
     second = capsys.readouterr().out
     assert first.split("| method, rows")[1] == second.split("| method, rows")[1]
+
+
+def test_the_reading_compares_each_methods_deadline_row_with_its_wait_row() -> None:
+    row = {"seeds": 3, "skipped": 0.0, "reached": 3}
+    report = {
+        "methods": {"FedAvg": {}},
+        "rows": {
+            "FedAvg, wait": {**row, "time_to_target_s": 60.0, "accuracy_mean": 0.50},
+            "FedAvg, deadline": {
+                **row,
+                "time_to_target_s": 20.0,
+                "accuracy_mean": 0.52,
+                "reached": 2,
+                "skipped": 1.0,
+            },
+        },
+    }
+    assert bench.reading(report) == (
+        "What the deadline with over-selection buys against waiting: FedAvg reaches its target "
+        "in 20.0 s against 60.0 s, 3.0x sooner (2 of 3 seeds), ends +2.00 points and skips 1.0 "
+        "of its rounds."
+    )
