@@ -23,7 +23,8 @@ the setting with the highest final validation accuracy kept: client learning rat
 (FedAvg, SCAFFOLD, FedNova), and × μ {0.01, 0.1} for FedProx; each forward-only peer's rate, its preset's
 and about a third of it: FedKSeed's ``method.lr`` {3e-4, 1e-3}, DeComFL's ``method.optimizer.lr``
 {1.5e-3, 5e-3}, FeedSign's ``method.lr`` {3e-3, 1e-2}. A compressor row takes FedAvg's tuned rate (the
-codec is the variable). BAFFLE keeps its preset's Adam rate 0.01 (tuned for the Table 1
+codec is the variable). A run that diverges is recorded as diverged (its round) and counted apart
+in the table; in tuning it ranks below every finished setting. BAFFLE keeps its preset's Adam rate 0.01 (tuned for the Table 1
 reproduction) untuned here: a BAFFLE run costs as much as ~34 FedAvg runs (below). Reported:
 final test accuracy, mean ± std over seeds 0, 1, 2; total uplink bytes (all rounds, all clients,
 the encoded messages); uplink bytes until the test accuracy first reaches 70% (the target; "not
@@ -75,6 +76,7 @@ from typing import Any
 
 from fedge.bench.docs import markdown_table, records_line, update_section
 from fedge.core.config import load_config
+from fedge.core.errors import DivergenceError
 from fedge.core.presets import preset_names
 from fedge.experiment.resume import resume_experiment
 from fedge.experiment.run import run_experiment
@@ -261,23 +263,36 @@ def run_unit(
     budget: Budget,
 ) -> dict[str, Any] | None:
     """The unit's record: read, or run (resuming its directory) and written; None when the
-    budget is spent before it starts."""
+    budget is spent before it starts. A run that diverges is recorded as such (its round), a
+    result like any other: the table counts it, tuning ranks it below every finished setting."""
     if record.exists():
         return json.loads(record.read_text())
     if not budget.left():
         return None
+    rec: dict[str, Any] | None = None
     if (out / "summary.json").exists():
         pass
     elif (out / "checkpoint.pt").exists():
-        resume_experiment(out)
+        try:
+            resume_experiment(out)
+        except DivergenceError as exc:
+            rec = {**meta, "overrides": overrides, "diverged_round": exc.round}
+            rec["final_test_accuracy"] = rec["final_val_accuracy"] = None
     else:
         if out.exists():  # killed before its first checkpoint: start it again
             for p in sorted(out.rglob("*"), reverse=True):
                 p.unlink() if p.is_file() or p.is_symlink() else p.rmdir()
-        run_experiment(load_config(row.preset, overrides=overrides), out=out)
-    rec = unit_record(out, {**meta, "overrides": overrides})
+        try:
+            run_experiment(load_config(row.preset, overrides=overrides), out=out)
+        except DivergenceError as exc:
+            rec = {**meta, "overrides": overrides, "diverged_round": exc.round}
+            rec["final_test_accuracy"] = rec["final_val_accuracy"] = None
+    if rec is None:
+        rec = unit_record(out, {**meta, "overrides": overrides})
     record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps(rec, indent=1) + "\n")
+    tmp = record.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(rec, indent=1) + "\n")
+    tmp.replace(record)
     return rec
 
 
@@ -308,7 +323,7 @@ def tuned(
         )
         if rec is None:
             return None
-        score = rec["final_val_accuracy"] if rec["final_val_accuracy"] is not None else -1.0
+        score = rec["final_val_accuracy"] if rec.get("final_val_accuracy") is not None else -1.0
         if best is None or score > best[0]:
             best = (score, setting)
     assert best is not None
@@ -376,7 +391,23 @@ def summarize(recs: list[dict[str, Any]], order: list[str]) -> list[dict[str, An
         by.setdefault((r["row"], r["alpha"]), []).append(r)
     rank = {n: i for i, n in enumerate(order)}
     out = []
-    for (row, alpha), rs in sorted(by.items(), key=lambda kv: (kv[0][1], rank.get(kv[0][0], 99))):
+    for (row, alpha), every in sorted(
+        by.items(), key=lambda kv: (kv[0][1], rank.get(kv[0][0], 99))
+    ):
+        rs = [r for r in every if r.get("diverged_round") is None]
+        diverged = sorted(r["diverged_round"] for r in every if r.get("diverged_round"))
+        if not rs:
+            out.append(
+                {
+                    "row": row,
+                    "alpha": alpha,
+                    "seeds": len(every),
+                    "setting": every[0]["setting"],
+                    "diverged": diverged,
+                    "wall_min": 0.0,
+                }
+            )
+            continue
         acc, acc_std = _mean_std([r["final_test_accuracy"] for r in rs])
         hits = [b for b in (bytes_to(r["curve"], TARGET) for r in rs) if b is not None]
         worst = [r["client_acc_worst10"] for r in rs if r.get("client_acc_worst10") is not None]
@@ -386,6 +417,7 @@ def summarize(recs: list[dict[str, Any]], order: list[str]) -> list[dict[str, An
                 "alpha": alpha,
                 "seeds": len(rs),
                 "setting": rs[0]["setting"],
+                "diverged": diverged,
                 "accuracy": acc,
                 "accuracy_std": acc_std,
                 "bytes_up": statistics.mean(r["total_bytes_up"] for r in rs),
@@ -414,13 +446,28 @@ def table(entries: list[dict[str, Any]], labels: dict[str, str]) -> str:
     ]
     cells = []
     for e in entries:
+        if "accuracy" not in e:  # every seed diverged
+            rounds = ", ".join(str(r) for r in e["diverged"])
+            cells.append(
+                [
+                    f"{e['alpha']:g}",
+                    labels.get(e["row"], e["row"]),
+                    ", ".join(e["setting"]) or "preset",
+                    f"diverged ({len(e['diverged'])} of {e['seeds']} seeds; rounds {rounds})",
+                    "—",
+                    "—",
+                    "—",
+                ]
+            )
+            continue
         w = e["worst10"]
+        gone = f"; {len(e['diverged'])} more diverged" if e.get("diverged") else ""
         cells.append(
             [
                 f"{e['alpha']:g}",
                 labels.get(e["row"], e["row"]),
                 ", ".join(e["setting"]) or "preset",
-                f"{100 * e['accuracy']:.2f} ± {100 * e['accuracy_std']:.2f} (n={e['seeds']})",
+                f"{100 * e['accuracy']:.2f} ± {100 * e['accuracy_std']:.2f} (n={e['seeds']}{gone})",
                 _mb(e["bytes_up"]),
                 f"{_mb(e['bytes_to_target'])} ({e['reached']} of {e['seeds']})",
                 "—" if w is None else f"{100 * w[0]:.2f} ± {100 * w[1]:.2f}",
@@ -439,7 +486,7 @@ def figure(entries: list[dict[str, Any]], labels: dict[str, str], path: Path) ->
     FigureCanvasAgg(fig)
     for i, alpha in enumerate(alphas):
         ax = fig.add_subplot(1, len(alphas), i + 1)
-        for e in (e for e in entries if e["alpha"] == alpha):
+        for e in (e for e in entries if e["alpha"] == alpha and "accuracy" in e):
             ax.errorbar(
                 e["bytes_up"] / 1e6,
                 100 * e["accuracy"],

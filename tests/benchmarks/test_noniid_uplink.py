@@ -81,6 +81,42 @@ def test_summary_of_hand_made_records() -> None:
     assert "| 20.00 ± 10.00 |" in table
 
 
+def test_diverged_seeds_are_counted_apart_and_a_row_that_always_diverges_says_so() -> None:
+    gone = {"row": "fedavg-randk", "alpha": 0.1, "setting": [], "final_test_accuracy": None}
+    recs = [
+        _rec("fedavg", 0, 0.6, [[100, 0.6]], 0.1),
+        _rec("fedavg", 1, 0.8, [[100, 0.8]], 0.3),
+        {**gone, "row": "fedavg", "seed": 2, "diverged_round": 9},
+        *({**gone, "seed": s, "diverged_round": 7 + s} for s in range(3)),
+    ]
+    kept, randk = bench.summarize(recs, ["fedavg", "fedavg-randk"])
+    assert kept["seeds"] == 2 and kept["diverged"] == [9] and kept["accuracy"] == pytest.approx(0.7)
+    assert "accuracy" not in randk and randk["diverged"] == [7, 8, 9]
+    table = bench.table([kept, randk], {"fedavg": "FedAvg", "fedavg-randk": "FedAvg + randk"})
+    assert "| 70.00 ± 14.14 (n=2; 1 more diverged) |" in table
+    assert "| diverged (3 of 3 seeds; rounds 7, 8, 9) | — | — | — |" in table
+
+
+def test_a_diverging_unit_is_recorded_as_diverged_and_not_run_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedge.core.errors import DivergenceError
+
+    calls = []
+
+    def diverge(cfg: object, out: Path) -> None:
+        calls.append(out)
+        raise DivergenceError("non-finite", round=7)
+
+    monkeypatch.setattr(bench, "run_experiment", diverge)
+    row = bench.all_rows()["fedavg"]
+    rec_path = tmp_path / "rec.json"
+    args = (row, [], rec_path, tmp_path / "run", {"row": "fedavg"}, bench.Budget(None))
+    rec = bench.run_unit(*args)
+    assert rec["diverged_round"] == 7 and rec["final_val_accuracy"] is None
+    assert bench.run_unit(*args) == rec and len(calls) == 1  # read from its record
+
+
 def test_compressor_rows_follow_the_registry_at_run_time(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "fedge.core.compress", None)  # not there: no rows
     assert bench.compressor_rows() == []
