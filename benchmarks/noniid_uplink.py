@@ -84,7 +84,6 @@ from fedge.methods import method_names
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = REPO / "benchmarks" / "results" / "noniid_uplink"
-FIGURE = REPO / "docs" / "figures" / "noniid-uplink" / "accuracy_vs_uplink.png"
 SECTION, TITLE = "noniid-uplink", "Non-IID devices and slow uplinks"
 ALPHAS = (0.1, 0.5)
 SEEDS = (0, 1, 2)
@@ -506,24 +505,39 @@ def figure(entries: list[dict[str, Any]], labels: dict[str, str], path: Path) ->
     return path
 
 
-def render(records: Path, docs: Path, figure_path: Path, command: str) -> str:
-    """Rewrite the ``bench:noniid-uplink`` section of ``docs`` from the committed records."""
+FIGURE_REL = Path("figures") / "noniid-uplink" / "accuracy_vs_uplink.png"  # under docs/
+COMMAND = "python benchmarks/noniid_uplink.py --docs docs/benchmarks.md"
+
+
+def section(
+    records: Path = RECORDS, command: str = COMMAND, figure_rel: Path = FIGURE_REL
+) -> tuple[str, list[dict[str, Any]], dict[str, str]]:
+    """The section's text from the committed records (its figure linked at ``figure_rel``,
+    relative to the docs file), the table's entries and the rows' labels."""
     rows = all_rows()
     labels = {n: r.label for n, r in rows.items()}
     entries = summarize(committed_records(records), list(rows))
     doc = (__doc__ or "").replace("``", "`").split("\n\n")
     body = [f"Command: `{command}`", *(" ".join(p.split()) for p in doc[1:4])]
     if entries:
-        figure(entries, labels, figure_path)
-        rel = Path("figures") / figure_path.relative_to(docs.parent / "figures")
         minutes = sum(e["wall_min"] for e in entries)
         body += [
             table(entries, labels),
-            f"![Final accuracy against total uplink bytes]({rel.as_posix()})",
+            f"![Final accuracy against total uplink bytes]({figure_rel.as_posix()})",
             f"The runs took {minutes:,.0f} minutes of wall time in all.",
         ]
     else:
         body.append("No record has been committed yet: the table fills in as units finish.")
+    return "\n\n".join(body), entries, labels
+
+
+def render(records: Path, docs: Path, figure_path: Path | None, command: str) -> str:
+    """Rewrite the ``bench:noniid-uplink`` section of ``docs`` from the committed records (the
+    figure at ``figure_path``, by default ``FIGURE_REL`` beside ``docs``)."""
+    where = (figure_path or docs.resolve().parent / FIGURE_REL).resolve()
+    text, entries, labels = section(records, command, where.relative_to(docs.resolve().parent))
+    if entries:
+        figure(entries, labels, where)
     # a section without records names no records directory (tests/test_docs_figures.py lists
     # it as awaiting them until the first ones are committed)
     machine = (
@@ -532,8 +546,8 @@ def render(records: Path, docs: Path, figure_path: Path, command: str) -> str:
         else "No run record has been committed yet: the runs are launched separately (about 10 "
         "CPU-hours; the launch commands are in the script's docstring)."
     )
-    update_section(docs, SECTION, TITLE, "\n\n".join(body), machine=machine)
-    return "\n\n".join(body)
+    update_section(docs, SECTION, TITLE, text, machine=machine)
+    return text
 
 
 # ---- command line -------------------------------------------------------------------------
@@ -554,7 +568,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-minutes", type=float, default=None, help="start no unit after this")
     ap.add_argument("--out", default="runs/bench-noniid-uplink", help="the units' run directories")
     ap.add_argument("--records", default=str(RECORDS), help="where finished units are recorded")
-    ap.add_argument("--figure", default=str(FIGURE), help="where --docs draws its figure")
+    ap.add_argument(
+        "--figure", default=None, help="where --docs draws its figure (default: beside the docs)"
+    )
     ap.add_argument("--docs", default=None, help="render the section of this file from records")
     ap.add_argument("--list", action="store_true", help="print the rows available and exit")
     ap.add_argument(
@@ -572,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.docs is not None:
         command = "python benchmarks/noniid_uplink.py --docs " + str(args.docs)
-        render(Path(args.records), Path(args.docs), Path(args.figure), command)
+        fig = Path(args.figure) if args.figure else None
+        render(Path(args.records), Path(args.docs), fig, command)
         print(f"rendered {SECTION} into {args.docs}")
         return 0
     args.rows = args.rows or list(rows)

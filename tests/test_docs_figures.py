@@ -570,6 +570,7 @@ RECORD_TABLES = {
     "zo-frontier": ("zo_frontier", lambda b: b.section()),
     "fleet-time": ("fleet_time", lambda b: b.section(b.read_report())),
     "eppfl": ("eppfl_figures", lambda b: b.section()),
+    "noniid-uplink": ("noniid_uplink", lambda b: b.section()[0]),
     "baffle-delta-loss": (
         "baffle_delta_loss",
         lambda b: (
@@ -676,10 +677,6 @@ AWAITING_RECORDS = {
         "python benchmarks/zo_forwards_to_accuracy.py --docs docs/benchmarks.md",
     ),
     # long runs launched separately (issue 46, ~10 CPU-hours): leaves once records are committed
-    "noniid-uplink": Awaiting(
-        "non-IID / slow-uplink table: runs to come (one command per core in its docstring)",
-        "python benchmarks/noniid_uplink.py --docs docs/benchmarks.md",
-    ),
     # reproductions whose runs predate records (issue 49): the script must first write one record
     # per run under benchmarks/results/, then the runs are repeated (CPU-hours, docs/planned.md)
     "fedpt-table1": Awaiting(
