@@ -66,7 +66,7 @@ from fedge.core.context import ClientContext
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
-from fedge.core.rng import Draws, derive_seed
+from fedge.core.rng import Draws, check_draws, derive_seed
 from fedge.estimators import ZerothOrderSpec, combine_loss_differences, loss_differences
 from fedge.estimators.directions import Directions
 from fedge.estimators.perturbation import normal_chunk
@@ -81,7 +81,7 @@ from fedge.methods.base import (
 )
 from fedge.methods.registry import declare_method
 from fedge.methods.replay import ClientReplica, DownlinkHistory, perturbed_params, replay_step
-from fedge.methods.spec import Capabilities
+from fedge.methods.spec import Capabilities, SeedScalars
 
 __all__ = [
     "CAPABILITIES",
@@ -92,6 +92,7 @@ __all__ = [
     "RoundSteps",
     "build",
     "round_seed",
+    "seed_scalars",
 ]
 
 _KEY = "replay_g"  # the missed rounds' averaged scalars in a replay message
@@ -217,6 +218,24 @@ def round_seed(base: int, rnd: int) -> int:
     """s_r: round ``rnd``'s seed from the run's DeComFL seed ``base`` (sent in every message), so
     only scalars travel; 62 bits."""
     return derive_seed(base, rnd, bits=62)
+
+
+def seed_scalars(
+    cfg: DeComFLConfig, config: Mapping[str, Any], arrays: Mapping[str, Any], draws: str
+) -> SeedScalars:
+    """A client's upload as its observer reads it: the K × P scalars g along directions
+    0..KP−1 of the round seed s_r (step k's are kP..kP+P−1, :meth:`RoundSteps.spec`), D =
+    (1/P) Σ_{k,p} g_{k,p} z_{k,p}, the sum of its steps' estimates ĝ_k; with plain SGD (no
+    momentum, no clip) its local steps moved its model by −η D."""
+    base, rnd = config.get("seed"), config.get("sync_to")
+    if not isinstance(base, int) or not isinstance(rnd, int) or "g" not in arrays:
+        raise MessageError(
+            f"a DeComFL upload is read with its message's seed and round (sync_to) and the "
+            f"reply's scalars g; got seed={base!r}, sync_to={rnd!r} and arrays {sorted(arrays)}"
+        )
+    return SeedScalars(
+        round_seed(base, rnd), arrays["g"], cfg.p, cfg.optimizer.lr, check_draws(draws)
+    )
 
 
 def round_steps(cfg: DeComFLConfig, draws: Draws = "torch") -> RoundSteps:
@@ -381,7 +400,8 @@ def _threads(cfg: DeComFLConfig, env: MethodEnv) -> int:
     config=DeComFLConfig,
     capabilities=CAPABILITIES,
     defaults=DEFAULTS,
-    upload=lambda cfg: "loss_differences",
+    upload=lambda cfg: "seed_scalars",
+    seed_scalars=lambda cfg, config, arrays, draws: seed_scalars(cfg, config, arrays, draws),
 )
 def build(cfg: DeComFLConfig, env: MethodEnv) -> MethodBuild:
     """DeComFL's bare strategy and client program (the composer adds secure aggregation)."""

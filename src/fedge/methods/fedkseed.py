@@ -68,7 +68,7 @@ from fedge.methods.base import (
 )
 from fedge.methods.registry import declare_method
 from fedge.methods.replay import DownlinkHistory, perturbed_params
-from fedge.methods.spec import Capabilities
+from fedge.methods.spec import Capabilities, SeedScalars
 
 __all__ = [
     "CAPABILITIES",
@@ -80,6 +80,7 @@ __all__ = [
     "pool_update",
     "pro_probabilities",
     "projected_gradient",
+    "seed_scalars",
 ]
 
 _MODEL = "w/"
@@ -200,6 +201,22 @@ def pool_update(
 def _pool(model: torch.nn.Module, k: int) -> tuple[dict[str, torch.Tensor], Directions]:
     params = perturbed_params(model, None)
     return params, make_directions("gaussian", {n: p.shape for n, p in params.items()}, k)
+
+
+def seed_scalars(
+    cfg: FedKSeedConfig, config: Mapping[str, Any], arrays: Mapping[str, Any]
+) -> SeedScalars:
+    """A client's upload as its observer reads it: the K accumulators g along the pool of the
+    message's seed, D = Σ_j g_j z_j (the pool is drawn with torch's generator whatever the
+    run's ``draws``, as :func:`_pool`); its local steps moved its model by −η D exactly (one
+    constant η)."""
+    seed = config.get("seed")
+    if not isinstance(seed, int) or "g" not in arrays:
+        raise MessageError(
+            f"a FedKSeed upload is read with its message's pool seed and the reply's K scalars g; "
+            f"got seed={seed!r} and arrays {sorted(arrays)}"
+        )
+    return SeedScalars(seed, arrays["g"], 1, cfg.lr, "torch")
 
 
 class FedKSeedStrategy(Strategy):
@@ -388,7 +405,8 @@ class FedKSeedClient:
     config=FedKSeedConfig,
     capabilities=CAPABILITIES,
     defaults=DEFAULTS,
-    upload=lambda cfg: "loss_differences",
+    upload=lambda cfg: "seed_scalars",
+    seed_scalars=lambda cfg, config, arrays, draws: seed_scalars(cfg, config, arrays),
 )
 def build(cfg: FedKSeedConfig, env: MethodEnv) -> MethodBuild:
     """FedKSeed's bare strategy and client program (the composer adds secure aggregation)."""

@@ -53,7 +53,7 @@ from fedge.methods.base import (
 from fedge.methods.fedkseed import projected_gradient
 from fedge.methods.registry import declare_method
 from fedge.methods.replay import perturbed_params
-from fedge.methods.spec import Capabilities
+from fedge.methods.spec import Capabilities, SeedScalars
 
 __all__ = [
     "CAPABILITIES",
@@ -64,6 +64,7 @@ __all__ = [
     "majority_vote",
     "pack_votes",
     "round_seed",
+    "seed_scalars",
     "sign",
     "step",
     "unpack_votes",
@@ -126,6 +127,21 @@ def unpack_votes(packed: torch.Tensor, n: int) -> list[int]:
 def round_seed(seed: int, rnd: int) -> int:
     """s_t, the seed of round ``rnd``'s direction, from the run's FeedSign seed."""
     return derive_seed(seed, "round", rnd, bits=62)
+
+
+def seed_scalars(
+    cfg: FeedSignConfig, config: Mapping[str, Any], arrays: Mapping[str, Any], draws: str
+) -> SeedScalars:
+    """A client's upload as its observer reads it: its sign s along the round's direction z_t
+    (seed s_t from the message's seed and round, ``sync_to``), D = s z_t; the step it asks
+    for is −η D (the vote then decides the step taken)."""
+    base, rnd, s = config.get("seed"), config.get("sync_to"), arrays.get("s")
+    if not isinstance(base, int) or not isinstance(rnd, int) or s is None:
+        raise MessageError(
+            f"a FeedSign upload is read with its message's seed and round (sync_to) and the "
+            f"reply's sign s; got seed={base!r}, sync_to={rnd!r} and arrays {sorted(arrays)}"
+        )
+    return SeedScalars(round_seed(base, rnd), s.to(torch.float32), 1, cfg.lr, check_draws(draws))
 
 
 def _directions(model: torch.nn.Module, draws: Draws) -> tuple[dict[str, torch.Tensor], Directions]:
@@ -315,6 +331,8 @@ class FeedSignClient:
     "FeedSign: one two-point zeroth-order step a round along a shared seed; one bit each way",
     config=FeedSignConfig,
     capabilities=CAPABILITIES,
+    upload=lambda cfg: "seed_scalars",
+    seed_scalars=lambda cfg, config, arrays, draws: seed_scalars(cfg, config, arrays, draws),
 )
 def build(cfg: FeedSignConfig, env: MethodEnv) -> MethodBuild:
     """FeedSign's bare strategy and client program (the composer adds what the config asks)."""
