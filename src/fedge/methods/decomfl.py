@@ -25,7 +25,8 @@ history (:class:`~fedge.methods.replay.DownlinkHistory`, shared with BAFFLE's se
 each client's rebuild runs the server's own update (:class:`RoundSteps`, one
 :func:`~fedge.methods.replay.replay_step` per local step, on one thread), so it holds the
 server's model bit for bit. Every client can build the seeded initial model x_1, so no model
-ever travels while replaying the missed rounds costs less than it.
+ever travels while replaying the missed rounds costs less than it (under ``warm_start`` a
+client cannot build the pretrained start: its first message is the model, in its bytes down).
 
 The step is the configured ``optimizer`` (default SGD with η, the paper's) applied to
 ĝ_{r,k} = (1/P) Σ_p g_{r,k,p} z_{r,k,p}; its state (momentum, Adam's moments, the ``lr_decay``
@@ -254,7 +255,7 @@ class DeComFLStrategy(Strategy):
         cfg: DeComFLConfig,
         *,
         seed: int,
-        population: int,
+        population: int | None,
         draws: Draws = "torch",
     ) -> None:
         self.model, self.cfg = model, cfg
@@ -408,7 +409,11 @@ def build(cfg: DeComFLConfig, env: MethodEnv) -> MethodBuild:
     if not getattr(cfg, "secure_aggregation", True):
         warn_scalars_unprotected("steps × P scalars")
     strategy = DeComFLStrategy(
-        env.model_fn(), cfg, seed=env.seed, population=len(env.client_sizes), draws=env.draws
+        env.model_fn(),
+        cfg,
+        seed=env.seed,
+        population=len(env.client_sizes) if env.seeded_start else None,
+        draws=env.draws,
     )
     program = DeComFLClient(env.model_fn, cfg, threads=_threads(cfg, env), draws=env.draws)
     return MethodBuild(strategy, program)

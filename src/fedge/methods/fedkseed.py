@@ -15,7 +15,8 @@ accumulators. The server averages them per seed with weights N_c/N, ḡ, and ste
 and a client rebuilds w_{t+1} from its copy of w_t and ḡ alone. The server keeps the per-round
 ḡ (BAFFLE's :class:`~fedge.methods.replay.DownlinkHistory`), so a client that missed
 rounds replays the ones it missed and holds the server's model bit for bit; every client starts
-from the seeded initial model, which it builds itself. The rebuild is exact only with a constant
+from the seeded initial model, which it builds itself (under ``warm_start`` it cannot build the
+pretrained start, so its first message is the model, metered in its bytes down). The rebuild is exact only with a constant
 η (the reference code's assumption): ``method.lr_decay`` other than 1 is refused.
 
 Bytes, per client a round, each message within 64 bytes of framing: down, the 8-byte pool seed
@@ -226,7 +227,7 @@ class FedKSeedStrategy(Strategy):
     weighted = True  # ḡ = Σ_c (N_c / N) g_c
 
     def __init__(
-        self, model: torch.nn.Module, cfg: FedKSeedConfig, *, seed: int, population: int
+        self, model: torch.nn.Module, cfg: FedKSeedConfig, *, seed: int, population: int | None
     ) -> None:
         self.model, self.cfg = model, cfg
         self.pool_seed = derive_seed(seed, "fedkseed", bits=62)
@@ -413,6 +414,11 @@ def build(cfg: FedKSeedConfig, env: MethodEnv) -> MethodBuild:
     if not getattr(cfg, "secure_aggregation", True):
         warn_scalars_unprotected("K scalars")
     return MethodBuild(
-        FedKSeedStrategy(env.model_fn(), cfg, seed=env.seed, population=len(env.client_sizes)),
+        FedKSeedStrategy(
+            env.model_fn(),
+            cfg,
+            seed=env.seed,
+            population=len(env.client_sizes) if env.seeded_start else None,
+        ),
         FedKSeedClient(env.model_fn, cfg),
     )
