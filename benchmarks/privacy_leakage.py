@@ -146,7 +146,10 @@ table. Reduced to fit shared CPUs, all on {s["dataset"]}, IID, `lenet-dlg` unles
 - DRA: round 1, {s["clients"]} clients each holding exactly the batch its upload depends on; DLG
   (L-BFGS, {s["iterations"]} iterations; iDLG labels for one sample) on gradients and −Δ/η of
   deltas, K-value matching (`baffle-k`) and DLG on the Stein estimate for BAFFLE batch mode
-  (the better of the two is shown), PPFL's ciphertext read as float32 plaintext (a quarter of
+  (the better of the two is shown), DLG on the update a FedKSeed, DeComFL or FeedSign client's
+  scalars rebuild with the public seeds, Σ scalar·direction (`dlg-seed-sum`; its model change
+  is −η times it; under secure aggregation the server sees only the sum and the harness
+  refuses), PPFL's ciphertext read as float32 plaintext (a quarter of
   random float32 words exceed 1.8e19, so its squared-error objective is not finite and DLG cannot
   take a step: the cell is the dummy start's MSE, marked "no finite objective"); MSE in [0, 1]
   pixels to the client's images (one image: the closest; a batch: matched one to one, least total

@@ -22,7 +22,23 @@ TINY = {
 
 def test_every_method_has_a_row_and_skips_say_why() -> None:
     names = {r.method["name"] for r in ROWS}
-    assert names == {"fedavg", "fedsgd", "baffle", "ntk-baffle", "fedpt", "eppfl", "ppfl"}
+    assert names == {
+        "fedavg",
+        "fedsgd",
+        "baffle",
+        "ntk-baffle",
+        "fedpt",
+        "eppfl",
+        "ppfl",
+        "fedkseed",
+        "decomfl",
+        "feedsign",
+    }
+    for peer in ("fedkseed", "decomfl", "feedsign"):  # the leak without secure aggregation...
+        rows = {r.method["secure_aggregation"]: r for r in ROWS if r.method["name"] == peer}
+        assert set(rows) == {True, False} and not rows[False].skip
+        # ...and with it the harness refuses to read an upload: the cells say why
+        assert set(rows[True].skip) == {"dra", "pia"}
     ks = {
         (r.method.get("k"), r.method.get("secure_aggregation"))
         for r in ROWS

@@ -6,6 +6,7 @@ one; bad sizes fail naming the fix."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -235,3 +236,59 @@ def test_the_start_is_kept_for_the_same_config_data_and_model_only(tiny):
     assert ws._fingerprint(load_config(tiny(warm_start={**PUBLIC, "lr": 0.1})), x, y, model) != (
         ws._fingerprint(cfg, x, y, model)
     )
+
+
+_SEEDS_DOWNLINK = [
+    {"name": "fedkseed", "k": 8, "local_steps": 2, "batch_size": 16},
+    {"name": "decomfl", "p": 2, "local_steps": 2, "batch_size": 16},
+    {"name": "feedsign", "batch_size": 16},
+]
+
+
+@pytest.mark.parametrize("method", _SEEDS_DOWNLINK, ids=lambda m: m["name"])
+def test_a_seeds_downlink_client_downloads_the_warm_start_once(tmp_path, tiny, method):
+    """A method whose clients never receive the model (seeds and scalars down) cannot let a
+    client build a pretrained start itself: its first participation downloads the model (a
+    real serialized message, within 64 bytes of framing of summary ``model_bytes``), later
+    ones are the scalars as without warm start, and without warm start nothing changes."""
+    base = tiny(
+        rounds=3,
+        clients={"num": 2, "per_round": 2},
+        model={"name": "mlp"},
+        method={**method, "secure_aggregation": False, "ema": None},
+    )
+
+    def down(cfg: dict, out: str) -> tuple[list[int], dict]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            d = run_experiment(load_config(cfg), out=tmp_path / out, render=False)
+        lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        summary = json.loads((d / "summary.json").read_text())
+        return [m["bytes_down"] for m in lines if "bytes_down" in m], summary
+
+    cold, _ = down(base, "cold")
+    warm, summary = down({**base, "warm_start": PUBLIC}, "warm")
+    model_bytes = summary["warm_start"]["model_bytes"]
+    assert cold[0] < model_bytes  # without warm start: no model travels (the seeded start)
+    # round 1: both clients' first participation, the model each (+ framing), not the scalars
+    assert 2 * model_bytes <= warm[0] <= 2 * (model_bytes + 64) + cold[0]
+    assert warm[1:] == cold[1:]  # later rounds: the missed rounds' scalars, as without it
+
+
+def test_baffle_seeds_downlink_already_sends_a_new_client_the_model(tmp_path, tiny):
+    """BAFFLE's seeds downlink never assumes a client can build the start: a client's first
+    message is the model, warm start or not (so its bytes need no change)."""
+    cfg = tiny(
+        rounds=2,
+        clients={"num": 2, "per_round": 2},
+        model={"name": "mlp"},
+        method={"name": "baffle", "mode": "batch", "k": 4, "batch_size": 16, "downlink": "seeds"},
+        warm_start=PUBLIC,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        d = run_experiment(load_config(cfg), out=tmp_path / "b", render=False)
+    lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    model_bytes = json.loads((d / "summary.json").read_text())["warm_start"]["model_bytes"]
+    down = [m["bytes_down"] for m in lines if "bytes_down" in m]
+    assert down[0] >= 2 * model_bytes > down[1]

@@ -20,7 +20,7 @@ import torch
 
 from fedge.attacks.observe import Observer, PartyObserved, ServerView, observe_parties, server_views
 from fedge.core.config import RunConfig, load_config
-from fedge.core.errors import PrivacyWarning
+from fedge.core.errors import ConfigError, PrivacyWarning
 from fedge.core.rng import generator
 from fedge.experiment.build import BuiltRun, build_run, method_config
 from fedge.methods import get_method
@@ -28,10 +28,12 @@ from fedge.methods.spec import Upload
 
 __all__ = [
     "attack_config",
+    "check_seed_scalars_readable",
     "eppfl_server_views",
     "observe_run",
     "ObservedRun",
     "one_batch_clients",
+    "seed_scalar_views",
     "os_random",
     "upload_batch",
     "upload_of",
@@ -70,12 +72,30 @@ class ObservedRun:
                 break
             strategy = getattr(strategy, "inner", None)
         upload = upload_of(self.built)
+        if upload == "seed_scalars":
+            return seed_scalar_views(self)
         if upload == "edge_activations":
             return eppfl_server_views(self)
         sealed = None
         if upload == "ciphertext":  # the public protocol says the upload is a ciphertext
             sealed = {n: p.shape for n, p in self.built.model_fn().named_parameters()}
         return server_views(self.observer.records, layout, sealed)
+
+
+def check_seed_scalars_readable(built: BuiltRun | RunConfig) -> None:
+    """Refuse to read a ``seed_scalars`` upload under secure aggregation: the server then sees
+    only the masked inputs, whose sum alone it can open, so no client's scalars (and no
+    client's update) can be rebuilt; the attacks read them with ``method.secure_aggregation:
+    false``, the observer of the table's unprotected rows."""
+    cfg = built.config if isinstance(built, BuiltRun) else built
+    mcfg = built.method_config if isinstance(built, BuiltRun) else method_config(built)
+    if getattr(mcfg, "secure_aggregation", False):
+        raise ConfigError(
+            f"method {cfg.method.name!r} runs with secure aggregation (method.secure_aggregation, on by "
+            "default): the server sees only the sum of the clients' scalars, not any one client's, so there "
+            "is no client update to rebuild and attack; set method.secure_aggregation=false to measure what "
+            "an unprotected client's scalars leak"
+        )
 
 
 def observe_run(
@@ -87,6 +107,8 @@ def observe_run(
     """Build ``cfg`` (then ``prepare`` it, e.g. to cut clients' local sets) and run ``rounds``
     rounds with every exchange recorded, and every message to the side ``parties`` named
     (e.g. EPPFL's ``edge``)."""
+    if upload_of(cfg) == "seed_scalars":
+        check_seed_scalars_readable(cfg)
     built = build_run(cfg)
     if prepare is not None:
         built = prepare(built)
@@ -105,6 +127,18 @@ def observe_run(
     finally:
         sim.close()
     return ObservedRun(built, observer, records)
+
+
+def seed_scalar_views(run: ObservedRun) -> list[ServerView]:
+    """A seeds downlink's clients (FedKSeed, DeComFL, FeedSign) receive scalars, not the model:
+    each upload of the first round (its scalars, read with the message's public seeds by the
+    method's :attr:`~fedge.methods.spec.MethodSpec.seed_scalars`), whose model is the seeded
+    initial one every client builds itself (``model`` is the message as sent: no model). A
+    later round's model is the replay of the rounds before, which the attacks (round 1) do not
+    rebuild. Refused under secure aggregation (:func:`check_seed_scalars_readable`)."""
+    check_seed_scalars_readable(run.built)
+    first = min((r.rnd for r in run.observer.records), default=1)
+    return [v for v in server_views(run.observer.records) if v.rnd == first]
 
 
 def eppfl_server_views(run: ObservedRun) -> list[ServerView]:

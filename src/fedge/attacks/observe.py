@@ -205,10 +205,10 @@ def server_views(
                 )
             )
             continue
-        if (
-            not r.sent.arrays or r.sent.config.get("secagg_step", "forward") != "forward"
-        ):  # key agreement, unmasking
+        if r.sent.config.get("secagg_step", "forward") != "forward":  # key agreement, unmasking
             continue
+        if not r.sent.arrays and not (r.reply.arrays and "sync_to" in r.sent.config):
+            continue  # a handshake; a seeds downlink (sync_to) may send nothing and get scalars
         if r.reply.arrays:
             upload, masked = dict(r.reply.arrays), False
         elif isinstance(r.reply.config.get("secagg"), bytes) and layout is not None:

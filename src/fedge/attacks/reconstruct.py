@@ -28,9 +28,11 @@ __all__ = [
     "ProjectionTarget",
     "Reconstruction",
     "baffle_projection",
+    "direction_sum",
     "idlg_labels",
     "invert",
     "invert_ig",
+    "seeded_directions",
     "total_variation",
 ]
 
@@ -117,14 +119,33 @@ def baffle_projection(
     (:func:`fedge.estimators.directions.make_directions`; ``masks``, NTK-BAFFLE's, zero the
     pruned coordinates, z_k ⊙ m, and size the blocks of ``block`` directions as the client's;
     ``draws``: the observed run's ``draws``, the generator the client drew them with)."""
-    k = loss_diffs.numel()
+    z = seeded_directions(shapes, loss_diffs.numel(), seed, directions, masks, draws)
+    return ProjectionTarget(z, loss_diffs.to(torch.float32) / (_NORMALIZER[scheme] * sigma))
+
+
+def seeded_directions(
+    shapes: Mapping[str, torch.Size],
+    k: int,
+    seed: int,
+    directions: str = "gaussian",
+    masks: Mapping[str, Tensor] | None = None,
+    draws: Draws = "torch",
+) -> dict[str, Tensor]:
+    """Directions 0..k−1 of ``seed`` (name -> (k, *shape)), regenerated exactly as a client
+    drew them (:func:`fedge.estimators.directions.make_directions`), masked by ``masks``."""
     masks = masks or {}
     dirs = make_directions(
         directions, {n: tuple(s) for n, s in shapes.items()}, k, masks, draws=draws
     )
     z = {n: dirs.draw(seed, range(k), n, tuple(s)).reshape(k, *s) for n, s in shapes.items()}
-    z = {n: v * masks[n].to(v.dtype) if n in masks else v for n, v in z.items()}
-    return ProjectionTarget(z, loss_diffs.to(torch.float32) / (_NORMALIZER[scheme] * sigma))
+    return {n: v * masks[n].to(v.dtype) if n in masks else v for n, v in z.items()}
+
+
+def direction_sum(directions: Mapping[str, Tensor], t: Tensor, per: int = 1) -> dict[str, Tensor]:
+    """(1/per) Σ_k t_k z_k per parameter: BAFFLE's Stein estimate (per = K, Eq. 6) and the
+    update a seed-and-scalar client's scalars rebuild (:class:`~fedge.methods.spec.SeedScalars`)."""
+    t = t.to(torch.float32)
+    return {n: torch.einsum("k,k...->...", t, z) / per for n, z in directions.items()}
 
 
 def idlg_labels(grads: Mapping[str, Tensor], model: torch.nn.Module) -> Tensor | None:

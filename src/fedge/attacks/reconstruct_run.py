@@ -35,9 +35,11 @@ from fedge.attacks.observe import ServerView
 from fedge.attacks.reconstruct import (
     GradientTarget,
     baffle_projection,
+    direction_sum,
     idlg_labels,
     invert,
     invert_ig,
+    seeded_directions,
 )
 from fedge.core.config import RunConfig
 from fedge.core.errors import ConfigError
@@ -45,8 +47,9 @@ from fedge.core.rng import Draws, generator
 from fedge.experiment.build import privacy_config
 from fedge.methods import get_method
 from fedge.methods.base import unpack_model_arrays
+from fedge.methods.replay import perturbed_params
 
-__all__ = ["reconstruct_data", "reconstruction_attack"]
+__all__ = ["rebuilt_direction_sum", "reconstruct_data", "reconstruction_attack"]
 
 
 def _warn_delta_is_not_a_gradient(name: str, built: Any, views: list[Any]) -> None:
@@ -139,15 +142,37 @@ def _targets(
         if clipped:
             yield "baffle-k-fit", replace(proj, fit_scale=True), False
         # the Stein estimate ĝ = (1/K) Σ t_k z_k (Eq. 6), exactly what the server forms
-        k = proj.t.numel()
-        stein = {n: torch.einsum("k,k...->...", proj.t, z) / k for n, z in proj.directions.items()}
+        stein = direction_sum(proj.directions, proj.t, proj.t.numel())
         yield "baffle-stein", GradientTarget(stein), True
+    elif upload == "seed_scalars":
+        yield (
+            "dlg-seed-sum",
+            GradientTarget(rebuilt_direction_sum(name, view, model, mcfg, draws)),
+            True,
+        )
     else:
         raise ConfigError(
             f"no reconstruction attack for method {name!r} with this configuration: its uploads are "
             f"{upload or 'nothing an observer reads'}, which the harness does not attack (for a zeroth-order "
             "method set method.mode=batch, whose K loss differences it does)"
         )
+
+
+def rebuilt_direction_sum(
+    name: str, view: ServerView, model: torch.nn.Module, mcfg: Any, draws: Draws = "torch"
+) -> dict[str, torch.Tensor]:
+    """What a seed-and-scalar client's upload (``seed_scalars``: FedKSeed, DeComFL, FeedSign)
+    gives a server that knows the public seeds: D = (1/per) Σ_k t_k z_k over ``model``'s
+    trainable parameters, the directions regenerated as for BAFFLE's batch mode
+    (:func:`~fedge.attacks.reconstruct.seeded_directions`); the client's model change is −η D
+    (:class:`~fedge.methods.spec.SeedScalars`), so DLG matches D as the gradient."""
+    read = get_method(name).seed_scalars
+    if read is None:
+        raise ConfigError(f"method {name!r} declares seed_scalars uploads but no reader of them")
+    s = read(mcfg, view.config, view.upload, draws)
+    shapes = {n: p.shape for n, p in perturbed_params(model, None).items()}
+    z = seeded_directions(shapes, s.t.numel(), s.seed, "gaussian", draws=s.draws)
+    return direction_sum(z, s.t, s.per)
 
 
 def _per_block(
@@ -199,8 +224,12 @@ def reconstruction_attack(
         data = built.clients[view.cid]
         x_true, y_true = data.x[data.indices], data.y[data.indices]
         state = model.state_dict()
-        dense, masks = unpack_model_arrays(dict(view.model), state, who="the observed broadcast")
-        model.load_state_dict({k: dense.get(k, v) for k, v in state.items()})
+        masks = None
+        if upload_of(built) != "seed_scalars":  # else no model was sent: the seeded initial one
+            dense, masks = unpack_model_arrays(
+                dict(view.model), state, who="the observed broadcast"
+            )
+            model.load_state_dict({k: dense.get(k, v) for k, v in state.items()})
         model.train()
         b = upload_batch(built.method_config, x_true.shape[0])
         base_mean += baseline_mse(mean_img, b, x_true, ds)

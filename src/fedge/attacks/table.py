@@ -58,6 +58,18 @@ def _baffle(k: int, secagg: bool) -> dict[str, Any]:
 # at σ's default (~0.002-0.004 at K=10, ~0.012 at K=100, ~0.04 at K=1000): clipping is active.
 _DP = {"mechanism": "gaussian", "clip": 1e-3, "noise_multiplier": 1.0}
 _DP_LABEL = f"DP clip {_DP['clip']:g}, z={_DP['noise_multiplier']:g}"
+# The seed-and-scalar peers at their presets' sizes (configs/*-fmnist-lenet.yaml), and whether
+# secure aggregation is their default: the server rebuilds a client's update Σ scalar·direction
+# from its scalars and the public seeds (the harness's ``seed_scalars``).
+_PEERS: tuple[tuple[str, dict[str, Any], bool], ...] = (
+    ("fedkseed, K=1024, 50 local steps", {"name": "fedkseed", "k": 1024, "local_steps": 50}, True),
+    ("decomfl, P=5, 10 local steps", {"name": "decomfl", "p": 5, "local_steps": 10}, True),
+    ("feedsign, 1 step a round", {"name": "feedsign"}, False),
+)
+_PEER_SECAGG = (
+    "not run: under secure aggregation the server sees only the sum of the clients' scalars, so "
+    "no client's update can be rebuilt (the harness refuses; the row without it measures the leak)"
+)
 _EPPFL_DP_CLIP = 100.0  # configs/eppfl-fmnist-vgg.yaml's per-sample L1 clip
 _PPFL_PIA = (
     "not run: the server cannot simulate an upload to train the classifier on (the client program "
@@ -136,6 +148,22 @@ ROWS: tuple[Row, ...] = (
     Row(
         "ntk-baffle batch, K=100, density 0.5, secure aggregation (default)",
         {"name": "ntk-baffle", "mode": "batch", "k": 100, "ema": None, "density": 0.5},
+    ),
+    *(
+        Row(
+            f"{label}, batch 1, no secure aggregation{'' if on else ' (default)'}",
+            {**peer, "batch_size": 1, "secure_aggregation": False},
+            pia_method={**peer, "batch_size": 8, "secure_aggregation": False},
+        )
+        for label, peer, on in _PEERS
+    ),
+    *(
+        Row(
+            f"{label}, batch 1, secure aggregation{' (default)' if on else ''}",
+            {**peer, "batch_size": 1, "secure_aggregation": True},
+            skip={"dra": _PEER_SECAGG, "pia": _PEER_SECAGG},
+        )
+        for label, peer, on in _PEERS
     ),
     Row(
         "fedpt, largest layer frozen, 1 local SGD step, batch 1",

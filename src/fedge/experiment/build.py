@@ -423,6 +423,7 @@ def build_run(cfg: RunConfig) -> BuiltRun:
         draws=cfg.draws,
         device=device,
         profiles=cfg.clients.assign_profiles(cfg.seed),
+        seeded_start=warm is None,
     )
     # before anything is built on the device
     check_device_support(cfg, device, accelerators=spec.capabilities.accelerators)

@@ -254,7 +254,8 @@ def warm_start(
         **ws.model_dump(exclude={"public"}),
         **cost,
         # what a client whose method does not download the model every round (a seeds-only
-        # downlink, FedKSeed, DeComFL) must fetch once instead of rebuilding it from the seed
+        # downlink: FedKSeed, DeComFL, FeedSign, BAFFLE's) fetches once instead of rebuilding it
+        # from the seed: its first message is the model (MethodEnv.seeded_start), in bytes down
         "model_bytes": len(Message(state).to_bytes()),
     }
     out = WarmStart(state, public, kept, record)

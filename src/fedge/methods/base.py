@@ -159,6 +159,10 @@ class MethodEnv:
     device: torch.device = torch.device("cpu")
     # each client's device profile (clients.profiles, as the engine assigns them), or None
     profiles: Sequence[Mapping[str, Any]] | None = None
+    #: every client can build the initial model itself (``model_fn``'s seeded weights); False
+    #: under ``warm_start``, whose pretrained start a client must download: a method whose
+    #: downlink is seeds and scalars then sends a client the model on its first participation
+    seeded_start: bool = True
 
     def protection(self, *, weighted: bool) -> dict[str, Any]:
         """Keyword arguments of :func:`fedge.methods.private.protect` for this run."""

@@ -25,7 +25,8 @@ history (:class:`~fedge.methods.replay.DownlinkHistory`, shared with BAFFLE's se
 each client's rebuild runs the server's own update (:class:`RoundSteps`, one
 :func:`~fedge.methods.replay.replay_step` per local step, on one thread), so it holds the
 server's model bit for bit. Every client can build the seeded initial model x_1, so no model
-ever travels while replaying the missed rounds costs less than it.
+ever travels while replaying the missed rounds costs less than it (under ``warm_start`` a
+client cannot build the pretrained start: its first message is the model, in its bytes down).
 
 The step is the configured ``optimizer`` (default SGD with η, the paper's) applied to
 ĝ_{r,k} = (1/P) Σ_p g_{r,k,p} z_{r,k,p}; its state (momentum, Adam's moments, the ``lr_decay``
@@ -66,7 +67,7 @@ from fedge.core.context import ClientContext
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
-from fedge.core.rng import Draws, derive_seed
+from fedge.core.rng import Draws, check_draws, derive_seed
 from fedge.estimators import ZerothOrderSpec, combine_loss_differences, loss_differences
 from fedge.estimators.directions import Directions
 from fedge.estimators.perturbation import normal_chunk
@@ -81,7 +82,7 @@ from fedge.methods.base import (
 )
 from fedge.methods.registry import declare_method
 from fedge.methods.replay import ClientReplica, DownlinkHistory, perturbed_params, replay_step
-from fedge.methods.spec import Capabilities
+from fedge.methods.spec import Capabilities, SeedScalars
 
 __all__ = [
     "CAPABILITIES",
@@ -92,6 +93,7 @@ __all__ = [
     "RoundSteps",
     "build",
     "round_seed",
+    "seed_scalars",
 ]
 
 _KEY = "replay_g"  # the missed rounds' averaged scalars in a replay message
@@ -219,6 +221,24 @@ def round_seed(base: int, rnd: int) -> int:
     return derive_seed(base, rnd, bits=62)
 
 
+def seed_scalars(
+    cfg: DeComFLConfig, config: Mapping[str, Any], arrays: Mapping[str, Any], draws: str
+) -> SeedScalars:
+    """A client's upload as its observer reads it: the K × P scalars g along directions
+    0..KP−1 of the round seed s_r (step k's are kP..kP+P−1, :meth:`RoundSteps.spec`), D =
+    (1/P) Σ_{k,p} g_{k,p} z_{k,p}, the sum of its steps' estimates ĝ_k; with plain SGD (no
+    momentum, no clip) its local steps moved its model by −η D."""
+    base, rnd = config.get("seed"), config.get("sync_to")
+    if not isinstance(base, int) or not isinstance(rnd, int) or "g" not in arrays:
+        raise MessageError(
+            f"a DeComFL upload is read with its message's seed and round (sync_to) and the "
+            f"reply's scalars g; got seed={base!r}, sync_to={rnd!r} and arrays {sorted(arrays)}"
+        )
+    return SeedScalars(
+        round_seed(base, rnd), arrays["g"], cfg.p, cfg.optimizer.lr, check_draws(draws)
+    )
+
+
 def round_steps(cfg: DeComFLConfig, draws: Draws = "torch") -> RoundSteps:
     return RoundSteps(cfg.p, cfg.local_steps, cfg.mu, cfg.scheme, cfg.clip, draws, cfg.estimator)
 
@@ -235,7 +255,7 @@ class DeComFLStrategy(Strategy):
         cfg: DeComFLConfig,
         *,
         seed: int,
-        population: int,
+        population: int | None,
         draws: Draws = "torch",
     ) -> None:
         self.model, self.cfg = model, cfg
@@ -381,14 +401,19 @@ def _threads(cfg: DeComFLConfig, env: MethodEnv) -> int:
     config=DeComFLConfig,
     capabilities=CAPABILITIES,
     defaults=DEFAULTS,
-    upload=lambda cfg: "loss_differences",
+    upload=lambda cfg: "seed_scalars",
+    seed_scalars=lambda cfg, config, arrays, draws: seed_scalars(cfg, config, arrays, draws),
 )
 def build(cfg: DeComFLConfig, env: MethodEnv) -> MethodBuild:
     """DeComFL's bare strategy and client program (the composer adds secure aggregation)."""
     if not getattr(cfg, "secure_aggregation", True):
         warn_scalars_unprotected("steps × P scalars")
     strategy = DeComFLStrategy(
-        env.model_fn(), cfg, seed=env.seed, population=len(env.client_sizes), draws=env.draws
+        env.model_fn(),
+        cfg,
+        seed=env.seed,
+        population=len(env.client_sizes) if env.seeded_start else None,
+        draws=env.draws,
     )
     program = DeComFLClient(env.model_fn, cfg, threads=_threads(cfg, env), draws=env.draws)
     return MethodBuild(strategy, program)

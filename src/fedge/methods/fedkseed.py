@@ -15,7 +15,8 @@ accumulators. The server averages them per seed with weights N_c/N, ḡ, and ste
 and a client rebuilds w_{t+1} from its copy of w_t and ḡ alone. The server keeps the per-round
 ḡ (BAFFLE's :class:`~fedge.methods.replay.DownlinkHistory`), so a client that missed
 rounds replays the ones it missed and holds the server's model bit for bit; every client starts
-from the seeded initial model, which it builds itself. The rebuild is exact only with a constant
+from the seeded initial model, which it builds itself (under ``warm_start`` it cannot build the
+pretrained start, so its first message is the model, metered in its bytes down). The rebuild is exact only with a constant
 η (the reference code's assumption): ``method.lr_decay`` other than 1 is refused.
 
 Bytes, per client a round, each message within 64 bytes of framing: down, the 8-byte pool seed
@@ -68,7 +69,7 @@ from fedge.methods.base import (
 )
 from fedge.methods.registry import declare_method
 from fedge.methods.replay import DownlinkHistory, perturbed_params
-from fedge.methods.spec import Capabilities
+from fedge.methods.spec import Capabilities, SeedScalars
 
 __all__ = [
     "CAPABILITIES",
@@ -80,6 +81,7 @@ __all__ = [
     "pool_update",
     "pro_probabilities",
     "projected_gradient",
+    "seed_scalars",
 ]
 
 _MODEL = "w/"
@@ -202,6 +204,22 @@ def _pool(model: torch.nn.Module, k: int) -> tuple[dict[str, torch.Tensor], Dire
     return params, make_directions("gaussian", {n: p.shape for n, p in params.items()}, k)
 
 
+def seed_scalars(
+    cfg: FedKSeedConfig, config: Mapping[str, Any], arrays: Mapping[str, Any]
+) -> SeedScalars:
+    """A client's upload as its observer reads it: the K accumulators g along the pool of the
+    message's seed, D = Σ_j g_j z_j (the pool is drawn with torch's generator whatever the
+    run's ``draws``, as :func:`_pool`); its local steps moved its model by −η D exactly (one
+    constant η)."""
+    seed = config.get("seed")
+    if not isinstance(seed, int) or "g" not in arrays:
+        raise MessageError(
+            f"a FedKSeed upload is read with its message's pool seed and the reply's K scalars g; "
+            f"got seed={seed!r} and arrays {sorted(arrays)}"
+        )
+    return SeedScalars(seed, arrays["g"], 1, cfg.lr, "torch")
+
+
 class FedKSeedStrategy(Strategy):
     """Server side: per round, the ḡ of the previous rounds each client missed down; the
     weighted mean ḡ of the clients' K accumulators up; w ← w − η Σ_j ḡ_j z_j."""
@@ -209,7 +227,7 @@ class FedKSeedStrategy(Strategy):
     weighted = True  # ḡ = Σ_c (N_c / N) g_c
 
     def __init__(
-        self, model: torch.nn.Module, cfg: FedKSeedConfig, *, seed: int, population: int
+        self, model: torch.nn.Module, cfg: FedKSeedConfig, *, seed: int, population: int | None
     ) -> None:
         self.model, self.cfg = model, cfg
         self.pool_seed = derive_seed(seed, "fedkseed", bits=62)
@@ -388,13 +406,19 @@ class FedKSeedClient:
     config=FedKSeedConfig,
     capabilities=CAPABILITIES,
     defaults=DEFAULTS,
-    upload=lambda cfg: "loss_differences",
+    upload=lambda cfg: "seed_scalars",
+    seed_scalars=lambda cfg, config, arrays, draws: seed_scalars(cfg, config, arrays),
 )
 def build(cfg: FedKSeedConfig, env: MethodEnv) -> MethodBuild:
     """FedKSeed's bare strategy and client program (the composer adds secure aggregation)."""
     if not getattr(cfg, "secure_aggregation", True):
         warn_scalars_unprotected("K scalars")
     return MethodBuild(
-        FedKSeedStrategy(env.model_fn(), cfg, seed=env.seed, population=len(env.client_sizes)),
+        FedKSeedStrategy(
+            env.model_fn(),
+            cfg,
+            seed=env.seed,
+            population=len(env.client_sizes) if env.seeded_start else None,
+        ),
         FedKSeedClient(env.model_fn, cfg),
     )

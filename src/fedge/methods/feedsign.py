@@ -15,7 +15,8 @@ s_c = sgn(p_c), one bit. The server takes the (weighted) majority vote v_t = sgn
 The vote reaches a client in its next message: the server keeps every round's vote and sends a
 client the votes of the rounds since the model it holds, packed eight to a byte
 (:func:`pack_votes`), from which it rebuilds w_t bit for bit; a client never served starts from
-the seeded initial model. With every client in every round that is one bit down per step.
+the seeded initial model (under ``warm_start``, which it cannot build, it is sent the model
+w_t instead: :meth:`FeedSignStrategy.model_message`, in its bytes down). With every client in every round that is one bit down per step.
 Ties: sgn(0) := +1, for a client whose two losses are equal and for a vote whose weighted sum
 is 0 (z_t is symmetric and p_c(−z) = −p_c(z), so this step has the law of a fair coin's).
 
@@ -53,7 +54,7 @@ from fedge.methods.base import (
 from fedge.methods.fedkseed import projected_gradient
 from fedge.methods.registry import declare_method
 from fedge.methods.replay import perturbed_params
-from fedge.methods.spec import Capabilities
+from fedge.methods.spec import Capabilities, SeedScalars
 
 __all__ = [
     "CAPABILITIES",
@@ -64,6 +65,7 @@ __all__ = [
     "majority_vote",
     "pack_votes",
     "round_seed",
+    "seed_scalars",
     "sign",
     "step",
     "unpack_votes",
@@ -128,6 +130,21 @@ def round_seed(seed: int, rnd: int) -> int:
     return derive_seed(seed, "round", rnd, bits=62)
 
 
+def seed_scalars(
+    cfg: FeedSignConfig, config: Mapping[str, Any], arrays: Mapping[str, Any], draws: str
+) -> SeedScalars:
+    """A client's upload as its observer reads it: its sign s along the round's direction z_t
+    (seed s_t from the message's seed and round, ``sync_to``), D = s z_t; the step it asks
+    for is −η D (the vote then decides the step taken)."""
+    base, rnd, s = config.get("seed"), config.get("sync_to"), arrays.get("s")
+    if not isinstance(base, int) or not isinstance(rnd, int) or s is None:
+        raise MessageError(
+            f"a FeedSign upload is read with its message's seed and round (sync_to) and the "
+            f"reply's sign s; got seed={base!r}, sync_to={rnd!r} and arrays {sorted(arrays)}"
+        )
+    return SeedScalars(round_seed(base, rnd), s.to(torch.float32), 1, cfg.lr, check_draws(draws))
+
+
 def _directions(model: torch.nn.Module, draws: Draws) -> tuple[dict[str, torch.Tensor], Directions]:
     params = perturbed_params(model, None)
     return params, make_directions(
@@ -147,9 +164,18 @@ class FeedSignStrategy(Strategy):
     w ← w − η v z."""
 
     def __init__(
-        self, model: torch.nn.Module, cfg: FeedSignConfig, *, seed: int, draws: Draws = "torch"
+        self,
+        model: torch.nn.Module,
+        cfg: FeedSignConfig,
+        *,
+        seed: int,
+        draws: Draws = "torch",
+        seeded_start: bool = True,
     ) -> None:
         self.model, self.cfg, self.draws = model, cfg, check_draws(draws)
+        #: clients build the initial model themselves; else (a warm start) a client is sent the
+        #: model on its first participation
+        self.seeded_start = seeded_start
         self.seed = derive_seed(seed, "feedsign", bits=62)
         self.server = GlobalModel(model, T.sgd(cfg.lr))
         self.weighted = cfg.weighting == "samples"
@@ -171,7 +197,19 @@ class FeedSignStrategy(Strategy):
     def configure_round(self, rnd: int, client_ids: list[int]) -> dict[int, Message]:
         if self.first is None:
             self.first = rnd
-        return {c: self.message(self.synced.get(c, self.first), rnd) for c in client_ids}
+        return {
+            c: self.message(self.synced.get(c, self.first), rnd)
+            if c in self.synced or self.seeded_start
+            else self.model_message(rnd)
+            for c in client_ids
+        }
+
+    def model_message(self, rnd: int) -> Message:
+        """The downlink of a client that cannot build the model it would replay from (a warm
+        start, never served): the model w_rnd itself, nothing to replay."""
+        return Message(
+            self.server.arrays(), config={"seed": self.seed, "sync_from": rnd, "sync_to": rnd}
+        )
 
     def message(self, frm: int, to: int) -> Message:
         """The downlink of a client holding w_frm in round ``to``: the votes of rounds frm..to−1
@@ -264,6 +302,12 @@ class FeedSignClient:
             )
         assert isinstance(frm, int) and isinstance(to, int) and isinstance(seed, int)
         model = self.replica.model
+        sent = {k: v for k, v in message.arrays.items() if k not in ("votes", "stepped")}
+        if sent:  # the model itself (a warm start's first participation): nothing to replay
+            load_arrays(model, sent, who=who)
+            ctx.state.clear()
+            ctx.state.update({_MODEL + k: v for k, v in model_arrays(model).items()}, at=to)
+            return model
         at = ctx.state.get("at", frm)
         if "at" in ctx.state:
             held = {k[len(_MODEL) :]: v for k, v in ctx.state.items() if k.startswith(_MODEL)}
@@ -315,10 +359,14 @@ class FeedSignClient:
     "FeedSign: one two-point zeroth-order step a round along a shared seed; one bit each way",
     config=FeedSignConfig,
     capabilities=CAPABILITIES,
+    upload=lambda cfg: "seed_scalars",
+    seed_scalars=lambda cfg, config, arrays, draws: seed_scalars(cfg, config, arrays, draws),
 )
 def build(cfg: FeedSignConfig, env: MethodEnv) -> MethodBuild:
     """FeedSign's bare strategy and client program (the composer adds what the config asks)."""
     return MethodBuild(
-        FeedSignStrategy(env.model_fn(), cfg, seed=env.seed, draws=env.draws),
+        FeedSignStrategy(
+            env.model_fn(), cfg, seed=env.seed, draws=env.draws, seeded_start=env.seeded_start
+        ),
         FeedSignClient(env.model_fn, cfg, env.draws),
     )

@@ -20,7 +20,7 @@ from fedge.methods.base import (
     MethodConfigBase,
 )
 from fedge.methods.compose import section_model
-from fedge.methods.spec import Capabilities, MethodSpec, Upload
+from fedge.methods.spec import Capabilities, MethodSpec, SeedScalars, Upload
 
 __all__ = ["METHODS", "declare_method", "get_method", "method_names", "register"]
 
@@ -69,6 +69,8 @@ def declare_method(
     summary_keys: tuple[str, ...] = (),
     advice: Callable[[Any], list[str]] | None = None,
     upload: Callable[[Any], Upload | None] | None = None,
+    seed_scalars: Callable[[Any, Mapping[str, Any], Mapping[str, Any], str], SeedScalars]
+    | None = None,
 ) -> Callable[[Build], Build]:
     """Register the decorated build function as method ``name`` (the arguments are
     :class:`~fedge.methods.spec.MethodSpec`'s); the function is returned unchanged.
@@ -86,6 +88,8 @@ def declare_method(
             extra["advice"] = advice
         if upload is not None:
             extra["upload"] = upload
+        if seed_scalars is not None:
+            extra["seed_scalars"] = seed_scalars
         register(
             MethodSpec(
                 name,

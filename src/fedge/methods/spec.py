@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from fedge.methods.base import MethodBuild, MethodConfigBase, MethodEnv
 
-__all__ = ["Capabilities", "MethodSpec", "Upload"]
+__all__ = ["Capabilities", "MethodSpec", "SeedScalars", "Upload"]
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,35 @@ _REASONS = {
 #: :mod:`fedge.attacks`: a gradient in the clear; a model delta after local backprop steps
 #: (``-Δ/η`` is the gradient after one SGD step); a delta of zeroth-order local steps; K loss
 #: differences with the seed broadcast; an enclave-sealed ciphertext (read as if it were the
-#: gradient); activations released to an edge server (the edge server is the observer).
+#: gradient); activations released to an edge server (the edge server is the observer); scalars
+#: along public seeded directions, several local steps' worth, that rebuild the client's update
+#: (:class:`SeedScalars`: FedKSeed, DeComFL, FeedSign).
 Upload = Literal[
-    "gradient", "delta", "estimate_delta", "loss_differences", "ciphertext", "edge_activations"
+    "gradient",
+    "delta",
+    "estimate_delta",
+    "loss_differences",
+    "ciphertext",
+    "edge_activations",
+    "seed_scalars",
 ]
+
+
+@dataclass(frozen=True)
+class SeedScalars:
+    """What an observer of a ``seed_scalars`` upload reads out of it with the public seeds
+    (:attr:`MethodSpec.seed_scalars`): the direction sum D = (1/``per``) Σ_k t_k z_k, z_k
+    direction k of ``seed``, Gaussian (:func:`fedge.estimators.directions.make_directions`
+    drawn with ``draws`` over the trainable parameters, in model order). The client's model
+    change is −``lr`` · D: exactly for FedKSeed and FeedSign (constant η), for DeComFL when
+    its optimizer is plain SGD without momentum or clip (else D is the sum of its steps'
+    estimates, the optimizer's input)."""
+
+    seed: int
+    t: Any  # torch.Tensor (K,): the client's scalars as uploaded
+    per: int
+    lr: float
+    draws: Literal["torch", "portable"]
 
 
 def _no_advice(cfg: Any) -> list[str]:
@@ -94,6 +119,9 @@ class MethodSpec:
             learning rates (BAFFLE: its inf-norm clip).
         upload: ``upload(cfg) ->`` :data:`Upload` or None: what an observer of its uploads sees
             (None: nothing an attack of :mod:`fedge.attacks` reads).
+        seed_scalars: for a ``seed_scalars`` upload, ``seed_scalars(cfg, config, arrays,
+            draws) ->`` :class:`SeedScalars`: the reply's ``arrays`` read with the public
+            ``config`` of the message that asked for it and the run's ``draws``.
         section: filled in on registration (below).
     """
 
@@ -106,6 +134,9 @@ class MethodSpec:
     summary_keys: tuple[str, ...] = ()
     advice: Callable[[Any], list[str]] = _no_advice
     upload: Callable[[Any], Upload | None] = lambda cfg: None
+    seed_scalars: Callable[[Any, Mapping[str, Any], Mapping[str, Any], str], SeedScalars] | None = (
+        None
+    )
     #: the model of the ``method.*`` section: :attr:`config` plus the options of the mechanisms
     #: the capabilities support (:func:`fedge.methods.compose.section_model`); the registry
     #: fills it in
