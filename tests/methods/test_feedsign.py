@@ -346,3 +346,15 @@ def test_under_dropout_clients_hold_the_servers_model_across_skipped_rounds(tiny
     for c, st in held.items():
         w = {k[2:]: v for k, v in st.items() if k.startswith("w/")}
         assert all(torch.equal(w[k], snapshots[st["at"]][k]) for k in w), c
+
+
+def test_without_secure_aggregation_the_build_warns_what_the_server_sees(tiny):
+    import warnings
+
+    from fedge.core.errors import PrivacyWarning
+
+    with pytest.warns(PrivacyWarning, match="signs of its projected gradients"):
+        build_run(load_config(_cfg(tiny)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyWarning)
+        build_run(load_config(_cfg(tiny, method={"secure_aggregation": True})))

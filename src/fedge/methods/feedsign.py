@@ -20,8 +20,8 @@ w_t instead: :meth:`FeedSignStrategy.model_message`, in its bytes down). With ev
 Ties: sgn(0) := +1, for a client whose two losses are equal and for a vote whose weighted sum
 is 0 (z_t is symmetric and p_c(−z) = −p_c(z), so this step has the law of a fair coin's).
 
-The server's vote needs only Σ_c ω_c s_c, so secure aggregation (off by default: it replaces
-the one-bit upload by masked field elements) and DP on the summed signs compose; freezing
+The server's vote needs only Σ_c ω_c s_c, so secure aggregation (off by default, warned: it
+replaces the one-bit upload by masked field elements) and DP on the summed signs compose; freezing
 perturbs only trainable coordinates; EMA evaluation composes. Paper-vs-code choices, the bytes
 and the framing: ``docs/methods/feedsign.md``.
 """
@@ -50,6 +50,7 @@ from fedge.methods.base import (
     MethodEnv,
     load_arrays,
     model_arrays,
+    warn_scalars_unprotected,
 )
 from fedge.methods.fedkseed import projected_gradient
 from fedge.methods.registry import declare_method
@@ -363,7 +364,14 @@ class FeedSignClient:
     seed_scalars=lambda cfg, config, arrays, draws: seed_scalars(cfg, config, arrays, draws),
 )
 def build(cfg: FeedSignConfig, env: MethodEnv) -> MethodBuild:
-    """FeedSign's bare strategy and client program (the composer adds what the config asks)."""
+    """FeedSign's bare strategy and client program (the composer adds what the config asks).
+    Secure aggregation stays off by default (it would turn the one-bit upload into masked ring
+    elements, the method's point); its absence is warned about, naming what the server sees."""
+    if not getattr(cfg, "secure_aggregation", False):
+        warn_scalars_unprotected(
+            "signs of its projected gradients",
+            relies=" (one bit a step, still a function of the client's data)",
+        )
     return MethodBuild(
         FeedSignStrategy(
             env.model_fn(), cfg, seed=env.seed, draws=env.draws, seeded_start=env.seeded_start
