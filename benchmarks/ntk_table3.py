@@ -964,9 +964,10 @@ def new_rows_lines(plan: Plan, agg: dict[str, dict[str, Any]], new: dict[str, An
     out = [
         f"**Batch-level rows, as Algorithm 1** (beside the paper's table; `{new_rows_command('batch')}`, "
         f"records `batch/`): `method.mode=batch`, each sampled client uploads K = {k} loss differences "
-        f"over its local set ({4 * k:,} bytes), the server forms one estimate a round and steps with the "
+        f"over its local set (8 bytes each in secure aggregation's 64-bit ring, Eq. 7: "
+        f"{8 * k:,} bytes, plus the protocol's keys), the server forms one estimate a round and steps with the "
         "paper's SGD recipe (momentum 0.9, weight decay 1e-3, lr x 0.998 a round; batch mode has no "
-        "client optimizer), no clip, EMA 0.995, secure aggregation on (Eq. 7). Server lr screened as "
+        "client optimizer), no clip, EMA 0.995. Server lr screened as "
         f"the table's (seed 0, {plan.screen_rounds} rounds, validation):",
         "",
         "| SGD server lr | "
