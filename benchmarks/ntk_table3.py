@@ -1026,9 +1026,10 @@ def new_rows_lines(plan: Plan, agg: dict[str, dict[str, Any]], new: dict[str, An
         state = f"picked {lr} (validation {score:.4f}, above chance)"
     else:
         state = (
-            f"no lr of the grid trains (best validation {score:.4f} at lr {lr}, below {CHANCE}): "
-            "dense BAFFLE under this SGD recipe without a clip fails at every lr tried, which is "
-            "what the table's SGD NTK − dense gaps rest on"
+            f"no lr of the grid trains on seed 0 (best validation {score:.4f} at lr {lr}, below "
+            f"{CHANCE}): dense BAFFLE under this SGD recipe without a clip stays at chance or "
+            "diverges at every lr tried, and the table's SGD NTK − dense gaps are taken against "
+            "the best of them"
         )
     out += [
         "",

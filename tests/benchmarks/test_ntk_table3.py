@@ -374,4 +374,6 @@ def test_the_new_rows_render_as_awaiting_their_commands_until_recorded(tmp_path)
     text = "\n".join(bench.new_rows_lines(plan, {}, _new(plan, batch_rows=rows, dense_own=own)))
     assert "| SGD NTK-BAFFLE K=100, batch-level | 3 | 0.7100 ± 0.0100 |" in text
     assert "batch-level: NTK-BAFFLE − dense BAFFLE: +11.00 ± 1.00 points" in text
-    assert "no lr of the grid trains (best validation 0.1100 at lr 0.01, below 0.2)" in text
+    assert (
+        "no lr of the grid trains on seed 0 (best validation 0.1100 at lr 0.01, below 0.2)" in text
+    )
