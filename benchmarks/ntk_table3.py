@@ -56,12 +56,23 @@ with BAFFLE's reference-code clip (inf-norm 0.3), both at NTK-BAFFLE's picked lr
 (~30 CPU-minutes a seed): whether dense fails here only for want of the clip, and whether NTK's
 advantage survives it.
 
+Rows beside the table (``--new-rows UNIT``, each resumable with its own records folder, rendered
+as awaiting until recorded; ``--estimate`` prints each unit's CPU cost from the recorded runs'
+minutes per round): ``batch``: NTK-BAFFLE and dense BAFFLE at K = 100 **batch-level**, as the
+paper's Algorithm 1 (K scalars up, the SGD recipe on the server, server lr screened as the table's),
+3 seeds (``records/batch/``); ``dense-sgd``: the dense SGD screen grown while every lr sits at chance
+(validation below 0.2) — upward past the largest lr at chance, or between it and a diverged lr above
+it — at most 3 lrs, then the dense row at the pick if one trains (``records/dense-sgd-widened/``);
+``no-rescale``: SGD NTK-BAFFLE K = 100 with ``method.rescale=false`` (``records/no-rescale/``).
+
 Resumable across machines: every finished run writes its row, with its full config, to
 ``benchmarks/results/ntk_table3/`` (commit it); rerunning reads those rows and runs only what is
 missing. Parallel workers: ``--shard 0/4`` ... ``--shard 3/4`` (one torch thread and one core each: ``OMP_NUM_THREADS=1 taskset -c I``).
 
     python benchmarks/ntk_table3.py [--shard I/N] [--adam-all] [--out runs/bench-ntk-table3] [--docs docs/benchmarks.md]
     python benchmarks/ntk_table3.py --table-only --docs docs/benchmarks.md   # tabulate what is recorded
+    python benchmarks/ntk_table3.py --new-rows batch|dense-sgd|no-rescale [--shard I/N]  # the rows beside the table
+    python benchmarks/ntk_table3.py --estimate                               # their CPU cost, run nothing
     python benchmarks/ntk_table3.py --smoke --out /tmp/t3                    # seconds: the whole pipeline, tiny
 """
 
@@ -69,17 +80,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from fedge.bench.docs import publish, records_line
 from fedge.bench.screened import (
+    grid_step,
     pick_by_validation,
     read_plan_screen,
     recorded_probes,
     recorded_seeded,
     run_plan,
+    validation_score,
     when_picked,
     widened_grid,
 )
@@ -99,6 +113,7 @@ from fedge.bench.tables import (
     seed_gaps,
 )
 from fedge.bench.variants import run_seeded_variants
+from fedge.core.errors import ConfigError
 
 BASE = "ntk-baffle-fmnist-lenet"
 RECORDS = Path(__file__).resolve().parent / "results" / "ntk_table3"
@@ -548,6 +563,518 @@ def read_screen(plan: Plan) -> dict[str, Any]:
     return read_plan_screen(BASE, plan, lambda results: screen_variants(plan, results))
 
 
+# --- Rows beside the paper's table (issue 49): batch-level Algorithm 1, the dense SGD baseline's
+# screen widened while it sits at chance, and NTK-BAFFLE without the rescaling. Each is a unit
+# with its own records folder (``NEW_UNITS``), run by ``--new-rows UNIT`` and rendered as awaiting
+# until recorded; the paper's table above is untouched by them.
+
+NEW_UNITS = {
+    "batch": "batch",  # records/batch/{screen,seed-S}
+    "dense-sgd": "dense-sgd-widened",  # records/dense-sgd-widened/{screen,seed-S}
+    "no-rescale": "no-rescale",  # records/no-rescale/seed-S
+}
+
+
+def batch_families(plan: Plan) -> tuple[str, str]:
+    return f"NTK-BAFFLE K={plan.kmid}", f"BAFFLE (dense) K={plan.kmid}"
+
+
+def unit_plan(plan: Plan, unit: str) -> Plan:
+    """``plan`` recording under the unit's own folder of the records."""
+    return dataclasses.replace(plan, records=plan.records / NEW_UNITS[unit])
+
+
+def batch_overrides(plan: Plan, family: str, lr: float, k: int) -> list[str]:
+    """Algorithm 1 (``method.mode=batch``): each sampled client uploads K loss differences over its
+    local set (forwards in chunks of 32), the server forms one estimate a round and steps with the
+    paper's SGD recipe (momentum 0.9, weight decay 1e-3, lr x 0.998 a round) — on the **server**,
+    the only optimizer batch mode has; no clip. ``family``: NTK-BAFFLE (pruned as the table's
+    rows) or dense BAFFLE."""
+    common = [
+        "method.mode=batch",
+        "method.server_optimizer.name=sgd",
+        "method.server_optimizer.momentum=0.9",
+        "method.server_optimizer.weight_decay=0.001",
+        "method.server_optimizer.lr_decay=0.998",
+        f"method.server_optimizer.lr={lr}",
+        "method.batch_size=32",
+        "method.clip=null",
+        f"method.k={k}",
+    ]
+    if family.startswith("NTK-BAFFLE"):
+        return [*common, f"method.prune_rounds={plan.prune_rounds}"]
+    return ["method.name=baffle", *common]
+
+
+def batch_screen_label(family: str, lr: float) -> str:
+    return f"screen SGD {family}, batch-level lr={lr}"
+
+
+def batch_grid(plan: Plan, results: Sequence[dict[str, Any]], family: str) -> tuple[float, ...]:
+    """The server-SGD lr grid of a batch-level family: the table's SGD grid, widened past a
+    winning edge as the table's (:func:`widened_grid`)."""
+    return widened_grid(
+        plan.screen_lrs("SGD"),
+        lambda lr: batch_screen_label(family, lr),
+        list(results),
+        window=plan.screen_window,
+    )
+
+
+def batch_screen(plan: Plan, results: Sequence[dict[str, Any]] = ()) -> dict[str, list[str]]:
+    """The batch-level screen (seed 0, ``screen_rounds``, picked on validation as the table's)."""
+    return {
+        batch_screen_label(f, lr): batch_overrides(plan, f, lr, plan.kmid)
+        for f in batch_families(plan)
+        for lr in batch_grid(plan, results, f)
+    }
+
+
+def batch_picks(plan: Plan, screen: dict[str, Any]) -> dict[str, float] | None:
+    """{family: server lr} picked on validation, or None while a screen run is missing."""
+    chosen = {}
+    for f in batch_families(plan):
+        lr = pick_by_validation(
+            screen["results"],
+            {lr: batch_screen_label(f, lr) for lr in batch_grid(plan, screen["results"], f)},
+            window=plan.screen_window,
+        )
+        if lr is None:
+            return None
+        chosen[f] = lr
+    return chosen
+
+
+def batch_label(family: str) -> str:
+    return f"SGD {family}, batch-level"
+
+
+def batch_variants(plan: Plan, chosen: dict[str, float]) -> dict[str, list[str]]:
+    """The batch-level rows at their picked server lrs, K = kmid, every seed of the plan."""
+    return {
+        batch_label(f): batch_overrides(plan, f, chosen[f], plan.kmid) for f in batch_families(plan)
+    }
+
+
+def chance_widened(
+    lrs: Sequence[float],
+    label_of: Callable[[float], str],
+    results: Sequence[dict[str, Any]],
+    *,
+    window: int,
+    steps: int = 3,
+) -> tuple[float, ...]:
+    """A grid grown while **no** lr of it trains (every validation score below :data:`CHANCE`, or
+    diverged), one lr at a time, at most ``steps``: upward past the largest lr that stayed at chance
+    when none above it diverged (a step of :func:`grid_step`); when one above it diverged, the
+    geometric mean of the two (two significant digits: the gap the 1-3-10 ladder leaves); down
+    a step when every lr diverged. A value added but not recorded is in the grid (it waits)."""
+    grid_ = sorted(lrs)
+    for _ in range(steps):
+        rows = {r["label"]: r for r in results}
+        if any(label_of(lr) not in rows for lr in grid_):
+            break
+        scores = {lr: validation_score(rows[label_of(lr)], window) for lr in grid_}
+        if any(s is not None and s >= CHANCE for s in scores.values()):
+            break  # it trains
+        stayed = [lr for lr, s in scores.items() if s is not None]
+        if not stayed:
+            new = grid_step(grid_[0], up=False)
+        else:
+            top = max(stayed)
+            above = [lr for lr in grid_ if lr > top]
+            new = (
+                grid_step(top, up=True) if not above else float(f"{math.sqrt(top * above[0]):.2g}")
+            )
+        if new in grid_:
+            break
+        grid_ = sorted([*grid_, new])
+    return tuple(grid_)
+
+
+def dense_family(plan: Plan) -> str:
+    return f"BAFFLE (dense) K={plan.kmid}"
+
+
+def dense_sgd_label(plan: Plan, lr: float) -> str:
+    return f"screen SGD {dense_family(plan)} lr={lr}"  # the table's screen labels and protocol
+
+
+def dense_sgd_grid(
+    plan: Plan, main_results: Sequence[dict[str, Any]], own: Sequence[dict[str, Any]]
+) -> tuple[float, ...]:
+    """The dense SGD screen's grid, the table's (:func:`grid`) grown by :func:`chance_widened` on
+    the table's screen records and this unit's own."""
+    return chance_widened(
+        grid(plan, main_results, "SGD", dense_family(plan)),
+        lambda lr: dense_sgd_label(plan, lr),
+        [*main_results, *own],
+        window=plan.screen_window,
+    )
+
+
+def dense_sgd_screen(
+    plan: Plan, main_results: Sequence[dict[str, Any]]
+) -> Callable[[list[dict[str, Any]]], dict[str, list[str]]]:
+    """The unit's growing screen: only the lrs the table's screen did not run (the table's records
+    stand for the rest), same labels, same protocol."""
+    done = set(grid(plan, main_results, "SGD", dense_family(plan)))
+
+    def grow(own: list[dict[str, Any]]) -> dict[str, list[str]]:
+        return {
+            dense_sgd_label(plan, lr): dense("SGD", lr, plan.kmid)
+            for lr in dense_sgd_grid(plan, main_results, own)
+            if lr not in done
+        }
+
+    return grow
+
+
+def dense_sgd_pick(
+    plan: Plan, main_results: Sequence[dict[str, Any]], own: Sequence[dict[str, Any]]
+) -> tuple[float | None, float | None]:
+    """(lr picked on validation over the widened grid, its validation score); (None, None) while a
+    screen run is missing."""
+    rows = [*main_results, *own]
+    lrs = dense_sgd_grid(plan, main_results, own)
+    lr = pick_by_validation(
+        rows, {x: dense_sgd_label(plan, x) for x in lrs}, window=plan.screen_window
+    )
+    if lr is None:
+        return None, None
+    return lr, validation_score(
+        {r["label"]: r for r in rows}[dense_sgd_label(plan, lr)], plan.screen_window
+    )
+
+
+def dense_sgd_label_row(plan: Plan, lr: float) -> str:
+    return f"SGD {dense_family(plan)}, widened screen lr={lr}"
+
+
+def dense_sgd_variants(plan: Plan, lr: float, score: float) -> dict[str, list[str]]:
+    """The dense SGD row at the widened screen's pick when it trains there (validation score at
+    least :data:`CHANCE`) and the pick is not the table's own lr; else none (the grid is stated)."""
+    if score < CHANCE:
+        return {}
+    return {dense_sgd_label_row(plan, lr): dense("SGD", lr, plan.kmid)}
+
+
+def no_rescale_label(plan: Plan) -> str:
+    return f"SGD NTK-BAFFLE K={plan.kmid}, no rescale"
+
+
+def no_rescale_variants(plan: Plan, chosen: dict[tuple[str, str], float]) -> dict[str, list[str]]:
+    """The table's SGD NTK-BAFFLE K = kmid row with ``method.rescale=false`` (the kept weights
+    left at the dense init's), at the table's NTK pick: the only difference is the rescaling."""
+    return {
+        no_rescale_label(plan): ntk(
+            plan, "SGD", chosen["SGD", "NTK-BAFFLE"], plan.kmid, "method.rescale=false"
+        )
+    }
+
+
+def run_new_rows(
+    plan: Plan,
+    unit: str,
+    out: Path,
+    *,
+    shard: int = 0,
+    shards: int = 1,
+    steal: bool = True,
+) -> None:
+    """Run one unit of the new rows (``--new-rows UNIT``), resumably, recording under its folder;
+    the table's screen must be recorded (the dense SGD unit grows it, the no-rescale row takes its
+    NTK pick)."""
+    screen = read_screen(plan)
+    chosen = picks(plan, screen)
+    if chosen is None:
+        raise ConfigError("the table's lr screen is not recorded yet: run the table first")
+    sub, sub_out = unit_plan(plan, unit), out / NEW_UNITS[unit]
+    if unit == "batch":
+        run_plan(
+            BASE,
+            sub,
+            lambda results: batch_screen(plan, results),
+            when_picked(lambda s: batch_picks(plan, s), lambda c: batch_variants(plan, c)),
+            out=sub_out,
+            shard=shard,
+            shards=shards,
+            steal=steal,
+        )
+    elif unit == "dense-sgd":
+        main_results = screen["results"]
+
+        def main(s: dict[str, Any]) -> dict[str, list[str]] | None:
+            lr, score = dense_sgd_pick(plan, main_results, s["results"])
+            return None if lr is None or score is None else dense_sgd_variants(plan, lr, score)
+
+        run_plan(
+            BASE,
+            sub,
+            dense_sgd_screen(plan, main_results),
+            main,
+            out=sub_out,
+            shard=shard,
+            shards=shards,
+            steal=steal,
+        )
+    else:
+        run_seeded_variants(
+            BASE,
+            no_rescale_variants(plan, chosen),
+            seeds=plan.seeds,
+            out_root=sub_out,
+            common=plan.protocol(),
+            records=sub.records,
+        )
+
+
+def _minutes_per_round(plan: Plan, label: str, isa: str = "avx2") -> float:
+    """Mean recorded wall minutes per round of ``label``'s main runs (every seed-S of the records)
+    that ran on ``isa`` machines only (one torch thread; 0.0 when none is recorded)."""
+    per_round = []
+    for path in sorted(plan.records.glob(f"seed-*/{label}.json")):
+        result = json.loads(path.read_text())["result"]
+        machines = result.get("machines") or []
+        if result.get("wall_s") and machines and all(m["machine"]["isa"] == isa for m in machines):
+            per_round.append(result["wall_s"] / 60 / plan.rounds)
+    return sum(per_round) / len(per_round) if per_round else 0.0
+
+
+def estimate_new_rows(plan: Plan, isa: str = "avx2") -> dict[str, dict[str, Any]]:
+    """Each new unit's CPU cost in minutes (one torch thread), from the recorded wall time per
+    round of the table's runs on ``isa`` machines it resembles (the avx2 ones ran before the client's reuse of its forwards' draws
+    cut epoch-level time to 0.77x; an avx512 EPYC ran about 3x faster): a batch-level K = kmid run
+    does the epoch-level run's forwards (K + 1 over each client's local set a round) with one
+    estimate a round instead of one per local step, so the epoch-level row's time bounds it;
+    screens run ``screen_rounds`` rounds, main runs ``rounds`` per seed."""
+    k, seeds = plan.kmid, len(plan.seeds)
+    ntk_r = _minutes_per_round(plan, f"SGD NTK-BAFFLE K={k}", isa)
+    dense_r = _minutes_per_round(plan, f"SGD BAFFLE (dense) K={k}", isa)
+    ntk_s, dense_s = ntk_r * plan.screen_rounds, dense_r * plan.screen_rounds
+    ntk_m, dense_m = ntk_r * plan.rounds, dense_r * plan.rounds
+    lrs = len(plan.screen_lrs("SGD"))
+    return {
+        "batch": {
+            "rows": [batch_label(f) for f in batch_families(plan)],
+            "minutes": lrs * (ntk_s + dense_s) + seeds * (ntk_m + dense_m),
+            "note": f"{2 * lrs} screen runs of {plan.screen_rounds} rounds (~{ntk_s:.0f} min NTK, "
+            f"~{dense_s:.0f} dense; one more per family if its grid widens) and {seeds} seeds x 2 "
+            f"rows of {plan.rounds} rounds (~{ntk_m:.0f} / ~{dense_m:.0f} min); an upper bound",
+        },
+        "dense-sgd": {
+            "rows": [f"SGD {dense_family(plan)}, widened screen lr=<pick>"],
+            "minutes": 3 * dense_s + seeds * dense_m,
+            "note": f"up to 3 new screen lrs of {plan.screen_rounds} rounds, one after another "
+            f"(~{dense_s:.0f} min each; fewer if one trains), then {seeds} seeds of "
+            f"{plan.rounds} rounds (~{dense_m:.0f} min each) only if an lr trains",
+        },
+        "no-rescale": {
+            "rows": [no_rescale_label(plan)],
+            "minutes": seeds * ntk_m,
+            "note": f"{seeds} seeds of {plan.rounds} rounds (~{ntk_m:.0f} min each)",
+        },
+    }
+
+
+def new_rows_command(unit: str) -> str:
+    return f"OMP_NUM_THREADS=1 python benchmarks/ntk_table3.py --new-rows {unit}"
+
+
+def _row_line(label: str, r: dict[str, Any] | None, report: dict[str, Any], unit: str) -> str:
+    if r is None:
+        cell = not_run_cell(report, label)
+        if cell == "not run yet":
+            cell = f"awaiting `{new_rows_command(unit)}`"
+        return f"| {label} | 0 | {cell} | | | | |"
+    return (
+        f"| {label} | {r['seeds']} | {mean_cell(r)} | {mean_cell(r, 'test_accuracy_at_best_val')} | "
+        f"{per_seed_cell(r)} | {r['bytes_up_per_client_round']:.0f} | {r['bytes_down_per_client_round']:.0f} |"
+    )
+
+
+ROW_HEAD = [
+    "| row | seeds | final test acc (mean ± std) | test acc at best val | per seed (final) | up B/client/round "
+    "(mean of all rounds) | down B/client/round |",
+    "|---|---|---|---|---|---|---|",
+]
+
+
+def recorded_new_rows(plan: Plan) -> dict[str, Any]:
+    """What the new units have recorded (nothing runs): per unit its screen report (batch,
+    dense-sgd), picks and seeded report; ``rows``: every recorded row by label."""
+    main_results = read_screen(plan)["results"]
+    out: dict[str, Any] = {"rows": {}}
+    sub = unit_plan(plan, "batch")
+    bscreen = read_plan_screen(BASE, sub, lambda results: batch_screen(plan, results))
+    bchosen = batch_picks(plan, bscreen)
+    labels = [batch_label(f) for f in batch_families(plan)]
+    breport = recorded_seeded(
+        BASE,
+        batch_variants(plan, bchosen) if bchosen else {},
+        seeds=plan.seeds,
+        common=plan.protocol(),
+        records=sub.records,
+    )
+    out["batch"] = {"screen": bscreen, "chosen": bchosen, "report": breport, "labels": labels}
+    sub = unit_plan(plan, "dense-sgd")
+    dscreen = read_plan_screen(BASE, sub, dense_sgd_screen(plan, main_results))
+    lr, score = dense_sgd_pick(plan, main_results, dscreen["results"])
+    dvariants = {} if lr is None or score is None else dense_sgd_variants(plan, lr, score)
+    dreport = recorded_seeded(
+        BASE, dvariants, seeds=plan.seeds, common=plan.protocol(), records=sub.records
+    )
+    out["dense-sgd"] = {
+        "results": [*main_results, *dscreen["results"]],
+        "own": dscreen["results"],
+        "pick": (lr, score),
+        "report": dreport,
+        "labels": list(dvariants),
+    }
+    chosen = picks(plan, read_screen(plan))
+    nvariants = no_rescale_variants(plan, chosen) if chosen else {}
+    nreport = recorded_seeded(
+        BASE,
+        nvariants,
+        seeds=plan.seeds,
+        common=plan.protocol(),
+        records=unit_plan(plan, "no-rescale").records,
+    )
+    out["no-rescale"] = {"report": nreport, "labels": [no_rescale_label(plan)]}
+    for unit in NEW_UNITS:
+        out["rows"].update({r["label"]: r for r in out[unit]["report"]["results"]})
+    return out
+
+
+def new_rows_lines(plan: Plan, agg: dict[str, dict[str, Any]], new: dict[str, Any]) -> list[str]:
+    """The new rows beside the table (issue 49), each awaiting its command until recorded, with
+    their screens' grids as tried and their paired directions against the table's rows."""
+    k = plan.kmid
+    both = {**agg, **new["rows"]}
+
+    def diff(a: str, b: str) -> dict[str, Any] | None:
+        return (
+            paired_difference(both[a], both[b], "test_accuracy_at_best_val")
+            if a in both and b in both
+            else None
+        )
+
+    b = new["batch"]
+    rows = {r["label"]: r for r in b["screen"]["results"]}
+    out = [
+        f"**Batch-level rows, as Algorithm 1** (beside the paper's table; `{new_rows_command('batch')}`, "
+        f"records `batch/`): `method.mode=batch`, each sampled client uploads K = {k} loss differences "
+        f"over its local set (8 bytes each in secure aggregation's 64-bit ring, Eq. 7: "
+        f"{8 * k:,} bytes, plus the protocol's keys), the server forms one estimate a round and steps with the "
+        "paper's SGD recipe (momentum 0.9, weight decay 1e-3, lr x 0.998 a round; batch mode has no "
+        "client optimizer), no clip, EMA 0.995. Server lr screened as "
+        f"the table's (seed 0, {plan.screen_rounds} rounds, validation):",
+        "",
+        "| SGD server lr | "
+        + " | ".join(f"{f}, batch-level val acc" for f in batch_families(plan))
+        + " |",
+        "|---|" + "---|" * 2,
+    ]
+    grids = {f: batch_grid(plan, b["screen"]["results"], f) for f in batch_families(plan)}
+    for lr in sorted({x for g in grids.values() for x in g}):
+        cells = [
+            (
+                screen_cell(rows.get(batch_screen_label(f, lr)), plan.screen_window)
+                if batch_screen_label(f, lr) in rows
+                else ("awaiting" if lr in grids[f] else "-")
+            )
+            for f in batch_families(plan)
+        ]
+        out.append(f"| {lr} | " + " | ".join(cells) + " |")
+    if b["chosen"]:
+        out += ["", "Picked: " + "; ".join(f"{f}: lr {lr}" for f, lr in b["chosen"].items()) + "."]
+    out += ["", *ROW_HEAD]
+    brows = {r["label"]: r for r in b["report"]["results"]}
+    out += [_row_line(label, brows.get(label), b["report"], "batch") for label in b["labels"]]
+    out += [
+        "",
+        _direction(
+            f"SGD, K={k}, batch-level: NTK-BAFFLE − dense BAFFLE",
+            diff(batch_label(batch_families(plan)[0]), batch_label(batch_families(plan)[1])),
+            f"at K={k}, SGD: +{PAPER[100]:.2f}",
+            figure=PAPER[100],
+        ),
+        _direction(
+            f"SGD, K={k}: NTK-BAFFLE batch-level − epoch-level",
+            diff(batch_label(batch_families(plan)[0]), f"SGD NTK-BAFFLE K={k}"),
+            "not reported (the paper runs batch-level only)",
+        ),
+    ]
+    d = new["dense-sgd"]
+    drows = {r["label"]: r for r in d["results"]}
+    main_grid = set(grid(plan, read_screen(plan)["results"], "SGD", dense_family(plan)))
+    wide = dense_sgd_grid(plan, read_screen(plan)["results"], d["own"])
+    tried = ", ".join(
+        f"{lr}: "
+        + (
+            screen_cell(drows[dense_sgd_label(plan, lr)], plan.screen_window)
+            if dense_sgd_label(plan, lr) in drows
+            else "awaiting"
+        )
+        + ("" if lr in main_grid else " (widened)")
+        for lr in wide
+    )
+    lr, score = d["pick"]
+    if lr is None:
+        state = f"awaiting the widened lrs (`{new_rows_command('dense-sgd')}`)"
+    elif score is not None and score >= CHANCE:
+        state = f"picked {lr} (validation {score:.4f}, above chance)"
+    else:
+        state = (
+            f"no lr of the grid trains on seed 0 (best validation {score:.4f} at lr {lr}, below "
+            f"{CHANCE}): dense BAFFLE under this SGD recipe without a clip stays at chance or "
+            "diverges at every lr tried, and the table's SGD NTK − dense gaps are taken against "
+            "the best of them"
+        )
+    out += [
+        "",
+        f"**The dense SGD baseline's screen, widened while it sits at chance** "
+        f"(`{new_rows_command('dense-sgd')}`, records `dense-sgd-widened/`; the table's screen "
+        f"protocol, K = {k}, seed 0, {plan.screen_rounds} rounds): the table's grid plus, while no lr "
+        f"reaches {CHANCE} validation accuracy, one lr at a time (at most 3): upward past the "
+        "largest lr at chance, or between it and the next lr up when that one diverged. Grid tried: "
+        f"{tried}; {state}.",
+    ]
+    if d["labels"]:
+        dr = {r["label"]: r for r in d["report"]["results"]}
+        out += ["", *ROW_HEAD]
+        out += [_row_line(label, dr.get(label), d["report"], "dense-sgd") for label in d["labels"]]
+        out += [
+            "",
+            _direction(
+                f"SGD, K={k}: NTK-BAFFLE − dense BAFFLE at the widened screen's lr",
+                diff(f"SGD NTK-BAFFLE K={k}", d["labels"][0]),
+                f"at K={k}, SGD: +{PAPER[100]:.2f}",
+                figure=PAPER[100],
+            ),
+        ]
+    n = new["no-rescale"]
+    nrows = {r["label"]: r for r in n["report"]["results"]}
+    out += [
+        "",
+        f"**Without the rescaling** (`{new_rows_command('no-rescale')}`, records `no-rescale/`): the "
+        f"table's SGD NTK-BAFFLE K = {k} row with `method.rescale=false` (kept weights left at the "
+        "dense init's), at the same lr, the only difference:",
+        "",
+        *ROW_HEAD,
+        _row_line(
+            no_rescale_label(plan), nrows.get(no_rescale_label(plan)), n["report"], "no-rescale"
+        ),
+        "",
+        _direction(
+            f"SGD, K={k}: NTK-BAFFLE with the rescaling − without",
+            diff(f"SGD NTK-BAFFLE K={k}", no_rescale_label(plan)),
+            "not reported (fedge's addition; methods/ntk_baffle.py expects higher)",
+        ),
+    ]
+    return out
+
+
 def run_all(
     plan: Plan,
     shard: int,
@@ -667,10 +1194,21 @@ def table(plan: Plan, command: str) -> str:
         )
     context = run_context(plan, Path("/nonexistent"), run=False)  # the recorded context rows
     lines += ["", *verdicts(plan, agg)]
-    lines += ["", *departures(plan, agg, screen, chosen)]
+    new = recorded_new_rows(plan)
+    lines += [
+        "",
+        *departures(plan, agg, screen, chosen, no_rescale=no_rescale_label(plan) in new["rows"]),
+    ]
     if extra := context_lines(plan, agg, context):
         lines += ["", *extra]
-    lines += run_notes([*report["results"], *(context["results"] if context else [])])
+    lines += ["", *new_rows_lines(plan, agg, new)]
+    lines += run_notes(
+        [
+            *report["results"],
+            *(context["results"] if context else []),
+            *new["rows"].values(),
+        ]
+    )
     quality_file = plan.records / "estimate_quality.json"
     if quality_file.exists():
         lines += ["", quality_markdown(json.loads(quality_file.read_text()))]
@@ -759,10 +1297,13 @@ def departures(
     agg: dict[str, dict[str, Any]],
     screen: dict[str, Any],
     chosen: dict[tuple[str, str], float],
+    *,
+    no_rescale: bool = False,
 ) -> list[str]:
     """What this table does that the paper does not, with the figures from the records: the
     epoch-level uplink, the dense SGD baseline's screen and the seeds on which it never trains,
-    and the rescaling of kept weights, fedge's addition, not measured here."""
+    and the rescaling of kept weights, fedge's addition (measured once ``no_rescale``: its row
+    without it is recorded)."""
     k = plan.kmid
     ntk, dense = agg.get(f"SGD NTK-BAFFLE K={k}"), agg.get(f"SGD BAFFLE (dense) K={k}")
     up = (
@@ -780,8 +1321,8 @@ def departures(
         "experimental recipe (Sec. 5.1), which this table follows, is local training (a client SGD with "
         "momentum 0.9, weight decay 1e-3 and a per-round lr decay over one local epoch), and an "
         "optimizer on the client is epoch-level BAFFLE. The accuracies compare training schemes the "
-        "paper did not run side by side with its Algorithm 1; batch-level rows (K scalars up) are not "
-        "run (docs/planned.md).",
+        "paper did not run side by side with its Algorithm 1; the batch-level rows below run Algorithm 1 "
+        "itself (K scalars up) beside them.",
     ]
     fam = f"BAFFLE (dense) K={k}"
     rows = {r["label"]: r for r in screen["results"]}
@@ -819,7 +1360,8 @@ def departures(
         above = [lr for lr in grid(plan, screen["results"], "SGD", fam) if lr > pick]
         nxt = rows.get(f"screen SGD {fam} lr={above[0]}") if above else None
         gap = (
-            f" The next lr, {above[0]}, diverged; none between the two was tried."
+            f" The next lr, {above[0]}, diverged; none between the two was tried. The widened "
+            "screen below tries lrs between them."
             if nxt is not None and "diverged_round" in nxt
             else ""
         )
@@ -833,8 +1375,13 @@ def departures(
     out.append(
         "- **Kept weights rescaled by 1/sqrt(layer density)** (`method.rescale`, on in every pruned row "
         "here): fedge's addition to the paper's method (methods/ntk_baffle.py says why: without it a "
-        "LeNet-5 pruned to 10% at initialisation starts with near-constant logits). No row of this "
-        "table runs without it, so what it contributes to the NTK rows is not measured."
+        "LeNet-5 pruned to 10% at initialisation starts with near-constant logits). "
+        + (
+            "The row without it below measures what it contributes to the NTK rows."
+            if no_rescale
+            else "No row of this table runs without it yet, so what it contributes to the NTK rows "
+            "is not measured: the row without it below awaits its run."
+        )
     )
     return out
 
@@ -881,12 +1428,42 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run only the context rows (dense and NTK-BAFFLE with the 0.3 clip)",
     )
+    ap.add_argument(
+        "--new-rows",
+        choices=sorted(NEW_UNITS),
+        help="run only this unit of the rows beside the table: batch (Algorithm 1, K scalars up), "
+        "dense-sgd (the dense SGD screen widened while it sits at chance), no-rescale",
+    )
+    ap.add_argument(
+        "--estimate",
+        action="store_true",
+        help="print each new unit's CPU cost (from the recorded runs' times), run nothing",
+    )
     args, shard, shards = parse_reproduction_args(ap, argv)
     plan = smoke_plan(Path(args.out)) if args.smoke else Plan()
     plan = dataclasses.replace(plan, adam_all=args.adam_all)
     if progress_action(args, plan.records):
         return 0
-    if args.context and not args.table_only:
+    if args.estimate:
+        for isa in ("avx2", "avx512f"):
+            print(f"by the recorded {isa} runs' minutes per round:")
+            for unit, est in estimate_new_rows(plan, isa).items():
+                print(
+                    f"  {unit}: ~{est['minutes']:.0f} CPU-minutes ({est['note']}); rows: "
+                    f"{', '.join(est['rows'])}; launch: {new_rows_command(unit)}"
+                )
+        return 0
+    if args.new_rows and not args.table_only:
+        with usage_errors(ap):
+            run_new_rows(
+                plan,
+                args.new_rows,
+                Path(args.out),
+                shard=shard,
+                shards=shards,
+                steal=not args.no_steal,
+            )
+    elif args.context and not args.table_only:
         with usage_errors(ap):
             run_context(plan, Path(args.out))
     elif not args.table_only:

@@ -211,3 +211,169 @@ def test_departures_state_the_uplink_the_dense_screen_and_the_seeds_it_never_tra
     agg["SGD BAFFLE (dense) K=50"] = dense(50, {0: 0.3, 1: 0.5, 2: 0.6})  # seed 0 trains at K=50
     text = "\n".join(bench.departures(PLAN, agg, screen, chosen))
     assert "no seed stays below 0.2 best test accuracy at every K" in text
+
+
+def _screen_row(label: str, val: float | None) -> dict:
+    if val is None:
+        return {"label": label, "diverged_round": 9}
+    return {"label": label, "final_val_accuracy": val, "val_accuracy_by_round": [val] * 5}
+
+
+def _dense_screen(plan, scores: dict[float, float | None]) -> list[dict]:
+    return [_screen_row(bench.dense_sgd_label(plan, lr), v) for lr, v in scores.items()]
+
+
+# the table's recorded dense SGD screen: chance at 0.003 and 0.01, diverged at 0.03 and 0.1
+TABLE_DENSE = {0.003: 0.10, 0.01: 0.11, 0.03: None, 0.1: None}
+
+
+def test_the_dense_sgd_screen_grows_between_chance_and_divergence_until_an_lr_trains() -> None:
+    main = _dense_screen(PLAN, TABLE_DENSE)
+    grow = bench.dense_sgd_screen(PLAN, main)
+    # the geometric mean of 0.01 (at chance) and 0.03 (diverged): only the new lr is screened
+    assert list(grow([])) == ["screen SGD BAFFLE (dense) K=100 lr=0.017"]
+    assert grow([])["screen SGD BAFFLE (dense) K=100 lr=0.017"] == bench.dense("SGD", 0.017, 100)
+    assert bench.dense_sgd_pick(PLAN, main, []) == (None, None)  # waits for it
+    # 0.017 at chance too: between it and 0.03; 0.017 diverged: between 0.01 and it
+    at_chance = _dense_screen(PLAN, {0.017: 0.12})
+    assert set(grow(at_chance)) == {bench.dense_sgd_label(PLAN, x) for x in (0.017, 0.023)}
+    diverged = _dense_screen(PLAN, {0.017: None})
+    assert set(grow(diverged)) == {bench.dense_sgd_label(PLAN, x) for x in (0.017, 0.013)}
+    # at most 3 lrs are added, then the failure stands with its grid
+    three = _dense_screen(PLAN, {0.017: 0.12, 0.023: 0.1, 0.026: 0.1})
+    assert bench.dense_sgd_grid(PLAN, main, three) == (0.003, 0.01, 0.017, 0.023, 0.026, 0.03, 0.1)
+    lr, score = bench.dense_sgd_pick(PLAN, main, three)
+    assert (lr, score) == (0.017, 0.12) and bench.dense_sgd_variants(PLAN, lr, score) == {}
+    # 0.017 trains: the grid stops growing, the row runs at it
+    trains = _dense_screen(PLAN, {0.017: 0.45})
+    assert bench.dense_sgd_grid(PLAN, main, trains) == (0.003, 0.01, 0.017, 0.03, 0.1)
+    lr, score = bench.dense_sgd_pick(PLAN, main, trains)
+    assert bench.dense_sgd_variants(PLAN, lr, score) == {
+        "SGD BAFFLE (dense) K=100, widened screen lr=0.017": bench.dense("SGD", 0.017, 100)
+    }
+
+
+def test_chance_widening_goes_upward_when_no_lr_diverged_and_down_when_all_did() -> None:
+    label = str
+    up = [_screen_row(label(lr), 0.1) for lr in (0.01, 0.03, 0.1)]
+    assert bench.chance_widened((0.01, 0.03, 0.1), label, up, window=5) == (0.01, 0.03, 0.1, 0.3)
+    down = [_screen_row(label(lr), None) for lr in (0.01, 0.03)]
+    assert bench.chance_widened((0.01, 0.03), label, down, window=5) == (0.003, 0.01, 0.03)
+    trains = [_screen_row(label(0.01), 0.1), _screen_row(label(0.03), 0.3)]
+    assert bench.chance_widened((0.01, 0.03), label, trains, window=5) == (0.01, 0.03)
+
+
+def test_the_new_rows_load_batch_rows_upload_k_scalars_and_no_rescale_differs_only_by_it(
+    tmp_path,
+) -> None:
+    """Batch rows are Algorithm 1: mode=batch, the SGD recipe on the server, no clip, K loss
+    differences a client (oracle: the uplink payload grows by 8 bytes, one scalar in secure
+    aggregation's 64-bit ring, per K per client, one round of the smoke protocol at K and 2K); the no-rescale row is the table's NTK row plus
+    ``method.rescale=false``."""
+    from fedge.core.config import load_config
+    from fedge.experiment.build import build_run
+
+    plan = bench.smoke_plan(tmp_path)
+    lrs = dict.fromkeys(bench.batch_families(plan), 0.03)
+    variants = bench.batch_variants(plan, lrs)
+    assert list(variants) == [
+        f"SGD NTK-BAFFLE K={plan.kmid}, batch-level",
+        f"SGD BAFFLE (dense) K={plan.kmid}, batch-level",
+    ]
+    per_round = 5  # smoke: clients.per_round=5
+    for (label, overrides), name in zip(variants.items(), ("ntk-baffle", "baffle"), strict=True):
+        cfg = load_config(bench.BASE, overrides=[*plan.protocol(), *overrides, "seed=0"])
+        m = cfg.method
+        assert (m.name, m.mode, m.k, m.clip) == (name, "batch", plan.kmid, None), label
+        opt = m.server_optimizer
+        assert tuple(opt[x] for x in ("name", "lr", "momentum", "weight_decay", "lr_decay")) == (
+            "sgd",
+            0.03,
+            0.9,
+            0.001,
+            0.998,
+        )
+        family = bench.batch_families(plan)[0 if name == "ntk-baffle" else 1]
+        up = {}
+        for k in (plan.kmid, 2 * plan.kmid):
+            over = bench.batch_overrides(plan, family, 0.03, k)
+            cfg = load_config(bench.BASE, overrides=[*plan.protocol(), *over, "seed=0"])
+            up[k] = build_run(cfg).simulation().run_round(1)["payload_bytes_up"]
+        # secure aggregation is on (Eq. 7): each scalar travels in its 64-bit ring, 8 bytes
+        assert up[2 * plan.kmid] - up[plan.kmid] == per_round * 8 * plan.kmid, label
+    chosen = {("SGD", "NTK-BAFFLE"): 0.03}
+    ((label, overrides),) = bench.no_rescale_variants(plan, chosen).items()
+    assert label == f"SGD NTK-BAFFLE K={plan.kmid}, no rescale"
+    assert overrides == [*bench.ntk(plan, "SGD", 0.03, plan.kmid), "method.rescale=false"]
+    cfg = load_config(bench.BASE, overrides=[*plan.protocol(), *overrides, "seed=0"])
+    assert cfg.method.rescale is False
+
+
+def _new(plan, *, batch_rows=(), dense_own=(), batch_screen=()) -> dict:
+    """A hand-made :func:`recorded_new_rows` (nothing recorded unless given)."""
+    empty = {"results": [], "diverged": {}}
+    chosen = bench.batch_picks(plan, {"results": list(batch_screen)})
+    breport = {"results": list(batch_rows), "diverged": {}}
+    lr, score = bench.dense_sgd_pick(plan, [], list(dense_own))
+    return {
+        "rows": {r["label"]: r for r in batch_rows},
+        "batch": {
+            "screen": {"results": list(batch_screen)},
+            "chosen": chosen,
+            "report": breport,
+            "labels": [bench.batch_label(f) for f in bench.batch_families(plan)],
+        },
+        "dense-sgd": {
+            "results": list(dense_own),
+            "own": list(dense_own),
+            "pick": (lr, score),
+            "report": empty,
+            "labels": [],
+        },
+        "no-rescale": {"report": empty, "labels": [bench.no_rescale_label(plan)]},
+    }
+
+
+def test_the_new_rows_render_as_awaiting_their_commands_until_recorded(tmp_path) -> None:
+    import dataclasses
+
+    plan = dataclasses.replace(PLAN, records=tmp_path)  # nothing of the table recorded
+    own = _dense_screen(plan, {0.01: 0.11, 0.03: None, 0.1: None})
+    text = "\n".join(bench.new_rows_lines(plan, {}, _new(plan, dense_own=own)))
+    for unit, label in (
+        ("batch", "SGD NTK-BAFFLE K=100, batch-level"),
+        ("batch", "SGD BAFFLE (dense) K=100, batch-level"),
+        ("no-rescale", "SGD NTK-BAFFLE K=100, no rescale"),
+    ):
+        assert (
+            f"| {label} | 0 | awaiting `OMP_NUM_THREADS=1 python benchmarks/ntk_table3.py "
+            f"--new-rows {unit}` |" in text
+        )
+    assert "| 0.01 | awaiting | awaiting |" in text  # the batch screen's grid, not run
+    assert (
+        "Grid tried: 0.01: 0.1100, 0.017: awaiting (widened), 0.03: diverged (round 9), "
+        "0.1: diverged (round 9); awaiting the widened lrs" in text
+    )
+    assert "- SGD, K=100, batch-level: NTK-BAFFLE − dense BAFFLE: needs both rows" in text
+    # recorded: the batch rows show, their verdict is computed; a grid that never trains says so
+    rows = [
+        {
+            **_seeded(bench.batch_label(f), accs),
+            "bytes_up_per_client_round": 475.0,
+            "bytes_down_per_client_round": 24688.0,
+        }
+        for f, accs in zip(
+            bench.batch_families(plan),
+            ({0: 0.70, 1: 0.71, 2: 0.72}, {0: 0.60, 1: 0.60, 2: 0.60}),
+            strict=True,
+        )
+    ]
+    own = _dense_screen(
+        plan, {0.01: 0.11, 0.03: None, 0.1: None, 0.017: 0.1, 0.023: 0.1, 0.026: 0.1}
+    )
+    text = "\n".join(bench.new_rows_lines(plan, {}, _new(plan, batch_rows=rows, dense_own=own)))
+    assert "| SGD NTK-BAFFLE K=100, batch-level | 3 | 0.7100 ± 0.0100 |" in text
+    assert "batch-level: NTK-BAFFLE − dense BAFFLE: +11.00 ± 1.00 points" in text
+    assert (
+        "no lr of the grid trains on seed 0 (best validation 0.1100 at lr 0.01, below 0.2)" in text
+    )

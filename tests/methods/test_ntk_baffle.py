@@ -344,3 +344,29 @@ def test_ntk_ori_pruning_rounds_are_checkpointed_and_a_resume_goes_on_from_the_l
     ]
     assert all(masks[0]["masks"][k].equal(m) for k, m in masks[1]["masks"].items())
     assert "partial" not in torch.load(cut / "checkpoint.pt", weights_only=True)
+
+
+@pytest.mark.parametrize("rescale", [False, True])
+def test_rescale_option_scales_kept_weights_by_one_over_sqrt_layer_density(tiny, rescale):
+    """``method.rescale``: off, the kept weights of the pruned model the server starts from are
+    the dense initialisation's; on (the default), each pruned tensor's kept weights are the dense
+    init's times 1/sqrt(that tensor's density). Pruned weights are zero either way; tensors
+    outside the masks (biases) are the dense init's (oracle: the dense W0 and the masks)."""
+    built = build_run(_cfg(tiny, mode="batch", rescale=rescale))
+    assert built.method_config.rescale is rescale
+    w0 = dict(built.model_fn().named_parameters())  # the dense init (the run's model_fn)
+    sim = built.simulation()
+    gm = sim.strategy.global_model
+    masks, start = gm.masks, dict(gm.model.named_parameters())
+    assert masks
+    for name, p in start.items():
+        if name not in masks:
+            torch.testing.assert_close(p, w0[name], rtol=0, atol=0)
+            continue
+        m = masks[name].bool()
+        d = float(m.float().mean())
+        assert 0 < d < 1
+        factor = d**-0.5 if rescale else 1.0
+        assert bool((p[~m] == 0).all())
+        torch.testing.assert_close(p[m], w0[name][m] * factor, rtol=1e-6, atol=0)
+    sim.close()
