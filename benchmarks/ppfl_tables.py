@@ -879,22 +879,23 @@ def section(command: str = COMMAND) -> str:
 
 
 def estimate() -> str:
-    """Each part's CPU cost: one round of FedAvg and of every PPFL stage timed here (LeNet with
-    the validation set, AlexNet-PPFL), times each part's rounds (the uncapped PPFL runs at
-    their ceiling, an upper bound)."""
+    """Each part's CPU cost: the CPU time (not wall time: this process's own, so other jobs on
+    the machine do not inflate it) of one round of FedAvg and of every PPFL stage here (LeNet
+    with the validation set, AlexNet-PPFL; building the run, data loading included, so an upper
+    bound), times each part's rounds (the uncapped PPFL runs at their ceiling, an upper bound)."""
     per: dict[str, float] = {}
     for model in ("lenet-ppfl", *LARGE):
         cfg = fedavg(model, "iid")
         if model == "lenet-ppfl":
             cfg = uncapped(cfg)
-        t = time.perf_counter()
+        t = time.process_time()
         phase_rounds(cfg, 1)
-        per[f"{model} fedavg"] = time.perf_counter() - t
+        per[f"{model} fedavg"] = time.process_time() - t
         n = n_stages(model, 1)
         pcfg = ppfl(model, "iid", None, 1, cap=1)
-        t = time.perf_counter()
+        t = time.process_time()
         phase_rounds(pcfg, n)
-        per[f"{model} ppfl"] = (time.perf_counter() - t) / n
+        per[f"{model} ppfl"] = (time.process_time() - t) / n
     lenet_fa, lenet_pp = per["lenet-ppfl fedavg"], per["lenet-ppfl ppfl"]
     runs = len(SEEDS) * len(PARTS)
     capped = runs * (
@@ -909,7 +910,7 @@ def estimate() -> str:
     )
     extra = (2 * LENET_CAP) * lenet_pp + 60  # the transfer run, the public pretraining
     lines = [
-        f"seconds per round here: {', '.join(f'{k} {v:.2f}' for k, v in per.items())}",
+        f"CPU seconds per round here: {', '.join(f'{k} {v:.2f}' for k, v in per.items())}",
         f"capped LeNet rows ({runs} FedAvg + {2 * runs} PPFL runs): {capped / 60:.0f} CPU-minutes",
         f"AlexNet-PPFL rows: {large / 60:.0f} CPU-minutes",
         f"transfer and Table 4 timings: about {extra / 60 + 2:.0f} CPU-minutes",
