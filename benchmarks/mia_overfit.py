@@ -200,6 +200,35 @@ render them: `python benchmarks/mia_overfit.py --table-only --docs docs/benchmar
 """
 
 
+def measured(
+    settings: dict[str, Any], records: Path, *, run: bool
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every row's figures (:func:`recorded_row`, in table order) and the labels of the rows
+    neither recorded nor measured (``run=False``)."""
+    results, awaiting = [], []
+    for label, method in rows(settings).items():
+        r = recorded_row(label, method, settings, records, run=run)
+        if r is None:
+            awaiting.append(label)
+            continue
+        results.append(r)
+        last = r["rounds"][str(settings["rounds"])]
+        print(
+            f"{label}: {r['seconds']:.0f} s  acc {last['test_accuracy']:.2f}  AUC {_cell(last, 'auc')}",
+            flush=True,
+        )
+    return results, awaiting
+
+
+def section(records: Path = RECORDS, settings: dict[str, Any] | None = None) -> str:
+    """The docs section from the records alone (``settings``: the default ones)."""
+    s = dict(SETTINGS if settings is None else settings)
+    results, awaiting = measured(s, records, run=False)
+    if awaiting:
+        raise FileNotFoundError(f"no records of {awaiting} in {records}")
+    return render(results, s, sum(r["seconds"] for r in results), ran_on(records, results))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = measurement_parser(__doc__, section="mia-overfit", example="rounds=4")
     ap.add_argument(
@@ -208,25 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table-only", action="store_true", help="render the records, run nothing")
     args = ap.parse_args(argv)
     records = Path(args.records)
-    where = ""
     if args.from_json:
         saved = load_measurement(args.from_json)
-        results, settings, seconds = saved["results"], saved["settings"], saved["seconds"]
+        text = render(saved["results"], saved["settings"], saved["seconds"])
     else:
         settings = measurement_settings(ap, args.set, SETTINGS)
         torch.set_num_threads(1)
-        results, awaiting = [], []
-        for label, method in rows(settings).items():
-            r = recorded_row(label, method, settings, records, run=not args.table_only)
-            if r is None:
-                awaiting.append(label)
-                continue
-            results.append(r)
-            last = r["rounds"][str(settings["rounds"])]
-            print(
-                f"{label}: {r['seconds']:.0f} s  acc {last['test_accuracy']:.2f}  AUC {_cell(last, 'auc')}",
-                flush=True,
-            )
+        results, awaiting = measured(settings, records, run=not args.table_only)
         if awaiting:
             print(
                 f"awaiting records of {awaiting}: run `OMP_NUM_THREADS=1 nice -n 10 python "
@@ -234,17 +251,17 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 1
         seconds = sum(r["seconds"] for r in results)
-        where = ran_on(records, results)
         if args.json:
             save_measurement(
                 args.json, {"settings": settings, "seconds": seconds, "results": results}
             )
+        text = section(records, settings)
     if args.docs:
         update_section(
             args.docs,
             "mia-overfit",
             "Membership inference against models that fit (per round)",
-            render(results, settings, seconds, where),
+            text,
             machine=None
             if args.from_json
             else records_line(records, root=Path(__file__).resolve().parents[1]),
