@@ -710,7 +710,11 @@ AWAITING_RECORDS = {
         "python benchmarks/ppfl_tables.py --docs docs/benchmarks.md --uncapped",
     ),
     "mia-overfit": Awaiting(
-        "MIA against models that fit: runs predate records; its script writes none yet",
+        "MIA against models that fit: runs predate records; the script records each row under "
+        "benchmarks/results/mia_overfit/ (FedAvg and FedPT recorded, about 2.5 min each niced on "
+        "a shared machine; BAFFLE's row is still to run). Run it as `OMP_NUM_THREADS=1 nice -n "
+        "10 python benchmarks/mia_overfit.py --docs docs/benchmarks.md` (it measures only the "
+        "unrecorded rows), then move the section to RECORD_TABLES",
         "python benchmarks/mia_overfit.py --docs docs/benchmarks.md",
     ),
     "ppfl-table2": Awaiting(
