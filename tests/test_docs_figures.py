@@ -570,6 +570,7 @@ RECORD_TABLES = {
     "zo-frontier": ("zo_frontier", lambda b: b.section()),
     "fleet-time": ("fleet_time", lambda b: b.section(b.read_report())),
     "eppfl": ("eppfl_figures", lambda b: b.section()),
+    "mia-overfit": ("mia_overfit", lambda b: b.section()),
     "baffle-delta-loss": (
         "baffle_delta_loss",
         lambda b: (
@@ -708,14 +709,6 @@ AWAITING_RECORDS = {
         "`OMP_NUM_THREADS=1 nice -n 10 python benchmarks/ppfl_tables.py --docs "
         "docs/benchmarks.md --uncapped`, render with `--table-only`",
         "python benchmarks/ppfl_tables.py --docs docs/benchmarks.md --uncapped",
-    ),
-    "mia-overfit": Awaiting(
-        "MIA against models that fit: runs predate records; the script records each row under "
-        "benchmarks/results/mia_overfit/ (FedAvg and FedPT recorded, about 2.5 min each niced on "
-        "a shared machine; BAFFLE's row is still to run). Run it as `OMP_NUM_THREADS=1 nice -n "
-        "10 python benchmarks/mia_overfit.py --docs docs/benchmarks.md` (it measures only the "
-        "unrecorded rows), then move the section to RECORD_TABLES",
-        "python benchmarks/mia_overfit.py --docs docs/benchmarks.md",
     ),
     "ppfl-table2": Awaiting(
         "PPFL Table 2 analogue: runs predate records; the script now records each cell under "
