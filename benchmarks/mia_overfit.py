@@ -9,13 +9,21 @@ honest-but-curious holder of the broadcasts sees each). Members: every training 
 non-members: as many test samples; shadows: runs of the same config with another seed on
 the attacker's data (test samples not used as non-members). One seed.
 
-    OMP_NUM_THREADS=1 python benchmarks/mia_overfit.py --docs docs/benchmarks.md
+Each method's row is recorded, when measured, under ``benchmarks/results/mia_overfit/`` (its
+settings, the machine and its figures); a recorded row is read, not measured again (resumable
+per row), and ``--table-only`` renders the section from the records alone.
+
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/mia_overfit.py --docs docs/benchmarks.md
+    python benchmarks/mia_overfit.py --table-only --docs docs/benchmarks.md   # render the records
 """
 
 from __future__ import annotations
 
+import json
+import re
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,14 +31,19 @@ import torch
 from fedge.attacks.harness import attack_config
 from fedge.attacks.membership import chance_auc_std
 from fedge.attacks.membership_run import membership_by_round
-from fedge.bench.docs import update_section
+from fedge.bench.docs import records_line, update_section
 from fedge.bench.script import (
     load_measurement,
     measurement_parser,
     measurement_settings,
     save_measurement,
 )
+from fedge.bench.tables import machine_name
+from fedge.core.errors import ConfigError
 from fedge.experiment.build import build_run
+from fedge.experiment.provenance import machine
+
+RECORDS = Path(__file__).resolve().parent / "results" / "mia_overfit"
 
 SETTINGS: dict[str, Any] = {
     "clients": 4,
@@ -86,13 +99,57 @@ def measure(label: str, method: dict[str, Any], s: dict[str, Any]) -> dict[str, 
     return {"row": label, **r, "seconds": time.perf_counter() - t}
 
 
+def slug(label: str) -> str:
+    """A row's record name: its label in lower-case words joined by dashes."""
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+
+
+def recorded_row(
+    label: str, method: dict[str, Any], s: dict[str, Any], records: Path, *, run: bool
+) -> dict[str, Any] | None:
+    """Row ``label``'s figures from its record in ``records`` (made with the same settings and
+    method), else measured and recorded when ``run``, else None."""
+    path = records / f"{slug(label)}.json"
+    want = {"settings": s, "method": method}
+    if path.exists():
+        rec = json.loads(path.read_text())
+        have = {"settings": rec["settings"], "method": rec["method"]}
+        if have != json.loads(json.dumps(want)):
+            raise ConfigError(
+                f"record {str(path)!r} was made with other settings or another method config than "
+                f"this row asks for ({have} against {want}); delete it to measure the row again"
+            )
+        return dict(rec["result"])
+    if not run:
+        return None
+    result = measure(label, method, s)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")  # written whole, then renamed: never a half record
+    tmp.write_text(
+        json.dumps({**want, "machine": machine(), "result": result}, indent=1, default=str) + "\n"
+    )
+    tmp.replace(path)
+    return result
+
+
+def ran_on(records: Path, results: list[dict[str, Any]]) -> str:
+    """Where the recorded rows ran (from their records' ``machine``)."""
+    where: dict[str, list[str]] = {}
+    for r in results:
+        rec = json.loads((records / f"{slug(r['row'])}.json").read_text())
+        where.setdefault(machine_name(rec["machine"]), []).append(r["row"].split(" (")[0])
+    return "; ".join(f"{m}: {', '.join(rows)}" for m, rows in where.items())
+
+
 def _cell(m: dict[str, Any], key: str) -> str:
     return " / ".join(
         format(m[k][key], ".2f") if k in m else "—" for k in ("loss", "shadow", "lira")
     )
 
 
-def render(results: list[dict[str, Any]], s: dict[str, Any], seconds: float) -> str:
+def render(
+    results: list[dict[str, Any]], s: dict[str, Any], seconds: float, where: str = ""
+) -> str:
     head = [
         "method",
         "round",
@@ -135,40 +192,79 @@ After round {last}: {verdict}.
 
 {chr(10).join(lines)}
 
-Total {seconds / 60:.1f} min wall-clock on one thread of a shared machine (several other jobs running).
+Total {seconds / 60:.1f} min wall-clock on one thread of a shared machine (several other jobs running){f"; ran on {where}" if where else ""}.
 
-Reproduce: `OMP_NUM_THREADS=1 python benchmarks/mia_overfit.py --docs docs/benchmarks.md`
+Run (records under `benchmarks/results/mia_overfit/`, one per method):
+`OMP_NUM_THREADS=1 nice -n 10 python benchmarks/mia_overfit.py --docs docs/benchmarks.md`;
+render them: `python benchmarks/mia_overfit.py --table-only --docs docs/benchmarks.md`
 """
+
+
+def measured(
+    settings: dict[str, Any], records: Path, *, run: bool
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every row's figures (:func:`recorded_row`, in table order) and the labels of the rows
+    neither recorded nor measured (``run=False``)."""
+    results, awaiting = [], []
+    for label, method in rows(settings).items():
+        r = recorded_row(label, method, settings, records, run=run)
+        if r is None:
+            awaiting.append(label)
+            continue
+        results.append(r)
+        last = r["rounds"][str(settings["rounds"])]
+        print(
+            f"{label}: {r['seconds']:.0f} s  acc {last['test_accuracy']:.2f}  AUC {_cell(last, 'auc')}",
+            flush=True,
+        )
+    return results, awaiting
+
+
+def section(records: Path = RECORDS, settings: dict[str, Any] | None = None) -> str:
+    """The docs section from the records alone (``settings``: the default ones)."""
+    s = dict(SETTINGS if settings is None else settings)
+    results, awaiting = measured(s, records, run=False)
+    if awaiting:
+        raise FileNotFoundError(f"no records of {awaiting} in {records}")
+    return render(results, s, sum(r["seconds"] for r in results), ran_on(records, results))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = measurement_parser(__doc__, section="mia-overfit", example="rounds=4")
+    ap.add_argument(
+        "--records", default=str(RECORDS), help="where each row is recorded (commit them)"
+    )
+    ap.add_argument("--table-only", action="store_true", help="render the records, run nothing")
     args = ap.parse_args(argv)
+    records = Path(args.records)
     if args.from_json:
         saved = load_measurement(args.from_json)
-        results, settings, seconds = saved["results"], saved["settings"], saved["seconds"]
+        text = render(saved["results"], saved["settings"], saved["seconds"])
     else:
         settings = measurement_settings(ap, args.set, SETTINGS)
         torch.set_num_threads(1)
-        t0, results = time.perf_counter(), []
-        for label, method in rows(settings).items():
-            results.append(measure(label, method, settings))
-            last = results[-1]["rounds"][str(settings["rounds"])]
+        results, awaiting = measured(settings, records, run=not args.table_only)
+        if awaiting:
             print(
-                f"{label}: {results[-1]['seconds']:.0f} s  acc {last['test_accuracy']:.2f}  AUC {_cell(last, 'auc')}",
-                flush=True,
+                f"awaiting records of {awaiting}: run `OMP_NUM_THREADS=1 nice -n 10 python "
+                "benchmarks/mia_overfit.py --docs docs/benchmarks.md`"
             )
-        seconds = time.perf_counter() - t0
+            return 1
+        seconds = sum(r["seconds"] for r in results)
         if args.json:
             save_measurement(
                 args.json, {"settings": settings, "seconds": seconds, "results": results}
             )
+        text = section(records, settings)
     if args.docs:
         update_section(
             args.docs,
             "mia-overfit",
             "Membership inference against models that fit (per round)",
-            render(results, settings, seconds),
+            text,
+            machine=None
+            if args.from_json
+            else records_line(records, root=Path(__file__).resolve().parents[1]),
         )
     return 0
 

@@ -24,16 +24,23 @@ Here every cell comes from running the attack on what the adversary observes in 
   observed; when every upload is sealed the server cannot compute an upload of its own to
   train the property classifier on, and the cell says so.
 
+Each cell (method, attack) is recorded, when measured, under ``benchmarks/results/ppfl_table2/``
+(its settings, the machine and its figures); a recorded cell is read, not measured again
+(resumable per cell), and ``--table-only`` renders the section from the records alone.
+
     OMP_NUM_THREADS=1 python benchmarks/ppfl_table2.py --docs docs/benchmarks.md --json ppfl_table2.json
+    python benchmarks/ppfl_table2.py --table-only --docs docs/benchmarks.md   # render the records
     OMP_NUM_THREADS=1 python benchmarks/ppfl_table2.py --set rounds=4 local_epochs=1   # smaller
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,7 +51,7 @@ from fedge.attacks.membership_run import membership_by_round
 from fedge.attacks.property import pia_attack
 from fedge.attacks.reconstruct_run import reconstruction_attack
 from fedge.attacks.table import objective_note
-from fedge.bench.docs import update_section
+from fedge.bench.docs import records_line, update_section
 from fedge.bench.script import (
     load_measurement,
     measurement_parser,
@@ -54,6 +61,9 @@ from fedge.bench.script import (
 from fedge.core.config import RunConfig
 from fedge.core.errors import ConfigError
 from fedge.experiment.build import build_run
+from fedge.experiment.provenance import machine
+
+RECORDS = Path(__file__).resolve().parent / "results" / "ppfl_table2"
 
 SETTINGS: dict[str, Any] = {
     "dataset": "fashion-mnist",
@@ -318,23 +328,54 @@ def pia(s: dict[str, Any], method: dict[str, Any]) -> dict[str, Any]:
 
 
 def table2(
-    s: dict[str, Any], progress: Callable[[str], None] | None = None
+    s: dict[str, Any],
+    progress: Callable[[str], None] | None = None,
+    *,
+    records: Path | None = None,
+    run: bool = True,
 ) -> dict[str, dict[str, Any]]:
-    """Every cell of the table: method -> attack -> result (or ``{"skipped": reason}``)."""
+    """Every cell of the table: method -> attack -> result (or ``{"skipped": reason}``). With
+    ``records``, each cell is read from ``<records>/<method>-<attack>.json`` when recorded with
+    the same settings, else measured and recorded; with ``run=False`` an unrecorded cell is
+    left out (the caller lists it as awaiting)."""
     ms = methods(s, model_info(s)["stages"])
     out: dict[str, dict[str, Any]] = {}
     for name, per in ms.items():
         out[name] = {}
-        for attack, run, fn in (
+        for attack, which, fn in (
             ("dra", "dra", dra),
             ("mia", "mia", mia),
             ("mia_withheld", "mia", mia_withheld),
             ("pia", "pia", pia),
         ):
-            out[name][attack] = fn(s, per[run])
+            rec = None if records is None else records / f"{name}-{attack}.json"
+            if rec is not None and rec.exists():
+                stored = json.loads(rec.read_text())
+                if stored["settings"] != json.loads(json.dumps(s)):
+                    raise ConfigError(
+                        f"record {str(rec)!r} was made with other settings ({stored['settings']}) "
+                        f"than these ({s}); delete it to measure the cell again"
+                    )
+                out[name][attack] = stored["result"]
+                continue
+            if not run:
+                continue
+            out[name][attack] = fn(s, per[which])
+            if rec is not None:
+                rec.parent.mkdir(parents=True, exist_ok=True)
+                tmp = rec.with_suffix(".json.tmp")  # written whole, then renamed
+                body = {"settings": s, "machine": machine(), "result": out[name][attack]}
+                tmp.write_text(json.dumps(body, indent=1, default=str) + "\n")
+                tmp.replace(rec)
             if progress is not None:
                 progress(f"{name} {attack}: {out[name][attack]['seconds']:.0f} s")
     return out
+
+
+def awaiting(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The cells (``method attack``) a :func:`table2` result lacks."""
+    attacks = ("dra", "mia", "mia_withheld", "pia")
+    return [f"{m} {a}" for m, r in results.items() for a in attacks if a not in r]
 
 
 def _three(m: dict[str, Any], key: str, fmt: str = ".2f") -> str:
@@ -502,7 +543,12 @@ def _set_args(s: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = measurement_parser(__doc__, section="ppfl-table2", example="rounds=4")
+    ap.add_argument(
+        "--records", default=str(RECORDS), help="where each cell is recorded (commit them)"
+    )
+    ap.add_argument("--table-only", action="store_true", help="render the records, run nothing")
     args = ap.parse_args(argv)
+    records = Path(args.records)
     if args.from_json:
         saved = load_measurement(args.from_json)
         results, s, seconds, info = (
@@ -520,16 +566,35 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         torch.set_num_threads(1)
-        t0 = time.perf_counter()
-        results = table2(s, progress=lambda m: print(m, flush=True))
-        seconds = time.perf_counter() - t0
+        results = table2(
+            s,
+            progress=lambda m: print(m, flush=True),
+            records=records,
+            run=not args.table_only,
+        )
+        missing = awaiting(results)
+        if missing:
+            print(
+                f"awaiting records of {missing}: run `OMP_NUM_THREADS=1 nice -n 10 python "
+                "benchmarks/ppfl_table2.py --docs docs/benchmarks.md`"
+            )
+            return 1
+        seconds = sum(c["seconds"] for r in results.values() for c in r.values())
         if args.json:
             save_measurement(
                 args.json, {"settings": s, "seconds": seconds, "model": info, "results": results}
             )
     text = render(results, s, seconds, info)
     if args.docs:
-        update_section(args.docs, "ppfl-table2", "PPFL Table 2 analogue on AlexNet-PPFL", text)
+        update_section(
+            args.docs,
+            "ppfl-table2",
+            "PPFL Table 2 analogue on AlexNet-PPFL",
+            text,
+            machine=None
+            if args.from_json
+            else records_line(records, root=Path(__file__).resolve().parents[1]),
+        )
     else:
         print(text)
     return 0

@@ -17,16 +17,28 @@ as the target; LeNet, AlexNet and VGG9 on Fashion-MNIST):
 * IID, and non-IID with two label shards per client (as the paper). SGD lr 0.05, momentum 0.9,
   E = 1 for both methods.
 
-Every run is a real ``fedge`` run directory under OUT; finished runs are skipped (resumable).
+* **Uncapped LeNet** (``--uncapped``; the paper's protocol for Tables 3/5): the same LeNet
+  rows, but 2500 training images of which a seeded, stratified 500 are held out for validation
+  (the clients keep 2000), FedAvg ``UNCAPPED_FEDAVG_ROUNDS`` rounds for the target, and each
+  PPFL stage runs until it reaches the target or its validation accuracy plateaus
+  (``method.stage_patience`` ``STAGE_PATIENCE`` evaluated rounds without rising more than
+  ``STAGE_MIN_DELTA`` above the stage's best), within ``UNCAPPED_ROUNDS`` rounds in all.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/ppfl_tables.py [--out runs/ppfl-bench] [--docs docs/benchmarks.md]
+Every run is a real ``fedge`` run directory under OUT, and each finished run is recorded under
+``benchmarks/results/ppfl_tables/`` (``runs/``: its resolved config and summary row;
+``figures/``: the per-round figures the tables use; ``phases-*.json``: Table 4's timings).
+A recorded run is read, not rerun (resumable per run, across machines); ``--table-only``
+renders the section from the records alone, listing the rows still awaiting theirs.
+
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/ppfl_tables.py --docs docs/benchmarks.md [--uncapped]
+    python benchmarks/ppfl_tables.py --table-only --docs docs/benchmarks.md   # render the records
+    python benchmarks/ppfl_tables.py --estimate                               # CPU cost of each part
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import textwrap
 import time
@@ -37,15 +49,14 @@ from typing import Any
 
 import torch
 
+from fedge.bench.variants import run_variants
 from fedge.core.config import load_config
 from fedge.core.messages import Message
 from fedge.core.protocols import Exchange, PartyCall, Round, StrategyWrapper
 from fedge.experiment.build import build_run
-from fedge.experiment.run import run_experiment
 
-COMMAND = (
-    "OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/ppfl_tables.py --docs docs/benchmarks.md"
-)
+COMMAND = "OMP_NUM_THREADS=1 nice -n 10 python benchmarks/ppfl_tables.py --docs docs/benchmarks.md"
+TABLE_COMMAND = "python benchmarks/ppfl_tables.py --table-only --docs docs/benchmarks.md"
 SEEDS = (0, 1, 2)
 LENET_ROUNDS, LENET_CAP = 15, 10
 LARGE_ROUNDS, LARGE_CAP = 15, 6
@@ -53,6 +64,15 @@ LARGE = ("alexnet-ppfl",)  # VGG9 did not fit the compute budget (see the docs s
 PARTS = {"iid": {"name": "iid"}, "noniid": {"name": "shards", "shards_per_client": 2}}
 OPT = {"lr": 0.05, "momentum": 0.9}
 OUT = Path("runs/ppfl-bench")
+RECORDS = Path(__file__).resolve().parent / "results" / "ppfl_tables"
+TABLE_ONLY = False  # --table-only: read the records, run nothing
+EXTRA: list[str] = []  # --set: overrides for every run (a smaller setting for a test)
+AWAITING: list[str] = []  # the runs a rendering found neither recorded nor run
+# the uncapped LeNet rows (Tables 3/5 as the paper: each stage until target or plateau)
+UNCAPPED_FEDAVG_ROUNDS = 30
+UNCAPPED_ROUNDS = 150  # ceiling on one PPFL run's rounds, all stages together
+STAGE_PATIENCE, STAGE_MIN_DELTA = 5, 0.005
+VALIDATION = 500  # held out of 2500 training images: the clients keep 2000
 
 
 # -- configs -------------------------------------------------------------------------------
@@ -69,6 +89,22 @@ def base(model: str, part: str, seed: int = 0) -> dict[str, Any]:
         "model": {"name": model},
         "measure": {"memory": True},
     }
+
+
+def uncapped(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` (a LeNet FedAvg or PPFL row) under the uncapped protocol: a validation set held
+    out of 2500 training images (the clients keep 2000), FedAvg ``UNCAPPED_FEDAVG_ROUNDS``
+    rounds, and PPFL's stages ended by the target or a validation plateau instead of a cap."""
+    out = json.loads(json.dumps(cfg))
+    out["dataset"].update(limit_train=2000 + VALIDATION, validation=VALIDATION)
+    m = out["method"]
+    if m["name"] == "fedavg":
+        out["rounds"] = UNCAPPED_FEDAVG_ROUNDS
+    else:
+        m.pop("rounds_per_stage")
+        m.update(stage_patience=STAGE_PATIENCE, stage_min_delta=STAGE_MIN_DELTA)
+        out["rounds"] = UNCAPPED_ROUNDS
+    return out
 
 
 def batch(model: str) -> int:
@@ -117,16 +153,69 @@ def ppfl(
     return {**base(model, part, seed), "rounds": cap * n_stages(model, block), "method": method}
 
 
-# -- runs ----------------------------------------------------------------------------------
-def run(name: str, cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    d = OUT / name
-    if not (d / "summary.json").exists():
-        if d.exists():
-            shutil.rmtree(d)
-        t = time.perf_counter()
-        run_experiment(load_config(cfg), out=d, render=False)
+# -- runs ---------------------------------------------------------------------------------
+#: the per-round figures the tables read, kept in each run's figures record
+FIGURE_KEYS = (
+    "test_accuracy",
+    "val_accuracy",
+    "stage",
+    "bytes_up",
+    "bytes_down",
+    "wall_s",
+    "tee_need_bytes",
+    "tee_peak_bytes",
+    "eligible_clients",
+    "bytes.client->tee",
+    "seal_s",
+)
+
+
+def run(name: str, cfg: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The per-round figures of the run ``name`` (``<group>/<label>``) of config ``cfg``: read
+    from its records under RECORDS, else from its finished run directory OUT/name, else run
+    (resumed when interrupted) and recorded. With ``TABLE_ONLY`` nothing runs: an unrecorded run
+    is None and listed in AWAITING."""
+    group, label = name.rsplit("/", 1)
+    figures = RECORDS / "figures" / group / f"{label}.json"
+    t = time.perf_counter()
+    res = run_variants(
+        cfg,
+        {label: []},
+        out_root=OUT / group,
+        common=EXTRA,
+        run=not TABLE_ONLY,
+        records=RECORDS / "runs" / group,
+    )
+    if res["missing"]:
+        AWAITING.append(name)
+        return None
+    row = res["results"][0]
+    run_dir = Path(row["run_dir"] or OUT / group / label)
+    if row["run_dir"] is not None or (not figures.exists() and (run_dir / "summary.json").exists()):
+        # ran, or read from its directory: (re)write its figures
+        lines = [
+            json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()
+        ]
+        figs = [{k: ln[k] for k in FIGURE_KEYS if k in ln} for ln in lines]
+        figures.parent.mkdir(parents=True, exist_ok=True)
+        figures.write_text(json.dumps(figs, indent=0) + "\n")
         print(f"[ppfl-bench] {name}: {time.perf_counter() - t:.0f} s", flush=True)
-    return [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        return figs
+    if not figures.exists():
+        raise FileNotFoundError(
+            f"{name}: a run record but no figures record {figures}; delete the run record "
+            f"{RECORDS / 'runs' / group / (label + '.json')} to rerun it"
+        )
+    return list(json.loads(figures.read_text()))
+
+
+def cpu_minutes(group_prefix: str = "") -> float:
+    """CPU-minutes (one core each) of the recorded runs under ``runs/<group_prefix>...``."""
+    total = 0.0
+    for rec in sorted((RECORDS / "runs").rglob("*.json")):
+        if rec.relative_to(RECORDS / "runs").as_posix().startswith(group_prefix):
+            total += json.loads(rec.read_text())["result"]["wall_s"]
+    return total / 60
 
 
 def total_bytes(lines: list[dict[str, Any]]) -> int:
@@ -149,24 +238,45 @@ def per_stage(lines: list[dict[str, Any]]) -> list[int]:
     ]
 
 
-def table3_runs(
-    model: str, part: str, seed: int, block: int
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+Pair = tuple[list[dict[str, Any]], list[dict[str, Any]]]
+
+
+def table3_runs(model: str, part: str, seed: int, block: int, *, free: bool = False) -> Pair | None:
+    """(FedAvg's, PPFL's) per-round figures of one Table 3 row and seed (``free``: the uncapped
+    protocol), or None while either is unrecorded under ``--table-only``."""
     tag = f"{model}/seed-{seed}"
-    fa = run(f"{tag}/fedavg-{part}", fedavg(model, part, seed))
-    return fa, run(
-        f"{tag}/ppfl-{part}-b{block}", ppfl(model, part, fa[-1]["test_accuracy"], block, seed)
-    )
+    suffix = "-uncapped" if free else ""
+    fa_cfg = fedavg(model, part, seed)
+    fa = run(f"{tag}/fedavg-{part}{suffix}", uncapped(fa_cfg) if free else fa_cfg)
+    target = None if fa is None else fa[-1]["test_accuracy"]
+    if target is None:
+        AWAITING.append(f"{tag}/ppfl-{part}-b{block}{suffix}")
+        return None
+    pp_cfg = ppfl(model, part, target, block, seed)
+    pp = run(f"{tag}/ppfl-{part}-b{block}{suffix}", uncapped(pp_cfg) if free else pp_cfg)
+    return None if pp is None else (fa, pp)
 
 
-def all_table3_runs() -> None:
+def all_table3_runs(*, free: bool = False) -> None:
     for seed in SEEDS:
         for part in PARTS:
             for block in (1, 2):
-                table3_runs("lenet-ppfl", part, seed, block)
+                table3_runs("lenet-ppfl", part, seed, block, free=free)
+    if free:
+        return
     for model in LARGE:
         for part in PARTS:
             table3_runs(model, part, 0, 1)
+
+
+def awaiting(what: str, before: int) -> str:
+    """The line a table shows in place of its rows while runs since AWAITING[before] are
+    unrecorded."""
+    names = sorted(set(AWAITING[before:]))
+    return (
+        f"*{what}: awaiting records of {len(names)} run(s) ({', '.join(names)}); run "
+        f"`{COMMAND}`{' --uncapped' if 'uncapped' in what else ''}.*"
+    )
 
 
 def ms(xs: list[float], fmt: str = ".3f") -> str:
@@ -175,20 +285,35 @@ def ms(xs: list[float], fmt: str = ".3f") -> str:
     return f"{format(statistics.mean(xs), fmt)} ± {format(statistics.stdev(xs), fmt)}"
 
 
-def table3() -> tuple[str, str]:
-    """(the seeded LeNet table, the larger-model table)."""
+def lenet_table(*, free: bool = False) -> str:
+    """The seeded LeNet Table 3/5 analogue (``free``: the uncapped rows), from the runs'
+    figures; a line saying which runs are awaiting while any is unrecorded."""
+    before = len(AWAITING)
+    fa_rounds = UNCAPPED_FEDAVG_ROUNDS if free else LENET_ROUNDS
+    got = {
+        (part, block, seed): table3_runs("lenet-ppfl", part, seed, block, free=free)
+        for part in PARTS
+        for block in (1, 2)
+        for seed in SEEDS
+    }
+    if len(AWAITING) > before:
+        return awaiting("LeNet, uncapped" if free else "LeNet", before)
     head = (
         "| data | PPFL block | FedAvg target acc | rounds to target (runs reaching it) | rounds ratio (vs FedAvg's "
-        f"{LENET_ROUNDS}) | bytes ratio to target | whole-run bytes ratio (rounds) | best PPFL acc | final PPFL acc |\n"
-        "|---|---|---|---|---|---|---|---|---|"
+        f"{fa_rounds}) | bytes ratio to target | whole-run bytes ratio (rounds) | best PPFL acc | final PPFL acc |"
+        + (" rounds per stage (per seed) |" if free else "")
+        + "\n|---|---|---|---|---|---|---|---|---|"
+        + ("---|" if free else "")
     )
     rows = [head]
     for part in PARTS:
         for block in (1, 2):
             tg, rr, br, wr, best, fin, reached = [], [], [], [], [], [], 0
-            lengths = set()
+            lengths, stages = set(), []
             for seed in SEEDS:
-                fa, lines = table3_runs("lenet-ppfl", part, seed, block)
+                pair = got[part, block, seed]
+                assert pair is not None
+                fa, lines = pair
                 target = fa[-1]["test_accuracy"]
                 r, b = reach(lines, target)
                 tg.append(target)
@@ -196,6 +321,7 @@ def table3() -> tuple[str, str]:
                 fin.append(lines[-1]["test_accuracy"])
                 wr.append(total_bytes(lines) / total_bytes(fa))
                 lengths.add(len(lines))
+                stages.append(str(per_stage(lines)))
                 if r is not None:
                     reached += 1
                     rr.append(float(r))
@@ -205,30 +331,39 @@ def table3() -> tuple[str, str]:
                 if rr
                 else f"not reached (0/{len(SEEDS)})"
             )
-            ratio = ms([r / LENET_ROUNDS for r in rr], ".2f") if rr else "—"
+            ratio = ms([r / fa_rounds for r in rr], ".2f") if rr else "—"
             rows.append(
                 f"| {part} | {block} | {ms(tg)} | {rounds} | {ratio} | {ms(br, '.2f') if br else '—'} | "
                 f"{ms(wr, '.2f')} ({'/'.join(map(str, sorted(lengths)))}) | {ms(best)} | {ms(fin)} |"
+                + (f" {'; '.join(stages)} |" if free else "")
             )
-    lenet = "\n".join(rows)
+    return "\n".join(rows)
+
+
+def large_table() -> str:
+    """The larger-model Table 3 analogue (one seed), or the line saying which runs await."""
+    before = len(AWAITING)
+    got = {(model, part): table3_runs(model, part, 0, 1) for model in LARGE for part in PARTS}
+    if len(AWAITING) > before:
+        return awaiting("AlexNet-PPFL", before)
     rows = [
         "| model | data | FedAvg target acc (rounds) | FedAvg bytes | PPFL rounds to target (run) | rounds ratio | "
         "PPFL bytes to target (run) | bytes ratio | best PPFL acc | rounds per stage |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for model in LARGE:
-        for part in PARTS:
-            fa, lines = table3_runs(model, part, 0, 1)
-            target, fb = fa[-1]["test_accuracy"], total_bytes(fa)
-            r, b = reach(lines, target)
-            rr = f"{r} ({len(lines)})" if r else f"not reached ({len(lines)})"
-            ratio = f"{r / len(fa):.2f}" if r else "—"
-            br = f"{b / fb:.2f}" if r else f"({b / fb:.2f} for the whole run)"
-            rows.append(
-                f"| {model} | {part} | {target:.3f} ({len(fa)}) | {fb / 1e6:.1f} MB | {rr} | {ratio} | "
-                f"{b / 1e6:.1f} MB | {br} | {max(ln['test_accuracy'] for ln in lines):.3f} | {per_stage(lines)} |"
-            )
-    return lenet, "\n".join(rows)
+    for (model, part), pair in got.items():
+        assert pair is not None
+        fa, lines = pair
+        target, fb = fa[-1]["test_accuracy"], total_bytes(fa)
+        r, b = reach(lines, target)
+        rr = f"{r} ({len(lines)})" if r else f"not reached ({len(lines)})"
+        ratio = f"{r / len(fa):.2f}" if r else "—"
+        br = f"{b / fb:.2f}" if r else f"({b / fb:.2f} for the whole run)"
+        rows.append(
+            f"| {model} | {part} | {target:.3f} ({len(fa)}) | {fb / 1e6:.1f} MB | {rr} | {ratio} | "
+            f"{b / 1e6:.1f} MB | {br} | {max(ln['test_accuracy'] for ln in lines):.3f} | {per_stage(lines)} |"
+        )
+    return "\n".join(rows)
 
 
 # -- Table 4: time per phase in one round --------------------------------------------------
@@ -291,7 +426,7 @@ def _codec(messages: Mapping[int, Message]) -> float:
 def phase_rounds(cfg: dict[str, Any], rounds: int) -> list[tuple[dict[str, Any], dict[str, float]]]:
     """Run ``rounds`` rounds of ``cfg`` through the engine with a :class:`PhaseTimer`."""
     cfg = {**cfg, "rounds": rounds}
-    built = build_run(load_config(cfg))
+    built = build_run(load_config(cfg, overrides=EXTRA))
     timer = PhaseTimer(built.method.strategy)
     built = replace(built, method=replace(built.method, strategy=timer))
     sim = built.simulation()
@@ -307,11 +442,15 @@ def phase_rounds(cfg: dict[str, Any], rounds: int) -> list[tuple[dict[str, Any],
 PHASE_ROUNDS = 2  # rounds timed per stage (and of FedAvg); the table shows their mean
 
 
-def phases(model: str) -> list[dict[str, Any]]:
-    """One row per FedAvg and per PPFL stage: seconds per phase in one round (IID)."""
-    path = OUT / f"phases-{model}.json"
+def phases(model: str) -> list[dict[str, Any]] | None:
+    """One row per FedAvg and per PPFL stage: seconds per phase in one round (IID), recorded as
+    RECORDS/phases-<model>.json (None under ``--table-only`` while unrecorded)."""
+    path = RECORDS / f"phases-{model}.json"
     if path.exists():
         return list(json.loads(path.read_text()))
+    if TABLE_ONLY:
+        AWAITING.append(f"phases-{model}")
+        return None
     rows = []
     fa = phase_rounds(fedavg(model, "iid"), PHASE_ROUNDS)
     row: dict[str, Any] = {"run": "FedAvg E2E", "stage": "—"}
@@ -343,7 +482,8 @@ def phases(model: str) -> list[dict[str, Any]]:
                 release=t.get("call.release", 0.0),
             )
         rows.append(_mean(row, len(sel)))
-    path.write_text(json.dumps(rows))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rows, indent=1) + "\n")
     return rows
 
 
@@ -356,14 +496,13 @@ def _mean(row: dict[str, Any], n: int) -> dict[str, Any]:
     return {k: (v / n if isinstance(v, float) else v) for k, v in row.items()}
 
 
-def table4() -> str:
+def table4(by_model: dict[str, list[dict[str, Any]]]) -> str:
     rows = [
         "| model | run | stage | broadcast s | training s | upload s | aggregation s | sum of phases s | "
         "× FedAvg's sum | round wall s (with eval) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for model in ("lenet-ppfl", *LARGE):
-        ph = phases(model)
+    for model, ph in by_model.items():
         keys = ("broadcast", "training", "upload", "aggregation", "round")
         base_sum = sum(ph[0][k] for k in keys[:4])
         total = {
@@ -422,8 +561,8 @@ def table4_notes(by_model: dict[str, list[dict[str, Any]]]) -> str:
         f"{span([100 * overhead(r) for r in lenet[1:]], '.1f')}% of a LeNet stage round's phases and "
         f"{span([100 * overhead(r) for r in large[1:]], '.1f')}% of an AlexNet one's (FedAvg: "
         f"{100 * overhead(lenet[0]):.1f}% and {100 * overhead(large[0]):.1f}%). Training dominates, as in the paper. "
-        "(These remarks describe the measurement above, cached in `runs/ppfl-bench/phases-*.json`; delete those "
-        "to re-time.)",
+        "(These remarks describe the measurement above, recorded beside the run records as `phases-*.json`; "
+        "delete those to re-time.)",
     ]
     return "\n".join(
         textwrap.fill(b, 95, initial_indent="- ", subsequent_indent="  ") for b in bullets
@@ -474,12 +613,16 @@ def pretrain_public() -> Path:
 
 
 def transfer() -> str:
-    pre = pretrain_public()
-    _, scratch = table3_runs("lenet-ppfl", "iid", 0, 1)
+    before = len(AWAITING)
+    pre = OUT / "public-pretrained.safetensors" if TABLE_ONLY else pretrain_public()
+    pair = table3_runs("lenet-ppfl", "iid", 0, 1)
     cfg = ppfl("lenet-ppfl", "iid", None, 1)
     cfg["rounds"] = 2 * LENET_CAP
     cfg["method"].update(init_from=str(pre), freeze_from_init=1)
     tr = run("lenet-ppfl/seed-0/ppfl-iid-transfer", cfg)
+    if pair is None or tr is None:
+        return awaiting("Transfer", before)
+    scratch = pair[1]
     rows = [
         "| run | stages trained | rounds | final acc | best acc | bytes |",
         "|---|---|---|---|---|---|",
@@ -502,8 +645,13 @@ def memory() -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     keys = [("lenet-ppfl", "iid", 1), ("lenet-ppfl", "iid", 2), *((m, "iid", 1) for m in LARGE)]
-    for model, part, block in keys:
-        _, lines = table3_runs(model, part, 0, block)
+    before = len(AWAITING)
+    got = {key: table3_runs(*key[:2], 0, key[2]) for key in keys}
+    if len(AWAITING) > before:
+        return awaiting("Enclave memory", before)
+    for (model, part, block), pair in got.items():
+        assert pair is not None
+        lines = pair[1]
         budget = 16 if model == "lenet-ppfl" else 32
         n = base(model, part)["clients"]["num"]
         for s in sorted({ln["stage"] for ln in lines}):
@@ -520,18 +668,26 @@ def memory() -> str:
 def render(
     *,
     lenet: str,
+    lenet_free: str,
     large: str,
     table4: str,
     table4_notes: str,
     transfer: str,
     memory: str,
     command: str,
+    notes: str,
 ) -> str:
     seeds = ", ".join(map(str, SEEDS))
-    return f"""Command: `{command}` (resumable: finished run directories under `runs/ppfl-bench` are
-skipped). The machine was shared with other developers' jobs (2 cores, load average 8-14 during
-these runs): wall-clock
-figures are inflated and noisy; compare them only as ratios within one table.
+
+    def observed(table: str, remarks: str) -> str:  # no remarks under an awaiting table
+        return table if table.startswith("*") else f"{table}\n\n{remarks}"
+
+    return f"""Run (resumable per run; each finished run is recorded under
+`benchmarks/results/ppfl_tables/`): `{command}` (capped rows, Table 4, transfer, memory) and
+`{command} --uncapped` (the uncapped LeNet rows); `python benchmarks/ppfl_tables.py --estimate`
+prints what each part costs. Render from the records: `{TABLE_COMMAND}`. The machines were shared
+with other jobs: wall-clock figures are inflated and noisy; compare them only as ratios within
+one table.
 
 **Reductions** (the paper: 100 clients, 10 per round, end-to-end FedAvg's accuracy after 150
 rounds as the target, batch 16; LeNet, AlexNet and VGG9 on Fashion-MNIST and CIFAR-10):
@@ -561,9 +717,12 @@ rounds as the target, batch 16; LeNet, AlexNet and VGG9 on Fashion-MNIST and CIF
   CIFAR-10 rows.
 - **Departure from the paper's protocol, the per-stage cap**: the paper runs each stage until it
   reaches the target; here a stage stops at the cap (LeNet {LENET_CAP}, AlexNet-PPFL {LARGE_CAP}), so a
-  "not reached" below is the cap's as much as PPFL's. Uncapped LeNet runs (each stage until its
-  validation accuracy plateaus), estimated at about 3 CPU-hours, wait for the long runs
-  (docs/planned.md).
+  "not reached" below is the cap's as much as PPFL's. The **uncapped LeNet rows** drop the cap:
+  each stage runs until it reaches the target or its validation accuracy plateaus
+  (`method.stage_patience: {STAGE_PATIENCE}` evaluated rounds without rising more than
+  `stage_min_delta: {STAGE_MIN_DELTA}` above the stage's best, on {VALIDATION} training images
+  held out of 2500, so the clients keep 2000), within {UNCAPPED_ROUNDS} rounds in all; their FedAvg
+  runs {UNCAPPED_FEDAVG_ROUNDS} rounds on the same 2000 images for the target.
 
 Bytes are server↔client message bytes (`bytes_up + bytes_down`: every sealed stage model and
 frozen layer as sent). "Rounds to target" counts rounds until the *final* stage first reaches
@@ -577,15 +736,19 @@ rounds ratio is PPFL's rounds over FedAvg's {LENET_ROUNDS}, the bytes ratio PPFL
 target over FedAvg's {LENET_ROUNDS} rounds. Accuracy columns are over all seeds. Block 2 is Table 5's
 2-layer blocks (conv1+conv2, then the classifier).
 
-{lenet}
+{observed(lenet, LENET_NOTES)}
 
-{LENET_NOTES}
+### Table 3 and Table 5 analogues, LeNet uncapped: each stage until the target or a validation plateau ({len(SEEDS)} seeds)
+
+As the capped table, with the rounds ratio over FedAvg's {UNCAPPED_FEDAVG_ROUNDS} rounds; the last column
+gives each seed's rounds per stage (a stage that reached the target or plateaued; a run that
+hit the {UNCAPPED_ROUNDS}-round ceiling ends inside a stage).
+
+{lenet_free}
 
 ### Table 3 analogue, AlexNet-PPFL (100 clients, 10 per round; one seed)
 
-{large}
-
-{LARGE_NOTES}
+{observed(large, LARGE_NOTES)}
 
 ### Table 4 analogue: time per phase in one round (IID, seed 0)
 
@@ -639,7 +802,9 @@ tensors it really holds against its budget, and its measured peak equals S_l at 
 batch. The preset `ppfl-fmnist-lenet` adds 6 MiB devices (they shrink their batch) and 4 MiB
 devices (excluded from every stage: `eligible_clients` 17 of 20).
 
-{MEMORY_NOTES}
+{"" if memory.startswith("*") else MEMORY_NOTES}
+
+{notes}
 """
 
 
@@ -669,42 +834,142 @@ carries the frozen layers' feature maps, ~127 MB a round for 10 clients of 30 im
 server↔client traffic of the same rounds is 13-19 MB)."""
 
 
-def main() -> None:
-    global OUT
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def record_rows() -> list[dict[str, Any]]:
+    """The recorded runs as :func:`fedge.bench.tables.run_notes` rows: one per model and run
+    label (``lenet-ppfl fedavg-iid``, ...), its runs' seeds, minutes and machines."""
+    rows: dict[str, dict[str, Any]] = {}
+    for rec in sorted((RECORDS / "runs").glob("*/seed-*/*.json")):
+        model, seed = rec.parent.parent.name, int(rec.parent.name.removeprefix("seed-"))
+        result = json.loads(rec.read_text())["result"]
+        label = f"{model} {rec.stem}"
+        rows.setdefault(label, {"label": label, "runs": []})["runs"].append(
+            {"seed": seed, "wall_s": result["wall_s"], "machines": result.get("machines")}
+        )
+    return list(rows.values())
+
+
+def section(command: str = COMMAND) -> str:
+    """The docs section from what is recorded (and, unless ``TABLE_ONLY``, what runs now)."""
+    from fedge.bench.tables import run_notes
+
+    before = len(AWAITING)
+    timed = {model: phases(model) for model in ("lenet-ppfl", *LARGE)}
+    by_model = {m: ph for m, ph in timed.items() if ph is not None}
+    if len(by_model) < len(timed):
+        t4, t4_notes = awaiting("Table 4", before), ""
+    else:
+        t4, t4_notes = table4(by_model), table4_notes(by_model) if LARGE else ""
+    body = render(
+        lenet=lenet_table(),
+        lenet_free=lenet_table(free=True),
+        large=large_table(),
+        table4=t4,
+        table4_notes=t4_notes,
+        transfer=transfer(),
+        memory=memory(),
+        command=command,
+        notes="\n".join(run_notes(record_rows())).strip(),
+    )
+    if AWAITING:
+        body += (
+            f"\nAwaiting records ({len(set(AWAITING))} run(s) or timings): `{command}` runs the "
+            f"capped rows, `{command} --uncapped` the uncapped ones.\n"
+        )
+    return body
+
+
+def estimate() -> str:
+    """Each part's CPU cost: the CPU time (not wall time: this process's own, so other jobs on
+    the machine do not inflate it) of one round of FedAvg and of every PPFL stage here (LeNet
+    with the validation set, AlexNet-PPFL; building the run, data loading included, so an upper
+    bound), times each part's rounds (the uncapped PPFL runs at their ceiling, an upper bound)."""
+    per: dict[str, float] = {}
+    for model in ("lenet-ppfl", *LARGE):
+        cfg = fedavg(model, "iid")
+        if model == "lenet-ppfl":
+            cfg = uncapped(cfg)
+        t = time.process_time()
+        phase_rounds(cfg, 1)
+        per[f"{model} fedavg"] = time.process_time() - t
+        n = n_stages(model, 1)
+        pcfg = ppfl(model, "iid", None, 1, cap=1)
+        t = time.process_time()
+        phase_rounds(pcfg, n)
+        per[f"{model} ppfl"] = (time.process_time() - t) / n
+    lenet_fa, lenet_pp = per["lenet-ppfl fedavg"], per["lenet-ppfl ppfl"]
+    runs = len(SEEDS) * len(PARTS)
+    capped = runs * (
+        LENET_ROUNDS * lenet_fa
+        + (n_stages("lenet-ppfl", 1) + n_stages("lenet-ppfl", 2)) * LENET_CAP * lenet_pp
+    )
+    free = runs * (UNCAPPED_FEDAVG_ROUNDS * lenet_fa + 2 * UNCAPPED_ROUNDS * lenet_pp)
+    large = sum(
+        len(PARTS)
+        * (LARGE_ROUNDS * per[f"{m} fedavg"] + n_stages(m, 1) * LARGE_CAP * per[f"{m} ppfl"])
+        for m in LARGE
+    )
+    extra = (2 * LENET_CAP) * lenet_pp + 60  # the transfer run, the public pretraining
+    lines = [
+        f"CPU seconds per round here: {', '.join(f'{k} {v:.2f}' for k, v in per.items())}",
+        f"capped LeNet rows ({runs} FedAvg + {2 * runs} PPFL runs): {capped / 60:.0f} CPU-minutes",
+        f"AlexNet-PPFL rows: {large / 60:.0f} CPU-minutes",
+        f"transfer and Table 4 timings: about {extra / 60 + 2:.0f} CPU-minutes",
+        f"uncapped LeNet rows (--uncapped; PPFL runs at their {UNCAPPED_ROUNDS}-round ceiling, an "
+        f"upper bound): {free / 60:.0f} CPU-minutes",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    global OUT, RECORDS, TABLE_ONLY, EXTRA, SEEDS
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--out", default=str(OUT), help="root of the run directories (resumable)")
+    ap.add_argument(
+        "--records", default=str(RECORDS), help="where finished runs are recorded (commit them)"
+    )
     ap.add_argument(
         "--docs",
         default=None,
         help="write the `ppfl` section of this Markdown file (else print it)",
     )
+    ap.add_argument("--table-only", action="store_true", help="render the records, run nothing")
+    ap.add_argument("--uncapped", action="store_true", help="run the uncapped LeNet rows too")
     ap.add_argument("--runs-only", action="store_true", help="run the Table 3 runs and stop")
-    a = ap.parse_args()
-    OUT = Path(a.out)
-    torch.set_num_threads(1)
-    OUT.mkdir(parents=True, exist_ok=True)
-    all_table3_runs()
-    if a.runs_only:
-        return
-    lenet, large = table3()
-    notes = table4_notes({model: phases(model) for model in ("lenet-ppfl", *LARGE)})
-    body = render(
-        lenet=lenet,
-        large=large,
-        table4=table4(),
-        table4_notes=notes,
-        transfer=transfer(),
-        memory=memory(),
-        command=COMMAND,
+    ap.add_argument("--estimate", action="store_true", help="print each part's CPU cost and stop")
+    ap.add_argument("--seeds", type=int, default=len(SEEDS), help="LeNet seeds 0..N-1")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more override for every run (a smaller setting for a test)",
     )
+    a = ap.parse_args(argv)
+    OUT, RECORDS, TABLE_ONLY, EXTRA = Path(a.out), Path(a.records), a.table_only, a.set
+    SEEDS = tuple(range(a.seeds))
+    AWAITING.clear()
+    torch.set_num_threads(1)
+    if a.estimate:
+        print(estimate())
+        return 0
+    if not TABLE_ONLY:
+        OUT.mkdir(parents=True, exist_ok=True)
+        all_table3_runs()
+        if a.uncapped:
+            all_table3_runs(free=True)
+        if a.runs_only:
+            return 0
+    body = section()
     if a.docs:
-        from fedge.bench.docs import update_section
+        from fedge.bench.docs import records_line, update_section
 
-        update_section(a.docs, "ppfl", "PPFL", body)
+        root = Path(__file__).resolve().parents[1]
+        update_section(a.docs, "ppfl", "PPFL", body, machine=records_line(RECORDS, root=root))
         print(f"wrote the ppfl section of {a.docs}")
     else:
         print(body)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -130,3 +130,29 @@ def test_rendered_section_round_trips_through_json(tiny: Any, tmp_path: Path) ->
     assert (
         "--set dataset=digits" in text and "rounds=4" in text
     )  # the exact command, with its overrides
+
+
+def test_cells_are_recorded_and_the_section_renders_from_the_records_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records, docs = tmp_path / "records", tmp_path / "benchmarks.md"
+    argv = ["--records", str(records), "--set", *TINY]
+    assert bench.main([*argv, "--docs", str(docs)]) == 0
+    first = docs.read_text()
+    assert f"Rendered from the committed run records under `{records.as_posix()}/`" in first
+    assert sorted(p.name for p in records.glob("*.json")) == sorted(
+        f"{m}-{a}.json" for m in ("fedavg", "ppfl") for a in ("dra", "mia", "mia_withheld", "pia")
+    )
+    rec = json.loads((records / "ppfl-dra.json").read_text())
+    assert rec["settings"]["rounds"] == 4 and rec["machine"]["cpu"] and rec["result"]["sealed"]
+    # nothing is measured again: the records alone render the same section
+    for fn in ("dra", "mia", "mia_withheld", "pia"):
+        monkeypatch.setattr(bench, fn, lambda *a: pytest.fail("measured a recorded cell"))
+    again = tmp_path / "again.md"
+    assert bench.main([*argv, "--table-only", "--docs", str(again)]) == 0
+    assert again.read_text() == first
+    # a record of other settings is refused by name; a missing cell is listed as awaiting
+    with pytest.raises(ConfigError, match="made with other settings"):
+        bench.main(["--records", str(records), "--table-only", "--set", *TINY[:-1]])
+    (records / "ppfl-pia.json").unlink()
+    assert bench.main([*argv, "--table-only"]) == 1

@@ -948,3 +948,63 @@ def test_too_few_rounds_for_the_stages_warn_at_build_naming_stages_and_rounds():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _built(rounds=3)  # 3 stages x 1 round: every stage trains, no warning
+
+
+def _stage_ends(strategy, curve):
+    """Feed ``strategy`` one evaluated round per validation accuracy of ``curve`` (each round's
+    stage aggregated, as a real round's is) and return the rounds (1-based) that ended a stage."""
+    ends = []
+    for r, val in enumerate(curve, start=1):
+        strategy._rnd, strategy.stage_aggregated = r, True
+        line = {"test_accuracy": 0.5, "val_accuracy": val}
+        if strategy.round_metrics(line)["stage_done"]:
+            ends.append(r)
+    return ends
+
+
+def test_stage_patience_ends_a_stage_when_its_validation_accuracy_plateaus():
+    method = {**_cfg()["method"], "rounds_per_stage": None}
+    method.update(stage_patience=2, stage_min_delta=0.02)
+    strategy = _built(rounds=40, method=method).method.strategy
+    # stage 0: 0.60 rises; 0.61 and 0.615 rise by less than 0.02 (2 flat rounds) -> ends at 4;
+    # stage 1: 0.50, 0.515 (flat 1), 0.55 (a rise above 0.50 + 0.02: reset), 0.56, 0.565 -> ends at 9;
+    # stage 2 (the last): 0.7, then flat
+    curve = [0.50, 0.60, 0.61, 0.615, 0.50, 0.515, 0.55, 0.56, 0.565, 0.7, 0.7, 0.7]
+    assert _stage_ends(strategy, curve) == [4, 9, 12]
+    assert strategy.stage == 2  # the last stage's end moves nothing on
+    # stage_min_delta 0: any rise above the best counts, a tie does not
+    method.update(stage_patience=1, stage_min_delta=0.0)
+    strategy = _built(rounds=40, method=method).method.strategy
+    assert _stage_ends(strategy, [0.5, 0.51, 0.51, 0.4, 0.4]) == [3, 5]
+
+
+def test_stage_patience_off_by_default_and_needs_a_validation_set():
+    strategy = _built(rounds=40, method={**_cfg()["method"], "rounds_per_stage": 5}).method.strategy
+    assert _stage_ends(strategy, [0.5] * 6) == [5]  # a flat validation curve ends nothing early
+    method = {**_cfg()["method"], "rounds_per_stage": None, "stage_patience": 2}
+    strategy = _built(rounds=40, method=method).method.strategy
+    strategy.stage_aggregated = True
+    with pytest.raises(ConfigError, match="set dataset.validation"):
+        strategy.round_metrics({"test_accuracy": 0.5})
+    with pytest.raises(
+        ConfigError, match="stage_min_delta=0.01 acts only with method.stage_patience"
+    ):
+        _built(method={**_cfg()["method"], "stage_min_delta": 0.01})
+
+
+def test_stage_patience_follows_a_real_runs_validation_accuracy():
+    """A real run with a validation set: each stage ends exactly where the rule, applied to the
+    logged ``val_accuracy``, says it does."""
+    method = {**_cfg()["method"], "rounds_per_stage": None, "stage_patience": 1}
+    built = _built(rounds=6, method=method, **{"dataset.validation": 16})
+    _, lines = _run(built, 6)
+    best, stage, expected = -1.0, 0, []
+    for ln in lines:
+        assert ln["stage"] == stage
+        done = best >= 0 and ln["val_accuracy"] <= best
+        best = max(best, ln["val_accuracy"])
+        expected.append(int(done))
+        if done and stage < 2:
+            stage, best = stage + 1, -1.0
+    assert [ln["stage_done"] for ln in lines] == expected
+    assert sum(expected) >= 1  # the curve did plateau somewhere in 6 rounds

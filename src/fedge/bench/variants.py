@@ -30,7 +30,7 @@ __all__ = [
 
 
 def run_variants(
-    base: str,
+    base: str | dict[str, Any],
     variants: dict[str, list[str]],
     *,
     out_root: str | Path,
@@ -39,7 +39,8 @@ def run_variants(
     records: str | Path | None = None,
     record_divergence: bool = False,
 ) -> dict[str, Any]:
-    """Run ``base`` with ``common + overrides`` for each variant into ``out_root/<label>``.
+    """Run ``base`` (a preset name, a YAML path or a config mapping) with ``common + overrides``
+    for each variant into ``out_root/<label>``.
 
     A variant whose run directory is already complete is read, not rerun (or trained further
     when the variant now asks for more rounds); an interrupted one is resumed. So a long

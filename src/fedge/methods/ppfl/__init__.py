@@ -37,12 +37,12 @@ __all__ = [
 def schedule_shortfall(cfg: PpflConfig, n_stages: int, rounds: int) -> str | None:
     """Why ``rounds`` cannot train every stage the schedule plans (None when they can): a fixed
     schedule (``rounds_per_stage`` alone) needs that many rounds for each stage left to train; an
-    adaptive one (``patience``, ``target_accuracy``) at least one round per stage."""
+    adaptive one (``patience``, ``stage_patience``, ``target_accuracy``) at least one round per stage."""
     first = cfg.freeze_from_init
     left = n_stages - first
     if left <= 0:
         return None  # the strategy refuses this by name
-    fixed = cfg.patience is None and cfg.target_accuracy is None
+    fixed = cfg.patience is None and cfg.target_accuracy is None and cfg.stage_patience is None
     per = cfg.rounds_per_stage if fixed and cfg.rounds_per_stage is not None else 1
     need = per * left
     if rounds >= need:

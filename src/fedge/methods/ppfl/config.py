@@ -39,6 +39,20 @@ class PpflConfig(MethodConfigBase):
     target_accuracy: float | None = Field(
         None, gt=0, le=1, description="end a stage when test accuracy reaches this"
     )
+    stage_patience: int | None = Field(
+        None,
+        ge=1,
+        description="end a stage once its validation accuracy (dataset.validation) has not risen "
+        "above the stage's best by more than stage_min_delta for this many evaluated rounds: "
+        "it has plateaued",
+    )
+    stage_min_delta: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="a rise of validation accuracy over the stage's best must exceed this to count "
+        "as an improvement for stage_patience",
+    )
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(16, ge=1)
     min_batch_size: int | None = Field(
@@ -68,9 +82,20 @@ class PpflConfig(MethodConfigBase):
 
     @model_validator(mode="after")
     def _check(self) -> PpflConfig:
-        if self.rounds_per_stage is None and self.patience is None and self.target_accuracy is None:
+        if (
+            self.rounds_per_stage is None
+            and self.patience is None
+            and self.target_accuracy is None
+            and self.stage_patience is None
+        ):
             raise ValueError(
-                "ppfl needs a stage schedule: set method.rounds_per_stage, method.patience or method.target_accuracy"
+                "ppfl needs a stage schedule: set method.rounds_per_stage, method.patience, "
+                "method.stage_patience or method.target_accuracy"
+            )
+        if self.stage_min_delta and self.stage_patience is None:
+            raise ValueError(
+                f"method.stage_min_delta={self.stage_min_delta} acts only with method.stage_patience; "
+                "set stage_patience (rounds without a validation gain) or drop stage_min_delta"
             )
         if self.min_batch_size is not None and self.min_batch_size > self.batch_size:
             raise ValueError(

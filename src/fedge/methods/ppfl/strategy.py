@@ -50,6 +50,8 @@ class PpflStrategy(Strategy):
         self.rounds_in_stage = 0
         self.best = -1.0
         self.bad = 0
+        self.val_best = -1.0  # the stage's best validation accuracy (stage_patience)
+        self.val_bad = 0  # evaluated rounds since it last rose by stage_min_delta
         self.advance = False
         self._rnd = 0
         self.client_has: dict[int, int] = {}
@@ -390,9 +392,12 @@ class PpflStrategy(Strategy):
             else:
                 self.bad += 1
         c = self.cfg
+        if c.stage_patience is not None:
+            self._track_validation(line)
         done = (
             (c.rounds_per_stage is not None and self.rounds_in_stage >= c.rounds_per_stage)
             or (c.patience is not None and self.bad >= c.patience)
+            or (c.stage_patience is not None and self.val_bad >= c.stage_patience)
             or (c.target_accuracy is not None and acc is not None and acc >= c.target_accuracy)
         )
         last = self.stage == len(self.stages) - 1
@@ -405,8 +410,26 @@ class PpflStrategy(Strategy):
             self.advance = True
             self.stage += 1
             self.rounds_in_stage, self.best, self.bad = 0, -1.0, 0
+            self.val_best, self.val_bad = -1.0, 0
             self.stage_aggregated = False
         return {"stage_done": int(bool(done))}
+
+    def _track_validation(self, line: Mapping[str, Any]) -> None:
+        """Count the evaluated rounds since the stage's validation accuracy last rose above its
+        best by more than ``stage_min_delta`` (the stage's first evaluation always counts as a
+        rise; a smaller rise leaves the best where it was)."""
+        if line.get("test_accuracy") is None:
+            return  # not an evaluation round
+        val = line.get("val_accuracy")
+        if val is None:
+            raise ConfigError(
+                "method.stage_patience ends a stage on its validation accuracy, but this run "
+                "evaluates none; set dataset.validation (e.g. 0.1) or use method.patience"
+            )
+        if self.val_best < 0 or val > self.val_best + self.cfg.stage_min_delta:
+            self.val_best, self.val_bad = float(val), 0
+        else:
+            self.val_bad += 1
 
     def eval_model(self) -> nn.Module:
         st = self.stages[self.stage - 1 if self.advance else self.stage]
@@ -431,6 +454,8 @@ class PpflStrategy(Strategy):
             "rounds_in_stage": self.rounds_in_stage,
             "best": self.best,
             "bad": self.bad,
+            "val_best": self.val_best,
+            "val_bad": self.val_bad,
             "advance": self.advance,
             "released": dict(self.released),
             "client_has": dict(self.client_has),
@@ -472,6 +497,7 @@ class PpflStrategy(Strategy):
         checkpoint of an older fedge, which kept less, loads for that)."""
         self.stage, self.rounds_in_stage = state["stage"], state["rounds_in_stage"]
         self.best, self.bad, self.advance = state["best"], state["bad"], state["advance"]
+        self.val_best, self.val_bad = state.get("val_best", -1.0), state.get("val_bad", 0)
         self.released = dict(state["released"])
         self._load_released()
         self._rnd = state.get("rnd", 0)
