@@ -233,7 +233,10 @@ def read_report(
     rows = {}
     for label, per in units["rows"].items():
         keys = [k for k in per[0] if k not in ("row", "seed")]
-        rows[label] = {k: statistics.mean(p[k] for p in per) for k in keys}
+        rows[label] = {  # None: not measured (measure.memory=false)
+            k: None if any(p[k] is None for p in per) else statistics.mean(p[k] for p in per)
+            for k in keys
+        }
         rows[label]["cpu_minutes"] = sum(p["row"]["wall_s"] for p in per) / 60
     return {
         "rows": rows,

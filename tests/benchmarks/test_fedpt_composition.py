@@ -28,8 +28,6 @@ TINY = [
     "dataset.limit_test=50",
     "--set",
     "method.max_steps=1",
-    "--set",
-    "measure.memory=false",
 ]
 
 

@@ -23,7 +23,7 @@ TINY = [
     "--set",
     "eval_every=1",
     "--set",
-    "dataset.limit_train=100",
+    "dataset.limit_train=300",  # Dirichlet(1) with at least 10 samples a client
     "--set",
     "dataset.limit_test=50",
 ]
