@@ -123,8 +123,10 @@ def table(report: dict[str, Any]) -> str:
 
 PARTITION = (
     "**Partition**: label skew by Dirichlet(1) over the 10 clients (`partition.name=dirichlet`, "
-    "`partition.alpha=1`), as the paper partitions CIFAR-10; the model, data set, scale and rounds "
-    "are this machine's (above), not the paper's."
+    "`partition.alpha=1`, at least 10 samples a client), as the paper partitions CIFAR-10; the "
+    "model, data set, scale and rounds are this machine's (above), not the paper's. The Dirichlet "
+    "split is drawn with numpy's generator (not fedge's portable draws), so a seed's split can "
+    "differ between machines; each run record names the machine that ran it."
 )
 
 
