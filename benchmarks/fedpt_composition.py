@@ -261,7 +261,8 @@ def section(report: dict[str, Any] | None = None) -> str:
         parts += [
             table(rows),
             _notes(rows),
-            "CPU-minutes of each row's runs (one thread each, all seeds; each run record names "
+            "Wall minutes of each row's runs (one thread each, all seeds; on a shared machine, "
+            "so at least their CPU time; each run record names "
             f"the machine it ran on): {minutes}.",
         ]
     else:

@@ -201,7 +201,8 @@ def section(report: dict[str, Any] | None = None) -> str:
         minutes = "; ".join(f"{k} {r['cpu_minutes']:.1f}" for k, r in report["rows"].items())
         parts += [
             table(report) + _notes(report),
-            "CPU-minutes of each row's runs (one thread each, all seeds; each run record names "
+            "Wall minutes of each row's runs (one thread each, all seeds; on a shared machine, "
+            "so at least their CPU time; each run record names "
             f"the machine it ran on): {minutes}.",
         ]
     else:

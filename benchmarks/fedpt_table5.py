@@ -294,7 +294,8 @@ def section(report: dict[str, Any] | None = None) -> str:
         parts += [
             table(report),
             verdict(report),
-            f"CPU-minutes of all {len(report['rows'])} rows' runs (one thread each, all seeds; each "
+            f"Wall minutes of all {len(report['rows'])} rows' runs (one thread each, all seeds; on a "
+            "shared machine, so at least their CPU time; each "
             f"run record names the machine it ran on): {minutes:.1f}.",
         ]
     else:
