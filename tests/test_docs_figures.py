@@ -701,7 +701,8 @@ AWAITING_RECORDS = {
         "python benchmarks/fedpt_table5.py --seeds 3 --docs docs/benchmarks.md",
     ),
     "fedpt-composition": Awaiting(
-        "composition table: the script records its runs; 5 runs to come (about 10 CPU-minutes)",
+        "composition table: the script records its runs; 3 of 5 recorded, the BAFFLE + freeze "
+        "and NTK-BAFFLE + freeze runs to come (BAFFLE full took 11 wall minutes niced here)",
         "python benchmarks/fedpt_composition.py --seeds 1 --docs docs/benchmarks.md",
     ),
     "ppfl": Awaiting(
