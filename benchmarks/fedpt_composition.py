@@ -19,28 +19,40 @@ rounds).
 
 Reduced to fit about 10 minutes of one CPU thread: 500 training samples over 10 IID clients (50
 each), all 10 per round, 10 rounds, batches of 25 (2 local steps per round), Adam lr 0.01
-(betas 0.9/0.99; BAFFLE's client optimizer, used for every row), 2,000 test images, one seed.
+(betas 0.9/0.99; BAFFLE's client optimizer, used for every row), 2,000 test images, one seed by default.
 
-    python benchmarks/fedpt_composition.py [--out runs/bench-fedpt-composition] [--docs docs/benchmarks.md]
+    python benchmarks/fedpt_composition.py [--out runs/bench-fedpt-composition] [--seeds 1] [--docs docs/benchmarks.md]
+    python benchmarks/fedpt_composition.py --table-only --docs docs/benchmarks.md   # render the records
+    python benchmarks/fedpt_composition.py --estimate   # the CPU-minutes the runs not yet recorded need
 
-Each run directory is reused when complete and resumed when interrupted, so the script resumes.
+Resumable per run (row and seed): each finished run is recorded under
+``benchmarks/results/fedpt_composition/`` (its resolved config and row under ``runs/``, the
+table's figures of it under ``figures/``; commit them), and the table is derived from those
+records alone.
 """
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
 from safetensors.torch import load_file
 
-from fedge.bench.docs import markdown_table
+from fedge.bench.docs import markdown_table, records_line, update_section
 from fedge.bench.figures import mib, read_run_logs
-from fedge.bench.script import report_and_document, runs_parser
-from fedge.bench.variants import run_variants
+from fedge.bench.script import runs_parser
+from fedge.bench.unit_records import cpu_estimate, run_units
 from fedge.core.config import load_config
 from fedge.models import build_model
 from fedge.models.blocks import resolve_freeze
 
+RECORDS = Path(__file__).resolve().parent / "results" / "fedpt_composition"
+COMMAND = "python benchmarks/fedpt_composition.py --seeds 1"
+RENDER = "python benchmarks/fedpt_composition.py --table-only --docs docs/benchmarks.md"
+#: CPU-minutes of one run (one thread), from the runs behind the first version of this table
+#: (5 runs, one seed, in about 10 minutes; the BAFFLE rows take most of it)
+MINUTES_PER_RUN = 2.0
 PRESET = "baffle-fmnist-lenet"
 ROUNDS = 10
 FREEZE = "method.freeze=[features.conv2]"
@@ -154,9 +166,8 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(markdown_table(head, cells, left=2))
 
 
-def markdown(rows: dict[str, dict[str, Any]], command: str) -> str:
+def markdown(seeds: int) -> str:
     return (
-        f"Command: `{command}`\n\n"
         "No seed paper has this table: it composes FedPT's freezing (seed 002) with BAFFLE's forward-only "
         "clients (seed 000) and NTK pruning (seed 004). Same data, model, clients, rounds and client "
         "optimizer for every row: BAFFLE's LeNet (`lenet`, 26,730 parameters, GroupNorm without affine "
@@ -168,15 +179,14 @@ def markdown(rows: dict[str, dict[str, Any]], command: str) -> str:
         "scores (10 pruning rounds), so its trainable coordinates are the kept ones outside conv2. "
         f"Reduced to fit a shared 2-core CPU: 500 training samples over 10 IID clients (all per round), "
         f"{ROUNDS} rounds of one local epoch with batches of 25 (2 steps), Adam lr 0.01 (betas 0.9/0.99) for "
-        "every row, 2,000 test images, one seed (0). FLOPs are torch's flop counter per client per round "
+        "every row, 2,000 test images, "
+        + (f"{seeds} seeds (mean over them)" if seeds > 1 else "one seed (0)")
+        + ". FLOPs are torch's flop counter per client per round "
         "(BAFFLE: forwards only); bytes are the measured messages; memory is per client step (tensor "
         "accounting: parameters + live tensors, max over rounds; the runs also log RSS growth of the process "
         "high-water mark, but the rows run one after another in one process, so only the first rows' RSS "
         "grows and it is not a per-row figure). `trainable params` excludes frozen tensors; on the pruned "
-        "model, `kept` counts those that survive pruning (the coordinates BAFFLE perturbs and trains).\n\n"
-        + table(rows)
-        + "\n\n"
-        + _notes(rows)
+        "model, `kept` counts those that survive pruning (the coordinates BAFFLE perturbs and trains)."
     )
 
 
@@ -204,21 +214,99 @@ def _notes(rows: dict[str, dict[str, Any]]) -> str:
     )
 
 
+def read_report(
+    records: Path = RECORDS, seeds: range = range(1), *, run: bool = False, out: str = "", extra=()
+) -> dict[str, Any]:
+    """The table's figures, from the committed records alone (``run=False``, ``--table-only``)
+    or running the units not yet recorded into ``out`` first (mean over the seeds); rows whose
+    seeds are not all recorded are ``missing``."""
+    units = run_units(
+        PRESET,
+        ROWS,
+        seeds=seeds,
+        out_root=out or records / ".unused",
+        common=[*COMMON, *extra],
+        records=records,
+        figures=lambda run_dir, row: _read(row),
+        run=run,
+    )
+    rows = {}
+    for label, per in units["rows"].items():
+        keys = [k for k in per[0] if k not in ("row", "seed")]
+        rows[label] = {  # None: not measured (measure.memory=false)
+            k: None if any(p[k] is None for p in per) else statistics.mean(p[k] for p in per)
+            for k in keys
+        }
+        rows[label]["cpu_minutes"] = sum(p["row"]["wall_s"] for p in per) / 60
+    return {
+        "rows": rows,
+        "seeds": len(seeds),
+        "missing": units["missing"],
+        "complete": len(rows) == len(ROWS),
+    }
+
+
+def section(report: dict[str, Any] | None = None) -> str:
+    """The docs section, from the records alone: the protocol, the commands, the table, its
+    reading and each row's CPU-minutes; while a row awaits records, the protocol and what is left."""
+    report = report or read_report()
+    parts = [
+        markdown(report["seeds"]),
+        "Run (resumable per run, records under `benchmarks/results/fedpt_composition/`): "
+        f"`{COMMAND}`; render: `{RENDER}`",
+    ]
+    if report["complete"]:
+        rows = report["rows"]
+        minutes = "; ".join(f"{k} {r['cpu_minutes']:.1f}" for k, r in rows.items())
+        parts += [
+            table(rows),
+            _notes(rows),
+            "Wall minutes of each row's runs (one thread each, all seeds; on a shared machine, "
+            "so at least their CPU time; each run record names "
+            f"the machine it ran on): {minutes}.",
+        ]
+    else:
+        parts.append("Awaiting records (runs to come): " + ", ".join(report["missing"]) + ".")
+    return "\n\n".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = runs_parser(__doc__, out="runs/bench-fedpt-composition")
-    args = ap.parse_args(argv)
-    runs = run_variants(PRESET, ROWS, out_root=args.out, common=COMMON)
-    rows = {r["label"]: _read(r) for r in runs["results"]}
-    return report_and_document(
-        rows,
-        table(rows),
-        args.docs,
-        section="fedpt-composition",
-        title="Composition: freezing with forward-only clients",
-        markdown=lambda command: markdown(rows, command),
-        script=__file__,
-        argv=argv,
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument(
+        "--records", default=str(RECORDS), help="where finished runs are recorded (commit them)"
     )
+    ap.add_argument("--table-only", action="store_true", help="render the records, run nothing")
+    ap.add_argument(
+        "--estimate", action="store_true", help="print the CPU cost of the runs not yet recorded"
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more override for every run (a smaller setting for a test)",
+    )
+    args = ap.parse_args(argv)
+    records, seeds = Path(args.records), range(args.seeds)
+    if args.estimate:
+        missing = read_report(records, seeds, extra=args.set)["missing"]
+        print(cpu_estimate(missing, len(ROWS) * args.seeds, MINUTES_PER_RUN))
+        return 0
+    if not args.table_only:
+        read_report(records, seeds, run=True, out=args.out, extra=args.set)
+    report = read_report(records, seeds, extra=args.set)
+    text = section(report)
+    print(text)
+    if args.docs:
+        update_section(
+            args.docs,
+            "fedpt-composition",
+            "Composition: freezing with forward-only clients",
+            text,
+            machine=records_line(records, root=Path(__file__).resolve().parents[1]),
+        )
+    return 0
 
 
 if __name__ == "__main__":

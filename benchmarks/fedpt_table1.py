@@ -10,16 +10,21 @@ rounds): 3,000 training samples over 10 IID clients, all 10 per round, 6 rounds 
 epoch (batches of 32, SGD lr 0.05 momentum 0.9), evaluated on 2,000 test images at the end.
 
     python benchmarks/fedpt_table1.py [--out runs/bench-fedpt-table1] [--seeds 3] [--docs docs/benchmarks.md]
+    python benchmarks/fedpt_table1.py --table-only --docs docs/benchmarks.md   # render the records
+    python benchmarks/fedpt_table1.py --estimate   # the CPU-minutes the runs not yet recorded need
 
-Each run directory is reused when complete and resumed when interrupted, so the script resumes.
+Resumable per run (row and seed): each finished run is recorded under
+``benchmarks/results/fedpt_table1/`` (its resolved config and row under ``runs/``, the table's
+figures of it under ``figures/``; commit them), and the table is derived from those records alone.
 """
 
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Any
 
-from fedge.bench.docs import markdown_table
+from fedge.bench.docs import markdown_table, records_line, update_section
 from fedge.bench.figures import (
     communication_reduction,
     few_seeds_note,
@@ -27,10 +32,16 @@ from fedge.bench.figures import (
     mib,
     run_figures,
 )
-from fedge.bench.script import report_and_document, runs_parser
+from fedge.bench.script import runs_parser
 from fedge.bench.stats import NO_INTERVAL, t_interval, verdict
-from fedge.bench.variants import run_variants
+from fedge.bench.unit_records import cpu_estimate, run_units
 
+RECORDS = Path(__file__).resolve().parent / "results" / "fedpt_table1"
+COMMAND = "python benchmarks/fedpt_table1.py --seeds 3"
+RENDER = "python benchmarks/fedpt_table1.py --table-only --docs docs/benchmarks.md"
+#: CPU-minutes of one run (one thread), from the runs behind the first version of this table:
+#: 10 clients × about 2.4 s per client step × 6 rounds, plus the evaluation
+MINUTES_PER_RUN = 3.0
 PRESET = "fedpt-fmnist-cnn"
 ROUNDS = 6
 COMMON = [
@@ -52,9 +63,11 @@ ROWS = {
 PAPER_GAP = 83.75 - 85.47
 
 
-def _row(run_dirs: list[str]) -> dict[str, Any]:
-    per = [run_figures(d) for d in run_dirs]
-    agg = mean_over_seeds(per)
+def _row(per: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row over its seeds' figures (:func:`fedge.bench.figures.run_figures` of each run, as
+    recorded), seed 0 first."""
+    per = sorted(per, key=lambda p: p["seed"])
+    agg = mean_over_seeds([{k: v for k, v in p.items() if k not in ("row", "seed")} for p in per])
     out = {
         k: agg[k]
         for k in (
@@ -71,7 +84,7 @@ def _row(run_dirs: list[str]) -> dict[str, Any]:
         accuracy_std=agg["accuracy_std"],
         seeds=agg["seeds"],
         accuracies=[p["accuracy"] for p in per],  # by seed, 0, 1, ...: the rows pair by seed
-        run_dirs=run_dirs,
+        cpu_minutes=sum(p["row"]["wall_s"] for p in per) / 60,
     )
     return out
 
@@ -105,9 +118,8 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(markdown_table(head, cells, left=1))
 
 
-def markdown(report: dict[str, Any], command: str) -> str:
+def markdown(report: dict[str, Any]) -> str:
     return (
-        f"Command: `{command}`\n\n"
         "FedPT (seed 002) Table 1: EMNIST CNN, dense layer frozen: 4.97% trainable, 20× less communication, "
         "83.75 ± 0.16 vs 85.47 ± 0.21 accuracy. Here: the same CNN (`cnn-fedpt`: conv3x3(32), conv3x3(64), "
         "maxpool, FC 128, FC 10; dropout left out) on Fashion-MNIST, preset `fedpt-fmnist-cnn`, IID partition, "
@@ -118,7 +130,7 @@ def markdown(report: dict[str, Any], command: str) -> str:
         "seeds). The runs also log RSS growth of the process high-water mark, but the rows run one after "
         "another in one process, so a later row's RSS grows only beyond what an earlier row already took: "
         "not a per-row figure, so it is left out. Client time per round is wall time per client step on a "
-        "machine shared with other jobs: noisy.\n\n" + table(report) + _notes(report)
+        "machine shared with other jobs: noisy."
     )
 
 
@@ -152,32 +164,89 @@ def verdict_sentence(full: dict[str, Any], frozen: dict[str, Any]) -> str:
     )
 
 
+def variants() -> dict[str, list[str]]:
+    return {label: [freeze] for label, freeze in ROWS.items()}
+
+
+def read_report(
+    records: Path = RECORDS, seeds: range = range(3), *, run: bool = False, out: str = "", extra=()
+) -> dict[str, Any]:
+    """The table's figures, from the committed records alone (``run=False``, ``--table-only``)
+    or running the units not yet recorded into ``out`` first; rows whose seeds are not all
+    recorded are ``awaiting``."""
+    units = run_units(
+        PRESET,
+        variants(),
+        seeds=seeds,
+        out_root=out or records / ".unused",
+        common=[*COMMON, *extra],
+        records=records,
+        figures=lambda run_dir, row: run_figures(run_dir),
+        run=run,
+    )
+    rows = {label: _row(per) for label, per in units["rows"].items()}
+    return {"rows": rows, "missing": units["missing"], "complete": len(rows) == len(ROWS)}
+
+
+def section(report: dict[str, Any] | None = None) -> str:
+    """The docs section, from the records alone: the protocol, the commands, the table, its
+    reading and each row's CPU-minutes; while a row awaits records, the protocol and what is left."""
+    report = report or read_report()
+    parts = [
+        markdown(report),
+        "Run (resumable per run, records under `benchmarks/results/fedpt_table1/`): "
+        f"`{COMMAND}`; render: `{RENDER}`",
+    ]
+    if report["complete"]:
+        minutes = "; ".join(f"{k} {r['cpu_minutes']:.1f}" for k, r in report["rows"].items())
+        parts += [
+            table(report) + _notes(report),
+            "Wall minutes of each row's runs (one thread each, all seeds; on a shared machine, "
+            "so at least their CPU time; each run record names "
+            f"the machine it ran on): {minutes}.",
+        ]
+    else:
+        parts.append("Awaiting records (runs to come): " + ", ".join(report["missing"]) + ".")
+    return "\n\n".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = runs_parser(__doc__, out="runs/bench-fedpt-table1")
     ap.add_argument("--seeds", type=int, default=3)
-    args = ap.parse_args(argv)
-    variants = {
-        f"{label} seed={s}": [f"seed={s}", freeze]
-        for s in range(args.seeds)
-        for label, freeze in ROWS.items()
-    }
-    runs = run_variants(PRESET, variants, out_root=args.out, common=COMMON)
-    dirs = {r["label"]: r["run_dir"] for r in runs["results"]}
-    report = {
-        "rows": {
-            label: _row([dirs[f"{label} seed={s}"] for s in range(args.seeds)]) for label in ROWS
-        }
-    }
-    return report_and_document(
-        report,
-        table(report),
-        args.docs,
-        section="fedpt-table1",
-        title="FedPT Table 1 analogue",
-        markdown=lambda command: markdown(report, command),
-        script=__file__,
-        argv=argv,
+    ap.add_argument(
+        "--records", default=str(RECORDS), help="where finished runs are recorded (commit them)"
     )
+    ap.add_argument("--table-only", action="store_true", help="render the records, run nothing")
+    ap.add_argument(
+        "--estimate", action="store_true", help="print the CPU cost of the runs not yet recorded"
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more override for every run (a smaller setting for a test)",
+    )
+    args = ap.parse_args(argv)
+    records, seeds = Path(args.records), range(args.seeds)
+    if args.estimate:
+        missing = read_report(records, seeds, extra=args.set)["missing"]
+        print(cpu_estimate(missing, len(ROWS) * args.seeds, MINUTES_PER_RUN))
+        return 0
+    if not args.table_only:
+        read_report(records, seeds, run=True, out=args.out, extra=args.set)
+    report = read_report(records, seeds, extra=args.set)
+    text = section(report)
+    print(text)
+    if args.docs:
+        update_section(
+            args.docs,
+            "fedpt-table1",
+            "FedPT Table 1 analogue",
+            text,
+            machine=records_line(records, root=Path(__file__).resolve().parents[1]),
+        )
+    return 0
 
 
 if __name__ == "__main__":

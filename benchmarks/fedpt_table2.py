@@ -18,24 +18,42 @@ against the fully trainable row, final test accuracy (mean ± std over the seeds
 per round and client peak memory (``measure.memory``: tensor accounting and peak RSS growth).
 
 Reduced to fit about 10 minutes of one CPU thread (the paper: CIFAR-10, ResNet-18, hundreds of
-rounds): preset ``fedpt-fmnist-cnn`` with the model swapped, 3,000 training samples over 10 IID
-clients, all 10 per round, 5 rounds of one local epoch (batches of 32, SGD lr 0.05 momentum 0.9),
-evaluated on 2,000 test images at the end; one seed by default.
+rounds): preset ``fedpt-fmnist-cnn`` with the model swapped, 3,000 training samples over 10
+clients partitioned by label skew Dirichlet(1) as the paper's CIFAR-10 clients
+(``partition.name=dirichlet``, ``partition.alpha=1``), all 10 per round, 5 rounds of one local
+epoch (batches of 32, SGD lr 0.05 momentum 0.9), evaluated on 2,000 test images at the end; 3 seeds.
 
-    python benchmarks/fedpt_table2.py [--out runs/bench-fedpt-table2] [--seeds 1] [--docs docs/benchmarks.md]
+    python benchmarks/fedpt_table2.py [--out runs/bench-fedpt-table2] [--seeds 3] [--docs docs/benchmarks.md]
+    python benchmarks/fedpt_table2.py --table-only --docs docs/benchmarks.md   # render the records
+    python benchmarks/fedpt_table2.py --estimate   # the CPU-minutes the runs not yet recorded need
 
-Each run directory is reused when complete and resumed when interrupted, so the script resumes
-(and ``--seeds 3`` adds seeds 1 and 2 to a one-seed table).
+Resumable per run (row and seed): each finished run is recorded under
+``benchmarks/results/fedpt_table2/`` (its resolved config and row under ``runs/``, the table's
+figures of it under ``figures/``; commit them), and the table is derived from those records alone.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from fedge.bench.docs import markdown_table
-from fedge.bench.figures import communication_reduction, mean_over_seeds, mib, run_figures
-from fedge.bench.script import report_and_document, runs_parser
-from fedge.bench.variants import run_seeded_variants
+from fedge.bench.docs import markdown_table, records_line, update_section
+from fedge.bench.figures import (
+    communication_reduction,
+    few_seeds_note,
+    mean_over_seeds,
+    mib,
+    run_figures,
+)
+from fedge.bench.script import runs_parser
+from fedge.bench.unit_records import cpu_estimate, run_units
+
+RECORDS = Path(__file__).resolve().parent / "results" / "fedpt_table2"
+COMMAND = "python benchmarks/fedpt_table2.py --seeds 3"
+RENDER = "python benchmarks/fedpt_table2.py --table-only --docs docs/benchmarks.md"
+#: CPU-minutes of one run (one thread), from the runs behind the first version of this table:
+#: 10 clients × about 3.7 s per client step × 5 rounds, plus the evaluation
+MINUTES_PER_RUN = 3.3
 
 PRESET = "fedpt-fmnist-cnn"
 ROUNDS = 5
@@ -47,6 +65,8 @@ COMMON = [
     "measure.memory=true",
     "dataset.limit_train=3000",
     "dataset.limit_test=2000",
+    "partition.name=dirichlet",
+    "partition.alpha=1.0",
 ]
 ROWS = {
     "fully trainable": "method.freeze=[]",
@@ -101,44 +121,35 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(markdown_table(head, cells, left=2))
 
 
-DEPARTURES = (
-    "**Departures from the paper, stated**: the clients here are IID, where the paper partitions "
-    "CIFAR-10 by Dirichlet(1) label skew, so the rows say nothing yet about freezing under skew; and the "
-    "table has one seed, so no accuracy difference between its rows is resolved (the FedPT Table 1 "
-    "analogue's 3-seed std, another setting, is 0.6–1.3 points). Dirichlet(1) and 3 seeds wait for the "
-    "long runs (docs/planned.md)."
+PARTITION = (
+    "**Partition**: label skew by Dirichlet(1) over the 10 clients (`partition.name=dirichlet`, "
+    "`partition.alpha=1`, at least 10 samples a client), as the paper partitions CIFAR-10; the "
+    "model, data set, scale and rounds are this machine's (above), not the paper's. The Dirichlet "
+    "split is drawn with numpy's generator (not fedge's portable draws), so a seed's split can "
+    "differ between machines; each run record names the machine that ran it."
 )
 
 
-def markdown(report: dict[str, Any], command: str) -> str:
-    seeds = min(r["seeds"] for r in report["rows"].values())
+def markdown(report: dict[str, Any]) -> str:
+    seeds = report["seeds"]
     return (
-        f"Command: `{command}`\n\n"
         "FedPT (seed 002) Tables 2 and 4: ResNet-18 on CIFAR-10 with conv layers frozen at five trainable "
         "fractions; accuracy holds down to a small trainable fraction while communication, client time and "
         "peak memory fall. Here: the zoo's ResNet-20 (`resnet20`, BatchNorm, 269,434 parameters) on "
         "Fashion-MNIST at 28x28, frozen by the paper's principle 1 (`method.freeze=largest:N`: the N blocks "
         "with the most freezable parameters; `fedge models --blocks resnet20` lists them), normalization "
         "layers always trainable. Reduced: preset `fedpt-fmnist-cnn` with `model.name=resnet20`, 3,000 "
-        f"training samples over 10 IID clients (all sampled each round), {ROUNDS} rounds of one local epoch "
+        f"training samples over 10 Dirichlet(1) clients (all sampled each round), {ROUNDS} rounds of one local epoch "
         "(batches of 32, SGD lr 0.05 momentum 0.9), 2,000 test images, one torch thread, "
-        + (
-            f"{seeds} seed{'s' * (seeds > 1)} ({'mean ± std' if seeds > 1 else 'seed 0 only: 3 seeds did not fit the time budget'})"
-            ". "
-        )
+        + (f"{seeds} seed{'s' * (seeds > 1)}{' (mean ± std)' if seeds > 1 else ''}. ")
         + "Bytes are the real serialized messages per client per round (frozen rows: trainable tensors, "
         "BatchNorm statistics and the 8-byte seed down; the trainable delta up). Client GFLOP are counted "
         "by torch's flop counter per client step. Client time is wall time per client step on a machine shared "
         "with other jobs (noisy; the ratio to the fully trainable row in the same run is the figure to read). "
         "Memory per client step is tensor accounting (peak over rounds of parameters + live tensors). The "
         "runs also log RSS growth of the process high-water mark, but all rows run in one process, one "
-        f"after another, so only the first row's RSS grows ({mib(report['rows']['fully trainable']['rss_peak'])} MiB here) "
-        "and the later rows read (nearly) 0: "
-        "not a per-row figure, so it is left out of the table.\n\n"
-        + DEPARTURES
-        + "\n\n"
-        + table(report)
-        + _notes(report)
+        "after another, so only the first row's RSS grows and the later rows read (nearly) 0: "
+        "not a per-row figure, so it is left out of the table.\n\n" + PARTITION
     )
 
 
@@ -170,8 +181,12 @@ def _shape(rows: dict[str, dict[str, Any]]) -> str:
         text += (
             f" Accuracy is not monotone in the trainable fraction here: {100 * b['trainable_fraction']:.2f}% trainable "
             f"reaches {100 * b['accuracy']:.2f} against {100 * a['accuracy']:.2f} at {100 * a['trainable_fraction']:.2f}%. "
-            "With one seed this table cannot say whether that is seed-to-seed spread or an effect of freezing "
-            "part of a stage; rerun with `--seeds 3` to tell."
+            + (
+                "With one seed this table cannot say whether that is seed-to-seed spread or an effect "
+                "of freezing part of a stage; rerun with `--seeds 3` to tell."
+                if min(r["seeds"] for r in rows.values()) < 2
+                else "Read it against the rows' std over the seeds."
+            )
         )
     ratios = [r["client_s"] / full["client_s"] for r in rows.values()]
     text += (
@@ -182,32 +197,96 @@ def _shape(rows: dict[str, dict[str, Any]]) -> str:
     return text
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = runs_parser(__doc__, out="runs/bench-fedpt-table2")
-    ap.add_argument("--seeds", type=int, default=1)
-    args = ap.parse_args(argv)
-    runs = run_seeded_variants(
+def read_report(
+    records: Path = RECORDS, seeds: range = range(3), *, run: bool = False, out: str = "", extra=()
+) -> dict[str, Any]:
+    """The table's figures, from the committed records alone (``run=False``, ``--table-only``)
+    or running the units not yet recorded into ``out`` first; rows whose seeds are not all
+    recorded are ``missing``."""
+    units = run_units(
         PRESET,
         {k: [v] for k, v in ROWS.items()},
-        seeds=range(args.seeds),
-        out_root=args.out,
-        common=COMMON,
+        seeds=seeds,
+        out_root=out or records / ".unused",
+        common=[*COMMON, *extra],
+        records=records,
+        figures=lambda run_dir, row: run_figures(run_dir),
+        run=run,
     )
-    rows = {
-        r["label"]: mean_over_seeds([run_figures(x["run_dir"]) for x in r["runs"]])
-        for r in runs["results"]
+    rows = {}
+    for label, per in units["rows"].items():
+        row = mean_over_seeds(
+            [{k: v for k, v in p.items() if k not in ("row", "seed")} for p in per]
+        )
+        row["cpu_minutes"] = sum(p["row"]["wall_s"] for p in per) / 60
+        rows[label] = row
+    return {
+        "rows": rows,
+        "seeds": len(seeds),
+        "missing": units["missing"],
+        "complete": len(rows) == len(ROWS),
     }
-    report = {"rows": rows}
-    return report_and_document(
-        report,
-        table(report),
-        args.docs,
-        section="fedpt-table2",
-        title="FedPT Table 2/4 analogue",
-        markdown=lambda command: markdown(report, command),
-        script=__file__,
-        argv=argv,
+
+
+def section(report: dict[str, Any] | None = None) -> str:
+    """The docs section, from the records alone: the protocol, the commands, the table, its
+    reading and each row's CPU-minutes; while a row awaits records, the protocol and what is left."""
+    report = report or read_report()
+    parts = [
+        markdown(report),
+        "Run (resumable per run, records under `benchmarks/results/fedpt_table2/`): "
+        f"`{COMMAND}`; render: `{RENDER}`",
+    ]
+    if report["complete"]:
+        minutes = "; ".join(f"{k} {r['cpu_minutes']:.1f}" for k, r in report["rows"].items())
+        parts += [
+            table(report) + _notes(report) + few_seeds_note(report["rows"]),
+            "Wall minutes of each row's runs (one thread each, all seeds; on a shared machine, "
+            "so at least their CPU time; each run record names "
+            f"the machine it ran on): {minutes}.",
+        ]
+    else:
+        parts.append("Awaiting records (runs to come): " + ", ".join(report["missing"]) + ".")
+    return "\n\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = runs_parser(__doc__, out="runs/bench-fedpt-table2")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument(
+        "--records", default=str(RECORDS), help="where finished runs are recorded (commit them)"
     )
+    ap.add_argument("--table-only", action="store_true", help="render the records, run nothing")
+    ap.add_argument(
+        "--estimate", action="store_true", help="print the CPU cost of the runs not yet recorded"
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more override for every run (a smaller setting for a test)",
+    )
+    args = ap.parse_args(argv)
+    records, seeds = Path(args.records), range(args.seeds)
+    if args.estimate:
+        missing = read_report(records, seeds, extra=args.set)["missing"]
+        print(cpu_estimate(missing, len(ROWS) * args.seeds, MINUTES_PER_RUN))
+        return 0
+    if not args.table_only:
+        read_report(records, seeds, run=True, out=args.out, extra=args.set)
+    report = read_report(records, seeds, extra=args.set)
+    text = section(report)
+    print(text)
+    if args.docs:
+        update_section(
+            args.docs,
+            "fedpt-table2",
+            "FedPT Table 2/4 analogue",
+            text,
+            machine=records_line(records, root=Path(__file__).resolve().parents[1]),
+        )
+    return 0
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ trainable parameters gets 20× less noise energy for the same clipped signal. Th
 table is ``fedge privacy epsilon`` (section "DP-FTRL ε (FedPT Table 5)").
 
 Here, per z in {0 (clip only, no noise), 1.13, 2.33, 4.03, 6.21, 8.83} (``--z`` picks a subset),
-two runs of preset ``fedpt-fmnist-cnn``: fully trainable (``method.freeze=[]``) and the dense
+two runs per seed (3 seeds) of preset ``fedpt-fmnist-cnn``: fully trainable (``method.freeze=[]``) and the dense
 layer after the convolutions frozen (``method.freeze=[classifier.fc1]``), both under
 ``privacy.mechanism=tree`` (DP-FTRL with momentum 0.9, DP-FTRLM as Kairouz et al. and FedPT
 use it), ``privacy.sampling=shuffle`` (each pass over the population in a fresh random order:
@@ -19,20 +19,35 @@ Reduced to fit about 12 minutes of one CPU thread: 10,000 training samples resiz
 over 1,000 IID clients (10 samples each: one local step of batch 10, SGD lr 0.1), 100 clients
 per round, 20 rounds (2 passes, 2 trees of 10 steps), server SGD lr 1, test on 2,000 images.
 
-    python benchmarks/fedpt_table5.py [--out runs/bench-fedpt-table5] [--z 0,1.13,...] [--docs docs/benchmarks.md]
+    python benchmarks/fedpt_table5.py [--out runs/bench-fedpt-table5] [--seeds 3] [--z 0,1.13,...] [--docs docs/benchmarks.md]
+    python benchmarks/fedpt_table5.py --table-only --docs docs/benchmarks.md   # render the records
+    python benchmarks/fedpt_table5.py --estimate   # the CPU-minutes the runs not yet recorded need
 
-Each run directory is reused when complete and resumed when interrupted, so the script resumes.
+Resumable per run (model, z and seed): each finished run is recorded under
+``benchmarks/results/fedpt_table5/`` (its resolved config and row under ``runs/``, the table's
+figures of it under ``figures/``; commit them), and the table is derived from those records alone.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from pathlib import Path
 from typing import Any
 
+from fedge.bench.docs import records_line, update_section
 from fedge.bench.figures import read_run_logs
-from fedge.bench.script import report_and_document, runs_parser
-from fedge.bench.stats import NO_INTERVAL
-from fedge.bench.variants import run_variants
+from fedge.bench.script import runs_parser
+from fedge.bench.stats import NO_INTERVAL, t_interval
+from fedge.bench.stats import verdict as two_part
+from fedge.bench.unit_records import cpu_estimate, run_units
+
+RECORDS = Path(__file__).resolve().parent / "results" / "fedpt_table5"
+COMMAND = "python benchmarks/fedpt_table5.py --seeds 3"
+RENDER = "python benchmarks/fedpt_table5.py --table-only --docs docs/benchmarks.md"
+#: CPU-minutes of one run (one thread), from the runs behind the first version of this table
+#: (12 runs, one seed, in about 12 minutes)
+MINUTES_PER_RUN = 1.0
 
 PRESET = "fedpt-fmnist-cnn"
 ROUNDS = 20
@@ -60,17 +75,25 @@ MODELS = {"FT": "method.freeze=[]", "PT": "method.freeze=[classifier.fc1]"}
 
 
 def _read(run_dir: str) -> dict[str, Any]:
+    """One run's figures (recorded beside its run record); ε None: no noise, ε infinite."""
     summary, lines = read_run_logs(run_dir)
     eps = summary.get("epsilon", lines[-1].get("epsilon"))
     return {
         "accuracy": summary["final_test_accuracy"],
-        "epsilon": math.inf if eps is None else float(eps),
+        "epsilon": None if eps is None or math.isinf(float(eps)) else float(eps),
         "trainable_fraction": summary["trainable_fraction"],
         "trainable_params": lines[-1]["trainable_params"],
         "curve": [
             (x["round"], x["test_accuracy"]) for x in lines if x.get("test_accuracy") is not None
         ],
     }
+
+
+def _acc(r: dict[str, Any]) -> str:
+    """Mean accuracy %, ± its std over the seeds when there are several."""
+    if r.get("seeds", 1) > 1:
+        return f"{100 * r['accuracy']:.2f} ± {100 * r['accuracy_std']:.2f}"
+    return f"{100 * r['accuracy']:.2f}"
 
 
 def _eps(e: float) -> str:
@@ -96,7 +119,7 @@ def table(report: dict[str, Any]) -> str:
         frac = rows[f"{m} z={zs[0]:g}"]["trainable_fraction"]
         lines.append(
             f"| {m} ({100 * frac:.1f}% trainable) accuracy % | "
-            + " | ".join(f"{100 * rows[f'{m} z={z:g}']['accuracy']:.2f}" for z in zs)
+            + " | ".join(_acc(rows[f"{m} z={z:g}"]) for z in zs)
             + " |"
         )
     if 0 in zs:
@@ -128,11 +151,23 @@ def verdict(report: dict[str, Any]) -> str:
     )
     ahead = [f"{z:g}" for z, p, f in zip(zs, pt, ft, strict=True) if p > f]
     behind = [f"{z:g}" for z, p, f in zip(zs, pt, ft, strict=True) if p <= f]
-    text += (
-        "Against the paper's claim (PT degrades less than FT as noise grows): direction "
-        f"{NO_INTERVAL}; size not compared (the paper's accuracies are next-word prediction on Stack "
-        "Overflow). On this seed the point estimates "
-    )
+    paired = _paired(rows, base, zs[-1])
+    if paired is None:
+        text += (
+            "Against the paper's claim (PT degrades less than FT as noise grows): direction "
+            f"{NO_INTERVAL}; size not compared (the paper's accuracies are next-word prediction on Stack "
+            "Overflow). On this seed the point estimates "
+        )
+    else:
+        diffs, lo, hi = paired
+        seeds = ", ".join(f"{s}: {d:+.1f}" for s, d in enumerate(diffs))
+        text += (
+            "Against the paper's claim (PT degrades less than FT as noise grows), FT's loss − PT's "
+            f"loss from z = {base:g} to z = {zs[-1]:g}, paired by seed: {statistics.mean(diffs):+.2f} "
+            f"points, seeds {seeds}; 95% interval {lo:+.1f} to {hi:+.1f} → "
+            f"{two_part(lo, hi, statistics.mean(diffs), None, sign=+1)} (the paper's accuracies are "
+            "next-word prediction on Stack Overflow, not comparable in size). The mean point estimates "
+        )
     if ft_loss > pt_loss and not behind:
         text += "agree with the paper: PT loses less over the whole range and is ahead at every noise level"
     elif ft_loss > pt_loss and len(ahead) > len(behind):
@@ -145,13 +180,31 @@ def verdict(report: dict[str, Any]) -> str:
             f"do not agree: PT is ahead at z = {', '.join(ahead) or 'none'} and not at z = "
             f"{', '.join(behind) or 'none'}, so the ordering flips with z rather than widening in PT's favour"
         )
+    if paired is not None:
+        return text + "."
     return text + (
         ". One seed: the 3-seed spread of the FedPT Table 1 analogue above (0.6–1.3 points std, another "
         "setting) suggests that gaps of 1–3 points between FT and PT need more seeds before they carry weight."
     )
 
 
-def markdown(report: dict[str, Any], command: str) -> str:
+def _paired(
+    rows: dict[str, dict[str, Any]], base: float, top: float
+) -> tuple[list[float], float, float] | None:
+    """Per seed, FT's accuracy loss from z = ``base`` to z = ``top`` minus PT's (points; > 0: PT
+    degrades less, the paper's direction) and the 95% interval of their mean; None with fewer
+    than two seeds recorded for all four runs."""
+    runs = [rows[f"{m} z={z:g}"].get("accuracies", []) for m in MODELS for z in (base, top)]
+    n = min(len(r) for r in runs)
+    if n < 2:
+        return None
+    (ft0, ft1), (pt0, pt1) = runs[:2], runs[2:]
+    diffs = [100 * ((ft0[s] - ft1[s]) - (pt0[s] - pt1[s])) for s in range(n)]
+    lo, hi = t_interval(diffs)
+    return diffs, lo, hi
+
+
+def markdown(report: dict[str, Any]) -> str:
     zs = report["z"]
     subset = (
         ""
@@ -159,7 +212,6 @@ def markdown(report: dict[str, Any], command: str) -> str:
         else f" (a subset of the paper's {', '.join(map(str, Z_PAPER))})"
     )
     return (
-        f"Command: `{command}`\n\n"
         "FedPT (seed 002) Table 5: Stack Overflow, 100 clients per round, 1600 rounds, δ = 1e-6, DP-FTRL; the "
         "partially trainable model degrades less than the fully trainable one as z grows. Here: FedPT's CNN "
         "(`cnn-fedpt`) on Fashion-MNIST resized to 14x14 (so FC 1600→128 is the dense layer), fully trainable "
@@ -169,40 +221,129 @@ def markdown(report: dict[str, Any], command: str) -> str:
         f"{10 * POPULATION:,} training samples over {POPULATION:,} IID clients (10 each, one local SGD step "
         f"of batch 10, lr 0.1), {PER_ROUND} clients per round, {ROUNDS} rounds = "
         f"{ROUNDS * PER_ROUND // POPULATION} shuffled passes (no client twice in a tree; the tree restarts "
-        "each pass, and the passes compose), server SGD lr 1, 2,000 test images, one seed (0). ε is "
-        "dp-accounting's RDP bound for that run, read from its summary.json; it is the same for FT and PT. "
-        "**Departure from the paper, stated**: one seed, so the FT/PT comparison has no interval and no "
-        "direction is resolved (3 seeds wait for the long runs, docs/planned.md).\n\n"
-        + table(report)
-        + "\n\n"
-        + verdict(report)
+        "each pass, and the passes compose), server SGD lr 1, 2,000 test images, "
+        f"{report['seeds']} seed{'s' * (report['seeds'] > 1)} (accuracy: mean ± std over them). ε is "
+        "dp-accounting's RDP bound for that run, read from its summary.json; it is the same for FT and "
+        "PT and for every seed."
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = runs_parser(__doc__, out="runs/bench-fedpt-table5")
-    ap.add_argument(
-        "--z", default="0," + ",".join(map(str, Z_PAPER)), help="comma-separated noise multipliers"
-    )
-    args = ap.parse_args(argv)
-    zs = [float(z) for z in args.z.split(",")]
-    variants = {
+def variants(zs: list[float]) -> dict[str, list[str]]:
+    return {
         f"{m} z={z:g}": [freeze, f"privacy.noise_multiplier={z}"]
         for z in zs
         for m, freeze in MODELS.items()
     }
-    runs = run_variants(PRESET, variants, out_root=args.out, common=COMMON)
-    report = {"z": zs, "rows": {r["label"]: _read(r["run_dir"]) for r in runs["results"]}}
-    return report_and_document(
-        report,
-        table(report) + "\n" + verdict(report),
-        args.docs,
-        section="fedpt-table5",
-        title="FedPT Table 5 analogue (accuracy under DP-FTRL)",
-        markdown=lambda command: markdown(report, command),
-        script=__file__,
-        argv=argv,
+
+
+def read_report(
+    records: Path = RECORDS,
+    seeds: range = range(3),
+    zs: tuple[float, ...] = (0.0, *Z_PAPER),
+    *,
+    run: bool = False,
+    out: str = "",
+    extra=(),
+) -> dict[str, Any]:
+    """The table's figures, from the committed records alone (``run=False``, ``--table-only``)
+    or running the units not yet recorded into ``out`` first; rows whose seeds are not all
+    recorded are ``missing``."""
+    units = run_units(
+        PRESET,
+        variants(list(zs)),
+        seeds=seeds,
+        out_root=out or records / ".unused",
+        common=[*COMMON, *extra],
+        records=records,
+        figures=lambda run_dir, row: _read(run_dir),
+        run=run,
     )
+    rows = {}
+    for label, per in units["rows"].items():
+        accs = [p["accuracy"] for p in sorted(per, key=lambda p: p["seed"])]
+        eps = per[0]["epsilon"]
+        rows[label] = {
+            "accuracy": statistics.mean(accs),
+            "accuracy_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+            "accuracies": accs,  # by seed, 0, 1, ...: FT and PT pair by seed
+            "seeds": len(accs),
+            "epsilon": math.inf if eps is None else eps,
+            "trainable_fraction": per[0]["trainable_fraction"],
+            "cpu_minutes": sum(p["row"]["wall_s"] for p in per) / 60,
+        }
+    return {
+        "z": list(zs),
+        "rows": rows,
+        "seeds": len(seeds),
+        "missing": units["missing"],
+        "complete": len(rows) == 2 * len(zs),
+    }
+
+
+def section(report: dict[str, Any] | None = None) -> str:
+    """The docs section, from the records alone: the protocol, the commands, the table, its
+    verdict and the CPU-minutes; while a run awaits its record, the protocol and what is left."""
+    report = report or read_report()
+    parts = [
+        markdown(report),
+        "Run (resumable per run, records under `benchmarks/results/fedpt_table5/`): "
+        f"`{COMMAND}`; render: `{RENDER}`",
+    ]
+    if report["complete"]:
+        minutes = sum(r["cpu_minutes"] for r in report["rows"].values())
+        parts += [
+            table(report),
+            verdict(report),
+            f"Wall minutes of all {len(report['rows'])} rows' runs (one thread each, all seeds; on a "
+            "shared machine, so at least their CPU time; each "
+            f"run record names the machine it ran on): {minutes:.1f}.",
+        ]
+    else:
+        parts.append("Awaiting records (runs to come): " + ", ".join(report["missing"]) + ".")
+    return "\n\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = runs_parser(__doc__, out="runs/bench-fedpt-table5")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument(
+        "--z", default="0," + ",".join(map(str, Z_PAPER)), help="comma-separated noise multipliers"
+    )
+    ap.add_argument(
+        "--records", default=str(RECORDS), help="where finished runs are recorded (commit them)"
+    )
+    ap.add_argument("--table-only", action="store_true", help="render the records, run nothing")
+    ap.add_argument(
+        "--estimate", action="store_true", help="print the CPU cost of the runs not yet recorded"
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more override for every run (a smaller setting for a test)",
+    )
+    args = ap.parse_args(argv)
+    zs = tuple(float(z) for z in args.z.split(","))
+    records, seeds = Path(args.records), range(args.seeds)
+    if args.estimate:
+        missing = read_report(records, seeds, zs, extra=args.set)["missing"]
+        print(cpu_estimate(missing, 2 * len(zs) * args.seeds, MINUTES_PER_RUN))
+        return 0
+    if not args.table_only:
+        read_report(records, seeds, zs, run=True, out=args.out, extra=args.set)
+    report = read_report(records, seeds, zs, extra=args.set)
+    text = section(report)
+    print(text)
+    if args.docs:
+        update_section(
+            args.docs,
+            "fedpt-table5",
+            "FedPT Table 5 analogue (accuracy under DP-FTRL)",
+            text,
+            machine=records_line(records, root=Path(__file__).resolve().parents[1]),
+        )
+    return 0
 
 
 if __name__ == "__main__":

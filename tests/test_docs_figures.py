@@ -680,22 +680,28 @@ AWAITING_RECORDS = {
     # long runs launched separately (issue 46, ~10 CPU-hours): leaves once records are committed
     # reproductions whose runs predate records (issue 49): the script must first write one record
     # per run under benchmarks/results/, then the runs are repeated (CPU-hours, docs/planned.md)
+    # the FedPT scripts record each finished run under benchmarks/results/<script>/ and render
+    # their sections from the records (--table-only); the runs are to come (CPU-minutes each from
+    # the script's --estimate, one thread), launched as
+    # `OMP_NUM_THREADS=1 nice -n 10 <command>`; the section is then moved to RECORD_TABLES
     "fedpt-table1": Awaiting(
-        "FedPT Table 1: runs predate records; its script writes none yet",
+        "FedPT Table 1: the script records its runs; 6 runs to come (about 18 CPU-minutes)",
         "python benchmarks/fedpt_table1.py --seeds 3 --docs docs/benchmarks.md",
     ),
     "fedpt-table2": Awaiting(
-        "FedPT Tables 2/4: runs predate records; its script writes none yet (and runs IID, where "
-        "the paper has Dirichlet(1))",
-        "python benchmarks/fedpt_table2.py --docs docs/benchmarks.md",
+        "FedPT Tables 2/4: the script records its runs, now on Dirichlet(1) clients as the paper "
+        "and 3 seeds; 15 runs to come (about 50 CPU-minutes)",
+        "python benchmarks/fedpt_table2.py --seeds 3 --docs docs/benchmarks.md",
     ),
     "fedpt-table5": Awaiting(
-        "FedPT Table 5: runs predate records; its script writes none yet (one seed)",
-        "python benchmarks/fedpt_table5.py --docs docs/benchmarks.md",
+        "FedPT Table 5: the script records its runs, now 3 seeds; 36 runs to come (about 36 "
+        "CPU-minutes)",
+        "python benchmarks/fedpt_table5.py --seeds 3 --docs docs/benchmarks.md",
     ),
     "fedpt-composition": Awaiting(
-        "composition table: runs predate records; its script writes none yet",
-        "python benchmarks/fedpt_composition.py --docs docs/benchmarks.md",
+        "composition table: the script records its runs; 3 of 5 recorded, the BAFFLE + freeze "
+        "and NTK-BAFFLE + freeze runs to come (BAFFLE full took 11 wall minutes niced here)",
+        "python benchmarks/fedpt_composition.py --seeds 1 --docs docs/benchmarks.md",
     ),
     "ppfl": Awaiting(
         "PPFL Tables 3/4/5, transfer, enclave memory: runs predate records; the script now "

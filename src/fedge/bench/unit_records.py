@@ -1,0 +1,109 @@
+"""Run a table's units (one variant at one seed each) with a committed record per finished unit,
+and read the table back from those records alone.
+
+A unit runs as :func:`fedge.bench.variants.run_seeded_variants` lays it out (run directory
+``out_root/seed-S/<label>``, run record ``records/runs/seed-S/<label>.json`` holding the resolved
+config and the run's row), and beside its run record the script's own figures of that run
+(``records/figures/seed-S/<label>.json``: whatever the table needs that the row lacks, such as
+memory peaks or the trainable fraction). Each unit is recorded as soon as it finishes, so a table
+is resumable unit by unit across machines, and ``--table-only`` rendering needs neither the run
+directories nor the data: a unit is read from its records (its config checked against the one the
+script asks for), or is listed as missing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from fedge.bench.variants import run_variants
+
+__all__ = ["Figures", "cpu_estimate", "run_units"]
+
+#: A script's figures of one finished run: ``(run_dir, row)`` with ``row`` the run's
+#: :func:`fedge.bench.variants.run_variants` row; a JSON-serializable dict.
+Figures = Callable[[str, dict[str, Any]], dict[str, Any]]
+
+
+def _figures_record(records: Path, seed: int, label: str) -> Path:
+    return records / "figures" / f"seed-{seed}" / f"{label.replace('/', '-')}.json"
+
+
+def run_units(
+    base: str,
+    variants: dict[str, list[str]],
+    *,
+    seeds: Sequence[int],
+    out_root: str | Path,
+    common: list[str],
+    records: str | Path,
+    figures: Figures,
+    run: bool = True,
+) -> dict[str, Any]:
+    """Run (or read) every unit of ``variants`` × ``seeds`` and return ``{"rows": {label: [one
+    dict per seed: the unit's figures, its run row under "row", and "seed"]}, "missing": [unit,
+    ...]}``; a label is in ``rows`` only when every seed of it is there.
+
+    With ``run`` each unit missing from ``records`` is run (resumed from its run directory when
+    interrupted) and recorded at once, its figures by ``figures``; without it nothing runs and
+    the units without records are ``missing`` (``label@seed``). A record made by a different
+    config is an error (:func:`fedge.bench.variants.run_variants`), and so is a run record without
+    its figures record and without the run directory to make it from."""
+    records = Path(records)
+    rows: dict[str, list[dict[str, Any]]] = {label: [] for label in variants}
+    missing = []
+    for seed in seeds:
+        for label, overrides in variants.items():
+            out = Path(out_root) if run else records / ".unused"
+            got = run_variants(
+                base,
+                {label: overrides},
+                out_root=out / f"seed-{seed}",
+                common=[*common, f"seed={seed}"],
+                run=run,
+                records=records / "runs" / f"seed-{seed}",
+            )
+            if got["missing"]:
+                missing.append(f"{label}@{seed}")
+                continue
+            row = got["results"][0]
+            rec = _figures_record(records, seed, label)
+            run_dir = row.get("run_dir") or (
+                str(out / f"seed-{seed}" / label.replace("/", "-")) if run else None
+            )
+            if rec.exists():
+                figs = json.loads(rec.read_text())
+            elif run_dir is not None and (Path(run_dir) / "summary.json").exists():
+                figs = figures(run_dir, {**row, "run_dir": run_dir})
+                rec.parent.mkdir(parents=True, exist_ok=True)
+                tmp = rec.with_suffix(".json.tmp")  # written whole, then renamed
+                tmp.write_text(json.dumps(figs, indent=1, sort_keys=True) + "\n")
+                tmp.replace(rec)
+            else:
+                raise FileNotFoundError(
+                    f"{label}, seed {seed}: a run record but no figures record {rec} and no run "
+                    "directory to make it from; delete the run record under "
+                    f"{records / 'runs' / f'seed-{seed}'} to rerun the unit"
+                )
+            row = {k: v for k, v in row.items() if k != "run_dir"}
+            rows[label].append({**figs, "row": row, "seed": seed})
+    incomplete = {m.rsplit("@", 1)[0] for m in missing}
+    return {
+        "rows": {k: v for k, v in rows.items() if k not in incomplete},
+        "missing": missing,
+    }
+
+
+def cpu_estimate(missing: Sequence[str], units: int, minutes_per_run: float) -> str:
+    """A line saying how many of ``units`` runs are not yet recorded (``missing``) and about how
+    many CPU-minutes (one thread each) they need at ``minutes_per_run`` each.
+
+    >>> cpu_estimate(["a@1", "b@1"], 4, 2.5)
+    '2 of 4 runs not yet recorded: about 5 CPU-minutes (2.5 per run, one thread each)'
+    """
+    return (
+        f"{len(missing)} of {units} runs not yet recorded: about {len(missing) * minutes_per_run:g} "
+        f"CPU-minutes ({minutes_per_run:g} per run, one thread each)"
+    )
