@@ -39,10 +39,9 @@ from typing import Any
 
 from safetensors.torch import load_file
 
-from fedge.bench.docs import markdown_table, records_line, update_section
+from fedge.bench.docs import markdown_table
 from fedge.bench.figures import mib, read_run_logs
-from fedge.bench.script import runs_parser
-from fedge.bench.unit_records import cpu_estimate, run_units
+from fedge.bench.unit_records import records_main, records_parser, run_units
 from fedge.core.config import load_config
 from fedge.models import build_model
 from fedge.models.blocks import resolve_freeze
@@ -271,42 +270,18 @@ def section(report: dict[str, Any] | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = runs_parser(__doc__, out="runs/bench-fedpt-composition")
-    ap.add_argument("--seeds", type=int, default=1)
-    ap.add_argument(
-        "--records", default=str(RECORDS), help="where finished runs are recorded (commit them)"
-    )
-    ap.add_argument("--table-only", action="store_true", help="render the records, run nothing")
-    ap.add_argument(
-        "--estimate", action="store_true", help="print the CPU cost of the runs not yet recorded"
-    )
-    ap.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="one more override for every run (a smaller setting for a test)",
-    )
+    ap = records_parser(__doc__, out="runs/bench-fedpt-composition", records=RECORDS, seeds=1)
     args = ap.parse_args(argv)
-    records, seeds = Path(args.records), range(args.seeds)
-    if args.estimate:
-        missing = read_report(records, seeds, extra=args.set)["missing"]
-        print(cpu_estimate(missing, len(ROWS) * args.seeds, MINUTES_PER_RUN))
-        return 0
-    if not args.table_only:
-        read_report(records, seeds, run=True, out=args.out, extra=args.set)
-    report = read_report(records, seeds, extra=args.set)
-    text = section(report)
-    print(text)
-    if args.docs:
-        update_section(
-            args.docs,
-            "fedpt-composition",
-            "Composition: freezing with forward-only clients",
-            text,
-            machine=records_line(records, root=Path(__file__).resolve().parents[1]),
-        )
-    return 0
+    return records_main(
+        args,
+        read=read_report,
+        units=len(ROWS) * args.seeds,
+        minutes_per_run=MINUTES_PER_RUN,
+        section=section,
+        name="fedpt-composition",
+        title="Composition: freezing with forward-only clients",
+        root=Path(__file__).resolve().parents[1],
+    )
 
 
 if __name__ == "__main__":

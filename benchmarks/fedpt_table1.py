@@ -24,7 +24,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from fedge.bench.docs import markdown_table, records_line, update_section
+from fedge.bench.docs import markdown_table
 from fedge.bench.figures import (
     communication_reduction,
     few_seeds_note,
@@ -32,9 +32,8 @@ from fedge.bench.figures import (
     mib,
     run_figures,
 )
-from fedge.bench.script import runs_parser
 from fedge.bench.stats import NO_INTERVAL, t_interval, verdict
-from fedge.bench.unit_records import cpu_estimate, run_units
+from fedge.bench.unit_records import records_main, records_parser, run_units
 
 RECORDS = Path(__file__).resolve().parent / "results" / "fedpt_table1"
 COMMAND = "python benchmarks/fedpt_table1.py --seeds 3"
@@ -211,42 +210,18 @@ def section(report: dict[str, Any] | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = runs_parser(__doc__, out="runs/bench-fedpt-table1")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument(
-        "--records", default=str(RECORDS), help="where finished runs are recorded (commit them)"
-    )
-    ap.add_argument("--table-only", action="store_true", help="render the records, run nothing")
-    ap.add_argument(
-        "--estimate", action="store_true", help="print the CPU cost of the runs not yet recorded"
-    )
-    ap.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="one more override for every run (a smaller setting for a test)",
-    )
+    ap = records_parser(__doc__, out="runs/bench-fedpt-table1", records=RECORDS, seeds=3)
     args = ap.parse_args(argv)
-    records, seeds = Path(args.records), range(args.seeds)
-    if args.estimate:
-        missing = read_report(records, seeds, extra=args.set)["missing"]
-        print(cpu_estimate(missing, len(ROWS) * args.seeds, MINUTES_PER_RUN))
-        return 0
-    if not args.table_only:
-        read_report(records, seeds, run=True, out=args.out, extra=args.set)
-    report = read_report(records, seeds, extra=args.set)
-    text = section(report)
-    print(text)
-    if args.docs:
-        update_section(
-            args.docs,
-            "fedpt-table1",
-            "FedPT Table 1 analogue",
-            text,
-            machine=records_line(records, root=Path(__file__).resolve().parents[1]),
-        )
-    return 0
+    return records_main(
+        args,
+        read=read_report,
+        units=len(ROWS) * args.seeds,
+        minutes_per_run=MINUTES_PER_RUN,
+        section=section,
+        name="fedpt-table1",
+        title="FedPT Table 1 analogue",
+        root=Path(__file__).resolve().parents[1],
+    )
 
 
 if __name__ == "__main__":

@@ -35,12 +35,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from fedge.bench.docs import records_line, update_section
 from fedge.bench.figures import read_run_logs
-from fedge.bench.script import runs_parser
 from fedge.bench.stats import NO_INTERVAL, t_interval
 from fedge.bench.stats import verdict as two_part
-from fedge.bench.unit_records import cpu_estimate, run_units
+from fedge.bench.unit_records import records_main, records_parser, run_units
 
 RECORDS = Path(__file__).resolve().parent / "results" / "fedpt_table5"
 COMMAND = "python benchmarks/fedpt_table5.py --seeds 3"
@@ -304,46 +302,22 @@ def section(report: dict[str, Any] | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = runs_parser(__doc__, out="runs/bench-fedpt-table5")
-    ap.add_argument("--seeds", type=int, default=3)
+    ap = records_parser(__doc__, out="runs/bench-fedpt-table5", records=RECORDS, seeds=3)
     ap.add_argument(
         "--z", default="0," + ",".join(map(str, Z_PAPER)), help="comma-separated noise multipliers"
     )
-    ap.add_argument(
-        "--records", default=str(RECORDS), help="where finished runs are recorded (commit them)"
-    )
-    ap.add_argument("--table-only", action="store_true", help="render the records, run nothing")
-    ap.add_argument(
-        "--estimate", action="store_true", help="print the CPU cost of the runs not yet recorded"
-    )
-    ap.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="one more override for every run (a smaller setting for a test)",
-    )
     args = ap.parse_args(argv)
     zs = tuple(float(z) for z in args.z.split(","))
-    records, seeds = Path(args.records), range(args.seeds)
-    if args.estimate:
-        missing = read_report(records, seeds, zs, extra=args.set)["missing"]
-        print(cpu_estimate(missing, 2 * len(zs) * args.seeds, MINUTES_PER_RUN))
-        return 0
-    if not args.table_only:
-        read_report(records, seeds, zs, run=True, out=args.out, extra=args.set)
-    report = read_report(records, seeds, zs, extra=args.set)
-    text = section(report)
-    print(text)
-    if args.docs:
-        update_section(
-            args.docs,
-            "fedpt-table5",
-            "FedPT Table 5 analogue (accuracy under DP-FTRL)",
-            text,
-            machine=records_line(records, root=Path(__file__).resolve().parents[1]),
-        )
-    return 0
+    return records_main(
+        args,
+        read=lambda records, seeds, **kw: read_report(records, seeds, zs, **kw),
+        units=2 * len(zs) * args.seeds,
+        minutes_per_run=MINUTES_PER_RUN,
+        section=section,
+        name="fedpt-table5",
+        title="FedPT Table 5 analogue (accuracy under DP-FTRL)",
+        root=Path(__file__).resolve().parents[1],
+    )
 
 
 if __name__ == "__main__":

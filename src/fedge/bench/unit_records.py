@@ -13,6 +13,7 @@ script asks for), or is listed as missing.
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 
 from fedge.bench.variants import run_variants
 
-__all__ = ["Figures", "cpu_estimate", "run_units"]
+__all__ = ["Figures", "cpu_estimate", "records_main", "records_parser", "run_units"]
 
 #: A script's figures of one finished run: ``(run_dir, row)`` with ``row`` the run's
 #: :func:`fedge.bench.variants.run_variants` row; a JSON-serializable dict.
@@ -107,3 +108,63 @@ def cpu_estimate(missing: Sequence[str], units: int, minutes_per_run: float) -> 
         f"{len(missing)} of {units} runs not yet recorded: about {len(missing) * minutes_per_run:g} "
         f"CPU-minutes ({minutes_per_run:g} per run, one thread each)"
     )
+
+
+def records_parser(
+    description: str | None, *, out: str, records: Path, seeds: int
+) -> argparse.ArgumentParser:
+    """The flags of a script whose table is built from unit records: ``--out``, ``--docs``,
+    ``--seeds`` (default ``seeds``), ``--records`` (default ``records``), ``--table-only``,
+    ``--estimate`` and ``--set KEY=VALUE`` (repeatable: one more override for every run)."""
+    from fedge.bench.script import runs_parser
+
+    ap = runs_parser(description, out=out)
+    ap.add_argument("--seeds", type=int, default=seeds)
+    ap.add_argument(
+        "--records", default=str(records), help="where finished runs are recorded (commit them)"
+    )
+    ap.add_argument("--table-only", action="store_true", help="render the records, run nothing")
+    ap.add_argument(
+        "--estimate", action="store_true", help="print the CPU cost of the runs not yet recorded"
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more override for every run (a smaller setting for a test)",
+    )
+    return ap
+
+
+def records_main(
+    args: Any,
+    *,
+    read: Callable[..., dict[str, Any]],
+    units: int,
+    minutes_per_run: float,
+    section: Callable[[dict[str, Any]], str],
+    name: str,
+    title: str,
+    root: Path,
+) -> int:
+    """The body of such a script's ``main`` after parsing (:func:`records_parser`): with
+    ``--estimate`` print what the missing units cost; else run them (unless ``--table-only``),
+    render the table from the records alone, print it and, with ``--docs``, write it as the
+    section ``name`` headed ``title`` (its first line :func:`fedge.bench.docs.records_line`,
+    shown relative to ``root``). ``read(records, seeds, [run=, out=,] extra=)``: the script's
+    report, with its ``missing`` units."""
+    from fedge.bench.docs import records_line, update_section
+
+    records, seeds = Path(args.records), range(args.seeds)
+    if args.estimate:
+        missing = read(records, seeds, extra=args.set)["missing"]
+        print(cpu_estimate(missing, units, minutes_per_run))
+        return 0
+    if not args.table_only:
+        read(records, seeds, run=True, out=args.out, extra=args.set)
+    text = section(read(records, seeds, extra=args.set))
+    print(text)
+    if args.docs:
+        update_section(args.docs, name, title, text, machine=records_line(records, root=root))
+    return 0
