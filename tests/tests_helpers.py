@@ -157,3 +157,39 @@ def check_scalar_bytes(
         for c, size in sent[rnd].items():
             want = 8 + down * missed[rnd][c]
             assert want <= size <= want + 64, (rnd, c, missed[rnd][c], size, want)
+
+
+def check_unit_records_round_trip(bench, tiny, *, section, header, seeds, labels, tmp_path, capsys):
+    """A records script (``fedge.bench.unit_records``) at a tiny size: one record and one figures
+    record per finished run; with the run directories gone, ``--table-only`` prints the same
+    section and ``--estimate`` finds nothing left to run."""
+    import shutil
+
+    from fedge.bench.docs import records_line
+
+    records, docs = tmp_path / "records", tmp_path / "benchmarks.md"
+    argv = [*tiny, "--records", str(records)]
+    assert bench.main([*argv, "--out", str(tmp_path / "runs"), "--docs", str(docs)]) == 0
+    first = capsys.readouterr().out
+    assert header in first and "Awaiting records" not in first
+    for kind in ("runs", "figures"):
+        for seed in seeds:
+            got = sorted(p.name for p in (records / kind / f"seed-{seed}").iterdir())
+            assert got == sorted(f"{label}.json" for label in labels), (kind, seed, got)
+    text = docs.read_text()
+    assert f"<!-- bench:{section} -->" in text and records_line(records) in text
+    shutil.rmtree(tmp_path / "runs")
+    assert bench.main([*argv, "--table-only"]) == 0
+    assert capsys.readouterr().out == first
+    assert bench.main([*argv, "--estimate"]) == 0
+    runs = len(labels) * len(seeds)
+    assert capsys.readouterr().out.startswith(f"0 of {runs} runs not yet recorded: about 0 ")
+
+
+def check_unit_records_awaiting(bench, tiny, *, header, seeds, labels, tmp_path, capsys):
+    """Without records, a records script's section lists every run as awaiting, seed by seed."""
+    assert bench.main([*tiny, "--records", str(tmp_path / "none"), "--table-only"]) == 0
+    out = capsys.readouterr().out
+    assert header not in out
+    awaiting = out.split("Awaiting records (runs to come): ")[1].strip().rstrip(".").split(", ")
+    assert awaiting == [f"{label}@{s}" for s in seeds for label in labels]
