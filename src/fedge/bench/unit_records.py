@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fedge.bench.variants import run_variants
+from fedge.core.rundir_schema import SUMMARY
 
 __all__ = ["Figures", "cpu_estimate", "records_main", "records_parser", "run_units"]
 
@@ -76,7 +77,7 @@ def run_units(
             )
             if rec.exists():
                 figs = json.loads(rec.read_text())
-            elif run_dir is not None and (Path(run_dir) / "summary.json").exists():
+            elif run_dir is not None and (Path(run_dir) / SUMMARY).exists():
                 figs = figures(run_dir, {**row, "run_dir": run_dir})
                 rec.parent.mkdir(parents=True, exist_ok=True)
                 tmp = rec.with_suffix(".json.tmp")  # written whole, then renamed

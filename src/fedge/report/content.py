@@ -363,11 +363,7 @@ def _caveat_blocks(run: RunLog) -> list[Block]:
     activations it noises)."""
     method = run.config.get("method") or {}
     dp = method.get("dp") if isinstance(method, dict) else None
-    if (
-        method.get("name") != "eppfl"
-        or not isinstance(dp, dict)
-        or dp.get("sensitivity") != "paper"
-    ):
+    if not isinstance(dp, dict) or dp.get("sensitivity") != "paper":  # only EPPFL has the key
         return []
     return [
         Para(
