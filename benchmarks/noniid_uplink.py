@@ -22,7 +22,10 @@ Tuning: per row and α, one run per setting of a small grid on seed 1000 (never 
 the setting with the highest final validation accuracy kept: client learning rate {0.02, 0.05}
 (FedAvg, SCAFFOLD, FedNova), and × μ {0.01, 0.1} for FedProx; each forward-only peer's rate, its preset's
 and about a third of it: FedKSeed's ``method.lr`` {3e-4, 1e-3}, DeComFL's ``method.optimizer.lr``
-{1.5e-3, 5e-3}, FeedSign's ``method.lr`` {3e-3, 1e-2}. A compressor row takes FedAvg's tuned rate (the
+{1.5e-3, 5e-3}, FeedSign's ``method.lr`` {3e-3, 1e-2}. A pick at the edge of its grid is widened:
+the learning rate is stepped past that edge by the grid's own ratio (2.5, or 10/3 for the peers),
+the other settings kept, while the step validates better, at most 2 steps; a pick still at the
+edge after them is marked † in the table (FedProx's μ is not widened: μ → 0 is the FedAvg row). A compressor row takes FedAvg's tuned rate (the
 codec is the variable). A run that diverges is recorded as diverged (its round) and counted apart
 in the table; in tuning it ranks below every finished setting. BAFFLE keeps its preset's Adam rate 0.01 (tuned for the Table 1
 reproduction) untuned here: a BAFFLE run costs as much as ~34 FedAvg runs (below). Reported:
@@ -66,6 +69,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import shutil
 import statistics
 import subprocess
 import time
@@ -125,20 +129,25 @@ class Row:
     grid: tuple[tuple[str, ...], ...] = ()
     tuned_from: str | None = None
     kind: str = "backprop"  # backprop, compressed, forward-only
+    widen: str | None = None  # the grid key stepped past the grid's edge when picked there
 
 
 def _lr_grid(key: str, values: tuple[float, ...]) -> tuple[tuple[str, ...], ...]:
     return tuple((f"{key}={v}",) for v in values)
 
 
+#: steps past a grid's edge, at most, while they validate better (:func:`widened`)
+WIDEN = 2
+
 BACKPROP = (
-    Row("fedavg", "FedAvg", "fedavg-fmnist-lenet", grid=_lr_grid(LR, LRS)),
+    Row("fedavg", "FedAvg", "fedavg-fmnist-lenet", grid=_lr_grid(LR, LRS), widen=LR),
     Row(
         "fedprox",
         "FedProx",
         "fedavg-fmnist-lenet",
         ("method.name=fedprox",),
         grid=tuple((f"{LR}={lr}", f"method.mu={mu}") for lr in LRS for mu in (0.01, 0.1)),
+        widen=LR,
     ),
     Row(
         "scaffold",
@@ -146,6 +155,7 @@ BACKPROP = (
         "fedavg-fmnist-lenet",
         ("method.name=scaffold", "method.client_optimizer.momentum=0"),
         grid=_lr_grid(LR, LRS),
+        widen=LR,
     ),
     Row(
         "fednova",
@@ -153,6 +163,7 @@ BACKPROP = (
         "fedavg-fmnist-lenet",
         ("method.name=fednova", "method.local_epochs_range=[1, 3]"),
         grid=_lr_grid(LR, LRS),
+        widen=LR,
     ),
 )
 
@@ -196,7 +207,9 @@ def peer_rows() -> list[Row]:
         if m in method_names() and f"{m}-fmnist-lenet" in presets:
             label, key, rates = PEERS[m]
             grid = _lr_grid(key, rates)
-            out.append(Row(m, label, f"{m}-fmnist-lenet", grid=grid, kind="forward-only"))
+            out.append(
+                Row(m, label, f"{m}-fmnist-lenet", grid=grid, kind="forward-only", widen=key)
+            )
     return out
 
 
@@ -265,7 +278,12 @@ def run_unit(
     budget is spent before it starts. A run that diverges is recorded as such (its round), a
     result like any other: the table counts it, tuning ranks it below every finished setting."""
     if record.exists():
-        return json.loads(record.read_text())
+        got: dict[str, Any] = json.loads(record.read_text())
+        if got.get("setting") == meta.get("setting"):
+            return got
+        # run at a setting tuning no longer picks (its grid was widened since): run it again
+        record.unlink()
+        shutil.rmtree(out, ignore_errors=True)
     if not budget.left():
         return None
     rec: dict[str, Any] | None = None
@@ -295,6 +313,62 @@ def run_unit(
     return rec
 
 
+def _value(setting: tuple[str, ...], key: str) -> float:
+    return float(next(o.split("=", 1)[1] for o in setting if o.split("=", 1)[0] == key))
+
+
+def _with(setting: tuple[str, ...], key: str, value: float) -> tuple[str, ...]:
+    return tuple(f"{key}={value:.3g}" if o.split("=", 1)[0] == key else o for o in setting)
+
+
+#: one tuning unit's record: ``(row, setting)`` to the record, or None when it is not there
+Unit = Callable[[Row, tuple[str, ...]], "dict[str, Any] | None"]
+
+
+def tuned_setting(row: Row, unit: Unit) -> tuple[tuple[str, ...], dict[str, Any]] | None:
+    """The row's tuned setting and how it was found (``{"tried": [[setting, validation
+    accuracy], ...], "at_edge": bool}``), from its grid's units, or None while one is missing.
+
+    The setting with the highest final validation accuracy wins (a diverged run scores -1, the
+    first of equals wins); a winner at the edge of the grid in ``row.widen`` is stepped past it
+    by the grid's ratio, the other settings kept, while the step validates better, at most
+    ``WIDEN`` steps; ``at_edge`` says the last step still won."""
+    scores: dict[tuple[str, ...], float] = {}
+
+    def score(setting: tuple[str, ...]) -> bool:
+        rec = unit(row, setting)
+        if rec is None:
+            return False
+        val = rec.get("final_val_accuracy")
+        scores[setting] = -1.0 if val is None else float(val)
+        return True
+
+    if not all(score(setting) for setting in row.grid):
+        return None
+    best = max(row.grid, key=lambda st: scores[st])
+    edge = False
+    if row.widen is not None:
+        values = sorted({_value(st, row.widen) for st in row.grid})
+        v = _value(best, row.widen)
+        if len(values) > 1 and v in (values[0], values[-1]):
+            ratio = values[-1] / values[-2] if v == values[-1] else values[0] / values[1]
+            edge = True
+            for _ in range(WIDEN):
+                step = _with(best, row.widen, _value(best, row.widen) * ratio)
+                if not score(step):
+                    return None
+                if scores[step] <= scores[best]:
+                    edge = False
+                    break
+                best = step
+    tried = [[list(st), sc] for st, sc in scores.items()]
+    return best, {"tried": tried, "at_edge": edge}
+
+
+def _tune_where(row: Row, alpha: float, setting: tuple[str, ...]) -> Path:
+    return Path("tune") / f"alpha-{alpha}" / row.name / _slug(setting)
+
+
 def tuned(
     row: Row,
     rows: dict[str, Row],
@@ -302,31 +376,26 @@ def tuned(
     base: list[str],
     args: argparse.Namespace,
     budget: Budget,
-) -> tuple[str, ...] | None:
-    """The row's tuned setting at ``alpha`` (running its grid on the tuning seed), or None
-    while a grid unit has not finished."""
+) -> tuple[tuple[str, ...], dict[str, Any]] | None:
+    """The row's tuned setting at ``alpha`` and how it was found (:func:`tuned_setting`),
+    running its grid's units on the tuning seed, or None while a unit has not finished."""
     if row.tuned_from is not None:
         return tuned(rows[row.tuned_from], rows, alpha, base, args, budget)
     if not row.grid:
-        return ()
-    best: tuple[float, tuple[str, ...]] | None = None
-    for setting in row.grid:
-        where = Path("tune") / f"alpha-{alpha}" / row.name / _slug(setting)
-        rec = run_unit(
-            row,
-            [*base, *row.fixed, *setting, f"seed={TUNE_SEED}"],
+        return (), {}
+
+    def unit(r: Row, setting: tuple[str, ...]) -> dict[str, Any] | None:
+        where = _tune_where(r, alpha, setting)
+        return run_unit(
+            r,
+            [*base, *r.fixed, *setting, f"seed={TUNE_SEED}"],
             Path(args.records) / f"{where}.json",
             Path(args.out) / where,
-            {"row": row.name, "alpha": alpha, "seed": TUNE_SEED, "setting": list(setting)},
+            {"row": r.name, "alpha": alpha, "seed": TUNE_SEED, "setting": list(setting)},
             budget,
         )
-        if rec is None:
-            return None
-        score = rec["final_val_accuracy"] if rec.get("final_val_accuracy") is not None else -1.0
-        if best is None or score > best[0]:
-            best = (score, setting)
-    assert best is not None
-    return best[1]
+
+    return tuned_setting(row, unit)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -338,17 +407,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         row = rows[name]
         for alpha in args.alphas:
             base = [*common(alpha, args.rounds), *args.set]
-            setting = tuned(row, rows, alpha, base, args, budget)
-            if setting is None:
+            got = tuned(row, rows, alpha, base, args, budget)
+            if got is None:
                 continue
+            setting, how = got
             for seed in args.seeds:
                 where = Path("runs") / f"alpha-{alpha}" / row.name / f"seed-{seed}"
+                meta = {"row": row.name, "alpha": alpha, "seed": seed, "setting": list(setting)}
                 rec = run_unit(
                     row,
                     [*base, *row.fixed, *setting, f"seed={seed}"],
                     Path(args.records) / f"{where}.json",
                     Path(args.out) / where,
-                    {"row": row.name, "alpha": alpha, "seed": seed, "setting": list(setting)},
+                    {**meta, "tuning": how},
                     budget,
                 )
                 if rec is not None:
@@ -359,10 +430,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 # ---- the docs section, from committed records ---------------------------------------------
 
 
-def committed_records(records: Path) -> list[dict[str, Any]]:
-    """The seed records (``runs/``) under ``records`` that git tracks (all of them when the
-    directory is outside a git work tree)."""
-    paths = sorted((records / "runs").rglob("*.json"))
+def committed_records(records: Path, part: str = "runs") -> list[dict[str, Any]]:
+    """The records under ``records/part`` (``runs``: the seeds; ``tune``: the tuning units)
+    that git tracks (all of them when the directory is outside a git work tree)."""
+    paths = sorted((records / part).rglob("*.json"))
     try:
         out = subprocess.run(
             ["git", "ls-files", "--", "."], cwd=records, capture_output=True, text=True, check=True
@@ -374,6 +445,28 @@ def committed_records(records: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in paths]
 
 
+def picks(
+    tune: list[dict[str, Any]], rows: dict[str, Row]
+) -> dict[tuple[str, float], tuple[tuple[str, ...], dict[str, Any]]]:
+    """Each (row, α)'s tuned setting as the tuning records ``tune`` decide it
+    (:func:`tuned_setting`), for the rows and α whose tuning units are all there."""
+    have = {(r["row"], r["alpha"], tuple(r["setting"])): r for r in tune}
+    out = {}
+    for row in rows.values():
+        src = rows[row.tuned_from] if row.tuned_from is not None else row
+        if not src.grid:
+            continue
+        for alpha in sorted({a for (_, a, _) in have}):
+
+            def unit(r: Row, st: tuple[str, ...], a: float = alpha) -> dict[str, Any] | None:
+                return have.get((r.name, a, st))
+
+            got = tuned_setting(src, unit)
+            if got is not None:
+                out[(row.name, alpha)] = got
+    return out
+
+
 def bytes_to(curve: list[list[float]], target: float) -> float | None:
     """Cumulative uplink bytes at the first evaluated round with test accuracy >= ``target``."""
     return next((b for b, acc in curve if acc >= target), None)
@@ -383,11 +476,20 @@ def _mean_std(vals: list[float]) -> tuple[float, float]:
     return statistics.mean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
 
 
-def summarize(recs: list[dict[str, Any]], order: list[str]) -> list[dict[str, Any]]:
-    """One entry per (row, α) with records: means over its seeds."""
+def summarize(
+    recs: list[dict[str, Any]],
+    order: list[str],
+    chosen: dict[tuple[str, float], tuple[tuple[str, ...], dict[str, Any]]] | None = None,
+) -> list[dict[str, Any]]:
+    """One entry per (row, α) with records: means over its seeds. With ``chosen`` (:func:`picks`)
+    a seed run at a setting other than the (row, α)'s tuned one is left out, and the entry says
+    whether the pick sat at its widened grid's edge."""
+    chosen = chosen or {}
     by: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for r in recs:
-        by.setdefault((r["row"], r["alpha"]), []).append(r)
+        pick = chosen.get((r["row"], r["alpha"]))
+        if pick is None or tuple(r["setting"]) == pick[0]:
+            by.setdefault((r["row"], r["alpha"]), []).append(r)
     rank = {n: i for i, n in enumerate(order)}
     out = []
     for (row, alpha), every in sorted(
@@ -404,6 +506,7 @@ def summarize(recs: list[dict[str, Any]], order: list[str]) -> list[dict[str, An
                     "setting": every[0]["setting"],
                     "diverged": diverged,
                     "wall_min": 0.0,
+                    "at_edge": chosen.get((row, alpha), ((), {}))[1].get("at_edge", False),
                 }
             )
             continue
@@ -424,6 +527,7 @@ def summarize(recs: list[dict[str, Any]], order: list[str]) -> list[dict[str, An
                 "reached": len(hits),
                 "worst10": _mean_std(worst) if worst else None,
                 "wall_min": sum(r["wall_s"] for r in rs) / 60,
+                "at_edge": chosen.get((row, alpha), ((), {}))[1].get("at_edge", False),
             }
         )
     return out
@@ -431,6 +535,10 @@ def summarize(recs: list[dict[str, Any]], order: list[str]) -> list[dict[str, An
 
 def _mb(b: float | None) -> str:
     return "—" if b is None else f"{b / 1e6:,.1f} MB"
+
+
+def _setting(e: dict[str, Any]) -> str:
+    return (", ".join(e["setting"]) or "preset") + (" †" if e.get("at_edge") else "")
 
 
 def table(entries: list[dict[str, Any]], labels: dict[str, str]) -> str:
@@ -451,7 +559,7 @@ def table(entries: list[dict[str, Any]], labels: dict[str, str]) -> str:
                 [
                     f"{e['alpha']:g}",
                     labels.get(e["row"], e["row"]),
-                    ", ".join(e["setting"]) or "preset",
+                    _setting(e),
                     f"diverged ({len(e['diverged'])} of {e['seeds']} seeds; rounds {rounds})",
                     "—",
                     "—",
@@ -465,7 +573,7 @@ def table(entries: list[dict[str, Any]], labels: dict[str, str]) -> str:
             [
                 f"{e['alpha']:g}",
                 labels.get(e["row"], e["row"]),
-                ", ".join(e["setting"]) or "preset",
+                _setting(e),
                 f"{100 * e['accuracy']:.2f} ± {100 * e['accuracy_std']:.2f} (n={e['seeds']}{gone})",
                 _mb(e["bytes_up"]),
                 f"{_mb(e['bytes_to_target'])} ({e['reached']} of {e['seeds']})",
@@ -516,13 +624,21 @@ def section(
     relative to the docs file), the table's entries and the rows' labels."""
     rows = all_rows()
     labels = {n: r.label for n, r in rows.items()}
-    entries = summarize(committed_records(records), list(rows))
+    chosen = picks(committed_records(records, "tune"), rows)
+    entries = summarize(committed_records(records), list(rows), chosen)
     doc = (__doc__ or "").replace("``", "`").split("\n\n")
     body = [f"Command: `{command}`", *(" ".join(p.split()) for p in doc[1:4])]
     if entries:
         minutes = sum(e["wall_min"] for e in entries)
         body += [
             table(entries, labels),
+            *(
+                [
+                    "† the pick is still at the edge after widening its grid: the best rate may lie beyond."
+                ]
+                if any(e.get("at_edge") for e in entries)
+                else []
+            ),
             f"![Final accuracy against total uplink bytes]({figure_rel.as_posix()})",
             f"The runs took {minutes:,.0f} minutes of wall time in all.",
         ]

@@ -117,6 +117,93 @@ def test_a_diverging_unit_is_recorded_as_diverged_and_not_run_again(
     assert bench.run_unit(*args) == rec and len(calls) == 1  # read from its record
 
 
+def _grid_row(values: tuple[float, ...]) -> object:
+    return bench.Row("r", "R", "p", grid=bench._lr_grid(bench.LR, values), widen=bench.LR)
+
+
+def _scores(table: dict[float, float | None]) -> object:
+    """A tuning unit that reads validation accuracies from ``table`` by learning rate (None:
+    the unit diverged; a rate missing from the table: the unit has not run)."""
+
+    def unit(row: object, setting: tuple[str, ...]) -> dict | None:
+        lr = bench._value(setting, bench.LR)
+        hit = [v for k, v in table.items() if abs(k - lr) < 1e-2 * k]  # rates print to 3 digits
+        return {"final_val_accuracy": hit[0]} if hit else None
+
+    return unit
+
+
+@pytest.mark.parametrize(
+    ("grid", "scores", "pick", "tried", "edge"),
+    [
+        # picked inside its grid: nothing widened
+        ((0.01, 0.02, 0.05), {0.01: 0.5, 0.02: 0.7, 0.05: 0.6}, 0.02, 3, False),
+        # top edge: one step up (x 2.5) wins, the next loses: the step that won, inside now
+        ((0.02, 0.05), {0.02: 0.5, 0.05: 0.6, 0.125: 0.65, 0.3125: 0.64}, 0.125, 4, False),
+        # top edge and every step wins: two steps, still at the edge
+        ((0.02, 0.05), {0.02: 0.5, 0.05: 0.6, 0.125: 0.65, 0.3125: 0.7}, 0.3125, 4, True),
+        # bottom edge: stepped down by the same ratio; a diverged step ranks below all
+        ((0.02, 0.05), {0.02: 0.6, 0.05: 0.5, 0.008: None}, 0.02, 3, False),
+        # a tie is no improvement: the step must validate better
+        ((0.02, 0.05), {0.02: 0.5, 0.05: 0.6, 0.125: 0.6}, 0.05, 3, False),
+    ],
+)
+def test_a_pick_at_the_grid_edge_is_widened_by_the_grid_ratio_while_it_improves(
+    grid: tuple[float, ...], scores: dict, pick: float, tried: int, edge: bool
+) -> None:
+    got = bench.tuned_setting(_grid_row(grid), _scores(scores))
+    assert got is not None
+    setting, how = got
+    assert bench._value(setting, bench.LR) == pytest.approx(pick, rel=1e-2)
+    assert len(how["tried"]) == tried and how["at_edge"] is edge
+
+
+def test_tuning_waits_for_a_missing_unit_in_the_grid_or_a_widening_step() -> None:
+    assert bench.tuned_setting(_grid_row((0.02, 0.05)), _scores({0.02: 0.5})) is None
+    assert bench.tuned_setting(_grid_row((0.02, 0.05)), _scores({0.02: 0.5, 0.05: 0.6})) is None
+
+
+def test_a_seed_record_at_a_setting_tuning_no_longer_picks_is_run_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+
+    def diverge(cfg: object, out: Path) -> None:
+        calls.append(out)
+        out.mkdir(parents=True)
+        raise __import__("fedge.core.errors").core.errors.DivergenceError("x", round=3)
+
+    monkeypatch.setattr(bench, "run_experiment", diverge)
+    row, rec_path, out = bench.all_rows()["fedavg"], tmp_path / "rec.json", tmp_path / "run"
+    rec_path.write_text(
+        json.dumps({"row": "fedavg", "setting": ["a=1"], "final_val_accuracy": 0.9})
+    )
+    (out / "stale").mkdir(parents=True)
+    meta = {"row": "fedavg", "setting": ["a=2"]}
+    rec = bench.run_unit(row, [], rec_path, out, meta, bench.Budget(None))
+    assert len(calls) == 1 and rec["setting"] == ["a=2"] and rec["diverged_round"] == 3
+    assert not (out / "stale").exists()  # the old run's directory went with its record
+    assert bench.run_unit(row, [], rec_path, out, meta, bench.Budget(None)) == rec  # now kept
+
+
+def test_the_table_keeps_only_the_seeds_run_at_the_tuned_pick_and_marks_an_edge() -> None:
+    lr = bench.LR
+    tune = [
+        {"row": "fedavg", "alpha": 0.1, "setting": [f"{lr}={v}"], "final_val_accuracy": a}
+        for v, a in ((0.02, 0.5), (0.05, 0.6), (0.125, 0.65), (0.312, 0.7))
+    ]
+    rows = bench.all_rows()
+    chosen = bench.picks(tune, {"fedavg": rows["fedavg"]})
+    assert chosen[("fedavg", 0.1)][0] == (f"{lr}=0.312",)
+    old = _rec("fedavg", 0, 0.6, [[100, 0.6]], 0.1)  # its setting: lr 0.05
+    new = [
+        {**_rec("fedavg", s, 0.8, [[100, 0.8]], 0.3), "setting": [f"{lr}=0.312"]} for s in (1, 2)
+    ]
+    (e,) = bench.summarize([old, *new], ["fedavg"], chosen)
+    assert e["seeds"] == 2 and e["accuracy"] == pytest.approx(0.8) and e["at_edge"]
+    assert f"| {lr}=0.312 † |" in bench.table([e], {"fedavg": "FedAvg"})
+
+
 def test_compressor_rows_follow_the_registry_at_run_time(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "fedge.core.compress", None)  # not there: no rows
     assert bench.compressor_rows() == []
@@ -137,18 +224,19 @@ def test_the_benchmark_runs_records_rereads_and_renders_at_a_tiny_size(
     assert "0 of 4 units recorded" in capsys.readouterr().out
     assert bench.main(argv) == 0
     tune = sorted(p.relative_to(records).as_posix() for p in (records / "tune").rglob("*.json"))
-    assert len(tune) == 2 + 4  # FedAvg's two rates, FedProx's two rates x two mu
+    # FedAvg's two rates, FedProx's two rates x two mu, and up to two widening steps each
+    assert 2 + 4 <= len(tune) <= 2 + 4 + 2 * bench.WIDEN
     seeds = sorted(p.relative_to(records).as_posix() for p in (records / "runs").rglob("*.json"))
     assert seeds == [
         f"runs/alpha-0.5/{row}/seed-{s}.json" for row in ("fedavg", "fedprox") for s in (0, 1)
     ]
     rec = json.loads((records / seeds[0]).read_text())
     assert rec["client_acc_worst10"] is not None and rec["total_bytes_up"] > 0
-    best = max(
-        (json.loads((records / t).read_text()) for t in tune if "/fedavg/" in t),
-        key=lambda r: r["final_val_accuracy"],
-    )
-    assert rec["setting"] == best["setting"]  # the seeds run the setting validation chose
+    tuning = [json.loads((records / t).read_text()) for t in tune]
+    best = max(r["final_val_accuracy"] for r in tuning if r["row"] == "fedavg")
+    pick = bench.picks(tuning, bench.all_rows())[("fedavg", 0.5)][0]
+    assert rec["setting"] == list(pick)  # the seeds run the setting validation chose
+    assert best == next(r["final_val_accuracy"] for r in tuning if r["setting"] == rec["setting"])
     first = capsys.readouterr().out
     shutil.rmtree(runs)  # the records alone: nothing trains again
     assert bench.main(argv) == 0
@@ -183,7 +271,8 @@ def test_every_row_and_setting_registered_now_is_a_valid_config() -> None:
     rows = bench.all_rows()
     assert {"fedavg", "fedprox", "scaffold", "fednova", "baffle"} <= set(rows)
     for row in rows.values():
-        for setting in row.grid or ((),):
+        steps = [bench._with(s, row.widen, bench._value(s, row.widen) * f) for s in row.grid[:1] for f in (0.09, 11.1)] if row.widen else []  # fmt: skip
+        for setting in (*row.grid, *steps) or ((),):
             for alpha in bench.ALPHAS:
                 cfg = load_config(
                     row.preset,
