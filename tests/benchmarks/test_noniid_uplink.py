@@ -280,3 +280,27 @@ def test_every_row_and_setting_registered_now_is_a_valid_config() -> None:
                 )
                 assert cfg.method.name == method_config(cfg).name
                 assert cfg.partition.local_test == 0.2 and cfg.local_eval_every == bench.ROUNDS
+
+
+def test_rows_against_fedavg_pair_seeds_and_resolve_only_intervals_excluding_zero() -> None:
+    base = {**_rec("fedavg", 0, 0.6, [[200, 0.6]], 0.1), "alpha": 0.5}
+    recs = [
+        *(
+            {**base, "seed": s, "final_test_accuracy": a}
+            for s, a in ((0, 0.60), (1, 0.70), (2, 0.50))
+        ),
+        *(
+            {**base, "row": "fedprox", "seed": s, "final_test_accuracy": a, "total_bytes_up": 100}
+            for s, a in ((0, 0.62), (1, 0.73), (2, 0.525))  # +2, +3, +2.5 points: resolved
+        ),
+        *(
+            {**base, "row": "scaffold", "seed": s, "final_test_accuracy": a}
+            for s, a in ((0, 0.70), (1, 0.60), (2, 0.50))  # +10, -10, 0: not resolved
+        ),
+    ]
+    entries = bench.summarize(recs, ["fedavg", "fedprox", "scaffold"])
+    table = bench.against_fedavg(entries, {"fedprox": "FedProx", "scaffold": "SCAFFOLD"})
+    # mean +2.5, std 0.5: 2.5 ± 4.303 · 0.5 / sqrt(3) = [+1.26, +3.74]
+    assert "| 0.5 | FedProx | +2.50 [+1.26, +3.74] (n=3) | above FedAvg |" in table
+    assert "| 0.5 | SCAFFOLD | +0.00 [-24.84, +24.84] (n=3) | not resolved" in table
+    assert table.splitlines()[2].endswith(f"| {100 / 200:.3g} |")  # FedAvg's records: 200 bytes
