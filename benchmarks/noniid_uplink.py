@@ -19,9 +19,8 @@ and ``<method>-fmnist-lenet`` for each other peer registered when the script run
 same data, partition and clients. Every row gets the same 30 rounds, each doing its preset's local
 work: FedAvg one epoch (about 7 steps of 32 on a client's ~220 training images), FedKSeed 50
 zeroth-order steps, DeComFL 10, FeedSign one (its paper fine-tunes pretrained models over thousands
-of one-step rounds: a round
-budget is not its budget), BAFFLE one epoch of K = 100 perturbations per batch in epoch mode
-(the model delta travels, so its uplink is FedAvg's).
+of one-step rounds: a round budget is not its budget), BAFFLE one epoch of K = 100
+perturbations per batch in epoch mode (the model delta travels, so its uplink is FedAvg's).
 
 Tuning: per row and α, one run per setting of a small grid on seed 1000 (never a reported seed),
 the setting with the highest final validation accuracy kept: client learning rate {0.02, 0.05}
