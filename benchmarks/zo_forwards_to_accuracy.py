@@ -303,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     body = table(report)
     print(body)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(body + "\n")
     return 0
 
