@@ -17,7 +17,9 @@ and the data its figure plotted are also re-derived from its records by the test
 arithmetic). Every section must name its records directory under benchmarks/results/ and have
 at least one figure re-derived from them here (`RECORD_TABLES`, `RE_DERIVED`), or be listed,
 with its reason and launch command, among the sections still awaiting records
-(`AWAITING_RECORDS`): a new section without records fails.
+(`AWAITING_RECORDS`): a new section without records fails. A measured section (timings,
+memory, one-off runs; `MEASURED`) must be exactly its committed record
+benchmarks/results/measured/<section>.json rendered, or await that record.
 
 The figures re-derived from runs on Fashion-MNIST depend on its shapes and sample counts, not
 on its pixels: each such test (fixture ``fashion_mnist``) runs on a made stand-in of the same
