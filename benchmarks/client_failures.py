@@ -20,6 +20,9 @@ aggregation the unmasking, which reconstructs a dropped client's pair masks from
     python benchmarks/client_failures.py [--out runs/bench-client-failures] [--seeds 3] [--docs docs/benchmarks.md]
 
 Each run directory is reused when complete and resumed when interrupted, so the script resumes.
+With ``--docs`` the table's figures are kept as the section's record
+(benchmarks/results/measured/client-failures.json) and the section is rendered from it;
+``--table-only`` re-renders it from the record without running anything.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from fedge.bench import measured
 from fedge.bench.docs import markdown_table
 from fedge.bench.figures import few_seeds_note, read_run_logs
-from fedge.bench.script import report_and_document, runs_parser
+from fedge.bench.script import record_flags, report_and_document, runs_parser, table_only
 from fedge.bench.variants import run_seeded_variants
 
 PRESET = "fedavg-fmnist-lenet"
@@ -163,10 +167,16 @@ def markdown(report: dict[str, Any], command: str) -> str:
     )
 
 
+SECTION = measured.Section("client-failures", "Clients that fail to reply", markdown)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = runs_parser(__doc__, out="runs/bench-client-failures")
     ap.add_argument("--seeds", type=int, default=3)
-    args = ap.parse_args(argv)
+    args = record_flags(ap).parse_args(argv)
+    if args.table_only:
+        return table_only(ap, SECTION, args)
+    started = measured.start()
     runs = run_seeded_variants(
         PRESET, ROWS, seeds=range(args.seeds), out_root=args.out, common=COMMON
     )
@@ -177,11 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         report,
         table(report),
         args.docs,
-        section="client-failures",
-        title="Clients that fail to reply",
-        markdown=lambda command: markdown(report, command),
+        section=SECTION,
+        started=started,
         script=__file__,
         argv=argv,
+        records=args.records,
     )
 
 

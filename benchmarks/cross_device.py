@@ -9,7 +9,9 @@ take ~2 h of this 2-core machine.
 
     python benchmarks/cross_device.py --docs docs/benchmarks.md
 
-Interrupted? Run it again: finished runs are read, the rest resumed.
+Interrupted? Run it again: finished runs are read, the rest resumed. With ``--docs`` the
+results are kept as the section's record (benchmarks/results/measured/cross-device.json) and
+the section is rendered from it; ``--table-only`` re-renders it from the record.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import argparse
 import json
 import resource
 
-from fedge.bench.docs import update_section
-from fedge.bench.script import script_command
+from fedge.bench import measured
+from fedge.bench.script import record_flags, script_command, table_only
 from fedge.bench.variants import run_variants
 
 BASE = "cross-device-synthetic"
@@ -46,16 +48,14 @@ VARIANTS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--out", default="runs/bench-cross-device")
-    ap.add_argument("--docs", default=None)
-    args = ap.parse_args(argv)
-    report = run_variants(BASE, VARIANTS, out_root=args.out)
+def measure(out: str) -> dict:
+    """Run (or read) the variants under ``out``; their report and the script's peak RSS (MB)."""
+    report = run_variants(BASE, VARIANTS, out_root=out)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps(report, indent=2))
+    return {**report, "peak_rss_mb": peak_mb}
+
+
+def markdown(report: dict, command: str) -> str:
     rows = [
         "| run | rounds | accuracy at round 1 / 10 / 25 / 50 (final) | best | bytes down / up per client per round | wall s per round |",
         "|---|---|---|---|---|---|",
@@ -68,16 +68,16 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r['bytes_down_per_client_round']:.0f} / {r['bytes_up_per_client_round']:.0f} "
             f"| {r['wall_s'] / len(acc):.1f} |"
         )
-    text = "\n".join(
+    return "\n".join(
         [
             "synthetic-fed: 10^6 devices generated on demand from (seed, device), FedProx's Synthetic(1, 1)",
             "(60 features, 10 classes, power-law sizes capped at 2000), 1,000 devices a round, logistic",
             "regression; FedAvg: one local epoch of SGD (lr 0.01, batch 10); BAFFLE: batch level, ΔL over",
             "each device's local set, K = 100, Adam on the server (lr 0.01). Test: 10,000 fresh samples",
             "from 100 devices of the population. One process, one thread. Peak RSS of the whole script:",
-            f"{peak_mb:.0f} MB.",
+            f"{report['peak_rss_mb']:.0f} MB.",
             "",
-            f"Command: `{script_command(__file__, argv)}`",
+            f"Command: `{command}`",
             "",
             *rows,
             "",
@@ -86,8 +86,28 @@ def main(argv: list[str] | None = None) -> int:
             "flat in the population, minutes per 1,000-device round), not an accuracy claim.",
         ]
     )
-    if args.docs:
-        update_section(args.docs, "cross-device", "Cross-device scale: a million devices", text)
+
+
+SECTION = measured.Section("cross-device", "Cross-device scale: a million devices", markdown)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--out", default="runs/bench-cross-device")
+    ap.add_argument("--docs", default=None)
+    args = record_flags(ap).parse_args(argv)
+    if args.table_only:
+        return table_only(ap, SECTION, args)
+    report = measured.measure(
+        SECTION,
+        lambda: measure(args.out),
+        command=script_command(__file__, argv),
+        docs=args.docs,
+        records=args.records,
+    )
+    print(json.dumps(report, indent=2))
     return 0
 
 

@@ -5,6 +5,10 @@ on fedge's built-in engine. Per round: test accuracy, fedge's own byte counts (t
 messages) and Flower's message bytes on the wire (its records, with metadata), and wall time.
 
     python benchmarks/flower_deploy_baffle.py [--rounds 2] [--docs docs/benchmarks.md]
+
+With ``--docs`` the per-round lines are kept as the section's record
+(benchmarks/results/measured/flower-deploy-baffle.json) and the section is rendered from it;
+``--table-only`` re-renders it from the record without deploying anything.
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from fedge.bench.docs import update_section
-from fedge.bench.script import script_command
+from fedge.bench import measured
+from fedge.bench.script import record_flags, script_command, table_only
 from fedge.core.config import load_config
 from fedge.experiment.flower import loopback, submit
 from fedge.experiment.run import run_experiment
@@ -27,15 +31,10 @@ def lines(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--docs", default=None)
-    args = ap.parse_args(argv)
+def measure(rounds: int) -> dict:
+    """Run the config on the engine and on a loopback deployment: each one's metrics lines."""
     overrides = [
-        f"rounds={args.rounds}",
+        f"rounds={rounds}",
         f"clients.num={NODES}",
         f"clients.per_round={NODES}",
         "method.mode=batch",
@@ -56,18 +55,27 @@ def main(argv: list[str] | None = None) -> int:
                     timeout=1200,
                 )
             )
-    same = all(
+    return {"nodes": NODES, "rounds": rounds, "engine": engine, "deployed": deployed}
+
+
+def same(report: dict) -> bool:
+    """Whether the deployment's accuracy and fedge byte counts equal the engine's every round."""
+    return all(
         a["test_accuracy"] == b["test_accuracy"]
         and a["bytes_up"] == b["bytes_up"]
         and a["bytes_down"] == b["bytes_down"]
-        for a, b in zip(engine, deployed, strict=True)
+        for a, b in zip(report["engine"], report["deployed"], strict=True)
     )
+
+
+def markdown(report: dict, command: str) -> str:
+    nodes, rounds = report["nodes"], report["rounds"]
     rows = [
         "| runtime | round | test accuracy | fedge bytes down / up (all clients) | Flower message bytes down / up | "
         "Flower / fedge (down, up) | round wall s |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name, run in (("engine", engine), ("Flower deployment", deployed)):
+    for name, run in (("engine", report["engine"]), ("Flower deployment", report["deployed"])):
         for x in run:
             fl = (x.get("flower_bytes_down"), x.get("flower_bytes_up"))
             wire = "—" if fl[0] is None else f"{fl[0]:,} / {fl[1]:,}"
@@ -80,12 +88,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {name} | {x['round']} | {x['test_accuracy']:.4f} | {x['bytes_down']:,} / {x['bytes_up']:,} | "
                 f"{wire} | {ratio} | {x['wall_s']:.1f} |"
             )
-    command = script_command(__file__, argv)
-    body = "\n".join(
+    return "\n".join(
         [
-            f"One SuperLink and {NODES} SuperNodes as separate processes on 127.0.0.1 (`fedge.experiment.flower.loopback`), "
+            f"One SuperLink and {nodes} SuperNodes as separate processes on 127.0.0.1 (`fedge.experiment.flower.loopback`), "
             f"`baffle-fmnist-lenet` in batch mode (K = 100 loss differences up, secure aggregation on: its four exchanges a "
-            f"round travel as Flower messages) with {NODES} clients, all every round, {args.rounds} rounds; the same config "
+            f"round travel as Flower messages) with {nodes} clients, all every round, {rounds} rounds; the same config "
             "on the built-in engine. The machine's 2 cores were shared: wall times are indicative (Flower's deployment "
             "polls, so a round has a floor of seconds).",
             "",
@@ -93,19 +100,36 @@ def main(argv: list[str] | None = None) -> int:
             "",
             *rows,
             "",
-            f"Per-round accuracy and fedge's byte counts {'equal' if same else 'DIFFER from'} the engine's in every round. "
+            f"Per-round accuracy and fedge's byte counts {'equal' if same(report) else 'DIFFER from'} the engine's in every round. "
             "Flower's bytes are its messages' record sizes (arrays, config and metadata) as the adapter sees them.",
         ]
     )
-    print(body)
-    if args.docs:
-        update_section(
-            args.docs,
-            "flower-deploy-baffle",
-            "Flower loopback deployment: BAFFLE, 4 SuperNodes",
-            body,
-        )
-    return 0 if same else 1
+
+
+SECTION = measured.Section(
+    "flower-deploy-baffle", "Flower loopback deployment: BAFFLE, 4 SuperNodes", markdown
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--docs", default=None)
+    args = record_flags(ap).parse_args(argv)
+    if args.table_only:
+        return table_only(ap, SECTION, args)
+    command = script_command(__file__, argv)
+    report = measured.measure(
+        SECTION,
+        lambda: measure(args.rounds),
+        command=command,
+        docs=args.docs,
+        records=args.records,
+    )
+    print(markdown(report, command))
+    return 0 if same(report) else 1
 
 
 if __name__ == "__main__":

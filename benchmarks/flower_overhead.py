@@ -16,6 +16,10 @@ the Ray processes' resident sets at the end of the timed rounds.
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/flower_overhead.py --docs docs/benchmarks.md
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/flower_overhead.py --clients 10,100 \
         --runtimes engine,flower-sim,flower-ray --section flower-ray --docs docs/benchmarks.md
+
+With ``--docs`` the results are kept as the section's record
+(benchmarks/results/measured/SECTION.json) and the section is rendered from it; the same
+command with ``--table-only`` re-renders it from the record without measuring.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import torch  # noqa: E402
 
-from fedge.bench.docs import update_section  # noqa: E402
+from fedge.bench import measured  # noqa: E402
 from fedge.bench.engine import _SeedBroadcast, _Trivial, _warm_up  # noqa: E402
+from fedge.bench.script import record_flags, table_only  # noqa: E402
 from fedge.core.context import ClientData  # noqa: E402
 from fedge.core.meter import _status_kb  # noqa: E402
 from fedge.runtime.engine import EngineConfig, Simulation  # noqa: E402
@@ -214,7 +219,15 @@ def markdown(results: list[dict], command: str) -> str:
     )
 
 
-def main() -> None:
+SECTIONS = {
+    "flower": measured.Section("flower", "Engine vs Flower overhead", markdown),
+    "flower-ray": measured.Section(
+        "flower-ray", "Engine vs Flower's Ray simulation engine", markdown_ray
+    ),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", default="10,100,1000")
     ap.add_argument("--rounds", type=int, default=3)
@@ -230,42 +243,37 @@ def main() -> None:
     )
     ap.add_argument("--docs")
     ap.add_argument("--json")
-    a = ap.parse_args()
+    a = record_flags(ap).parse_args(argv)
+    section = SECTIONS[a.section]
+    if a.table_only:
+        return table_only(ap, section, a)
     kinds = a.runtimes.split(",")
     if any(k not in RUNTIMES for k in kinds):
         ap.error(f"--runtimes {a.runtimes!r}: each must be one of {', '.join(RUNTIMES)}")
-    torch.set_num_threads(1)
-    _warm_up()
-    results = []
-    for n in (int(c) for c in a.clients.split(",")):
-        for kind in kinds:
-            results.append(_measure(kind, n, a.rounds, a.ray_cpus))
-            print(json.dumps(results[-1]), flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"benchmark": "flower-overhead", "results": results}, f, indent=1)
-    if a.docs and a.section == "flower-ray":
+    if a.section == "flower-ray":
         cmd = (
             f"OMP_NUM_THREADS=1 python benchmarks/flower_overhead.py --clients {a.clients} --rounds {a.rounds} "
             f"--runtimes {a.runtimes} --ray-cpus {a.ray_cpus} --section flower-ray --docs docs/benchmarks.md"
         )
-        update_section(
-            a.docs,
-            "flower-ray",
-            "Engine vs Flower's Ray simulation engine",
-            markdown_ray(results, cmd),
-        )
-    elif a.docs:
-        update_section(
-            a.docs,
-            "flower",
-            "Engine vs Flower overhead",
-            markdown(
-                results,
-                "OMP_NUM_THREADS=1 python benchmarks/flower_overhead.py --docs docs/benchmarks.md",
-            ),
-        )
+    else:
+        cmd = "OMP_NUM_THREADS=1 python benchmarks/flower_overhead.py --docs docs/benchmarks.md"
+
+    def run() -> list[dict]:
+        torch.set_num_threads(1)
+        _warm_up()
+        results = []
+        for n in (int(c) for c in a.clients.split(",")):
+            for kind in kinds:
+                results.append(_measure(kind, n, a.rounds, a.ray_cpus))
+                print(json.dumps(results[-1]), flush=True)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"benchmark": "flower-overhead", "results": results}, f, indent=1)
+        return results
+
+    measured.measure(section, run, command=cmd, docs=a.docs, records=a.records)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

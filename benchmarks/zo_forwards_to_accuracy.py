@@ -26,7 +26,10 @@ the test set. Direction choices reuse the Gaussian's tuned Adam learning rate.
 
     python benchmarks/zo_forwards_to_accuracy.py [--out runs/bench-zo-fta] [--docs docs/benchmarks.md]
 
-Interrupted? Run the same command again: finished runs are read, the rest resumed.
+Interrupted? Run the same command again: finished runs are read, the rest resumed. With
+``--docs`` the curves, learning rates and cosines are kept as the section's record
+(benchmarks/results/measured/zo-forwards-to-accuracy.json) and the section is rendered from
+it; ``--table-only`` re-renders it from the record without running anything.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedge.bench.docs import update_section
-from fedge.bench.script import script_command
+from fedge.bench import measured
+from fedge.bench.script import record_flags, script_command, table_only
 from fedge.bench.variants import run_variants
 
 BASE = "baffle-fmnist-lenet"
@@ -179,16 +182,15 @@ def cosines(repeats: int = 10) -> dict[str, tuple[float, float]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--out", default="runs/bench-zo-fta")
-    ap.add_argument("--docs", default=None)
-    args = ap.parse_args(argv)
+#: The fields of a round's metrics line that the table reads (kept in the record).
+CURVE_KEYS = ("round", "clients", "client_wall_s", "test_accuracy")
+
+
+def measure(out: Path) -> dict:
+    """Tune, run every choice and seed under ``out`` (or read the finished runs) and take the
+    cosines: the tuned learning rates, each run's curve (:data:`CURVE_KEYS`) and the cosines."""
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
-    out = Path(args.out)
     lrs = tune(out)
     variants = {}
     for label, (opt, extra) in CHOICES.items():
@@ -201,7 +203,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"seed={seed}",
             ]
     report = run_variants(BASE, variants, out_root=out / "runs", common=COMMON)
-    curves = {r["label"]: curve(r["run_dir"]) for r in report["results"]}
+    curves = {
+        r["label"]: [{k: ln[k] for k in CURVE_KEYS if k in ln} for ln in curve(r["run_dir"])]
+        for r in report["results"]
+    }
+    return {"lrs": lrs, "curves": curves, "cosines": cosines()}
+
+
+def table(report: dict) -> str:
+    """The target, the forwards-to-target table, the verdicts and the cosine table."""
+    lrs, curves, cos = report["lrs"], report["curves"], report["cosines"]
     base0 = curves[f"{next(iter(CHOICES))} seed 0"]
     target = base0[TARGET_ROUND - 1]["test_accuracy"]
     rows = []
@@ -209,7 +220,6 @@ def main(argv: list[str] | None = None) -> int:
         per_seed = [to_target(curves[f"{label} seed {s}"], target) for s in SEEDS]
         finals = [curves[f"{label} seed {s}"][-1]["test_accuracy"] for s in SEEDS]
         rows.append((label, per_seed, finals))
-    cos = cosines()
     gauss = rows[0][1]
     lines = [
         f"Target: test accuracy **{target:.3f}** (Gaussian + Adam, seed 0, after {TARGET_ROUND} rounds). "
@@ -263,18 +273,38 @@ def main(argv: list[str] | None = None) -> int:
         "gradient). No choice reaches the target with fewer forwards on every seed, so `gaussian` stays the "
         "default and the 3x target is not met by any choice here.",
     ]
-    body = "\n".join(lines)
+    return "\n".join(lines)
+
+
+def markdown(report: dict, command: str) -> str:
+    intro = "\n\n".join((__doc__ or "").split("\n\n")[2:4]).strip()
+    return f"{intro}\n\nCommand: `{command}`\n\n{table(report)}"
+
+
+SECTION = measured.Section("zo-forwards-to-accuracy", "Zeroth-order forwards to accuracy", markdown)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--out", default="runs/bench-zo-fta")
+    ap.add_argument("--docs", default=None)
+    args = record_flags(ap).parse_args(argv)
+    if args.table_only:
+        return table_only(ap, SECTION, args)
+    out = Path(args.out)
+    report = measured.measure(
+        SECTION,
+        lambda: measure(out),
+        command=script_command(__file__, argv),
+        docs=args.docs,
+        records=args.records,
+    )
+    body = table(report)
     print(body)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(body + "\n")
-    if args.docs:
-        command = script_command(__file__, argv)
-        intro = "\n\n".join((__doc__ or "").split("\n\n")[2:4]).strip()
-        update_section(
-            args.docs,
-            "zo-forwards-to-accuracy",
-            "Zeroth-order forwards to accuracy",
-            f"{intro}\n\nCommand: `{command}`\n\n{body}",
-        )
     return 0
 
 

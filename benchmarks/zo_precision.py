@@ -6,6 +6,10 @@ computation (the oracle), and the cosine of the Stein estimate with the autograd
 with the loss (and its batch mean) taken in float32 (fedge before) or float64 (fedge now).
 
     python benchmarks/zo_precision.py --docs docs/benchmarks.md
+
+With ``--docs`` the results are kept as the section's record
+(benchmarks/results/measured/zo-precision.json) and the section is rendered from it;
+``--table-only`` re-renders it from the record without measuring.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 import fedge.estimators.lean as lean
-from fedge.bench.docs import publish
+from fedge.bench import measured
+from fedge.bench.script import record_flags, table_only
 from fedge.data import load_dataset
 from fedge.estimators import estimate_gradient, loss_differences
 from fedge.models import build_model
@@ -86,10 +91,22 @@ def markdown(res: dict[str, dict[str, list[float]]], command: str) -> str:
     )
 
 
+SECTION = measured.Section("zo-precision", "Loss differences: float64 loss vs float32", markdown)
+COMMAND = "python benchmarks/zo_precision.py --docs docs/benchmarks.md"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--docs", help="update the zo-precision section of this Markdown file")
+    args = record_flags(ap).parse_args(argv)
+    if args.table_only:
+        return table_only(ap, SECTION, args)
+    res = measured.measure(SECTION, measure, command=COMMAND, docs=args.docs, records=args.records)
+    print(markdown(res, COMMAND))
+    return 0
+
+
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--docs")
-    args = ap.parse_args()
-    res = measure()
-    text = markdown(res, "python benchmarks/zo_precision.py --docs docs/benchmarks.md")
-    publish(text, args.docs, "zo-precision", "Loss differences: float64 loss vs float32")
+    raise SystemExit(main())

@@ -17,7 +17,9 @@ and the data its figure plotted are also re-derived from its records by the test
 arithmetic). Every section must name its records directory under benchmarks/results/ and have
 at least one figure re-derived from them here (`RECORD_TABLES`, `RE_DERIVED`), or be listed,
 with its reason and launch command, among the sections still awaiting records
-(`AWAITING_RECORDS`): a new section without records fails.
+(`AWAITING_RECORDS`): a new section without records fails. A measured section (timings,
+memory, one-off runs; `MEASURED`) must be exactly its committed record
+benchmarks/results/measured/<section>.json rendered, or await that record.
 
 The figures re-derived from runs on Fashion-MNIST depend on its shapes and sample counts, not
 on its pixels: each such test (fixture ``fashion_mnist``) runs on a made stand-in of the same
@@ -28,6 +30,7 @@ installs it where not; a failure under FEDGE_REQUIRE_DATA=1, as in CI).
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import math
 import re
@@ -632,51 +635,67 @@ class Awaiting(NamedTuple):
     command: str
 
 
+def _bench_section(module: str, name: str):  # a `fedge bench` subcommand's section
+    return lambda: getattr(importlib.import_module(f"fedge.bench.{module}"), name)
+
+
+def _script_section(script: str, section: str | None = None):  # a benchmark script's section
+    return lambda: (
+        benchmark_script(script).SECTION
+        if section is None
+        else benchmark_script(script).SECTIONS[section]
+    )
+
+
+#: The measured sections (fedge.bench.measured), each with its renderer (the
+#: ``fedge.bench.measured.Section`` its command writes): a section whose record
+#: ``benchmarks/results/measured/<section>.json`` is committed must be that record rendered
+#: (``test_measured_sections_are_their_records_rendered``); one without is in AWAITING_RECORDS.
+MEASURED = {
+    "engine": _bench_section("engine", "ENGINE_SECTION"),
+    "population": _bench_section("population", "POPULATION_SECTION"),
+    "zo-step": _bench_section("zo", "ZO_SECTION"),
+    "client-memory": _bench_section("memory", "MEMORY_SECTION"),
+    "presets": _bench_section("presets", "PRESETS_SECTION"),
+    "zo-precision": _script_section("zo_precision"),
+    "flower": _script_section("flower_overhead", "flower"),
+    "flower-ray": _script_section("flower_overhead", "flower-ray"),
+    "cross-device": _script_section("cross_device"),
+    "flower-deploy-baffle": _script_section("flower_deploy_baffle"),
+    "client-failures": _script_section("client_failures"),
+    "zo-forwards-to-accuracy": _script_section("zo_forwards_to_accuracy"),
+}
+MEASURED_RECORDS = ROOT / "benchmarks/results/measured"
+
+
 #: Sections with no committed run records yet, each with why and its launch command; each must be
 #: emptied by a run that writes its records (docs/planned.md). A new section is not listed here,
 #: so it must name its records.
 AWAITING_RECORDS = {
-    # measured by their command (timings, memory, bytes of one round): no run records written
-    "engine": Awaiting(
-        "timings of trivial clients", "fedge bench engine --docs docs/benchmarks.md"
-    ),
-    "presets": Awaiting(
-        "two preset runs, measured by `fedge bench presets`",
-        "fedge bench presets fedavg-fmnist-lenet quickstart --set threads=1 --docs docs/benchmarks.md",
-    ),
-    "client-memory": Awaiting(
-        "memory measurements", "fedge bench memory --docs docs/benchmarks.md"
-    ),
-    "zo-step": Awaiting("timings", "fedge bench zo --docs docs/benchmarks.md"),
-    "zo-precision": Awaiting(
-        "a float64 oracle, measured by its script",
-        "python benchmarks/zo_precision.py --docs docs/benchmarks.md",
-    ),
-    "population": Awaiting(
-        "timings and RSS",
-        "fedge bench engine --populations 1000,10000,100000,1000000 --docs docs/benchmarks.md",
-    ),
-    "flower": Awaiting("timings", "python benchmarks/flower_overhead.py --docs docs/benchmarks.md"),
-    "flower-ray": Awaiting(
-        "timings",
-        "python benchmarks/flower_overhead.py --section flower-ray --docs docs/benchmarks.md",
-    ),
-    "cross-device": Awaiting(
-        "a million-device run, measured by its script",
-        "python benchmarks/cross_device.py --docs docs/benchmarks.md",
-    ),
-    "flower-deploy-baffle": Awaiting(
-        "a loopback deployment, measured by its script",
-        "python benchmarks/flower_deploy_baffle.py --docs docs/benchmarks.md",
-    ),
-    "client-failures": Awaiting(
-        "runs measured by its script (its dropout draws are re-derived above)",
-        "python benchmarks/client_failures.py --docs docs/benchmarks.md",
-    ),
-    "zo-forwards-to-accuracy": Awaiting(
-        "runs measured by its script",
-        "python benchmarks/zo_forwards_to_accuracy.py --docs docs/benchmarks.md",
-    ),
+    # measured sections (timings, memory, one-off runs; MEASURED above): each must leave once its
+    # record, benchmarks/results/measured/<section>.json, is committed
+    **{
+        name: Awaiting(f"measured before records were kept; re-measure with `{command}`", command)
+        for name, command in {
+            "engine": "fedge bench engine --docs docs/benchmarks.md",
+            "presets": "fedge bench presets fedavg-fmnist-lenet quickstart --set threads=1 "
+            "--docs docs/benchmarks.md",
+            "client-memory": "fedge bench memory --docs docs/benchmarks.md",
+            "zo-step": "fedge bench zo --docs docs/benchmarks.md",
+            "zo-precision": "python benchmarks/zo_precision.py --docs docs/benchmarks.md",
+            "population": "fedge bench engine --populations 1000,10000,100000,1000000 "
+            "--docs docs/benchmarks.md",
+            "flower": "python benchmarks/flower_overhead.py --docs docs/benchmarks.md",
+            "flower-ray": "python benchmarks/flower_overhead.py --section flower-ray "
+            "--docs docs/benchmarks.md",
+            "cross-device": "python benchmarks/cross_device.py --docs docs/benchmarks.md",
+            "flower-deploy-baffle": "python benchmarks/flower_deploy_baffle.py "
+            "--docs docs/benchmarks.md",
+            "client-failures": "python benchmarks/client_failures.py --docs docs/benchmarks.md",
+            "zo-forwards-to-accuracy": "python benchmarks/zo_forwards_to_accuracy.py "
+            "--docs docs/benchmarks.md",
+        }.items()
+    },
     # long runs launched separately (issue 46, ~10 CPU-hours): leaves once records are committed
     # reproductions whose runs predate records (issue 49): the script must first write one record
     # per run under benchmarks/results/, then the runs are repeated (CPU-hours, docs/planned.md)
@@ -775,9 +794,10 @@ def test_every_awaiting_section_gives_its_reason_and_launch_command(name: str) -
 def test_every_section_with_records_has_a_figure_re_derived_from_them() -> None:
     """Each section that names its records (every section not awaiting them) has a test here
     re-deriving at least one of its figures from them: its whole rendering (``RECORD_TABLES``)
-    or a test named in ``RE_DERIVED`` that reads the section."""
+    or a test named in ``RE_DERIVED`` that reads the section, or, for a measured section, its
+    committed record rendered (``MEASURED``)."""
     with_records = set(_section_names()) - set(AWAITING_RECORDS)
-    uncovered = sorted(with_records - set(RECORD_TABLES) - set(RE_DERIVED))
+    uncovered = sorted(with_records - set(RECORD_TABLES) - set(RE_DERIVED) - set(MEASURED))
     assert not uncovered, (
         f"sections with records but no figure re-derived from them: {uncovered}; add a test "
         "here that recomputes one from benchmarks/results/ and name it in RE_DERIVED (or render "
@@ -812,6 +832,55 @@ def test_every_section_names_its_committed_records(name: str) -> None:
     for where in named:
         files = [p for p in (ROOT / where).rglob("*") if p.is_file()]
         assert files, f"bench:{name} names {where}/, which holds no committed files"
+
+
+def _block(name: str) -> str:
+    """The section ``name`` as written between its markers (title line to the last line)."""
+    return _section(name).removeprefix("\n").removesuffix("\n")
+
+
+@pytest.mark.parametrize("name", sorted(MEASURED))
+def test_measured_sections_are_their_records_rendered(name: str) -> None:
+    """A measured section whose record is committed is exactly that record rendered (its
+    machine line and where the record is, then its renderer's body); one whose record is not
+    committed yet is listed in AWAITING_RECORDS with the command that measures it, and a
+    committed record for a section still listed there fails (the list cannot go stale)."""
+    from fedge.bench.measured import opening_line, read_record
+
+    section = MEASURED[name]()
+    assert section.name == name, f"MEASURED[{name!r}] renders section {section.name!r}"
+    path = MEASURED_RECORDS / f"{name}.json"
+    if not path.exists():
+        assert name in AWAITING_RECORDS, (
+            f"bench:{name} has no committed record {path.relative_to(ROOT)}: measure it (the "
+            "command in its section), or list it in AWAITING_RECORDS"
+        )
+        reason, command = AWAITING_RECORDS[name]
+        assert reason == f"measured before records were kept; re-measure with `{command}`"
+        return
+    assert name not in AWAITING_RECORDS, (
+        f"bench:{name} has its committed record {path.relative_to(ROOT)}: remove it from "
+        "AWAITING_RECORDS"
+    )
+    record = read_record(path, name)
+    fix = f"run `{record['command']} --table-only`"
+    line = opening_line(record, path.relative_to(ROOT).as_posix())
+    body = section.markdown(record["report"], record["command"]).rstrip()
+    assert _block(name).startswith(f"## {record['title']}\n\n{line}\n\n"), (
+        f"bench:{name} does not open with its record's machine line: {fix}"
+    )
+    assert _block(name) == f"## {record['title']}\n\n{line}\n\n{body}", (
+        f"stale section bench:{name}: {fix}"
+    )
+
+
+def test_every_measured_record_belongs_to_a_measured_section() -> None:
+    stray = sorted(
+        p.name for p in MEASURED_RECORDS.glob("*") if p.suffix != ".json" or p.stem not in MEASURED
+    )
+    assert not stray, f"{MEASURED_RECORDS.relative_to(ROOT)} holds {stray}, no MEASURED section's"
+    missing = sorted(set(MEASURED) - set(_section_names()))
+    assert not missing, f"MEASURED names sections docs/benchmarks.md lacks: {missing}"
 
 
 def test_dp_ftrl_epsilon_rows_are_their_records() -> None:

@@ -193,3 +193,66 @@ def check_unit_records_awaiting(bench, tiny, *, header, seeds, labels, tmp_path,
     assert header not in out
     awaiting = out.split("Awaiting records (runs to come): ")[1].strip().rstrip(".").split(", ")
     assert awaiting == [f"{label}@{s}" for s in seeds for label in labels]
+
+
+def check_measured_script(
+    bench: ModuleType, argv: list[str], *, section, tmp_path: Path, measuring: str = "measure"
+) -> dict:
+    """Run the measuring script ``bench`` (its ``main``) with ``argv`` and ``--docs`` into
+    ``tmp_path/docs/benchmarks.md``: its record is ``tmp_path/benchmarks/results/measured/
+    <section>.json`` and the section is that record rendered (the record's machine line, then
+    ``section.markdown(report, command)``); ``--table-only`` then renders it again byte-identical
+    without measuring (``bench.<measuring>`` fails there). A record kept under ``--records``
+    names its folder. Returns the record."""
+    import re
+
+    import pytest
+
+    from fedge.bench.measured import opening_line
+
+    docs = tmp_path / "docs" / "benchmarks.md"
+    assert bench.main([*argv, "--docs", str(docs)]) == 0
+    where = f"benchmarks/results/measured/{section.name}.json"
+    record = json.loads((tmp_path / where).read_text())
+    assert (record["section"], record["title"]) == (section.name, section.title)
+    block = re.search(
+        rf"<!-- bench:{section.name} -->\n(.*?)\n<!-- /bench:{section.name} -->",
+        docs.read_text(),
+        re.S,
+    )
+    assert block, f"no section {section.name} in {docs}"
+    body = section.markdown(record["report"], record["command"]).rstrip()
+    assert block.group(1) == f"## {section.title}\n\n{opening_line(record, where)}\n\n{body}"
+    first = docs.read_text()
+    docs.write_text(first.replace(body, "stale"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench, measuring, lambda *a, **k: pytest.fail("--table-only measured"))
+        assert bench.main([*argv, "--table-only", "--docs", str(docs)]) == 0
+    assert docs.read_text() == first
+    elsewhere = tmp_path / "records"
+    (elsewhere / f"{section.name}.json").parent.mkdir()
+    (tmp_path / where).rename(elsewhere / f"{section.name}.json")
+    argv = [*argv, "--table-only", "--docs", str(docs), "--records", str(elsewhere)]
+    assert bench.main(argv) == 0
+    assert f"Record: `records/{section.name}.json`." in docs.read_text()
+    return record
+
+
+def check_measured_script_errors(bench: ModuleType, argv: list[str], *, tmp_path: Path, capsys):
+    """``--table-only`` of the script ``bench`` with no record, and without ``--docs``: exit 2
+    with one line naming the path (or the missing flag) and the fix; the docs are not touched."""
+    import pytest
+
+    docs = tmp_path / "docs" / "benchmarks.md"
+    for extra, needle in (
+        (["--docs", str(docs)], "no record of the measured section"),
+        ([], "--table-only re-renders a docs section: give --docs FILE"),
+    ):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            bench.main([*argv, "--table-only", *extra])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+        if extra:
+            assert str(tmp_path / "benchmarks/results/measured") in err
+    assert not docs.exists()

@@ -65,7 +65,7 @@ def test_rss_child_reports_growth():
 
 
 def test_cli_bench_commands_write_json_and_docs(tmp_path):
-    docs = tmp_path / "benchmarks.md"
+    docs = tmp_path / "docs" / "benchmarks.md"
     zo_json, mem_json = tmp_path / "zo.json", tmp_path / "mem.json"
     res = runner.invoke(
         app,
@@ -118,6 +118,9 @@ def test_cli_bench_commands_write_json_and_docs(tmp_path):
     assert json.loads(mem_json.read_text())["results"][0]["batch"] == 2
     text = docs.read_text()
     assert "<!-- bench:zo-step -->" in text and "<!-- bench:client-memory -->" in text
+    for name, figures in (("zo-step", zo_json), ("client-memory", mem_json)):  # their records
+        record = json.loads((tmp_path / f"benchmarks/results/measured/{name}.json").read_text())
+        assert record["report"] == json.loads(figures.read_text())
 
 
 @pytest.mark.parametrize(

@@ -259,26 +259,30 @@ def test_a_bad_setting_exits_2_naming_it_before_measuring(name, tmp_path, capsys
     ) in err
 
 
-def test_report_and_document_prints_and_writes_the_section_with_the_command(tmp_path, capsys):
+def test_report_and_document_prints_and_keeps_the_record_the_section_is_rendered_from(
+    tmp_path, capsys
+):
     import json
 
+    from fedge.bench.measured import Section, opening_line, start
     from fedge.bench.script import report_and_document
 
-    docs = tmp_path / "benchmarks.md"
+    docs = tmp_path / "docs" / "benchmarks.md"
     report = {"rows": {"a": {"accuracy": 0.5}}}
-    kw = {
-        "section": "t",
-        "title": "T",
-        "markdown": lambda command: f"Command: `{command}`\n\n| a |",
-        "script": "b/t.py",
-    }
-    assert report_and_document(report, "| a |", None, argv=[], **kw) == 0
+    section = Section("t", "T", lambda r, command: f"Command: `{command}`\n\n| {r['rows']} |")
+    kw = {"section": section, "script": "b/t.py"}
+    assert report_and_document(report, "| a |", None, argv=[], started=start(), **kw) == 0
     assert (
         capsys.readouterr().out == json.dumps(report, indent=2) + "\n| a |\n" and not docs.exists()
     )
-    assert report_and_document(report, "| a |", str(docs), argv=["--docs", str(docs)], **kw) == 0
+    argv = ["--docs", str(docs)]
+    assert report_and_document(report, "| a |", str(docs), argv=argv, started=start(), **kw) == 0
+    record = json.loads((tmp_path / "benchmarks/results/measured/t.json").read_text())
+    command = f"python benchmarks/t.py --docs {docs}"
+    assert record["report"] == report and record["command"] == command
+    line = opening_line(record, "benchmarks/results/measured/t.json")
     assert (
-        f"\n\nCommand: `python benchmarks/t.py --docs {docs}`\n\n| a |\n<!-- /bench:t -->"
+        f"## T\n\n{line}\n\nCommand: `{command}`\n\n| {report['rows']} |\n<!-- /bench:t -->"
         in docs.read_text()
     )
 

@@ -12,13 +12,14 @@ from typing import Any
 import torch
 
 from fedge.bench.docs import command_section, markdown_table
+from fedge.bench.measured import Section
 from fedge.core.context import ClientContext, ClientData
 from fedge.core.messages import Message
 from fedge.core.meter import _status_kb
 from fedge.core.protocols import Strategy
 from fedge.runtime.engine import EngineConfig, Simulation
 
-__all__ = ["run_engine_overhead"]
+__all__ = ["ENGINE_SECTION", "engine_markdown", "run_engine_overhead"]
 
 
 class _SeedBroadcast(Strategy):
@@ -154,3 +155,7 @@ def engine_markdown(report: dict[str, Any], command: str) -> str:
         'simulation engine"), and memory that does not grow with the number of clients beyond their data.',
     ]
     return command_section(intro, command, markdown_table(head, rows))
+
+
+#: The docs section this benchmark measures (:mod:`fedge.bench.measured`).
+ENGINE_SECTION = Section("engine", "Engine overhead", engine_markdown)

@@ -18,12 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedge.bench.measured import Section
 from fedge.bench.zo import BENCH_MODELS, SIGMA, bench_model, fast_path
 from fedge.core.meter import TensorAccountant, module_bytes, rss_peak_reset, rss_peak_since_reset
 from fedge.estimators import ZerothOrderSpec, loss_differences
 from fedge.pruning.masks import prunable_parameters
 
 __all__ = [
+    "MEMORY_SECTION",
     "PAPER_TABLE4",
     "StepAccountant",
     "fixed_mmap_threshold",
@@ -394,3 +396,7 @@ def memory_markdown(report: dict[str, Any], command: str) -> str:
             label = "CIFAR-10/100" if data == "cifar" else "OfficeHome/ImageNet"
             lines.append(f"| {name} | {label} | {bp} | {lo}~{hi} | {bp / hi:.2f} | {bp / lo:.1f} |")
     return "\n".join(lines)
+
+
+#: The docs section this benchmark measures (:mod:`fedge.bench.measured`).
+MEMORY_SECTION = Section("client-memory", "Client step memory", memory_markdown)

@@ -13,11 +13,12 @@ import torch
 
 from fedge.bench.docs import command_section, markdown_table
 from fedge.bench.engine import _SeedBroadcast, _Trivial, _warm_up
+from fedge.bench.measured import Section
 from fedge.core.context import ClientData
 from fedge.core.meter import _status_kb
 from fedge.runtime.engine import EngineConfig, Simulation
 
-__all__ = ["population_markdown", "run_population_scale"]
+__all__ = ["POPULATION_SECTION", "population_markdown", "run_population_scale"]
 
 
 class _LazyTrivialClients(Sequence[ClientData]):
@@ -112,3 +113,9 @@ def population_markdown(report: dict[str, Any], command: str) -> str:
         "RSS at 1e6 within 50 MB of RSS at 1e3, start-up ≤ 5 s.",
     ]
     return command_section(intro, command, markdown_table(head, rows))
+
+
+#: The docs section this benchmark measures (:mod:`fedge.bench.measured`).
+POPULATION_SECTION = Section(
+    "population", "Engine cost against the population size", population_markdown
+)

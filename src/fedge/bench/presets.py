@@ -10,11 +10,12 @@ from typing import Any
 
 from fedge.bench.docs import command_section, markdown_table
 from fedge.bench.figures import read_run_logs
+from fedge.bench.measured import Section
 from fedge.bench.variants import per_client_costs
 from fedge.core.config import load_config
 from fedge.experiment.run import run_experiment
 
-__all__ = ["presets_markdown", "run_presets"]
+__all__ = ["PRESETS_SECTION", "presets_markdown", "run_presets"]
 
 
 def run_presets(
@@ -83,3 +84,7 @@ def presets_markdown(report: dict[str, Any], command: str) -> str:
     return command_section(
         intro, command, [*markdown_table(head, rows), "", "Test accuracy by round:", "", *curves]
     )
+
+
+#: The docs section this benchmark measures (:mod:`fedge.bench.measured`).
+PRESETS_SECTION = Section("presets", "Baseline presets", presets_markdown)

@@ -9,12 +9,12 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fedge.bench.docs import update_section
+from fedge.bench.measured import Section, Start, document, render
 from fedge.bench.progress import MAX_RUN_BYTES
 from fedge.core.errors import ConfigError
 
@@ -27,11 +27,13 @@ __all__ = [
     "parse_settings",
     "parse_shard",
     "progress_action",
+    "record_flags",
     "report_and_document",
     "reproduction_parser",
     "runs_parser",
     "save_measurement",
     "script_command",
+    "table_only",
     "usage_errors",
     "warn_unpinned_shard",
 ]
@@ -68,19 +70,53 @@ def report_and_document(
     table: str,
     docs: str | None,
     *,
-    section: str,
-    title: str,
-    markdown: Callable[[str], str],
+    section: Section,
+    started: Start,
     script: str | Path,
     argv: Sequence[str] | None,
+    records: str | Path | None = None,
 ) -> int:
     """The end of a script that runs variants and tabulates them (:func:`runs_parser`): print the
-    ``report`` (JSON) and its ``table``; with ``docs``, write ``markdown(command line)`` as that
-    file's section ``section`` headed ``title`` (:func:`script_command`). Returns 0, the exit status."""
+    ``report`` (JSON) and its ``table``; with ``docs``, keep the report as the record of the
+    measured ``section`` (begun at ``started``, under ``records`` when given) and render that
+    file's section from it, showing the command line (:func:`script_command`;
+    :func:`fedge.bench.measured.document`). Returns 0, the exit status."""
     print(json.dumps(report, indent=2))
     print(table)
-    if docs:
-        update_section(docs, section, title, markdown(script_command(script, argv)))
+    command = script_command(script, argv)
+    document(section, report, command=command, docs=docs, started=started, records=records)
+    return 0
+
+
+def record_flags(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``--records DIR`` and ``--table-only`` to the parser of a script that measures a
+    docs section (:mod:`fedge.bench.measured`; ``--docs`` it has already)."""
+    ap.add_argument(
+        "--records",
+        default=None,
+        metavar="DIR",
+        help="with --docs: keep the section's record (SECTION.json) in DIR instead of the docs "
+        "file's checkout's benchmarks/results/measured/",
+    )
+    ap.add_argument(
+        "--table-only",
+        action="store_true",
+        help="measure nothing: re-render the --docs section from its committed record "
+        "(benchmarks/results/measured/SECTION.json, or under --records)",
+    )
+    return ap
+
+
+def table_only(ap: argparse.ArgumentParser, section: Section, args: argparse.Namespace) -> int:
+    """``--table-only``: re-render ``section`` of ``args.docs`` from its record and return 0; no
+    ``--docs``, or a missing or bad record, exits 2 with one line naming the path and the fix."""
+    if not args.docs:
+        ap.exit(2, f"{ap.prog}: error: --table-only re-renders a docs section: give --docs FILE\n")
+    try:
+        path = render(section, args.docs, args.records)
+    except ConfigError as e:
+        ap.exit(2, f"{ap.prog}: error: {e}\n")
+    print(f"updated {args.docs} from {path}")
     return 0
 
 

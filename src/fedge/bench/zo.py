@@ -25,6 +25,7 @@ from fedge.bench.machine import (
     one_thread_peak,
     retain_freed_memory,
 )
+from fedge.bench.measured import Section
 from fedge.bench.reference import reference_gradient
 from fedge.core.meter import FlopCounter
 from fedge.core.rng import Draws, check_draws
@@ -42,6 +43,7 @@ from fedge.models import build_model
 __all__ = [
     "BENCH_MODELS",
     "FLOOR_RATIO_TARGET",
+    "ZO_SECTION",
     "bench_model",
     "fast_path",
     "forward_breakdown",
@@ -543,3 +545,7 @@ def zo_markdown(report: dict[str, Any], command: str) -> str:
                     f"| {v['reference_loop_step_s'] / v['zo_step_s']:.2f}x |"
                 )
     return "\n".join(lines)
+
+
+#: The docs section this benchmark measures (:mod:`fedge.bench.measured`).
+ZO_SECTION = Section("zo-step", "Zeroth-order step time", zo_markdown)
