@@ -679,21 +679,23 @@ AWAITING_RECORDS = {
         for name, command in {
             "engine": "fedge bench engine --docs docs/benchmarks.md",
             "presets": "fedge bench presets fedavg-fmnist-lenet quickstart --set threads=1 "
-            "--docs docs/benchmarks.md",
+            "--out runs/bench-presets --docs docs/benchmarks.md",
             "client-memory": "fedge bench memory --docs docs/benchmarks.md",
-            "zo-step": "fedge bench zo --docs docs/benchmarks.md",
+            "zo-step": "fedge bench zo --models lenet,lenet5,wrn-10-2 --schemes central "
+            "--threads 1 --docs docs/benchmarks.md",
             "zo-precision": "python benchmarks/zo_precision.py --docs docs/benchmarks.md",
             "population": "fedge bench engine --populations 1000,10000,100000,1000000 "
-            "--docs docs/benchmarks.md",
+            "--rounds 10 --docs docs/benchmarks.md",
             "flower": "python benchmarks/flower_overhead.py --docs docs/benchmarks.md",
-            "flower-ray": "python benchmarks/flower_overhead.py --section flower-ray "
+            "flower-ray": "python benchmarks/flower_overhead.py --clients 10,100 --rounds 3 "
+            "--runtimes engine,flower-sim,flower-ray --ray-cpus 2 --section flower-ray "
             "--docs docs/benchmarks.md",
             "cross-device": "python benchmarks/cross_device.py --docs docs/benchmarks.md",
             "flower-deploy-baffle": "python benchmarks/flower_deploy_baffle.py "
             "--docs docs/benchmarks.md",
             "client-failures": "python benchmarks/client_failures.py --docs docs/benchmarks.md",
             "zo-forwards-to-accuracy": "python benchmarks/zo_forwards_to_accuracy.py "
-            "--docs docs/benchmarks.md",
+            "--out runs/bench-zo-fta --docs docs/benchmarks.md",
         }.items()
     },
     # long runs launched separately (issue 46, ~10 CPU-hours): leaves once records are committed
