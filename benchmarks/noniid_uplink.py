@@ -34,8 +34,9 @@ codec is the variable). A run that diverges is recorded as diverged (its round) 
 in the table; in tuning it ranks below every finished setting. BAFFLE keeps its preset's Adam rate 0.01 (tuned for the Table 1
 reproduction) untuned here: a BAFFLE run costs as much as ~34 FedAvg runs (below). Reported:
 final test accuracy, mean ± std over seeds 0, 1, 2; total uplink bytes (all rounds, all clients,
-the encoded messages); uplink bytes until the test accuracy first reaches 70% (the target; "not
-reached" counts the seeds that never do); and the worst-10% client accuracy (mean of the lowest
+the encoded messages); uplink bytes until the test accuracy first reaches the target, 50% at
+α = 0.1 and 70% at α = 0.5 (FedAvg's tuned final accuracy there less a few points, so the column
+tells rows apart at both skews; the seeds reaching it are counted, the bytes averaged over them); and the worst-10% client accuracy (mean of the lowest
 ⌈0.1·N⌉ clients' accuracies on their local test splits, N the clients holding one: 20, so the
 worst 2, unless a client has under 2 samples).
 
@@ -98,7 +99,9 @@ ALPHAS = (0.1, 0.5)
 SEEDS = (0, 1, 2)
 TUNE_SEED = 1000
 ROUNDS = 30
-TARGET = 0.70  # the test accuracy whose uplink bytes the table gives
+#: the test accuracy whose uplink bytes the table gives, by α: about FedAvg's tuned final accuracy
+#: there less a few points, so the column tells the rows apart at both skews
+TARGETS = {0.1: 0.50, 0.5: 0.70}
 LR = "method.client_optimizer.lr"
 LRS = (0.02, 0.05)
 
@@ -516,7 +519,8 @@ def summarize(
             )
             continue
         acc, acc_std = _mean_std([r["final_test_accuracy"] for r in rs])
-        hits = [b for b in (bytes_to(r["curve"], TARGET) for r in rs) if b is not None]
+        target = TARGETS[alpha]
+        hits = [b for b in (bytes_to(r["curve"], target) for r in rs) if b is not None]
         worst = [r["client_acc_worst10"] for r in rs if r.get("client_acc_worst10") is not None]
         out.append(
             {
@@ -540,7 +544,14 @@ def summarize(
 
 
 def _mb(b: float | None) -> str:
-    return "—" if b is None else f"{b / 1e6:,.1f} MB"
+    """Bytes in MB to one decimal, or in kB below 0.1 MB (FeedSign's whole uplink is kilobytes).
+
+    >>> _mb(53_400_000), _mb(9_120), _mb(None)
+    ('53.4 MB', '9.1 kB', '—')
+    """
+    if b is None:
+        return "—"
+    return f"{b / 1e6:,.1f} MB" if b >= 1e5 else f"{b / 1e3:,.1f} kB"
 
 
 def _setting(e: dict[str, Any]) -> str:
@@ -554,7 +565,7 @@ def table(entries: list[dict[str, Any]], labels: dict[str, str]) -> str:
         "tuned setting",
         "final test acc. (mean ± std)",
         "uplink bytes, total",
-        f"uplink bytes to {100 * TARGET:.0f}% (seeds reaching it)",
+        "uplink bytes to the target (seeds reaching it)",
         "worst-10% client acc.",
     ]
     cells = []

@@ -73,7 +73,8 @@ def test_summary_of_hand_made_records() -> None:
     assert bench.bytes_to(recs[2]["curve"], 0.7) is None
     (e,) = bench.summarize(recs, ["fedavg"])
     assert e["accuracy"] == pytest.approx(0.7) and e["accuracy_std"] == pytest.approx(0.1)
-    assert e["bytes_to_target"] == pytest.approx(150) and e["reached"] == 2  # (200 + 100) / 2
+    # the target at α = 0.1 is 50%: reached at 100, 100 and 200 bytes
+    assert e["bytes_to_target"] == pytest.approx(400 / 3) and e["reached"] == 3
     assert e["bytes_up"] == pytest.approx((300 + 200 + 200) / 3)
     assert e["worst10"] == pytest.approx((0.2, 0.1))
     table = bench.table([e], {"fedavg": "FedAvg"})
