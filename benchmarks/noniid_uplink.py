@@ -775,8 +775,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown row(s) {', '.join(unknown)}; rows available now: {', '.join(rows)}")
     done = measure(args)
     for key, recs in done.items():
-        accs = [r["final_test_accuracy"] for r in recs]
-        print(f"{key}: {len(recs)} seed(s), final accuracy {statistics.mean(accs):.4f}")
+        accs = [r["final_test_accuracy"] for r in recs if r.get("diverged_round") is None]
+        mean = f"final accuracy {statistics.mean(accs):.4f}" if accs else "no finished seed"
+        print(f"{key}: {len(recs)} seed(s), {mean}, {len(recs) - len(accs)} diverged")
     wanted = len(args.rows) * len(args.alphas) * len(args.seeds)
     have = sum(len(v) for v in done.values())
     print(f"{have} of {wanted} units recorded under {args.records}")

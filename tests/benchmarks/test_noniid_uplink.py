@@ -305,3 +305,20 @@ def test_rows_against_fedavg_pair_seeds_and_resolve_only_intervals_excluding_zer
     assert "| 0.5 | FedProx | +2.50 [+1.26, +3.74] (n=3) | above FedAvg |" in table
     assert "| 0.5 | SCAFFOLD | +0.00 [-24.84, +24.84] (n=3) | not resolved" in table
     assert table.splitlines()[2].endswith(f"| {100 / 200:.3g} |")  # FedAvg's records: 200 bytes
+
+
+def test_the_closing_summary_counts_diverged_seeds_apart(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    done = {
+        "fedavg-randk@0.1": [
+            {"final_test_accuracy": 0.5},
+            {"final_test_accuracy": None, "diverged_round": 7},
+        ],
+        "fedavg-sign@0.1": [{"final_test_accuracy": None, "diverged_round": 3}],
+    }
+    monkeypatch.setattr(bench, "measure", lambda args: done)
+    assert bench.main(["--rows", "fedavg"]) == 3  # 3 of the 6 units it asks for
+    out = capsys.readouterr().out
+    assert "fedavg-randk@0.1: 2 seed(s), final accuracy 0.5000, 1 diverged" in out
+    assert "fedavg-sign@0.1: 1 seed(s), no finished seed, 1 diverged" in out
