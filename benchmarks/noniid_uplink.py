@@ -9,9 +9,11 @@ as the validation set: ``dataset.validation``) and 2,000 test images; 20 clients
 its local test split (``partition.local_test=0.2``), on which the final global model is
 evaluated client by client; 10 clients a round, 30 rounds, test and validation accuracy every
 5 rounds and after the last. The backprop rows run the ``fedavg-fmnist-lenet`` preset (LeNet-5,
-one local epoch, batches of 32, SGD with momentum 0.9; SCAFFOLD's option II needs plain SGD,
-so its momentum is 0; FedNova draws each client's local epochs from 1..3 per round, the
-heterogeneous work it normalizes); a compressor row is FedAvg with the uplink compression
+one local epoch, batches of 32, SGD with momentum 0.9, the update averaged weighted by samples;
+SCAFFOLD's option II needs plain SGD, so its momentum is 0, and its counterpart is the row
+"FedAvg, no momentum": the same steps without control variates; SCAFFOLD's averaging, the paper's
+uniform mean or FedAvg's sample-weighted one, is tuned with its rate; FedNova draws each
+client's local epochs from 1..3 per round, the heterogeneous work it normalizes); a compressor row is FedAvg with the uplink compression
 mechanism set, by its name key, to each codec its registry (the CODECS of fedge's compress
 module) holds when the script runs, with the codec's defaults; the
 forward-only rows run their own presets (``baffle-fmnist-lenet``, ``fedkseed-fmnist-lenet``,
@@ -24,7 +26,8 @@ perturbations per batch in epoch mode (the model delta travels, so its uplink is
 
 Tuning: per row and α, one run per setting of a small grid on seed 1000 (never a reported seed),
 the setting with the highest final validation accuracy kept: client learning rate {0.02, 0.05}
-(FedAvg, SCAFFOLD, FedNova), and × μ {0.01, 0.1} for FedProx; each forward-only peer's rate, its preset's
+(both FedAvg rows, SCAFFOLD, FedNova), × μ {0.01, 0.1} for FedProx, × the averaging {uniform,
+samples} for SCAFFOLD; each forward-only peer's rate, its preset's
 and about a third of it: FedKSeed's ``method.lr`` {3e-4, 1e-3}, DeComFL's ``method.optimizer.lr``
 {1.5e-3, 5e-3}, FeedSign's ``method.lr`` {3e-3, 1e-2}. A pick at the edge of its grid is widened:
 the learning rate is stepped past that edge by the grid's own ratio (2.5, or 10/3 for the peers),
@@ -138,11 +141,15 @@ class Row:
     tuned_from: str | None = None
     kind: str = "backprop"  # backprop, compressed, forward-only
     widen: str | None = None  # the grid key stepped past the grid's edge when picked there
+    versus: str = "fedavg"  # the row it is paired against (the same steps without its change)
 
 
 def _lr_grid(key: str, values: tuple[float, ...]) -> tuple[tuple[str, ...], ...]:
     return tuple((f"{key}={v}",) for v in values)
 
+
+#: SCAFFOLD's averaging: the paper's uniform mean, or FedAvg's sample-weighted one (tuned)
+WEIGHTINGS = ("uniform", "samples")
 
 #: steps past a grid's edge, at most, while they validate better (:func:`widened`)
 WIDEN = 2
@@ -158,12 +165,21 @@ BACKPROP = (
         widen=LR,
     ),
     Row(
+        "fedavg-sgd",
+        "FedAvg, no momentum",
+        "fedavg-fmnist-lenet",
+        ("method.client_optimizer.momentum=0",),
+        grid=_lr_grid(LR, LRS),
+        widen=LR,
+    ),
+    Row(
         "scaffold",
         "SCAFFOLD",
         "fedavg-fmnist-lenet",
         ("method.name=scaffold", "method.client_optimizer.momentum=0"),
-        grid=_lr_grid(LR, LRS),
+        grid=tuple((f"{LR}={lr}", f"method.weighting={w}") for lr in LRS for w in WEIGHTINGS),
         widen=LR,
+        versus="fedavg-sgd",
     ),
     Row(
         "fednova",
@@ -600,37 +616,46 @@ def table(entries: list[dict[str, Any]], labels: dict[str, str]) -> str:
     return "\n".join(markdown_table(head, cells, left=3))
 
 
-def against_fedavg(entries: list[dict[str, Any]], labels: dict[str, str]) -> str:
-    """Each row against FedAvg at the same α, paired by seed (a seed draws the same partition,
-    clients and initial model in both): the mean accuracy difference in points, its 95% t
-    interval and what it resolves, and the uplink bytes as a fraction of FedAvg's."""
+def against_reference(
+    entries: list[dict[str, Any]], labels: dict[str, str], versus: dict[str, str]
+) -> str:
+    """Each row against its reference row at the same α (``versus``: FedAvg, or for SCAFFOLD
+    FedAvg without momentum, the same steps without control variates), paired by seed (a seed
+    draws the same partition, clients and initial model in both): the mean accuracy difference
+    in points, its 95% t interval and what it resolves, and the uplink bytes as a fraction of the
+    reference's."""
     head = [
         "α",
         "row",
-        "Δ accuracy vs FedAvg, points [95% interval]",
+        "reference",
+        "Δ accuracy, points [95% interval]",
         "resolved",
-        "uplink / FedAvg's",
+        "uplink / reference's",
     ]
+    at = {(e["row"], e["alpha"]): e for e in entries}
     cells = []
     for e in entries:
-        base = next((b for b in entries if b["row"] == "fedavg" and b["alpha"] == e["alpha"]), None)
-        if e["row"] == "fedavg" or base is None or "per_seed" not in e or "per_seed" not in base:
+        ref_name = versus.get(e["row"], "fedavg")
+        base = at.get((ref_name, e["alpha"]))
+        if e["row"] == ref_name or base is None or "per_seed" not in e or "per_seed" not in base:
             continue
         common = sorted(e["per_seed"].keys() & base["per_seed"].keys())
         if len(common) < 2:
             continue
         diffs = [100 * (e["per_seed"][s] - base["per_seed"][s]) for s in common]
         lo, hi = t_interval(diffs)
+        ref = labels.get(ref_name, ref_name)
         cells.append(
             [
                 f"{e['alpha']:g}",
                 labels.get(e["row"], e["row"]),
+                ref,
                 f"{statistics.mean(diffs):+.2f} [{lo:+.2f}, {hi:+.2f}] (n={len(common)})",
-                comparison(lo, hi, ("above FedAvg", "below FedAvg")),
+                comparison(lo, hi, (f"above {ref}", f"below {ref}")),
                 f"{e['bytes_up'] / base['bytes_up']:.3g}",
             ]
         )
-    return "\n".join(markdown_table(head, cells, left=2)) if cells else ""
+    return "\n".join(markdown_table(head, cells, left=3)) if cells else ""
 
 
 def figure(entries: list[dict[str, Any]], labels: dict[str, str], path: Path) -> Path:
@@ -674,6 +699,7 @@ def section(
     relative to the docs file), the table's entries and the rows' labels."""
     rows = all_rows()
     labels = {n: r.label for n, r in rows.items()}
+    versus = {n: r.versus for n, r in rows.items()}
     chosen = picks(committed_records(records, "tune"), rows)
     entries = summarize(committed_records(records), list(rows), chosen)
     doc = (__doc__ or "").replace("``", "`").split("\n\n")
@@ -691,13 +717,15 @@ def section(
             ),
             *(
                 [
-                    "Each row against FedAvg at the same α, paired by seed (the same partition, "
-                    "clients and initial model): a difference is resolved when its 95% interval "
+                    "Each row against its reference at the same α (FedAvg; for SCAFFOLD, FedAvg "
+                    "without momentum: the same steps without control variates), paired by seed "
+                    "(the same partition, clients and initial model): a difference is resolved "
+                    "when its 95% interval "
                     "excludes 0. With 3 seeds an interval is about ±2.5 standard deviations of the "
                     "per-seed differences wide.",
                     paired,
                 ]
-                if (paired := against_fedavg(entries, labels))
+                if (paired := against_reference(entries, labels, versus))
                 else []
             ),
             f"![Final accuracy against total uplink bytes]({figure_rel.as_posix()})",

@@ -283,28 +283,29 @@ def test_every_row_and_setting_registered_now_is_a_valid_config() -> None:
                 assert cfg.partition.local_test == 0.2 and cfg.local_eval_every == bench.ROUNDS
 
 
-def test_rows_against_fedavg_pair_seeds_and_resolve_only_intervals_excluding_zero() -> None:
+def test_rows_against_their_reference_pair_seeds_and_resolve_only_intervals_excluding_zero() -> (
+    None
+):
     base = {**_rec("fedavg", 0, 0.6, [[200, 0.6]], 0.1), "alpha": 0.5}
+    accs = {
+        "fedavg": (0.60, 0.70, 0.50),
+        "fedprox": (0.62, 0.73, 0.525),  # +2, +3, +2.5 points: resolved
+        "fedavg-sgd": (0.50, 0.60, 0.40),
+        "scaffold": (0.60, 0.50, 0.40),  # against FedAvg without momentum: +10, -10, 0
+    }
     recs = [
-        *(
-            {**base, "seed": s, "final_test_accuracy": a}
-            for s, a in ((0, 0.60), (1, 0.70), (2, 0.50))
-        ),
-        *(
-            {**base, "row": "fedprox", "seed": s, "final_test_accuracy": a, "total_bytes_up": 100}
-            for s, a in ((0, 0.62), (1, 0.73), (2, 0.525))  # +2, +3, +2.5 points: resolved
-        ),
-        *(
-            {**base, "row": "scaffold", "seed": s, "final_test_accuracy": a}
-            for s, a in ((0, 0.70), (1, 0.60), (2, 0.50))  # +10, -10, 0: not resolved
-        ),
+        {**base, "row": row, "seed": s, "final_test_accuracy": a, "total_bytes_up": 100 * (i + 2)}
+        for i, (row, vals) in enumerate(accs.items())
+        for s, a in enumerate(vals)
     ]
-    entries = bench.summarize(recs, ["fedavg", "fedprox", "scaffold"])
-    table = bench.against_fedavg(entries, {"fedprox": "FedProx", "scaffold": "SCAFFOLD"})
-    # mean +2.5, std 0.5: 2.5 ± 4.303 · 0.5 / sqrt(3) = [+1.26, +3.74]
-    assert "| 0.5 | FedProx | +2.50 [+1.26, +3.74] (n=3) | above FedAvg |" in table
-    assert "| 0.5 | SCAFFOLD | +0.00 [-24.84, +24.84] (n=3) | not resolved" in table
-    assert table.splitlines()[2].endswith(f"| {100 / 200:.3g} |")  # FedAvg's records: 200 bytes
+    entries = bench.summarize(recs, list(accs))
+    labels = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedavg-sgd": "SGD", "scaffold": "SC"}
+    table = bench.against_reference(entries, labels, {"scaffold": "fedavg-sgd"})
+    # mean +2.5, std 0.5: 2.5 ± 4.303 · 0.5 / sqrt(3) = [+1.26, +3.74]; bytes 300 / 200
+    assert "| 0.5 | FedProx | FedAvg | +2.50 [+1.26, +3.74] (n=3) | above FedAvg | 1.5 |" in table
+    assert "| 0.5 | SC | SGD | +0.00 [-24.84, +24.84] (n=3) | not resolved" in table
+    assert table.rstrip().endswith("| 1.25 |")  # SCAFFOLD's 500 bytes over the reference's 400
+    assert "| 0.5 | SGD | FedAvg | -10.00 [-10.00, -10.00] (n=3) | below FedAvg | 2 |" in table
 
 
 def test_the_closing_summary_counts_diverged_seeds_apart(
