@@ -680,10 +680,8 @@ AWAITING_RECORDS = {
             "engine": "fedge bench engine --docs docs/benchmarks.md",
             "presets": "fedge bench presets fedavg-fmnist-lenet quickstart --set threads=1 "
             "--out runs/bench-presets --docs docs/benchmarks.md",
-            "client-memory": "fedge bench memory --docs docs/benchmarks.md",
             "zo-step": "fedge bench zo --models lenet,lenet5,wrn-10-2 --schemes central "
             "--threads 1 --docs docs/benchmarks.md",
-            "zo-precision": "python benchmarks/zo_precision.py --docs docs/benchmarks.md",
             "population": "fedge bench engine --populations 1000,10000,100000,1000000 "
             "--rounds 10 --docs docs/benchmarks.md",
             "flower": "python benchmarks/flower_overhead.py --docs docs/benchmarks.md",
