@@ -18,7 +18,10 @@ mechanism set, by its name key, to each codec its registry (the CODECS of fedge'
 module) holds when the script runs, with the codec's defaults; the
 forward-only rows run their own presets (``baffle-fmnist-lenet``, ``fedkseed-fmnist-lenet``,
 and ``<method>-fmnist-lenet`` for each other peer registered when the script runs) on the
-same data, partition and clients. Every row gets the same 30 rounds, each doing its preset's local
+same data, partition and clients. The forward-only presets train BAFFLE's LeNet (26,730
+parameters, Hardswish, GroupNorm), the backprop rows the classic LeNet-5 (44,426), so the row
+"FedAvg, BAFFLE's LeNet" (FedAvg's recipe on the forward-only rows' model) is their reference:
+each forward-only row is paired against it below the table. Every row gets the same 30 rounds, each doing its preset's local
 work: FedAvg one epoch (about 7 steps of 32 on a client's ~220 training images), FedKSeed 50
 zeroth-order steps, DeComFL 10, FeedSign one (its paper fine-tunes pretrained models over thousands
 of one-step rounds: a round budget is not its budget), BAFFLE one epoch of K = 100
@@ -167,6 +170,14 @@ BACKPROP = (
         widen=LR,
     ),
     Row(
+        "fedavg-lenet",
+        "FedAvg, BAFFLE's LeNet",
+        "fedavg-fmnist-lenet",
+        ("model.name=lenet", "model.activation=hardswish", "model.norm=group"),
+        grid=_lr_grid(LR, LRS),
+        widen=LR,
+    ),
+    Row(
         "fedavg-sgd",
         "FedAvg, no momentum",
         "fedavg-fmnist-lenet",
@@ -223,18 +234,38 @@ PEERS = {
 }
 
 
+#: the forward-only rows' backprop reference: FedAvg on their model, BAFFLE's LeNet
+ON_THEIR_MODEL = "fedavg-lenet"
+
+
 def peer_rows() -> list[Row]:
     """BAFFLE and the forward-only peers registered when the script runs, each on its preset."""
     out = []
     if "baffle" in method_names():
-        out.append(Row("baffle", "BAFFLE", "baffle-fmnist-lenet", kind="forward-only"))
+        out.append(
+            Row(
+                "baffle",
+                "BAFFLE",
+                "baffle-fmnist-lenet",
+                kind="forward-only",
+                versus=ON_THEIR_MODEL,
+            )
+        )
     presets = set(preset_names())
     for m in ("fedkseed", "decomfl", "feedsign"):
         if m in method_names() and f"{m}-fmnist-lenet" in presets:
             label, key, rates = PEERS[m]
             grid = _lr_grid(key, rates)
             out.append(
-                Row(m, label, f"{m}-fmnist-lenet", grid=grid, kind="forward-only", widen=key)
+                Row(
+                    m,
+                    label,
+                    f"{m}-fmnist-lenet",
+                    grid=grid,
+                    kind="forward-only",
+                    widen=key,
+                    versus=ON_THEIR_MODEL,
+                )
             )
     return out
 
@@ -621,8 +652,9 @@ def table(entries: list[dict[str, Any]], labels: dict[str, str]) -> str:
 def against_reference(
     entries: list[dict[str, Any]], labels: dict[str, str], versus: dict[str, str]
 ) -> str:
-    """Each row against its reference row at the same α (``versus``: FedAvg, or for SCAFFOLD
-    FedAvg without momentum, the same steps without control variates), paired by seed (a seed
+    """Each row against its reference row at the same α (``versus``: FedAvg; for SCAFFOLD
+    FedAvg without momentum, the same steps without control variates; for the forward-only rows
+    FedAvg on their model), paired by seed (a seed
     draws the same partition, clients and initial model in both): the mean accuracy difference
     in points, its 95% t interval and what it resolves, and the uplink bytes as a fraction of the
     reference's."""
@@ -720,7 +752,8 @@ def section(
             *(
                 [
                     "Each row against its reference at the same α (FedAvg; for SCAFFOLD, FedAvg "
-                    "without momentum: the same steps without control variates), paired by seed "
+                    "without momentum: the same steps without control variates; for the "
+                    "forward-only rows, FedAvg on their model, BAFFLE's LeNet), paired by seed "
                     "(the same partition, clients and initial model): a difference is resolved "
                     "when its 95% interval "
                     "excludes 0. With 3 seeds an interval is about ±2.5 standard deviations of the "
