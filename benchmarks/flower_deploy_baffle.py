@@ -93,8 +93,8 @@ def markdown(report: dict, command: str) -> str:
             f"One SuperLink and {nodes} SuperNodes as separate processes on 127.0.0.1 (`fedge.experiment.flower.loopback`), "
             f"`baffle-fmnist-lenet` in batch mode (K = 100 loss differences up, secure aggregation on: its four exchanges a "
             f"round travel as Flower messages) with {nodes} clients, all every round, {rounds} rounds; the same config "
-            "on the built-in engine. The machine's 2 cores were shared: wall times are indicative (Flower's deployment "
-            "polls, so a round has a floor of seconds).",
+            "on the built-in engine. Wall times are indicative (they depend on the machine's load, on the Machine line; "
+            "Flower's deployment polls, so a round has a floor of seconds).",
             "",
             f"Command: `{command.strip()}`",
             "",

@@ -677,26 +677,12 @@ AWAITING_RECORDS = {
     **{
         name: Awaiting(f"measured before records were kept; re-measure with `{command}`", command)
         for name, command in {
-            "engine": "fedge bench engine --docs docs/benchmarks.md",
-            "presets": "fedge bench presets fedavg-fmnist-lenet quickstart --set threads=1 "
-            "--out runs/bench-presets --docs docs/benchmarks.md",
-            "zo-step": "fedge bench zo --models lenet,lenet5,wrn-10-2 --schemes central "
-            "--threads 1 --docs docs/benchmarks.md",
-            "population": "fedge bench engine --populations 1000,10000,100000,1000000 "
-            "--rounds 10 --docs docs/benchmarks.md",
-            "flower": "python benchmarks/flower_overhead.py --docs docs/benchmarks.md",
-            "flower-ray": "python benchmarks/flower_overhead.py --clients 10,100 --rounds 3 "
-            "--runtimes engine,flower-sim,flower-ray --ray-cpus 2 --section flower-ray "
-            "--docs docs/benchmarks.md",
             "cross-device": "python benchmarks/cross_device.py --docs docs/benchmarks.md",
-            "flower-deploy-baffle": "python benchmarks/flower_deploy_baffle.py "
-            "--docs docs/benchmarks.md",
             "client-failures": "python benchmarks/client_failures.py --docs docs/benchmarks.md",
             "zo-forwards-to-accuracy": "python benchmarks/zo_forwards_to_accuracy.py "
             "--out runs/bench-zo-fta --docs docs/benchmarks.md",
         }.items()
     },
-    # long runs launched separately (issue 46, ~10 CPU-hours): leaves once records are committed
     # reproductions whose runs predate records (issue 49): the script must first write one record
     # per run under benchmarks/results/, then the runs are repeated (CPU-hours, docs/planned.md)
     # the FedPT scripts record each finished run under benchmarks/results/<script>/ and render

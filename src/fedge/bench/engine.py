@@ -148,10 +148,10 @@ def engine_markdown(report: dict[str, Any], command: str) -> str:
         for r in report["results"]
     ]
     intro = [
-        "Engine overhead per client per round with trivial clients (everything but client compute:",
+        "Engine overhead per client per round with trivial clients, one torch thread (everything but client compute:",
         "sampling, serialization both ways, generator derivation, meter with FLOP counting, finiteness",
         "check, aggregation). Target: < 0.5 ms per client at 1000 clients per round (Flower's Ray",
-        "simulation costs 4-20 ms per client message here: the section \"Engine vs Flower's Ray",
+        "simulation costs milliseconds per client message here: the section \"Engine vs Flower's Ray",
         'simulation engine"), and memory that does not grow with the number of clients beyond their data.',
     ]
     return command_section(intro, command, markdown_table(head, rows))

@@ -98,19 +98,21 @@ def machine_facts() -> dict[str, Any]:
 
 def opening_line(record: dict[str, Any], where: str) -> str:
     """The line opening a section rendered from ``record`` (kept at ``where``): the machine the
-    measurement ran on, its load then, when and for how long, and where the record is.
+    measurement ran on, its load then, when and for how long, and where the record is. The torch
+    threads are not in it: a benchmark sets its own (those at the start, torch's default, are in
+    the record only), so each section's text or command states them.
 
     >>> facts = {"machine": "x86_64", "cpu_model": "Xeon", "cpus": 2, "torch_threads": 1,
     ...          "torch": "2.5.1", "python": "3.12.3", "load_average": 0.5,
     ...          "date": "2026-12-05 15:00 UTC"}
     >>> opening_line({"machine": facts, "minutes": 1.234}, "benchmarks/results/measured/x.json")
-    'Machine: x86_64 (Xeon), 1 torch thread(s) of 2 CPUs, torch 2.5.1, Python 3.12.3; load average 0.5 at the start; measured 2026-12-05 15:00 UTC in 1.23 wall minutes. Record: `benchmarks/results/measured/x.json`.'
+    'Machine: x86_64 (Xeon), 2 CPUs, torch 2.5.1, Python 3.12.3; load average 0.5 at the start; measured 2026-12-05 15:00 UTC in 1.23 wall minutes. Record: `benchmarks/results/measured/x.json`.'
     """
     m = record["machine"]
     cpu = f" ({m['cpu_model']})" if m.get("cpu_model") else ""
     load = m.get("load_average")
     return (
-        f"Machine: {m['machine']}{cpu}, {m['torch_threads']} torch thread(s) of {m['cpus']} CPUs, "
+        f"Machine: {m['machine']}{cpu}, {m['cpus']} CPUs, "
         f"torch {m['torch']}, Python {m['python']}; "
         + ("" if load is None else f"load average {load:g} at the start; ")
         + f"measured {m['date']} in {record['minutes']:.3g} wall minutes. Record: `{where}`."
