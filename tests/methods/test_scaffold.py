@@ -44,25 +44,28 @@ def _train(tiny, rounds=2, **method):
 TARGETS = {0: 3.0, 1: 0.0}
 
 
-def _quadratic(model, batch, ctx, masks):
-    return None, {"weight": (model.weight.detach() - TARGETS[ctx.cid]).clone()}
+def _quadratic_federation(num_clients: int, *, curvature=None, local_epochs: int = 2):
+    """Clients minimising F_i(w) = ½ h_i (w − a_i)² (h_i = ``curvature[i]``, 1 by default)."""
+    h = curvature or {}
 
+    def gradient(model, batch, ctx, masks):
+        w = model.weight.detach()
+        return None, {"weight": (h.get(ctx.cid, 1.0) * (w - TARGETS[ctx.cid])).clone()}
 
-def _quadratic_federation(num_clients: int):
     def one_weight():
         m = torch.nn.Linear(1, 1, bias=False)
         with torch.no_grad():
             m.weight.fill_(1.0)
         return m
 
-    cfg = ScaffoldConfig(local_epochs=2, batch_size=1, client_optimizer={"lr": 0.1})
+    cfg = ScaffoldConfig(local_epochs=local_epochs, batch_size=1, client_optimizer={"lr": 0.1})
     server = ScaffoldAveraging(
         one_weight(),
         ServerOptimizerConfig(name="sgd", lr=1.0).build(),
         weighting="uniform",
         client_sizes=[1] * num_clients,
     )
-    client = ScaffoldClient(one_weight, cfg, base=_quadratic)
+    client = ScaffoldClient(one_weight, cfg, base=gradient)
     x, y = torch.ones(1, 1), torch.zeros(1, dtype=torch.int64)
     states: dict[int, dict] = {0: {}, 1: {}}
 
@@ -115,6 +118,26 @@ def test_control_variates_of_two_rounds_by_hand():
     torch.testing.assert_close(server.model.weight.detach(), torch.tensor([[1.17195]]), **close)
     torch.testing.assert_close(server.c["weight"], torch.tensor([[-0.38475]]), **close)
     torch.testing.assert_close(server.c["weight"], (c_1 + c_2) / 2, **close)
+
+
+def test_many_local_steps_reach_the_global_optimum_where_fedavg_drifts():
+    """Heterogeneous curvature (h = 1, 4; a = 3, 0) and K = 10 local steps of η_l = 0.1: the
+    global optimum of F_1 + F_2 is Σ h_i a_i / Σ h_i = 0.6. FedAvg's fixed point is off it:
+    client 1 maps w to 3 + 0.9¹⁰ (w − 3), client 2 to 0.6¹⁰ w, and the mean of the two has its
+    fixed point at w = 1.5 (1 − 0.9¹⁰) / (1 − (0.9¹⁰ + 0.6¹⁰)/2) ≈ 1.188. SCAFFOLD's corrected
+    steps follow the global gradient, so it converges to 0.6 whatever K (with exact gradients,
+    as here); round 1 (c = c_i = 0) is FedAvg's, so its first move heads for the drift."""
+    server, _, round_ = _quadratic_federation(2, curvature={0: 1.0, 1: 4.0}, local_epochs=10)
+    q, r = 0.9**10, 0.6**10
+    fedavg_fixed_point = 1.5 * (1 - q) / (1 - (q + r) / 2)
+    round_(1)
+    w1 = float(server.model.weight.detach())
+    assert w1 == pytest.approx((3 + q * (1 - 3) + r * 1) / 2, abs=1e-6)  # FedAvg's round 1
+    for rnd in range(2, 61):
+        round_(rnd)
+    w = float(server.model.weight.detach())
+    assert w == pytest.approx(0.6, abs=1e-4)
+    assert abs(fedavg_fixed_point - 0.6) > 0.5  # the drift it corrects is large
 
 
 def test_server_control_variate_moves_by_the_sampled_fraction():
