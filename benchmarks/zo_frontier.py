@@ -111,6 +111,7 @@ LEVERS = {
     "mask 10% magnitude": ["method.train_mask={rule: magnitude, density: 0.1}"],
     "fc1 frozen, prefix once": ["method.freeze=[features.fc1]", "method.prefix_once=true"],
     "σ decay 0.9, K 100→200": ["method.sigma_decay=0.9", "method.k_final=200"],
+    "layer-scaled σ": ["method.sigma_scale=layer"],
 }
 # Guided directions need batch mode: one server step a round on one batch of 20 per client, so the
 # same client forwards as the epoch rows take 50x the rounds (evaluated every 50th round).

@@ -140,6 +140,7 @@ def test_levers_and_their_combination_are_chosen_on_validation(tmp_path: Path) -
     _screen(tmp_path, "BAFFLE + mask 10% magnitude", {lr: v - 0.02 for lr, v in MID.items()})
     _screen(tmp_path, "BAFFLE + fc1 frozen, prefix once", MID)  # a tie does not beat it
     _screen(tmp_path, "BAFFLE + σ decay 0.9, K 100→200", {lr: v + 0.001 for lr, v in MID.items()})
+    _screen(tmp_path, "BAFFLE + layer-scaled σ", {lr: v - 0.001 for lr, v in MID.items()})
     state = bench.read_records(tmp_path, [])
     assert bench.chosen_levers(state["screens"]) == ["persistent Adam", "σ decay 0.9, K 100→200"]
     combo = state["rows"][bench.COMBO]

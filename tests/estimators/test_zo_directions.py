@@ -598,3 +598,129 @@ def test_the_server_rebuild_equals_the_client_s_guided_estimate():
     diffs = loss_differences(model, F.cross_entropy, (x, y), spec(), seed=5)
     server = estimate_gradient(dict(model.named_parameters()), diffs, spec(), seed=5)
     assert all(torch.equal(client[n], server[n]) for n in shapes)
+
+
+# --- layer-scaled σ (sigma_scale: layer) ---------------------------------------------------------
+
+
+def _two_layers(a_weight: float, b_weight: float) -> dict[str, torch.Tensor]:
+    """a: Linear(4, 1) with a zero bias, b: Linear(4, 1) without: 5 + 4 coordinates."""
+    return {
+        "a.weight": torch.full((1, 4), a_weight),
+        "a.bias": torch.zeros(1),
+        "b.weight": torch.full((1, 4), b_weight),
+    }
+
+
+def test_layer_scales_by_hand() -> None:
+    """a's weights all 2 (RMS 2; its zero bias takes it), b's all 0.5: raw scales 2, 2, 0.5; the
+    mean of s² over the 9 coordinates, (5·4 + 4·0.25)/9 = 21/9, is divided out: s_a = 6/√21,
+    s_b = 1.5/√21 (Σ n_l s_l² = 9). A layer of zeros takes the RMS of all the weights (here
+    √(16/9) = 4/3), and masks count only the kept coordinates."""
+    from fedge.estimators.directions import layer_scales
+
+    s = layer_scales(_two_layers(2.0, 0.5))
+    assert s == pytest.approx(
+        {
+            "a.weight": 6 / math.sqrt(21),
+            "a.bias": 6 / math.sqrt(21),
+            "b.weight": 1.5 / math.sqrt(21),
+        }
+    )
+    zero = layer_scales(_two_layers(2.0, 0.0))
+    norm = math.sqrt((5 * 4 + 4 * 16 / 9) / 9)
+    assert zero["b.weight"] == pytest.approx(4 / 3 / norm) and zero["a.bias"] == pytest.approx(
+        2 / norm
+    )
+    keep_two = {"b.weight": torch.tensor([[True, True, False, False]])}
+    masked = layer_scales(_two_layers(2.0, 0.5), keep_two)
+    norm = math.sqrt((5 * 4 + 2 * 0.25) / 7)
+    assert masked["a.weight"] == pytest.approx(2 / norm) and masked["b.weight"] == pytest.approx(
+        0.5 / norm
+    )
+    with pytest.raises(ConfigError, match="need the perturbed parameters"):
+        layer_scales({})
+
+
+@DRAWS
+def test_layer_scaled_draws_are_s_times_the_plain_ones(draws: str) -> None:
+    from fedge.estimators.directions import layer_scaled
+
+    shapes = {"a.weight": (1, 4), "a.bias": (1,), "b.weight": (1, 4)}
+    base = make_directions("gaussian", shapes, 6, draws=draws)
+    scales = {"a.weight": 1.5, "a.bias": 1.5, "b.weight": 0.25}
+    scaled = layer_scaled(base, scales)
+    assert (scaled.kind, scaled.k, scaled.draws) == (base.kind, base.k, base.draws)
+    assert torch.equal(scaled.weights, base.weights)
+    for name, shape in shapes.items():
+        want = base.draw(3, range(6), name, shape) * scales[name]
+        assert torch.equal(scaled.draw(3, range(6), name, shape), want)
+    if base.draw_many is not None:
+        items = list(shapes.items())
+        got = scaled.draw_many(3, 2, items)
+        for z, (name, _) in zip(got, items, strict=True):
+            assert torch.equal(z, base.draw_many(3, 2, [(name, shapes[name])])[0] * scales[name])
+    with pytest.raises(ConfigError, match="no layer scale"):
+        scaled.draw(3, [0], "c.weight", (2,))
+
+
+def test_layer_scaled_estimate_on_a_linear_loss_is_s_squared_times_the_gradient() -> None:
+    """A linear loss L = aᵀW (ΔL exact): ĝ = Σ_k (1/K)(S z_k)(S z_k)ᵀ a to the last bits, and its
+    mean over 600 seeds is S² a (autograd's gradient times s², within 4 standard errors), not a."""
+    from fedge.estimators import ZerothOrderSpec
+    from fedge.estimators.directions import layer_scaled, layer_scales
+
+    model, batch, a = _linear_problem()
+    with torch.no_grad():
+        model.a.weight.mul_(4.0)  # the layers' scales now differ
+    params = dict(model.named_parameters())
+    shapes = {n: p.shape for n, p in params.items()}
+    scales = layer_scales(params)
+    k = 6
+
+    def spec() -> ZerothOrderSpec:
+        dirs = layer_scaled(make_directions("gaussian", shapes, k), scales)
+        return ZerothOrderSpec(k=k, sigma=0.05, scheme="central", directions=dirs)
+
+    base = make_directions("gaussian", shapes, k)
+    s = torch.cat([torch.full((math.prod(sh),), scales[n]) for n, sh in shapes.items()]).double()
+    grads = []
+    for seed in range(600):
+        g = zeroth_order_gradient(model, _mean_loss, batch, spec(), seed=seed)
+        z = torch.cat([base.draw(seed, range(k), n, sh).view(k, -1) for n, sh in shapes.items()], 1)
+        sz = z.double() * s
+        if seed < 3:
+            want = (sz * (sz @ _flat(a))[:, None]).sum(0) / k
+            assert torch.allclose(_flat(g), want, rtol=1e-5, atol=1e-8)
+        grads.append(_flat(g))
+    grads_t = torch.stack(grads)
+    se = grads_t.std(0) / math.sqrt(600)
+    err = grads_t.mean(0) - s**2 * _flat(a)
+    assert bool((err.abs() < 4 * se + 1e-9).all()), (err, se)
+    assert float((s**2 * _flat(a) - _flat(a)).abs().max()) > 10 * float(se.max())
+
+
+def test_the_server_rebuild_equals_the_client_s_layer_scaled_estimate() -> None:
+    """The client's own estimate equals the server's rebuild from its K scalars, each side
+    computing the scales from its own copy of the same weights."""
+    from fedge.estimators import ZerothOrderSpec
+    from fedge.estimators.directions import layer_scaled, layer_scales
+
+    model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2))
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(10, 5, generator=g), torch.randint(0, 2, (10,), generator=g)
+
+    def spec(m: nn.Module) -> ZerothOrderSpec:
+        params = dict(m.named_parameters())
+        shapes = {n: p.shape for n, p in params.items()}
+        dirs = layer_scaled(make_directions("gaussian", shapes, 12), layer_scales(params))
+        return ZerothOrderSpec(k=12, sigma=1e-3, scheme="forward", directions=dirs)
+
+    server_copy = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2))
+    server_copy.load_state_dict(model.state_dict())
+    client = zeroth_order_gradient(model, F.cross_entropy, (x, y), spec(model), seed=5)
+    diffs = loss_differences(model, F.cross_entropy, (x, y), spec(model), seed=5)
+    server = estimate_gradient(
+        dict(server_copy.named_parameters()), diffs, spec(server_copy), seed=5
+    )
+    assert all(torch.equal(client[n], server[n]) for n in client)

@@ -627,6 +627,138 @@ def test_batch_mode_client_and_server_use_the_round_s_sigma():
     assert all(torch.equal(got[k], rebuilt[k]) for k in rebuilt)
 
 
+def _two_layers():
+    """Two linear layers of different weight scales, from an explicit generator."""
+    model = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)
+    )
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (3.0 if name.startswith("1.") else 0.5))
+    return model
+
+
+def _layer_scaled(spec, model):
+    import dataclasses
+
+    from fedge.estimators.directions import layer_scaled, layer_scales, make_directions
+
+    params = dict(model.named_parameters())
+    shapes = {n: p.shape for n, p in params.items()}
+    dirs = make_directions(spec.directions, shapes, spec.k, draws=spec.draws)
+    return dataclasses.replace(spec, directions=layer_scaled(dirs, layer_scales(params)))
+
+
+def test_batch_mode_client_and_server_scale_sigma_by_the_round_model_s_layers():
+    """``sigma_scale: layer``, two rounds: the client's K differences are loss_differences along
+    directions scaled by the layer scales of the model it received, and the server's estimate is
+    estimate_gradient with the scales of its own model (the same weights); round 2's scales are
+    those of round 2's model, not round 1's. A one-layer model's scales are all 1: unchanged."""
+    import torch.nn.functional as F
+
+    from fedge.core.context import ClientContext, ClientData
+    from fedge.core.meter import Meter
+    from fedge.estimators import estimate_gradient, loss_differences
+    from fedge.estimators.directions import layer_scales
+    from fedge.methods.baffle import BaffleBatchClient
+
+    assert list(layer_scales(dict(_model().named_parameters())).values()) == pytest.approx([1, 1])
+    cfg = BaffleConfig(mode="batch", k=5, sigma=1e-2, sigma_scale="layer")
+    strategy = BaffleBatchStrategy(_two_layers(), cfg, seed=0)
+    client = BaffleBatchClient(_two_layers, cfg)
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(7, 4, generator=g), torch.randint(0, 3, (7,), generator=g)
+    for rnd in (1, 2):
+        msg = strategy.configure_round(rnd, [0])[0]
+        ctx = ClientContext(
+            cid=0,
+            rnd=rnd,
+            data=ClientData(x, y, torch.arange(7)),
+            generator=torch.Generator(),
+            meter=Meter(),
+        )
+        reply = client.run(msg, ctx)
+        model = _two_layers()
+        model.load_state_dict(strategy.model.state_dict())
+        spec = _layer_scaled(client.spec, model)
+        want = loss_differences(model, F.cross_entropy, (x, y), spec, seed=msg.config["seed"])
+        assert torch.equal(reply.arrays["dL"], want)
+        plain = loss_differences(
+            model, F.cross_entropy, (x, y), client.spec, seed=msg.config["seed"]
+        )
+        assert not torch.equal(want, plain)
+        got = strategy.estimate(rnd, {0: reply})
+        rebuilt = estimate_gradient(
+            dict(model.named_parameters()), want, spec, seed=msg.config["seed"]
+        )
+        assert all(torch.equal(got[k], rebuilt[k]) for k in rebuilt)
+        strategy.aggregate_round(rnd, {0: reply})
+
+
+def test_the_epoch_client_scales_sigma_by_its_current_layers():
+    """Oracle: the local estimate is zeroth_order_gradient along directions scaled by the layer
+    scales of the client's model as it is at that step, then clipped."""
+    import torch.nn.functional as F
+
+    from fedge.core.context import ClientContext, ClientData
+    from fedge.core.meter import Meter
+    from fedge.estimators import zeroth_order_gradient
+    from fedge.methods.baffle import zeroth_order_gradient_fn
+
+    cfg = BaffleConfig(mode="epoch", k=4, sigma=1e-2, sigma_scale="layer")
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 4, generator=g), torch.randint(0, 3, (6,), generator=g)
+    ctx = ClientContext(
+        cid=0,
+        rnd=1,
+        data=ClientData(x, y, torch.arange(6)),
+        generator=torch.Generator().manual_seed(5),
+        meter=Meter(),
+    )
+    model = _two_layers()
+    _, got = zeroth_order_gradient_fn(cfg, threads=1)(model, (x, y), ctx, None)
+    seed = int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(5)))
+    spec = _layer_scaled(cfg.zo_spec(workers=1), model)
+    plain = zeroth_order_gradient(model, F.cross_entropy, (x, y), cfg.zo_spec(workers=1), seed=seed)
+    assert any(not torch.equal(clip_inf_norm(plain, 0.3)[k], got[k]) for k in got)
+    want = clip_inf_norm(
+        zeroth_order_gradient(model, F.cross_entropy, (x, y), spec, seed=seed), 0.3
+    )
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_layer_scaled_sigma_trains_and_is_refused_where_it_cannot_run(tiny):
+    """An epoch-mode run with ``sigma_scale: layer`` lowers its test loss and differs from the
+    one-σ run; refused with activity perturbation (no weight directions) and the seeds downlink
+    (its replay uses one σ), each naming the fix."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyWarning)
+        runs = {}
+        for scale in ("layer", "global"):
+            cfg = tiny(
+                model={"name": "mlp", "hidden": [8]},
+                method={
+                    "name": "baffle",
+                    "mode": "epoch",
+                    "k": 20,
+                    "batch_size": 16,
+                    "sigma": 1e-3,
+                    "sigma_scale": scale,
+                },
+                **{"clients.num": 4, "clients.per_round": 4},
+            )
+            sim = build_run(load_config(cfg)).simulation()
+            runs[scale] = [sim.run_round(r)["test_loss"] for r in range(1, 5)]
+            sim.close()
+    assert runs["layer"][-1] < runs["layer"][0]
+    assert runs["layer"] != runs["global"]
+    with pytest.raises(ValueError, match="set method.sigma_scale=global"):
+        BaffleConfig(mode="epoch", estimator="activity", sigma_scale="layer")
+    with pytest.raises(ValueError, match="use downlink=model with layer-scaled σ"):
+        BaffleConfig(mode="batch", downlink="seeds", sigma_scale="layer")
+
+
 def test_the_activity_estimator_is_refused_where_it_cannot_run(tiny):
     """``estimator: activity`` needs a client that applies its own update (epoch mode: batch mode's
     K scalars cannot carry directions that live in the client's activations), Gaussian

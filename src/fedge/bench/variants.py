@@ -207,6 +207,7 @@ NEUTRAL_ADDITIONS: dict[tuple[str, ...], Any] = {
     ("method", "sigma_decay"): 1.0,
     ("method", "guided_rank"): 0,
     ("method", "guided_share"): 0.5,
+    ("method", "sigma_scale"): "global",
     # attached by the composer to every method with a global model / that can freeze
     ("method", "ema"): None,
     ("method", "ema_warmup"): True,

@@ -33,6 +33,8 @@ __all__ = [
     "Directions",
     "block_split",
     "guided_directions",
+    "layer_scaled",
+    "layer_scales",
     "make_directions",
     "match_params",
     "remembered",
@@ -256,6 +258,73 @@ def guided_directions(
         return out
 
     return Directions("guided", k, draw, weights, draws)
+
+
+def layer_scales(
+    params: Mapping[str, Tensor], masks: Mapping[str, Tensor] | None = None
+) -> dict[str, float]:
+    """Each parameter's perturbation scale s_l under ``sigma_scale: layer``: its layer's weight
+    RMS, normalised so the mean of s² over the perturbed coordinates is 1 (σ keeps its overall
+    size: E‖S z‖² = n, as a Gaussian direction's).
+
+    A layer is a parameter's module (:func:`block_of`); its scale is the RMS of the module's
+    ``weight`` where that is in ``params``, else of the module's tensors in ``params`` together,
+    so a bias (zero at initialisation) moves with its weights. A layer whose RMS is 0 takes the
+    RMS of all of ``params``, and 1 where that is 0 too. ``masks`` (True = perturbed) count only
+    the kept coordinates. Computed in float64 from the values alone, so a client and the server
+    holding the same weights get the same scales."""
+    if not params:
+        raise ConfigError("layer scales need the perturbed parameters; got none")
+    masks = masks or {}
+
+    def mean_square(ts: Sequence[Tensor]) -> float:
+        total = sum(float(t.detach().to(torch.float64).square().sum()) for t in ts)
+        return total / max(1, sum(t.numel() for t in ts))
+
+    layers: dict[str, list[str]] = {}
+    for name in params:
+        layers.setdefault(block_of(name), []).append(name)
+    overall = mean_square(list(params.values()))
+    raw: dict[str, float] = {}
+    for layer, names in layers.items():
+        weight = f"{layer}.weight"
+        ms = mean_square([params[weight]] if weight in params else [params[n] for n in names])
+        ms = ms if ms > 0 else overall if overall > 0 else 1.0
+        raw.update(dict.fromkeys(names, math.sqrt(ms)))
+    counts = {n: int(masks[n].sum()) if n in masks else params[n].numel() for n in params}
+    n_total = sum(counts.values())
+    if n_total == 0:
+        raise ConfigError("layer scales need a perturbed coordinate; every one is masked out")
+    norm = math.sqrt(sum(raw[n] ** 2 * counts[n] for n in params) / n_total)
+    return {n: raw[n] / norm for n in params}
+
+
+def layer_scaled(dirs: Directions, scales: Mapping[str, float]) -> Directions:
+    """``dirs`` with parameter ``name``'s z_k multiplied by ``scales[name]`` (its kind, weights
+    and generator kept): the perturbation δ_k = σ S z_k of ``sigma_scale: layer``, S = diag(s_l)
+    (:func:`layer_scales`). The rebuild from the same draws, ĝ = 1/(cσ) Σ_k w_k ΔL_k S z_k, has
+    E[ĝ] = S² ∇L to first order in σ: the gradient preconditioned per layer by s_l² (plain
+    zeroth-order SGD on u = S⁻¹W, whose perturbations are the same fraction of every layer's
+    weights). Drawing a parameter with no scale raises."""
+
+    def scale_of(name: str) -> float:
+        if name not in scales:
+            raise ConfigError(
+                f"parameter {name!r} has no layer scale; the scales cover {sorted(scales)[:5]}"
+            )
+        return float(scales[name])
+
+    def draw(seed: int, ks: Sequence[int], name: str, shape: Sequence[int]) -> Tensor:
+        return dirs.draw(seed, ks, name, shape) * scale_of(name)
+
+    many = dirs.draw_many
+    if many is None:
+        return Directions(dirs.kind, dirs.k, draw, dirs.weights, dirs.draws)
+
+    def draw_many(seed: int, k: int, items: Sequence[tuple[str, Sequence[int]]]) -> list[Tensor]:
+        return [z * scale_of(name) for z, (name, _) in zip(many(seed, k, items), items)]
+
+    return Directions(dirs.kind, dirs.k, draw, dirs.weights, dirs.draws, draw_many)
 
 
 def block_split(sizes: Sequence[int], k: int) -> list[int]:

@@ -26,7 +26,7 @@ from fedge.estimators import (
     loss_differences,
 )
 from fedge.estimators.directions import guided_directions
-from fedge.methods.baffle.config import BaffleConfig, perturbation_threads
+from fedge.methods.baffle.config import BaffleConfig, layer_scaled_spec, perturbation_threads
 from fedge.methods.baffle.config import round_spec as scheduled
 from fedge.methods.base import GlobalModel, MethodBuild, MethodEnv, check_scalar_reply
 from fedge.methods.local import LocalTraining
@@ -106,6 +106,7 @@ class BaffleBatchClient:
         params = perturbed_params(model, cfg.perturb)
         masks = perturbed_masks(combine_masks(masks, self.train_masks), params)
         spec = guided_spec(scheduled(self.spec, cfg, ctx.rnd, ctx.rnd), cfg, basis, params, masks)
+        spec = layer_scaled_spec(spec, cfg, params, masks)
         total = torch.zeros(cfg.k, dtype=torch.float64)
         for idx in chunks:
             batch = (ctx.data.x[idx], ctx.data.y[idx])
@@ -267,7 +268,9 @@ class BaffleBatchStrategy(Strategy):
         """Round ``rnd``'s estimate: its σ (``sigma_decay``), and guided directions in the span of
         the last updates (those the clients received with the model) or the configured ones."""
         spec = scheduled(self.spec, self.cfg, rnd, rnd)
-        return guided_spec(spec, self.cfg, self.guides, self.params(), self.masks())
+        params, masks = self.params(), self.masks()
+        spec = guided_spec(spec, self.cfg, self.guides, params, masks)
+        return layer_scaled_spec(spec, self.cfg, params, masks)
 
     def apply(self, grads: dict[str, torch.Tensor]) -> dict[str, float]:
         before = (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -17,6 +18,7 @@ from pydantic import Field, model_validator
 from fedge.core.errors import ConfigError
 from fedge.core.rng import Draws
 from fedge.estimators import ZerothOrderSpec
+from fedge.estimators.directions import Directions, layer_scaled, layer_scales, make_directions
 from fedge.methods.base import MethodConfigBase, MethodEnv, ServerOptimizerConfig
 from fedge.methods.local import ClientOptimizerConfig
 from fedge.methods.spec import Capabilities
@@ -130,6 +132,13 @@ class BaffleConfig(MethodConfigBase):
         description="epoch mode: K schedule, K ramped linearly from k (round 1) to k_final (the last round), "
         "rounded; null: constant K",
     )
+    sigma_scale: Literal["global", "layer"] = Field(
+        "global",
+        description="global: one σ for every coordinate (BAFFLE); layer: layer l perturbed by σ·s_l, s_l its "
+        "weight RMS normalised to a mean s² of 1 (fedge.estimators.directions.layer_scales), so every layer is "
+        "perturbed by the same fraction of its weights; the estimate is then of S²∇L, the gradient "
+        "preconditioned per layer by s_l²",
+    )
     guided_rank: int = Field(
         0,
         ge=0,
@@ -206,6 +215,16 @@ class BaffleConfig(MethodConfigBase):
             raise ValueError(
                 f"k_final={self.k_final} (a K schedule) needs mode=epoch: in batch mode every reply's K scalars are "
                 "summed (secure aggregation, DP) with one shape for the run; schedule sigma (sigma_decay) instead"
+            )
+        if self.sigma_scale == "layer" and self.estimator == "activity":
+            raise ValueError(
+                "sigma_scale=layer scales weight perturbations, but estimator=activity perturbs activations; "
+                "set method.sigma_scale=global (or a weight estimator: method.estimator=fast)"
+            )
+        if self.sigma_scale == "layer" and self.downlink == "seeds":
+            raise ValueError(
+                "sigma_scale=layer with downlink=seeds: the client's replay of missed rounds uses one σ for every "
+                "layer; use downlink=model with layer-scaled σ"
             )
         if self.sigma_decay != 1.0 and self.downlink == "seeds":
             raise ValueError(
@@ -289,6 +308,24 @@ def round_spec(spec: ZerothOrderSpec, cfg: BaffleConfig, rnd: int, rounds: int) 
     if cfg.k_final is not None and rounds > 1:
         k = round(cfg.k + (cfg.k_final - cfg.k) * (min(rnd, rounds) - 1) / (rounds - 1))
     return dataclasses.replace(spec, k=k, sigma=cfg.sigma * cfg.sigma_decay ** (rnd - 1))
+
+
+def layer_scaled_spec(
+    spec: ZerothOrderSpec,
+    cfg: BaffleConfig,
+    params: Mapping[str, torch.Tensor],
+    masks: Mapping[str, torch.Tensor] | None,
+) -> ZerothOrderSpec:
+    """``spec`` with its directions scaled per layer by the weights of ``params`` (the perturbed
+    parameters as they are when the estimate runs: the round's model in batch mode, on client
+    and server alike) when ``sigma_scale: layer``; ``spec`` itself otherwise."""
+    if cfg.sigma_scale == "global":
+        return spec
+    dirs = spec.directions
+    if not isinstance(dirs, Directions):
+        shapes = {n: p.shape for n, p in params.items()}
+        dirs = make_directions(dirs, shapes, spec.k, masks, draws=spec.draws, device=spec.device)
+    return dataclasses.replace(spec, directions=layer_scaled(dirs, layer_scales(params, masks)))
 
 
 def perturbation_threads(cfg: BaffleConfig, env: MethodEnv) -> int:

@@ -16,7 +16,12 @@ from fedge.core.context import ClientContext
 from fedge.core.rng import Draws
 from fedge.estimators import ZerothOrderSpec, zeroth_order_gradient
 from fedge.estimators.activity import activity_gradient
-from fedge.methods.baffle.config import BaffleConfig, perturbation_threads, round_spec
+from fedge.methods.baffle.config import (
+    BaffleConfig,
+    layer_scaled_spec,
+    perturbation_threads,
+    round_spec,
+)
 from fedge.methods.base import MethodBuild, MethodEnv
 from fedge.methods.fedavg import DeltaAveraging
 from fedge.methods.local import LocalTraining
@@ -49,6 +54,7 @@ def zeroth_order_gradient_fn(
         seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator))
         params = perturbed_params(model, cfg.perturb)
         masks = perturbed_masks(masks, params)
+        spec = layer_scaled_spec(spec, cfg, params, masks)
         g = zeroth_order_gradient(
             model, F.cross_entropy, batch, spec, seed=seed, params=list(params), masks=masks
         )
