@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -362,6 +363,13 @@ def fig45_lines(rows: dict[str, Any]) -> list[str]:
     return markdown_table(head, cells)
 
 
+def _epsilon(value: float | str) -> str:
+    """A cumulative ε as the table shows it: one decimal, or ∞ where the accountant gives no
+    finite bound (records keep an infinite float as the string "inf")."""
+    v = float(value)
+    return "∞" if math.isinf(v) else f"{v:.1f}"
+
+
 def epsilon_lines(rows: dict[str, Any]) -> list[str]:
     """The cumulative ε of the rigorous rows (the worst device's releases; seed 0)."""
     head = [
@@ -381,9 +389,9 @@ def epsilon_lines(rows: dict[str, Any]) -> list[str]:
             [
                 f"dp-rigorous-eps{e:g} (seed {r['runs'][0]['seed']})",
                 str(last["dp_releases_max"]),
-                f"{last['dp_epsilon_pure']:.1f}",
-                f"{last['dp_epsilon_rdp']:.1f}",
-                f"{last['dp_epsilon_pld']:.1f}",
+                _epsilon(last["dp_epsilon_pure"]),
+                _epsilon(last["dp_epsilon_rdp"]),
+                _epsilon(last["dp_epsilon_pld"]),
             ]
         )
     return (

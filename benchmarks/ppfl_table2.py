@@ -541,6 +541,19 @@ def _set_args(s: dict[str, Any]) -> str:
     return f" --set {' '.join(diff)}" if diff else ""
 
 
+def section(records: Path = RECORDS) -> str:
+    """The section rendered from the records alone, at the default settings (what
+    ``--table-only --docs`` writes); raises ConfigError naming the cells not recorded."""
+    s = parse_settings(SETTINGS, [])
+    info = model_info(s)
+    results = table2(s, progress=lambda m: None, records=records, run=False)
+    missing = awaiting(results)
+    if missing:
+        raise ConfigError(f"ppfl-table2: awaiting records of {missing}")
+    seconds = sum(c["seconds"] for r in results.values() for c in r.values())
+    return render(results, s, seconds, info)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = measurement_parser(__doc__, section="ppfl-table2", example="rounds=4")
     ap.add_argument(

@@ -443,33 +443,6 @@ def test_ppfl_table2_parameters_and_upload_bytes() -> None:
         assert rows[label][3] == want, f"{label}: upload bytes {rows[label][3]}, code {want}"
 
 
-def test_ppfl_table4_remarks_describe_its_table() -> None:
-    """The remarks under PPFL's Table 4 (ratios, shares of the phases) are what
-    ``ppfl_tables.table4_notes`` computes from the timing table printed above them."""
-    bench = benchmark_script("ppfl_tables")
-    section = _section("ppfl")
-    table = section.split("### Table 4 analogue", 1)[1]
-    by_model: dict[str, list[dict[str, object]]] = {}
-    for r in _rows(table, "| model | run | stage | broadcast s |"):
-        if r[2] != "Σ":
-            by_model.setdefault(r[0], []).append(
-                {
-                    "run": r[1],
-                    "stage": r[2],
-                    "broadcast": float(r[3]),
-                    "training": float(r[4]),
-                    "upload": float(r[5]),
-                    "aggregation": float(r[6]),
-                    "round": float(r[9]),
-                }
-            )
-    assert set(by_model) == {"lenet-ppfl", *bench.LARGE}
-    notes = bench.table4_notes(by_model)
-    assert notes in table, (
-        "stale Table 4 remarks: run `python benchmarks/ppfl_tables.py --docs docs/benchmarks.md`"
-    )
-
-
 # --- BAFFLE ΔL over a batch vs the local set (bench:baffle-delta-loss) -------------------------
 
 
@@ -558,11 +531,23 @@ def test_client_failures_plain_rows_follow_from_the_dropout_draws() -> None:
 
 # --- reproduction tables rendered from committed records ---------------------------------------
 
+
 # Each reproduction script writes one record per finished run under benchmarks/results/ and renders
 # its docs section from those records alone (`--table-only`). The section must be exactly that
 # rendering: records committed without re-rendering, or a change to how the tables are computed
 # (means, intervals, verdicts, picks), fails here. The section's first line must say it was
 # rendered from those records (not stamp the renderer's machine and clock as the runs').
+def _ppfl_section(bench) -> str:
+    """The PPFL section from its records alone (``--table-only``: nothing runs, nothing is
+    pretrained)."""
+    saved = bench.TABLE_ONLY, list(bench.AWAITING)
+    bench.TABLE_ONLY, bench.AWAITING[:] = True, []
+    try:
+        return bench.section()
+    finally:
+        bench.TABLE_ONLY, bench.AWAITING[:] = saved[0], saved[1]
+
+
 RECORD_TABLES = {
     "baffle-table1": ("baffle_table1", lambda b: b.section(k500=False)),
     "baffle-table2": (
@@ -575,6 +560,9 @@ RECORD_TABLES = {
     "eppfl": ("eppfl_figures", lambda b: b.section()),
     "noniid-uplink": ("noniid_uplink", lambda b: b.section()[0]),
     "mia-overfit": ("mia_overfit", lambda b: b.section()),
+    "ppfl": ("ppfl_tables", lambda b: _ppfl_section(b)),
+    "ppfl-table2": ("ppfl_table2", lambda b: b.section()),
+    "fedpt-table1": ("fedpt_table1", lambda b: b.section()),
     "baffle-delta-loss": (
         "baffle_delta_loss",
         lambda b: (
@@ -678,7 +666,6 @@ AWAITING_RECORDS = {
         name: Awaiting(f"measured before records were kept; re-measure with `{command}`", command)
         for name, command in {
             "cross-device": "python benchmarks/cross_device.py --docs docs/benchmarks.md",
-            "client-failures": "python benchmarks/client_failures.py --docs docs/benchmarks.md",
             "zo-forwards-to-accuracy": "python benchmarks/zo_forwards_to_accuracy.py "
             "--out runs/bench-zo-fta --docs docs/benchmarks.md",
         }.items()
@@ -689,10 +676,6 @@ AWAITING_RECORDS = {
     # their sections from the records (--table-only); the runs are to come (CPU-minutes each from
     # the script's --estimate, one thread), launched as
     # `OMP_NUM_THREADS=1 nice -n 10 <command>`; the section is then moved to RECORD_TABLES
-    "fedpt-table1": Awaiting(
-        "FedPT Table 1: the script records its runs; 6 runs to come (about 18 CPU-minutes)",
-        "python benchmarks/fedpt_table1.py --seeds 3 --docs docs/benchmarks.md",
-    ),
     "fedpt-table2": Awaiting(
         "FedPT Tables 2/4: the script records its runs, now on Dirichlet(1) clients as the paper "
         "and 3 seeds; 15 runs to come (about 50 CPU-minutes)",
@@ -707,23 +690,6 @@ AWAITING_RECORDS = {
         "composition table: the script records its runs; 3 of 5 recorded, the BAFFLE + freeze "
         "and NTK-BAFFLE + freeze runs to come (BAFFLE full took 11 wall minutes niced here)",
         "python benchmarks/fedpt_composition.py --seeds 1 --docs docs/benchmarks.md",
-    ),
-    "ppfl": Awaiting(
-        "PPFL Tables 3/4/5, transfer, enclave memory: runs predate records; the script now "
-        "records every run under benchmarks/results/ppfl_tables/ but they are not rerun yet "
-        "(by `--estimate`, in CPU time: capped LeNet rows 8, AlexNet-PPFL rows 6, transfer and "
-        "Table 4 about 3 CPU-minutes; the uncapped LeNet rows, `--uncapped`, at most 36; wall "
-        "time on a shared machine is several times that). Run it as "
-        "`OMP_NUM_THREADS=1 nice -n 10 python benchmarks/ppfl_tables.py --docs "
-        "docs/benchmarks.md --uncapped`, render with `--table-only`",
-        "python benchmarks/ppfl_tables.py --docs docs/benchmarks.md --uncapped",
-    ),
-    "ppfl-table2": Awaiting(
-        "PPFL Table 2 analogue: runs predate records; the script now records each cell under "
-        "benchmarks/results/ppfl_table2/ but they are not rerun yet (about 16-30 CPU-minutes). "
-        "Run it as `OMP_NUM_THREADS=1 nice -n 10 python benchmarks/ppfl_table2.py --docs "
-        "docs/benchmarks.md`, render with `--table-only`",
-        "python benchmarks/ppfl_table2.py --docs docs/benchmarks.md",
     ),
 }
 
