@@ -339,3 +339,26 @@ def test_a_record_from_before_local_test_splits_still_matches(tmp_path):
             common=COMMON,
             records=tmp_path / "rec",
         )
+
+
+def test_a_zeroth_order_client_whose_forwards_blow_up_is_a_diverged_row(tmp_path):
+    """Epoch-mode BAFFLE at an lr that makes the client's own model overflow within its local
+    steps: its loss differences go non-finite on the client, which is training that diverged, so
+    a screen records the variant as diverged (its lr loses) instead of failing."""
+    baffle = [
+        "method.name=baffle",
+        "method.mode=epoch",
+        "method.k=4",
+        "method.batch_size=16",
+        "method.clip=null",
+        "method.client_optimizer.name=sgd",
+        "model.name=mlp",
+        "model.hidden=[8]",
+    ]
+    variants = {"blows up": [*baffle, "method.client_optimizer.lr=1e30"]}
+    got = run_variants(
+        "quickstart", variants, out_root=tmp_path, common=COMMON, record_divergence=True
+    )
+    row = got["results"][0]
+    assert row["diverged_round"] == 1 and row["final_val_accuracy"] is None
+    assert "non-finite" in row["diverged"]

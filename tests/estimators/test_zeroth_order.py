@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedge.core.errors import ConfigError, MessageError
+from fedge.core.errors import ConfigError, DivergenceError, MessageError
 from fedge.estimators import (
     PrecisionWarning,
     ZerothOrderWarning,
@@ -368,9 +368,12 @@ def test_loss_differences_rejects_bad_arguments(kwargs: dict, match: str) -> Non
 
 def test_estimate_rejects_bad_client_messages() -> None:
     shapes = {"w": (3,)}
-    with pytest.raises(MessageError, match="non-finite values \\(first at k=1\\)"):
+    with pytest.raises(MessageError, match="non-finite values \\(first at k=1\\)") as info:
         bad = torch.tensor([0.1, float("nan")])
         estimate_gradient(shapes, bad, sigma=1e-3, seed=0, scheme="forward")
+    # a malformed message, and training that diverged: a run records it as diverged (a screen's
+    # lr that blows up loses) instead of failing
+    assert isinstance(info.value, DivergenceError)
     with pytest.raises(MessageError, match="1-D tensor"):
         estimate_gradient(shapes, torch.zeros(2, 2), sigma=1e-3, seed=0, scheme="forward")
     with pytest.raises(MessageError, match="same k"):

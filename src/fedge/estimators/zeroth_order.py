@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from fedge.core.config import check_positive_int
-from fedge.core.errors import ConfigError, MessageError
+from fedge.core.errors import ConfigError, MessageError, NonFiniteError
 from fedge.core.rng import Draws
 from fedge.estimators import batched
 from fedge.estimators.directions import DirectionKind, Directions, make_directions, remembered
@@ -664,9 +664,10 @@ def _check_diffs(d: Tensor) -> Tensor:
     bad = ~torch.isfinite(d)
     if bool(bad.any()):
         first = int(bad.nonzero()[0, 0])
-        raise MessageError(
+        raise NonFiniteError(
             f"loss differences hold {int(bad.sum())} non-finite values (first at k={first}); "
-            "the client's forward overflowed: drop this client's message or lower sigma/lr"
+            "the client's forward overflowed: drop this client's message or lower sigma/lr",
+            cause=f"loss differences hold {int(bad.sum())} non-finite values",
         )
     return d.detach().cpu().to(torch.float64)
 
