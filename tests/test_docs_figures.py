@@ -563,6 +563,7 @@ RECORD_TABLES = {
     "ppfl": ("ppfl_tables", lambda b: _ppfl_section(b)),
     "ppfl-table2": ("ppfl_table2", lambda b: b.section()),
     "fedpt-table1": ("fedpt_table1", lambda b: b.section()),
+    "fedpt-table5": ("fedpt_table5", lambda b: b.section()),
     "baffle-delta-loss": (
         "baffle_delta_loss",
         lambda b: (
@@ -680,11 +681,6 @@ AWAITING_RECORDS = {
         "FedPT Tables 2/4: the script records its runs, now on Dirichlet(1) clients as the paper "
         "and 3 seeds; 15 runs to come (about 50 CPU-minutes)",
         "python benchmarks/fedpt_table2.py --seeds 3 --docs docs/benchmarks.md",
-    ),
-    "fedpt-table5": Awaiting(
-        "FedPT Table 5: the script records its runs, now 3 seeds; 36 runs to come (about 36 "
-        "CPU-minutes)",
-        "python benchmarks/fedpt_table5.py --seeds 3 --docs docs/benchmarks.md",
     ),
     "fedpt-composition": Awaiting(
         "composition table: the script records its runs; 3 of 5 recorded, the BAFFLE + freeze "
