@@ -680,8 +680,6 @@ AWAITING_RECORDS = {
         name: Awaiting(f"measured before records were kept; re-measure with `{command}`", command)
         for name, command in {
             "cross-device": "python benchmarks/cross_device.py --docs docs/benchmarks.md",
-            "zo-forwards-to-accuracy": "python benchmarks/zo_forwards_to_accuracy.py "
-            "--out runs/bench-zo-fta --docs docs/benchmarks.md",
         }.items()
     },
     # reproductions whose runs predate records (issue 49): the script must first write one record
