@@ -560,6 +560,27 @@ def test_k_and_sigma_schedules_give_each_round_its_own_k_and_sigma():
         BaffleConfig(mode="batch", downlink="seeds", sigma_decay=0.5)
 
 
+def _epoch_client_estimate(cfg, model, *, rnd, rounds):
+    """The epoch-mode client's local estimate on a fixed batch in round ``rnd`` (of ``rounds``),
+    the seed its generator draws for it, and the batch."""
+    from fedge.core.context import ClientContext, ClientData
+    from fedge.core.meter import Meter
+    from fedge.methods.baffle import zeroth_order_gradient_fn
+
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 4, generator=g), torch.randint(0, 3, (6,), generator=g)
+    ctx = ClientContext(
+        cid=0,
+        rnd=rnd,
+        data=ClientData(x, y, torch.arange(6)),
+        generator=torch.Generator().manual_seed(5),
+        meter=Meter(),
+    )
+    _, got = zeroth_order_gradient_fn(cfg, threads=1, rounds=rounds)(model, (x, y), ctx, None)
+    seed = int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(5)))
+    return got, seed, (x, y)
+
+
 def test_the_epoch_client_estimates_with_the_round_s_k_and_sigma():
     """Oracle: round 3's local estimate is zeroth_order_gradient with K_3 and σ_3 on the seed the
     client's generator draws, then clipped."""
@@ -567,24 +588,11 @@ def test_the_epoch_client_estimates_with_the_round_s_k_and_sigma():
 
     import torch.nn.functional as F
 
-    from fedge.core.context import ClientContext, ClientData
-    from fedge.core.meter import Meter
     from fedge.estimators import zeroth_order_gradient
-    from fedge.methods.baffle import zeroth_order_gradient_fn
 
     cfg = BaffleConfig(mode="epoch", k=4, k_final=12, sigma=1e-2, sigma_decay=0.8)
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(6, 4, generator=g), torch.randint(0, 3, (6,), generator=g)
-    ctx = ClientContext(
-        cid=0,
-        rnd=3,
-        data=ClientData(x, y, torch.arange(6)),
-        generator=torch.Generator().manual_seed(5),
-        meter=Meter(),
-    )
     model = _model()
-    _, got = zeroth_order_gradient_fn(cfg, threads=1, rounds=5)(model, (x, y), ctx, None)
-    seed = int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(5)))
+    got, seed, (x, y) = _epoch_client_estimate(cfg, model, rnd=3, rounds=5)
     spec = dataclasses.replace(cfg.zo_spec(workers=1), k=8, sigma=1e-2 * 0.8**2)
     want = clip_inf_norm(
         zeroth_order_gradient(model, F.cross_entropy, (x, y), spec, seed=seed), 0.3
@@ -701,24 +709,11 @@ def test_the_epoch_client_scales_sigma_by_its_current_layers():
     scales of the client's model as it is at that step, then clipped."""
     import torch.nn.functional as F
 
-    from fedge.core.context import ClientContext, ClientData
-    from fedge.core.meter import Meter
     from fedge.estimators import zeroth_order_gradient
-    from fedge.methods.baffle import zeroth_order_gradient_fn
 
     cfg = BaffleConfig(mode="epoch", k=4, sigma=1e-2, sigma_scale="layer")
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(6, 4, generator=g), torch.randint(0, 3, (6,), generator=g)
-    ctx = ClientContext(
-        cid=0,
-        rnd=1,
-        data=ClientData(x, y, torch.arange(6)),
-        generator=torch.Generator().manual_seed(5),
-        meter=Meter(),
-    )
     model = _two_layers()
-    _, got = zeroth_order_gradient_fn(cfg, threads=1)(model, (x, y), ctx, None)
-    seed = int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(5)))
+    got, seed, (x, y) = _epoch_client_estimate(cfg, model, rnd=1, rounds=1)
     spec = _layer_scaled(cfg.zo_spec(workers=1), model)
     plain = zeroth_order_gradient(model, F.cross_entropy, (x, y), cfg.zo_spec(workers=1), seed=seed)
     assert any(not torch.equal(clip_inf_norm(plain, 0.3)[k], got[k]) for k in got)
