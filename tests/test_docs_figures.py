@@ -575,6 +575,7 @@ RECORD_TABLES = {
     "ppfl": ("ppfl_tables", lambda b: _ppfl_section(b)),
     "ppfl-table2": ("ppfl_table2", lambda b: b.section()),
     "fedpt-table1": ("fedpt_table1", lambda b: b.section()),
+    "fedpt-table2": ("fedpt_table2", lambda b: b.section()),
     "fedpt-table5": ("fedpt_table5", lambda b: b.section()),
     "fedpt-composition": ("fedpt_composition", lambda b: b.section()),
     "baffle-delta-loss": (
@@ -682,17 +683,9 @@ AWAITING_RECORDS = {
             "cross-device": "python benchmarks/cross_device.py --docs docs/benchmarks.md",
         }.items()
     },
-    # reproductions whose runs predate records (issue 49): the script must first write one record
-    # per run under benchmarks/results/, then the runs are repeated (CPU-hours, docs/planned.md)
-    # the FedPT scripts record each finished run under benchmarks/results/<script>/ and render
-    # their sections from the records (--table-only); the runs are to come (CPU-minutes each from
-    # the script's --estimate, one thread), launched as
-    # `OMP_NUM_THREADS=1 nice -n 10 <command>`; the section is then moved to RECORD_TABLES
-    "fedpt-table2": Awaiting(
-        "FedPT Tables 2/4: the script records its runs, now on Dirichlet(1) clients as the paper "
-        "and 3 seeds; 15 runs to come (about 50 CPU-minutes)",
-        "python benchmarks/fedpt_table2.py --seeds 3 --docs docs/benchmarks.md",
-    ),
+    # a reproduction section whose runs are to come is listed here with its launch command (its
+    # script records each finished run under benchmarks/results/<script>/ and renders from the
+    # records with --table-only), then moved to RECORD_TABLES once they are committed
 }
 
 #: The test re-deriving figures of each section that names its records from those records (the
