@@ -36,14 +36,18 @@ has near-constant logits, and zeroth-order training sits on a long plateau (meas
 test loss flat for 100+ batch-level rounds while dense BAFFLE learns), although backprop
 trains the same pruned network fine. The paper trains for 3000 rounds, where the plateau
 matters less. What it contributes to Table 3's NTK rows is measured by a row without it
-(`benchmarks/ntk_table3.py --new-rows no-rescale`, built, awaiting its run).
+(`benchmarks/ntk_table3.py --new-rows no-rescale`): under the SGD recipe at K = 100, without it
+NTK-BAFFLE stays at chance on all 3 seeds (0.100 after 300 rounds), 59.5 points below the
+rescaled row, so the NTK rows' lead over dense BAFFLE under SGD rests on this addition.
 
 What pruning buys (docs/benchmarks.md, "NTK-BAFFLE Table 3 analogue"): at 10% density one
 estimate's cosine with the true gradient rises about sqrt(1/d)-fold (n shrinks), and with the
 paper's optimizer, SGD with momentum, NTK-BAFFLE ends above dense BAFFLE (0.706 ± 0.021 against
-0.436 ± 0.301 at K = 100), but dense BAFFLE's screened lr fails on one seed of three (0.10), so
-the size of that lead waits for a wider dense screen (`benchmarks/ntk_table3.py --new-rows
-dense-sgd`, built, awaiting its run; docs/planned.md). With Adam (BAFFLE's
+0.436 ± 0.301 at K = 100), but dense BAFFLE's screened lr fails on one seed of three (0.10),
+and the widened dense screen (`benchmarks/ntk_table3.py --new-rows dense-sgd`) finds no lr that
+trains it on every seed (the one lr above chance on seed 0, 0.026, diverges on all three), so
+the lead is in part against runs that never leave chance and its size is not resolved. With
+Adam (BAFFLE's
 optimizer) it does not in 300 rounds: Adam normalises each coordinate, and a coordinate's noise
 is set by the norm of the gradient over the trained coordinates, which pruning shrinks far less
 than it shrinks n.
