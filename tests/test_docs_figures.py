@@ -674,18 +674,12 @@ MEASURED_RECORDS = ROOT / "benchmarks/results/measured"
 #: Sections with no committed run records yet, each with why and its launch command; each must be
 #: emptied by a run that writes its records (docs/planned.md). A new section is not listed here,
 #: so it must name its records.
-AWAITING_RECORDS = {
-    # measured sections (timings, memory, one-off runs; MEASURED above): each must leave once its
-    # record, benchmarks/results/measured/<section>.json, is committed
-    **{
-        name: Awaiting(f"measured before records were kept; re-measure with `{command}`", command)
-        for name, command in {
-            "cross-device": "python benchmarks/cross_device.py --docs docs/benchmarks.md",
-        }.items()
-    },
-    # a reproduction section whose runs are to come is listed here with its launch command (its
-    # script records each finished run under benchmarks/results/<script>/ and renders from the
-    # records with --table-only), then moved to RECORD_TABLES once they are committed
+AWAITING_RECORDS: dict[str, Awaiting] = {
+    # a measured section (timings, memory, one-off runs; MEASURED above) without its record,
+    # benchmarks/results/measured/<section>.json, or a reproduction section whose runs are to come
+    # (its script records each finished run under benchmarks/results/<script>/ and renders from
+    # the records with --table-only) is listed here with its reason and launch command, and leaves
+    # once its records are committed (a reproduction then moves to RECORD_TABLES)
 }
 
 #: The test re-deriving figures of each section that names its records from those records (the
