@@ -194,9 +194,28 @@ def _quiet(fn: Callable[[], Any]) -> Any:
         return fn()
 
 
-def model_info(s: dict[str, Any]) -> dict[str, int]:
+def model_info(
+    s: dict[str, Any], records: Path | None = None, *, keep: bool = False
+) -> dict[str, int]:
     """The model's parameter count at the run's input size and how many stages PPFL trains it
-    in (its conv blocks, then the classifier)."""
+    in (its conv blocks, then the classifier). With ``records``, read from
+    ``<records>/model-<model>-<dataset>-<resize>.json`` where it is kept (``keep``: written
+    there, beside the cells measured with it), so rendering the records needs no data set."""
+    kept = (
+        None
+        if records is None
+        else records / f"model-{s['model']}-{s['dataset']}-{s['resize']}.json"
+    )
+    if kept is not None and kept.exists():
+        return json.loads(kept.read_text())
+    info = _model_info(s)
+    if kept is not None and keep:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+    return info
+
+
+def _model_info(s: dict[str, Any]) -> dict[str, int]:
     from fedge.models.registry import count_parameters  # noqa: PLC0415
 
     # built only, never trained: one client, so a cohort of one (PPFL refuses at build a stage
@@ -338,7 +357,7 @@ def table2(
     ``records``, each cell is read from ``<records>/<method>-<attack>.json`` when recorded with
     the same settings, else measured and recorded; with ``run=False`` an unrecorded cell is
     left out (the caller lists it as awaiting)."""
-    ms = methods(s, model_info(s)["stages"])
+    ms = methods(s, model_info(s, records, keep=run)["stages"])
     out: dict[str, dict[str, Any]] = {}
     for name, per in ms.items():
         out[name] = {}
@@ -545,7 +564,7 @@ def section(records: Path = RECORDS) -> str:
     """The section rendered from the records alone, at the default settings (what
     ``--table-only --docs`` writes); raises ConfigError naming the cells not recorded."""
     s = parse_settings(SETTINGS, [])
-    info = model_info(s)
+    info = model_info(s, records)
     results = table2(s, progress=lambda m: None, records=records, run=False)
     missing = awaiting(results)
     if missing:
@@ -573,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         try:
             s = parse_settings(SETTINGS, args.set)
-            info = model_info(s)
+            info = model_info(s, records)
             methods(s, info["stages"])  # check the settings before measuring anything
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)

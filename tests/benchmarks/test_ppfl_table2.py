@@ -141,12 +141,19 @@ def test_cells_are_recorded_and_the_section_renders_from_the_records_alone(
     first = docs.read_text()
     assert f"Rendered from the committed run records under `{records.as_posix()}/`" in first
     assert sorted(p.name for p in records.glob("*.json")) == sorted(
-        f"{m}-{a}.json" for m in ("fedavg", "ppfl") for a in ("dra", "mia", "mia_withheld", "pia")
+        [
+            *(
+                f"{m}-{a}.json"
+                for m in ("fedavg", "ppfl")
+                for a in ("dra", "mia", "mia_withheld", "pia")
+            ),
+            "model-alexnet-ppfl-digits-16.json",  # its size and stages: rendering needs no data
+        ]
     )
     rec = json.loads((records / "ppfl-dra.json").read_text())
     assert rec["settings"]["rounds"] == 4 and rec["machine"]["cpu"] and rec["result"]["sealed"]
     # nothing is measured again: the records alone render the same section
-    for fn in ("dra", "mia", "mia_withheld", "pia"):
+    for fn in ("dra", "mia", "mia_withheld", "pia", "_model_info"):
         monkeypatch.setattr(bench, fn, lambda *a: pytest.fail("measured a recorded cell"))
     again = tmp_path / "again.md"
     assert bench.main([*argv, "--table-only", "--docs", str(again)]) == 0
