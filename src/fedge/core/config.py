@@ -479,9 +479,10 @@ class RunConfig(_Strict):
     threads: int | None = Field(
         1,
         ge=1,
-        description="torch intra-op threads of the engine's process (null: torch's default). 1 by default: "
-        "two torch threads collapse 10-25x when the machine is shared, and the zeroth-order estimator "
-        "uses the cores through its own perturbation threads",
+        description="torch intra-op threads while the run builds (warm start, pruning masks) and trains, "
+        "whatever the calling process uses; results may depend on it, since float sums add in another "
+        "order (null: the caller's). 1 by default: two torch threads collapse 10-25x when the machine is "
+        "shared, and the zeroth-order estimator uses the cores through its own perturbation threads",
     )
     device: str = Field(
         "cpu",

@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from fedge.core.config import check_positive_int
 from fedge.core.errors import ConfigError, MessageError, NonFiniteError
 from fedge.core.rng import Draws
+from fedge.core.threads import torch_threads
 from fedge.estimators import batched
 from fedge.estimators.directions import DirectionKind, Directions, make_directions, remembered
 from fedge.estimators.lean import LeanEvaluator, LossFn
@@ -410,9 +411,7 @@ def _run_threaded(
         except BaseException as e:  # noqa: BLE001 - re-raised in the calling thread
             errors.append(e)
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         workers = [
             threading.Thread(target=guarded, args=(i,), name=f"fedge-zo-{i}") for i in range(spans)
         ]
@@ -420,8 +419,6 @@ def _run_threaded(
             t.start()
         for t in workers:
             t.join()
-    finally:
-        torch.set_num_threads(threads)
     if errors:
         raise errors[0]
     return plus, minus

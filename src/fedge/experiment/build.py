@@ -21,6 +21,7 @@ from fedge.core.context import ClientData
 from fedge.core.device import full_float32, resolve_device
 from fedge.core.errors import ConfigError, PrivacyWarning, UnknownNameError
 from fedge.core.rng import derive_seed, numpy_rng
+from fedge.core.threads import torch_threads
 from fedge.data import Dataset, load_dataset
 from fedge.data.dataset import stratified_subset
 from fedge.data.federated import LazyClients, SyntheticFederated
@@ -302,7 +303,14 @@ def rebuild_run(cfg: RunConfig) -> BuiltRun:
 
 
 def build_run(cfg: RunConfig) -> BuiltRun:
-    """Validate the choice-dependent sections and build data, partition, model and method."""
+    """Validate the choice-dependent sections and build data, partition, model and method, under
+    ``cfg.threads`` torch threads: what the build computes (warm start, pruning masks) must not
+    depend on the calling process's thread count (:mod:`fedge.core.threads`)."""
+    with torch_threads(cfg.threads):
+        return _build_run(cfg)
+
+
+def _build_run(cfg: RunConfig) -> BuiltRun:
     spec = get_method(cfg.method.name)
     method_cfg = method_config(cfg)
     privacy = privacy_config(cfg)
@@ -532,12 +540,10 @@ def node_app_for(config_text: str) -> Any:
 
         built = build_run(load_config(json.loads(config_text)))
         c = built.config
-        if (
-            c.threads is not None
-        ):  # this node process is the run's client side: the run's torch threads, as the
-            torch.set_num_threads(
-                c.threads
-            )  # engine uses (2 threads sum conv gradients in another order)
+        if c.threads is not None:
+            # this node process is the run's client side: the run's torch threads, as the engine
+            # uses (2 threads sum conv gradients in another order)
+            torch.set_num_threads(c.threads)
         app = client_app(
             built.method.program,
             built.clients.__getitem__,

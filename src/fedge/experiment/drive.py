@@ -14,11 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from fedge.core import rundir_schema as schema
 from fedge.core.errors import DivergenceError
 from fedge.core.protocols import Savepoint
+from fedge.core.threads import torch_threads
 from fedge.experiment.build import BuiltRun
 from fedge.experiment.divergence import DivergenceWatch
 from fedge.experiment.progress import Progress
@@ -47,17 +46,16 @@ def drive(
     """Run the rounds of ``built`` after those ``lines`` already written (from the checkpoint
     ``state``; None: from the start) on ``runtime``, into ``rundir``; its path once complete.
     ``config.threads`` holds while the rounds run, the caller's thread count after."""
-    before = torch.get_num_threads()  # a notebook's own setting comes back after the run
-    if built.config.threads is not None:
-        torch.set_num_threads(built.config.threads)
-    try:
-        return _drive_rounds(built, rundir, lines, state, progress, render, runtime)
-    except BaseException:
-        for tmp in rundir.temp_files():  # half-written checkpoint/model/metrics from this process
-            tmp.unlink(missing_ok=True)
-        raise
-    finally:
-        torch.set_num_threads(before)
+    # a notebook's own thread count comes back after the run
+    with torch_threads(built.config.threads):
+        try:
+            return _drive_rounds(built, rundir, lines, state, progress, render, runtime)
+        except BaseException:
+            for (
+                tmp
+            ) in rundir.temp_files():  # half-written checkpoint/model/metrics from this process
+                tmp.unlink(missing_ok=True)
+            raise
 
 
 def _drive_rounds(

@@ -32,6 +32,7 @@ from fedge.core.errors import ConfigError
 from fedge.core.messages import Message
 from fedge.core.meter import FlopCounter
 from fedge.core.rng import GlobalStream, generator, numpy_rng
+from fedge.core.threads import torch_threads
 from fedge.data import Dataset
 from fedge.data.dataset import stratified_subset
 from fedge.data.registry import limited_indices, load_dataset
@@ -240,13 +241,8 @@ def warm_start(
     if key in _LAST:
         return rest, _LAST[key]
     x, y, model = x.to(device), y.to(device), model.to(device)
-    before = torch.get_num_threads()
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
-    try:
+    with torch_threads(cfg.threads):
         cost = pretrain(model, x, y, ws, seed=cfg.seed)
-    finally:
-        torch.set_num_threads(before)
     state = model_arrays(model)
     record = {
         "public": len(public),

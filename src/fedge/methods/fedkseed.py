@@ -36,11 +36,10 @@ scores cost no extra bytes (the model's fallback message carries them). Paper-vs
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -53,6 +52,7 @@ from fedge.core.errors import MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
 from fedge.core.rng import derive_seed
+from fedge.core.threads import torch_threads
 from fedge.estimators import ZerothOrderSpec, loss_differences
 from fedge.estimators.directions import Directions, make_directions
 from fedge.estimators.lean import LossFn
@@ -171,24 +171,14 @@ def projected_gradient(
     return float(d[0]) / (2 * eps)
 
 
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """The server and every client sum the K directions on one thread: bit-equal models."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def pool_update(
     params: Mapping[str, torch.Tensor], gbar: torch.Tensor, pool: Directions, pool_seed: int
 ) -> dict[str, torch.Tensor]:
     """Σ_j ḡ_j z_j per parameter (float32; 64 directions at a time), on one thread."""
     k = gbar.numel()
     out: dict[str, torch.Tensor] = {}
-    with _one_thread():
+    # the server and every client sum the K directions on one thread: bit-equal models
+    with torch_threads(1):
         for name, p in params.items():
             acc = torch.zeros(p.numel())
             for start in range(0, k, 64):

@@ -13,8 +13,7 @@ and masks). Details and the trade-off: ``docs/methods/baffle.md``, "Seeds and sc
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +23,7 @@ from fedge.core import transforms as T
 from fedge.core.context import ClientContext
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
+from fedge.core.threads import torch_threads
 from fedge.core.transforms import Transform
 from fedge.estimators import ZerothOrderSpec, estimate_gradient
 from fedge.estimators.directions import match_params
@@ -79,20 +79,6 @@ def perturbed_masks(
     return {n: m for n, m in (masks or {}).items() if n in params} or None
 
 
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """Float results of a reduction may depend on the thread count: the server and every
-    client run the update on one thread, so their models agree bit for bit."""
-    before = torch.get_num_threads()
-    if before != 1:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if before != 1:
-            torch.set_num_threads(before)
-
-
 def replay_step(
     server: GlobalModel,
     spec: ZerothOrderSpec,
@@ -106,7 +92,9 @@ def replay_step(
     perturbations of ``seed`` (Eq. 6-7) under ``spec``, over the parameters ``perturb`` selects,
     inf-norm clip to ``clip``, server optimizer. Returns ĝ (unclipped). The server runs it to
     train; a client runs it to rebuild the server's model."""
-    with _one_thread():
+    # float reductions may depend on the thread count: the server and every client run the
+    # update on one thread, so their models agree bit for bit
+    with torch_threads(1):
         params = perturbed_params(server.model, perturb)
         masks = perturbed_masks(server.masks, params)
         g = estimate_gradient(params, combined, spec, seed=seed, masks=masks)
