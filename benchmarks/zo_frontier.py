@@ -885,7 +885,7 @@ def section(records: Path = RECORDS, methods: Sequence[str] | None = None) -> st
 
 QUALITY = RECORDS / "estimate-quality.json"
 #: the models compared: this table's MLP and the LeNet of BAFFLE Table 1 (Hardswish, GroupNorm)
-QUALITY_MODELS = {
+QUALITY_MODELS: dict[str, dict[str, Any]] = {
     "frontier MLP 784-32-10": {"name": "mlp", "hidden": [32], "activation": "relu", "norm": "none"},
     "BAFFLE's LeNet (Table 1)": {"name": "lenet", "activation": "hardswish", "norm": "group"},
 }

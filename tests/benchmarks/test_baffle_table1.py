@@ -265,16 +265,23 @@ def _seeded(label: str, accs: dict[int, float]) -> dict:
 def test_persistent_rows_keep_the_client_adam_and_pair_with_the_fresh_rows(monkeypatch) -> None:
     """``--persistent``: the three rows keep one Adam per client, K = 200 takes K = 100's lr, and
     each is set against its fresh-state row, paired by seed (by hand below)."""
-    variants = bench.persistent_variants(0.003, 0.01)
-    assert list(variants) == list(bench.PERSISTENT_OF)
+    group = bench.GROUPS["persistent"]
+    variants = group.rows(0.003, 0.01)
+    assert list(variants) == list(bench.PERSISTENT_OF) == list(group.paired)
     for overrides in variants.values():
         assert "method.client_optimizer.state=persistent" in overrides
     assert "method.k=200" in variants["BAFFLE K=200, persistent Adam"]
     assert "method.client_optimizer.lr=0.003" in variants["BAFFLE K=200, persistent Adam"]
     assert "method.client_optimizer.lr=0.01" in variants["BP FedAvg, persistent Adam"]
     plan = bench.Plan(30000)
-    assert bench.PersistentPlan(30000).records == plan.records / "persistent"
-    assert bench.PersistentPlan(30000).command().endswith("--train 30000 --persistent")
+    assert bench.GroupPlan(30000, "persistent").records == plan.records / "persistent"
+    assert bench.GroupPlan(30000, "persistent").command().endswith("--train 30000 --persistent")
+    screen_runs = group.screen_variants()
+    assert screen_runs["screen BAFFLE K=100, persistent Adam lr=0.003"] == [
+        "method.k=100",
+        "method.client_optimizer.state=persistent",
+        "method.client_optimizer.lr=0.003",
+    ]
 
     # a screen whose picks sit inside both grids: BAFFLE 0.003, BP 0.01
     vals = {"BAFFLE K=100": {0.001: 0.5, 0.003: 0.6, 0.01: 0.55, 0.03: 0.4}}
@@ -299,10 +306,71 @@ def test_persistent_rows_keep_the_client_adam_and_pair_with_the_fresh_rows(monke
         lambda *a, **k: {"results": list(persistent.values()), "missing": []},
     )
     fresh = {"BAFFLE K=100": _seeded("BAFFLE K=100", {0: 0.66, 1: 0.64, 2: 0.67})}
-    lines = bench.persistent_lines(plan, fresh)
-    assert "Picked: BAFFLE lr 0.003, BP FedAvg lr 0.01." in lines
+    lines, rows = bench.group_lines(plan, group, fresh, {})
+    assert list(rows) == ["BAFFLE K=100, persistent Adam"]
+    assert (
+        "Picked: BAFFLE K=100, persistent Adam lr 0.003, BP FedAvg, persistent Adam lr 0.01."
+        in lines
+    )
     (row,) = [x for x in lines if x.startswith("| BAFFLE K=100, persistent Adam |")]
     # persistent − fresh: +9, +8, +7 points; mean 8.00, std 1.00, t(2) 4.303 / sqrt(3) -> ±2.48
     assert "| +8.00 ± 1.00 (+5.5 to +10.5; seeds 0: +9.0, 1: +8.0, 2: +7.0) |" in row
     (bp,) = [x for x in lines if x.startswith("| BP FedAvg, persistent Adam |")]
-    assert "| 0 | not run yet | | not run yet | |" in bp
+    assert "| 0 | not run yet | | BP FedAvg: not run yet | |" in bp
+
+
+def test_the_activity_row_screens_its_lr_and_is_judged_against_the_stronger_bp_row(
+    monkeypatch,
+) -> None:
+    """``--activity``: BAFFLE's recipe with the activity estimate at K = 25 on its own screen; its
+    row is paired with BP FedAvg and judged on issue 45's target against the stronger BP row
+    recorded (fresh or persistent) with the probes' FLOPs (by hand below)."""
+    group = bench.GROUPS["activity"]
+    assert group.probes
+    (only,) = group.screen_variants().keys() - {
+        f"screen activity K=25 lr={lr}" for lr in (0.001, 0.003, 0.01)
+    }
+    assert only == "screen activity K=25 lr=0.03"  # BAFFLE's grid
+    assert group.rows(0.01) == {
+        "activity K=25": [
+            "method.estimator=activity",
+            "method.k=25",
+            "method.client_optimizer.lr=0.01",
+        ]
+    }
+    screen = [
+        {"label": f"screen activity K=25 lr={lr}", "final_val_accuracy": v}
+        for lr, v in {0.001: 0.6, 0.003: 0.7, 0.01: 0.72, 0.03: 0.5}.items()
+    ]
+    monkeypatch.setattr(bench, "recorded_screen", lambda *a, **k: {"results": screen})
+    act = _seeded("activity K=25", {0: 0.80, 1: 0.81, 2: 0.79})
+    monkeypatch.setattr(bench, "recorded_seeded", lambda *a, **k: {"results": [act], "missing": []})
+    monkeypatch.setattr(
+        bench,
+        "recorded_probes",
+        lambda *a, **k: {"activity K=25": {"client_flops_per_round": 9.0e11}},
+    )
+    known = {
+        "BP FedAvg": _seeded("BP FedAvg", {0: 0.815, 1: 0.812, 2: 0.818}),
+        "BP FedAvg, persistent Adam": _seeded(
+            "BP FedAvg, persistent Adam", {0: 0.83, 1: 0.82, 2: 0.84}
+        ),
+    }
+    flops = {"BP FedAvg": 1.0e11, "BP FedAvg, persistent Adam": 1.0e11}
+    lines, rows = bench.group_lines(bench.Plan(30000), group, known, flops)
+    assert "Picked: activity K=25 lr 0.01." in lines
+    (row,) = [x for x in lines if x.startswith("| activity K=25 |")]
+    # activity − fresh BP: -1.5, -0.2, -2.8 points: mean -1.50, std 1.30
+    assert "| BP FedAvg: " in row and "| -1.50 ± 1.30 (" in row and row.endswith(" 900.0 |")
+    # the stronger BP row is the persistent one (0.83): 3.00 points, 9.0x its FLOPs
+    assert (
+        "Issue 45's target for activity K=25: 3.00 points below BP FedAvg, persistent Adam "
+        "(0.8300, the stronger BP row) at 9.0x its client FLOPs a round: the 1-point / 10x "
+        "target is not met."
+    ) in lines
+    close = {"activity K=25": _seeded("activity K=25", {0: 0.825, 1: 0.825, 2: 0.83})}
+    (line,) = bench.target_lines(close, known, {**flops, "activity K=25": 9.0e11})
+    assert line.endswith(
+        "0.33 points below BP FedAvg, persistent Adam (0.8300, the stronger BP row) "
+        "at 9.0x its client FLOPs a round: the 1-point / 10x target is met."
+    )

@@ -394,3 +394,49 @@ def test_a_warm_start_unit_records_the_server_cost(
     )
     assert result["warm_start"]["public"] == 30 and result["warm_start"]["server_flops"] > 0
     assert result["warm_start"]["clients_samples"] == 80  # 120 kept less 40 for validation
+
+
+def test_estimate_quality_of_a_small_mlp_against_autograd() -> None:
+    """``--quality`` on a 12-6-3 MLP: d_z counts the estimated layers' outputs (6 + 3); with K far
+    above d_z the activity estimate nearly equals autograd's gradient, with K = 100 above n = 99
+    BAFFLE's is close as well; FLOPs over BP's are torch's counter's: BAFFLE K = 100 runs 101
+    forwards (a forward is 2·(12·6 + 6·3) = 180 FLOP a sample); BP's 396 is the forward, both
+    weight gradients (180) and the hidden layer's input gradient (2·6·3 = 36; none for the input)."""
+    import torch
+
+    from fedge.models import build_model
+
+    torch.manual_seed(0)
+    net = build_model("mlp", input_shape=(12,), num_classes=3, seed=0, hidden=[6], norm="none")
+    x, y = torch.randn(20, 12), torch.randint(0, 3, (20,))
+    q = bench.model_quality(net, x, y, repeats=2)
+    assert (q["n"], q["d_z"]) == (12 * 6 + 6 + 6 * 3 + 3, 9)
+    est = q["estimators"]
+    assert est["activity K=100 (layer outputs)"]["cos_mean"] > 0.95
+    assert est["BAFFLE K=100 (weights)"]["cos_mean"] > 0.6
+    assert (
+        est["activity K=100 (layer outputs)"]["cos_mean"]
+        > est["activity K=25 (layer outputs)"]["cos_mean"]
+    )
+    assert est["BAFFLE K=100 (weights)"]["flops_per_sample"] == 101 * 180
+    assert q["bp_flops_per_sample"] == 180 + 180 + 36
+    assert est["BAFFLE K=100 (weights)"]["flops_over_bp"] == pytest.approx(101 * 180 / 396)
+
+
+def test_the_quality_note_renders_its_record(tmp_path: Path) -> None:
+    est = {
+        name: {"cos_mean": c, "cos_std": 0.01, "flops_per_sample": 1.0, "flops_over_bp": r}
+        for name, c, r in zip(
+            bench.QUALITY_ESTIMATORS, (0.06, 0.04, 0.9, 0.5), (34.0, 33.0, 33.2, 9.0), strict=True
+        )
+    }
+    models = {
+        m: {"n": 100, "d_z": 42, "bp_flops_per_sample": 1.0, "estimators": est}
+        for m in bench.QUALITY_MODELS
+    }
+    record = {"config": {"batch": 20, "repeats": 5, "sigma": 1e-4}, "result": {"models": models}}
+    assert "awaiting its record" in bench.quality_note(tmp_path)
+    (tmp_path / bench.QUALITY.name).write_text(json.dumps(record))
+    note = bench.quality_note(tmp_path)
+    assert "activity K=25 (layer outputs) 0.500 ± 0.010 at 9.0x BP's FLOPs" in note
+    assert "(33.2x at K = 100; 9.0x at K = 25, cosine 0.500)" in note
