@@ -810,7 +810,33 @@ def verdict_sentence(agg: dict[str, Any], every: dict[str, Row], ref: str | None
             f"({ref}, {bp['mean']:.4f}) at {ratio:.1f}x its total client FLOPs: the 1-point / 10x "
             + ("target is met" if met else "target is not met")
         )
-    return "Verdict: " + "; ".join(out) + "."
+    return "Verdict: " + "; ".join(out) + "; " + within_budget(agg, every, bp) + "."
+
+
+def within_budget(agg: dict[str, Any], every: dict[str, Row], bp: dict[str, Any]) -> str:
+    """The best inference-only row (every seed recorded) whose total client FLOPs stay within the
+    target's ratio of the BP reference's, and its gap: the frontier at the issue's budget (an
+    inference-only client spends K + 1 forwards a sample, BP about 2, so the ratio caps K); ``bp``
+    the BP reference's aggregate."""
+    fits = {
+        k: a
+        for k, a in agg.items()
+        if a
+        and "mean" in a
+        and a["seeds"] >= len(SEEDS)
+        and every[k].kind in ("zo", "peer")
+        and a["total_flops"] is not None
+        and a["total_flops"] <= FLOPS_RATIO * bp["total_flops"]
+    }
+    if not fits:
+        return f"no inference-only row runs within {FLOPS_RATIO:g}x BP's total client FLOPs"
+    label = max(fits, key=lambda k: (fits[k]["mean"], k))
+    a = fits[label]
+    return (
+        f"within {FLOPS_RATIO:g}x BP's total client FLOPs the best inference-only row is {label} at "
+        f"{a['mean']:.4f}, {100 * (bp['mean'] - a['mean']):.2f} points below BP "
+        f"({a['total_flops'] / bp['total_flops']:.1f}x)"
+    )
 
 
 def figure(agg: dict[str, Any], every: dict[str, Row], path: Path = FIGURE) -> list[str]:

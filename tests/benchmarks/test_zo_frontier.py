@@ -117,14 +117,25 @@ def test_the_table_and_verdict_from_made_records(tmp_path: Path) -> None:
     assert "Levers combined (each beat BAFFLE K=100's screen on validation): awaiting" in text
     assert (
         "Verdict: the best forward-only row is BAFFLE K=100 at 0.7000, 13.00 points below BP "
-        "(BP FedAvg, 0.8300) at 50.0x its total client FLOPs: the 1-point / 10x target is not met."
-        in text
+        "(BP FedAvg, 0.8300) at 50.0x its total client FLOPs: the 1-point / 10x target is not met; "
+        "no inference-only row runs within 10x BP's total client FLOPs." in text
     )
     # a forward-only row with one seed recorded, better than BAFFLE, is not yet named
     _screen(tmp_path, "BAFFLE + persistent Adam", MID)
     _write(tmp_path, "BAFFLE + persistent Adam", "seed-0", _result(0.80))
     text, _ = bench.table(tmp_path, methods=[])
     assert "Verdict: the best forward-only row is BAFFLE K=100 at 0.7000" in text
+    # a cheaper inference-only row (one client's round 5e8: 5x BP's) is the frontier at the budget
+    fedzo = "FedZO (BAFFLE epoch, forward, K=20, SGD)"
+    _screen(tmp_path, fedzo, {0.01: 0.6, 0.03: 0.65, 0.1: 0.62})
+    for seed, acc in enumerate([0.64, 0.65, 0.66]):
+        _write(tmp_path, fedzo, f"seed-{seed}", _result(acc))
+    _write(tmp_path, fedzo, "probe", {**_result(0.1), "client_flops_round1": 5e8})
+    text, _ = bench.table(tmp_path, methods=[])
+    assert (
+        "within 10x BP's total client FLOPs the best inference-only row is "
+        f"{fedzo} at 0.6500, 18.00 points below BP (5.0x)." in text
+    )
 
 
 def test_no_records_render_as_awaiting(tmp_path: Path) -> None:
