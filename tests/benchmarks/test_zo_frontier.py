@@ -161,6 +161,9 @@ def test_levers_and_their_combination_are_chosen_on_validation(tmp_path: Path) -
         "method.sigma_decay=0.9",
         "method.k_final=200",
     )
+    warm = state["rows"][bench.COMBO_WARM]  # the same levers from the warm-start rows' start
+    assert warm.overrides == (*combo.overrides, *bench.WARM_START)
+    assert bench.pending(warm, state["screens"]) == []
     jvp = state["rows"][bench.COMBO_JVP]  # the same levers, K's ramp left to BAFFLE's K
     assert jvp.overrides[-2:] == (
         "method.client_optimizer.state=persistent",
