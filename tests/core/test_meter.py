@@ -122,3 +122,19 @@ def test_on_a_cuda_device_the_meter_reads_the_allocators_peak_per_step(monkeypat
     with cpu.measure():
         torch.empty(250)
     assert cpu.stats.device_peak_bytes is None and cpu.stats.tensor_peak_bytes == 1000
+
+
+def test_tensor_accountant_meters_forward_mode_ad():
+    """Under torch.func.jvp, forward AD makes a zero tangent as a storage-less zero tensor (it
+    crashed the accountant); the pass is metered: its peak holds at least the output and its
+    tangent (5 x 4 float32 each)."""
+    from torch.func import functional_call, jvp
+
+    lin = torch.nn.Linear(8, 4)
+    x = torch.randn(5, 8)
+    params = dict(lin.named_parameters())
+    tangents = {k: torch.randn_like(v) for k, v in params.items()}
+    with TensorAccountant(resident=[x, *params.values()]) as acc:
+        out, tangent = jvp(lambda p: functional_call(lin, p, (x,)), (params,), (tangents,))
+    assert out.shape == tangent.shape == (5, 4)
+    assert acc.peak >= 2 * 5 * 4 * 4

@@ -141,6 +141,9 @@ class TensorAccountant(TorchDispatchMode):
     memory: ops that return views of them (``W.t()`` inside ``F.linear``) or update them in
     place (an optimizer step) are ignored, so resident bytes are counted once, apart.
 
+    Forward-mode AD (``torch.func.jvp``) makes zero tangents as storage-less zero tensors: they
+    hold no memory and are not counted.
+
     Thread-safe (one re-entrant lock: a storage can be released by the garbage collector
     while its own thread is tracking another): threads that re-enter the caller's modes
     add to the same live total, so the peak is the peak over all threads together.
@@ -169,6 +172,8 @@ class TensorAccountant(TorchDispatchMode):
         self._resident.update(t.untyped_storage().data_ptr() for t in tensors)
 
     def _track(self, t: torch.Tensor) -> None:
+        if t._is_zerotensor():  # forward AD's zero tangent: no storage, no memory
+            return
         st = t.untyped_storage()
         key, nbytes = st.data_ptr(), st.nbytes()
         if nbytes == 0 or key in self._resident:
