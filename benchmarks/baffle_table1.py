@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -365,11 +365,7 @@ class GroupPlan(Plan):
     """:class:`Plan`'s protocol on ``train`` samples for a :class:`Group`: its records (its screen
     included) in ``records/<group>``, its runs in ``out/<group>``."""
 
-    group_name: str = "persistent"
-
-    @property
-    def group(self) -> Group:
-        return GROUPS[self.group_name]
+    group_name: str = field(kw_only=True)
 
     @property
     def records(self) -> Path:
@@ -465,7 +461,7 @@ def run_group(
 ) -> None:
     """``--persistent`` / ``--activity``: the group's screen, then its rows x seeds (and probes),
     resumably (each finished run recorded under ``records/<group>``, as the main table's)."""
-    gp = GroupPlan(plan.train, group.name)
+    gp = GroupPlan(plan.train, group_name=group.name)
     run_screened(
         BASE,
         group.screen_variants,
@@ -494,7 +490,7 @@ def group_lines(
     rows by label. ``flops``: one client's FLOPs a round by label (the table's probes); with a
     group's probes, its rows get theirs and the verdict on issue 45's target (against the
     stronger BP FedAvg row recorded, fresh or persistent)."""
-    gp = GroupPlan(plan.train, group.name)
+    gp = GroupPlan(plan.train, group_name=group.name)
     screen = recorded_screen(
         BASE, group.screen_variants, common=gp.screen_common(), records=gp.records
     )

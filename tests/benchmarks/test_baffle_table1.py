@@ -274,8 +274,12 @@ def test_persistent_rows_keep_the_client_adam_and_pair_with_the_fresh_rows(monke
     assert "method.client_optimizer.lr=0.003" in variants["BAFFLE K=200, persistent Adam"]
     assert "method.client_optimizer.lr=0.01" in variants["BP FedAvg, persistent Adam"]
     plan = bench.Plan(30000)
-    assert bench.GroupPlan(30000, "persistent").records == plan.records / "persistent"
-    assert bench.GroupPlan(30000, "persistent").command().endswith("--train 30000 --persistent")
+    assert bench.GroupPlan(30000, group_name="persistent").records == plan.records / "persistent"
+    assert (
+        bench.GroupPlan(30000, group_name="persistent")
+        .command()
+        .endswith("--train 30000 --persistent")
+    )
     screen_runs = group.screen_variants()
     assert screen_runs["screen BAFFLE K=100, persistent Adam lr=0.003"] == [
         "method.k=100",
