@@ -548,9 +548,12 @@ def group_lines(
             f"| {label} | {r['seeds']} | {mean_cell(r)} | {per_seed_cell(r)} | {base_cell} | "
             f"{diff} |{gflop}"
         )
-    if group.probes:
-        lines += ["", *target_lines(agg, {**known, **agg}, flops)]
-    return [*lines, "", *run_notes(report["results"])], agg
+    for extra in (
+        target_lines(agg, {**known, **agg}, flops) if group.probes else [],
+        run_notes(report["results"]),
+    ):
+        lines += ["", *extra] if extra else []
+    return lines, agg
 
 
 def target_lines(
