@@ -1,5 +1,6 @@
 """SCAFFOLD against its oracles: the control-variate updates of two rounds on a two-client
-quadratic computed by hand; round 1 (c = c_i = 0) is FedAvg's round 1 bit for bit; the client
+quadratic computed by hand, under option II and option I (and option I's c_i against autograd's
+gradient over the local data); round 1 (c = c_i = 0) is FedAvg's round 1 bit for bit; the client
 control variates survive a resume; its messages are about twice FedAvg's both ways; a client
 optimizer option II cannot use is refused; secure aggregation and DP compose by configuration."""
 
@@ -44,7 +45,9 @@ def _train(tiny, rounds=2, **method):
 TARGETS = {0: 3.0, 1: 0.0}
 
 
-def _quadratic_federation(num_clients: int, *, curvature=None, local_epochs: int = 2):
+def _quadratic_federation(
+    num_clients: int, *, curvature=None, local_epochs: int = 2, control_variate: str = "option2"
+):
     """Clients minimising F_i(w) = ½ h_i (w − a_i)² (h_i = ``curvature[i]``, 1 by default)."""
     h = curvature or {}
 
@@ -58,7 +61,12 @@ def _quadratic_federation(num_clients: int, *, curvature=None, local_epochs: int
             m.weight.fill_(1.0)
         return m
 
-    cfg = ScaffoldConfig(local_epochs=local_epochs, batch_size=1, client_optimizer={"lr": 0.1})
+    cfg = ScaffoldConfig(
+        local_epochs=local_epochs,
+        batch_size=1,
+        client_optimizer={"lr": 0.1},
+        control_variate=control_variate,
+    )
     server = ScaffoldAveraging(
         one_weight(),
         ServerOptimizerConfig(name="sgd", lr=1.0).build(),
@@ -118,6 +126,94 @@ def test_control_variates_of_two_rounds_by_hand():
     torch.testing.assert_close(server.model.weight.detach(), torch.tensor([[1.17195]]), **close)
     torch.testing.assert_close(server.c["weight"], torch.tensor([[-0.38475]]), **close)
     torch.testing.assert_close(server.c["weight"], (c_1 + c_2) / 2, **close)
+
+
+def test_option_one_control_variates_of_two_rounds_by_hand():
+    """Option I: c_i⁺ = ∇F_i(x) = x − a_i at the round's global model. Round 1 (x = 1): the steps
+    are option II's (x becomes 1.095), c_1 = −2, c_2 = 1, c = −0.5. Round 2: c − c_1 = 1.5 and
+    c − c_2 = −1.5 make both clients step on the global gradient y − 1.5: 1.095 → 1.1355 →
+    1.17195 (Δy = 0.07695 each); c_1 = 1.095 − 3 = −1.905, c_2 = 1.095, c = −0.405."""
+    server, states, round_ = _quadratic_federation(2, control_variate="option1")
+    close = dict(rtol=0, atol=1e-5)
+    r1 = round_(1)
+    torch.testing.assert_close(r1[0].arrays[DC_PREFIX + "weight"], torch.tensor([[-2.0]]), **close)
+    torch.testing.assert_close(r1[1].arrays[DC_PREFIX + "weight"], torch.tensor([[1.0]]), **close)
+    torch.testing.assert_close(server.model.weight.detach(), torch.tensor([[1.095]]), **close)
+    torch.testing.assert_close(server.c["weight"], torch.tensor([[-0.5]]), **close)
+    r2 = round_(2)
+    for cid in (0, 1):
+        torch.testing.assert_close(r2[cid].arrays["weight"], torch.tensor([[0.07695]]), **close)
+    torch.testing.assert_close(states[0]["scaffold.c_i.weight"], torch.tensor([[-1.905]]), **close)
+    torch.testing.assert_close(states[1]["scaffold.c_i.weight"], torch.tensor([[1.095]]), **close)
+    torch.testing.assert_close(server.c["weight"], torch.tensor([[-0.405]]), **close)
+
+
+def test_option_one_is_the_autograd_gradient_over_the_local_data_at_x():
+    """Oracle: autograd's gradient of the mean cross-entropy over all 10 local samples at the
+    global model (batches of 4, 4 and 2, weighted by size). The extra pass leaves the client's
+    generator alone: its local steps (round 1, c = c_i = 0) equal option II's bit for bit."""
+
+    def mlp():
+        return torch.nn.Sequential(
+            torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 4)
+        ).requires_grad_(True)
+
+    torch.manual_seed(0)
+    init = mlp().state_dict()
+    x, y = torch.randn(10, 3), torch.randint(0, 4, (10,))
+    replies, states = {}, {}
+    for option in ("option1", "option2"):
+
+        def model_fn():
+            m = mlp()
+            m.load_state_dict(init)
+            return m
+
+        cfg = ScaffoldConfig(batch_size=4, client_optimizer={"lr": 0.1}, control_variate=option)
+        server = ScaffoldAveraging(
+            model_fn(), ServerOptimizerConfig().build(), weighting="uniform", client_sizes=[10]
+        )
+        state: dict = {}
+        ctx = ClientContext(
+            cid=0,
+            rnd=1,
+            data=ClientData(x, y, torch.arange(10)),
+            generator=torch.Generator().manual_seed(7),
+            meter=Meter(),
+            state=state,
+        )
+        replies[option] = ScaffoldClient(model_fn, cfg).run(server.configure_round(1, [0])[0], ctx)
+        states[option] = state
+    oracle = model_fn()
+    loss = torch.nn.functional.cross_entropy(oracle(x), y)
+    grads = dict(
+        zip(
+            dict(oracle.named_parameters()),
+            torch.autograd.grad(loss, list(oracle.parameters())),
+            strict=True,
+        )
+    )
+    for k, g in grads.items():
+        torch.testing.assert_close(states["option1"]["scaffold.c_i." + k], g, rtol=1e-5, atol=1e-6)
+        assert torch.equal(replies["option1"].arrays[k], replies["option2"].arrays[k])
+        assert not torch.equal(
+            states["option1"]["scaffold.c_i." + k], states["option2"]["scaffold.c_i." + k]
+        )
+
+
+def test_option_one_takes_any_client_optimizer(tiny):
+    """Option I's c_i does not depend on the steps, so momentum (or Adam) is accepted; option II
+    refuses it and names option I as a fix."""
+    build_run(
+        _cfg(
+            tiny,
+            name="scaffold",
+            control_variate="option1",
+            client_optimizer={"lr": 0.1, "momentum": 0.9},
+        )
+    )
+    with pytest.raises(ConfigError, match="control_variate=option1"):
+        build_run(_cfg(tiny, name="scaffold", client_optimizer={"lr": 0.1, "momentum": 0.9}))
 
 
 def test_many_local_steps_reach_the_global_optimum_where_fedavg_drifts():

@@ -7,8 +7,10 @@ local steps of SGD with rate η_l on the corrected gradient
 
     g_i(y) + c − c_i
 
-then sets, by option II, c_i⁺ = c_i − c + (x − y_i)/(K·η_l) and uploads Δy_i = y_i − x and
-Δc_i = c_i⁺ − c_i. The server moves x += η_g · mean Δy_i (its optimizer on the pseudo-gradient
+then sets, by option II (``control_variate: option2``, the default), c_i⁺ = c_i − c +
+(x − y_i)/(K·η_l), or by option I (``option1``) c_i⁺ = ∇F_i(x), the gradient of its loss over its
+whole local data at the global model (one extra pass, made before the local steps; the paper
+notes it can be more stable than II), and uploads Δy_i = y_i − x and Δc_i = c_i⁺ − c_i. The server moves x += η_g · mean Δy_i (its optimizer on the pseudo-gradient
 −mean Δy_i, as :class:`~fedge.methods.fedavg.DeltaAveraging`; ``server_optimizer: {name: sgd,
 lr: η_g}``, 1.0 by default) and c += (|S|/N) · mean Δc_i, which keeps c the mean of all N
 clients' c_i. With c = c_i = 0 (round 1) a client's steps are FedAvg's.
@@ -17,7 +19,9 @@ Conventions: K is the client's actual number of local steps this round (``local_
 its data, capped by ``max_steps``), η_l its client learning rate in that round (``lr ·
 lr_decay^(t−1)``). Option II needs plain SGD: a client optimizer other than SGD without
 momentum is refused at validation (``method.client_optimizer.name`` / ``.momentum``); weight
-decay is part of the gradient, so c_i⁺ is the mean of the decayed gradients. The paper averages
+decay is part of the gradient, so option II's c_i⁺ is the mean of the decayed gradients (option
+I's is the loss gradient alone; either way c and every c_i are alike, and the correction
+c − c_i is what the steps add). The paper averages
 uniformly (``weighting: uniform``, the default here); with ``weighting: samples`` both means are
 weighted by sample count and c += (n_S/n) · mean Δc_i (n_S the samples of the sampled clients,
 n all clients'), which keeps c the sample-weighted mean of the c_i. Control variates cover the
@@ -40,12 +44,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from fedge.core import transforms as T
 from fedge.core.context import ClientContext
 from fedge.core.errors import MessageError
 from fedge.core.messages import Message
+from fedge.core.rng import GlobalStream
 from fedge.methods.base import MethodBuild, MethodEnv, split_trainable
 from fedge.methods.fedavg import CAPABILITIES, DeltaAveraging, FedAvgConfig
 from fedge.methods.local import Batch, GradientFn, LocalTraining, Masks, backprop_gradient_fn
@@ -70,31 +75,42 @@ CI_PREFIX = "scaffold.c_i."
 
 class ScaffoldConfig(FedAvgConfig):
     """FedAvg's keys (E, B, step cap, client and server optimizers); uniform weighting, as the
-    paper averages. The client optimizer must be plain SGD (option II's (x − y_i)/(K·η_l))."""
+    paper averages; the control-variate option. Under option II the client optimizer must be
+    plain SGD ((x − y_i)/(K·η_l))."""
 
     name: Literal["scaffold"] = "scaffold"  # type: ignore[assignment]
     weighting: Literal["samples", "uniform"] = "uniform"
+    control_variate: Literal["option2", "option1"] = Field(
+        "option2",
+        description="c_i's update (Algorithm 1): option2 reuses the local steps, "
+        "c_i + (x - y_i)/(K lr) - c; option1 is the gradient of the client's loss over its "
+        "data at the global model, one extra pass a round (the paper: can be more stable)",
+    )
 
     @model_validator(mode="after")
     def _option_two_needs_plain_sgd(self) -> ScaffoldConfig:
         opt = self.client_optimizer
+        if self.control_variate == "option1":
+            return self  # c_i⁺ = ∇F_i(x) does not depend on the local steps' rule
         if opt.name != "sgd":
             raise ValueError(
                 f"client_optimizer.name={opt.name!r}: SCAFFOLD's option II control variate "
                 "c_i⁺ = c_i − c + (x − y_i)/(K·η_l) assumes plain SGD steps; "
-                "set method.client_optimizer.name=sgd"
+                "set method.client_optimizer.name=sgd, or method.control_variate=option1 "
+                "(c_i⁺ is then the gradient at the global model, whatever the steps)"
             )
         if opt.momentum:
             raise ValueError(
                 f"client_optimizer.momentum={opt.momentum}: SCAFFOLD's option II control variate "
-                "assumes SGD without momentum; set method.client_optimizer.momentum=0"
+                "assumes SGD without momentum; set method.client_optimizer.momentum=0, or "
+                "method.control_variate=option1"
             )
         return self
 
 
 class ScaffoldClient:
     """Client side: FedAvg's local training on the gradient corrected by c − c_i, then the
-    option II update of c_i (kept in ``ctx.state``) and the upload of Δy_i and Δc_i.
+    option II (or I) update of c_i (kept in ``ctx.state``) and the upload of Δy_i and Δc_i.
 
     Args:
         model_fn: builds the model.
@@ -137,6 +153,7 @@ class ScaffoldClient:
             k: ctx.state.get(CI_PREFIX + k, torch.zeros_like(state[k])).to(state[k].dtype)
             for k in params
         }
+        at_x = self._gradient_at_x(model, ctx) if self.cfg.control_variate == "option1" else {}
         self._correction = {k: c[k] - c_i[k] for k in params}
         self._steps = 0
         reply = self.local.train(model, ctx)
@@ -144,11 +161,26 @@ class ScaffoldClient:
         lr = self.cfg.client_optimizer.lr * self.cfg.client_optimizer.lr_decay ** (ctx.rnd - 1)
         out = dict(reply.arrays)
         for k in params:
-            # option II: c_i⁺ = c_i − c + (x − y_i)/(K·η_l), with x − y_i = −Δy_i
-            new = c_i[k] - c[k] - reply.arrays[k] / (steps * lr) if steps else c_i[k].clone()
+            if at_x:  # option I: c_i⁺ = ∇F_i(x)
+                new = at_x[k].to(c_i[k].dtype)
+            else:  # option II: c_i⁺ = c_i − c + (x − y_i)/(K·η_l), with x − y_i = −Δy_i
+                new = c_i[k] - c[k] - reply.arrays[k] / (steps * lr) if steps else c_i[k].clone()
             out[DC_PREFIX + k] = new - c_i[k]
             ctx.state[CI_PREFIX + k] = new
         return Message(out, config=reply.config, metrics=reply.metrics)
+
+    def _gradient_at_x(self, model: torch.nn.Module, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """Option I's ∇F_i(x): the gradient of the mean loss over the client's whole local data
+        at the loaded global model, summed batch by batch in index order (the training's batch
+        order, drawn from the client's generator, is untouched)."""
+        total: dict[str, torch.Tensor] = {}
+        with GlobalStream(ctx.generator).active():  # dropout, as in the local steps
+            for batch in ctx.data.batches(self.cfg.batch_size):
+                _, grads = self.base(model, batch, ctx, None)
+                w = len(batch[1]) / ctx.data.num_samples
+                for k, g in grads.items():
+                    total[k] = total[k].add_(g, alpha=w) if k in total else g * w
+        return total
 
 
 class ScaffoldAveraging(DeltaAveraging):
