@@ -12,7 +12,9 @@ evaluated client by client; 10 clients a round, 30 rounds, test and validation a
 one local epoch, batches of 32, SGD with momentum 0.9, the update averaged weighted by samples;
 SCAFFOLD's option II needs plain SGD, so its momentum is 0, and its counterpart is the row
 "FedAvg, no momentum": the same steps without control variates; SCAFFOLD's averaging, the paper's
-uniform mean or FedAvg's sample-weighted one, is tuned with its rate; FedNova draws each
+uniform mean or FedAvg's sample-weighted one, is tuned with its rate; the row "SCAFFOLD, option I"
+is the same with the paper's other control-variate update (``method.control_variate=option1``:
+c_i the gradient at the global model over the client's data, one extra pass a round); FedNova draws each
 client's local epochs from 1..3 per round, the heterogeneous work it normalizes); a compressor row is FedAvg with the uplink compression
 mechanism set, by its name key, to each codec its registry (the CODECS of fedge's compress
 module) holds when the script runs, with the codec's defaults; the
@@ -29,8 +31,8 @@ perturbations per batch in epoch mode (the model delta travels, so its uplink is
 
 Tuning: per row and α, one run per setting of a small grid on seed 1000 (never a reported seed),
 the setting with the highest final validation accuracy kept: client learning rate {0.02, 0.05}
-(both FedAvg rows, SCAFFOLD, FedNova), × μ {0.01, 0.1} for FedProx, × the averaging {uniform,
-samples} for SCAFFOLD; each forward-only peer's rate, its preset's
+(both FedAvg rows, both SCAFFOLD rows, FedNova), × μ {0.01, 0.1} for FedProx, × the averaging
+{uniform, samples} for SCAFFOLD; each forward-only peer's rate, its preset's
 and about a third of it: FedKSeed's ``method.lr`` {3e-4, 1e-3}, DeComFL's ``method.optimizer.lr``
 {1.5e-3, 5e-3}, FeedSign's ``method.lr`` {3e-3, 1e-2}. A pick at the edge of its grid is widened:
 the learning rate is stepped past that edge by the grid's own ratio (2.5, or 10/3 for the peers),
@@ -56,7 +58,8 @@ and DeComFL 2 tuning + 3 seed runs = 65 min each; FeedSign 5 runs = 9.4 min; BAF
 = 128 min. Both α: 105 + 260 + 19 + 255 min ≈ 10.6 CPU-hours. Measured again at a load of 4
 (FedAvg 0.6 s, DeComFL 6.5 s, FeedSign 0.9 s a round), the whole table is about a quarter of
 that. Widening a grid adds at most 2 runs per row and α, the FedAvg-without-momentum row and
-SCAFFOLD's averaging grid about 10 c per α; the wall minutes the runs took are given under the
+SCAFFOLD's averaging grid about 10 c per α, the option I row as much again (its extra pass
+costs about a third of a round's steps); the wall minutes the runs took are given under the
 table.
 
     python benchmarks/noniid_uplink.py [--rows fedavg,fedprox] [--alphas 0.1,0.5] [--seeds 0,1,2] [--max-minutes 600] [--docs docs/benchmarks.md]
@@ -74,7 +77,7 @@ codec rows reuse FedAvg's tuning units, so they run in FedAvg's process), at mos
     OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/noniid_uplink.py --rows baffle --alphas 0.1
     OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/noniid_uplink.py --rows baffle --alphas 0.5
     OMP_NUM_THREADS=1 taskset -c 2 python benchmarks/noniid_uplink.py --rows fedavg,fedavg-topk,fedavg-randk,fedavg-qsgd,fedavg-sign,fedavg-quantize,decomfl
-    OMP_NUM_THREADS=1 taskset -c 3 python benchmarks/noniid_uplink.py --rows fedprox,scaffold,fednova,fedkseed,feedsign
+    OMP_NUM_THREADS=1 taskset -c 3 python benchmarks/noniid_uplink.py --rows fedprox,scaffold,scaffold-option1,fednova,fedkseed,feedsign
 """
 
 from __future__ import annotations
@@ -190,6 +193,19 @@ BACKPROP = (
         "SCAFFOLD",
         "fedavg-fmnist-lenet",
         ("method.name=scaffold", "method.client_optimizer.momentum=0"),
+        grid=tuple((f"{LR}={lr}", f"method.weighting={w}") for lr in LRS for w in WEIGHTINGS),
+        widen=LR,
+        versus="fedavg-sgd",
+    ),
+    Row(
+        "scaffold-option1",
+        "SCAFFOLD, option I",
+        "fedavg-fmnist-lenet",
+        (
+            "method.name=scaffold",
+            "method.client_optimizer.momentum=0",
+            "method.control_variate=option1",
+        ),
         grid=tuple((f"{LR}={lr}", f"method.weighting={w}") for lr in LRS for w in WEIGHTINGS),
         widen=LR,
         versus="fedavg-sgd",
