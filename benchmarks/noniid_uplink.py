@@ -58,8 +58,8 @@ and DeComFL 2 tuning + 3 seed runs = 65 min each; FeedSign 5 runs = 9.4 min; BAF
 = 128 min. Both α: 105 + 260 + 19 + 255 min ≈ 10.6 CPU-hours. Measured again at a load of 4
 (FedAvg 0.6 s, DeComFL 6.5 s, FeedSign 0.9 s a round), the whole table is about a quarter of
 that. Widening a grid adds at most 2 runs per row and α, the FedAvg-without-momentum row and
-SCAFFOLD's averaging grid about 10 c per α, the option I row as much again (its extra pass
-costs about a third of a round's steps); the wall minutes the runs took are given under the
+SCAFFOLD's averaging grid about 10 c per α, the option I row twice SCAFFOLD's (its extra
+pass over the client's data costs one more local epoch: twice the client FLOPs at E = 1); the wall minutes the runs took are given under the
 table.
 
     python benchmarks/noniid_uplink.py [--rows fedavg,fedprox] [--alphas 0.1,0.5] [--seeds 0,1,2] [--max-minutes 600] [--docs docs/benchmarks.md]
