@@ -251,12 +251,13 @@ def table(
         "|---|---|---|---|---|",
     ]
     for label in ROWS:
-        f = figs.get(label)
-        if f is None or "mean" not in f:
-            lines.append(
-                f"| {label} | {'awaiting records' if f is None or not f['diverged'] else 'diverged'} | | | |"
+        if label not in figs or "mean" not in figs[label]:
+            state_cell = (
+                "diverged" if label in figs and figs[label]["diverged"] else "awaiting records"
             )
+            lines.append(f"| {label} | {state_cell} | | | |")
             continue
+        f = figs[label]
         if not f["reached"]:
             lines.append(
                 f"| {label} | 0/{len(f['seeds'])}: not reached (best {f['best']:.4f}) | | | |"
@@ -371,7 +372,11 @@ def figure(data: dict[str, Any], path: Path = FIGURE) -> Path:
         c = data["curves"].get(label)
         if c is None:
             continue
-        style = {"ls": "--" if label.startswith("BP ") else "-", "color": f"C{i % 10}", "lw": 1.4}
+        style: dict[str, Any] = {
+            "ls": "--" if label.startswith("BP ") else "-",
+            "color": f"C{i % 10}",
+            "lw": 1.4,
+        }
         name = f"{label} ({c['seeds']} seed{'s' if c['seeds'] > 1 else ''})"
         if c["flops"] is not None:
             axes[0].plot(c["flops"], c["accuracy"], label=name, **style)
@@ -397,9 +402,11 @@ def figure(data: dict[str, Any], path: Path = FIGURE) -> Path:
 
 def figure_data(path: Path = FIGURE) -> dict[str, Any]:
     """The data a figure written by :func:`figure` plotted (its PNG text chunk)."""
-    from PIL import Image
+    from PIL import Image, PngImagePlugin
 
     with Image.open(path) as im:
+        if not isinstance(im, PngImagePlugin.PngImageFile):
+            raise ValueError(f"{path}: not a PNG written by figure(); rerun the script with --docs")
         text: str = im.text[DATA_KEY]
     out: dict[str, Any] = json.loads(text)
     return out
