@@ -29,7 +29,7 @@ test: $(STAMP)
 	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # ruff (lint + import order, and the formatter: `ruff format` fixes what --check finds) on src,
-# tests, benchmarks; mypy (config in pyproject.toml) on src/fedge.
+# tests, benchmarks; mypy (config in pyproject.toml) on src/fedge and benchmarks.
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks
 	$(PY) -m ruff format --check src tests benchmarks

@@ -40,7 +40,7 @@ import torch
 import fedge
 from fedge.core.config import load_config
 from fedge.estimators.directions import make_directions
-from fedge.experiment.build import build_run
+from fedge.experiment.build import BuiltRun, build_run
 
 REPO = Path(__file__).resolve().parents[1]
 #: the models after one round may differ by this share of the round's largest step
@@ -87,6 +87,14 @@ def environment() -> dict[str, Any]:
     }
 
 
+def _text(out: bytes | str | None) -> str:
+    """A subprocess's captured output as text: ``TimeoutExpired`` keeps it as bytes even with
+    ``text=True`` (and None where nothing was captured)."""
+    if out is None:
+        return ""
+    return out.decode(errors="replace") if isinstance(out, bytes) else out
+
+
 def run_cuda_tests() -> dict[str, Any]:
     """pytest on every test file that marks a test ``needs_cuda``, those tests only, with
     FEDGE_REQUIRE_CUDA=1 (a skip would be a failure)."""
@@ -105,7 +113,8 @@ def run_cuda_tests() -> dict[str, Any]:
         )
         out, rc = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as exc:
-        out, rc = f"{exc.stdout or ''}{exc.stderr or ''}\ntimed out after {TEST_TIMEOUT_S} s", 124
+        out = f"{_text(exc.stdout)}{_text(exc.stderr)}\ntimed out after {TEST_TIMEOUT_S} s"
+        rc = 124
     lines = [line for line in out.splitlines() if line.strip()]
     return {
         "files": files,
@@ -121,13 +130,25 @@ def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
+def _server_model(built: BuiltRun) -> torch.nn.Module:
+    """The model of the method's own (bare) strategy: the server's model of FedAvg and BAFFLE."""
+    model = getattr(built.method.bare, "model", None)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            f"method {built.config.method.name!r}: its strategy "
+            f"({type(built.method.bare).__name__}) has no .model to compare; give CASES methods "
+            "whose strategy holds the server's model (fedavg, baffle)"
+        )
+    return model
+
+
 def one_round(method: dict[str, Any], device: str) -> dict[str, Any]:
     """Build and run one round on ``device``: the initial and final weights (on the CPU), the
     round's metrics line, the wall time, and the built run. Memory is measured on the GPU only
     (the CPU's tensor accounting of every op would dominate the CPU round's time)."""
     memory = {"memory": device != "cpu"}
     built = build_run(load_config({**BASE, "method": method, "device": device, "measure": memory}))
-    model = built.method.bare.model
+    model = _server_model(built)
     before = _state(model)
     lines: list[dict[str, Any]] = []
     t0 = time.perf_counter()

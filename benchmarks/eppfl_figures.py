@@ -461,7 +461,8 @@ def offload_line(rows: dict[str, Any]) -> str:
 
 def status_line(rows: dict[str, Any]) -> str:
     """Which groups are recorded (units of the default seeds) and the command for the rest."""
-    done, todo = [], []
+    done: list[str] = []
+    todo: list[str] = []
     for g, labels in GROUPS.items():
         have = sum(rows[label]["seeds"] for label in labels if label in rows)
         want = len(labels) * len(SEEDS)

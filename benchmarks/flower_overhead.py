@@ -30,6 +30,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import TypedDict
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -41,10 +42,39 @@ from fedge.bench.engine import _SeedBroadcast, _Trivial, _warm_up  # noqa: E402
 from fedge.bench.script import record_flags, table_only  # noqa: E402
 from fedge.core.context import ClientData  # noqa: E402
 from fedge.core.meter import _status_kb  # noqa: E402
+from fedge.core.protocols import ClientProgram, Strategy  # noqa: E402
 from fedge.runtime.engine import EngineConfig, Simulation  # noqa: E402
-from fedge.runtime.flower import LocalGrid, client_app, flower_simulation, server_app  # noqa: E402
+from fedge.runtime.flower import (  # noqa: E402
+    FlowerExecutor,
+    LocalGrid,
+    client_app,
+    flower_simulation,
+    server_app,
+)
 
 RUNTIMES = ("engine", "flower-sim", "flower-ray")
+
+
+class _Federation(TypedDict):
+    """The engine's arguments for the trivial federation, the same on every runtime."""
+
+    strategy: Strategy
+    program: ClientProgram
+    clients: list[ClientData]
+    test: tuple[torch.Tensor, torch.Tensor]
+    num_classes: int
+    config: EngineConfig
+
+
+def _flower_executor(sim: Simulation) -> FlowerExecutor:
+    """The executor :func:`flower_simulation` gave ``sim`` (typed: ``Simulation.executor`` is a
+    :class:`~fedge.runtime.executor.ClientExecutor`, which has no ``settings`` or ``connect``)."""
+    if not isinstance(sim.executor, FlowerExecutor):
+        raise TypeError(
+            f"expected a simulation built by flower_simulation (a FlowerExecutor), got "
+            f"{type(sim.executor).__name__}; build it with flower_simulation(...)"
+        )
+    return sim.executor
 
 
 def _tiny_data(cid: int) -> ClientData:
@@ -99,7 +129,7 @@ def _measure(kind: str, n: int, rounds: int, ray_cpus: int = 2) -> dict:
     x = torch.randn(n * 32, 1, 8, 8)
     y = torch.zeros(n * 32, dtype=torch.int64)
     clients = [ClientData(x, y, torch.arange(i * 32, (i + 1) * 32)) for i in range(n)]
-    kw = dict(
+    kw = _Federation(
         strategy=_SeedBroadcast(),
         program=_Trivial(),
         clients=clients,
@@ -113,8 +143,9 @@ def _measure(kind: str, n: int, rounds: int, ray_cpus: int = 2) -> dict:
         over, lines = _timed(sim, rounds)
     elif kind == "flower-sim":
         sim = flower_simulation(**kw)
-        app = client_app(sim.program, clients.__getitem__, **sim.executor.settings.kwargs())
-        sim.executor.connect(
+        executor = _flower_executor(sim)
+        app = client_app(sim.program, clients.__getitem__, **executor.settings.kwargs())
+        executor.connect(
             LocalGrid(app, [{"partition-id": i, "num-partitions": n} for i in range(n)])
         )
         over, lines = _timed(sim, rounds)
@@ -122,11 +153,12 @@ def _measure(kind: str, n: int, rounds: int, ray_cpus: int = 2) -> dict:
         from fedge.runtime.flower.simulation import run_on_ray
 
         sim = ray_sim = flower_simulation(backend="ray", cpus=ray_cpus, **kw)
-        app = client_app(sim.program, _tiny_data, **sim.executor.settings.kwargs())
+        ray_executor = _flower_executor(sim)
+        app = client_app(sim.program, _tiny_data, **ray_executor.settings.kwargs())
         got: list = []
 
         def main(grid, context):
-            ray_sim.executor.connect(grid)
+            ray_executor.connect(grid)
             got.extend(_timed(ray_sim, rounds))
             got.append(_descendants_rss_kb())
 

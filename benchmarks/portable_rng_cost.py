@@ -43,8 +43,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -53,12 +54,15 @@ from torch import Tensor
 from fedge.bench.docs import command_section, machine_line, markdown_table, publish
 from fedge.bench.zo import _epoch_step, _zo_step, bench_model
 from fedge.core.portable import normal_many, normal_rows, stream_key
+from fedge.core.rng import Draws
 from fedge.estimators import estimate_gradient, loss_differences
 from fedge.estimators.perturbation import standard_normal_chunk
 from fedge.models import build_model
 
 K = 100
 SEED = 7
+
+D = TypeVar("D")
 
 
 def portable_chunk(seed: int, ks: Sequence[int], name: str, shape: Sequence[int]) -> Tensor:
@@ -80,7 +84,10 @@ def measure(rounds: int) -> dict[str, dict[str, float]]:
         torch.randn(32, 1, 28, 28, generator=torch.Generator().manual_seed(0)),
         torch.arange(32) % 10,
     )
-    draws = {"torch": standard_normal_chunk, "portable": portable_chunk}
+    draws: dict[str, Callable[..., Tensor]] = {
+        "torch": standard_normal_chunk,
+        "portable": portable_chunk,
+    }
 
     def server(draw: Callable[..., Tensor]) -> None:
         for name, shape in shapes.items():
@@ -93,9 +100,21 @@ def measure(rounds: int) -> dict[str, dict[str, float]]:
 
     def step(draw: Callable[..., Tensor], mode: str) -> None:
         name = "portable" if draw is portable_chunk else "torch"
-        kw = dict(sigma=1e-4, seed=SEED, scheme="forward", draws=name)
-        d = loss_differences(model, F.cross_entropy, (x, y), k=K, mode=mode, workers=1, **kw)
-        estimate_gradient(dict(model.named_parameters()), d, **kw)
+        d = loss_differences(
+            model,
+            F.cross_entropy,
+            (x, y),
+            k=K,
+            mode=mode,
+            workers=1,
+            sigma=1e-4,
+            seed=SEED,
+            scheme="forward",
+            draws=name,
+        )
+        estimate_gradient(
+            dict(model.named_parameters()), d, sigma=1e-4, seed=SEED, scheme="forward", draws=name
+        )
 
     keys = {name: stream_key(SEED, "zo", name) for name in shapes}
     strides = {name: -(-math.prod(shape) // 8) * 8 for name, shape in shapes.items()}
@@ -107,7 +126,7 @@ def measure(rounds: int) -> dict[str, dict[str, float]]:
             normal_many([(keys[n], s, k * strides[n]) for n, s in shapes.items()])
         return None
 
-    tasks = {
+    tasks: dict[str, Callable[[Callable[..., Tensor]], None]] = {
         "server draw": server,
         "lean draw": lean,
         "lean draw, one call per k": lean_many,
@@ -118,7 +137,7 @@ def measure(rounds: int) -> dict[str, dict[str, float]]:
 
 
 def _interleaved(
-    tasks: dict[str, Callable[[object], object]], draws: dict[str, object], rounds: int
+    tasks: Mapping[str, Callable[[D], object]], draws: Mapping[str, D], rounds: int
 ) -> dict[str, dict[str, float]]:
     """Each task under each draw, warmed up once, then ``rounds`` interleaved rounds."""
     for task in tasks.values():  # warm up
@@ -140,28 +159,35 @@ def _interleaved(
     return out
 
 
+def _bench_zo_task(
+    model: torch.nn.Module, batch: tuple[Tensor, Tensor], scheme: str, mode: str
+) -> Callable[[Draws], object]:
+    """``fedge bench zo``'s step in ``mode`` (fast, lean, or epoch: ``_epoch_step``), given the
+    draws."""
+    if mode == "epoch":
+        return lambda d: _epoch_step(model, batch, k=K, scheme=scheme, seed=SEED, draws=d)
+    return lambda d: _zo_step(model, batch, k=K, scheme=scheme, mode=mode, seed=SEED, draws=d)
+
+
 def measure_bench_zo(
     rounds: int, models: Sequence[str] = ("lenet", "lenet5")
 ) -> dict[str, dict[str, float]]:
     """``fedge bench zo``'s steps (batch 64, K = 100) with torch and portable directions."""
     torch.set_num_threads(1)
-    tasks: dict[str, Callable[[object], object]] = {}
+    tasks: dict[str, Callable[[Draws], object]] = {}
     for name in models:
         model, data = bench_model(name, 64)
         for scheme in ("central", "forward"):
             for mode in ("fast", "lean"):
-                tasks[f"bench zo {name} {scheme} {mode}"] = (
-                    lambda d, m=model, b=data, s=scheme, mo=mode: _zo_step(
-                        m, b, k=K, scheme=s, mode=mo, seed=SEED, draws=d
-                    )
+                tasks[f"bench zo {name} {scheme} {mode}"] = _bench_zo_task(
+                    model, data, scheme, mode
                 )
-            tasks[f"bench zo {name} {scheme} epoch"] = lambda d, m=model, b=data, s=scheme: (
-                _epoch_step(m, b, k=K, scheme=s, seed=SEED, draws=d)
-            )
-    return _interleaved(tasks, {"torch": "torch", "portable": "portable"}, rounds)
+            tasks[f"bench zo {name} {scheme} epoch"] = _bench_zo_task(model, data, scheme, "epoch")
+    draws: dict[str, Draws] = {"torch": "torch", "portable": "portable"}
+    return _interleaved(tasks, draws, rounds)
 
 
-def record(results: dict[str, dict[str, float]], rounds: int, command: str) -> dict[str, object]:
+def record(results: dict[str, dict[str, float]], rounds: int, command: str) -> dict[str, Any]:
     """The bench zo rows of ``results`` as a JSON-able record: what ran, where and the times."""
     rows = []
     for task, r in results.items():
@@ -186,21 +212,22 @@ def record(results: dict[str, dict[str, float]], rounds: int, command: str) -> d
     }
 
 
-def markdown(rec: dict[str, object], before: dict[str, object] | None) -> str:
-    """The docs section of a record (and the ratios of an earlier one, when given)."""
-    old = {(r["model"], r["scheme"], r["path"]): r["ratio"] for r in (before or {}).get("rows", [])}  # type: ignore[union-attr]
+def markdown(rec: dict[str, Any], before: dict[str, Any] | None) -> str:
+    """The docs section of a record, a JSON object (and the ratios of an earlier one, when
+    given)."""
+    old = {(r["model"], r["scheme"], r["path"]): r["ratio"] for r in (before or {}).get("rows", [])}
     head = ["model", "scheme", "path", "torch ms", "portable ms", "portable/torch"]
     if before:
         head.append("before")
     body = []
-    for r in rec["rows"]:  # type: ignore[attr-defined]
+    for r in rec["rows"]:
         row = [r["model"], r["scheme"], r["path"], f"{r['torch_s'] * 1e3:.1f}"]
         row += [f"{r['portable_s'] * 1e3:.1f}", f"{r['ratio']:.3f}"]
         if before:
             was = old.get((r["model"], r["scheme"], r["path"]))
             row.append("" if was is None else f"{was:.3f}")
         body.append(row)
-    worst = max(r["ratio"] for r in rec["rows"])  # type: ignore[attr-defined]
+    worst = max(r["ratio"] for r in rec["rows"])
     intro = [
         "What portable seeded draws (`draws: portable`, fedge.core.portable) cost in one "
         "zeroth-order step against torch's generator (`draws: torch`): `fedge bench zo`'s step",

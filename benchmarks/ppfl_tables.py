@@ -57,7 +57,7 @@ from fedge.experiment.build import build_run
 
 COMMAND = "OMP_NUM_THREADS=1 nice -n 10 python benchmarks/ppfl_tables.py --docs docs/benchmarks.md"
 TABLE_COMMAND = "python benchmarks/ppfl_tables.py --table-only --docs docs/benchmarks.md"
-SEEDS = (0, 1, 2)
+SEEDS: tuple[int, ...] = (0, 1, 2)
 LENET_ROUNDS, LENET_CAP = 15, 10
 LARGE_ROUNDS, LARGE_CAP = 15, 6
 LARGE = ("alexnet-ppfl",)  # VGG9 did not fit the compute budget (see the docs section)
@@ -252,7 +252,7 @@ def table3_runs(model: str, part: str, seed: int, block: int, *, free: bool = Fa
     fa_cfg = fedavg(model, part, seed)
     fa = run(f"{tag}/fedavg-{part}{suffix}", uncapped(fa_cfg) if free else fa_cfg)
     target = None if fa is None else fa[-1]["test_accuracy"]
-    if target is None:
+    if fa is None or target is None:
         AWAITING.append(f"{tag}/ppfl-{part}-b{block}{suffix}")
         return None
     pp_cfg = ppfl(model, part, target, block, seed)
@@ -554,7 +554,8 @@ class PhaseTimer(StrategyWrapper):
                 t["encode_down"] += _codec(step.messages)
                 t["encode_up"] += _codec(reply)
             elif isinstance(step, PartyCall):
-                key = f"call.{step.message.config.get('op', '?')}"
+                op = step.message.config.get("op", "?")  # a config value: str, or bytes
+                key = f"call.{op.decode() if isinstance(op, bytes) else op}"
                 t[key] = t.get(key, 0.0) + dt
 
 

@@ -40,6 +40,7 @@ import json
 import math
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -86,7 +87,8 @@ CHOICES = {
     "block + adam": ("adam", ["method.directions=block"]),
     "gaussian + zo_adamm": ("zo_adamm", []),
 }
-COSINE_KINDS = {
+# label -> zeroth_order_gradient's extra keywords (directions: a str; params: parameter names)
+COSINE_KINDS: dict[str, dict[str, Any]] = {
     "gaussian": {},
     "orthogonal": {"directions": "orthogonal"},
     "block": {"directions": "block"},

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,16 @@ from fedge.models import build_model
 SEEDS = range(5)
 
 
+def _grad(p: torch.nn.Parameter) -> torch.Tensor:
+    """``p``'s gradient after a backward pass (a parameter the loss does not reach has none)."""
+    if p.grad is None:
+        raise RuntimeError(
+            f"parameter of shape {tuple(p.shape)} has no gradient after backward(); every "
+            "parameter of the model must reach the loss"
+        )
+    return p.grad
+
+
 def measure() -> dict[str, dict[str, list[float]]]:
     torch.set_num_threads(1)
     ds = load_dataset("fashion-mnist", limit_train=512, limit_test=10, seed=0)
@@ -39,8 +50,8 @@ def measure() -> dict[str, dict[str, list[float]]]:
     model64 = copy.deepcopy(model).double()
     model.zero_grad()
     F.cross_entropy(model(x), y).backward()
-    true = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-    kw = dict(k=100, sigma=1e-4, scheme="forward", mode="lean")
+    true = torch.cat([_grad(p).reshape(-1) for p in model.parameters()])
+    kw: dict[str, Any] = dict(k=100, sigma=1e-4, scheme="forward", mode="lean")
     new_mean_loss = lean.mean_loss
     out: dict[str, dict[str, list[float]]] = {
         "float32 loss": {"err": [], "cos": []},
