@@ -1,7 +1,12 @@
 """What other parties rebuild from a seed, drawn with ``draws="portable"``: perturbation
-directions, a FedPT frozen model, the NTK data-free pruning's inputs, ΔW and mask, a secure
+directions, a FedPT frozen model, the NTK data-free pruning's inputs and ΔW, a secure
 aggregation graph and a partition — bit-identical under every CPU capability (subprocesses) and
-equal to committed known answers (sha256 of the bytes)."""
+equal to committed known answers (sha256 of the bytes).
+
+The NTK mask is checked apart: it also follows from float32 forwards and autograd, so it is the
+same under every CPU capability of one machine but not across CPUs (an Intel Xeon and an AMD
+EPYC, both AVX-512, gave different masks). No party rebuilds it: the server prunes and the mask
+travels with the model."""
 
 from __future__ import annotations
 
@@ -35,7 +40,6 @@ KNOWN = {
     "fedpt-frozen-model": "866ae954f3bc875d7e18d758a7934a99fdd020923fbe746bc4bec5822afbfe2e",
     "ntk-inputs": "0b86da89cd24477ecf24ac26da39d65952568b8fad0c9be5a4d52c0d68f076fd",
     "ntk-delta-w": "bd351c48a1fc493df4feb355feb56f54886b1206604ba95f702d12ce1d50a18b",
-    "ntk-mask": "d1357eeecc67a81828312ccac580e40e73fc7e42796a783bbb009190e7d558bc",
     "secagg-graph": "7979a856e101e203cf769fe7bec7823d4bb677ae2ea20739a968a1a275691ff3",
     "partition-shards": "c044b46f005bee36d7e811dcc14156b1b1812d0376387615be8bc03d257dd45c",
 }
@@ -54,7 +58,8 @@ def _lenet() -> torch.nn.Module:
 
 
 def artifacts() -> dict[str, str]:
-    """Each artifact's sha256, drawn from SEED with portable draws."""
+    """Each artifact's sha256, drawn from SEED with portable draws (``ntk-mask`` beside them,
+    which is not in KNOWN: see the module docstring)."""
     out: dict[str, str] = {}
     net = _lenet()
     shapes = {n: tuple(p.shape) for n, p in net.named_parameters()}
@@ -92,8 +97,12 @@ def artifacts() -> dict[str, str]:
     return out
 
 
+def _portable(got: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in got.items() if k != "ntk-mask"}
+
+
 def test_known_answers() -> None:
-    assert artifacts() == KNOWN
+    assert _portable(artifacts()) == KNOWN
 
 
 def _capabilities() -> list[str]:
@@ -138,4 +147,6 @@ def test_bit_identical_under_every_cpu_capability() -> None:
         seen[cap] = json.loads(out.strip().splitlines()[-1])
         assert seen[cap]["capability"].lower() == cap
     for cap, got in seen.items():
-        assert got["artifacts"] == KNOWN, cap
+        assert _portable(got["artifacts"]) == KNOWN, cap
+    masks = {cap: got["artifacts"]["ntk-mask"] for cap, got in seen.items()}
+    assert len(set(masks.values())) == 1, masks  # one machine: the same under every kernel set

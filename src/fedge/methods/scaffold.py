@@ -1,5 +1,5 @@
 """SCAFFOLD: FedAvg with control variates that correct client drift (Karimireddy et al., ICML
-2020, arXiv:1910.06378v4, Algorithm 1, option II).
+2020, arXiv:1910.06378v4, Algorithm 1, options I and II).
 
 The server keeps a control variate c and each client i its own c_i (zero until the client is
 first sampled). In a round, each sampled client starts from the global model x and runs its K
@@ -8,12 +8,13 @@ local steps of SGD with rate η_l on the corrected gradient
     g_i(y) + c − c_i
 
 then sets, by option II (``control_variate: option2``, the default), c_i⁺ = c_i − c +
-(x − y_i)/(K·η_l), or by option I (``option1``) c_i⁺ = ∇F_i(x), the gradient of its loss over its
-whole local data at the global model (one extra pass, made before the local steps; the paper
-notes it can be more stable than II), and uploads Δy_i = y_i − x and Δc_i = c_i⁺ − c_i. The server moves x += η_g · mean Δy_i (its optimizer on the pseudo-gradient
-−mean Δy_i, as :class:`~fedge.methods.fedavg.DeltaAveraging`; ``server_optimizer: {name: sgd,
-lr: η_g}``, 1.0 by default) and c += (|S|/N) · mean Δc_i, which keeps c the mean of all N
-clients' c_i. With c = c_i = 0 (round 1) a client's steps are FedAvg's.
+(x − y_i)/(K·η_l), or by option I (``option1``) c_i⁺ = ∇F_i(x), the gradient of its loss over
+its whole local data at the global model (one extra pass, made before the local steps; the paper
+notes it can be more stable than II), and uploads Δy_i = y_i − x and Δc_i = c_i⁺ − c_i. The
+server moves x += η_g · mean Δy_i (its optimizer on the pseudo-gradient −mean Δy_i, as
+:class:`~fedge.methods.fedavg.DeltaAveraging`; ``server_optimizer: {name: sgd, lr: η_g}``, 1.0
+by default) and c += (|S|/N) · mean Δc_i, which keeps c the mean of all N clients' c_i. With
+c = c_i = 0 (round 1) a client's steps are FedAvg's.
 
 Conventions: K is the client's actual number of local steps this round (``local_epochs`` over
 its data, capped by ``max_steps``), η_l its client learning rate in that round (``lr ·
@@ -21,10 +22,10 @@ lr_decay^(t−1)``). Option II needs plain SGD: a client optimizer other than SG
 momentum is refused at validation (``method.client_optimizer.name`` / ``.momentum``); weight
 decay is part of the gradient, so option II's c_i⁺ is the mean of the decayed gradients (option
 I's is the loss gradient alone; either way c and every c_i are alike, and the correction
-c − c_i is what the steps add). The paper averages
-uniformly (``weighting: uniform``, the default here); with ``weighting: samples`` both means are
-weighted by sample count and c += (n_S/n) · mean Δc_i (n_S the samples of the sampled clients,
-n all clients'), which keeps c the sample-weighted mean of the c_i. Control variates cover the
+c − c_i is what the steps add). The paper averages uniformly (``weighting: uniform``, the
+default here); with ``weighting: samples`` both means are weighted by sample count and
+c += (n_S/n) · mean Δc_i (n_S the samples of the sampled clients, n all clients'), which keeps c
+the sample-weighted mean of the c_i. Control variates cover the
 trainable parameters; float buffers (BatchNorm statistics) travel as deltas as in FedAvg.
 
 Messages: the downlink carries x and c (``scaffold.c.<name>``), the uplink Δy_i and Δc_i
@@ -153,7 +154,8 @@ class ScaffoldClient:
             k: ctx.state.get(CI_PREFIX + k, torch.zeros_like(state[k])).to(state[k].dtype)
             for k in params
         }
-        at_x = self._gradient_at_x(model, ctx) if self.cfg.control_variate == "option1" else {}
+        option1 = self.cfg.control_variate == "option1"
+        at_x = self._gradient_at_x(model, ctx) if option1 else {}
         self._correction = {k: c[k] - c_i[k] for k in params}
         self._steps = 0
         reply = self.local.train(model, ctx)
@@ -161,7 +163,7 @@ class ScaffoldClient:
         lr = self.cfg.client_optimizer.lr * self.cfg.client_optimizer.lr_decay ** (ctx.rnd - 1)
         out = dict(reply.arrays)
         for k in params:
-            if at_x:  # option I: c_i⁺ = ∇F_i(x)
+            if option1:  # c_i⁺ = ∇F_i(x)
                 new = at_x[k].to(c_i[k].dtype)
             else:  # option II: c_i⁺ = c_i − c + (x − y_i)/(K·η_l), with x − y_i = −Δy_i
                 new = c_i[k] - c[k] - reply.arrays[k] / (steps * lr) if steps else c_i[k].clone()
