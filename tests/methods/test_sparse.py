@@ -10,10 +10,10 @@ import torch.nn.functional as F
 
 from fedge.core.config import load_config
 from fedge.core.errors import ConfigError
-from fedge.core.rng import generator
+from fedge.core.rng import generator, make_generator
 from fedge.estimators import loss_differences
 from fedge.experiment.build import build_run
-from fedge.methods.sparse import choose_train_masks, combine_masks
+from fedge.methods.sparse import choose_train_masks, combine_masks, masks_digest
 from fedge.models import build_model
 from fedge.pruning import prunable_parameters
 
@@ -146,3 +146,30 @@ def test_a_method_that_cannot_honour_the_mask_refuses_the_key(tiny):
     cfg = tiny(method={"name": "fedkseed", "train_mask": {"rule": "random", "density": 0.5}})
     with pytest.raises(ConfigError, match=r"method.train_mask: method 'fedkseed' cannot take"):
         build_run(load_config(cfg))
+
+
+def test_the_build_reports_its_masks_digest_for_the_parties_to_compare(tiny):
+    """``MethodBuild.rebuilt["train_mask"]`` is the sha256 of the mask every party chooses
+    itself (the Flower handshake compares it); one coordinate, a name or a shape changes it."""
+    cfg = load_config(
+        tiny(rounds=1, model={"name": "mlp", "hidden": [16]}, method=_section("fedavg"))
+    )
+    built = build_run(cfg)
+    masks = choose_train_masks(
+        built.model_fn(),
+        rule="magnitude",
+        density=0.25,
+        generator=make_generator(cfg.draws, cfg.seed, "train-mask"),
+        input_shape=(1, 8, 8),
+    )
+    assert built.method.rebuilt == {"train_mask": masks_digest(masks)}
+    assert masks_digest(dict(reversed(list(masks.items())))) == masks_digest(masks)
+    name = next(iter(masks))
+    flipped = {**masks, name: masks[name].clone()}
+    flipped[name].view(-1)[0] ^= True
+    renamed = {("x" + k if k == name else k): m for k, m in masks.items()}
+    reshaped = {**masks, name: masks[name].reshape(-1)}
+    digests = {masks_digest(m) for m in (masks, flipped, renamed, reshaped)}
+    assert len(digests) == 4
+    plain = build_run(load_config(tiny(rounds=1, model={"name": "mlp", "hidden": [16]})))
+    assert plain.method.rebuilt == {}

@@ -397,6 +397,69 @@ def test_a_node_drawing_other_numbers_from_the_seeds_is_refused_naming_it_and_th
         sim.executor.connect(_OtherBuildLastNodeGrid(app, nodes, older=True))
 
 
+class _OtherMaskLastNodeGrid(LocalGrid):
+    """Its last node reports another train-mask digest (``older``: no digests at all)."""
+
+    def __init__(self, *args, older=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.older = older
+
+    def _deliver(self, msg, context):
+        from fedge.runtime.flower.grid import _unwire, _wire
+
+        reply = _unwire(super()._deliver(msg, context))
+        rec = reply.content.config_records[RECORD]
+        if context.node_id == self.node_ids[-1] and "rebuilt" in rec:
+            if self.older:
+                del rec["rebuilt"]
+            else:
+                rec["rebuilt"] = json.dumps({"train_mask": "0" * 64})
+        return _wire(reply)
+
+
+def test_a_node_choosing_another_train_mask_is_refused_naming_it_and_the_fix(tmp_path):
+    """``method.train_mask.rule=ntk`` follows from float32 forwards, which round differently on
+    another CPU: a node whose mask differs from the server's would step other coordinates than
+    the server keeps, silently. The handshake compares the builds' digests and refuses it; a
+    run on nodes that build the same mask connects and trains."""
+    from fedge.experiment.build import build_run
+
+    method = {"name": "fedavg", "train_mask": {"rule": "ntk", "density": 0.3, "inputs": 4}}
+    cfg = tiny_config(rounds=1, method=method, **{"clients.num": 3, "clients.per_round": 3})
+    built = build_run(load_config(cfg))
+    assert set(built.method.rebuilt) == {"train_mask"}
+    sim = built.simulation(runtime="flower-sim")
+    app = client_app(
+        built.method.program,
+        built.clients.__getitem__,
+        seed=0,
+        measure_flops=False,
+        measure_memory=False,
+        parties={},
+        rebuilt=built.method.rebuilt,
+    )
+    sim.executor.wait_nodes_s = 0
+    nodes = [{"partition-id": i} for i in range(3)]
+    sim.executor.connect(LocalGrid(app, nodes))
+    assert sim.executor.nodes == {0: 1000, 1: 1001, 2: 1002}
+    head = r"^1 node\(s\) derived other values from the run's config than this server: "
+    with pytest.raises(
+        ConfigError,
+        match=head + r"node 1002 \(client 2: another train_mask\)\. .*; "
+        r"method\.train_mask\.rule=ntk scores weights by float32 forwards, .* use rule "
+        r"magnitude or random",
+    ):
+        sim.executor.connect(_OtherMaskLastNodeGrid(app, nodes))
+    with pytest.raises(
+        ConfigError,
+        match=head + r"node 1002 \(client 2: a fedge that does not report what it derived\)"
+        r"\..*; install this server's fedge on those SuperNodes$",
+    ):
+        sim.executor.connect(_OtherMaskLastNodeGrid(app, nodes, older=True))
+    out = run_experiment(load_config(cfg), out=tmp_path / "run", render=False, runtime="flower-sim")
+    assert [x["round"] for x in _lines(out)] == [1]  # its own nodes report the server's mask
+
+
 def test_cli_quickstart_on_flower_sim_writes_a_complete_run_directory(tmp_path):
     from typer.testing import CliRunner
 

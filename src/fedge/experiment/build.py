@@ -175,7 +175,10 @@ class BuiltRun:
 
             cls = flower_simulation
             extra.update(
-                grid=rt.grid, backend=rt.backend, timeout=self.config.clients.reply_timeout
+                grid=rt.grid,
+                backend=rt.backend,
+                timeout=self.config.clients.reply_timeout,
+                rebuilt=self.method.rebuilt,
             )
             if rt.backend == "ray":
                 import json  # the actors build their clients from the config (a small pickle)
@@ -551,6 +554,7 @@ def node_app_for(config_text: str) -> Any:
             measure_flops=c.measure.flops,
             measure_memory=c.measure.memory,
             parties=built.method.parties,
+            rebuilt=built.method.rebuilt,
         )
         _NODE_APPS.clear()
         _NODE_APPS[config_text] = (built, app)

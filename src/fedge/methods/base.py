@@ -193,7 +193,9 @@ class MethodBuild:
 
     A method's build returns its bare sides; the composer applies the mechanisms and the
     ``layers`` and returns the composed build, whose ``applied`` names what it wrapped, in order
-    (e.g. ``("dp", "secure_aggregation", "ema")``), and ``bare`` the method's own strategy.
+    (e.g. ``("dp", "secure_aggregation", "ema")``), ``bare`` the method's own strategy, and
+    ``rebuilt`` a digest of each thing every party derives itself from the config and must
+    derive alike (``{"train_mask": sha256}``), which the Flower handshake compares.
     """
 
     strategy: Strategy
@@ -202,6 +204,7 @@ class MethodBuild:
     layers: list[Layer] = field(default_factory=list)
     applied: tuple[str, ...] = ()
     bare: Strategy | None = None
+    rebuilt: dict[str, str] = field(default_factory=dict)
 
 
 def model_arrays(model: torch.nn.Module) -> dict[str, torch.Tensor]:

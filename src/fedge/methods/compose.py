@@ -50,7 +50,7 @@ from fedge.methods.compress import CompressOptions, compressed
 from fedge.methods.ema import EMAOptions
 from fedge.methods.private import protect
 from fedge.methods.secure import SecureAggregationOptions, Summable
-from fedge.methods.sparse import KeepOffMask, TrainMaskOption
+from fedge.methods.sparse import KeepOffMask, TrainMaskOption, masks_digest
 from fedge.methods.spec import MethodSpec
 
 __all__ = [
@@ -231,4 +231,9 @@ def compose(spec: MethodSpec, cfg: Any, env: MethodEnv) -> MethodBuild:
         layers=[],
         applied=tuple(applied),
         bare=built.strategy,
+        rebuilt=(
+            {**built.rebuilt, "train_mask": masks_digest(env.train_masks)}
+            if env.train_masks is not None
+            else built.rebuilt
+        ),
     )

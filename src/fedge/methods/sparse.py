@@ -11,6 +11,12 @@ Rules: ``magnitude`` (|W0|), ``random`` (uniform scores from the run's seeded ge
 ``ntk`` (NTK-Rand's saliency, :func:`fedge.pruning.ntk_saliency`, on Gaussian inputs drawn on the
 server: no client data). Every draw comes from ``make_generator(draws, seed, "train-mask")``.
 
+Every party chooses the mask itself, from the run's config and seed. ``magnitude`` and ``random``
+follow from portable draws alone (the same bits on every machine); ``ntk`` also from float32
+forwards, which round differently on another CPU and can rank a near-tie the other way, so the
+composed build reports the mask's digest (:func:`masks_digest`, ``MethodBuild.rebuilt``) and
+the Flower handshake refuses a node whose mask differs from the server's.
+
 Exactness: the mask goes to the zeroth-order estimator (perturbation and estimate exactly zero
 off the mask), to backprop's gradients, and after every local optimizer step the coordinates off
 the mask are set back to the round's global values (an optimizer's weight decay would otherwise
@@ -21,6 +27,7 @@ server's weight decay cannot move them either.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -38,6 +45,7 @@ __all__ = [
     "TrainMaskConfig",
     "TrainMaskOption",
     "choose_train_masks",
+    "masks_digest",
     "combine_masks",
 ]
 
@@ -131,6 +139,16 @@ def choose_train_masks(
         out[n] = kept[start : start + size].view(params[n].shape).to(params[n].device)
         start += size
     return out
+
+
+def masks_digest(masks: Mapping[str, torch.Tensor]) -> str:
+    """sha256 of the masks: their names, shapes and kept coordinates, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(masks):
+        m = masks[name].detach().to("cpu", torch.bool).contiguous()
+        h.update(f"{name}:{tuple(m.shape)};".encode())
+        h.update(m.numpy().tobytes())
+    return h.hexdigest()
 
 
 def combine_masks(a: Masks | None, b: Masks | None) -> dict[str, torch.Tensor] | None:

@@ -78,17 +78,21 @@ def client_app(
     measure_memory: bool,
     parties: Mapping[str, PartySpec],
     device: torch.device | None = None,
+    rebuilt: Mapping[str, str] | None = None,
 ) -> ClientApp:
     """A Flower ClientApp running ``program`` for the client ``node_config["partition-id"]``
-    with its data ``data_of(cid)`` (arguments as :func:`~fedge.runtime.executor.execute_client`)."""
+    with its data ``data_of(cid)`` (arguments as :func:`~fedge.runtime.executor.execute_client`);
+    ``rebuilt``: the digests of what this node's build derived itself from the config
+    (``MethodBuild.rebuilt``), reported in the handshake."""
     app = ClientApp()
     parties = dict(parties)
+    rebuilt_text = json.dumps(dict(rebuilt or {}), sort_keys=True)
 
     @app.query()
     def hello(msg: Message, context: Context) -> Message:
-        """The handshake: which fedge client this node is, and what its seeded draws give
+        """The handshake: which fedge client this node is, what its seeded draws give
         (:func:`~fedge.runtime.rngprobe.rng_probe` of both kinds of draws, with its fedge, torch and
-        numpy versions)."""
+        numpy versions) and the digests of what its build derived from the config."""
         return Message(
             RecordDict(
                 {
@@ -97,6 +101,7 @@ def client_app(
                             "cid": _node_cid(context),
                             "rng_probe": rng_probe(),
                             "rng_probe_portable": rng_probe("portable"),
+                            "rebuilt": rebuilt_text,
                             **_versions(),
                         }
                     )

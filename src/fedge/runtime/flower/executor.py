@@ -52,6 +52,17 @@ __all__ = ["FlowerExecutor", "flower_simulation"]
 T = TypeVar("T")
 
 
+def _rebuilt(text: Any) -> dict[str, str] | None:
+    """A node's reported digests (the handshake's ``rebuilt``), or None when it sent none."""
+    if not isinstance(text, str):
+        return None
+    try:
+        got = json.loads(text)
+    except ValueError:
+        return None
+    return {str(k): str(v) for k, v in got.items()} if isinstance(got, dict) else None
+
+
 class FlowerExecutor(ClientExecutor):
     """Client steps sent as Flower messages through ``grid``, one node per client.
 
@@ -72,6 +83,9 @@ class FlowerExecutor(ClientExecutor):
             ``clients``). With ``backend="ray"`` it is pickled to Ray's actors with every
             message: give a small one (:func:`fedge.experiment.build.configured_client_app`).
         cpus: with ``backend="ray"``, how many ClientApp actors (one CPU each; default: the cores).
+        draws: the run's seeded draws, whose probe every node must match.
+        rebuilt: the digests of what the server's build derived itself from the config
+            (``MethodBuild.rebuilt``); every node must report the same.
     """
 
     concurrent = Concurrent(
@@ -92,9 +106,11 @@ class FlowerExecutor(ClientExecutor):
         node_app: ClientApp | None = None,
         cpus: int | None = None,
         draws: Draws = "torch",
+        rebuilt: Mapping[str, str] | None = None,
     ) -> None:
         self.backend = check_backend(backend)
         self.draws = check_draws(draws)
+        self.rebuilt = dict(rebuilt or {})
         self.program, self.clients, self.settings = program, clients, settings
         self.grid, self.timeout, self.wait_nodes_s = grid, timeout, wait_nodes_s
         self.node_app, self.cpus = node_app, cpus
@@ -132,7 +148,7 @@ class FlowerExecutor(ClientExecutor):
         ]
         replies = list(grid.send_and_receive(asks, timeout=self.timeout))
         asked = {m.metadata.message_id: m.metadata.dst_node_id for m in asks}
-        self.nodes, failed, other_rng = {}, {}, {}
+        self.nodes, failed, other_rng, other_build = {}, {}, {}, {}
         probe = rng_probe(self.draws)
         if self.draws == "portable" and probe_sha256(probe) != PORTABLE_PROBE_SHA256:
             raise ConfigError(
@@ -162,6 +178,8 @@ class FlowerExecutor(ClientExecutor):
                     cid,
                     {k: str(rec[k]) for k in ("fedge", "torch", "numpy") if k in rec},
                 )
+            elif (theirs := _rebuilt(rec.get("rebuilt"))) != self.rebuilt:
+                other_build[node] = (cid, theirs)
         missing = sorted(set(range(len(self.clients))) - set(self.nodes))
         if missing:
             n = len(self.clients)
@@ -177,7 +195,40 @@ class FlowerExecutor(ClientExecutor):
             raise ConfigError(f"{text}; start one SuperNode per partition-id 0..{n - 1}")
         if other_rng:
             self._other_rng(other_rng)
+        if other_build:
+            self._other_build(other_build)
         self._push_restore()
+
+    def _other_build(self, nodes: Mapping[int, tuple[int, dict[str, str] | None]]) -> None:
+        """Refuse nodes whose build derived something else from the config than this server's
+        (``MethodBuild.rebuilt``; its seeded draws matched): e.g. ``method.train_mask.rule=ntk``,
+        whose mask follows from float32 forwards that round differently on another CPU."""
+
+        def what(theirs: dict[str, str] | None) -> str:
+            if theirs is None:
+                return "a fedge that does not report what it derived"
+            keys = sorted(
+                k for k in set(theirs) | set(self.rebuilt) if theirs.get(k) != self.rebuilt.get(k)
+            )
+            return "another " + ", ".join(keys)
+
+        listed = "; ".join(
+            f"node {nid} (client {cid}: {what(theirs)})"
+            for nid, (cid, theirs) in sorted(nodes.items())[:5]
+        )
+        more = f"; and {len(nodes) - 5} more" if len(nodes) > 5 else ""
+        fix = "install this server's fedge on those SuperNodes"
+        if any(theirs is not None and "train_mask" in theirs for _, theirs in nodes.values()):
+            fix = (
+                "method.train_mask.rule=ntk scores weights by float32 forwards, which round "
+                "differently on another CPU; use rule magnitude or random (portable draws "
+                "alone), or run those clients on machines like this server"
+            )
+        raise ConfigError(
+            f"{len(nodes)} node(s) derived other values from the run's config than this server: "
+            f"{listed}{more}. Their clients would train other coordinates than the server "
+            f"updates, without any error; {fix}"
+        )
 
     def _other_rng(self, nodes: Mapping[int, tuple[int, dict[str, str]]]) -> None:
         """Refuse nodes whose seeded draws differ from this server's (:mod:`fedge.runtime.rngprobe`):
@@ -450,7 +501,7 @@ class FlowerExecutor(ClientExecutor):
                 self.connect(self.grid)
             return rounds()
         app = self.node_app or client_app(
-            self.program, self.clients.__getitem__, **self.settings.kwargs()
+            self.program, self.clients.__getitem__, **self.settings.kwargs(), rebuilt=self.rebuilt
         )
         n = len(self.clients)
         done: list[T] = []
@@ -495,6 +546,7 @@ def flower_simulation(
     backend: str = "local",
     node_app: ClientApp | None = None,
     cpus: int | None = None,
+    rebuilt: Mapping[str, str] | None = None,
     **kwargs: Any,
 ) -> Simulation:
     """The engine (:class:`~fedge.runtime.engine.Simulation`, ``kwargs``) with its client steps
@@ -511,5 +563,6 @@ def flower_simulation(
         node_app=node_app,
         cpus=cpus,
         draws=kwargs["config"].draws,
+        rebuilt=rebuilt,
     )
     return Simulation(executor=executor, **kwargs)
