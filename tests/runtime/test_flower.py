@@ -456,6 +456,22 @@ def test_a_node_choosing_another_train_mask_is_refused_naming_it_and_the_fix(tmp
         r"\..*; install this server's fedge on those SuperNodes$",
     ):
         sim.executor.connect(_OtherMaskLastNodeGrid(app, nodes, older=True))
+    plain = build_run(
+        load_config(tiny_config(rounds=1, **{"clients.num": 3, "clients.per_round": 3}))
+    )
+    psim = plain.simulation(runtime="flower-sim")
+    psim.executor.wait_nodes_s = 0
+    # without a train mask there is nothing to compare: an older node is welcome
+    plain_app = client_app(
+        plain.method.program,
+        plain.clients.__getitem__,
+        seed=0,
+        measure_flops=False,
+        measure_memory=False,
+        parties={},
+        rebuilt=plain.method.rebuilt,
+    )
+    psim.executor.connect(_OtherMaskLastNodeGrid(plain_app, nodes, older=True))
     out = run_experiment(load_config(cfg), out=tmp_path / "run", render=False, runtime="flower-sim")
     assert [x["round"] for x in _lines(out)] == [1]  # its own nodes report the server's mask
 

@@ -178,7 +178,7 @@ class FlowerExecutor(ClientExecutor):
                     cid,
                     {k: str(rec[k]) for k in ("fedge", "torch", "numpy") if k in rec},
                 )
-            elif (theirs := _rebuilt(rec.get("rebuilt"))) != self.rebuilt:
+            elif ((theirs := _rebuilt(rec.get("rebuilt"))) or {}) != self.rebuilt:
                 other_build[node] = (cid, theirs)
         missing = sorted(set(range(len(self.clients))) - set(self.nodes))
         if missing:
