@@ -23,11 +23,15 @@ and ``<method>-fmnist-lenet`` for each other peer registered when the script run
 same data, partition and clients. The forward-only presets train BAFFLE's LeNet (26,730
 parameters, Hardswish, GroupNorm), the backprop rows the classic LeNet-5 (44,426), so the row
 "FedAvg, BAFFLE's LeNet" (FedAvg's recipe on the forward-only rows' model) is their reference:
-each forward-only row is paired against it below the table. Every row gets the same 30 rounds, each doing its preset's local
-work: FedAvg one epoch (about 7 steps of 32 on a client's ~220 training images), FedKSeed 50
-zeroth-order steps, DeComFL 10, FeedSign one (its paper fine-tunes pretrained models over thousands
-of one-step rounds: a round budget is not its budget), BAFFLE one epoch of K = 100
+each forward-only row is paired against it below the table. Every row gets the same 30 rounds,
+each doing its preset's local work: FedAvg one epoch (about 7 steps of 32 on a client's ~220
+training images), FedKSeed 50 zeroth-order steps, DeComFL 10, BAFFLE one epoch of K = 100
 perturbations per batch in epoch mode (the model delta travels, so its uplink is FedAvg's).
+FeedSign takes one step a round by design (its paper runs thousands of one-step rounds), so a
+FeedSign round stands for one local step: it runs 30 × 50 = 1,500 rounds, the zeroth-order steps
+a FedKSeed client takes (``Row.round_factor``, FedKSeed's preset's ``local_steps``), with its
+evaluation every 250 rounds and its local evaluation after the last, at the same points of the
+budget as the others'.
 
 Tuning: per row and α, one run per setting of a small grid on seed 1000 (never a reported seed),
 the setting with the highest final validation accuracy kept: client learning rate {0.02, 0.05}
@@ -51,16 +55,16 @@ worst 2, unless a client has under 2 samples).
 Cost, from one round of each kind measured on a shared 2-core machine (single-threaded, under a
 load of 7 to 9, so an upper bound): FedAvg 2.5 s a round, so c = 75 s a 30-round run (the codecs
 cost what FedAvg does); FedKSeed 26 s a round (13 min a run), DeComFL the same (the same 319
-GFLOP a round), FeedSign 1.5 c a run; BAFFLE 85 s a round (42.5 min a run). Per α: the backprop
-rows' tuning is 12 c (FedAvg 2, FedProx 4, SCAFFOLD 2, FedNova 2 × 2 for its 1..3 epochs), their
-seeds 15 c (FedNova counting double) and the five codecs' seeds 15 c: 42 c = 52.5 min; FedKSeed
-and DeComFL 2 tuning + 3 seed runs = 65 min each; FeedSign 5 runs = 9.4 min; BAFFLE 3 seed runs
-= 128 min. Both α: 105 + 260 + 19 + 255 min ≈ 10.6 CPU-hours. Measured again at a load of 4
-(FedAvg 0.6 s, DeComFL 6.5 s, FeedSign 0.9 s a round), the whole table is about a quarter of
-that. Widening a grid adds at most 2 runs per row and α, the FedAvg-without-momentum row and
-SCAFFOLD's averaging grid about 10 c per α, the option I row twice SCAFFOLD's (its extra
-pass over the client's data costs one more local epoch: twice the client FLOPs at E = 1); the wall minutes the runs took are given under the
-table.
+GFLOP a round); BAFFLE 85 s a round (42.5 min a run). Per α: the backprop rows' tuning is 12 c
+(FedAvg 2, FedProx 4, SCAFFOLD 2, FedNova 2 × 2 for its 1..3 epochs), their seeds 15 c (FedNova
+counting double) and the five codecs' seeds 15 c: 42 c = 52.5 min; FedKSeed and DeComFL 2
+tuning + 3 seed runs = 65 min each; BAFFLE 3 seed runs = 128 min. Both α: 105 + 260 + 255 min
+≈ 10.3 CPU-hours. Measured again at a load of 4 (FedAvg 0.6 s, DeComFL 6.5 s a round), the
+whole table is about a quarter of that. FeedSign's 1,500 one-step rounds took 9.6 minutes a run
+(a load of 3 on the 2 cores), 5 to 7 runs per α. Widening a grid adds at most 2 runs per row
+and α, the FedAvg-without-momentum row and SCAFFOLD's averaging grid about 10 c per α, the
+option I row twice SCAFFOLD's (its extra pass over the client's data costs one more local epoch:
+twice the client FLOPs at E = 1); the wall minutes the runs took are given under the table.
 
     python benchmarks/noniid_uplink.py [--rows fedavg,fedprox] [--alphas 0.1,0.5] [--seeds 0,1,2] [--max-minutes 600] [--docs docs/benchmarks.md]
 
@@ -117,13 +121,14 @@ LR = "method.client_optimizer.lr"
 LRS = (0.02, 0.05)
 
 
-def common(alpha: float, rounds: int) -> list[str]:
-    """The overrides every unit shares (data, partition, clients, cadence)."""
+def common(alpha: float, rounds: int, factor: int = 1) -> list[str]:
+    """The overrides every unit shares (data, partition, clients, cadence); ``factor``: the
+    row's rounds per protocol round (:attr:`Row.round_factor`), its cadence scaled alike."""
     return [
         "threads=1",
-        f"rounds={rounds}",
-        "eval_every=5",
-        f"local_eval_every={rounds}",
+        f"rounds={rounds * factor}",
+        f"eval_every={5 * factor}",
+        f"local_eval_every={rounds * factor}",
         "dataset.name=fashion-mnist",
         "dataset.limit_train=6000",
         "dataset.limit_test=2000",
@@ -150,6 +155,9 @@ class Row:
     kind: str = "backprop"  # backprop, compressed, forward-only
     widen: str | None = None  # the grid key stepped past the grid's edge when picked there
     versus: str = "fedavg"  # the row it is paired against (the same steps without its change)
+    #: the row's rounds per protocol round: FeedSign's one-step rounds run FedKSeed's local
+    #: steps a round (its rounds, evaluation cadence and local evaluation scaled alike)
+    round_factor: int = 1
 
 
 def _lr_grid(key: str, values: tuple[float, ...]) -> tuple[tuple[str, ...], ...]:
@@ -281,9 +289,19 @@ def peer_rows() -> list[Row]:
                     kind="forward-only",
                     widen=key,
                     versus=ON_THEIR_MODEL,
+                    round_factor=feedsign_factor() if m == "feedsign" else 1,
                 )
             )
     return out
+
+
+def feedsign_factor() -> int:
+    """FeedSign's one-step rounds per protocol round: FedKSeed's local steps a round (its
+    preset's ``method.local_steps``), so a FeedSign client takes as many zeroth-order steps
+    as a FedKSeed client (one when the FedKSeed preset is not there)."""
+    if "fedkseed-fmnist-lenet" not in set(preset_names()):
+        return 1
+    return int(load_config("fedkseed-fmnist-lenet").to_dict()["method"]["local_steps"])
 
 
 def all_rows() -> dict[str, Row]:
@@ -352,9 +370,14 @@ def run_unit(
     result like any other: the table counts it, tuning ranks it below every finished setting."""
     if record.exists():
         got: dict[str, Any] = json.loads(record.read_text())
-        if got.get("setting") == meta.get("setting"):
+        asked = [int(o.split("=", 1)[1]) for o in overrides if o.startswith("rounds=")]
+        rounds = got.get("rounds")
+        if got.get("setting") == meta.get("setting") and (
+            rounds is None or not asked or rounds == asked[-1]
+        ):
             return got
-        # run at a setting tuning no longer picks (its grid was widened since): run it again
+        # run at a setting tuning no longer picks (its grid was widened since), or for another
+        # number of rounds (the row's budget changed): run it again
         record.unlink()
         shutil.rmtree(out, ignore_errors=True)
     if not budget.left():
@@ -479,7 +502,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     for name in args.rows:
         row = rows[name]
         for alpha in args.alphas:
-            base = [*common(alpha, args.rounds), *args.set]
+            base = [*common(alpha, args.rounds, row.round_factor), *args.set]
             got = tuned(row, rows, alpha, base, args, budget)
             if got is None:
                 continue
@@ -758,6 +781,7 @@ def section(
         minutes = sum(e["wall_min"] for e in entries)
         body += [
             table(entries, labels),
+            awaiting(entries, labels),
             *(
                 [
                     "† the pick is still at the edge after widening its grid: the best rate may lie beyond."
@@ -785,6 +809,18 @@ def section(
     else:
         body.append("No record has been committed yet: the table fills in as units finish.")
     return "\n\n".join(body), entries, labels
+
+
+def awaiting(entries: list[dict[str, Any]], labels: dict[str, str]) -> str:
+    """The line naming each row and α with fewer than all of SEEDS recorded ("none" else)."""
+    have = {(e["row"], e["alpha"]): e["seeds"] for e in entries}
+    short = [
+        f"{label} at α = {alpha} ({have.get((row, alpha), 0)} of {len(SEEDS)} seeds)"
+        for row, label in labels.items()
+        for alpha in ALPHAS
+        if have.get((row, alpha), 0) < len(SEEDS)
+    ]
+    return "Awaiting records: " + ("; ".join(short) if short else "none") + "."
 
 
 def render(records: Path, docs: Path, figure_path: Path | None, command: str) -> str:

@@ -275,12 +275,46 @@ def test_every_row_and_setting_registered_now_is_a_valid_config() -> None:
         steps = [bench._with(s, row.widen, bench._value(s, row.widen) * f) for s in row.grid[:1] for f in (0.09, 11.1)] if row.widen else []  # fmt: skip
         for setting in (*row.grid, *steps) or ((),):
             for alpha in bench.ALPHAS:
-                cfg = load_config(
-                    row.preset,
-                    overrides=[*bench.common(alpha, bench.ROUNDS), *row.fixed, *setting],
-                )
+                base = bench.common(alpha, bench.ROUNDS, row.round_factor)
+                cfg = load_config(row.preset, overrides=[*base, *row.fixed, *setting])
                 assert cfg.method.name == method_config(cfg).name
-                assert cfg.partition.local_test == 0.2 and cfg.local_eval_every == bench.ROUNDS
+                assert cfg.partition.local_test == 0.2
+                assert cfg.rounds == cfg.local_eval_every == bench.ROUNDS * row.round_factor
+                assert cfg.eval_every == 5 * row.round_factor
+
+
+def test_feedsign_runs_a_one_step_round_for_each_local_step_of_fedkseed() -> None:
+    """FeedSign's rounds are one zeroth-order step each: its row runs FedKSeed's local steps a
+    round as rounds, so its clients take FedKSeed's clients' steps, evaluated at the same
+    points of the budget; every other row runs the protocol's rounds."""
+    from fedge.core.config import load_config
+
+    rows = bench.all_rows()
+    steps = load_config("fedkseed-fmnist-lenet").method.local_steps
+    assert steps > 1 and rows["feedsign"].round_factor == steps
+    assert {r.round_factor for n, r in rows.items() if n != "feedsign"} == {1}
+    base = bench.common(0.1, 30, steps)
+    assert f"rounds={30 * steps}" in base and f"eval_every={5 * steps}" in base
+
+
+def test_a_record_for_another_number_of_rounds_is_run_again(monkeypatch, tmp_path) -> None:
+    calls = []
+
+    def diverge(cfg: object, out: Path) -> None:
+        calls.append(out)
+        out.mkdir(parents=True)
+        raise __import__("fedge.core.errors").core.errors.DivergenceError("x", round=3)
+
+    monkeypatch.setattr(bench, "run_experiment", diverge)
+    row, rec_path, out = bench.all_rows()["feedsign"], tmp_path / "rec.json", tmp_path / "run"
+    meta = {"row": "feedsign", "setting": ["a=1"]}
+    rec_path.write_text(json.dumps({**meta, "rounds": 30, "final_val_accuracy": 0.1}))
+    assert (
+        bench.run_unit(row, ["rounds=30"], rec_path, out, meta, bench.Budget(None))["rounds"] == 30
+    )
+    assert calls == []  # the same rounds: read
+    rec = bench.run_unit(row, ["rounds=30", "rounds=1500"], rec_path, out, meta, bench.Budget(None))
+    assert len(calls) == 1 and rec["diverged_round"] == 3  # the last rounds= is the run's
 
 
 def test_rows_against_their_reference_pair_seeds_and_resolve_only_intervals_excluding_zero() -> (
