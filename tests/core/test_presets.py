@@ -116,3 +116,35 @@ def test_a_directory_given_as_config_is_named_so(tmp_path):
         r"--resume .*run\)",
     ):
         load_config(tmp_path / "run")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out: dict = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def test_the_activity_preset_is_the_frontier_rows_recorded_config():
+    """``baffle-activity-fmnist-mlp`` runs seed 0 of the zeroth-order frontier's activity
+    perturbation row as its record holds it: the same resolved config but the FLOP counter
+    (which the benchmark's runs switch off) and a key added since, at its default."""
+    import json
+    import warnings
+    from pathlib import Path
+
+    from fedge.experiment.build import resolved_config
+
+    record = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "zo_frontier"
+    recorded = json.loads(
+        (record / "BAFFLE_activity_perturbation_K=100" / "seed-0.json").read_text()
+    )["config"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the preset's privacy warning (no secure aggregation)
+        preset = resolved_config(load_config("baffle-activity-fmnist-mlp"))
+    a, b = _flat(recorded), _flat(preset)
+    differ = {k: (a.get(k), b.get(k)) for k in set(a) | set(b) if a.get(k, "-") != b.get(k, "-")}
+    assert differ == {
+        "measure.flops": (False, True),
+        "method.sigma_scale": (None, "global"),  # added since, at its default
+    }
