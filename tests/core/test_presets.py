@@ -130,7 +130,6 @@ def test_the_activity_preset_is_the_frontier_rows_recorded_config():
     perturbation row as its record holds it: the same resolved config but the FLOP counter
     (which the benchmark's runs switch off) and a key added since, at its default."""
     import json
-    import warnings
     from pathlib import Path
 
     from fedge.experiment.build import resolved_config
@@ -139,9 +138,7 @@ def test_the_activity_preset_is_the_frontier_rows_recorded_config():
     recorded = json.loads(
         (record / "BAFFLE_activity_perturbation_K=100" / "seed-0.json").read_text()
     )["config"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the preset's privacy warning (no secure aggregation)
-        preset = resolved_config(load_config("baffle-activity-fmnist-mlp"))
+    preset = resolved_config(load_config("baffle-activity-fmnist-mlp"))
     a, b = _flat(recorded), _flat(preset)
     differ = {k: (a.get(k), b.get(k)) for k in set(a) | set(b) if a.get(k, "-") != b.get(k, "-")}
     assert differ == {
