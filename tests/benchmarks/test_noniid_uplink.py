@@ -164,17 +164,22 @@ def test_tuning_waits_for_a_missing_unit_in_the_grid_or_a_widening_step() -> Non
     assert bench.tuned_setting(_grid_row((0.02, 0.05)), _scores({0.02: 0.5, 0.05: 0.6})) is None
 
 
-def test_a_seed_record_at_a_setting_tuning_no_longer_picks_is_run_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    calls = []
+def _diverging(calls: list[Path]):
+    """A stand-in for run_experiment that notes its run directory and diverges in round 3."""
 
-    def diverge(cfg: object, out: Path) -> None:
+    def run(cfg: object, out: Path) -> None:
         calls.append(out)
         out.mkdir(parents=True)
         raise __import__("fedge.core.errors").core.errors.DivergenceError("x", round=3)
 
-    monkeypatch.setattr(bench, "run_experiment", diverge)
+    return run
+
+
+def test_a_seed_record_at_a_setting_tuning_no_longer_picks_is_run_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[Path] = []
+    monkeypatch.setattr(bench, "run_experiment", _diverging(calls))
     row, rec_path, out = bench.all_rows()["fedavg"], tmp_path / "rec.json", tmp_path / "run"
     rec_path.write_text(
         json.dumps({"row": "fedavg", "setting": ["a=1"], "final_val_accuracy": 0.9})
@@ -298,14 +303,8 @@ def test_feedsign_runs_a_one_step_round_for_each_local_step_of_fedkseed() -> Non
 
 
 def test_a_record_for_another_number_of_rounds_is_run_again(monkeypatch, tmp_path) -> None:
-    calls = []
-
-    def diverge(cfg: object, out: Path) -> None:
-        calls.append(out)
-        out.mkdir(parents=True)
-        raise __import__("fedge.core.errors").core.errors.DivergenceError("x", round=3)
-
-    monkeypatch.setattr(bench, "run_experiment", diverge)
+    calls: list[Path] = []
+    monkeypatch.setattr(bench, "run_experiment", _diverging(calls))
     row, rec_path, out = bench.all_rows()["feedsign"], tmp_path / "rec.json", tmp_path / "run"
     meta = {"row": "feedsign", "setting": ["a=1"]}
     rec_path.write_text(json.dumps({**meta, "rounds": 30, "final_val_accuracy": 0.1}))

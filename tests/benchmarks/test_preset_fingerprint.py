@@ -4,27 +4,13 @@ real case written and checked again."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "preset_fingerprint.py"
+from tests_helpers import benchmark_script
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("preset_fingerprint", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["preset_fingerprint"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-fp = _load()
+fp = benchmark_script("preset_fingerprint")
 
 BEFORE = {
     "a": [{"round": 1, "test_loss": 2.0, "test_accuracy": 0.152, "name": "x", "done": False}],

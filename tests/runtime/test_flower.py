@@ -270,17 +270,46 @@ def test_missing_node_for_a_client_is_named(tmp_path):
     )
     sim = built.simulation(runtime="flower-sim")
     assert isinstance(sim.executor, FlowerExecutor)
-    app = client_app(
+    app = _node_app(built)
+    sim.executor.wait_nodes_s = 0
+    with pytest.raises(ConfigError, match=r"partition-ids \[2\]"):
+        sim.executor.connect(LocalGrid(app, [{"partition-id": 0}, {"partition-id": 1}]))
+
+
+def _node_app(built):
+    """The ClientApp a node of ``built``'s run serves (as a SuperNode builds it)."""
+    return client_app(
         built.method.program,
         built.clients.__getitem__,
         seed=0,
         measure_flops=False,
         measure_memory=False,
         parties={},
+        rebuilt=built.method.rebuilt,
     )
-    sim.executor.wait_nodes_s = 0
-    with pytest.raises(ConfigError, match=r"partition-ids \[2\]"):
-        sim.executor.connect(LocalGrid(app, [{"partition-id": 0}, {"partition-id": 1}]))
+
+
+class _LastNodeHelloEdited(LocalGrid):
+    """Its last node answers the handshake with the record ``edit`` changed (another build's)."""
+
+    def __init__(self, *args, edit, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.edit = edit
+
+    def _deliver(self, msg, context):
+        from fedge.runtime.flower.grid import _unwire, _wire
+
+        reply = _unwire(super()._deliver(msg, context))
+        rec = reply.content.config_records[RECORD]
+        if context.node_id == self.node_ids[-1] and "rng_probe" in rec:
+            self.edit(rec)
+        return _wire(reply)
+
+
+def _older(rec):
+    """A fedge from before the handshake reported its probes and digests."""
+    for key in ("rng_probe", "rng_probe_portable", "rebuilt", "fedge", "torch", "numpy"):
+        rec.pop(key, None)
 
 
 class _OfflineLastNodeGrid(LocalGrid):
@@ -312,14 +341,7 @@ def test_a_node_failing_the_handshake_is_skipped_unless_its_client_has_no_other(
         load_config(tiny_config(rounds=1, **{"clients.num": 3, "clients.per_round": 3}))
     )
     sim = built.simulation(runtime="flower-sim")
-    app = client_app(
-        built.method.program,
-        built.clients.__getitem__,
-        seed=0,
-        measure_flops=False,
-        measure_memory=False,
-        parties={},
-    )
+    app = _node_app(built)
     sim.executor.wait_nodes_s = 0
     if offline == "a stale extra node":
         sim.executor.connect(_OfflineLastNodeGrid(app, [{"partition-id": i} for i in (0, 1, 2, 2)]))
@@ -335,25 +357,9 @@ def test_a_node_failing_the_handshake_is_skipped_unless_its_client_has_no_other(
             )
 
 
-class _OtherBuildLastNodeGrid(LocalGrid):
-    """Its last node runs another build (``older``: a fedge from before the probe)."""
-
-    def __init__(self, *args, older=False, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.older = older
-
-    def _deliver(self, msg, context):
-        from fedge.runtime.flower.grid import _unwire, _wire
-
-        reply = _unwire(super()._deliver(msg, context))
-        rec = reply.content.config_records[RECORD]
-        if context.node_id == self.node_ids[-1] and "rng_probe" in rec:
-            if self.older:
-                for key in ("rng_probe", "fedge", "torch", "numpy"):
-                    del rec[key]
-            else:
-                rec["rng_probe"], rec["torch"] = [x + 0.5 for x in rec["rng_probe"]], "9.9.9"
-        return _wire(reply)
+def _other_torch(rec):
+    """Another torch build: its torch-draws probe off by 0.5, its version another."""
+    rec["rng_probe"], rec["torch"] = [x + 0.5 for x in rec["rng_probe"]], "9.9.9"
 
 
 @pytest.mark.parametrize("method", ["baffle", "fedavg"])
@@ -369,14 +375,7 @@ def test_a_node_drawing_other_numbers_from_the_seeds_is_refused_naming_it_and_th
         overrides["method"] = {"name": "baffle", "mode": "batch", "k": 4, "batch_size": 32}
     built = build_run(load_config(tiny_config(rounds=1, **overrides)))
     sim = built.simulation(runtime="flower-sim")
-    app = client_app(
-        built.method.program,
-        built.clients.__getitem__,
-        seed=0,
-        measure_flops=False,
-        measure_memory=False,
-        parties={},
-    )
+    app = _node_app(built)
     sim.executor.wait_nodes_s = 0
     nodes = [{"partition-id": i} for i in range(3)]
     sim.executor.connect(LocalGrid(app, nodes))  # one machine: the same draws
@@ -389,32 +388,21 @@ def test_a_node_drawing_other_numbers_from_the_seeds_is_refused_naming_it_and_th
     with pytest.raises(
         ConfigError, match=head + r"node 1002 \(client 2: fedge .*, torch 9\.9\.9, numpy .*\)" + fix
     ):
-        sim.executor.connect(_OtherBuildLastNodeGrid(app, nodes))
+        sim.executor.connect(_LastNodeHelloEdited(app, nodes, edit=_other_torch))
     with pytest.raises(
         ConfigError,
         match=head + r"node 1002 \(client 2: a fedge without the handshake's probe\)" + fix,
     ):
-        sim.executor.connect(_OtherBuildLastNodeGrid(app, nodes, older=True))
+        sim.executor.connect(_LastNodeHelloEdited(app, nodes, edit=_older))
 
 
-class _OtherMaskLastNodeGrid(LocalGrid):
-    """Its last node reports another train-mask digest (``older``: no digests at all)."""
+def _other_mask(rec):
+    rec["rebuilt"] = json.dumps({"train_mask": "0" * 64})
 
-    def __init__(self, *args, older=False, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.older = older
 
-    def _deliver(self, msg, context):
-        from fedge.runtime.flower.grid import _unwire, _wire
-
-        reply = _unwire(super()._deliver(msg, context))
-        rec = reply.content.config_records[RECORD]
-        if context.node_id == self.node_ids[-1] and "rebuilt" in rec:
-            if self.older:
-                del rec["rebuilt"]
-            else:
-                rec["rebuilt"] = json.dumps({"train_mask": "0" * 64})
-        return _wire(reply)
+def _no_digests(rec):
+    """A fedge from before the digests (its probes as this one's)."""
+    del rec["rebuilt"]
 
 
 def test_a_node_choosing_another_train_mask_is_refused_naming_it_and_the_fix(tmp_path):
@@ -429,15 +417,7 @@ def test_a_node_choosing_another_train_mask_is_refused_naming_it_and_the_fix(tmp
     built = build_run(load_config(cfg))
     assert set(built.method.rebuilt) == {"train_mask"}
     sim = built.simulation(runtime="flower-sim")
-    app = client_app(
-        built.method.program,
-        built.clients.__getitem__,
-        seed=0,
-        measure_flops=False,
-        measure_memory=False,
-        parties={},
-        rebuilt=built.method.rebuilt,
-    )
+    app = _node_app(built)
     sim.executor.wait_nodes_s = 0
     nodes = [{"partition-id": i} for i in range(3)]
     sim.executor.connect(LocalGrid(app, nodes))
@@ -449,29 +429,20 @@ def test_a_node_choosing_another_train_mask_is_refused_naming_it_and_the_fix(tmp
         r"method\.train_mask\.rule=ntk scores weights by float32 forwards, .* use rule "
         r"magnitude or random",
     ):
-        sim.executor.connect(_OtherMaskLastNodeGrid(app, nodes))
+        sim.executor.connect(_LastNodeHelloEdited(app, nodes, edit=_other_mask))
     with pytest.raises(
         ConfigError,
         match=head + r"node 1002 \(client 2: a fedge that does not report what it derived\)"
         r"\..*; install this server's fedge on those SuperNodes$",
     ):
-        sim.executor.connect(_OtherMaskLastNodeGrid(app, nodes, older=True))
+        sim.executor.connect(_LastNodeHelloEdited(app, nodes, edit=_no_digests))
     plain = build_run(
         load_config(tiny_config(rounds=1, **{"clients.num": 3, "clients.per_round": 3}))
     )
     psim = plain.simulation(runtime="flower-sim")
     psim.executor.wait_nodes_s = 0
     # without a train mask there is nothing to compare: an older node is welcome
-    plain_app = client_app(
-        plain.method.program,
-        plain.clients.__getitem__,
-        seed=0,
-        measure_flops=False,
-        measure_memory=False,
-        parties={},
-        rebuilt=plain.method.rebuilt,
-    )
-    psim.executor.connect(_OtherMaskLastNodeGrid(plain_app, nodes, older=True))
+    psim.executor.connect(_LastNodeHelloEdited(_node_app(plain), nodes, edit=_no_digests))
     out = run_experiment(load_config(cfg), out=tmp_path / "run", render=False, runtime="flower-sim")
     assert [x["round"] for x in _lines(out)] == [1]  # its own nodes report the server's mask
 
@@ -1142,25 +1113,15 @@ def test_a_seeds_downlink_client_whose_reply_was_lost_skips_the_rounds_it_replay
     ]
 
 
-class _OtherKernelsLastNodeGrid(LocalGrid):
-    """Its last node runs other CPU kernels: torch's probe off by roundoff ``torch_off``, the
-    portable probe off by ``portable_off`` (0: the same bits)."""
+def _other_kernels(torch_off=0.0, portable_off=0.0):
+    """Other CPU kernels: torch's probe off by roundoff ``torch_off``, the portable probe off
+    by ``portable_off`` (0: the same bits)."""
 
-    def __init__(self, *args, torch_off=0.0, portable_off=0.0, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.torch_off, self.portable_off = torch_off, portable_off
+    def edit(rec):
+        rec["rng_probe"] = [x * (1 + torch_off) for x in rec["rng_probe"]]
+        rec["rng_probe_portable"] = [x * (1 + portable_off) for x in rec["rng_probe_portable"]]
 
-    def _deliver(self, msg, context):
-        from fedge.runtime.flower.grid import _unwire, _wire
-
-        reply = _unwire(super()._deliver(msg, context))
-        rec = reply.content.config_records[RECORD]
-        if context.node_id == self.node_ids[-1] and "rng_probe" in rec:
-            rec["rng_probe"] = [x * (1 + self.torch_off) for x in rec["rng_probe"]]
-            rec["rng_probe_portable"] = [
-                x * (1 + self.portable_off) for x in rec["rng_probe_portable"]
-            ]
-        return _wire(reply)
+    return edit
 
 
 def test_a_portable_run_checks_the_portable_probe_exactly_and_ignores_torchs():
@@ -1174,22 +1135,17 @@ def test_a_portable_run_checks_the_portable_probe_exactly_and_ignores_torchs():
     built = build_run(load_config(tiny_config(rounds=1, **overrides)))
     sim = built.simulation(runtime="flower-sim")
     assert built.config.draws == "portable" and sim.executor.draws == "portable"
-    app = client_app(
-        built.method.program,
-        built.clients.__getitem__,
-        seed=0,
-        measure_flops=False,
-        measure_memory=False,
-        parties={},
-    )
+    app = _node_app(built)
     sim.executor.wait_nodes_s = 0
     nodes = [{"partition-id": i} for i in range(3)]
-    sim.executor.connect(_OtherKernelsLastNodeGrid(app, nodes, torch_off=0.01))
+    sim.executor.connect(_LastNodeHelloEdited(app, nodes, edit=_other_kernels(torch_off=0.01)))
     assert sim.executor.nodes == {0: 1000, 1: 1001, 2: 1002}
     with pytest.raises(ConfigError, match=r"^1 node\(s\) draw other numbers .*node 1002"):
-        sim.executor.connect(_OtherKernelsLastNodeGrid(app, nodes, portable_off=1e-9))
+        sim.executor.connect(
+            _LastNodeHelloEdited(app, nodes, edit=_other_kernels(portable_off=1e-9))
+        )
     torch_run = build_run(load_config(tiny_config(rounds=1, **{**overrides, "draws": "torch"})))
     tsim = torch_run.simulation(runtime="flower-sim")
     tsim.executor.wait_nodes_s = 0
     with pytest.raises(ConfigError, match=r"^1 node\(s\) draw other numbers .*node 1002"):
-        tsim.executor.connect(_OtherKernelsLastNodeGrid(app, nodes, torch_off=0.01))
+        tsim.executor.connect(_LastNodeHelloEdited(app, nodes, edit=_other_kernels(torch_off=0.01)))
