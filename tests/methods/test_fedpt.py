@@ -225,6 +225,18 @@ def test_bad_freeze_is_a_config_error_naming_the_blocks(tiny):
         build_run(load_config(_fedpt(tiny, **{"method.freeze": ["nope"]})))
 
 
+def test_warm_start_is_refused_naming_why_and_the_fix(tmp_path, tiny):
+    """Clients rebuild the frozen tensors from the init seed; a pretrained start is not it."""
+    cfg = tiny(rounds=1, method={"name": "fedpt", "freeze": "largest"}, warm_start={"public": 20})
+    with pytest.raises(
+        ConfigError,
+        match=r"^fedpt with warm_start: every client rebuilds the frozen tensors from the init "
+        r"seed .*; remove warm_start, or .* method.name=fedavg and method.freeze",
+    ):
+        run_experiment(load_config(cfg), out=tmp_path / "run", render=False)
+    assert not (tmp_path / "run").exists()
+
+
 def test_secure_aggregation_composes(tmp_path, tiny):
     a = run_experiment(load_config(_fedpt(tiny, rounds=1)), out=tmp_path / "plain", render=False)
     b = run_experiment(

@@ -235,6 +235,13 @@ class FedPTClient:
 def build(cfg: FedPTConfig, env: MethodEnv) -> MethodBuild:
     """Build FedPT: resolve ``freeze`` on the model, check that the initial model is exactly
     the one seed ``z`` rebuilds, and compose the server and client."""
+    if not env.seeded_start:
+        raise ConfigError(
+            "fedpt with warm_start: every client rebuilds the frozen tensors from the init seed "
+            "(they never travel), but warm_start pretrains the initial model, so its frozen "
+            "tensors are no longer the seed's; remove warm_start, or train the same partially "
+            "trainable network with method.name=fedavg and method.freeze (the model then travels)"
+        )
     model = env.model_fn()
     frozen = resolve_freeze(model, cfg.freeze)
     z = derive_seed(
