@@ -18,11 +18,12 @@ change that alters numbers on purpose, rewrite them with ``--write`` (and ``--dr
 Portable draws make the seeded numbers the same on every machine, not the training arithmetic:
 float32 forwards and sums run on each CPU's kernels, so a fingerprint checked on another CPU (or
 torch version) than the one it was written on differs in the last bits, and BAFFLE's finite
-differences (σ = 1e-4) amplify them: ``portable.json``, written on an Intel Xeon, differs on an
+differences (σ = 1e-4) amplify them: ``portable.json`` as an Intel Xeon wrote it differed on an
 AMD EPYC in 56 values, losses, FLOP ratios and BAFFLE's estimate norms by up to 3.5e-5 relative
-and one accuracy by one test image in 500. The file records the machine it was written on, and
-``--check`` says when it is another and counts the differences within ``--rtol``. To check a
-change, write a baseline on your machine before it:
+and one accuracy by one test image in 500 (it is now the AMD EPYC's, with every preset). The
+file records the machine it was written on, and ``--check`` says when it is another and counts
+the differences within ``--rtol``. To check a change, write a baseline on your machine before
+it:
 
     git stash && python benchmarks/preset_fingerprint.py --write /tmp/before.json && git stash pop
     python benchmarks/preset_fingerprint.py --check /tmp/before.json
@@ -67,6 +68,12 @@ SHRINK: dict[str, dict[str, Any]] = {
         "dataset.limit_test": 500,
         "method.k": 20,
     },
+    "baffle-activity-fmnist-mlp": {
+        "rounds": 2,
+        "dataset.limit_train": 1400,
+        "dataset.validation": 200,
+        "dataset.limit_test": 500,
+    },
     "ntk-baffle-fmnist-lenet": {
         "rounds": 2,
         "dataset.limit_train": 5000,
@@ -83,6 +90,20 @@ SHRINK: dict[str, dict[str, Any]] = {
     },
     "ppfl-fmnist-lenet": {"dataset.limit_train": 400, "dataset.limit_test": 200},
     "cross-device-synthetic": {"rounds": 2, "clients.num": 10000, "clients.per_round": 20},
+    "fedzo-fmnist-lenet": {"rounds": 2, "dataset.limit_train": 400, "dataset.limit_test": 500},
+    "fedkseed-fmnist-lenet": {
+        "rounds": 2,
+        "dataset.limit_train": 400,
+        "dataset.limit_test": 500,
+        "method.local_steps": 10,
+    },
+    "decomfl-fmnist-lenet": {"rounds": 2, "dataset.limit_train": 400, "dataset.limit_test": 500},
+    "feedsign-fmnist-lenet": {
+        "rounds": 20,
+        "eval_every": 10,
+        "dataset.limit_train": 400,
+        "dataset.limit_test": 500,
+    },
 }
 
 #: mechanisms composed onto presets: (case name, preset, overrides beyond the preset's shrink)

@@ -111,3 +111,9 @@ def test_bad_arguments_are_one_message_and_run_nothing(argv, message, tmp_path, 
         fp.main(argv)
     assert exc.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists() or "--check" in argv
+
+
+def test_every_preset_has_a_shrunk_case() -> None:
+    from fedge.core.presets import preset_names
+
+    assert set(fp.SHRINK) == set(preset_names())
