@@ -732,30 +732,45 @@ def against_reference(
 
 
 def figure(entries: list[dict[str, Any]], labels: dict[str, str], path: Path) -> Path:
-    """Final test accuracy against total uplink bytes, one panel per α, one point per row."""
+    """Final test accuracy against total uplink bytes, one panel per α, one point per row; a row
+    keeps its colour and marker in both panels, named in one legend beside them (labels written
+    at the points overlapped where rows sit close)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     alphas = sorted({e["alpha"] for e in entries})
-    fig = Figure(figsize=(6.4 * len(alphas), 4.4), dpi=100, layout="constrained")
+    rows = list(dict.fromkeys(e["row"] for e in entries if "accuracy" in e))
+    markers = "osD^vP*Xph<>"
+    colors = [f"C{i}" for i in range(10)]
+    style = {r: (colors[i % 10], markers[(i // 10 + i) % len(markers)]) for i, r in enumerate(rows)}
+    fig = Figure(figsize=(5.6 * len(alphas) + 2.6, 4.4), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
+    handles: dict[str, Any] = {}
     for i, alpha in enumerate(alphas):
         ax = fig.add_subplot(1, len(alphas), i + 1)
         for e in (e for e in entries if e["alpha"] == alpha and "accuracy" in e):
-            ax.errorbar(
+            color, marker = style[e["row"]]
+            handles[e["row"]] = ax.errorbar(
                 e["bytes_up"] / 1e6,
                 100 * e["accuracy"],
                 yerr=100 * e["accuracy_std"],
-                fmt="o",
+                fmt=marker,
+                color=color,
                 capsize=3,
             )
-            ax.annotate(labels.get(e["row"], e["row"]), (e["bytes_up"] / 1e6, 100 * e["accuracy"]),
-                        textcoords="offset points", xytext=(4, 4), fontsize=8)  # fmt: skip
         ax.set_xscale("log")
         ax.set_title(f"Dirichlet α = {alpha:g}")
         ax.set_xlabel("total uplink bytes (MB, log scale)")
         ax.set_ylabel("final test accuracy (%)")
         ax.grid(True, alpha=0.3)
+    order = [r for r in rows if r in handles]
+    fig.legend(
+        [handles[r] for r in order],
+        [labels.get(r, r) for r in order],
+        loc="outside right center",
+        fontsize=8,
+        frameon=False,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", metadata={"Software": None})
     return path
