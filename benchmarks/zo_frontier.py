@@ -845,15 +845,18 @@ def within_budget(agg: dict[str, Any], every: dict[str, Row], bp: dict[str, Any]
 
 def figure(agg: dict[str, Any], every: dict[str, Row], path: Path = FIGURE) -> list[str]:
     """Accuracy against total client FLOPs (log x) and against total bytes per client, one point a
-    row (mean, with the seeds' std as a bar), the Pareto front of each panel marked. Returns the
-    front's labels on FLOPs."""
+    row (mean, with the seeds' std as a bar), the Pareto front of each panel marked, one legend
+    beside them. A row's marker names its kind (square BP, circle zeroth-order, triangle peer,
+    diamond jvp, plus activity); its colour, and from a kind's 11th row on a hollow marker, tell
+    the rows of a kind apart, the same in both panels. Returns the front's labels on FLOPs."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     done = {k: a for k, a in agg.items() if a and "mean" in a and a["total_flops"] is not None}
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    nth = {k: [r for r in done if every[r].kind == every[k].kind].index(k) for k in done}
+    fig, axes = plt.subplots(1, 2, figsize=(15, 5), layout="constrained")
     fronts = []
     for ax, (name, cost) in zip(
         axes,
@@ -870,7 +873,16 @@ def figure(agg: dict[str, Any], every: dict[str, Row], path: Path = FIGURE) -> l
             marker = {"bp": "s", "zo": "o", "peer": "^", "fmad": "D", "activity": "P"}[
                 every[k].kind
             ]
-            ax.errorbar(c, m, yerr=done[k]["std"], fmt=marker, capsize=3, label=k)
+            ax.errorbar(
+                c,
+                m,
+                yerr=done[k]["std"],
+                fmt=marker,
+                color=f"C{nth[k] % 10}",
+                markerfacecolor=f"C{nth[k] % 10}" if nth[k] < 10 else "none",
+                capsize=3,
+                label=k,
+            )
         if front:
             xs = sorted((points[k] for k in front), key=lambda p: p[0])
             ax.plot([p[0] for p in xs], [p[1] for p in xs], "k--", lw=1, label="Pareto front")
@@ -880,8 +892,7 @@ def figure(agg: dict[str, Any], every: dict[str, Row], path: Path = FIGURE) -> l
         ax.set_xscale("log")
         ax.set_xlabel(name + " (log)")
         ax.set_ylabel("final test accuracy")
-    axes[1].legend(fontsize=6, loc="lower right")
-    fig.tight_layout()
+    fig.legend(*axes[1].get_legend_handles_labels(), loc="outside right center", fontsize=7)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
