@@ -177,6 +177,9 @@ def test_onnx_missing_says_how_to_install(tmp_path: Path, tiny, monkeypatch) -> 
     monkeypatch.setitem(sys.modules, "onnx", None)  # as if not installed
     with pytest.raises(ConfigError, match="pip install 'fedge\\[onnx\\]'"):
         export_model(run, format="onnx")
+    # a folder that is not a run is named first, whatever is installed
+    with pytest.raises(ResumeError, match="does not exist; give the directory of a fedge run"):
+        export_model(tmp_path / "nothing", format="onnx")
 
 
 def test_a_run_trained_on_a_gpu_exports_on_a_machine_without_one(tmp_path: Path, tiny) -> None:

@@ -257,6 +257,8 @@ def export_model(
         raise ConfigError(
             f"export format {format!r} is not supported; expected one of {', '.join(FORMATS)}"
         )
+    # the run folder first: a mistyped path is reported before a missing optional package
+    trained = load_trained_model(run_dir)
     if format == "onnx":
         try:
             import onnx  # noqa: F401
@@ -267,7 +269,6 @@ def export_model(
                 "here; install them with `pip install 'fedge[onnx]'` (or `pip install onnx "
                 "onnxscript`), or use --format torchscript"
             ) from None
-    trained = load_trained_model(run_dir)
     name = FORMATS[format]
     dest = (
         path_argument("export out", out, what="a file path")
