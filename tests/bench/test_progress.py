@@ -9,7 +9,13 @@ import tarfile
 
 import pytest
 
-from fedge.bench.progress import restore_progress, save_progress, unfinished_runs
+from fedge.bench.progress import (
+    RunStatus,
+    progress_status,
+    restore_progress,
+    save_progress,
+    unfinished_runs,
+)
 from fedge.core.errors import ConfigError
 from fedge.experiment.resume import resume_experiment
 from tests_helpers import unfinished_run
@@ -169,3 +175,43 @@ def test_a_damaged_or_unsafe_archive_is_refused_with_the_fix(tmp_path):
         restore_progress(evil, tmp_path / "out")
     assert not (tmp_path / "escape").exists()
     shutil.rmtree(tmp_path / "out", ignore_errors=True)
+
+
+def test_status_says_where_each_run_stands_here_and_in_the_archive(tmp_path):
+    """``--progress-status``: each unfinished run here and in the archive, its rounds of the
+    run's rounds, whether a process drives it, and what a restore would move forward."""
+    from fedge.bench.script import status_lines
+    from fedge.experiment.rundir import RunDir
+
+    archive, here, there = tmp_path / "in-progress.tar.gz", tmp_path / "here", tmp_path / "there"
+    assert progress_status(here, archive) == []
+    assert status_lines([]) == ["no unfinished runs here or in the archive"]
+    unfinished_run(there / "x", 2)
+    unfinished_run(there / "y", 1, seed=1)
+    save_progress(there, archive)
+    unfinished_run(here / "x", 1)  # behind the archive's copy
+    complete = unfinished_run(here / "z", 1)
+    resume_experiment(complete, render=False)  # finished: not listed
+    driver = RunDir(here / "x")
+    driver.hold()
+    try:
+        status = progress_status(here, archive)
+        assert status == [
+            RunStatus("x", here=1, running=True, archived=2, total=3),
+            RunStatus("y", here=None, running=False, archived=1, total=3),
+        ]
+        assert status_lines(status) == [
+            "x: round 1 of 3 here (running now); the archive holds round 2",
+            "y: not here; the archive holds round 1 of 3 (--restore-progress brings it here)",
+        ]
+    finally:
+        driver.let_go()
+    (x,) = [s for s in progress_status(here, archive) if s.run == "x"]
+    assert status_lines([x]) == [
+        "x: round 1 of 3 here (stopped); the archive holds round 2 (--restore-progress brings it here)"
+    ]
+    restore_progress(archive, here)
+    assert [(s.run, s.here, s.archived) for s in progress_status(here, archive)] == [
+        ("x", 2, 2),
+        ("y", 1, 1),
+    ]

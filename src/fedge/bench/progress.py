@@ -1,5 +1,6 @@
 """Unfinished reproduction runs carried from one machine to the next: :func:`save_progress` packs
-their checkpoints into one committed archive, :func:`restore_progress` puts them back.
+their checkpoints into one committed archive, :func:`restore_progress` puts them back, and
+:func:`progress_status` says where each stands.
 Design notes: docs/decisions.md#benchmarks.
 """
 
@@ -16,7 +17,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from fedge.core.errors import ConfigError
+from fedge.core.presets import read_yaml
 from fedge.core.rundir_schema import CHECKPOINT, CONFIG
 from fedge.experiment.rundir import RunDir
 
@@ -25,6 +29,8 @@ __all__ = [
     "MAX_RUN_BYTES",
     "Packed",
     "Progress",
+    "RunStatus",
+    "progress_status",
     "restore_progress",
     "save_progress",
     "unfinished_runs",
@@ -237,3 +243,64 @@ def restore_progress(archive: str | Path, out: str | Path) -> list[Progress]:
                 shutil.rmtree(staging, ignore_errors=True)
             restored.append(Progress(run, rounds))
     return restored
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """Where an unfinished run stands: its directory relative to ``--out``; the rounds
+    checkpointed there (None: not there); whether a process is driving it there now; the rounds
+    the archive holds of it (None: not in the archive); and the run's rounds (None: its config
+    is unreadable)."""
+
+    run: str
+    here: int | None
+    running: bool
+    archived: int | None
+    total: int | None
+
+
+def _total_rounds(text: str | None) -> int | None:
+    try:
+        raw = read_yaml(text) if text is not None else None
+    except yaml.YAMLError:
+        return None
+    rounds = raw.get("rounds") if isinstance(raw, dict) else None
+    return rounds if isinstance(rounds, int) else None
+
+
+def progress_status(out: str | Path, archive: str | Path) -> list[RunStatus]:
+    """Every unfinished run under ``out`` and every run ``archive`` carries, by run: how far it
+    is here and in the archive, whether a process drives it now, and of how many rounds (reads
+    only; what :func:`restore_progress` would move forward is a run whose ``archived`` exceeds
+    its ``here``)."""
+    root = Path(out)
+    local = {p.run: p for p in unfinished_runs(root)}
+    index, tar = _read_archive(Path(archive))
+    configs: dict[str, str | None] = {}
+    if tar is not None:
+        with tar:
+            for run in index:
+                try:
+                    member = tar.extractfile(f"{run}/{CONFIG}")
+                except KeyError:
+                    member = None
+                configs[run] = None if member is None else member.read().decode("utf-8", "replace")
+    out_list = []
+    for run in sorted(local.keys() | index.keys()):
+        here = local.get(run)
+        text = configs.get(run)
+        if here is not None:
+            try:
+                text = (root / run / CONFIG).read_text()
+            except OSError:
+                pass
+        out_list.append(
+            RunStatus(
+                run,
+                None if here is None else here.rounds,
+                here is not None and RunDir(root / run).busy(),
+                index.get(run),
+                _total_rounds(text),
+            )
+        )
+    return out_list

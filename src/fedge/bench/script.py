@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fedge.bench.measured import Section, Start, document, render
-from fedge.bench.progress import MAX_RUN_BYTES
+from fedge.bench.progress import MAX_RUN_BYTES, RunStatus
 from fedge.core.errors import ConfigError
 
 __all__ = [
@@ -125,7 +125,8 @@ def reproduction_parser(
 ) -> argparse.ArgumentParser:
     """The flags every reproduction script shares: ``--out``, ``--docs``, ``--shard I/N``,
     ``--no-steal``, ``--only LABEL[@SEED]``, ``--table-only``, ``--save-progress`` (with
-    ``--progress-max-mb``), ``--restore-progress`` and (with ``smoke``) ``--smoke``."""
+    ``--progress-max-mb``), ``--restore-progress``, ``--progress-status`` and (with ``smoke``)
+    ``--smoke``."""
     ap = runs_parser(description, out=out)
     ap.add_argument(
         "--shard",
@@ -159,6 +160,12 @@ def reproduction_parser(
         "--restore-progress",
         action="store_true",
         help="unpack the records folder's unfinished runs under --out (before starting workers), run nothing",
+    )
+    ap.add_argument(
+        "--progress-status",
+        action="store_true",
+        help="print where each unfinished run under --out and in the records folder's archive "
+        "stands (rounds done of its rounds, whether a process drives it now), run nothing",
     )
     ap.add_argument(
         "--progress-max-mb",
@@ -201,7 +208,9 @@ def parse_reproduction_args(
     if getattr(args, "smoke", False) and args.docs:
         ap.error("--smoke writes no docs: drop --docs")
     actions = [
-        f for f in ("table_only", "save_progress", "restore_progress") if getattr(args, f, False)
+        f
+        for f in ("table_only", "save_progress", "restore_progress", "progress_status")
+        if getattr(args, f, False)
     ]
     if len(actions) > 1:
         ap.error(
@@ -248,11 +257,16 @@ def parse_only(text: str) -> tuple[str, int | None] | None:
 
 
 def progress_action(args: argparse.Namespace, records: str | Path) -> bool:
-    """Carry out ``--save-progress`` / ``--restore-progress`` (:mod:`fedge.bench.progress`) with the
-    archive in ``records``, print what moved, and return True; False when neither was given."""
-    from fedge.bench.progress import ARCHIVE, restore_progress, save_progress
+    """Carry out ``--save-progress`` / ``--restore-progress`` / ``--progress-status``
+    (:mod:`fedge.bench.progress`) with the archive in ``records``, print what moved (or where
+    the runs stand), and return True; False when none was given."""
+    from fedge.bench.progress import ARCHIVE, progress_status, restore_progress, save_progress
 
     archive = Path(records) / ARCHIVE
+    if getattr(args, "progress_status", False):
+        for line in status_lines(progress_status(args.out, archive)):
+            print(line)
+        return True
     if getattr(args, "save_progress", False):
         limit = args.progress_max_mb
         packed = save_progress(
@@ -290,6 +304,31 @@ def progress_action(args: argparse.Namespace, records: str | Path) -> bool:
         )
         return True
     return False
+
+
+def status_lines(status: Sequence[RunStatus]) -> list[str]:
+    """``--progress-status``'s lines: one a run, ``RUN: round 12 of 20 here (running now); the
+    archive holds round 10``, the runs that ``--restore-progress`` would move forward marked.
+
+    >>> from fedge.bench.progress import RunStatus
+    >>> status_lines([RunStatus("seed-1/a", 12, True, 10, 20), RunStatus("seed-2/a", None, False, 3, 20)])
+    ['seed-1/a: round 12 of 20 here (running now); the archive holds round 10', 'seed-2/a: not here; the archive holds round 3 of 20 (--restore-progress brings it here)']
+    """
+    if not status:
+        return ["no unfinished runs here or in the archive"]
+    out = []
+    for s in status:
+        of = "" if s.total is None else f" of {s.total}"
+        if s.here is None:
+            where = f"not here; the archive holds round {s.archived}{of}"
+        else:
+            where = f"round {s.here}{of} here ({'running now' if s.running else 'stopped'})"
+            if s.archived is not None:
+                where += f"; the archive holds round {s.archived}"
+        if s.archived is not None and (s.here is None or s.archived > s.here) and not s.running:
+            where += " (--restore-progress brings it here)"
+        out.append(f"{s.run}: {where}")
+    return out
 
 
 def warn_unpinned_shard(shard: int) -> None:
