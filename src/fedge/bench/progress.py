@@ -21,7 +21,7 @@ import yaml
 
 from fedge.core.errors import ConfigError
 from fedge.core.presets import read_yaml
-from fedge.core.rundir_schema import CHECKPOINT, CONFIG
+from fedge.core.rundir_schema import CHECKPOINT, CONFIG, METRICS
 from fedge.experiment.rundir import RunDir
 
 __all__ = [
@@ -249,14 +249,25 @@ def restore_progress(archive: str | Path, out: str | Path) -> list[Progress]:
 class RunStatus:
     """Where an unfinished run stands: its directory relative to ``--out``; the rounds
     checkpointed there (None: not there); whether a process is driving it there now; the rounds
-    the archive holds of it (None: not in the archive); and the run's rounds (None: its config
-    is unreadable)."""
+    the archive holds of it (None: not in the archive); the run's rounds (None: its config
+    is unreadable); and the wall seconds of its last round there (None: none recorded)."""
 
     run: str
     here: int | None
     running: bool
     archived: int | None
     total: int | None
+    round_s: float | None = None
+
+
+def _last_round_s(run_dir: Path) -> float | None:
+    """``wall_s`` of the last line of the run's ``metrics.jsonl`` (None: none there)."""
+    try:
+        lines = (run_dir / METRICS).read_text().splitlines()
+        wall = json.loads(lines[-1]).get("wall_s") if lines else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(wall) if isinstance(wall, int | float) else None
 
 
 def _total_rounds(text: str | None) -> int | None:
@@ -301,6 +312,7 @@ def progress_status(out: str | Path, archive: str | Path) -> list[RunStatus]:
                 here is not None and RunDir(root / run).busy(),
                 index.get(run),
                 _total_rounds(text),
+                None if here is None else _last_round_s(root / run),
             )
         )
     return out_list

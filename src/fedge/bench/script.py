@@ -313,6 +313,8 @@ def status_lines(status: Sequence[RunStatus]) -> list[str]:
     >>> from fedge.bench.progress import RunStatus
     >>> status_lines([RunStatus("seed-1/a", 12, True, 10, 20), RunStatus("seed-2/a", None, False, 3, 20)])
     ['seed-1/a: round 12 of 20 here (running now); the archive holds round 10', 'seed-2/a: not here; the archive holds round 3 of 20 (--restore-progress brings it here)']
+    >>> status_lines([RunStatus("seed-1/b", 5, False, None, 20, 540.0)])
+    ['seed-1/b: round 5 of 20 here (stopped; its last round took 9.0 min, about 2.2 h left at that pace)']
     """
     if not status:
         return ["no unfinished runs here or in the archive"]
@@ -322,7 +324,14 @@ def status_lines(status: Sequence[RunStatus]) -> list[str]:
         if s.here is None:
             where = f"not here; the archive holds round {s.archived}{of}"
         else:
-            where = f"round {s.here}{of} here ({'running now' if s.running else 'stopped'})"
+            pace = ""
+            if s.round_s is not None:
+                pace = f"; its last round took {s.round_s / 60:.1f} min"
+                if s.total is not None and s.total > s.here:
+                    pace += (
+                        f", about {(s.total - s.here) * s.round_s / 3600:.1f} h left at that pace"
+                    )
+            where = f"round {s.here}{of} here ({'running now' if s.running else 'stopped'}{pace})"
             if s.archived is not None:
                 where += f"; the archive holds round {s.archived}"
         if s.archived is not None and (s.here is None or s.archived > s.here) and not s.running:
