@@ -165,7 +165,7 @@ def reproduction_parser(
         "--progress-status",
         action="store_true",
         help="print where each unfinished run under --out and in the records folder's archive "
-        "stands (rounds done of its rounds, whether a process drives it now), run nothing",
+        "stands (rounds done of its rounds, whether a process drives it now, its pace), run nothing",
     )
     ap.add_argument(
         "--progress-max-mb",
