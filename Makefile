@@ -24,9 +24,10 @@ quickstart: $(STAMP)
 
 # Two worker processes (one torch thread each, tests/conftest.py), a test file per worker at a time:
 # the suite takes about half the single-process time on 2 cores. TEST_WORKERS=0 runs it in one process.
+# The 15 slowest tests are listed at the end, so a CI log shows where the suite's time goes.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+	$(PY) -m pytest --durations=15 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # ruff (lint + import order, and the formatter: `ruff format` fixes what --check finds) on src,
 # tests, benchmarks; mypy (config in pyproject.toml) on src/fedge and benchmarks.
