@@ -3,7 +3,8 @@ ICML 2024, "Federated full-parameter tuning of billion-sized language models wit
 cost under 18 kilobytes", arXiv:2312.06353v3, Algorithm 1).
 
 Server and clients share a pool of K candidate directions z_0..z_{K-1}, direction j regenerated
-from (pool seed, j, parameter) (:mod:`fedge.estimators.directions`, Gaussian). In a round each
+from (pool seed, j, parameter) (:mod:`fedge.estimators.directions`, Gaussian, with torch's
+generator whatever the run's ``draws``). In a round each
 sampled client starts from the global model w_t and runs ``local_steps`` steps; each step draws
 one index j uniformly from the pool and a mini-batch, takes the two-point (central) projected
 gradient g = [L(w + εz_j) − L(w − εz_j)] / (2ε) (:func:`~fedge.estimators.loss_differences` with

@@ -28,9 +28,9 @@ heterogeneity of the paper's experiments. The client counts the steps it ran (τ
 ``tau`` and ``a`` in its reply's config. Float buffers (BatchNorm statistics) are not gradient
 sums: they travel as plain deltas and are averaged as FedAvg does.
 
-Capabilities: freezing and EMA evaluation compose, as does the client optimizer (SGD with or
-without momentum; Adam has no a_i and a momentum buffer carried across rounds breaks the formula,
-so both are refused). Secure aggregation and DP do not: the update is the product of two weighted
+Capabilities: freezing, EMA evaluation and uplink compression (of d_i) compose, as does the
+client optimizer (SGD with or without momentum; Adam has no a_i and a momentum buffer carried
+across rounds breaks the formula, so both are refused). Secure aggregation and DP do not: the update is the product of two weighted
 sums (Σ p_i d_i and Σ p_i a_i), not one weighted mean of the reply arrays. Sending a_i as an array
 would let secure aggregation sum both, but DP would then clip and noise a_i together with d_i (a_i
 ≈ tens of steps dominates the norm, and noise on τ_eff scales the whole update), which calibrates

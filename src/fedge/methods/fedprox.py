@@ -14,7 +14,8 @@ FedAvg's :class:`~fedge.methods.local.LocalTraining` with another gradient funct
 γ-inexact solutions of stragglers, is not modelled: every client runs the configured steps.)
 
 Secure aggregation, DP, freezing and EMA evaluation compose by configuration (its capabilities
-are FedAvg's): ``method.secure_aggregation``, ``privacy.*``, ``method.freeze``, ``method.ema``.
+are FedAvg's less ``method.train_mask`` and ``device: cuda``): ``method.secure_aggregation``,
+``privacy.*``, ``method.freeze``, ``method.ema``.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ line 1). Each round:
 - the server sends ``(y^(t), z)`` (line 3): the trainable tensors, the float buffers
   (BatchNorm statistics) and the model-init seed — never a frozen value;
 - a client reconstructs ``x = Reconstruct(y, z)`` (line 5) by re-running the seeded
-  initialisation (:func:`fedge.models.reset_parameters` with ``z``, bit-identical across
-  processes and machines of one torch build) and overwriting the trainable tensors with ``y``;
+  initialisation (:func:`fedge.models.reset_parameters` with ``z``: with the default portable
+  draws bit-identical on every machine; with ``draws: torch`` only across processes and machines
+  of one torch build) and overwriting the trainable tensors with ``y``;
   it runs ``ClientOpt`` on ``y`` only (lines 6–9; frozen parameters have
   ``requires_grad=False``, so no gradient or optimizer state is ever held for them) and
   uploads ``Δ_i = y_i^(t,τ) − y_i^(t,0)`` (line 10);
@@ -32,10 +33,10 @@ uniform biases, bound ``1/sqrt(fan_in)``: :mod:`fedge.models.initialization`), w
 of the zoo starts from, so that a FedPT run and its fully trainable FedAvg baseline start from
 the same ``x^(0)`` and differ only in what is frozen. Regenerating them needs what the paper
 asks, "the same random number generator" on server and clients; :func:`build` checks the
-server's side; on Flower, a node whose seeded draws differ from the server's (another torch
-build, which would train against other frozen tensors) is refused when it connects
-(:mod:`fedge.runtime.rngprobe`). No per-round digest of the rebuilt tensors travels (it would
-add bytes to every downlink).
+server's side; on Flower, a node whose seeded draws differ from the server's (under
+``draws: torch``, another torch build; it would train against other frozen tensors) is refused
+when it connects (:mod:`fedge.runtime.rngprobe`). No per-round digest of the rebuilt tensors
+travels (it would add bytes to every downlink).
 """
 
 from __future__ import annotations
