@@ -1,5 +1,6 @@
 """User-level differential privacy for any method whose server averages client contributions
-(fedavg, fedsgd, fedpt, baffle in both modes): the ``privacy:`` section of a run.
+(fedavg, fedsgd, fedprox, scaffold, fedpt, fedkseed, decomfl, feedsign, baffle in both modes): the
+``privacy:`` section of a run.
 
 - **Clients** clip their whole contribution (every array of the reply, one L2 norm) to
   ``privacy.clip`` (:class:`PrivateClient`): a FedAvg delta, a FedSGD gradient, a FedPT
