@@ -13,7 +13,8 @@ downlink), must be identical apart from the keys that measure time or memory.
 ``portable``). ``portable.json`` holds the default's fingerprints; ``before.json`` was written
 before portable draws became the default, so it is checked with ``--draws torch``. After a
 change that alters numbers on purpose, rewrite them with ``--write`` (and ``--draws torch`` for
-``before.json``). ``--check`` exits 1 and names each case, round and key that differs.
+``before.json``); ``--write FILE --only CASE ...`` replaces just those cases in a file this
+machine wrote with the same draws. ``--check`` exits 1 and names each case, round and key that differs.
 
 Portable draws make the seeded numbers the same on every machine, not the training arithmetic:
 float32 forwards and sums run on each CPU's kernels, so a fingerprint checked on another CPU (or
@@ -214,10 +215,39 @@ def machine_note(written: dict[str, Any] | None) -> str | None:
     )
 
 
+def kept_cases(
+    path: Path, draws: str, here: dict[str, Any], parser: argparse.ArgumentParser
+) -> dict[str, Any]:
+    """The fingerprint file ``path`` that ``--write --only`` updates: its other cases stay, so it
+    must hold the same draws and come from this machine's arithmetic (else the file would mix
+    two machines' roundoff)."""
+    try:
+        content: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        parser.error(f"--write {path} --only: cannot read the fingerprint file to update ({exc})")
+    if content.get("draws") != draws:
+        parser.error(
+            f"--write {path} --only: the file holds draws={content.get('draws')!r} fingerprints, "
+            f"these cases run with draws={draws!r}; give --draws {content.get('draws')} or "
+            "write another file"
+        )
+    if content.get("machine") != here:
+        parser.error(
+            f"--write {path} --only: the file was written on {content.get('machine')}, this is "
+            f"{here}; its other cases would keep that machine's roundoff: rewrite every case "
+            "(--write without --only) or write another file"
+        )
+    return content
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--write", type=Path, help="run every case and write the fingerprints here")
+    group.add_argument(
+        "--write",
+        type=Path,
+        help="run every case and write the fingerprints here (with --only: update those cases)",
+    )
     group.add_argument("--check", type=Path, help="run every case and compare with this file")
     parser.add_argument("--only", nargs="*", help="run only these cases")
     default = RunConfig.model_fields["draws"].default
@@ -243,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
             written = json.loads(args.check.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             parser.error(f"--check {args.check}: cannot read a fingerprint file there ({exc})")
+    here = {k: machine()[k] for k in ARITHMETIC}
+    content: dict[str, Any] = {"draws": args.draws, "machine": here, "cases": {}, "metrics": {}}
+    if args.write and args.only and args.write.exists():  # those cases replace theirs only
+        content = kept_cases(args.write, args.draws, here, parser)
     todo = [
         (name, preset, {**over, "draws": args.draws})
         for name, preset, over in cases()
@@ -253,20 +287,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name} ...", file=sys.stderr, flush=True)
         result[name] = fingerprint(preset, overrides)
     if args.write:
+        content["cases"].update({n: {"preset": p, "overrides": o} for n, p, o in todo})
+        content["metrics"].update(result)
         args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text(
-            json.dumps(
-                {
-                    "draws": args.draws,
-                    "machine": {k: machine()[k] for k in ARITHMETIC},
-                    "cases": {n: {"preset": p, "overrides": o} for n, p, o in todo},
-                    "metrics": result,
-                },
-                indent=1,
-            )
-            + "\n"
+        args.write.write_text(json.dumps(content, indent=1) + "\n")
+        print(
+            f"wrote {len(result)} fingerprints to {args.write} ({len(content['metrics'])} in all)"
         )
-        print(f"wrote {len(result)} fingerprints to {args.write}")
         return 0
     before = written["metrics"]
     if args.only:

@@ -95,6 +95,38 @@ def test_written_then_checked_on_this_machine_is_identical(tmp_path, capsys) -> 
     )
 
 
+def test_write_with_only_replaces_those_cases_and_keeps_the_rest(tmp_path, capsys) -> None:
+    path = tmp_path / "fp.json"
+    here = {k: fp.machine()[k] for k in fp.ARITHMETIC}
+    other = {"preset": "fedavg-fmnist-lenet", "overrides": {"rounds": 1}}
+    old = {"draws": "portable", "machine": here, "cases": {"x": other}, "metrics": {"x": [{}]}}
+    path.write_text(json.dumps(old))
+    assert fp.main(["--write", str(path), "--only", "quickstart"]) == 0
+    written = json.loads(path.read_text())
+    assert sorted(written["metrics"]) == ["quickstart", "x"] and written["cases"]["x"] == other
+    assert written["metrics"]["x"] == [{}] and written["metrics"]["quickstart"]
+    assert "(2 in all)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"draws": "torch"}, "holds draws='torch' fingerprints"),
+        ({"machine": {"cpu": "Some Other CPU"}}, "its other cases would keep that machine's"),
+    ],
+)
+def test_write_with_only_refuses_a_file_it_would_mix(tmp_path, capsys, change, message) -> None:
+    """Before running anything: the file's other cases come from other draws or another CPU."""
+    path = tmp_path / "fp.json"
+    here = {k: fp.machine()[k] for k in fp.ARITHMETIC}
+    text = json.dumps({"draws": "portable", "machine": here, "cases": {}, "metrics": {}, **change})
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        fp.main(["--write", str(path), "--only", "quickstart"])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert path.read_text() == text
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -863,6 +863,38 @@ def test_baffle_divergence_stops_with_the_round_and_collapsed_warnings(tmp_path,
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["diverged"] is True
 
 
+@pytest.mark.filterwarnings("ignore::fedge.core.errors.PrivacyWarning")
+@pytest.mark.parametrize(
+    "method, keys",
+    [
+        (
+            {"name": "fedkseed", "k": 8, "local_steps": 3, "lr": 1e30},
+            r"method.lr \(now 1e\+30\), or lower method.eps",
+        ),
+        ({"name": "feedsign", "lr": 1e30}, r"method.lr \(now 1e\+30\), or lower method.eps"),
+        (
+            {"name": "decomfl", "p": 2, "local_steps": 3, "optimizer": {"name": "sgd", "lr": 1e30}},
+            r"method.optimizer.lr \(now 1e\+30\), or lower method.mu",
+        ),
+    ],
+)
+def test_a_forward_only_peer_that_diverges_stops_with_one_line(tmp_path, tiny, method, keys):
+    """A non-finite two-point scalar on a client is the run's divergence: one ``error:`` line
+    (after any warnings) naming the round and the method's own keys to lower, exit 2, no
+    summary (not a traceback)."""
+    out = tmp_path / "run"
+    method = {**method, "batch_size": 16, "secure_aggregation": False}
+    res = _run("run", _write_cfg(tmp_path, tiny, method=method), "--out", out, "-q")
+    assert res.exit_code == 2, res.output
+    errors = [x for x in res.stderr.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and res.stderr.splitlines()[-1] == errors[0]  # warnings may precede
+    assert re.match(r"error: training diverged in round 1: ", errors[0]), errors[0]
+    assert re.search(
+        r"likely cause: a step size too large for this model: lower " + keys, errors[0]
+    )
+    assert "Traceback" not in res.output and not (out / "summary.json").exists()
+
+
 # ---- two runs, one --out ----------------------------------------------------------------------
 
 

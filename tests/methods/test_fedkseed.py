@@ -29,7 +29,9 @@ from tests_helpers import check_scalar_bytes, missed_rounds, record_downlink
 K = 16
 
 
-def _sim(tiny, *, per_round=2, workers=0, secure=True, num=8, sampling="uniform"):
+def _sim(
+    tiny, *, per_round=2, workers=0, secure=True, num=8, sampling="uniform", draws="portable"
+):
     method = {
         "name": "fedkseed",
         "k": K,
@@ -44,6 +46,7 @@ def _sim(tiny, *, per_round=2, workers=0, secure=True, num=8, sampling="uniform"
         tiny(
             model={"name": "mlp", "hidden": [16]},
             method=method,
+            draws=draws,
             **{"clients.num": num, "clients.per_round": per_round, "clients.workers": workers},
         )
     )
@@ -158,10 +161,47 @@ def test_clients_rebuild_the_servers_model_bit_for_bit(tiny, workers, secure, sa
     assert unseen
     msg = strategy.configure_round(6, unseen[:1])[unseen[0]]
     assert msg.arrays["replay_dL"].shape == (5, K)
-    client = FedKSeedClient(model_fn, strategy.cfg)
+    client = FedKSeedClient(model_fn, strategy.cfg, strategy.draws)
     ctx = SimpleNamespace(rnd=6, cid=unseen[0], state={})
     rebuilt = model_arrays(client.sync(msg, ctx))  # type: ignore[arg-type]
     assert all(torch.equal(rebuilt[k], snapshots[6][k]) for k in snapshots[6])
+
+
+@pytest.mark.parametrize("draws", ["portable", "torch"])
+def test_the_pool_is_drawn_from_the_runs_draws(tiny, draws):
+    """Round 1 moves the seeded W_1 to W_1 − η Σ_j ḡ_j z_j with z_j the pool's directions from
+    the run's ``draws`` (the portable ones every machine rebuilds alike, or torch's), summed
+    here by hand; the other generator's pool gives another model, and a client of the run
+    rebuilds the server's model bit for bit from W_1 and ḡ."""
+    sim, model_fn = _sim(tiny, per_round=2, draws=draws)
+    strategy = getattr(sim.strategy, "inner", sim.strategy)
+    assert isinstance(strategy, FedKSeedStrategy)
+    w1 = model_arrays(sim.strategy.model)
+    sim.run_round(1)
+    sim.close()
+    w2 = model_arrays(sim.strategy.model)
+    unseen = next(c for c in range(8) if c not in strategy.downlink.synced)
+    msg = strategy.configure_round(2, [unseen])[unseen]
+    (gbar,) = msg.arrays["replay_dL"]
+    shapes = {n: p.shape for n, p in model_fn().named_parameters()}
+
+    def by_hand(gen):
+        pool = make_directions("gaussian", shapes, K, draws=gen)
+        out = {}
+        for n, shape in shapes.items():
+            z = pool.draw(strategy.pool_seed, range(K), n, shape).double()
+            step = torch.einsum("k,k...->...", gbar.double(), z)
+            out[n] = w1[n].double() - 0.05 * step
+        return out
+
+    want, other = by_hand(draws), by_hand("torch" if draws == "portable" else "portable")
+    for n in shapes:
+        torch.testing.assert_close(w2[n].double(), want[n], rtol=0, atol=1e-6)
+    assert any(not torch.allclose(w2[n].double(), other[n], atol=1e-4) for n in shapes)
+    client = FedKSeedClient(model_fn, strategy.cfg, draws)
+    ctx = SimpleNamespace(rnd=2, cid=unseen, state={})
+    rebuilt = model_arrays(client.sync(msg, ctx))  # type: ignore[arg-type]
+    assert all(torch.equal(rebuilt[n], w2[n]) for n in w2)
 
 
 @pytest.mark.filterwarnings("ignore::fedge.core.errors.PrivacyWarning")

@@ -15,7 +15,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from fedge.cli.common import err, fail, one_line_warnings, out, set_options
-from fedge.core.errors import ConfigError, FedgeError, MessageError
+from fedge.core.errors import ConfigError, DivergenceError, FedgeError, MessageError
 from fedge.core.rundir_schema import (
     CONFIG,
     CUM_BYTES_DOWN,
@@ -441,6 +441,8 @@ def run(
                             render=render_report,
                             runtime=chosen,
                         )
+    except DivergenceError as exc:  # a step size too large (a non-finite message among them)
+        fail(exc)
     except MessageError as exc:
         fail(exc, code=1)
     except FedgeError as exc:

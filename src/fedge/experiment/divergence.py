@@ -35,6 +35,10 @@ def advice(built: BuiltRun) -> str:
     keys = []
     if isinstance(m.get("client_optimizer"), dict) and m.get("mode") != "batch":
         keys.append(f"method.client_optimizer.lr (now {m['client_optimizer'].get('lr')})")
+    if isinstance(m.get("optimizer"), dict):  # one optimizer both sides replay (DeComFL)
+        keys.append(f"method.optimizer.lr (now {m['optimizer'].get('lr')})")
+    if isinstance(m.get("lr"), int | float) and not isinstance(m.get("lr"), bool):
+        keys.append(f"method.lr (now {m['lr']})")
     if isinstance(m.get("server_optimizer"), dict):
         keys.append(f"method.server_optimizer.lr (now {m['server_optimizer'].get('lr')})")
     text = "lower " + " or ".join(keys) if keys else "lower the learning rate"

@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from fedge.core.context import ClientContext
-from fedge.core.errors import MessageError
+from fedge.core.errors import DivergenceError, MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
 from fedge.core.rng import Draws, check_draws, derive_seed
@@ -378,10 +378,12 @@ class DeComFLClient:
             ]
             g = self.scalars(local, seed, k, (ctx.data.x[idx], ctx.data.y[idx]))
             if not all(math.isfinite(v) for v in g.tolist()):
-                raise FloatingPointError(
+                raise DivergenceError(
                     f"round {ctx.rnd}, client {ctx.cid}: a two-point scalar of local step {k} is "
                     f"not finite; lower method.optimizer.lr (now {cfg.optimizer.lr}) or method.mu "
-                    f"(now {cfg.mu})"
+                    f"(now {cfg.mu})",
+                    round=ctx.rnd,
+                    cause=f"a two-point scalar of client {ctx.cid}'s local step {k} is not finite",
                 )
             out[k * cfg.p : (k + 1) * cfg.p] = g
             if k + 1 < cfg.local_steps:  # the last step's model is never used
@@ -403,6 +405,7 @@ def _threads(cfg: DeComFLConfig, env: MethodEnv) -> int:
     defaults=DEFAULTS,
     upload=lambda cfg: "seed_scalars",
     seed_scalars=lambda cfg, config, arrays, draws: seed_scalars(cfg, config, arrays, draws),
+    advice=lambda cfg: [f"lower method.mu (now {cfg.mu})"],
 )
 def build(cfg: DeComFLConfig, env: MethodEnv) -> MethodBuild:
     """DeComFL's bare strategy and client program (the composer adds secure aggregation)."""

@@ -3,8 +3,8 @@ ICML 2024, "Federated full-parameter tuning of billion-sized language models wit
 cost under 18 kilobytes", arXiv:2312.06353v3, Algorithm 1).
 
 Server and clients share a pool of K candidate directions z_0..z_{K-1}, direction j regenerated
-from (pool seed, j, parameter) (:mod:`fedge.estimators.directions`, Gaussian, with torch's
-generator whatever the run's ``draws``). In a round each
+from (pool seed, j, parameter) (:mod:`fedge.estimators.directions`, Gaussian, from the run's
+``draws``: torch's generator or the portable one every machine rebuilds alike). In a round each
 sampled client starts from the global model w_t and runs ``local_steps`` steps; each step draws
 one index j uniformly from the pool and a mini-batch, takes the two-point (central) projected
 gradient g = [L(w + εz_j) − L(w − εz_j)] / (2ε) (:func:`~fedge.estimators.loss_differences` with
@@ -49,10 +49,10 @@ from pydantic import Field, model_validator
 
 from fedge.core import transforms as T
 from fedge.core.context import ClientContext
-from fedge.core.errors import MessageError
+from fedge.core.errors import DivergenceError, MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
-from fedge.core.rng import derive_seed
+from fedge.core.rng import Draws, check_draws, derive_seed
 from fedge.core.threads import torch_threads
 from fedge.estimators import ZerothOrderSpec, loss_differences
 from fedge.estimators.directions import Directions, make_directions
@@ -148,7 +148,7 @@ def _one_direction(pool: Directions, j: int) -> Directions:
     def draw(seed: int, ks: Sequence[int], name: str, shape: Sequence[int]) -> torch.Tensor:
         return pool.draw(seed, [j] * len(ks), name, shape)
 
-    return Directions("gaussian", 1, draw, torch.ones(1, dtype=torch.float64))
+    return Directions("gaussian", 1, draw, torch.ones(1, dtype=torch.float64), pool.draws)
 
 
 def projected_gradient(
@@ -163,7 +163,8 @@ def projected_gradient(
 ) -> float:
     """g = [L(w + εz_j) − L(w − εz_j)] / (2ε) on ``batch`` (forwards only, w left as it was),
     L = ``loss_fn`` of the model's output; the difference is taken in float64, returned as float32."""
-    spec = ZerothOrderSpec(k=1, sigma=eps, scheme="central", directions=_one_direction(pool, j))
+    one = _one_direction(pool, j)
+    spec = ZerothOrderSpec(k=1, sigma=eps, scheme="central", directions=one, draws=pool.draws)
     with warnings.catch_warnings():
         warnings.simplefilter(
             "ignore"
@@ -190,25 +191,27 @@ def pool_update(
     return out
 
 
-def _pool(model: torch.nn.Module, k: int) -> tuple[dict[str, torch.Tensor], Directions]:
+def _pool(
+    model: torch.nn.Module, k: int, draws: Draws
+) -> tuple[dict[str, torch.Tensor], Directions]:
     params = perturbed_params(model, None)
-    return params, make_directions("gaussian", {n: p.shape for n, p in params.items()}, k)
+    shapes = {n: p.shape for n, p in params.items()}
+    return params, make_directions("gaussian", shapes, k, draws=draws)
 
 
 def seed_scalars(
-    cfg: FedKSeedConfig, config: Mapping[str, Any], arrays: Mapping[str, Any]
+    cfg: FedKSeedConfig, config: Mapping[str, Any], arrays: Mapping[str, Any], draws: str
 ) -> SeedScalars:
     """A client's upload as its observer reads it: the K accumulators g along the pool of the
-    message's seed, D = Σ_j g_j z_j (the pool is drawn with torch's generator whatever the
-    run's ``draws``, as :func:`_pool`); its local steps moved its model by −η D exactly (one
-    constant η)."""
+    message's seed (drawn from the run's ``draws``, as :func:`_pool`), D = Σ_j g_j z_j; its
+    local steps moved its model by −η D exactly (one constant η)."""
     seed = config.get("seed")
     if not isinstance(seed, int) or "g" not in arrays:
         raise MessageError(
             f"a FedKSeed upload is read with its message's pool seed and the reply's K scalars g; "
             f"got seed={seed!r} and arrays {sorted(arrays)}"
         )
-    return SeedScalars(seed, arrays["g"], 1, cfg.lr, "torch")
+    return SeedScalars(seed, arrays["g"], 1, cfg.lr, check_draws(draws))
 
 
 class FedKSeedStrategy(Strategy):
@@ -218,9 +221,15 @@ class FedKSeedStrategy(Strategy):
     weighted = True  # ḡ = Σ_c (N_c / N) g_c
 
     def __init__(
-        self, model: torch.nn.Module, cfg: FedKSeedConfig, *, seed: int, population: int | None
+        self,
+        model: torch.nn.Module,
+        cfg: FedKSeedConfig,
+        *,
+        seed: int,
+        population: int | None,
+        draws: Draws = "torch",
     ) -> None:
-        self.model, self.cfg = model, cfg
+        self.model, self.cfg, self.draws = model, cfg, check_draws(draws)
         self.pool_seed = derive_seed(seed, "fedkseed", bits=62)
         self.server = GlobalModel(model, T.sgd(cfg.lr))
         self.downlink = DownlinkHistory(cfg.k, population=population)
@@ -268,7 +277,7 @@ class FedKSeedStrategy(Strategy):
 
     def update(self, rnd: int, gbar: torch.Tensor, clients: Sequence[int]) -> dict[str, float]:
         """w ← w − η Σ_j ḡ_j z_j, recorded for the clients' replay."""
-        step(self.server, gbar, self.cfg.k, self.pool_seed)
+        step(self.server, gbar, self.cfg.k, self.pool_seed, self.draws)
         self.scores += gbar.abs().to(torch.float64)
         self.downlink.confirm(rnd, clients)
         self.downlink.record(rnd, self.pool_seed, gbar)
@@ -298,9 +307,9 @@ class FedKSeedStrategy(Strategy):
         self.scores = state["scores"].clone()
 
 
-def step(server: GlobalModel, gbar: torch.Tensor, k: int, pool_seed: int) -> None:
+def step(server: GlobalModel, gbar: torch.Tensor, k: int, pool_seed: int, draws: Draws) -> None:
     """One round's global update, the same on the server and in every client's rebuild."""
-    params, pool = _pool(server.model, k)
+    params, pool = _pool(server.model, k, draws)
     server.step(pool_update(params, gbar, pool, pool_seed))
 
 
@@ -308,8 +317,8 @@ class FedKSeedClient:
     """Client side: rebuild w_t from the held copy and the missed ḡ; τ zeroth-order steps on
     seeds drawn from the pool; the K accumulated scalars up."""
 
-    def __init__(self, model_fn: Any, cfg: FedKSeedConfig) -> None:
-        self.model_fn, self.cfg = model_fn, cfg
+    def __init__(self, model_fn: Any, cfg: FedKSeedConfig, draws: Draws = "torch") -> None:
+        self.model_fn, self.cfg, self.draws = model_fn, cfg, check_draws(draws)
         self.replica = GlobalModel(model_fn(), T.sgd(cfg.lr))
 
     def sync(self, message: Message, ctx: ClientContext) -> torch.nn.Module:
@@ -346,7 +355,7 @@ class FedKSeedClient:
                 )
             score = ctx.state.get(_SCORE, score).clone()
             for g in gs[at - frm :]:  # rounds this client replayed already are skipped
-                step(self.replica, g, self.cfg.k, seed)
+                step(self.replica, g, self.cfg.k, seed, self.draws)
                 score += g.abs().to(torch.float64)
         else:
             score = message.arrays.get(_SCORE, score).to(torch.float64)
@@ -367,7 +376,7 @@ class FedKSeedClient:
         seed = int(message.config["seed"])  # type: ignore[arg-type]  # checked by sync
         model.train()
         ctx.meter.resident = model
-        params, pool = _pool(model, cfg.k)
+        params, pool = _pool(model, cfg.k, self.draws)
         acc = torch.zeros(cfg.k, dtype=torch.float64)
         n = ctx.data.num_samples
         law = pro_probabilities(ctx.state[_SCORE]) if cfg.sampling == "pro" else None
@@ -380,9 +389,11 @@ class FedKSeedClient:
             batch = (ctx.data.x[idx], ctx.data.y[idx])
             g = projected_gradient(model, batch, pool, seed, j, cfg.eps, list(params))
             if not math.isfinite(g):
-                raise FloatingPointError(
+                raise DivergenceError(
                     f"round {ctx.rnd}, client {ctx.cid}: the projected gradient is {g}; "
-                    f"lower method.lr (now {cfg.lr}) or method.eps (now {cfg.eps})"
+                    f"lower method.lr (now {cfg.lr}) or method.eps (now {cfg.eps})",
+                    round=ctx.rnd,
+                    cause=f"client {ctx.cid}'s projected gradient is {g}",
                 )
             with torch.no_grad():
                 for name, p in params.items():
@@ -398,7 +409,8 @@ class FedKSeedClient:
     capabilities=CAPABILITIES,
     defaults=DEFAULTS,
     upload=lambda cfg: "seed_scalars",
-    seed_scalars=lambda cfg, config, arrays, draws: seed_scalars(cfg, config, arrays),
+    seed_scalars=seed_scalars,
+    advice=lambda cfg: [f"lower method.eps (now {cfg.eps})"],
 )
 def build(cfg: FedKSeedConfig, env: MethodEnv) -> MethodBuild:
     """FedKSeed's bare strategy and client program (the composer adds secure aggregation)."""
@@ -410,6 +422,7 @@ def build(cfg: FedKSeedConfig, env: MethodEnv) -> MethodBuild:
             cfg,
             seed=env.seed,
             population=len(env.client_sizes) if env.seeded_start else None,
+            draws=env.draws,
         ),
-        FedKSeedClient(env.model_fn, cfg),
+        FedKSeedClient(env.model_fn, cfg, env.draws),
     )

@@ -38,7 +38,7 @@ from pydantic import Field
 
 from fedge.core import transforms as T
 from fedge.core.context import ClientContext
-from fedge.core.errors import MessageError
+from fedge.core.errors import DivergenceError, MessageError
 from fedge.core.messages import Message
 from fedge.core.protocols import Strategy
 from fedge.core.rng import Draws, check_draws, derive_seed
@@ -348,9 +348,11 @@ class FeedSignClient:
             model, (ctx.data.x[idx], ctx.data.y[idx]), dirs, seed, 0, cfg.eps, list(params)
         )
         if not math.isfinite(p):
-            raise FloatingPointError(
+            raise DivergenceError(
                 f"round {ctx.rnd}, client {ctx.cid}: the projected gradient is {p}; "
-                f"lower method.lr (now {cfg.lr}) or method.eps (now {cfg.eps})"
+                f"lower method.lr (now {cfg.lr}) or method.eps (now {cfg.eps})",
+                round=ctx.rnd,
+                cause=f"client {ctx.cid}'s projected gradient is {p}",
             )
         return Message({"s": torch.tensor([sign(p)], dtype=torch.int8)}, config={"num_samples": n})
 
@@ -362,6 +364,7 @@ class FeedSignClient:
     capabilities=CAPABILITIES,
     upload=lambda cfg: "seed_scalars",
     seed_scalars=lambda cfg, config, arrays, draws: seed_scalars(cfg, config, arrays, draws),
+    advice=lambda cfg: [f"lower method.eps (now {cfg.eps})"],
 )
 def build(cfg: FeedSignConfig, env: MethodEnv) -> MethodBuild:
     """FeedSign's bare strategy and client program (the composer adds what the config asks).
