@@ -29,9 +29,7 @@ from tests_helpers import check_scalar_bytes, missed_rounds, record_downlink
 K = 16
 
 
-def _sim(
-    tiny, *, per_round=2, workers=0, secure=True, num=8, sampling="uniform", draws="portable"
-):
+def _sim(tiny, *, per_round=2, workers=0, secure=True, num=8, sampling="uniform", draws="portable"):
     method = {
         "name": "fedkseed",
         "k": K,
