@@ -980,10 +980,21 @@ def test_report_and_compare_show_warnings_on_one_line(tmp_path, tiny):
 
 
 def test_listing_commands_print_everything_when_piped():
+    import fedge
     from fedge.data import available_datasets
+    from fedge.methods import get_method
 
     res = _run("models")
     assert res.exit_code == 0 and "26,730" in res.stdout and "…" not in res.stdout
+    res = _run("methods")
+    assert res.exit_code == 0 and "…" not in res.stdout
+    rows = {ln.split("│")[1].strip(): ln for ln in res.stdout.splitlines() if ln.count("│") == 4}
+    assert set(fedge.method_names()) <= set(rows)  # one row a registered method
+    for name in fedge.method_names():  # each with its description, whole
+        assert get_method(name).description in res.stdout
+    assert "privacy.*" in rows["fedavg"] and "method.secure_aggregation" in rows["fedavg"]
+    assert "device: cuda" in rows["fedavg"] and "device: cuda" not in rows["ppfl"]
+    assert "privacy.*" not in rows["fednova"]  # FedNova's server sums no replies
     res = _run("datasets")
     assert res.exit_code == 0 and "…" not in res.stdout
     for st in available_datasets():  # every row whole, however long its location or hint

@@ -55,6 +55,7 @@ def _options(
 app.command("run", context_settings={"allow_extra_args": True})(run.run)
 app.command("datasets")(show.datasets)
 app.command("models")(show.models)
+app.command("methods")(show.methods)
 app.command("report")(show.report)
 app.command("compare")(show.compare)
 app.command("partition")(show.partition)

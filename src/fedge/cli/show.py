@@ -1,4 +1,5 @@
-"""Commands that read: ``fedge datasets``, ``fedge models``, ``fedge report``, ``fedge compare``."""
+"""Commands that read: ``fedge datasets``, ``fedge models``, ``fedge methods``, ``fedge report``,
+``fedge compare``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from fedge.cli.common import fail, one_line_warnings, out, parse_list, set_optio
 from fedge.core.errors import FedgeError
 from fedge.core.rundir_schema import CONFIG
 
-__all__ = ["compare", "datasets", "models", "partition", "report"]
+__all__ = ["compare", "datasets", "methods", "models", "partition", "report"]
 
 
 def datasets() -> None:
@@ -73,6 +74,25 @@ def models(
             ", ".join(f"{k}={v}" for k, v in (row.get("defaults") or {}).items()),
             row["description"],
         )
+    out().print(table)
+
+
+def methods() -> None:
+    """List the methods (``method.name``) with the mechanisms that compose onto each."""
+    from fedge.methods import get_method, method_names
+    from fedge.methods.compose import MECHANISMS
+
+    table = Table("method", "composes with", "description")
+    for name in method_names():
+        caps = get_method(name).capabilities
+        keys = [
+            "privacy.*" if m.name == "dp" else f"method.{m.name}"
+            for m in MECHANISMS
+            if getattr(caps, m.needs)
+        ]
+        if caps.accelerators:
+            keys.append("device: cuda")
+        table.add_row(name, ", ".join(keys) or "-", get_method(name).description)
     out().print(table)
 
 

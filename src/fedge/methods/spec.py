@@ -108,7 +108,7 @@ class MethodSpec:
     """Registry entry: what a method is and what it can do.
 
     Args:
-        name, description: ``method.name`` and a line for ``fedge methods``.
+        name, description: ``method.name`` and its line in ``fedge methods``.
         config: the method's own config model (``method.*`` keys, without the mechanisms'
             options, which the composer attaches from ``capabilities``).
         build: ``build(cfg, env) -> MethodBuild``, the method's BARE strategy and client program.
