@@ -2,13 +2,18 @@
 store refuses a shared party's change where it would be lost; the engine's round runs on any
 executor, a scripted one included (no client program runs)."""
 
+import os
+import signal
+
 import pytest
 import torch
 
+from fedge.core.config import load_config
 from fedge.core.errors import ConfigError, MessageError
 from fedge.core.messages import Message
 from fedge.core.meter import StepStats
 from fedge.core.protocols import PartySpec
+from fedge.experiment.build import build_run
 from fedge.runtime.engine import EngineConfig, Simulation, decode_state
 from fedge.runtime.executor import (
     SHARED,
@@ -18,6 +23,7 @@ from fedge.runtime.executor import (
     Concurrent,
     ExchangeOutcome,
     InProcessExecutor,
+    WORKER_DIED,
     StepSettings,
     WorkerExecutor,
     local_executor,
@@ -37,6 +43,54 @@ class MatMulDraw:
         y = torch.ones(n, 4) @ torch.ones(4, 3)
         ctx.state["calls"] = ctx.state.get("calls", 0) + 1
         return Message({"v": y.sum(0) + torch.randn(3, generator=ctx.generator)})
+
+
+class DiesOnClientTwo:
+    """A client program whose step for client 2 ends its process at once, as the OS's
+    out-of-memory killer would (no exception, no reply)."""
+
+    def run(self, message, ctx):
+        if ctx.cid == 2:
+            os._exit(9)
+        return Message({"v": torch.full((1,), float(ctx.cid))})
+
+
+def test_a_worker_that_dies_fails_its_clients_instead_of_hanging():
+    """Client 2's worker dies: the exchange returns (a pool that lost a task would wait for it
+    forever; an alarm fails the test instead), client 2 and whatever else gave no result are
+    failed with the reason, the results that came are kept, and the next exchange runs on a
+    new pool."""
+    clients, settings = _clients(5), StepSettings(seed=3)
+    pool = WorkerExecutor(DiesOnClientTwo(), clients, settings, workers=2)
+    signal.alarm(120)
+    try:
+        first = pool.run(1, 0, _messages(range(5)), ClientStates({}))
+        second = pool.run(2, 0, _messages([0, 1, 3, 4]), ClientStates({}))
+    finally:
+        signal.alarm(0)
+        pool.close()
+    assert 2 in first.failed and set(first.failed.values()) == {WORKER_DIED}
+    assert sorted([*first.results, *first.failed]) == list(range(5))
+    for cid, result in first.results.items():
+        assert Message.from_bytes(result.reply).arrays["v"].item() == cid
+    assert sorted(second.results) == [0, 1, 3, 4] and not second.failed
+
+
+def test_a_run_whose_worker_dies_stops_naming_its_clients(tiny):
+    """Through the engine (``clients.workers=2``, no ``clients.min_replies``): the round stops
+    with a MessageError naming the failed clients and the worker's death."""
+    cfg = load_config(tiny(**{"clients.workers": 2, "clients.num": 4, "clients.per_round": 4}))
+    run = build_run(cfg)
+    sim = run.simulation()
+    sim.executor.program = DiesOnClientTwo()  # the program the pool's workers fork with
+    signal.alarm(120)
+    try:
+        with pytest.raises(MessageError, match="worker process ended abruptly") as exc:
+            sim.run_round(1)
+    finally:
+        signal.alarm(0)
+        sim.close()
+    assert "round 1, exchange 1:" in str(exc.value) and "client 2" in str(exc.value)
 
 
 def test_in_process_and_worker_executors_give_the_same_replies_states_and_measurements():

@@ -6,6 +6,8 @@ in forked workers (:class:`WorkerExecutor`) or on Flower nodes. Design notes: do
 from __future__ import annotations
 
 import multiprocessing as mp
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -293,11 +295,20 @@ def _worker_task(task: ClientTask) -> ClientResult:
     return execute_client(w["program"], w["clients"][task.cid], task, **w["kwargs"])
 
 
+#: why a client of a worker whose process ended gave no result (the exchange's ``failed``)
+WORKER_DIED = (
+    "its worker process ended abruptly (killed by a signal: out of memory?); lower "
+    "clients.workers, or set it to 0 to run the clients in this process"
+)
+
+
 class WorkerExecutor(ClientExecutor):
     """Client steps in a pool of ``workers`` forked processes (started at the first exchange
     of more than one client; one torch thread each, since two torch threads per process
     collapse under contention on small machines); an exchange of one client runs in this
-    process. Only bytes cross the process boundary."""
+    process. Only bytes cross the process boundary. A worker that dies (the OS kills it) fails
+    the clients of the exchange that gave no result yet (:data:`WORKER_DIED`), as a client that
+    drops out does, and the next exchange starts a new pool."""
 
     concurrent = Concurrent(
         "in a worker process",
@@ -328,29 +339,47 @@ class WorkerExecutor(ClientExecutor):
         states: ClientStates,
         progress: Progress | None = None,
     ) -> ExchangeOutcome:
-        """Every step's result (a client's exception is a bug here, and propagates)."""
+        """Every step's result (a client's exception is a bug here, and propagates); the
+        clients a dead worker left without one, failed."""
         total = len(messages)
         if total <= 1:
             return self.alone.run(rnd, phase, messages, states, progress)
         if self._pool is None:
-            ctx = mp.get_context("fork")
-            self._pool = ctx.Pool(
-                self.workers, _worker_init, (self.program, self.clients, self.settings.kwargs())
+            self._pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=mp.get_context("fork"),
+                initializer=_worker_init,
+                initargs=(self.program, self.clients, self.settings.kwargs()),
             )
         tasks = [states.task(cid, rnd, phase, m) for cid, m in messages]
-        chunk = max(1, total // (4 * self.workers))
-        results = {}
-        for i, result in enumerate(self._pool.imap(_worker_task, tasks, chunksize=chunk)):
-            states.keep(tasks[i].cid, result, self.concurrent)
-            results[tasks[i].cid] = result
+        futures: list[Future[ClientResult]] = []
+        try:
+            futures = [self._pool.submit(_worker_task, t) for t in tasks]
+        except BrokenProcessPool:  # a worker died between exchanges
+            pass
+        results, failed = {}, {}
+        for i, task in enumerate(tasks):
+            try:
+                result = futures[i].result() if i < len(futures) else None
+            except BrokenProcessPool:
+                result = None
+            if result is None:
+                failed[task.cid] = WORKER_DIED
+                continue
+            states.keep(task.cid, result, self.concurrent)
+            results[task.cid] = result
             if progress is not None:
                 progress(i + 1, total)
-        return ExchangeOutcome(results)
+        if failed:
+            self.close()  # the next exchange starts a new pool
+        return ExchangeOutcome(results, failed)
 
     def close(self) -> None:
+        """Stop the workers at once (a step still running is abandoned), then the pool."""
         if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
+            for process in list(getattr(self._pool, "_processes", {}).values()):
+                process.terminate()
+            self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
 
