@@ -17,13 +17,13 @@ from fedge.experiment.build import build_run
 from fedge.runtime.engine import EngineConfig, Simulation, decode_state
 from fedge.runtime.executor import (
     SHARED,
+    WORKER_DIED,
     ClientExecutor,
     ClientResult,
     ClientStates,
     Concurrent,
     ExchangeOutcome,
     InProcessExecutor,
-    WORKER_DIED,
     StepSettings,
     WorkerExecutor,
     local_executor,

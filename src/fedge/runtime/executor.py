@@ -6,9 +6,9 @@ in forked workers (:class:`WorkerExecutor`) or on Flower nodes. Design notes: do
 from __future__ import annotations
 
 import multiprocessing as mp
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TypeVar
 
