@@ -154,9 +154,8 @@ class DifferentialPrivacy(StrategyWrapper):
                 raise MessageError(
                     f"round {rnd}, client {cid}: expected arrays {sorted(template)}, got {sorted(reply.arrays)}"
                 )
-            clipped, norm = clip_contribution(
-                {k: reply.arrays[k] for k in template}, self.cfg
-            )  # the server's own bound check
+            # the server's own bound check: a client that clipped less is clipped here
+            clipped, _ = clip_contribution({k: reply.arrays[k] for k in template}, self.cfg)
             contributions.append(clipped)
         return self._update(rnd, contributions, sorted(replies))
 
