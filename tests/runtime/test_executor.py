@@ -76,6 +76,23 @@ def test_a_worker_that_dies_fails_its_clients_instead_of_hanging():
     assert sorted(second.results) == [0, 1, 3, 4] and not second.failed
 
 
+def test_a_worker_that_died_while_idle_costs_no_client():
+    """Between exchanges the OS kills a worker: the next exchange runs whole on a new pool."""
+    clients, settings = _clients(4), StepSettings(seed=3)
+    pool = WorkerExecutor(MatMulDraw(), clients, settings, workers=2)
+    signal.alarm(120)
+    try:
+        pool.run(1, 0, _messages(range(4)), ClientStates({}))
+        victim = next(iter(pool._pool._processes.values()))
+        victim.kill()
+        victim.join()
+        again = pool.run(2, 0, _messages(range(4)), ClientStates({}))
+    finally:
+        signal.alarm(0)
+        pool.close()
+    assert sorted(again.results) == list(range(4)) and not again.failed
+
+
 def test_a_run_whose_worker_dies_stops_naming_its_clients(tiny):
     """Through the engine (``clients.workers=2``, no ``clients.min_replies``): the round stops
     with a MessageError naming the failed clients and the worker's death."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -344,26 +344,17 @@ class WorkerExecutor(ClientExecutor):
         total = len(messages)
         if total <= 1:
             return self.alone.run(rnd, phase, messages, states, progress)
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                self.workers,
-                mp_context=mp.get_context("fork"),
-                initializer=_worker_init,
-                initargs=(self.program, self.clients, self.settings.kwargs()),
-            )
         tasks = [states.task(cid, rnd, phase, m) for cid, m in messages]
-        futures: list[Future[ClientResult]] = []
         try:
-            futures = [self._pool.submit(_worker_task, t) for t in tasks]
-        except BrokenProcessPool:  # a worker died between exchanges
-            pass
+            futures = [self._started().submit(_worker_task, t) for t in tasks]
+        except BrokenProcessPool:  # a worker died just now: a new pool runs this exchange
+            self.close()
+            futures = [self._started().submit(_worker_task, t) for t in tasks]
         results, failed = {}, {}
-        for i, task in enumerate(tasks):
+        for i, (task, future) in enumerate(zip(tasks, futures, strict=True)):
             try:
-                result = futures[i].result() if i < len(futures) else None
+                result = future.result()
             except BrokenProcessPool:
-                result = None
-            if result is None:
                 failed[task.cid] = WORKER_DIED
                 continue
             states.keep(task.cid, result, self.concurrent)
@@ -373,6 +364,20 @@ class WorkerExecutor(ClientExecutor):
         if failed:
             self.close()  # the next exchange starts a new pool
         return ExchangeOutcome(results, failed)
+
+    def _started(self) -> ProcessPoolExecutor:
+        """The pool, new when there is none or one of its workers has died since it last ran."""
+        processes = getattr(self._pool, "_processes", None) or {}
+        if any(not p.is_alive() for p in list(processes.values())):
+            self.close()
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=mp.get_context("fork"),
+                initializer=_worker_init,
+                initargs=(self.program, self.clients, self.settings.kwargs()),
+            )
+        return self._pool
 
     def close(self) -> None:
         """Stop the workers at once (a step still running is abandoned), then the pool."""
