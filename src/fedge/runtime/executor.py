@@ -5,6 +5,7 @@ in forked workers (:class:`WorkerExecutor`) or on Flower nodes. Design notes: do
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing as mp
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -371,6 +372,9 @@ class WorkerExecutor(ClientExecutor):
         if any(not p.is_alive() for p in list(processes.values())):
             self.close()
         if self._pool is None:
+            # torch's FLOP counter imports torch._dynamo on first use (seconds): once here, so
+            # the forked workers inherit it instead of each importing it on its first step
+            importlib.import_module("torch._dynamo")
             self._pool = ProcessPoolExecutor(
                 self.workers,
                 mp_context=mp.get_context("fork"),
