@@ -36,6 +36,7 @@ and ``--restore-progress`` (before the workers start); ``--only LABEL[@SEED]`` p
     python benchmarks/baffle_table1.py --train 30000 [--shard I/N]   # the same table on 30,000 samples
     python benchmarks/baffle_table1.py --train 30000 --persistent [--shard I/N]   # its persistent-Adam rows
     python benchmarks/baffle_table1.py --train 30000 --activity [--shard I/N]     # its activity-perturbation row
+    python benchmarks/baffle_table1.py --train 30000 --heads [--shard I/N]        # the same with a local head
     python benchmarks/baffle_table1.py --table-only --docs docs/benchmarks.md   # tabulate what is recorded
     python benchmarks/baffle_table1.py --save-progress      # pack the unfinished runs (commit it); --restore-progress unpacks
 """
@@ -421,6 +422,25 @@ def activity_variants(lr: float) -> dict[str, list[str]]:
     }
 
 
+# Local heads (method.local_heads; Ren et al.'s local losses): a head (global average pooling, a
+# linear classifier) closes conv1's block, so conv1's perturbed forwards stop there instead of
+# running through conv2: at K = 25 the client's FLOPs fall from 9.0x to 0.72x BP's by torch's
+# counter (its wall time about a third less: the elementwise work on the perturbed copies stays;
+# benchmarks/zo_frontier.py --quality). Paired with the head-free activity row at the same K, so
+# the paired difference is the head's effect on accuracy (conv1 then fits the head's loss).
+HEADS_ROW = f"activity K={ACTIVITY_K}, local head after conv1"
+HEADS = [
+    "method.estimator=activity",
+    f"method.k={ACTIVITY_K}",
+    "method.local_heads=[features.conv1]",
+]
+
+
+def heads_variants(lr: float) -> dict[str, list[str]]:
+    """The local-heads row: the activity row's recipe with a head closing conv1's block."""
+    return {HEADS_ROW: [*HEADS, f"method.client_optimizer.lr={lr}"]}
+
+
 GROUPS = {
     "persistent": Group(
         "persistent",
@@ -443,6 +463,18 @@ GROUPS = {
         {ACTIVITY_ROW: ("BAFFLE K=100", ("method.estimator=activity", f"method.k={ACTIVITY_K}"))},
         activity_variants,
         {ACTIVITY_ROW: "BP FedAvg"},
+        probes=True,
+    ),
+    "heads": Group(
+        "heads",
+        f"**Activity perturbation with a local head, K = {ACTIVITY_K}** (issue 45: "
+        "`method.local_heads=[features.conv1]`, Ren et al.'s local losses: global average pooling "
+        "and a linear classifier closing conv1's block, its loss scoring conv1, estimated "
+        "forward-only and averaged by the server beside the model; the activity row's recipe "
+        "otherwise, paired with it by seed, so the difference is the head's",
+        {HEADS_ROW: ("BAFFLE K=100", tuple(HEADS))},
+        heads_variants,
+        {HEADS_ROW: ACTIVITY_ROW},
         probes=True,
     ),
 }
@@ -937,6 +969,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help=f"run the activity-perturbation row (K = {ACTIVITY_K}) of the --train N table, with its "
         "own screen and probe (issue 45)",
+    )
+    ap.add_argument(
+        "--heads",
+        action="store_true",
+        help=f"run the activity row with a local head after conv1 (K = {ACTIVITY_K}) of the --train N "
+        "table, with its own screen and probe (issue 45)",
     )
     ap.add_argument(
         "--train",

@@ -256,3 +256,92 @@ def test_the_variance_falls_with_the_activation_size_not_the_weight_count():
         )["0.weight"]
         errs.append(float((est - true).norm() / true.norm()))
     assert sum(errs) / len(errs) < 1.5 * math.sqrt(33 / 64)
+
+
+def _cnn_heads() -> nn.ModuleDict:
+    """A local head closing the _cnn's first block (conv, Hardswish: flat layers 0-1)."""
+    head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(3, 3))
+    return nn.ModuleDict({"1": _fill(head, 5)}).double()
+
+
+def _local_objective(model: nn.Sequential, heads: nn.ModuleDict, batch) -> dict[str, torch.Tensor]:
+    """Autograd's gradient of Ren et al.'s local objective on _cnn with a head after layer 1:
+    CE(head(block(x))) + CE(tail(sg(h))), sg the stop-gradient at the second block's input."""
+    x, y = batch
+    h = model[1](model[0](x))
+    tail = h.detach()
+    for m in list(model)[2:]:
+        tail = m(tail)
+    loss = F.cross_entropy(heads["1"](h), y) + F.cross_entropy(tail, y)
+    named = {
+        **dict(model.named_parameters()),
+        **{f"local_heads.{n}": p for n, p in heads.named_parameters()},
+    }
+    return dict(zip(named, torch.autograd.grad(loss, list(named.values())), strict=True))
+
+
+def test_local_heads_converge_to_the_local_objectives_gradient():
+    """With a head closing the first block, the estimate (model and head parameters) converges to
+    autograd's gradient of the local objective (each block fits its own head, stop-gradients
+    between blocks), not the global loss's: error falls like 1/sqrt(K); at K = 4096 the cosine
+    with the local gradient is above 0.98, and the first conv's estimate is far from the
+    global loss's gradient (the bias local losses trade for shorter suffixes)."""
+    model, heads, batch = _cnn(), _cnn_heads(), _batch((1, 5, 5))
+    local = _local_objective(model, heads, batch)
+    true = _flat(local)
+
+    def run(k: int, seed: int) -> dict[str, torch.Tensor]:
+        return activity_gradient(
+            model, batch, k=k, sigma=1e-5, scheme="central", seed=seed, heads=heads
+        )
+
+    assert list(run(2, 0)) == list(local)  # the model's parameters, then the head's
+    errs = {
+        k: sum(float((_flat(run(k, s)) - true).norm() / true.norm()) for s in range(4)) / 4
+        for k in (16, 256)
+    }
+    assert 2.5 < errs[16] / errs[256] < 6.4, errs
+    est = run(4096, 9)
+    assert float(F.cosine_similarity(_flat(est), true, dim=0)) > 0.98
+    glob = _autograd(model, batch)["0.weight"].reshape(-1)
+    assert float(F.cosine_similarity(est["0.weight"].reshape(-1), glob, dim=0)) < 0.9
+
+
+def test_layers_after_the_last_head_keep_the_global_estimate():
+    """A layer past every head is scored by the network's loss through the same suffix with the
+    same draws: its estimate is the head-free one, bit for bit."""
+    model, batch = _cnn(), _batch((1, 5, 5))
+    plain = activity_gradient(model, batch, k=8, sigma=1e-4, scheme="forward", seed=3)
+    headed = activity_gradient(
+        model, batch, k=8, sigma=1e-4, scheme="forward", seed=3, heads=_cnn_heads()
+    )
+    for name in ("2.weight", "2.bias", "5.weight", "5.bias"):
+        assert torch.equal(plain[name], headed[name])
+    assert not torch.equal(plain["0.weight"], headed["0.weight"])
+
+
+def test_a_head_cuts_the_suffix_its_block_runs():
+    """torch's counter with a head (Linear h->c) after the first hidden layer's ReLU of MLP
+    d-h-h-c: fc1's (K + 1) perturbed forwards run the head only, not fc2 and fc3; the head's own
+    estimate costs its forward, its K + 1 loss evaluations (no layer after it) and its local map."""
+    b, d, h, c, k = 4, 10, 6, 3, 5
+    model = nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, c))
+    heads = nn.ModuleDict({"1": nn.Sequential(nn.Linear(h, c))})
+    batch = (torch.randn(b, d), torch.randint(0, c, (b,)))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        activity_gradient(model, batch, k=k, sigma=1e-3, scheme="forward", seed=0, heads=heads)
+    forward = 2 * b * (d * h + h * h + h * c)
+    suffix = (k + 1) * 2 * b * (h * c + h * c)  # fc1: the head; fc2: fc3
+    head = 2 * b * h * c  # the head's clean forward; its suffix is the loss alone
+    local = 2 * b * (h * d + h * h + c * h + c * h)  # fc1, fc2, fc3, the head
+    accumulate = 2 * b * k * (h + h + c + c)
+    assert counter.get_total_flops() == forward + suffix + head + local + accumulate
+
+
+def test_bad_head_keys_are_refused():
+    model, batch = _cnn(), _batch((1, 5, 5))
+    for key in ("5", "x", "-1"):
+        head = nn.ModuleDict({key: nn.Sequential(nn.Flatten(), nn.Linear(48, 3))}).double()
+        with pytest.raises(ConfigError, match="local head"):
+            activity_gradient(model, batch, k=2, sigma=1e-4, scheme="forward", seed=0, heads=head)

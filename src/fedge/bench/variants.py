@@ -208,6 +208,8 @@ NEUTRAL_ADDITIONS: dict[tuple[str, ...], Any] = {
     ("method", "guided_rank"): 0,
     ("method", "guided_share"): 0.5,
     ("method", "sigma_scale"): "global",
+    ("method", "local_heads"): [],
+    ("method", "head_pool"): 1,
     # attached by the composer to every method with a global model / that can freeze
     ("method", "ema"): None,
     ("method", "ema_warmup"): True,

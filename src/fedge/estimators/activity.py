@@ -5,8 +5,11 @@ each sample's directional derivative of the loss along the perturbation from for
 (finite differences, no backward pass), and forms the layer's weight gradient from its own input by
 the layer's local linear map. The estimate is for a client that applies its own update (BAFFLE's
 epoch mode): its directions live in the client's activations, which no server can regenerate.
-Every layer is scored by the global loss (no local heads): unbiased up to the finite difference's
-error, where the paper's block-local losses would add the bias of a greedy per-block objective.
+By default every layer is scored by the global loss: unbiased up to the finite difference's error.
+With ``heads`` (the paper's local losses, Section 4), a layer is scored by the loss of the local head
+closing its block instead: its perturbed forwards stop there (shorter suffixes), and the estimate is
+of a greedy per-block objective's gradient (stop-gradients between blocks), a bias the global loss
+does not have. The heads' own linear layers are estimated the same way, from their own loss.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ from fedge.estimators.perturbation import select
 from fedge.estimators.spec import Scheme, check_scheme, check_sigma
 from fedge.estimators.zeroth_order import flat_layers
 
-__all__ = ["ExampleLossFn", "activity_gradient", "activity_layers"]
+__all__ = ["HEAD_PREFIX", "ExampleLossFn", "activity_gradient", "activity_layers"]
+
+#: the key prefix of a local head's parameter in an estimate (then the ``heads`` dict's own name)
+HEAD_PREFIX = "local_heads."
 
 #: ``loss(logits, y) -> (B,)``: each sample's loss; the estimate is of their mean's gradient.
 ExampleLossFn = Callable[[Tensor, Tensor], Tensor]
@@ -106,6 +112,7 @@ def activity_gradient(
     masks: Mapping[str, Tensor] | None = None,
     loss_fn: ExampleLossFn = per_example_cross_entropy,
     chunk: int | None = None,
+    heads: nn.ModuleDict | None = None,
 ) -> dict[str, Tensor]:
     """Activity-perturbed estimate of ∇_W L, L = (1/B) Σ_n ℓ_n the batch's mean loss, forwards
     only (Ren et al. 2023, Section 3, with finite differences for the forward-mode directional
@@ -124,6 +131,15 @@ def activity_gradient(
     scores every layer), with variance set by the layer's activation size per sample, not by its
     number of weights. Layers before the first estimated one run once.
 
+    Local losses (``heads``, Ren et al. 2023, Section 4): ``heads[str(e)]`` closes the block
+    ending with layer e. A layer l ≤ e after the previous block's end is scored by that head's
+    loss, ℓ_n = loss(head_e(layers_{l+1..e}(z_n))), not the network's; layers after the last
+    head keep the global loss. The estimate is then of ∇ Σ_b loss(head_b(block_b(sg(h_{b−1}))))
+    + loss(network tail(sg(h_last))), sg a stop-gradient at every block's input: each block fits
+    its own head (a greedy objective, biased for the global loss), and its perturbed forwards
+    stop at the head. Each head's linear and convolutional layers are estimated the same way
+    from the block's clean output (draws ``(seed, "activity-head", e, j, k)``).
+
     Args:
         model: a plain ``nn.Sequential`` (nested ones flattened), left unchanged; its selected
             parameters must belong to ``nn.Linear``/``nn.Conv1d``/``nn.Conv2d`` layers
@@ -136,9 +152,13 @@ def activity_gradient(
         masks: name -> bool mask; the estimate is zeroed off it.
         loss_fn: ``loss_fn(logits, y) -> (B,)`` each sample's loss.
         chunk: perturbations per batched suffix pass (None: up to 2²⁰ activation elements).
+        heads: local heads keyed by the flat-layer index (a string) of the block's last layer,
+            each a plain ``nn.Sequential`` whose parameters sit in linear/conv layers; None:
+            every layer scored by the global loss.
 
     Returns:
-        name -> estimate, for the selected parameters (float32, on the parameters' device).
+        name -> estimate, for the selected parameters (float32, on the parameters' device), and
+        with ``heads`` for every head parameter, keyed ``HEAD_PREFIX`` + its name in ``heads``.
 
     Memory: besides inference of one batch, the layer being estimated's input x and output z,
     the accumulator ĝ_z (z's size), one pass of ``chunk`` perturbed copies of z through the
@@ -153,29 +173,66 @@ def activity_gradient(
     layers = flat_layers(model)
     estimated = set(activity_layers(model, params))
     assert layers is not None
+    head_layers = _head_layers(heads, len(layers))
+    ends = sorted(head_layers)
     sel = select(model, params, masks)
     name_of = {id(p): n for n, p in sel.params.items()}
+    head_names = {id(p): HEAD_PREFIX + n for n, p in (heads.named_parameters() if heads else ())}
     x, y = batch
     out: dict[str, Tensor] = {}
-    c = 2.0 if scheme == "central" else 1.0
+
+    def estimate(layer: nn.Module, h: Tensor, suffix: Sequence[nn.Module], path: tuple) -> Tensor:
+        """Estimate ``layer``'s parameters (those named) at input ``h``; its clean output."""
+        z = layer(h)  # (B, out) or (B, C, *spatial)
+        g_z = _activity_grad(z, y, suffix, loss_fn, k, sigma, scheme, seed, path, chunk)
+        g_z = g_z / ((2.0 if scheme == "central" else 1.0) * k * sigma * z.shape[0])
+        gw, gb = _local_map(layer, h, g_z.to(z.dtype))
+        for p, g in ((layer.weight, gw), (layer.bias, gb)):
+            if p is None or g is None:
+                continue
+            if id(p) in name_of:
+                mask = sel.masks.get(name_of[id(p)])
+                out[name_of[id(p)]] = g * mask if mask is not None else g
+            elif id(p) in head_names:
+                out[head_names[id(p)]] = g
+        return z
+
     with torch.no_grad():
         h = x
         for i, layer in enumerate(layers):
-            if i not in estimated:
+            if i in estimated:
+                end = next((e for e in ends if e >= i), None)
+                suffix = (
+                    layers[i + 1 :] if end is None else layers[i + 1 : end + 1] + head_layers[end]
+                )
+                h = estimate(layer, h, suffix, ("activity", i))
+            else:
                 h = layer(h)
-                continue
-            z = layer(h)  # (B, out) or (B, C, *spatial)
-            suffix = layers[i + 1 :]
-            g_z = _activity_grad(z, y, suffix, loss_fn, k, sigma, scheme, (seed, i), chunk)
-            g_z = g_z / (c * k * sigma * z.shape[0])  # of the batch's mean loss
-            gw, gb = _local_map(layer, h, g_z.to(z.dtype))
-            for p, g in ((layer.weight, gw), (layer.bias, gb)):
-                if p is not None and g is not None and id(p) in name_of:
-                    name = name_of[id(p)]
-                    mask = sel.masks.get(name)
-                    out[name] = g * mask if mask is not None else g
-            h = z
-    return {n: out[n] for n in sel.params}
+            if i in head_layers:  # the block's head, from the block's clean output
+                hh, chain = h, head_layers[i]
+                for j, m in enumerate(chain):
+                    if isinstance(m, _LAYERS):
+                        hh = estimate(m, hh, chain[j + 1 :], ("activity-head", i, j))
+                    else:
+                        hh = m(hh)
+    return {n: out[n] for n in [*sel.params, *head_names.values()]}
+
+
+def _head_layers(heads: nn.ModuleDict | None, depth: int) -> dict[int, list[nn.Module]]:
+    """``heads`` as flat-layer index of the block's end -> the head's layers; refuses a key that
+    is not a layer index before the network's last, or a head that is not a plain Sequential."""
+    out: dict[int, list[nn.Module]] = {}
+    for key, head in (heads or {}).items():
+        if not key.isdigit() or not 0 <= int(key) < depth - 1:
+            raise ConfigError(
+                f"local head {key!r}: expected the index of a layer before the network's last "
+                f"(0..{depth - 2}); the last layer's loss is the network's own"
+            )
+        chain = flat_layers(head)
+        if chain is None:
+            raise ConfigError(f"local head {key!r}: expected a plain nn.Sequential")
+        out[int(key)] = chain
+    return out
 
 
 def _activity_grad(
@@ -186,7 +243,8 @@ def _activity_grad(
     k: int,
     sigma: float,
     scheme: Scheme,
-    path: tuple[int, int],
+    seed: int,
+    path: tuple,
     chunk: int | None,
 ) -> Tensor:
     """Σ_k Δℓ_{k,n} · u_{k,n}, float64 of z's shape: the un-normalized activity gradient."""
@@ -201,12 +259,11 @@ def _activity_grad(
     per_pass = chunk or max(1, _MAX_PASS_ELEMENTS // max(1, z.numel()))
     base = losses(z, 1) if scheme == "forward" else None  # (1, B)
     acc = torch.zeros(z.shape, dtype=torch.float64, device=z.device)
-    seed, layer = path
     for start in range(0, k, per_pass):
         ks = range(start, min(k, start + per_pass))
         u = torch.empty((len(ks), *z.shape), dtype=z.dtype, device=z.device)
         for j, kk in enumerate(ks):
-            gen = generator(seed, "activity", layer, kk, device=z.device)
+            gen = generator(seed, *path, kk, device=z.device)
             u[j] = torch.randn(z.shape, generator=gen, dtype=z.dtype, device=z.device)
         zs = (z.unsqueeze(0) + sigma * u).flatten(0, 1)
         plus = losses(zs, len(ks))

@@ -138,7 +138,7 @@ class DeltaAveraging(Strategy):
         state, masks = self.model.state_dict(), self.server.masks or {}
         return {
             k: (torch.Size([int(masks[k].sum())]) if k in masks else state[k].shape, state[k].dtype)
-            for k in self.expected
+            for k in self.server.param_names + self.server.buffer_names
         }
 
     def _dense(self, arrays: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

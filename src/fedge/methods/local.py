@@ -159,6 +159,11 @@ class LocalTraining:
     The model is built once per process (outside any measured step, so building it is
     never counted as client compute) and reloaded each round: simulated clients do not
     multiply memory.
+
+    A ``companion`` module is method state trained beside the model (activity perturbation's
+    local heads): its arrays travel under ``companion_prefix`` in both directions, its
+    parameters are stepped by the same optimizer (gradients keyed with the prefix) and its delta
+    is uploaded with the model's; evaluation and export never see it.
     """
 
     def __init__(
@@ -171,12 +176,15 @@ class LocalTraining:
         optimizer: ClientOptimizerConfig,
         gradient_fn: GradientFn = backprop_gradient_fn,
         train_masks: dict[str, torch.Tensor] | None = None,
+        companion: torch.nn.Module | None = None,
+        companion_prefix: str = "",
     ) -> None:
         self.local_epochs, self.batch_size, self.max_steps = local_epochs, batch_size, max_steps
         self.optimizer, self.gradient_fn = optimizer, gradient_fn
         self.model = model_fn()
         self.masks: Masks = None
         self.train_masks = train_masks  # method.train_mask: the only coordinates stepped
+        self.companion, self.prefix = companion, companion_prefix
 
     @classmethod
     def from_config(
@@ -186,10 +194,13 @@ class LocalTraining:
         *,
         gradient_fn: GradientFn = backprop_gradient_fn,
         train_masks: dict[str, torch.Tensor] | None = None,
+        companion: torch.nn.Module | None = None,
+        companion_prefix: str = "",
     ) -> LocalTraining:
         """The client program with ``cfg``'s local epochs, batch size, step cap and optimizer;
         ``train_masks`` (``method.train_mask``, :mod:`fedge.methods.sparse`): the coordinates
-        it may step, the rest staying at the round's global values."""
+        it may step, the rest staying at the round's global values; ``companion``: trained
+        beside the model (see the class)."""
         return cls(
             model_fn,
             local_epochs=cfg.local_epochs,
@@ -198,6 +209,8 @@ class LocalTraining:
             optimizer=cfg.client_optimizer,
             gradient_fn=gradient_fn,
             train_masks=train_masks,
+            companion=companion,
+            companion_prefix=companion_prefix,
         )
 
     @classmethod
@@ -212,7 +225,12 @@ class LocalTraining:
         """The process's model instance holding the global weights, in train mode; a sparse
         model's masks are kept in :attr:`masks` for this round, on the model's device."""
         who = f"round {ctx.rnd}, client {ctx.cid}"
-        arrays, masks = unpack_model_arrays(message.arrays, self.model.state_dict(), who=who)
+        arrays = dict(message.arrays)
+        if self.companion is not None:
+            n = len(self.prefix)
+            own = {k[n:]: arrays.pop(k) for k in list(arrays) if k.startswith(self.prefix)}
+            load_arrays(self.companion, own, who=f"{who} ({self.prefix.rstrip('.')})")
+        arrays, masks = unpack_model_arrays(arrays, self.model.state_dict(), who=who)
         device = next(self.model.parameters()).device
         self.masks = None if masks is None else {k: m.to(device) for k, m in masks.items()}
         load_arrays(self.model, arrays, who=who)
@@ -223,13 +241,23 @@ class LocalTraining:
     def run(self, message: Message, ctx: ClientContext) -> Message:
         return self.train(self.load(message, ctx), ctx)
 
+    def _state(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The model's state and the companion's, keyed as they travel."""
+        state = model.state_dict()
+        if self.companion is not None:
+            state.update({self.prefix + k: v for k, v in self.companion.state_dict().items()})
+        return state
+
     def train(self, model: torch.nn.Module, ctx: ClientContext) -> Message:
         """The local steps on a loaded ``model`` (this program's :attr:`model`) and the upload;
         only parameters with ``requires_grad`` are trained and sent (FedPT freezes the rest)."""
         params, buffers = split_trainable(model)
-        state = model.state_dict()
-        start = {k: state[k].detach().clone() for k in params + buffers}
         named = dict(model.named_parameters())
+        if self.companion is not None:  # its parameters, keyed as they travel
+            extra = {self.prefix + k: p for k, p in self.companion.named_parameters()}
+            params, named = params + list(extra), {**named, **extra}
+        state = self._state(model)
+        start = {k: state[k].detach().clone() for k in params + buffers}
         opt = self.optimizer.build([named[k] for k in params], rnd=ctx.rnd)
         if self.optimizer.state == "persistent":
             restore_optimizer_state(opt, ctx.state, names=params)
@@ -267,7 +295,7 @@ class LocalTraining:
                     break
         if self.optimizer.state == "persistent":
             save_optimizer_state(opt, ctx.state, names=params)
-        state = model.state_dict()
+        state = self._state(model)
         arrays = {k: state[k].detach() - start[k] for k in start}
         for k, m in (self.masks or {}).items():  # a sparse model's delta: kept coordinates only
             if (

@@ -63,8 +63,8 @@ class BaffleConfig(MethodConfigBase):
         "fast",
         description="activity (epoch mode): activity perturbation (Ren et al. 2023), K seeded perturbations of each "
         "linear/conv layer's output per sample, each sample's loss differences from forwards of the layers after it, "
-        "the layer's weight gradient formed locally from its input (fedge.estimators.activity; global loss, no local "
-        "heads); jvp: forward-mode differentiation (NOT inference-only: exact directional derivatives by "
+        "the layer's weight gradient formed locally from its input (fedge.estimators.activity; scored by the global "
+        "loss, or by block-local heads with method.local_heads); jvp: forward-mode differentiation (NOT inference-only: exact directional derivatives by "
         "torch.func.jvp, one pass per direction, uploaded as c·σ·∇L·z_k so the server is unchanged; rounds log "
         "forward_mode_ad=1); lean (least memory) or fast (a forward of the batch of at most ~90 MFLOP, e.g. LeNet-5 up to "
         "159 samples, BAFFLE's LeNet up to 8: perturbations batched; more: perturbations split over "
@@ -79,6 +79,20 @@ class BaffleConfig(MethodConfigBase):
     )
     chunk: int | None = Field(
         None, ge=1, description="perturbations per batched pass (fast estimator)"
+    )
+    local_heads: list[str] = Field(
+        default_factory=list,
+        description="estimator=activity: names of modules (as model.named_modules() names them, e.g. "
+        "features.conv1) whose output closes a block scored by a local head (Ren et al. 2023, local losses: "
+        "average pooling and a linear classifier, estimated forward-only beside the model, sent with it and "
+        "averaged by the server); a block's layers are scored by its head's loss, their perturbed forwards "
+        "stopping there (a greedy per-block objective); empty: every layer scored by the global loss",
+    )
+    head_pool: int = Field(
+        1,
+        ge=1,
+        description="with local_heads: the spatial size a head average-pools a block's output to before its "
+        "linear classifier (1: global average pooling)",
     )
     directions: Literal["gaussian", "orthogonal", "block"] = Field(
         "gaussian",
@@ -211,6 +225,11 @@ class BaffleConfig(MethodConfigBase):
             )
         if self.estimator == "activity":
             self._check_activity()
+        elif self.local_heads:
+            raise ValueError(
+                f"local_heads={self.local_heads} scores blocks of activity-perturbed layers; set "
+                "method.estimator=activity (with method.mode=epoch), or method.local_heads=[]"
+            )
         if self.k_final is not None and self.mode != "epoch":
             raise ValueError(
                 f"k_final={self.k_final} (a K schedule) needs mode=epoch: in batch mode every reply's K scalars are "

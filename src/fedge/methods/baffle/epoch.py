@@ -15,13 +15,14 @@ import torch.nn.functional as F
 from fedge.core.context import ClientContext
 from fedge.core.rng import Draws
 from fedge.estimators import ZerothOrderSpec, zeroth_order_gradient
-from fedge.estimators.activity import activity_gradient
+from fedge.estimators.activity import HEAD_PREFIX, activity_gradient, activity_layers
 from fedge.methods.baffle.config import (
     BaffleConfig,
     layer_scaled_spec,
     perturbation_threads,
     round_spec,
 )
+from fedge.methods.baffle.heads import HeadAveraging, block_ends, build_heads
 from fedge.methods.base import MethodBuild, MethodEnv
 from fedge.methods.fedavg import DeltaAveraging
 from fedge.methods.local import LocalTraining
@@ -63,11 +64,14 @@ def zeroth_order_gradient_fn(
     return gradient
 
 
-def activity_gradient_fn(cfg: BaffleConfig, rounds: int = 1) -> Any:
+def activity_gradient_fn(
+    cfg: BaffleConfig, rounds: int = 1, heads: torch.nn.ModuleDict | None = None
+) -> Any:
     """A :data:`~fedge.methods.local.GradientFn` computing the activity-perturbed estimate
     (:func:`~fedge.estimators.activity.activity_gradient`: K perturbations of each perturbed
     layer's output per sample, ``scheme``'s differences at σ, the round's K and σ of
-    :func:`round_spec`), clipped to the configured inf-norm; a fresh seed per step from the
+    :func:`round_spec`; with ``heads``, each block scored by its local head, the heads'
+    estimates included), clipped to the configured inf-norm; a fresh seed per step from the
     client's generator. Its directions never leave the client, so ``draws`` does not apply."""
     base = ZerothOrderSpec(k=cfg.k, sigma=cfg.sigma, scheme=cfg.scheme)  # for round_spec's K, σ
 
@@ -90,6 +94,7 @@ def activity_gradient_fn(cfg: BaffleConfig, rounds: int = 1) -> Any:
             params=list(params),
             masks=perturbed_masks(masks, params),
             chunk=cfg.chunk,
+            heads=heads,
         )
         return None, clip_inf_norm(g, cfg.clip)
 
@@ -102,6 +107,8 @@ def build_epoch(
     """Epoch-level BAFFLE's bare strategy (FedAvg's delta averaging with the configured server
     optimizer) and client program (local training on the zeroth-order estimate)."""
     assert cfg.server_optimizer is not None
+    if cfg.local_heads:
+        return _build_with_heads(cfg, env, masks=masks)
     strategy = DeltaAveraging(
         env.model_fn(), cfg.server_optimizer.build(), replies_are_gradients=False, masks=masks
     )
@@ -112,5 +119,45 @@ def build_epoch(
             cfg, perturbation_threads(cfg, env), env.draws, env.device, rounds=env.rounds
         ),
         train_masks=env.train_masks,
+    )
+    return MethodBuild(strategy, program)
+
+
+def _build_with_heads(
+    cfg: BaffleConfig, env: MethodEnv, *, masks: dict[str, torch.Tensor] | None
+) -> MethodBuild:
+    """Activity perturbation with local heads (:mod:`fedge.methods.baffle.heads`): the server
+    keeps and averages the heads beside the model; each client trains its copy with the model."""
+    assert cfg.server_optimizer is not None
+    model = env.model_fn()
+    estimated = activity_layers(model, list(perturbed_params(model, cfg.perturb)))
+    ends = block_ends(model, cfg.local_heads, estimated)
+
+    def heads() -> torch.nn.ModuleDict:
+        return build_heads(
+            model,
+            ends,
+            input_shape=env.input_shape,
+            num_classes=env.num_classes,
+            pool=cfg.head_pool,
+            seed=env.seed,
+            draws=env.draws,
+        )
+
+    strategy = HeadAveraging(
+        env.model_fn(),
+        cfg.server_optimizer.build(),
+        heads(),
+        cfg.server_optimizer.build(),
+        masks=masks,
+    )
+    client_heads = heads()
+    program = LocalTraining.from_config(
+        env.model_fn,
+        cfg,
+        gradient_fn=activity_gradient_fn(cfg, env.rounds, heads=client_heads),
+        train_masks=env.train_masks,
+        companion=client_heads,
+        companion_prefix=HEAD_PREFIX,
     )
     return MethodBuild(strategy, program)
