@@ -262,15 +262,14 @@ def _activity_grad(
     for start in range(0, k, per_pass):
         ks = range(start, min(k, start + per_pass))
         u = torch.empty((len(ks), *z.shape), dtype=z.dtype, device=z.device)
-        for j, kk in enumerate(ks):
-            gen = generator(seed, *path, kk, device=z.device)
-            u[j] = torch.randn(z.shape, generator=gen, dtype=z.dtype, device=z.device)
-        zs = (z.unsqueeze(0) + sigma * u).flatten(0, 1)
-        plus = losses(zs, len(ks))
+        for j, kk in enumerate(ks):  # drawn in place: randn's values, without a copy
+            u[j].normal_(generator=generator(seed, *path, kk, device=z.device))
+        zs = torch.mul(u, sigma).add_(z)  # z + σu, rounded as written, one buffer
+        plus = losses(zs.flatten(0, 1), len(ks))
         if base is not None:
             diff = plus - base
-        else:
-            diff = plus - losses((z.unsqueeze(0) - sigma * u).flatten(0, 1), len(ks))
+        else:  # z − σu: the same buffer, negated (exact) then added
+            diff = plus - losses(torch.mul(u, sigma).neg_().add_(z).flatten(0, 1), len(ks))
         acc += torch.einsum("pb,pb...->b...", diff.to(u.dtype), u)  # in z's dtype: no copy of u
         del u, zs
     assert acc.shape[0] == batch
