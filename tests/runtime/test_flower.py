@@ -105,6 +105,26 @@ def test_batch_baffle_with_secure_aggregation_same_metrics_as_the_engine(tmp_pat
     _assert_same(engine, flower)
 
 
+def test_activity_perturbation_with_local_heads_same_metrics_as_the_engine(tmp_path):
+    """The local heads travel beside the model (their own arrays in both directions) and the
+    clients' persistent Adam state covers them, on a node as in the engine."""
+    method = {
+        "name": "baffle",
+        "k": 8,
+        "sigma": 1e-3,
+        "batch_size": 16,
+        "max_steps": 3,
+        "estimator": "activity",
+        "local_heads": ["features.conv1"],
+        "ema": None,
+        "client_optimizer": {"name": "adam", "lr": 0.01, "state": "persistent"},
+    }
+    engine, flower, _ = _both(
+        tmp_path, tiny_config(rounds=2, model={"name": "lenet"}, method=method)
+    )
+    _assert_same(engine, flower)
+
+
 @pytest.mark.parametrize(
     "method",
     [
