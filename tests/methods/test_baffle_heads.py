@@ -60,6 +60,19 @@ def test_blocks_end_at_the_named_modules_last_layer_and_mistakes_are_refused():
         block_ends(model, ["features.conv1"], [9])  # only the classifier perturbed
 
 
+def test_a_module_inside_a_layer_run_as_a_whole_closes_that_layers_block():
+    class Block(torch.nn.Module):  # not a plain Sequential: run as one layer
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.ReLU()
+
+        def forward(self, x):
+            return self.inner(x)
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), Block(), torch.nn.Linear(4, 2))
+    assert block_ends(model, ["1.inner"], [0, 2]) == [1]
+
+
 def test_heads_pool_then_classify_and_are_seeded():
     model = _lenet()
     heads = build_heads(model, [3, 6], input_shape=(1, 12, 12), num_classes=10, pool=2, seed=4)

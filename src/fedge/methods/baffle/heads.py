@@ -50,6 +50,8 @@ def block_ends(model: nn.Module, names: Sequence[str], estimated: Sequence[int])
                 f"one of: {known}"
             )
         inside = [index[id(m)] for m in modules[name].modules() if id(m) in index]
+        # a module inside one of the layers run as a whole closes that layer's block
+        inside = inside or [i for i, m in enumerate(layers) if modules[name] in m.modules()]
         end = max(inside)
         if end in ends:
             raise ConfigError(f"method.local_heads: {name!r} closes a block already closed")
