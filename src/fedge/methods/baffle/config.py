@@ -92,7 +92,7 @@ class BaffleConfig(MethodConfigBase):
         1,
         ge=1,
         description="with local_heads: the spatial size a head average-pools a block's output to before its "
-        "linear classifier (1: global average pooling)",
+        "linear classifier (1: global average pooling; a flat output goes to the classifier as it is)",
     )
     directions: Literal["gaussian", "orthogonal", "block"] = Field(
         "gaussian",
