@@ -827,8 +827,8 @@ def verdict_sentence(
             every[label].kind, "forward-only"
         )
         wall = (
-            f" (its runs took {walls[label] / walls[ref]:.1f}x BP's wall time here, evaluation "
-            "included)"
+            f" (its runs took {walls[label] / walls[ref]:.1f}x BP's wall time by the records, "
+            "one core each, evaluation included)"
             if ref and label in walls and ref in walls and walls[ref] > 0
             else ""
         )

@@ -118,7 +118,7 @@ def test_the_table_and_verdict_from_made_records(tmp_path: Path) -> None:
     assert (
         "Verdict: the best forward-only row is BAFFLE K=100 at 0.7000, 13.00 points below BP "
         "(BP FedAvg, 0.8300) at 50.0x its total client FLOPs (its runs took 4.0x BP's wall time "
-        "here, evaluation included): the 1-point / 10x target is not met; no inference-only row "
+        "by the records, one core each, evaluation included): the 1-point / 10x target is not met; no inference-only row "
         "runs within 10x BP's total client FLOPs." in text
     )
     # a forward-only row with one seed recorded, better than BAFFLE, is not yet named
@@ -327,7 +327,8 @@ def test_the_activity_row_is_listed_and_judged_apart(tmp_path: Path) -> None:
     assert (
         f"the best activity-perturbation row is {bench.ACTIVITY} at 0.8100, 2.00 points below BP "
         "(BP FedAvg, 0.8300) at 2.0x its total client FLOPs (its runs took 1.0x BP's wall time "
-        "here, evaluation included): the 1-point / 10x target is not met" in text
+        "by the records, one core each, evaluation included): the 1-point / 10x target is not met"
+        in text
     )
     # its cost estimate counts the clean forward, the local maps and K directions on the suffix
     est = bench.estimate(row)
