@@ -1003,13 +1003,13 @@ def _local_objective_gradient(
 
     from fedge.estimators.zeroth_order import flat_layers
 
-    h, loss = x, 0.0
+    h, losses = x, []
     for i, layer in enumerate(flat_layers(net) or []):
         h = layer(h)
         if i in ends:
-            loss = loss + F.cross_entropy(heads[str(i)](h), y)
+            losses.append(F.cross_entropy(heads[str(i)](h), y))
             h = h.detach()
-    loss = loss + F.cross_entropy(h, y)
+    loss = torch.stack([*losses, F.cross_entropy(h, y)]).sum()
     named = dict(net.named_parameters())
     return dict(zip(names, torch.autograd.grad(loss, [named[n] for n in names]), strict=True))
 
