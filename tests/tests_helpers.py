@@ -256,3 +256,20 @@ def check_measured_script_errors(bench: ModuleType, argv: list[str], *, tmp_path
         if extra:
             assert str(tmp_path / "benchmarks/results/measured") in err
     assert not docs.exists()
+
+
+def local_heads_section(**extra) -> dict:
+    """A small BAFFLE section: activity perturbation with a head closing the LeNet's conv1 block,
+    persistent client Adam (fedge.methods.baffle.heads)."""
+    return {
+        "name": "baffle",
+        "k": 8,
+        "sigma": 1e-3,
+        "batch_size": 16,
+        "max_steps": 3,
+        "estimator": "activity",
+        "local_heads": ["features.conv1"],
+        "ema": None,
+        "client_optimizer": {"name": "adam", "lr": 0.01, "state": "persistent"},
+        **extra,
+    }

@@ -27,19 +27,9 @@ def _lenet():
 
 
 def _section(**extra):
-    return {
-        "name": "baffle",
-        "k": 8,
-        "sigma": 1e-3,
-        "batch_size": 16,
-        "max_steps": 3,
-        "estimator": "activity",
-        "local_heads": ["features.conv1"],
-        "head_pool": 2,
-        "ema": None,
-        "client_optimizer": {"name": "adam", "lr": 0.01, "state": "persistent"},
-        **extra,
-    }
+    from tests_helpers import local_heads_section
+
+    return local_heads_section(**{"head_pool": 2, **extra})
 
 
 def test_blocks_end_at_the_named_modules_last_layer_and_mistakes_are_refused():

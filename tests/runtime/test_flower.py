@@ -108,17 +108,9 @@ def test_batch_baffle_with_secure_aggregation_same_metrics_as_the_engine(tmp_pat
 def test_activity_perturbation_with_local_heads_same_metrics_as_the_engine(tmp_path):
     """The local heads travel beside the model (their own arrays in both directions) and the
     clients' persistent Adam state covers them, on a node as in the engine."""
-    method = {
-        "name": "baffle",
-        "k": 8,
-        "sigma": 1e-3,
-        "batch_size": 16,
-        "max_steps": 3,
-        "estimator": "activity",
-        "local_heads": ["features.conv1"],
-        "ema": None,
-        "client_optimizer": {"name": "adam", "lr": 0.01, "state": "persistent"},
-    }
+    from tests_helpers import local_heads_section
+
+    method = local_heads_section()
     engine, flower, _ = _both(
         tmp_path, tiny_config(rounds=2, model={"name": "lenet"}, method=method)
     )
