@@ -16,6 +16,7 @@ from fedge.core.rng import (
     numpy_rng,
     rand,
     randn,
+    seed_family,
 )
 
 
@@ -47,6 +48,33 @@ def test_seeds_are_stable_across_processes():
 def test_path_parts_are_not_confused():
     assert derive_seed(0, "a", 12) != derive_seed(0, "a1", 2)
     assert derive_seed(0, 1, 23) != derive_seed(0, 12, 3)
+
+
+@pytest.mark.parametrize(
+    ("seed", "prefix", "rest"),
+    [
+        (0, (), (5,)),
+        (7, ("activity", 2), (0,)),
+        (-3, ("zo",), (12, "features.conv1.weight")),
+        (2**40, ("it's", 'say "x"', 1), ("a, b)", -1)),
+    ],
+)
+def test_seed_family_is_derive_seed_with_the_prefix_hashed_once(seed, prefix, rest):
+    # Oracle: derive_seed on the whole path, for every width; and a generator reseeded from it
+    # draws what a fresh one draws (what the estimators rely on to reuse one generator).
+    for bits in (63, 32):
+        assert seed_family(seed, *prefix, bits=bits)(*rest) == derive_seed(
+            seed, *prefix, *rest, bits=bits
+        )
+    seeds, gen = seed_family(seed, *prefix), torch.Generator()
+    torch.randn(3, generator=gen)  # a used generator: reseeding forgets it
+    got = torch.randn(4, generator=gen.manual_seed(seeds(*rest)))
+    assert torch.equal(got, torch.randn(4, generator=generator(seed, *prefix, *rest)))
+
+
+def test_seed_family_needs_a_tail():
+    with pytest.raises(TypeError, match="at least one"):
+        seed_family(0, "zo")()
 
 
 def test_portable_generator_gives_each_call_its_own_stream():

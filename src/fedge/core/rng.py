@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, TypeAlias, get_args
 
@@ -40,6 +40,7 @@ __all__ = [
     "rand",
     "randn",
     "recorded_draws",
+    "seed_family",
 ]
 
 _Part = int | str
@@ -86,6 +87,31 @@ def derive_seed(seed: int, *path: _Part, bits: int = 63) -> int:
     h = hashlib.blake2b(digest_size=16)
     h.update(repr((int(seed),) + tuple(path)).encode())
     return int.from_bytes(h.digest(), "little") & ((1 << bits) - 1)
+
+
+def seed_family(seed: int, *prefix: _Part, bits: int = 63) -> Callable[..., int]:
+    """``seeds(*rest) == derive_seed(seed, *prefix, *rest, bits=bits)`` (``rest`` not empty),
+    with the shared prefix hashed once: the seed is BLAKE2b of the path tuple's ``repr``, a string
+    whose head every member shares, so each call hashes only its tail. For the many seeds of a
+    step's directions (one per direction, and per layer or parameter).
+
+    Example:
+        >>> seeds = seed_family(0, "activity", 2)
+        >>> seeds(5) == derive_seed(0, "activity", 2, 5)
+        True
+    """
+    head = hashlib.blake2b(digest_size=16)
+    head.update(("(" + ", ".join(map(repr, (int(seed), *prefix))) + ", ").encode())
+    mask = (1 << bits) - 1
+
+    def seeds(*rest: _Part) -> int:
+        if not rest:
+            raise TypeError("seed_family's seeds(*rest) takes at least one path part")
+        h = head.copy()
+        h.update((", ".join(map(repr, rest)) + ")").encode())
+        return int.from_bytes(h.digest(), "little") & mask
+
+    return seeds
 
 
 def generator(seed: int, *path: _Part, device: str | torch.device = "cpu") -> torch.Generator:

@@ -23,7 +23,7 @@ from torch.nn import grad as layer_grad
 
 from fedge.core.config import check_positive_int
 from fedge.core.errors import ConfigError
-from fedge.core.rng import generator
+from fedge.core.rng import seed_family
 from fedge.estimators.perturbation import select
 from fedge.estimators.spec import Scheme, check_scheme, check_sigma
 from fedge.estimators.zeroth_order import flat_layers
@@ -259,11 +259,13 @@ def _activity_grad(
     per_pass = chunk or max(1, _MAX_PASS_ELEMENTS // max(1, z.numel()))
     base = losses(z, 1) if scheme == "forward" else None  # (1, B)
     acc = torch.zeros(z.shape, dtype=torch.float64, device=z.device)
+    seeds = seed_family(seed, *path)  # direction kk: generator(seed, *path, kk)'s draws
+    gen = torch.Generator(device=z.device)
     for start in range(0, k, per_pass):
         ks = range(start, min(k, start + per_pass))
         u = torch.empty((len(ks), *z.shape), dtype=z.dtype, device=z.device)
         for j, kk in enumerate(ks):  # drawn in place: randn's values, without a copy
-            u[j].normal_(generator=generator(seed, *path, kk, device=z.device))
+            u[j].normal_(generator=gen.manual_seed(seeds(kk)))
         zs = torch.mul(u, sigma).add_(z)  # z + σu, rounded as written, one buffer
         plus = losses(zs.flatten(0, 1), len(ks))
         if base is not None:

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from fedge.core import portable
 from fedge.core.errors import ConfigError, UnknownNameError
-from fedge.core.rng import Draws, check_draws, generator
+from fedge.core.rng import Draws, check_draws, generator, seed_family
 
 __all__ = [
     "DrawMany",
@@ -44,8 +44,9 @@ def standard_normal(seed: int, k: int, name: str, shape: Sequence[int]) -> Tenso
 def standard_normal_chunk(seed: int, ks: Sequence[int], name: str, shape: Sequence[int]) -> Tensor:
     """``z_{k,name}`` for every ``k`` in ``ks``, stacked: shape ``(len(ks), *shape)``."""
     out = torch.empty((len(ks), *shape))
+    seeds, gen = seed_family(seed, _PURPOSE), torch.Generator()  # generator(seed, "zo", k, name)
     for i, k in enumerate(ks):
-        torch.randn(tuple(shape), generator=generator(seed, _PURPOSE, int(k), name), out=out[i])
+        torch.randn(tuple(shape), generator=gen.manual_seed(seeds(int(k), name)), out=out[i])
     return out
 
 
