@@ -971,6 +971,16 @@ QUALITY_HEAD_ESTIMATORS = {
     "activity K=25, local head after conv1": 25,
     "activity K=100, local head after conv1": 100,
 }
+#: label -> (K, G) of the same heads split into G channel-group losses (method.head_groups; Ren et
+#: al.'s group-wise local losses): 2 is GroupNorm's own grouping of conv1's 16 channels (no path
+#: between loss groups through its statistics), 16 one loss a channel (those paths stopped)
+#: the record's entry of the local objective's exact gradient (then ", G loss groups")
+EXACT_LOCAL = "local objective's exact gradient"
+QUALITY_GROUP_ESTIMATORS = {
+    "activity K=25, local head after conv1, 16 loss groups": (25, 16),
+    "activity K=100, local head after conv1, 2 loss groups": (100, 2),
+    "activity K=100, local head after conv1, 16 loss groups": (100, 16),
+}
 
 
 def _per_sample_flops(fn: Any, batch: int) -> tuple[Any, float]:
@@ -993,27 +1003,6 @@ def _wall(fn: Any, repeats: int = 1) -> float:
     return best
 
 
-def _local_objective_gradient(
-    net: Any, heads: Any, ends: Sequence[int], x: Any, y: Any, names: Sequence[str]
-) -> dict[str, Any]:
-    """Autograd's gradient of the local-loss objective the headed estimate targets: each block's
-    head loss plus the network's loss after the last head, a stop-gradient at each block's input."""
-    import torch
-    import torch.nn.functional as F
-
-    from fedge.estimators.zeroth_order import flat_layers
-
-    h, losses = x, []
-    for i, layer in enumerate(flat_layers(net) or []):
-        h = layer(h)
-        if i in ends:
-            losses.append(F.cross_entropy(heads[str(i)](h), y))
-            h = h.detach()
-    loss = torch.stack([*losses, F.cross_entropy(h, y)]).sum()
-    named = dict(net.named_parameters())
-    return dict(zip(names, torch.autograd.grad(loss, [named[n] for n in names]), strict=True))
-
-
 def model_quality(
     net: Any, x: Any, y: Any, repeats: int, heads_at: Sequence[str] = ()
 ) -> dict[str, Any]:
@@ -1025,6 +1014,7 @@ def model_quality(
 
     from fedge.estimators import backprop_gradient, zeroth_order_gradient
     from fedge.estimators.activity import activity_gradient, activity_layers
+    from fedge.estimators.local_objective import local_objective_gradient
     from fedge.methods.baffle.heads import block_ends, build_heads
 
     net.eval()
@@ -1042,13 +1032,16 @@ def model_quality(
         return torch.cat([g[n].detach().flatten().double() for n in names])
 
     ends = block_ends(net, heads_at, activity_layers(net, names)) if heads_at else []
-    heads = (
-        build_heads(net, ends, input_shape=tuple(x.shape[1:]), num_classes=10, pool=1, seed=0)
-        if ends
-        else None
-    )
+    group_counts = (1, *sorted({g for _, g in QUALITY_GROUP_ESTIMATORS.values()})) if ends else ()
+    grouped = {  # G -> the heads with G classifiers each
+        g: build_heads(
+            net, ends, input_shape=tuple(x.shape[1:]), num_classes=10, pool=1, seed=0, groups=g
+        )
+        for g in group_counts
+    }
+    heads = grouped.get(1)
 
-    def estimate(kind: str, k: int, seed: int) -> dict[str, torch.Tensor]:
+    def estimate(kind: str, k: int, seed: int, groups: int = 1) -> dict[str, torch.Tensor]:
         if kind in ("activity", "heads"):
             return activity_gradient(
                 net,
@@ -1058,7 +1051,8 @@ def model_quality(
                 scheme="forward",
                 seed=seed,
                 params=names,
-                heads=heads if kind == "heads" else None,
+                heads=grouped[groups] if kind == "heads" else None,
+                head_groups=groups,
             )
         return zeroth_order_gradient(
             net,
@@ -1076,38 +1070,46 @@ def model_quality(
         lambda: backprop_gradient(net, F.cross_entropy, (x, y), params=names), len(y)
     )
     ref = flat(true)
-    local_g = _local_objective_gradient(net, heads, ends, x, y, names) if heads else None
-    local = None if local_g is None else flat(local_g)
+    exact = {  # G -> the gradient of the objective the estimate with G loss groups targets
+        g: local_objective_gradient(net, h, (x, y), groups=g, params=names)
+        for g, h in grouped.items()
+    }
+    locals_ = {g: flat(e) for g, e in exact.items()}
     bp_wall = _wall(lambda: backprop_gradient(net, F.cross_entropy, (x, y), params=names), 5)
     out: dict[str, Any] = {}
-    runs = {
-        **QUALITY_ESTIMATORS,
-        **({k: ("heads", v) for k, v in QUALITY_HEAD_ESTIMATORS.items()} if heads else {}),
+    runs: dict[str, tuple[str, int, int]] = {
+        **{label: (kind, k, 1) for label, (kind, k) in QUALITY_ESTIMATORS.items()},
+        **({k: ("heads", v, 1) for k, v in QUALITY_HEAD_ESTIMATORS.items()} if heads else {}),
+        **({k: ("heads", *v) for k, v in QUALITY_GROUP_ESTIMATORS.items()} if heads else {}),
     }
-    for label, (kind, k) in runs.items():
+    for label, (kind, k, groups) in runs.items():
         cos, cos_local, flops = [], [], 0.0
         for s in range(repeats):
-            g, flops = _per_sample_flops(lambda: estimate(kind, k, 1000 + s), len(y))  # noqa: B023
+            g, flops = _per_sample_flops(
+                lambda: estimate(kind, k, 1000 + s, groups),  # noqa: B023
+                len(y),
+            )
             v = flat(g)
             cos.append(float(v @ ref / (v.norm() * ref.norm())))
             if kind == "heads":
-                assert local is not None
+                local = locals_[groups]
                 cos_local.append(float(v @ local / (v.norm() * local.norm())))
         out[label] = {
             "cos_mean": statistics.fmean(cos),
             "cos_std": statistics.stdev(cos),
             "flops_per_sample": flops,
             "flops_over_bp": flops / bp,
-            "wall_over_bp": _wall(lambda: estimate(kind, k, 1000), 3) / bp_wall,  # noqa: B023
+            "wall_over_bp": _wall(lambda: estimate(kind, k, 1000, groups), 3) / bp_wall,  # noqa: B023
         }
         if cos_local:
             out[label] |= {
                 "cos_local_mean": statistics.fmean(cos_local),
                 "cos_local_std": statistics.stdev(cos_local),
             }
-    if local_g is not None and local is not None:  # the local objective's gradient vs the global
-        a, b = (g[names[0]].flatten().double() for g in (local_g, true))
-        out["local objective's exact gradient"] = {
+    for groups, grad in exact.items():  # each local objective's gradient vs the global
+        a, b = (g[names[0]].flatten().double() for g in (grad, true))
+        local = locals_[groups]
+        out[EXACT_LOCAL + (f", {groups} loss groups" if groups > 1 else "")] = {
             "cos_mean": float(local @ ref / (local.norm() * ref.norm())),
             "cos_first_layer": float(a @ b / (a.norm() * b.norm())),  # the layer the head re-aims
         }
@@ -1153,6 +1155,7 @@ def estimate_quality(repeats: int = QUALITY_REPEATS) -> dict[str, Any]:
             "local_heads": {
                 "models": QUALITY_HEADS,
                 "estimators": QUALITY_HEAD_ESTIMATORS,
+                "group_estimators": {k: list(v) for k, v in QUALITY_GROUP_ESTIMATORS.items()},
                 "head_pool": 1,
             },  # fmt: skip
             "batch": QUALITY_BATCH,
@@ -1225,7 +1228,7 @@ def quality_note(records: Path = RECORDS) -> str:
 def _heads_note(lenet: dict[str, Any], act: str) -> str:
     """The local-heads sentence of :func:`quality_note`, when the record has those estimates."""
     est = lenet["estimators"]
-    headed, exact = list(QUALITY_HEAD_ESTIMATORS)[-1], est.get("local objective's exact gradient")
+    headed, exact = list(QUALITY_HEAD_ESTIMATORS)[-1], est.get(EXACT_LOCAL)
     if headed not in est or exact is None or "wall_over_bp" not in est[act]:
         return ""
     h, a = est[headed], est[act]
@@ -1242,7 +1245,38 @@ def _heads_note(lenet: dict[str, Any], act: str) -> str:
         "output and running GroupNorm, Hardswish and pooling over the K perturbed copies is "
         "elementwise work torch's FLOP counter does not count. Wall ratios are this CPU's, one "
         "thread, with per-direction overhead included (on the MLP it dominates: a tiny backprop "
-        "step against K loops of small kernels)."
+        "step against K loops of small kernels)." + _groups_note(est, headed, exact)
+    )
+
+
+def _groups_note(est: dict[str, Any], headed: str, exact: dict[str, Any]) -> str:
+    """The channel-group sentence of :func:`_heads_note`, when the record has those estimates."""
+    rows = {v: k for k, v in QUALITY_GROUP_ESTIMATORS.items() if k in est}
+    if not rows:
+        return ""
+
+    def local(label: str) -> str:
+        return f"{est[label]['cos_local_mean']:.3f}"
+
+    cells = "; ".join(
+        f"{g} groups at K = {k}: {local(label)} with its objective's gradient, "
+        f"{est[label]['cos_mean']:.3f} with the global one, {est[label]['flops_over_bp']:.2f}x "
+        f"BP's FLOPs ({est[label]['wall_over_bp']:.0f}x its wall)"
+        for (k, g), label in sorted(rows.items())
+    )
+    objectives = "; ".join(
+        f"{g} groups {e['cos_mean']:.3f} ({e['cos_first_layer']:.3f} on conv1's weights)"
+        for g in sorted({g for _, g in rows})
+        if (e := est.get(f"{EXACT_LOCAL}, {g} loss groups")) is not None
+    )
+    return (
+        " **Channel-group losses** (`method.head_groups`, Ren et al.'s group-wise local losses: "
+        "the head holds one classifier per group of conv1's 16 channels, each scored by a loss in "
+        "which only its group's features move, and conv1 weights each channel's perturbation by "
+        f"its own group's loss): {cells}; one loss a head at K = 100: {local(headed)} with its "
+        f"objective's gradient. Each objective's exact gradient against the global one: {objectives}"
+        f" (one loss: {exact['cos_mean']:.3f}). With 2 groups, GroupNorm's own, no path between "
+        "loss groups runs through the norm's statistics; with 16 those paths are stopped."
     )
 
 

@@ -421,21 +421,21 @@ def test_the_activity_row_screens_its_lr_and_is_judged_against_the_stronger_bp_r
 
 
 def test_the_local_head_row_is_the_activity_row_with_a_head_and_paired_with_it() -> None:
-    """``--heads``: the activity row's recipe (K = 25) plus a head closing conv1's block, on its
-    own screen of BAFFLE's grid, paired by seed with the head-free activity row (the difference is
-    the head's) and metered by its own probe."""
+    """``--heads``: the activity row's recipe (K = 25) plus a head of 16 channel-group losses
+    closing conv1's block, on its own screen of BAFFLE's grid, paired by seed with the head-free
+    activity row (the difference is the heads') and metered by its own probe."""
     group = bench.GROUPS["heads"]
-    assert group.probes and group.paired == {
-        "activity K=25, local head after conv1": "activity K=25"
-    }
+    row = "activity K=25, local head after conv1, 16 loss groups"
+    assert group.probes and group.paired == {row: "activity K=25"}
     assert set(group.screen_variants()) == {
-        f"screen activity K=25, local head after conv1 lr={lr}" for lr in (0.001, 0.003, 0.01, 0.03)
+        f"screen {row} lr={lr}" for lr in (0.001, 0.003, 0.01, 0.03)
     }
     assert group.rows(0.003) == {
-        "activity K=25, local head after conv1": [
+        row: [
             "method.estimator=activity",
             "method.k=25",
             "method.local_heads=[features.conv1]",
+            "method.head_groups=16",
             "method.client_optimizer.lr=0.003",
         ]
     }

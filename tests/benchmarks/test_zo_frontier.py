@@ -462,6 +462,15 @@ def test_estimate_quality_with_a_local_head_on_a_small_lenet() -> None:
     exact = est["local objective's exact gradient"]
     assert 0 < exact["cos_mean"] < 1 and -1 <= exact["cos_first_layer"] <= 1
     assert all(e["wall_over_bp"] > 0 for e in est.values() if "cos_std" in e)
+    # channel-group losses: each with its own objective's exact gradient; at the same K, 16
+    # groups (one loss a channel) come closer to theirs than 1 loss a head does to its own
+    for label, (_, groups) in bench.QUALITY_GROUP_ESTIMATORS.items():
+        assert -1 <= est[label]["cos_local_mean"] <= 1
+        assert f"local objective's exact gradient, {groups} loss groups" in est
+    assert (
+        est["activity K=100, local head after conv1, 16 loss groups"]["cos_local_mean"]
+        > est["activity K=100, local head after conv1"]["cos_local_mean"]
+    )
 
 
 def test_the_quality_note_renders_its_record(tmp_path: Path) -> None:

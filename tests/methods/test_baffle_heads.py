@@ -79,6 +79,19 @@ def test_heads_pool_then_classify_and_are_seeded():
     assert portable["3"][-1].weight.shape == (10, 16)
 
 
+def test_group_heads_hold_one_classifier_a_channel_group():
+    model = _lenet()
+    heads = build_heads(
+        model, [3, 6], input_shape=(1, 12, 12), num_classes=10, pool=2, seed=4, groups=4
+    )
+    assert heads["3"][-1].weight.shape == (4 * 10, 16 * 2 * 2)  # 4 classifiers over 16 channels
+    assert heads["6"][-1].weight.shape == (4 * 10, 64 * 2 * 2)
+    with pytest.raises(ConfigError, match="head_groups=3 must divide.*outputs 16; choose"):
+        build_heads(model, [3], input_shape=(1, 12, 12), num_classes=10, pool=2, seed=4, groups=3)
+    with pytest.raises(ValueError, match="head_groups=2 .* local_heads is empty"):
+        BaffleConfig(mode="epoch", estimator="activity", head_groups=2)
+
+
 def test_the_server_steps_the_heads_by_the_weighted_mean_delta():
     """FedAvg's server (SGD, lr 1) on two replies of 1 and 3 samples: model and heads each move by
     their sample-weighted mean delta; the heads travel in the broadcast and the checkpoint."""
@@ -197,6 +210,29 @@ def test_a_run_with_local_heads_trains_reruns_and_resumes(tmp_path, tiny, monkey
         line["bytes_down"] for line in metrics_without_wall(headless) if "bytes_down" in line
     ]
     assert down and all(a > b for a, b in zip(down, down_plain, strict=True))
+
+
+def test_a_run_with_group_heads_trains_and_sends_every_classifier(tmp_path, tiny):
+    """head_groups=4 on the same run: it trains, and each round's downlink carries the head's
+    4 classifiers (3 more 10 x 16·2·2 weights and 10 biases than one loss a head)."""
+    from fedge.experiment.run import run_experiment
+    from tests_helpers import metrics_without_wall
+
+    runs, clients = {}, 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for groups in (1, 4):
+            cfg = tiny(rounds=3, model={"name": "lenet"}, method=_section(head_groups=groups))
+            clients = cfg["clients"]["per_round"]
+            out = run_experiment(load_config(cfg), out=tmp_path / str(groups), render=False)
+            runs[groups] = metrics_without_wall(out)
+    rounds = [line for line in runs[4] if "test_loss" in line]
+    assert rounds[-1]["test_loss"] < rounds[0]["test_loss"]
+    extra = 3 * (10 * 16 * 2 * 2 + 10) * 4  # float32 bytes, to each client
+    for a, b in zip(*(
+        [line["bytes_down"] for line in runs[g] if "bytes_down" in line] for g in (4, 1)
+    ), strict=True):  # fmt: skip
+        assert extra <= (a - b) / clients < extra + 64
 
 
 def _server_heads(sim) -> dict[str, torch.Tensor]:

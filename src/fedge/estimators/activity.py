@@ -113,6 +113,7 @@ def activity_gradient(
     loss_fn: ExampleLossFn = per_example_cross_entropy,
     chunk: int | None = None,
     heads: nn.ModuleDict | None = None,
+    head_groups: int = 1,
 ) -> dict[str, Tensor]:
     """Activity-perturbed estimate of ∇_W L, L = (1/B) Σ_n ℓ_n the batch's mean loss, forwards
     only (Ren et al. 2023, Section 3, with finite differences for the forward-mode directional
@@ -140,6 +141,18 @@ def activity_gradient(
     stop at the head. Each head's linear and convolutional layers are estimated the same way
     from the block's clean output (draws ``(seed, "activity-head", e, j, k)``).
 
+    Channel-group-wise local losses (``head_groups`` G > 1, Ren et al. 2023, Section 4): each head's
+    linear layer holds G classifiers (G·classes outputs); the block output's channels split into G
+    equal contiguous groups, and classifier g's loss ℓ_g sees every group's pooled features but
+    only group g's move: ℓ_g = loss(W_g [sg(f_{-g}), f_g]), so its forward differences are taken
+    with the other groups' features clean. A layer scored by the head follows the mean objective
+    (1/G) Σ_g ℓ_g; the block's last linear or convolutional layer, when the layers after it keep
+    its channels (norms, activations, pooling), weights each output channel's perturbation by its
+    own group's loss difference alone: its perturbation noise in the other groups no longer enters
+    its estimate (less variance at the same K and forwards), at the price of a stop-gradient on the
+    paths between groups that a norm's shared statistics open (none when the groups are unions of
+    GroupNorm's groups). The head's classifiers are estimated from their own groups' losses.
+
     Args:
         model: a plain ``nn.Sequential`` (nested ones flattened), left unchanged; its selected
             parameters must belong to ``nn.Linear``/``nn.Conv1d``/``nn.Conv2d`` layers
@@ -155,6 +168,9 @@ def activity_gradient(
         heads: local heads keyed by the flat-layer index (a string) of the block's last layer,
             each a plain ``nn.Sequential`` whose parameters sit in linear/conv layers; None:
             every layer scored by the global loss.
+        head_groups: G, the channel groups of every head (each head a plain ``nn.Sequential``
+            whose only parameterized layer is its last, an ``nn.Linear`` with G·classes outputs);
+            1: one loss a head.
 
     Returns:
         name -> estimate, for the selected parameters (float32, on the parameters' device), and
@@ -170,21 +186,30 @@ def activity_gradient(
     check_scheme(scheme)
     if chunk is not None:
         check_positive_int("chunk", chunk)
+    check_positive_int("head_groups", head_groups)
     layers = flat_layers(model)
     estimated = set(activity_layers(model, params))
     assert layers is not None
-    head_layers = _head_layers(heads, len(layers))
+    head_layers = _head_layers(heads, len(layers), head_groups)
     ends = sorted(head_layers)
+    # each block's last linear/conv layer: the one whose channels reach its head unmixed
+    last_mixing = {
+        e: max((j for j in range(e + 1) if isinstance(layers[j], _LAYERS)), default=-1)
+        for e in ends
+    }
     sel = select(model, params, masks)
     name_of = {id(p): n for n, p in sel.params.items()}
     head_names = {id(p): HEAD_PREFIX + n for n, p in (heads.named_parameters() if heads else ())}
     x, y = batch
     out: dict[str, Tensor] = {}
 
-    def estimate(layer: nn.Module, h: Tensor, suffix: Sequence[nn.Module], path: tuple) -> Tensor:
-        """Estimate ``layer``'s parameters (those named) at input ``h``; its clean output."""
+    def estimate(layer: nn.Module, h: Tensor, score: _Score, path: tuple) -> Tensor:
+        """Estimate ``layer``'s parameters (those named) at input ``h``, its output scored by
+        ``score(z)`` (per-sample losses of perturbed copies, and the loss groups' weighting);
+        ``layer``'s clean output."""
         z = layer(h)  # (B, out) or (B, C, *spatial)
-        g_z = _activity_grad(z, y, suffix, loss_fn, k, sigma, scheme, seed, path, chunk)
+        losses, groups = score(z)
+        g_z = _activity_grad(z, losses, groups, k, sigma, scheme, seed, path, chunk)
         g_z = g_z / ((2.0 if scheme == "central" else 1.0) * k * sigma * z.shape[0])
         gw, gb = _local_map(layer, h, g_z.to(z.dtype))
         for p, g in ((layer.weight, gw), (layer.bias, gb)):
@@ -197,30 +222,125 @@ def activity_gradient(
                 out[head_names[id(p)]] = g
         return z
 
+    def plain(suffix: Sequence[nn.Module]) -> _Score:
+        return lambda z: (_suffix_losses(suffix, y, loss_fn), None)
+
     with torch.no_grad():
         h = x
         for i, layer in enumerate(layers):
             if i in estimated:
                 end = next((e for e in ends if e >= i), None)
-                suffix = (
-                    layers[i + 1 :] if end is None else layers[i + 1 : end + 1] + head_layers[end]
-                )
-                h = estimate(layer, h, suffix, ("activity", i))
+                if end is None:
+                    score = plain(layers[i + 1 :])
+                elif head_groups == 1:
+                    score = plain(layers[i + 1 : end + 1] + head_layers[end])
+                else:
+                    score = _grouped_head(
+                        layers[i + 1 : end + 1],
+                        head_layers[end],
+                        y,
+                        loss_fn,
+                        head_groups,
+                        weigh_by_group=i == last_mixing[end],
+                    )
+                h = estimate(layer, h, score, ("activity", i))
             else:
                 h = layer(h)
             if i in head_layers:  # the block's head, from the block's clean output
                 hh, chain = h, head_layers[i]
                 for j, m in enumerate(chain):
-                    if isinstance(m, _LAYERS):
-                        hh = estimate(m, hh, chain[j + 1 :], ("activity-head", i, j))
-                    else:
+                    if not isinstance(m, _LAYERS):
                         hh = m(hh)
+                    elif head_groups == 1:
+                        hh = estimate(m, hh, plain(chain[j + 1 :]), ("activity-head", i, j))
+                    else:  # the last layer: G classifiers, each scored by its own loss
+                        score = _grouped_logits(y, loss_fn, head_groups)
+                        hh = estimate(m, hh, score, ("activity-head", i, j))
     return {n: out[n] for n in [*sel.params, *head_names.values()]}
 
 
-def _head_layers(heads: nn.ModuleDict | None, depth: int) -> dict[int, list[nn.Module]]:
+#: ``score(z) -> (losses, groups)``: ``losses(zs, copies)``, the per-sample losses ``(copies, B)``
+#: or per-sample group losses ``(copies, B, G)`` of perturbed copies ``zs`` of z; ``groups``: G
+#: when z's channels are weighted by their own group's loss, else None (by the groups' mean).
+_Losses = Callable[[Tensor, int], Tensor]
+_Score = Callable[[Tensor], tuple[_Losses, int | None]]
+
+
+def _run(chain: Sequence[nn.Module], h: Tensor) -> Tensor:
+    for m in chain:
+        h = m(h)
+    return h
+
+
+def _suffix_losses(suffix: Sequence[nn.Module], y: Tensor, loss_fn: ExampleLossFn) -> _Losses:
+    """Each copy's per-sample loss after ``suffix``: ``(copies, B)``."""
+    return lambda zs, copies: loss_fn(_run(suffix, zs), y.repeat(copies)).view(copies, -1)
+
+
+def _grouped_head(
+    block: Sequence[nn.Module],
+    chain: Sequence[nn.Module],
+    y: Tensor,
+    loss_fn: ExampleLossFn,
+    groups: int,
+    *,
+    weigh_by_group: bool,
+) -> _Score:
+    """Score a block layer's output by the head's G group losses: the rest of the ``block`` and
+    the head ``chain`` up to its linear layer give the features f (B, w); classifier g's logits are W_g f₀ + b_g +
+    W_g[:, own g] (f − f₀)[own g] (f₀ the clean features: only group g's features move).
+    ``weigh_by_group``: the block's last linear/conv layer, its channels weighted by their own
+    group's loss when the block keeps them (else by the groups' mean)."""
+    *pre, head = chain
+    assert isinstance(head, nn.Linear)
+    prefix = [*block, *pre]
+
+    def score(z: Tensor) -> tuple[_Losses, int | None]:
+        out = _run(block, z)  # the block's clean output
+        f0 = _run(pre, out).flatten(1)
+        batch, width = f0.shape
+        classes = head.out_features // groups
+        w = head.weight.view(groups, classes, groups, width // groups)
+        own = torch.stack([w[g, :, g, :] for g in range(groups)])  # (G, classes, w/G)
+        base = head(f0).view(batch, groups, classes)
+        labels = y.repeat_interleave(groups)
+
+        def losses(zs: Tensor, copies: int) -> Tensor:
+            f = _run(prefix, zs).flatten(1).view(copies, batch, width)
+            delta = (f - f0).view(copies * batch, groups, width // groups)
+            logits = base.repeat(copies, 1, 1) + torch.einsum("ngw,gcw->ngc", delta, own)
+            per = loss_fn(logits.reshape(-1, classes), labels.repeat(copies))
+            return per.view(copies, batch, groups)
+
+        kept = weigh_by_group and out.shape[1] == z.shape[1] and z.shape[1] % groups == 0
+        return losses, groups if kept else None
+
+    return score
+
+
+def _grouped_logits(y: Tensor, loss_fn: ExampleLossFn, groups: int) -> _Score:
+    """Score a head's G classifiers' logits (B, G·classes): each group's by its own loss."""
+
+    def score(z: Tensor) -> tuple[_Losses, int | None]:
+        classes = z.shape[1] // groups
+        labels = y.repeat_interleave(groups)
+
+        def losses(zs: Tensor, copies: int) -> Tensor:
+            per = loss_fn(zs.reshape(-1, classes), labels.repeat(copies))
+            return per.view(copies, -1, groups)
+
+        return losses, groups
+
+    return score
+
+
+def _head_layers(
+    heads: nn.ModuleDict | None, depth: int, groups: int = 1
+) -> dict[int, list[nn.Module]]:
     """``heads`` as flat-layer index of the block's end -> the head's layers; refuses a key that
-    is not a layer index before the network's last, or a head that is not a plain Sequential."""
+    is not a layer index before the network's last, a head that is not a plain Sequential, and
+    with ``groups`` > 1 one whose only parameterized layer is not a last Linear with a multiple
+    of ``groups`` outputs."""
     out: dict[int, list[nn.Module]] = {}
     for key, head in (heads or {}).items():
         if not key.isdigit() or not 0 <= int(key) < depth - 1:
@@ -231,15 +351,24 @@ def _head_layers(heads: nn.ModuleDict | None, depth: int) -> dict[int, list[nn.M
         chain = flat_layers(head)
         if chain is None:
             raise ConfigError(f"local head {key!r}: expected a plain nn.Sequential")
+        if groups > 1 and (
+            not isinstance(chain[-1], nn.Linear)
+            or chain[-1].out_features % groups
+            or any(isinstance(m, _LAYERS) for m in chain[:-1])
+        ):
+            raise ConfigError(
+                f"local head {key!r}: with {groups} loss groups a head's one linear or "
+                f"convolutional layer must be its last, an nn.Linear with a multiple of {groups} "
+                "outputs (each group's classifier); fedge.methods.baffle.heads.build_heads makes them"
+            )
         out[int(key)] = chain
     return out
 
 
 def _activity_grad(
     z: Tensor,
-    y: Tensor,
-    suffix: Sequence[nn.Module],
-    loss_fn: ExampleLossFn,
+    losses: _Losses,
+    groups: int | None,
     k: int,
     sigma: float,
     scheme: Scheme,
@@ -247,17 +376,12 @@ def _activity_grad(
     path: tuple,
     chunk: int | None,
 ) -> Tensor:
-    """Σ_k Δℓ_{k,n} · u_{k,n}, float64 of z's shape: the un-normalized activity gradient."""
-
-    def losses(zs: Tensor, copies: int) -> Tensor:  # (copies·B, ...) -> (copies, B)
-        h = zs
-        for m in suffix:
-            h = m(h)
-        return loss_fn(h, y.repeat(copies)).view(copies, -1)
-
+    """Σ_k Δℓ_{k,n} · u_{k,n}, float64 of z's shape: the un-normalized activity gradient. With
+    group losses ``(copies, B, G)``: each channel of z weighted by its own group's Δℓ over G
+    (``groups``), or every element by the groups' mean Δℓ (None)."""
     batch = z.shape[0]
     per_pass = chunk or max(1, _MAX_PASS_ELEMENTS // max(1, z.numel()))
-    base = losses(z, 1) if scheme == "forward" else None  # (1, B)
+    base = losses(z, 1) if scheme == "forward" else None  # (1, B[, G])
     acc = torch.zeros(z.shape, dtype=torch.float64, device=z.device)
     seeds = seed_family(seed, *path)  # direction kk: generator(seed, *path, kk)'s draws
     gen = torch.Generator(device=z.device)
@@ -272,7 +396,13 @@ def _activity_grad(
             diff = plus - base
         else:  # z − σu: the same buffer, negated (exact) then added
             diff = plus - losses(torch.mul(u, sigma).neg_().add_(z).flatten(0, 1), len(ks))
-        acc += torch.einsum("pb,pb...->b...", diff.to(u.dtype), u)  # in z's dtype: no copy of u
+        if diff.dim() == 2:
+            acc += torch.einsum("pb,pb...->b...", diff.to(u.dtype), u)  # in z's dtype: no copy of u
+        elif groups is None:  # the mean objective's difference scores every element
+            acc += torch.einsum("pb,pb...->b...", diff.mean(2).to(u.dtype), u)
+        else:  # channel c of z: its own group's difference (of the mean objective: over G)
+            own = diff.repeat_interleave(z.shape[1] // groups, dim=2) / groups  # (p, B, C)
+            acc += torch.einsum("pbc,pbc...->bc...", own.to(u.dtype), u)
         del u, zs
     assert acc.shape[0] == batch
     return acc

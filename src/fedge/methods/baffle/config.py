@@ -94,6 +94,14 @@ class BaffleConfig(MethodConfigBase):
         description="with local_heads: the spatial size a head average-pools a block's output to before its "
         "linear classifier (1: global average pooling; a flat output goes to the classifier as it is)",
     )
+    head_groups: int = Field(
+        1,
+        ge=1,
+        description="with local_heads: channel groups per head (Ren et al. 2023's group-wise local losses): a "
+        "head holds one classifier per group of a block's output channels, each scored by a loss in which only "
+        "its group's features move, and the block's last layer weights each channel's perturbation by its own "
+        "group's loss (less variance at the same K); must divide every head block's channel count; 1: one loss a head",
+    )
     directions: Literal["gaussian", "orthogonal", "block"] = Field(
         "gaussian",
         description="perturbation directions: gaussian (BAFFLE's i.i.d.), orthogonal (randomized Hadamard per "
@@ -229,6 +237,12 @@ class BaffleConfig(MethodConfigBase):
             raise ValueError(
                 f"local_heads={self.local_heads} scores blocks of activity-perturbed layers; set "
                 "method.estimator=activity (with method.mode=epoch), or method.local_heads=[]"
+            )
+        if self.head_groups > 1 and not self.local_heads:
+            raise ValueError(
+                f"head_groups={self.head_groups} splits the local heads' losses by channel group, but "
+                "local_heads is empty; name the blocks (e.g. method.local_heads=[features.conv1]) or set "
+                "method.head_groups=1"
             )
         if self.k_final is not None and self.mode != "epoch":
             raise ValueError(

@@ -95,6 +95,7 @@ def activity_gradient_fn(
             masks=perturbed_masks(masks, params),
             chunk=cfg.chunk,
             heads=heads,
+            head_groups=cfg.head_groups,
         )
         return None, clip_inf_norm(g, cfg.clip)
 
@@ -140,6 +141,7 @@ def _build_with_heads(
             input_shape=env.input_shape,
             num_classes=env.num_classes,
             pool=cfg.head_pool,
+            groups=cfg.head_groups,
             seed=env.seed,
             draws=env.draws,
         )

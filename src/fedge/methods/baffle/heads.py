@@ -81,10 +81,13 @@ def build_heads(
     pool: int,
     seed: int,
     draws: Draws = "torch",
+    groups: int = 1,
 ) -> nn.ModuleDict:
     """One head per block end, keyed by its index as a string: for a (C, H, W) or (C, L) output,
     adaptive average pooling to ``pool`` (per spatial side), flattening and
-    Linear(C·pool^d, classes); for a flat output, the linear layer alone. Initialised as the
+    Linear(C·pool^d, groups·classes) (``groups`` classifiers, one per channel group:
+    :func:`~fedge.estimators.activity.activity_gradient`'s ``head_groups``); for a flat output,
+    the linear layer alone. Refuses a block whose channels ``groups`` does not divide. Initialised as the
     models are (:mod:`fedge.models.initialization`), from ``(seed, "local-heads")`` by the run's
     ``draws``, on the model's device."""
     layers = flat_layers(model)
@@ -98,7 +101,13 @@ def build_heads(
         for i, layer in enumerate(layers[: max(ends, default=-1) + 1]):
             h = layer(h)
             if i in ends:
-                heads[str(i)] = _head(tuple(h.shape[1:]), num_classes, pool)
+                if h.shape[1] % groups:
+                    raise ConfigError(
+                        f"method.head_groups={groups} must divide the channels of every head's block, "
+                        f"but the block ending at layer {i} ({type(layer).__name__}) outputs "
+                        f"{h.shape[1]}; choose a divisor of {h.shape[1]}"
+                    )
+                heads[str(i)] = _head(tuple(h.shape[1:]), num_classes * groups, pool)
         model.train(was)
     if draws == "portable":
         portable_reset_parameters(heads, derive_seed(seed, "local-heads"))
