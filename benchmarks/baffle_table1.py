@@ -423,26 +423,33 @@ def activity_variants(lr: float) -> dict[str, list[str]]:
 
 
 # Local heads (method.local_heads; Ren et al.'s local losses): a head (global average pooling, one
-# linear classifier per group of conv1's 16 channels: method.head_groups=16, Ren et al.'s
-# group-wise losses) closes conv1's block, so conv1's perturbed forwards stop there instead of
-# running through conv2: at K = 25 the client's FLOPs fall from 9.0x to 0.72x BP's by torch's
-# counter (its wall time about 30% less: the elementwise work on the perturbed copies stays),
-# and the estimate's cosine with the gradient rises from 0.475 to 0.535 (one loss a head: 0.413;
-# benchmarks/zo_frontier.py --quality). Paired with the head-free activity row at the same K, so
-# the paired difference is the group heads' effect on accuracy (conv1 then fits their losses).
-HEAD_GROUPS = 16
-HEADS_ROW = f"activity K={ACTIVITY_K}, local head after conv1, {HEAD_GROUPS} loss groups"
+# linear classifier per group of conv1's 16 channels, method.head_groups=16) closes conv1's block,
+# and its losses are per channel group and per patch of a 7 x 7 grid of the block's 14 x 14 output
+# (method.head_patches=7, Ren et al.'s group- and patch-wise losses). conv1's perturbed forwards
+# stop at the head instead of running through conv2: at K = 25 the client's FLOPs fall from 9.0x
+# to 0.72x BP's by torch's counter (its wall time not: the elementwise work on the perturbed
+# copies and the 784 cell losses a sample stay), and conv1's estimate has cosine 0.97 with its
+# local objective's gradient (one loss a head: 0.08; 16 groups without patches: 0.19); the layers
+# after the head keep the global loss (benchmarks/zo_frontier.py --quality). Paired with the
+# head-free activity row at the same K, so the paired difference is the local losses' effect on
+# accuracy: conv1 fits them, not the network's loss.
+HEAD_GROUPS, HEAD_PATCHES = 16, 7
+HEADS_ROW = (
+    f"activity K={ACTIVITY_K}, local head after conv1, {HEAD_GROUPS} loss groups x "
+    f"{HEAD_PATCHES}x{HEAD_PATCHES} patches"
+)
 HEADS = [
     "method.estimator=activity",
     f"method.k={ACTIVITY_K}",
     "method.local_heads=[features.conv1]",
     f"method.head_groups={HEAD_GROUPS}",
+    f"method.head_patches={HEAD_PATCHES}",
 ]
 
 
 def heads_variants(lr: float) -> dict[str, list[str]]:
-    """The local-heads row: the activity row's recipe with a head of ``HEAD_GROUPS`` channel-group
-    losses closing conv1's block."""
+    """The local-heads row: the activity row's recipe with a head of ``HEAD_GROUPS`` channel
+    groups x ``HEAD_PATCHES`` x ``HEAD_PATCHES`` patch losses closing conv1's block."""
     return {HEADS_ROW: [*HEADS, f"method.client_optimizer.lr={lr}"]}
 
 
@@ -473,11 +480,12 @@ GROUPS = {
     "heads": Group(
         "heads",
         f"**Activity perturbation with a local head, K = {ACTIVITY_K}** (issue 45: "
-        f"`method.local_heads=[features.conv1]`, `method.head_groups={HEAD_GROUPS}`, Ren et al.'s "
-        "local losses: global average pooling and one linear classifier per channel of conv1's "
-        "block, each one's loss scoring its channel of conv1, estimated forward-only and averaged "
-        "by the server beside the model; the activity row's recipe otherwise, paired with it by "
-        "seed, so the difference is the heads'",
+        f"`method.local_heads=[features.conv1]`, `method.head_groups={HEAD_GROUPS}`, "
+        f"`method.head_patches={HEAD_PATCHES}`, Ren et al.'s local losses: global average pooling "
+        "and one linear classifier per channel of conv1's block, a loss per channel and patch of "
+        f"a {HEAD_PATCHES}x{HEAD_PATCHES} grid scoring conv1's outputs there, the head estimated "
+        "forward-only and averaged by the server beside the model; the activity row's recipe "
+        "otherwise, paired with it by seed, so the difference is the local losses'",
         {HEADS_ROW: ("BAFFLE K=100", tuple(HEADS))},
         heads_variants,
         {HEADS_ROW: ACTIVITY_ROW},

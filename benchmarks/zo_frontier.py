@@ -971,16 +971,30 @@ QUALITY_HEAD_ESTIMATORS = {
     "activity K=25, local head after conv1": 25,
     "activity K=100, local head after conv1": 100,
 }
-#: label -> (K, G) of the same heads split into G channel-group losses (method.head_groups; Ren et
-#: al.'s group-wise local losses): 2 is GroupNorm's own grouping of conv1's 16 channels (no path
-#: between loss groups through its statistics), 16 one loss a channel (those paths stopped)
-#: the record's entry of the local objective's exact gradient (then ", G loss groups")
+#: the record's entry of the local objective's exact gradient (then ", G loss groups" and
+#: ", PxP patches" where they apply)
 EXACT_LOCAL = "local objective's exact gradient"
+#: label -> (K, G, P) of the same heads with cell losses (Ren et al.'s group-wise and patch-wise
+#: local losses): G channel groups (method.head_groups; 2 is GroupNorm's own grouping of conv1's 16
+#: channels, no path between loss groups through its statistics; 16 one loss a channel, those
+#: paths stopped) and P x P patches of its 14 x 14 block output (method.head_patches)
 QUALITY_GROUP_ESTIMATORS = {
-    "activity K=25, local head after conv1, 16 loss groups": (25, 16),
-    "activity K=100, local head after conv1, 2 loss groups": (100, 2),
-    "activity K=100, local head after conv1, 16 loss groups": (100, 16),
+    "activity K=25, local head after conv1, 16 loss groups": (25, 16, 1),
+    "activity K=100, local head after conv1, 2 loss groups": (100, 2, 1),
+    "activity K=100, local head after conv1, 16 loss groups": (100, 16, 1),
+    "activity K=25, local head after conv1, 16 loss groups x 7x7 patches": (25, 16, 7),
+    "activity K=100, local head after conv1, 16 loss groups x 2x2 patches": (100, 16, 2),
+    "activity K=100, local head after conv1, 16 loss groups x 7x7 patches": (100, 16, 7),
 }
+
+
+def _exact_label(groups: int, patches: int) -> str:
+    """The record's entry of the exact gradient of the objective with these cells."""
+    return (
+        EXACT_LOCAL
+        + (f", {groups} loss groups" if groups > 1 else "")
+        + (f", {patches}x{patches} patches" if patches > 1 else "")
+    )
 
 
 def _per_sample_flops(fn: Any, batch: int) -> tuple[Any, float]:
@@ -1032,7 +1046,8 @@ def model_quality(
         return torch.cat([g[n].detach().flatten().double() for n in names])
 
     ends = block_ends(net, heads_at, activity_layers(net, names)) if heads_at else []
-    group_counts = (1, *sorted({g for _, g in QUALITY_GROUP_ESTIMATORS.values()})) if ends else ()
+    cells = sorted({(g, p) for _, g, p in QUALITY_GROUP_ESTIMATORS.values()} | {(1, 1)})
+    group_counts = sorted({g for g, _ in cells}) if ends else []
     grouped = {  # G -> the heads with G classifiers each
         g: build_heads(
             net, ends, input_shape=tuple(x.shape[1:]), num_classes=10, pool=1, seed=0, groups=g
@@ -1041,7 +1056,9 @@ def model_quality(
     }
     heads = grouped.get(1)
 
-    def estimate(kind: str, k: int, seed: int, groups: int = 1) -> dict[str, torch.Tensor]:
+    def estimate(
+        kind: str, k: int, seed: int, groups: int = 1, patches: int = 1
+    ) -> dict[str, torch.Tensor]:
         if kind in ("activity", "heads"):
             return activity_gradient(
                 net,
@@ -1053,6 +1070,7 @@ def model_quality(
                 params=names,
                 heads=grouped[groups] if kind == "heads" else None,
                 head_groups=groups,
+                head_patches=patches,
             )
         return zeroth_order_gradient(
             net,
@@ -1070,46 +1088,58 @@ def model_quality(
         lambda: backprop_gradient(net, F.cross_entropy, (x, y), params=names), len(y)
     )
     ref = flat(true)
-    exact = {  # G -> the gradient of the objective the estimate with G loss groups targets
-        g: local_objective_gradient(net, h, (x, y), groups=g, params=names)
-        for g, h in grouped.items()
+    exact = {  # (G, P) -> the gradient of the objective the estimate with those cells targets
+        (g, p): local_objective_gradient(net, grouped[g], (x, y), groups=g, patches=p, params=names)
+        for g, p in (cells if ends else [])
     }
-    locals_ = {g: flat(e) for g, e in exact.items()}
+    locals_ = {c: flat(e) for c, e in exact.items()}
     bp_wall = _wall(lambda: backprop_gradient(net, F.cross_entropy, (x, y), params=names), 5)
     out: dict[str, Any] = {}
-    runs: dict[str, tuple[str, int, int]] = {
-        **{label: (kind, k, 1) for label, (kind, k) in QUALITY_ESTIMATORS.items()},
-        **({k: ("heads", v, 1) for k, v in QUALITY_HEAD_ESTIMATORS.items()} if heads else {}),
+    runs: dict[str, tuple[str, int, int, int]] = {
+        **{label: (kind, k, 1, 1) for label, (kind, k) in QUALITY_ESTIMATORS.items()},
+        **({k: ("heads", v, 1, 1) for k, v in QUALITY_HEAD_ESTIMATORS.items()} if heads else {}),
         **({k: ("heads", *v) for k, v in QUALITY_GROUP_ESTIMATORS.items()} if heads else {}),
     }
-    for label, (kind, k, groups) in runs.items():
-        cos, cos_local, flops = [], [], 0.0
+    first = names[0]  # the layer a head after conv1's block scores
+
+    def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+        a, b = a.flatten().double(), b.flatten().double()
+        return float(a @ b / (a.norm() * b.norm()))
+
+    for label, (kind, k, groups, patches) in runs.items():
+        cos, cos_local, cos_first, flops = [], [], [], 0.0
         for s in range(repeats):
             g, flops = _per_sample_flops(
-                lambda: estimate(kind, k, 1000 + s, groups),  # noqa: B023
+                lambda: estimate(kind, k, 1000 + s, groups, patches),  # noqa: B023
                 len(y),
             )
             v = flat(g)
-            cos.append(float(v @ ref / (v.norm() * ref.norm())))
+            cos.append(cosine(v, ref))
             if kind == "heads":
-                local = locals_[groups]
-                cos_local.append(float(v @ local / (v.norm() * local.norm())))
+                cos_local.append(cosine(v, locals_[groups, patches]))
+                cos_first.append(cosine(g[first], exact[groups, patches][first]))
         out[label] = {
             "cos_mean": statistics.fmean(cos),
             "cos_std": statistics.stdev(cos),
             "flops_per_sample": flops,
             "flops_over_bp": flops / bp,
-            "wall_over_bp": _wall(lambda: estimate(kind, k, 1000, groups), 3) / bp_wall,  # noqa: B023
+            "wall_over_bp": _wall(
+                lambda: estimate(kind, k, 1000, groups, patches),  # noqa: B023
+                3,
+            )
+            / bp_wall,
         }
-        if cos_local:
+        if cos_local:  # against the objective it follows; conv1's alone too
             out[label] |= {
                 "cos_local_mean": statistics.fmean(cos_local),
                 "cos_local_std": statistics.stdev(cos_local),
+                "cos_local_first_layer_mean": statistics.fmean(cos_first),
+                "cos_local_first_layer_std": statistics.stdev(cos_first),
             }
-    for groups, grad in exact.items():  # each local objective's gradient vs the global
+    for (groups, patches), grad in exact.items():  # each local objective's gradient vs the global
         a, b = (g[names[0]].flatten().double() for g in (grad, true))
-        local = locals_[groups]
-        out[EXACT_LOCAL + (f", {groups} loss groups" if groups > 1 else "")] = {
+        local = locals_[groups, patches]
+        out[_exact_label(groups, patches)] = {
             "cos_mean": float(local @ ref / (local.norm() * ref.norm())),
             "cos_first_layer": float(a @ b / (a.norm() * b.norm())),  # the layer the head re-aims
         }
@@ -1245,38 +1275,55 @@ def _heads_note(lenet: dict[str, Any], act: str) -> str:
         "output and running GroupNorm, Hardswish and pooling over the K perturbed copies is "
         "elementwise work torch's FLOP counter does not count. Wall ratios are this CPU's, one "
         "thread, with per-direction overhead included (on the MLP it dominates: a tiny backprop "
-        "step against K loops of small kernels)." + _groups_note(est, headed, exact)
+        "step against K loops of small kernels)." + _groups_note(est, exact)
     )
 
 
-def _groups_note(est: dict[str, Any], headed: str, exact: dict[str, Any]) -> str:
-    """The channel-group sentence of :func:`_heads_note`, when the record has those estimates."""
-    rows = {v: k for k, v in QUALITY_GROUP_ESTIMATORS.items() if k in est}
+def _groups_note(est: dict[str, Any], exact: dict[str, Any]) -> str:
+    """The cell-loss sentence of :func:`_heads_note`, when the record has those estimates."""
+    rows = {tuple(v): k for k, v in QUALITY_GROUP_ESTIMATORS.items() if k in est}
     if not rows:
         return ""
 
     def local(label: str) -> str:
-        return f"{est[label]['cos_local_mean']:.3f}"
+        e = est[label]
+        first = e.get("cos_local_first_layer_mean")
+        return f"{e['cos_local_mean']:.3f}" + (
+            f" (conv1's {first:.3f} ± {e['cos_local_first_layer_std']:.3f})" if first else ""
+        )
+
+    def named(g: int, p: int) -> str:
+        return f"{g} groups" + (f" x {p}x{p} patches" if p > 1 else "")
 
     cells = "; ".join(
-        f"{g} groups at K = {k}: {local(label)} with its objective's gradient, "
+        f"{named(g, p)} at K = {k}: {local(label)} with its objective's gradient, "
         f"{est[label]['cos_mean']:.3f} with the global one, {est[label]['flops_over_bp']:.2f}x "
         f"BP's FLOPs ({est[label]['wall_over_bp']:.0f}x its wall)"
-        for (k, g), label in sorted(rows.items())
+        for (k, g, p), label in sorted(rows.items())
     )
     objectives = "; ".join(
-        f"{g} groups {e['cos_mean']:.3f} ({e['cos_first_layer']:.3f} on conv1's weights)"
-        for g in sorted({g for _, g in rows})
-        if (e := est.get(f"{EXACT_LOCAL}, {g} loss groups")) is not None
+        f"{named(g, p)} {e['cos_mean']:.3f} ({e['cos_first_layer']:.3f} on conv1's weights)"
+        for g, p in sorted({(g, p) for _, g, p in rows})
+        if (e := est.get(_exact_label(g, p))) is not None
     )
     return (
-        " **Channel-group losses** (`method.head_groups`, Ren et al.'s group-wise local losses: "
-        "the head holds one classifier per group of conv1's 16 channels, each scored by a loss in "
-        "which only its group's features move, and conv1 weights each channel's perturbation by "
-        f"its own group's loss): {cells}; one loss a head at K = 100: {local(headed)} with its "
-        f"objective's gradient. Each objective's exact gradient against the global one: {objectives}"
-        f" (one loss: {exact['cos_mean']:.3f}). With 2 groups, GroupNorm's own, no path between "
-        "loss groups runs through the norm's statistics; with 16 those paths are stopped."
+        " **Cell losses** (Ren et al.'s group-wise and patch-wise local losses: "
+        "`method.head_groups` gives the head one classifier per group of conv1's 16 channels, "
+        "`method.head_patches` splits the block's 14x14 output into patches; each cell's loss "
+        "moves only with its own group's share of its own patch's pooled features, and conv1 "
+        f"weights each output's perturbation by its own cell's loss): {cells}; one loss a head: "
+        + "; ".join(
+            f"K = {k}: {local(label)}"
+            for label, k in QUALITY_HEAD_ESTIMATORS.items()
+            if label in est
+        )
+        + " with its objective's gradient. The whole-model cosines move little between cell "
+        "layouts: conv2 and the classifier, after the head and scored by the network's loss, "
+        "carry most of the gradient; conv1's own cosine is where the cell losses act. "
+        + "Each objective's exact "
+        f"gradient against the global one: {objectives} (one loss: {exact['cos_mean']:.3f}). "
+        "With 2 groups, GroupNorm's own, no path between loss groups runs through the norm's "
+        "statistics; with 16, and between patches, those paths are stopped."
     )
 
 

@@ -421,11 +421,11 @@ def test_the_activity_row_screens_its_lr_and_is_judged_against_the_stronger_bp_r
 
 
 def test_the_local_head_row_is_the_activity_row_with_a_head_and_paired_with_it() -> None:
-    """``--heads``: the activity row's recipe (K = 25) plus a head of 16 channel-group losses
-    closing conv1's block, on its own screen of BAFFLE's grid, paired by seed with the head-free
+    """``--heads``: the activity row's recipe (K = 25) plus a head of 16 channel groups x 7x7
+    patch losses closing conv1's block, on its own screen of BAFFLE's grid, paired by seed with the head-free
     activity row (the difference is the heads') and metered by its own probe."""
     group = bench.GROUPS["heads"]
-    row = "activity K=25, local head after conv1, 16 loss groups"
+    row = "activity K=25, local head after conv1, 16 loss groups x 7x7 patches"
     assert group.probes and group.paired == {row: "activity K=25"}
     assert set(group.screen_variants()) == {
         f"screen {row} lr={lr}" for lr in (0.001, 0.003, 0.01, 0.03)
@@ -436,6 +436,7 @@ def test_the_local_head_row_is_the_activity_row_with_a_head_and_paired_with_it()
             "method.k=25",
             "method.local_heads=[features.conv1]",
             "method.head_groups=16",
+            "method.head_patches=7",
             "method.client_optimizer.lr=0.003",
         ]
     }

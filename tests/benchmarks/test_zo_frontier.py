@@ -439,7 +439,7 @@ def test_estimate_quality_of_a_small_mlp_against_autograd() -> None:
     assert est["BAFFLE K=100 (weights)"]["flops_over_bp"] == pytest.approx(101 * 180 / 396)
 
 
-def test_estimate_quality_with_a_local_head_on_a_small_lenet() -> None:
+def test_estimate_quality_with_a_local_head_on_a_small_lenet(monkeypatch) -> None:
     """With a head after conv1's block the activity estimates cost a fraction of the head-free
     ones' FLOPs (conv1's perturbed forwards stop at the head), carry their cosine with the local
     objective's exact gradient, and the record states how far that gradient is from the global
@@ -451,6 +451,11 @@ def test_estimate_quality_with_a_local_head_on_a_small_lenet() -> None:
     net = build_model("lenet", input_shape=(1, 12, 12), num_classes=10, seed=0)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(6, 1, 12, 12, generator=g), torch.randint(0, 10, (6,), generator=g)
+    cells = {  # conv1's block outputs 6 x 6 here: 3 x 3 patches (the record's 7 x 7 need 14 x 14)
+        "activity K=100, local head after conv1, 16 loss groups": (100, 16, 1),
+        "activity K=100, local head after conv1, 16 loss groups x 3x3 patches": (100, 16, 3),
+    }
+    monkeypatch.setattr(bench, "QUALITY_GROUP_ESTIMATORS", cells)
     q = bench.model_quality(net, x, y, repeats=2, heads_at=("features.conv1",))
     est = q["estimators"]
     headed, plain = (
@@ -462,11 +467,12 @@ def test_estimate_quality_with_a_local_head_on_a_small_lenet() -> None:
     exact = est["local objective's exact gradient"]
     assert 0 < exact["cos_mean"] < 1 and -1 <= exact["cos_first_layer"] <= 1
     assert all(e["wall_over_bp"] > 0 for e in est.values() if "cos_std" in e)
-    # channel-group losses: each with its own objective's exact gradient; at the same K, 16
-    # groups (one loss a channel) come closer to theirs than 1 loss a head does to its own
-    for label, (_, groups) in bench.QUALITY_GROUP_ESTIMATORS.items():
+    # cell losses: each with its own objective's exact gradient; at the same K, 16 groups (one
+    # loss a channel) come closer to theirs than 1 loss a head does to its own
+    for label, (_, groups, patches) in cells.items():
         assert -1 <= est[label]["cos_local_mean"] <= 1
-        assert f"local objective's exact gradient, {groups} loss groups" in est
+        assert bench._exact_label(groups, patches) in est
+    assert "local objective's exact gradient, 16 loss groups, 3x3 patches" in est
     assert (
         est["activity K=100, local head after conv1, 16 loss groups"]["cos_local_mean"]
         > est["activity K=100, local head after conv1"]["cos_local_mean"]

@@ -18,7 +18,7 @@ from fedge.core.errors import ConfigError
 from fedge.core.rng import generator
 from fedge.estimators.activity import (
     _activity_grad,
-    _grouped_head,
+    _cell_head,
     _local_map,
     activity_gradient,
     activity_layers,
@@ -409,30 +409,74 @@ def test_group_losses_converge_to_the_group_objectives_gradient():
     assert float(F.cosine_similarity(one_loss, true, dim=0)) < 0.98
 
 
-def test_own_group_weighting_is_the_same_gradient_with_less_noise():
-    """On the block's last conv, whose 4 channels reach the head unmixed, weighting each channel
-    by its own group's loss difference (what the estimator does there) and by the groups' mean
-    (what it does for earlier layers) estimate the same gradient; the own-group weighting errs
-    less at every K, over the same draws."""
-    model, heads = _two_conv_block()
-    batch = _batch((1, 5, 5))
-    true = local_objective_gradient(model, heads, batch, groups=2)["2.weight"]
+def _pooled_block(norm: bool) -> nn.Sequential:
+    """A block of two convs, [GroupNorm(2)], ReLU and 2x2 max pooling on 8x8 inputs (flat layers
+    0-4 or 0-5: a 4x4 output of 4 channels), then a strided conv and a classifier."""
+    block = [nn.Conv2d(1, 2, 3, padding=1), nn.Hardswish(), nn.Conv2d(2, 4, 3, padding=1)]
+    block += [nn.GroupNorm(2, 4, affine=False)] if norm else []
+    tail = [nn.Conv2d(4, 4, 3, stride=2), nn.ReLU(), nn.Flatten(), nn.Linear(4, 3)]
+    return _fill(nn.Sequential(*block, nn.ReLU(), nn.MaxPool2d(2), *tail), 9, scale=0.5).double()
+
+
+def _global_head(end: int, groups: int) -> nn.ModuleDict:
+    head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, groups * 3))
+    return nn.ModuleDict({str(end): _fill(head, 6)}).double()
+
+
+@pytest.mark.parametrize(("norm", "groups", "patches"), [(False, 2, 2), (True, 4, 2), (True, 1, 4)])
+def test_patch_losses_converge_to_the_cell_objectives_gradient(norm, groups, patches):
+    """Ren et al.'s patch-wise losses on a 2x2-pooled block's 4x4 output, alone or with channel
+    groups, with or without a GroupNorm: every parameter's estimate converges to autograd's
+    gradient of the cell objective (fedge.estimators.local_objective), the block's convs included.
+    Without a norm that objective is the group objective (patches change the variance only);
+    under GroupNorm its paths between patches are stopped, so the last conv's gradient differs."""
+    model, batch = _pooled_block(norm), _batch((1, 8, 8))
+    end = 5 if norm else 4
+    heads = _global_head(end, groups)
+    exact = local_objective_gradient(model, heads, batch, groups=groups, patches=patches)
+
+    def run(k: int, seed: int) -> dict[str, torch.Tensor]:
+        return activity_gradient(
+            model, batch, k=k, sigma=1e-5, scheme="central", seed=seed, heads=heads,
+            head_groups=groups, head_patches=patches,
+        )  # fmt: skip
+
+    est = _converges(run, _flat(exact))
+    for name in exact:
+        cos = F.cosine_similarity(est[name].reshape(-1), exact[name].reshape(-1), dim=0)
+        assert float(cos) > 0.98, name
+    unpatched = local_objective_gradient(model, heads, batch, groups=groups)
+    if not norm:  # no norm couples the patches: the patch shares add up to the group objective
+        assert all(torch.allclose(exact[n], unpatched[n], atol=1e-12) for n in exact)
+    else:  # the norm's paths between patches are stopped: the block's last conv differs
+        assert not torch.allclose(exact["2.weight"], unpatched["2.weight"], atol=1e-6)
+
+
+@pytest.mark.parametrize(("groups", "patches"), [(2, 1), (2, 2)])
+def test_own_cell_weighting_is_the_same_gradient_with_less_noise(groups, patches):
+    """On the block's last conv, weighting each element by its own cell's loss difference (what
+    the estimator does there) and by the cells' mean (what it does for earlier layers, and for
+    the last conv of a norm-free block an unbiased estimate of the same gradient) agree in
+    expectation; the own-cell weighting errs less, draw by draw."""
+    model, batch = _pooled_block(norm=False), _batch((1, 8, 8))
+    heads = _global_head(4, groups)
+    true = local_objective_gradient(model, heads, batch, groups=groups, patches=patches)
     layers, (x, y) = list(model), batch
     with torch.no_grad():
         h = layers[1](layers[0](x))
         z = layers[2](h)
-        score = _grouped_head(layers[3:4], list(heads["3"]), y, per_example_cross_entropy, 2,
-                              weigh_by_group=True)  # fmt: skip
-        losses, groups = score(z)
-        assert groups == 2
-        errs: dict[object, list[float]] = {2: [], None: []}
+        score = _cell_head(layers[3:5], list(heads["4"]), y, per_example_cross_entropy, groups,
+                           patches, weigh_cells=True)  # fmt: skip
+        losses, weigh = score(z)
+        assert weigh is not None
+        errs: dict[str, list[float]] = {"own": [], "mean": []}
         for seed in range(6):
-            for weighting in (2, None):
+            for label, weighting in (("own", weigh), ("mean", None)):
                 g_z = _activity_grad(z, losses, weighting, 32, 1e-5, "central", seed, ("t",), None)
                 g_z = g_z / (2 * 32 * 1e-5 * z.shape[0])
                 est, _ = _local_map(layers[2], h, g_z)
-                errs[weighting].append(float((est - true).norm() / true.norm()))
-    assert all(a < b for a, b in zip(errs[2], errs[None], strict=True)), errs
+                errs[label].append(float((est - true["2.weight"]).norm() / true["2.weight"].norm()))
+    assert all(a < b for a, b in zip(errs["own"], errs["mean"], strict=True)), errs
 
 
 def test_group_losses_stop_the_paths_a_norm_opens_between_groups():
@@ -461,6 +505,19 @@ def test_group_losses_stop_the_paths_a_norm_opens_between_groups():
         for name in ("0.weight", "0.bias"):
             cos = F.cosine_similarity(est[name].reshape(-1), exact[name].reshape(-1), dim=0)
             assert float(cos) > 0.99, (groups, name)
+
+
+def test_patch_heads_that_cannot_serve_are_refused():
+    model, batch = _pooled_block(norm=False), _batch((1, 8, 8))
+    with pytest.raises(ConfigError, match="equal patches, but it is \\(4, 4, 4\\)"):
+        activity_gradient(model, batch, k=2, sigma=1e-4, scheme="forward", seed=0,
+                          heads=_global_head(4, 1), head_patches=3)  # fmt: skip
+    pooled2 = nn.ModuleDict(
+        {"4": nn.Sequential(nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(16, 3))}
+    ).double()
+    with pytest.raises(ConfigError, match="pools globally"):
+        activity_gradient(model, batch, k=2, sigma=1e-4, scheme="forward", seed=0,
+                          heads=pooled2, head_patches=2)  # fmt: skip
 
 
 def test_group_heads_that_cannot_serve_are_refused():

@@ -1,8 +1,8 @@
 """The local heads' objective (fedge.estimators.local_objective) against oracles written another
 way: one loss a head, the block losses written out with the stop-gradients as detaches; with
-loss groups, vector-Jacobian products whose cotangents are masked to each group (the features'
-for every block layer, then the last conv's output for that conv); and the activity estimate
-converging to it on a small LeNet."""
+loss groups and patches, vector-Jacobian products whose cotangents are masked to each cell (the
+pooled patches' for every block layer, then the last conv's output for that conv); and the
+activity estimate converging to it on a small LeNet."""
 
 from __future__ import annotations
 
@@ -26,11 +26,12 @@ def _filled(module: nn.Module, seed: int) -> nn.Module:
 
 
 def _net(norm: bool) -> nn.Sequential:
-    """conv, [GroupNorm(2)], Hardswish, conv, ReLU (the block, flat layers 0-3 or 0-4), then a
-    strided conv and a classifier."""
+    """conv, Hardswish, conv, [GroupNorm(2)], ReLU, 2x2 max pool (the block, flat layers 0-4 or
+    0-5: a 4x4 output of 4 channels from 8x8 inputs), then a strided conv and a classifier."""
     block = [nn.Conv2d(1, 2, 3, padding=1), nn.Hardswish(), nn.Conv2d(2, 4, 3, padding=1)]
     block += [nn.GroupNorm(2, 4, affine=False)] if norm else []
-    tail = [nn.ReLU(), nn.Conv2d(4, 4, 3, stride=2), nn.ReLU(), nn.Flatten(), nn.Linear(16, 3)]
+    block += [nn.ReLU(), nn.MaxPool2d(2)]
+    tail = [nn.Conv2d(4, 4, 3, stride=2), nn.ReLU(), nn.Flatten(), nn.Linear(4, 3)]
     return _filled(nn.Sequential(*block, *tail), 1)  # type: ignore[return-value]
 
 
@@ -41,25 +42,27 @@ def _head(end: int, groups: int) -> nn.ModuleDict:
 
 def _batch():
     g = torch.Generator().manual_seed(3)
-    x = torch.randn(8, 1, 5, 5, generator=g, dtype=torch.float64)
+    x = torch.randn(8, 1, 8, 8, generator=g, dtype=torch.float64)
     return x, torch.randint(0, 3, (8,), generator=g)
 
 
-def _masked_vjps(model: nn.Sequential, heads: nn.ModuleDict, batch, groups: int) -> dict:
-    """The oracle by masked cotangents: for each group g, dℓ_g/df masked to g's features is
-    pulled back through the block to its parameters, except the last conv's, which get the
-    cotangent at its output z masked to g's channels; the head's own gradient in full; the tail
-    after a detach."""
+def _masked_vjps(model: nn.Sequential, heads: nn.ModuleDict, batch, groups: int, patches: int):
+    """The oracle by masked cotangents: for each cell (g, p), dℓ_g/df̄ (ℓ_g the classifier's
+    loss at the pooled features f̄, over G) goes to group g's channels of patch p of the P x P
+    pooled output, over P², and is pulled back through the block to its parameters, except the
+    last conv's, which get the cotangent at its output z masked to g's channels and to the
+    positions of z that 2x2 pooling sends into patch p; each classifier's gradient is its own
+    loss's, once; the tail after a detach."""
     (key,) = heads.keys()
     end, layers, (x, y) = int(key), list(model), batch
     last = 2  # the block's last conv in _net
     pool, flatten, linear = heads[key]
-    z = layers[1](layers[0](x))
-    z = layers[last](z)
+    z = layers[last](layers[1](layers[0](x)))
     out = z
     for m in layers[last + 1 : end + 1]:
         out = m(out)
-    f = flatten(pool(out))
+    q = F.adaptive_avg_pool2d(out, patches)  # (B, C, P, P)
+    mean = flatten(pool(out))
     tail = out.detach()
     for m in layers[end + 1 :]:
         tail = m(tail)
@@ -68,26 +71,28 @@ def _masked_vjps(model: nn.Sequential, heads: nn.ModuleDict, batch, groups: int)
     rest = [p for m in layers[end + 1 :] for p in m.parameters()]
     grads = dict.fromkeys([*block, *own, linear.weight, linear.bias], 0.0)
     grads.update(zip(rest, torch.autograd.grad(F.cross_entropy(tail, y), rest), strict=True))
-    per, width = linear.out_features // groups, f.shape[1]
+    per, channels, side = linear.out_features // groups, z.shape[1], z.shape[2] // patches
     for g in range(groups):
         rows = slice(g * per, (g + 1) * per)
-        loss = F.cross_entropy(f @ linear.weight[rows].T + linear.bias[rows], y) / groups
-        df = torch.autograd.grad(loss, f, retain_graph=True)[0]
-        mask = torch.zeros(width, dtype=f.dtype)
-        mask[g * width // groups : (g + 1) * width // groups] = 1
-        pulled = torch.autograd.grad(f, [*block, z], grad_outputs=df * mask, retain_graph=True)
-        for p, d in zip(block, pulled[:-1], strict=True):
+        loss = F.cross_entropy(mean @ linear.weight[rows].T + linear.bias[rows], y) / groups
+        head = (linear.weight, linear.bias)
+        for p, d in zip(head, torch.autograd.grad(loss, head, retain_graph=True), strict=True):
             grads[p] = grads[p] + d
-        assert width == z.shape[1]  # global pooling: a feature a channel
-        dz = pulled[-1] * mask.view(1, -1, 1, 1)
-        for p, d in zip(own, torch.autograd.grad(z, own, grad_outputs=dz, retain_graph=True)):
-            grads[p] = grads[p] + d
-        for p, d in zip(
-            (linear.weight, linear.bias),
-            torch.autograd.grad(loss, (linear.weight, linear.bias), retain_graph=True),
-            strict=True,
-        ):
-            grads[p] = grads[p] + d
+        dmean = torch.autograd.grad(loss, mean, retain_graph=True)[0]
+        chan = slice(g * channels // groups, (g + 1) * channels // groups)
+        for r in range(patches):
+            for c in range(patches):
+                dq = torch.zeros_like(q)
+                dq[:, chan, r, c] = dmean[:, chan] / patches**2
+                pulled = torch.autograd.grad(q, [*block, z], grad_outputs=dq, retain_graph=True)
+                for p, d in zip(block, pulled[:-1], strict=True):
+                    grads[p] = grads[p] + d
+                dz = torch.zeros_like(z)
+                cells = (slice(None), chan, slice(r * side, (r + 1) * side))
+                dz[(*cells, slice(c * side, (c + 1) * side))] = 1
+                dz = dz * pulled[-1]
+                for p, d in zip(own, torch.autograd.grad(z, own, dz, retain_graph=True)):
+                    grads[p] = grads[p] + d
     names = {id(p): n for n, p in model.named_parameters()}
     names |= {id(p): HEAD_PREFIX + n for n, p in heads.named_parameters()}
     return {names[id(p)]: d for p, d in grads.items()}
@@ -95,15 +100,15 @@ def _masked_vjps(model: nn.Sequential, heads: nn.ModuleDict, batch, groups: int)
 
 def test_one_loss_a_head_is_the_block_losses_written_out():
     model, batch = _net(norm=False), _batch()
-    heads = _head(3, 1)
+    heads = _head(4, 1)
     x, y = batch
     h = x
-    for m in list(model)[:4]:
+    for m in list(model)[:5]:
         h = m(h)
     tail = h.detach()
-    for m in list(model)[4:]:
+    for m in list(model)[5:]:
         tail = m(tail)
-    loss = F.cross_entropy(heads["3"](h), y) + F.cross_entropy(tail, y)
+    loss = F.cross_entropy(heads["4"](h), y) + F.cross_entropy(tail, y)
     params = [*model.parameters(), *heads.parameters()]
     want = torch.autograd.grad(loss, params)
     got = local_objective_gradient(model, heads, batch)
@@ -114,14 +119,18 @@ def test_one_loss_a_head_is_the_block_losses_written_out():
         assert torch.allclose(g, w, atol=1e-12)
 
 
-@pytest.mark.parametrize(("norm", "groups"), [(False, 2), (True, 2), (True, 4)])
-def test_loss_groups_are_the_masked_vector_jacobian_products(norm, groups):
-    """With 2 or 4 loss groups, without a norm and under GroupNorm(2) (whose statistics join
-    channels of different loss groups at 4): the same gradient as the masked pull-backs."""
+@pytest.mark.parametrize(
+    ("norm", "groups", "patches"),
+    [(False, 2, 1), (True, 2, 1), (True, 4, 1), (False, 1, 2), (True, 2, 2), (True, 4, 4)],
+)
+def test_cells_are_the_masked_vector_jacobian_products(norm, groups, patches):
+    """With 2 or 4 loss groups and 1, 2x2 or 4x4 patches, without a norm and under GroupNorm(2)
+    (whose statistics join channels of different loss groups at 4, and every patch): the same
+    gradient as the masked pull-backs."""
     model, batch = _net(norm), _batch()
-    heads = _head(4 if norm else 3, groups)
-    want = _masked_vjps(model, heads, batch, groups)
-    got = local_objective_gradient(model, heads, batch, groups=groups)
+    heads = _head(5 if norm else 4, groups)
+    want = _masked_vjps(model, heads, batch, groups, patches)
+    got = local_objective_gradient(model, heads, batch, groups=groups, patches=patches)
     assert set(got) == set(want)
     for name, w in want.items():
         assert torch.allclose(got[name], w, atol=1e-12), name
@@ -129,8 +138,8 @@ def test_loss_groups_are_the_masked_vector_jacobian_products(norm, groups):
 
 def test_params_selects_the_model_parameters_returned():
     model, batch = _net(norm=False), _batch()
-    got = local_objective_gradient(model, _head(3, 2), batch, groups=2, params=["0.weight"])
-    assert list(got) == ["0.weight", f"{HEAD_PREFIX}3.2.weight", f"{HEAD_PREFIX}3.2.bias"]
+    got = local_objective_gradient(model, _head(4, 2), batch, groups=2, params=["0.weight"])
+    assert list(got) == ["0.weight", f"{HEAD_PREFIX}4.2.weight", f"{HEAD_PREFIX}4.2.bias"]
 
 
 def test_the_group_estimate_converges_to_it_on_a_small_lenet():

@@ -92,6 +92,21 @@ def test_group_heads_hold_one_classifier_a_channel_group():
         BaffleConfig(mode="epoch", estimator="activity", head_groups=2)
 
 
+def test_patch_losses_need_global_pooling_and_sides_they_divide():
+    model = _lenet()  # conv1's block outputs 16 x 6 x 6 on 12 x 12 inputs
+    heads = build_heads(
+        model, [3], input_shape=(1, 12, 12), num_classes=10, pool=1, seed=4, patches=3
+    )
+    assert heads["3"][-1].weight.shape == (10, 16)  # patches change the scoring, not the head
+    with pytest.raises(ConfigError, match="head_patches=4 .* outputs \\(16, 6, 6\\); choose"):
+        build_heads(model, [3], input_shape=(1, 12, 12), num_classes=10, pool=1, seed=4, patches=4)
+    with pytest.raises(ValueError, match="head_patches=2 .* head_pool=1 \\(got 2\\)"):
+        BaffleConfig(
+            mode="epoch", estimator="activity", local_heads=["features.conv1"], head_pool=2,
+            head_patches=2,
+        )  # fmt: skip
+
+
 def test_the_server_steps_the_heads_by_the_weighted_mean_delta():
     """FedAvg's server (SGD, lr 1) on two replies of 1 and 3 samples: model and heads each move by
     their sample-weighted mean delta; the heads travel in the broadcast and the checkpoint."""
@@ -213,22 +228,24 @@ def test_a_run_with_local_heads_trains_reruns_and_resumes(tmp_path, tiny, monkey
 
 
 def test_a_run_with_group_heads_trains_and_sends_every_classifier(tmp_path, tiny):
-    """head_groups=4 on the same run: it trains, and each round's downlink carries the head's
-    4 classifiers (3 more 10 x 16·2·2 weights and 10 biases than one loss a head)."""
+    """head_groups=4 (with 2x2 patch losses) on the same run: it trains, and each round's
+    downlink carries the head's 4 classifiers (3 more 10 x 16 weights and 10 biases than one
+    loss a head)."""
     from fedge.experiment.run import run_experiment
     from tests_helpers import metrics_without_wall
 
     runs, clients = {}, 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for groups in (1, 4):
-            cfg = tiny(rounds=3, model={"name": "lenet"}, method=_section(head_groups=groups))
+        for groups in (1, 4):  # the 4 groups with 2x2 patch losses too (no bytes of their own)
+            extra = {"head_groups": groups, "head_pool": 1, "head_patches": 2 if groups > 1 else 1}
+            cfg = tiny(rounds=3, model={"name": "lenet"}, method=_section(**extra))
             clients = cfg["clients"]["per_round"]
             out = run_experiment(load_config(cfg), out=tmp_path / str(groups), render=False)
             runs[groups] = metrics_without_wall(out)
     rounds = [line for line in runs[4] if "test_loss" in line]
     assert rounds[-1]["test_loss"] < rounds[0]["test_loss"]
-    extra = 3 * (10 * 16 * 2 * 2 + 10) * 4  # float32 bytes, to each client
+    extra = 3 * (10 * 16 + 10) * 4  # float32 bytes, to each client
     for a, b in zip(*(
         [line["bytes_down"] for line in runs[g] if "bytes_down" in line] for g in (4, 1)
     ), strict=True):  # fmt: skip

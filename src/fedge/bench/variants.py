@@ -211,6 +211,7 @@ NEUTRAL_ADDITIONS: dict[tuple[str, ...], Any] = {
     ("method", "local_heads"): [],
     ("method", "head_pool"): 1,
     ("method", "head_groups"): 1,
+    ("method", "head_patches"): 1,
     # attached by the composer to every method with a global model / that can freeze
     ("method", "ema"): None,
     ("method", "ema_warmup"): True,

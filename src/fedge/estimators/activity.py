@@ -114,6 +114,7 @@ def activity_gradient(
     chunk: int | None = None,
     heads: nn.ModuleDict | None = None,
     head_groups: int = 1,
+    head_patches: int = 1,
 ) -> dict[str, Tensor]:
     """Activity-perturbed estimate of ∇_W L, L = (1/B) Σ_n ℓ_n the batch's mean loss, forwards
     only (Ren et al. 2023, Section 3, with finite differences for the forward-mode directional
@@ -153,6 +154,17 @@ def activity_gradient(
     paths between groups that a norm's shared statistics open (none when the groups are unions of
     GroupNorm's groups). The head's classifiers are estimated from their own groups' losses.
 
+    Patch-wise local losses (``head_patches`` P > 1, Section 4, with a head that pools globally):
+    the block output's positions split into P x P equal patches, a loss per patch and group (a
+    cell): f̄ = mean_p f_p, the mean of the patches' pooled features, and cell (g, p)'s loss moves
+    only with patch p's share of group g's, ℓ_{g,p} = loss(W_g [sg(f̄) + (f_p − sg(f_p))/P²]_g).
+    The block follows (1/G) Σ_{g,p} ℓ_{g,p}, whose gradient is the group objective's where no
+    norm couples the patches (the patches' shares add up to f̄'s); the head's classifiers follow
+    their group losses. The block's last layer, when its positions map onto the block output's by
+    a whole stride (2x2 pooling does), weights each element by its own cell's loss alone (less
+    variance again); a norm's statistics that span patches are stopped between cells as between
+    groups.
+
     Args:
         model: a plain ``nn.Sequential`` (nested ones flattened), left unchanged; its selected
             parameters must belong to ``nn.Linear``/``nn.Conv1d``/``nn.Conv2d`` layers
@@ -171,6 +183,8 @@ def activity_gradient(
         head_groups: G, the channel groups of every head (each head a plain ``nn.Sequential``
             whose only parameterized layer is its last, an ``nn.Linear`` with G·classes outputs);
             1: one loss a head.
+        head_patches: P, patch losses on a P x P grid of every head block's 2-d output (its
+            heads pooling globally); 1: none.
 
     Returns:
         name -> estimate, for the selected parameters (float32, on the parameters' device), and
@@ -187,10 +201,11 @@ def activity_gradient(
     if chunk is not None:
         check_positive_int("chunk", chunk)
     check_positive_int("head_groups", head_groups)
+    check_positive_int("head_patches", head_patches)
     layers = flat_layers(model)
     estimated = set(activity_layers(model, params))
     assert layers is not None
-    head_layers = _head_layers(heads, len(layers), head_groups)
+    head_layers = _head_layers(heads, len(layers), head_groups, head_patches)
     ends = sorted(head_layers)
     # each block's last linear/conv layer: the one whose channels reach its head unmixed
     last_mixing = {
@@ -208,8 +223,8 @@ def activity_gradient(
         ``score(z)`` (per-sample losses of perturbed copies, and the loss groups' weighting);
         ``layer``'s clean output."""
         z = layer(h)  # (B, out) or (B, C, *spatial)
-        losses, groups = score(z)
-        g_z = _activity_grad(z, losses, groups, k, sigma, scheme, seed, path, chunk)
+        losses, weigh = score(z)
+        g_z = _activity_grad(z, losses, weigh, k, sigma, scheme, seed, path, chunk)
         g_z = g_z / ((2.0 if scheme == "central" else 1.0) * k * sigma * z.shape[0])
         gw, gb = _local_map(layer, h, g_z.to(z.dtype))
         for p, g in ((layer.weight, gw), (layer.bias, gb)):
@@ -232,16 +247,17 @@ def activity_gradient(
                 end = next((e for e in ends if e >= i), None)
                 if end is None:
                     score = plain(layers[i + 1 :])
-                elif head_groups == 1:
+                elif head_groups == head_patches == 1:
                     score = plain(layers[i + 1 : end + 1] + head_layers[end])
                 else:
-                    score = _grouped_head(
+                    score = _cell_head(
                         layers[i + 1 : end + 1],
                         head_layers[end],
                         y,
                         loss_fn,
                         head_groups,
-                        weigh_by_group=i == last_mixing[end],
+                        head_patches,
+                        weigh_cells=i == last_mixing[end],
                     )
                 h = estimate(layer, h, score, ("activity", i))
             else:
@@ -251,7 +267,7 @@ def activity_gradient(
                 for j, m in enumerate(chain):
                     if not isinstance(m, _LAYERS):
                         hh = m(hh)
-                    elif head_groups == 1:
+                    elif head_groups == head_patches == 1:
                         hh = estimate(m, hh, plain(chain[j + 1 :]), ("activity-head", i, j))
                     else:  # the last layer: G classifiers, each scored by its own loss
                         score = _grouped_logits(y, loss_fn, head_groups)
@@ -259,11 +275,14 @@ def activity_gradient(
     return {n: out[n] for n in [*sel.params, *head_names.values()]}
 
 
-#: ``score(z) -> (losses, groups)``: ``losses(zs, copies)``, the per-sample losses ``(copies, B)``
-#: or per-sample group losses ``(copies, B, G)`` of perturbed copies ``zs`` of z; ``groups``: G
-#: when z's channels are weighted by their own group's loss, else None (by the groups' mean).
+#: ``score(z) -> (losses, weigh)``: ``losses(zs, copies)``, the per-sample losses ``(copies, B)``
+#: or per-sample cell losses ``(copies, B, G, P²)`` (G channel groups, P² patches) of perturbed
+#: copies ``zs`` of z, the objective (1/G) Σ_{g,p} ℓ_{g,p}; ``weigh(diff, u)``: Σ over the copies
+#: of u, each element weighted by its own cell's loss difference over G, ``(B, *z.shape[1:])``;
+#: None: every element weighted by the objective's difference.
 _Losses = Callable[[Tensor, int], Tensor]
-_Score = Callable[[Tensor], tuple[_Losses, int | None]]
+_Weigh = Callable[[Tensor, Tensor], Tensor]
+_Score = Callable[[Tensor], tuple[_Losses, _Weigh | None]]
 
 
 def _run(chain: Sequence[nn.Module], h: Tensor) -> Tensor:
@@ -277,70 +296,120 @@ def _suffix_losses(suffix: Sequence[nn.Module], y: Tensor, loss_fn: ExampleLossF
     return lambda zs, copies: loss_fn(_run(suffix, zs), y.repeat(copies)).view(copies, -1)
 
 
-def _grouped_head(
+def _cell_head(
     block: Sequence[nn.Module],
     chain: Sequence[nn.Module],
     y: Tensor,
     loss_fn: ExampleLossFn,
     groups: int,
+    patches: int,
     *,
-    weigh_by_group: bool,
+    weigh_cells: bool,
 ) -> _Score:
-    """Score a block layer's output by the head's G group losses: the rest of the ``block`` and
-    the head ``chain`` up to its linear layer give the features f (B, w); classifier g's logits are W_g f₀ + b_g +
-    W_g[:, own g] (f − f₀)[own g] (f₀ the clean features: only group g's features move).
-    ``weigh_by_group``: the block's last linear/conv layer, its channels weighted by their own
-    group's loss when the block keeps them (else by the groups' mean)."""
+    """Score a block layer's output by the head's cell losses, a cell a channel group g and a
+    patch p: the rest of the ``block`` and the head ``chain`` up to its linear layer give the
+    features f (B, w), and cell (g, p)'s logits are W_g f₀ + b_g + W_g[:, own g] δ_{g,p}, f₀ the
+    clean features and δ_{g,p} the move of group g's features from patch p alone (one patch:
+    f − f₀; P×P patches under global pooling: the patch's mean over its positions, moved, over
+    P²). ``weigh_cells``: the block's last linear/conv layer, each element weighted by its own
+    cell's loss where the block keeps its channels (and with patches, maps its positions onto
+    the block output's by a whole stride); otherwise by the cells' mean."""
     *pre, head = chain
     assert isinstance(head, nn.Linear)
-    prefix = [*block, *pre]
+    prefix, area = [*block, *pre], patches * patches
 
-    def score(z: Tensor) -> tuple[_Losses, int | None]:
+    def score(z: Tensor) -> tuple[_Losses, _Weigh | None]:
         out = _run(block, z)  # the block's clean output
         f0 = _run(pre, out).flatten(1)
         batch, width = f0.shape
         classes = head.out_features // groups
         w = head.weight.view(groups, classes, groups, width // groups)
         own = torch.stack([w[g, :, g, :] for g in range(groups)])  # (G, classes, w/G)
-        base = head(f0).view(batch, groups, classes)
-        labels = y.repeat_interleave(groups)
+        base = head(f0).view(batch, groups, 1, classes)
+        labels = y.repeat_interleave(groups * area)
+        if area > 1 and (out.dim() != 4 or out.shape[2] % patches or out.shape[3] % patches):
+            raise ConfigError(
+                f"patch losses split a block's output into {patches}x{patches} equal patches, but "
+                f"it is {tuple(out.shape[1:])}; choose method.head_patches dividing its height and "
+                "width"
+            )
+        q0 = F.adaptive_avg_pool2d(out, patches).flatten(2) if area > 1 else None  # (B, C, P²)
+
+        def moved(zs: Tensor, copies: int) -> Tensor:  # δ: (copies·B, G, w/G, P²)
+            if q0 is None:
+                f = _run(prefix, zs).flatten(1).view(copies, batch, width)
+                return (f - f0).view(copies * batch, groups, width // groups, 1)
+            q = F.adaptive_avg_pool2d(_run(block, zs), patches).flatten(2)
+            delta = (q.view(copies, batch, width, area) - q0) / area
+            return delta.view(copies * batch, groups, width // groups, area)
 
         def losses(zs: Tensor, copies: int) -> Tensor:
-            f = _run(prefix, zs).flatten(1).view(copies, batch, width)
-            delta = (f - f0).view(copies * batch, groups, width // groups)
-            logits = base.repeat(copies, 1, 1) + torch.einsum("ngw,gcw->ngc", delta, own)
+            logits = base.repeat(copies, 1, 1, 1) + torch.einsum(
+                "ngwp,gcw->ngpc", moved(zs, copies), own
+            )
             per = loss_fn(logits.reshape(-1, classes), labels.repeat(copies))
-            return per.view(copies, batch, groups)
+            return per.view(copies, batch, groups, area)
 
-        kept = weigh_by_group and out.shape[1] == z.shape[1] and z.shape[1] % groups == 0
-        return losses, groups if kept else None
+        if not weigh_cells or out.shape[1] != z.shape[1] or z.shape[1] % groups:
+            return losses, None
+        if area == 1:  # channel c: its group's difference
+            return losses, _by_group(groups)
+        if z.dim() != 4 or z.shape[2] % out.shape[2] or z.shape[3] % out.shape[3]:
+            return losses, None  # z's positions do not map onto the output's by a whole stride
+        return losses, _by_cell(groups, patches)
 
     return score
 
 
-def _grouped_logits(y: Tensor, loss_fn: ExampleLossFn, groups: int) -> _Score:
-    """Score a head's G classifiers' logits (B, G·classes): each group's by its own loss."""
+def _by_group(groups: int) -> _Weigh:
+    """Σ_p (Δℓ_{p,n,g(c)} / G) u_{p,n,c,…}: channel c weighted by its group's difference."""
 
-    def score(z: Tensor) -> tuple[_Losses, int | None]:
+    def weigh(diff: Tensor, u: Tensor) -> Tensor:
+        own = diff.flatten(2).repeat_interleave(u.shape[2] // groups, 2) / groups  # (p, B, C)
+        return torch.einsum("pbc,pbc...->bc...", own, u)
+
+    return weigh
+
+
+def _by_cell(groups: int, patches: int) -> _Weigh:
+    """Σ_p (Δℓ_{p,n,g,(r,s)} / G) u: a (C, H, W) output's element weighted by its cell, g its
+    channel's group and (r, s) the patch of its position (z's grid split into P x P equal blocks,
+    which a whole stride onto the block output's P x P patches gives), by views, no gather."""
+
+    def weigh(diff: Tensor, u: Tensor) -> Tensor:
+        p, b, c, h, w = u.shape
+        cells = (diff / groups).view(p, b, groups, patches, patches)
+        blocks = u.view(p, b, groups, c // groups, patches, h // patches, patches, w // patches)
+        return torch.einsum("pbgrs,pbgcrxsy->bgcrxsy", cells, blocks).reshape(b, c, h, w)
+
+    return weigh
+
+
+def _grouped_logits(y: Tensor, loss_fn: ExampleLossFn, groups: int) -> _Score:
+    """Score a head's G classifiers' logits (B, G·classes): each group's by its own loss (its
+    cells' losses all equal it in value and in their gradient for the classifier)."""
+
+    def score(z: Tensor) -> tuple[_Losses, _Weigh | None]:
         classes = z.shape[1] // groups
         labels = y.repeat_interleave(groups)
 
         def losses(zs: Tensor, copies: int) -> Tensor:
             per = loss_fn(zs.reshape(-1, classes), labels.repeat(copies))
-            return per.view(copies, -1, groups)
+            return per.view(copies, -1, groups, 1)
 
-        return losses, groups
+        return losses, _by_group(groups)
 
     return score
 
 
 def _head_layers(
-    heads: nn.ModuleDict | None, depth: int, groups: int = 1
+    heads: nn.ModuleDict | None, depth: int, groups: int = 1, patches: int = 1
 ) -> dict[int, list[nn.Module]]:
     """``heads`` as flat-layer index of the block's end -> the head's layers; refuses a key that
-    is not a layer index before the network's last, a head that is not a plain Sequential, and
-    with ``groups`` > 1 one whose only parameterized layer is not a last Linear with a multiple
-    of ``groups`` outputs."""
+    is not a layer index before the network's last, a head that is not a plain Sequential, with
+    ``groups`` > 1 one whose only parameterized layer is not a last Linear with a multiple of
+    ``groups`` outputs, and with ``patches`` > 1 one that does not pool globally (a 2-d
+    AdaptiveAvgPool to 1, a Flatten, the Linear)."""
     out: dict[int, list[nn.Module]] = {}
     for key, head in (heads or {}).items():
         if not key.isdigit() or not 0 <= int(key) < depth - 1:
@@ -351,7 +420,7 @@ def _head_layers(
         chain = flat_layers(head)
         if chain is None:
             raise ConfigError(f"local head {key!r}: expected a plain nn.Sequential")
-        if groups > 1 and (
+        if (groups > 1 or patches > 1) and (
             not isinstance(chain[-1], nn.Linear)
             or chain[-1].out_features % groups
             or any(isinstance(m, _LAYERS) for m in chain[:-1])
@@ -361,6 +430,18 @@ def _head_layers(
                 f"convolutional layer must be its last, an nn.Linear with a multiple of {groups} "
                 "outputs (each group's classifier); fedge.methods.baffle.heads.build_heads makes them"
             )
+        pooled = (
+            len(chain) == 3
+            and isinstance(chain[0], nn.AdaptiveAvgPool2d)
+            and chain[0].output_size in (1, (1, 1))
+            and isinstance(chain[1], nn.Flatten)
+        )
+        if patches > 1 and not pooled:
+            raise ConfigError(
+                f"local head {key!r}: patch losses ({patches}x{patches} patches) read a head that "
+                "pools globally (AdaptiveAvgPool2d(1), Flatten, Linear: method.head_pool=1) on a "
+                "2-d block output"
+            )
         out[int(key)] = chain
     return out
 
@@ -368,7 +449,7 @@ def _head_layers(
 def _activity_grad(
     z: Tensor,
     losses: _Losses,
-    groups: int | None,
+    weigh: _Weigh | None,
     k: int,
     sigma: float,
     scheme: Scheme,
@@ -377,8 +458,8 @@ def _activity_grad(
     chunk: int | None,
 ) -> Tensor:
     """Σ_k Δℓ_{k,n} · u_{k,n}, float64 of z's shape: the un-normalized activity gradient. With
-    group losses ``(copies, B, G)``: each channel of z weighted by its own group's Δℓ over G
-    (``groups``), or every element by the groups' mean Δℓ (None)."""
+    cell losses ``(copies, B, G, P²)``: each element of z weighted by ``weigh`` (its own cell's
+    Δℓ over the cells' count), or by the cells' mean Δℓ (None)."""
     batch = z.shape[0]
     per_pass = chunk or max(1, _MAX_PASS_ELEMENTS // max(1, z.numel()))
     base = losses(z, 1) if scheme == "forward" else None  # (1, B[, G])
@@ -398,11 +479,11 @@ def _activity_grad(
             diff = plus - losses(torch.mul(u, sigma).neg_().add_(z).flatten(0, 1), len(ks))
         if diff.dim() == 2:
             acc += torch.einsum("pb,pb...->b...", diff.to(u.dtype), u)  # in z's dtype: no copy of u
-        elif groups is None:  # the mean objective's difference scores every element
-            acc += torch.einsum("pb,pb...->b...", diff.mean(2).to(u.dtype), u)
-        else:  # channel c of z: its own group's difference (of the mean objective: over G)
-            own = diff.repeat_interleave(z.shape[1] // groups, dim=2) / groups  # (p, B, C)
-            acc += torch.einsum("pbc,pbc...->bc...", own.to(u.dtype), u)
+        elif weigh is None:  # the objective's difference, (1/G) Σ_{g,p} Δℓ, scores every element
+            mean = diff.flatten(2).mean(2) * diff.shape[3]  # P² x the mean over G·P² cells
+            acc += torch.einsum("pb,pb...->b...", mean.to(u.dtype), u)
+        else:  # each element: its own cell's difference over G
+            acc += weigh(diff.to(u.dtype), u)
         del u, zs
     assert acc.shape[0] == batch
     return acc

@@ -102,6 +102,15 @@ class BaffleConfig(MethodConfigBase):
         "its group's features move, and the block's last layer weights each channel's perturbation by its own "
         "group's loss (less variance at the same K); must divide every head block's channel count; 1: one loss a head",
     )
+    head_patches: int = Field(
+        1,
+        ge=1,
+        description="with local_heads and head_pool=1: patches per side (Ren et al. 2023's patch-wise local losses): "
+        "a head block's 2-d output split into head_patches x head_patches equal patches, a loss per patch (and "
+        "channel group) in which only its patch's share of the pooled features moves, the block's last layer "
+        "weighting each position's perturbation by its own patch's loss; must divide the output's height and width; "
+        "1: none",
+    )
     directions: Literal["gaussian", "orthogonal", "block"] = Field(
         "gaussian",
         description="perturbation directions: gaussian (BAFFLE's i.i.d.), orthogonal (randomized Hadamard per "
@@ -237,6 +246,12 @@ class BaffleConfig(MethodConfigBase):
             raise ValueError(
                 f"local_heads={self.local_heads} scores blocks of activity-perturbed layers; set "
                 "method.estimator=activity (with method.mode=epoch), or method.local_heads=[]"
+            )
+        if self.head_patches > 1 and (not self.local_heads or self.head_pool != 1):
+            raise ValueError(
+                f"head_patches={self.head_patches} splits the local heads' losses by patch, which needs "
+                f"local_heads (got {self.local_heads}) and heads that pool globally, head_pool=1 (got "
+                f"{self.head_pool}); set them, or method.head_patches=1"
             )
         if self.head_groups > 1 and not self.local_heads:
             raise ValueError(

@@ -96,6 +96,7 @@ def activity_gradient_fn(
             chunk=cfg.chunk,
             heads=heads,
             head_groups=cfg.head_groups,
+            head_patches=cfg.head_patches,
         )
         return None, clip_inf_norm(g, cfg.clip)
 
@@ -142,6 +143,7 @@ def _build_with_heads(
             num_classes=env.num_classes,
             pool=cfg.head_pool,
             groups=cfg.head_groups,
+            patches=cfg.head_patches,
             seed=env.seed,
             draws=env.draws,
         )

@@ -82,12 +82,14 @@ def build_heads(
     seed: int,
     draws: Draws = "torch",
     groups: int = 1,
+    patches: int = 1,
 ) -> nn.ModuleDict:
     """One head per block end, keyed by its index as a string: for a (C, H, W) or (C, L) output,
     adaptive average pooling to ``pool`` (per spatial side), flattening and
     Linear(C·pool^d, groups·classes) (``groups`` classifiers, one per channel group:
     :func:`~fedge.estimators.activity.activity_gradient`'s ``head_groups``); for a flat output,
-    the linear layer alone. Refuses a block whose channels ``groups`` does not divide. Initialised as the
+    the linear layer alone. Refuses a block whose channels ``groups`` does not divide, and with
+    ``patches`` (patch losses) one whose output is not 2-d with sides ``patches`` divides. Initialised as the
     models are (:mod:`fedge.models.initialization`), from ``(seed, "local-heads")`` by the run's
     ``draws``, on the model's device."""
     layers = flat_layers(model)
@@ -106,6 +108,13 @@ def build_heads(
                         f"method.head_groups={groups} must divide the channels of every head's block, "
                         f"but the block ending at layer {i} ({type(layer).__name__}) outputs "
                         f"{h.shape[1]}; choose a divisor of {h.shape[1]}"
+                    )
+                if patches > 1 and (h.dim() != 4 or h.shape[2] % patches or h.shape[3] % patches):
+                    raise ConfigError(
+                        f"method.head_patches={patches} splits every head's block output into "
+                        f"{patches}x{patches} equal patches, but the block ending at layer {i} "
+                        f"({type(layer).__name__}) outputs {tuple(h.shape[1:])}; choose a "
+                        "divisor of its height and width"
                     )
                 heads[str(i)] = _head(tuple(h.shape[1:]), num_classes * groups, pool)
         model.train(was)
