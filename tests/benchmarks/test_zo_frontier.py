@@ -456,7 +456,12 @@ def test_estimate_quality_with_a_local_head_on_a_small_lenet(monkeypatch) -> Non
         "activity K=100, local head after conv1, 16 loss groups x 3x3 patches": (100, 16, 3),
     }
     monkeypatch.setattr(bench, "QUALITY_GROUP_ESTIMATORS", cells)
-    q = bench.model_quality(net, x, y, repeats=2, heads_at=("features.conv1",))
+    every = {"activity K=25, local heads after conv1 and conv2, 16 x 3x3": (25, 16, 3)}
+    monkeypatch.setattr(bench, "QUALITY_EVERY_BLOCK_ESTIMATORS", every)
+    q = bench.model_quality(
+        net, x, y, repeats=2, heads_at=("features.conv1",),
+        every_block=("features.conv1", "features.conv2"),
+    )  # fmt: skip
     est = q["estimators"]
     headed, plain = (
         est["activity K=25, local head after conv1"],
@@ -473,6 +478,11 @@ def test_estimate_quality_with_a_local_head_on_a_small_lenet(monkeypatch) -> Non
         assert -1 <= est[label]["cos_local_mean"] <= 1
         assert bench._exact_label(groups, patches) in est
     assert "local objective's exact gradient, 16 loss groups, 3x3 patches" in est
+    # heads closing both conv blocks: their own objective, with its exact gradient beside it
+    both = est["activity K=25, local heads after conv1 and conv2, 16 x 3x3"]
+    assert -1 <= both["cos_local_mean"] <= 1 and -1 <= both["cos_local_first_layer_mean"] <= 1
+    exact_both = "local objective's exact gradient, local heads after conv1 and conv2"
+    assert f"{exact_both}, 16 loss groups, 3x3 patches" in est
     assert (
         est["activity K=100, local head after conv1, 16 loss groups"]["cos_local_mean"]
         > est["activity K=100, local head after conv1"]["cos_local_mean"]
