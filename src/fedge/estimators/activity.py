@@ -33,7 +33,9 @@ __all__ = ["HEAD_PREFIX", "ExampleLossFn", "activity_gradient", "activity_layers
 #: the key prefix of a local head's parameter in an estimate (then the ``heads`` dict's own name)
 HEAD_PREFIX = "local_heads."
 
-#: ``loss(logits, y) -> (B,)``: each sample's loss; the estimate is of their mean's gradient.
+#: ``loss(logits, y) -> (B,)``: each sample's loss; the estimate is of their mean's gradient. With
+#: a head's cell losses (``head_groups``, ``head_patches``) it is called in F.cross_entropy's
+#: K-dimensional form, logits (N, classes, cells) and y (N, cells) -> (N, cells).
 ExampleLossFn = Callable[[Tensor, Tensor], Tensor]
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d)
 # Perturbed rows per batched suffix pass, bounded by this many activation elements of z (4 MiB in
@@ -325,8 +327,8 @@ def _cell_head(
         classes = head.out_features // groups
         w = head.weight.view(groups, classes, groups, width // groups)
         own = torch.stack([w[g, :, g, :] for g in range(groups)])  # (G, classes, w/G)
-        base = head(f0).view(batch, groups, 1, classes)
-        labels = y.repeat_interleave(groups * area)
+        base = head(f0).view(batch, groups, classes).transpose(1, 2).unsqueeze(3)  # (B, c, G, 1)
+        labels = y.view(-1, 1).expand(-1, groups * area)
         if area > 1 and (out.dim() != 4 or out.shape[2] % patches or out.shape[3] % patches):
             raise ConfigError(
                 f"patch losses split a block's output into {patches}x{patches} equal patches, but "
@@ -345,9 +347,10 @@ def _cell_head(
 
         def losses(zs: Tensor, copies: int) -> Tensor:
             logits = base.repeat(copies, 1, 1, 1) + torch.einsum(
-                "ngwp,gcw->ngpc", moved(zs, copies), own
-            )
-            per = loss_fn(logits.reshape(-1, classes), labels.repeat(copies))
+                "ngwp,gcw->ncgp", moved(zs, copies), own
+            )  # (copies·B, classes, G, P²): the classes on dim 1, F.cross_entropy's K-d form
+            cells = logits.reshape(copies * batch, classes, groups * area)
+            per = loss_fn(cells, labels.repeat(copies, 1))
             return per.view(copies, batch, groups, area)
 
         if not weigh_cells or out.shape[1] != z.shape[1] or z.shape[1] % groups:
