@@ -315,7 +315,8 @@ def _cell_head(
     f − f₀; P×P patches under global pooling: the patch's mean over its positions, moved, over
     P²). ``weigh_cells``: the block's last linear/conv layer, each element weighted by its own
     cell's loss where the block keeps its channels (and with patches, maps its positions onto
-    the block output's by a whole stride); otherwise by the cells' mean."""
+    the block output's by a whole stride); otherwise by the objective's difference,
+    (1/G) Σ_{g,p} Δℓ_{g,p}."""
     *pre, head = chain
     assert isinstance(head, nn.Linear)
     prefix, area = [*block, *pre], patches * patches
