@@ -430,9 +430,10 @@ def _head_layers(
             or any(isinstance(m, _LAYERS) for m in chain[:-1])
         ):
             raise ConfigError(
-                f"local head {key!r}: with {groups} loss groups a head's one linear or "
-                f"convolutional layer must be its last, an nn.Linear with a multiple of {groups} "
-                "outputs (each group's classifier); fedge.methods.baffle.heads.build_heads makes them"
+                f"local head {key!r}: with cell losses ({groups} groups, {patches}x{patches} "
+                "patches) a head's one linear or convolutional layer must be its last, an "
+                f"nn.Linear with a multiple of {groups} outputs (each group's classifier); "
+                "fedge.methods.baffle.heads.build_heads makes them"
             )
         pooled = (
             len(chain) == 3
@@ -463,7 +464,7 @@ def _activity_grad(
 ) -> Tensor:
     """Σ_k Δℓ_{k,n} · u_{k,n}, float64 of z's shape: the un-normalized activity gradient. With
     cell losses ``(copies, B, G, P²)``: each element of z weighted by ``weigh`` (its own cell's
-    Δℓ over the cells' count), or by the cells' mean Δℓ (None)."""
+    Δℓ over G), or by the objective's difference (1/G) Σ_{g,p} Δℓ_{g,p} (None)."""
     batch = z.shape[0]
     per_pass = chunk or max(1, _MAX_PASS_ELEMENTS // max(1, z.numel()))
     base = losses(z, 1) if scheme == "forward" else None  # (1, B[, G])

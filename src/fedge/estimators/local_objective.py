@@ -87,6 +87,7 @@ def local_objective_gradient(
         *pre, linear = flat_layers(heads[str(e)]) or []
         assert isinstance(linear, nn.Linear)
         losses, channels, per = [], out.shape[1], linear.out_features // groups
+        features = _run(pre, out).detach()  # the classifiers' input, for their own losses
         for g in range(groups):
             own = torch.zeros(channels, dtype=out.dtype, device=out.device)
             own[g * channels // groups : (g + 1) * channels // groups] = 1
@@ -110,7 +111,7 @@ def local_objective_gradient(
             # the classifier's own loss: its group's (every cell's equals it, in value and in
             # the classifier's gradient)
             w, b = linear.weight[g * per : (g + 1) * per], linear.bias[g * per : (g + 1) * per]
-            losses.append(F.cross_entropy(_run(pre, out).detach() @ w.T + b, y))
+            losses.append(F.cross_entropy(features @ w.T + b, y))
         return torch.stack(losses).sum() / groups
 
     def gradient(mix_z: bool) -> dict[str, Tensor]:
