@@ -41,7 +41,13 @@ from safetensors.torch import load_file
 
 from fedge.bench.docs import markdown_table
 from fedge.bench.figures import mib, read_run_logs
-from fedge.bench.unit_records import records_main, records_parser, run_units
+from fedge.bench.unit_records import (
+    records_main,
+    records_parser,
+    records_section,
+    run_units,
+    wall_minutes,
+)
 from fedge.core.config import load_config
 from fedge.models import build_model
 from fedge.models.blocks import resolve_freeze
@@ -249,24 +255,15 @@ def section(report: dict[str, Any] | None = None) -> str:
     """The docs section, from the records alone: the protocol, the commands, the table, its
     reading and each row's CPU-minutes; while a row awaits records, the protocol and what is left."""
     report = report or read_report()
-    parts = [
+    rows = report["rows"]
+    return records_section(
         markdown(report["seeds"]),
-        "Run (resumable per run, records under `benchmarks/results/fedpt_composition/`): "
-        f"`{COMMAND}`; render: `{RENDER}`",
-    ]
-    if report["complete"]:
-        rows = report["rows"]
-        minutes = "; ".join(f"{k} {r['cpu_minutes']:.1f}" for k, r in rows.items())
-        parts += [
-            table(rows),
-            _notes(rows),
-            "Wall minutes of each row's runs (one thread each, all seeds; on a shared machine, "
-            "so at least their CPU time; each run record names "
-            f"the machine it ran on): {minutes}.",
-        ]
-    else:
-        parts.append("Awaiting records (runs to come): " + ", ".join(report["missing"]) + ".")
-    return "\n\n".join(parts)
+        report,
+        records="benchmarks/results/fedpt_composition/",
+        command=COMMAND,
+        render=RENDER,
+        body=lambda: [table(rows), _notes(rows), wall_minutes(rows)],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

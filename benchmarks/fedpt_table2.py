@@ -45,7 +45,13 @@ from fedge.bench.figures import (
     mib,
     run_figures,
 )
-from fedge.bench.unit_records import records_main, records_parser, run_units
+from fedge.bench.unit_records import (
+    records_main,
+    records_parser,
+    records_section,
+    run_units,
+    wall_minutes,
+)
 
 RECORDS = Path(__file__).resolve().parent / "results" / "fedpt_table2"
 COMMAND = "python benchmarks/fedpt_table2.py --seeds 3"
@@ -231,22 +237,15 @@ def section(report: dict[str, Any] | None = None) -> str:
     """The docs section, from the records alone: the protocol, the commands, the table, its
     reading and each row's CPU-minutes; while a row awaits records, the protocol and what is left."""
     report = report or read_report()
-    parts = [
+    rows = report["rows"]
+    return records_section(
         markdown(report),
-        "Run (resumable per run, records under `benchmarks/results/fedpt_table2/`): "
-        f"`{COMMAND}`; render: `{RENDER}`",
-    ]
-    if report["complete"]:
-        minutes = "; ".join(f"{k} {r['cpu_minutes']:.1f}" for k, r in report["rows"].items())
-        parts += [
-            table(report) + _notes(report) + few_seeds_note(report["rows"]),
-            "Wall minutes of each row's runs (one thread each, all seeds; on a shared machine, "
-            "so at least their CPU time; each run record names "
-            f"the machine it ran on): {minutes}.",
-        ]
-    else:
-        parts.append("Awaiting records (runs to come): " + ", ".join(report["missing"]) + ".")
-    return "\n\n".join(parts)
+        report,
+        records="benchmarks/results/fedpt_table2/",
+        command=COMMAND,
+        render=RENDER,
+        body=lambda: [table(report) + _notes(report) + few_seeds_note(rows), wall_minutes(rows)],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

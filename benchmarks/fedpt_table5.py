@@ -38,7 +38,13 @@ from typing import Any
 from fedge.bench.figures import read_run_logs
 from fedge.bench.stats import NO_INTERVAL, t_interval
 from fedge.bench.stats import verdict as two_part
-from fedge.bench.unit_records import records_main, records_parser, run_units
+from fedge.bench.unit_records import (
+    records_main,
+    records_parser,
+    records_section,
+    run_units,
+    wall_minutes,
+)
 
 RECORDS = Path(__file__).resolve().parent / "results" / "fedpt_table5"
 COMMAND = "python benchmarks/fedpt_table5.py --seeds 3"
@@ -282,23 +288,14 @@ def section(report: dict[str, Any] | None = None) -> str:
     """The docs section, from the records alone: the protocol, the commands, the table, its
     verdict and the CPU-minutes; while a run awaits its record, the protocol and what is left."""
     report = report or read_report()
-    parts = [
+    return records_section(
         markdown(report),
-        "Run (resumable per run, records under `benchmarks/results/fedpt_table5/`): "
-        f"`{COMMAND}`; render: `{RENDER}`",
-    ]
-    if report["complete"]:
-        minutes = sum(r["cpu_minutes"] for r in report["rows"].values())
-        parts += [
-            table(report),
-            verdict(report),
-            f"Wall minutes of all {len(report['rows'])} rows' runs (one thread each, all seeds; on a "
-            "shared machine, so at least their CPU time; each "
-            f"run record names the machine it ran on): {minutes:.1f}.",
-        ]
-    else:
-        parts.append("Awaiting records (runs to come): " + ", ".join(report["missing"]) + ".")
-    return "\n\n".join(parts)
+        report,
+        records="benchmarks/results/fedpt_table5/",
+        command=COMMAND,
+        render=RENDER,
+        body=lambda: [table(report), verdict(report), wall_minutes(report["rows"], total=True)],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,15 @@ from typing import Any
 from fedge.bench.variants import run_variants
 from fedge.core.rundir_schema import SUMMARY
 
-__all__ = ["Figures", "cpu_estimate", "records_main", "records_parser", "run_units"]
+__all__ = [
+    "Figures",
+    "cpu_estimate",
+    "records_main",
+    "records_parser",
+    "records_section",
+    "run_units",
+    "wall_minutes",
+]
 
 #: A script's figures of one finished run: ``(run_dir, row)`` with ``row`` the run's
 #: :func:`fedge.bench.variants.run_variants` row; a JSON-serializable dict.
@@ -109,6 +117,58 @@ def cpu_estimate(missing: Sequence[str], units: int, minutes_per_run: float) -> 
         f"{len(missing)} of {units} runs not yet recorded: about {len(missing) * minutes_per_run:g} "
         f"CPU-minutes ({minutes_per_run:g} per run, one thread each)"
     )
+
+
+def records_section(
+    intro: str,
+    report: dict[str, Any],
+    *,
+    records: str,
+    command: str,
+    render: str,
+    body: Callable[[], list[str]],
+) -> str:
+    """A docs section read from unit records: ``intro`` (the protocol), the commands that run and
+    render it, then ``body()`` (the table, its reading, the CPU-minutes) once ``report`` is
+    ``complete``, else the units it still awaits.
+
+    >>> print(records_section("Protocol.", {"complete": False, "missing": ["a@1"]},
+    ...     records="benchmarks/results/t/", command="python t.py", render="python t.py --table-only",
+    ...     body=lambda: ["never read"]))
+    Protocol.
+    <BLANKLINE>
+    Run (resumable per run, records under `benchmarks/results/t/`): `python t.py`; render: `python t.py --table-only`
+    <BLANKLINE>
+    Awaiting records (runs to come): a@1.
+    """
+    parts = [
+        intro,
+        f"Run (resumable per run, records under `{records}`): `{command}`; render: `{render}`",
+    ]
+    if report["complete"]:
+        parts += body()
+    else:
+        parts.append("Awaiting records (runs to come): " + ", ".join(report["missing"]) + ".")
+    return "\n\n".join(parts)
+
+
+def wall_minutes(rows: dict[str, dict[str, Any]], *, total: bool = False) -> str:
+    """The sentence giving each row's ``cpu_minutes`` (all its seeds' runs), or with ``total`` their sum.
+
+    >>> wall_minutes({"a": {"cpu_minutes": 1.26}, "b": {"cpu_minutes": 2.0}}).split(": ")[-1]
+    'a 1.3; b 2.0.'
+    >>> wall_minutes({"a": {"cpu_minutes": 1.26}, "b": {"cpu_minutes": 2.0}}, total=True)[:30]
+    "Wall minutes of all 2 rows' ru"
+    """
+    where = (
+        "(one thread each, all seeds; on a shared machine, so at least their CPU time; each run "
+        "record names the machine it ran on)"
+    )
+    if total:
+        minutes = sum(r["cpu_minutes"] for r in rows.values())
+        return f"Wall minutes of all {len(rows)} rows' runs {where}: {minutes:.1f}."
+    each = "; ".join(f"{k} {r['cpu_minutes']:.1f}" for k, r in rows.items())
+    return f"Wall minutes of each row's runs {where}: {each}."
 
 
 def records_parser(
