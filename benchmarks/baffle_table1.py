@@ -536,7 +536,8 @@ def group_lines(
     table's and earlier groups'), with the paired differences, from the records alone; and its
     rows by label. ``flops``: one client's FLOPs a round by label (the table's probes); with a
     group's probes, its rows get theirs and its forward-only rows the verdict on issue 45's
-    target (:func:`target_lines`)."""
+    target (:func:`target_lines`), and its probes join ``flops``, so that a later group is
+    judged against this one's BP row."""
     gp = GroupPlan(plan.train, group_name=group.name)
     screen = recorded_screen(
         BASE, group.screen_variants, common=gp.screen_common(), records=gp.records
@@ -562,7 +563,7 @@ def group_lines(
     )
     if group.probes:
         probes = recorded_probes(BASE, variants, common=gp.probe(), records=gp.records / "probe")
-        flops = {**flops, **{k: p["client_flops_per_round"] for k, p in probes.items()}}
+        flops.update({k: p["client_flops_per_round"] for k, p in probes.items()})
     agg = {r["label"]: r for r in report["results"]}
     picked = ", ".join(f"{f} lr {lr}" for f, lr in zip(group.families, chosen, strict=True))
     lines += [
@@ -634,8 +635,12 @@ def target_lines(
     for label, r in rows.items():
         if label in BP_ROWS:
             continue
-        if r["seeds"] < len(SEEDS) or label not in flops or bp["label"] not in flops:
-            out.append(f"Issue 45's target for {label}: awaiting its seeds and probe.")
+        more = len(SEEDS) - r["seeds"]
+        awaiting = [f"{more} more seed{'s' * (more > 1)}"] if more > 0 else []
+        awaiting += [f"{x}'s probe" for x in (label, bp["label"]) if x not in flops]
+        if awaiting:
+            said = ", ".join(awaiting[:-1]) + " and " * (len(awaiting) > 1) + awaiting[-1]
+            out.append(f"Issue 45's target for {label}: awaiting {said}.")
             continue
         gap = 100 * (bp["final_test_accuracy"] - r["final_test_accuracy"])
         d = paired_difference(r, bp)

@@ -322,9 +322,12 @@ def test_persistent_rows_keep_the_client_adam_and_pair_with_the_fresh_rows(monke
         "BAFFLE K=100": _seeded("BAFFLE K=100", {0: 0.66, 1: 0.64, 2: 0.67}),
         "BP FedAvg": _seeded("BP FedAvg", {0: 0.80, 1: 0.81, 2: 0.79}),
     }
-    lines, rows = bench.group_lines(plan, group, fresh, {"BP FedAvg": 1.0e11})
+    flops = {"BP FedAvg": 1.0e11}
+    lines, rows = bench.group_lines(plan, group, fresh, flops)
     assert list(rows) == ["BAFFLE K=100, persistent Adam"]
     assert group.probes  # its rows' FLOPs are metered, not taken from the fresh rows
+    # its probes join the table's, so a later group is judged against its BP row
+    assert flops == {"BP FedAvg": 1.0e11, "BAFFLE K=100, persistent Adam": 3.2e12}
     # with one BP recipe recorded it is the reference: 0.80 - 0.7367 = 6.33 points, 32.0x; paired
     # by seed -5, -9, -5 points: mean -6.33, std 2.31, t(2) 4.303 / sqrt(3) -> ±5.7
     assert (
@@ -418,6 +421,15 @@ def test_the_activity_row_screens_its_lr_and_is_judged_against_the_stronger_bp_r
     rows_ = {**close, "BP FedAvg": known["BP FedAvg"]}
     (line,) = bench.target_lines(rows_, known, {**flops, "activity K=25": 9.0e11})
     assert "(0.8150; the BP reference; paired by seed +1.17 ± 0.15" in line
+    # what a row still awaits is named: its seeds, its probe, the reference's probe
+    one = {"activity K=25": {**close["activity K=25"], "seeds": 1}}
+    assert bench.target_lines(one, known, {}) == [
+        "Issue 45's target for activity K=25: awaiting 2 more seeds, activity K=25's probe and "
+        "BP FedAvg's probe."
+    ]
+    assert bench.target_lines(close, known, {"activity K=25": 9.0e11}) == [
+        "Issue 45's target for activity K=25: awaiting BP FedAvg's probe."
+    ]
 
 
 def test_the_local_head_row_is_the_activity_row_with_a_head_and_paired_with_it() -> None:
